@@ -1,0 +1,30 @@
+# make dev   — .venv with the core, every plugin and example in editable mode, and test deps
+# make test  — the whole suite inside .venv
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check -q
+PROJECTS := . $(sort $(dir $(wildcard plugins/*/pyproject.toml examples/*/pyproject.toml)))
+STAMP := $(VENV)/.edgeinfer-dev
+
+.PHONY: dev test bench clean
+
+dev: $(STAMP)
+
+$(STAMP): Makefile requirements-dev.txt pyproject.toml $(wildcard plugins/*/pyproject.toml examples/*/pyproject.toml)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -U pip 'setuptools>=77,<81' wheel
+	$(PIP) install -r requirements-dev.txt
+	$(PIP) install --no-deps rknn-toolkit2==2.5.0
+	$(PIP) install --no-build-isolation $(foreach p,$(PROJECTS),-e $(p))
+	touch $(STAMP)
+
+test: dev
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: dev
+	for b in bench/*.py; do $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,72 @@
+"""``edgeinfer.load``: pick the backend for a file, convert it when it is not native, cache the result."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from . import plugins, stamp
+from .backend import Backend, Session
+from .errors import InputError
+
+# keys of **options that change the converted artifact (the rest only affect load)
+CONVERT_OPTIONS = ("scheme", "shapes", "target")
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("EDGEINFER_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "edgeinfer"
+    )
+    return Path(root) / "artifacts"
+
+
+def choose_backend(path: Path, name: str | None) -> Backend:
+    if name:
+        return plugins.get_backend(name)
+    stamped = stamp.read(path) if path.exists() else None
+    if stamped:
+        return plugins.get_backend(stamped["backend"])
+    candidates = [n for n in plugins.backend_names() if plugins.get_backend(n).is_native(path)]
+    if "onnxruntime" in candidates:  # the reference backend wins for plain ONNX
+        return plugins.get_backend("onnxruntime")
+    if candidates:
+        return plugins.get_backend(candidates[0])
+    raise InputError(
+        f"no installed backend loads {path.suffix or 'this kind of'} files natively; pass --backend "
+        f"(installed: {', '.join(plugins.backend_names()) or 'none'})"
+    )
+
+
+def converted(backend: Backend, path: Path, options: dict[str, Any]) -> Path:
+    """The cached native artifact for ``path`` on ``backend``, converting it on first use."""
+    convert_opts = {k: options.pop(k) for k in CONVERT_OPTIONS if k in options}
+    scheme = convert_opts.pop("scheme", None) or backend.default_scheme
+    key_src = json.dumps(
+        {
+            "sha256": stamp.sha256_file(path),
+            "backend": backend.name,
+            "versions": backend.versions(),
+            "scheme": scheme,
+            "options": convert_opts,
+        },
+        sort_keys=True,
+        default=str,
+    )
+    key = hashlib.sha256(key_src.encode()).hexdigest()[:24]
+    out = cache_dir() / backend.name / key / (path.stem + backend.native_suffixes[0])
+    if out.exists() and stamp.stamp_path(out).exists():
+        return out
+    return backend.quantize(path, scheme, None, out, **convert_opts)
+
+
+def load(path: Any, backend: str | None = None, device: str | None = None, **options: Any) -> Session:
+    p = Path(path)
+    if not p.exists():
+        raise InputError(f"model file not found: {p}")
+    be = choose_backend(p, backend)
+    if not be.is_native(p):
+        p = converted(be, p, options)
+    return be.load(p, device=device, **options)

@@ -1,0 +1,172 @@
+"""Plugin discovery: entry points in group ``edgeinfer``, loaded lazily, once.
+
+A plugin that fails to import or register is recorded with its error and
+reported by ``edgeinfer backends`` / ``doctor``; it never breaks unrelated
+commands. ``EDGEINFER_PLUGINS`` (comma-separated entry-point names; empty = none)
+restricts which plugins load.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from importlib.metadata import EntryPoint, entry_points
+from typing import Any
+
+import pluggy
+
+from . import hookspecs
+from .backend import Backend
+from .errors import BackendUnavailableError
+
+GROUP = "edgeinfer"
+
+
+@dataclass
+class PluginInfo:
+    name: str  # entry-point name
+    distribution: str
+    version: str
+    error: str | None = None  # why it failed to import or register
+
+
+@dataclass
+class BackendEntry:
+    cls: type[Backend]
+    plugin: PluginInfo
+
+
+class Registry:
+    def __init__(self) -> None:
+        self.pm = pluggy.PluginManager(GROUP)
+        self.pm.add_hookspecs(hookspecs)
+        self.plugins: dict[str, PluginInfo] = {}
+        self.backends: dict[str, BackendEntry] = {}
+        self._boards: list[tuple[Any, PluginInfo]] | None = None
+        self._load_entry_points()
+
+    def _selected(self) -> set[str] | None:
+        raw = os.environ.get("EDGEINFER_PLUGINS")
+        if raw is None:
+            return None
+        return {n.strip() for n in raw.split(",") if n.strip()}
+
+    def _load_entry_points(self) -> None:
+        wanted = self._selected()
+        for ep in sorted(entry_points(group=GROUP), key=lambda e: e.name):
+            if wanted is not None and ep.name not in wanted:
+                continue
+            info = _info(ep)
+            self.plugins[ep.name] = info
+            try:
+                module = ep.load()
+                self.pm.register(module, name=ep.name)
+            except Exception as e:  # a broken plugin must not break the others
+                info.error = f"import failed: {type(e).__name__}: {e}"
+                continue
+            self._register_backends(ep.name, module, info)
+
+    def _register_backends(self, name: str, module: Any, info: PluginInfo) -> None:
+        hook = getattr(module, "register_backends", None)
+        if hook is None:
+            return
+        found: list[type] = []
+        try:
+            hook(register=found.append)
+        except Exception as e:
+            info.error = f"register_backends failed: {type(e).__name__}: {e}"
+            return
+        for cls in found:
+            problem = contract_problem(cls)
+            if problem:
+                info.error = f"plugin {name!r}: {problem}"
+                continue
+            if cls.name in self.backends:
+                other = self.backends[cls.name].plugin.name
+                info.error = f"plugin {name!r}: backend name {cls.name!r} is already registered by {other!r}"
+                continue
+            self.backends[cls.name] = BackendEntry(cls, info)
+
+    def boards(self) -> list[tuple[Any, PluginInfo]]:
+        """(path or Board, plugin) pairs from every plugin's ``register_boards``."""
+        if self._boards is None:
+            self._boards = []
+            for name, info in self.plugins.items():
+                module = self.pm.get_plugin(name)
+                hook = getattr(module, "register_boards", None) if module else None
+                if hook is None:
+                    continue
+                try:
+                    hook(register=lambda b, _i=info: self._boards.append((b, _i)))
+                except Exception as e:
+                    info.error = f"register_boards failed: {type(e).__name__}: {e}"
+        return self._boards
+
+    def add_commands(self, cli: Any) -> None:
+        for name, info in self.plugins.items():
+            module = self.pm.get_plugin(name)
+            hook = getattr(module, "register_commands", None) if module else None
+            if hook is None:
+                continue
+            try:
+                hook(cli=cli)
+            except Exception as e:
+                info.error = f"register_commands failed: {type(e).__name__}: {e}"
+
+
+def contract_problem(cls: Any) -> str | None:
+    """Why ``cls`` does not satisfy the backend contract, or None."""
+    if not (isinstance(cls, type) and issubclass(cls, Backend)):
+        return f"{cls!r} is not a subclass of edgeinfer.backend.Backend"
+    if not isinstance(getattr(cls, "name", None), str) or not cls.name:
+        return f"backend class {cls.__name__} does not set `name`"
+    for method in Backend.REQUIRED:
+        if getattr(cls, method) is getattr(Backend, method):
+            return f"backend {cls.name!r} does not implement required method `{method}`"
+    return None
+
+
+def _info(ep: EntryPoint) -> PluginInfo:
+    dist = getattr(ep, "dist", None)
+    return PluginInfo(
+        name=ep.name,
+        distribution=dist.metadata["Name"] if dist else "?",
+        version=dist.version if dist else "?",
+    )
+
+
+_registry: Registry | None = None
+_lock = threading.Lock()
+
+
+def registry() -> Registry:
+    global _registry
+    with _lock:
+        if _registry is None:
+            _registry = Registry()
+        return _registry
+
+
+def reset() -> None:
+    """Forget discovered plugins (tests change EDGEINFER_PLUGINS or install plugins)."""
+    global _registry
+    with _lock:
+        _registry = None
+
+
+def backend_names() -> list[str]:
+    return sorted(registry().backends)
+
+
+def get_backend(name: str) -> Backend:
+    reg = registry()
+    entry = reg.backends.get(name)
+    if entry is None:
+        failed = [f"{p.name} ({p.error})" for p in reg.plugins.values() if p.error]
+        known = ", ".join(sorted(reg.backends)) or "none"
+        msg = f"unknown backend {name!r}; available: {known}"
+        if failed:
+            msg += "; plugins that failed to load: " + "; ".join(failed)
+        raise BackendUnavailableError(msg, "install the plugin that provides it, e.g. pip install edgeinfer-" + name)
+    return entry.cls()

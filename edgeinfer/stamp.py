@@ -1,0 +1,89 @@
+"""Artifact stamps: a sidecar JSON next to every artifact a backend writes.
+
+The stamp records who wrote the artifact, with which toolkit, for which target
+and with which input specs, so that ``load`` can refuse an artifact it would
+otherwise misread (a ``.rknn`` built by another toolkit version, an IR written
+for another backend).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .errors import InputError
+
+if TYPE_CHECKING:
+    from .backend import Backend
+
+FORMAT = 1
+
+
+def stamp_path(artifact: Path) -> Path:
+    return artifact.with_name(artifact.name + ".stamp.json")
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write(artifact: Path, *, backend: Backend, scheme: str, source: Path, **facts: Any) -> dict[str, Any]:
+    from . import __version__
+
+    inputs = facts.pop("inputs", [])
+    data = {
+        "format": FORMAT,
+        "backend": backend.name,
+        "versions": {"edgeinfer": __version__, **backend.versions()},
+        "target": facts.pop("target", ""),
+        "scheme": scheme,
+        "inputs": [s.to_json() if hasattr(s, "to_json") else s for s in inputs],
+        "source": {"name": source.name, "sha256": sha256_file(source)},
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        **facts,
+    }
+    stamp_path(artifact).write_text(json.dumps(data, indent=2) + "\n")
+    return data
+
+
+def read(artifact: Path) -> dict[str, Any] | None:
+    p = stamp_path(artifact)
+    if not p.exists():
+        return None
+    try:
+        data = json.loads(p.read_text())
+    except (OSError, ValueError) as e:
+        raise InputError(f"artifact stamp {p} is unreadable ({e}); re-create the artifact") from None
+    if not isinstance(data, dict) or "backend" not in data:
+        raise InputError(f"artifact stamp {p} is not an edgeinfer stamp; re-create the artifact")
+    return data
+
+
+def check(artifact: Path, *, backend: Backend, device: str | None) -> dict[str, Any] | None:
+    """Refuse an artifact whose stamp says it was written for another backend or toolkit."""
+    data = read(artifact)
+    if data is None:
+        return None
+    if data["backend"] != backend.name:
+        raise InputError(
+            f"{artifact.name} was written by backend {data['backend']!r}, not {backend.name!r}; "
+            f"load it with --backend {data['backend']}"
+        )
+    have = backend.versions().get("toolkit")
+    made = data.get("versions", {}).get("toolkit")
+    if have and made and have != made:
+        raise InputError(
+            f"{artifact.name} was built with {backend.name} toolkit {made} but {have} is installed; "
+            f"convert the model again (or install toolkit {made})"
+        )
+    reason = backend.refuses_target(data.get("target", ""), device)
+    if reason:
+        raise InputError(f"{artifact.name}: {reason}")
+    return data

@@ -1,0 +1,198 @@
+"""ONNX on CPU with onnxruntime: the reference every NPU backend is checked against.
+
+onnxruntime and onnx are imported inside the methods, never at plugin import.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgeinfer.backend import Backend, CalibrationSet, OpTime, Probe, Problem, Session, TensorSpec
+from edgeinfer.errors import InputError
+
+
+# onnxruntime type strings → NumPy dtype names
+ORT_TYPES = {
+    "tensor(float)": "float32",
+    "tensor(float16)": "float16",
+    "tensor(double)": "float64",
+    "tensor(bfloat16)": "bfloat16",
+    "tensor(int8)": "int8",
+    "tensor(int16)": "int16",
+    "tensor(int32)": "int32",
+    "tensor(int64)": "int64",
+    "tensor(uint8)": "uint8",
+    "tensor(uint16)": "uint16",
+    "tensor(uint32)": "uint32",
+    "tensor(uint64)": "uint64",
+    "tensor(bool)": "bool",
+}
+
+
+def _ort():
+    import onnxruntime
+
+    return onnxruntime
+
+
+def specs_of(nodes: Any) -> list[TensorSpec]:
+    return [
+        TensorSpec(n.name, tuple(d if isinstance(d, (int, str)) else None for d in n.shape), ORT_TYPES.get(n.type, n.type))
+        for n in nodes
+    ]
+
+
+class OnnxRuntimeSession(Session):
+    def __init__(self, path: Path, threads: int | None = None, profile_dir: Path | None = None):
+        ort = _ort()
+        self._path = path
+        self._threads = threads
+        self._sess = ort.InferenceSession(str(path), self._options(), providers=["CPUExecutionProvider"])
+        super().__init__(specs_of(self._sess.get_inputs()), specs_of(self._sess.get_outputs()), device="CPU")
+        self._names = [o.name for o in self._sess.get_outputs()]
+
+    def _options(self, profile_prefix: str | None = None) -> Any:
+        opts = _ort().SessionOptions()
+        if self._threads:
+            opts.intra_op_num_threads = self._threads
+        if profile_prefix:
+            opts.enable_profiling = True
+            opts.profile_file_prefix = profile_prefix
+        return opts
+
+    def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return dict(zip(self._names, self._sess.run(self._names, feeds)))
+
+    def op_times(self, feeds: dict[str, np.ndarray]) -> list[OpTime]:
+        """Per-node times from onnxruntime's own profiler (one profiled run after a warm-up)."""
+        with tempfile.TemporaryDirectory(prefix="edgeinfer-ort-prof-") as tmp:
+            sess = _ort().InferenceSession(
+                str(self._path), self._options(os.path.join(tmp, "ort")), providers=["CPUExecutionProvider"]
+            )
+            sess.run(None, feeds)  # warm-up, also profiled; keep only the last run's events
+            sess.run(None, feeds)
+            events = json.loads(Path(sess.end_profiling()).read_text())
+        return node_times(events)
+
+    def release(self) -> None:
+        self._sess = None
+
+
+def node_times(events: list[dict[str, Any]]) -> list[OpTime]:
+    """Aggregate the last run's 'Node' events of an onnxruntime profile, slowest first."""
+    runs = [e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"]
+    start = runs[-1]["ts"] if runs else 0
+    totals: dict[str, float] = defaultdict(float)
+    kinds: dict[str, str] = {}
+    for e in events:
+        if e.get("cat") != "Node" or e.get("ts", 0) < start or not e["name"].endswith("_kernel_time"):
+            continue
+        node = e["name"][: -len("_kernel_time")]
+        totals[node] += e.get("dur", 0) / 1e3
+        kinds[node] = e.get("args", {}).get("op_name", "")
+    ops = [OpTime(name=n, op_type=kinds[n], time_ms=t, exec_type="CPUExecutionProvider") for n, t in totals.items()]
+    return sorted(ops, key=lambda o: o.time_ms, reverse=True)
+
+
+class _Reader:
+    """onnxruntime's CalibrationDataReader over an edgeinfer CalibrationSet."""
+
+    def __init__(self, calibration: CalibrationSet):
+        self._it = iter(calibration)
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        return next(self._it, None)
+
+    def rewind(self) -> None:  # not used: one pass is enough for MinMax calibration
+        pass
+
+
+class OnnxRuntimeBackend(Backend):
+    name = "onnxruntime"
+    native_suffixes = (".onnx",)
+    schemes = ("fp32", "fp16", "w8a8")
+    default_scheme = "fp32"
+    gaps: dict[str, str] = {}
+
+    def versions(self) -> dict[str, str]:
+        from importlib.metadata import version
+
+        try:
+            ver = version("onnxruntime")
+        except Exception:
+            ver = "missing"
+        return {"edgeinfer-onnxruntime": version("edgeinfer-onnxruntime"), "toolkit": f"onnxruntime {ver}"}
+
+    def probe(self) -> Probe:
+        try:
+            ort = _ort()
+        except Exception as e:
+            return Probe(
+                available=False,
+                problems=[Problem(f"onnxruntime does not import: {e}", "pip install onnxruntime")],
+            )
+        providers = ort.get_available_providers()
+        return Probe(
+            available=True,
+            versions={"onnxruntime": ort.__version__},
+            devices=["CPU"],
+            details={"providers": providers},
+        )
+
+    def convert(
+        self, model: Path, scheme: str, calibration: CalibrationSet | None, out: Path, **options: Any
+    ) -> dict[str, Any]:
+        import onnx
+
+        try:
+            proto = onnx.load(str(model))
+            onnx.checker.check_model(proto)
+        except Exception as e:
+            raise InputError(f"{model.name} is not a valid ONNX model: {str(e).splitlines()[0]}") from None
+        method = ""
+        if scheme == "fp32":
+            onnx.save(proto, str(out))
+        elif scheme == "fp16":
+            from onnxruntime.transformers.float16 import convert_float_to_float16
+
+            onnx.save(convert_float_to_float16(proto, keep_io_types=True), str(out))
+        else:  # w8a8: static INT8 with a calibration set, dynamic (activations at run time) without
+            method = self._quantize_int8(model, calibration, out, options)
+        inputs = specs_of(_ort().InferenceSession(str(out), providers=["CPUExecutionProvider"]).get_inputs())
+        if calibration is not None:
+            calibration.check(inputs)
+        return {"target": "cpu", "inputs": inputs, **({"method": method} if method else {})}
+
+    def _quantize_int8(self, model: Path, calibration: CalibrationSet | None, out: Path, options: dict) -> str:
+        from onnxruntime.quantization import QuantFormat, QuantType, quantize_dynamic, quantize_static
+
+        if calibration is None:
+            quantize_dynamic(str(model), str(out), weight_type=QuantType.QInt8)
+            return "dynamic"
+        sess_inputs = specs_of(_ort().InferenceSession(str(model), providers=["CPUExecutionProvider"]).get_inputs())
+        calibration.check(sess_inputs)
+        quantize_static(
+            str(model),
+            str(out),
+            _Reader(calibration),
+            quant_format=QuantFormat.QDQ,
+            activation_type=QuantType.QUInt8,
+            weight_type=QuantType.QInt8,
+            per_channel=bool(options.get("per_channel", True)),
+        )
+        return "static"
+
+    def open(self, artifact: Path, device: str | None, **options: Any) -> Session:
+        if device not in (None, "", "cpu", "CPU", "auto"):
+            raise InputError(f"onnxruntime backend runs on CPU only, not {device!r}; omit --device or use CPU")
+        unknown = set(options) - {"threads"}
+        if unknown:
+            raise InputError(f"unknown option(s) for onnxruntime: {', '.join(sorted(unknown))}; known: threads")
+        return OnnxRuntimeSession(artifact, threads=options.get("threads"))
