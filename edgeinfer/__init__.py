@@ -15,9 +15,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .hookspecs import hookimpl
-
 __version__ = "0.1.0"
+
+# Import the submodule first so that the function ``backend`` below, not the module,
+# is what ``edgeinfer.backend`` names (use ``from edgeinfer.backend import Backend``).
+from . import backend as _backend_module  # noqa: E402,F401
+from .hookspecs import hookimpl  # noqa: E402
 
 if TYPE_CHECKING:
     from .backend import Backend, Session

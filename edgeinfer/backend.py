@@ -333,8 +333,9 @@ class Backend:
     ) -> Path:
         """Convert (and quantize) ``model`` to this backend's artifact at ``out``; stamp it."""
         src = _existing_file(model)
-        canonical = normalize_scheme(scheme or self.default_scheme)
-        if canonical not in self.schemes:
+        parsed = normalize_scheme(scheme or self.default_scheme)
+        canonical = parsed.name  # e.g. "w4a16_g128"; convert() may call normalize_scheme for the group size
+        if parsed.family not in self.schemes:
             raise InputError(
                 f"backend {self.name!r} cannot produce scheme {canonical!r}; it supports: {', '.join(self.schemes)}"
             )

@@ -1,0 +1,257 @@
+"""The conformance kit: one test class every backend plugin runs against itself.
+
+Usage, in a plugin's tests::
+
+    from edgeinfer.testing import BackendConformance
+
+    class TestMyNpuConformance(BackendConformance):
+        backend_name = "mynpu"
+        quantize_options = {"target": "rk3588"}   # passed to Backend.quantize
+        pass_shapes = True                          # add shapes={input: shape} from the feeds
+
+Known gaps are data on the Backend class (``gaps = {"dynamic_shapes": "why"}``);
+the kit skips the matching cases with that reason. Gap keys: see ``GAP_KEYS``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import edgeinfer
+from edgeinfer import plugins, stamp
+from edgeinfer.backend import Backend, Probe, Profile, Session
+from edgeinfer.errors import EdgeInferError, FeedError, InputError
+
+from . import models as kit_models
+
+GAP_KEYS = {
+    "dynamic_shapes": "a model with a symbolic batch dimension",
+    "attention": "MatMul/Transpose/Softmax attention block",
+    "int64_inputs": "int64 inputs (token ids)",
+    "multiple_outputs": "two inputs and two outputs",
+    "op_profile": "per-op times in profile()",
+}
+MODEL_NAMES = ("mlp", "mlp_dynamic", "attention", "embedding", "two_in_two_out")
+
+
+class _Kit:
+    """Converts each kit model once per test class and keeps at most one session open
+    (some runtimes, like the RKNN simulator, hold one model per process)."""
+
+    def __init__(self, suite: type[BackendConformance], backend: Backend, root: Path):
+        self.suite, self.backend, self.root = suite, backend, root
+        self.models = {m.name: m for m in kit_models.all_models(root / "models")}
+        self.artifacts: dict[str, Path] = {}
+        self._open: tuple[str, Session] | None = None
+
+    def gap(self, model: str) -> None:
+        key = self.models[model].gap
+        if key and key in self.backend.gaps:
+            pytest.skip(f"declared gap {key}: {self.backend.gaps[key]}")
+
+    def artifact(self, name: str) -> Path:
+        if name not in self.artifacts:
+            m = self.models[name]
+            out = self.root / "artifacts" / (name + self.backend.native_suffixes[0])
+            self.artifacts[name] = self.backend.quantize(
+                m.path, self.suite.scheme, None, out, **self.suite.options_for(m)
+            )
+        return self.artifacts[name]
+
+    def session(self, name: str) -> Session:
+        if self._open and self._open[0] == name and not self._open[1].closed:
+            return self._open[1]
+        self.close()
+        s = self.backend.load(self.artifact(name), device=self.suite.device, **self.suite.load_options)
+        self._open = (name, s)
+        return s
+
+    def close(self) -> None:
+        if self._open:
+            self._open[1].close()
+            self._open = None
+
+
+class BackendConformance:
+    backend_name: str = ""
+    scheme: str | None = None  # None: the backend's default scheme
+    device: str | None = None
+    quantize_options: dict[str, Any] = {}
+    load_options: dict[str, Any] = {}
+    pass_shapes: bool = False  # static-shape toolkits: pass shapes={input: list(shape)} to quantize
+    rtol: float = 1e-3
+    atol: float = 1e-3
+
+    @classmethod
+    def options_for(cls, model: kit_models.KitModel) -> dict[str, Any]:
+        opts = dict(cls.quantize_options)
+        if cls.pass_shapes:
+            opts["shapes"] = {k: list(v.shape) for k, v in model.feeds.items()}
+        return opts
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def backend(cls) -> Backend:
+        plugins.reset()
+        return edgeinfer.backend(cls.backend_name)
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def kit(cls, backend: Backend, tmp_path_factory: pytest.TempPathFactory):
+        k = _Kit(cls, backend, tmp_path_factory.mktemp(f"kit-{cls.backend_name}"))
+        yield k
+        k.close()
+
+    # --- discovery and probe ----------------------------------------------------------------------
+
+    def test_discovered_through_entry_point(self, backend: Backend) -> None:
+        entry = plugins.registry().backends[self.backend_name]
+        assert entry.plugin.distribution not in ("", "?"), "backend must come from an installed distribution"
+        assert type(backend).name == self.backend_name
+        assert plugins.contract_problem(type(backend)) is None
+        for key in backend.gaps:
+            assert key in GAP_KEYS, f"unknown gap key {key!r}; known: {sorted(GAP_KEYS)}"
+
+    def test_probe_fields(self, backend: Backend) -> None:
+        p = backend.probe()
+        assert isinstance(p, Probe)
+        assert isinstance(p.available, bool)
+        assert all(isinstance(k, str) and isinstance(v, str) for k, v in p.versions.items())
+        assert all(isinstance(d, str) and d for d in p.devices)
+        for problem in p.problems:
+            assert problem.message.strip() and problem.fix.strip(), "every problem needs a concrete fix hint"
+        if p.available:
+            assert p.devices, "an available backend names at least one device"
+        else:
+            assert p.problems, "an unavailable backend says why"
+        json.dumps(p.to_json())  # probes are reported as JSON
+
+    # --- conversion and running ------------------------------------------------------------------
+
+    @pytest.mark.parametrize("model", MODEL_NAMES)
+    def test_run_matches_numpy_reference(self, kit: _Kit, model: str) -> None:
+        kit.gap(model)
+        m = kit.models[model]
+        s = kit.session(model)
+        assert [i.name for i in s.inputs] == list(m.feeds)
+        want = m.reference(m.feeds)
+        assert sorted(o.name for o in s.outputs) == sorted(want)
+        got = s.run(m.feeds)
+        assert sorted(got) == sorted(want)
+        for name, ref in want.items():
+            out = np.asarray(got[name])
+            assert out.shape == ref.shape, f"{name}: shape {out.shape} != {ref.shape}"
+            np.testing.assert_allclose(out.astype(np.float64), ref, rtol=self.rtol, atol=self.atol, err_msg=name)
+
+    def test_dynamic_batch_accepts_other_sizes(self, kit: _Kit) -> None:
+        kit.gap("mlp_dynamic")
+        m = kit.models["mlp_dynamic"]
+        s = kit.session("mlp_dynamic")
+        assert isinstance(s.inputs[0].shape[0], str) or s.inputs[0].shape[0] is None
+        for n in (1, 5):
+            x = np.random.default_rng(n).standard_normal((n, 16)).astype(np.float32)
+            got = s.run({"x": x})["y"]
+            np.testing.assert_allclose(got, m.reference({"x": x})["y"], rtol=self.rtol, atol=self.atol)
+
+    # --- feed validation (owned by the core, so it must hold for every backend) -----------------------
+
+    def test_unknown_input_is_named(self, kit: _Kit) -> None:
+        feeds = dict(kit.models["mlp"].feeds, bogus=np.zeros(1, np.float32))
+        with pytest.raises(FeedError, match="bogus"):
+            kit.session("mlp").run(feeds)
+
+    def test_missing_input_is_named(self, kit: _Kit) -> None:
+        with pytest.raises(FeedError, match="'x'"):
+            kit.session("mlp").run({})
+
+    def test_wrong_dtype_says_expected_and_got(self, kit: _Kit) -> None:
+        x = kit.models["mlp"].feeds["x"].astype(np.float64)
+        with pytest.raises(FeedError, match="float32.*float64"):
+            kit.session("mlp").run({"x": x})
+
+    def test_wrong_shape_says_expected_and_got(self, kit: _Kit) -> None:
+        x = np.zeros((2, 15), np.float32)
+        with pytest.raises(FeedError, match=r"\[2, 16\].*\[2, 15\]"):
+            kit.session("mlp").run({"x": x})
+
+    # --- profile, close, stamps --------------------------------------------------------------------
+
+    def test_profile_fields(self, kit: _Kit, backend: Backend) -> None:
+        prof = kit.session("mlp").profile(kit.models["mlp"].feeds, repeat=5)
+        assert isinstance(prof, Profile) and prof.runs == 5
+        lat = prof.latency_ms
+        assert 0 <= lat["min"] <= lat["p50"] <= lat["p90"] <= lat["p99"] <= lat["max"]
+        assert lat["min"] <= lat["mean"] <= lat["max"]
+        assert prof.peak_memory_bytes and prof.peak_memory_bytes > 0
+        json.dumps(prof.to_json())
+        if "op_profile" not in backend.gaps:
+            assert prof.ops, "no per-op times: declare the 'op_profile' gap if the SDK gives none"
+            assert all(o.name and o.time_ms >= 0 for o in prof.ops)
+            times = [o.time_ms for o in prof.ops]
+            assert times == sorted(times, reverse=True), "ops must be slowest first"
+
+    def test_close_and_reuse(self, kit: _Kit, backend: Backend) -> None:
+        m = kit.models["mlp"]
+        s = kit.session("mlp")
+        first = s.run(m.feeds)
+        s.close()
+        s.close()  # idempotent
+        assert s.closed
+        with pytest.raises(InputError, match="closed"):
+            s.run(m.feeds)
+        with backend.load(kit.artifact("mlp"), device=self.device, **self.load_options) as again:
+            second = again.run(m.feeds)
+        assert again.closed
+        for name in first:
+            np.testing.assert_allclose(second[name], first[name], rtol=1e-6, atol=1e-6)
+
+    def test_artifact_is_stamped(self, kit: _Kit, backend: Backend) -> None:
+        kit.close()
+        art = kit.artifact("mlp")
+        data = stamp.read(art)
+        assert data is not None, "quantize must leave a stamp next to the artifact"
+        assert data["backend"] == self.backend_name
+        assert data["scheme"] == (self.scheme or backend.default_scheme)
+        assert [i["name"] for i in data["inputs"]] == ["x"]
+        assert "toolkit" in data["versions"], "Backend.versions() must name the toolkit version"
+        assert data["source"]["sha256"] == stamp.sha256_file(kit.models["mlp"].path)
+
+    def test_load_refuses_foreign_stamp(self, kit: _Kit, backend: Backend, tmp_path: Path) -> None:
+        kit.close()
+        art = kit.artifact("mlp")
+        copy = tmp_path / art.name
+        copy.write_bytes(art.read_bytes())
+        for extra in art.parent.glob(art.stem + ".*"):  # sidecars such as OpenVINO's .bin
+            if extra != art and not extra.name.endswith(".stamp.json"):
+                (tmp_path / extra.name).write_bytes(extra.read_bytes())
+        data = stamp.read(art)
+        stamp.stamp_path(copy).write_text(json.dumps(dict(data, backend="someone-else")))
+        with pytest.raises(InputError, match="someone-else"):
+            backend.load(copy, device=self.device, **self.load_options)
+        other = dict(data, versions=dict(data["versions"], toolkit="0.0.0-not-installed"))
+        stamp.stamp_path(copy).write_text(json.dumps(other))
+        with pytest.raises(InputError, match="0.0.0-not-installed"):
+            backend.load(copy, device=self.device, **self.load_options)
+
+    def test_quantize_rejects_unknown_scheme(self, kit: _Kit, backend: Backend, tmp_path: Path) -> None:
+        with pytest.raises(InputError, match="w3a5"):
+            backend.quantize(kit.models["mlp"].path, "w3a5", None, tmp_path / "x")
+
+    def test_quantize_missing_model(self, backend: Backend, tmp_path: Path) -> None:
+        with pytest.raises(InputError, match="not found"):
+            backend.quantize(tmp_path / "nope.onnx", None, None, tmp_path / "out")
+
+    def test_corrupt_model_is_a_clear_error(self, kit: _Kit, backend: Backend, tmp_path: Path) -> None:
+        kit.close()
+        bad = tmp_path / "corrupt.onnx"
+        bad.write_bytes(b"\x08\x07garbage that is not a protobuf model" * 3)
+        out = tmp_path / ("out" + backend.native_suffixes[0])
+        with pytest.raises(EdgeInferError) as err:
+            backend.quantize(bad, None, None, out, **self.quantize_options)
+        assert "\n" not in err.value.one_line()
+        assert not out.exists() and not stamp.stamp_path(out).exists(), "nothing half-written may remain"

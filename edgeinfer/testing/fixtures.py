@@ -1,0 +1,40 @@
+"""pytest fixtures shared by the core and plugin test suites (enabled by the root conftest)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from . import minilm
+
+
+def _cache_root() -> Path:
+    root = os.environ.get("EDGEINFER_TEST_CACHE") or os.path.expanduser("~/.cache/edgeinfer/test-models")
+    return Path(root)
+
+
+def _cached_export(name: str, batch: int | None, seq: int | None) -> Path:
+    import torch
+    import transformers
+
+    key = f"{name}-torch{torch.__version__}-tf{transformers.__version__}".replace("+", "_")
+    out = _cache_root() / key / "model.onnx"
+    if not out.exists():
+        tmp = out.with_name(f".tmp-{os.getpid()}.onnx")
+        minilm.export_onnx(tmp, batch=batch, seq=seq)
+        os.replace(tmp, out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def minilm_onnx() -> Path:
+    """all-MiniLM-L6-v2 as ONNX with dynamic batch and sequence axes."""
+    return _cached_export("minilm-dynamic", None, None)
+
+
+@pytest.fixture(scope="session")
+def minilm_onnx_static() -> Path:
+    """all-MiniLM-L6-v2 as ONNX with static shape [1, 128]."""
+    return _cached_export("minilm-1x128", 1, minilm.SEQ)

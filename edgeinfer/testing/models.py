@@ -1,0 +1,156 @@
+"""Small ONNX models built with ``onnx.helper``, each with a NumPy reference.
+
+They exercise what real models need from a backend: MatMul/Add/Relu with a
+dynamic batch, a small attention block (MatMul, Softmax, Transpose), int64
+inputs (Gather), and two inputs with two outputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+OPSET = 17
+
+
+@dataclass
+class KitModel:
+    name: str
+    path: Path
+    feeds: dict[str, np.ndarray]
+    reference: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+    gap: str | None = None  # the Backend.gaps key that, when declared, skips this model
+    dynamic: bool = False  # has a symbolic batch dimension
+
+
+def _save(graph, path: Path) -> Path:
+    import onnx
+    from onnx import helper
+
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="edgeinfer.testing")
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+def _init(name: str, arr: np.ndarray):
+    from onnx import numpy_helper
+
+    return numpy_helper.from_array(arr, name)
+
+
+def mlp(out_dir: Path, batch: int | str = "batch", seed: int = 0) -> KitModel:
+    """y = relu(x @ W + b), x: [batch, 16] float32."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((16, 8)).astype(np.float32) * 0.5
+    b = rng.standard_normal(8).astype(np.float32) * 0.1
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "W"], ["xw"]),
+            helper.make_node("Add", ["xw", "b"], ["xwb"]),
+            helper.make_node("Relu", ["xwb"], ["y"]),
+        ],
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 8])],
+        [_init("W", w), _init("b", b)],
+    )
+    name = "mlp_dynamic" if isinstance(batch, str) else "mlp"
+    n = 3 if isinstance(batch, str) else batch
+    x = rng.standard_normal((n, 16)).astype(np.float32)
+    return KitModel(
+        name,
+        _save(graph, out_dir / f"{name}.onnx"),
+        {"x": x},
+        lambda f: {"y": np.maximum(f["x"] @ w + b, 0)},
+        gap="dynamic_shapes" if isinstance(batch, str) else None,
+        dynamic=isinstance(batch, str),
+    )
+
+
+def attention(out_dir: Path, seq: int = 8, dim: int = 16, seed: int = 1) -> KitModel:
+    """Single-head self-attention: softmax(Q K^T / sqrt(d)) V, x: [1, seq, dim] float32."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(seed)
+    wq, wk, wv = (rng.standard_normal((dim, dim)).astype(np.float32) * 0.3 for _ in range(3))
+    scale = np.array(1 / np.sqrt(dim), dtype=np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "Wq"], ["q"]),
+            helper.make_node("MatMul", ["x", "Wk"], ["k"]),
+            helper.make_node("MatMul", ["x", "Wv"], ["v"]),
+            helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
+            helper.make_node("MatMul", ["q", "kt"], ["s"]),
+            helper.make_node("Mul", ["s", "scale"], ["ss"]),
+            helper.make_node("Softmax", ["ss"], ["p"], axis=-1),
+            helper.make_node("MatMul", ["p", "v"], ["y"]),
+        ],
+        "attention",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, seq, dim])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, seq, dim])],
+        [_init("Wq", wq), _init("Wk", wk), _init("Wv", wv), _init("scale", scale)],
+    )
+
+    def ref(f: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        x = f["x"]
+        q, k, v = x @ wq, x @ wk, x @ wv
+        s = q @ k.transpose(0, 2, 1) * scale
+        p = np.exp(s - s.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        return {"y": p @ v}
+
+    x = rng.standard_normal((1, seq, dim)).astype(np.float32)
+    return KitModel("attention", _save(graph, out_dir / "attention.onnx"), {"x": x}, ref, gap="attention")
+
+
+def embedding(out_dir: Path, vocab: int = 32, dim: int = 8, seq: int = 6, seed: int = 2) -> KitModel:
+    """Token embedding lookup: y = E[ids], ids: [1, seq] int64."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(seed)
+    table = rng.standard_normal((vocab, dim)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["E", "ids"], ["y"], axis=0)],
+        "embedding",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, seq])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, seq, dim])],
+        [_init("E", table)],
+    )
+    ids = rng.integers(0, vocab, size=(1, seq), dtype=np.int64)
+    return KitModel(
+        "embedding", _save(graph, out_dir / "embedding.onnx"), {"ids": ids}, lambda f: {"y": table[f["ids"]]},
+        gap="int64_inputs",
+    )
+
+
+def two_in_two_out(out_dir: Path, shape: tuple[int, ...] = (2, 4), seed: int = 3) -> KitModel:
+    """sum = a + b, prod = a * b."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["a", "b"], ["sum"]), helper.make_node("Mul", ["a", "b"], ["prod"])],
+        "two_in_two_out",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(shape)) for n in ("a", "b")],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(shape)) for n in ("sum", "prod")],
+    )
+    rng = np.random.default_rng(seed)
+    feeds = {n: rng.standard_normal(shape).astype(np.float32) for n in ("a", "b")}
+    return KitModel(
+        "two_in_two_out",
+        _save(graph, out_dir / "two_in_two_out.onnx"),
+        feeds,
+        lambda f: {"sum": f["a"] + f["b"], "prod": f["a"] * f["b"]},
+        gap="multiple_outputs",
+    )
+
+
+def all_models(out_dir: Path) -> list[KitModel]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return [mlp(out_dir, batch=2), mlp(out_dir), attention(out_dir), embedding(out_dir), two_in_two_out(out_dir)]
