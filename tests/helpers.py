@@ -1,0 +1,41 @@
+"""Helpers for the core tests: run the real CLI in a subprocess, make throwaway plugin distributions."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+HEAVY = ("torch", "onnxruntime", "openvino", "rknn", "torch_npu", "tensorflow", "onnx", "transformers")
+
+
+def edgeinfer(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    full_env = dict(os.environ, **(env or {}))
+    return subprocess.run(
+        [sys.executable, "-m", "edgeinfer.cli", *args], capture_output=True, text=True, env=full_env, cwd=cwd
+    )
+
+
+def make_plugin_dist(root: Path, dist: str, ep_name: str, module_src: str) -> dict[str, str]:
+    """Write a real installed-distribution layout (dist-info with an entry point) under ``root``;
+    return the env that puts it on the path."""
+    module = f"{ep_name}_plugin_mod"
+    (root / f"{module}.py").write_text(textwrap.dedent(module_src))
+    info = root / f"{dist.replace('-', '_')}-0.0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.0.1\n")
+    (info / "entry_points.txt").write_text(f"[edgeinfer]\n{ep_name} = {module}\n")
+    path = os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])
+    return {"PYTHONPATH": path}
+
+
+def imported_modules(code: str) -> set[str]:
+    """Top-level names of every module ``code`` imports, from ``python -X importtime``."""
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True)
+    names = set()
+    for line in proc.stderr.splitlines():
+        if line.startswith("import time:") and "|" in line:
+            names.add(line.rsplit("|", 1)[1].strip().split(".")[0])
+    return names

@@ -1,0 +1,77 @@
+"""`edgeinfer run` through the real CLI: outputs, JSON, and one-line errors with exit 2."""
+
+import json
+
+import numpy as np
+import pytest
+
+from edgeinfer.testing import models
+from helpers import edgeinfer
+
+
+@pytest.fixture(scope="module")
+def mlp(tmp_path_factory):
+    return models.mlp(tmp_path_factory.mktemp("m"), batch=2)
+
+
+def _one_line_error(proc, code=2):
+    assert proc.returncode == code, (proc.stdout, proc.stderr)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    assert "Traceback" not in proc.stderr
+    return lines[0]
+
+
+def test_run_writes_outputs_equal_to_reference(mlp, tmp_path):
+    np.save(tmp_path / "x.npy", mlp.feeds["x"])
+    out = tmp_path / "out"
+    proc = edgeinfer("run", str(mlp.path), "--input", f"x={tmp_path / 'x.npy'}", "--out", str(out), "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)  # stdout is only JSON
+    assert report["backend"] == "onnxruntime"
+    assert report["outputs"] == [{"name": "y", "shape": [2, 8], "dtype": "float32"}]
+    np.testing.assert_allclose(np.load(out / "y.npy"), mlp.reference(mlp.feeds)["y"], rtol=1e-5, atol=1e-6)
+
+
+def test_missing_model_file(tmp_path):
+    line = _one_line_error(edgeinfer("run", str(tmp_path / "nope.onnx")))
+    assert "not found" in line
+
+
+def test_corrupt_onnx(tmp_path):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"this is not an onnx protobuf")
+    _one_line_error(edgeinfer("run", str(bad)))
+
+
+@pytest.mark.parametrize(
+    "name,array,needle",
+    [
+        ("z", np.zeros((2, 16), np.float32), "unknown input 'z'"),
+        ("x", np.zeros((2, 16), np.float64), "expected dtype float32, got float64"),
+        ("x", np.zeros((2, 3), np.float32), r"expected shape [2, 16], got [2, 3]"),
+    ],
+)
+def test_bad_feeds_write_nothing(mlp, tmp_path, name, array, needle):
+    np.save(tmp_path / "in.npy", array)
+    out = tmp_path / "out"
+    line = _one_line_error(edgeinfer("run", str(mlp.path), "-i", f"{name}={tmp_path / 'in.npy'}", "--out", str(out)))
+    assert needle in line
+    assert not out.exists()
+
+
+def test_missing_input_file_and_malformed_pair(mlp, tmp_path):
+    assert "file not found" in _one_line_error(edgeinfer("run", str(mlp.path), "-i", f"x={tmp_path}/no.npy"))
+    assert "NAME=FILE.npy" in _one_line_error(edgeinfer("run", str(mlp.path), "-i", "x"))
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"garbage")
+    proc = edgeinfer("--debug", "run", str(bad))
+    assert proc.returncode != 0 and "Traceback" in proc.stderr
+
+
+def test_version():
+    proc = edgeinfer("--version")
+    assert proc.returncode == 0 and "0.1.0" in proc.stdout

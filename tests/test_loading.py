@@ -1,0 +1,41 @@
+"""edgeinfer.load: backend choice, conversion of non-native files, and the conversion cache."""
+
+import numpy as np
+import pytest
+
+import edgeinfer
+from edgeinfer import loading, stamp
+from edgeinfer.errors import InputError
+from edgeinfer.testing import models
+
+
+@pytest.fixture
+def mlp(tmp_path):
+    return models.mlp(tmp_path, batch=2)
+
+
+def test_load_onnx_picks_the_reference_backend(mlp):
+    with edgeinfer.load(mlp.path) as s:
+        assert s.backend_name == "onnxruntime"
+        np.testing.assert_allclose(s.run(mlp.feeds)["y"], mlp.reference(mlp.feeds)["y"], rtol=1e-5, atol=1e-6)
+
+
+def test_conversion_is_cached_by_hash_backend_and_options(mlp, tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGEINFER_CACHE_DIR", str(tmp_path / "cache"))
+    be = edgeinfer.backend("onnxruntime")
+    first = loading.converted(be, mlp.path, {"scheme": "fp16"})
+    mtime = first.stat().st_mtime_ns
+    again = loading.converted(be, mlp.path, {"scheme": "fp16"})
+    assert again == first and again.stat().st_mtime_ns == mtime  # not converted twice
+    assert stamp.read(first)["scheme"] == "fp16"
+    other = loading.converted(be, mlp.path, {"scheme": "fp32"})
+    assert other != first
+    mlp.path.write_bytes(mlp.path.read_bytes() + b"")  # same content → same key
+    assert loading.converted(be, mlp.path, {"scheme": "fp16"}) == first
+
+
+def test_no_backend_for_unknown_suffix(tmp_path):
+    f = tmp_path / "model.weird"
+    f.write_bytes(b"x")
+    with pytest.raises(InputError, match="no installed backend loads .weird"):
+        edgeinfer.load(f)
