@@ -63,9 +63,16 @@ def converted(backend: Backend, path: Path, options: dict[str, Any]) -> Path:
 
 
 def load(path: Any, backend: str | None = None, device: str | None = None, **options: Any) -> Session:
+    from .bundle import Bundle, is_bundle
+
     p = Path(path)
     if not p.exists():
         raise InputError(f"model file not found: {p}")
+    if is_bundle(p):
+        bundle = Bundle.open(p)
+        if backend and backend != bundle.manifest.backend:
+            raise InputError(f"bundle {p} is for backend {bundle.manifest.backend!r}, not {backend!r}; omit --backend")
+        return bundle.load(device=device, **options)
     be = choose_backend(p, backend)
     if not be.is_native(p):
         p = converted(be, p, options)
