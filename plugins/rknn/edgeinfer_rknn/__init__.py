@@ -1,0 +1,14 @@
+"""edgeinfer plugin: Rockchip NPUs through RKNN.
+
+On a PC, ``rknn-toolkit2`` converts ONNX to ``.rknn`` and runs its simulator; on a board
+``rknn-toolkit-lite2`` (RKNNLite) runs the artifact on the NPU. Neither is imported here.
+"""
+
+from edgeinfer import hookimpl
+
+from .backend import RknnBackend
+
+
+@hookimpl
+def register_backends(register):
+    register(RknnBackend)

@@ -1,0 +1,505 @@
+"""The ``rknn`` backend: ONNX → ``.rknn`` with rknn-toolkit2 on a PC; run on the toolkit's
+simulator there, or on a Rockchip board's NPU through RKNNLite (see :mod:`.board`).
+
+Neither toolkit is imported at module import.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgeinfer import stamp
+from edgeinfer.backend import Backend, CalibrationSet, OpTime, Probe, Problem, Session, TensorSpec
+from edgeinfer.errors import BackendUnavailableError, InputError, ModelError
+
+from . import board
+from . import toolkit as tk
+
+DEFAULT_TARGET = "rk3588"
+CONVERT_OPTIONS = {
+    "target": "target platform (rk3588, rk3576, ...; default rk3588)",
+    "shapes": "static input shapes, {input: [dims]}",
+    "dynamic_input": "the toolkit's list of shape sets, [[shape per input], ...]",
+    "quantized_algorithm": "normal | mmse | kl (int8 calibration)",
+    "quantized_method": "channel | layer",
+    "hybrid_fp16_layers": "ONNX node or tensor names kept in fp16 in an int8 model",
+    "disable_rules": "fusion rules to disable from the start",
+    "optimization_level": "0..3 (default 3)",
+}
+LOAD_OPTIONS = ("core_mask",)
+
+
+def _version(dist: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
+def _dtype_of(elem_type: int) -> str:
+    from onnx import helper
+
+    return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).name
+
+
+def _dims(value_info: Any) -> tuple[Any, ...]:
+    dims = []
+    for d in value_info.type.tensor_type.shape.dim:
+        if d.HasField("dim_value"):
+            dims.append(int(d.dim_value))
+        else:
+            dims.append(d.dim_param or None)
+    return tuple(dims)
+
+
+def _read_onnx(model: Path) -> Any:
+    import onnx
+
+    try:
+        proto = onnx.load(str(model))
+        onnx.checker.check_model(proto)
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ModelError(f"{model.name} is not a valid ONNX model ({first}); export it again") from None
+    return proto
+
+
+def _graph_inputs(proto: Any) -> list[Any]:
+    inits = {i.name for i in proto.graph.initializer}
+    return [i for i in proto.graph.input if i.name not in inits]
+
+
+def static_inputs(proto: Any, shapes: Mapping[str, Sequence[int]] | None, model_name: str) -> list[TensorSpec]:
+    """Input specs with every dimension fixed, from the model or the ``shapes`` option."""
+    shapes = dict(shapes or {})
+    graph_inputs = _graph_inputs(proto)
+    names = [i.name for i in graph_inputs]
+    unknown = [n for n in shapes if n not in names]
+    if unknown:
+        raise InputError(f"shapes names unknown input(s) {', '.join(unknown)}; the model's inputs are: {', '.join(names)}")
+    specs = []
+    for vi in graph_inputs:
+        dims = _dims(vi)
+        if vi.name in shapes:
+            want = [int(d) for d in shapes[vi.name]]
+            if len(want) != len(dims) or any(isinstance(d, int) and d != w for d, w in zip(dims, want)):
+                raise InputError(f"shapes[{vi.name!r}] = {want} does not fit the model's input shape {list(dims)}")
+            if any(w <= 0 for w in want):
+                raise InputError(f"shapes[{vi.name!r}] = {want}: every dimension must be a positive size")
+            dims = tuple(want)
+        if not all(isinstance(d, int) and d > 0 for d in dims):
+            raise InputError(
+                f"RKNN needs static input shapes, but {vi.name!r} of {model_name} is {list(dims)}; "
+                f"pass shapes={{'{vi.name}': [...]}} (and dynamic_input for several shape sets)"
+            )
+        specs.append(TensorSpec(vi.name, tuple(dims), _dtype_of(vi.type.tensor_type.elem_type)))
+    return specs
+
+
+def output_specs(proto: Any) -> list[TensorSpec]:
+    return [TensorSpec(o.name, _dims(o), _dtype_of(o.type.tensor_type.elem_type)) for o in proto.graph.output]
+
+
+def _dynamic_sets(value: Any, inputs: list[TensorSpec]) -> list[list[list[int]]]:
+    """Normalize ``dynamic_input``: a list of shape sets, each a list (input order) or a dict by name."""
+    if not isinstance(value, (list, tuple)) or not value:
+        raise InputError("dynamic_input must be a non-empty list of shape sets, e.g. [[[1,64]], [[1,128]]]")
+    sets = []
+    for i, entry in enumerate(value):
+        if isinstance(entry, Mapping):
+            missing = [s.name for s in inputs if s.name not in entry]
+            if missing:
+                raise InputError(f"dynamic_input set {i} lacks input(s) {', '.join(missing)}")
+            entry = [entry[s.name] for s in inputs]
+        if len(entry) != len(inputs):
+            raise InputError(f"dynamic_input set {i} has {len(entry)} shapes; the model has {len(inputs)} inputs")
+        shapes = []
+        for spec, shape in zip(inputs, entry):
+            shape = [int(d) for d in shape]
+            if len(shape) != len(spec.shape):
+                raise InputError(f"dynamic_input set {i}: {spec.name!r} needs {len(spec.shape)} dimensions, got {shape}")
+            shapes.append(shape)
+        sets.append(shapes)
+    return sets
+
+
+class RknnSession(Session):
+    """Inputs in, outputs out; the runtime (simulator or RKNNLite) hides behind ``_run``."""
+
+    def __init__(self, inputs: list[TensorSpec], outputs: list[TensorSpec], device: str, log: Path):
+        super().__init__(inputs, outputs, device=device)
+        self._log = log
+
+    def _run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        raise NotImplementedError
+
+    def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        arrays = [np.ascontiguousarray(feeds[s.name]) for s in self.inputs]
+        outs = self._run(arrays)
+        result = {}
+        for spec, out in zip(self.outputs, outs):
+            out = np.asarray(out)
+            want = np.dtype(spec.dtype)
+            if out.dtype != want:  # the runtime hands back float32 for every output
+                out = np.rint(out).astype(want) if want.kind in "iub" else out.astype(want)
+            result[spec.name] = out
+        return result
+
+
+class SimulatorSession(RknnSession):
+    """The toolkit's simulator on a PC: the model rebuilt from the recipe kept next to the artifact."""
+
+    def __init__(self, rknn: Any, recipe: tk.Recipe, log: Path, rebuild_s: float):
+        inputs = [TensorSpec.from_json(s) for s in recipe.inputs]
+        if recipe.dynamic_input:  # dims that differ between shape sets are free
+            inputs = [
+                TensorSpec(s.name, tuple(d if len({st[k][a] for st in recipe.dynamic_input}) == 1 else None
+                                         for a, d in enumerate(s.shape)), s.dtype)
+                for k, s in enumerate(inputs)
+            ]
+        super().__init__(inputs, [TensorSpec.from_json(s) for s in recipe.outputs], "simulator", log)
+        self._rknn = rknn
+        self._rebuild_s = rebuild_s
+
+    def _run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        try:
+            return tk.infer(self._rknn, arrays, self._log)
+        except tk.BuildError as e:
+            raise RuntimeError(f"simulator {e}; full log: {self._log}") from None
+
+    def profile_notes(self) -> dict[str, Any]:
+        return {"simulator": True, "note": "simulator figures, not board speed", "rebuild_s": round(self._rebuild_s, 3)}
+
+    def release(self) -> None:
+        if self._rknn is not None:
+            tk.release(self._rknn, self._log)
+            self._rknn = None
+
+
+class BoardSession(RknnSession):
+    """The NPU of a Rockchip board through RKNNLite."""
+
+    def __init__(self, artifact: Path, data: Mapping[str, Any], mask: int, mask_name: str):
+        inputs = [TensorSpec.from_json(s) for s in data.get("inputs", [])]
+        outputs = [TensorSpec.from_json(s) for s in data.get("outputs", [])]
+        super().__init__(inputs, outputs, f"npu:{data.get('target', '')}", tk.log_path(artifact))
+        self._artifact, self._mask, self._mask_name = artifact, mask, mask_name
+        self._rt = board.LiteRuntime(artifact, mask)
+        self._memory: int | None = None
+
+    def _run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        return self._rt.inference(arrays)
+
+    def op_times(self, feeds: dict[str, np.ndarray]) -> list[OpTime]:
+        """Per-layer times from ``eval_perf`` and memory from ``eval_memory`` (a second runtime
+        with perf_debug/eval_mem: both slow inference down, so the latency runs do without)."""
+        rt = board.LiteRuntime(self._artifact, self._mask, perf=True)
+        try:
+            rt.inference([np.ascontiguousarray(feeds[s.name]) for s in self.inputs])
+            perf = rt.eval_perf()
+            self._memory = board.parse_memory(rt.eval_memory())
+        finally:
+            rt.release()
+        if perf is None:
+            return []
+        return [OpTime(name=n, op_type=t, time_ms=ms, exec_type=target) for n, t, ms, target in board.parse_perf_table(perf)]
+
+    def profile_notes(self) -> dict[str, Any]:
+        notes: dict[str, Any] = {"simulator": False, "core_mask": self._mask_name, "sdk": self._rt.sdk_version()}
+        if self._memory is not None:
+            notes["npu_memory_bytes"] = self._memory
+        return notes
+
+    def release(self) -> None:
+        self._rt.release()
+
+
+class RknnBackend(Backend):
+    name = "rknn"
+    native_suffixes = (".rknn",)
+    schemes = ("fp16", "w8a8", "w8a16", "w4a16")
+    default_scheme = "fp16"
+    gaps = {
+        "dynamic_shapes": "RKNN models have static input shapes (pass shapes=..., or the toolkit's "
+        "dynamic_input list of fixed shape sets); a free batch dimension is not supported",
+        "op_profile": "the rknn-toolkit2 simulator gives no per-layer times (eval_perf needs a board)",
+    }
+
+    # --- facts ---------------------------------------------------------------------------------
+    def mode(self) -> str:
+        return "board" if board.is_board() else "simulator"
+
+    def versions(self) -> dict[str, str]:
+        host, lite = _version("rknn-toolkit2"), board.lite_version()
+        out = {"edgeinfer-rknn": _version("edgeinfer-rknn") or "?"}
+        if host:
+            out["rknn-toolkit2"] = host
+        if lite:
+            out["rknn-toolkit-lite2"] = lite
+        # the toolkit that built an artifact and the runtime that loads it must share a version:
+        # "rknn 2.5.0" on the PC (toolkit2) and on the board (toolkit-lite2) compare equal
+        ver = (lite or host) if self.mode() == "board" else (host or lite)
+        out["toolkit"] = f"rknn {ver}" if ver else "rknn missing"
+        return out
+
+    def probe(self) -> Probe:
+        mode = self.mode()
+        return self._probe_board() if mode == "board" else self._probe_simulator()
+
+    def _probe_simulator(self) -> Probe:
+        ver = _version("rknn-toolkit2")
+        details: dict[str, Any] = {
+            "mode": "simulator",
+            "note": "no Rockchip board here: conversion with rknn-toolkit2, runs on its simulator (not board speed)",
+            "targets": {t: list(tk.supported_schemes(t)) for t in tk.QUANT_SUPPORT},
+        }
+        if not ver:
+            return Probe(False, details=details, problems=[Problem(
+                "rknn-toolkit2 is not installed",
+                "pip install --no-deps rknn-toolkit2==2.5.0 plus its runtime needs (see the project's Makefile)")])
+        with tempfile.TemporaryDirectory(prefix="edgeinfer-rknn-probe-") as tmp:
+            try:
+                tk.rknn_class(Path(tmp) / "import.log")
+            except BackendUnavailableError as e:
+                hint = e.hint or "reinstall rknn-toolkit2"
+                if "pkg_resources" in e.message:
+                    hint = "pip install 'setuptools>=77,<81' (rknn-toolkit2 imports pkg_resources)"
+                return Probe(False, versions={"rknn-toolkit2": ver}, details=details,
+                             problems=[Problem(e.message, hint)])
+        return Probe(True, versions={"rknn-toolkit2": ver}, devices=["simulator"], details=details)
+
+    def _probe_board(self, root: Path = Path("/")) -> Probe:
+        soc = board.soc(root)
+        lib = board.runtime_library(root)
+        versions = {}
+        lite = board.lite_version()
+        if lite:
+            versions["rknn-toolkit-lite2"] = lite
+        rt = board.runtime_version(lib)
+        if rt:
+            versions["librknnrt"] = rt
+        drv = board.driver_version(root)
+        if drv:
+            versions["npu-driver"] = drv
+        problems, warnings = [], []
+        if not lite:
+            problems.append(Problem("rknn-toolkit-lite2 (RKNNLite) is not installed on this board",
+                                    "pip install rknn-toolkit-lite2 matching the rknn-toolkit2 that converts your models"))
+        if lib is None:
+            problems.append(Problem("librknnrt.so is not installed",
+                                    "copy librknnrt.so from rknn-toolkit2's rknpu2 runtime to /usr/lib"))
+        gov = board.ddr_governor(root)
+        if gov is not None and gov not in board.PINNED_GOVERNORS:
+            warnings.append({
+                "message": f"DDR devfreq governor is {gov!r}, not pinned: NPU speed will vary and stay below published figures",
+                "fix": f"echo performance | sudo tee /{board.DMC_GOVERNOR}",
+            })
+        details = {"mode": "board", "soc": soc, "runtime_library": str(lib) if lib else None,
+                   "ddr_governor": gov, "warnings": warnings, "core_masks": list(board.CORE_MASKS)}
+        return Probe(not problems, versions=versions, devices=[f"npu:{soc or 'rockchip'}"] if not problems else [],
+                     problems=problems, details=details)
+
+    def refuses_target(self, target: str, device: str | None) -> str | None:
+        if self.mode() != "board" or (device or "").lower() == "simulator":
+            return None
+        soc = board.soc()
+        if soc and target and target != soc:
+            return f"built for {target} but this board is {soc}; convert it again with target={soc!r}"
+        return None
+
+    # --- convert -------------------------------------------------------------------------------
+    def convert(
+        self, model: Path, scheme: str, calibration: CalibrationSet | None, out: Path, **options: Any
+    ) -> dict[str, Any]:
+        unknown = sorted(set(options) - set(CONVERT_OPTIONS))
+        if unknown:
+            raise InputError(f"unknown option(s) for rknn: {', '.join(unknown)}; known: {', '.join(CONVERT_OPTIONS)}")
+        target = str(options.get("target") or DEFAULT_TARGET).lower()
+        if target not in tk.QUANT_SUPPORT:
+            raise InputError(f"unknown RKNN target {target!r}; use one of: {', '.join(tk.QUANT_SUPPORT)}")
+        supported = tk.supported_schemes(target)
+        if scheme not in supported:
+            raise InputError(
+                f"{target} does not support {scheme} with rknn-toolkit2; it supports: {', '.join(supported)}"
+                + ("" if scheme != "w4a16" else " (w4a16 needs rk3576 or rv1126b)")
+            )
+        algorithm = str(options.get("quantized_algorithm") or "normal").lower()
+        if algorithm not in tk.ALGORITHMS:
+            raise InputError(f"unknown quantized_algorithm {algorithm!r}; use normal, mmse or kl")
+        method = str(options.get("quantized_method") or "channel")
+        if method not in ("channel", "layer"):
+            raise InputError(f"unknown quantized_method {method!r}; use channel or layer")
+        quantized = scheme != "fp16"
+        if quantized and calibration is None:
+            raise InputError(f"rknn {scheme} needs a calibration set (--calib / calibration=CalibrationSet(...))")
+        if not quantized and options.get("hybrid_fp16_layers"):
+            raise InputError("hybrid_fp16_layers applies to quantized schemes only (w8a8, w4a16)")
+
+        proto = _read_onnx(model)
+        bad = tk.unsupported_ops(proto)
+        if bad:
+            raise ModelError(f"{model.name} uses operators rknn-toolkit2 cannot convert: {', '.join(bad)}; "
+                             "replace them in the ONNX export")
+        inputs = static_inputs(proto, options.get("shapes"), model.name)
+        dyn = _dynamic_sets(options["dynamic_input"], inputs) if options.get("dynamic_input") else None
+        if dyn:  # the first set is the one loaded; the inputs keep those shapes
+            inputs = [TensorSpec(s.name, tuple(dyn[0][k]), s.dtype) for k, s in enumerate(inputs)]
+        if calibration is not None:
+            calibration.check(inputs)
+        recipe = tk.Recipe(
+            target=target, scheme=scheme, inputs=[s.to_json() for s in inputs],
+            outputs=[s.to_json() for s in output_specs(proto)], algorithm=algorithm, method=method,
+            dynamic_input=dyn, hybrid_fp16=tk.hybrid_tensor_names(proto, options.get("hybrid_fp16_layers") or []),
+            disable_rules=list(options.get("disable_rules") or []),
+            optimization_level=int(options.get("optimization_level", 3)),
+        )
+
+        log = tk.log_path(out)
+        log.unlink(missing_ok=True)
+        tk.sidecar(out).unlink(missing_ok=True)
+        clock = tk.timed()
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+        try:
+            src = tmp / "src"
+            src.mkdir()
+            tk.copy_source(model, src / "model.onnx")
+            if quantized:
+                recipe.calibration_samples = tk.write_calibration(calibration, inputs, src)
+            rknn, retried = self._build_with_retries(model, proto, recipe, src, tmp, log)
+            try:
+                tk.export(rknn, tmp / "model.rknn", log)
+            except BaseException:
+                tk.release(rknn, log)
+                raise
+            sha = stamp.sha256_file(tmp / "model.rknn")
+            recipe.artifact_sha256 = sha
+            tk.write_recipe(src, recipe)
+            tk.pack(src, tmp / "src.tar")
+            # the artifact appears last and whole: os.replace within one folder is atomic
+            (tmp / "src.tar").replace(tk.sidecar(out))
+            (tmp / "model.rknn").replace(out)
+            if self.mode() == "simulator":
+                tk.keep_built(out, sha, rknn, log)
+            else:
+                tk.release(rknn, log)
+        except tk.BuildError as e:
+            tk.sidecar(out).unlink(missing_ok=True)
+            raise self._conversion_error(model, proto, e, log) from None
+        except BaseException:
+            tk.sidecar(out).unlink(missing_ok=True)
+            out.unlink(missing_ok=True)
+            raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        facts: dict[str, Any] = {
+            "target": target,
+            "inputs": inputs,
+            "outputs": [s for s in recipe.outputs],
+            "convert_s": round(clock(), 3),
+            "log": log.name,
+            "build_inputs": tk.sidecar(out).name,
+            "disabled_rules": recipe.disable_rules,
+            "retried_without_rules": retried,
+        }
+        if quantized:
+            facts.update(quantized_dtype=scheme, quantized_algorithm=tk.ALGORITHMS[algorithm],
+                         quantized_method=method, calibration_samples=recipe.calibration_samples)
+        if recipe.hybrid_fp16:
+            facts["hybrid_fp16"] = recipe.hybrid_fp16
+        if dyn:
+            facts["dynamic_input"] = dyn
+        return facts
+
+    @staticmethod
+    def _build_with_retries(model: Path, proto: Any, recipe: tk.Recipe, src: Path, tmp: Path, log: Path
+                            ) -> tuple[Any, list[str]]:
+        """Build; when the toolkit crashes inside a fusion rule, disable that rule and build again."""
+        retried: list[str] = []
+        while True:
+            work = Path(tempfile.mkdtemp(prefix="work-", dir=tmp))
+            try:
+                return tk.build(src / "model.onnx", recipe, src, log, work), retried
+            except tk.BuildError as e:
+                if e.stage == "build" and e.rule and e.rule not in recipe.disable_rules \
+                        and len(retried) < tk.MAX_RULE_RETRIES:
+                    with open(log, "a") as f:
+                        f.write(f"\nedgeinfer: build crashed in fusion rule {e.rule!r}; retrying with it disabled\n")
+                    recipe.disable_rules.append(e.rule)
+                    retried.append(e.rule)
+                    continue
+                raise
+
+    @staticmethod
+    def _conversion_error(model: Path, proto: Any, e: tk.BuildError, log: Path) -> ModelError:
+        text = log.read_text(errors="replace") if log.exists() else ""
+        ops = tk.ops_named_in_log(text, proto)
+        extra = f"; unsupported operators: {', '.join(ops)}" if ops else ""
+        return ModelError(f"rknn-toolkit2 could not convert {model.name} ({e.stage}): {e.message}{extra}; "
+                          f"full toolkit log: {log}")
+
+    # --- open ----------------------------------------------------------------------------------
+    def open(self, artifact: Path, device: str | None, **options: Any) -> Session:
+        unknown = sorted(set(options) - set(LOAD_OPTIONS))
+        if unknown:
+            raise InputError(f"unknown option(s) for rknn: {', '.join(unknown)}; known: {', '.join(LOAD_OPTIONS)}")
+        mask_name = str(options.get("core_mask", "auto"))
+        mask = board.core_mask(mask_name)
+        dev = (device or "auto").lower()
+        if dev not in ("auto", "simulator", "npu", "board") and dev not in board.SOCS:
+            raise InputError(f"unknown rknn device {device!r}; use auto, simulator or npu")
+        mode = self.mode()
+        if dev == "simulator":
+            mode = "simulator"
+        elif dev != "auto" and mode != "board":
+            raise BackendUnavailableError(
+                f"device {device!r} needs a Rockchip board (no rockchip device tree, no librknnrt.so here)",
+                "run on the board, or use device='simulator' on a PC")
+        if mode == "board":
+            data = stamp.read(artifact) or {}
+            if not data.get("inputs"):
+                raise InputError(f"{artifact.name} has no edgeinfer stamp (input specs); convert it with edgeinfer")
+            return BoardSession(artifact, data, mask, mask_name)
+        return self._open_simulator(artifact)
+
+    def _open_simulator(self, artifact: Path) -> Session:
+        side = tk.sidecar(artifact)
+        if not side.exists():
+            raise InputError(
+                f"the rknn-toolkit2 simulator cannot run {artifact.name} by itself (it only simulates models it "
+                f"builds) and its build inputs {side.name} are missing; convert the ONNX again with edgeinfer, "
+                "or run the .rknn on a board"
+            )
+        log = tk.log_path(artifact)
+        sha = stamp.sha256_file(artifact)
+        clock = tk.timed()
+        with tempfile.TemporaryDirectory(prefix="edgeinfer-rknn-sim-") as tmp:
+            folder = Path(tmp) / "src"
+            tk.unpack(side, folder)
+            recipe = tk.read_recipe(folder)
+            if recipe.artifact_sha256 != sha:
+                raise InputError(f"{artifact.name} does not match its build inputs {side.name}; convert it again")
+            rknn = tk.take_built(artifact, sha)
+            rebuilt = rknn is None
+            if rknn is None:
+                with open(log, "a") as f:
+                    f.write("\nedgeinfer: rebuilding from the recorded recipe for the simulator\n")
+                try:
+                    rknn = tk.build(folder / "model.onnx", recipe, folder, log, Path(tmp))
+                except tk.BuildError as e:
+                    raise ModelError(f"rknn-toolkit2 could not rebuild {artifact.name} for the simulator "
+                                     f"({e.stage}): {e.message}; full log: {log}") from None
+        try:
+            tk.init_simulator(rknn, log)
+        except tk.BuildError as e:
+            tk.release(rknn, log)
+            raise ModelError(f"rknn simulator could not start for {artifact.name}: {e.message}; log: {log}") from None
+        return SimulatorSession(rknn, recipe, log, clock() if rebuilt else 0.0)
+
