@@ -21,7 +21,9 @@ Options of ``open``: ``cache_dir`` (compiled-model cache), ``hint`` ("LATENCY" o
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import sys
 import threading
 import time
 import warnings
@@ -34,7 +36,7 @@ import numpy as np
 from edgeinfer.backend import Backend, CalibrationSet, OpTime, Probe, Problem, Session, TensorSpec, validate_feeds
 from edgeinfer.errors import BackendError, EdgeInferError, InputError, ModelError
 
-from .devices import cpu_model_name, diagnose, fallback_warning, requested_primary, select_device
+from .devices import clean, cpu_model_name, diagnose, family, fallback_warning, requested_primary, select_device
 
 log = logging.getLogger("edgeinfer.openvino")
 
@@ -64,6 +66,23 @@ def _ov():
     return openvino
 
 
+@contextlib.contextmanager
+def _nncf_output_to_stderr():
+    """NNCF logs and draws progress bars on stdout; stdout belongs to the CLI's answer (--json)."""
+    handler = None
+    try:
+        from nncf.common.logging.logger import stdout_handler as handler
+    except Exception:
+        pass
+    old = handler.setStream(sys.stderr) if handler is not None else None
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        if handler is not None and old is not None:
+            handler.setStream(old)
+
+
 def _reason(e: BaseException) -> str:
     """The informative line of an OpenVINO exception (skipping its 'Exception from src/...' frames)."""
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
@@ -82,18 +101,28 @@ def _dims(pshape: Any, names: Sequence[Any] | None = None) -> tuple[Any, ...]:
     return tuple(out)
 
 
-def _port_name(port: Any, i: int, prefix: str) -> str:
+def _port_name(port: Any, i: int, prefix: str, known: Mapping[str, Any] | None = None) -> str:
+    """A port's tensor name; when it has several (an ONNX Identity folded away), the one the
+    source model used (``known``: names from the ONNX graph or the stamp)."""
+    try:
+        names = sorted(port.get_names())
+    except Exception:
+        names = []
+    if known:
+        for n in names:
+            if n in known:
+                return n
     try:
         return port.get_any_name()
     except Exception:  # an unnamed port
-        return f"{prefix}{i}"
+        return names[0] if names else f"{prefix}{i}"
 
 
 def port_specs(ports: Sequence[Any], prefix: str, symbols: Mapping[str, Sequence[Any]] | None = None) -> list[TensorSpec]:
     """TensorSpecs of OpenVINO ports; dynamic dims take their symbolic names from ``symbols``."""
     specs = []
     for i, p in enumerate(ports):
-        name = _port_name(p, i, prefix)
+        name = _port_name(p, i, prefix, symbols)
         pshape = p.get_partial_shape()
         names = (symbols or {}).get(name)
         if names is not None and (pshape.rank.is_dynamic or len(names) != pshape.rank.get_length()):
@@ -182,9 +211,7 @@ class OpenVinoSession(Session):
         self._config: dict[str, Any] = {"PERFORMANCE_HINT": hint}
         if threads:
             self._config["INFERENCE_NUM_THREADS"] = int(threads)
-        prec = inference_precision(self.ov_device, scheme, precision)
-        if prec:
-            self._config["INFERENCE_PRECISION_HINT"] = prec
+        self._config.update(precision_config(self.ov_device, scheme, precision))
         self._cache_dir = Path(cache_dir) if cache_dir else None
         if self._cache_dir is not None:
             self._cache_dir.mkdir(parents=True, exist_ok=True)
@@ -214,7 +241,7 @@ class OpenVinoSession(Session):
         self.cache = "off" if self._cache_dir is None else ("miss" if after - before else "hit")
 
         try:
-            self.execution_devices = list(self._compiled.get_property("EXECUTION_DEVICES"))
+            self.execution_devices = [clean(str(d)) for d in self._compiled.get_property("EXECUTION_DEVICES")]
         except Exception:
             self.execution_devices = []
         self.fallback = fallback_warning(self.ov_device, self.execution_devices)
@@ -303,9 +330,10 @@ class OpenVinoSession(Session):
 
     def _property(self, name: str) -> Any:
         try:
-            return str(self._compiled.get_property(name))
+            value = self._compiled.get_property(name)
         except Exception:
             return None
+        return value.get_type_name() if hasattr(value, "get_type_name") else str(value)
 
     def profile_notes(self) -> dict[str, Any]:
         return {
@@ -331,19 +359,30 @@ class OpenVinoSession(Session):
         self._model = None
 
 
-def inference_precision(device: str, scheme: str | None, precision: str | None) -> str | None:
-    """INFERENCE_PRECISION_HINT to compile with. An explicit ``precision`` wins; otherwise float
-    artifacts (fp32, fp16 weights, or unstamped) compute in f32 on the CPU, because OpenVINO's CPU
-    default is bf16 wherever the CPU has AVX512-BF16/AMX, which would silently make "fp32" lossy.
-    Other devices and quantized artifacts keep OpenVINO's default."""
+def precision_config(device: str, scheme: str | None, precision: str | None) -> dict[str, Any]:
+    """OpenVINO properties that set INFERENCE_PRECISION_HINT for ``device``.
+
+    An explicit ``precision`` wins. Otherwise float artifacts (fp32, fp16 weights, or unstamped)
+    compute in f32 on the CPU, because OpenVINO's CPU default is bf16 wherever the CPU has
+    AVX512-BF16/AMX, which would silently make "fp32" lossy. GPU/NPU and quantized artifacts keep
+    OpenVINO's default. Virtual devices (AUTO:NPU,CPU) get it per device through DEVICE_PROPERTIES.
+    """
+    head, colon, tail = device.upper().partition(":")
+    listed = [d.strip() for d in tail.split(",") if d.strip()] if colon else [head]
     if precision:
         key = str(precision).lower()
         if key not in PRECISIONS:
             raise InputError(f"unknown precision {precision!r}; use one of: f32, bf16, f16")
-        return PRECISIONS[key]
-    if device.upper() == "CPU" and (scheme or "fp32") in ("fp32", "fp16"):
-        return "f32"
-    return None
+        per_device = {d: PRECISIONS[key] for d in listed}
+    elif (scheme or "fp32") in ("fp32", "fp16"):
+        per_device = {d: "f32" for d in listed if family(d) == "CPU"}
+    else:
+        per_device = {}
+    if not per_device:
+        return {}
+    if not colon:
+        return {"INFERENCE_PRECISION_HINT": per_device[head]}
+    return {"DEVICE_PROPERTIES": {d: {"INFERENCE_PRECISION_HINT": v} for d, v in per_device.items()}}
 
 
 def perf_counts(infos: Sequence[Any]) -> list[OpTime]:
@@ -494,9 +533,11 @@ class OpenVinoBackend(Backend):
         if scheme == "fp16":
             compress_fp16 = True
         elif scheme == "w8a8":
-            ov_model, facts = self._ptq(ov_model, calibration, target, options)
+            with _nncf_output_to_stderr():
+                ov_model, facts = self._ptq(ov_model, calibration, target, options)
         elif scheme in ("w8a16", "w4a16"):
-            ov_model, facts = self._compress(ov_model, scheme, options)
+            with _nncf_output_to_stderr():
+                ov_model, facts = self._compress(ov_model, scheme, options)
         elif scheme != "fp32":
             raise InputError(f"openvino cannot produce scheme {scheme!r}; it supports: {', '.join(self.schemes)}")
         ov.save_model(ov_model, str(out), compress_to_fp16=compress_fp16)

@@ -33,8 +33,13 @@ _CORE_ULTRA = re.compile(r"Core\s*(\(TM\))?\s*Ultra", re.IGNORECASE)
 
 
 def family(device: str) -> str:
-    """'GPU.1' -> 'GPU'; 'npu' -> 'NPU'."""
-    return device.strip().upper().split(".", 1)[0]
+    """'GPU.1' -> 'GPU'; 'npu' -> 'NPU'; '(CPU)' (as AUTO reports it) -> 'CPU'."""
+    return clean(device).upper().split(".", 1)[0]
+
+
+def clean(device: str) -> str:
+    """An EXECUTION_DEVICES entry without the parentheses AUTO puts around it: '(CPU)' -> 'CPU'."""
+    return device.strip().strip("()").strip()
 
 
 def _available_families(available: Sequence[str]) -> list[str]:
@@ -108,7 +113,8 @@ def fallback_warning(device: str, execution_devices: Sequence[str]) -> str | Non
     if not got or want in got:
         return None
     return (
-        f"OpenVINO was asked for {want} ({device}) but executes the model on {', '.join(execution_devices)}; "
+        f"OpenVINO was asked for {want} ({device}) but executes the model on "
+        f"{', '.join(clean(d) for d in execution_devices)}; "
         + (f"the NPU is missing or refused the model — {NPU_DRIVER_FIX}" if want == "NPU" else f"check {want}")
     )
 
