@@ -86,7 +86,9 @@ def _nncf_output_to_stderr():
 def _reason(e: BaseException) -> str:
     """The informative line of an OpenVINO exception (skipping its 'Exception from src/...' frames)."""
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-    useful = [ln for ln in lines if not ln.startswith("Exception from ")]
+    useful = [
+        ln for ln in lines if not (ln.startswith(("Exception from ", "Check '")) or ln.endswith(":"))
+    ]
     text = (useful or lines or [type(e).__name__])[0]
     return text if len(text) <= 240 else text[:237] + "..."
 
@@ -169,11 +171,39 @@ def int4_group_size(weights: int, requested: int | None = None) -> int:
     return -1 if weights > CHANNELWISE_ABOVE else 128
 
 
-def _read(core: Any, path: Path) -> Any:
-    if path.suffix.lower() == ".xml" and not path.with_suffix(".bin").exists():
-        raise ModelError(f"{path.name}: its weights file {path.with_suffix('.bin').name} is missing; copy it next "
-                         "to the .xml or convert the model again")
+def check_ir_xml(path: Path) -> None:
+    """Refuse an .xml that is not a well-formed OpenVINO IR (root element <net>) before OpenVINO sees it:
+    otherwise OpenVINO hands the file to every frontend, and TensorFlow's prints parse errors on stderr."""
+    import xml.etree.ElementTree as ET
+
     try:
+        root = next(ET.iterparse(str(path), events=("start",)))[1]
+        for _ in ET.iterparse(str(path)):  # the whole document must be well-formed
+            pass
+    except (ET.ParseError, StopIteration) as e:
+        raise ModelError(
+            f"{path.name} is not a readable OpenVINO IR: malformed XML ({e}); convert the model again"
+        ) from None
+    if root.tag != "net":
+        raise ModelError(
+            f"{path.name} is not a readable OpenVINO IR: its root element is <{root.tag}>, not <net>; "
+            "convert the model again"
+        )
+
+
+def _read(core: Any, path: Path) -> Any:
+    if path.suffix.lower() == ".xml":
+        if not path.with_suffix(".bin").exists():
+            raise ModelError(f"{path.name}: its weights file {path.with_suffix('.bin').name} is missing; copy it "
+                             "next to the .xml or convert the model again")
+        check_ir_xml(path)
+    try:
+        if path.suffix.lower() == ".onnx":
+            # the ONNX frontend alone: read_model would also try TensorFlow's, which prints on stderr
+            from openvino.frontend import FrontEndManager
+
+            fe = FrontEndManager().load_by_framework("onnx")
+            return fe.convert(fe.load(str(path)))
         return core.read_model(str(path))
     except Exception as e:
         kind = "OpenVINO IR" if path.suffix.lower() == ".xml" else "model (ONNX)"
