@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import os
+from functools import lru_cache
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal
@@ -142,8 +143,9 @@ def board_from_dict(data: dict, where: str) -> Board:
 def load_board_file(path: Path) -> Board:
     import yaml
 
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        data = yaml.load(Path(path).read_text(encoding="utf-8"), Loader=loader)  # noqa: S506 - safe loader
     except OSError as e:
         raise BoardError(f"{path}: cannot read board file ({e.strerror})") from None
     except yaml.YAMLError as e:
@@ -204,9 +206,7 @@ def _plugin_boards() -> list:
     try:  # the core's plugin manager, when present; never fatal
         from edgeinfer import plugins  # noqa: PLC0415
 
-        fn = getattr(plugins, "plugin_boards", None) or getattr(plugins, "collect_boards", None)
-        if fn is not None:
-            items += list(fn())
+        items += [b for b, _info in plugins.registry().boards()]
     except Exception:  # a broken plugin must not break planning
         pass
     return items
@@ -220,8 +220,8 @@ def _coerce(item, where: str) -> Board:
     return load_board_file(Path(item))
 
 
-def load_boards(extra: Iterable = (), plugins: bool = True) -> dict[str, Board]:
-    """Packaged boards, then plugin boards, then ``extra`` (later names override earlier ones)."""
+@lru_cache(maxsize=1)
+def _packaged() -> dict[str, Board]:
     out: dict[str, Board] = {}
     for d in boards_dirs():
         for p in sorted(d.glob("*.yaml")):
@@ -230,6 +230,12 @@ def load_boards(extra: Iterable = (), plugins: bool = True) -> dict[str, Board]:
             if b.name != p.stem:
                 raise BoardError(f"{p}: board name '{b.name}' does not match the file name '{p.stem}'")
             out.setdefault(b.name, b)
+    return out
+
+
+def load_boards(extra: Iterable = (), plugins: bool = True) -> dict[str, Board]:
+    """Packaged boards, then plugin boards, then ``extra`` (later names override earlier ones)."""
+    out: dict[str, Board] = dict(_packaged())
     if plugins:
         for item in _plugin_boards():
             b = _coerce(item, "plugin board")
@@ -256,6 +262,14 @@ def get_board(name_or_path, extra: Iterable = ()) -> Board:
         if not p.is_file():
             raise BoardError(f"board file '{text}' does not exist", "pass a board name or a YAML profile path")
         return load_board_file(p)
+    extra = list(extra)
+    if not extra:
+        for d in boards_dirs():  # fast path: one packaged file
+            p = d / f"{text}.yaml"
+            if p.is_file():
+                b = load_board_file(p)
+                b.origin = "packaged"
+                return b
     boards = load_boards(extra)
     if text in boards:
         return boards[text]

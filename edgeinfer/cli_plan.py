@@ -116,7 +116,7 @@ def render_matrix(models: list[str], boards: list[str], cells: dict) -> None:
             dec = c["estimates"]["decode_tokens_per_s"]
             mark = "[green]✓[/]" if c["fits"] else "[red]✗[/]"
             row.append(f"{mark} {tot / GIB:.1f}/{cap / GIB:.0f} GiB" + (f", {dec:.1f} tok/s" if dec else "")
-                       + f" [{c['options']['quant']}]")
+                       + f" ({c['options']['quant']})")
         t.add_row(*row)
     con.print(t)
 

@@ -109,6 +109,15 @@ def read_gguf(path: Path) -> ModelSpec:
         spec.moe_intermediate = int(a("expert_feed_forward_length"))
     spec.params_active = active
     ft = _FTYPE_NAMES.get(int(ftype)) if ftype is not None else None
-    spec.file_scheme = f"gguf:{ft}" if ft else ("gguf:" + max(types, key=types.get) if types else None)
+    ft = ft or (max(types, key=types.get) if types else None)
+    spec.file_scheme = None
+    if ft:
+        from edgeinfer.errors import InputError
+        from edgeinfer.quant import normalize_scheme
+
+        try:
+            spec.file_scheme = normalize_scheme(ft).name
+        except InputError:
+            spec.file_scheme = f"gguf:{ft}"
     spec.native_dtype = spec.file_scheme
     return spec

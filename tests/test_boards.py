@@ -1,0 +1,106 @@
+"""Board profiles: schema, stable names, sources, errors."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from edgeinfer.boards import Board, get_board, host_board, load_boards
+from edgeinfer.errors import BoardError
+
+STABLE = ["rk3588-4g", "rk3588-8g", "rk3588-16g", "rk3588-32g", "rk3576-4g", "rk3576-8g", "rk3576-16g",
+          "atlas-300i-pro", "atlas-300i-duo-48g", "atlas-300i-duo-96g", "atlas-800i-a2", "atlas-300i-a2-910b4",
+          "atlas-200i-dk-a2", "orange-pi-aipro-8g", "orange-pi-aipro-16g", "core-ultra-155h", "core-ultra-185h",
+          "core-ultra-258v", "core-ultra-288v", "core-ultra-285h"]
+
+
+def test_stable_names_present():
+    boards = load_boards(plugins=False)
+    assert set(STABLE) <= set(boards)
+    assert get_board("host").name == "host"
+
+
+@pytest.mark.parametrize("name", STABLE)
+def test_every_fact_has_a_source(name):
+    b = get_board(name)
+    for field in ("memory_total_gib", "os_reserve_gib", "bandwidth_gbps", "int8_tops", "fp16_tflops",
+                  "storage_gbps", "npu_window_gib"):
+        f = getattr(b, field)
+        if f is not None:
+            assert len(f.source) > 10, (name, field)
+    assert b.usable_bytes < b.total_bytes
+    assert b.default_runtime in b.runtimes
+
+
+def test_published_facts():
+    b = get_board("rk3588-16g")
+    assert b.memory_total_gib.value == 16 and b.npu_window_gib.value == 4  # rknn-llm #232
+    assert b.bandwidth_gbps.value == pytest.approx(64 / 8 * 4.224, rel=0.01)  # 64-bit × 4224 MT/s
+    assert "w4a16" not in b.supported_schemes("rkllm")
+    assert "w4a16" in get_board("rk3576-8g").supported_schemes("rkllm")
+    assert get_board("atlas-300i-a2-910b4").memory_total_gib.value == 32
+    assert get_board("atlas-800i-a2").memory_total_gib.value == 64
+    assert get_board("atlas-200i-dk-a2").bandwidth_gbps.value == pytest.approx(3.2 * 64 / 8)  # 3200 Mbps × 64 bit
+    assert get_board("rk3588-8g").backend == "rknn" and get_board("core-ultra-258v").backend == "openvino"
+    assert get_board("atlas-300i-pro").backend == "ascend" and get_board("orange-pi-aipro-8g").backend == "ascend"
+
+
+def test_host_board_reads_meminfo():
+    with open("/proc/meminfo") as f:
+        total_kib = int(next(line for line in f if line.startswith("MemTotal")).split()[1])
+    h = host_board()
+    assert h.total_bytes == pytest.approx(total_kib * 1024, rel=1e-6)
+    assert h.bandwidth_gbps is None
+
+
+def _profile(**over):
+    d = yaml.safe_load(open(get_board("rk3588-8g").origin if False else "boards/rk3588-8g.yaml"))
+    d.update(over)
+    return d
+
+
+def test_user_board_file(tmp_path):
+    d = _profile(name="my-board", memory_total_gib={"value": 12, "source": "my datasheet"})
+    p = tmp_path / "my-board.yaml"
+    p.write_text(yaml.safe_dump(d))
+    b = get_board(str(p))
+    assert b.name == "my-board" and b.total_bytes == 12 * 2**30
+
+
+def test_unknown_key_names_file_and_key(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text(yaml.safe_dump(_profile(memroy_total_gib=3)))
+    with pytest.raises(BoardError) as e:
+        get_board(str(p))
+    assert str(p) in e.value.one_line() and "memroy_total_gib" in e.value.one_line()
+    assert e.value.exit_code == 2
+
+
+def test_missing_key_names_it(tmp_path):
+    d = _profile()
+    del d["bandwidth_gbps"], d["os_reserve_gib"]
+    p = tmp_path / "bad.yaml"
+    p.write_text(yaml.safe_dump(d))
+    with pytest.raises(BoardError) as e:
+        get_board(str(p))
+    assert "os_reserve_gib" in e.value.one_line()
+
+
+def test_fact_without_source_is_rejected(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text(yaml.safe_dump(_profile(bandwidth_gbps={"value": 30})))
+    with pytest.raises(BoardError, match="bandwidth_gbps.source"):
+        get_board(str(p))
+
+
+def test_unknown_board_lists_closest():
+    with pytest.raises(BoardError) as e:
+        get_board("rk3588-16")
+    assert "rk3588-16g" in e.value.one_line() and e.value.exit_code == 2
+
+
+def test_extra_boards_override():
+    d = _profile(name="lab-board")
+    b = Board.model_validate(d)
+    assert get_board("lab-board", extra=[b]).name == "lab-board"
+    assert "lab-board" in load_boards(extra=[d], plugins=False)

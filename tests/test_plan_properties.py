@@ -1,0 +1,53 @@
+"""Property tests: random valid configurations never crash; memory is monotone in ctx and batch."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from edgeinfer.boards import load_boards
+from edgeinfer.errors import EdgeInferError
+from edgeinfer.models import catalog_names
+from edgeinfer.planner import plan
+
+MODELS = catalog_names()
+BOARDS = sorted(load_boards(plugins=False)) + ["host"]
+SCHEMES = ["fp32", "fp16", "bf16", "w8a8", "w8a16", "w4a16", "w4a16_g128", "w8a8_g128", "Q4_K_M", "Q8_0", None]
+KV = [None, "fp16", "fp32", "q8_0", "q4_0", "int8"]
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@SETTINGS
+@given(st.sampled_from(MODELS), st.sampled_from(BOARDS), st.sampled_from(SCHEMES),
+       st.integers(1, 200_000), st.integers(1, 256), st.sampled_from(KV))
+def test_random_configs_never_crash(model, board, quant, ctx, batch, kv):
+    try:
+        p = plan(model, board, quant=quant, ctx=ctx, batch=batch, kv_dtype=kv, suggest=False)
+    except EdgeInferError as e:
+        assert e.exit_code == 2 and "\n" not in e.one_line()
+        return
+    d = p.to_dict()
+    assert sum(d["memory"]["breakdown"].values()) == d["memory"]["total_bytes"]
+    assert all(v >= 0 for v in d["memory"]["breakdown"].values())
+    assert d["fits"] == (not d["reasons"])
+    dec = d["estimates"]["decode_tokens_per_s"]
+    assert dec is None or dec > 0
+
+
+@SETTINGS
+@given(st.sampled_from(MODELS), st.sampled_from(BOARDS), st.integers(1, 50_000), st.integers(1, 50_000),
+       st.integers(1, 64), st.integers(1, 64))
+def test_memory_monotone_in_ctx_and_batch(model, board, c1, c2, b1, b2):
+    c1, c2 = sorted((c1, c2))
+    b1, b2 = sorted((b1, b2))
+    try:
+        lo = plan(model, board, ctx=c1, batch=b1, suggest=False)
+    except EdgeInferError:
+        return
+    hi_ctx = plan(model, board, ctx=c2, batch=b1, suggest=False)
+    hi_batch = plan(model, board, ctx=c1, batch=b2, suggest=False)
+    for k in ("kv_cache", "activations"):
+        assert hi_ctx.breakdown[k] >= lo.breakdown[k]
+        assert hi_batch.breakdown[k] >= lo.breakdown[k]
+    assert hi_ctx.total_bytes >= lo.total_bytes
+    assert hi_batch.total_bytes >= lo.total_bytes

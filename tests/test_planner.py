@@ -1,0 +1,131 @@
+"""Planner: hand arithmetic and published measurements, never the code's own numbers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from edgeinfer.errors import EdgeInferError, InputError
+from edgeinfer.planner import plan
+
+GIB = 2**30
+
+
+def test_breakdown_adds_up_and_kv_matches_hand_arithmetic():
+    p = plan("Qwen/Qwen3-8B", "rk3588-16g", quant="w8a8", ctx=4096)
+    bd = p.breakdown
+    assert sum(bd.values()) == p.total_bytes == p.to_dict()["memory"]["total_bytes"]
+    assert bd["kv_cache"] == 144 * 1024 * 4096  # 144 KiB/token (planner-data §4) × 4096
+    assert bd["weights"] == pytest.approx(8.191e9, rel=0.001)  # 8.191 B params × 1 byte, untied: no duplicate
+    assert bd["reserved"] == 1 * GIB
+    assert p.fits and p.headroom_bytes == 16 * GIB - p.total_bytes
+
+
+def test_fit_verdicts_and_family_suggestion():
+    assert plan("Qwen/Qwen3-8B", "rk3588-16g", quant="w8a8", ctx=4096).fits
+    p = plan("Qwen/Qwen3-8B", "rk3588-8g", quant="w8a8", ctx=4096)
+    assert not p.fits and p.reasons
+    assert p.suggestions["board"] == "rk3588-16g"  # 8.2 GB of int8 weights cannot fit 8 GiB
+    assert p.suggestions["max_ctx"] is None and p.suggestions["quant"] is None
+
+
+def test_max_ctx_suggestion_is_tight():
+    p = plan("meta-llama/Llama-2-13b-hf", "rk3588-16g", quant="w8a8", ctx=4096)
+    m = p.suggestions["max_ctx"]
+    assert m is not None and 0 < m < 4096  # 13 GB weights + 800 KiB/token of KV
+    assert plan("meta-llama/Llama-2-13b-hf", "rk3588-16g", quant="w8a8", ctx=m, suggest=False).fits
+    assert not plan("meta-llama/Llama-2-13b-hf", "rk3588-16g", quant="w8a8", ctx=m + 1, suggest=False).fits
+
+
+def test_quant_suggestion_on_rk3576():
+    p = plan("Qwen/Qwen3-8B", "rk3576-8g", quant="w8a8", ctx=4096)
+    # w4a16_g32 = 4 + 16/32 = 4.5 bpw: ~4.6 GB of weights fit 8 GiB; int8 (8.2 GB) does not
+    assert not p.fits and p.suggestions["quant"] == "w4a16_g32"
+    assert "w8a8" not in [q["quant"] for q in p.suggestions["quants_that_fit"]]
+
+
+def test_w4a16_on_rk3588_is_an_error_naming_supported():
+    with pytest.raises(InputError) as e:
+        plan("Qwen/Qwen3-8B", "rk3588-8g", quant="w4a16")
+    msg = e.value.one_line()
+    assert e.value.exit_code == 2 and "w8a8" in msg and "w4a16" in msg
+
+
+@pytest.mark.parametrize("kw", [{"ctx": 0}, {"ctx": -5}, {"batch": 0}, {"batch": -1}, {"quant": "w3a3"},
+                                {"kv_dtype": "fp7"}, {"paging": 2}])
+def test_bad_options_are_input_errors(kw):
+    with pytest.raises(EdgeInferError) as e:
+        plan("qwen3-0.6b", "rk3588-8g", **kw)
+    assert e.value.exit_code == 2
+
+
+def test_kv_scales_with_batch_and_dtype():
+    a = plan("llama-3.1-8b", "atlas-800i-a2", ctx=1000, suggest=False).breakdown["kv_cache"]
+    assert a == 128 * 1024 * 1000  # Llama-3-8B 128 KiB/token fp16 (vLLM #12330 sanity check)
+    assert plan("llama-3.1-8b", "atlas-800i-a2", ctx=1000, batch=3, suggest=False).breakdown["kv_cache"] == 3 * a
+    assert plan("llama-3.1-8b", "atlas-800i-a2", ctx=1000, kv_dtype="fp32", suggest=False).breakdown["kv_cache"] == 2 * a
+    q8 = plan("llama-3.1-8b", "atlas-800i-a2", ctx=1000, kv_dtype="q8_0", suggest=False).breakdown["kv_cache"]
+    assert q8 == pytest.approx(a * 34 / 64, rel=1e-6)  # q8_0: 34 B per 32 elements vs 2 B each
+
+
+def test_tied_embedding_held_twice_on_rkllm():
+    # Qwen2.5-0.5B: 494,032,768 params, embedding 151936 × 896 = 136,134,656 (hand arithmetic)
+    p = plan("qwen2.5-0.5b", "rk3588-8g", quant="w8a8", ctx=192, suggest=False)
+    assert p.breakdown["weights"] == 494_032_768 + 136_134_656
+
+
+def test_encoder_has_no_kv():
+    p = plan("all-minilm-l6-v2", "host", quant="fp32", ctx=128, batch=8, suggest=False)
+    assert p.breakdown["kv_cache"] == 0
+    assert p.breakdown["weights"] == pytest.approx(22.7e6 * 4, rel=0.005)  # 22.7 M params × 4 B
+    assert p.estimates["decode_tokens_per_s"] is None
+
+
+def test_moe_fit_uses_total_speed_uses_active():
+    p = plan("Qwen/Qwen3-30B-A3B", "atlas-300i-a2-910b4", quant="fp16", ctx=256, suggest=False)
+    assert p.breakdown["weights"] == pytest.approx(30.53e9 * 2, rel=0.002)
+    assert not p.fits  # 61 GB of fp16 weights on a 32 GiB card
+    assert p.estimates["weight_bytes_per_token"] == pytest.approx(3.04e9 * 2, rel=0.01)
+
+
+@pytest.mark.parametrize("model, board, quant, ctx, measured", [
+    ("llama-3-8b", "rk3588-16g", "w8a8", 320, 3.79),          # rknn-llm README RKLLM 1.1.0
+    ("tinyllama-1.1b", "rk3588-16g", "w8a8", 192, 24.43),     # rknn-llm benchmark.md v1.3.0
+    ("phi-3-mini-4k-instruct", "rk3576-8g", "w4a16", 192, 6.58),
+])
+def test_decode_estimates_near_vendor_measurements(model, board, quant, ctx, measured):
+    e = plan(model, board, quant=quant, ctx=ctx, suggest=False).estimates
+    assert e["decode_tokens_per_s"] == pytest.approx(measured, rel=0.15)
+    assert e["runtime"] == "rkllm" and 0 < e["roofline_fraction"] <= 1
+    assert e["decode_tokens_per_s"] <= e["roofline_tokens_per_s"]
+
+
+def test_gguf_file_uses_exact_bytes(tmp_path):
+    from tests.test_models import _write_gguf
+
+    p = tmp_path / "t.gguf"
+    _write_gguf(p)
+    pl = plan(str(p), "atlas-800i-a2", ctx=64, suggest=False)  # llama.cpp-cann takes F16 GGUF as stored
+    assert pl.scheme.name == "fp16" and pl.runtime == "llama.cpp-cann"
+    assert pl.breakdown["weights"] == 2560 + 8192 + 4352  # the file's tensor bytes, summed by hand
+    assert pl.breakdown["kv_cache"] == 2 * 2 * 2 * 16 * 64 * 2  # 2 × layers × kv_heads × head_dim × ctx × 2 B
+
+
+def test_plan_json_validates_against_schema():
+    import jsonschema
+
+    schema = json.loads((Path(__file__).parents[1] / "edgeinfer" / "schemas" / "plan.schema.json").read_text())
+    for args in [("Qwen/Qwen3-8B", "rk3588-16g", "w8a8"), ("qwen3-8b", "rk3588-8g", "w8a8"),
+                 ("all-minilm-l6-v2", "host", "fp32"), ("qwen3-4b", "core-ultra-258v", "w4a16")]:
+        d = json.loads(plan(args[0], args[1], quant=args[2], ctx=2048).to_json())
+        jsonschema.validate(d, schema)
+        assert d["schema_version"] == "1.0"
+
+
+def test_python_api_is_exposed():
+    import edgeinfer
+
+    p = edgeinfer.plan("qwen3-0.6b", "rk3588-4g", quant="w8a8", ctx=1024)
+    assert p.fits
