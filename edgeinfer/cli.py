@@ -261,6 +261,12 @@ def _attach_optional_commands() -> None:
         cli.add_command(boards_cmd)
     except ImportError:
         pass
+    try:
+        from .serve.cli import serve_cmd
+
+        cli.add_command(serve_cmd)
+    except ImportError:
+        pass
     plugins.registry().add_commands(cli)
 
 
