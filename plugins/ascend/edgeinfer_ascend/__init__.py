@@ -1,0 +1,13 @@
+"""edgeinfer plugin: Huawei Ascend NPUs through torch_npu / CANN (CPU path where no NPU exists).
+
+Nothing heavy is imported here: torch, transformers and torch_npu are imported inside methods.
+"""
+
+from edgeinfer import hookimpl
+
+from .backend import AscendBackend
+
+
+@hookimpl
+def register_backends(register):
+    register(AscendBackend)

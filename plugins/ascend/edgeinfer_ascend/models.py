@@ -1,0 +1,216 @@
+"""Model inputs of the Ascend backend and its artifact format. No pickle anywhere.
+
+Inputs (``convert``):
+
+* a Hugging Face model directory (``config.json`` + ``model.safetensors`` or ``pytorch_model.bin``),
+  or one weights file inside such a directory (``.safetensors``, ``.bin``, ``.pt``, ``.pth``: the
+  ``config.json`` next to it describes the model). Non-safetensors weights load with
+  ``torch.load(weights_only=True)``: a file holding arbitrary pickled objects is refused.
+  DataParallel / DDP ``module.`` prefixes are stripped.
+* a ``torch.export`` program (``.pt2``, written by ``torch.export.save``).
+
+An ``.onnx`` file is refused with a pointer to the right input.
+
+Artifact (``.ascend``): a zip archive (stored, not compressed) holding ``manifest.json`` and either
+``model.safetensors`` + ``config.json`` (kind ``hf``; weights already cast to the scheme's dtype)
+or ``program.pt2`` (kind ``export``). Weight-only INT8 (``w8a16``) stores fp32 weights and the
+recipe; torchao quantizes the Linear layers when the artifact is opened.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from edgeinfer.errors import InputError, ModelError
+
+FORMAT = 1
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.pt", "model.pth")
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+ONNX_HINT = (
+    "the ascend backend runs PyTorch models through torch_npu, not ONNX: pass the Hugging Face model "
+    "directory the ONNX was exported from (config.json + weights) or a torch.export program (.pt2, "
+    "torch.export.save); to run this .onnx use --backend onnxruntime (or openvino / rknn)"
+)
+
+
+@dataclass
+class Source:
+    kind: str  # "hf" or "export"
+    path: Path  # the directory (hf) or the .pt2 file (export)
+    weights: Path | None = None  # hf: the weights file
+
+
+def resolve(model: Path) -> Source:
+    model = Path(model)
+    if model.suffix.lower() == ".onnx":
+        raise ModelError(f"{model.name} is an ONNX file; {ONNX_HINT}")
+    if model.is_dir():
+        if not (model / "config.json").is_file():
+            raise ModelError(
+                f"{model} has no config.json; pass a Hugging Face model directory or a .pt2 torch.export program"
+            )
+        weights = next((model / w for w in WEIGHT_FILES if (model / w).is_file()), None)
+        if weights is None:
+            sharded = sorted(model.glob("model-*.safetensors"))
+            if not sharded:
+                raise ModelError(f"{model} has no weights ({' / '.join(WEIGHT_FILES)}); download the model again")
+            weights = model  # sharded safetensors: the directory itself
+        return Source("hf", model, weights)
+    if model.suffix.lower() == ".pt2":
+        return Source("export", model)
+    if model.suffix.lower() in WEIGHT_SUFFIXES:
+        if not (model.parent / "config.json").is_file():
+            raise ModelError(
+                f"{model.name} is a weights file with no config.json next to it; put it in its Hugging Face "
+                "directory (config.json describes the architecture) or export the model with torch.export (.pt2)"
+            )
+        return Source("hf", model.parent, model)
+    raise ModelError(
+        f"{model.name}: the ascend backend takes a Hugging Face model directory, a weights file inside one, "
+        "or a torch.export program (.pt2)"
+    )
+
+
+def strip_module_prefix(state: dict[str, Any]) -> dict[str, Any]:
+    """Remove DataParallel / DistributedDataParallel ``module.`` prefixes (repeated wrapping too)."""
+    out = {}
+    for k, v in state.items():
+        while k.startswith("module."):
+            k = k[len("module.") :]
+        out[k] = v
+    return out
+
+
+def load_state_dict(weights: Path) -> dict[str, Any]:
+    """Tensors of a weights file (or a directory of safetensors shards); never unpickles objects."""
+    import pickle
+
+    import torch
+
+    weights = Path(weights)
+    if weights.is_dir():
+        from safetensors.torch import load_file
+
+        state: dict[str, Any] = {}
+        for shard in sorted(weights.glob("model-*.safetensors")):
+            state.update(load_file(str(shard)))
+        return strip_module_prefix(state)
+    if weights.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        try:
+            return strip_module_prefix(load_file(str(weights)))
+        except Exception as e:
+            raise ModelError(f"{weights.name} is not a readable safetensors file ({e}); download it again") from None
+    try:
+        obj = torch.load(str(weights), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise ModelError(
+            f"{weights.name} holds pickled Python objects, not just tensors; refusing to unpickle it "
+            f"(weights_only=True: {str(e).splitlines()[0][:120]}). Save model.state_dict() or safetensors instead"
+        ) from None
+    except Exception as e:
+        raise ModelError(f"{weights.name} is not a readable PyTorch weights file ({str(e).splitlines()[0]})") from None
+    if isinstance(obj, dict):
+        for key in ("state_dict", "model_state_dict", "model"):
+            if key in obj and isinstance(obj[key], dict):
+                obj = obj[key]
+                break
+    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise ModelError(f"{weights.name} is not a state dict (name -> tensor); save model.state_dict()")
+    return strip_module_prefix(obj)
+
+
+def build_hf(config: dict[str, Any], state: dict[str, Any]):
+    """A transformers AutoModel from a config dict and a state dict (base-model prefix tolerated)."""
+    from transformers import AutoConfig, AutoModel
+
+    cfg = AutoConfig.for_model(**config)
+    model = AutoModel.from_config(cfg)
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    own = set(model.state_dict())
+    fixed = {}
+    for k, v in state.items():
+        if k not in own and prefix and k.startswith(prefix + ".") and k[len(prefix) + 1 :] in own:
+            k = k[len(prefix) + 1 :]
+        fixed[k] = v
+    missing = sorted(own - set(fixed))
+    # buffers that are recomputed (position_ids...) may be absent from checkpoints
+    buffers = {n for n, _ in model.named_buffers()}
+    hard_missing = [k for k in missing if k not in buffers]
+    if hard_missing:
+        raise ModelError(
+            f"weights do not match config.json ({cfg.model_type}): {len(hard_missing)} missing tensors, e.g. "
+            f"{hard_missing[0]!r}; pass the matching Hugging Face directory"
+        )
+    model.load_state_dict({k: v for k, v in fixed.items() if k in own}, strict=False)
+    return model.eval()
+
+
+def forward_inputs(model) -> list[str]:
+    """Token inputs the HF model's forward takes, in the edgeinfer order."""
+    import inspect
+
+    params = inspect.signature(model.forward).parameters
+    return [n for n in ("input_ids", "attention_mask", "token_type_ids") if n in params]
+
+
+# --- artifact -------------------------------------------------------------------------------
+
+
+def write_artifact(out: Path, manifest: dict[str, Any], files: dict[str, bytes]) -> None:
+    with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_STORED) as z:
+        z.writestr("manifest.json", json.dumps({"format": FORMAT, **manifest}, indent=1))
+        for name, data in files.items():
+            z.writestr(name, data)
+
+
+def read_artifact(path: Path) -> tuple[dict[str, Any], zipfile.ZipFile]:
+    try:
+        z = zipfile.ZipFile(path)
+        manifest = json.loads(z.read("manifest.json"))
+    except (zipfile.BadZipFile, KeyError, ValueError, OSError):
+        raise InputError(
+            f"{path.name} is not an ascend artifact; create one with `edgeinfer quantize MODEL --backend ascend`"
+        ) from None
+    if manifest.get("format") != FORMAT:
+        raise InputError(f"{path.name} has artifact format {manifest.get('format')}, expected {FORMAT}; convert again")
+    return manifest, z
+
+
+def safetensors_bytes(state: dict[str, Any]) -> bytes:
+    from safetensors.torch import save
+
+    return save({k: v.detach().contiguous() for k, v in state.items()})
+
+
+def load_safetensors_bytes(data: bytes) -> dict[str, Any]:
+    from safetensors.torch import load
+
+    return load(data)
+
+
+def export_program_bytes(path: Path) -> bytes:
+    import torch
+
+    try:
+        ep = torch.export.load(str(path))
+    except Exception as e:
+        raise ModelError(
+            f"{path.name} is not a torch.export program ({str(e).splitlines()[0][:160]}); write it with "
+            "torch.export.save(torch.export.export(model, args), path)"
+        ) from None
+    buf = io.BytesIO()
+    torch.export.save(ep, buf)
+    return buf.getvalue()
+
+
+def load_program(data: bytes):
+    import torch
+
+    return torch.export.load(io.BytesIO(data))
