@@ -433,8 +433,9 @@ def suggestions(p: Plan, extra_boards=()) -> dict:
     ranked = sorted(seen.items(), key=lambda kv: -kv[1][0])
     out["quants_that_fit"] = [{"quant": n, "runtime": r, "bits_per_weight": bpw} for n, (bpw, r) in ranked]
     out["quant"] = ranked[0][0] if ranked else None
-    # smallest board of the same family that fits with the same options
-    if b.family != "host":
+    # smallest board of the same family that fits with the same options (only needed when it does not fit:
+    # loading every profile costs tens of milliseconds on the fast path)
+    if b.family != "host" and not p.fits:
         fam = [x for x in load_boards(extra_boards).values() if x.family == b.family]
         for x in sorted(fam, key=lambda x: (x.total_bytes, x.name)):
             if p.runtime in x.runtimes and p.scheme.name in x.runtimes[p.runtime].schemes \
