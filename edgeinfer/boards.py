@@ -23,9 +23,10 @@ GIB = 2**30
 def boards_dirs() -> list[Path]:
     """Where packaged board profiles live (source tree, or `edgeinfer/_boards` in a wheel)."""
     here = Path(__file__).resolve().parent
-    out = []
-    for d in (here / "_boards", here.parent / "boards"):
-        if d.is_dir() and d not in out:
+    out, seen = [], set()
+    for d in (here / "_boards", here.parent / "boards"):  # _boards: in a wheel (a symlink in the source tree)
+        if d.is_dir() and d.resolve() not in seen:
+            seen.add(d.resolve())
             out.append(d)
     return out
 
