@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+from pathlib import Path
+
 import pytest
 from click.testing import CliRunner
 
@@ -80,7 +82,7 @@ def test_boards_list_and_show():
 def test_user_board_file_on_cli(tmp_path):
     import yaml
 
-    d = yaml.safe_load(open("boards/rk3588-16g.yaml"))
+    d = yaml.safe_load((Path(__file__).resolve().parents[1] / "boards" / "rk3588-16g.yaml").read_text())
     d["name"] = "my-rk"
     p = tmp_path / "my-rk.yaml"
     p.write_text(yaml.safe_dump(d))

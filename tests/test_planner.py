@@ -103,7 +103,12 @@ def test_decode_estimates_near_vendor_measurements(model, board, quant, ctx, mea
 
 
 def test_gguf_file_uses_exact_bytes(tmp_path):
-    from tests.test_models import _write_gguf
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_readers", Path(__file__).with_name("test_model_readers.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    _write_gguf = mod._write_gguf
 
     p = tmp_path / "t.gguf"
     _write_gguf(p)
