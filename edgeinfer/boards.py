@@ -195,6 +195,7 @@ def host_board() -> Board:
 
 
 _PLUGIN_BOARDS: list = []
+PLUGIN_BOARD_ERRORS: list[str] = []  # one line per plugin-provided profile that failed validation
 
 
 def register_board(item) -> None:
@@ -239,7 +240,12 @@ def load_boards(extra: Iterable = (), plugins: bool = True) -> dict[str, Board]:
     out: dict[str, Board] = dict(_packaged())
     if plugins:
         for item in _plugin_boards():
-            b = _coerce(item, "plugin board")
+            try:
+                b = _coerce(item, "plugin board")
+            except BoardError as e:  # a broken plugin profile must not break every plan
+                PLUGIN_BOARD_ERRORS.append(e.one_line())
+                continue
+            b.origin = "plugin"
             out[b.name] = b
     for item in extra:
         b = _coerce(item, "extra board")

@@ -106,3 +106,24 @@ def test_extra_boards_override():
     b = Board.model_validate(d)
     assert get_board("lab-board", extra=[b]).name == "lab-board"
     assert "lab-board" in load_boards(extra=[d], plugins=False)
+
+
+def test_plugin_boards_through_the_registry(monkeypatch):
+    from edgeinfer import plugins
+
+    reg = plugins.registry()
+    reg.boards()  # discover first, then add one as a plugin's register_boards would
+    d = _profile(name="plugin-npu-8g", family="plugin-npu")
+    monkeypatch.setattr(reg, "_boards", [*reg.boards(), (d, None)])
+    assert get_board("plugin-npu-8g").name == "plugin-npu-8g"
+    assert "plugin-npu-8g" in load_boards()
+
+
+def test_broken_plugin_board_is_isolated(monkeypatch):
+    from edgeinfer import boards, plugins
+
+    reg = plugins.registry()
+    monkeypatch.setattr(reg, "_boards", [*reg.boards(), ({"name": "broken", "bogus": 1}, None)])
+    names = load_boards()
+    assert "rk3588-16g" in names and "broken" not in names
+    assert any("bogus" in e for e in boards.PLUGIN_BOARD_ERRORS)
