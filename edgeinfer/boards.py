@@ -119,7 +119,8 @@ class Board(BaseModel):
 
 def _format_validation(e: ValidationError, where: str) -> str:
     parts = []
-    for err in e.errors()[:3]:
+    errs = sorted(e.errors(), key=lambda x: {"extra_forbidden": 0, "missing": 1}.get(x["type"], 2))
+    for err in errs[:4]:
         loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
