@@ -1,0 +1,97 @@
+"""For the serve tests and benchmark: MiniLM bundles (until ``edgeinfer deploy`` writes them) and a real
+``edgeinfer serve`` subprocess on a free loopback port.
+
+Not a stand-in: these are real bundles of the real model, converted by a real backend.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ..bundle import Manifest, TextSpec, is_bundle, write
+
+
+def minilm_bundle(onnx: Path, out: Path, backend: str = "openvino", text: bool = True) -> Path:
+    """Convert the MiniLM ONNX file ``onnx`` with ``backend`` (fp32) into a bundle at ``out``."""
+    if is_bundle(out):
+        return out
+    from .. import plugins
+    from ..testing import minilm
+
+    be = plugins.get_backend(backend)
+    out.mkdir(parents=True, exist_ok=True)
+    artifact = be.quantize(onnx, "fp32", None, out / ("model" + be.native_suffixes[0]))
+    with be.load(artifact) as s:
+        inputs, outputs, target = list(s.inputs), list(s.outputs), s.device
+    if text:
+        (out / "tokenizer").mkdir(exist_ok=True)
+        shutil.copy(minilm.model_dir() / "tokenizer.json", out / "tokenizer" / "tokenizer.json")
+    write(out, Manifest(
+        backend=backend, board="host-cpu", scheme="fp32", artifacts=[artifact.name], inputs=inputs, outputs=outputs,
+        source={"model": "sentence-transformers/all-MiniLM-L6-v2", "file": onnx.name}, versions=be.versions(),
+        target=target or "", text=TextSpec(max_length=128, pooling="mean", normalize=True) if text else None,
+    ))
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProc:
+    def __init__(self, bundles: list[Path], *args: str, log: Path, env: dict[str, str] | None = None,
+                 wait_ready: bool = True):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        self._log_file = open(log, "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "edgeinfer.cli", "serve", *map(str, bundles), "--port", str(self.port), *args],
+            stdout=self._log_file, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+        )
+        if wait_ready:
+            self.wait_ready()
+
+    def wait_ready(self, timeout: float = 120.0, headers: dict[str, str] | None = None) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"server exited with {self.proc.returncode}:\n{self.output()}")
+            try:
+                if __import__("httpx").get(self.url + "/ready", headers=headers, timeout=2).status_code == 200:
+                    return
+            except __import__("httpx").TransportError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"server not ready within {timeout} s:\n{self.output()}")
+
+    def output(self) -> str:
+        self._log_file.flush()
+        return self.log.read_text()
+
+    def terminate(self, timeout: float = 60.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"server did not exit within {timeout} s of SIGTERM:\n{self.output()}") from None
+        finally:
+            self._log_file.close()
+
+    def __enter__(self) -> ServerProc:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.terminate()

@@ -1,0 +1,136 @@
+"""Prometheus metrics of the service (one registry per app, so tests can run several apps)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+ENDPOINTS = ("/v1/embeddings", "/v1/infer", "/v1/models", "/health", "/ready", "/metrics", "/openapi.json", "/docs")
+
+
+class Metrics:
+    def __init__(self, pool: Any = None, backends: list[str] | None = None, queue_depth: Any = None):
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("edgeinfer_requests", "HTTP requests by endpoint and status.",
+                                ["endpoint", "status"], registry=r)
+        self.latency = Histogram("edgeinfer_request_latency_seconds", "HTTP request latency.", ["endpoint"],
+                                 buckets=LATENCY_BUCKETS, registry=r)
+        self.batch_size = Histogram("edgeinfer_batch_size", "Rows per model run (after merging requests).",
+                                    ["model"], buckets=BATCH_BUCKETS, registry=r)
+        self.batch_requests = Histogram("edgeinfer_batch_requests", "Requests merged into one model run.",
+                                        ["model"], buckets=BATCH_BUCKETS, registry=r)
+        self.batch_seconds = Histogram("edgeinfer_batch_run_seconds", "Time from dispatch to answer of a batch.",
+                                       ["model"], buckets=LATENCY_BUCKETS, registry=r)
+        self.batch_errors = Counter("edgeinfer_batch_errors", "Requests whose model run failed.", ["model"],
+                                    registry=r)
+        self.worker_crashes = Counter("edgeinfer_worker_crashes", "Batches lost to a worker crash (retried).",
+                                      ["model"], registry=r)
+        self.worker_restarts = Counter("edgeinfer_worker_restarts", "Worker processes restarted.", ["worker"],
+                                       registry=r)
+        self.queue_depth = Gauge("edgeinfer_queue_depth", "Requests waiting for a batch.", ["model"], registry=r)
+        self._queue_fn = queue_depth
+        if pool is not None:
+            r.register(DeviceCollector(pool, backends or []))
+
+    def observe(self, event: str, **kw: Any) -> None:
+        if event == "batch":
+            self.batch_size.labels(kw["model"]).observe(kw["rows"])
+            self.batch_requests.labels(kw["model"]).observe(kw["requests"])
+        elif event == "batch_done":
+            self.batch_seconds.labels(kw["model"]).observe(kw["seconds"])
+        elif event == "batch_error":
+            self.batch_errors.labels(kw["model"]).inc()
+        elif event == "crash":
+            self.worker_crashes.labels(kw["model"]).inc()
+
+    def refresh_queue(self) -> None:
+        if self._queue_fn is not None:
+            for model, depth in self._queue_fn().items():
+                self.queue_depth.labels(model).set(depth)
+
+
+def _rss_bytes(pid: int | None) -> int | None:
+    if not pid:
+        return None
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            import os
+
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _numeric_leaves(obj: Any, prefix: str = "") -> list[tuple[str, float]]:
+    out: list[tuple[str, float]] = []
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            out += _numeric_leaves(v, f"{prefix}.{k}" if prefix else str(k))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            out += _numeric_leaves(v, f"{prefix}.{i}")
+    elif isinstance(obj, (int, float)) and not isinstance(obj, bool):
+        out.append((prefix, float(obj)))
+    return out
+
+
+class DeviceCollector:
+    """Worker state and memory, plus every memory/utilisation figure a backend's probe reports
+    (``edgeinfer_device_stat{backend, key}``; probed at most every ``ttl_s`` seconds)."""
+
+    def __init__(self, pool: Any, backends: list[str], ttl_s: float = 10.0):
+        self.pool = pool
+        self.backends = sorted(set(backends))
+        self.ttl_s = ttl_s
+        self._cache: tuple[float, list[tuple[str, str, float]]] = (0.0, [])
+        self._lock = threading.Lock()
+
+    def _device_stats(self) -> list[tuple[str, str, float]]:
+        with self._lock:
+            t, rows = self._cache
+            if time.monotonic() - t < self.ttl_s and t:
+                return rows
+            rows = []
+            from .. import plugins
+
+            for name in self.backends:
+                try:
+                    probe = plugins.get_backend(name).probe()
+                except Exception:  # noqa: BLE001 - a failing probe must not break the scrape
+                    continue
+                for key, value in _numeric_leaves(probe.details):
+                    low = key.lower()
+                    if "mem" in low or "util" in low or "usage" in low:
+                        rows.append((name, key, value))
+            self._cache = (time.monotonic(), rows)
+            return rows
+
+    def collect(self):
+        up = GaugeMetricFamily("edgeinfer_worker_up", "1 when the worker is loaded and serving.",
+                               labels=["worker", "device"])
+        rss = GaugeMetricFamily("edgeinfer_worker_memory_bytes", "Resident memory of the worker process.",
+                                labels=["worker", "device"])
+        batches = CounterMetricFamily("edgeinfer_worker_batches", "Batches dispatched to the worker.",
+                                      labels=["worker", "device"])
+        for w in self.pool.workers:
+            dev = str(w.entry if w.entry is not None else "default")
+            batches.add_metric([str(w.index), dev], float(w.batches))
+            up.add_metric([str(w.index), dev], 1.0 if w.state in ("idle", "busy") else 0.0)
+            m = _rss_bytes(w.pid if w.state in ("idle", "busy") else None)
+            if m is not None:
+                rss.add_metric([str(w.index), dev], float(m))
+        yield up
+        yield rss
+        yield batches
+        stats = GaugeMetricFamily("edgeinfer_device_stat",
+                                  "Device memory/utilisation figures read by the backend's probe.",
+                                  labels=["backend", "key"])
+        for backend, key, value in self._device_stats():
+            stats.add_metric([backend, key], value)
+        yield stats

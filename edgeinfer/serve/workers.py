@@ -1,0 +1,413 @@
+"""Worker processes: one per device, each holding every served bundle loaded on its device.
+
+The main process talks to a worker over a ``multiprocessing`` pipe (spawn start
+method: no inherited runtime state). Messages, main → worker:
+``("run", batch_id, model, kind, feeds, rows)`` and ``("stop",)``; worker → main:
+``("ready", info)``, ``("fatal", message)`` and ``("result", batch_id, parts)``
+where ``parts`` holds one ``("ok", outputs)`` or ``("err", message)`` per request
+of the batch. A reader thread per worker turns these into asyncio futures; when the
+pipe breaks (the worker died) the in-flight batch fails with :class:`WorkerCrashed`
+and the worker is started again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import logging
+import multiprocessing as mp
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger("edgeinfer.serve")
+
+SEQ_BUCKETS = (16, 32, 64, 128, 256, 512)
+
+
+class WorkerCrashed(Exception):
+    """The worker running a batch died before answering it."""
+
+
+class NoWorkers(Exception):
+    """Every worker has failed too often and was given up."""
+
+
+# --- placement: which device / env / load options a worker entry means for a backend --------------
+
+
+def placement(backend: str, entry: str | None) -> tuple[dict[str, str], str | None, dict[str, Any]]:
+    """``(environment, device, load options)`` of the worker for ``--devices`` entry ``entry``.
+
+    Ascend: entry N → ``ASCEND_RT_VISIBLE_DEVICES=N`` and device ``npu:0`` (one card per process).
+    RKNN: entry → NPU ``core_mask`` (0, 1, 2, 0_1, 0_1_2, auto). Others: a name (CPU, NPU, GPU.1) is the
+    device; a bare index means the backend's default device (CPU-only backends).
+    """
+    if entry is None:
+        return {}, None, {}
+    if backend == "ascend":
+        if entry.isdigit():
+            return {"ASCEND_RT_VISIBLE_DEVICES": entry}, "npu:0", {}
+        return {}, entry, {}
+    if backend == "rknn":
+        return {}, None, {"core_mask": entry}
+    if entry.isdigit():
+        return {}, None, {}
+    return {}, entry, {}
+
+
+# --- the worker process ------------------------------------------------------------------------------
+
+
+def _seq_trim(session: Any, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """For text feeds on a model with a dynamic sequence axis: cut padding to the smallest bucket that
+    holds the longest row (mean pooling ignores masked positions, so results do not change)."""
+    mask = feeds.get("attention_mask")
+    if mask is None or mask.ndim != 2:
+        return feeds
+    if any(len(s.shape) < 2 or isinstance(s.shape[1], int) for s in session.inputs if s.name in feeds):
+        return feeds
+    longest = int(mask.sum(axis=1).max()) if len(mask) else 1
+    full = mask.shape[1]
+    length = next((b for b in SEQ_BUCKETS if b >= longest), full)
+    if length >= full:
+        return feeds
+    return {k: (np.ascontiguousarray(v[:, :length]) if v.ndim == 2 and v.shape[1] == full else v) for k, v in feeds.items()}
+
+
+def _run_rows(session: Any, feeds: dict[str, np.ndarray], max_batch: int) -> dict[str, np.ndarray]:
+    from ..bundle import run_padded, static_batch
+
+    if static_batch(session.inputs) is not None:
+        return run_padded(session, feeds)  # chunks of the static batch, last one padded
+    n = len(next(iter(feeds.values())))
+    if n <= max_batch:
+        return session.run(feeds)
+    parts = [session.run({k: v[i : i + max_batch] for k, v in feeds.items()}) for i in range(0, n, max_batch)]
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+def run_batch(bundle: Any, session: Any, kind: str, feeds: dict[str, np.ndarray], rows: list[int], max_batch: int):
+    """Run a merged batch and split it back: one ``("ok", outputs)`` / ``("err", message)`` per request.
+    When the merged run fails, each request is run alone so only the guilty one gets the error."""
+
+    def once(f: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if kind == "embed":
+            f = _seq_trim(session, f)
+            out = _run_rows(session, f, max_batch)
+            return {"embedding": bundle.embed(out, f).astype(np.float32)}
+        return _run_rows(session, f, max_batch)
+
+    offsets = np.cumsum([0, *rows])
+    try:
+        out = once(feeds)
+        return [("ok", {k: v[a:b] for k, v in out.items()}) for a, b in zip(offsets[:-1], offsets[1:])]
+    except Exception as e:  # noqa: BLE001 - reported to the callers, the worker keeps serving
+        if len(rows) == 1:
+            return [("err", _one_line(e))]
+    parts = []
+    for a, b in zip(offsets[:-1], offsets[1:]):
+        try:
+            parts.append(("ok", once({k: v[a:b] for k, v in feeds.items()})))
+        except Exception as e:  # noqa: BLE001
+            parts.append(("err", _one_line(e)))
+    return parts
+
+
+def _one_line(e: BaseException) -> str:
+    from ..errors import EdgeInferError
+
+    if isinstance(e, EdgeInferError):
+        return e.one_line()
+    text = " ".join(str(e).split()) or type(e).__name__
+    return f"{type(e).__name__}: {text}"[:500]
+
+
+def _warm_feeds(bundle: Any, session: Any) -> dict[str, np.ndarray]:
+    if bundle.manifest.text is not None:
+        return bundle.tokenize(["edgeinfer warms the model up."])
+    feeds = {}
+    for s in session.inputs:
+        shape = [d if isinstance(d, int) and d > 0 else 1 for d in s.shape]
+        feeds[s.name] = np.zeros(shape, dtype=s.dtype)
+    return feeds
+
+
+def worker_main(conn: Any, index: int, entry: str | None, bundles: list[tuple[str, str]], max_batch: int) -> None:
+    """Entry point of a worker process."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process decides when workers stop
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    from ..bundle import Bundle
+
+    loaded: dict[str, tuple[Any, Any]] = {}
+    try:
+        for name, path in bundles:
+            bundle = Bundle.open(path)
+            env, device, options = placement(bundle.manifest.backend, entry)
+            os.environ.update(env)
+            session = bundle.load(device=device, **options)
+            session.run(_warm_feeds(bundle, session))
+            loaded[name] = (bundle, session)
+        conn.send(("ready", {"pid": os.getpid(), "devices": {n: s.device for n, (_, s) in loaded.items()}}))
+    except Exception as e:  # noqa: BLE001
+        try:
+            conn.send(("fatal", _one_line(e)))
+        finally:
+            return
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError, KeyboardInterrupt):
+            break
+        if msg[0] == "stop":
+            break
+        if msg[0] == "run":
+            _, batch_id, name, kind, feeds, rows = msg
+            bundle, session = loaded[name]
+            parts = run_batch(bundle, session, kind, feeds, rows, max_batch)
+            try:
+                conn.send(("result", batch_id, parts))
+            except (OSError, ValueError):
+                break
+    for _, session in loaded.values():
+        try:
+            session.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+# --- the main-process side ---------------------------------------------------------------------------
+
+
+@dataclass
+class Worker:
+    index: int
+    entry: str | None
+    process: Any = None
+    conn: Any = None
+    generation: int = 0
+    state: str = "starting"  # starting | idle | busy | dead | failed
+    pid: int | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+    inflight: tuple[int, asyncio.Future] | None = None
+    crashes: collections.deque = field(default_factory=collections.deque)
+    restarts: int = 0
+    batches: int = 0
+    send_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def label(self) -> str:
+        return f"{self.index}" + (f":{self.entry}" if self.entry is not None else "")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"worker": self.index, "device": self.entry, "pid": self.pid, "state": self.state,
+                "restarts": self.restarts, "batches": self.batches, "devices": self.info.get("devices", {})}
+
+
+class WorkerPool:
+    """Starts, feeds, watches and restarts the worker processes."""
+
+    def __init__(self, bundles: list[tuple[str, Path]], devices: list[str], max_batch: int,
+                 max_restarts: int = 5, restart_window_s: float = 60.0, on_restart: Any = None):
+        self.bundles = [(n, str(p)) for n, p in bundles]
+        self.max_batch = max_batch
+        self.max_restarts = max_restarts
+        self.restart_window_s = restart_window_s
+        self.on_restart = on_restart
+        self.workers = [Worker(i, e) for i, e in enumerate(devices or [None])]
+        self._ctx = mp.get_context("spawn")
+        self._ids = itertools.count(1)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._free: asyncio.Condition | None = None
+        self._ready_waiters: dict[int, asyncio.Future] = {}
+        self._rr = 0
+        self.stopping = False
+
+    # lifecycle
+    async def start(self) -> None:
+        """Start every worker and wait until each has loaded and warmed up its models."""
+        self._loop = asyncio.get_running_loop()
+        self._free = asyncio.Condition()
+        waits = [self._spawn(w) for w in self.workers]
+        results = await asyncio.gather(*waits, return_exceptions=True)
+        for w, r in zip(self.workers, results):
+            if isinstance(r, BaseException):
+                raise r
+
+    def _spawn(self, w: Worker) -> asyncio.Future:
+        assert self._loop is not None
+        parent, child = self._ctx.Pipe()
+        proc = self._ctx.Process(
+            target=worker_main, args=(child, w.index, w.entry, self.bundles, self.max_batch),
+            name=f"edgeinfer-serve-worker-{w.index}", daemon=True,
+        )
+        w.generation += 1
+        w.state, w.pid, w.info, w.inflight = "starting", None, {}, None
+        proc.start()
+        child.close()
+        w.process, w.conn = proc, parent
+        ready = self._loop.create_future()
+        self._ready_waiters[w.index] = ready
+        threading.Thread(target=self._reader, args=(w, w.generation, parent), daemon=True,
+                         name=f"edgeinfer-serve-reader-{w.index}").start()
+        return ready
+
+    def _reader(self, w: Worker, generation: int, conn: Any) -> None:
+        loop = self._loop
+        assert loop is not None
+        while True:
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                break
+            except Exception as e:  # noqa: BLE001 - an unpicklable answer: treat as a crash
+                log.error("worker %s sent an unreadable message: %s", w.label, e)
+                break
+            loop.call_soon_threadsafe(self._on_message, w, generation, msg)
+        loop.call_soon_threadsafe(self._on_exit, w, generation)
+
+    def _on_message(self, w: Worker, generation: int, msg: tuple) -> None:
+        if generation != w.generation:
+            return
+        kind = msg[0]
+        if kind == "ready":
+            w.state, w.info, w.pid = "idle", msg[1], msg[1].get("pid")
+            log.info("worker %s ready (pid %s, %s)", w.label, w.pid, w.info.get("devices"))
+            self._resolve_ready(w, None)
+            self._notify()
+        elif kind == "fatal":
+            w.state = "failed"
+            self._resolve_ready(w, RuntimeError(f"worker {w.label} could not load the models: {msg[1]}"))
+        elif kind == "result" and w.inflight and w.inflight[0] == msg[1]:
+            fut = w.inflight[1]
+            w.inflight = None
+            if not fut.done():
+                fut.set_result(msg[2])
+
+    def _resolve_ready(self, w: Worker, error: Exception | None) -> None:
+        fut = self._ready_waiters.pop(w.index, None)
+        if fut is not None and not fut.done():
+            if error is None:
+                fut.set_result(None)
+            else:
+                fut.set_exception(error)
+
+    def _on_exit(self, w: Worker, generation: int) -> None:
+        if generation != w.generation:
+            return
+        code = w.process.exitcode if w.process is not None else None
+        was = w.state
+        if w.inflight is not None:
+            fut = w.inflight[1]
+            w.inflight = None
+            if not fut.done():
+                fut.set_exception(WorkerCrashed(f"worker {w.label} (pid {w.pid}) died while running the batch"))
+        if self.stopping:
+            w.state = "dead"
+            self._notify()
+            return
+        if was == "failed" or (was == "starting" and w.index in self._ready_waiters):
+            w.state = "failed"
+            self._resolve_ready(w, RuntimeError(f"worker {w.label} exited (code {code}) before loading the models"))
+            self._notify()
+            return
+        now = time.monotonic()
+        w.crashes.append(now)
+        while w.crashes and now - w.crashes[0] > self.restart_window_s:
+            w.crashes.popleft()
+        if len(w.crashes) > self.max_restarts:
+            log.error("worker %s crashed %d times in %.0f s; giving it up", w.label, len(w.crashes),
+                      self.restart_window_s)
+            w.state = "failed"
+            self._notify()
+            return
+        log.warning("worker %s (pid %s) exited with code %s; restarting it", w.label, w.pid, code)
+        w.restarts += 1
+        if self.on_restart:
+            self.on_restart(w)
+        ready = self._spawn(w)
+        ready.add_done_callback(lambda f: f.exception() and log.error("%s", f.exception()))
+
+    def _notify(self) -> None:
+        async def _n() -> None:
+            assert self._free is not None
+            async with self._free:
+                self._free.notify_all()
+
+        if self._loop is not None:
+            self._loop.create_task(_n())
+
+    # dispatch
+    def alive(self) -> bool:
+        return any(w.state not in ("failed", "dead") for w in self.workers)
+
+    def ready(self) -> bool:
+        return any(w.state in ("idle", "busy") for w in self.workers)
+
+    async def acquire(self) -> Worker:
+        """The next idle worker (round robin among idle ones); waits while all are busy or restarting."""
+        assert self._free is not None
+        async with self._free:
+            while True:
+                if not self.alive():
+                    raise NoWorkers("every worker failed; see the server log")
+                n = len(self.workers)
+                for k in range(n):
+                    w = self.workers[(self._rr + k) % n]
+                    if w.state == "idle":
+                        self._rr = (w.index + 1) % n
+                        w.state = "busy"
+                        return w
+                await self._free.wait()
+
+    def release(self, w: Worker) -> None:
+        if w.state == "busy":
+            w.state = "idle"
+            self._notify()
+
+    async def run(self, w: Worker, model: str, kind: str, feeds: dict[str, np.ndarray], rows: list[int]) -> list:
+        assert self._loop is not None
+        if w.state != "busy" or w.conn is None:
+            raise WorkerCrashed(f"worker {w.label} is not running")
+        batch_id = next(self._ids)
+        w.batches += 1
+        fut = self._loop.create_future()
+        w.inflight = (batch_id, fut)
+        conn = w.conn
+
+        def send() -> None:
+            with w.send_lock:
+                conn.send(("run", batch_id, model, kind, feeds, rows))
+
+        try:
+            await asyncio.to_thread(send)
+        except (OSError, ValueError) as e:
+            if not fut.done():
+                w.inflight = None
+                raise WorkerCrashed(f"worker {w.label} could not take the batch: {e}") from None
+        return await fut
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.stopping = True
+        for w in self.workers:
+            if w.conn is not None:
+                try:
+                    with w.send_lock:
+                        w.conn.send(("stop",))
+                except (OSError, ValueError):
+                    pass
+        deadline = time.monotonic() + timeout
+        for w in self.workers:
+            if w.process is not None:
+                w.process.join(max(0.1, deadline - time.monotonic()))
+                if w.process.is_alive():
+                    w.process.terminate()
+                    w.process.join(2)
+            w.state = "dead"
