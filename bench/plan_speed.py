@@ -25,11 +25,17 @@ def main(n: int = 15) -> dict:
     exe = shutil.which("edgeinfer", path=str(Path(sys.executable).parent))
     cmd = [exe, *ARGS] if exe else [sys.executable, "-m", "edgeinfer.cli", *ARGS]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    times = []
+    import resource
+
+    times, cpu = [], []
+    load_before = os.getloadavg()[0]
     for _ in range(n):
         t = time.perf_counter()
+        c0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
         times.append(time.perf_counter() - t)
+        cpu.append((c1.ru_utime - c0.ru_utime) + (c1.ru_stime - c0.ru_stime))
         assert r.returncode == 0, r.stderr
         json.loads(r.stdout)
     imp = subprocess.run([sys.executable, "-X", "importtime", "-m", "edgeinfer.cli", *ARGS], capture_output=True,
@@ -38,6 +44,7 @@ def main(n: int = 15) -> dict:
     heavy = sorted(m for m in mods if m.split(".")[0] in HEAVY)
     res = {"command": " ".join(["edgeinfer", *ARGS]), "runs": n, "wall_s_min": round(min(times), 3),
            "wall_s_median": round(statistics.median(times), 3), "wall_s_max": round(max(times), 3),
+           "cpu_s_median": round(statistics.median(cpu), 3), "load_average_1min": round(load_before, 2),
            "target_s": 0.3, "heavy_modules_imported": heavy, "modules_imported": len(mods),
            "via": "console script" if exe else "python -m edgeinfer.cli"}
     (ROOT / "bench" / "results").mkdir(parents=True, exist_ok=True)
