@@ -290,6 +290,8 @@ class Backend:
     name: ClassVar[str]
     #: file suffixes this backend loads natively (".onnx", ".xml", ".rknn", ...)
     native_suffixes: ClassVar[tuple[str, ...]] = ()
+    #: model formats :meth:`convert` takes: "onnx", "hf" (a Hugging Face directory), "pt2"
+    source_formats: ClassVar[tuple[str, ...]] = ("onnx",)
     #: schemes :meth:`convert` accepts, canonical names from :mod:`edgeinfer.quant`
     schemes: ClassVar[tuple[str, ...]] = ("fp32",)
     #: scheme used when a non-native model is loaded directly (lossless or fp16)

@@ -175,27 +175,11 @@ class Bundle:
         text = self.manifest.text
         if text is None:
             raise InputError(f"bundle {self.path} has no tokenizer: pass tensors with --input instead of --text")
-        from tokenizers import Tokenizer
-
-        tok = Tokenizer.from_file(str(self.path / text.tokenizer / "tokenizer.json"))
-        tok.enable_truncation(max_length=text.max_length)
-        tok.enable_padding(length=text.max_length, pad_id=0, pad_token="[PAD]")
-        return tok
+        return load_tokenizer(self.path / text.tokenizer / "tokenizer.json", text.max_length)
 
     def tokenize(self, texts: list[str]) -> dict[str, np.ndarray]:
         """Feeds for ``texts``, padded to the bundle's sequence length, matching its input specs."""
-        enc = self._tokenizer.encode_batch(list(texts))
-        columns = {
-            "input_ids": [e.ids for e in enc],
-            "attention_mask": [e.attention_mask for e in enc],
-            "token_type_ids": [e.type_ids for e in enc],
-        }
-        feeds = {}
-        for spec in self.manifest.inputs:
-            if spec.name not in columns:
-                raise InputError(f"bundle input {spec.name!r} cannot be made from text; pass it with --input")
-            feeds[spec.name] = np.asarray(columns[spec.name], dtype=spec.dtype)
-        return feeds
+        return tokenize(self._tokenizer, texts, self.manifest.inputs)
 
     def embed(self, outputs: dict[str, np.ndarray], feeds: dict[str, np.ndarray]) -> np.ndarray:
         """Pool (and normalise) the hidden states as the model specifies: one vector per text."""
@@ -212,6 +196,34 @@ class Bundle:
         if text.normalize:
             vec = vec / np.clip(np.linalg.norm(vec, axis=1, keepdims=True), 1e-12, None)
         return vec
+
+
+def load_tokenizer(path: Path, max_length: int) -> Any:
+    """A ``tokenizers`` tokenizer that truncates and pads every text to ``max_length``."""
+    from tokenizers import Tokenizer
+
+    if not path.is_file():
+        raise InputError(f"tokenizer not found: {path}")
+    tok = Tokenizer.from_file(str(path))
+    tok.enable_truncation(max_length=max_length)
+    tok.enable_padding(length=max_length, pad_id=tok.token_to_id("[PAD]") or 0, pad_token="[PAD]")
+    return tok
+
+
+def tokenize(tok: Any, texts: list[str], specs: list[TensorSpec]) -> dict[str, np.ndarray]:
+    """Feeds for ``texts`` with the model's input names and dtypes (BERT-style token inputs)."""
+    enc = tok.encode_batch(list(texts))
+    columns = {
+        "input_ids": [e.ids for e in enc],
+        "attention_mask": [e.attention_mask for e in enc],
+        "token_type_ids": [e.type_ids for e in enc],
+    }
+    feeds = {}
+    for spec in specs:
+        if spec.name not in columns:
+            raise InputError(f"model input {spec.name!r} cannot be made from text; pass it with --input")
+        feeds[spec.name] = np.asarray(columns[spec.name], dtype=spec.dtype)
+    return feeds
 
 
 def static_batch(specs: list[TensorSpec]) -> int | None:

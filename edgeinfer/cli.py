@@ -204,28 +204,45 @@ def write_outputs(outputs: dict[str, Any], out_dir: Path) -> list[Path]:
 @cli.command()
 @click.argument("model", type=click.Path(path_type=Path))
 @click.option("--input", "-i", "inputs", multiple=True, metavar="NAME=FILE.npy", help="An input tensor.")
+@click.option("--text", "-t", "texts", multiple=True, help="Text input (bundles with a tokenizer); repeatable.")
 @click.option("--backend", "-b", help="Backend to run on (default: the model's native backend).")
 @click.option("--device", "-d", help="Device of the backend (e.g. CPU, NPU).")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), help="Write outputs as DIR/<name>.npy.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 def run(
-    model: Path, inputs: tuple[str, ...], backend: str | None, device: str | None, out_dir: Path | None, as_json: bool
+    model: Path,
+    inputs: tuple[str, ...],
+    texts: tuple[str, ...],
+    backend: str | None,
+    device: str | None,
+    out_dir: Path | None,
+    as_json: bool,
 ) -> None:
-    """Run MODEL once on the given inputs."""
+    """Run MODEL (a file or a bundle) once on the given inputs or texts."""
     import numpy as np
 
+    from .bundle import Bundle, is_bundle, run_padded
     from .loading import load
 
-    feeds = parse_inputs(inputs)
+    if texts and inputs:
+        raise InputError("give either --text or --input, not both")
+    if not texts and not inputs:
+        raise InputError("nothing to run: pass --input NAME=FILE.npy (or --text for text bundles)")
+    bundle = Bundle.open(model) if is_bundle(model) else None
+    if texts and bundle is None:
+        raise InputError("--text needs a bundle with a tokenizer (made by `edgeinfer deploy` from a HF directory)")
+    feeds = bundle.tokenize(list(texts)) if texts else parse_inputs(inputs)
     t0 = time.perf_counter()
     session = load(model, backend=backend, device=device)
     load_s = time.perf_counter() - t0
     with session:
         t1 = time.perf_counter()
-        outputs = session.run(feeds)
+        outputs = run_padded(session, feeds) if bundle else session.run(feeds)
         run_s = time.perf_counter() - t1
+    if texts and bundle.manifest.text.pooling != "none":
+        outputs = {**outputs, "embeddings": bundle.embed(outputs, feeds)}
     written = write_outputs(outputs, out_dir) if out_dir else []
-    report = {
+    report: dict[str, Any] = {
         "model": str(model),
         "backend": session.backend_name,
         "device": session.device,
@@ -235,14 +252,160 @@ def run(
         "timing_ms": {"load": load_s * 1e3, "run": run_s * 1e3},
         "written": [str(p) for p in written],
     }
+    if "embeddings" in outputs:
+        report["embeddings"] = np.round(outputs["embeddings"], 6).tolist()
 
     def render(r: dict[str, Any]) -> None:
         out = console()
         out.print(f"{r['model']} on {r['backend']} ({r['device']}): run {r['timing_ms']['run']:.1f} ms")
         for o in r["outputs"]:
             out.print(f"  {o['name']}: {o['dtype']} {o['shape']}")
+        for i, vec in enumerate(r.get("embeddings", [])):
+            head = ", ".join(f"{x:+.4f}" for x in vec[:6])
+            out.print(f"  embedding[{i}] ({len(vec)} dims): [{head}, …]")
         for p in r["written"]:
             out.print(f"  wrote {p}")
+
+    emit(report, as_json, render)
+
+
+# --- deploy / golden / bench ---------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("--board", required=True, help="Board name (see `edgeinfer boards`) or a board YAML file.")
+@click.option("--quant", "-q", help="Scheme: fp16 (default), w8a8/int8, w8a16, w4a16, ... as the board supports.")
+@click.option("--calib", type=click.Path(path_type=Path), help="Calibration data: .txt (one sample a line), .npz or dir.")
+@click.option("--golden-inputs", type=click.Path(path_type=Path), help="Held-out samples for the golden check.")
+@click.option("--shape", "shapes", multiple=True, metavar="NAME=1x128", help="Static input shape; repeatable.")
+@click.option("--threshold", default=0.99, show_default=True, help="Minimum cosine vs onnxruntime fp32.")
+@click.option("--max-samples", default=128, show_default=True, help="Calibration samples used at most.")
+@click.option("--force", is_flag=True, help="Deploy even when the plan says it does not fit.")
+@click.option("--no-cache", is_flag=True, help="Convert again even if a cached conversion exists.")
+@click.option("-o", "--out", "out", required=True, type=click.Path(path_type=Path), help="Bundle directory to write.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
+def deploy(
+    model: Path, board: str, quant: str | None, calib: Path | None, golden_inputs: Path | None,
+    shapes: tuple[str, ...], threshold: float, max_samples: int, force: bool, no_cache: bool, out: Path,
+    as_json: bool,
+) -> None:
+    """Convert MODEL for BOARD, check it against onnxruntime fp32, and write a bundle."""
+    from . import deploy as deploy_mod
+    from .progress import Progress
+
+    progress = Progress(enabled=None if not as_json else False)
+    result = deploy_mod.deploy(
+        model, board, out, quant=quant, calib=calib, golden_inputs=golden_inputs,
+        shapes=deploy_mod.parse_shapes(shapes), force=force, threshold=threshold, max_samples=max_samples,
+        progress=progress, use_cache=not no_cache,
+    )
+    for w in result.warnings:
+        click.echo(f"warning: {w}", err=True)
+
+    def render(r: dict[str, Any]) -> None:
+        from .golden import summary_line
+
+        out_c = console()
+        how = " (cached conversion reused)" if r["cached"] else ""
+        out_c.print(f"bundle {r['bundle']}: {r['backend']} {r['scheme']} for {r['board']}{how}")
+        out_c.print("  " + summary_line(r["golden"]) + f" (ran on {r['golden'].get('device', '?')})")
+
+    emit(result.to_json(), as_json, render)
+
+
+@cli.command()
+@click.argument("bundle_dir", metavar="BUNDLE", type=click.Path(path_type=Path))
+@click.option("--inputs", type=click.Path(path_type=Path), help="New samples (.txt/.npz/dir); needs --reference.")
+@click.option("--reference", type=click.Path(path_type=Path), help="fp32 ONNX to compare against for --inputs.")
+@click.option("--threshold", type=float, help="Minimum cosine (default: the bundle's).")
+@click.option("--device", "-d", help="Device of the backend.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
+@click.pass_context
+def golden(
+    ctx: click.Context, bundle_dir: Path, inputs: Path | None, reference: Path | None, threshold: float | None,
+    device: str | None, as_json: bool,
+) -> None:
+    """Re-run the golden check of BUNDLE on this machine (exit 1 when it fails)."""
+    from . import golden as golden_mod
+    from .bundle import Bundle, run_padded
+    from .calibration import load_samples
+    from .deploy import load_saved_samples, tokenizer_fn
+    from .loading import load
+
+    b = Bundle.open(bundle_dir)
+    limit = threshold if threshold is not None else (b.manifest.golden or {}).get("threshold", 0.99)
+    if inputs:
+        if reference is None:
+            raise InputError("--inputs needs --reference MODEL.onnx (the fp32 model to compare against)")
+        tok = (lambda texts: b.tokenize(texts)) if b.manifest.text else None
+        samples = load_samples(inputs, b.manifest.inputs, tok)
+        with load(reference, backend="onnxruntime") as ref:
+            expected = [run_padded(ref, s) for s in samples]
+    else:
+        samples = load_saved_samples(b.path / "golden" / "inputs.npz")
+        expected = load_saved_samples(b.path / "golden" / "expected.npz")
+    with b.load(device=device) as session:
+        got = [run_padded(session, s) for s in samples]
+        report = golden_mod.compare(expected, got, samples, limit)
+        report["device"] = session.device
+    report["bundle"] = str(b.path)
+    emit(report, as_json, lambda r: console().print(golden_mod.summary_line(r) + f" (ran on {r['device']})"))
+    if not report["passed"]:
+        click.echo(f"error: golden check failed; worst: {golden_mod.worst_samples_line(report)}", err=True)
+        ctx.exit(errors.NEGATIVE)
+
+
+def _int_list(value: str, what: str) -> list[int]:
+    try:
+        out = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        out = []
+    if not out or any(v <= 0 for v in out):
+        raise InputError(f"{what} {value!r} is not a comma-separated list of positive integers, e.g. 1,8,32")
+    return out
+
+
+@cli.command()
+@click.argument("bundle_dir", metavar="BUNDLE", type=click.Path(path_type=Path))
+@click.option("--batch", default="1,8,32", show_default=True, help="Batch sizes, comma-separated.")
+@click.option("--seq", default=None, help="Sequence lengths for dynamic-shape bundles, comma-separated.")
+@click.option("--repeat", default=20, show_default=True, help="Timed calls per case.")
+@click.option("--device", "-d", help="Device of the backend.")
+@click.option("--plot", type=click.Path(path_type=Path), help="Write a PNG chart of throughput and latency.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
+def bench(
+    bundle_dir: Path, batch: str, seq: str | None, repeat: int, device: str | None, plot: Path | None, as_json: bool
+) -> None:
+    """Latency p50/p95/p99, throughput and peak memory of BUNDLE per batch size."""
+    from . import benchmark
+    from .bundle import Bundle
+    from .progress import Progress
+
+    if repeat < 1:
+        raise InputError(f"--repeat must be at least 1, got {repeat}")
+    b = Bundle.open(bundle_dir)
+    seqs: list[int | None] = list(_int_list(seq, "--seq")) if seq else [None]
+    with b.load(device=device) as session:
+        report = benchmark.bench(b, session, _int_list(batch, "--batch"), seqs, repeat, progress=Progress(
+            enabled=None if not as_json else False))
+    if plot:
+        report["plot"] = str(benchmark.plot(report, plot))
+
+    def render(r: dict[str, Any]) -> None:
+        from rich.table import Table
+
+        t = Table(title=f"{r['bundle']} · {r['backend']} {r['scheme']} · ran on {r['device']}")
+        for col in ("batch", "seq", "p50 ms", "p95 ms", "p99 ms", "samples/s", "peak RSS MiB"):
+            t.add_column(col, justify="right")
+        for row in r["results"]:
+            lat = row["latency_ms"]
+            rss = f"{row['peak_rss_bytes'] / 2**20:.0f}" if row["peak_rss_bytes"] else "-"
+            t.add_row(str(row["batch"]), str(row["seq"]), f"{lat['p50']:.1f}", f"{lat['p95']:.1f}",
+                      f"{lat['p99']:.1f}", f"{row['throughput_per_s']:.1f}", rss)
+        console().print(t)
+        if r.get("plot"):
+            console().print(f"chart: {r['plot']}")
 
     emit(report, as_json, render)
 

@@ -27,7 +27,12 @@ def stamp_path(artifact: Path) -> Path:
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    """SHA-256 of a file; of a directory (a Hugging Face model), over its files' names and contents."""
     h = hashlib.sha256()
+    if path.is_dir():
+        for f in sorted(p for p in path.rglob("*") if p.is_file()):
+            h.update(f.relative_to(path).as_posix().encode() + b"\0" + sha256_file(f).encode())
+        return h.hexdigest()
     with open(path, "rb") as f:
         while block := f.read(chunk):
             h.update(block)

@@ -1,0 +1,424 @@
+"""``edgeinfer deploy``: one model → a checked bundle for one board.
+
+plan (refuse what does not fit) → source (HF directory exported to ONNX when the
+backend takes ONNX) → calibration samples → the board's backend ``quantize`` →
+golden check against onnxruntime fp32 on held-out samples → bundle directory.
+Conversions and their golden results are cached, keyed by (model hash, board,
+scheme, shapes, calibration, backend versions).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import bundle as bundle_mod
+from . import calibration, golden, plugins, stamp
+from .backend import CalibrationSet, Session, TensorSpec
+from .boards import Board, get_board
+from .bundle import Manifest, TextSpec, run_padded
+from .errors import CheckFailed, InputError
+from .progress import Progress
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
+DEFAULT_SEQ = 128
+GOLDEN_SAMPLES = 16
+NEEDS_CALIBRATION = ("w8a8",)
+
+Feeds = dict[str, np.ndarray]
+
+
+@dataclass
+class Source:
+    path: Path
+    kind: str  # "onnx" | "hf" | "pt2"
+    sha256: str
+
+    @property
+    def hf_dir(self) -> Path | None:
+        return self.path if self.kind == "hf" else None
+
+
+@dataclass
+class DeployResult:
+    bundle: Path | None
+    manifest: Manifest
+    golden: dict[str, Any]
+    cached: bool
+    warnings: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "bundle": str(self.bundle) if self.bundle else None,
+            "cached": self.cached,
+            "backend": self.manifest.backend,
+            "board": self.manifest.board,
+            "scheme": self.manifest.scheme,
+            "golden": self.golden,
+            "plan": self.manifest.plan,
+            "warnings": self.warnings,
+            "timings_s": self.timings,
+        }
+
+
+def cache_root() -> Path:
+    root = os.environ.get("EDGEINFER_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "edgeinfer"
+    )
+    return Path(root) / "deploy"
+
+
+def source_of(model: str | os.PathLike[str]) -> Source:
+    p = Path(model)
+    if not p.exists():
+        raise InputError(f"model not found: {p} (pass a Hugging Face directory, an .onnx file or a .pt2 program)")
+    if p.is_dir():
+        if not (p / "config.json").is_file():
+            raise InputError(f"{p} is a directory without config.json; pass a Hugging Face model directory")
+        kind = "hf"
+    elif p.suffix.lower() == ".onnx":
+        kind = "onnx"
+    elif p.suffix.lower() == ".pt2":
+        kind = "pt2"
+    else:
+        raise InputError(f"cannot deploy {p.name}: pass a Hugging Face directory, an .onnx file or a .pt2 program")
+    return Source(p, kind, stamp.sha256_file(p))
+
+
+def parse_shapes(items: tuple[str, ...] | list[str]) -> dict[str, list[int]]:
+    """``NAME=1x128`` → {NAME: [1, 128]}."""
+    shapes = {}
+    for item in items:
+        name, sep, dims = item.partition("=")
+        try:
+            shape = [int(d) for d in dims.lower().split("x")]
+        except ValueError:
+            shape = []
+        if not sep or not name or not shape or any(d <= 0 for d in shape):
+            raise InputError(f"--shape {item!r} is not NAME=DIMxDIM..., e.g. input_ids=1x128")
+        shapes[name] = shape
+    return shapes
+
+
+def board_target(board: Board) -> str:
+    """What the backend compiles for: the board's ``target`` or its family."""
+    return getattr(board, "target", None) or board.family
+
+
+# --- the steps -------------------------------------------------------------------------------------
+
+
+def reference_onnx(src: Source, shapes: dict[str, list[int]], progress: Progress) -> Path | None:
+    """The fp32 ONNX the golden check runs on onnxruntime (exported once per model and shapes)."""
+    if src.kind == "onnx":
+        return src.path
+    if src.kind == "pt2":
+        return None
+    from .export import export_hf_onnx
+
+    key = hashlib.sha256(json.dumps([src.sha256, shapes], sort_keys=True).encode()).hexdigest()[:20]
+    out = cache_root() / "onnx" / key / "model.onnx"
+    if not out.exists():
+        with progress.step(f"exporting {src.path.name} to ONNX"):
+            export_hf_onnx(src.path, out, shapes or None)
+    return out
+
+
+def with_shapes(specs: list[TensorSpec], shapes: dict[str, list[int]]) -> list[TensorSpec]:
+    unknown = set(shapes) - {s.name for s in specs}
+    if unknown:
+        names = ", ".join(s.name for s in specs)
+        raise InputError(f"--shape names unknown input(s) {', '.join(sorted(unknown))}; the model's inputs: {names}")
+    return [TensorSpec(s.name, tuple(shapes[s.name]), s.dtype) if s.name in shapes else s for s in specs]
+
+
+def default_shapes(specs: list[TensorSpec], static: bool, seq: int) -> dict[str, list[int]]:
+    """Static shapes for a static-shape target: batch 1 and ``seq`` for symbolic dims."""
+    if not static:
+        return {}
+    out = {}
+    for s in specs:
+        if not s.is_static:
+            out[s.name] = [1 if i == 0 else (seq if not isinstance(d, int) else d) for i, d in enumerate(s.shape)]
+    return out
+
+
+def tokenizer_fn(hf_dir: Path | None, specs: list[TensorSpec]):
+    """texts → feeds, with the model's own tokenizer, padded to the model's sequence length."""
+    if hf_dir is None or not (hf_dir / "tokenizer.json").is_file():
+        return None
+    seq_dims = [s.shape[1] for s in specs if len(s.shape) > 1 and isinstance(s.shape[1], int)]
+    tok = bundle_mod.load_tokenizer(hf_dir / "tokenizer.json", seq_dims[0] if seq_dims else DEFAULT_SEQ)
+    return lambda texts: bundle_mod.tokenize(tok, texts, specs)
+
+
+def text_spec(hf_dir: Path | None, seq: int, output: str) -> TextSpec | None:
+    """Pooling and normalisation as the model declares them (sentence-transformers files)."""
+    if hf_dir is None or not (hf_dir / "tokenizer.json").is_file():
+        return None
+    pooling, normalize = "none", False
+    pool_cfg = hf_dir / "1_Pooling" / "config.json"
+    if pool_cfg.is_file():
+        cfg = json.loads(pool_cfg.read_text())
+        pooling = "cls" if cfg.get("pooling_mode_cls_token") else "mean" if cfg.get("pooling_mode_mean_tokens") else "none"
+    modules = hf_dir / "modules.json"
+    if modules.is_file():
+        normalize = any("Normalize" in m.get("type", "") for m in json.loads(modules.read_text()))
+    return TextSpec(tokenizer="tokenizer", max_length=seq, pooling=pooling, normalize=normalize, output=output)
+
+
+def fallback_samples(specs: list[TensorSpec], tokenize, n: int) -> list[Feeds]:
+    """Golden samples when the user gave none: packaged sentences for text models, seeded noise otherwise."""
+    if tokenize is not None:
+        lines = (Path(__file__).parent / "data" / "golden_sentences.txt").read_text().splitlines()
+        batch = calibration._static_batch(specs)
+        lines = [ln for ln in lines if ln.strip()][: n * batch]
+        return [tokenize(lines[i : i + batch]) for i in range(0, len(lines) - len(lines) % batch, batch)]
+    rng = np.random.default_rng(0)
+    samples = []
+    for _ in range(n):
+        feeds = {}
+        for s in specs:
+            shape = [d if isinstance(d, int) else 1 for d in s.shape]
+            if np.dtype(s.dtype).kind in "iu":
+                feeds[s.name] = rng.integers(0, 2, size=shape).astype(s.dtype)
+            else:
+                feeds[s.name] = rng.standard_normal(shape).astype(s.dtype)
+        samples.append(feeds)
+    return samples
+
+
+def run_all(session: Session, samples: list[Feeds]) -> list[dict[str, np.ndarray]]:
+    return [run_padded(session, s) for s in samples]
+
+
+def save_samples(path: Path, samples: list[dict[str, np.ndarray]]) -> None:
+    np.savez(path, **{f"{i}/{k}": v for i, s in enumerate(samples) for k, v in s.items()})
+
+
+def load_saved_samples(path: Path) -> list[dict[str, np.ndarray]]:
+    data = np.load(path, allow_pickle=False)
+    out: dict[int, dict[str, np.ndarray]] = {}
+    for key in data.files:
+        i, _, name = key.partition("/")
+        out.setdefault(int(i), {})[name] = data[key]
+    return [out[i] for i in sorted(out)]
+
+
+# --- the whole job -------------------------------------------------------------------------------------
+
+
+def deploy(
+    model: str | os.PathLike[str],
+    board: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    quant: str | None = None,
+    calib: str | os.PathLike[str] | None = None,
+    golden_inputs: str | os.PathLike[str] | None = None,
+    shapes: dict[str, list[int]] | None = None,
+    force: bool = False,
+    threshold: float = golden.DEFAULT_THRESHOLD,
+    max_samples: int = calibration.DEFAULT_SAMPLES,
+    options: dict[str, Any] | None = None,
+    progress: Progress | None = None,
+    use_cache: bool = True,
+) -> DeployResult:
+    from .planner import plan as make_plan
+
+    progress = progress or Progress(enabled=False)
+    warnings: list[str] = []
+    out_dir = Path(out)
+    if out_dir.exists() and not bundle_mod.is_bundle(out_dir) and any(out_dir.iterdir()):
+        raise InputError(f"{out_dir} exists and is not a bundle; choose an empty or new directory for -o")
+    b = get_board(board)
+    backend = plugins.get_backend(b.backend)
+    src = source_of(model)
+    scheme = quant or "fp16"
+
+    # 1. reference model and the input specs the board will see
+    static = "dynamic_shapes" in backend.gaps or board_target(b) == "npu"
+    user_shapes = dict(shapes or {})
+    ref_path = reference_onnx(src, user_shapes, progress) if src.kind != "pt2" else None
+    if ref_path is None:
+        raise InputError("deploying a .pt2 program has no ONNX reference for the golden check; deploy the HF directory")
+    reference = plugins.get_backend("onnxruntime").load(ref_path)
+    specs = with_shapes(reference.inputs, user_shapes)
+    seq_default = min(DEFAULT_SEQ, _max_position(src) or DEFAULT_SEQ)
+    auto = default_shapes(specs, static, seq_default)
+    if auto and src.kind == "hf" and not user_shapes:  # re-export with static shapes: toolkits fold them better
+        reference.close()
+        user_shapes = auto
+        ref_path = reference_onnx(src, user_shapes, progress)
+        reference = plugins.get_backend("onnxruntime").load(ref_path)
+    shapes_used = {**auto, **user_shapes}
+    specs = with_shapes(reference.inputs, shapes_used)
+
+    # 2. plan: refuse what does not fit
+    seq = next((s.shape[1] for s in specs if len(s.shape) > 1 and isinstance(s.shape[1], int)), seq_default)
+    batch = calibration._static_batch(specs)
+    with progress.step(f"planning {src.path.name} on {b.name}"):
+        the_plan = make_plan(str(src.path), b, quant=scheme, ctx=seq, batch=batch)
+    if not the_plan.fits and not force:
+        raise CheckFailed(
+            f"{src.path.name} does not fit {b.name} with {scheme}: {'; '.join(the_plan.reasons)} "
+            f"(see `edgeinfer plan`, or pass --force)"
+        )
+    if not the_plan.fits:
+        warnings.append(f"deploying although the plan says it does not fit: {'; '.join(the_plan.reasons)}")
+
+    # 3. samples: calibration and held-out golden inputs
+    tokenize = tokenizer_fn(src.hf_dir, specs)
+    calib_samples: list[Feeds] = []
+    held: list[Feeds] = []
+    if calib:
+        loaded = calibration.load_samples(Path(calib), specs, tokenize)
+        calib_samples, held = calibration.split(loaded, limit=max_samples, heldout=GOLDEN_SAMPLES)
+        if len(calib_samples) < calibration.FEW_SAMPLES:
+            warnings.append(
+                f"only {len(calib_samples)} calibration samples (at least {calibration.FEW_SAMPLES} recommended); "
+                "quantization ranges may be poor"
+            )
+    elif scheme.split("_")[0] in NEEDS_CALIBRATION:
+        raise InputError(f"scheme {scheme} needs calibration data: pass --calib (a .txt of samples, .npz or a directory)")
+    if golden_inputs:
+        held = calibration.load_samples(Path(golden_inputs), specs, tokenize)
+    if not held:
+        held = fallback_samples(specs, tokenize, GOLDEN_SAMPLES)
+        warnings.append(f"golden check on {len(held)} built-in samples (pass --golden-inputs for your own data)")
+
+    # 4. convert (or reuse the cached bundle), golden check, bundle
+    key = _cache_key(src, b, scheme, shapes_used, backend, calib_samples, held, options or {})
+    cached_dir = cache_root() / key
+    cached = use_cache and (cached_dir / bundle_mod.MANIFEST).exists()
+    with tempfile.TemporaryDirectory(prefix=".edgeinfer-deploy-", dir=_tmp_parent(out_dir)) as tmp:
+        work = Path(tmp) / "bundle"
+        if cached:
+            progress.note(f"reusing the cached conversion of {src.path.name} for {b.name} ({scheme}): {cached_dir}")
+            shutil.copytree(cached_dir, work)
+            manifest = bundle_mod.Bundle.open(work).manifest
+        else:
+            work.mkdir()
+            manifest = _build(src, b, backend, scheme, work, ref_path, reference, specs, shapes_used,
+                              calib_samples, held, threshold, the_plan, tokenize, seq, options, progress)
+            if use_cache:
+                _store_cache(cached_dir, work)
+        reference.close()
+        _replace_dir(work, out_dir)
+    return DeployResult(out_dir, manifest, manifest.golden or {}, cached, warnings, dict(progress.timings))
+
+
+def _build(src, b, backend, scheme, work, ref_path, reference, specs, shapes_used, calib_samples, held,
+           threshold, the_plan, tokenize, seq, options, progress) -> Manifest:
+    """Convert into ``work``, run the golden check, and write the bundle there; raise if the check fails."""
+    artifact = work / ("model" + backend.native_suffixes[0])
+    convert_input = src.path if src.kind in backend.source_formats else ref_path
+    convert_opts = {"target": board_target(b), **(options or {})}
+    if convert_input == ref_path and shapes_used:
+        convert_opts.setdefault("shapes", shapes_used)
+    cal_set = CalibrationSet(calib_samples) if calib_samples else None
+    with progress.step(f"converting to {backend.name} {scheme} for {board_target(b)}"):
+        backend.quantize(convert_input, scheme, cal_set, artifact, **convert_opts)
+    with backend.load(artifact) as session:
+        outputs = list(session.outputs)
+        cand, expected = [], []
+        for s in progress.track(held, "golden check", total=len(held)):
+            cand.append(run_padded(session, s))
+            expected.append(run_padded(reference, s))
+        report = golden.compare(expected, cand, held, threshold)
+        report["device"] = session.device
+    if not report["passed"]:
+        raise CheckFailed(
+            f"{golden.summary_line(report)}; worst: {golden.worst_samples_line(report) or 'n/a'} — "
+            "the bundle was not written (try fp16, more or better --calib data, or --threshold)"
+        )
+    st = stamp.read(artifact) or {}
+    out_name = outputs[0].name if outputs else "last_hidden_state"
+    manifest = Manifest(
+        backend=backend.name,
+        versions=st.get("versions", backend.versions()),
+        board=b.name,
+        target=st.get("target", board_target(b)),
+        scheme=scheme,
+        artifacts=[artifact.name],
+        inputs=[TensorSpec.from_json(s) for s in st["inputs"]] if st.get("inputs") else specs,
+        outputs=outputs,
+        source={"name": src.path.name, "sha256": src.sha256, "kind": src.kind},
+        text=text_spec(src.hf_dir, seq, out_name) if tokenize is not None else None,
+        plan=_plan_summary(the_plan),
+        golden=report,
+    )
+    if manifest.text is not None:
+        tok_dir = work / "tokenizer"
+        tok_dir.mkdir()
+        for name in TOKENIZER_FILES:
+            if (src.path / name).is_file():
+                shutil.copy2(src.path / name, tok_dir / name)
+    (work / "golden").mkdir()
+    save_samples(work / "golden" / "inputs.npz", held)
+    save_samples(work / "golden" / "expected.npz", expected)
+    bundle_mod.write(work, manifest)
+    return manifest
+
+
+def _max_position(src: Source) -> int | None:
+    if src.kind != "hf":
+        return None
+    cfg = json.loads((src.path / "config.json").read_text())
+    return cfg.get("max_position_embeddings")
+
+
+def _cache_key(src, b, scheme, shapes, backend, calib_samples, held, options) -> str:
+    data = {
+        "model": src.sha256,
+        "board": b.name,
+        "target": board_target(b),
+        "scheme": scheme,
+        "shapes": shapes,
+        "backend": backend.name,
+        "versions": backend.versions(),
+        "calibration": calibration.fingerprint(calib_samples),
+        "golden": calibration.fingerprint(held),
+        "options": options,
+    }
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def _store_cache(cached_dir: Path, work: Path) -> None:
+    tmp = cached_dir.with_name(cached_dir.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(work, tmp)
+    shutil.rmtree(cached_dir, ignore_errors=True)
+    tmp.rename(cached_dir)
+
+
+def _plan_summary(p: Any) -> dict[str, Any]:
+    d = p.to_dict()
+    keep = ("fits", "memory", "estimates", "runtime", "scheme")
+    return {k: d[k] for k in keep if k in d}
+
+
+def _tmp_parent(out_dir: Path) -> Path:
+    parent = out_dir.resolve().parent
+    parent.mkdir(parents=True, exist_ok=True)
+    return parent
+
+
+def _replace_dir(src: Path, dst: Path) -> None:
+    """Move the finished bundle into place; an older bundle at ``dst`` is replaced only now."""
+    if dst.exists():
+        old = dst.with_name(dst.name + f".old{os.getpid()}")
+        dst.rename(old)
+        src.rename(dst)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        src.rename(dst)
