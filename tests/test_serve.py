@@ -26,7 +26,7 @@ TIMEOUT = httpx.Timeout(60.0)
 
 @pytest.fixture(scope="session")
 def bundles(minilm_onnx, tmp_path_factory):
-    root = tmp_path_factory.mktemp("serve-bundles")
+    root = tmp_path_factory.getbasetemp() / "serve-bundles"  # shared with test_serve_lifecycle.py
     return {
         "ov": minilm_bundle(minilm_onnx, root / "minilm-ov", "openvino"),
         "ort": minilm_bundle(minilm_onnx, root / "minilm-ort", "onnxruntime"),

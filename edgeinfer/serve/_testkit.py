@@ -75,7 +75,8 @@ class ServerProc:
         raise AssertionError(f"server not ready within {timeout} s:\n{self.output()}")
 
     def output(self) -> str:
-        self._log_file.flush()
+        if not self._log_file.closed:
+            self._log_file.flush()
         return self.log.read_text()
 
     def terminate(self, timeout: float = 60.0) -> int:

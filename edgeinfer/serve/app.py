@@ -401,7 +401,7 @@ def to_array(name: str, value: Any, spec: TensorSpec) -> np.ndarray:
             raise ApiError(400, f"input {name!r}: the model takes {spec.dtype}; send whole numbers")
     if want.kind in "iu" and raw.size:
         info = np.iinfo(want)
-        lo, hi = raw.min(), raw.max()
+        lo, hi = raw.min().item(), raw.max().item()  # Python numbers: uint64 vs int64 compares exactly
         if lo < info.min or hi > info.max:
             raise ApiError(400, f"input {name!r}: values outside the {spec.dtype} range")
     if want.kind == "b" and raw.dtype.kind != "b":

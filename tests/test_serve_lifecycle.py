@@ -1,0 +1,156 @@
+"""``edgeinfer serve`` under stress, each case on its own real server: SIGTERM under load, a crashed worker,
+a full queue, timeouts and the API key."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+import re
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+
+from edgeinfer.serve._testkit import ServerProc, minilm_bundle
+from edgeinfer.testing import minilm
+
+pytestmark = pytest.mark.slow
+
+T = httpx.Timeout(60.0)
+
+
+@pytest.fixture(scope="module")
+def ort_bundle(minilm_onnx, tmp_path_factory):
+    return minilm_bundle(minilm_onnx, tmp_path_factory.getbasetemp() / "serve-bundles" / "minilm-ort", "onnxruntime")
+
+
+def embed_body(i: int) -> dict:
+    s = minilm.sentences()
+    return {"input": [s[i % len(s)], s[(i * 7) % len(s)]]}
+
+
+def test_sigterm_under_load_answers_every_accepted_request_and_exits_0(ort_bundle, tmp_path):
+    server = ServerProc([ort_bundle], "--log-level", "debug", "--batch-window-ms", "5", log=tmp_path / "log")
+    outcomes: dict[str, tuple[str, float]] = {}
+    lock = threading.Lock()
+    stop = threading.Event()
+    sigterm_at: list[float] = []
+
+    def client(t: int) -> None:
+        with httpx.Client(timeout=T) as c:
+            for n in range(300):  # bounded in count ...
+                if stop.is_set():
+                    return
+                rid = f"c{t}-{n}"
+                try:
+                    r = c.post(server.url + "/v1/embeddings", json=embed_body(n + 31 * t), headers={"X-Request-Id": rid})
+                    ok = r.status_code == 200 and len(r.json()["data"]) == 2 and r.headers["x-request-id"] == rid
+                    result = "ok" if ok else f"http {r.status_code}"
+                except httpx.TransportError as e:  # refused / closed: the server no longer accepts
+                    result = f"transport {type(e).__name__}"
+                with lock:
+                    outcomes[rid] = (result, time.monotonic())
+                if result.startswith("transport"):
+                    return
+
+    threads = [threading.Thread(target=client, args=(t,)) for t in range(12)]
+    for th in threads:
+        th.start()
+    deadline = time.monotonic() + 60  # ... and in time
+    while time.monotonic() < deadline and sum(o[0] == "ok" for o in list(outcomes.values())) < 40:
+        time.sleep(0.05)
+    sigterm_at.append(time.monotonic())
+    server.proc.send_signal(signal.SIGTERM)
+    for th in threads:
+        th.join(90)
+    stop.set()
+    rc = server.terminate()
+    log = server.output()
+    assert rc == 0, log[-3000:]
+    accepted = set(re.findall(r"accepted POST /v1/embeddings id=(\S+)", log))
+    answered = set(re.findall(r"answered /v1/embeddings id=(\S+) status=200", log))
+    assert accepted, log[-2000:]
+    assert accepted == answered  # the server answered every request it accepted
+    for rid in accepted:  # ... and every one of those answers reached its client intact
+        assert outcomes.get(rid, ("missing",))[0] == "ok", (rid, outcomes.get(rid))
+    bad = {rid: o for rid, o in outcomes.items() if o[0] != "ok" and not o[0].startswith("transport")}
+    assert not bad  # no 5xx, no 503 while draining
+    assert all(rid not in accepted for rid, o in outcomes.items() if o[0].startswith("transport"))
+    late = [rid for rid, o in outcomes.items() if o[0] == "ok" and o[1] > sigterm_at[0]]
+    assert late, "no request was in flight when SIGTERM arrived"
+    assert "Traceback" not in log
+
+
+def test_killed_worker_is_restarted_and_its_requests_retried(ort_bundle, tmp_path):
+    with ServerProc([ort_bundle], "--devices", "0,1", "--max-batch", "4", log=tmp_path / "log") as server:
+        workers = httpx.get(server.url + "/ready").json()["workers"]
+        victim = workers[0]["pid"]
+
+        def call(i):
+            return httpx.post(server.url + "/v1/embeddings", json=embed_body(i), timeout=T)
+
+        with cf.ThreadPoolExecutor(8) as ex:
+            futs = [ex.submit(call, i) for i in range(80)]
+            time.sleep(0.3)
+            os.kill(victim, signal.SIGKILL)
+            results = [f.result() for f in futs]
+        assert [r.status_code for r in results] == [200] * 80, [r.text for r in results if r.status_code != 200][:3]
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            w0 = httpx.get(server.url + "/ready").json()["workers"][0]
+            if w0["state"] == "idle" and w0["pid"] != victim:
+                break
+            time.sleep(0.2)
+        assert w0["restarts"] == 1 and w0["pid"] != victim, w0
+        text = httpx.get(server.url + "/metrics").text
+        assert re.search(r'edgeinfer_worker_restarts_total\{worker="0"\} 1\.0', text)
+        assert httpx.post(server.url + "/v1/embeddings", json=embed_body(1), timeout=T).status_code == 200
+
+
+def test_full_queue_answers_429_with_retry_after_and_keeps_serving(ort_bundle, tmp_path):
+    with ServerProc([ort_bundle], "--max-queue", "2", "--max-batch", "1", "--batch-window-ms", "0",
+                    log=tmp_path / "log") as server:
+        start = threading.Barrier(48)
+
+        def call(i):
+            start.wait()
+            return httpx.post(server.url + "/v1/embeddings", json=embed_body(i), timeout=T)
+
+        with cf.ThreadPoolExecutor(48) as ex:
+            results = list(ex.map(call, range(48)))
+        codes = [r.status_code for r in results]
+        assert set(codes) <= {200, 429}, codes
+        assert codes.count(429) >= 1 and codes.count(200) >= 1, codes
+        for r in results:
+            if r.status_code == 429:
+                assert r.headers["retry-after"] == "1" and r.json()["error"]["code"] == 429
+        assert httpx.get(server.url + "/ready").status_code == 200
+        assert httpx.post(server.url + "/v1/embeddings", json=embed_body(0), timeout=T).status_code == 200
+        assert server.proc.poll() is None
+
+
+def test_api_key_and_timeouts(ort_bundle, tmp_path):
+    """Every endpoint but /health needs the key; a request still waiting past --timeout-s gets 504."""
+    key = "s3cret-key"
+    server = ServerProc([ort_bundle], "--timeout-s", "0.05", "--batch-window-ms", "400", log=tmp_path / "log",
+                        env={"EDGEINFER_API_KEY": key}, wait_ready=False)
+    try:
+        good = {"Authorization": f"Bearer {key}"}
+        server.wait_ready(headers=good)
+        assert httpx.get(server.url + "/health").status_code == 200
+        for method, path in [("GET", "/v1/models"), ("GET", "/ready"), ("GET", "/metrics"), ("GET", "/openapi.json"),
+                             ("GET", "/docs"), ("POST", "/v1/embeddings"), ("POST", "/v1/infer")]:
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {key}"},
+                            {"Authorization": key}):
+                r = httpx.request(method, server.url + path, headers=headers, json={"input": "x"})
+                assert r.status_code == 401, (method, path, headers, r.status_code)
+                assert r.json()["error"]["code"] == 401 and r.headers["www-authenticate"] == "Bearer"
+        assert httpx.get(server.url + "/v1/models", headers=good).status_code == 200
+        assert httpx.get(server.url + "/metrics", headers=good).status_code == 200
+        r = httpx.post(server.url + "/v1/embeddings", headers=good, json={"input": "x"}, timeout=T)
+        assert r.status_code == 504 and "--timeout-s" in r.json()["error"]["message"]
+        assert httpx.get(server.url + "/ready", headers=good).status_code == 200
+    finally:
+        assert server.terminate() == 0

@@ -1,0 +1,111 @@
+"""``edgeinfer serve`` pieces that need no model: CLI errors, options, placement, tensor parsing."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from helpers import HEAVY, edgeinfer, imported_modules
+
+from edgeinfer.backend import TensorSpec
+from edgeinfer.errors import InputError
+from edgeinfer.serve.config import ServeConfig, api_key_from_env, parse_devices
+from edgeinfer.serve.workers import placement
+
+
+def test_serve_help_lists_the_options_and_stays_light():
+    r = edgeinfer("serve", "--help")
+    assert r.returncode == 0
+    for opt in ("--host", "--port", "--max-batch", "--batch-window-ms", "--devices", "--api-key", "--max-queue",
+                "--timeout-s"):
+        assert opt in r.stdout
+    code = "import sys; sys.argv=['edgeinfer','serve','--help']\nfrom edgeinfer.cli import main\ntry:\n main()\nexcept SystemExit:\n pass"
+    heavy = imported_modules(code) & (set(HEAVY) | {"fastapi", "uvicorn", "prometheus_client"})
+    assert not heavy, heavy
+
+
+def test_missing_or_non_bundle_paths_exit_2_with_one_line(tmp_path):
+    r = edgeinfer("serve", str(tmp_path / "nope"))
+    assert r.returncode == 2 and "bundle not found" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = edgeinfer("serve", str(tmp_path))
+    assert r.returncode == 2 and "not a bundle" in r.stderr and "edgeinfer deploy" in r.stderr
+
+
+def test_two_bundles_with_the_same_name_are_refused(tmp_path):
+    from edgeinfer.bundle import Manifest, write
+    from edgeinfer.serve.app import open_models
+
+    paths = []
+    for parent in ("a", "b"):
+        d = tmp_path / parent / "model"
+        (d / "m.onnx").parent.mkdir(parents=True)
+        (d / "m.onnx").write_bytes(b"x")
+        write(d, Manifest(backend="onnxruntime", board="b", scheme="fp32", artifacts=["m.onnx"],
+                          inputs=[TensorSpec("x", ("batch", 3), "float32")], outputs=[], source={}))
+        paths.append(d)
+    with pytest.raises(InputError, match="distinct names"):
+        open_models(paths)
+
+
+@pytest.mark.parametrize("bad, words", [(dict(max_batch=0), "--max-batch"), (dict(max_queue=0), "--max-queue"),
+                                        (dict(timeout_s=0), "--timeout-s"), (dict(api_key=" "), "API key"),
+                                        (dict(bundles=[]), "BUNDLE")])
+def test_bad_options_are_input_errors(tmp_path, bad, words):
+    with pytest.raises(InputError, match=words):
+        ServeConfig(**{"bundles": [tmp_path], **bad}).check()
+
+
+def test_cli_bad_option_exits_2(tmp_path):
+    r = edgeinfer("serve", str(tmp_path), "--max-batch", "0")
+    assert r.returncode == 2 and "--max-batch" in r.stderr
+
+
+def test_defaults_bind_loopback_and_key_comes_from_env(monkeypatch, tmp_path):
+    assert ServeConfig(bundles=[tmp_path]).host == "127.0.0.1"
+    monkeypatch.setenv("EDGEINFER_API_KEY", "k1")
+    assert api_key_from_env(None) == "k1" and api_key_from_env("k2") == "k2"
+    monkeypatch.delenv("EDGEINFER_API_KEY")
+    assert api_key_from_env(None) is None
+    assert parse_devices("0, 1") == ["0", "1"] and parse_devices(None) == []
+    with pytest.raises(InputError):
+        parse_devices("0,,1")
+
+
+def test_placement_per_backend():
+    assert placement("ascend", "3") == ({"ASCEND_RT_VISIBLE_DEVICES": "3"}, "npu:0", {})
+    assert placement("rknn", "1") == ({}, None, {"core_mask": "1"})
+    assert placement("rknn", "0_1") == ({}, None, {"core_mask": "0_1"})
+    assert placement("openvino", "NPU") == ({}, "NPU", {})
+    assert placement("openvino", "0") == ({}, None, {})
+    assert placement("onnxruntime", None) == ({}, None, {})
+
+
+def test_tensor_parsing_checks_dtype_range_and_shape():
+    from edgeinfer.serve.app import ApiError, ServedModel, parse_tensors
+
+    class FakeManifest:  # only the specs are read
+        inputs = [TensorSpec("ids", ("batch", 4), "int64"), TensorSpec("mask", ("batch", 4), "int64")]
+
+    class FakeBundle:
+        manifest = FakeManifest()
+
+    m = ServedModel("m", FakeBundle())  # type: ignore[arg-type]
+    feeds = parse_tensors(m, {"ids": [[1, 2, 3, 4]] * 2, "mask": [[1.0, 1, 1, 0]] * 2}, 8)
+    assert feeds["ids"].dtype == np.int64 and feeds["mask"].dtype == np.int64 and feeds["mask"].shape == (2, 4)
+    for inputs, words in [
+        ({"ids": [[1, 2, 3]], "mask": [[1, 1, 1]]}, "expected shape"),
+        ({"ids": [[1, 2, 3, 4]], "mask": [[1, 1, 1, 1]] * 2}, "batch"),
+        ({"ids": [[2**63, 0, 0, 0]], "mask": [[1, 1, 1, 1]]}, "range"),
+        ({"ids": [[True, 0, 0, 0]], "mask": [[1, 1, 1, 1]]}, None),
+        ({"ids": [[1, 2, 3, 4]] * 9, "mask": [[1, 1, 1, 1]] * 9}, "at most 8 rows"),
+        ({"ids": [], "mask": []}, None),
+        ({}, "give the model's inputs"),
+    ]:
+        try:
+            parse_tensors(m, inputs, 8)
+        except ApiError as e:
+            assert e.status == 400
+            assert words is None or words in e.message, (inputs, e.message)
+        else:
+            assert words is None and inputs["ids"][0][0] is True, inputs  # bools are valid integers 0/1
