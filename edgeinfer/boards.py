@@ -85,6 +85,8 @@ class Board(BaseModel):
     paging: bool = False
     runtimes: dict[str, Runtime] = Field(min_length=1)
     default_runtime: str
+    backend_runtime: str | None = None  # the runtime edgeinfer's own backend uses here (deploy plans with it)
+    target: str | None = None  # what the backend compiles for (rknn: rk3588; openvino: npu); default: family
     notes: list[str] = []
     origin: str = "packaged"  # where the profile was loaded from (set by the loader)
 
@@ -94,6 +96,14 @@ class Board(BaseModel):
         rts = info.data.get("runtimes") or {}
         if rts and v not in rts:
             raise ValueError(f"default_runtime '{v}' is not one of the runtimes {sorted(rts)}")
+        return v
+
+    @field_validator("backend_runtime")
+    @classmethod
+    def _brt(cls, v, info):
+        rts = info.data.get("runtimes") or {}
+        if v is not None and rts and v not in rts:
+            raise ValueError(f"backend_runtime '{v}' is not one of the runtimes {sorted(rts)}")
         return v
 
     @property

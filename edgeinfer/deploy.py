@@ -111,7 +111,7 @@ def parse_shapes(items: tuple[str, ...] | list[str]) -> dict[str, list[int]]:
 
 def board_target(board: Board) -> str:
     """What the backend compiles for: the board's ``target`` or its family."""
-    return getattr(board, "target", None) or board.family
+    return board.target or board.family
 
 
 # --- the steps -------------------------------------------------------------------------------------
@@ -267,7 +267,7 @@ def deploy(
     seq = next((s.shape[1] for s in specs if len(s.shape) > 1 and isinstance(s.shape[1], int)), seq_default)
     batch = calibration._static_batch(specs)
     with progress.step(f"planning {src.path.name} on {b.name}"):
-        the_plan = make_plan(str(src.path), b, quant=scheme, ctx=seq, batch=batch)
+        the_plan = make_plan(str(src.path), b, quant=scheme, ctx=seq, batch=batch, runtime=b.backend_runtime)
     if not the_plan.fits and not force:
         raise CheckFailed(
             f"{src.path.name} does not fit {b.name} with {scheme}: {'; '.join(the_plan.reasons)} "
