@@ -353,7 +353,7 @@ def _hybrid(rknn: Any, RKNN: Any, model: Path, recipe: Recipe, dataset: str | No
         raise BuildError("hybrid_quantization_step1", "wrote no .quantization.cfg", None)
     cfg = cfgs[0]
     stem = cfg.name[: -len(".quantization.cfg")]
-    patch_hybrid_cfg(cfg, recipe.hybrid_fp16)
+    patch_hybrid_cfg(cfg, recipe.hybrid_fp16, constant_names(work / f"{stem}.model"))
     rknn2 = None
     with captured(log):
         rknn2 = RKNN(verbose=False)
@@ -385,16 +385,34 @@ def cfg_tensor_names(cfg_text: str) -> list[str]:
     return names
 
 
-def patch_hybrid_cfg(cfg: Path, tensors: Sequence[str]) -> None:
+def constant_names(model_path: Path) -> set[str]:
+    """Weights and constants of step1's ``.model`` graph (an ONNX protobuf): the cfg lists them
+    too, but step2 rejects them as custom layers ("Invalid operands name")."""
+    try:
+        import onnx
+
+        proto = onnx.load(str(model_path), load_external_data=False)
+    except Exception:
+        return set()
+    names = {i.name for i in proto.graph.initializer}
+    names |= {o for n in proto.graph.node if n.op_type == "Constant" for o in n.output}
+    return names
+
+
+def patch_hybrid_cfg(cfg: Path, tensors: Sequence[str], constants: set[str] = frozenset()) -> None:
     """Put ``tensor: float16`` entries under ``custom_quantize_layers``, editing the text only
     (re-saving the YAML changes float digits, which step2 rejects as modified scales)."""
     text = cfg.read_text()
     known = set(cfg_tensor_names(text))
+    known -= set(constants)
     missing = [t for t in tensors if t not in known]
     if missing:
+        near = sorted({k for t in missing for k in known if k.startswith(re.sub(r"_output_\d+$", "", t))})
+        hint = f"names the toolkit has there: {', '.join(near[:12])}" if near else \
+            f"e.g. {', '.join(sorted(known)[:3])}"
         raise InputError(
-            f"hybrid layer(s) not found in the quantized graph: {', '.join(missing)}; "
-            f"pass ONNX node or tensor names of the model (e.g. {', '.join(sorted(known)[:3])})"
+            f"hybrid layer(s) not found in the quantized graph (the toolkit fuses and renames layers): "
+            f"{', '.join(missing)}; {hint}"
         )
     block = "custom_quantize_layers:\n" + "".join(f"    '{t}': float16\n" for t in tensors)
     pattern = re.compile(r"^custom_quantize_layers:.*?(?=^quantize_parameters:)", flags=re.M | re.S)
