@@ -46,6 +46,7 @@ def _truthy(v: Any) -> bool:
 class AscendBackend(Backend):
     name = "ascend"
     native_suffixes = (".ascend",)
+    source_formats = ("hf", "pt2")
     schemes = ("fp32", "fp16", "bf16", "w8a16")
     default_scheme = "fp32"
     gaps: dict[str, str] = {}
@@ -228,7 +229,7 @@ class AscendSession(Session):
         compile_backend: str | None = None,
         seq_buckets: Any = None,
         batch_buckets: Any = None,
-        warmup: Any = True,
+        warmup: Any = "auto",
         threads: int | None = None,
     ):
         import torch
@@ -286,7 +287,10 @@ class AscendSession(Session):
 
             self._fn = torch.compile(self.module, backend=counting_backend, dynamic=False, fullgraph=self.kind == "hf")
         self.warmup_ms: dict[str, dict[str, float]] = {}
-        if _truthy(warmup) and self.kind == "hf" and self.seq_buckets and self.batch_buckets:
+        # auto: warm up where first runs are expensive (graph compile, CANN operator compile on NPU)
+        want = (self.compiled or dev.is_npu(device)) if str(warmup).lower() == "auto" else _truthy(warmup)
+        self.warmup = want
+        if want and self.kind == "hf" and self.seq_buckets and self.batch_buckets:
             self._warm_up()
 
     # --- running ----------------------------------------------------------------------------

@@ -63,6 +63,8 @@ def test_sequence_longer_than_buckets_is_a_feed_error(ascend, minilm_artifacts):
 
 def test_warmup_runs_every_bucket_and_reports_first_run_cost(ascend, minilm_artifacts):
     with ascend.load(minilm_artifacts("fp32"), seq_buckets=[64, 128], batch_buckets=[1, 2]) as s:
+        assert s.profile_notes()["warmup_ms"] == {}  # auto: eager on CPU has no per-shape compile
+    with ascend.load(minilm_artifacts("fp32"), seq_buckets=[64, 128], batch_buckets=[1, 2], warmup=True) as s:
         warm = s.profile_notes()["warmup_ms"]
     assert sorted(warm) == ["b1xs128", "b1xs64", "b2xs128", "b2xs64"]
     assert all(v["first_run_ms"] > 0 and v["second_run_ms"] > 0 for v in warm.values())
