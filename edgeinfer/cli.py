@@ -209,6 +209,10 @@ def write_outputs(outputs: dict[str, Any], out_dir: Path) -> list[Path]:
 @click.option("--device", "-d", help="Device of the backend (e.g. CPU, NPU).")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), help="Write outputs as DIR/<name>.npy.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
+@click.option("--paging", "window", type=int, metavar="W", help="Run layer-paged: keep at most W segments loaded.")
+@click.option("--segments", type=int, metavar="N", help="With --paging: split into N segments at layer boundaries.")
+@click.option("--cut", "cuts", multiple=True, metavar="TENSOR", help="With --paging: cut at this tensor (repeatable).")
+@click.option("--no-prefetch", is_flag=True, help="With --paging: load segments in line, not in the background.")
 def run(
     model: Path,
     inputs: tuple[str, ...],
@@ -217,6 +221,10 @@ def run(
     device: str | None,
     out_dir: Path | None,
     as_json: bool,
+    window: int | None = None,
+    segments: int | None = None,
+    cuts: tuple[str, ...] = (),
+    no_prefetch: bool = False,
 ) -> None:
     """Run MODEL (a file or a bundle) once on the given inputs or texts."""
     import numpy as np
@@ -233,7 +241,15 @@ def run(
         raise InputError("--text needs a bundle with a tokenizer (made by `edgeinfer deploy` from a HF directory)")
     feeds = bundle.tokenize(list(texts)) if texts else parse_inputs(inputs)
     t0 = time.perf_counter()
-    session = load(model, backend=backend, device=device)
+    if window is not None or segments is not None or cuts:
+        from .paging import open_paged
+
+        if window is None or bundle is not None:
+            raise InputError("--segments/--cut go with --paging W on an .onnx model (a paged bundle pages by itself)")
+        session = open_paged(model, backend=backend, device=device, window=window, segments=segments,
+                             cuts=list(cuts), prefetch=not no_prefetch)
+    else:
+        session = load(model, backend=backend, device=device)
     load_s = time.perf_counter() - t0
     with session:
         t1 = time.perf_counter()
@@ -252,6 +268,8 @@ def run(
         "timing_ms": {"load": load_s * 1e3, "run": run_s * 1e3},
         "written": [str(p) for p in written],
     }
+    if hasattr(session, "stats"):  # a paged session: page-in times and resident bytes
+        report["paging"] = session.stats()
     if "embeddings" in outputs:
         report["embeddings"] = np.round(outputs["embeddings"], 6).tolist()
 

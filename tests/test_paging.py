@@ -1,0 +1,420 @@
+"""Layer-paged execution (edgeinfer.paging): split, paged sessions on every installed backend, the
+window invariant, background-load errors, bad cuts, the CLI and the planner's cost model."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgeinfer import paging, plugins
+from edgeinfer.errors import EdgeInferError, InputError
+
+from helpers import edgeinfer as run_cli
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+LAYERS, DIM = 12, 32
+
+
+def deep_stack(path: Path, layers: int = LAYERS, dim: int = DIM, batch: int | str = "batch", seed: int = 0) -> Path:
+    """``layers`` residual blocks x + Relu(x @ W + b), nodes named /layers.N/..., then a head."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    nodes, inits, x = [], [], "x"
+    for i in range(layers):
+        p = f"/layers.{i}"
+        inits += [numpy_helper.from_array((rng.standard_normal((dim, dim)) / np.sqrt(dim)).astype(np.float32),
+                                          f"layers.{i}.weight"),
+                  numpy_helper.from_array((0.1 * rng.standard_normal(dim)).astype(np.float32), f"layers.{i}.bias")]
+        nodes += [helper.make_node("MatMul", [x, f"layers.{i}.weight"], [f"{p}/mm"], name=f"{p}/MatMul"),
+                  helper.make_node("Add", [f"{p}/mm", f"layers.{i}.bias"], [f"{p}/add"], name=f"{p}/Add"),
+                  helper.make_node("Relu", [f"{p}/add"], [f"{p}/relu"], name=f"{p}/Relu"),
+                  helper.make_node("Add", [x, f"{p}/relu"], [f"{p}/out"], name=f"{p}/Residual")]
+        x = f"{p}/out"
+    inits.append(numpy_helper.from_array(np.float32([0.5]), "head.scale"))
+    nodes.append(helper.make_node("Mul", [x, "head.scale"], ["y"], name="/head/Mul"))
+    graph = helper.make_graph(nodes, "deep_stack", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, dim])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, dim])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+def numpy_deep_stack(x: np.ndarray, path: Path) -> np.ndarray:
+    """The reference computed from the weights with NumPy (independent of onnxruntime)."""
+    w = {t.name: onnx.numpy_helper.to_array(t) for t in onnx.load(str(path)).graph.initializer}
+    for i in range(LAYERS):
+        x = x + np.maximum(x @ w[f"layers.{i}.weight"] + w[f"layers.{i}.bias"], 0)
+    return x * w["head.scale"]
+
+
+def ort_run(path: Path, feeds: dict) -> list[np.ndarray]:
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.ravel().astype(np.float64), b.ravel().astype(np.float64)
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+@pytest.fixture(scope="module")
+def deep(tmp_path_factory) -> Path:
+    return deep_stack(tmp_path_factory.mktemp("deep") / "deep.onnx")
+
+
+@pytest.fixture(scope="module")
+def deep6(deep, tmp_path_factory) -> list[paging.SegmentInfo]:
+    return paging.split_onnx(deep, tmp_path_factory.mktemp("deep6"), segments=6)
+
+
+@pytest.fixture()
+def x() -> np.ndarray:
+    return np.random.default_rng(5).standard_normal((3, DIM)).astype(np.float32)
+
+
+class CountingBackend:
+    """The real onnxruntime backend, counting live sessions and load threads from the outside."""
+
+    def __init__(self, fail_segment: str | None = None):
+        self.inner = plugins.get_backend("onnxruntime")
+        self.name = "onnxruntime"
+        self.native_suffixes = self.inner.native_suffixes
+        self.live = 0
+        self.max_live = 0
+        self.loads: list[str] = []
+        self.threads: set[str] = set()
+        self.fail_segment = fail_segment
+        self._lock = threading.Lock()
+
+    def load(self, artifact, device=None, **options):
+        if self.fail_segment and Path(artifact).name == self.fail_segment and \
+                threading.current_thread() is not threading.main_thread():
+            raise RuntimeError("disk read error while loading (injected)")
+        sess = self.inner.load(artifact, device=device, **options)
+        with self._lock:
+            self.live += 1
+            self.max_live = max(self.max_live, self.live)
+            self.loads.append(Path(artifact).name)
+            self.threads.add(threading.current_thread().name)
+        release = sess.release
+
+        def counted_release():
+            with self._lock:
+                self.live -= 1
+            release()
+
+        sess.release = counted_release
+        return sess
+
+
+# --- splitting ---------------------------------------------------------------------------------------
+
+
+def test_split_finds_the_blocks_and_every_segment_is_valid_and_chains(deep, deep6):
+    assert len(deep6) == 6
+    assert [s.blocks for s in deep6][0] == ["/layers.0", "/layers.1"]
+    for k, seg in enumerate(deep6):
+        model = onnx.load(str(seg.path))
+        onnx.checker.check_model(model, full_check=True)
+        if k:
+            assert seg.inputs == deep6[k - 1].outputs == [f"/layers.{2 * k - 1}/out"]
+    assert deep6[-1].outputs == ["y"]
+    index = json.loads((deep6[0].path.parent / paging.INDEX).read_text())
+    assert [s["path"] for s in index["segments"]] == [f"segment_{k:02d}.onnx" for k in range(6)]
+
+
+def test_segments_hold_only_the_weights_they_use(deep, deep6):
+    whole = onnx.load(str(deep))
+    total = sum(onnx.numpy_helper.to_array(t).nbytes for t in whole.graph.initializer)
+    assert sum(s.weight_bytes for s in deep6) == total
+    for k, seg in enumerate(deep6):
+        names = {t.name for t in onnx.load(str(seg.path)).graph.initializer}
+        want = {f"layers.{i}.{w}" for i in (2 * k, 2 * k + 1) for w in ("weight", "bias")}
+        assert names == want | ({"head.scale"} if k == 5 else set())
+
+
+def test_chained_segments_equal_the_whole_model_bitwise(deep, deep6, x):
+    env = {"x": x}
+    for seg in deep6:
+        sess = ort.InferenceSession(str(seg.path), providers=["CPUExecutionProvider"])
+        names = [o.name for o in sess.get_outputs()]
+        env.update(zip(names, sess.run(names, {i.name: env[i.name] for i in sess.get_inputs()})))
+    assert np.array_equal(env["y"], ort_run(deep, {"x": x})[0])
+    np.testing.assert_allclose(env["y"], numpy_deep_stack(x, deep), rtol=1e-4, atol=1e-4)
+
+
+def test_user_cuts_make_the_segments_they_name(deep, tmp_path, x):
+    segs = paging.split_onnx(deep, tmp_path, cuts=["/layers.3/out", "/layers.7/out"])
+    assert [s.inputs for s in segs] == [["x"], ["/layers.3/out"], ["/layers.7/out"]]
+    be = plugins.get_backend("onnxruntime")
+    with paging.PagedSession.from_artifacts(be, [s.path for s in segs], window=1) as sess:
+        assert np.array_equal(sess.run({"x": x})["y"], ort_run(deep, {"x": x})[0])
+
+
+@pytest.mark.parametrize(
+    ("cuts", "words"),
+    [
+        (["/layers.3/nope"], "no tensor of that name"),
+        (["/layers.3/relu"], "not a layer boundary"),  # the block input crosses it as well
+        (["x"], "model input or weight"),
+        (["layers.2.weight"], "model input or weight"),
+        (["/layers.7/out", "/layers.3/out"], "model order"),
+        (["y"], "leaves nothing after it"),
+    ],
+)
+def test_bad_cuts_are_one_line_input_errors(deep, tmp_path, cuts, words):
+    with pytest.raises(InputError) as e:
+        paging.split_onnx(deep, tmp_path, cuts=cuts)
+    assert words in e.value.one_line() and "\n" not in str(e.value)
+
+
+def test_bad_segment_counts(deep, tmp_path):
+    with pytest.raises(InputError, match="more than the model's 12 blocks"):
+        paging.split_onnx(deep, tmp_path, segments=13)
+    with pytest.raises(InputError, match="either a number of segments or the tensors"):
+        paging.split_onnx(deep, tmp_path)
+    with pytest.raises(InputError, match="positive integer"):
+        paging.split_onnx(deep, tmp_path, segments=0)
+
+
+def test_a_model_without_blocks_asks_for_cuts(tmp_path):
+    from edgeinfer.testing import models
+
+    kit = models.mlp(tmp_path)
+    with pytest.raises(InputError, match="no repeated blocks"):
+        paging.split_onnx(kit.path, tmp_path / "out", segments=2)
+
+
+# --- the paged session ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("window", "prefetch"), [(1, False), (2, False), (2, True), (3, True), (4, False), (6, True)])
+def test_paged_outputs_are_bitwise_and_the_window_holds(deep, deep6, x, window, prefetch):
+    be = CountingBackend()
+    ref = ort_run(deep, {"x": x})[0]
+    with paging.PagedSession(be, [s.path for s in deep6], window=window, prefetch=prefetch) as sess:
+        for _ in range(3):
+            assert np.array_equal(sess.run({"x": x})["y"], ref)
+        st = sess.stats()
+        assert len(sess.resident_segments) <= window
+    assert be.max_live <= window  # counted outside the session: never more than W loaded at once
+    assert st["peak_resident_segments"] <= window
+    assert be.live == 0  # close released everything
+
+
+def test_steady_state_pages_in_every_non_resident_segment_once_per_run(deep6, x):
+    """Documented policy: W-1 segments stay (W-2 with prefetch), the rest stream once per run."""
+    for window, prefetch, per_run in ((1, False, 6), (2, False, 5), (4, False, 3), (4, True, 4), (6, True, 0)):
+        be = CountingBackend()
+        with paging.PagedSession(be, [s.path for s in deep6], window=window, prefetch=prefetch) as sess:
+            sess.run({"x": x})
+            before = len(be.loads)
+            for _ in range(3):
+                sess.run({"x": x})
+            assert (len(be.loads) - before) / 3 == per_run, (window, prefetch)
+
+
+def test_prefetch_loads_on_one_background_thread(deep6, x):
+    be = CountingBackend()
+    with paging.PagedSession(be, [s.path for s in deep6], window=3, prefetch=True) as sess:
+        for _ in range(2):
+            sess.run({"x": x})
+        assert sess.stats()["prefetched"] > 0
+    background = be.threads - {threading.main_thread().name}
+    assert len(background) == 1 and next(iter(background)).startswith("edgeinfer-prefetch")
+
+
+def test_profile_reports_page_in_times_and_resident_bytes(deep6, x):
+    be = plugins.get_backend("onnxruntime")
+    with paging.PagedSession.from_artifacts(be, [s.path for s in deep6], window=2, prefetch=False) as sess:
+        prof = sess.profile({"x": x}, repeat=2)
+    notes = prof.notes["paging"]
+    sizes = [s.path.stat().st_size for s in deep6]
+    assert notes["segment_bytes"] == sizes
+    assert len(notes["page_in_ms_mean"]) == 6 and all(t is not None and t > 0 for t in notes["page_in_ms_mean"])
+    assert notes["peak_resident_bytes"] <= sum(sorted(sizes)[-2:])
+    assert notes["resident_bytes"] == sum(sizes[k] for k in notes["resident_segments"])
+
+
+def test_background_load_failure_is_a_clear_error(deep6, x):
+    be = CountingBackend(fail_segment="segment_03.onnx")
+    with pytest.raises(EdgeInferError) as e:
+        with paging.PagedSession(be, [s.path for s in deep6], window=3, prefetch=True) as sess:
+            sess.run({"x": x})  # segments load in line once at open (specs), then in the background
+    msg = e.value.one_line()
+    assert "segment 3" in msg and "background" in msg and "disk read error" in msg
+
+
+def test_bad_paging_options(deep6):
+    be = plugins.get_backend("onnxruntime")
+    paths = [s.path for s in deep6]
+    with pytest.raises(InputError, match="window must be an integer >= 1"):
+        paging.PagedSession.from_artifacts(be, paths, window=0)
+    with pytest.raises(InputError, match="leaves no room to page"):
+        paging.PagedSession.from_artifacts(be, paths, window=2, resident_prefix=2)
+    with pytest.raises(InputError, match="segment artifact not found"):
+        paging.PagedSession.from_artifacts(be, paths + [paths[0].with_name("missing.onnx")])
+
+
+def test_feeds_are_checked_like_any_session(deep6):
+    be = plugins.get_backend("onnxruntime")
+    with paging.PagedSession.from_artifacts(be, [s.path for s in deep6], window=2) as sess:
+        assert [s.name for s in sess.inputs] == ["x"] and [s.name for s in sess.outputs] == ["y"]
+        with pytest.raises(InputError, match="expected dtype float32"):
+            sess.run({"x": np.zeros((1, DIM), np.float64)})
+
+
+# --- MiniLM, the real model ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def minilm_feeds():
+    from edgeinfer.testing import minilm
+
+    return minilm.tokenize(minilm.heldout_sentences(4))
+
+
+@pytest.fixture(scope="module")
+def minilm_split(minilm_onnx, tmp_path_factory):
+    return paging.split_onnx(minilm_onnx, tmp_path_factory.mktemp("minilm6"), segments=6)
+
+
+def test_minilm_splits_into_its_six_layers_with_the_mask_carried(minilm_split):
+    assert [s.blocks for s in minilm_split] == [[f"/bert/encoder/layer.{k}"] for k in range(6)]
+    for k, seg in enumerate(minilm_split[1:], start=1):
+        assert seg.inputs[0] == f"/bert/encoder/layer.{k - 1}/output/LayerNorm/LayerNormalization_output_0"
+        assert len(seg.inputs) == 2  # the residual stream and the extended attention mask (a side tensor)
+    assert minilm_split[0].side == [] and minilm_split[1].side == [minilm_split[2].inputs[1]]
+    assert minilm_split[0].weight_bytes > 5 * minilm_split[1].weight_bytes  # embeddings live in segment 0
+
+
+def test_minilm_paged_on_onnxruntime_is_bitwise(minilm_onnx, minilm_split, minilm_feeds):
+    ref = ort_run(minilm_onnx, minilm_feeds)[0]
+    be = plugins.get_backend("onnxruntime")
+    with paging.PagedSession.from_artifacts(be, [s.path for s in minilm_split], window=2, prefetch=True) as sess:
+        for _ in range(2):
+            assert np.array_equal(sess.run(minilm_feeds)["last_hidden_state"], ref)
+
+
+def test_minilm_cut_at_a_layer_output_and_a_bad_cut(minilm_onnx, tmp_path, minilm_feeds):
+    good = "/bert/encoder/layer.2/output/LayerNorm/LayerNormalization_output_0"
+    segs = paging.split_onnx(minilm_onnx, tmp_path / "ok", cuts=[good])
+    assert len(segs) == 2 and segs[0].residual == [good] and len(segs[0].side) == 1
+    with pytest.raises(InputError, match="not a layer boundary"):
+        paging.split_onnx(minilm_onnx, tmp_path / "bad",
+                          cuts=["/bert/encoder/layer.2/attention/self/query/MatMul_output_0"])
+
+
+# --- other backends -------------------------------------------------------------------------------------
+
+
+def _backend_or_skip(name: str):
+    if name not in plugins.backend_names():
+        pytest.skip(f"backend {name} is not installed")
+    be = plugins.get_backend(name)
+    if not be.probe().available:
+        pytest.skip(f"backend {name} is not usable here")
+    return be
+
+
+@pytest.mark.slow
+def test_minilm_paged_on_openvino_cpu(minilm_onnx_static, tmp_path, minilm_feeds):
+    be = _backend_or_skip("openvino")
+    feeds = {k: v[:1] for k, v in minilm_feeds.items()}
+    ref = ort_run(minilm_onnx_static, feeds)[0]
+    arts = paging.deploy_segments(be, minilm_onnx_static, tmp_path, "fp32", None, segments=6)
+    assert [a.suffix for a in arts] == [".xml"] * 6
+    with paging.PagedSession.from_artifacts(be, arts, window=2, prefetch=True) as sess:
+        for _ in range(2):
+            assert cosine(sess.run(feeds)["last_hidden_state"], ref) >= 0.999
+        assert sess.stats()["peak_resident_segments"] <= 2
+
+
+def test_deep_stack_paged_on_openvino_cpu(deep, tmp_path, x):
+    be = _backend_or_skip("openvino")
+    arts = paging.deploy_segments(be, deep, tmp_path, "fp32", None, segments=4)
+    with paging.PagedSession.from_artifacts(be, arts, window=2, prefetch=True) as sess:
+        assert cosine(sess.run({"x": x})["y"], ort_run(deep, {"x": x})[0]) >= 0.999
+
+
+@pytest.mark.slow
+def test_minilm_paged_on_the_rknn_simulator(minilm_onnx_static, tmp_path, minilm_feeds):
+    be = _backend_or_skip("rknn")
+    feeds = {k: v[:1] for k, v in minilm_feeds.items()}
+    ref = ort_run(minilm_onnx_static, feeds)[0]
+    arts = paging.deploy_segments(be, minilm_onnx_static, tmp_path, "fp16", None, segments=6)
+    with paging.PagedSession.from_artifacts(be, arts, window=2, prefetch=True) as sess:
+        assert cosine(sess.run(feeds)["last_hidden_state"], ref) >= 0.999
+        st = sess.stats()
+    assert st["prefetch"] is False and any("simulator" in n for n in st["notes"])
+    assert st["peak_resident_segments"] <= 2
+
+
+def test_deep_stack_paged_on_the_rknn_simulator(tmp_path, x):
+    be = _backend_or_skip("rknn")
+    model = deep_stack(tmp_path / "deep_static.onnx", batch=3)
+    arts = paging.deploy_segments(be, model, tmp_path / "out", "fp16", None, segments=3)
+    with paging.PagedSession.from_artifacts(be, arts, window=2) as sess:
+        assert cosine(sess.run({"x": x})["y"], ort_run(model, {"x": x})[0]) >= 0.999
+
+
+# --- CLI --------------------------------------------------------------------------------------------------
+
+
+def test_cli_run_paged_matches_the_plain_run(deep, tmp_path, x):
+    np.save(tmp_path / "x.npy", x)
+    env = {"EDGEINFER_CACHE_DIR": str(tmp_path / "cache")}
+    paged = run_cli("run", str(deep), "--backend", "onnxruntime", "--paging", "2", "--segments", "4",
+                    "-i", f"x={tmp_path / 'x.npy'}", "--out", str(tmp_path / "paged"), "--json", env=env)
+    assert paged.returncode == 0, paged.stderr
+    report = json.loads(paged.stdout)
+    assert report["paging"]["segments"] == 4 and report["paging"]["window"] == 2
+    assert np.array_equal(np.load(tmp_path / "paged" / "y.npy"), ort_run(deep, {"x": x})[0])
+
+
+def test_cli_bad_cut_is_exit_2_one_line(deep, tmp_path, x):
+    np.save(tmp_path / "x.npy", x)
+    r = run_cli("run", str(deep), "--backend", "onnxruntime", "--paging", "1", "--cut", "/layers.3/relu",
+                "-i", f"x={tmp_path / 'x.npy'}", env={"EDGEINFER_CACHE_DIR": str(tmp_path / "cache")})
+    assert r.returncode == 2
+    assert r.stderr.strip().startswith("error:") and "not a layer boundary" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+# --- the planner's side ------------------------------------------------------------------------------------
+
+
+def test_cost_model_streams_every_non_resident_byte_once_per_token():
+    seg = [100] * 10
+    # W=4 without prefetch: 3 segments stay, 7 stream; 700 B at 1 GB/s = 0.7 us, added to 1 us of compute
+    p = paging.plan_paging(seg, 4, storage_gbps=1.0, compute_s_per_token=1e-6, prefetch=False)
+    assert p["streamed_bytes_per_token"] == 700 and p["loads_per_token"] == 7
+    assert p["decode_tokens_per_s"] == pytest.approx(1 / 1.7e-6, rel=1e-3)
+    assert p["load_hidden_fraction"] == 0
+    # with prefetch one more slot streams (2 stay): 800 B = 0.8 us, hidden under 1 us of compute
+    q = paging.plan_paging(seg, 4, storage_gbps=1.0, compute_s_per_token=1e-6, prefetch=True)
+    assert q["streamed_bytes_per_token"] == 800 and q["bound"] == "compute"
+    assert q["decode_tokens_per_s"] == pytest.approx(1e6, rel=1e-3) and q["load_hidden_fraction"] == 1.0
+    # storage-bound: prefetch hides only the compute's worth of the 8 us load
+    r = paging.plan_paging(seg, 4, storage_gbps=0.1, compute_s_per_token=1e-6, prefetch=True)
+    assert r["bound"] == "storage" and r["load_hidden_fraction"] == pytest.approx(1 / 8)
+    assert r["decode_tokens_per_s"] == pytest.approx(1 / 8e-6, rel=1e-3)
+
+
+def test_cost_model_checks_the_npu_window_and_capacity():
+    gib = 2**30
+    seg = [gib] * 8
+    p = paging.plan_paging(seg, 4, npu_window_bytes=4 * gib, capacity_bytes=8 * gib, other_resident_bytes=gib)
+    assert p["resident_weight_bytes"] == 4 * gib and p["npu_window_ok"] is True and p["fits"] is True
+    p = paging.plan_paging(seg, 5, npu_window_bytes=4 * gib, capacity_bytes=8 * gib)
+    assert p["npu_window_ok"] is False and p["fits"] is False and "IOMMU window" in p["reasons"][0]
+    with pytest.raises(InputError):
+        paging.plan_paging(seg, 0)
