@@ -1,0 +1,139 @@
+"""Load test of ``edgeinfer serve``: all-MiniLM-L6-v2 on OpenVINO CPU, dynamic batching vs ``--max-batch 1``.
+
+Loopback only. For 1, 8, 32 and 64 concurrent clients (each sending one sentence per request, back to
+back, over a keep-alive connection) it measures throughput and p50/p99 latency, bounded in time
+(``--seconds`` per level) and in requests (``--max-requests`` per level). The client is a minimal asyncio
+HTTP/1.1 client so that the load generator takes as little of the machine's CPU as possible.
+
+    python bench/serve_load.py [--seconds 8] [--clients 1,8,32,64]
+
+Writes bench/results/serve_load.json and prints a summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common  # noqa: E402
+
+from edgeinfer.backend import latency_stats  # noqa: E402
+
+
+async def _client(port: int, bodies: list[bytes], stop_at: float, budget: list[int], lat_ms: list[float],
+                  errors: list[str], offset: int) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    i = offset
+    try:
+        while time.monotonic() < stop_at and budget[0] > 0:
+            budget[0] -= 1
+            body = bodies[i % len(bodies)]
+            i += 1
+            head = (f"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+                    f"Content-Length: {len(body)}\r\n\r\n").encode()
+            t0 = time.perf_counter()
+            writer.write(head + body)
+            await writer.drain()
+            raw = await reader.readuntil(b"\r\n\r\n")
+            lines = raw.decode("latin-1").split("\r\n")
+            status = int(lines[0].split()[1])
+            length = next(int(ln.split(":", 1)[1]) for ln in lines[1:] if ln.lower().startswith("content-length:"))
+            payload = await reader.readexactly(length)
+            lat_ms.append((time.perf_counter() - t0) * 1e3)
+            if status != 200 or not payload.startswith(b'{"object":"list"'):
+                errors.append(f"{status}: {payload[:200]!r}")
+    finally:
+        writer.close()
+
+
+async def _level(port: int, clients: int, seconds: float, max_requests: int, bodies: list[bytes]) -> dict:
+    # warm-up (not measured): a second at this concurrency
+    await asyncio.gather(*[_client(port, bodies, time.monotonic() + 1.0, [10**9], [], [], k) for k in range(clients)])
+    lat: list[float] = []
+    errors: list[str] = []
+    budget = [max_requests]
+    t0 = time.perf_counter()
+    stop_at = time.monotonic() + seconds
+    await asyncio.gather(*[_client(port, bodies, stop_at, budget, lat, errors, 97 * k) for k in range(clients)])
+    wall = time.perf_counter() - t0
+    stats = latency_stats(lat) if lat else {}
+    return {"clients": clients, "requests": len(lat), "errors": len(errors), "first_errors": errors[:3],
+            "seconds": round(wall, 3), "throughput_rps": round(len(lat) / wall, 1),
+            "latency_ms": {k: round(v, 2) for k, v in stats.items()}}
+
+
+def _batch_stats(port: int) -> dict:
+    import httpx
+
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    vals = {}
+    for line in text.splitlines():
+        for name in ("edgeinfer_batch_size_sum", "edgeinfer_batch_size_count"):
+            if line.startswith(name + "{"):
+                vals[name] = vals.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    n = vals.get("edgeinfer_batch_size_count", 0.0)
+    return {"runs": int(n), "mean_rows_per_run": round(vals.get("edgeinfer_batch_size_sum", 0.0) / n, 2) if n else None}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=8.0, help="measured seconds per concurrency level")
+    ap.add_argument("--max-requests", type=int, default=5000, help="most requests per level")
+    ap.add_argument("--clients", default="1,8,32,64")
+    ap.add_argument("--window-ms", type=float, default=10.0)
+    args = ap.parse_args()
+    levels = [int(c) for c in args.clients.split(",")]
+
+    from edgeinfer.serve._testkit import ServerProc, minilm_bundle
+    from edgeinfer.testing import minilm
+    from edgeinfer.testing.fixtures import _cached_export
+
+    sentences = minilm.sentences()
+    bodies = [json.dumps({"input": s, "model": "minilm-ov"}).encode() for s in sentences]
+    tmp = Path(tempfile.mkdtemp(prefix="serve-load-"))
+    bundle = minilm_bundle(_cached_export("minilm-dynamic", None, None), tmp / "minilm-ov", "openvino")
+
+    modes = {"batched": ["--max-batch", "32"], "max_batch_1": ["--max-batch", "1"]}
+    results: dict[str, list[dict]] = {}
+    for mode, extra in modes.items():
+        with ServerProc([bundle], *extra, "--batch-window-ms", str(args.window_ms), "--max-queue", "4096",
+                        log=tmp / f"{mode}.log") as server:
+            rows = []
+            for clients in levels:
+                before = _batch_stats(server.port)
+                row = asyncio.run(_level(server.port, clients, args.seconds, args.max_requests, bodies))
+                after = _batch_stats(server.port)
+                runs = after["runs"] - before["runs"]
+                row["model_runs"] = runs
+                rows.append(row)
+                print(f"{mode:12s} clients={clients:3d}  {row['throughput_rps']:7.1f} req/s  "
+                      f"p50 {row['latency_ms'].get('p50', float('nan')):7.1f} ms  "
+                      f"p99 {row['latency_ms'].get('p99', float('nan')):7.1f} ms  errors {row['errors']}  "
+                      f"runs {runs}", flush=True)
+            results[mode] = rows
+
+    speedup = {}
+    for b, u in zip(results["batched"], results["max_batch_1"]):
+        speedup[str(b["clients"])] = round(b["throughput_rps"] / u["throughput_rps"], 2) if u["throughput_rps"] else None
+    data = {
+        "model": "sentence-transformers/all-MiniLM-L6-v2 (fp32, OpenVINO CPU, dynamic batch and sequence)",
+        "request": "one sentence per request (POST /v1/embeddings), keep-alive, loopback",
+        "settings": {"seconds_per_level": args.seconds, "max_requests_per_level": args.max_requests,
+                     "batch_window_ms": args.window_ms, "workers": 1},
+        "results": results,
+        "throughput_speedup_batched_vs_max_batch_1": speedup,
+        "target": "at least 3x throughput at 32 clients",
+        "target_met_at_32": (speedup.get("32") or 0) >= 3.0,
+    }
+    _common.write("serve_load", data)
+    print("speedup (batched / max-batch 1):", speedup)
+
+
+if __name__ == "__main__":
+    main()
