@@ -29,6 +29,8 @@ CONVERT_OPTIONS = {
     "quantized_algorithm": "normal | mmse | kl (int8 calibration)",
     "quantized_method": "channel | layer",
     "hybrid_fp16_layers": "ONNX node or tensor names kept in fp16 in an int8 model",
+    "auto_hybrid": "let the toolkit keep layers whose int8 cosine falls below auto_hybrid_cos_thresh in fp16",
+    "auto_hybrid_cos_thresh": "per-layer cosine threshold of auto_hybrid (toolkit default 0.98)",
     "disable_rules": "fusion rules to disable from the start",
     "optimization_level": "0..3 (default 3)",
 }
@@ -340,8 +342,10 @@ class RknnBackend(Backend):
         quantized = scheme != "fp16"
         if quantized and calibration is None:
             raise InputError(f"rknn {scheme} needs a calibration set (--calib / calibration=CalibrationSet(...))")
-        if not quantized and options.get("hybrid_fp16_layers"):
-            raise InputError("hybrid_fp16_layers applies to quantized schemes only (w8a8, w4a16)")
+        if not quantized and (options.get("hybrid_fp16_layers") or options.get("auto_hybrid")):
+            raise InputError("hybrid_fp16_layers and auto_hybrid apply to quantized schemes only (w8a8, w4a16)")
+        if options.get("auto_hybrid") and options.get("hybrid_fp16_layers"):
+            raise InputError("use either hybrid_fp16_layers (named layers) or auto_hybrid, not both")
 
         proto = _read_onnx(model)
         bad = tk.unsupported_ops(proto)
@@ -360,6 +364,8 @@ class RknnBackend(Backend):
             dynamic_input=dyn, hybrid_fp16=tk.hybrid_tensor_names(proto, options.get("hybrid_fp16_layers") or []),
             disable_rules=list(options.get("disable_rules") or []),
             optimization_level=int(options.get("optimization_level", 3)),
+            auto_hybrid=bool(options.get("auto_hybrid", False)),
+            auto_hybrid_cos_thresh=float(options.get("auto_hybrid_cos_thresh", 0.98)),
         )
 
         log = tk.log_path(out)
@@ -414,6 +420,8 @@ class RknnBackend(Backend):
                          quantized_method=method, calibration_samples=recipe.calibration_samples)
         if recipe.hybrid_fp16:
             facts["hybrid_fp16"] = recipe.hybrid_fp16
+        if recipe.auto_hybrid:
+            facts.update(auto_hybrid=True, auto_hybrid_cos_thresh=recipe.auto_hybrid_cos_thresh)
         if dyn:
             facts["dynamic_input"] = dyn
         return facts

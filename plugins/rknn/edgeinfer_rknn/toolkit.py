@@ -204,6 +204,8 @@ class Recipe:
     hybrid_fp16: list[str] = field(default_factory=list)  # tensor names kept in fp16
     disable_rules: list[str] = field(default_factory=list)
     optimization_level: int = 3
+    auto_hybrid: bool = False  # the toolkit's automatic hybrid: layers below the cosine threshold stay fp16
+    auto_hybrid_cos_thresh: float = 0.98
     calibration_samples: int = 0
     artifact_sha256: str = ""
 
@@ -216,6 +218,8 @@ class Recipe:
         if self.quantized:
             kw.update(quantized_dtype=self.scheme, quantized_algorithm=ALGORITHMS[self.algorithm],
                       quantized_method=self.method)
+        if self.auto_hybrid:
+            kw["auto_hybrid_cos_thresh"] = self.auto_hybrid_cos_thresh
         if self.dynamic_input:
             kw["dynamic_input"] = self.dynamic_input
         if self.disable_rules:
@@ -330,7 +334,8 @@ def build(model: Path, recipe: Recipe, folder: Path, log: Path, work: Path) -> A
         if recipe.quantized and recipe.hybrid_fp16:
             rknn = _hybrid(rknn, RKNN, model, recipe, dataset, log, work)
         else:
-            _call(log, "build", rknn.build, do_quantization=recipe.quantized, dataset=dataset)
+            kw = {"auto_hybrid": True} if (recipe.quantized and recipe.auto_hybrid) else {}
+            _call(log, "build", rknn.build, do_quantization=recipe.quantized, dataset=dataset, **kw)
         return rknn
     except BaseException:
         with captured(log), contextlib.suppress(Exception):
