@@ -87,6 +87,7 @@ def main() -> None:
     ap.add_argument("--max-requests", type=int, default=5000, help="most requests per level")
     ap.add_argument("--clients", default="1,8,32,64")
     ap.add_argument("--window-ms", type=float, default=10.0)
+    ap.add_argument("--rounds", type=int, default=2, help="repeats of every level (best round reported)")
     args = ap.parse_args()
     levels = [int(c) for c in args.clients.split(",")]
 
@@ -100,23 +101,29 @@ def main() -> None:
     bundle = minilm_bundle(_cached_export("minilm-dynamic", None, None), tmp / "minilm-ov", "openvino")
 
     modes = {"batched": ["--max-batch", "32"], "max_batch_1": ["--max-batch", "1"]}
-    results: dict[str, list[dict]] = {}
-    for mode, extra in modes.items():
-        with ServerProc([bundle], *extra, "--batch-window-ms", str(args.window_ms), "--max-queue", "4096",
-                        log=tmp / f"{mode}.log") as server:
-            rows = []
+    servers = {mode: ServerProc([bundle], *extra, "--batch-window-ms", str(args.window_ms), "--max-queue", "4096",
+                                log=tmp / f"{mode}.log") for mode, extra in modes.items()}
+    rounds: dict[str, list[list[dict]]] = {m: [] for m in modes}
+    try:
+        for r in range(args.rounds):  # modes interleaved per level: background load hits both alike
+            for mode in modes:
+                rounds[mode].append([])
             for clients in levels:
-                before = _batch_stats(server.port)
-                row = asyncio.run(_level(server.port, clients, args.seconds, args.max_requests, bodies))
-                after = _batch_stats(server.port)
-                runs = after["runs"] - before["runs"]
-                row["model_runs"] = runs
-                rows.append(row)
-                print(f"{mode:12s} clients={clients:3d}  {row['throughput_rps']:7.1f} req/s  "
-                      f"p50 {row['latency_ms'].get('p50', float('nan')):7.1f} ms  "
-                      f"p99 {row['latency_ms'].get('p99', float('nan')):7.1f} ms  errors {row['errors']}  "
-                      f"runs {runs}", flush=True)
-            results[mode] = rows
+                for mode, server in servers.items():
+                    before = _batch_stats(server.port)
+                    row = asyncio.run(_level(server.port, clients, args.seconds, args.max_requests, bodies))
+                    row["model_runs"] = _batch_stats(server.port)["runs"] - before["runs"]
+                    rounds[mode][-1].append(row)
+                    print(f"round {r} {mode:12s} clients={clients:3d}  {row['throughput_rps']:7.1f} req/s  "
+                          f"p50 {row['latency_ms'].get('p50', float('nan')):7.1f} ms  "
+                          f"p99 {row['latency_ms'].get('p99', float('nan')):7.1f} ms  errors {row['errors']}  "
+                          f"runs {row['model_runs']}", flush=True)
+    finally:
+        for server in servers.values():
+            server.terminate()
+    # per level, the round with the best throughput (least disturbed by other work on the machine)
+    results = {m: [max((rd[i] for rd in rounds[m]), key=lambda x: x["throughput_rps"]) for i in range(len(levels))]
+               for m in modes}
 
     speedup = {}
     for b, u in zip(results["batched"], results["max_batch_1"]):
@@ -125,8 +132,11 @@ def main() -> None:
         "model": "sentence-transformers/all-MiniLM-L6-v2 (fp32, OpenVINO CPU, dynamic batch and sequence)",
         "request": "one sentence per request (POST /v1/embeddings), keep-alive, loopback",
         "settings": {"seconds_per_level": args.seconds, "max_requests_per_level": args.max_requests,
-                     "batch_window_ms": args.window_ms, "workers": 1},
+                     "batch_window_ms": args.window_ms, "workers": 1,
+                     "rounds": args.rounds},
         "results": results,
+        "all_rounds": rounds,
+        "note": "machine shared with other jobs while measuring; per level the best of the rounds is reported",
         "throughput_speedup_batched_vs_max_batch_1": speedup,
         "target": "at least 3x throughput at 32 clients",
         "target_met_at_32": (speedup.get("32") or 0) >= 3.0,

@@ -134,7 +134,7 @@ def test_full_queue_answers_429_with_retry_after_and_keeps_serving(ort_bundle, t
 def test_api_key_and_timeouts(ort_bundle, tmp_path):
     """Every endpoint but /health needs the key; a request still waiting past --timeout-s gets 504."""
     key = "s3cret-key"
-    server = ServerProc([ort_bundle], "--timeout-s", "0.05", "--batch-window-ms", "400", log=tmp_path / "log",
+    server = ServerProc([ort_bundle], "--timeout-s", "0.001", log=tmp_path / "log",
                         env={"EDGEINFER_API_KEY": key}, wait_ready=False)
     try:
         good = {"Authorization": f"Bearer {key}"}

@@ -53,6 +53,7 @@ class Batcher:
         self.observe = observe or (lambda *a, **k: None)
         self.queues: dict[str, collections.deque[Item]] = {m: collections.deque() for m in models}
         self.events: dict[str, asyncio.Event] = {}
+        self.answered: dict[str, collections.deque[float]] = {m: collections.deque() for m in models}
         self.tasks: list[asyncio.Task] = []
         self.running: set[asyncio.Task] = set()
 
@@ -85,7 +86,10 @@ class Batcher:
                 await ev.wait()
             first = q[0]
             deadline = first.enqueued + self.window_s
-            while self._rows(q, first.key) < self.max_batch:
+            # wait for as many requests as were answered lately (closed-loop clients send the next one right
+            # after their answer): a lone client is not held back by the window, a crowd fills the batch
+            target = min(self.max_batch, max(1, self._recent(model)))
+            while self._rows(q, first.key) < target:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
@@ -108,6 +112,13 @@ class Batcher:
             task = asyncio.create_task(self._run(worker, model, batch))
             self.running.add(task)
             task.add_done_callback(self.running.discard)
+
+    def _recent(self, model: str) -> int:
+        answered = self.answered[model]
+        horizon = time.monotonic() - (2 * self.window_s + 0.005)
+        while answered and answered[0] < horizon:
+            answered.popleft()
+        return len(answered)
 
     def _rows(self, q: collections.deque[Item], key: tuple) -> int:
         return sum(it.rows for it in q if it.key == key and not it.cancelled)
@@ -158,6 +169,8 @@ class Batcher:
         finally:
             self.pool.release(worker)
         self.observe("batch_done", model=model, seconds=time.perf_counter() - t0)
+        now = time.monotonic()
+        self.answered[model].extend([now] * len(batch))
         for it, (status, payload) in zip(batch, parts):
             if it.future.done():
                 continue

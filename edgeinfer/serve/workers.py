@@ -29,9 +29,6 @@ import numpy as np
 
 log = logging.getLogger("edgeinfer.serve")
 
-SEQ_BUCKETS = (16, 32, 64, 128, 256, 512)
-
-
 class WorkerCrashed(Exception):
     """The worker running a batch died before answering it."""
 
@@ -66,20 +63,45 @@ def placement(backend: str, entry: str | None) -> tuple[dict[str, str], str | No
 # --- the worker process ------------------------------------------------------------------------------
 
 
-def _seq_trim(session: Any, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """For text feeds on a model with a dynamic sequence axis: cut padding to the smallest bucket that
-    holds the longest row (mean pooling ignores masked positions, so results do not change)."""
+SEQ_STEP = 16
+
+
+def _length_groups(session: Any, feeds: dict[str, np.ndarray], min_group: int = 4) -> list[tuple[np.ndarray, int]]:
+    """For text feeds on a model with a dynamic sequence axis: group rows by length (multiples of 16
+    tokens, small groups merged upward) so each group is padded only to its own longest row. Returns
+    ``(row indices, length)`` pairs; one group of every row at full length when the axis is static.
+    Mean pooling ignores masked positions, so the embeddings do not change."""
     mask = feeds.get("attention_mask")
-    if mask is None or mask.ndim != 2:
-        return feeds
-    if any(len(s.shape) < 2 or isinstance(s.shape[1], int) for s in session.inputs if s.name in feeds):
-        return feeds
-    longest = int(mask.sum(axis=1).max()) if len(mask) else 1
-    full = mask.shape[1]
-    length = next((b for b in SEQ_BUCKETS if b >= longest), full)
-    if length >= full:
-        return feeds
-    return {k: (np.ascontiguousarray(v[:, :length]) if v.ndim == 2 and v.shape[1] == full else v) for k, v in feeds.items()}
+    n = len(next(iter(feeds.values())))
+    full = mask.shape[1] if mask is not None and mask.ndim == 2 else None
+    everything = [(np.arange(n), full or 0)]
+    if full is None or any(len(s.shape) < 2 or isinstance(s.shape[1], int) for s in session.inputs if s.name in feeds):
+        return everything
+    lengths = mask.sum(axis=1)
+    buckets = np.minimum(full, np.maximum(SEQ_STEP, -(-lengths // SEQ_STEP) * SEQ_STEP))
+    groups: list[tuple[np.ndarray, int]] = []
+    carry = np.zeros(0, dtype=np.int64)
+    for b in sorted(set(buckets.tolist())):
+        rows = np.concatenate([carry, np.nonzero(buckets == b)[0]])
+        if len(rows) < min_group and b != buckets.max():
+            carry = rows  # too few to batch well: pad them up with the next group
+            continue
+        groups.append((rows, int(b)))
+        carry = np.zeros(0, dtype=np.int64)
+    return groups
+
+
+def _run_embed(bundle: Any, session: Any, feeds: dict[str, np.ndarray], max_batch: int) -> np.ndarray:
+    n = len(next(iter(feeds.values())))
+    out: np.ndarray | None = None
+    for rows, length in _length_groups(session, feeds):
+        f = {k: (np.ascontiguousarray(v[rows, :length]) if length and v.ndim == 2 else v[rows]) for k, v in feeds.items()}
+        vec = bundle.embed(_run_rows(session, f, max_batch), f).astype(np.float32)
+        if out is None:
+            out = np.empty((n, *vec.shape[1:]), dtype=np.float32)
+        out[rows] = vec
+    assert out is not None
+    return out
 
 
 def _run_rows(session: Any, feeds: dict[str, np.ndarray], max_batch: int) -> dict[str, np.ndarray]:
@@ -100,9 +122,7 @@ def run_batch(bundle: Any, session: Any, kind: str, feeds: dict[str, np.ndarray]
 
     def once(f: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if kind == "embed":
-            f = _seq_trim(session, f)
-            out = _run_rows(session, f, max_batch)
-            return {"embedding": bundle.embed(out, f).astype(np.float32)}
+            return {"embedding": _run_embed(bundle, session, f, max_batch)}
         return _run_rows(session, f, max_batch)
 
     offsets = np.cumsum([0, *rows])
