@@ -896,6 +896,11 @@ class PagedSession(Session):
             self.run_s.append(time.perf_counter() - t_run)
         return {s.name: env[s.name] for s in self.outputs}
 
+    def wait_prefetch(self) -> None:
+        """Wait for a background load in flight (it stays resident); errors surface at its use."""
+        if self._inflight is not None:
+            self._inflight[1].exception()
+
     # --- reporting ------------------------------------------------------------------------------
     def reset_stats(self) -> None:
         n = len(self._paths)
