@@ -55,7 +55,7 @@ def main() -> None:
     variants = {
         "fp16": ("fp16", None, {}),
         "int8": ("w8a8", calib, {}),
-        "int8_auto_hybrid": ("w8a8", calib, {"auto_hybrid": True, "auto_hybrid_cos_thresh": 0.99}),
+        "int8_auto_hybrid": ("w8a8", calib, {"auto_hybrid": True, "auto_hybrid_cos_thresh": 0.995}),
     }
     results = {}
     for name, (scheme, cal, opts) in variants.items():

@@ -62,4 +62,4 @@ def test_int8_calibrated_on_real_sentences(minilm_onnx_static, reference, tmp_pa
     assert cos.min() >= 0.98, f"int8 cosine min {cos.min():.5f}, mean {cos.mean():.5f}"
 
 
-AUTO_THRESH = 0.99
+AUTO_THRESH = 0.995
