@@ -25,11 +25,12 @@ TIMEOUT = httpx.Timeout(60.0)
 
 
 @pytest.fixture(scope="session")
-def bundles(minilm_onnx, tmp_path_factory):
+def bundles(minilm_onnx, minilm_onnx_static, tmp_path_factory):
     root = tmp_path_factory.getbasetemp() / "serve-bundles"  # shared with test_serve_lifecycle.py
     return {
         "ov": minilm_bundle(minilm_onnx, root / "minilm-ov", "openvino"),
         "ort": minilm_bundle(minilm_onnx, root / "minilm-ort", "onnxruntime"),
+        "static": minilm_bundle(minilm_onnx_static, root / "minilm-static", "onnxruntime"),  # [1, 128]
     }
 
 
@@ -37,7 +38,7 @@ def bundles(minilm_onnx, tmp_path_factory):
 def server(bundles, tmp_path_factory):
     """Both bundles, two workers, a wide window so concurrent requests surely merge, 1 MiB body limit."""
     log = tmp_path_factory.mktemp("serve-main") / "server.log"
-    with ServerProc([bundles["ov"], bundles["ort"]], "--devices", "CPU,CPU", "--batch-window-ms", "40",
+    with ServerProc([bundles["ov"], bundles["ort"], bundles["static"]], "--devices", "CPU,CPU", "--batch-window-ms", "40",
                     "--max-batch", "16", "--max-body-mb", "1", log=log) as s:
         yield s
 
@@ -148,7 +149,7 @@ def test_base64_encoding_is_the_same_vector(server):
 def test_models_health_ready_metrics_openapi(server):
     models = httpx.get(server.url + "/v1/models").json()
     by_id = {m["id"]: m for m in models["data"]}
-    assert set(by_id) == {"minilm-ov", "minilm-ort"}
+    assert set(by_id) == {"minilm-ov", "minilm-ort", "minilm-static"}
     assert by_id["minilm-ov"]["backend"] == "openvino" and by_id["minilm-ort"]["backend"] == "onnxruntime"
     assert "/v1/embeddings" in by_id["minilm-ov"]["endpoints"]
     assert httpx.get(server.url + "/health").json() == {"status": "ok"}
@@ -161,6 +162,30 @@ def test_models_health_ready_metrics_openapi(server):
     assert metric(text, "edgeinfer_worker_memory_bytes") > 10e6  # a loaded MiniLM worker
     paths = httpx.get(server.url + "/openapi.json").json()["paths"]
     assert {"/v1/embeddings", "/v1/infer", "/v1/models", "/health", "/ready", "/metrics"} <= set(paths)
+
+
+def test_static_batch_bundle_merges_rows_and_runs_them_padded(server, bundles):
+    """A [1, 128] bundle (as NPUs need): merged requests run in chunks of the static batch, split back."""
+    from edgeinfer.bundle import run_padded
+
+    b = Bundle.open(bundles["static"])
+    sents = minilm.heldout_sentences(12)
+    jobs = [sents[i : i + 1 + i % 3] for i in range(8)]
+    before = httpx.get(server.url + "/metrics").text
+    with cf.ThreadPoolExecutor(8) as ex:
+        results = list(ex.map(lambda t: post(server.url, "/v1/embeddings", {"input": t, "model": "minilm-static"}), jobs))
+    after = httpx.get(server.url + "/metrics").text
+    with b.load() as session:
+        for texts, r in zip(jobs, results):
+            assert r.status_code == 200, r.text
+            feeds = b.tokenize(texts)
+            want = b.embed(run_padded(session, feeds), feeds)
+            np.testing.assert_allclose(np.array([d["embedding"] for d in r.json()["data"]]), want, atol=2e-4)
+    rows = metric(after, "edgeinfer_batch_size_sum", model="minilm-static") - metric(
+        before, "edgeinfer_batch_size_sum", model="minilm-static")
+    runs = metric(after, "edgeinfer_batch_size_count", model="minilm-static") - metric(
+        before, "edgeinfer_batch_size_count", model="minilm-static")
+    assert rows == sum(len(j) for j in jobs) and runs < len(jobs)  # several requests per dispatched batch
 
 
 # --- bad input ------------------------------------------------------------------------------------------
@@ -184,6 +209,8 @@ def test_models_health_ready_metrics_openapi(server):
         ("/v1/embeddings", {"input": [], "model": "minilm-ov"}, "at least one"),
         ("/v1/embeddings", {"input": [1, 2], "model": "minilm-ov"}, "input"),
         ("/v1/embeddings", {"input": "x"}, "several models"),
+        ("/v1/infer", {"model": "minilm-static", "inputs": {"input_ids": [[1] * 16], "attention_mask": [[1] * 16],
+                                                             "token_type_ids": [[0] * 16]}}, "expected shape"),
         ("/v1/embeddings", {"input": "x", "model": "minilm-ov", "dimensions": 7}, "dimensions"),
     ],
 )
