@@ -16,7 +16,7 @@ import numpy as np
 
 from edgeinfer import stamp
 from edgeinfer.backend import Backend, CalibrationSet, OpTime, Probe, Problem, Session, TensorSpec
-from edgeinfer.errors import BackendUnavailableError, InputError, ModelError
+from edgeinfer.errors import BackendUnavailableError, FeedError, InputError, ModelError
 
 from . import board
 from . import toolkit as tk
@@ -143,8 +143,14 @@ class RknnSession(Session):
     def _run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
         raise NotImplementedError
 
+    shape_sets: list[list[list[int]]] | None = None  # dynamic_input: the only shapes the model takes
+
     def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         arrays = [np.ascontiguousarray(feeds[s.name]) for s in self.inputs]
+        if self.shape_sets and [list(a.shape) for a in arrays] not in self.shape_sets:
+            got = ", ".join(f"{s.name} {list(a.shape)}" for s, a in zip(self.inputs, arrays))
+            raise FeedError(f"input shapes {got} are not among the model's dynamic_input shape sets "
+                            f"{self.shape_sets}; feed one of those")
         outs = self._run(arrays)
         result = {}
         for spec, out in zip(self.outputs, outs):
@@ -170,6 +176,7 @@ class SimulatorSession(RknnSession):
         super().__init__(inputs, [TensorSpec.from_json(s) for s in recipe.outputs], "simulator", log)
         self._rknn = rknn
         self._rebuild_s = rebuild_s
+        self.shape_sets = recipe.dynamic_input
 
     def _run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
         try:
@@ -352,7 +359,15 @@ class RknnBackend(Backend):
         if bad:
             raise ModelError(f"{model.name} uses operators rknn-toolkit2 cannot convert: {', '.join(bad)}; "
                              "replace them in the ONNX export")
-        inputs = static_inputs(proto, options.get("shapes"), model.name)
+        shapes = options.get("shapes")
+        if options.get("dynamic_input") and not shapes:  # the first shape set is the one loaded
+            first = options["dynamic_input"][0] if isinstance(options["dynamic_input"], (list, tuple)) else None
+            names = [i.name for i in _graph_inputs(proto)]
+            if isinstance(first, Mapping):
+                shapes = dict(first)
+            elif isinstance(first, (list, tuple)) and len(first) == len(names):
+                shapes = dict(zip(names, first))
+        inputs = static_inputs(proto, shapes, model.name)
         dyn = _dynamic_sets(options["dynamic_input"], inputs) if options.get("dynamic_input") else None
         if dyn:  # the first set is the one loaded; the inputs keep those shapes
             inputs = [TensorSpec(s.name, tuple(dyn[0][k]), s.dtype) for k, s in enumerate(inputs)]

@@ -16,7 +16,7 @@ import pytest
 import edgeinfer
 from edgeinfer import stamp
 from edgeinfer.backend import CalibrationSet
-from edgeinfer.errors import EdgeInferError, InputError, ModelError
+from edgeinfer.errors import EdgeInferError, FeedError, InputError, ModelError
 from edgeinfer.testing import models as kit_models
 from edgeinfer_rknn import board
 from edgeinfer_rknn import toolkit as tk
@@ -338,3 +338,16 @@ def test_log_parsers():
     assert tk.first_error("E config: The quantized_dtype = 'w4a16' not support in 'rk3588'!\n") == \
         "config: The quantized_dtype = 'w4a16' not support in 'rk3588'!"
     assert tk.failing_rule("E build: something else\n") is None
+
+
+def test_dynamic_input_shape_sets(backend, tmp_path):
+    m = kit_models.mlp(tmp_path, batch="batch", seed=11)
+    art = backend.quantize(m.path, None, None, tmp_path / "d.rknn", dynamic_input=[[[1, 16]], [[3, 16]]])
+    assert stamp.read(art)["dynamic_input"] == [[[1, 16]], [[3, 16]]]
+    with backend.load(art) as s:
+        assert s.inputs[0].shape == (None, 16)
+        for n in (1, 3):
+            x = np.random.default_rng(n).standard_normal((n, 16)).astype(np.float32)
+            np.testing.assert_allclose(s.run({"x": x})["y"], m.reference({"x": x})["y"], rtol=2e-2, atol=2e-2)
+        with pytest.raises(FeedError, match=r"x \[2, 16\] are not among the model's dynamic_input"):
+            s.run({"x": np.zeros((2, 16), np.float32)})
