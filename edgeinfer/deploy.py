@@ -27,6 +27,7 @@ from .boards import Board, get_board
 from .bundle import Manifest, TextSpec, run_padded
 from .errors import CheckFailed, InputError
 from .progress import Progress
+from .quant import normalize_scheme
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 DEFAULT_SEQ = 128
@@ -243,29 +244,14 @@ def deploy(
     b = get_board(board)
     backend = plugins.get_backend(b.backend)
     src = source_of(model)
-    scheme = quant or "fp16"
+    scheme = normalize_scheme(quant or "fp16").name
 
-    # 1. reference model and the input specs the board will see
-    static = "dynamic_shapes" in backend.gaps or board_target(b) == "npu"
+    # 1. plan first: refuse what does not fit before exporting or converting anything
     user_shapes = dict(shapes or {})
-    ref_path = reference_onnx(src, user_shapes, progress) if src.kind != "pt2" else None
-    if ref_path is None:
-        raise InputError("deploying a .pt2 program has no ONNX reference for the golden check; deploy the HF directory")
-    reference = plugins.get_backend("onnxruntime").load(ref_path)
-    specs = with_shapes(reference.inputs, user_shapes)
+    first = next(iter(user_shapes.values()), None)
     seq_default = min(DEFAULT_SEQ, _max_position(src) or DEFAULT_SEQ)
-    auto = default_shapes(specs, static, seq_default)
-    if auto and src.kind == "hf" and not user_shapes:  # re-export with static shapes: toolkits fold them better
-        reference.close()
-        user_shapes = auto
-        ref_path = reference_onnx(src, user_shapes, progress)
-        reference = plugins.get_backend("onnxruntime").load(ref_path)
-    shapes_used = {**auto, **user_shapes}
-    specs = with_shapes(reference.inputs, shapes_used)
-
-    # 2. plan: refuse what does not fit
-    seq = next((s.shape[1] for s in specs if len(s.shape) > 1 and isinstance(s.shape[1], int)), seq_default)
-    batch = calibration._static_batch(specs)
+    seq = first[1] if first and len(first) > 1 else seq_default
+    batch = first[0] if first else 1
     with progress.step(f"planning {src.path.name} on {b.name}"):
         the_plan = make_plan(str(src.path), b, quant=scheme, ctx=seq, batch=batch, runtime=b.backend_runtime)
     if not the_plan.fits and not force:
@@ -275,6 +261,21 @@ def deploy(
         )
     if not the_plan.fits:
         warnings.append(f"deploying although the plan says it does not fit: {'; '.join(the_plan.reasons)}")
+
+    # 2. reference model (fp32 ONNX on onnxruntime) and the input specs the board will see
+    static = "dynamic_shapes" in backend.gaps or board_target(b) == "npu"
+    if src.kind == "pt2":
+        raise InputError("deploying a .pt2 program has no ONNX reference for the golden check; deploy the HF directory")
+    ref_path = reference_onnx(src, user_shapes, progress)
+    reference = plugins.get_backend("onnxruntime").load(ref_path)
+    auto = default_shapes(with_shapes(reference.inputs, user_shapes), static, seq)
+    if auto and src.kind == "hf" and not user_shapes:  # re-export with static shapes: toolkits fold them better
+        reference.close()
+        user_shapes = auto
+        ref_path = reference_onnx(src, user_shapes, progress)
+        reference = plugins.get_backend("onnxruntime").load(ref_path)
+    shapes_used = {**auto, **user_shapes}
+    specs = with_shapes(reference.inputs, shapes_used)
 
     # 3. samples: calibration and held-out golden inputs
     tokenize = tokenizer_fn(src.hf_dir, specs)

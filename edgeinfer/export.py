@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -40,11 +41,14 @@ def export_hf_onnx(hf_dir: Path, out: Path, shapes: dict[str, list[int | str]] |
     (``{"input_ids": [1, 128]}``, applied to every input); without it batch and sequence are dynamic."""
     import numpy as np
     import torch
+    import transformers
     from transformers import AutoModel, AutoModelForSequenceClassification
 
     kind = hf_kind(hf_dir)
     shape = _common_shape(shapes, kind["inputs"])
     loader = AutoModelForSequenceClassification if kind["classifier"] else AutoModel
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
     try:
         hf = loader.from_pretrained(str(hf_dir), attn_implementation="eager").eval()
     except Exception as e:
@@ -74,7 +78,8 @@ def export_hf_onnx(hf_dir: Path, out: Path, shapes: dict[str, list[int | str]] |
             axes[n] = dims
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    with torch.no_grad():
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tracer warnings about Python control flow: expected for static exports
         torch.onnx.export(
             Wrapped().eval(), tuple(dummy), str(tmp), input_names=names, output_names=[output],
             dynamic_axes=axes or None, opset_version=OPSET, dynamo=False,

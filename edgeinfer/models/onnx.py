@@ -82,4 +82,7 @@ def read_onnx(path: Path) -> ModelSpec:
     spec.native_dtype = spec.file_scheme
     spec.inputs = [{"name": i.name, "shape": _dims(i)} for i in g.input if i.name not in inits]
     spec.outputs = [{"name": o.name, "shape": _dims(o)} for o in g.output]
+    if not cfg.is_file():
+        # without a config, a graph that takes no past key/values is stateless: plan it like an encoder
+        spec.encoder = not any("past" in i["name"] or "cache" in i["name"] for i in spec.inputs)
     return spec

@@ -1,0 +1,208 @@
+"""Deploy the same model to three kinds of board (real OpenVINO CPU, RKNN simulator, Ascend CPU path),
+golden-check it, run it with the same command, and refuse bad quantization."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgeinfer import bundle as bundle_mod
+from edgeinfer.testing import minilm
+from helpers import edgeinfer
+
+BOARDS = {  # board → (backend, device the bundle actually runs on here)
+    "core-ultra-155h": ("openvino", "CPU"),
+    "rk3588-8g": ("rknn", "simulator"),
+    "atlas-300i-pro": ("ascend", "cpu"),
+}
+TEXTS = ["The train to Berlin was delayed by forty minutes.", "Solar panels convert sunlight into electricity."]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("deploy-cache")
+
+
+@pytest.fixture(scope="module")
+def env(cache) -> dict[str, str]:
+    return {"EDGEINFER_CACHE_DIR": str(cache)}
+
+
+@pytest.fixture(scope="module")
+def golden_txt(tmp_path_factory) -> Path:
+    p = tmp_path_factory.mktemp("golden") / "heldout.txt"
+    p.write_text("\n".join(minilm.heldout_sentences(16)) + "\n")
+    return p
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory, env, golden_txt) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("bundles")
+    out = {}
+    for board in BOARDS:
+        dst = root / board
+        proc = edgeinfer(
+            "deploy", str(minilm.model_dir()), "--board", board, "--golden-inputs", str(golden_txt),
+            "-o", str(dst), "--json", env=env,
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        report = json.loads(proc.stdout)
+        assert report["golden"]["passed"] is True
+        out[board] = dst
+    return out
+
+
+def reference_embeddings(texts: list[str]) -> np.ndarray:
+    """Independent reference: onnxruntime fp32 on a direct export, pooled with the test helpers."""
+    import onnxruntime as ort
+
+    from edgeinfer.testing.fixtures import _cached_export
+
+    path = _cached_export("minilm-dynamic", None, None)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    feeds = minilm.tokenize(texts)
+    (hidden,) = sess.run(None, feeds)
+    emb = minilm.mean_pool(hidden, feeds["attention_mask"])
+    return emb / np.linalg.norm(emb, axis=1, keepdims=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("board", list(BOARDS))
+def test_bundle_manifest_and_golden(bundles, board):
+    import jsonschema
+
+    path = bundles[board]
+    manifest = json.loads((path / "manifest.json").read_text())
+    schema = json.loads((Path(bundle_mod.__file__).parent / "schemas" / "manifest.schema.json").read_text())
+    jsonschema.validate(manifest, schema)
+    backend, device = BOARDS[board]
+    assert manifest["backend"]["name"] == backend and manifest["board"] == board
+    assert manifest["golden"]["passed"] and manifest["golden"]["device"] == device
+    assert manifest["golden"]["outputs"]["last_hidden_state"]["cosine_min"] >= 0.99
+    assert manifest["source"]["sha256"] and manifest["plan"]["fits"] is True
+    assert "toolkit" in manifest["backend"]["versions"]
+    for name in manifest["artifacts"]:
+        assert (path / name).is_file()
+    assert (path / "tokenizer" / "tokenizer.json").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("board", list(BOARDS))
+def test_same_run_text_command_on_every_bundle(bundles, board):
+    args = ["run", str(bundles[board]), "--json"]
+    for t in TEXTS:
+        args += ["--text", t]
+    proc = edgeinfer(*args)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout)
+    assert report["device"] == BOARDS[board][1]
+    got = np.array(report["embeddings"])
+    assert got.shape == (2, 384)
+    cos = (got * reference_embeddings(TEXTS)).sum(1) / np.linalg.norm(got, axis=1)
+    assert np.all(cos > 0.99), cos
+
+
+@pytest.mark.slow
+def test_golden_command_rechecks_a_bundle(bundles):
+    path = bundles["core-ultra-155h"]
+    ok = edgeinfer("golden", str(path), "--json")
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["passed"] is True
+    # tamper with the recorded expectation: the re-check must now fail with exit 1
+    broken = path.parent / "tampered"
+    import shutil
+
+    shutil.copytree(path, broken)
+    exp = bundle_mod.Bundle.open(broken).path / "golden" / "expected.npz"
+    data = dict(np.load(exp))
+    np.savez(exp, **{k: -v for k, v in data.items()})
+    bad = edgeinfer("golden", str(broken))
+    assert bad.returncode == 1 and "golden check failed" in bad.stderr
+
+
+@pytest.mark.slow
+def test_second_deploy_is_cached(bundles, env, golden_txt, tmp_path):
+    proc = edgeinfer(
+        "deploy", str(minilm.model_dir()), "--board", "core-ultra-155h", "--golden-inputs", str(golden_txt),
+        "-o", str(tmp_path / "again"), "--json", env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout)["cached"] is True
+    assert "reusing the cached conversion" in proc.stderr
+    same = (tmp_path / "again" / "model.xml").read_bytes() == (bundles["core-ultra-155h"] / "model.xml").read_bytes()
+    assert same
+
+
+@pytest.mark.slow
+def test_bench_writes_json_and_png(bundles, tmp_path):
+    png = tmp_path / "bench.png"
+    proc = edgeinfer("bench", str(bundles["rk3588-8g"]), "--batch", "1,2", "--repeat", "2", "--json", "--plot", str(png))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout)
+    assert report["device"] == "simulator" and report["static_batch"] == 1
+    assert [r["batch"] for r in report["results"]] == [1, 2]
+    assert report["results"][1]["runs_per_call"] == 2  # static batch 1: two calls for batch 2
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_bad_quantization_is_caught_not_shipped(env, golden_txt, tmp_path):
+    n = 8  # a handful of constant inputs: every token the same
+    calib = tmp_path / "constant.npz"
+    np.savez(
+        calib,
+        input_ids=np.full((n, 128), 1012, np.int64),
+        attention_mask=np.ones((n, 128), np.int64),
+        token_type_ids=np.zeros((n, 128), np.int64),
+    )
+    out = tmp_path / "bad"
+    proc = edgeinfer(
+        "deploy", str(minilm.model_dir()), "--board", "core-ultra-155h", "--quant", "int8", "--calib", str(calib),
+        "--golden-inputs", str(golden_txt), "-o", str(out), env=env,
+    )
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "golden check FAILED" in proc.stderr and "sample" in proc.stderr
+    assert not out.exists()
+
+
+# --- input errors (fast) ------------------------------------------------------------------------------
+
+
+def test_model_that_does_not_fit_is_refused(tmp_path, env):
+    tiny = tmp_path / "tiny-board.yaml"
+    src = (Path(bundle_mod.__file__).parent / "_boards" / "core-ultra-155h.yaml").read_text()
+    import re
+
+    src = re.sub(r"(memory_total_gib:\n  value: )[0-9.]+", r"\g<1>0.01", src.replace("core-ultra-155h", "tiny-test"))
+    assert "value: 0.01" in src
+    tiny.write_text(src)
+    proc = edgeinfer("deploy", str(minilm.model_dir()), "--board", str(tiny), "-o", str(tmp_path / "b"), env=env)
+    assert proc.returncode == 1, proc.stderr
+    assert "does not fit" in proc.stderr and not (tmp_path / "b").exists()
+
+
+def test_calibration_sample_with_wrong_input_name_is_named(tmp_path, env, minilm_onnx):
+    np.savez(tmp_path / "calib.npz", input_ids=np.ones((4, 128), np.int64), mask=np.ones((4, 128), np.int64))
+    proc = edgeinfer(
+        "deploy", str(minilm_onnx), "--board", "core-ultra-155h", "--quant", "int8", "--calib",
+        str(tmp_path / "calib.npz"), "-o", str(tmp_path / "b"), env=env,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "calibration sample calib.npz[0]" in proc.stderr and "'mask'" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--quant", "w4a16"], "w4a16"),  # rk3588 has no 4-bit weight path
+        (["--shape", "input_ids=1xabc"], "NAME=DIMxDIM"),
+        (["--quant", "int8"], "needs calibration data"),
+    ],
+)
+def test_bad_deploy_options(tmp_path, env, minilm_onnx, args, needle):
+    proc = edgeinfer("deploy", str(minilm_onnx), "--board", "rk3588-8g", *args, "-o", str(tmp_path / "b"), env=env)
+    assert proc.returncode == 2, proc.stderr
+    assert needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
