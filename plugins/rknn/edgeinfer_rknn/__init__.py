@@ -6,9 +6,9 @@ On a PC, ``rknn-toolkit2`` converts ONNX to ``.rknn`` and runs its simulator; on
 
 from edgeinfer import hookimpl
 
-from .backend import RknnBackend
-
 
 @hookimpl
 def register_backends(register):
+    from .backend import RknnBackend  # imported on first use, so CLI start-up and `plan` stay light
+
     register(RknnBackend)
