@@ -11,6 +11,7 @@ Tensors cross the boundary as NumPy arrays; models cross it as files.
 
 from __future__ import annotations
 
+import math
 import os
 import resource
 import statistics
@@ -19,9 +20,10 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
-import numpy as np
+if TYPE_CHECKING:  # numpy is imported where arrays are handled, so `edgeinfer plan` never loads it
+    import numpy as np
 
 from . import stamp
 from .errors import BackendError, EdgeInferError, FeedError, InputError, ModelError
@@ -100,7 +102,7 @@ def latency_stats(samples_ms: Sequence[float]) -> dict[str, float]:
 
     def pct(p: float) -> float:
         # nearest-rank percentile: an observed value, never an interpolation
-        k = max(0, min(len(xs) - 1, int(np.ceil(p / 100 * len(xs))) - 1))
+        k = max(0, min(len(xs) - 1, math.ceil(p / 100 * len(xs)) - 1))
         return xs[k]
 
     return {
@@ -155,12 +157,10 @@ class CalibrationSet:
                 raise FeedError(f"calibration sample {i}: {e.message}", e.hint) from None
 
 
-def _np_dtype_name(dtype: Any) -> str:
-    return np.dtype(dtype).name
-
-
 def validate_feeds(specs: Sequence[TensorSpec], feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
     """Check names, dtypes and shapes of ``feeds`` against ``specs``; return them as arrays."""
+    import numpy as np
+
     by_name = {s.name: s for s in specs}
     expected = ", ".join(by_name)
     for name in feeds:

@@ -232,6 +232,8 @@ def run(
     from .bundle import Bundle, is_bundle, run_padded
     from .loading import load
 
+    if not model.exists():
+        raise InputError(f"model file not found: {model}")
     if texts and inputs:
         raise InputError("give either --text or --input, not both")
     if not texts and not inputs:

@@ -42,7 +42,7 @@ class Registry:
         self.pm = pluggy.PluginManager(GROUP)
         self.pm.add_hookspecs(hookspecs)
         self.plugins: dict[str, PluginInfo] = {}
-        self.backends: dict[str, BackendEntry] = {}
+        self._backends: dict[str, BackendEntry] | None = None
         self._boards: list[tuple[Any, PluginInfo]] | None = None
         self._load_entry_points()
 
@@ -64,8 +64,17 @@ class Registry:
                 self.pm.register(module, name=ep.name)
             except Exception as e:  # a broken plugin must not break the others
                 info.error = f"import failed: {type(e).__name__}: {e}"
-                continue
-            self._register_backends(ep.name, module, info)
+
+    @property
+    def backends(self) -> dict[str, BackendEntry]:
+        """Backends by name, registered on first use (``plan`` and ``--help`` never need them)."""
+        if self._backends is None:
+            self._backends = {}
+            for name, info in self.plugins.items():
+                module = self.pm.get_plugin(name)
+                if module is not None:
+                    self._register_backends(name, module, info)
+        return self._backends
 
     def _register_backends(self, name: str, module: Any, info: PluginInfo) -> None:
         hook = getattr(module, "register_backends", None)
@@ -82,11 +91,11 @@ class Registry:
             if problem:
                 info.error = f"plugin {name!r}: {problem}"
                 continue
-            if cls.name in self.backends:
-                other = self.backends[cls.name].plugin.name
+            if cls.name in self._backends:
+                other = self._backends[cls.name].plugin.name
                 info.error = f"plugin {name!r}: backend name {cls.name!r} is already registered by {other!r}"
                 continue
-            self.backends[cls.name] = BackendEntry(cls, info)
+            self._backends[cls.name] = BackendEntry(cls, info)
 
     def boards(self) -> list[tuple[Any, PluginInfo]]:
         """(path or Board, plugin) pairs from every plugin's ``register_boards``."""

@@ -2,9 +2,9 @@
 
 from edgeinfer import hookimpl
 
-from .backend import ExampleBackend
-
 
 @hookimpl
 def register_backends(register):
+    from .backend import ExampleBackend  # imported on first use, so CLI start-up and `plan` stay light
+
     register(ExampleBackend)

@@ -5,9 +5,9 @@ Nothing heavy is imported here: torch, transformers and torch_npu are imported i
 
 from edgeinfer import hookimpl
 
-from .backend import AscendBackend
-
 
 @hookimpl
 def register_backends(register):
+    from .backend import AscendBackend  # imported on first use, so CLI start-up and `plan` stay light
+
     register(AscendBackend)

@@ -2,9 +2,9 @@
 
 from edgeinfer import hookimpl
 
-from .backend import OnnxRuntimeBackend
-
 
 @hookimpl
 def register_backends(register):
+    from .backend import OnnxRuntimeBackend  # imported on first use, so CLI start-up and `plan` stay light
+
     register(OnnxRuntimeBackend)

@@ -5,12 +5,9 @@ openvino and nncf are imported inside methods, never at plugin import.
 
 from edgeinfer import hookimpl
 
-from .backend import OpenVinoBackend, OpenVinoSession
-from .devices import diagnose, fallback_warning, select_device
-
-__all__ = ["OpenVinoBackend", "OpenVinoSession", "diagnose", "fallback_warning", "select_device"]
-
 
 @hookimpl
 def register_backends(register):
+    from .backend import OpenVinoBackend  # imported on first use, so CLI start-up and `plan` stay light
+
     register(OpenVinoBackend)
