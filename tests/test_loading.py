@@ -39,3 +39,17 @@ def test_no_backend_for_unknown_suffix(tmp_path):
     f.write_bytes(b"x")
     with pytest.raises(InputError, match="no installed backend loads .weird"):
         edgeinfer.load(f)
+
+
+def test_onnx_given_to_a_backend_with_another_native_format_is_converted_once(mlp, tmp_path, monkeypatch):
+    pytest.importorskip("openvino")
+    monkeypatch.setenv("EDGEINFER_CACHE_DIR", str(tmp_path / "cache"))
+    with edgeinfer.load(mlp.path, backend="openvino", device="CPU") as s:
+        assert s.backend_name == "openvino"
+        np.testing.assert_allclose(s.run(mlp.feeds)["y"], mlp.reference(mlp.feeds)["y"], rtol=1e-4, atol=1e-5)
+    irs = list((tmp_path / "cache").rglob("*.xml"))
+    assert len(irs) == 1 and stamp.read(irs[0])["scheme"] == edgeinfer.backend("openvino").default_scheme
+    mtime = irs[0].stat().st_mtime_ns
+    with edgeinfer.load(mlp.path, backend="openvino", device="CPU"):
+        pass
+    assert irs[0].stat().st_mtime_ns == mtime  # the cached IR was reused
