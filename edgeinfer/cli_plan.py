@@ -78,21 +78,35 @@ def render_plan(p) -> None:
     for r in p.reasons:
         con.print(f"[red]✗[/] {r}")
     e = d["estimates"]
-    if e["decode_tokens_per_s"] is not None:
+    if e.get("decode_tokens_per_s_unpaged") is not None:  # the paging line below gives the paged figure
+        con.print(f"decode without paging ≈ {e['decode_tokens_per_s_unpaged']:.2f} tok/s ({e['basis']})")
+    elif e["decode_tokens_per_s"] is not None:
         con.print(f"decode ≈ [bold]{e['decode_tokens_per_s']:.2f} tok/s[/] ({e['runtime']}; "
                   f"{e['roofline_fraction'] * 100:.0f}% of the {e['roofline_tokens_per_s']:.2f} tok/s bandwidth roofline; "
                   f"t0 {e['t0_ms']:.2f} ms, BW_eff {e['bw_eff_gbps']} GB/s; {e['basis']})")
     else:
         con.print(f"decode: no estimate ({e['basis']})")
-    if e["prefill_tokens_per_s"] is not None:
+    if e["prefill_tokens_per_s"] is not None and e.get("prefill_tokens_per_s_unpaged") is None:
         con.print(f"prefill ≈ {e['prefill_tokens_per_s']:.0f} tok/s "
                   f"({e['prefill_fraction_of_peak'] * 100:.1f}% of peak compute)")
+    pg = d["memory"]["details"].get("paging")
+    if pg:
+        stream = f"{pg['streamed_bytes_per_token'] / GIB:.2f} GiB/token from {pg['storage_source'].split(':')[0]}"
+        con.print(f"paging: {min(pg['window'], pg['segments'])} of {pg['segments']} segments resident "
+                  f"({_gib(pg['resident_weight_bytes'])} of weights), {stream}"
+                  + (f" at {pg['storage_gbps']:g} GB/s → decode ≈ {pg['decode_tokens_per_s']:.3g} tok/s, "
+                     f"{pg['bound']}-bound" if pg.get("decode_tokens_per_s") is not None else "")
+                  + (" (prefetch on)" if pg["prefetch"] else ""))
     s = d["suggestions"]
     if s and not p.fits:
         con.print("[bold]suggestions[/]")
         con.print(f"  largest context that fits: {s['max_ctx'] if s['max_ctx'] else 'none'}")
         con.print(f"  best scheme that fits at ctx {p.ctx}: {s['quant'] or 'none'}")
         con.print(f"  smallest {p.board.family} board that fits: {s['board'] or 'none'}")
+        if s.get("paging"):
+            sp = s["paging"]
+            con.print(f"  paging that fits: --paging {sp['window']} ({sp['segments']} segments, "
+                      f"{_gib(sp['streamed_bytes_per_token'])}/token streamed from {sp['storage'].split(':')[0]})")
     for w in p.warnings:
         con.print(f"[yellow]note:[/] {w}")
 
@@ -129,8 +143,12 @@ def render_matrix(models: list[str], boards: list[str], cells: dict) -> None:
 @click.option("--batch", default=1, show_default=True, type=int, help="Sequences decoded together.")
 @click.option("--kv-dtype", default=None, help="KV-cache dtype (fp16, bf16, fp32, int8, q8_0, q4_0).")
 @click.option("--runtime", default=None, help="Runtime on the board (default: the board's default).")
+@click.option("--paging", type=int, default=None, metavar="W", help="Plan layer-paged: W segments resident.")
+@click.option("--segments", type=int, default=None, metavar="N", help="With --paging: N segments (default: layers).")
+@click.option("--storage", default=None, help="With --paging: where streamed weights come from "
+              "(board, nvme, emmc, sd, dram; default: the board's, else emmc).")
 @click.option("--json", "as_json", is_flag=True, help="Print only JSON (schema edgeinfer/schemas/plan.schema.json).")
-def plan_cmd(models, board, quant, ctx, batch, kv_dtype, runtime, as_json):
+def plan_cmd(models, board, quant, ctx, batch, kv_dtype, runtime, as_json, paging=None, segments=None, storage=None):
     """Will MODEL fit BOARD, how fast, and what to change if not.
 
     MODEL: catalog name or HF id (Qwen/Qwen3-8B), HF directory, config.json, .gguf, .onnx, .safetensors,
@@ -151,7 +169,8 @@ def plan_cmd(models, board, quant, ctx, batch, kv_dtype, runtime, as_json):
             for b in boards:
                 try:
                     p = planner.plan(spec, b, quant=quant, ctx=ctx, batch=batch, kv_dtype=kv_dtype,
-                                     runtime=runtime, suggest=False)
+                                     runtime=runtime, suggest=False, paging=paging, segments=segments,
+                                     storage=storage)
                     d = p.to_dict()
                 except EdgeInferError as e:
                     if board != "all":
@@ -169,7 +188,8 @@ def plan_cmd(models, board, quant, ctx, batch, kv_dtype, runtime, as_json):
         if not all_fit:
             sys.exit(1)
         return
-    p = planner.plan(specs[0], board, quant=quant, ctx=ctx, batch=batch, kv_dtype=kv_dtype, runtime=runtime)
+    p = planner.plan(specs[0], board, quant=quant, ctx=ctx, batch=batch, kv_dtype=kv_dtype, runtime=runtime,
+                     paging=paging, segments=segments, storage=storage)
     if as_json:
         click.echo(p.to_json())
     else:

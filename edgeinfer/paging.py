@@ -1125,46 +1125,99 @@ def plan_paging(
     return out
 
 
-def apply_to_plan(p: Any, window: int, segments: int | None = None, storage: str | None = None) -> Any:
-    """Turn a planner ``Plan`` into its paged form: weights become the resident window, the
-    verdict checks the resident total and the NPU window, estimates get the streamed bytes."""
-    spec, board = p.model, p.board
-    weights = int(p.breakdown["weights"])
-    per_layer, outside = layer_bytes(spec, weights)
-    seg = segment_bytes_from_layers(per_layer, outside, segments or len(per_layer))
-    other = sum(v for k, v in p.breakdown.items() if k != "weights")
+def _storage(board: Any, storage: str | None) -> tuple[float | None, str, str]:
     if storage is None:
         storage = "board" if getattr(board, "storage_gbps", None) else "emmc"
     if storage == "board":
-        if not board.storage_gbps:
+        if not getattr(board, "storage_gbps", None):
             raise InputError(f"board {board.name} gives no storage bandwidth; pass --storage nvme|emmc|sd|dram")
-        gbps, src = board.storage_gbps.value, board.storage_gbps.source
-    elif storage == "dram":
-        gbps = board.bandwidth_gbps.value if board.bandwidth_gbps else None
-        src = STORAGE_GBPS["dram"][1]
-    elif storage in STORAGE_GBPS:
+        return board.storage_gbps.value, storage, board.storage_gbps.source
+    if storage == "dram":
+        gbps = board.bandwidth_gbps.value if getattr(board, "bandwidth_gbps", None) else None
+        return gbps, storage, STORAGE_GBPS["dram"][1]
+    if storage in STORAGE_GBPS:
         gbps, src = STORAGE_GBPS[storage]
-    else:
-        raise InputError(f"unknown storage {storage!r}; use one of: board, {', '.join(STORAGE_GBPS)}")
-    est = p.estimates
-    compute = p.batch / est["decode_tokens_per_s"] if est.get("decode_tokens_per_s") else None
-    prefill = 1 / est["prefill_tokens_per_s"] if est.get("prefill_tokens_per_s") else None
+        return gbps, storage, src
+    raise InputError(f"unknown storage {storage!r}; use one of: board, {', '.join(STORAGE_GBPS)}")
+
+
+def _plan_segments(p: Any, segments: int | None) -> list[int]:
+    spec = p.model
+    weights = int(p.details.get("weights", {}).get("total_bytes_unpaged", p.breakdown["weights"]))
+    if not getattr(spec, "layers", 0) and not segments:
+        raise InputError(f"the layer count of {spec.name} is unknown (an ONNX file gives none); pass --segments N")
+    if segments is not None and (isinstance(segments, bool) or not isinstance(segments, int) or segments < 1):
+        raise InputError(f"--segments must be a positive integer, got {segments!r}")
+    per_layer, outside = layer_bytes(spec, weights)
+    if not getattr(spec, "layers", 0):
+        per_layer, outside = [weights // segments] * segments, weights - weights // segments * segments
+    return segment_bytes_from_layers(per_layer, outside, segments or len(per_layer))
+
+
+def _paging_inputs(p: Any, storage: str | None) -> dict[str, Any]:
+    board, est = p.board, p.estimates
+    gbps, name, src = _storage(board, storage)
     npu = int(board.npu_window_gib.value * 2**30) if getattr(board, "npu_window_gib", None) else None
-    res = plan_paging(seg, window, other_resident_bytes=other, capacity_bytes=p.capacity_bytes,
-                      npu_window_bytes=npu, storage_gbps=gbps, storage_source=f"{storage}: {src}",
-                      compute_s_per_token=compute, prefill_s_per_token=prefill, prompt_tokens=p.ctx, batch=p.batch)
-    res["storage"] = storage
+    return {
+        "capacity_bytes": p.capacity_bytes, "npu_window_bytes": npu, "storage_gbps": gbps,
+        "storage_source": f"{name}: {src}",
+        "compute_s_per_token": p.batch / est["decode_tokens_per_s"] if est.get("decode_tokens_per_s") else None,
+        "prefill_s_per_token": 1 / est["prefill_tokens_per_s"] if est.get("prefill_tokens_per_s") else None,
+        "prompt_tokens": p.ctx, "batch": p.batch,
+    }
+
+
+def apply_to_plan(p: Any, window: int, segments: int | None = None, storage: str | None = None) -> dict[str, Any]:
+    """Turn a planner ``Plan`` into its paged form: weights become the resident window, the
+    verdict checks the resident total and the NPU window, estimates get the streamed bytes."""
+    seg = _plan_segments(p, segments)
+    weights = int(p.breakdown["weights"])
+    other = sum(v for k, v in p.breakdown.items() if k != "weights")
+    res = plan_paging(seg, window, other_resident_bytes=other, **_paging_inputs(p, storage))
+    res["storage"] = res["storage_source"].split(":")[0]
     p.details["paging"] = res
     p.details["weights"] = {**p.details.get("weights", {}), "total_bytes_unpaged": weights,
                             "paged": f"{min(window, len(seg))} of {len(seg)} segments resident"}
     p.breakdown["weights"] = res["resident_weight_bytes"]
-    p.estimates["paging"] = {k: res.get(k) for k in ("streamed_bytes_per_token", "stream_s_per_token",
-                                                      "decode_tokens_per_s", "prefill_tokens_per_s", "bound",
-                                                      "load_hidden_fraction", "storage_gbps", "storage_source")}
+    # the verdict: resident memory instead of the whole model; paging answers the weights-window limit
+    gib = 2**30
+    p.reasons = [r for r in p.reasons if not r.startswith("needs ")]
+    if p.total_bytes > p.capacity_bytes:
+        p.reasons.append(f"needs {p.total_bytes / gib:.2f} GiB with {min(window, len(seg))} segment(s) resident, "
+                         f"the board has {p.capacity_bytes / gib:.2f} GiB; use a smaller --paging window")
+    p.reasons += [r for r in res["reasons"] if "IOMMU" in r]
+    p.warnings = [w for w in p.warnings if not w.startswith("weights exceed one")]
+    p.fits = not p.reasons
+    est = p.estimates
+    est["paging"] = {k: res.get(k) for k in ("window", "segments", "streamed_bytes_per_token", "loads_per_token",
+                                             "stream_s_per_token", "decode_tokens_per_s", "prefill_tokens_per_s",
+                                             "bound", "load_hidden_fraction", "prefetch", "storage_gbps",
+                                             "storage_source")}
     if res.get("decode_tokens_per_s") is not None:
-        p.estimates["decode_tokens_per_s_unpaged"] = est.get("decode_tokens_per_s")
-        p.estimates["decode_tokens_per_s"] = res["decode_tokens_per_s"]
+        est["decode_tokens_per_s_unpaged"] = est.get("decode_tokens_per_s")
+        est["decode_tokens_per_s"] = res["decode_tokens_per_s"]
     if res.get("prefill_tokens_per_s") is not None:
-        p.estimates["prefill_tokens_per_s_unpaged"] = est.get("prefill_tokens_per_s")
-        p.estimates["prefill_tokens_per_s"] = res["prefill_tokens_per_s"]
+        est["prefill_tokens_per_s_unpaged"] = est.get("prefill_tokens_per_s")
+        est["prefill_tokens_per_s"] = res["prefill_tokens_per_s"]
     return res
+
+
+def suggest_window(p: Any, segments: int | None = None, storage: str | None = None) -> dict[str, Any] | None:
+    """The largest paging window (fastest) whose resident memory fits the board and, where the
+    board has one, the NPU window; None when the layers are unknown or even W=1 does not fit."""
+    try:
+        seg = _plan_segments(p, segments)
+        inputs = _paging_inputs(p, storage)
+    except EdgeInferError:
+        return None
+    weights = int(p.details.get("weights", {}).get("total_bytes_unpaged", p.breakdown["weights"]))
+    other = sum(v for k, v in p.breakdown.items() if k != "weights")
+    for w in range(len(seg), 0, -1):
+        res = plan_paging(seg, w, other_resident_bytes=other, **inputs)
+        if res["fits"] is not False:
+            if w == len(seg) and res["resident_weight_bytes"] >= weights and not p.fits:
+                continue  # everything resident is the unpaged plan, which does not fit
+            return {"window": w, "segments": len(seg), "resident_total_bytes": res["resident_total_bytes"],
+                    "streamed_bytes_per_token": res["streamed_bytes_per_token"],
+                    "decode_tokens_per_s": res.get("decode_tokens_per_s"), "storage": res["storage_source"]}
+    return None

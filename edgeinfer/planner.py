@@ -343,10 +343,11 @@ def _fits(spec, board, runtime, scheme, ctx, batch, kv_b) -> bool:
 
 def plan(model, board, quant: str | None = None, ctx: int = 4096, batch: int = 1, kv_dtype: str | None = None,
          paging: int | None = None, runtime: str | None = None, suggest: bool = True,
-         extra_boards=()) -> Plan:
-    """Plan ``model`` (reference or ModelSpec) on ``board`` (name, path or Board)."""
-    if paging is not None:
-        raise InputError("paging planning arrives with issue 8", "drop the paging option for now")
+         extra_boards=(), segments: int | None = None, storage: str | None = None) -> Plan:
+    """Plan ``model`` (reference or ModelSpec) on ``board`` (name, path or Board).
+
+    ``paging=W`` plans layer-paged execution (edgeinfer.paging, docs/paging.md): W of ``segments``
+    (default: one per layer) resident, the rest streamed from ``storage`` once per token."""
     ctx = _check_int("ctx", ctx)
     batch = _check_int("batch", batch)
     spec = model if isinstance(model, ModelSpec) else resolve(model)
@@ -396,13 +397,19 @@ def plan(model, board, quant: str | None = None, ctx: int = 4096, batch: int = 1
              warnings=warnings)
     if suggest:
         p.suggestions = suggestions(p, extra_boards)
+    if paging is not None:
+        from edgeinfer.paging import apply_to_plan
+
+        apply_to_plan(p, paging, segments=segments, storage=storage)
     return p
 
 
 def suggestions(p: Plan, extra_boards=()) -> dict:
     spec, b, kv_b = p.model, p.board, kv_bytes_per_element(p.kv_dtype)
-    out: dict = {"max_ctx": None, "quant": None, "quants_that_fit": [], "board": None, "paging": None,
-                 "notes": ["paging-window suggestions arrive with issue 8"]}
+    from edgeinfer.paging import suggest_window
+
+    out: dict = {"max_ctx": None, "quant": None, "quants_that_fit": [], "board": None,
+                 "paging": None if p.fits else suggest_window(p), "notes": []}
     # largest context that fits (memory grows with ctx: binary search)
     rt = b.runtimes[p.runtime]
     hi = rt.max_context or 2**20

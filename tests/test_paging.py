@@ -420,3 +420,38 @@ def test_cost_model_checks_the_npu_window_and_capacity():
     assert p["npu_window_ok"] is False and p["fits"] is False and "IOMMU window" in p["reasons"][0]
     with pytest.raises(InputError):
         paging.plan_paging(seg, 0)
+
+
+def test_planner_pages_a_model_that_does_not_fit():
+    from edgeinfer.planner import plan
+
+    whole = plan("Qwen/Qwen3-8B", "rk3588-8g", suggest=False)
+    assert not whole.fits  # 8.2 GB of w8a8 weights on an 8 GB board
+    paged = plan("Qwen/Qwen3-8B", "rk3588-8g", paging=12, storage="nvme", suggest=False)
+    pg = paged.details["paging"]
+    assert paged.fits and paged.breakdown["weights"] < whole.breakdown["weights"] / 2
+    assert pg["resident_weight_bytes"] + pg["streamed_bytes_per_token"] >= whole.breakdown["weights"]
+    assert pg["npu_window_ok"] is True and pg["storage_gbps"] == pytest.approx(3.94)
+    # decode is bounded by storage: never faster than streaming the non-resident bytes allows
+    assert paged.estimates["decode_tokens_per_s"] <= 3.94e9 / pg["streamed_bytes_per_token"] + 1e-9
+    too_wide = plan("Qwen/Qwen3-8B", "rk3588-8g", paging=20, suggest=False)
+    assert not too_wide.fits and any("IOMMU window" in r for r in too_wide.reasons)
+
+
+def test_planner_suggests_the_widest_window_that_fits():
+    from edgeinfer.planner import plan
+
+    sug = plan("Qwen/Qwen3-8B", "rk3588-8g").suggestions["paging"]
+    assert sug is not None
+    assert plan("Qwen/Qwen3-8B", "rk3588-8g", paging=sug["window"], suggest=False).fits
+    assert not plan("Qwen/Qwen3-8B", "rk3588-8g", paging=sug["window"] + 1, suggest=False).fits
+
+
+def test_cli_plan_paging_json_and_exit_codes():
+    ok = run_cli("plan", "Qwen/Qwen3-8B", "--board", "rk3588-8g", "--paging", "12", "--storage", "nvme", "--json")
+    assert ok.returncode == 0, ok.stderr
+    d = json.loads(ok.stdout)
+    assert d["fits"] and d["memory"]["details"]["paging"]["window"] == 12
+    assert d["estimates"]["paging"]["bound"] in ("storage", "compute")
+    bad = run_cli("plan", "Qwen/Qwen3-8B", "--board", "rk3588-8g", "--paging", "4", "--storage", "floppy")
+    assert bad.returncode == 2 and "unknown storage 'floppy'" in bad.stderr
