@@ -303,11 +303,17 @@ def run(
 @click.option("--max-samples", default=128, show_default=True, help="Calibration samples used at most.")
 @click.option("--force", is_flag=True, help="Deploy even when the plan says it does not fit.")
 @click.option("--no-cache", is_flag=True, help="Convert again even if a cached conversion exists.")
+@click.option("--option", "backend_options", multiple=True, metavar="KEY=VALUE",
+              help="Backend convert option, value parsed as JSON when it can be (e.g. auto_hybrid=true); repeatable.")
+@click.option("--paging", type=int, metavar="W", help="Segmented bundle for layer-paged runs: W segments resident.")
+@click.option("--segments", type=int, metavar="N", help="With --paging: split into N segments at layer boundaries.")
+@click.option("--cut", "cuts", multiple=True, metavar="TENSOR", help="With --paging: cut at this tensor (repeatable).")
 @click.option("-o", "--out", "out", required=True, type=click.Path(path_type=Path), help="Bundle directory to write.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 def deploy(
     model: Path, board: str, quant: str | None, calib: Path | None, golden_inputs: Path | None,
-    shapes: tuple[str, ...], threshold: float, max_samples: int, force: bool, no_cache: bool, out: Path,
+    shapes: tuple[str, ...], threshold: float, max_samples: int, force: bool, no_cache: bool,
+    backend_options: tuple[str, ...], paging: int | None, segments: int | None, cuts: tuple[str, ...], out: Path,
     as_json: bool,
 ) -> None:
     """Convert MODEL for BOARD, check it against onnxruntime fp32, and write a bundle."""
@@ -318,7 +324,7 @@ def deploy(
     result = deploy_mod.deploy(
         model, board, out, quant=quant, calib=calib, golden_inputs=golden_inputs,
         shapes=deploy_mod.parse_shapes(shapes), force=force, threshold=threshold, max_samples=max_samples,
-        progress=progress, use_cache=not no_cache,
+        options=parse_options(backend_options), progress=progress, use_cache=not no_cache, paging=paging, segments=segments, cuts=list(cuts) or None,
     )
     for w in result.warnings:
         click.echo(f"warning: {w}", err=True)
@@ -374,6 +380,20 @@ def golden(
     if not report["passed"]:
         click.echo(f"error: golden check failed; worst: {golden_mod.worst_samples_line(report)}", err=True)
         ctx.exit(errors.NEGATIVE)
+
+
+def parse_options(items: tuple[str, ...]) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs; VALUE is JSON when it parses (true, 3, [1, 2]), a string otherwise."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InputError(f"--option {item!r} is not KEY=VALUE")
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value
+    return out
 
 
 def _int_list(value: str, what: str) -> list[int]:

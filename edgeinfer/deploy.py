@@ -233,6 +233,9 @@ def deploy(
     options: dict[str, Any] | None = None,
     progress: Progress | None = None,
     use_cache: bool = True,
+    paging: int | None = None,
+    segments: int | None = None,
+    cuts: list[str] | None = None,
 ) -> DeployResult:
     from .planner import plan as make_plan
 
@@ -245,6 +248,7 @@ def deploy(
     backend = plugins.get_backend(b.backend)
     src = source_of(model)
     scheme = normalize_scheme(quant or "fp16").name
+    layout = _paging_layout(paging, segments, cuts, backend)
 
     # 1. plan first: refuse what does not fit before exporting or converting anything
     user_shapes = dict(shapes or {})
@@ -298,7 +302,7 @@ def deploy(
         warnings.append(f"golden check on {len(held)} built-in samples (pass --golden-inputs for your own data)")
 
     # 4. convert (or reuse the cached bundle), golden check, bundle
-    key = _cache_key(src, b, scheme, shapes_used, backend, calib_samples, held, options or {})
+    key = _cache_key(src, b, scheme, shapes_used, backend, calib_samples, held, {**(options or {}), **layout})
     cached_dir = cache_root() / key
     cached = use_cache and (cached_dir / bundle_mod.MANIFEST).exists()
     with tempfile.TemporaryDirectory(prefix=".edgeinfer-deploy-", dir=_tmp_parent(out_dir)) as tmp:
@@ -310,7 +314,7 @@ def deploy(
         else:
             work.mkdir()
             manifest = _build(src, b, backend, scheme, work, ref_path, reference, specs, shapes_used,
-                              calib_samples, held, threshold, the_plan, tokenize, seq, options, progress)
+                              calib_samples, held, threshold, the_plan, tokenize, seq, options, progress, layout)
             if use_cache:
                 _store_cache(cached_dir, work)
         reference.close()
@@ -319,17 +323,31 @@ def deploy(
 
 
 def _build(src, b, backend, scheme, work, ref_path, reference, specs, shapes_used, calib_samples, held,
-           threshold, the_plan, tokenize, seq, options, progress) -> Manifest:
+           threshold, the_plan, tokenize, seq, options, progress, layout) -> Manifest:
     """Convert into ``work``, run the golden check, and write the bundle there; raise if the check fails."""
-    artifact = work / ("model" + backend.native_suffixes[0])
     convert_input = src.path if src.kind in backend.source_formats else ref_path
     convert_opts = {"target": board_target(b), **(options or {})}
     if convert_input == ref_path and shapes_used:
         convert_opts.setdefault("shapes", shapes_used)
     cal_set = CalibrationSet(calib_samples) if calib_samples else None
     with progress.step(f"converting to {backend.name} {scheme} for {board_target(b)}"):
-        backend.quantize(convert_input, scheme, cal_set, artifact, **convert_opts)
-    with backend.load(artifact) as session:
+        if layout:
+            from .paging import deploy_segments
+
+            artifacts = deploy_segments(backend, convert_input, work, scheme, cal_set, layout.get("segments"),
+                                        layout.get("cuts"), **convert_opts)
+        else:
+            artifacts = [work / ("model" + backend.native_suffixes[0])]
+            backend.quantize(convert_input, scheme, cal_set, artifacts[0], **convert_opts)
+    artifact = artifacts[0]
+    paging_spec = {"window": layout["window"], "prefetch": True} if layout else None
+    if layout:
+        from .paging import PagedSession
+
+        opened = PagedSession.from_artifacts(backend, artifacts, window=layout["window"])
+    else:
+        opened = backend.load(artifact)
+    with opened as session:
         outputs = list(session.outputs)
         cand, expected = [], []
         for s in progress.track(held, "golden check", total=len(held)):
@@ -350,13 +368,14 @@ def _build(src, b, backend, scheme, work, ref_path, reference, specs, shapes_use
         board=b.name,
         target=st.get("target", board_target(b)),
         scheme=scheme,
-        artifacts=[artifact.name],
-        inputs=[TensorSpec.from_json(s) for s in st["inputs"]] if st.get("inputs") else specs,
+        artifacts=[a.name for a in artifacts],
+        inputs=specs if layout or not st.get("inputs") else [TensorSpec.from_json(s) for s in st["inputs"]],
         outputs=outputs,
         source={"name": src.path.name, "sha256": src.sha256, "kind": src.kind},
         text=text_spec(src.hf_dir, seq, out_name) if tokenize is not None else None,
         plan=_plan_summary(the_plan),
         golden=report,
+        paging=paging_spec,
     )
     if manifest.text is not None:
         tok_dir = work / "tokenizer"
@@ -369,6 +388,21 @@ def _build(src, b, backend, scheme, work, ref_path, reference, specs, shapes_use
     save_samples(work / "golden" / "expected.npz", expected)
     bundle_mod.write(work, manifest)
     return manifest
+
+
+def _paging_layout(window: int | None, segments: int | None, cuts: list[str] | None, backend) -> dict[str, Any]:
+    """The segmented layout asked for, or {} for an ordinary bundle."""
+    if window is None:
+        if segments or cuts:
+            raise InputError("--segments/--cut split a model for paging: add --paging W (segments resident at once)")
+        return {}
+    if window < 1:
+        raise InputError(f"--paging must be at least 1 segment, got {window}")
+    if segments and cuts:
+        raise InputError("give either --segments N or --cut TENSOR ..., not both")
+    if "onnx" not in backend.source_formats:
+        raise InputError(f"paging splits ONNX models; backend {backend.name!r} does not convert ONNX")
+    return {"window": window, "segments": segments, "cuts": list(cuts or []) or None}
 
 
 def _max_position(src: Source) -> int | None:

@@ -206,3 +206,21 @@ def test_bad_deploy_options(tmp_path, env, minilm_onnx, args, needle):
     proc = edgeinfer("deploy", str(minilm_onnx), "--board", "rk3588-8g", *args, "-o", str(tmp_path / "b"), env=env)
     assert proc.returncode == 2, proc.stderr
     assert needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_paged_bundle_on_the_host_board_matches_the_plain_one(tmp_path, env):
+    texts = ["Paging keeps only a window of layers resident."]
+    plain, paged = tmp_path / "plain", tmp_path / "paged"
+    for out, extra in ((plain, []), (paged, ["--paging", "2", "--segments", "6"])):
+        proc = edgeinfer("deploy", str(minilm.model_dir()), "--board", "host", *extra, "-o", str(out), env=env)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    manifest = json.loads((paged / "manifest.json").read_text())
+    assert manifest["paging"]["window"] == 2 and len(manifest["artifacts"]) == 6
+    runs = [json.loads(edgeinfer("run", str(p), "--text", texts[0], "--json").stdout) for p in (plain, paged)]
+    assert runs[1]["paging"]["segments"] == 6
+    np.testing.assert_array_equal(np.array(runs[0]["embeddings"]), np.array(runs[1]["embeddings"]))
+
+
+def test_paging_options_are_checked(tmp_path, env, minilm_onnx):
+    proc = edgeinfer("deploy", str(minilm_onnx), "--board", "host", "--segments", "3", "-o", str(tmp_path / "b"))
+    assert proc.returncode == 2 and "add --paging W" in proc.stderr
