@@ -209,6 +209,8 @@ def write_outputs(outputs: dict[str, Any], out_dir: Path) -> list[Path]:
 @click.option("--device", "-d", help="Device of the backend (e.g. CPU, NPU).")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), help="Write outputs as DIR/<name>.npy.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
+@click.option("--shape", "shapes", multiple=True, metavar="NAME=1x128",
+              help="Static input shape when the model is converted first (e.g. ONNX for rknn); repeatable.")
 @click.option("--paging", "window", type=int, metavar="W", help="Run layer-paged: keep at most W segments loaded.")
 @click.option("--segments", type=int, metavar="N", help="With --paging: split into N segments at layer boundaries.")
 @click.option("--cut", "cuts", multiple=True, metavar="TENSOR", help="With --paging: cut at this tensor (repeatable).")
@@ -221,6 +223,7 @@ def run(
     device: str | None,
     out_dir: Path | None,
     as_json: bool,
+    shapes: tuple[str, ...] = (),
     window: int | None = None,
     segments: int | None = None,
     cuts: tuple[str, ...] = (),
@@ -251,7 +254,10 @@ def run(
         session = open_paged(model, backend=backend, device=device, window=window, segments=segments,
                              cuts=list(cuts), prefetch=not no_prefetch)
     else:
-        session = load(model, backend=backend, device=device)
+        from .deploy import parse_shapes
+
+        extra = {"shapes": parse_shapes(shapes)} if shapes else {}
+        session = load(model, backend=backend, device=device, **extra)
     load_s = time.perf_counter() - t0
     with session:
         t1 = time.perf_counter()

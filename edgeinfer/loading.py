@@ -76,4 +76,6 @@ def load(path: Any, backend: str | None = None, device: str | None = None, **opt
     be = choose_backend(p, backend)
     if not be.is_native(p):
         p = converted(be, p, options)
+    elif "shapes" in options:
+        raise InputError(f"shapes apply when a model is converted; {p.name} is already native to {be.name}")
     return be.load(p, device=device, **options)
