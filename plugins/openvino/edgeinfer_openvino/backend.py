@@ -293,7 +293,6 @@ class OpenVinoSession(Session):
         self._request = self._compiled.create_infer_request()
         self._lock = threading.Lock()
         self._queue: Any = None
-        self._queue_results: list[Any] = []
         self._prof_request: Any = None
         self.first_inference_ms: float | None = None
 
@@ -307,10 +306,10 @@ class OpenVinoSession(Session):
         with self._lock:
             if self.first_inference_ms is None:
                 t0 = time.perf_counter()
-                res = self._request.infer(feeds, share_inputs=True)
+                res = self._request.infer(feeds)
                 self.first_inference_ms = (time.perf_counter() - t0) * 1e3
             else:
-                res = self._request.infer(feeds, share_inputs=True)
+                res = self._request.infer(feeds)
         return {name: res[i] for i, name in enumerate(self._out_names)}
 
     def run_many(self, feeds_list: Sequence[Mapping[str, Any]], jobs: int | None = None) -> list[dict[str, np.ndarray]]:
@@ -324,13 +323,21 @@ class OpenVinoSession(Session):
             with self._lock:
                 size = int(jobs or self._num_requests or self.optimal_requests or 1)
                 if self._queue is None or len(self._queue) != size:
+                    # no Python callback: OpenVINO's worker threads then never need the GIL, which
+                    # otherwise deadlocks when a compiled model is destroyed while a callback waits
                     self._queue = ov.AsyncInferQueue(self._compiled, size)
-                    self._queue.set_callback(self._on_done)
-                self._queue_results = [None] * len(arrays)
+                job_of: list[int | None] = [None] * size
+                results: list[Any] = [None] * len(arrays)
                 for i, feeds in enumerate(arrays):
-                    self._queue.start_async(feeds, i, share_inputs=True)
+                    rid = self._queue.get_idle_request_id()  # blocks (GIL released) until one is idle
+                    if job_of[rid] is not None:
+                        results[job_of[rid]] = self._outputs_of(self._queue[rid])
+                    job_of[rid] = i
+                    self._queue.start_async(feeds, share_inputs=False)  # starts on that same idle request
                 self._queue.wait_all()
-                results, self._queue_results = self._queue_results, []
+                for rid, job in enumerate(job_of):
+                    if job is not None:
+                        results[job] = self._outputs_of(self._queue[rid])
         except EdgeInferError:
             raise
         except Exception as e:
@@ -340,10 +347,8 @@ class OpenVinoSession(Session):
             raise BackendError(f"openvino returned no result for feed {missing[0]} of {len(results)}")
         return results
 
-    def _on_done(self, request: Any, index: int) -> None:
-        self._queue_results[index] = {
-            name: request.get_output_tensor(i).data.copy() for i, name in enumerate(self._out_names)
-        }
+    def _outputs_of(self, request: Any) -> dict[str, np.ndarray]:
+        return {name: request.get_output_tensor(i).data.copy() for i, name in enumerate(self._out_names)}
 
     def op_times(self, feeds: dict[str, np.ndarray]) -> list[OpTime]:
         """Per-op times from OpenVINO's performance counters (PERF_COUNT) of one run after a warm-up,

@@ -88,3 +88,25 @@ def test_npu_target_static_shapes_from_options(minilm_onnx, heldout, reference, 
     hidden = np.concatenate([o["last_hidden_state"] for o in outs])
     cos = minilm.cosine(minilm.mean_pool(hidden, heldout["attention_mask"][:4]), reference[:4])
     assert cos.min() >= 0.999
+
+
+def test_run_many_then_close_repeatedly_does_not_hang(artifacts):
+    """Regression: with a Python callback on the AsyncInferQueue (and shared inputs), destroying the
+    compiled model while a worker thread waited for the GIL deadlocked the process (seen on 2 cores)."""
+    import subprocess
+    import sys
+
+    code = f"""
+import edgeinfer
+from edgeinfer.testing import minilm
+be = edgeinfer.backend("openvino")
+b = minilm.tokenize(list(minilm.sentences()[-8:]))
+singles = [{{k: v[i:i + 1] for k, v in b.items()}} for i in range(8)]
+for _ in range(4):
+    with be.load({str(artifacts["w8a16"])!r}, device="CPU", hint="THROUGHPUT") as s:
+        s.run_many(singles)
+        s.run_many(singles)
+print("done")
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("done"), proc.stderr[-2000:]
