@@ -1069,6 +1069,8 @@ def plan_paging(
     prefetch: bool = True,
     resident_prefix: int | None = None,
     init_s_per_segment: float = 0.0,
+    shared_bus: bool = False,
+    prefill_chunk: int | None = None,
 ) -> dict[str, Any]:
     """The paging cost model (docs/paging.md).
 
@@ -1076,8 +1078,10 @@ def plan_paging(
     + ``other_resident_bytes`` (KV cache, activations, runtime, OS). Per decode step the schedule
     pages in ``steady_bytes`` (every non-resident byte, once per token) at ``storage_gbps``;
     prefetch overlaps that with compute only when a segment's compute takes at least as long as
-    its load: step = max(compute, stream) with prefetch, compute + stream without. Prefill reads
-    the streamed bytes once per prompt pass.
+    its load: step = max(compute, stream) with prefetch, compute + stream without. With
+    ``shared_bus`` (weights paged from DRAM into the NPU's buffers) the copy reads and writes the
+    same memory the compute is reading: twice the bytes, and no overlap. Prefill streams the
+    bytes once per pass (one pass per ``prefill_chunk`` tokens of the prompt).
     """
     n = len(segment_bytes)
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
@@ -1109,18 +1113,22 @@ def plan_paging(
                                   "more segments")
             out["fits"] = False
     if storage_gbps:
-        load_s = stream / (storage_gbps * 1e9) + init_s_per_segment * len(sim["steady_loads"])
+        load_s = (2 if shared_bus else 1) * stream / (storage_gbps * 1e9) + init_s_per_segment * len(sim["steady_loads"])
+        overlap = out["prefetch"] and not shared_bus
         out["stream_s_per_token"] = load_s
+        out["shared_bus"] = shared_bus
         if compute_s_per_token is not None:
-            step = max(compute_s_per_token, load_s) if out["prefetch"] else compute_s_per_token + load_s
+            step = max(compute_s_per_token, load_s) if overlap else compute_s_per_token + load_s
             out["compute_s_per_token"] = compute_s_per_token
             out["decode_tokens_per_s"] = round(batch / step, 4) if step > 0 else None
             out["bound"] = "storage" if load_s > compute_s_per_token else "compute"
-            hidden = min(load_s, compute_s_per_token) if out["prefetch"] else 0.0
+            hidden = min(load_s, compute_s_per_token) if overlap else 0.0
             out["load_hidden_fraction"] = round(hidden / load_s, 4) if load_s > 0 else 1.0
         if prefill_s_per_token is not None and prompt_tokens:
+            passes = -(-prompt_tokens // prefill_chunk) if prefill_chunk else 1
             comp = prefill_s_per_token * prompt_tokens
-            total = max(comp, load_s) if out["prefetch"] else comp + load_s
+            total = max(comp, passes * load_s) if overlap else comp + passes * load_s
+            out["prefill_passes"] = passes
             out["prefill_tokens_per_s"] = round(prompt_tokens / total, 2) if total > 0 else None
     return out
 
@@ -1154,6 +1162,12 @@ def _plan_segments(p: Any, segments: int | None) -> list[int]:
     return segment_bytes_from_layers(per_layer, outside, segments or len(per_layer))
 
 
+def _prefill_chunk(runtime: str) -> int:
+    from .planner import runtime_profile
+
+    return int(runtime_profile(runtime).get("prefill_chunk", 512))
+
+
 def _paging_inputs(p: Any, storage: str | None) -> dict[str, Any]:
     board, est = p.board, p.estimates
     gbps, name, src = _storage(board, storage)
@@ -1163,7 +1177,8 @@ def _paging_inputs(p: Any, storage: str | None) -> dict[str, Any]:
         "storage_source": f"{name}: {src}",
         "compute_s_per_token": p.batch / est["decode_tokens_per_s"] if est.get("decode_tokens_per_s") else None,
         "prefill_s_per_token": 1 / est["prefill_tokens_per_s"] if est.get("prefill_tokens_per_s") else None,
-        "prompt_tokens": p.ctx, "batch": p.batch,
+        "prompt_tokens": p.ctx, "batch": p.batch, "shared_bus": name == "dram",
+        "prefill_chunk": None if p.model.encoder else _prefill_chunk(p.runtime),
     }
 
 

@@ -411,6 +411,21 @@ def test_cost_model_streams_every_non_resident_byte_once_per_token():
     assert r["decode_tokens_per_s"] == pytest.approx(1 / 8e-6, rel=1e-3)
 
 
+def test_paging_from_dram_shares_the_bus_and_cannot_overlap():
+    seg = [100] * 10
+    p = paging.plan_paging(seg, 4, storage_gbps=1.0, compute_s_per_token=1e-6, prefetch=True, shared_bus=True)
+    # 800 B read and written again on the bus the compute uses: 1.6 us on top of 1 us
+    assert p["stream_s_per_token"] == pytest.approx(1.6e-6)
+    assert p["decode_tokens_per_s"] == pytest.approx(1 / 2.6e-6, rel=1e-3) and p["load_hidden_fraction"] == 0
+
+
+def test_prefill_streams_once_per_chunk_pass():
+    p = paging.plan_paging([100] * 10, 4, storage_gbps=1.0, prefill_s_per_token=1e-9, prompt_tokens=1024,
+                           prefill_chunk=512, prefetch=False)
+    assert p["prefill_passes"] == 2
+    assert p["prefill_tokens_per_s"] == pytest.approx(1024 / (1024e-9 + 2 * 0.7e-6), rel=1e-3)
+
+
 def test_cost_model_checks_the_npu_window_and_capacity():
     gib = 2**30
     seg = [gib] * 8
