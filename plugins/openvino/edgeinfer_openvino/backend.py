@@ -176,17 +176,19 @@ def check_ir_xml(path: Path) -> None:
     otherwise OpenVINO hands the file to every frontend, and TensorFlow's prints parse errors on stderr."""
     import xml.etree.ElementTree as ET
 
+    root = None
     try:
-        root = next(ET.iterparse(str(path), events=("start",)))[1]
-        for _ in ET.iterparse(str(path)):  # the whole document must be well-formed
-            pass
-    except (ET.ParseError, StopIteration) as e:
+        for _, elem in ET.iterparse(str(path), events=("start",)):  # the whole document must be well-formed
+            if root is None:
+                root = elem
+    except ET.ParseError as e:
         raise ModelError(
             f"{path.name} is not a readable OpenVINO IR: malformed XML ({e}); convert the model again"
         ) from None
-    if root.tag != "net":
+    if root is None or root.tag != "net":
         raise ModelError(
-            f"{path.name} is not a readable OpenVINO IR: its root element is <{root.tag}>, not <net>; "
+            f"{path.name} is not a readable OpenVINO IR: its root element is "
+            f"<{getattr(root, 'tag', '')}>, not <net>; "
             "convert the model again"
         )
 
@@ -252,8 +254,10 @@ class OpenVinoSession(Session):
         t0 = time.perf_counter()
         if self._cache_dir is not None:
             # compile from the path: with a warm cache OpenVINO imports the blob without reading the IR
-            if path.suffix.lower() == ".xml" and not path.with_suffix(".bin").exists():
-                _read(self._core, path)  # raises the one-line "weights file missing" error
+            if path.suffix.lower() == ".xml":
+                if not path.with_suffix(".bin").exists():
+                    _read(self._core, path)  # raises the one-line "weights file missing" error
+                check_ir_xml(path)
             try:
                 self._compiled = self._core.compile_model(str(path), self.ov_device, self._config)
             except Exception as e:
@@ -276,7 +280,7 @@ class OpenVinoSession(Session):
             self.execution_devices = []
         self.fallback = fallback_warning(self.ov_device, self.execution_devices)
         if self.fallback:
-            log.warning(self.fallback)
+            log.debug(self.fallback)
             warnings.warn(self.fallback, DeviceFallbackWarning, stacklevel=4)
         try:
             self.optimal_requests = int(self._compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))

@@ -231,6 +231,14 @@ def test_corrupt_ir_is_a_one_line_model_error(backend, tmp_path):
         assert "\n" not in err.value.one_line() and err.value.exit_code == 2
 
 
+def test_xml_that_is_not_an_ir_names_its_root(backend, tmp_path):
+    other = tmp_path / "notes.xml"
+    other.write_text("<?xml version='1.0'?><notes><note>hi</note></notes>")
+    other.with_suffix(".bin").write_bytes(b"")
+    with pytest.raises(ModelError, match="root element is <notes>, not <net>"):
+        backend.load(other, device="CPU")
+
+
 def test_ir_without_its_bin_says_so(backend, ir, tmp_path):
     lone = tmp_path / "lone.xml"
     lone.write_bytes(ir["mlp"].read_bytes())
