@@ -741,6 +741,11 @@ class PagedSession(Session):
         resident_prefix: int | None = None,
         **options: Any,
     ) -> PagedSession:
+        """What ``Bundle.load`` calls for a segmented bundle (``manifest.paging`` spread into the
+        keywords). Facts a manifest may record about the split (``segments``, ``cuts``) are not
+        load options and are dropped here."""
+        for informational in ("segments", "cuts", "index"):
+            options.pop(informational, None)
         return cls(backend, artifacts, device=device, window=window, prefetch=prefetch,
                    resident_prefix=resident_prefix, **options)
 

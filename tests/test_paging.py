@@ -470,3 +470,20 @@ def test_cli_plan_paging_json_and_exit_codes():
     assert d["estimates"]["paging"]["bound"] in ("storage", "compute")
     bad = run_cli("plan", "Qwen/Qwen3-8B", "--board", "rk3588-8g", "--paging", "4", "--storage", "floppy")
     assert bad.returncode == 2 and "unknown storage 'floppy'" in bad.stderr
+
+
+def test_a_segmented_bundle_loads_paged(deep, tmp_path, x):
+    from edgeinfer import bundle
+    from edgeinfer.backend import TensorSpec
+
+    be = plugins.get_backend("onnxruntime")
+    arts = paging.deploy_segments(be, deep, tmp_path / "b", "fp32", None, segments=3)
+    assert [a.name for a in arts] == ["segment_00.onnx", "segment_01.onnx", "segment_02.onnx"]
+    spec = [TensorSpec("x", ("batch", DIM), "float32")]
+    bundle.write(tmp_path / "b", bundle.Manifest(
+        backend="onnxruntime", board="host", scheme="fp32", artifacts=[a.name for a in arts], inputs=spec,
+        outputs=[TensorSpec("y", ("batch", DIM), "float32")], source={"path": str(deep)},
+        paging={"window": 2, "prefetch": True, "segments": 3}))
+    with bundle.Bundle.open(tmp_path / "b").load() as sess:
+        assert isinstance(sess, paging.PagedSession) and sess.window == 2
+        assert np.array_equal(sess.run({"x": x})["y"], ort_run(deep, {"x": x})[0])
