@@ -470,7 +470,7 @@ def _accel_nodes() -> list[str]:
 class OpenVinoBackend(Backend):
     name = "openvino"
     native_suffixes = (".xml",)
-    schemes = ("fp32", "fp16", "w8a8", "w8a16", "w4a16")
+    schemes = ("fp32", "fp16", "w8a8", "w8a16", "w4a16", "w4a16_g32", "w4a16_g64", "w4a16_g128")
     default_scheme = "fp32"
     gaps: dict[str, str] = {}
 
@@ -574,9 +574,13 @@ class OpenVinoBackend(Backend):
         elif scheme == "w8a8":
             with _nncf_output_to_stderr():
                 ov_model, facts = self._ptq(ov_model, calibration, target, options)
-        elif scheme in ("w8a16", "w4a16"):
+        elif scheme in ("w8a16", "w4a16") or scheme.startswith("w4a16_g"):
+            if scheme.startswith("w4a16_g"):  # the group size is part of the scheme name
+                if options.get("group_size") not in (None, int(scheme.split("_g")[1])):
+                    raise InputError(f"scheme {scheme} fixes the group size; drop group_size={options['group_size']}")
+                options = dict(options, group_size=int(scheme.split("_g")[1]))
             with _nncf_output_to_stderr():
-                ov_model, facts = self._compress(ov_model, scheme, options)
+                ov_model, facts = self._compress(ov_model, scheme.split("_g")[0], options)
         elif scheme != "fp32":
             raise InputError(f"openvino cannot produce scheme {scheme!r}; it supports: {', '.join(self.schemes)}")
         ov.save_model(ov_model, str(out), compress_to_fp16=compress_fp16)

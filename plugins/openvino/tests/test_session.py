@@ -329,6 +329,15 @@ def test_weight_only_compression(backend, wide, tmp_path, scheme, stored):
     assert cos > (0.999 if scheme == "w8a16" else 0.98)
 
 
+def test_grouped_w4a16_scheme_names_set_the_group(backend, wide, tmp_path):
+    out = backend.quantize(wide[0], "w4a16_g64", None, tmp_path / "g64.xml")
+    data = stamp.read(out)
+    assert data["scheme"] == "w4a16_g64" and data["group_size"] == 64
+    assert "i4" in constant_types(out)
+    with pytest.raises(InputError, match="fixes the group size"):
+        backend.quantize(wide[0], "w4a16_g64", None, tmp_path / "g.xml", group_size=128)
+
+
 def test_w8a8_is_calibrated_post_training_quantization(backend, wide, tmp_path):
     path, ref = wide
     rng = np.random.default_rng(2)
