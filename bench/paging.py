@@ -135,7 +135,8 @@ def deep_stack(path: Path, layers: int = 12, dim: int = 1024, seed: int = 0) -> 
                   helper.make_node("Add", [x, f"{p}/relu"], [f"{p}/out" if i < layers - 1 else "y"],
                                    name=f"{p}/Residual")]
         x = f"{p}/out"
-    graph = helper.make_graph(nodes, "deep_stack", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", dim])],
+    graph = helper.make_graph(nodes, "deep_stack",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", dim])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", dim])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
@@ -211,7 +212,8 @@ def main() -> None:
             arts = paging.deploy_segments(be, case["model"], work / case["key"] / name, "fp32", None,
                                           segments=case["segments"])
             convert_s = time.perf_counter() - t
-            mono_art = be.quantize(case["model"], "fp32", None, work / case["key"] / f"{name}-mono{be.native_suffixes[0]}")
+            mono_art = be.quantize(case["model"], "fp32", None,
+                                   work / case["key"] / f"{name}-mono{be.native_suffixes[0]}")
             rows = []
             opts = {"threads": 1} if name == "onnxruntime" else {}
             for batch, runs in case["batches"]:
@@ -228,12 +230,14 @@ def main() -> None:
                                           "streamed_bytes_per_run": pred["streamed_bytes_per_token"],
                                           "loads_per_run": pred["loads_per_token"]}
                         rows.append({"batch": batch, "window": window, "prefetch": prefetch, **r})
-                        print(f"{case['key']:10s} {name:11s} b={batch:<4d} W={window} prefetch={'on ' if prefetch else 'off'} "
+                        pf = "on " if prefetch else "off"
+                        print(f"{case['key']:10s} {name:11s} b={batch:<4d} W={window} prefetch={pf} "
                               f"{r['run_ms_median']:8.1f} ms/run (mono {r['mono_run_ms_median']:.1f}, x"
                               f"{r['slowdown_vs_monolithic']}), page-ins/run {r['paging']['page_ins_per_run']} "
                               f"(predicted {pred['loads_per_token']}), peak resident "
                               f"{r['paging']['peak_resident_bytes'] / 1e6:.1f} MB (predicted weights "
-                              f"{pred['resident_weight_bytes'] / 1e6:.1f} MB), RSS +{r['rss_growth_bytes'] / 1e6:.0f} MB "
+                              f"{pred['resident_weight_bytes'] / 1e6:.1f} MB), "
+                              f"RSS +{r['rss_growth_bytes'] / 1e6:.0f} MB "
                               f"(monolithic +{ref['rss_growth_bytes'] / 1e6:.0f} MB)", file=sys.stderr)
             w1 = next(r for r in rows if r["window"] == 1 and r["batch"] == case["batches"][0][0])
             page_in = {"ms_mean_per_segment": w1["paging"]["page_in_ms_mean"],
@@ -242,7 +246,8 @@ def main() -> None:
             for r in rows:
                 if r["window"] is not None:
                     print(f"{case['key']:10s} {name:11s} b={r['batch']:<4d} W={r['window']} "
-                          f"prefetch={'on ' if r['prefetch'] else 'off'} x{r['slowdown_vs_monolithic']} vs monolithic, "
+                          f"prefetch={'on ' if r['prefetch'] else 'off'} "
+                          f"x{r['slowdown_vs_monolithic']} vs monolithic, "
                           f"page-in cost {r['page_in_cost_ms_per_run']} ms/run, in-line page-ins "
                           f"{r['inline_page_in_ms_per_run']} ms/run, hidden {r['hidden_fraction_vs_inline']}",
                           file=sys.stderr)

@@ -80,7 +80,8 @@ def _load_model(model_path: Path) -> Any:
     try:
         return onnx.load(str(model_path))
     except Exception as e:
-        raise ModelError(f"{model_path.name} is not a readable ONNX model ({_first_line(e)}); export it again") from None
+        raise ModelError(
+            f"{model_path.name} is not a readable ONNX model ({_first_line(e)}); export it again") from None
 
 
 def _subgraph_refs(node: Any) -> set[str]:
@@ -190,7 +191,8 @@ def _assign_blocks(graph: _Graph, segments: int) -> tuple[list[int], list[list[s
             "name the boundary tensors with --cut instead"
         )
     if segments > len(labels):
-        raise InputError(f"--segments {segments} is more than the model's {len(labels)} blocks; use at most {len(labels)}")
+        raise InputError(
+            f"--segments {segments} is more than the model's {len(labels)} blocks; use at most {len(labels)}")
     group = [b * segments // len(labels) for b in range(len(labels))]
     seg_of: list[int] = []
     for i, blk in enumerate(per_node):
@@ -214,7 +216,8 @@ def _assign_cuts(graph: _Graph, cuts: Sequence[str]) -> list[int]:
     for k, cut in enumerate(cuts):
         if cut not in graph.producer:
             if cut in graph.inits or cut in graph.graph_inputs:
-                raise InputError(f"--cut {cut!r} is a model input or weight, not an activation; cut at a block's output")
+                raise InputError(
+                    f"--cut {cut!r} is a model input or weight, not an activation; cut at a block's output")
             raise InputError(f"--cut {cut!r}: no tensor of that name in the model; name a node output (see netron)")
         anc = graph.ancestors(cut)
         new = [i for i in anc if seg_of[i] is None]
@@ -340,7 +343,8 @@ def split_onnx(
         reads: list[str] = []
         for i in idx:
             reads += [x for x in graph.inputs_of[i] if x not in own_out and x not in reads]
-        consts = sorted({graph.producer[x] for x in reads if x in graph.producer and graph.is_const[graph.producer[x]]})
+        consts = sorted({graph.producer[x] for x in reads
+                         if x in graph.producer and graph.is_const[graph.producer[x]]})
         const_out = {o for c in consts for o in graph.nodes[c].output}
         inits = [graph.inits[x] for x in reads if x in graph.inits]
         inputs = [x for x in reads if x not in graph.inits and x not in const_out]
@@ -413,7 +417,8 @@ def _concrete_boundaries(infos: Sequence[SegmentInfo], graph: _Graph, vis: Mappi
     env: dict[str, np.ndarray] = {}
     for name in graph.graph_inputs:
         tt = vis[name].type.tensor_type
-        env[name] = np.zeros([d.dim_value for d in tt.shape.dim], dtype=onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type))
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
+        env[name] = np.zeros([d.dim_value for d in tt.shape.dim], dtype=dtype)
     for info in infos:
         sess = ort.InferenceSession(str(info.path), providers=["CPUExecutionProvider"])
         names = [o.name for o in sess.get_outputs()]
@@ -1106,8 +1111,9 @@ def plan_paging(
     if capacity_bytes is not None:
         out["fits"] = out["resident_total_bytes"] <= capacity_bytes
         if not out["fits"]:
-            out["reasons"].append(f"{w} resident segment(s) + the rest need {out['resident_total_bytes'] / 2**30:.2f} "
-                                  f"GiB, more than the board's {capacity_bytes / 2**30:.2f} GiB; use a smaller window "
+            out["reasons"].append(f"{w} resident segment(s) + the rest need "
+                                  f"{out['resident_total_bytes'] / 2**30:.2f} GiB, more than the board's "
+                                  f"{capacity_bytes / 2**30:.2f} GiB; use a smaller window "
                                   "or more segments")
     if npu_window_bytes is not None:
         out["npu_window_bytes"] = npu_window_bytes
@@ -1118,7 +1124,8 @@ def plan_paging(
                                   "more segments")
             out["fits"] = False
     if storage_gbps:
-        load_s = (2 if shared_bus else 1) * stream / (storage_gbps * 1e9) + init_s_per_segment * len(sim["steady_loads"])
+        load_s = (2 if shared_bus else 1) * stream / (storage_gbps * 1e9)
+        load_s += init_s_per_segment * len(sim["steady_loads"])
         overlap = out["prefetch"] and not shared_bus
         out["stream_s_per_token"] = load_s
         out["shared_bus"] = shared_bus

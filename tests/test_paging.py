@@ -39,7 +39,8 @@ def deep_stack(path: Path, layers: int = LAYERS, dim: int = DIM, batch: int | st
         x = f"{p}/out"
     inits.append(numpy_helper.from_array(np.float32([0.5]), "head.scale"))
     nodes.append(helper.make_node("Mul", [x, "head.scale"], ["y"], name="/head/Mul"))
-    graph = helper.make_graph(nodes, "deep_stack", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, dim])],
+    graph = helper.make_graph(nodes, "deep_stack",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, dim])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, dim])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
@@ -196,7 +197,8 @@ def test_a_model_without_blocks_asks_for_cuts(tmp_path):
 # --- the paged session ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("window", "prefetch"), [(1, False), (2, False), (2, True), (3, True), (4, False), (6, True)])
+@pytest.mark.parametrize(("window", "prefetch"),
+                         [(1, False), (2, False), (2, True), (3, True), (4, False), (6, True)])
 def test_paged_outputs_are_bitwise_and_the_window_holds(deep, deep6, x, window, prefetch):
     be = CountingBackend()
     ref = ort_run(deep, {"x": x})[0]
