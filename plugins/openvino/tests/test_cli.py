@@ -89,3 +89,16 @@ def test_corrupt_onnx(setup, tmp_path):
     line = one_line_error(edgeinfer_cli("run", str(bad), "--backend", "openvino", "--input", f"x={root / 'x.npy'}",
                                         cache=tmp_path / "cache"))
     assert "bad.onnx is not a readable model" in line
+
+
+def test_deploy_int8_with_calibration_of_wrong_input_names(setup, tmp_path):
+    """`edgeinfer deploy ... --board core-ultra-155h` (a board served by this backend) with a calibration
+    .npz whose key is not a model input: one line naming the bad input, exit 2, no bundle."""
+    _, m, _ = setup
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, input=np.zeros((4, 2, 16), np.float32))
+    line = one_line_error(edgeinfer_cli("deploy", str(m.path), "--board", "core-ultra-155h", "-q", "int8",
+                                        "--calib", str(bad), "-o", str(tmp_path / "bundle"), "--no-cache",
+                                        cache=tmp_path / "cache"))
+    assert "unknown input 'input'" in line and "x" in line
+    assert not (tmp_path / "bundle").exists()
