@@ -479,7 +479,14 @@ def _attach_optional_commands() -> None:
     plugins.registry().add_commands(cli)
 
 
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:  # noqa: ANN001
+    return f"warning: {' '.join(str(message).split())}\n"
+
+
 def main() -> None:
+    import warnings
+
+    warnings.formatwarning = _one_line_warning  # e.g. an NPU that fell back to CPU: one line, no source echo
     _attach_optional_commands()
     cli(prog_name="edgeinfer")
 
