@@ -848,6 +848,8 @@ class PagedSession(Session):
         self.stall_s += time.perf_counter() - t
         self._sessions[k] = sess
         self._record(k, dt, rss, background=False)
+        if not getattr(self, "device", ""):  # specs came from the stamps: the device is known now
+            self.device = sess.device
         return sess
 
     def _wait_inflight(self) -> Session:
