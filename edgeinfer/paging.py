@@ -28,9 +28,10 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:  # numpy is imported where arrays are made, so `edgeinfer plan --paging` stays light
+    import numpy as np
 
 from .backend import Backend, CalibrationSet, Session, TensorSpec, _first_line
 from .errors import BackendError, EdgeInferError, InputError, ModelError
@@ -409,6 +410,8 @@ def _concrete_boundaries(infos: Sequence[SegmentInfo], graph: _Graph, vis: Mappi
     """Static inputs but boundary shapes shape inference could not settle (an Expand to a computed
     shape): run the segments once on zeros with onnxruntime and write the shapes they really have,
     so backends that need static shapes (RKNN) can convert every segment."""
+    import numpy as np
+
     onnx = _onnx()
     try:
         import onnxruntime as ort
