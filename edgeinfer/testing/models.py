@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -24,6 +24,7 @@ class KitModel:
     reference: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
     gap: str | None = None  # the Backend.gaps key that, when declared, skips this model
     dynamic: bool = False  # has a symbolic batch dimension
+    torch_module: Callable[[], Any] | None = None  # the same model as a torch.nn.Module, for .pt2 backends
 
 
 def _save(graph, path: Path) -> Path:
@@ -71,6 +72,7 @@ def mlp(out_dir: Path, batch: int | str = "batch", seed: int = 0) -> KitModel:
         lambda f: {"y": np.maximum(f["x"] @ w + b, 0)},
         gap="dynamic_shapes" if isinstance(batch, str) else None,
         dynamic=isinstance(batch, str),
+        torch_module=lambda: _torch_classes()["mlp"](w, b),
     )
 
 
@@ -107,7 +109,10 @@ def attention(out_dir: Path, seq: int = 8, dim: int = 16, seed: int = 1) -> KitM
         return {"y": p @ v}
 
     x = rng.standard_normal((1, seq, dim)).astype(np.float32)
-    return KitModel("attention", _save(graph, out_dir / "attention.onnx"), {"x": x}, ref, gap="attention")
+    return KitModel(
+        "attention", _save(graph, out_dir / "attention.onnx"), {"x": x}, ref, gap="attention",
+        torch_module=lambda: _torch_classes()["attention"](wq, wk, wv, scale),
+    )
 
 
 def embedding(out_dir: Path, vocab: int = 32, dim: int = 8, seq: int = 6, seed: int = 2) -> KitModel:
@@ -126,7 +131,7 @@ def embedding(out_dir: Path, vocab: int = 32, dim: int = 8, seq: int = 6, seed: 
     ids = rng.integers(0, vocab, size=(1, seq), dtype=np.int64)
     return KitModel(
         "embedding", _save(graph, out_dir / "embedding.onnx"), {"ids": ids}, lambda f: {"y": table[f["ids"]]},
-        gap="int64_inputs",
+        gap="int64_inputs", torch_module=lambda: _torch_classes()["embedding"](table),
     )
 
 
@@ -148,7 +153,64 @@ def two_in_two_out(out_dir: Path, shape: tuple[int, ...] = (2, 4), seed: int = 3
         feeds,
         lambda f: {"sum": f["a"] + f["b"], "prod": f["a"] * f["b"]},
         gap="multiple_outputs",
+        torch_module=lambda: _torch_classes()["two_in_two_out"](),
     )
+
+
+def _torch_classes() -> dict[str, Any]:
+    """The kit models as torch modules (same weights, same input names), for backends that take .pt2."""
+    import torch
+
+    def param(a: np.ndarray) -> torch.nn.Parameter:
+        return torch.nn.Parameter(torch.from_numpy(np.array(a)), requires_grad=False)
+
+    class Mlp(torch.nn.Module):
+        def __init__(self, w, b):
+            super().__init__()
+            self.w, self.b = param(w), param(b)
+
+        def forward(self, x):
+            return torch.relu(x @ self.w + self.b)
+
+    class Attention(torch.nn.Module):
+        def __init__(self, wq, wk, wv, scale):
+            super().__init__()
+            self.wq, self.wk, self.wv = param(wq), param(wk), param(wv)
+            self.scale = float(scale)
+
+        def forward(self, x):
+            q, k, v = x @ self.wq, x @ self.wk, x @ self.wv
+            return torch.softmax(q @ k.transpose(1, 2) * self.scale, dim=-1) @ v
+
+    class Embedding(torch.nn.Module):
+        def __init__(self, table):
+            super().__init__()
+            self.table = param(table)
+
+        def forward(self, ids):
+            return self.table[ids]
+
+    class TwoInTwoOut(torch.nn.Module):
+        def forward(self, a, b):
+            return a + b, a * b
+
+    return {"mlp": Mlp, "attention": Attention, "embedding": Embedding, "two_in_two_out": TwoInTwoOut}
+
+
+def export_pt2(model: KitModel, out_dir: Path) -> Path:
+    """``model`` as a torch.export program (``.pt2``); a symbolic batch where the ONNX has one."""
+    import torch
+
+    assert model.torch_module is not None
+    args = tuple(torch.from_numpy(model.feeds[n]) for n in model.feeds)
+    dynamic = None
+    if model.dynamic:
+        batch = torch.export.Dim("batch", min=1, max=4096)
+        dynamic = {n: {0: batch} for n in model.feeds}
+    program = torch.export.export(model.torch_module().eval(), args, dynamic_shapes=dynamic)
+    path = out_dir / f"{model.name}.pt2"
+    torch.export.save(program, str(path))
+    return path
 
 
 def all_models(out_dir: Path) -> list[KitModel]:
