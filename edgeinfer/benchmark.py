@@ -121,11 +121,15 @@ def plot(report: dict[str, Any], out: Path) -> Path:
         ax2.plot(xs, [r["latency_ms"]["p99"] for r in sel], marker="x", linestyle="--", label=f"p99, seq {seq}")
     ax1.set(xlabel="batch size", ylabel="samples / s", title="throughput")
     ax2.set(xlabel="batch size", ylabel="ms per call", title="latency")
+    ax1.set_ylim(bottom=0)
+    ax2.set_ylim(bottom=0)
     for ax in (ax1, ax2):
         ax.set_xscale("log", base=2)
         ax.grid(True, alpha=0.3)
         ax.legend()
-    fig.suptitle(f"{report['board']} · {report['backend']} {report['scheme']} · ran on {report['device']}")
+    static = f" · static batch {report['static_batch']}: batch N runs as N/{report['static_batch']} calls" if (
+        report.get("static_batch")) else ""
+    fig.suptitle(f"{report['board']} · {report['backend']} {report['scheme']} · ran on {report['device']}{static}")
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=100)
