@@ -123,18 +123,19 @@ def _render_backends(report: dict[str, Any], hints: bool) -> None:
 
     out = console()
     table = Table(title="edgeinfer backends")
-    for col in ("backend", "distribution", "available", "devices", "problems"):
+    for col in ("backend", "distribution", "available", "devices", "mode", "problems"):
         table.add_column(col)
     for b in report["backends"]:
-        problems = "; ".join(
-            p["message"] + (f" → {p['fix']}" if hints else "") for p in b.get("problems", [])
-        )
+        details = b.get("details") or {}
+        notes = [p["message"] + (f" → {p['fix']}" if hints else "") for p in b.get("problems", [])]
+        notes += [f"warning: {w}" for w in details.get("warnings", [])]
         table.add_row(
             b["name"],
             f"{b['distribution']} {b['version']}",
             "yes" if b.get("available") else "no",
             ", ".join(b.get("devices", [])),
-            problems,
+            str(details.get("mode", "")),
+            "; ".join(notes),
         )
     out.print(table)
     for f in report["failed_plugins"]:
