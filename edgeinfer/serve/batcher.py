@@ -53,7 +53,8 @@ class Batcher:
         self.observe = observe or (lambda *a, **k: None)
         self.queues: dict[str, collections.deque[Item]] = {m: collections.deque() for m in models}
         self.events: dict[str, asyncio.Event] = {}
-        self.answered: dict[str, collections.deque[float]] = {m: collections.deque() for m in models}
+        self.inflight: dict[str, int] = {m: 0 for m in models}  # rows accepted and not yet answered
+        self.seen: dict[str, collections.deque[tuple[float, int]]] = {m: collections.deque() for m in models}
         self.tasks: list[asyncio.Task] = []
         self.running: set[asyncio.Task] = set()
 
@@ -73,7 +74,13 @@ class Batcher:
         if self.depth >= self.max_queue:
             raise QueueFull()
         self.queues[item.model].append(item)
+        self.inflight[item.model] += item.rows
+        self.seen[item.model].append((time.monotonic(), self.inflight[item.model]))
+        item.future.add_done_callback(lambda _f, m=item.model, n=item.rows: self._answered(m, n))
         self.events[item.model].set()
+
+    def _answered(self, model: str, rows: int) -> None:
+        self.inflight[model] -= rows
 
     async def _loop(self, model: str) -> None:
         q, ev = self.queues[model], self.events[model]
@@ -86,8 +93,8 @@ class Batcher:
                 await ev.wait()
             first = q[0]
             deadline = first.enqueued + self.window_s
-            # wait for as many requests as were answered lately (closed-loop clients send the next one right
-            # after their answer): a lone client is not held back by the window, a crowd fills the batch
+            # wait for as many rows as were in flight at once lately: a lone client (one request in flight)
+            # is never held back by the window, a crowd of clients fills the batch
             target = min(self.max_batch, max(1, self._recent(model)))
             while self._rows(q, first.key) < target:
                 remaining = deadline - time.monotonic()
@@ -114,11 +121,12 @@ class Batcher:
             task.add_done_callback(self.running.discard)
 
     def _recent(self, model: str) -> int:
-        answered = self.answered[model]
-        horizon = time.monotonic() - (2 * self.window_s + 0.005)
-        while answered and answered[0] < horizon:
-            answered.popleft()
-        return len(answered)
+        """The most rows in flight at once over the last quarter second (or 20 windows)."""
+        seen = self.seen[model]
+        horizon = time.monotonic() - max(0.25, 20 * self.window_s)
+        while seen and seen[0][0] < horizon:
+            seen.popleft()
+        return max((n for _, n in seen), default=1)
 
     def _rows(self, q: collections.deque[Item], key: tuple) -> int:
         return sum(it.rows for it in q if it.key == key and not it.cancelled)
@@ -169,8 +177,6 @@ class Batcher:
         finally:
             self.pool.release(worker)
         self.observe("batch_done", model=model, seconds=time.perf_counter() - t0)
-        now = time.monotonic()
-        self.answered[model].extend([now] * len(batch))
         for it, (status, payload) in zip(batch, parts):
             if it.future.done():
                 continue
