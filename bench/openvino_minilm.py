@@ -25,7 +25,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import write  # noqa: E402

@@ -363,7 +363,7 @@ def golden(
     from . import golden as golden_mod
     from .bundle import Bundle, run_padded
     from .calibration import load_samples
-    from .deploy import load_saved_samples, tokenizer_fn
+    from .deploy import load_saved_samples
     from .loading import load
 
     b = Bundle.open(bundle_dir)

@@ -5,11 +5,6 @@ from __future__ import annotations
 import base64
 import concurrent.futures as cf
 import json
-import os
-import re
-import signal
-import threading
-import time
 
 import httpx
 import numpy as np

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from edgeinfer.backend import CalibrationSet, TensorSpec
-from edgeinfer.errors import BackendUnavailableError, InputError, ModelError
+from edgeinfer.errors import BackendUnavailableError, InputError
 
 # quantized_dtype values rknn-toolkit2 2.5.0 accepts per target (checked with config() on each)
 QUANT_SUPPORT: dict[str, tuple[str, ...]] = {
