@@ -116,32 +116,11 @@ def child(cfg: dict) -> dict:
 
 
 def deep_stack(path: Path, layers: int = 12, dim: int = 1024, seed: int = 0) -> Path:
-    """``layers`` residual blocks x + Relu(x @ W + b) named /layers.N/...: little weight per FLOP
-    at large batch (compute-heavy segments), almost none at batch 1."""
-    import numpy as np
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    """The shared synthetic stack, wide: little weight per FLOP at large batch (compute-heavy
+    segments), almost none at batch 1."""
+    from edgeinfer.testing.models import deep_stack as build
 
-    rng = np.random.default_rng(seed)
-    nodes, inits, x = [], [], "x"
-    for i in range(layers):
-        p = f"/layers.{i}"
-        inits += [numpy_helper.from_array((rng.standard_normal((dim, dim)) / np.sqrt(dim)).astype(np.float32),
-                                          f"layers.{i}.weight"),
-                  numpy_helper.from_array((0.1 * rng.standard_normal(dim)).astype(np.float32), f"layers.{i}.bias")]
-        nodes += [helper.make_node("MatMul", [x, f"layers.{i}.weight"], [f"{p}/mm"], name=f"{p}/MatMul"),
-                  helper.make_node("Add", [f"{p}/mm", f"layers.{i}.bias"], [f"{p}/add"], name=f"{p}/Add"),
-                  helper.make_node("Relu", [f"{p}/add"], [f"{p}/relu"], name=f"{p}/Relu"),
-                  helper.make_node("Add", [x, f"{p}/relu"], [f"{p}/out" if i < layers - 1 else "y"],
-                                   name=f"{p}/Residual")]
-        x = f"{p}/out"
-    graph = helper.make_graph(nodes, "deep_stack",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", dim])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", dim])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, str(path))
-    return path
+    return build(path, layers=layers, dim=dim, batch="b", seed=seed)
 
 
 def summarize(rows: list[dict], n: int) -> None:

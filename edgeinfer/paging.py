@@ -740,22 +740,14 @@ class PagedSession(Session):
 
     @classmethod
     def from_artifacts(
-        cls,
-        backend: Backend,
-        artifacts: Sequence[str | os.PathLike[str]],
-        device: str | None = None,
-        window: int = 1,
-        prefetch: bool = True,
-        resident_prefix: int | None = None,
-        **options: Any,
+        cls, backend: Backend, artifacts: Sequence[str | os.PathLike[str]], **options: Any
     ) -> PagedSession:
         """What ``Bundle.load`` calls for a segmented bundle (``manifest.paging`` spread into the
         keywords). Facts a manifest may record about the split (``segments``, ``cuts``) are not
         load options and are dropped here."""
         for informational in ("segments", "cuts", "index"):
             options.pop(informational, None)
-        return cls(backend, artifacts, device=device, window=window, prefetch=prefetch,
-                   resident_prefix=resident_prefix, **options)
+        return cls(backend, artifacts, **options)
 
     # --- set-up ---------------------------------------------------------------------------------
     def _learn_specs(self) -> None:

@@ -12,6 +12,7 @@ import pytest
 
 from edgeinfer import paging, plugins
 from edgeinfer.errors import EdgeInferError, InputError
+from edgeinfer.testing.models import deep_stack
 
 from helpers import edgeinfer as run_cli
 
@@ -21,32 +22,6 @@ ort = pytest.importorskip("onnxruntime")
 LAYERS, DIM = 12, 32
 
 
-def deep_stack(path: Path, layers: int = LAYERS, dim: int = DIM, batch: int | str = "batch", seed: int = 0) -> Path:
-    """``layers`` residual blocks x + Relu(x @ W + b), nodes named /layers.N/..., then a head."""
-    from onnx import TensorProto, helper, numpy_helper
-
-    rng = np.random.default_rng(seed)
-    nodes, inits, x = [], [], "x"
-    for i in range(layers):
-        p = f"/layers.{i}"
-        inits += [numpy_helper.from_array((rng.standard_normal((dim, dim)) / np.sqrt(dim)).astype(np.float32),
-                                          f"layers.{i}.weight"),
-                  numpy_helper.from_array((0.1 * rng.standard_normal(dim)).astype(np.float32), f"layers.{i}.bias")]
-        nodes += [helper.make_node("MatMul", [x, f"layers.{i}.weight"], [f"{p}/mm"], name=f"{p}/MatMul"),
-                  helper.make_node("Add", [f"{p}/mm", f"layers.{i}.bias"], [f"{p}/add"], name=f"{p}/Add"),
-                  helper.make_node("Relu", [f"{p}/add"], [f"{p}/relu"], name=f"{p}/Relu"),
-                  helper.make_node("Add", [x, f"{p}/relu"], [f"{p}/out"], name=f"{p}/Residual")]
-        x = f"{p}/out"
-    inits.append(numpy_helper.from_array(np.float32([0.5]), "head.scale"))
-    nodes.append(helper.make_node("Mul", [x, "head.scale"], ["y"], name="/head/Mul"))
-    graph = helper.make_graph(nodes, "deep_stack",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, dim])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, dim])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    onnx.save(model, str(path))
-    return path
 
 
 def numpy_deep_stack(x: np.ndarray, path: Path) -> np.ndarray:

@@ -213,6 +213,36 @@ def export_pt2(model: KitModel, out_dir: Path) -> Path:
     return path
 
 
+def deep_stack(path: Path, layers: int = 12, dim: int = 32, batch: int | str = "batch", seed: int = 0) -> Path:
+    """``layers`` residual blocks x + Relu(x @ W + b), nodes named /layers.N/..., then a head:
+    the synthetic deep stack the paging tests and benchmark split at layer boundaries."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    nodes, inits, x = [], [], "x"
+    for i in range(layers):
+        p = f"/layers.{i}"
+        inits += [numpy_helper.from_array((rng.standard_normal((dim, dim)) / np.sqrt(dim)).astype(np.float32),
+                                          f"layers.{i}.weight"),
+                  numpy_helper.from_array((0.1 * rng.standard_normal(dim)).astype(np.float32), f"layers.{i}.bias")]
+        nodes += [helper.make_node("MatMul", [x, f"layers.{i}.weight"], [f"{p}/mm"], name=f"{p}/MatMul"),
+                  helper.make_node("Add", [f"{p}/mm", f"layers.{i}.bias"], [f"{p}/add"], name=f"{p}/Add"),
+                  helper.make_node("Relu", [f"{p}/add"], [f"{p}/relu"], name=f"{p}/Relu"),
+                  helper.make_node("Add", [x, f"{p}/relu"], [f"{p}/out"], name=f"{p}/Residual")]
+        x = f"{p}/out"
+    inits.append(numpy_helper.from_array(np.float32([0.5]), "head.scale"))
+    nodes.append(helper.make_node("Mul", [x, "head.scale"], ["y"], name="/head/Mul"))
+    graph = helper.make_graph(nodes, "deep_stack",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, dim])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, dim])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
 def all_models(out_dir: Path) -> list[KitModel]:
     out_dir.mkdir(parents=True, exist_ok=True)
     return [mlp(out_dir, batch=2), mlp(out_dir), attention(out_dir), embedding(out_dir), two_in_two_out(out_dir)]
