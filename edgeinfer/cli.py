@@ -366,7 +366,7 @@ def golden(
     from .deploy import load_saved_samples
     from .loading import load
 
-    b = Bundle.open(bundle_dir)
+    b = Bundle.open(bundle_dir, verify="full")
     limit = threshold if threshold is not None else (b.manifest.golden or {}).get("threshold", 0.99)
     if inputs:
         if reference is None:
@@ -376,8 +376,8 @@ def golden(
         with load(reference, backend="onnxruntime") as ref:
             expected = [run_padded(ref, s) for s in samples]
     else:
-        samples = load_saved_samples(b.path / "golden" / "inputs.npz")
-        expected = load_saved_samples(b.path / "golden" / "expected.npz")
+        samples = load_saved_samples(b.file("golden/inputs.npz", "golden inputs"))
+        expected = load_saved_samples(b.file("golden/expected.npz", "golden reference outputs"))
     with b.load(device=device) as session:
         got = [run_padded(session, s) for s in samples]
         report = golden_mod.compare(expected, got, samples, limit)
@@ -387,6 +387,30 @@ def golden(
     if not report["passed"]:
         click.echo(f"error: golden check failed; worst: {golden_mod.worst_samples_line(report)}", err=True)
         ctx.exit(errors.NEGATIVE)
+
+
+@cli.command()
+@click.argument("bundle_dir", metavar="BUNDLE", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
+@click.pass_context
+def verify(ctx: click.Context, bundle_dir: Path, as_json: bool) -> None:
+    """Check every file of BUNDLE against the sizes and sha256 in its manifest (exit 2 when any differs)."""
+    from .bundle import verify as verify_bundle
+
+    report = verify_bundle(bundle_dir)
+
+    def render(r: dict[str, Any]) -> None:
+        if r["ok"]:
+            console().print(f"bundle {r['bundle']}: {r['files']} files, {r['bytes']} bytes, all match the manifest")
+        for p in r["problems"]:
+            click.echo(f"  {p}")
+
+    emit(report, as_json, render)
+    if not report["ok"]:
+        n = len(report["problems"])
+        click.echo(f"error: bundle {bundle_dir} is damaged: {n} file{'s' if n > 1 else ''} differ from the manifest; "
+                   "deploy the model again", err=True)
+        ctx.exit(errors.USAGE)
 
 
 def parse_options(items: tuple[str, ...]) -> dict[str, Any]:

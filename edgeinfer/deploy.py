@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from . import bundle as bundle_mod
-from . import calibration, golden, plugins, stamp
+from . import calibration, golden, plugins, seal, stamp
 from .backend import CalibrationSet, Session, TensorSpec
 from .boards import Board, get_board
 from .bundle import Manifest, TextSpec, run_padded
@@ -207,11 +207,15 @@ def save_samples(path: Path, samples: list[dict[str, np.ndarray]]) -> None:
 
 
 def load_saved_samples(path: Path) -> list[dict[str, np.ndarray]]:
-    data = np.load(path, allow_pickle=False)
     out: dict[int, dict[str, np.ndarray]] = {}
-    for key in data.files:
-        i, _, name = key.partition("/")
-        out.setdefault(int(i), {})[name] = data[key]
+    try:
+        with np.load(path, allow_pickle=False) as data:  # object arrays raise: nothing is unpickled
+            for key in data.files:
+                i, _, name = key.partition("/")
+                out.setdefault(int(i), {})[name] = data[key]
+    except Exception as e:
+        why = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
+        raise InputError(f"{path} is not a golden sample file written by edgeinfer ({why}); deploy again") from None
     return [out[i] for i in sorted(out)]
 
 
@@ -304,12 +308,12 @@ def deploy(
     # 4. convert (or reuse the cached bundle), golden check, bundle
     key = _cache_key(src, b, scheme, shapes_used, backend, calib_samples, held, {**(options or {}), **layout})
     cached_dir = cache_root() / key
-    cached = use_cache and (cached_dir / bundle_mod.MANIFEST).exists()
+    cached = use_cache and _cache_entry_intact(cached_dir, progress)
     with tempfile.TemporaryDirectory(prefix=".edgeinfer-deploy-", dir=_tmp_parent(out_dir)) as tmp:
         work = Path(tmp) / "bundle"
         if cached:
             progress.note(f"reusing the cached conversion of {src.path.name} for {b.name} ({scheme}): {cached_dir}")
-            shutil.copytree(cached_dir, work)
+            shutil.copytree(cached_dir, work, ignore=shutil.ignore_patterns(seal.SEAL))
             manifest = bundle_mod.Bundle.open(work).manifest
         else:
             work.mkdir()
@@ -428,10 +432,25 @@ def _cache_key(src, b, scheme, shapes, backend, calib_samples, held, options) ->
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
+def _cache_entry_intact(cached_dir: Path, progress: Progress) -> bool:
+    """Whether a cached bundle may be reused: every file as its seal recorded it at store time.
+
+    A damaged or unsealed entry is discarded (and the bundle rebuilt), never reused.
+    """
+    if not cached_dir.exists():
+        return False
+    if seal.intact(cached_dir):
+        return True
+    progress.note(f"discarding a damaged cache entry (files differ from their seal): {cached_dir}")
+    shutil.rmtree(cached_dir, ignore_errors=True)
+    return False
+
+
 def _store_cache(cached_dir: Path, work: Path) -> None:
     tmp = cached_dir.with_name(cached_dir.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(work, tmp)
+    seal.seal_dir(tmp)  # verified before every reuse
     shutil.rmtree(cached_dir, ignore_errors=True)
     tmp.rename(cached_dir)
 

@@ -1,14 +1,19 @@
-"""``edgeinfer.load``: pick the backend for a file, convert it when it is not native, cache the result."""
+"""``edgeinfer.load``: pick the backend for a file, convert it when it is not native, cache the result.
+
+A cache entry is sealed (:mod:`edgeinfer.seal`) once the conversion is complete and hashed again
+before each reuse: a damaged or half-written entry is converted again, never loaded.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
-from . import plugins, stamp
+from . import plugins, seal, stamp
 from .backend import Backend, Session
 from .errors import InputError
 
@@ -56,10 +61,14 @@ def converted(backend: Backend, path: Path, options: dict[str, Any]) -> Path:
         default=str,
     )
     key = hashlib.sha256(key_src.encode()).hexdigest()[:24]
-    out = cache_dir() / backend.name / key / (path.stem + backend.native_suffixes[0])
-    if out.exists() and stamp.stamp_path(out).exists():
+    entry = cache_dir() / backend.name / key
+    out = entry / (path.stem + backend.native_suffixes[0])
+    if seal.intact(entry) and out.is_file():
         return out
-    return backend.quantize(path, scheme, None, out, **convert_opts)
+    shutil.rmtree(entry, ignore_errors=True)  # damaged, unsealed or half-written: convert again
+    made = backend.quantize(path, scheme, None, out, **convert_opts)
+    seal.seal_dir(entry)  # verified before every reuse
+    return made
 
 
 def load(path: Any, backend: str | None = None, device: str | None = None, **options: Any) -> Session:

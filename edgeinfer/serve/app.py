@@ -156,7 +156,7 @@ def open_models(paths: list[Path]) -> dict[str, ServedModel]:
     """Open every bundle (manifest and artifacts checked here, before any worker starts)."""
     models: dict[str, ServedModel] = {}
     for p in paths:
-        bundle = Bundle.open(p)
+        bundle = Bundle.open(p, verify="full")  # every file hashed once at start-up (docs/deploy.md)
         name = bundle.path.resolve().name
         if name in models:
             raise InputError(f"two bundles are both named {name!r}; serve bundles from directories with distinct names")
