@@ -179,9 +179,14 @@ def parse_inputs(specs: tuple[str, ...]) -> dict[str, Any]:
         if not path.is_file():
             raise InputError(f"--input {name}: file not found: {path}")
         try:
-            feeds[name] = np.load(path, allow_pickle=False)
+            arr = np.load(path, allow_pickle=False)  # object arrays raise: nothing is unpickled
         except Exception as e:
-            raise InputError(f"--input {name}: {path} is not a readable .npy file ({e})") from None
+            why = (str(e).splitlines() or [type(e).__name__])[0][:160]
+            raise InputError(f"--input {name}: {path} is not a readable .npy file ({why})") from None
+        if not isinstance(arr, np.ndarray):
+            arr.close()
+            raise InputError(f"--input {name}: {path} is a .npz archive; pass one .npy array per input")
+        feeds[name] = arr
     return feeds
 
 
@@ -408,7 +413,7 @@ def verify(ctx: click.Context, bundle_dir: Path, as_json: bool) -> None:
     emit(report, as_json, render)
     if not report["ok"]:
         n = len(report["problems"])
-        click.echo(f"error: bundle {bundle_dir} is damaged: {n} file{'s' if n > 1 else ''} differ from the manifest; "
+        click.echo(f"error: bundle {bundle_dir} is damaged: {n} file{'s differ' if n > 1 else ' differs'} from the manifest; "
                    "deploy the model again", err=True)
         ctx.exit(errors.USAGE)
 

@@ -16,12 +16,14 @@ source"). In torch 2.13 an archive can make it, or the program it returns, run c
 So an archive is read with Python's ``zipfile``, every member is checked against the layout
 ``torch.export.save`` writes, pickled payloads and compiled code are refused, the graph is checked
 (ATen/prims operators and symbolic-shape operators only, symbolic expressions from a small
-vocabulary, plain containers in pytree specs), guards code, node metadata and sample inputs are
-dropped, and torch loads a fresh archive rebuilt from exactly the bytes that were checked.
+vocabulary, plain containers in pytree specs, guards that are shape checks, sample inputs that
+torch's ``weights_only`` unpickler reads), then guards code, node metadata and sample inputs are
+dropped and torch loads a fresh archive rebuilt from exactly the bytes that were checked.
 """
 
 from __future__ import annotations
 
+import ast
 import io
 import json
 import re
@@ -76,12 +78,15 @@ def sanitized(data: bytes, name: str) -> bytes:
     members = _members(data, name)
     graph = _json(members, _GRAPH, name)
     _check_graph(graph, name)
+    _check_guards(graph.get("guards_code"), name)
     graph["guards_code"] = []  # exec'd by ExportedProgram.module(); edgeinfer checks feeds itself
     for cfg_name, files in _CONFIGS.items():
         if cfg_name in members:
             _check_payload_config(_json(members, cfg_name, name), files, name)
+    if members.get(_SAMPLE_INPUTS):
+        _check_sample_inputs(members[_SAMPLE_INPUTS], name)
     members[_GRAPH] = json.dumps(graph).encode()
-    members[_SAMPLE_INPUTS] = b""  # pickled example inputs: not needed to run the program
+    members[_SAMPLE_INPUTS] = b""  # example inputs: not needed to run the program, so torch never unpickles them
     return _rebuild(members)
 
 
@@ -171,6 +176,23 @@ def _check_payload_config(cfg: Any, files: re.Pattern[str], name: str) -> None:
             raise UnsafeProgram(f"{name}: {fqn!r} is stored as {path!r}, not a raw tensor; refusing it")
 
 
+def _check_sample_inputs(blob: bytes, name: str) -> None:
+    """Refuse example inputs that torch's restricted unpickler (``weights_only=True``) cannot read.
+
+    torch would retry those with ``weights_only=False``; we drop them either way, but a file that
+    needs more than tensors and containers there is not what ``torch.export.save`` writes.
+    """
+    import torch
+
+    try:
+        torch.load(io.BytesIO(blob), weights_only=True, map_location="cpu")
+    except Exception:
+        raise UnsafeProgram(
+            f"{name}: its sample inputs hold pickled Python objects that torch.load(weights_only=True) refuses, "
+            "not just tensors; refusing it"
+        ) from None
+
+
 def _rebuild(members: dict[str, bytes]) -> bytes:
     from torch.export.pt2_archive import PT2ArchiveWriter
 
@@ -211,6 +233,40 @@ def _check_graph(doc: Any, name: str) -> None:
                 raise UnsafeProgram(f"{name}: the program uses {key[3:].replace('_', ' ')}s, which edgeinfer does not load")
             else:
                 stack.append(value)
+
+
+_GUARD_NODES = (
+    ast.Expression, ast.Compare, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.USub, ast.UAdd,
+    ast.BinOp, ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow,
+    ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.Constant, ast.Subscript, ast.Load, ast.Name,
+    ast.Attribute, ast.Call,
+)
+_GUARD_ATTRS = frozenset(["size", "stride", "storage_offset", "shape", "dim"])
+
+
+def _check_guards(guards: Any, name: str) -> None:
+    """Guards are shape checks such as ``L['x'].size()[0] <= 4096``; anything else is refused.
+
+    They are dropped before loading in any case (torch would ``exec`` them).
+    """
+    if guards in (None, []):
+        return
+    if not isinstance(guards, list) or not all(isinstance(g, str) for g in guards):
+        raise ModelError(f"{name}: malformed guards_code")
+    for g in guards:
+        try:
+            tree = ast.parse(g, mode="eval")
+        except (SyntaxError, ValueError):
+            tree = None
+        ok = tree is not None and all(
+            isinstance(n, _GUARD_NODES)
+            and (not isinstance(n, ast.Name) or n.id == "L")
+            and (not isinstance(n, ast.Attribute) or n.attr in _GUARD_ATTRS)
+            and (not isinstance(n, ast.Call) or isinstance(n.func, ast.Attribute))
+            for n in ast.walk(tree)
+        )
+        if not ok:
+            raise UnsafeProgram(f"{name}: its guards code {g[:60]!r} is not a shape check; refusing it")
 
 
 def _check_target(target: Any, name: str) -> None:
