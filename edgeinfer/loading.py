@@ -66,8 +66,12 @@ def converted(backend: Backend, path: Path, options: dict[str, Any]) -> Path:
     if seal.intact(entry) and out.is_file():
         return out
     shutil.rmtree(entry, ignore_errors=True)  # damaged, unsealed or half-written: convert again
-    made = backend.quantize(path, scheme, None, out, **convert_opts)
-    seal.seal_dir(entry)  # verified before every reuse
+    try:
+        made = backend.quantize(path, scheme, None, out, **convert_opts)
+        seal.seal_dir(entry)  # verified before every reuse
+    except BaseException:
+        shutil.rmtree(entry, ignore_errors=True)  # a failed conversion leaves no entry behind
+        raise
     return made
 
 

@@ -95,6 +95,7 @@ def strip_module_prefix(state: dict[str, Any]) -> dict[str, Any]:
 def load_state_dict(weights: Path) -> dict[str, Any]:
     """Tensors of a weights file (or a directory of safetensors shards); never unpickles objects."""
     import pickle
+    import warnings
 
     import torch
 
@@ -114,11 +115,13 @@ def load_state_dict(weights: Path) -> dict[str, Any]:
         except Exception as e:
             raise ModelError(f"{weights.name} is not a readable safetensors file ({e}); download it again") from None
     try:
-        obj = torch.load(str(weights), map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
+        with warnings.catch_warnings():  # e.g. "Detected pickle protocol 4": noise next to the one-line error
+            warnings.simplefilter("ignore")
+            obj = torch.load(str(weights), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
         raise ModelError(
-            f"{weights.name} holds pickled Python objects, not just tensors; refusing to unpickle it "
-            f"(weights_only=True: {str(e).splitlines()[0][:120]}). Save model.state_dict() or safetensors instead"
+            f"{weights.name} holds pickled Python objects, not just tensors, and torch.load(weights_only=True) "
+            "refuses it (nothing was unpickled); save model.state_dict() or safetensors instead"
         ) from None
     except Exception as e:
         raise ModelError(f"{weights.name} is not a readable PyTorch weights file ({str(e).splitlines()[0]})") from None
