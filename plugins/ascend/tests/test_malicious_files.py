@@ -192,3 +192,22 @@ def test_a_checked_program_still_runs_and_matches(base_pt2):
     checked = pt2.load(base_pt2.read_bytes(), base_pt2.name).module()(x)
     trusted = torch.export.load(str(base_pt2)).module()(x)
     torch.testing.assert_close(checked, trusted)
+
+
+def test_crafted_program_swapped_into_the_cache_is_not_loaded(base_pt2, x_npy, tmp_path):
+    """A converted .pt2 is cached as an .ascend artifact; swapping in a crafted one is detected (seal) and
+    the entry is converted again from the real source, so the payload never reaches torch."""
+    marker = tmp_path / "MARKER"
+    cache = tmp_path / "cache"
+    run = ("run", str(base_pt2), "--backend", "ascend", "-i", f"x={x_npy}", "--json")
+    first = _cli(*run, cwd=tmp_path, cache=cache)
+    assert first.returncode == 0, first.stderr[-2000:]
+    (cached,) = cache.rglob("*.ascend")
+    evil = evil_pt2.craft(base_pt2, "pickled_sample_inputs", tmp_path / "evil.pt2", marker)
+    _ascend_artifact(evil.read_bytes(), cached)
+    again = _cli(*run, cwd=tmp_path, cache=cache)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert not marker.exists()
+    with zipfile.ZipFile(cached) as z:
+        assert z.read("program.pt2") != evil.read_bytes()  # converted again from the real source
+    assert json.loads(again.stdout)["outputs"] == json.loads(first.stdout)["outputs"]
