@@ -41,7 +41,8 @@ def test_two_bundles_with_the_same_name_are_refused(tmp_path):
         (d / "m.onnx").parent.mkdir(parents=True)
         (d / "m.onnx").write_bytes(b"x")
         write(d, Manifest(backend="onnxruntime", board="b", scheme="fp32", artifacts=["m.onnx"],
-                          inputs=[TensorSpec("x", ("batch", 3), "float32")], outputs=[], source={}))
+                          inputs=[TensorSpec("x", ("batch", 3), "float32")],
+                          outputs=[TensorSpec("y", ("batch", 3), "float32")], source={}))
         paths.append(d)
     with pytest.raises(InputError, match="distinct names"):
         open_models(paths)
