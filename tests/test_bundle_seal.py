@@ -390,3 +390,18 @@ def test_deployed_bundle_as_built_runs_and_passes_golden(deployed, x_npy, tmp_pa
     golden = edgeinfer("golden", str(deployed), "--json")
     assert golden.returncode == 0, golden.stderr[-2000:]
     assert json.loads(golden.stdout)["passed"] is True
+
+
+def test_deployed_manifest_matches_the_published_schema(deployed):
+    import jsonschema
+
+    from edgeinfer import bundle as bundle_mod
+
+    schema = json.loads((Path(bundle_mod.__file__).parent / "schemas" / "manifest.schema.json").read_text())
+    manifest = json.loads((deployed / "manifest.json").read_text())
+    jsonschema.validate(manifest, schema)
+    assert set(manifest["files"]) == {"model.xml", "model.bin", "model.xml.stamp.json", "golden/inputs.npz",
+                                      "golden/expected.npz"}
+    bad = {**manifest, "artifacts": ["../../elsewhere/model.xml"]}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, schema)
