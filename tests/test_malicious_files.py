@@ -251,3 +251,16 @@ def test_damaged_artifact_cache_entry_is_converted_again(mlp, tmp_path):
     np.testing.assert_allclose(again, mlp.reference(mlp.feeds)["y"], rtol=1e-4, atol=1e-4)
     np.testing.assert_array_equal(again, first)
     assert _sha(weights) == original
+
+
+@pytest.mark.parametrize("stamp", ['{"backend": 3}', '{"backend": "onnxruntime", "versions": "x"}',
+                                   '{"backend": "onnxruntime", "target": []}', "[1]", "not json"])
+def test_malformed_stamp_is_one_line(mlp, tmp_path, stamp):
+    model = tmp_path / "m.onnx"
+    shutil.copy(mlp.path, model)
+    (tmp_path / "m.onnx.stamp.json").write_text(stamp)
+    x = tmp_path / "x.npy"
+    np.save(x, mlp.feeds["x"])
+    before = _files(tmp_path)
+    _refused(edgeinfer("run", str(model), "-i", f"x={x}"), tmp_path / "MARKER", "stamp")
+    assert _files(tmp_path) == before
