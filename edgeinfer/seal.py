@@ -2,7 +2,7 @@
 
 A bundle's manifest (and a cache entry's seal) names files by relative POSIX paths. A path is
 accepted only when it is relative, has no ``..`` component and still lies inside the directory
-once symlinks are resolved. Each file is recorded as ``{"size": bytes, "sha256": hex}``; checking
+once symlinks are resolved. Runtime logs (``*.log``) are not recorded. Each file is recorded as ``{"size": bytes, "sha256": hex}``; checking
 the size is cheap (one ``stat``), the hash reads the whole file (see bench/bundle_hashing.py).
 """
 
@@ -17,6 +17,13 @@ from .errors import InputError
 from .stamp import sha256_file
 
 FileRecord = dict[str, Any]  # {"size": int, "sha256": str}
+# runtime logs a backend appends to next to its artifact while it runs (e.g. RKNN's model.rknn.log):
+# never loaded as a model, so not sealed
+UNSEALED_SUFFIXES = (".log",)
+
+
+def sealed_name(rel: str) -> bool:
+    return not rel.endswith(UNSEALED_SUFFIXES)
 
 
 def relative(rel: Any, field: str) -> str:
@@ -54,7 +61,7 @@ def record(directory: Path, skip: set[str] | frozenset[str] = frozenset()) -> di
         for name in sorted(filenames):
             path = Path(dirpath) / name
             rel = path.relative_to(directory).as_posix()
-            if rel in skip or path.is_symlink() or not path.is_file():
+            if rel in skip or not sealed_name(rel) or path.is_symlink() or not path.is_file():
                 continue
             out[rel] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
     return out
@@ -102,7 +109,8 @@ def intact(directory: Path) -> bool:
         recorded = json.loads((directory / SEAL).read_text())
         if not isinstance(recorded, dict):
             return False
-        present = {p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file() or p.is_symlink()}
+        present = {rel for p in directory.rglob("*") if (p.is_file() or p.is_symlink())
+                   and sealed_name(rel := p.relative_to(directory).as_posix())}
         if present - {SEAL} != set(recorded):
             return False
         return not check(directory, recorded, full=True)

@@ -405,3 +405,14 @@ def test_deployed_manifest_matches_the_published_schema(deployed):
     bad = {**manifest, "artifacts": ["../../elsewhere/model.xml"]}
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(bad, schema)
+
+
+def test_runtime_logs_are_not_sealed(deployed, x_npy, tmp_path):
+    """Backends append to *.log next to their artifact while running (RKNN): that must not break the seal."""
+    bundle = _copy(deployed, tmp_path)
+    (bundle / "model.xml.log").write_text("a runtime log line\n")
+    proc = _run_plain(bundle, x_npy, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert edgeinfer("verify", str(bundle)).returncode == 0
+    (bundle / "model.xml.log").write_text("grown\n" * 100)
+    assert edgeinfer("verify", str(bundle)).returncode == 0
