@@ -57,7 +57,8 @@ def cli(debug: bool) -> None:
 
     \b
     Exit codes: 0 ok; 1 negative verdict (does not fit, check failed);
-                2 usage or input error; 3 backend or device unavailable.
+                2 usage or input error; 3 backend or device unavailable;
+                130 interrupted (Ctrl-C), 143 terminated (SIGTERM).
     """
 
 
@@ -484,12 +485,52 @@ def _one_line_warning(message, category, filename, lineno, line=None) -> str:  #
     return f"warning: {' '.join(str(message).split())}\n"
 
 
-def main() -> None:
+def _raise_interrupted(signum: int, frame: Any) -> None:
+    raise errors.Interrupted(signum)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def invoke(argv: list[str] | None = None) -> int:
+    """Run the CLI on ``argv`` and return its exit code; every error is one line on stderr.
+
+    Click usage errors become ``error: ... (see 'edgeinfer CMD --help')``, exit 2 (not click's
+    multi-line usage block); Ctrl-C exits 130 and SIGTERM 143 (128 + signal), after the
+    interrupted command removed its temporaries.
+    """
+    import signal
+
+    try:
+        rv = cli.main(args=argv, prog_name="edgeinfer", standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as e:
+        click.echo(e.ctx.get_help() if e.ctx else "")
+        click.echo("error: missing command (see 'edgeinfer --help')", err=True)
+        return errors.USAGE
+    except click.UsageError as e:
+        where = e.ctx.command_path if e.ctx else "edgeinfer"
+        click.echo(f"error: {_one_line(e.format_message()).rstrip('.')} (see '{where} --help')", err=True)
+        return errors.USAGE
+    except click.ClickException as e:
+        click.echo(f"error: {_one_line(e.format_message())}", err=True)
+        return e.exit_code
+    except (click.Abort, KeyboardInterrupt) as e:
+        cause = e if isinstance(e, KeyboardInterrupt) else e.__cause__ or e.__context__
+        signum = getattr(cause, "signum", signal.SIGINT)
+        click.echo(f"error: interrupted ({signal.Signals(signum).name}); nothing was left behind", err=True)
+        return 128 + signum
+    return rv if isinstance(rv, int) else errors.OK
+
+
+def main(argv: list[str] | None = None) -> None:
+    import signal
     import warnings
 
     warnings.formatwarning = _one_line_warning  # e.g. an NPU that fell back to CPU: one line, no source echo
+    signal.signal(signal.SIGTERM, _raise_interrupted)
     _attach_optional_commands()
-    cli(prog_name="edgeinfer")
+    sys.exit(invoke(argv))
 
 
 if __name__ == "__main__":  # pragma: no cover
