@@ -7,9 +7,9 @@ unless --debug); ``--json`` puts only JSON on stdout; colour only on a terminal.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -72,7 +72,18 @@ def console(stderr: bool = False) -> Any:
 
 
 def print_json(data: Any) -> None:
-    click.echo(json.dumps(data, indent=2, default=str))
+    click.echo(json.dumps(_json_safe(data), indent=2, default=str, allow_nan=False))
+
+
+def _json_safe(data: Any) -> Any:
+    """NaN / Inf → null: bare ``NaN`` is not JSON, and a script reading us would choke on it."""
+    if isinstance(data, float):
+        return data if data == data and data not in (float("inf"), float("-inf")) else None
+    if isinstance(data, dict):
+        return {k: _json_safe(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_json_safe(v) for v in data]
+    return data
 
 
 def emit(data: Any, as_json: bool, render: Callable[[Any], None]) -> None:
@@ -186,13 +197,42 @@ def parse_inputs(specs: tuple[str, ...]) -> dict[str, Any]:
     return feeds
 
 
+def token_id_limits(model: Path, bundle: Any) -> dict[str, int]:
+    """Integer inputs that index an embedding table → its row count (from the ONNX graph,
+    else the bundle's tokenizer); empty when the model does not tell."""
+    from .models.onnx import index_limits
+
+    files = [a for a in bundle.artifacts if a.suffix == ".onnx"] if bundle else [model] if model.suffix == ".onnx" else []
+    limits: dict[str, int] = {}
+    for f in files[:1]:
+        limits.update(index_limits(f))
+    if bundle is not None and bundle.manifest.text is not None and "input_ids" not in limits:
+        limits["input_ids"] = bundle._tokenizer.get_vocab_size()
+    return limits
+
+
+def check_token_ids(feeds: dict[str, Any], limits: dict[str, int]) -> None:
+    """Refuse token ids outside [0, vocabulary): a backend would read out of bounds or return garbage."""
+    for name, rows in limits.items():
+        arr = feeds.get(name)
+        if arr is None or arr.dtype.kind not in "iu" or arr.size == 0:
+            continue
+        lo, hi = int(arr.min()), int(arr.max())
+        if lo < 0 or hi >= rows:
+            bad = lo if lo < 0 else hi
+            raise InputError(f"--input {name}: id {bad} is outside the model's vocabulary [0, {rows}); "
+                             "pass ids made by the model's tokenizer (or use --text)")
+
+
 def write_outputs(outputs: dict[str, Any], out_dir: Path) -> list[Path]:
     """Write every output as ``out_dir/<name>.npy``, all or nothing."""
     import numpy as np
 
+    from .files import temp_dir
+
     out_dir.mkdir(parents=True, exist_ok=True)
     staged = []
-    with tempfile.TemporaryDirectory(dir=out_dir, prefix=".edgeinfer-") as tmp:
+    with temp_dir(out_dir, "outputs") as tmp:
         for name, arr in outputs.items():
             safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
             p = Path(tmp) / f"{safe}.npy"
@@ -235,6 +275,7 @@ def run(
     import numpy as np
 
     from .bundle import Bundle, is_bundle, run_padded
+    from .golden import non_finite
     from .loading import load
 
     if not model.exists():
@@ -243,10 +284,16 @@ def run(
         raise InputError("give either --text or --input, not both")
     if not texts and not inputs:
         raise InputError("nothing to run: pass --input NAME=FILE.npy (or --text for text bundles)")
+    if out_dir is not None:
+        from .files import check_output_dir
+
+        check_output_dir(out_dir, "--out")
     bundle = Bundle.open(model) if is_bundle(model) else None
     if texts and bundle is None:
         raise InputError("--text needs a bundle with a tokenizer (made by `edgeinfer deploy` from a HF directory)")
     feeds = bundle.tokenize(list(texts)) if texts else parse_inputs(inputs)
+    if not texts:
+        check_token_ids(feeds, token_id_limits(model, bundle))
     t0 = time.perf_counter()
     if window is not None or segments is not None or cuts:
         from .paging import open_paged
@@ -273,11 +320,16 @@ def run(
         "backend": session.backend_name,
         "device": session.device,
         "outputs": [
-            {"name": k, "shape": list(np.shape(v)), "dtype": np.asarray(v).dtype.name} for k, v in outputs.items()
+            {"name": k, "shape": list(np.shape(v)), "dtype": np.asarray(v).dtype.name, "non_finite": non_finite(v)}
+            for k, v in outputs.items()
         ],
         "timing_ms": {"load": load_s * 1e3, "run": run_s * 1e3},
         "written": [str(p) for p in written],
     }
+    for o in report["outputs"]:
+        if o["non_finite"]:
+            click.echo(f"warning: output {o['name']} holds {o['non_finite']} NaN/Inf values (reported as null in --json)",
+                       err=True)
     if hasattr(session, "stats"):  # a paged session: page-in times and resident bytes
         report["paging"] = session.stats()
     if "embeddings" in outputs:
@@ -367,6 +419,8 @@ def golden(
     from .deploy import load_saved_samples
     from .loading import load
 
+    if threshold is not None and not (math.isfinite(threshold) and -1 <= threshold <= 1):
+        raise InputError(f"--threshold is a minimum cosine between -1 and 1, got {threshold}")
     b = Bundle.open(bundle_dir)
     limit = threshold if threshold is not None else (b.manifest.golden or {}).get("threshold", 0.99)
     if inputs:
@@ -432,10 +486,15 @@ def bench(
 
     if repeat < 1:
         raise InputError(f"--repeat must be at least 1, got {repeat}")
-    b = Bundle.open(bundle_dir)
+    batches = _int_list(batch, "--batch")
     seqs: list[int | None] = list(_int_list(seq, "--seq")) if seq else [None]
+    if plot is not None:  # before the benchmark, not after minutes of it
+        from .files import check_output_file
+
+        check_output_file(plot, "--plot", benchmark.PLOT_SUFFIXES)
+    b = Bundle.open(bundle_dir)
     with b.load(device=device) as session:
-        report = benchmark.bench(b, session, _int_list(batch, "--batch"), seqs, repeat, progress=Progress(
+        report = benchmark.bench(b, session, batches, seqs, repeat, progress=Progress(
             enabled=None if not as_json else False))
     if plot:
         report["plot"] = str(benchmark.plot(report, plot))
