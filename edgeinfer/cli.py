@@ -187,6 +187,8 @@ def parse_inputs(specs: tuple[str, ...]) -> dict[str, Any]:
         name, sep, file = item.partition("=")
         if not sep or not name or not file:
             raise InputError(f"--input {item!r} is not NAME=FILE.npy")
+        if name in feeds:
+            raise InputError(f"--input {name} is given twice; give each input once")
         path = Path(file)
         if not path.is_file():
             raise InputError(f"--input {name}: file not found: {path}")
@@ -298,6 +300,9 @@ def run(
     if window is not None or segments is not None or cuts:
         from .paging import open_paged
 
+        for opt, value in (("--paging", window), ("--segments", segments)):
+            if value is not None and value < 1:
+                raise InputError(f"{opt} must be at least 1, got {value}")
         if window is None or bundle is not None:
             raise InputError("--segments/--cut go with --paging W on an .onnx model (a paged bundle pages by itself)")
         session = open_paged(model, backend=backend, device=device, window=window, segments=segments,
@@ -428,6 +433,8 @@ def golden(
             raise InputError("--inputs needs --reference MODEL.onnx (the fp32 model to compare against)")
         tok = (lambda texts: b.tokenize(texts)) if b.manifest.text else None
         samples = load_samples(inputs, b.manifest.inputs, tok)
+        if not samples:
+            raise InputError(f"--inputs {inputs} holds no samples; pass a .txt with lines, or a non-empty .npz")
         with load(reference, backend="onnxruntime") as ref:
             expected = [run_padded(ref, s) for s in samples]
     else:
@@ -458,13 +465,20 @@ def parse_options(items: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
-def _int_list(value: str, what: str) -> list[int]:
+MAX_BENCH_BATCH = 4096  # far past any edge NPU's useful batch; larger values only exhaust memory
+MAX_BENCH_SEQ = 2**20
+MAX_BENCH_REPEAT = 100_000
+
+
+def _int_list(value: str, what: str, largest: int) -> list[int]:
     try:
         out = [int(v) for v in value.split(",") if v.strip()]
     except ValueError:
         out = []
     if not out or any(v <= 0 for v in out):
         raise InputError(f"{what} {value!r} is not a comma-separated list of positive integers, e.g. 1,8,32")
+    if max(out) > largest:
+        raise InputError(f"{what} {max(out)} is larger than {largest}, the most edgeinfer bench runs")
     return out
 
 
@@ -484,10 +498,10 @@ def bench(
     from .bundle import Bundle
     from .progress import Progress
 
-    if repeat < 1:
-        raise InputError(f"--repeat must be at least 1, got {repeat}")
-    batches = _int_list(batch, "--batch")
-    seqs: list[int | None] = list(_int_list(seq, "--seq")) if seq else [None]
+    if not 1 <= repeat <= MAX_BENCH_REPEAT:
+        raise InputError(f"--repeat must be between 1 and {MAX_BENCH_REPEAT}, got {repeat}")
+    batches = _int_list(batch, "--batch", MAX_BENCH_BATCH)
+    seqs: list[int | None] = list(_int_list(seq, "--seq", MAX_BENCH_SEQ)) if seq else [None]
     if plot is not None:  # before the benchmark, not after minutes of it
         from .files import check_output_file
 
@@ -520,9 +534,17 @@ def bench(
 # --- start-up ------------------------------------------------------------------------------------
 
 
+_ATTACHED = False
+
+
 def _attach_optional_commands() -> None:
-    """Commands from core modules that may not exist yet, and from plugins."""
+    """Commands from core modules that may not exist yet, and from plugins (once per process)."""
+    global _ATTACHED
     from . import plugins
+
+    if _ATTACHED:
+        return
+    _ATTACHED = True
 
     try:
         from .cli_plan import boards_cmd, plan_cmd
@@ -579,6 +601,8 @@ def invoke(argv: list[str] | None = None) -> int:
         signum = getattr(cause, "signum", signal.SIGINT)
         click.echo(f"error: interrupted ({signal.Signals(signum).name}); nothing was left behind", err=True)
         return 128 + signum
+    except SystemExit as e:  # a command that exits with its verdict (plan: 1 = does not fit)
+        return e.code if isinstance(e.code, int) else errors.USAGE if e.code else errors.OK
     return rv if isinstance(rv, int) else errors.OK
 
 
