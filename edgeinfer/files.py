@@ -82,13 +82,19 @@ def temp_dir(parent: Path, kind: str) -> Iterator[Path]:
 @contextmanager
 def temp_file(final: Path, kind: str) -> Iterator[Path]:
     """A temporary path next to ``final`` (same filesystem, so it can be renamed into place);
-    removed on the way out unless the caller moved it."""
+    removed on the way out unless the caller moved it (with the folder made for it, if left empty)."""
+    made = not final.parent.exists()
     final.parent.mkdir(parents=True, exist_ok=True)
     path = final.parent / (temp_name(kind) + final.suffix)
     try:
         yield path
     finally:
         _remove(path)
+        if made:
+            try:
+                final.parent.rmdir()  # only succeeds when empty: nothing was moved into place
+            except OSError:
+                pass
 
 
 def owner_of(name: str, legacy: bool = False) -> tuple[int, float | None] | None:

@@ -47,10 +47,10 @@ def non_finite(arr: np.ndarray) -> int:
 def _non_finite_error(name: str, reference, candidate) -> str | None:
     bad_ref = sum(non_finite(r[name]) for r in reference)
     bad_cand = sum(non_finite(c[name]) for c in candidate)
+    if bad_ref:
+        return f"{bad_ref} NaN/Inf values in the reference output (the source model itself gives them)"
     if bad_cand:
         return f"{bad_cand} NaN/Inf values in the converted model's output"
-    if bad_ref:
-        return f"{bad_ref} NaN/Inf values in the reference output (the source model itself is broken)"
     return None
 
 

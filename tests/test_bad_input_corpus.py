@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 from edgeinfer.testing import models
-from helpers import edgeinfer
+from helpers import edgeinfer, tiny_bert_dir
 
 SUBPROCESS_EVERY = 10
 
@@ -560,7 +560,7 @@ def fx(tmp_path_factory) -> Path:
         from edgeinfer.deploy import deploy
 
         deploy(mlp.path, "host", root / "bundle")
-        _tiny_hf(root / "tiny_hf")
+        tiny_bert_dir(root / "tiny_hf")
         deploy(root / "tiny_hf", "host", root / "text_bundle")
         np.save(root / "ids.npy", np.full((1, 128), 5, np.int64))
         np.save(root / "mask.npy", np.ones((1, 128), np.int64))
@@ -582,22 +582,6 @@ def _external_onnx(path: Path) -> None:
                     location="weights.bin", size_threshold=0)
     (path.parent / "weights.bin").unlink()
     shutil.rmtree(tmp)
-
-
-def _tiny_hf(out: Path) -> None:
-    """A two-layer BERT with random weights and the MiniLM tokenizer (a real HF directory, 5 MB)."""
-    import transformers
-
-    from edgeinfer.testing import minilm
-
-    cfg_ = transformers.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                   intermediate_size=64, max_position_embeddings=128)
-    transformers.BertModel(cfg_).save_pretrained(out)
-    src = minilm.model_dir()
-    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "modules.json"):
-        if (src / f).is_file():
-            shutil.copy(src / f, out / f)
-    shutil.copytree(src / "1_Pooling", out / "1_Pooling")
 
 
 def _write(path: Path, content: Any, fx: Path | None) -> None:
