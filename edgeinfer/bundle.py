@@ -414,8 +414,10 @@ def load_tokenizer(path: Path, max_length: int) -> Any:
         raise InputError(f"tokenizer not found: {path}")
     try:
         tok = Tokenizer.from_file(str(path))
-    except Exception as e:  # the tokenizers library raises plain Exception for malformed files
-        raise InputError(f"{path} is not a readable tokenizer.json ({str(e).splitlines()[0][:120]})") from None
+    except Exception as e:  # tokenizers raises a bare Exception with a serde message
+        first = (str(e).strip().splitlines() or ["unreadable"])[0][:120]
+        raise InputError(f"{path} is not a valid tokenizer.json ({first}); copy the model's tokenizer.json "
+                         "again or deploy again") from None
     tok.enable_truncation(max_length=max_length)
     tok.enable_padding(length=max_length, pad_id=tok.token_to_id("[PAD]") or 0, pad_token="[PAD]")
     return tok

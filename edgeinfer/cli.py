@@ -7,9 +7,9 @@ unless --debug); ``--json`` puts only JSON on stdout; colour only on a terminal.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -57,7 +57,8 @@ def cli(debug: bool) -> None:
 
     \b
     Exit codes: 0 ok; 1 negative verdict (does not fit, check failed);
-                2 usage or input error; 3 backend or device unavailable.
+                2 usage or input error; 3 backend or device unavailable;
+                130 interrupted (Ctrl-C), 143 terminated (SIGTERM).
     """
 
 
@@ -71,7 +72,18 @@ def console(stderr: bool = False) -> Any:
 
 
 def print_json(data: Any) -> None:
-    click.echo(json.dumps(data, indent=2, default=str))
+    click.echo(json.dumps(_json_safe(data), indent=2, default=str, allow_nan=False))
+
+
+def _json_safe(data: Any) -> Any:
+    """NaN / Inf → null: bare ``NaN`` is not JSON, and a script reading us would choke on it."""
+    if isinstance(data, float):
+        return data if data == data and data not in (float("inf"), float("-inf")) else None
+    if isinstance(data, dict):
+        return {k: _json_safe(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_json_safe(v) for v in data]
+    return data
 
 
 def emit(data: Any, as_json: bool, render: Callable[[Any], None]) -> None:
@@ -175,6 +187,8 @@ def parse_inputs(specs: tuple[str, ...]) -> dict[str, Any]:
         name, sep, file = item.partition("=")
         if not sep or not name or not file:
             raise InputError(f"--input {item!r} is not NAME=FILE.npy")
+        if name in feeds:
+            raise InputError(f"--input {name} is given twice; give each input once")
         path = Path(file)
         if not path.is_file():
             raise InputError(f"--input {name}: file not found: {path}")
@@ -190,13 +204,42 @@ def parse_inputs(specs: tuple[str, ...]) -> dict[str, Any]:
     return feeds
 
 
+def token_id_limits(model: Path, bundle: Any) -> dict[str, int]:
+    """Integer inputs that index an embedding table → its row count (from the ONNX graph,
+    else the bundle's tokenizer); empty when the model does not tell."""
+    from .models.onnx import index_limits
+
+    files = [a for a in bundle.artifacts if a.suffix == ".onnx"] if bundle else [model] if model.suffix == ".onnx" else []
+    limits: dict[str, int] = {}
+    for f in files[:1]:
+        limits.update(index_limits(f))
+    if bundle is not None and bundle.manifest.text is not None and "input_ids" not in limits:
+        limits["input_ids"] = bundle._tokenizer.get_vocab_size()
+    return limits
+
+
+def check_token_ids(feeds: dict[str, Any], limits: dict[str, int]) -> None:
+    """Refuse token ids outside [0, vocabulary): a backend would read out of bounds or return garbage."""
+    for name, rows in limits.items():
+        arr = feeds.get(name)
+        if arr is None or arr.dtype.kind not in "iu" or arr.size == 0:
+            continue
+        lo, hi = int(arr.min()), int(arr.max())
+        if lo < 0 or hi >= rows:
+            bad = lo if lo < 0 else hi
+            raise InputError(f"--input {name}: id {bad} is outside the model's vocabulary [0, {rows}); "
+                             "pass ids made by the model's tokenizer (or use --text)")
+
+
 def write_outputs(outputs: dict[str, Any], out_dir: Path) -> list[Path]:
     """Write every output as ``out_dir/<name>.npy``, all or nothing."""
     import numpy as np
 
+    from .files import temp_dir
+
     out_dir.mkdir(parents=True, exist_ok=True)
     staged = []
-    with tempfile.TemporaryDirectory(dir=out_dir, prefix=".edgeinfer-") as tmp:
+    with temp_dir(out_dir, "outputs") as tmp:
         for name, arr in outputs.items():
             safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
             p = Path(tmp) / f"{safe}.npy"
@@ -239,6 +282,7 @@ def run(
     import numpy as np
 
     from .bundle import Bundle, is_bundle, run_padded
+    from .golden import non_finite
     from .loading import load
 
     if not model.exists():
@@ -247,14 +291,23 @@ def run(
         raise InputError("give either --text or --input, not both")
     if not texts and not inputs:
         raise InputError("nothing to run: pass --input NAME=FILE.npy (or --text for text bundles)")
+    if out_dir is not None:
+        from .files import check_output_dir
+
+        check_output_dir(out_dir, "--out")
     bundle = Bundle.open(model) if is_bundle(model) else None
     if texts and bundle is None:
         raise InputError("--text needs a bundle with a tokenizer (made by `edgeinfer deploy` from a HF directory)")
     feeds = bundle.tokenize(list(texts)) if texts else parse_inputs(inputs)
+    if not texts:
+        check_token_ids(feeds, token_id_limits(model, bundle))
     t0 = time.perf_counter()
     if window is not None or segments is not None or cuts:
         from .paging import open_paged
 
+        for opt, value in (("--paging", window), ("--segments", segments)):
+            if value is not None and value < 1:
+                raise InputError(f"{opt} must be at least 1, got {value}")
         if window is None or bundle is not None:
             raise InputError("--segments/--cut go with --paging W on an .onnx model (a paged bundle pages by itself)")
         session = open_paged(model, backend=backend, device=device, window=window, segments=segments,
@@ -277,11 +330,16 @@ def run(
         "backend": session.backend_name,
         "device": session.device,
         "outputs": [
-            {"name": k, "shape": list(np.shape(v)), "dtype": np.asarray(v).dtype.name} for k, v in outputs.items()
+            {"name": k, "shape": list(np.shape(v)), "dtype": np.asarray(v).dtype.name, "non_finite": non_finite(v)}
+            for k, v in outputs.items()
         ],
         "timing_ms": {"load": load_s * 1e3, "run": run_s * 1e3},
         "written": [str(p) for p in written],
     }
+    for o in report["outputs"]:
+        if o["non_finite"]:
+            click.echo(f"warning: output {o['name']} holds {o['non_finite']} NaN/Inf values (reported as null in --json)",
+                       err=True)
     if hasattr(session, "stats"):  # a paged session: page-in times and resident bytes
         report["paging"] = session.stats()
     if "embeddings" in outputs:
@@ -371,6 +429,8 @@ def golden(
     from .deploy import load_saved_samples
     from .loading import load
 
+    if threshold is not None and not (math.isfinite(threshold) and -1 <= threshold <= 1):
+        raise InputError(f"--threshold is a minimum cosine between -1 and 1, got {threshold}")
     b = Bundle.open(bundle_dir, verify="full")
     limit = threshold if threshold is not None else (b.manifest.golden or {}).get("threshold", 0.99)
     if inputs:
@@ -378,6 +438,8 @@ def golden(
             raise InputError("--inputs needs --reference MODEL.onnx (the fp32 model to compare against)")
         tok = (lambda texts: b.tokenize(texts)) if b.manifest.text else None
         samples = load_samples(inputs, b.manifest.inputs, tok)
+        if not samples:
+            raise InputError(f"--inputs {inputs} holds no samples; pass a .txt with lines, or a non-empty .npz")
         with load(reference, backend="onnxruntime") as ref:
             expected = [run_padded(ref, s) for s in samples]
     else:
@@ -432,13 +494,20 @@ def parse_options(items: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
-def _int_list(value: str, what: str) -> list[int]:
+MAX_BENCH_BATCH = 4096  # far past any edge NPU's useful batch; larger values only exhaust memory
+MAX_BENCH_SEQ = 2**20
+MAX_BENCH_REPEAT = 100_000
+
+
+def _int_list(value: str, what: str, largest: int) -> list[int]:
     try:
         out = [int(v) for v in value.split(",") if v.strip()]
     except ValueError:
         out = []
     if not out or any(v <= 0 for v in out):
         raise InputError(f"{what} {value!r} is not a comma-separated list of positive integers, e.g. 1,8,32")
+    if max(out) > largest:
+        raise InputError(f"{what} {max(out)} is larger than {largest}, the most edgeinfer bench runs")
     return out
 
 
@@ -458,12 +527,17 @@ def bench(
     from .bundle import Bundle
     from .progress import Progress
 
-    if repeat < 1:
-        raise InputError(f"--repeat must be at least 1, got {repeat}")
+    if not 1 <= repeat <= MAX_BENCH_REPEAT:
+        raise InputError(f"--repeat must be between 1 and {MAX_BENCH_REPEAT}, got {repeat}")
+    batches = _int_list(batch, "--batch", MAX_BENCH_BATCH)
+    seqs: list[int | None] = list(_int_list(seq, "--seq", MAX_BENCH_SEQ)) if seq else [None]
+    if plot is not None:  # before the benchmark, not after minutes of it
+        from .files import check_output_file
+
+        check_output_file(plot, "--plot", benchmark.PLOT_SUFFIXES)
     b = Bundle.open(bundle_dir)
-    seqs: list[int | None] = list(_int_list(seq, "--seq")) if seq else [None]
     with b.load(device=device) as session:
-        report = benchmark.bench(b, session, _int_list(batch, "--batch"), seqs, repeat, progress=Progress(
+        report = benchmark.bench(b, session, batches, seqs, repeat, progress=Progress(
             enabled=None if not as_json else False))
     if plot:
         report["plot"] = str(benchmark.plot(report, plot))
@@ -489,9 +563,17 @@ def bench(
 # --- start-up ------------------------------------------------------------------------------------
 
 
+_ATTACHED = False
+
+
 def _attach_optional_commands() -> None:
-    """Commands from core modules that may not exist yet, and from plugins."""
+    """Commands from core modules that may not exist yet, and from plugins (once per process)."""
+    global _ATTACHED
     from . import plugins
+
+    if _ATTACHED:
+        return
+    _ATTACHED = True
 
     try:
         from .cli_plan import boards_cmd, plan_cmd
@@ -513,12 +595,54 @@ def _one_line_warning(message, category, filename, lineno, line=None) -> str:  #
     return f"warning: {' '.join(str(message).split())}\n"
 
 
-def main() -> None:
+def _raise_interrupted(signum: int, frame: Any) -> None:
+    raise errors.Interrupted(signum)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def invoke(argv: list[str] | None = None) -> int:
+    """Run the CLI on ``argv`` and return its exit code; every error is one line on stderr.
+
+    Click usage errors become ``error: ... (see 'edgeinfer CMD --help')``, exit 2 (not click's
+    multi-line usage block); Ctrl-C exits 130 and SIGTERM 143 (128 + signal), after the
+    interrupted command removed its temporaries.
+    """
+    import signal
+
+    try:
+        rv = cli.main(args=argv, prog_name="edgeinfer", standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as e:
+        click.echo(e.ctx.get_help() if e.ctx else "")
+        click.echo("error: missing command (see 'edgeinfer --help')", err=True)
+        return errors.USAGE
+    except click.UsageError as e:
+        where = e.ctx.command_path if e.ctx else "edgeinfer"
+        click.echo(f"error: {_one_line(e.format_message()).rstrip('.')} (see '{where} --help')", err=True)
+        return errors.USAGE
+    except click.ClickException as e:
+        click.echo(f"error: {_one_line(e.format_message())}", err=True)
+        return e.exit_code
+    except (click.Abort, KeyboardInterrupt) as e:
+        cause = e if isinstance(e, KeyboardInterrupt) else e.__cause__ or e.__context__
+        signum = getattr(cause, "signum", signal.SIGINT)
+        click.echo(f"error: interrupted ({signal.Signals(signum).name}); nothing was left behind", err=True)
+        return 128 + signum
+    except SystemExit as e:  # a command that exits with its verdict (plan: 1 = does not fit)
+        return e.code if isinstance(e.code, int) else errors.USAGE if e.code else errors.OK
+    return rv if isinstance(rv, int) else errors.OK
+
+
+def main(argv: list[str] | None = None) -> None:
+    import signal
     import warnings
 
     warnings.formatwarning = _one_line_warning  # e.g. an NPU that fell back to CPU: one line, no source echo
+    signal.signal(signal.SIGTERM, _raise_interrupted)
     _attach_optional_commands()
-    cli(prog_name="edgeinfer")
+    sys.exit(invoke(argv))
 
 
 if __name__ == "__main__":  # pragma: no cover
