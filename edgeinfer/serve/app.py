@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..bundle import Bundle
-from ..errors import BackendError, InputError
+from ..errors import BackendError, EdgeInferError, InputError
 from .batcher import Batcher, Item, QueueFull, RequestFailed
 from .config import ServeConfig
 from .metrics import ENDPOINTS, Metrics
@@ -54,9 +54,20 @@ def open_models(paths: list[Path]) -> dict[str, ServedModel]:
         if name in models:
             raise InputError(f"two bundles are both named {name!r}; serve bundles from directories with distinct names")
         if bundle.manifest.text is not None:
-            bundle._tokenizer  # noqa: B018 - load it now: a broken tokenizer fails at start-up, not per request
+            load_tokenizer_now(bundle)
         models[name] = ServedModel(name, bundle)
     return models
+
+
+def load_tokenizer_now(bundle: Bundle) -> None:
+    """A broken tokenizer fails at start-up (exit 2), not on every request."""
+    try:
+        bundle._tokenizer  # noqa: B018
+    except EdgeInferError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the tokenizers library raises plain Exceptions on bad files
+        text = " ".join(str(e).split())[:160] or type(e).__name__
+        raise InputError(f"bundle {bundle.path}: its tokenizer cannot be read ({text})", "deploy the model again") from None
 
 
 # --- the app ------------------------------------------------------------------------------------------

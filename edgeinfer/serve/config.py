@@ -85,7 +85,8 @@ def api_key_from_file(path: Path) -> str:
     except OSError as e:
         raise InputError(f"--api-key-file {path}: cannot read it ({e.strerror or e})", hint) from None
     if data is None:
-        raise InputError(f"--api-key-file {path}: {'is a directory' if path.is_dir() else 'no such file'}", hint)
+        what = "is a directory" if path.is_dir() else "not a regular file" if path.exists() else "no such file"
+        raise InputError(f"--api-key-file {path}: {what}", hint)
     if len(data) > MAX_KEY_FILE:
         raise InputError(f"--api-key-file {path}: larger than {MAX_KEY_FILE} bytes, not a key file", hint)
     try:
