@@ -24,6 +24,7 @@ from ..backend import TensorSpec, validate_feeds
 from ..bundle import Bundle
 from ..errors import EdgeInferError
 from .schemas import EmbeddingRequest, InferRequest
+from .workers import lower_priority
 
 OFFLOAD_BYTES = 64 * 1024  # request bodies above this are prepared in a helper process
 OFFLOAD_VALUES = 64 * 1024  # answers with more numbers than this are encoded in a helper process
@@ -282,6 +283,7 @@ _MODELS: Models = {}
 def _init(models: Models) -> None:
     global _MODELS
     _MODELS = models
+    lower_priority()
 
 
 def _call(fn: Callable[..., Any], args: tuple, with_models: bool) -> Any:
@@ -317,7 +319,9 @@ class Offload:
         pool = self._pool
         assert pool is not None
         try:
-            return await asyncio.get_running_loop().run_in_executor(pool, _call, fn, args, with_models)
+            # submit() may start a helper process (slow): never on the event loop
+            future = await asyncio.to_thread(pool.submit, _call, fn, args, with_models)
+            return await asyncio.wrap_future(future)
         except BrokenProcessPool:
             if self._pool is pool:
                 self.start()

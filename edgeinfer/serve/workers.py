@@ -202,11 +202,24 @@ def _warm_feeds(bundle: Any, session: Any) -> dict[str, np.ndarray]:
     return feeds
 
 
+BACKGROUND_NICE = 10
+
+
+def lower_priority() -> None:
+    """Run this process below the HTTP process's CPU priority: with few cores, bulk work (model runs,
+    tokenizing a large request) must not delay the event loop answering everyone else."""
+    try:
+        os.nice(BACKGROUND_NICE)
+    except OSError:  # not permitted here: run at the normal priority
+        pass
+
+
 def worker_main(conn: Any, index: int, entry: str | None, bundles: list[tuple[str, str]], max_batch: int,
                 cancel: Any = None) -> None:
     """Entry point of a worker process. ``cancel`` (a shared integer) holds the id of a batch to stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process decides when workers stop
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    lower_priority()
     from ..bundle import Bundle
 
     loaded: dict[str, tuple[Any, Any]] = {}
