@@ -95,11 +95,13 @@ def test_health_p99_stays_under_50ms_while_the_largest_request_is_worked_on(ort_
 def test_timed_out_request_stops_its_work_and_later_small_requests_succeed(ort_bundle, tmp_path):
     """A request far too long for --timeout-s gets 504; its batch stops between chunks instead of holding the
     only worker for its whole run, so the small requests right after it are answered in time."""
-    long = {"input": ["word " * 200] * 2048}  # 2048 rows of 128 tokens: many seconds of model time here
-    with ServerProc([ort_bundle], "--timeout-s", "1.5", "--max-inputs", "2048", "--max-batch", "8",
+    long = {"input": ["a " * 130] * 4096}  # 4096 rows of 128 tokens: a minute of model time on 2 cores
+    with ServerProc([ort_bundle], "--timeout-s", "3", "--max-inputs", "4096", "--max-batch", "8",
                     log=tmp_path / "log") as server:
         r = httpx.post(server.url + "/v1/embeddings", json=long, timeout=T)
         assert r.status_code == 504, r.text[:300]
+        text = httpx.get(server.url + "/metrics").text
+        assert metric(text, "edgeinfer_batch_size_sum") >= 4096  # it timed out while its batch was running
         codes = [httpx.post(server.url + "/v1/embeddings", json={"input": s}, timeout=T).status_code
                  for s in minilm.sentences()[:6]]
         assert codes == [200] * 6, codes

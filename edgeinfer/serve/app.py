@@ -152,13 +152,20 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel] | None = None
         return error_response(500, f"internal error {type(exc).__name__}: {exc}")
 
     # --- helpers -----------------------------------------------------------------------------------
-    async def read(request: Request, fn: Any) -> Prepared:
+    def timed_out() -> ApiError:
+        return ApiError(504, f"no answer within {config.timeout_s:g} s (server busy); retry or raise --timeout-s")
+
+    async def read(request: Request, fn: Any, deadline: float) -> Prepared:
         """Parse, check and tokenize the body: in a helper process when it is large (off the event loop)."""
         body = await request.body()
         ctype = request.headers.get("content-type", "")
-        return await offload.prepare(len(body) > OFFLOAD_BYTES, fn, body, ctype, config.max_inputs)
+        work = offload.prepare(len(body) > OFFLOAD_BYTES, fn, body, ctype, config.max_inputs)
+        try:  # past the deadline, a helper's result is dropped
+            return await asyncio.wait_for(work, max(0.0, deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            raise timed_out() from None
 
-    async def submit(p: Prepared) -> dict:
+    async def submit(p: Prepared, deadline: float) -> dict:
         if state.fatal:
             raise ApiError(503, f"the models could not be loaded: {state.fatal}")
         batcher = batcher_box["b"]
@@ -169,10 +176,10 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel] | None = None
             raise ApiError(429, f"the queue is full ({config.max_queue} requests waiting); retry shortly",
                            {"Retry-After": "1"}) from None
         try:
-            return await asyncio.wait_for(asyncio.shield(item.future), config.timeout_s)
+            return await asyncio.wait_for(asyncio.shield(item.future), max(0.0, deadline - time.monotonic()))
         except asyncio.TimeoutError:
             batcher.cancel(item)  # dropped from the queue, or its batch stopped when nobody else waits for it
-            raise ApiError(504, f"no answer within {config.timeout_s:g} s (server busy); retry or raise --timeout-s") from None
+            raise timed_out() from None
         except RequestFailed as e:
             raise ApiError(e.status, e.message) from None
 
@@ -184,16 +191,18 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel] | None = None
               openapi_extra=request_body(EmbeddingRequest))
     async def embeddings(request: Request):
         """Embed one string or a list of strings (OpenAI-compatible)."""
-        p = await read(request, prepare_embeddings)
-        vecs = (await submit(p))["embedding"]
+        deadline = time.monotonic() + config.timeout_s
+        p = await read(request, prepare_embeddings, deadline)
+        vecs = (await submit(p, deadline))["embedding"]
         return answer(await offload.encode(vecs.size > OFFLOAD_VALUES, encode_embeddings, p, vecs))
 
     @app.post("/v1/infer", response_model=InferResponse, responses=ERRORS, tags=["inference"],
               openapi_extra=request_body(InferRequest))
     async def infer(request: Request):
         """Run named tensors (axis 0 is the batch; requests are merged along it)."""
-        p = await read(request, prepare_infer)
-        out = await submit(p)
+        deadline = time.monotonic() + config.timeout_s
+        p = await read(request, prepare_infer, deadline)
+        out = await submit(p, deadline)
         rid = p.id or request.headers.get("x-request-id") or uuid.uuid4().hex
         size = sum(v.size for v in out.values())
         return answer(await offload.encode(size > OFFLOAD_VALUES, encode_infer, rid, p.model, out))
