@@ -306,7 +306,7 @@ def run(
 @click.option("--calib", type=click.Path(path_type=Path), help="Calibration data: .txt (one sample a line), .npz or dir.")
 @click.option("--golden-inputs", type=click.Path(path_type=Path), help="Held-out samples for the golden check.")
 @click.option("--shape", "shapes", multiple=True, metavar="NAME=1x128", help="Static input shape; repeatable.")
-@click.option("--threshold", default=0.99, show_default=True, help="Minimum cosine vs onnxruntime fp32.")
+@click.option("--threshold", type=float, help="Minimum cosine vs onnxruntime fp32 (default 0.99; 0.98 for w8a8/int8).")
 @click.option("--max-samples", default=128, show_default=True, help="Calibration samples used at most.")
 @click.option("--force", is_flag=True, help="Deploy even when the plan says it does not fit.")
 @click.option("--no-cache", is_flag=True, help="Convert again even if a cached conversion exists.")
@@ -319,7 +319,7 @@ def run(
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 def deploy(
     model: Path, board: str, quant: str | None, calib: Path | None, golden_inputs: Path | None,
-    shapes: tuple[str, ...], threshold: float, max_samples: int, force: bool, no_cache: bool,
+    shapes: tuple[str, ...], threshold: float | None, max_samples: int, force: bool, no_cache: bool,
     backend_options: tuple[str, ...], paging: int | None, segments: int | None, cuts: tuple[str, ...], out: Path,
     as_json: bool,
 ) -> None:

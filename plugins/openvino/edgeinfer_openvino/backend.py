@@ -515,7 +515,8 @@ class OpenVinoBackend(Backend):
 
             versions["nncf"] = version("nncf")
         except Exception:
-            problems.append(Problem("nncf is not installed: int8/w8a16/w4a16 conversion is unavailable", "pip install nncf"))
+            problems.append(Problem("nncf is not installed: int8/w8a16/w4a16 conversion is unavailable",
+                                    "pip install './plugins/openvino[convert]' (or: pip install nncf)"))
         return Probe(available=bool(devices), versions=versions, devices=devices, problems=problems, details=details)
 
     def refuses_target(self, target: str, device: str | None) -> str | None:
