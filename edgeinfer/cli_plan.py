@@ -112,19 +112,21 @@ def render_plan(p) -> None:
 
 
 def render_matrix(models: list[str], boards: list[str], cells: dict) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     con = _console()
     t = Table(show_header=True, header_style="bold", title="plan matrix (total / capacity, decode tok/s)")
-    t.add_column("board")
+    t.add_column("board", no_wrap=True, min_width=max(map(len, boards), default=5))
     for m in models:
-        t.add_column(m)
+        t.add_column(m, overflow="fold")  # wrap long reasons; never cut them with an ellipsis
     for b in boards:
         row = [b]
         for m in models:
             c = cells[(m, b)]
             if "error" in c:
-                row.append(f"[bright_black]{c['error'][:40]}[/]")
+                reason = c["error"].removeprefix(f"board {b} ")  # the row already names the board
+                row.append(f"[bright_black]{escape(reason)}[/]")
                 continue
             tot, cap = c["memory"]["total_bytes"], c["memory"]["capacity_bytes"]
             dec = c["estimates"]["decode_tokens_per_s"]
@@ -219,16 +221,34 @@ def boards_cmd(ctx, as_json):
     if as_json:
         click.echo(json.dumps({"boards": rows}, indent=2))
         return
+    con = _console()
+    con.print(_boards_table(rows, wide=con.width >= 140))
+    if con.width < 140:
+        con.print("family and per-runtime details: edgeinfer boards show NAME (or a wider terminal)")
+
+
+def _boards_table(rows: list[dict], wide: bool):
+    """Every board on one row; on narrow terminals the family column goes and runtimes stack one a line.
+    Names never wrap; other cells fold instead of ending in an ellipsis."""
     from rich.table import Table
 
     t = Table(show_header=True, header_style="bold")
-    for c in ("name", "family", "backend", "memory", "usable", "BW GB/s", "schemes (runtime)"):
-        t.add_column(c)
+    t.add_column("name", no_wrap=True, min_width=max((len(r["name"]) for r in rows), default=4))
+    if wide:
+        t.add_column("family", no_wrap=True)
+    t.add_column("backend", no_wrap=True)
+    t.add_column("GiB total/usable" if wide else "GiB", no_wrap=True)
+    t.add_column("BW GB/s" if wide else "GB/s", no_wrap=True, justify="right")
+    t.add_column("runtime: schemes", overflow="fold", ratio=1)
+    sep = "; " if wide else "\n"
     for r in rows:
-        t.add_row(r["name"], r["family"], r["backend"], f"{r['memory_gib']:.1f} GiB", f"{r['usable_gib']:.1f} GiB",
-                  "-" if r["bandwidth_gbps"] is None else f"{r['bandwidth_gbps']:g}",
-                  "; ".join(f"{k}: {', '.join(v)}" for k, v in r["runtimes"].items()))
-    _console().print(t)
+        cells = [r["name"]] + ([r["family"]] if wide else []) + [
+            r["backend"], f"{r['memory_gib']:.3g}/{r['usable_gib']:.3g}",
+            "-" if r["bandwidth_gbps"] is None else f"{r['bandwidth_gbps']:g}",
+            sep.join(f"{k}: {', '.join(v)}" for k, v in r["runtimes"].items()),
+        ]
+        t.add_row(*cells)
+    return t
 
 
 @boards_cmd.command("show")
