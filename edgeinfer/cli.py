@@ -51,14 +51,21 @@ def _debug(ctx: click.Context) -> bool:
 
 @click.group(cls=EdgeInferGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="edgeinfer")
-@click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
-def cli(debug: bool) -> None:
+@click.option("--debug", is_flag=True, help="Show tracebacks for errors (implies --verbose).")
+@click.option("--verbose", "-v", is_flag=True, help="Show third-party logs, warnings and progress bars.")
+def cli(debug: bool, verbose: bool) -> None:
     """Plan, convert, run and serve the same model on edge NPUs.
 
     \b
     Exit codes: 0 ok; 1 negative verdict (does not fit, check failed);
                 2 usage or input error; 3 backend or device unavailable.
     """
+    from .progress import VERBOSE_ENV, quiet_third_party
+
+    if debug or verbose:
+        os.environ[VERBOSE_ENV] = "1"
+    else:
+        quiet_third_party()
 
 
 # --- output helpers ---------------------------------------------------------------------------
@@ -534,6 +541,9 @@ def main() -> None:
     import warnings
 
     warnings.formatwarning = _one_line_warning  # e.g. an NPU that fell back to CPU: one line, no source echo
+    from .pipes import PipeSafeStdout
+
+    sys.stdout = PipeSafeStdout(sys.stdout)  # type: ignore[assignment]  # `edgeinfer plan … | head`: no EPIPE
     _attach_optional_commands()
     cli(prog_name="edgeinfer")
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 import threading
 import time
@@ -68,19 +69,24 @@ def _ov():
 
 @contextlib.contextmanager
 def _nncf_output_to_stderr():
-    """NNCF logs and draws progress bars on stdout; stdout belongs to the CLI's answer (--json)."""
+    """NNCF logs and draws progress bars on stdout; stdout belongs to the CLI's answer (--json).
+    They go to stderr with ``edgeinfer --verbose``, and nowhere otherwise (edgeinfer shows its own step)."""
+    from edgeinfer.progress import verbose
+
     handler = None
     try:
         from nncf.common.logging.logger import stdout_handler as handler
     except Exception:
         pass
-    old = handler.setStream(sys.stderr) if handler is not None else None
-    try:
-        with contextlib.redirect_stdout(sys.stderr):
-            yield
-    finally:
-        if handler is not None and old is not None:
-            handler.setStream(old)
+    with contextlib.ExitStack() as stack:
+        sink = sys.stderr if verbose() else stack.enter_context(open(os.devnull, "w"))
+        old = handler.setStream(sink) if handler is not None else None
+        try:
+            with contextlib.redirect_stdout(sink):
+                yield
+        finally:
+            if handler is not None and old is not None:
+                handler.setStream(old)
 
 
 def _reason(e: BaseException) -> str:
