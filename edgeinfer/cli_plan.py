@@ -46,6 +46,15 @@ def _bar(p, width: int = 50):
     return t
 
 
+def _ref(source: str | None) -> str:
+    """The reference a source starts with (URL, repo file or docs anchor), without its explanation;
+    `edgeinfer boards show` and `--json` carry the whole text."""
+    text = (source or "").strip()
+    cut = min((i for i in (text.find(" ("), text.find("; "), text.find(": "), text.find(" ; ")) if i > 0),
+              default=len(text))
+    return text[:cut]
+
+
 def render_plan(p) -> None:
     from rich.table import Table
 
@@ -58,13 +67,13 @@ def render_plan(p) -> None:
     t.add_column("memory")
     t.add_column("size", justify="right")
     t.add_column("share", justify="right")
-    t.add_column("basis")
+    t.add_column("basis", overflow="fold")
     det = p.details
     basis = {"weights": det["weights"].get("basis", ""),
              "kv_cache": f"2 × layers × kv_heads × head_dim × ctx × batch × {det['kv_cache']['bytes_per_element']:g} B",
              "activations": det["activations"].get("basis", ""),
-             "runtime": f"{p.runtime}: {det['runtime']['source'] or ''}"[:70],
-             "reserved": "OS / driver: " + (det["reserved"]["source"] or "")[:60]}
+             "runtime": f"{p.runtime}: {_ref(det['runtime']['source'])}",
+             "reserved": f"OS / driver: {_ref(det['reserved']['source'])}"}
     for k, v in p.breakdown.items():
         share = v / p.capacity_bytes * 100 if p.capacity_bytes else 0
         t.add_row(f"[{COLOURS[k]}]■[/] {k}", _gib(v), f"{share:.1f}%", basis[k])
@@ -268,9 +277,9 @@ def boards_show(name, as_json):
     con = _console()
     con.print(f"[bold]{b.name}[/] — {b.title} (family {b.family}, backend {b.backend}, {b.memory_kind} memory)")
     t = Table(show_header=True, header_style="bold")
-    t.add_column("fact")
-    t.add_column("value", justify="right")
-    t.add_column("source")
+    t.add_column("fact", no_wrap=True)
+    t.add_column("value", justify="right", no_wrap=True)
+    t.add_column("source", overflow="fold")  # long URLs break across lines instead of ending in "…"
     for k, v in d.items():
         if isinstance(v, dict) and "value" in v and "source" in v:
             t.add_row(k, f"{v['value']:g}" + (" [yellow](uncertain)[/]" if v.get("uncertain") else ""), v["source"])

@@ -196,3 +196,16 @@ def test_a_failing_deploy_prints_exactly_one_line_on_stderr(tmp_path: Path) -> N
                           text=True, env=env, timeout=600)
     assert loud.returncode == 1
     assert len(loud.stderr.splitlines()) > 1  # --verbose lets the libraries' output through
+
+
+@pytest.mark.parametrize("args, code", [
+    (("boards", "show", "rk3588-8g"), 0),
+    (("boards", "show", "core-ultra-258v"), 0),
+    (("plan", "Qwen/Qwen3-8B", "--board", "rk3588-8g", "--ctx", "8192"), 1),
+    (("plan", "qwen3-4b", "qwen3-8b", "llama-3.1-8b", "--board", "all", "--quant", "fp16"), 1),
+])
+def test_other_tables_at_80_columns_never_cut_a_cell(args, code) -> None:
+    proc = edgeinfer(*args, env=NARROW)
+    assert proc.returncode == code, proc.stderr
+    assert "…" not in proc.stdout
+    assert max(len(line) for line in proc.stdout.splitlines()) <= 80
