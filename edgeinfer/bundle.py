@@ -408,7 +408,13 @@ def verify(path: str | Path) -> dict[str, Any]:
 
 def load_tokenizer(path: Path, max_length: int) -> Any:
     """A ``tokenizers`` tokenizer that truncates and pads every text to ``max_length``."""
-    from tokenizers import Tokenizer
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        from .errors import BackendUnavailableError
+
+        raise BackendUnavailableError("text bundles need the 'tokenizers' package",
+                                      "pip install 'edgeinfer[text]' (from a clone: pip install '.[text]')") from None
 
     if not path.is_file():
         raise InputError(f"tokenizer not found: {path}")

@@ -51,8 +51,9 @@ def _debug(ctx: click.Context) -> bool:
 
 @click.group(cls=EdgeInferGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="edgeinfer")
-@click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
-def cli(debug: bool) -> None:
+@click.option("--debug", is_flag=True, help="Show tracebacks for errors (implies --verbose).")
+@click.option("--verbose", "-v", is_flag=True, help="Show third-party logs, warnings and progress bars.")
+def cli(debug: bool, verbose: bool) -> None:
     """Plan, convert, run and serve the same model on edge NPUs.
 
     \b
@@ -60,6 +61,12 @@ def cli(debug: bool) -> None:
                 2 usage or input error; 3 backend or device unavailable;
                 130 interrupted (Ctrl-C), 143 terminated (SIGTERM).
     """
+    from .progress import VERBOSE_ENV, quiet_third_party
+
+    if debug or verbose:
+        os.environ[VERBOSE_ENV] = "1"
+    else:
+        quiet_third_party()
 
 
 # --- output helpers ---------------------------------------------------------------------------
@@ -130,47 +137,93 @@ def backend_reports(probe: bool = True) -> dict[str, Any]:
     return {"backends": rows, "failed_plugins": failed}
 
 
-def _render_backends(report: dict[str, Any], hints: bool) -> None:
+def _render_backends(report: dict[str, Any]) -> None:
+    """One row per backend; problems are counted here and spelled out, with fixes, by `doctor`."""
     from rich.table import Table
 
     out = console()
+    wide = out.width >= 120
     table = Table(title="edgeinfer backends")
-    for col in ("backend", "distribution", "available", "devices", "mode", "problems"):
-        table.add_column(col)
+    table.add_column("backend", no_wrap=True)
+    if wide:
+        table.add_column("distribution", no_wrap=True)
+    table.add_column("usable", no_wrap=True)
+    table.add_column("devices", overflow="fold")
+    table.add_column("mode", overflow="fold", ratio=1)
+    table.add_column("problems", overflow="fold")
     for b in report["backends"]:
         details = b.get("details") or {}
-        notes = [p["message"] + (f" → {p['fix']}" if hints else "") for p in b.get("problems", [])]
-        notes += [f"warning: {w}" for w in details.get("warnings", [])]
-        table.add_row(
-            b["name"],
-            f"{b['distribution']} {b['version']}",
-            "yes" if b.get("available") else "no",
-            ", ".join(b.get("devices", [])),
-            str(details.get("mode", "")),
-            "; ".join(notes),
-        )
+        n_problems = len(b.get("problems", [])) + len(details.get("warnings", []))
+        row = [b["name"]] + ([f"{b['distribution']} {b['version']}"] if wide else [])
+        row += ["yes" if b.get("available") else "no", ", ".join(b.get("devices", [])),
+                str(details.get("mode", "")), f"{n_problems}: see doctor" if n_problems else ""]
+        table.add_row(*row)
     out.print(table)
     for f in report["failed_plugins"]:
         out.print(f"plugin {f['plugin']} ({f['distribution']} {f['version']}) failed: {f['error']}")
     if not report["backends"] and not report["failed_plugins"]:
-        out.print("no backend plugins installed; try: pip install edgeinfer-onnxruntime")
+        out.print(f"no backend plugins installed; {PLUGIN_INSTALL_HINT}")
+
+
+PLUGIN_INSTALL_HINT = "from a clone of edgeinfer: pip install ./plugins/onnxruntime (or ./plugins/openvino ...)"
+MARK = {"ok": "[green]✓[/]", "warn": "[yellow]![/]", "fail": "[red]✗[/]"}
+
+
+def _render_doctor(report: dict[str, Any]) -> None:
+    """Environment checks, then every backend with each problem and its fix."""
+    from rich.markup import escape
+
+    out = console()
+    out.print("[bold]environment[/]")
+    for c in report["environment"]:
+        out.print(f"  {MARK[c['status']]} {c['name']}: {escape(c['found'])}")
+        if c["fix"]:
+            out.print(f"      fix: {escape(c['fix'])}")
+    out.print("[bold]backends[/]")
+    for b in report["backends"]:
+        details = b.get("details") or {}
+        devices = ", ".join(b.get("devices", [])) or "no device"
+        mode = f" — {escape(str(details['mode']))}" if details.get("mode") else ""
+        status = "ok" if b.get("available") and not b.get("problems") else "warn" if b.get("available") else "fail"
+        out.print(f"  {MARK[status]} {b['name']} ({b['distribution']} {b['version']}): {escape(devices)}{mode}")
+        for pr in b.get("problems", []):
+            out.print(f"      problem: {escape(pr['message'])}")
+            out.print(f"      fix: {escape(pr['fix'])}")
+        for w in details.get("warnings", []):
+            text = w.get("message", str(w)) if isinstance(w, dict) else str(w)
+            out.print(f"      warning: {escape(text)}")
+            if isinstance(w, dict) and w.get("fix"):
+                out.print(f"      fix: {escape(w['fix'])}")
+    for f in report["failed_plugins"]:
+        out.print(f"  {MARK['fail']} plugin {f['plugin']} ({f['distribution']} {f['version']}) did not load")
+        out.print(f"      problem: {escape(f['error'])}")
+        out.print(f"      fix: reinstall it (pip install --force-reinstall {f['distribution']}), or leave it out "
+                  "with EDGEINFER_PLUGINS")
+    if not report["backends"] and not report["failed_plugins"]:
+        out.print(f"  {MARK['fail']} no backend plugins installed")
+        out.print(f"      fix: {PLUGIN_INSTALL_HINT}")
+    usable = ", ".join(report["usable"]) or "none"
+    out.print(f"usable backends: {usable}")
 
 
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 def backends(as_json: bool) -> None:
-    """List installed backends, their devices and problems."""
-    emit(backend_reports(), as_json, lambda r: _render_backends(r, hints=False))
+    """List installed backends, their devices and how many problems each has."""
+    emit(backend_reports(), as_json, _render_backends)
 
 
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 @click.pass_context
 def doctor(ctx: click.Context, as_json: bool) -> None:
-    """Probe every backend and say how to fix what is wrong (exit 3 if none is usable)."""
+    """Check the environment and every backend; print each problem with its fix (exit 3 if no backend works)."""
+    from .doctor import environment_checks
+
     report = backend_reports()
+    report["environment"] = [c.to_json() for c in environment_checks()]
     report["usable"] = [b["name"] for b in report["backends"] if b.get("available")]
-    emit(report, as_json, lambda r: _render_backends(r, hints=True))
+    emit(report, as_json, _render_doctor)
     if not report["usable"]:
         ctx.exit(errors.UNAVAILABLE)
 
@@ -369,7 +422,7 @@ def run(
 @click.option("--calib", type=click.Path(path_type=Path), help="Calibration data: .txt (one sample a line), .npz or dir.")
 @click.option("--golden-inputs", type=click.Path(path_type=Path), help="Held-out samples for the golden check.")
 @click.option("--shape", "shapes", multiple=True, metavar="NAME=1x128", help="Static input shape; repeatable.")
-@click.option("--threshold", default=0.99, show_default=True, help="Minimum cosine vs onnxruntime fp32.")
+@click.option("--threshold", type=float, help="Minimum cosine vs onnxruntime fp32 (default 0.99; 0.98 for w8a8/int8).")
 @click.option("--max-samples", default=128, show_default=True, help="Calibration samples used at most.")
 @click.option("--force", is_flag=True, help="Deploy even when the plan says it does not fit.")
 @click.option("--no-cache", is_flag=True, help="Convert again even if a cached conversion exists.")
@@ -382,7 +435,7 @@ def run(
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 def deploy(
     model: Path, board: str, quant: str | None, calib: Path | None, golden_inputs: Path | None,
-    shapes: tuple[str, ...], threshold: float, max_samples: int, force: bool, no_cache: bool,
+    shapes: tuple[str, ...], threshold: float | None, max_samples: int, force: bool, no_cache: bool,
     backend_options: tuple[str, ...], paging: int | None, segments: int | None, cuts: tuple[str, ...], out: Path,
     as_json: bool,
 ) -> None:
@@ -641,6 +694,9 @@ def main(argv: list[str] | None = None) -> None:
 
     warnings.formatwarning = _one_line_warning  # e.g. an NPU that fell back to CPU: one line, no source echo
     signal.signal(signal.SIGTERM, _raise_interrupted)
+    from .pipes import PipeSafeStdout
+
+    sys.stdout = PipeSafeStdout(sys.stdout)  # type: ignore[assignment]  # `edgeinfer plan … | head`: no EPIPE
     _attach_optional_commands()
     sys.exit(invoke(argv))
 

@@ -246,7 +246,7 @@ def deploy(
     golden_inputs: str | os.PathLike[str] | None = None,
     shapes: dict[str, list[int]] | None = None,
     force: bool = False,
-    threshold: float = golden.DEFAULT_THRESHOLD,
+    threshold: float | None = None,
     max_samples: int = calibration.DEFAULT_SAMPLES,
     options: dict[str, Any] | None = None,
     progress: Progress | None = None,
@@ -268,6 +268,7 @@ def deploy(
     if src.hf_dir is not None:
         check_tokenizer(src.hf_dir)
     scheme = normalize_scheme(quant or "fp16").name
+    threshold = golden.default_threshold(scheme) if threshold is None else threshold
     layout = _paging_layout(paging, segments, cuts, backend)
 
     # 1. plan first: refuse what does not fit before exporting or converting anything
