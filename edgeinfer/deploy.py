@@ -459,8 +459,10 @@ def check_out_dir(out_dir: Path) -> None:
         raise InputError(f"{out_dir} exists and is not a bundle; choose an empty or new directory for -o")
 
 
-def _check_numbers(threshold: float, max_samples: int) -> None:
-    if not isinstance(threshold, (int, float)) or not math.isfinite(threshold) or not -1 <= threshold <= 1:
+def _check_numbers(threshold: float | None, max_samples: int) -> None:
+    if threshold is None:  # the scheme's default
+        pass
+    elif not isinstance(threshold, (int, float)) or not math.isfinite(threshold) or not -1 <= threshold <= 1:
         raise InputError(f"--threshold is a minimum cosine between -1 and 1, got {threshold}")
     if isinstance(max_samples, bool) or not isinstance(max_samples, int) or max_samples < 1:
         raise InputError(f"--max-samples must be a positive integer, got {max_samples}")
