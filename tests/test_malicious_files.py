@@ -264,3 +264,25 @@ def test_malformed_stamp_is_one_line(mlp, tmp_path, stamp):
     before = _files(tmp_path)
     _refused(edgeinfer("run", str(model), "-i", f"x={x}"), tmp_path / "MARKER", "stamp")
     assert _files(tmp_path) == before
+
+
+@pytest.mark.slow
+def test_damaged_reference_onnx_in_the_cache_is_exported_again(tmp_path):
+    """The fp32 reference a HF model is exported to (the golden check's ground truth) is a sealed cache entry too."""
+    from edgeinfer.testing import minilm
+
+    cache = tmp_path / "cache"
+    args = ("deploy", str(minilm.model_dir()), "--board", "core-ultra-155h", "--json")
+    first = edgeinfer(*args, "-o", str(tmp_path / "a"), env={"EDGEINFER_CACHE_DIR": str(cache)})
+    assert first.returncode == 0, first.stderr[-2000:]
+    refs = sorted((cache / "deploy" / "onnx").rglob("model.onnx"))  # the dynamic and the static export
+    assert refs
+    original = {r: _sha(r) for r in refs}
+    for ref in refs:
+        data = bytearray(ref.read_bytes())
+        data[len(data) // 2: len(data) // 2 + 4096] = bytes(4096)  # same size, some weights zeroed
+        ref.write_bytes(bytes(data))
+    again = edgeinfer(*args, "--no-cache", "-o", str(tmp_path / "b"), env={"EDGEINFER_CACHE_DIR": str(cache)})
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert json.loads(again.stdout)["golden"]["passed"] is True
+    assert {r: _sha(r) for r in refs} == original
