@@ -128,9 +128,11 @@ def reference_onnx(src: Source, shapes: dict[str, list[int]], progress: Progress
 
     key = hashlib.sha256(json.dumps([src.sha256, shapes], sort_keys=True).encode()).hexdigest()[:20]
     out = cache_root() / "onnx" / key / "model.onnx"
-    if not out.exists():
+    if not (out.exists() and seal.intact(out.parent)):  # the golden reference: never a damaged one
+        shutil.rmtree(out.parent, ignore_errors=True)
         with progress.step(f"exporting {src.path.name} to ONNX"):
             export_hf_onnx(src.path, out, shapes or None)
+        seal.seal_dir(out.parent)
     return out
 
 

@@ -62,17 +62,25 @@ def converted(backend: Backend, path: Path, options: dict[str, Any]) -> Path:
     )
     key = hashlib.sha256(key_src.encode()).hexdigest()[:24]
     entry = cache_dir() / backend.name / key
-    out = entry / (path.stem + backend.native_suffixes[0])
-    if seal.intact(entry) and out.is_file():
-        return out
-    shutil.rmtree(entry, ignore_errors=True)  # damaged, unsealed or half-written: convert again
+    name = path.stem + backend.native_suffixes[0]
+    if seal.intact(entry) and (entry / name).is_file():
+        return entry / name
+    # convert next to the entry, seal, then move into place: a reader sees a whole sealed entry or none
+    tmp = entry.with_name(f"{key}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
     try:
-        made = backend.quantize(path, scheme, None, out, **convert_opts)
-        seal.seal_dir(entry)  # verified before every reuse
-    except BaseException:
-        shutil.rmtree(entry, ignore_errors=True)  # a failed conversion leaves no entry behind
-        raise
-    return made
+        backend.quantize(path, scheme, None, tmp / name, **convert_opts)
+        seal.seal_dir(tmp)
+        if not seal.intact(entry):  # damaged, unsealed or half-written: replace it
+            shutil.rmtree(entry, ignore_errors=True)
+            try:
+                tmp.rename(entry)
+            except OSError:  # a concurrent run stored it first
+                if not seal.intact(entry):
+                    raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # a failed conversion leaves nothing behind
+    return entry / name
 
 
 def load(path: Any, backend: str | None = None, device: str | None = None, **options: Any) -> Session:
