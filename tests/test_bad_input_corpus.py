@@ -218,6 +218,9 @@ PLAN_CASES = [
     Case("plan-model-unsupported-suffix", P + ["{d}/m.bin", "--board", "rk3588-8g"], {"m.bin": b"\0" * 64}),
     Case("plan-model-dir-without-config", P + ["{d}/m", "--board", "rk3588-8g"], {"m/readme.txt": "hi"}),
     Case("plan-board-file-missing", P + ["qwen3-0.6b", "--board", "{d}/nope.yaml"]),
+    Case("plan-matrix-one-bad-model", P + ["qwen3-0.6b", "{d}/m", "--board", "rk3588-8g"],
+         {"m/config.json": cfg(LLAMA, num_key_value_heads=-8)}),
+    Case("plan-all-boards-bad-model", P + ["{d}/m", "--board", "all"], {"m/config.json": cfg(LLAMA, head_dim=math.nan)}),
 ]
 
 # board YAML given to plan --board
@@ -480,6 +483,8 @@ DEPLOY_CASES = [
     Case("deploy-golden-inputs-object-npz", D + ["-o", "{d}/b", "--golden-inputs", "{d}/g.npz"],
          {"g.npz": npz(x=np.array([object()], dtype=object))}),
     Case("deploy-int8-without-calib", D + ["-o", "{d}/b", "--quant", "int8"], needle="--calib"),
+    Case("deploy-new-parent-bad-calib", D + ["-o", "{d}/new/sub/b", "--calib", "{d}/c.npz"], {"c.npz": b"junk"}),
+    Case("deploy-new-parent-bad-golden", D + ["-o", "{d}/new/b", "--golden-inputs", "{d}/g.txt"], {"g.txt": "a\n"}),
     Case("deploy-pt2-garbage", ["deploy", "{d}/m.pt2", *HOST, "-o", "{d}/b"], {"m.pt2": b"not a zip"}),
     Case("deploy-hf-garbage-tokenizer", ["deploy", "{d}/m", *HOST, "-o", "{d}/b"],
          {"m": copy_of("tiny_hf", put("tokenizer.json", "garbage {"))}, needle="tokenizer"),
