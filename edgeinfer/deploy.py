@@ -522,9 +522,7 @@ def _plan_summary(p: Any) -> dict[str, Any]:
 
 
 def _tmp_parent(out_dir: Path) -> Path:
-    parent = out_dir.resolve().parent
-    parent.mkdir(parents=True, exist_ok=True)
-    return parent
+    return out_dir.resolve().parent  # created (by files.temp_dir) only once there is a bundle to build
 
 
 def _replace_dir(src: Path, dst: Path) -> None:
