@@ -169,11 +169,13 @@ def test_the_same_checks_hold_for_large_bodies_prepared_off_the_loop(server):
     """Bodies above 64 KiB are read in a helper process: its 400s must be the same."""
     pad = " " * (70 * 1024)
     cases = [(b'{"input": ' + pad.encode(), "not valid JSON"),
-             (('{"model": "minilm-ort", "input": [' + ", ".join(['"a"'] * 300) + "]}" + pad).encode(), "--max-inputs"),
+             (('{"model": "minilm-ort", "input": [' + ", ".join(['"a"'] * 300) + "]}" + pad).encode(),
+              "--max-inputs"),
              (('{"model": "log", "inputs": {"x": [[1, 2], [3]]}}' + pad).encode(), "rectangular")]
     for body, words in cases:
         path = "/v1/infer" if b'"inputs"' in body else "/v1/embeddings"
-        r = httpx.post(server.url + path, content=body, headers={**AUTH, "content-type": "application/json"}, timeout=T)
+        headers = {**AUTH, "content-type": "application/json"}
+        r = httpx.post(server.url + path, content=body, headers=headers, timeout=T)
         assert r.status_code == 400 and words in r.json()["error"]["message"], (words, r.text[:300])
 
 
@@ -218,16 +220,17 @@ def test_nan_or_inf_output_is_a_500_naming_it_never_invalid_json(server, n):
 def test_token_ids_outside_the_vocabulary_are_400(server):
     feeds = minilm.tokenize(["a short sentence"], seq=16)
     vocab = 30522  # all-MiniLM-L6-v2's vocab.txt
+    lists = {k: v.tolist() for k, v in feeds.items()}
     for bad in (vocab, 10**6, -1):
         ids = feeds["input_ids"].copy()
         ids[0, 2] = bad
-        body = {"model": "minilm-ort", "inputs": {**{k: v.tolist() for k, v in feeds.items()}, "input_ids": ids.tolist()}}
+        body = {"model": "minilm-ort", "inputs": {**lists, "input_ids": ids.tolist()}}
         r = httpx.post(server.url + "/v1/infer", json=body, headers=AUTH, timeout=T)
         assert r.status_code == 400, r.text[:300]
         assert str(bad) in r.json()["error"]["message"] and "vocabulary" in r.json()["error"]["message"]
     ids = feeds["input_ids"].copy()
     ids[0, 2] = vocab - 1
-    body = {"model": "minilm-ort", "inputs": {**{k: v.tolist() for k, v in feeds.items()}, "input_ids": ids.tolist()}}
+    body = {"model": "minilm-ort", "inputs": {**lists, "input_ids": ids.tolist()}}
     assert httpx.post(server.url + "/v1/infer", json=body, headers=AUTH, timeout=T).status_code == 200
 
 

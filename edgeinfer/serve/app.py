@@ -67,7 +67,8 @@ def load_tokenizer_now(bundle: Bundle) -> None:
         raise
     except Exception as e:  # noqa: BLE001 - the tokenizers library raises plain Exceptions on bad files
         text = " ".join(str(e).split())[:160] or type(e).__name__
-        raise InputError(f"bundle {bundle.path}: its tokenizer cannot be read ({text})", "deploy the model again") from None
+        raise InputError(f"bundle {bundle.path}: its tokenizer cannot be read ({text})",
+                         "deploy the model again") from None
 
 
 # --- the app ------------------------------------------------------------------------------------------

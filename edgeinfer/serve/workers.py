@@ -75,7 +75,8 @@ def check_devices(backends: list[str], entries: list[str]) -> None:
     for backend in set(backends):
         for e in entries:
             if backend == "rknn" and e not in RKNN_CORE_MASKS:
-                raise InputError(f"--devices {e!r}: an RKNN entry is an NPU core mask, one of {', '.join(RKNN_CORE_MASKS)}")
+                raise InputError(f"--devices {e!r}: an RKNN entry is an NPU core mask, "
+                                 f"one of {', '.join(RKNN_CORE_MASKS)}")
             if backend == "ascend" and not (e.isdigit() or re.fullmatch(r"npu:[0-9]+", e)):
                 raise InputError(f"--devices {e!r}: an Ascend entry is a card index such as 0 or 1")
             if not _DEVICE_NAME.fullmatch(e):
