@@ -13,7 +13,8 @@ import httpx
 import numpy as np
 import pytest
 
-from edgeinfer.serve._testkit import HealthProbe, ServerProc, largest_embeddings_body, log_bundle, minilm_bundle
+from edgeinfer.serve._testkit import (HealthProbe, ServerProc, largest_embeddings_body, log_bundle, minilm_bundle,
+                                       slow_bundle)
 from edgeinfer.testing import minilm
 
 pytestmark = pytest.mark.slow
@@ -92,23 +93,52 @@ def test_health_p99_stays_under_50ms_while_the_largest_request_is_worked_on(ort_
     raise AssertionError("; ".join(reports))
 
 
-def test_timed_out_request_stops_its_work_and_later_small_requests_succeed(ort_bundle, tmp_path):
+@pytest.fixture(scope="module")
+def slow(tmp_path_factory):
+    return slow_bundle(tmp_path_factory.mktemp("slow") / "slow")
+
+
+def rows(n: int) -> dict:
+    return {"inputs": {"x": np.linspace(-1, 1, 16 * n, dtype=np.float32).reshape(n, 16).round(3).tolist()}}
+
+
+def test_timed_out_request_stops_its_work_and_later_small_requests_succeed(slow, tmp_path):
     """A request far too long for --timeout-s gets 504; its batch stops between chunks instead of holding the
     only worker for its whole run, so the small requests right after it are answered in time."""
-    long = {"input": ["a " * 130] * 4096}  # 4096 rows of 128 tokens: a minute of model time on 2 cores
-    with ServerProc([ort_bundle], "--timeout-s", "3", "--max-inputs", "4096", "--max-batch", "8",
+    with ServerProc([slow], "--timeout-s", "2", "--max-inputs", "4096", "--max-batch", "8",
                     log=tmp_path / "log") as server:
-        r = httpx.post(server.url + "/v1/embeddings", json=long, timeout=T)
+        r = httpx.post(server.url + "/v1/infer", json=rows(4096), timeout=T)  # ~30 s of model time here
         assert r.status_code == 504, r.text[:300]
         text = httpx.get(server.url + "/metrics").text
         assert metric(text, "edgeinfer_batch_size_sum") >= 4096  # it timed out while its batch was running
-        codes = [httpx.post(server.url + "/v1/embeddings", json={"input": s}, timeout=T).status_code
-                 for s in minilm.sentences()[:6]]
+        codes = [httpx.post(server.url + "/v1/infer", json=rows(1), timeout=T).status_code for _ in range(6)]
         assert codes == [200] * 6, codes
         with cf.ThreadPoolExecutor(4) as ex:
-            codes = list(ex.map(lambda s: httpx.post(server.url + "/v1/embeddings", json={"input": [s, s]},
-                                                     timeout=T).status_code, minilm.sentences()[6:14]))
+            codes = list(ex.map(lambda n: httpx.post(server.url + "/v1/infer", json=rows(n), timeout=T).status_code,
+                                [1, 2, 3, 4, 1, 2, 3, 4]))
         assert codes == [200] * 8, codes
+        assert httpx.get(server.url + "/ready").json()["workers"][0]["restarts"] == 0  # stopped, not killed
+
+
+def test_a_chunk_that_outlasts_its_timeout_gets_its_worker_restarted(slow, tmp_path):
+    """One chunk cannot be stopped halfway: when a timed-out batch is still running --timeout-s after it was
+    cancelled, its worker is restarted (not counted as a crash), and the server serves on."""
+    with ServerProc([slow], "--timeout-s", "1.5", "--max-inputs", "4096", "--max-batch", "4096",
+                    log=tmp_path / "log") as server:
+        pid = httpx.get(server.url + "/ready").json()["workers"][0]["pid"]
+        assert httpx.post(server.url + "/v1/infer", json=rows(4096), timeout=T).status_code == 504
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            w = httpx.get(server.url + "/ready").json()["workers"][0]
+            if w["restarts"] == 1 and w["state"] == "idle":
+                break
+            time.sleep(0.2)
+        assert w["restarts"] == 1 and w["pid"] != pid and w["state"] == "idle", w
+        codes = [httpx.post(server.url + "/v1/infer", json=rows(2), timeout=T).status_code for _ in range(4)]
+        assert codes == [200] * 4, codes
+        text = httpx.get(server.url + "/metrics").text
+        assert metric(text, "edgeinfer_worker_crashes_total") == 0  # a stop on purpose, not a crash
+    assert "cancelled; restarting it" in server.output()
 
 
 # --- malformed requests --------------------------------------------------------------------------------
