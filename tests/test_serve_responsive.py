@@ -65,31 +65,31 @@ def metric(text: str, name: str, **labels: str) -> float:
 def test_health_p99_stays_under_50ms_while_the_largest_request_is_worked_on(ort_bundle, tmp_path):
     """The largest request the defaults allow (256 strings filling the 8 MB body) is parsed, tokenized and
     encoded off the event loop: /health, polled every 10 ms meanwhile, answers within 50 ms at p99 (the
-    issue's bound) — beyond what it takes on the same server idle just before, which is the machine's own
-    scheduling noise (2 CPU cores shared with other jobs here). Worked on inline, p99 was over 4 s."""
+    issue's bound) — beyond what an idle server on the same machine takes over the same seconds, which is
+    the machine's own scheduling noise (2 CPU cores shared with other jobs here). Worked on inline, the
+    busy server's p99 was over 4 s."""
     body = largest_embeddings_body()
     reports = []
-    for _ in range(2):  # a second try only when other jobs on the machine disturbed the first
-        with ServerProc([ort_bundle], "--timeout-s", "600", log=tmp_path / "log") as server, \
-                HealthProbe(server.url) as probe:
-            time.sleep(0.2)
-            idle_start = time.perf_counter()
-            time.sleep(2.0)
-            start = time.perf_counter()
-            r = httpx.post(server.url + "/v1/embeddings", content=body, headers={"content-type": "application/json"},
-                           timeout=T)
-            end = time.perf_counter()
-        assert r.status_code == 200, r.text[:500]
-        assert len(r.json()["data"]) == 256
-        idle, during = np.array(probe.between(idle_start, start)), np.array(probe.between(start, end))
-        assert len(idle) >= 50 and len(during) >= 50, (len(idle), len(during), end - start)
-        idle_p99, p99 = float(np.percentile(idle, 99)), float(np.percentile(during, 99))
-        reports.append(f"/health p99 {p99 * 1e3:.1f} ms (p50 {np.percentile(during, 50) * 1e3:.1f}, max "
-                       f"{during.max() * 1e3:.1f}) over {len(during)} samples in {end - start:.1f} s; idle p99 "
-                       f"{idle_p99 * 1e3:.1f} ms")
-        print(reports[-1])
-        if p99 < 0.050 + idle_p99:
-            return
+    with ServerProc([log_bundle(tmp_path / "log-model")], log=tmp_path / "idle.log") as idle_server:
+        for attempt in range(2):  # a second try only when other jobs on the machine disturbed the first
+            with ServerProc([ort_bundle], "--timeout-s", "600", log=tmp_path / f"busy{attempt}.log") as server, \
+                    HealthProbe(server.url) as probe, HealthProbe(idle_server.url) as control:
+                time.sleep(0.5)
+                start = time.perf_counter()
+                r = httpx.post(server.url + "/v1/embeddings", content=body,
+                               headers={"content-type": "application/json"}, timeout=T)
+                end = time.perf_counter()
+            assert r.status_code == 200, r.text[:500]
+            assert len(r.json()["data"]) == 256
+            during, noise = np.array(probe.between(start, end)), np.array(control.between(start, end))
+            assert len(during) >= 50, (len(during), end - start)
+            p99, noise_p99 = float(np.percentile(during, 99)), float(np.percentile(noise, 99))
+            reports.append(f"/health p99 {p99 * 1e3:.1f} ms (p50 {np.percentile(during, 50) * 1e3:.1f}, max "
+                           f"{during.max() * 1e3:.1f}) over {len(during)} samples in {end - start:.1f} s; "
+                           f"idle server meanwhile p99 {noise_p99 * 1e3:.1f} ms")
+            print(reports[-1])
+            if p99 < 0.050 + noise_p99:
+                return
     raise AssertionError("; ".join(reports))
 
 
