@@ -271,3 +271,27 @@ def test_api_key_file_is_required_and_not_on_the_command_line(server):
     assert httpx.get(server.url + "/health").status_code == 200
     cmdline = open(f"/proc/{server.proc.pid}/cmdline", "rb").read()
     assert KEY.encode() not in cmdline
+
+
+def test_a_killed_helper_fails_only_its_request_and_helpers_come_back(server):
+    """Killing the helper processes (as an out-of-memory kill would) fails the large request in flight or
+    next with a JSON 500; the helpers are started again and the next large request is answered."""
+    import os
+    import signal
+
+    worker = httpx.get(server.url + "/ready", headers=AUTH).json()["workers"][0]["pid"]
+    tasks = f"/proc/{server.proc.pid}/task"
+    children = [p for t in os.listdir(tasks) for p in open(f"{tasks}/{t}/children").read().split()]
+    helpers = [int(p) for p in children if int(p) != worker
+               and b"spawn_main" in open(f"/proc/{p}/cmdline", "rb").read()]
+    assert len(helpers) == 2, (children, worker)
+    for pid in helpers:
+        os.kill(pid, signal.SIGKILL)
+    time.sleep(0.5)
+    big = {"model": "minilm-ort", "input": ["a sentence long enough to matter " * 40] * 64}  # > 64 KiB
+    first = httpx.post(server.url + "/v1/embeddings", json=big, headers=AUTH, timeout=T)
+    assert first.status_code in (200, 500), first.text[:300]
+    if first.status_code == 500:
+        assert "helper process" in first.json()["error"]["message"]
+    again = httpx.post(server.url + "/v1/embeddings", json=big, headers=AUTH, timeout=T)
+    assert again.status_code == 200 and len(again.json()["data"]) == 64, again.text[:300]
