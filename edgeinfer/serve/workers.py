@@ -36,6 +36,10 @@ class WorkerCrashed(Exception):
     """The worker running a batch died before answering it."""
 
 
+class Cancelled(Exception):
+    """Every request of the running batch timed out: stop working on it."""
+
+
 class NoWorkers(Exception):
     """Every worker has failed too often and was given up."""
 
@@ -147,10 +151,6 @@ def _run_rows(session: Any, feeds: dict[str, np.ndarray], max_batch: int,
             raise Cancelled()
         parts.append(run_padded(session, {k: v[i : i + step] for k, v in feeds.items()}))
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-
-
-class Cancelled(Exception):
-    """Every request of the running batch timed out: stop working on it."""
 
 
 def run_batch(bundle: Any, session: Any, kind: str, feeds: dict[str, np.ndarray], rows: list[int], max_batch: int,
