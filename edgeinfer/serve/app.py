@@ -67,7 +67,8 @@ def load_tokenizer_now(bundle: Bundle) -> None:
         raise
     except Exception as e:  # noqa: BLE001 - the tokenizers library raises plain Exceptions on bad files
         text = " ".join(str(e).split())[:160] or type(e).__name__
-        raise InputError(f"bundle {bundle.path}: its tokenizer cannot be read ({text})", "deploy the model again") from None
+        raise InputError(f"bundle {bundle.path}: its tokenizer cannot be read ({text})",
+                         "deploy the model again") from None
 
 
 # --- the app ------------------------------------------------------------------------------------------
@@ -86,7 +87,7 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel] | None = None
     models = models if models is not None else open_models(config.bundles)
     state = State()
     pool = WorkerPool([(m.name, m.bundle.path) for m in models.values()], config.devices, config.max_batch,
-                      config.max_restarts, config.restart_window_s)
+                      config.max_restarts, config.restart_window_s, stop_grace_s=config.timeout_s)
     batcher_box: dict[str, Batcher] = {}
     metrics = Metrics(pool, [m.bundle.manifest.backend for m in models.values()],
                       queue_depth=lambda: {m: b.depth_of(m) for b in batcher_box.values() for m in b.queues})

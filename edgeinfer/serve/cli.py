@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from ..errors import BackendUnavailableError
-from .config import API_KEY_ENV, body_bytes, ServeConfig, parse_devices, resolve_api_key
+from .config import API_KEY_ENV, ServeConfig, body_bytes, parse_devices, resolve_api_key
 
 EXTRAS = ("fastapi", "uvicorn", "starlette", "pydantic", "prometheus_client", "h11")
 

@@ -36,6 +36,10 @@ class WorkerCrashed(Exception):
     """The worker running a batch died before answering it."""
 
 
+class Cancelled(Exception):
+    """Every request of the running batch timed out: stop working on it."""
+
+
 class NoWorkers(Exception):
     """Every worker has failed too often and was given up."""
 
@@ -75,7 +79,8 @@ def check_devices(backends: list[str], entries: list[str]) -> None:
     for backend in set(backends):
         for e in entries:
             if backend == "rknn" and e not in RKNN_CORE_MASKS:
-                raise InputError(f"--devices {e!r}: an RKNN entry is an NPU core mask, one of {', '.join(RKNN_CORE_MASKS)}")
+                raise InputError(f"--devices {e!r}: an RKNN entry is an NPU core mask, "
+                                 f"one of {', '.join(RKNN_CORE_MASKS)}")
             if backend == "ascend" and not (e.isdigit() or re.fullmatch(r"npu:[0-9]+", e)):
                 raise InputError(f"--devices {e!r}: an Ascend entry is a card index such as 0 or 1")
             if not _DEVICE_NAME.fullmatch(e):
@@ -146,10 +151,6 @@ def _run_rows(session: Any, feeds: dict[str, np.ndarray], max_batch: int,
             raise Cancelled()
         parts.append(run_padded(session, {k: v[i : i + step] for k, v in feeds.items()}))
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-
-
-class Cancelled(Exception):
-    """Every request of the running batch timed out: stop working on it."""
 
 
 def run_batch(bundle: Any, session: Any, kind: str, feeds: dict[str, np.ndarray], rows: list[int], max_batch: int,
@@ -279,6 +280,7 @@ class Worker:
     batches: int = 0
     send_lock: threading.Lock = field(default_factory=threading.Lock)
     cancel: Any = None  # shared integer: the id of a batch the worker should stop
+    killed: bool = False  # stopped by the pool (a timed-out batch it would not give up), not a crash
 
     @property
     def label(self) -> str:
@@ -293,12 +295,14 @@ class WorkerPool:
     """Starts, feeds, watches and restarts the worker processes."""
 
     def __init__(self, bundles: list[tuple[str, Path]], devices: list[str], max_batch: int,
-                 max_restarts: int = 5, restart_window_s: float = 60.0, on_restart: Any = None):
+                 max_restarts: int = 5, restart_window_s: float = 60.0, on_restart: Any = None,
+                 stop_grace_s: float = 30.0):
         self.bundles = [(n, str(p)) for n, p in bundles]
         self.max_batch = max_batch
         self.max_restarts = max_restarts
         self.restart_window_s = restart_window_s
         self.on_restart = on_restart
+        self.stop_grace_s = stop_grace_s
         self.workers = [Worker(i, e) for i, e in enumerate(devices or [None])]
         self._ctx = mp.get_context("spawn")
         self._ids = itertools.count(1)
@@ -398,17 +402,20 @@ class WorkerPool:
             self._resolve_ready(w, RuntimeError(f"worker {w.label} exited (code {code}) before loading the models"))
             self._notify()
             return
-        now = time.monotonic()
-        w.crashes.append(now)
-        while w.crashes and now - w.crashes[0] > self.restart_window_s:
-            w.crashes.popleft()
-        if len(w.crashes) > self.max_restarts:
-            log.error("worker %s crashed %d times in %.0f s; giving it up", w.label, len(w.crashes),
-                      self.restart_window_s)
-            w.state = "failed"
-            self._notify()
-            return
-        log.warning("worker %s (pid %s) exited with code %s; restarting it", w.label, w.pid, code)
+        if w.killed:  # not a crash: does not count towards giving the worker up
+            w.killed = False
+        else:
+            now = time.monotonic()
+            w.crashes.append(now)
+            while w.crashes and now - w.crashes[0] > self.restart_window_s:
+                w.crashes.popleft()
+            if len(w.crashes) > self.max_restarts:
+                log.error("worker %s crashed %d times in %.0f s; giving it up", w.label, len(w.crashes),
+                          self.restart_window_s)
+                w.state = "failed"
+                self._notify()
+                return
+            log.warning("worker %s (pid %s) exited with code %s; restarting it", w.label, w.pid, code)
         w.restarts += 1
         if self.on_restart:
             self.on_restart(w)
@@ -448,9 +455,19 @@ class WorkerPool:
                 await self._free.wait()
 
     def cancel(self, w: Worker) -> None:
-        """Ask ``w`` to stop its running batch between two chunks (its callers are gone)."""
-        if w.inflight is not None and w.cancel is not None:
-            w.cancel.value = w.inflight[0]
+        """Ask ``w`` to stop its running batch between two chunks (its callers are gone); when one chunk
+        alone outlasts ``stop_grace_s`` (a hung device, a huge chunk), restart the worker instead."""
+        if w.inflight is None or w.cancel is None or self._loop is None:
+            return
+        w.cancel.value = w.inflight[0]
+        self._loop.call_later(self.stop_grace_s, self._kill_stuck, w, w.generation, w.inflight[0])
+
+    def _kill_stuck(self, w: Worker, generation: int, batch_id: int) -> None:
+        if w.generation == generation and w.inflight is not None and w.inflight[0] == batch_id and w.process:
+            log.warning("worker %s (pid %s) still runs a batch nobody waits for, %g s after it was cancelled; "
+                        "restarting it", w.label, w.pid, self.stop_grace_s)
+            w.killed = True
+            w.process.kill()
 
     def release(self, w: Worker) -> None:
         if w.state == "busy":
