@@ -359,7 +359,8 @@ def run(
 @click.option("--calib", type=click.Path(path_type=Path), help="Calibration data: .txt (one sample a line), .npz or dir.")
 @click.option("--golden-inputs", type=click.Path(path_type=Path), help="Held-out samples for the golden check.")
 @click.option("--shape", "shapes", multiple=True, metavar="NAME=1x128", help="Static input shape; repeatable.")
-@click.option("--threshold", type=float, help="Minimum cosine vs onnxruntime fp32 (default 0.99; 0.98 for w8a8/int8).")
+@click.option("--threshold", type=float,
+              help="Minimum cosine vs onnxruntime fp32 (default 0.99; 0.98 for w8a8/int8).")
 @click.option("--max-samples", default=128, show_default=True, help="Calibration samples used at most.")
 @click.option("--force", is_flag=True, help="Deploy even when the plan says it does not fit.")
 @click.option("--no-cache", is_flag=True, help="Convert again even if a cached conversion exists.")
