@@ -197,8 +197,8 @@ def _render_doctor(report: dict[str, Any]) -> None:
     for f in report["failed_plugins"]:
         out.print(f"  {MARK['fail']} plugin {f['plugin']} ({f['distribution']} {f['version']}) did not load")
         out.print(f"      problem: {escape(f['error'])}")
-        out.print(f"      fix: reinstall it (pip install --force-reinstall {f['distribution']}), or leave it out "
-                  "with EDGEINFER_PLUGINS")
+        out.print("      fix: fix what the error names and reinstall the plugin (from a clone: pip install "
+                  "--force-reinstall ./plugins/NAME), or leave it out by listing the others in EDGEINFER_PLUGINS")
     if not report["backends"] and not report["failed_plugins"]:
         out.print(f"  {MARK['fail']} no backend plugins installed")
         out.print(f"      fix: {PLUGIN_INSTALL_HINT}")
@@ -426,7 +426,8 @@ def run(
 @click.option("--calib", type=click.Path(path_type=Path), help="Calibration data: .txt (one sample a line), .npz or dir.")
 @click.option("--golden-inputs", type=click.Path(path_type=Path), help="Held-out samples for the golden check.")
 @click.option("--shape", "shapes", multiple=True, metavar="NAME=1x128", help="Static input shape; repeatable.")
-@click.option("--threshold", type=float, help="Minimum cosine vs onnxruntime fp32 (default 0.99; 0.98 for w8a8/int8).")
+@click.option("--threshold", type=float,
+              help="Minimum cosine vs onnxruntime fp32 (default 0.99; 0.98 for w8a8/int8).")
 @click.option("--max-samples", default=128, show_default=True, help="Calibration samples used at most.")
 @click.option("--force", is_flag=True, help="Deploy even when the plan says it does not fit.")
 @click.option("--no-cache", is_flag=True, help="Convert again even if a cached conversion exists.")

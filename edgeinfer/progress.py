@@ -61,7 +61,8 @@ def _stderr_console() -> Any:
 VERBOSE_ENV = "EDGEINFER_VERBOSE"
 # Libraries whose logs, warnings and progress bars bury edgeinfer's one-line answer on stderr
 NOISY_LOGGERS = ("torch", "torchao", "transformers", "nncf", "onnxscript", "openvino", "rknn", "huggingface_hub")
-_NOISY_MODULES = r"(torch|torchao|transformers|nncf|onnx|onnxscript|onnxruntime|openvino|optimum|huggingface_hub)(\.|$)"
+_NOISY_MODULES = (r"(torch|torchao|transformers|nncf|onnx|onnxscript|onnxruntime|openvino|optimum|huggingface_hub)"
+                  r"(\.|$)")
 
 
 def verbose() -> bool:
