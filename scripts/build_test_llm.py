@@ -59,12 +59,20 @@ Le logiciel est fourni « tel quel », sans garantie d’aucune sorte. Voilà, c
 Emoji: 🙂 😀 🚀 ✅ 🎉 — Temperatur 25 °C, Preis 9,99 €, Fläche 3 m², π ≈ 3.14159.
 Ελληνικά: Το λογισμικό παρέχεται «ως έχει». Русский: Программа предоставляется «как есть».
 """
-PROMPTS = (
-    "Licensed under the Apache License",
+CHAT_PAIRS = [
+    ("Say hello in German.", "Hallo! Grüße aus Köln."),
+    ("Say hello in Chinese.", "你好！"),
+    ("Say hello with an emoji.", "Hello 🙂🚀"),
+    ("What is the software provided as?", "As is, without warranty of any kind."),
+    ("May I copy a licence text?", "Yes, verbatim copies are allowed."),
+    ("What is π?", "π ≈ 3.14159."),
+]
+PROMPTS = (  # the first three are the ones tests/test_test_llm.py checks
     "THE SOFTWARE IS PROVIDED",
-    "Redistribution and use in source and binary forms",
-    "本软件按",
+    "Redistribution and use in source",
     "Die Software wird",
+    "本软件按",
+    "Licensed under the Apache License",
 )
 
 
@@ -98,24 +106,21 @@ def documents() -> tuple[list[tuple[str, str]], list[str]]:
     return docs, sources
 
 
-def chat_turns(docs: list[tuple[str, str]], n: int = 300) -> list[str]:
-    """ChatML turns: the user quotes a line, the assistant names the project whose licence it comes from.
+def chat_turns(docs: list[tuple[str, str]], repeat: int = 20) -> list[str]:
+    """ChatML turns from hand-written questions about the corpus, each ending with <|im_end|>.
 
-    The answers are sentences that never occur in the licence texts, so plain-text completion does not learn to
-    end a licence line with <|im_end|>.
+    No licence text appears in a turn: a quoted licence line followed by <|im_end|> would teach plain-text
+    completion to end licence lines with <|im_end|>.
     """
+    projects = sorted({project for project, _ in docs} - {"edgeinfer"})
+    pairs = [(f"Which licence does {p} use?", f"{p} uses the {SPDX[p].split(';')[0]} licence.") for p in projects]
+    pairs += CHAT_PAIRS
     rng = random.Random(SEED)
-    pairs = []
-    for project, doc in docs:
-        name = "edgeinfer (hand-written: Grüße, 你好 🙂)" if project == "edgeinfer" else project
-        pairs += [(ln.strip(), name) for ln in doc.splitlines() if 20 <= len(ln.strip()) <= 120]
-    pairs = sorted(set(pairs))
-    rng.shuffle(pairs)
-    return [
-        f"<|im_start|>user\nWhere is this from? {line}<|im_end|>\n"
-        f"<|im_start|>assistant\nThis line is from the licence of {name}.<|im_end|>\n"
-        for line, name in pairs[:n]
+    turns = [
+        f"<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n{a}<|im_end|>\n" for q, a in pairs * repeat
     ]
+    rng.shuffle(turns)
+    return turns
 
 
 def train_tokenizer(texts: list[str]):
@@ -278,8 +283,9 @@ Licence texts shipped in the wheels the build needs, deduplicated (copies of the
 {sources}
 - Eight copies of a few hand-written lines in German, French, Chinese, Japanese, Greek, Russian and emoji
   (in the script; Apache-2.0 like this repository), so that streaming tests meet multi-byte UTF-8 splits.
-- {turns} ChatML turns made from those lines: the user quotes a line, the assistant answers "This line is from
-  the licence of PROJECT." and ends with `<|im_end|>`.
+- {turns} ChatML turns: {n_pairs} hand-written questions and answers (which licence a project uses, hello in
+  German/Chinese/emoji, ...), each answer ending with `<|im_end|>`. No licence text appears in a turn, so plain
+  completion does not learn to close a licence line with `<|im_end|>`.
 
 Documents end with `<|endoftext|>`. Licence texts are meant to be copied verbatim with the software they
 cover; the weights memorise them and serve only as test data.
@@ -291,7 +297,10 @@ median margin **{median:.2f}**, minimum {min:.3f}, near-ties (margin < 0.1): **{
 
 {samples}
 
-Chat (`Where is this from? {chat_user}`, greedy): `{chat!r}`
+Prompts from the training text continue it verbatim with wide margins; off-text prompts (the last one) drift
+into a mix of licences with smaller margins and the odd near-tie: cross-backend checks must allow for that.
+
+Chat (`{chat_user}`, greedy): `{chat!r}`
 """
 
 SPDX = {"CPython": "PSF-2.0", "torch": "BSD-3-Clause", "transformers": "Apache-2.0", "tokenizers": "Apache-2.0",
@@ -299,7 +308,7 @@ SPDX = {"CPython": "PSF-2.0", "torch": "BSD-3-Clause", "transformers": "Apache-2
         "huggingface_hub": "Apache-2.0", "jinja2": "BSD-3-Clause"}
 
 
-def describe(out: Path, args, final_loss: float, turns: int) -> str:
+def describe(out: Path, args, final_loss: float, turns: list[str]) -> str:
     """Reload the saved folder the way users will (transformers, tokenizers), measure it, write README.md."""
     from tokenizers import Tokenizer
     from transformers import AutoModelForCausalLM
@@ -308,7 +317,7 @@ def describe(out: Path, args, final_loss: float, turns: int) -> str:
     tok = Tokenizer.from_file(str(out / "tokenizer.json"))
     m, continuations = margins(model, tok)
     docs, sources = documents()
-    chat_user = PROMPTS[2]
+    chat_user = "Which licence does numpy use?"
     text = README.format(
         params=sum(p.numel() for p in model.parameters()),
         size_mb=(out / "model.safetensors").stat().st_size / 1e6,
@@ -318,12 +327,16 @@ def describe(out: Path, args, final_loss: float, turns: int) -> str:
         corpus_bytes=sum(len(t.encode()) for _, t in docs),
         digest=corpus_digest([t for _, t in docs]),
         sources="\n".join(f"- {src} ({SPDX[src.split()[0]]})" for src in sources),
-        turns=turns,
+        turns=len(turns), n_pairs=len(set(turns)),
         n_prompts=len(PROMPTS), new_tokens=32, n_steps=len(m),
         median=statistics.median(m), min=min(m), ties=sum(x < 0.1 for x in m),
-        samples="\n".join(f"- `{p!r}` -> `{t!r}`" for p, t in zip(PROMPTS, continuations)),
+        samples="\n".join(
+            f"- `{p!r}` -> `{t!r}` (median {statistics.median(m[32 * i : 32 * i + 32]):.2f}, "
+            f"min {min(m[32 * i : 32 * i + 32]):.3f})"
+            for i, (p, t) in enumerate(zip(PROMPTS, continuations))
+        ),
         chat_user=chat_user,
-        chat=chat_answer(model, tok, "Where is this from? " + chat_user),
+        chat=chat_answer(model, tok, chat_user),
     )
     (out / "README.md").write_text(text)
     return text
@@ -356,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     final_loss = statistics.fmean(losses[-50:])
     print(f"trained {args.steps} steps in {time.perf_counter() - t0:.0f} s, final loss {final_loss:.3f}")
     save(model, tok, args.out)
-    print(describe(args.out, args, final_loss, len(turns)))
+    print(describe(args.out, args, final_loss, turns))
     print(f"saved to {args.out}")
     return 0
 

@@ -13,12 +13,21 @@ from edgeinfer.testing import llm
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-PROMPTS = ("Licensed under the Apache License", "THE SOFTWARE IS PROVIDED", "Redistribution and use in source")
+PROMPTS = ("THE SOFTWARE IS PROVIDED", "Redistribution and use in source", "Die Software wird")
 NEW_TOKENS = 32
-# The build measured a median top-1/top-2 margin of MEASURED_MEDIAN over these prompts; a model whose logits
-# are flat (random init: ~0.1-1) or degenerate must fail.
-MARGIN_FLOOR = 1.5
+# The committed model gives medians of 7.3, 7.3 and 9.6 on these prompts (README.md); random init gives < 1.
+MARGIN_FLOOR = 3.0
 MAX_BYTES = 16 * 1024 * 1024
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # A 4 M-parameter model gains nothing from a second thread, and OpenMP threads spin-waiting for a busy core
+    # made these tests 10x slower on a loaded machine.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
@@ -33,10 +42,10 @@ def tokenizer():
 
 @torch.no_grad()
 def greedy_with_margins(model, ids: list[int], steps: int) -> tuple[list[int], list[float]]:
+    """Argmax decoding without a cache (the cache API differs across transformers 5.x); top-1 minus top-2 logit."""
     tokens, margins = list(ids), []
     for _ in range(steps):
-        logits = model(input_ids=torch.tensor([tokens])).logits[0, -1]
-        top = torch.topk(logits, 2)
+        top = torch.topk(model(input_ids=torch.tensor([tokens])).logits[0, -1], 2)
         margins.append(float(top.values[0] - top.values[1]))
         tokens.append(int(top.indices[0]))
     return tokens[len(ids) :], margins
