@@ -15,7 +15,8 @@ transformers = pytest.importorskip("transformers")
 
 PROMPTS = ("THE SOFTWARE IS PROVIDED", "Redistribution and use in source", "Die Software wird")
 NEW_TOKENS = 32
-# The committed model gives medians of 7.3, 7.3 and 9.6 on these prompts (README.md); random init gives < 1.
+# The committed model gives medians of 7.3, 7.3 and 9.6 on these prompts (README.md); random init of the same
+# shape gives 0.24.
 MARGIN_FLOOR = 3.0
 MAX_BYTES = 16 * 1024 * 1024
 
@@ -100,6 +101,15 @@ def test_chat_template_renders_chatml(tokenizer):
     )
     ids = tokenizer(text)["input_ids"]
     assert ids.count(1) == 3 and ids.count(2) == 2  # <|im_start|>=1, <|im_end|>=2, each one token
+
+
+def test_chat_answer_ends_with_im_end(model, tokenizer):
+    messages = [{"role": "user", "content": "Which licence does numpy use?"}]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
+    out, _ = greedy_with_margins(model, ids["input_ids"], 24)
+    assert 2 in out, tokenizer.decode(out)  # generation_config's eos ids [0, 2] stop it
+    answer = tokenizer.decode(out[: out.index(2)])
+    assert "numpy" in answer and "<|im_start|>" not in answer
 
 
 def test_tokenizer_round_trips_multibyte_utf8():
