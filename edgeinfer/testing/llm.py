@@ -50,7 +50,7 @@ def random_llama(
     max_positions: int = 1024,
     seed: int = 0,
 ) -> Path:
-    """A random-initialised ``LlamaForCausalLM`` with the test tokenizer, saved to ``out_dir``."""
+    """A random-initialised ``LlamaForCausalLM`` (untied embeddings, unlike the Qwen3) with the test tokenizer."""
     from transformers import LlamaConfig
 
     config = LlamaConfig(
