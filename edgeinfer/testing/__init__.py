@@ -1,4 +1,4 @@
-"""Testing tools for backend plugins: the conformance kit, small ONNX models, MiniLM helpers.
+"""Testing tools for backend plugins: the conformance kit, small ONNX models, MiniLM helpers, test LLMs (llm).
 
 Imports pytest and onnx; never imported by ``import edgeinfer``.
 """
