@@ -19,15 +19,16 @@ def _options(**kw: Any) -> Any:
 
 
 def _load(model: Path, backend: str | None, device: str | None, ctx: int | None) -> Any:
-    from .loading import load
+    from .loading import is_decoder_dir, load_generator
 
     if not model.exists():
         raise InputError(f"model not found: {model}")
-    session = load(model, backend=backend, device=device, **({"ctx": ctx} if ctx is not None else {}))
-    if not hasattr(session, "stream"):
-        session.close()
-        raise InputError(f"{model} is not a decoder (language) model; use `edgeinfer run` for it")
-    return session
+    if not is_decoder_dir(model):
+        raise InputError(
+            f"{model} is not a decoder (language) model directory (its config.json names no *ForCausalLM); "
+            "use `edgeinfer run` for other models"
+        )
+    return load_generator(model, backend=backend, device=device, ctx=ctx)
 
 
 def sampling_options(f: Any) -> Any:
