@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError, ModelError
+from ..errors import BackendUnavailableError, InputError, ModelError
 
 Message = Mapping[str, Any]
 
@@ -28,7 +28,12 @@ class TextCodec:
         path = d / "tokenizer.json"
         if not path.is_file():
             raise ModelError(f"{d} has no tokenizer.json; decoder models need a fast (tokenizers) tokenizer")
-        from tokenizers import Tokenizer
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:
+            raise BackendUnavailableError(
+                "decoder models need the `tokenizers` package", "pip install 'edgeinfer[llm]'"
+            ) from None
 
         try:
             self.tokenizer = Tokenizer.from_file(str(path))
