@@ -1,4 +1,4 @@
-"""Fit the speed-model constants on the measured rows of planner-data.md §2.1.
+"""Fit the speed-model constants on the measured rows of bench/data/measured_rows.yaml.
 
 Decode: time_per_token = t0 + bytes_per_token / BW_eff, per (speed group, runtime, weight format),
 by least squares on the *relative* error (each row weighted by 1/measured time).
@@ -113,7 +113,7 @@ def main() -> dict:
                 if len(items) == 1 else "BW_eff only"),
             "fit_abs_pct_error": [round(e, 2) for e in errs],
             "fit_median_abs_pct_error": round(statistics.median(errs), 2),
-            "source": "bench/fit_speed.py on bench/data/measured_rows.yaml (planner-data.md §2.1)",
+            "source": "bench/fit_speed.py on bench/data/measured_rows.yaml (docs/board-facts.md#speed-model)",
         }
     # rkllm memory overhead: measured peak RSS minus planned weights + KV + activations
     residuals = []
@@ -130,7 +130,7 @@ def main() -> dict:
         med = statistics.median(v for _, v in residuals)
         ov["rkllm"] = {"value": round(max(med, 0.0), 1),
                        "source": "bench/fit_speed.py: median of (RKLLM peak RSS − weights − KV − activations) over "
-                                 f"vendor rows {[r for r, _ in residuals]} of planner-data.md §2.1",
+                                 f"vendor rows {[r for r, _ in residuals]} of bench/data/measured_rows.yaml (docs/board-facts.md#rkllm-memory)",
                        "residuals_mib": {str(k): round(v, 1) for k, v in residuals}}
     prev = json.loads(OUT.read_text()) if OUT.is_file() else {}
     result = {"schema": "edgeinfer.speed_constants/1", "speed": speed,

@@ -1,4 +1,4 @@
-"""Planner accuracy on every measured row of planner-data.md §2.1.
+"""Planner accuracy on every measured row of bench/data/measured_rows.yaml.
 
 For each row: predicted decode tok/s (and memory where the source reports one) vs measured,
 absolute % error; medians per runtime, for the Rockchip vendor (grade A) rows, and leave-one-out

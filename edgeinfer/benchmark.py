@@ -105,6 +105,9 @@ def _seq(feeds: dict[str, np.ndarray]) -> int | None:
     return int(arr.shape[1]) if arr.ndim >= 2 else None
 
 
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")
+
+
 def plot(report: dict[str, Any], out: Path) -> Path:
     import matplotlib
 

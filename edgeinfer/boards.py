@@ -160,6 +160,8 @@ def load_board_file(path: Path) -> Board:
         data = yaml.load(Path(path).read_text(encoding="utf-8"), Loader=loader)  # noqa: S506 - safe loader
     except OSError as e:
         raise BoardError(f"{path}: cannot read board file ({e.strerror})") from None
+    except UnicodeDecodeError:
+        raise BoardError(f"{path}: not a YAML text file (not UTF-8)", "pass a board profile YAML") from None
     except yaml.YAMLError as e:
         raise BoardError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
     b = board_from_dict(data, str(path))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -67,10 +68,7 @@ def _looks_like_text(path: Path) -> bool:
 
 
 def _split_npz(path: Path, specs: Sequence[TensorSpec]) -> list[Feeds]:
-    try:
-        data = dict(np.load(path, allow_pickle=False))
-    except Exception as e:
-        raise InputError(f"{path} is not a readable .npz ({e})") from None
+    data = _load_arrays(path, archive=True)
     batch = _static_batch(specs)
     lengths = {k: len(v) for k, v in data.items()}
     if len(set(lengths.values())) > 1:
@@ -88,13 +86,34 @@ def _from_dir(path: Path, specs: Sequence[TensorSpec]) -> list[Feeds]:
     samples, names = [], []
     for f in files:
         if f.suffix == ".npz":
-            samples.append(dict(np.load(f, allow_pickle=False)))
+            samples.append(_load_arrays(f, archive=True))
         else:
             if len(specs) != 1:
                 raise InputError(f"{f.name}: .npy samples only work for single-input models; use .npz with input names")
-            samples.append({specs[0].name: np.load(f, allow_pickle=False)})
+            samples.append({specs[0].name: _load_arrays(f, archive=False)})
         names.append(f.name)
     return _checked(samples, names, specs)
+
+
+def _load_arrays(path: Path, archive: bool) -> Any:
+    """The arrays of a .npz (``archive``: a dict) or the array of a .npy; object arrays are refused, never unpickled."""
+    try:
+        loaded = np.load(path, allow_pickle=False)
+        if isinstance(loaded, np.ndarray):
+            arrays: Any = loaded
+        else:
+            with loaded:
+                arrays = {k: loaded[k] for k in loaded.files}
+    except Exception as e:
+        raise InputError(f"{path} is not a readable {path.suffix or 'NumPy'} file ({_first_line(e)})") from None
+    if archive != isinstance(arrays, dict):
+        kind = ".npz archive of named arrays" if archive else ".npy array"
+        raise InputError(f"{path} is not a {kind}")
+    return arrays
+
+
+def _first_line(e: Exception) -> str:
+    return (str(e).splitlines() or [type(e).__name__])[0][:160]
 
 
 def _checked(samples: list[Feeds], names: list[str], specs: Sequence[TensorSpec]) -> list[Feeds]:

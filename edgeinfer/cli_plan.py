@@ -46,6 +46,15 @@ def _bar(p, width: int = 50):
     return t
 
 
+def _ref(source: str | None) -> str:
+    """The reference a source starts with (URL, repo file or docs anchor), without its explanation;
+    `edgeinfer boards show` and `--json` carry the whole text."""
+    text = (source or "").strip()
+    cut = min((i for i in (text.find(" ("), text.find("; "), text.find(": "), text.find(" ; ")) if i > 0),
+              default=len(text))
+    return text[:cut]
+
+
 def render_plan(p) -> None:
     from rich.table import Table
 
@@ -58,13 +67,13 @@ def render_plan(p) -> None:
     t.add_column("memory")
     t.add_column("size", justify="right")
     t.add_column("share", justify="right")
-    t.add_column("basis")
+    t.add_column("basis", overflow="fold")
     det = p.details
     basis = {"weights": det["weights"].get("basis", ""),
              "kv_cache": f"2 × layers × kv_heads × head_dim × ctx × batch × {det['kv_cache']['bytes_per_element']:g} B",
              "activations": det["activations"].get("basis", ""),
-             "runtime": f"{p.runtime}: {det['runtime']['source'] or ''}"[:70],
-             "reserved": "OS / driver: " + (det["reserved"]["source"] or "")[:60]}
+             "runtime": f"{p.runtime}: {_ref(det['runtime']['source'])}",
+             "reserved": f"OS / driver: {_ref(det['reserved']['source'])}"}
     for k, v in p.breakdown.items():
         share = v / p.capacity_bytes * 100 if p.capacity_bytes else 0
         t.add_row(f"[{COLOURS[k]}]■[/] {k}", _gib(v), f"{share:.1f}%", basis[k])
@@ -112,19 +121,21 @@ def render_plan(p) -> None:
 
 
 def render_matrix(models: list[str], boards: list[str], cells: dict) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     con = _console()
     t = Table(show_header=True, header_style="bold", title="plan matrix (total / capacity, decode tok/s)")
-    t.add_column("board")
+    t.add_column("board", no_wrap=True, min_width=max(map(len, boards), default=5))
     for m in models:
-        t.add_column(m)
+        t.add_column(m, overflow="fold")  # wrap long reasons; never cut them with an ellipsis
     for b in boards:
         row = [b]
         for m in models:
             c = cells[(m, b)]
             if "error" in c:
-                row.append(f"[bright_black]{c['error'][:40]}[/]")
+                reason = c["error"].removeprefix(f"board {b} ")  # the row already names the board
+                row.append(f"[bright_black]{escape(reason)}[/]")
                 continue
             tot, cap = c["memory"]["total_bytes"], c["memory"]["capacity_bytes"]
             dec = c["estimates"]["decode_tokens_per_s"]
@@ -219,16 +230,34 @@ def boards_cmd(ctx, as_json):
     if as_json:
         click.echo(json.dumps({"boards": rows}, indent=2))
         return
+    con = _console()
+    con.print(_boards_table(rows, wide=con.width >= 140))
+    if con.width < 140:
+        con.print("family and per-runtime details: edgeinfer boards show NAME (or a wider terminal)")
+
+
+def _boards_table(rows: list[dict], wide: bool):
+    """Every board on one row; on narrow terminals the family column goes and runtimes stack one a line.
+    Names never wrap; other cells fold instead of ending in an ellipsis."""
     from rich.table import Table
 
     t = Table(show_header=True, header_style="bold")
-    for c in ("name", "family", "backend", "memory", "usable", "BW GB/s", "schemes (runtime)"):
-        t.add_column(c)
+    t.add_column("name", no_wrap=True, min_width=max((len(r["name"]) for r in rows), default=4))
+    if wide:
+        t.add_column("family", no_wrap=True)
+    t.add_column("backend", no_wrap=True)
+    t.add_column("GiB total/usable" if wide else "GiB", no_wrap=True)
+    t.add_column("BW GB/s" if wide else "GB/s", no_wrap=True, justify="right")
+    t.add_column("runtime: schemes", overflow="fold", ratio=1)
+    sep = "; " if wide else "\n"
     for r in rows:
-        t.add_row(r["name"], r["family"], r["backend"], f"{r['memory_gib']:.1f} GiB", f"{r['usable_gib']:.1f} GiB",
-                  "-" if r["bandwidth_gbps"] is None else f"{r['bandwidth_gbps']:g}",
-                  "; ".join(f"{k}: {', '.join(v)}" for k, v in r["runtimes"].items()))
-    _console().print(t)
+        cells = [r["name"]] + ([r["family"]] if wide else []) + [
+            r["backend"], f"{r['memory_gib']:.3g}/{r['usable_gib']:.3g}",
+            "-" if r["bandwidth_gbps"] is None else f"{r['bandwidth_gbps']:g}",
+            sep.join(f"{k}: {', '.join(v)}" for k, v in r["runtimes"].items()),
+        ]
+        t.add_row(*cells)
+    return t
 
 
 @boards_cmd.command("show")
@@ -248,9 +277,9 @@ def boards_show(name, as_json):
     con = _console()
     con.print(f"[bold]{b.name}[/] — {b.title} (family {b.family}, backend {b.backend}, {b.memory_kind} memory)")
     t = Table(show_header=True, header_style="bold")
-    t.add_column("fact")
-    t.add_column("value", justify="right")
-    t.add_column("source")
+    t.add_column("fact", no_wrap=True)
+    t.add_column("value", justify="right", no_wrap=True)
+    t.add_column("source", overflow="fold")  # long URLs break across lines instead of ending in "…"
     for k, v in d.items():
         if isinstance(v, dict) and "value" in v and "source" in v:
             t.add_row(k, f"{v['value']:g}" + (" [yellow](uncertain)[/]" if v.get("uncertain") else ""), v["source"])

@@ -12,8 +12,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import math
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from . import bundle as bundle_mod
-from . import calibration, golden, plugins, stamp
+from . import calibration, files, golden, plugins, seal, stamp
 from .backend import CalibrationSet, Session, TensorSpec
 from .boards import Board, get_board
 from .bundle import Manifest, TextSpec, run_padded
@@ -128,9 +128,11 @@ def reference_onnx(src: Source, shapes: dict[str, list[int]], progress: Progress
 
     key = hashlib.sha256(json.dumps([src.sha256, shapes], sort_keys=True).encode()).hexdigest()[:20]
     out = cache_root() / "onnx" / key / "model.onnx"
-    if not out.exists():
+    if not (out.exists() and seal.intact(out.parent)):  # the golden reference: never a damaged one
+        shutil.rmtree(out.parent, ignore_errors=True)
         with progress.step(f"exporting {src.path.name} to ONNX"):
             export_hf_onnx(src.path, out, shapes or None)
+        seal.seal_dir(out.parent)
     return out
 
 
@@ -207,11 +209,29 @@ def save_samples(path: Path, samples: list[dict[str, np.ndarray]]) -> None:
 
 
 def load_saved_samples(path: Path) -> list[dict[str, np.ndarray]]:
-    data = np.load(path, allow_pickle=False)
+    """Samples saved by ``save_samples`` (keys ``<i>/<input>``); anything else is refused, never unpickled."""
+    what = f"{path} is not a golden sample file written by edgeinfer"
+    if not path.is_file():
+        raise InputError(f"{path} is missing; deploy the model again")
     out: dict[int, dict[str, np.ndarray]] = {}
-    for key in data.files:
-        i, _, name = key.partition("/")
-        out.setdefault(int(i), {})[name] = data[key]
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            if not hasattr(data, "files"):
+                raise InputError(f"{what} (a single array, not an .npz archive); deploy the model again")
+            for key in data.files:
+                i, _, name = key.partition("/")
+                if not i.isdigit() or not name:
+                    raise InputError(f"{what} (unexpected entry {key!r}); deploy the model again")
+                arr = data[key]
+                if arr.dtype.kind not in "biuf":
+                    raise InputError(f"{what} (entry {key!r} has dtype {arr.dtype}); deploy the model again")
+                out.setdefault(int(i), {})[name] = arr
+    except InputError:
+        raise
+    except Exception as e:  # zipfile / numpy format errors, object arrays refused by allow_pickle=False
+        raise InputError(f"{what} ({type(e).__name__}: {str(e)[:80]}); deploy the model again") from None
+    if not out:
+        raise InputError(f"{what} (no samples); deploy the model again")
     return [out[i] for i in sorted(out)]
 
 
@@ -228,7 +248,7 @@ def deploy(
     golden_inputs: str | os.PathLike[str] | None = None,
     shapes: dict[str, list[int]] | None = None,
     force: bool = False,
-    threshold: float = golden.DEFAULT_THRESHOLD,
+    threshold: float | None = None,
     max_samples: int = calibration.DEFAULT_SAMPLES,
     options: dict[str, Any] | None = None,
     progress: Progress | None = None,
@@ -242,12 +262,15 @@ def deploy(
     progress = progress or Progress(enabled=False)
     warnings: list[str] = []
     out_dir = Path(out)
-    if out_dir.exists() and not bundle_mod.is_bundle(out_dir) and any(out_dir.iterdir()):
-        raise InputError(f"{out_dir} exists and is not a bundle; choose an empty or new directory for -o")
+    check_out_dir(out_dir)
+    _check_numbers(threshold, max_samples)
     b = get_board(board)
     backend = plugins.get_backend(b.backend)
     src = source_of(model)
+    if src.hf_dir is not None:
+        check_tokenizer(src.hf_dir)
     scheme = normalize_scheme(quant or "fp16").name
+    threshold = golden.default_threshold(scheme) if threshold is None else threshold
     layout = _paging_layout(paging, segments, cuts, backend)
 
     # 1. plan first: refuse what does not fit before exporting or converting anything
@@ -304,19 +327,25 @@ def deploy(
     # 4. convert (or reuse the cached bundle), golden check, bundle
     key = _cache_key(src, b, scheme, shapes_used, backend, calib_samples, held, {**(options or {}), **layout})
     cached_dir = cache_root() / key
-    cached = use_cache and (cached_dir / bundle_mod.MANIFEST).exists()
-    with tempfile.TemporaryDirectory(prefix=".edgeinfer-deploy-", dir=_tmp_parent(out_dir)) as tmp:
-        work = Path(tmp) / "bundle"
+    cached = use_cache and _cache_entry_intact(cached_dir, progress)
+    files.sweep(_tmp_parent(out_dir))  # what a killed earlier deploy left next to -o
+    sweep_cache()
+    with files.temp_dir(_tmp_parent(out_dir), "deploy") as tmp:
+        work = tmp / "bundle"
         if cached:
             progress.note(f"reusing the cached conversion of {src.path.name} for {b.name} ({scheme}): {cached_dir}")
-            shutil.copytree(cached_dir, work)
+            shutil.copytree(cached_dir, work, ignore=shutil.ignore_patterns(seal.SEAL))
             manifest = bundle_mod.Bundle.open(work).manifest
         else:
             work.mkdir()
             manifest = _build(src, b, backend, scheme, work, ref_path, reference, specs, shapes_used,
                               calib_samples, held, threshold, the_plan, tokenize, seq, options, progress, layout)
             if use_cache:
-                _store_cache(cached_dir, work)
+                try:
+                    _store_cache(cached_dir, work)
+                except BaseException:  # interrupted mid-copy: leave no partial entry behind
+                    files.remove_own(cached_dir.parent)
+                    raise
         reference.close()
         _replace_dir(work, out_dir)
     return DeployResult(out_dir, manifest, manifest.golden or {}, cached, warnings, dict(progress.timings))
@@ -408,8 +437,43 @@ def _paging_layout(window: int | None, segments: int | None, cuts: list[str] | N
 def _max_position(src: Source) -> int | None:
     if src.kind != "hf":
         return None
-    cfg = json.loads((src.path / "config.json").read_text())
-    return cfg.get("max_position_embeddings")
+    from .models.hf import read_config
+
+    cfg = read_config(src.path / "config.json")
+    v = cfg.get("max_position_embeddings") if isinstance(cfg, dict) else None
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+
+def sweep_cache() -> None:
+    """Remove the temporaries of killed runs from the conversion cache (entries and ONNX exports)."""
+    root = cache_root()
+    files.sweep(root, cache=True)
+    onnx_dir = root / "onnx"
+    if onnx_dir.is_dir():
+        for d in onnx_dir.iterdir():
+            files.sweep(d, cache=True)
+
+
+def check_out_dir(out_dir: Path) -> None:
+    """-o must be a new directory, an empty one or a bundle (replaced), and writable: checked first."""
+    files.check_output_dir(out_dir, "-o")
+    if out_dir.exists() and not bundle_mod.is_bundle(out_dir) and any(out_dir.iterdir()):
+        raise InputError(f"{out_dir} exists and is not a bundle; choose an empty or new directory for -o")
+
+
+def _check_numbers(threshold: float | None, max_samples: int) -> None:
+    if threshold is None:  # the scheme's default
+        pass
+    elif not isinstance(threshold, (int, float)) or not math.isfinite(threshold) or not -1 <= threshold <= 1:
+        raise InputError(f"--threshold is a minimum cosine between -1 and 1, got {threshold}")
+    if isinstance(max_samples, bool) or not isinstance(max_samples, int) or max_samples < 1:
+        raise InputError(f"--max-samples must be a positive integer, got {max_samples}")
+
+
+def check_tokenizer(hf_dir: Path) -> None:
+    """A tokenizer.json the tokenizers library cannot read is refused before any export."""
+    if (hf_dir / "tokenizer.json").is_file():
+        bundle_mod.load_tokenizer(hf_dir / "tokenizer.json", DEFAULT_SEQ)
 
 
 def _cache_key(src, b, scheme, shapes, backend, calib_samples, held, options) -> str:
@@ -428,10 +492,25 @@ def _cache_key(src, b, scheme, shapes, backend, calib_samples, held, options) ->
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
+def _cache_entry_intact(cached_dir: Path, progress: Progress) -> bool:
+    """Whether a cached bundle may be reused: every file as its seal recorded it at store time.
+
+    A damaged or unsealed entry is discarded (and the bundle rebuilt), never reused.
+    """
+    if not cached_dir.exists():
+        return False
+    if seal.intact(cached_dir):
+        return True
+    progress.note(f"discarding a damaged cache entry (files differ from their seal): {cached_dir}")
+    shutil.rmtree(cached_dir, ignore_errors=True)
+    return False
+
+
 def _store_cache(cached_dir: Path, work: Path) -> None:
     tmp = cached_dir.with_name(cached_dir.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(work, tmp)
+    seal.seal_dir(tmp)  # verified before every reuse
     shutil.rmtree(cached_dir, ignore_errors=True)
     tmp.rename(cached_dir)
 
@@ -443,9 +522,7 @@ def _plan_summary(p: Any) -> dict[str, Any]:
 
 
 def _tmp_parent(out_dir: Path) -> Path:
-    parent = out_dir.resolve().parent
-    parent.mkdir(parents=True, exist_ok=True)
-    return parent
+    return out_dir.resolve().parent  # created (by files.temp_dir) only once there is a bundle to build
 
 
 def _replace_dir(src: Path, dst: Path) -> None:

@@ -10,6 +10,7 @@ OK = 0
 NEGATIVE = 1  # the answer is "no": does not fit, check failed
 USAGE = 2  # bad input or usage
 UNAVAILABLE = 3  # backend or device unavailable
+INTERRUPTED = 130  # 128 + SIGINT, the shell convention; SIGTERM exits 128 + 15 = 143
 
 
 class EdgeInferError(Exception):
@@ -59,3 +60,11 @@ class CheckFailed(EdgeInferError):
     """A negative verdict: a model does not fit, a golden check failed."""
 
     exit_code = NEGATIVE
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM, unwound like Ctrl-C so that every ``finally`` (temporaries) runs on the way out."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum

@@ -6,12 +6,12 @@ torch and transformers are imported here only, when an export is needed.
 from __future__ import annotations
 
 import json
-import os
 import warnings
 from pathlib import Path
 from typing import Any
 
 from .errors import InputError, ModelError
+from .files import temp_file
 
 OPSET = 17
 
@@ -21,9 +21,15 @@ def hf_kind(hf_dir: Path) -> dict[str, Any]:
     cfg_path = hf_dir / "config.json"
     if not cfg_path.is_file():
         raise InputError(f"{hf_dir} has no config.json; pass a Hugging Face model directory or an .onnx file")
-    cfg = json.loads(cfg_path.read_text())
+    from .models.hf import read_config
+
+    cfg = read_config(cfg_path)
+    if not isinstance(cfg, dict):
+        raise ModelError(f"{cfg_path}: config.json is not a JSON object", "pass a valid Hugging Face config.json")
     archs = cfg.get("architectures") or []
-    classifier = any(a.endswith("ForSequenceClassification") for a in archs)
+    if not isinstance(archs, list):
+        archs = []
+    classifier = any(isinstance(a, str) and a.endswith("ForSequenceClassification") for a in archs)
     inputs = ["input_ids", "attention_mask"]
     if cfg.get("type_vocab_size", 0) and cfg.get("model_type") in ("bert", "roberta", "xlm-roberta", "electra"):
         inputs.append("token_type_ids")
@@ -32,7 +38,7 @@ def hf_kind(hf_dir: Path) -> dict[str, Any]:
         "classifier": classifier,
         "inputs": inputs,
         "output": "logits" if classifier else "last_hidden_state",
-        "vocab": int(cfg.get("vocab_size", 0) or 0),
+        "vocab": cfg["vocab_size"] if isinstance(cfg.get("vocab_size"), int) else 0,
     }
 
 
@@ -52,6 +58,11 @@ def export_hf_onnx(hf_dir: Path, out: Path, shapes: dict[str, list[int | str]] |
     try:
         hf = loader.from_pretrained(str(hf_dir), attn_implementation="eager").eval()
     except Exception as e:
+        if "weights only load failed" in str(e).lower():  # transformers loads .bin weights with weights_only=True
+            raise ModelError(
+                f"{hf_dir}: its weights file holds pickled Python objects, not just tensors, and "
+                "torch.load(weights_only=True) refuses it (nothing was unpickled); use model.safetensors"
+            ) from None
         raise ModelError(f"transformers cannot load {hf_dir}: {str(e).splitlines()[0]}") from None
 
     names, output = kind["inputs"], kind["output"]
@@ -76,15 +87,15 @@ def export_hf_onnx(hf_dir: Path, out: Path, shapes: dict[str, list[int | str]] |
             dims[1] = "sequence"
         if dims:
             axes[n] = dims
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    with torch.no_grad(), warnings.catch_warnings():
+    # a temporary named after this process: removed if the export is interrupted (Ctrl-C, SIGTERM),
+    # swept by a later run if this one is killed outright
+    with temp_file(out, "export") as tmp, torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer warnings about Python control flow: expected for static exports
         torch.onnx.export(
             Wrapped().eval(), tuple(dummy), str(tmp), input_names=names, output_names=[output],
             dynamic_axes=axes or None, opset_version=OPSET, dynamo=False,
         )
-    tmp.replace(out)
+        tmp.replace(out)
     return out
 
 

@@ -1,14 +1,19 @@
-"""``edgeinfer.load``: pick the backend for a file, convert it when it is not native, cache the result."""
+"""``edgeinfer.load``: pick the backend for a file, convert it when it is not native, cache the result.
+
+A cache entry is sealed (:mod:`edgeinfer.seal`) once the conversion is complete and hashed again
+before each reuse: a damaged or half-written entry is converted again, never loaded.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import plugins, stamp
+from . import plugins, seal, stamp
 from .backend import Backend, Session
 from .errors import InputError, ModelError
 
@@ -59,10 +64,26 @@ def converted(backend: Backend, path: Path, options: dict[str, Any]) -> Path:
         default=str,
     )
     key = hashlib.sha256(key_src.encode()).hexdigest()[:24]
-    out = cache_dir() / backend.name / key / (path.stem + backend.native_suffixes[0])
-    if out.exists() and stamp.stamp_path(out).exists():
-        return out
-    return backend.quantize(path, scheme, None, out, **convert_opts)
+    entry = cache_dir() / backend.name / key
+    name = path.stem + backend.native_suffixes[0]
+    if seal.intact(entry) and (entry / name).is_file():
+        return entry / name
+    # convert next to the entry, seal, then move into place: a reader sees a whole sealed entry or none
+    tmp = entry.with_name(f"{key}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        backend.quantize(path, scheme, None, tmp / name, **convert_opts)
+        seal.seal_dir(tmp)
+        if not seal.intact(entry):  # damaged, unsealed or half-written: replace it
+            shutil.rmtree(entry, ignore_errors=True)
+            try:
+                tmp.rename(entry)
+            except OSError:  # a concurrent run stored it first
+                if not seal.intact(entry):
+                    raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # a failed conversion leaves nothing behind
+    return entry / name
 
 
 DECODER_REFERENCE = "transformers"  # the backend that runs a Hugging Face decoder directory by default

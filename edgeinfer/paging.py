@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -498,10 +499,10 @@ def deploy_segments(
     import tempfile
 
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     shapes = quantize_options.pop("shapes", None)
     with tempfile.TemporaryDirectory(prefix="edgeinfer-split-") as tmp:
         infos = split_onnx(model_path, tmp, segments=segments, cuts=cuts, shapes=shapes)
+        out.mkdir(parents=True, exist_ok=True)  # only once the split is known to work
         calib = _segment_calibration([i.path for i in infos], calibration, []) if calibration is not None else None
         suffix = backend.native_suffixes[0] if backend.native_suffixes else ".onnx"
         paths = []
@@ -549,7 +550,11 @@ def open_paged(
         paths = [folder / p for p in json.loads(done.read_text())]
     else:
         conv = {k: options.pop(k) for k in ("shapes", "target") if k in options}
-        paths = deploy_segments(be, src, folder, scheme, None, segments=segments, cuts=cuts, **conv)
+        try:
+            paths = deploy_segments(be, src, folder, scheme, None, segments=segments, cuts=cuts, **conv)
+        except BaseException:  # a bad --cut, or interrupted: no half-split model left in the cache
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
         done.write_text(json.dumps([p.name for p in paths]))
     return PagedSession.from_artifacts(be, paths, device=device, window=window, prefetch=prefetch,
                                        resident_prefix=resident_prefix, **options)

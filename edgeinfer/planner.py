@@ -350,6 +350,8 @@ def plan(model, board, quant: str | None = None, ctx: int = 4096, batch: int = 1
     (default: one per layer) resident, the rest streamed from ``storage`` once per token."""
     ctx = _check_int("ctx", ctx)
     batch = _check_int("batch", batch)
+    if paging is None and (segments is not None or storage is not None):
+        raise InputError("--segments and --storage go with --paging W (segments resident at once)")
     spec = model if isinstance(model, ModelSpec) else resolve(model)
     b = get_board(board, extra=extra_boards)
     rt_name, scheme = choose_runtime(b, spec, quant, runtime)

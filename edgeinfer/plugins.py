@@ -181,5 +181,17 @@ def get_backend(name: str) -> Backend:
         msg = f"unknown backend {name!r}; available: {known}"
         if failed:
             msg += "; plugins that failed to load: " + "; ".join(failed)
-        raise BackendUnavailableError(msg, "install the plugin that provides it, e.g. pip install edgeinfer-" + name)
+        raise BackendUnavailableError(msg, install_hint(name))
     return entry.cls()
+
+
+BUNDLED = ("onnxruntime", "openvino", "rknn", "ascend")  # plugins that live in this repository's plugins/
+
+
+def install_hint(name: str) -> str:
+    """How to get backend ``name``: EDGEINFER_PLUGINS, the plugin folder of a clone, or a third party's package."""
+    if os.environ.get("EDGEINFER_PLUGINS") is not None and any(ep.name == name for ep in entry_points(group=GROUP)):
+        return f"the plugin is installed but EDGEINFER_PLUGINS leaves it out: add {name} to it, or unset it"
+    if name in BUNDLED:
+        return f"install its plugin from a clone of edgeinfer: pip install ./plugins/{name}"
+    return f"install the distribution that registers backend {name!r} in the 'edgeinfer' entry-point group"

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
 import time
+import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -53,3 +56,33 @@ def _stderr_console() -> Any:
     from rich.console import Console
 
     return Console(stderr=True)
+
+
+VERBOSE_ENV = "EDGEINFER_VERBOSE"
+# Libraries whose logs, warnings and progress bars bury edgeinfer's one-line answer on stderr
+NOISY_LOGGERS = ("torch", "torchao", "transformers", "nncf", "onnxscript", "openvino", "rknn", "huggingface_hub")
+_NOISY_MODULES = (r"(torch|torchao|transformers|nncf|onnx|onnxscript|onnxruntime|openvino|optimum|huggingface_hub)"
+                  r"(\.|$)")
+
+
+def verbose() -> bool:
+    """Whether the user asked for third-party output (``edgeinfer --verbose`` / ``--debug``)."""
+    return os.environ.get(VERBOSE_ENV) == "1"
+
+
+def quiet_third_party() -> None:
+    """Keep library chatter (torchao .so load failures, torch deprecation logs, NNCF bars and tables,
+    transformers advisories) off stderr. Call before those libraries load; the CLI does, unless --verbose.
+    Variables the user set themselves are left alone."""
+    if verbose():
+        return
+    os.environ.setdefault("TORCH_LOGS", "-torch")  # torch's own log handler: errors only
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    for name in NOISY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", module=_NOISY_MODULES)
+    for category in (DeprecationWarning, FutureWarning):
+        warnings.filterwarnings("ignore", category=category)

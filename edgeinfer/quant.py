@@ -10,7 +10,7 @@ Bits per weight (bpw) are *effective* storage bits including scales:
 * GGUF block types: block bytes × 8 / block elements (ggml-common.h), e.g.
   Q4_0 = 18 B / 32 = 4.5 bpw. GGUF *file types* (Q4_K_M ...) are mixtures;
   their effective bpw is the whole-file figure for Llama-3-8B printed by
-  llama-quantize (planner-data.md §3.4) and is only used when no file is given.
+  llama-quantize (docs/board-facts.md#gguf-bpw) and is only used when no file is given.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ GGUF_BLOCKS: dict[str, tuple[int, int]] = {
 }
 
 # GGUF file types (mixtures): effective bpw from llama-quantize sizes for Llama-3-8B
-# (planner-data.md §3.4, derived: GiB × 2^30 × 8 / 8.03e9).
+# (docs/board-facts.md#gguf-bpw, derived: GiB × 2^30 × 8 / 8.03e9).
 GGUF_FILE_TYPES: dict[str, float] = {
     "Q2_K": 3.17, "Q3_K_S": 3.65, "Q3_K_M": 4.00, "Q3_K_L": 4.31,
     "Q4_0": 4.64, "Q4_1": 5.11, "Q4_K_S": 4.67, "Q4_K_M": 4.90,

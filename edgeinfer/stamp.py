@@ -3,7 +3,8 @@
 The stamp records who wrote the artifact, with which toolkit, for which target
 and with which input specs, so that ``load`` can refuse an artifact it would
 otherwise misread (a ``.rknn`` built by another toolkit version, an IR written
-for another backend).
+for another backend). A stamp is plain JSON; ``read`` checks the types of the
+fields it relies on, so a malformed stamp is an input error, not a crash.
 """
 
 from __future__ import annotations
@@ -66,8 +67,11 @@ def read(artifact: Path) -> dict[str, Any] | None:
         data = json.loads(p.read_text())
     except (OSError, ValueError) as e:
         raise InputError(f"artifact stamp {p} is unreadable ({e}); re-create the artifact") from None
-    if not isinstance(data, dict) or "backend" not in data:
+    if not isinstance(data, dict) or not isinstance(data.get("backend"), str):
         raise InputError(f"artifact stamp {p} is not an edgeinfer stamp; re-create the artifact")
+    for key, kind in (("versions", dict), ("target", str), ("inputs", list)):
+        if key in data and not isinstance(data[key], kind):
+            raise InputError(f"artifact stamp {p}: {key!r} is not a {kind.__name__}; re-create the artifact")
     return data
 
 

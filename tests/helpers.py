@@ -39,3 +39,23 @@ def imported_modules(code: str) -> set[str]:
         if line.startswith("import time:") and "|" in line:
             names.add(line.rsplit("|", 1)[1].strip().split(".")[0])
     return names
+
+
+def tiny_bert_dir(out: Path) -> Path:
+    """A real Hugging Face directory: a two-layer BERT with random weights (hidden 32) and the
+    all-MiniLM-L6-v2 tokenizer and pooling files. Exports and converts in seconds."""
+    import shutil
+
+    import transformers
+
+    from edgeinfer.testing import minilm
+
+    cfg = transformers.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                  intermediate_size=64, max_position_embeddings=128)
+    transformers.BertModel(cfg).save_pretrained(out)
+    src = minilm.model_dir()
+    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "modules.json"):
+        if (src / f).is_file():
+            shutil.copy(src / f, out / f)
+    shutil.copytree(src / "1_Pooling", out / "1_Pooling")
+    return out

@@ -29,7 +29,7 @@ def test_run_writes_outputs_equal_to_reference(mlp, tmp_path):
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)  # stdout is only JSON
     assert report["backend"] == "onnxruntime"
-    assert report["outputs"] == [{"name": "y", "shape": [2, 8], "dtype": "float32"}]
+    assert report["outputs"] == [{"name": "y", "shape": [2, 8], "dtype": "float32", "non_finite": 0}]
     np.testing.assert_allclose(np.load(out / "y.npy"), mlp.reference(mlp.feeds)["y"], rtol=1e-5, atol=1e-6)
 
 

@@ -119,6 +119,9 @@ def test_golden_command_rechecks_a_bundle(bundles):
     exp = bundle_mod.Bundle.open(broken).path / "golden" / "expected.npz"
     data = dict(np.load(exp))
     np.savez(exp, **{k: -v for k, v in data.items()})
+    damaged = edgeinfer("golden", str(broken))  # the seal notices first (docs/deploy.md, sealed bundles)
+    assert damaged.returncode == 2 and "golden/expected.npz" in damaged.stderr
+    bundle_mod.write(broken, bundle_mod.read_manifest(broken))  # re-seal: now the comparison itself must fail
     bad = edgeinfer("golden", str(broken))
     assert bad.returncode == 1 and "golden check failed" in bad.stderr
 

@@ -1,4 +1,4 @@
-"""Model readers. Expected values are hand arithmetic or published facts (planner-data.md §4)."""
+"""Model readers. Expected values are hand arithmetic or published facts (docs/board-facts.md#model-configs)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from edgeinfer.models import resolve
 KIB = 1024
 
 
-# --------------------------------------------------------------- catalog (facts from planner-data.md §4)
+# --------------------------------------------------------------- catalog (facts from each model's HF config.json)
 @pytest.mark.parametrize("ref, kv_kib", [
     ("Qwen/Qwen3-8B", 144), ("qwen3-8b", 144), ("Qwen/Qwen3-0.6B", 112), ("Qwen/Qwen3-14B", 160),
     ("Qwen/Qwen3-32B", 256), ("Qwen/Qwen3-30B-A3B", 96), ("Qwen/Qwen2.5-0.5B-Instruct", 12),
@@ -49,7 +49,7 @@ def test_every_catalog_entry_has_a_source():
     from edgeinfer.models import catalog
 
     for entry in catalog().values():
-        assert entry["source"].startswith(("https://", "planner-data"))
+        assert entry["source"].startswith("https://")
 
 
 def test_moe_facts():

@@ -17,7 +17,7 @@ def test_breakdown_adds_up_and_kv_matches_hand_arithmetic():
     p = plan("Qwen/Qwen3-8B", "rk3588-16g", quant="w8a8", ctx=4096)
     bd = p.breakdown
     assert sum(bd.values()) == p.total_bytes == p.to_dict()["memory"]["total_bytes"]
-    assert bd["kv_cache"] == 144 * 1024 * 4096  # 144 KiB/token (planner-data §4) × 4096
+    assert bd["kv_cache"] == 144 * 1024 * 4096  # 144 KiB/token (Qwen3-8B config.json) × 4096
     assert bd["weights"] == pytest.approx(8.191e9, rel=0.001)  # 8.191 B params × 1 byte, untied: no duplicate
     assert bd["reserved"] == 1 * GIB
     assert p.fits and p.headroom_bytes == 16 * GIB - p.total_bytes

@@ -121,6 +121,14 @@ class Generator:
         ids = self.prompt_ids(prompt, chat)
         return self.stream_ids(ids, opts, record_logits=record_logits)
 
+    def generate_ids(self, prompt_ids: Sequence[int], options: GenerationOptions,
+                     record_logits: bool = False) -> GenerationResult:
+        stream = self.stream_ids(prompt_ids, options, record_logits=record_logits)
+        for _ in stream:
+            pass
+        assert stream.result is not None
+        return stream.result
+
     def stream_ids(self, prompt_ids: Sequence[int], options: GenerationOptions,
                    record_logits: bool = False) -> GenerationStream:
         ids = [int(i) for i in prompt_ids]

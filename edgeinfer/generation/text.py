@@ -32,7 +32,7 @@ class TextCodec:
             from tokenizers import Tokenizer
         except ImportError:
             raise BackendUnavailableError(
-                "decoder models need the `tokenizers` package", "pip install 'edgeinfer[llm]'"
+                "decoder models need the `tokenizers` package", "pip install 'edgeinfer[llm]' (from a clone: pip install '.[llm]')"
             ) from None
 
         try:

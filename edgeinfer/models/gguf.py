@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from edgeinfer.errors import ModelError
+from edgeinfer.models.hf import MAX_LAYERS
 from edgeinfer.models.spec import ModelSpec
 
 _FTYPE_NAMES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K",
@@ -21,6 +22,14 @@ def _field(reader, key):
     except Exception:  # older gguf versions
         v = f.parts[f.data[0]].tolist()
         v = v[0] if len(v) == 1 else v
+    return v
+
+
+def _count(v, key: str, path: Path) -> int:
+    """A metadata value that counts something: a non-negative integer, else the file is refused."""
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 2**40:
+        raise ModelError(f"{path}: GGUF metadata '{key}' must be a non-negative integer, got {v!r}",
+                         "re-download or re-convert the file")
     return v
 
 
@@ -46,19 +55,31 @@ def read_gguf(path: Path) -> ModelSpec:
         def a(key, default=0):
             v = _field(reader, f"{arch}.{key}")
             if isinstance(v, list):  # per-layer arrays (e.g. head_count_kv): take the max
+                if not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+                    raise ModelError(f"{path}: GGUF metadata '{arch}.{key}' must hold integers, got {v[:4]!r}",
+                                     "re-download or re-convert the file")
                 v = max(v) if v else default
-            return default if v is None else v
+            return default if v is None else _count(v, f"{arch}.{key}", path)
 
-        layers = int(a("block_count"))
-        hidden = int(a("embedding_length"))
-        heads = int(a("attention.head_count"))
-        kv = int(a("attention.head_count_kv", heads))
-        key_len = int(a("attention.key_length", (hidden // heads) if heads else 0))
-        inter = int(a("feed_forward_length"))
-        experts = int(a("expert_count"))
-        used = int(a("expert_used_count"))
+        layers = a("block_count")
+        hidden = a("embedding_length")
+        heads = a("attention.head_count")
+        kv = a("attention.head_count_kv", heads)
+        key_len = a("attention.key_length", (hidden // heads) if heads else 0)
+        inter = a("feed_forward_length")
+        experts = a("expert_count")
+        used = a("expert_used_count")
         ctx = a("context_length", None)
         swa = a("attention.sliding_window", None)
+        if layers > MAX_LAYERS:
+            raise ModelError(f"{path}: GGUF metadata gives {layers} layers, not a real layer count",
+                             "re-download or re-convert the file")
+        if layers and (not heads or not hidden):
+            raise ModelError(f"{path}: GGUF metadata gives {layers} layers but {heads} attention heads and "
+                             f"embedding length {hidden}", "re-download or re-convert the file")
+        if kv > heads:
+            raise ModelError(f"{path}: GGUF metadata gives more KV heads ({kv}) than attention heads ({heads})",
+                             "re-download or re-convert the file")
         ftype = _field(reader, "general.file_type")
         name = _field(reader, "general.name") or path.stem
         tokens = reader.fields.get("tokenizer.ggml.tokens")
@@ -106,9 +127,10 @@ def read_gguf(path: Path) -> ModelSpec:
     if experts and used:
         exp = sum(n for k, n in counts.items() if "_exps" in k)
         active -= exp - exp * used // experts
-        spec.moe_intermediate = int(a("expert_feed_forward_length"))
+        spec.moe_intermediate = _count(_field(reader, f"{arch}.expert_feed_forward_length") or 0,
+                                       "expert_feed_forward_length", path)
     spec.params_active = active
-    ft = _FTYPE_NAMES.get(int(ftype)) if ftype is not None else None
+    ft = _FTYPE_NAMES.get(ftype) if isinstance(ftype, int) and not isinstance(ftype, bool) else None
     ft = ft or (max(types, key=types.get) if types else None)
     spec.file_scheme = None
     if ft:

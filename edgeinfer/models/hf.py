@@ -19,13 +19,30 @@ ST_DTYPES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16":
 _TORCH_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 
 
+MAX_DIM = 2**40  # no real model comes near; larger values are corruption and overflow the arithmetic
+MAX_LAYERS = 100_000  # planners and the paging model walk the layers one by one
+
+
 def _need(cfg: dict, key: str, where: str):
     if key not in cfg or cfg[key] is None:
         raise ModelError(f"{where}: config.json is missing required key '{key}'",
                          "pass a complete Hugging Face config.json")
+    return _positive(cfg, key, where)
+
+
+def _opt(cfg: dict, key: str, where: str, minimum: int = 1) -> int | None:
+    """An optional integer key: absent or null → None; otherwise an integer ≥ ``minimum``."""
+    if cfg.get(key) is None:
+        return None
+    return _positive(cfg, key, where, minimum)
+
+
+def _positive(cfg: dict, key: str, where: str, minimum: int = 1) -> int:
     v = cfg[key]
-    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-        raise ModelError(f"{where}: config key '{key}' must be a positive integer, got {v!r}")
+    if isinstance(v, bool) or not isinstance(v, int) or not minimum <= v <= MAX_DIM:
+        what = "a positive integer" if minimum == 1 else f"an integer ≥ {minimum}"
+        raise ModelError(f"{where}: config key '{key}' must be {what}, got {v!r}",
+                         "fix config.json or download it again")
     return v
 
 
@@ -37,30 +54,45 @@ def spec_from_config(cfg: dict, name: str, source: str) -> ModelSpec:
     if mt is None:
         raise ModelError(f"{source}: config.json is missing required key 'model_type'",
                          "pass a complete Hugging Face config.json")
+    if not isinstance(mt, str):
+        raise ModelError(f"{source}: config key 'model_type' must be a string, got {mt!r}")
     if mt == "xlm_roberta":
         mt = "xlm-roberta"
     if mt not in SUPPORTED:
         raise ModelError(f"unsupported model_type '{mt}' in {source}", "supported: " + ", ".join(SUPPORTED))
     L = _need(cfg, "num_hidden_layers", source)
+    if L > MAX_LAYERS:
+        raise ModelError(f"{source}: num_hidden_layers {L} is not a real layer count (at most {MAX_LAYERS})",
+                         "fix config.json or download it again")
     h = _need(cfg, "hidden_size", source)
     nh = _need(cfg, "num_attention_heads", source)
     V = _need(cfg, "vocab_size", source)
     inter = _need(cfg, "intermediate_size", source)
-    hd = cfg.get("head_dim") or h // nh
+    hd = _opt(cfg, "head_dim", source)
+    if hd is None:
+        if h % nh:
+            raise ModelError(f"{source}: hidden_size {h} is not a multiple of num_attention_heads {nh} "
+                             "and config.json gives no head_dim", "fix config.json or download it again")
+        hd = h // nh
+    max_pos = _opt(cfg, "max_position_embeddings", source)
     dtype = _TORCH_DTYPES.get(str(cfg.get("torch_dtype") or cfg.get("dtype") or ""), None)
     spec = ModelSpec(name=name, source=source, architecture=mt, layers=L, hidden=h, heads=nh,
-                     head_dim=int(hd), intermediate=inter, vocab=V, native_dtype=dtype,
-                     max_position=cfg.get("max_position_embeddings"))
+                     head_dim=hd, intermediate=inter, vocab=V, native_dtype=dtype, max_position=max_pos)
     if mt in ENCODERS:
         spec.encoder = True
         spec.kv_heads = 0
-        P = cfg.get("max_position_embeddings") or 512
-        T = cfg.get("type_vocab_size", 2)
+        P = max_pos or 512
+        T = _opt(cfg, "type_vocab_size", source, minimum=0)
+        T = 2 if T is None else T
         emb_all = V * h + P * h + T * h + 2 * h
         per_layer = 4 * (h * h + h) + (h * inter + inter) + (inter * h + h) + 4 * h
-        arch = " ".join(cfg.get("architectures") or [])
+        archs = cfg.get("architectures") or []
+        if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+            raise ModelError(f"{source}: config key 'architectures' must be a list of class names, got {archs!r}")
+        arch = " ".join(archs)
         if "SequenceClassification" in arch:
-            nl = cfg.get("num_labels") or len(cfg.get("id2label") or {}) or 1
+            labels = cfg.get("id2label")
+            nl = _opt(cfg, "num_labels", source) or (len(labels) if isinstance(labels, dict) else 0) or 1
             head = h * h + h + h * nl + nl
         else:
             head = h * h + h  # pooler (BertModel / XLMRobertaModel)
@@ -69,7 +101,10 @@ def spec_from_config(cfg: dict, name: str, source: str) -> ModelSpec:
         spec.params_active = spec.params_total - V * h
         spec.tied_embeddings = True
         return spec
-    kv = cfg.get("num_key_value_heads") or nh
+    kv = _opt(cfg, "num_key_value_heads", source) or nh
+    if kv > nh or nh % kv:
+        raise ModelError(f"{source}: num_key_value_heads {kv} must divide num_attention_heads {nh}",
+                         "fix config.json or download it again")
     spec.kv_heads = kv
     tied = bool(cfg.get("tie_word_embeddings", mt == "gemma2"))
     spec.tied_embeddings = tied
@@ -85,9 +120,15 @@ def spec_from_config(cfg: dict, name: str, source: str) -> ModelSpec:
         E = _need(cfg, "num_experts", source)
         k = _need(cfg, "num_experts_per_tok", source)
         mi = _need(cfg, "moe_intermediate_size", source)
+        if k > E:
+            raise ModelError(f"{source}: num_experts_per_tok {k} is larger than num_experts {E}",
+                             "fix config.json or download it again")
         spec.n_experts, spec.experts_per_token, spec.moe_intermediate = E, k, mi
-        dense_layers = set(cfg.get("mlp_only_layers") or [])
-        step = cfg.get("decoder_sparse_step", 1) or 1
+        only = cfg.get("mlp_only_layers") or []
+        if not isinstance(only, list) or not all(isinstance(i, int) for i in only):
+            raise ModelError(f"{source}: config key 'mlp_only_layers' must be a list of layer indices, got {only!r}")
+        dense_layers = set(only)
+        step = _opt(cfg, "decoder_sparse_step", source) or 1
         for i in range(L):
             if i not in dense_layers and (i + 1) % step == 0:
                 total_layers += attn + norms + E * 3 * h * mi + h * E
@@ -102,7 +143,7 @@ def spec_from_config(cfg: dict, name: str, source: str) -> ModelSpec:
     spec.lm_head_params = emb
     spec.params_total = total_layers + h + emb + (0 if tied else emb)
     spec.params_active = active_layers + h + emb  # lm_head is read every token
-    sw = cfg.get("sliding_window")
+    sw = _opt(cfg, "sliding_window", source)
     use_sw = cfg.get("use_sliding_window", True)
     # phi3 configs carry sliding_window too, but runtimes keep a full cache: budget the worst case
     if sw and use_sw and mt in ("mistral", "gemma2"):
@@ -112,6 +153,8 @@ def spec_from_config(cfg: dict, name: str, source: str) -> ModelSpec:
         else:
             spec.sliding_layers = L
     lt = cfg.get("layer_types")
+    if lt is not None and not isinstance(lt, list):
+        raise ModelError(f"{source}: config key 'layer_types' must be a list, got {lt!r}")
     if sw and use_sw and isinstance(lt, list):
         n = sum(1 for t in lt if t == "sliding_attention")
         if n:
@@ -144,14 +187,44 @@ def read_safetensors_header(path: Path) -> dict:
     end = 0
     for k, v in meta.items():
         if k == "__metadata__":
+            if not isinstance(v, dict):
+                raise ModelError(f"{path}: not a valid safetensors file (__metadata__ is not a JSON object)",
+                                 "re-download or re-export the file")
             continue
-        if not isinstance(v, dict) or "dtype" not in v or "shape" not in v or "data_offsets" not in v:
-            raise ModelError(f"{path}: not a valid safetensors file (bad entry for tensor '{k}')")
-        end = max(end, int(v["data_offsets"][1]))
+        end = max(end, _check_entry(path, k, v))
     if 8 + n + end > size:
         raise ModelError(f"{path}: safetensors file is truncated ({size} bytes, header promises {8 + n + end})",
                          "re-download the file")
     return meta
+
+
+def _is_count(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 2**62
+
+
+def _check_entry(path: Path, name: str, v: object) -> int:
+    """One tensor entry of the header, as the format defines it; returns where its data ends.
+    (https://github.com/huggingface/safetensors#format: dtype, shape, data_offsets [begin, end))"""
+    def bad(why: str) -> ModelError:
+        return ModelError(f"{path}: not a valid safetensors file (tensor '{name}': {why})",
+                          "re-download or re-export the file")
+
+    if not isinstance(v, dict) or not {"dtype", "shape", "data_offsets"} <= set(v):
+        raise bad("entry needs dtype, shape and data_offsets")
+    dtype, shape, offsets = v["dtype"], v["shape"], v["data_offsets"]
+    if not isinstance(dtype, str) or dtype not in ST_DTYPES:
+        raise bad(f"unknown dtype {dtype!r}")
+    if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
+        raise bad(f"shape {shape!r} is not a list of non-negative integers")
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_count(o) for o in offsets):
+        raise bad(f"data_offsets {offsets!r} is not [begin, end] in bytes")
+    begin, end = offsets
+    n = 1
+    for d in shape:
+        n *= d
+    if end - begin != n * ST_DTYPES[dtype]:
+        raise bad(f"data_offsets span {end - begin} bytes, shape {shape} of {dtype} needs {n * ST_DTYPES[dtype]}")
+    return end
 
 
 def safetensors_tensors(files: list[Path]) -> dict[str, tuple[str, int, int]]:
@@ -221,9 +294,14 @@ def read_hf_dir(path: Path, name: str | None = None) -> ModelSpec:
     if index.is_file():
         try:
             wm = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-            files = [path / f for f in sorted(set(wm.values()))]
+            names = sorted(set(wm.values()))
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             raise ModelError(f"{index}: not a valid safetensors index", "re-download the model") from None
+        if not all(isinstance(f, str) and f and "/" not in f and "\\" not in f and f not in (".", "..")
+                   for f in names):
+            raise ModelError(f"{index}: weight_map must name shard files in this directory, got {names[:3]}",
+                             "re-download the model")
+        files = [path / f for f in names]
         missing = [f.name for f in files if not f.is_file()]
         if missing:
             raise ModelError(f"{path}: shards listed in the index are missing: {', '.join(missing[:3])}",

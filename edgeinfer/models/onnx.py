@@ -41,6 +41,9 @@ def read_onnx(path: Path) -> ModelSpec:
     types: dict[str, int] = {}
     total = 0
     for t in g.initializer:
+        if not isinstance(t.name, str) or any(d < 0 for d in t.dims):
+            raise ModelError(f"{path}: not a valid ONNX model (initializer {t.name!r} has a malformed name or "
+                             f"negative dims {list(t.dims)})", "re-export the model")
         n = 1
         for d in t.dims:
             n *= int(d)
@@ -86,3 +89,24 @@ def read_onnx(path: Path) -> ModelSpec:
         # without a config, a graph that takes no past key/values is stateless: plan it like an encoder
         spec.encoder = not any("past" in i["name"] or "cache" in i["name"] for i in spec.inputs)
     return spec
+
+
+def index_limits(path: Path) -> dict[str, int]:
+    """Graph inputs used directly as row indices of an embedding table (Gather on an initializer)
+    → the table's row count: token ids must lie in [0, rows). Empty when the file cannot tell."""
+    try:
+        import onnx  # noqa: PLC0415 - lazy on purpose
+
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:  # not ONNX, or unreadable: the loader reports that properly
+        return {}
+    g = model.graph
+    rows = {t.name: int(t.dims[0]) for t in g.initializer if len(t.dims) == 2}
+    inputs = {i.name for i in g.input} - set(rows)
+    out: dict[str, int] = {}
+    for node in g.node:
+        if node.op_type == "Gather" and len(node.input) == 2 and node.input[0] in rows and node.input[1] in inputs:
+            axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+            if axis == 0:
+                out[node.input[1]] = min(out.get(node.input[1], rows[node.input[0]]), rows[node.input[0]])
+    return out

@@ -6,12 +6,14 @@ Not a stand-in: these are real bundles of the real model, converted by a real ba
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -96,3 +98,117 @@ class ServerProc:
 
     def __exit__(self, *exc: object) -> None:
         self.terminate()
+
+
+def largest_embeddings_body(max_body_bytes: int = 8 * 1024 * 1024, max_inputs: int = 256) -> bytes:
+    """The largest ``/v1/embeddings`` body the server accepts by default: ``max_inputs`` strings of ordinary
+    words filling the body limit (each truncated to the model's ``max_length`` only after tokenizing)."""
+    import json
+
+    words = "the quick brown fox jumps over a lazy dog while edge devices embed every sentence ".split()
+    each = (max_body_bytes - 1024) // max_inputs - 8  # JSON quotes, commas and the envelope fit in the rest
+    text = " ".join(words[i % len(words)] for i in range(each // 4))[:each]
+    body = json.dumps({"input": [text] * max_inputs}).encode()
+    assert len(body) <= max_body_bytes, len(body)
+    return body
+
+
+def log_bundle(out: Path) -> Path:
+    """An onnxruntime bundle of ``y = log(x)`` (x float32 [batch, n]): negative inputs give NaN outputs, 0 gives
+    -Inf — a real model producing non-numbers, for checking how the server answers them."""
+    if is_bundle(out):
+        return out
+    import onnx
+    from onnx import TensorProto, helper
+
+    from .. import plugins
+
+    graph = helper.make_graph(
+        [helper.make_node("Log", ["x"], ["y"])], "log",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "n"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "n"])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    out.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, out / "model.onnx")
+    be = plugins.get_backend("onnxruntime")
+    with be.load(out / "model.onnx") as s:
+        inputs, outputs = list(s.inputs), list(s.outputs)
+    write(out, Manifest(backend="onnxruntime", board="host-cpu", scheme="fp32", artifacts=["model.onnx"],
+                        inputs=inputs, outputs=outputs, source={"model": "log(x)"}, versions=be.versions()))
+    return out
+
+
+class HealthProbe:
+    """Polls ``GET /health`` on a fixed schedule (every ``interval`` s) in a thread. Each sample's latency
+    counts from its *scheduled* time, so a server that stalls for 2 s yields 2 s / interval slow samples,
+    not one (no coordinated omission)."""
+
+    def __init__(self, url: str, interval: float = 0.01):
+        self.url, self.interval = url + "/health", interval
+        self.samples: list[tuple[float, float]] = []  # (scheduled time, latency) in perf_counter seconds
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        import httpx
+
+        with httpx.Client(timeout=60) as c:
+            t0 = time.perf_counter()
+            for k in itertools.count():
+                due = t0 + k * self.interval
+                now = time.perf_counter()
+                if due > now:
+                    time.sleep(due - now)
+                if self._done.is_set():
+                    return
+                if c.get(self.url).status_code != 200:
+                    raise AssertionError("/health did not answer 200")
+                self.samples.append((due, time.perf_counter() - due))
+
+    def __enter__(self) -> HealthProbe:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def between(self, start: float, end: float) -> list[float]:
+        return [lat for due, lat in self.samples if start <= due <= end]
+
+
+def slow_bundle(out: Path, layers: int = 64, width: int = 1024) -> Path:
+    """An onnxruntime bundle of ``layers`` dense layers (``x`` float32 [batch, 16] → ``y`` [batch, 16]) whose
+    rows are cheap to send and slow to run (~``2 * layers * width**2`` FLOPs each): for timeouts."""
+    if is_bundle(out):
+        return out
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from .. import plugins
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array((rng.standard_normal((16, width)) / 4).astype(np.float32), "w_in"),
+             numpy_helper.from_array((rng.standard_normal((width, width)) / width**0.5).astype(np.float32), "w"),
+             numpy_helper.from_array((rng.standard_normal((width, 16)) / width**0.5).astype(np.float32), "w_out")]
+    nodes, h = [helper.make_node("MatMul", ["x", "w_in"], ["h0"])], "h0"
+    for i in range(layers):
+        nodes += [helper.make_node("MatMul", [h, "w"], [f"m{i}"]), helper.make_node("Tanh", [f"m{i}"], [f"h{i + 1}"])]
+        h = f"h{i + 1}"
+    nodes.append(helper.make_node("MatMul", [h, "w_out"], ["y"]))
+    graph = helper.make_graph(nodes, "slow", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    out.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, out / "model.onnx")
+    be = plugins.get_backend("onnxruntime")
+    with be.load(out / "model.onnx") as s:
+        inputs, outputs = list(s.inputs), list(s.outputs)
+    write(out, Manifest(backend="onnxruntime", board="host-cpu", scheme="fp32", artifacts=["model.onnx"],
+                        inputs=inputs, outputs=outputs, source={"model": f"{layers} dense layers of {width}"},
+                        versions=be.versions()))
+    return out

@@ -41,6 +41,7 @@ class Item:
     enqueued: float = field(default_factory=time.monotonic)
     attempts: int = 0
     cancelled: bool = False
+    running: tuple[Any, list[Item]] | None = None  # (worker, batch) while its batch runs
 
 
 class Batcher:
@@ -81,6 +82,16 @@ class Batcher:
 
     def _answered(self, model: str, rows: int) -> None:
         self.inflight[model] -= rows
+
+    def cancel(self, item: Item) -> None:
+        """A request nobody waits for any more (timed out): drop it from its queue, and stop its running
+        batch when no other request of that batch is still waiting, so later requests are not held up."""
+        item.cancelled = True
+        item.future.cancel()
+        if item.running is not None:
+            worker, batch = item.running
+            if all(it.future.done() for it in batch):
+                self.pool.cancel(worker)
 
     async def _loop(self, model: str) -> None:
         q, ev = self.queues[model], self.events[model]
@@ -150,11 +161,15 @@ class Batcher:
     async def _run(self, worker: Any, model: str, batch: list[Item]) -> None:
         t0 = time.perf_counter()
         rows = [it.rows for it in batch]
+        for it in batch:
+            it.running = (worker, batch)
         try:
             feeds = {k: np.concatenate([it.feeds[k] for it in batch]) for k in batch[0].feeds}
             self.observe("batch", model=model, rows=sum(rows), requests=len(batch))
             parts = await self.pool.run(worker, model, batch[0].kind, feeds, rows)
         except WorkerCrashed as e:
+            if all(it.cancelled for it in batch):  # stopped on purpose: nobody waits for it
+                return
             log.warning("%s; retrying its %d request(s) once", e, len(batch))
             self.observe("crash", model=model)
             retry = []
@@ -176,6 +191,8 @@ class Batcher:
             return
         finally:
             self.pool.release(worker)
+            for it in batch:
+                it.running = None
         self.observe("batch_done", model=model, seconds=time.perf_counter() - t0)
         for it, (status, payload) in zip(batch, parts):
             if it.future.done():

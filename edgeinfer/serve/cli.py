@@ -6,7 +6,10 @@ from pathlib import Path
 
 import click
 
-from .config import API_KEY_ENV, ServeConfig, api_key_from_env, parse_devices
+from ..errors import BackendUnavailableError
+from .config import API_KEY_ENV, ServeConfig, body_bytes, parse_devices, resolve_api_key
+
+EXTRAS = ("fastapi", "uvicorn", "starlette", "pydantic", "prometheus_client", "h11")
 
 
 @click.command("serve")
@@ -22,10 +25,15 @@ from .config import API_KEY_ENV, ServeConfig, api_key_from_env, parse_devices
     default=None,
     help="One worker process per entry, e.g. 0,1 (Ascend cards, RKNN cores) or CPU,NPU; default one worker.",
 )
-@click.option("--api-key", default=None, help=f"Require 'Authorization: Bearer KEY' (or set {API_KEY_ENV}).")
+@click.option("--api-key", default=None,
+              help=f"Require 'Authorization: Bearer KEY' (visible in `ps`: prefer --api-key-file or {API_KEY_ENV}).")
+@click.option("--api-key-file", default=None, type=click.Path(path_type=Path),
+              help="Read the API key from this file (one line).")
 @click.option("--max-queue", default=1024, show_default=True, type=int, help="Queued requests before 429.")
 @click.option("--timeout-s", default=30.0, show_default=True, type=float, help="Per-request timeout (504).")
 @click.option("--max-body-mb", default=8.0, show_default=True, type=float, help="Largest request body (413).")
+@click.option("--max-inputs", default=256, show_default=True, type=int,
+              help="Most strings per embeddings request, rows per /v1/infer request (400 above).")
 @click.option("--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning"]))
 def serve_cmd(
     bundles: tuple[Path, ...],
@@ -35,9 +43,11 @@ def serve_cmd(
     batch_window_ms: float,
     devices: str | None,
     api_key: str | None,
+    api_key_file: Path | None,
     max_queue: int,
     timeout_s: float,
     max_body_mb: float,
+    max_inputs: int,
     log_level: str,
 ) -> None:
     """Serve BUNDLE(s) over HTTP: /v1/embeddings, /v1/infer, /v1/models, /health, /ready, /metrics."""
@@ -48,11 +58,23 @@ def serve_cmd(
         max_batch=max_batch,
         batch_window_ms=batch_window_ms,
         devices=parse_devices(devices),
-        api_key=api_key_from_env(api_key),
+        api_key=resolve_api_key(api_key, api_key_file),
         max_queue=max_queue,
         timeout_s=timeout_s,
-        max_body_bytes=int(max_body_mb * 1024 * 1024),
+        max_body_bytes=body_bytes(max_body_mb),
+        max_inputs=max_inputs,
     ).check()
-    from .app import serve  # fastapi / uvicorn only now
-
+    serve = _app_serve()
     serve(config, log_level=log_level)
+
+
+def _app_serve():
+    """The server, imported only now (FastAPI, uvicorn); their absence is exit 3 with the install line."""
+    try:
+        from .app import serve
+    except ImportError as e:
+        if (e.name or "").split(".")[0] not in EXTRAS:
+            raise
+        raise BackendUnavailableError(f"edgeinfer serve needs {e.name}, which is not installed",
+                                      "pip install 'edgeinfer[serve]'") from None
+    return serve

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,13 +24,15 @@ class ServeConfig:
     max_queue: int = 1024  # queued (not yet running) requests, all models together
     timeout_s: float = 30.0
     max_body_bytes: int = 8 * 1024 * 1024
-    max_inputs: int = 2048  # strings per embeddings request
+    max_inputs: int = 256  # strings per embeddings request, rows per /v1/infer request
     max_restarts: int = 5  # per worker within restart_window_s before it is given up
     restart_window_s: float = 60.0
 
     def check(self) -> ServeConfig:
         if not self.bundles:
             raise InputError("give at least one BUNDLE directory to serve (create one with `edgeinfer deploy`)")
+        if not (math.isfinite(self.batch_window_ms) and math.isfinite(self.timeout_s)):
+            raise InputError("--batch-window-ms and --timeout-s must be finite numbers")
         if self.max_batch < 1:
             raise InputError(f"--max-batch must be at least 1, got {self.max_batch}")
         if self.batch_window_ms < 0:
@@ -38,11 +41,23 @@ class ServeConfig:
             raise InputError(f"--max-queue must be at least 1, got {self.max_queue}")
         if self.timeout_s <= 0:
             raise InputError(f"--timeout-s must be positive, got {self.timeout_s}")
+        if self.max_inputs < 1:
+            raise InputError(f"--max-inputs must be at least 1, got {self.max_inputs}")
         if not 0 <= self.port <= 65535:
             raise InputError(f"--port must be 0..65535, got {self.port}")
         if self.api_key is not None and not self.api_key.strip():
             raise InputError(f"the API key (--api-key or {API_KEY_ENV}) is empty; give a non-empty key or none")
         return self
+
+
+MAX_BODY_MB = 1024
+
+
+def body_bytes(mb: float) -> int:
+    """``--max-body-mb`` in bytes: positive and at most 1 GiB (the whole body is held in memory)."""
+    if not (math.isfinite(mb) and 0 < mb <= MAX_BODY_MB):
+        raise InputError(f"--max-body-mb must be above 0 and at most {MAX_BODY_MB}, got {mb:g}")
+    return max(1, int(mb * 1024 * 1024))
 
 
 def parse_devices(text: str | None) -> list[str]:
@@ -57,3 +72,38 @@ def parse_devices(text: str | None) -> list[str]:
 
 def api_key_from_env(given: str | None) -> str | None:
     return given if given is not None else (os.environ.get(API_KEY_ENV) or None)
+
+
+MAX_KEY_FILE = 4096
+
+
+def api_key_from_file(path: Path) -> str:
+    """The key in ``path`` (one line; surrounding whitespace and the newline are dropped)."""
+    hint = "give a readable file holding the key on one line"
+    try:
+        if path.is_file():
+            with path.open("rb") as f:
+                data: bytes | None = f.read(MAX_KEY_FILE + 1)
+        else:
+            data = None
+    except OSError as e:
+        raise InputError(f"--api-key-file {path}: cannot read it ({e.strerror or e})", hint) from None
+    if data is None:
+        what = "is a directory" if path.is_dir() else "not a regular file" if path.exists() else "no such file"
+        raise InputError(f"--api-key-file {path}: {what}", hint)
+    if len(data) > MAX_KEY_FILE:
+        raise InputError(f"--api-key-file {path}: larger than {MAX_KEY_FILE} bytes, not a key file", hint)
+    try:
+        key = data.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise InputError(f"--api-key-file {path}: not UTF-8 text", hint) from None
+    if not key or len(key.splitlines()) != 1:
+        raise InputError(f"--api-key-file {path}: {'empty' if not key else 'holds several lines'}", hint)
+    return key
+
+
+def resolve_api_key(given: str | None, file: Path | None) -> str | None:
+    """The key from ``--api-key``, ``--api-key-file`` or the environment (in that order); never two of them."""
+    if given is not None and file is not None:
+        raise InputError("give --api-key or --api-key-file, not both (a file keeps the key out of `ps`)")
+    return api_key_from_file(file) if file is not None else api_key_from_env(given)

@@ -18,19 +18,26 @@ import itertools
 import logging
 import multiprocessing as mp
 import os
+import re
 import signal
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
+
+from ..errors import InputError
 
 log = logging.getLogger("edgeinfer.serve")
 
 class WorkerCrashed(Exception):
     """The worker running a batch died before answering it."""
+
+
+class Cancelled(Exception):
+    """Every request of the running batch timed out: stop working on it."""
 
 
 class NoWorkers(Exception):
@@ -58,6 +65,26 @@ def placement(backend: str, entry: str | None) -> tuple[dict[str, str], str | No
     if entry.isdigit():
         return {}, None, {}
     return {}, entry, {}
+
+
+RKNN_CORE_MASKS = ("0", "1", "2", "0_1", "0_1_2", "auto")
+MAX_WORKERS = 64
+_DEVICE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.:]*|[0-9]+")
+
+
+def check_devices(backends: list[str], entries: list[str]) -> None:
+    """Refuse ``--devices`` entries no backend of the served bundles could mean (before any worker starts)."""
+    if len(entries) > MAX_WORKERS:
+        raise InputError(f"--devices lists {len(entries)} workers; at most {MAX_WORKERS}")
+    for backend in set(backends):
+        for e in entries:
+            if backend == "rknn" and e not in RKNN_CORE_MASKS:
+                raise InputError(f"--devices {e!r}: an RKNN entry is an NPU core mask, "
+                                 f"one of {', '.join(RKNN_CORE_MASKS)}")
+            if backend == "ascend" and not (e.isdigit() or re.fullmatch(r"npu:[0-9]+", e)):
+                raise InputError(f"--devices {e!r}: an Ascend entry is a card index such as 0 or 1")
+            if not _DEVICE_NAME.fullmatch(e):
+                raise InputError(f"--devices {e!r}: not a device name or index; use e.g. 0,1 or CPU,NPU or GPU.1")
 
 
 # --- the worker process ------------------------------------------------------------------------------
@@ -91,12 +118,15 @@ def _length_groups(session: Any, feeds: dict[str, np.ndarray], min_group: int = 
     return groups
 
 
-def _run_embed(bundle: Any, session: Any, feeds: dict[str, np.ndarray], max_batch: int) -> np.ndarray:
+def _run_embed(bundle: Any, session: Any, feeds: dict[str, np.ndarray], max_batch: int,
+               stop: Callable[[], bool]) -> np.ndarray:
     n = len(next(iter(feeds.values())))
     out: np.ndarray | None = None
     for rows, length in _length_groups(session, feeds):
+        if stop():
+            raise Cancelled()
         f = {k: (np.ascontiguousarray(v[rows, :length]) if length and v.ndim == 2 else v[rows]) for k, v in feeds.items()}
-        vec = bundle.embed(_run_rows(session, f, max_batch), f).astype(np.float32)
+        vec = bundle.embed(_run_rows(session, f, max_batch, stop), f).astype(np.float32)
         if out is None:
             out = np.empty((n, *vec.shape[1:]), dtype=np.float32)
         out[rows] = vec
@@ -104,31 +134,42 @@ def _run_embed(bundle: Any, session: Any, feeds: dict[str, np.ndarray], max_batc
     return out
 
 
-def _run_rows(session: Any, feeds: dict[str, np.ndarray], max_batch: int) -> dict[str, np.ndarray]:
+def _run_rows(session: Any, feeds: dict[str, np.ndarray], max_batch: int,
+              stop: Callable[[], bool] = lambda: False) -> dict[str, np.ndarray]:
+    """Run in chunks of ``max_batch`` rows (a multiple of a static batch, the last chunk padded), checking
+    ``stop`` between chunks so a batch nobody waits for any more ends early."""
     from ..bundle import run_padded, static_batch
 
-    if static_batch(session.inputs) is not None:
-        return run_padded(session, feeds)  # chunks of the static batch, last one padded
+    fixed = static_batch(session.inputs)
+    step = max_batch if fixed is None else max(fixed, max_batch // fixed * fixed)
     n = len(next(iter(feeds.values())))
-    if n <= max_batch:
-        return session.run(feeds)
-    parts = [session.run({k: v[i : i + max_batch] for k, v in feeds.items()}) for i in range(0, n, max_batch)]
+    if n <= step:
+        return run_padded(session, feeds)
+    parts = []
+    for i in range(0, n, step):
+        if stop():
+            raise Cancelled()
+        parts.append(run_padded(session, {k: v[i : i + step] for k, v in feeds.items()}))
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
-def run_batch(bundle: Any, session: Any, kind: str, feeds: dict[str, np.ndarray], rows: list[int], max_batch: int):
+def run_batch(bundle: Any, session: Any, kind: str, feeds: dict[str, np.ndarray], rows: list[int], max_batch: int,
+              stop: Callable[[], bool] = lambda: False):
     """Run a merged batch and split it back: one ``("ok", outputs)`` / ``("err", message)`` per request.
     When the merged run fails, each request is run alone so only the guilty one gets the error."""
 
     def once(f: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if kind == "embed":
-            return {"embedding": _run_embed(bundle, session, f, max_batch)}
-        return _run_rows(session, f, max_batch)
+            return {"embedding": _run_embed(bundle, session, f, max_batch, stop)}
+        return _run_rows(session, f, max_batch, stop)
 
     offsets = np.cumsum([0, *rows])
+    cancelled = [("err", "cancelled: every request of the batch timed out")] * len(rows)
     try:
         out = once(feeds)
         return [("ok", {k: v[a:b] for k, v in out.items()}) for a, b in zip(offsets[:-1], offsets[1:])]
+    except Cancelled:
+        return cancelled
     except Exception as e:  # noqa: BLE001 - reported to the callers, the worker keeps serving
         if len(rows) == 1:
             return [("err", _one_line(e))]
@@ -136,6 +177,8 @@ def run_batch(bundle: Any, session: Any, kind: str, feeds: dict[str, np.ndarray]
     for a, b in zip(offsets[:-1], offsets[1:]):
         try:
             parts.append(("ok", once({k: v[a:b] for k, v in feeds.items()})))
+        except Cancelled:
+            return cancelled
         except Exception as e:  # noqa: BLE001
             parts.append(("err", _one_line(e)))
     return parts
@@ -160,10 +203,24 @@ def _warm_feeds(bundle: Any, session: Any) -> dict[str, np.ndarray]:
     return feeds
 
 
-def worker_main(conn: Any, index: int, entry: str | None, bundles: list[tuple[str, str]], max_batch: int) -> None:
-    """Entry point of a worker process."""
+BACKGROUND_NICE = 10
+
+
+def lower_priority() -> None:
+    """Run this process below the HTTP process's CPU priority: with few cores, bulk work (model runs,
+    tokenizing a large request) must not delay the event loop answering everyone else."""
+    try:
+        os.nice(BACKGROUND_NICE)
+    except OSError:  # not permitted here: run at the normal priority
+        pass
+
+
+def worker_main(conn: Any, index: int, entry: str | None, bundles: list[tuple[str, str]], max_batch: int,
+                cancel: Any = None) -> None:
+    """Entry point of a worker process. ``cancel`` (a shared integer) holds the id of a batch to stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process decides when workers stop
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    lower_priority()
     from ..bundle import Bundle
 
     loaded: dict[str, tuple[Any, Any]] = {}
@@ -191,7 +248,8 @@ def worker_main(conn: Any, index: int, entry: str | None, bundles: list[tuple[st
         if msg[0] == "run":
             _, batch_id, name, kind, feeds, rows = msg
             bundle, session = loaded[name]
-            parts = run_batch(bundle, session, kind, feeds, rows, max_batch)
+            stop = (lambda b=batch_id: cancel.value == b) if cancel is not None else (lambda: False)
+            parts = run_batch(bundle, session, kind, feeds, rows, max_batch, stop)
             try:
                 conn.send(("result", batch_id, parts))
             except (OSError, ValueError):
@@ -221,6 +279,8 @@ class Worker:
     restarts: int = 0
     batches: int = 0
     send_lock: threading.Lock = field(default_factory=threading.Lock)
+    cancel: Any = None  # shared integer: the id of a batch the worker should stop
+    killed: bool = False  # stopped by the pool (a timed-out batch it would not give up), not a crash
 
     @property
     def label(self) -> str:
@@ -235,12 +295,14 @@ class WorkerPool:
     """Starts, feeds, watches and restarts the worker processes."""
 
     def __init__(self, bundles: list[tuple[str, Path]], devices: list[str], max_batch: int,
-                 max_restarts: int = 5, restart_window_s: float = 60.0, on_restart: Any = None):
+                 max_restarts: int = 5, restart_window_s: float = 60.0, on_restart: Any = None,
+                 stop_grace_s: float = 30.0):
         self.bundles = [(n, str(p)) for n, p in bundles]
         self.max_batch = max_batch
         self.max_restarts = max_restarts
         self.restart_window_s = restart_window_s
         self.on_restart = on_restart
+        self.stop_grace_s = stop_grace_s
         self.workers = [Worker(i, e) for i, e in enumerate(devices or [None])]
         self._ctx = mp.get_context("spawn")
         self._ids = itertools.count(1)
@@ -264,8 +326,10 @@ class WorkerPool:
     def _spawn(self, w: Worker) -> asyncio.Future:
         assert self._loop is not None
         parent, child = self._ctx.Pipe()
+        if w.cancel is None:
+            w.cancel = self._ctx.Value("q", 0, lock=False)
         proc = self._ctx.Process(
-            target=worker_main, args=(child, w.index, w.entry, self.bundles, self.max_batch),
+            target=worker_main, args=(child, w.index, w.entry, self.bundles, self.max_batch, w.cancel),
             name=f"edgeinfer-serve-worker-{w.index}", daemon=True,
         )
         w.generation += 1
@@ -338,17 +402,20 @@ class WorkerPool:
             self._resolve_ready(w, RuntimeError(f"worker {w.label} exited (code {code}) before loading the models"))
             self._notify()
             return
-        now = time.monotonic()
-        w.crashes.append(now)
-        while w.crashes and now - w.crashes[0] > self.restart_window_s:
-            w.crashes.popleft()
-        if len(w.crashes) > self.max_restarts:
-            log.error("worker %s crashed %d times in %.0f s; giving it up", w.label, len(w.crashes),
-                      self.restart_window_s)
-            w.state = "failed"
-            self._notify()
-            return
-        log.warning("worker %s (pid %s) exited with code %s; restarting it", w.label, w.pid, code)
+        if w.killed:  # not a crash: does not count towards giving the worker up
+            w.killed = False
+        else:
+            now = time.monotonic()
+            w.crashes.append(now)
+            while w.crashes and now - w.crashes[0] > self.restart_window_s:
+                w.crashes.popleft()
+            if len(w.crashes) > self.max_restarts:
+                log.error("worker %s crashed %d times in %.0f s; giving it up", w.label, len(w.crashes),
+                          self.restart_window_s)
+                w.state = "failed"
+                self._notify()
+                return
+            log.warning("worker %s (pid %s) exited with code %s; restarting it", w.label, w.pid, code)
         w.restarts += 1
         if self.on_restart:
             self.on_restart(w)
@@ -386,6 +453,21 @@ class WorkerPool:
                         w.state = "busy"
                         return w
                 await self._free.wait()
+
+    def cancel(self, w: Worker) -> None:
+        """Ask ``w`` to stop its running batch between two chunks (its callers are gone); when one chunk
+        alone outlasts ``stop_grace_s`` (a hung device, a huge chunk), restart the worker instead."""
+        if w.inflight is None or w.cancel is None or self._loop is None:
+            return
+        w.cancel.value = w.inflight[0]
+        self._loop.call_later(self.stop_grace_s, self._kill_stuck, w, w.generation, w.inflight[0])
+
+    def _kill_stuck(self, w: Worker, generation: int, batch_id: int) -> None:
+        if w.generation == generation and w.inflight is not None and w.inflight[0] == batch_id and w.process:
+            log.warning("worker %s (pid %s) still runs a batch nobody waits for, %g s after it was cancelled; "
+                        "restarting it", w.label, w.pid, self.stop_grace_s)
+            w.killed = True
+            w.process.kill()
 
     def release(self, w: Worker) -> None:
         if w.state == "busy":

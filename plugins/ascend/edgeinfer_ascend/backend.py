@@ -187,7 +187,7 @@ def _torchao():
     except Exception as e:
         raise BackendUnavailableError(
             f"weight-only INT8 needs torchao ({type(e).__name__}: {str(e).splitlines()[0][:120]}); "
-            "pip install torchao (or edgeinfer-ascend[int8])"
+            "pip install torchao (from a clone: pip install './plugins/ascend[int8]')"
         ) from None
     return quantize_, Int8WeightOnlyConfig
 

@@ -1,4 +1,4 @@
-"""Model inputs of the Ascend backend and its artifact format. No pickle anywhere.
+"""Model inputs of the Ascend backend and its artifact format. Nothing loaded here runs code from the file.
 
 Inputs (``convert``):
 
@@ -7,14 +7,18 @@ Inputs (``convert``):
   ``config.json`` next to it describes the model). Non-safetensors weights load with
   ``torch.load(weights_only=True)``: a file holding arbitrary pickled objects is refused.
   DataParallel / DDP ``module.`` prefixes are stripped.
-* a ``torch.export`` program (``.pt2``, written by ``torch.export.save``).
+* a ``torch.export`` program (``.pt2``, written by ``torch.export.save``). ``torch.export.load``
+  unpickles and ``exec``s parts of an archive, so programs are checked and rebuilt by
+  :mod:`edgeinfer_ascend.pt2` first: pickled payloads, compiled code, guards code and
+  non-ATen calls are refused or dropped.
 
 An ``.onnx`` file is refused with a pointer to the right input.
 
 Artifact (``.ascend``): a zip archive (stored, not compressed) holding ``manifest.json`` and either
 ``model.safetensors`` + ``config.json`` (kind ``hf``; weights already cast to the scheme's dtype)
 or ``program.pt2`` (kind ``export``). Weight-only INT8 (``w8a16``) stores fp32 weights and the
-recipe; torchao quantizes the Linear layers when the artifact is opened.
+recipe; torchao quantizes the Linear layers when the artifact is opened. The artifact's
+``program.pt2`` goes through the same checks when it is opened: an artifact is a file like any other.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from edgeinfer.errors import InputError, ModelError
+
+from . import pt2
 
 FORMAT = 1
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.pt", "model.pth")
@@ -89,6 +95,7 @@ def strip_module_prefix(state: dict[str, Any]) -> dict[str, Any]:
 def load_state_dict(weights: Path) -> dict[str, Any]:
     """Tensors of a weights file (or a directory of safetensors shards); never unpickles objects."""
     import pickle
+    import warnings
 
     import torch
 
@@ -108,11 +115,13 @@ def load_state_dict(weights: Path) -> dict[str, Any]:
         except Exception as e:
             raise ModelError(f"{weights.name} is not a readable safetensors file ({e}); download it again") from None
     try:
-        obj = torch.load(str(weights), map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
+        with warnings.catch_warnings():  # e.g. "Detected pickle protocol 4": noise next to the one-line error
+            warnings.simplefilter("ignore")
+            obj = torch.load(str(weights), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
         raise ModelError(
-            f"{weights.name} holds pickled Python objects, not just tensors; refusing to unpickle it "
-            f"(weights_only=True: {str(e).splitlines()[0][:120]}). Save model.state_dict() or safetensors instead"
+            f"{weights.name} holds pickled Python objects, not just tensors, and torch.load(weights_only=True) "
+            "refuses it (nothing was unpickled); save model.state_dict() or safetensors instead"
         ) from None
     except Exception as e:
         raise ModelError(f"{weights.name} is not a readable PyTorch weights file ({str(e).splitlines()[0]})") from None
@@ -199,18 +208,15 @@ def export_program_bytes(path: Path) -> bytes:
     import torch
 
     try:
-        ep = torch.export.load(str(path))
-    except Exception as e:
-        raise ModelError(
-            f"{path.name} is not a torch.export program ({str(e).splitlines()[0][:160]}); write it with "
-            "torch.export.save(torch.export.export(model, args), path)"
-        ) from None
+        data = path.read_bytes()
+    except OSError as e:
+        raise ModelError(f"cannot read {path}: {e.strerror}") from None
+    ep = pt2.load(data, path.name)
     buf = io.BytesIO()
     torch.export.save(ep, buf)
     return buf.getvalue()
 
 
-def load_program(data: bytes):
-    import torch
-
-    return torch.export.load(io.BytesIO(data))
+def load_program(data: bytes, name: str = "program.pt2"):
+    """The program stored in an artifact, checked like any .pt2 (see :mod:`edgeinfer_ascend.pt2`)."""
+    return pt2.load(data, name)

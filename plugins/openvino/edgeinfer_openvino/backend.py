@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 import threading
 import time
@@ -68,19 +69,24 @@ def _ov():
 
 @contextlib.contextmanager
 def _nncf_output_to_stderr():
-    """NNCF logs and draws progress bars on stdout; stdout belongs to the CLI's answer (--json)."""
+    """NNCF logs and draws progress bars on stdout; stdout belongs to the CLI's answer (--json).
+    They go to stderr with ``edgeinfer --verbose``, and nowhere otherwise (edgeinfer shows its own step)."""
+    from edgeinfer.progress import verbose
+
     handler = None
     try:
         from nncf.common.logging.logger import stdout_handler as handler
     except Exception:
         pass
-    old = handler.setStream(sys.stderr) if handler is not None else None
-    try:
-        with contextlib.redirect_stdout(sys.stderr):
-            yield
-    finally:
-        if handler is not None and old is not None:
-            handler.setStream(old)
+    with contextlib.ExitStack() as stack:
+        sink = sys.stderr if verbose() else stack.enter_context(open(os.devnull, "w"))
+        old = handler.setStream(sink) if handler is not None else None
+        try:
+            with contextlib.redirect_stdout(sink):
+                yield
+        finally:
+            if handler is not None and old is not None:
+                handler.setStream(old)
 
 
 def _reason(e: BaseException) -> str:
@@ -515,7 +521,8 @@ class OpenVinoBackend(Backend):
 
             versions["nncf"] = version("nncf")
         except Exception:
-            problems.append(Problem("nncf is not installed: int8/w8a16/w4a16 conversion is unavailable", "pip install nncf"))
+            problems.append(Problem("nncf is not installed: int8/w8a16/w4a16 conversion is unavailable",
+                                    "pip install './plugins/openvino[convert]' (or: pip install nncf)"))
         return Probe(available=bool(devices), versions=versions, devices=devices, problems=problems, details=details)
 
     def refuses_target(self, target: str, device: str | None) -> str | None:

@@ -63,7 +63,11 @@ def _dims(value_info: Any) -> tuple[Any, ...]:
 
 
 def _read_onnx(model: Path) -> Any:
-    import onnx
+    try:
+        import onnx
+    except ImportError:
+        raise BackendUnavailableError("converting for rknn reads ONNX, and the onnx package is not installed",
+                                      "pip install './plugins/rknn[convert]' (or: pip install onnx)") from None
 
     try:
         proto = onnx.load(str(model))
@@ -273,7 +277,7 @@ class RknnBackend(Backend):
         if not ver:
             return Probe(False, details=details, problems=[Problem(
                 "rknn-toolkit2 is not installed",
-                "pip install --no-deps rknn-toolkit2==2.5.0 plus its runtime needs (see the project's Makefile)")])
+                "pip install --no-deps rknn-toolkit2==2.5.0 plus its runtime needs (see plugins/rknn/README.md)")])
         with tempfile.TemporaryDirectory(prefix="edgeinfer-rknn-probe-") as tmp:
             try:
                 tk.rknn_class(Path(tmp) / "import.log")

@@ -113,7 +113,7 @@ def rknn_class(log_path: Path) -> Any:
         except Exception as e:
             raise BackendUnavailableError(
                 f"rknn-toolkit2 does not import: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
-                "pip install --no-deps rknn-toolkit2==2.5.0 (see the project's FACTS for its runtime needs)",
+                "pip install --no-deps rknn-toolkit2==2.5.0 (its runtime needs: see plugins/rknn/README.md)",
             ) from None
     return RKNN
 

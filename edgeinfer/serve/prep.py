@@ -1,0 +1,335 @@
+"""The CPU work of a request — reading its JSON, tokenizing, building arrays, checking them, encoding the
+answer — as plain functions, and :class:`Offload`, which runs the large ones in helper processes so the
+event loop keeps answering other requests (``/health`` included) meanwhile.
+
+Threads would not do: ``json.loads``, ``np.array`` on nested lists and ``json.dumps`` hold the GIL
+for their whole run, seconds for a body of a few MB.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import multiprocessing as mp
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+from pydantic import BaseModel, ValidationError
+
+from ..backend import TensorSpec, validate_feeds
+from ..bundle import Bundle
+from ..errors import EdgeInferError
+from .schemas import EmbeddingRequest, InferRequest
+from .workers import lower_priority
+
+OFFLOAD_BYTES = 64 * 1024  # request bodies above this are prepared in a helper process
+OFFLOAD_VALUES = 64 * 1024  # answers with more numbers than this are encoded in a helper process
+
+
+class ApiError(Exception):
+    """An HTTP error answer: ``status`` and a message saying what is wrong and what to do."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.headers = status, message, headers or {}
+
+    def __reduce__(self) -> tuple:  # raised in a helper process, re-raised here
+        return (ApiError, (self.status, self.message, self.headers))
+
+
+@dataclass
+class ServedModel:
+    name: str
+    bundle: Bundle
+
+    @property
+    def inputs(self) -> list[TensorSpec]:
+        return self.bundle.manifest.inputs
+
+    @property
+    def outputs(self) -> list[TensorSpec]:
+        return self.bundle.manifest.outputs
+
+    @property
+    def embeds(self) -> bool:
+        return self.bundle.manifest.text is not None
+
+    def vocab_size(self) -> int | None:
+        return self.bundle._tokenizer.get_vocab_size(with_added_tokens=True) if self.embeds else None
+
+    def to_json(self, created: int) -> dict[str, Any]:
+        m = self.bundle.manifest
+        return {
+            "id": self.name, "object": "model", "created": created, "owned_by": "edgeinfer",
+            "backend": m.backend, "board": m.board, "scheme": m.scheme, "target": m.target,
+            "inputs": [s.to_json() for s in m.inputs], "outputs": [s.to_json() for s in m.outputs],
+            "endpoints": (["/v1/embeddings"] if self.embeds else []) + ["/v1/infer"],
+        }
+
+
+Models = dict[str, ServedModel]
+
+
+@dataclass
+class Prepared:
+    """A request ready for the batcher."""
+
+    model: str
+    kind: str  # "embed" | "infer"
+    feeds: dict[str, np.ndarray]
+    rows: int
+    key: tuple  # requests merge only with requests of the same key
+    tokens: int = 0
+    encoding: str = "float"
+    dimensions: int | None = None
+    id: str | None = None
+
+
+# --- reading requests -----------------------------------------------------------------------------------
+
+
+def pick(models: Models, model: str | None, embeds: bool) -> ServedModel:
+    if model is not None:
+        m = models.get(model)
+        if m is None:
+            raise ApiError(404, f"unknown model {model!r}; GET /v1/models lists: {', '.join(models)}")
+        if embeds and not m.embeds:
+            raise ApiError(400, f"model {model!r} has no tokenizer (not an embedding model); use /v1/infer")
+        return m
+    cands = [m for m in models.values() if m.embeds or not embeds]
+    if len(cands) == 1:
+        return cands[0]
+    if not cands:
+        raise ApiError(400, "no embedding model is served; use /v1/infer")
+    raise ApiError(400, f"several models are served; name one in 'model' ({', '.join(m.name for m in cands)})")
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def read_json(body: bytes, content_type: str) -> Any:
+    """The JSON document of a body; 400 on anything that is not strict JSON."""
+    if content_type and "json" not in content_type.lower():
+        raise ApiError(400, "body: send a JSON object with 'Content-Type: application/json'")
+    if not body.strip():
+        raise ApiError(400, "body: send a JSON object")
+    try:
+        return json.loads(body, parse_constant=_no_constant)
+    except json.JSONDecodeError as e:
+        raise ApiError(400, f"body: not valid JSON (at character {e.pos})") from None
+    except (ValueError, RecursionError) as e:  # bad UTF-8, NaN/Infinity, huge integers, deep nesting
+        raise ApiError(400, f"body: not valid JSON ({' '.join(str(e).split())[:120] or 'nested too deep'})") from None
+
+
+def validated(schema: type[BaseModel], data: Any) -> Any:
+    try:
+        return schema.model_validate(data)
+    except ValidationError as exc:
+        raise ApiError(400, validation_message(exc.errors(include_url=False))) from None
+
+
+def validation_message(errs: list[Any], content_type: str = "application/json") -> str:
+    """One line for pydantic's (or FastAPI's) validation errors: where, what, and how many more."""
+    first = errs[0] if errs else {}
+    where = ".".join(str(x) for x in first.get("loc", ()) if x != "body") or "body"
+    msg = first.get("msg", "invalid request")
+    if first.get("type") == "json_invalid":
+        where, msg = "body", "not valid JSON"
+    elif where == "body" and first.get("type") in ("model_type", "model_attributes_type", "dict_type"):
+        msg = "send a JSON object" + ("" if "json" in content_type else " with 'Content-Type: application/json'")
+    return f"{where}: {msg}" + (f" (and {len(errs) - 1} more)" if len(errs) > 1 else "")
+
+
+def prepare_embeddings(models: Models, body: bytes, content_type: str, max_inputs: int) -> Prepared:
+    req = validated(EmbeddingRequest, read_json(body, content_type))
+    m = pick(models, req.model, embeds=True)
+    texts = [req.input] if isinstance(req.input, str) else list(req.input)
+    if not texts:
+        raise ApiError(400, "input: give at least one string")
+    if len(texts) > max_inputs:
+        raise ApiError(400, f"input: at most {max_inputs} strings per request (--max-inputs), got {len(texts)}")
+    try:
+        feeds = m.bundle.tokenize(texts)
+    except EdgeInferError as e:
+        raise ApiError(400, e.one_line()) from None
+    mask = feeds.get("attention_mask")
+    tokens = int(mask.sum()) if mask is not None else int(sum(len(t.split()) for t in texts))
+    return Prepared(m.name, "embed", feeds, len(texts), ("embed",), tokens=tokens,
+                    encoding=req.encoding_format, dimensions=req.dimensions)
+
+
+def prepare_infer(models: Models, body: bytes, content_type: str, max_rows: int) -> Prepared:
+    req = validated(InferRequest, read_json(body, content_type))
+    m = pick(models, req.model, embeds=False)
+    feeds = parse_tensors(m, req.inputs, max_rows)
+    check_vocab(m, feeds)
+    rows = len(next(iter(feeds.values())))
+    key = ("infer",) + tuple((k, v.shape[1:]) for k, v in sorted(feeds.items()))
+    return Prepared(m.name, "infer", feeds, rows, key, id=req.id)
+
+
+def check_vocab(m: ServedModel, feeds: dict[str, np.ndarray]) -> None:
+    """Token ids must index the bundled tokenizer's vocabulary (a model may not check, or may crash)."""
+    ids = feeds.get("input_ids")
+    vocab = m.vocab_size() if ids is not None and ids.size else None
+    if vocab is None:
+        return
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi >= vocab:
+        bad = lo if lo < 0 else hi
+        raise ApiError(400, f"input 'input_ids': token id {bad} is outside the vocabulary of {m.name} "
+                            f"(0..{vocab - 1})")
+
+
+def parse_tensors(m: ServedModel, inputs: dict[str, Any], max_rows: int) -> dict[str, np.ndarray]:
+    """JSON arrays → arrays of the model's dtypes, checked against its specs (axis 0 free). 400 on anything odd."""
+    if not inputs:
+        raise ApiError(400, f"inputs: give the model's inputs ({', '.join(s.name for s in m.inputs)})")
+    specs = {s.name: s for s in m.inputs}
+    arrays: dict[str, np.ndarray] = {}
+    for name, value in inputs.items():
+        spec = specs.get(name)
+        if spec is None:
+            raise ApiError(400, f"unknown input {name!r}; the model's inputs are: {', '.join(specs)}")
+        arrays[name] = to_array(name, value, spec)
+    relaxed = [TensorSpec(s.name, ("__rows__", *s.shape[1:]) if s.shape else s.shape, s.dtype) for s in m.inputs]
+    try:
+        feeds = validate_feeds(relaxed, arrays)
+    except EdgeInferError as e:
+        raise ApiError(400, e.one_line().replace("'__rows__'", "the batch (axis 0)")) from None
+    rows = {len(v) if v.ndim else 0 for v in feeds.values()}
+    n = rows.pop() if len(rows) == 1 else 0
+    if n < 1:
+        raise ApiError(400, "inputs: every input needs a batch axis (axis 0) of at least one row")
+    if n > max_rows:
+        raise ApiError(400, f"inputs: at most {max_rows} rows per request (--max-inputs), got {n}")
+    return feeds
+
+
+def to_array(name: str, value: Any, spec: TensorSpec) -> np.ndarray:
+    try:
+        raw = np.array(value)
+    except (ValueError, TypeError, OverflowError, RecursionError):
+        raise ApiError(400, f"input {name!r}: not a rectangular array of numbers") from None
+    if raw.dtype.kind not in "biuf":
+        raise ApiError(400, f"input {name!r}: not a rectangular array of numbers within the {spec.dtype} range")
+    want = np.dtype(spec.dtype)
+    if want.kind in "iu" and raw.dtype.kind == "f":
+        if not np.all(np.isfinite(raw)) or not np.all(raw == np.round(raw)):
+            raise ApiError(400, f"input {name!r}: the model takes {spec.dtype}; send whole numbers")
+    if want.kind in "iu" and raw.size:
+        info = np.iinfo(want)
+        lo, hi = raw.min().item(), raw.max().item()  # Python numbers: uint64 vs int64 compares exactly
+        if lo < info.min or hi > info.max:
+            raise ApiError(400, f"input {name!r}: values outside the {spec.dtype} range")
+    if want.kind == "b" and raw.dtype.kind != "b":
+        raise ApiError(400, f"input {name!r}: the model takes booleans; send true/false")
+    try:
+        with np.errstate(all="ignore"):
+            return raw.astype(want)
+    except (ValueError, TypeError, OverflowError):
+        raise ApiError(400, f"input {name!r}: cannot be read as {spec.dtype}") from None
+
+
+# --- encoding answers -----------------------------------------------------------------------------------
+
+
+def check_finite(model: str, outputs: dict[str, np.ndarray]) -> None:
+    """JSON has no NaN or Infinity: an answer holding them is a failed request (500), never invalid JSON."""
+    for name, v in outputs.items():
+        if v.dtype.kind in "fc" and not np.isfinite(v).all():
+            raise ApiError(500, f"output {name!r} of model {model} holds NaN or Inf for this request; the model "
+                                "produced non-numbers (check the bundle with `edgeinfer golden`)")
+
+
+def _dumps(data: Any) -> bytes:
+    return json.dumps(data, separators=(",", ":"), allow_nan=False).encode()
+
+
+def encode_embeddings(p: Prepared, vecs: np.ndarray) -> bytes:
+    check_finite(p.model, {"embedding": vecs})
+    if p.dimensions is not None and p.dimensions != vecs.shape[1]:
+        raise ApiError(400, f"dimensions: model {p.model} gives {vecs.shape[1]}, not {p.dimensions}")
+    if p.encoding == "base64":
+        data: list[Any] = [base64.b64encode(np.ascontiguousarray(v, dtype="<f4").tobytes()).decode() for v in vecs]
+    else:
+        data = vecs.tolist()
+    return _dumps({
+        "object": "list",
+        "data": [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(data)],
+        "model": p.model,
+        "usage": {"prompt_tokens": p.tokens, "total_tokens": p.tokens},
+    })
+
+
+def encode_infer(rid: str, model: str, outputs: dict[str, np.ndarray]) -> bytes:
+    check_finite(model, outputs)
+    return _dumps({
+        "id": rid, "model": model,
+        "outputs": {k: {"dtype": v.dtype.name, "shape": list(v.shape), "data": v.tolist()}
+                    for k, v in outputs.items()},
+    })
+
+
+# --- running it off the event loop ------------------------------------------------------------------------
+
+
+_MODELS: Models = {}
+
+
+def _init(models: Models) -> None:
+    global _MODELS
+    _MODELS = models
+    lower_priority()
+
+
+def _call(fn: Callable[..., Any], args: tuple, with_models: bool) -> Any:
+    return fn(_MODELS, *args) if with_models else fn(*args)
+
+
+class Offload:
+    """Runs request work inline when it is small and in ``processes`` helper processes (spawned) when
+    it is large. A helper that dies (e.g. out of memory) fails its request with 500; the pool is renewed."""
+
+    def __init__(self, models: Models, processes: int = 2):
+        self.models = models
+        self.processes = processes
+        self._pool: ProcessPoolExecutor | None = None
+
+    def start(self) -> None:
+        self._pool = ProcessPoolExecutor(self.processes, mp_context=mp.get_context("spawn"),
+                                         initializer=_init, initargs=(self.models,))
+
+    async def warm_up(self) -> None:
+        """Start the helpers now, not on the first large request."""
+        await asyncio.gather(*(self._submit(len, ((),), False) for _ in range(self.processes)))
+
+    async def prepare(self, heavy: bool, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(models, *args)``."""
+        return fn(self.models, *args) if not heavy or self._pool is None else await self._submit(fn, args, True)
+
+    async def encode(self, heavy: bool, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)``."""
+        return fn(*args) if not heavy or self._pool is None else await self._submit(fn, args, False)
+
+    async def _submit(self, fn: Callable[..., Any], args: tuple, with_models: bool) -> Any:
+        pool = self._pool
+        assert pool is not None
+        try:
+            # submit() may start a helper process (slow): never on the event loop
+            future = await asyncio.to_thread(pool.submit, _call, fn, args, with_models)
+            return await asyncio.wrap_future(future)
+        except BrokenProcessPool:
+            if self._pool is pool:
+                self.start()
+            raise ApiError(500, "the helper process working on this request died (out of memory?); "
+                                "retry, or send a smaller request") from None
+
+    def stop(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)

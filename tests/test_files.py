@@ -1,0 +1,104 @@
+"""edgeinfer.files: output paths refused before work starts; temporaries removed by their owner or,
+once the owner is gone, by a later run — never while the owner lives."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import pytest
+
+from edgeinfer import files
+from edgeinfer.errors import InputError
+
+
+@pytest.fixture
+def dead_pid() -> int:
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
+
+
+@pytest.fixture
+def live_pid():
+    p = subprocess.Popen(["sleep", "60"])
+    yield p.pid
+    p.kill()
+    p.wait()
+
+
+def test_temp_dir_is_removed_when_interrupted(tmp_path):
+    with pytest.raises(KeyboardInterrupt), files.temp_dir(tmp_path, "deploy") as d:
+        (d / "big.bin").write_bytes(b"\0" * 4096)
+        assert d.name.startswith(f".edgeinfer-deploy-{os.getpid()}-")
+        raise KeyboardInterrupt
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_temp_file_is_removed_when_interrupted_with_the_folder_it_made(tmp_path):
+    final = tmp_path / "onnx" / "key" / "model.onnx"
+    with pytest.raises(KeyboardInterrupt), files.temp_file(final, "export") as t:
+        t.write_bytes(b"\0" * 4096)
+        raise KeyboardInterrupt
+    assert list((tmp_path / "onnx").iterdir()) == []
+
+
+def test_temp_file_moved_into_place_stays(tmp_path):
+    final = tmp_path / "k" / "model.onnx"
+    with files.temp_file(final, "export") as t:
+        t.write_bytes(b"x")
+        t.replace(final)
+    assert final.read_bytes() == b"x" and [p.name for p in final.parent.iterdir()] == ["model.onnx"]
+
+
+def test_sweep_removes_dead_owners_keeps_live_ones_and_foreign_names(tmp_path, dead_pid, live_pid):
+    now = int(time.time())
+    dead = tmp_path / f".edgeinfer-deploy-{dead_pid}-{now}-aaaa"
+    live = tmp_path / f".edgeinfer-deploy-{live_pid}-{now}-bbbb"
+    mine = tmp_path / f".edgeinfer-deploy-{os.getpid()}-{now}-cccc"
+    user = tmp_path / f"results.tmp{dead_pid}"  # a user's file that merely looks like a 0.x cache name
+    for p in (dead, live, mine):
+        p.mkdir()
+    user.write_text("keep me")
+    assert files.sweep(tmp_path) == [dead]
+    assert live.exists() and mine.exists() and user.exists()
+
+
+def test_sweep_in_the_cache_reads_older_names_too(tmp_path, dead_pid, live_pid):
+    old_dead = tmp_path / f"0123abcd.tmp{dead_pid}"
+    old_live = tmp_path / f"4567abcd.tmp{live_pid}"
+    old_export = tmp_path / f".model.onnx.{dead_pid}.tmp"
+    old_dead.mkdir(), old_live.mkdir()
+    old_export.write_bytes(b"\0")
+    assert sorted(files.sweep(tmp_path, cache=True)) == sorted([old_dead, old_export])
+    assert old_live.exists()
+
+
+def test_a_reused_pid_does_not_keep_a_temporary_alive(tmp_path, live_pid):
+    # made "long ago" by a process with this pid; the process now holding the pid started later
+    old = tmp_path / f".edgeinfer-deploy-{live_pid}-{int(time.time()) - 3600}-dddd"
+    old.mkdir()
+    if files._process_start(live_pid) is None:
+        pytest.skip("no /proc here: pid reuse cannot be told apart")
+    assert files.sweep(tmp_path) == [old]
+
+
+@pytest.mark.parametrize("kind", ["dir", "file"])
+def test_output_paths_under_a_file_are_refused(tmp_path, kind):
+    (tmp_path / "f").write_text("x")
+    check = files.check_output_dir if kind == "dir" else files.check_output_file
+    with pytest.raises(InputError, match="is a file"):
+        check(tmp_path / "f" / "sub" / "out", "-o")
+    assert [p.name for p in tmp_path.iterdir()] == ["f"]
+
+
+def test_output_dir_that_is_a_file_and_plot_that_is_a_dir_are_refused(tmp_path):
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(InputError, match="existing file"):
+        files.check_output_dir(tmp_path / "f", "--out")
+    with pytest.raises(InputError, match="directory"):
+        files.check_output_file(tmp_path, "--plot")
+    with pytest.raises(InputError, match=".png"):
+        files.check_output_file(tmp_path / "p.gif", "--plot", (".png",))
+    files.check_output_file(tmp_path / "new" / "p.png", "--plot", (".png",))  # creatable: fine

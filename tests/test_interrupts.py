@@ -1,0 +1,137 @@
+"""Interrupted work leaves nothing behind: real signals sent to a real `edgeinfer deploy` mid-way.
+
+SIGINT exits 130 and SIGTERM 143 (128 + signal) after removing the run's temporaries; a run killed
+with SIGKILL cannot clean up, so the next run removes what it left — but never the temporaries of
+a run that is still going.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from edgeinfer import files
+from edgeinfer.testing import minilm
+from helpers import tiny_bert_dir
+
+pytestmark = pytest.mark.slow  # three real deploys of a tiny BERT (torch import + export each)
+
+
+@pytest.fixture(scope="module")
+def hf(tmp_path_factory) -> Path:
+    return tiny_bert_dir(tmp_path_factory.mktemp("hf") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def many_sentences(tmp_path_factory) -> Path:
+    """Enough golden samples that the golden check (inside the deploy's temporary bundle) takes seconds."""
+    path = tmp_path_factory.mktemp("g") / "golden.txt"
+    lines = list(minilm.sentences()) * 8
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _start(args: list[str], cache: Path) -> subprocess.Popen:
+    env = dict(os.environ, EDGEINFER_CACHE_DIR=str(cache))
+
+    def default_sigint() -> None:  # a background job may inherit SIGINT ignored; a user's shell does not
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    return subprocess.Popen([sys.executable, "-m", "edgeinfer.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, preexec_fn=default_sigint)
+
+
+def _wait_for(proc: subprocess.Popen, found, timeout: float = 180) -> Path:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        hit = found()
+        if hit:
+            return hit
+        if proc.poll() is not None:
+            pytest.fail(f"edgeinfer ended (rc {proc.returncode}) before the step under test: {proc.stderr.read()}")
+        time.sleep(0.01)
+    proc.kill()
+    pytest.fail("the step under test never started")
+
+
+def _deploy_tmp(parent: Path):
+    return lambda: next(iter(parent.glob(".edgeinfer-deploy-*")), None)
+
+
+def _leftovers(*roots: Path) -> list[Path]:
+    out = []
+    for root in roots:
+        out += [p for p in root.rglob("*") if p.name.startswith(".edgeinfer-") or ".tmp" in p.name]
+    return out
+
+
+def test_sigterm_during_the_golden_check_exits_143_and_leaves_nothing(hf, many_sentences, tmp_path):
+    cache, work = tmp_path / "cache", tmp_path / "work"
+    work.mkdir()
+    proc = _start(["deploy", str(hf), "--board", "host", "--golden-inputs", str(many_sentences),
+                   "-o", str(work / "b")], cache)
+    tmp = _wait_for(proc, _deploy_tmp(work))
+    time.sleep(0.5)  # converting / checking inside the temporary bundle
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert "interrupted (SIGTERM)" in err.splitlines()[-1]
+    assert not tmp.exists() and not (work / "b").exists()
+    assert _leftovers(work, cache) == []
+    assert sorted(p.name for p in (cache / "deploy").iterdir()) == ["onnx"]  # no half-stored cache entry
+
+
+def test_sigint_during_the_onnx_export_exits_130_and_leaves_nothing(hf, tmp_path):
+    cache, work = tmp_path / "cache", tmp_path / "work"
+    work.mkdir()
+    proc = _start(["deploy", str(hf), "--board", "host", "-o", str(work / "b")], cache)
+    exports = cache / "deploy" / "onnx"
+    _wait_for(proc, lambda: next(iter(exports.glob("*")), None) if exports.is_dir() else None)
+    time.sleep(0.2)  # inside torch.onnx.export
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "interrupted (SIGINT)" in err.splitlines()[-1]
+    assert _leftovers(work, cache) == []
+    assert [p for p in cache.rglob("*") if p.is_file()] == []  # no partial model.onnx either
+    assert not (work / "b").exists()
+
+
+def test_a_later_run_removes_what_a_killed_run_left_but_not_a_live_runs(hf, many_sentences, tmp_path):
+    cache, work = tmp_path / "cache", tmp_path / "work"
+    work.mkdir()
+    args = ["deploy", str(hf), "--board", "host", "--golden-inputs", str(many_sentences), "-o", str(work / "b")]
+    proc = _start(args, cache)
+    killed_tmp = _wait_for(proc, _deploy_tmp(work))
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert killed_tmp.exists()  # SIGKILL cannot be handled: this is what the next run must clean
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale_cache_entry = cache / "deploy" / f"0123456789abcdef01234567.tmp{dead.pid}"  # 0.x cache-store naming
+    stale_cache_entry.mkdir(parents=True)
+    (stale_cache_entry / "model.onnx").write_bytes(b"\0" * 1024)
+    export_dir = next((cache / "deploy" / "onnx").iterdir())
+    stale_export = export_dir / f".edgeinfer-export-{dead.pid}-{int(time.time())}-dead.onnx"
+    stale_export.write_bytes(b"\0" * 1024)
+    live = subprocess.Popen(["sleep", "120"])  # stands for a concurrent deploy into the same folder
+    try:
+        live_tmp = work / f".edgeinfer-deploy-{live.pid}-{int(time.time())}-live"
+        live_tmp.mkdir()
+        proc = _start(args, cache)
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+        assert not killed_tmp.exists() and not stale_cache_entry.exists() and not stale_export.exists()
+        assert live_tmp.exists()  # its owner is alive: never touched
+        assert (work / "b" / "manifest.json").is_file()
+    finally:
+        live.kill()
+        live.wait()
+    assert files.sweep(work) == [live_tmp]  # owner gone now: swept

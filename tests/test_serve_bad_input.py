@@ -1,0 +1,163 @@
+"""``edgeinfer serve`` with bad input: one line on stderr, exit 2, no traceback, nothing written — never a
+server that starts and then answers 500. Without its extras (FastAPI, uvicorn): the install line and exit 3."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from edgeinfer.backend import TensorSpec
+from edgeinfer.bundle import Manifest, TextSpec, write
+
+TOKENS = [TensorSpec(n, ("batch", "seq"), "int64") for n in ("input_ids", "attention_mask", "token_type_ids")]
+
+
+def fake_bundle(root: Path, name: str = "model", backend: str = "onnxruntime", text: bool = False) -> Path:
+    """A bundle whose manifest and files look right (its artifact is never loaded: every case fails before)."""
+    d = root / name
+    d.mkdir(parents=True)
+    (d / "model.onnx").write_bytes(b"not loaded by these tests")
+    if text:
+        (d / "tokenizer").mkdir()
+        (d / "tokenizer" / "tokenizer.json").write_text("{ this is not a tokenizer")
+    write(d, Manifest(backend=backend, board="host-cpu", scheme="fp32", artifacts=["model.onnx"], inputs=TOKENS,
+                      outputs=[TensorSpec("last_hidden_state", ("batch", "seq", 8), "float32")], source={},
+                      text=TextSpec() if text else None))
+    return d
+
+
+def busy_port() -> socket.socket:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    return s
+
+
+def case_files(tmp: Path) -> dict[str, Path]:
+    ok = fake_bundle(tmp / "a")
+    (tmp / "afile").write_text("x")
+    broken_json = fake_bundle(tmp / "j", "broken-json")
+    (broken_json / "manifest.json").write_text("{ not json")
+    wrong_schema = fake_bundle(tmp / "s", "wrong-schema")
+    (wrong_schema / "manifest.json").write_text(json.dumps({"schema": "something/9"}))
+    no_artifact = fake_bundle(tmp / "n", "no-artifact")
+    (no_artifact / "model.onnx").unlink()
+    (tmp / "keys").mkdir()
+    (tmp / "keys" / "empty").write_text("\n")
+    (tmp / "keys" / "two-lines").write_text("key-one\nkey-two\n")
+    (tmp / "keys" / "binary").write_bytes(b"\xff\xfe\x00key")
+    (tmp / "keys" / "huge").write_text("k" * 10000)
+    (tmp / "keys" / "good").write_text("a-good-key\n")
+    os.mkfifo(tmp / "keys" / "fifo")
+    return {
+        "ok": ok, "afile": tmp / "afile", "broken_json": broken_json, "wrong_schema": wrong_schema,
+        "no_artifact": no_artifact, "bad_tokenizer": fake_bundle(tmp / "t", "bad-tokenizer", text=True),
+        "twin": fake_bundle(tmp / "b"), "rknn": fake_bundle(tmp / "r", "rknn-model", backend="rknn"),
+        "ascend": fake_bundle(tmp / "c", "ascend-model", backend="ascend"),
+    }
+
+
+# (case id, arguments with {names} from case_files, extra env, words the line must hold)
+CASES = [
+    ("missing-dir", ["{tmp}/nope"], {}, "bundle not found"),
+    ("not-a-bundle", ["{tmp}/keys"], {}, "not a bundle"),
+    ("file-not-dir", ["{afile}"], {}, "not a bundle"),
+    ("manifest-not-json", ["{broken_json}"], {}, "not valid JSON"),
+    ("manifest-schema", ["{wrong_schema}"], {}, "schema"),
+    ("artifact-missing", ["{no_artifact}"], {}, "model.onnx"),
+    ("garbage-tokenizer", ["{bad_tokenizer}"], {}, "tokenizer"),
+    ("same-name-twice", ["{ok}", "{twin}"], {}, "distinct names"),
+    ("port-negative", ["{ok}", "--port", "-1"], {}, "--port"),
+    ("port-too-big", ["{ok}", "--port", "70000"], {}, "--port"),
+    ("port-busy", ["{ok}", "--port", "{busy}"], {}, "--port"),
+    ("host-unknown", ["{ok}", "--host", "no such host!"], {}, "--host"),
+    ("host-not-local", ["{ok}", "--host", "192.0.2.1"], {}, "cannot listen"),
+    ("max-batch-0", ["{ok}", "--max-batch", "0"], {}, "--max-batch"),
+    ("max-queue-0", ["{ok}", "--max-queue", "0"], {}, "--max-queue"),
+    ("max-inputs-0", ["{ok}", "--max-inputs", "0"], {}, "--max-inputs"),
+    ("timeout-0", ["{ok}", "--timeout-s", "0"], {}, "--timeout-s"),
+    ("timeout-nan", ["{ok}", "--timeout-s", "nan"], {}, "--timeout-s"),
+    ("window-negative", ["{ok}", "--batch-window-ms", "-1"], {}, "--batch-window-ms"),
+    ("window-inf", ["{ok}", "--batch-window-ms", "inf"], {}, "--batch-window-ms"),
+    ("body-0", ["{ok}", "--max-body-mb", "0"], {}, "--max-body-mb"),
+    ("body-inf", ["{ok}", "--max-body-mb", "inf"], {}, "--max-body-mb"),
+    ("devices-empty-entry", ["{ok}", "--devices", "0,,1"], {}, "--devices"),
+    ("devices-junk", ["{ok}", "--devices", "CPU;rm -rf"], {}, "--devices"),
+    ("devices-too-many", ["{ok}", "--devices", ",".join(["CPU"] * 65)], {}, "--devices"),
+    ("devices-rknn-core", ["{rknn}", "--devices", "3"], {}, "core mask"),
+    ("devices-ascend-name", ["{ascend}", "--devices", "GPU"], {}, "Ascend"),
+    ("api-key-blank", ["{ok}", "--api-key", "  "], {}, "API key"),
+    ("api-key-env-blank", ["{ok}"], {"EDGEINFER_API_KEY": "   "}, "API key"),
+    ("key-file-missing", ["{ok}", "--api-key-file", "{tmp}/keys/nope"], {}, "no such file"),
+    ("key-file-dir", ["{ok}", "--api-key-file", "{tmp}/keys"], {}, "directory"),
+    ("key-file-fifo", ["{ok}", "--api-key-file", "{tmp}/keys/fifo"], {}, "regular file"),
+    ("key-file-empty", ["{ok}", "--api-key-file", "{tmp}/keys/empty"], {}, "empty"),
+    ("key-file-two-lines", ["{ok}", "--api-key-file", "{tmp}/keys/two-lines"], {}, "several lines"),
+    ("key-file-binary", ["{ok}", "--api-key-file", "{tmp}/keys/binary"], {}, "UTF-8"),
+    ("key-file-huge", ["{ok}", "--api-key-file", "{tmp}/keys/huge"], {}, "larger than"),
+    ("key-and-key-file", ["{ok}", "--api-key", "k", "--api-key-file", "{tmp}/keys/good"], {}, "not both"),
+]
+
+
+def snapshot(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+@pytest.mark.parametrize("args, env, words", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_serve_input_is_one_line_and_exit_2(tmp_path, args, env, words):
+    files = case_files(tmp_path)
+    with busy_port() as taken:
+        names = {**{k: str(v) for k, v in files.items()}, "tmp": str(tmp_path), "busy": str(taken.getsockname()[1])}
+        before = snapshot(tmp_path)
+        proc = subprocess.run([sys.executable, "-m", "edgeinfer.cli", "serve", *(a.format(**names) for a in args)],
+                              capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                              env={**os.environ, **env, "EDGEINFER_DEBUG": ""})
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-2000:]
+    assert words in lines[0] and "Traceback" not in proc.stderr
+    assert proc.stdout == ""
+    assert snapshot(tmp_path) == before  # nothing written or left behind
+
+
+@pytest.mark.parametrize("args, words", [(["--port", "abc"], "--port"), (["--log-level", "loud"], "--log-level"),
+                                         (["--max-batch", "many"], "--max-batch"), ([], "BUNDLES")])
+def test_serve_usage_errors_exit_2_without_traceback(tmp_path, args, words):
+    """Click's own checks (types, choices, a missing argument). The line count is click's (see cli.py)."""
+    proc = subprocess.run([sys.executable, "-m", "edgeinfer.cli", "serve", *([str(tmp_path)] if args else []), *args],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert words in proc.stderr.strip().splitlines()[-1], proc.stderr
+
+
+BLOCK_FASTAPI = textwrap.dedent("""
+    import sys
+
+    class BlockFastapiImport:  # stands in for an install without the [serve] extra
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in ("fastapi", "uvicorn"):
+                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+            return None
+
+    sys.meta_path.insert(0, BlockFastapiImport())
+    sys.argv = ["edgeinfer", "serve", *sys.argv[1:]]
+    from edgeinfer.cli import main
+    main()
+""")
+
+
+def test_serve_without_its_extras_says_how_to_install_them_and_exits_3(tmp_path):
+    bundle = fake_bundle(tmp_path)
+    proc = subprocess.run([sys.executable, "-c", BLOCK_FASTAPI, str(bundle)], capture_output=True, text=True,
+                          timeout=60)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 3, proc.stderr
+    assert len(lines) == 1 and "pip install 'edgeinfer[serve]'" in lines[0], proc.stderr
+    assert "internal error" not in proc.stderr and "Traceback" not in proc.stderr
