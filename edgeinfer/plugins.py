@@ -185,7 +185,7 @@ def get_backend(name: str) -> Backend:
     return entry.cls()
 
 
-BUNDLED = ("onnxruntime", "openvino", "rknn", "ascend")  # plugins that live in this repository's plugins/
+BUNDLED = ("onnxruntime", "openvino", "rknn", "ascend", "transformers")  # plugins that live in this repository's plugins/
 
 
 def install_hint(name: str) -> str:
