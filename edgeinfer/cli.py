@@ -640,6 +640,10 @@ def _attach_optional_commands() -> None:
         cli.add_command(boards_cmd)
     except ImportError:
         pass
+    from .cli_generate import chat_cmd, generate_cmd
+
+    cli.add_command(generate_cmd)
+    cli.add_command(chat_cmd)
     try:
         from .serve.cli import serve_cmd
 
