@@ -7,7 +7,8 @@ Same model, same prompts, greedy, one process, one run:
 - ``edgeinfer transformers``: the reference backend through the decoder contract and the core loop;
 - ``edgeinfer onnxruntime``: the onnxruntime backend through the same loop.
 
-Decode tokens/s = (new tokens − 1) / (time after the first token); taken as the median of
+All engines run on one thread (the figures then compare engines, not thread scheduling on a shared
+machine). Decode tokens/s = (new tokens − 1) / (time after the first token); taken as the median of
 ``REPEAT`` runs per prompt. Models: the trained test model, and (``--big``) a random-init Qwen3
 of a few hundred million parameters so the figures are not all overhead.
 Writes bench/results/llm_reference.json.
@@ -25,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import write  # noqa: E402
 
 NEW_TOKENS = 64
-REPEAT = 5
+REPEAT = 3
 PROMPTS = ("The licence grants", "Permission is hereby granted, free of charge, to any person")
 
 
@@ -65,9 +66,11 @@ def run_model(model_dir: Path, label: str) -> dict:
     import edgeinfer
 
     torch.manual_seed(0)
+    torch.set_num_threads(1)  # one thread everywhere: comparable, and stable on a shared 2-core machine
     hf = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     engines = {}
-    with edgeinfer.load(model_dir, ctx=256) as ref, edgeinfer.load(model_dir, ctx=256, backend="onnxruntime") as ort:
+    with edgeinfer.load(model_dir, ctx=256, threads=1) as ref, \
+            edgeinfer.load(model_dir, ctx=256, backend="onnxruntime", threads=1) as ort:
         prompt_ids = [ref.prompt_ids(p) for p in PROMPTS]
         runs = {
             "transformers generate": lambda ids: _hf_decode_rate(hf, ids, static=False),
