@@ -23,8 +23,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import write as write_result  # noqa: E402
 
-from edgeinfer.backend import TensorSpec  # noqa: E402
-from edgeinfer.bundle import Bundle, Manifest, verify, write  # noqa: E402
+from edgeinfer.contract.backend import TensorSpec  # noqa: E402
+from edgeinfer.run.bundle import Bundle, Manifest, verify, write  # noqa: E402
 
 CHUNK = 16 << 20
 
@@ -94,7 +94,7 @@ def main() -> None:
         "verify_full_sha256_cold": summary(cold),
         "verify_full_sha256_warm": summary(warm),
         "notes": "cold = after posix_fadvise(DONTNEED) on the artifact (the host may still cache the disk); "
-                 "sha256 via hashlib in 1 MiB reads (edgeinfer.stamp.sha256_file); machine shared by others",
+                 "sha256 via hashlib in 1 MiB reads (edgeinfer.contract.stamp.sha256_file); machine shared by others",
         "temporary_directory_removed": not Path(tmp).exists(),
     }
     write_result("bundle_hashing", result)

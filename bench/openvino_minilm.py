@@ -77,7 +77,7 @@ def overhead_breakdown(be, rounds: int = 3000) -> dict:
     """Where edgeinfer's per-call time goes, measured on a tiny model (inference of a few us) so the
     fixed Python costs dominate: the input copy into the request, the session wrapper (lock, output
     dict), and the core's validate_feeds."""
-    from edgeinfer.backend import validate_feeds
+    from edgeinfer.contract.backend import validate_feeds
     from edgeinfer.testing import models
 
     tmp = Path(tempfile.mkdtemp(prefix="edgeinfer-bench-ov-tiny-"))
@@ -108,7 +108,7 @@ def overhead_breakdown(be, rounds: int = 3000) -> dict:
 def overhead(be, ir: Path, feeds: dict, rounds: int) -> dict:
     import openvino as ov
 
-    from edgeinfer.backend import validate_feeds
+    from edgeinfer.contract.backend import validate_feeds
 
     session = be.load(ir, device="CPU", hint="LATENCY")
     config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32"}
@@ -170,7 +170,7 @@ def main() -> None:
     from transformers import AutoModel
 
     import edgeinfer
-    from edgeinfer.backend import CalibrationSet
+    from edgeinfer.contract.backend import CalibrationSet
     from edgeinfer.testing import minilm
 
     threads = os.cpu_count() or 1

@@ -1,4 +1,4 @@
-"""Layer-paged execution against the monolithic model (edgeinfer.paging).
+"""Layer-paged execution against the monolithic model (edgeinfer.run.paged).
 
 all-MiniLM-L6-v2 (dynamic axes) split into its 6 layers; each configuration runs in its own
 process so that peak RSS belongs to it alone. Measured per configuration: steady-state time per
@@ -57,7 +57,9 @@ def child(cfg: dict) -> dict:
     process, alternating blocks (PPMMPPMM) so that a busy machine slows both alike."""
     import numpy as np
 
-    from edgeinfer import paging, plugins
+    from edgeinfer.run import paged as paging
+
+    from edgeinfer.contract import registry as plugins
     from edgeinfer.testing import minilm
 
     if cfg.get("dim"):  # the synthetic deep stack
@@ -158,7 +160,9 @@ def run_child(cfg: dict) -> dict:
 def main() -> None:
     import _common
 
-    from edgeinfer import paging, plugins
+    from edgeinfer.run import paged as paging
+
+    from edgeinfer.contract import registry as plugins
     from edgeinfer.testing import fixtures
 
     quick = "--quick" in sys.argv

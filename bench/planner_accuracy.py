@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.fit_speed import fit_group, load_rows, row_facts  # noqa: E402
-from edgeinfer import planner  # noqa: E402
+from edgeinfer.planning import planner  # noqa: E402
 
 MIB = 2**20
 

@@ -80,10 +80,10 @@ def main(calibrate: bool) -> dict:
                       "edgeinfer + onnxruntime with a 1-node session run once",
             "uncertain": False}
         const.write_text(json.dumps(d, indent=1) + "\n")
-        from edgeinfer import planner
+        from edgeinfer.planning import planner
 
         planner.fitted.cache_clear()
-    from edgeinfer.planner import plan
+    from edgeinfer.planning.planner import plan
 
     for b in (1, 8, 32):
         meas = measure("model", str(onnx_path), b)

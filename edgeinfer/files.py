@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .errors import InputError
+from edgeinfer.errors import InputError
 
 PREFIX = ".edgeinfer-"
 _OURS = re.compile(r"^\.edgeinfer-[a-z]+-(?P<pid>\d+)-(?P<created>\d+)-")

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from edgeinfer.boards import Board, get_board, host_board, load_boards
+from edgeinfer.planning.boards import Board, get_board, host_board, load_boards
 from edgeinfer.errors import BoardError
 
 STABLE = ["rk3588-4g", "rk3588-8g", "rk3588-16g", "rk3588-32g", "rk3576-4g", "rk3576-8g", "rk3576-16g",
@@ -109,7 +109,7 @@ def test_extra_boards_override():
 
 
 def test_plugin_boards_through_the_registry(monkeypatch):
-    from edgeinfer import plugins
+    from edgeinfer.contract import registry as plugins
 
     reg = plugins.registry()
     reg.boards()  # discover first, then add one as a plugin's register_boards would
@@ -120,7 +120,8 @@ def test_plugin_boards_through_the_registry(monkeypatch):
 
 
 def test_broken_plugin_board_is_isolated(monkeypatch):
-    from edgeinfer import boards, plugins
+    from edgeinfer.planning import boards
+    from edgeinfer.contract import registry as plugins
 
     reg = plugins.registry()
     monkeypatch.setattr(reg, "_boards", [*reg.boards(), ({"name": "broken", "bogus": 1}, None)])

@@ -62,8 +62,8 @@ def _token_model(path: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def text_bundle(tmp_path_factory) -> Path:
-    from edgeinfer import plugins
-    from edgeinfer.bundle import Manifest, TextSpec, write
+    from edgeinfer.contract import registry as plugins
+    from edgeinfer.run.bundle import Manifest, TextSpec, write
 
     out = tmp_path_factory.mktemp("seal-text") / "bundle"
     out.mkdir()
@@ -169,7 +169,7 @@ PLAIN_FIELDS = [
     ("backend-string", _set("backend", "openvino"), "backend"),
     ("backend-empty-name", _set("backend.name", ""), "backend.name"),
     ("backend-versions-number", _set("backend.versions", {"toolkit": 3}), "backend.versions"),
-    ("schema-unknown", _set("schema", "edgeinfer.bundle/99"), "unsupported manifest schema"),
+    ("schema-unknown", _set("schema", "edgeinfer.run.bundle/99"), "unsupported manifest schema"),
     ("files-missing", _set("files", ...), "deploy the model again"),
     ("files-list", _set("files", []), "files"),
     ("files-bad-sha", lambda d: d["files"]["model.bin"].update(sha256="zz"), "sha256"),
@@ -395,7 +395,7 @@ def test_deployed_bundle_as_built_runs_and_passes_golden(deployed, x_npy, tmp_pa
 def test_deployed_manifest_matches_the_published_schema(deployed):
     import jsonschema
 
-    from edgeinfer import bundle as bundle_mod
+    from edgeinfer.run import bundle as bundle_mod
 
     schema = json.loads((Path(bundle_mod.__file__).parent / "schemas" / "manifest.schema.json").read_text())
     manifest = json.loads((deployed / "manifest.json").read_text())

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgeinfer import bundle as bundle_mod
+from edgeinfer.run import bundle as bundle_mod
 from edgeinfer.testing import minilm
 from helpers import edgeinfer
 

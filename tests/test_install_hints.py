@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from edgeinfer.errors import BackendUnavailableError
-from edgeinfer.plugins import BUNDLED, get_backend, install_hint, reset
+from edgeinfer.contract.registry import BUNDLED, get_backend, install_hint, reset
 from test_sources import _repo_text_files
 
 ROOT = Path(__file__).resolve().parents[1]

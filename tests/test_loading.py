@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 import edgeinfer
-from edgeinfer import loading, stamp
+from edgeinfer.run import loading
+from edgeinfer.contract import stamp
 from edgeinfer.errors import InputError
 from edgeinfer.testing import models
 

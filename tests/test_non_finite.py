@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from edgeinfer import golden
+from edgeinfer.build import golden
 from helpers import edgeinfer
 
 

@@ -1,4 +1,4 @@
-"""Layer-paged execution (edgeinfer.paging): split, paged sessions on every installed backend, the
+"""Layer-paged execution (edgeinfer.run.paged): split, paged sessions on every installed backend, the
 window invariant, background-load errors, bad cuts, the CLI and the planner's cost model."""
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgeinfer import paging, plugins
+from edgeinfer.run import paged as paging
+
+from edgeinfer.contract import registry as plugins
 from edgeinfer.errors import EdgeInferError, InputError
 from edgeinfer.testing.models import deep_stack
 
@@ -415,7 +417,7 @@ def test_cost_model_checks_the_npu_window_and_capacity():
 
 
 def test_planner_pages_a_model_that_does_not_fit():
-    from edgeinfer.planner import plan
+    from edgeinfer.planning.planner import plan
 
     whole = plan("Qwen/Qwen3-8B", "rk3588-8g", suggest=False)
     assert not whole.fits  # 8.2 GB of w8a8 weights on an 8 GB board
@@ -431,7 +433,7 @@ def test_planner_pages_a_model_that_does_not_fit():
 
 
 def test_planner_suggests_the_widest_window_that_fits():
-    from edgeinfer.planner import plan
+    from edgeinfer.planning.planner import plan
 
     sug = plan("Qwen/Qwen3-8B", "rk3588-8g").suggestions["paging"]
     assert sug is not None
@@ -450,8 +452,8 @@ def test_cli_plan_paging_json_and_exit_codes():
 
 
 def test_a_segmented_bundle_loads_paged(deep, tmp_path, x):
-    from edgeinfer import bundle
-    from edgeinfer.backend import TensorSpec
+    from edgeinfer.run import bundle
+    from edgeinfer.contract.backend import TensorSpec
 
     be = plugins.get_backend("onnxruntime")
     arts = paging.deploy_segments(be, deep, tmp_path / "b", "fp32", None, segments=3)

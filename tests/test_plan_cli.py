@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from edgeinfer.cli import cli
-from edgeinfer.cli_plan import boards_cmd, plan_cmd
+from edgeinfer.cli.plan import boards_cmd, plan_cmd
 
 # edgeinfer.cli attaches these in main(); attach them here for CliRunner (idempotent)
 cli.add_command(plan_cmd)

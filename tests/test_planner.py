@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from edgeinfer.errors import EdgeInferError, InputError
-from edgeinfer.planner import plan
+from edgeinfer.planning.planner import plan
 
 GIB = 2**30
 

@@ -10,7 +10,7 @@ raise ImportError("libmynpu.so: cannot open shared object file")
 
 MISSING_METHOD = """
 from edgeinfer import hookimpl
-from edgeinfer.backend import Backend
+from edgeinfer.contract.backend import Backend
 
 class HalfBackend(Backend):
     name = "half"

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from helpers import HEAVY, edgeinfer, imported_modules
 
-from edgeinfer.backend import TensorSpec
+from edgeinfer.contract.backend import TensorSpec
 from edgeinfer.errors import InputError
 from edgeinfer.serve.config import ServeConfig, api_key_from_env, parse_devices
 from edgeinfer.serve.workers import placement
@@ -32,7 +32,7 @@ def test_missing_or_non_bundle_paths_exit_2_with_one_line(tmp_path):
 
 
 def test_two_bundles_with_the_same_name_are_refused(tmp_path):
-    from edgeinfer.bundle import Manifest, write
+    from edgeinfer.run.bundle import Manifest, write
     from edgeinfer.serve.app import open_models
 
     paths = []

@@ -17,15 +17,15 @@ import threading
 import time
 from pathlib import Path
 
-from ..bundle import Manifest, TextSpec, is_bundle, write
+from edgeinfer.run.bundle import Manifest, TextSpec, is_bundle, write
 
 
 def minilm_bundle(onnx: Path, out: Path, backend: str = "openvino", text: bool = True) -> Path:
     """Convert the MiniLM ONNX file ``onnx`` with ``backend`` (fp32) into a bundle at ``out``."""
     if is_bundle(out):
         return out
-    from .. import plugins
-    from ..testing import minilm
+    from edgeinfer.contract import registry as plugins
+    from edgeinfer.testing import minilm
 
     be = plugins.get_backend(backend)
     out.mkdir(parents=True, exist_ok=True)
@@ -121,7 +121,7 @@ def log_bundle(out: Path) -> Path:
     import onnx
     from onnx import TensorProto, helper
 
-    from .. import plugins
+    from edgeinfer.contract import registry as plugins
 
     graph = helper.make_graph(
         [helper.make_node("Log", ["x"], ["y"])], "log",

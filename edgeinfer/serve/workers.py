@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import InputError
+from edgeinfer.errors import InputError
 
 log = logging.getLogger("edgeinfer.serve")
 
@@ -133,7 +133,7 @@ def _run_rows(session: Any, feeds: dict[str, np.ndarray], max_batch: int,
               stop: Callable[[], bool] = lambda: False) -> dict[str, np.ndarray]:
     """Run in chunks of ``max_batch`` rows (a multiple of a static batch, the last chunk padded), checking
     ``stop`` between chunks so a batch nobody waits for any more ends early."""
-    from ..bundle import run_padded, static_batch
+    from edgeinfer.run.bundle import run_padded, static_batch
 
     fixed = static_batch(session.inputs)
     step = max_batch if fixed is None else max(fixed, max_batch // fixed * fixed)
@@ -184,7 +184,7 @@ def run_batch(bundle: Any, session: Any, kind: str, feeds: dict[str, np.ndarray]
 
 
 def _one_line(e: BaseException) -> str:
-    from ..errors import EdgeInferError
+    from edgeinfer.errors import EdgeInferError
 
     if isinstance(e, EdgeInferError):
         return e.one_line()
@@ -220,7 +220,7 @@ def worker_main(conn: Any, index: int, entry: str | None, bundles: list[tuple[st
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process decides when workers stop
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     lower_priority()
-    from ..bundle import Bundle
+    from edgeinfer.run.bundle import Bundle
 
     loaded: dict[str, tuple[Any, Any]] = {}
     try:

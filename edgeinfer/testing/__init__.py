@@ -3,6 +3,6 @@
 Imports pytest and onnx; never imported by ``import edgeinfer``.
 """
 
-from .conformance import GAP_KEYS, BackendConformance
+from edgeinfer.testing.conformance import GAP_KEYS, BackendConformance
 
 __all__ = ["BackendConformance", "GAP_KEYS"]

@@ -23,11 +23,12 @@ import numpy as np
 import pytest
 
 import edgeinfer
-from edgeinfer import plugins, stamp
-from edgeinfer.backend import Backend, Probe, Profile, Session
+from edgeinfer.contract import registry as plugins
+from edgeinfer.contract import stamp
+from edgeinfer.contract.backend import Backend, Probe, Profile, Session
 from edgeinfer.errors import EdgeInferError, FeedError, InputError
 
-from . import models as kit_models
+from edgeinfer.testing import models as kit_models
 
 GAP_KEYS = {
     "dynamic_shapes": "a model with a symbolic batch dimension",

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer.backend import Backend, Probe, Problem, Session, TensorSpec
+from edgeinfer.contract import Backend, Probe, Problem, Session, TensorSpec
 
 _DTYPES = {1: "float32", 6: "int32", 7: "int64", 10: "float16", 11: "float64", 9: "bool"}
 

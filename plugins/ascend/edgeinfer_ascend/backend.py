@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer.backend import Backend, CalibrationSet, OpTime, Probe, Problem, Session, TensorSpec
+from edgeinfer.contract import Backend, CalibrationSet, OpTime, Probe, Problem, Session, TensorSpec
 from edgeinfer.errors import BackendUnavailableError, InputError
 
 from . import buckets as bk

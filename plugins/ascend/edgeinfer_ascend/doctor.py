@@ -3,7 +3,7 @@
 Nothing here imports torch or torch_npu and nothing here runs a command: the device module
 (:mod:`edgeinfer_ascend.device`) gathers the raw facts (``npu-smi info`` text, the stderr of a
 ``python -c "import torch"`` subprocess, installed package versions) and these functions turn
-them into :class:`~edgeinfer.backend.Problem` entries with a concrete fix. Tests feed them
+them into :class:`~edgeinfer.contract.backend.Problem` entries with a concrete fix. Tests feed them
 recorded outputs from public sources.
 """
 
@@ -18,7 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping
 
-from edgeinfer.backend import Problem
+from edgeinfer.contract import Problem
 
 SET_ENV = "/usr/local/Ascend/ascend-toolkit/set_env.sh"
 # where CANN installs by default (root; non-root uses $HOME/Ascend): old layout, then 8.5+ layout

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer.backend import Backend, CalibrationSet, OpTime, Probe, Problem, Session, TensorSpec
+from edgeinfer.contract import Backend, CalibrationSet, OpTime, Probe, Problem, Session, TensorSpec
 from edgeinfer.errors import InputError
 
 

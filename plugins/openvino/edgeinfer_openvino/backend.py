@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer.backend import Backend, CalibrationSet, OpTime, Probe, Problem, Session, TensorSpec, validate_feeds
+from edgeinfer.contract import Backend, CalibrationSet, OpTime, Probe, Problem, Session, TensorSpec, validate_feeds
 from edgeinfer.errors import BackendError, EdgeInferError, InputError, ModelError
 
 from .devices import clean, cpu_model_name, diagnose, family, fallback_warning, requested_primary, select_device
@@ -674,7 +674,7 @@ class OpenVinoBackend(Backend):
         symbols: dict[str, Any] = {}
         data: dict[str, Any] = {}
         try:
-            from edgeinfer import stamp
+            from edgeinfer.contract import stamp
 
             data = stamp.read(artifact) or {}
             for spec in data.get("inputs", []) + data.get("outputs", []):

@@ -10,8 +10,8 @@ import openvino as ov
 import pytest
 
 import edgeinfer
-from edgeinfer import stamp
-from edgeinfer.backend import CalibrationSet
+from edgeinfer.contract import stamp
+from edgeinfer.contract import CalibrationSet
 from edgeinfer.errors import BackendUnavailableError, EdgeInferError, FeedError, InputError, ModelError
 from edgeinfer.testing import models
 from edgeinfer_openvino.backend import DeviceFallbackWarning, int4_group_size, npu_details, weight_count

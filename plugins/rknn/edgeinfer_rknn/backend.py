@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer import stamp
-from edgeinfer.backend import Backend, CalibrationSet, OpTime, Probe, Problem, Session, TensorSpec
+from edgeinfer.contract import stamp
+from edgeinfer.contract import Backend, CalibrationSet, OpTime, Probe, Problem, Session, TensorSpec
 from edgeinfer.errors import BackendUnavailableError, FeedError, InputError, ModelError
 
 from . import board

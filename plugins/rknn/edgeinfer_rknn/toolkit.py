@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer.backend import CalibrationSet, TensorSpec
+from edgeinfer.contract import CalibrationSet, TensorSpec
 from edgeinfer.errors import BackendUnavailableError, InputError
 
 # quantized_dtype values rknn-toolkit2 2.5.0 accepts per target (checked with config() on each)

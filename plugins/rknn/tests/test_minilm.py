@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import edgeinfer
-from edgeinfer import stamp
-from edgeinfer.backend import CalibrationSet
+from edgeinfer.contract import stamp
+from edgeinfer.contract import CalibrationSet
 from edgeinfer.testing import minilm
 
 pytestmark = pytest.mark.slow

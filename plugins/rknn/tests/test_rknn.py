@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import edgeinfer
-from edgeinfer import stamp
-from edgeinfer.backend import CalibrationSet
+from edgeinfer.contract import stamp
+from edgeinfer.contract import CalibrationSet
 from edgeinfer.errors import EdgeInferError, FeedError, InputError, ModelError
 from edgeinfer.testing import models as kit_models
 from edgeinfer_rknn import board

@@ -8,10 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from .backend import Session, latency_stats
-from .bundle import Bundle, run_padded, static_batch
-from .errors import InputError
-from .progress import Progress
+from edgeinfer.contract.backend import Session, latency_stats
+from edgeinfer.run.bundle import Bundle, run_padded, static_batch
+from edgeinfer.errors import InputError
+from edgeinfer.progress import Progress
 
 
 def _clear_peak_rss() -> bool:
@@ -56,7 +56,7 @@ def bench(
     warmup: int = 2,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
-    from .deploy import load_saved_samples
+    from edgeinfer.build.deploy import load_saved_samples
 
     progress = progress or Progress(enabled=False)
     golden = bundle.path / "golden" / "inputs.npz"

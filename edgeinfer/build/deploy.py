@@ -20,14 +20,19 @@ from typing import Any
 
 import numpy as np
 
-from . import bundle as bundle_mod
-from . import calibration, files, golden, plugins, seal, stamp
-from .backend import CalibrationSet, Session, TensorSpec
-from .boards import Board, get_board
-from .bundle import Manifest, TextSpec, run_padded
-from .errors import CheckFailed, InputError
-from .progress import Progress
-from .quant import normalize_scheme
+from edgeinfer.run import bundle as bundle_mod
+from edgeinfer import files
+from edgeinfer.build import calibration
+from edgeinfer.build import golden
+from edgeinfer.contract import registry as plugins
+from edgeinfer.run import seal
+from edgeinfer.contract import stamp
+from edgeinfer.contract.backend import CalibrationSet, Session, TensorSpec
+from edgeinfer.planning.boards import Board, get_board
+from edgeinfer.run.bundle import Manifest, TextSpec, run_padded
+from edgeinfer.errors import CheckFailed, InputError
+from edgeinfer.progress import Progress
+from edgeinfer.planning.quant import normalize_scheme
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 DEFAULT_SEQ = 128
@@ -124,7 +129,7 @@ def reference_onnx(src: Source, shapes: dict[str, list[int]], progress: Progress
         return src.path
     if src.kind == "pt2":
         return None
-    from .export import export_hf_onnx
+    from edgeinfer.build.export import export_hf_onnx
 
     key = hashlib.sha256(json.dumps([src.sha256, shapes], sort_keys=True).encode()).hexdigest()[:20]
     out = cache_root() / "onnx" / key / "model.onnx"
@@ -180,7 +185,7 @@ def text_spec(hf_dir: Path | None, seq: int, output: str) -> TextSpec | None:
 def fallback_samples(specs: list[TensorSpec], tokenize, n: int) -> list[Feeds]:
     """Golden samples when the user gave none: packaged sentences for text models, seeded noise otherwise."""
     if tokenize is not None:
-        lines = (Path(__file__).parent / "data" / "golden_sentences.txt").read_text().splitlines()
+        lines = (Path(__file__).parents[1] / "data" / "golden_sentences.txt").read_text().splitlines()
         batch = calibration._static_batch(specs)
         lines = [ln for ln in lines if ln.strip()][: n * batch]
         return [tokenize(lines[i : i + batch]) for i in range(0, len(lines) - len(lines) % batch, batch)]
@@ -255,7 +260,7 @@ def deploy(
     segments: int | None = None,
     cuts: list[str] | None = None,
 ) -> DeployResult:
-    from .planner import plan as make_plan
+    from edgeinfer.planning.planner import plan as make_plan
 
     progress = progress or Progress(enabled=False)
     warnings: list[str] = []
@@ -359,7 +364,7 @@ def _build(src, b, backend, scheme, work, ref_path, reference, specs, shapes_use
     cal_set = CalibrationSet(calib_samples) if calib_samples else None
     with progress.step(f"converting to {backend.name} {scheme} for {board_target(b)}"):
         if layout:
-            from .paging import deploy_segments
+            from edgeinfer.run.paged import deploy_segments
 
             artifacts = deploy_segments(backend, convert_input, work, scheme, cal_set, layout.get("segments"),
                                         layout.get("cuts"), **convert_opts)
@@ -369,7 +374,7 @@ def _build(src, b, backend, scheme, work, ref_path, reference, specs, shapes_use
     artifact = artifacts[0]
     paging_spec = {"window": layout["window"], "prefetch": True} if layout else None
     if layout:
-        from .paging import PagedSession
+        from edgeinfer.run.paged import PagedSession
 
         opened = PagedSession.from_artifacts(backend, artifacts, window=layout["window"])
     else:
@@ -435,7 +440,7 @@ def _paging_layout(window: int | None, segments: int | None, cuts: list[str] | N
 def _max_position(src: Source) -> int | None:
     if src.kind != "hf":
         return None
-    from .models.hf import read_config
+    from edgeinfer.planning.models.hf import read_config
 
     cfg = read_config(src.path / "config.json")
     v = cfg.get("max_position_embeddings") if isinstance(cfg, dict) else None

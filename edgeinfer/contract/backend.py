@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 if TYPE_CHECKING:  # numpy is imported where arrays are handled, so `edgeinfer plan` never loads it
     import numpy as np
 
-from . import stamp
-from .errors import BackendError, EdgeInferError, FeedError, InputError, ModelError
-from .quant import normalize_scheme
+from edgeinfer.contract import stamp
+from edgeinfer.errors import BackendError, EdgeInferError, FeedError, InputError, ModelError
+from edgeinfer.planning.quant import normalize_scheme
 
 Dim = int | str | None  # a fixed size, a symbolic name ("batch"), or unknown
 
@@ -292,7 +292,7 @@ class Backend:
     native_suffixes: ClassVar[tuple[str, ...]] = ()
     #: model formats :meth:`convert` takes: "onnx", "hf" (a Hugging Face directory), "pt2"
     source_formats: ClassVar[tuple[str, ...]] = ("onnx",)
-    #: schemes :meth:`convert` accepts, canonical names from :mod:`edgeinfer.quant`
+    #: schemes :meth:`convert` accepts, canonical names from :mod:`edgeinfer.planning.quant`
     schemes: ClassVar[tuple[str, ...]] = ("fp32",)
     #: scheme used when a non-native model is loaded directly (lossless or fp16)
     default_scheme: ClassVar[str] = "fp32"

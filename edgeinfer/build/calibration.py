@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from .backend import CalibrationSet, TensorSpec, validate_feeds
-from .errors import FeedError, InputError
+from edgeinfer.contract.backend import CalibrationSet, TensorSpec, validate_feeds
+from edgeinfer.errors import FeedError, InputError
 
 DEFAULT_SAMPLES = 128  # enough for MinMax-style PTQ on the models we target
 FEW_SAMPLES = 32  # below this, ranges are noisy: warn

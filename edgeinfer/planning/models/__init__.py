@@ -13,7 +13,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from edgeinfer.errors import ModelError
-from edgeinfer.models.spec import ModelSpec
+from edgeinfer.planning.models.spec import ModelSpec
 
 CATALOG_DIR = Path(__file__).parent / "catalog"
 
@@ -39,7 +39,7 @@ def from_catalog(ref: str) -> ModelSpec | None:
     entry = catalog().get(ref.strip().lower())
     if entry is None:
         return None
-    from edgeinfer.models.hf import spec_from_config
+    from edgeinfer.planning.models.hf import spec_from_config
 
     spec = spec_from_config(entry["config"], entry["hf_id"], entry["source"])
     spec.notes.extend(entry.get("notes", []))
@@ -86,32 +86,32 @@ def resolve(ref: str | os.PathLike) -> ModelSpec:
         return spec
     path = Path(text).expanduser()
     if path.is_dir():
-        from edgeinfer.models.hf import read_hf_dir
+        from edgeinfer.planning.models.hf import read_hf_dir
 
         return read_hf_dir(path)
     if path.is_file():
         suffix = path.suffix.lower()
         if path.name == "config.json" or suffix == ".json":
-            from edgeinfer.models.hf import read_config, spec_from_config
+            from edgeinfer.planning.models.hf import read_config, spec_from_config
 
             return spec_from_config(read_config(path), path.parent.name, str(path))
         if suffix == ".gguf":
-            from edgeinfer.models.gguf import read_gguf
+            from edgeinfer.planning.models.gguf import read_gguf
 
             return read_gguf(path)
         if suffix == ".onnx":
-            from edgeinfer.models.onnx import read_onnx
+            from edgeinfer.planning.models.onnx import read_onnx
 
             return read_onnx(path)
         if suffix == ".safetensors":
-            from edgeinfer.models.hf import read_safetensors_file
+            from edgeinfer.planning.models.hf import read_safetensors_file
 
             return read_safetensors_file(path)
         raise ModelError(f"{path}: unsupported model file type '{suffix}'",
                          "pass a .gguf, .onnx, .safetensors, config.json or an HF model directory")
     cached = find_in_hf_cache(text)
     if cached is not None:
-        from edgeinfer.models.hf import read_hf_dir
+        from edgeinfer.planning.models.hf import read_hf_dir
 
         spec = read_hf_dir(cached, name=text)
         return spec

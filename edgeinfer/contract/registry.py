@@ -16,9 +16,9 @@ from typing import Any
 
 import pluggy
 
-from . import hookspecs
-from .backend import Backend
-from .errors import BackendUnavailableError
+from edgeinfer.contract import hookspecs
+from edgeinfer.contract.backend import Backend
+from edgeinfer.errors import BackendUnavailableError
 
 GROUP = "edgeinfer"
 
@@ -127,7 +127,7 @@ class Registry:
 def contract_problem(cls: Any) -> str | None:
     """Why ``cls`` does not satisfy the backend contract, or None."""
     if not (isinstance(cls, type) and issubclass(cls, Backend)):
-        return f"{cls!r} is not a subclass of edgeinfer.backend.Backend"
+        return f"{cls!r} is not a subclass of edgeinfer.contract.backend.Backend"
     if not isinstance(getattr(cls, "name", None), str) or not cls.name:
         return f"backend class {cls.__name__} does not set `name`"
     for method in Backend.REQUIRED:

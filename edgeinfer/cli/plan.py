@@ -1,4 +1,4 @@
-"""`edgeinfer plan` and `edgeinfer boards`: thin shells over edgeinfer.planner / edgeinfer.boards.
+"""`edgeinfer plan` and `edgeinfer boards`: thin shells over edgeinfer.planning.planner / edgeinfer.planning.boards.
 
 Register on the main group with ``cli.add_command(plan_cmd)`` and ``cli.add_command(boards_cmd)``.
 User errors are raised as EdgeInferError (the main group prints one line, exit 2);
@@ -165,9 +165,9 @@ def plan_cmd(models, board, quant, ctx, batch, kv_dtype, runtime, as_json, pagin
     MODEL: catalog name or HF id (Qwen/Qwen3-8B), HF directory, config.json, .gguf, .onnx, .safetensors,
     or an HF id in the local Hugging Face cache. Exit 0 fits, 1 does not fit, 2 bad input.
     """
-    from edgeinfer import planner
-    from edgeinfer.boards import board_names
-    from edgeinfer.models import resolve
+    from edgeinfer.planning import planner
+    from edgeinfer.planning.boards import board_names
+    from edgeinfer.planning.models import resolve
 
     if ctx <= 0 or batch <= 0:
         raise InputError(f"--{'ctx' if ctx <= 0 else 'batch'} must be a positive integer, "
@@ -223,7 +223,7 @@ def boards_cmd(ctx, as_json):
     """List board profiles (packaged, from plugins, and `host`)."""
     if ctx.invoked_subcommand is not None:
         return
-    from edgeinfer.boards import host_board, load_boards
+    from edgeinfer.planning.boards import host_board, load_boards
 
     bs = [*load_boards().values(), host_board()]
     rows = [_board_row(b) for b in bs]
@@ -265,7 +265,7 @@ def _boards_table(rows: list[dict], wide: bool):
 @click.option("--json", "as_json", is_flag=True, help="Print only JSON.")
 def boards_show(name, as_json):
     """Every fact of one board profile, with its source."""
-    from edgeinfer.boards import get_board
+    from edgeinfer.planning.boards import get_board
 
     b = get_board(name)
     d = b.model_dump(mode="json")

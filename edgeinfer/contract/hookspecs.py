@@ -33,7 +33,7 @@ def register_backends(register: Callable[[type], None]) -> None:
 
     Called once, the first time edgeinfer needs the list of backends (``edgeinfer
     backends``, ``edgeinfer.load``, ...). Call ``register(BackendClass)`` once per
-    :class:`edgeinfer.backend.Backend` subclass the plugin provides. The class must
+    :class:`edgeinfer.contract.backend.Backend` subclass the plugin provides. The class must
     set ``name`` and implement ``probe``, ``convert`` and ``open``; registration
     fails, naming the plugin and the missing method, otherwise. Do not import the
     vendor SDK here.
@@ -47,7 +47,7 @@ def register_boards(register: Callable[[Any], None]) -> None:
     Called once, the first time edgeinfer loads board profiles (``edgeinfer
     boards``, ``edgeinfer plan``). Call ``register(path)`` with the path of a board
     YAML file (same schema as the files under ``boards/``), or ``register(board)``
-    with a :class:`edgeinfer.boards.Board`. A board whose name is already taken is
+    with a :class:`edgeinfer.planning.boards.Board`. A board whose name is already taken is
     reported as an error of this plugin.
     """
 

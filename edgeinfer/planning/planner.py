@@ -11,15 +11,15 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from edgeinfer.boards import GIB, Board, get_board, load_boards
+from edgeinfer.planning.boards import GIB, Board, get_board, load_boards
 from edgeinfer.errors import InputError
-from edgeinfer.models import resolve
-from edgeinfer.models.spec import ModelSpec
-from edgeinfer.quant import Scheme, kv_bytes_per_element, normalize_scheme
+from edgeinfer.planning.models import resolve
+from edgeinfer.planning.models.spec import ModelSpec
+from edgeinfer.planning.quant import Scheme, kv_bytes_per_element, normalize_scheme
 
 SCHEMA_VERSION = "1.0"
 MIB = 2**20
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 ACT_BYTES = 4  # activation rows are budgeted in fp32 (llama.cpp/ggml compute buffers are f32)
 
 
@@ -346,7 +346,7 @@ def plan(model, board, quant: str | None = None, ctx: int = 4096, batch: int = 1
          extra_boards=(), segments: int | None = None, storage: str | None = None) -> Plan:
     """Plan ``model`` (reference or ModelSpec) on ``board`` (name, path or Board).
 
-    ``paging=W`` plans layer-paged execution (edgeinfer.paging, docs/paging.md): W of ``segments``
+    ``paging=W`` plans layer-paged execution (edgeinfer.run.paged, docs/paging.md): W of ``segments``
     (default: one per layer) resident, the rest streamed from ``storage`` once per token."""
     ctx = _check_int("ctx", ctx)
     batch = _check_int("batch", batch)
@@ -400,7 +400,7 @@ def plan(model, board, quant: str | None = None, ctx: int = 4096, batch: int = 1
     if suggest:
         p.suggestions = suggestions(p, extra_boards)
     if paging is not None:
-        from edgeinfer.paging import apply_to_plan
+        from edgeinfer.run.paged import apply_to_plan
 
         apply_to_plan(p, paging, segments=segments, storage=storage)
     return p
@@ -408,7 +408,7 @@ def plan(model, board, quant: str | None = None, ctx: int = 4096, batch: int = 1
 
 def suggestions(p: Plan, extra_boards=()) -> dict:
     spec, b, kv_b = p.model, p.board, kv_bytes_per_element(p.kv_dtype)
-    from edgeinfer.paging import suggest_window
+    from edgeinfer.run.paged import suggest_window
 
     out: dict = {"max_ctx": None, "quant": None, "quants_that_fit": [], "board": None,
                  "paging": None if p.fits else suggest_window(p), "notes": []}

@@ -22,7 +22,7 @@ GIB = 2**30
 
 def boards_dirs() -> list[Path]:
     """Where packaged board profiles live (source tree, or `edgeinfer/_boards` in a wheel)."""
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parents[1]
     out, seen = [], set()
     for d in (here / "_boards", here.parent / "boards"):  # _boards: in a wheel (a symlink in the source tree)
         if d.is_dir() and d.resolve() not in seen:
@@ -62,7 +62,7 @@ class Runtime(BaseModel):
     @field_validator("schemes")
     @classmethod
     def _known(cls, v: list[str]) -> list[str]:
-        from edgeinfer.quant import normalize_scheme
+        from edgeinfer.planning.quant import normalize_scheme
 
         return [normalize_scheme(s).name for s in v]
 
@@ -219,7 +219,7 @@ def register_board(item) -> None:
 def _plugin_boards() -> list:
     items = list(_PLUGIN_BOARDS)
     try:  # the core's plugin manager, when present; never fatal
-        from edgeinfer import plugins  # noqa: PLC0415
+        from edgeinfer.contract import registry as plugins  # noqa: PLC0415
 
         items += [b for b, _info in plugins.registry().boards()]
     except Exception:  # a broken plugin must not break planning

@@ -10,8 +10,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from .errors import InputError, ModelError
-from .files import temp_file
+from edgeinfer.errors import InputError, ModelError
+from edgeinfer.files import temp_file
 
 OPSET = 17
 
@@ -21,7 +21,7 @@ def hf_kind(hf_dir: Path) -> dict[str, Any]:
     cfg_path = hf_dir / "config.json"
     if not cfg_path.is_file():
         raise InputError(f"{hf_dir} has no config.json; pass a Hugging Face model directory or an .onnx file")
-    from .models.hf import read_config
+    from edgeinfer.planning.models.hf import read_config
 
     cfg = read_config(cfg_path)
     if not isinstance(cfg, dict):

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from edgeinfer.errors import ModelError
-from edgeinfer.models.spec import ModelSpec
+from edgeinfer.planning.models.spec import ModelSpec
 
 # onnx TensorProto.DataType -> bytes per element
 _ONNX_BYTES = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 16: 2,
@@ -61,7 +61,7 @@ def read_onnx(path: Path) -> ModelSpec:
     spec = ModelSpec(name=path.stem, source=str(path), architecture="onnx", file_format="onnx")
     cfg = path.parent / "config.json"
     if cfg.is_file():
-        from edgeinfer.models.hf import read_config, spec_from_config
+        from edgeinfer.planning.models.hf import read_config, spec_from_config
         try:
             spec = spec_from_config(read_config(cfg), path.stem, str(path))
             spec.file_format = "onnx"

@@ -14,7 +14,7 @@ Layout::
       tokenizer/               tokenizer.json (+ config) for text models
       golden/                  held-out inputs and reference outputs (.npz, no pickle)
 
-Bundles are sealed (:mod:`edgeinfer.seal`): the manifest is validated in full when a bundle is
+Bundles are sealed (:mod:`edgeinfer.run.seal`): the manifest is validated in full when a bundle is
 opened, every path it names must stay inside the bundle, and ``files`` records the size and
 sha256 of every file. ``open`` compares sizes; ``golden``, ``serve`` and ``verify`` hash everything.
 """
@@ -32,11 +32,11 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError, field_validator, model_validator
 
-from . import seal
-from .backend import Session, TensorSpec
-from .errors import InputError
+from edgeinfer.run import seal
+from edgeinfer.contract.backend import Session, TensorSpec
+from edgeinfer.errors import InputError
 
-SCHEMA = "edgeinfer.bundle/1"
+SCHEMA = "edgeinfer.run.bundle/1"
 MANIFEST = "manifest.json"
 MAX_SEQ = 131_072  # longest text a bundle may pad to (long-context embedding models use 8192)
 MAX_DIM = 2**31 - 1
@@ -193,7 +193,7 @@ class _Backend(BaseModel):
 
 class _ManifestDoc(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
-    schema_: Literal["edgeinfer.bundle/1"] = Field(alias="schema")
+    schema_: Literal["edgeinfer.run.bundle/1"] = Field(alias="schema")
     edgeinfer_version: StrictStr = ""
     created: StrictStr = ""
     source: dict[str, Any]
@@ -301,7 +301,7 @@ def write(directory: Path, manifest: Manifest) -> Path:
     Every file in the directory is recorded with its size and sha256 (``files``): a bundle is
     sealed when its manifest is written, so write the manifest last.
     """
-    from . import __version__
+    from edgeinfer import __version__
 
     manifest.edgeinfer_version = manifest.edgeinfer_version or __version__
     manifest.created = manifest.created or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
@@ -350,11 +350,11 @@ class Bundle:
 
     def load(self, device: str | None = None, **options: Any) -> Session:
         """Load the bundle on its backend (paged when the bundle is segmented)."""
-        from . import plugins
+        from edgeinfer.contract import registry as plugins
 
         backend = plugins.get_backend(self.manifest.backend)
         if self.manifest.paging:
-            from .paging import PagedSession
+            from edgeinfer.run.paged import PagedSession
 
             opts = {**self.manifest.paging, **options}
             return PagedSession.from_artifacts(backend, self.artifacts, device=device, **opts)
@@ -411,7 +411,7 @@ def load_tokenizer(path: Path, max_length: int) -> Any:
     try:
         from tokenizers import Tokenizer
     except ImportError:
-        from .errors import BackendUnavailableError
+        from edgeinfer.errors import BackendUnavailableError
 
         raise BackendUnavailableError("text bundles need the 'tokenizers' package",
                                       "pip install 'edgeinfer[text]' (from a clone: pip install '.[text]')") from None

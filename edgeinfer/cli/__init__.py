@@ -16,8 +16,8 @@ from typing import Any, Callable
 
 import click
 
-from . import __version__, errors
-from .errors import EdgeInferError, InputError
+from edgeinfer import __version__, errors
+from edgeinfer.errors import EdgeInferError, InputError
 
 
 class EdgeInferGroup(click.Group):
@@ -61,7 +61,7 @@ def cli(debug: bool, verbose: bool) -> None:
                 2 usage or input error; 3 backend or device unavailable;
                 130 interrupted (Ctrl-C), 143 terminated (SIGTERM).
     """
-    from .progress import VERBOSE_ENV, quiet_third_party
+    from edgeinfer.progress import VERBOSE_ENV, quiet_third_party
 
     if debug or verbose:
         os.environ[VERBOSE_ENV] = "1"
@@ -106,8 +106,8 @@ def emit(data: Any, as_json: bool, render: Callable[[Any], None]) -> None:
 
 def backend_reports(probe: bool = True) -> dict[str, Any]:
     """Every backend with its plugin, version and probe; every plugin that failed to load."""
-    from . import plugins
-    from .backend import Probe, Problem
+    from edgeinfer.contract import registry as plugins
+    from edgeinfer.contract.backend import Probe, Problem
 
     reg = plugins.registry()
     rows = []
@@ -218,7 +218,7 @@ def backends(as_json: bool) -> None:
 @click.pass_context
 def doctor(ctx: click.Context, as_json: bool) -> None:
     """Check the environment and every backend; print each problem with its fix (exit 3 if no backend works)."""
-    from .doctor import environment_checks
+    from edgeinfer.run.doctor import environment_checks
 
     report = backend_reports()
     report["environment"] = [c.to_json() for c in environment_checks()]
@@ -260,7 +260,7 @@ def parse_inputs(specs: tuple[str, ...]) -> dict[str, Any]:
 def token_id_limits(model: Path, bundle: Any) -> dict[str, int]:
     """Integer inputs that index an embedding table → its row count (from the ONNX graph,
     else the bundle's tokenizer); empty when the model does not tell."""
-    from .models.onnx import index_limits
+    from edgeinfer.planning.models.onnx import index_limits
 
     files = [a for a in bundle.artifacts if a.suffix == ".onnx"] if bundle else [model] if model.suffix == ".onnx" else []
     limits: dict[str, int] = {}
@@ -288,7 +288,7 @@ def write_outputs(outputs: dict[str, Any], out_dir: Path) -> list[Path]:
     """Write every output as ``out_dir/<name>.npy``, all or nothing."""
     import numpy as np
 
-    from .files import temp_dir
+    from edgeinfer.files import temp_dir
 
     out_dir.mkdir(parents=True, exist_ok=True)
     staged = []
@@ -334,9 +334,9 @@ def run(
     """Run MODEL (a file or a bundle) once on the given inputs or texts."""
     import numpy as np
 
-    from .bundle import Bundle, is_bundle, run_padded
-    from .golden import non_finite
-    from .loading import load
+    from edgeinfer.run.bundle import Bundle, is_bundle, run_padded
+    from edgeinfer.build.golden import non_finite
+    from edgeinfer.run.loading import load
 
     if not model.exists():
         raise InputError(f"model file not found: {model}")
@@ -345,7 +345,7 @@ def run(
     if not texts and not inputs:
         raise InputError("nothing to run: pass --input NAME=FILE.npy (or --text for text bundles)")
     if out_dir is not None:
-        from .files import check_output_dir
+        from edgeinfer.files import check_output_dir
 
         check_output_dir(out_dir, "--out")
     bundle = Bundle.open(model) if is_bundle(model) else None
@@ -356,7 +356,7 @@ def run(
         check_token_ids(feeds, token_id_limits(model, bundle))
     t0 = time.perf_counter()
     if window is not None or segments is not None or cuts:
-        from .paging import open_paged
+        from edgeinfer.run.paged import open_paged
 
         for opt, value in (("--paging", window), ("--segments", segments)):
             if value is not None and value < 1:
@@ -366,7 +366,7 @@ def run(
         session = open_paged(model, backend=backend, device=device, window=window, segments=segments,
                              cuts=list(cuts), prefetch=not no_prefetch)
     else:
-        from .deploy import parse_shapes
+        from edgeinfer.build.deploy import parse_shapes
 
         extra = {"shapes": parse_shapes(shapes)} if shapes else {}
         session = load(model, backend=backend, device=device, **extra)
@@ -440,8 +440,8 @@ def deploy(
     as_json: bool,
 ) -> None:
     """Convert MODEL for BOARD, check it against onnxruntime fp32, and write a bundle."""
-    from . import deploy as deploy_mod
-    from .progress import Progress
+    from edgeinfer.build import deploy as deploy_mod
+    from edgeinfer.progress import Progress
 
     progress = Progress(enabled=None if not as_json else False)
     result = deploy_mod.deploy(
@@ -453,7 +453,7 @@ def deploy(
         click.echo(f"warning: {w}", err=True)
 
     def render(r: dict[str, Any]) -> None:
-        from .golden import summary_line
+        from edgeinfer.build.golden import summary_line
 
         out_c = console()
         how = " (cached conversion reused)" if r["cached"] else ""
@@ -476,11 +476,11 @@ def golden(
     device: str | None, as_json: bool,
 ) -> None:
     """Re-run the golden check of BUNDLE on this machine (exit 1 when it fails)."""
-    from . import golden as golden_mod
-    from .bundle import Bundle, run_padded
-    from .calibration import load_samples
-    from .deploy import load_saved_samples
-    from .loading import load
+    from edgeinfer.build import golden as golden_mod
+    from edgeinfer.run.bundle import Bundle, run_padded
+    from edgeinfer.build.calibration import load_samples
+    from edgeinfer.build.deploy import load_saved_samples
+    from edgeinfer.run.loading import load
 
     if threshold is not None and not (math.isfinite(threshold) and -1 <= threshold <= 1):
         raise InputError(f"--threshold is a minimum cosine between -1 and 1, got {threshold}")
@@ -515,7 +515,7 @@ def golden(
 @click.pass_context
 def verify(ctx: click.Context, bundle_dir: Path, as_json: bool) -> None:
     """Check every file of BUNDLE against the sizes and sha256 in its manifest (exit 2 when any differs)."""
-    from .bundle import verify as verify_bundle
+    from edgeinfer.run.bundle import verify as verify_bundle
 
     report = verify_bundle(bundle_dir)
 
@@ -576,16 +576,16 @@ def bench(
     bundle_dir: Path, batch: str, seq: str | None, repeat: int, device: str | None, plot: Path | None, as_json: bool
 ) -> None:
     """Latency p50/p95/p99, throughput and peak memory of BUNDLE per batch size."""
-    from . import benchmark
-    from .bundle import Bundle
-    from .progress import Progress
+    from edgeinfer.run import benchmark
+    from edgeinfer.run.bundle import Bundle
+    from edgeinfer.progress import Progress
 
     if not 1 <= repeat <= MAX_BENCH_REPEAT:
         raise InputError(f"--repeat must be between 1 and {MAX_BENCH_REPEAT}, got {repeat}")
     batches = _int_list(batch, "--batch", MAX_BENCH_BATCH)
     seqs: list[int | None] = list(_int_list(seq, "--seq", MAX_BENCH_SEQ)) if seq else [None]
     if plot is not None:  # before the benchmark, not after minutes of it
-        from .files import check_output_file
+        from edgeinfer.files import check_output_file
 
         check_output_file(plot, "--plot", benchmark.PLOT_SUFFIXES)
     b = Bundle.open(bundle_dir)
@@ -622,21 +622,21 @@ _ATTACHED = False
 def _attach_optional_commands() -> None:
     """Commands from core modules that may not exist yet, and from plugins (once per process)."""
     global _ATTACHED
-    from . import plugins
+    from edgeinfer.contract import registry as plugins
 
     if _ATTACHED:
         return
     _ATTACHED = True
 
     try:
-        from .cli_plan import boards_cmd, plan_cmd
+        from edgeinfer.cli.plan import boards_cmd, plan_cmd
 
         cli.add_command(plan_cmd)
         cli.add_command(boards_cmd)
     except ImportError:
         pass
     try:
-        from .serve.cli import serve_cmd
+        from edgeinfer.serve.cli import serve_cmd
 
         cli.add_command(serve_cmd)
     except ImportError:
@@ -694,12 +694,9 @@ def main(argv: list[str] | None = None) -> None:
 
     warnings.formatwarning = _one_line_warning  # e.g. an NPU that fell back to CPU: one line, no source echo
     signal.signal(signal.SIGTERM, _raise_interrupted)
-    from .pipes import PipeSafeStdout
+    from edgeinfer.cli.pipes import PipeSafeStdout
 
     sys.stdout = PipeSafeStdout(sys.stdout)  # type: ignore[assignment]  # `edgeinfer plan … | head`: no EPIPE
     _attach_optional_commands()
     sys.exit(invoke(argv))
 
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from edgeinfer.errors import ModelError
-from edgeinfer.models.spec import ModelSpec
+from edgeinfer.planning.models.spec import ModelSpec
 
 _FTYPE_NAMES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K",
                 11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S",
@@ -131,7 +131,7 @@ def read_gguf(path: Path) -> ModelSpec:
     spec.file_scheme = None
     if ft:
         from edgeinfer.errors import InputError
-        from edgeinfer.quant import normalize_scheme
+        from edgeinfer.planning.quant import normalize_scheme
 
         try:
             spec.file_scheme = normalize_scheme(ft).name

@@ -7,7 +7,7 @@ import struct
 from pathlib import Path
 
 from edgeinfer.errors import ModelError
-from edgeinfer.models.spec import ModelSpec
+from edgeinfer.planning.models.spec import ModelSpec
 
 DECODERS = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma2", "phi3")
 ENCODERS = ("bert", "xlm-roberta")

@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # numpy is imported where arrays are made, so `edgeinfer plan --paging` stays light
     import numpy as np
 
-from .backend import Backend, CalibrationSet, Session, TensorSpec, _first_line
-from .errors import BackendError, EdgeInferError, InputError, ModelError
+from edgeinfer.contract.backend import Backend, CalibrationSet, Session, TensorSpec, _first_line
+from edgeinfer.errors import BackendError, EdgeInferError, InputError, ModelError
 
 INDEX = "segments.json"
 
@@ -529,8 +529,10 @@ def open_paged(
     """``edgeinfer run MODEL.onnx --paging W --segments N``: split, convert (cached) and open paged."""
     import hashlib
 
-    from . import plugins, stamp
-    from .loading import cache_dir
+    from edgeinfer.contract import registry as plugins
+
+    from edgeinfer.contract import stamp
+    from edgeinfer.run.loading import cache_dir
 
     src = Path(model)
     if not src.is_file():
@@ -758,7 +760,7 @@ class PagedSession(Session):
     def _learn_specs(self) -> None:
         """Input/output specs of every segment: from the stamps when they record both, else by
         loading each segment once (the loads count as page-ins; the first ``window`` stay)."""
-        from . import stamp
+        from edgeinfer.contract import stamp
 
         stamps = [stamp.read(p) or {} for p in self._paths]
         if all(s.get("inputs") and s.get("outputs") for s in stamps):
@@ -1177,7 +1179,7 @@ def _plan_segments(p: Any, segments: int | None) -> list[int]:
 
 
 def _prefill_chunk(runtime: str) -> int:
-    from .planner import runtime_profile
+    from edgeinfer.planning.planner import runtime_profile
 
     return int(runtime_profile(runtime).get("prefill_chunk", 512))
 

@@ -76,6 +76,6 @@ def plugins_check(environ: dict[str, str] = os.environ) -> Check:  # type: ignor
 
 
 def environment_checks() -> list[Check]:
-    from .deploy import cache_root
+    from edgeinfer.build.deploy import cache_root
 
     return [python_check(), *cache_checks(cache_root().parent), plugins_check()]

@@ -1,6 +1,6 @@
 """``edgeinfer.load``: pick the backend for a file, convert it when it is not native, cache the result.
 
-A cache entry is sealed (:mod:`edgeinfer.seal`) once the conversion is complete and hashed again
+A cache entry is sealed (:mod:`edgeinfer.run.seal`) once the conversion is complete and hashed again
 before each reuse: a damaged or half-written entry is converted again, never loaded.
 """
 
@@ -13,9 +13,13 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from . import plugins, seal, stamp
-from .backend import Backend, Session
-from .errors import InputError
+from edgeinfer.contract import registry as plugins
+
+from edgeinfer.run import seal
+
+from edgeinfer.contract import stamp
+from edgeinfer.contract.backend import Backend, Session
+from edgeinfer.errors import InputError
 
 # keys of **options that change the converted artifact (the rest only affect load)
 CONVERT_OPTIONS = ("scheme", "shapes", "target")
@@ -76,7 +80,7 @@ def converted(backend: Backend, path: Path, options: dict[str, Any]) -> Path:
 
 
 def load(path: Any, backend: str | None = None, device: str | None = None, **options: Any) -> Session:
-    from .bundle import Bundle, is_bundle
+    from edgeinfer.run.bundle import Bundle, is_bundle
 
     p = Path(path)
     if not p.exists():

@@ -15,10 +15,10 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import InputError
+from edgeinfer.errors import InputError
 
 if TYPE_CHECKING:
-    from .backend import Backend
+    from edgeinfer.contract.backend import Backend
 
 FORMAT = 1
 
@@ -41,7 +41,7 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
 
 
 def write(artifact: Path, *, backend: Backend, scheme: str, source: Path, **facts: Any) -> dict[str, Any]:
-    from . import __version__
+    from edgeinfer import __version__
 
     inputs = facts.pop("inputs", [])
     data = {
