@@ -57,9 +57,8 @@ def child(cfg: dict) -> dict:
     process, alternating blocks (PPMMPPMM) so that a busy machine slows both alike."""
     import numpy as np
 
-    from edgeinfer.run import paged as paging
-
     from edgeinfer.contract import registry as plugins
+    from edgeinfer.run import paged as paged_mod
     from edgeinfer.testing import minilm
 
     if cfg.get("dim"):  # the synthetic deep stack
@@ -74,7 +73,7 @@ def child(cfg: dict) -> dict:
     if cfg["window"] is None:
         sess = be.load(cfg["mono"], **opts)
     else:
-        sess = paging.PagedSession.from_artifacts(be, cfg["artifacts"], window=cfg["window"],
+        sess = paged_mod.PagedSession.from_artifacts(be, cfg["artifacts"], window=cfg["window"],
                                                   prefetch=cfg["prefetch"], **opts)
     open_s = time.perf_counter() - t
     out = sess.run(feeds)  # warm-up (and, paged, the first pass through the window)
@@ -160,9 +159,10 @@ def run_child(cfg: dict) -> dict:
 def main() -> None:
     import _common
 
-    from edgeinfer.run import paged as paging
-
+    from edgeinfer.build import segments as seg_mod
+    from edgeinfer.build import split as split_mod
     from edgeinfer.contract import registry as plugins
+    from edgeinfer.planning import paging
     from edgeinfer.testing import fixtures
 
     quick = "--quick" in sys.argv
@@ -185,14 +185,14 @@ def main() -> None:
                              "background page-in has a core of its own (as a board's DMA/storage would)",
                      "models": {}}
     for case in cases:
-        infos = paging.split_onnx(case["model"], work / case["key"] / "split", segments=case["segments"])
+        infos = split_mod.split_onnx(case["model"], work / case["key"] / "split", segments=case["segments"])
         weight_bytes = [i.weight_bytes for i in infos]
         n = len(infos)
         out_case: dict = {"title": case["title"], "segment_weight_bytes": weight_bytes, "backends": {}}
         for name in case["backends"]:
             be = plugins.get_backend(name)
             t = time.perf_counter()
-            arts = paging.deploy_segments(be, case["model"], work / case["key"] / name, "fp32", None,
+            arts = seg_mod.deploy_segments(be, case["model"], work / case["key"] / name, "fp32", None,
                                           segments=case["segments"])
             convert_s = time.perf_counter() - t
             mono_art = be.quantize(case["model"], "fp32", None,

@@ -9,14 +9,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import edgeinfer as run_cli
 
-from edgeinfer.run import paged as paging
-
+from edgeinfer.build import segments as seg_mod
+from edgeinfer.build import split as split_mod
 from edgeinfer.contract import registry as plugins
 from edgeinfer.errors import EdgeInferError, InputError
+from edgeinfer.planning import paging
+from edgeinfer.run import paged as paged_mod
 from edgeinfer.testing.models import deep_stack
-
-from helpers import edgeinfer as run_cli
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
@@ -49,8 +50,8 @@ def deep(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def deep6(deep, tmp_path_factory) -> list[paging.SegmentInfo]:
-    return paging.split_onnx(deep, tmp_path_factory.mktemp("deep6"), segments=6)
+def deep6(deep, tmp_path_factory) -> list[split_mod.SegmentInfo]:
+    return split_mod.split_onnx(deep, tmp_path_factory.mktemp("deep6"), segments=6)
 
 
 @pytest.fixture()
@@ -105,7 +106,7 @@ def test_split_finds_the_blocks_and_every_segment_is_valid_and_chains(deep, deep
         if k:
             assert seg.inputs == deep6[k - 1].outputs == [f"/layers.{2 * k - 1}/out"]
     assert deep6[-1].outputs == ["y"]
-    index = json.loads((deep6[0].path.parent / paging.INDEX).read_text())
+    index = json.loads((deep6[0].path.parent / split_mod.INDEX).read_text())
     assert [s["path"] for s in index["segments"]] == [f"segment_{k:02d}.onnx" for k in range(6)]
 
 
@@ -130,10 +131,10 @@ def test_chained_segments_equal_the_whole_model_bitwise(deep, deep6, x):
 
 
 def test_user_cuts_make_the_segments_they_name(deep, tmp_path, x):
-    segs = paging.split_onnx(deep, tmp_path, cuts=["/layers.3/out", "/layers.7/out"])
+    segs = split_mod.split_onnx(deep, tmp_path, cuts=["/layers.3/out", "/layers.7/out"])
     assert [s.inputs for s in segs] == [["x"], ["/layers.3/out"], ["/layers.7/out"]]
     be = plugins.get_backend("onnxruntime")
-    with paging.PagedSession.from_artifacts(be, [s.path for s in segs], window=1) as sess:
+    with paged_mod.PagedSession.from_artifacts(be, [s.path for s in segs], window=1) as sess:
         assert np.array_equal(sess.run({"x": x})["y"], ort_run(deep, {"x": x})[0])
 
 
@@ -150,17 +151,17 @@ def test_user_cuts_make_the_segments_they_name(deep, tmp_path, x):
 )
 def test_bad_cuts_are_one_line_input_errors(deep, tmp_path, cuts, words):
     with pytest.raises(InputError) as e:
-        paging.split_onnx(deep, tmp_path, cuts=cuts)
+        split_mod.split_onnx(deep, tmp_path, cuts=cuts)
     assert words in e.value.one_line() and "\n" not in str(e.value)
 
 
 def test_bad_segment_counts(deep, tmp_path):
     with pytest.raises(InputError, match="more than the model's 12 blocks"):
-        paging.split_onnx(deep, tmp_path, segments=13)
+        split_mod.split_onnx(deep, tmp_path, segments=13)
     with pytest.raises(InputError, match="either a number of segments or the tensors"):
-        paging.split_onnx(deep, tmp_path)
+        split_mod.split_onnx(deep, tmp_path)
     with pytest.raises(InputError, match="positive integer"):
-        paging.split_onnx(deep, tmp_path, segments=0)
+        split_mod.split_onnx(deep, tmp_path, segments=0)
 
 
 def test_a_model_without_blocks_asks_for_cuts(tmp_path):
@@ -168,7 +169,7 @@ def test_a_model_without_blocks_asks_for_cuts(tmp_path):
 
     kit = models.mlp(tmp_path)
     with pytest.raises(InputError, match="no repeated blocks"):
-        paging.split_onnx(kit.path, tmp_path / "out", segments=2)
+        split_mod.split_onnx(kit.path, tmp_path / "out", segments=2)
 
 
 # --- the paged session ----------------------------------------------------------------------------------
@@ -179,7 +180,7 @@ def test_a_model_without_blocks_asks_for_cuts(tmp_path):
 def test_paged_outputs_are_bitwise_and_the_window_holds(deep, deep6, x, window, prefetch):
     be = CountingBackend()
     ref = ort_run(deep, {"x": x})[0]
-    with paging.PagedSession(be, [s.path for s in deep6], window=window, prefetch=prefetch) as sess:
+    with paged_mod.PagedSession(be, [s.path for s in deep6], window=window, prefetch=prefetch) as sess:
         for _ in range(3):
             assert np.array_equal(sess.run({"x": x})["y"], ref)
         st = sess.stats()
@@ -193,7 +194,7 @@ def test_steady_state_pages_in_every_non_resident_segment_once_per_run(deep6, x)
     """Documented policy: W-1 segments stay (W-2 with prefetch), the rest stream once per run."""
     for window, prefetch, per_run in ((1, False, 6), (2, False, 5), (4, False, 3), (4, True, 4), (6, True, 0)):
         be = CountingBackend()
-        with paging.PagedSession(be, [s.path for s in deep6], window=window, prefetch=prefetch) as sess:
+        with paged_mod.PagedSession(be, [s.path for s in deep6], window=window, prefetch=prefetch) as sess:
             sess.run({"x": x})
             sess.wait_prefetch()  # the next run's first segment may be loading in the background
             before = len(be.loads)
@@ -205,7 +206,7 @@ def test_steady_state_pages_in_every_non_resident_segment_once_per_run(deep6, x)
 
 def test_prefetch_loads_on_one_background_thread(deep6, x):
     be = CountingBackend()
-    with paging.PagedSession(be, [s.path for s in deep6], window=3, prefetch=True) as sess:
+    with paged_mod.PagedSession(be, [s.path for s in deep6], window=3, prefetch=True) as sess:
         for _ in range(2):
             sess.run({"x": x})
         assert sess.stats()["prefetched"] > 0
@@ -215,7 +216,7 @@ def test_prefetch_loads_on_one_background_thread(deep6, x):
 
 def test_profile_reports_page_in_times_and_resident_bytes(deep6, x):
     be = plugins.get_backend("onnxruntime")
-    with paging.PagedSession.from_artifacts(be, [s.path for s in deep6], window=2, prefetch=False) as sess:
+    with paged_mod.PagedSession.from_artifacts(be, [s.path for s in deep6], window=2, prefetch=False) as sess:
         prof = sess.profile({"x": x}, repeat=2)
     notes = prof.notes["paging"]
     sizes = [s.path.stat().st_size for s in deep6]
@@ -228,7 +229,7 @@ def test_profile_reports_page_in_times_and_resident_bytes(deep6, x):
 def test_background_load_failure_is_a_clear_error(deep6, x):
     be = CountingBackend(fail_segment="segment_03.onnx")
     with pytest.raises(EdgeInferError) as e:
-        with paging.PagedSession(be, [s.path for s in deep6], window=3, prefetch=True) as sess:
+        with paged_mod.PagedSession(be, [s.path for s in deep6], window=3, prefetch=True) as sess:
             sess.run({"x": x})  # segments load in line once at open (specs), then in the background
     msg = e.value.one_line()
     assert "segment 3" in msg and "background" in msg and "disk read error" in msg
@@ -238,16 +239,16 @@ def test_bad_paging_options(deep6):
     be = plugins.get_backend("onnxruntime")
     paths = [s.path for s in deep6]
     with pytest.raises(InputError, match="window must be an integer >= 1"):
-        paging.PagedSession.from_artifacts(be, paths, window=0)
+        paged_mod.PagedSession.from_artifacts(be, paths, window=0)
     with pytest.raises(InputError, match="leaves no room to page"):
-        paging.PagedSession.from_artifacts(be, paths, window=2, resident_prefix=2)
+        paged_mod.PagedSession.from_artifacts(be, paths, window=2, resident_prefix=2)
     with pytest.raises(InputError, match="segment artifact not found"):
-        paging.PagedSession.from_artifacts(be, paths + [paths[0].with_name("missing.onnx")])
+        paged_mod.PagedSession.from_artifacts(be, paths + [paths[0].with_name("missing.onnx")])
 
 
 def test_feeds_are_checked_like_any_session(deep6):
     be = plugins.get_backend("onnxruntime")
-    with paging.PagedSession.from_artifacts(be, [s.path for s in deep6], window=2) as sess:
+    with paged_mod.PagedSession.from_artifacts(be, [s.path for s in deep6], window=2) as sess:
         assert [s.name for s in sess.inputs] == ["x"] and [s.name for s in sess.outputs] == ["y"]
         with pytest.raises(InputError, match="expected dtype float32"):
             sess.run({"x": np.zeros((1, DIM), np.float64)})
@@ -265,7 +266,7 @@ def minilm_feeds():
 
 @pytest.fixture(scope="module")
 def minilm_split(minilm_onnx, tmp_path_factory):
-    return paging.split_onnx(minilm_onnx, tmp_path_factory.mktemp("minilm6"), segments=6)
+    return split_mod.split_onnx(minilm_onnx, tmp_path_factory.mktemp("minilm6"), segments=6)
 
 
 def test_minilm_splits_into_its_six_layers_with_the_mask_carried(minilm_split):
@@ -280,17 +281,17 @@ def test_minilm_splits_into_its_six_layers_with_the_mask_carried(minilm_split):
 def test_minilm_paged_on_onnxruntime_is_bitwise(minilm_onnx, minilm_split, minilm_feeds):
     ref = ort_run(minilm_onnx, minilm_feeds)[0]
     be = plugins.get_backend("onnxruntime")
-    with paging.PagedSession.from_artifacts(be, [s.path for s in minilm_split], window=2, prefetch=True) as sess:
+    with paged_mod.PagedSession.from_artifacts(be, [s.path for s in minilm_split], window=2, prefetch=True) as sess:
         for _ in range(2):
             assert np.array_equal(sess.run(minilm_feeds)["last_hidden_state"], ref)
 
 
 def test_minilm_cut_at_a_layer_output_and_a_bad_cut(minilm_onnx, tmp_path, minilm_feeds):
     good = "/bert/encoder/layer.2/output/LayerNorm/LayerNormalization_output_0"
-    segs = paging.split_onnx(minilm_onnx, tmp_path / "ok", cuts=[good])
+    segs = split_mod.split_onnx(minilm_onnx, tmp_path / "ok", cuts=[good])
     assert len(segs) == 2 and segs[0].residual == [good] and len(segs[0].side) == 1
     with pytest.raises(InputError, match="not a layer boundary"):
-        paging.split_onnx(minilm_onnx, tmp_path / "bad",
+        split_mod.split_onnx(minilm_onnx, tmp_path / "bad",
                           cuts=["/bert/encoder/layer.2/attention/self/query/MatMul_output_0"])
 
 
@@ -311,9 +312,9 @@ def test_minilm_paged_on_openvino_cpu(minilm_onnx_static, tmp_path, minilm_feeds
     be = _backend_or_skip("openvino")
     feeds = {k: v[:1] for k, v in minilm_feeds.items()}
     ref = ort_run(minilm_onnx_static, feeds)[0]
-    arts = paging.deploy_segments(be, minilm_onnx_static, tmp_path, "fp32", None, segments=6)
+    arts = seg_mod.deploy_segments(be, minilm_onnx_static, tmp_path, "fp32", None, segments=6)
     assert [a.suffix for a in arts] == [".xml"] * 6
-    with paging.PagedSession.from_artifacts(be, arts, window=2, prefetch=True) as sess:
+    with paged_mod.PagedSession.from_artifacts(be, arts, window=2, prefetch=True) as sess:
         for _ in range(2):
             assert cosine(sess.run(feeds)["last_hidden_state"], ref) >= 0.999
         assert sess.stats()["peak_resident_segments"] <= 2
@@ -321,8 +322,8 @@ def test_minilm_paged_on_openvino_cpu(minilm_onnx_static, tmp_path, minilm_feeds
 
 def test_deep_stack_paged_on_openvino_cpu(deep, tmp_path, x):
     be = _backend_or_skip("openvino")
-    arts = paging.deploy_segments(be, deep, tmp_path, "fp32", None, segments=4)
-    with paging.PagedSession.from_artifacts(be, arts, window=2, prefetch=True) as sess:
+    arts = seg_mod.deploy_segments(be, deep, tmp_path, "fp32", None, segments=4)
+    with paged_mod.PagedSession.from_artifacts(be, arts, window=2, prefetch=True) as sess:
         assert cosine(sess.run({"x": x})["y"], ort_run(deep, {"x": x})[0]) >= 0.999
 
 
@@ -331,8 +332,8 @@ def test_minilm_paged_on_the_rknn_simulator(minilm_onnx_static, tmp_path, minilm
     be = _backend_or_skip("rknn")
     feeds = {k: v[:1] for k, v in minilm_feeds.items()}
     ref = ort_run(minilm_onnx_static, feeds)[0]
-    arts = paging.deploy_segments(be, minilm_onnx_static, tmp_path, "fp16", None, segments=6)
-    with paging.PagedSession.from_artifacts(be, arts, window=2, prefetch=True) as sess:
+    arts = seg_mod.deploy_segments(be, minilm_onnx_static, tmp_path, "fp16", None, segments=6)
+    with paged_mod.PagedSession.from_artifacts(be, arts, window=2, prefetch=True) as sess:
         assert cosine(sess.run(feeds)["last_hidden_state"], ref) >= 0.999
         st = sess.stats()
     assert st["prefetch"] is False and any("simulator" in n for n in st["notes"])
@@ -342,8 +343,8 @@ def test_minilm_paged_on_the_rknn_simulator(minilm_onnx_static, tmp_path, minilm
 def test_deep_stack_paged_on_the_rknn_simulator(tmp_path, x):
     be = _backend_or_skip("rknn")
     model = deep_stack(tmp_path / "deep_static.onnx", batch=3)
-    arts = paging.deploy_segments(be, model, tmp_path / "out", "fp16", None, segments=3)
-    with paging.PagedSession.from_artifacts(be, arts, window=2) as sess:
+    arts = seg_mod.deploy_segments(be, model, tmp_path / "out", "fp16", None, segments=3)
+    with paged_mod.PagedSession.from_artifacts(be, arts, window=2) as sess:
         assert cosine(sess.run({"x": x})["y"], ort_run(model, {"x": x})[0]) >= 0.999
 
 
@@ -452,11 +453,11 @@ def test_cli_plan_paging_json_and_exit_codes():
 
 
 def test_a_segmented_bundle_loads_paged(deep, tmp_path, x):
-    from edgeinfer.run import bundle
     from edgeinfer.contract.backend import TensorSpec
+    from edgeinfer.run import bundle
 
     be = plugins.get_backend("onnxruntime")
-    arts = paging.deploy_segments(be, deep, tmp_path / "b", "fp32", None, segments=3)
+    arts = seg_mod.deploy_segments(be, deep, tmp_path / "b", "fp32", None, segments=3)
     assert [a.name for a in arts] == ["segment_00.onnx", "segment_01.onnx", "segment_02.onnx"]
     spec = [TensorSpec("x", ("batch", DIM), "float32")]
     bundle.write(tmp_path / "b", bundle.Manifest(
@@ -464,5 +465,5 @@ def test_a_segmented_bundle_loads_paged(deep, tmp_path, x):
         outputs=[TensorSpec("y", ("batch", DIM), "float32")], source={"path": str(deep)},
         paging={"window": 2, "prefetch": True, "segments": 3}))
     with bundle.Bundle.open(tmp_path / "b").load() as sess:
-        assert isinstance(sess, paging.PagedSession) and sess.window == 2
+        assert isinstance(sess, paged_mod.PagedSession) and sess.window == 2
         assert np.array_equal(sess.run({"x": x})["y"], ort_run(deep, {"x": x})[0])

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import math
+import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,19 +20,18 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer.run import bundle as bundle_mod
 from edgeinfer import files
-from edgeinfer.build import calibration
-from edgeinfer.build import golden
+from edgeinfer.build import calibration, golden
 from edgeinfer.contract import registry as plugins
-from edgeinfer.run import seal
 from edgeinfer.contract import stamp
 from edgeinfer.contract.backend import CalibrationSet, Session, TensorSpec
-from edgeinfer.planning.boards import Board, get_board
-from edgeinfer.run.bundle import Manifest, TextSpec, run_padded
 from edgeinfer.errors import CheckFailed, InputError
-from edgeinfer.progress import Progress
+from edgeinfer.planning.boards import Board, get_board
 from edgeinfer.planning.quant import normalize_scheme
+from edgeinfer.progress import Progress
+from edgeinfer.run import bundle as bundle_mod
+from edgeinfer.run import seal
+from edgeinfer.run.bundle import Manifest, TextSpec, run_padded
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 DEFAULT_SEQ = 128
@@ -364,7 +363,7 @@ def _build(src, b, backend, scheme, work, ref_path, reference, specs, shapes_use
     cal_set = CalibrationSet(calib_samples) if calib_samples else None
     with progress.step(f"converting to {backend.name} {scheme} for {board_target(b)}"):
         if layout:
-            from edgeinfer.run.paged import deploy_segments
+            from edgeinfer.build.segments import deploy_segments
 
             artifacts = deploy_segments(backend, convert_input, work, scheme, cal_set, layout.get("segments"),
                                         layout.get("cuts"), **convert_opts)

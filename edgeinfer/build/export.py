@@ -5,7 +5,6 @@ torch and transformers are imported here only, when an export is needed.
 
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 from typing import Any

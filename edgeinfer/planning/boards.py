@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import difflib
 import os
-from functools import lru_cache
 from collections.abc import Iterable
+from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 

@@ -11,10 +11,11 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from edgeinfer.planning.boards import GIB, Board, get_board, load_boards
 from edgeinfer.errors import InputError
+from edgeinfer.planning.boards import GIB, Board, get_board, load_boards
 from edgeinfer.planning.models import resolve
 from edgeinfer.planning.models.spec import ModelSpec
+from edgeinfer.planning.paging import PagedPlan, paged_plan, suggest_window
 from edgeinfer.planning.quant import Scheme, kv_bytes_per_element, normalize_scheme
 
 SCHEMA_VERSION = "1.0"
@@ -207,6 +208,14 @@ class Plan:
         return json.dumps(self.to_dict(), indent=indent)
 
 
+@dataclass
+class Verdict:
+    """The unpaged verdict without what paging changes (the memory reason, the weights-window warning)."""
+
+    reasons_but_memory: list[str]
+    warnings_but_weights_window: list[str]
+
+
 def _check_int(name: str, v) -> int:
     if isinstance(v, bool) or not isinstance(v, int):
         try:
@@ -360,17 +369,18 @@ def plan(model, board, quant: str | None = None, ctx: int = 4096, batch: int = 1
     kv_b = kv_bytes_per_element(kvd)
     bd, det = _memory(spec, b, rt_name, scheme, ctx, batch, kv_b)
     total = sum(bd.values())
-    reasons: list[str] = []
-    warnings: list[str] = list(spec.notes)
+    # (what, text): paging replaces the "memory" reason and answers the "weights_window" warning
+    reasons: list[tuple[str, str]] = []
+    warnings: list[tuple[str, str]] = [("model", n) for n in spec.notes]
     limits: list[dict] = []
     if total > b.total_bytes:
-        reasons.append(f"needs {total / GIB:.2f} GiB, the board has {b.total_bytes / GIB:.2f} GiB "
-                       f"({b.usable_bytes / GIB:.2f} GiB usable after the OS/driver reserve)")
+        reasons.append(("memory", f"needs {total / GIB:.2f} GiB, the board has {b.total_bytes / GIB:.2f} GiB "
+                       f"({b.usable_bytes / GIB:.2f} GiB usable after the OS/driver reserve)"))
     rt = b.runtimes[rt_name]
     if rt.max_context and ctx > rt.max_context:
-        reasons.append(f"context {ctx} exceeds {rt_name}'s maximum {rt.max_context}")
+        reasons.append(("context", f"context {ctx} exceeds {rt_name}'s maximum {rt.max_context}"))
     if spec.max_position and ctx > spec.max_position:
-        warnings.append(f"context {ctx} exceeds the model's max_position_embeddings {spec.max_position}")
+        warnings.append(("context", f"context {ctx} exceeds the model's max_position_embeddings {spec.max_position}"))
     if b.npu_window_gib:
         win = int(b.npu_window_gib.value * GIB)
         largest = max(spec.tensor_bytes.values()) if spec.tensor_bytes else int(
@@ -381,37 +391,65 @@ def plan(model, board, quant: str | None = None, ctx: int = 4096, batch: int = 1
                        "kv_cache_bytes": kv_one, "ok": largest <= win,
                        "source": b.npu_window_gib.source})
         if largest > win:
-            reasons.append(f"largest tensor ({largest / GIB:.2f} GiB) exceeds the {b.npu_window_gib.value:g} GiB "
-                           "NPU IOMMU window")
+            reasons.append(("npu_window", f"largest tensor ({largest / GIB:.2f} GiB) exceeds the "
+                                          f"{b.npu_window_gib.value:g} GiB NPU IOMMU window"))
         if kv_one > win:
-            warnings.append(f"KV cache ({kv_one / GIB:.2f} GiB) is larger than one {b.npu_window_gib.value:g} GiB NPU "
-                            "window: needs RKNPU driver >= 0.9.8 (rknn-llm #232)")
+            warnings.append(("kv_window", f"KV cache ({kv_one / GIB:.2f} GiB) is larger than one "
+                                          f"{b.npu_window_gib.value:g} GiB NPU window: needs RKNPU driver >= 0.9.8 "
+                                          "(rknn-llm #232)"))
         if bd["weights"] > win:
-            warnings.append(f"weights exceed one {b.npu_window_gib.value:g} GiB NPU window: needs RKNPU driver "
-                            ">= 0.9.8 with base_domain_id (rknn-llm #232, #335)")
+            warnings.append(("weights_window", f"weights exceed one {b.npu_window_gib.value:g} GiB NPU window: "
+                                               "needs RKNPU driver >= 0.9.8 with base_domain_id (rknn-llm #232, #335)"))
     for k, f in (("memory_total_gib", b.memory_total_gib), ("os_reserve_gib", b.os_reserve_gib)):
         if f.uncertain:
-            warnings.append(f"{b.name}: {k} is uncertain ({f.source})")
+            warnings.append(("board", f"{b.name}: {k} is uncertain ({f.source})"))
     fits = not reasons
+    unpaged = Verdict([t for k, t in reasons if k != "memory"], [t for k, t in warnings if k != "weights_window"])
     est = estimate_speed(spec, b, rt_name, scheme, ctx, batch, kv_b)
     p = Plan(model=spec, board=b, runtime=rt_name, scheme=scheme, ctx=ctx, batch=batch, kv_dtype=kvd,
-             breakdown=bd, details=det, fits=fits, reasons=reasons, limits=limits, estimates=est,
-             warnings=warnings)
+             breakdown=bd, details=det, fits=fits, reasons=[t for _, t in reasons], limits=limits,
+             estimates=est, warnings=[t for _, t in warnings])
     if suggest:
         p.suggestions = suggestions(p, extra_boards)
     if paging is not None:
-        from edgeinfer.run.paged import apply_to_plan
-
-        apply_to_plan(p, paging, segments=segments, storage=storage)
+        _merge_paging(p, paged_plan(p, paging, segments, storage, _prefill_chunk(rt_name)), unpaged)
     return p
+
+
+def _prefill_chunk(runtime: str) -> int:
+    return int(runtime_profile(runtime).get("prefill_chunk", 512))
+
+
+def _merge_paging(p: Plan, r: PagedPlan, unpaged: Verdict) -> None:
+    """Turn ``p`` into its paged form: resident weights in the breakdown, the verdict on the resident
+    total and the NPU window (paging answers the weights-window warning), paged speed estimates."""
+    res = r.cost
+    p.details["paging"] = res
+    p.details["weights"] = {**p.details.get("weights", {}), "total_bytes_unpaged": r.unpaged_weight_bytes,
+                            "paged": f"{r.resident_segments} of {r.segments} segments resident"}
+    p.breakdown["weights"] = r.resident_weight_bytes
+    p.reasons = list(unpaged.reasons_but_memory)
+    if p.total_bytes > p.capacity_bytes:
+        p.reasons.append(f"needs {p.total_bytes / GIB:.2f} GiB with {r.resident_segments} segment(s) resident, "
+                         f"the board has {p.capacity_bytes / GIB:.2f} GiB; use a smaller --paging window")
+    p.reasons += r.npu_reasons
+    p.warnings = list(unpaged.warnings_but_weights_window)
+    p.fits = not p.reasons
+    est = p.estimates
+    est["paging"] = {k: res.get(k) for k in ("window", "segments", "streamed_bytes_per_token", "loads_per_token",
+                                             "stream_s_per_token", "decode_tokens_per_s", "prefill_tokens_per_s",
+                                             "bound", "load_hidden_fraction", "prefetch", "storage_gbps",
+                                             "storage_source")}
+    for k in ("decode_tokens_per_s", "prefill_tokens_per_s"):
+        if res.get(k) is not None:
+            est[f"{k}_unpaged"] = est.get(k)
+            est[k] = res[k]
 
 
 def suggestions(p: Plan, extra_boards=()) -> dict:
     spec, b, kv_b = p.model, p.board, kv_bytes_per_element(p.kv_dtype)
-    from edgeinfer.run.paged import suggest_window
-
     out: dict = {"max_ctx": None, "quant": None, "quants_that_fit": [], "board": None,
-                 "paging": None if p.fits else suggest_window(p), "notes": []}
+                 "paging": None if p.fits else suggest_window(p, _prefill_chunk(p.runtime)), "notes": []}
     # largest context that fits (memory grows with ctx: binary search)
     rt = b.runtimes[p.runtime]
     hi = rt.max_context or 2**20

@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 
 from edgeinfer.contract.backend import Session, latency_stats
-from edgeinfer.run.bundle import Bundle, run_padded, static_batch
 from edgeinfer.errors import InputError
 from edgeinfer.progress import Progress
+from edgeinfer.run.bundle import Bundle, run_padded, static_batch
 
 
 def _clear_peak_rss() -> bool:

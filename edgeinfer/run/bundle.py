@@ -30,11 +30,20 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
-from edgeinfer.run import seal
 from edgeinfer.contract.backend import Session, TensorSpec
 from edgeinfer.errors import InputError
+from edgeinfer.run import seal
 
 SCHEMA = "edgeinfer.run.bundle/1"
 MANIFEST = "manifest.json"

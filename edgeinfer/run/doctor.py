@@ -13,6 +13,7 @@ import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 MIN_PYTHON = (3, 10)
 MIN_FREE_GIB = 2.0  # one converted LLM-sized bundle plus its temporaries; MiniLM needs ~0.1 GiB
@@ -79,3 +80,38 @@ def environment_checks() -> list[Check]:
     from edgeinfer.build.deploy import cache_root
 
     return [python_check(), *cache_checks(cache_root().parent), plugins_check()]
+
+
+def backend_reports(probe: bool = True) -> dict[str, Any]:
+    """Every backend with its plugin, version and probe; every plugin that failed to load."""
+    from edgeinfer.contract import registry as plugins
+    from edgeinfer.contract.backend import Probe, Problem
+
+    reg = plugins.registry()
+    rows = []
+    for name in sorted(reg.backends):
+        entry = reg.backends[name]
+        row: dict[str, Any] = {
+            "name": name,
+            "plugin": entry.plugin.name,
+            "distribution": entry.plugin.distribution,
+            "version": entry.plugin.version,
+        }
+        if probe:
+            try:
+                p = entry.cls().probe()
+            except Exception as e:  # a probe must never take the whole listing down
+                p = Probe(
+                    available=False,
+                    problems=[Problem(f"probe failed: {type(e).__name__}: {e}", "run with --debug and report it")],
+                )
+            row.update(p.to_json())
+        rows.append(row)
+    failed = [
+        {"plugin": p.name, "distribution": p.distribution, "version": p.version, "error": p.error}
+        for p in reg.plugins.values()
+        if p.error
+    ]
+    return {"backends": rows, "failed_plugins": failed}
+
+

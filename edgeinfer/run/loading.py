@@ -14,12 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from edgeinfer.contract import registry as plugins
-
-from edgeinfer.run import seal
-
 from edgeinfer.contract import stamp
 from edgeinfer.contract.backend import Backend, Session
 from edgeinfer.errors import InputError
+from edgeinfer.run import seal
 
 # keys of **options that change the converted artifact (the rest only affect load)
 CONVERT_OPTIONS = ("scheme", "shapes", "target")

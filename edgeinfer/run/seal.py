@@ -13,8 +13,8 @@ import posixpath
 from pathlib import Path
 from typing import Any
 
-from edgeinfer.errors import InputError
 from edgeinfer.contract.stamp import sha256_file
+from edgeinfer.errors import InputError
 
 FileRecord = dict[str, Any]  # {"size": int, "sha256": str}
 # runtime logs a backend appends to next to its artifact while it runs (e.g. RKNN's model.rknn.log):
