@@ -91,7 +91,7 @@ def main() -> None:
     args = ap.parse_args()
     levels = [int(c) for c in args.clients.split(",")]
 
-    from edgeinfer.serve._testkit import ServerProc, minilm_bundle
+    from edgeinfer.testing.serve import ServerProc, minilm_bundle
     from edgeinfer.testing import minilm
     from edgeinfer.testing.fixtures import _cached_export
 

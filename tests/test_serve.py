@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from edgeinfer.run.bundle import Bundle
-from edgeinfer.serve._testkit import ServerProc, minilm_bundle
+from edgeinfer.testing.serve import ServerProc, minilm_bundle
 from edgeinfer.testing import minilm
 
 pytestmark = pytest.mark.slow  # converts MiniLM twice and starts real servers

@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from edgeinfer.serve._testkit import ServerProc, minilm_bundle
+from edgeinfer.testing.serve import ServerProc, minilm_bundle
 from edgeinfer.testing import minilm
 
 pytestmark = pytest.mark.slow

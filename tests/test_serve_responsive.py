@@ -13,7 +13,7 @@ import httpx
 import numpy as np
 import pytest
 
-from edgeinfer.serve._testkit import HealthProbe, ServerProc, largest_embeddings_body, log_bundle, minilm_bundle
+from edgeinfer.testing.serve import HealthProbe, ServerProc, largest_embeddings_body, log_bundle, minilm_bundle
 from edgeinfer.testing import minilm
 
 pytestmark = pytest.mark.slow

@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from edgeinfer import files
-from edgeinfer.build import calibration, golden
+from edgeinfer.contract import names
+from edgeinfer.build import cache, calibration, golden
 from edgeinfer.contract import registry as plugins
 from edgeinfer.contract import stamp
 from edgeinfer.contract.backend import CalibrationSet, Session, TensorSpec
@@ -30,6 +31,7 @@ from edgeinfer.planning.boards import Board, get_board
 from edgeinfer.planning.quant import normalize_scheme
 from edgeinfer.progress import Progress
 from edgeinfer.run import bundle as bundle_mod
+from edgeinfer.run import samples as golden_samples
 from edgeinfer.run import seal
 from edgeinfer.run.bundle import Manifest, TextSpec, run_padded
 
@@ -73,13 +75,6 @@ class DeployResult:
             "warnings": self.warnings,
             "timings_s": self.timings,
         }
-
-
-def cache_root() -> Path:
-    root = os.environ.get("EDGEINFER_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "edgeinfer"
-    )
-    return Path(root) / "deploy"
 
 
 def source_of(model: str | os.PathLike[str]) -> Source:
@@ -130,8 +125,7 @@ def reference_onnx(src: Source, shapes: dict[str, list[int]], progress: Progress
         return None
     from edgeinfer.build.export import export_hf_onnx
 
-    key = hashlib.sha256(json.dumps([src.sha256, shapes], sort_keys=True).encode()).hexdigest()[:20]
-    out = cache_root() / "onnx" / key / "model.onnx"
+    out = cache.area("deploy") / "onnx" / cache.key([src.sha256, shapes], length=20) / "model.onnx"
     if not out.exists():
         with progress.step(f"exporting {src.path.name} to ONNX"):
             export_hf_onnx(src.path, out, shapes or None)
@@ -202,41 +196,6 @@ def fallback_samples(specs: list[TensorSpec], tokenize, n: int) -> list[Feeds]:
     return samples
 
 
-def run_all(session: Session, samples: list[Feeds]) -> list[dict[str, np.ndarray]]:
-    return [run_padded(session, s) for s in samples]
-
-
-def save_samples(path: Path, samples: list[dict[str, np.ndarray]]) -> None:
-    np.savez(path, **{f"{i}/{k}": v for i, s in enumerate(samples) for k, v in s.items()})
-
-
-def load_saved_samples(path: Path) -> list[dict[str, np.ndarray]]:
-    """Samples saved by ``save_samples`` (keys ``<i>/<input>``); anything else is refused, never unpickled."""
-    what = f"{path} is not a golden sample file written by edgeinfer"
-    if not path.is_file():
-        raise InputError(f"{path} is missing; deploy the model again")
-    out: dict[int, dict[str, np.ndarray]] = {}
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            if not hasattr(data, "files"):
-                raise InputError(f"{what} (a single array, not an .npz archive); deploy the model again")
-            for key in data.files:
-                i, _, name = key.partition("/")
-                if not i.isdigit() or not name:
-                    raise InputError(f"{what} (unexpected entry {key!r}); deploy the model again")
-                arr = data[key]
-                if arr.dtype.kind not in "biuf":
-                    raise InputError(f"{what} (entry {key!r} has dtype {arr.dtype}); deploy the model again")
-                out.setdefault(int(i), {})[name] = arr
-    except InputError:
-        raise
-    except Exception as e:  # zipfile / numpy format errors, object arrays refused by allow_pickle=False
-        raise InputError(f"{what} ({type(e).__name__}: {str(e)[:80]}); deploy the model again") from None
-    if not out:
-        raise InputError(f"{what} (no samples); deploy the model again")
-    return [out[i] for i in sorted(out)]
-
-
 # --- the whole job -------------------------------------------------------------------------------------
 
 
@@ -296,13 +255,13 @@ def deploy(
     if src.kind == "pt2":
         raise InputError("deploying a .pt2 program has no ONNX reference for the golden check; deploy the HF directory")
     ref_path = reference_onnx(src, user_shapes, progress)
-    reference = plugins.get_backend("onnxruntime").load(ref_path)
+    reference = plugins.get_backend(names.ENCODER_REFERENCE).load(ref_path)
     auto = default_shapes(with_shapes(reference.inputs, user_shapes), static, seq)
     if auto and src.kind == "hf" and not user_shapes:  # re-export with static shapes: toolkits fold them better
         reference.close()
         user_shapes = auto
         ref_path = reference_onnx(src, user_shapes, progress)
-        reference = plugins.get_backend("onnxruntime").load(ref_path)
+        reference = plugins.get_backend(names.ENCODER_REFERENCE).load(ref_path)
     shapes_used = {**auto, **user_shapes}
     specs = with_shapes(reference.inputs, shapes_used)
 
@@ -328,10 +287,10 @@ def deploy(
 
     # 4. convert (or reuse the cached bundle), golden check, bundle
     key = _cache_key(src, b, scheme, shapes_used, backend, calib_samples, held, {**(options or {}), **layout})
-    cached_dir = cache_root() / key
-    cached = use_cache and _cache_entry_intact(cached_dir, progress)
+    cached_dir = cache.area("deploy") / key
+    cached = use_cache and cache.reusable(cached_dir, progress.note)
     files.sweep(_tmp_parent(out_dir))  # what a killed earlier deploy left next to -o
-    sweep_cache()
+    cache.sweep_deploy()
     with files.temp_dir(_tmp_parent(out_dir), "deploy") as tmp:
         work = tmp / "bundle"
         if cached:
@@ -344,7 +303,7 @@ def deploy(
                               calib_samples, held, threshold, the_plan, tokenize, seq, options, progress, layout)
             if use_cache:
                 try:
-                    _store_cache(cached_dir, work)
+                    cache.store(cached_dir, work)
                 except BaseException:  # interrupted mid-copy: leave no partial entry behind
                     files.remove_own(cached_dir.parent)
                     raise
@@ -415,8 +374,8 @@ def _build(src, b, backend, scheme, work, ref_path, reference, specs, shapes_use
             if (src.path / name).is_file():
                 shutil.copy2(src.path / name, tok_dir / name)
     (work / "golden").mkdir()
-    save_samples(work / "golden" / "inputs.npz", held)
-    save_samples(work / "golden" / "expected.npz", expected)
+    golden_samples.save_samples(work / "golden" / "inputs.npz", held)
+    golden_samples.save_samples(work / "golden" / "expected.npz", expected)
     bundle_mod.write(work, manifest)
     return manifest
 
@@ -446,16 +405,6 @@ def _max_position(src: Source) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
 
 
-def sweep_cache() -> None:
-    """Remove the temporaries of killed runs from the conversion cache (entries and ONNX exports)."""
-    root = cache_root()
-    files.sweep(root, cache=True)
-    onnx_dir = root / "onnx"
-    if onnx_dir.is_dir():
-        for d in onnx_dir.iterdir():
-            files.sweep(d, cache=True)
-
-
 def check_out_dir(out_dir: Path) -> None:
     """-o must be a new directory, an empty one or a bundle (replaced), and writable: checked first."""
     files.check_output_dir(out_dir, "-o")
@@ -479,42 +428,11 @@ def check_tokenizer(hf_dir: Path) -> None:
 
 
 def _cache_key(src, b, scheme, shapes, backend, calib_samples, held, options) -> str:
-    data = {
-        "model": src.sha256,
-        "board": b.name,
-        "target": board_target(b),
-        "scheme": scheme,
-        "shapes": shapes,
-        "backend": backend.name,
-        "versions": backend.versions(),
-        "calibration": calibration.fingerprint(calib_samples),
-        "golden": calibration.fingerprint(held),
-        "options": options,
-    }
-    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:24]
-
-
-def _cache_entry_intact(cached_dir: Path, progress: Progress) -> bool:
-    """Whether a cached bundle may be reused: every file as its seal recorded it at store time.
-
-    A damaged or unsealed entry is discarded (and the bundle rebuilt), never reused.
-    """
-    if not cached_dir.exists():
-        return False
-    if seal.intact(cached_dir):
-        return True
-    progress.note(f"discarding a damaged cache entry (files differ from their seal): {cached_dir}")
-    shutil.rmtree(cached_dir, ignore_errors=True)
-    return False
-
-
-def _store_cache(cached_dir: Path, work: Path) -> None:
-    tmp = cached_dir.with_name(cached_dir.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(work, tmp)
-    seal.seal_dir(tmp)  # verified before every reuse
-    shutil.rmtree(cached_dir, ignore_errors=True)
-    tmp.rename(cached_dir)
+    return cache.key({
+        "model": src.sha256, "board": b.name, "target": board_target(b), "scheme": scheme, "shapes": shapes,
+        "backend": backend.name, "versions": backend.versions(), "calibration": calibration.fingerprint(calib_samples),
+        "golden": calibration.fingerprint(held), "options": options,
+    })
 
 
 def _plan_summary(p: Any) -> dict[str, Any]:

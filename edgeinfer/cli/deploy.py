@@ -11,6 +11,7 @@ import click
 
 from edgeinfer import errors
 from edgeinfer.cli.output import console, emit
+from edgeinfer.contract import names
 from edgeinfer.errors import InputError
 
 
@@ -21,7 +22,7 @@ from edgeinfer.errors import InputError
 @click.option("--calib", type=click.Path(path_type=Path), help="Calibration data: .txt (one sample a line), .npz or dir.")
 @click.option("--golden-inputs", type=click.Path(path_type=Path), help="Held-out samples for the golden check.")
 @click.option("--shape", "shapes", multiple=True, metavar="NAME=1x128", help="Static input shape; repeatable.")
-@click.option("--threshold", type=float, help="Minimum cosine vs onnxruntime fp32 (default 0.99; 0.98 for w8a8/int8).")
+@click.option("--threshold", type=float, help=f"Minimum cosine vs {names.ENCODER_REFERENCE} fp32 (default 0.99; 0.98 for w8a8/int8).")
 @click.option("--max-samples", default=128, show_default=True, help="Calibration samples used at most.")
 @click.option("--force", is_flag=True, help="Deploy even when the plan says it does not fit.")
 @click.option("--no-cache", is_flag=True, help="Convert again even if a cached conversion exists.")
@@ -77,9 +78,9 @@ def golden(
     """Re-run the golden check of BUNDLE on this machine (exit 1 when it fails)."""
     from edgeinfer.build import golden as golden_mod
     from edgeinfer.build.calibration import load_samples
-    from edgeinfer.build.deploy import load_saved_samples
     from edgeinfer.run.bundle import Bundle, run_padded
     from edgeinfer.run.loading import load
+    from edgeinfer.run.samples import load_saved_samples
 
     if threshold is not None and not (math.isfinite(threshold) and -1 <= threshold <= 1):
         raise InputError(f"--threshold is a minimum cosine between -1 and 1, got {threshold}")
@@ -92,7 +93,7 @@ def golden(
         samples = load_samples(inputs, b.manifest.inputs, tok)
         if not samples:
             raise InputError(f"--inputs {inputs} holds no samples; pass a .txt with lines, or a non-empty .npz")
-        with load(reference, backend="onnxruntime") as ref:
+        with load(reference, backend=names.ENCODER_REFERENCE) as ref:
             expected = [run_padded(ref, s) for s in samples]
     else:
         samples = load_saved_samples(b.file("golden/inputs.npz", "golden inputs"))

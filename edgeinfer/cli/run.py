@@ -94,7 +94,7 @@ def write_outputs(outputs: dict[str, Any], out_dir: Path) -> list[Path]:
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), help="Write outputs as DIR/<name>.npy.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 @click.option("--shape", "shapes", multiple=True, metavar="NAME=1x128",
-              help="Static input shape when the model is converted first (e.g. ONNX for rknn); repeatable.")
+              help="Static input shape when the model is converted first (for backends with static shapes); repeatable.")
 @click.option("--paging", "window", type=int, metavar="W", help="Run layer-paged: keep at most W segments loaded.")
 @click.option("--segments", type=int, metavar="N", help="With --paging: split into N segments at layer boundaries.")
 @click.option("--cut", "cuts", multiple=True, metavar="TENSOR", help="With --paging: cut at this tensor (repeatable).")

@@ -321,8 +321,31 @@ class Backend:
         return {}
 
     def refuses_target(self, target: str, device: str | None) -> str | None:
-        """Why an artifact built for ``target`` cannot run on ``device`` here, or None."""
+        """Why an artifact built for ``target`` cannot run on ``device`` here, or None (checked by
+        :meth:`load` from the stamp's ``target``; default: every target runs)."""
         return None
+
+    # --- optional facts the core asks (docs/writing-a-backend.md); the defaults fit most runtimes ---
+    def artifact_files(self, artifact: Path) -> list[Path]:
+        """The files that make up ``artifact`` on storage (what a paged session pages in): the file
+        and its weight side files. Default: the file and an ONNX external-data ``<name>.data``."""
+        side = artifact.with_name(artifact.name + ".data")
+        return [artifact, side] if side.exists() else [artifact]
+
+    def paging_limit(self, device: str | None) -> tuple[int | None, bool, str] | None:
+        """Limits of layer-paged execution on ``device``: (largest window or None, whether segments
+        may be loaded on a background thread, why), or None when there are none (the default)."""
+        return None
+
+    def placement(self, entry: str) -> tuple[dict[str, str], str | None, dict[str, Any]]:
+        """What one ``serve --devices`` entry means for a worker process: (environment variables set
+        before the backend is imported, device passed to :meth:`load`, load options). Default: a name
+        (CPU, NPU, GPU.1) is the device, a bare index means the default device."""
+        return ({}, None, {}) if entry.isdigit() else ({}, entry, {})
+
+    def check_device_entry(self, entry: str) -> None:
+        """Raise :class:`InputError` when ``serve --devices`` entry ``entry`` means nothing here
+        (before any worker starts). Default: every entry is accepted."""
 
     # --- public verbs (owned by the core) --------------------------------------------------
     def quantize(
@@ -375,6 +398,7 @@ class Backend:
         return session
 
     def is_native(self, path: Path) -> bool:
+        """Whether :meth:`load` takes ``path`` as it is (by suffix); other files are converted first."""
         return path.suffix.lower() in self.native_suffixes
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pluggy
 
-from edgeinfer.contract import hookspecs
+from edgeinfer.contract import hookspecs, names
 from edgeinfer.contract.backend import Backend
 from edgeinfer.errors import BackendUnavailableError
 
@@ -181,7 +181,7 @@ def get_backend(name: str) -> Backend:
     return entry.cls()
 
 
-BUNDLED = ("onnxruntime", "openvino", "rknn", "ascend")  # plugins that live in this repository's plugins/
+BUNDLED = names.BUNDLED_PLUGINS
 
 
 def install_hint(name: str) -> str:

@@ -56,7 +56,7 @@ def bench(
     warmup: int = 2,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
-    from edgeinfer.build.deploy import load_saved_samples
+    from edgeinfer.run.samples import load_saved_samples
 
     progress = progress or Progress(enabled=False)
     golden = bundle.path / "golden" / "inputs.npz"

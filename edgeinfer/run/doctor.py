@@ -71,15 +71,15 @@ def plugins_check(environ: dict[str, str] = os.environ) -> Check:  # type: ignor
     names = [n.strip() for n in raw.split(",") if n.strip()]
     if not names:
         return Check("EDGEINFER_PLUGINS", "warn", "set but empty: no plugin loads",
-                     "unset EDGEINFER_PLUGINS (or list the plugins to load, e.g. onnxruntime,openvino)")
+                     f"unset EDGEINFER_PLUGINS (or list the plugins to load, e.g. {names.PLUGINS_EXAMPLE})")
     return Check("EDGEINFER_PLUGINS", "warn", f"only these plugins load: {', '.join(names)}",
                  "unset EDGEINFER_PLUGINS to load every installed plugin")
 
 
 def environment_checks() -> list[Check]:
-    from edgeinfer.build.deploy import cache_root
+    from edgeinfer.build import cache
 
-    return [python_check(), *cache_checks(cache_root().parent), plugins_check()]
+    return [python_check(), *cache_checks(cache.root()), plugins_check()]
 
 
 def backend_reports(probe: bool = True) -> dict[str, Any]:

@@ -6,28 +6,18 @@ before each reuse: a damaged or half-written entry is converted again, never loa
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any
 
+from edgeinfer.build import cache
+from edgeinfer.contract import names, stamp
 from edgeinfer.contract import registry as plugins
-from edgeinfer.contract import stamp
 from edgeinfer.contract.backend import Backend, Session
 from edgeinfer.errors import InputError
-from edgeinfer.run import seal
 
 # keys of **options that change the converted artifact (the rest only affect load)
 CONVERT_OPTIONS = ("scheme", "shapes", "target")
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("EDGEINFER_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "edgeinfer"
-    )
-    return Path(root) / "artifacts"
 
 
 def choose_backend(path: Path, name: str | None) -> Backend:
@@ -37,8 +27,8 @@ def choose_backend(path: Path, name: str | None) -> Backend:
     if stamped:
         return plugins.get_backend(stamped["backend"])
     candidates = [n for n in plugins.backend_names() if plugins.get_backend(n).is_native(path)]
-    if "onnxruntime" in candidates:  # the reference backend wins for plain ONNX
-        return plugins.get_backend("onnxruntime")
+    if names.ENCODER_REFERENCE in candidates:  # the reference backend wins for plain ONNX
+        return plugins.get_backend(names.ENCODER_REFERENCE)
     if candidates:
         return plugins.get_backend(candidates[0])
     raise InputError(
@@ -51,26 +41,16 @@ def converted(backend: Backend, path: Path, options: dict[str, Any]) -> Path:
     """The cached native artifact for ``path`` on ``backend``, converting it on first use."""
     convert_opts = {k: options.pop(k) for k in CONVERT_OPTIONS if k in options}
     scheme = convert_opts.pop("scheme", None) or backend.default_scheme
-    key_src = json.dumps(
-        {
-            "sha256": stamp.sha256_file(path),
-            "backend": backend.name,
-            "versions": backend.versions(),
-            "scheme": scheme,
-            "options": convert_opts,
-        },
-        sort_keys=True,
-        default=str,
-    )
-    key = hashlib.sha256(key_src.encode()).hexdigest()[:24]
-    entry = cache_dir() / backend.name / key
+    key = cache.key({"sha256": stamp.sha256_file(path), "backend": backend.name, "versions": backend.versions(),
+                     "scheme": scheme, "options": convert_opts})
+    entry = cache.area("artifacts") / backend.name / key
     out = entry / (path.stem + backend.native_suffixes[0])
-    if seal.intact(entry) and out.is_file():
+    if cache.intact(entry) and out.is_file():
         return out
     shutil.rmtree(entry, ignore_errors=True)  # damaged, unsealed or half-written: convert again
     try:
         made = backend.quantize(path, scheme, None, out, **convert_opts)
-        seal.seal_dir(entry)  # verified before every reuse
+        cache.seal_entry(entry)  # verified before every reuse
     except BaseException:
         shutil.rmtree(entry, ignore_errors=True)  # a failed conversion leaves no entry behind
         raise

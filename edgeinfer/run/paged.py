@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # numpy is imported where arrays are made, so `edgeinfer plan --paging` stays light
     import numpy as np
 
-from edgeinfer.build.split import artifact_bytes
 from edgeinfer.contract.backend import Backend, Session, TensorSpec, _first_line
 from edgeinfer.errors import BackendError, EdgeInferError, InputError
 from edgeinfer.run.schedule import _Schedule
@@ -45,7 +44,7 @@ class PagedSession(Session):
     ``resident_prefix`` first segments are loaded once and never evicted (they count within the
     window). With ``prefetch`` (needs window >= 2) one background thread loads the next segment
     while the current one runs. Resident bytes are the artifact bytes of loaded segments
-    (:func:`artifact_bytes`); ``profile_notes()`` reports them with page-in times per segment.
+    (:meth:`Backend.artifact_files`); ``profile_notes()`` reports them with page-in times per segment.
     """
 
     def __init__(
@@ -76,7 +75,7 @@ class PagedSession(Session):
             raise InputError(f"resident_prefix {resident_prefix} leaves no room to page: it must be smaller than "
                              f"the window ({window})")
         self._backend, self._paths, self._device, self._options = backend, paths, device, options
-        limit = _backend_limit(backend, device)
+        limit = backend.paging_limit(device)
         if limit is not None:
             max_window, background_ok, why = limit
             if max_window is not None and window > max_window:
@@ -93,7 +92,7 @@ class PagedSession(Session):
                                "current one is resident): running without it")
         self.window, self.resident_prefix = window, self._sched.pinned
         self.prefetch = self._sched.prefetch
-        self._sizes = [artifact_bytes(p) for p in paths]
+        self._sizes = [sum(_size(f) for f in backend.artifact_files(p)) for p in paths]
         self._sessions: dict[int, Session] = {}
         self._inflight: tuple[int, Future] | None = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgeinfer-prefetch") if self.prefetch \
@@ -363,23 +362,8 @@ class PagedSession(Session):
             self._pool = None
 
 
-def _backend_limit(backend: Backend, device: str | None) -> tuple[int | None, bool, str] | None:
-    """(largest window or None, whether background loading may be used, why) for runtimes with
-    limits; None when there are none.
-
-    A backend may declare ``paging_limit(device)`` returning that tuple. The RKNN toolkit's
-    simulator is handled here: several simulator models do coexist in one process (checked with
-    rknn-toolkit2 2.5.0: three resident segments gave the same outputs), but every toolkit call
-    holds a process-wide stdout/stderr capture lock, so a background rebuild cannot overlap a
-    running segment (and would swallow the main thread's output into the toolkit log)."""
-    fn = getattr(backend, "paging_limit", None)
-    if callable(fn):
-        return fn(device)
-    if backend.name == "rknn":
-        mode = getattr(backend, "mode", None)
-        if (device or "").lower() == "simulator" or (callable(mode) and mode() == "simulator"):
-            return (None, False, "the rknn-toolkit2 simulator serialises every toolkit call behind one "
-                                  "process-wide output-capture lock, so a background page-in cannot overlap "
-                                  "compute; its page-in is a rebuild from the recipe, not a board load")
-    return None
-
+def _size(p: Path) -> int:
+    try:
+        return p.stat().st_size
+    except OSError:
+        return 0

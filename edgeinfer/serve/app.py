@@ -21,14 +21,32 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from edgeinfer.run.bundle import Bundle
 from edgeinfer.errors import BackendError, EdgeInferError, InputError
+from edgeinfer.run.bundle import Bundle
 from edgeinfer.serve.batcher import Batcher, Item, QueueFull, RequestFailed
 from edgeinfer.serve.config import ServeConfig
 from edgeinfer.serve.metrics import ENDPOINTS, Metrics
-from edgeinfer.serve.prep import (OFFLOAD_BYTES, OFFLOAD_VALUES, ApiError, Offload, Prepared, ServedModel, encode_embeddings,
-                   encode_infer, prepare_embeddings, prepare_infer, validation_message)
-from edgeinfer.serve.schemas import ERRORS, EmbeddingRequest, EmbeddingResponse, InferRequest, InferResponse, request_body
+from edgeinfer.serve.prep import (
+    OFFLOAD_BYTES,
+    OFFLOAD_VALUES,
+    ApiError,
+    Offload,
+    Prepared,
+    ServedModel,
+    encode_embeddings,
+    encode_infer,
+    prepare_embeddings,
+    prepare_infer,
+    validation_message,
+)
+from edgeinfer.serve.schemas import (
+    ERRORS,
+    EmbeddingRequest,
+    EmbeddingResponse,
+    InferRequest,
+    InferResponse,
+    request_body,
+)
 from edgeinfer.serve.workers import WorkerPool, check_devices
 
 log = logging.getLogger("edgeinfer.serve")

@@ -21,8 +21,8 @@ import numpy as np
 from pydantic import BaseModel, ValidationError
 
 from edgeinfer.contract.backend import TensorSpec, validate_feeds
-from edgeinfer.run.bundle import Bundle
 from edgeinfer.errors import EdgeInferError
+from edgeinfer.run.bundle import Bundle
 from edgeinfer.serve.schemas import EmbeddingRequest, InferRequest
 from edgeinfer.serve.workers import lower_priority
 

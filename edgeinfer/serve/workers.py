@@ -44,26 +44,15 @@ class NoWorkers(Exception):
 
 
 def placement(backend: str, entry: str | None) -> tuple[dict[str, str], str | None, dict[str, Any]]:
-    """``(environment, device, load options)`` of the worker for ``--devices`` entry ``entry``.
-
-    Ascend: entry N → ``ASCEND_RT_VISIBLE_DEVICES=N`` and device ``npu:0`` (one card per process).
-    RKNN: entry → NPU ``core_mask`` (0, 1, 2, 0_1, 0_1_2, auto). Others: a name (CPU, NPU, GPU.1) is the
-    device; a bare index means the backend's default device (CPU-only backends).
-    """
+    """``(environment, device, load options)`` of the worker for ``--devices`` entry ``entry``: what
+    the backend's :meth:`~edgeinfer.contract.Backend.placement` says (docs/writing-a-backend.md)."""
     if entry is None:
         return {}, None, {}
-    if backend == "ascend":
-        if entry.isdigit():
-            return {"ASCEND_RT_VISIBLE_DEVICES": entry}, "npu:0", {}
-        return {}, entry, {}
-    if backend == "rknn":
-        return {}, None, {"core_mask": entry}
-    if entry.isdigit():
-        return {}, None, {}
-    return {}, entry, {}
+    from edgeinfer.contract import registry
+
+    return registry.get_backend(backend).placement(entry)
 
 
-RKNN_CORE_MASKS = ("0", "1", "2", "0_1", "0_1_2", "auto")
 MAX_WORKERS = 64
 _DEVICE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.:]*|[0-9]+")
 
@@ -72,12 +61,11 @@ def check_devices(backends: list[str], entries: list[str]) -> None:
     """Refuse ``--devices`` entries no backend of the served bundles could mean (before any worker starts)."""
     if len(entries) > MAX_WORKERS:
         raise InputError(f"--devices lists {len(entries)} workers; at most {MAX_WORKERS}")
-    for backend in set(backends):
+    from edgeinfer.contract import registry
+
+    for backend in sorted(set(backends)):
         for e in entries:
-            if backend == "rknn" and e not in RKNN_CORE_MASKS:
-                raise InputError(f"--devices {e!r}: an RKNN entry is an NPU core mask, one of {', '.join(RKNN_CORE_MASKS)}")
-            if backend == "ascend" and not (e.isdigit() or re.fullmatch(r"npu:[0-9]+", e)):
-                raise InputError(f"--devices {e!r}: an Ascend entry is a card index such as 0 or 1")
+            registry.get_backend(backend).check_device_entry(e)
             if not _DEVICE_NAME.fullmatch(e):
                 raise InputError(f"--devices {e!r}: not a device name or index; use e.g. 0,1 or CPU,NPU or GPU.1")
 

@@ -27,7 +27,6 @@ from edgeinfer.contract import registry as plugins
 from edgeinfer.contract import stamp
 from edgeinfer.contract.backend import Backend, Probe, Profile, Session
 from edgeinfer.errors import EdgeInferError, FeedError, InputError
-
 from edgeinfer.testing import models as kit_models
 
 GAP_KEYS = {

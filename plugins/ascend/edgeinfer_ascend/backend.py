@@ -9,6 +9,7 @@ torch / transformers / torch_npu are imported inside methods only.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -21,8 +22,7 @@ from edgeinfer.errors import BackendUnavailableError, InputError
 
 from . import buckets as bk
 from . import device as dev
-from . import doctor
-from . import models
+from . import doctor, models
 
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 SCHEME_DTYPE = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16", "w8a16": "fp32"}
@@ -50,6 +50,17 @@ class AscendBackend(Backend):
     schemes = ("fp32", "fp16", "bf16", "w8a16")
     default_scheme = "fp32"
     gaps: dict[str, str] = {}
+
+    # --- serve placement: one card per worker process ---------------------------------------
+    def placement(self, entry: str) -> tuple[dict[str, str], str | None, dict[str, Any]]:
+        """A ``serve --devices`` entry N is card N: ``ASCEND_RT_VISIBLE_DEVICES=N``, device ``npu:0``."""
+        if entry.isdigit():
+            return {"ASCEND_RT_VISIBLE_DEVICES": entry}, "npu:0", {}
+        return {}, entry, {}
+
+    def check_device_entry(self, entry: str) -> None:
+        if not (entry.isdigit() or re.fullmatch(r"npu:[0-9]+", entry)):
+            raise InputError(f"--devices {entry!r}: an Ascend entry is a card index such as 0 or 1")
 
     # --- versions and probe ------------------------------------------------------------------
     def versions(self) -> dict[str, str]:

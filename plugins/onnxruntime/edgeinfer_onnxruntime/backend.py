@@ -17,7 +17,6 @@ import numpy as np
 from edgeinfer.contract import Backend, CalibrationSet, OpTime, Probe, Problem, Session, TensorSpec
 from edgeinfer.errors import InputError
 
-
 # onnxruntime type strings → NumPy dtype names
 ORT_TYPES = {
     "tensor(float)": "float32",

@@ -37,7 +37,7 @@ import numpy as np
 from edgeinfer.contract import Backend, CalibrationSet, OpTime, Probe, Problem, Session, TensorSpec, validate_feeds
 from edgeinfer.errors import BackendError, EdgeInferError, InputError, ModelError
 
-from .devices import clean, cpu_model_name, diagnose, family, fallback_warning, requested_primary, select_device
+from .devices import clean, cpu_model_name, diagnose, fallback_warning, family, requested_primary, select_device
 
 log = logging.getLogger("edgeinfer.openvino")
 
@@ -479,6 +479,12 @@ class OpenVinoBackend(Backend):
     schemes = ("fp32", "fp16", "w8a8", "w8a16", "w4a16", "w4a16_g32", "w4a16_g64", "w4a16_g128")
     default_scheme = "fp32"
     gaps: dict[str, str] = {}
+
+    def artifact_files(self, artifact: Path) -> list[Path]:
+        """An IR is the ``.xml`` graph and its ``.bin`` weights."""
+        files = super().artifact_files(artifact)
+        weights = artifact.with_suffix(".bin")
+        return files + [weights] if weights != artifact and weights.exists() else files
 
     def versions(self) -> dict[str, str]:
         from importlib.metadata import PackageNotFoundError, version

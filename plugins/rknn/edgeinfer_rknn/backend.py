@@ -14,8 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer.contract import stamp
-from edgeinfer.contract import Backend, CalibrationSet, OpTime, Probe, Problem, Session, TensorSpec
+from edgeinfer.contract import Backend, CalibrationSet, OpTime, Probe, Problem, Session, TensorSpec, stamp
 from edgeinfer.errors import BackendUnavailableError, FeedError, InputError, ModelError
 
 from . import board
@@ -35,6 +34,8 @@ CONVERT_OPTIONS = {
     "optimization_level": "0..3 (default 3)",
 }
 LOAD_OPTIONS = ("core_mask",)
+# what one `serve --devices` entry may be: one worker per core or core group
+SERVE_CORE_MASKS = ("0", "1", "2", "0_1", "0_1_2", "auto")
 
 
 def _version(dist: str) -> str | None:
@@ -248,7 +249,28 @@ class RknnBackend(Backend):
 
     # --- facts ---------------------------------------------------------------------------------
     def mode(self) -> str:
+        """"board" (rknn-toolkit-lite2 on an RK3588) or "simulator" (rknn-toolkit2 on a PC)."""
         return "board" if board.is_board() else "simulator"
+
+    def paging_limit(self, device: str | None) -> tuple[int | None, bool, str] | None:
+        # Several simulator models do coexist in one process (checked with rknn-toolkit2 2.5.0: three
+        # resident segments gave the same outputs), but every toolkit call holds a process-wide
+        # stdout/stderr capture lock, so a background rebuild cannot overlap a running segment (and
+        # would swallow the main thread's output into the toolkit log).
+        if (device or "").lower() == "simulator" or self.mode() == "simulator":
+            return (None, False, "the rknn-toolkit2 simulator serialises every toolkit call behind one "
+                                 "process-wide output-capture lock, so a background page-in cannot overlap "
+                                 "compute; its page-in is a rebuild from the recipe, not a board load")
+        return None
+
+    def placement(self, entry: str) -> tuple[dict[str, str], str | None, dict[str, Any]]:
+        """A ``serve --devices`` entry is an NPU core mask (0, 1, 2, 0_1, 0_1_2, auto)."""
+        return {}, None, {"core_mask": entry}
+
+    def check_device_entry(self, entry: str) -> None:
+        if entry not in SERVE_CORE_MASKS:
+            raise InputError(f"--devices {entry!r}: an RKNN entry is an NPU core mask, one of "
+                             f"{', '.join(SERVE_CORE_MASKS)}")
 
     def versions(self) -> dict[str, str]:
         host, lite = _version("rknn-toolkit2"), board.lite_version()
