@@ -25,7 +25,6 @@ import tempfile
 import time
 from pathlib import Path
 
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import write  # noqa: E402
 
@@ -33,10 +32,10 @@ SEQ = 128
 
 
 def cached_onnx() -> Path:
-    from edgeinfer.testing import minilm
-
     import torch
     import transformers
+
+    from edgeinfer.testing import minilm
 
     root = Path(os.environ.get("EDGEINFER_TEST_CACHE") or os.path.expanduser("~/.cache/edgeinfer/test-models"))
     key = f"minilm-dynamic-torch{torch.__version__}-tf{transformers.__version__}".replace("+", "_")

@@ -91,9 +91,9 @@ def main() -> None:
     args = ap.parse_args()
     levels = [int(c) for c in args.clients.split(",")]
 
-    from edgeinfer.testing.serve import ServerProc, minilm_bundle
     from edgeinfer.testing import minilm
     from edgeinfer.testing.fixtures import _cached_export
+    from edgeinfer.testing.serve import ServerProc, minilm_bundle
 
     sentences = minilm.sentences()
     bodies = [json.dumps({"input": s, "model": "minilm-ov"}).encode() for s in sentences]

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from edgeinfer.contract import names
+from edgeinfer.contract.names import NOISY_LOGGERS, NOISY_MODULES
 
 T = TypeVar("T")
 
@@ -61,8 +61,8 @@ def _stderr_console() -> Any:
 
 
 VERBOSE_ENV = "EDGEINFER_VERBOSE"
-NOISY_LOGGERS = names.NOISY_LOGGERS
-_NOISY_MODULES = names.NOISY_MODULES
+NOISY_LOGGERS = NOISY_LOGGERS
+_NOISY_MODULES = NOISY_MODULES
 
 
 def verbose() -> bool:

@@ -24,9 +24,9 @@ from typing import Any, Callable
 
 import numpy as np
 import pytest
+from helpers import edgeinfer, tiny_bert_dir
 
 from edgeinfer.testing import models
-from helpers import edgeinfer, tiny_bert_dir
 
 SUBPROCESS_EVERY = 10
 

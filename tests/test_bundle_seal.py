@@ -16,10 +16,9 @@ from typing import Any, Callable
 
 import numpy as np
 import pytest
-
-from edgeinfer.testing import minilm, models
 from helpers import edgeinfer
 
+from edgeinfer.testing import minilm, models
 
 # --- the bundles -------------------------------------------------------------------------------------
 

@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import edgeinfer, make_plugin_dist
 
 from edgeinfer.run.doctor import cache_checks, plugins_check, python_check
-from helpers import edgeinfer, make_plugin_dist
 
 ROOT = Path(__file__).resolve().parents[1]
 NARROW = {"COLUMNS": "80", "LINES": "50"}

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from edgeinfer.contract.backend import Backend, CalibrationSet, TensorSpec, latency_stats, validate_feeds
-from edgeinfer.errors import FeedError
 from edgeinfer.contract.registry import contract_problem
+from edgeinfer.errors import FeedError
 
 SPECS = [TensorSpec("ids", ("batch", "seq"), "int64"), TensorSpec("mask", ("batch", "seq"), "int64")]
 

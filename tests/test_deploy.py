@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import edgeinfer
 
 from edgeinfer.run import bundle as bundle_mod
 from edgeinfer.testing import minilm
-from helpers import edgeinfer
 
 BOARDS = {  # board → (backend, device the bundle actually runs on here)
     "core-ultra-155h": ("openvino", "CPU"),

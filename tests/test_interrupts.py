@@ -15,10 +15,10 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import tiny_bert_dir
 
 from edgeinfer import files
 from edgeinfer.testing import minilm
-from helpers import tiny_bert_dir
 
 pytestmark = pytest.mark.slow  # three real deploys of a tiny BERT (torch import + export each)
 

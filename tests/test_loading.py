@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 import edgeinfer
-from edgeinfer.run import loading
 from edgeinfer.contract import stamp
 from edgeinfer.errors import InputError
+from edgeinfer.run import loading
 from edgeinfer.testing import models
 
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import edgeinfer
 
 from edgeinfer.testing import models
-from helpers import edgeinfer
 
 
 class Payload:

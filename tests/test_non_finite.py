@@ -6,9 +6,9 @@ import json
 
 import numpy as np
 import pytest
+from helpers import edgeinfer
 
 from edgeinfer.build import golden
-from helpers import edgeinfer
 
 
 def _sqrt_model(path):

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from edgeinfer.planning.boards import load_boards
 from edgeinfer.errors import EdgeInferError
+from edgeinfer.planning.boards import load_boards
 from edgeinfer.planning.models import catalog_names
 from edgeinfer.planning.planner import plan
 

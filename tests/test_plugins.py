@@ -76,8 +76,9 @@ def test_unknown_backend_lists_the_known_ones():
     proc = edgeinfer("run", "x.onnx", "--backend", "nosuch")
     # the model file is checked first: a missing file is exit 2
     assert proc.returncode == 2
-    import edgeinfer as ei
     import pytest
+
+    import edgeinfer as ei
     from edgeinfer.errors import BackendUnavailableError
 
     with pytest.raises(BackendUnavailableError, match="unknown backend 'nosuch'; available: .*onnxruntime"):

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from edgeinfer.run.bundle import Bundle
-from edgeinfer.testing.serve import ServerProc, minilm_bundle
 from edgeinfer.testing import minilm
+from edgeinfer.testing.serve import ServerProc, minilm_bundle
 
 pytestmark = pytest.mark.slow  # converts MiniLM twice and starts real servers
 

@@ -13,8 +13,8 @@ import time
 import httpx
 import pytest
 
-from edgeinfer.testing.serve import ServerProc, minilm_bundle
 from edgeinfer.testing import minilm
+from edgeinfer.testing.serve import ServerProc, minilm_bundle
 
 pytestmark = pytest.mark.slow
 

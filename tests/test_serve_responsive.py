@@ -13,8 +13,8 @@ import httpx
 import numpy as np
 import pytest
 
-from edgeinfer.testing.serve import HealthProbe, ServerProc, largest_embeddings_body, log_bundle, minilm_bundle
 from edgeinfer.testing import minilm
+from edgeinfer.testing.serve import HealthProbe, ServerProc, largest_embeddings_body, log_bundle, minilm_bundle
 
 pytestmark = pytest.mark.slow
 

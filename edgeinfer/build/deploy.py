@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from edgeinfer import files
-from edgeinfer.contract import names
+from edgeinfer.contract.names import ENCODER_REFERENCE
 from edgeinfer.build import cache, calibration, golden
 from edgeinfer.contract import registry as plugins
 from edgeinfer.contract import stamp
@@ -255,13 +255,13 @@ def deploy(
     if src.kind == "pt2":
         raise InputError("deploying a .pt2 program has no ONNX reference for the golden check; deploy the HF directory")
     ref_path = reference_onnx(src, user_shapes, progress)
-    reference = plugins.get_backend(names.ENCODER_REFERENCE).load(ref_path)
+    reference = plugins.get_backend(ENCODER_REFERENCE).load(ref_path)
     auto = default_shapes(with_shapes(reference.inputs, user_shapes), static, seq)
     if auto and src.kind == "hf" and not user_shapes:  # re-export with static shapes: toolkits fold them better
         reference.close()
         user_shapes = auto
         ref_path = reference_onnx(src, user_shapes, progress)
-        reference = plugins.get_backend(names.ENCODER_REFERENCE).load(ref_path)
+        reference = plugins.get_backend(ENCODER_REFERENCE).load(ref_path)
     shapes_used = {**auto, **user_shapes}
     specs = with_shapes(reference.inputs, shapes_used)
 

@@ -8,7 +8,7 @@ import click
 
 from edgeinfer import errors
 from edgeinfer.cli.output import console, emit
-from edgeinfer.contract import names
+from edgeinfer.contract.names import PLUGIN_INSTALL_HINT
 from edgeinfer.run.doctor import backend_reports
 
 
@@ -40,7 +40,7 @@ def _render_backends(report: dict[str, Any]) -> None:
         out.print(f"no backend plugins installed; {PLUGIN_INSTALL_HINT}")
 
 
-PLUGIN_INSTALL_HINT = names.PLUGIN_INSTALL_HINT
+PLUGIN_INSTALL_HINT = PLUGIN_INSTALL_HINT
 MARK = {"ok": "[green]✓[/]", "warn": "[yellow]![/]", "fail": "[red]✗[/]"}
 
 

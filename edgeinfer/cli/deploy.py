@@ -11,7 +11,7 @@ import click
 
 from edgeinfer import errors
 from edgeinfer.cli.output import console, emit
-from edgeinfer.contract import names
+from edgeinfer.contract.names import ENCODER_REFERENCE
 from edgeinfer.errors import InputError
 
 
@@ -22,7 +22,7 @@ from edgeinfer.errors import InputError
 @click.option("--calib", type=click.Path(path_type=Path), help="Calibration data: .txt (one sample a line), .npz or dir.")
 @click.option("--golden-inputs", type=click.Path(path_type=Path), help="Held-out samples for the golden check.")
 @click.option("--shape", "shapes", multiple=True, metavar="NAME=1x128", help="Static input shape; repeatable.")
-@click.option("--threshold", type=float, help=f"Minimum cosine vs {names.ENCODER_REFERENCE} fp32 (default 0.99; 0.98 for w8a8/int8).")
+@click.option("--threshold", type=float, help=f"Minimum cosine vs {ENCODER_REFERENCE} fp32 (default 0.99; 0.98 for w8a8/int8).")
 @click.option("--max-samples", default=128, show_default=True, help="Calibration samples used at most.")
 @click.option("--force", is_flag=True, help="Deploy even when the plan says it does not fit.")
 @click.option("--no-cache", is_flag=True, help="Convert again even if a cached conversion exists.")
@@ -93,7 +93,7 @@ def golden(
         samples = load_samples(inputs, b.manifest.inputs, tok)
         if not samples:
             raise InputError(f"--inputs {inputs} holds no samples; pass a .txt with lines, or a non-empty .npz")
-        with load(reference, backend=names.ENCODER_REFERENCE) as ref:
+        with load(reference, backend=ENCODER_REFERENCE) as ref:
             expected = [run_padded(ref, s) for s in samples]
     else:
         samples = load_saved_samples(b.file("golden/inputs.npz", "golden inputs"))

@@ -16,8 +16,9 @@ from typing import Any
 
 import pluggy
 
-from edgeinfer.contract import hookspecs, names
+from edgeinfer.contract import hookspecs
 from edgeinfer.contract.backend import Backend
+from edgeinfer.contract.names import BUNDLED_PLUGINS
 from edgeinfer.errors import BackendUnavailableError
 
 GROUP = "edgeinfer"
@@ -65,24 +66,25 @@ class Registry:
             except Exception as e:  # a broken plugin must not break the others
                 info.error = f"import failed: {type(e).__name__}: {e}"
 
+    def _impls(self, hook: str) -> list[tuple[str, PluginInfo, Any]]:
+        """(plugin, info, hookimpl) of every plugin implementing ``hook``, in plugin order. Each is
+        called on its own so that a failing plugin is named and the others still register."""
+        impls = {impl.plugin_name: impl for impl in getattr(self.pm.hook, hook).get_hookimpls()}
+        return [(name, info, impls[name]) for name, info in self.plugins.items() if name in impls]
+
     @property
     def backends(self) -> dict[str, BackendEntry]:
         """Backends by name, registered on first use (``plan`` and ``--help`` never need them)."""
         if self._backends is None:
             self._backends = {}
-            for name, info in self.plugins.items():
-                module = self.pm.get_plugin(name)
-                if module is not None:
-                    self._register_backends(name, module, info)
+            for name, info, impl in self._impls("register_backends"):
+                self._register_backends(name, impl, info)
         return self._backends
 
-    def _register_backends(self, name: str, module: Any, info: PluginInfo) -> None:
-        hook = getattr(module, "register_backends", None)
-        if hook is None:
-            return
+    def _register_backends(self, name: str, impl: Any, info: PluginInfo) -> None:
         found: list[type] = []
         try:
-            hook(register=found.append)
+            _call(impl, register=found.append)
         except Exception as e:
             info.error = f"register_backends failed: {type(e).__name__}: {e}"
             return
@@ -101,27 +103,24 @@ class Registry:
         """(path or Board, plugin) pairs from every plugin's ``register_boards``."""
         if self._boards is None:
             self._boards = []
-            for name, info in self.plugins.items():
-                module = self.pm.get_plugin(name)
-                hook = getattr(module, "register_boards", None) if module else None
-                if hook is None:
-                    continue
+            for _name, info, impl in self._impls("register_boards"):
                 try:
-                    hook(register=lambda b, _i=info: self._boards.append((b, _i)))
+                    _call(impl, register=lambda b, _i=info: self._boards.append((b, _i)))
                 except Exception as e:
                     info.error = f"register_boards failed: {type(e).__name__}: {e}"
         return self._boards
 
     def add_commands(self, cli: Any) -> None:
-        for name, info in self.plugins.items():
-            module = self.pm.get_plugin(name)
-            hook = getattr(module, "register_commands", None) if module else None
-            if hook is None:
-                continue
+        for _name, info, impl in self._impls("register_commands"):
             try:
-                hook(cli=cli)
+                _call(impl, cli=cli)
             except Exception as e:
                 info.error = f"register_commands failed: {type(e).__name__}: {e}"
+
+
+def _call(impl: Any, **kwargs: Any) -> Any:
+    """Call one plugin's hook implementation with the arguments it declares (as pluggy does)."""
+    return impl.function(**{k: v for k, v in kwargs.items() if k in impl.argnames})
 
 
 def contract_problem(cls: Any) -> str | None:
@@ -181,7 +180,7 @@ def get_backend(name: str) -> Backend:
     return entry.cls()
 
 
-BUNDLED = names.BUNDLED_PLUGINS
+BUNDLED = BUNDLED_PLUGINS
 
 
 def install_hint(name: str) -> str:

@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from edgeinfer.contract import names
+from edgeinfer.contract.names import HOST_BACKEND, HOST_SCHEMES_SOURCE
 from edgeinfer.errors import BoardError, InputError
 
 GIB = 2**30
@@ -194,14 +194,14 @@ def host_board() -> Board:
     total, avail = _meminfo()
     src = "measured at run time from /proc/meminfo (MemTotal, MemAvailable)"
     return Board(
-        name="host", title=f"this machine ({os.cpu_count()} CPUs)", family="host", backend=names.HOST_BACKEND,
+        name="host", title=f"this machine ({os.cpu_count()} CPUs)", family="host", backend=HOST_BACKEND,
         memory_kind="shared",
         memory_total_gib=Fact(value=total / GIB, source=src),
         os_reserve_gib=Fact(value=max(0, total - avail) / GIB, source=src,
                             note="memory already in use by other processes (MemTotal - MemAvailable)"),
-        runtimes={names.HOST_BACKEND: Runtime(
-            schemes=["fp32", "fp16", "w8a8", "w4a16"], speed_group=None, source=names.HOST_SCHEMES_SOURCE)},
-        default_runtime=names.HOST_BACKEND,
+        runtimes={HOST_BACKEND: Runtime(
+            schemes=["fp32", "fp16", "w8a8", "w4a16"], speed_group=None, source=HOST_SCHEMES_SOURCE)},
+        default_runtime=HOST_BACKEND,
         notes=["no bandwidth is claimed for the host: decode speed is not estimated unless a profile gives it"],
         origin="measured",
     )

@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from edgeinfer.contract.names import PLUGINS_EXAMPLE
+
 MIN_PYTHON = (3, 10)
 MIN_FREE_GIB = 2.0  # one converted LLM-sized bundle plus its temporaries; MiniLM needs ~0.1 GiB
 
@@ -71,7 +73,7 @@ def plugins_check(environ: dict[str, str] = os.environ) -> Check:  # type: ignor
     names = [n.strip() for n in raw.split(",") if n.strip()]
     if not names:
         return Check("EDGEINFER_PLUGINS", "warn", "set but empty: no plugin loads",
-                     f"unset EDGEINFER_PLUGINS (or list the plugins to load, e.g. {names.PLUGINS_EXAMPLE})")
+                     f"unset EDGEINFER_PLUGINS (or list the plugins to load, e.g. {PLUGINS_EXAMPLE})")
     return Check("EDGEINFER_PLUGINS", "warn", f"only these plugins load: {', '.join(names)}",
                  "unset EDGEINFER_PLUGINS to load every installed plugin")
 

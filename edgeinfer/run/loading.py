@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from edgeinfer.build import cache
-from edgeinfer.contract import names, stamp
 from edgeinfer.contract import registry as plugins
+from edgeinfer.contract import stamp
 from edgeinfer.contract.backend import Backend, Session
+from edgeinfer.contract.names import ENCODER_REFERENCE
 from edgeinfer.errors import InputError
 
 # keys of **options that change the converted artifact (the rest only affect load)
@@ -27,8 +28,8 @@ def choose_backend(path: Path, name: str | None) -> Backend:
     if stamped:
         return plugins.get_backend(stamped["backend"])
     candidates = [n for n in plugins.backend_names() if plugins.get_backend(n).is_native(path)]
-    if names.ENCODER_REFERENCE in candidates:  # the reference backend wins for plain ONNX
-        return plugins.get_backend(names.ENCODER_REFERENCE)
+    if ENCODER_REFERENCE in candidates:  # the reference backend wins for plain ONNX
+        return plugins.get_backend(ENCODER_REFERENCE)
     if candidates:
         return plugins.get_backend(candidates[0])
     raise InputError(

@@ -59,7 +59,8 @@ class ExampleBackend(Backend):
 
         onnx.checker.check_model(str(model))  # raises on a corrupt file; the core reports it in one line
         shutil.copyfile(model, out)
-        return {"target": "cpu", "inputs": ExampleSession(out).inputs}
+        session = ExampleSession(out)
+        return {"target": "cpu", "inputs": session.inputs, "outputs": session.outputs}
 
     def open(self, artifact: Path, device: str | None, **options: Any) -> Session:
         return ExampleSession(artifact)

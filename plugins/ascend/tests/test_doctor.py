@@ -13,7 +13,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from edgeinfer_ascend import doctor
 
 FIXTURES = Path(__file__).parent / "fixtures"

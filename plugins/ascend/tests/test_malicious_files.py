@@ -185,7 +185,6 @@ def test_pytree_specs_that_import_modules_are_refused(base_pt2, tmp_path, spec, 
 def test_a_checked_program_still_runs_and_matches(base_pt2):
     """The rebuilt archive is the same program: same outputs as the unchecked load of a trusted file."""
     import torch
-
     from edgeinfer_ascend import pt2
 
     x = torch.randn(3, 16)

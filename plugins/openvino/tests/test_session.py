@@ -8,13 +8,12 @@ from pathlib import Path
 import numpy as np
 import openvino as ov
 import pytest
+from edgeinfer_openvino.backend import DeviceFallbackWarning, int4_group_size, npu_details, weight_count
 
 import edgeinfer
-from edgeinfer.contract import stamp
-from edgeinfer.contract import CalibrationSet
+from edgeinfer.contract import CalibrationSet, stamp
 from edgeinfer.errors import BackendUnavailableError, EdgeInferError, FeedError, InputError, ModelError
 from edgeinfer.testing import models
-from edgeinfer_openvino.backend import DeviceFallbackWarning, int4_group_size, npu_details, weight_count
 
 HAS_NPU = "NPU" in ov.Core().available_devices
 

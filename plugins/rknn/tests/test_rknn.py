@@ -12,14 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-import edgeinfer
-from edgeinfer.contract import stamp
-from edgeinfer.contract import CalibrationSet
-from edgeinfer.errors import EdgeInferError, FeedError, InputError, ModelError
-from edgeinfer.testing import models as kit_models
 from edgeinfer_rknn import board
 from edgeinfer_rknn import toolkit as tk
+
+import edgeinfer
+from edgeinfer.contract import CalibrationSet, stamp
+from edgeinfer.errors import EdgeInferError, FeedError, InputError, ModelError
+from edgeinfer.testing import models as kit_models
 
 
 @pytest.fixture(scope="module")
