@@ -168,7 +168,7 @@ PLAIN_FIELDS = [
     ("backend-string", _set("backend", "openvino"), "backend"),
     ("backend-empty-name", _set("backend.name", ""), "backend.name"),
     ("backend-versions-number", _set("backend.versions", {"toolkit": 3}), "backend.versions"),
-    ("schema-unknown", _set("schema", "edgeinfer.run.bundle/99"), "unsupported manifest schema"),
+    ("schema-unknown", _set("schema", "edgeinfer.bundle/99"), "unsupported manifest schema"),
     ("files-missing", _set("files", ...), "deploy the model again"),
     ("files-list", _set("files", []), "files"),
     ("files-bad-sha", lambda d: d["files"]["model.bin"].update(sha256="zz"), "sha256"),

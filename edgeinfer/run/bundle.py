@@ -45,7 +45,7 @@ from edgeinfer.contract.backend import Session, TensorSpec
 from edgeinfer.errors import InputError
 from edgeinfer.run import seal
 
-SCHEMA = "edgeinfer.run.bundle/1"
+SCHEMA = "edgeinfer.bundle/1"
 MANIFEST = "manifest.json"
 MAX_SEQ = 131_072  # longest text a bundle may pad to (long-context embedding models use 8192)
 MAX_DIM = 2**31 - 1
@@ -202,7 +202,7 @@ class _Backend(BaseModel):
 
 class _ManifestDoc(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
-    schema_: Literal["edgeinfer.run.bundle/1"] = Field(alias="schema")
+    schema_: Literal["edgeinfer.bundle/1"] = Field(alias="schema")
     edgeinfer_version: StrictStr = ""
     created: StrictStr = ""
     source: dict[str, Any]
