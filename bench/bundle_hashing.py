@@ -68,7 +68,8 @@ def main() -> None:
         artifact = bundle / "model.bin"
         make_s = timed(lambda: make_artifact(artifact, size))
         manifest = Manifest(backend="onnxruntime", board="host", scheme="fp32", artifacts=["model.bin"],
-                            inputs=[TensorSpec("x", (1, 16), "float32")], outputs=[TensorSpec("y", (1, 8), "float32")],
+                            inputs=[TensorSpec("x", (1, 16), "float32")], outputs=[TensorSpec("y", (1, 8),
+                                                                                              "float32")],
                             source={"name": "random"})
         seal_s = timed(lambda: write(bundle, manifest))  # warm: the file was just written
         opens = [timed(lambda: Bundle.open(bundle)) for _ in range(args.opens)]

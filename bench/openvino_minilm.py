@@ -186,7 +186,8 @@ def main() -> None:
     irs, convert_s = {}, {}
     for scheme in ("fp32", "w8a8", "w8a16"):
         t = time.perf_counter()
-        irs[scheme] = be.quantize(onnx_path, scheme, calib if scheme == "w8a8" else None, tmp / f"minilm-{scheme}.xml")
+        irs[scheme] = be.quantize(onnx_path, scheme, calib if scheme == "w8a8" else None,
+                                  tmp / f"minilm-{scheme}.xml")
         convert_s[scheme] = time.perf_counter() - t
 
     # 1. overhead
@@ -220,8 +221,10 @@ def main() -> None:
     sessions = {}
     for scheme in ("fp32", "w8a8", "w8a16"):
         s = sessions[scheme] = be.load(irs[scheme], device="CPU", hint="LATENCY")
-        rows.append(throughput(f"openvino {scheme}", lambda s=s: s.run(b32)["last_hidden_state"], 32, args.repeat, ref, pool))
-    rows.append(throughput("onnxruntime fp32", lambda: ort_sess.run(["last_hidden_state"], b32)[0], 32, args.repeat, ref, pool))
+        rows.append(throughput(f"openvino {scheme}", lambda s=s: s.run(b32)["last_hidden_state"], 32, args.repeat,
+                               ref, pool))
+    rows.append(throughput("onnxruntime fp32", lambda: ort_sess.run(["last_hidden_state"], b32)[0], 32, args.repeat,
+                           ref, pool))
     tmodel = AutoModel.from_pretrained(str(minilm.model_dir()), attn_implementation="eager").eval()
     tfeeds = {k: torch.from_numpy(v) for k, v in b32.items()}
 
@@ -264,9 +267,12 @@ def main() -> None:
     print("edgeinfer Session vs raw OpenVINO (median ms per call):")
     for o in over:
         m = o["median_ms"]
-        print(f"  batch {o['batch']:>2}: session {m['edgeinfer_session_run']:.3f}  infer_request {m['raw_infer_request']:.3f}"
-              f"  compiled() {m['raw_compiled_model_call']:.3f}  overhead {o['overhead_ratio_vs_best_raw'] * 100:+.2f}%"
-              f" (of minimums {o['overhead_ratio_of_minimums'] * 100:+.2f}%; validate_feeds {o['validate_feeds_us']:.1f} us)")
+        print(f"  batch {o['batch']:>2}: session {m['edgeinfer_session_run']:.3f}  infer_request "
+              f"{m['raw_infer_request']:.3f}"
+              f"  compiled() {m['raw_compiled_model_call']:.3f}  overhead "
+              f"{o['overhead_ratio_vs_best_raw'] * 100:+.2f}%"
+              f" (of minimums {o['overhead_ratio_of_minimums'] * 100:+.2f}%; validate_feeds "
+              f"{o['validate_feeds_us']:.1f} us)")
     b = breakdown
     print(f"  fixed cost per call (tiny model): input copy {b['input_copy_us']:.1f} us, session wrapper "
           f"{b['session_wrapper_us']:.1f} us, core run verb (validate_feeds etc.) {b['core_run_verb_us']:.1f} us; "
@@ -279,7 +285,8 @@ def main() -> None:
         print(f"  {r['engine']:<22} {r['median_ms']:8.1f} ms  {r['sentences_per_s']:7.1f} sent/s  "
               f"cos_min {r['cosine_min_vs_ort_fp32']:.5f}")
     for r in async_rows:
-        print(f"  {r['engine']:<45} {r['median_ms']:8.1f} ms / 32  {r['sentences_per_s']:7.1f} sent/s (queue {r['queue_size']})")
+        print(f"  {r['engine']:<45} {r['median_ms']:8.1f} ms / 32  {r['sentences_per_s']:7.1f} sent/s (queue "
+              f"{r['queue_size']})")
 
 
 if __name__ == "__main__":

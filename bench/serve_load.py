@@ -78,7 +78,8 @@ def _batch_stats(port: int) -> dict:
             if line.startswith(name + "{"):
                 vals[name] = vals.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
     n = vals.get("edgeinfer_batch_size_count", 0.0)
-    return {"runs": int(n), "mean_rows_per_run": round(vals.get("edgeinfer_batch_size_sum", 0.0) / n, 2) if n else None}
+    return {"runs": int(n), "mean_rows_per_run": round(vals.get("edgeinfer_batch_size_sum", 0.0) / n,
+                                                       2) if n else None}
 
 
 def main() -> None:
@@ -127,7 +128,8 @@ def main() -> None:
 
     speedup = {}
     for b, u in zip(results["batched"], results["max_batch_1"]):
-        speedup[str(b["clients"])] = round(b["throughput_rps"] / u["throughput_rps"], 2) if u["throughput_rps"] else None
+        speedup[str(b["clients"])] = round(b["throughput_rps"] / u["throughput_rps"],
+                                           2) if u["throughput_rps"] else None
     data = {
         "model": "sentence-transformers/all-MiniLM-L6-v2 (fp32, OpenVINO CPU, dynamic batch and sequence)",
         "request": "one sentence per request (POST /v1/embeddings), keep-alive, loopback",

@@ -400,8 +400,10 @@ RUN_CASES = [
     Case("run-input-file-missing", R + ["-i", "x={d}/nope.npy"]),
     Case("run-input-garbage-npy", R + ["-i", "x={d}/x.npy"], {"x.npy": b"garbage bytes"}),
     Case("run-input-npz-not-npy", R + ["-i", "x={d}/x.npz"], {"x.npz": npz(x=np.zeros((2, 16), np.float32))}),
-    Case("run-input-object-array", R + ["-i", "x={d}/x.npy"], {"x.npy": npy(np.array([{"a": 1}, None], dtype=object))}),
-    Case("run-input-pickle", R + ["-i", "x={d}/x.npy"], {"x.npy": b"\x80\x04\x95\x05\x00\x00\x00\x00\x00\x00\x00K\x01."}),
+    Case("run-input-object-array", R + ["-i", "x={d}/x.npy"], {"x.npy": npy(np.array([{"a": 1}, None],
+                                                                                     dtype=object))}),
+    Case("run-input-pickle", R + ["-i", "x={d}/x.npy"],
+         {"x.npy": b"\x80\x04\x95\x05\x00\x00\x00\x00\x00\x00\x00K\x01."}),
     Case("run-input-directory", R + ["-i", "x={d}/sub"], {"sub/a.npy": npy(np.zeros(2))}),
     Case("run-input-unknown-name", R + ["-i", "z={fx}/x.npy"], needle="'z'"),
     Case("run-input-wrong-dtype", R + ["-i", "x={d}/x.npy"], {"x.npy": npy(np.zeros((2, 16), np.float64))}),
@@ -500,7 +502,8 @@ G = ["golden", "{d}/b"]
 GOLDEN_CASES = [
     Case("golden-bundle-missing", ["golden", "{d}/nope"]),
     Case("golden-not-a-bundle", ["golden", "{d}/b"], {"b/x.txt": "x"}),
-    Case("golden-inputs-without-reference", ["golden", "{fx}/bundle", "--inputs", "{fx}/x.npy"], needle="--reference"),
+    Case("golden-inputs-without-reference", ["golden", "{fx}/bundle", "--inputs", "{fx}/x.npy"],
+         needle="--reference"),
     Case("golden-threshold-nan", ["golden", "{fx}/bundle", "--threshold", "nan"], needle="--threshold"),
     Case("golden-threshold-large", ["golden", "{fx}/bundle", "--threshold", "1e9"], needle="--threshold"),
     Case("golden-saved-inputs-garbage", G, {"b": copy_of("bundle", put("golden/inputs.npz", b"garbage"))}),
@@ -508,7 +511,8 @@ GOLDEN_CASES = [
         p / "golden" / "inputs.npz", **{"0/x": np.array([None], dtype=object)}))}),
     Case("golden-saved-inputs-bad-keys", G, {"b": copy_of("bundle", lambda p: np.savez(
         p / "golden" / "inputs.npz", x=np.zeros((2, 16), np.float32)))}),
-    Case("golden-saved-inputs-missing", G, {"b": copy_of("bundle", lambda p: (p / "golden" / "inputs.npz").unlink())}),
+    Case("golden-saved-inputs-missing", G, {"b": copy_of("bundle",
+                                                         lambda p: (p / "golden" / "inputs.npz").unlink())}),
     Case("golden-saved-expected-npy", G, {"b": copy_of("bundle", lambda p: np.save(
         (p / "golden" / "expected.npz").open("wb"), np.zeros(3)))}),
     Case("golden-inputs-garbage-npz", ["golden", "{fx}/bundle", "--inputs", "{d}/g.npz", "--reference",

@@ -34,7 +34,8 @@ def board_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("board") / "venv"
     venv.EnvBuilder(with_pip=True).create(root)
     py = root / "bin" / "python"
-    proc = subprocess.run([str(py), "-m", "pip", "install", "-q", f"{ROOT}[text]", str(ROOT / "plugins" / "openvino")],
+    proc = subprocess.run([str(py), "-m", "pip", "install", "-q", f"{ROOT}[text]",
+                           str(ROOT / "plugins" / "openvino")],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return py
@@ -52,7 +53,8 @@ def ov_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _installed(py: Path) -> set[str]:
-    proc = subprocess.run([str(py), "-m", "pip", "list", "--format=json"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([str(py), "-m", "pip", "list", "--format=json"], capture_output=True, text=True,
+                          timeout=120)
     return {p["name"].lower().replace("-", "_") for p in json.loads(proc.stdout)}
 
 

@@ -50,7 +50,8 @@ def _token_model(path: Path) -> Path:
         helper.make_node("Cast", ["masked"], ["as_float"], to=TensorProto.FLOAT),
         helper.make_node("Unsqueeze", ["as_float", "axis"], ["last_hidden_state"]),
     ]
-    ins = [helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "seq"]) for n in ("input_ids", "attention_mask")]
+    ins = [helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "seq"]) for n in ("input_ids",
+                                                                                           "attention_mask")]
     out = [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["batch", "seq", 1])]
     graph = helper.make_graph(nodes, "tokens", ins, out, [numpy_helper.from_array(np.int64([2]), "axis")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])

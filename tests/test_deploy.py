@@ -142,7 +142,8 @@ def test_second_deploy_is_cached(bundles, env, golden_txt, tmp_path):
 @pytest.mark.slow
 def test_bench_writes_json_and_png(bundles, tmp_path):
     png = tmp_path / "bench.png"
-    proc = edgeinfer("bench", str(bundles["rk3588-8g"]), "--batch", "1,2", "--repeat", "2", "--json", "--plot", str(png))
+    proc = edgeinfer("bench", str(bundles["rk3588-8g"]), "--batch", "1,2", "--repeat", "2", "--json", "--plot",
+                     str(png))
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(proc.stdout)
     assert report["device"] == "simulator" and report["static_batch"] == 1

@@ -33,6 +33,7 @@ def test_conversion_is_cached_by_hash_backend_and_options(mlp, tmp_path, monkeyp
     assert other != first
     mlp.path.write_bytes(mlp.path.read_bytes())  # rewritten, same content → same key
     assert loading.converted(be, mlp.path, {"scheme": "fp16"}) == first
+    (tmp_path / "changed").mkdir()
     changed = models.mlp(tmp_path / "changed", batch=2, seed=1).path  # other weights, same name
     mlp.path.write_bytes(changed.read_bytes())
     new = loading.converted(be, mlp.path, {"scheme": "fp16"})

@@ -169,11 +169,13 @@ def test_the_same_checks_hold_for_large_bodies_prepared_off_the_loop(server):
     """Bodies above 64 KiB are read in a helper process: its 400s must be the same."""
     pad = " " * (70 * 1024)
     cases = [(b'{"input": ' + pad.encode(), "not valid JSON"),
-             (('{"model": "minilm-ort", "input": [' + ", ".join(['"a"'] * 300) + "]}" + pad).encode(), "--max-inputs"),
+             (('{"model": "minilm-ort", "input": [' + ", ".join(['"a"'] * 300) + "]}" + pad).encode(),
+              "--max-inputs"),
              (('{"model": "log", "inputs": {"x": [[1, 2], [3]]}}' + pad).encode(), "rectangular")]
     for body, words in cases:
         path = "/v1/infer" if b'"inputs"' in body else "/v1/embeddings"
-        r = httpx.post(server.url + path, content=body, headers={**AUTH, "content-type": "application/json"}, timeout=T)
+        r = httpx.post(server.url + path, content=body, headers={**AUTH, "content-type": "application/json"},
+                       timeout=T)
         assert r.status_code == 400 and words in r.json()["error"]["message"], (words, r.text[:300])
 
 
@@ -221,7 +223,8 @@ def test_token_ids_outside_the_vocabulary_are_400(server):
     for bad in (vocab, 10**6, -1):
         ids = feeds["input_ids"].copy()
         ids[0, 2] = bad
-        body = {"model": "minilm-ort", "inputs": {**{k: v.tolist() for k, v in feeds.items()}, "input_ids": ids.tolist()}}
+        body = {"model": "minilm-ort", "inputs": {**{k: v.tolist() for k, v in feeds.items()},
+                                                  "input_ids": ids.tolist()}}
         r = httpx.post(server.url + "/v1/infer", json=body, headers=AUTH, timeout=T)
         assert r.status_code == 400, r.text[:300]
         assert str(bad) in r.json()["error"]["message"] and "vocabulary" in r.json()["error"]["message"]

@@ -18,7 +18,8 @@ def test_serve_help_lists_the_options_and_stays_light():
     for opt in ("--host", "--port", "--max-batch", "--batch-window-ms", "--devices", "--api-key", "--max-queue",
                 "--timeout-s"):
         assert opt in r.stdout
-    code = "import sys; sys.argv=['edgeinfer','serve','--help']\nfrom edgeinfer.cli import main\ntry:\n main()\nexcept SystemExit:\n pass"
+    code = ("import sys; sys.argv=['edgeinfer','serve','--help']\nfrom edgeinfer.cli import main\n"
+            "try:\n main()\nexcept SystemExit:\n pass")
     heavy = imported_modules(code) & (set(HEAVY) | {"fastapi", "uvicorn", "prometheus_client"})
     assert not heavy, heavy
 

@@ -89,7 +89,8 @@ def _from_dir(path: Path, specs: Sequence[TensorSpec]) -> list[Feeds]:
             samples.append(_load_arrays(f, archive=True))
         else:
             if len(specs) != 1:
-                raise InputError(f"{f.name}: .npy samples only work for single-input models; use .npz with input names")
+                raise InputError(f"{f.name}: .npy samples only work for single-input models; use .npz with input "
+                                 "names")
             samples.append({specs[0].name: _load_arrays(f, archive=False)})
         names.append(f.name)
     return _checked(samples, names, specs)

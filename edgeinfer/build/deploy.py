@@ -253,7 +253,8 @@ def deploy(
     # 2. reference model (fp32 ONNX on onnxruntime) and the input specs the board will see
     static = "dynamic_shapes" in backend.gaps or board_target(b) == "npu"
     if src.kind == "pt2":
-        raise InputError("deploying a .pt2 program has no ONNX reference for the golden check; deploy the HF directory")
+        raise InputError("deploying a .pt2 program has no ONNX reference for the golden check; deploy the HF "
+                         "directory")
     ref_path = reference_onnx(src, user_shapes, progress)
     reference = plugins.get_backend(ENCODER_REFERENCE).load(ref_path)
     auto = default_shapes(with_shapes(reference.inputs, user_shapes), static, seq)
@@ -278,7 +279,8 @@ def deploy(
                 "quantization ranges may be poor"
             )
     elif scheme.split("_")[0] in NEEDS_CALIBRATION:
-        raise InputError(f"scheme {scheme} needs calibration data: pass --calib (a .txt of samples, .npz or a directory)")
+        raise InputError(f"scheme {scheme} needs calibration data: pass --calib (a .txt of samples, .npz or a "
+                         "directory)")
     if golden_inputs:
         held = calibration.load_samples(Path(golden_inputs), specs, tokenize)
     if not held:
@@ -430,7 +432,8 @@ def check_tokenizer(hf_dir: Path) -> None:
 def _cache_key(src, b, scheme, shapes, backend, calib_samples, held, options) -> str:
     return cache.key({
         "model": src.sha256, "board": b.name, "target": board_target(b), "scheme": scheme, "shapes": shapes,
-        "backend": backend.name, "versions": backend.versions(), "calibration": calibration.fingerprint(calib_samples),
+        "backend": backend.name, "versions": backend.versions(),
+        "calibration": calibration.fingerprint(calib_samples),
         "golden": calibration.fingerprint(held), "options": options,
     })
 

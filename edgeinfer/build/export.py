@@ -98,7 +98,8 @@ def _common_shape(shapes: dict[str, list[int | str]] | None, names: list[str]) -
         return None
     unknown = set(shapes) - set(names)
     if unknown:
-        raise InputError(f"--shape names unknown input(s) {', '.join(sorted(unknown))}; the model's inputs: {', '.join(names)}")
+        raise InputError(f"--shape names unknown input(s) {', '.join(sorted(unknown))}; the model's inputs: "
+                         f"{', '.join(names)}")
     distinct = {tuple(v) for v in shapes.values()}
     if len(distinct) != 1:
         raise InputError("token inputs share one shape; give the same NAMExBxS for every input (or just one)")

@@ -19,10 +19,12 @@ from edgeinfer.errors import InputError
 @click.argument("model", type=click.Path(path_type=Path))
 @click.option("--board", required=True, help="Board name (see `edgeinfer boards`) or a board YAML file.")
 @click.option("--quant", "-q", help="Scheme: fp16 (default), w8a8/int8, w8a16, w4a16, ... as the board supports.")
-@click.option("--calib", type=click.Path(path_type=Path), help="Calibration data: .txt (one sample a line), .npz or dir.")
+@click.option("--calib", type=click.Path(path_type=Path),
+              help="Calibration data: .txt (one sample a line), .npz or dir.")
 @click.option("--golden-inputs", type=click.Path(path_type=Path), help="Held-out samples for the golden check.")
 @click.option("--shape", "shapes", multiple=True, metavar="NAME=1x128", help="Static input shape; repeatable.")
-@click.option("--threshold", type=float, help=f"Minimum cosine vs {ENCODER_REFERENCE} fp32 (default 0.99; 0.98 for w8a8/int8).")
+@click.option("--threshold", type=float,
+              help=f"Minimum cosine vs {ENCODER_REFERENCE} fp32 (default 0.99; 0.98 for w8a8/int8).")
 @click.option("--max-samples", default=128, show_default=True, help="Calibration samples used at most.")
 @click.option("--force", is_flag=True, help="Deploy even when the plan says it does not fit.")
 @click.option("--no-cache", is_flag=True, help="Convert again even if a cached conversion exists.")
@@ -30,7 +32,8 @@ from edgeinfer.errors import InputError
               help="Backend convert option, value parsed as JSON when it can be (e.g. auto_hybrid=true); repeatable.")
 @click.option("--paging", type=int, metavar="W", help="Segmented bundle for layer-paged runs: W segments resident.")
 @click.option("--segments", type=int, metavar="N", help="With --paging: split into N segments at layer boundaries.")
-@click.option("--cut", "cuts", multiple=True, metavar="TENSOR", help="With --paging: cut at this tensor (repeatable).")
+@click.option("--cut", "cuts", multiple=True, metavar="TENSOR",
+              help="With --paging: cut at this tensor (repeatable).")
 @click.option("-o", "--out", "out", required=True, type=click.Path(path_type=Path), help="Bundle directory to write.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 def deploy(
@@ -47,7 +50,8 @@ def deploy(
     result = deploy_mod.deploy(
         model, board, out, quant=quant, calib=calib, golden_inputs=golden_inputs,
         shapes=deploy_mod.parse_shapes(shapes), force=force, threshold=threshold, max_samples=max_samples,
-        options=parse_options(backend_options), progress=progress, use_cache=not no_cache, paging=paging, segments=segments, cuts=list(cuts) or None,
+        options=parse_options(backend_options), progress=progress, use_cache=not no_cache, paging=paging,
+        segments=segments, cuts=list(cuts) or None,
     )
     for w in result.warnings:
         click.echo(f"warning: {w}", err=True)
@@ -128,7 +132,8 @@ def verify(ctx: click.Context, bundle_dir: Path, as_json: bool) -> None:
     emit(report, as_json, render)
     if not report["ok"]:
         n = len(report["problems"])
-        click.echo(f"error: bundle {bundle_dir} is damaged: {n} file{'s differ' if n > 1 else ' differs'} from the manifest; "
+        click.echo(f"error: bundle {bundle_dir} is damaged: {n} file{'s differ' if n > 1 else ' differs'} from the "
+                   "manifest; "
                    "deploy the model again", err=True)
         ctx.exit(errors.USAGE)
 

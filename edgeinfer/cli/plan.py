@@ -70,7 +70,8 @@ def render_plan(p) -> None:
     t.add_column("basis", overflow="fold")
     det = p.details
     basis = {"weights": det["weights"].get("basis", ""),
-             "kv_cache": f"2 × layers × kv_heads × head_dim × ctx × batch × {det['kv_cache']['bytes_per_element']:g} B",
+             "kv_cache": f"2 × layers × kv_heads × head_dim × ctx × batch × {det['kv_cache']['bytes_per_element']:g} "
+                         "B",
              "activations": det["activations"].get("basis", ""),
              "runtime": f"{p.runtime}: {_ref(det['runtime']['source'])}",
              "reserved": f"OS / driver: {_ref(det['reserved']['source'])}"}
@@ -91,7 +92,8 @@ def render_plan(p) -> None:
         con.print(f"decode without paging ≈ {e['decode_tokens_per_s_unpaged']:.2f} tok/s ({e['basis']})")
     elif e["decode_tokens_per_s"] is not None:
         con.print(f"decode ≈ [bold]{e['decode_tokens_per_s']:.2f} tok/s[/] ({e['runtime']}; "
-                  f"{e['roofline_fraction'] * 100:.0f}% of the {e['roofline_tokens_per_s']:.2f} tok/s bandwidth roofline; "
+                  f"{e['roofline_fraction'] * 100:.0f}% of the {e['roofline_tokens_per_s']:.2f} tok/s bandwidth "
+                  "roofline; "
                   f"t0 {e['t0_ms']:.2f} ms, BW_eff {e['bw_eff_gbps']} GB/s; {e['basis']})")
     else:
         con.print(f"decode: no estimate ({e['basis']})")

@@ -44,7 +44,10 @@ def token_id_limits(model: Path, bundle: Any) -> dict[str, int]:
     else the bundle's tokenizer); empty when the model does not tell."""
     from edgeinfer.planning.models.onnx import index_limits
 
-    files = [a for a in bundle.artifacts if a.suffix == ".onnx"] if bundle else [model] if model.suffix == ".onnx" else []
+    if bundle:
+        files = [a for a in bundle.artifacts if a.suffix == ".onnx"]
+    else:
+        files = [model] if model.suffix == ".onnx" else []
     limits: dict[str, int] = {}
     for f in files[:1]:
         limits.update(index_limits(f))
@@ -94,10 +97,12 @@ def write_outputs(outputs: dict[str, Any], out_dir: Path) -> list[Path]:
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), help="Write outputs as DIR/<name>.npy.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 @click.option("--shape", "shapes", multiple=True, metavar="NAME=1x128",
-              help="Static input shape when the model is converted first (for backends with static shapes); repeatable.")
+              help="Static input shape when the model is converted first (for backends with static shapes); "
+                   "repeatable.")
 @click.option("--paging", "window", type=int, metavar="W", help="Run layer-paged: keep at most W segments loaded.")
 @click.option("--segments", type=int, metavar="N", help="With --paging: split into N segments at layer boundaries.")
-@click.option("--cut", "cuts", multiple=True, metavar="TENSOR", help="With --paging: cut at this tensor (repeatable).")
+@click.option("--cut", "cuts", multiple=True, metavar="TENSOR",
+              help="With --paging: cut at this tensor (repeatable).")
 @click.option("--no-prefetch", is_flag=True, help="With --paging: load segments in line, not in the background.")
 def run(
     model: Path,
@@ -173,7 +178,8 @@ def run(
     }
     for o in report["outputs"]:
         if o["non_finite"]:
-            click.echo(f"warning: output {o['name']} holds {o['non_finite']} NaN/Inf values (reported as null in --json)",
+            click.echo(f"warning: output {o['name']} holds {o['non_finite']} NaN/Inf values (reported as null in "
+                       "--json)",
                        err=True)
     if hasattr(session, "stats"):  # a paged session: page-in times and resident bytes
         report["paging"] = session.stats()

@@ -20,4 +20,5 @@ PLUGIN_INSTALL_HINT = "from a clone of edgeinfer: pip install ./plugins/onnxrunt
 PLUGINS_EXAMPLE = "onnxruntime,openvino"  # an EDGEINFER_PLUGINS value in messages
 #: libraries whose logs, warnings and progress bars bury edgeinfer's one-line answer on stderr
 NOISY_LOGGERS = ("torch", "torchao", "transformers", "nncf", "onnxscript", "openvino", "rknn", "huggingface_hub")
-NOISY_MODULES = r"(torch|torchao|transformers|nncf|onnx|onnxscript|onnxruntime|openvino|optimum|huggingface_hub)(\.|$)"
+NOISY_MODULES = (r"(torch|torchao|transformers|nncf|onnx|onnxscript|onnxruntime|openvino|optimum|huggingface_hub)"
+                 r"(\.|$)")

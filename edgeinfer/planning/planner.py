@@ -115,7 +115,8 @@ def activation_bytes(spec: ModelSpec, ctx: int, batch: int, prof: dict) -> tuple
         kv_len = ctx
     tok = batch * n
     inputs = tok * h * ACT_BYTES
-    qkv = tok * (nh + 2 * max(spec.kv_heads, 0 if spec.encoder else 1) + (2 * nh if spec.encoder else 0)) * hd * ACT_BYTES
+    qkv = tok * (nh + 2 * max(spec.kv_heads,
+                              0 if spec.encoder else 1) + (2 * nh if spec.encoder else 0)) * hd * ACT_BYTES
     if fused:
         scores = tok * kv_len * 2  # one f16 tile row per token (flash attention)
     else:
@@ -235,7 +236,8 @@ def _check_int(name: str, v) -> int:
 
 def choose_runtime(board: Board, spec: ModelSpec, quant: str | None, runtime: str | None) -> tuple[str, Scheme]:
     kind = "encoder" if spec.encoder else "decoder"
-    names = [runtime] if runtime else [board.default_runtime] + [r for r in board.runtimes if r != board.default_runtime]
+    others = [r for r in board.runtimes if r != board.default_runtime]
+    names = [runtime] if runtime else [board.default_runtime] + others
     if runtime and runtime not in board.runtimes:
         raise InputError(f"board {board.name} has no runtime '{runtime}'", "runtimes: " + ", ".join(board.runtimes))
     cands = [r for r in names if kind in board.runtimes[r].kinds]
@@ -399,7 +401,8 @@ def plan(model, board, quant: str | None = None, ctx: int = 4096, batch: int = 1
                                           "(rknn-llm #232)"))
         if bd["weights"] > win:
             warnings.append(("weights_window", f"weights exceed one {b.npu_window_gib.value:g} GiB NPU window: "
-                                               "needs RKNPU driver >= 0.9.8 with base_domain_id (rknn-llm #232, #335)"))
+                                               "needs RKNPU driver >= 0.9.8 with base_domain_id "
+                                               "(rknn-llm #232, #335)"))
     for k, f in (("memory_total_gib", b.memory_total_gib), ("os_reserve_gib", b.os_reserve_gib)):
         if f.uncertain:
             warnings.append(("board", f"{b.name}: {k} is uncertain ({f.source})"))

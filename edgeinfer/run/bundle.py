@@ -227,7 +227,8 @@ class _ManifestDoc(BaseModel):
             if dup:
                 raise ValueError(f"{what} lists {dup[0]!r} twice")
         if self.paging is None and len(self.artifacts) != 1:
-            raise ValueError(f"artifacts: {len(self.artifacts)} artifacts but no paging section; a plain bundle has one")
+            raise ValueError(f"artifacts: {len(self.artifacts)} artifacts but no paging section; a plain bundle has "
+                             "one")
         if self.text is not None:
             _check_text(self.text, self.inputs, self.outputs)
         return self

@@ -67,7 +67,8 @@ def load(path: Any, backend: str | None = None, device: str | None = None, **opt
     if is_bundle(p):
         bundle = Bundle.open(p)
         if backend and backend != bundle.manifest.backend:
-            raise InputError(f"bundle {p} is for backend {bundle.manifest.backend!r}, not {backend!r}; omit --backend")
+            raise InputError(f"bundle {p} is for backend {bundle.manifest.backend!r}, not {backend!r}; "
+                             "omit --backend")
         return bundle.load(device=device, **options)
     be = choose_backend(p, backend)
     if not be.is_native(p):

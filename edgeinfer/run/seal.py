@@ -2,7 +2,8 @@
 
 A bundle's manifest (and a cache entry's seal) names files by relative POSIX paths. A path is
 accepted only when it is relative, has no ``..`` component and still lies inside the directory
-once symlinks are resolved. Runtime logs (``*.log``) are not recorded. Each file is recorded as ``{"size": bytes, "sha256": hex}``; checking
+once symlinks are resolved. Runtime logs (``*.log``) are not recorded. Each file is recorded as
+``{"size": bytes, "sha256": hex}``; checking
 the size is cheap (one ``stat``), the hash reads the whole file (see bench/bundle_hashing.py).
 """
 
@@ -33,7 +34,8 @@ def relative(rel: Any, field: str) -> str:
     if rel.startswith("/") or (len(rel) > 1 and rel[1] == ":"):
         raise InputError(f"manifest {field} {rel!r} is an absolute path; a bundle may only name files inside itself")
     if ".." in rel.split("/"):
-        raise InputError(f"manifest {field} {rel!r} leads out of the bundle ('..'); a bundle may only name its own files")
+        raise InputError(f"manifest {field} {rel!r} leads out of the bundle ('..'); a bundle may only name its own "
+                         "files")
     norm = posixpath.normpath(rel)
     if norm in (".", ""):
         raise InputError(f"manifest {field} {rel!r} names the bundle itself, not a file in it")

@@ -70,7 +70,8 @@ def open_models(paths: list[Path]) -> dict[str, ServedModel]:
         bundle = Bundle.open(p, verify="full")  # every file hashed once at start-up (docs/deploy.md)
         name = bundle.path.resolve().name
         if name in models:
-            raise InputError(f"two bundles are both named {name!r}; serve bundles from directories with distinct names")
+            raise InputError(f"two bundles are both named {name!r}; serve bundles from directories with distinct "
+                             "names")
         if bundle.manifest.text is not None:
             load_tokenizer_now(bundle)
         models[name] = ServedModel(name, bundle)
@@ -85,7 +86,8 @@ def load_tokenizer_now(bundle: Bundle) -> None:
         raise
     except Exception as e:  # noqa: BLE001 - the tokenizers library raises plain Exceptions on bad files
         text = " ".join(str(e).split())[:160] or type(e).__name__
-        raise InputError(f"bundle {bundle.path}: its tokenizer cannot be read ({text})", "deploy the model again") from None
+        raise InputError(f"bundle {bundle.path}: its tokenizer cannot be read ({text})",
+                         "deploy the model again") from None
 
 
 # --- the app ------------------------------------------------------------------------------------------
@@ -288,7 +290,8 @@ class GuardMiddleware:
                 auth = headers.get("authorization", b"")
                 scheme, _, given = auth.partition(b" ")
                 if scheme.lower() != b"bearer" or not hmac.compare_digest(given.strip(), self.key):
-                    return await reply(error_response(401, "missing or wrong API key: send 'Authorization: Bearer KEY'",
+                    return await reply(error_response(401,
+                                                      "missing or wrong API key: send 'Authorization: Bearer KEY'",
                                                       {"WWW-Authenticate": "Bearer"}))
             if scope.get("method") in ("POST", "PUT", "PATCH"):
                 declared = headers.get("content-length")
@@ -404,7 +407,8 @@ def serve(config: ServeConfig, log_level: str = "info") -> None:
     """Run the service until SIGTERM/SIGINT; raise BackendError when the models cannot be loaded."""
     import uvicorn
 
-    logging.basicConfig(level=getattr(logging, log_level.upper()), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(level=getattr(logging, log_level.upper()),
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
     models = open_models(config.bundles)
     check_devices([m.bundle.manifest.backend for m in models.values()], config.devices)
     sock = listen(config.host, config.port)

@@ -85,7 +85,8 @@ def _length_groups(session: Any, feeds: dict[str, np.ndarray], min_group: int = 
     n = len(next(iter(feeds.values())))
     full = mask.shape[1] if mask is not None and mask.ndim == 2 else None
     everything = [(np.arange(n), full or 0)]
-    if full is None or any(len(s.shape) < 2 or isinstance(s.shape[1], int) for s in session.inputs if s.name in feeds):
+    if full is None or any(len(s.shape) < 2 or isinstance(s.shape[1],
+                                                          int) for s in session.inputs if s.name in feeds):
         return everything
     lengths = mask.sum(axis=1)
     buckets = np.minimum(full, np.maximum(SEQ_STEP, -(-lengths // SEQ_STEP) * SEQ_STEP))
@@ -108,7 +109,8 @@ def _run_embed(bundle: Any, session: Any, feeds: dict[str, np.ndarray], max_batc
     for rows, length in _length_groups(session, feeds):
         if stop():
             raise Cancelled()
-        f = {k: (np.ascontiguousarray(v[rows, :length]) if length and v.ndim == 2 else v[rows]) for k, v in feeds.items()}
+        f = {k: (np.ascontiguousarray(v[rows, :length]) if length and v.ndim == 2 else v[rows]) for k,
+             v in feeds.items()}
         vec = bundle.embed(_run_rows(session, f, max_batch, stop), f).astype(np.float32)
         if out is None:
             out = np.empty((n, *vec.shape[1:]), dtype=np.float32)

@@ -262,7 +262,8 @@ def apply_tensors(spec: ModelSpec, tensors: dict[str, tuple[str, int, int]], fmt
             spec.lm_head_params = head
             spec.tied_embeddings = False
     dominant = max(types, key=types.get) if types else None
-    spec.native_dtype = {"F32": "fp32", "F16": "fp16", "BF16": "bf16", "I8": "w8a16"}.get(dominant or "", spec.native_dtype)
+    spec.native_dtype = {"F32": "fp32", "F16": "fp16", "BF16": "bf16", "I8": "w8a16"}.get(dominant or "",
+                                                                                          spec.native_dtype)
     spec.file_scheme = spec.native_dtype
     return spec
 

@@ -30,7 +30,8 @@ class ExampleSession(Session):
 
         proto = onnx.load(str(path))
         inits = {i.name for i in proto.graph.initializer}
-        super().__init__(_specs(v for v in proto.graph.input if v.name not in inits), _specs(proto.graph.output), "CPU")
+        super().__init__(_specs(v for v in proto.graph.input if v.name not in inits), _specs(proto.graph.output),
+                         "CPU")
         self._ref = ReferenceEvaluator(proto)
         self._names = [o.name for o in self.outputs]
 
@@ -45,7 +46,8 @@ class ExampleBackend(Backend):
     gaps = {"op_profile": "onnx's reference evaluator has no per-op timer"}
 
     def versions(self) -> dict[str, str]:
-        return {"edgeinfer-example-backend": version("edgeinfer-example-backend"), "toolkit": f"onnx {version('onnx')}"}
+        return {"edgeinfer-example-backend": version("edgeinfer-example-backend"),
+                "toolkit": f"onnx {version('onnx')}"}
 
     def probe(self) -> Probe:
         try:

@@ -125,7 +125,8 @@ class AscendBackend(Backend):
         unknown = set(options) - set(CONVERT_OPTIONS)
         if unknown:
             raise InputError(
-                f"unknown option(s) for ascend convert: {', '.join(sorted(unknown))}; known: {', '.join(CONVERT_OPTIONS)}"
+                f"unknown option(s) for ascend convert: {', '.join(sorted(unknown))}; known: "
+                f"{', '.join(CONVERT_OPTIONS)}"
             )
         dev.import_torch()
         src = models.resolve(model)
@@ -172,7 +173,8 @@ class AscendBackend(Backend):
         data = models.export_program_bytes(src.path)
         ep = models.load_program(data)
         inputs, outputs = _export_specs(ep)
-        manifest = {"kind": "export", "dtype": SCHEME_DTYPE[scheme], "quant": None, "outputs": [o.to_json() for o in outputs]}
+        manifest = {"kind": "export", "dtype": SCHEME_DTYPE[scheme], "quant": None,
+                    "outputs": [o.to_json() for o in outputs]}
         return manifest, {"program.pt2": data}, inputs
 
     # --- open -------------------------------------------------------------------------------
@@ -281,7 +283,8 @@ class AscendSession(Session):
         self.load_ms = (time.perf_counter() - t0) * 1e3
         self.pad_id = int(manifest.get("pad_token_id", 0) or 0)
         self.compiled = _truthy(compile)
-        self.compile_backend_name = compile_backend or ("torchair" if dev.is_npu(device) else "inductor") if self.compiled else None
+        default = "torchair" if dev.is_npu(device) else "inductor"
+        self.compile_backend_name = compile_backend or default if self.compiled else None
         self.compiles: dict[str, int] = defaultdict(int)  # bucket key -> backend invocations
         self._current = "unbucketed"
         self._fn = self.module
@@ -296,7 +299,8 @@ class AscendSession(Session):
                 self.compiles[self._current] += 1
                 return inner(gm, example_inputs)
 
-            self._fn = torch.compile(self.module, backend=counting_backend, dynamic=False, fullgraph=self.kind == "hf")
+            self._fn = torch.compile(self.module, backend=counting_backend, dynamic=False,
+                                     fullgraph=self.kind == "hf")
         self.warmup_ms: dict[str, dict[str, float]] = {}
         # auto: warm up where first runs are expensive (graph compile, CANN operator compile on NPU)
         want = (self.compiled or dev.is_npu(device)) if str(warmup).lower() == "auto" else _truthy(warmup)
@@ -363,7 +367,8 @@ class AscendSession(Session):
     def op_times(self, feeds: dict[str, np.ndarray]) -> list[OpTime]:
         rows = dev.profile_ops(self.device, lambda: self.infer(feeds))
         kind = "npu" if dev.is_npu(self.device) else self.device.split(":")[0]
-        ops = [OpTime(name=name, op_type=name.split("::")[-1], time_ms=ms, exec_type=kind) for name, ms, _ in rows if ms > 0]
+        ops = [OpTime(name=name, op_type=name.split("::")[-1], time_ms=ms, exec_type=kind) for name, ms,
+               _ in rows if ms > 0]
         return sorted(ops, key=lambda o: o.time_ms, reverse=True)
 
     def profile_notes(self) -> dict[str, Any]:

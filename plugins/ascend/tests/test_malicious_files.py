@@ -165,7 +165,8 @@ def _spec(type_name, context) -> str:
 @pytest.mark.parametrize(
     "spec,needle",
     [
-        (_spec("collections.defaultdict", json.dumps({"default_factory_module": "os", "default_factory_name": "system",
+        (_spec("collections.defaultdict", json.dumps({"default_factory_module": "os",
+                                                      "default_factory_name": "system",
                                                       "dict_context": []})), "collections.defaultdict"),
         (_spec("builtins.dict", json.dumps([{"__enum__": True, "fqn": "os:environ", "name": "x"}])), "plain keys"),
     ],

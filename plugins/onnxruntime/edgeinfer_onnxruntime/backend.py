@@ -43,7 +43,8 @@ def _ort():
 
 def specs_of(nodes: Any) -> list[TensorSpec]:
     return [
-        TensorSpec(n.name, tuple(d if isinstance(d, (int, str)) else None for d in n.shape), ORT_TYPES.get(n.type, n.type))
+        TensorSpec(n.name, tuple(d if isinstance(d, (int, str)) else None for d in n.shape), ORT_TYPES.get(n.type,
+                                                                                                           n.type))
         for n in nodes
     ]
 

@@ -91,7 +91,8 @@ def static_inputs(proto: Any, shapes: Mapping[str, Sequence[int]] | None, model_
     names = [i.name for i in graph_inputs]
     unknown = [n for n in shapes if n not in names]
     if unknown:
-        raise InputError(f"shapes names unknown input(s) {', '.join(unknown)}; the model's inputs are: {', '.join(names)}")
+        raise InputError(f"shapes names unknown input(s) {', '.join(unknown)}; the model's inputs are: "
+                         f"{', '.join(names)}")
     specs = []
     for vi in graph_inputs:
         dims = _dims(vi)
@@ -132,7 +133,8 @@ def _dynamic_sets(value: Any, inputs: list[TensorSpec]) -> list[list[list[int]]]
         for spec, shape in zip(inputs, entry):
             shape = [int(d) for d in shape]
             if len(shape) != len(spec.shape):
-                raise InputError(f"dynamic_input set {i}: {spec.name!r} needs {len(spec.shape)} dimensions, got {shape}")
+                raise InputError(f"dynamic_input set {i}: {spec.name!r} needs {len(spec.shape)} dimensions, got "
+                                 f"{shape}")
             shapes.append(shape)
         sets.append(shapes)
     return sets
@@ -190,7 +192,8 @@ class SimulatorSession(RknnSession):
             raise RuntimeError(f"simulator {e}; full log: {self._log}") from None
 
     def profile_notes(self) -> dict[str, Any]:
-        return {"simulator": True, "note": "simulator figures, not board speed", "rebuild_s": round(self._rebuild_s, 3)}
+        return {"simulator": True, "note": "simulator figures, not board speed", "rebuild_s": round(self._rebuild_s,
+                                                                                                    3)}
 
     def release(self) -> None:
         if self._rknn is not None:
@@ -224,7 +227,8 @@ class BoardSession(RknnSession):
             rt.release()
         if perf is None:
             return []
-        return [OpTime(name=n, op_type=t, time_ms=ms, exec_type=target) for n, t, ms, target in board.parse_perf_table(perf)]
+        return [OpTime(name=n, op_type=t, time_ms=ms, exec_type=target) for n, t, ms,
+                target in board.parse_perf_table(perf)]
 
     def profile_notes(self) -> dict[str, Any]:
         notes: dict[str, Any] = {"simulator": False, "core_mask": self._mask_name, "sdk": self._rt.sdk_version()}
@@ -327,14 +331,16 @@ class RknnBackend(Backend):
         problems, warnings = [], []
         if not lite:
             problems.append(Problem("rknn-toolkit-lite2 (RKNNLite) is not installed on this board",
-                                    "pip install rknn-toolkit-lite2 matching the rknn-toolkit2 that converts your models"))
+                                    "pip install rknn-toolkit-lite2 matching the rknn-toolkit2 that converts your "
+                                    "models"))
         if lib is None:
             problems.append(Problem("librknnrt.so is not installed",
                                     "copy librknnrt.so from rknn-toolkit2's rknpu2 runtime to /usr/lib"))
         gov = board.ddr_governor(root)
         if gov is not None and gov not in board.PINNED_GOVERNORS:
             warnings.append({
-                "message": f"DDR devfreq governor is {gov!r}, not pinned: NPU speed will vary and stay below published figures",
+                "message": f"DDR devfreq governor is {gov!r}, not pinned: NPU speed will vary and stay below "
+                           "published figures",
                 "fix": f"echo performance | sudo tee /{board.DMC_GOVERNOR}",
             })
         details = {"mode": "board", "soc": soc, "runtime_library": str(lib) if lib else None,
