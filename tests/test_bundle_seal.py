@@ -397,7 +397,7 @@ def test_deployed_manifest_matches_the_published_schema(deployed):
 
     from edgeinfer.run import bundle as bundle_mod
 
-    schema = json.loads((Path(bundle_mod.__file__).parent / "schemas" / "manifest.schema.json").read_text())
+    schema = json.loads((Path(bundle_mod.__file__).parents[1] / "schemas" / "manifest.schema.json").read_text())
     manifest = json.loads((deployed / "manifest.json").read_text())
     jsonschema.validate(manifest, schema)
     assert set(manifest["files"]) == {"model.xml", "model.bin", "model.xml.stamp.json", "golden/inputs.npz",

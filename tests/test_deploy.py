@@ -76,7 +76,7 @@ def test_bundle_manifest_and_golden(bundles, board):
 
     path = bundles[board]
     manifest = json.loads((path / "manifest.json").read_text())
-    schema = json.loads((Path(bundle_mod.__file__).parent / "schemas" / "manifest.schema.json").read_text())
+    schema = json.loads((Path(bundle_mod.__file__).parents[1] / "schemas" / "manifest.schema.json").read_text())
     jsonschema.validate(manifest, schema)
     backend, device = BOARDS[board]
     assert manifest["backend"]["name"] == backend and manifest["board"] == board
