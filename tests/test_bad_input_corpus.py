@@ -148,6 +148,8 @@ def gguf_file(kv: dict[str, Any] | None = None, tensors: bool = True) -> Callabl
                 w.add_float32(key, v)
             elif v < 0:
                 w.add_int32(key, v)
+            elif v >= 2**32:
+                w.add_uint64(key, v)
             else:
                 w.add_uint32(key, v)
         if tensors:
@@ -218,6 +220,10 @@ PLAN_CASES = [
     Case("plan-model-unsupported-suffix", P + ["{d}/m.bin", "--board", "rk3588-8g"], {"m.bin": b"\0" * 64}),
     Case("plan-model-dir-without-config", P + ["{d}/m", "--board", "rk3588-8g"], {"m/readme.txt": "hi"}),
     Case("plan-board-file-missing", P + ["qwen3-0.6b", "--board", "{d}/nope.yaml"]),
+    Case("plan-matrix-one-bad-model", P + ["qwen3-0.6b", "{d}/m", "--board", "rk3588-8g"],
+         {"m/config.json": cfg(LLAMA, num_key_value_heads=-8)}),
+    Case("plan-all-boards-bad-model", P + ["{d}/m", "--board", "all"], {"m/config.json": cfg(LLAMA,
+                                                                                             head_dim=math.nan)}),
 ]
 
 # board YAML given to plan --board
@@ -288,6 +294,8 @@ CFG_BAD.update({
     "hidden-not-divisible": cfg(LLAMA, hidden_size=66, head_dim=DROP),
     "bert-type-vocab-negative": cfg(BERT, type_vocab_size=-2),
     "bert-max-position-zero": cfg(BERT, max_position_embeddings=0),
+    "layers-huge": cfg(LLAMA, num_hidden_layers=2**35),
+    "bert-architectures-ints": cfg(BERT, architectures=[1, 2]),
     "bert-num-labels-string": cfg(BERT, architectures=["BertForSequenceClassification"], num_labels="two"),
 })
 CONFIG_CASES = [Case(f"config-{k}", P + ["{d}/m", "--board", "rk3588-8g"], {"m/config.json": v})
@@ -348,6 +356,14 @@ SAFETENSORS_CASES += [
          {"m/config.json": cfg(LLAMA, head_dim="x"), "m/model.safetensors": safetensors(st_entry(), b"\0" * 16)}),
 ]
 
+def _negative_dims_onnx(fx: Path, path: Path) -> None:
+    import onnx
+
+    model = onnx.load(str(fx / "mlp.onnx"))
+    model.graph.initializer[0].dims[0] = -16
+    onnx.save(model, str(path))
+
+
 # GGUF and ONNX readers
 GGUF_CASES = [
     Case("gguf-magic-only", P + ["{d}/m.gguf", "--board", "rk3588-8g"], {"m.gguf": b"GGUF"}),
@@ -368,6 +384,8 @@ GGUF_CASES = [
          {"m.gguf": gguf_file({"attention.head_count_kv": -2})}),
     Case("gguf-string-hidden", P + ["{d}/m.gguf", "--board", "rk3588-8g"],
          {"m.gguf": gguf_file({"embedding_length": "sixty-four"})}),
+    Case("gguf-huge-layers", P + ["{d}/m.gguf", "--board", "rk3588-8g"],
+         {"m.gguf": gguf_file({"block_count": 2**33})}),
     Case("gguf-nan-context", P + ["{d}/m.gguf", "--board", "rk3588-8g"],
          {"m.gguf": gguf_file({"context_length": math.nan})}),
 ]
@@ -375,6 +393,8 @@ ONNX_CASES = [
     Case("onnx-garbage", P + ["{d}/m.onnx", "--board", "rk3588-8g"], {"m.onnx": b"not a protobuf at all"}),
     Case("onnx-empty", P + ["{d}/m.onnx", "--board", "rk3588-8g"], {"m.onnx": b""}),
     Case("onnx-truncated", P + ["{d}/m.onnx", "--board", "rk3588-8g"], {"m.onnx": truncated("mlp.onnx", 100)}),
+    Case("onnx-negative-initializer-dims", P + ["{d}/m.onnx", "--board", "rk3588-8g"],
+         {"m.onnx": _negative_dims_onnx}),
     Case("onnx-missing-external-data", P + ["{d}/m.onnx", "--board", "rk3588-8g"],
          {"m.onnx": copy_of("external.onnx")}),
     Case("run-onnx-garbage", ["run", "{d}/m.onnx", "-i", "x={fx}/x.npy"], {"m.onnx": b"\x08\x07garbage"}),
@@ -482,6 +502,8 @@ DEPLOY_CASES = [
     Case("deploy-golden-inputs-object-npz", D + ["-o", "{d}/b", "--golden-inputs", "{d}/g.npz"],
          {"g.npz": npz(x=np.array([object()], dtype=object))}),
     Case("deploy-int8-without-calib", D + ["-o", "{d}/b", "--quant", "int8"], needle="--calib"),
+    Case("deploy-new-parent-bad-calib", D + ["-o", "{d}/new/sub/b", "--calib", "{d}/c.npz"], {"c.npz": b"junk"}),
+    Case("deploy-new-parent-bad-golden", D + ["-o", "{d}/new/b", "--golden-inputs", "{d}/g.txt"], {"g.txt": "a\n"}),
     Case("deploy-pt2-garbage", ["deploy", "{d}/m.pt2", *HOST, "-o", "{d}/b"], {"m.pt2": b"not a zip"}),
     Case("deploy-hf-garbage-tokenizer", ["deploy", "{d}/m", *HOST, "-o", "{d}/b"],
          {"m": copy_of("tiny_hf", put("tokenizer.json", "garbage {"))}, needle="tokenizer"),

@@ -34,9 +34,8 @@ def board_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("board") / "venv"
     venv.EnvBuilder(with_pip=True).create(root)
     py = root / "bin" / "python"
-    proc = subprocess.run([str(py), "-m", "pip", "install", "-q", f"{ROOT}[text]",
-                           str(ROOT / "plugins" / "openvino")],
-                          capture_output=True, text=True, timeout=900)
+    pkgs = [f"{ROOT}[text]", str(ROOT / "plugins" / "openvino")]  # README: pip install '.[text]' ./plugins/openvino
+    proc = subprocess.run([str(py), "-m", "pip", "install", "-q", *pkgs], capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return py
 

@@ -68,7 +68,9 @@ def test_contract_problem_names_the_missing_method():
         def convert(self, model, scheme, calibration, out, **options):
             raise NotImplementedError
 
-    assert contract_problem(NoOpen) == "backend 'no-open' does not implement required method `open`"
+    assert contract_problem(NoOpen) == (
+        "backend 'no-open' does not implement required method `open` (or `open_decoder` for a decoder-only backend)"
+    )
     assert "not a subclass" in contract_problem(object)
 
     class Nameless(NoOpen):

@@ -32,7 +32,7 @@ def hf(tmp_path_factory) -> Path:
 def many_sentences(tmp_path_factory) -> Path:
     """Enough golden samples that the golden check (inside the deploy's temporary bundle) takes seconds."""
     path = tmp_path_factory.mktemp("g") / "golden.txt"
-    lines = list(minilm.sentences()) * 4
+    lines = list(minilm.sentences()) * 8
     path.write_text("\n".join(lines) + "\n")
     return path
 

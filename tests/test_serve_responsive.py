@@ -12,9 +12,16 @@ import time
 import httpx
 import numpy as np
 import pytest
+from edgeinfer.serve._testkit import (
+    HealthProbe,
+    ServerProc,
+    largest_embeddings_body,
+    log_bundle,
+    minilm_bundle,
+    slow_bundle,
+)
 
 from edgeinfer.testing import minilm
-from edgeinfer.testing.serve import HealthProbe, ServerProc, largest_embeddings_body, log_bundle, minilm_bundle
 
 pytestmark = pytest.mark.slow
 
@@ -64,51 +71,80 @@ def metric(text: str, name: str, **labels: str) -> float:
 def test_health_p99_stays_under_50ms_while_the_largest_request_is_worked_on(ort_bundle, tmp_path):
     """The largest request the defaults allow (256 strings filling the 8 MB body) is parsed, tokenized and
     encoded off the event loop: /health, polled every 10 ms meanwhile, answers within 50 ms at p99 (the
-    issue's bound) — beyond what it takes on the same server idle just before, which is the machine's own
-    scheduling noise (2 CPU cores shared with other jobs here). Worked on inline, p99 was over 4 s."""
+    issue's bound) — beyond what an idle server on the same machine takes over the same seconds, which is
+    the machine's own scheduling noise (2 CPU cores shared with other jobs here). Worked on inline, the
+    busy server's p99 was over 4 s."""
     body = largest_embeddings_body()
     reports = []
-    for _ in range(2):  # a second try only when other jobs on the machine disturbed the first
-        with ServerProc([ort_bundle], "--timeout-s", "600", log=tmp_path / "log") as server, \
-                HealthProbe(server.url) as probe:
-            time.sleep(0.2)
-            idle_start = time.perf_counter()
-            time.sleep(2.0)
-            start = time.perf_counter()
-            r = httpx.post(server.url + "/v1/embeddings", content=body, headers={"content-type": "application/json"},
-                           timeout=T)
-            end = time.perf_counter()
-        assert r.status_code == 200, r.text[:500]
-        assert len(r.json()["data"]) == 256
-        idle, during = np.array(probe.between(idle_start, start)), np.array(probe.between(start, end))
-        assert len(idle) >= 50 and len(during) >= 50, (len(idle), len(during), end - start)
-        idle_p99, p99 = float(np.percentile(idle, 99)), float(np.percentile(during, 99))
-        reports.append(f"/health p99 {p99 * 1e3:.1f} ms (p50 {np.percentile(during, 50) * 1e3:.1f}, max "
-                       f"{during.max() * 1e3:.1f}) over {len(during)} samples in {end - start:.1f} s; idle p99 "
-                       f"{idle_p99 * 1e3:.1f} ms")
-        print(reports[-1])
-        if p99 < 0.050 + idle_p99:
-            return
+    with ServerProc([log_bundle(tmp_path / "log-model")], log=tmp_path / "idle.log") as idle_server:
+        for attempt in range(2):  # a second try only when other jobs on the machine disturbed the first
+            with ServerProc([ort_bundle], "--timeout-s", "600", log=tmp_path / f"busy{attempt}.log") as server, \
+                    HealthProbe(server.url) as probe, HealthProbe(idle_server.url) as control:
+                time.sleep(0.5)
+                start = time.perf_counter()
+                r = httpx.post(server.url + "/v1/embeddings", content=body,
+                               headers={"content-type": "application/json"}, timeout=T)
+                end = time.perf_counter()
+            assert r.status_code == 200, r.text[:500]
+            assert len(r.json()["data"]) == 256
+            during, noise = np.array(probe.between(start, end)), np.array(control.between(start, end))
+            assert len(during) >= 50, (len(during), end - start)
+            p99, noise_p99 = float(np.percentile(during, 99)), float(np.percentile(noise, 99))
+            reports.append(f"/health p99 {p99 * 1e3:.1f} ms (p50 {np.percentile(during, 50) * 1e3:.1f}, max "
+                           f"{during.max() * 1e3:.1f}) over {len(during)} samples in {end - start:.1f} s; "
+                           f"idle server meanwhile p99 {noise_p99 * 1e3:.1f} ms")
+            print(reports[-1])
+            if p99 < 0.050 + noise_p99:
+                return
     raise AssertionError("; ".join(reports))
 
 
-def test_timed_out_request_stops_its_work_and_later_small_requests_succeed(ort_bundle, tmp_path):
+@pytest.fixture(scope="module")
+def slow(tmp_path_factory):
+    return slow_bundle(tmp_path_factory.mktemp("slow") / "slow")
+
+
+def rows(n: int) -> dict:
+    return {"inputs": {"x": np.linspace(-1, 1, 16 * n, dtype=np.float32).reshape(n, 16).round(3).tolist()}}
+
+
+def test_timed_out_request_stops_its_work_and_later_small_requests_succeed(slow, tmp_path):
     """A request far too long for --timeout-s gets 504; its batch stops between chunks instead of holding the
     only worker for its whole run, so the small requests right after it are answered in time."""
-    long = {"input": ["a " * 130] * 4096}  # 4096 rows of 128 tokens: a minute of model time on 2 cores
-    with ServerProc([ort_bundle], "--timeout-s", "3", "--max-inputs", "4096", "--max-batch", "8",
+    with ServerProc([slow], "--timeout-s", "2", "--max-inputs", "4096", "--max-batch", "8",
                     log=tmp_path / "log") as server:
-        r = httpx.post(server.url + "/v1/embeddings", json=long, timeout=T)
+        r = httpx.post(server.url + "/v1/infer", json=rows(4096), timeout=T)  # ~30 s of model time here
         assert r.status_code == 504, r.text[:300]
         text = httpx.get(server.url + "/metrics").text
         assert metric(text, "edgeinfer_batch_size_sum") >= 4096  # it timed out while its batch was running
-        codes = [httpx.post(server.url + "/v1/embeddings", json={"input": s}, timeout=T).status_code
-                 for s in minilm.sentences()[:6]]
+        codes = [httpx.post(server.url + "/v1/infer", json=rows(1), timeout=T).status_code for _ in range(6)]
         assert codes == [200] * 6, codes
         with cf.ThreadPoolExecutor(4) as ex:
-            codes = list(ex.map(lambda s: httpx.post(server.url + "/v1/embeddings", json={"input": [s, s]},
-                                                     timeout=T).status_code, minilm.sentences()[6:14]))
+            codes = list(ex.map(lambda n: httpx.post(server.url + "/v1/infer", json=rows(n), timeout=T).status_code,
+                                [1, 2, 3, 4, 1, 2, 3, 4]))
         assert codes == [200] * 8, codes
+        assert httpx.get(server.url + "/ready").json()["workers"][0]["restarts"] == 0  # stopped, not killed
+
+
+def test_a_chunk_that_outlasts_its_timeout_gets_its_worker_restarted(slow, tmp_path):
+    """One chunk cannot be stopped halfway: when a timed-out batch is still running --timeout-s after it was
+    cancelled, its worker is restarted (not counted as a crash), and the server serves on."""
+    with ServerProc([slow], "--timeout-s", "1.5", "--max-inputs", "4096", "--max-batch", "4096",
+                    log=tmp_path / "log") as server:
+        pid = httpx.get(server.url + "/ready").json()["workers"][0]["pid"]
+        assert httpx.post(server.url + "/v1/infer", json=rows(4096), timeout=T).status_code == 504
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            w = httpx.get(server.url + "/ready").json()["workers"][0]
+            if w["restarts"] == 1 and w["state"] == "idle":
+                break
+            time.sleep(0.2)
+        assert w["restarts"] == 1 and w["pid"] != pid and w["state"] == "idle", w
+        codes = [httpx.post(server.url + "/v1/infer", json=rows(2), timeout=T).status_code for _ in range(4)]
+        assert codes == [200] * 4, codes
+        text = httpx.get(server.url + "/metrics").text
+        assert metric(text, "edgeinfer_worker_crashes_total") == 0  # a stop on purpose, not a crash
+    assert "cancelled; restarting it" in server.output()
 
 
 # --- malformed requests --------------------------------------------------------------------------------
@@ -174,8 +210,8 @@ def test_the_same_checks_hold_for_large_bodies_prepared_off_the_loop(server):
              (('{"model": "log", "inputs": {"x": [[1, 2], [3]]}}' + pad).encode(), "rectangular")]
     for body, words in cases:
         path = "/v1/infer" if b'"inputs"' in body else "/v1/embeddings"
-        r = httpx.post(server.url + path, content=body, headers={**AUTH, "content-type": "application/json"},
-                       timeout=T)
+        headers = {**AUTH, "content-type": "application/json"}
+        r = httpx.post(server.url + path, content=body, headers=headers, timeout=T)
         assert r.status_code == 400 and words in r.json()["error"]["message"], (words, r.text[:300])
 
 
@@ -220,17 +256,17 @@ def test_nan_or_inf_output_is_a_500_naming_it_never_invalid_json(server, n):
 def test_token_ids_outside_the_vocabulary_are_400(server):
     feeds = minilm.tokenize(["a short sentence"], seq=16)
     vocab = 30522  # all-MiniLM-L6-v2's vocab.txt
+    lists = {k: v.tolist() for k, v in feeds.items()}
     for bad in (vocab, 10**6, -1):
         ids = feeds["input_ids"].copy()
         ids[0, 2] = bad
-        body = {"model": "minilm-ort", "inputs": {**{k: v.tolist() for k, v in feeds.items()},
-                                                  "input_ids": ids.tolist()}}
+        body = {"model": "minilm-ort", "inputs": {**lists, "input_ids": ids.tolist()}}
         r = httpx.post(server.url + "/v1/infer", json=body, headers=AUTH, timeout=T)
         assert r.status_code == 400, r.text[:300]
         assert str(bad) in r.json()["error"]["message"] and "vocabulary" in r.json()["error"]["message"]
     ids = feeds["input_ids"].copy()
     ids[0, 2] = vocab - 1
-    body = {"model": "minilm-ort", "inputs": {**{k: v.tolist() for k, v in feeds.items()}, "input_ids": ids.tolist()}}
+    body = {"model": "minilm-ort", "inputs": {**lists, "input_ids": ids.tolist()}}
     assert httpx.post(server.url + "/v1/infer", json=body, headers=AUTH, timeout=T).status_code == 200
 
 
@@ -241,3 +277,27 @@ def test_api_key_file_is_required_and_not_on_the_command_line(server):
     assert httpx.get(server.url + "/health").status_code == 200
     cmdline = open(f"/proc/{server.proc.pid}/cmdline", "rb").read()
     assert KEY.encode() not in cmdline
+
+
+def test_a_killed_helper_fails_only_its_request_and_helpers_come_back(server):
+    """Killing the helper processes (as an out-of-memory kill would) fails the large request in flight or
+    next with a JSON 500; the helpers are started again and the next large request is answered."""
+    import os
+    import signal
+
+    worker = httpx.get(server.url + "/ready", headers=AUTH).json()["workers"][0]["pid"]
+    tasks = f"/proc/{server.proc.pid}/task"
+    children = [p for t in os.listdir(tasks) for p in open(f"{tasks}/{t}/children").read().split()]
+    helpers = [int(p) for p in children if int(p) != worker
+               and b"spawn_main" in open(f"/proc/{p}/cmdline", "rb").read()]
+    assert len(helpers) == 2, (children, worker)
+    for pid in helpers:
+        os.kill(pid, signal.SIGKILL)
+    time.sleep(0.5)
+    big = {"model": "minilm-ort", "input": ["a sentence long enough to matter " * 40] * 64}  # > 64 KiB
+    first = httpx.post(server.url + "/v1/embeddings", json=big, headers=AUTH, timeout=T)
+    assert first.status_code in (200, 500), first.text[:300]
+    if first.status_code == 500:
+        assert "helper process" in first.json()["error"]["message"]
+    again = httpx.post(server.url + "/v1/embeddings", json=big, headers=AUTH, timeout=T)
+    assert again.status_code == 200 and len(again.json()["data"]) == 64, again.text[:300]

@@ -9,14 +9,14 @@ from helpers import HEAVY, edgeinfer, imported_modules
 from edgeinfer.contract.backend import TensorSpec
 from edgeinfer.errors import InputError
 from edgeinfer.serve.config import ServeConfig, api_key_from_env, parse_devices
-from edgeinfer.serve.workers import placement
+from edgeinfer.serve.placement import placement
 
 
 def test_serve_help_lists_the_options_and_stays_light():
     r = edgeinfer("serve", "--help")
     assert r.returncode == 0
-    for opt in ("--host", "--port", "--max-batch", "--batch-window-ms", "--devices", "--api-key", "--max-queue",
-                "--timeout-s"):
+    for opt in ("--host", "--port", "--max-batch", "--batch-window-ms", "--devices", "--api-key", "--api-key-file",
+                "--max-queue", "--timeout-s", "--max-body-mb", "--max-inputs"):
         assert opt in r.stdout
     code = ("import sys; sys.argv=['edgeinfer','serve','--help']\nfrom edgeinfer.cli import main\n"
             "try:\n main()\nexcept SystemExit:\n pass")
@@ -54,6 +54,36 @@ def test_two_bundles_with_the_same_name_are_refused(tmp_path):
 def test_bad_options_are_input_errors(tmp_path, bad, words):
     with pytest.raises(InputError, match=words):
         ServeConfig(**{"bundles": [tmp_path], **bad}).check()
+
+
+def test_request_reading_is_strict_json():
+    from edgeinfer.serve.prep import ApiError, read_json
+
+    assert read_json(b'{"a": [1, 2.5]}', "application/json") == {"a": [1, 2.5]}
+    for body, ctype in [(b'{"a": NaN}', ""), (b'{"a": Infinity}', ""), (b'{"a": -Infinity}', "application/json"),
+                        (b"[" * 50000, ""), (b"\xff", ""), (b"1" * 5000, ""), (b"{}", "text/plain"), (b"  ", "")]:
+        with pytest.raises(ApiError) as e:
+            read_json(body, ctype)
+        assert e.value.status == 400 and e.value.message.startswith("body:"), (body[:20], e.value.message)
+
+
+def test_api_errors_survive_the_trip_back_from_a_helper_process():
+    import pickle
+
+    from edgeinfer.serve.prep import ApiError
+
+    e = pickle.loads(pickle.dumps(ApiError(429, "full", {"Retry-After": "1"})))
+    assert (e.status, e.message, e.headers) == (429, "full", {"Retry-After": "1"})
+
+
+def test_non_finite_outputs_are_refused_by_name():
+    from edgeinfer.serve.prep import ApiError, check_finite
+
+    check_finite("m", {"y": np.ones(3, np.float32), "ids": np.array([1, 2])})
+    for bad in (np.nan, np.inf, -np.inf):
+        with pytest.raises(ApiError) as e:
+            check_finite("m", {"ok": np.ones(2), "y": np.array([1.0, bad], np.float32)})
+        assert e.value.status == 500 and "'y'" in e.value.message
 
 
 def test_cli_bad_option_exits_2(tmp_path):

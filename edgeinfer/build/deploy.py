@@ -126,9 +126,11 @@ def reference_onnx(src: Source, shapes: dict[str, list[int]], progress: Progress
     from edgeinfer.build.export import export_hf_onnx
 
     out = cache.area("deploy") / "onnx" / cache.key([src.sha256, shapes], length=20) / "model.onnx"
-    if not out.exists():
+    if not (out.exists() and cache.intact(out.parent)):  # the golden reference: never a damaged one
+        shutil.rmtree(out.parent, ignore_errors=True)
         with progress.step(f"exporting {src.path.name} to ONNX"):
             export_hf_onnx(src.path, out, shapes or None)
+        cache.seal_entry(out.parent)
     return out
 
 
@@ -445,9 +447,7 @@ def _plan_summary(p: Any) -> dict[str, Any]:
 
 
 def _tmp_parent(out_dir: Path) -> Path:
-    parent = out_dir.resolve().parent
-    parent.mkdir(parents=True, exist_ok=True)
-    return parent
+    return out_dir.resolve().parent  # created (by files.temp_dir) only once there is a bundle to build
 
 
 def _replace_dir(src: Path, dst: Path) -> None:

@@ -57,6 +57,11 @@ def export_hf_onnx(hf_dir: Path, out: Path, shapes: dict[str, list[int | str]] |
     try:
         hf = loader.from_pretrained(str(hf_dir), attn_implementation="eager").eval()
     except Exception as e:
+        if "weights only load failed" in str(e).lower():  # transformers loads .bin weights with weights_only=True
+            raise ModelError(
+                f"{hf_dir}: its weights file holds pickled Python objects, not just tensors, and "
+                "torch.load(weights_only=True) refuses it (nothing was unpickled); use model.safetensors"
+            ) from None
         raise ModelError(f"transformers cannot load {hf_dir}: {str(e).splitlines()[0]}") from None
 
     names, output = kind["inputs"], kind["output"]

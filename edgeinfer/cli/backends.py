@@ -72,8 +72,8 @@ def _render_doctor(report: dict[str, Any]) -> None:
     for f in report["failed_plugins"]:
         out.print(f"  {MARK['fail']} plugin {f['plugin']} ({f['distribution']} {f['version']}) did not load")
         out.print(f"      problem: {escape(f['error'])}")
-        out.print(f"      fix: reinstall it (pip install --force-reinstall {f['distribution']}), or leave it out "
-                  "with EDGEINFER_PLUGINS")
+        out.print("      fix: fix what the error names and reinstall the plugin (from a clone: pip install "
+                  "--force-reinstall ./plugins/NAME), or leave it out by listing the others in EDGEINFER_PLUGINS")
     if not report["backends"] and not report["failed_plugins"]:
         out.print(f"  {MARK['fail']} no backend plugins installed")
         out.print(f"      fix: {PLUGIN_INSTALL_HINT}")

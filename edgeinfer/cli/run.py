@@ -51,8 +51,12 @@ def token_id_limits(model: Path, bundle: Any) -> dict[str, int]:
     limits: dict[str, int] = {}
     for f in files[:1]:
         limits.update(index_limits(f))
-    if bundle is not None and bundle.manifest.text is not None and "input_ids" not in limits:
-        limits["input_ids"] = bundle._tokenizer.get_vocab_size()
+    text = bundle.manifest.text if bundle is not None else None
+    if text is not None and "input_ids" not in limits:
+        from edgeinfer.run.bundle import load_tokenizer
+
+        limits["input_ids"] = load_tokenizer(bundle.path / text.tokenizer / "tokenizer.json",
+                                             text.max_length).get_vocab_size()
     return limits
 
 

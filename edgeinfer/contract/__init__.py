@@ -13,7 +13,8 @@ from edgeinfer.contract.backend import (
     TensorSpec,
     validate_feeds,
 )
+from edgeinfer.contract.decoder import Decoder
 from edgeinfer.contract.hookspecs import hookimpl
 
-__all__ = ["Backend", "CalibrationSet", "OpTime", "Probe", "Problem", "Profile", "Session", "TensorSpec",
+__all__ = ["Backend", "CalibrationSet", "Decoder", "OpTime", "Probe", "Problem", "Profile", "Session", "TensorSpec",
            "hookimpl", "stamp", "validate_feeds"]

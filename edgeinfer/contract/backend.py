@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 if TYPE_CHECKING:  # numpy is imported where arrays are handled, so `edgeinfer plan` never loads it
     import numpy as np
 
+    from edgeinfer.contract.decoder import Decoder
+
 from edgeinfer.contract import stamp
 from edgeinfer.errors import BackendError, EdgeInferError, FeedError, InputError, ModelError
 from edgeinfer.planning.quant import normalize_scheme
@@ -299,7 +301,9 @@ class Backend:
     #: known gaps, as data: {"dynamic_shapes": "why"}; the conformance kit skips those cases
     gaps: ClassVar[dict[str, str]] = {}
 
-    REQUIRED = ("probe", "convert", "open")
+    #: a backend implements ``probe`` and at least one of these capabilities
+    REQUIRED = ("probe",)
+    CAPABILITIES = {"tensors": ("convert", "open"), "decoders": ("open_decoder",)}
 
     # --- primitives a backend implements -------------------------------------------------
     def probe(self) -> Probe:
@@ -314,6 +318,11 @@ class Backend:
 
     def open(self, artifact: Path, device: str | None, **options: Any) -> Session:
         """Load a native artifact and return a Session on ``device``."""
+        raise NotImplementedError
+
+    def open_decoder(self, model: Path, device: str | None, context: int, slots: int, **options: Any) -> Decoder:
+        """Load a decoder (language) model with a KV cache of ``context`` positions × ``slots``
+        sequences allocated now; see :mod:`edgeinfer.contract.decoder`."""
         raise NotImplementedError
 
     def versions(self) -> dict[str, str]:
@@ -396,6 +405,31 @@ class Backend:
             raise ModelError(f"{self.name} cannot load {path.name}: {_first_line(e)}") from e
         session.backend_name = self.name
         return session
+
+    def load_decoder(
+        self, model: str | os.PathLike[str], device: str | None = None, context: int = 2048, slots: int = 1,
+        **options: Any,
+    ) -> Decoder:
+        """Load a decoder model for generation (the core's loop or the backend's own)."""
+        path = _existing_file(model)
+        if not self.capable("decoders"):
+            raise InputError(f"backend {self.name!r} does not run decoder (language) models")
+        for name, value in (("context", context), ("slots", slots)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InputError(f"{name} must be a positive integer, got {value!r}")
+        try:
+            decoder = self.open_decoder(path, device, context, slots, **options)
+        except EdgeInferError:
+            raise
+        except Exception as e:
+            raise ModelError(f"{self.name} cannot load the decoder in {path.name}: {_first_line(e)}") from e
+        decoder.backend_name = self.name
+        return decoder
+
+    @classmethod
+    def capable(cls, capability: str) -> bool:
+        """Whether this backend implements every method of ``capability`` ("tensors", "decoders")."""
+        return all(getattr(cls, m) is not getattr(Backend, m) for m in cls.CAPABILITIES[capability])
 
     def is_native(self, path: Path) -> bool:
         """Whether :meth:`load` takes ``path`` as it is (by suffix); other files are converted first."""

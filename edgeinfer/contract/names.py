@@ -11,11 +11,13 @@ from __future__ import annotations
 #: the fp32 reference: golden checks compare against it, plain ``.onnx`` files load on it by
 #: default, segmented deploys calibrate each segment on the outputs it computes
 ENCODER_REFERENCE = "onnxruntime"
+#: the decoder reference: runs a Hugging Face decoder directory by default (generate, chat, decoder golden)
+DECODER_REFERENCE = "transformers"
 #: the backend of the ``host`` board (this machine, measured at run time) and the source of its schemes
 HOST_BACKEND = "onnxruntime"
 HOST_SCHEMES_SOURCE = "https://onnxruntime.ai/docs/performance/model-optimizations/quantization.html"
 #: plugins that live in this repository's plugins/ (install hints point there)
-BUNDLED_PLUGINS = ("onnxruntime", "openvino", "rknn", "ascend")
+BUNDLED_PLUGINS = ("onnxruntime", "openvino", "rknn", "ascend", "transformers")
 PLUGIN_INSTALL_HINT = "from a clone of edgeinfer: pip install ./plugins/onnxruntime (or ./plugins/openvino ...)"
 PLUGINS_EXAMPLE = "onnxruntime,openvino"  # an EDGEINFER_PLUGINS value in messages
 #: libraries whose logs, warnings and progress bars bury edgeinfer's one-line answer on stderr

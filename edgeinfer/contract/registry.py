@@ -132,6 +132,10 @@ def contract_problem(cls: Any) -> str | None:
     for method in Backend.REQUIRED:
         if getattr(cls, method) is getattr(Backend, method):
             return f"backend {cls.name!r} does not implement required method `{method}`"
+    if not any(cls.capable(c) for c in Backend.CAPABILITIES):
+        missing = next(m for m in Backend.CAPABILITIES["tensors"] if getattr(cls, m) is getattr(Backend, m))
+        return (f"backend {cls.name!r} does not implement required method `{missing}` "
+                "(or `open_decoder` for a decoder-only backend)")
     return None
 
 

@@ -26,6 +26,7 @@ from edgeinfer.run.bundle import Bundle
 from edgeinfer.serve.batcher import Batcher, Item, QueueFull, RequestFailed
 from edgeinfer.serve.config import ServeConfig
 from edgeinfer.serve.metrics import ENDPOINTS, Metrics
+from edgeinfer.serve.placement import check_devices
 from edgeinfer.serve.prep import (
     OFFLOAD_BYTES,
     OFFLOAD_VALUES,
@@ -47,7 +48,7 @@ from edgeinfer.serve.schemas import (
     InferResponse,
     request_body,
 )
-from edgeinfer.serve.workers import WorkerPool, check_devices
+from edgeinfer.serve.workers import WorkerPool
 
 log = logging.getLogger("edgeinfer.serve")
 requests_log = logging.getLogger("edgeinfer.serve.requests")
@@ -106,7 +107,7 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel] | None = None
     models = models if models is not None else open_models(config.bundles)
     state = State()
     pool = WorkerPool([(m.name, m.bundle.path) for m in models.values()], config.devices, config.max_batch,
-                      config.max_restarts, config.restart_window_s)
+                      config.max_restarts, config.restart_window_s, stop_grace_s=config.timeout_s)
     batcher_box: dict[str, Batcher] = {}
     metrics = Metrics(pool, [m.bundle.manifest.backend for m in models.values()],
                       queue_depth=lambda: {m: b.depth_of(m) for b in batcher_box.values() for m in b.queues})

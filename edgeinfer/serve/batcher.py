@@ -168,6 +168,8 @@ class Batcher:
             self.observe("batch", model=model, rows=sum(rows), requests=len(batch))
             parts = await self.pool.run(worker, model, batch[0].kind, feeds, rows)
         except WorkerCrashed as e:
+            if all(it.cancelled for it in batch):  # stopped on purpose: nobody waits for it
+                return
             log.warning("%s; retrying its %d request(s) once", e, len(batch))
             self.observe("crash", model=model)
             retry = []

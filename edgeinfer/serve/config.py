@@ -81,7 +81,11 @@ def api_key_from_file(path: Path) -> str:
     """The key in ``path`` (one line; surrounding whitespace and the newline are dropped)."""
     hint = "give a readable file holding the key on one line"
     try:
-        data = path.read_bytes()[: MAX_KEY_FILE + 1] if path.is_file() else None
+        if path.is_file():
+            with path.open("rb") as f:
+                data: bytes | None = f.read(MAX_KEY_FILE + 1)
+        else:
+            data = None
     except OSError as e:
         raise InputError(f"--api-key-file {path}: cannot read it ({e.strerror or e})", hint) from None
     if data is None:

@@ -182,8 +182,8 @@ def check_vocab(m: ServedModel, feeds: dict[str, np.ndarray]) -> None:
     lo, hi = int(ids.min()), int(ids.max())
     if lo < 0 or hi >= vocab:
         bad = lo if lo < 0 else hi
-        raise ApiError(400,
-                       f"input 'input_ids': token id {bad} is outside the vocabulary of {m.name} (0..{vocab - 1})")
+        raise ApiError(400, f"input 'input_ids': token id {bad} is outside the vocabulary of {m.name} "
+                            f"(0..{vocab - 1})")
 
 
 def parse_tensors(m: ServedModel, inputs: dict[str, Any], max_rows: int) -> dict[str, np.ndarray]:
@@ -271,8 +271,8 @@ def encode_infer(rid: str, model: str, outputs: dict[str, np.ndarray]) -> bytes:
     check_finite(model, outputs)
     return _dumps({
         "id": rid, "model": model,
-        "outputs": {k: {"dtype": v.dtype.name, "shape": list(v.shape), "data": v.tolist()} for k,
-                    v in outputs.items()},
+        "outputs": {k: {"dtype": v.dtype.name, "shape": list(v.shape), "data": v.tolist()}
+                    for k, v in outputs.items()},
     })
 
 

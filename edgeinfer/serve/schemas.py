@@ -13,8 +13,8 @@ class EmbeddingRequest(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
     input: Union[str, list[str]] = Field(description="A string or a list of strings to embed.")
-    model: str | None = Field(None,
-                              description="Model id from /v1/models (optional when one embedding model is served).")
+    model: str | None = Field(
+        None, description="Model id from /v1/models (optional when one embedding model is served).")
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, description="Must equal the model's dimension when given.")
     user: str | None = None
@@ -74,5 +74,5 @@ ERRORS = {c: {"model": ErrorResponse} for c in (400, 401, 404, 413, 429, 500, 50
 
 def request_body(schema: type[BaseModel]) -> dict[str, Any]:
     """``openapi_extra`` documenting a JSON body the endpoint reads itself (off the event loop)."""
-    return {"requestBody": {"required": True,
-                            "content": {"application/json": {"schema": schema.model_json_schema()}}}}
+    content = {"application/json": {"schema": schema.model_json_schema()}}
+    return {"requestBody": {"required": True, "content": content}}

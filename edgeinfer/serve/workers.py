@@ -18,7 +18,6 @@ import itertools
 import logging
 import multiprocessing as mp
 import os
-import re
 import signal
 import threading
 import time
@@ -28,7 +27,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from edgeinfer.errors import InputError
+from edgeinfer.serve.placement import placement
 
 log = logging.getLogger("edgeinfer.serve")
 
@@ -36,38 +35,12 @@ class WorkerCrashed(Exception):
     """The worker running a batch died before answering it."""
 
 
+class Cancelled(Exception):
+    """Every request of the running batch timed out: stop working on it."""
+
+
 class NoWorkers(Exception):
     """Every worker has failed too often and was given up."""
-
-
-# --- placement: which device / env / load options a worker entry means for a backend --------------
-
-
-def placement(backend: str, entry: str | None) -> tuple[dict[str, str], str | None, dict[str, Any]]:
-    """``(environment, device, load options)`` of the worker for ``--devices`` entry ``entry``: what
-    the backend's :meth:`~edgeinfer.contract.Backend.placement` says (docs/writing-a-backend.md)."""
-    if entry is None:
-        return {}, None, {}
-    from edgeinfer.contract import registry
-
-    return registry.get_backend(backend).placement(entry)
-
-
-MAX_WORKERS = 64
-_DEVICE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.:]*|[0-9]+")
-
-
-def check_devices(backends: list[str], entries: list[str]) -> None:
-    """Refuse ``--devices`` entries no backend of the served bundles could mean (before any worker starts)."""
-    if len(entries) > MAX_WORKERS:
-        raise InputError(f"--devices lists {len(entries)} workers; at most {MAX_WORKERS}")
-    from edgeinfer.contract import registry
-
-    for backend in sorted(set(backends)):
-        for e in entries:
-            registry.get_backend(backend).check_device_entry(e)
-            if not _DEVICE_NAME.fullmatch(e):
-                raise InputError(f"--devices {e!r}: not a device name or index; use e.g. 0,1 or CPU,NPU or GPU.1")
 
 
 # --- the worker process ------------------------------------------------------------------------------
@@ -136,10 +109,6 @@ def _run_rows(session: Any, feeds: dict[str, np.ndarray], max_batch: int,
             raise Cancelled()
         parts.append(run_padded(session, {k: v[i : i + step] for k, v in feeds.items()}))
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-
-
-class Cancelled(Exception):
-    """Every request of the running batch timed out: stop working on it."""
 
 
 def run_batch(bundle: Any, session: Any, kind: str, feeds: dict[str, np.ndarray], rows: list[int], max_batch: int,
@@ -269,6 +238,7 @@ class Worker:
     batches: int = 0
     send_lock: threading.Lock = field(default_factory=threading.Lock)
     cancel: Any = None  # shared integer: the id of a batch the worker should stop
+    killed: bool = False  # stopped by the pool (a timed-out batch it would not give up), not a crash
 
     @property
     def label(self) -> str:
@@ -283,12 +253,14 @@ class WorkerPool:
     """Starts, feeds, watches and restarts the worker processes."""
 
     def __init__(self, bundles: list[tuple[str, Path]], devices: list[str], max_batch: int,
-                 max_restarts: int = 5, restart_window_s: float = 60.0, on_restart: Any = None):
+                 max_restarts: int = 5, restart_window_s: float = 60.0, on_restart: Any = None,
+                 stop_grace_s: float = 30.0):
         self.bundles = [(n, str(p)) for n, p in bundles]
         self.max_batch = max_batch
         self.max_restarts = max_restarts
         self.restart_window_s = restart_window_s
         self.on_restart = on_restart
+        self.stop_grace_s = stop_grace_s
         self.workers = [Worker(i, e) for i, e in enumerate(devices or [None])]
         self._ctx = mp.get_context("spawn")
         self._ids = itertools.count(1)
@@ -388,17 +360,20 @@ class WorkerPool:
             self._resolve_ready(w, RuntimeError(f"worker {w.label} exited (code {code}) before loading the models"))
             self._notify()
             return
-        now = time.monotonic()
-        w.crashes.append(now)
-        while w.crashes and now - w.crashes[0] > self.restart_window_s:
-            w.crashes.popleft()
-        if len(w.crashes) > self.max_restarts:
-            log.error("worker %s crashed %d times in %.0f s; giving it up", w.label, len(w.crashes),
-                      self.restart_window_s)
-            w.state = "failed"
-            self._notify()
-            return
-        log.warning("worker %s (pid %s) exited with code %s; restarting it", w.label, w.pid, code)
+        if w.killed:  # not a crash: does not count towards giving the worker up
+            w.killed = False
+        else:
+            now = time.monotonic()
+            w.crashes.append(now)
+            while w.crashes and now - w.crashes[0] > self.restart_window_s:
+                w.crashes.popleft()
+            if len(w.crashes) > self.max_restarts:
+                log.error("worker %s crashed %d times in %.0f s; giving it up", w.label, len(w.crashes),
+                          self.restart_window_s)
+                w.state = "failed"
+                self._notify()
+                return
+            log.warning("worker %s (pid %s) exited with code %s; restarting it", w.label, w.pid, code)
         w.restarts += 1
         if self.on_restart:
             self.on_restart(w)
@@ -438,9 +413,19 @@ class WorkerPool:
                 await self._free.wait()
 
     def cancel(self, w: Worker) -> None:
-        """Ask ``w`` to stop its running batch between two chunks (its callers are gone)."""
-        if w.inflight is not None and w.cancel is not None:
-            w.cancel.value = w.inflight[0]
+        """Ask ``w`` to stop its running batch between two chunks (its callers are gone); when one chunk
+        alone outlasts ``stop_grace_s`` (a hung device, a huge chunk), restart the worker instead."""
+        if w.inflight is None or w.cancel is None or self._loop is None:
+            return
+        w.cancel.value = w.inflight[0]
+        self._loop.call_later(self.stop_grace_s, self._kill_stuck, w, w.generation, w.inflight[0])
+
+    def _kill_stuck(self, w: Worker, generation: int, batch_id: int) -> None:
+        if w.generation == generation and w.inflight is not None and w.inflight[0] == batch_id and w.process:
+            log.warning("worker %s (pid %s) still runs a batch nobody waits for, %g s after it was cancelled; "
+                        "restarting it", w.label, w.pid, self.stop_grace_s)
+            w.killed = True
+            w.process.kill()
 
     def release(self, w: Worker) -> None:
         if w.state == "busy":

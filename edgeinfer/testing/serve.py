@@ -177,3 +177,38 @@ class HealthProbe:
 
     def between(self, start: float, end: float) -> list[float]:
         return [lat for due, lat in self.samples if start <= due <= end]
+
+
+def slow_bundle(out: Path, layers: int = 64, width: int = 1024) -> Path:
+    """An onnxruntime bundle of ``layers`` dense layers (``x`` float32 [batch, 16] → ``y`` [batch, 16]) whose
+    rows are cheap to send and slow to run (~``2 * layers * width**2`` FLOPs each): for timeouts."""
+    if is_bundle(out):
+        return out
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from edgeinfer.contract import registry as plugins
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array((rng.standard_normal((16, width)) / 4).astype(np.float32), "w_in"),
+             numpy_helper.from_array((rng.standard_normal((width, width)) / width**0.5).astype(np.float32), "w"),
+             numpy_helper.from_array((rng.standard_normal((width, 16)) / width**0.5).astype(np.float32), "w_out")]
+    nodes, h = [helper.make_node("MatMul", ["x", "w_in"], ["h0"])], "h0"
+    for i in range(layers):
+        nodes += [helper.make_node("MatMul", [h, "w"], [f"m{i}"]), helper.make_node("Tanh", [f"m{i}"], [f"h{i + 1}"])]
+        h = f"h{i + 1}"
+    nodes.append(helper.make_node("MatMul", [h, "w_out"], ["y"]))
+    graph = helper.make_graph(nodes, "slow", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    out.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, out / "model.onnx")
+    be = plugins.get_backend("onnxruntime")
+    with be.load(out / "model.onnx") as s:
+        inputs, outputs = list(s.inputs), list(s.outputs)
+    write(out, Manifest(backend="onnxruntime", board="host-cpu", scheme="fp32", artifacts=["model.onnx"],
+                        inputs=inputs, outputs=outputs, source={"model": f"{layers} dense layers of {width}"},
+                        versions=be.versions()))
+    return out

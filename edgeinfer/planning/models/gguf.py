@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from edgeinfer.errors import ModelError
+from edgeinfer.planning.models.hf import MAX_LAYERS
 from edgeinfer.planning.models.spec import ModelSpec
 
 _FTYPE_NAMES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K",
@@ -70,6 +71,9 @@ def read_gguf(path: Path) -> ModelSpec:
         used = a("expert_used_count")
         ctx = a("context_length", None)
         swa = a("attention.sliding_window", None)
+        if layers > MAX_LAYERS:
+            raise ModelError(f"{path}: GGUF metadata gives {layers} layers, not a real layer count",
+                             "re-download or re-convert the file")
         if layers and (not heads or not hidden):
             raise ModelError(f"{path}: GGUF metadata gives {layers} layers but {heads} attention heads and "
                              f"embedding length {hidden}", "re-download or re-convert the file")

@@ -20,6 +20,7 @@ _TORCH_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 
 
 MAX_DIM = 2**40  # no real model comes near; larger values are corruption and overflow the arithmetic
+MAX_LAYERS = 100_000  # planners and the paging model walk the layers one by one
 
 
 def _need(cfg: dict, key: str, where: str):
@@ -60,6 +61,9 @@ def spec_from_config(cfg: dict, name: str, source: str) -> ModelSpec:
     if mt not in SUPPORTED:
         raise ModelError(f"unsupported model_type '{mt}' in {source}", "supported: " + ", ".join(SUPPORTED))
     L = _need(cfg, "num_hidden_layers", source)
+    if L > MAX_LAYERS:
+        raise ModelError(f"{source}: num_hidden_layers {L} is not a real layer count (at most {MAX_LAYERS})",
+                         "fix config.json or download it again")
     h = _need(cfg, "hidden_size", source)
     nh = _need(cfg, "num_attention_heads", source)
     V = _need(cfg, "vocab_size", source)
@@ -82,7 +86,10 @@ def spec_from_config(cfg: dict, name: str, source: str) -> ModelSpec:
         T = 2 if T is None else T
         emb_all = V * h + P * h + T * h + 2 * h
         per_layer = 4 * (h * h + h) + (h * inter + inter) + (inter * h + h) + 4 * h
-        arch = " ".join(cfg.get("architectures") or [])
+        archs = cfg.get("architectures") or []
+        if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+            raise ModelError(f"{source}: config key 'architectures' must be a list of class names, got {archs!r}")
+        arch = " ".join(archs)
         if "SequenceClassification" in arch:
             labels = cfg.get("id2label")
             nl = _opt(cfg, "num_labels", source) or (len(labels) if isinstance(labels, dict) else 0) or 1

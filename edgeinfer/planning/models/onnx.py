@@ -41,6 +41,9 @@ def read_onnx(path: Path) -> ModelSpec:
     types: dict[str, int] = {}
     total = 0
     for t in g.initializer:
+        if not isinstance(t.name, str) or any(d < 0 for d in t.dims):
+            raise ModelError(f"{path}: not a valid ONNX model (initializer {t.name!r} has a malformed name or "
+                             f"negative dims {list(t.dims)})", "re-export the model")
         n = 1
         for d in t.dims:
             n *= int(d)

@@ -211,3 +211,32 @@ def test_crafted_program_swapped_into_the_cache_is_not_loaded(base_pt2, x_npy, t
     with zipfile.ZipFile(cached) as z:
         assert z.read("program.pt2") != evil.read_bytes()  # converted again from the real source
     assert json.loads(again.stdout)["outputs"] == json.loads(first.stdout)["outputs"]
+
+
+@pytest.mark.parametrize("change,needle", [
+    ("compressed", "compressed"),
+    ("from_file", "torch.ops.aten.from_file.default"),
+    ("duplicate", "twice"),
+])
+def test_archive_tricks_are_refused(base_pt2, tmp_path, change, needle):
+    from edgeinfer_ascend import pt2
+
+    files = evil_pt2.members(base_pt2)
+    if change == "from_file":  # a node that would read a local file into the program's output
+        doc = json.loads(files["models/model.json"])
+        doc["graph_module"]["graph"]["nodes"][0]["target"] = "torch.ops.aten.from_file.default"
+        files["models/model.json"] = json.dumps(doc).encode()
+    data = evil_pt2.write(tmp_path / "p.pt2", files).read_bytes()
+    if change in ("compressed", "duplicate"):
+        buf = io.BytesIO()
+        with zipfile.ZipFile(io.BytesIO(data)) as src, zipfile.ZipFile(buf, "w") as dst:
+            for info in src.infolist():
+                blob = src.read(info)
+                kind = zipfile.ZIP_DEFLATED if change == "compressed" else zipfile.ZIP_STORED
+                dst.writestr(info.filename, blob, compress_type=kind)
+                if change == "duplicate" and info.filename.endswith("models/model.json"):
+                    with pytest.warns(UserWarning):
+                        dst.writestr(info.filename, blob)
+        data = buf.getvalue()
+    with pytest.raises(pt2.UnsafeProgram, match=needle):
+        pt2.sanitized(data, "p.pt2")

@@ -189,6 +189,15 @@ class OnnxRuntimeBackend(Backend):
         )
         return "static"
 
+    def open_decoder(self, model: Path, device: str | None, context: int, slots: int, **options: Any):
+        from edgeinfer.build import cache
+
+        from .decoder import open_decoder
+
+        if device not in (None, "", "cpu", "CPU", "auto"):
+            raise InputError(f"onnxruntime backend runs on CPU only, not {device!r}; omit --device or use CPU")
+        return open_decoder(model, context, slots, cache.area("artifacts"), dict(options))
+
     def open(self, artifact: Path, device: str | None, **options: Any) -> Session:
         if device not in (None, "", "cpu", "CPU", "auto"):
             raise InputError(f"onnxruntime backend runs on CPU only, not {device!r}; omit --device or use CPU")

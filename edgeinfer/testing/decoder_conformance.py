@@ -1,0 +1,146 @@
+"""The decoder conformance kit: one test class every backend that runs language models
+runs against itself, whether it gives step primitives or a native loop.
+
+Usage, in a plugin's tests::
+
+    from edgeinfer.testing import DecoderConformance
+
+    class TestMyNpuDecoders(DecoderConformance):
+        backend_name = "mynpu"
+        load_options = {"precision": "fp16"}
+
+The expected tokens come from calling transformers' ``generate`` (greedy, fp32) on the
+kit's trained test model directly — not from edgeinfer's own loop.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import edgeinfer
+from edgeinfer.contract import registry as plugins
+from edgeinfer.contract.backend import Backend
+from edgeinfer.contract.decoder import Decoder
+from edgeinfer.errors import InputError
+from edgeinfer.run.generation.generator import Generator
+from edgeinfer.run.generation.options import GenerationOptions
+from edgeinfer.run.generation.text import TextCodec
+
+PROMPTS = ("The licence grants", "Permission is hereby granted", "def main():")
+NEW_TOKENS = 32
+
+
+def reference_greedy(model_dir: Path, prompt_ids: list[int], new_tokens: int) -> list[int]:
+    """transformers' own greedy ``generate`` in fp32: the golden reference for decoders."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    with torch.inference_mode():
+        out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=new_tokens, do_sample=False,
+                             eos_token_id=model.generation_config.eos_token_id, pad_token_id=0)
+    return out[0, len(prompt_ids):].tolist()
+
+
+class DecoderConformance:
+    backend_name: str = ""
+    device: str | None = None
+    load_options: dict[str, Any] = {}
+    context: int = 128
+    kv_bytes_per_element: int = 4  # the KV cache's element size (4: fp32)
+    exact_greedy: bool = True  # lossless paths must reproduce the reference token for token
+
+    @classmethod
+    def model_dir(cls) -> Path:
+        from edgeinfer.testing.llm import model_dir
+
+        return model_dir()
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def backend(cls) -> Backend:
+        plugins.reset()
+        return edgeinfer.backend(cls.backend_name)
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def generator(cls, backend: Backend):
+        d = backend.load_decoder(cls.model_dir(), device=cls.device, context=cls.context, **cls.load_options)
+        with Generator(d, TextCodec(cls.model_dir())) as g:
+            yield g
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def expected(cls, generator: Generator) -> dict[str, list[int]]:
+        return {p: reference_greedy(cls.model_dir(), generator.prompt_ids(p), NEW_TOKENS) for p in PROMPTS}
+
+    # --- the contract -------------------------------------------------------------------------
+
+    def test_backend_declares_decoders(self, backend: Backend) -> None:
+        assert type(backend).capable("decoders")
+        assert plugins.contract_problem(type(backend)) is None
+
+    def test_decoder_facts(self, generator: Generator) -> None:
+        d, cfg = generator.decoder, json.loads((self.model_dir() / "config.json").read_text())
+        assert isinstance(d, Decoder) and d.backend_name == self.backend_name
+        assert d.context == self.context and d.slots >= 1
+        assert d.vocab_size == cfg["vocab_size"]
+        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+        per_slot = cfg["num_hidden_layers"] * 2 * cfg["num_key_value_heads"] * head_dim * self.context
+        assert d.kv_cache_bytes == per_slot * self.kv_bytes_per_element * d.slots
+
+    @pytest.mark.parametrize("prompt", PROMPTS)
+    def test_greedy_tokens_match_transformers(self, generator: Generator, expected: dict, prompt: str) -> None:
+        got = generator.generate(prompt, max_new_tokens=NEW_TOKENS).token_ids
+        want = expected[prompt]
+        if self.exact_greedy:
+            assert got == want
+        else:
+            assert got[:4] == want[:4], "lossy paths must still agree on the first tokens"
+
+    def test_same_request_twice_gives_the_same_tokens(self, generator: Generator) -> None:
+        a = generator.generate(PROMPTS[0], max_new_tokens=12).token_ids
+        generator.generate(PROMPTS[1], max_new_tokens=12)
+        assert generator.generate(PROMPTS[0], max_new_tokens=12).token_ids == a
+
+    def test_seeded_sampling_is_reproducible(self, generator: Generator) -> None:
+        opts = GenerationOptions(max_new_tokens=16, temperature=1.0, top_k=20, seed=5)
+        assert generator.generate(PROMPTS[1], opts).token_ids == generator.generate(PROMPTS[1], opts).token_ids
+
+    def test_stream_joins_to_the_text(self, generator: Generator) -> None:
+        s = generator.stream(PROMPTS[2], max_new_tokens=NEW_TOKENS)
+        assert "".join(s) == s.result.text
+        m = s.result.metrics
+        assert m.generated_tokens == len(s.result.token_ids) and m.kv_cache_bytes == generator.kv_cache_bytes
+
+    def test_chunked_prefill_equals_one_prefill(self, generator: Generator) -> None:
+        d = generator.decoder
+        if d.native_loop:
+            pytest.skip("native-loop backends prefill inside their own loop")
+        ids = np.asarray(generator.prompt_ids(PROMPTS[1]), dtype=np.int64)
+        d.reset(0)
+        whole = d.prefill(0, ids)
+        d.reset(0)
+        for i in range(0, len(ids), 3):
+            parts = d.prefill(0, ids[i : i + 3])
+        d.reset(0)
+        np.testing.assert_allclose(parts, whole, rtol=1e-3, atol=1e-3)
+
+    def test_positions_past_the_context_are_refused(self, generator: Generator) -> None:
+        with pytest.raises(InputError, match="context"):
+            generator.generate("word " * (self.context + 8), max_new_tokens=1)
+        d = generator.decoder
+        if not d.native_loop:
+            d.reset(0)
+            with pytest.raises(InputError, match="context"):
+                d.prefill(0, np.zeros(self.context + 1, dtype=np.int64))
+            d.reset(0)
+
+    def test_unknown_option_is_an_input_error(self, backend: Backend) -> None:
+        with pytest.raises(InputError, match="unknown option"):
+            backend.load_decoder(self.model_dir(), device=self.device, context=16, no_such_option=1)

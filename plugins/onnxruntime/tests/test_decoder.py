@@ -1,0 +1,5 @@
+from edgeinfer.testing import DecoderConformance
+
+
+class TestOnnxRuntimeDecoders(DecoderConformance):
+    backend_name = "onnxruntime"

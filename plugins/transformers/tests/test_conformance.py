@@ -1,0 +1,5 @@
+from edgeinfer.testing import DecoderConformance
+
+
+class TestTransformersReference(DecoderConformance):
+    backend_name = "transformers"

@@ -1,0 +1,67 @@
+"""The decoder golden check: verdicts on hand-made token/logit sequences, and on real runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import edgeinfer
+from edgeinfer.run.generation.golden import THRESHOLDS, check, compare_prompt, summary_line
+
+
+def _logits(top: int, margin: float, vocab: int = 8) -> np.ndarray:
+    x = np.zeros(vocab, dtype=np.float32)
+    x[top] = 5.0
+    x[(top + 1) % vocab] = 5.0 - margin
+    return x
+
+
+def test_identical_runs_pass_with_full_agreement():
+    ref = [_logits(1, 2.0), _logits(3, 2.0)]
+    row = compare_prompt("p", [1, 3], ref, [1, 3], [r.copy() for r in ref], THRESHOLDS["fp32"])
+    assert row["agreement"] == 1.0 and row["first_divergence"] is None and row["problems"] == []
+    assert row["cosine_min"] == pytest.approx(1.0) and row["top5_overlap"] == 1.0
+
+
+def test_divergence_at_a_near_tie_is_reported_not_failed():
+    ref = [_logits(1, 2.0), _logits(3, 0.01), _logits(5, 2.0)]  # step 1: reference almost tied (3 vs 4)
+    flipped = ref[1].copy()
+    flipped[4] += 0.02  # a rounding-sized change flips the choice to 4
+    got = [ref[0].copy(), flipped, _logits(6, 2.0)]
+    row = compare_prompt("p", [1, 3, 5], ref, [1, 4, 6], got, THRESHOLDS["fp32"])
+    assert row["first_divergence"] == 1 and row["near_tie"] is True
+    assert row["reference_margin_at_divergence"] == pytest.approx(0.01, abs=1e-6)
+    assert row["agreement"] == pytest.approx(1 / 3)
+    assert row["cosine_min"] > 0.9999  # steps after the divergence saw other contexts: not compared
+    assert row["problems"] == []
+
+
+def test_divergence_with_a_clear_margin_fails():
+    ref = [_logits(1, 2.0), _logits(3, 3.0)]
+    got = [_logits(1, 2.0), _logits(4, 3.0)]
+    row = compare_prompt("p", [1, 3], ref, [1, 4], got, THRESHOLDS["fp32"])
+    assert row["near_tie"] is False
+    assert any("diverges at token 1" in p for p in row["problems"])
+
+
+def test_nan_logits_fail():
+    ref = [_logits(1, 2.0)]
+    bad = np.full(8, np.nan, dtype=np.float32)
+    row = compare_prompt("p", [1], ref, [1], [bad], THRESHOLDS["fp32"])
+    assert not row["finite"] and "non-finite logits" in row["problems"]
+
+
+def test_real_runs_reference_against_itself_and_against_bf16():
+    from edgeinfer.testing.llm import model_dir
+
+    prompts = ["The licence grants", "Permission is hereby granted"]
+    with edgeinfer.load(model_dir(), ctx=96) as ref, edgeinfer.load(model_dir(), ctx=96) as same:
+        report = check(same, ref, prompts, 24, "fp32")
+        assert report["passed"] and report["token_agreement"] == 1.0, summary_line(report)
+        assert report["cosine_min"] > 0.99999
+        with edgeinfer.load(model_dir(), ctx=96, dtype="bfloat16") as bf16:
+            strict = check(bf16, ref, prompts, 24, "fp32")  # bf16 judged as if it were lossless
+            loose = check(bf16, ref, prompts, 24, "bf16")
+    assert strict["cosine_min"] < 0.9999 and not strict["passed"], summary_line(strict)
+    assert loose["cosine_min"] == strict["cosine_min"]
+    assert "decoder golden check" in summary_line(loose)
