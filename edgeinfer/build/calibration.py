@@ -134,10 +134,6 @@ def split(samples: list[Feeds], limit: int = DEFAULT_SAMPLES, heldout: int = 16)
     return samples[:limit], []
 
 
-def as_set(samples: list[Feeds]) -> CalibrationSet:
-    return CalibrationSet(samples)
-
-
 def fingerprint(samples: list[Feeds]) -> str:
     h = hashlib.sha256()
     for s in samples:

@@ -207,18 +207,12 @@ def host_board() -> Board:
     )
 
 
-_PLUGIN_BOARDS: list = []
 PLUGIN_BOARD_ERRORS: list[str] = []  # one line per plugin-provided profile that failed validation
 
 
-def register_board(item) -> None:
-    """Add a board (a Board, a dict or a YAML path) — used by plugins' register_boards hook."""
-    _PLUGIN_BOARDS.append(item)
-
-
 def _plugin_boards() -> list:
-    items = list(_PLUGIN_BOARDS)
-    try:  # the core's plugin manager, when present; never fatal
+    items: list = []
+    try:  # the core's plugin manager; never fatal
         from edgeinfer.contract import registry as plugins  # noqa: PLC0415
 
         items += [b for b, _info in plugins.registry().boards()]

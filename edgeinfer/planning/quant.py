@@ -67,10 +67,6 @@ class Scheme:
     group_size: int | None = None
 
     @property
-    def bytes_per_weight(self) -> float:
-        return self.bpw / 8.0
-
-    @property
     def family(self) -> str:
         """Scheme without the group suffix: w4a16_g128 -> w4a16."""
         return self.name.split("_g")[0] if self.kind == "int" else self.name
@@ -109,12 +105,6 @@ def normalize_scheme(name: str) -> Scheme:
         return normalize_scheme({"F16": "fp16", "BF16": "bf16", "F32": "fp32"}[up])
     raise InputError(f"unknown quantization scheme '{raw}'",
                      "known schemes: " + ", ".join(known_schemes()))
-
-
-def gguf_tensor_bytes(type_name: str, n_elements: int) -> int:
-    """Exact bytes of one GGUF tensor of ``type_name`` with ``n_elements`` elements."""
-    blk, size = GGUF_BLOCKS[type_name.upper()]
-    return (n_elements // blk) * size
 
 
 def kv_bytes_per_element(kv_dtype: str) -> float:

@@ -47,10 +47,6 @@ class ModelSpec:
     def is_moe(self) -> bool:
         return self.n_experts > 0
 
-    @property
-    def non_embedding_params(self) -> int:
-        return self.params_total - self.embedding_params - (0 if self.tied_embeddings else self.lm_head_params)
-
     def kv_bytes_per_token(self, bytes_per_elem: float = 2.0) -> float:
         """2 (K,V) × layers × kv_heads × head_dim × bytes; 0 for encoders."""
         if not self.has_kv:
