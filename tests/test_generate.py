@@ -148,7 +148,7 @@ def test_generate_json_reports_text_ids_and_metrics(llm_dir, hf_greedy):
         (["--prompt", "x", "--temperature", "-1"], "temperature"),
         (["--prompt", "word " * 40, "--ctx", "16", "--max-new-tokens", "4"], "exceed the context"),
         (["--prompt", "x", "--ctx", "0"], "context must be a positive integer"),
-        (["--prompt", "x", "--backend", "onnxruntime"], "does not run decoder"),
+        (["--prompt", "x", "--backend", "example"], "does not run decoder"),  # the tensors-only example plugin
     ],
 )
 def test_generate_bad_input_is_one_line_exit_2(llm_dir, args, needle):
