@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer.contract.backend import CalibrationSet, TensorSpec, validate_feeds
+from edgeinfer.contract.backend import TensorSpec, validate_feeds
 from edgeinfer.errors import FeedError, InputError
 
 DEFAULT_SAMPLES = 128  # enough for MinMax-style PTQ on the models we target
@@ -97,7 +97,8 @@ def _from_dir(path: Path, specs: Sequence[TensorSpec]) -> list[Feeds]:
 
 
 def _load_arrays(path: Path, archive: bool) -> Any:
-    """The arrays of a .npz (``archive``: a dict) or the array of a .npy; object arrays are refused, never unpickled."""
+    """The arrays of a .npz (``archive``: a dict) or the array of a .npy; object arrays are refused,
+    never unpickled."""
     try:
         loaded = np.load(path, allow_pickle=False)
         if isinstance(loaded, np.ndarray):

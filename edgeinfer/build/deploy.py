@@ -9,7 +9,6 @@ scheme, shapes, calibration, backend versions).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -21,11 +20,11 @@ from typing import Any
 import numpy as np
 
 from edgeinfer import files
-from edgeinfer.contract.names import ENCODER_REFERENCE
 from edgeinfer.build import cache, calibration, golden
 from edgeinfer.contract import registry as plugins
 from edgeinfer.contract import stamp
-from edgeinfer.contract.backend import CalibrationSet, Session, TensorSpec
+from edgeinfer.contract.backend import CalibrationSet, TensorSpec
+from edgeinfer.contract.names import ENCODER_REFERENCE
 from edgeinfer.errors import CheckFailed, InputError
 from edgeinfer.planning.boards import Board, get_board
 from edgeinfer.planning.quant import normalize_scheme
@@ -170,7 +169,8 @@ def text_spec(hf_dir: Path | None, seq: int, output: str) -> TextSpec | None:
     pool_cfg = hf_dir / "1_Pooling" / "config.json"
     if pool_cfg.is_file():
         cfg = json.loads(pool_cfg.read_text())
-        pooling = "cls" if cfg.get("pooling_mode_cls_token") else "mean" if cfg.get("pooling_mode_mean_tokens") else "none"
+        mean = "mean" if cfg.get("pooling_mode_mean_tokens") else "none"
+        pooling = "cls" if cfg.get("pooling_mode_cls_token") else mean
     modules = hf_dir / "modules.json"
     if modules.is_file():
         normalize = any("Normalize" in m.get("type", "") for m in json.loads(modules.read_text()))

@@ -113,7 +113,8 @@ def compare(
 
 def _is_logits(name: str, arr: np.ndarray) -> bool:
     """Classifier outputs: named logits/scores, or a 2-D [batch, classes] float array."""
-    return arr.ndim >= 2 and arr.shape[-1] > 1 and ("logit" in name.lower() or "score" in name.lower() or arr.ndim == 2)
+    named = "logit" in name.lower() or "score" in name.lower()
+    return arr.ndim >= 2 and arr.shape[-1] > 1 and (named or arr.ndim == 2)
 
 
 def summary_line(report: dict[str, Any]) -> str:
@@ -122,7 +123,8 @@ def summary_line(report: dict[str, Any]) -> str:
         if "error" in m:
             parts.append(f"output {name}: {m['error']}")
             continue
-        s = f"{name}: cosine min {m['cosine_min']:.5f} mean {m['cosine_mean']:.5f}, max |err| {m['max_abs_error']:.3g}"
+        s = (f"{name}: cosine min {m['cosine_min']:.5f} mean {m['cosine_mean']:.5f}, "
+             f"max |err| {m['max_abs_error']:.3g}")
         if "top1_agreement" in m:
             s += f", top-1 {m['top1_agreement']:.1%}"
         parts.append(s)

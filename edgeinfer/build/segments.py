@@ -14,11 +14,11 @@ if TYPE_CHECKING:  # numpy is imported where arrays are made, so `edgeinfer plan
     import numpy as np
 
 from edgeinfer.build import cache
-from edgeinfer.contract.names import ENCODER_REFERENCE
-from edgeinfer.contract import stamp
-from edgeinfer.contract import registry as plugins
 from edgeinfer.build.split import INDEX, split_onnx
+from edgeinfer.contract import registry as plugins
+from edgeinfer.contract import stamp
 from edgeinfer.contract.backend import Backend, CalibrationSet
+from edgeinfer.contract.names import ENCODER_REFERENCE
 from edgeinfer.errors import BackendUnavailableError, InputError
 from edgeinfer.run.paged import PagedSession
 

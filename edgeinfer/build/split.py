@@ -400,9 +400,8 @@ def _concrete_boundaries(infos: Sequence[SegmentInfo], graph: _Graph, vis: Mappi
     have, so backends that need static shapes can convert every segment."""
     import numpy as np
 
-    from edgeinfer.contract.names import ENCODER_REFERENCE
-
     from edgeinfer.contract import registry
+    from edgeinfer.contract.names import ENCODER_REFERENCE
 
     onnx = _onnx()
     try:
