@@ -12,7 +12,9 @@ import time
 import httpx
 import numpy as np
 import pytest
-from edgeinfer.serve._testkit import (
+
+from edgeinfer.testing import minilm
+from edgeinfer.testing.serve import (
     HealthProbe,
     ServerProc,
     largest_embeddings_body,
@@ -20,8 +22,6 @@ from edgeinfer.serve._testkit import (
     minilm_bundle,
     slow_bundle,
 )
-
-from edgeinfer.testing import minilm
 
 pytestmark = pytest.mark.slow
 
