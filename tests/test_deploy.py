@@ -177,7 +177,7 @@ def test_bad_quantization_is_caught_not_shipped(env, golden_txt, tmp_path):
 
 def test_model_that_does_not_fit_is_refused(tmp_path, env):
     tiny = tmp_path / "tiny-board.yaml"
-    src = (Path(bundle_mod.__file__).parent / "_boards" / "core-ultra-155h.yaml").read_text()
+    src = (Path(bundle_mod.__file__).parents[1] / "_boards" / "core-ultra-155h.yaml").read_text()
     import re
 
     src = re.sub(r"(memory_total_gib:\n  value: )[0-9.]+", r"\g<1>0.01", src.replace("core-ultra-155h", "tiny-test"))
