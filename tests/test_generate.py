@@ -178,3 +178,14 @@ def test_chat_flag_without_a_template_is_one_line_exit_2(llm_dir, tmp_path):
     (bare / "chat_template.jinja").unlink(missing_ok=True)
     p = _cli("generate", str(bare), "--prompt", "hi", "--chat")
     assert p.returncode == 2 and "no chat template" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_the_generation_doc_example_runs(tmp_path):
+    """docs/generation.md's Python block, as written."""
+    import re
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "generation.md").read_text()
+    block = re.search(r"```python\n(.*?)```", doc, re.S).group(1)
+    p = subprocess.run([sys.executable, "-c", block], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.strip()

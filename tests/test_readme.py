@@ -107,7 +107,8 @@ def test_the_readme_runs_as_written(tmp_path: Path) -> None:
     env = _env()
 
     top = _blocks(README.read_text(encoding="utf-8").split("\n## ")[0], "bash")[0]
-    plan = "edgeinfer plan " + top.split(".venv/bin/edgeinfer plan ", 1)[1].strip()
+    plan = "edgeinfer plan " + top.split(".venv/bin/edgeinfer plan ", 1)[1].splitlines()[0].strip()
+    assert "\nmake test\n" in top + "\n", "the README's first block gives the test command too"
     first = subprocess.run(["bash", "-c", plan], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert first.returncode == 0, first.stderr
 
