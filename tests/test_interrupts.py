@@ -69,7 +69,8 @@ def _leftovers(*roots: Path) -> list[Path]:
     out = []
     for root in roots:
         # the seal of a finished cache entry (the sealed reference export) is not a leftover
-        out += [p for p in root.rglob("*") if (p.name.startswith(".edgeinfer-") and p.name != SEAL) or ".tmp" in p.name]
+        out += [p for p in root.rglob("*")
+                if (p.name.startswith(".edgeinfer-") and p.name != SEAL) or ".tmp" in p.name]
     return out
 
 
