@@ -73,6 +73,9 @@ class CountingBackend:
         self.fail_segment = fail_segment
         self._lock = threading.Lock()
 
+    def __getattr__(self, name):  # the rest of the contract (paging_limit, artifact_files, ...) is the real one
+        return getattr(self.inner, name)
+
     def load(self, artifact, device=None, **options):
         if self.fail_segment and Path(artifact).name == self.fail_segment and \
                 threading.current_thread() is not threading.main_thread():
