@@ -55,6 +55,8 @@ def write(artifact: Path, *, backend: Backend, scheme: str, source: Path, **fact
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         **facts,
     }
+    if "outputs" in data:  # TensorSpecs, as the inputs (a paged session wires segments from them)
+        data["outputs"] = [s.to_json() if hasattr(s, "to_json") else s for s in data["outputs"]]
     stamp_path(artifact).write_text(json.dumps(data, indent=2) + "\n")
     return data
 
