@@ -1,5 +1,5 @@
 # make dev   — .venv with the core, every plugin and example in editable mode, and test deps
-# make test  — the whole suite inside .venv
+# make test  — ruff check, then the whole suite inside .venv
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -8,7 +8,7 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 PROJECTS := . $(sort $(dir $(wildcard plugins/*/pyproject.toml examples/*/pyproject.toml)))
 STAMP := $(VENV)/.edgeinfer-dev
 
-.PHONY: dev test bench clean
+.PHONY: dev test lint bench clean
 
 dev: $(STAMP)
 
@@ -20,8 +20,11 @@ $(STAMP): Makefile requirements-dev.txt pyproject.toml $(wildcard plugins/*/pypr
 	$(PIP) install --no-build-isolation $(foreach p,$(PROJECTS),-e $(p))
 	touch $(STAMP)
 
-test: dev
+test: dev lint
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: dev
+	$(VENV)/bin/ruff check .
 
 bench: dev
 	for b in bench/*.py; do $(PY) $$b || exit 1; done

@@ -9,7 +9,8 @@ all-MiniLM-L6-v2, fp32, on torch's CPU device:
    the bucket, at batch 1 and 32 (eager).
 
 Writes bench/results/ascend_cpu_path.json and prints a summary.
-Usage: python bench/ascend_cpu_path.py [--quick]   (--quick: seq buckets 64,128 only, writes ascend_cpu_path_quick.json)
+Usage: python bench/ascend_cpu_path.py [--quick]
+       (--quick: seq buckets 64,128 only, writes ascend_cpu_path_quick.json)
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ def timed(fn, repeat: int) -> dict:
 def dummy(b: int, s: int) -> dict:
     ids = np.full((b, s), 1000, np.int64)
     ids[:, 0] = 101
-    return {"input_ids": ids, "attention_mask": np.ones((b, s), np.int64), "token_type_ids": np.zeros((b, s), np.int64)}
+    return {"input_ids": ids, "attention_mask": np.ones((b, s), np.int64), "token_type_ids": np.zeros((b, s),
+                                                                                                      np.int64)}
 
 
 def main() -> None:
@@ -61,7 +63,8 @@ def main() -> None:
         t = time.perf_counter()
         sessions[mode] = be.load(art, compile=(mode == "compiled"), **opts)
         load_s[mode] = time.perf_counter() - t
-        print(f"loaded {mode} (warm-up of {len(seqs) * len(batches)} buckets) in {load_s[mode]:.1f} s", file=sys.stderr)
+        print(f"loaded {mode} (warm-up of {len(seqs) * len(batches)} buckets) in {load_s[mode]:.1f} s",
+              file=sys.stderr)
 
     per_bucket = []
     for b in batches:
@@ -84,7 +87,8 @@ def main() -> None:
             row["compiled_max_abs_diff"] = float(np.abs(out_e - out_c).max())
             per_bucket.append(row)
             print(
-                f"{key:10s} eager {row['eager']['median_ms']:8.1f} ms  compiled {row['compiled']['median_ms']:8.1f} ms  "
+                f"{key:10s} eager {row['eager']['median_ms']:8.1f} ms  compiled {row['compiled']['median_ms']:8.1f} "
+                "ms  "
                 f"warm-up eager {row['eager']['warmup_first_run_ms']:8.1f} ms  "
                 f"compiled {row['compiled']['warmup_first_run_ms']:9.1f} ms ({row['compiled']['compiles']} compile)",
                 file=sys.stderr,

@@ -23,8 +23,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import write as write_result  # noqa: E402
 
-from edgeinfer.backend import TensorSpec  # noqa: E402
-from edgeinfer.bundle import Bundle, Manifest, verify, write  # noqa: E402
+from edgeinfer.contract.backend import TensorSpec  # noqa: E402
+from edgeinfer.run.bundle import Bundle, Manifest, verify, write  # noqa: E402
 
 CHUNK = 16 << 20
 
@@ -68,7 +68,8 @@ def main() -> None:
         artifact = bundle / "model.bin"
         make_s = timed(lambda: make_artifact(artifact, size))
         manifest = Manifest(backend="onnxruntime", board="host", scheme="fp32", artifacts=["model.bin"],
-                            inputs=[TensorSpec("x", (1, 16), "float32")], outputs=[TensorSpec("y", (1, 8), "float32")],
+                            inputs=[TensorSpec("x", (1, 16), "float32")], outputs=[TensorSpec("y", (1, 8),
+                                                                                              "float32")],
                             source={"name": "random"})
         seal_s = timed(lambda: write(bundle, manifest))  # warm: the file was just written
         opens = [timed(lambda: Bundle.open(bundle)) for _ in range(args.opens)]
@@ -94,7 +95,7 @@ def main() -> None:
         "verify_full_sha256_cold": summary(cold),
         "verify_full_sha256_warm": summary(warm),
         "notes": "cold = after posix_fadvise(DONTNEED) on the artifact (the host may still cache the disk); "
-                 "sha256 via hashlib in 1 MiB reads (edgeinfer.stamp.sha256_file); machine shared by others",
+                 "sha256 via hashlib in 1 MiB reads (edgeinfer.contract.stamp.sha256_file); machine shared by others",
         "temporary_directory_removed": not Path(tmp).exists(),
     }
     write_result("bundle_hashing", result)

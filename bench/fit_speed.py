@@ -23,10 +23,10 @@ sys.path.insert(0, str(ROOT))
 
 import yaml  # noqa: E402
 
-from edgeinfer import planner  # noqa: E402
-from edgeinfer.boards import get_board  # noqa: E402
-from edgeinfer.models import resolve  # noqa: E402
-from edgeinfer.quant import normalize_scheme  # noqa: E402
+from edgeinfer.planning import planner  # noqa: E402
+from edgeinfer.planning.boards import get_board  # noqa: E402
+from edgeinfer.planning.models import resolve  # noqa: E402
+from edgeinfer.planning.quant import normalize_scheme  # noqa: E402
 
 OUT = ROOT / "edgeinfer" / "data" / "speed_constants.json"
 MIB = 2**20
@@ -98,9 +98,11 @@ def main() -> dict:
             errs.append(abs(pred - r["decode"]) / r["decode"] * 100)
         pfs = []
         for r, f in items:
-            pre = r.get("prefill") or (r["prompt"] / (r["ttft_ms"] / 1000) if r.get("ttft_ms") and r.get("prompt") else None)
+            pre = r.get("prefill") or (
+                r["prompt"] / (r["ttft_ms"] / 1000) if r.get("ttft_ms") and r.get("prompt") else None)
             b = f["board"]
-            peak = b.int8_tops.value * 1e12 if b.int8_tops else (b.fp16_tflops.value * 1e12 if b.fp16_tflops else None)
+            peak = b.int8_tops.value * 1e12 if b.int8_tops else (
+                b.fp16_tflops.value * 1e12 if b.fp16_tflops else None)
             if pre and peak:
                 pfs.append(pre * 2 * f["spec"].params_active / peak)
         speed[key] = {
@@ -130,7 +132,8 @@ def main() -> dict:
         med = statistics.median(v for _, v in residuals)
         ov["rkllm"] = {"value": round(max(med, 0.0), 1),
                        "source": "bench/fit_speed.py: median of (RKLLM peak RSS − weights − KV − activations) over "
-                                 f"vendor rows {[r for r, _ in residuals]} of bench/data/measured_rows.yaml (docs/board-facts.md#rkllm-memory)",
+                                 f"vendor rows {[r for r, _ in residuals]} of bench/data/measured_rows.yaml "
+                                 "(docs/board-facts.md#rkllm-memory)",
                        "residuals_mib": {str(k): round(v, 1) for k, v in residuals}}
     prev = json.loads(OUT.read_text()) if OUT.is_file() else {}
     result = {"schema": "edgeinfer.speed_constants/1", "speed": speed,
@@ -146,7 +149,8 @@ if __name__ == "__main__":
     print(f"{'group':42s} {'rows':>8s} {'t0 ms':>7s} {'BW_eff':>8s} {'frac':>6s} {'prefill':>8s}  median|err|%")
     for k, v in res["speed"].items():
         pf = f"{v['prefill_factor']:.4f}" if v["prefill_factor"] else "-"
-        print(f"{k:42s} {str(v['rows']):>8s} {v['t0_ms']:7.2f} {v['bw_eff_gbps']:8.1f} {v['bw_fraction']:6.3f} {pf:>8s}  "
+        print(f"{k:42s} {str(v['rows']):>8s} {v['t0_ms']:7.2f} {v['bw_eff_gbps']:8.1f} {v['bw_fraction']:6.3f} "
+              f"{pf:>8s}  "
               f"{v['fit_median_abs_pct_error']:.1f}  ({v['fit']})")
     for k, v in res["overhead_mib"].items():
         print(f"overhead {k}: {v['value']} MiB  residuals {v.get('residuals_mib')}")

@@ -25,7 +25,6 @@ import tempfile
 import time
 from pathlib import Path
 
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import write  # noqa: E402
 
@@ -33,10 +32,10 @@ SEQ = 128
 
 
 def cached_onnx() -> Path:
-    from edgeinfer.testing import minilm
-
     import torch
     import transformers
+
+    from edgeinfer.testing import minilm
 
     root = Path(os.environ.get("EDGEINFER_TEST_CACHE") or os.path.expanduser("~/.cache/edgeinfer/test-models"))
     key = f"minilm-dynamic-torch{torch.__version__}-tf{transformers.__version__}".replace("+", "_")
@@ -77,7 +76,7 @@ def overhead_breakdown(be, rounds: int = 3000) -> dict:
     """Where edgeinfer's per-call time goes, measured on a tiny model (inference of a few us) so the
     fixed Python costs dominate: the input copy into the request, the session wrapper (lock, output
     dict), and the core's validate_feeds."""
-    from edgeinfer.backend import validate_feeds
+    from edgeinfer.contract.backend import validate_feeds
     from edgeinfer.testing import models
 
     tmp = Path(tempfile.mkdtemp(prefix="edgeinfer-bench-ov-tiny-"))
@@ -108,7 +107,7 @@ def overhead_breakdown(be, rounds: int = 3000) -> dict:
 def overhead(be, ir: Path, feeds: dict, rounds: int) -> dict:
     import openvino as ov
 
-    from edgeinfer.backend import validate_feeds
+    from edgeinfer.contract.backend import validate_feeds
 
     session = be.load(ir, device="CPU", hint="LATENCY")
     config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32"}
@@ -170,7 +169,7 @@ def main() -> None:
     from transformers import AutoModel
 
     import edgeinfer
-    from edgeinfer.backend import CalibrationSet
+    from edgeinfer.contract.backend import CalibrationSet
     from edgeinfer.testing import minilm
 
     threads = os.cpu_count() or 1
@@ -187,7 +186,8 @@ def main() -> None:
     irs, convert_s = {}, {}
     for scheme in ("fp32", "w8a8", "w8a16"):
         t = time.perf_counter()
-        irs[scheme] = be.quantize(onnx_path, scheme, calib if scheme == "w8a8" else None, tmp / f"minilm-{scheme}.xml")
+        irs[scheme] = be.quantize(onnx_path, scheme, calib if scheme == "w8a8" else None,
+                                  tmp / f"minilm-{scheme}.xml")
         convert_s[scheme] = time.perf_counter() - t
 
     # 1. overhead
@@ -221,8 +221,10 @@ def main() -> None:
     sessions = {}
     for scheme in ("fp32", "w8a8", "w8a16"):
         s = sessions[scheme] = be.load(irs[scheme], device="CPU", hint="LATENCY")
-        rows.append(throughput(f"openvino {scheme}", lambda s=s: s.run(b32)["last_hidden_state"], 32, args.repeat, ref, pool))
-    rows.append(throughput("onnxruntime fp32", lambda: ort_sess.run(["last_hidden_state"], b32)[0], 32, args.repeat, ref, pool))
+        rows.append(throughput(f"openvino {scheme}", lambda s=s: s.run(b32)["last_hidden_state"], 32, args.repeat,
+                               ref, pool))
+    rows.append(throughput("onnxruntime fp32", lambda: ort_sess.run(["last_hidden_state"], b32)[0], 32, args.repeat,
+                           ref, pool))
     tmodel = AutoModel.from_pretrained(str(minilm.model_dir()), attn_implementation="eager").eval()
     tfeeds = {k: torch.from_numpy(v) for k, v in b32.items()}
 
@@ -265,9 +267,12 @@ def main() -> None:
     print("edgeinfer Session vs raw OpenVINO (median ms per call):")
     for o in over:
         m = o["median_ms"]
-        print(f"  batch {o['batch']:>2}: session {m['edgeinfer_session_run']:.3f}  infer_request {m['raw_infer_request']:.3f}"
-              f"  compiled() {m['raw_compiled_model_call']:.3f}  overhead {o['overhead_ratio_vs_best_raw'] * 100:+.2f}%"
-              f" (of minimums {o['overhead_ratio_of_minimums'] * 100:+.2f}%; validate_feeds {o['validate_feeds_us']:.1f} us)")
+        print(f"  batch {o['batch']:>2}: session {m['edgeinfer_session_run']:.3f}  infer_request "
+              f"{m['raw_infer_request']:.3f}"
+              f"  compiled() {m['raw_compiled_model_call']:.3f}  overhead "
+              f"{o['overhead_ratio_vs_best_raw'] * 100:+.2f}%"
+              f" (of minimums {o['overhead_ratio_of_minimums'] * 100:+.2f}%; validate_feeds "
+              f"{o['validate_feeds_us']:.1f} us)")
     b = breakdown
     print(f"  fixed cost per call (tiny model): input copy {b['input_copy_us']:.1f} us, session wrapper "
           f"{b['session_wrapper_us']:.1f} us, core run verb (validate_feeds etc.) {b['core_run_verb_us']:.1f} us; "
@@ -280,7 +285,8 @@ def main() -> None:
         print(f"  {r['engine']:<22} {r['median_ms']:8.1f} ms  {r['sentences_per_s']:7.1f} sent/s  "
               f"cos_min {r['cosine_min_vs_ort_fp32']:.5f}")
     for r in async_rows:
-        print(f"  {r['engine']:<45} {r['median_ms']:8.1f} ms / 32  {r['sentences_per_s']:7.1f} sent/s (queue {r['queue_size']})")
+        print(f"  {r['engine']:<45} {r['median_ms']:8.1f} ms / 32  {r['sentences_per_s']:7.1f} sent/s (queue "
+              f"{r['queue_size']})")
 
 
 if __name__ == "__main__":

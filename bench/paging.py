@@ -1,4 +1,4 @@
-"""Layer-paged execution against the monolithic model (edgeinfer.paging).
+"""Layer-paged execution against the monolithic model (edgeinfer.run.paged).
 
 all-MiniLM-L6-v2 (dynamic axes) split into its 6 layers; each configuration runs in its own
 process so that peak RSS belongs to it alone. Measured per configuration: steady-state time per
@@ -57,7 +57,8 @@ def child(cfg: dict) -> dict:
     process, alternating blocks (PPMMPPMM) so that a busy machine slows both alike."""
     import numpy as np
 
-    from edgeinfer import paging, plugins
+    from edgeinfer.contract import registry as plugins
+    from edgeinfer.run import paged as paged_mod
     from edgeinfer.testing import minilm
 
     if cfg.get("dim"):  # the synthetic deep stack
@@ -72,7 +73,7 @@ def child(cfg: dict) -> dict:
     if cfg["window"] is None:
         sess = be.load(cfg["mono"], **opts)
     else:
-        sess = paging.PagedSession.from_artifacts(be, cfg["artifacts"], window=cfg["window"],
+        sess = paged_mod.PagedSession.from_artifacts(be, cfg["artifacts"], window=cfg["window"],
                                                   prefetch=cfg["prefetch"], **opts)
     open_s = time.perf_counter() - t
     out = sess.run(feeds)  # warm-up (and, paged, the first pass through the window)
@@ -158,7 +159,10 @@ def run_child(cfg: dict) -> dict:
 def main() -> None:
     import _common
 
-    from edgeinfer import paging, plugins
+    from edgeinfer.build import segments as seg_mod
+    from edgeinfer.build import split as split_mod
+    from edgeinfer.contract import registry as plugins
+    from edgeinfer.planning import paging
     from edgeinfer.testing import fixtures
 
     quick = "--quick" in sys.argv
@@ -181,14 +185,14 @@ def main() -> None:
                              "background page-in has a core of its own (as a board's DMA/storage would)",
                      "models": {}}
     for case in cases:
-        infos = paging.split_onnx(case["model"], work / case["key"] / "split", segments=case["segments"])
+        infos = split_mod.split_onnx(case["model"], work / case["key"] / "split", segments=case["segments"])
         weight_bytes = [i.weight_bytes for i in infos]
         n = len(infos)
         out_case: dict = {"title": case["title"], "segment_weight_bytes": weight_bytes, "backends": {}}
         for name in case["backends"]:
             be = plugins.get_backend(name)
             t = time.perf_counter()
-            arts = paging.deploy_segments(be, case["model"], work / case["key"] / name, "fp32", None,
+            arts = seg_mod.deploy_segments(be, case["model"], work / case["key"] / name, "fp32", None,
                                           segments=case["segments"])
             convert_s = time.perf_counter() - t
             mono_art = be.quantize(case["model"], "fp32", None,

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.fit_speed import fit_group, load_rows, row_facts  # noqa: E402
-from edgeinfer import planner  # noqa: E402
+from edgeinfer.planning import planner  # noqa: E402
 
 MIB = 2**20
 
@@ -100,11 +100,14 @@ if __name__ == "__main__":
           f"{'meas':>7s} {'pred':>7s} {'err%':>6s} {'loo%':>6s} {'memM':>7s} {'memP':>7s} {'err%':>6s}")
     for x in res["rows"]:
         if "skipped" in x:
-            print(f"{x['row']:>4} {x['grade']:2s} {x['board']:20s} {x['runtime']:15s} {str(x['model'])[:28]:28s} skipped: {x['skipped'][:50]}")
+            print(f"{x['row']:>4} {x['grade']:2s} {x['board']:20s} {x['runtime']:15s} {str(x['model'])[:28]:28s} "
+                  f"skipped: {x['skipped'][:50]}")
             continue
         f = lambda v, d=2: "-" if v is None else f"{v:.{d}f}"  # noqa: E731
-        print(f"{x['row']:>4} {x['grade']:2s} {x['board']:20s} {x['runtime']:15s} {str(x['model'])[:28]:28s} {x['quant']:10s} "
+        print(f"{x['row']:>4} {x['grade']:2s} {x['board']:20s} {x['runtime']:15s} {str(x['model'])[:28]:28s} "
+              f"{x['quant']:10s} "
               f"{f(x['measured_decode'])} {f(x['predicted_decode']):>7s} {f(x['decode_abs_pct_error'],1):>6s} "
-              f"{f(x.get('loo_decode_abs_pct_error'),1):>6s} {f(x['measured_mem_mib'],0):>7s} {f(x.get('predicted_mem_mib'),0):>7s} "
+              f"{f(x.get('loo_decode_abs_pct_error'),1):>6s} {f(x['measured_mem_mib'],0):>7s} "
+              f"{f(x.get('predicted_mem_mib'),0):>7s} "
               f"{f(x.get('mem_abs_pct_error'),1):>6s}")
     print(json.dumps(res["summary"], indent=1))

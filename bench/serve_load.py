@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402
 
-from edgeinfer.backend import latency_stats  # noqa: E402
+from edgeinfer.contract.backend import latency_stats  # noqa: E402
 
 
 async def _client(port: int, bodies: list[bytes], stop_at: float, budget: list[int], lat_ms: list[float],
@@ -78,7 +78,8 @@ def _batch_stats(port: int) -> dict:
             if line.startswith(name + "{"):
                 vals[name] = vals.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
     n = vals.get("edgeinfer_batch_size_count", 0.0)
-    return {"runs": int(n), "mean_rows_per_run": round(vals.get("edgeinfer_batch_size_sum", 0.0) / n, 2) if n else None}
+    return {"runs": int(n), "mean_rows_per_run": round(vals.get("edgeinfer_batch_size_sum", 0.0) / n,
+                                                       2) if n else None}
 
 
 def main() -> None:
@@ -91,9 +92,9 @@ def main() -> None:
     args = ap.parse_args()
     levels = [int(c) for c in args.clients.split(",")]
 
-    from edgeinfer.serve._testkit import ServerProc, minilm_bundle
     from edgeinfer.testing import minilm
     from edgeinfer.testing.fixtures import _cached_export
+    from edgeinfer.testing.serve import ServerProc, minilm_bundle
 
     sentences = minilm.sentences()
     bodies = [json.dumps({"input": s, "model": "minilm-ov"}).encode() for s in sentences]
@@ -127,7 +128,8 @@ def main() -> None:
 
     speedup = {}
     for b, u in zip(results["batched"], results["max_batch_1"]):
-        speedup[str(b["clients"])] = round(b["throughput_rps"] / u["throughput_rps"], 2) if u["throughput_rps"] else None
+        speedup[str(b["clients"])] = round(b["throughput_rps"] / u["throughput_rps"],
+                                           2) if u["throughput_rps"] else None
     data = {
         "model": "sentence-transformers/all-MiniLM-L6-v2 (fp32, OpenVINO CPU, dynamic batch and sequence)",
         "request": "one sentence per request (POST /v1/embeddings), keep-alive, loopback",

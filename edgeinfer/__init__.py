@@ -17,27 +17,24 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-# Import the submodule first so that the function ``backend`` below, not the module,
-# is what ``edgeinfer.backend`` names (use ``from edgeinfer.backend import Backend``).
-from . import backend as _backend_module  # noqa: E402,F401
-from .hookspecs import hookimpl  # noqa: E402
+from edgeinfer.contract.hookspecs import hookimpl  # noqa: E402
 
 if TYPE_CHECKING:
-    from .backend import Backend, Session
+    from edgeinfer.contract.backend import Backend, Session
 
 __all__ = ["__version__", "hookimpl", "backends", "backend", "load", "plan"]
 
 
 def backends() -> dict[str, Backend]:
     """Every discovered backend, by name."""
-    from . import plugins
+    from edgeinfer.contract import registry as plugins
 
     return {name: plugins.get_backend(name) for name in plugins.backend_names()}
 
 
 def backend(name: str) -> Backend:
     """The backend called ``name``; an error listing the known ones if there is none."""
-    from . import plugins
+    from edgeinfer.contract import registry as plugins
 
     return plugins.get_backend(name)
 
@@ -49,13 +46,13 @@ def load(path: Any, backend: str | None = None, device: str | None = None, **opt
     OpenVINO backend) is converted with the backend's default scheme first; the
     result is cached, keyed by file hash, backend, its versions and options.
     """
-    from .loading import load as _load
+    from edgeinfer.run.loading import load as _load
 
     return _load(path, backend=backend, device=device, **options)
 
 
 def plan(model: Any, board: Any, **options: Any) -> Any:
-    """Memory budget and speed estimate of ``model`` on ``board``; see :mod:`edgeinfer.planner`."""
-    from .planner import plan as _plan
+    """Memory budget and speed estimate of ``model`` on ``board``; see :mod:`edgeinfer.planning.planner`."""
+    from edgeinfer.planning.planner import plan as _plan
 
     return _plan(model, board, **options)

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .errors import InputError
+from edgeinfer.errors import InputError
 
 PREFIX = ".edgeinfer-"
 _OURS = re.compile(r"^\.edgeinfer-[a-z]+-(?P<pid>\d+)-(?P<created>\d+)-")
@@ -129,7 +129,8 @@ def _process_start(pid: int) -> float | None:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
         ticks = int(stat.rsplit(")", 1)[1].split()[19])
-        btime = next(int(ln.split()[1]) for ln in Path("/proc/stat").read_text().splitlines() if ln.startswith("btime"))
+        stat = Path("/proc/stat").read_text().splitlines()
+        btime = next(int(ln.split()[1]) for ln in stat if ln.startswith("btime"))
         return btime + ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError, StopIteration):
         return None

@@ -11,6 +11,8 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+from edgeinfer.contract.names import NOISY_LOGGERS, NOISY_MODULES
+
 T = TypeVar("T")
 
 
@@ -59,10 +61,7 @@ def _stderr_console() -> Any:
 
 
 VERBOSE_ENV = "EDGEINFER_VERBOSE"
-# Libraries whose logs, warnings and progress bars bury edgeinfer's one-line answer on stderr
-NOISY_LOGGERS = ("torch", "torchao", "transformers", "nncf", "onnxscript", "openvino", "rknn", "huggingface_hub")
-_NOISY_MODULES = (r"(torch|torchao|transformers|nncf|onnx|onnxscript|onnxruntime|openvino|optimum|huggingface_hub)"
-                  r"(\.|$)")
+_NOISY_MODULES = NOISY_MODULES
 
 
 def verbose() -> bool:

@@ -24,9 +24,9 @@ from typing import Any, Callable
 
 import numpy as np
 import pytest
+from helpers import edgeinfer, tiny_bert_dir
 
 from edgeinfer.testing import models
-from helpers import edgeinfer, tiny_bert_dir
 
 SUBPROCESS_EVERY = 10
 
@@ -222,7 +222,8 @@ PLAN_CASES = [
     Case("plan-board-file-missing", P + ["qwen3-0.6b", "--board", "{d}/nope.yaml"]),
     Case("plan-matrix-one-bad-model", P + ["qwen3-0.6b", "{d}/m", "--board", "rk3588-8g"],
          {"m/config.json": cfg(LLAMA, num_key_value_heads=-8)}),
-    Case("plan-all-boards-bad-model", P + ["{d}/m", "--board", "all"], {"m/config.json": cfg(LLAMA, head_dim=math.nan)}),
+    Case("plan-all-boards-bad-model", P + ["{d}/m", "--board", "all"], {"m/config.json": cfg(LLAMA,
+                                                                                             head_dim=math.nan)}),
 ]
 
 # board YAML given to plan --board
@@ -392,7 +393,8 @@ ONNX_CASES = [
     Case("onnx-garbage", P + ["{d}/m.onnx", "--board", "rk3588-8g"], {"m.onnx": b"not a protobuf at all"}),
     Case("onnx-empty", P + ["{d}/m.onnx", "--board", "rk3588-8g"], {"m.onnx": b""}),
     Case("onnx-truncated", P + ["{d}/m.onnx", "--board", "rk3588-8g"], {"m.onnx": truncated("mlp.onnx", 100)}),
-    Case("onnx-negative-initializer-dims", P + ["{d}/m.onnx", "--board", "rk3588-8g"], {"m.onnx": _negative_dims_onnx}),
+    Case("onnx-negative-initializer-dims", P + ["{d}/m.onnx", "--board", "rk3588-8g"],
+         {"m.onnx": _negative_dims_onnx}),
     Case("onnx-missing-external-data", P + ["{d}/m.onnx", "--board", "rk3588-8g"],
          {"m.onnx": copy_of("external.onnx")}),
     Case("run-onnx-garbage", ["run", "{d}/m.onnx", "-i", "x={fx}/x.npy"], {"m.onnx": b"\x08\x07garbage"}),
@@ -418,8 +420,10 @@ RUN_CASES = [
     Case("run-input-file-missing", R + ["-i", "x={d}/nope.npy"]),
     Case("run-input-garbage-npy", R + ["-i", "x={d}/x.npy"], {"x.npy": b"garbage bytes"}),
     Case("run-input-npz-not-npy", R + ["-i", "x={d}/x.npz"], {"x.npz": npz(x=np.zeros((2, 16), np.float32))}),
-    Case("run-input-object-array", R + ["-i", "x={d}/x.npy"], {"x.npy": npy(np.array([{"a": 1}, None], dtype=object))}),
-    Case("run-input-pickle", R + ["-i", "x={d}/x.npy"], {"x.npy": b"\x80\x04\x95\x05\x00\x00\x00\x00\x00\x00\x00K\x01."}),
+    Case("run-input-object-array", R + ["-i", "x={d}/x.npy"], {"x.npy": npy(np.array([{"a": 1}, None],
+                                                                                     dtype=object))}),
+    Case("run-input-pickle", R + ["-i", "x={d}/x.npy"],
+         {"x.npy": b"\x80\x04\x95\x05\x00\x00\x00\x00\x00\x00\x00K\x01."}),
     Case("run-input-directory", R + ["-i", "x={d}/sub"], {"sub/a.npy": npy(np.zeros(2))}),
     Case("run-input-unknown-name", R + ["-i", "z={fx}/x.npy"], needle="'z'"),
     Case("run-input-wrong-dtype", R + ["-i", "x={d}/x.npy"], {"x.npy": npy(np.zeros((2, 16), np.float64))}),
@@ -520,7 +524,8 @@ G = ["golden", "{d}/b"]
 GOLDEN_CASES = [
     Case("golden-bundle-missing", ["golden", "{d}/nope"]),
     Case("golden-not-a-bundle", ["golden", "{d}/b"], {"b/x.txt": "x"}),
-    Case("golden-inputs-without-reference", ["golden", "{fx}/bundle", "--inputs", "{fx}/x.npy"], needle="--reference"),
+    Case("golden-inputs-without-reference", ["golden", "{fx}/bundle", "--inputs", "{fx}/x.npy"],
+         needle="--reference"),
     Case("golden-threshold-nan", ["golden", "{fx}/bundle", "--threshold", "nan"], needle="--threshold"),
     Case("golden-threshold-large", ["golden", "{fx}/bundle", "--threshold", "1e9"], needle="--threshold"),
     Case("golden-saved-inputs-garbage", G, {"b": copy_of("bundle", put("golden/inputs.npz", b"garbage"))}),
@@ -528,7 +533,8 @@ GOLDEN_CASES = [
         p / "golden" / "inputs.npz", **{"0/x": np.array([None], dtype=object)}))}),
     Case("golden-saved-inputs-bad-keys", G, {"b": copy_of("bundle", lambda p: np.savez(
         p / "golden" / "inputs.npz", x=np.zeros((2, 16), np.float32)))}),
-    Case("golden-saved-inputs-missing", G, {"b": copy_of("bundle", lambda p: (p / "golden" / "inputs.npz").unlink())}),
+    Case("golden-saved-inputs-missing", G, {"b": copy_of("bundle",
+                                                         lambda p: (p / "golden" / "inputs.npz").unlink())}),
     Case("golden-saved-expected-npy", G, {"b": copy_of("bundle", lambda p: np.save(
         (p / "golden" / "expected.npz").open("wb"), np.zeros(3)))}),
     Case("golden-inputs-garbage-npz", ["golden", "{fx}/bundle", "--inputs", "{d}/g.npz", "--reference",
@@ -577,7 +583,7 @@ def fx(tmp_path_factory) -> Path:
         np.savez(root / "x.npz", x=mlp.feeds["x"])
         _external_onnx(root / "external.onnx")
         gguf_file()(root, root / "good.gguf")
-        from edgeinfer.deploy import deploy
+        from edgeinfer.build.deploy import deploy
 
         deploy(mlp.path, "host", root / "bundle")
         tiny_bert_dir(root / "tiny_hf")

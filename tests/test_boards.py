@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from edgeinfer.boards import Board, get_board, host_board, load_boards
 from edgeinfer.errors import BoardError
+from edgeinfer.planning.boards import Board, get_board, host_board, load_boards
 
 STABLE = ["rk3588-4g", "rk3588-8g", "rk3588-16g", "rk3588-32g", "rk3576-4g", "rk3576-8g", "rk3576-16g",
           "atlas-300i-pro", "atlas-300i-duo-48g", "atlas-300i-duo-96g", "atlas-800i-a2", "atlas-300i-a2-910b4",
@@ -109,7 +109,7 @@ def test_extra_boards_override():
 
 
 def test_plugin_boards_through_the_registry(monkeypatch):
-    from edgeinfer import plugins
+    from edgeinfer.contract import registry as plugins
 
     reg = plugins.registry()
     reg.boards()  # discover first, then add one as a plugin's register_boards would
@@ -120,7 +120,8 @@ def test_plugin_boards_through_the_registry(monkeypatch):
 
 
 def test_broken_plugin_board_is_isolated(monkeypatch):
-    from edgeinfer import boards, plugins
+    from edgeinfer.contract import registry as plugins
+    from edgeinfer.planning import boards
 
     reg = plugins.registry()
     monkeypatch.setattr(reg, "_boards", [*reg.boards(), ({"name": "broken", "bogus": 1}, None)])

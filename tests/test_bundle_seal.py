@@ -16,10 +16,9 @@ from typing import Any, Callable
 
 import numpy as np
 import pytest
-
-from edgeinfer.testing import minilm, models
 from helpers import edgeinfer
 
+from edgeinfer.testing import minilm, models
 
 # --- the bundles -------------------------------------------------------------------------------------
 
@@ -51,7 +50,8 @@ def _token_model(path: Path) -> Path:
         helper.make_node("Cast", ["masked"], ["as_float"], to=TensorProto.FLOAT),
         helper.make_node("Unsqueeze", ["as_float", "axis"], ["last_hidden_state"]),
     ]
-    ins = [helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "seq"]) for n in ("input_ids", "attention_mask")]
+    ins = [helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "seq"]) for n in ("input_ids",
+                                                                                           "attention_mask")]
     out = [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["batch", "seq", 1])]
     graph = helper.make_graph(nodes, "tokens", ins, out, [numpy_helper.from_array(np.int64([2]), "axis")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
@@ -62,8 +62,8 @@ def _token_model(path: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def text_bundle(tmp_path_factory) -> Path:
-    from edgeinfer import plugins
-    from edgeinfer.bundle import Manifest, TextSpec, write
+    from edgeinfer.contract import registry as plugins
+    from edgeinfer.run.bundle import Manifest, TextSpec, write
 
     out = tmp_path_factory.mktemp("seal-text") / "bundle"
     out.mkdir()
@@ -395,9 +395,9 @@ def test_deployed_bundle_as_built_runs_and_passes_golden(deployed, x_npy, tmp_pa
 def test_deployed_manifest_matches_the_published_schema(deployed):
     import jsonschema
 
-    from edgeinfer import bundle as bundle_mod
+    from edgeinfer.run import bundle as bundle_mod
 
-    schema = json.loads((Path(bundle_mod.__file__).parent / "schemas" / "manifest.schema.json").read_text())
+    schema = json.loads((Path(bundle_mod.__file__).parents[1] / "schemas" / "manifest.schema.json").read_text())
     manifest = json.loads((deployed / "manifest.json").read_text())
     jsonschema.validate(manifest, schema)
     assert set(manifest["files"]) == {"model.xml", "model.bin", "model.xml.stamp.json", "golden/inputs.npz",

@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from edgeinfer.doctor import cache_checks, plugins_check, python_check
 from helpers import edgeinfer, make_plugin_dist
+
+from edgeinfer.run.doctor import cache_checks, plugins_check, python_check
 
 ROOT = Path(__file__).resolve().parents[1]
 NARROW = {"COLUMNS": "80", "LINES": "50"}
@@ -63,7 +63,7 @@ def test_boards_on_a_wide_terminal_shows_the_family_column() -> None:
 
 TROUBLED = """
 from edgeinfer import hookimpl
-from edgeinfer.backend import Backend, Probe, Problem
+from edgeinfer.contract.backend import Backend, Probe, Problem
 
 class TroubledBackend(Backend):
     name = "troubled"

@@ -4,9 +4,9 @@ import json
 
 import numpy as np
 import pytest
+from helpers import edgeinfer
 
 from edgeinfer.testing import models
-from helpers import edgeinfer
 
 
 @pytest.fixture(scope="module")

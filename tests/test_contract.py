@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from edgeinfer.backend import Backend, CalibrationSet, TensorSpec, latency_stats, validate_feeds
+from edgeinfer.contract.backend import Backend, CalibrationSet, TensorSpec, latency_stats, validate_feeds
+from edgeinfer.contract.registry import contract_problem
 from edgeinfer.errors import FeedError
-from edgeinfer.plugins import contract_problem
 
 SPECS = [TensorSpec("ids", ("batch", "seq"), "int64"), TensorSpec("mask", ("batch", "seq"), "int64")]
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from edgeinfer import bundle as bundle_mod
-from edgeinfer.testing import minilm
 from helpers import edgeinfer
+
+from edgeinfer.run import bundle as bundle_mod
+from edgeinfer.testing import minilm
 
 BOARDS = {  # board → (backend, device the bundle actually runs on here)
     "core-ultra-155h": ("openvino", "CPU"),
@@ -76,7 +76,7 @@ def test_bundle_manifest_and_golden(bundles, board):
 
     path = bundles[board]
     manifest = json.loads((path / "manifest.json").read_text())
-    schema = json.loads((Path(bundle_mod.__file__).parent / "schemas" / "manifest.schema.json").read_text())
+    schema = json.loads((Path(bundle_mod.__file__).parents[1] / "schemas" / "manifest.schema.json").read_text())
     jsonschema.validate(manifest, schema)
     backend, device = BOARDS[board]
     assert manifest["backend"]["name"] == backend and manifest["board"] == board
@@ -142,7 +142,8 @@ def test_second_deploy_is_cached(bundles, env, golden_txt, tmp_path):
 @pytest.mark.slow
 def test_bench_writes_json_and_png(bundles, tmp_path):
     png = tmp_path / "bench.png"
-    proc = edgeinfer("bench", str(bundles["rk3588-8g"]), "--batch", "1,2", "--repeat", "2", "--json", "--plot", str(png))
+    proc = edgeinfer("bench", str(bundles["rk3588-8g"]), "--batch", "1,2", "--repeat", "2", "--json", "--plot",
+                     str(png))
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(proc.stdout)
     assert report["device"] == "simulator" and report["static_batch"] == 1
@@ -176,7 +177,7 @@ def test_bad_quantization_is_caught_not_shipped(env, golden_txt, tmp_path):
 
 def test_model_that_does_not_fit_is_refused(tmp_path, env):
     tiny = tmp_path / "tiny-board.yaml"
-    src = (Path(bundle_mod.__file__).parent / "_boards" / "core-ultra-155h.yaml").read_text()
+    src = (Path(bundle_mod.__file__).parents[1] / "_boards" / "core-ultra-155h.yaml").read_text()
     import re
 
     src = re.sub(r"(memory_total_gib:\n  value: )[0-9.]+", r"\g<1>0.01", src.replace("core-ultra-155h", "tiny-test"))

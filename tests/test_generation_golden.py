@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import edgeinfer
-from edgeinfer.generation.golden import THRESHOLDS, check, compare_prompt, summary_line
+from edgeinfer.run.generation.golden import THRESHOLDS, check, compare_prompt, summary_line
 
 
 def _logits(top: int, margin: float, vocab: int = 8) -> np.ndarray:

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from edgeinfer.errors import InputError, ModelError
-from edgeinfer.generation.options import GenerationOptions
-from edgeinfer.generation.sampling import Sampler, penalize, softmax, top2_margin, top_k, top_p
-from edgeinfer.generation.stopping import StopStrings
-from edgeinfer.generation.text import TextCodec
+from edgeinfer.run.generation.options import GenerationOptions
+from edgeinfer.run.generation.sampling import Sampler, penalize, softmax, top2_margin, top_k, top_p
+from edgeinfer.run.generation.stopping import StopStrings
+from edgeinfer.run.generation.text import TextCodec
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"

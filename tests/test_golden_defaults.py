@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from edgeinfer import golden
+from edgeinfer.build import golden
 
 
 @pytest.mark.parametrize("scheme, expected", [

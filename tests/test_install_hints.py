@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
-
-from edgeinfer.errors import BackendUnavailableError
-from edgeinfer.plugins import BUNDLED, get_backend, install_hint, reset
+import tomllib
 from test_sources import _repo_text_files
+
+from edgeinfer.contract.registry import BUNDLED, get_backend, install_hint, reset
+from edgeinfer.errors import BackendUnavailableError
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGIN_PATH = re.compile(r"""pip install ['"]?\./plugins/(\w+)(?:\[(\w+)\])?""")

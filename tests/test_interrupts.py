@@ -15,11 +15,11 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import tiny_bert_dir
 
 from edgeinfer import files
-from edgeinfer.seal import SEAL
+from edgeinfer.run.seal import SEAL
 from edgeinfer.testing import minilm
-from helpers import tiny_bert_dir
 
 pytestmark = pytest.mark.slow  # three real deploys of a tiny BERT (torch import + export each)
 
@@ -69,7 +69,8 @@ def _leftovers(*roots: Path) -> list[Path]:
     out = []
     for root in roots:
         # the seal of a finished cache entry (the sealed reference export) is not a leftover
-        out += [p for p in root.rglob("*") if (p.name.startswith(".edgeinfer-") and p.name != SEAL) or ".tmp" in p.name]
+        out += [p for p in root.rglob("*")
+                if (p.name.startswith(".edgeinfer-") and p.name != SEAL) or ".tmp" in p.name]
     return out
 
 

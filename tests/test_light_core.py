@@ -9,6 +9,7 @@ def test_import_edgeinfer_is_light():
 
 
 def test_cli_startup_with_every_plugin_is_light():
-    code = "import sys; sys.argv=['edgeinfer','--help']\nfrom edgeinfer.cli import main\ntry:\n main()\nexcept SystemExit:\n pass"
+    code = ("import sys; sys.argv=['edgeinfer','--help']\nfrom edgeinfer.cli import main\n"
+            "try:\n main()\nexcept SystemExit:\n pass")
     heavy = imported_modules(code) & set(HEAVY)
     assert not heavy, f"edgeinfer --help pulled in {sorted(heavy)} (a plugin imports its SDK at module level?)"

@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 
 import edgeinfer
-from edgeinfer import loading, stamp
+from edgeinfer.contract import stamp
 from edgeinfer.errors import InputError
+from edgeinfer.run import loading
 from edgeinfer.testing import models
 
 
@@ -30,8 +31,14 @@ def test_conversion_is_cached_by_hash_backend_and_options(mlp, tmp_path, monkeyp
     assert stamp.read(first)["scheme"] == "fp16"
     other = loading.converted(be, mlp.path, {"scheme": "fp32"})
     assert other != first
-    mlp.path.write_bytes(mlp.path.read_bytes() + b"")  # same content → same key
+    mlp.path.write_bytes(mlp.path.read_bytes())  # rewritten, same content → same key
     assert loading.converted(be, mlp.path, {"scheme": "fp16"}) == first
+    (tmp_path / "changed").mkdir()
+    changed = models.mlp(tmp_path / "changed", batch=2, seed=1).path  # other weights, same name
+    mlp.path.write_bytes(changed.read_bytes())
+    new = loading.converted(be, mlp.path, {"scheme": "fp16"})
+    assert new != first and first.is_file()  # changed content → a new entry; the old one is kept
+    assert stamp.read(new)["source"]["sha256"] != stamp.read(first)["source"]["sha256"]
 
 
 def test_no_backend_for_unknown_suffix(tmp_path):

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import edgeinfer
 
 from edgeinfer.testing import models
-from helpers import edgeinfer
 
 
 class Payload:
@@ -136,7 +136,7 @@ def test_deploy_samples_with_object_arrays(mlp, tmp_path, cache, layout, option)
 
 def _reseal(bundle: Path) -> None:
     """Re-record the bundle's files as deploy would: the seal is honest, the content is hostile."""
-    from edgeinfer.bundle import read_manifest, write
+    from edgeinfer.run.bundle import read_manifest, write
 
     write(bundle, read_manifest(bundle))
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from edgeinfer.errors import EdgeInferError, ModelError
-from edgeinfer.models import resolve
+from edgeinfer.planning.models import resolve
 
 KIB = 1024
 
@@ -46,7 +46,7 @@ def test_encoders_have_no_kv_and_published_sizes(ref, total_m):
 
 
 def test_every_catalog_entry_has_a_source():
-    from edgeinfer.models import catalog
+    from edgeinfer.planning.models import catalog
 
     for entry in catalog().values():
         assert entry["source"].startswith("https://")

@@ -6,9 +6,9 @@ import json
 
 import numpy as np
 import pytest
-
-from edgeinfer import golden
 from helpers import edgeinfer
+
+from edgeinfer.build import golden
 
 
 def _sqrt_model(path):
@@ -106,7 +106,7 @@ def test_golden_fails_on_nan_and_run_json_reports_it(sqrt_onnx, tmp_path, env):
 
 
 def test_print_json_never_writes_bare_nan(capsys):
-    from edgeinfer.cli import print_json
+    from edgeinfer.cli.output import print_json
 
     print_json({"a": float("nan"), "b": [1.5, float("inf")], "c": {"d": -float("inf")}})
     assert _strict_json(capsys.readouterr().out) == {"a": None, "b": [1.5, None], "c": {"d": None}}

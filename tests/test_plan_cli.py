@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from edgeinfer.cli import cli
-from edgeinfer.cli_plan import boards_cmd, plan_cmd
+from edgeinfer.cli.plan import boards_cmd, plan_cmd
 
 # edgeinfer.cli attaches these in main(); attach them here for CliRunner (idempotent)
 cli.add_command(plan_cmd)
@@ -62,7 +61,8 @@ def test_board_all_matrix_and_several_models():
     assert d["kind"] == "edgeinfer.plan_matrix"
     assert len(d["plans"]) == 2 * 21
     assert r.exit_code == 1  # qwen3-8b does not fit the 4 GB boards
-    cell = next(p for p in d["plans"] if p["board"]["name"] == "rk3588-4g" and p["model"]["name"] == "Qwen/Qwen3-0.6B")
+    cell = next(p for p in d["plans"]
+                if p["board"]["name"] == "rk3588-4g" and p["model"]["name"] == "Qwen/Qwen3-0.6B")
     assert cell["fits"] is True
     r = run("plan", "qwen3-0.6b", "qwen2.5-0.5b", "--board", "rk3588-4g")
     assert r.exit_code == 0 and "qwen3-0.6b" in r.stdout and "(w8a8)" in r.stdout

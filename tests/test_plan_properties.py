@@ -5,10 +5,10 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from edgeinfer.boards import load_boards
 from edgeinfer.errors import EdgeInferError
-from edgeinfer.models import catalog_names
-from edgeinfer.planner import plan
+from edgeinfer.planning.boards import load_boards
+from edgeinfer.planning.models import catalog_names
+from edgeinfer.planning.planner import plan
 
 MODELS = catalog_names()
 BOARDS = sorted(load_boards(plugins=False)) + ["host"]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from edgeinfer.errors import EdgeInferError, InputError
-from edgeinfer.planner import plan
+from edgeinfer.planning.planner import plan
 
 GIB = 2**30
 
@@ -65,7 +65,8 @@ def test_kv_scales_with_batch_and_dtype():
     a = plan("llama-3.1-8b", "atlas-800i-a2", ctx=1000, suggest=False).breakdown["kv_cache"]
     assert a == 128 * 1024 * 1000  # Llama-3-8B 128 KiB/token fp16 (vLLM #12330 sanity check)
     assert plan("llama-3.1-8b", "atlas-800i-a2", ctx=1000, batch=3, suggest=False).breakdown["kv_cache"] == 3 * a
-    assert plan("llama-3.1-8b", "atlas-800i-a2", ctx=1000, kv_dtype="fp32", suggest=False).breakdown["kv_cache"] == 2 * a
+    assert plan("llama-3.1-8b", "atlas-800i-a2", ctx=1000, kv_dtype="fp32",
+                suggest=False).breakdown["kv_cache"] == 2 * a
     q8 = plan("llama-3.1-8b", "atlas-800i-a2", ctx=1000, kv_dtype="q8_0", suggest=False).breakdown["kv_cache"]
     assert q8 == pytest.approx(a * 34 / 64, rel=1e-6)  # q8_0: 34 B per 32 elements vs 2 B each
 

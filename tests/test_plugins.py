@@ -10,7 +10,7 @@ raise ImportError("libmynpu.so: cannot open shared object file")
 
 MISSING_METHOD = """
 from edgeinfer import hookimpl
-from edgeinfer.backend import Backend
+from edgeinfer.contract.backend import Backend
 
 class HalfBackend(Backend):
     name = "half"
@@ -76,8 +76,9 @@ def test_unknown_backend_lists_the_known_ones():
     proc = edgeinfer("run", "x.onnx", "--backend", "nosuch")
     # the model file is checked first: a missing file is exit 2
     assert proc.returncode == 2
-    import edgeinfer as ei
     import pytest
+
+    import edgeinfer as ei
     from edgeinfer.errors import BackendUnavailableError
 
     with pytest.raises(BackendUnavailableError, match="unknown backend 'nosuch'; available: .*onnxruntime"):

@@ -10,9 +10,9 @@ import httpx
 import numpy as np
 import pytest
 
-from edgeinfer.bundle import Bundle
-from edgeinfer.serve._testkit import ServerProc, minilm_bundle
+from edgeinfer.run.bundle import Bundle
 from edgeinfer.testing import minilm
+from edgeinfer.testing.serve import ServerProc, minilm_bundle
 
 pytestmark = pytest.mark.slow  # converts MiniLM twice and starts real servers
 
@@ -33,7 +33,8 @@ def bundles(minilm_onnx, minilm_onnx_static, tmp_path_factory):
 def server(bundles, tmp_path_factory):
     """Both bundles, two workers, a wide window so concurrent requests surely merge, 1 MiB body limit."""
     log = tmp_path_factory.mktemp("serve-main") / "server.log"
-    with ServerProc([bundles["ov"], bundles["ort"], bundles["static"]], "--devices", "CPU,CPU", "--batch-window-ms", "40",
+    with ServerProc([bundles["ov"], bundles["ort"], bundles["static"]], "--devices", "CPU,CPU", "--batch-window-ms",
+                    "40",
                     "--max-batch", "16", "--max-body-mb", "1", log=log) as s:
         yield s
 
@@ -150,7 +151,8 @@ def test_models_health_ready_metrics_openapi(server):
     assert httpx.get(server.url + "/health").json() == {"status": "ok"}
     assert httpx.get(server.url + "/ready").json()["ready"] is True
     text = httpx.get(server.url + "/metrics").text
-    for family in ("edgeinfer_requests_total", "edgeinfer_request_latency_seconds_bucket", "edgeinfer_batch_size_bucket",
+    for family in ("edgeinfer_requests_total", "edgeinfer_request_latency_seconds_bucket",
+                   "edgeinfer_batch_size_bucket",
                    "edgeinfer_queue_depth", "edgeinfer_worker_up", "edgeinfer_worker_memory_bytes"):
         assert family in text, family
     assert metric(text, "edgeinfer_worker_up") == 2
@@ -161,14 +163,15 @@ def test_models_health_ready_metrics_openapi(server):
 
 def test_static_batch_bundle_merges_rows_and_runs_them_padded(server, bundles):
     """A [1, 128] bundle (as NPUs need): merged requests run in chunks of the static batch, split back."""
-    from edgeinfer.bundle import run_padded
+    from edgeinfer.run.bundle import run_padded
 
     b = Bundle.open(bundles["static"])
     sents = minilm.heldout_sentences(12)
     jobs = [sents[i : i + 1 + i % 3] for i in range(8)]
     before = httpx.get(server.url + "/metrics").text
     with cf.ThreadPoolExecutor(8) as ex:
-        results = list(ex.map(lambda t: post(server.url, "/v1/embeddings", {"input": t, "model": "minilm-static"}), jobs))
+        results = list(ex.map(lambda t: post(server.url, "/v1/embeddings", {"input": t, "model": "minilm-static"}),
+                              jobs))
     after = httpx.get(server.url + "/metrics").text
     with b.load() as session:
         for texts, r in zip(jobs, results):
@@ -236,7 +239,8 @@ def test_failing_request_gets_500_alone_and_the_server_keeps_serving(server, dir
 
     def call(i):
         feeds = bad if i == 0 else {k: v[i - 1 : i] for k, v in good.items()}
-        return i, post(server.url, "/v1/infer", {"model": "minilm-ort", "inputs": {k: v.tolist() for k, v in feeds.items()}})
+        return i, post(server.url, "/v1/infer", {"model": "minilm-ort", "inputs": {k: v.tolist() for k,
+                                                                                   v in feeds.items()}})
 
     with cf.ThreadPoolExecutor(7) as ex:
         results = dict(ex.map(call, range(7)))
@@ -308,9 +312,11 @@ def test_fuzzed_bodies_never_get_a_5xx(server):
         schema = post_op["requestBody"]["content"]["application/json"]["schema"]
         model_names = st.sampled_from(["minilm-ov", "minilm-ort", "nope"]) | st.none()
         body = from_schema(schema).map(lambda b: b)
-        shaped = st.tuples(body, model_names).map(lambda t: {**t[0], "model": t[1]} if isinstance(t[0], dict) else t[0])
+        shaped = st.tuples(body, model_names).map(lambda t: {**t[0], "model": t[1]} if isinstance(t[0],
+                                                                                                  dict) else t[0])
         bodies.append(st.tuples(st.just(path), shaped | json_values))
-    assert {p for p, _ in [(b, None) for b in doc["paths"] if "post" in doc["paths"][b]]} == {"/v1/embeddings", "/v1/infer"}
+    assert {p for p, _ in [(b, None) for b in doc["paths"] if "post" in doc["paths"][b]]} == {"/v1/embeddings",
+                                                                                              "/v1/infer"}
     raw = st.tuples(st.sampled_from(["/v1/embeddings", "/v1/infer"]), st.binary(max_size=64))
     client = httpx.Client(timeout=TIMEOUT)
     statuses = set()
@@ -322,7 +328,8 @@ def test_fuzzed_bodies_never_get_a_5xx(server):
         if isinstance(body, bytes):
             r = client.post(server.url + path, content=body, headers={"content-type": "application/json"})
         else:
-            r = client.post(server.url + path, content=json.dumps(body).encode(), headers={"content-type": "application/json"})
+            r = client.post(server.url + path, content=json.dumps(body).encode(),
+                            headers={"content-type": "application/json"})
         statuses.add(r.status_code)
         assert r.status_code < 500 or (path == "/v1/infer" and r.status_code == 500 and "Gather" in r.text), (
             path, body, r.status_code, r.text)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from edgeinfer.backend import TensorSpec
-from edgeinfer.bundle import Manifest, TextSpec, write
+from edgeinfer.contract.backend import TensorSpec
+from edgeinfer.run.bundle import Manifest, TextSpec, write
 
 TOKENS = [TensorSpec(n, ("batch", "seq"), "int64") for n in ("input_ids", "attention_mask", "token_type_ids")]
 

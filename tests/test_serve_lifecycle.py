@@ -13,8 +13,8 @@ import time
 import httpx
 import pytest
 
-from edgeinfer.serve._testkit import ServerProc, minilm_bundle
 from edgeinfer.testing import minilm
+from edgeinfer.testing.serve import ServerProc, minilm_bundle
 
 pytestmark = pytest.mark.slow
 
@@ -45,7 +45,8 @@ def test_sigterm_under_load_answers_every_accepted_request_and_exits_0(ort_bundl
                     return
                 rid = f"c{t}-{n}"
                 try:
-                    r = c.post(server.url + "/v1/embeddings", json=embed_body(n + 31 * t), headers={"X-Request-Id": rid})
+                    r = c.post(server.url + "/v1/embeddings", json=embed_body(n + 31 * t),
+                               headers={"X-Request-Id": rid})
                     ok = r.status_code == 200 and len(r.json()["data"]) == 2 and r.headers["x-request-id"] == rid
                     result = "ok" if ok else f"http {r.status_code}"
                 except httpx.TransportError as e:  # refused / closed: the server no longer accepts

@@ -13,9 +13,15 @@ import httpx
 import numpy as np
 import pytest
 
-from edgeinfer.serve._testkit import (HealthProbe, ServerProc, largest_embeddings_body, log_bundle, minilm_bundle,
-                                       slow_bundle)
 from edgeinfer.testing import minilm
+from edgeinfer.testing.serve import (
+    HealthProbe,
+    ServerProc,
+    largest_embeddings_body,
+    log_bundle,
+    minilm_bundle,
+    slow_bundle,
+)
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from edgeinfer.boards import load_boards
+from edgeinfer.planning.boards import load_boards
 
 ROOT = Path(__file__).resolve().parents[1]
 SCANNED = ("README.md", "Makefile", "pyproject.toml", "edgeinfer", "plugins", "boards", "docs", "tests", "bench",

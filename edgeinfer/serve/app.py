@@ -21,15 +21,34 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..bundle import Bundle
-from ..errors import BackendError, EdgeInferError, InputError
-from .batcher import Batcher, Item, QueueFull, RequestFailed
-from .config import ServeConfig
-from .metrics import ENDPOINTS, Metrics
-from .prep import (OFFLOAD_BYTES, OFFLOAD_VALUES, ApiError, Offload, Prepared, ServedModel, encode_embeddings,
-                   encode_infer, prepare_embeddings, prepare_infer, validation_message)
-from .schemas import ERRORS, EmbeddingRequest, EmbeddingResponse, InferRequest, InferResponse, request_body
-from .workers import WorkerPool, check_devices
+from edgeinfer.errors import BackendError, EdgeInferError, InputError
+from edgeinfer.run.bundle import Bundle
+from edgeinfer.serve.batcher import Batcher, Item, QueueFull, RequestFailed
+from edgeinfer.serve.config import ServeConfig
+from edgeinfer.serve.metrics import ENDPOINTS, Metrics
+from edgeinfer.serve.placement import check_devices
+from edgeinfer.serve.prep import (
+    OFFLOAD_BYTES,
+    OFFLOAD_VALUES,
+    ApiError,
+    Offload,
+    Prepared,
+    ServedModel,
+    encode_embeddings,
+    encode_infer,
+    prepare_embeddings,
+    prepare_infer,
+    validation_message,
+)
+from edgeinfer.serve.schemas import (
+    ERRORS,
+    EmbeddingRequest,
+    EmbeddingResponse,
+    InferRequest,
+    InferResponse,
+    request_body,
+)
+from edgeinfer.serve.workers import WorkerPool
 
 log = logging.getLogger("edgeinfer.serve")
 requests_log = logging.getLogger("edgeinfer.serve.requests")
@@ -52,7 +71,8 @@ def open_models(paths: list[Path]) -> dict[str, ServedModel]:
         bundle = Bundle.open(p, verify="full")  # every file hashed once at start-up (docs/deploy.md)
         name = bundle.path.resolve().name
         if name in models:
-            raise InputError(f"two bundles are both named {name!r}; serve bundles from directories with distinct names")
+            raise InputError(f"two bundles are both named {name!r}; serve bundles from directories with distinct "
+                             "names")
         if bundle.manifest.text is not None:
             load_tokenizer_now(bundle)
         models[name] = ServedModel(name, bundle)
@@ -271,7 +291,8 @@ class GuardMiddleware:
                 auth = headers.get("authorization", b"")
                 scheme, _, given = auth.partition(b" ")
                 if scheme.lower() != b"bearer" or not hmac.compare_digest(given.strip(), self.key):
-                    return await reply(error_response(401, "missing or wrong API key: send 'Authorization: Bearer KEY'",
+                    return await reply(error_response(401,
+                                                      "missing or wrong API key: send 'Authorization: Bearer KEY'",
                                                       {"WWW-Authenticate": "Bearer"}))
             if scope.get("method") in ("POST", "PUT", "PATCH"):
                 declared = headers.get("content-length")
@@ -387,7 +408,8 @@ def serve(config: ServeConfig, log_level: str = "info") -> None:
     """Run the service until SIGTERM/SIGINT; raise BackendError when the models cannot be loaded."""
     import uvicorn
 
-    logging.basicConfig(level=getattr(logging, log_level.upper()), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(level=getattr(logging, log_level.upper()),
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
     models = open_models(config.bundles)
     check_devices([m.bundle.manifest.backend for m in models.values()], config.devices)
     sock = listen(config.host, config.port)

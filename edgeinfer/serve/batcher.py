@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .workers import NoWorkers, WorkerCrashed, WorkerPool
+from edgeinfer.serve.workers import NoWorkers, WorkerCrashed, WorkerPool
 
 log = logging.getLogger("edgeinfer.serve")
 

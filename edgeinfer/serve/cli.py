@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from ..errors import BackendUnavailableError
-from .config import API_KEY_ENV, ServeConfig, body_bytes, parse_devices, resolve_api_key
+from edgeinfer.errors import BackendUnavailableError
+from edgeinfer.serve.config import API_KEY_ENV, ServeConfig, body_bytes, parse_devices, resolve_api_key
 
 EXTRAS = ("fastapi", "uvicorn", "starlette", "pydantic", "prometheus_client", "h11")
 
@@ -23,7 +23,7 @@ EXTRAS = ("fastapi", "uvicorn", "starlette", "pydantic", "prometheus_client", "h
 @click.option(
     "--devices",
     default=None,
-    help="One worker process per entry, e.g. 0,1 (Ascend cards, RKNN cores) or CPU,NPU; default one worker.",
+    help="One worker process per entry, e.g. 0,1 (card indices, NPU core masks) or CPU,NPU; default one worker.",
 )
 @click.option("--api-key", default=None,
               help=f"Require 'Authorization: Bearer KEY' (visible in `ps`: prefer --api-key-file or {API_KEY_ENV}).")
@@ -71,7 +71,7 @@ def serve_cmd(
 def _app_serve():
     """The server, imported only now (FastAPI, uvicorn); their absence is exit 3 with the install line."""
     try:
-        from .app import serve
+        from edgeinfer.serve.app import serve
     except ImportError as e:
         if (e.name or "").split(".")[0] not in EXTRAS:
             raise

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import InputError
+from edgeinfer.errors import InputError
 
 API_KEY_ENV = "EDGEINFER_API_KEY"
 

@@ -97,7 +97,7 @@ class DeviceCollector:
             if time.monotonic() - t < self.ttl_s and t:
                 return rows
             rows = []
-            from .. import plugins
+            from edgeinfer.contract import registry as plugins
 
             for name in self.backends:
                 try:

@@ -20,11 +20,11 @@ from typing import Any, Callable
 import numpy as np
 from pydantic import BaseModel, ValidationError
 
-from ..backend import TensorSpec, validate_feeds
-from ..bundle import Bundle
-from ..errors import EdgeInferError
-from .schemas import EmbeddingRequest, InferRequest
-from .workers import lower_priority
+from edgeinfer.contract.backend import TensorSpec, validate_feeds
+from edgeinfer.errors import EdgeInferError
+from edgeinfer.run.bundle import Bundle
+from edgeinfer.serve.schemas import EmbeddingRequest, InferRequest
+from edgeinfer.serve.workers import lower_priority
 
 OFFLOAD_BYTES = 64 * 1024  # request bodies above this are prepared in a helper process
 OFFLOAD_VALUES = 64 * 1024  # answers with more numbers than this are encoded in a helper process

@@ -18,7 +18,6 @@ import itertools
 import logging
 import multiprocessing as mp
 import os
-import re
 import signal
 import threading
 import time
@@ -28,7 +27,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import InputError
+from edgeinfer.serve.placement import placement
 
 log = logging.getLogger("edgeinfer.serve")
 
@@ -42,49 +41,6 @@ class Cancelled(Exception):
 
 class NoWorkers(Exception):
     """Every worker has failed too often and was given up."""
-
-
-# --- placement: which device / env / load options a worker entry means for a backend --------------
-
-
-def placement(backend: str, entry: str | None) -> tuple[dict[str, str], str | None, dict[str, Any]]:
-    """``(environment, device, load options)`` of the worker for ``--devices`` entry ``entry``.
-
-    Ascend: entry N → ``ASCEND_RT_VISIBLE_DEVICES=N`` and device ``npu:0`` (one card per process).
-    RKNN: entry → NPU ``core_mask`` (0, 1, 2, 0_1, 0_1_2, auto). Others: a name (CPU, NPU, GPU.1) is the
-    device; a bare index means the backend's default device (CPU-only backends).
-    """
-    if entry is None:
-        return {}, None, {}
-    if backend == "ascend":
-        if entry.isdigit():
-            return {"ASCEND_RT_VISIBLE_DEVICES": entry}, "npu:0", {}
-        return {}, entry, {}
-    if backend == "rknn":
-        return {}, None, {"core_mask": entry}
-    if entry.isdigit():
-        return {}, None, {}
-    return {}, entry, {}
-
-
-RKNN_CORE_MASKS = ("0", "1", "2", "0_1", "0_1_2", "auto")
-MAX_WORKERS = 64
-_DEVICE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.:]*|[0-9]+")
-
-
-def check_devices(backends: list[str], entries: list[str]) -> None:
-    """Refuse ``--devices`` entries no backend of the served bundles could mean (before any worker starts)."""
-    if len(entries) > MAX_WORKERS:
-        raise InputError(f"--devices lists {len(entries)} workers; at most {MAX_WORKERS}")
-    for backend in set(backends):
-        for e in entries:
-            if backend == "rknn" and e not in RKNN_CORE_MASKS:
-                raise InputError(f"--devices {e!r}: an RKNN entry is an NPU core mask, "
-                                 f"one of {', '.join(RKNN_CORE_MASKS)}")
-            if backend == "ascend" and not (e.isdigit() or re.fullmatch(r"npu:[0-9]+", e)):
-                raise InputError(f"--devices {e!r}: an Ascend entry is a card index such as 0 or 1")
-            if not _DEVICE_NAME.fullmatch(e):
-                raise InputError(f"--devices {e!r}: not a device name or index; use e.g. 0,1 or CPU,NPU or GPU.1")
 
 
 # --- the worker process ------------------------------------------------------------------------------
@@ -102,7 +58,8 @@ def _length_groups(session: Any, feeds: dict[str, np.ndarray], min_group: int = 
     n = len(next(iter(feeds.values())))
     full = mask.shape[1] if mask is not None and mask.ndim == 2 else None
     everything = [(np.arange(n), full or 0)]
-    if full is None or any(len(s.shape) < 2 or isinstance(s.shape[1], int) for s in session.inputs if s.name in feeds):
+    if full is None or any(len(s.shape) < 2 or isinstance(s.shape[1],
+                                                          int) for s in session.inputs if s.name in feeds):
         return everything
     lengths = mask.sum(axis=1)
     buckets = np.minimum(full, np.maximum(SEQ_STEP, -(-lengths // SEQ_STEP) * SEQ_STEP))
@@ -125,7 +82,8 @@ def _run_embed(bundle: Any, session: Any, feeds: dict[str, np.ndarray], max_batc
     for rows, length in _length_groups(session, feeds):
         if stop():
             raise Cancelled()
-        f = {k: (np.ascontiguousarray(v[rows, :length]) if length and v.ndim == 2 else v[rows]) for k, v in feeds.items()}
+        f = {k: (np.ascontiguousarray(v[rows, :length]) if length and v.ndim == 2 else v[rows]) for k,
+             v in feeds.items()}
         vec = bundle.embed(_run_rows(session, f, max_batch, stop), f).astype(np.float32)
         if out is None:
             out = np.empty((n, *vec.shape[1:]), dtype=np.float32)
@@ -138,7 +96,7 @@ def _run_rows(session: Any, feeds: dict[str, np.ndarray], max_batch: int,
               stop: Callable[[], bool] = lambda: False) -> dict[str, np.ndarray]:
     """Run in chunks of ``max_batch`` rows (a multiple of a static batch, the last chunk padded), checking
     ``stop`` between chunks so a batch nobody waits for any more ends early."""
-    from ..bundle import run_padded, static_batch
+    from edgeinfer.run.bundle import run_padded, static_batch
 
     fixed = static_batch(session.inputs)
     step = max_batch if fixed is None else max(fixed, max_batch // fixed * fixed)
@@ -185,7 +143,7 @@ def run_batch(bundle: Any, session: Any, kind: str, feeds: dict[str, np.ndarray]
 
 
 def _one_line(e: BaseException) -> str:
-    from ..errors import EdgeInferError
+    from edgeinfer.errors import EdgeInferError
 
     if isinstance(e, EdgeInferError):
         return e.one_line()
@@ -221,7 +179,7 @@ def worker_main(conn: Any, index: int, entry: str | None, bundles: list[tuple[st
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process decides when workers stop
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     lower_priority()
-    from ..bundle import Bundle
+    from edgeinfer.run.bundle import Bundle
 
     loaded: dict[str, tuple[Any, Any]] = {}
     try:

@@ -4,7 +4,7 @@ MiniLM helpers and the test LLMs (``llm``).
 Imports pytest and onnx; never imported by ``import edgeinfer``.
 """
 
-from .conformance import GAP_KEYS, BackendConformance
-from .decoder_conformance import DecoderConformance
+from edgeinfer.testing.conformance import GAP_KEYS, BackendConformance
+from edgeinfer.testing.decoder_conformance import DecoderConformance
 
 __all__ = ["BackendConformance", "DecoderConformance", "GAP_KEYS"]

@@ -23,11 +23,11 @@ import numpy as np
 import pytest
 
 import edgeinfer
-from edgeinfer import plugins, stamp
-from edgeinfer.backend import Backend, Probe, Profile, Session
+from edgeinfer.contract import registry as plugins
+from edgeinfer.contract import stamp
+from edgeinfer.contract.backend import Backend, Probe, Profile, Session
 from edgeinfer.errors import EdgeInferError, FeedError, InputError
-
-from . import models as kit_models
+from edgeinfer.testing import models as kit_models
 
 GAP_KEYS = {
     "dynamic_shapes": "a model with a symbolic batch dimension",
@@ -274,3 +274,57 @@ class BackendConformance:
             backend.quantize(bad, None, None, out, **self.quantize_options)
         assert "\n" not in err.value.one_line()
         assert not out.exists() and not stamp.stamp_path(out).exists(), "nothing half-written may remain"
+
+    # --- the optional facts the core asks (docs/writing-a-backend.md) ----------------------------------
+    def test_artifact_files_start_with_the_artifact_and_exist(self, kit: _Kit, backend: Backend) -> None:
+        art = kit.artifact("mlp")
+        files = backend.artifact_files(art)
+        assert files[0] == art and all(f.is_file() for f in files), files
+        assert not any(f.name.endswith(".stamp.json") for f in files), "the stamp is not part of the model"
+
+    def test_paging_limit_is_well_formed(self, backend: Backend) -> None:
+        limit = backend.paging_limit(self.device)
+        if limit is None:
+            return
+        max_window, background_ok, why = limit
+        assert max_window is None or (isinstance(max_window, int) and max_window >= 1), limit
+        assert isinstance(background_ok, bool) and isinstance(why, str) and why.strip(), limit
+
+    def test_serve_placement_is_well_formed(self, backend: Backend) -> None:
+        for entry in ("0", "CPU"):
+            try:
+                backend.check_device_entry(entry)
+            except InputError as e:
+                assert entry in e.one_line()
+                continue
+            env, device, options = backend.placement(entry)
+            assert isinstance(env, dict) and all(isinstance(v, str) for v in env.values()), env
+            assert device is None or isinstance(device, str)
+            assert isinstance(options, dict)
+
+    # --- layer-paged execution: segments of a deep stack, converted by this backend ----------------------
+    def test_paged_segments_match_the_whole_model(self, kit: _Kit, backend: Backend, tmp_path: Path) -> None:
+        from onnx.reference import ReferenceEvaluator
+
+        from edgeinfer.build.segments import deploy_segments
+        from edgeinfer.run.paged import PagedSession
+
+        if "onnx" not in backend.source_formats:
+            pytest.skip(f"backend converts {backend.source_formats}; paged deploys split ONNX models")
+        kit.close()  # some runtimes hold one model per process
+        model = kit_models.deep_stack(tmp_path / "deep.onnx", layers=6, batch=2)
+        x = np.random.default_rng(5).standard_normal((2, 32)).astype(np.float32)
+        ref = ReferenceEvaluator(str(model)).run(None, {"x": x})[0]
+        arts = deploy_segments(backend, model, tmp_path / "segments", self.scheme, None, segments=3,
+                               **self.quantize_options)
+        assert len(arts) == 3 and all(a.suffix == backend.native_suffixes[0] for a in arts)
+        with PagedSession.from_artifacts(backend, arts, device=self.device, window=2, prefetch=True,
+                                         **self.load_options) as sess:
+            y = sess.run({"x": x})["y"]
+            stats = sess.stats()
+        cos = float(np.dot(y.ravel(), ref.ravel()) / (np.linalg.norm(y) * np.linalg.norm(ref)))
+        assert cos >= 0.999, cos
+        assert stats["peak_resident_segments"] <= 2
+        limit = backend.paging_limit(self.device)
+        if limit is not None and not limit[1]:  # the backend said no background loading: it was honoured
+            assert stats["prefetch"] is False and any(limit[2] in n for n in stats["notes"]), stats

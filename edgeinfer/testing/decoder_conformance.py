@@ -23,13 +23,13 @@ import numpy as np
 import pytest
 
 import edgeinfer
-from edgeinfer import plugins
-from edgeinfer.backend import Backend
+from edgeinfer.contract import registry as plugins
+from edgeinfer.contract.backend import Backend
+from edgeinfer.contract.decoder import Decoder
 from edgeinfer.errors import InputError
-from edgeinfer.generation.decoder import Decoder
-from edgeinfer.generation.generator import Generator
-from edgeinfer.generation.options import GenerationOptions
-from edgeinfer.generation.text import TextCodec
+from edgeinfer.run.generation.generator import Generator
+from edgeinfer.run.generation.options import GenerationOptions
+from edgeinfer.run.generation.text import TextCodec
 
 PROMPTS = ("The licence grants", "Permission is hereby granted", "def main():")
 NEW_TOKENS = 32
@@ -57,7 +57,7 @@ class DecoderConformance:
 
     @classmethod
     def model_dir(cls) -> Path:
-        from .llm import model_dir
+        from edgeinfer.testing.llm import model_dir
 
         return model_dir()
 

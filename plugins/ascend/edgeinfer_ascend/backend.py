@@ -9,6 +9,7 @@ torch / transformers / torch_npu are imported inside methods only.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -16,13 +17,12 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer.backend import Backend, CalibrationSet, OpTime, Probe, Problem, Session, TensorSpec
+from edgeinfer.contract import Backend, CalibrationSet, OpTime, Probe, Problem, Session, TensorSpec
 from edgeinfer.errors import BackendUnavailableError, InputError
 
 from . import buckets as bk
 from . import device as dev
-from . import doctor
-from . import models
+from . import doctor, models
 
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 SCHEME_DTYPE = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16", "w8a16": "fp32"}
@@ -50,6 +50,17 @@ class AscendBackend(Backend):
     schemes = ("fp32", "fp16", "bf16", "w8a16")
     default_scheme = "fp32"
     gaps: dict[str, str] = {}
+
+    # --- serve placement: one card per worker process ---------------------------------------
+    def placement(self, entry: str) -> tuple[dict[str, str], str | None, dict[str, Any]]:
+        """A ``serve --devices`` entry N is card N: ``ASCEND_RT_VISIBLE_DEVICES=N``, device ``npu:0``."""
+        if entry.isdigit():
+            return {"ASCEND_RT_VISIBLE_DEVICES": entry}, "npu:0", {}
+        return {}, entry, {}
+
+    def check_device_entry(self, entry: str) -> None:
+        if not (entry.isdigit() or re.fullmatch(r"npu:[0-9]+", entry)):
+            raise InputError(f"--devices {entry!r}: an Ascend entry is a card index such as 0 or 1")
 
     # --- versions and probe ------------------------------------------------------------------
     def versions(self) -> dict[str, str]:
@@ -114,7 +125,8 @@ class AscendBackend(Backend):
         unknown = set(options) - set(CONVERT_OPTIONS)
         if unknown:
             raise InputError(
-                f"unknown option(s) for ascend convert: {', '.join(sorted(unknown))}; known: {', '.join(CONVERT_OPTIONS)}"
+                f"unknown option(s) for ascend convert: {', '.join(sorted(unknown))}; known: "
+                f"{', '.join(CONVERT_OPTIONS)}"
             )
         dev.import_torch()
         src = models.resolve(model)
@@ -161,7 +173,8 @@ class AscendBackend(Backend):
         data = models.export_program_bytes(src.path)
         ep = models.load_program(data)
         inputs, outputs = _export_specs(ep)
-        manifest = {"kind": "export", "dtype": SCHEME_DTYPE[scheme], "quant": None, "outputs": [o.to_json() for o in outputs]}
+        manifest = {"kind": "export", "dtype": SCHEME_DTYPE[scheme], "quant": None,
+                    "outputs": [o.to_json() for o in outputs]}
         return manifest, {"program.pt2": data}, inputs
 
     # --- open -------------------------------------------------------------------------------
@@ -270,7 +283,8 @@ class AscendSession(Session):
         self.load_ms = (time.perf_counter() - t0) * 1e3
         self.pad_id = int(manifest.get("pad_token_id", 0) or 0)
         self.compiled = _truthy(compile)
-        self.compile_backend_name = compile_backend or ("torchair" if dev.is_npu(device) else "inductor") if self.compiled else None
+        default = "torchair" if dev.is_npu(device) else "inductor"
+        self.compile_backend_name = compile_backend or default if self.compiled else None
         self.compiles: dict[str, int] = defaultdict(int)  # bucket key -> backend invocations
         self._current = "unbucketed"
         self._fn = self.module
@@ -285,7 +299,8 @@ class AscendSession(Session):
                 self.compiles[self._current] += 1
                 return inner(gm, example_inputs)
 
-            self._fn = torch.compile(self.module, backend=counting_backend, dynamic=False, fullgraph=self.kind == "hf")
+            self._fn = torch.compile(self.module, backend=counting_backend, dynamic=False,
+                                     fullgraph=self.kind == "hf")
         self.warmup_ms: dict[str, dict[str, float]] = {}
         # auto: warm up where first runs are expensive (graph compile, CANN operator compile on NPU)
         want = (self.compiled or dev.is_npu(device)) if str(warmup).lower() == "auto" else _truthy(warmup)
@@ -352,7 +367,8 @@ class AscendSession(Session):
     def op_times(self, feeds: dict[str, np.ndarray]) -> list[OpTime]:
         rows = dev.profile_ops(self.device, lambda: self.infer(feeds))
         kind = "npu" if dev.is_npu(self.device) else self.device.split(":")[0]
-        ops = [OpTime(name=name, op_type=name.split("::")[-1], time_ms=ms, exec_type=kind) for name, ms, _ in rows if ms > 0]
+        ops = [OpTime(name=name, op_type=name.split("::")[-1], time_ms=ms, exec_type=kind) for name, ms,
+               _ in rows if ms > 0]
         return sorted(ops, key=lambda o: o.time_ms, reverse=True)
 
     def profile_notes(self) -> dict[str, Any]:

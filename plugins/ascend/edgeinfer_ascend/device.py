@@ -107,8 +107,8 @@ def npu_runtime() -> Any | None:
         return None
     import_torch()
     try:
-        import torch_npu  # noqa: F401  (registers torch.npu)
         import torch
+        import torch_npu  # noqa: F401  (registers torch.npu)
 
         return torch_npu if torch.npu.is_available() and torch.npu.device_count() > 0 else None
     except Exception:

@@ -3,7 +3,7 @@
 Nothing here imports torch or torch_npu and nothing here runs a command: the device module
 (:mod:`edgeinfer_ascend.device`) gathers the raw facts (``npu-smi info`` text, the stderr of a
 ``python -c "import torch"`` subprocess, installed package versions) and these functions turn
-them into :class:`~edgeinfer.backend.Problem` entries with a concrete fix. Tests feed them
+them into :class:`~edgeinfer.contract.backend.Problem` entries with a concrete fix. Tests feed them
 recorded outputs from public sources.
 """
 
@@ -18,7 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping
 
-from edgeinfer.backend import Problem
+from edgeinfer.contract import Problem
 
 SET_ENV = "/usr/local/Ascend/ascend-toolkit/set_env.sh"
 # where CANN installs by default (root; non-root uses $HOME/Ascend): old layout, then 8.5+ layout
@@ -84,7 +84,8 @@ def find_toolkit(env: Mapping[str, str] | None = None, arch: str | None = None) 
                 tk.version, tk.version_file = parsed.get("version"), str(info)
                 break
         if tk.version is None:  # versioned install dirs: /usr/local/Ascend/ascend-toolkit/8.0.RC3
-            m = re.search(r"(\d+\.\d+\.(?:RC\d+|\d+|T\d+)[\w.]*)", str(home.resolve()) if home.exists() else str(home))
+            m = re.search(r"(\d+\.\d+\.(?:RC\d+|\d+|T\d+)[\w.]*)",
+                          str(home.resolve()) if home.exists() else str(home))
             if m:
                 tk.version = m.group(1)
     dirs = [d for d in env.get("LD_LIBRARY_PATH", "").split(":") if d]
@@ -99,7 +100,8 @@ def toolkit_problems(tk: Toolkit, npu_present: bool) -> list[Problem]:
         if npu_present:
             problems.append(
                 Problem(
-                    "CANN toolkit not found (no ASCEND_TOOLKIT_HOME / ASCEND_HOME_PATH, nothing under /usr/local/Ascend)",
+                    "CANN toolkit not found (no ASCEND_TOOLKIT_HOME / ASCEND_HOME_PATH, nothing under "
+                    "/usr/local/Ascend)",
                     "install the CANN toolkit matching your driver (https://www.hiascend.com/cann), then "
                     f"`source {SET_ENV}`",
                 )
@@ -187,7 +189,8 @@ def parse_npu_smi_info(text: str) -> NpuSmiInfo:
             if len(cells) >= 4 and re.match(r"^\d+\s+\d+$", cells[0]):
                 npu, chip = cells[0].split()
                 processes.append(
-                    {"npu": int(npu), "chip": int(chip), "pid": cells[1], "name": cells[2], "memory_mb": _num(cells[3])}
+                    {"npu": int(npu), "chip": int(chip), "pid": cells[1], "name": cells[2],
+                     "memory_mb": _num(cells[3])}
                 )
             continue
         if len(cells) < 3 or cells[0].startswith(("NPU", "Chip", "npu-smi")):
@@ -268,7 +271,8 @@ def _norm_cann(version: str) -> str:
     return v
 
 
-def version_problems(torch_version: str | None, torch_npu_version: str | None, cann_version: str | None) -> list[Problem]:
+def version_problems(torch_version: str | None, torch_npu_version: str | None,
+                     cann_version: str | None) -> list[Problem]:
     """Check torch / torch_npu / CANN against the official table; name the matching pair on a mismatch."""
     if not torch_npu_version:
         return []
@@ -290,7 +294,8 @@ def version_problems(torch_version: str | None, torch_npu_version: str | None, c
             for_cann = [r for r in rows if _norm_cann(r["cann"]) == cann]
             same_torch = [r for r in for_cann if r["torch"] == npu_base]
             if same_torch:
-                fix = f"pip install torch_npu=={same_torch[0]['torch_npu']} (the build for CANN {cann} and torch {npu_base})"
+                fix = (f"pip install torch_npu=={same_torch[0]['torch_npu']} "
+                       f"(the build for CANN {cann} and torch {npu_base})")
             elif for_cann:
                 r = for_cann[0]
                 fix = f"use torch=={r['torch']} with torch_npu=={r['torch_npu']} for CANN {cann}"
@@ -339,7 +344,8 @@ def import_problems(stderr: str, cann_home: str | None = None) -> list[Problem]:
             )
         )
     if libs:
-        cann_libs = [lib for lib in libs if lib.split(".so")[0] + ".so" in CANN_LIBS or "ascend" in lib or "hccl" in lib]
+        cann_libs = [lib for lib in libs
+                     if lib.split(".so")[0] + ".so" in CANN_LIBS or "ascend" in lib or "hccl" in lib]
         where = f" (CANN found at {cann_home})" if cann_home else " (no CANN toolkit found)"
         problems.append(
             Problem(
@@ -349,5 +355,6 @@ def import_problems(stderr: str, cann_home: str | None = None) -> list[Problem]:
         )
     if not problems:
         last = [ln.strip() for ln in stderr.strip().splitlines() if ln.strip()][-1]
-        problems.append(Problem(f"import torch / torch_npu failed: {last}", "run `python -c 'import torch_npu'` to see the full error"))
+        problems.append(Problem(f"import torch / torch_npu failed: {last}",
+                                "run `python -c 'import torch_npu'` to see the full error"))
     return problems

@@ -124,7 +124,8 @@ def load_state_dict(weights: Path) -> dict[str, Any]:
             "refuses it (nothing was unpickled); save model.state_dict() or safetensors instead"
         ) from None
     except Exception as e:
-        raise ModelError(f"{weights.name} is not a readable PyTorch weights file ({str(e).splitlines()[0]})") from None
+        first = str(e).splitlines()[0]
+        raise ModelError(f"{weights.name} is not a readable PyTorch weights file ({first})") from None
     if isinstance(obj, dict):
         for key in ("state_dict", "model_state_dict", "model"):
             if key in obj and isinstance(obj[key], dict):
@@ -188,7 +189,8 @@ def read_artifact(path: Path) -> tuple[dict[str, Any], zipfile.ZipFile]:
             f"{path.name} is not an ascend artifact; create one with `edgeinfer quantize MODEL --backend ascend`"
         ) from None
     if manifest.get("format") != FORMAT:
-        raise InputError(f"{path.name} has artifact format {manifest.get('format')}, expected {FORMAT}; convert again")
+        raise InputError(f"{path.name} has artifact format {manifest.get('format')}, expected {FORMAT}; "
+                         "convert again")
     return manifest, z
 
 

@@ -100,7 +100,8 @@ def load(data: bytes, name: str):
         return torch.export.load(io.BytesIO(clean))
     except Exception as e:
         raise ModelError(
-            f"{name} is not a loadable torch.export program ({str(e).splitlines()[0][:160] if str(e) else type(e).__name__}); "
+            f"{name} is not a loadable torch.export program "
+            f"({str(e).splitlines()[0][:160] if str(e) else type(e).__name__}); "
             "write it with torch.export.save(torch.export.export(model, args), path)"
         ) from None
 
@@ -233,7 +234,8 @@ def _check_graph(doc: Any, name: str) -> None:
             elif key == "as_operator":
                 _check_target(value, name)
             elif key in ("as_custom_obj", "as_graph"):
-                raise UnsafeProgram(f"{name}: the program uses {key[3:].replace('_', ' ')}s, which edgeinfer does not load")
+                raise UnsafeProgram(f"{name}: the program uses {key[3:].replace('_', ' ')}s, which edgeinfer does "
+                                    "not load")
             else:
                 stack.append(value)
 
@@ -301,7 +303,8 @@ def _check_expr(expr: Any, name: str) -> None:
     while pos < len(expr):
         m = _EXPR_TOKEN.match(expr, pos)
         if m is None:
-            raise UnsafeProgram(f"{name}: symbolic shape expression {expr[:60]!r} is not a shape formula; refusing it")
+            raise UnsafeProgram(f"{name}: symbolic shape expression {expr[:60]!r} is not a shape formula; "
+                                "refusing it")
         tok = m.group()
         if (tok[0].isalpha() or tok[0] == "_") and tok not in _EXPR_NAMES and not _SYMBOL_NAME.fullmatch(tok):
             raise UnsafeProgram(f"{name}: symbolic shape expression uses {tok[:40]!r}; refusing it")

@@ -25,7 +25,8 @@ def minilm_artifacts(ascend, tmp_path_factory):
 
     def get(scheme: str) -> Path:
         if scheme not in made:
-            made[scheme] = ascend.quantize(minilm.model_dir() / "model.safetensors", scheme, None, root / f"minilm-{scheme}.ascend")
+            made[scheme] = ascend.quantize(minilm.model_dir() / "model.safetensors", scheme, None,
+                                           root / f"minilm-{scheme}.ascend")
         return made[scheme]
 
     return get

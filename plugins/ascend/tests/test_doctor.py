@@ -13,7 +13,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from edgeinfer_ascend import doctor
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -58,7 +57,8 @@ def test_npu_smi_a3_wide_layout_and_processes():
 
 def test_unhealthy_chip_is_a_problem_with_a_fix():
     # synthetic: the recorded 910B4 table with one Health cell changed to an alarm state
-    text = recorded("recorded_npu_smi_910b4.txt").replace("| 1     910B4               | OK  ", "| 1     910B4               | Alarm")
+    text = recorded("recorded_npu_smi_910b4.txt").replace("| 1     910B4               | OK  ",
+                                                          "| 1     910B4               | Alarm")
     info = doctor.parse_npu_smi_info(text)
     assert [c.health for c in info.chips] == ["OK", "Alarm"]
     problems = doctor.npu_smi_problems(info)
@@ -83,7 +83,8 @@ def test_torch_npu_without_cann_recorded_failure():
 def test_toolkit_from_env_and_version_file(tmp_path):
     home = tmp_path / "ascend-toolkit" / "8.3.RC1"
     (home / "aarch64-linux").mkdir(parents=True)
-    (home / "aarch64-linux" / "ascend_toolkit_install.info").write_text(recorded("recorded_ascend_toolkit_install.info"))
+    info = recorded("recorded_ascend_toolkit_install.info")
+    (home / "aarch64-linux" / "ascend_toolkit_install.info").write_text(info)
     libdir = home / "lib64"
     libdir.mkdir()
     env = {"ASCEND_TOOLKIT_HOME": str(home), "LD_LIBRARY_PATH": "/usr/lib"}
@@ -175,7 +176,8 @@ def fake_torch_npu_standin(tmp_path_factory):
 def _run(code: str, pythonpath: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(pythonpath), PATH="/usr/bin:/bin")
     env.pop("TORCH_DEVICE_BACKEND_AUTOLOAD", None)
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env, timeout=300)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env,
+                          timeout=300)
 
 
 def test_standin_reproduces_the_real_failure(fake_torch_npu_standin):

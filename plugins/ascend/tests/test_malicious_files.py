@@ -110,8 +110,8 @@ def test_ascend_artifact_holding_a_crafted_program_is_refused(base_pt2, x_npy, t
 
 @pytest.mark.parametrize("kind", ["pickled_sample_inputs", "sympy_expr"])
 def test_bundle_holding_a_crafted_program_is_refused(base_pt2, x_npy, tmp_path, kind):
-    from edgeinfer.backend import TensorSpec
-    from edgeinfer.bundle import Manifest, write
+    from edgeinfer.contract import TensorSpec
+    from edgeinfer.run.bundle import Manifest, write
 
     marker = tmp_path / "MARKER"
     evil = evil_pt2.craft(base_pt2, kind, tmp_path / "evil.pt2", marker)
@@ -165,7 +165,8 @@ def _spec(type_name, context) -> str:
 @pytest.mark.parametrize(
     "spec,needle",
     [
-        (_spec("collections.defaultdict", json.dumps({"default_factory_module": "os", "default_factory_name": "system",
+        (_spec("collections.defaultdict", json.dumps({"default_factory_module": "os",
+                                                      "default_factory_name": "system",
                                                       "dict_context": []})), "collections.defaultdict"),
         (_spec("builtins.dict", json.dumps([{"__enum__": True, "fqn": "os:environ", "name": "x"}])), "plain keys"),
     ],
@@ -185,7 +186,6 @@ def test_pytree_specs_that_import_modules_are_refused(base_pt2, tmp_path, spec, 
 def test_a_checked_program_still_runs_and_matches(base_pt2):
     """The rebuilt archive is the same program: same outputs as the unchecked load of a trusted file."""
     import torch
-
     from edgeinfer_ascend import pt2
 
     x = torch.randn(3, 16)

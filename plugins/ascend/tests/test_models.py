@@ -37,7 +37,8 @@ def test_onnx_is_refused_with_the_right_input(ascend, tmp_path):
 
 def test_pickle_with_objects_is_refused(ascend, tmp_path):
     d = _hf_copy(tmp_path)
-    torch.save({"embeddings.word_embeddings.weight": torch.zeros(2, 2), "extra": NotATensor()}, d / "pytorch_model.bin")
+    torch.save({"embeddings.word_embeddings.weight": torch.zeros(2, 2), "extra": NotATensor()},
+               d / "pytorch_model.bin")
     with pytest.raises(ModelError, match="pickled Python objects.*weights_only=True"):
         ascend.quantize(d / "pytorch_model.bin", "fp32", None, tmp_path / "out.ascend")
     assert not (tmp_path / "out.ascend").exists()

@@ -117,7 +117,7 @@ def test_profile_has_torch_profiler_ops(ascend, minilm_artifacts):
 def test_stamp_and_inputs(ascend, minilm_artifacts):
     import json
 
-    from edgeinfer import stamp
+    from edgeinfer.contract import stamp
 
     art = minilm_artifacts("fp32")
     data = stamp.read(art)

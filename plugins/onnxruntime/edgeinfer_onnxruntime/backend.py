@@ -14,9 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer.backend import Backend, CalibrationSet, OpTime, Probe, Problem, Session, TensorSpec
+from edgeinfer.contract import Backend, CalibrationSet, OpTime, Probe, Problem, Session, TensorSpec
 from edgeinfer.errors import InputError
-
 
 # onnxruntime type strings → NumPy dtype names
 ORT_TYPES = {
@@ -44,7 +43,8 @@ def _ort():
 
 def specs_of(nodes: Any) -> list[TensorSpec]:
     return [
-        TensorSpec(n.name, tuple(d if isinstance(d, (int, str)) else None for d in n.shape), ORT_TYPES.get(n.type, n.type))
+        TensorSpec(n.name, tuple(d if isinstance(d, (int, str)) else None for d in n.shape), ORT_TYPES.get(n.type,
+                                                                                                           n.type))
         for n in nodes
     ]
 
@@ -190,13 +190,13 @@ class OnnxRuntimeBackend(Backend):
         return "static"
 
     def open_decoder(self, model: Path, device: str | None, context: int, slots: int, **options: Any):
-        from edgeinfer.loading import cache_dir
+        from edgeinfer.build import cache
 
         from .decoder import open_decoder
 
         if device not in (None, "", "cpu", "CPU", "auto"):
             raise InputError(f"onnxruntime backend runs on CPU only, not {device!r}; omit --device or use CPU")
-        return open_decoder(model, context, slots, cache_dir(), dict(options))
+        return open_decoder(model, context, slots, cache.area("artifacts"), dict(options))
 
     def open(self, artifact: Path, device: str | None, **options: Any) -> Session:
         if device not in (None, "", "cpu", "CPU", "auto"):

@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from edgeinfer.contract import Decoder
 from edgeinfer.errors import BackendUnavailableError, InputError, ModelError
-from edgeinfer.generation.decoder import Decoder
 
 GENAI_CONFIG = "genai_config.json"
 PRECISIONS = ("fp32", "int4")
@@ -46,7 +46,7 @@ def build(hf_dir: Path, cache_root: Path, precision: str) -> Path:
             "onnxruntime-genai (its model builder) is not installed, so decoders cannot be exported to ONNX",
             "pip install onnxruntime-genai==0.14.1 onnx_ir (0.14.1 is the release that keeps protobuf 4.25)",
         ) from None
-    from edgeinfer.stamp import sha256_file
+    from edgeinfer.contract.stamp import sha256_file
 
     key = hashlib.sha256(f"{sha256_file(hf_dir)}|{precision}|{builder_version}".encode()).hexdigest()[:24]
     out = cache_root / "onnxruntime-decoders" / key

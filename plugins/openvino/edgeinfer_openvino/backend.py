@@ -34,10 +34,10 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer.backend import Backend, CalibrationSet, OpTime, Probe, Problem, Session, TensorSpec, validate_feeds
+from edgeinfer.contract import Backend, CalibrationSet, OpTime, Probe, Problem, Session, TensorSpec, validate_feeds
 from edgeinfer.errors import BackendError, EdgeInferError, InputError, ModelError
 
-from .devices import clean, cpu_model_name, diagnose, family, fallback_warning, requested_primary, select_device
+from .devices import clean, cpu_model_name, diagnose, fallback_warning, family, requested_primary, select_device
 
 log = logging.getLogger("edgeinfer.openvino")
 
@@ -126,7 +126,8 @@ def _port_name(port: Any, i: int, prefix: str, known: Mapping[str, Any] | None =
         return names[0] if names else f"{prefix}{i}"
 
 
-def port_specs(ports: Sequence[Any], prefix: str, symbols: Mapping[str, Sequence[Any]] | None = None) -> list[TensorSpec]:
+def port_specs(ports: Sequence[Any], prefix: str, symbols: Mapping[str,
+                                                                   Sequence[Any]] | None = None) -> list[TensorSpec]:
     """TensorSpecs of OpenVINO ports; dynamic dims take their symbolic names from ``symbols``."""
     specs = []
     for i, p in enumerate(ports):
@@ -268,14 +269,16 @@ class OpenVinoSession(Session):
                 self._compiled = self._core.compile_model(str(path), self.ov_device, self._config)
             except Exception as e:
                 _read(self._core, path)  # a corrupt file gets the ModelError; otherwise it is the device
-                raise BackendError(f"OpenVINO could not compile {path.name} for {self.ov_device}: {_reason(e)}") from None
+                raise BackendError(f"OpenVINO could not compile {path.name} for {self.ov_device}: "
+                                   f"{_reason(e)}") from None
             self._model = None
         else:
             self._model = _read(self._core, path)
             try:
                 self._compiled = self._core.compile_model(self._model, self.ov_device, self._config)
             except Exception as e:
-                raise BackendError(f"OpenVINO could not compile {path.name} for {self.ov_device}: {_reason(e)}") from None
+                raise BackendError(f"OpenVINO could not compile {path.name} for {self.ov_device}: "
+                                   f"{_reason(e)}") from None
         self.compile_ms = (time.perf_counter() - t0) * 1e3
         after = self._cache_files()
         self.cache = "off" if self._cache_dir is None else ("miss" if after - before else "hit")
@@ -322,7 +325,8 @@ class OpenVinoSession(Session):
                 res = self._request.infer(feeds)
         return {name: res[i] for i, name in enumerate(self._out_names)}
 
-    def run_many(self, feeds_list: Sequence[Mapping[str, Any]], jobs: int | None = None) -> list[dict[str, np.ndarray]]:
+    def run_many(self, feeds_list: Sequence[Mapping[str, Any]], jobs: int | None = None) -> list[dict[str,
+                                                                                                      np.ndarray]]:
         """Run many feeds through an ``AsyncInferQueue`` (throughput path); results in input order."""
         self._check_open()
         arrays = [validate_feeds(self.inputs, f) for f in feeds_list]
@@ -480,6 +484,12 @@ class OpenVinoBackend(Backend):
     default_scheme = "fp32"
     gaps: dict[str, str] = {}
 
+    def artifact_files(self, artifact: Path) -> list[Path]:
+        """An IR is the ``.xml`` graph and its ``.bin`` weights."""
+        files = super().artifact_files(artifact)
+        weights = artifact.with_suffix(".bin")
+        return files + [weights] if weights != artifact and weights.exists() else files
+
     def versions(self) -> dict[str, str]:
         from importlib.metadata import PackageNotFoundError, version
 
@@ -489,7 +499,8 @@ class OpenVinoBackend(Backend):
             except PackageNotFoundError:
                 return "missing"
 
-        return {"edgeinfer-openvino": v("edgeinfer-openvino"), "toolkit": f"openvino {v('openvino')}", "nncf": v("nncf")}
+        return {"edgeinfer-openvino": v("edgeinfer-openvino"), "toolkit": f"openvino {v('openvino')}",
+                "nncf": v("nncf")}
 
     def probe(self) -> Probe:
         cpu = cpu_model_name(_read_text("/proc/cpuinfo"))
@@ -566,7 +577,8 @@ class OpenVinoBackend(Backend):
             self._reshape(ov, ov_model, shapes)
         static = all(p.get_partial_shape().is_static for p in ov_model.inputs)
         if target == "npu" and not static:
-            dyn = [_port_name(p, i, "input") for i, p in enumerate(ov_model.inputs) if p.get_partial_shape().is_dynamic]
+            dyn = [_port_name(p, i, "input") for i,
+                   p in enumerate(ov_model.inputs) if p.get_partial_shape().is_dynamic]
             raise InputError(
                 f"the NPU needs static input shapes but {', '.join(dyn)} are dynamic; pass "
                 f"shapes={{{dyn[0]!r}: [1, 128], ...}} (e.g. --shapes / the board's shapes)"
@@ -625,7 +637,8 @@ class OpenVinoBackend(Backend):
 
         model_type = str(options.get("model_type") or "").lower()
         if not model_type:
-            model_type = "transformer" if any(op.get_type_name() == "Softmax" for op in ov_model.get_ops()) else "none"
+            softmax = any(op.get_type_name() == "Softmax" for op in ov_model.get_ops())
+            model_type = "transformer" if softmax else "none"
         if model_type not in ("transformer", "none"):
             raise InputError(f"model_type must be 'transformer' or 'none', got {model_type!r}")
         samples = list(calibration)
@@ -669,12 +682,13 @@ class OpenVinoBackend(Backend):
         unknown = set(options) - OPEN_OPTIONS
         if unknown:
             raise InputError(
-                f"unknown option(s) for openvino: {', '.join(sorted(unknown))}; known: {', '.join(sorted(OPEN_OPTIONS))}"
+                f"unknown option(s) for openvino: {', '.join(sorted(unknown))}; known: "
+                f"{', '.join(sorted(OPEN_OPTIONS))}"
             )
         symbols: dict[str, Any] = {}
         data: dict[str, Any] = {}
         try:
-            from edgeinfer import stamp
+            from edgeinfer.contract import stamp
 
             data = stamp.read(artifact) or {}
             for spec in data.get("inputs", []) + data.get("outputs", []):

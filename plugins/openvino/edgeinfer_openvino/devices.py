@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from edgeinfer.backend import Problem
+from edgeinfer.contract import Problem
 from edgeinfer.errors import BackendUnavailableError, InputError
 
 #: physical OpenVINO device families edgeinfer knows, in ``auto`` preference order

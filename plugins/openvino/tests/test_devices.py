@@ -3,9 +3,9 @@ real ``openvino.Core`` reports here, and with recorded stand-ins for hardware th
 
 import openvino as ov
 import pytest
+from edgeinfer_openvino.devices import cpu_model_name, diagnose, fallback_warning, requested_primary, select_device
 
 from edgeinfer.errors import BackendUnavailableError, InputError
-from edgeinfer_openvino.devices import cpu_model_name, diagnose, fallback_warning, requested_primary, select_device
 
 REAL = list(ov.Core().available_devices)  # ['CPU'] on the CI machines
 # Device lists of machines that are not here (stand-ins, recorded from OpenVINO docs' examples)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import edgeinfer
-from edgeinfer.backend import CalibrationSet
+from edgeinfer.contract import CalibrationSet
 from edgeinfer.testing import minilm
 
 pytestmark = pytest.mark.slow
@@ -54,7 +54,7 @@ def test_embeddings_match_onnxruntime_fp32(artifacts, heldout, reference, scheme
 
 
 def test_int8_stamp_records_the_calibration(artifacts):
-    from edgeinfer import stamp
+    from edgeinfer.contract import stamp
 
     data = stamp.read(artifacts["w8a8"])
     assert data["calibration_samples"] == 120 and data["model_type"] == "transformer"

@@ -8,13 +8,12 @@ from pathlib import Path
 import numpy as np
 import openvino as ov
 import pytest
+from edgeinfer_openvino.backend import DeviceFallbackWarning, int4_group_size, npu_details, weight_count
 
 import edgeinfer
-from edgeinfer import stamp
-from edgeinfer.backend import CalibrationSet
+from edgeinfer.contract import CalibrationSet, stamp
 from edgeinfer.errors import BackendUnavailableError, EdgeInferError, FeedError, InputError, ModelError
 from edgeinfer.testing import models
-from edgeinfer_openvino.backend import DeviceFallbackWarning, int4_group_size, npu_details, weight_count
 
 HAS_NPU = "NPU" in ov.Core().available_devices
 
@@ -46,7 +45,8 @@ def wide_mlp(path: Path, width: int = 256, layers: int = 3, seed: int = 7):
     ws = [(rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32) for _ in range(layers)]
     nodes, prev = [], "x"
     for i in range(layers):
-        nodes += [helper.make_node("MatMul", [prev, f"W{i}"], [f"m{i}"]), helper.make_node("Relu", [f"m{i}"], [f"r{i}"])]
+        nodes += [helper.make_node("MatMul", [prev, f"W{i}"], [f"m{i}"]), helper.make_node("Relu", [f"m{i}"],
+                                                                                           [f"r{i}"])]
         prev = f"r{i}"
     nodes.append(helper.make_node("Identity", [prev], ["y"]))
     graph = helper.make_graph(
@@ -163,7 +163,8 @@ def test_requested_npu_that_falls_back_to_cpu_warns(backend, ir, kit):
         assert s.device == "CPU"
         assert s.execution_devices == ["CPU"]
         assert "NPU" in s.profile_notes()["fallback"]
-        np.testing.assert_allclose(s.run(kit["mlp"].feeds)["y"], kit["mlp"].reference(kit["mlp"].feeds)["y"], rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(s.run(kit["mlp"].feeds)["y"], kit["mlp"].reference(kit["mlp"].feeds)["y"],
+                                   rtol=1e-4, atol=1e-4)
 
 
 def test_no_warning_when_the_device_runs_what_was_asked(backend, ir):

@@ -14,8 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer import stamp
-from edgeinfer.backend import Backend, CalibrationSet, OpTime, Probe, Problem, Session, TensorSpec
+from edgeinfer.contract import Backend, CalibrationSet, OpTime, Probe, Problem, Session, TensorSpec, stamp
 from edgeinfer.errors import BackendUnavailableError, FeedError, InputError, ModelError
 
 from . import board
@@ -35,6 +34,8 @@ CONVERT_OPTIONS = {
     "optimization_level": "0..3 (default 3)",
 }
 LOAD_OPTIONS = ("core_mask",)
+# what one `serve --devices` entry may be: one worker per core or core group
+SERVE_CORE_MASKS = ("0", "1", "2", "0_1", "0_1_2", "auto")
 
 
 def _version(dist: str) -> str | None:
@@ -90,7 +91,8 @@ def static_inputs(proto: Any, shapes: Mapping[str, Sequence[int]] | None, model_
     names = [i.name for i in graph_inputs]
     unknown = [n for n in shapes if n not in names]
     if unknown:
-        raise InputError(f"shapes names unknown input(s) {', '.join(unknown)}; the model's inputs are: {', '.join(names)}")
+        raise InputError(f"shapes names unknown input(s) {', '.join(unknown)}; the model's inputs are: "
+                         f"{', '.join(names)}")
     specs = []
     for vi in graph_inputs:
         dims = _dims(vi)
@@ -131,7 +133,8 @@ def _dynamic_sets(value: Any, inputs: list[TensorSpec]) -> list[list[list[int]]]
         for spec, shape in zip(inputs, entry):
             shape = [int(d) for d in shape]
             if len(shape) != len(spec.shape):
-                raise InputError(f"dynamic_input set {i}: {spec.name!r} needs {len(spec.shape)} dimensions, got {shape}")
+                raise InputError(f"dynamic_input set {i}: {spec.name!r} needs {len(spec.shape)} dimensions, got "
+                                 f"{shape}")
             shapes.append(shape)
         sets.append(shapes)
     return sets
@@ -189,7 +192,8 @@ class SimulatorSession(RknnSession):
             raise RuntimeError(f"simulator {e}; full log: {self._log}") from None
 
     def profile_notes(self) -> dict[str, Any]:
-        return {"simulator": True, "note": "simulator figures, not board speed", "rebuild_s": round(self._rebuild_s, 3)}
+        return {"simulator": True, "note": "simulator figures, not board speed", "rebuild_s": round(self._rebuild_s,
+                                                                                                    3)}
 
     def release(self) -> None:
         if self._rknn is not None:
@@ -223,7 +227,8 @@ class BoardSession(RknnSession):
             rt.release()
         if perf is None:
             return []
-        return [OpTime(name=n, op_type=t, time_ms=ms, exec_type=target) for n, t, ms, target in board.parse_perf_table(perf)]
+        return [OpTime(name=n, op_type=t, time_ms=ms, exec_type=target) for n, t, ms,
+                target in board.parse_perf_table(perf)]
 
     def profile_notes(self) -> dict[str, Any]:
         notes: dict[str, Any] = {"simulator": False, "core_mask": self._mask_name, "sdk": self._rt.sdk_version()}
@@ -248,7 +253,28 @@ class RknnBackend(Backend):
 
     # --- facts ---------------------------------------------------------------------------------
     def mode(self) -> str:
+        """"board" (rknn-toolkit-lite2 on an RK3588) or "simulator" (rknn-toolkit2 on a PC)."""
         return "board" if board.is_board() else "simulator"
+
+    def paging_limit(self, device: str | None) -> tuple[int | None, bool, str] | None:
+        # Several simulator models do coexist in one process (checked with rknn-toolkit2 2.5.0: three
+        # resident segments gave the same outputs), but every toolkit call holds a process-wide
+        # stdout/stderr capture lock, so a background rebuild cannot overlap a running segment (and
+        # would swallow the main thread's output into the toolkit log).
+        if (device or "").lower() == "simulator" or self.mode() == "simulator":
+            return (None, False, "the rknn-toolkit2 simulator serialises every toolkit call behind one "
+                                 "process-wide output-capture lock, so a background page-in cannot overlap "
+                                 "compute; its page-in is a rebuild from the recipe, not a board load")
+        return None
+
+    def placement(self, entry: str) -> tuple[dict[str, str], str | None, dict[str, Any]]:
+        """A ``serve --devices`` entry is an NPU core mask (0, 1, 2, 0_1, 0_1_2, auto)."""
+        return {}, None, {"core_mask": entry}
+
+    def check_device_entry(self, entry: str) -> None:
+        if entry not in SERVE_CORE_MASKS:
+            raise InputError(f"--devices {entry!r}: an RKNN entry is an NPU core mask, one of "
+                             f"{', '.join(SERVE_CORE_MASKS)}")
 
     def versions(self) -> dict[str, str]:
         host, lite = _version("rknn-toolkit2"), board.lite_version()
@@ -305,14 +331,16 @@ class RknnBackend(Backend):
         problems, warnings = [], []
         if not lite:
             problems.append(Problem("rknn-toolkit-lite2 (RKNNLite) is not installed on this board",
-                                    "pip install rknn-toolkit-lite2 matching the rknn-toolkit2 that converts your models"))
+                                    "pip install rknn-toolkit-lite2 matching the rknn-toolkit2 that converts your "
+                                    "models"))
         if lib is None:
             problems.append(Problem("librknnrt.so is not installed",
                                     "copy librknnrt.so from rknn-toolkit2's rknpu2 runtime to /usr/lib"))
         gov = board.ddr_governor(root)
         if gov is not None and gov not in board.PINNED_GOVERNORS:
             warnings.append({
-                "message": f"DDR devfreq governor is {gov!r}, not pinned: NPU speed will vary and stay below published figures",
+                "message": f"DDR devfreq governor is {gov!r}, not pinned: NPU speed will vary and stay below "
+                           "published figures",
                 "fix": f"echo performance | sudo tee /{board.DMC_GOVERNOR}",
             })
         details = {"mode": "board", "soc": soc, "runtime_library": str(lib) if lib else None,

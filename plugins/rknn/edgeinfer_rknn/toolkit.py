@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer.backend import CalibrationSet, TensorSpec
+from edgeinfer.contract import CalibrationSet, TensorSpec
 from edgeinfer.errors import BackendUnavailableError, InputError
 
 # quantized_dtype values rknn-toolkit2 2.5.0 accepts per target (checked with config() on each)
@@ -185,7 +185,8 @@ def ops_named_in_log(log: str, model: Any) -> list[str]:
     errs = "\n".join(ln for ln in clean(log).splitlines() if "support" in ln.lower() or ln.startswith("E "))
     types = sorted({n.op_type for n in model.graph.node})
     return [t for t in types if re.search(rf"\b{re.escape(t)}\b", errs) and re.search(
-        rf"(not support\w*|unsupport\w*)[^\n]*\b{re.escape(t)}\b|\b{re.escape(t)}\b[^\n]*(not support|unsupport)", errs,
+        rf"(not support\w*|unsupport\w*)[^\n]*\b{re.escape(t)}\b|\b{re.escape(t)}\b[^\n]*(not support|unsupport)",
+        errs,
         flags=re.I)]
 
 

@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 
 import edgeinfer
-from edgeinfer import stamp
-from edgeinfer.backend import CalibrationSet
+from edgeinfer.contract import CalibrationSet, stamp
 from edgeinfer.testing import minilm
 
 pytestmark = pytest.mark.slow

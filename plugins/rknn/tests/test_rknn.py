@@ -12,14 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-import edgeinfer
-from edgeinfer import stamp
-from edgeinfer.backend import CalibrationSet
-from edgeinfer.errors import EdgeInferError, FeedError, InputError, ModelError
-from edgeinfer.testing import models as kit_models
 from edgeinfer_rknn import board
 from edgeinfer_rknn import toolkit as tk
+
+import edgeinfer
+from edgeinfer.contract import CalibrationSet, stamp
+from edgeinfer.errors import EdgeInferError, FeedError, InputError, ModelError
+from edgeinfer.testing import models as kit_models
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +50,8 @@ def _custom_op_model(path: Path) -> Path:
 
 # --- import stays light -------------------------------------------------------------------------
 def test_import_does_not_load_the_toolkit_or_torch():
-    code = "import sys, edgeinfer_rknn; print(sorted(m for m in ('rknn', 'rknnlite', 'torch', 'onnx') if m in sys.modules))"
+    code = ("import sys, edgeinfer_rknn; "
+            "print(sorted(m for m in ('rknn', 'rknnlite', 'torch', 'onnx') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -206,7 +206,8 @@ def test_two_models_open_in_one_process(backend, kit, attention_art, tmp_path):
     older versions could not)."""
     a = kit["attention"]
     e = kit["embedding"]
-    e_art = backend.quantize(e.path, None, None, tmp_path / "e.rknn", shapes={k: list(v.shape) for k, v in e.feeds.items()})
+    e_art = backend.quantize(e.path, None, None, tmp_path / "e.rknn", shapes={k: list(v.shape) for k,
+                                                                              v in e.feeds.items()})
     with backend.load(attention_art) as s1, backend.load(e_art) as s2:
         y1 = s1.run(a.feeds)["y"]
         y2 = s2.run(e.feeds)["y"]
@@ -272,7 +273,8 @@ def _fake_board_root_standin(tmp_path: Path, governor: str = "dmc_ondemand") -> 
     (root / "proc/device-tree").mkdir(parents=True)
     (root / "proc/device-tree/compatible").write_bytes(b"radxa,rock-5b\x00rockchip,rk3588\x00")
     (root / "usr/lib").mkdir(parents=True)
-    (root / "usr/lib/librknnrt.so").write_bytes(b"\x7fELF....librknnrt version: 2.3.0 (c949ad889d@2024-11-07T11:35:33)\x00")
+    (root / "usr/lib/librknnrt.so").write_bytes(b"\x7fELF....librknnrt version: 2.3.0 "
+                                                b"(c949ad889d@2024-11-07T11:35:33)\x00")
     (root / "sys/kernel/debug/rknpu").mkdir(parents=True)
     (root / "sys/kernel/debug/rknpu/version").write_text("RKNPU driver: v0.9.8\n")
     (root / "sys/class/devfreq/dmc").mkdir(parents=True)

@@ -16,9 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer.backend import Backend, OpTime, Probe, Problem
+from edgeinfer.contract import Backend, Decoder, OpTime, Probe, Problem
 from edgeinfer.errors import InputError, ModelError
-from edgeinfer.generation.decoder import Decoder
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -48,7 +47,8 @@ class TransformersBackend(Backend):
         dtype = options.pop("dtype", "float32")
         threads = options.pop("threads", None)
         if options:
-            raise InputError(f"unknown option {sorted(options)[0]!r} for backend 'transformers'; known: dtype, threads")
+            raise InputError(f"unknown option {sorted(options)[0]!r} for backend 'transformers'; known: dtype, "
+                             "threads")
         if dtype not in DTYPES:
             raise InputError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
         if not (model.is_dir() and (model / "config.json").is_file()):
@@ -73,7 +73,8 @@ class TransformersDecoder(Decoder):
         cfg = self.model.config
         limit = getattr(cfg, "max_position_embeddings", None)
         if isinstance(limit, int) and context > limit:
-            raise InputError(f"context {context} exceeds the model's max_position_embeddings ({limit}); use --ctx {limit}")
+            raise InputError(f"context {context} exceeds the model's max_position_embeddings ({limit}); use --ctx "
+                             f"{limit}")
         kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.caches = []

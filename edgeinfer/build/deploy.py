@@ -1,0 +1,461 @@
+"""``edgeinfer deploy``: one model → a checked bundle for one board.
+
+plan (refuse what does not fit) → source (HF directory exported to ONNX when the
+backend takes ONNX) → calibration samples → the board's backend ``quantize`` →
+golden check against onnxruntime fp32 on held-out samples → bundle directory.
+Conversions and their golden results are cached, keyed by (model hash, board,
+scheme, shapes, calibration, backend versions).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgeinfer import files
+from edgeinfer.build import cache, calibration, golden
+from edgeinfer.contract import registry as plugins
+from edgeinfer.contract import stamp
+from edgeinfer.contract.backend import CalibrationSet, TensorSpec
+from edgeinfer.contract.names import ENCODER_REFERENCE
+from edgeinfer.errors import CheckFailed, InputError
+from edgeinfer.planning.boards import Board, get_board
+from edgeinfer.planning.quant import normalize_scheme
+from edgeinfer.progress import Progress
+from edgeinfer.run import bundle as bundle_mod
+from edgeinfer.run import samples as golden_samples
+from edgeinfer.run import seal
+from edgeinfer.run.bundle import Manifest, TextSpec, run_padded
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
+DEFAULT_SEQ = 128
+GOLDEN_SAMPLES = 16
+NEEDS_CALIBRATION = ("w8a8",)
+
+Feeds = dict[str, np.ndarray]
+
+
+@dataclass
+class Source:
+    path: Path
+    kind: str  # "onnx" | "hf" | "pt2"
+    sha256: str
+
+    @property
+    def hf_dir(self) -> Path | None:
+        return self.path if self.kind == "hf" else None
+
+
+@dataclass
+class DeployResult:
+    bundle: Path | None
+    manifest: Manifest
+    golden: dict[str, Any]
+    cached: bool
+    warnings: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "bundle": str(self.bundle) if self.bundle else None,
+            "cached": self.cached,
+            "backend": self.manifest.backend,
+            "board": self.manifest.board,
+            "scheme": self.manifest.scheme,
+            "golden": self.golden,
+            "plan": self.manifest.plan,
+            "warnings": self.warnings,
+            "timings_s": self.timings,
+        }
+
+
+def source_of(model: str | os.PathLike[str]) -> Source:
+    p = Path(model)
+    if not p.exists():
+        raise InputError(f"model not found: {p} (pass a Hugging Face directory, an .onnx file or a .pt2 program)")
+    if p.is_dir():
+        if not (p / "config.json").is_file():
+            raise InputError(f"{p} is a directory without config.json; pass a Hugging Face model directory")
+        kind = "hf"
+    elif p.suffix.lower() == ".onnx":
+        kind = "onnx"
+    elif p.suffix.lower() == ".pt2":
+        kind = "pt2"
+    else:
+        raise InputError(f"cannot deploy {p.name}: pass a Hugging Face directory, an .onnx file or a .pt2 program")
+    return Source(p, kind, stamp.sha256_file(p))
+
+
+def parse_shapes(items: tuple[str, ...] | list[str]) -> dict[str, list[int]]:
+    """``NAME=1x128`` → {NAME: [1, 128]}."""
+    shapes = {}
+    for item in items:
+        name, sep, dims = item.partition("=")
+        try:
+            shape = [int(d) for d in dims.lower().split("x")]
+        except ValueError:
+            shape = []
+        if not sep or not name or not shape or any(d <= 0 for d in shape):
+            raise InputError(f"--shape {item!r} is not NAME=DIMxDIM..., e.g. input_ids=1x128")
+        shapes[name] = shape
+    return shapes
+
+
+def board_target(board: Board) -> str:
+    """What the backend compiles for: the board's ``target`` or its family."""
+    return board.target or board.family
+
+
+# --- the steps -------------------------------------------------------------------------------------
+
+
+def reference_onnx(src: Source, shapes: dict[str, list[int]], progress: Progress) -> Path | None:
+    """The fp32 ONNX the golden check runs on onnxruntime (exported once per model and shapes)."""
+    if src.kind == "onnx":
+        return src.path
+    if src.kind == "pt2":
+        return None
+    from edgeinfer.build.export import export_hf_onnx
+
+    out = cache.area("deploy") / "onnx" / cache.key([src.sha256, shapes], length=20) / "model.onnx"
+    if not (out.exists() and cache.intact(out.parent)):  # the golden reference: never a damaged one
+        shutil.rmtree(out.parent, ignore_errors=True)
+        with progress.step(f"exporting {src.path.name} to ONNX"):
+            export_hf_onnx(src.path, out, shapes or None)
+        cache.seal_entry(out.parent)
+    return out
+
+
+def with_shapes(specs: list[TensorSpec], shapes: dict[str, list[int]]) -> list[TensorSpec]:
+    unknown = set(shapes) - {s.name for s in specs}
+    if unknown:
+        names = ", ".join(s.name for s in specs)
+        raise InputError(f"--shape names unknown input(s) {', '.join(sorted(unknown))}; the model's inputs: {names}")
+    return [TensorSpec(s.name, tuple(shapes[s.name]), s.dtype) if s.name in shapes else s for s in specs]
+
+
+def default_shapes(specs: list[TensorSpec], static: bool, seq: int) -> dict[str, list[int]]:
+    """Static shapes for a static-shape target: batch 1 and ``seq`` for symbolic dims."""
+    if not static:
+        return {}
+    out = {}
+    for s in specs:
+        if not s.is_static:
+            out[s.name] = [1 if i == 0 else (seq if not isinstance(d, int) else d) for i, d in enumerate(s.shape)]
+    return out
+
+
+def tokenizer_fn(hf_dir: Path | None, specs: list[TensorSpec]):
+    """texts → feeds, with the model's own tokenizer, padded to the model's sequence length."""
+    if hf_dir is None or not (hf_dir / "tokenizer.json").is_file():
+        return None
+    seq_dims = [s.shape[1] for s in specs if len(s.shape) > 1 and isinstance(s.shape[1], int)]
+    tok = bundle_mod.load_tokenizer(hf_dir / "tokenizer.json", seq_dims[0] if seq_dims else DEFAULT_SEQ)
+    return lambda texts: bundle_mod.tokenize(tok, texts, specs)
+
+
+def text_spec(hf_dir: Path | None, seq: int, output: str) -> TextSpec | None:
+    """Pooling and normalisation as the model declares them (sentence-transformers files)."""
+    if hf_dir is None or not (hf_dir / "tokenizer.json").is_file():
+        return None
+    pooling, normalize = "none", False
+    pool_cfg = hf_dir / "1_Pooling" / "config.json"
+    if pool_cfg.is_file():
+        cfg = json.loads(pool_cfg.read_text())
+        mean = "mean" if cfg.get("pooling_mode_mean_tokens") else "none"
+        pooling = "cls" if cfg.get("pooling_mode_cls_token") else mean
+    modules = hf_dir / "modules.json"
+    if modules.is_file():
+        normalize = any("Normalize" in m.get("type", "") for m in json.loads(modules.read_text()))
+    return TextSpec(tokenizer="tokenizer", max_length=seq, pooling=pooling, normalize=normalize, output=output)
+
+
+def fallback_samples(specs: list[TensorSpec], tokenize, n: int) -> list[Feeds]:
+    """Golden samples when the user gave none: packaged sentences for text models, seeded noise otherwise."""
+    if tokenize is not None:
+        lines = (Path(__file__).parents[1] / "data" / "golden_sentences.txt").read_text().splitlines()
+        batch = calibration._static_batch(specs)
+        lines = [ln for ln in lines if ln.strip()][: n * batch]
+        return [tokenize(lines[i : i + batch]) for i in range(0, len(lines) - len(lines) % batch, batch)]
+    rng = np.random.default_rng(0)
+    samples = []
+    for _ in range(n):
+        feeds = {}
+        for s in specs:
+            shape = [d if isinstance(d, int) else 1 for d in s.shape]
+            if np.dtype(s.dtype).kind in "iu":
+                feeds[s.name] = rng.integers(0, 2, size=shape).astype(s.dtype)
+            else:
+                feeds[s.name] = rng.standard_normal(shape).astype(s.dtype)
+        samples.append(feeds)
+    return samples
+
+
+# --- the whole job -------------------------------------------------------------------------------------
+
+
+def deploy(
+    model: str | os.PathLike[str],
+    board: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    quant: str | None = None,
+    calib: str | os.PathLike[str] | None = None,
+    golden_inputs: str | os.PathLike[str] | None = None,
+    shapes: dict[str, list[int]] | None = None,
+    force: bool = False,
+    threshold: float | None = None,
+    max_samples: int = calibration.DEFAULT_SAMPLES,
+    options: dict[str, Any] | None = None,
+    progress: Progress | None = None,
+    use_cache: bool = True,
+    paging: int | None = None,
+    segments: int | None = None,
+    cuts: list[str] | None = None,
+) -> DeployResult:
+    from edgeinfer.planning.planner import plan as make_plan
+
+    progress = progress or Progress(enabled=False)
+    warnings: list[str] = []
+    out_dir = Path(out)
+    check_out_dir(out_dir)
+    _check_numbers(threshold, max_samples)
+    b = get_board(board)
+    backend = plugins.get_backend(b.backend)
+    src = source_of(model)
+    if src.hf_dir is not None:
+        check_tokenizer(src.hf_dir)
+    scheme = normalize_scheme(quant or "fp16").name
+    threshold = golden.default_threshold(scheme) if threshold is None else threshold
+    layout = _paging_layout(paging, segments, cuts, backend)
+
+    # 1. plan first: refuse what does not fit before exporting or converting anything
+    user_shapes = dict(shapes or {})
+    first = next(iter(user_shapes.values()), None)
+    seq_default = min(DEFAULT_SEQ, _max_position(src) or DEFAULT_SEQ)
+    seq = first[1] if first and len(first) > 1 else seq_default
+    batch = first[0] if first else 1
+    with progress.step(f"planning {src.path.name} on {b.name}"):
+        the_plan = make_plan(str(src.path), b, quant=scheme, ctx=seq, batch=batch, runtime=b.backend_runtime)
+    if not the_plan.fits and not force:
+        raise CheckFailed(
+            f"{src.path.name} does not fit {b.name} with {scheme}: {'; '.join(the_plan.reasons)} "
+            f"(see `edgeinfer plan`, or pass --force)"
+        )
+    if not the_plan.fits:
+        warnings.append(f"deploying although the plan says it does not fit: {'; '.join(the_plan.reasons)}")
+
+    # 2. reference model (fp32 ONNX on onnxruntime) and the input specs the board will see
+    static = "dynamic_shapes" in backend.gaps or board_target(b) == "npu"
+    if src.kind == "pt2":
+        raise InputError("deploying a .pt2 program has no ONNX reference for the golden check; deploy the HF "
+                         "directory")
+    ref_path = reference_onnx(src, user_shapes, progress)
+    reference = plugins.get_backend(ENCODER_REFERENCE).load(ref_path)
+    auto = default_shapes(with_shapes(reference.inputs, user_shapes), static, seq)
+    if auto and src.kind == "hf" and not user_shapes:  # re-export with static shapes: toolkits fold them better
+        reference.close()
+        user_shapes = auto
+        ref_path = reference_onnx(src, user_shapes, progress)
+        reference = plugins.get_backend(ENCODER_REFERENCE).load(ref_path)
+    shapes_used = {**auto, **user_shapes}
+    specs = with_shapes(reference.inputs, shapes_used)
+
+    # 3. samples: calibration and held-out golden inputs
+    tokenize = tokenizer_fn(src.hf_dir, specs)
+    calib_samples: list[Feeds] = []
+    held: list[Feeds] = []
+    if calib:
+        loaded = calibration.load_samples(Path(calib), specs, tokenize)
+        calib_samples, held = calibration.split(loaded, limit=max_samples, heldout=GOLDEN_SAMPLES)
+        if len(calib_samples) < calibration.FEW_SAMPLES:
+            warnings.append(
+                f"only {len(calib_samples)} calibration samples (at least {calibration.FEW_SAMPLES} recommended); "
+                "quantization ranges may be poor"
+            )
+    elif scheme.split("_")[0] in NEEDS_CALIBRATION:
+        raise InputError(f"scheme {scheme} needs calibration data: pass --calib (a .txt of samples, .npz or a "
+                         "directory)")
+    if golden_inputs:
+        held = calibration.load_samples(Path(golden_inputs), specs, tokenize)
+    if not held:
+        held = fallback_samples(specs, tokenize, GOLDEN_SAMPLES)
+        warnings.append(f"golden check on {len(held)} built-in samples (pass --golden-inputs for your own data)")
+
+    # 4. convert (or reuse the cached bundle), golden check, bundle
+    key = _cache_key(src, b, scheme, shapes_used, backend, calib_samples, held, {**(options or {}), **layout})
+    cached_dir = cache.area("deploy") / key
+    cached = use_cache and cache.reusable(cached_dir, progress.note)
+    files.sweep(_tmp_parent(out_dir))  # what a killed earlier deploy left next to -o
+    cache.sweep_deploy()
+    with files.temp_dir(_tmp_parent(out_dir), "deploy") as tmp:
+        work = tmp / "bundle"
+        if cached:
+            progress.note(f"reusing the cached conversion of {src.path.name} for {b.name} ({scheme}): {cached_dir}")
+            shutil.copytree(cached_dir, work, ignore=shutil.ignore_patterns(seal.SEAL))
+            manifest = bundle_mod.Bundle.open(work).manifest
+        else:
+            work.mkdir()
+            manifest = _build(src, b, backend, scheme, work, ref_path, reference, specs, shapes_used,
+                              calib_samples, held, threshold, the_plan, tokenize, seq, options, progress, layout)
+            if use_cache:
+                try:
+                    cache.store(cached_dir, work)
+                except BaseException:  # interrupted mid-copy: leave no partial entry behind
+                    files.remove_own(cached_dir.parent)
+                    raise
+        reference.close()
+        _replace_dir(work, out_dir)
+    return DeployResult(out_dir, manifest, manifest.golden or {}, cached, warnings, dict(progress.timings))
+
+
+def _build(src, b, backend, scheme, work, ref_path, reference, specs, shapes_used, calib_samples, held,
+           threshold, the_plan, tokenize, seq, options, progress, layout) -> Manifest:
+    """Convert into ``work``, run the golden check, and write the bundle there; raise if the check fails."""
+    convert_input = src.path if src.kind in backend.source_formats else ref_path
+    convert_opts = {"target": board_target(b), **(options or {})}
+    if convert_input == ref_path and shapes_used:
+        convert_opts.setdefault("shapes", shapes_used)
+    cal_set = CalibrationSet(calib_samples) if calib_samples else None
+    with progress.step(f"converting to {backend.name} {scheme} for {board_target(b)}"):
+        if layout:
+            from edgeinfer.build.segments import deploy_segments
+
+            artifacts = deploy_segments(backend, convert_input, work, scheme, cal_set, layout.get("segments"),
+                                        layout.get("cuts"), **convert_opts)
+        else:
+            artifacts = [work / ("model" + backend.native_suffixes[0])]
+            backend.quantize(convert_input, scheme, cal_set, artifacts[0], **convert_opts)
+    artifact = artifacts[0]
+    paging_spec = {"window": layout["window"], "prefetch": True} if layout else None
+    if layout:
+        from edgeinfer.run.paged import PagedSession
+
+        opened = PagedSession.from_artifacts(backend, artifacts, window=layout["window"])
+    else:
+        opened = backend.load(artifact)
+    with opened as session:
+        outputs = list(session.outputs)
+        cand, expected = [], []
+        for s in progress.track(held, "golden check", total=len(held)):
+            cand.append(run_padded(session, s))
+            expected.append(run_padded(reference, s))
+        report = golden.compare(expected, cand, held, threshold)
+        report["device"] = session.device
+    if not report["passed"]:
+        raise CheckFailed(
+            f"{golden.summary_line(report)}; worst: {golden.worst_samples_line(report) or 'n/a'} — "
+            "the bundle was not written (try fp16, more or better --calib data, or --threshold)"
+        )
+    st = stamp.read(artifact) or {}
+    out_name = outputs[0].name if outputs else "last_hidden_state"
+    manifest = Manifest(
+        backend=backend.name,
+        versions=st.get("versions", backend.versions()),
+        board=b.name,
+        target=st.get("target", board_target(b)),
+        scheme=scheme,
+        artifacts=[a.name for a in artifacts],
+        inputs=specs if layout or not st.get("inputs") else [TensorSpec.from_json(s) for s in st["inputs"]],
+        outputs=outputs,
+        source={"name": src.path.name, "sha256": src.sha256, "kind": src.kind},
+        text=text_spec(src.hf_dir, seq, out_name) if tokenize is not None else None,
+        plan=_plan_summary(the_plan),
+        golden=report,
+        paging=paging_spec,
+    )
+    if manifest.text is not None:
+        tok_dir = work / "tokenizer"
+        tok_dir.mkdir()
+        for name in TOKENIZER_FILES:
+            if (src.path / name).is_file():
+                shutil.copy2(src.path / name, tok_dir / name)
+    (work / "golden").mkdir()
+    golden_samples.save_samples(work / "golden" / "inputs.npz", held)
+    golden_samples.save_samples(work / "golden" / "expected.npz", expected)
+    bundle_mod.write(work, manifest)
+    return manifest
+
+
+def _paging_layout(window: int | None, segments: int | None, cuts: list[str] | None, backend) -> dict[str, Any]:
+    """The segmented layout asked for, or {} for an ordinary bundle."""
+    if window is None:
+        if segments or cuts:
+            raise InputError("--segments/--cut split a model for paging: add --paging W (segments resident at once)")
+        return {}
+    if window < 1:
+        raise InputError(f"--paging must be at least 1 segment, got {window}")
+    if segments and cuts:
+        raise InputError("give either --segments N or --cut TENSOR ..., not both")
+    if "onnx" not in backend.source_formats:
+        raise InputError(f"paging splits ONNX models; backend {backend.name!r} does not convert ONNX")
+    return {"window": window, "segments": segments, "cuts": list(cuts or []) or None}
+
+
+def _max_position(src: Source) -> int | None:
+    if src.kind != "hf":
+        return None
+    from edgeinfer.planning.models.hf import read_config
+
+    cfg = read_config(src.path / "config.json")
+    v = cfg.get("max_position_embeddings") if isinstance(cfg, dict) else None
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+
+def check_out_dir(out_dir: Path) -> None:
+    """-o must be a new directory, an empty one or a bundle (replaced), and writable: checked first."""
+    files.check_output_dir(out_dir, "-o")
+    if out_dir.exists() and not bundle_mod.is_bundle(out_dir) and any(out_dir.iterdir()):
+        raise InputError(f"{out_dir} exists and is not a bundle; choose an empty or new directory for -o")
+
+
+def _check_numbers(threshold: float | None, max_samples: int) -> None:
+    if threshold is None:  # the scheme's default
+        pass
+    elif not isinstance(threshold, (int, float)) or not math.isfinite(threshold) or not -1 <= threshold <= 1:
+        raise InputError(f"--threshold is a minimum cosine between -1 and 1, got {threshold}")
+    if isinstance(max_samples, bool) or not isinstance(max_samples, int) or max_samples < 1:
+        raise InputError(f"--max-samples must be a positive integer, got {max_samples}")
+
+
+def check_tokenizer(hf_dir: Path) -> None:
+    """A tokenizer.json the tokenizers library cannot read is refused before any export."""
+    if (hf_dir / "tokenizer.json").is_file():
+        bundle_mod.load_tokenizer(hf_dir / "tokenizer.json", DEFAULT_SEQ)
+
+
+def _cache_key(src, b, scheme, shapes, backend, calib_samples, held, options) -> str:
+    return cache.key({
+        "model": src.sha256, "board": b.name, "target": board_target(b), "scheme": scheme, "shapes": shapes,
+        "backend": backend.name, "versions": backend.versions(),
+        "calibration": calibration.fingerprint(calib_samples),
+        "golden": calibration.fingerprint(held), "options": options,
+    })
+
+
+def _plan_summary(p: Any) -> dict[str, Any]:
+    d = p.to_dict()
+    keep = ("fits", "memory", "estimates", "runtime", "scheme")
+    return {k: d[k] for k in keep if k in d}
+
+
+def _tmp_parent(out_dir: Path) -> Path:
+    return out_dir.resolve().parent  # created (by files.temp_dir) only once there is a bundle to build
+
+
+def _replace_dir(src: Path, dst: Path) -> None:
+    """Move the finished bundle into place; an older bundle at ``dst`` is replaced only now."""
+    if dst.exists():
+        old = dst.with_name(dst.name + f".old{os.getpid()}")
+        dst.rename(old)
+        src.rename(dst)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        src.rename(dst)

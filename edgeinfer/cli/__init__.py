@@ -1,0 +1,159 @@
+"""The ``edgeinfer`` command line: each command a thin shell over a library function.
+
+Conventions: user errors print one line on stderr and exit 2 (no traceback
+unless --debug); ``--json`` puts only JSON on stdout; colour only on a terminal.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import click
+
+from edgeinfer import __version__, errors
+from edgeinfer.errors import EdgeInferError
+
+
+class EdgeInferGroup(click.Group):
+    """Turns EdgeInferError into one line + exit code; keeps tracebacks for --debug."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except EdgeInferError as e:
+            if _debug(ctx):
+                raise
+            click.echo(f"error: {e.one_line()}", err=True)
+            ctx.exit(e.exit_code)
+        except (click.exceptions.Exit, click.ClickException, click.Abort, KeyboardInterrupt):
+            raise
+        except Exception as e:
+            if _debug(ctx):
+                raise
+            first = (str(e).strip().splitlines() or [""])[0]
+            click.echo(
+                f"error: internal error {type(e).__name__}: {first} (rerun with --debug for the traceback "
+                "and report it)",
+                err=True,
+            )
+            ctx.exit(errors.UNAVAILABLE)
+
+
+def _debug(ctx: click.Context) -> bool:
+    return bool(ctx.find_root().params.get("debug")) or os.environ.get("EDGEINFER_DEBUG") == "1"
+
+
+@click.group(cls=EdgeInferGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="edgeinfer")
+@click.option("--debug", is_flag=True, help="Show tracebacks for errors (implies --verbose).")
+@click.option("--verbose", "-v", is_flag=True, help="Show third-party logs, warnings and progress bars.")
+def cli(debug: bool, verbose: bool) -> None:
+    """Plan, convert, run and serve the same model on edge NPUs.
+
+    \b
+    Exit codes: 0 ok; 1 negative verdict (does not fit, check failed);
+                2 usage or input error; 3 backend or device unavailable;
+                130 interrupted (Ctrl-C), 143 terminated (SIGTERM).
+    """
+    from edgeinfer.progress import VERBOSE_ENV, quiet_third_party
+
+    if debug or verbose:
+        os.environ[VERBOSE_ENV] = "1"
+    else:
+        quiet_third_party()
+
+
+# --- start-up ------------------------------------------------------------------------------------
+
+
+_ATTACHED = False
+
+
+def _add_core_commands() -> None:
+    # one module per command group; each imports its library lazily, so this stays light
+    from edgeinfer.cli import backends, bench, deploy, generate, plan, run
+
+    for cmd in (backends.backends, backends.doctor, run.run, deploy.deploy, deploy.golden, deploy.verify,
+                bench.bench, plan.plan_cmd, plan.boards_cmd, generate.generate_cmd, generate.chat_cmd):
+        cli.add_command(cmd)
+
+
+def _attach_optional_commands() -> None:
+    """Commands from core modules that may not exist yet, and from plugins (once per process)."""
+    global _ATTACHED
+    from edgeinfer.contract import registry as plugins
+
+    if _ATTACHED:
+        return
+    _ATTACHED = True
+
+    try:  # serve needs the [serve] extra (fastapi, uvicorn); without it the command is absent
+        from edgeinfer.serve.cli import serve_cmd
+    except ModuleNotFoundError as e:
+        if e.name not in ("fastapi", "uvicorn", "prometheus_client"):
+            raise
+    else:
+        cli.add_command(serve_cmd)
+    plugins.registry().add_commands(cli)
+
+
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:  # noqa: ANN001
+    return f"warning: {' '.join(str(message).split())}\n"
+
+
+def _raise_interrupted(signum: int, frame: Any) -> None:
+    raise errors.Interrupted(signum)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def invoke(argv: list[str] | None = None) -> int:
+    """Run the CLI on ``argv`` and return its exit code; every error is one line on stderr.
+
+    Click usage errors become ``error: ... (see 'edgeinfer CMD --help')``, exit 2 (not click's
+    multi-line usage block); Ctrl-C exits 130 and SIGTERM 143 (128 + signal), after the
+    interrupted command removed its temporaries.
+    """
+    import signal
+
+    try:
+        rv = cli.main(args=argv, prog_name="edgeinfer", standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as e:
+        click.echo(e.ctx.get_help() if e.ctx else "")
+        click.echo("error: missing command (see 'edgeinfer --help')", err=True)
+        return errors.USAGE
+    except click.UsageError as e:
+        where = e.ctx.command_path if e.ctx else "edgeinfer"
+        click.echo(f"error: {_one_line(e.format_message()).rstrip('.')} (see '{where} --help')", err=True)
+        return errors.USAGE
+    except click.ClickException as e:
+        click.echo(f"error: {_one_line(e.format_message())}", err=True)
+        return e.exit_code
+    except (click.Abort, KeyboardInterrupt) as e:
+        cause = e if isinstance(e, KeyboardInterrupt) else e.__cause__ or e.__context__
+        signum = getattr(cause, "signum", signal.SIGINT)
+        click.echo(f"error: interrupted ({signal.Signals(signum).name}); nothing was left behind", err=True)
+        return 128 + signum
+    except SystemExit as e:  # a command that exits with its verdict (plan: 1 = does not fit)
+        return e.code if isinstance(e.code, int) else errors.USAGE if e.code else errors.OK
+    return rv if isinstance(rv, int) else errors.OK
+
+
+def main(argv: list[str] | None = None) -> None:
+    import signal
+    import warnings
+
+    warnings.formatwarning = _one_line_warning  # e.g. an NPU that fell back to CPU: one line, no source echo
+    signal.signal(signal.SIGTERM, _raise_interrupted)
+    from edgeinfer.cli.pipes import PipeSafeStdout
+
+    sys.stdout = PipeSafeStdout(sys.stdout)  # type: ignore[assignment]  # `edgeinfer plan … | head`: no EPIPE
+    _attach_optional_commands()
+    sys.exit(invoke(argv))
+
+
+_add_core_commands()

@@ -1,0 +1,154 @@
+"""``edgeinfer deploy``, ``golden`` and ``verify``: build a bundle, check it, check its seal."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import click
+
+from edgeinfer import errors
+from edgeinfer.cli.output import console, emit
+from edgeinfer.contract.names import ENCODER_REFERENCE
+from edgeinfer.errors import InputError
+
+
+@click.command()
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("--board", required=True, help="Board name (see `edgeinfer boards`) or a board YAML file.")
+@click.option("--quant", "-q", help="Scheme: fp16 (default), w8a8/int8, w8a16, w4a16, ... as the board supports.")
+@click.option("--calib", type=click.Path(path_type=Path),
+              help="Calibration data: .txt (one sample a line), .npz or dir.")
+@click.option("--golden-inputs", type=click.Path(path_type=Path), help="Held-out samples for the golden check.")
+@click.option("--shape", "shapes", multiple=True, metavar="NAME=1x128", help="Static input shape; repeatable.")
+@click.option("--threshold", type=float,
+              help=f"Minimum cosine vs {ENCODER_REFERENCE} fp32 (default 0.99; 0.98 for w8a8/int8).")
+@click.option("--max-samples", default=128, show_default=True, help="Calibration samples used at most.")
+@click.option("--force", is_flag=True, help="Deploy even when the plan says it does not fit.")
+@click.option("--no-cache", is_flag=True, help="Convert again even if a cached conversion exists.")
+@click.option("--option", "backend_options", multiple=True, metavar="KEY=VALUE",
+              help="Backend convert option, value parsed as JSON when it can be (e.g. auto_hybrid=true); repeatable.")
+@click.option("--paging", type=int, metavar="W", help="Segmented bundle for layer-paged runs: W segments resident.")
+@click.option("--segments", type=int, metavar="N", help="With --paging: split into N segments at layer boundaries.")
+@click.option("--cut", "cuts", multiple=True, metavar="TENSOR",
+              help="With --paging: cut at this tensor (repeatable).")
+@click.option("-o", "--out", "out", required=True, type=click.Path(path_type=Path), help="Bundle directory to write.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
+def deploy(
+    model: Path, board: str, quant: str | None, calib: Path | None, golden_inputs: Path | None,
+    shapes: tuple[str, ...], threshold: float | None, max_samples: int, force: bool, no_cache: bool,
+    backend_options: tuple[str, ...], paging: int | None, segments: int | None, cuts: tuple[str, ...], out: Path,
+    as_json: bool,
+) -> None:
+    """Convert MODEL for BOARD, check it against onnxruntime fp32, and write a bundle."""
+    from edgeinfer.build import deploy as deploy_mod
+    from edgeinfer.progress import Progress
+
+    progress = Progress(enabled=None if not as_json else False)
+    result = deploy_mod.deploy(
+        model, board, out, quant=quant, calib=calib, golden_inputs=golden_inputs,
+        shapes=deploy_mod.parse_shapes(shapes), force=force, threshold=threshold, max_samples=max_samples,
+        options=parse_options(backend_options), progress=progress, use_cache=not no_cache, paging=paging,
+        segments=segments, cuts=list(cuts) or None,
+    )
+    for w in result.warnings:
+        click.echo(f"warning: {w}", err=True)
+
+    def render(r: dict[str, Any]) -> None:
+        from edgeinfer.build.golden import summary_line
+
+        out_c = console()
+        how = " (cached conversion reused)" if r["cached"] else ""
+        out_c.print(f"bundle {r['bundle']}: {r['backend']} {r['scheme']} for {r['board']}{how}")
+        out_c.print("  " + summary_line(r["golden"]) + f" (ran on {r['golden'].get('device', '?')})")
+
+    emit(result.to_json(), as_json, render)
+
+
+@click.command()
+@click.argument("bundle_dir", metavar="BUNDLE", type=click.Path(path_type=Path))
+@click.option("--inputs", type=click.Path(path_type=Path), help="New samples (.txt/.npz/dir); needs --reference.")
+@click.option("--reference", type=click.Path(path_type=Path), help="fp32 ONNX to compare against for --inputs.")
+@click.option("--threshold", type=float, help="Minimum cosine (default: the bundle's).")
+@click.option("--device", "-d", help="Device of the backend.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
+@click.pass_context
+def golden(
+    ctx: click.Context, bundle_dir: Path, inputs: Path | None, reference: Path | None, threshold: float | None,
+    device: str | None, as_json: bool,
+) -> None:
+    """Re-run the golden check of BUNDLE on this machine (exit 1 when it fails)."""
+    from edgeinfer.build import golden as golden_mod
+    from edgeinfer.build.calibration import load_samples
+    from edgeinfer.run.bundle import Bundle, run_padded
+    from edgeinfer.run.loading import load
+    from edgeinfer.run.samples import load_saved_samples
+
+    if threshold is not None and not (math.isfinite(threshold) and -1 <= threshold <= 1):
+        raise InputError(f"--threshold is a minimum cosine between -1 and 1, got {threshold}")
+    b = Bundle.open(bundle_dir, verify="full")
+    limit = threshold if threshold is not None else (b.manifest.golden or {}).get("threshold", 0.99)
+    if inputs:
+        if reference is None:
+            raise InputError("--inputs needs --reference MODEL.onnx (the fp32 model to compare against)")
+        tok = (lambda texts: b.tokenize(texts)) if b.manifest.text else None
+        samples = load_samples(inputs, b.manifest.inputs, tok)
+        if not samples:
+            raise InputError(f"--inputs {inputs} holds no samples; pass a .txt with lines, or a non-empty .npz")
+        with load(reference, backend=ENCODER_REFERENCE) as ref:
+            expected = [run_padded(ref, s) for s in samples]
+    else:
+        samples = load_saved_samples(b.file("golden/inputs.npz", "golden inputs"))
+        expected = load_saved_samples(b.file("golden/expected.npz", "golden reference outputs"))
+    with b.load(device=device) as session:
+        got = [run_padded(session, s) for s in samples]
+        report = golden_mod.compare(expected, got, samples, limit)
+        report["device"] = session.device
+    report["bundle"] = str(b.path)
+    emit(report, as_json, lambda r: console().print(golden_mod.summary_line(r) + f" (ran on {r['device']})"))
+    if not report["passed"]:
+        click.echo(f"error: golden check failed; worst: {golden_mod.worst_samples_line(report)}", err=True)
+        ctx.exit(errors.NEGATIVE)
+
+
+@click.command()
+@click.argument("bundle_dir", metavar="BUNDLE", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
+@click.pass_context
+def verify(ctx: click.Context, bundle_dir: Path, as_json: bool) -> None:
+    """Check every file of BUNDLE against the sizes and sha256 in its manifest (exit 2 when any differs)."""
+    from edgeinfer.run.bundle import verify as verify_bundle
+
+    report = verify_bundle(bundle_dir)
+
+    def render(r: dict[str, Any]) -> None:
+        if r["ok"]:
+            console().print(f"bundle {r['bundle']}: {r['files']} files, {r['bytes']} bytes, all match the manifest")
+        for p in r["problems"]:
+            click.echo(f"  {p}")
+
+    emit(report, as_json, render)
+    if not report["ok"]:
+        n = len(report["problems"])
+        click.echo(f"error: bundle {bundle_dir} is damaged: {n} file{'s differ' if n > 1 else ' differs'} from the "
+                   "manifest; "
+                   "deploy the model again", err=True)
+        ctx.exit(errors.USAGE)
+
+
+def parse_options(items: tuple[str, ...]) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs; VALUE is JSON when it parses (true, 3, [1, 2]), a string otherwise."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InputError(f"--option {item!r} is not KEY=VALUE")
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value
+    return out
+
+

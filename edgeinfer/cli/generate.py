@@ -1,0 +1,146 @@
+"""``edgeinfer generate`` and ``edgeinfer chat``: decoder models from the command line."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from edgeinfer.errors import InputError
+
+
+def _options(**kw: Any) -> Any:
+    from edgeinfer.run.generation.options import GenerationOptions
+
+    return GenerationOptions(**{k: v for k, v in kw.items() if v is not None})
+
+
+def _load(model: Path, backend: str | None, device: str | None, ctx: int | None) -> Any:
+    from edgeinfer.run.loading import is_decoder_dir, load_generator
+
+    if not model.exists():
+        raise InputError(f"model not found: {model}")
+    if not is_decoder_dir(model):
+        raise InputError(
+            f"{model} is not a decoder (language) model directory (its config.json names no *ForCausalLM); "
+            "use `edgeinfer run` for other models"
+        )
+    return load_generator(model, backend=backend, device=device, ctx=ctx)
+
+
+def sampling_options(f: Any) -> Any:
+    for opt in reversed(
+        [
+            click.option("--max-new-tokens", type=int, default=128, show_default=True,
+                         help="Tokens to generate at most."),
+            click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy."),
+            click.option("--top-k", type=int, help="Sample from the k most likely tokens."),
+            click.option("--top-p", type=float, help="Sample from the smallest set with this probability mass."),
+            click.option("--repetition-penalty", type=float, help="> 1 discourages repeating tokens."),
+            click.option("--seed", type=int, help="Seed for sampling (same seed, same text)."),
+            click.option("--stop", multiple=True, help="Stop before this text; repeatable."),
+            click.option("--ctx", type=int, help="Context (KV cache positions) to load the model with."),
+            click.option("--backend",
+                         help="Backend to run on (default: the bundle's, or the transformers reference)."),
+            click.option("--device", help="Device of the backend (CPU, NPU, ...)."),
+        ]
+    ):
+        f = opt(f)
+    return f
+
+
+@click.command("generate")
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("--prompt", required=True, help="Text to continue (with --chat: the user's message).")
+@click.option("--chat", is_flag=True, help="Apply the model's chat template to the prompt as a user message.")
+@sampling_options
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text, token_ids, metrics) only.")
+def generate_cmd(model: Path, prompt: str, chat: bool, max_new_tokens: int, temperature: float, top_k: int | None,
+                 top_p: float | None, repetition_penalty: float | None, seed: int | None, stop: tuple[str, ...],
+                 ctx: int | None, backend: str | None, device: str | None, as_json: bool) -> None:
+    """Generate text with MODEL (a Hugging Face decoder directory or a decoder bundle).
+
+    Text streams to stdout as it is produced; timing goes to stderr.
+    """
+    opts = _options(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                    repetition_penalty=repetition_penalty, seed=seed, stop=stop)
+    if not prompt:
+        raise InputError("the prompt is empty; give some text with --prompt")
+    with _load(model, backend, device, ctx) as session:
+        stream = session.stream(prompt, opts, chat=chat)
+        try:
+            for piece in stream:
+                if not as_json:
+                    sys.stdout.write(piece)
+                    sys.stdout.flush()
+        except KeyboardInterrupt:
+            stream.close()
+            raise
+        result = stream.result
+        report = {"model": str(model), "backend": session.decoder.backend_name, "device": session.decoder.device,
+                  "context": session.context, **result.to_json()}
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+    else:
+        sys.stdout.write("\n")
+        m = result.metrics
+        click.echo(
+            f"[{m.generated_tokens} tokens, {result.finish_reason}; TTFT {m.ttft_ms:.1f} ms, "
+            f"decode {m.decode_tokens_per_s:.1f} tok/s, KV cache {m.kv_cache_bytes / 2**20:.1f} MiB]",
+            err=True,
+        )
+
+
+@click.command("chat")
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("--system", help="A system message to start the conversation with.")
+@sampling_options
+def chat_cmd(model: Path, system: str | None, max_new_tokens: int, temperature: float, top_k: int | None,
+             top_p: float | None, repetition_penalty: float | None, seed: int | None, stop: tuple[str, ...],
+             ctx: int | None, backend: str | None, device: str | None) -> None:
+    """Talk with MODEL in the terminal: history is kept, Ctrl-C stops the answer, Ctrl-D exits."""
+    opts = _options(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                    repetition_penalty=repetition_penalty, seed=seed, stop=stop)
+    history: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
+    with _load(model, backend, device, ctx) as session:
+        click.echo(f"chatting with {model} on {session.decoder.backend_name} (Ctrl-C stops an answer, "
+                   "Ctrl-D exits)", err=True)
+        while True:
+            try:
+                text = input("> ")
+            except EOFError:
+                click.echo("", err=True)
+                return
+            except KeyboardInterrupt:
+                click.echo("", err=True)
+                continue
+            if not text.strip():
+                continue
+            history.append({"role": "user", "content": text})
+            answer = _answer(session, history, opts)
+            if answer is None:
+                history.pop()  # the question stays unanswered: don't keep it
+            else:
+                history.append({"role": "assistant", "content": answer})
+
+
+def _answer(session: Any, history: list[dict[str, str]], opts: Any) -> str | None:
+    try:
+        stream = session.stream(history, opts, chat=True)
+    except InputError as e:  # e.g. the history outgrew the context: say so and keep chatting
+        click.echo(f"error: {e.one_line()}", err=True)
+        return None
+    try:
+        for piece in stream:
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+    except KeyboardInterrupt:
+        stream.close()
+        sys.stdout.write("\n")
+        click.echo("[stopped]", err=True)
+        return None
+    sys.stdout.write("\n")
+    return stream.result.text

@@ -1,0 +1,39 @@
+"""Output helpers every command uses: JSON on stdout (nothing else), rich on a terminal."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable
+
+import click
+
+
+def console(stderr: bool = False) -> Any:
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False, soft_wrap=False)
+
+
+def print_json(data: Any) -> None:
+    click.echo(json.dumps(_json_safe(data), indent=2, default=str, allow_nan=False))
+
+
+def _json_safe(data: Any) -> Any:
+    """NaN / Inf → null: bare ``NaN`` is not JSON, and a script reading us would choke on it."""
+    if isinstance(data, float):
+        return data if data == data and data not in (float("inf"), float("-inf")) else None
+    if isinstance(data, dict):
+        return {k: _json_safe(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_json_safe(v) for v in data]
+    return data
+
+
+def emit(data: Any, as_json: bool, render: Callable[[Any], None]) -> None:
+    """Print ``data`` as JSON (stdout holds nothing else) or through ``render``."""
+    if as_json:
+        print_json(data)
+    else:
+        render(data)
+
+

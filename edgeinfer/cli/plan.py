@@ -1,0 +1,293 @@
+"""`edgeinfer plan` and `edgeinfer boards`: thin shells over edgeinfer.planning.planner / edgeinfer.planning.boards.
+
+Register on the main group with ``cli.add_command(plan_cmd)`` and ``cli.add_command(boards_cmd)``.
+User errors are raised as EdgeInferError (the main group prints one line, exit 2);
+"does not fit" prints the answer and exits 1. rich is imported only to draw tables.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from edgeinfer.errors import EdgeInferError, InputError
+
+GIB = 2**30
+COLOURS = {"weights": "blue", "kv_cache": "magenta", "activations": "yellow", "runtime": "cyan",
+           "reserved": "bright_black"}
+
+
+def _gib(n: int | float | None) -> str:
+    return "-" if n is None else f"{n / GIB:.2f} GiB"
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(highlight=False, soft_wrap=False)
+
+
+def _bar(p, width: int = 50):
+    from rich.text import Text
+
+    cap = max(p.capacity_bytes, p.total_bytes, 1)
+    t = Text()
+    used = 0
+    for k, v in p.breakdown.items():
+        n = int(round(width * v / cap))
+        used += n
+        t.append("█" * n, style=COLOURS[k])
+    if p.total_bytes <= p.capacity_bytes:
+        t.append("░" * max(0, width - used), style="green")
+    else:
+        t.append(" ▲ over by " + _gib(p.total_bytes - p.capacity_bytes), style="bold red")
+    return t
+
+
+def _ref(source: str | None) -> str:
+    """The reference a source starts with (URL, repo file or docs anchor), without its explanation;
+    `edgeinfer boards show` and `--json` carry the whole text."""
+    text = (source or "").strip()
+    cut = min((i for i in (text.find(" ("), text.find("; "), text.find(": "), text.find(" ; ")) if i > 0),
+              default=len(text))
+    return text[:cut]
+
+
+def render_plan(p) -> None:
+    from rich.table import Table
+
+    con = _console()
+    d = p.to_dict()
+    verdict = "[bold green]FITS[/]" if p.fits else "[bold red]DOES NOT FIT[/]"
+    con.print(f"{p.model.name} on {p.board.name} ({p.board.title}) — {p.scheme.name} via {p.runtime}, "
+              f"ctx {p.ctx}, batch {p.batch}, KV {p.kv_dtype}: {verdict}")
+    t = Table(show_header=True, header_style="bold")
+    t.add_column("memory")
+    t.add_column("size", justify="right")
+    t.add_column("share", justify="right")
+    t.add_column("basis", overflow="fold")
+    det = p.details
+    basis = {"weights": det["weights"].get("basis", ""),
+             "kv_cache": f"2 × layers × kv_heads × head_dim × ctx × batch × {det['kv_cache']['bytes_per_element']:g} "
+                         "B",
+             "activations": det["activations"].get("basis", ""),
+             "runtime": f"{p.runtime}: {_ref(det['runtime']['source'])}",
+             "reserved": f"OS / driver: {_ref(det['reserved']['source'])}"}
+    for k, v in p.breakdown.items():
+        share = v / p.capacity_bytes * 100 if p.capacity_bytes else 0
+        t.add_row(f"[{COLOURS[k]}]■[/] {k}", _gib(v), f"{share:.1f}%", basis[k])
+    t.add_row("[bold]total[/]", f"[bold]{_gib(p.total_bytes)}[/]",
+              f"{p.total_bytes / p.capacity_bytes * 100:.1f}%" if p.capacity_bytes else "-",
+              f"board memory {_gib(p.capacity_bytes)}, usable {_gib(p.usable_bytes)}")
+    con.print(t)
+    con.print(_bar(p))
+    hr = p.headroom_bytes
+    con.print(f"headroom: {'[green]' if hr >= 0 else '[red]'}{_gib(hr)}[/]")
+    for r in p.reasons:
+        con.print(f"[red]✗[/] {r}")
+    e = d["estimates"]
+    if e.get("decode_tokens_per_s_unpaged") is not None:  # the paging line below gives the paged figure
+        con.print(f"decode without paging ≈ {e['decode_tokens_per_s_unpaged']:.2f} tok/s ({e['basis']})")
+    elif e["decode_tokens_per_s"] is not None:
+        con.print(f"decode ≈ [bold]{e['decode_tokens_per_s']:.2f} tok/s[/] ({e['runtime']}; "
+                  f"{e['roofline_fraction'] * 100:.0f}% of the {e['roofline_tokens_per_s']:.2f} tok/s bandwidth "
+                  "roofline; "
+                  f"t0 {e['t0_ms']:.2f} ms, BW_eff {e['bw_eff_gbps']} GB/s; {e['basis']})")
+    else:
+        con.print(f"decode: no estimate ({e['basis']})")
+    if e["prefill_tokens_per_s"] is not None and e.get("prefill_tokens_per_s_unpaged") is None:
+        con.print(f"prefill ≈ {e['prefill_tokens_per_s']:.0f} tok/s "
+                  f"({e['prefill_fraction_of_peak'] * 100:.1f}% of peak compute)")
+    pg = d["memory"]["details"].get("paging")
+    if pg:
+        stream = f"{pg['streamed_bytes_per_token'] / GIB:.2f} GiB/token from {pg['storage_source'].split(':')[0]}"
+        con.print(f"paging: {min(pg['window'], pg['segments'])} of {pg['segments']} segments resident "
+                  f"({_gib(pg['resident_weight_bytes'])} of weights), {stream}"
+                  + (f" at {pg['storage_gbps']:g} GB/s → decode ≈ {pg['decode_tokens_per_s']:.3g} tok/s, "
+                     f"{pg['bound']}-bound" if pg.get("decode_tokens_per_s") is not None else "")
+                  + (" (prefetch on)" if pg["prefetch"] else ""))
+    s = d["suggestions"]
+    if s and not p.fits:
+        con.print("[bold]suggestions[/]")
+        con.print(f"  largest context that fits: {s['max_ctx'] if s['max_ctx'] else 'none'}")
+        con.print(f"  best scheme that fits at ctx {p.ctx}: {s['quant'] or 'none'}")
+        con.print(f"  smallest {p.board.family} board that fits: {s['board'] or 'none'}")
+        if s.get("paging"):
+            sp = s["paging"]
+            con.print(f"  paging that fits: --paging {sp['window']} ({sp['segments']} segments, "
+                      f"{_gib(sp['streamed_bytes_per_token'])}/token streamed from {sp['storage'].split(':')[0]})")
+    for w in p.warnings:
+        con.print(f"[yellow]note:[/] {w}")
+
+
+def render_matrix(models: list[str], boards: list[str], cells: dict) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    con = _console()
+    t = Table(show_header=True, header_style="bold", title="plan matrix (total / capacity, decode tok/s)")
+    t.add_column("board", no_wrap=True, min_width=max(map(len, boards), default=5))
+    for m in models:
+        t.add_column(m, overflow="fold")  # wrap long reasons; never cut them with an ellipsis
+    for b in boards:
+        row = [b]
+        for m in models:
+            c = cells[(m, b)]
+            if "error" in c:
+                reason = c["error"].removeprefix(f"board {b} ")  # the row already names the board
+                row.append(f"[bright_black]{escape(reason)}[/]")
+                continue
+            tot, cap = c["memory"]["total_bytes"], c["memory"]["capacity_bytes"]
+            dec = c["estimates"]["decode_tokens_per_s"]
+            mark = "[green]✓[/]" if c["fits"] else "[red]✗[/]"
+            row.append(f"{mark} {tot / GIB:.1f}/{cap / GIB:.0f} GiB" + (f", {dec:.1f} tok/s" if dec else "")
+                       + f" ({c['options']['quant']})")
+        t.add_row(*row)
+    con.print(t)
+
+
+@click.command("plan")
+@click.argument("models", nargs=-1, required=True)
+@click.option("--board", "board", required=True, help="Board name, 'all', or a path to a board YAML.")
+@click.option("--quant", default=None, help="Quantization scheme (w8a8, w4a16_g128, fp16, Q4_K_M ...).")
+@click.option("--ctx", default=4096, show_default=True, type=int, help="Context length in tokens.")
+@click.option("--batch", default=1, show_default=True, type=int, help="Sequences decoded together.")
+@click.option("--kv-dtype", default=None, help="KV-cache dtype (fp16, bf16, fp32, int8, q8_0, q4_0).")
+@click.option("--runtime", default=None, help="Runtime on the board (default: the board's default).")
+@click.option("--paging", type=int, default=None, metavar="W", help="Plan layer-paged: W segments resident.")
+@click.option("--segments", type=int, default=None, metavar="N", help="With --paging: N segments (default: layers).")
+@click.option("--storage", default=None, help="With --paging: where streamed weights come from "
+              "(board, nvme, emmc, sd, dram; default: the board's, else emmc).")
+@click.option("--json", "as_json", is_flag=True, help="Print only JSON (schema edgeinfer/schemas/plan.schema.json).")
+def plan_cmd(models, board, quant, ctx, batch, kv_dtype, runtime, as_json, paging=None, segments=None, storage=None):
+    """Will MODEL fit BOARD, how fast, and what to change if not.
+
+    MODEL: catalog name or HF id (Qwen/Qwen3-8B), HF directory, config.json, .gguf, .onnx, .safetensors,
+    or an HF id in the local Hugging Face cache. Exit 0 fits, 1 does not fit, 2 bad input.
+    """
+    from edgeinfer.planning import planner
+    from edgeinfer.planning.boards import board_names
+    from edgeinfer.planning.models import resolve
+
+    if ctx <= 0 or batch <= 0:
+        raise InputError(f"--{'ctx' if ctx <= 0 else 'batch'} must be a positive integer, "
+                         f"got {ctx if ctx <= 0 else batch}")
+    specs = [resolve(m) for m in models]
+    if board == "all" or len(models) > 1:
+        boards = board_names() if board == "all" else [board]
+        cells, plans = {}, []
+        for m, spec in zip(models, specs):
+            for b in boards:
+                try:
+                    p = planner.plan(spec, b, quant=quant, ctx=ctx, batch=batch, kv_dtype=kv_dtype,
+                                     runtime=runtime, suggest=False, paging=paging, segments=segments,
+                                     storage=storage)
+                    d = p.to_dict()
+                except EdgeInferError as e:
+                    if board != "all":
+                        raise
+                    d = {"model": {"name": spec.name}, "board": {"name": b}, "error": e.one_line()}
+                cells[(m, b)] = d
+                plans.append(d)
+        ok = [d for d in plans if "error" not in d]
+        all_fit = bool(ok) and all(d["fits"] for d in ok)
+        if as_json:
+            click.echo(json.dumps({"schema_version": planner.SCHEMA_VERSION, "kind": "edgeinfer.plan_matrix",
+                                   "fits": all_fit, "plans": plans}, indent=2))
+        else:
+            render_matrix(list(models), boards, cells)
+        if not all_fit:
+            sys.exit(1)
+        return
+    p = planner.plan(specs[0], board, quant=quant, ctx=ctx, batch=batch, kv_dtype=kv_dtype, runtime=runtime,
+                     paging=paging, segments=segments, storage=storage)
+    if as_json:
+        click.echo(p.to_json())
+    else:
+        render_plan(p)
+    if not p.fits:
+        sys.exit(1)
+
+
+def _board_row(b) -> dict:
+    return {"name": b.name, "title": b.title, "family": b.family, "backend": b.backend,
+            "memory_gib": b.memory_total_gib.value, "usable_gib": round(b.usable_bytes / GIB, 2),
+            "bandwidth_gbps": b.bandwidth_gbps.value if b.bandwidth_gbps else None,
+            "runtimes": {k: v.schemes for k, v in b.runtimes.items()}, "origin": b.origin}
+
+
+@click.group("boards", invoke_without_command=True)
+@click.option("--json", "as_json", is_flag=True, help="Print only JSON.")
+@click.pass_context
+def boards_cmd(ctx, as_json):
+    """List board profiles (packaged, from plugins, and `host`)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from edgeinfer.planning.boards import host_board, load_boards
+
+    bs = [*load_boards().values(), host_board()]
+    rows = [_board_row(b) for b in bs]
+    if as_json:
+        click.echo(json.dumps({"boards": rows}, indent=2))
+        return
+    con = _console()
+    con.print(_boards_table(rows, wide=con.width >= 140))
+    if con.width < 140:
+        con.print("family and per-runtime details: edgeinfer boards show NAME (or a wider terminal)")
+
+
+def _boards_table(rows: list[dict], wide: bool):
+    """Every board on one row; on narrow terminals the family column goes and runtimes stack one a line.
+    Names never wrap; other cells fold instead of ending in an ellipsis."""
+    from rich.table import Table
+
+    t = Table(show_header=True, header_style="bold")
+    t.add_column("name", no_wrap=True, min_width=max((len(r["name"]) for r in rows), default=4))
+    if wide:
+        t.add_column("family", no_wrap=True)
+    t.add_column("backend", no_wrap=True)
+    t.add_column("GiB total/usable" if wide else "GiB", no_wrap=True)
+    t.add_column("BW GB/s" if wide else "GB/s", no_wrap=True, justify="right")
+    t.add_column("runtime: schemes", overflow="fold", ratio=1)
+    sep = "; " if wide else "\n"
+    for r in rows:
+        cells = [r["name"]] + ([r["family"]] if wide else []) + [
+            r["backend"], f"{r['memory_gib']:.3g}/{r['usable_gib']:.3g}",
+            "-" if r["bandwidth_gbps"] is None else f"{r['bandwidth_gbps']:g}",
+            sep.join(f"{k}: {', '.join(v)}" for k, v in r["runtimes"].items()),
+        ]
+        t.add_row(*cells)
+    return t
+
+
+@boards_cmd.command("show")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="Print only JSON.")
+def boards_show(name, as_json):
+    """Every fact of one board profile, with its source."""
+    from edgeinfer.planning.boards import get_board
+
+    b = get_board(name)
+    d = b.model_dump(mode="json")
+    if as_json:
+        click.echo(json.dumps(d, indent=2))
+        return
+    from rich.table import Table
+
+    con = _console()
+    con.print(f"[bold]{b.name}[/] — {b.title} (family {b.family}, backend {b.backend}, {b.memory_kind} memory)")
+    t = Table(show_header=True, header_style="bold")
+    t.add_column("fact", no_wrap=True)
+    t.add_column("value", justify="right", no_wrap=True)
+    t.add_column("source", overflow="fold")  # long URLs break across lines instead of ending in "…"
+    for k, v in d.items():
+        if isinstance(v, dict) and "value" in v and "source" in v:
+            t.add_row(k, f"{v['value']:g}" + (" [yellow](uncertain)[/]" if v.get("uncertain") else ""), v["source"])
+    con.print(t)
+    for rn, r in b.runtimes.items():
+        con.print(f"runtime [bold]{rn}[/]{' (default)' if rn == b.default_runtime else ''}: "
+                  f"{', '.join(r.schemes)} for {'/'.join(r.kinds)} — {r.source}")
+    for n in b.notes:
+        con.print(f"note: {n}")

@@ -1,0 +1,459 @@
+"""The backend contract: what a plugin implements and what the core adds on top.
+
+A plugin subclasses :class:`Backend` and :class:`Session` and implements a few
+small primitives (``probe``, ``convert``, ``open``, ``Session.infer``). The core
+owns the public verbs (``quantize``, ``load``, ``run``, ``profile``): it validates
+input, stamps and checks artifacts, times calls and turns backend exceptions into
+:class:`~edgeinfer.errors.EdgeInferError` with a message a user can act on.
+
+Tensors cross the boundary as NumPy arrays; models cross it as files.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import resource
+import statistics
+import sys
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
+
+if TYPE_CHECKING:  # numpy is imported where arrays are handled, so `edgeinfer plan` never loads it
+    import numpy as np
+
+    from edgeinfer.contract.decoder import Decoder
+
+from edgeinfer.contract import stamp
+from edgeinfer.errors import BackendError, EdgeInferError, FeedError, InputError, ModelError
+from edgeinfer.planning.quant import normalize_scheme
+
+Dim = int | str | None  # a fixed size, a symbolic name ("batch"), or unknown
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One model input or output: name, shape (symbolic dims allowed) and NumPy dtype name."""
+
+    name: str
+    shape: tuple[Dim, ...]
+    dtype: str
+
+    @property
+    def is_static(self) -> bool:
+        return all(isinstance(d, int) for d in self.shape)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> TensorSpec:
+        return cls(d["name"], tuple(d["shape"]), d["dtype"])
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Something that keeps a backend or device from working, and the concrete fix."""
+
+    message: str
+    fix: str
+
+
+@dataclass
+class Probe:
+    """What a backend finds on this machine."""
+
+    available: bool
+    versions: dict[str, str] = field(default_factory=dict)
+    devices: list[str] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+    details: dict[str, Any] = field(default_factory=dict)  # mode, NPU info, ...
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class OpTime:
+    name: str
+    op_type: str
+    time_ms: float
+    exec_type: str = ""
+
+
+@dataclass
+class Profile:
+    """Latency statistics of repeated runs, per-op times where the SDK gives them, peak memory."""
+
+    runs: int
+    latency_ms: dict[str, float]  # mean, p50, p90, p99, min, max
+    ops: list[OpTime] = field(default_factory=list)  # top-N by time, empty when the SDK gives none
+    peak_memory_bytes: int | None = None
+    device: str = ""
+    notes: dict[str, Any] = field(default_factory=dict)  # compile time, "simulator", page-in times, ...
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def latency_stats(samples_ms: Sequence[float]) -> dict[str, float]:
+    xs = sorted(samples_ms)
+
+    def pct(p: float) -> float:
+        # nearest-rank percentile: an observed value, never an interpolation
+        k = max(0, min(len(xs) - 1, math.ceil(p / 100 * len(xs)) - 1))
+        return xs[k]
+
+    return {
+        "mean": statistics.fmean(xs),
+        "p50": pct(50),
+        "p90": pct(90),
+        "p99": pct(99),
+        "min": xs[0],
+        "max": xs[-1],
+    }
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process so far."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
+
+
+class CalibrationSet:
+    """Feeds for post-training quantization: an iterable of ``{input name: array}`` with a length.
+
+    ``samples`` is either a sequence of feed dicts or a zero-argument callable
+    returning a fresh iterator (for sets too large to keep in memory) together with ``length``.
+    """
+
+    def __init__(
+        self,
+        samples: Sequence[Mapping[str, np.ndarray]] | Callable[[], Iterable[Mapping[str, np.ndarray]]],
+        length: int | None = None,
+    ):
+        if callable(samples):
+            if length is None:
+                raise ValueError("a CalibrationSet built from a callable needs its length")
+            self._factory, self._length = samples, length
+        else:
+            seq = list(samples)
+            self._factory, self._length = (lambda: iter(seq)), len(seq)
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        for feeds in self._factory():
+            yield dict(feeds)
+
+    def check(self, inputs: Sequence[TensorSpec]) -> None:
+        """Raise a FeedError naming the first sample that does not match ``inputs``."""
+        for i, feeds in enumerate(self):
+            try:
+                validate_feeds(inputs, feeds)
+            except FeedError as e:
+                raise FeedError(f"calibration sample {i}: {e.message}", e.hint) from None
+
+
+def validate_feeds(specs: Sequence[TensorSpec], feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Check names, dtypes and shapes of ``feeds`` against ``specs``; return them as arrays."""
+    import numpy as np
+
+    by_name = {s.name: s for s in specs}
+    expected = ", ".join(by_name)
+    for name in feeds:
+        if name not in by_name:
+            raise FeedError(f"unknown input {name!r}; the model's inputs are: {expected}")
+    missing = [n for n in by_name if n not in feeds]
+    if missing:
+        raise FeedError(f"missing input {missing[0]!r}; the model's inputs are: {expected}")
+    arrays: dict[str, np.ndarray] = {}
+    symbols: dict[str, tuple[int, str]] = {}
+    for spec in specs:
+        arr = np.asarray(feeds[spec.name])
+        if arr.dtype.name != spec.dtype:
+            raise FeedError(f"input {spec.name!r}: expected dtype {spec.dtype}, got {arr.dtype.name}")
+        if arr.ndim != len(spec.shape):
+            raise FeedError(
+                f"input {spec.name!r}: expected shape {_fmt_shape(spec.shape)}, got {_fmt_shape(arr.shape)}"
+            )
+        for axis, (want, got) in enumerate(zip(spec.shape, arr.shape)):
+            if isinstance(want, int) and want >= 0 and want != got:
+                raise FeedError(
+                    f"input {spec.name!r}: expected shape {_fmt_shape(spec.shape)}, got {_fmt_shape(arr.shape)}"
+                )
+            if isinstance(want, str) and want:
+                seen = symbols.setdefault(want, (got, spec.name))
+                if seen[0] != got:
+                    raise FeedError(
+                        f"input {spec.name!r}: dimension {want!r} is {got} but input {seen[1]!r} has it as {seen[0]}"
+                    )
+        arrays[spec.name] = np.ascontiguousarray(arr)
+    return arrays
+
+
+def _fmt_shape(shape: Iterable[Dim]) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+
+
+class Session:
+    """One loaded model on one device. Subclasses implement :meth:`infer` (and may override
+    :meth:`op_times` for per-op profiling and :meth:`release` to free resources)."""
+
+    backend_name: str = ""
+
+    def __init__(self, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec], device: str = ""):
+        self.inputs = list(inputs)
+        self.outputs = list(outputs)
+        self.device = device
+        self._closed = False
+
+    # --- primitives a backend implements -------------------------------------------------
+    def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run validated feeds; return every output by name."""
+        raise NotImplementedError
+
+    def op_times(self, feeds: dict[str, np.ndarray]) -> list[OpTime]:
+        """Per-op times of one run, slowest first; empty when the SDK gives none."""
+        return []
+
+    def release(self) -> None:
+        """Free the runtime's resources."""
+
+    # --- public verbs (owned by the core) --------------------------------------------------
+    def run(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        self._check_open()
+        arrays = validate_feeds(self.inputs, feeds)
+        try:
+            outputs = self.infer(arrays)
+        except EdgeInferError:
+            raise
+        except Exception as e:  # the backend's own exception: keep its first line, say where it came from
+            raise BackendError(f"{self.backend_name} failed to run the model: {_first_line(e)}") from e
+        return outputs
+
+    def profile(self, feeds: Mapping[str, Any], repeat: int = 10, warmup: int = 1, top: int = 10) -> Profile:
+        if repeat < 1:
+            raise InputError(f"repeat must be at least 1, got {repeat}")
+        for _ in range(warmup):
+            self.run(feeds)
+        times = []
+        for _ in range(repeat):
+            t = time.perf_counter()
+            self.run(feeds)
+            times.append((time.perf_counter() - t) * 1e3)
+        try:
+            ops = self.op_times(validate_feeds(self.inputs, feeds))[:top]
+        except EdgeInferError:
+            raise
+        except Exception as e:
+            raise BackendError(f"{self.backend_name} failed to profile the model: {_first_line(e)}") from e
+        return Profile(
+            runs=repeat,
+            latency_ms=latency_stats(times),
+            ops=ops,
+            peak_memory_bytes=peak_rss_bytes(),
+            device=self.device,
+            notes=self.profile_notes(),
+        )
+
+    def profile_notes(self) -> dict[str, Any]:
+        """Extra facts for :meth:`profile` (compile time, simulator label, ...)."""
+        return {}
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.release()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise InputError("this session is closed; load the model again to run it")
+
+
+class Backend:
+    """One accelerator family. Subclasses set the class attributes and implement
+    :meth:`probe`, :meth:`convert` and :meth:`open`."""
+
+    name: ClassVar[str]
+    #: file suffixes this backend loads natively (".onnx", ".xml", ".rknn", ...)
+    native_suffixes: ClassVar[tuple[str, ...]] = ()
+    #: model formats :meth:`convert` takes: "onnx", "hf" (a Hugging Face directory), "pt2"
+    source_formats: ClassVar[tuple[str, ...]] = ("onnx",)
+    #: schemes :meth:`convert` accepts, canonical names from :mod:`edgeinfer.planning.quant`
+    schemes: ClassVar[tuple[str, ...]] = ("fp32",)
+    #: scheme used when a non-native model is loaded directly (lossless or fp16)
+    default_scheme: ClassVar[str] = "fp32"
+    #: known gaps, as data: {"dynamic_shapes": "why"}; the conformance kit skips those cases
+    gaps: ClassVar[dict[str, str]] = {}
+
+    #: a backend implements ``probe`` and at least one of these capabilities
+    REQUIRED = ("probe",)
+    CAPABILITIES = {"tensors": ("convert", "open"), "decoders": ("open_decoder",)}
+
+    # --- primitives a backend implements -------------------------------------------------
+    def probe(self) -> Probe:
+        raise NotImplementedError
+
+    def convert(
+        self, model: Path, scheme: str, calibration: CalibrationSet | None, out: Path, **options: Any
+    ) -> dict[str, Any]:
+        """Write the native artifact for ``model`` at ``out``; return stamp facts
+        (``toolkit_version``, ``target``, ``inputs``: list of TensorSpec) about it."""
+        raise NotImplementedError
+
+    def open(self, artifact: Path, device: str | None, **options: Any) -> Session:
+        """Load a native artifact and return a Session on ``device``."""
+        raise NotImplementedError
+
+    def open_decoder(self, model: Path, device: str | None, context: int, slots: int, **options: Any) -> Decoder:
+        """Load a decoder (language) model with a KV cache of ``context`` positions × ``slots``
+        sequences allocated now; see :mod:`edgeinfer.contract.decoder`."""
+        raise NotImplementedError
+
+    def versions(self) -> dict[str, str]:
+        """Versions recorded in stamps; ``toolkit`` is compared when an artifact is loaded."""
+        return {}
+
+    def refuses_target(self, target: str, device: str | None) -> str | None:
+        """Why an artifact built for ``target`` cannot run on ``device`` here, or None (checked by
+        :meth:`load` from the stamp's ``target``; default: every target runs)."""
+        return None
+
+    # --- optional facts the core asks (docs/writing-a-backend.md); the defaults fit most runtimes ---
+    def artifact_files(self, artifact: Path) -> list[Path]:
+        """The files that make up ``artifact`` on storage (what a paged session pages in): the file
+        and its weight side files. Default: the file and an ONNX external-data ``<name>.data``."""
+        side = artifact.with_name(artifact.name + ".data")
+        return [artifact, side] if side.exists() else [artifact]
+
+    def paging_limit(self, device: str | None) -> tuple[int | None, bool, str] | None:
+        """Limits of layer-paged execution on ``device``: (largest window or None, whether segments
+        may be loaded on a background thread, why), or None when there are none (the default)."""
+        return None
+
+    def placement(self, entry: str) -> tuple[dict[str, str], str | None, dict[str, Any]]:
+        """What one ``serve --devices`` entry means for a worker process: (environment variables set
+        before the backend is imported, device passed to :meth:`load`, load options). Default: a name
+        (CPU, NPU, GPU.1) is the device, a bare index means the default device."""
+        return ({}, None, {}) if entry.isdigit() else ({}, entry, {})
+
+    def check_device_entry(self, entry: str) -> None:
+        """Raise :class:`InputError` when ``serve --devices`` entry ``entry`` means nothing here
+        (before any worker starts). Default: every entry is accepted."""
+
+    # --- public verbs (owned by the core) --------------------------------------------------
+    def quantize(
+        self,
+        model: str | os.PathLike[str],
+        scheme: str | None = None,
+        calibration: CalibrationSet | None = None,
+        out: str | os.PathLike[str] | None = None,
+        **options: Any,
+    ) -> Path:
+        """Convert (and quantize) ``model`` to this backend's artifact at ``out``; stamp it."""
+        src = _existing_file(model)
+        parsed = normalize_scheme(scheme or self.default_scheme)
+        canonical = parsed.name  # e.g. "w4a16_g128"; convert() may call normalize_scheme for the group size
+        if parsed.family not in self.schemes:
+            raise InputError(
+                f"backend {self.name!r} cannot produce scheme {canonical!r}; it supports: {', '.join(self.schemes)}"
+            )
+        dst = Path(out) if out is not None else src.with_suffix(self.native_suffixes[0])
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        partial = [dst, stamp.stamp_path(dst)]
+        for p in partial:
+            p.unlink(missing_ok=True)
+        try:
+            facts = self.convert(src, canonical, calibration, dst, **options)
+        except EdgeInferError:
+            _remove(partial)
+            raise
+        except Exception as e:
+            _remove(partial)
+            raise ModelError(f"{self.name} could not convert {src.name} to {canonical}: {_first_line(e)}") from e
+        if not dst.exists():
+            raise BackendError(f"{self.name} reported success but wrote no artifact at {dst}")
+        stamp.write(dst, backend=self, scheme=canonical, source=src, **facts)
+        return dst
+
+    def load(self, artifact: str | os.PathLike[str], device: str | None = None, **options: Any) -> Session:
+        """Load a native artifact (checking its stamp) and return a Session."""
+        path = Path(artifact)
+        if not path.exists():
+            raise InputError(f"model file not found: {path}")
+        stamp.check(path, backend=self, device=device)
+        try:
+            session = self.open(path, device, **options)
+        except EdgeInferError:
+            raise
+        except Exception as e:
+            raise ModelError(f"{self.name} cannot load {path.name}: {_first_line(e)}") from e
+        session.backend_name = self.name
+        return session
+
+    def load_decoder(
+        self, model: str | os.PathLike[str], device: str | None = None, context: int = 2048, slots: int = 1,
+        **options: Any,
+    ) -> Decoder:
+        """Load a decoder model for generation (the core's loop or the backend's own)."""
+        path = _existing_file(model)
+        if not self.capable("decoders"):
+            raise InputError(f"backend {self.name!r} does not run decoder (language) models")
+        for name, value in (("context", context), ("slots", slots)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InputError(f"{name} must be a positive integer, got {value!r}")
+        try:
+            decoder = self.open_decoder(path, device, context, slots, **options)
+        except EdgeInferError:
+            raise
+        except Exception as e:
+            raise ModelError(f"{self.name} cannot load the decoder in {path.name}: {_first_line(e)}") from e
+        decoder.backend_name = self.name
+        return decoder
+
+    @classmethod
+    def capable(cls, capability: str) -> bool:
+        """Whether this backend implements every method of ``capability`` ("tensors", "decoders")."""
+        return all(getattr(cls, m) is not getattr(Backend, m) for m in cls.CAPABILITIES[capability])
+
+    def is_native(self, path: Path) -> bool:
+        """Whether :meth:`load` takes ``path`` as it is (by suffix); other files are converted first."""
+        return path.suffix.lower() in self.native_suffixes
+
+
+def _existing_file(path: str | os.PathLike[str]) -> Path:
+    p = Path(path)
+    if not p.exists():
+        raise InputError(f"model file not found: {p}")
+    return p
+
+
+def _remove(paths: Iterable[Path]) -> None:
+    for p in paths:
+        if p.is_dir():
+            import shutil
+
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip() or type(e).__name__
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[0] if lines else type(e).__name__

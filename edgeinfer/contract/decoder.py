@@ -1,0 +1,78 @@
+"""The decoder contract: what a backend gives the core to generate text.
+
+A backend implements either the **step primitives** (``prefill``, ``decode``,
+``reset``) against a KV cache it owns, sized once at load for ``context``
+positions × ``slots`` sequences, and the core runs the loop; or a **native loop**
+(``native_loop = True`` and ``generate_native``), driven with the same options and
+reporting the same metrics. ``edgeinfer.testing.decoder_conformance`` checks both.
+
+Token ids cross the boundary as ``int64`` NumPy arrays, logits as ``float32``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from edgeinfer.contract.backend import OpTime
+    from edgeinfer.run.generation.options import GenerationOptions
+
+
+class Decoder:
+    """One decoder model loaded on one device, with its KV cache allocated."""
+
+    #: True when the backend runs the whole loop itself (``generate_native``)
+    native_loop: ClassVar[bool] = False
+
+    backend_name: str = ""
+
+    def __init__(self, *, context: int, vocab_size: int, kv_cache_bytes: int, slots: int = 1,
+                 prefill_chunk: int | None = None, device: str = ""):
+        self.context = context  # positions per sequence: prompt + generated tokens
+        self.vocab_size = vocab_size
+        self.kv_cache_bytes = kv_cache_bytes  # allocated once at load, for all slots
+        self.slots = slots  # sequences that can decode at once
+        self.prefill_chunk = prefill_chunk  # most tokens one prefill call takes; None: any
+        self.device = device
+        self._closed = False
+
+    # --- step primitives ---------------------------------------------------------------------
+    def prefill(self, slot: int, token_ids: np.ndarray) -> np.ndarray:
+        """Append ``token_ids`` (1-D) to ``slot``'s cache; return the last position's logits (vocab,)."""
+        raise NotImplementedError
+
+    def decode(self, slots: Sequence[int], token_ids: np.ndarray) -> np.ndarray:
+        """Append one token per slot (``token_ids[i]`` to ``slots[i]``); return logits (len(slots), vocab)."""
+        raise NotImplementedError
+
+    def reset(self, slot: int) -> None:
+        """Forget ``slot``'s sequence; its cache positions are reused from 0."""
+        raise NotImplementedError
+
+    # --- native loop -------------------------------------------------------------------------
+    def generate_native(
+        self, prompt_ids: Sequence[int], options: GenerationOptions, on_token: Callable[[int], bool]
+    ) -> dict[str, Any]:
+        """Generate from ``prompt_ids``, calling ``on_token(id)`` per new token (False: stop now).
+        Return the runtime's own metrics in edgeinfer's names (``ttft_ms``, ``tpot_ms`` ...)."""
+        raise NotImplementedError
+
+    # --- optional --------------------------------------------------------------------------
+    def op_times(self, phase: str, token_ids: np.ndarray) -> list[OpTime]:
+        """Per-op times of one ``phase`` ("prefill" or "decode") call, slowest first; [] if unknown."""
+        return []
+
+    def release(self) -> None:
+        """Free the runtime's resources (the KV cache included)."""
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.release()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed

@@ -1,0 +1,196 @@
+"""Plugin discovery: entry points in group ``edgeinfer``, loaded lazily, once.
+
+A plugin that fails to import or register is recorded with its error and
+reported by ``edgeinfer backends`` / ``doctor``; it never breaks unrelated
+commands. ``EDGEINFER_PLUGINS`` (comma-separated entry-point names; empty = none)
+restricts which plugins load.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from importlib.metadata import EntryPoint, entry_points
+from typing import Any
+
+import pluggy
+
+from edgeinfer.contract import hookspecs
+from edgeinfer.contract.backend import Backend
+from edgeinfer.contract.names import BUNDLED_PLUGINS
+from edgeinfer.errors import BackendUnavailableError
+
+GROUP = "edgeinfer"
+
+
+@dataclass
+class PluginInfo:
+    name: str  # entry-point name
+    distribution: str
+    version: str
+    error: str | None = None  # why it failed to import or register
+
+
+@dataclass
+class BackendEntry:
+    cls: type[Backend]
+    plugin: PluginInfo
+
+
+class Registry:
+    def __init__(self) -> None:
+        self.pm = pluggy.PluginManager(GROUP)
+        self.pm.add_hookspecs(hookspecs)
+        self.plugins: dict[str, PluginInfo] = {}
+        self._backends: dict[str, BackendEntry] | None = None
+        self._boards: list[tuple[Any, PluginInfo]] | None = None
+        self._load_entry_points()
+
+    def _selected(self) -> set[str] | None:
+        raw = os.environ.get("EDGEINFER_PLUGINS")
+        if raw is None:
+            return None
+        return {n.strip() for n in raw.split(",") if n.strip()}
+
+    def _load_entry_points(self) -> None:
+        wanted = self._selected()
+        for ep in sorted(entry_points(group=GROUP), key=lambda e: e.name):
+            if wanted is not None and ep.name not in wanted:
+                continue
+            info = _info(ep)
+            self.plugins[ep.name] = info
+            try:
+                module = ep.load()
+                self.pm.register(module, name=ep.name)
+            except Exception as e:  # a broken plugin must not break the others
+                info.error = f"import failed: {type(e).__name__}: {e}"
+
+    def _impls(self, hook: str) -> list[tuple[str, PluginInfo, Any]]:
+        """(plugin, info, hookimpl) of every plugin implementing ``hook``, in plugin order. Each is
+        called on its own so that a failing plugin is named and the others still register."""
+        impls = {impl.plugin_name: impl for impl in getattr(self.pm.hook, hook).get_hookimpls()}
+        return [(name, info, impls[name]) for name, info in self.plugins.items() if name in impls]
+
+    @property
+    def backends(self) -> dict[str, BackendEntry]:
+        """Backends by name, registered on first use (``plan`` and ``--help`` never need them)."""
+        if self._backends is None:
+            self._backends = {}
+            for name, info, impl in self._impls("register_backends"):
+                self._register_backends(name, impl, info)
+        return self._backends
+
+    def _register_backends(self, name: str, impl: Any, info: PluginInfo) -> None:
+        found: list[type] = []
+        try:
+            _call(impl, register=found.append)
+        except Exception as e:
+            info.error = f"register_backends failed: {type(e).__name__}: {e}"
+            return
+        for cls in found:
+            problem = contract_problem(cls)
+            if problem:
+                info.error = f"plugin {name!r}: {problem}"
+                continue
+            if cls.name in self._backends:
+                other = self._backends[cls.name].plugin.name
+                info.error = f"plugin {name!r}: backend name {cls.name!r} is already registered by {other!r}"
+                continue
+            self._backends[cls.name] = BackendEntry(cls, info)
+
+    def boards(self) -> list[tuple[Any, PluginInfo]]:
+        """(path or Board, plugin) pairs from every plugin's ``register_boards``."""
+        if self._boards is None:
+            self._boards = []
+            for _name, info, impl in self._impls("register_boards"):
+                try:
+                    _call(impl, register=lambda b, _i=info: self._boards.append((b, _i)))
+                except Exception as e:
+                    info.error = f"register_boards failed: {type(e).__name__}: {e}"
+        return self._boards
+
+    def add_commands(self, cli: Any) -> None:
+        for _name, info, impl in self._impls("register_commands"):
+            try:
+                _call(impl, cli=cli)
+            except Exception as e:
+                info.error = f"register_commands failed: {type(e).__name__}: {e}"
+
+
+def _call(impl: Any, **kwargs: Any) -> Any:
+    """Call one plugin's hook implementation with the arguments it declares (as pluggy does)."""
+    return impl.function(**{k: v for k, v in kwargs.items() if k in impl.argnames})
+
+
+def contract_problem(cls: Any) -> str | None:
+    """Why ``cls`` does not satisfy the backend contract, or None."""
+    if not (isinstance(cls, type) and issubclass(cls, Backend)):
+        return f"{cls!r} is not a subclass of edgeinfer.contract.backend.Backend"
+    if not isinstance(getattr(cls, "name", None), str) or not cls.name:
+        return f"backend class {cls.__name__} does not set `name`"
+    for method in Backend.REQUIRED:
+        if getattr(cls, method) is getattr(Backend, method):
+            return f"backend {cls.name!r} does not implement required method `{method}`"
+    if not any(cls.capable(c) for c in Backend.CAPABILITIES):
+        missing = next(m for m in Backend.CAPABILITIES["tensors"] if getattr(cls, m) is getattr(Backend, m))
+        return (f"backend {cls.name!r} does not implement required method `{missing}` "
+                "(or `open_decoder` for a decoder-only backend)")
+    return None
+
+
+def _info(ep: EntryPoint) -> PluginInfo:
+    dist = getattr(ep, "dist", None)
+    return PluginInfo(
+        name=ep.name,
+        distribution=dist.metadata["Name"] if dist else "?",
+        version=dist.version if dist else "?",
+    )
+
+
+_registry: Registry | None = None
+_lock = threading.Lock()
+
+
+def registry() -> Registry:
+    global _registry
+    with _lock:
+        if _registry is None:
+            _registry = Registry()
+        return _registry
+
+
+def reset() -> None:
+    """Forget discovered plugins (tests change EDGEINFER_PLUGINS or install plugins)."""
+    global _registry
+    with _lock:
+        _registry = None
+
+
+def backend_names() -> list[str]:
+    return sorted(registry().backends)
+
+
+def get_backend(name: str) -> Backend:
+    reg = registry()
+    entry = reg.backends.get(name)
+    if entry is None:
+        failed = [f"{p.name} ({p.error})" for p in reg.plugins.values() if p.error]
+        known = ", ".join(sorted(reg.backends)) or "none"
+        msg = f"unknown backend {name!r}; available: {known}"
+        if failed:
+            msg += "; plugins that failed to load: " + "; ".join(failed)
+        raise BackendUnavailableError(msg, install_hint(name))
+    return entry.cls()
+
+
+BUNDLED = BUNDLED_PLUGINS
+
+
+def install_hint(name: str) -> str:
+    """How to get backend ``name``: EDGEINFER_PLUGINS, the plugin folder of a clone, or a third party's package."""
+    if os.environ.get("EDGEINFER_PLUGINS") is not None and any(ep.name == name for ep in entry_points(group=GROUP)):
+        return f"the plugin is installed but EDGEINFER_PLUGINS leaves it out: add {name} to it, or unset it"
+    if name in BUNDLED:
+        return f"install its plugin from a clone of edgeinfer: pip install ./plugins/{name}"
+    return f"install the distribution that registers backend {name!r} in the 'edgeinfer' entry-point group"

@@ -1,0 +1,298 @@
+"""Board profiles: schema, loading of packaged boards/*.yaml, user files, plugin boards, `host`.
+
+Every numeric fact is ``{value, source, uncertain}``. Unknown keys and missing fields are
+errors naming the file and the key.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Iterable
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from edgeinfer.contract.names import HOST_BACKEND, HOST_SCHEMES_SOURCE
+from edgeinfer.errors import BoardError, InputError
+
+GIB = 2**30
+
+
+def boards_dirs() -> list[Path]:
+    """Where packaged board profiles live (source tree, or `edgeinfer/_boards` in a wheel)."""
+    here = Path(__file__).resolve().parents[1]
+    out, seen = [], set()
+    for d in (here / "_boards", here.parent / "boards"):  # _boards: in a wheel (a symlink in the source tree)
+        if d.is_dir() and d.resolve() not in seen:
+            seen.add(d.resolve())
+            out.append(d)
+    return out
+
+
+class Fact(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    value: float = Field(ge=0)
+    source: str = Field(min_length=3)
+    uncertain: bool = False
+    note: str | None = None
+
+
+class SpeedConst(BaseModel):
+    """Decode: 1/(t0 + bytes_per_token / (bw_fraction × bandwidth)); prefill: factor × peak / (2 × params)."""
+
+    model_config = ConfigDict(extra="forbid")
+    t0_ms: float = Field(ge=0)
+    bw_fraction: float = Field(gt=0, le=1.5)
+    prefill_factor: float | None = Field(default=None, gt=0)
+    source: str = "board profile"
+
+
+class Runtime(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    schemes: list[str] = Field(min_length=1)
+    source: str = Field(min_length=3)
+    kinds: list[Literal["decoder", "encoder"]] = ["decoder", "encoder"]
+    max_context: int | None = Field(default=None, gt=0)
+    speed_group: str | None = None  # key into the fitted speed constants (edgeinfer/data/speed_constants.json)
+    speed: dict[str, SpeedConst] = {}  # inline constants per weight format, override the fitted ones
+    notes: list[str] = []
+
+    @field_validator("schemes")
+    @classmethod
+    def _known(cls, v: list[str]) -> list[str]:
+        from edgeinfer.planning.quant import normalize_scheme
+
+        return [normalize_scheme(s).name for s in v]
+
+
+class Board(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    title: str
+    family: str
+    backend: str
+    memory_kind: Literal["shared", "dedicated"]
+    chips: int = Field(default=1, ge=1)
+    memory_total_gib: Fact
+    os_reserve_gib: Fact
+    bandwidth_gbps: Fact | None = None
+    int8_tops: Fact | None = None
+    fp16_tflops: Fact | None = None
+    storage_gbps: Fact | None = None
+    npu_window_gib: Fact | None = None  # largest contiguous NPU buffer (RK3588 IOMMU window)
+    paging: bool = False
+    runtimes: dict[str, Runtime] = Field(min_length=1)
+    default_runtime: str
+    backend_runtime: str | None = None  # the runtime edgeinfer's own backend uses here (deploy plans with it)
+    target: str | None = None  # what the backend compiles for (rknn: rk3588; openvino: npu); default: family
+    notes: list[str] = []
+    origin: str = "packaged"  # where the profile was loaded from (set by the loader)
+
+    @field_validator("default_runtime")
+    @classmethod
+    def _rt(cls, v, info):
+        rts = info.data.get("runtimes") or {}
+        if rts and v not in rts:
+            raise ValueError(f"default_runtime '{v}' is not one of the runtimes {sorted(rts)}")
+        return v
+
+    @field_validator("backend_runtime")
+    @classmethod
+    def _brt(cls, v, info):
+        rts = info.data.get("runtimes") or {}
+        if v is not None and rts and v not in rts:
+            raise ValueError(f"backend_runtime '{v}' is not one of the runtimes {sorted(rts)}")
+        return v
+
+    @property
+    def total_bytes(self) -> int:
+        return int(self.memory_total_gib.value * GIB)
+
+    @property
+    def reserve_bytes(self) -> int:
+        return int(self.os_reserve_gib.value * GIB)
+
+    @property
+    def usable_bytes(self) -> int:
+        return self.total_bytes - self.reserve_bytes
+
+    def supported_schemes(self, runtime: str | None = None) -> list[str]:
+        if runtime:
+            return list(self.runtimes[runtime].schemes)
+        out: list[str] = []
+        for r in self.runtimes.values():
+            out += [s for s in r.schemes if s not in out]
+        return out
+
+
+def _format_validation(e: ValidationError, where: str) -> str:
+    parts = []
+    errs = sorted(e.errors(), key=lambda x: {"extra_forbidden": 0, "missing": 1}.get(x["type"], 2))
+    for err in errs[:4]:
+        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        elif err["type"] == "missing":
+            msg = "missing required key"
+        parts.append(f"{loc}: {msg}")
+    return f"{where}: invalid board profile: " + "; ".join(parts)
+
+
+def board_from_dict(data: dict, where: str) -> Board:
+    if not isinstance(data, dict):
+        raise BoardError(f"{where}: a board profile must be a YAML mapping")
+    try:
+        return Board.model_validate(data)
+    except ValidationError as e:
+        raise BoardError(_format_validation(e, where), "see docs/planner.md for the board schema") from None
+    except InputError as e:  # unknown scheme inside a runtime
+        raise BoardError(f"{where}: {e.one_line()}") from None
+
+
+def load_board_file(path: Path) -> Board:
+    import yaml
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    try:
+        data = yaml.load(Path(path).read_text(encoding="utf-8"), Loader=loader)  # noqa: S506 - safe loader
+    except OSError as e:
+        raise BoardError(f"{path}: cannot read board file ({e.strerror})") from None
+    except UnicodeDecodeError:
+        raise BoardError(f"{path}: not a YAML text file (not UTF-8)", "pass a board profile YAML") from None
+    except yaml.YAMLError as e:
+        raise BoardError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    b = board_from_dict(data, str(path))
+    b.origin = str(path)
+    return b
+
+
+def _meminfo() -> tuple[int, int]:
+    """(MemTotal, MemAvailable) in bytes from /proc/meminfo, or sysconf as a fallback."""
+    try:
+        vals = {}
+        with open("/proc/meminfo") as f:
+            for line in f:
+                k, v = line.split(":", 1)
+                vals[k] = int(v.split()[0]) * 1024
+        return vals["MemTotal"], vals.get("MemAvailable", vals.get("MemFree", 0))
+    except (OSError, KeyError, ValueError):
+        pass
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        avail = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+        return total, avail
+    except (ValueError, OSError, AttributeError):
+        raise BoardError("cannot measure this machine's memory", "pass a board profile with --board FILE") from None
+
+
+def host_board() -> Board:
+    """The machine edgeinfer runs on: total and available memory measured now; no bandwidth claim."""
+    total, avail = _meminfo()
+    src = "measured at run time from /proc/meminfo (MemTotal, MemAvailable)"
+    return Board(
+        name="host", title=f"this machine ({os.cpu_count()} CPUs)", family="host", backend=HOST_BACKEND,
+        memory_kind="shared",
+        memory_total_gib=Fact(value=total / GIB, source=src),
+        os_reserve_gib=Fact(value=max(0, total - avail) / GIB, source=src,
+                            note="memory already in use by other processes (MemTotal - MemAvailable)"),
+        runtimes={HOST_BACKEND: Runtime(
+            schemes=["fp32", "fp16", "w8a8", "w4a16"], speed_group=None, source=HOST_SCHEMES_SOURCE)},
+        default_runtime=HOST_BACKEND,
+        notes=["no bandwidth is claimed for the host: decode speed is not estimated unless a profile gives it"],
+        origin="measured",
+    )
+
+
+PLUGIN_BOARD_ERRORS: list[str] = []  # one line per plugin-provided profile that failed validation
+
+
+def _plugin_boards() -> list:
+    items: list = []
+    try:  # the core's plugin manager; never fatal
+        from edgeinfer.contract import registry as plugins  # noqa: PLC0415
+
+        items += [b for b, _info in plugins.registry().boards()]
+    except Exception:  # a broken plugin must not break planning
+        pass
+    return items
+
+
+def _coerce(item, where: str) -> Board:
+    if isinstance(item, Board):
+        return item
+    if isinstance(item, dict):
+        return board_from_dict(item, where)
+    return load_board_file(Path(item))
+
+
+@lru_cache(maxsize=1)
+def _packaged() -> dict[str, Board]:
+    out: dict[str, Board] = {}
+    for d in boards_dirs():
+        for p in sorted(d.glob("*.yaml")):
+            b = load_board_file(p)
+            b.origin = "packaged"
+            if b.name != p.stem:
+                raise BoardError(f"{p}: board name '{b.name}' does not match the file name '{p.stem}'")
+            out.setdefault(b.name, b)
+    return out
+
+
+def load_boards(extra: Iterable = (), plugins: bool = True) -> dict[str, Board]:
+    """Packaged boards, then plugin boards, then ``extra`` (later names override earlier ones)."""
+    out: dict[str, Board] = dict(_packaged())
+    if plugins:
+        for item in _plugin_boards():
+            try:
+                b = _coerce(item, "plugin board")
+            except BoardError as e:  # a broken plugin profile must not break every plan
+                PLUGIN_BOARD_ERRORS.append(e.one_line())
+                continue
+            b.origin = "plugin"
+            out[b.name] = b
+    for item in extra:
+        b = _coerce(item, "extra board")
+        out[b.name] = b
+    return out
+
+
+def board_names(extra: Iterable = ()) -> list[str]:
+    return sorted([*load_boards(extra), "host"])
+
+
+def get_board(name_or_path, extra: Iterable = ()) -> Board:
+    """A board by name, a path to a YAML profile, or a Board; unknown names list the closest ones."""
+    if isinstance(name_or_path, Board):
+        return name_or_path
+    text = str(name_or_path).strip()
+    if text == "host":
+        return host_board()
+    if text.endswith((".yaml", ".yml")) or os.sep in text:
+        p = Path(text).expanduser()
+        if not p.is_file():
+            raise BoardError(f"board file '{text}' does not exist", "pass a board name or a YAML profile path")
+        return load_board_file(p)
+    extra = list(extra)
+    if not extra:
+        for d in boards_dirs():  # fast path: one packaged file
+            p = d / f"{text}.yaml"
+            if p.is_file():
+                b = load_board_file(p)
+                b.origin = "packaged"
+                return b
+    boards = load_boards(extra)
+    if text in boards:
+        return boards[text]
+    low = text.lower()
+    if low in boards:
+        return boards[low]
+    names = [*boards, "host"]
+    close = difflib.get_close_matches(low, names, n=4, cutoff=0.4)
+    if not close:
+        close = [n for n in names if n.split("-")[0] in low][:4]
+    hint = ("closest: " + ", ".join(close)) if close else "run `edgeinfer boards` for the list"
+    raise BoardError(f"unknown board '{text}'", hint)

@@ -1,0 +1,60 @@
+"""ModelSpec: the architecture facts the planner needs, from any reader."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class ModelSpec:
+    name: str
+    source: str  # where the facts come from (catalog URL, file path)
+    architecture: str  # HF model_type or GGUF general.architecture ("onnx" when unknown)
+    layers: int = 0
+    hidden: int = 0
+    heads: int = 0
+    kv_heads: int = 0
+    head_dim: int = 0
+    intermediate: int = 0
+    vocab: int = 0
+    tied_embeddings: bool = False
+    encoder: bool = False
+    n_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate: int = 0
+    sliding_window: int | None = None
+    sliding_layers: int = 0  # how many layers use the sliding window
+    max_position: int | None = None
+    params_total: int = 0  # every stored parameter (embedding + lm_head when untied)
+    params_active: int = 0  # read per decode token: non-embedding (active experts) + lm_head
+    embedding_params: int = 0  # token-embedding lookup table
+    lm_head_params: int = 0  # output projection (== embedding_params when tied)
+    native_dtype: str | None = None  # torch_dtype / dominant file dtype
+    file_format: str | None = None  # "safetensors", "gguf", "onnx", or None (catalog / config only)
+    file_weight_bytes: int | None = None  # exact bytes of the stored weights
+    file_scheme: str | None = None  # scheme the file is stored in ("fp16", "gguf:Q4_K_M" ...)
+    tensor_bytes: dict[str, int] = field(default_factory=dict)  # per tensor, when a file gives it
+    tensor_types: dict[str, int] = field(default_factory=dict)  # type name -> bytes (summary)
+    inputs: list[dict] = field(default_factory=list)
+    outputs: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def has_kv(self) -> bool:
+        return not self.encoder and self.layers > 0 and self.kv_heads > 0
+
+    @property
+    def is_moe(self) -> bool:
+        return self.n_experts > 0
+
+    def kv_bytes_per_token(self, bytes_per_elem: float = 2.0) -> float:
+        """2 (K,V) × layers × kv_heads × head_dim × bytes; 0 for encoders."""
+        if not self.has_kv:
+            return 0.0
+        return 2 * self.layers * self.kv_heads * self.head_dim * bytes_per_elem
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("tensor_bytes")
+        d["n_tensors"] = len(self.tensor_bytes)
+        return d

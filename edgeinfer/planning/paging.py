@@ -1,0 +1,240 @@
+"""The planner's paging cost model (docs/paging.md): resident memory with W segments resident, and
+decode / prefill estimates when every non-resident byte is streamed from storage once per token."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from edgeinfer.errors import EdgeInferError, InputError
+from edgeinfer.run.schedule import simulate
+
+# storage read bandwidth assumed when a board profile gives none (interface maxima: optimistic)
+STORAGE_GBPS = {
+    "dram": (None, "page cache in DRAM: the board's memory bandwidth"),
+    "nvme": (3.94, "PCIe 3.0 x4 interface maximum (RK3588 has PCIe 3.0 x4); real drives reach less"),
+    "emmc": (0.40, "eMMC 5.1 HS400 interface maximum (400 MB/s); real parts read 250-330 MB/s"),
+    "sd": (0.104, "SD UHS-I SDR104 interface maximum (104 MB/s)"),
+}
+_LAYER_KEY = re.compile(r"(?:layers?|blk|h|block)\.(\d+)\.")
+
+
+def layer_bytes(spec: Any, weights_total: int) -> tuple[list[int], int]:
+    """Bytes per layer and the bytes outside the layers (embeddings, final norm, head).
+
+    Exact per-tensor bytes when the model file gave them and ``weights_total`` matches them;
+    otherwise the body is shared equally among ``spec.layers``."""
+    layers = max(int(getattr(spec, "layers", 0) or 0), 1)
+    tb = getattr(spec, "tensor_bytes", None) or {}
+    if tb and abs(sum(tb.values()) - weights_total) <= 0.01 * max(weights_total, 1):
+        per = [0] * layers
+        rest = 0
+        for name, b in tb.items():
+            m = _LAYER_KEY.search(name)
+            if m and int(m.group(1)) < layers:
+                per[int(m.group(1))] += b
+            else:
+                rest += b
+        if sum(per):
+            return per, weights_total - sum(per)
+    emb = int(getattr(spec, "embedding_params", 0) or 0)
+    head = 0 if getattr(spec, "tied_embeddings", False) or getattr(spec, "encoder", False) else int(
+        getattr(spec, "lm_head_params", 0) or 0)
+    total_p = int(getattr(spec, "params_total", 0) or 0)
+    outside = int(weights_total * (emb + head) / total_p) if total_p else 0
+    body = weights_total - outside
+    return [body // layers] * layers, outside
+
+
+def segment_bytes_from_layers(per_layer: Sequence[int], outside: int, segments: int) -> list[int]:
+    """Group layers contiguously (as :func:`split_onnx` does) and put the non-layer bytes half in
+    the first segment (embeddings) and half in the last (final norm, head)."""
+    n_l = len(per_layer)
+    segments = max(1, min(segments, n_l))
+    seg = [0] * segments
+    for b, x in enumerate(per_layer):
+        seg[b * segments // n_l] += x
+    seg[0] += outside // 2
+    seg[-1] += outside - outside // 2
+    return seg
+
+
+def plan_paging(
+    segment_bytes: Sequence[int],
+    window: int,
+    *,
+    other_resident_bytes: int = 0,
+    capacity_bytes: int | None = None,
+    npu_window_bytes: int | None = None,
+    storage_gbps: float | None = None,
+    storage_source: str = "",
+    compute_s_per_token: float | None = None,
+    prefill_s_per_token: float | None = None,
+    prompt_tokens: int = 0,
+    batch: int = 1,
+    prefetch: bool = True,
+    resident_prefix: int | None = None,
+    init_s_per_segment: float = 0.0,
+    shared_bus: bool = False,
+    prefill_chunk: int | None = None,
+) -> dict[str, Any]:
+    """The paging cost model (docs/paging.md).
+
+    Resident = the peak bytes of the ``window`` segments the schedule keeps (see :func:`simulate`)
+    + ``other_resident_bytes`` (KV cache, activations, runtime, OS). Per decode step the schedule
+    pages in ``steady_bytes`` (every non-resident byte, once per token) at ``storage_gbps``;
+    prefetch overlaps that with compute only when a segment's compute takes at least as long as
+    its load: step = max(compute, stream) with prefetch, compute + stream without. With
+    ``shared_bus`` (weights paged from DRAM into the NPU's buffers) the copy reads and writes the
+    same memory the compute is reading: twice the bytes, and no overlap. Prefill streams the
+    bytes once per pass (one pass per ``prefill_chunk`` tokens of the prompt).
+    """
+    n = len(segment_bytes)
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise InputError(f"--paging must be a positive window size (segments resident), got {window!r}")
+    w = min(window, n)
+    sim = simulate(segment_bytes, w, prefetch, resident_prefix)
+    stream = sim["steady_bytes"]
+    resident_w = sim["peak_resident_bytes"]
+    out: dict[str, Any] = {
+        "window": window, "segments": n, "segment_bytes": list(segment_bytes),
+        "largest_segment_bytes": max(segment_bytes) if n else 0,
+        "resident_weight_bytes": resident_w, "resident_total_bytes": resident_w + other_resident_bytes,
+        "streamed_bytes_per_token": stream, "loads_per_token": len(sim["steady_loads"]),
+        "prefetch": sim["prefetch_effective"], "storage_gbps": storage_gbps, "storage_source": storage_source,
+        "fits": None, "reasons": [], "npu_window_ok": None,
+    }
+    if capacity_bytes is not None:
+        out["fits"] = out["resident_total_bytes"] <= capacity_bytes
+        if not out["fits"]:
+            out["reasons"].append(f"{w} resident segment(s) + the rest need "
+                                  f"{out['resident_total_bytes'] / 2**30:.2f} GiB, more than the board's "
+                                  f"{capacity_bytes / 2**30:.2f} GiB; use a smaller window "
+                                  "or more segments")
+    if npu_window_bytes is not None:
+        out["npu_window_bytes"] = npu_window_bytes
+        out["npu_window_ok"] = resident_w <= npu_window_bytes
+        if not out["npu_window_ok"]:
+            out["reasons"].append(npu_window_reason(resident_w, npu_window_bytes))
+            out["fits"] = False
+    if storage_gbps:
+        load_s = (2 if shared_bus else 1) * stream / (storage_gbps * 1e9)
+        load_s += init_s_per_segment * len(sim["steady_loads"])
+        overlap = out["prefetch"] and not shared_bus
+        out["stream_s_per_token"] = load_s
+        out["shared_bus"] = shared_bus
+        if compute_s_per_token is not None:
+            step = max(compute_s_per_token, load_s) if overlap else compute_s_per_token + load_s
+            out["compute_s_per_token"] = compute_s_per_token
+            out["decode_tokens_per_s"] = round(batch / step, 4) if step > 0 else None
+            out["bound"] = "storage" if load_s > compute_s_per_token else "compute"
+            hidden = min(load_s, compute_s_per_token) if overlap else 0.0
+            out["load_hidden_fraction"] = round(hidden / load_s, 4) if load_s > 0 else 1.0
+        if prefill_s_per_token is not None and prompt_tokens:
+            passes = -(-prompt_tokens // prefill_chunk) if prefill_chunk else 1
+            comp = prefill_s_per_token * prompt_tokens
+            total = max(comp, passes * load_s) if overlap else comp + passes * load_s
+            out["prefill_passes"] = passes
+            out["prefill_tokens_per_s"] = round(prompt_tokens / total, 2) if total > 0 else None
+    return out
+
+
+def npu_window_reason(resident_bytes: int, npu_window_bytes: int) -> str:
+    return (f"the resident window ({resident_bytes / 2**30:.2f} GiB) exceeds one {npu_window_bytes / 2**30:g} GiB "
+            "NPU IOMMU window; use a smaller window or more segments")
+
+
+def _storage(board: Any, storage: str | None) -> tuple[float | None, str, str]:
+    if storage is None:
+        storage = "board" if getattr(board, "storage_gbps", None) else "emmc"
+    if storage == "board":
+        if not getattr(board, "storage_gbps", None):
+            raise InputError(f"board {board.name} gives no storage bandwidth; pass --storage nvme|emmc|sd|dram")
+        return board.storage_gbps.value, storage, board.storage_gbps.source
+    if storage == "dram":
+        gbps = board.bandwidth_gbps.value if getattr(board, "bandwidth_gbps", None) else None
+        return gbps, storage, STORAGE_GBPS["dram"][1]
+    if storage in STORAGE_GBPS:
+        gbps, src = STORAGE_GBPS[storage]
+        return gbps, storage, src
+    raise InputError(f"unknown storage {storage!r}; use one of: board, {', '.join(STORAGE_GBPS)}")
+
+
+def _plan_segments(p: Any, segments: int | None) -> list[int]:
+    spec = p.model
+    weights = int(p.details.get("weights", {}).get("total_bytes_unpaged", p.breakdown["weights"]))
+    if not getattr(spec, "layers", 0) and not segments:
+        raise InputError(f"the layer count of {spec.name} is unknown (an ONNX file gives none); pass --segments N")
+    if segments is not None and (isinstance(segments, bool) or not isinstance(segments, int) or segments < 1):
+        raise InputError(f"--segments must be a positive integer, got {segments!r}")
+    per_layer, outside = layer_bytes(spec, weights)
+    if not getattr(spec, "layers", 0):
+        per_layer, outside = [weights // segments] * segments, weights - weights // segments * segments
+    return segment_bytes_from_layers(per_layer, outside, segments or len(per_layer))
+
+
+def _paging_inputs(p: Any, storage: str | None, prefill_chunk: int) -> dict[str, Any]:
+    board, est = p.board, p.estimates
+    gbps, name, src = _storage(board, storage)
+    npu = int(board.npu_window_gib.value * 2**30) if getattr(board, "npu_window_gib", None) else None
+    return {
+        "capacity_bytes": p.capacity_bytes, "npu_window_bytes": npu, "storage_gbps": gbps,
+        "storage_source": f"{name}: {src}",
+        "compute_s_per_token": p.batch / est["decode_tokens_per_s"] if est.get("decode_tokens_per_s") else None,
+        "prefill_s_per_token": 1 / est["prefill_tokens_per_s"] if est.get("prefill_tokens_per_s") else None,
+        "prompt_tokens": p.ctx, "batch": p.batch, "shared_bus": name == "dram",
+        "prefill_chunk": None if p.model.encoder else prefill_chunk,
+    }
+
+
+@dataclass
+class PagedPlan:
+    """The paging cost model's answer for one plan; the planner merges it (``planner._merge_paging``)."""
+
+    cost: dict[str, Any]  # plan_paging's result + "storage": the plan's details["paging"]
+    resident_segments: int  # min(window, segments)
+    segments: int
+    unpaged_weight_bytes: int
+    npu_reasons: list[str] = field(default_factory=list)  # the resident window exceeds one NPU window
+
+    @property
+    def resident_weight_bytes(self) -> int:
+        return int(self.cost["resident_weight_bytes"])
+
+
+def paged_plan(p: Any, window: int, segments: int | None, storage: str | None, prefill_chunk: int) -> PagedPlan:
+    """The paged form of a planner ``Plan`` (not modified): weights become the resident window, the
+    NPU window is checked against it, estimates get the streamed bytes."""
+    seg = _plan_segments(p, segments)
+    other = sum(v for k, v in p.breakdown.items() if k != "weights")
+    inputs = _paging_inputs(p, storage, prefill_chunk)
+    res = plan_paging(seg, window, other_resident_bytes=other, **inputs)
+    res["storage"] = res["storage_source"].split(":")[0]
+    npu = [npu_window_reason(res["resident_weight_bytes"], inputs["npu_window_bytes"])] \
+        if res.get("npu_window_ok") is False else []
+    return PagedPlan(cost=res, resident_segments=min(window, len(seg)), segments=len(seg),
+                     unpaged_weight_bytes=int(p.breakdown["weights"]), npu_reasons=npu)
+
+
+def suggest_window(p: Any, prefill_chunk: int, segments: int | None = None, storage: str | None = None
+                   ) -> dict[str, Any] | None:
+    """The largest paging window (fastest) whose resident memory fits the board and, where the
+    board has one, the NPU window; None when the layers are unknown or even W=1 does not fit."""
+    try:
+        seg = _plan_segments(p, segments)
+        inputs = _paging_inputs(p, storage, prefill_chunk)
+    except EdgeInferError:
+        return None
+    weights = int(p.details.get("weights", {}).get("total_bytes_unpaged", p.breakdown["weights"]))
+    other = sum(v for k, v in p.breakdown.items() if k != "weights")
+    for w in range(len(seg), 0, -1):
+        res = plan_paging(seg, w, other_resident_bytes=other, **inputs)
+        if res["fits"] is not False:
+            if w == len(seg) and res["resident_weight_bytes"] >= weights and not p.fits:
+                continue  # everything resident is the unpaged plan, which does not fit
+            return {"window": w, "segments": len(seg), "resident_total_bytes": res["resident_total_bytes"],
+                    "streamed_bytes_per_token": res["streamed_bytes_per_token"],
+                    "decode_tokens_per_s": res.get("decode_tokens_per_s"), "storage": res["storage_source"]}
+    return None

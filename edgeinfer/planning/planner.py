@@ -1,0 +1,495 @@
+"""Memory budget and speed estimate: ModelSpec × Board × options -> Plan.
+
+Every formula is written down in docs/planner.md. Nothing heavy is imported here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from edgeinfer.errors import InputError
+from edgeinfer.planning.boards import GIB, Board, get_board, load_boards
+from edgeinfer.planning.models import resolve
+from edgeinfer.planning.models.spec import ModelSpec
+from edgeinfer.planning.paging import PagedPlan, paged_plan, suggest_window
+from edgeinfer.planning.quant import Scheme, kv_bytes_per_element, normalize_scheme
+
+SCHEMA_VERSION = "1.0"
+MIB = 2**20
+DATA = Path(__file__).parents[1] / "data"
+ACT_BYTES = 4  # activation rows are budgeted in fp32 (llama.cpp/ggml compute buffers are f32)
+
+
+@lru_cache(maxsize=1)
+def runtime_profiles() -> dict:
+    import yaml
+
+    return yaml.safe_load((DATA / "runtimes.yaml").read_text(encoding="utf-8"))
+
+
+@lru_cache(maxsize=1)
+def fitted() -> dict:
+    p = DATA / "speed_constants.json"
+    if p.is_file():
+        return json.loads(p.read_text(encoding="utf-8"))
+    return {"speed": {}, "overhead_mib": {}}
+
+
+def runtime_profile(name: str) -> dict:
+    prof = dict(runtime_profiles().get(name) or {})
+    if not prof:
+        prof = {"overhead_mib": {"value": 0, "source": "unknown runtime: no overhead budgeted", "uncertain": True}}
+    ov = fitted().get("overhead_mib", {}).get(name)
+    if ov is not None:
+        prof["overhead_mib"] = ov
+    return prof
+
+
+def format_key(s: Scheme) -> str:
+    """Speed-constant key of a scheme: w8a8, w8a8_g (grouped), w4a16 (any group), fp16, gguf:Q4_0."""
+    if s.kind == "int":
+        base = s.name.split("_g")[0]
+        return base + "_g" if (s.group_size and base == "w8a8") else base
+    return s.name
+
+
+# ----------------------------------------------------------------------------- memory model
+def weights_bytes(spec: ModelSpec, scheme: Scheme, prof: dict) -> tuple[int, dict]:
+    """Resident weight bytes and their detail."""
+    dup = bool(prof.get("tied_duplicated")) and spec.tied_embeddings and not spec.encoder
+    emb_min = prof.get("embed_bits_min", 0) or 0
+    if spec.file_weight_bytes is not None and spec.file_scheme == scheme.name:
+        emb = sum(b for k, b in spec.tensor_bytes.items()
+                  if any(s in k for s in ("embed_tokens", "word_embeddings", "token_embd")))
+        extra = emb if dup else 0
+        total = spec.file_weight_bytes + extra
+        return total, {"basis": f"exact per-tensor bytes from the {spec.file_format} file",
+                       "file_bytes": spec.file_weight_bytes, "embedding_duplicate": extra}
+    if not spec.params_total:
+        raise InputError(f"model '{spec.name}' has no parameter count", "pass a model file or a config.json")
+    bpw = scheme.bpw
+    quantized = bpw < 16
+    emb_bits = max(bpw, emb_min) if quantized else bpw
+    emb_p = spec.embedding_params
+    body_p = spec.params_total - emb_p - (0 if (spec.tied_embeddings or spec.encoder) else spec.lm_head_params)
+    body = body_p * bpw / 8
+    emb = emb_p * emb_bits / 8
+    head = 0.0
+    if not spec.encoder:
+        if not spec.tied_embeddings:
+            head = spec.lm_head_params * bpw / 8
+        elif dup:
+            head = emb_p * bpw / 8
+    total = int(math.ceil(body + emb + head))
+    return total, {"basis": f"parameter counts × {bpw:g} bits per weight ({scheme.name})",
+                   "body": int(body), "embedding": int(emb), "lm_head": int(head),
+                   "embedding_bits": emb_bits}
+
+
+def kv_bytes(spec: ModelSpec, ctx: int, batch: int, kv_b: float) -> int:
+    """2 × kv_heads × head_dim × bytes × batch × Σ_layers(tokens cached in that layer)."""
+    if not spec.has_kv:
+        return 0
+    swa = min(spec.sliding_layers, spec.layers) if spec.sliding_window else 0
+    tokens = (spec.layers - swa) * ctx + swa * min(ctx, spec.sliding_window or ctx)
+    return int(math.ceil(2 * spec.kv_heads * spec.head_dim * kv_b * batch * tokens))
+
+
+def activation_bytes(spec: ModelSpec, ctx: int, batch: int, prof: dict) -> tuple[int, dict]:
+    """Largest single layer's buffers + inputs + logits (layers run one after another)."""
+    if not spec.layers or not spec.hidden:
+        return 0, {"basis": "architecture unknown: activations not modelled"}
+    h, nh = spec.hidden, max(spec.heads, 1)
+    hd = spec.head_dim or h // nh
+    inter = spec.experts_per_token * spec.moe_intermediate if spec.is_moe else spec.intermediate
+    fused = bool(prof.get("fused_attention"))
+    if spec.encoder:
+        n = ctx  # an encoder sees the whole sequence at once
+        kv_len = ctx
+    else:
+        n = min(ctx, int(prof.get("prefill_chunk", 512)))
+        kv_len = ctx
+    tok = batch * n
+    inputs = tok * h * ACT_BYTES
+    qkv = tok * (nh + 2 * max(spec.kv_heads,
+                              0 if spec.encoder else 1) + (2 * nh if spec.encoder else 0)) * hd * ACT_BYTES
+    if fused:
+        scores = tok * kv_len * 2  # one f16 tile row per token (flash attention)
+    else:
+        scores = batch * nh * n * kv_len * ACT_BYTES * (2 if spec.encoder else 1)  # (+ softmax copy for encoders)
+    attn = scores + qkv
+    ffn = tok * (2 * h + 2 * inter) * ACT_BYTES
+    logits = 0 if spec.encoder else batch * spec.vocab * ACT_BYTES
+    out = tok * h * ACT_BYTES if spec.encoder else 0
+    total = int(inputs + max(attn, ffn) + logits + out)
+    return total, {"basis": ("whole sequence" if spec.encoder else f"prefill chunk of {n} tokens")
+                   + (", fused attention" if fused else ", attention scores materialised"),
+                   "tokens_per_step": n, "inputs": int(inputs), "attention": int(attn), "ffn": int(ffn),
+                   "logits": int(logits + out)}
+
+
+def decode_stream_bytes(spec: ModelSpec, scheme: Scheme, prof: dict) -> int:
+    """Weight bytes read per decode step: non-embedding (active experts) + lm_head."""
+    if spec.file_weight_bytes is not None and spec.file_scheme == scheme.name and spec.tensor_bytes:
+        tb = spec.tensor_bytes
+        emb = sum(b for k, b in tb.items() if any(s in k for s in ("embed_tokens", "word_embeddings", "token_embd")))
+        stream = spec.file_weight_bytes - emb + (emb if spec.tied_embeddings else 0)
+        if spec.is_moe and spec.experts_per_token:
+            exp = sum(b for k, b in tb.items() if "_exps" in k or ".experts." in k)
+            stream -= exp - exp * spec.experts_per_token // spec.n_experts
+        return int(stream)
+    return int(spec.params_active * scheme.bpw / 8)
+
+
+# ----------------------------------------------------------------------------- plan
+@dataclass
+class Plan:
+    model: ModelSpec
+    board: Board
+    runtime: str
+    scheme: Scheme
+    ctx: int
+    batch: int
+    kv_dtype: str
+    breakdown: dict[str, int]
+    details: dict
+    fits: bool
+    reasons: list[str]
+    limits: list[dict]
+    estimates: dict
+    suggestions: dict = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.breakdown.values())
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self.board.total_bytes
+
+    @property
+    def usable_bytes(self) -> int:
+        return self.board.usable_bytes
+
+    @property
+    def headroom_bytes(self) -> int:
+        return self.capacity_bytes - self.total_bytes
+
+    def to_dict(self) -> dict:
+        m = self.model
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "kind": "edgeinfer.plan",
+            "model": {"name": m.name, "source": m.source, "architecture": m.architecture,
+                      "params_total": m.params_total, "params_active": m.params_active,
+                      "encoder": m.encoder, "layers": m.layers, "hidden": m.hidden, "kv_heads": m.kv_heads,
+                      "head_dim": m.head_dim, "file_format": m.file_format},
+            "board": {"name": self.board.name, "title": self.board.title, "family": self.board.family,
+                      "backend": self.board.backend, "memory_kind": self.board.memory_kind,
+                      "origin": self.board.origin},
+            "options": {"quant": self.scheme.name, "runtime": self.runtime, "ctx": self.ctx,
+                        "batch": self.batch, "kv_dtype": self.kv_dtype},
+            "fits": self.fits,
+            "verdict": "fits" if self.fits else "does not fit",
+            "reasons": list(self.reasons),
+            "memory": {"total_bytes": self.total_bytes, "capacity_bytes": self.capacity_bytes,
+                       "usable_bytes": self.usable_bytes, "headroom_bytes": self.headroom_bytes,
+                       "breakdown": dict(self.breakdown), "details": self.details, "limits": self.limits},
+            "estimates": self.estimates,
+            "suggestions": self.suggestions,
+            "warnings": list(self.warnings),
+        }
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+
+@dataclass
+class Verdict:
+    """The unpaged verdict without what paging changes (the memory reason, the weights-window warning)."""
+
+    reasons_but_memory: list[str]
+    warnings_but_weights_window: list[str]
+
+
+def _check_int(name: str, v) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        try:
+            v2 = int(v)
+        except (TypeError, ValueError):
+            raise InputError(f"--{name} must be a positive integer, got {v!r}") from None
+        if v2 != v:
+            raise InputError(f"--{name} must be a positive integer, got {v!r}")
+        v = v2
+    if v <= 0:
+        raise InputError(f"--{name} must be a positive integer, got {v}", f"for example --{name} 4096"
+                         if name == "ctx" else f"for example --{name} 1")
+    if v > 2**24 if name == "ctx" else v > 65536:
+        raise InputError(f"--{name} {v} is out of range", "use a realistic value")
+    return v
+
+
+def choose_runtime(board: Board, spec: ModelSpec, quant: str | None, runtime: str | None) -> tuple[str, Scheme]:
+    kind = "encoder" if spec.encoder else "decoder"
+    others = [r for r in board.runtimes if r != board.default_runtime]
+    names = [runtime] if runtime else [board.default_runtime] + others
+    if runtime and runtime not in board.runtimes:
+        raise InputError(f"board {board.name} has no runtime '{runtime}'", "runtimes: " + ", ".join(board.runtimes))
+    cands = [r for r in names if kind in board.runtimes[r].kinds]
+    if not cands:
+        raise InputError(f"board {board.name} has no runtime for {kind} models",
+                         "runtimes: " + ", ".join(f"{k} ({'/'.join(v.kinds)})" for k, v in board.runtimes.items()))
+    if quant is None:
+        fs = spec.file_scheme
+        for r in cands:
+            if fs and fs in board.runtimes[r].schemes:
+                return r, normalize_scheme(fs)
+        r = cands[0]
+        return r, normalize_scheme(board.runtimes[r].schemes[0])
+    s = normalize_scheme(quant)
+    for r in cands:
+        if s.name in board.runtimes[r].schemes:
+            return r, s
+    sup = "; ".join(f"{r}: {', '.join(board.runtimes[r].schemes)}" for r in cands)
+    raise InputError(f"board {board.name} does not support {s.name} for {kind} models",
+                     f"supported schemes: {sup}")
+
+
+def _speed_constants(board: Board, runtime: str, scheme: Scheme) -> tuple[dict | None, str]:
+    rt = board.runtimes[runtime]
+    fk = format_key(scheme)
+    if fk in rt.speed:
+        c = rt.speed[fk]
+        return c.model_dump(), f"board profile constants for {runtime}/{fk}"
+    if not rt.speed_group:
+        return None, f"no speed constants for runtime {runtime} on {board.name}"
+    table = fitted().get("speed", {})
+    key = f"{rt.speed_group}/{runtime}/{fk}"
+    if key in table:
+        c = table[key]
+        return c, f"fitted on {c.get('n_rows', '?')} measured row(s) ({key})"
+    same = [v for k, v in table.items() if k.startswith(f"{rt.speed_group}/{runtime}/")]
+    if same:
+        t0 = sorted(v["t0_ms"] for v in same)[len(same) // 2]
+        fr = sorted(v["bw_fraction"] for v in same)[len(same) // 2]
+        pf = [v["prefill_factor"] for v in same if v.get("prefill_factor")]
+        return ({"t0_ms": t0, "bw_fraction": fr, "prefill_factor": sorted(pf)[len(pf) // 2] if pf else None},
+                f"extrapolated: no row for {fk}; median constants of {rt.speed_group}/{runtime}")
+    return None, f"no measured rows for {rt.speed_group}/{runtime}"
+
+
+def estimate_speed(spec: ModelSpec, board: Board, runtime: str, scheme: Scheme, ctx: int, batch: int,
+                   kv_b: float) -> dict:
+    prof = runtime_profile(runtime)
+    stream = decode_stream_bytes(spec, scheme, prof)
+    kv_read = kv_bytes(spec, ctx, batch, kv_b)
+    per_step = stream + kv_read
+    out = {"runtime": runtime, "decode_tokens_per_s": None, "prefill_tokens_per_s": None,
+           "bytes_per_token": per_step, "weight_bytes_per_token": stream, "kv_bytes_per_token_at_ctx": kv_read,
+           "bandwidth_gbps": board.bandwidth_gbps.value if board.bandwidth_gbps else None,
+           "roofline_tokens_per_s": None, "roofline_fraction": None, "t0_ms": None, "bw_eff_gbps": None,
+           "prefill_fraction_of_peak": None, "basis": None,
+           "assumes": "decode at the full context (KV read of ctx tokens each step), batch sequences per step"}
+    if spec.encoder:
+        out["basis"] = "encoder: no token-by-token decode"
+        out["decode_tokens_per_s"] = None
+    consts, basis = _speed_constants(board, runtime, scheme)
+    out["basis"] = basis if not spec.encoder else out["basis"] + "; " + basis
+    if consts is None or board.bandwidth_gbps is None:
+        if board.bandwidth_gbps is None:
+            out["basis"] = f"{board.name} claims no memory bandwidth: no speed estimate"
+        return out
+    bw = board.bandwidth_gbps.value * 1e9
+    bw_eff = consts["bw_fraction"] * bw
+    t0 = consts["t0_ms"] / 1000.0
+    if not spec.encoder:
+        step = t0 + per_step / bw_eff
+        out["decode_tokens_per_s"] = round(batch / step, 3)
+        out["roofline_tokens_per_s"] = round(batch * bw / per_step, 3)
+        out["roofline_fraction"] = round((per_step / bw) / step, 3)
+    out["t0_ms"] = consts["t0_ms"]
+    out["bw_eff_gbps"] = round(bw_eff / 1e9, 2)
+    pf = consts.get("prefill_factor")
+    peak = (board.int8_tops.value * 1e12 if board.int8_tops else
+            board.fp16_tflops.value * 1e12 if board.fp16_tflops else None)
+    if pf and peak and spec.params_active:
+        out["prefill_tokens_per_s"] = round(pf * peak / (2 * spec.params_active), 2)
+        out["prefill_fraction_of_peak"] = pf
+    return out
+
+
+def _memory(spec, board, runtime, scheme, ctx, batch, kv_b):
+    prof = runtime_profile(runtime)
+    w, wd = weights_bytes(spec, scheme, prof)
+    kv = kv_bytes(spec, ctx, batch, kv_b)
+    act, ad = activation_bytes(spec, ctx, batch, prof)
+    ov = prof.get("overhead_mib") or {"value": 0}
+    rt = int(ov["value"] * MIB)
+    frac = prof.get("memory_fraction")
+    if frac:
+        rt += int((1 - frac["value"]) * board.usable_bytes)
+    bd = {"weights": int(w), "kv_cache": int(kv), "activations": int(act), "runtime": rt,
+          "reserved": board.reserve_bytes}
+    det = {"weights": wd, "activations": ad,
+           "kv_cache": {"bytes_per_element": kv_b, "tokens": ctx, "batch": batch,
+                        "bytes_per_token": spec.kv_bytes_per_token(kv_b)},
+           "runtime": {"overhead_mib": ov["value"], "source": ov.get("source"),
+                       "memory_fraction": frac["value"] if frac else None},
+           "reserved": {"gib": board.os_reserve_gib.value, "source": board.os_reserve_gib.source}}
+    return bd, det
+
+
+def _fits(spec, board, runtime, scheme, ctx, batch, kv_b) -> bool:
+    bd, _ = _memory(spec, board, runtime, scheme, ctx, batch, kv_b)
+    rt = board.runtimes[runtime]
+    if rt.max_context and ctx > rt.max_context:
+        return False
+    return sum(bd.values()) <= board.total_bytes
+
+
+def plan(model, board, quant: str | None = None, ctx: int = 4096, batch: int = 1, kv_dtype: str | None = None,
+         paging: int | None = None, runtime: str | None = None, suggest: bool = True,
+         extra_boards=(), segments: int | None = None, storage: str | None = None) -> Plan:
+    """Plan ``model`` (reference or ModelSpec) on ``board`` (name, path or Board).
+
+    ``paging=W`` plans layer-paged execution (edgeinfer.run.paged, docs/paging.md): W of ``segments``
+    (default: one per layer) resident, the rest streamed from ``storage`` once per token."""
+    ctx = _check_int("ctx", ctx)
+    batch = _check_int("batch", batch)
+    if paging is None and (segments is not None or storage is not None):
+        raise InputError("--segments and --storage go with --paging W (segments resident at once)")
+    spec = model if isinstance(model, ModelSpec) else resolve(model)
+    b = get_board(board, extra=extra_boards)
+    rt_name, scheme = choose_runtime(b, spec, quant, runtime)
+    prof = runtime_profile(rt_name)
+    kvd = kv_dtype or prof.get("kv_dtype", "fp16")
+    kv_b = kv_bytes_per_element(kvd)
+    bd, det = _memory(spec, b, rt_name, scheme, ctx, batch, kv_b)
+    total = sum(bd.values())
+    # (what, text): paging replaces the "memory" reason and answers the "weights_window" warning
+    reasons: list[tuple[str, str]] = []
+    warnings: list[tuple[str, str]] = [("model", n) for n in spec.notes]
+    limits: list[dict] = []
+    if total > b.total_bytes:
+        reasons.append(("memory", f"needs {total / GIB:.2f} GiB, the board has {b.total_bytes / GIB:.2f} GiB "
+                       f"({b.usable_bytes / GIB:.2f} GiB usable after the OS/driver reserve)"))
+    rt = b.runtimes[rt_name]
+    if rt.max_context and ctx > rt.max_context:
+        reasons.append(("context", f"context {ctx} exceeds {rt_name}'s maximum {rt.max_context}"))
+    if spec.max_position and ctx > spec.max_position:
+        warnings.append(("context", f"context {ctx} exceeds the model's max_position_embeddings {spec.max_position}"))
+    if b.npu_window_gib:
+        win = int(b.npu_window_gib.value * GIB)
+        largest = max(spec.tensor_bytes.values()) if spec.tensor_bytes else int(
+            max(spec.embedding_params * max(scheme.bpw, prof.get("embed_bits_min", 0) or 0),
+                spec.lm_head_params * scheme.bpw) / 8)
+        kv_one = bd["kv_cache"]
+        limits.append({"name": "npu_window", "limit_bytes": win, "largest_tensor_bytes": largest,
+                       "kv_cache_bytes": kv_one, "ok": largest <= win,
+                       "source": b.npu_window_gib.source})
+        if largest > win:
+            reasons.append(("npu_window", f"largest tensor ({largest / GIB:.2f} GiB) exceeds the "
+                                          f"{b.npu_window_gib.value:g} GiB NPU IOMMU window"))
+        if kv_one > win:
+            warnings.append(("kv_window", f"KV cache ({kv_one / GIB:.2f} GiB) is larger than one "
+                                          f"{b.npu_window_gib.value:g} GiB NPU window: needs RKNPU driver >= 0.9.8 "
+                                          "(rknn-llm #232)"))
+        if bd["weights"] > win:
+            warnings.append(("weights_window", f"weights exceed one {b.npu_window_gib.value:g} GiB NPU window: "
+                                               "needs RKNPU driver >= 0.9.8 with base_domain_id "
+                                               "(rknn-llm #232, #335)"))
+    for k, f in (("memory_total_gib", b.memory_total_gib), ("os_reserve_gib", b.os_reserve_gib)):
+        if f.uncertain:
+            warnings.append(("board", f"{b.name}: {k} is uncertain ({f.source})"))
+    fits = not reasons
+    unpaged = Verdict([t for k, t in reasons if k != "memory"], [t for k, t in warnings if k != "weights_window"])
+    est = estimate_speed(spec, b, rt_name, scheme, ctx, batch, kv_b)
+    p = Plan(model=spec, board=b, runtime=rt_name, scheme=scheme, ctx=ctx, batch=batch, kv_dtype=kvd,
+             breakdown=bd, details=det, fits=fits, reasons=[t for _, t in reasons], limits=limits,
+             estimates=est, warnings=[t for _, t in warnings])
+    if suggest:
+        p.suggestions = suggestions(p, extra_boards)
+    if paging is not None:
+        _merge_paging(p, paged_plan(p, paging, segments, storage, _prefill_chunk(rt_name)), unpaged)
+    return p
+
+
+def _prefill_chunk(runtime: str) -> int:
+    return int(runtime_profile(runtime).get("prefill_chunk", 512))
+
+
+def _merge_paging(p: Plan, r: PagedPlan, unpaged: Verdict) -> None:
+    """Turn ``p`` into its paged form: resident weights in the breakdown, the verdict on the resident
+    total and the NPU window (paging answers the weights-window warning), paged speed estimates."""
+    res = r.cost
+    p.details["paging"] = res
+    p.details["weights"] = {**p.details.get("weights", {}), "total_bytes_unpaged": r.unpaged_weight_bytes,
+                            "paged": f"{r.resident_segments} of {r.segments} segments resident"}
+    p.breakdown["weights"] = r.resident_weight_bytes
+    p.reasons = list(unpaged.reasons_but_memory)
+    if p.total_bytes > p.capacity_bytes:
+        p.reasons.append(f"needs {p.total_bytes / GIB:.2f} GiB with {r.resident_segments} segment(s) resident, "
+                         f"the board has {p.capacity_bytes / GIB:.2f} GiB; use a smaller --paging window")
+    p.reasons += r.npu_reasons
+    p.warnings = list(unpaged.warnings_but_weights_window)
+    p.fits = not p.reasons
+    est = p.estimates
+    est["paging"] = {k: res.get(k) for k in ("window", "segments", "streamed_bytes_per_token", "loads_per_token",
+                                             "stream_s_per_token", "decode_tokens_per_s", "prefill_tokens_per_s",
+                                             "bound", "load_hidden_fraction", "prefetch", "storage_gbps",
+                                             "storage_source")}
+    for k in ("decode_tokens_per_s", "prefill_tokens_per_s"):
+        if res.get(k) is not None:
+            est[f"{k}_unpaged"] = est.get(k)
+            est[k] = res[k]
+
+
+def suggestions(p: Plan, extra_boards=()) -> dict:
+    spec, b, kv_b = p.model, p.board, kv_bytes_per_element(p.kv_dtype)
+    out: dict = {"max_ctx": None, "quant": None, "quants_that_fit": [], "board": None,
+                 "paging": None if p.fits else suggest_window(p, _prefill_chunk(p.runtime)), "notes": []}
+    # largest context that fits (memory grows with ctx: binary search)
+    rt = b.runtimes[p.runtime]
+    hi = rt.max_context or 2**20
+    if spec.max_position:
+        hi = min(hi, max(spec.max_position, 1))
+    if not spec.has_kv and not spec.layers:
+        hi = min(hi, p.ctx)
+    lo = 0
+    if _fits(spec, b, p.runtime, p.scheme, 1, p.batch, kv_b):
+        lo, top = 1, hi
+        while lo < top:
+            mid = (lo + top + 1) // 2
+            if _fits(spec, b, p.runtime, p.scheme, mid, p.batch, kv_b):
+                lo = mid
+            else:
+                top = mid - 1
+        out["max_ctx"] = lo
+    # schemes that fit at the requested context, best quality first
+    kind = "encoder" if spec.encoder else "decoder"
+    seen = {}
+    for rname, r in b.runtimes.items():
+        if kind not in r.kinds:
+            continue
+        for s in r.schemes:
+            sc = normalize_scheme(s)
+            if sc.name not in seen and _fits(spec, b, rname, sc, p.ctx, p.batch, kv_b):
+                seen[sc.name] = (sc.bpw, rname)
+    ranked = sorted(seen.items(), key=lambda kv: -kv[1][0])
+    out["quants_that_fit"] = [{"quant": n, "runtime": r, "bits_per_weight": bpw} for n, (bpw, r) in ranked]
+    out["quant"] = ranked[0][0] if ranked else None
+    # smallest board of the same family that fits with the same options (only needed when it does not fit:
+    # loading every profile costs tens of milliseconds on the fast path)
+    if b.family != "host" and not p.fits:
+        fam = [x for x in load_boards(extra_boards).values() if x.family == b.family]
+        for x in sorted(fam, key=lambda x: (x.total_bytes, x.name)):
+            if p.runtime in x.runtimes and p.scheme.name in x.runtimes[p.runtime].schemes \
+                    and _fits(spec, x, p.runtime, p.scheme, p.ctx, p.batch, kv_b):
+                out["board"] = x.name
+                break
+    return out

@@ -1,0 +1,486 @@
+"""Bundles: a deployed model as a directory — artifact(s) plus ``manifest.json``.
+
+A bundle is what ``edgeinfer deploy`` writes and what ``run``, ``golden``,
+``bench`` and ``serve`` read. Its manifest says which backend loads it, for which
+board and scheme, the tensor specs, the plan summary and the golden metrics; for
+text models it also names the bundled tokenizer and how outputs are pooled.
+
+Layout::
+
+    bundle/
+      manifest.json            versioned (schema: edgeinfer/schemas/manifest.schema.json)
+      model.xml, model.bin     the backend's artifact (one or several for segmented bundles)
+      model.xml.stamp.json     the artifact's stamp
+      tokenizer/               tokenizer.json (+ config) for text models
+      golden/                  held-out inputs and reference outputs (.npz, no pickle)
+
+Bundles are sealed (:mod:`edgeinfer.run.seal`): the manifest is validated in full when a bundle is
+opened, every path it names must stay inside the bundle, and ``files`` records the size and
+sha256 of every file. ``open`` compares sizes; ``golden``, ``serve`` and ``verify`` hash everything.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import numpy as np
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from edgeinfer.contract.backend import Session, TensorSpec
+from edgeinfer.errors import InputError
+from edgeinfer.run import seal
+
+SCHEMA = "edgeinfer.bundle/1"
+MANIFEST = "manifest.json"
+MAX_SEQ = 131_072  # longest text a bundle may pad to (long-context embedding models use 8192)
+MAX_DIM = 2**31 - 1
+TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+PAGING_KEYS = ("window", "prefetch", "resident_prefix", "segments", "cuts", "index")
+
+
+@dataclass
+class TextSpec:
+    """How text becomes feeds and outputs become embeddings."""
+
+    tokenizer: str = "tokenizer"  # directory inside the bundle
+    max_length: int = 128
+    pooling: str = "mean"  # "mean" | "cls" | "none"
+    normalize: bool = True
+    output: str = "last_hidden_state"
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Manifest:
+    backend: str
+    board: str
+    scheme: str
+    artifacts: list[str]
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    source: dict[str, Any]
+    versions: dict[str, str] = field(default_factory=dict)
+    target: str = ""
+    text: TextSpec | None = None
+    plan: dict[str, Any] | None = None
+    golden: dict[str, Any] | None = None
+    paging: dict[str, Any] | None = None  # {"window": W, "prefetch": bool, "resident_prefix": n}
+    created: str = ""
+    edgeinfer_version: str = ""
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)  # relative path -> {"size", "sha256"}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "edgeinfer_version": self.edgeinfer_version,
+            "created": self.created,
+            "source": self.source,
+            "backend": {"name": self.backend, "versions": self.versions},
+            "board": self.board,
+            "target": self.target,
+            "scheme": self.scheme,
+            "artifacts": self.artifacts,
+            "inputs": [s.to_json() for s in self.inputs],
+            "outputs": [s.to_json() for s in self.outputs],
+            "text": self.text.to_json() if self.text else None,
+            "plan": self.plan,
+            "golden": self.golden,
+            "paging": self.paging,
+            "files": self.files,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Manifest:
+        text = d.get("text")
+        return cls(
+            backend=d["backend"]["name"],
+            versions=d["backend"].get("versions", {}),
+            board=d["board"],
+            target=d.get("target", ""),
+            scheme=d["scheme"],
+            artifacts=list(d["artifacts"]),
+            inputs=[TensorSpec.from_json(s) for s in d["inputs"]],
+            outputs=[TensorSpec.from_json(s) for s in d["outputs"]],
+            source=d["source"],
+            text=TextSpec(**text) if text else None,
+            plan=d.get("plan"),
+            golden=d.get("golden"),
+            paging=d.get("paging"),
+            created=d.get("created", ""),
+            edgeinfer_version=d.get("edgeinfer_version", ""),
+            files=dict(d.get("files") or {}),
+        )
+
+
+# --- validation: the whole manifest, before anything in it is used -------------------------------------
+
+_STRICT = ConfigDict(extra="forbid", strict=True)
+
+
+class _Tensor(BaseModel):
+    model_config = _STRICT
+    name: StrictStr = Field(min_length=1, max_length=512)
+    shape: list[Annotated[int, Field(ge=0, le=MAX_DIM)] | StrictStr | None] = Field(max_length=32)
+    dtype: StrictStr
+
+    @field_validator("dtype")
+    @classmethod
+    def _numeric(cls, v: str) -> str:
+        try:
+            kind = np.dtype(v).kind
+        except TypeError:
+            kind = ""
+        if kind not in "biuf" or not kind:
+            raise ValueError(f"{v!r} is not a numeric NumPy dtype")
+        return v
+
+
+class _Text(BaseModel):
+    model_config = _STRICT
+    tokenizer: StrictStr = "tokenizer"
+    max_length: int = Field(128, ge=1, le=MAX_SEQ)
+    pooling: Literal["mean", "cls", "none"] = "mean"
+    normalize: StrictBool = True
+    output: StrictStr = "last_hidden_state"
+
+
+class _Golden(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+    threshold: Any = None
+    passed: StrictBool | None = None
+    samples: Annotated[int, Field(ge=0)] | None = None
+    outputs: dict[str, Any] | None = None
+
+    @field_validator("threshold")
+    @classmethod
+    def _cosine(cls, v: Any) -> Any:
+        if v is None:
+            return v
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not -1 <= v <= 1:
+            raise ValueError(f"must be a cosine similarity between -1 and 1, got {v!r}")
+        return float(v)
+
+
+class _Paging(BaseModel):
+    model_config = _STRICT
+    window: int = Field(ge=1, le=65_536)
+    prefetch: StrictBool = True
+    resident_prefix: Annotated[int, Field(ge=0)] | None = None
+    segments: Annotated[int, Field(ge=1)] | None = None
+    cuts: list[StrictStr] | None = None
+    index: Any = None
+
+
+class _File(BaseModel):
+    model_config = _STRICT
+    size: int = Field(ge=0)
+    sha256: StrictStr = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class _Backend(BaseModel):
+    model_config = _STRICT
+    name: StrictStr = Field(min_length=1)
+    versions: dict[str, StrictStr] = {}
+
+
+class _ManifestDoc(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+    schema_: Literal["edgeinfer.bundle/1"] = Field(alias="schema")
+    edgeinfer_version: StrictStr = ""
+    created: StrictStr = ""
+    source: dict[str, Any]
+    backend: _Backend
+    board: StrictStr
+    target: StrictStr = ""
+    scheme: StrictStr
+    artifacts: list[StrictStr] = Field(min_length=1, max_length=4096)
+    inputs: list[_Tensor] = Field(min_length=1, max_length=1024)
+    outputs: list[_Tensor] = Field(min_length=1, max_length=1024)
+    text: _Text | None = None
+    plan: dict[str, Any] | None = None
+    golden: _Golden | None = None
+    paging: _Paging | None = None
+    files: dict[str, _File]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> _ManifestDoc:
+        for what, items in (("inputs", [t.name for t in self.inputs]), ("outputs", [t.name for t in self.outputs]),
+                            ("artifacts", self.artifacts)):
+            dup = sorted({n for n in items if items.count(n) > 1})
+            if dup:
+                raise ValueError(f"{what} lists {dup[0]!r} twice")
+        if self.paging is None and len(self.artifacts) != 1:
+            raise ValueError(f"artifacts: {len(self.artifacts)} artifacts but no paging section; a plain bundle has "
+                             "one")
+        if self.text is not None:
+            _check_text(self.text, self.inputs, self.outputs)
+        return self
+
+
+def _check_text(text: _Text, inputs: list[_Tensor], outputs: list[_Tensor]) -> None:
+    names = [o.name for o in outputs]
+    if text.output not in names:
+        raise ValueError(f"text.output {text.output!r} is not an output of the model ({', '.join(names)})")
+    for t in inputs:
+        if t.name not in TOKEN_INPUTS:
+            raise ValueError(f"text bundle input {t.name!r} cannot be made from text ({', '.join(TOKEN_INPUTS)})")
+        if np.dtype(t.dtype).kind not in "iu":
+            raise ValueError(f"text bundle input {t.name!r} has dtype {t.dtype}, token ids need an integer dtype")
+        seq = t.shape[1] if len(t.shape) > 1 else None
+        if isinstance(seq, int) and seq != text.max_length:
+            raise ValueError(f"text.max_length {text.max_length} differs from input {t.name!r} sequence length {seq}")
+    if text.pooling == "mean" and "attention_mask" not in [t.name for t in inputs]:
+        raise ValueError("text.pooling 'mean' needs an attention_mask input")
+
+
+def _validation_message(e: ValidationError) -> str:
+    parts = []
+    for err in e.errors()[:2]:
+        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
+        msg = {"extra_forbidden": "unknown field", "missing": "missing required field"}.get(err["type"], err["msg"])
+        parts.append(f"{loc}: {msg.removeprefix('Value error, ')}")
+    return "; ".join(parts)
+
+
+def read_manifest(path: Path) -> Manifest:
+    """The validated manifest of the bundle at ``path``, with every path it names checked to stay inside."""
+    mf = path / MANIFEST
+    seal.contained(path, MANIFEST, "manifest.json")
+    try:
+        data = json.loads(mf.read_text(encoding="utf-8"))
+    except (ValueError, RecursionError, OSError) as e:
+        why = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
+        raise InputError(f"{mf} is not valid JSON ({why}); deploy the model again") from None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        got = data.get("schema") if isinstance(data, dict) else None
+        raise InputError(f"{mf}: unsupported manifest schema {got!r} (this edgeinfer reads {SCHEMA})")
+    if "files" not in data:
+        raise InputError(
+            f"{mf} records no file sizes and hashes (written by an edgeinfer before bundles were sealed); "
+            "deploy the model again to re-create the bundle"
+        )
+    try:
+        doc = _ManifestDoc.model_validate(data)
+    except ValidationError as e:
+        raise InputError(f"{mf}: {_validation_message(e)}; deploy the model again") from None
+    manifest = Manifest.from_json(doc.model_dump(by_alias=True, exclude_unset=True))
+    _check_paths(path, manifest)
+    return manifest
+
+
+def _check_paths(path: Path, m: Manifest) -> None:
+    for rel in m.files:
+        seal.contained(path, rel, f"files[{rel!r}]")
+    sealed = {seal.relative(rel, "files") for rel in m.files}
+    named = [(f"artifacts[{i}]", a) for i, a in enumerate(m.artifacts)]
+    if m.text is not None:
+        seal.contained(path, m.text.tokenizer, "text.tokenizer")
+        named.append(("text.tokenizer", f"{m.text.tokenizer}/tokenizer.json"))
+    for field_name, rel in named:
+        seal.contained(path, rel, field_name)
+        if seal.relative(rel, field_name) not in sealed:
+            raise InputError(
+                f"manifest {field_name} {rel!r} is not among the bundle's recorded files; deploy the model again"
+            )
+
+
+def is_bundle(path: Path) -> bool:
+    return path.is_dir() and (path / MANIFEST).is_file()
+
+
+def write(directory: Path, manifest: Manifest) -> Path:
+    """Write ``manifest.json`` (atomically) into ``directory``; fills version, time and the file seals.
+
+    Every file in the directory is recorded with its size and sha256 (``files``): a bundle is
+    sealed when its manifest is written, so write the manifest last.
+    """
+    from edgeinfer import __version__
+
+    manifest.edgeinfer_version = manifest.edgeinfer_version or __version__
+    manifest.created = manifest.created or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    directory.mkdir(parents=True, exist_ok=True)
+    manifest.files = seal.record(directory, skip={MANIFEST, MANIFEST + ".tmp"})
+    tmp = directory / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(manifest.to_json(), indent=2) + "\n")
+    tmp.replace(directory / MANIFEST)
+    return directory / MANIFEST
+
+
+class Bundle:
+    """A bundle directory opened for use: manifest validated, paths contained, files checked."""
+
+    def __init__(self, path: Path, manifest: Manifest):
+        self.path = path
+        self.manifest = manifest
+
+    @classmethod
+    def open(cls, path: str | Path, verify: str = "size") -> Bundle:
+        """Open a bundle. ``verify``: ``"size"`` (every open) or ``"full"`` (sha256 of every file too)."""
+        p = Path(path)
+        if not p.exists():
+            raise InputError(f"bundle not found: {p}")
+        if not is_bundle(p):
+            raise InputError(f"{p} is not a bundle (no {MANIFEST}); create one with `edgeinfer deploy`")
+        manifest = read_manifest(p)
+        bad = seal.check(p, manifest.files, full=verify == "full")
+        if bad:
+            more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+            raise InputError(
+                f"bundle {p} is damaged: {bad[0]}{more}; run `edgeinfer verify {p}` for the list, "
+                "and deploy the model again"
+            )
+        return cls(p, manifest)
+
+    def file(self, rel: str, what: str) -> Path:
+        """A sealed file of the bundle by its relative path (contained, recorded in the manifest)."""
+        if rel not in self.manifest.files:
+            raise InputError(f"bundle {self.path} has no {what} ({rel}); deploy the model again")
+        return seal.contained(self.path, rel, what)
+
+    @property
+    def artifacts(self) -> list[Path]:
+        return [self.path / a for a in self.manifest.artifacts]
+
+    def load(self, device: str | None = None, **options: Any) -> Session:
+        """Load the bundle on its backend (paged when the bundle is segmented)."""
+        from edgeinfer.contract import registry as plugins
+
+        backend = plugins.get_backend(self.manifest.backend)
+        if self.manifest.paging:
+            from edgeinfer.run.paged import PagedSession
+
+            opts = {**self.manifest.paging, **options}
+            return PagedSession.from_artifacts(backend, self.artifacts, device=device, **opts)
+        return backend.load(self.artifacts[0], device=device, **options)
+
+    # --- text models ------------------------------------------------------------------------------
+
+    @cached_property
+    def _tokenizer(self) -> Any:
+        text = self.manifest.text
+        if text is None:
+            raise InputError(f"bundle {self.path} has no tokenizer: pass tensors with --input instead of --text")
+        return load_tokenizer(seal.contained(self.path, f"{text.tokenizer}/tokenizer.json", "text.tokenizer"),
+                              text.max_length)
+
+    def tokenize(self, texts: list[str]) -> dict[str, np.ndarray]:
+        """Feeds for ``texts``, padded to the bundle's sequence length, matching its input specs."""
+        return tokenize(self._tokenizer, texts, self.manifest.inputs)
+
+    def embed(self, outputs: dict[str, np.ndarray], feeds: dict[str, np.ndarray]) -> np.ndarray:
+        """Pool (and normalise) the hidden states as the model specifies: one vector per text."""
+        text = self.manifest.text
+        assert text is not None
+        hidden = np.asarray(outputs[text.output], dtype=np.float32)
+        if text.pooling == "cls":
+            vec = hidden[:, 0]
+        elif text.pooling == "mean":
+            mask = feeds["attention_mask"][..., None].astype(np.float32)
+            vec = (hidden * mask).sum(1) / np.clip(mask.sum(1), 1e-9, None)
+        else:
+            vec = hidden.reshape(len(hidden), -1)
+        if text.normalize:
+            vec = vec / np.clip(np.linalg.norm(vec, axis=1, keepdims=True), 1e-12, None)
+        return vec
+
+
+def verify(path: str | Path) -> dict[str, Any]:
+    """Check every file of a bundle against its manifest (sizes and sha256): the report of ``edgeinfer verify``.
+
+    A manifest that is invalid or names a path outside the bundle raises InputError; damaged files
+    are listed in ``problems`` (``ok`` is False) so that all of them are reported at once.
+    """
+    p = Path(path)
+    if not is_bundle(p):
+        raise InputError(f"{p} is not a bundle (no {MANIFEST}); create one with `edgeinfer deploy`")
+    manifest = read_manifest(p)
+    problems = seal.check(p, manifest.files, full=True)
+    size = sum(int(r["size"]) for r in manifest.files.values())
+    return {"bundle": str(p), "ok": not problems, "files": len(manifest.files), "bytes": size, "problems": problems}
+
+
+def load_tokenizer(path: Path, max_length: int) -> Any:
+    """A ``tokenizers`` tokenizer that truncates and pads every text to ``max_length``."""
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        from edgeinfer.errors import BackendUnavailableError
+
+        raise BackendUnavailableError("text bundles need the 'tokenizers' package",
+                                      "pip install 'edgeinfer[text]' (from a clone: pip install '.[text]')") from None
+
+    if not path.is_file():
+        raise InputError(f"tokenizer not found: {path}")
+    try:
+        tok = Tokenizer.from_file(str(path))
+    except Exception as e:  # tokenizers raises a bare Exception with a serde message
+        first = (str(e).strip().splitlines() or ["unreadable"])[0][:120]
+        raise InputError(f"{path} is not a valid tokenizer.json ({first}); copy the model's tokenizer.json "
+                         "again or deploy again") from None
+    tok.enable_truncation(max_length=max_length)
+    tok.enable_padding(length=max_length, pad_id=tok.token_to_id("[PAD]") or 0, pad_token="[PAD]")
+    return tok
+
+
+def tokenize(tok: Any, texts: list[str], specs: list[TensorSpec]) -> dict[str, np.ndarray]:
+    """Feeds for ``texts`` with the model's input names and dtypes (BERT-style token inputs)."""
+    enc = tok.encode_batch(list(texts))
+    columns = {
+        "input_ids": [e.ids for e in enc],
+        "attention_mask": [e.attention_mask for e in enc],
+        "token_type_ids": [e.type_ids for e in enc],
+    }
+    feeds = {}
+    for spec in specs:
+        if spec.name not in columns:
+            raise InputError(f"model input {spec.name!r} cannot be made from text; pass it with --input")
+        feeds[spec.name] = np.asarray(columns[spec.name], dtype=spec.dtype)
+    return feeds
+
+
+def static_batch(specs: list[TensorSpec]) -> int | None:
+    """The fixed batch size of a model whose inputs all have a static first dimension, else None."""
+    dims = {s.shape[0] if s.shape else None for s in specs}
+    if len(dims) == 1:
+        (d,) = dims
+        return d if isinstance(d, int) and d > 0 else None
+    return None
+
+
+def run_padded(session: Session, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Run ``feeds`` of any batch size on a session whose batch may be static.
+
+    Rows are cut into chunks of the static batch; the last chunk is padded by
+    repeating its last row, and padded rows are dropped from the outputs. Every
+    output must have the batch on axis 0.
+    """
+    fixed = static_batch(session.inputs)
+    n = len(next(iter(feeds.values())))
+    if fixed is None or n == fixed:
+        return session.run(feeds)
+    parts: list[dict[str, np.ndarray]] = []
+    for start in range(0, n, fixed):
+        chunk = {k: v[start : start + fixed] for k, v in feeds.items()}
+        rows = len(next(iter(chunk.values())))
+        if rows < fixed:
+            chunk = {k: np.concatenate([v, np.repeat(v[-1:], fixed - rows, axis=0)]) for k, v in chunk.items()}
+        out = session.run(chunk)
+        parts.append({k: v[:rows] for k, v in out.items()})
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}

@@ -1,0 +1,119 @@
+"""Environment checks for ``edgeinfer doctor``: each a verdict, what was found, and the fix when it fails.
+
+Backend problems come from each backend's own ``probe()``; these checks cover what every command
+needs from the machine: a supported Python, a writable cache with room for conversions, and the
+environment variables that change which plugins load.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from edgeinfer.contract.names import PLUGINS_EXAMPLE
+
+MIN_PYTHON = (3, 10)
+MIN_FREE_GIB = 2.0  # one converted LLM-sized bundle plus its temporaries; MiniLM needs ~0.1 GiB
+
+
+@dataclass
+class Check:
+    name: str
+    status: str  # "ok", "warn" or "fail"
+    found: str
+    fix: str = ""
+
+    def to_json(self) -> dict[str, str]:
+        return asdict(self)
+
+
+def python_check(version: tuple[int, ...] = tuple(sys.version_info[:3])) -> Check:
+    found = ".".join(map(str, version))
+    if tuple(version[:2]) >= MIN_PYTHON:
+        return Check("python", "ok", f"{found} ({sys.executable})")
+    need = ".".join(map(str, MIN_PYTHON))
+    return Check("python", "fail", found, f"use Python {need} or newer (python3 -m venv with a newer interpreter)")
+
+
+def _existing_parent(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def cache_checks(root: Path) -> list[Check]:
+    """The conversion cache: writable (created when missing) and enough free disk."""
+    override = "EDGEINFER_CACHE_DIR=/a/writable/dir"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=root, prefix=".doctor-"):
+            pass
+        writable = Check("cache writable", "ok", str(root))
+    except OSError as e:
+        writable = Check("cache writable", "fail", f"{root}: {e.strerror or e}",
+                         f"make {root} writable, or set {override}")
+    free = shutil.disk_usage(_existing_parent(root)).free / 2**30
+    if free >= MIN_FREE_GIB:
+        space = Check("cache free disk", "ok", f"{free:.1f} GiB free")
+    else:
+        space = Check("cache free disk", "warn", f"only {free:.1f} GiB free under {root}",
+                      f"free space (rm -rf {root} drops cached conversions) or set {override}")
+    return [writable, space]
+
+
+def plugins_check(environ: dict[str, str] = os.environ) -> Check:  # type: ignore[assignment]
+    raw = environ.get("EDGEINFER_PLUGINS")
+    if raw is None:
+        return Check("EDGEINFER_PLUGINS", "ok", "not set: every installed plugin loads")
+    names = [n.strip() for n in raw.split(",") if n.strip()]
+    if not names:
+        return Check("EDGEINFER_PLUGINS", "warn", "set but empty: no plugin loads",
+                     f"unset EDGEINFER_PLUGINS (or list the plugins to load, e.g. {PLUGINS_EXAMPLE})")
+    return Check("EDGEINFER_PLUGINS", "warn", f"only these plugins load: {', '.join(names)}",
+                 "unset EDGEINFER_PLUGINS to load every installed plugin")
+
+
+def environment_checks() -> list[Check]:
+    from edgeinfer.build import cache
+
+    return [python_check(), *cache_checks(cache.root()), plugins_check()]
+
+
+def backend_reports(probe: bool = True) -> dict[str, Any]:
+    """Every backend with its plugin, version and probe; every plugin that failed to load."""
+    from edgeinfer.contract import registry as plugins
+    from edgeinfer.contract.backend import Probe, Problem
+
+    reg = plugins.registry()
+    rows = []
+    for name in sorted(reg.backends):
+        entry = reg.backends[name]
+        row: dict[str, Any] = {
+            "name": name,
+            "plugin": entry.plugin.name,
+            "distribution": entry.plugin.distribution,
+            "version": entry.plugin.version,
+        }
+        if probe:
+            try:
+                p = entry.cls().probe()
+            except Exception as e:  # a probe must never take the whole listing down
+                p = Probe(
+                    available=False,
+                    problems=[Problem(f"probe failed: {type(e).__name__}: {e}", "run with --debug and report it")],
+                )
+            row.update(p.to_json())
+        rows.append(row)
+    failed = [
+        {"plugin": p.name, "distribution": p.distribution, "version": p.version, "error": p.error}
+        for p in reg.plugins.values()
+        if p.error
+    ]
+    return {"backends": rows, "failed_plugins": failed}
+
+

@@ -1,0 +1,20 @@
+"""Text generation for decoder models, owned once by the core for every backend.
+
+A backend gives a :class:`~edgeinfer.contract.decoder.Decoder`: either step
+primitives (prefill a chunk, decode one step, reset a slot) against a KV cache it
+owns, or a native loop it runs itself. The core does the rest, the same way for
+every backend:
+
+- :mod:`.text`      tokenizer, chat template, streaming detokenization
+- :mod:`.sampling`  greedy, temperature, top-k, top-p, repetition penalty, seed
+- :mod:`.stopping`  EOS ids, stop strings, ``max_new_tokens``, the context limit
+- :mod:`.metrics`   TTFT, prefill / decode tokens/s, TPOT percentiles, peak RSS, KV bytes
+- :mod:`.generator` the loop that drives a decoder with all of the above
+
+Nothing here imports torch or a vendor SDK; ``tokenizers`` and ``jinja2`` are
+imported when a tokenizer is loaded.
+"""
+
+from edgeinfer.run.generation.options import GenerationOptions
+
+__all__ = ["GenerationOptions"]

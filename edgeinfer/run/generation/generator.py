@@ -1,0 +1,315 @@
+"""The generation loop: prompt → tokens → prefill → decode steps → sampling → stop →
+text, streamed. Owned once by the core; a backend only gives a :class:`Decoder`."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from edgeinfer.contract.backend import peak_rss_bytes
+from edgeinfer.contract.decoder import Decoder
+from edgeinfer.errors import BackendError, EdgeInferError, InputError
+from edgeinfer.run.generation.metrics import GenerationMetrics, summarize
+from edgeinfer.run.generation.options import GenerationOptions
+from edgeinfer.run.generation.sampling import Sampler
+from edgeinfer.run.generation.stopping import StopStrings
+from edgeinfer.run.generation.text import Message, TextCodec
+
+Prompt = str | Sequence[Message]
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]  # the generated ids only (an EOS that ended the answer included)
+    finish_reason: str  # "stop" (EOS or stop string), "length" (max_new_tokens), "cancelled"
+    metrics: GenerationMetrics
+    prompt_ids: list[int] = field(default_factory=list)
+    logits: list[Any] | None = None  # per new token, when asked for (golden checks)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "text": self.text,
+            "token_ids": self.token_ids,
+            "finish_reason": self.finish_reason,
+            "prompt_tokens": len(self.prompt_ids),
+            "metrics": self.metrics.to_json(),
+        }
+
+
+class GenerationStream:
+    """Text pieces as they are produced; ``result`` once exhausted; ``cancel()`` from any thread."""
+
+    def __init__(self, run: Callable[[GenerationStream], Iterator[str]]):
+        self.result: GenerationResult | None = None
+        self._cancel = threading.Event()
+        self._it = run(self)
+
+    def __iter__(self) -> Iterator[str]:
+        return self
+
+    def __next__(self) -> str:
+        return next(self._it)
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    def close(self) -> None:
+        self.cancel()
+        self._it.close()
+
+
+class Generator:
+    """Generates text with ``decoder`` and ``codec``; one sequence at a time on slot 0."""
+
+    def __init__(self, decoder: Decoder, codec: TextCodec):
+        self.decoder = decoder
+        self.codec = codec
+        self._lock = threading.Lock()  # one sequence at a time through this generator
+
+    @property
+    def context(self) -> int:
+        return self.decoder.context
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return self.decoder.kv_cache_bytes
+
+    def close(self) -> None:
+        self.decoder.close()
+
+    def __enter__(self) -> Generator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- public API ---------------------------------------------------------------------------
+    def prompt_ids(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
+        """Token ids of a plain prompt, or of messages through the chat template."""
+        as_chat = chat if chat is not None else not isinstance(prompt, str)
+        if as_chat:
+            messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+            ids = self.codec.encode_chat(messages)
+        else:
+            if not isinstance(prompt, str):
+                raise InputError("a plain prompt must be text; pass chat=True for messages")
+            ids = self.codec.encode(prompt)
+        if not ids:
+            raise InputError("the prompt is empty; give some text to continue")
+        return ids
+
+    def generate(self, prompt: Prompt, options: GenerationOptions | None = None, chat: bool | None = None,
+                 record_logits: bool = False, **kw: Any) -> GenerationResult:
+        stream = self.stream(prompt, options, chat=chat, record_logits=record_logits, **kw)
+        for _ in stream:
+            pass
+        assert stream.result is not None
+        return stream.result
+
+    def stream(self, prompt: Prompt, options: GenerationOptions | None = None, chat: bool | None = None,
+               record_logits: bool = False, **kw: Any) -> GenerationStream:
+        opts = _options(options, kw)
+        ids = self.prompt_ids(prompt, chat)
+        return self.stream_ids(ids, opts, record_logits=record_logits)
+
+    def generate_ids(self, prompt_ids: Sequence[int], options: GenerationOptions,
+                     record_logits: bool = False) -> GenerationResult:
+        stream = self.stream_ids(prompt_ids, options, record_logits=record_logits)
+        for _ in stream:
+            pass
+        assert stream.result is not None
+        return stream.result
+
+    def stream_ids(self, prompt_ids: Sequence[int], options: GenerationOptions,
+                   record_logits: bool = False) -> GenerationStream:
+        ids = [int(i) for i in prompt_ids]
+        self._check_ids(ids, options)
+        if self.decoder.native_loop:
+            if record_logits:
+                raise InputError(f"backend {self.decoder.backend_name!r} runs its own loop and gives no logits")
+            return GenerationStream(lambda s: self._run_native(s, ids, options))
+        return GenerationStream(lambda s: self._run_steps(s, ids, options, record_logits))
+
+    # --- checks ------------------------------------------------------------------------------
+    def _check_ids(self, ids: list[int], options: GenerationOptions) -> None:
+        if not ids:
+            raise InputError("the prompt is empty; give some text to continue")
+        vocab = self.decoder.vocab_size
+        bad = next((i for i in ids if i < 0 or i >= vocab), None)
+        if bad is not None:
+            raise InputError(f"token id {bad} is outside the model's vocabulary (0..{vocab - 1})")
+        ctx = self.decoder.context
+        if len(ids) + options.max_new_tokens > ctx:
+            room = ctx - len(ids)
+            fix = f"lower max_new_tokens to {room}" if room > 0 else "shorten the prompt"
+            raise InputError(
+                f"prompt ({len(ids)} tokens) + max_new_tokens ({options.max_new_tokens}) exceed the context of "
+                f"{ctx} tokens this model was loaded for; {fix}, or load/deploy with a larger --ctx"
+            )
+
+    def _eos(self, options: GenerationOptions) -> frozenset[int]:
+        if options.ignore_eos:
+            return frozenset()
+        ids = options.eos_token_ids if options.eos_token_ids is not None else self.codec.eos_token_ids
+        return frozenset(ids)
+
+    # --- the step loop -----------------------------------------------------------------------
+    def _run_steps(self, s: GenerationStream, ids: list[int], options: GenerationOptions,
+                   record_logits: bool) -> Iterator[str]:
+        import numpy as np
+
+        d = self.decoder
+        with self._lock:
+            start = time.perf_counter()
+            sampler, eos = Sampler(options), self._eos(options)
+            detok, stops = self.codec.stream(), StopStrings(options.stop)
+            out: list[int] = []
+            times: list[float] = []
+            logits_seen: list[Any] | None = [] if record_logits else None
+            text, finish = [], "length"
+            _call(d.reset, 0)
+            logits = None
+            chunk = d.prefill_chunk or len(ids)
+            for i in range(0, len(ids), chunk):
+                logits = _call(d.prefill, 0, np.asarray(ids[i : i + chunk], dtype=np.int64))
+            prefill_end = time.perf_counter()
+            history = list(ids)
+            while True:
+                if s.cancelled:
+                    finish = "cancelled"
+                    break
+                row = np.asarray(logits, dtype=np.float32).reshape(-1)
+                if logits_seen is not None:
+                    logits_seen.append(row)
+                tok = sampler(row, history)
+                times.append(time.perf_counter())
+                out.append(tok)
+                history.append(tok)
+                if tok in eos:
+                    finish = "stop"
+                    break
+                piece = stops.feed(detok.push(tok))
+                if piece:
+                    text.append(piece)
+                    yield piece
+                if stops.stopped:
+                    finish = "stop"
+                    break
+                if len(out) >= options.max_new_tokens:
+                    break
+                logits = _call(d.decode, [0], np.asarray([tok], dtype=np.int64))[0]
+            if finish != "cancelled" and not stops.stopped:
+                tail = stops.feed(detok.flush()) + stops.flush()
+                if tail:
+                    text.append(tail)
+                    yield tail
+            metrics = summarize(len(ids), times, start, prefill_end, peak_rss_bytes(), d.kv_cache_bytes)
+            s.result = GenerationResult("".join(text), out, finish, metrics, list(ids), logits_seen)
+
+    # --- a backend's native loop -----------------------------------------------------------
+    def _run_native(self, s: GenerationStream, ids: list[int], options: GenerationOptions) -> Iterator[str]:
+        d = self.decoder
+        with self._lock:
+            events: queue.Queue[tuple[str, Any]] = queue.Queue()
+            halt = threading.Event()  # a stop string was seen: ask the runtime to stop
+            start = time.perf_counter()
+            times: list[float] = []
+
+            def on_token(tok: int) -> bool:
+                times.append(time.perf_counter())
+                events.put(("token", int(tok)))
+                return not (s.cancelled or halt.is_set())
+
+            def work() -> None:
+                try:
+                    events.put(("done", d.generate_native(ids, options, on_token)))
+                except BaseException as e:  # re-raised in the consumer
+                    events.put(("error", e))
+
+            worker = threading.Thread(target=work, name="edgeinfer-native-generate", daemon=True)
+            worker.start()
+            eos = self._eos(options)
+            detok, stops = self.codec.stream(), StopStrings(options.stop)
+            out: list[int] = []
+            text: list[str] = []
+            finish, native, completed = "length", {}, False
+            try:
+                while True:
+                    kind, value = events.get()
+                    if kind == "error":
+                        _reraise(d, value)
+                    if kind == "done":
+                        native, completed = value or {}, True
+                        break
+                    if s.cancelled or halt.is_set():
+                        continue  # drain what the runtime still sends after we asked it to stop
+                    out.append(value)
+                    if value in eos:
+                        finish = "stop"
+                        halt.set()
+                        continue
+                    piece = stops.feed(detok.push(value))
+                    if piece:
+                        text.append(piece)
+                        yield piece
+                    if stops.stopped:
+                        finish = "stop"
+                        halt.set()
+            finally:
+                if not completed:  # the consumer went away: stop the runtime
+                    s.cancel()
+                worker.join()
+            if s.cancelled:
+                finish = "cancelled"
+            elif not stops.stopped:
+                tail = stops.feed(detok.flush()) + stops.flush()
+                if tail:
+                    text.append(tail)
+                    yield tail
+            metrics = summarize(len(ids), times[: len(out)], start, None, peak_rss_bytes(), d.kv_cache_bytes)
+            for key in ("ttft_ms", "tpot_ms_p50", "tpot_ms_p99", "decode_tokens_per_s", "prefill_tokens_per_s"):
+                if isinstance(native.get(key), (int, float)):
+                    setattr(metrics, key, float(native[key]))
+            s.result = GenerationResult("".join(text), out, finish, metrics, list(ids))
+
+
+def _options(options: GenerationOptions | None, kw: dict[str, Any]) -> GenerationOptions:
+    base = options or GenerationOptions()
+    if not kw:
+        return base
+    unknown = sorted(set(kw) - set(GenerationOptions.__dataclass_fields__))
+    if unknown:
+        raise InputError(f"unknown generation option {unknown[0]!r}; known: "
+                         + ", ".join(sorted(GenerationOptions.__dataclass_fields__)))
+    return base.with_(**kw)
+
+
+def _call(fn: Callable[..., Any], *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except EdgeInferError:
+        raise
+    except Exception as e:
+        owner = getattr(fn, "__self__", None)
+        raise BackendError(f"{getattr(owner, 'backend_name', '') or 'the backend'} failed in "
+                           f"{fn.__name__}: {_first_line(e)}") from e
+
+
+def _reraise(d: Decoder, e: BaseException) -> None:
+    if isinstance(e, EdgeInferError):
+        raise e
+    raise BackendError(f"{d.backend_name or 'the backend'} failed while generating: {_first_line(e)}") from e
+
+
+def _first_line(e: BaseException) -> str:
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return lines[0] if lines else type(e).__name__

@@ -1,0 +1,131 @@
+"""The golden check for decoders: a backend's greedy tokens and per-step logits against the
+fp32 transformers reference, on the same prompts.
+
+Per prompt it reports token agreement, the first divergence and the reference's top-1/top-2
+logit margin there (a divergence where the reference itself was nearly tied is a *near-tie*,
+reported and not counted as a failure), and, over the steps both runs share, the logits'
+cosine (min, mean) and top-5 overlap. Thresholds depend on the scheme (``THRESHOLDS``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from edgeinfer.run.generation.generator import Generator
+from edgeinfer.run.generation.options import GenerationOptions
+from edgeinfer.run.generation.sampling import top2_margin
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    min_cosine: float  # per-step logits cosine over the shared steps
+    min_top5: float  # mean top-5 overlap over the shared steps
+    near_tie: float  # a divergence where the reference's top-1/top-2 margin is below this is a near-tie
+
+
+# Lossless paths must agree token for token (up to near-ties) with logits that are the same up to
+# float rounding; weight-quantized paths move logits, so they get looser logit bounds and a wider
+# near-tie band. The figures for the quantized schemes are starting points to re-check per model.
+THRESHOLDS = {
+    "fp32": Thresholds(0.9999, 0.99, 0.05),
+    "fp16": Thresholds(0.999, 0.95, 0.1),
+    "bf16": Thresholds(0.995, 0.9, 0.25),
+    "w8a16": Thresholds(0.99, 0.8, 0.5),
+    "w8a8": Thresholds(0.98, 0.7, 1.0),
+    "w4a16": Thresholds(0.95, 0.6, 1.5),
+}
+
+
+def thresholds_for(scheme: str) -> Thresholds:
+    family = scheme.split("_g")[0]
+    return THRESHOLDS.get(family, THRESHOLDS["w4a16"])
+
+
+def _cos(a: np.ndarray, b: np.ndarray) -> float:
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    denom = np.linalg.norm(a64) * np.linalg.norm(b64)
+    return float(a64 @ b64 / denom) if denom > 0 else (1.0 if not a64.any() and not b64.any() else 0.0)
+
+
+def _top5(a: np.ndarray, b: np.ndarray) -> float:
+    return len(set(np.argsort(a)[-5:]) & set(np.argsort(b)[-5:])) / 5
+
+
+def compare_prompt(prompt: str, ref_ids: list[int], ref_logits: list[np.ndarray], got_ids: list[int],
+                   got_logits: list[np.ndarray], t: Thresholds) -> dict[str, Any]:
+    n = min(len(ref_ids), len(got_ids))
+    diverge = next((i for i in range(n) if ref_ids[i] != got_ids[i]), None)
+    if diverge is None and len(ref_ids) != len(got_ids):
+        diverge = n  # one stopped (EOS) where the other went on
+    shared = diverge + 1 if diverge is not None else n  # the divergent step still saw the same context
+    shared = min(shared, len(ref_logits), len(got_logits))
+    cos = [_cos(ref_logits[i], got_logits[i]) for i in range(shared)]
+    top5 = [_top5(ref_logits[i], got_logits[i]) for i in range(shared)]
+    finite = all(np.isfinite(x).all() for x in got_logits)
+    margin = top2_margin(ref_logits[diverge]) if diverge is not None and diverge < len(ref_logits) else None
+    near_tie = margin is not None and margin < t.near_tie
+    row: dict[str, Any] = {
+        "prompt": prompt,
+        "tokens": len(ref_ids),
+        "agreement": (diverge if diverge is not None else len(ref_ids)) / max(len(ref_ids), 1),
+        "first_divergence": diverge,
+        "reference_margin_at_divergence": margin,
+        "near_tie": near_tie,
+        "cosine_min": min(cos) if cos else None,
+        "cosine_mean": float(np.mean(cos)) if cos else None,
+        "top5_overlap": float(np.mean(top5)) if top5 else None,
+        "finite": finite,
+    }
+    problems = []
+    if not finite:
+        problems.append("non-finite logits")
+    if diverge is not None and not near_tie:
+        problems.append(f"diverges at token {diverge} (reference margin {margin:.3f} ≥ {t.near_tie})"
+                        if margin is not None else f"stops differently at token {diverge}")
+    if cos and not min(cos) >= t.min_cosine:  # `not >=` also catches NaN
+        problems.append(f"logits cosine min {min(cos):.5f} < {t.min_cosine}")
+    if top5 and not float(np.mean(top5)) >= t.min_top5:
+        problems.append(f"top-5 overlap {np.mean(top5):.2f} < {t.min_top5}")
+    row["problems"] = problems
+    return row
+
+
+def check(candidate: Generator, reference: Generator, prompts: Sequence[str], new_tokens: int,
+          scheme: str, chat: bool = False) -> dict[str, Any]:
+    """Greedy ``new_tokens`` per prompt on both; the report and whether it passed."""
+    t = thresholds_for(scheme)
+    opts = GenerationOptions(max_new_tokens=new_tokens)
+    rows = []
+    for p in prompts:
+        ref = reference.generate(p, opts, chat=chat, record_logits=True)
+        got = candidate.generate(p, opts, chat=chat, record_logits=True)
+        rows.append(compare_prompt(p, ref.token_ids, ref.logits or [], got.token_ids, got.logits or [], t))
+    agreement = float(np.mean([r["agreement"] for r in rows])) if rows else 0.0
+    cos = [r["cosine_min"] for r in rows if r["cosine_min"] is not None]
+    return {
+        "kind": "decoder",
+        "scheme": scheme,
+        "thresholds": t.__dict__,
+        "prompts": len(rows),
+        "new_tokens": new_tokens,
+        "token_agreement": agreement,
+        "near_ties": sum(r["near_tie"] for r in rows),
+        "cosine_min": min(cos) if cos else None,
+        "passed": all(not r["problems"] for r in rows),
+        "rows": rows,
+    }
+
+
+def summary_line(report: dict[str, Any]) -> str:
+    verdict = "passed" if report["passed"] else "FAILED"
+    cos = "n/a" if report["cosine_min"] is None else f"{report['cosine_min']:.5f}"
+    line = (f"decoder golden check {verdict}: {report['prompts']} prompts × {report['new_tokens']} tokens, "
+            f"token agreement {report['token_agreement']:.1%}, logits cosine min {cos}")
+    if report["near_ties"]:
+        line += f", {report['near_ties']} divergence(s) at near-ties (not failures)"
+    bad = [f"{r['prompt']!r}: {'; '.join(r['problems'])}" for r in report["rows"] if r["problems"]]
+    return line + (" — " + " | ".join(bad) if bad else "")

@@ -1,0 +1,76 @@
+"""Choosing the next token from logits: greedy, or sampling with temperature, top-k,
+top-p and a repetition penalty. Deterministic for a given seed.
+
+The filters follow transformers' logits processors (``RepetitionPenaltyLogitsProcessor``,
+``TopKLogitsWarper``, ``TopPLogitsWarper``; https://github.com/huggingface/transformers,
+``src/transformers/generation/logits_process.py``) in the same order: penalty,
+temperature, top-k, top-p.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from edgeinfer.run.generation.options import GenerationOptions
+
+
+class Sampler:
+    """One sequence's sampler: its own random stream, so concurrent sequences don't interact."""
+
+    def __init__(self, options: GenerationOptions):
+        self.options = options
+        self.rng = np.random.Generator(np.random.PCG64(options.seed))
+
+    def __call__(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
+        o = self.options
+        scores = np.asarray(logits, dtype=np.float64).reshape(-1)
+        if o.repetition_penalty != 1.0 and len(history):
+            scores = penalize(scores, history, o.repetition_penalty)
+        if o.greedy:
+            return int(np.argmax(scores))
+        scores = scores / o.temperature
+        if o.top_k:
+            scores = top_k(scores, o.top_k)
+        if o.top_p < 1.0:
+            scores = top_p(scores, o.top_p)
+        probs = softmax(scores)
+        return int(self.rng.choice(probs.size, p=probs))
+
+
+def penalize(scores: np.ndarray, history: Sequence[int], penalty: float) -> np.ndarray:
+    out = scores.copy()
+    ids = np.unique(np.asarray(history, dtype=np.int64))
+    picked = out[ids]
+    out[ids] = np.where(picked > 0, picked / penalty, picked * penalty)
+    return out
+
+
+def top_k(scores: np.ndarray, k: int) -> np.ndarray:
+    if k >= scores.size:
+        return scores
+    kth = np.partition(scores, -k)[-k]
+    return np.where(scores < kth, -np.inf, scores)
+
+
+def top_p(scores: np.ndarray, p: float) -> np.ndarray:
+    order = np.argsort(scores)[::-1]
+    probs = softmax(scores[order])
+    # keep the smallest prefix whose mass reaches p (always at least the top token)
+    keep = np.cumsum(probs) - probs < p
+    out = np.full_like(scores, -np.inf)
+    out[order[keep]] = scores[order[keep]]
+    return out
+
+
+def softmax(scores: np.ndarray) -> np.ndarray:
+    z = scores - np.max(scores)
+    e = np.exp(z)
+    return e / e.sum()
+
+
+def top2_margin(logits: np.ndarray) -> float:
+    """Top-1 minus top-2 logit: how close a greedy choice was to a tie."""
+    two = np.partition(np.asarray(logits, dtype=np.float64).reshape(-1), -2)[-2:]
+    return float(two[1] - two[0])

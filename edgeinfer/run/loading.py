@@ -1,0 +1,136 @@
+"""``edgeinfer.load``: pick the backend for a file, convert it when it is not native, cache the result.
+
+A cache entry is sealed (:mod:`edgeinfer.run.seal`) once the conversion is complete and hashed again
+before each reuse: a damaged or half-written entry is converted again, never loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from edgeinfer.build import cache
+from edgeinfer.contract import registry as plugins
+from edgeinfer.contract import stamp
+from edgeinfer.contract.backend import Backend, Session
+from edgeinfer.contract.names import DECODER_REFERENCE, ENCODER_REFERENCE
+from edgeinfer.errors import InputError, ModelError
+
+if TYPE_CHECKING:
+    from edgeinfer.run.generation.generator import Generator
+
+# keys of **options that change the converted artifact (the rest only affect load)
+CONVERT_OPTIONS = ("scheme", "shapes", "target")
+
+
+def choose_backend(path: Path, name: str | None) -> Backend:
+    if name:
+        return plugins.get_backend(name)
+    stamped = stamp.read(path) if path.exists() else None
+    if stamped:
+        return plugins.get_backend(stamped["backend"])
+    candidates = [n for n in plugins.backend_names() if plugins.get_backend(n).is_native(path)]
+    if ENCODER_REFERENCE in candidates:  # the reference backend wins for plain ONNX
+        return plugins.get_backend(ENCODER_REFERENCE)
+    if candidates:
+        return plugins.get_backend(candidates[0])
+    raise InputError(
+        f"no installed backend loads {path.suffix or 'this kind of'} files natively; pass --backend "
+        f"(installed: {', '.join(plugins.backend_names()) or 'none'})"
+    )
+
+
+def converted(backend: Backend, path: Path, options: dict[str, Any]) -> Path:
+    """The cached native artifact for ``path`` on ``backend``, converting it on first use."""
+    convert_opts = {k: options.pop(k) for k in CONVERT_OPTIONS if k in options}
+    scheme = convert_opts.pop("scheme", None) or backend.default_scheme
+    key = cache.key({"sha256": stamp.sha256_file(path), "backend": backend.name, "versions": backend.versions(),
+                     "scheme": scheme, "options": convert_opts})
+    entry = cache.area("artifacts") / backend.name / key
+    name = path.stem + backend.native_suffixes[0]
+    if cache.intact(entry) and (entry / name).is_file():
+        return entry / name
+    # convert next to the entry, seal, then move into place: a reader sees a whole sealed entry or none
+    tmp = entry.with_name(f"{key}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        backend.quantize(path, scheme, None, tmp / name, **convert_opts)
+        cache.seal_entry(tmp)
+        if not cache.intact(entry):  # damaged, unsealed or half-written: replace it
+            shutil.rmtree(entry, ignore_errors=True)
+            try:
+                tmp.rename(entry)
+            except OSError:  # a concurrent run stored it first
+                if not cache.intact(entry):
+                    raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # a failed conversion leaves nothing behind
+    return entry / name
+
+
+DEFAULT_CONTEXT = 2048
+
+
+def load(path: Any, backend: str | None = None, device: str | None = None, **options: Any) -> Session | Generator:
+    from edgeinfer.run.bundle import Bundle, is_bundle
+
+    p = Path(path)
+    if not p.exists():
+        raise InputError(f"model file not found: {p}")
+    if is_decoder_dir(p):
+        return load_generator(p, backend=backend, device=device, **options)
+    if is_bundle(p):
+        bundle = Bundle.open(p)
+        if backend and backend != bundle.manifest.backend:
+            raise InputError(f"bundle {p} is for backend {bundle.manifest.backend!r}, not {backend!r}; "
+                             "omit --backend")
+        return bundle.load(device=device, **options)
+    be = choose_backend(p, backend)
+    if not be.is_native(p):
+        p = converted(be, p, options)
+    elif "shapes" in options:
+        raise InputError(f"shapes apply when a model is converted; {p.name} is already native to {be.name}")
+    return be.load(p, device=device, **options)
+
+
+def is_decoder_dir(path: Path) -> bool:
+    """A Hugging Face directory whose config names a causal language model."""
+    cfg = path / "config.json" if path.is_dir() else None
+    if cfg is None or not cfg.is_file():
+        return False
+    try:
+        data = json.loads(cfg.read_text())
+    except (OSError, ValueError):
+        return False
+    archs = data.get("architectures") if isinstance(data, dict) else None
+    return isinstance(archs, list) and any(isinstance(a, str) and a.endswith("ForCausalLM") for a in archs)
+
+
+def model_context_limit(model_dir: Path) -> int | None:
+    try:
+        limit = json.loads((model_dir / "config.json").read_text()).get("max_position_embeddings")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
+
+
+def load_generator(
+    model_dir: Path, backend: str | None = None, device: str | None = None, ctx: int | None = None,
+    slots: int = 1, **options: Any,
+) -> Generator:
+    """A text generator over ``model_dir`` on ``backend`` (default: the transformers reference),
+    with a KV cache of ``ctx`` positions (default: the model's limit, at most 2048)."""
+    from edgeinfer.run.generation.generator import Generator
+    from edgeinfer.run.generation.text import TextCodec
+
+    if not is_decoder_dir(model_dir):
+        raise ModelError(f"{model_dir} is not a causal language model (its config.json names no *ForCausalLM)")
+    codec = TextCodec(model_dir)  # a bad tokenizer fails before the weights load
+    limit = model_context_limit(model_dir)
+    context = ctx if ctx is not None else min(limit or DEFAULT_CONTEXT, DEFAULT_CONTEXT)
+    be = plugins.get_backend(backend or DECODER_REFERENCE)
+    decoder = be.load_decoder(model_dir, device=device, context=context, slots=slots, **options)
+    return Generator(decoder, codec)

@@ -1,0 +1,120 @@
+"""Sealed directories: paths that stay inside, and files recorded with their size and sha256.
+
+A bundle's manifest (and a cache entry's seal) names files by relative POSIX paths. A path is
+accepted only when it is relative, has no ``..`` component and still lies inside the directory
+once symlinks are resolved. Runtime logs (``*.log``) are not recorded. Each file is recorded as
+``{"size": bytes, "sha256": hex}``; checking
+the size is cheap (one ``stat``), the hash reads the whole file (see bench/bundle_hashing.py).
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from pathlib import Path
+from typing import Any
+
+from edgeinfer.contract.stamp import sha256_file
+from edgeinfer.errors import InputError
+
+FileRecord = dict[str, Any]  # {"size": int, "sha256": str}
+# runtime logs a backend appends to next to its artifact while it runs (e.g. RKNN's model.rknn.log):
+# never loaded as a model, so not sealed
+UNSEALED_SUFFIXES = (".log",)
+
+
+def sealed_name(rel: str) -> bool:
+    return not rel.endswith(UNSEALED_SUFFIXES)
+
+
+def relative(rel: Any, field: str) -> str:
+    """``rel`` as a normalised relative POSIX path, or InputError naming ``field``."""
+    if not isinstance(rel, str) or not rel or "\0" in rel or "\\" in rel:
+        raise InputError(f"manifest {field} {rel!r} is not a relative path inside the bundle; deploy the model again")
+    if rel.startswith("/") or (len(rel) > 1 and rel[1] == ":"):
+        raise InputError(f"manifest {field} {rel!r} is an absolute path; a bundle may only name files inside itself")
+    if ".." in rel.split("/"):
+        raise InputError(f"manifest {field} {rel!r} leads out of the bundle ('..'); a bundle may only name its own "
+                         "files")
+    norm = posixpath.normpath(rel)
+    if norm in (".", ""):
+        raise InputError(f"manifest {field} {rel!r} names the bundle itself, not a file in it")
+    return norm
+
+
+def contained(root: Path, rel: Any, field: str) -> Path:
+    """``root / rel`` after checking that it resolves inside ``root`` (symlinks followed)."""
+    norm = relative(rel, field)
+    path = root / norm
+    real_root = root.resolve()
+    real = path.resolve()
+    if real != real_root and real_root not in real.parents:
+        raise InputError(
+            f"manifest {field} {rel!r} points outside the bundle (to {real}); a bundle may only name its own files"
+        )
+    return path
+
+
+def record(directory: Path, skip: set[str] | frozenset[str] = frozenset()) -> dict[str, FileRecord]:
+    """Size and sha256 of every regular file under ``directory`` (symlinks are not followed or recorded)."""
+    out: dict[str, FileRecord] = {}
+    for dirpath, dirnames, filenames in os.walk(directory):
+        dirnames.sort()
+        for name in sorted(filenames):
+            path = Path(dirpath) / name
+            rel = path.relative_to(directory).as_posix()
+            if rel in skip or not sealed_name(rel) or path.is_symlink() or not path.is_file():
+                continue
+            out[rel] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
+    return out
+
+
+def check(root: Path, files: dict[str, FileRecord], full: bool) -> list[str]:
+    """What is wrong with the recorded files under ``root``: one phrase per bad file, [] when all is well.
+
+    Sizes are always compared; with ``full`` every file is hashed too.
+    """
+    problems = []
+    for rel, rec in files.items():
+        path = contained(root, rel, f"files[{rel!r}]")
+        try:
+            st = path.stat()
+        except OSError:
+            problems.append(f"{rel} is missing")
+            continue
+        if not path.is_file():
+            problems.append(f"{rel} is not a file")
+        elif st.st_size != rec["size"]:
+            problems.append(f"{rel} has {st.st_size} bytes, the manifest recorded {rec['size']}")
+        elif full and sha256_file(path) != rec["sha256"]:
+            problems.append(f"{rel} has changed (sha256 differs from the manifest)")
+    return problems
+
+
+# --- sealed cache entries -----------------------------------------------------------------------------
+
+SEAL = ".edgeinfer-seal.json"
+
+
+def seal_dir(directory: Path) -> None:
+    """Record every file of ``directory`` in its seal file (call when the directory is complete)."""
+    import json
+
+    (directory / SEAL).write_text(json.dumps(record(directory, skip={SEAL}), indent=1, sort_keys=True) + "\n")
+
+
+def intact(directory: Path) -> bool:
+    """Whether ``directory`` holds exactly the files its seal records, unchanged (every file hashed)."""
+    import json
+
+    try:
+        recorded = json.loads((directory / SEAL).read_text())
+        if not isinstance(recorded, dict):
+            return False
+        present = {rel for p in directory.rglob("*") if (p.is_file() or p.is_symlink())
+                   and sealed_name(rel := p.relative_to(directory).as_posix())}
+        if present - {SEAL} != set(recorded):
+            return False
+        return not check(directory, recorded, full=True)
+    except (OSError, ValueError, TypeError, KeyError, InputError):
+        return False

@@ -1,0 +1,214 @@
+"""For the serve tests and benchmark: MiniLM bundles (until ``edgeinfer deploy`` writes them) and a real
+``edgeinfer serve`` subprocess on a free loopback port.
+
+Not a stand-in: these are real bundles of the real model, converted by a real backend.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from edgeinfer.run.bundle import Manifest, TextSpec, is_bundle, write
+
+
+def minilm_bundle(onnx: Path, out: Path, backend: str = "openvino", text: bool = True) -> Path:
+    """Convert the MiniLM ONNX file ``onnx`` with ``backend`` (fp32) into a bundle at ``out``."""
+    if is_bundle(out):
+        return out
+    from edgeinfer.contract import registry as plugins
+    from edgeinfer.testing import minilm
+
+    be = plugins.get_backend(backend)
+    out.mkdir(parents=True, exist_ok=True)
+    artifact = be.quantize(onnx, "fp32", None, out / ("model" + be.native_suffixes[0]))
+    with be.load(artifact) as s:
+        inputs, outputs, target = list(s.inputs), list(s.outputs), s.device
+    if text:
+        (out / "tokenizer").mkdir(exist_ok=True)
+        shutil.copy(minilm.model_dir() / "tokenizer.json", out / "tokenizer" / "tokenizer.json")
+    write(out, Manifest(
+        backend=backend, board="host-cpu", scheme="fp32", artifacts=[artifact.name], inputs=inputs, outputs=outputs,
+        source={"model": "sentence-transformers/all-MiniLM-L6-v2", "file": onnx.name}, versions=be.versions(),
+        target=target or "", text=TextSpec(max_length=128, pooling="mean", normalize=True) if text else None,
+    ))
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProc:
+    def __init__(self, bundles: list[Path], *args: str, log: Path, env: dict[str, str] | None = None,
+                 wait_ready: bool = True):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        self._log_file = open(log, "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "edgeinfer.cli", "serve", *map(str, bundles), "--port", str(self.port), *args],
+            stdout=self._log_file, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+        )
+        if wait_ready:
+            self.wait_ready()
+
+    def wait_ready(self, timeout: float = 120.0, headers: dict[str, str] | None = None) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"server exited with {self.proc.returncode}:\n{self.output()}")
+            try:
+                if __import__("httpx").get(self.url + "/ready", headers=headers, timeout=2).status_code == 200:
+                    return
+            except __import__("httpx").TransportError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"server not ready within {timeout} s:\n{self.output()}")
+
+    def output(self) -> str:
+        if not self._log_file.closed:
+            self._log_file.flush()
+        return self.log.read_text()
+
+    def terminate(self, timeout: float = 60.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"server did not exit within {timeout} s of SIGTERM:\n{self.output()}") from None
+        finally:
+            self._log_file.close()
+
+    def __enter__(self) -> ServerProc:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.terminate()
+
+
+def largest_embeddings_body(max_body_bytes: int = 8 * 1024 * 1024, max_inputs: int = 256) -> bytes:
+    """The largest ``/v1/embeddings`` body the server accepts by default: ``max_inputs`` strings of ordinary
+    words filling the body limit (each truncated to the model's ``max_length`` only after tokenizing)."""
+    import json
+
+    words = "the quick brown fox jumps over a lazy dog while edge devices embed every sentence ".split()
+    each = (max_body_bytes - 1024) // max_inputs - 8  # JSON quotes, commas and the envelope fit in the rest
+    text = " ".join(words[i % len(words)] for i in range(each // 4))[:each]
+    body = json.dumps({"input": [text] * max_inputs}).encode()
+    assert len(body) <= max_body_bytes, len(body)
+    return body
+
+
+def log_bundle(out: Path) -> Path:
+    """An onnxruntime bundle of ``y = log(x)`` (x float32 [batch, n]): negative inputs give NaN outputs, 0 gives
+    -Inf — a real model producing non-numbers, for checking how the server answers them."""
+    if is_bundle(out):
+        return out
+    import onnx
+    from onnx import TensorProto, helper
+
+    from edgeinfer.contract import registry as plugins
+
+    graph = helper.make_graph(
+        [helper.make_node("Log", ["x"], ["y"])], "log",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "n"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "n"])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    out.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, out / "model.onnx")
+    be = plugins.get_backend("onnxruntime")
+    with be.load(out / "model.onnx") as s:
+        inputs, outputs = list(s.inputs), list(s.outputs)
+    write(out, Manifest(backend="onnxruntime", board="host-cpu", scheme="fp32", artifacts=["model.onnx"],
+                        inputs=inputs, outputs=outputs, source={"model": "log(x)"}, versions=be.versions()))
+    return out
+
+
+class HealthProbe:
+    """Polls ``GET /health`` on a fixed schedule (every ``interval`` s) in a thread. Each sample's latency
+    counts from its *scheduled* time, so a server that stalls for 2 s yields 2 s / interval slow samples,
+    not one (no coordinated omission)."""
+
+    def __init__(self, url: str, interval: float = 0.01):
+        self.url, self.interval = url + "/health", interval
+        self.samples: list[tuple[float, float]] = []  # (scheduled time, latency) in perf_counter seconds
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        import httpx
+
+        with httpx.Client(timeout=60) as c:
+            t0 = time.perf_counter()
+            for k in itertools.count():
+                due = t0 + k * self.interval
+                now = time.perf_counter()
+                if due > now:
+                    time.sleep(due - now)
+                if self._done.is_set():
+                    return
+                if c.get(self.url).status_code != 200:
+                    raise AssertionError("/health did not answer 200")
+                self.samples.append((due, time.perf_counter() - due))
+
+    def __enter__(self) -> HealthProbe:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def between(self, start: float, end: float) -> list[float]:
+        return [lat for due, lat in self.samples if start <= due <= end]
+
+
+def slow_bundle(out: Path, layers: int = 64, width: int = 1024) -> Path:
+    """An onnxruntime bundle of ``layers`` dense layers (``x`` float32 [batch, 16] → ``y`` [batch, 16]) whose
+    rows are cheap to send and slow to run (~``2 * layers * width**2`` FLOPs each): for timeouts."""
+    if is_bundle(out):
+        return out
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from edgeinfer.contract import registry as plugins
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array((rng.standard_normal((16, width)) / 4).astype(np.float32), "w_in"),
+             numpy_helper.from_array((rng.standard_normal((width, width)) / width**0.5).astype(np.float32), "w"),
+             numpy_helper.from_array((rng.standard_normal((width, 16)) / width**0.5).astype(np.float32), "w_out")]
+    nodes, h = [helper.make_node("MatMul", ["x", "w_in"], ["h0"])], "h0"
+    for i in range(layers):
+        nodes += [helper.make_node("MatMul", [h, "w"], [f"m{i}"]), helper.make_node("Tanh", [f"m{i}"], [f"h{i + 1}"])]
+        h = f"h{i + 1}"
+    nodes.append(helper.make_node("MatMul", [h, "w_out"], ["y"]))
+    graph = helper.make_graph(nodes, "slow", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    out.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, out / "model.onnx")
+    be = plugins.get_backend("onnxruntime")
+    with be.load(out / "model.onnx") as s:
+        inputs, outputs = list(s.inputs), list(s.outputs)
+    write(out, Manifest(backend="onnxruntime", board="host-cpu", scheme="fp32", artifacts=["model.onnx"],
+                        inputs=inputs, outputs=outputs, source={"model": f"{layers} dense layers of {width}"},
+                        versions=be.versions()))
+    return out
