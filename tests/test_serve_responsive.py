@@ -104,6 +104,13 @@ def slow(tmp_path_factory):
     return slow_bundle(tmp_path_factory.mktemp("slow") / "slow")
 
 
+@pytest.fixture(scope="module")
+def slower(tmp_path_factory):
+    """4× the layers of ``slow``: one 4096-row chunk must outlast twice --timeout-s even on a quiet machine
+    (on an idle 2-core run the 64-layer chunk finished in under 3 s, before the restart was due)."""
+    return slow_bundle(tmp_path_factory.mktemp("slower") / "slower", layers=256)
+
+
 def rows(n: int) -> dict:
     return {"inputs": {"x": np.linspace(-1, 1, 16 * n, dtype=np.float32).reshape(n, 16).round(3).tolist()}}
 
@@ -126,10 +133,10 @@ def test_timed_out_request_stops_its_work_and_later_small_requests_succeed(slow,
         assert httpx.get(server.url + "/ready").json()["workers"][0]["restarts"] == 0  # stopped, not killed
 
 
-def test_a_chunk_that_outlasts_its_timeout_gets_its_worker_restarted(slow, tmp_path):
+def test_a_chunk_that_outlasts_its_timeout_gets_its_worker_restarted(slower, tmp_path):
     """One chunk cannot be stopped halfway: when a timed-out batch is still running --timeout-s after it was
     cancelled, its worker is restarted (not counted as a crash), and the server serves on."""
-    with ServerProc([slow], "--timeout-s", "1.5", "--max-inputs", "4096", "--max-batch", "4096",
+    with ServerProc([slower], "--timeout-s", "1.5", "--max-inputs", "4096", "--max-batch", "4096",
                     log=tmp_path / "log") as server:
         pid = httpx.get(server.url + "/ready").json()["workers"][0]["pid"]
         assert httpx.post(server.url + "/v1/infer", json=rows(4096), timeout=T).status_code == 504
