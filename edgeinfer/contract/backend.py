@@ -397,14 +397,7 @@ class Backend:
         if not path.exists():
             raise InputError(f"model file not found: {path}")
         stamp.check(path, backend=self, device=device)
-        try:
-            session = self.open(path, device, **options)
-        except EdgeInferError:
-            raise
-        except Exception as e:
-            raise ModelError(f"{self.name} cannot load {path.name}: {_first_line(e)}") from e
-        session.backend_name = self.name
-        return session
+        return self._opened(path.name, self.open, path, device, **options)
 
     def load_decoder(
         self, model: str | os.PathLike[str], device: str | None = None, context: int = 2048, slots: int = 1,
@@ -417,14 +410,18 @@ class Backend:
         for name, value in (("context", context), ("slots", slots)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InputError(f"{name} must be a positive integer, got {value!r}")
+        return self._opened(f"the decoder in {path.name}", self.open_decoder, path, device, context, slots, **options)
+
+    def _opened(self, what: str, open_fn: Any, *args: Any, **options: Any) -> Any:
+        """``open_fn(*args, **options)``, its own exceptions turned into one ModelError; tagged with our name."""
         try:
-            decoder = self.open_decoder(path, device, context, slots, **options)
+            loaded = open_fn(*args, **options)
         except EdgeInferError:
             raise
         except Exception as e:
-            raise ModelError(f"{self.name} cannot load the decoder in {path.name}: {_first_line(e)}") from e
-        decoder.backend_name = self.name
-        return decoder
+            raise ModelError(f"{self.name} cannot load {what}: {_first_line(e)}") from e
+        loaded.backend_name = self.name
+        return loaded
 
     @classmethod
     def capable(cls, capability: str) -> bool:
