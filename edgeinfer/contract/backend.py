@@ -322,7 +322,18 @@ class Backend:
 
     def open_decoder(self, model: Path, device: str | None, context: int, slots: int, **options: Any) -> Decoder:
         """Load a decoder (language) model with a KV cache of ``context`` positions × ``slots``
-        sequences allocated now; see :mod:`edgeinfer.contract.decoder`."""
+        sequences allocated now; see :mod:`edgeinfer.contract.decoder`. ``model`` is a Hugging Face
+        causal-LM directory or an artifact written by :meth:`convert_decoder`."""
+        raise NotImplementedError
+
+    def convert_decoder(
+        self, model: Path, scheme: str, context: int, out: Path, calibration: Sequence[str] | None = None,
+        **options: Any,
+    ) -> dict[str, Any]:
+        """Write this backend's decoder artifact for the Hugging Face causal LM ``model`` at ``out``
+        (a directory), built for ``context`` positions in ``scheme``; ``calibration`` is text for
+        data-aware weight compression. Return stamp facts (``toolkit_version``, ``target``, and
+        anything :meth:`open_decoder` needs back). Optional: ``edgeinfer deploy`` of a decoder needs it."""
         raise NotImplementedError
 
     def versions(self) -> dict[str, str]:
