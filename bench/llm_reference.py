@@ -9,7 +9,8 @@ Same model, same prompts, greedy, one process, one run:
 
 All engines run on one thread (the figures then compare engines, not thread scheduling on a shared
 machine). Decode tokens/s = (new tokens − 1) / (time after the first token); taken as the median of
-``REPEAT`` runs per prompt. Models: the trained test model, and (``--big``) a random-init Qwen3
+``REPEAT`` runs per prompt, the engines interleaved run by run. Models: the trained test model, and
+(``--big``) a random-init Qwen3
 of a few hundred million parameters so the figures are not all overhead.
 Writes bench/results/llm_reference.json.
 """
@@ -78,10 +79,16 @@ def run_model(model_dir: Path, label: str) -> dict:
             "edgeinfer transformers": lambda ids: _edgeinfer_rate(ref, ids),
             "edgeinfer onnxruntime": lambda ids: _edgeinfer_rate(ort, ids),
         }
-        for name, fn in runs.items():
+        for fn in runs.values():
             fn(prompt_ids[0])  # warm-up
-            rates = [fn(ids) for ids in prompt_ids for _ in range(REPEAT)]
-            engines[name] = {"decode_tokens_per_s": statistics.median(rates), "runs": len(rates)}
+        rates: dict[str, list[float]] = {name: [] for name in runs}
+        # engines interleaved run by run, so a change in machine load hits them all alike
+        for _ in range(REPEAT):
+            for ids in prompt_ids:
+                for name, fn in runs.items():
+                    rates[name].append(fn(ids))
+        for name, got in rates.items():
+            engines[name] = {"decode_tokens_per_s": statistics.median(got), "runs": len(got)}
             print(f"{label}: {name}: {engines[name]['decode_tokens_per_s']:.1f} tok/s", file=sys.stderr)
     base = engines["transformers generate, static cache"]["decode_tokens_per_s"]
     overhead = 1 - engines["edgeinfer transformers"]["decode_tokens_per_s"] / base

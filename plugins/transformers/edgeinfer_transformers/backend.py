@@ -59,8 +59,12 @@ class TransformersBackend(Backend):
 class TransformersDecoder(Decoder):
     def __init__(self, model_dir: Path, context: int, slots: int, dtype: str, threads: int | None):
         import inspect
+        import logging
 
         import torch
+
+        # transformers imports torchao when it is installed; its optional CUDA kernels log load failures
+        logging.getLogger("torchao").setLevel(logging.ERROR)
         from transformers import AutoModelForCausalLM, StaticCache
         from transformers.utils import logging as hf_logging
 
