@@ -10,8 +10,7 @@ Same model, same prompts, greedy, one process, one run:
 All engines run on one thread (the figures then compare engines, not thread scheduling on a shared
 machine). Decode tokens/s = (new tokens − 1) / (time after the first token); taken as the median of
 ``REPEAT`` runs per prompt, the engines interleaved run by run. Models: the trained test model, and
-(``--big``) a random-init Qwen3
-of a few hundred million parameters so the figures are not all overhead.
+(``--big``) a random-init Qwen3 of a few hundred million parameters so the figures are not all overhead.
 Writes bench/results/llm_reference.json.
 """
 
