@@ -60,6 +60,30 @@ def seal_entry(entry: Path) -> None:
     seal.seal_dir(entry)
 
 
+def fill(entry: Path, build: Callable[[Path], None]) -> Path:
+    """Make ``entry`` by calling ``build(directory)``, unless an intact one exists. The build writes
+    next to the entry, is sealed, then moved into place: a reader (or an interrupted run) sees a whole
+    sealed entry or none, and a failed build leaves nothing behind."""
+    if intact(entry):
+        return entry
+    tmp = entry.with_name(f"{entry.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir(parents=True)
+        build(tmp)
+        seal.seal_dir(tmp)
+        if not intact(entry):  # damaged, unsealed or half-written: replace it
+            shutil.rmtree(entry, ignore_errors=True)
+            try:
+                tmp.rename(entry)
+            except OSError:  # a concurrent run stored it first
+                if not intact(entry):
+                    raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return entry
+
+
 def store(entry: Path, work: Path) -> None:
     """Copy ``work`` into the cache as ``entry``, sealed, replacing an older entry atomically."""
     tmp = entry.with_name(entry.name + f".tmp{os.getpid()}")
@@ -76,5 +100,6 @@ def sweep_deploy() -> None:
     files.sweep(base, cache=True)
     onnx_dir = base / "onnx"
     if onnx_dir.is_dir():
+        files.sweep(onnx_dir, cache=True)  # exports being built next to their entries
         for d in onnx_dir.iterdir():
             files.sweep(d, cache=True)

@@ -124,13 +124,11 @@ def reference_onnx(src: Source, shapes: dict[str, list[int]], progress: Progress
         return None
     from edgeinfer.build.export import export_hf_onnx
 
-    out = cache.area("deploy") / "onnx" / cache.key([src.sha256, shapes], length=20) / "model.onnx"
-    if not (out.exists() and cache.intact(out.parent)):  # the golden reference: never a damaged one
-        shutil.rmtree(out.parent, ignore_errors=True)
+    entry = cache.area("deploy") / "onnx" / cache.key([src.sha256, shapes], length=20)
+    if not (cache.intact(entry) and (entry / "model.onnx").is_file()):  # the golden reference: never a damaged one
         with progress.step(f"exporting {src.path.name} to ONNX"):
-            export_hf_onnx(src.path, out, shapes or None)
-        cache.seal_entry(out.parent)
-    return out
+            cache.fill(entry, lambda d: export_hf_onnx(src.path, d / "model.onnx", shapes or None))
+    return entry / "model.onnx"
 
 
 def with_shapes(specs: list[TensorSpec], shapes: dict[str, list[int]]) -> list[TensorSpec]:

@@ -7,7 +7,6 @@ before each reuse: a damaged or half-written entry is converted again, never loa
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -53,22 +52,8 @@ def converted(backend: Backend, path: Path, options: dict[str, Any]) -> Path:
     name = path.stem + backend.native_suffixes[0]
     if cache.intact(entry) and (entry / name).is_file():
         return entry / name
-    # convert next to the entry, seal, then move into place: a reader sees a whole sealed entry or none
-    tmp = entry.with_name(f"{key}.tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        backend.quantize(path, scheme, None, tmp / name, **convert_opts)
-        cache.seal_entry(tmp)
-        if not cache.intact(entry):  # damaged, unsealed or half-written: replace it
-            shutil.rmtree(entry, ignore_errors=True)
-            try:
-                tmp.rename(entry)
-            except OSError:  # a concurrent run stored it first
-                if not cache.intact(entry):
-                    raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)  # a failed conversion leaves nothing behind
-    return entry / name
+    shutil.rmtree(entry, ignore_errors=True)  # damaged, or stored under another file name
+    return cache.fill(entry, lambda d: backend.quantize(path, scheme, None, d / name, **convert_opts)) / name
 
 
 DEFAULT_CONTEXT = 2048
