@@ -10,7 +10,6 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from edgeinfer.contract.backend import peak_rss_bytes
 from edgeinfer.contract.decoder import Decoder
 from edgeinfer.errors import BackendError, EdgeInferError, InputError
 from edgeinfer.run.generation.metrics import GenerationMetrics, summarize
@@ -18,6 +17,7 @@ from edgeinfer.run.generation.options import GenerationOptions
 from edgeinfer.run.generation.sampling import Sampler
 from edgeinfer.run.generation.stopping import StopStrings
 from edgeinfer.run.generation.text import Message, TextCodec
+from edgeinfer.run.measure import peak_rss_bytes
 
 Prompt = str | Sequence[Message]
 
