@@ -14,7 +14,6 @@ bytes), and the process's RSS growth.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -22,34 +21,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import RssSampler, rss  # noqa: E402
 
 SEQ = 128
-
-
-def rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-class RssSampler:
-    """Largest RSS seen (every 2 ms) between start and stop."""
-
-    def __init__(self):
-        import threading
-
-        self.peak = rss()
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._loop, daemon=True)
-        self._t.start()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(0.002):
-            self.peak = max(self.peak, rss())
-
-    def stop(self) -> int:
-        self._stop.set()
-        self._t.join()
-        return max(self.peak, rss())
 
 
 def child(cfg: dict) -> dict:

@@ -23,11 +23,10 @@ import _common  # noqa: E402
 
 
 def stats_ms(values: list[float]) -> dict:
-    import numpy as np
+    from edgeinfer.run.measure import latency_stats
 
-    a = np.array(values) * 1e3
-    return {"samples": len(a), "p50": round(float(np.percentile(a, 50)), 2),
-            "p99": round(float(np.percentile(a, 99)), 2), "max": round(float(a.max()), 2)}
+    s = latency_stats([v * 1e3 for v in values])
+    return {"samples": len(values), "p50": round(s["p50"], 2), "p99": round(s["p99"], 2), "max": round(s["max"], 2)}
 
 
 def one_round(bundle: Path, idle_bundle: Path, body: bytes, tmp: Path, i: int) -> dict:

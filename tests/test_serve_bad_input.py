@@ -130,7 +130,7 @@ def test_bad_serve_input_is_one_line_and_exit_2(tmp_path, args, env, words):
 @pytest.mark.parametrize("args, words", [(["--port", "abc"], "--port"), (["--log-level", "loud"], "--log-level"),
                                          (["--max-batch", "many"], "--max-batch"), ([], "BUNDLES")])
 def test_serve_usage_errors_exit_2_without_traceback(tmp_path, args, words):
-    """Click's own checks (types, choices, a missing argument). The line count is click's (see cli.py)."""
+    """Click's own checks (types, choices, a missing argument). The line count is click's (edgeinfer.cli.invoke)."""
     proc = subprocess.run([sys.executable, "-m", "edgeinfer.cli", "serve", *([str(tmp_path)] if args else []), *args],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr

@@ -72,31 +72,38 @@ _ATTACHED = False
 
 
 def _add_core_commands() -> None:
-    # one module per command group; each imports its library lazily, so this stays light
+    """Every core command, imported without a guard: a broken import fails loudly, it never hides a command.
+
+    Each module imports its library inside the command, so this stays light; ``serve`` reports a
+    missing [serve] extra itself, as exit 3 with the install line, when it runs.
+    """
     from edgeinfer.cli import backends, bench, deploy, generate, plan, run
+    from edgeinfer.serve.cli import serve_cmd
 
     for cmd in (backends.backends, backends.doctor, run.run, deploy.deploy, deploy.golden, deploy.verify,
-                bench.bench, plan.plan_cmd, plan.boards_cmd, generate.generate_cmd, generate.chat_cmd):
+                bench.bench, plan.plan_cmd, plan.boards_cmd, generate.generate_cmd, generate.chat_cmd, serve_cmd):
         cli.add_command(cmd)
 
 
 def _attach_optional_commands() -> None:
-    """Commands from core modules that may not exist yet, and from plugins (once per process)."""
+    """Commands from plugins (once per process); a plugin that fails is named by ``unknown command`` errors."""
     global _ATTACHED
     from edgeinfer.contract import registry as plugins
 
     if _ATTACHED:
         return
     _ATTACHED = True
-
-    try:  # serve needs the [serve] extra (fastapi, uvicorn); without it the command is absent
-        from edgeinfer.serve.cli import serve_cmd
-    except ModuleNotFoundError as e:
-        if e.name not in ("fastapi", "uvicorn", "prometheus_client"):
-            raise
-    else:
-        cli.add_command(serve_cmd)
     plugins.registry().add_commands(cli)
+
+
+def _failed_plugins_hint() -> str:
+    """For an unknown command: the plugins that failed to load (one of them may have provided it)."""
+    from edgeinfer.contract import registry as plugins
+
+    failed = sorted(name for name, info in plugins.registry().plugins.items() if info.error)
+    if not failed:
+        return ""
+    return f"; plugin {', '.join(failed)} failed to load, see 'edgeinfer doctor'"
 
 
 def _one_line_warning(message, category, filename, lineno, line=None) -> str:  # noqa: ANN001
@@ -128,7 +135,10 @@ def invoke(argv: list[str] | None = None) -> int:
         return errors.USAGE
     except click.UsageError as e:
         where = e.ctx.command_path if e.ctx else "edgeinfer"
-        click.echo(f"error: {_one_line(e.format_message()).rstrip('.')} (see '{where} --help')", err=True)
+        message = _one_line(e.format_message()).rstrip(".")
+        if message.startswith("No such command"):
+            message += _failed_plugins_hint()
+        click.echo(f"error: {message} (see '{where} --help')", err=True)
         return errors.USAGE
     except click.ClickException as e:
         click.echo(f"error: {_one_line(e.format_message())}", err=True)
@@ -138,7 +148,7 @@ def invoke(argv: list[str] | None = None) -> int:
         signum = getattr(cause, "signum", signal.SIGINT)
         click.echo(f"error: interrupted ({signal.Signals(signum).name}); nothing was left behind", err=True)
         return 128 + signum
-    except SystemExit as e:  # a command that exits with its verdict (plan: 1 = does not fit)
+    except SystemExit as e:  # a plugin's command that calls sys.exit
         return e.code if isinstance(e.code, int) else errors.USAGE if e.code else errors.OK
     return rv if isinstance(rv, int) else errors.OK
 

@@ -9,7 +9,6 @@ import click
 from edgeinfer import errors
 from edgeinfer.cli.output import console, emit
 from edgeinfer.contract.names import PLUGIN_INSTALL_HINT
-from edgeinfer.run.doctor import backend_reports
 
 
 def _render_backends(report: dict[str, Any]) -> None:
@@ -40,7 +39,6 @@ def _render_backends(report: dict[str, Any]) -> None:
         out.print(f"no backend plugins installed; {PLUGIN_INSTALL_HINT}")
 
 
-PLUGIN_INSTALL_HINT = PLUGIN_INSTALL_HINT
 MARK = {"ok": "[green]✓[/]", "warn": "[yellow]![/]", "fail": "[red]✗[/]"}
 
 
@@ -85,6 +83,8 @@ def _render_doctor(report: dict[str, Any]) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 def backends(as_json: bool) -> None:
     """List installed backends, their devices and how many problems each has."""
+    from edgeinfer.run.doctor import backend_reports
+
     emit(backend_reports(), as_json, _render_backends)
 
 
@@ -93,16 +93,9 @@ def backends(as_json: bool) -> None:
 @click.pass_context
 def doctor(ctx: click.Context, as_json: bool) -> None:
     """Check the environment and every backend; print each problem with its fix (exit 3 if no backend works)."""
-    from edgeinfer.run.doctor import environment_checks
+    from edgeinfer.run.doctor import doctor_report
 
-    report = backend_reports()
-    report["environment"] = [c.to_json() for c in environment_checks()]
-    report["usable"] = [b["name"] for b in report["backends"] if b.get("available")]
+    report = doctor_report()
     emit(report, as_json, _render_doctor)
     if not report["usable"]:
         ctx.exit(errors.UNAVAILABLE)
-
-
-# --- run ---------------------------------------------------------------------------------------
-
-

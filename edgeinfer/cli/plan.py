@@ -1,18 +1,23 @@
-"""`edgeinfer plan` and `edgeinfer boards`: thin shells over edgeinfer.planning.planner / edgeinfer.planning.boards.
+"""``edgeinfer plan`` and ``edgeinfer boards``: shells over edgeinfer.planning.matrix / edgeinfer.planning.boards.
 
-Register on the main group with ``cli.add_command(plan_cmd)`` and ``cli.add_command(boards_cmd)``.
-User errors are raised as EdgeInferError (the main group prints one line, exit 2);
-"does not fit" prints the answer and exits 1. rich is imported only to draw tables.
+"does not fit" prints the answer and exits 1; rich is imported only to draw tables.
 """
 
 from __future__ import annotations
 
-import json
-import sys
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from edgeinfer.errors import EdgeInferError, InputError
+from edgeinfer import errors
+from edgeinfer.cli.output import console, emit
+
+if TYPE_CHECKING:
+    from rich.table import Table
+    from rich.text import Text
+
+    from edgeinfer.planning.matrix import PlanMatrix
+    from edgeinfer.planning.planner import Plan
 
 GIB = 2**30
 COLOURS = {"weights": "blue", "kv_cache": "magenta", "activations": "yellow", "runtime": "cyan",
@@ -23,13 +28,7 @@ def _gib(n: int | float | None) -> str:
     return "-" if n is None else f"{n / GIB:.2f} GiB"
 
 
-def _console():
-    from rich.console import Console
-
-    return Console(highlight=False, soft_wrap=False)
-
-
-def _bar(p, width: int = 50):
+def _bar(p: Plan, width: int = 50) -> Text:
     from rich.text import Text
 
     cap = max(p.capacity_bytes, p.total_bytes, 1)
@@ -55,10 +54,10 @@ def _ref(source: str | None) -> str:
     return text[:cut]
 
 
-def render_plan(p) -> None:
+def render_plan(p: Plan) -> None:
     from rich.table import Table
 
-    con = _console()
+    con = console()
     d = p.to_dict()
     verdict = "[bold green]FITS[/]" if p.fits else "[bold red]DOES NOT FIT[/]"
     con.print(f"{p.model.name} on {p.board.name} ({p.board.title}) — {p.scheme.name} via {p.runtime}, "
@@ -122,19 +121,18 @@ def render_plan(p) -> None:
         con.print(f"[yellow]note:[/] {w}")
 
 
-def render_matrix(models: list[str], boards: list[str], cells: dict) -> None:
+def render_matrix(m: PlanMatrix) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    con = _console()
     t = Table(show_header=True, header_style="bold", title="plan matrix (total / capacity, decode tok/s)")
-    t.add_column("board", no_wrap=True, min_width=max(map(len, boards), default=5))
-    for m in models:
-        t.add_column(m, overflow="fold")  # wrap long reasons; never cut them with an ellipsis
-    for b in boards:
+    t.add_column("board", no_wrap=True, min_width=max(map(len, m.boards), default=5))
+    for name in m.models:
+        t.add_column(name, overflow="fold")  # wrap long reasons; never cut them with an ellipsis
+    for j, b in enumerate(m.boards):
         row = [b]
-        for m in models:
-            c = cells[(m, b)]
+        for i in range(len(m.models)):
+            c = m.cell(i, j)
             if "error" in c:
                 reason = c["error"].removeprefix(f"board {b} ")  # the row already names the board
                 row.append(f"[bright_black]{escape(reason)}[/]")
@@ -145,14 +143,14 @@ def render_matrix(models: list[str], boards: list[str], cells: dict) -> None:
             row.append(f"{mark} {tot / GIB:.1f}/{cap / GIB:.0f} GiB" + (f", {dec:.1f} tok/s" if dec else "")
                        + f" ({c['options']['quant']})")
         t.add_row(*row)
-    con.print(t)
+    console().print(t)
 
 
 @click.command("plan")
 @click.argument("models", nargs=-1, required=True)
 @click.option("--board", "board", required=True, help="Board name, 'all', or a path to a board YAML.")
 @click.option("--quant", default=None, help="Quantization scheme (w8a8, w4a16_g128, fp16, Q4_K_M ...).")
-@click.option("--ctx", default=4096, show_default=True, type=int, help="Context length in tokens.")
+@click.option("--ctx", "ctx_len", default=4096, show_default=True, type=int, help="Context length in tokens.")
 @click.option("--batch", default=1, show_default=True, type=int, help="Sequences decoded together.")
 @click.option("--kv-dtype", default=None, help="KV-cache dtype (fp16, bf16, fp32, int8, q8_0, q4_0).")
 @click.option("--runtime", default=None, help="Runtime on the board (default: the board's default).")
@@ -161,84 +159,45 @@ def render_matrix(models: list[str], boards: list[str], cells: dict) -> None:
 @click.option("--storage", default=None, help="With --paging: where streamed weights come from "
               "(board, nvme, emmc, sd, dram; default: the board's, else emmc).")
 @click.option("--json", "as_json", is_flag=True, help="Print only JSON (schema edgeinfer/schemas/plan.schema.json).")
-def plan_cmd(models, board, quant, ctx, batch, kv_dtype, runtime, as_json, paging=None, segments=None, storage=None):
+@click.pass_context
+def plan_cmd(ctx: click.Context, models: tuple[str, ...], board: str, quant: str | None, ctx_len: int, batch: int,
+             kv_dtype: str | None, runtime: str | None, as_json: bool, paging: int | None = None,
+             segments: int | None = None, storage: str | None = None) -> None:
     """Will MODEL fit BOARD, how fast, and what to change if not.
 
     MODEL: catalog name or HF id (Qwen/Qwen3-8B), HF directory, config.json, .gguf, .onnx, .safetensors,
     or an HF id in the local Hugging Face cache. Exit 0 fits, 1 does not fit, 2 bad input.
     """
-    from edgeinfer.planning import planner
-    from edgeinfer.planning.boards import board_names
-    from edgeinfer.planning.models import resolve
+    from edgeinfer.planning.matrix import PlanMatrix, plan_models
 
-    if ctx <= 0 or batch <= 0:
-        raise InputError(f"--{'ctx' if ctx <= 0 else 'batch'} must be a positive integer, "
-                         f"got {ctx if ctx <= 0 else batch}")
-    specs = [resolve(m) for m in models]
-    if board == "all" or len(models) > 1:
-        boards = board_names() if board == "all" else [board]
-        cells, plans = {}, []
-        for m, spec in zip(models, specs):
-            for b in boards:
-                try:
-                    p = planner.plan(spec, b, quant=quant, ctx=ctx, batch=batch, kv_dtype=kv_dtype,
-                                     runtime=runtime, suggest=False, paging=paging, segments=segments,
-                                     storage=storage)
-                    d = p.to_dict()
-                except EdgeInferError as e:
-                    if board != "all":
-                        raise
-                    d = {"model": {"name": spec.name}, "board": {"name": b}, "error": e.one_line()}
-                cells[(m, b)] = d
-                plans.append(d)
-        ok = [d for d in plans if "error" not in d]
-        all_fit = bool(ok) and all(d["fits"] for d in ok)
-        if as_json:
-            click.echo(json.dumps({"schema_version": planner.SCHEMA_VERSION, "kind": "edgeinfer.plan_matrix",
-                                   "fits": all_fit, "plans": plans}, indent=2))
-        else:
-            render_matrix(list(models), boards, cells)
-        if not all_fit:
-            sys.exit(1)
-        return
-    p = planner.plan(specs[0], board, quant=quant, ctx=ctx, batch=batch, kv_dtype=kv_dtype, runtime=runtime,
-                     paging=paging, segments=segments, storage=storage)
-    if as_json:
-        click.echo(p.to_json())
-    else:
-        render_plan(p)
-    if not p.fits:
-        sys.exit(1)
-
-
-def _board_row(b) -> dict:
-    return {"name": b.name, "title": b.title, "family": b.family, "backend": b.backend,
-            "memory_gib": b.memory_total_gib.value, "usable_gib": round(b.usable_bytes / GIB, 2),
-            "bandwidth_gbps": b.bandwidth_gbps.value if b.bandwidth_gbps else None,
-            "runtimes": {k: v.schemes for k, v in b.runtimes.items()}, "origin": b.origin}
+    answer = plan_models(models, board, quant=quant, ctx=ctx_len, batch=batch, kv_dtype=kv_dtype, runtime=runtime,
+                         paging=paging, segments=segments, storage=storage)
+    render = render_matrix if isinstance(answer, PlanMatrix) else render_plan
+    emit(answer.to_dict(), as_json, lambda _: render(answer))
+    if not answer.fits:
+        ctx.exit(errors.NEGATIVE)
 
 
 @click.group("boards", invoke_without_command=True)
 @click.option("--json", "as_json", is_flag=True, help="Print only JSON.")
 @click.pass_context
-def boards_cmd(ctx, as_json):
+def boards_cmd(ctx: click.Context, as_json: bool) -> None:
     """List board profiles (packaged, from plugins, and `host`)."""
     if ctx.invoked_subcommand is not None:
         return
-    from edgeinfer.planning.boards import host_board, load_boards
+    from edgeinfer.planning.boards import board_summaries
 
-    bs = [*load_boards().values(), host_board()]
-    rows = [_board_row(b) for b in bs]
-    if as_json:
-        click.echo(json.dumps({"boards": rows}, indent=2))
-        return
-    con = _console()
-    con.print(_boards_table(rows, wide=con.width >= 140))
+    emit({"boards": board_summaries()}, as_json, _render_boards)
+
+
+def _render_boards(d: dict[str, Any]) -> None:
+    con = console()
+    con.print(_boards_table(d["boards"], wide=con.width >= 140))
     if con.width < 140:
         con.print("family and per-runtime details: edgeinfer boards show NAME (or a wider terminal)")
 
 
-def _boards_table(rows: list[dict], wide: bool):
+def _boards_table(rows: list[dict[str, Any]], wide: bool) -> Table:
     """Every board on one row; on narrow terminals the family column goes and runtimes stack one a line.
     Names never wrap; other cells fold instead of ending in an ellipsis."""
     from rich.table import Table
@@ -265,19 +224,20 @@ def _boards_table(rows: list[dict], wide: bool):
 @boards_cmd.command("show")
 @click.argument("name")
 @click.option("--json", "as_json", is_flag=True, help="Print only JSON.")
-def boards_show(name, as_json):
+def boards_show(name: str, as_json: bool) -> None:
     """Every fact of one board profile, with its source."""
     from edgeinfer.planning.boards import get_board
 
     b = get_board(name)
-    d = b.model_dump(mode="json")
-    if as_json:
-        click.echo(json.dumps(d, indent=2))
-        return
+    emit(b.model_dump(mode="json"), as_json, _render_board)
+
+
+def _render_board(d: dict[str, Any]) -> None:
     from rich.table import Table
 
-    con = _console()
-    con.print(f"[bold]{b.name}[/] — {b.title} (family {b.family}, backend {b.backend}, {b.memory_kind} memory)")
+    con = console()
+    con.print(f"[bold]{d['name']}[/] — {d['title']} (family {d['family']}, backend {d['backend']}, "
+              f"{d['memory_kind']} memory)")
     t = Table(show_header=True, header_style="bold")
     t.add_column("fact", no_wrap=True)
     t.add_column("value", justify="right", no_wrap=True)
@@ -286,8 +246,8 @@ def boards_show(name, as_json):
         if isinstance(v, dict) and "value" in v and "source" in v:
             t.add_row(k, f"{v['value']:g}" + (" [yellow](uncertain)[/]" if v.get("uncertain") else ""), v["source"])
     con.print(t)
-    for rn, r in b.runtimes.items():
-        con.print(f"runtime [bold]{rn}[/]{' (default)' if rn == b.default_runtime else ''}: "
-                  f"{', '.join(r.schemes)} for {'/'.join(r.kinds)} — {r.source}")
-    for n in b.notes:
+    for rn, r in d["runtimes"].items():
+        con.print(f"runtime [bold]{rn}[/]{' (default)' if rn == d['default_runtime'] else ''}: "
+                  f"{', '.join(r['schemes'])} for {'/'.join(r['kinds'])} — {r['source']}")
+    for n in d["notes"]:
         con.print(f"note: {n}")

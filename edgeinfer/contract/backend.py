@@ -11,11 +11,7 @@ Tensors cross the boundary as NumPy arrays; models cross it as files.
 
 from __future__ import annotations
 
-import math
 import os
-import resource
-import statistics
-import sys
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -30,6 +26,7 @@ if TYPE_CHECKING:  # numpy is imported where arrays are handled, so `edgeinfer p
 from edgeinfer.contract import stamp
 from edgeinfer.errors import BackendError, EdgeInferError, FeedError, InputError, ModelError
 from edgeinfer.planning.quant import normalize_scheme
+from edgeinfer.run.measure import latency_stats, peak_rss_bytes  # re-exported: plugins import them from here
 
 Dim = int | str | None  # a fixed size, a symbolic name ("batch"), or unknown
 
@@ -97,30 +94,6 @@ class Profile:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def latency_stats(samples_ms: Sequence[float]) -> dict[str, float]:
-    xs = sorted(samples_ms)
-
-    def pct(p: float) -> float:
-        # nearest-rank percentile: an observed value, never an interpolation
-        k = max(0, min(len(xs) - 1, math.ceil(p / 100 * len(xs)) - 1))
-        return xs[k]
-
-    return {
-        "mean": statistics.fmean(xs),
-        "p50": pct(50),
-        "p90": pct(90),
-        "p99": pct(99),
-        "min": xs[0],
-        "max": xs[-1],
-    }
-
-
-def peak_rss_bytes() -> int:
-    """Peak resident set size of this process so far."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak if sys.platform == "darwin" else peak * 1024
 
 
 class CalibrationSet:

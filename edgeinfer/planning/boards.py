@@ -296,3 +296,16 @@ def get_board(name_or_path, extra: Iterable = ()) -> Board:
         close = [n for n in names if n.split("-")[0] in low][:4]
     hint = ("closest: " + ", ".join(close)) if close else "run `edgeinfer boards` for the list"
     raise BoardError(f"unknown board '{text}'", hint)
+
+
+def board_summary(b: Board) -> dict:
+    """One row of `edgeinfer boards`: the facts that tell boards apart (``boards show`` has them all)."""
+    return {"name": b.name, "title": b.title, "family": b.family, "backend": b.backend,
+            "memory_gib": b.memory_total_gib.value, "usable_gib": round(b.usable_bytes / GIB, 2),
+            "bandwidth_gbps": b.bandwidth_gbps.value if b.bandwidth_gbps else None,
+            "runtimes": {k: v.schemes for k, v in b.runtimes.items()}, "origin": b.origin}
+
+
+def board_summaries() -> list[dict]:
+    """Every board (packaged, from plugins, then ``host``) as a :func:`board_summary`."""
+    return [board_summary(b) for b in [*load_boards().values(), host_board()]]

@@ -217,7 +217,8 @@ class Verdict:
     warnings_but_weights_window: list[str]
 
 
-def _check_int(name: str, v) -> int:
+def check_int(name: str, v: object) -> int:
+    """``--ctx`` / ``--batch`` as a positive integer in a realistic range, else InputError naming the option."""
     if isinstance(v, bool) or not isinstance(v, int):
         try:
             v2 = int(v)
@@ -359,8 +360,8 @@ def plan(model, board, quant: str | None = None, ctx: int = 4096, batch: int = 1
 
     ``paging=W`` plans layer-paged execution (edgeinfer.run.paged, docs/paging.md): W of ``segments``
     (default: one per layer) resident, the rest streamed from ``storage`` once per token."""
-    ctx = _check_int("ctx", ctx)
-    batch = _check_int("batch", batch)
+    ctx = check_int("ctx", ctx)
+    batch = check_int("batch", batch)
     if paging is None and (segments is not None or storage is not None):
         raise InputError("--segments and --storage go with --paging W (segments resident at once)")
     spec = model if isinstance(model, ModelSpec) else resolve(model)

@@ -1,4 +1,5 @@
-"""Environment checks for ``edgeinfer doctor``: each a verdict, what was found, and the fix when it fails.
+"""What ``edgeinfer backends`` and ``edgeinfer doctor`` report: every backend with its probe, plugins that
+failed to load, and environment checks (each a verdict, what was found, and the fix when it fails).
 
 Backend problems come from each backend's own ``probe()``; these checks cover what every command
 needs from the machine: a supported Python, a writable cache with room for conversions, and the
@@ -117,3 +118,11 @@ def backend_reports(probe: bool = True) -> dict[str, Any]:
     return {"backends": rows, "failed_plugins": failed}
 
 
+
+
+def doctor_report() -> dict[str, Any]:
+    """:func:`backend_reports` plus the environment checks and the names of the usable backends."""
+    report = backend_reports()
+    report["environment"] = [c.to_json() for c in environment_checks()]
+    report["usable"] = [b["name"] for b in report["backends"] if b.get("available")]
+    return report

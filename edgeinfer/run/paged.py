@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # numpy is imported where arrays are made, so `edgeinfer plan
 
 from edgeinfer.contract.backend import Backend, Session, TensorSpec, _first_line
 from edgeinfer.errors import BackendError, EdgeInferError, InputError
+from edgeinfer.run.measure import current_rss_bytes
 from edgeinfer.run.schedule import _Schedule
 
 
@@ -31,12 +32,6 @@ class PagingError(BackendError):
     """Loading a segment failed (in the background or in line)."""
 
 
-def _rss_bytes() -> int | None:
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return None
 
 class PagedSession(Session):
     """A segmented model run segment by segment with at most ``window`` segments loaded.
@@ -171,11 +166,11 @@ class PagedSession(Session):
 
     # --- loading --------------------------------------------------------------------------------
     def _load(self, k: int) -> tuple[Session, float, int | None]:
-        rss0 = _rss_bytes()
+        rss0 = current_rss_bytes()
         t = time.perf_counter()
         sess = self._backend.load(self._paths[k], device=self._device, **self._options)
         dt = time.perf_counter() - t
-        rss1 = _rss_bytes()
+        rss1 = current_rss_bytes()
         return sess, dt, (rss1 - rss0) if rss0 is not None and rss1 is not None else None
 
     def _record(self, k: int, seconds: float, rss_delta: int | None, background: bool) -> None:

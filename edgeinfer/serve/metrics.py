@@ -9,6 +9,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from edgeinfer.run.measure import current_rss_bytes
+
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 ENDPOINTS = ("/v1/embeddings", "/v1/infer", "/v1/models", "/health", "/ready", "/metrics", "/openapi.json", "/docs")
@@ -53,18 +55,6 @@ class Metrics:
         if self._queue_fn is not None:
             for model, depth in self._queue_fn().items():
                 self.queue_depth.labels(model).set(depth)
-
-
-def _rss_bytes(pid: int | None) -> int | None:
-    if not pid:
-        return None
-    try:
-        with open(f"/proc/{pid}/statm") as f:
-            import os
-
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def _numeric_leaves(obj: Any, prefix: str = "") -> list[tuple[str, float]]:
@@ -122,7 +112,7 @@ class DeviceCollector:
             dev = str(w.entry if w.entry is not None else "default")
             batches.add_metric([str(w.index), dev], float(w.batches))
             up.add_metric([str(w.index), dev], 1.0 if w.state in ("idle", "busy") else 0.0)
-            m = _rss_bytes(w.pid if w.state in ("idle", "busy") else None)
+            m = current_rss_bytes(w.pid) if w.pid and w.state in ("idle", "busy") else None
             if m is not None:
                 rss.add_metric([str(w.index), dev], float(m))
         yield up

@@ -10,7 +10,6 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from edgeinfer.contract.backend import peak_rss_bytes
 from edgeinfer.contract.decoder import Decoder
 from edgeinfer.errors import BackendError, EdgeInferError, InputError
 from edgeinfer.run.generation.metrics import GenerationMetrics, summarize
@@ -18,6 +17,7 @@ from edgeinfer.run.generation.options import GenerationOptions
 from edgeinfer.run.generation.sampling import Sampler
 from edgeinfer.run.generation.stopping import StopStrings
 from edgeinfer.run.generation.text import Message, TextCodec
+from edgeinfer.run.measure import peak_rss_bytes
 
 Prompt = str | Sequence[Message]
 
@@ -170,12 +170,9 @@ class Generator:
         d = self.decoder
         with self._lock:
             start = time.perf_counter()
-            sampler, eos = Sampler(options), self._eos(options)
-            detok, stops = self.codec.stream(), StopStrings(options.stop)
-            out: list[int] = []
+            sampler, answer = Sampler(options), _Answer(self.codec, options, self._eos(options))
             times: list[float] = []
             logits_seen: list[Any] | None = [] if record_logits else None
-            text, finish = [], "length"
             _call(d.reset, 0)
             logits = None
             chunk = d.prefill_chunk or len(ids)
@@ -183,44 +180,31 @@ class Generator:
                 logits = _call(d.prefill, 0, np.asarray(ids[i : i + chunk], dtype=np.int64))
             prefill_end = time.perf_counter()
             history = list(ids)
-            while True:
-                if s.cancelled:
-                    finish = "cancelled"
-                    break
+            while not (cancelled := s.cancelled):
                 row = np.asarray(logits, dtype=np.float32).reshape(-1)
                 if logits_seen is not None:
                     logits_seen.append(row)
                 tok = sampler(row, history)
                 times.append(time.perf_counter())
-                out.append(tok)
                 history.append(tok)
-                if tok in eos:
-                    finish = "stop"
-                    break
-                piece = stops.feed(detok.push(tok))
+                piece = answer.push(tok)
                 if piece:
-                    text.append(piece)
                     yield piece
-                if stops.stopped:
-                    finish = "stop"
-                    break
-                if len(out) >= options.max_new_tokens:
+                if answer.stopped or len(answer.ids) >= options.max_new_tokens:
                     break
                 logits = _call(d.decode, [0], np.asarray([tok], dtype=np.int64))[0]
-            if finish != "cancelled" and not stops.stopped:
-                tail = stops.feed(detok.flush()) + stops.flush()
-                if tail:
-                    text.append(tail)
-                    yield tail
+            tail = answer.end(cancelled)
+            if tail:
+                yield tail
             metrics = summarize(len(ids), times, start, prefill_end, peak_rss_bytes(), d.kv_cache_bytes)
-            s.result = GenerationResult("".join(text), out, finish, metrics, list(ids), logits_seen)
+            s.result = answer.result(metrics, ids, logits_seen)
 
     # --- a backend's native loop -----------------------------------------------------------
     def _run_native(self, s: GenerationStream, ids: list[int], options: GenerationOptions) -> Iterator[str]:
         d = self.decoder
         with self._lock:
             events: queue.Queue[tuple[str, Any]] = queue.Queue()
-            halt = threading.Event()  # a stop string was seen: ask the runtime to stop
+            halt = threading.Event()  # EOS or a stop string was seen: ask the runtime to stop
             start = time.perf_counter()
             times: list[float] = []
 
@@ -237,11 +221,8 @@ class Generator:
 
             worker = threading.Thread(target=work, name="edgeinfer-native-generate", daemon=True)
             worker.start()
-            eos = self._eos(options)
-            detok, stops = self.codec.stream(), StopStrings(options.stop)
-            out: list[int] = []
-            text: list[str] = []
-            finish, native, completed = "length", {}, False
+            answer = _Answer(self.codec, options, self._eos(options))
+            native, completed = {}, False
             try:
                 while True:
                     kind, value = events.get()
@@ -252,34 +233,69 @@ class Generator:
                         break
                     if s.cancelled or halt.is_set():
                         continue  # drain what the runtime still sends after we asked it to stop
-                    out.append(value)
-                    if value in eos:
-                        finish = "stop"
-                        halt.set()
-                        continue
-                    piece = stops.feed(detok.push(value))
+                    piece = answer.push(value)
                     if piece:
-                        text.append(piece)
                         yield piece
-                    if stops.stopped:
-                        finish = "stop"
+                    if answer.stopped:
                         halt.set()
             finally:
                 if not completed:  # the consumer went away: stop the runtime
                     s.cancel()
                 worker.join()
-            if s.cancelled:
-                finish = "cancelled"
-            elif not stops.stopped:
-                tail = stops.feed(detok.flush()) + stops.flush()
-                if tail:
-                    text.append(tail)
-                    yield tail
-            metrics = summarize(len(ids), times[: len(out)], start, None, peak_rss_bytes(), d.kv_cache_bytes)
+            tail = answer.end(s.cancelled)
+            if tail:
+                yield tail
+            metrics = summarize(len(ids), times[: len(answer.ids)], start, None, peak_rss_bytes(), d.kv_cache_bytes)
             for key in ("ttft_ms", "tpot_ms_p50", "tpot_ms_p99", "decode_tokens_per_s", "prefill_tokens_per_s"):
                 if isinstance(native.get(key), (int, float)):
                     setattr(metrics, key, float(native[key]))
-            s.result = GenerationResult("".join(text), out, finish, metrics, list(ids))
+            s.result = answer.result(metrics, ids)
+
+
+class _Answer:
+    """The new tokens of one generation, whichever loop made them: EOS, text pieces held back until
+    they cannot start a stop string, the finish reason."""
+
+    def __init__(self, codec: TextCodec, options: GenerationOptions, eos: frozenset[int]):
+        self.eos = eos
+        self.detok, self.stops = codec.stream(), StopStrings(options.stop)
+        self.ids: list[int] = []
+        self.text: list[str] = []
+        self.finish = "length"
+
+    @property
+    def stopped(self) -> bool:
+        """EOS or a stop string ended the answer."""
+        return self.finish == "stop"
+
+    def push(self, tok: int) -> str:
+        """Take one new token; return the text it releases ("" while held back, at EOS, after a stop string)."""
+        self.ids.append(tok)
+        if tok in self.eos:
+            self.finish = "stop"
+            return ""
+        piece = self.stops.feed(self.detok.push(tok))
+        if self.stops.stopped:
+            self.finish = "stop"
+        return self._keep(piece)
+
+    def end(self, cancelled: bool) -> str:
+        """The text still held back (none after a stop string or a cancel)."""
+        if cancelled:
+            self.finish = "cancelled"
+            return ""
+        if self.stops.stopped:
+            return ""
+        return self._keep(self.stops.feed(self.detok.flush()) + self.stops.flush())
+
+    def _keep(self, piece: str) -> str:
+        if piece:
+            self.text.append(piece)
+        return piece
+
+    def result(self, metrics: GenerationMetrics, prompt_ids: list[int],
+               logits: list[Any] | None = None) -> GenerationResult:
+        return GenerationResult("".join(self.text), self.ids, self.finish, metrics, list(prompt_ids), logits)
 
 
 def _options(options: GenerationOptions | None, kw: dict[str, Any]) -> GenerationOptions:

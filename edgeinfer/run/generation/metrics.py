@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from edgeinfer.contract.backend import latency_stats
+from edgeinfer.run.measure import latency_stats
 
 
 @dataclass

@@ -1,0 +1,60 @@
+"""What ``edgeinfer plan`` answers: one :class:`~edgeinfer.planning.planner.Plan`, or a model × board
+matrix when several models are given or the board is ``all``.
+
+In a matrix over ``--board all`` a board that cannot take the model (no runtime for the scheme, a
+board-specific refusal) is a cell with an ``error``, not a failure of the whole matrix; with a named
+board the error is raised. The matrix fits when every planned cell fits (docs/planner.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from edgeinfer.errors import EdgeInferError
+from edgeinfer.planning import planner
+from edgeinfer.planning.boards import board_names
+from edgeinfer.planning.models import resolve
+
+KIND = "edgeinfer.plan_matrix"
+
+
+@dataclass
+class PlanMatrix:
+    models: list[str]  # as the user named them (the matrix's columns)
+    boards: list[str]
+    plans: list[dict[str, Any]]  # model-major: a plan dict or {model, board, error} per (model, board)
+
+    def cell(self, model: int, board: int) -> dict[str, Any]:
+        return self.plans[model * len(self.boards) + board]
+
+    @property
+    def fits(self) -> bool:
+        planned = [c for c in self.plans if "error" not in c]
+        return bool(planned) and all(c["fits"] for c in planned)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema_version": planner.SCHEMA_VERSION, "kind": KIND, "fits": self.fits, "plans": self.plans}
+
+
+def plan_models(models: Sequence[str], board: str, ctx: int = 4096, batch: int = 1,
+                **options: Any) -> planner.Plan | PlanMatrix:
+    """One model on one named board → its Plan (with suggestions); otherwise the matrix (no suggestions).
+
+    ``options`` are :func:`edgeinfer.planning.planner.plan`'s (quant, kv_dtype, runtime, paging, ...)."""
+    ctx, batch = planner.check_int("ctx", ctx), planner.check_int("batch", batch)
+    specs = [resolve(m) for m in models]
+    if board != "all" and len(models) == 1:
+        return planner.plan(specs[0], board, ctx=ctx, batch=batch, **options)
+    boards = board_names() if board == "all" else [board]
+    plans = []
+    for spec in specs:
+        for b in boards:
+            try:
+                plans.append(planner.plan(spec, b, ctx=ctx, batch=batch, suggest=False, **options).to_dict())
+            except EdgeInferError as e:
+                if board != "all":
+                    raise
+                plans.append({"model": {"name": spec.name}, "board": {"name": b}, "error": e.one_line()})
+    return PlanMatrix(list(models), boards, plans)

@@ -1,0 +1,79 @@
+"""Measurement: resident memory and latency statistics, one definition of each.
+
+Memory, in bytes:
+
+- :func:`current_rss_bytes` — resident set size now (``/proc/PID/statm``), of this or another process.
+- :func:`peak_rss_bytes` — **the peak**: the largest RSS of this process since it started, or since
+  the last :func:`reset_peak_rss`. On Linux that is the kernel's high-water mark ``VmHWM``
+  (``/proc/self/status``); elsewhere ``getrusage(RUSAGE_SELF).ru_maxrss``, which cannot be reset.
+- :func:`reset_peak_rss` — set the high-water mark to the current RSS (writes ``5`` to
+  ``/proc/self/clear_refs``), so that a peak can be taken per phase (per batch size in ``bench``);
+  False where the system cannot, and then a caller reports no per-phase peak rather than a wrong one.
+
+Why ``VmHWM`` and not ``ru_maxrss`` on Linux: the reset lowers both, but ``ru_maxrss`` also carries
+the peak from before an exec (in a fork + exec child that is a copy of the parent's memory), so a
+fresh subprocess would report its parent's peak.
+
+Latency: :func:`latency_stats` — nearest-rank percentiles (an observed value, never an
+interpolation) over samples in milliseconds.
+
+Imports only the standard library: ``contract`` re-exports from here and ``edgeinfer plan`` stays light.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import resource
+import statistics
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def latency_stats(samples_ms: Sequence[float]) -> dict[str, float]:
+    """mean, p50, p90, p99, min, max of ``samples_ms`` (at least one sample)."""
+    xs = sorted(samples_ms)
+
+    def pct(p: float) -> float:
+        k = max(0, min(len(xs) - 1, math.ceil(p / 100 * len(xs)) - 1))
+        return xs[k]
+
+    return {
+        "mean": statistics.fmean(xs),
+        "p50": pct(50),
+        "p90": pct(90),
+        "p99": pct(99),
+        "min": xs[0],
+        "max": xs[-1],
+    }
+
+
+def current_rss_bytes(pid: int | None = None) -> int | None:
+    """Resident set size of ``pid`` (default: this process) now; None where /proc cannot tell."""
+    try:
+        fields = Path(f"/proc/{pid or 'self'}/statm").read_text().split()
+        return int(fields[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def peak_rss_bytes() -> int:
+    """Largest resident set size of this process since it started or since :func:`reset_peak_rss`."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # macOS reports bytes, Linux KiB
+
+
+def reset_peak_rss() -> bool:
+    """Lower the high-water mark of :func:`peak_rss_bytes` to the current RSS; False where unsupported."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False

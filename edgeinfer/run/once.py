@@ -1,0 +1,206 @@
+"""One model (file or bundle) run once on given tensors or texts: what ``edgeinfer run`` does.
+
+:func:`run_once` picks the session (paged or plain, bundle or file), makes the feeds (``.npy``
+files, or texts through a bundle's tokenizer), runs, pools embeddings for text bundles, writes
+the outputs and returns the report that ``edgeinfer run --json`` prints. Error messages name the
+CLI's options because that is where the values come from.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from edgeinfer.errors import InputError
+
+if TYPE_CHECKING:
+    from edgeinfer.contract.backend import Session
+    from edgeinfer.run.bundle import Bundle
+
+
+@dataclass(frozen=True)
+class Paging:
+    """``--paging W`` with its ``--segments`` / ``--cut`` and prefetch; ``window`` None = not paged."""
+
+    window: int | None = None
+    segments: int | None = None
+    cuts: tuple[str, ...] = ()
+    prefetch: bool = True
+
+    @property
+    def requested(self) -> bool:
+        return self.window is not None or self.segments is not None or bool(self.cuts)
+
+
+def read_feeds(specs: Sequence[str]) -> dict[str, Any]:
+    """``NAME=FILE.npy`` pairs → arrays (errors name the bad pair)."""
+    import numpy as np
+
+    feeds = {}
+    for item in specs:
+        name, sep, file = item.partition("=")
+        if not sep or not name or not file:
+            raise InputError(f"--input {item!r} is not NAME=FILE.npy")
+        if name in feeds:
+            raise InputError(f"--input {name} is given twice; give each input once")
+        path = Path(file)
+        if not path.is_file():
+            raise InputError(f"--input {name}: file not found: {path}")
+        try:
+            arr = np.load(path, allow_pickle=False)  # object arrays raise: nothing is unpickled
+        except Exception as e:
+            why = (str(e).splitlines() or [type(e).__name__])[0][:160]
+            raise InputError(f"--input {name}: {path} is not a readable .npy file ({why})") from None
+        if not isinstance(arr, np.ndarray):
+            arr.close()
+            raise InputError(f"--input {name}: {path} is a .npz archive; pass one .npy array per input")
+        feeds[name] = arr
+    return feeds
+
+
+def token_id_limits(model: Path, bundle: Bundle | None) -> dict[str, int]:
+    """Integer inputs that index an embedding table → its row count (from the ONNX graph,
+    else the bundle's tokenizer); empty when the model does not tell."""
+    from edgeinfer.planning.models.onnx import index_limits
+
+    if bundle:
+        files = [a for a in bundle.artifacts if a.suffix == ".onnx"]
+    else:
+        files = [model] if model.suffix == ".onnx" else []
+    limits: dict[str, int] = {}
+    for f in files[:1]:
+        limits.update(index_limits(f))
+    text = bundle.manifest.text if bundle is not None else None
+    if text is not None and "input_ids" not in limits:
+        from edgeinfer.run.bundle import load_tokenizer
+
+        limits["input_ids"] = load_tokenizer(bundle.path / text.tokenizer / "tokenizer.json",
+                                             text.max_length).get_vocab_size()
+    return limits
+
+
+def check_token_ids(feeds: dict[str, Any], limits: dict[str, int]) -> None:
+    """Refuse token ids outside [0, vocabulary): a backend would read out of bounds or return garbage."""
+    for name, rows in limits.items():
+        arr = feeds.get(name)
+        if arr is None or arr.dtype.kind not in "iu" or arr.size == 0:
+            continue
+        lo, hi = int(arr.min()), int(arr.max())
+        if lo < 0 or hi >= rows:
+            bad = lo if lo < 0 else hi
+            raise InputError(f"--input {name}: id {bad} is outside the model's vocabulary [0, {rows}); "
+                             "pass ids made by the model's tokenizer (or use --text)")
+
+
+def write_outputs(outputs: dict[str, Any], out_dir: Path) -> list[Path]:
+    """Write every output as ``out_dir/<name>.npy``, all or nothing."""
+    import numpy as np
+
+    from edgeinfer.files import temp_dir
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    staged = []
+    with temp_dir(out_dir, "outputs") as tmp:
+        for name, arr in outputs.items():
+            safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+            p = Path(tmp) / f"{safe}.npy"
+            np.save(p, arr)
+            staged.append((p, out_dir / p.name))
+        for src, dst in staged:
+            os.replace(src, dst)
+    return [dst for _, dst in staged]
+
+
+def _check_request(model: Path, inputs: Sequence[str], texts: Sequence[str], out_dir: Path | None) -> None:
+    if not model.exists():
+        raise InputError(f"model file not found: {model}")
+    if texts and inputs:
+        raise InputError("give either --text or --input, not both")
+    if not texts and not inputs:
+        raise InputError("nothing to run: pass --input NAME=FILE.npy (or --text for text bundles)")
+    if out_dir is not None:
+        from edgeinfer.files import check_output_dir
+
+        check_output_dir(out_dir, "--out")
+
+
+def _feeds(model: Path, bundle: Bundle | None, inputs: Sequence[str], texts: Sequence[str]) -> dict[str, Any]:
+    if not texts:
+        feeds = read_feeds(inputs)
+        check_token_ids(feeds, token_id_limits(model, bundle))
+        return feeds
+    if bundle is None:
+        raise InputError("--text needs a bundle with a tokenizer (made by `edgeinfer deploy` from a HF directory)")
+    return bundle.tokenize(list(texts))
+
+
+def open_session(model: Path, bundle: Bundle | None, backend: str | None, device: str | None,
+                 shapes: Sequence[str], paging: Paging) -> Session:
+    """A layer-paged session when ``paging`` asks for one (plain ``.onnx`` only), else ``edgeinfer.load``."""
+    if not paging.requested:
+        from edgeinfer.build.deploy import parse_shapes
+        from edgeinfer.run.loading import load
+
+        extra = {"shapes": parse_shapes(tuple(shapes))} if shapes else {}
+        return load(model, backend=backend, device=device, **extra)
+    from edgeinfer.build.segments import open_paged
+
+    for opt, value in (("--paging", paging.window), ("--segments", paging.segments)):
+        if value is not None and value < 1:
+            raise InputError(f"{opt} must be at least 1, got {value}")
+    if paging.window is None or bundle is not None:
+        raise InputError("--segments/--cut go with --paging W on an .onnx model (a paged bundle pages by itself)")
+    return open_paged(model, backend=backend, device=device, window=paging.window, segments=paging.segments,
+                      cuts=list(paging.cuts), prefetch=paging.prefetch)
+
+
+def run_once(
+    model: Path,
+    inputs: Sequence[str] = (),
+    texts: Sequence[str] = (),
+    backend: str | None = None,
+    device: str | None = None,
+    out_dir: Path | None = None,
+    shapes: Sequence[str] = (),
+    paging: Paging = Paging(),
+) -> dict[str, Any]:
+    """Run ``model`` once; the report: backend, device, each output's name/shape/dtype/non-finite count,
+    load and run times, written files, paging stats (paged sessions) and embeddings (text bundles)."""
+    import numpy as np
+
+    from edgeinfer.build.golden import non_finite
+    from edgeinfer.run.bundle import Bundle, is_bundle, run_padded
+
+    _check_request(model, inputs, texts, out_dir)
+    bundle = Bundle.open(model) if is_bundle(model) else None
+    feeds = _feeds(model, bundle, inputs, texts)
+    t0 = time.perf_counter()
+    session = open_session(model, bundle, backend, device, shapes, paging)
+    load_s = time.perf_counter() - t0
+    with session:
+        t1 = time.perf_counter()
+        outputs = run_padded(session, feeds) if bundle else session.run(feeds)
+        run_s = time.perf_counter() - t1
+    if texts and bundle.manifest.text.pooling != "none":
+        outputs = {**outputs, "embeddings": bundle.embed(outputs, feeds)}
+    written = write_outputs(outputs, out_dir) if out_dir else []
+    report: dict[str, Any] = {
+        "model": str(model),
+        "backend": session.backend_name,
+        "device": session.device,
+        "outputs": [
+            {"name": k, "shape": list(np.shape(v)), "dtype": np.asarray(v).dtype.name, "non_finite": non_finite(v)}
+            for k, v in outputs.items()
+        ],
+        "timing_ms": {"load": load_s * 1e3, "run": run_s * 1e3},
+        "written": [str(p) for p in written],
+    }
+    if hasattr(session, "stats"):  # a paged session: page-in times and resident bytes
+        report["paging"] = session.stats()
+    if "embeddings" in outputs:
+        report["embeddings"] = np.round(outputs["embeddings"], 6).tolist()
+    return report
