@@ -11,26 +11,8 @@ import numpy as np
 from edgeinfer.contract.backend import Session, latency_stats
 from edgeinfer.errors import InputError
 from edgeinfer.progress import Progress
+from edgeinfer.run import measure
 from edgeinfer.run.bundle import Bundle, run_padded, static_batch
-
-
-def _clear_peak_rss() -> bool:
-    """Reset the kernel's peak-RSS counter (VmHWM) so each batch size gets its own peak."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        return True
-    except OSError:
-        return False
-
-
-def _peak_rss() -> int | None:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 def feeds_for(bundle: Bundle, base: dict[str, np.ndarray], batch: int, seq: int | None) -> dict[str, np.ndarray]:
@@ -70,7 +52,7 @@ def bench(
         feeds = feeds_for(bundle, base, b, s)
         for _ in range(warmup):
             run_padded(session, feeds)
-        reset = _clear_peak_rss()
+        reset = measure.reset_peak_rss()  # each batch size gets its own peak
         times = []
         for _ in range(repeat):
             t = time.perf_counter()
@@ -84,7 +66,7 @@ def bench(
                 "seq": s if s is not None else _seq(feeds),
                 "latency_ms": {"p50": lat["p50"], "p95": p95, "p99": lat["p99"], "mean": lat["mean"]},
                 "throughput_per_s": b / (lat["mean"] / 1e3),
-                "peak_rss_bytes": _peak_rss() if reset else None,
+                "peak_rss_bytes": measure.peak_rss_bytes() if reset else None,
                 "runs_per_call": -(-b // fixed) if fixed else 1,
             }
         )
