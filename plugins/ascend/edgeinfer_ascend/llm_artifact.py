@@ -138,7 +138,8 @@ def check_device_memory(model: Path, scheme: str, dtype: str, context: int, slot
     if text is None:
         return
     need = memory_need(model, scheme, dtype, context, slots)
-    problems = doctor.memory_problems(doctor.parse_npu_smi_info(text), dev.device_index(device), need,
-                                      context=context, slots=slots, scheme=scheme)
+    problems = doctor.memory_problems(
+        doctor.parse_npu_smi_info(text), dev.device_index(device), need, context=context, slots=slots,
+        scheme=scheme, need_at=lambda ctx: sum(memory_need(model, scheme, dtype, ctx, slots).values()))
     if problems:
         raise InputError(problems[0].message, problems[0].fix)
