@@ -227,9 +227,10 @@ def test_memory_shortfall_says_what_to_change():
 
 
 def test_decoder_memory_check_reads_npu_smi_through_the_device_module(tmp_path, monkeypatch):
+    from edgeinfer_ascend import llm_artifact
+
     from edgeinfer.errors import InputError
     from edgeinfer.testing.llm import model_dir
-    from edgeinfer_ascend import llm_artifact
 
     _fake_npu_smi_standin(tmp_path, "recorded_npu_smi_910b4.txt")
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
