@@ -62,6 +62,13 @@ def select_ops(device: str, fused: Any = "auto") -> Any:
     the reference math. ``fused``: "auto", True (require them), False, or an ops object (tests' stand-in)."""
     from . import device as dev
 
+    if isinstance(fused, str):
+        words = {"auto": "auto", "true": True, "on": True, "1": True, "false": False, "off": False, "0": False}
+        if fused.strip().lower() not in words:
+            from edgeinfer.errors import InputError
+
+            raise InputError(f"fused must be auto, true or false, got {fused!r}")
+        fused = words[fused.strip().lower()]
     if fused not in ("auto", True, False, None):
         return fused
     if fused is False or fused is None:

@@ -109,7 +109,9 @@ def convert_decoder(model: Path, scheme: str, context: int, out: Path, calibrati
                 "prefill_buckets": list(buckets), "quant": INT8_METHOD if scheme == "w8a16" else None,
                 "source": model.name}
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1))
-    facts = {"target": "torch", **{k: v for k, v in manifest.items() if k not in ("format", "kind")}}
+    # the core's stamp records the scheme and the source itself
+    stamped = ("format", "kind", "scheme", "source")
+    facts = {"target": "torch", **{k: v for k, v in manifest.items() if k not in stamped}}
     if calibration is not None:
         facts["calibration"] = "not used: weight-only INT8 (torchao) is data-free"
     return facts

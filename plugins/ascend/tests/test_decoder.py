@@ -96,9 +96,10 @@ def test_a_scheme_the_board_lacks_is_refused_with_the_supported_list(ascend, llm
 def test_artifact_loads_without_pickle_and_gives_the_same_tokens(ascend, llm_dir, tmp_path):
     out = tmp_path / "tiny-qwen3-ascend-fp16"
     facts = ascend.convert_decoder(llm_dir, "fp16", 64, out, prefill_buckets=[16, 32])
-    assert facts["scheme"] == "fp16" and facts["prefill_buckets"] == [16, 32] and facts["context"] == 64
+    assert facts["dtype"] == "fp16" and facts["prefill_buckets"] == [16, 32] and facts["context"] == 64
+    assert "scheme" not in facts and "source" not in facts  # the core's stamp writes those
     manifest = json.loads((out / "ascend-decoder.json").read_text())
-    assert manifest["dtype"] == "fp16"
+    assert manifest["scheme"] == "fp16" and manifest["dtype"] == "fp16"
     suffixes = {p.suffix for p in out.iterdir()}
     assert suffixes <= {".json", ".safetensors", ".jinja"}, suffixes  # no pickle-based weights
     from safetensors import safe_open
