@@ -132,3 +132,17 @@ def test_op_times_per_phase(ascend_generator):
         assert [o.time_ms for o in ops] == sorted((o.time_ms for o in ops), reverse=True)
         assert any("aten::" in o.name for o in ops)
     assert d.lengths[0] == 0  # profiling leaves the slot empty
+
+
+def test_prefill_chunking_never_runs_a_bucket_past_the_context():
+    from edgeinfer_ascend.decoder import chunks, parse_buckets
+
+    assert list(chunks(37, 0, 48, (16,))) == [(0, 16, 16), (16, 16, 16), (32, 5, 16)]
+    assert list(chunks(20, 0, 64, (16, 64))) == [(0, 20, 64)]
+    # 24 positions left: one bucket of 16, then the last 4 one by one through the decode step
+    assert list(chunks(20, 40, 64, (16, 64))) == [(0, 16, 16), (16, 1, None), (17, 1, None), (18, 1, None),
+                                                  (19, 1, None)]
+    assert parse_buckets("64, 8,500", 128) == (8, 64)
+    assert parse_buckets(None, 32) == (16,)
+    with pytest.raises(InputError, match="at least 2"):
+        parse_buckets([1, 16], 64)
