@@ -177,6 +177,18 @@ class AscendBackend(Backend):
                     "outputs": [o.to_json() for o in outputs]}
         return manifest, {"program.pt2": data}, inputs
 
+    # --- decoders (edgeinfer_ascend.decoder) --------------------------------------------------
+    def open_decoder(self, model: Path, device: str | None, context: int, slots: int, **options: Any):
+        from .decoder import open_decoder
+
+        return open_decoder(model, device, context, slots, **options)
+
+    def convert_decoder(self, model: Path, scheme: str, context: int, out: Path, calibration=None,
+                        **options: Any) -> dict[str, Any]:
+        from .llm_artifact import convert_decoder
+
+        return convert_decoder(model, scheme, context, out, calibration, **options)
+
     # --- open -------------------------------------------------------------------------------
     def open(self, artifact: Path, device: str | None, **options: Any) -> Session:
         unknown = set(options) - set(LOAD_OPTIONS)

@@ -162,6 +162,14 @@ def is_npu(device: str) -> bool:
     return device.startswith("npu")
 
 
+def device_index(device: str) -> int:
+    """The position of ``device`` among the chips npu-smi lists: ``ASCEND_RT_VISIBLE_DEVICES=3`` makes
+    the only visible card ``npu:0``."""
+    idx = int(device.partition(":")[2] or 0)
+    visible = [v.strip() for v in os.environ.get("ASCEND_RT_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    return int(visible[idx]) if idx < len(visible) and visible[idx].isdigit() else idx
+
+
 def set_device(device: str) -> None:
     if is_npu(device):
         import torch
@@ -178,16 +186,87 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def compile_backend(device: str, requested: str | None = None) -> Any:
-    """TorchAir's NPU backend on Ascend; torch's default compiler (or ``requested``) elsewhere."""
+def compile_backend(device: str, requested: str | None = None, mode: str | None = None) -> Any:
+    """TorchAir's NPU backend on Ascend; torch's default compiler (or ``requested``) elsewhere.
+
+    ``mode="reduce-overhead"`` asks TorchAir for aclgraph capture/replay (Atlas A2/A3) and, where the
+    installed TorchAir has the switch, static-shape kernels compiled for each captured shape (TorchAir
+    user guide: "reduce-overhead模式配置", "静态Kernel编译配置", hiascend.com Pytorch 7.x docs).
+    """
     if requested:
         return requested
     if is_npu(device):
         import torchair  # shipped with torch_npu
 
         config = torchair.CompilerConfig()
+        experimental = getattr(config, "experimental_config", None)
+        if experimental is not None and hasattr(experimental, "frozen_parameter"):
+            experimental.frozen_parameter = True  # weights never change during inference
+        if mode:
+            config.mode = mode
+            aclgraph = getattr(experimental, "aclgraph", None)
+            if mode == "reduce-overhead" and hasattr(aclgraph, "_aclnn_static_shape_kernel"):
+                aclgraph._aclnn_static_shape_kernel = True
         return torchair.get_npu_backend(compiler_config=config)
     return "inductor"
+
+
+def soc_name(device: str) -> str:
+    """The chip's name as torch_npu reports it ("Ascend910B4", "Ascend310P3"); "" off the NPU."""
+    if not is_npu(device):
+        return ""
+    import torch
+
+    return str(torch.npu.get_device_name(device))
+
+
+class NpuFusedOps:
+    """The decoder's fused operators on the NPU (the interface of :class:`edgeinfer_ascend.llm.ReferenceOps`).
+
+    Signatures from the Ascend Extension for PyTorch API reference (hiascend.com, Pytorch 7.0.0
+    apilist): ``npu_rms_norm(x, gamma, epsilon) -> (y, rstd)``; ``npu_rotary_mul(x, r1, r2)`` in "half"
+    mode, x BSND with r1 / r2 BS1D; ``npu_fused_infer_attention_score(q, k, v, *, atten_mask, num_heads,
+    scale, input_layout, num_key_value_heads) -> (out, lse)`` with ``atten_mask`` True where a position is
+    *not* attended. The fused attention kernel is documented for Atlas A2/A3 (910B and later); on other
+    chips (310P) attention stays on the reference math and only the norm and rotary kernels are fused.
+    """
+
+    fused = True
+
+    def __init__(self, torch_npu: Any, attention: bool):
+        self.npu = torch_npu
+        self.fused_attention = attention
+        self.name = ("fused Ascend operators (npu_rms_norm, npu_rotary_mul"
+                     + (", npu_fused_infer_attention_score)" if attention else "; attention: SDPA)"))
+
+    def rms_norm(self, x: Any, weight: Any, eps: float) -> Any:
+        return self.npu.npu_rms_norm(x, weight, epsilon=eps)[0]
+
+    def rotary(self, x: Any, cos: Any, sin: Any) -> Any:
+        return self.npu.npu_rotary_mul(x, cos, sin)
+
+    def attention(self, q: Any, k: Any, v: Any, mask: Any, scale: float) -> Any:
+        if not self.fused_attention:
+            from .llm import ReferenceOps
+
+            return ReferenceOps().attention(q, k, v, mask, scale)
+        out, _ = self.npu.npu_fused_infer_attention_score(
+            q, k, v, atten_mask=~mask, num_heads=q.shape[2], num_key_value_heads=k.shape[2],
+            input_layout="BSND", scale=scale,
+        )
+        return out
+
+
+def npu_fused_ops(device: str) -> NpuFusedOps | None:
+    """The fused operators where ``device`` is an NPU with torch_npu, else None."""
+    if not is_npu(device):
+        return None
+    torch_npu = npu_runtime()
+    if torch_npu is None or not hasattr(torch_npu, "npu_rms_norm"):
+        return None
+    attention = hasattr(torch_npu, "npu_fused_infer_attention_score") and soc_name(device).startswith(
+        ("Ascend910", "Ascend950"))
+    return NpuFusedOps(torch_npu, attention)
 
 
 def allocator_stats(device: str) -> dict[str, int]:
