@@ -24,6 +24,14 @@ def register_backends(register):
     register(HalfBackend)
 """
 
+HOOK_RAISES = """
+from edgeinfer import hookimpl
+
+@hookimpl
+def register_backends(register):
+    raise RuntimeError("vendor SDK licence check failed")
+"""
+
 ADDS_COMMAND = """
 import click
 from edgeinfer import hookimpl
@@ -55,6 +63,14 @@ def test_backend_missing_a_required_method_fails_registration_by_name(tmp_path):
     failed = {f["plugin"]: f["error"] for f in report["failed_plugins"]}
     assert "half" in failed and "`open`" in failed["half"]
     assert "half" not in {b["name"] for b in report["backends"]}
+
+
+def test_hook_that_raises_is_reported_against_its_plugin_and_others_register(tmp_path):
+    env = make_plugin_dist(tmp_path, "edgeinfer-raises", "raises", HOOK_RAISES)
+    report = json.loads(edgeinfer("backends", "--json", env=env).stdout)
+    failed = {f["plugin"]: f["error"] for f in report["failed_plugins"]}
+    assert failed["raises"] == "register_backends failed: RuntimeError: vendor SDK licence check failed"
+    assert {"onnxruntime", "openvino", "example"} <= {b["name"] for b in report["backends"]}
 
 
 def test_edgeinfer_plugins_restricts_what_loads(tmp_path):
