@@ -318,7 +318,7 @@ class Backend:
         self, model: Path, scheme: str, calibration: CalibrationSet | None, out: Path, **options: Any
     ) -> dict[str, Any]:
         """Write the native artifact for ``model`` at ``out``; return stamp facts
-        (``toolkit_version``, ``target``, ``inputs``: list of TensorSpec) about it."""
+        (``target``, ``inputs`` and ``outputs``: lists of TensorSpec) about it."""
         raise NotImplementedError
 
     def open(self, artifact: Path, device: str | None, **options: Any) -> Session:

@@ -295,7 +295,8 @@ class BackendConformance:
         out = tmp_path / ("out" + backend.native_suffixes[0])
         with pytest.raises(EdgeInferError) as err:
             backend.quantize(bad, None, None, out, **self.quantize_options)
-        assert "\n" not in err.value.one_line()
+        line = err.value.one_line()
+        assert "\n" not in line and "corrupt" in line, f"the error must name the file it could not read: {line}"
         assert not out.exists() and not stamp.stamp_path(out).exists(), "nothing half-written may remain"
 
     # --- the optional facts the core asks (docs/writing-a-backend.md) ----------------------------------
