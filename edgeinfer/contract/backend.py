@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # numpy is imported where arrays are handled, so `edgeinfer p
     from edgeinfer.contract.decoder import Decoder
 
 from edgeinfer.contract import stamp
-from edgeinfer.contract.helpers import check_options, first_line
+from edgeinfer.contract.helpers import check_options, first_line, slowest_first
 from edgeinfer.errors import BackendError, EdgeInferError, FeedError, InputError, ModelError
 from edgeinfer.planning.quant import normalize_scheme
 
@@ -220,7 +220,7 @@ class Session:
         raise NotImplementedError
 
     def op_times(self, feeds: dict[str, np.ndarray]) -> list[OpTime]:
-        """Per-op times of one run, slowest first; empty when the SDK gives none."""
+        """Per-op times of one run, in any order (``profile`` sorts them); empty when the SDK gives none."""
         return []
 
     def release(self) -> None:
@@ -249,7 +249,7 @@ class Session:
             self.run(feeds)
             times.append((time.perf_counter() - t) * 1e3)
         try:
-            ops = self.op_times(validate_feeds(self.inputs, feeds))[:top]
+            ops = slowest_first(self.op_times(validate_feeds(self.inputs, feeds)))[:top]
         except EdgeInferError:
             raise
         except Exception as e:

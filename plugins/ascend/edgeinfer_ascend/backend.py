@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from edgeinfer.contract import Backend, CalibrationSet, OpTime, Probe, Problem, Session, TensorSpec
-from edgeinfer.contract.helpers import first_line, slowest_first
+from edgeinfer.contract.helpers import first_line
 from edgeinfer.errors import BackendUnavailableError, InputError
 
 from . import buckets as bk
@@ -357,9 +357,8 @@ class AscendSession(Session):
     def op_times(self, feeds: dict[str, np.ndarray]) -> list[OpTime]:
         rows = dev.profile_ops(self.device, lambda: self.infer(feeds))
         kind = "npu" if dev.is_npu(self.device) else self.device.split(":")[0]
-        ops = [OpTime(name=name, op_type=name.split("::")[-1], time_ms=ms, exec_type=kind) for name, ms,
-               _ in rows if ms > 0]
-        return slowest_first(ops)
+        return [OpTime(name=name, op_type=name.split("::")[-1], time_ms=ms, exec_type=kind) for name, ms,
+                _ in rows if ms > 0]
 
     def profile_notes(self) -> dict[str, Any]:
         notes: dict[str, Any] = {

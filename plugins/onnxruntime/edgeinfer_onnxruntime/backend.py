@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from edgeinfer.contract import Backend, CalibrationSet, OpTime, Probe, Problem, Session, TensorSpec
-from edgeinfer.contract.helpers import check_device, first_line, package_version, slowest_first
+from edgeinfer.contract.helpers import check_device, first_line, package_version
 from edgeinfer.errors import InputError
 
 DEVICES = ("cpu", "auto")
@@ -89,7 +89,7 @@ class OnnxRuntimeSession(Session):
 
 
 def node_times(events: list[dict[str, Any]]) -> list[OpTime]:
-    """Aggregate the last run's 'Node' events of an onnxruntime profile, slowest first."""
+    """Aggregate the last run's 'Node' events of an onnxruntime profile."""
     runs = [e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"]
     start = runs[-1]["ts"] if runs else 0
     totals: dict[str, float] = defaultdict(float)
@@ -100,8 +100,7 @@ def node_times(events: list[dict[str, Any]]) -> list[OpTime]:
         node = e["name"][: -len("_kernel_time")]
         totals[node] += e.get("dur", 0) / 1e3
         kinds[node] = e.get("args", {}).get("op_name", "")
-    ops = [OpTime(name=n, op_type=kinds[n], time_ms=t, exec_type="CPUExecutionProvider") for n, t in totals.items()]
-    return slowest_first(ops)
+    return [OpTime(name=n, op_type=kinds[n], time_ms=t, exec_type="CPUExecutionProvider") for n, t in totals.items()]
 
 
 class _Reader:

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from edgeinfer.contract import Backend, CalibrationSet, OpTime, Probe, Problem, Session, TensorSpec, validate_feeds
-from edgeinfer.contract.helpers import first_line, package_version, slowest_first
+from edgeinfer.contract.helpers import first_line, package_version
 from edgeinfer.contract.onnx_io import onnx_io
 from edgeinfer.errors import BackendError, EdgeInferError, InputError, ModelError
 
@@ -428,7 +428,7 @@ def precision_config(device: str, scheme: str | None, precision: str | None) -> 
 
 
 def perf_counts(infos: Sequence[Any]) -> list[OpTime]:
-    """OpTimes of executed nodes from ``get_profiling_info()``, slowest first."""
+    """OpTimes of executed nodes from ``get_profiling_info()``."""
     ops = []
     for info in infos:
         status = getattr(info.status, "name", str(info.status))
@@ -442,7 +442,7 @@ def perf_counts(infos: Sequence[Any]) -> list[OpTime]:
                 exec_type=info.exec_type,
             )
         )
-    return slowest_first(ops)
+    return ops
 
 
 def npu_details(get_property: Any) -> dict[str, Any]:
