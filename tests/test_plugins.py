@@ -91,7 +91,7 @@ def test_plugin_can_add_a_command(tmp_path):
 def test_unknown_backend_lists_the_known_ones():
     proc = edgeinfer("run", "x.onnx", "--backend", "nosuch")
     # the model file is checked first: a missing file is exit 2
-    assert proc.returncode == 2
+    assert proc.returncode == 2 and proc.stderr.strip() == "error: model file not found: x.onnx", proc.stderr
     import pytest
 
     import edgeinfer as ei
