@@ -77,3 +77,115 @@ def test_contract_problem_names_the_missing_method():
         name = ""
 
     assert "does not set `name`" in contract_problem(Nameless)
+
+
+# --- the chores the core does once for every plugin (edgeinfer.contract.helpers, onnx_io) ------------------
+
+
+def test_first_line_skips_blank_and_unwanted_lines_and_cuts():
+    from edgeinfer.contract.helpers import first_line
+
+    assert first_line(ValueError("\n  \n  bad header  \nTraceback follows")) == "bad header"
+    assert first_line(KeyError()) == "KeyError"  # no message: the exception's type
+    skip = first_line(RuntimeError("Exception from src/x.cpp:1:\nCheck 'a'\nshape mismatch"), 240,
+                      skip=lambda ln: ln.startswith(("Exception from", "Check")))
+    assert skip == "shape mismatch"
+    assert first_line(RuntimeError("x" * 300), 20) == "x" * 17 + "..."
+
+
+def test_check_options_names_the_bad_key_and_what_is_accepted():
+    from edgeinfer.contract.helpers import check_options
+    from edgeinfer.errors import InputError
+
+    check_options({"threads": 2}, ("threads",), "backend 'b'")
+    with pytest.raises(InputError) as e:
+        check_options({"threads": 1, "zz": 1, "aa": 2}, ("threads", "hint"), "backend 'b'")
+    assert e.value.one_line() == "unknown option 'aa' for backend 'b'; known: threads, hint"
+    with pytest.raises(InputError) as e:
+        check_options({"aa": 1}, (), "backend 'b' convert")
+    assert e.value.one_line() == "unknown option 'aa' for backend 'b' convert; it takes no options"
+
+
+def test_core_refuses_unknown_options_before_the_backend_sees_them(tmp_path):
+    from edgeinfer.errors import InputError
+
+    class Refusing(Backend):
+        name = "refusing"
+        native_suffixes = (".x",)
+        convert_options = ("target",)
+
+        def convert(self, *a, **k):
+            raise AssertionError("convert must not be called")
+
+        def open(self, *a, **k):
+            raise AssertionError("open must not be called")
+
+    model = tmp_path / "m.onnx"
+    model.write_bytes(b"")
+    with pytest.raises(InputError, match="unknown option 'bogus' for backend 'refusing' convert; known: target"):
+        Refusing().quantize(model, "fp32", None, tmp_path / "m.x", bogus=1)
+    with pytest.raises(InputError, match="unknown option 'threads' for backend 'refusing'; it takes no options"):
+        Refusing().load(model, threads=1)
+
+
+def test_check_device_accepts_listed_names_in_any_case():
+    from edgeinfer.contract.helpers import check_device
+    from edgeinfer.errors import InputError
+
+    for ok in (None, "", "CPU", "cpu", "Auto"):
+        check_device(ok, ("cpu", "auto"), "b")
+    with pytest.raises(InputError) as e:
+        check_device("npu", ("cpu", "auto"), "b")
+    assert e.value.one_line() == "unknown device 'npu' for backend 'b'; use one of: cpu, auto (or omit --device)"
+
+
+def test_package_version_and_missing():
+    from importlib.metadata import version
+
+    from edgeinfer.contract.helpers import package_version
+
+    assert package_version("numpy") == version("numpy") == np.__version__
+    assert package_version("no-such-distribution-xyz") is None
+    assert package_version("no-such-distribution-xyz", "missing") == "missing"
+
+
+def test_onnx_io_leaves_initializers_out_and_keeps_symbolic_dims():
+    pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    from edgeinfer.contract.onnx_io import onnx_io
+
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "w"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT16, ["batch", 4]),
+         helper.make_tensor_value_info("w", TensorProto.FLOAT16, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, ["batch", None])],
+        [numpy_helper.from_array(np.zeros(4, np.float16), "w")])
+    inputs, outputs = onnx_io(helper.make_model(graph))
+    assert inputs == [TensorSpec("x", ("batch", 4), "float16")]
+    assert outputs == [TensorSpec("y", ("batch", None), "float16")]
+
+
+def test_profile_sorts_op_times_and_reports_load_time(tmp_path):
+    from edgeinfer.contract.backend import OpTime, Session
+
+    class Unsorted(Session):
+        def infer(self, feeds):
+            return {"y": feeds["x"]}
+
+        def op_times(self, feeds):
+            return [OpTime("a", "Add", 1.0), OpTime("b", "MatMul", 3.0), OpTime("c", "Relu", 2.0)]
+
+    class Opens(Backend):
+        name = "opens"
+        native_suffixes = (".x",)
+
+        def open(self, artifact, device, **options):
+            return Unsorted([TensorSpec("x", (1,), "float32")], [TensorSpec("y", (1,), "float32")])
+
+    art = tmp_path / "m.x"
+    art.write_bytes(b"")
+    s = Opens().load(art)
+    prof = s.profile({"x": np.ones(1, np.float32)}, repeat=1, top=2)
+    assert [o.name for o in prof.ops] == ["b", "c"]
+    assert s.load_ms is not None and s.load_ms >= 0 and prof.notes["load_ms"] == s.load_ms

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -173,28 +174,30 @@ def test_onnx_initializer_bytes(tmp_path, external):
 
 
 # --------------------------------------------------------------- bad input: one line, exit 2
-def _check_bad(ref):
+def _check_bad(ref, *words):
+    """The one-line message of a bad model reference, checked to name the file and say each of ``words``."""
     with pytest.raises(EdgeInferError) as e:
         resolve(ref)
-    assert e.value.exit_code == 2
-    assert "\n" not in e.value.one_line()
-    return e.value.one_line()
+    msg = e.value.one_line()
+    assert e.value.exit_code == 2 and "\n" not in msg
+    assert Path(ref).name in msg and all(w in msg for w in words), msg
+    return msg
 
 
 def test_garbage_and_truncated_files(tmp_path):
     (tmp_path / "g.gguf").write_bytes(b"GGUF" + b"\xff" * 40)
-    _check_bad(str(tmp_path / "g.gguf"))
+    _check_bad(str(tmp_path / "g.gguf"), "not a valid GGUF file", "re-download")
     (tmp_path / "n.gguf").write_bytes(b"not a gguf at all")
     assert "not a GGUF" in _check_bad(str(tmp_path / "n.gguf"))
     good = tmp_path / "t.gguf"
     _write_gguf(good)
     data = good.read_bytes()
     (tmp_path / "cut.gguf").write_bytes(data[: len(data) - 3000])
-    _check_bad(str(tmp_path / "cut.gguf"))
+    _check_bad(str(tmp_path / "cut.gguf"), "not a valid GGUF file", "re-download")
     (tmp_path / "g.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all}")
-    _check_bad(str(tmp_path / "g.safetensors"))
+    _check_bad(str(tmp_path / "g.safetensors"), "not a valid safetensors file", "re-download")
     (tmp_path / "huge.safetensors").write_bytes(b"\xff" * 8 + b"{}")
-    _check_bad(str(tmp_path / "huge.safetensors"))
+    _check_bad(str(tmp_path / "huge.safetensors"), "header length", "does not fit a 10-byte file")
     d = tmp_path / "st"
     d.mkdir()
     _write_tiny(d)
@@ -202,11 +205,11 @@ def test_garbage_and_truncated_files(tmp_path):
     (tmp_path / "cut.safetensors").write_bytes(raw[:-100])
     assert "truncated" in _check_bad(str(tmp_path / "cut.safetensors"))
     (tmp_path / "g.onnx").write_bytes(b"\x00garbage\xff" * 10)
-    _check_bad(str(tmp_path / "g.onnx"))
+    _check_bad(str(tmp_path / "g.onnx"), "not a valid ONNX model", "re-export")
     _write_onnx(tmp_path / "ok.onnx")
     raw = (tmp_path / "ok.onnx").read_bytes()
     (tmp_path / "cut.onnx").write_bytes(raw[: len(raw) // 2])
-    _check_bad(str(tmp_path / "cut.onnx"))
+    _check_bad(str(tmp_path / "cut.onnx"), "not a valid ONNX model", "re-export")
 
 
 def test_config_missing_keys_and_unsupported_type(tmp_path):
@@ -218,4 +221,4 @@ def test_config_missing_keys_and_unsupported_type(tmp_path):
     msg = _check_bad(str(tmp_path))
     assert "unsupported model_type 'mamba'" in msg and "qwen3" in msg
     (tmp_path / "config.json").write_text("{broken")
-    _check_bad(str(tmp_path))
+    _check_bad(str(tmp_path), "config.json")

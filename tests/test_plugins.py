@@ -24,6 +24,14 @@ def register_backends(register):
     register(HalfBackend)
 """
 
+HOOK_RAISES = """
+from edgeinfer import hookimpl
+
+@hookimpl
+def register_backends(register):
+    raise RuntimeError("vendor SDK licence check failed")
+"""
+
 ADDS_COMMAND = """
 import click
 from edgeinfer import hookimpl
@@ -57,6 +65,14 @@ def test_backend_missing_a_required_method_fails_registration_by_name(tmp_path):
     assert "half" not in {b["name"] for b in report["backends"]}
 
 
+def test_hook_that_raises_is_reported_against_its_plugin_and_others_register(tmp_path):
+    env = make_plugin_dist(tmp_path, "edgeinfer-raises", "raises", HOOK_RAISES)
+    report = json.loads(edgeinfer("backends", "--json", env=env).stdout)
+    failed = {f["plugin"]: f["error"] for f in report["failed_plugins"]}
+    assert failed["raises"] == "register_backends failed: RuntimeError: vendor SDK licence check failed"
+    assert {"onnxruntime", "openvino", "example"} <= {b["name"] for b in report["backends"]}
+
+
 def test_edgeinfer_plugins_restricts_what_loads(tmp_path):
     env = make_plugin_dist(tmp_path, "edgeinfer-broken", "broken", BROKEN)
     only = json.loads(edgeinfer("backends", "--json", env=dict(env, EDGEINFER_PLUGINS="onnxruntime")).stdout)
@@ -75,7 +91,7 @@ def test_plugin_can_add_a_command(tmp_path):
 def test_unknown_backend_lists_the_known_ones():
     proc = edgeinfer("run", "x.onnx", "--backend", "nosuch")
     # the model file is checked first: a missing file is exit 2
-    assert proc.returncode == 2
+    assert proc.returncode == 2 and proc.stderr.strip() == "error: model file not found: x.onnx", proc.stderr
     import pytest
 
     import edgeinfer as ei

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from edgeinfer.contract.backend import TensorSpec, validate_feeds
+from edgeinfer.contract.helpers import first_line
 from edgeinfer.errors import FeedError, InputError
 
 DEFAULT_SAMPLES = 128  # enough for MinMax-style PTQ on the models we target
@@ -107,15 +108,11 @@ def _load_arrays(path: Path, archive: bool) -> Any:
             with loaded:
                 arrays = {k: loaded[k] for k in loaded.files}
     except Exception as e:
-        raise InputError(f"{path} is not a readable {path.suffix or 'NumPy'} file ({_first_line(e)})") from None
+        raise InputError(f"{path} is not a readable {path.suffix or 'NumPy'} file ({first_line(e, 160)})") from None
     if archive != isinstance(arrays, dict):
         kind = ".npz archive of named arrays" if archive else ".npy array"
         raise InputError(f"{path} is not a {kind}")
     return arrays
-
-
-def _first_line(e: Exception) -> str:
-    return (str(e).splitlines() or [type(e).__name__])[0][:160]
 
 
 def _checked(samples: list[Feeds], names: list[str], specs: Sequence[TensorSpec]) -> list[Feeds]:

@@ -9,6 +9,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from edgeinfer.contract.helpers import first_line
 from edgeinfer.errors import InputError, ModelError
 from edgeinfer.files import temp_file
 
@@ -62,7 +63,7 @@ def export_hf_onnx(hf_dir: Path, out: Path, shapes: dict[str, list[int | str]] |
                 f"{hf_dir}: its weights file holds pickled Python objects, not just tensors, and "
                 "torch.load(weights_only=True) refuses it (nothing was unpickled); use model.safetensors"
             ) from None
-        raise ModelError(f"transformers cannot load {hf_dir}: {str(e).splitlines()[0]}") from None
+        raise ModelError(f"transformers cannot load {hf_dir}: {first_line(e)}") from None
 
     names, output = kind["inputs"], kind["output"]
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # numpy is imported where arrays are made, so `edgeinfer plan --paging` stays light
     import numpy as np
 
-from edgeinfer.contract.backend import _first_line
+from edgeinfer.contract.helpers import first_line
 from edgeinfer.errors import EdgeInferError, InputError, ModelError
 
 INDEX = "segments.json"
@@ -70,7 +70,7 @@ def _load_model(model_path: Path) -> Any:
         return onnx.load(str(model_path))
     except Exception as e:
         raise ModelError(
-            f"{model_path.name} is not a readable ONNX model ({_first_line(e)}); export it again") from None
+            f"{model_path.name} is not a readable ONNX model ({first_line(e)}); export it again") from None
 
 
 def _subgraph_refs(node: Any) -> set[str]:
@@ -363,7 +363,7 @@ def split_onnx(
         try:
             onnx.checker.check_model(seg)
         except Exception as e:
-            raise ModelError(f"segment {k} is not a valid ONNX model ({_first_line(e)}); report this model") from None
+            raise ModelError(f"segment {k} is not a valid ONNX model ({first_line(e)}); report this model") from None
         path = out / f"segment_{k:02d}.onnx"
         weight_bytes = sum(_tensor_bytes(t) for t in inits)
         if weight_bytes > 1_800_000_000:  # protobuf's 2 GiB limit: weights go to a side file

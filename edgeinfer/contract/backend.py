@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # numpy is imported where arrays are handled, so `edgeinfer p
     from edgeinfer.contract.decoder import Decoder
 
 from edgeinfer.contract import stamp
+from edgeinfer.contract.helpers import check_options, first_line, slowest_first
 from edgeinfer.errors import BackendError, EdgeInferError, FeedError, InputError, ModelError
 from edgeinfer.planning.quant import normalize_scheme
 from edgeinfer.run.measure import latency_stats, peak_rss_bytes  # re-exported: plugins import them from here
@@ -178,6 +179,7 @@ class Session:
     :meth:`op_times` for per-op profiling and :meth:`release` to free resources)."""
 
     backend_name: str = ""
+    load_ms: float | None = None  # how long Backend.load took to open it
 
     def __init__(self, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec], device: str = ""):
         self.inputs = list(inputs)
@@ -191,7 +193,7 @@ class Session:
         raise NotImplementedError
 
     def op_times(self, feeds: dict[str, np.ndarray]) -> list[OpTime]:
-        """Per-op times of one run, slowest first; empty when the SDK gives none."""
+        """Per-op times of one run, in any order (``profile`` sorts them); empty when the SDK gives none."""
         return []
 
     def release(self) -> None:
@@ -206,7 +208,7 @@ class Session:
         except EdgeInferError:
             raise
         except Exception as e:  # the backend's own exception: keep its first line, say where it came from
-            raise BackendError(f"{self.backend_name} failed to run the model: {_first_line(e)}") from e
+            raise BackendError(f"{self.backend_name} failed to run the model: {first_line(e)}") from e
         return outputs
 
     def profile(self, feeds: Mapping[str, Any], repeat: int = 10, warmup: int = 1, top: int = 10) -> Profile:
@@ -220,18 +222,18 @@ class Session:
             self.run(feeds)
             times.append((time.perf_counter() - t) * 1e3)
         try:
-            ops = self.op_times(validate_feeds(self.inputs, feeds))[:top]
+            ops = slowest_first(self.op_times(validate_feeds(self.inputs, feeds)))[:top]
         except EdgeInferError:
             raise
         except Exception as e:
-            raise BackendError(f"{self.backend_name} failed to profile the model: {_first_line(e)}") from e
+            raise BackendError(f"{self.backend_name} failed to profile the model: {first_line(e)}") from e
         return Profile(
             runs=repeat,
             latency_ms=latency_stats(times),
             ops=ops,
             peak_memory_bytes=peak_rss_bytes(),
             device=self.device,
-            notes=self.profile_notes(),
+            notes={**({"load_ms": self.load_ms} if self.load_ms is not None else {}), **self.profile_notes()},
         )
 
     def profile_notes(self) -> dict[str, Any]:
@@ -273,6 +275,9 @@ class Backend:
     default_scheme: ClassVar[str] = "fp32"
     #: known gaps, as data: {"dynamic_shapes": "why"}; the conformance kit skips those cases
     gaps: ClassVar[dict[str, str]] = {}
+    #: the ``**options`` :meth:`convert` / :meth:`open` take; the core refuses any other before calling them
+    convert_options: ClassVar[tuple[str, ...]] = ()
+    open_options: ClassVar[tuple[str, ...]] = ()
 
     #: a backend implements ``probe`` and at least one of these capabilities
     REQUIRED = ("probe",)
@@ -286,7 +291,7 @@ class Backend:
         self, model: Path, scheme: str, calibration: CalibrationSet | None, out: Path, **options: Any
     ) -> dict[str, Any]:
         """Write the native artifact for ``model`` at ``out``; return stamp facts
-        (``toolkit_version``, ``target``, ``inputs``: list of TensorSpec) about it."""
+        (``target``, ``inputs`` and ``outputs``: lists of TensorSpec) about it."""
         raise NotImplementedError
 
     def open(self, artifact: Path, device: str | None, **options: Any) -> Session:
@@ -357,6 +362,7 @@ class Backend:
             raise InputError(
                 f"backend {self.name!r} cannot produce scheme {canonical!r}; it supports: {', '.join(self.schemes)}"
             )
+        check_options(options, self.convert_options, f"backend {self.name!r} convert")
         dst = Path(out) if out is not None else src.with_suffix(self.native_suffixes[0])
         dst.parent.mkdir(parents=True, exist_ok=True)
         partial = [dst, stamp.stamp_path(dst)]
@@ -369,19 +375,33 @@ class Backend:
             raise
         except Exception as e:
             _remove(partial)
-            raise ModelError(f"{self.name} could not convert {src.name} to {canonical}: {_first_line(e)}") from e
+            raise ModelError(f"{self.name} could not convert {src.name} to {canonical}: {first_line(e)}") from e
         if not dst.exists():
             raise BackendError(f"{self.name} reported success but wrote no artifact at {dst}")
         stamp.write(dst, backend=self, scheme=canonical, source=src, **facts)
         return dst
 
     def load(self, artifact: str | os.PathLike[str], device: str | None = None, **options: Any) -> Session:
-        """Load a native artifact (checking its stamp) and return a Session."""
+        """Load a native artifact (checking its stamp and options) and return a Session, timed in ``load_ms``."""
         path = Path(artifact)
         if not path.exists():
             raise InputError(f"model file not found: {path}")
-        stamp.check(path, backend=self, device=device)
-        return self._opened(path.name, self.open, path, device, **options)
+        check_options(options, self.open_options, f"backend {self.name!r}")
+        stamps = self.__dict__.setdefault("_stamps", {})  # per path: paged sessions load on two threads
+        stamps[path] = stamp.check(path, backend=self, device=device) or {}
+        t0 = time.perf_counter()
+        try:
+            session = self._opened(path.name, self.open, path, device, **options)
+        finally:
+            stamps.pop(path, None)
+        session.load_ms = (time.perf_counter() - t0) * 1e3
+        return session
+
+    def stamp_facts(self, artifact: Path) -> dict[str, Any]:
+        """The stamp of ``artifact`` ({} when it has none), as :meth:`load` read and checked it before calling
+        :meth:`open`; for ``open`` to use instead of reading the stamp again."""
+        known = self.__dict__.get("_stamps", {}).get(artifact)
+        return known if known is not None else (stamp.read(artifact) or {})
 
     def load_decoder(
         self, model: str | os.PathLike[str], device: str | None = None, context: int = 2048, slots: int = 1,
@@ -403,7 +423,7 @@ class Backend:
         except EdgeInferError:
             raise
         except Exception as e:
-            raise ModelError(f"{self.name} cannot load {what}: {_first_line(e)}") from e
+            raise ModelError(f"{self.name} cannot load {what}: {first_line(e)}") from e
         loaded.backend_name = self.name
         return loaded
 
@@ -433,8 +453,3 @@ def _remove(paths: Iterable[Path]) -> None:
         else:
             p.unlink(missing_ok=True)
 
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip() or type(e).__name__
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    return lines[0] if lines else type(e).__name__

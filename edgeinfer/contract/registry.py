@@ -67,10 +67,15 @@ class Registry:
                 info.error = f"import failed: {type(e).__name__}: {e}"
 
     def _impls(self, hook: str) -> list[tuple[str, PluginInfo, Any]]:
-        """(plugin, info, hookimpl) of every plugin implementing ``hook``, in plugin order. Each is
-        called on its own so that a failing plugin is named and the others still register."""
-        impls = {impl.plugin_name: impl for impl in getattr(self.pm.hook, hook).get_hookimpls()}
-        return [(name, info, impls[name]) for name, info in self.plugins.items() if name in impls]
+        """(plugin, info, caller) for every plugin implementing ``hook``, in plugin order: ``caller`` is pluggy's
+        hook caller restricted to that one plugin, so that a failing plugin is named and the others still run."""
+        implementing = {impl.plugin_name for impl in getattr(self.pm.hook, hook).get_hookimpls()}
+        out = []
+        for name, info in self.plugins.items():
+            if name in implementing:
+                others = [p for n, p in self.pm.list_name_plugin() if n != name]
+                out.append((name, info, self.pm.subset_hook_caller(hook, remove_plugins=others)))
+        return out
 
     @property
     def backends(self) -> dict[str, BackendEntry]:
@@ -84,7 +89,7 @@ class Registry:
     def _register_backends(self, name: str, impl: Any, info: PluginInfo) -> None:
         found: list[type] = []
         try:
-            _call(impl, register=found.append)
+            impl(register=found.append)
         except Exception as e:
             info.error = f"register_backends failed: {type(e).__name__}: {e}"
             return
@@ -105,7 +110,7 @@ class Registry:
             self._boards = []
             for _name, info, impl in self._impls("register_boards"):
                 try:
-                    _call(impl, register=lambda b, _i=info: self._boards.append((b, _i)))
+                    impl(register=lambda b, _i=info: self._boards.append((b, _i)))
                 except Exception as e:
                     info.error = f"register_boards failed: {type(e).__name__}: {e}"
         return self._boards
@@ -113,14 +118,9 @@ class Registry:
     def add_commands(self, cli: Any) -> None:
         for _name, info, impl in self._impls("register_commands"):
             try:
-                _call(impl, cli=cli)
+                impl(cli=cli)
             except Exception as e:
                 info.error = f"register_commands failed: {type(e).__name__}: {e}"
-
-
-def _call(impl: Any, **kwargs: Any) -> Any:
-    """Call one plugin's hook implementation with the arguments it declares (as pluggy does)."""
-    return impl.function(**{k: v for k, v in kwargs.items() if k in impl.argnames})
 
 
 def contract_problem(cls: Any) -> str | None:

@@ -42,6 +42,7 @@ from pydantic import (
 )
 
 from edgeinfer.contract.backend import Session, TensorSpec
+from edgeinfer.contract.helpers import first_line
 from edgeinfer.errors import InputError
 from edgeinfer.run import seal
 
@@ -266,8 +267,7 @@ def read_manifest(path: Path) -> Manifest:
     try:
         data = json.loads(mf.read_text(encoding="utf-8"))
     except (ValueError, RecursionError, OSError) as e:
-        why = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
-        raise InputError(f"{mf} is not valid JSON ({why}); deploy the model again") from None
+        raise InputError(f"{mf} is not valid JSON ({first_line(e, 120)}); deploy the model again") from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         got = data.get("schema") if isinstance(data, dict) else None
         raise InputError(f"{mf}: unsupported manifest schema {got!r} (this edgeinfer reads {SCHEMA})")

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # numpy is imported where arrays are made, so `edgeinfer plan --paging` stays light
     import numpy as np
 
-from edgeinfer.contract.backend import Backend, Session, TensorSpec, _first_line
+from edgeinfer.contract.backend import Backend, Session, TensorSpec
+from edgeinfer.contract.helpers import first_line
 from edgeinfer.errors import BackendError, EdgeInferError, InputError
 from edgeinfer.run.measure import current_rss_bytes
 from edgeinfer.run.schedule import _Schedule
@@ -233,7 +234,7 @@ class PagedSession(Session):
             self._inflight = None
             self._sched.resident.discard(k)
             raise PagingError(f"paging: loading segment {k} ({self._paths[k].name}) in the background failed: "
-                              f"{type(e).__name__}: {_first_line(e)}") from e
+                              f"{type(e).__name__}: {first_line(e)}") from e
         self.stall_s += time.perf_counter() - t
         self._inflight = None
         self._sessions[k] = sess

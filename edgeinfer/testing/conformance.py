@@ -16,6 +16,7 @@ the kit skips the matching cases with that reason. Gap keys: see ``GAP_KEYS``.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,7 @@ class _Kit:
         self.artifacts: dict[str, Path] = {}
         self.sources: dict[str, Path] = {}  # the file each model was converted from (.onnx, or .pt2)
         self._open: tuple[str, Session] | None = None
+        self._segments: list[Path] | None = None
 
     @property
     def takes_pt2(self) -> bool:
@@ -87,6 +89,27 @@ class _Kit:
         s = self.backend.load(self.artifact(name), device=self.suite.device, **self.suite.load_options)
         self._open = (name, s)
         return s
+
+    def segments(self) -> list[Path]:
+        """A 6-block deep stack split into 3 segments, each converted by this backend (once per class)."""
+        from edgeinfer.build.segments import deploy_segments
+
+        if "onnx" not in self.backend.source_formats:
+            pytest.skip(f"backend converts {self.backend.source_formats}; paged deploys split ONNX models")
+        if self._segments is None:
+            self.close()  # some runtimes hold one model per process
+            model = kit_models.deep_stack(self.root / "deep.onnx", layers=6, batch=2)
+            self._segments = deploy_segments(self.backend, model, self.root / "segments", self.suite.scheme, None,
+                                             segments=3, **self.suite.quantize_options)
+        return self._segments
+
+    def paged(self, window: int = 2, prefetch: bool = True) -> Any:
+        from edgeinfer.run.paged import PagedSession
+
+        arts = self.segments()
+        self.close()
+        return PagedSession.from_artifacts(self.backend, arts, device=self.suite.device, window=window,
+                                           prefetch=prefetch, **self.suite.load_options)
 
     def close(self) -> None:
         if self._open:
@@ -272,7 +295,8 @@ class BackendConformance:
         out = tmp_path / ("out" + backend.native_suffixes[0])
         with pytest.raises(EdgeInferError) as err:
             backend.quantize(bad, None, None, out, **self.quantize_options)
-        assert "\n" not in err.value.one_line()
+        line = err.value.one_line()
+        assert "\n" not in line and "corrupt" in line, f"the error must name the file it could not read: {line}"
         assert not out.exists() and not stamp.stamp_path(out).exists(), "nothing half-written may remain"
 
     # --- the optional facts the core asks (docs/writing-a-backend.md) ----------------------------------
@@ -303,28 +327,94 @@ class BackendConformance:
             assert isinstance(options, dict)
 
     # --- layer-paged execution: segments of a deep stack, converted by this backend ----------------------
-    def test_paged_segments_match_the_whole_model(self, kit: _Kit, backend: Backend, tmp_path: Path) -> None:
+    def test_paged_segments_match_the_whole_model(self, kit: _Kit, backend: Backend) -> None:
         from onnx.reference import ReferenceEvaluator
 
-        from edgeinfer.build.segments import deploy_segments
-        from edgeinfer.run.paged import PagedSession
-
-        if "onnx" not in backend.source_formats:
-            pytest.skip(f"backend converts {backend.source_formats}; paged deploys split ONNX models")
-        kit.close()  # some runtimes hold one model per process
-        model = kit_models.deep_stack(tmp_path / "deep.onnx", layers=6, batch=2)
+        arts = kit.segments()
         x = np.random.default_rng(5).standard_normal((2, 32)).astype(np.float32)
-        ref = ReferenceEvaluator(str(model)).run(None, {"x": x})[0]
-        arts = deploy_segments(backend, model, tmp_path / "segments", self.scheme, None, segments=3,
-                               **self.quantize_options)
+        ref = ReferenceEvaluator(str(kit.root / "deep.onnx")).run(None, {"x": x})[0]
         assert len(arts) == 3 and all(a.suffix == backend.native_suffixes[0] for a in arts)
-        with PagedSession.from_artifacts(backend, arts, device=self.device, window=2, prefetch=True,
-                                         **self.load_options) as sess:
+        with kit.paged(window=2, prefetch=True) as sess:
             y = sess.run({"x": x})["y"]
             stats = sess.stats()
-        cos = float(np.dot(y.ravel(), ref.ravel()) / (np.linalg.norm(y) * np.linalg.norm(ref)))
-        assert cos >= 0.999, cos
+        assert _cosine(y, ref) >= 0.999
         assert stats["peak_resident_segments"] <= 2
         limit = backend.paging_limit(self.device)
         if limit is not None and not limit[1]:  # the backend said no background loading: it was honoured
             assert stats["prefetch"] is False and any(limit[2] in n for n in stats["notes"]), stats
+
+    def test_paged_profile_reports_page_in_times_and_resident_bytes(self, kit: _Kit, backend: Backend) -> None:
+        arts = kit.segments()
+        x = np.ones((2, 32), np.float32)
+        with kit.paged(window=2, prefetch=False) as sess:
+            notes = sess.profile({"x": x}, repeat=2).notes["paging"]
+        sizes = [sum(f.stat().st_size for f in backend.artifact_files(a)) for a in arts]
+        assert notes["segment_bytes"] == sizes
+        assert len(notes["page_in_ms_mean"]) == 3 and all(t is not None and t > 0 for t in notes["page_in_ms_mean"])
+        assert notes["peak_resident_bytes"] <= sum(sorted(sizes)[-2:])
+        assert notes["resident_bytes"] == sum(sizes[k] for k in notes["resident_segments"])
+
+    def test_paged_feeds_are_checked_like_any_session(self, kit: _Kit) -> None:
+        kit.segments()
+        with kit.paged(window=2, prefetch=False) as sess:
+            assert [s.name for s in sess.inputs] == ["x"] and [s.name for s in sess.outputs] == ["y"]
+            with pytest.raises(FeedError, match="expected dtype float32, got float64"):
+                sess.run({"x": np.zeros((2, 32), np.float64)})
+
+    @pytest.mark.slow
+    def test_paged_minilm_matches_the_whole_model(self, kit: _Kit, backend: Backend, tmp_path: Path) -> None:
+        """The real model: six encoder layers, the attention mask carried into every segment."""
+        from edgeinfer.build.segments import deploy_segments
+        from edgeinfer.run.paged import PagedSession
+        from edgeinfer.testing import minilm
+        from edgeinfer.testing.fixtures import minilm_static_path
+
+        if "onnx" not in backend.source_formats:
+            pytest.skip(f"backend converts {backend.source_formats}; paged deploys split ONNX models")
+        pytest.importorskip("transformers")
+        ort = pytest.importorskip("onnxruntime")
+        model = minilm_static_path()
+        feeds = {k: v[:1] for k, v in minilm.tokenize(minilm.heldout_sentences(1)).items()}
+        ref = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+        kit.close()
+        arts = deploy_segments(backend, model, tmp_path, self.scheme, None, segments=6, **self.quantize_options)
+        with PagedSession.from_artifacts(backend, arts, device=self.device, window=2, prefetch=True,
+                                         **self.load_options) as sess:
+            for _ in range(2):
+                assert _cosine(sess.run(feeds)["last_hidden_state"], ref) >= 0.999
+            assert sess.stats()["peak_resident_segments"] <= 2
+
+    # --- options and devices: refused in one line that names the bad value and what is accepted -----------
+    def test_unknown_convert_option_is_an_input_error(self, kit: _Kit, backend: Backend, tmp_path: Path) -> None:
+        out = tmp_path / ("x" + backend.native_suffixes[0])
+        with pytest.raises(InputError) as err:
+            backend.quantize(kit.models["mlp"].path, self.scheme, None, out, no_such_option=1,
+                             **self.quantize_options)
+        _names_bad_and_accepted(err.value, "no_such_option", backend.convert_options)
+        assert not out.exists()
+
+    def test_unknown_load_option_is_an_input_error(self, kit: _Kit, backend: Backend) -> None:
+        with pytest.raises(InputError) as err:
+            backend.load(kit.artifact("mlp"), device=self.device, no_such_option=1, **self.load_options)
+        _names_bad_and_accepted(err.value, "no_such_option", backend.open_options)
+
+    def test_unknown_device_is_an_input_error(self, kit: _Kit, backend: Backend) -> None:
+        kit.close()
+        with pytest.raises(InputError) as err:
+            backend.load(kit.artifact("mlp"), device="no-such-device", **self.load_options)
+        line = err.value.one_line()
+        assert "\n" not in line and "'no-such-device'" in line, line
+        assert re.search(r"\buse\b", line), f"the error must say which devices to use: {line}"
+
+
+def _names_bad_and_accepted(e: InputError, bad: str, known: tuple[str, ...]) -> None:
+    line = e.one_line()
+    assert "\n" not in line and repr(bad) in line, line
+    if known:
+        assert all(k in line for k in known), f"the error must list the accepted options {known}: {line}"
+    else:
+        assert "no options" in line, line
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.dot(a.ravel(), b.ravel()) / (np.linalg.norm(a) * np.linalg.norm(b)))

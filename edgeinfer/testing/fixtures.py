@@ -34,7 +34,13 @@ def minilm_onnx() -> Path:
     return _cached_export("minilm-dynamic", None, None)
 
 
+def minilm_static_path() -> Path:
+    """all-MiniLM-L6-v2 as ONNX with static shape [1, 128], exported once per machine (the conformance kit's
+    real model: it calls this, so a third party's suite needs no fixture plugin)."""
+    return _cached_export("minilm-1x128", 1, minilm.SEQ)
+
+
 @pytest.fixture(scope="session")
 def minilm_onnx_static() -> Path:
     """all-MiniLM-L6-v2 as ONNX with static shape [1, 128]."""
-    return _cached_export("minilm-1x128", 1, minilm.SEQ)
+    return minilm_static_path()

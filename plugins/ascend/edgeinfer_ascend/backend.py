@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from edgeinfer.contract import Backend, CalibrationSet, OpTime, Probe, Problem, Session, TensorSpec
+from edgeinfer.contract.helpers import first_line
 from edgeinfer.errors import BackendUnavailableError, InputError
 
 from . import buckets as bk
@@ -50,6 +51,8 @@ class AscendBackend(Backend):
     schemes = ("fp32", "fp16", "bf16", "w8a16")
     default_scheme = "fp32"
     gaps: dict[str, str] = {}
+    convert_options = CONVERT_OPTIONS
+    open_options = LOAD_OPTIONS
 
     # --- serve placement: one card per worker process ---------------------------------------
     def placement(self, entry: str) -> tuple[dict[str, str], str | None, dict[str, Any]]:
@@ -122,12 +125,6 @@ class AscendBackend(Backend):
     def convert(
         self, model: Path, scheme: str, calibration: CalibrationSet | None, out: Path, **options: Any
     ) -> dict[str, Any]:
-        unknown = set(options) - set(CONVERT_OPTIONS)
-        if unknown:
-            raise InputError(
-                f"unknown option(s) for ascend convert: {', '.join(sorted(unknown))}; known: "
-                f"{', '.join(CONVERT_OPTIONS)}"
-            )
         dev.import_torch()
         src = models.resolve(model)
         if scheme == "w8a16":
@@ -191,11 +188,6 @@ class AscendBackend(Backend):
 
     # --- open -------------------------------------------------------------------------------
     def open(self, artifact: Path, device: str | None, **options: Any) -> Session:
-        unknown = set(options) - set(LOAD_OPTIONS)
-        if unknown:
-            raise InputError(
-                f"unknown option(s) for ascend: {', '.join(sorted(unknown))}; known: {', '.join(LOAD_OPTIONS)}"
-            )
         dev.import_torch()
         manifest, z = models.read_artifact(artifact)
         with z:
@@ -211,7 +203,7 @@ def _torchao():
         from torchao.quantization import Int8WeightOnlyConfig, quantize_
     except Exception as e:
         raise BackendUnavailableError(
-            f"weight-only INT8 needs torchao ({type(e).__name__}: {str(e).splitlines()[0][:120]}); "
+            f"weight-only INT8 needs torchao ({type(e).__name__}: {first_line(e, 120)}); "
             "pip install torchao (from a clone: pip install './plugins/ascend[int8]')"
         ) from None
     return quantize_, Int8WeightOnlyConfig
@@ -272,7 +264,6 @@ class AscendSession(Session):
         inputs = [TensorSpec.from_json(s) for s in manifest["inputs"]]
         outputs = [TensorSpec.from_json(s) for s in manifest["outputs"]]
         super().__init__(inputs, outputs, device=device)
-        t0 = time.perf_counter()
         if self.kind == "hf":
             state = models.load_safetensors_bytes(blobs["model.safetensors"])
             module = models.build_hf(manifest["config"], state)
@@ -292,7 +283,6 @@ class AscendSession(Session):
         if self.kind == "hf":
             module = module.eval()  # an exported program's module has no train/eval switch
         self.module = module
-        self.load_ms = (time.perf_counter() - t0) * 1e3
         self.pad_id = int(manifest.get("pad_token_id", 0) or 0)
         self.compiled = _truthy(compile)
         default = "torchair" if dev.is_npu(device) else "inductor"
@@ -379,16 +369,14 @@ class AscendSession(Session):
     def op_times(self, feeds: dict[str, np.ndarray]) -> list[OpTime]:
         rows = dev.profile_ops(self.device, lambda: self.infer(feeds))
         kind = "npu" if dev.is_npu(self.device) else self.device.split(":")[0]
-        ops = [OpTime(name=name, op_type=name.split("::")[-1], time_ms=ms, exec_type=kind) for name, ms,
-               _ in rows if ms > 0]
-        return sorted(ops, key=lambda o: o.time_ms, reverse=True)
+        return [OpTime(name=name, op_type=name.split("::")[-1], time_ms=ms, exec_type=kind) for name, ms,
+                _ in rows if ms > 0]
 
     def profile_notes(self) -> dict[str, Any]:
         notes: dict[str, Any] = {
             "device": self.device,
             "dtype": self.dtype,
             "kind": self.kind,
-            "load_ms": self.load_ms,
             "compile": self.compiled,
             "compile_backend": self.compile_backend_name,
             "seq_buckets": list(self.seq_buckets),

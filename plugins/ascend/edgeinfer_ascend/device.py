@@ -337,12 +337,9 @@ def run_npu_smi(timeout: float = 15.0) -> tuple[str | None, str]:
 
 
 def installed_version(dist: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
+    from edgeinfer.contract.helpers import package_version
 
-    try:
-        return version(dist)
-    except PackageNotFoundError:
-        return None
+    return package_version(dist)
 
 
 def empty_cache(device: str) -> None:

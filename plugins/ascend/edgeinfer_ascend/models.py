@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from edgeinfer.contract.helpers import first_line
 from edgeinfer.errors import InputError, ModelError
 
 from . import pt2
@@ -124,8 +125,7 @@ def load_state_dict(weights: Path) -> dict[str, Any]:
             "refuses it (nothing was unpickled); save model.state_dict() or safetensors instead"
         ) from None
     except Exception as e:
-        first = str(e).splitlines()[0]
-        raise ModelError(f"{weights.name} is not a readable PyTorch weights file ({first})") from None
+        raise ModelError(f"{weights.name} is not a readable PyTorch weights file ({first_line(e)})") from None
     if isinstance(obj, dict):
         for key in ("state_dict", "model_state_dict", "model"):
             if key in obj and isinstance(obj[key], dict):

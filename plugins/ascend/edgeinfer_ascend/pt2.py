@@ -30,6 +30,7 @@ import re
 import zipfile
 from typing import Any
 
+from edgeinfer.contract.helpers import first_line
 from edgeinfer.errors import ModelError
 
 _FIXED = ("archive_format", "archive_version", "byteorder")
@@ -101,7 +102,7 @@ def load(data: bytes, name: str):
     except Exception as e:
         raise ModelError(
             f"{name} is not a loadable torch.export program "
-            f"({str(e).splitlines()[0][:160] if str(e) else type(e).__name__}); "
+            f"({first_line(e, 160)}); "
             "write it with torch.export.save(torch.export.export(model, args), path)"
         ) from None
 

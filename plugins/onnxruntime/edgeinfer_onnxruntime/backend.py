@@ -15,7 +15,10 @@ from typing import Any
 import numpy as np
 
 from edgeinfer.contract import Backend, CalibrationSet, OpTime, Probe, Problem, Session, TensorSpec
+from edgeinfer.contract.helpers import check_device, first_line, package_version
 from edgeinfer.errors import InputError
+
+DEVICES = ("cpu", "auto")
 
 # onnxruntime type strings → NumPy dtype names
 ORT_TYPES = {
@@ -86,7 +89,7 @@ class OnnxRuntimeSession(Session):
 
 
 def node_times(events: list[dict[str, Any]]) -> list[OpTime]:
-    """Aggregate the last run's 'Node' events of an onnxruntime profile, slowest first."""
+    """Aggregate the last run's 'Node' events of an onnxruntime profile."""
     runs = [e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"]
     start = runs[-1]["ts"] if runs else 0
     totals: dict[str, float] = defaultdict(float)
@@ -97,8 +100,7 @@ def node_times(events: list[dict[str, Any]]) -> list[OpTime]:
         node = e["name"][: -len("_kernel_time")]
         totals[node] += e.get("dur", 0) / 1e3
         kinds[node] = e.get("args", {}).get("op_name", "")
-    ops = [OpTime(name=n, op_type=kinds[n], time_ms=t, exec_type="CPUExecutionProvider") for n, t in totals.items()]
-    return sorted(ops, key=lambda o: o.time_ms, reverse=True)
+    return [OpTime(name=n, op_type=kinds[n], time_ms=t, exec_type="CPUExecutionProvider") for n, t in totals.items()]
 
 
 class _Reader:
@@ -120,15 +122,14 @@ class OnnxRuntimeBackend(Backend):
     schemes = ("fp32", "fp16", "w8a8")
     default_scheme = "fp32"
     gaps: dict[str, str] = {}
+    # deploy passes every backend the board's target and the shapes it exported with: a CPU model runs on any
+    # target and keeps its own (dynamic) shapes, so both are accepted and change nothing
+    convert_options = ("per_channel", "shapes", "target")
+    open_options = ("threads",)
 
     def versions(self) -> dict[str, str]:
-        from importlib.metadata import version
-
-        try:
-            ver = version("onnxruntime")
-        except Exception:
-            ver = "missing"
-        return {"edgeinfer-onnxruntime": version("edgeinfer-onnxruntime"), "toolkit": f"onnxruntime {ver}"}
+        return {"edgeinfer-onnxruntime": package_version("edgeinfer-onnxruntime", "?"),
+                "toolkit": f"onnxruntime {package_version('onnxruntime', 'missing')}"}
 
     def probe(self) -> Probe:
         try:
@@ -155,7 +156,7 @@ class OnnxRuntimeBackend(Backend):
             proto = onnx.load(str(model))
             onnx.checker.check_model(proto)
         except Exception as e:
-            raise InputError(f"{model.name} is not a valid ONNX model: {str(e).splitlines()[0]}") from None
+            raise InputError(f"{model.name} is not a valid ONNX model: {first_line(e)}") from None
         method = ""
         if scheme == "fp32":
             onnx.save(proto, str(out))
@@ -199,9 +200,5 @@ class OnnxRuntimeBackend(Backend):
         return open_decoder(model, context, slots, cache.area("artifacts"), dict(options))
 
     def open(self, artifact: Path, device: str | None, **options: Any) -> Session:
-        if device not in (None, "", "cpu", "CPU", "auto"):
-            raise InputError(f"onnxruntime backend runs on CPU only, not {device!r}; omit --device or use CPU")
-        unknown = set(options) - {"threads"}
-        if unknown:
-            raise InputError(f"unknown option(s) for onnxruntime: {', '.join(sorted(unknown))}; known: threads")
+        check_device(device, DEVICES, self.name)
         return OnnxRuntimeSession(artifact, threads=options.get("threads"))

@@ -35,6 +35,8 @@ from typing import Any
 import numpy as np
 
 from edgeinfer.contract import Backend, CalibrationSet, OpTime, Probe, Problem, Session, TensorSpec, validate_feeds
+from edgeinfer.contract.helpers import first_line, package_version
+from edgeinfer.contract.onnx_io import onnx_io
 from edgeinfer.errors import BackendError, EdgeInferError, InputError, ModelError
 
 from .devices import clean, cpu_model_name, diagnose, fallback_warning, family, requested_primary, select_device
@@ -42,8 +44,8 @@ from .devices import clean, cpu_model_name, diagnose, fallback_warning, family, 
 log = logging.getLogger("edgeinfer.openvino")
 
 HINTS = ("LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT")
-CONVERT_OPTIONS = {"shapes", "target", "board", "group_size", "model_type", "subset_size"}
-OPEN_OPTIONS = {"cache_dir", "hint", "threads", "num_requests", "config", "precision"}
+CONVERT_OPTIONS = ("board", "group_size", "model_type", "shapes", "subset_size", "target")
+OPEN_OPTIONS = ("cache_dir", "config", "hint", "num_requests", "precision", "threads")
 PRECISIONS = {"f32": "f32", "fp32": "f32", "bf16": "bf16", "f16": "f16", "fp16": "f16"}
 #: models above this many weights get channel-wise INT4 (group_size=-1), as the NPU needs
 CHANNELWISE_ABOVE = 1_000_000_000
@@ -91,12 +93,7 @@ def _nncf_output_to_stderr():
 
 def _reason(e: BaseException) -> str:
     """The informative line of an OpenVINO exception (skipping its 'Exception from src/...' frames)."""
-    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-    useful = [
-        ln for ln in lines if not (ln.startswith(("Exception from ", "Check '")) or ln.endswith(":"))
-    ]
-    text = (useful or lines or [type(e).__name__])[0]
-    return text if len(text) <= 240 else text[:237] + "..."
+    return first_line(e, 240, skip=lambda ln: ln.startswith(("Exception from ", "Check '")) or ln.endswith(":"))
 
 
 def _dims(pshape: Any, names: Sequence[Any] | None = None) -> tuple[Any, ...]:
@@ -148,14 +145,10 @@ def onnx_dim_names(path: Path) -> dict[str, list[str | None]]:
     try:
         import onnx
 
-        graph = onnx.load(str(path), load_external_data=False).graph
+        inputs, outputs = onnx_io(onnx.load(str(path), load_external_data=False))
     except Exception:
         return {}
-    out: dict[str, list[str | None]] = {}
-    for vi in list(graph.input) + list(graph.output):
-        dims = vi.type.tensor_type.shape.dim
-        out[vi.name] = [d.dim_param if d.HasField("dim_param") and d.dim_param else None for d in dims]
-    return out
+    return {s.name: [d if isinstance(d, str) else None for d in s.shape] for s in inputs + outputs}
 
 
 def weight_count(model: Any) -> int:
@@ -435,7 +428,7 @@ def precision_config(device: str, scheme: str | None, precision: str | None) -> 
 
 
 def perf_counts(infos: Sequence[Any]) -> list[OpTime]:
-    """OpTimes of executed nodes from ``get_profiling_info()``, slowest first."""
+    """OpTimes of executed nodes from ``get_profiling_info()``."""
     ops = []
     for info in infos:
         status = getattr(info.status, "name", str(info.status))
@@ -449,7 +442,7 @@ def perf_counts(infos: Sequence[Any]) -> list[OpTime]:
                 exec_type=info.exec_type,
             )
         )
-    return sorted(ops, key=lambda o: o.time_ms, reverse=True)
+    return ops
 
 
 def npu_details(get_property: Any) -> dict[str, Any]:
@@ -483,6 +476,8 @@ class OpenVinoBackend(Backend):
     schemes = ("fp32", "fp16", "w8a8", "w8a16", "w4a16", "w4a16_g32", "w4a16_g64", "w4a16_g128")
     default_scheme = "fp32"
     gaps: dict[str, str] = {}
+    convert_options = CONVERT_OPTIONS
+    open_options = OPEN_OPTIONS
 
     def artifact_files(self, artifact: Path) -> list[Path]:
         """An IR is the ``.xml`` graph and its ``.bin`` weights."""
@@ -491,13 +486,8 @@ class OpenVinoBackend(Backend):
         return files + [weights] if weights != artifact and weights.exists() else files
 
     def versions(self) -> dict[str, str]:
-        from importlib.metadata import PackageNotFoundError, version
-
         def v(dist: str) -> str:
-            try:
-                return version(dist)
-            except PackageNotFoundError:
-                return "missing"
+            return package_version(dist, "missing")
 
         return {"edgeinfer-openvino": v("edgeinfer-openvino"), "toolkit": f"openvino {v('openvino')}",
                 "nncf": v("nncf")}
@@ -527,11 +517,10 @@ class OpenVinoBackend(Backend):
             details["npu"] = npu_details(lambda p: core.get_property(npus[0], p))
         problems = diagnose(cpu, devices, _accel_nodes())
         versions = {"openvino": ov.__version__}
-        try:
-            from importlib.metadata import version
-
-            versions["nncf"] = version("nncf")
-        except Exception:
+        nncf = package_version("nncf")
+        if nncf:
+            versions["nncf"] = nncf
+        else:
             problems.append(Problem("nncf is not installed: int8/w8a16/w4a16 conversion is unavailable",
                                     "pip install './plugins/openvino[convert]' (or: pip install nncf)"))
         return Probe(available=bool(devices), versions=versions, devices=devices, problems=problems, details=details)
@@ -548,12 +537,6 @@ class OpenVinoBackend(Backend):
     def convert(
         self, model: Path, scheme: str, calibration: CalibrationSet | None, out: Path, **options: Any
     ) -> dict[str, Any]:
-        unknown = set(options) - CONVERT_OPTIONS
-        if unknown:
-            raise InputError(
-                f"unknown option(s) for openvino convert: {', '.join(sorted(unknown))}; known: "
-                f"{', '.join(sorted(CONVERT_OPTIONS))}"
-            )
         ov = _ov()
         if out.suffix.lower() != ".xml":
             raise InputError(f"an OpenVINO IR is written as NAME.xml (+ NAME.bin), not {out.name}")
@@ -600,8 +583,6 @@ class OpenVinoBackend(Backend):
                 options = dict(options, group_size=int(scheme.split("_g")[1]))
             with _nncf_output_to_stderr():
                 ov_model, facts = self._compress(ov_model, scheme.split("_g")[0], options)
-        elif scheme != "fp32":
-            raise InputError(f"openvino cannot produce scheme {scheme!r}; it supports: {', '.join(self.schemes)}")
         ov.save_model(ov_model, str(out), compress_to_fp16=compress_fp16)
         facts.update(
             target=target or ("any" if static else "dynamic"),
@@ -679,20 +660,9 @@ class OpenVinoBackend(Backend):
 
     # --- open -------------------------------------------------------------------------------
     def open(self, artifact: Path, device: str | None, **options: Any) -> Session:
-        unknown = set(options) - OPEN_OPTIONS
-        if unknown:
-            raise InputError(
-                f"unknown option(s) for openvino: {', '.join(sorted(unknown))}; known: "
-                f"{', '.join(sorted(OPEN_OPTIONS))}"
-            )
-        symbols: dict[str, Any] = {}
-        data: dict[str, Any] = {}
+        data = self.stamp_facts(artifact)
         try:
-            from edgeinfer.contract import stamp
-
-            data = stamp.read(artifact) or {}
-            for spec in data.get("inputs", []) + data.get("outputs", []):
-                symbols[spec["name"]] = spec["shape"]
-        except Exception:
+            symbols = {spec["name"]: spec["shape"] for spec in data.get("inputs", []) + data.get("outputs", [])}
+        except (TypeError, KeyError):  # a hand-edited stamp: OpenVINO's own names then
             symbols = {}
         return OpenVinoSession(artifact, device, symbols=symbols, scheme=data.get("scheme"), **options)

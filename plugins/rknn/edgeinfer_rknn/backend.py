@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 
 from edgeinfer.contract import Backend, CalibrationSet, OpTime, Probe, Problem, Session, TensorSpec, stamp
+from edgeinfer.contract.helpers import first_line, package_version
+from edgeinfer.contract.onnx_io import onnx_spec
 from edgeinfer.errors import BackendUnavailableError, FeedError, InputError, ModelError
 
 from . import board
@@ -38,31 +40,6 @@ LOAD_OPTIONS = ("core_mask",)
 SERVE_CORE_MASKS = ("0", "1", "2", "0_1", "0_1_2", "auto")
 
 
-def _version(dist: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(dist)
-    except PackageNotFoundError:
-        return None
-
-
-def _dtype_of(elem_type: int) -> str:
-    from onnx import helper
-
-    return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).name
-
-
-def _dims(value_info: Any) -> tuple[Any, ...]:
-    dims = []
-    for d in value_info.type.tensor_type.shape.dim:
-        if d.HasField("dim_value"):
-            dims.append(int(d.dim_value))
-        else:
-            dims.append(d.dim_param or None)
-    return tuple(dims)
-
-
 def _read_onnx(model: Path) -> Any:
     try:
         import onnx
@@ -74,8 +51,7 @@ def _read_onnx(model: Path) -> Any:
         proto = onnx.load(str(model))
         onnx.checker.check_model(proto)
     except Exception as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise ModelError(f"{model.name} is not a valid ONNX model ({first}); export it again") from None
+        raise ModelError(f"{model.name} is not a valid ONNX model ({first_line(e)}); export it again") from None
     return proto
 
 
@@ -95,7 +71,8 @@ def static_inputs(proto: Any, shapes: Mapping[str, Sequence[int]] | None, model_
                          f"{', '.join(names)}")
     specs = []
     for vi in graph_inputs:
-        dims = _dims(vi)
+        spec = onnx_spec(vi)
+        dims = spec.shape
         if vi.name in shapes:
             want = [int(d) for d in shapes[vi.name]]
             if len(want) != len(dims) or any(isinstance(d, int) and d != w for d, w in zip(dims, want)):
@@ -108,12 +85,12 @@ def static_inputs(proto: Any, shapes: Mapping[str, Sequence[int]] | None, model_
                 f"RKNN needs static input shapes, but {vi.name!r} of {model_name} is {list(dims)}; "
                 f"pass shapes={{'{vi.name}': [...]}} (and dynamic_input for several shape sets)"
             )
-        specs.append(TensorSpec(vi.name, tuple(dims), _dtype_of(vi.type.tensor_type.elem_type)))
+        specs.append(TensorSpec(vi.name, tuple(dims), spec.dtype))
     return specs
 
 
 def output_specs(proto: Any) -> list[TensorSpec]:
-    return [TensorSpec(o.name, _dims(o), _dtype_of(o.type.tensor_type.elem_type)) for o in proto.graph.output]
+    return [onnx_spec(o) for o in proto.graph.output]
 
 
 def _dynamic_sets(value: Any, inputs: list[TensorSpec]) -> list[list[list[int]]]:
@@ -245,6 +222,8 @@ class RknnBackend(Backend):
     native_suffixes = (".rknn",)
     schemes = ("fp16", "w8a8", "w8a16", "w4a16")
     default_scheme = "fp16"
+    convert_options = tuple(CONVERT_OPTIONS)
+    open_options = LOAD_OPTIONS
     gaps = {
         "dynamic_shapes": "RKNN models have static input shapes (pass shapes=..., or the toolkit's "
         "dynamic_input list of fixed shape sets); a free batch dimension is not supported",
@@ -277,8 +256,8 @@ class RknnBackend(Backend):
                              f"{', '.join(SERVE_CORE_MASKS)}")
 
     def versions(self) -> dict[str, str]:
-        host, lite = _version("rknn-toolkit2"), board.lite_version()
-        out = {"edgeinfer-rknn": _version("edgeinfer-rknn") or "?"}
+        host, lite = package_version("rknn-toolkit2"), board.lite_version()
+        out = {"edgeinfer-rknn": package_version("edgeinfer-rknn", "?")}
         if host:
             out["rknn-toolkit2"] = host
         if lite:
@@ -294,7 +273,7 @@ class RknnBackend(Backend):
         return self._probe_board() if mode == "board" else self._probe_simulator()
 
     def _probe_simulator(self) -> Probe:
-        ver = _version("rknn-toolkit2")
+        ver = package_version("rknn-toolkit2")
         details: dict[str, Any] = {
             "mode": "simulator",
             "note": "no Rockchip board here: conversion with rknn-toolkit2, runs on its simulator (not board speed)",
@@ -360,9 +339,6 @@ class RknnBackend(Backend):
     def convert(
         self, model: Path, scheme: str, calibration: CalibrationSet | None, out: Path, **options: Any
     ) -> dict[str, Any]:
-        unknown = sorted(set(options) - set(CONVERT_OPTIONS))
-        if unknown:
-            raise InputError(f"unknown option(s) for rknn: {', '.join(unknown)}; known: {', '.join(CONVERT_OPTIONS)}")
         target = str(options.get("target") or DEFAULT_TARGET).lower()
         if target not in tk.QUANT_SUPPORT:
             raise InputError(f"unknown RKNN target {target!r}; use one of: {', '.join(tk.QUANT_SUPPORT)}")
@@ -502,9 +478,6 @@ class RknnBackend(Backend):
 
     # --- open ----------------------------------------------------------------------------------
     def open(self, artifact: Path, device: str | None, **options: Any) -> Session:
-        unknown = sorted(set(options) - set(LOAD_OPTIONS))
-        if unknown:
-            raise InputError(f"unknown option(s) for rknn: {', '.join(unknown)}; known: {', '.join(LOAD_OPTIONS)}")
         mask_name = str(options.get("core_mask", "auto"))
         mask = board.core_mask(mask_name)
         dev = (device or "auto").lower()
@@ -518,7 +491,7 @@ class RknnBackend(Backend):
                 f"device {device!r} needs a Rockchip board (no rockchip device tree, no librknnrt.so here)",
                 "run on the board, or use device='simulator' on a PC")
         if mode == "board":
-            data = stamp.read(artifact) or {}
+            data = self.stamp_facts(artifact)
             if not data.get("inputs"):
                 raise InputError(f"{artifact.name} has no edgeinfer stamp (input specs); convert it with edgeinfer")
             return BoardSession(artifact, data, mask, mask_name)

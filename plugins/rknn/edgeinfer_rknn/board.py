@@ -98,14 +98,9 @@ def ddr_governor(root: Path = Path("/")) -> str | None:
 
 
 def lite_version() -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
+    from edgeinfer.contract.helpers import package_version
 
-    for dist in ("rknn-toolkit-lite2", "rknn_toolkit_lite2"):
-        try:
-            return version(dist)
-        except PackageNotFoundError:
-            continue
-    return None
+    return package_version("rknn-toolkit-lite2") or package_version("rknn_toolkit_lite2")
 
 
 class LiteRuntime:

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from edgeinfer.contract import CalibrationSet, TensorSpec
+from edgeinfer.contract.helpers import first_line
 from edgeinfer.errors import BackendUnavailableError, InputError
 
 # quantized_dtype values rknn-toolkit2 2.5.0 accepts per target (checked with config() on each)
@@ -112,7 +113,7 @@ def rknn_class(log_path: Path) -> Any:
             from rknn.api import RKNN
         except Exception as e:
             raise BackendUnavailableError(
-                f"rknn-toolkit2 does not import: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+                f"rknn-toolkit2 does not import: {type(e).__name__}: {first_line(e)}",
                 "pip install --no-deps rknn-toolkit2==2.5.0 (its runtime needs: see plugins/rknn/README.md)",
             ) from None
     return RKNN

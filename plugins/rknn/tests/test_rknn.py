@@ -141,7 +141,8 @@ def test_toolkit_failure_leaves_no_artifact_and_keeps_the_log(backend, kit, tmp_
             backend.quantize(m.path, "w8a8", calib, out, shapes={"x": [2, 16]})
     finally:
         tk_mod.write_calibration = orig
-    assert "\n" not in err.value.one_line()
+    msg = err.value.one_line()
+    assert "\n" not in msg and f"rknn-toolkit2 could not convert {m.path.name}" in msg and str(tk.log_path(out)) in msg, msg
     assert not out.exists() and not tk.sidecar(out).exists() and not stamp.stamp_path(out).exists()
     assert not list(tmp_path.glob(".m.rknn.partial-*")), "temporary build folder left behind"
     assert tk.log_path(out).exists() and tk.log_path(out).stat().st_size > 0
