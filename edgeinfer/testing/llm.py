@@ -53,18 +53,8 @@ def random_llama(
     """A random-initialised ``LlamaForCausalLM`` (untied embeddings, unlike the Qwen3) with the test tokenizer."""
     from transformers import LlamaConfig
 
-    config = LlamaConfig(
-        vocab_size=VOCAB_SIZE,
-        hidden_size=hidden,
-        intermediate_size=intermediate,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        head_dim=hidden // heads,
-        max_position_embeddings=max_positions,
-        tie_word_embeddings=False,
-        **_token_ids(),
-    )
+    shape = _shape(layers, hidden, heads, kv_heads, intermediate, max_positions)
+    config = LlamaConfig(**shape, tie_word_embeddings=False)
     return _save_random("LlamaForCausalLM", config, Path(out_dir), seed)
 
 
@@ -89,23 +79,19 @@ def random_qwen3(
     out = Path(out_dir) if out_dir is not None else default_cache_dir() / name
     if out_dir is None and (out / "model.safetensors").exists():
         return out
-    config = Qwen3Config(
-        vocab_size=VOCAB_SIZE,
-        hidden_size=hidden,
-        intermediate_size=intermediate,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        head_dim=hidden // heads,
-        max_position_embeddings=max_positions,
-        tie_word_embeddings=True,
-        **_token_ids(),
-    )
+    shape = _shape(layers, hidden, heads, kv_heads, intermediate, max_positions)
+    config = Qwen3Config(**shape, tie_word_embeddings=True)
     return _save_random("Qwen3ForCausalLM", config, out, seed)
 
 
-def _token_ids() -> dict:
-    return {"bos_token_id": ENDOFTEXT_ID, "eos_token_id": IM_END_ID, "pad_token_id": ENDOFTEXT_ID}
+def _shape(layers: int, hidden: int, heads: int, kv_heads: int, intermediate: int, max_positions: int) -> dict:
+    """Config fields shared by the random models: their shape and the test tokenizer's special ids."""
+    return {
+        "vocab_size": VOCAB_SIZE, "hidden_size": hidden, "intermediate_size": intermediate,
+        "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+        "head_dim": hidden // heads, "max_position_embeddings": max_positions,
+        "bos_token_id": ENDOFTEXT_ID, "eos_token_id": IM_END_ID, "pad_token_id": ENDOFTEXT_ID,
+    }
 
 
 def _save_random(arch: str, config, out: Path, seed: int) -> Path:

@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from edgeinfer.run.bundle import Manifest, TextSpec, is_bundle, write
 
@@ -118,26 +119,15 @@ def log_bundle(out: Path) -> Path:
     -Inf — a real model producing non-numbers, for checking how the server answers them."""
     if is_bundle(out):
         return out
-    import onnx
     from onnx import TensorProto, helper
 
-    from edgeinfer.contract import registry as plugins
 
     graph = helper.make_graph(
         [helper.make_node("Log", ["x"], ["y"])], "log",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "n"])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "n"])],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    out.mkdir(parents=True, exist_ok=True)
-    onnx.save(model, out / "model.onnx")
-    be = plugins.get_backend("onnxruntime")
-    with be.load(out / "model.onnx") as s:
-        inputs, outputs = list(s.inputs), list(s.outputs)
-    write(out, Manifest(backend="onnxruntime", board="host-cpu", scheme="fp32", artifacts=["model.onnx"],
-                        inputs=inputs, outputs=outputs, source={"model": "log(x)"}, versions=be.versions()))
-    return out
+    return _onnxruntime_bundle(out, graph, "log(x)")
 
 
 class HealthProbe:
@@ -185,10 +175,8 @@ def slow_bundle(out: Path, layers: int = 64, width: int = 1024) -> Path:
     if is_bundle(out):
         return out
     import numpy as np
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    from edgeinfer.contract import registry as plugins
 
     rng = np.random.default_rng(0)
     inits = [numpy_helper.from_array((rng.standard_normal((16, width)) / 4).astype(np.float32), "w_in"),
@@ -201,6 +189,16 @@ def slow_bundle(out: Path, layers: int = 64, width: int = 1024) -> Path:
     nodes.append(helper.make_node("MatMul", [h, "w_out"], ["y"]))
     graph = helper.make_graph(nodes, "slow", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16])], inits)
+    return _onnxruntime_bundle(out, graph, f"{layers} dense layers of {width}")
+
+
+def _onnxruntime_bundle(out: Path, graph: Any, what: str) -> Path:
+    """Write ``graph`` as an fp32 onnxruntime bundle at ``out``."""
+    import onnx
+    from onnx import helper
+
+    from edgeinfer.contract import registry as plugins
+
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     out.mkdir(parents=True, exist_ok=True)
@@ -209,6 +207,5 @@ def slow_bundle(out: Path, layers: int = 64, width: int = 1024) -> Path:
     with be.load(out / "model.onnx") as s:
         inputs, outputs = list(s.inputs), list(s.outputs)
     write(out, Manifest(backend="onnxruntime", board="host-cpu", scheme="fp32", artifacts=["model.onnx"],
-                        inputs=inputs, outputs=outputs, source={"model": f"{layers} dense layers of {width}"},
-                        versions=be.versions()))
+                        inputs=inputs, outputs=outputs, source={"model": what}, versions=be.versions()))
     return out
