@@ -73,10 +73,11 @@ _ATTACHED = False
 
 def _add_core_commands() -> None:
     # one module per command group; each imports its library lazily, so this stays light
-    from edgeinfer.cli import backends, bench, deploy, generate, plan, run
+    from edgeinfer.cli import backends, bench, deploy, generate, plan, profile, run
 
     for cmd in (backends.backends, backends.doctor, run.run, deploy.deploy, deploy.golden, deploy.verify,
-                bench.bench, plan.plan_cmd, plan.boards_cmd, generate.generate_cmd, generate.chat_cmd):
+                bench.bench, profile.profile_cmd, plan.plan_cmd, plan.boards_cmd, generate.generate_cmd,
+                generate.chat_cmd):
         cli.add_command(cmd)
 
 
