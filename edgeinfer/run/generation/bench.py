@@ -30,9 +30,10 @@ def prompt_of_length(codec: TextCodec, n: int) -> list[int]:
     if n < 1:
         raise InputError(f"a prompt length must be at least 1 token, got {n}")
     text = (Path(__file__).parents[2] / "data" / "golden_sentences.txt").read_text()
-    ids: list[int] = []
-    while len(ids) < n:  # the text again from the start: the tokenizer keeps each repeat's ids the same
-        ids += codec.encode(text)
+    ids = codec.encode(text)  # with the tokenizer's own special tokens (a BOS) at the start only
+    again = codec.tokenizer.encode(text, add_special_tokens=False).ids
+    while len(ids) < n:
+        ids += again
     return ids[:n]
 
 

@@ -142,7 +142,8 @@ class OnnxRuntimeDecoder(Decoder):
     def op_times(self, phase: str, token_ids: np.ndarray) -> list[OpTime]:
         """Per-node times of one ``phase`` call from onnxruntime's own profiler: a profiling session
         over the same model and the same KV buffers runs the call twice (a warm-up, then the one
-        kept). Decode profiles the last id after a prefill of the others."""
+        kept; while it lives the weights are loaded twice). Decode profiles the last id after a
+        prefill of the others."""
         from .backend import node_times
 
         ids = np.ascontiguousarray(token_ids, dtype=np.int64)
