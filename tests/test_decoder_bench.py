@@ -169,3 +169,17 @@ def test_bad_input_is_one_line(args, code, needle):
     assert p.returncode == code, p.stderr
     assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0]
     assert p.stdout == ""
+
+
+def test_onnxruntime_op_times_leave_generation_unchanged():
+    import edgeinfer
+    from edgeinfer.run.generation.options import GenerationOptions
+
+    opts = GenerationOptions(max_new_tokens=8)
+    with edgeinfer.load(model_dir(), backend="onnxruntime", ctx=64, threads=1) as gen:
+        ids = gen.prompt_ids("Permission is hereby granted")
+        before = gen.generate_ids(ids, opts).token_ids
+        for phase in ("prefill", "decode"):
+            ops = gen.decoder.op_times(phase, np.asarray(ids, dtype=np.int64))
+            assert {"MatMul", "GroupQueryAttention"} <= {o.op_type for o in ops}
+        assert gen.generate_ids(ids, opts).token_ids == before  # profiling shared the KV buffers
