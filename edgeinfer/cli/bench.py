@@ -1,18 +1,21 @@
-"""``edgeinfer bench``: throughput and latency of a bundle over batch sizes."""
+"""``edgeinfer bench``: throughput and latency of an encoder bundle over batch sizes, or of a decoder
+(a Hugging Face causal-LM directory or a decoder bundle) over prompt lengths."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import click
 
-from edgeinfer.cli.output import console, emit
+from edgeinfer.cli.output import _json_safe, console, emit
 from edgeinfer.errors import InputError
 
 MAX_BENCH_BATCH = 4096  # far past any edge NPU's useful batch; larger values only exhaust memory
 MAX_BENCH_SEQ = 2**20
 MAX_BENCH_REPEAT = 100_000
+ENCODER_REPEAT, DEFAULT_BATCH = 20, "1,8,32"
 
 
 def _int_list(value: str, what: str, largest: int) -> list[int]:
@@ -28,51 +31,153 @@ def _int_list(value: str, what: str, largest: int) -> list[int]:
 
 
 @click.command()
-@click.argument("bundle_dir", metavar="BUNDLE", type=click.Path(path_type=Path))
-@click.option("--batch", default="1,8,32", show_default=True, help="Batch sizes, comma-separated.")
-@click.option("--seq", default=None, help="Sequence lengths for dynamic-shape bundles, comma-separated.")
-@click.option("--repeat", default=20, show_default=True, help="Timed calls per case.")
+@click.argument("bundle_dir", metavar="MODEL_OR_BUNDLE", type=click.Path(path_type=Path))
+@click.option("--batch", default=None, help=f"Encoders: batch sizes, comma-separated [default: {DEFAULT_BATCH}].")
+@click.option("--seq", default=None, help="Encoders: sequence lengths for dynamic-shape bundles, comma-separated.")
+@click.option("--prompt-lengths", default=None,
+              help="Decoders: prompt lengths in tokens, comma-separated [default: 16,128,512, capped by the "
+                   "context].")
+@click.option("--new-tokens", type=int, default=None, help="Decoders: tokens generated per run [default: 64].")
+@click.option("--ctx", type=int, help="Decoders: context (KV cache positions) to load a model directory with.")
+@click.option("--backend", "-b", help="Decoders: backend to run a model directory on (default: transformers).")
+@click.option("--threads", type=int, help="Decoders: CPU threads of the backend (default: the runtime's).")
+@click.option("--repeat", type=int, default=None,
+              help=f"Timed runs per case [default: {ENCODER_REPEAT} for encoders, 3 for decoders].")
 @click.option("--device", "-d", help="Device of the backend.")
 @click.option("--plot", type=click.Path(path_type=Path), help="Write a PNG chart of throughput and latency.")
+@click.option("--output", "-o", type=click.Path(path_type=Path), help="Also write the JSON report to this file.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
-def bench(
-    bundle_dir: Path, batch: str, seq: str | None, repeat: int, device: str | None, plot: Path | None, as_json: bool
-) -> None:
-    """Latency p50/p95/p99, throughput and peak memory of BUNDLE per batch size."""
+def bench(bundle_dir: Path, batch: str | None, seq: str | None, prompt_lengths: str | None, new_tokens: int | None,
+          ctx: int | None, backend: str | None, threads: int | None, repeat: int | None, device: str | None,
+          plot: Path | None, output: Path | None, as_json: bool) -> None:
+    """Latency, throughput and peak memory of MODEL_OR_BUNDLE.
+
+    \b
+    Encoder bundle: latency p50/p95/p99 and samples/s per batch size.
+    Decoder (Hugging Face causal-LM directory or decoder bundle): TTFT, prefill and decode
+    tokens/s, TPOT p50/p99, peak RSS and KV cache bytes per prompt length, greedy.
+    """
+    from edgeinfer.files import check_output_file
+    from edgeinfer.run import benchmark
+
+    if repeat is not None and not 1 <= repeat <= MAX_BENCH_REPEAT:
+        raise InputError(f"--repeat must be between 1 and {MAX_BENCH_REPEAT}, got {repeat}")
+    batches = _int_list(batch, "--batch", MAX_BENCH_BATCH) if batch is not None else None
+    seqs = _int_list(seq, "--seq", MAX_BENCH_SEQ) if seq else None
+    lengths = _int_list(prompt_lengths, "--prompt-lengths", MAX_BENCH_SEQ) if prompt_lengths is not None else None
+    if new_tokens is not None and new_tokens < 1:
+        raise InputError(f"--new-tokens must be at least 1, got {new_tokens}")
+    if ctx is not None and ctx < 1:
+        raise InputError(f"--ctx must be a positive number of tokens, got {ctx}")
+    if plot is not None:  # before the benchmark, not after minutes of it
+        check_output_file(plot, "--plot", benchmark.PLOT_SUFFIXES)
+    if output is not None:
+        check_output_file(output, "--output", (".json",))
+    if threads is not None and threads < 1:
+        raise InputError(f"--threads must be at least 1, got {threads}")
+    loaded = _load(bundle_dir, backend, device, ctx, threads)
+    from edgeinfer.run.generation.generator import Generator
+
+    if isinstance(loaded, Generator):
+        if batches or seqs:
+            loaded.close()
+            raise InputError("--batch and --seq apply to encoder bundles; for a decoder use --prompt-lengths")
+        report = _bench_decoder(loaded, bundle_dir, lengths, new_tokens, repeat, as_json)
+        if plot:
+            from edgeinfer.run.generation import bench as decoder_bench
+
+            report["plot"] = str(decoder_bench.plot(report, plot))
+        render = _render_decoder
+    else:
+        if lengths or new_tokens is not None or ctx is not None:
+            loaded.close()
+            raise InputError("--prompt-lengths, --new-tokens and --ctx apply to decoders; for an encoder bundle "
+                             "use --batch and --seq")
+        report = _bench_encoder(loaded, bundle_dir, batches, seqs, repeat, as_json)
+        if plot:
+            report["plot"] = str(benchmark.plot(report, plot))
+        render = _render_encoder
+    if output is not None:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(json.dumps(_json_safe(report), indent=2) + "\n")
+    emit(report, as_json, render)
+
+
+def _load(path: Path, backend: str | None, device: str | None, ctx: int | None, threads: int | None) -> Any:
+    """A Generator for a decoder directory or decoder bundle, else an encoder bundle's Session."""
+    from edgeinfer.run.bundle import Bundle, is_bundle
+    from edgeinfer.run.loading import is_decoder_dir, load, load_generator
+
+    if is_decoder_dir(path):
+        return load_generator(path, backend=backend, device=device, ctx=ctx,
+                              **({"threads": threads} if threads else {}))
+    if not is_bundle(path):
+        Bundle.open(path)  # raises the reason: not found, not a bundle
+    if ctx is not None or threads is not None:
+        raise InputError("--ctx and --threads apply to a model directory; a bundle runs with the context it was "
+                         "built for")
+    return load(path, backend=backend, device=device)
+
+
+def _bench_decoder(gen: Any, model: Path, lengths: list[int] | None, new_tokens: int | None, repeat: int | None,
+                   as_json: bool) -> dict[str, Any]:
+    from edgeinfer.progress import Progress
+    from edgeinfer.run.generation import bench as decoder_bench
+
+    with gen:
+        return decoder_bench.bench(gen, str(model), lengths, new_tokens or decoder_bench.DEFAULT_NEW_TOKENS,
+                                   repeat or decoder_bench.DEFAULT_REPEAT,
+                                   progress=Progress(enabled=None if not as_json else False))
+
+
+def _bench_encoder(session: Any, bundle_dir: Path, batches: list[int] | None, seqs: list[int] | None,
+                   repeat: int | None, as_json: bool) -> dict[str, Any]:
     from edgeinfer.progress import Progress
     from edgeinfer.run import benchmark
     from edgeinfer.run.bundle import Bundle
 
-    if not 1 <= repeat <= MAX_BENCH_REPEAT:
-        raise InputError(f"--repeat must be between 1 and {MAX_BENCH_REPEAT}, got {repeat}")
-    batches = _int_list(batch, "--batch", MAX_BENCH_BATCH)
-    seqs: list[int | None] = list(_int_list(seq, "--seq", MAX_BENCH_SEQ)) if seq else [None]
-    if plot is not None:  # before the benchmark, not after minutes of it
-        from edgeinfer.files import check_output_file
-
-        check_output_file(plot, "--plot", benchmark.PLOT_SUFFIXES)
     b = Bundle.open(bundle_dir)
-    with b.load(device=device) as session:
-        report = benchmark.bench(b, session, batches, seqs, repeat, progress=Progress(
-            enabled=None if not as_json else False))
-    if plot:
-        report["plot"] = str(benchmark.plot(report, plot))
-
-    def render(r: dict[str, Any]) -> None:
-        from rich.table import Table
-
-        t = Table(title=f"{r['bundle']} · {r['backend']} {r['scheme']} · ran on {r['device']}")
-        for col in ("batch", "seq", "p50 ms", "p95 ms", "p99 ms", "samples/s", "peak RSS MiB"):
-            t.add_column(col, justify="right")
-        for row in r["results"]:
-            lat = row["latency_ms"]
-            rss = f"{row['peak_rss_bytes'] / 2**20:.0f}" if row["peak_rss_bytes"] else "-"
-            t.add_row(str(row["batch"]), str(row["seq"]), f"{lat['p50']:.1f}", f"{lat['p95']:.1f}",
-                      f"{lat['p99']:.1f}", f"{row['throughput_per_s']:.1f}", rss)
-        console().print(t)
-        if r.get("plot"):
-            console().print(f"chart: {r['plot']}")
-
-    emit(report, as_json, render)
+    with session:
+        return benchmark.bench(b, session, batches or _int_list(DEFAULT_BATCH, "--batch", MAX_BENCH_BATCH),
+                               list(seqs) if seqs else [None], repeat or ENCODER_REPEAT,
+                               progress=Progress(enabled=None if not as_json else False))
 
 
+def _render_encoder(r: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"{r['bundle']} · {r['backend']} {r['scheme']} · ran on {r['device']}")
+    for col in ("batch", "seq", "p50 ms", "p95 ms", "p99 ms", "samples/s", "peak RSS MiB"):
+        t.add_column(col, justify="right")
+    for row in r["results"]:
+        lat = row["latency_ms"]
+        rss = f"{row['peak_rss_bytes'] / 2**20:.0f}" if row["peak_rss_bytes"] else "-"
+        t.add_row(str(row["batch"]), str(row["seq"]), f"{lat['p50']:.1f}", f"{lat['p95']:.1f}",
+                  f"{lat['p99']:.1f}", f"{row['throughput_per_s']:.1f}", rss)
+    console().print(t)
+    if r.get("plot"):
+        console().print(f"chart: {r['plot']}")
+
+
+def _render_decoder(r: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"{r['model']} · {r['backend']} on {r['device']} · ctx {r['context']} · "
+                    f"{r['new_tokens']} new tokens, greedy, median of {r['repeat']}")
+    for col in ("prompt", "TTFT ms", "prefill tok/s", "decode tok/s", "TPOT p50 ms", "TPOT p99 ms",
+                "peak RSS MiB", "KV MiB"):
+        t.add_column(col, justify="right")
+
+    def ms(v: float | None) -> str:
+        return "-" if v is None else f"{v:.1f}"
+
+    for row in r["results"]:
+        rss = f"{row['peak_rss_bytes'] / 2**20:.0f}" if row["peak_rss_bytes"] else "-"
+        t.add_row(str(row["prompt_tokens"]), ms(row["ttft_ms"]), f"{row['prefill_tokens_per_s']:.0f}",
+                  f"{row['decode_tokens_per_s']:.1f}", ms(row["tpot_ms_p50"]), ms(row["tpot_ms_p99"]), rss,
+                  f"{row['kv_cache_bytes'] / 2**20:.2f}")
+    console().print(t)
+    for note in r["notes"]:
+        console().print(f"note: {note}")
+    if r.get("plot"):
+        console().print(f"chart: {r['plot']}")

@@ -10,6 +10,7 @@ every backend:
 - :mod:`.stopping`  EOS ids, stop strings, ``max_new_tokens``, the context limit
 - :mod:`.metrics`   TTFT, prefill / decode tokens/s, TPOT percentiles, peak RSS, KV bytes
 - :mod:`.generator` the loop that drives a decoder with all of the above
+- :mod:`.bench`     ``edgeinfer bench`` on a decoder: the metrics per prompt length
 
 Nothing here imports torch or a vendor SDK; ``tokenizers`` and ``jinja2`` are
 imported when a tokenizer is loaded.

@@ -13,16 +13,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from edgeinfer.contract import Decoder
+from edgeinfer.contract import Decoder, OpTime
 from edgeinfer.errors import BackendUnavailableError, InputError, ModelError
 
 GENAI_CONFIG = "genai_config.json"
@@ -82,11 +84,9 @@ class OnnxRuntimeDecoder(Decoder):
             raise ModelError(f"{model_dir / GENAI_CONFIG} is not an onnxruntime-genai config: {e}") from None
         if context > limit:
             raise InputError(f"context {context} exceeds the model's context length ({limit}); use --ctx {limit}")
-        opts = ort.SessionOptions()
-        if threads:
-            opts.intra_op_num_threads = int(threads)
-        self._sess = ort.InferenceSession(str(model_dir / dec["filename"]), opts, providers=["CPUExecutionProvider"])
-        self._ort = ort
+        self._ort, self._threads = ort, threads
+        self._onnx = str(model_dir / dec["filename"])
+        self._sess = ort.InferenceSession(self._onnx, self._options(), providers=["CPUExecutionProvider"])
         self._names = {
             "ids": names_in["input_ids"], "mask": names_in["attention_mask"], "logits": names_out["logits"],
             "past": [(names_in["past_key_names"] % i, names_in["past_value_names"] % i) for i in range(layers)],
@@ -103,11 +103,21 @@ class OnnxRuntimeDecoder(Decoder):
         super().__init__(context=context, vocab_size=int(cfg["vocab_size"]), kv_cache_bytes=kv_bytes, slots=slots,
                          device="CPU")
 
-    def _run(self, slot: int, ids: np.ndarray) -> np.ndarray:
+    def _options(self, profile_prefix: str | None = None) -> Any:
+        opts = self._ort.SessionOptions()
+        if self._threads:
+            opts.intra_op_num_threads = int(self._threads)
+        if profile_prefix:
+            opts.enable_profiling = True
+            opts.profile_file_prefix = profile_prefix
+        return opts
+
+    def _run(self, slot: int, ids: np.ndarray, sess: Any = None) -> np.ndarray:
         n, start = int(ids.shape[0]), self.lengths[slot]
         if start + n > self.context:
             raise InputError(f"slot {slot}: {start + n} positions exceed the context of {self.context}")
-        b = self._sess.io_binding()
+        sess = sess or self._sess
+        b = sess.io_binding()
         b.bind_cpu_input(self._names["ids"], np.ascontiguousarray(ids, dtype=np.int64)[None])
         b.bind_cpu_input(self._names["mask"], np.ones((1, start + n), np.int64))
         for (pk, pv), (ok, ov), (k, v) in zip(self._names["past"], self._names["present"], self._bound[slot]):
@@ -116,7 +126,7 @@ class OnnxRuntimeDecoder(Decoder):
             b.bind_ortvalue_output(ok, k)  # present shares the past buffer: written in place
             b.bind_ortvalue_output(ov, v)
         b.bind_output(self._names["logits"])
-        self._sess.run_with_iobinding(b)
+        sess.run_with_iobinding(b)
         self.lengths[slot] = start + n
         return b.copy_outputs_to_cpu()[-1][0, -1]
 
@@ -128,6 +138,29 @@ class OnnxRuntimeDecoder(Decoder):
 
     def reset(self, slot: int) -> None:
         self.lengths[slot] = 0  # stale rows past the length are masked out, then overwritten
+
+    def op_times(self, phase: str, token_ids: np.ndarray) -> list[OpTime]:
+        """Per-node times of one ``phase`` call from onnxruntime's own profiler: a profiling session
+        over the same model and the same KV buffers runs the call twice (a warm-up, then the one
+        kept; while it lives the weights are loaded twice). Decode profiles the last id after a
+        prefill of the others."""
+        from .backend import node_times
+
+        ids = np.ascontiguousarray(token_ids, dtype=np.int64)
+        self.reset(0)
+        if phase == "decode" and len(ids) > 1:
+            self._run(0, ids[:-1])
+            ids = ids[-1:]
+        start = self.lengths[0]
+        with tempfile.TemporaryDirectory(prefix="edgeinfer-ort-prof-") as tmp:
+            sess = self._ort.InferenceSession(self._onnx, self._options(os.path.join(tmp, "ort")),
+                                              providers=["CPUExecutionProvider"])
+            for _ in range(2):  # the same positions twice: the second run rewrites the rows the first wrote
+                self.lengths[0] = start
+                self._run(0, ids, sess)
+            events = json.loads(Path(sess.end_profiling()).read_text())
+        self.reset(0)
+        return node_times(events)
 
     def release(self) -> None:
         self._sess = None

@@ -1,0 +1,55 @@
+"""The planner's KV cache for ``--board host`` equals, to the byte, what the decoder runtimes allocate.
+
+``edgeinfer plan MODEL --board host --ctx N --json`` → ``memory.breakdown.kv_cache`` is compared
+with ``Decoder.kv_cache_bytes`` of the transformers reference and of the onnxruntime decoder (the
+host board's backend), and both with the bytes of the buffers actually allocated: the torch
+``StaticCache`` tensors and the NumPy arrays bound to onnxruntime.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import edgeinfer
+from edgeinfer.cli import invoke
+from edgeinfer.testing import llm
+
+CONTEXTS = (48, 300, 1024)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict:
+    # the Llama has untied embeddings and other head counts than the Qwen3: a second shape of KV cache
+    return {"tiny-qwen3": llm.model_dir(),
+            "random-llama": llm.random_llama(tmp_path_factory.mktemp("llm") / "llama", layers=3, hidden=96,
+                                             heads=6, kv_heads=3)}
+
+
+def _planned_kv(capsys, model, ctx: int) -> int:
+    rc = invoke(["plan", str(model), "--board", "host", "--ctx", str(ctx), "--json"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    return json.loads(out)["memory"]["breakdown"]["kv_cache"]
+
+
+def _allocated(decoder) -> int:
+    """Bytes of the KV buffers the runtime holds, read from the buffers themselves."""
+    if decoder.backend_name == "transformers":
+        return sum(t.nbytes for c in decoder.caches for layer in c.layers for t in (layer.keys, layer.values))
+    return sum(a.nbytes for slot in decoder._cache for kv in slot for a in kv)
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen3", "random-llama"])
+def test_planned_kv_cache_equals_the_runtime_allocation(capsys, models, name):
+    model = models[name]
+    cfg = json.loads((model / "config.json").read_text())
+    for ctx in CONTEXTS:
+        planned = _planned_kv(capsys, model, ctx)
+        # layers x (K, V) x KV heads x head_dim x positions x 4 bytes (fp32 on the host)
+        assert planned == cfg["num_hidden_layers"] * 2 * cfg["num_key_value_heads"] * cfg["head_dim"] * ctx * 4
+        for backend in ("transformers", "onnxruntime"):
+            with edgeinfer.load(model, backend=backend, ctx=ctx, threads=1) as gen:
+                assert gen.kv_cache_bytes == planned, (backend, ctx)
+                assert _allocated(gen.decoder) == planned, (backend, ctx)
