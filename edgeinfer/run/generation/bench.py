@@ -14,7 +14,7 @@ from typing import Any
 
 from edgeinfer.errors import InputError
 from edgeinfer.progress import Progress
-from edgeinfer.run.benchmark import _clear_peak_rss, _peak_rss
+from edgeinfer.run import measure
 from edgeinfer.run.generation.generator import Generator
 from edgeinfer.run.generation.options import GenerationOptions
 from edgeinfer.run.generation.text import TextCodec
@@ -69,13 +69,13 @@ def _one_length(gen: Generator, ids: list[int], new_tokens: int, repeat: int, wa
     opts = GenerationOptions(max_new_tokens=new_tokens, ignore_eos=True)  # greedy; always new_tokens tokens
     for _ in range(warmup):
         gen.generate_ids(ids, opts)
-    reset = _clear_peak_rss()
+    reset = measure.reset_peak_rss()
     runs = [gen.generate_ids(ids, opts).metrics for _ in range(repeat)]
     row: dict[str, Any] = {"prompt_tokens": runs[0].prompt_tokens, "new_tokens": runs[0].generated_tokens}
     for key in MEDIAN_KEYS:
         values = [getattr(m, key) for m in runs if getattr(m, key) is not None]
         row[key] = statistics.median(values) if values else None
-    row["peak_rss_bytes"] = _peak_rss() if reset else max(m.peak_rss_bytes for m in runs)
+    row["peak_rss_bytes"] = measure.peak_rss_bytes() if reset else max(m.peak_rss_bytes for m in runs)
     row["kv_cache_bytes"] = gen.kv_cache_bytes
     row["runs"] = [{k: getattr(m, k) for k in MEDIAN_KEYS} for m in runs]
     return row
