@@ -22,6 +22,8 @@ from edgeinfer.errors import InputError
 @click.option("--calib", type=click.Path(path_type=Path),
               help="Calibration data: .txt (one sample a line), .npz or dir.")
 @click.option("--golden-inputs", type=click.Path(path_type=Path), help="Held-out samples for the golden check.")
+@click.option("--ctx", type=int, help="Decoder models: context (tokens) to build and check for (default: the "
+              "model's limit, at most 2048).")
 @click.option("--shape", "shapes", multiple=True, metavar="NAME=1x128", help="Static input shape; repeatable.")
 @click.option("--threshold", type=float,
               help=f"Minimum cosine vs {ENCODER_REFERENCE} fp32 (default 0.99; 0.98 for w8a8/int8).")
@@ -40,13 +42,25 @@ def deploy(
     model: Path, board: str, quant: str | None, calib: Path | None, golden_inputs: Path | None,
     shapes: tuple[str, ...], threshold: float | None, max_samples: int, force: bool, no_cache: bool,
     backend_options: tuple[str, ...], paging: int | None, segments: int | None, cuts: tuple[str, ...], out: Path,
-    as_json: bool,
+    as_json: bool, ctx: int | None,
 ) -> None:
-    """Convert MODEL for BOARD, check it against onnxruntime fp32, and write a bundle."""
+    """Convert MODEL for BOARD, check it against onnxruntime fp32, and write a bundle.
+
+    A causal language model (a Hugging Face directory whose config names *ForCausalLM) is converted
+    with the backend's decoder path and checked against transformers fp32, greedy (docs/generation.md).
+    """
     from edgeinfer.build import deploy as deploy_mod
     from edgeinfer.progress import Progress
+    from edgeinfer.run.loading import is_decoder_dir
 
     progress = Progress(enabled=None if not as_json else False)
+    if is_decoder_dir(model):
+        _deploy_decoder(model, board, out, quant, ctx, calib, golden_inputs, force, threshold, no_cache, progress,
+                        parse_options(backend_options), as_json,
+                        {"--shape": shapes, "--paging": paging, "--segments": segments, "--cut": cuts})
+        return
+    if ctx is not None:
+        raise InputError(f"--ctx applies to decoder (language) models; {model} is not one (use --shape for inputs)")
     result = deploy_mod.deploy(
         model, board, out, quant=quant, calib=calib, golden_inputs=golden_inputs,
         shapes=deploy_mod.parse_shapes(shapes), force=force, threshold=threshold, max_samples=max_samples,
@@ -62,6 +76,34 @@ def deploy(
         out_c = console()
         how = " (cached conversion reused)" if r["cached"] else ""
         out_c.print(f"bundle {r['bundle']}: {r['backend']} {r['scheme']} for {r['board']}{how}")
+        out_c.print("  " + summary_line(r["golden"]) + f" (ran on {r['golden'].get('device', '?')})")
+
+    emit(result.to_json(), as_json, render)
+
+
+def _deploy_decoder(model: Path, board: str, out: Path, quant: str | None, ctx: int | None, calib: Path | None,
+                    golden_inputs: Path | None, force: bool, threshold: float | None, no_cache: bool, progress: Any,
+                    options: dict[str, Any], as_json: bool, encoder_only: dict[str, Any]) -> None:
+    from edgeinfer.build.deploy_decoder import deploy_decoder
+
+    given = [k for k, v in encoder_only.items() if v]
+    if given:
+        raise InputError(f"{given[0]} does not apply to decoder (language) models; use --ctx for the context")
+    if threshold is not None and not (math.isfinite(threshold) and -1 <= threshold <= 1):
+        raise InputError(f"--threshold is a minimum logits cosine between -1 and 1, got {threshold}")
+    result = deploy_decoder(model, board, out, quant=quant, ctx=ctx, calib=calib, golden_inputs=golden_inputs,
+                            force=force, threshold=threshold, options=options, progress=progress,
+                            use_cache=not no_cache)
+    for w in result.warnings:
+        click.echo(f"warning: {w}", err=True)
+
+    def render(r: dict[str, Any]) -> None:
+        from edgeinfer.run.generation.golden import summary_line
+
+        how = " (cached conversion reused)" if r["cached"] else ""
+        out_c = console()
+        out_c.print(f"bundle {r['bundle']}: decoder, {r['backend']} {r['scheme']} for {r['board']}, "
+                    f"ctx {r['context']}{how}")
         out_c.print("  " + summary_line(r["golden"]) + f" (ran on {r['golden'].get('device', '?')})")
 
     emit(result.to_json(), as_json, render)

@@ -43,7 +43,8 @@ from pydantic import (
 
 from edgeinfer.contract.backend import Session, TensorSpec
 from edgeinfer.errors import InputError
-from edgeinfer.run import seal
+from edgeinfer.run import decoder_bundle, seal
+from edgeinfer.run.decoder_bundle import DecoderSection
 
 SCHEMA = "edgeinfer.bundle/1"
 MANIFEST = "manifest.json"
@@ -82,6 +83,7 @@ class Manifest:
     plan: dict[str, Any] | None = None
     golden: dict[str, Any] | None = None
     paging: dict[str, Any] | None = None  # {"window": W, "prefetch": bool, "resident_prefix": n}
+    decoder: dict[str, Any] | None = None  # decoder bundles only (run/decoder_bundle.py)
     created: str = ""
     edgeinfer_version: str = ""
     files: dict[str, dict[str, Any]] = field(default_factory=dict)  # relative path -> {"size", "sha256"}
@@ -104,6 +106,7 @@ class Manifest:
             "golden": self.golden,
             "paging": self.paging,
             "files": self.files,
+            **({"decoder": self.decoder} if self.decoder is not None else {}),
         }
 
     @classmethod
@@ -123,6 +126,7 @@ class Manifest:
             plan=d.get("plan"),
             golden=d.get("golden"),
             paging=d.get("paging"),
+            decoder=d.get("decoder"),
             created=d.get("created", ""),
             edgeinfer_version=d.get("edgeinfer_version", ""),
             files=dict(d.get("files") or {}),
@@ -217,6 +221,7 @@ class _ManifestDoc(BaseModel):
     plan: dict[str, Any] | None = None
     golden: _Golden | None = None
     paging: _Paging | None = None
+    decoder: DecoderSection | None = None
     files: dict[str, _File]
 
     @model_validator(mode="after")
@@ -293,9 +298,12 @@ def _check_paths(path: Path, m: Manifest) -> None:
     if m.text is not None:
         seal.contained(path, m.text.tokenizer, "text.tokenizer")
         named.append(("text.tokenizer", f"{m.text.tokenizer}/tokenizer.json"))
+    if m.decoder is not None:
+        decoder_bundle.check_paths(path, m.decoder, sealed)
     for field_name, rel in named:
         seal.contained(path, rel, field_name)
-        if seal.relative(rel, field_name) not in sealed:
+        norm = seal.relative(rel, field_name)
+        if norm not in sealed and not (m.decoder and any(f.startswith(norm + "/") for f in sealed)):
             raise InputError(
                 f"manifest {field_name} {rel!r} is not among the bundle's recorded files; deploy the model again"
             )
@@ -358,10 +366,12 @@ class Bundle:
     def artifacts(self) -> list[Path]:
         return [self.path / a for a in self.manifest.artifacts]
 
-    def load(self, device: str | None = None, **options: Any) -> Session:
-        """Load the bundle on its backend (paged when the bundle is segmented)."""
+    def load(self, device: str | None = None, **options: Any) -> Any:
+        """Load the bundle on its backend: a Session (paged when segmented), a Generator for a decoder."""
         from edgeinfer.contract import registry as plugins
 
+        if self.manifest.decoder is not None:  # a Generator (docs/generation.md)
+            return decoder_bundle.open_generator(self, device=device, **options)
         backend = plugins.get_backend(self.manifest.backend)
         if self.manifest.paging:
             from edgeinfer.run.paged import PagedSession
