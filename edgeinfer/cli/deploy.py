@@ -122,33 +122,27 @@ def golden(
     device: str | None, as_json: bool,
 ) -> None:
     """Re-run the golden check of BUNDLE on this machine (exit 1 when it fails)."""
-    from edgeinfer.build import golden as golden_mod
-    from edgeinfer.build.calibration import load_samples
-    from edgeinfer.run.bundle import Bundle, run_padded
-    from edgeinfer.run.loading import load
-    from edgeinfer.run.samples import load_saved_samples
+    from edgeinfer.run.bundle import is_bundle, read_manifest
 
     if threshold is not None and not (math.isfinite(threshold) and -1 <= threshold <= 1):
         raise InputError(f"--threshold is a minimum cosine between -1 and 1, got {threshold}")
-    b = Bundle.open(bundle_dir, verify="full")
-    limit = threshold if threshold is not None else (b.manifest.golden or {}).get("threshold", 0.99)
-    if inputs:
-        if reference is None:
-            raise InputError("--inputs needs --reference MODEL.onnx (the fp32 model to compare against)")
-        tok = (lambda texts: b.tokenize(texts)) if b.manifest.text else None
-        samples = load_samples(inputs, b.manifest.inputs, tok)
-        if not samples:
-            raise InputError(f"--inputs {inputs} holds no samples; pass a .txt with lines, or a non-empty .npz")
-        with load(reference, backend=ENCODER_REFERENCE) as ref:
-            expected = [run_padded(ref, s) for s in samples]
-    else:
-        samples = load_saved_samples(b.file("golden/inputs.npz", "golden inputs"))
-        expected = load_saved_samples(b.file("golden/expected.npz", "golden reference outputs"))
-    with b.load(device=device) as session:
-        got = [run_padded(session, s) for s in samples]
-        report = golden_mod.compare(expected, got, samples, limit)
-        report["device"] = session.device
-    report["bundle"] = str(b.path)
+    if is_bundle(bundle_dir) and read_manifest(bundle_dir).decoder is not None:
+        from edgeinfer.build.deploy_decoder import golden_bundle
+        from edgeinfer.run.generation.golden import summary_line
+
+        if inputs or reference:
+            raise InputError("--inputs/--reference apply to encoder bundles; a decoder bundle is checked against "
+                             "the fp32 reference recorded when it was deployed")
+        report = golden_bundle(bundle_dir, device=device, min_cosine=threshold)
+        emit(report, as_json, lambda r: console().print(summary_line(r) + f" (ran on {r['device']})"))
+        if not report["passed"]:
+            click.echo("error: decoder golden check failed (see the report above)", err=True)
+            ctx.exit(errors.NEGATIVE)
+        return
+    from edgeinfer.build import golden as golden_mod
+
+    report = golden_mod.check_bundle(bundle_dir, inputs=inputs, reference=reference, threshold=threshold,
+                                     device=device)
     emit(report, as_json, lambda r: console().print(golden_mod.summary_line(r) + f" (ran on {r['device']})"))
     if not report["passed"]:
         click.echo(f"error: golden check failed; worst: {golden_mod.worst_samples_line(report)}", err=True)

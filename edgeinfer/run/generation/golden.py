@@ -87,7 +87,7 @@ def compare_prompt(prompt: str, ref_ids: list[int], ref_logits: list[np.ndarray]
         problems.append(f"diverges at token {diverge} (reference margin {margin:.3f} ≥ {t.near_tie})"
                         if margin is not None else f"stops differently at token {diverge}")
     if cos and not min(cos) >= t.min_cosine:  # `not >=` also catches NaN
-        problems.append(f"logits cosine min {min(cos):.5f} < {t.min_cosine}")
+        problems.append(f"logits cosine min {fmt_cosine(min(cos))} < {t.min_cosine}")
     if top5 and not float(np.mean(top5)) >= t.min_top5:
         problems.append(f"top-5 overlap {np.mean(top5):.2f} < {t.min_top5}")
     row["problems"] = problems
@@ -146,9 +146,14 @@ def check(candidate: Generator, reference: Generator, prompts: Sequence[str], ne
     return check_recorded(candidate, record(reference, prompts, new_tokens, chat), new_tokens, scheme, chat)
 
 
+def fmt_cosine(c: float) -> str:
+    """A cosine readable near 1, where 5 decimals would print 1.00000 for every lossless run."""
+    return f"{c:.5f}" if not c > 0.99999 else f"1 - {1 - c:.1e}"
+
+
 def summary_line(report: dict[str, Any]) -> str:
     verdict = "passed" if report["passed"] else "FAILED"
-    cos = "n/a" if report["cosine_min"] is None else f"{report['cosine_min']:.5f}"
+    cos = "n/a" if report["cosine_min"] is None else fmt_cosine(report["cosine_min"])
     line = (f"decoder golden check {verdict}: {report['prompts']} prompts × {report['new_tokens']} tokens, "
             f"token agreement {report['token_agreement']:.1%}, logits cosine min {cos}")
     if report["near_ties"]:
