@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
+from edgeinfer.contract import stamp
 from edgeinfer.errors import InputError
 from edgeinfer.run import seal
 
@@ -82,8 +83,9 @@ def open_generator(bundle: Bundle, device: str | None = None, ctx: int | None = 
         raise InputError(f"bundle {bundle.path} was built for a context of {built} tokens, not {ctx}; use --ctx "
                          f"{built} or less, or deploy again with --ctx {ctx}")
     codec = TextCodec(seal.contained(bundle.path, m.decoder.get("tokenizer", TOKENIZER), "decoder.tokenizer"))
-    decoder = plugins.get_backend(m.backend).load_decoder(bundle.artifacts[0], device=device, context=ctx,
-                                                          slots=slots, **options)
+    be = plugins.get_backend(m.backend)
+    stamp.check(bundle.artifacts[0], backend=be, device=device)  # another toolkit's artifact: refused
+    decoder = be.load_decoder(bundle.artifacts[0], device=device, context=ctx, slots=slots, **options)
     return Generator(decoder, codec)
 
 
