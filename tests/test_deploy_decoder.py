@@ -108,6 +108,13 @@ def test_greedy_tokens_from_the_bundle_equal_transformers_generate(bundle, hf_gr
             assert gen.generate(p, max_new_tokens=N_TOKENS).token_ids == hf_greedy[p], p
 
 
+def test_tensor_entry_points_refuse_a_decoder_bundle_in_one_line(bundle):
+    from edgeinfer.run.bundle import Bundle
+
+    with pytest.raises(InputError, match="holds a decoder .* edgeinfer generate"):
+        Bundle.open(bundle).load()
+
+
 def test_a_smaller_context_loads_and_a_larger_one_is_refused(bundle):
     with edgeinfer.load(bundle, ctx=64) as gen:
         assert gen.context == 64

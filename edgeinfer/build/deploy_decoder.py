@@ -91,6 +91,10 @@ def deploy_decoder(
     scheme = choose_scheme(b, backend, quant)
     context = check_context(hf_dir, ctx)
     prompts = golden_prompts(golden_inputs)
+    if threshold is not None and not (isinstance(threshold, (int, float)) and -1 <= threshold <= 1):
+        raise InputError(f"--threshold is a minimum logits cosine between -1 and 1, got {threshold}")
+    if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or new_tokens < 1:
+        raise InputError(f"new_tokens must be a positive integer, got {new_tokens!r}")
     calibration = read_calibration(calib)
     if calibration is not None and scheme in ("fp32", "fp16", "bf16"):
         warnings.append(f"--calib is not used for {scheme}: nothing is quantized")
@@ -313,7 +317,7 @@ def golden_bundle(path: str | os.PathLike[str], device: str | None = None,
     except (KeyError, TypeError):
         pass  # a bundle without its report: the scheme's thresholds
     n = before.get("new_tokens") or max(len(r.token_ids) for r in recorded)
-    with b.load(device=device) as candidate:
+    with decoder_bundle.open_generator(b, device=device) as candidate:
         report = judge(candidate, recorded, int(n), b.manifest.scheme, t, min_cosine)
     report["bundle"] = str(b.path)
     return report

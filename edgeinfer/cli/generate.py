@@ -28,7 +28,9 @@ def _load(model: Path, backend: str | None, device: str | None, ctx: int | None)
         bundle = Bundle.open(model)
         if bundle.manifest.decoder is None:
             raise InputError(f"bundle {model} holds no decoder (language) model; use `edgeinfer run` for it")
-        return bundle.load(device=device, ctx=ctx, backend=backend)
+        from edgeinfer.run.decoder_bundle import open_generator
+
+        return open_generator(bundle, device=device, ctx=ctx, backend=backend)
     if not is_decoder_dir(model):
         raise InputError(
             f"{model} is not a decoder (language) model directory (its config.json names no *ForCausalLM); "

@@ -366,12 +366,13 @@ class Bundle:
     def artifacts(self) -> list[Path]:
         return [self.path / a for a in self.manifest.artifacts]
 
-    def load(self, device: str | None = None, **options: Any) -> Any:
-        """Load the bundle on its backend: a Session (paged when segmented), a Generator for a decoder."""
+    def load(self, device: str | None = None, **options: Any) -> Session:
+        """Load the bundle on its backend (paged when the bundle is segmented)."""
         from edgeinfer.contract import registry as plugins
 
-        if self.manifest.decoder is not None:  # a Generator (docs/generation.md)
-            return decoder_bundle.open_generator(self, device=device, **options)
+        if self.manifest.decoder is not None:  # generators come from edgeinfer.load (docs/generation.md)
+            raise InputError(f"bundle {self.path} holds a decoder (language) model, which runs on text: use "
+                             "`edgeinfer generate` / `chat`, or edgeinfer.load() for a Generator")
         backend = plugins.get_backend(self.manifest.backend)
         if self.manifest.paging:
             from edgeinfer.run.paged import PagedSession
