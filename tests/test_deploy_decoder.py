@@ -111,7 +111,7 @@ def test_greedy_tokens_from_the_bundle_equal_transformers_generate(bundle, hf_gr
 def test_tensor_entry_points_refuse_a_decoder_bundle_in_one_line(bundle):
     from edgeinfer.run.bundle import Bundle
 
-    with pytest.raises(InputError, match="holds a decoder .* edgeinfer generate"):
+    with pytest.raises(InputError, match="holds a decoder .*edgeinfer generate"):
         Bundle.open(bundle).load()
 
 
