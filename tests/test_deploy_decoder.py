@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -122,7 +124,7 @@ def test_a_smaller_context_loads_and_a_larger_one_is_refused(bundle):
         edgeinfer.load(bundle, ctx=512)
 
 
-def test_generate_and_golden_commands_on_the_bundle(bundle, hf_greedy):
+def test_generate_chat_and_golden_commands_on_the_bundle(bundle, hf_greedy):
     proc = cli("generate", str(bundle), "--prompt", PROMPTS[0], "--max-new-tokens", "12", "--json")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
@@ -133,6 +135,9 @@ def test_generate_and_golden_commands_on_the_bundle(bundle, hf_greedy):
     before = _manifest(bundle)["decoder"]["golden"]
     assert report["passed"] and report["token_agreement"] == 1.0
     assert report["cosine_min"] == pytest.approx(before["cosine_min"], abs=1e-9)
+    chat = subprocess.run([sys.executable, "-m", "edgeinfer.cli", "chat", str(bundle), "--max-new-tokens", "8"],
+                          input="What does the licence allow?\n", capture_output=True, text=True)
+    assert chat.returncode == 0 and chat.stdout.startswith("> ") and len(chat.stdout) > 4, chat.stderr
     strict = cli("golden", str(bundle), "--threshold", "1.0")  # no float path reaches cosine 1 at every step
     assert strict.returncode == 1 and "decoder golden check FAILED" in strict.stdout
 

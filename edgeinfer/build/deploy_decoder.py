@@ -148,7 +148,8 @@ def choose_scheme(b: Board, backend: Backend, quant: str | None) -> str:
     if not backend.capable("decoder_deploy"):
         raise BackendUnavailableError(
             f"board {b.name}'s backend {backend.name!r} cannot deploy decoder (language) models: it implements "
-            "no convert_decoder", "deploy for another board, e.g. --board host (docs/writing-a-backend.md)")
+            "no convert_decoder",
+            "deploy for another board, e.g. --board host; docs/writing-a-backend.md says what a backend adds")
     runtime = b.backend_runtime or b.default_runtime
     listed = {normalize_scheme(s).family for s in b.runtimes[runtime].schemes}
     ok = [s for s in backend.decoder_schemes if normalize_scheme(s).family in listed]
