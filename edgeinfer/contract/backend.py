@@ -414,7 +414,9 @@ class Backend:
         if not self.capable("decoder_deploy"):
             raise BackendUnavailableError(f"backend {self.name!r} cannot convert decoder (language) models: it "
                                           "implements no convert_decoder", "deploy for a board whose backend does")
-        if normalize_scheme(scheme).name not in self.decoder_schemes:
+        parsed = normalize_scheme(scheme)
+        scheme = parsed.name
+        if parsed.family not in self.decoder_schemes:
             raise InputError(f"backend {self.name!r} cannot convert decoders to {scheme!r}; it supports: "
                              f"{', '.join(self.decoder_schemes)}")
         out.mkdir(parents=True)
