@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from edgeinfer import files
-from edgeinfer.build import cache, calibration, golden
+from edgeinfer.build import cache, calibration, golden, outdir
 from edgeinfer.contract import registry as plugins
 from edgeinfer.contract import stamp
 from edgeinfer.contract.backend import CalibrationSet, TensorSpec
@@ -33,6 +33,7 @@ from edgeinfer.run import bundle as bundle_mod
 from edgeinfer.run import samples as golden_samples
 from edgeinfer.run import seal
 from edgeinfer.run.bundle import Manifest, TextSpec, run_padded
+from edgeinfer.run.loading import is_decoder_dir
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 DEFAULT_SEQ = 128
@@ -223,11 +224,14 @@ def deploy(
     progress = progress or Progress(enabled=False)
     warnings: list[str] = []
     out_dir = Path(out)
-    check_out_dir(out_dir)
+    outdir.check_out_dir(out_dir)
     _check_numbers(threshold, max_samples)
     b = get_board(board)
     backend = plugins.get_backend(b.backend)
     src = source_of(model)
+    if is_decoder_dir(src.path):
+        raise InputError(f"{src.path} is a causal language model: deploy it with "
+                         "edgeinfer.build.deploy_decoder.deploy_decoder (the CLI does so by itself)")
     if src.hf_dir is not None:
         check_tokenizer(src.hf_dir)
     scheme = normalize_scheme(quant or "fp16").name
@@ -291,9 +295,9 @@ def deploy(
     key = _cache_key(src, b, scheme, shapes_used, backend, calib_samples, held, {**(options or {}), **layout})
     cached_dir = cache.area("deploy") / key
     cached = use_cache and cache.reusable(cached_dir, progress.note)
-    files.sweep(_tmp_parent(out_dir))  # what a killed earlier deploy left next to -o
+    files.sweep(outdir.tmp_parent(out_dir))  # what a killed earlier deploy left next to -o
     cache.sweep_deploy()
-    with files.temp_dir(_tmp_parent(out_dir), "deploy") as tmp:
+    with files.temp_dir(outdir.tmp_parent(out_dir), "deploy") as tmp:
         work = tmp / "bundle"
         if cached:
             progress.note(f"reusing the cached conversion of {src.path.name} for {b.name} ({scheme}): {cached_dir}")
@@ -310,7 +314,7 @@ def deploy(
                     files.remove_own(cached_dir.parent)
                     raise
         reference.close()
-        _replace_dir(work, out_dir)
+        outdir.replace_dir(work, out_dir)
     return DeployResult(out_dir, manifest, manifest.golden or {}, cached, warnings, dict(progress.timings))
 
 
@@ -365,7 +369,7 @@ def _build(src, b, backend, scheme, work, ref_path, reference, specs, shapes_use
         outputs=outputs,
         source={"name": src.path.name, "sha256": src.sha256, "kind": src.kind},
         text=text_spec(src.hf_dir, seq, out_name) if tokenize is not None else None,
-        plan=_plan_summary(the_plan),
+        plan=outdir.plan_summary(the_plan),
         golden=report,
         paging=paging_spec,
     )
@@ -407,13 +411,6 @@ def _max_position(src: Source) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
 
 
-def check_out_dir(out_dir: Path) -> None:
-    """-o must be a new directory, an empty one or a bundle (replaced), and writable: checked first."""
-    files.check_output_dir(out_dir, "-o")
-    if out_dir.exists() and not bundle_mod.is_bundle(out_dir) and any(out_dir.iterdir()):
-        raise InputError(f"{out_dir} exists and is not a bundle; choose an empty or new directory for -o")
-
-
 def _check_numbers(threshold: float | None, max_samples: int) -> None:
     if threshold is None:  # the scheme's default
         pass
@@ -436,24 +433,3 @@ def _cache_key(src, b, scheme, shapes, backend, calib_samples, held, options) ->
         "calibration": calibration.fingerprint(calib_samples),
         "golden": calibration.fingerprint(held), "options": options,
     })
-
-
-def _plan_summary(p: Any) -> dict[str, Any]:
-    d = p.to_dict()
-    keep = ("fits", "memory", "estimates", "runtime", "scheme")
-    return {k: d[k] for k in keep if k in d}
-
-
-def _tmp_parent(out_dir: Path) -> Path:
-    return out_dir.resolve().parent  # created (by files.temp_dir) only once there is a bundle to build
-
-
-def _replace_dir(src: Path, dst: Path) -> None:
-    """Move the finished bundle into place; an older bundle at ``dst`` is replaced only now."""
-    if dst.exists():
-        old = dst.with_name(dst.name + f".old{os.getpid()}")
-        dst.rename(old)
-        src.rename(dst)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        src.rename(dst)

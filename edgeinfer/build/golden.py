@@ -11,9 +11,12 @@ compare as "not below the threshold" and pass).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from edgeinfer.errors import InputError
 
 DEFAULT_THRESHOLD = 0.99
 # Minimum cosine per scheme family when the user gives none. Activation quantization (a8) rounds every
@@ -140,3 +143,35 @@ def worst_samples_line(report: dict[str, Any]) -> str:
                 items.append(f"{name} sample {w['sample']} (cosine {w['cosine']:.4f})")
     items += [f"output {name}: {m['error']}" for name, m in report["outputs"].items() if "error" in m]
     return ", ".join(items)
+
+
+def check_bundle(bundle_dir: Path, inputs: Path | None = None, reference: Path | None = None,
+                 threshold: float | None = None, device: str | None = None) -> dict[str, Any]:
+    """Re-run an encoder bundle's golden check here: on its held-out samples against the outputs recorded
+    at deploy, or on new ``inputs`` against the fp32 ``reference`` ONNX (what ``edgeinfer golden`` prints)."""
+    from edgeinfer.build.calibration import load_samples
+    from edgeinfer.contract.names import ENCODER_REFERENCE
+    from edgeinfer.run.bundle import Bundle, run_padded
+    from edgeinfer.run.loading import load
+    from edgeinfer.run.samples import load_saved_samples
+
+    b = Bundle.open(bundle_dir, verify="full")
+    limit = threshold if threshold is not None else (b.manifest.golden or {}).get("threshold", 0.99)
+    if inputs:
+        if reference is None:
+            raise InputError("--inputs needs --reference MODEL.onnx (the fp32 model to compare against)")
+        tok = (lambda texts: b.tokenize(texts)) if b.manifest.text else None
+        samples = load_samples(inputs, b.manifest.inputs, tok)
+        if not samples:
+            raise InputError(f"--inputs {inputs} holds no samples; pass a .txt with lines, or a non-empty .npz")
+        with load(reference, backend=ENCODER_REFERENCE) as ref:
+            expected = [run_padded(ref, s) for s in samples]
+    else:
+        samples = load_saved_samples(b.file("golden/inputs.npz", "golden inputs"))
+        expected = load_saved_samples(b.file("golden/expected.npz", "golden reference outputs"))
+    with b.load(device=device) as session:
+        got = [run_padded(session, s) for s in samples]
+        report = compare(expected, got, samples, limit)
+        report["device"] = session.device
+    report["bundle"] = str(b.path)
+    return report

@@ -22,6 +22,8 @@ from edgeinfer.errors import InputError
 @click.option("--calib", type=click.Path(path_type=Path),
               help="Calibration data: .txt (one sample a line), .npz or dir.")
 @click.option("--golden-inputs", type=click.Path(path_type=Path), help="Held-out samples for the golden check.")
+@click.option("--ctx", type=int, help="Decoder models: context (tokens) to build and check for (default: the "
+              "model's limit, at most 2048).")
 @click.option("--shape", "shapes", multiple=True, metavar="NAME=1x128", help="Static input shape; repeatable.")
 @click.option("--threshold", type=float,
               help=f"Minimum cosine vs {ENCODER_REFERENCE} fp32 (default 0.99; 0.98 for w8a8/int8).")
@@ -40,13 +42,25 @@ def deploy(
     model: Path, board: str, quant: str | None, calib: Path | None, golden_inputs: Path | None,
     shapes: tuple[str, ...], threshold: float | None, max_samples: int, force: bool, no_cache: bool,
     backend_options: tuple[str, ...], paging: int | None, segments: int | None, cuts: tuple[str, ...], out: Path,
-    as_json: bool,
+    as_json: bool, ctx: int | None,
 ) -> None:
-    """Convert MODEL for BOARD, check it against onnxruntime fp32, and write a bundle."""
+    """Convert MODEL for BOARD, check it against onnxruntime fp32, and write a bundle.
+
+    A causal language model (a Hugging Face directory whose config names *ForCausalLM) is converted
+    with the backend's decoder path and checked against transformers fp32, greedy (docs/generation.md).
+    """
     from edgeinfer.build import deploy as deploy_mod
     from edgeinfer.progress import Progress
+    from edgeinfer.run.loading import is_decoder_dir
 
     progress = Progress(enabled=None if not as_json else False)
+    if is_decoder_dir(model):
+        _deploy_decoder(model, board, out, quant, ctx, calib, golden_inputs, force, threshold, no_cache, progress,
+                        parse_options(backend_options), as_json,
+                        {"--shape": shapes, "--paging": paging, "--segments": segments, "--cut": cuts})
+        return
+    if ctx is not None:
+        raise InputError(f"--ctx applies to decoder (language) models; {model} is not one (use --shape for inputs)")
     result = deploy_mod.deploy(
         model, board, out, quant=quant, calib=calib, golden_inputs=golden_inputs,
         shapes=deploy_mod.parse_shapes(shapes), force=force, threshold=threshold, max_samples=max_samples,
@@ -67,6 +81,34 @@ def deploy(
     emit(result.to_json(), as_json, render)
 
 
+def _deploy_decoder(model: Path, board: str, out: Path, quant: str | None, ctx: int | None, calib: Path | None,
+                    golden_inputs: Path | None, force: bool, threshold: float | None, no_cache: bool, progress: Any,
+                    options: dict[str, Any], as_json: bool, encoder_only: dict[str, Any]) -> None:
+    from edgeinfer.build.deploy_decoder import deploy_decoder
+
+    given = [k for k, v in encoder_only.items() if v]
+    if given:
+        raise InputError(f"{given[0]} does not apply to decoder (language) models; use --ctx for the context")
+    if threshold is not None and not (math.isfinite(threshold) and -1 <= threshold <= 1):
+        raise InputError(f"--threshold is a minimum logits cosine between -1 and 1, got {threshold}")
+    result = deploy_decoder(model, board, out, quant=quant, ctx=ctx, calib=calib, golden_inputs=golden_inputs,
+                            force=force, threshold=threshold, options=options, progress=progress,
+                            use_cache=not no_cache)
+    for w in result.warnings:
+        click.echo(f"warning: {w}", err=True)
+
+    def render(r: dict[str, Any]) -> None:
+        from edgeinfer.run.generation.golden import summary_line
+
+        how = " (cached conversion reused)" if r["cached"] else ""
+        out_c = console()
+        out_c.print(f"bundle {r['bundle']}: decoder, {r['backend']} {r['scheme']} for {r['board']}, "
+                    f"ctx {r['context']}{how}")
+        out_c.print("  " + summary_line(r["golden"]) + f" (ran on {r['golden'].get('device', '?')})")
+
+    emit(result.to_json(), as_json, render)
+
+
 @click.command()
 @click.argument("bundle_dir", metavar="BUNDLE", type=click.Path(path_type=Path))
 @click.option("--inputs", type=click.Path(path_type=Path), help="New samples (.txt/.npz/dir); needs --reference.")
@@ -80,33 +122,27 @@ def golden(
     device: str | None, as_json: bool,
 ) -> None:
     """Re-run the golden check of BUNDLE on this machine (exit 1 when it fails)."""
-    from edgeinfer.build import golden as golden_mod
-    from edgeinfer.build.calibration import load_samples
-    from edgeinfer.run.bundle import Bundle, run_padded
-    from edgeinfer.run.loading import load
-    from edgeinfer.run.samples import load_saved_samples
+    from edgeinfer.run.bundle import is_bundle, read_manifest
 
     if threshold is not None and not (math.isfinite(threshold) and -1 <= threshold <= 1):
         raise InputError(f"--threshold is a minimum cosine between -1 and 1, got {threshold}")
-    b = Bundle.open(bundle_dir, verify="full")
-    limit = threshold if threshold is not None else (b.manifest.golden or {}).get("threshold", 0.99)
-    if inputs:
-        if reference is None:
-            raise InputError("--inputs needs --reference MODEL.onnx (the fp32 model to compare against)")
-        tok = (lambda texts: b.tokenize(texts)) if b.manifest.text else None
-        samples = load_samples(inputs, b.manifest.inputs, tok)
-        if not samples:
-            raise InputError(f"--inputs {inputs} holds no samples; pass a .txt with lines, or a non-empty .npz")
-        with load(reference, backend=ENCODER_REFERENCE) as ref:
-            expected = [run_padded(ref, s) for s in samples]
-    else:
-        samples = load_saved_samples(b.file("golden/inputs.npz", "golden inputs"))
-        expected = load_saved_samples(b.file("golden/expected.npz", "golden reference outputs"))
-    with b.load(device=device) as session:
-        got = [run_padded(session, s) for s in samples]
-        report = golden_mod.compare(expected, got, samples, limit)
-        report["device"] = session.device
-    report["bundle"] = str(b.path)
+    if is_bundle(bundle_dir) and read_manifest(bundle_dir).decoder is not None:
+        from edgeinfer.build.deploy_decoder import golden_bundle
+        from edgeinfer.run.generation.golden import summary_line
+
+        if inputs or reference:
+            raise InputError("--inputs/--reference apply to encoder bundles; a decoder bundle is checked against "
+                             "the fp32 reference recorded when it was deployed")
+        report = golden_bundle(bundle_dir, device=device, min_cosine=threshold)
+        emit(report, as_json, lambda r: console().print(summary_line(r) + f" (ran on {r['device']})"))
+        if not report["passed"]:
+            click.echo("error: decoder golden check failed (see the report above)", err=True)
+            ctx.exit(errors.NEGATIVE)
+        return
+    from edgeinfer.build import golden as golden_mod
+
+    report = golden_mod.check_bundle(bundle_dir, inputs=inputs, reference=reference, threshold=threshold,
+                                     device=device)
     emit(report, as_json, lambda r: console().print(golden_mod.summary_line(r) + f" (ran on {r['device']})"))
     if not report["passed"]:
         click.echo(f"error: golden check failed; worst: {golden_mod.worst_samples_line(report)}", err=True)

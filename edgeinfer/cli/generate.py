@@ -19,10 +19,18 @@ def _options(**kw: Any) -> Any:
 
 
 def _load(model: Path, backend: str | None, device: str | None, ctx: int | None) -> Any:
+    from edgeinfer.run.bundle import Bundle, is_bundle
     from edgeinfer.run.loading import is_decoder_dir, load_generator
 
     if not model.exists():
         raise InputError(f"model not found: {model}")
+    if is_bundle(model):
+        bundle = Bundle.open(model)
+        if bundle.manifest.decoder is None:
+            raise InputError(f"bundle {model} holds no decoder (language) model; use `edgeinfer run` for it")
+        from edgeinfer.run.decoder_bundle import open_generator
+
+        return open_generator(bundle, device=device, ctx=ctx, backend=backend)
     if not is_decoder_dir(model):
         raise InputError(
             f"{model} is not a decoder (language) model directory (its config.json names no *ForCausalLM); "

@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # numpy is imported where arrays are handled, so `edgeinfer p
 
 from edgeinfer.contract import stamp
 from edgeinfer.contract.helpers import check_options, first_line, slowest_first
-from edgeinfer.errors import BackendError, EdgeInferError, FeedError, InputError, ModelError
+from edgeinfer.errors import BackendError, BackendUnavailableError, EdgeInferError, FeedError, InputError, ModelError
 from edgeinfer.planning.quant import normalize_scheme
 from edgeinfer.run.measure import latency_stats, peak_rss_bytes  # re-exported: plugins import them from here
 
@@ -278,10 +278,13 @@ class Backend:
     #: the ``**options`` :meth:`convert` / :meth:`open` take; the core refuses any other before calling them
     convert_options: ClassVar[tuple[str, ...]] = ()
     open_options: ClassVar[tuple[str, ...]] = ()
+    #: schemes :meth:`convert_decoder` produces, the preferred (deploy's default) first
+    decoder_schemes: ClassVar[tuple[str, ...]] = ()
 
     #: a backend implements ``probe`` and at least one of these capabilities
     REQUIRED = ("probe",)
-    CAPABILITIES = {"tensors": ("convert", "open"), "decoders": ("open_decoder",)}
+    CAPABILITIES = {"tensors": ("convert", "open"), "decoders": ("open_decoder",),
+                    "decoder_deploy": ("convert_decoder", "open_decoder")}
 
     # --- primitives a backend implements -------------------------------------------------
     def probe(self) -> Probe:
@@ -308,10 +311,13 @@ class Backend:
         self, model: Path, scheme: str, context: int, out: Path, calibration: Sequence[str] | None = None,
         **options: Any,
     ) -> dict[str, Any]:
-        """Write this backend's decoder artifact for the Hugging Face causal LM ``model`` at ``out``
-        (a directory), built for ``context`` positions in ``scheme``; ``calibration`` is text for
-        data-aware weight compression. Return stamp facts (``toolkit_version``, ``target``, and
-        anything :meth:`open_decoder` needs back). Optional: ``edgeinfer deploy`` of a decoder needs it."""
+        """Write this backend's decoder artifact for the Hugging Face causal LM ``model`` into the
+        directory ``out`` (created by the core, empty), built for ``context`` positions in ``scheme``
+        (one of :attr:`decoder_schemes`, canonical name); ``calibration`` is text for data-aware weight
+        compression (ignore it when the scheme needs none). Return stamp facts (``target`` and anything
+        :meth:`open_decoder` needs back); :meth:`open_decoder` must accept ``out`` as its model.
+        Optional: with :meth:`open_decoder` it makes the "decoder_deploy" capability that
+        ``edgeinfer deploy`` of a decoder needs."""
         raise NotImplementedError
 
     def versions(self) -> dict[str, str]:
@@ -380,6 +386,29 @@ class Backend:
             raise BackendError(f"{self.name} reported success but wrote no artifact at {dst}")
         stamp.write(dst, backend=self, scheme=canonical, source=src, **facts)
         return dst
+
+    def quantize_decoder(self, model: Path, scheme: str, context: int, out: Path,
+                         calibration: Sequence[str] | None = None, **options: Any) -> Path:
+        """Convert the decoder ``model`` with :meth:`convert_decoder` into the new directory ``out``; stamp it."""
+        if not self.capable("decoder_deploy"):
+            raise BackendUnavailableError(f"backend {self.name!r} cannot convert decoder (language) models: it "
+                                          "implements no convert_decoder", "deploy for a board whose backend does")
+        parsed = normalize_scheme(scheme)
+        scheme = parsed.name
+        if parsed.family not in self.decoder_schemes:
+            raise InputError(f"backend {self.name!r} cannot convert decoders to {scheme!r}; it supports: "
+                             f"{', '.join(self.decoder_schemes)}")
+        out.mkdir(parents=True)
+        try:
+            facts = self.convert_decoder(model, scheme, context, out, calibration, **options)
+        except EdgeInferError:
+            _remove([out])
+            raise
+        except Exception as e:
+            _remove([out])
+            raise ModelError(f"{self.name} could not convert {model.name} to {scheme}: {first_line(e)}") from e
+        stamp.write(out, backend=self, scheme=scheme, source=model, context=context, **facts)
+        return out
 
     def load(self, artifact: str | os.PathLike[str], device: str | None = None, **options: Any) -> Session:
         """Load a native artifact (checking its stamp and options) and return a Session, timed in ``load_ms``."""

@@ -44,7 +44,8 @@ from pydantic import (
 from edgeinfer.contract.backend import Session, TensorSpec
 from edgeinfer.contract.helpers import first_line
 from edgeinfer.errors import InputError
-from edgeinfer.run import seal
+from edgeinfer.run import decoder_bundle, seal
+from edgeinfer.run.decoder_bundle import DecoderSection
 
 SCHEMA = "edgeinfer.bundle/1"
 MANIFEST = "manifest.json"
@@ -83,6 +84,7 @@ class Manifest:
     plan: dict[str, Any] | None = None
     golden: dict[str, Any] | None = None
     paging: dict[str, Any] | None = None  # {"window": W, "prefetch": bool, "resident_prefix": n}
+    decoder: dict[str, Any] | None = None  # decoder bundles only (run/decoder_bundle.py)
     created: str = ""
     edgeinfer_version: str = ""
     files: dict[str, dict[str, Any]] = field(default_factory=dict)  # relative path -> {"size", "sha256"}
@@ -105,6 +107,7 @@ class Manifest:
             "golden": self.golden,
             "paging": self.paging,
             "files": self.files,
+            **({"decoder": self.decoder} if self.decoder is not None else {}),
         }
 
     @classmethod
@@ -124,6 +127,7 @@ class Manifest:
             plan=d.get("plan"),
             golden=d.get("golden"),
             paging=d.get("paging"),
+            decoder=d.get("decoder"),
             created=d.get("created", ""),
             edgeinfer_version=d.get("edgeinfer_version", ""),
             files=dict(d.get("files") or {}),
@@ -218,6 +222,7 @@ class _ManifestDoc(BaseModel):
     plan: dict[str, Any] | None = None
     golden: _Golden | None = None
     paging: _Paging | None = None
+    decoder: DecoderSection | None = None
     files: dict[str, _File]
 
     @model_validator(mode="after")
@@ -293,9 +298,12 @@ def _check_paths(path: Path, m: Manifest) -> None:
     if m.text is not None:
         seal.contained(path, m.text.tokenizer, "text.tokenizer")
         named.append(("text.tokenizer", f"{m.text.tokenizer}/tokenizer.json"))
+    if m.decoder is not None:
+        decoder_bundle.check_paths(path, m.decoder, sealed)
     for field_name, rel in named:
         seal.contained(path, rel, field_name)
-        if seal.relative(rel, field_name) not in sealed:
+        norm = seal.relative(rel, field_name)
+        if norm not in sealed and not (m.decoder and any(f.startswith(norm + "/") for f in sealed)):
             raise InputError(
                 f"manifest {field_name} {rel!r} is not among the bundle's recorded files; deploy the model again"
             )
@@ -362,6 +370,9 @@ class Bundle:
         """Load the bundle on its backend (paged when the bundle is segmented)."""
         from edgeinfer.contract import registry as plugins
 
+        if self.manifest.decoder is not None:  # generators come from edgeinfer.load (docs/generation.md)
+            raise InputError(f"bundle {self.path} holds a decoder (language) model, which runs on text: use "
+                             "`edgeinfer generate` / `chat`, or edgeinfer.load() for a Generator")
         backend = plugins.get_backend(self.manifest.backend)
         if self.manifest.paging:
             from edgeinfer.run.paged import PagedSession

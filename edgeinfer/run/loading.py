@@ -69,6 +69,10 @@ def load(path: Any, backend: str | None = None, device: str | None = None, **opt
         return load_generator(p, backend=backend, device=device, **options)
     if is_bundle(p):
         bundle = Bundle.open(p)
+        if bundle.manifest.decoder is not None:
+            from edgeinfer.run.decoder_bundle import open_generator
+
+            return open_generator(bundle, device=device, backend=backend, **options)
         if backend and backend != bundle.manifest.backend:
             raise InputError(f"bundle {p} is for backend {bundle.manifest.backend!r}, not {backend!r}; "
                              "omit --backend")

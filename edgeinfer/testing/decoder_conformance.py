@@ -144,3 +144,25 @@ class DecoderConformance:
     def test_unknown_option_is_an_input_error(self, backend: Backend) -> None:
         with pytest.raises(InputError, match="unknown option"):
             backend.load_decoder(self.model_dir(), device=self.device, context=16, no_such_option=1)
+
+    # --- deploying decoders (the "decoder_deploy" capability), when the backend has it -------------
+
+    def test_converted_decoder_opens_and_keeps_its_context(self, backend: Backend, expected: dict,
+                                                           tmp_path_factory: pytest.TempPathFactory) -> None:
+        """``convert_decoder`` writes an artifact ``open_decoder`` takes: the same greedy tokens (lossless
+        schemes), stamped, and a context larger than the one it was built for refused."""
+        if not type(backend).capable("decoder_deploy"):
+            pytest.skip(f"{self.backend_name} does not convert decoders (no convert_decoder)")
+        from edgeinfer.contract import stamp
+
+        scheme = backend.decoder_schemes[0]
+        out = tmp_path_factory.mktemp("convert-decoder") / "decoder"
+        backend.quantize_decoder(self.model_dir(), scheme, self.context, out)
+        assert (stamp.read(out) or {}).get("context") == self.context
+        d = backend.load_decoder(out, device=self.device, context=self.context, **self.load_options)
+        with Generator(d, TextCodec(self.model_dir())) as g:
+            got = g.generate(PROMPTS[0], max_new_tokens=NEW_TOKENS).token_ids
+        lossless = scheme == "fp32" and self.exact_greedy
+        assert got == expected[PROMPTS[0]] if lossless else got[:4] == expected[PROMPTS[0]][:4]
+        with pytest.raises(InputError, match="context"):
+            backend.load_decoder(out, device=self.device, context=self.context + 1, **self.load_options)

@@ -44,3 +44,19 @@ def minilm_static_path() -> Path:
 def minilm_onnx_static() -> Path:
     """all-MiniLM-L6-v2 as ONNX with static shape [1, 128]."""
     return minilm_static_path()
+
+
+DECODER_BUNDLE_CTX = 256
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_host_bundle(tmp_path_factory) -> Path:
+    """The committed tiny-qwen3 deployed for the ``host`` board (onnxruntime fp32, ctx 256), once per
+    session; the conversion itself is cached across sessions (edgeinfer.build.cache). Read it, never
+    change it: copy it first to tamper with it."""
+    from edgeinfer.build.deploy_decoder import deploy_decoder
+    from edgeinfer.testing.llm import model_dir
+
+    out = tmp_path_factory.mktemp("decoder-bundle") / "tiny-qwen3-host"
+    deploy_decoder(model_dir(), "host", out, ctx=DECODER_BUNDLE_CTX)
+    return out

@@ -87,25 +87,43 @@ def compare_prompt(prompt: str, ref_ids: list[int], ref_logits: list[np.ndarray]
         problems.append(f"diverges at token {diverge} (reference margin {margin:.3f} ≥ {t.near_tie})"
                         if margin is not None else f"stops differently at token {diverge}")
     if cos and not min(cos) >= t.min_cosine:  # `not >=` also catches NaN
-        problems.append(f"logits cosine min {min(cos):.5f} < {t.min_cosine}")
+        problems.append(f"logits cosine min {fmt_cosine(min(cos))} < {t.min_cosine}")
     if top5 and not float(np.mean(top5)) >= t.min_top5:
         problems.append(f"top-5 overlap {np.mean(top5):.2f} < {t.min_top5}")
     row["problems"] = problems
     return row
 
 
-def check(candidate: Generator, reference: Generator, prompts: Sequence[str], new_tokens: int,
-          scheme: str, chat: bool = False) -> dict[str, Any]:
-    """Greedy ``new_tokens`` per prompt on both; the report and whether it passed."""
-    t = thresholds_for(scheme)
+@dataclass
+class Recorded:
+    """One prompt's greedy run: the generated ids and the logits at every step."""
+
+    prompt: str
+    token_ids: list[int]
+    logits: list[np.ndarray]
+
+
+def record(generator: Generator, prompts: Sequence[str], new_tokens: int, chat: bool = False) -> list[Recorded]:
+    """Greedy ``new_tokens`` per prompt with their logits: the reference side of a check."""
     opts = GenerationOptions(max_new_tokens=new_tokens)
-    rows = []
+    out = []
     for p in prompts:
-        ref = reference.generate(p, opts, chat=chat, record_logits=True)
-        got = candidate.generate(p, opts, chat=chat, record_logits=True)
-        rows.append(compare_prompt(p, ref.token_ids, ref.logits or [], got.token_ids, got.logits or [], t))
+        r = generator.generate(p, opts, chat=chat, record_logits=True)
+        out.append(Recorded(p, list(r.token_ids), list(r.logits or [])))
+    return out
+
+
+def check_recorded(candidate: Generator, reference: Sequence[Recorded], new_tokens: int, scheme: str,
+                   chat: bool = False, thresholds: Thresholds | None = None) -> dict[str, Any]:
+    """Run ``candidate`` on the recorded prompts and judge it against the recorded reference (what
+    ``edgeinfer deploy`` and ``edgeinfer golden`` both call)."""
+    t = thresholds or thresholds_for(scheme)
+    got = record(candidate, [r.prompt for r in reference], new_tokens, chat)
+    rows = [compare_prompt(r.prompt, r.token_ids, r.logits, g.token_ids, g.logits, t) for r, g in zip(reference, got)]
     agreement = float(np.mean([r["agreement"] for r in rows])) if rows else 0.0
     cos = [r["cosine_min"] for r in rows if r["cosine_min"] is not None]
+    means = [r["cosine_mean"] for r in rows if r["cosine_mean"] is not None]
+    top5 = [r["top5_overlap"] for r in rows if r["top5_overlap"] is not None]
     return {
         "kind": "decoder",
         "scheme": scheme,
@@ -115,14 +133,27 @@ def check(candidate: Generator, reference: Generator, prompts: Sequence[str], ne
         "token_agreement": agreement,
         "near_ties": sum(r["near_tie"] for r in rows),
         "cosine_min": min(cos) if cos else None,
+        "cosine_mean": float(np.mean(means)) if means else None,
+        "top5_overlap": float(np.mean(top5)) if top5 else None,
         "passed": all(not r["problems"] for r in rows),
         "rows": rows,
     }
 
 
+def check(candidate: Generator, reference: Generator, prompts: Sequence[str], new_tokens: int,
+          scheme: str, chat: bool = False) -> dict[str, Any]:
+    """Greedy ``new_tokens`` per prompt on both; the report and whether it passed."""
+    return check_recorded(candidate, record(reference, prompts, new_tokens, chat), new_tokens, scheme, chat)
+
+
+def fmt_cosine(c: float) -> str:
+    """A cosine readable near 1, where 5 decimals would print 1.00000 for every lossless run."""
+    return f"{c:.5f}" if not c > 0.99999 else f"1 - {1 - c:.1e}"
+
+
 def summary_line(report: dict[str, Any]) -> str:
     verdict = "passed" if report["passed"] else "FAILED"
-    cos = "n/a" if report["cosine_min"] is None else f"{report['cosine_min']:.5f}"
+    cos = "n/a" if report["cosine_min"] is None else fmt_cosine(report["cosine_min"])
     line = (f"decoder golden check {verdict}: {report['prompts']} prompts × {report['new_tokens']} tokens, "
             f"token agreement {report['token_agreement']:.1%}, logits cosine min {cos}")
     if report["near_ties"]:

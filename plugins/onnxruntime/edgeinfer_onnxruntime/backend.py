@@ -121,6 +121,7 @@ class OnnxRuntimeBackend(Backend):
     native_suffixes = (".onnx",)
     schemes = ("fp32", "fp16", "w8a8")
     default_scheme = "fp32"
+    decoder_schemes = ("fp32", "w4a16")
     gaps: dict[str, str] = {}
     # deploy passes every backend the board's target and the shapes it exported with: a CPU model runs on any
     # target and keeps its own (dynamic) shapes, so both are accepted and change nothing
@@ -128,8 +129,12 @@ class OnnxRuntimeBackend(Backend):
     open_options = ("threads",)
 
     def versions(self) -> dict[str, str]:
-        return {"edgeinfer-onnxruntime": package_version("edgeinfer-onnxruntime", "?"),
-                "toolkit": f"onnxruntime {package_version('onnxruntime', 'missing')}"}
+        out = {"edgeinfer-onnxruntime": package_version("edgeinfer-onnxruntime", "?"),
+               "toolkit": f"onnxruntime {package_version('onnxruntime', 'missing')}"}
+        genai = package_version("onnxruntime-genai", None)
+        if genai:  # what exports decoders: part of a decoder conversion's cache key
+            out["onnxruntime-genai"] = genai
+        return out
 
     def probe(self) -> Probe:
         try:
@@ -198,6 +203,16 @@ class OnnxRuntimeBackend(Backend):
         if device not in (None, "", "cpu", "CPU", "auto"):
             raise InputError(f"onnxruntime backend runs on CPU only, not {device!r}; omit --device or use CPU")
         return open_decoder(model, context, slots, cache.area("artifacts"), dict(options))
+
+    def convert_decoder(self, model: Path, scheme: str, context: int, out: Path, calibration=None, **options: Any):
+        from edgeinfer.planning.quant import normalize_scheme
+
+        from .decoder import convert
+
+        if options:
+            raise InputError(f"unknown option {sorted(options)[0]!r} for onnxruntime decoder conversion")
+        # calibration is not used: the builder's int4 is round-to-nearest per block, data-free
+        return convert(model, scheme, context, out, normalize_scheme(scheme).group_size)
 
     def open(self, artifact: Path, device: str | None, **options: Any) -> Session:
         check_device(device, DEVICES, self.name)

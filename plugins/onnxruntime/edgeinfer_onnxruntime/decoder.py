@@ -35,36 +35,78 @@ def is_built(path: Path) -> bool:
     return (path / GENAI_CONFIG).is_file()
 
 
-def build(hf_dir: Path, cache_root: Path, precision: str) -> Path:
-    """The builder's output for ``hf_dir`` in the cache, building it on first use."""
-    if precision not in PRECISIONS:
-        raise InputError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+# edgeinfer scheme -> the builder's precision; w4a16 runs MatMulNBits with fp32 activations
+# (int4_accuracy_level=1: accuracy level 4, the CPU default, would quantize activations to int8)
+SCHEMES = {"fp32": ("fp32", []), "w4a16": ("int4", ["int4_accuracy_level=1"])}
+DEFAULT_BLOCK = 32  # the builder's default int4_block_size
+
+
+def builder_version() -> str:
     try:
         from importlib.metadata import version
 
-        builder_version = version("onnxruntime-genai")
+        return version("onnxruntime-genai")
     except Exception:
         raise BackendUnavailableError(
             "onnxruntime-genai (its model builder) is not installed, so decoders cannot be exported to ONNX",
             "pip install onnxruntime-genai==0.14.1 onnx_ir (0.14.1 is the release that keeps protobuf 4.25)",
         ) from None
+
+
+def export(hf_dir: Path, out: Path, precision: str, extra: Sequence[str] = ()) -> None:
+    """Run the model builder on ``hf_dir`` into the (empty) directory ``out``."""
+    builder_version()
+    cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_dir), "-o", str(out),
+           "-p", precision, "-e", "cpu", "-c", str(out / "hf-cache")]
+    if extra:
+        cmd += ["--extra_options", *extra]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    shutil.rmtree(out / "hf-cache", ignore_errors=True)
+    if proc.returncode != 0 or not is_built(out):
+        lines = [ln for ln in (proc.stderr or proc.stdout).splitlines() if ln.strip()]
+        raise ModelError(f"onnxruntime-genai could not export {hf_dir.name}: {lines[-1] if lines else 'no output'}")
+
+
+def convert(hf_dir: Path, scheme: str, context: int, out: Path, group_size: int | None) -> dict[str, Any]:
+    """The deploy artifact: the builder's output for ``scheme``, its context limit set to ``context``."""
+    precision, extra = SCHEMES[scheme.split("_g")[0]]
+    block = group_size or DEFAULT_BLOCK
+    if precision == "int4":
+        extra = [*extra, f"int4_block_size={block}"]
+    export(hf_dir, out, precision, extra)
+    cfg_path = out / GENAI_CONFIG
+    cfg = json.loads(cfg_path.read_text())
+    limit = int(cfg["model"]["context_length"])
+    if context > limit:
+        raise InputError(f"context {context} exceeds the model's context length ({limit}); use --ctx {limit}")
+    cfg["model"]["context_length"] = context  # open_decoder refuses a larger context than the one deployed
+    cfg["search"]["max_length"] = context
+    cfg_path.write_text(json.dumps(cfg, indent=4) + "\n")
+    facts: dict[str, Any] = {"target": "cpu", "builder": f"onnxruntime-genai {builder_version()}",
+                             "precision": precision}
+    if precision == "int4":
+        facts["int4_block_size"] = block
+    return facts
+
+
+def build(hf_dir: Path, cache_root: Path, precision: str) -> Path:
+    """The builder's output for ``hf_dir`` in the cache, building it on first use."""
+    if precision not in PRECISIONS:
+        raise InputError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     from edgeinfer.contract.stamp import sha256_file
 
-    key = hashlib.sha256(f"{sha256_file(hf_dir)}|{precision}|{builder_version}".encode()).hexdigest()[:24]
+    key = hashlib.sha256(f"{sha256_file(hf_dir)}|{precision}|{builder_version()}".encode()).hexdigest()[:24]
     out = cache_root / "onnxruntime-decoders" / key
     if is_built(out):
         return out
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_dir), "-o", str(tmp),
-           "-p", precision, "-e", "cpu", "-c", str(tmp / "hf-cache")]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0 or not is_built(tmp):
+    try:
+        export(hf_dir, tmp, precision)
+    except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
-        lines = [ln for ln in (proc.stderr or proc.stdout).splitlines() if ln.strip()]
-        raise ModelError(f"onnxruntime-genai could not export {hf_dir.name}: {lines[-1] if lines else 'no output'}")
-    shutil.rmtree(tmp / "hf-cache", ignore_errors=True)
+        raise
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     return out

@@ -1,0 +1,343 @@
+"""``edgeinfer deploy`` of a causal language model: one Hugging Face decoder → a checked decoder bundle.
+
+plan at the asked context (refuse what does not fit) → the board's backend ``convert_decoder``
+(cached: :mod:`edgeinfer.build.cache`) → golden check of the converted decoder against the fp32
+transformers reference, greedy (:mod:`edgeinfer.run.generation.golden`) → a sealed bundle
+(:mod:`edgeinfer.run.decoder_bundle`). Nothing is written at ``-o`` unless the check passes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from edgeinfer import files
+from edgeinfer.build import cache, outdir
+from edgeinfer.contract import registry as plugins
+from edgeinfer.contract import stamp
+from edgeinfer.contract.backend import Backend, TensorSpec
+from edgeinfer.contract.names import DECODER_REFERENCE
+from edgeinfer.errors import BackendUnavailableError, CheckFailed, InputError
+from edgeinfer.planning.boards import Board, get_board
+from edgeinfer.planning.quant import normalize_scheme
+from edgeinfer.progress import Progress
+from edgeinfer.run import bundle as bundle_mod
+from edgeinfer.run import decoder_bundle, seal
+from edgeinfer.run.bundle import Manifest
+from edgeinfer.run.generation import golden
+from edgeinfer.run.loading import DEFAULT_CONTEXT, is_decoder_dir, model_context_limit
+
+GOLDEN_PROMPTS = 4
+GOLDEN_TOKENS = 32
+MIN_GOLDEN_TOKENS = 4  # a context too small for this many tokens after the longest prompt is refused
+# below this many bytes of weights the fp32 reference runs torch on one thread: its ops are too small to
+# share, and on a loaded 2-core host one thread was 18x faster (0.22 s vs 3.9 s, 2 prompts × 32 tokens of
+# edgeinfer/testing/data/tiny-qwen3)
+ONE_THREAD_BELOW = 64 * 2**20
+
+
+@dataclass
+class DecoderDeployResult:
+    bundle: Path
+    manifest: Manifest
+    golden: dict[str, Any]
+    cached: bool  # the conversion was reused from the cache
+    warnings: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "bundle": str(self.bundle), "kind": "decoder", "cached": self.cached, "backend": self.manifest.backend,
+            "board": self.manifest.board, "scheme": self.manifest.scheme,
+            "context": self.manifest.decoder["context"], "golden": self.golden, "plan": self.manifest.plan,
+            "warnings": self.warnings, "timings_s": self.timings,
+        }
+
+
+def deploy_decoder(
+    model: str | os.PathLike[str],
+    board: str | os.PathLike[str] | Board,
+    out: str | os.PathLike[str],
+    *,
+    quant: str | None = None,
+    ctx: int | None = None,
+    calib: str | os.PathLike[str] | None = None,
+    golden_inputs: str | os.PathLike[str] | None = None,
+    force: bool = False,
+    threshold: float | None = None,
+    new_tokens: int = GOLDEN_TOKENS,
+    options: dict[str, Any] | None = None,
+    progress: Progress | None = None,
+    use_cache: bool = True,
+) -> DecoderDeployResult:
+    """Deploy the causal LM in ``model`` for ``board``; raise CheckFailed (nothing written) when the plan
+    does not fit (unless ``force``) or the golden check fails. ``threshold`` overrides the scheme's
+    minimum logits cosine."""
+    progress = progress or Progress(enabled=False)
+    warnings: list[str] = []
+    out_dir = Path(out)
+    outdir.check_out_dir(out_dir)
+    hf_dir = Path(model)
+    if not is_decoder_dir(hf_dir):
+        raise InputError(f"{hf_dir} is not a causal language model directory (config.json names no *ForCausalLM)")
+    check_text(hf_dir)
+    b = get_board(board)
+    backend = plugins.get_backend(b.backend)
+    scheme = choose_scheme(b, backend, quant)
+    context = check_context(hf_dir, ctx)
+    prompts = golden_prompts(golden_inputs)
+    if threshold is not None and not (isinstance(threshold, (int, float)) and -1 <= threshold <= 1):
+        raise InputError(f"--threshold is a minimum logits cosine between -1 and 1, got {threshold}")
+    if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or new_tokens < 1:
+        raise InputError(f"new_tokens must be a positive integer, got {new_tokens!r}")
+    calibration = read_calibration(calib)
+    if calibration is not None and scheme in ("fp32", "fp16", "bf16"):
+        warnings.append(f"--calib is not used for {scheme}: nothing is quantized")
+
+    # 1. plan first: refuse what does not fit before converting anything
+    with progress.step(f"planning {hf_dir.name} on {b.name} at ctx {context}"):
+        plan = plan_or_refuse(hf_dir, b, scheme, context, force, warnings)
+
+    # 2. convert (or reuse the cached conversion)
+    sha = stamp.sha256_file(hf_dir)
+    facts = {"model": sha, "target": b.target or b.family, "scheme": scheme, "context": context,
+             "backend": backend.name, "versions": backend.versions(), "options": options or {},
+             "calibration": hashlib.sha256("\n".join(calibration or []).encode()).hexdigest()}
+    files.sweep(outdir.tmp_parent(out_dir))
+    with files.temp_dir(outdir.tmp_parent(out_dir), "deploy") as tmp:
+        work = tmp / "bundle"
+        work.mkdir()
+        cached = converted(backend, hf_dir, scheme, context, calibration, options or {}, facts, work, progress,
+                           use_cache)
+        copy_text_files(hf_dir, work / decoder_bundle.TOKENIZER)
+
+        # 3. golden check against the fp32 reference, then the bundle
+        threads = 1 if plan.breakdown.get("weights", ONE_THREAD_BELOW) < ONE_THREAD_BELOW else None
+        report, recorded = check_golden(hf_dir, work, backend, scheme, context, prompts, new_tokens, threshold,
+                                        threads, progress)
+        if not report["passed"]:
+            raise CheckFailed(f"{golden.summary_line(report)} — the bundle was not written (try a less lossy "
+                              "--quant, or check the backend's conversion)")
+        decoder_bundle.save_reference(work, recorded)
+        manifest = make_manifest(work, hf_dir, sha, b, backend, scheme, context, report, plan)
+        bundle_mod.write(work, manifest)
+        outdir.replace_dir(work, out_dir)
+    return DecoderDeployResult(out_dir, manifest, report, cached, warnings, dict(progress.timings))
+
+
+# --- the checks before any work ------------------------------------------------------------------------
+
+
+def check_text(hf_dir: Path) -> None:
+    """The tokenizer loads and the chat template (if any) renders: a broken one fails before converting."""
+    from edgeinfer.run.generation.text import TextCodec
+
+    codec = TextCodec(hf_dir)
+    if codec.chat_template:
+        codec.render_chat([{"role": "user", "content": "Hello"}])
+
+
+def choose_scheme(b: Board, backend: Backend, quant: str | None) -> str:
+    """The asked scheme if both the board and its backend's decoder conversion support it; by default
+    the backend's preferred decoder scheme among those the board lists."""
+    if not backend.capable("decoder_deploy"):
+        raise BackendUnavailableError(
+            f"board {b.name}'s backend {backend.name!r} cannot deploy decoder (language) models: it implements "
+            "no convert_decoder",
+            "deploy for another board, e.g. --board host; docs/writing-a-backend.md says what a backend adds")
+    runtime = b.backend_runtime or b.default_runtime
+    listed = {normalize_scheme(s).family for s in b.runtimes[runtime].schemes}
+    ok = [s for s in backend.decoder_schemes if normalize_scheme(s).family in listed]
+    if not ok:
+        raise BackendUnavailableError(
+            f"board {b.name} lists no scheme that {backend.name} converts decoders to "
+            f"(board: {', '.join(sorted(listed))}; {backend.name}: {', '.join(backend.decoder_schemes)})")
+    if quant is None:
+        return ok[0]
+    s = normalize_scheme(quant)
+    if s.family not in ok:
+        raise InputError(f"--quant {s.name}: board {b.name} deploys decoders as {', '.join(ok)} only (through "
+                         f"{backend.name}); pass one of those")
+    return s.name
+
+
+def check_context(hf_dir: Path, ctx: int | None) -> int:
+    limit = model_context_limit(hf_dir)
+    if ctx is None:
+        return min(limit or DEFAULT_CONTEXT, DEFAULT_CONTEXT)
+    if isinstance(ctx, bool) or not isinstance(ctx, int) or ctx < 1:
+        raise InputError(f"--ctx must be a positive number of tokens, got {ctx}")
+    if limit is not None and ctx > limit:
+        raise InputError(f"--ctx {ctx} exceeds the model's max_position_embeddings ({limit}); use --ctx {limit} "
+                         "or less")
+    return ctx
+
+
+def golden_prompts(path: str | os.PathLike[str] | None) -> list[str]:
+    """The golden check's prompts: the lines of ``path``, or the packaged ones."""
+    src = Path(path) if path else Path(__file__).parents[1] / "data" / "golden_prompts.txt"
+    if not src.is_file():
+        raise InputError(f"--golden-inputs {src} is not a file; pass a .txt with one prompt a line")
+    try:
+        lines = [ln.strip() for ln in src.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    except UnicodeDecodeError:
+        raise InputError(f"--golden-inputs {src} is not UTF-8 text; pass a .txt with one prompt a line") from None
+    if not lines:
+        raise InputError(f"--golden-inputs {src} holds no prompts; pass a .txt with one prompt a line")
+    return lines[:GOLDEN_PROMPTS] if path is None else lines
+
+
+def read_calibration(path: str | os.PathLike[str] | None) -> list[str] | None:
+    if path is None:
+        return None
+    p = Path(path)
+    if p.suffix.lower() != ".txt" or not p.is_file():
+        raise InputError(f"--calib {p}: decoder calibration is a .txt file of text, one sample a line")
+    try:
+        lines = [ln for ln in p.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    except UnicodeDecodeError:
+        raise InputError(f"--calib {p} is not UTF-8 text") from None
+    if not lines:
+        raise InputError(f"--calib {p} holds no text")
+    return lines
+
+
+def plan_or_refuse(hf_dir: Path, b: Board, scheme: str, context: int, force: bool, warnings: list[str]) -> Any:
+    from edgeinfer.planning.planner import plan as make_plan
+
+    p = make_plan(str(hf_dir), b, quant=scheme, ctx=context, runtime=b.backend_runtime)
+    if p.fits:
+        return p
+    why = "; ".join(p.reasons)
+    if not force:
+        raise CheckFailed(f"{hf_dir.name} does not fit {b.name} with {scheme} at ctx {context}: {why}; "
+                          f"{suggestion(p)} (see `edgeinfer plan`, or pass --force)")
+    warnings.append(f"deploying although the plan says it does not fit: {why}")
+    return p
+
+
+def suggestion(p: Any) -> str:
+    """The plan's suggestions as one phrase."""
+    s = p.suggestions or {}
+    tries = []
+    if s.get("max_ctx"):
+        tries.append(f"--ctx {s['max_ctx']}")
+    if s.get("quant") and s["quant"] != p.scheme.name:
+        tries.append(f"--quant {s['quant']}")
+    if s.get("board"):
+        tries.append(f"--board {s['board']}")
+    return "try " + " or ".join(tries) if tries else "no smaller context or scheme fits this board"
+
+
+# --- the steps ------------------------------------------------------------------------------------------
+
+
+def converted(backend: Backend, hf_dir: Path, scheme: str, context: int, calibration: list[str] | None,
+              options: dict[str, Any], facts: dict[str, Any], work: Path, progress: Progress,
+              use_cache: bool) -> bool:
+    """Put the backend's decoder artifact and its stamp into ``work``, from the cache
+    (``artifacts/<backend>/decoder-<key>``) when an intact entry is there; True when it was."""
+    entry = cache.area("artifacts") / backend.name / f"decoder-{cache.key(facts)}"
+    if use_cache and cache.reusable(entry, progress.note):
+        progress.note(f"reusing the cached {backend.name} {scheme} conversion of {hf_dir.name}: {entry}")
+        shutil.copytree(entry, work, ignore=shutil.ignore_patterns(seal.SEAL), dirs_exist_ok=True)
+        return True
+    with progress.step(f"converting {hf_dir.name} to {backend.name} {scheme} for ctx {context}"):
+        backend.quantize_decoder(hf_dir, scheme, context, work / decoder_bundle.ARTIFACT, calibration, **options)
+    if use_cache:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            cache.store(entry, work)
+        except BaseException:  # interrupted mid-copy: leave no partial entry behind
+            files.remove_own(entry.parent)
+            raise
+    return False
+
+
+def copy_text_files(hf_dir: Path, dst: Path) -> None:
+    dst.mkdir()
+    for name in decoder_bundle.HF_FILES:
+        if (hf_dir / name).is_file():
+            shutil.copy2(hf_dir / name, dst / name)
+
+
+def check_golden(hf_dir: Path, work: Path, backend: Backend, scheme: str, context: int, prompts: list[str],
+                 new_tokens: int, threshold: float | None, threads: int | None,
+                 progress: Progress) -> tuple[dict, list]:
+    """Greedy tokens and logits of the fp32 reference, then of the converted decoder in ``work``."""
+    from edgeinfer.run.generation.generator import Generator
+    from edgeinfer.run.generation.text import TextCodec
+    from edgeinfer.run.loading import load_generator
+
+    codec = TextCodec(work / decoder_bundle.TOKENIZER)
+    longest = max(len(codec.encode(p)) for p in prompts)
+    n = min(new_tokens, context - longest)
+    if n < MIN_GOLDEN_TOKENS:
+        raise InputError(f"--ctx {context} leaves {max(n, 0)} tokens after the longest golden prompt ({longest} "
+                         f"tokens); the golden check needs {MIN_GOLDEN_TOKENS}: use a larger --ctx or shorter "
+                         "--golden-inputs")
+    recorded = []
+    with load_generator(hf_dir, backend=DECODER_REFERENCE, ctx=context, **({"threads": threads} if threads else {})) \
+            as reference:
+        for p in progress.track(prompts, f"fp32 reference ({DECODER_REFERENCE}): {len(prompts)} prompts × {n} "
+                                         "tokens", total=len(prompts)):
+            recorded += golden.record(reference, [p], n)
+    with progress.step(f"golden check on {backend.name}"):
+        decoder = backend.load_decoder(work / decoder_bundle.ARTIFACT, context=context)
+        with Generator(decoder, codec) as candidate:
+            report = judge(candidate, recorded, n, scheme, golden.thresholds_for(scheme), threshold)
+    return report, recorded
+
+
+def judge(candidate: Any, recorded: list[golden.Recorded], new_tokens: int, scheme: str,
+          thresholds: golden.Thresholds, min_cosine: float | None) -> dict[str, Any]:
+    """The golden verdict on ``candidate``: what deploy and ``edgeinfer golden`` both return."""
+    if min_cosine is not None:
+        thresholds = dataclasses.replace(thresholds, min_cosine=min_cosine)
+    report = golden.check_recorded(candidate, recorded, new_tokens, scheme, thresholds=thresholds)
+    report["device"] = candidate.decoder.device
+    return report
+
+
+def golden_bundle(path: str | os.PathLike[str], device: str | None = None,
+                  min_cosine: float | None = None) -> dict[str, Any]:
+    """Re-run a decoder bundle's golden check here, against the fp32 reference recorded at deploy."""
+    b = bundle_mod.Bundle.open(path, verify="full")
+    if b.manifest.decoder is None:
+        raise InputError(f"bundle {b.path} holds no decoder model")
+    recorded = decoder_bundle.load_reference(b)
+    before = b.manifest.decoder.get("golden") or {}
+    t = golden.thresholds_for(b.manifest.scheme)
+    try:
+        t = golden.Thresholds(**before["thresholds"])
+    except (KeyError, TypeError):
+        pass  # a bundle without its report: the scheme's thresholds
+    n = before.get("new_tokens") or max(len(r.token_ids) for r in recorded)
+    with decoder_bundle.open_generator(b, device=device) as candidate:
+        report = judge(candidate, recorded, int(n), b.manifest.scheme, t, min_cosine)
+    report["bundle"] = str(b.path)
+    return report
+
+
+def make_manifest(work: Path, hf_dir: Path, sha: str, b: Board, backend: Backend, scheme: str, context: int,
+                  report: dict[str, Any], plan: Any) -> Manifest:
+    import json
+
+    st = stamp.read(work / decoder_bundle.ARTIFACT) or {}
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    vocab = int(cfg.get("vocab_size") or 0)
+    return Manifest(
+        backend=backend.name, versions=st.get("versions", backend.versions()), board=b.name,
+        target=st.get("target", b.target or b.family), scheme=scheme, artifacts=[decoder_bundle.ARTIFACT],
+        inputs=[TensorSpec("input_ids", (1, "tokens"), "int64")],
+        outputs=[TensorSpec("logits", (1, "tokens", vocab), "float32")],
+        source={"name": hf_dir.name, "sha256": sha, "kind": "hf"}, plan=outdir.plan_summary(plan),
+        decoder={"kind": "causal_lm", "architecture": (cfg.get("architectures") or [""])[0], "context": context,
+                 "vocab_size": vocab, "tokenizer": decoder_bundle.TOKENIZER, "golden": report,
+                 "golden_reference": decoder_bundle.REFERENCE},
+    )

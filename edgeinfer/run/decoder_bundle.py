@@ -1,0 +1,123 @@
+"""Decoder bundles: what ``edgeinfer deploy`` writes for a causal language model, and how it is opened.
+
+Layout (next to ``manifest.json``, sealed like every bundle)::
+
+    decoder/                 the backend's decoder artifact (what ``convert_decoder`` wrote)
+    decoder.stamp.json       its stamp
+    tokenizer/               tokenizer.json, tokenizer_config.json, chat template, generation_config.json,
+                             config.json: what the core's TextCodec reads
+    golden/reference.npz     the fp32 reference's greedy tokens and logits per golden prompt
+
+The manifest's ``decoder`` section says what the bundle is (``kind``), the context it was built
+for, the vocabulary, where the tokenizer lives and the golden report of the deploy.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictStr
+
+from edgeinfer.contract import stamp
+from edgeinfer.errors import InputError
+from edgeinfer.run import seal
+
+if TYPE_CHECKING:
+    from edgeinfer.run.bundle import Bundle
+    from edgeinfer.run.generation.generator import Generator
+    from edgeinfer.run.generation.golden import Recorded
+
+ARTIFACT = "decoder"
+TOKENIZER = "tokenizer"
+REFERENCE = "golden/reference.npz"
+PROMPTS = "golden/prompts.json"
+MAX_CONTEXT = 1 << 24
+# the Hugging Face files the bundle keeps beside the artifact (those the model has)
+HF_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+            "generation_config.json", "config.json")
+
+
+class DecoderSection(BaseModel):
+    """The manifest's ``decoder`` section."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    kind: Literal["causal_lm"] = "causal_lm"
+    architecture: StrictStr = ""
+    context: int = Field(ge=1, le=MAX_CONTEXT)  # positions the bundle was built and checked for
+    vocab_size: int = Field(ge=1)
+    tokenizer: StrictStr = TOKENIZER
+    golden: dict[str, Any] | None = None  # the deploy's golden report (run/generation/golden.py)
+    golden_reference: StrictStr | None = REFERENCE
+
+
+def check_paths(root: Path, section: dict[str, Any], sealed: set[str]) -> None:
+    """The section's paths stay inside the bundle and name sealed files."""
+    named = [("decoder.tokenizer", f"{section.get('tokenizer', TOKENIZER)}/tokenizer.json")]
+    if section.get("golden_reference"):
+        named.append(("decoder.golden_reference", section["golden_reference"]))
+    for field_name, rel in named:
+        seal.contained(root, rel, field_name)
+        if seal.relative(rel, field_name) not in sealed:
+            raise InputError(f"manifest {field_name} {rel!r} is not among the bundle's recorded files; "
+                             "deploy the model again")
+
+
+def open_generator(bundle: Bundle, device: str | None = None, ctx: int | None = None, backend: str | None = None,
+                   slots: int = 1, **options: Any) -> Generator:
+    """A Generator over a decoder bundle, with a KV cache of ``ctx`` positions (default: the bundle's)."""
+    from edgeinfer.contract import registry as plugins
+    from edgeinfer.run.generation.generator import Generator
+    from edgeinfer.run.generation.text import TextCodec
+
+    m = bundle.manifest
+    built = int(m.decoder["context"])
+    if backend and backend != m.backend:
+        raise InputError(f"bundle {bundle.path} is for backend {m.backend!r}, not {backend!r}; omit --backend")
+    if ctx is None:
+        ctx = built
+    elif isinstance(ctx, bool) or not isinstance(ctx, int) or ctx < 1:
+        raise InputError(f"ctx must be a positive integer, got {ctx!r}")
+    elif ctx > built:
+        raise InputError(f"bundle {bundle.path} was built for a context of {built} tokens, not {ctx}; use --ctx "
+                         f"{built} or less, or deploy again with --ctx {ctx}")
+    codec = TextCodec(seal.contained(bundle.path, m.decoder.get("tokenizer", TOKENIZER), "decoder.tokenizer"))
+    be = plugins.get_backend(m.backend)
+    stamp.check(bundle.artifacts[0], backend=be, device=device)  # another toolkit's artifact: refused
+    decoder = be.load_decoder(bundle.artifacts[0], device=device, context=ctx, slots=slots, **options)
+    return Generator(decoder, codec)
+
+
+# --- the golden reference kept in the bundle ---------------------------------------------------------
+
+
+def save_reference(directory: Path, recorded: list[Recorded]) -> None:
+    """``golden/prompts.json`` (the prompts) and ``golden/reference.npz`` (ids and logits, no pickle)."""
+    import numpy as np
+
+    (directory / "golden").mkdir(exist_ok=True)
+    (directory / PROMPTS).write_text(json.dumps([r.prompt for r in recorded], ensure_ascii=False, indent=1) + "\n")
+    arrays = {}
+    for i, r in enumerate(recorded):
+        arrays[f"{i}/ids"] = np.asarray(r.token_ids, dtype=np.int64)
+        arrays[f"{i}/logits"] = np.stack(r.logits).astype(np.float32) if r.logits else np.zeros((0, 0), np.float32)
+    np.savez_compressed(directory / REFERENCE, **arrays)
+
+
+def load_reference(bundle: Bundle) -> list[Recorded]:
+    """The recorded reference of a decoder bundle (refused, never unpickled, when malformed)."""
+    from edgeinfer.run.generation.golden import Recorded
+    from edgeinfer.run.samples import load_saved_samples
+
+    prompts_path = bundle.file(PROMPTS, "golden prompts")
+    try:
+        prompts = json.loads(prompts_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise InputError(f"{prompts_path} is not valid JSON ({e}); deploy the model again") from None
+    rows = load_saved_samples(bundle.file(bundle.manifest.decoder.get("golden_reference") or REFERENCE,
+                                          "golden reference"))
+    if not (isinstance(prompts, list) and all(isinstance(p, str) for p in prompts) and len(prompts) == len(rows)
+            and all(set(r) == {"ids", "logits"} for r in rows)):
+        raise InputError(f"the golden reference of bundle {bundle.path} is malformed; deploy the model again")
+    return [Recorded(p, [int(t) for t in r["ids"]], list(r["logits"])) for p, r in zip(prompts, rows)]

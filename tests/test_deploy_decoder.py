@@ -1,0 +1,250 @@
+"""``edgeinfer deploy`` of a decoder: tiny-qwen3 for the host board (onnxruntime), deployed once per session
+(the ``tiny_qwen3_host_bundle`` fixture), then loaded, generated from, golden-checked, tampered with; and
+the deploys that must stop early (plan does not fit, golden fails, bad input) write nothing."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import edgeinfer as cli
+
+import edgeinfer
+from edgeinfer.errors import InputError
+from edgeinfer.testing.fixtures import DECODER_BUNDLE_CTX
+from edgeinfer.testing.llm import model_dir
+
+PROMPTS = ("The licence grants", "Permission is hereby granted", "def main():")
+N_TOKENS = 32
+
+
+@pytest.fixture(scope="module")
+def bundle(tiny_qwen3_host_bundle) -> Path:
+    return tiny_qwen3_host_bundle
+
+
+@pytest.fixture(scope="module")
+def hf_greedy() -> dict[str, list[int]]:
+    """transformers' own greedy ``generate`` on the source model: the tokens the bundle must reproduce."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir())
+    model = AutoModelForCausalLM.from_pretrained(model_dir(), dtype=torch.float32).eval()
+    out = {}
+    with torch.inference_mode():
+        for p in PROMPTS:
+            ids = tok(p)["input_ids"]
+            gen = model.generate(torch.tensor([ids]), max_new_tokens=N_TOKENS, do_sample=False,
+                                 eos_token_id=model.generation_config.eos_token_id, pad_token_id=0)
+            out[p] = gen[0, len(ids):].tolist()
+    return out
+
+
+def _manifest(bundle: Path) -> dict:
+    return json.loads((bundle / "manifest.json").read_text())
+
+
+def _one_line_error(proc, code: int, *needles: str) -> None:
+    assert proc.returncode == code, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in proc.stderr, proc.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+# --- the bundle -------------------------------------------------------------------------------------------
+
+
+def test_bundle_holds_artifact_tokenizer_configs_and_reference_and_is_sealed(bundle):
+    import jsonschema
+
+    from edgeinfer.run import bundle as bundle_mod
+
+    m = _manifest(bundle)
+    files = set(m["files"])
+    for rel in ("decoder/genai_config.json", "decoder/model.onnx", "decoder/model.onnx.data", "decoder.stamp.json",
+                "tokenizer/tokenizer.json", "tokenizer/tokenizer_config.json", "tokenizer/generation_config.json",
+                "tokenizer/config.json", "golden/reference.npz", "golden/prompts.json"):
+        assert rel in files, rel
+    assert m["backend"]["name"] == "onnxruntime" and m["board"] == "host" and m["scheme"] == "fp32"
+    assert m["artifacts"] == ["decoder"]
+    dec = m["decoder"]
+    assert dec["kind"] == "causal_lm" and dec["architecture"] == "Qwen3ForCausalLM"
+    assert dec["context"] == DECODER_BUNDLE_CTX and dec["vocab_size"] == 3072
+    # the chat template travels in tokenizer_config.json, as the source model has it
+    src_cfg = json.loads((model_dir() / "tokenizer_config.json").read_text())
+    assert json.loads((bundle / "tokenizer/tokenizer_config.json").read_text())["chat_template"] == \
+        src_cfg["chat_template"]
+    schema = json.loads((Path(bundle_mod.__file__).parents[1] / "schemas" / "manifest.schema.json").read_text())
+    jsonschema.validate(m, schema)
+    report = bundle_mod.verify(bundle)
+    assert report["ok"] and report["files"] == len(files)
+
+
+def test_golden_report_in_the_manifest(bundle):
+    from edgeinfer.run.generation.golden import THRESHOLDS
+
+    g = _manifest(bundle)["decoder"]["golden"]
+    assert g["passed"] is True and g["scheme"] == "fp32" and g["device"] == "CPU"
+    assert g["prompts"] == 4 and g["new_tokens"] == N_TOKENS and len(g["rows"]) == 4
+    assert g["thresholds"] == THRESHOLDS["fp32"].__dict__
+    # fp32 onnxruntime against fp32 torch: the same tokens, logits equal up to float rounding
+    assert g["token_agreement"] == 1.0 and g["near_ties"] == 0
+    assert 0.99999 < g["cosine_min"] <= g["cosine_mean"] <= 1.0 + 1e-12
+    assert g["top5_overlap"] == 1.0
+    for row in g["rows"]:
+        assert row["first_divergence"] is None and row["reference_margin_at_divergence"] is None
+        assert row["problems"] == [] and row["finite"] is True
+
+
+def test_greedy_tokens_from_the_bundle_equal_transformers_generate(bundle, hf_greedy):
+    with edgeinfer.load(bundle) as gen:
+        assert gen.context == DECODER_BUNDLE_CTX and gen.decoder.backend_name == "onnxruntime"
+        for p in PROMPTS:
+            assert gen.generate(p, max_new_tokens=N_TOKENS).token_ids == hf_greedy[p], p
+
+
+def test_tensor_entry_points_refuse_a_decoder_bundle_in_one_line(bundle):
+    from edgeinfer.run.bundle import Bundle
+
+    with pytest.raises(InputError, match="holds a decoder .*edgeinfer generate"):
+        Bundle.open(bundle).load()
+
+
+def test_a_smaller_context_loads_and_a_larger_one_is_refused(bundle):
+    with edgeinfer.load(bundle, ctx=64) as gen:
+        assert gen.context == 64
+    with pytest.raises(InputError, match=f"built for a context of {DECODER_BUNDLE_CTX} tokens, not 512"):
+        edgeinfer.load(bundle, ctx=512)
+
+
+def test_generate_chat_and_golden_commands_on_the_bundle(bundle, hf_greedy):
+    proc = cli("generate", str(bundle), "--prompt", PROMPTS[0], "--max-new-tokens", "12", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["token_ids"] == hf_greedy[PROMPTS[0]][:12] and out["context"] == DECODER_BUNDLE_CTX
+    proc = cli("golden", str(bundle), "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    before = _manifest(bundle)["decoder"]["golden"]
+    assert report["passed"] and report["token_agreement"] == 1.0
+    assert report["cosine_min"] == pytest.approx(before["cosine_min"], abs=1e-9)
+    chat = subprocess.run([sys.executable, "-m", "edgeinfer.cli", "chat", str(bundle), "--max-new-tokens", "8"],
+                          input="What does the licence allow?\n", capture_output=True, text=True)
+    assert chat.returncode == 0 and chat.stdout.startswith("> ") and len(chat.stdout) > 4, chat.stderr
+    strict = cli("golden", str(bundle), "--threshold", "1.0")  # no float path reaches cosine 1 at every step
+    assert strict.returncode == 1 and "decoder golden check FAILED" in strict.stdout
+
+
+def test_a_tampered_bundle_fails_verify_golden_and_load(bundle, tmp_path):
+    copy = tmp_path / "b"
+    shutil.copytree(bundle, copy)
+    data = copy / "decoder" / "model.onnx.data"
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF  # same size: only the hash tells
+    data.write_bytes(bytes(raw))
+    proc = cli("verify", str(copy))
+    assert proc.returncode == 2 and "decoder/model.onnx.data has changed" in proc.stdout
+    _one_line_error(cli("golden", str(copy)), 2, "damaged")
+    with open(data, "ab") as f:
+        f.write(b"\0")
+    with pytest.raises(InputError, match="damaged"):
+        edgeinfer.load(copy)
+
+
+# --- deploys that stop early and write nothing ----------------------------------------------------------
+
+
+def test_a_broken_conversion_fails_golden_exits_1_and_writes_nothing(bundle, tmp_path, monkeypatch, capsys):
+    """A backend whose conversion is wrong (a stand-in: the session's artifact with the later layers'
+    weights sign-flipped, finite and wrong) fails the check: exit 1, no bundle, no leftovers."""
+    from edgeinfer.cli import invoke
+    from edgeinfer.contract import registry
+
+    def broken(self, model, scheme, context, out, calibration=None, **options):
+        shutil.copytree(bundle / "decoder", out, dirs_exist_ok=True)
+        data = out / "model.onnx.data"
+        w = np.frombuffer(data.read_bytes(), dtype=np.float32).copy()
+        w[len(w) // 2 :] *= -1
+        data.write_bytes(w.tobytes())
+        return {"target": "cpu"}
+
+    monkeypatch.setattr(type(registry.get_backend("onnxruntime")), "convert_decoder", broken)
+    out = tmp_path / "out"
+    code = invoke(["deploy", str(model_dir()), "--board", "host", "--ctx", str(DECODER_BUNDLE_CTX), "--no-cache",
+                   "-o", str(out)])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert "decoder golden check FAILED" in err and "diverges at token" in err and "not written" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def _board(tmp_path: Path, backend: str, gib: float) -> Path:
+    p = tmp_path / "tiny-board.yaml"
+    p.write_text(
+        f"name: tiny-board\ntitle: a board for tests\nfamily: tiny\nbackend: {backend}\nmemory_kind: shared\n"
+        f"memory_total_gib: {{value: {gib}, source: test}}\nos_reserve_gib: {{value: 0, source: test}}\n"
+        f"runtimes:\n  onnxruntime: {{schemes: [fp32, w4a16], source: test}}\ndefault_runtime: onnxruntime\n")
+    return p
+
+
+def test_plan_that_does_not_fit_exits_1_with_a_suggestion_and_no_bundle(tmp_path):
+    board = _board(tmp_path, "onnxruntime", 0.09)  # ~92 MiB: tiny-qwen3 fits at short contexts only
+    out = tmp_path / "out"
+    proc = cli("deploy", str(model_dir()), "--board", str(board), "--ctx", "1024", "-o", str(out))
+    _one_line_error(proc, 1, "does not fit tiny-board", "try --ctx ")
+    assert not out.exists()
+
+
+def test_a_backend_without_convert_decoder_is_named(tmp_path):
+    board = _board(tmp_path, "transformers", 64)
+    proc = cli("deploy", str(model_dir()), "--board", str(board), "-o", str(tmp_path / "out"))
+    _one_line_error(proc, 3, "'transformers'", "convert_decoder")
+
+
+def _model_copy(tmp_path: Path, **changes: str) -> Path:
+    d = tmp_path / "m"
+    d.mkdir()
+    for f in model_dir().iterdir():
+        (d / f.name).symlink_to(f)
+    for name, text in changes.items():
+        (d / name).unlink()
+        (d / name).write_text(text)
+    return d
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--ctx", "0"], "--ctx must be a positive"),
+    (["--ctx", "4096"], "max_position_embeddings (1024)"),
+    (["--quant", "w8a8"], "deploys decoders as fp32, w4a16 only"),
+    (["--shape", "input_ids=1x8"], "--shape does not apply to decoder"),
+])
+def test_bad_deploy_options_exit_2(tmp_path, args, needle):
+    out = tmp_path / "out"
+    _one_line_error(cli("deploy", str(model_dir()), "--board", "host", *args, "-o", str(out)), 2, needle)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("file, text, needle", [
+    ("tokenizer.json", "{not json", "not a valid tokenizer.json"),
+    ("tokenizer_config.json", json.dumps({"chat_template": "{% for m in messages %}"}), "chat template"),
+])
+def test_broken_tokenizer_or_chat_template_exit_2(tmp_path, file, text, needle):
+    model = _model_copy(tmp_path, **{file: text})
+    out = tmp_path / "out"
+    _one_line_error(cli("deploy", str(model), "--board", "host", "-o", str(out)), 2, needle)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("command", [["generate", "--prompt", "hi"], ["chat"]])
+def test_generate_and_chat_refuse_a_model_that_is_not_a_causal_lm(tmp_path, command):
+    d = tmp_path / "bert"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"architectures": ["BertModel"], "model_type": "bert"}))
+    _one_line_error(cli(command[0], str(d), *command[1:]), 2, "not a decoder")
