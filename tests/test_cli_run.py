@@ -75,3 +75,14 @@ def test_debug_shows_the_traceback(tmp_path):
 def test_version():
     proc = edgeinfer("--version")
     assert proc.returncode == 0 and "0.1.0" in proc.stdout
+
+
+def test_run_on_a_decoder_points_to_generate(tmp_path, tiny_qwen3_host_bundle):
+    from edgeinfer.testing.llm import model_dir
+
+    x = tmp_path / "x.npy"
+    np.save(x, np.zeros((1, 4), dtype=np.int64))
+    for model in (model_dir(), tiny_qwen3_host_bundle):
+        proc = edgeinfer("run", str(model), "--input", f"input_ids={x}")
+        _one_line_error(proc, 2)
+        assert "language (decoder) model" in proc.stderr and f"edgeinfer generate {model}" in proc.stderr

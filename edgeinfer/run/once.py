@@ -174,9 +174,13 @@ def run_once(
 
     from edgeinfer.build.golden import non_finite
     from edgeinfer.run.bundle import Bundle, is_bundle, run_padded
+    from edgeinfer.run.loading import is_decoder_dir
 
     _check_request(model, inputs, texts, out_dir)
     bundle = Bundle.open(model) if is_bundle(model) else None
+    if is_decoder_dir(model) or (bundle is not None and bundle.manifest.decoder is not None):
+        raise InputError(f"{model} is a language (decoder) model; `edgeinfer run` runs tensor models: "
+                         f"use `edgeinfer generate {model} --prompt TEXT`")
     feeds = _feeds(model, bundle, inputs, texts)
     t0 = time.perf_counter()
     session = open_session(model, bundle, backend, device, shapes, paging)
