@@ -8,7 +8,8 @@ Same model, same machine, one run, greedy, ``ignore_eos`` so every request makes
     core's Generator with its stop/detokenize thread);
   both with the same properties (1 inference thread, f32 inference precision, f32 KV cache).
   Reported: end-to-end tokens/s (new tokens / wall time of the request, measured outside both) and
-  GenAI's own decode tokens/s; ``edgeinfer_overhead`` = 1 − edgeinfer / raw (end-to-end).
+  GenAI's own decode tokens/s; ``edgeinfer_overhead`` = 1 − edgeinfer / raw (end-to-end). The two run
+  interleaved, request by request, with fresh prompts (no KV prefix reuse), median of the runs.
 * transformers fp32 (1 torch thread): ``generate`` eager (dynamic cache) and compiled (static cache,
   transformers' automatic ``torch.compile`` of the decode step). transformers has no fp16/int8/int4
   CPU path of its own here, so the OpenVINO formats are set against its fp32 figures.
@@ -32,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS, write  # noqa: E402
 
 NEW_TOKENS = 64
-REPEAT = 3
+REPEAT = 5
 FORMATS = ("fp16", "w8a16", "w4a16")
 TTFT_PROMPTS = (16, 128, 512)
 BATCHES = (1, 4, 8)
@@ -41,8 +42,10 @@ PROPS = {"INFERENCE_NUM_THREADS": 1, "INFERENCE_PRECISION_HINT": "f32", "KV_CACH
 OPTIONS = {"threads": 1, "precision": "f32", "kv_precision": "f32"}
 
 
-def _prompt(n: int) -> list[int]:
-    return [3 + (i * 37) % 3000 for i in range(n)]
+def _prompt(n: int, salt: int = 0) -> list[int]:
+    """``n`` token ids; a different ``salt`` changes the first token, so no runtime can reuse a KV prefix
+    (GenAI's stateful LLMPipeline reuses the KV cache of a repeated prompt: TTFT 140 → 12 ms here)."""
+    return [3 + (i * 37 + salt * 101) % 3000 for i in range(n)]
 
 
 def _raw_rate(pipe, ids: list[int]) -> tuple[float, float]:
@@ -75,11 +78,18 @@ def _edgeinfer_rate(gen, ids: list[int]) -> tuple[float, float]:
     return len(r.token_ids) / wall, r.metrics.decode_tokens_per_s
 
 
-def _median_pair(fn, ids_list) -> dict:
-    fn(ids_list[0])  # warm-up
-    runs = [fn(ids) for ids in ids_list for _ in range(REPEAT)]
-    return {"end_to_end_tokens_per_s": statistics.median(r[0] for r in runs),
-            "genai_decode_tokens_per_s": statistics.median(r[1] for r in runs), "runs": len(runs)}
+def _interleaved(fns: dict, ids_list) -> dict:
+    """Each engine in turn on each prompt, ``REPEAT`` rounds: drift of a shared machine hits all alike."""
+    for fn in fns.values():
+        fn(ids_list[0])  # warm-up
+    runs: dict = {name: [] for name in fns}
+    for r in range(REPEAT):
+        for k, ids in enumerate(ids_list):
+            for name, fn in fns.items():
+                runs[name].append(fn(_prompt(len(ids), salt=1 + r * 10 + k)))
+    return {name: {"end_to_end_tokens_per_s": statistics.median(x[0] for x in rs),
+                   "genai_decode_tokens_per_s": statistics.median(x[1] for x in rs), "runs": len(rs)}
+            for name, rs in runs.items()}
 
 
 def _transformers(model_dir: Path, ids_list) -> dict:
@@ -89,8 +99,13 @@ def _transformers(model_dir: Path, ids_list) -> dict:
     torch.set_num_threads(1)
     hf = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     out = {}
+    from transformers import CompileConfig
+
+    compiled = CompileConfig(mode="default")  # reduce-overhead (CUDA graphs) is GPU-only
+    compiled._compile_all_devices = True  # transformers compiles on CUDA/XPU only unless told otherwise
     for name, kw in (("transformers fp32 eager", {}),
-                     ("transformers fp32 compiled (static cache)", {"cache_implementation": "static"})):
+                     ("transformers fp32 compiled (static cache)",
+                      {"cache_implementation": "static", "compile_config": compiled})):
         def run(ids, kw=kw):
             t0 = time.perf_counter()
             with torch.inference_mode():
@@ -116,6 +131,7 @@ def run_model(model_dir: Path, label: str, work: Path) -> dict:
     import openvino_genai as og
 
     import edgeinfer
+    from edgeinfer.run.generation.options import GenerationOptions
 
     warnings.simplefilter("ignore")
     be = edgeinfer.backend("openvino")
@@ -127,18 +143,17 @@ def run_model(model_dir: Path, label: str, work: Path) -> dict:
         facts = be.convert_decoder(model_dir, fmt, CTX, path, target="cpu")
         convert_s = time.perf_counter() - t0
         pipe = og.LLMPipeline(str(path), "CPU", **PROPS)
-        raw = _median_pair(lambda ids, p=pipe: _raw_rate(p, ids), ids_list)
-        del pipe
         with edgeinfer.load(path, backend="openvino", device="CPU", ctx=CTX, **OPTIONS) as gen:
-            ei = _median_pair(lambda ids, g=gen: _edgeinfer_rate(g, ids), ids_list)
+            both = _interleaved({"raw LLMPipeline": lambda ids, p=pipe: _raw_rate(p, ids),
+                                 "edgeinfer": lambda ids, g=gen: _edgeinfer_rate(g, ids)}, ids_list)
+            raw, ei = both["raw LLMPipeline"], both["edgeinfer"]
             ttft = {}
+            two = GenerationOptions(max_new_tokens=2, ignore_eos=True)
             for n in TTFT_PROMPTS:
-                from edgeinfer.run.generation.options import GenerationOptions
-
-                gen.generate_ids(_prompt(n), GenerationOptions(max_new_tokens=2, ignore_eos=True))
-                ttft[n] = statistics.median(
-                    gen.generate_ids(_prompt(n), GenerationOptions(max_new_tokens=2, ignore_eos=True)).metrics.ttft_ms
-                    for _ in range(REPEAT))
+                gen.generate_ids(_prompt(n, salt=99), two)
+                ttft[n] = statistics.median(gen.generate_ids(_prompt(n, salt=100 + r), two).metrics.ttft_ms
+                                            for r in range(REPEAT))
+        del pipe
         overhead = 1 - ei["end_to_end_tokens_per_s"] / raw["end_to_end_tokens_per_s"]
         result["formats"][fmt] = {"raw LLMPipeline": raw, "edgeinfer": ei, "edgeinfer_overhead": overhead,
                                   "convert_s": convert_s, "weight_compression": facts["weight_compression"],
@@ -167,7 +182,7 @@ def _batching(be, path: Path) -> dict:
                 return True
 
             t0 = time.perf_counter()
-            d.generate_native_batch([(_prompt(16 + i), opts) for i in range(n)], on_token)
+            d.generate_native_batch([(_prompt(16, salt=n * 10 + i), opts) for i in range(n)], on_token)
             wall = time.perf_counter() - t0
             out[n] = {"aggregate_tokens_per_s": count[0] / wall, "tokens": count[0]}
             print(f"  continuous batching x{n}: {out[n]['aggregate_tokens_per_s']:.1f} tok/s", file=sys.stderr)
@@ -214,6 +229,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-ov-llm-") as tmp:
         results = [run_model(model_dir(), "tiny-qwen3 (trained, 4 layers)", Path(tmp))]
         if not args.tiny_only:
+            global REPEAT
+            REPEAT = 2  # ~200 M parameters on one thread: fewer rounds keep the run within minutes
             results.append(run_model(random_qwen3(), "random-init qwen3 (~204 M)", Path(tmp)))
     write("openvino_llm", {"results": results, "note": "CPU only (no NPU/GPU here), shared 2-core machine, "
                            "1 inference thread everywhere; see the docstring for what each figure is"})
