@@ -295,9 +295,18 @@ def open_decoder(model: Path, device: str | None, context: int, slots: int, cach
         raise ModelError(f"{model} is not a model directory (a Hugging Face decoder or an OpenVINO decoder export)")
     path = model if decoder_export.is_ir(model) else _exported(model, cfg.scheme or default_scheme(fam),
                                                                 fam, context, cache_root)
+    if fam == "NPU":
+        _check_npu_weights(path)
     if cfg.loop == "steps":
         return StepDecoder(path, dev, context, slots, cfg)
     return GenAIDecoder(path, dev, context, slots, cfg)
+
+
+def _check_npu_weights(path: Path) -> None:
+    mode = str(decoder_export.read_facts(path).get("weight_compression", {}).get("mode", ""))
+    if mode.startswith("int4_asym"):
+        raise InputError(f"{path.name} has asymmetric INT4 weights; the NPU takes only symmetric INT4: convert "
+                         "it again with target='npu' (edgeinfer deploy for an NPU board does)")
 
 
 def _exported(model: Path, scheme: str, fam: str, context: int, cache_root: Path) -> Path:

@@ -214,3 +214,22 @@ def test_cpu_option_typos_are_input_errors(irs) -> None:
         be.load_decoder(irs["fp32"][0], device="CPU", context=64, min_response_len=8)
     with pytest.raises(InputError, match="not an OpenVINO decoder format"):
         be.convert_decoder(model_dir(), "w3a16", 64, irs["fp32"][0].parent / "bad")
+
+
+def test_asymmetric_int4_is_refused_for_the_npu(irs) -> None:
+    with pytest.raises(InputError, match="symmetric INT4"):
+        edgeinfer.backend("openvino").load_decoder(irs["w4a16"][0], device="NPU", context=64, npu_on_cpu=True)
+
+
+def test_generation_options_become_genai_generation_config() -> None:
+    import openvino_genai as og
+    from edgeinfer_openvino.decoder import generation_config
+
+    opts = GenerationOptions(max_new_tokens=7, temperature=0.7, top_k=11, top_p=0.9, repetition_penalty=1.3,
+                             seed=42, eos_token_ids=(2, 0))
+    g = generation_config(og.GenerationConfig(), opts)
+    assert (g.max_new_tokens, g.do_sample, g.top_k, g.rng_seed) == (7, True, 11, 42)
+    assert g.temperature == pytest.approx(0.7) and g.top_p == pytest.approx(0.9)
+    assert g.repetition_penalty == pytest.approx(1.3) and g.stop_token_ids == {0, 2} and not g.ignore_eos
+    greedy = generation_config(og.GenerationConfig(), GenerationOptions(max_new_tokens=3, ignore_eos=True))
+    assert not greedy.do_sample and greedy.ignore_eos
