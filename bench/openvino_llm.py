@@ -8,7 +8,9 @@ Same model, same machine, one run, greedy, ``ignore_eos`` so every request makes
     core's Generator with its stop/detokenize thread);
   both with the same properties (1 inference thread, f32 inference precision, f32 KV cache).
   Reported: end-to-end tokens/s (new tokens / wall time of the request, measured outside both) and
-  GenAI's own decode tokens/s; ``edgeinfer_overhead`` = 1 − edgeinfer / raw (end-to-end). The two run
+  GenAI's own decode tokens/s; ``edgeinfer_overhead`` = 1 − edgeinfer / raw (end-to-end);
+  ``plugin_overhead`` the same for the plugin's ``generate_native`` called directly (no core loop:
+  no detokenizer, stop strings or consumer thread). The three run
   interleaved, request by request, with fresh prompts (no KV prefix reuse), median of the runs.
 * transformers fp32 (1 torch thread): ``generate`` eager (dynamic cache) and compiled (static cache,
   transformers' automatic ``torch.compile`` of the decode step). transformers has no fp16/int8/int4
@@ -78,6 +80,21 @@ def _edgeinfer_rate(gen, ids: list[int]) -> tuple[float, float]:
     return len(r.token_ids) / wall, r.metrics.decode_tokens_per_s
 
 
+def _decoder_rate(decoder, ids: list[int]) -> tuple[float, float]:
+    """The plugin's native loop alone (``generate_native`` with a no-op ``on_token``): no core loop."""
+    from edgeinfer.run.generation.options import GenerationOptions
+
+    t0 = time.perf_counter()
+    n = [0]
+
+    def on_token(t: int) -> bool:
+        n[0] += 1
+        return True
+
+    m = decoder.generate_native(ids, GenerationOptions(max_new_tokens=NEW_TOKENS, ignore_eos=True), on_token)
+    return n[0] / (time.perf_counter() - t0), m["decode_tokens_per_s"]
+
+
 def _interleaved(fns: dict, ids_list) -> dict:
     """Each engine in turn on each prompt, ``REPEAT`` rounds: drift of a shared machine hits all alike."""
     for fn in fns.values():
@@ -145,7 +162,9 @@ def run_model(model_dir: Path, label: str, work: Path) -> dict:
         pipe = og.LLMPipeline(str(path), "CPU", **PROPS)
         with edgeinfer.load(path, backend="openvino", device="CPU", ctx=CTX, **OPTIONS) as gen:
             both = _interleaved({"raw LLMPipeline": lambda ids, p=pipe: _raw_rate(p, ids),
-                                 "edgeinfer": lambda ids, g=gen: _edgeinfer_rate(g, ids)}, ids_list)
+                                 "edgeinfer": lambda ids, g=gen: _edgeinfer_rate(g, ids),
+                                 "edgeinfer decoder only": lambda ids, g=gen: _decoder_rate(g.decoder, ids)},
+                                ids_list)
             raw, ei = both["raw LLMPipeline"], both["edgeinfer"]
             ttft = {}
             two = GenerationOptions(max_new_tokens=2, ignore_eos=True)
@@ -156,6 +175,9 @@ def run_model(model_dir: Path, label: str, work: Path) -> dict:
         del pipe
         overhead = 1 - ei["end_to_end_tokens_per_s"] / raw["end_to_end_tokens_per_s"]
         result["formats"][fmt] = {"raw LLMPipeline": raw, "edgeinfer": ei, "edgeinfer_overhead": overhead,
+                                  "edgeinfer decoder only": both["edgeinfer decoder only"],
+                                  "plugin_overhead": 1 - both["edgeinfer decoder only"]["end_to_end_tokens_per_s"]
+                                  / raw["end_to_end_tokens_per_s"],
                                   "convert_s": convert_s, "weight_compression": facts["weight_compression"],
                                   "ir_bytes": (path / "openvino_model.bin").stat().st_size}
         result["ttft_ms"][fmt] = ttft
