@@ -186,17 +186,22 @@ class GenAIDecoder(Decoder):
             self._cb.step()
             for i in sorted(live):
                 h = handles[i]
-                if h.can_read():
-                    for out_ in h.read().values():
-                        for t in out_.generated_ids:
-                            if not on_token(i, int(t)):
-                                h.stop()
-                                break
-                if str(h.get_status()).split(".")[-1] != "RUNNING":
+                if h.can_read() and not self._deliver(i, h, on_token):
+                    h.stop()  # on_token said stop: nothing more goes to it
+                    live.discard(i)
+                elif str(h.get_status()).split(".")[-1] != "RUNNING":
                     live.discard(i)
             if not self._cb.has_non_finished_requests():
                 live.clear()
         return [self._request_metrics(h) for h in handles]
+
+    @staticmethod
+    def _deliver(i: int, handle: Any, on_token: Callable[[int, int], bool]) -> bool:
+        for out in handle.read().values():
+            for t in out.generated_ids:
+                if not on_token(i, int(t)):
+                    return False
+        return True
 
     def _request_metrics(self, handle: Any) -> dict[str, Any]:
         try:
