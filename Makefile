@@ -12,11 +12,14 @@ STAMP := $(VENV)/.edgeinfer-dev
 
 dev: $(STAMP)
 
-$(STAMP): Makefile requirements-dev.txt pyproject.toml $(wildcard plugins/*/pyproject.toml examples/*/pyproject.toml)
+$(STAMP): Makefile requirements-dev.txt requirements-nodeps.txt pyproject.toml $(wildcard plugins/*/pyproject.toml examples/*/pyproject.toml)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -U pip 'setuptools>=77,<81' wheel
 	$(PIP) install -r requirements-dev.txt
 	$(PIP) install --no-deps rknn-toolkit2==2.5.0
+	$(PIP) install --no-deps -r requirements-nodeps.txt
+	# a torchvision left by an earlier install (optimum-intel's metadata) breaks model imports: remove it
+	! $(PY) -m pip show -q torchvision 2>/dev/null || $(PIP) uninstall -y torchvision
 	$(PIP) install --no-build-isolation $(foreach p,$(PROJECTS),-e $(p))
 	touch $(STAMP)
 

@@ -73,7 +73,10 @@ def export_hf_onnx(hf_dir: Path, out: Path, shapes: dict[str, list[int | str]] |
             self.hf = hf
 
         def forward(self, *args):
-            return getattr(self.hf(**dict(zip(names, args))), output)
+            feeds = dict(zip(names, args))
+            if "attention_mask" in feeds:
+                feeds["attention_mask"] = traceable_mask(feeds["attention_mask"])
+            return getattr(self.hf(**feeds), output)
 
     b = shape[0] if shape and isinstance(shape[0], int) else 2
     s = shape[1] if shape and isinstance(shape[1], int) else 16
@@ -97,6 +100,22 @@ def export_hf_onnx(hf_dir: Path, out: Path, shapes: dict[str, list[int | str]] |
         )
         tmp.replace(out)
     return out
+
+
+def traceable_mask(mask: Any) -> Any:
+    """The 2-D padding mask as the 4-D additive mask transformers passes through unchanged.
+
+    transformers 5.5 (the newest optimum-intel 2.2 allows) builds the mask from
+    ``inputs_embeds.shape[1]``, which ``torch.jit.trace`` (the legacy ONNX exporter) gives as a
+    tensor; its backward-compatibility branch then reads that as ``cache_position`` and fails
+    (``IndexError: tuple index out of range`` in ``masking_utils.sdpa_mask``). A 4-D mask is
+    returned as it is; the values are those of transformers' own eager mask (0 kept, dtype min masked)."""
+    import torch
+    import transformers
+
+    if int(transformers.__version__.split(".")[0]) < 5:
+        return mask  # 4.x builds the extended mask itself from the 2-D one
+    return (1.0 - mask[:, None, None, :].to(torch.float32)) * torch.finfo(torch.float32).min
 
 
 def _common_shape(shapes: dict[str, list[int | str]] | None, names: list[str]) -> list[int | str] | None:

@@ -60,6 +60,15 @@ class Decoder:
         Return the runtime's own metrics in edgeinfer's names (``ttft_ms``, ``tpot_ms`` ...)."""
         raise NotImplementedError
 
+    def generate_native_batch(
+        self, requests: Sequence[tuple[Sequence[int], GenerationOptions]], on_token: Callable[[int, int], bool]
+    ) -> list[dict[str, Any]]:
+        """Optional, for native-loop backends loaded with ``slots > 1``: generate for all
+        ``requests`` (prompt ids, options) at once, calling ``on_token(i, id)`` per new token of
+        request ``i`` (False: stop request ``i`` only). Return one metrics dict per request, as
+        :meth:`generate_native` does."""
+        raise NotImplementedError
+
     # --- optional --------------------------------------------------------------------------
     def op_times(self, phase: str, token_ids: np.ndarray) -> list[OpTime]:
         """Per-op times of one ``phase`` ("prefill" or "decode") call, slowest first; [] if unknown."""

@@ -108,8 +108,10 @@ def export_onnx(out: Path, batch: int | None = None, seq: int | None = None) -> 
             self.bert = AutoModel.from_pretrained(str(model_dir()), attn_implementation="eager").eval()
 
         def forward(self, input_ids, attention_mask, token_type_ids):
+            from edgeinfer.build.export import traceable_mask  # transformers 5.5 + jit trace: see there
+
             return self.bert(
-                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+                input_ids=input_ids, attention_mask=traceable_mask(attention_mask), token_type_ids=token_type_ids
             ).last_hidden_state
 
     model = LastHidden().eval()

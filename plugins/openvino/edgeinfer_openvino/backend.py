@@ -666,3 +666,21 @@ class OpenVinoBackend(Backend):
         except (TypeError, KeyError):  # a hand-edited stamp: OpenVINO's own names then
             symbols = {}
         return OpenVinoSession(artifact, device, symbols=symbols, scheme=data.get("scheme"), **options)
+
+    # --- decoders (edgeinfer_openvino.decoder) ----------------------------------------------
+    def open_decoder(self, model: Path, device: str | None, context: int, slots: int, **options: Any):
+        from edgeinfer.build import cache
+
+        from .decoder import open_decoder
+
+        return open_decoder(model, device, context, slots, cache.area("artifacts"), dict(options))
+
+    def convert_decoder(
+        self, model: Path, scheme: str, context: int, out: Path, calibration: Sequence[str] | None = None,
+        **options: Any,
+    ) -> dict[str, Any]:
+        from edgeinfer.build import cache
+
+        from .decoder_export import convert
+
+        return convert(model, scheme, context, out, calibration, dict(options), cache.area("artifacts"))

@@ -1,0 +1,333 @@
+"""Decoder models on OpenVINO: GenAI's own loops, or the stateful IR stepped by the core.
+
+* ``loop="native"`` (default): ``openvino_genai.LLMPipeline`` for one sequence (CPU, GPU, and the
+  NPU's static pipeline), ``openvino_genai.ContinuousBatchingPipeline`` when ``slots > 1`` (CPU/GPU;
+  paged KV cache sized from context × slots). Tokens stream through a ``StreamerBase``; metrics are
+  GenAI's own ``PerfMetrics``.
+* ``loop="steps"``: the same IR through ``ov.Core``, one infer request (its own KV state) per slot,
+  so the core runs the loop and sees logits (golden checks, ``record_logits``).
+
+Token ids go in as ``ov.Tensor``, so GenAI's tokenizer is never used for prompts.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgeinfer.contract import Decoder
+from edgeinfer.errors import InputError, ModelError
+
+from . import decoder_config, decoder_export
+from .devices import fallback_warning, family, select_device
+
+#: KV cache block size of the CPU plugin's paged attention (ContinuousBatchingPipeline); GPU uses 16
+BLOCK_SIZE = {"CPU": 32, "GPU": 16}
+
+
+def model_shape(path: Path) -> dict[str, int]:
+    try:
+        cfg = json.loads((path / "config.json").read_text())
+        heads = cfg["num_attention_heads"]
+        return {"layers": cfg["num_hidden_layers"], "kv_heads": cfg.get("num_key_value_heads", heads),
+                "head_dim": cfg.get("head_dim") or cfg["hidden_size"] // heads, "vocab": cfg["vocab_size"]}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ModelError(f"{path / 'config.json'} does not describe a decoder: {e}") from None
+
+
+def kv_bytes(shape: dict[str, int], positions: int, element: int) -> int:
+    return shape["layers"] * 2 * shape["kv_heads"] * shape["head_dim"] * positions * element
+
+
+def generation_config(base: Any, options: Any) -> Any:
+    """GenAI's GenerationConfig from edgeinfer's GenerationOptions (``base``: the model's defaults)."""
+    g = base
+    g.max_new_tokens = options.max_new_tokens
+    g.repetition_penalty = float(options.repetition_penalty)
+    if options.greedy:
+        g.do_sample = False
+    else:
+        g.do_sample = True
+        g.temperature = float(options.temperature)
+        g.top_p = float(options.top_p)
+        if options.top_k:
+            g.top_k = int(options.top_k)
+        g.rng_seed = options.seed if options.seed is not None else random.SystemRandom().randrange(1, 2**31)
+    if options.eos_token_ids is not None:
+        g.stop_token_ids = set(options.eos_token_ids)
+        if options.eos_token_ids:
+            g.eos_token_id = options.eos_token_ids[0]
+    g.ignore_eos = bool(options.ignore_eos)
+    return g
+
+
+def perf_metrics(pm: Any) -> dict[str, Any]:
+    """GenAI's PerfMetrics in edgeinfer's metric names (GenAI reports ms; raw durations in µs)."""
+    ttft = float(pm.get_ttft().mean)
+    tpot = float(pm.get_tpot().mean)
+    durations = [d / 1e3 for d in pm.raw_metrics.m_durations]
+    out: dict[str, Any] = {"ttft_ms": ttft, "tpot_ms": tpot,
+                           "decode_tokens_per_s": 1e3 / tpot if tpot > 0 else 0.0,
+                           "prefill_tokens_per_s": pm.get_num_input_tokens() / (ttft / 1e3) if ttft > 0 else 0.0,
+                           "generated_tokens": int(pm.get_num_generated_tokens())}
+    if durations:
+        out["tpot_ms_p50"] = float(np.percentile(durations, 50))
+        out["tpot_ms_p99"] = float(np.percentile(durations, 99))
+    return out
+
+
+def _streamer(on_token: Callable[[int], bool], seen: list[int]) -> Any:
+    import openvino_genai as og
+
+    class Streamer(og.StreamerBase):
+        stopped = False
+
+        def write(self, token: Any) -> Any:
+            for t in token if isinstance(token, list) else [token]:
+                seen.append(int(t))
+                if not on_token(int(t)):
+                    self.stopped = True
+            return og.StreamingStatus.STOP if self.stopped else og.StreamingStatus.RUNNING
+
+        def end(self) -> None:
+            pass
+
+    return Streamer()
+
+
+class GenAIDecoder(Decoder):
+    """GenAI's loops over an exported decoder directory."""
+
+    native_loop = True
+    backend_name = "openvino"
+
+    def __init__(self, path: Path, device: str, context: int, slots: int, cfg: decoder_config.DecoderConfig):
+        import openvino_genai as og
+
+        self._og, self.path, self.cfg = og, path, cfg
+        shape = model_shape(path)
+        fam = family(device)
+        self._pipe = self._cb = None
+        if slots > 1:
+            if fam == "NPU":
+                raise InputError("the NPU pipeline runs one sequence at a time; load it with slots=1")
+            block = BLOCK_SIZE.get(fam, 32)
+            self.scheduler = og.SchedulerConfig()
+            self.scheduler.num_kv_blocks = slots * -(-context // block)
+            self.scheduler.max_num_seqs = slots
+            self.scheduler.max_num_batched_tokens = max(context, 256)
+            self.scheduler.dynamic_split_fuse = True
+            self.scheduler.enable_prefix_caching = False
+            self._cb = og.ContinuousBatchingPipeline(str(path), self.scheduler, device, cfg.properties)
+            self._defaults = self._cb.get_config
+            kv = kv_bytes(shape, self.scheduler.num_kv_blocks * block, cfg.kv_bytes)
+        else:
+            self._pipe = og.LLMPipeline(str(path), device, **cfg.properties)
+            self._defaults = self._pipe.get_generation_config
+            kv = kv_bytes(shape, context, cfg.kv_bytes)
+        super().__init__(context=context, vocab_size=shape["vocab"], kv_cache_bytes=kv, slots=slots, device=device)
+        self.execution_devices = _npuw_devices(cfg.properties) if fam == "NPU" else [fam]
+        self.fallback = fallback_warning(device, self.execution_devices)
+        if self.fallback:
+            warnings.warn(self.fallback, decoder_fallback_category(), stacklevel=5)
+
+    def _check(self, prompt_ids: Sequence[int], options: Any) -> Any:
+        n = len(prompt_ids)
+        if n + options.max_new_tokens > self.context:
+            raise InputError(f"prompt ({n}) + max_new_tokens ({options.max_new_tokens}) exceed the context of "
+                             f"{self.context}")
+        if self.cfg.max_prompt_len is not None and n > self.cfg.max_prompt_len:
+            raise InputError(f"prompt of {n} tokens exceeds the NPU pipeline's MAX_PROMPT_LEN "
+                             f"({self.cfg.max_prompt_len}) within the context of {self.context}; shorten it or "
+                             "load with a larger context / max_prompt_len")
+        return generation_config(self._defaults(), options)
+
+    def _ids(self, prompt_ids: Sequence[int]) -> Any:
+        import openvino as ov
+
+        return ov.Tensor(np.asarray([list(prompt_ids)], dtype=np.int64))
+
+    def generate_native(self, prompt_ids: Sequence[int], options: Any, on_token: Callable[[int], bool]) -> dict:
+        g = self._check(prompt_ids, options)
+        if self._pipe is None:
+            return self.generate_native_batch([(prompt_ids, options)], lambda _i, t: on_token(t))[0]
+        seen: list[int] = []
+        streamer = _streamer(on_token, seen)
+        res = self._pipe.generate(self._ids(prompt_ids), g, streamer)
+        tokens = [int(t) for t in res.tokens[0]]
+        if not streamer.stopped and tokens[: len(seen)] == seen:
+            for t in tokens[len(seen):]:  # what GenAI did not stream (its final EOS)
+                if not on_token(t):
+                    break
+        return perf_metrics(res.perf_metrics)
+
+    def generate_native_batch(self, requests: Sequence[tuple[Sequence[int], Any]],
+                              on_token: Callable[[int, int], bool]) -> list[dict[str, Any]]:
+        """All ``requests`` at once through the ContinuousBatchingPipeline (see the contract)."""
+        if self._cb is None:
+            if len(requests) > 1:
+                raise InputError("this decoder was loaded with slots=1; load it with slots > 1 for many sequences")
+            out: list[dict[str, Any]] = []
+            for ids, opts in requests:
+                out.append(self.generate_native(ids, opts, lambda t: on_token(0, t)))
+            return out
+        configs = [self._check(ids, opts) for ids, opts in requests]
+        handles = [self._cb.add_request(i, self._ids(ids), g)
+                   for i, ((ids, _), g) in enumerate(zip(requests, configs))]
+        live = set(range(len(handles)))
+        while live:
+            self._cb.step()
+            for i in sorted(live):
+                h = handles[i]
+                if h.can_read() and not self._deliver(i, h, on_token):
+                    h.stop()  # on_token said stop: nothing more goes to it
+                    live.discard(i)
+                elif str(h.get_status()).split(".")[-1] != "RUNNING":
+                    live.discard(i)
+            if not self._cb.has_non_finished_requests():
+                live.clear()
+        return [self._request_metrics(h) for h in handles]
+
+    @staticmethod
+    def _deliver(i: int, handle: Any, on_token: Callable[[int, int], bool]) -> bool:
+        for out in handle.read().values():
+            for t in out.generated_ids:
+                if not on_token(i, int(t)):
+                    return False
+        return True
+
+    def _request_metrics(self, handle: Any) -> dict[str, Any]:
+        try:
+            out = perf_metrics(handle.get_perf_metrics())
+        except Exception:
+            out = {}
+        m = self._cb.get_metrics()
+        out["kv_cache_usage_max"] = float(m.max_cache_usage)
+        return out
+
+    def release(self) -> None:
+        self._pipe = self._cb = None
+
+
+def decoder_fallback_category() -> type[Warning]:
+    from .backend import DeviceFallbackWarning
+
+    return DeviceFallbackWarning
+
+
+def _npuw_devices(props: dict[str, Any]) -> list[str]:
+    """Where the NPU pipeline's work runs: NPUW_DEVICES when set (e.g. the CPU stand-in), else the NPU."""
+    listed = str(props.get("NPUW_DEVICES", "NPU"))
+    return [d.strip() for d in listed.split(",") if d.strip()] or ["NPU"]
+
+
+class StepDecoder(Decoder):
+    """The stateful IR stepped by the core: one infer request (one KV state) per slot."""
+
+    backend_name = "openvino"
+
+    def __init__(self, path: Path, device: str, context: int, slots: int, cfg: decoder_config.DecoderConfig):
+        import openvino as ov
+
+        shape = model_shape(path)
+        core = ov.Core()
+        self._compiled = core.compile_model(core.read_model(path / decoder_export.IR), device, cfg.properties)
+        self._requests = [self._compiled.create_infer_request() for _ in range(slots)]
+        self.lengths = [0] * slots
+        super().__init__(context=context, vocab_size=shape["vocab"], slots=slots, device=device,
+                         kv_cache_bytes=kv_bytes(shape, context, cfg.kv_bytes) * slots)
+        try:
+            self.execution_devices = [str(d) for d in self._compiled.get_property("EXECUTION_DEVICES")]
+        except Exception:
+            self.execution_devices = []
+        self.fallback = fallback_warning(device, self.execution_devices)
+        if self.fallback:
+            warnings.warn(self.fallback, decoder_fallback_category(), stacklevel=5)
+
+    def _run(self, slot: int, ids: np.ndarray) -> np.ndarray:
+        n, start = int(ids.shape[0]), self.lengths[slot]
+        if start + n > self.context:
+            raise InputError(f"slot {slot}: {start + n} positions exceed the context of {self.context}")
+        feeds = {"input_ids": np.asarray(ids, dtype=np.int64)[None],
+                 "attention_mask": np.ones((1, start + n), np.int64),
+                 "position_ids": np.arange(start, start + n, dtype=np.int64)[None],
+                 "beam_idx": np.zeros(1, np.int32)}
+        out = self._requests[slot].infer(feeds)
+        self.lengths[slot] = start + n
+        return np.asarray(out[0][0, -1], dtype=np.float32)
+
+    def prefill(self, slot: int, token_ids: np.ndarray) -> np.ndarray:
+        return self._run(slot, token_ids)
+
+    def decode(self, slots: Sequence[int], token_ids: np.ndarray) -> np.ndarray:
+        return np.stack([self._run(s, token_ids[i : i + 1]) for i, s in enumerate(slots)])
+
+    def reset(self, slot: int) -> None:
+        self._requests[slot].reset_state()
+        self.lengths[slot] = 0
+
+    def release(self) -> None:
+        self._requests = []
+        self._compiled = None
+
+
+def default_scheme(fam: str) -> str:
+    """The format an HF directory is exported to when none is given: fp16 for the NPU, fp32 elsewhere."""
+    return "fp16" if fam == "NPU" else "fp32"
+
+
+def open_decoder(model: Path, device: str | None, context: int, slots: int, cache_root: Path,
+                 options: dict[str, Any]) -> Decoder:
+    import openvino as ov
+
+    npu_on_cpu = bool(options.get("npu_on_cpu"))
+    available = list(ov.Core().available_devices)
+    if npu_on_cpu and "NPU" not in [family(d) for d in available]:
+        available.append("NPU")  # the stand-in: the NPU plugin is there, its work goes to the CPU
+    dev = select_device(device, available)
+    fam = family(dev)
+    if fam not in ("CPU", "GPU", "NPU"):
+        raise InputError(f"decoders run on CPU, GPU or NPU, not {dev!r}")
+    cfg = decoder_config.parse(dict(options), fam, context)
+    if not model.is_dir():
+        raise ModelError(f"{model} is not a model directory (a Hugging Face decoder or an OpenVINO decoder export)")
+    path = model if decoder_export.is_ir(model) else _exported(model, cfg.scheme or default_scheme(fam),
+                                                                fam, context, cache_root)
+    if fam == "NPU":
+        _check_npu_weights(path)
+    if cfg.loop == "steps":
+        return StepDecoder(path, dev, context, slots, cfg)
+    return GenAIDecoder(path, dev, context, slots, cfg)
+
+
+def _check_npu_weights(path: Path) -> None:
+    mode = str(decoder_export.read_facts(path).get("weight_compression", {}).get("mode", ""))
+    if mode.startswith("int4_asym"):
+        raise InputError(f"{path.name} has asymmetric INT4 weights; the NPU takes only symmetric INT4: convert "
+                         "it again with target='npu' (edgeinfer deploy for an NPU board does)")
+
+
+def _exported(model: Path, scheme: str, fam: str, context: int, cache_root: Path) -> Path:
+    """``model`` converted to ``scheme`` (for ``fam``), once, in the cache."""
+    from edgeinfer.build import cache
+    from edgeinfer.contract.stamp import sha256_file
+
+    target = fam.lower()
+    entry = cache_root / "openvino-decoders" / cache.key({"source": sha256_file(model), "scheme": scheme,
+                                                          "target": target, "versions": decoder_export.versions()})
+    if cache.reusable(entry, lambda msg: None):
+        return entry
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    work = entry.with_name(entry.name + ".work")
+    decoder_export.convert(model, scheme, context, work, None, {"target": target}, cache_root)
+    cache.seal_entry(work)
+    shutil.rmtree(entry, ignore_errors=True)
+    work.rename(entry)
+    return entry

@@ -1,0 +1,244 @@
+"""Decoder (causal LM) export to a stateful OpenVINO IR, and its weight formats.
+
+The export is optimum-intel's (``optimum.exporters.openvino.main_export`` with
+``task="text-generation-with-past"``, https://github.com/huggingface/optimum-intel): one
+``openvino_model.xml`` whose KV cache is model state, plus the tokenizer and detokenizer
+as OpenVINO models (openvino-tokenizers), the layout ``openvino_genai.LLMPipeline`` reads.
+
+One fp32 export per source model is cached; the schemes derive from it:
+
+* ``fp32``: the export as is; ``fp16``: ``ov.save_model(compress_to_fp16=True)`` of it;
+* ``w8a16``: INT8 weight-only, per channel (asymmetric; symmetric for ``target="npu"``);
+* ``w4a16`` / ``w4a16_gN``: INT4 weight-only, ratio 1.0 (the embedding / head stay INT8 as NNCF
+  decides). ``target="npu"`` gets **symmetric** INT4, channel-wise above 1B weights, else group
+  128 (the NPU supports only symmetric 4-bit, https://github.com/openvinotoolkit/openvino/pull/27489);
+  CPU/GPU get optimum-intel's default asymmetric group 128.
+
+Quantization goes through ``OVModelForCausalLM.from_pretrained(ir, quantization_config=
+OVWeightQuantizationConfig(...))``; with calibration text, INT4 runs NNCF's data-aware AWQ and
+scale estimation. What NNCF recorded as having run (the IR's ``nncf/weight_compression`` rt_info)
+goes into the facts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from edgeinfer.errors import BackendUnavailableError, InputError, ModelError
+
+SCHEMES = ("fp32", "fp16", "w8a16", "w4a16", "w4a16_g32", "w4a16_g64", "w4a16_g128")
+TARGETS = ("cpu", "gpu", "npu")
+CONVERT_OPTIONS = {"target", "group_size", "num_samples"}
+IR = "openvino_model.xml"
+FACTS = "edgeinfer_decoder.json"
+#: models above this many parameters get channel-wise symmetric INT4 for the NPU
+CHANNELWISE_ABOVE = 1_000_000_000
+_KEEP = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+         "special_tokens_map.json", "chat_template.jinja", "openvino_tokenizer.xml", "openvino_tokenizer.bin",
+         "openvino_detokenizer.xml", "openvino_detokenizer.bin")
+
+
+def is_ir(path: Path) -> bool:
+    """An exported decoder: a directory with the stateful IR (and, from edgeinfer, its facts)."""
+    return path.is_dir() and (path / IR).is_file()
+
+
+def read_facts(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads((path / FACTS).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for dist in ("optimum-intel", "optimum", "openvino", "nncf", "openvino-tokenizers", "transformers"):
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:
+            out[dist] = "missing"
+    return out
+
+
+def _require_optimum() -> None:
+    if versions()["optimum-intel"] == "missing":
+        raise BackendUnavailableError(
+            "optimum-intel is not installed, so decoders cannot be exported to OpenVINO",
+            "pip install optimum-intel==2.2.0 optimum==2.3.0 --no-deps (see requirements-dev.txt for why --no-deps)",
+        )
+
+
+@contextlib.contextmanager
+def _quiet():
+    """optimum and NNCF print to stdout, which belongs to the CLI's answer (--json)."""
+    with contextlib.redirect_stdout(sys.stderr):
+        yield
+
+
+def check_convert(scheme: str, options: dict[str, Any]) -> tuple[str, int | None, int | None]:
+    unknown = sorted(set(options) - CONVERT_OPTIONS)
+    if unknown:
+        raise InputError(f"unknown option {unknown[0]!r} for openvino decoder conversion; known: "
+                         + ", ".join(sorted(CONVERT_OPTIONS)))
+    if scheme not in SCHEMES:
+        raise InputError(f"scheme {scheme!r} is not an OpenVINO decoder format; use one of {', '.join(SCHEMES)}")
+    target = str(options.get("target") or "cpu").lower()
+    if target not in TARGETS:
+        raise InputError(f"target must be one of {', '.join(TARGETS)}, got {target!r}")
+    group = options.get("group_size")
+    if "_g" in scheme:
+        group = int(scheme.rsplit("_g", 1)[1])
+    if group is not None and (isinstance(group, bool) or not isinstance(group, int) or group == 0 or group < -1):
+        raise InputError(f"group_size must be a positive integer or -1 (channel-wise), got {group!r}")
+    samples = options.get("num_samples")
+    if samples is not None and (not isinstance(samples, int) or samples < 1):
+        raise InputError(f"num_samples must be a positive integer, got {samples!r}")
+    return target, group, samples
+
+
+def base_export(model: Path, cache_root: Path) -> Path:
+    """The fp32 stateful IR of the Hugging Face causal LM ``model``, exported once and cached."""
+    from edgeinfer.build import cache
+    from edgeinfer.contract.stamp import sha256_file
+
+    if not (model / "config.json").is_file():
+        raise ModelError(f"{model} is not a Hugging Face model directory (no config.json) nor an OpenVINO decoder")
+    _require_optimum()
+    entry = cache_root / "openvino-decoders" / cache.key({"source": sha256_file(model), "stage": "fp32-export",
+                                                          "versions": versions()})
+    if cache.reusable(entry, lambda msg: print(msg, file=sys.stderr)):
+        return entry
+    from optimum.exporters.openvino import main_export
+    from optimum.intel.openvino.configuration import OVConfig
+
+    with tempfile.TemporaryDirectory(prefix="ov-export-") as tmp:
+        try:
+            with _quiet():
+                main_export(str(model), output=tmp, task="text-generation-with-past", library_name="transformers",
+                            ov_config=OVConfig(dtype="fp32"), convert_tokenizer=True)
+        except Exception as e:
+            raise ModelError(f"optimum-intel could not export {model.name} to OpenVINO: {_first_line(e)}") from e
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        cache.store(entry, Path(tmp))
+    return entry
+
+
+def weight_config(scheme: str, target: str, group: int | None, params: int,
+                  calibration: Sequence[str] | None, samples: int | None, tokenizer: Path) -> Any:
+    """optimum-intel's OVWeightQuantizationConfig for ``scheme`` on ``target``."""
+    from optimum.intel import OVWeightQuantizationConfig
+
+    sym = target == "npu"
+    data: dict[str, Any] = {}
+    if calibration:
+        data = {"dataset": list(calibration), "tokenizer": str(tokenizer),
+                "num_samples": samples or len(calibration)}
+    if scheme == "w8a16":
+        return OVWeightQuantizationConfig(bits=8, sym=sym, group_size=-1, **data)
+    if group is None:
+        group = -1 if sym and params > CHANNELWISE_ABOVE else 128
+    if calibration:
+        data.update(quant_method="awq", scale_estimation=True)
+    return OVWeightQuantizationConfig(bits=4, sym=sym, group_size=group, ratio=1.0, group_size_fallback="adjust",
+                                      **data)
+
+
+def convert(model: Path, scheme: str, context: int, out: Path, calibration: Sequence[str] | None,
+            options: dict[str, Any], cache_root: Path) -> dict[str, Any]:
+    """Write the ``scheme`` decoder for ``model`` to the directory ``out``; return its facts."""
+    target, group, samples = check_convert(scheme, dict(options))
+    if isinstance(calibration, str):
+        calibration = [calibration]
+    if calibration is not None and not all(isinstance(t, str) and t.strip() for t in calibration):
+        raise InputError("calibration for a decoder is a list of non-empty texts")
+    base = base_export(model, cache_root)
+    work = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent if out.parent.is_dir() else None))
+    try:
+        with _quiet():
+            compression = _write_scheme(base, work, scheme, target, group, calibration, samples, model)
+        facts = {"scheme": scheme, "target": target, "context": int(context), "weight_compression": compression,
+                 "export": "optimum-intel main_export text-generation-with-past (stateful)",
+                 "toolkit_version": f"openvino {versions()['openvino']}", "versions": versions()}
+        (work / FACTS).write_text(json.dumps(facts, indent=1))
+        shutil.rmtree(out, ignore_errors=True)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(work), str(out))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return facts
+
+
+def _write_scheme(base: Path, work: Path, scheme: str, target: str, group: int | None,
+                  calibration: Sequence[str] | None, samples: int | None, source: Path) -> dict[str, Any]:
+    import openvino as ov
+
+    for name in _KEEP:
+        if (base / name).is_file():
+            shutil.copy2(base / name, work / name)
+    if scheme in ("fp32", "fp16"):
+        m = ov.Core().read_model(base / IR)
+        ov.save_model(m, work / IR, compress_to_fp16=scheme == "fp16")
+        return {"method": "none", "weights": scheme}
+    from optimum.intel import OVModelForCausalLM
+
+    params = _parameter_count(source)
+    cfg = weight_config(scheme, target, group, params, calibration, samples, source)
+    try:
+        m = OVModelForCausalLM.from_pretrained(base, quantization_config=cfg, compile=False)
+        m.save_pretrained(work)
+    except Exception as e:
+        raise ModelError(f"NNCF weight compression ({scheme}) failed: {_first_line(e)}") from e
+    recorded = recorded_compression(work / IR)
+    recorded["data_aware"] = bool(calibration)
+    recorded["calibration_samples"] = len(calibration) if calibration else 0
+    return recorded
+
+
+def recorded_compression(xml: Path) -> dict[str, Any]:
+    """What NNCF wrote into the IR's rt_info about the weight compression that ran."""
+    import openvino as ov
+
+    info = ov.Core().read_model(xml).get_rt_info()
+    out: dict[str, Any] = {"method": "nncf.compress_weights"}
+    try:
+        wc = info["nncf"]["weight_compression"]
+        for k in ("mode", "group_size", "ratio", "awq", "scale_estimation", "gptq", "backup_mode", "all_layers"):
+            with contextlib.suppress(Exception):
+                out[k] = _plain(wc[k].astype(str))
+    except Exception:
+        pass
+    return out
+
+
+def _plain(s: str) -> Any:
+    low = s.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for cast in (int, float):
+        with contextlib.suppress(ValueError):
+            return cast(s)
+    return s
+
+
+def _parameter_count(model: Path) -> int:
+    try:
+        cfg = json.loads((model / "config.json").read_text())
+        h, layers, vocab = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
+        inter = cfg.get("intermediate_size", 4 * h)
+        return vocab * h + layers * (4 * h * h + 3 * h * inter)
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+def _first_line(e: BaseException) -> str:
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return lines[-1] if lines else type(e).__name__

@@ -1,0 +1,235 @@
+"""OpenVINO decoders on the CPU: GenAI's pipelines and the stepped stateful IR against the
+transformers fp32 reference, the weight formats, the NPU pipeline's logic on the CPU, and many
+sequences through the ContinuousBatchingPipeline.
+
+Absent hardware: no NPU here. Tests named ``npu_pipeline_on_cpu`` run the NPU's static LLM
+pipeline (NPUW) with ``NPUW_DEVICES=CPU`` — the NPU plugin's code, the CPU's arithmetic.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+
+import edgeinfer
+from edgeinfer.errors import InputError
+from edgeinfer.run.generation.golden import check, summary_line
+from edgeinfer.run.generation.options import GenerationOptions
+from edgeinfer.testing import DecoderConformance
+from edgeinfer.testing.decoder_conformance import PROMPTS, reference_greedy
+from edgeinfer.testing.llm import model_dir
+
+pytest.importorskip("openvino_genai")
+pytest.importorskip("optimum.intel")
+
+NEW = 32
+CALIBRATION = ["The licence grants permission to use, copy and modify the software.",
+               "Permission is hereby granted, free of charge, to any person obtaining a copy.",
+               "def main():\n    return 0\n"]
+
+
+@pytest.fixture(scope="session")
+def reference() -> dict[str, list[int]]:
+    from edgeinfer.run.generation.text import TextCodec
+
+    codec = TextCodec(model_dir())
+    return {p: reference_greedy(model_dir(), codec.encode(p), NEW) for p in PROMPTS}
+
+
+class TestOpenVinoDecoders(DecoderConformance):
+    backend_name = "openvino"
+    device = "CPU"
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def expected(cls, reference: dict[str, list[int]]) -> dict[str, list[int]]:
+        return reference  # the kit's own reference (transformers generate, fp32), computed once per session
+
+
+class TestOpenVinoSteppedDecoders(TestOpenVinoDecoders):
+    load_options = {"loop": "steps"}
+
+
+@pytest.fixture(scope="session")
+def ov_backend():
+    return edgeinfer.backend("openvino")
+
+
+@pytest.fixture(scope="session")
+def irs(tmp_path_factory, ov_backend) -> dict[str, tuple[Path, dict]]:
+    """Every decoder format of the test model, converted once per session (one cached fp32 export)."""
+    root = tmp_path_factory.mktemp("ov-decoders")
+    out = {}
+    for name, scheme, target, calib in (("fp32", "fp32", "cpu", None), ("fp16", "fp16", "npu", None),
+                                        ("w8a16", "w8a16", "cpu", None), ("w4a16", "w4a16", "cpu", None),
+                                        ("w4a16_npu", "w4a16", "npu", None),
+                                        ("w4a16_awq", "w4a16", "cpu", CALIBRATION)):
+        facts = ov_backend.convert_decoder(model_dir(), scheme, 128, root / name, calibration=calib, target=target)
+        out[name] = (root / name, facts)
+    return out
+
+
+def _tokens(gen, prompt: str) -> list[int]:
+    return gen.generate(prompt, max_new_tokens=NEW).token_ids
+
+
+@pytest.mark.parametrize("name", ["fp32", "fp16"])
+def test_lossless_ir_greedy_tokens_equal_transformers_fp32(irs, reference, name) -> None:
+    with edgeinfer.load(irs[name][0], backend="openvino", device="CPU", ctx=128) as gen:
+        for p in PROMPTS:
+            assert _tokens(gen, p) == reference[p], p
+        m = gen.generate(PROMPTS[0], max_new_tokens=NEW).metrics
+    assert m.ttft_ms > 0 and m.decode_tokens_per_s > 0 and m.tpot_ms_p50 is not None  # GenAI's own figures
+
+
+def test_fp16_ir_npu_pipeline_on_cpu_equals_transformers_fp32(irs, reference) -> None:
+    with pytest.warns(RuntimeWarning, match="asked for NPU"):  # the fallback is detected and said
+        gen = edgeinfer.load(irs["fp16"][0], backend="openvino", device="NPU", ctx=128, npu_on_cpu=True)
+    with gen:
+        assert gen.decoder.execution_devices == ["CPU"]
+        for p in PROMPTS:
+            assert _tokens(gen, p) == reference[p], p
+
+
+def test_int4_symmetric_ir_npu_pipeline_on_cpu(irs) -> None:
+    """The form a real NPU needs (symmetric INT4) passes the NPU pipeline run on the CPU, with the
+    tokens of the same IR on the CPU plugin."""
+    path, facts = irs["w4a16_npu"]
+    assert facts["weight_compression"]["mode"] == "int4_sym"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        npu = edgeinfer.load(path, backend="openvino", device="NPU", ctx=128, npu_on_cpu=True)
+    with npu, edgeinfer.load(path, backend="openvino", device="CPU", ctx=128) as cpu:
+        for p in PROMPTS[:2]:
+            assert _tokens(npu, p)[:8] == _tokens(cpu, p)[:8], p
+
+
+class _Recorded:
+    """The transformers reference generator, each (prompt, options) generated once per session."""
+
+    def __init__(self, gen):
+        self.gen, self.seen = gen, {}
+
+    def generate(self, prompt, options, **kw):
+        key = (prompt, repr(options), repr(sorted(kw.items())))
+        if key not in self.seen:
+            self.seen[key] = self.gen.generate(prompt, options, **kw)
+        return self.seen[key]
+
+
+@pytest.fixture(scope="session")
+def golden_reference():
+    with edgeinfer.load(model_dir(), ctx=128) as ref:
+        yield _Recorded(ref)
+
+
+@pytest.mark.parametrize("name", ["w8a16", "w4a16", "w4a16_awq"])
+def test_weight_compressed_irs_pass_the_decoder_golden_check(irs, golden_reference, name) -> None:
+    scheme = irs[name][1]["scheme"]
+    with edgeinfer.load(irs[name][0], backend="openvino", device="CPU", ctx=128, loop="steps") as got:
+        report = check(got, golden_reference, list(PROMPTS), NEW, scheme)
+    print(f"{name}: {summary_line(report)}")  # near-ties are reported in the line (pytest -s)
+    for row in report["rows"]:
+        if row["first_divergence"] is not None:
+            print(f"  {row['prompt']!r}: first divergence at {row['first_divergence']}, reference margin "
+                  f"{row['reference_margin_at_divergence']:.3f}, near-tie: {row['near_tie']}")
+    assert report["passed"], summary_line(report)
+
+
+def test_native_and_stepped_loops_agree_on_a_compressed_ir(irs) -> None:
+    path = irs["w4a16"][0]
+    with edgeinfer.load(path, backend="openvino", device="CPU", ctx=128) as native, \
+            edgeinfer.load(path, backend="openvino", device="CPU", ctx=128, loop="steps") as steps:
+        assert native.decoder.native_loop and not steps.decoder.native_loop
+        for p in PROMPTS:
+            assert _tokens(native, p) == _tokens(steps, p), p
+
+
+def test_conversion_facts_say_what_ran(irs) -> None:
+    npu, cpu, awq = (irs[n][1]["weight_compression"] for n in ("w4a16_npu", "w4a16", "w4a16_awq"))
+    assert (npu["mode"], npu["group_size"]) == ("int4_sym", 128)  # the NPU needs symmetric INT4
+    assert (cpu["mode"], cpu["group_size"]) == ("int4_asym", 128)
+    assert cpu["awq"] is False and cpu["scale_estimation"] is False and not cpu["data_aware"]
+    assert awq["awq"] is True and awq["scale_estimation"] is True and awq["calibration_samples"] == 3
+    assert irs["w8a16"][1]["weight_compression"]["mode"] == "int8_asym"
+    assert irs["fp16"][1]["target"] == "npu" and irs["fp32"][1]["context"] == 128
+
+
+def test_many_sequences_through_continuous_batching(ov_backend, reference) -> None:
+    from edgeinfer.run.generation.text import TextCodec
+
+    codec = TextCodec(model_dir())
+    d = ov_backend.load_decoder(model_dir(), device="CPU", context=128, slots=4)
+    try:
+        assert d.slots == 4 and d.kv_cache_bytes == 4 * 2 * 2 * 64 * 128 * 4 * 4  # 4 slots × 128 positions, f32
+        got: dict[int, list[int]] = {0: [], 1: [], 2: []}
+
+        def on_token(i: int, tok: int) -> bool:
+            got[i].append(tok)
+            return not (i == 2 and len(got[2]) >= 5)  # request 2 is stopped after 5 tokens
+
+        opts = GenerationOptions(max_new_tokens=NEW)
+        metrics = d.generate_native_batch([(codec.encode(p), opts) for p in PROMPTS], on_token)
+    finally:
+        d.close()
+    assert got[0] == reference[PROMPTS[0]] and got[1] == reference[PROMPTS[1]]
+    assert got[2] == reference[PROMPTS[2]][:5]
+    assert len(metrics) == 3 and all(m["ttft_ms"] > 0 for m in metrics)
+
+
+def test_npu_static_pipeline_config_comes_from_the_context() -> None:
+    from edgeinfer_openvino.decoder_config import npu_properties
+
+    assert npu_properties({}, 1024) == {"MAX_PROMPT_LEN": 896, "MIN_RESPONSE_LEN": 128}
+    assert npu_properties({}, 128) == {"MAX_PROMPT_LEN": 96, "MIN_RESPONSE_LEN": 32}
+    with pytest.raises(InputError, match="exceed the context"):
+        npu_properties({"max_prompt_len": 120, "min_response_len": 16}, 128)
+
+
+def test_prompt_longer_than_the_npu_prompt_length_is_an_input_error(irs) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        gen = edgeinfer.load(irs["fp16"][0], backend="openvino", device="NPU", ctx=64, npu_on_cpu=True)
+    with gen, pytest.raises(InputError, match="MAX_PROMPT_LEN"):
+        gen.generate_ids(list(range(3, 3 + 56)), GenerationOptions(max_new_tokens=2))  # 56 > 48 = 64 - 64 // 4
+
+
+@pytest.mark.parametrize("options, match", [
+    ({"npu_on_cpu": True, "npu_config": {"NPUW_LLM_OPTIMIZE_V_TENSOR": "NO"}}, "unknown NPU property"),
+    ({"npu_on_cpu": True, "max_prompt_length": 64}, "unknown option 'max_prompt_length'"),
+    ({"npu_on_cpu": True, "threads": 2}, "does not apply to the NPU"),
+])
+def test_option_typos_on_the_npu_path_are_input_errors(irs, options, match) -> None:
+    with pytest.raises(InputError, match=match):
+        edgeinfer.backend("openvino").load_decoder(irs["fp16"][0], device="NPU", context=64, **options)
+
+
+def test_cpu_option_typos_are_input_errors(irs) -> None:
+    be = edgeinfer.backend("openvino")
+    with pytest.raises(InputError, match="kv_precision"):
+        be.load_decoder(irs["fp32"][0], device="CPU", context=64, kv_precision="int3")
+    with pytest.raises(InputError, match="is for NPU decoders"):
+        be.load_decoder(irs["fp32"][0], device="CPU", context=64, min_response_len=8)
+    with pytest.raises(InputError, match="not an OpenVINO decoder format"):
+        be.convert_decoder(model_dir(), "w3a16", 64, irs["fp32"][0].parent / "bad")
+
+
+def test_asymmetric_int4_is_refused_for_the_npu(irs) -> None:
+    with pytest.raises(InputError, match="symmetric INT4"):
+        edgeinfer.backend("openvino").load_decoder(irs["w4a16"][0], device="NPU", context=64, npu_on_cpu=True)
+
+
+def test_generation_options_become_genai_generation_config() -> None:
+    import openvino_genai as og
+    from edgeinfer_openvino.decoder import generation_config
+
+    opts = GenerationOptions(max_new_tokens=7, temperature=0.7, top_k=11, top_p=0.9, repetition_penalty=1.3,
+                             seed=42, eos_token_ids=(2, 0))
+    g = generation_config(og.GenerationConfig(), opts)
+    assert (g.max_new_tokens, g.do_sample, g.top_k, g.rng_seed) == (7, True, 11, 42)
+    assert g.temperature == pytest.approx(0.7) and g.top_p == pytest.approx(0.9)
+    assert g.repetition_penalty == pytest.approx(1.3) and g.stop_token_ids == {0, 2} and not g.ignore_eos
+    greedy = generation_config(og.GenerationConfig(), GenerationOptions(max_new_tokens=3, ignore_eos=True))
+    assert not greedy.do_sample and greedy.ignore_eos
