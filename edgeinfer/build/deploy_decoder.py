@@ -112,7 +112,9 @@ def deploy_decoder(
     with files.temp_dir(outdir.tmp_parent(out_dir), "deploy") as tmp:
         work = tmp / "bundle"
         work.mkdir()
-        cached = converted(backend, hf_dir, scheme, context, calibration, options or {}, facts, work, progress,
+        # like the encoder deploy, every backend is told the board's target (cpu/gpu/npu, a chip name ...)
+        convert_options = {"target": facts["target"], **(options or {})}
+        cached = converted(backend, hf_dir, scheme, context, calibration, convert_options, facts, work, progress,
                            use_cache)
         copy_text_files(hf_dir, work / decoder_bundle.TOKENIZER)
 

@@ -49,6 +49,7 @@ class AscendBackend(Backend):
     native_suffixes = (".ascend",)
     source_formats = ("hf", "pt2")
     schemes = ("fp32", "fp16", "bf16", "w8a16")
+    decoder_schemes = ("fp16", "bf16", "fp32", "w8a16")  # fp16 first: the one dtype 310P and 910B share
     default_scheme = "fp32"
     gaps: dict[str, str] = {}
     convert_options = CONVERT_OPTIONS

@@ -209,6 +209,7 @@ class OnnxRuntimeBackend(Backend):
 
         from .decoder import convert
 
+        options.pop("target", None)  # a CPU model runs on any target
         if options:
             raise InputError(f"unknown option {sorted(options)[0]!r} for onnxruntime decoder conversion")
         # calibration is not used: the builder's int4 is round-to-nearest per block, data-free

@@ -474,6 +474,7 @@ class OpenVinoBackend(Backend):
     name = "openvino"
     native_suffixes = (".xml",)
     schemes = ("fp32", "fp16", "w8a8", "w8a16", "w4a16", "w4a16_g32", "w4a16_g64", "w4a16_g128")
+    decoder_schemes = ("fp16", "fp32", "w8a16", "w4a16")  # decoder_export.SCHEMES; fp16 first: lossless on CPU
     default_scheme = "fp32"
     gaps: dict[str, str] = {}
     convert_options = CONVERT_OPTIONS
