@@ -290,7 +290,7 @@ def check_golden(hf_dir: Path, work: Path, backend: Backend, scheme: str, contex
                                          "tokens", total=len(prompts)):
             recorded += golden.record(reference, [p], n)
     with progress.step(f"golden check on {backend.name}"):
-        decoder = backend.load_decoder(work / decoder_bundle.ARTIFACT, context=context)
+        decoder = backend.load_decoder(work / decoder_bundle.ARTIFACT, context=context, **backend.logits_options)
         with Generator(decoder, codec) as candidate:
             report = judge(candidate, recorded, n, scheme, golden.thresholds_for(scheme), threshold)
     return report, recorded
@@ -320,7 +320,8 @@ def golden_bundle(path: str | os.PathLike[str], device: str | None = None,
     except (KeyError, TypeError):
         pass  # a bundle without its report: the scheme's thresholds
     n = before.get("new_tokens") or max(len(r.token_ids) for r in recorded)
-    with decoder_bundle.open_generator(b, device=device) as candidate:
+    backend = plugins.get_backend(b.manifest.backend)
+    with decoder_bundle.open_generator(b, device=device, **backend.logits_options) as candidate:
         report = judge(candidate, recorded, int(n), b.manifest.scheme, t, min_cosine)
     report["bundle"] = str(b.path)
     return report

@@ -280,6 +280,9 @@ class Backend:
     open_options: ClassVar[tuple[str, ...]] = ()
     #: schemes :meth:`convert_decoder` produces, the preferred (deploy's default) first
     decoder_schemes: ClassVar[tuple[str, ...]] = ()
+    #: load options that make :meth:`open_decoder` give step primitives (logits) when its default is a
+    #: native loop: the decoder golden check compares logits
+    logits_options: ClassVar[dict[str, Any]] = {}
 
     #: a backend implements ``probe`` and at least one of these capabilities
     REQUIRED = ("probe",)
@@ -407,6 +410,10 @@ class Backend:
         except Exception as e:
             _remove([out])
             raise ModelError(f"{self.name} could not convert {model.name} to {scheme}: {first_line(e)}") from e
+        own = {"scheme": scheme, "context": context}  # what the core stamps itself; a backend may repeat it
+        clash = [k for k in own if k in facts and facts.pop(k) != own[k]]
+        if clash:
+            raise BackendError(f"{self.name} convert_decoder reported {clash[0]} different from the one asked")
         stamp.write(out, backend=self, scheme=scheme, source=model, context=context, **facts)
         return out
 
