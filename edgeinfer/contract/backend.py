@@ -450,6 +450,10 @@ class Backend:
         for name, value in (("context", context), ("slots", slots)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InputError(f"{name} must be a positive integer, got {value!r}")
+        built = (stamp.read(path) or {}).get("context")  # an artifact of convert_decoder: its context is a limit
+        if isinstance(built, int) and context > built:
+            raise InputError(f"{path.name} was converted for a context of {built} tokens, not {context}; use "
+                             f"{built} or less, or convert again for {context}")
         return self._opened(f"the decoder in {path.name}", self.open_decoder, path, device, context, slots, **options)
 
     def _opened(self, what: str, open_fn: Any, *args: Any, **options: Any) -> Any:
