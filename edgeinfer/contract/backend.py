@@ -280,6 +280,10 @@ class Backend:
     open_options: ClassVar[tuple[str, ...]] = ()
     #: schemes :meth:`convert_decoder` produces, the preferred (deploy's default) first
     decoder_schemes: ClassVar[tuple[str, ...]] = ()
+    #: the ``**options`` :meth:`open_decoder` / :meth:`convert_decoder` take; the core refuses any other.
+    #: deploy passes every backend ``target`` (the board's) when it converts a decoder
+    decoder_options: ClassVar[tuple[str, ...]] = ()
+    decoder_convert_options: ClassVar[tuple[str, ...]] = ("target",)
     #: load options that make :meth:`open_decoder` give step primitives (logits) when its default is a
     #: native loop: the decoder golden check compares logits
     logits_options: ClassVar[dict[str, Any]] = {}
@@ -396,11 +400,11 @@ class Backend:
         if not self.capable("decoder_deploy"):
             raise BackendUnavailableError(f"backend {self.name!r} cannot convert decoder (language) models: it "
                                           "implements no convert_decoder", "deploy for a board whose backend does")
-        parsed = normalize_scheme(scheme)
-        scheme = parsed.name
-        if parsed.family not in self.decoder_schemes:
+        scheme, family = normalize_scheme(scheme).name, normalize_scheme(scheme).family
+        if family not in self.decoder_schemes:
             raise InputError(f"backend {self.name!r} cannot convert decoders to {scheme!r}; it supports: "
                              f"{', '.join(self.decoder_schemes)}")
+        check_options(options, self.decoder_convert_options, f"backend {self.name!r} decoder conversion")
         out.mkdir(parents=True)
         try:
             facts = self.convert_decoder(model, scheme, context, out, calibration, **options)
@@ -411,9 +415,8 @@ class Backend:
             _remove([out])
             raise ModelError(f"{self.name} could not convert {model.name} to {scheme}: {first_line(e)}") from e
         own = {"scheme": scheme, "context": context}  # what the core stamps itself; a backend may repeat it
-        clash = [k for k in own if k in facts and facts.pop(k) != own[k]]
-        if clash:
-            raise BackendError(f"{self.name} convert_decoder reported {clash[0]} different from the one asked")
+        if any(facts.pop(k) != v for k, v in own.items() if k in facts):
+            raise BackendError(f"{self.name} convert_decoder reported another scheme or context than asked")
         stamp.write(out, backend=self, scheme=scheme, source=model, context=context, **facts)
         return out
 
@@ -450,6 +453,7 @@ class Backend:
         for name, value in (("context", context), ("slots", slots)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InputError(f"{name} must be a positive integer, got {value!r}")
+        check_options(options, self.decoder_options, f"backend {self.name!r} decoder")
         built = (stamp.read(path) or {}).get("context")  # an artifact of convert_decoder: its context is a limit
         if isinstance(built, int) and context > built:
             raise InputError(f"{path.name} was converted for a context of {built} tokens, not {context}; use "

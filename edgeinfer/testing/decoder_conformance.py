@@ -147,6 +147,14 @@ class DecoderConformance:
 
     # --- deploying decoders (the "decoder_deploy" capability), when the backend has it -------------
 
+    def test_unknown_convert_option_is_an_input_error(self, backend: Backend, tmp_path: Path) -> None:
+        if not type(backend).capable("decoder_deploy"):
+            pytest.skip(f"{self.backend_name} does not convert decoders (no convert_decoder)")
+        with pytest.raises(InputError, match="unknown option 'no_such_option'"):
+            scheme = backend.decoder_schemes[0]
+            backend.quantize_decoder(self.model_dir(), scheme, 16, tmp_path / "d", no_such_option=1)
+        assert not (tmp_path / "d").exists()  # refused before anything was written
+
     def test_converted_decoder_opens_and_keeps_its_context(self, backend: Backend, expected: dict,
                                                            tmp_path_factory: pytest.TempPathFactory) -> None:
         """``convert_decoder`` writes an artifact ``open_decoder`` takes: the same greedy tokens (lossless

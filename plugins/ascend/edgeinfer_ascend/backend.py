@@ -50,6 +50,9 @@ class AscendBackend(Backend):
     source_formats = ("hf", "pt2")
     schemes = ("fp32", "fp16", "bf16", "w8a16")
     decoder_schemes = ("fp16", "bf16", "fp32", "w8a16")  # fp16 first: the one dtype 310P and 910B share
+    decoder_options = ("scheme", "dtype", "board", "compile", "compile_mode", "prefill_buckets", "warmup", "fused",
+                       "threads", "progress")
+    decoder_convert_options = ("target", "board", "dtype", "prefill_buckets")
     default_scheme = "fp32"
     gaps: dict[str, str] = {}
     convert_options = CONVERT_OPTIONS

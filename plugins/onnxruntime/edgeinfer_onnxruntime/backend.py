@@ -122,6 +122,7 @@ class OnnxRuntimeBackend(Backend):
     schemes = ("fp32", "fp16", "w8a8")
     default_scheme = "fp32"
     decoder_schemes = ("fp32", "w4a16")
+    decoder_options = ("precision", "threads")
     gaps: dict[str, str] = {}
     # deploy passes every backend the board's target and the shapes it exported with: a CPU model runs on any
     # target and keeps its own (dynamic) shapes, so both are accepted and change nothing
@@ -210,8 +211,6 @@ class OnnxRuntimeBackend(Backend):
         from .decoder import convert
 
         options.pop("target", None)  # a CPU model runs on any target
-        if options:
-            raise InputError(f"unknown option {sorted(options)[0]!r} for onnxruntime decoder conversion")
         # calibration is not used: the builder's int4 is round-to-nearest per block, data-free
         return convert(model, scheme, context, out, normalize_scheme(scheme).group_size)
 

@@ -213,8 +213,6 @@ class OnnxRuntimeDecoder(Decoder):
 def open_decoder(model: Path, context: int, slots: int, cache_root: Path, options: dict[str, Any]) -> Decoder:
     precision = options.pop("precision", "fp32")
     threads = options.pop("threads", None)
-    if options:
-        raise InputError(f"unknown option {sorted(options)[0]!r} for onnxruntime decoders; known: precision, threads")
     if not model.is_dir():
         raise ModelError(f"{model} is not a model directory (a Hugging Face decoder or onnxruntime-genai output)")
     built = model if is_built(model) else build(model, cache_root, precision)

@@ -39,6 +39,7 @@ from edgeinfer.contract.helpers import first_line, package_version
 from edgeinfer.contract.onnx_io import onnx_io
 from edgeinfer.errors import BackendError, EdgeInferError, InputError, ModelError
 
+from . import decoder_config, decoder_export
 from .devices import clean, cpu_model_name, diagnose, fallback_warning, family, requested_primary, select_device
 
 log = logging.getLogger("edgeinfer.openvino")
@@ -475,6 +476,8 @@ class OpenVinoBackend(Backend):
     native_suffixes = (".xml",)
     schemes = ("fp32", "fp16", "w8a8", "w8a16", "w4a16", "w4a16_g32", "w4a16_g64", "w4a16_g128")
     decoder_schemes = ("fp16", "fp32", "w8a16", "w4a16")  # decoder_export.SCHEMES; fp16 first: lossless on CPU
+    decoder_options = decoder_config.OPTIONS
+    decoder_convert_options = decoder_export.CONVERT_OPTIONS
     logits_options = {"loop": "steps"}  # the golden check steps the IR through ov.Core (GenAI gives no logits)
     default_scheme = "fp32"
     gaps: dict[str, str] = {}

@@ -41,14 +41,13 @@ class TransformersBackend(Backend):
     def versions(self) -> dict[str, str]:
         return {"toolkit": version("transformers")}
 
+    decoder_options = ("dtype", "threads")
+
     def open_decoder(self, model: Path, device: str | None, context: int, slots: int, **options: Any) -> Decoder:
         if device not in (None, "", "cpu", "CPU"):
             raise InputError(f"the transformers reference runs on CPU only, not {device!r}; omit --device")
         dtype = options.pop("dtype", "float32")
         threads = options.pop("threads", None)
-        if options:
-            raise InputError(f"unknown option {sorted(options)[0]!r} for backend 'transformers'; known: dtype, "
-                             "threads")
         if dtype not in DTYPES:
             raise InputError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
         if not (model.is_dir() and (model / "config.json").is_file()):
