@@ -25,10 +25,11 @@ if TYPE_CHECKING:  # numpy is imported where arrays are handled, so `edgeinfer p
 
 from edgeinfer.contract import stamp
 from edgeinfer.contract.helpers import check_options, first_line, slowest_first
+from edgeinfer.contract.tensors import TensorSpec, validate_feeds  # re-exported: the contract's public names
 from edgeinfer.errors import BackendError, BackendUnavailableError, EdgeInferError, FeedError, InputError, ModelError
 from edgeinfer.planning.quant import normalize_scheme
-from edgeinfer.contract.tensors import Dim, TensorSpec, validate_feeds  # re-exported: the contract's public names
 from edgeinfer.run.measure import latency_stats, peak_rss_bytes  # re-exported: plugins import them from here
+
 
 @dataclass(frozen=True)
 class Problem:
