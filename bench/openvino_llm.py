@@ -9,6 +9,11 @@ Same model, same machine, one run, greedy, ``ignore_eos`` so every request makes
   both with the same properties (1 inference thread, f32 inference precision, f32 KV cache).
   Reported: end-to-end tokens/s (new tokens / wall time of the request, measured outside both) and
   GenAI's own decode tokens/s; ``edgeinfer_overhead`` = 1 − edgeinfer / raw (end-to-end);
+  ``edgeinfer_cpu_overhead`` = edgeinfer's process CPU time per token / raw's − 1 (CPU seconds the
+  process spent, all threads: less sensitive than wall time to other jobs on a shared machine);
+  ``--overhead-only`` adds ``edgeinfer_own_time_share``: edgeinfer's own part of its requests' wall time
+  (outside ``LLMPipeline.generate`` plus its per-token callback inside), a decomposition of the same
+  requests that other jobs on the machine cannot blur;
   ``plugin_overhead`` the same for the plugin's ``generate_native`` called directly (no core loop:
   no detokenizer, stop strings or consumer thread). The three run
   interleaved, request by request, with fresh prompts (no KV prefix reuse), median of the runs.
@@ -103,9 +108,12 @@ def _interleaved(fns: dict, ids_list) -> dict:
     for r in range(REPEAT):
         for k, ids in enumerate(ids_list):
             for name, fn in fns.items():
-                runs[name].append(fn(_prompt(len(ids), salt=1 + r * 10 + k)))
+                c0 = time.process_time()
+                rate, genai = fn(_prompt(len(ids), salt=1 + r * 10 + k))
+                runs[name].append((rate, genai, (time.process_time() - c0) / NEW_TOKENS))
     return {name: {"end_to_end_tokens_per_s": statistics.median(x[0] for x in rs),
-                   "genai_decode_tokens_per_s": statistics.median(x[1] for x in rs), "runs": len(rs)}
+                   "genai_decode_tokens_per_s": statistics.median(x[1] for x in rs),
+                   "cpu_ms_per_token": 1e3 * statistics.median(x[2] for x in rs), "runs": len(rs)}
             for name, rs in runs.items()}
 
 
@@ -175,6 +183,7 @@ def run_model(model_dir: Path, label: str, work: Path) -> dict:
         del pipe
         overhead = 1 - ei["end_to_end_tokens_per_s"] / raw["end_to_end_tokens_per_s"]
         result["formats"][fmt] = {"raw LLMPipeline": raw, "edgeinfer": ei, "edgeinfer_overhead": overhead,
+                                  "edgeinfer_cpu_overhead": ei["cpu_ms_per_token"] / raw["cpu_ms_per_token"] - 1,
                                   "edgeinfer decoder only": both["edgeinfer decoder only"],
                                   "plugin_overhead": 1 - both["edgeinfer decoder only"]["end_to_end_tokens_per_s"]
                                   / raw["end_to_end_tokens_per_s"],
@@ -242,10 +251,86 @@ def plot(results: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=80)
 
 
+class _OwnTime:
+    """Splits an edgeinfer request's wall time into the runtime's ``LLMPipeline.generate`` call and
+    edgeinfer's own work: everything outside that call plus edgeinfer's per-token callback inside it.
+    A decomposition of the same requests, so other jobs on the machine do not blur it as they blur
+    the comparison of separate runs."""
+
+    def __init__(self, decoder) -> None:
+        self.total = self.runtime = self.callbacks = 0.0
+        pipe, native = decoder._pipe, decoder.generate_native
+
+        class Timed:
+            def generate(_self, *a):
+                t = time.perf_counter()
+                try:
+                    return pipe.generate(*a)
+                finally:
+                    self.runtime += time.perf_counter() - t
+
+        def generate_native(ids, options, on_token):
+            def timed(tok):
+                t = time.perf_counter()
+                try:
+                    return on_token(tok)
+                finally:
+                    self.callbacks += time.perf_counter() - t
+            return native(ids, options, timed)
+
+        decoder._pipe, decoder.generate_native = Timed(), generate_native
+
+    def run(self, fn, gen, ids):
+        t = time.perf_counter()
+        try:
+            return fn(gen, ids)
+        finally:
+            self.total += time.perf_counter() - t
+
+    def share(self) -> float:
+        return (self.total - self.runtime + self.callbacks) / self.total
+
+
+def overhead_only(repeat: int) -> None:
+    import openvino_genai as og
+
+    import edgeinfer
+    from edgeinfer.testing.llm import model_dir
+
+    global REPEAT
+    REPEAT = repeat
+    be, formats = edgeinfer.backend("openvino"), {}
+    ids_list = [_prompt(8), _prompt(24)]
+    with tempfile.TemporaryDirectory(prefix="bench-ov-llm-") as tmp:
+        for fmt in FORMATS:
+            path = Path(tmp) / fmt
+            be.convert_decoder(model_dir(), fmt, CTX, path, target="cpu")
+            pipe = og.LLMPipeline(str(path), "CPU", **PROPS)
+            with edgeinfer.load(path, backend="openvino", device="CPU", ctx=CTX, **OPTIONS) as gen:
+                own = _OwnTime(gen.decoder)
+                both = _interleaved({"raw LLMPipeline": lambda ids, p=pipe: _raw_rate(p, ids),
+                                     "edgeinfer": lambda ids, g=gen: own.run(_edgeinfer_rate, g, ids)}, ids_list)
+            raw, ei = both["raw LLMPipeline"], both["edgeinfer"]
+            wall = 1 - ei["end_to_end_tokens_per_s"] / raw["end_to_end_tokens_per_s"]
+            formats[fmt] = {**both, "edgeinfer_overhead": wall,
+                            "edgeinfer_cpu_overhead": ei["cpu_ms_per_token"] / raw["cpu_ms_per_token"] - 1,
+                            "edgeinfer_own_time_share": own.share()}
+            print(f"{fmt}: wall overhead {wall:.1%}, CPU-time overhead {formats[fmt]['edgeinfer_cpu_overhead']:.1%}, "
+                  f"edgeinfer's own share of the request time {own.share():.2%}", file=sys.stderr)
+    write("openvino_llm_overhead", {"model": "tiny-qwen3 (trained, 4 layers)", "new_tokens": NEW_TOKENS,
+                                    "repeat": repeat, "formats": formats,
+                                    "note": "CPU only, 1 inference thread; interleaved request by request"})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tiny-only", action="store_true", help="skip the random-init ~200 M model")
+    ap.add_argument("--overhead-only", type=int, metavar="REPEAT",
+                    help="only edgeinfer vs raw LLMPipeline on the test model, REPEAT rounds; writes "
+                         "openvino_llm_overhead.json")
     args = ap.parse_args()
+    if args.overhead_only:
+        return overhead_only(args.overhead_only)
     from edgeinfer.testing.llm import model_dir, random_qwen3
 
     with tempfile.TemporaryDirectory(prefix="bench-ov-llm-") as tmp:
