@@ -11,9 +11,9 @@ Same model, same machine, one run, greedy, ``ignore_eos`` so every request makes
   GenAI's own decode tokens/s; ``edgeinfer_overhead`` = 1 − edgeinfer / raw (end-to-end);
   ``edgeinfer_cpu_overhead`` = edgeinfer's process CPU time per token / raw's − 1 (CPU seconds the
   process spent, all threads: less sensitive than wall time to other jobs on a shared machine);
-  ``--overhead-only`` adds ``edgeinfer_own_time_share``: edgeinfer's own part of its requests' wall time
-  (outside ``LLMPipeline.generate`` plus its per-token callback inside), a decomposition of the same
-  requests that other jobs on the machine cannot blur;
+  ``--overhead-only`` adds ``edgeinfer_own_time_share``: edgeinfer's own part of its requests' CPU time
+  (the caller's CPU outside ``LLMPipeline.generate`` plus its per-token callback's CPU inside), a
+  decomposition of the same requests that other jobs on the machine cannot blur;
   ``plugin_overhead`` the same for the plugin's ``generate_native`` called directly (no core loop:
   no detokenizer, stop strings or consumer thread). The three run
   interleaved, request by request, with fresh prompts (no KV prefix reuse), median of the runs.
@@ -252,43 +252,44 @@ def plot(results: list[dict], path: Path) -> None:
 
 
 class _OwnTime:
-    """Splits an edgeinfer request's wall time into the runtime's ``LLMPipeline.generate`` call and
-    edgeinfer's own work: everything outside that call plus edgeinfer's per-token callback inside it.
-    A decomposition of the same requests, so other jobs on the machine do not blur it as they blur
-    the comparison of separate runs."""
+    """Splits the CPU time of edgeinfer's requests into the runtime's and edgeinfer's own: the calling
+    thread's CPU outside ``LLMPipeline.generate`` plus the CPU of edgeinfer's per-token callback inside
+    it, over the process's CPU for the whole request. A decomposition of the same requests in CPU
+    seconds, so other jobs on the machine (which steal wall time, not CPU time) do not blur it."""
 
     def __init__(self, decoder) -> None:
-        self.total = self.runtime = self.callbacks = 0.0
+        self.total = self.in_runtime = self.callbacks = self.caller = 0.0
         pipe, native = decoder._pipe, decoder.generate_native
 
         class Timed:
             def generate(_self, *a):
-                t = time.perf_counter()
+                t = time.thread_time()
                 try:
                     return pipe.generate(*a)
                 finally:
-                    self.runtime += time.perf_counter() - t
+                    self.in_runtime += time.thread_time() - t
 
         def generate_native(ids, options, on_token):
             def timed(tok):
-                t = time.perf_counter()
+                t = time.thread_time()
                 try:
                     return on_token(tok)
                 finally:
-                    self.callbacks += time.perf_counter() - t
+                    self.callbacks += time.thread_time() - t
             return native(ids, options, timed)
 
         decoder._pipe, decoder.generate_native = Timed(), generate_native
 
     def run(self, fn, gen, ids):
-        t = time.perf_counter()
+        t, c = time.thread_time(), time.process_time()
         try:
             return fn(gen, ids)
         finally:
-            self.total += time.perf_counter() - t
+            self.caller += time.thread_time() - t
+            self.total += time.process_time() - c
 
     def share(self) -> float:
-        return (self.total - self.runtime + self.callbacks) / self.total
+        return (self.caller - self.in_runtime + self.callbacks) / self.total
 
 
 def overhead_only(repeat: int) -> None:
@@ -316,7 +317,7 @@ def overhead_only(repeat: int) -> None:
                             "edgeinfer_cpu_overhead": ei["cpu_ms_per_token"] / raw["cpu_ms_per_token"] - 1,
                             "edgeinfer_own_time_share": own.share()}
             print(f"{fmt}: wall overhead {wall:.1%}, CPU-time overhead {formats[fmt]['edgeinfer_cpu_overhead']:.1%}, "
-                  f"edgeinfer's own share of the request time {own.share():.2%}", file=sys.stderr)
+                  f"edgeinfer's own share of the requests' CPU time {own.share():.2%}", file=sys.stderr)
     write("openvino_llm_overhead", {"model": "tiny-qwen3 (trained, 4 layers)", "new_tokens": NEW_TOKENS,
                                     "repeat": repeat, "formats": formats,
                                     "note": "CPU only, 1 inference thread; interleaved request by request"})

@@ -12,6 +12,7 @@ Token ids go in as ``ov.Tensor``, so GenAI's tokenizer is never used for prompts
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import shutil
@@ -68,6 +69,19 @@ def generation_config(base: Any, options: Any) -> Any:
     return g
 
 
+def _percentiles(values: list[float], *qs: float) -> tuple[float, ...]:
+    """numpy's default (linear) percentiles, in plain Python: a request's few hundred values do not
+    repay numpy's per-call cost."""
+    v = sorted(values)
+    out = []
+    for q in qs:
+        k = (len(v) - 1) * q / 100
+        lo = int(k)
+        hi = min(lo + 1, len(v) - 1)
+        out.append(float(v[lo] + (v[hi] - v[lo]) * (k - lo)))
+    return tuple(out)
+
+
 def perf_metrics(pm: Any) -> dict[str, Any]:
     """GenAI's PerfMetrics in edgeinfer's metric names (GenAI reports ms; raw durations in µs)."""
     ttft = float(pm.get_ttft().mean)
@@ -78,28 +92,37 @@ def perf_metrics(pm: Any) -> dict[str, Any]:
                            "prefill_tokens_per_s": pm.get_num_input_tokens() / (ttft / 1e3) if ttft > 0 else 0.0,
                            "generated_tokens": int(pm.get_num_generated_tokens())}
     if durations:
-        out["tpot_ms_p50"] = float(np.percentile(durations, 50))
-        out["tpot_ms_p99"] = float(np.percentile(durations, 99))
+        out["tpot_ms_p50"], out["tpot_ms_p99"] = _percentiles(durations, 50, 99)
     return out
 
 
-def _streamer(on_token: Callable[[int], bool], seen: list[int]) -> Any:
+@functools.cache
+def _streamer_class() -> type:
     import openvino_genai as og
 
+    running, stop = og.StreamingStatus.RUNNING, og.StreamingStatus.STOP
+
     class Streamer(og.StreamerBase):
-        stopped = False
+        def __init__(self, on_token: Callable[[int], bool], seen: list[int]):
+            super().__init__()
+            self.on_token, self.seen, self.stopped = on_token, seen, False
 
         def write(self, token: Any) -> Any:
-            for t in token if isinstance(token, list) else [token]:
-                seen.append(int(t))
-                if not on_token(int(t)):
+            for t in token if isinstance(token, list) else (token,):
+                t = int(t)
+                self.seen.append(t)
+                if not self.on_token(t):
                     self.stopped = True
-            return og.StreamingStatus.STOP if self.stopped else og.StreamingStatus.RUNNING
+            return stop if self.stopped else running
 
         def end(self) -> None:
             pass
 
-    return Streamer()
+    return Streamer
+
+
+def _streamer(on_token: Callable[[int], bool], seen: list[int]) -> Any:
+    return _streamer_class()(on_token, seen)
 
 
 class GenAIDecoder(Decoder):
