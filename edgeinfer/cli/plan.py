@@ -110,8 +110,8 @@ def render_plan(p: Plan) -> None:
         if pg.get("paged_cost_pct") is not None:
             cost, pct = pg["paged_cost_tokens_per_s"], pg["paged_cost_pct"]
             con.print(f"paging costs [bold]{cost:.3g} tok/s ({pct:.1f}%)[/]: "
-                      f"{pg['decode_tokens_per_s_unpaged']:.3g} tok/s unpaged → {pg['decode_tokens_per_s']:.3g} tok/s "
-                      f"with {pg['segments']} segments, {min(pg['window'], pg['segments'])} resident "
+                      f"{pg['decode_tokens_per_s_unpaged']:.3g} tok/s unpaged → {pg['decode_tokens_per_s']:.3g} "
+                      f"tok/s with {pg['segments']} segments, {min(pg['window'], pg['segments'])} resident "
                       f"(embedding on the host; predicted for {p.runtime}, not measured)")
     s = d["suggestions"]
     if s and not p.fits:
