@@ -184,3 +184,15 @@ def test_plan_paging_imports_no_torch():
             "'--json']\nfrom edgeinfer.cli import main\ntry:\n main()\nexcept SystemExit:\n pass")
     heavy = imported_modules(code) & set(HEAVY)
     assert not heavy, f"edgeinfer plan --paging pulled in {sorted(heavy)}"
+
+
+def test_a_board_without_a_backend_runtime_keeps_the_generic_suggestion(tmp_path):
+    from edgeinfer.planning.planner import plan
+
+    b = tmp_path / "tiny-board.yaml"
+    b.write_text(yaml.safe_dump({
+        "name": "tiny-board", "title": "t", "family": "t", "backend": "x", "memory_kind": "shared",
+        "memory_total_gib": {"value": 0.01, "source": "test"}, "os_reserve_gib": {"value": 0, "source": "test"},
+        "runtimes": {"r": {"schemes": ["fp32"], "kinds": ["decoder"], "source": "test"}}, "default_runtime": "r"}))
+    p = plan(TINY, str(b), ctx=1024)
+    assert not p.fits and p.runtime == "r"  # no backend runtime: nothing to page a decoder on, no error

@@ -263,6 +263,8 @@ def pages_decoder(p: Any, any_runtime: bool = False) -> bool:
     """Whether the decoder rule applies: a dense decoder planned on the board's backend runtime
     (``any_runtime``: or on another runtime, when the backend runtime would take it paged)."""
     rt = p.board.backend_runtime
+    if not rt:
+        return False
     on_backend = p.runtime == rt or (any_runtime and paged_runtime(p.board, p.model, 1) == rt
                                      and p.scheme.name in p.board.runtimes[rt].schemes)
     return bool(on_backend and ds.pageable(p.model))
