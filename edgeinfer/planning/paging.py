@@ -213,7 +213,7 @@ def paged_plan(p: Any, window: int, segments: int | None, storage: str | None, p
     rt = paged_runtime(p.board, p.model, window)
     if rt and p.runtime != rt:
         raise InputError(f"{p.runtime} runs whole models: layer paging of a decoder is planned on {rt}",
-                         f"drop --runtime {p.runtime} (or pass --runtime {rt})")
+                         f"drop --runtime {p.runtime}, or pass --runtime {rt}")
     seg = _plan_segments(p, segments)
     other = sum(v for k, v in p.breakdown.items() if k != "weights")
     inputs = _paging_inputs(p, storage, prefill_chunk)

@@ -234,7 +234,9 @@ class RkllmDecoder(Decoder):
 
     def _result(self, result: Any, userdata: Any, state: int) -> int:
         r = result.contents
-        if state == RUN_NORMAL and not self._stopped and self._on_token is not None:
+        # WAITING: a token whose text is an incomplete UTF-8 character; its id counts all the same
+        # (edgeinfer detokenizes the ids itself and ignores RKLLM's text)
+        if state in (RUN_NORMAL, RUN_WAITING) and not self._stopped and self._on_token is not None:
             try:
                 keep = self._on_token(int(r.token_id))
             except BaseException as e:  # never let an exception cross the C frame: stop, re-raise after

@@ -11,6 +11,7 @@
  *    token k+1 = (token k * 31 + 7) mod V; it stops after max_new_tokens (the infer param when > 0,
  *    else the init param), at the eos token (emitted, unless ignore_eos_token), when the callback
  *    returns 1 (pause), or when rkllm_abort was called; each token is preceded by a sleep of D us;
+ *    a token divisible by 5 comes with state RKLLM_RUN_WAITING (as for an incomplete UTF-8 text piece);
  *  - the last callback has state RKLLM_RUN_FINISH with perf: prefill_tokens = number of prompt ids,
  *    generate_tokens = tokens emitted, times measured with CLOCK_MONOTONIC, memory = VmHWM in MB;
  *  - standin_* functions let a test read what crossed the boundary.
@@ -164,7 +165,7 @@ int rkllm_run(LLMHandle handle, RKLLMInput *input, RKLLMInferParam *infer, void 
         r.text = text; r.token_id = (int32_t)tok;
         if (n == 0) t_first = now_ms();
         n++;
-        if (in->cb.result_callback(&r, ud, RKLLM_RUN_NORMAL) == 1) break;
+        if (in->cb.result_callback(&r, ud, tok % 5 == 0 ? RKLLM_RUN_WAITING : RKLLM_RUN_NORMAL) == 1) break;
         if (tok == in->eos && !in->param.ignore_eos_token) break;
         tok = (tok * 31 + 7) % in->vocab;
     }
