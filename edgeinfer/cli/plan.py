@@ -107,6 +107,12 @@ def render_plan(p: Plan) -> None:
                   + (f" at {pg['storage_gbps']:g} GB/s → decode ≈ {pg['decode_tokens_per_s']:.3g} tok/s, "
                      f"{pg['bound']}-bound" if pg.get("decode_tokens_per_s") is not None else "")
                   + (" (prefetch on)" if pg["prefetch"] else ""))
+        if pg.get("paged_cost_pct") is not None:
+            cost, pct = pg["paged_cost_tokens_per_s"], pg["paged_cost_pct"]
+            con.print(f"paging costs [bold]{cost:.3g} tok/s ({pct:.1f}%)[/]: "
+                      f"{pg['decode_tokens_per_s_unpaged']:.3g} tok/s unpaged → {pg['decode_tokens_per_s']:.3g} "
+                      f"tok/s with {pg['segments']} segments, {min(pg['window'], pg['segments'])} resident "
+                      f"(embedding on the host; predicted for {p.runtime}, not measured)")
     s = d["suggestions"]
     if s and not p.fits:
         con.print("[bold]suggestions[/]")

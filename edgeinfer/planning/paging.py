@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgeinfer.errors import EdgeInferError, InputError
+from edgeinfer.planning import decoder_segments as ds
 from edgeinfer.run.schedule import simulate
 
 # storage read bandwidth assumed when a board profile gives none (interface maxima: optimistic)
@@ -207,6 +208,12 @@ class PagedPlan:
 def paged_plan(p: Any, window: int, segments: int | None, storage: str | None, prefill_chunk: int) -> PagedPlan:
     """The paged form of a planner ``Plan`` (not modified): weights become the resident window, the
     NPU window is checked against it, estimates get the streamed bytes."""
+    if pages_decoder(p):
+        return decoder_paged_plan(p, window, segments, storage, prefill_chunk)
+    rt = paged_runtime(p.board, p.model, window)
+    if rt and p.runtime != rt:
+        raise InputError(f"{p.runtime} runs whole models: layer paging of a decoder is planned on {rt}",
+                         f"drop --runtime {p.runtime}, or pass --runtime {rt}")
     seg = _plan_segments(p, segments)
     other = sum(v for k, v in p.breakdown.items() if k != "weights")
     inputs = _paging_inputs(p, storage, prefill_chunk)
@@ -222,6 +229,8 @@ def suggest_window(p: Any, prefill_chunk: int, segments: int | None = None, stor
                    ) -> dict[str, Any] | None:
     """The largest paging window (fastest) whose resident memory fits the board and, where the
     board has one, the NPU window; None when the layers are unknown or even W=1 does not fit."""
+    if pages_decoder(p, any_runtime=True):
+        return _suggest_decoder_window(p, prefill_chunk, segments, storage)
     try:
         seg = _plan_segments(p, segments)
         inputs = _paging_inputs(p, storage, prefill_chunk)
@@ -237,4 +246,104 @@ def suggest_window(p: Any, prefill_chunk: int, segments: int | None = None, stor
             return {"window": w, "segments": len(seg), "resident_total_bytes": res["resident_total_bytes"],
                     "streamed_bytes_per_token": res["streamed_bytes_per_token"],
                     "decode_tokens_per_s": res.get("decode_tokens_per_s"), "storage": res["storage_source"]}
+    return None
+
+
+# --------------------------------------------------------------------------- decoders (decoder_segments.py)
+def paged_runtime(board: Any, spec: Any, paging: int | None) -> str | None:
+    """The runtime a paged decoder is planned on: edgeinfer's own backend runtime on the board (the
+    vendor's LLM runtimes run whole models), when it takes decoders; None leaves the choice as it is."""
+    rt = getattr(board, "backend_runtime", None)
+    if paging is None or getattr(spec, "encoder", True) or not rt or "decoder" not in board.runtimes[rt].kinds:
+        return None
+    return rt
+
+
+def pages_decoder(p: Any, any_runtime: bool = False) -> bool:
+    """Whether the decoder rule applies: a dense decoder planned on the board's backend runtime
+    (``any_runtime``: or on another runtime, when the backend runtime would take it paged)."""
+    rt = p.board.backend_runtime
+    if not rt:
+        return False
+    on_backend = p.runtime == rt or (any_runtime and paged_runtime(p.board, p.model, 1) == rt
+                                     and p.scheme.name in p.board.runtimes[rt].schemes)
+    return bool(on_backend and ds.pageable(p.model))
+
+
+def _decoder_segments(p: Any, segments: int | None) -> list[int]:
+    if segments is not None and (isinstance(segments, bool) or not isinstance(segments, int) or segments < 1):
+        raise InputError(f"--segments must be a positive integer, got {segments!r}")
+    n = min(segments or p.model.layers, p.model.layers)
+    return ds.segment_bytes(p.model, p.scheme, n)
+
+
+def decoder_paging_cost(p: Any, seg: list[int], window: int | None, storage: str | None,
+                        prefill_chunk: int) -> dict[str, Any]:
+    """The decoder rule's cost for plan ``p`` (unpaged: ``window`` None): resident and paged-in bytes,
+    where the page-in comes from (DRAM when the whole model fits the board, else storage), compute
+    from the plan's speed constants on the exact segment bytes, and what paging costs in tokens/s."""
+    host = ds.host_bytes(p.model)
+    other = sum(v for k, v in p.breakdown.items() if k != "weights")
+    npu_res = ds.resident_bytes(seg, window)
+    if storage is None and sum(seg) + host + other <= p.capacity_bytes:
+        storage = "dram"
+    gbps, name, src = _storage(p.board, storage)
+    shared = name == "dram"
+    paged = ds.paged_in_bytes(seg, window)
+    est = p.estimates
+    kv_read = est.get("kv_bytes_per_token_at_ctx") or 0
+    bw_eff = est["bw_fraction"] * est["bandwidth_gbps"] * 1e9 if est.get("bw_fraction") else None
+    compute = est["t0_ms"] / 1000 + (sum(seg) + kv_read) / bw_eff if bw_eff and est.get("t0_ms") is not None else None
+    page_in = ds.page_in_seconds(paged, gbps, shared)
+    npu = int(p.board.npu_window_gib.value * 2**30) if getattr(p.board, "npu_window_gib", None) else None
+    out: dict[str, Any] = {
+        "rule": "decoder", "window": window, "segments": len(seg), "segment_bytes": list(seg),
+        "largest_segment_bytes": max(seg), "npu_resident_bytes": npu_res, "host_weight_bytes": host,
+        "resident_weight_bytes": npu_res + host, "resident_total_bytes": npu_res + host + other,
+        "kv_bytes": p.breakdown["kv_cache"], "streamed_bytes_per_token": paged,
+        "loads_per_token": len(seg) if paged else 0, "prefetch": bool(paged) and not shared,
+        "storage": name, "storage_gbps": gbps, "storage_source": f"{name}: {src}", "shared_bus": shared,
+        "stream_s_per_token": page_in, "compute_s_per_token": compute, "npu_window_bytes": npu,
+        "npu_window_ok": None if npu is None else npu_res <= npu, "fits": None, "reasons": [],
+    }
+    out["fits"] = out["resident_total_bytes"] <= p.capacity_bytes and out["npu_window_ok"] is not False
+    if out["npu_window_ok"] is False:
+        out["reasons"].append(npu_window_reason(npu_res, npu))
+    if compute is not None and page_in is not None:
+        step = ds.step_seconds(compute, page_in, shared)
+        out.update(decode_tokens_per_s=p.batch / step, decode_tokens_per_s_unpaged=p.batch / compute,
+                   bound="compute" if page_in <= compute else ("storage" if not shared else "page-in copy"),
+                   load_hidden_fraction=round(min(page_in, compute) / page_in, 4) if page_in and not shared else
+                   (1.0 if not page_in else 0.0))
+        out["paged_cost_tokens_per_s"] = out["decode_tokens_per_s_unpaged"] - out["decode_tokens_per_s"]
+        out["paged_cost_pct"] = (1 - compute / step) * 100
+        if est.get("prefill_tokens_per_s"):
+            passes = -(-p.ctx // prefill_chunk)
+            total = ds.step_seconds(p.ctx / est["prefill_tokens_per_s"], passes * page_in, shared)
+            out.update(prefill_passes=passes, prefill_tokens_per_s=round(p.ctx / total, 2))
+    return out
+
+
+def decoder_paged_plan(p: Any, window: int, segments: int | None, storage: str | None,
+                       prefill_chunk: int) -> PagedPlan:
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise InputError(f"--paging must be a positive window size (segments resident), got {window!r}")
+    seg = _decoder_segments(p, segments)
+    res = decoder_paging_cost(p, seg, window, storage, prefill_chunk)
+    return PagedPlan(cost=res, resident_segments=min(window, len(seg)), segments=len(seg),
+                     unpaged_weight_bytes=int(p.breakdown["weights"]), npu_reasons=list(res["reasons"]))
+
+
+def _suggest_decoder_window(p: Any, prefill_chunk: int, segments: int | None, storage: str | None
+                            ) -> dict[str, Any] | None:
+    try:
+        seg = _decoder_segments(p, segments)
+        for w in range(len(seg) - 1, 0, -1):
+            res = decoder_paging_cost(p, seg, w, storage, prefill_chunk)
+            if res["fits"]:
+                return {"window": w, "segments": len(seg), "resident_total_bytes": res["resident_total_bytes"],
+                        "streamed_bytes_per_token": res["streamed_bytes_per_token"],
+                        "decode_tokens_per_s": res.get("decode_tokens_per_s"), "storage": res["storage_source"]}
+    except EdgeInferError:
+        return None
     return None

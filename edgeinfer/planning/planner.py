@@ -15,7 +15,7 @@ from edgeinfer.errors import InputError
 from edgeinfer.planning.boards import GIB, Board, get_board, load_boards
 from edgeinfer.planning.models import resolve
 from edgeinfer.planning.models.spec import ModelSpec
-from edgeinfer.planning.paging import PagedPlan, paged_plan, suggest_window
+from edgeinfer.planning.paging import PagedPlan, paged_plan, paged_runtime, suggest_window
 from edgeinfer.planning.quant import Scheme, kv_bytes_per_element, normalize_scheme
 
 SCHEMA_VERSION = "1.0"
@@ -314,7 +314,7 @@ def estimate_speed(spec: ModelSpec, board: Board, runtime: str, scheme: Scheme, 
         out["roofline_tokens_per_s"] = round(batch * bw / per_step, 3)
         out["roofline_fraction"] = round((per_step / bw) / step, 3)
     out["t0_ms"] = consts["t0_ms"]
-    out["bw_eff_gbps"] = round(bw_eff / 1e9, 2)
+    out["bw_eff_gbps"], out["bw_fraction"] = round(bw_eff / 1e9, 2), consts["bw_fraction"]
     pf = consts.get("prefill_factor")
     peak = (board.int8_tops.value * 1e12 if board.int8_tops else
             board.fp16_tflops.value * 1e12 if board.fp16_tflops else None)
@@ -366,7 +366,7 @@ def plan(model, board, quant: str | None = None, ctx: int = 4096, batch: int = 1
         raise InputError("--segments and --storage go with --paging W (segments resident at once)")
     spec = model if isinstance(model, ModelSpec) else resolve(model)
     b = get_board(board, extra=extra_boards)
-    rt_name, scheme = choose_runtime(b, spec, quant, runtime)
+    rt_name, scheme = choose_runtime(b, spec, quant, runtime or paged_runtime(b, spec, paging))
     prof = runtime_profile(rt_name)
     kvd = kv_dtype or prof.get("kv_dtype", "fp16")
     kv_b = kv_bytes_per_element(kvd)

@@ -531,3 +531,12 @@ class RknnBackend(Backend):
             raise ModelError(f"rknn simulator could not start for {artifact.name}: {e.message}; log: {log}") from None
         return SimulatorSession(rknn, recipe, log, clock() if rebuilt else 0.0)
 
+
+    # --- decoders --------------------------------------------------------------------------------
+    def open_decoder(self, model: Path, device: str | None, context: int, slots: int, **options: Any) -> Any:
+        if Path(model).suffix.lower() == ".rkllm":  # a model converted with Rockchip's RKLLM toolkit
+            from .rkllm import open_rkllm
+
+            return open_rkllm(Path(model), context=context, slots=slots)
+        raise InputError(f"{Path(model).name}: the rknn backend runs .rkllm decoders here",
+                         "convert with Rockchip's RKLLM toolkit (edgeinfer deploy --target rkllm)")

@@ -1,0 +1,198 @@
+"""plan_paged_decoder and `edgeinfer plan --paging` on decoders (issue 17, docs/paging.md#decoders).
+
+Expected figures are derived here independently: parameter counts from the torch modules of the
+loaded models (``sum(p.numel())``), bandwidths and speed constants from the board YAML, the
+formulas of docs/paging.md#decoders written out by hand.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import yaml
+from helpers import HEAVY, edgeinfer, imported_modules
+
+from edgeinfer.errors import InputError
+from edgeinfer.planning.boards import boards_dirs
+from edgeinfer.planning.decoder_paging import PagedDecoderPlan, plan_paged_decoder
+from edgeinfer.testing.llm import model_dir
+
+GB = 1e9
+TINY = str(model_dir())
+
+
+def _board(name: str) -> dict:
+    return yaml.safe_load((boards_dirs()[0] / f"{name}.yaml").read_text())
+
+
+def _numel(module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def _out_channels(module) -> int:
+    import torch
+
+    return sum(m.out_features for m in module.modules() if isinstance(m, torch.nn.Linear))
+
+
+@pytest.fixture(scope="module")
+def tiny_counts():
+    """(per-layer params, per-layer Linear output rows, head params, lm_head rows) of tiny-qwen3, from torch."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(1)
+    m = AutoModelForCausalLM.from_pretrained(TINY, dtype=torch.float32)
+    layers = m.model.layers
+    per = {_numel(layer) for layer in layers}
+    outs = {_out_channels(layer) for layer in layers}
+    assert len(per) == 1 and len(outs) == 1  # all layers alike
+    head = _numel(m.model.norm) + m.lm_head.weight.numel()  # lm_head counted although tied
+    return per.pop(), outs.pop(), head, m.lm_head.out_features, len(layers)
+
+
+def test_fp16_segments_are_the_torch_parameter_counts(tiny_counts):
+    per, _, head, _, n_layers = tiny_counts
+    p = plan_paged_decoder(TINY, "rk3588-8g", scheme="fp16", context=64, window=2, segments=n_layers)
+    assert isinstance(p, PagedDecoderPlan)
+    assert p.segment_bytes == tuple([2 * per] * (n_layers - 1) + [2 * per + 2 * head])
+    # tiny-qwen3 is Qwen3: q_norm and k_norm (head_dim each) are in the layer count
+    assert per == 256 * 256 * 2 + 2 * 256 * 128 + 2 * 64 + 2 * 256 + 3 * 256 * 768
+
+
+def test_w8a8_is_one_byte_plus_a_fp32_scale_per_output_channel(tiny_counts):
+    per, outs, head, vocab, n_layers = tiny_counts
+    p = plan_paged_decoder(TINY, "rk3588-8g", scheme="w8a8", context=64, window=1, segments=2)
+    layer = per + 4 * outs
+    assert p.segment_bytes == (2 * layer, 2 * layer + head + 4 * vocab)
+
+
+@pytest.mark.parametrize("segments", [1, 3, 4])
+def test_layers_are_grouped_like_numpy_array_split(tiny_counts, segments):
+    per, _, head, _, n_layers = tiny_counts
+    groups = [len(g) for g in np.array_split(np.arange(n_layers), segments)]
+    p = plan_paged_decoder(TINY, "rk3588-8g", scheme="fp16", context=64, window=1, segments=segments)
+    expected = [2 * per * g for g in groups]
+    expected[-1] += 2 * head
+    assert list(p.segment_bytes) == expected
+
+
+def test_llama_has_no_qk_norm(tmp_path):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=1000, hidden_size=64, intermediate_size=160, num_hidden_layers=3,
+                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    m = LlamaForCausalLM(cfg)
+    cfg.save_pretrained(tmp_path)
+    per = _numel(m.model.layers[0])
+    head = _numel(m.model.norm) + _numel(m.lm_head)
+    p = plan_paged_decoder(str(tmp_path), "rk3588-16g", scheme="fp16", context=32, window=1, segments=3)
+    assert p.segment_bytes == (2 * per, 2 * per, 2 * per + 2 * head)
+
+
+@pytest.mark.parametrize("window", [1, 2, 3])
+def test_resident_bytes_are_the_largest_cyclic_window(window):
+    p = plan_paged_decoder(TINY, "rk3588-8g", scheme="fp16", context=64, window=window, segments=4)
+    s = list(p.segment_bytes)
+    # by hand: windows starting at 0..3, wrapping from the last segment to the first
+    windows = [sum((s + s)[i:i + window]) for i in range(4)]
+    assert p.resident_bytes == max(windows)
+    assert p.resident_bytes == s[3] + s[0] * (window - 1)  # the last segment (with the head) is the largest
+
+
+def test_kv_bytes_equal_the_planner_and_the_formula():
+    from edgeinfer.planning.planner import plan
+
+    p = plan_paged_decoder(TINY, "rk3588-8g", scheme="fp16", context=100, window=2, segments=4)
+    # 2 (K, V) × layers × kv_heads × head_dim × ctx × 2 B
+    assert p.kv_bytes == 2 * 4 * 2 * 64 * 100 * 2
+    assert p.kv_bytes == plan(TINY, "rk3588-8g", quant="fp16", ctx=100, runtime="rknn").breakdown["kv_cache"]
+
+
+def test_dram_page_in_adds_to_compute_when_the_model_fits_the_board():
+    b = _board("rk3588-8g")
+    bw = b["bandwidth_gbps"]["value"] * GB
+    c = b["runtimes"]["rknn"]["speed"]["fp16"]
+    p = plan_paged_decoder(TINY, "rk3588-8g", scheme="fp16", context=64, window=2, segments=4)
+    total = sum(p.segment_bytes)
+    compute = c["t0_ms"] / 1000 + (total + p.kv_bytes) / (c["bw_fraction"] * bw)
+    page_in = 2 * total / bw  # a DRAM-to-DRAM copy: read and write
+    assert p.compute_s_per_token == pytest.approx(compute, rel=1e-9)
+    assert p.page_in_s_per_token == pytest.approx(page_in, rel=1e-9)
+    assert p.tokens_per_s == pytest.approx(1 / (compute + page_in), rel=1e-3)
+    assert p.paged_cost_pct == pytest.approx(100 * page_in / (compute + page_in), abs=0.01)
+
+
+def test_unpaged_is_all_resident_and_costs_nothing():
+    p = plan_paged_decoder(TINY, "rk3588-8g", scheme="fp16", context=64, window=None, segments=4)
+    assert p.resident_bytes == sum(p.segment_bytes) and p.window == 4
+    assert p.page_in_s_per_token == 0 and p.paged_cost_pct == 0
+    assert p.tokens_per_s == pytest.approx(1 / p.compute_s_per_token, rel=1e-3)
+
+
+def test_storage_page_in_overlaps_compute_when_the_model_does_not_fit():
+    # Qwen3-8B w8a8 does not fit an 8 GB board: non-resident segments stream from storage
+    p = plan_paged_decoder("Qwen/Qwen3-8B", "rk3588-8g", scheme="w8a8", context=4096, window=12, segments=36,
+                           storage="nvme")
+    page_in = sum(p.segment_bytes) / (3.94 * GB)
+    assert p.page_in_s_per_token == pytest.approx(page_in, rel=1e-9)
+    assert p.tokens_per_s == pytest.approx(1 / max(p.compute_s_per_token, page_in), rel=1e-3)
+    assert p.resident_bytes == 11 * p.segment_bytes[0] + p.segment_bytes[-1]
+    assert p.resident_bytes < 4 * 2**30  # inside one NPU IOMMU window
+
+
+@pytest.mark.parametrize("kw, needle", [
+    ({"segments": 5}, "segments must be 1..4"),
+    ({"segments": 0}, "segments must be 1..4"),
+    ({"window": 0}, "window must be a positive"),
+])
+def test_bad_arguments_are_input_errors(kw, needle):
+    args = {"scheme": "fp16", "context": 64, "window": 1, "segments": 4, **kw}
+    with pytest.raises(InputError, match=needle):
+        plan_paged_decoder(TINY, "rk3588-8g", **args)
+
+
+def test_cli_plan_paging_prints_the_cost_and_matches_the_api():
+    proc = edgeinfer("plan", TINY, "--board", "rk3588-8g", "--quant", "fp16", "--ctx", "64", "--paging", "2",
+                     "--segments", "4", "--json")
+    assert proc.returncode == 0, proc.stderr
+    d = json.loads(proc.stdout)
+    pg = d["memory"]["details"]["paging"]
+    api = plan_paged_decoder(TINY, "rk3588-8g", scheme="fp16", context=64, window=2, segments=4)
+    assert d["options"]["runtime"] == "rknn"
+    assert pg["npu_resident_bytes"] == api.resident_bytes and pg["segment_bytes"] == list(api.segment_bytes)
+    assert pg["decode_tokens_per_s"] == pytest.approx(api.tokens_per_s)
+    assert pg["paged_cost_pct"] == pytest.approx(api.paged_cost_pct)
+    # weights in memory: the resident window + the host's fp16 embedding table
+    assert d["memory"]["breakdown"]["weights"] == api.resident_bytes + 3072 * 256 * 2
+    text = edgeinfer("plan", TINY, "--board", "rk3588-8g", "--quant", "fp16", "--paging", "2", "--segments", "4")
+    assert text.returncode == 0 and "paging costs" in text.stdout
+
+
+def test_cli_plan_paging_refuses_the_vendor_runtime():
+    proc = edgeinfer("plan", "Qwen/Qwen3-8B", "--board", "rk3588-8g", "--runtime", "rkllm", "--paging", "4")
+    assert proc.returncode == 2 and "rkllm runs whole models" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_plan_paging_imports_no_torch():
+    code = ("import sys; sys.argv=['edgeinfer','plan','Qwen/Qwen3-8B','--board','rk3588-8g','--paging','4',"
+            "'--json']\nfrom edgeinfer.cli import main\ntry:\n main()\nexcept SystemExit:\n pass")
+    heavy = imported_modules(code) & set(HEAVY)
+    assert not heavy, f"edgeinfer plan --paging pulled in {sorted(heavy)}"
+
+
+def test_a_board_without_a_backend_runtime_keeps_the_generic_suggestion(tmp_path):
+    from edgeinfer.planning.planner import plan
+
+    b = tmp_path / "tiny-board.yaml"
+    b.write_text(yaml.safe_dump({
+        "name": "tiny-board", "title": "t", "family": "t", "backend": "x", "memory_kind": "shared",
+        "memory_total_gib": {"value": 0.01, "source": "test"}, "os_reserve_gib": {"value": 0, "source": "test"},
+        "runtimes": {"r": {"schemes": ["fp32"], "kinds": ["decoder"], "source": "test"}}, "default_runtime": "r"}))
+    p = plan(TINY, str(b), ctx=1024)
+    assert not p.fits and p.runtime == "r"  # no backend runtime: nothing to page a decoder on, no error
