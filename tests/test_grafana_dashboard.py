@@ -47,7 +47,7 @@ def test_metric_name_extraction():
 
 
 def test_live_server_exports_device_gauges_and_embedding_metrics(live_families):
-    for name in (*DEVICE_GAUGES, "edgeinfer_requests_total", "edgeinfer_request_latency_seconds", "edgeinfer_batch_size"):
+    for name in (*DEVICE_GAUGES, "edgeinfer_requests_total", "edgeinfer_request_latency_seconds"):
         assert name in live_families, name
 
 
