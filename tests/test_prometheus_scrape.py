@@ -4,10 +4,6 @@ query of the Grafana dashboard is valid PromQL to a real Prometheus."""
 
 from __future__ import annotations
 
-import threading
-import time
-
-import httpx
 import pytest
 from dashboard import panels, queries
 
@@ -21,40 +17,9 @@ pytestmark = [pytest.mark.slow,  # converts MiniLM once, starts a server and Pro
                                         "prometheus (make dev does it where apt-get exists)")]
 
 CLIENTS, SECONDS = 4, 6.0
-SENTENCES = ["edge boxes serve embeddings", "a scrape every second", "counters read back through the API"]
 
 
-class Load:
-    """``CLIENTS`` closed-loop clients posting one-sentence embedding requests until stopped."""
-
-    def __init__(self, url: str):
-        self.url, self.stop = url, threading.Event()
-        self.statuses: list[int] = []
-        self.latencies: list[float] = []
-        self._lock = threading.Lock()
-        self._threads = [threading.Thread(target=self._client, args=(i,)) for i in range(CLIENTS)]
-
-    def _client(self, i: int) -> None:
-        with httpx.Client(timeout=60) as c:
-            k = i
-            while not self.stop.is_set():
-                t0 = time.perf_counter()
-                r = c.post(self.url + "/v1/embeddings", json={"input": [SENTENCES[k % len(SENTENCES)]]})
-                with self._lock:
-                    self.statuses.append(r.status_code)
-                    self.latencies.append(time.perf_counter() - t0)
-                k += 1
-
-    def run(self, seconds: float) -> None:
-        for t in self._threads:
-            t.start()
-        time.sleep(seconds)
-        self.stop.set()
-        for t in self._threads:
-            t.join()
-
-
-def readbacks(load: Load) -> dict[str, float]:
+def readbacks(load: prometheus.EmbeddingLoad) -> dict[str, float]:
     """PromQL → the value the clients' own counts say it must have once Prometheus has scraped the end state.
     Decoder serving adds its rows here: generated tokens (the sum of ``usage.completion_tokens``), TTFT
     observations (one per stream)."""
@@ -74,8 +39,7 @@ def scraped(minilm_onnx, tmp_path_factory):
     with ServerProc([bundle], "--batch-window-ms", "5", log=work / "server.log") as server, \
             prometheus.PrometheusProc([f"127.0.0.1:{server.port}"], work / "prom") as prom:
         prom.wait_value('up{job="edgeinfer"}', lambda v: v == 1)
-        load = Load(server.url)
-        load.run(SECONDS)
+        load = prometheus.EmbeddingLoad(server.url, CLIENTS).run(SECONDS)
         yield prom, load
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import shutil
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -106,3 +107,46 @@ class PrometheusProc:
 
     def __exit__(self, *exc: object) -> None:
         self.terminate()
+
+
+class EmbeddingLoad:
+    """``clients`` closed-loop clients posting one-sentence ``/v1/embeddings`` requests to ``url`` from
+    :meth:`start` until :meth:`stop`; each request's status and round-trip seconds are kept."""
+
+    SENTENCES = ("edge boxes serve embeddings", "a scrape every second", "counters read back through the API")
+
+    def __init__(self, url: str, clients: int = 4):
+        self.url, self._stop = url, threading.Event()
+        self.statuses: list[int] = []
+        self.latencies: list[float] = []
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._client, args=(i,), daemon=True) for i in range(clients)]
+
+    def _client(self, i: int) -> None:
+        import httpx
+
+        with httpx.Client(timeout=60) as c:
+            k = i
+            while not self._stop.is_set():
+                t0 = time.perf_counter()
+                r = c.post(self.url + "/v1/embeddings", json={"input": [self.SENTENCES[k % len(self.SENTENCES)]]})
+                with self._lock:
+                    self.statuses.append(r.status_code)
+                    self.latencies.append(time.perf_counter() - t0)
+                k += 1
+
+    def start(self) -> EmbeddingLoad:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join()
+
+    def run(self, seconds: float) -> EmbeddingLoad:
+        self.start()
+        time.sleep(seconds)
+        self.stop()
+        return self
