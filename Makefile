@@ -8,7 +8,7 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 PROJECTS := . $(sort $(dir $(wildcard plugins/*/pyproject.toml examples/*/pyproject.toml)))
 STAMP := $(VENV)/.edgeinfer-dev
 
-.PHONY: dev test lint bench clean
+.PHONY: dev test lint bench clean prometheus
 
 dev: $(STAMP)
 
@@ -21,7 +21,19 @@ $(STAMP): Makefile requirements-dev.txt requirements-nodeps.txt pyproject.toml $
 	# a torchvision left by an earlier install (optimum-intel's metadata) breaks model imports: remove it
 	! $(PY) -m pip show -q torchvision 2>/dev/null || $(PIP) uninstall -y torchvision
 	$(PIP) install --no-build-isolation $(foreach p,$(PROJECTS),-e $(p))
+	$(MAKE) --no-print-directory prometheus
 	touch $(STAMP)
+
+# Prometheus for tests/test_prometheus_scrape.py: Debian's package, where apt-get exists and we are root or have
+# password-less sudo. Never fatal: the test skips without the binary.
+prometheus:
+	@command -v prometheus >/dev/null && exit 0; \
+	command -v apt-get >/dev/null || { echo "make dev: no apt-get; install prometheus to run tests/test_prometheus_scrape.py"; exit 0; }; \
+	SUDO=; [ "$$(id -u)" = 0 ] || SUDO="sudo -n"; APT="$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get -q -y"; \
+	echo "make dev: apt-get install prometheus"; \
+	$$APT install --no-install-recommends prometheus >/dev/null 2>&1 || \
+	{ $$APT update >/dev/null 2>&1 && $$APT install --no-install-recommends prometheus >/dev/null 2>&1; } || \
+	echo "make dev: could not install prometheus (tests/test_prometheus_scrape.py will skip)"
 
 test: dev lint
 	$(PY) -m pytest $(PYTEST_ARGS)

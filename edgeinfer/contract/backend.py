@@ -54,6 +54,16 @@ class Probe:
 
 
 @dataclass
+class DeviceReading:
+    """One device's load and memory as its driver reports them now (``None``: the device does not say)."""
+
+    device: str  # the backend's own name for it: "NPU", "GPU.0", "core1", "0.1" (card.chip)
+    utilization: float | None = None  # busy fraction, 0..1
+    memory_used_bytes: float | None = None
+    memory_total_bytes: float | None = None
+
+
+@dataclass
 class OpTime:
     name: str
     op_type: str
@@ -234,6 +244,12 @@ class Backend:
     # --- primitives a backend implements -------------------------------------------------
     def probe(self) -> Probe:
         raise NotImplementedError
+
+    def device_readings(self, devices: Sequence[str]) -> list[DeviceReading]:
+        """Utilisation and memory of the devices behind ``devices`` (``--devices`` entries of ``edgeinfer serve``,
+        "" = the default device), read now for /metrics; [] where the device exposes none. Called at scrape time
+        (cached a few seconds), so keep it under a second; it may raise: the caller drops that backend's readings."""
+        return []
 
     def convert(
         self, model: Path, scheme: str, calibration: CalibrationSet | None, out: Path, **options: Any

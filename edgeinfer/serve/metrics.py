@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from edgeinfer.run.measure import current_rss_bytes
+from edgeinfer.serve.device_gauges import DeviceGauges, backend_readers, worker_pids
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -39,6 +40,8 @@ class Metrics:
         self._queue_fn = queue_depth
         if pool is not None:
             r.register(DeviceCollector(pool, backends or []))
+            devices = [str(w.entry or "") for w in pool.workers]
+            r.register(DeviceGauges(backend_readers(backends or [], devices), worker_pids(pool)))
 
     def observe(self, event: str, **kw: Any) -> None:
         if event == "batch":

@@ -12,18 +12,20 @@ import json
 import re
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from edgeinfer.contract import Backend, CalibrationSet, OpTime, Probe, Problem, Session, TensorSpec
+from edgeinfer.contract.backend import DeviceReading
 from edgeinfer.contract.helpers import first_line
 from edgeinfer.errors import BackendUnavailableError, InputError
 
 from . import buckets as bk
 from . import device as dev
-from . import doctor, models
+from . import doctor, gauges, models
 
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 SCHEME_DTYPE = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16", "w8a16": "fp32"}
@@ -75,6 +77,10 @@ class AscendBackend(Backend):
         npu_v = dev.installed_version("torch_npu") or dev.installed_version("torch-npu")
         toolkit = f"torch {torch_v}" + (f" torch_npu {npu_v}" if npu_v else "")
         return {"edgeinfer-ascend": dev.installed_version("edgeinfer-ascend") or "?", "toolkit": toolkit}
+
+    def device_readings(self, devices: Sequence[str]) -> list[DeviceReading]:
+        """AICore load and HBM (or DDR) use of every chip npu-smi lists."""
+        return gauges.readings()
 
     def probe(self) -> Probe:
         """The environment doctor: torch import, torch_npu, CANN toolkit, npu-smi, version table."""

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from edgeinfer.contract import Backend, CalibrationSet, OpTime, Probe, Problem, Session, TensorSpec, validate_feeds
+from edgeinfer.contract.backend import DeviceReading
 from edgeinfer.contract.helpers import first_line, package_version
 from edgeinfer.contract.onnx_io import onnx_io
 from edgeinfer.errors import BackendError, EdgeInferError, InputError, ModelError
@@ -496,6 +497,12 @@ class OpenVinoBackend(Backend):
 
         return {"edgeinfer-openvino": v("edgeinfer-openvino"), "toolkit": f"openvino {v('openvino')}",
                 "nncf": v("nncf")}
+
+    def device_readings(self, devices: Sequence[str]) -> list[DeviceReading]:
+        """NPU and GPU memory as OpenVINO reports it (no utilisation: OpenVINO has no such property)."""
+        from . import gauges
+
+        return gauges.readings()
 
     def probe(self) -> Probe:
         cpu = cpu_model_name(_read_text("/proc/cpuinfo"))

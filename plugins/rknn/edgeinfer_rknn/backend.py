@@ -15,11 +15,12 @@ from typing import Any
 import numpy as np
 
 from edgeinfer.contract import Backend, CalibrationSet, OpTime, Probe, Problem, Session, TensorSpec, stamp
+from edgeinfer.contract.backend import DeviceReading
 from edgeinfer.contract.helpers import first_line, package_version
 from edgeinfer.contract.onnx_io import onnx_spec
 from edgeinfer.errors import BackendUnavailableError, FeedError, InputError, ModelError
 
-from . import board
+from . import board, gauges
 from . import toolkit as tk
 
 DEFAULT_TARGET = "rk3588"
@@ -271,6 +272,10 @@ class RknnBackend(Backend):
     def probe(self) -> Probe:
         mode = self.mode()
         return self._probe_board() if mode == "board" else self._probe_simulator()
+
+    def device_readings(self, devices: Sequence[str]) -> list[DeviceReading]:
+        """Every NPU core's load (the driver reports all cores, whichever core masks are served)."""
+        return gauges.readings()
 
     def _probe_simulator(self) -> Probe:
         ver = package_version("rknn-toolkit2")
