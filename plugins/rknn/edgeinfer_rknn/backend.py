@@ -36,6 +36,9 @@ CONVERT_OPTIONS = {
     "optimization_level": "0..3 (default 3)",
 }
 LOAD_OPTIONS = ("core_mask",)
+# decoders (edgeinfer_rknn.decoder): segments and prefill_chunk are fixed at conversion, window at load
+DECODER_CONVERT_OPTIONS = ("target", "segments", "prefill_chunk")
+DECODER_OPTIONS = ("window", "prefetch", "scheme", "segments", "prefill_chunk", "target")
 # what one `serve --devices` entry may be: one worker per core or core group
 SERVE_CORE_MASKS = ("0", "1", "2", "0_1", "0_1_2", "auto")
 
@@ -224,6 +227,9 @@ class RknnBackend(Backend):
     default_scheme = "fp16"
     convert_options = tuple(CONVERT_OPTIONS)
     open_options = LOAD_OPTIONS
+    decoder_schemes = ("fp16", "w8a8", "w4a16")  # per target: w4a16 on rk3576 / rv1126b only
+    decoder_options = DECODER_OPTIONS
+    decoder_convert_options = DECODER_CONVERT_OPTIONS
     gaps = {
         "dynamic_shapes": "RKNN models have static input shapes (pass shapes=..., or the toolkit's "
         "dynamic_input list of fixed shape sets); a free batch dimension is not supported",
@@ -475,6 +481,18 @@ class RknnBackend(Backend):
         extra = f"; unsupported operators: {', '.join(ops)}" if ops else ""
         return ModelError(f"rknn-toolkit2 could not convert {model.name} ({e.stage}): {e.message}{extra}; "
                           f"full toolkit log: {log}")
+
+    # --- decoders (edgeinfer_rknn.decoder, .llm_artifact) ----------------------------------------
+    def convert_decoder(self, model: Path, scheme: str, context: int, out: Path, calibration=None,
+                        **options: Any) -> dict[str, Any]:
+        from .llm_artifact import convert_decoder
+
+        return convert_decoder(self, model, scheme, context, out, calibration, **options)
+
+    def open_decoder(self, model: Path, device: str | None, context: int, slots: int, **options: Any):
+        from .decoder import open_decoder
+
+        return open_decoder(self, model, device, context, slots, **options)
 
     # --- open ----------------------------------------------------------------------------------
     def open(self, artifact: Path, device: str | None, **options: Any) -> Session:
