@@ -1,0 +1,165 @@
+"""RKNN decoders in the rknn-toolkit2 simulator (target rk3588): the decoder conformance kit, fp16 greedy
+tokens against transformers fp32, layer paging (W = 1, 2) against the unpaged decoder, w8a8 against the
+decoder golden check, scheme refusals.
+
+Expected tokens come from transformers' own ``generate`` (the kit's reference_greedy); expected weight
+and KV bytes from the model's config.json, counted here by formula — never from the decoder under test.
+Each artifact is converted once per session.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import edgeinfer
+from edgeinfer.errors import InputError
+from edgeinfer.run.generation import golden
+from edgeinfer.run.generation.generator import Generator
+from edgeinfer.run.generation.text import TextCodec
+from edgeinfer.testing import DecoderConformance
+from edgeinfer.testing.decoder_conformance import PROMPTS, reference_greedy
+from edgeinfer.testing.llm import model_dir
+
+CTX = 64
+PAGED_SEGMENTS = 3  # layers [0,2) [2,3) [3,4): array_split of 4 layers
+PAGED_TOKENS = 3  # every paged pass rebuilds the streamed segments in the simulator (~1.5 s each)
+CALIBRATION = ["The licence grants permission to use, copy and modify the software.",
+               "Permission is hereby granted, free of charge, to any person obtaining a copy.",
+               "def main():\n    print('hello world')\n    return 0",
+               "THE SOFTWARE IS PROVIDED AS IS, WITHOUT WARRANTY OF ANY KIND."]
+
+
+class TestRknnDecoders(DecoderConformance):
+    backend_name = "rknn"
+    device = "simulator"
+    kv_bytes_per_element = 2  # the host KV cache is float16: what the NPU graph computes in
+    context = CTX
+    # keys read back from the cache instead of computed in the same call: another fp16 summation order,
+    # measured 0.0078 (4 fp16 ulps at |logit| < 4) on the test model
+    chunked_prefill_atol = 2e-2
+
+
+@pytest.fixture(scope="session")
+def rknn():
+    return edgeinfer.backend("rknn")
+
+
+@pytest.fixture(scope="session")
+def config() -> dict:
+    return json.loads((model_dir() / "config.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def fp16_artifact(rknn, tmp_path_factory):
+    out = tmp_path_factory.mktemp("rknn-llm") / "fp16"
+    return rknn.quantize_decoder(model_dir(), "fp16", CTX, out)
+
+
+@pytest.fixture(scope="session")
+def paged_artifact(rknn, tmp_path_factory):
+    out = tmp_path_factory.mktemp("rknn-llm") / "fp16-paged"
+    return rknn.quantize_decoder(model_dir(), "fp16", CTX, out, segments=PAGED_SEGMENTS)
+
+
+@pytest.fixture(scope="session")
+def unpaged(rknn, fp16_artifact):
+    d = rknn.load_decoder(fp16_artifact, device="simulator", context=CTX)
+    with Generator(d, TextCodec(model_dir())) as g:
+        yield g
+
+
+@pytest.fixture(scope="session")
+def prompt_ids(unpaged) -> list[int]:
+    return unpaged.prompt_ids(PROMPTS[0])
+
+
+def layer_params(c: dict) -> int:
+    """Parameters of one Qwen3 block, from config.json: attention, q/k norms, SwiGLU MLP, two RMSNorms."""
+    h, d, i = c["hidden_size"], c["head_dim"], c["intermediate_size"]
+    q, kv = c["num_attention_heads"] * d, c["num_key_value_heads"] * d
+    return h * q + 2 * h * kv + q * h + 2 * d + 3 * h * i + 2 * h
+
+
+def expected_segment_bytes(c: dict, ranges: list[tuple[int, int]], bytes_per_weight: int) -> list[int]:
+    last = c["hidden_size"] + c["vocab_size"] * c["hidden_size"]  # final norm + head (tied: a copy on the NPU)
+    return [((b - a) * layer_params(c) + (last if b == c["num_hidden_layers"] else 0)) * bytes_per_weight
+            for a, b in ranges]
+
+
+def test_fp16_greedy_tokens_equal_transformers_fp32(unpaged, prompt_ids, config):
+    want = reference_greedy(model_dir(), prompt_ids, 24)
+    assert unpaged.generate(PROMPTS[0], max_new_tokens=24).token_ids == want
+    d = unpaged.decoder
+    assert d.segment_bytes == expected_segment_bytes(config, [(0, 4)], 2)
+    assert d.peak_resident_bytes == d.segment_bytes[0]  # one segment, loaded once
+    kv = config["num_hidden_layers"] * 2 * config["num_key_value_heads"] * config["head_dim"] * CTX * 2
+    assert d.kv_cache_bytes == kv
+
+
+@pytest.mark.parametrize("window", [1, 2])
+def test_paged_decoder_gives_the_unpaged_tokens(rknn, paged_artifact, unpaged, prompt_ids, config, window):
+    want = unpaged.generate(PROMPTS[0], max_new_tokens=PAGED_TOKENS).token_ids
+    assert want == reference_greedy(model_dir(), prompt_ids, PAGED_TOKENS)
+    d = rknn.load_decoder(paged_artifact, device="simulator", context=CTX, window=window)
+    with Generator(d, TextCodec(model_dir())) as g:
+        got = g.generate(PROMPTS[0], max_new_tokens=PAGED_TOKENS).token_ids
+        stats = d.paging_stats()
+    assert got == want
+    seg = expected_segment_bytes(config, [(0, 2), (2, 3), (3, 4)], 2)
+    assert d.segment_bytes == seg
+    # W-1 pinned (the first), one streaming slot: the largest resident set the schedule reaches
+    assert d.peak_resident_bytes == sum(seg[:window - 1]) + max(seg[window - 1:])
+    passes = PAGED_TOKENS  # one prefill pass, then one decode pass per further token
+    assert stats["page_ins"] == (window - 1) + passes * (PAGED_SEGMENTS - (window - 1))
+    assert stats["pinned"] == window - 1 and stats["window"] == window
+    assert d.kv_cache_bytes == unpaged.decoder.kv_cache_bytes
+
+
+def test_w8a8_passes_the_decoder_golden_check(rknn, tmp_path_factory):
+    out = tmp_path_factory.mktemp("rknn-llm") / "w8a8"
+    rknn.quantize_decoder(model_dir(), "w8a8", CTX, out, CALIBRATION)
+    reference = edgeinfer.backend("transformers").load_decoder(model_dir(), context=CTX)
+    d = rknn.load_decoder(out, device="simulator", context=CTX)
+    with Generator(reference, TextCodec(model_dir())) as ref, Generator(d, TextCodec(model_dir())) as cand:
+        report = golden.check(cand, ref, PROMPTS[:2], 16, "w8a8")
+    print(golden.summary_line(report))  # near-ties are named in the line (pytest -s)
+    for row in report["rows"]:
+        print(row["prompt"], "first divergence", row["first_divergence"], "margin",
+              row["reference_margin_at_divergence"], "near-tie", row["near_tie"])
+    assert report["passed"], golden.summary_line(report)
+    assert "near_ties" in report and report["cosine_min"] is not None
+
+
+def test_w4a16_is_refused_on_rk3588_with_what_it_supports(rknn, tmp_path):
+    with pytest.raises(InputError, match=r"rk3588 runs rknn decoders as fp16, w8a8.*rk3576"):
+        rknn.quantize_decoder(model_dir(), "w4a16", 16, tmp_path / "d", target="rk3588")
+    assert not (tmp_path / "d").exists()
+
+
+def test_w4a16_deploy_to_rk3588_exits_2(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "edgeinfer", "deploy", str(model_dir()), "--board", "rk3588-8g",
+                        "--quant", "w4a16", "-o", str(tmp_path / "b")], capture_output=True, text=True)
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("options, match", [({"segments": 5}, "segments must be an integer from 1 to the model's 4"),
+                                            ({"prefill_chunk": 0}, "prefill_chunk must be a positive integer")])
+def test_bad_conversion_options_are_input_errors(rknn, tmp_path, options, match):
+    with pytest.raises(InputError, match=match):
+        rknn.quantize_decoder(model_dir(), "fp16", 16, tmp_path / "d", **options)
+
+
+def test_a_window_larger_than_the_segments_loads_everything_once(rknn, fp16_artifact):
+    d = rknn.load_decoder(fp16_artifact, device="simulator", context=CTX, window=4)
+    try:
+        assert d.window == 1 and d.paging_stats()["page_ins"] == 2  # the decode and the prefill graph
+        logits = d.prefill(0, np.asarray([5, 6, 7], dtype=np.int64))
+        assert logits.shape == (d.vocab_size,) and d.paging_stats()["page_ins"] == 2
+    finally:
+        d.close()
