@@ -112,7 +112,8 @@ def convert_decoder(backend: Any, model: Path, scheme: str, context: int, out: P
                 if phase == "decode":
                     entry["weight_bytes"] = int(onnx_weight_elements(onnx_path) * BYTES_PER_WEIGHT[family])
                 sets = calib.for_graph(k, phase) if calib else None
-                art = backend.quantize(onnx_path, scheme, sets, out / graph_name(k, phase), target=target)
+                extra = {"auto_hybrid": True} if quantized else {}
+                art = backend.quantize(onnx_path, scheme, sets, out / graph_name(k, phase), target=target, **extra)
                 keep_built(art)
                 entry[phase] = art.name
             segments.append(entry)
