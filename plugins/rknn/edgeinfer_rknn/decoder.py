@@ -54,13 +54,15 @@ class SegmentPager:
     """Which segments are loaded: the paging schedule, page-in times and resident weight bytes."""
 
     def __init__(self, backend: Any, folder: Path, segments: list[dict[str, Any]], window: int, device: str | None,
-                 prefetch: bool):
+                 prefetch: bool, loader: Any = None):
         self.backend, self.folder, self.segments, self.device = backend, folder, segments, device
+        self.loader = loader or (lambda art: backend.load(art, device=device))
         n = len(segments)
         self.notes: list[str] = []
         limit = backend.paging_limit(device)
         if prefetch and limit is not None and not limit[1]:
-            self.notes.append(f"prefetch off: {limit[2]}")
+            if window < n:
+                self.notes.append(f"prefetch off: {limit[2]}")
             prefetch = False
         self.sched = _Schedule(n, min(window, n), prefetch, None)
         self.window, self.prefetch = self.sched.window, self.sched.prefetch
@@ -80,7 +82,7 @@ class SegmentPager:
         art = self.folder / self.segments[k][phase]
         la.hand_over(art)
         t = time.perf_counter()
-        sess = self.backend.load(art, device=self.device)
+        sess = self.loader(art)
         return sess, time.perf_counter() - t
 
     def _land(self, k: int, phase: str, got: tuple[Session, float]) -> Session:
@@ -147,10 +149,12 @@ class RknnDecoder(Decoder):
         self.segments = [tuple(s["layers"]) for s in manifest["segments"]]
         with np.load(folder / "host.npz") as host:
             self.tables = {k: host[k] for k in ("embed", "cos", "sin")}
-        self.kv = np.zeros((slots, self.layers, 2, self.kv_heads, self.built_context, self.head_dim), np.float16)
+        kv_shape = (slots, self.layers, 2, self.kv_heads, self.built_context, self.head_dim)
         self.lengths = [0] * slots
-        self.pager = SegmentPager(backend, folder, manifest["segments"], window, device, prefetch)
-        super().__init__(context=context, vocab_size=int(shape["vocab"]), kv_cache_bytes=int(self.kv.nbytes),
+        self.shared, loader = self._board(backend, folder, manifest, device, slots)
+        self.kv = np.zeros(kv_shape if self.shared is None else (0,), np.float16)
+        self.pager = SegmentPager(backend, folder, manifest["segments"], window, device, prefetch, loader)
+        super().__init__(context=context, vocab_size=int(shape["vocab"]), kv_cache_bytes=int(np.prod(kv_shape)) * 2,
                          slots=slots, prefill_chunk=self.chunk, device=device or "simulator")
         try:  # unpaged (or a window that holds them all): every graph is loaded now, none later
             if self.pager.window >= len(self.segments):
@@ -161,6 +165,26 @@ class RknnDecoder(Decoder):
             self.pager.release()
             raise
         self.load_page_ins = self.pager.page_ins
+
+    def _board(self, backend: Any, folder: Path, manifest: dict[str, Any], device: str | None, slots: int
+               ) -> tuple[Any, Any]:
+        """On a board: the KV cache in NPU shared memory and zero-copy graphs (.board_llm, WRITTEN FOR
+        THE BOARD, NEVER RUN HERE); elsewhere (None, None): numpy buffers and the backend's sessions."""
+        if device == "simulator" or backend.mode() != "board":
+            return None, None
+        from . import board, board_llm
+
+        if slots != 1:
+            raise InputError("the zero-copy board decoder runs one slot; load with slots=1")
+        lib = board_llm.library(board.runtime_library())
+        first = folder / manifest["segments"][0]["decode"]
+        shared = board_llm.SharedKV(lib, first, self.layers, self.kv_heads, self.built_context, self.head_dim)
+        return shared, lambda art: board_llm.ZeroCopyGraph(lib, art, shared)
+
+    def _past(self, slot: int, i: int, kind: int) -> np.ndarray:
+        if self.shared is not None:  # bound to the graph's input: read in place by the NPU
+            return self.shared.views[f"past_{'kv'[kind]}_{i}"][0]
+        return self.kv[slot, i, kind]
 
     # --- measured figures ---------------------------------------------------------------------
     @property
@@ -200,16 +224,16 @@ class RknnDecoder(Decoder):
         pos, n = self.lengths[slot], len(ids)
         phase, tokens = ("decode", 1) if n == 1 else ("prefill", self.chunk)
         hidden, cos, sin, mask = step_inputs(self.tables, ids, pos, tokens, self.built_context)
-        cache = self.kv[slot]
         for k, (a, b) in enumerate(self.segments):
             feeds = {f"hidden_{a}": hidden, "cos": cos, "sin": sin, "mask": mask}
-            for i in range(a, b):
-                feeds[f"past_k_{i}"] = cache[i, 0][None].astype(np.float32)
-                feeds[f"past_v_{i}"] = cache[i, 1][None].astype(np.float32)
+            if self.shared is None:  # the simulator takes float32 copies; the board reads the shared cache
+                for i in range(a, b):
+                    feeds[f"past_k_{i}"] = self._past(slot, i, 0)[None].astype(np.float32)
+                    feeds[f"past_v_{i}"] = self._past(slot, i, 1)[None].astype(np.float32)
             out = self.pager.session(k, phase).run(feeds)
             for i in range(a, b):
-                cache[i, 0, :, pos:pos + n] = out[f"new_k_{i}"][0, :, :n]
-                cache[i, 1, :, pos:pos + n] = out[f"new_v_{i}"][0, :, :n]
+                self._past(slot, i, 0)[:, pos:pos + n] = out[f"new_k_{i}"][0, :, :n]
+                self._past(slot, i, 1)[:, pos:pos + n] = out[f"new_v_{i}"][0, :, :n]
             hidden = out["logits"] if b == self.layers else out[f"hidden_{b}"]
         self.lengths[slot] = pos + n
         return np.asarray(hidden[0, n - 1], dtype=np.float32)
@@ -238,6 +262,8 @@ class RknnDecoder(Decoder):
 
     def release(self) -> None:
         self.pager.release()
+        if self.shared is not None:
+            self.shared.release()
 
 
 def _flag(name: str, value: Any, default: bool) -> bool:

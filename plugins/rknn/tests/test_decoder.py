@@ -166,3 +166,20 @@ def test_a_window_larger_than_the_segments_loads_everything_once(rknn, fp16_arti
         assert logits.shape == (d.vocab_size,) and d.paging_stats()["page_ins"] == 2
     finally:
         d.close()
+
+
+@pytest.mark.slow
+def test_deploy_of_the_test_llm_to_rk3588_writes_a_bundle_that_generates(tmp_path):
+    """`edgeinfer deploy` end to end: plan, rknn fp16 conversion, golden check in the simulator, bundle."""
+    from edgeinfer.planning.boards import get_board
+
+    if "decoder" not in get_board("rk3588-8g").runtimes["rknn"].kinds:
+        pytest.skip("boards/rk3588-8g.yaml lists no decoder kind for its rknn runtime (planner data)")
+    cli = str(Path(sys.executable).parent / "edgeinfer")
+    out = tmp_path / "bundle"
+    r = subprocess.run([cli, "deploy", str(model_dir()), "--board", "rk3588-8g", "--ctx", str(CTX), "-o", str(out),
+                        "--json"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    g = subprocess.run([cli, "generate", str(out), "--prompt", PROMPTS[0], "--max-new-tokens", "8", "--json"],
+                       capture_output=True, text=True)
+    assert g.returncode == 0, g.stderr
