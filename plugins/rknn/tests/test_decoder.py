@@ -181,3 +181,5 @@ def test_deploy_of_the_test_llm_to_rk3588_writes_a_bundle_that_generates(tmp_pat
     g = subprocess.run([cli, "generate", str(out), "--prompt", PROMPTS[0], "--max-new-tokens", "8", "--json"],
                        capture_output=True, text=True)
     assert g.returncode == 0, g.stderr
+    ids = TextCodec(model_dir()).encode(PROMPTS[0])
+    assert json.loads(g.stdout)["token_ids"] == reference_greedy(model_dir(), ids, 8)
