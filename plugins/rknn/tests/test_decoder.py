@@ -183,3 +183,31 @@ def test_deploy_of_the_test_llm_to_rk3588_writes_a_bundle_that_generates(tmp_pat
     assert g.returncode == 0, g.stderr
     ids = TextCodec(model_dir()).encode(PROMPTS[0])
     assert json.loads(g.stdout)["token_ids"] == reference_greedy(model_dir(), ids, 8)
+
+
+def test_segments_follow_array_split_and_the_last_holds_the_head():
+    from edgeinfer_rknn.llm_export import output_names, segment_ranges
+
+    assert segment_ranges(4, 3) == [(0, 2), (2, 3), (3, 4)]
+    assert [b - a for a, b in segment_ranges(36, 5)] == [8, 7, 7, 7, 7]
+    assert output_names(3, 4, final=True)[0] == "logits" and output_names(0, 2, final=False)[0] == "hidden_2"
+
+
+def test_host_mask_attends_the_cache_before_the_position_and_earlier_rows_of_the_call():
+    from edgeinfer_rknn.decoder import step_inputs
+
+    tables = {"embed": np.eye(6, 4, dtype=np.float16), "cos": np.ones((8, 2), np.float32),
+              "sin": np.zeros((8, 2), np.float32)}
+    hidden, cos, sin, mask = step_inputs(tables, [1, 2], pos=3, tokens=4, context=8)
+    assert hidden.shape == (1, 4, 4) and hidden[0, 1, 2] == 1 and not hidden[0, 2:].any()  # padded rows: zeros
+    allowed = mask[0] == 0
+    assert allowed[:, :3].all() and not allowed[:, 3:8].any()  # cache slots 0..2 only
+    assert allowed[1, 8:10].all() and not allowed[0, 9]  # row 1 sees rows 0 and 1; row 0 not row 1
+
+
+def test_an_allocation_larger_than_one_npu_iommu_window_is_refused():
+    from edgeinfer_rknn.board_llm import check_window
+
+    check_window((4 << 30) - 1, "weights")
+    with pytest.raises(InputError, match="4 GiB IOMMU window; convert with more segments"):
+        check_window(4 << 30, "segment 0's weights")
