@@ -38,7 +38,7 @@ CONVERT_OPTIONS = {
 LOAD_OPTIONS = ("core_mask",)
 # decoders (edgeinfer_rknn.decoder): segments and prefill_chunk are fixed at conversion, window at load
 DECODER_CONVERT_OPTIONS = ("target", "segments", "prefill_chunk")
-DECODER_OPTIONS = ("window", "prefetch", "scheme", "segments", "prefill_chunk", "target")
+DECODER_OPTIONS = ("window", "prefetch", "page_from", "scheme", "segments", "prefill_chunk", "target")
 # what one `serve --devices` entry may be: one worker per core or core group
 SERVE_CORE_MASKS = ("0", "1", "2", "0_1", "0_1_2", "auto")
 

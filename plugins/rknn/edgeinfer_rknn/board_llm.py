@@ -15,6 +15,10 @@ view), so KV is never copied per token. The small per-call inputs (embeddings, r
 the outputs have their own allocations per graph. Every allocation must fit one 4 GiB NPU IOMMU window
 (``rknn_create_mem`` takes a ``uint32_t`` size; issues 232 and 335 of airockchip/rknn-llm describe the
 window), and so must a segment's weights: :func:`check_window` refuses a larger one before loading.
+
+Page-in source (load option ``page_from``): ``storage`` (default) — ``rknn_init`` reads the segment's
+``.rknn`` file at every page-in; ``memory`` — every segment's file is read into host RAM once at load and
+page-ins initialise from those bytes (for a model that fits the board's DRAM but not the NPU window).
 """
 
 from __future__ import annotations
@@ -121,9 +125,11 @@ class SharedKV:
 class ZeroCopyGraph:
     """One segment graph: KV inputs bound to the shared cache, the other inputs/outputs in own memory."""
 
-    def __init__(self, lib: Any, path: Path, kv: SharedKV):
+    def __init__(self, lib: Any, path: Path, kv: SharedKV, model: bytes | None = None):
         self.lib, self.kv, self.ctx = lib, kv, C.c_uint64(0)
-        _ok(lib.rknn_init(C.byref(self.ctx), str(path).encode(), 0, 0, None), f"rknn_init {path.name}")
+        # size 0: the runtime reads the file (storage); size > 0: the bytes already in host RAM
+        src, size = (str(path).encode(), 0) if model is None else (model, len(model))
+        _ok(lib.rknn_init(C.byref(self.ctx), src, size, 0, None), f"rknn_init {path.name}")
         size = MemSize()
         _ok(lib.rknn_query(self.ctx, QUERY_MEM_SIZE, C.byref(size), C.sizeof(size)), "rknn_query MEM_SIZE")
         check_window(size.total_weight_size, f"{path.name}'s weights")

@@ -140,7 +140,7 @@ class RknnDecoder(Decoder):
     backend_name = "rknn"
 
     def __init__(self, backend: Any, folder: Path, manifest: dict[str, Any], device: str | None, context: int,
-                 slots: int, window: int, prefetch: bool):
+                 slots: int, window: int, prefetch: bool, page_from: str = "storage"):
         shape = manifest["shape"]
         self.built_context = int(manifest["context"])
         self.layers, self.kv_heads, self.head_dim = shape["layers"], shape["kv_heads"], shape["head_dim"]
@@ -151,7 +151,7 @@ class RknnDecoder(Decoder):
             self.tables = {k: host[k] for k in ("embed", "cos", "sin")}
         kv_shape = (slots, self.layers, 2, self.kv_heads, self.built_context, self.head_dim)
         self.lengths = [0] * slots
-        self.shared, loader = self._board(backend, folder, manifest, device, slots)
+        self.shared, loader = self._board(backend, folder, manifest, device, slots, page_from)
         self.kv = np.zeros(kv_shape if self.shared is None else (0,), np.float16)
         self.pager = SegmentPager(backend, folder, manifest["segments"], window, device, prefetch, loader)
         super().__init__(context=context, vocab_size=int(shape["vocab"]), kv_cache_bytes=int(np.prod(kv_shape)) * 2,
@@ -166,8 +166,8 @@ class RknnDecoder(Decoder):
             raise
         self.load_page_ins = self.pager.page_ins
 
-    def _board(self, backend: Any, folder: Path, manifest: dict[str, Any], device: str | None, slots: int
-               ) -> tuple[Any, Any]:
+    def _board(self, backend: Any, folder: Path, manifest: dict[str, Any], device: str | None, slots: int,
+               page_from: str) -> tuple[Any, Any]:
         """On a board: the KV cache in NPU shared memory and zero-copy graphs (.board_llm, WRITTEN FOR
         THE BOARD, NEVER RUN HERE); elsewhere (None, None): numpy buffers and the backend's sessions."""
         if device == "simulator" or backend.mode() != "board":
@@ -179,7 +179,10 @@ class RknnDecoder(Decoder):
         lib = board_llm.library(board.runtime_library())
         first = folder / manifest["segments"][0]["decode"]
         shared = board_llm.SharedKV(lib, first, self.layers, self.kv_heads, self.built_context, self.head_dim)
-        return shared, lambda art: board_llm.ZeroCopyGraph(lib, art, shared)
+        held = {}  # page_from="memory": every graph's bytes in host RAM, page-ins never touch storage
+        if page_from == "memory":
+            held = {folder / s[p]: (folder / s[p]).read_bytes() for s in manifest["segments"] for p in la.PHASES}
+        return shared, lambda art: board_llm.ZeroCopyGraph(lib, art, shared, held.get(art))
 
     def _past(self, slot: int, i: int, kind: int) -> np.ndarray:
         if self.shared is not None:  # bound to the graph's input: read in place by the NPU
@@ -310,4 +313,8 @@ def open_decoder(backend: Any, model: Path, device: str | None, context: int, sl
     n = len(manifest["segments"])
     window = la.positive("window", options.get("window"), n)
     prefetch = _flag("prefetch", options.get("prefetch"), True)
-    return RknnDecoder(backend, model, manifest, None if dev == "auto" else dev, context, slots, window, prefetch)
+    page_from = str(options.get("page_from") or "storage")
+    if page_from not in ("storage", "memory"):
+        raise InputError(f"page_from must be storage or memory, got {page_from!r}")
+    return RknnDecoder(backend, model, manifest, None if dev == "auto" else dev, context, slots, window, prefetch,
+                       page_from)
