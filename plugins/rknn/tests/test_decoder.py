@@ -211,3 +211,45 @@ def test_an_allocation_larger_than_one_npu_iommu_window_is_refused():
     check_window((4 << 30) - 1, "weights")
     with pytest.raises(InputError, match="4 GiB IOMMU window; convert with more segments"):
         check_window(4 << 30, "segment 0's weights")
+
+
+LAYOUT_C = r"""
+#include <stdio.h>
+#include <stdint.h>
+#include <stddef.h>
+/* the structs as rknn_api.h declares them (github.com/airockchip/rknn-toolkit2, rknpu2 runtime include) */
+typedef enum { F0 } rknn_tensor_format; typedef enum { T0 } rknn_tensor_type;
+typedef enum { Q0 } rknn_tensor_qnt_type;
+typedef struct { uint32_t index; uint32_t n_dims; uint32_t dims[16]; char name[256]; uint32_t n_elems; uint32_t size;
+  rknn_tensor_format fmt; rknn_tensor_type type; rknn_tensor_qnt_type qnt_type; int8_t fl; int32_t zp; float scale;
+  uint32_t w_stride; uint32_t size_with_stride; uint8_t pass_through; uint32_t h_stride; } rknn_tensor_attr;
+typedef struct { void* virt_addr; uint64_t phys_addr; int32_t fd; int32_t offset; uint32_t size; uint32_t flags;
+  void* priv_data; } rknn_tensor_mem;
+typedef struct { uint32_t total_weight_size; uint32_t total_internal_size; uint64_t total_dma_allocated_size;
+  uint32_t total_sram_size; uint32_t free_sram_size; uint32_t reserved[10]; } rknn_mem_size;
+int main(void) {
+  printf("%zu %zu %zu %zu %zu %zu\n", sizeof(rknn_tensor_attr), offsetof(rknn_tensor_attr, pass_through),
+         offsetof(rknn_tensor_attr, h_stride), sizeof(rknn_tensor_mem), offsetof(rknn_tensor_mem, size),
+         sizeof(rknn_mem_size));
+  return 0;
+}
+"""
+
+
+def test_board_ctypes_structs_have_the_c_layout(tmp_path):
+    """The board path never runs here; its ctypes structs must at least lay out as the C compiler lays out
+    the header's declarations (sizes and offsets on this machine's ABI)."""
+    import ctypes
+    import shutil
+
+    from edgeinfer_rknn.board_llm import MemSize, TensorAttr, TensorMem
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    (tmp_path / "layout.c").write_text(LAYOUT_C)
+    subprocess.run([cc, str(tmp_path / "layout.c"), "-o", str(tmp_path / "layout")], check=True)
+    want = subprocess.run([str(tmp_path / "layout")], capture_output=True, text=True, check=True).stdout.split()
+    got = [ctypes.sizeof(TensorAttr), TensorAttr.pass_through.offset, TensorAttr.h_stride.offset,
+           ctypes.sizeof(TensorMem), TensorMem.size.offset, ctypes.sizeof(MemSize)]
+    assert [int(w) for w in want] == got
