@@ -155,7 +155,8 @@ class RknnDecoder(Decoder):
         self.kv = np.zeros(kv_shape if self.shared is None else (0,), np.float16)
         self.pager = SegmentPager(backend, folder, manifest["segments"], window, device, prefetch, loader)
         super().__init__(context=context, vocab_size=int(shape["vocab"]), kv_cache_bytes=int(np.prod(kv_shape)) * 2,
-                         slots=slots, prefill_chunk=self.chunk, device=device or "simulator")
+                         slots=slots, prefill_chunk=self.chunk,
+                         device="simulator" if self.shared is None else f"npu:{manifest['target']}")
         try:  # unpaged (or a window that holds them all): every graph is loaded now, none later
             if self.pager.window >= len(self.segments):
                 for k in range(len(self.segments)):
