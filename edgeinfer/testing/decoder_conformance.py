@@ -55,6 +55,7 @@ class DecoderConformance:
     context: int = 128
     kv_bytes_per_element: int = 4  # the KV cache's element size (4: fp32)
     exact_greedy: bool = True  # lossless paths must reproduce the reference token for token
+    chunked_prefill_atol: float = 1e-3  # fp16 graphs: a few fp16 ulps (another summation order) are allowed
 
     @classmethod
     def model_dir(cls) -> Path:
@@ -130,7 +131,7 @@ class DecoderConformance:
         for i in range(0, len(ids), 3):
             parts = d.prefill(0, ids[i : i + 3])
         d.reset(0)
-        np.testing.assert_allclose(parts, whole, rtol=1e-3, atol=1e-3)
+        np.testing.assert_allclose(parts, whole, rtol=1e-3, atol=self.chunked_prefill_atol)
 
     def test_positions_past_the_context_are_refused(self, generator: Generator) -> None:
         with pytest.raises(InputError, match="context"):

@@ -37,6 +37,9 @@ CONVERT_OPTIONS = {
     "optimization_level": "0..3 (default 3)",
 }
 LOAD_OPTIONS = ("core_mask",)
+# decoders (edgeinfer_rknn.decoder): segments and prefill_chunk are fixed at conversion, window at load
+DECODER_CONVERT_OPTIONS = ("target", "segments", "prefill_chunk")
+DECODER_OPTIONS = ("window", "prefetch", "page_from", "scheme", "segments", "prefill_chunk", "target")
 # what one `serve --devices` entry may be: one worker per core or core group
 SERVE_CORE_MASKS = ("0", "1", "2", "0_1", "0_1_2", "auto")
 
@@ -225,6 +228,9 @@ class RknnBackend(Backend):
     default_scheme = "fp16"
     convert_options = tuple(CONVERT_OPTIONS)
     open_options = LOAD_OPTIONS
+    decoder_schemes = ("fp16", "w8a8", "w4a16")  # per target: w4a16 on rk3576 / rv1126b only
+    decoder_options = DECODER_OPTIONS
+    decoder_convert_options = DECODER_CONVERT_OPTIONS
     gaps = {
         "dynamic_shapes": "RKNN models have static input shapes (pass shapes=..., or the toolkit's "
         "dynamic_input list of fixed shape sets); a free batch dimension is not supported",
@@ -481,6 +487,22 @@ class RknnBackend(Backend):
         return ModelError(f"rknn-toolkit2 could not convert {model.name} ({e.stage}): {e.message}{extra}; "
                           f"full toolkit log: {log}")
 
+    # --- decoders (edgeinfer_rknn.decoder, .llm_artifact) ----------------------------------------
+    def convert_decoder(self, model: Path, scheme: str, context: int, out: Path, calibration=None,
+                        **options: Any) -> dict[str, Any]:
+        from .llm_artifact import convert_decoder
+
+        return convert_decoder(self, model, scheme, context, out, calibration, **options)
+
+    def open_decoder(self, model: Path, device: str | None, context: int, slots: int, **options: Any):
+        if Path(model).suffix.lower() == ".rkllm":  # a model converted with Rockchip's RKLLM toolkit
+            from .rkllm import open_rkllm
+
+            return open_rkllm(Path(model), context=context, slots=slots)
+        from .decoder import open_decoder
+
+        return open_decoder(self, model, device, context, slots, **options)
+
     # --- open ----------------------------------------------------------------------------------
     def open(self, artifact: Path, device: str | None, **options: Any) -> Session:
         mask_name = str(options.get("core_mask", "auto"))
@@ -535,13 +557,3 @@ class RknnBackend(Backend):
             tk.release(rknn, log)
             raise ModelError(f"rknn simulator could not start for {artifact.name}: {e.message}; log: {log}") from None
         return SimulatorSession(rknn, recipe, log, clock() if rebuilt else 0.0)
-
-
-    # --- decoders --------------------------------------------------------------------------------
-    def open_decoder(self, model: Path, device: str | None, context: int, slots: int, **options: Any) -> Any:
-        if Path(model).suffix.lower() == ".rkllm":  # a model converted with Rockchip's RKLLM toolkit
-            from .rkllm import open_rkllm
-
-            return open_rkllm(Path(model), context=context, slots=slots)
-        raise InputError(f"{Path(model).name}: the rknn backend runs .rkllm decoders here",
-                         "convert with Rockchip's RKLLM toolkit (edgeinfer deploy --target rkllm)")

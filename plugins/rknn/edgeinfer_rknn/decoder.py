@@ -1,0 +1,321 @@
+"""RKNN decoders: step primitives over static segment graphs, the KV cache in host buffers, layer paging.
+
+The artifact (:mod:`.llm_artifact`) holds, per segment of layers, a decode graph (1 token) and a prefill
+graph (``prefill_chunk`` tokens). The host looks up the embedding, takes the rotary rows of the positions,
+builds the additive mask, feeds each segment its layers' past K/V straight from the cache and writes the
+new rows the graph returns at the sequence's positions. The cache — ``slots × layers × 2 × kv_heads ×
+context × head_dim`` float16, what the NPU computes in — is allocated once and stays whole for the run.
+
+Paging: at most ``window`` segments are resident (loaded for the NPU) at once; the schedule
+(:class:`edgeinfer.run.schedule._Schedule`, the one :class:`edgeinfer.run.paged.PagedSession` follows)
+pins the first W−1 and streams the rest through the last slot; prefetch (W−2 pinned, next segment loaded
+on a background thread) when the backend allows it — the simulator does not (``paging_limit``). A page-in
+loads the graph of the phase that needs it (the other phase's graph joins the resident segment when used).
+``resident_bytes`` counts segment weight bytes (measured on the exported graphs), ``peak_resident_bytes``
+its maximum over the run.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgeinfer.contract import Decoder, Session
+from edgeinfer.errors import InputError
+from edgeinfer.run.schedule import _Schedule
+
+from . import llm_artifact as la
+from .llm_export import MASKED
+
+
+def step_inputs(tables: dict[str, np.ndarray], ids: Sequence[int], pos: int, tokens: int, context: int
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Host-side inputs of one call at positions ``pos..pos+len(ids)-1``, padded to ``tokens`` rows:
+    embeddings [1,T,H], rotary cos/sin [1,T,D], additive mask [1,T,context+T] (cache slots before
+    ``pos`` and the call's own earlier rows are attended; padded rows never are by real ones)."""
+    n = len(ids)
+    embed = tables["embed"]
+    hidden = np.zeros((1, tokens, embed.shape[1]), np.float32)
+    hidden[0, :n] = embed[np.asarray(ids, dtype=np.int64)]
+    rows = np.minimum(np.arange(pos, pos + tokens), context - 1)
+    cos, sin = tables["cos"][rows][None].astype(np.float32), tables["sin"][rows][None].astype(np.float32)
+    mask = np.full((1, tokens, context + tokens), MASKED, np.float32)
+    mask[0, :, :pos] = 0.0
+    mask[0, :, context:] = np.triu(np.full((tokens, tokens), MASKED, np.float32), k=1)
+    return hidden, cos, sin, mask
+
+
+class SegmentPager:
+    """Which segments are loaded: the paging schedule, page-in times and resident weight bytes."""
+
+    def __init__(self, backend: Any, folder: Path, segments: list[dict[str, Any]], window: int, device: str | None,
+                 prefetch: bool, loader: Any = None):
+        self.backend, self.folder, self.segments, self.device = backend, folder, segments, device
+        self.loader = loader or (lambda art: backend.load(art, device=device))
+        n = len(segments)
+        self.notes: list[str] = []
+        limit = backend.paging_limit(device)
+        if prefetch and limit is not None and not limit[1]:
+            if window < n:
+                self.notes.append(f"prefetch off: {limit[2]}")
+            prefetch = False
+        self.sched = _Schedule(n, min(window, n), prefetch, None)
+        self.window, self.prefetch = self.sched.window, self.sched.prefetch
+        self.weight_bytes = [int(s["weight_bytes"]) for s in segments]
+        self.loaded: dict[int, dict[str, Session]] = {}
+        self.page_in_s: list[list[float]] = [[] for _ in range(n)]
+        self.page_ins = self.page_outs = 0
+        self.peak_resident_bytes = 0
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="edgeinfer-prefetch") if self.prefetch else None
+        self._inflight: tuple[int, str, Future] | None = None
+
+    @property
+    def resident_bytes(self) -> int:
+        return sum(self.weight_bytes[k] for k in self.sched.resident)
+
+    def _load(self, k: int, phase: str) -> tuple[Session, float]:
+        art = self.folder / self.segments[k][phase]
+        la.hand_over(art)
+        t = time.perf_counter()
+        sess = self.loader(art)
+        return sess, time.perf_counter() - t
+
+    def _land(self, k: int, phase: str, got: tuple[Session, float]) -> Session:
+        sess, seconds = got
+        self.loaded.setdefault(k, {})[phase] = sess
+        self.page_in_s[k].append(seconds)
+        self.page_ins += 1
+        return sess
+
+    def _evict(self) -> None:
+        for v in self.sched.evicted:
+            for sess in self.loaded.pop(v, {}).values():
+                sess.close()
+            self.page_outs += 1
+        self.peak_resident_bytes = max(self.peak_resident_bytes, self.resident_bytes)
+
+    def session(self, k: int, phase: str) -> Session:
+        """Segment ``k``'s graph for ``phase``, resident now (loaded in line when it is not)."""
+        if self._inflight is not None:
+            self._wait()
+        if k not in self.sched.resident:
+            self.sched.acquire(k)
+            self._evict()
+        self.sched.running = k
+        sess = self.loaded.get(k, {}).get(phase)
+        if sess is None:
+            sess = self._land(k, phase, self._load(k, phase))
+        if self._pool is not None:
+            self._prefetch_after(k, phase)
+        return sess
+
+    def _prefetch_after(self, k: int, phase: str) -> None:
+        got = self.sched.prefetch_after(k)
+        if got:
+            self._evict()
+            self._inflight = (got[0], phase, self._pool.submit(self._load, got[0], phase))
+
+    def _wait(self) -> None:
+        k, phase, fut = self._inflight
+        self._inflight = None
+        self._land(k, phase, fut.result())
+
+    def release(self) -> None:
+        if self._inflight is not None:
+            self._wait()
+        for k in list(self.loaded):
+            for sess in self.loaded.pop(k).values():
+                sess.close()
+        self.sched.resident.clear()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
+
+class RknnDecoder(Decoder):
+    backend_name = "rknn"
+
+    def __init__(self, backend: Any, folder: Path, manifest: dict[str, Any], device: str | None, context: int,
+                 slots: int, window: int, prefetch: bool, page_from: str = "storage"):
+        shape = manifest["shape"]
+        self.built_context = int(manifest["context"])
+        self.layers, self.kv_heads, self.head_dim = shape["layers"], shape["kv_heads"], shape["head_dim"]
+        self.chunk = int(manifest["prefill_chunk"])
+        self.scheme = manifest["scheme"]
+        self.segments = [tuple(s["layers"]) for s in manifest["segments"]]
+        with np.load(folder / "host.npz") as host:
+            self.tables = {k: host[k] for k in ("embed", "cos", "sin")}
+        kv_shape = (slots, self.layers, 2, self.kv_heads, self.built_context, self.head_dim)
+        self.lengths = [0] * slots
+        self.shared, loader = self._board(backend, folder, manifest, device, slots, page_from)
+        self.kv = np.zeros(kv_shape if self.shared is None else (0,), np.float16)
+        self.pager = SegmentPager(backend, folder, manifest["segments"], window, device, prefetch, loader)
+        super().__init__(context=context, vocab_size=int(shape["vocab"]), kv_cache_bytes=int(np.prod(kv_shape)) * 2,
+                         slots=slots, prefill_chunk=self.chunk,
+                         device="simulator" if self.shared is None else f"npu:{manifest['target']}")
+        try:  # unpaged (or a window that holds them all): every graph is loaded now, none later
+            if self.pager.window >= len(self.segments):
+                for k in range(len(self.segments)):
+                    for phase in la.PHASES:
+                        self.pager.session(k, phase)
+        except BaseException:
+            self.pager.release()
+            raise
+        self.load_page_ins = self.pager.page_ins
+
+    def _board(self, backend: Any, folder: Path, manifest: dict[str, Any], device: str | None, slots: int,
+               page_from: str) -> tuple[Any, Any]:
+        """On a board: the KV cache in NPU shared memory and zero-copy graphs (.board_llm, WRITTEN FOR
+        THE BOARD, NEVER RUN HERE); elsewhere (None, None): numpy buffers and the backend's sessions."""
+        if device == "simulator" or backend.mode() != "board":
+            return None, None
+        from . import board, board_llm
+
+        if slots != 1:
+            raise InputError("the zero-copy board decoder runs one slot; load with slots=1")
+        lib = board_llm.library(board.runtime_library())
+        first = folder / manifest["segments"][0]["decode"]
+        shared = board_llm.SharedKV(lib, first, self.layers, self.kv_heads, self.built_context, self.head_dim)
+        held = {}  # page_from="memory": every graph's bytes in host RAM, page-ins never touch storage
+        if page_from == "memory":
+            held = {folder / s[p]: (folder / s[p]).read_bytes() for s in manifest["segments"] for p in la.PHASES}
+        return shared, lambda art: board_llm.ZeroCopyGraph(lib, art, shared, held.get(art))
+
+    def _past(self, slot: int, i: int, kind: int) -> np.ndarray:
+        if self.shared is not None:  # bound to the graph's input: read in place by the NPU
+            return self.shared.views[f"past_{'kv'[kind]}_{i}"][0]
+        return self.kv[slot, i, kind]
+
+    # --- measured figures ---------------------------------------------------------------------
+    @property
+    def window(self) -> int:
+        return self.pager.window
+
+    @property
+    def segment_bytes(self) -> list[int]:
+        return list(self.pager.weight_bytes)
+
+    @property
+    def resident_bytes(self) -> int:
+        return self.pager.resident_bytes
+
+    @property
+    def peak_resident_bytes(self) -> int:
+        return self.pager.peak_resident_bytes
+
+    def paging_stats(self) -> dict[str, Any]:
+        p = self.pager
+        return {"segments": len(self.segments), "window": p.window, "prefetch": p.prefetch,
+                "pinned": p.sched.pinned, "page_ins": p.page_ins, "page_outs": p.page_outs,
+                "page_in_ms_mean": [round(1e3 * sum(x) / len(x), 3) if x else None for x in p.page_in_s],
+                "segment_bytes": self.segment_bytes, "peak_resident_bytes": p.peak_resident_bytes,
+                "kv_cache_bytes": self.kv_cache_bytes, "notes": list(p.notes)}
+
+    # --- step primitives ----------------------------------------------------------------------
+    def _check(self, slot: int, n: int) -> None:
+        if not 0 <= slot < self.slots:
+            raise InputError(f"slot {slot} is out of range: this decoder has {self.slots} slot(s)")
+        if self.lengths[slot] + n > self.context:
+            raise InputError(f"slot {slot} holds {self.lengths[slot]} tokens; {n} more exceed the context of "
+                             f"{self.context}: reset it or load with a larger context")
+
+    def _call(self, slot: int, ids: Sequence[int]) -> np.ndarray:
+        """One pass through every segment for ``ids`` at the slot's next positions; the last logits."""
+        pos, n = self.lengths[slot], len(ids)
+        phase, tokens = ("decode", 1) if n == 1 else ("prefill", self.chunk)
+        hidden, cos, sin, mask = step_inputs(self.tables, ids, pos, tokens, self.built_context)
+        for k, (a, b) in enumerate(self.segments):
+            feeds = {f"hidden_{a}": hidden, "cos": cos, "sin": sin, "mask": mask}
+            if self.shared is None:  # the simulator takes float32 copies; the board reads the shared cache
+                for i in range(a, b):
+                    feeds[f"past_k_{i}"] = self._past(slot, i, 0)[None].astype(np.float32)
+                    feeds[f"past_v_{i}"] = self._past(slot, i, 1)[None].astype(np.float32)
+            out = self.pager.session(k, phase).run(feeds)
+            for i in range(a, b):
+                self._past(slot, i, 0)[:, pos:pos + n] = out[f"new_k_{i}"][0, :, :n]
+                self._past(slot, i, 1)[:, pos:pos + n] = out[f"new_v_{i}"][0, :, :n]
+            hidden = out["logits"] if b == self.layers else out[f"hidden_{b}"]
+        self.lengths[slot] = pos + n
+        return np.asarray(hidden[0, n - 1], dtype=np.float32)
+
+    def prefill(self, slot: int, token_ids: np.ndarray) -> np.ndarray:
+        ids = [int(t) for t in np.asarray(token_ids).reshape(-1)]
+        if not ids:
+            raise InputError("prefill needs at least one token")
+        self._check(slot, len(ids))
+        for start in range(0, len(ids), self.chunk):
+            logits = self._call(slot, ids[start:start + self.chunk])
+        return logits
+
+    def decode(self, slots: Sequence[int], token_ids: np.ndarray) -> np.ndarray:
+        ids = np.asarray(token_ids).reshape(-1)
+        if len(ids) != len(slots):
+            raise InputError(f"decode got {len(ids)} tokens for {len(slots)} slots")
+        for s in slots:
+            self._check(s, 1)
+        return np.stack([self._call(s, [int(t)]) for s, t in zip(slots, ids)])
+
+    def reset(self, slot: int) -> None:
+        if not 0 <= slot < self.slots:
+            raise InputError(f"slot {slot} is out of range: this decoder has {self.slots} slot(s)")
+        self.lengths[slot] = 0  # stale rows past the length are masked, then overwritten
+
+    def release(self) -> None:
+        self.pager.release()
+        if self.shared is not None:
+            self.shared.release()
+
+
+def _flag(name: str, value: Any, default: bool) -> bool:
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        return value
+    if str(value).strip().lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        return str(value).strip().lower() in ("1", "true", "yes", "on")
+    raise InputError(f"{name} must be true or false, got {value!r}")
+
+
+def converted_dir(backend: Any, model: Path, scheme: str, context: int, options: dict[str, Any]) -> Path:
+    """The artifact for a Hugging Face directory opened directly: converted once into the cache."""
+    from edgeinfer.build import cache
+    from edgeinfer.contract import stamp
+
+    wanted = {k: options[k] for k in ("segments", "prefill_chunk", "target") if options.get(k) is not None}
+    facts = {"model": stamp.sha256_file(model), "scheme": scheme, "context": context, **wanted,
+             "versions": backend.versions(), "format": la.FORMAT}
+    entry = cache.area("artifacts") / "rknn-decoders" / cache.key(facts)
+    return cache.fill(entry, lambda d: la.convert_decoder(backend, model, scheme, context, d, None, **wanted))
+
+
+def open_decoder(backend: Any, model: Path, device: str | None, context: int, slots: int,
+                 **options: Any) -> RknnDecoder:
+    dev = (device or "auto").lower()
+    if dev not in ("auto", "simulator", "npu", "board"):
+        raise InputError(f"unknown rknn device {device!r}; use auto, simulator or npu")
+    manifest = la.read_manifest(model)
+    if manifest is None:  # a Hugging Face directory: convert (cached), then open the artifact
+        scheme = str(options.get("scheme") or backend.decoder_schemes[0])
+        la.check_scheme(scheme, str(options.get("target") or "rk3588").lower())
+        model = converted_dir(backend, model, scheme, context, options)
+        manifest = la.read_manifest(model)
+    else:
+        for key in ("segments", "prefill_chunk", "scheme", "target"):
+            have = len(manifest["segments"]) if key == "segments" else manifest.get(key)
+            if options.get(key) is not None and str(options[key]) != str(have):
+                raise InputError(f"{model.name} was converted with {key}={have}, not {options[key]}; convert again "
+                                 f"with {key}={options[key]} or drop the option")
+    if context > int(manifest["context"]):
+        raise InputError(f"{model.name} was converted for a context of {manifest['context']} tokens, not {context}")
+    n = len(manifest["segments"])
+    window = la.positive("window", options.get("window"), n)
+    prefetch = _flag("prefetch", options.get("prefetch"), True)
+    page_from = str(options.get("page_from") or "storage")
+    if page_from not in ("storage", "memory"):
+        raise InputError(f"page_from must be storage or memory, got {page_from!r}")
+    return RknnDecoder(backend, model, manifest, None if dev == "auto" else dev, context, slots, window, prefetch,
+                       page_from)

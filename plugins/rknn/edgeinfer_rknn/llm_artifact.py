@@ -1,0 +1,203 @@
+"""The RKNN decoder artifact: ``convert_decoder`` writes a directory of static graphs plus the host's part.
+
+Layout::
+
+    rknn-decoder.json          manifest: scheme, target, context, prefill chunk, model shape, segments
+    host.npz                   embedding table (fp16: what the NPU input receives), rotary cos/sin tables
+    seg<k>.decode.rknn         layers of segment k, one token per call  (+ .src.tar/.log/stamp beside it)
+    seg<k>.prefill.rknn        the same layers, ``prefill_chunk`` tokens per call
+
+Segments follow ``numpy.array_split`` over the layers (first segments take the extra layer); the last
+one holds the final norm and the head. ``weight_bytes`` per segment are measured on the exported graph:
+float initializer elements × bytes per weight of the scheme (the embedding stays on the host).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgeinfer.contract import CalibrationSet
+from edgeinfer.errors import InputError, ModelError
+from edgeinfer.planning.quant import normalize_scheme
+
+from . import llm_export as lx
+from . import toolkit as tk
+
+MANIFEST = "rknn-decoder.json"
+FORMAT = 1
+DEFAULT_CHUNK = 16
+BYTES_PER_WEIGHT = {"fp16": 2.0, "w8a8": 1.0, "w8a16": 1.0, "w4a16": 0.5}
+PHASES = ("decode", "prefill")
+CALIB_DECODE_STEPS = 4  # decode-graph samples per calibration text, at the positions after its prefill
+
+
+def check_scheme(scheme: str, target: str) -> str:
+    family = normalize_scheme(scheme).family
+    if target not in tk.QUANT_SUPPORT:
+        raise InputError(f"unknown RKNN target {target!r}; use one of: {', '.join(tk.QUANT_SUPPORT)}")
+    allowed = [s for s in tk.supported_schemes(target) if s in BYTES_PER_WEIGHT]
+    if family not in allowed:
+        where = [t for t, s in tk.QUANT_SUPPORT.items() if family in s]
+        extra = f" ({family} needs a {' or '.join(where)} target)" if where else ""
+        raise InputError(f"{target} runs rknn decoders as {', '.join(allowed)}, not {family}{extra}")
+    return family
+
+
+def positive(name: str, value: Any, default: int) -> int:
+    value = default if value is None else value
+    try:
+        v = int(value)
+    except (TypeError, ValueError):
+        v = 0
+    if isinstance(value, bool) or v < 1 or str(v) != str(value).strip():
+        raise InputError(f"{name} must be a positive integer, got {value!r}")
+    return v
+
+
+def graph_name(k: int, phase: str) -> str:
+    return f"seg{k}.{phase}.rknn"
+
+
+def read_manifest(path: Path) -> dict[str, Any] | None:
+    f = Path(path) / MANIFEST
+    if not f.is_file():
+        return None
+    try:
+        manifest = json.loads(f.read_text())
+    except (OSError, ValueError):
+        raise ModelError(f"{f} is not readable JSON; convert the model again") from None
+    if manifest.get("format") != FORMAT:
+        raise ModelError(f"{path.name} has rknn decoder format {manifest.get('format')}, expected {FORMAT}; "
+                         "convert again")
+    return manifest
+
+
+def onnx_weight_elements(path: Path) -> int:
+    import onnx
+
+    proto = onnx.load(str(path))
+    return sum(int(np.prod(i.dims)) for i in proto.graph.initializer if i.data_type in (1, 10, 11, 16))
+
+
+def convert_decoder(backend: Any, model: Path, scheme: str, context: int, out: Path,
+                    calibration: Sequence[str] | None = None, **options: Any) -> dict[str, Any]:
+    """Export and convert every segment graph of ``model`` into ``out``; return stamp facts."""
+    target = str(options.get("target") or "rk3588").lower()
+    family = check_scheme(scheme, target)
+    chunk = min(positive("prefill_chunk", options.get("prefill_chunk"), DEFAULT_CHUNK), context)
+    quantized = family != "fp16"
+    if quantized and not calibration:
+        raise InputError(f"rknn {family} decoders need calibration text: pass --calib FILE.txt (one sample a line)")
+    hf = lx.load_hf(Path(model))
+    shape = lx.shape_of(hf)
+    ranges = lx.segment_ranges(shape.layers, positive("segments", options.get("segments"), 1))
+    tables = lx.host_tables(hf, context)
+    calib = CalibrationFeeds(hf, model, ranges, chunk, context, tables, calibration) if quantized else None
+    out.mkdir(parents=True, exist_ok=True)
+    np.savez(out / "host.npz", embed=tables["embed"].astype(np.float16), cos=tables["cos"], sin=tables["sin"])
+    segments = []
+    with tempfile.TemporaryDirectory(prefix="edgeinfer-rknn-llm-") as tmp:
+        for k, (a, b) in enumerate(ranges):
+            entry: dict[str, Any] = {"layers": [a, b]}
+            for phase in PHASES:
+                tokens = 1 if phase == "decode" else chunk
+                onnx_path = Path(tmp) / f"seg{k}.{phase}.onnx"
+                lx.export_segment(hf, a, b, tokens, context, onnx_path)
+                if phase == "decode":
+                    entry["weight_bytes"] = int(onnx_weight_elements(onnx_path) * BYTES_PER_WEIGHT[family])
+                sets = calib.for_graph(k, phase) if calib else None
+                extra = {"auto_hybrid": True} if quantized else {}
+                art = backend.quantize(onnx_path, scheme, sets, out / graph_name(k, phase), target=target, **extra)
+                keep_built(art)
+                entry[phase] = art.name
+            segments.append(entry)
+    manifest = {"format": FORMAT, "kind": "rknn-decoder", "scheme": scheme, "target": target, "context": context,
+                "prefill_chunk": chunk, "shape": shape.to_json(), "segments": segments,
+                "calibration_texts": len(calibration or []) if quantized else 0}
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    return {"target": target, "prefill_chunk": chunk, "segments": len(segments),
+            "segment_weight_bytes": [s["weight_bytes"] for s in segments]}
+
+
+# --- calibration: segment inputs from text, through the same graphs in torch (fp32) -------------------
+class CalibrationFeeds:
+    """For each calibration text: one prefill chunk from position 0 and a few decode steps after it,
+    run through the torch twin of every segment graph; the inputs each graph saw are its samples."""
+
+    def __init__(self, hf: Any, model_dir: Path, ranges: list[tuple[int, int]], chunk: int, context: int,
+                 tables: dict[str, np.ndarray], texts: Sequence[str]):
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(str(model_dir))
+        self.hf, self.ranges, self.chunk, self.context, self.tables = hf, ranges, chunk, context, tables
+        self.samples: dict[tuple[int, str], list[dict[str, np.ndarray]]] = {}
+        for text in texts:
+            ids = [i for i in tok(text)["input_ids"] if i is not None][: context - CALIB_DECODE_STEPS - 1]
+            if ids:
+                self._record(ids)
+
+    def for_graph(self, k: int, phase: str) -> CalibrationSet:
+        return CalibrationSet(self.samples.get((k, phase), []))
+
+    def _record(self, ids: list[int]) -> None:
+        shape = lx.shape_of(self.hf)
+        kv = np.zeros((shape.layers, 2, shape.kv_heads, self.context, shape.head_dim), np.float32)
+        n = min(len(ids), self.chunk)
+        logits = self._step(kv, ids[:n], 0, self.chunk, "prefill")
+        pos = n
+        for _ in range(CALIB_DECODE_STEPS):
+            nxt = int(np.argmax(logits))
+            logits = self._step(kv, [nxt], pos, 1, "decode")
+            pos += 1
+
+    def _step(self, kv: np.ndarray, ids: list[int], pos: int, tokens: int, phase: str) -> np.ndarray:
+        import torch
+
+        from .decoder import step_inputs
+
+        hidden, cos, sin, mask = step_inputs(self.tables, ids, pos, tokens, self.context)
+        out = hidden
+        for k, (a, b) in enumerate(self.ranges):
+            feeds = {f"hidden_{a}": out, "cos": cos, "sin": sin, "mask": mask}
+            for i in range(a, b):
+                feeds[f"past_k_{i}"], feeds[f"past_v_{i}"] = kv[i, 0][None], kv[i, 1][None]
+            self.samples.setdefault((k, phase), []).append({name: v.copy() for name, v in feeds.items()})
+            module = lx.torch_segment(self.hf, a, b, tokens)
+            with torch.no_grad():
+                res = module(*[torch.from_numpy(np.ascontiguousarray(feeds[x])) for x in lx.input_names(a, b)])
+            out = res[0].numpy()
+            for j, i in enumerate(range(a, b)):
+                kv[i, 0, :, pos:pos + len(ids)] = res[1 + 2 * j][0, :, :len(ids)].numpy()
+                kv[i, 1, :, pos:pos + len(ids)] = res[2 + 2 * j][0, :, :len(ids)].numpy()
+        return out[0, len(ids) - 1]
+
+
+# --- in-process hand-over of freshly built graphs (the simulator rebuilds anything else) --------------
+_BUILT: dict[str, Any] = {}
+
+
+def keep_built(art: Path) -> None:
+    """Take the toolkit's just-built object for ``art`` so that opening the decoder in this process
+    does not rebuild it; all graphs of a conversion are kept until opened (tk keeps only one)."""
+    from edgeinfer.contract import stamp
+
+    sha = stamp.sha256_file(art)
+    rknn = tk.take_built(art, sha)
+    if rknn is not None:
+        _BUILT[f"{art.name}:{sha}"] = rknn  # by name: a cache entry moves into place after the build
+
+
+def hand_over(art: Path) -> None:
+    """Put a kept object back where the backend's simulator open looks for it."""
+    from edgeinfer.contract import stamp
+
+    sha = stamp.sha256_file(art)
+    rknn = _BUILT.pop(f"{art.name}:{sha}", None)
+    if rknn is not None:
+        tk._BUILT[(str(art.resolve()), sha)] = rknn

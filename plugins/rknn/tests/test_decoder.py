@@ -1,0 +1,255 @@
+"""RKNN decoders in the rknn-toolkit2 simulator (target rk3588): the decoder conformance kit, fp16 greedy
+tokens against transformers fp32, layer paging (W = 1, 2) against the unpaged decoder, w8a8 against the
+decoder golden check, scheme refusals.
+
+Expected tokens come from transformers' own ``generate`` (the kit's reference_greedy); expected weight
+and KV bytes from the model's config.json, counted here by formula — never from the decoder under test.
+Each artifact is converted once per session.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import edgeinfer
+from edgeinfer.errors import InputError
+from edgeinfer.run.generation import golden
+from edgeinfer.run.generation.generator import Generator
+from edgeinfer.run.generation.text import TextCodec
+from edgeinfer.testing import DecoderConformance
+from edgeinfer.testing.decoder_conformance import PROMPTS, reference_greedy
+from edgeinfer.testing.llm import model_dir
+
+CTX = 64
+PAGED_SEGMENTS = 3  # layers [0,2) [2,3) [3,4): array_split of 4 layers
+PAGED_TOKENS = 3  # every paged pass rebuilds the streamed segments in the simulator (~1.5 s each)
+CALIBRATION = ["The licence grants permission to use, copy and modify the software.",
+               "Permission is hereby granted, free of charge, to any person obtaining a copy.",
+               "def main():\n    print('hello world')\n    return 0",
+               "THE SOFTWARE IS PROVIDED AS IS, WITHOUT WARRANTY OF ANY KIND."]
+
+
+class TestRknnDecoders(DecoderConformance):
+    backend_name = "rknn"
+    device = "simulator"
+    kv_bytes_per_element = 2  # the host KV cache is float16: what the NPU graph computes in
+    context = CTX
+    # keys read back from the cache instead of computed in the same call: another fp16 summation order,
+    # measured 0.0078 (4 fp16 ulps at |logit| < 4) on the test model
+    chunked_prefill_atol = 2e-2
+
+
+@pytest.fixture(scope="session")
+def rknn():
+    return edgeinfer.backend("rknn")
+
+
+@pytest.fixture(scope="session")
+def config() -> dict:
+    return json.loads((model_dir() / "config.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def paged_artifact(rknn, tmp_path_factory):
+    out = tmp_path_factory.mktemp("rknn-llm") / "fp16-paged"
+    return rknn.quantize_decoder(model_dir(), "fp16", CTX, out, segments=PAGED_SEGMENTS)
+
+
+@pytest.fixture(scope="session")
+def unpaged(rknn):
+    """The Hugging Face directory opened directly: converted once into the conversion cache (the same
+    entry as the conformance kit's decoder)."""
+    d = rknn.load_decoder(model_dir(), device="simulator", context=CTX)
+    with Generator(d, TextCodec(model_dir())) as g:
+        yield g
+
+
+@pytest.fixture(scope="session")
+def prompt_ids(unpaged) -> list[int]:
+    return unpaged.prompt_ids(PROMPTS[0])
+
+
+def layer_params(c: dict) -> int:
+    """Parameters of one Qwen3 block, from config.json: attention, q/k norms, SwiGLU MLP, two RMSNorms."""
+    h, d, i = c["hidden_size"], c["head_dim"], c["intermediate_size"]
+    q, kv = c["num_attention_heads"] * d, c["num_key_value_heads"] * d
+    return h * q + 2 * h * kv + q * h + 2 * d + 3 * h * i + 2 * h
+
+
+def expected_segment_bytes(c: dict, ranges: list[tuple[int, int]], bytes_per_weight: int) -> list[int]:
+    last = c["hidden_size"] + c["vocab_size"] * c["hidden_size"]  # final norm + head (tied: a copy on the NPU)
+    return [((b - a) * layer_params(c) + (last if b == c["num_hidden_layers"] else 0)) * bytes_per_weight
+            for a, b in ranges]
+
+
+def test_fp16_greedy_tokens_equal_transformers_fp32(unpaged, prompt_ids, config):
+    want = reference_greedy(model_dir(), prompt_ids, 24)
+    assert unpaged.generate(PROMPTS[0], max_new_tokens=24).token_ids == want
+    d = unpaged.decoder
+    assert d.segment_bytes == expected_segment_bytes(config, [(0, 4)], 2)
+    assert d.peak_resident_bytes == d.segment_bytes[0]  # one segment, loaded once
+    kv = config["num_hidden_layers"] * 2 * config["num_key_value_heads"] * config["head_dim"] * CTX * 2
+    assert d.kv_cache_bytes == kv
+
+
+def test_a_window_larger_than_the_segments_loads_everything_once(rknn, paged_artifact):
+    d = rknn.load_decoder(paged_artifact, device="simulator", context=CTX, window=4)
+    try:
+        n = 2 * PAGED_SEGMENTS  # the decode and the prefill graph of every segment, at load
+        assert d.window == PAGED_SEGMENTS and d.paging_stats()["page_ins"] == n
+        logits = d.prefill(0, np.asarray([5, 6, 7], dtype=np.int64))
+        d.decode([0], np.asarray([int(np.argmax(logits))]))
+        assert logits.shape == (d.vocab_size,) and d.paging_stats()["page_ins"] == n
+    finally:
+        d.close()
+
+
+@pytest.mark.parametrize("window", [1, 2])
+def test_paged_decoder_gives_the_unpaged_tokens(rknn, paged_artifact, unpaged, prompt_ids, config, window):
+    want = unpaged.generate(PROMPTS[0], max_new_tokens=PAGED_TOKENS).token_ids
+    assert want == reference_greedy(model_dir(), prompt_ids, PAGED_TOKENS)
+    d = rknn.load_decoder(paged_artifact, device="simulator", context=CTX, window=window)
+    with Generator(d, TextCodec(model_dir())) as g:
+        got = g.generate(PROMPTS[0], max_new_tokens=PAGED_TOKENS).token_ids
+        stats = d.paging_stats()
+    assert got == want
+    seg = expected_segment_bytes(config, [(0, 2), (2, 3), (3, 4)], 2)
+    assert d.segment_bytes == seg
+    # W-1 pinned (the first), one streaming slot: the largest resident set the schedule reaches
+    assert d.peak_resident_bytes == sum(seg[:window - 1]) + max(seg[window - 1:])
+    passes = PAGED_TOKENS  # one prefill pass, then one decode pass per further token
+    # a pinned segment loads its prefill and its decode graph once; each streamed one, per pass, the pass's graph
+    assert stats["page_ins"] == 2 * (window - 1) + passes * (PAGED_SEGMENTS - (window - 1))
+    assert stats["pinned"] == window - 1 and stats["window"] == window
+    assert d.kv_cache_bytes == unpaged.decoder.kv_cache_bytes
+
+
+def test_w8a8_passes_the_decoder_golden_check(rknn, tmp_path_factory):
+    out = tmp_path_factory.mktemp("rknn-llm") / "w8a8"
+    rknn.quantize_decoder(model_dir(), "w8a8", CTX, out, CALIBRATION)
+    reference = edgeinfer.backend("transformers").load_decoder(model_dir(), context=CTX)
+    d = rknn.load_decoder(out, device="simulator", context=CTX)
+    with Generator(reference, TextCodec(model_dir())) as ref, Generator(d, TextCodec(model_dir())) as cand:
+        report = golden.check(cand, ref, PROMPTS[:2], 16, "w8a8")
+    print(golden.summary_line(report))  # near-ties are named in the line (pytest -s)
+    for row in report["rows"]:
+        print(row["prompt"], "first divergence", row["first_divergence"], "margin",
+              row["reference_margin_at_divergence"], "near-tie", row["near_tie"])
+    assert report["passed"], golden.summary_line(report)
+    assert "near_ties" in report and report["cosine_min"] is not None
+
+
+def test_w4a16_is_refused_on_rk3588_with_what_it_supports(rknn, tmp_path):
+    with pytest.raises(InputError, match=r"rk3588 runs rknn decoders as fp16, w8a8.*rk3576"):
+        rknn.quantize_decoder(model_dir(), "w4a16", 16, tmp_path / "d", target="rk3588")
+    assert not (tmp_path / "d").exists()
+
+
+def test_w4a16_deploy_to_rk3588_exits_2(tmp_path):
+    cli = str(Path(sys.executable).parent / "edgeinfer")
+    r = subprocess.run([cli, "deploy", str(model_dir()), "--board", "rk3588-8g",
+                        "--quant", "w4a16", "-o", str(tmp_path / "b")], capture_output=True, text=True)
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("options, match", [({"segments": 5}, "segments must be an integer from 1 to the model's 4"),
+                                            ({"prefill_chunk": 0}, "prefill_chunk must be a positive integer")])
+def test_bad_conversion_options_are_input_errors(rknn, tmp_path, options, match):
+    with pytest.raises(InputError, match=match):
+        rknn.quantize_decoder(model_dir(), "fp16", 16, tmp_path / "d", **options)
+
+
+@pytest.mark.slow
+def test_deploy_of_the_test_llm_to_rk3588_writes_a_bundle_that_generates(tmp_path):
+    """`edgeinfer deploy` end to end: plan, rknn fp16 conversion, golden check in the simulator, bundle."""
+    from edgeinfer.planning.boards import get_board
+
+    if "decoder" not in get_board("rk3588-8g").runtimes["rknn"].kinds:
+        pytest.skip("boards/rk3588-8g.yaml lists no decoder kind for its rknn runtime (planner data)")
+    cli = str(Path(sys.executable).parent / "edgeinfer")
+    out = tmp_path / "bundle"
+    r = subprocess.run([cli, "deploy", str(model_dir()), "--board", "rk3588-8g", "--ctx", str(CTX), "-o", str(out),
+                        "--json"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    g = subprocess.run([cli, "generate", str(out), "--prompt", PROMPTS[0], "--max-new-tokens", "8", "--json"],
+                       capture_output=True, text=True)
+    assert g.returncode == 0, g.stderr
+    ids = TextCodec(model_dir()).encode(PROMPTS[0])
+    assert json.loads(g.stdout)["token_ids"] == reference_greedy(model_dir(), ids, 8)
+
+
+def test_segments_follow_array_split_and_the_last_holds_the_head():
+    from edgeinfer_rknn.llm_export import output_names, segment_ranges
+
+    assert segment_ranges(4, 3) == [(0, 2), (2, 3), (3, 4)]
+    assert [b - a for a, b in segment_ranges(36, 5)] == [8, 7, 7, 7, 7]
+    assert output_names(3, 4, final=True)[0] == "logits" and output_names(0, 2, final=False)[0] == "hidden_2"
+
+
+def test_host_mask_attends_the_cache_before_the_position_and_earlier_rows_of_the_call():
+    from edgeinfer_rknn.decoder import step_inputs
+
+    tables = {"embed": np.eye(6, 4, dtype=np.float16), "cos": np.ones((8, 2), np.float32),
+              "sin": np.zeros((8, 2), np.float32)}
+    hidden, cos, sin, mask = step_inputs(tables, [1, 2], pos=3, tokens=4, context=8)
+    assert hidden.shape == (1, 4, 4) and hidden[0, 1, 2] == 1 and not hidden[0, 2:].any()  # padded rows: zeros
+    allowed = mask[0] == 0
+    assert allowed[:, :3].all() and not allowed[:, 3:8].any()  # cache slots 0..2 only
+    assert allowed[1, 8:10].all() and not allowed[0, 9]  # row 1 sees rows 0 and 1; row 0 not row 1
+
+
+def test_an_allocation_larger_than_one_npu_iommu_window_is_refused():
+    from edgeinfer_rknn.board_llm import check_window
+
+    check_window((4 << 30) - 1, "weights")
+    with pytest.raises(InputError, match="4 GiB IOMMU window; convert with more segments"):
+        check_window(4 << 30, "segment 0's weights")
+
+
+LAYOUT_C = r"""
+#include <stdio.h>
+#include <stdint.h>
+#include <stddef.h>
+/* the structs as rknn_api.h declares them (github.com/airockchip/rknn-toolkit2, rknpu2 runtime include) */
+typedef enum { F0 } rknn_tensor_format; typedef enum { T0 } rknn_tensor_type;
+typedef enum { Q0 } rknn_tensor_qnt_type;
+typedef struct { uint32_t index; uint32_t n_dims; uint32_t dims[16]; char name[256]; uint32_t n_elems; uint32_t size;
+  rknn_tensor_format fmt; rknn_tensor_type type; rknn_tensor_qnt_type qnt_type; int8_t fl; int32_t zp; float scale;
+  uint32_t w_stride; uint32_t size_with_stride; uint8_t pass_through; uint32_t h_stride; } rknn_tensor_attr;
+typedef struct { void* virt_addr; uint64_t phys_addr; int32_t fd; int32_t offset; uint32_t size; uint32_t flags;
+  void* priv_data; } rknn_tensor_mem;
+typedef struct { uint32_t total_weight_size; uint32_t total_internal_size; uint64_t total_dma_allocated_size;
+  uint32_t total_sram_size; uint32_t free_sram_size; uint32_t reserved[10]; } rknn_mem_size;
+int main(void) {
+  printf("%zu %zu %zu %zu %zu %zu\n", sizeof(rknn_tensor_attr), offsetof(rknn_tensor_attr, pass_through),
+         offsetof(rknn_tensor_attr, h_stride), sizeof(rknn_tensor_mem), offsetof(rknn_tensor_mem, size),
+         sizeof(rknn_mem_size));
+  return 0;
+}
+"""
+
+
+def test_board_ctypes_structs_have_the_c_layout(tmp_path):
+    """The board path never runs here; its ctypes structs must at least lay out as the C compiler lays out
+    the header's declarations (sizes and offsets on this machine's ABI)."""
+    import ctypes
+    import shutil
+
+    from edgeinfer_rknn.board_llm import MemSize, TensorAttr, TensorMem
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    (tmp_path / "layout.c").write_text(LAYOUT_C)
+    subprocess.run([cc, str(tmp_path / "layout.c"), "-o", str(tmp_path / "layout")], check=True)
+    want = subprocess.run([str(tmp_path / "layout")], capture_output=True, text=True, check=True).stdout.split()
+    got = [ctypes.sizeof(TensorAttr), TensorAttr.pass_through.offset, TensorAttr.h_stride.offset,
+           ctypes.sizeof(TensorMem), TensorMem.size.offset, ctypes.sizeof(MemSize)]
+    assert [int(w) for w in want] == got
