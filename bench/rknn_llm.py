@@ -39,10 +39,8 @@ CONFIGS = [(1, 1, 40), (2, 2, 40), (2, 1, 4), (4, 2, 4)]
 
 
 def prediction(model: Path, segments: int, window: int) -> dict:
-    try:
-        from edgeinfer.planning.decoder_paging import plan_paged_decoder
-    except ImportError:
-        return {"available": False, "note": "edgeinfer.planning.decoder_paging is not on this branch"}
+    from edgeinfer.planning.decoder_paging import plan_paged_decoder
+
     p = plan_paged_decoder(model, BOARD, scheme="fp16", context=CTX, window=window, segments=segments)
     return {"available": True, "label": "prediction (planner, board), not measured",
             **{k: getattr(p, k) for k in ("window", "segments", "segment_bytes", "resident_bytes", "kv_bytes",

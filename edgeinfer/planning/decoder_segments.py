@@ -7,9 +7,9 @@ The rule shared with the backend that pages decoders (the RKNN plugin, issue 17)
 * the token-embedding table stays on the host, in no segment;
 * the final norm and the lm_head belong to the last segment (the lm_head is counted even when
   tied: the NPU graph holds its own copy);
-* a window of W segments is resident; the scheduler runs segments 0..S-1 for every token and keeps
-  the W consecutive ones starting at the running segment (cyclic at the wrap), so with W < S every
-  segment is paged in once per token.
+* a window of W segments is resident, kept by the paging schedule the runtime itself follows
+  (``edgeinfer.run.schedule``): the first W−1 segments pinned (W−2 with prefetch), the others
+  streamed through the remaining slot(s), so each token pages in the S − pinned unpinned segments.
 
 Pure arithmetic on a :class:`ModelSpec`: no planner import (the planner imports this module).
 """
@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from edgeinfer.planning.models.spec import ModelSpec
 from edgeinfer.planning.quant import Scheme
+from edgeinfer.run.schedule import simulate
 
 SCALE_BYTES = 4  # one fp32 scale per output channel of a per-channel quantized matrix
 HOST_EMBED_BYTES = 2  # the host keeps the embedding table in fp16
@@ -90,17 +91,24 @@ def host_bytes(spec: ModelSpec) -> int:
     return counts(spec).embedding_params * HOST_EMBED_BYTES
 
 
-def resident_bytes(seg: Sequence[int], window: int | None) -> int:
-    """Peak bytes of the W consecutive segments the scheduler keeps (cyclic); all of them when W ≥ S."""
-    n = len(seg)
-    if window is None or window >= n:
+def resident_bytes(seg: Sequence[int], window: int | None, prefetch: bool = False) -> int:
+    """Peak bytes of the segments the schedule keeps resident; all of them when W ≥ S."""
+    if window is None or window >= len(seg):
         return sum(seg)
-    return max(sum(seg[(i + j) % n] for j in range(window)) for i in range(n))
+    return simulate(seg, window, prefetch)["peak_resident_bytes"]
 
 
-def paged_in_bytes(seg: Sequence[int], window: int | None) -> int:
-    """Bytes paged in per token: every segment once when W < S, nothing when all are resident."""
-    return 0 if window is None or window >= len(seg) else sum(seg)
+def paged_in_bytes(seg: Sequence[int], window: int | None, prefetch: bool = False) -> int:
+    """Bytes paged in per token in the steady state: the unpinned segments; nothing when all are resident."""
+    if window is None or window >= len(seg):
+        return 0
+    return simulate(seg, window, prefetch)["steady_bytes"]
+
+
+def paged_in_loads(seg: Sequence[int], window: int | None, prefetch: bool = False) -> int:
+    if window is None or window >= len(seg):
+        return 0
+    return len(simulate(seg, window, prefetch)["steady_loads"])
 
 
 def step_seconds(compute_s: float, page_in_s: float, shared_bus: bool) -> float:

@@ -284,12 +284,13 @@ def decoder_paging_cost(p: Any, seg: list[int], window: int | None, storage: str
     from the plan's speed constants on the exact segment bytes, and what paging costs in tokens/s."""
     host = ds.host_bytes(p.model)
     other = sum(v for k, v in p.breakdown.items() if k != "weights")
-    npu_res = ds.resident_bytes(seg, window)
     if storage is None and sum(seg) + host + other <= p.capacity_bytes:
         storage = "dram"
     gbps, name, src = _storage(p.board, storage)
     shared = name == "dram"
-    paged = ds.paged_in_bytes(seg, window)
+    prefetch = not shared  # the runtime prefetches from storage; a DRAM copy shares compute's bus
+    npu_res = ds.resident_bytes(seg, window, prefetch)
+    paged = ds.paged_in_bytes(seg, window, prefetch)
     est = p.estimates
     kv_read = est.get("kv_bytes_per_token_at_ctx") or 0
     bw_eff = est["bw_fraction"] * est["bandwidth_gbps"] * 1e9 if est.get("bw_fraction") else None
@@ -301,7 +302,7 @@ def decoder_paging_cost(p: Any, seg: list[int], window: int | None, storage: str
         "largest_segment_bytes": max(seg), "npu_resident_bytes": npu_res, "host_weight_bytes": host,
         "resident_weight_bytes": npu_res + host, "resident_total_bytes": npu_res + host + other,
         "kv_bytes": p.breakdown["kv_cache"], "streamed_bytes_per_token": paged,
-        "loads_per_token": len(seg) if paged else 0, "prefetch": bool(paged) and not shared,
+        "loads_per_token": ds.paged_in_loads(seg, window, prefetch), "prefetch": bool(paged) and prefetch,
         "storage": name, "storage_gbps": gbps, "storage_source": f"{name}: {src}", "shared_bus": shared,
         "stream_s_per_token": page_in, "compute_s_per_token": compute, "npu_window_bytes": npu,
         "npu_window_ok": None if npu is None else npu_res <= npu, "fits": None, "reasons": [],

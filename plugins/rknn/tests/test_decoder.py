@@ -19,6 +19,7 @@ import pytest
 
 import edgeinfer
 from edgeinfer.errors import InputError
+from edgeinfer.planning.decoder_paging import plan_paged_decoder
 from edgeinfer.run.generation import golden
 from edgeinfer.run.generation.generator import Generator
 from edgeinfer.run.generation.text import TextCodec
@@ -128,6 +129,12 @@ def test_paged_decoder_gives_the_unpaged_tokens(rknn, paged_artifact, unpaged, p
     assert stats["page_ins"] == 2 * (window - 1) + passes * (PAGED_SEGMENTS - (window - 1))
     assert stats["pinned"] == window - 1 and stats["window"] == window
     assert d.kv_cache_bytes == unpaged.decoder.kv_cache_bytes
+    # what `edgeinfer plan --paging W --segments 3` predicts for the board, against what ran
+    plan = plan_paged_decoder(model_dir(), "rk3588-8g", scheme="fp16", context=CTX, window=window,
+                              segments=PAGED_SEGMENTS)
+    assert plan.resident_bytes == pytest.approx(d.peak_resident_bytes, rel=0.01)
+    assert list(plan.segment_bytes) == pytest.approx(d.segment_bytes, rel=0.01)
+    assert plan.kv_bytes == d.kv_cache_bytes
 
 
 def test_w8a8_passes_the_decoder_golden_check(rknn, tmp_path_factory):
