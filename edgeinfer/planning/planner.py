@@ -91,12 +91,12 @@ def weights_bytes(spec: ModelSpec, scheme: Scheme, prof: dict) -> tuple[int, dic
 
 
 def kv_bytes(spec: ModelSpec, ctx: int, batch: int, kv_b: float) -> int:
-    """2 × kv_heads × head_dim × bytes × batch × Σ_layers(tokens cached in that layer)."""
+    """kv_elements (2 × kv_heads × head_dim, or MLA's latent) × bytes × batch × Σ_layers(tokens cached)."""
     if not spec.has_kv:
         return 0
     swa = min(spec.sliding_layers, spec.layers) if spec.sliding_window else 0
     tokens = (spec.layers - swa) * ctx + swa * min(ctx, spec.sliding_window or ctx)
-    return int(math.ceil(2 * spec.kv_heads * spec.head_dim * kv_b * batch * tokens))
+    return int(math.ceil(spec.kv_elements * kv_b * batch * tokens))
 
 
 def activation_bytes(spec: ModelSpec, ctx: int, batch: int, prof: dict) -> tuple[int, dict]:
@@ -125,11 +125,11 @@ def activation_bytes(spec: ModelSpec, ctx: int, batch: int, prof: dict) -> tuple
     ffn = tok * (2 * h + 2 * inter) * ACT_BYTES
     logits = 0 if spec.encoder else batch * spec.vocab * ACT_BYTES
     out = tok * h * ACT_BYTES if spec.encoder else 0
-    total = int(inputs + max(attn, ffn) + logits + out)
+    total = int(max(inputs + max(attn, ffn) + logits + out, spec.vision_activation_bytes))  # vision runs first
     return total, {"basis": ("whole sequence" if spec.encoder else f"prefill chunk of {n} tokens")
                    + (", fused attention" if fused else ", attention scores materialised"),
                    "tokens_per_step": n, "inputs": int(inputs), "attention": int(attn), "ffn": int(ffn),
-                   "logits": int(logits + out)}
+                   "logits": int(logits + out), "vision_encoder": spec.vision_activation_bytes}
 
 
 def decode_stream_bytes(spec: ModelSpec, scheme: Scheme, prof: dict) -> int:
