@@ -118,6 +118,10 @@ def render_plan(p: Plan) -> None:
             sp = s["paging"]
             con.print(f"  paging that fits: --paging {sp['window']} ({sp['segments']} segments, "
                       f"{_gib(sp['streamed_bytes_per_token'])}/token streamed from {sp['storage'].split(':')[0]})")
+    cal = p.board.calibration
+    if cal:
+        con.print(f"[cyan]board constants from a user calibration[/] of {cal['parent']} on {len(cal['rows'])} "
+                  f"measured row(s) ({cal['source']})")
     for w in p.warnings:
         con.print(f"[yellow]note:[/] {w}")
 

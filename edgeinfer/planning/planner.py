@@ -265,8 +265,8 @@ def _speed_constants(board: Board, runtime: str, scheme: Scheme) -> tuple[dict |
     rt = board.runtimes[runtime]
     fk = format_key(scheme)
     if fk in rt.speed:
-        c = rt.speed[fk]
-        return c.model_dump(), f"board profile constants for {runtime}/{fk}"
+        c = rt.speed[fk]  # a calibrated profile's constants say so in their source
+        return c.model_dump(), f"{c.source} constants for {runtime}/{fk}"
     if not rt.speed_group:
         return None, f"no speed constants for runtime {runtime} on {board.name}"
     table = fitted().get("speed", {})
@@ -329,7 +329,7 @@ def _memory(spec, board, runtime, scheme, ctx, batch, kv_b):
     w, wd = weights_bytes(spec, scheme, prof)
     kv = kv_bytes(spec, ctx, batch, kv_b)
     act, ad = activation_bytes(spec, ctx, batch, prof)
-    ov = prof.get("overhead_mib") or {"value": 0}
+    ov = board.runtimes[runtime].overhead() or prof.get("overhead_mib") or {"value": 0}
     rt = int(ov["value"] * MIB)
     frac = prof.get("memory_fraction")
     if frac:
