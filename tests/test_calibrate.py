@@ -153,3 +153,19 @@ def test_rows_of_other_boards_are_skipped_and_noted(tmp_path: Path) -> None:
     d = json.loads(r.stdout)
     assert len(d["rows"]) == 1 and any("rk3576-8g" in n for n in d["notes"])
     assert get_board(str(tmp_path / "o.yaml")).name == f"{BOARD}-calibrated"
+
+
+def test_calibrate_and_planning_new_architectures_stay_light(tmp_path: Path) -> None:
+    from helpers import HEAVY, imported_modules
+
+    rows = write_rows(tmp_path / "m.yaml", [{"model": "qwen3-0.6b", "quant": "w8a8", "ctx": 192, "decode": 20}])
+    out = tmp_path / "o.yaml"
+    code = ("import sys\nfrom edgeinfer.cli import main\n"
+            f"for argv in (['calibrate', {str(rows)!r}, '--board', 'rk3588-16g', '-o', {str(out)!r}],\n"
+            f"             ['plan', 'qwen2.5-vl-3b', '--board', {str(out)!r}, '--image', '640x480'],\n"
+            "             ['plan', 'deepseek-v2-lite', '--board', 'rk3588-16g']):\n"
+            "    sys.argv = ['edgeinfer', *argv]\n"
+            "    try:\n        main()\n    except SystemExit:\n        pass")
+    heavy = imported_modules(code) & set(HEAVY)
+    assert not heavy, f"calibrate/plan pulled in {sorted(heavy)}"
+    assert out.is_file()
