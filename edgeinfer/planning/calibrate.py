@@ -1,6 +1,6 @@
 """Fit a board's speed constants and runtime overhead to the user's own measurements.
 
-Decode model (docs/planner.md#speed): time per token = t0 + bytes_per_token / (bw_fraction × bandwidth),
+Decode model (docs/planner.md#speed-model): time per token = t0 + bytes_per_token / (bw_fraction × bandwidth),
 per runtime and weight format. With measured rows of at least two different sizes, t0 and the bandwidth
 are fitted by least squares on the relative error (each row weighted by 1/its time); one size only:
 t0 is kept from the parent board and the bandwidth scaled so the row is met exactly. Formats of a

@@ -2,7 +2,7 @@
 
 Each reader turns a Hugging Face config.json into a ModelSpec with the parameter counts of the
 architecture's modeling file (cited per function) and, where the cache differs from
-2 × kv_heads × head_dim per layer, ``kv_row`` or the sliding-window layer count (docs/planner.md#kv-cache).
+2 × kv_heads × head_dim per layer, ``kv_row`` or the sliding-window layer count (docs/planner.md#architectures).
 """
 
 from __future__ import annotations
