@@ -151,3 +151,44 @@ def test_new_architectures_plan_end_to_end(name: str) -> None:
     p = planner.plan(name, "rk3576-8g", quant="w4a16", ctx=4096)
     assert p.breakdown["weights"] > 0 and p.breakdown["kv_cache"] > 0
     assert p.estimates["decode_tokens_per_s"] and p.estimates["decode_tokens_per_s"] > 0
+
+
+def _write_safetensors(path, shapes: dict[str, list[int]]) -> None:
+    """A float16 safetensors file of zeros (the format: 8-byte header length, JSON header, data)."""
+    import struct
+
+    header, off = {}, 0
+    for name, shape in shapes.items():
+        n = 2
+        for d in shape:
+            n *= d
+        header[name] = {"dtype": "F16", "shape": shape, "data_offsets": [off, off + n]}
+        off += n
+    blob = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(blob)) + blob + bytes(off))
+
+
+def test_unsupported_architecture_with_safetensors_is_planned_approximately(tmp_path) -> None:
+    h, V, inter, kv_dim = 64, 1000, 256, 32  # 4 heads of 16 → 2 KV heads
+    shapes: dict[str, list[int]] = {"model.embed_tokens.weight": [V, h], "model.norm.weight": [h],
+                                    "lm_head.weight": [V, h]}
+    for i in range(3):
+        p = f"model.layers.{i}."
+        shapes.update({p + "self_attn.q_proj.weight": [h, h], p + "self_attn.k_proj.weight": [kv_dim, h],
+                       p + "self_attn.v_proj.weight": [kv_dim, h], p + "self_attn.o_proj.weight": [h, h],
+                       p + "mlp.gate_proj.weight": [inter, h], p + "mlp.up_proj.weight": [inter, h],
+                       p + "mlp.down_proj.weight": [h, inter], p + "input_layernorm.weight": [h]})
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "futurenet", "num_attention_heads": 4}))
+    _write_safetensors(tmp_path / "model.safetensors", shapes)
+    s = resolve(str(tmp_path))
+    per_layer = 2 * h * h + 2 * kv_dim * h + 3 * inter * h + h
+    assert s.params_total == 2 * V * h + h + 3 * per_layer
+    assert s.layers == 3 and s.kv_bytes_per_token(2.0) == 3 * 2 * kv_dim * 2  # K and V rows, fp16
+    p = planner.plan(str(tmp_path), "host", quant="fp16", ctx=100, kv_dtype="fp16")
+    assert p.breakdown["kv_cache"] == 3 * 2 * kv_dim * 2 * 100
+    assert p.to_dict()["model"]["architecture"] == "futurenet (approximate)"
+    assert any(w.startswith("approximate:") for w in p.warnings)
+    # no safetensors: still the one-line refusal naming the supported architectures
+    (tmp_path / "model.safetensors").unlink()
+    with pytest.raises(ModelError, match="supported: .*chatglm"):
+        resolve(str(tmp_path))

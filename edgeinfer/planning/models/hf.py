@@ -7,6 +7,7 @@ import struct
 from pathlib import Path
 
 from edgeinfer.errors import ModelError
+from edgeinfer.planning.models.approx import spec_from_shapes
 from edgeinfer.planning.models.archs import EXTRA_DECODERS, spec_from_extra
 from edgeinfer.planning.models.configkeys import layers
 from edgeinfer.planning.models.configkeys import need as _need
@@ -265,7 +266,26 @@ def read_hf_dir(path: Path, name: str | None = None) -> ModelSpec:
     if not cfg_path.is_file():
         raise ModelError(f"{path}: no config.json in this directory",
                          "pass a Hugging Face model directory, a .gguf, .onnx or .safetensors file")
-    spec = spec_from_config(read_config(cfg_path), name or path.name, str(path))
+    cfg = read_config(cfg_path)
+    files = _safetensors_files(path)
+    try:
+        spec = spec_from_config(cfg, name or path.name, str(path))
+    except ModelError as e:
+        if not files or not str(e).startswith("unsupported model_type"):
+            raise
+        spec = spec_from_shapes(cfg, safetensors_shapes(files), name or path.name, str(path))
+    if files:
+        apply_tensors(spec, safetensors_tensors(files), "safetensors")
+    return spec
+
+
+def safetensors_shapes(files: list[Path]) -> dict[str, list[int]]:
+    return {k: list(v["shape"]) for p in files for k, v in read_safetensors_header(p).items()
+            if k != "__metadata__"}
+
+
+def _safetensors_files(path: Path) -> list[Path]:
+    """The shards a model.safetensors.index.json lists, else every *.safetensors in ``path``."""
     index = path / "model.safetensors.index.json"
     files: list[Path] = []
     if index.is_file():
@@ -285,9 +305,7 @@ def read_hf_dir(path: Path, name: str | None = None) -> ModelSpec:
                              "download all shards or remove the index")
     else:
         files = sorted(path.glob("*.safetensors"))
-    if files:
-        apply_tensors(spec, safetensors_tensors(files), "safetensors")
-    return spec
+    return files
 
 
 def read_safetensors_file(path: Path) -> ModelSpec:
