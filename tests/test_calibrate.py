@@ -153,6 +153,10 @@ def test_rows_of_other_boards_are_skipped_and_noted(tmp_path: Path) -> None:
     d = json.loads(r.stdout)
     assert len(d["rows"]) == 1 and any("rk3576-8g" in n for n in d["notes"])
     assert get_board(str(tmp_path / "o.yaml")).name == f"{BOARD}-calibrated"
+    again = run("calibrate", str(tmp_path / "m.yaml"), "--board", BOARD, "-o", str(tmp_path / "o.yaml"),
+                "--name", "mine")
+    assert again.exit_code == 0, again.output  # an existing profile is overwritten
+    assert get_board(str(tmp_path / "o.yaml")).name == "mine"
 
 
 def test_calibrate_and_planning_new_architectures_stay_light(tmp_path: Path) -> None:
