@@ -3,6 +3,10 @@
 For each row: predicted decode tok/s (and memory where the source reports one) vs measured,
 absolute % error; medians per runtime, for the Rockchip vendor (grade A) rows, and leave-one-out
 errors for groups fitted on >= 3 rows (the fair figure: the row is not in its own fit).
+Calibration (`edgeinfer calibrate`, edgeinfer/planning/calibrate.py), leave-one-out: per group of
+rows from one board and one kind of source (grade A = vendor tables, grades B-D = the rest), each row is
+predicted by a profile calibrated on the group's *other* rows and compared with the packaged
+profile's prediction — before / after errors, never scoring a row the fit used.
 Run bench/fit_speed.py first. Writes bench/results/planner_accuracy.json.
 """
 
@@ -17,7 +21,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.fit_speed import fit_group, load_rows, row_facts  # noqa: E402
-from edgeinfer.planning import planner  # noqa: E402
+from edgeinfer.errors import InputError  # noqa: E402
+from edgeinfer.planning import calibrate, measurements, planner  # noqa: E402
+from edgeinfer.planning.boards import get_board  # noqa: E402
 
 MIB = 2**20
 
@@ -87,11 +93,55 @@ def main() -> dict:
         "rows": [x["row"] for x in rkc],
         "median_decode_abs_pct_error": med([x["decode_abs_pct_error"] for x in rkc]),
         "median_mem_abs_pct_error": med([x.get("mem_abs_pct_error") for x in rkc])}
-    result = {"rows": out, "summary": summary,
-              "note": "groups fitted on a single row reproduce it exactly (0% error): that is not validation"}
+    result = {"rows": out, "summary": summary, "calibration_loo": calibration_loo(rows),
+              "note": "groups fitted on a single row reproduce it exactly (0% error): that is not validation; "
+                      "calibration_loo 'before' is the packaged profile, which was fitted on the rows marked "
+                      "fit: true (in-sample for them); 'after' never saw the row it scores"}
     (ROOT / "bench" / "results").mkdir(parents=True, exist_ok=True)
     (ROOT / "bench" / "results" / "planner_accuracy.json").write_text(json.dumps(result, indent=1) + "\n")
     return result
+
+
+def _checked(r: dict) -> dict:
+    return measurements.check_row({k: v for k, v in r.items() if k != "prefill"}, f"row {r['row']}")
+
+
+def calibration_loo(rows: list[dict]) -> dict:
+    """Per (board, grade A | grades B-D) group with >= 2 planned rows: each row predicted by a profile calibrated
+    on the group's other rows (after) and by the packaged profile (before); medians of the abs % errors."""
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        if r.get("model"):
+            groups.setdefault(f"{r['board']} {'grade A' if r['grade'] == 'A' else 'grades B-D'}", []).append(r)
+    out = {}
+    for key, grp in sorted(groups.items()):
+        if len(grp) < 2:
+            continue
+        parent = get_board(grp[0]["board"])
+        recs = []
+        for r in grp:
+            rec = {"row": r["row"], "model": r["model"], "quant": r["quant"], "measured_decode": r["decode"],
+                   "in_packaged_fit": bool(r.get("fit"))}  # then "before" is in-sample for it
+            train = [_checked(o) for o in grp if o is not r]
+            try:
+                board, _, _ = calibrate.calibrate(train, parent, where="the group's other rows")
+            except InputError as e:
+                rec["refused"] = e.one_line()
+                recs.append(rec)
+                continue
+            held = calibrate.prepare([_checked(r)], parent)[0][0]
+            for tag, b in (("before", parent), ("after", board)):
+                pr = calibrate.predict(held, b)
+                rec[f"decode_{tag}"] = pr["predicted_decode"]
+                err = pr["decode_error_pct"]
+                rec[f"decode_abs_pct_error_{tag}"] = abs(err) if err is not None else None
+                if "mem_error_pct" in pr:
+                    rec[f"mem_abs_pct_error_{tag}"] = abs(pr["mem_error_pct"])
+            recs.append(rec)
+        out[key] = {"rows": recs, **{f"median_{k}_abs_pct_error_{t}": med([x.get(f"{k}_abs_pct_error_{t}")
+                                                                            for x in recs])
+                                     for k in ("decode", "mem") for t in ("before", "after")}}
+    return out
 
 
 if __name__ == "__main__":
@@ -111,3 +161,10 @@ if __name__ == "__main__":
               f"{f(x.get('predicted_mem_mib'),0):>7s} "
               f"{f(x.get('mem_abs_pct_error'),1):>6s}")
     print(json.dumps(res["summary"], indent=1))
+    print("calibration, leave-one-out (median abs % error before -> after):")
+    for k, g in res["calibration_loo"].items():
+        refused = sum(1 for x in g["rows"] if "refused" in x)
+        b, a = g["median_decode_abs_pct_error_before"], g["median_decode_abs_pct_error_after"]
+        print(f"  {k:30s} decode {b} -> {a}"
+              f"   memory {g['median_mem_abs_pct_error_before']} -> {g['median_mem_abs_pct_error_after']}"
+              f"   ({len(g['rows'])} rows{f', {refused} fits refused' if refused else ''})")

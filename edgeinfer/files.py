@@ -44,7 +44,7 @@ def check_output_file(path: Path, option: str, suffixes: tuple[str, ...] = ()) -
         raise InputError(f"{option} {path} is a directory; give a file name")
     if suffixes and path.suffix.lower() not in suffixes:
         raise InputError(f"{option} {path}: the file name must end in {', '.join(suffixes)}")
-    _check_creatable(path, option)
+    _check_creatable(path.parent if path.is_file() else path, option)  # an existing file is overwritten
 
 
 def _check_creatable(path: Path, option: str) -> None:

@@ -44,18 +44,22 @@ def _int_list(value: str, what: str, largest: int) -> list[int]:
 @click.option("--repeat", type=int, default=None,
               help=f"Timed runs per case [default: {ENCODER_REPEAT} for encoders, 3 for decoders].")
 @click.option("--device", "-d", help="Device of the backend.")
+@click.option("--board", "board", default=None, help="Decoder bundles: board (name or YAML) the self-check plans "
+              "for [default: the bundle's].")
 @click.option("--plot", type=click.Path(path_type=Path), help="Write a PNG chart of throughput and latency.")
 @click.option("--output", "-o", type=click.Path(path_type=Path), help="Also write the JSON report to this file.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 def bench(bundle_dir: Path, batch: str | None, seq: str | None, prompt_lengths: str | None, new_tokens: int | None,
           ctx: int | None, backend: str | None, threads: int | None, repeat: int | None, device: str | None,
-          plot: Path | None, output: Path | None, as_json: bool) -> None:
+          plot: Path | None, output: Path | None, as_json: bool, board: str | None = None) -> None:
     """Latency, throughput and peak memory of MODEL_OR_BUNDLE.
 
     \b
     Encoder bundle: latency p50/p95/p99 and samples/s per batch size.
     Decoder (Hugging Face causal-LM directory or decoder bundle): TTFT, prefill and decode
-    tokens/s, TPOT p50/p99, peak RSS and KV cache bytes per prompt length, greedy.
+    tokens/s, TPOT p50/p99, peak RSS and KV cache bytes per prompt length, greedy. A decoder
+    bundle is also compared with what `edgeinfer plan` predicts (self_check in the JSON; its
+    rows are input for `edgeinfer calibrate`).
     """
     from edgeinfer.files import check_output_file
     from edgeinfer.run import benchmark
@@ -83,16 +87,19 @@ def bench(bundle_dir: Path, batch: str | None, seq: str | None, prompt_lengths: 
             loaded.close()
             raise InputError("--batch and --seq apply to encoder bundles; for a decoder use --prompt-lengths")
         report = _bench_decoder(loaded, bundle_dir, lengths, new_tokens, repeat, as_json)
+        check = _self_check(bundle_dir, report, board)
+        if check is not None:
+            report["self_check"] = check
         if plot:
             from edgeinfer.run.generation import bench as decoder_bench
 
             report["plot"] = str(decoder_bench.plot(report, plot))
         render = _render_decoder
     else:
-        if lengths or new_tokens is not None or ctx is not None:
+        if lengths or new_tokens is not None or ctx is not None or board is not None:
             loaded.close()
-            raise InputError("--prompt-lengths, --new-tokens and --ctx apply to decoders; for an encoder bundle "
-                             "use --batch and --seq")
+            raise InputError("--prompt-lengths, --new-tokens, --ctx and --board apply to decoders; for an encoder "
+                             "bundle use --batch and --seq")
         report = _bench_encoder(loaded, bundle_dir, batches, seqs, repeat, as_json)
         if plot:
             report["plot"] = str(benchmark.plot(report, plot))
@@ -128,6 +135,34 @@ def _bench_decoder(gen: Any, model: Path, lengths: list[int] | None, new_tokens:
         return decoder_bench.bench(gen, str(model), lengths, new_tokens or decoder_bench.DEFAULT_NEW_TOKENS,
                                    repeat or decoder_bench.DEFAULT_REPEAT,
                                    progress=Progress(enabled=None if not as_json else False))
+
+
+def _self_check(path: Path, report: dict[str, Any], board: str | None) -> dict[str, Any] | None:
+    """The plan's predictions for a decoder bundle next to the measurements; None for a model directory."""
+    from edgeinfer.errors import BoardError
+    from edgeinfer.planning.boards import get_board
+    from edgeinfer.planning.models.hf import read_config, spec_from_config
+    from edgeinfer.planning.selfcheck import self_check
+    from edgeinfer.run.bundle import Bundle, is_bundle
+    from edgeinfer.run.decoder_bundle import TOKENIZER
+
+    if not is_bundle(path):
+        if board is not None:
+            raise InputError("--board applies to decoder bundles (the self-check); this is a model directory")
+        return None
+    m = Bundle.open(path).manifest
+    cfg_path = path / (m.decoder or {}).get("tokenizer", TOKENIZER) / "config.json"
+    if not cfg_path.is_file():
+        return {"skipped": "the bundle keeps no config.json: nothing to plan from"}
+    try:
+        b = get_board(board or m.board)
+    except BoardError as e:
+        if board is not None:
+            raise
+        return {"skipped": f"{e.one_line()}; pass --board PROFILE.yaml"}
+    cfg = read_config(cfg_path)
+    spec = spec_from_config(cfg, m.source.get("name") or path.name, str(cfg_path))
+    return self_check(report, spec, cfg, b, m.scheme, m.decoder["context"], f"edgeinfer bench {path.name}")
 
 
 def _bench_encoder(session: Any, bundle_dir: Path, batches: list[int] | None, seqs: list[int] | None,
@@ -179,5 +214,31 @@ def _render_decoder(r: dict[str, Any]) -> None:
     console().print(t)
     for note in r["notes"]:
         console().print(f"note: {note}")
+    _render_self_check(r.get("self_check"))
     if r.get("plot"):
         console().print(f"chart: {r['plot']}")
+
+
+def _render_self_check(sc: dict[str, Any] | None) -> None:
+    if not sc:
+        return
+    con = console()
+    if sc.get("skipped"):
+        con.print(f"self-check: skipped ({sc['skipped']})")
+        return
+
+    def cell(meas: float | None, pred: float | None, err: float | None, fmt: str) -> str:
+        if meas is None:
+            return "-"
+        return f"{meas:{fmt}} vs {pred:{fmt}} ({err:+.0f}%)" if pred is not None else f"{meas:{fmt}} vs -"
+
+    con.print(f"self-check against `edgeinfer plan` on {sc['board']} ({sc['runtime']}, {sc['scheme']}, ctx "
+              f"{sc['context']}; {sc['speed_basis']}): measured vs predicted (error of the prediction)")
+    for c in sc["comparisons"]:
+        dec = cell(c["decode_tokens_per_s"], c["predicted_decode_tokens_per_s"], c["decode_error_pct"], ".1f")
+        con.print(f"  prompt {c['prompt_tokens']}: decode {dec}"
+                  f" tok/s, TTFT {cell(c['ttft_ms'], c['predicted_ttft_ms'], c['ttft_error_pct'], '.0f')} ms, "
+                  f"peak {cell(c['peak_mib'], c['predicted_peak_mib'], c['peak_error_pct'], '.0f')} MiB")
+    for n in sc["notes"]:
+        con.print(f"  note: {n}")
+    con.print("  (the JSON's self_check.rows are input for `edgeinfer calibrate`)")

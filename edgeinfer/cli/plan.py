@@ -69,8 +69,9 @@ def render_plan(p: Plan) -> None:
     t.add_column("basis", overflow="fold")
     det = p.details
     basis = {"weights": det["weights"].get("basis", ""),
-             "kv_cache": f"2 × layers × kv_heads × head_dim × ctx × batch × {det['kv_cache']['bytes_per_element']:g} "
-                         "B",
+             "kv_cache": ("layers × (kv_lora_rank + rope dim) latent (MLA)" if p.model.kv_row else
+                          "2 × layers × kv_heads × head_dim") + " × ctx × batch × "
+                         f"{det['kv_cache']['bytes_per_element']:g} B",
              "activations": det["activations"].get("basis", ""),
              "runtime": f"{p.runtime}: {_ref(det['runtime']['source'])}",
              "reserved": f"OS / driver: {_ref(det['reserved']['source'])}"}
@@ -123,6 +124,10 @@ def render_plan(p: Plan) -> None:
             sp = s["paging"]
             con.print(f"  paging that fits: --paging {sp['window']} ({sp['segments']} segments, "
                       f"{_gib(sp['streamed_bytes_per_token'])}/token streamed from {sp['storage'].split(':')[0]})")
+    cal = p.board.calibration
+    if cal:
+        con.print(f"[cyan]board constants from a user calibration[/] of {cal['parent']} on {len(cal['rows'])} "
+                  f"measured row(s) ({cal['source']})")
     for w in p.warnings:
         con.print(f"[yellow]note:[/] {w}")
 
@@ -164,11 +169,13 @@ def render_matrix(m: PlanMatrix) -> None:
 @click.option("--segments", type=int, default=None, metavar="N", help="With --paging: N segments (default: layers).")
 @click.option("--storage", default=None, help="With --paging: where streamed weights come from "
               "(board, nvme, emmc, sd, dram; default: the board's, else emmc).")
+@click.option("--image", default=None, metavar="WxH", help="Vision-language models: one image of this size "
+              "(default 448x448; Gemma 3 always 896x896).")
 @click.option("--json", "as_json", is_flag=True, help="Print only JSON (schema edgeinfer/schemas/plan.schema.json).")
 @click.pass_context
 def plan_cmd(ctx: click.Context, models: tuple[str, ...], board: str, quant: str | None, ctx_len: int, batch: int,
              kv_dtype: str | None, runtime: str | None, as_json: bool, paging: int | None = None,
-             segments: int | None = None, storage: str | None = None) -> None:
+             segments: int | None = None, storage: str | None = None, image: str | None = None) -> None:
     """Will MODEL fit BOARD, how fast, and what to change if not.
 
     MODEL: catalog name or HF id (Qwen/Qwen3-8B), HF directory, config.json, .gguf, .onnx, .safetensors,
@@ -177,7 +184,7 @@ def plan_cmd(ctx: click.Context, models: tuple[str, ...], board: str, quant: str
     from edgeinfer.planning.matrix import PlanMatrix, plan_models
 
     answer = plan_models(models, board, quant=quant, ctx=ctx_len, batch=batch, kv_dtype=kv_dtype, runtime=runtime,
-                         paging=paging, segments=segments, storage=storage)
+                         paging=paging, segments=segments, storage=storage, image=image)
     render = render_matrix if isinstance(answer, PlanMatrix) else render_plan
     emit(answer.to_dict(), as_json, lambda _: render(answer))
     if not answer.fits:

@@ -58,7 +58,11 @@ class Runtime(BaseModel):
     max_context: int | None = Field(default=None, gt=0)
     speed_group: str | None = None  # key into the fitted speed constants (edgeinfer/data/speed_constants.json)
     speed: dict[str, SpeedConst] = {}  # inline constants per weight format, override the fitted ones
+    overhead_mib: Fact | None = None  # runtime memory overhead on this board (a calibration), overrides runtimes.yaml
     notes: list[str] = []
+
+    def overhead(self) -> dict | None:
+        return self.overhead_mib.model_dump() if self.overhead_mib else None
 
     @field_validator("schemes")
     @classmethod
@@ -89,6 +93,7 @@ class Board(BaseModel):
     backend_runtime: str | None = None  # the runtime edgeinfer's own backend uses here (deploy plans with it)
     target: str | None = None  # what the backend compiles for (rknn: rk3588; openvino: npu); default: family
     notes: list[str] = []
+    calibration: dict | None = None  # `edgeinfer calibrate`: parent board, rows fitted on, per-row errors
     origin: str = "packaged"  # where the profile was loaded from (set by the loader)
 
     @field_validator("default_runtime")

@@ -15,7 +15,7 @@ from typing import Any
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.planning import planner
 from edgeinfer.planning.boards import board_names
-from edgeinfer.planning.models import resolve
+from edgeinfer.planning.models import resolve, vision
 
 KIND = "edgeinfer.plan_matrix"
 
@@ -38,13 +38,16 @@ class PlanMatrix:
         return {"schema_version": planner.SCHEMA_VERSION, "kind": KIND, "fits": self.fits, "plans": self.plans}
 
 
-def plan_models(models: Sequence[str], board: str, ctx: int = 4096, batch: int = 1,
+def plan_models(models: Sequence[str], board: str, ctx: int = 4096, batch: int = 1, image: str | None = None,
                 **options: Any) -> planner.Plan | PlanMatrix:
     """One model on one named board → its Plan (with suggestions); otherwise the matrix (no suggestions).
 
-    ``options`` are :func:`edgeinfer.planning.planner.plan`'s (quant, kv_dtype, runtime, paging, ...)."""
+    ``options`` are :func:`edgeinfer.planning.planner.plan`'s (quant, kv_dtype, runtime, paging, ...);
+    ``image`` ("WxH") sizes the vision encoder's activations of vision-language models."""
     ctx, batch = planner.check_int("ctx", ctx), planner.check_int("batch", batch)
     specs = [resolve(m) for m in models]
+    if image is not None:
+        specs = [vision.set_image(s, *vision.parse_image(image)) for s in specs]
     if board != "all" and len(models) == 1:
         return planner.plan(specs[0], board, ctx=ctx, batch=batch, **options)
     boards = board_names() if board == "all" else [board]

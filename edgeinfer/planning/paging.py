@@ -67,6 +67,7 @@ def plan_paging(
     window: int,
     *,
     other_resident_bytes: int = 0,
+    segment_buffer_bytes: int = 0,
     capacity_bytes: int | None = None,
     npu_window_bytes: int | None = None,
     storage_gbps: float | None = None,
@@ -84,8 +85,10 @@ def plan_paging(
     """The paging cost model (docs/paging.md).
 
     Resident = the peak bytes of the ``window`` segments the schedule keeps (see :func:`simulate`)
-    + ``other_resident_bytes`` (KV cache, activations, runtime, OS). Per decode step the schedule
-    pages in ``steady_bytes`` (every non-resident byte, once per token) at ``storage_gbps``;
+    + ``segment_buffer_bytes`` for each of them (every loaded runtime instance allocates its own
+    activation buffers: docs/paging.md, measured) + ``other_resident_bytes`` (KV cache, runtime, OS).
+    Per decode step the schedule pages in ``steady_bytes`` (every non-resident byte, once per token)
+    at ``storage_gbps``;
     prefetch overlaps that with compute only when a segment's compute takes at least as long as
     its load: step = max(compute, stream) with prefetch, compute + stream without. With
     ``shared_bus`` (weights paged from DRAM into the NPU's buffers) the copy reads and writes the
@@ -99,10 +102,13 @@ def plan_paging(
     sim = simulate(segment_bytes, w, prefetch, resident_prefix)
     stream = sim["steady_bytes"]
     resident_w = sim["peak_resident_bytes"]
+    buffers = segment_buffer_bytes * sim["peak_resident_segments"]
     out: dict[str, Any] = {
         "window": window, "segments": n, "segment_bytes": list(segment_bytes),
         "largest_segment_bytes": max(segment_bytes) if n else 0,
-        "resident_weight_bytes": resident_w, "resident_total_bytes": resident_w + other_resident_bytes,
+        "resident_weight_bytes": resident_w, "resident_total_bytes": resident_w + buffers + other_resident_bytes,
+        "resident_instances": sim["peak_resident_segments"], "segment_buffer_bytes": segment_buffer_bytes,
+        "buffer_bytes": buffers,
         "streamed_bytes_per_token": stream, "loads_per_token": len(sim["steady_loads"]),
         "prefetch": sim["prefetch_effective"], "storage_gbps": storage_gbps, "storage_source": storage_source,
         "fits": None, "reasons": [], "npu_window_ok": None,
@@ -190,6 +196,14 @@ def _paging_inputs(p: Any, storage: str | None, prefill_chunk: int) -> dict[str,
     }
 
 
+def _resident_parts(p: Any) -> dict[str, int]:
+    """What stays resident besides the weights: the plan's activations once per resident segment
+    (each segment is its own runtime instance with its own buffers), everything else once."""
+    act = int(p.breakdown.get("activations", 0))
+    other = sum(v for k, v in p.breakdown.items() if k not in ("weights", "activations"))
+    return {"other_resident_bytes": other, "segment_buffer_bytes": act}
+
+
 @dataclass
 class PagedPlan:
     """The paging cost model's answer for one plan; the planner merges it (``planner._merge_paging``)."""
@@ -215,9 +229,8 @@ def paged_plan(p: Any, window: int, segments: int | None, storage: str | None, p
         raise InputError(f"{p.runtime} runs whole models: layer paging of a decoder is planned on {rt}",
                          f"drop --runtime {p.runtime}, or pass --runtime {rt}")
     seg = _plan_segments(p, segments)
-    other = sum(v for k, v in p.breakdown.items() if k != "weights")
     inputs = _paging_inputs(p, storage, prefill_chunk)
-    res = plan_paging(seg, window, other_resident_bytes=other, **inputs)
+    res = plan_paging(seg, window, **_resident_parts(p), **inputs)
     res["storage"] = res["storage_source"].split(":")[0]
     npu = [npu_window_reason(res["resident_weight_bytes"], inputs["npu_window_bytes"])] \
         if res.get("npu_window_ok") is False else []
@@ -237,9 +250,8 @@ def suggest_window(p: Any, prefill_chunk: int, segments: int | None = None, stor
     except EdgeInferError:
         return None
     weights = int(p.details.get("weights", {}).get("total_bytes_unpaged", p.breakdown["weights"]))
-    other = sum(v for k, v in p.breakdown.items() if k != "weights")
     for w in range(len(seg), 0, -1):
-        res = plan_paging(seg, w, other_resident_bytes=other, **inputs)
+        res = plan_paging(seg, w, **_resident_parts(p), **inputs)
         if res["fits"] is not False:
             if w == len(seg) and res["resident_weight_bytes"] >= weights and not p.fits:
                 continue  # everything resident is the unpaged plan, which does not fit

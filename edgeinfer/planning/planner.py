@@ -91,12 +91,12 @@ def weights_bytes(spec: ModelSpec, scheme: Scheme, prof: dict) -> tuple[int, dic
 
 
 def kv_bytes(spec: ModelSpec, ctx: int, batch: int, kv_b: float) -> int:
-    """2 × kv_heads × head_dim × bytes × batch × Σ_layers(tokens cached in that layer)."""
+    """kv_elements (2 × kv_heads × head_dim, or MLA's latent) × bytes × batch × Σ_layers(tokens cached)."""
     if not spec.has_kv:
         return 0
     swa = min(spec.sliding_layers, spec.layers) if spec.sliding_window else 0
     tokens = (spec.layers - swa) * ctx + swa * min(ctx, spec.sliding_window or ctx)
-    return int(math.ceil(2 * spec.kv_heads * spec.head_dim * kv_b * batch * tokens))
+    return int(math.ceil(spec.kv_elements * kv_b * batch * tokens))
 
 
 def activation_bytes(spec: ModelSpec, ctx: int, batch: int, prof: dict) -> tuple[int, dict]:
@@ -125,11 +125,11 @@ def activation_bytes(spec: ModelSpec, ctx: int, batch: int, prof: dict) -> tuple
     ffn = tok * (2 * h + 2 * inter) * ACT_BYTES
     logits = 0 if spec.encoder else batch * spec.vocab * ACT_BYTES
     out = tok * h * ACT_BYTES if spec.encoder else 0
-    total = int(inputs + max(attn, ffn) + logits + out)
+    total = int(max(inputs + max(attn, ffn) + logits + out, spec.vision_activation_bytes))  # vision runs first
     return total, {"basis": ("whole sequence" if spec.encoder else f"prefill chunk of {n} tokens")
                    + (", fused attention" if fused else ", attention scores materialised"),
                    "tokens_per_step": n, "inputs": int(inputs), "attention": int(attn), "ffn": int(ffn),
-                   "logits": int(logits + out)}
+                   "logits": int(logits + out), "vision_encoder": spec.vision_activation_bytes}
 
 
 def decode_stream_bytes(spec: ModelSpec, scheme: Scheme, prof: dict) -> int:
@@ -265,8 +265,8 @@ def _speed_constants(board: Board, runtime: str, scheme: Scheme) -> tuple[dict |
     rt = board.runtimes[runtime]
     fk = format_key(scheme)
     if fk in rt.speed:
-        c = rt.speed[fk]
-        return c.model_dump(), f"board profile constants for {runtime}/{fk}"
+        c = rt.speed[fk]  # a calibrated profile's constants say so in their source
+        return c.model_dump(), f"{c.source} constants for {runtime}/{fk}"
     if not rt.speed_group:
         return None, f"no speed constants for runtime {runtime} on {board.name}"
     table = fitted().get("speed", {})
@@ -329,7 +329,7 @@ def _memory(spec, board, runtime, scheme, ctx, batch, kv_b):
     w, wd = weights_bytes(spec, scheme, prof)
     kv = kv_bytes(spec, ctx, batch, kv_b)
     act, ad = activation_bytes(spec, ctx, batch, prof)
-    ov = prof.get("overhead_mib") or {"value": 0}
+    ov = board.runtimes[runtime].overhead() or prof.get("overhead_mib") or {"value": 0}
     rt = int(ov["value"] * MIB)
     frac = prof.get("memory_fraction")
     if frac:
@@ -432,6 +432,7 @@ def _merge_paging(p: Plan, r: PagedPlan, unpaged: Verdict) -> None:
     p.details["weights"] = {**p.details.get("weights", {}), "total_bytes_unpaged": r.unpaged_weight_bytes,
                             "paged": f"{r.resident_segments} of {r.segments} segments resident"}
     p.breakdown["weights"] = r.resident_weight_bytes
+    p.breakdown["activations"] = int(res["buffer_bytes"])  # each resident segment's own buffers (docs/paging.md)
     p.reasons = list(unpaged.reasons_but_memory)
     if p.total_bytes > p.capacity_bytes:
         p.reasons.append(f"needs {p.total_bytes / GIB:.2f} GiB with {r.resident_segments} segment(s) resident, "

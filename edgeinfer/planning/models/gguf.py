@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from edgeinfer.errors import ModelError
-from edgeinfer.planning.models.hf import MAX_LAYERS
+from edgeinfer.planning.models.configkeys import MAX_LAYERS
 from edgeinfer.planning.models.spec import ModelSpec
 
 _FTYPE_NAMES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K",

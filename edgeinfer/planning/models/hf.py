@@ -7,43 +7,21 @@ import struct
 from pathlib import Path
 
 from edgeinfer.errors import ModelError
+from edgeinfer.planning.models.approx import spec_from_shapes
+from edgeinfer.planning.models.archs import EXTRA_DECODERS, spec_from_extra
+from edgeinfer.planning.models.configkeys import layers
+from edgeinfer.planning.models.configkeys import need as _need
+from edgeinfer.planning.models.configkeys import opt as _opt
 from edgeinfer.planning.models.spec import ModelSpec
 
 DECODERS = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma2", "phi3")
 ENCODERS = ("bert", "xlm-roberta")
-SUPPORTED = DECODERS + ENCODERS
+SUPPORTED = DECODERS + EXTRA_DECODERS + ENCODERS
 
 # safetensors dtype -> bytes per element
 ST_DTYPES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
              "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "U32": 4, "U64": 8}
 _TORCH_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
-
-
-MAX_DIM = 2**40  # no real model comes near; larger values are corruption and overflow the arithmetic
-MAX_LAYERS = 100_000  # planners and the paging model walk the layers one by one
-
-
-def _need(cfg: dict, key: str, where: str):
-    if key not in cfg or cfg[key] is None:
-        raise ModelError(f"{where}: config.json is missing required key '{key}'",
-                         "pass a complete Hugging Face config.json")
-    return _positive(cfg, key, where)
-
-
-def _opt(cfg: dict, key: str, where: str, minimum: int = 1) -> int | None:
-    """An optional integer key: absent or null → None; otherwise an integer ≥ ``minimum``."""
-    if cfg.get(key) is None:
-        return None
-    return _positive(cfg, key, where, minimum)
-
-
-def _positive(cfg: dict, key: str, where: str, minimum: int = 1) -> int:
-    v = cfg[key]
-    if isinstance(v, bool) or not isinstance(v, int) or not minimum <= v <= MAX_DIM:
-        what = "a positive integer" if minimum == 1 else f"an integer ≥ {minimum}"
-        raise ModelError(f"{where}: config key '{key}' must be {what}, got {v!r}",
-                         "fix config.json or download it again")
-    return v
 
 
 def spec_from_config(cfg: dict, name: str, source: str) -> ModelSpec:
@@ -60,10 +38,9 @@ def spec_from_config(cfg: dict, name: str, source: str) -> ModelSpec:
         mt = "xlm-roberta"
     if mt not in SUPPORTED:
         raise ModelError(f"unsupported model_type '{mt}' in {source}", "supported: " + ", ".join(SUPPORTED))
-    L = _need(cfg, "num_hidden_layers", source)
-    if L > MAX_LAYERS:
-        raise ModelError(f"{source}: num_hidden_layers {L} is not a real layer count (at most {MAX_LAYERS})",
-                         "fix config.json or download it again")
+    if mt in EXTRA_DECODERS:
+        return spec_from_extra(cfg, mt, name, source)
+    L = layers(cfg, "num_hidden_layers", source)
     h = _need(cfg, "hidden_size", source)
     nh = _need(cfg, "num_attention_heads", source)
     V = _need(cfg, "vocab_size", source)
@@ -289,7 +266,26 @@ def read_hf_dir(path: Path, name: str | None = None) -> ModelSpec:
     if not cfg_path.is_file():
         raise ModelError(f"{path}: no config.json in this directory",
                          "pass a Hugging Face model directory, a .gguf, .onnx or .safetensors file")
-    spec = spec_from_config(read_config(cfg_path), name or path.name, str(path))
+    cfg = read_config(cfg_path)
+    files = _safetensors_files(path)
+    try:
+        spec = spec_from_config(cfg, name or path.name, str(path))
+    except ModelError as e:
+        if not files or not str(e).startswith("unsupported model_type"):
+            raise
+        spec = spec_from_shapes(cfg, safetensors_shapes(files), name or path.name, str(path))
+    if files:
+        apply_tensors(spec, safetensors_tensors(files), "safetensors")
+    return spec
+
+
+def safetensors_shapes(files: list[Path]) -> dict[str, list[int]]:
+    return {k: list(v["shape"]) for p in files for k, v in read_safetensors_header(p).items()
+            if k != "__metadata__"}
+
+
+def _safetensors_files(path: Path) -> list[Path]:
+    """The shards a model.safetensors.index.json lists, else every *.safetensors in ``path``."""
     index = path / "model.safetensors.index.json"
     files: list[Path] = []
     if index.is_file():
@@ -309,9 +305,7 @@ def read_hf_dir(path: Path, name: str | None = None) -> ModelSpec:
                              "download all shards or remove the index")
     else:
         files = sorted(path.glob("*.safetensors"))
-    if files:
-        apply_tensors(spec, safetensors_tensors(files), "safetensors")
-    return spec
+    return files
 
 
 def read_safetensors_file(path: Path) -> ModelSpec:

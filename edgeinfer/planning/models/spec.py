@@ -25,6 +25,10 @@ class ModelSpec:
     sliding_window: int | None = None
     sliding_layers: int = 0  # how many layers use the sliding window
     max_position: int | None = None
+    kv_row: int = 0  # elements cached per token per layer (K and V together) when not 2 × kv_heads × head_dim (MLA)
+    vision_params: int = 0  # vision encoder + projector (in params_total, never read per decode token)
+    vision: dict = field(default_factory=dict)  # vision encoder shape facts (planning/models/vision.py)
+    vision_activation_bytes: int = 0  # vision encoder buffers for the stated image size (0: no image planned)
     params_total: int = 0  # every stored parameter (embedding + lm_head when untied)
     params_active: int = 0  # read per decode token: non-embedding (active experts) + lm_head
     embedding_params: int = 0  # token-embedding lookup table
@@ -47,11 +51,17 @@ class ModelSpec:
     def is_moe(self) -> bool:
         return self.n_experts > 0
 
+    @property
+    def kv_elements(self) -> int:
+        """Elements cached per token in one layer: K and V (2 × kv_heads × head_dim) unless the
+        architecture caches something else (MLA: the compressed latent + the rope key)."""
+        return self.kv_row or 2 * self.kv_heads * self.head_dim
+
     def kv_bytes_per_token(self, bytes_per_elem: float = 2.0) -> float:
-        """2 (K,V) × layers × kv_heads × head_dim × bytes; 0 for encoders."""
+        """layers × kv_elements × bytes (every layer at full context); 0 for encoders."""
         if not self.has_kv:
             return 0.0
-        return 2 * self.layers * self.kv_heads * self.head_dim * bytes_per_elem
+        return self.layers * self.kv_elements * bytes_per_elem
 
     def to_dict(self) -> dict:
         d = asdict(self)

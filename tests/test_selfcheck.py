@@ -1,0 +1,84 @@
+"""The planner checks itself after `edgeinfer bench` of a decoder bundle, and the bench JSON's
+self-check rows calibrate a board profile (`edgeinfer calibrate`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from edgeinfer.cli import invoke
+from edgeinfer.planning import planner
+from edgeinfer.planning.boards import host_board, load_board_file
+
+
+def _run(capsys, *args: str) -> tuple[int, str, str]:
+    rc = invoke(list(args))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.fixture(scope="module")
+def cpu_profile(tmp_path_factory) -> Path:
+    """This machine as a board profile with a bandwidth claim (a stand-in figure: the host claims none),
+    so that the planner predicts decode speed here. Generous, because the tiny model's weights stay in
+    the CPU caches: calibration refuses rows that imply more than 1.5 × the claimed bandwidth."""
+    d = host_board().model_dump(mode="json", exclude={"origin", "calibration"})
+    d.update(name="cpu-box", bandwidth_gbps={"value": 200.0, "source": "test stand-in: assumed 200 GB/s"})
+    path = tmp_path_factory.mktemp("board") / "cpu-box.yaml"
+    path.write_text(yaml.safe_dump(d))
+    return path
+
+
+@pytest.fixture(scope="module")
+def bench_json(tiny_qwen3_host_bundle, cpu_profile, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("bench") / "bench.json"
+    rc = invoke(["bench", str(tiny_qwen3_host_bundle), "--board", str(cpu_profile), "--prompt-lengths", "16",
+                 "--new-tokens", "16", "--repeat", "2", "--json", "-o", str(out)])
+    assert rc == 0
+    return out
+
+
+def test_bench_records_the_plans_predictions_next_to_the_measurements(bench_json: Path, cpu_profile: Path,
+                                                                      tiny_qwen3_host_bundle: Path) -> None:
+    r = json.loads(bench_json.read_text())
+    sc = r["self_check"]
+    assert sc["board"] == "cpu-box" and sc["scheme"] == "fp32" and sc["context"] == 256
+    (c,) = sc["comparisons"]
+    measured = r["results"][0]
+    assert c["decode_tokens_per_s"] == measured["decode_tokens_per_s"]
+    assert c["peak_mib"] == pytest.approx(measured["peak_rss_bytes"] / 2**20, abs=0.1)
+    # the prediction is the plan's for the same board, model, scheme and context (weights + KV + act + runtime)
+    cfg = tiny_qwen3_host_bundle / "tokenizer" / "config.json"
+    p = planner.plan(str(cfg), str(cpu_profile), quant="fp32", ctx=256, suggest=False)
+    bd = p.breakdown
+    assert c["predicted_peak_mib"] == pytest.approx((bd["weights"] + bd["kv_cache"] + bd["activations"]
+                                                     + bd["runtime"]) / 2**20, abs=0.1)
+    assert c["peak_error_pct"] == pytest.approx((c["predicted_peak_mib"] - c["peak_mib"]) / c["peak_mib"] * 100,
+                                                abs=0.1)
+    (row,) = sc["rows"]
+    assert row["decode"] == measured["decode_tokens_per_s"] and row["ctx"] == 32 and row["mem_ctx"] == 256
+
+
+def test_bench_json_calibrates_the_board(bench_json: Path, cpu_profile: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "cal.yaml"
+    rc, _, err = _run(capsys, "calibrate", str(bench_json), "--board", str(cpu_profile), "-o", str(out), "--json")
+    assert rc == 0, err
+    b = load_board_file(out)
+    (row,) = b.calibration["rows"]
+    measured = json.loads(bench_json.read_text())["results"][0]
+    # one row: the bandwidth is solved so that the row is met (t0 0: the parent has no constants)
+    assert row["predicted_decode"] == pytest.approx(measured["decode_tokens_per_s"], rel=0.01)
+    # memory: the runtime overhead absorbs what the plan did not see, so the peak is met too
+    assert row["predicted_mem_mib"] == pytest.approx(measured["peak_rss_bytes"] / 2**20, rel=0.01)
+    assert b.calibration["rows_before"][0]["predicted_decode"] is None  # the parent had no speed model
+
+
+def test_bench_board_option_is_refused_for_a_model_directory(capsys) -> None:
+    from edgeinfer.testing.llm import model_dir
+
+    rc, _, err = _run(capsys, "bench", str(model_dir()), "--board", "rk3588-16g", "--ctx", "32",
+                      "--prompt-lengths", "4", "--new-tokens", "2", "--repeat", "1", "--threads", "1")
+    assert rc == 2 and "decoder bundles" in err
