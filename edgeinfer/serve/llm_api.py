@@ -5,7 +5,7 @@ Request and response shapes follow OpenAI's API reference
 (https://platform.openai.com/docs/api-reference/chat/create and /completions/create). Supported fields:
 ``messages``/``prompt``, ``max_tokens`` (``max_completion_tokens``), ``temperature`` (default 1 as in
 OpenAI's API; 0 is greedy), ``top_p``, ``seed``, ``stop``, ``n`` (1 only), ``stream``,
-``stream_options.include_usage``; others are ignored.
+``stream_options.include_usage`` and vLLM's ``ignore_eos``; others are ignored.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ class _Sampling(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    ignore_eos: bool = Field(False, description="Keep generating past EOS (vLLM's extension; for benchmarks).")
 
 
 class ChatMessage(BaseModel):
@@ -144,7 +145,8 @@ def prompt_and_options(eng: Engine, body: Any, chat: bool) -> tuple[list[int], d
                             f"max_tokens is {wanted if wanted is not None else 'at least 1'}; {fix}")
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     options = {"max_new_tokens": wanted or room, "temperature": 1.0 if body.temperature is None else body.temperature,
-               "top_p": 1.0 if body.top_p is None else body.top_p, "seed": body.seed, "stop": tuple(stop)}
+               "top_p": 1.0 if body.top_p is None else body.top_p, "seed": body.seed, "stop": tuple(stop),
+               "ignore_eos": body.ignore_eos}
     try:
         from edgeinfer.run.generation.options import GenerationOptions
 
