@@ -33,7 +33,7 @@ PROMPTS = ["The history of the city", "Once upon a time", "Rivers flow into", "I
 def generator():
     import edgeinfer
 
-    with edgeinfer.load(model_dir(), ctx=CTX) as g:
+    with edgeinfer.load(model_dir(), ctx=CTX, threads=1) as g:
         yield g
 
 
@@ -41,7 +41,7 @@ def generator():
 def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("serve-llm") / "log"
     with ServerProc([model_dir()], "--slots", str(SLOTS), "--max-queue", str(QUEUE), "--ctx", str(CTX),
-                    log=log) as s:
+                    "--threads", "1", log=log) as s:
         yield s
 
 
@@ -224,7 +224,7 @@ def test_killed_worker_ends_its_streams_with_an_error_and_restarts(server, gener
 
 
 def test_sigterm_during_streams_finishes_them_and_exits_0(tmp_path):
-    server = ServerProc([model_dir()], "--slots", "2", "--ctx", str(CTX), log=tmp_path / "log")
+    server = ServerProc([model_dir()], "--slots", "2", "--ctx", str(CTX), "--threads", "1", log=tmp_path / "log")
     c = client(server)
     done: list[str] = []
     started = threading.Barrier(3)

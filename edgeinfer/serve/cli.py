@@ -42,6 +42,8 @@ EXTRAS = ("fastapi", "uvicorn", "starlette", "pydantic", "prometheus_client", "h
               help="Decoders: prompt tokens per prefill call between decode steps [default: 128].")
 @click.option("--generation-timeout-s", default=300.0, show_default=True, type=float,
               help="Decoders: longest generation (streams end with an error event, others get 504).")
+@click.option("--threads", default=None, type=int,
+              help="Decoders: CPU threads of the decoder worker, for backends that take it (default: theirs).")
 @click.option("--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning"]))
 def serve_cmd(
     bundles: tuple[Path, ...],
@@ -60,6 +62,7 @@ def serve_cmd(
     ctx: int | None,
     prefill_chunk: int | None,
     generation_timeout_s: float,
+    threads: int | None,
     log_level: str,
 ) -> None:
     """Serve BUNDLE(s) over HTTP: /v1/embeddings, /v1/infer, /v1/chat/completions, /v1/completions,
@@ -81,6 +84,7 @@ def serve_cmd(
         ctx=ctx,
         prefill_chunk=prefill_chunk,
         generation_timeout_s=generation_timeout_s,
+        threads=threads,
     ).check()
     serve = _app_serve()
     serve(config, log_level=log_level)

@@ -32,6 +32,7 @@ class ServeConfig:
     ctx: int | None = None  # positions per sequence; None: the bundle's (an HF dir: its limit, at most 2048)
     prefill_chunk: int | None = None  # prompt tokens per prefill call between decode steps (None: 128)
     generation_timeout_s: float = 300.0
+    threads: int | None = None  # CPU threads of a decoder worker (backends with a "threads" option); None: default
 
     def check(self) -> ServeConfig:
         if not self.bundles:
@@ -52,6 +53,8 @@ class ServeConfig:
             raise InputError(f"--slots must be at least 1, got {self.slots}")
         if self.ctx is not None and self.ctx < 1:
             raise InputError(f"--ctx must be at least 1, got {self.ctx}")
+        if self.threads is not None and self.threads < 1:
+            raise InputError(f"--threads must be at least 1, got {self.threads}")
         if self.prefill_chunk is not None and self.prefill_chunk < 1:
             raise InputError(f"--prefill-chunk must be at least 1, got {self.prefill_chunk}")
         if not (math.isfinite(self.generation_timeout_s) and self.generation_timeout_s > 0):

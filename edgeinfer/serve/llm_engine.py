@@ -99,7 +99,8 @@ class Engine:
 
     def __init__(self, llm: ServedLLM, slots: int, max_queue: int, prefill_chunk: int | None,
                  entry: str | None = None, max_restarts: int = 5, restart_window_s: float = 60.0,
-                 observe: Any = None):
+                 observe: Any = None, threads: int | None = None):
+        self.threads = threads
         self.llm, self.slots, self.max_queue, self.prefill_chunk = llm, slots, max_queue, prefill_chunk
         self.entry, self.max_restarts, self.restart_window_s = entry, max_restarts, restart_window_s
         self.observe = observe or (lambda *a, **k: None)
@@ -132,7 +133,7 @@ class Engine:
         parent, child = self._ctx.Pipe()
         proc = self._ctx.Process(target=llm_worker_main, name=f"edgeinfer-serve-llm-{self.llm.name}", daemon=True,
                                  args=(child, str(self.llm.path), self.llm.backend, self.entry, self.llm.context,
-                                       self.slots, self.prefill_chunk))
+                                       self.slots, self.prefill_chunk, self.threads))
         self._generation += 1
         self.state, self.pid = ("starting" if self._generation == 1 else "restarting"), None
         proc.start()

@@ -17,17 +17,22 @@ from edgeinfer.serve.placement import placement
 from edgeinfer.serve.workers import _one_line, lower_priority
 
 
-def load_generator(path: str, backend: str, entry: str | None, context: int, slots: int) -> Any:
-    """The Generator of a decoder bundle or Hugging Face decoder directory, with ``slots`` KV slots."""
+def load_generator(path: str, backend: str, entry: str | None, context: int, slots: int,
+                   threads: int | None = None) -> Any:
+    """The Generator of a decoder bundle or Hugging Face decoder directory, with ``slots`` KV slots
+    (and ``threads`` CPU threads where the backend takes that option)."""
+    from edgeinfer.contract import registry
     from edgeinfer.run.loading import load
 
     env, device, options = placement(backend, entry)
     os.environ.update(env)
+    if threads is not None and "threads" in registry.get_backend(backend).decoder_options:
+        options = {**options, "threads": threads}
     return load(path, device=device, ctx=context, slots=slots, **options)
 
 
 def llm_worker_main(conn: Any, path: str, backend: str, entry: str | None, context: int, slots: int,
-                    prefill_chunk: int | None) -> None:
+                    prefill_chunk: int | None, threads: int | None = None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process decides when workers stop
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     lower_priority()
@@ -35,7 +40,7 @@ def llm_worker_main(conn: Any, path: str, backend: str, entry: str | None, conte
     from edgeinfer.serve.llm_scheduler import Scheduler
 
     try:
-        gen = load_generator(path, backend, entry, context, slots)
+        gen = load_generator(path, backend, entry, context, slots, threads)
         if gen.decoder.native_loop:
             raise RuntimeError(f"backend {gen.decoder.backend_name!r} runs its own generation loop; edgeinfer "
                                "serve schedules step decoders only (deploy for another backend)")
