@@ -165,6 +165,9 @@ async def _events(eng: Engine, req: GenRequest, deadline: float, observe: Any) -
             try:
                 left = max(0.0, deadline - time.monotonic())
                 text, n, finish, error = await asyncio.wait_for(req.events.get(), left)
+                while finish is None and not req.events.empty():  # a slow reader gets what piled up at once
+                    more, m, finish, error = req.events.get_nowait()
+                    text, n = text + more, n + m
             except asyncio.TimeoutError:
                 finish, error = "error", "timeout: the generation did not end within the per-request timeout"
                 yield "", 0, finish, error

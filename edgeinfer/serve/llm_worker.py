@@ -14,7 +14,7 @@ import signal
 from typing import Any
 
 from edgeinfer.serve.placement import placement
-from edgeinfer.serve.workers import _one_line, lower_priority
+from edgeinfer.serve.workers import _one_line
 
 
 def load_generator(path: str, backend: str, entry: str | None, context: int, slots: int,
@@ -35,7 +35,8 @@ def llm_worker_main(conn: Any, path: str, backend: str, entry: str | None, conte
                     prefill_chunk: int | None, threads: int | None = None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process decides when workers stop
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    lower_priority()
+    # not lowered like the embedding workers (workers.lower_priority): every stream waits on this process's
+    # steps, and a step is short, so the HTTP process gets the CPU between two of them anyway
     from edgeinfer.run.generation.options import GenerationOptions
     from edgeinfer.serve.llm_scheduler import Scheduler
 
