@@ -223,9 +223,18 @@ def test_killed_worker_ends_its_streams_with_an_error_and_restarts(server, gener
     assert stream_text(c, PROMPTS[2], False, 16, temperature=0) == solo(generator, PROMPTS[2], False, 16)
 
 
-def test_sigterm_during_streams_finishes_them_and_exits_0(tmp_path):
-    server = ServerProc([model_dir()], "--slots", "2", "--ctx", str(CTX), "--threads", "1", log=tmp_path / "log")
+def test_sigterm_during_streams_finishes_them_and_exits_0(minilm_onnx, tmp_path):
+    """With an embedding bundle served beside the decoder (both keep working), SIGTERM lets the running
+    streams finish and the server exits 0."""
+    from edgeinfer.testing.serve import minilm_bundle
+
+    ort = minilm_bundle(minilm_onnx, tmp_path / "minilm-ort", "onnxruntime")
+    server = ServerProc([ort, model_dir()], "--slots", "2", "--ctx", str(CTX), "--threads", "1",
+                        log=tmp_path / "log")
     c = client(server)
+    assert sorted(m.id for m in c.models.list().data) == ["minilm-ort", "tiny-qwen3"]
+    vectors = c.embeddings.create(model="minilm-ort", input=["a sentence", "another one"]).data
+    assert len(vectors) == 2 and len(vectors[0].embedding) == 384
     done: list[str] = []
     started = threading.Barrier(3)
 

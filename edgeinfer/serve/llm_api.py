@@ -80,6 +80,7 @@ def add_routes(app: FastAPI, engines: dict[str, Engine], timeout_s: float, accep
         raise ApiError(400, f"several decoders are served; name one in 'model' ({', '.join(engines)})")
 
     async def generate(request: Request, chat: bool) -> Any:
+        arrived = time.perf_counter()
         if not engines:
             raise ApiError(404, "no decoder model is served here; GET /v1/models lists the served models")
         body = validated(ChatRequest if chat else CompletionRequest,
@@ -87,7 +88,7 @@ def add_routes(app: FastAPI, engines: dict[str, Engine], timeout_s: float, accep
         eng = engine_for(body.model)
         if not accepting():
             raise ApiError(503, "the server is shutting down or its models failed to load; retry elsewhere")
-        req = GenRequest(*prompt_and_options(eng, body, chat))
+        req = GenRequest(*prompt_and_options(eng, body, chat), arrived=arrived)
         try:
             eng.submit(req)
         except QueueFull:
