@@ -33,7 +33,7 @@ PROMPTS = ["The history of the city", "Once upon a time", "Rivers flow into", "I
 def generator():
     import edgeinfer
 
-    with edgeinfer.load(model_dir(), ctx=CTX, threads=1) as g:
+    with edgeinfer.load(model_dir(), ctx=CTX, threads=1, slots=3) as g:
         yield g
 
 
@@ -84,11 +84,9 @@ def decoder_state(server: ServerProc) -> dict:
 # --- the decoder's batched decode -------------------------------------------------------------------
 
 
-def test_batched_decode_equals_each_slot_alone():
+def test_batched_decode_equals_each_slot_alone(generator):
     """Three sequences of different lengths decoded in one batched step give each slot's solo logits."""
-    from edgeinfer.contract import registry
-
-    d = registry.get_backend("transformers").load_decoder(model_dir(), device=None, context=64, slots=3)
+    d = generator.decoder
     prompts = [[5, 6, 7, 8, 9, 10, 11], [20, 21, 22], [30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40]]
     alone = []
     for p in prompts:
@@ -101,7 +99,36 @@ def test_batched_decode_equals_each_slot_alone():
     batched = d.decode([2, 0, 1], np.array([prompts[2][-1], prompts[0][-1], prompts[1][-1]]))
     for row, s in zip(batched, [2, 0, 1]):
         np.testing.assert_allclose(row, alone[s], rtol=1e-4, atol=1e-4)
-    d.close()
+    for s in range(3):
+        d.reset(s)
+
+
+def test_long_prompt_prefills_in_chunks_while_a_stream_keeps_decoding(generator):
+    """A 120-token prompt joins a running sequence: it is read 8 tokens per step, the running sequence
+    gets a token at every one of those steps, and both texts equal their solo runs."""
+    from edgeinfer.run.generation.options import GenerationOptions
+    from edgeinfer.serve.llm_scheduler import Scheduler
+
+    sched = Scheduler(generator, prefill_chunk=8)
+    sched.add("a", generator.codec.encode(PROMPTS[0]), GenerationOptions(max_new_tokens=30, ignore_eos=True))
+    texts = {"a": "", "b": ""}
+    while not sched.decoding:
+        texts["a"] += "".join(e.text for e in sched.step())
+    long_prompt = generator.codec.decode(generator.codec.encode(" ".join(PROMPTS * 4))[:120])
+    long_ids = generator.codec.encode(long_prompt)
+    sched.add("b", long_ids, GenerationOptions(max_new_tokens=5, ignore_eos=True))
+    steps: list[set[str]] = []
+    while sched.busy:
+        events = sched.step()
+        steps.append({e.rid for e in events if e.tokens})
+        for e in events:
+            texts[e.rid] += e.text
+    first_b = next(i for i, s in enumerate(steps) if "b" in s)
+    assert first_b == -(-len(long_ids) // 8) - 1
+    assert all("a" in s for s in steps[: first_b + 1])
+    assert texts["a"] == solo(generator, PROMPTS[0], False, 30, ignore_eos=True)
+    assert texts["b"] == solo(generator, long_prompt, False, 5, ignore_eos=True)
+    assert sched.free == [0, 1, 2] and sched.running == 0
 
 
 # --- the API -----------------------------------------------------------------------------------------

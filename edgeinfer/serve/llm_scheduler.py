@@ -2,7 +2,8 @@
 https://www.usenix.org/conference/osdi22/presentation/yu).
 
 Each :meth:`Scheduler.step` is one iteration: one batched ``decode`` call for every sequence that is
-generating, then at most one prefill chunk of the oldest sequence still reading its prompt. New
+generating, then prompt tokens up to a budget of one prefill chunk, oldest sequence first (several
+short prompts, or one chunk of a long one, as in vLLM's chunked prefill). New
 sequences join the decode batch at the next step boundary after their prefill; finished and cancelled
 ones leave it and free their KV slot at once. Sampling, EOS, stop strings and detokenizing are the
 generation package's (:class:`~edgeinfer.run.generation.sampling.Sampler`,
@@ -133,19 +134,27 @@ class Scheduler:
         return [self._sample(s, logits[i]) for i, s in enumerate(seqs)]
 
     def _prefill(self) -> list[Event]:
-        seq = self.prefilling[0]
-        part = seq.prompt[seq.fed : seq.fed + self.chunk]
-        try:
-            logits = self.decoder.prefill(seq.slot, np.asarray(part, dtype=np.int64))
-        except Exception as e:  # noqa: BLE001
+        """At most ``chunk`` prompt tokens this step, oldest sequence first: several short prompts, or one
+        chunk of a long one."""
+        events: list[Event] = []
+        budget = self.chunk
+        while budget > 0 and self.prefilling:
+            seq = self.prefilling[0]
+            part = seq.prompt[seq.fed : seq.fed + budget]
+            try:
+                logits = self.decoder.prefill(seq.slot, np.asarray(part, dtype=np.int64))
+            except Exception as e:  # noqa: BLE001
+                self.prefilling.popleft()
+                events += self._fail([seq], e)
+                continue
+            seq.fed += len(part)
+            budget -= len(part)
+            if seq.fed < len(seq.prompt):
+                break
             self.prefilling.popleft()
-            return self._fail([seq], e)
-        seq.fed += len(part)
-        if seq.fed < len(seq.prompt):
-            return []
-        self.prefilling.popleft()
-        self.decoding.append(seq)
-        return [self._sample(seq, np.asarray(logits, dtype=np.float32).reshape(-1))]
+            self.decoding.append(seq)
+            events.append(self._sample(seq, np.asarray(logits, dtype=np.float32).reshape(-1)))
+        return events
 
     def _sample(self, seq: Sequence, row: np.ndarray) -> Event:
         tok = seq.sampler(row, seq.history)
