@@ -5,7 +5,8 @@ set of streamed completion requests (``max_tokens`` tokens each, ``ignore_eos``,
 a time. Per level: aggregate generated tokens/s (all tokens / wall time), per-stream TPOT (mean time
 between a stream's tokens after its first) and TTFT p50/p99 (send → first token), against level 1, which
 is "one at a time". Models: the committed tiny-qwen3, and with ``--big`` the random-init ~204 M
-parameter Qwen3 of ``edgeinfer.testing.llm.random_qwen3``.
+parameter Qwen3 of ``edgeinfer.testing.llm.random_qwen3``. For comparison, the tiny model's same prompts
+through raw ``openvino_genai.ContinuousBatchingPipeline`` (fp32 IR, 1 thread, no HTTP).
 
     python bench/serve_llm.py [--levels 1,4,8,16] [--requests 16] [--max-tokens 64] [--big]
 
@@ -107,6 +108,44 @@ def run_model(model_dir: Path, label: str, levels: list[int], n_requests: int, m
             "requests_per_level": n_requests, "kv_line": started.split(" INFO ")[-1], "levels": rows}
 
 
+OV_PROPS = {"INFERENCE_NUM_THREADS": 1, "INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32"}
+
+
+def raw_continuous_batching(model_dir: Path, levels: list[int], n_requests: int, max_tokens: int, ctx: int,
+                            work: Path) -> dict:
+    """The same prompts through raw ``openvino_genai.ContinuousBatchingPipeline`` (the model converted to an
+    fp32 OpenVINO IR by the openvino backend; 1 thread, f32 precision and KV): at level c, the requests go
+    in waves of c prompts per ``generate`` call (no HTTP)."""
+    import openvino_genai as og
+
+    import edgeinfer
+
+    path = work / f"{model_dir.name}-ov-fp32"
+    edgeinfer.backend("openvino").convert_decoder(model_dir, "fp32", ctx, path, target="cpu")
+    sched = og.SchedulerConfig()
+    sched.max_num_seqs, sched.num_kv_blocks = max(levels), max(levels) * -(-ctx // 32)
+    sched.max_num_batched_tokens, sched.dynamic_split_fuse, sched.enable_prefix_caching = 256, True, False
+    pipe = og.ContinuousBatchingPipeline(str(path), sched, "CPU", OV_PROPS)
+    cfg = og.GenerationConfig()
+    cfg.max_new_tokens, cfg.ignore_eos, cfg.do_sample = max_tokens, True, False
+    texts = prompts(n_requests)
+    pipe.generate(texts[:2], [cfg, cfg])  # warm-up
+    rows = []
+    for c in levels:
+        t0 = time.perf_counter()
+        for i in range(0, len(texts), c):
+            wave = texts[i : i + c]
+            pipe.generate(wave, [cfg] * len(wave))
+        wall = time.perf_counter() - t0
+        rows.append({"concurrency": c, "aggregate_tokens_per_s": round(len(texts) * max_tokens / wall, 2)})
+        print(f"raw ContinuousBatchingPipeline c={c}: {rows[-1]['aggregate_tokens_per_s']} tok/s", file=sys.stderr)
+    base = rows[0]["aggregate_tokens_per_s"]
+    for r in rows:
+        r["speedup_vs_one_at_a_time"] = round(r["aggregate_tokens_per_s"] / base, 2)
+    return {"what": "openvino_genai.ContinuousBatchingPipeline, fp32 IR, 1 thread, waves of c prompts",
+            "levels": rows}
+
+
 def plot(results: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -116,7 +155,12 @@ def plot(results: list[dict], path: Path) -> None:
     fig, axes = plt.subplots(len(results), 3, figsize=(13, 3.6 * len(results)), squeeze=False)
     for row, res in zip(axes, results):
         cs = [r["concurrency"] for r in res["levels"]]
-        row[0].plot(cs, [r["aggregate_tokens_per_s"] for r in res["levels"]], "o-")
+        row[0].plot(cs, [r["aggregate_tokens_per_s"] for r in res["levels"]], "o-", label="edgeinfer serve")
+        if "levels" in res.get("raw_continuous_batching", {}):
+            raw = res["raw_continuous_batching"]["levels"]
+            row[0].plot([r["concurrency"] for r in raw], [r["aggregate_tokens_per_s"] for r in raw], "s--",
+                        label="raw OpenVINO CB (no HTTP)")
+        row[0].legend()
         row[0].set_title(f"{res['model']}: aggregate generated tok/s")
         row[1].plot(cs, [r["tpot_ms_mean"] for r in res["levels"]], "o-")
         row[1].set_title("per-stream TPOT (ms)")
@@ -146,6 +190,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         results.append(run_model(llm.model_dir(), "tiny-qwen3", levels, args.requests, args.max_tokens, 256,
                                  Path(tmp)))
+        try:
+            results[0]["raw_continuous_batching"] = raw_continuous_batching(llm.model_dir(), levels, args.requests,
+                                                                            args.max_tokens, 256, Path(tmp))
+        except Exception as e:  # noqa: BLE001 - the comparison is optional; the serve figures stand alone
+            results[0]["raw_continuous_batching"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
         if args.big:
             results.append(run_model(llm.random_qwen3(), "random-qwen3-204M", levels, args.requests,
                                      args.max_tokens // 2, 256, Path(tmp)))
