@@ -160,6 +160,7 @@ class Engine:
             return
         if msg[0] == "ready":
             self.state, self.info, self.pid = "ready", msg[1], msg[1].get("pid")
+            self.slots = int(msg[1].get("slots") or self.slots)  # what the backend's decoder really holds
             log.info("%s: decoder worker ready (pid %s)", self.llm.name, self.pid)
             _resolve(self._ready, None)
             self._dispatch()
