@@ -280,8 +280,9 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel] | None = None
         metrics.refresh_queue()
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    add_routes(app, engines, config.generation_timeout_s,
-               lambda: state.ready and not state.draining and not state.fatal, metrics.observe)
+    if engines:  # the generation endpoints exist when a decoder is served
+        add_routes(app, engines, config.generation_timeout_s,
+                   lambda: state.ready and not state.draining and not state.fatal, metrics.observe)
     app.add_middleware(GuardMiddleware, key=key, limit=limit, metrics=metrics)
     return app
 

@@ -25,7 +25,7 @@ from edgeinfer.errors import EdgeInferError
 from edgeinfer.serve.llm_engine import Engine, QueueFull
 from edgeinfer.serve.llm_engine import Request as GenRequest
 from edgeinfer.serve.prep import ApiError, read_json, validated
-from edgeinfer.serve.schemas import ERRORS, request_body
+from edgeinfer.serve.schemas import ERRORS
 
 
 class StreamOptions(BaseModel):
@@ -64,6 +64,20 @@ class CompletionRequest(_Sampling):
     """OpenAI-compatible (legacy) completion request: one prompt string."""
 
     prompt: Union[str, list[str]]
+
+
+def body_doc(schema: type[BaseModel]) -> dict[str, Any]:
+    """``openapi_extra`` for a body the endpoint reads itself, nested models inlined (their ``$defs`` are
+    not among the OpenAPI document's components)."""
+    doc = schema.model_json_schema()
+    defs = doc.pop("$defs", {})
+
+    def inline(x: Any) -> Any:
+        if isinstance(x, dict):
+            return inline(defs[x["$ref"].rsplit("/", 1)[1]]) if "$ref" in x else {k: inline(v) for k, v in x.items()}
+        return [inline(v) for v in x] if isinstance(x, list) else x
+
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": inline(doc)}}}}
 
 
 def add_routes(app: FastAPI, engines: dict[str, Engine], timeout_s: float, accepting: Any, observe: Any) -> None:
@@ -106,13 +120,13 @@ def add_routes(app: FastAPI, engines: dict[str, Engine], timeout_s: float, accep
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         return await _whole(events, meta, chat, len(req.prompt_ids))
 
-    @app.post("/v1/chat/completions", tags=["generation"], responses=ERRORS, openapi_extra=request_body(ChatRequest))
+    @app.post("/v1/chat/completions", tags=["generation"], responses=ERRORS, openapi_extra=body_doc(ChatRequest))
     async def chat_completions(request: Request):
         """Chat completion (OpenAI-compatible), streamed with ``"stream": true``."""
         return await generate(request, chat=True)
 
     @app.post("/v1/completions", tags=["generation"], responses=ERRORS,
-              openapi_extra=request_body(CompletionRequest))
+              openapi_extra=body_doc(CompletionRequest))
     async def completions(request: Request):
         """Text completion of a prompt (OpenAI-compatible), streamed with ``"stream": true``."""
         return await generate(request, chat=False)
