@@ -95,8 +95,6 @@ def add_routes(app: FastAPI, engines: dict[str, Engine], timeout_s: float, accep
 
     async def generate(request: Request, chat: bool) -> Any:
         arrived = time.perf_counter()
-        if not engines:
-            raise ApiError(404, "no decoder model is served here; GET /v1/models lists the served models")
         body = validated(ChatRequest if chat else CompletionRequest,
                          read_json(await request.body(), request.headers.get("content-type", "")))
         eng = engine_for(body.model)
