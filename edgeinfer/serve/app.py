@@ -23,8 +23,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from edgeinfer.errors import BackendError, EdgeInferError, InputError
 from edgeinfer.run.bundle import Bundle
+from edgeinfer.run.loading import is_decoder_dir
 from edgeinfer.serve.batcher import Batcher, Item, QueueFull, RequestFailed
 from edgeinfer.serve.config import ServeConfig
+from edgeinfer.serve.llm_api import add_routes
+from edgeinfer.serve.llm_engine import Engine, ServedLLM, open_llm
 from edgeinfer.serve.metrics import ENDPOINTS, Metrics
 from edgeinfer.serve.placement import check_devices
 from edgeinfer.serve.prep import (
@@ -64,19 +67,28 @@ _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_f
           503: "service_unavailable", 504: "timeout"}
 
 
-def open_models(paths: list[Path]) -> dict[str, ServedModel]:
-    """Open every bundle (manifest and artifacts checked here, before any worker starts)."""
+def open_models(paths: list[Path], ctx: int | None = None) -> tuple[dict[str, ServedModel], dict[str, ServedLLM]]:
+    """Open every bundle (manifest and artifacts checked here, before any worker starts): embedding and
+    tensor bundles, and decoders (decoder bundles, Hugging Face decoder directories)."""
     models: dict[str, ServedModel] = {}
+    llms: dict[str, ServedLLM] = {}
     for p in paths:
-        bundle = Bundle.open(p, verify="full")  # every file hashed once at start-up (docs/deploy.md)
-        name = bundle.path.resolve().name
-        if name in models:
+        if is_decoder_dir(p):
+            llm = open_llm(p, ctx=ctx)
+        else:
+            bundle = Bundle.open(p, verify="full")  # every file hashed once at start-up (docs/deploy.md)
+            llm = open_llm(p, bundle, ctx) if bundle.manifest.decoder is not None else None
+        name = llm.name if llm is not None else bundle.path.resolve().name
+        if name in models or name in llms:
             raise InputError(f"two bundles are both named {name!r}; serve bundles from directories with distinct "
                              "names")
+        if llm is not None:
+            llms[name] = llm
+            continue
         if bundle.manifest.text is not None:
             load_tokenizer_now(bundle)
         models[name] = ServedModel(name, bundle)
-    return models
+    return models, llms
 
 
 def load_tokenizer_now(bundle: Bundle) -> None:
@@ -101,10 +113,14 @@ class State:
         self.fatal: str | None = None
         self.started = int(time.time())
         self.server: Any = None
+        self.engines: dict[str, Engine] = {}
 
 
-def create_app(config: ServeConfig, models: dict[str, ServedModel] | None = None) -> FastAPI:
-    models = models if models is not None else open_models(config.bundles)
+def create_app(config: ServeConfig, models: dict[str, ServedModel] | None = None,
+               llms: dict[str, ServedLLM] | None = None) -> FastAPI:
+    if models is None:
+        models, llms = open_models(config.bundles, config.ctx)
+    llms = llms or {}
     state = State()
     pool = WorkerPool([(m.name, m.bundle.path) for m in models.values()], config.devices, config.max_batch,
                       config.max_restarts, config.restart_window_s, stop_grace_s=config.timeout_s)
@@ -112,6 +128,10 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel] | None = None
     metrics = Metrics(pool, [m.bundle.manifest.backend for m in models.values()],
                       queue_depth=lambda: {m: b.depth_of(m) for b in batcher_box.values() for m in b.queues})
     pool.on_restart = lambda w: metrics.worker_restarts.labels(str(w.index)).inc()
+    engines = {n: Engine(m, config.slots, config.max_queue, config.prefill_chunk,
+                         config.devices[0] if config.devices else None, config.max_restarts, config.restart_window_s,
+                         observe=metrics.observe, threads=config.threads) for n, m in llms.items()}
+    state.engines = engines
 
     offload = Offload(models)
 
@@ -125,7 +145,8 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel] | None = None
 
         async def start_workers() -> None:
             try:
-                await asyncio.gather(pool.start(), offload.warm_up())
+                await asyncio.gather(*([pool.start(), offload.warm_up()] if models else []),
+                                     *(e.start() for e in engines.values()))
             except Exception as e:  # noqa: BLE001
                 state.fatal = str(e)
                 log.error("%s", e)
@@ -133,7 +154,7 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel] | None = None
                     state.server.should_exit = True
                 return
             state.ready = True
-            log.info("ready: %s on http://%s:%s", ", ".join(models), config.host,
+            log.info("ready: %s on http://%s:%s", ", ".join([*models, *engines]), config.host,
                      state.server.config.port if state.server else config.port)
 
         starter = asyncio.create_task(start_workers())
@@ -144,6 +165,8 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel] | None = None
             starter.cancel()
             await batcher.stop()
             await asyncio.to_thread(pool.stop)
+            for e in engines.values():
+                await asyncio.to_thread(e.stop)
             await asyncio.to_thread(offload.stop)
 
     app = FastAPI(title="edgeinfer serve", version="1", lifespan=lifespan,
@@ -231,7 +254,8 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel] | None = None
     @app.get("/v1/models", tags=["service"])
     async def list_models():
         """The served models with their backend, scheme and tensor specs."""
-        return {"object": "list", "data": [m.to_json(state.started) for m in models.values()]}
+        return {"object": "list", "data": [m.to_json(state.started) for m in models.values()]
+                + [e.llm.to_json(state.started, e.slots) for e in engines.values()]}
 
     @app.get("/health", tags=["service"])
     async def health():
@@ -241,9 +265,11 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel] | None = None
     @app.get("/ready", tags=["service"], responses={503: {"description": "loading, failed or shutting down"}})
     async def ready():
         """Models loaded and warmed up on at least one worker, and not shutting down."""
-        ok = state.ready and pool.ready() and not state.draining
-        body = {"ready": ok, "draining": state.draining, "error": state.fatal,
-                "models": list(models), "workers": [w.to_json() for w in pool.workers]}
+        ok = (state.ready and (pool.ready() or not models) and all(e.ready() for e in engines.values())
+              and not state.draining)
+        body = {"ready": ok, "draining": state.draining, "error": state.fatal, "models": [*models, *engines],
+                "workers": [w.to_json() for w in pool.workers] if models else [],
+                "decoders": [e.to_json() for e in engines.values()]}
         return JSONResponse(body, status_code=200 if ok else 503)
 
     @app.get("/metrics", tags=["service"], response_class=Response)
@@ -254,6 +280,9 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel] | None = None
         metrics.refresh_queue()
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    if engines:  # the generation endpoints exist when a decoder is served
+        add_routes(app, engines, config.generation_timeout_s,
+                   lambda: state.ready and not state.draining and not state.fatal, metrics.observe)
     app.add_middleware(GuardMiddleware, key=key, limit=limit, metrics=metrics)
     return app
 
@@ -410,11 +439,12 @@ def serve(config: ServeConfig, log_level: str = "info") -> None:
 
     logging.basicConfig(level=getattr(logging, log_level.upper()),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    models = open_models(config.bundles)
-    check_devices([m.bundle.manifest.backend for m in models.values()], config.devices)
+    models, llms = open_models(config.bundles, config.ctx)
+    check_devices([m.bundle.manifest.backend for m in models.values()] + [m.backend for m in llms.values()],
+                  config.devices)
     sock = listen(config.host, config.port)
     config.port = sock.getsockname()[1]
-    app = create_app(config, models)
+    app = create_app(config, models, llms)
     uv = uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level, lifespan="on",
                         access_log=log_level == "debug", timeout_graceful_shutdown=None,
                         http=_protocol_class(app.state.metrics),
@@ -424,7 +454,11 @@ def serve(config: ServeConfig, log_level: str = "info") -> None:
     state.server = server
 
     def draining() -> None:
+        """SIGTERM: no new requests; running generations get ``timeout_s`` to finish, then are cancelled."""
         state.draining = True
+        loop = asyncio.get_event_loop()
+        for e in state.engines.values():
+            loop.call_soon_threadsafe(loop.call_later, config.timeout_s, e.cancel_all)
 
     server.draining_hook = draining
     server.run(sockets=[sock])

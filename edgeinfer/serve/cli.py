@@ -34,6 +34,16 @@ EXTRAS = ("fastapi", "uvicorn", "starlette", "pydantic", "prometheus_client", "h
 @click.option("--max-body-mb", default=8.0, show_default=True, type=float, help="Largest request body (413).")
 @click.option("--max-inputs", default=256, show_default=True, type=int,
               help="Most strings per embeddings request, rows per /v1/infer request (400 above).")
+@click.option("--slots", default=4, show_default=True, type=int,
+              help="Decoders: sequences decoded at once (KV slots of --ctx positions each, reserved at start).")
+@click.option("--ctx", default=None, type=int,
+              help="Decoders: positions per sequence (prompt + max_tokens); default the bundle's context.")
+@click.option("--prefill-chunk", default=None, type=int,
+              help="Decoders: prompt tokens per prefill call between decode steps [default: 128].")
+@click.option("--generation-timeout-s", default=300.0, show_default=True, type=float,
+              help="Decoders: longest generation (streams end with an error event, others get 504).")
+@click.option("--threads", default=None, type=int,
+              help="Decoders: CPU threads of the decoder worker, for backends that take it (default: theirs).")
 @click.option("--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning"]))
 def serve_cmd(
     bundles: tuple[Path, ...],
@@ -48,9 +58,16 @@ def serve_cmd(
     timeout_s: float,
     max_body_mb: float,
     max_inputs: int,
+    slots: int,
+    ctx: int | None,
+    prefill_chunk: int | None,
+    generation_timeout_s: float,
+    threads: int | None,
     log_level: str,
 ) -> None:
-    """Serve BUNDLE(s) over HTTP: /v1/embeddings, /v1/infer, /v1/models, /health, /ready, /metrics."""
+    """Serve BUNDLE(s) over HTTP: /v1/embeddings, /v1/infer, /v1/chat/completions, /v1/completions,
+    /v1/models, /health, /ready, /metrics. Decoder bundles and Hugging Face decoder directories are served
+    with continuous batching."""
     config = ServeConfig(
         bundles=list(bundles),
         host=host,
@@ -63,6 +80,11 @@ def serve_cmd(
         timeout_s=timeout_s,
         max_body_bytes=body_bytes(max_body_mb),
         max_inputs=max_inputs,
+        slots=slots,
+        ctx=ctx,
+        prefill_chunk=prefill_chunk,
+        generation_timeout_s=generation_timeout_s,
+        threads=threads,
     ).check()
     serve = _app_serve()
     serve(config, log_level=log_level)

@@ -27,6 +27,12 @@ class ServeConfig:
     max_inputs: int = 256  # strings per embeddings request, rows per /v1/infer request
     max_restarts: int = 5  # per worker within restart_window_s before it is given up
     restart_window_s: float = 60.0
+    # decoders
+    slots: int = 4  # sequences decoded at once per decoder (KV slots, each of ctx positions, reserved at start)
+    ctx: int | None = None  # positions per sequence; None: the bundle's (an HF dir: its limit, at most 2048)
+    prefill_chunk: int | None = None  # prompt tokens per prefill call between decode steps (None: 128)
+    generation_timeout_s: float = 300.0
+    threads: int | None = None  # CPU threads of a decoder worker (backends with a "threads" option); None: default
 
     def check(self) -> ServeConfig:
         if not self.bundles:
@@ -43,6 +49,16 @@ class ServeConfig:
             raise InputError(f"--timeout-s must be positive, got {self.timeout_s}")
         if self.max_inputs < 1:
             raise InputError(f"--max-inputs must be at least 1, got {self.max_inputs}")
+        if self.slots < 1:
+            raise InputError(f"--slots must be at least 1, got {self.slots}")
+        if self.ctx is not None and self.ctx < 1:
+            raise InputError(f"--ctx must be at least 1, got {self.ctx}")
+        if self.threads is not None and self.threads < 1:
+            raise InputError(f"--threads must be at least 1, got {self.threads}")
+        if self.prefill_chunk is not None and self.prefill_chunk < 1:
+            raise InputError(f"--prefill-chunk must be at least 1, got {self.prefill_chunk}")
+        if not (math.isfinite(self.generation_timeout_s) and self.generation_timeout_s > 0):
+            raise InputError(f"--generation-timeout-s must be positive, got {self.generation_timeout_s}")
         if not 0 <= self.port <= 65535:
             raise InputError(f"--port must be 0..65535, got {self.port}")
         if self.api_key is not None and not self.api_key.strip():

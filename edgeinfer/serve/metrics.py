@@ -14,7 +14,9 @@ from edgeinfer.serve.device_gauges import DeviceGauges, backend_readers, worker_
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-ENDPOINTS = ("/v1/embeddings", "/v1/infer", "/v1/models", "/health", "/ready", "/metrics", "/openapi.json", "/docs")
+TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
+ENDPOINTS = ("/v1/embeddings", "/v1/infer", "/v1/chat/completions", "/v1/completions", "/v1/models",
+              "/health", "/ready", "/metrics", "/openapi.json", "/docs")
 
 
 class Metrics:
@@ -38,6 +40,7 @@ class Metrics:
                                        registry=r)
         self.queue_depth = Gauge("edgeinfer_queue_depth", "Requests waiting for a batch.", ["model"], registry=r)
         self._queue_fn = queue_depth
+        self._decoder_metrics(r)
         if pool is not None:
             r.register(DeviceCollector(pool, backends or []))
             devices = [str(w.entry or "") for w in pool.workers]
@@ -53,6 +56,43 @@ class Metrics:
             self.batch_errors.labels(kw["model"]).inc()
         elif event == "crash":
             self.worker_crashes.labels(kw["model"]).inc()
+        else:
+            self._observe_decoder(event, kw)
+
+    def _decoder_metrics(self, r: CollectorRegistry) -> None:
+        """Served decoders; the names follow vLLM's (https://docs.vllm.ai/en/latest/usage/metrics.html) with
+        the ``edgeinfer_`` prefix. The Grafana dashboard queries them."""
+        self.ttft = Histogram("edgeinfer_request_ttft_seconds", "Time from request arrival to its first token.",
+                              ["model"], buckets=LATENCY_BUCKETS, registry=r)
+        self.tpot = Histogram("edgeinfer_request_tpot_seconds", "Mean time per output token after the first, "
+                              "per request.", ["model"], buckets=TPOT_BUCKETS, registry=r)
+        self.e2e = Histogram("edgeinfer_request_e2e_seconds", "Time from request arrival to its last token.",
+                             ["model"], buckets=LATENCY_BUCKETS, registry=r)
+        self.prompt_tokens = Counter("edgeinfer_prompt_tokens", "Prompt tokens of admitted requests.", ["model"],
+                                     registry=r)
+        self.generation_tokens = Counter("edgeinfer_generation_tokens", "Tokens generated.", ["model"], registry=r)
+        self.running = Gauge("edgeinfer_sequences_running", "Sequences holding a KV slot.", ["model"], registry=r)
+        self.waiting = Gauge("edgeinfer_sequences_waiting", "Sequences waiting for a KV slot.", ["model"],
+                             registry=r)
+        self.slots_used = Gauge("edgeinfer_kv_slots_used", "KV-cache slots in use.", ["model"], registry=r)
+        self.slots_total = Gauge("edgeinfer_kv_slots_total", "KV-cache slots reserved at start.", ["model"],
+                                 registry=r)
+
+    def _observe_decoder(self, event: str, kw: dict[str, Any]) -> None:
+        model = kw.get("model", "")
+        if event == "sequences":
+            self.running.labels(model).set(kw["running"])
+            self.waiting.labels(model).set(kw["waiting"])
+            self.slots_used.labels(model).set(kw["running"])
+            self.slots_total.labels(model).set(kw["slots"])
+        elif event == "prompt":
+            self.prompt_tokens.labels(model).inc(kw["tokens"])
+        elif event == "generated":
+            self.generation_tokens.labels(model).inc(kw["tokens"])
+        elif event in ("ttft", "tpot", "e2e"):
+            getattr(self, event).labels(model).observe(kw["seconds"])
+        elif event == "restart":
+            self.worker_restarts.labels(f"llm:{model}").inc()
 
     def refresh_queue(self) -> None:
         if self._queue_fn is not None:

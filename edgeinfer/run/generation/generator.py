@@ -156,7 +156,7 @@ class Generator:
                 f"{ctx} tokens this model was loaded for; {fix}, or load/deploy with a larger --ctx"
             )
 
-    def _eos(self, options: GenerationOptions) -> frozenset[int]:
+    def eos_ids(self, options: GenerationOptions) -> frozenset[int]:
         if options.ignore_eos:
             return frozenset()
         ids = options.eos_token_ids if options.eos_token_ids is not None else self.codec.eos_token_ids
@@ -170,7 +170,7 @@ class Generator:
         d = self.decoder
         with self._lock:
             start = time.perf_counter()
-            sampler, answer = Sampler(options), _Answer(self.codec, options, self._eos(options))
+            sampler, answer = Sampler(options), Answer(self.codec, options, self.eos_ids(options))
             times: list[float] = []
             logits_seen: list[Any] | None = [] if record_logits else None
             _call(d.reset, 0)
@@ -221,7 +221,7 @@ class Generator:
 
             worker = threading.Thread(target=work, name="edgeinfer-native-generate", daemon=True)
             worker.start()
-            answer = _Answer(self.codec, options, self._eos(options))
+            answer = Answer(self.codec, options, self.eos_ids(options))
             native, completed = {}, False
             try:
                 while True:
@@ -289,7 +289,7 @@ class Generator:
         return answer.result(metrics, ids)
 
 
-class _Answer:
+class Answer:
     """The new tokens of one generation, whichever loop made them: EOS, text pieces held back until
     they cannot start a stop string, the finish reason."""
 

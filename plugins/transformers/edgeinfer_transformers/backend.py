@@ -2,7 +2,9 @@
 
 Each slot owns a transformers ``StaticCache`` of ``context`` positions, allocated
 at load (``early_initialization``), so the KV bytes are known before the first
-token and never grow. Greedy decoding here gives the same tokens as
+token and never grow. The slots' caches are rows of one tensor per layer, so a
+decode step runs every asked slot in one batched forward (each row at its own
+position, through an explicit 4-D attention mask). Greedy decoding here gives the same tokens as
 ``model.generate(do_sample=False)`` (tested), which is what the golden check of
 every other backend compares against.
 """
@@ -81,16 +83,22 @@ class TransformersDecoder(Decoder):
         kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.caches = []
-        for _ in range(slots):
+        for s in range(slots):
             cache = StaticCache(config=cfg, max_cache_len=context)
             cache.early_initialization(1, kv_heads, head_dim, self.model.dtype, torch.device("cpu"))
             self.caches.append(cache)
+        # one [slots, heads, context, dim] tensor per layer; slot s's cache holds views of row s
+        self.keys = [torch.cat([c.layers[i].keys for c in self.caches]) for i in range(len(self.caches[0].layers))]
+        self.values = [torch.cat([c.layers[i].values for c in self.caches]) for i in range(len(self.keys))]
+        for s, c in enumerate(self.caches):
+            for i, layer in enumerate(c.layers):
+                layer.keys, layer.values = self.keys[i][s : s + 1], self.values[i][s : s + 1]
         self.lengths = [0] * slots
         # transformers 5.24 renamed the cache argument; older releases (pinned by optimum-intel) still call it
         # past_key_values
         params = inspect.signature(self.model.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
-        kv = sum(t.nbytes for c in self.caches for layer in c.layers for t in (layer.keys, layer.values))
+        kv = sum(t.nbytes for t in (*self.keys, *self.values))
         super().__init__(context=context, vocab_size=cfg.vocab_size, kv_cache_bytes=int(kv), slots=slots,
                          device="CPU")
         self._warm_up()
@@ -121,7 +129,33 @@ class TransformersDecoder(Decoder):
         return self._forward(slot, token_ids)
 
     def decode(self, slots: Sequence[int], token_ids: np.ndarray) -> np.ndarray:
-        return np.stack([self._forward(s, token_ids[i : i + 1]) for i, s in enumerate(slots)])
+        """One token for each of ``slots`` in a single forward: the new keys/values go to each row's own
+        position, attention reads each row's first ``length + 1`` positions."""
+        torch = self.torch
+        lengths = [self.lengths[s] for s in slots]
+        for s, n in zip(slots, lengths):
+            if n + 1 > self.context:
+                raise InputError(f"slot {s}: {n + 1} positions exceed the context of {self.context}")
+        pos = torch.tensor(lengths, dtype=torch.long)
+        span = max(lengths) + 1
+        allowed = torch.arange(span)[None, :] <= pos[:, None]
+        low = torch.finfo(self.model.dtype).min
+        mask = torch.zeros(allowed.shape, dtype=self.model.dtype).masked_fill_(~allowed, low)
+        cache = _RowsCache(self.keys, self.values, list(slots), pos, span)
+        with torch.inference_mode():
+            out = self.model(
+                input_ids=torch.from_numpy(np.ascontiguousarray(token_ids, dtype=np.int64)).reshape(-1, 1),
+                **{self._cache_arg: cache},
+                attention_mask=mask[:, None, None, :],
+                position_ids=pos[:, None],
+                use_cache=True,
+            )
+        for s in slots:
+            self.lengths[s] += 1
+            for layer in self.caches[s].layers:
+                if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor):
+                    layer.cumulative_length.add_(1)
+        return out.logits[:, -1].float().numpy()
 
     def reset(self, slot: int) -> None:
         self.caches[slot].reset()
@@ -141,5 +175,31 @@ class TransformersDecoder(Decoder):
         return sorted(rows, key=lambda r: r.time_ms, reverse=True)
 
     def release(self) -> None:
-        self.caches = []
+        self.caches, self.keys, self.values = [], [], []
         self.model = None
+
+
+class _RowsCache:
+    """The cache seen by one batched decode step: row ``i`` of the batch is slot ``rows[i]``, writing its
+    new key/value at ``positions[i]`` and attending over the first ``span`` positions (the 4-D mask hides
+    what lies past each row's own length)."""
+
+    is_compileable = False
+
+    def __init__(self, keys: list[Any], values: list[Any], rows: list[int], positions: Any, span: int):
+        import torch
+
+        self.keys, self.values, self.positions, self.span = keys, values, positions, span
+        first = rows[0]
+        contiguous = rows == list(range(first, first + len(rows)))
+        self.rows: Any = slice(first, first + len(rows)) if contiguous else torch.tensor(rows, dtype=torch.long)
+        self.index = torch.tensor(rows, dtype=torch.long)
+
+    def update(self, key_states: Any, value_states: Any, layer_idx: int, *args: Any, **kwargs: Any) -> tuple:
+        k, v = self.keys[layer_idx], self.values[layer_idx]
+        k[self.index, :, self.positions] = key_states[:, :, 0]
+        v[self.index, :, self.positions] = value_states[:, :, 0]
+        return k[self.rows, :, : self.span], v[self.rows, :, : self.span]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.span - 1

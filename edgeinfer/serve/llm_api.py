@@ -1,0 +1,264 @@
+"""OpenAI-compatible text generation: ``POST /v1/chat/completions`` and ``POST /v1/completions``,
+streamed as server-sent events in OpenAI's chunk format (``data: [DONE]`` last) or answered whole.
+
+Request and response shapes follow OpenAI's API reference
+(https://platform.openai.com/docs/api-reference/chat/create and /completions/create). Supported fields:
+``messages``/``prompt``, ``max_tokens`` (``max_completion_tokens``), ``temperature`` (default 1 as in
+OpenAI's API; 0 is greedy), ``top_p``, ``seed``, ``stop``, ``n`` (1 only), ``stream``,
+``stream_options.include_usage`` and vLLM's ``ignore_eos``; others are ignored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any, Literal, Union
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from edgeinfer.errors import EdgeInferError
+from edgeinfer.serve.llm_engine import Engine, QueueFull
+from edgeinfer.serve.llm_engine import Request as GenRequest
+from edgeinfer.serve.prep import ApiError, read_json, validated
+from edgeinfer.serve.schemas import ERRORS
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class _Sampling(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = Field(None, description="Model id from /v1/models (optional when one decoder is served).")
+    max_tokens: int | None = Field(None, ge=1, description="Tokens to generate at most (default: up to the context).")
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    seed: int | None = Field(None, ge=0)
+    stop: Union[str, list[str], None] = None
+    n: int = Field(1, ge=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    ignore_eos: bool = Field(False, description="Keep generating past EOS (vLLM's extension; for benchmarks).")
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str
+
+
+class ChatRequest(_Sampling):
+    """OpenAI-compatible chat completion request."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+
+
+class CompletionRequest(_Sampling):
+    """OpenAI-compatible (legacy) completion request: one prompt string."""
+
+    prompt: Union[str, list[str]]
+
+
+def body_doc(schema: type[BaseModel]) -> dict[str, Any]:
+    """``openapi_extra`` for a body the endpoint reads itself, nested models inlined (their ``$defs`` are
+    not among the OpenAPI document's components)."""
+    doc = schema.model_json_schema()
+    defs = doc.pop("$defs", {})
+
+    def inline(x: Any) -> Any:
+        if isinstance(x, dict):
+            return inline(defs[x["$ref"].rsplit("/", 1)[1]]) if "$ref" in x else {k: inline(v) for k, v in x.items()}
+        return [inline(v) for v in x] if isinstance(x, list) else x
+
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": inline(doc)}}}}
+
+
+def add_routes(app: FastAPI, engines: dict[str, Engine], timeout_s: float, accepting: Any, observe: Any) -> None:
+    """The two generation endpoints over ``engines`` (model id → engine); ``accepting()`` is False while
+    the server drains or cannot load its models (503)."""
+
+    def engine_for(model: str | None) -> Engine:
+        if model is not None:
+            if model not in engines:
+                raise ApiError(404, f"The model '{model}' does not exist; GET /v1/models lists the served ones")
+            return engines[model]
+        if len(engines) == 1:
+            return next(iter(engines.values()))
+        raise ApiError(400, f"several decoders are served; name one in 'model' ({', '.join(engines)})")
+
+    async def generate(request: Request, chat: bool) -> Any:
+        arrived = time.perf_counter()
+        body = validated(ChatRequest if chat else CompletionRequest,
+                         read_json(await request.body(), request.headers.get("content-type", "")))
+        eng = engine_for(body.model)
+        if not accepting():
+            raise ApiError(503, "the server is shutting down or its models failed to load; retry elsewhere")
+        req = GenRequest(*prompt_and_options(eng, body, chat), arrived=arrived)
+        try:
+            eng.submit(req)
+        except QueueFull:
+            raise ApiError(429, f"all {eng.slots} sequence slots are busy and {eng.max_queue} requests wait; "
+                                "retry shortly", {"Retry-After": "1"}) from None
+        except RuntimeError as e:
+            raise ApiError(503, str(e)) from None
+        observe("prompt", model=eng.llm.name, tokens=len(req.prompt_ids))
+        meta = {"id": ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24], "created": int(time.time()),
+                "model": eng.llm.name}
+        events = _events(eng, req, time.monotonic() + timeout_s, observe)
+        if body.stream:
+            usage = bool(body.stream_options and body.stream_options.include_usage)
+            return StreamingResponse(_sse(events, meta, chat, usage, len(req.prompt_ids)),
+                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return await _whole(events, meta, chat, len(req.prompt_ids))
+
+    @app.post("/v1/chat/completions", tags=["generation"], responses=ERRORS, openapi_extra=body_doc(ChatRequest))
+    async def chat_completions(request: Request):
+        """Chat completion (OpenAI-compatible), streamed with ``"stream": true``."""
+        return await generate(request, chat=True)
+
+    @app.post("/v1/completions", tags=["generation"], responses=ERRORS,
+              openapi_extra=body_doc(CompletionRequest))
+    async def completions(request: Request):
+        """Text completion of a prompt (OpenAI-compatible), streamed with ``"stream": true``."""
+        return await generate(request, chat=False)
+
+
+def prompt_and_options(eng: Engine, body: Any, chat: bool) -> tuple[list[int], dict[str, Any]]:
+    """The prompt's token ids and the generation options; 400 on what the model cannot do."""
+    if body.n != 1:
+        raise ApiError(400, f"n={body.n}: this server generates one choice per request; send n=1 (or omit it)")
+    codec = eng.llm.codec
+    try:
+        if chat:
+            ids = codec.encode_chat([m.model_dump() for m in body.messages])
+        else:
+            prompt = body.prompt
+            if isinstance(prompt, list):
+                if len(prompt) != 1:
+                    raise ApiError(400, "prompt: give one string (a list of several prompts is not supported)")
+                prompt = prompt[0]
+            ids = codec.encode(prompt)
+    except EdgeInferError as e:
+        raise ApiError(400, e.one_line()) from None
+    if not ids:
+        raise ApiError(400, "the prompt is empty; give some text to continue")
+    ctx = eng.llm.context
+    room = ctx - len(ids)
+    wanted = body.max_tokens or body.max_completion_tokens
+    if room < 1 or (wanted is not None and wanted > room):
+        fix = f"ask for at most {room} max_tokens" if room > 0 else "shorten the prompt"
+        raise ApiError(400, f"This model's maximum context length is {ctx} tokens: the prompt has {len(ids)} and "
+                            f"max_tokens is {wanted if wanted is not None else 'at least 1'}; {fix}")
+    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    options = {"max_new_tokens": wanted or room, "temperature": 1.0 if body.temperature is None else body.temperature,
+               "top_p": 1.0 if body.top_p is None else body.top_p, "seed": body.seed, "stop": tuple(stop),
+               "ignore_eos": body.ignore_eos}
+    try:
+        from edgeinfer.run.generation.options import GenerationOptions
+
+        GenerationOptions(**options)
+    except EdgeInferError as e:
+        raise ApiError(400, e.one_line()) from None
+    return ids, options
+
+
+async def _events(eng: Engine, req: GenRequest, deadline: float, observe: Any) -> AsyncIterator[tuple]:
+    """``(text, tokens, finish, error)`` per worker event of ``req``, with the request's metrics; cancels the
+    sequence when the consumer goes away (client disconnect) or the deadline passes."""
+    name, first, last, tokens, finish = eng.llm.name, None, None, 0, None
+    try:
+        while True:
+            try:
+                left = max(0.0, deadline - time.monotonic())
+                text, n, finish, error = await asyncio.wait_for(req.events.get(), left)
+                while finish is None and not req.events.empty():  # a slow reader gets what piled up at once
+                    more, m, finish, error = req.events.get_nowait()
+                    text, n = text + more, n + m
+            except asyncio.TimeoutError:
+                finish, error = "error", "timeout: the generation did not end within the per-request timeout"
+                yield "", 0, finish, error
+                return
+            if n:
+                now = time.perf_counter()
+                if first is None:
+                    first = now
+                    observe("ttft", model=name, seconds=now - req.arrived)
+                last, tokens = now, tokens + n
+            yield text, n, finish, error
+            if finish is not None:
+                return
+    finally:
+        if finish is None or (finish == "error" and req.state != "done"):
+            eng.cancel(req)
+        observe("generated", model=name, tokens=tokens)
+        if finish in ("stop", "length"):
+            observe("e2e", model=name, seconds=time.perf_counter() - req.arrived)
+            if first is not None and last is not None and tokens > 1:
+                observe("tpot", model=name, seconds=(last - first) / (tokens - 1))
+
+
+def _usage(prompt: int, completion: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _choice(chat: bool, text: str | None, finish: str | None, delta: bool, first: bool = False) -> dict[str, Any]:
+    if not chat:
+        return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+    if delta:
+        d: dict[str, Any] = {"role": "assistant", "content": text or ""} if first else (
+            {"content": text} if text else {})
+        return {"index": 0, "delta": d, "logprobs": None, "finish_reason": finish}
+    return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish}
+
+
+def _error_body(message: str) -> dict[str, Any]:
+    status = 504 if message.startswith("timeout") else 500
+    return {"error": {"message": message, "type": "timeout" if status == 504 else "server_error", "code": status}}
+
+
+async def _whole(events: AsyncIterator[tuple], meta: dict[str, Any], chat: bool, prompt: int) -> JSONResponse:
+    parts, count, finish = [], 0, "stop"
+    async for text, n, fin, error in events:
+        if error is not None:
+            body = _error_body(error)
+            return JSONResponse(body, status_code=body["error"]["code"])
+        parts.append(text)
+        count += n
+        finish = fin if fin in ("stop", "length") else finish
+    obj = "chat.completion" if chat else "text_completion"
+    return JSONResponse({**meta, "object": obj, "choices": [_choice(chat, "".join(parts), finish, False)],
+                         "usage": _usage(prompt, count), "system_fingerprint": None})
+
+
+async def _sse(events: AsyncIterator[tuple], meta: dict[str, Any], chat: bool, usage: bool,
+               prompt: int) -> AsyncIterator[bytes]:
+    obj = "chat.completion.chunk" if chat else "text_completion"
+
+    def chunk(choices: list[dict[str, Any]], **extra: Any) -> bytes:
+        return b"data: " + json.dumps({**meta, "object": obj, "choices": choices, **extra}).encode() + b"\n\n"
+
+    count = 0
+    try:
+        if chat:
+            yield chunk([_choice(chat, "", None, True, first=True)])
+        async for text, n, finish, error in events:
+            if error is not None:
+                yield b"data: " + json.dumps(_error_body(error)).encode() + b"\n\n"
+                break
+            count += n
+            if text:
+                yield chunk([_choice(chat, text, None, True)])
+            if finish is not None:  # a sequence cancelled by the shutdown ends as if stopped
+                yield chunk([_choice(chat, "", finish if finish != "cancelled" else "stop", True)])
+        if usage:
+            yield chunk([], usage=_usage(prompt, count))
+        yield b"data: [DONE]\n\n"
+    finally:
+        await events.aclose()  # a client that went away cancels its sequence now

@@ -1,0 +1,298 @@
+"""The main-process side of a served decoder: KV admission, the bounded waiting queue, one worker
+process running the scheduler (restarted when it dies), and a stream of events per request.
+
+Admission: the worker's decoder holds ``slots`` sequences of ``context`` positions, allocated once
+when it loads; a request takes a slot or waits in the queue (``max_queue`` deep, then 429), and it
+leaves its slot when it ends, is cancelled (client gone, timeout, shutdown) or its worker dies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import json
+import logging
+import multiprocessing as mp
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from edgeinfer.errors import InputError
+from edgeinfer.serve.llm_worker import llm_worker_main
+
+log = logging.getLogger("edgeinfer.serve")
+
+
+class QueueFull(Exception):
+    pass
+
+
+@dataclass
+class ServedLLM:
+    """A decoder bundle or Hugging Face decoder directory, as the HTTP side sees it."""
+
+    name: str
+    path: Path
+    backend: str
+    context: int
+    codec: Any  # TextCodec: prompts are tokenized (and checked against the context) before admission
+    board: str = ""
+    scheme: str = ""
+
+    def to_json(self, created: int, slots: int) -> dict[str, Any]:
+        return {"id": self.name, "object": "model", "created": created, "owned_by": "edgeinfer",
+                "backend": self.backend, "board": self.board, "scheme": self.scheme, "context": self.context,
+                "slots": slots, "endpoints": ["/v1/chat/completions", "/v1/completions"]}
+
+
+def open_llm(path: Path, bundle: Any = None, ctx: int | None = None) -> ServedLLM:
+    """A decoder bundle (``bundle``, already opened and verified) or an HF decoder dir (``path``)."""
+    from edgeinfer.contract.names import DECODER_REFERENCE
+    from edgeinfer.run import seal
+    from edgeinfer.run.generation.text import TextCodec
+    from edgeinfer.run.loading import DEFAULT_CONTEXT, model_context_limit
+
+    if bundle is not None:
+        m = bundle.manifest
+        built = int(m.decoder["context"])
+        if ctx is not None and ctx > built:
+            raise InputError(f"bundle {path} was built for a context of {built} tokens, not {ctx}; use --ctx "
+                             f"{built} or less")
+        codec = TextCodec(seal.contained(bundle.path, m.decoder.get("tokenizer", "tokenizer"), "decoder.tokenizer"))
+        return ServedLLM(bundle.path.resolve().name, bundle.path, m.backend, ctx or built, codec, m.board, m.scheme)
+    limit = model_context_limit(path)
+    context = ctx or min(limit or DEFAULT_CONTEXT, DEFAULT_CONTEXT)
+    return ServedLLM(path.resolve().name, path, DECODER_REFERENCE, context, TextCodec(path), "", "fp32")
+
+
+def planned_kv_bytes(llm: ServedLLM, slots: int) -> int | None:
+    """The planner's KV figure for ``slots`` × ``context`` (fp32 KV, as the step decoders hold it)."""
+    from edgeinfer.planning.models.hf import spec_from_config
+    from edgeinfer.planning.planner import kv_bytes
+    from edgeinfer.planning.quant import kv_bytes_per_element
+
+    cfg_path = llm.codec.directory / "config.json"
+    try:
+        spec = spec_from_config(json.loads(cfg_path.read_text()), llm.name, str(cfg_path))
+    except Exception:  # noqa: BLE001 - the figure is informative only
+        return None
+    return kv_bytes(spec, llm.context, slots, kv_bytes_per_element("fp32"))
+
+
+@dataclass
+class Request:
+    """One admitted generation: its prompt ids and options, and the events the worker sends for it."""
+
+    prompt_ids: list[int]
+    options: dict[str, Any]
+    rid: str = ""
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    arrived: float = field(default_factory=time.perf_counter)
+    state: str = "new"  # new | waiting | running | done
+
+
+class Engine:
+    """One decoder model served by one worker process with ``slots`` KV slots."""
+
+    def __init__(self, llm: ServedLLM, slots: int, max_queue: int, prefill_chunk: int | None,
+                 entry: str | None = None, max_restarts: int = 5, restart_window_s: float = 60.0,
+                 observe: Any = None, threads: int | None = None):
+        self.threads = threads
+        self.llm, self.slots, self.max_queue, self.prefill_chunk = llm, slots, max_queue, prefill_chunk
+        self.entry, self.max_restarts, self.restart_window_s = entry, max_restarts, restart_window_s
+        self.observe = observe or (lambda *a, **k: None)
+        self.waiting: collections.deque[Request] = collections.deque()
+        self.running: dict[str, Request] = {}
+        self.state = "starting"  # starting | ready | restarting | failed | stopped
+        self.pid: int | None = None
+        self.info: dict[str, Any] = {}
+        self.restarts = 0
+        self._crashes: collections.deque[float] = collections.deque()
+        self._ids = itertools.count(1)
+        self._ctx = mp.get_context("spawn")
+        self._proc: Any = None
+        self._conn: Any = None
+        self._generation = 0
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ready: asyncio.Future | None = None
+
+    # --- lifecycle ------------------------------------------------------------------------------
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        await self._spawn()
+        kv, plan = self.info.get("kv_cache_bytes"), planned_kv_bytes(self.llm, self.slots)
+        log.info("%s: %d slots × %d positions reserved at start: KV cache %s (planner: %s)", self.llm.name,
+                 self.slots, self.llm.context, _mib(kv), _mib(plan))
+
+    def _spawn(self) -> asyncio.Future:
+        assert self._loop is not None
+        parent, child = self._ctx.Pipe()
+        proc = self._ctx.Process(target=llm_worker_main, name=f"edgeinfer-serve-llm-{self.llm.name}", daemon=True,
+                                 args=(child, str(self.llm.path), self.llm.backend, self.entry, self.llm.context,
+                                       self.slots, self.prefill_chunk, self.threads))
+        self._generation += 1
+        self.state, self.pid = ("starting" if self._generation == 1 else "restarting"), None
+        proc.start()
+        child.close()
+        self._proc, self._conn = proc, parent
+        self._ready = self._loop.create_future()
+        threading.Thread(target=self._reader, args=(self._generation, parent), daemon=True,
+                         name=f"edgeinfer-serve-llm-reader-{self.llm.name}").start()
+        return self._ready
+
+    def _reader(self, generation: int, conn: Any) -> None:
+        loop = self._loop
+        assert loop is not None
+        while True:
+            try:
+                msg = conn.recv()
+            except Exception:  # noqa: BLE001 - EOF, a broken pipe or an unreadable message: the worker is gone
+                break
+            loop.call_soon_threadsafe(self._on_message, generation, msg)
+        loop.call_soon_threadsafe(self._on_exit, generation)
+
+    def _on_message(self, generation: int, msg: tuple) -> None:
+        if generation != self._generation:
+            return
+        if msg[0] == "ready":
+            self.state, self.info, self.pid = "ready", msg[1], msg[1].get("pid")
+            self.slots = int(msg[1].get("slots") or self.slots)  # what the backend's decoder really holds
+            log.info("%s: decoder worker ready (pid %s)", self.llm.name, self.pid)
+            _resolve(self._ready, None)
+            self._dispatch()
+        elif msg[0] == "fatal":
+            self.state = "failed"
+            _resolve(self._ready, RuntimeError(f"{self.llm.name}: the decoder could not be loaded: {msg[1]}"))
+        elif msg[0] == "events":
+            for rid, text, tokens, finish, error in msg[1]:
+                req = self.running.get(rid)
+                if req is None:
+                    continue
+                if finish is not None:
+                    self._finish(req)
+                req.events.put_nowait((text, tokens, finish, error))
+            self._dispatch()
+
+    def _on_exit(self, generation: int) -> None:
+        if generation != self._generation or self.state == "stopped":
+            return
+        code = self._proc.exitcode if self._proc is not None else None
+        for req in list(self.running.values()):
+            self._finish(req)
+            req.events.put_nowait(("", 0, "error", f"the decoder worker (pid {self.pid}) died (exit code {code}); "
+                                                   "retry the request"))
+        if self.state in ("starting", "failed") and self._ready is not None and not self._ready.done():
+            self.state = "failed"
+            _resolve(self._ready, RuntimeError(f"{self.llm.name}: the decoder worker exited (code {code}) before "
+                                               "it was ready"))
+            return
+        now = time.monotonic()
+        self._crashes.append(now)
+        while self._crashes and now - self._crashes[0] > self.restart_window_s:
+            self._crashes.popleft()
+        if len(self._crashes) > self.max_restarts:
+            log.error("%s: decoder worker crashed %d times in %.0f s; giving it up", self.llm.name,
+                      len(self._crashes), self.restart_window_s)
+            self.state = "failed"
+            self._fail_waiting("the decoder worker failed too often; see the server log")
+            return
+        log.warning("%s: decoder worker (pid %s) exited with code %s; restarting it", self.llm.name, self.pid, code)
+        self.restarts += 1
+        self.observe("restart", model=self.llm.name)
+        ready = self._spawn()
+        ready.add_done_callback(lambda f: f.exception() and self._fail_waiting(str(f.exception())))
+
+    def _fail_waiting(self, message: str) -> None:
+        while self.waiting:
+            req = self.waiting.popleft()
+            req.state = "done"
+            req.events.put_nowait(("", 0, "error", message))
+        self._gauges()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.state = "stopped"
+        self._send(("stop",))
+        if self._proc is not None:
+            self._proc.join(timeout)
+            if self._proc.is_alive():
+                self._proc.terminate()
+                self._proc.join(2)
+
+    # --- requests ----------------------------------------------------------------------------------
+    def submit(self, req: Request) -> None:
+        """Admit ``req`` now (a free slot) or queue it; QueueFull when the queue is at its bound."""
+        if self.state == "failed":
+            raise RuntimeError("the decoder worker failed; see the server log")
+        if len(self.running) >= self.slots and len(self.waiting) >= self.max_queue:
+            raise QueueFull()
+        req.rid = f"{next(self._ids)}"
+        req.state = "waiting"
+        self.waiting.append(req)
+        self._dispatch()
+
+    def cancel(self, req: Request) -> None:
+        """The client is gone or timed out: drop ``req`` from the queue, or stop its sequence (the worker
+        frees the slot at its next step and reports the end)."""
+        if req.state == "waiting":
+            self.waiting.remove(req)
+            req.state = "done"
+            self._gauges()
+        elif req.state == "running":
+            self._send(("cancel", req.rid))
+
+    def cancel_all(self) -> None:
+        for req in list(self.waiting) + list(self.running.values()):
+            self.cancel(req)
+
+    def _dispatch(self) -> None:
+        while self.state == "ready" and self.waiting and len(self.running) < self.slots:
+            req = self.waiting.popleft()
+            req.state = "running"
+            self.running[req.rid] = req
+            if not self._send(("add", req.rid, req.prompt_ids, req.options)):
+                break  # the reader sees the worker gone and fails the running requests
+        self._gauges()
+
+    def _finish(self, req: Request) -> None:
+        req.state = "done"
+        self.running.pop(req.rid, None)
+        self._gauges()
+
+    def _send(self, msg: tuple) -> bool:
+        conn = self._conn
+        if conn is None:
+            return False
+        try:
+            with self._lock:
+                conn.send(msg)
+            return True
+        except (OSError, ValueError):
+            return False
+
+    def _gauges(self) -> None:
+        self.observe("sequences", model=self.llm.name, running=len(self.running), waiting=len(self.waiting),
+                     slots=self.slots)
+
+    def ready(self) -> bool:
+        return self.state == "ready"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"model": self.llm.name, "pid": self.pid, "state": self.state, "slots": self.slots,
+                "running": len(self.running), "waiting": len(self.waiting), "restarts": self.restarts,
+                "kv_cache_bytes": self.info.get("kv_cache_bytes")}
+
+
+def _resolve(fut: asyncio.Future | None, error: Exception | None) -> None:
+    if fut is not None and not fut.done():
+        if error is None:
+            fut.set_result(None)
+        else:
+            fut.set_exception(error)
+
+
+def _mib(n: int | None) -> str:
+    return "unknown" if n is None else f"{n / 2**20:.1f} MiB"

@@ -1,0 +1,189 @@
+"""Continuous batching over one step decoder: iteration-level scheduling (Orca, Yu et al., OSDI 2022,
+https://www.usenix.org/conference/osdi22/presentation/yu).
+
+Each :meth:`Scheduler.step` is one iteration: one batched ``decode`` call for every sequence that is
+generating, then prompt tokens up to a budget of one prefill chunk, oldest sequence first (several
+short prompts, or one chunk of a long one, as in vLLM's chunked prefill). New
+sequences join the decode batch at the next step boundary after their prefill; finished and cancelled
+ones leave it and free their KV slot at once. Sampling, EOS, stop strings and detokenizing are the
+generation package's (:class:`~edgeinfer.run.generation.sampling.Sampler`,
+:class:`~edgeinfer.run.generation.generator.Answer`), so a sequence here gives the tokens
+``Generator`` gives alone.
+
+Runs in the worker process that holds the decoder; nothing here knows about HTTP or pipes.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from edgeinfer.run.generation.generator import Answer, Generator
+from edgeinfer.run.generation.options import GenerationOptions
+from edgeinfer.run.generation.sampling import Sampler
+
+DEFAULT_PREFILL_CHUNK = 128
+
+
+@dataclass
+class Event:
+    """What one step did for one sequence: the text it released, how many tokens it generated, and
+    ``finish`` ("stop", "length", "cancelled", "error") when the sequence ended."""
+
+    rid: str
+    text: str = ""
+    tokens: int = 0
+    finish: str | None = None
+    error: str | None = None
+
+    def to_tuple(self) -> tuple:
+        return (self.rid, self.text, self.tokens, self.finish, self.error)
+
+
+@dataclass
+class Sequence:
+    rid: str
+    prompt: list[int]
+    options: GenerationOptions
+    slot: int
+    sampler: Sampler
+    answer: Answer
+    history: list[int] = field(default_factory=list)
+    fed: int = 0  # prompt tokens prefilled so far
+    next_token: int = -1  # sampled, not yet fed to the decoder
+    cancelled: bool = False
+
+
+class Scheduler:
+    """Sequences over the decoder's static KV slots (``decoder.slots`` of them)."""
+
+    def __init__(self, generator: Generator, prefill_chunk: int | None = None):
+        self.generator = generator
+        self.decoder = generator.decoder
+        own = self.decoder.prefill_chunk
+        chunk = prefill_chunk or DEFAULT_PREFILL_CHUNK
+        self.chunk = min(own, chunk) if own else chunk
+        self.free = list(range(self.decoder.slots))
+        self.waiting: collections.deque[tuple[str, list[int], GenerationOptions]] = collections.deque()
+        self.prefilling: collections.deque[Sequence] = collections.deque()
+        self.decoding: list[Sequence] = []
+        self._by_id: dict[str, Sequence] = {}
+        self._ended: list[Event] = []
+
+    # --- requests ----------------------------------------------------------------------------
+    def add(self, rid: str, prompt_ids: list[int], options: GenerationOptions) -> None:
+        """Queue a sequence; it takes a slot at the next step boundary (it waits while none is free)."""
+        self.waiting.append((rid, list(prompt_ids), options))
+
+    def cancel(self, rid: str) -> None:
+        seq = self._by_id.get(rid)
+        if seq is not None:
+            seq.cancelled = True
+            return
+        for item in list(self.waiting):
+            if item[0] == rid:
+                self.waiting.remove(item)
+                self._ended.append(Event(rid, finish="cancelled"))
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting or self.prefilling or self.decoding or self._ended)
+
+    @property
+    def running(self) -> int:
+        return len(self._by_id)
+
+    # --- one iteration -------------------------------------------------------------------------
+    def step(self) -> list[Event]:
+        events, self._ended = self._ended, []
+        self._admit()
+        events += self._drop_cancelled()
+        if self.decoding:
+            events += self._decode()
+        if self.prefilling:
+            events += self._prefill()
+        return events
+
+    def _admit(self) -> None:
+        while self.waiting and self.free:
+            rid, ids, options = self.waiting.popleft()
+            slot = self.free.pop(0)
+            seq = Sequence(rid, ids, options, slot, Sampler(options),
+                           Answer(self.generator.codec, options, self.generator.eos_ids(options)), list(ids))
+            self._by_id[rid] = seq
+            self.decoder.reset(slot)
+            self.prefilling.append(seq)
+
+    def _drop_cancelled(self) -> list[Event]:
+        gone = [s for s in (*self.prefilling, *self.decoding) if s.cancelled]
+        for s in gone:
+            self._end(s)
+        return [Event(s.rid, finish="cancelled") for s in gone]
+
+    def _decode(self) -> list[Event]:
+        seqs = list(self.decoding)
+        slots = [s.slot for s in seqs]
+        ids = np.asarray([s.next_token for s in seqs], dtype=np.int64)
+        try:
+            logits = np.asarray(self.decoder.decode(slots, ids), dtype=np.float32)
+        except Exception as e:  # noqa: BLE001 - every sequence of the batch fails; the worker keeps serving
+            return self._fail(seqs, e)
+        return [self._sample(s, logits[i]) for i, s in enumerate(seqs)]
+
+    def _prefill(self) -> list[Event]:
+        """At most ``chunk`` prompt tokens this step, oldest sequence first: several short prompts, or one
+        chunk of a long one."""
+        events: list[Event] = []
+        budget = self.chunk
+        while budget > 0 and self.prefilling:
+            seq = self.prefilling[0]
+            part = seq.prompt[seq.fed : seq.fed + budget]
+            try:
+                logits = self.decoder.prefill(seq.slot, np.asarray(part, dtype=np.int64))
+            except Exception as e:  # noqa: BLE001
+                self.prefilling.popleft()
+                events += self._fail([seq], e)
+                continue
+            seq.fed += len(part)
+            budget -= len(part)
+            if seq.fed < len(seq.prompt):
+                break
+            self.prefilling.popleft()
+            self.decoding.append(seq)
+            events.append(self._sample(seq, np.asarray(logits, dtype=np.float32).reshape(-1)))
+        return events
+
+    def _sample(self, seq: Sequence, row: np.ndarray) -> Event:
+        tok = seq.sampler(row, seq.history)
+        seq.history.append(tok)
+        piece = seq.answer.push(tok)
+        if seq.answer.stopped or len(seq.answer.ids) >= seq.options.max_new_tokens:
+            tail = seq.answer.end(False)
+            self._end(seq)
+            return Event(seq.rid, piece + tail, 1, seq.answer.finish)
+        seq.next_token = tok
+        return Event(seq.rid, piece, 1)
+
+    def _fail(self, seqs: list[Sequence], e: Exception) -> list[Event]:
+        message = " ".join(str(e).split())[:300] or type(e).__name__
+        for s in seqs:
+            self._end(s)
+        return [Event(s.rid, finish="error", error=f"{type(e).__name__}: {message}") for s in seqs]
+
+    def _end(self, seq: Sequence) -> None:
+        self._by_id.pop(seq.rid, None)
+        if seq in self.decoding:
+            self.decoding.remove(seq)
+        if seq in self.prefilling:
+            self.prefilling.remove(seq)
+        try:
+            self.decoder.reset(seq.slot)
+        finally:
+            self.free.append(seq.slot)
+            self.free.sort()
+
+    def stats(self) -> dict[str, Any]:
+        return {"running": self.running, "waiting": len(self.waiting), "slots_used": len(self._by_id)}

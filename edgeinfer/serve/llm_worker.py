@@ -1,0 +1,84 @@
+"""The worker process that holds one decoder and runs its :class:`~.llm_scheduler.Scheduler`.
+
+Messages, main → worker: ``("add", rid, prompt_ids, options)``, ``("cancel", rid)``, ``("stop",)``;
+worker → main: ``("ready", info)``, ``("fatal", message)``, ``("events", [event tuples])`` once per
+scheduler step that produced any. Between two steps the worker takes every message waiting on the
+pipe, so a new sequence joins and a cancelled one leaves at the next step boundary; while nothing
+runs it blocks on the pipe.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+from edgeinfer.serve.placement import placement
+from edgeinfer.serve.workers import _one_line
+
+
+def load_generator(path: str, backend: str, entry: str | None, context: int, slots: int,
+                   threads: int | None = None) -> Any:
+    """The Generator of a decoder bundle or Hugging Face decoder directory, with ``slots`` KV slots
+    (and ``threads`` CPU threads where the backend takes that option)."""
+    from edgeinfer.contract import registry
+    from edgeinfer.run.loading import load
+
+    env, device, options = placement(backend, entry)
+    os.environ.update(env)
+    if threads is not None and "threads" in registry.get_backend(backend).decoder_options:
+        options = {**options, "threads": threads}
+    return load(path, device=device, ctx=context, slots=slots, **options)
+
+
+def llm_worker_main(conn: Any, path: str, backend: str, entry: str | None, context: int, slots: int,
+                    prefill_chunk: int | None, threads: int | None = None) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process decides when workers stop
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # not lowered like the embedding workers (workers.lower_priority): every stream waits on this process's
+    # steps, and a step is short, so the HTTP process gets the CPU between two of them anyway
+    from edgeinfer.run.generation.options import GenerationOptions
+    from edgeinfer.serve.llm_scheduler import Scheduler
+
+    try:
+        gen = load_generator(path, backend, entry, context, slots, threads)
+        if gen.decoder.native_loop:
+            raise RuntimeError(f"backend {gen.decoder.backend_name!r} runs its own generation loop; edgeinfer "
+                               "serve schedules step decoders only (deploy for another backend)")
+        sched = Scheduler(gen, prefill_chunk)
+        d = gen.decoder
+        conn.send(("ready", {"pid": os.getpid(), "device": d.device, "slots": d.slots, "context": d.context,
+                             "kv_cache_bytes": d.kv_cache_bytes, "prefill_chunk": sched.chunk}))
+    except Exception as e:  # noqa: BLE001
+        try:
+            conn.send(("fatal", _one_line(e)))
+        finally:
+            return
+    try:
+        _loop(conn, sched, GenerationOptions)
+    finally:
+        gen.close()
+
+
+def _loop(conn: Any, sched: Any, options_type: Any) -> None:
+    while True:
+        try:
+            wait = 0 if sched.busy else None  # block on the pipe only while nothing runs
+            while conn.poll(wait):
+                msg = conn.recv()
+                if msg[0] == "stop":
+                    return
+                if msg[0] == "add":
+                    _, rid, ids, opts = msg
+                    sched.add(rid, ids, options_type(**opts))
+                elif msg[0] == "cancel":
+                    sched.cancel(msg[1])
+                wait = 0
+        except (EOFError, OSError, KeyboardInterrupt):
+            return
+        events = sched.step()
+        if events:
+            try:
+                conn.send(("events", [e.to_tuple() for e in events]))
+            except (OSError, ValueError):
+                return

@@ -1,0 +1,287 @@
+"""``edgeinfer serve`` on a decoder (the committed tiny-qwen3 on the transformers reference), through the
+official ``openai`` client on loopback: streamed and whole answers equal ``edgeinfer generate``, concurrent
+streams each equal their solo run, admission (429, 400), disconnects, a killed worker and SIGTERM."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from edgeinfer.testing.llm import model_dir
+from edgeinfer.testing.serve import ServerProc
+
+openai = pytest.importorskip("openai")
+
+CTX = 256
+SLOTS = 4
+QUEUE = 2
+PROMPTS = ["The history of the city", "Once upon a time", "Rivers flow into", "In the morning the children",
+           "A small village near", "The old man said"]
+
+
+@pytest.fixture(scope="module")
+def generator():
+    import edgeinfer
+
+    with edgeinfer.load(model_dir(), ctx=CTX, threads=1, slots=3) as g:
+        yield g
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    log = tmp_path_factory.mktemp("serve-llm") / "log"
+    with ServerProc([model_dir()], "--slots", str(SLOTS), "--max-queue", str(QUEUE), "--ctx", str(CTX),
+                    "--threads", "1", log=log) as s:
+        yield s
+
+
+def client(server: ServerProc) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def solo(generator, prompt: str, chat: bool, max_tokens: int, **kw) -> str:
+    from edgeinfer.run.generation.options import GenerationOptions
+
+    return generator.generate(prompt, GenerationOptions(max_new_tokens=max_tokens, **kw), chat=chat).text
+
+
+def stream_text(c: openai.OpenAI, prompt: str, chat: bool, max_tokens: int, **kw) -> str:
+    if chat:
+        chunks = c.chat.completions.create(model="tiny-qwen3", messages=[{"role": "user", "content": prompt}],
+                                           max_tokens=max_tokens, stream=True, **kw)
+        return "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    chunks = c.completions.create(model="tiny-qwen3", prompt=prompt, max_tokens=max_tokens, stream=True, **kw)
+    return "".join(ch.choices[0].text for ch in chunks if ch.choices)
+
+
+def metric(server: ServerProc, name: str) -> float:
+    text = httpx.get(server.url + "/metrics").text
+    m = re.search(rf'^{name}\{{model="tiny-qwen3"\}} (\S+)$', text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def wait_for(cond, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.05)
+
+
+def decoder_state(server: ServerProc) -> dict:
+    return httpx.get(server.url + "/ready").json()["decoders"][0]
+
+
+# --- the decoder's batched decode -------------------------------------------------------------------
+
+
+def test_batched_decode_equals_each_slot_alone(generator):
+    """Three sequences of different lengths decoded in one batched step give each slot's solo logits."""
+    d = generator.decoder
+    prompts = [[5, 6, 7, 8, 9, 10, 11], [20, 21, 22], [30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40]]
+    alone = []
+    for p in prompts:
+        d.reset(0)
+        d.prefill(0, np.array(p[:-1]))
+        alone.append(d.prefill(0, np.array(p[-1:])))  # the single-sequence StaticCache path
+    for s, p in enumerate(prompts):
+        d.reset(s)
+        d.prefill(s, np.array(p[:-1]))
+    batched = d.decode([2, 0, 1], np.array([prompts[2][-1], prompts[0][-1], prompts[1][-1]]))
+    for row, s in zip(batched, [2, 0, 1]):
+        np.testing.assert_allclose(row, alone[s], rtol=1e-4, atol=1e-4)
+    for s in range(3):
+        d.reset(s)
+
+
+def test_long_prompt_prefills_in_chunks_while_a_stream_keeps_decoding(generator):
+    """A 120-token prompt joins a running sequence: it is read 8 tokens per step, the running sequence
+    gets a token at every one of those steps, and both texts equal their solo runs."""
+    from edgeinfer.run.generation.options import GenerationOptions
+    from edgeinfer.serve.llm_scheduler import Scheduler
+
+    sched = Scheduler(generator, prefill_chunk=8)
+    sched.add("a", generator.codec.encode(PROMPTS[0]), GenerationOptions(max_new_tokens=30, ignore_eos=True))
+    texts = {"a": "", "b": ""}
+    while not sched.decoding:
+        texts["a"] += "".join(e.text for e in sched.step())
+    long_prompt = generator.codec.decode(generator.codec.encode(" ".join(PROMPTS * 4))[:120])
+    long_ids = generator.codec.encode(long_prompt)
+    sched.add("b", long_ids, GenerationOptions(max_new_tokens=5, ignore_eos=True))
+    steps: list[set[str]] = []
+    while sched.busy:
+        events = sched.step()
+        steps.append({e.rid for e in events if e.tokens})
+        for e in events:
+            texts[e.rid] += e.text
+    first_b = next(i for i, s in enumerate(steps) if "b" in s)
+    assert first_b == -(-len(long_ids) // 8) - 1
+    assert all("a" in s for s in steps[: first_b + 1])
+    assert texts["a"] == solo(generator, PROMPTS[0], False, 30, ignore_eos=True)
+    assert texts["b"] == solo(generator, long_prompt, False, 5, ignore_eos=True)
+    assert sched.free == [0, 1, 2] and sched.running == 0
+
+
+# --- the API -----------------------------------------------------------------------------------------
+
+
+def test_models_lists_the_decoder_and_unknown_model_is_openai_404(server):
+    c = client(server)
+    ids = [m.id for m in c.models.list().data]
+    assert ids == ["tiny-qwen3"]
+    with pytest.raises(openai.NotFoundError) as e:
+        c.chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}])
+    assert e.value.body["message"].startswith("The model 'nope' does not exist")
+
+
+def test_streamed_chat_equals_edgeinfer_generate(server):
+    prompt = "Tell me about rivers"
+    out = subprocess.run([sys.executable, "-m", "edgeinfer.cli", "generate", str(model_dir()), "--prompt", prompt,
+                          "--chat", "--max-new-tokens", "24", "--ctx", str(CTX), "--json"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    expected = json.loads(out.stdout)["text"]
+    c = client(server)
+    assert expected
+    assert stream_text(c, prompt, True, 24, temperature=0) == expected
+    whole = c.chat.completions.create(model="tiny-qwen3", messages=[{"role": "user", "content": prompt}],
+                                      max_tokens=24, temperature=0)
+    assert whole.choices[0].message.content == expected
+    assert whole.usage.completion_tokens == len(json.loads(out.stdout)["token_ids"])
+    assert whole.usage.prompt_tokens == json.loads(out.stdout)["prompt_tokens"]
+
+
+def test_completions_seeded_sampling_and_stop_equal_the_generator(server, generator):
+    c = client(server)
+    kw = {"temperature": 0.9, "top_p": 0.9, "seed": 11}
+    expected = solo(generator, PROMPTS[1], False, 20, **kw)
+    assert stream_text(c, PROMPTS[1], False, 20, **kw) == expected
+    whole = c.completions.create(model="tiny-qwen3", prompt=PROMPTS[1], max_tokens=20, **kw)
+    assert whole.choices[0].text == expected
+    greedy = solo(generator, PROMPTS[0], False, 20, temperature=0.0)
+    stop = greedy.split()[2]  # a word the greedy continuation reaches
+    cut = c.completions.create(model="tiny-qwen3", prompt=PROMPTS[0], max_tokens=20, temperature=0, stop=[stop])
+    assert cut.choices[0].text == greedy[: greedy.index(stop)] and cut.choices[0].finish_reason == "stop"
+
+
+def test_concurrent_streams_each_equal_their_solo_run(server, generator):
+    """Six streams at once on four slots: sequences join and leave the running batch, each gets its own text."""
+    expected = [solo(generator, p, i % 2 == 0, 32, temperature=0.0) for i, p in enumerate(PROMPTS)]
+    c = client(server)
+    with cf.ThreadPoolExecutor(len(PROMPTS)) as ex:
+        got = list(ex.map(lambda ip: stream_text(c, ip[1], ip[0] % 2 == 0, 32, temperature=0), enumerate(PROMPTS)))
+    assert got == expected
+
+
+def test_n_above_1_and_prompt_past_the_context_are_400(server):
+    c = client(server)
+    with pytest.raises(openai.BadRequestError, match="n=2"):
+        c.completions.create(model="tiny-qwen3", prompt="hi", n=2, max_tokens=4)
+    with pytest.raises(openai.BadRequestError, match="maximum context length is 256"):
+        c.completions.create(model="tiny-qwen3", prompt="hi", max_tokens=CTX)
+
+
+def test_full_queue_is_429_and_disconnects_free_the_slots(server):
+    """Four streams hold the four slots, two wait, the next request gets 429 with Retry-After; closing the
+    streams mid-way cancels their sequences (no end-to-end latency recorded) and frees every slot."""
+    e2e_before = metric(server, "edgeinfer_request_e2e_seconds_count")
+    body = {"model": "tiny-qwen3", "prompt": "The city", "max_tokens": 200, "ignore_eos": True, "stream": True,
+            "temperature": 0}
+    http = httpx.Client(timeout=120)
+    streams = [http.stream("POST", server.url + "/v1/completions", json=body) for _ in range(SLOTS + QUEUE)]
+    opened = [s.__enter__() for s in streams]
+    try:
+        wait_for(lambda: decoder_state(server)["running"] == SLOTS and decoder_state(server)["waiting"] == QUEUE)
+        assert metric(server, "edgeinfer_kv_slots_used") == SLOTS
+        assert metric(server, "edgeinfer_kv_slots_total") == SLOTS
+        assert metric(server, "edgeinfer_sequences_waiting") == QUEUE
+        r = http.post(server.url + "/v1/completions", json={**body, "stream": False})
+        assert r.status_code == 429 and r.headers["retry-after"] == "1"
+        assert r.json()["error"]["type"] == "rate_limit_error"
+        next(opened[0].iter_lines())  # the first stream is generating
+    finally:
+        for s in streams:
+            s.__exit__(None, None, None)
+        http.close()
+    wait_for(lambda: metric(server, "edgeinfer_kv_slots_used") == 0 and metric(server,
+                                                                              "edgeinfer_sequences_waiting") == 0)
+    assert metric(server, "edgeinfer_request_e2e_seconds_count") == e2e_before
+    assert decoder_state(server)["running"] == 0
+    assert stream_text(client(server), "hi", False, 4, temperature=0)  # the slots serve again
+
+
+def test_killed_worker_ends_its_streams_with_an_error_and_restarts(server, generator):
+    c = client(server)
+    pid = decoder_state(server)["pid"]
+    errors: list[Exception] = []
+    started = threading.Barrier(3)
+
+    def run() -> None:
+        chunks = c.completions.create(model="tiny-qwen3", prompt="The city", max_tokens=200,
+                                      stream=True, temperature=0, extra_body={"ignore_eos": True})
+        try:
+            for i, _ in enumerate(chunks):
+                if i == 1:
+                    started.wait(60)
+        except openai.APIError as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    started.wait(60)
+    import os
+
+    os.kill(pid, signal.SIGKILL)
+    for t in threads:
+        t.join(60)
+    assert len(errors) == 2 and all("decoder worker" in str(e) for e in errors)
+    wait_for(lambda: decoder_state(server)["state"] == "ready" and decoder_state(server)["pid"] != pid)
+    assert decoder_state(server)["restarts"] == 1
+    assert stream_text(c, PROMPTS[2], False, 16, temperature=0) == solo(generator, PROMPTS[2], False, 16)
+
+
+def test_sigterm_during_streams_finishes_them_and_exits_0(minilm_onnx, tmp_path):
+    """With an embedding bundle served beside the decoder (both keep working), SIGTERM lets the running
+    streams finish and the server exits 0."""
+    from edgeinfer.testing.serve import minilm_bundle
+
+    ort = minilm_bundle(minilm_onnx, tmp_path / "minilm-ort", "onnxruntime")
+    server = ServerProc([ort, model_dir()], "--slots", "2", "--ctx", str(CTX), "--threads", "1",
+                        log=tmp_path / "log")
+    c = client(server)
+    assert sorted(m.id for m in c.models.list().data) == ["minilm-ort", "tiny-qwen3"]
+    vectors = c.embeddings.create(model="minilm-ort", input=["a sentence", "another one"]).data
+    assert len(vectors) == 2 and len(vectors[0].embedding) == 384
+    done: list[str] = []
+    started = threading.Barrier(3)
+
+    def run() -> None:
+        chunks = c.completions.create(model="tiny-qwen3", prompt="The city", max_tokens=60, stream=True,
+                                      temperature=0, extra_body={"ignore_eos": True})
+        n = 0
+        for ch in chunks:
+            n += 1
+            if n == 2:
+                started.wait(60)
+            if ch.choices and ch.choices[0].finish_reason:
+                done.append(ch.choices[0].finish_reason)
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    started.wait(60)
+    server.proc.send_signal(signal.SIGTERM)
+    for t in threads:
+        t.join(60)
+    assert server.terminate() == 0, server.output()[-2000:]
+    assert done == ["length", "length"]
