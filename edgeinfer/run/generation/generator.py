@@ -256,7 +256,7 @@ class Generator:
         with self._lock:
             start = time.perf_counter()
             times: list[float] = []
-            answer = _Answer(self.codec, options, self._eos(options))
+            answer = Answer(self.codec, options, self.eos_ids(options))
             later: list[int] = []
 
             def on_token(tok: int) -> bool:
@@ -278,7 +278,7 @@ class Generator:
             answer.end(False)
             return self._native_result(answer, ids, native, times, start)
 
-    def _native_result(self, answer: _Answer, ids: list[int], native: dict[str, Any], times: list[float],
+    def _native_result(self, answer: Answer, ids: list[int], native: dict[str, Any], times: list[float],
                        start: float) -> GenerationResult:
         """The result of a native loop: edgeinfer's timings, with the runtime's own where it reports them."""
         metrics = summarize(len(ids), times[: len(answer.ids)], start, None, peak_rss_bytes(),
