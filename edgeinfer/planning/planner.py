@@ -432,7 +432,8 @@ def _merge_paging(p: Plan, r: PagedPlan, unpaged: Verdict) -> None:
     p.details["weights"] = {**p.details.get("weights", {}), "total_bytes_unpaged": r.unpaged_weight_bytes,
                             "paged": f"{r.resident_segments} of {r.segments} segments resident"}
     p.breakdown["weights"] = r.resident_weight_bytes
-    p.breakdown["activations"] = int(res["buffer_bytes"])  # each resident segment's own buffers (docs/paging.md)
+    if res.get("rule") != "decoder":  # a decoder's runtime keeps one set of buffers however many segments load
+        p.breakdown["activations"] = int(res["buffer_bytes"])  # each resident segment's own (docs/paging.md)
     p.reasons = list(unpaged.reasons_but_memory)
     if p.total_bytes > p.capacity_bytes:
         p.reasons.append(f"needs {p.total_bytes / GIB:.2f} GiB with {r.resident_segments} segment(s) resident, "
