@@ -117,7 +117,9 @@ def _rows(samples: Sequence[Feeds]) -> Feeds:
 
 
 def _fit_seq(feeds: Feeds, seq: int) -> Feeds:
-    """Token feeds cut (or padded with masked zeros) to ``seq`` positions."""
+    """Token feeds cut (or padded with masked zeros) to ``seq`` positions; other feeds as they are."""
+    if MASK not in feeds:
+        return feeds
     out = {}
     for k, v in feeds.items():
         if v.ndim >= 2 and v.shape[1] > seq:
@@ -144,7 +146,7 @@ def _check(session: Any, reference: Any, held: Sequence[Feeds], bucket: Shape, r
     b, s = bucket
     x = _fit_seq(_rows(held), s)
     expected = run_padded(reference, _fit_seq(x, ref_seq))
-    expected = {k: (v[:, :s] if v.ndim >= 2 and v.shape[1] == ref_seq and masked(session.inputs) else v)
+    expected = {k: (v[:, :s] if v.ndim >= 2 and v.shape[1] == ref_seq and MASK in x else v)
                 for k, v in expected.items()}
     got = BucketedSession({bucket: session}).run(x)
     report = golden.compare([expected], [got], [x], threshold)
