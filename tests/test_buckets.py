@@ -218,3 +218,22 @@ def test_bad_buckets_option_is_one_line_exit_2(tmp_path):
                      "-o", str(tmp_path / "out"))
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "--buckets" in proc.stderr
+
+
+@pytest.mark.slow
+def test_serve_infer_takes_any_length_up_to_the_longest_bucket(bucketed):
+    from edgeinfer.serve.prep import ApiError, ServedModel, prepare_infer
+
+    models = {"m": ServedModel("m", Bundle.open(bucketed))}
+    assert models["m"].longest_bucket == 128
+
+    def body(seq: int) -> bytes:
+        row = [101] + [2000] * (seq - 2) + [102]
+        return json.dumps({"model": "m", "inputs": {"input_ids": [row], "attention_mask": [[1] * seq],
+                                                    "token_type_ids": [[0] * seq]}}).encode()
+
+    p = prepare_infer(models, body(20), "application/json", 8)
+    assert p.feeds["input_ids"].shape == (1, 20) and p.rows == 1
+    with pytest.raises(ApiError, match="longer than the longest bucket") as e:
+        prepare_infer(models, body(130), "application/json", 8)
+    assert e.value.status == 400

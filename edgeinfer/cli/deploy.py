@@ -37,7 +37,7 @@ from edgeinfer.errors import InputError
 @click.option("--cut", "cuts", multiple=True, metavar="TENSOR",
               help="With --paging: cut at this tensor (repeatable).")
 @click.option("--buckets", metavar="auto|none|BxS,...",
-              help="Static-shape targets (NPU, RKNN): (batch x sequence) shapes to build; default auto, chosen from "
+              help="Boards that need static shapes: (batch x sequence) shapes to build; default auto, chosen from "
                    "the plan (docs/deploy.md#buckets).")
 @click.option("-o", "--out", "out", required=True, type=click.Path(path_type=Path), help="Bundle directory to write.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")

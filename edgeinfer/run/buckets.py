@@ -143,9 +143,13 @@ class BucketedSession(Session):
         rest = ("sequence", *spec.shape[2:]) if seq_free and len(spec.shape) > 1 else spec.shape[1:]
         return TensorSpec(spec.name, ("batch", *rest), spec.dtype)
 
+    def _seq(self, feeds: dict[str, np.ndarray]) -> int:
+        """The sequence length buckets must hold (0 when the buckets share one length)."""
+        return max((v.shape[1] for v in feeds.values() if v.ndim >= 2), default=0) if self.seq_free else 0
+
     def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         rows = len(next(iter(feeds.values())))
-        seq = max((v.shape[1] for v in feeds.values() if v.ndim >= 2), default=0) if self.seq_free else 0
+        seq = self._seq(feeds)
         parts = []
         for start, stop, (b, s) in chunks(self.shapes, rows, seq):
             out = self.sessions[(b, s)].run(_pad({k: v[start:stop] for k, v in feeds.items()}, b, s))
@@ -154,6 +158,13 @@ class BucketedSession(Session):
             parts.append({k: (v[: stop - start, :seq] if k in self._seq_outputs and self.seq_free
                               else v[: stop - start]) for k, v in out.items()})
         return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+    def op_times(self, feeds: dict[str, np.ndarray]) -> list[Any]:
+        """Per-op times of the bucket the first chunk of ``feeds`` runs on."""
+        rows = len(next(iter(feeds.values())))
+        seq = self._seq(feeds)
+        start, stop, (b, s) = chunks(self.shapes, rows, seq)[0]
+        return self.sessions[(b, s)].op_times(_pad({k: v[start:stop] for k, v in feeds.items()}, b, s))
 
     def profile_notes(self) -> dict[str, Any]:
         return {"buckets": [f"{b}x{s}" for b, s in self.shapes],
