@@ -96,6 +96,13 @@ def bucketed(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="module")
+def loaded(bucketed):
+    """The bucketed bundle loaded once (every bucket compiled); tests clear its counts first."""
+    with Bundle.open(bucketed).load() as session:
+        yield session
+
+
 @functools.lru_cache(maxsize=1)
 def _ort(onnx_path: Path):
     import onnxruntime as ort
@@ -150,31 +157,32 @@ def test_every_bucket_matches_the_fp32_reference(bucketed, minilm_onnx):
 
 
 @pytest.mark.slow
-def test_bundle_session_picks_the_smallest_bucket_and_unpads(bucketed, minilm_onnx):
-    with Bundle.open(bucketed).load() as session:
-        assert session.shapes == NINE
-        short = buckets.trim(minilm.tokenize(SHORT))  # 3 rows, under 16 tokens → 4x32
-        got = session.run(short)["last_hidden_state"]
-        assert session.counts == {(4, 32): 1}
-        _close(got, _reference(minilm_onnx, short), short["attention_mask"])
-        long = minilm.tokenize(minilm.heldout_sentences(9), seq=100)  # 9 rows of 100 → 8x128 + 1x128
-        got = session.run(long)["last_hidden_state"]
-        assert got.shape == (9, 100, 384)
-        assert session.counts == {(4, 32): 1, (8, 128): 1, (1, 128): 1}
-        _close(got, _reference(minilm_onnx, long), long["attention_mask"])
-        with pytest.raises(FeedError, match="longer than the longest bucket"):
-            session.run(minilm.tokenize(["x"], seq=130))
+def test_bundle_session_picks_the_smallest_bucket_and_unpads(loaded, minilm_onnx):
+    session = loaded
+    session.counts.clear()
+    assert session.shapes == NINE
+    short = buckets.trim(minilm.tokenize(SHORT))  # 3 rows, under 16 tokens → 4x32
+    got = session.run(short)["last_hidden_state"]
+    assert session.counts == {(4, 32): 1}
+    _close(got, _reference(minilm_onnx, short), short["attention_mask"])
+    long = minilm.tokenize(minilm.heldout_sentences(9), seq=100)  # 9 rows of 100 → 8x128 + 1x128
+    got = session.run(long)["last_hidden_state"]
+    assert got.shape == (9, 100, 384)
+    assert session.counts == {(4, 32): 1, (8, 128): 1, (1, 128): 1}
+    _close(got, _reference(minilm_onnx, long), long["attention_mask"])
+    with pytest.raises(FeedError, match="longer than the longest bucket"):
+        session.run(minilm.tokenize(["x"], seq=130))
 
 
 @pytest.mark.slow
-def test_serve_worker_runs_a_batch_on_the_smallest_bucket(bucketed):
+def test_serve_worker_runs_a_batch_on_the_smallest_bucket(bucketed, loaded):
     from edgeinfer.serve.workers import run_batch
 
-    bundle = Bundle.open(bucketed)
-    with bundle.load() as session:
-        feeds = bundle.tokenize(SHORT)  # padded to 128 as requests arrive; the worker cuts them to their length
-        parts = run_batch(bundle, session, "embed", feeds, [1, 2], max_batch=32)
-        assert session.counts == {(4, 32): 1}
+    bundle, session = Bundle.open(bucketed), loaded
+    session.counts.clear()
+    feeds = bundle.tokenize(SHORT)  # padded to 128 as requests arrive; the worker cuts them to their length
+    parts = run_batch(bundle, session, "embed", feeds, [1, 2], max_batch=32)
+    assert session.counts == {(4, 32): 1}
     want = minilm.mean_pool(_reference_hf(feeds), feeds["attention_mask"])
     got = np.concatenate([p[1]["embedding"] for p in parts])
     assert [p[0] for p in parts] == ["ok", "ok"] and got.shape == (3, 384)

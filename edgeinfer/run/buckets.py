@@ -63,6 +63,12 @@ def check_paths(path: Path, section: dict[str, Any], sealed: set[str]) -> None:
                              "deploy the model again")
 
 
+def longest_seq(section: dict[str, Any] | None, inputs: list[TensorSpec]) -> int | None:
+    """A bucketed bundle with sequence buckets (and an attention mask) takes any length up to this; else None."""
+    seqs = {i["seq"] for i in section["items"]} if section else set()
+    return max(seqs) if len(seqs) > 1 and MASK in {s.name for s in inputs} else None
+
+
 # --- choosing a bucket -----------------------------------------------------------------------------------
 
 

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ValidationError
 
 from edgeinfer.contract.backend import TensorSpec, validate_feeds
 from edgeinfer.errors import EdgeInferError
+from edgeinfer.run.buckets import longest_seq
 from edgeinfer.run.bundle import Bundle
 from edgeinfer.serve.schemas import EmbeddingRequest, InferRequest
 from edgeinfer.serve.workers import lower_priority
@@ -61,10 +62,7 @@ class ServedModel:
     @property
     def longest_bucket(self) -> int | None:
         """Bucketed static bundles with an attention mask take any sequence up to their longest bucket."""
-        b = self.bundle.manifest.buckets
-        seqs = {i["seq"] for i in b["items"]} if b else set()
-        masked = "attention_mask" in {s.name for s in self.inputs}
-        return max(seqs) if len(seqs) > 1 and masked else None
+        return longest_seq(self.bundle.manifest.buckets, self.inputs)
 
     def vocab_size(self) -> int | None:
         return self.bundle._tokenizer.get_vocab_size(with_added_tokens=True) if self.embeds else None
