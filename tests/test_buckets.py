@@ -82,6 +82,19 @@ def test_trim_drops_trailing_padding_only():
     assert out["attention_mask"].tolist() == [[1, 1], [1, 0]]
 
 
+def test_regroup_calibration_to_a_bucket_shape():
+    def sample(i: int) -> dict[str, np.ndarray]:
+        ids = np.zeros((1, 128), np.int64)
+        ids[0, :40] = i
+        return {"input_ids": ids, "attention_mask": (ids != 0).astype(np.int64)}
+
+    groups = build_buckets.regroup([sample(1), sample(2), sample(3)], 2, 32)
+    assert len(groups) == 1  # 3 rows make one full batch of 2
+    assert groups[0]["input_ids"].shape == (2, 32) and groups[0]["input_ids"][:, 0].tolist() == [1, 2]
+    (one,) = build_buckets.regroup([sample(5)], 4, 64)  # fewer rows than the batch: repeated
+    assert one["input_ids"][:, 0].tolist() == [5, 5, 5, 5] and one["attention_mask"].sum() == 4 * 40
+
+
 # --- a real bucketed deploy ----------------------------------------------------------------------------------
 
 
@@ -221,11 +234,13 @@ def test_bucket_artifact_outside_or_damaged_is_refused(bucketed, tmp_path):
         Bundle.open(copy)
 
 
-def test_bad_buckets_option_is_one_line_exit_2(tmp_path):
-    proc = edgeinfer("deploy", str(minilm.model_dir()), "--board", "core-ultra-155h", "--buckets", "4x",
+@pytest.mark.parametrize("value,needle", [("4x", "BATCHxSEQ"), ("4x32,8x64", "must include 1x128")])
+def test_bad_buckets_option_is_one_line_exit_2(tmp_path, value, needle):
+    proc = edgeinfer("deploy", str(minilm.model_dir()), "--board", "core-ultra-155h", "--buckets", value,
                      "-o", str(tmp_path / "out"))
-    assert proc.returncode == 2
-    assert proc.stderr.strip().count("\n") == 0 and "--buckets" in proc.stderr
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().count("\n") == 0 and needle in proc.stderr
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.slow
