@@ -139,8 +139,9 @@ class BucketedSession(Session):
         return list(self.sessions)
 
     def _has_seq_axis(self, name: str) -> bool:
+        """Axis 1 of the output follows the bucket's length (or the artifact leaves it symbolic)."""
         dims = [([o.shape for o in sess.outputs if o.name == name] or [()])[0] for sess in self.sessions.values()]
-        return all(len(d) > 1 and d[1] == s for d, (_, s) in zip(dims, self.sessions))
+        return all(len(d) > 1 and (d[1] == s or not isinstance(d[1], int)) for d, (_, s) in zip(dims, self.sessions))
 
     @staticmethod
     def _relaxed(spec: TensorSpec, seq_free: bool) -> TensorSpec:
@@ -161,9 +162,12 @@ class BucketedSession(Session):
             out = self.sessions[(b, s)].run(_pad({k: v[start:stop] for k, v in feeds.items()}, b, s))
             self.counts[(b, s)] += 1
             log.debug("bucket %dx%d for %d row(s) of %d tokens", b, s, stop - start, seq)
-            parts.append({k: (v[: stop - start, :seq] if k in self._seq_outputs and self.seq_free
-                              else v[: stop - start]) for k, v in out.items()})
+            parts.append({k: (v[: stop - start, :seq] if self._cut_seq(k, v, s) else v[: stop - start])
+                          for k, v in out.items()})
         return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+    def _cut_seq(self, name: str, value: np.ndarray, seq: int) -> bool:
+        return self.seq_free and name in self._seq_outputs and value.ndim > 1 and value.shape[1] == seq
 
     def op_times(self, feeds: dict[str, np.ndarray]) -> list[Any]:
         """Per-op times of the bucket the first chunk of ``feeds`` runs on."""
