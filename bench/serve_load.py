@@ -8,6 +8,12 @@ HTTP/1.1 client so that the load generator takes as little of the machine's CPU 
     python bench/serve_load.py [--seconds 8] [--clients 1,8,32,64]
 
 Writes bench/results/serve_load.json and prints a summary.
+
+    python bench/serve_load.py --static-buckets [--clients 32]
+
+compares, on the same load, MiniLM deployed for core-ultra-155h (static shapes for the NPU; run on OpenVINO
+CPU here) as one [1, 128] artifact (``--buckets none``) and with its (batch × seq) buckets, next to the dynamic
+fp32 bundle above; writes bench/results/serve_load_buckets.json.
 """
 
 from __future__ import annotations
@@ -82,6 +88,69 @@ def _batch_stats(port: int) -> dict:
                                                        2) if n else None}
 
 
+def _measure(servers: dict, levels: list[int], args: argparse.Namespace, bodies: list[bytes]) -> dict[str, list]:
+    """Every mode at every level, ``args.rounds`` times, modes interleaved; per level the best round."""
+    rounds: dict[str, list[list[dict]]] = {m: [] for m in servers}
+    for r in range(args.rounds):  # modes interleaved per level: background load hits both alike
+        for mode in servers:
+            rounds[mode].append([])
+        for clients in levels:
+            for mode, server in servers.items():
+                before = _batch_stats(server.port)
+                row = asyncio.run(_level(server.port, clients, args.seconds, args.max_requests, bodies))
+                row["model_runs"] = _batch_stats(server.port)["runs"] - before["runs"]
+                rounds[mode][-1].append(row)
+                print(f"round {r} {mode:12s} clients={clients:3d}  {row['throughput_rps']:7.1f} req/s  "
+                      f"p50 {row['latency_ms'].get('p50', float('nan')):7.1f} ms  "
+                      f"p99 {row['latency_ms'].get('p99', float('nan')):7.1f} ms  errors {row['errors']}  "
+                      f"runs {row['model_runs']}", flush=True)
+    best = {m: [max((rd[i] for rd in rounds[m]), key=lambda x: x["throughput_rps"]) for i in range(len(levels))]
+            for m in servers}
+    return {"results": best, "all_rounds": rounds}
+
+
+def static_buckets(args: argparse.Namespace, levels: list[int]) -> None:
+    """Single-shape static bundle vs bucketed static bundle (vs the dynamic one) under the same load."""
+    from edgeinfer.build.deploy import deploy
+    from edgeinfer.testing import minilm
+    from edgeinfer.testing.fixtures import _cached_export
+    from edgeinfer.testing.serve import ServerProc, minilm_bundle
+
+    bodies = [json.dumps({"input": s, "model": "minilm-ov"}).encode() for s in minilm.sentences()]
+    tmp = Path(tempfile.mkdtemp(prefix="serve-buckets-"))
+    bundles = {"static_1x128": tmp / "single" / "minilm-ov", "static_buckets": tmp / "buckets" / "minilm-ov"}
+    deploy(minilm.model_dir(), "core-ultra-155h", bundles["static_1x128"], buckets="none")
+    result = deploy(minilm.model_dir(), "core-ultra-155h", bundles["static_buckets"])
+    bundles["dynamic_fp32"] = minilm_bundle(_cached_export("minilm-dynamic", None, None), tmp / "dyn" / "minilm-ov")
+    servers = {mode: ServerProc([path], "--max-batch", "32", "--batch-window-ms", str(args.window_ms),
+                                "--max-queue", "4096", log=tmp / f"{mode}.log") for mode, path in bundles.items()}
+    try:
+        measured = _measure(servers, levels, args, bodies)
+    finally:
+        for server in servers.values():
+            server.terminate()
+    rps = {m: {str(r["clients"]): r["throughput_rps"] for r in rows} for m, rows in measured["results"].items()}
+    gain = {c: round(rps["static_buckets"][c] / rps["static_1x128"][c], 2) if rps["static_1x128"][c] else None
+            for c in rps["static_buckets"]}
+    _common.write("serve_load_buckets", {
+        "model": "sentence-transformers/all-MiniLM-L6-v2 deployed for core-ultra-155h (fp16, static shapes for the "
+                 "NPU; served on OpenVINO CPU here: no NPU on this machine)",
+        "modes": {"static_1x128": "edgeinfer deploy --buckets none: one [1, 128] artifact",
+                  "static_buckets": "edgeinfer deploy (auto buckets): "
+                                    + " ".join(f"{i['batch']}x{i['seq']}" for i in result.manifest.buckets["items"]),
+                  "dynamic_fp32": "the dynamic fp32 bundle of serve_load.json (reference)"},
+        "buckets_chosen_by": result.manifest.buckets["chosen_by"],
+        "request": "one sentence per request (POST /v1/embeddings), keep-alive, loopback",
+        "settings": {"seconds_per_level": args.seconds, "max_requests_per_level": args.max_requests,
+                     "batch_window_ms": args.window_ms, "max_batch": 32, "workers": 1, "rounds": args.rounds},
+        **measured,
+        "throughput_rps": rps,
+        "throughput_gain_buckets_vs_1x128": gain,
+        "note": "machine (2 cores) shared with other jobs while measuring; per level the best of the rounds",
+    })
+    print("req/s:", rps, "gain (buckets / 1x128):", gain)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=8.0, help="measured seconds per concurrency level")
@@ -89,8 +158,13 @@ def main() -> None:
     ap.add_argument("--clients", default="1,8,32,64")
     ap.add_argument("--window-ms", type=float, default=10.0)
     ap.add_argument("--rounds", type=int, default=2, help="repeats of every level (best round reported)")
+    ap.add_argument("--static-buckets", action="store_true",
+                    help="compare static single-shape vs bucketed bundles (serve_load_buckets.json)")
     args = ap.parse_args()
     levels = [int(c) for c in args.clients.split(",")]
+    if args.static_buckets:
+        static_buckets(args, levels)
+        return
 
     from edgeinfer.testing import minilm
     from edgeinfer.testing.fixtures import _cached_export
@@ -104,27 +178,12 @@ def main() -> None:
     modes = {"batched": ["--max-batch", "32"], "max_batch_1": ["--max-batch", "1"]}
     servers = {mode: ServerProc([bundle], *extra, "--batch-window-ms", str(args.window_ms), "--max-queue", "4096",
                                 log=tmp / f"{mode}.log") for mode, extra in modes.items()}
-    rounds: dict[str, list[list[dict]]] = {m: [] for m in modes}
     try:
-        for r in range(args.rounds):  # modes interleaved per level: background load hits both alike
-            for mode in modes:
-                rounds[mode].append([])
-            for clients in levels:
-                for mode, server in servers.items():
-                    before = _batch_stats(server.port)
-                    row = asyncio.run(_level(server.port, clients, args.seconds, args.max_requests, bodies))
-                    row["model_runs"] = _batch_stats(server.port)["runs"] - before["runs"]
-                    rounds[mode][-1].append(row)
-                    print(f"round {r} {mode:12s} clients={clients:3d}  {row['throughput_rps']:7.1f} req/s  "
-                          f"p50 {row['latency_ms'].get('p50', float('nan')):7.1f} ms  "
-                          f"p99 {row['latency_ms'].get('p99', float('nan')):7.1f} ms  errors {row['errors']}  "
-                          f"runs {row['model_runs']}", flush=True)
+        measured = _measure(servers, levels, args, bodies)
     finally:
         for server in servers.values():
             server.terminate()
-    # per level, the round with the best throughput (least disturbed by other work on the machine)
-    results = {m: [max((rd[i] for rd in rounds[m]), key=lambda x: x["throughput_rps"]) for i in range(len(levels))]
-               for m in modes}
+    results, rounds = measured["results"], measured["all_rounds"]
 
     speedup = {}
     for b, u in zip(results["batched"], results["max_batch_1"]):

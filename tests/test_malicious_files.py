@@ -272,7 +272,7 @@ def test_damaged_reference_onnx_in_the_cache_is_exported_again(tmp_path):
     from edgeinfer.testing import minilm
 
     cache = tmp_path / "cache"
-    args = ("deploy", str(minilm.model_dir()), "--board", "core-ultra-155h", "--json")
+    args = ("deploy", str(minilm.model_dir()), "--board", "core-ultra-155h", "--buckets", "none", "--json")
     first = edgeinfer(*args, "-o", str(tmp_path / "a"), env={"EDGEINFER_CACHE_DIR": str(cache)})
     assert first.returncode == 0, first.stderr[-2000:]
     refs = sorted((cache / "deploy" / "onnx").rglob("model.onnx"))  # the dynamic and the static export

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from edgeinfer import files
+from edgeinfer.build import buckets as buckets_mod
 from edgeinfer.build import cache, calibration, golden, outdir
 from edgeinfer.contract import registry as plugins
 from edgeinfer.contract import stamp
@@ -72,6 +73,7 @@ class DeployResult:
             "scheme": self.manifest.scheme,
             "golden": self.golden,
             "plan": self.manifest.plan,
+            "buckets": self.manifest.buckets,
             "warnings": self.warnings,
             "timings_s": self.timings,
         }
@@ -218,6 +220,7 @@ def deploy(
     paging: int | None = None,
     segments: int | None = None,
     cuts: list[str] | None = None,
+    buckets: str | None = None,
 ) -> DeployResult:
     from edgeinfer.planning.planner import plan as make_plan
 
@@ -237,6 +240,7 @@ def deploy(
     scheme = normalize_scheme(quant or "fp16").name
     threshold = golden.default_threshold(scheme) if threshold is None else threshold
     layout = _paging_layout(paging, segments, cuts, backend)
+    bucket_arg = buckets_mod.parse(buckets)
 
     # 1. plan first: refuse what does not fit before exporting or converting anything
     user_shapes = dict(shapes or {})
@@ -261,6 +265,7 @@ def deploy(
                          "directory")
     ref_path = reference_onnx(src, user_shapes, progress)
     reference = plugins.get_backend(ENCODER_REFERENCE).load(ref_path)
+    dynamic = (ref_path, reference.inputs)  # before any static re-export: what buckets are converted from
     auto = default_shapes(with_shapes(reference.inputs, user_shapes), static, seq)
     if auto and src.kind == "hf" and not user_shapes:  # re-export with static shapes: toolkits fold them better
         reference.close()
@@ -269,6 +274,7 @@ def deploy(
         reference = plugins.get_backend(ENCODER_REFERENCE).load(ref_path)
     shapes_used = {**auto, **user_shapes}
     specs = with_shapes(reference.inputs, shapes_used)
+    bucketing = _bucketing(bucket_arg, static, bool(shapes), layout, dynamic, src, b, scheme, seq, progress)
 
     # 3. samples: calibration and held-out golden inputs
     tokenize = tokenizer_fn(src.hf_dir, specs)
@@ -292,7 +298,8 @@ def deploy(
         warnings.append(f"golden check on {len(held)} built-in samples (pass --golden-inputs for your own data)")
 
     # 4. convert (or reuse the cached bundle), golden check, bundle
-    key = _cache_key(src, b, scheme, shapes_used, backend, calib_samples, held, {**(options or {}), **layout})
+    key = _cache_key(src, b, scheme, shapes_used, backend, calib_samples, held,
+                     {**(options or {}), **layout, **({"buckets": bucketing[0]} if bucketing else {})})
     cached_dir = cache.area("deploy") / key
     cached = use_cache and cache.reusable(cached_dir, progress.note)
     files.sweep(outdir.tmp_parent(out_dir))  # what a killed earlier deploy left next to -o
@@ -306,7 +313,8 @@ def deploy(
         else:
             work.mkdir()
             manifest = _build(src, b, backend, scheme, work, ref_path, reference, specs, shapes_used,
-                              calib_samples, held, threshold, the_plan, tokenize, seq, options, progress, layout)
+                              calib_samples, held, threshold, the_plan, tokenize, seq, options, progress, layout,
+                              bucketing)
             if use_cache:
                 try:
                     cache.store(cached_dir, work)
@@ -319,7 +327,7 @@ def deploy(
 
 
 def _build(src, b, backend, scheme, work, ref_path, reference, specs, shapes_used, calib_samples, held,
-           threshold, the_plan, tokenize, seq, options, progress, layout) -> Manifest:
+           threshold, the_plan, tokenize, seq, options, progress, layout, bucketing=None) -> Manifest:
     """Convert into ``work``, run the golden check, and write the bundle there; raise if the check fails."""
     convert_input = src.path if src.kind in backend.source_formats else ref_path
     convert_opts = {"target": board_target(b), **(options or {})}
@@ -356,6 +364,13 @@ def _build(src, b, backend, scheme, work, ref_path, reference, specs, shapes_use
             f"{golden.summary_line(report)}; worst: {golden.worst_samples_line(report) or 'n/a'} — "
             "the bundle was not written (try fp16, more or better --calib data, or --threshold)"
         )
+    bucket_section = None
+    if bucketing:
+        shapes, chosen_by, dyn_path, dyn_specs = bucketing
+        items = buckets_mod.build(backend, dyn_path, work, scheme, shapes, (1, seq), artifact.name, dyn_specs,
+                                  calib_samples, held, reference, threshold, {"target": board_target(b),
+                                                                               **(options or {})}, report, progress)
+        bucket_section = {"chosen_by": chosen_by, "items": items}
     st = stamp.read(artifact) or {}
     out_name = outputs[0].name if outputs else "last_hidden_state"
     manifest = Manifest(
@@ -372,6 +387,7 @@ def _build(src, b, backend, scheme, work, ref_path, reference, specs, shapes_use
         plan=outdir.plan_summary(the_plan),
         golden=report,
         paging=paging_spec,
+        buckets=bucket_section,
     )
     if manifest.text is not None:
         tok_dir = work / "tokenizer"
@@ -384,6 +400,28 @@ def _build(src, b, backend, scheme, work, ref_path, reference, specs, shapes_use
     golden_samples.save_samples(work / "golden" / "expected.npz", expected)
     bundle_mod.write(work, manifest)
     return manifest
+
+
+def _bucketing(arg, static: bool, user_shapes: bool, layout: dict, dynamic: tuple, src: Source, board: Board,
+               scheme: str, seq: int, progress: Progress) -> tuple | None:
+    """(shapes, how they were chosen, dynamic model, its input specs) for a bucketed bundle, or None."""
+    explicit = isinstance(arg, list)
+    if arg == "none" or not (static or explicit):
+        return None
+    path, specs = dynamic
+    why_not = ("--shape fixes the shape" if user_shapes else "paging bundles are not bucketed" if layout
+               else "the model has no free batch axis" if not buckets_mod.usable(specs) else "")
+    if why_not:
+        if explicit:
+            raise InputError(f"--buckets cannot be used here: {why_not}")
+        return None
+    if explicit:
+        if (1, seq) not in arg or max(s for _, s in arg) > seq:
+            raise InputError(f"--buckets must include 1x{seq} (the deployed shape) and no longer sequence")
+        return arg, "given with --buckets", path, specs
+    with progress.step(f"choosing (batch x sequence) buckets for {board.name}"):
+        shapes, why = buckets_mod.auto(src.path, board, scheme, seq, buckets_mod.masked(specs))
+    return (shapes, why, path, specs) if len(shapes) > 1 else None
 
 
 def _paging_layout(window: int | None, segments: int | None, cuts: list[str] | None, backend) -> dict[str, Any]:

@@ -36,13 +36,16 @@ from edgeinfer.errors import InputError
 @click.option("--segments", type=int, metavar="N", help="With --paging: split into N segments at layer boundaries.")
 @click.option("--cut", "cuts", multiple=True, metavar="TENSOR",
               help="With --paging: cut at this tensor (repeatable).")
+@click.option("--buckets", metavar="auto|none|BxS,...",
+              help="Boards that need static shapes: (batch x sequence) shapes to build; default auto, chosen from "
+                   "the plan (docs/deploy.md#buckets).")
 @click.option("-o", "--out", "out", required=True, type=click.Path(path_type=Path), help="Bundle directory to write.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 def deploy(
     model: Path, board: str, quant: str | None, calib: Path | None, golden_inputs: Path | None,
     shapes: tuple[str, ...], threshold: float | None, max_samples: int, force: bool, no_cache: bool,
     backend_options: tuple[str, ...], paging: int | None, segments: int | None, cuts: tuple[str, ...], out: Path,
-    as_json: bool, ctx: int | None,
+    as_json: bool, ctx: int | None, buckets: str | None,
 ) -> None:
     """Convert MODEL for BOARD, check it against onnxruntime fp32, and write a bundle.
 
@@ -57,7 +60,8 @@ def deploy(
     if is_decoder_dir(model):
         _deploy_decoder(model, board, out, quant, ctx, calib, golden_inputs, force, threshold, no_cache, progress,
                         parse_options(backend_options), as_json,
-                        {"--shape": shapes, "--paging": paging, "--segments": segments, "--cut": cuts})
+                        {"--shape": shapes, "--paging": paging, "--segments": segments, "--cut": cuts,
+                         "--buckets": buckets})
         return
     if ctx is not None:
         raise InputError(f"--ctx applies to decoder (language) models; {model} is not one (use --shape for inputs)")
@@ -65,7 +69,7 @@ def deploy(
         model, board, out, quant=quant, calib=calib, golden_inputs=golden_inputs,
         shapes=deploy_mod.parse_shapes(shapes), force=force, threshold=threshold, max_samples=max_samples,
         options=parse_options(backend_options), progress=progress, use_cache=not no_cache, paging=paging,
-        segments=segments, cuts=list(cuts) or None,
+        segments=segments, cuts=list(cuts) or None, buckets=buckets,
     )
     for w in result.warnings:
         click.echo(f"warning: {w}", err=True)
@@ -77,6 +81,10 @@ def deploy(
         how = " (cached conversion reused)" if r["cached"] else ""
         out_c.print(f"bundle {r['bundle']}: {r['backend']} {r['scheme']} for {r['board']}{how}")
         out_c.print("  " + summary_line(r["golden"]) + f" (ran on {r['golden'].get('device', '?')})")
+        if r.get("buckets"):
+            shapes = " ".join(f"{i['batch']}x{i['seq']}" for i in r["buckets"]["items"])
+            out_c.print(f"  buckets (batch x seq): {shapes}, each golden-checked")
+            out_c.print(f"  chosen: {r['buckets']['chosen_by']}")
 
     emit(result.to_json(), as_json, render)
 

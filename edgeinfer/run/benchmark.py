@@ -12,16 +12,20 @@ from edgeinfer.contract.backend import Session, latency_stats
 from edgeinfer.errors import InputError
 from edgeinfer.progress import Progress
 from edgeinfer.run import measure
+from edgeinfer.run.buckets import longest_seq
 from edgeinfer.run.bundle import Bundle, run_padded, static_batch
 
 
 def feeds_for(bundle: Bundle, base: dict[str, np.ndarray], batch: int, seq: int | None) -> dict[str, np.ndarray]:
     """``base`` (one golden sample) tiled to ``batch`` rows, cut or padded to ``seq`` for dynamic models."""
     out = {}
+    longest = longest_seq(bundle.manifest.buckets, bundle.manifest.inputs)
+    if seq is not None and longest and seq > longest:
+        raise InputError(f"--seq {seq} is longer than the bundle's longest bucket ({longest})")
     for spec in bundle.manifest.inputs:
         arr = base[spec.name]
         if seq is not None and arr.ndim >= 2:
-            if isinstance(spec.shape[1], int) and spec.shape[1] != seq:
+            if isinstance(spec.shape[1], int) and spec.shape[1] != seq and not longest:
                 raise InputError(f"bundle input {spec.name!r} has a static sequence of {spec.shape[1]}, not {seq}")
             arr = arr[:, :seq] if arr.shape[1] >= seq else np.pad(arr, [(0, 0), (0, seq - arr.shape[1])])
         reps = -(-batch // arr.shape[0])

@@ -44,8 +44,11 @@ from pydantic import (
 from edgeinfer.contract.backend import Session, TensorSpec
 from edgeinfer.contract.helpers import first_line
 from edgeinfer.errors import InputError
+from edgeinfer.run import buckets as buckets_mod
 from edgeinfer.run import decoder_bundle, seal
+from edgeinfer.run.buckets import BucketsSection
 from edgeinfer.run.decoder_bundle import DecoderSection
+from edgeinfer.run.padding import run_padded, static_batch  # noqa: F401 - re-exported (their old home)
 
 SCHEMA = "edgeinfer.bundle/1"
 MANIFEST = "manifest.json"
@@ -85,6 +88,7 @@ class Manifest:
     golden: dict[str, Any] | None = None
     paging: dict[str, Any] | None = None  # {"window": W, "prefetch": bool, "resident_prefix": n}
     decoder: dict[str, Any] | None = None  # decoder bundles only (run/decoder_bundle.py)
+    buckets: dict[str, Any] | None = None  # static-shape (batch × sequence) buckets (run/buckets.py)
     created: str = ""
     edgeinfer_version: str = ""
     files: dict[str, dict[str, Any]] = field(default_factory=dict)  # relative path -> {"size", "sha256"}
@@ -108,6 +112,7 @@ class Manifest:
             "paging": self.paging,
             "files": self.files,
             **({"decoder": self.decoder} if self.decoder is not None else {}),
+            **({"buckets": self.buckets} if self.buckets is not None else {}),
         }
 
     @classmethod
@@ -128,6 +133,7 @@ class Manifest:
             golden=d.get("golden"),
             paging=d.get("paging"),
             decoder=d.get("decoder"),
+            buckets=d.get("buckets"),
             created=d.get("created", ""),
             edgeinfer_version=d.get("edgeinfer_version", ""),
             files=dict(d.get("files") or {}),
@@ -223,6 +229,7 @@ class _ManifestDoc(BaseModel):
     golden: _Golden | None = None
     paging: _Paging | None = None
     decoder: DecoderSection | None = None
+    buckets: BucketsSection | None = None
     files: dict[str, _File]
 
     @model_validator(mode="after")
@@ -300,6 +307,8 @@ def _check_paths(path: Path, m: Manifest) -> None:
         named.append(("text.tokenizer", f"{m.text.tokenizer}/tokenizer.json"))
     if m.decoder is not None:
         decoder_bundle.check_paths(path, m.decoder, sealed)
+    if m.buckets is not None:
+        buckets_mod.check_paths(path, m.buckets, sealed)
     for field_name, rel in named:
         seal.contained(path, rel, field_name)
         norm = seal.relative(rel, field_name)
@@ -379,6 +388,8 @@ class Bundle:
 
             opts = {**self.manifest.paging, **options}
             return PagedSession.from_artifacts(backend, self.artifacts, device=device, **opts)
+        if self.manifest.buckets:
+            return buckets_mod.open_buckets(backend, self.path, self.manifest.buckets, device, **options)
         return backend.load(self.artifacts[0], device=device, **options)
 
     # --- text models ------------------------------------------------------------------------------
@@ -464,34 +475,3 @@ def tokenize(tok: Any, texts: list[str], specs: list[TensorSpec]) -> dict[str, n
             raise InputError(f"model input {spec.name!r} cannot be made from text; pass it with --input")
         feeds[spec.name] = np.asarray(columns[spec.name], dtype=spec.dtype)
     return feeds
-
-
-def static_batch(specs: list[TensorSpec]) -> int | None:
-    """The fixed batch size of a model whose inputs all have a static first dimension, else None."""
-    dims = {s.shape[0] if s.shape else None for s in specs}
-    if len(dims) == 1:
-        (d,) = dims
-        return d if isinstance(d, int) and d > 0 else None
-    return None
-
-
-def run_padded(session: Session, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Run ``feeds`` of any batch size on a session whose batch may be static.
-
-    Rows are cut into chunks of the static batch; the last chunk is padded by
-    repeating its last row, and padded rows are dropped from the outputs. Every
-    output must have the batch on axis 0.
-    """
-    fixed = static_batch(session.inputs)
-    n = len(next(iter(feeds.values())))
-    if fixed is None or n == fixed:
-        return session.run(feeds)
-    parts: list[dict[str, np.ndarray]] = []
-    for start in range(0, n, fixed):
-        chunk = {k: v[start : start + fixed] for k, v in feeds.items()}
-        rows = len(next(iter(chunk.values())))
-        if rows < fixed:
-            chunk = {k: np.concatenate([v, np.repeat(v[-1:], fixed - rows, axis=0)]) for k, v in chunk.items()}
-        out = session.run(chunk)
-        parts.append({k: v[:rows] for k, v in out.items()})
-    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}

@@ -182,6 +182,10 @@ def run_once(
         raise InputError(f"{model} is a language (decoder) model; `edgeinfer run` runs tensor models: "
                          f"use `edgeinfer generate {model} --prompt TEXT`")
     feeds = _feeds(model, bundle, inputs, texts)
+    if texts and bundle.manifest.buckets:  # padding a bucket adds back only what its shape needs
+        from edgeinfer.run.buckets import trim
+
+        feeds = trim(feeds)
     t0 = time.perf_counter()
     session = open_session(model, bundle, backend, device, shapes, paging)
     load_s = time.perf_counter() - t0
@@ -203,6 +207,8 @@ def run_once(
         "timing_ms": {"load": load_s * 1e3, "run": run_s * 1e3},
         "written": [str(p) for p in written],
     }
+    if hasattr(session, "counts"):  # a bucketed session: the (batch x seq) buckets it ran
+        report["bucket_runs"] = {f"{b}x{s}": n for (b, s), n in sorted(session.counts.items())}
     if hasattr(session, "stats"):  # a paged session: page-in times and resident bytes
         report["paging"] = session.stats()
     if "embeddings" in outputs:

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ValidationError
 
 from edgeinfer.contract.backend import TensorSpec, validate_feeds
 from edgeinfer.errors import EdgeInferError
+from edgeinfer.run.buckets import longest_seq
 from edgeinfer.run.bundle import Bundle
 from edgeinfer.serve.schemas import EmbeddingRequest, InferRequest
 from edgeinfer.serve.workers import lower_priority
@@ -57,6 +58,11 @@ class ServedModel:
     @property
     def embeds(self) -> bool:
         return self.bundle.manifest.text is not None
+
+    @property
+    def longest_bucket(self) -> int | None:
+        """Bucketed static bundles with an attention mask take any sequence up to their longest bucket."""
+        return longest_seq(self.bundle.manifest.buckets, self.inputs)
 
     def vocab_size(self) -> int | None:
         return self.bundle._tokenizer.get_vocab_size(with_added_tokens=True) if self.embeds else None
@@ -197,11 +203,19 @@ def parse_tensors(m: ServedModel, inputs: dict[str, Any], max_rows: int) -> dict
         if spec is None:
             raise ApiError(400, f"unknown input {name!r}; the model's inputs are: {', '.join(specs)}")
         arrays[name] = to_array(name, value, spec)
-    relaxed = [TensorSpec(s.name, ("__rows__", *s.shape[1:]) if s.shape else s.shape, s.dtype) for s in m.inputs]
+    longest = m.longest_bucket
+    relaxed = [TensorSpec(s.name, ("__rows__", *(("__seq__",) if longest and len(s.shape) > 1 else ()),
+                                   *s.shape[1 + bool(longest and len(s.shape) > 1):]) if s.shape else s.shape,
+                          s.dtype) for s in m.inputs]
     try:
         feeds = validate_feeds(relaxed, arrays)
     except EdgeInferError as e:
-        raise ApiError(400, e.one_line().replace("'__rows__'", "the batch (axis 0)")) from None
+        raise ApiError(400, e.one_line().replace("'__rows__'", "the batch (axis 0)")
+                       .replace("'__seq__'", "the sequence (axis 1)")) from None
+    seq = max((v.shape[1] for v in feeds.values() if v.ndim > 1), default=0)
+    if longest and seq > longest:
+        raise ApiError(400, f"inputs: sequences of {seq} tokens are longer than the longest bucket of {m.name} "
+                            f"({longest}); send at most {longest}")
     rows = {len(v) if v.ndim else 0 for v in feeds.values()}
     n = rows.pop() if len(rows) == 1 else 0
     if n < 1:
