@@ -17,9 +17,10 @@ import numpy as np
 from edgeinfer.contract import Backend, CalibrationSet, OpTime, Probe, Problem, Session, TensorSpec, stamp
 from edgeinfer.contract.helpers import first_line, package_version
 from edgeinfer.contract.onnx_io import onnx_spec
+from edgeinfer.contract.resources import Accelerator
 from edgeinfer.errors import BackendUnavailableError, FeedError, InputError, ModelError
 
-from . import board
+from . import board, resources
 from . import toolkit as tk
 
 DEFAULT_TARGET = "rk3588"
@@ -224,6 +225,10 @@ class RknnBackend(Backend):
     default_scheme = "fp16"
     convert_options = tuple(CONVERT_OPTIONS)
     open_options = LOAD_OPTIONS
+    resource_names = resources.RESOURCE_NAMES
+
+    def accelerators(self, probe: Probe) -> list[Accelerator]:
+        return resources.accelerators(probe)
     gaps = {
         "dynamic_shapes": "RKNN models have static input shapes (pass shapes=..., or the toolkit's "
         "dynamic_input list of fixed shape sets); a free batch dimension is not supported",
