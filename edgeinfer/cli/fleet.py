@@ -54,3 +54,32 @@ def ray_node_cmd(ctx: click.Context, address: str | None, port: int, num_cpus: i
     if rc != 0:
         click.echo(f"error: ray start exited {rc} (its output above says why)", err=True)
         ctx.exit(errors.UNAVAILABLE)
+
+
+def _render_fleet(report: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    t = Table(show_header=True, header_style="bold", title="fleet plan (replicas per node × nodes)")
+    for col in ("model", "board", "fits", "replicas/node", "total", "GiB/replica", "reason"):
+        t.add_column(col, overflow="fold")
+    for p in report["placements"]:
+        mark = "[green]✓[/]" if p["fits"] else "[red]✗[/]"
+        t.add_row(p["model"], f"{p['board']} ×{p['nodes']}", mark, str(p["replicas_per_node"]),
+                  str(p["replicas_total"]), f"{p['per_replica_bytes'] / 2**30:.2f}", "; ".join(p["reasons"]))
+    con = console()
+    con.print(t)
+    for model in report["unplaced"]:
+        con.print(f"[red]✗[/] {model} fits on no node type of this fleet")
+
+
+def plan_fleet(ctx: click.Context, path: str, as_json: bool) -> None:
+    """``edgeinfer plan --fleet FILE``: exit 1 when a model fits nowhere."""
+    from pathlib import Path
+
+    from edgeinfer.planning.fleet import load_fleet
+    from edgeinfer.planning.fleet import plan_fleet as plan
+
+    answer = plan(load_fleet(Path(path))).to_dict()
+    emit(answer, as_json, _render_fleet)
+    if not answer["fits"]:
+        ctx.exit(errors.NEGATIVE)
