@@ -35,6 +35,9 @@ EXTRAS = ("fastapi", "uvicorn", "starlette", "pydantic", "prometheus_client", "h
 @click.option("--max-inputs", default=256, show_default=True, type=int,
               help="Most strings per embeddings request, rows per /v1/infer request (400 above).")
 @click.option("--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning"]))
+@click.option("--ray", "ray_address", default=None, metavar="auto|ADDRESS",
+              help="Serve as Ray Serve deployments placed by accelerator (docs/fleet.md); auto: a local Ray.")
+@click.option("--replicas", default=1, show_default=True, type=int, help="With --ray: replicas per bundle.")
 def serve_cmd(
     bundles: tuple[Path, ...],
     host: str,
@@ -49,6 +52,8 @@ def serve_cmd(
     max_body_mb: float,
     max_inputs: int,
     log_level: str,
+    ray_address: str | None = None,
+    replicas: int = 1,
 ) -> None:
     """Serve BUNDLE(s) over HTTP: /v1/embeddings, /v1/infer, /v1/models, /health, /ready, /metrics."""
     config = ServeConfig(
@@ -64,6 +69,10 @@ def serve_cmd(
         max_body_bytes=body_bytes(max_body_mb),
         max_inputs=max_inputs,
     ).check()
+    if ray_address:
+        from edgeinfer.fleet.ray_serve import serve_on_ray
+
+        return serve_on_ray(config.bundles, ray_address, replicas, host, port, max_batch, max_inputs)
     serve = _app_serve()
     serve(config, log_level=log_level)
 
