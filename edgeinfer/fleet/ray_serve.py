@@ -10,6 +10,7 @@ A deployment needing a resource the cluster lacks is refused before anything sta
 
 import json
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -248,8 +249,9 @@ def serve_on_ray(bundles: list[Path], address: str, replicas: int, host: str, po
         check_resources(found, replicas, ray.cluster_resources(), address)
         serve.start(http_options={"host": host, "port": port})
         serve.run(build(found, replicas, max_batch, max_inputs), name="edgeinfer", route_prefix="/")
-        print(f"ready: {', '.join(t.name for t in found)} on http://{host}:{port} (Ray Serve, {replicas} "
-              f"replica(s) each)", flush=True)
+        sys.stderr.write(f"ready: {', '.join(t.name for t in found)} on http://{host}:{port} (Ray Serve, "
+                         f"{replicas} replica(s) each)\n")
+        sys.stderr.flush()
         while True:
             time.sleep(1.0)
     finally:
