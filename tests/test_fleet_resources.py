@@ -69,3 +69,19 @@ def test_ray_resources_and_ray_node_dry_run_on_this_machine():
 def test_fleet_resources_import_is_light():
     heavy = imported_modules("import edgeinfer.fleet.resources, edgeinfer.fleet.node, edgeinfer.cli.fleet")
     assert not heavy & (set(HEAVY) | {"ray"})
+
+
+
+def test_serve_ray_refuses_options_it_does_not_honour(tmp_path):
+    from edgeinfer.errors import InputError
+    from edgeinfer.fleet.ray_serve import check_options
+    from edgeinfer.serve.config import ServeConfig
+
+    proc = edgeinfer("serve", str(tmp_path), "--ray", "auto", "--api-key", "k")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("error: ") and "not supported with --ray" in proc.stderr
+    assert proc.stderr.count("\n") == 1
+    with pytest.raises(InputError, match="--devices"):
+        check_options(ServeConfig([tmp_path], devices=["0", "1"]), 1)
+    with pytest.raises(InputError, match="--replicas must be at least 1"):
+        check_options(ServeConfig([tmp_path]), 0)

@@ -18,6 +18,7 @@ from typing import Any
 
 from edgeinfer.errors import BackendUnavailableError, InputError
 from edgeinfer.fleet.node import require_ray
+from edgeinfer.serve.config import ServeConfig
 
 REPLICA_CPUS = 0.5
 ROUTER_CPUS = 0.25
@@ -226,16 +227,26 @@ def connect(address: str) -> bool:
     return False
 
 
-def serve_on_ray(bundles: list[Path], address: str, replicas: int, host: str, port: int, max_batch: int,
-                 max_inputs: int) -> None:
+def check_options(config: ServeConfig, replicas: int) -> None:
+    """Options of the single-box server that the Ray path does not honour are refused, not ignored."""
+    if replicas < 1:
+        raise InputError(f"--replicas must be at least 1, got {replicas}")
+    if config.api_key is not None:
+        raise InputError("--api-key / --api-key-file / EDGEINFER_API_KEY are not supported with --ray yet "
+                         "(docs/fleet.md): put an authenticating proxy in front, or serve on one box")
+    if config.devices:
+        raise InputError("--devices does not go with --ray: Ray places replicas by accelerator (--replicas N)")
+
+
+def serve_on_ray(config: ServeConfig, address: str, replicas: int) -> None:
     """Deploy, print where it answers, and run until Ctrl-C / SIGTERM; then remove what was started."""
     import ray
     from ray import serve
 
-    if replicas < 1:
-        raise InputError(f"--replicas must be at least 1, got {replicas}")
+    check_options(config, replicas)
+    host, port, max_batch, max_inputs = config.host, config.port, config.max_batch, config.max_inputs
     require_ray()
-    found = targets(bundles)
+    found = targets(config.bundles)
     ours = signal.getsignal(signal.SIGTERM)  # Ray's core worker installs its own; keep the CLI's (exit 143)
     if port == 0:  # Serve needs the number up front
         import socket

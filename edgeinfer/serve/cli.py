@@ -72,7 +72,7 @@ def serve_cmd(
     if ray_address:
         from edgeinfer.fleet.ray_serve import serve_on_ray
 
-        return serve_on_ray(config.bundles, ray_address, replicas, host, port, max_batch, max_inputs)
+        return serve_on_ray(config, ray_address, replicas)
     serve = _app_serve()
     serve(config, log_level=log_level)
 
