@@ -1,15 +1,18 @@
 """`edgeinfer serve --ray` on a local Ray cluster on loopback: a head and one more node started here, the second
 advertising a fake `intel_npu` resource (no Intel NPU on this machine). The bundle is the real MiniLM bundle,
 its manifest labelled for a board whose replicas need that resource (core-ultra-155h → intel_npu) or one
-that no node has (rk3588-8g → rk3588_npu)."""
+that no node has (rk3588-8g → rk3588_npu). One replica of two is killed under load (SIGKILL)."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -52,7 +55,7 @@ def cluster():
 
     small = {"num_cpus": 1, "object_store_memory": 100 * 2**20}
     c = Cluster(initialize_head=True, head_node_args={**small, "include_dashboard": False})
-    npu_node = c.add_node(**small, resources={"intel_npu": 1})
+    npu_node = c.add_node(**small, resources={"intel_npu": 2})
     daemons = _ray_daemons()
     yield c, npu_node.node_id
     c.shutdown()
@@ -70,7 +73,7 @@ def _embed(url: str) -> np.ndarray:
 
 def test_embeddings_through_ray_equal_single_box(cluster, bundles, tmp_path):
     c, npu_node = cluster
-    with ServerProc([bundles["npu"]], "--ray", c.address, log=tmp_path / "ray.log") as fleet:
+    with ServerProc([bundles["npu"]], "--ray", c.address, "--replicas", "2", log=tmp_path / "ray.log") as fleet:
         placed = httpx.get(fleet.url + "/v1/models", timeout=30).json()["data"][0]["placement"]
         assert placed == {"node_id": npu_node, "resource": "intel_npu"}  # the node with the resource
         via_ray = _embed(fleet.url)
@@ -78,10 +81,51 @@ def test_embeddings_through_ray_equal_single_box(cluster, bundles, tmp_path):
         assert bad.status_code == 400 and "at least one string" in bad.json()["error"]["message"]
         with ServerProc([bundles["host"]], log=tmp_path / "box.log") as box:
             single = _embed(box.url)
+        _kill_a_replica_under_load(fleet.url)
         rc = fleet.terminate()
     assert via_ray.shape == (3, 384)
     np.testing.assert_allclose(via_ray, single, rtol=0, atol=1e-6)
     assert rc == 128 + signal.SIGTERM, fleet.output()
+
+
+def _replicas() -> set[int]:
+    """The bundle's Serve replica processes (Ray names them ServeReplica:<app>:<deployment>)."""
+    return {p.pid for p in psutil.Process().children(recursive=True)
+            if "ServeReplica:edgeinfer:bundle-" in " ".join(p.cmdline())}
+
+
+def _kill_a_replica_under_load(url: str, clients: int = 6, seconds: float = 6.0) -> None:
+    """SIGKILL one of two replicas while clients send requests back to back: only requests in flight at the
+    kill may fail (503, counted); the other replica keeps answering; Serve starts a new replica."""
+    before = _replicas()
+    assert len(before) == 2, before
+    results: list[tuple[float, int]] = []
+    stop = time.monotonic() + seconds
+
+    def client() -> None:
+        with httpx.Client(timeout=60) as http:
+            while time.monotonic() < stop:
+                r = http.post(url + "/v1/embeddings", json={"input": TEXTS[:1]})
+                results.append((time.monotonic(), r.status_code))
+                assert r.status_code == 200 or r.json()["error"]["code"] == 503, r.text
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    time.sleep(seconds / 3)
+    victim = sorted(before)[0]
+    os.kill(victim, signal.SIGKILL)
+    killed_at = time.monotonic()
+    for t in threads:
+        t.join()
+    failed = [s for _, s in results if s != 200]
+    assert len(failed) <= clients, f"{len(failed)} failed: more than the {clients} requests that can be in flight"
+    assert sum(1 for at, s in results if at > killed_at + 0.5 and s == 200) > 0, "no answer after the kill"
+    deadline = time.monotonic() + 60
+    while not (_replicas() - before) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _replicas() - before, "Serve did not start a new replica within 60 s"
+    print(f"replica kill: {len(results)} requests, {len(failed)} failed (in flight at the kill)")
 
 
 def test_a_resource_no_node_has_is_refused_in_one_line(cluster, bundles):

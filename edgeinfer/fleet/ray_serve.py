@@ -176,7 +176,11 @@ def build(found: list[BundleTarget], replicas: int, max_batch: int, max_inputs: 
             if handle is None:
                 status, data = _error(404, f"unknown or missing model; GET /v1/models lists: {', '.join(names)}")
             else:
-                status, data = await handle.run.remote(kind, body, request.headers.get("content-type", ""))
+                try:
+                    status, data = await handle.run.remote(kind, body, request.headers.get("content-type", ""))
+                except Exception as e:  # noqa: BLE001 - a replica died mid-request: this one fails, Serve restarts it
+                    status, data = _error(503, f"the replica running this request failed ({type(e).__name__}); "
+                                               "retry")
             return Response(data, status_code=status, media_type="application/json")
 
         @app.post("/v1/embeddings")
