@@ -85,3 +85,14 @@ def test_serve_ray_refuses_options_it_does_not_honour(tmp_path):
         check_options(ServeConfig([tmp_path], devices=["0", "1"]), 1)
     with pytest.raises(InputError, match="--replicas must be at least 1"):
         check_options(ServeConfig([tmp_path]), 0)
+
+
+def test_without_ray_the_ray_commands_exit_3_with_the_install_line(tmp_path):
+    import subprocess
+    import sys
+
+    for args in (["ray-node", "--num-cpus", "1"], ["serve", str(tmp_path), "--ray", "auto"]):
+        code = f"import sys\nsys.modules['ray'] = None\nfrom edgeinfer.cli import main\nmain({args!r})"
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 3, r.stderr
+        assert r.stderr.count("\n") == 1 and "pip install 'edgeinfer[fleet]'" in r.stderr, r.stderr

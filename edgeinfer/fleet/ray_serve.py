@@ -249,12 +249,12 @@ def check_options(config: ServeConfig, replicas: int) -> None:
 
 def serve_on_ray(config: ServeConfig, address: str, replicas: int) -> None:
     """Deploy, print where it answers, and run until Ctrl-C / SIGTERM; then remove what was started."""
+    check_options(config, replicas)
+    require_ray()
     import ray
     from ray import serve
 
-    check_options(config, replicas)
     host, port, max_batch, max_inputs = config.host, config.port, config.max_batch, config.max_inputs
-    require_ray()
     found = targets(config.bundles)
     ours = signal.getsignal(signal.SIGTERM)  # Ray's core worker installs its own; keep the CLI's (exit 143)
     if port == 0:  # Serve needs the number up front
