@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from edgeinfer.run.bundle import read_manifest, write
-from edgeinfer.testing.serve import ServerProc, minilm_bundle
+from edgeinfer.testing.serve import ServerProc, free_port, minilm_bundle
 
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'edgeinfer[fleet]'")
 httpx = pytest.importorskip("httpx")
@@ -136,3 +136,11 @@ def test_a_resource_no_node_has_is_refused_in_one_line(cluster, bundles):
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "'rk3588_npu'" in errors[0] and "has 0" in errors[0], proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_an_unreachable_head_is_one_line_exit_3_at_once(bundles):
+    address = f"127.0.0.1:{free_port()}"  # bound and closed again: nothing listens there
+    proc = subprocess.run([sys.executable, "-m", "edgeinfer.cli", "serve", str(bundles["host"]), "--ray", address],
+                          capture_output=True, text=True, timeout=60)  # ray.init alone would wait minutes
+    assert proc.returncode == 3 and proc.stderr.count("\n") == 1, proc.stderr
+    assert f"cannot reach the Ray head at {address}" in proc.stderr

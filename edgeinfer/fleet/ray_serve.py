@@ -216,6 +216,20 @@ def build(found: list[BundleTarget], replicas: int, max_batch: int, max_inputs: 
 # --- the command ----------------------------------------------------------------------------------------
 
 
+def reach(address: str, timeout_s: float = 5.0) -> None:
+    """A quick TCP check of a ``host:port`` head first: ``ray.init`` waits minutes for an absent one."""
+    import socket
+
+    host, sep, port = address.rpartition(":")
+    if not sep or "://" in address or not port.isdigit():
+        return  # a ray:// client address or a name Ray resolves itself
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise BackendUnavailableError(f"cannot reach the Ray head at {address}: {e.strerror or e}",
+                                      "start it with `edgeinfer ray-node`, or pass --ray auto") from None
+
+
 def connect(address: str) -> bool:
     """Join the cluster at ``address``, or (``auto``) start a local one with this machine's resources;
     True when this process started it (and so stops it)."""
@@ -228,11 +242,12 @@ def connect(address: str) -> bool:
         ray.init(resources=node.resources, labels=node.labels, include_dashboard=False,
                  object_store_memory=AUTO_OBJECT_STORE_BYTES, log_to_driver=False)
         return True
+    reach(address)
     try:
         ray.init(address=address, log_to_driver=False)
     except (ConnectionError, RuntimeError, ValueError) as e:
         raise BackendUnavailableError(f"cannot join the Ray cluster at {address}: {' '.join(str(e).split())[:200]}",
-                                      "start one with `edgeinfer ray-node` (or pass --ray auto)") from None
+                                      "start one with `edgeinfer ray-node`, or pass --ray auto") from None
     return False
 
 
