@@ -230,6 +230,20 @@ def reach(address: str, timeout_s: float = 5.0) -> None:
                                       "start it with `edgeinfer ray-node`, or pass --ray auto") from None
 
 
+def use_token_auth() -> None:
+    """Ray 2.60 heads started by ``ray start`` require the token in ``~/.ray/auth_token`` (or ``RAY_AUTH_TOKEN``)
+    when one exists, but ``ray.init(address=...)`` sends it only in token mode: turn that mode on as ``ray start``
+    itself does (https://docs.ray.io/en/latest/ray-security/token-auth.html). Ray's function is private, so a
+    Ray without it is left as it is."""
+    try:
+        from ray._private.authentication.authentication_token_setup import (
+            maybe_enable_token_auth_if_token_available,
+        )
+    except ImportError:
+        return
+    maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+
+
 def connect(address: str) -> bool:
     """Join the cluster at ``address``, or (``auto``) start a local one with this machine's resources;
     True when this process started it (and so stops it)."""
@@ -243,6 +257,7 @@ def connect(address: str) -> bool:
                  object_store_memory=AUTO_OBJECT_STORE_BYTES, log_to_driver=False)
         return True
     reach(address)
+    use_token_auth()
     try:
         ray.init(address=address, log_to_driver=False)
     except (ConnectionError, RuntimeError, ValueError) as e:
