@@ -9,7 +9,7 @@ import sys
 from edgeinfer.contract.registry import PluginInfo
 
 CORE = {"backends", "doctor", "run", "deploy", "golden", "verify", "bench", "plan", "boards", "generate", "chat",
-        "serve"}
+        "serve", "ray-resources", "ray-node"}
 
 # makes `import edgeinfer.serve.cli` fail as if the [serve] extra were missing underneath it
 _BREAK_SERVE = """

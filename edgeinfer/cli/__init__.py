@@ -77,12 +77,12 @@ def _add_core_commands() -> None:
     Each module imports its library inside the command, so this stays light; ``serve`` reports a
     missing [serve] extra itself, as exit 3 with the install line, when it runs.
     """
-    from edgeinfer.cli import backends, bench, calibrate, deploy, generate, plan, profile, run
+    from edgeinfer.cli import backends, bench, calibrate, deploy, fleet, generate, plan, profile, run
     from edgeinfer.serve.cli import serve_cmd
 
     for cmd in (backends.backends, backends.doctor, run.run, deploy.deploy, deploy.golden, deploy.verify,
                 bench.bench, profile.profile_cmd, plan.plan_cmd, plan.boards_cmd, generate.generate_cmd,
-                generate.chat_cmd, calibrate.calibrate_cmd, serve_cmd):
+                generate.chat_cmd, calibrate.calibrate_cmd, serve_cmd, fleet.ray_resources_cmd, fleet.ray_node_cmd):
         cli.add_command(cmd)
 
 

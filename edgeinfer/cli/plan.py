@@ -158,8 +158,8 @@ def render_matrix(m: PlanMatrix) -> None:
 
 
 @click.command("plan")
-@click.argument("models", nargs=-1, required=True)
-@click.option("--board", "board", required=True, help="Board name, 'all', or a path to a board YAML.")
+@click.argument("models", nargs=-1)
+@click.option("--board", "board", help="Board name, 'all', or a path to a board YAML.")
 @click.option("--quant", default=None, help="Quantization scheme (w8a8, w4a16_g128, fp16, Q4_K_M ...).")
 @click.option("--ctx", "ctx_len", default=4096, show_default=True, type=int, help="Context length in tokens.")
 @click.option("--batch", default=1, show_default=True, type=int, help="Sequences decoded together.")
@@ -172,10 +172,12 @@ def render_matrix(m: PlanMatrix) -> None:
 @click.option("--image", default=None, metavar="WxH", help="Vision-language models: one image of this size "
               "(default 448x448; Gemma 3 always 896x896).")
 @click.option("--json", "as_json", is_flag=True, help="Print only JSON (schema edgeinfer/schemas/plan.schema.json).")
+@click.option("--fleet", type=click.Path(), help="Plan a fleet file (nodes, models; docs/fleet.md) instead.")
 @click.pass_context
 def plan_cmd(ctx: click.Context, models: tuple[str, ...], board: str, quant: str | None, ctx_len: int, batch: int,
              kv_dtype: str | None, runtime: str | None, as_json: bool, paging: int | None = None,
-             segments: int | None = None, storage: str | None = None, image: str | None = None) -> None:
+             segments: int | None = None, storage: str | None = None, image: str | None = None,
+             fleet: str | None = None) -> None:
     """Will MODEL fit BOARD, how fast, and what to change if not.
 
     MODEL: catalog name or HF id (Qwen/Qwen3-8B), HF directory, config.json, .gguf, .onnx, .safetensors,
@@ -183,6 +185,12 @@ def plan_cmd(ctx: click.Context, models: tuple[str, ...], board: str, quant: str
     """
     from edgeinfer.planning.matrix import PlanMatrix, plan_models
 
+    if fleet:
+        from edgeinfer.cli.fleet import plan_fleet
+
+        return plan_fleet(ctx, fleet, as_json)
+    if not models or not board:
+        raise click.UsageError("Missing argument 'MODELS...'" if not models else "Missing option '--board'")
     answer = plan_models(models, board, quant=quant, ctx=ctx_len, batch=batch, kv_dtype=kv_dtype, runtime=runtime,
                          paging=paging, segments=segments, storage=storage, image=image)
     render = render_matrix if isinstance(answer, PlanMatrix) else render_plan

@@ -15,6 +15,7 @@ from edgeinfer.contract.backend import (
 )
 from edgeinfer.contract.decoder import Decoder
 from edgeinfer.contract.hookspecs import hookimpl
+from edgeinfer.contract.resources import Accelerator
 
-__all__ = ["Backend", "CalibrationSet", "Decoder", "OpTime", "Probe", "Problem", "Profile", "Session", "TensorSpec",
-           "hookimpl", "stamp", "validate_feeds"]
+__all__ = ["Accelerator", "Backend", "CalibrationSet", "Decoder", "OpTime", "Probe", "Problem", "Profile", "Session",
+           "TensorSpec", "hookimpl", "stamp", "validate_feeds"]

@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # numpy is imported where arrays are handled, so `edgeinfer p
 
 from edgeinfer.contract import stamp
 from edgeinfer.contract.helpers import check_options, first_line, slowest_first
+from edgeinfer.contract.resources import Accelerator
 from edgeinfer.contract.tensors import TensorSpec, validate_feeds  # re-exported: the contract's public names
 from edgeinfer.errors import BackendError, BackendUnavailableError, EdgeInferError, FeedError, InputError, ModelError
 from edgeinfer.planning.quant import normalize_scheme
@@ -235,6 +236,9 @@ class Backend:
     #: load options that make :meth:`open_decoder` give step primitives (logits) when its default is a
     #: native loop: the decoder golden check compares logits
     logits_options: ClassVar[dict[str, Any]] = {}
+    #: the Ray custom resource (edgeinfer/contract/resources.py) a bundle for a board needs, by the board's
+    #: ``target`` or, when it has none, its ``family``: {"rk3588": "rk3588_npu"}; empty: not schedulable
+    resource_names: ClassVar[dict[str, str]] = {}
 
     #: a backend implements ``probe`` and at least one of these capabilities
     REQUIRED = ("probe",)
@@ -249,6 +253,10 @@ class Backend:
         """Utilisation and memory of the devices behind ``devices`` (``--devices`` entries of ``edgeinfer serve``,
         "" = the default device), read now for /metrics; [] where the device exposes none. Called at scrape time
         (cached a few seconds), so keep it under a second; it may raise: the caller drops that backend's readings."""
+        return []
+
+    def accelerators(self, probe: Probe) -> list[Accelerator]:
+        """The accelerators ``probe`` found, as Ray custom resources (docs/fleet.md); default: none."""
         return []
 
     def convert(

@@ -45,6 +45,9 @@ EXTRAS = ("fastapi", "uvicorn", "starlette", "pydantic", "prometheus_client", "h
 @click.option("--threads", default=None, type=int,
               help="Decoders: CPU threads of the decoder worker, for backends that take it (default: theirs).")
 @click.option("--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning"]))
+@click.option("--ray", "ray_address", default=None, metavar="auto|ADDRESS",
+              help="Serve as Ray Serve deployments placed by accelerator (docs/fleet.md); auto: a local Ray.")
+@click.option("--replicas", default=1, show_default=True, type=int, help="With --ray: replicas per bundle.")
 def serve_cmd(
     bundles: tuple[Path, ...],
     host: str,
@@ -64,6 +67,8 @@ def serve_cmd(
     generation_timeout_s: float,
     threads: int | None,
     log_level: str,
+    ray_address: str | None = None,
+    replicas: int = 1,
 ) -> None:
     """Serve BUNDLE(s) over HTTP: /v1/embeddings, /v1/infer, /v1/chat/completions, /v1/completions,
     /v1/models, /health, /ready, /metrics. Decoder bundles and Hugging Face decoder directories are served
@@ -86,6 +91,10 @@ def serve_cmd(
         generation_timeout_s=generation_timeout_s,
         threads=threads,
     ).check()
+    if ray_address:
+        from edgeinfer.fleet.ray_serve import serve_on_ray
+
+        return serve_on_ray(config, ray_address, replicas)
     serve = _app_serve()
     serve(config, log_level=log_level)
 

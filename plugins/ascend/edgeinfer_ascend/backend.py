@@ -21,11 +21,12 @@ import numpy as np
 from edgeinfer.contract import Backend, CalibrationSet, OpTime, Probe, Problem, Session, TensorSpec
 from edgeinfer.contract.backend import DeviceReading
 from edgeinfer.contract.helpers import first_line
+from edgeinfer.contract.resources import Accelerator
 from edgeinfer.errors import BackendUnavailableError, InputError
 
 from . import buckets as bk
 from . import device as dev
-from . import doctor, gauges, models
+from . import doctor, gauges, models, resources
 
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 SCHEME_DTYPE = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16", "w8a16": "fp32"}
@@ -59,6 +60,10 @@ class AscendBackend(Backend):
     gaps: dict[str, str] = {}
     convert_options = CONVERT_OPTIONS
     open_options = LOAD_OPTIONS
+    resource_names = resources.RESOURCE_NAMES
+
+    def accelerators(self, probe: Probe) -> list[Accelerator]:
+        return resources.accelerators(probe)
 
     # --- serve placement: one card per worker process ---------------------------------------
     def placement(self, entry: str) -> tuple[dict[str, str], str | None, dict[str, Any]]:

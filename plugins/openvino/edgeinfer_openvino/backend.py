@@ -38,9 +38,10 @@ from edgeinfer.contract import Backend, CalibrationSet, OpTime, Probe, Problem, 
 from edgeinfer.contract.backend import DeviceReading
 from edgeinfer.contract.helpers import first_line, package_version
 from edgeinfer.contract.onnx_io import onnx_io
+from edgeinfer.contract.resources import Accelerator
 from edgeinfer.errors import BackendError, EdgeInferError, InputError, ModelError
 
-from . import decoder_config, decoder_export
+from . import decoder_config, decoder_export, resources
 from .devices import clean, cpu_model_name, diagnose, fallback_warning, family, requested_primary, select_device
 
 log = logging.getLogger("edgeinfer.openvino")
@@ -484,6 +485,10 @@ class OpenVinoBackend(Backend):
     gaps: dict[str, str] = {}
     convert_options = CONVERT_OPTIONS
     open_options = OPEN_OPTIONS
+    resource_names = resources.RESOURCE_NAMES
+
+    def accelerators(self, probe: Probe) -> list[Accelerator]:
+        return resources.accelerators(probe)
 
     def artifact_files(self, artifact: Path) -> list[Path]:
         """An IR is the ``.xml`` graph and its ``.bin`` weights."""

@@ -18,9 +18,10 @@ from edgeinfer.contract import Backend, CalibrationSet, OpTime, Probe, Problem, 
 from edgeinfer.contract.backend import DeviceReading
 from edgeinfer.contract.helpers import first_line, package_version
 from edgeinfer.contract.onnx_io import onnx_spec
+from edgeinfer.contract.resources import Accelerator
 from edgeinfer.errors import BackendUnavailableError, FeedError, InputError, ModelError
 
-from . import board, gauges
+from . import board, gauges, resources
 from . import toolkit as tk
 
 DEFAULT_TARGET = "rk3588"
@@ -231,6 +232,10 @@ class RknnBackend(Backend):
     decoder_schemes = ("fp16", "w8a8", "w4a16")  # per target: w4a16 on rk3576 / rv1126b only
     decoder_options = DECODER_OPTIONS
     decoder_convert_options = DECODER_CONVERT_OPTIONS
+    resource_names = resources.RESOURCE_NAMES
+
+    def accelerators(self, probe: Probe) -> list[Accelerator]:
+        return resources.accelerators(probe)
     gaps = {
         "dynamic_shapes": "RKNN models have static input shapes (pass shapes=..., or the toolkit's "
         "dynamic_input list of fixed shape sets); a free batch dimension is not supported",

@@ -1,0 +1,98 @@
+"""Accelerators as Ray custom resources: naming rule, merging backends' findings into node resources and
+labels, and the `ray start` line `edgeinfer ray-node` runs. Accelerators here are written by hand (the
+plugins' own tests derive them from probes of stand-ins for absent NPUs)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+from helpers import HEAVY, edgeinfer, imported_modules
+
+from edgeinfer.contract.resources import Accelerator
+from edgeinfer.fleet.node import start_command
+from edgeinfer.fleet.resources import merge
+
+GIB = 2**30
+
+
+@pytest.mark.parametrize("name", ["ascend_310p", "rk3588_npu", "intel_npu", "acme_tpu2"])
+def test_valid_names(name):
+    assert Accelerator(name, 1).resource == name
+
+
+@pytest.mark.parametrize("name", ["NPU", "ascend-310p", "npu", "intel_npu ", "_npu", "memory"])
+def test_invalid_names_say_the_rule(name):
+    with pytest.raises(ValueError, match="<vendor or soc>_<unit>|Ray's own"):
+        Accelerator(name, 1)
+
+
+def test_count_must_be_positive():
+    with pytest.raises(ValueError, match="count must be >= 1"):
+        Accelerator("intel_npu", 0)
+
+
+def test_merge_counts_and_labels():
+    found = [
+        ("ascend", Accelerator("ascend_910b", 8, 64 * GIB, "npu-smi info")),
+        ("openvino", Accelerator("intel_gpu", 1)),
+        ("other", Accelerator("ascend_910b", 2, 64 * GIB)),  # the same chips through a second backend: once
+    ]
+    node = merge(found, host_memory_bytes=512 * GIB)
+    assert node.resources == {"ascend_910b": 8, "intel_gpu": 1}
+    assert node.labels == {"edgeinfer.io/memory-mb": "524288", "edgeinfer.io/ascend_910b-memory-mb": "65536"}
+    assert [a["backend"] for a in node.accelerators] == ["ascend", "openvino"]
+
+
+def test_ray_start_command_for_head_and_worker():
+    node = merge([("rknn", Accelerator("rk3588_npu", 1))], host_memory_bytes=16 * GIB)
+    head = start_command(node, None, 6380, 2, False)
+    assert "--head" in head and "--port=6380" in head and "--num-cpus=2" in head
+    assert '--resources={"rk3588_npu": 1}' in head and "--labels=edgeinfer.io/memory-mb=16384" in head
+    worker = start_command(node, "10.0.0.1:6379", 6379, None, True)
+    assert "--address=10.0.0.1:6379" in worker and "--head" not in worker and worker[-1] == "--block"
+
+
+def test_ray_resources_and_ray_node_dry_run_on_this_machine():
+    proc = edgeinfer("ray-resources", "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert int(report["labels"]["edgeinfer.io/memory-mb"]) > 0
+    dry = edgeinfer("ray-node", "--dry-run", "--num-cpus", "1")
+    assert dry.returncode == 0, dry.stderr
+    args = shlex.split(dry.stdout)
+    resources = json.loads(next(a for a in args if a.startswith("--resources=")).split("=", 1)[1])
+    assert resources == report["resources"]
+
+
+def test_fleet_resources_import_is_light():
+    heavy = imported_modules("import edgeinfer.fleet.resources, edgeinfer.fleet.node, edgeinfer.cli.fleet")
+    assert not heavy & (set(HEAVY) | {"ray"})
+
+
+
+def test_serve_ray_refuses_options_it_does_not_honour(tmp_path):
+    from edgeinfer.errors import InputError
+    from edgeinfer.fleet.ray_serve import check_options
+    from edgeinfer.serve.config import ServeConfig
+
+    proc = edgeinfer("serve", str(tmp_path), "--ray", "auto", "--api-key", "k")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("error: ") and "not supported with --ray" in proc.stderr
+    assert proc.stderr.count("\n") == 1
+    with pytest.raises(InputError, match="--devices"):
+        check_options(ServeConfig([tmp_path], devices=["0", "1"]), 1)
+    with pytest.raises(InputError, match="--replicas must be at least 1"):
+        check_options(ServeConfig([tmp_path]), 0)
+
+
+def test_without_ray_the_ray_commands_exit_3_with_the_install_line(tmp_path):
+    import subprocess
+    import sys
+
+    for args in (["ray-node", "--num-cpus", "1"], ["serve", str(tmp_path), "--ray", "auto"]):
+        code = f"import sys\nsys.modules['ray'] = None\nfrom edgeinfer.cli import main\nmain({args!r})"
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 3, r.stderr
+        assert r.stderr.count("\n") == 1 and "pip install 'edgeinfer[fleet]'" in r.stderr, r.stderr
