@@ -3,7 +3,12 @@
 plan at the asked context (refuse what does not fit) → the board's backend ``convert_decoder``
 (cached: :mod:`edgeinfer.build.cache`) → golden check of the converted decoder against the fp32
 transformers reference, greedy (:mod:`edgeinfer.run.generation.golden`) → a sealed bundle
-(:mod:`edgeinfer.run.decoder_bundle`). Nothing is written at ``-o`` unless the check passes.
+(:mod:`edgeinfer.run.decoder_bundle`). Nothing is written at ``-o`` unless the check passes, or the
+backend stamped the artifact ``unchecked`` (a runtime that cannot run on this host, such as RKLLM on x86):
+then the bundle says, in its golden report, that the check was not run and why.
+
+``runtime`` picks one of the board's runtimes (``edgeinfer plan --runtime``); by default the board's
+``backend_runtime``. Another one is passed to the backend as the decoder convert option ``runtime``.
 """
 
 from __future__ import annotations
@@ -53,7 +58,7 @@ class DecoderDeployResult:
     def to_json(self) -> dict[str, Any]:
         return {
             "bundle": str(self.bundle), "kind": "decoder", "cached": self.cached, "backend": self.manifest.backend,
-            "board": self.manifest.board, "scheme": self.manifest.scheme,
+            "board": self.manifest.board, "scheme": self.manifest.scheme, "runtime": self.manifest.decoder["runtime"],
             "context": self.manifest.decoder["context"], "golden": self.golden, "plan": self.manifest.plan,
             "warnings": self.warnings, "timings_s": self.timings,
         }
@@ -72,6 +77,7 @@ def deploy_decoder(
     threshold: float | None = None,
     new_tokens: int = GOLDEN_TOKENS,
     options: dict[str, Any] | None = None,
+    runtime: str | None = None,
     progress: Progress | None = None,
     use_cache: bool = True,
 ) -> DecoderDeployResult:
@@ -88,7 +94,9 @@ def deploy_decoder(
     check_text(hf_dir)
     b = get_board(board)
     backend = plugins.get_backend(b.backend)
-    scheme = choose_scheme(b, backend, quant)
+    options = dict(options or {})
+    runtime = choose_runtime(b, backend, runtime, options)
+    scheme = choose_scheme(b, backend, quant, runtime)
     context = check_context(hf_dir, ctx)
     prompts = golden_prompts(golden_inputs)
     if threshold is not None and not (isinstance(threshold, (int, float)) and -1 <= threshold <= 1):
@@ -101,32 +109,39 @@ def deploy_decoder(
 
     # 1. plan first: refuse what does not fit before converting anything
     with progress.step(f"planning {hf_dir.name} on {b.name} at ctx {context}"):
-        plan = plan_or_refuse(hf_dir, b, scheme, context, force, warnings)
+        plan = plan_or_refuse(hf_dir, b, scheme, context, runtime, force, warnings)
 
     # 2. convert (or reuse the cached conversion)
     sha = stamp.sha256_file(hf_dir)
     facts = {"model": sha, "target": b.target or b.family, "scheme": scheme, "context": context,
-             "backend": backend.name, "versions": backend.versions(), "options": options or {},
+             "backend": backend.name, "versions": backend.versions(), "options": options, "runtime": runtime,
              "calibration": hashlib.sha256("\n".join(calibration or []).encode()).hexdigest()}
     files.sweep(outdir.tmp_parent(out_dir))
     with files.temp_dir(outdir.tmp_parent(out_dir), "deploy") as tmp:
         work = tmp / "bundle"
         work.mkdir()
         # like the encoder deploy, every backend is told the board's target (cpu/gpu/npu, a chip name ...)
-        convert_options = {"target": facts["target"], **(options or {})}
+        convert_options = {"target": facts["target"], **options}
+        if runtime != own_runtime(b):
+            convert_options["runtime"] = runtime
         cached = converted(backend, hf_dir, scheme, context, calibration, convert_options, facts, work, progress,
                            use_cache)
         copy_text_files(hf_dir, work / decoder_bundle.TOKENIZER)
 
-        # 3. golden check against the fp32 reference, then the bundle
-        threads = 1 if plan.breakdown.get("weights", ONE_THREAD_BELOW) < ONE_THREAD_BELOW else None
-        report, recorded = check_golden(hf_dir, work, backend, scheme, context, prompts, new_tokens, threshold,
-                                        threads, progress)
-        if not report["passed"]:
-            raise CheckFailed(f"{golden.summary_line(report)} — the bundle was not written (try a less lossy "
-                              "--quant, or check the backend's conversion)")
-        decoder_bundle.save_reference(work, recorded)
-        manifest = make_manifest(work, hf_dir, sha, b, backend, scheme, context, report, plan)
+        # 3. golden check against the fp32 reference (unless the artifact cannot run here), then the bundle
+        unchecked = (stamp.read(work / decoder_bundle.ARTIFACT) or {}).get("unchecked")
+        if unchecked:
+            report = golden.not_run(str(unchecked), scheme)
+            warnings.append(f"the bundle is written without a golden check: {unchecked}")
+        else:
+            threads = 1 if plan.breakdown.get("weights", ONE_THREAD_BELOW) < ONE_THREAD_BELOW else None
+            report, recorded = check_golden(hf_dir, work, backend, scheme, context, prompts, new_tokens, threshold,
+                                            threads, progress)
+            if not report["passed"]:
+                raise CheckFailed(f"{golden.summary_line(report)} — the bundle was not written (try a less lossy "
+                                  "--quant, or check the backend's conversion)")
+            decoder_bundle.save_reference(work, recorded)
+        manifest = make_manifest(work, hf_dir, sha, b, backend, scheme, context, report, plan, runtime)
         bundle_mod.write(work, manifest)
         outdir.replace_dir(work, out_dir)
     return DecoderDeployResult(out_dir, manifest, report, cached, warnings, dict(progress.timings))
@@ -144,15 +159,39 @@ def check_text(hf_dir: Path) -> None:
         codec.render_chat([{"role": "user", "content": "Hello"}])
 
 
-def choose_scheme(b: Board, backend: Backend, quant: str | None) -> str:
-    """The asked scheme if both the board and its backend's decoder conversion support it; by default
-    the backend's preferred decoder scheme among those the board lists."""
+def own_runtime(b: Board) -> str:
+    """The board runtime its backend's default decoder path targets."""
+    return b.backend_runtime or b.default_runtime
+
+
+def choose_runtime(b: Board, backend: Backend, asked: str | None, options: dict[str, Any]) -> str:
+    """``--runtime`` (or ``--option runtime=``): one of the board's decoder runtimes that its backend converts
+    for; by default the backend's own."""
+    given = options.get("runtime")
+    if asked and given is not None and asked != given:
+        raise InputError(f"--runtime {asked} and --option runtime={given} disagree; pass one of them")
+    asked = asked or given
+    own = own_runtime(b)
+    if asked is None:
+        return own
+    decoders = [r for r, rt in b.runtimes.items() if "decoder" in rt.kinds]
+    if asked not in decoders:
+        raise InputError(f"--runtime {asked}: board {b.name} runs decoders with {', '.join(decoders)}; pass one "
+                         "of those")
+    if asked != own and "runtime" not in backend.decoder_convert_options:
+        raise InputError(f"--runtime {asked}: board {b.name}'s backend {backend.name} deploys decoders for "
+                         f"runtime {own} only; omit --runtime")
+    return asked
+
+
+def choose_scheme(b: Board, backend: Backend, quant: str | None, runtime: str) -> str:
+    """The asked scheme if both the board's ``runtime`` and its backend's decoder conversion support it; by
+    default the backend's preferred decoder scheme among those the board lists."""
     if not backend.capable("decoder_deploy"):
         raise BackendUnavailableError(
             f"board {b.name}'s backend {backend.name!r} cannot deploy decoder (language) models: it implements "
             "no convert_decoder",
             "deploy for another board, e.g. --board host; docs/writing-a-backend.md says what a backend adds")
-    runtime = b.backend_runtime or b.default_runtime
     listed = {normalize_scheme(s).family for s in b.runtimes[runtime].schemes}
     ok = [s for s in backend.decoder_schemes if normalize_scheme(s).family in listed]
     if not ok:
@@ -164,7 +203,7 @@ def choose_scheme(b: Board, backend: Backend, quant: str | None) -> str:
     s = normalize_scheme(quant)
     if s.family not in ok:
         raise InputError(f"--quant {s.name}: board {b.name} deploys decoders as {', '.join(ok)} only (through "
-                         f"{backend.name}); pass one of those")
+                         f"{backend.name}, runtime {runtime}); pass one of those")
     return s.name
 
 
@@ -209,10 +248,11 @@ def read_calibration(path: str | os.PathLike[str] | None) -> list[str] | None:
     return lines
 
 
-def plan_or_refuse(hf_dir: Path, b: Board, scheme: str, context: int, force: bool, warnings: list[str]) -> Any:
+def plan_or_refuse(hf_dir: Path, b: Board, scheme: str, context: int, runtime: str, force: bool,
+                   warnings: list[str]) -> Any:
     from edgeinfer.planning.planner import plan as make_plan
 
-    p = make_plan(str(hf_dir), b, quant=scheme, ctx=context, runtime=b.backend_runtime)
+    p = make_plan(str(hf_dir), b, quant=scheme, ctx=context, runtime=runtime)
     if p.fits:
         return p
     why = "; ".join(p.reasons)
@@ -302,7 +342,7 @@ def judge(candidate: Any, recorded: list[golden.Recorded], new_tokens: int, sche
     if min_cosine is not None:
         thresholds = dataclasses.replace(thresholds, min_cosine=min_cosine)
     report = golden.check_recorded(candidate, recorded, new_tokens, scheme, thresholds=thresholds)
-    report["device"] = candidate.decoder.device
+    report["ran"], report["device"] = True, candidate.decoder.device
     return report
 
 
@@ -312,8 +352,11 @@ def golden_bundle(path: str | os.PathLike[str], device: str | None = None,
     b = bundle_mod.Bundle.open(path, verify="full")
     if b.manifest.decoder is None:
         raise InputError(f"bundle {b.path} holds no decoder model")
-    recorded = decoder_bundle.load_reference(b)
     before = b.manifest.decoder.get("golden") or {}
+    if before.get("ran") is False:
+        raise InputError(f"bundle {b.path} holds no fp32 reference to check against: its golden check was not run "
+                         f"at deploy ({before.get('reason')})")
+    recorded = decoder_bundle.load_reference(b)
     t = golden.thresholds_for(b.manifest.scheme)
     try:
         t = golden.Thresholds(**before["thresholds"])
@@ -328,7 +371,7 @@ def golden_bundle(path: str | os.PathLike[str], device: str | None = None,
 
 
 def make_manifest(work: Path, hf_dir: Path, sha: str, b: Board, backend: Backend, scheme: str, context: int,
-                  report: dict[str, Any], plan: Any) -> Manifest:
+                  report: dict[str, Any], plan: Any, runtime: str) -> Manifest:
     import json
 
     st = stamp.read(work / decoder_bundle.ARTIFACT) or {}
@@ -341,6 +384,6 @@ def make_manifest(work: Path, hf_dir: Path, sha: str, b: Board, backend: Backend
         outputs=[TensorSpec("logits", (1, "tokens", vocab), "float32")],
         source={"name": hf_dir.name, "sha256": sha, "kind": "hf"}, plan=outdir.plan_summary(plan),
         decoder={"kind": "causal_lm", "architecture": (cfg.get("architectures") or [""])[0], "context": context,
-                 "vocab_size": vocab, "tokenizer": decoder_bundle.TOKENIZER, "golden": report,
-                 "golden_reference": decoder_bundle.REFERENCE},
+                 "vocab_size": vocab, "runtime": runtime, "tokenizer": decoder_bundle.TOKENIZER, "golden": report,
+                 "golden_reference": decoder_bundle.REFERENCE if report.get("ran") else None},
     )

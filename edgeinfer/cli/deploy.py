@@ -24,6 +24,8 @@ from edgeinfer.errors import InputError
 @click.option("--golden-inputs", type=click.Path(path_type=Path), help="Held-out samples for the golden check.")
 @click.option("--ctx", type=int, help="Decoder models: context (tokens) to build and check for (default: the "
               "model's limit, at most 2048).")
+@click.option("--runtime", help="Decoder models: the board runtime to build for (`edgeinfer boards show BOARD`), "
+              "e.g. rkllm on RK3588/RK3576 (Rockchip's RKLLM toolkit); default: the board's backend runtime.")
 @click.option("--shape", "shapes", multiple=True, metavar="NAME=1x128", help="Static input shape; repeatable.")
 @click.option("--threshold", type=float,
               help=f"Minimum cosine vs {ENCODER_REFERENCE} fp32 (default 0.99; 0.98 for w8a8/int8).")
@@ -45,7 +47,7 @@ def deploy(
     model: Path, board: str, quant: str | None, calib: Path | None, golden_inputs: Path | None,
     shapes: tuple[str, ...], threshold: float | None, max_samples: int, force: bool, no_cache: bool,
     backend_options: tuple[str, ...], paging: int | None, segments: int | None, cuts: tuple[str, ...], out: Path,
-    as_json: bool, ctx: int | None, buckets: str | None,
+    as_json: bool, ctx: int | None, buckets: str | None, runtime: str | None,
 ) -> None:
     """Convert MODEL for BOARD, check it against onnxruntime fp32, and write a bundle.
 
@@ -59,12 +61,14 @@ def deploy(
     progress = Progress(enabled=None if not as_json else False)
     if is_decoder_dir(model):
         _deploy_decoder(model, board, out, quant, ctx, calib, golden_inputs, force, threshold, no_cache, progress,
-                        parse_options(backend_options), as_json,
+                        parse_options(backend_options), runtime, as_json,
                         {"--shape": shapes, "--paging": paging, "--segments": segments, "--cut": cuts,
                          "--buckets": buckets})
         return
     if ctx is not None:
         raise InputError(f"--ctx applies to decoder (language) models; {model} is not one (use --shape for inputs)")
+    if runtime is not None:
+        raise InputError(f"--runtime applies to decoder (language) models; {model} is not one")
     result = deploy_mod.deploy(
         model, board, out, quant=quant, calib=calib, golden_inputs=golden_inputs,
         shapes=deploy_mod.parse_shapes(shapes), force=force, threshold=threshold, max_samples=max_samples,
@@ -91,7 +95,8 @@ def deploy(
 
 def _deploy_decoder(model: Path, board: str, out: Path, quant: str | None, ctx: int | None, calib: Path | None,
                     golden_inputs: Path | None, force: bool, threshold: float | None, no_cache: bool, progress: Any,
-                    options: dict[str, Any], as_json: bool, encoder_only: dict[str, Any]) -> None:
+                    options: dict[str, Any], runtime: str | None, as_json: bool,
+                    encoder_only: dict[str, Any]) -> None:
     from edgeinfer.build.deploy_decoder import deploy_decoder
 
     given = [k for k, v in encoder_only.items() if v]
@@ -100,7 +105,7 @@ def _deploy_decoder(model: Path, board: str, out: Path, quant: str | None, ctx: 
     if threshold is not None and not (math.isfinite(threshold) and -1 <= threshold <= 1):
         raise InputError(f"--threshold is a minimum logits cosine between -1 and 1, got {threshold}")
     result = deploy_decoder(model, board, out, quant=quant, ctx=ctx, calib=calib, golden_inputs=golden_inputs,
-                            force=force, threshold=threshold, options=options, progress=progress,
+                            force=force, threshold=threshold, options=options, runtime=runtime, progress=progress,
                             use_cache=not no_cache)
     for w in result.warnings:
         click.echo(f"warning: {w}", err=True)
@@ -110,9 +115,10 @@ def _deploy_decoder(model: Path, board: str, out: Path, quant: str | None, ctx: 
 
         how = " (cached conversion reused)" if r["cached"] else ""
         out_c = console()
-        out_c.print(f"bundle {r['bundle']}: decoder, {r['backend']} {r['scheme']} for {r['board']}, "
-                    f"ctx {r['context']}{how}")
-        out_c.print("  " + summary_line(r["golden"]) + f" (ran on {r['golden'].get('device', '?')})")
+        out_c.print(f"bundle {r['bundle']}: decoder, {r['backend']} {r['scheme']} for {r['board']} (runtime "
+                    f"{r['runtime']}), ctx {r['context']}{how}")
+        where = f" (ran on {r['golden'].get('device', '?')})" if r["golden"].get("ran") else ""
+        out_c.print("  " + summary_line(r["golden"]) + where)
 
     emit(result.to_json(), as_json, render)
 

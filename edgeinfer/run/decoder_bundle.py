@@ -9,7 +9,8 @@ Layout (next to ``manifest.json``, sealed like every bundle)::
     golden/reference.npz     the fp32 reference's greedy tokens and logits per golden prompt
 
 The manifest's ``decoder`` section says what the bundle is (``kind``), the context it was built
-for, the vocabulary, where the tokenizer lives and the golden report of the deploy.
+for, the vocabulary, the board runtime, where the tokenizer lives and the golden report of the deploy
+(``ran: false`` with the reason, and no ``golden/``, when the artifact cannot run on the deploying host).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class DecoderSection(BaseModel):
     architecture: StrictStr = ""
     context: int = Field(ge=1, le=MAX_CONTEXT)  # positions the bundle was built and checked for
     vocab_size: int = Field(ge=1)
+    runtime: StrictStr | None = None  # the board runtime it was built for (a board profile's runtimes)
     tokenizer: StrictStr = TOKENIZER
     golden: dict[str, Any] | None = None  # the deploy's golden report (run/generation/golden.py)
     golden_reference: StrictStr | None = REFERENCE

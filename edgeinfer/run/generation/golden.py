@@ -151,7 +151,14 @@ def fmt_cosine(c: float) -> str:
     return f"{c:.5f}" if not c > 0.99999 else f"1 - {1 - c:.1e}"
 
 
+def not_run(reason: str, scheme: str) -> dict[str, Any]:
+    """The report of a check that could not run here (``passed`` None, never True)."""
+    return {"ran": False, "passed": None, "scheme": scheme, "reason": reason}
+
+
 def summary_line(report: dict[str, Any]) -> str:
+    if report.get("ran") is False:
+        return f"decoder golden check NOT RUN: {report['reason']}"
     verdict = "passed" if report["passed"] else "FAILED"
     cos = "n/a" if report["cosine_min"] is None else fmt_cosine(report["cosine_min"])
     line = (f"decoder golden check {verdict}: {report['prompts']} prompts × {report['new_tokens']} tokens, "

@@ -38,8 +38,9 @@ CONVERT_OPTIONS = {
     "optimization_level": "0..3 (default 3)",
 }
 LOAD_OPTIONS = ("core_mask",)
-# decoders (edgeinfer_rknn.decoder): segments and prefill_chunk are fixed at conversion, window at load
-DECODER_CONVERT_OPTIONS = ("target", "segments", "prefill_chunk")
+# decoders (edgeinfer_rknn.decoder): segments and prefill_chunk are fixed at conversion, window at load;
+# runtime "rkllm" converts with Rockchip's RKLLM toolkit instead (edgeinfer_rknn.rkllm_convert)
+DECODER_CONVERT_OPTIONS = ("target", "segments", "prefill_chunk", "runtime")
 DECODER_OPTIONS = ("window", "prefetch", "page_from", "scheme", "segments", "prefill_chunk", "target")
 # what one `serve --devices` entry may be: one worker per core or core group
 SERVE_CORE_MASKS = ("0", "1", "2", "0_1", "0_1_2", "auto")
@@ -495,15 +496,20 @@ class RknnBackend(Backend):
     # --- decoders (edgeinfer_rknn.decoder, .llm_artifact) ----------------------------------------
     def convert_decoder(self, model: Path, scheme: str, context: int, out: Path, calibration=None,
                         **options: Any) -> dict[str, Any]:
+        from . import rkllm_convert
         from .llm_artifact import convert_decoder
 
+        if rkllm_convert.runtime_of(options.pop("runtime", None)) == "rkllm":
+            return rkllm_convert.convert_rkllm(model, scheme, context, out, calibration, **options)
         return convert_decoder(self, model, scheme, context, out, calibration, **options)
 
     def open_decoder(self, model: Path, device: str | None, context: int, slots: int, **options: Any):
-        if Path(model).suffix.lower() == ".rkllm":  # a model converted with Rockchip's RKLLM toolkit
+        from .rkllm_convert import is_rkllm, rkllm_file
+
+        if is_rkllm(Path(model)):  # a model converted with Rockchip's RKLLM toolkit (a file or deploy's directory)
             from .rkllm import open_rkllm
 
-            return open_rkllm(Path(model), context=context, slots=slots)
+            return open_rkllm(rkllm_file(Path(model)), context=context, slots=slots)
         from .decoder import open_decoder
 
         return open_decoder(self, model, device, context, slots, **options)

@@ -23,17 +23,7 @@ import edgeinfer
 from edgeinfer.errors import BackendUnavailableError, InputError, ModelError
 from edgeinfer.run.generation.options import GenerationOptions
 
-SRC = Path(__file__).with_name("rkllm_standin.c")
-VOCAB, EOS = 3072, 2
-
-
-@pytest.fixture(scope="session")
-def standin_lib(tmp_path_factory) -> Path:
-    if shutil.which("gcc") is None:
-        pytest.skip("gcc is needed to build the stand-in RKLLM runtime")
-    out = tmp_path_factory.mktemp("rkllm-standin") / "librkllmrt_standin.so"
-    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-o", str(out), str(SRC), "-lpthread"], check=True)
-    return out
+VOCAB, EOS = 3072, 2  # standin_lib (conftest.py) builds the stand-in runtime from rkllm_standin.c
 
 
 @pytest.fixture
