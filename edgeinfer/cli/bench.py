@@ -162,7 +162,8 @@ def _self_check(path: Path, report: dict[str, Any], board: str | None) -> dict[s
         return {"skipped": f"{e.one_line()}; pass --board PROFILE.yaml"}
     cfg = read_config(cfg_path)
     spec = spec_from_config(cfg, m.source.get("name") or path.name, str(cfg_path))
-    return self_check(report, spec, cfg, b, m.scheme, m.decoder["context"], f"edgeinfer bench {path.name}")
+    return self_check(report, spec, cfg, b, m.scheme, m.decoder["context"], f"edgeinfer bench {path.name}",
+                      runtime=m.decoder.get("runtime"))
 
 
 def _bench_encoder(session: Any, bundle_dir: Path, batches: list[int] | None, seqs: list[int] | None,

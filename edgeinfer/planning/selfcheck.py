@@ -30,9 +30,10 @@ def _plan(spec: ModelSpec, board: Board, scheme: str, ctx: int, runtime: str | N
 
 
 def self_check(report: dict[str, Any], spec: ModelSpec, config: dict[str, Any], board: Board, scheme: str,
-               context: int, source: str) -> dict[str, Any]:
-    """Per prompt length: measured vs predicted decode tok/s, TTFT ms and peak MiB, and calibration rows."""
-    runtime = board.backend_runtime
+               context: int, source: str, runtime: str | None = None) -> dict[str, Any]:
+    """Per prompt length: measured vs predicted decode tok/s, TTFT ms and peak MiB, and calibration rows;
+    planned for ``runtime`` (the bundle's), by default the board's backend runtime."""
+    runtime = runtime or board.backend_runtime
     try:
         mem_plan = _plan(spec, board, scheme, context, runtime)
     except EdgeInferError as e:

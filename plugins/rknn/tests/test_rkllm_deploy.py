@@ -86,6 +86,11 @@ def test_the_bundle_generates_through_the_rkllm_runtime_binding(deployed, standi
         want.append(t)
         t = (t * 31 + 7) % vocab
     assert json.loads(proc.stdout)["token_ids"] == want
+    proc = _cli("bench", str(deployed["bundle"]), "--prompt-lengths", "8", "--new-tokens", "4", "--json", **env)
+    assert proc.returncode == 0, proc.stderr
+    bench = json.loads(proc.stdout)
+    assert bench["backend"] == "rknn" and [r["new_tokens"] for r in bench["results"]] == [4]
+    assert bench["self_check"]["runtime"] == "rkllm"  # predictions for the runtime the bundle was built for
     proc = _cli("golden", str(deployed["bundle"]), **env)
     assert proc.returncode == 2 and "golden check was not run at deploy" in proc.stderr, proc.stderr
 
