@@ -80,7 +80,9 @@ def test_the_bundle_generates_through_the_rkllm_runtime_binding(deployed, standi
     proc = _cli("generate", str(deployed["bundle"]), "--prompt", prompt, "--max-new-tokens", "6", "--json", **env)
     assert proc.returncode == 0, proc.stderr
     # the stand-in runtime's rule (rkllm_standin.c): t1 = (Σ prompt ids · 31 + 7) mod V, t_k+1 = (t_k · 31 + 7) mod V
-    ids, vocab = [1858, 315, 298, 314, 1833], 3072  # tiny-qwen3's tokens for the prompt; its vocab_size
+    from edgeinfer.run.generation.text import TextCodec
+
+    ids, vocab = TextCodec(model_dir()).encode(prompt), 3072  # tiny-qwen3's tokens for the prompt; its vocab
     want, t = [], (sum(ids) * 31 + 7) % vocab
     for _ in range(6):
         want.append(t)
@@ -105,6 +107,12 @@ def test_deploy_without_the_toolkit_exits_3_saying_how_to_get_it(tmp_path):
     assert "x86_64" in lines[0] and not out.exists()
 
 
+def test_runtime_on_a_model_that_is_not_a_decoder_exits_2(tmp_path):
+    proc = _cli("deploy", str(tmp_path / "model.onnx"), "--board", "rk3588-8g", "--runtime", "rkllm",
+                "-o", str(tmp_path / "out"))
+    assert proc.returncode == 2 and "--runtime applies to decoder (language) models" in proc.stderr, proc.stderr
+
+
 @pytest.mark.parametrize("board, kwargs, needle", [
     ("rk3588-8g", {"runtime": "rkllmm"}, "board rk3588-8g runs decoders with rkllm, rknn"),
     ("host", {"runtime": "rkllm"}, "board host runs decoders with onnxruntime"),
@@ -125,3 +133,19 @@ def test_bad_runtimes_are_input_errors(tmp_path, board, kwargs, needle):
 def test_the_backend_option_runtime_is_checked(tmp_path, options, needle):
     with pytest.raises(InputError, match=needle):
         edgeinfer.backend("rknn").quantize_decoder(model_dir(), "fp16", CTX, tmp_path / "d", **options)
+
+
+def test_a_failing_toolkit_step_is_named_and_leaves_nothing(tmp_path, monkeypatch):
+    from edgeinfer.errors import BackendError
+
+    monkeypatch.syspath_prepend(str(TOOLKIT_STANDIN))
+    monkeypatch.setenv("RKLLM_TOOLKIT_STANDIN_FAIL", "build")
+    for name in ("rkllm", "rkllm.api"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    try:
+        with pytest.raises(BackendError, match=r"RKLLM toolkit build failed \(code -1\) for tiny-qwen3"):
+            edgeinfer.backend("rknn").quantize_decoder(model_dir(), "w8a8", CTX, tmp_path / "d", runtime="rkllm")
+        assert not (tmp_path / "d").exists()
+    finally:
+        for name in ("rkllm", "rkllm.api"):  # the stand-in must not stay importable for other tests
+            sys.modules.pop(name, None)
