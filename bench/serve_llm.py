@@ -9,8 +9,12 @@ parameter Qwen3 of ``edgeinfer.testing.llm.random_qwen3``. For comparison, the t
 through raw ``openvino_genai.ContinuousBatchingPipeline`` (fp32 IR, 1 thread, no HTTP).
 
     python bench/serve_llm.py [--levels 1,4,8,16] [--requests 16] [--max-tokens 64] [--big]
+    python bench/serve_llm.py --openvino
 
-Writes bench/results/serve_llm.json and serve_llm.png.
+Writes bench/results/serve_llm.json and serve_llm.png. With ``--openvino``, instead: the tiny model
+deployed for core-ultra-155h (an OpenVINO fp16 decoder bundle, run on this CPU), served through the
+worker's native scheduler over GenAI's ContinuousBatchingPipeline (``--slots`` = the highest level);
+writes bench/results/serve_llm_openvino.json.
 """
 
 from __future__ import annotations
@@ -146,6 +150,15 @@ def raw_continuous_batching(model_dir: Path, levels: list[int], n_requests: int,
             "levels": rows}
 
 
+def openvino_bundle(work: Path) -> Path:
+    from edgeinfer.build.deploy_decoder import deploy_decoder
+    from edgeinfer.testing import llm
+
+    out = work / "tiny-qwen3-ov"
+    deploy_decoder(llm.model_dir(), "core-ultra-155h", out, ctx=256)  # the conversion is cached
+    return out
+
+
 def plot(results: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -182,9 +195,20 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--big", action="store_true", help="also the random-init ~204 M Qwen3")
+    ap.add_argument("--openvino", action="store_true", help="only the tiny model as an OpenVINO decoder bundle")
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     from edgeinfer.testing import llm
+
+    if args.openvino:
+        with tempfile.TemporaryDirectory() as tmp:
+            res = run_model(openvino_bundle(Path(tmp)), "tiny-qwen3-ov", levels, args.requests, args.max_tokens,
+                            256, Path(tmp))
+        _common.write("serve_llm_openvino", {
+            "note": "loopback, OpenVINO decoder bundle (tiny-qwen3 deployed for core-ultra-155h: fp16 IR, run on "
+                    "the CPU, f32 inference, 1 thread) through GenAI's ContinuousBatchingPipeline, greedy, "
+                    "ignore_eos; level 1 = the same requests one at a time", "results": [res]})
+        return
 
     results = []
     with tempfile.TemporaryDirectory() as tmp:

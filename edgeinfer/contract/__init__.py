@@ -13,9 +13,9 @@ from edgeinfer.contract.backend import (
     TensorSpec,
     validate_feeds,
 )
-from edgeinfer.contract.decoder import Decoder
+from edgeinfer.contract.decoder import Decoder, NativeStep
 from edgeinfer.contract.hookspecs import hookimpl
 from edgeinfer.contract.resources import Accelerator
 
-__all__ = ["Accelerator", "Backend", "CalibrationSet", "Decoder", "OpTime", "Probe", "Problem", "Profile", "Session",
-           "TensorSpec", "hookimpl", "stamp", "validate_feeds"]
+__all__ = ["Accelerator", "Backend", "CalibrationSet", "Decoder", "NativeStep", "OpTime", "Probe", "Problem",
+           "Profile", "Session", "TensorSpec", "hookimpl", "stamp", "validate_feeds"]

@@ -4,7 +4,9 @@ A backend implements either the **step primitives** (``prefill``, ``decode``,
 ``reset``) against a KV cache it owns, sized once at load for ``context``
 positions × ``slots`` sequences, and the core runs the loop; or a **native loop**
 (``native_loop = True`` and ``generate_native``), driven with the same options and
-reporting the same metrics. ``edgeinfer.testing.decoder_conformance`` checks both.
+reporting the same metrics. ``edgeinfer.testing.decoder_conformance`` checks both. A native loop
+that batches continuously (``native_steps``) also takes requests one at a time between its steps
+(``add_request`` / ``step_requests`` / ``cancel_request``), which is how ``edgeinfer serve`` drives it.
 
 Token ids cross the boundary as ``int64`` NumPy arrays, logits as ``float32``.
 """
@@ -12,13 +14,22 @@ Token ids cross the boundary as ``int64`` NumPy arrays, logits as ``float32``.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 if TYPE_CHECKING:
     import numpy as np
 
     from edgeinfer.contract.backend import OpTime
     from edgeinfer.run.generation.options import GenerationOptions
+
+
+class NativeStep(NamedTuple):
+    """What one step of a continuously batching native loop did for one request."""
+
+    rid: str
+    token_ids: list[int]  # generated since the last step (an EOS that ended it included, where reported)
+    finished: bool = False  # the runtime ended it (EOS, max_new_tokens, an error)
+    error: str | None = None  # why the runtime could not run it
 
 
 class Decoder:
@@ -67,6 +78,25 @@ class Decoder:
         ``requests`` (prompt ids, options) at once, calling ``on_token(i, id)`` per new token of
         request ``i`` (False: stop request ``i`` only). Return one metrics dict per request, as
         :meth:`generate_native` does."""
+        raise NotImplementedError
+
+    # --- native loop, request by request (optional) --------------------------------------------
+    @property
+    def native_steps(self) -> bool:
+        """True when the native loop takes and drops requests at its step boundaries (continuous
+        batching): ``add_request`` / ``step_requests`` / ``cancel_request`` below."""
+        return False
+
+    def add_request(self, rid: str, prompt_ids: Sequence[int], options: GenerationOptions) -> None:
+        """Queue a generation; it joins the running batch at the runtime's next step."""
+        raise NotImplementedError
+
+    def step_requests(self) -> list[NativeStep]:
+        """Run one step of every running request; report each request that moved or ended."""
+        raise NotImplementedError
+
+    def cancel_request(self, rid: str) -> None:
+        """End ``rid`` now and free its KV cache; it is reported no more."""
         raise NotImplementedError
 
     # --- optional --------------------------------------------------------------------------

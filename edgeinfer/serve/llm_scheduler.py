@@ -66,7 +66,8 @@ class Scheduler:
         own = self.decoder.prefill_chunk
         chunk = prefill_chunk or DEFAULT_PREFILL_CHUNK
         self.chunk = min(own, chunk) if own else chunk
-        self.free = list(range(self.decoder.slots))
+        self.slots = self.decoder.slots
+        self.free = list(range(self.slots))
         self.waiting: collections.deque[tuple[str, list[int], GenerationOptions]] = collections.deque()
         self.prefilling: collections.deque[Sequence] = collections.deque()
         self.decoding: list[Sequence] = []

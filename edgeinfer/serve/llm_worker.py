@@ -1,4 +1,5 @@
-"""The worker process that holds one decoder and runs its :class:`~.llm_scheduler.Scheduler`.
+"""The worker process that holds one decoder and runs its scheduler: :class:`~.llm_scheduler.Scheduler`
+over step decoders, :class:`~.llm_native.NativeScheduler` over a backend's own loop.
 
 Messages, main → worker: ``("add", rid, prompt_ids, options)``, ``("cancel", rid)``, ``("stop",)``;
 worker → main: ``("ready", info)``, ``("fatal", message)``, ``("events", [event tuples])`` once per
@@ -38,16 +39,14 @@ def llm_worker_main(conn: Any, path: str, backend: str, entry: str | None, conte
     # not lowered like the embedding workers (workers.lower_priority): every stream waits on this process's
     # steps, and a step is short, so the HTTP process gets the CPU between two of them anyway
     from edgeinfer.run.generation.options import GenerationOptions
+    from edgeinfer.serve.llm_native import NativeScheduler
     from edgeinfer.serve.llm_scheduler import Scheduler
 
     try:
         gen = load_generator(path, backend, entry, context, slots, threads)
-        if gen.decoder.native_loop:
-            raise RuntimeError(f"backend {gen.decoder.backend_name!r} runs its own generation loop; edgeinfer "
-                               "serve schedules step decoders only (deploy for another backend)")
-        sched = Scheduler(gen, prefill_chunk)
+        sched = NativeScheduler(gen) if gen.decoder.native_loop else Scheduler(gen, prefill_chunk)
         d = gen.decoder
-        conn.send(("ready", {"pid": os.getpid(), "device": d.device, "slots": d.slots, "context": d.context,
+        conn.send(("ready", {"pid": os.getpid(), "device": d.device, "slots": sched.slots, "context": d.context,
                              "kv_cache_bytes": d.kv_cache_bytes, "prefill_chunk": sched.chunk}))
     except Exception as e:  # noqa: BLE001
         try:

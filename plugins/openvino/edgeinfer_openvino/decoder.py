@@ -1,9 +1,11 @@
 """Decoder models on OpenVINO: GenAI's own loops, or the stateful IR stepped by the core.
 
 * ``loop="native"`` (default): ``openvino_genai.LLMPipeline`` for one sequence (CPU, GPU, and the
-  NPU's static pipeline), ``openvino_genai.ContinuousBatchingPipeline`` when ``slots > 1`` (CPU/GPU;
-  paged KV cache sized from context × slots). Tokens stream through a ``StreamerBase``; metrics are
-  GenAI's own ``PerfMetrics``.
+  NPU's static pipeline, which always declares one slot), ``openvino_genai.ContinuousBatchingPipeline``
+  when ``slots > 1`` (CPU/GPU; paged KV cache sized from context × slots), which also takes requests
+  one at a time between its steps (``add_request`` / ``step`` / ``GenerationHandle.cancel``: the
+  decoder's ``native_steps`` API, what ``edgeinfer serve`` drives). Tokens stream through a
+  ``StreamerBase``; metrics are GenAI's own ``PerfMetrics``.
 * ``loop="steps"``: the same IR through ``ov.Core``, one infer request (its own KV state) per slot,
   so the core runs the loop and sees logits (golden checks, ``record_logits``).
 
@@ -13,6 +15,7 @@ Token ids go in as ``ov.Tensor``, so GenAI's tokenizer is never used for prompts
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import random
 import shutil
@@ -23,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer.contract import Decoder
+from edgeinfer.contract import Decoder, NativeStep
 from edgeinfer.errors import InputError, ModelError
 
 from . import decoder_config, decoder_export
@@ -138,9 +141,11 @@ class GenAIDecoder(Decoder):
         shape = model_shape(path)
         fam = family(device)
         self._pipe = self._cb = None
+        self._handles: dict[str, Any] = {}  # running requests of the ContinuousBatchingPipeline
+        self._request_ids = itertools.count()
+        if fam == "NPU":
+            slots = 1  # the NPU's static pipeline decodes one sequence at a time: it declares one slot
         if slots > 1:
-            if fam == "NPU":
-                raise InputError("the NPU pipeline runs one sequence at a time; load it with slots=1")
             block = BLOCK_SIZE.get(fam, 32)
             self.scheduler = og.SchedulerConfig()
             self.scheduler.num_kv_blocks = slots * -(-context // block)
@@ -201,30 +206,58 @@ class GenAIDecoder(Decoder):
             for ids, opts in requests:
                 out.append(self.generate_native(ids, opts, lambda t: on_token(0, t)))
             return out
-        configs = [self._check(ids, opts) for ids, opts in requests]
-        handles = [self._cb.add_request(i, self._ids(ids), g)
-                   for i, ((ids, _), g) in enumerate(zip(requests, configs))]
-        live = set(range(len(handles)))
-        while live:
-            self._cb.step()
-            for i in sorted(live):
-                h = handles[i]
-                if h.can_read() and not self._deliver(i, h, on_token):
-                    h.stop()  # on_token said stop: nothing more goes to it
-                    live.discard(i)
-                elif str(h.get_status()).split(".")[-1] != "RUNNING":
-                    live.discard(i)
-            if not self._cb.has_non_finished_requests():
-                live.clear()
+        rids = [f"batch-{next(self._request_ids)}" for _ in requests]
+        for rid, (ids, opts) in zip(rids, requests):
+            self.add_request(rid, ids, opts)
+        handles = [self._handles[rid] for rid in rids]
+        index = {rid: i for i, rid in enumerate(rids)}
+        live = set(rids)
+        while live and self._handles:
+            for step in self.step_requests():
+                i = index[step.rid]
+                for t in step.token_ids:
+                    if not on_token(i, t):
+                        self._handles.pop(step.rid).stop()  # on_token said stop: nothing more goes to it
+                        live.discard(step.rid)
+                        break
+                if step.finished:
+                    live.discard(step.rid)
         return [self._request_metrics(h) for h in handles]
 
-    @staticmethod
-    def _deliver(i: int, handle: Any, on_token: Callable[[int, int], bool]) -> bool:
-        for out in handle.read().values():
-            for t in out.generated_ids:
-                if not on_token(i, int(t)):
-                    return False
-        return True
+    # --- request by request (edgeinfer serve): continuous batching --------------------------------
+    @property
+    def native_steps(self) -> bool:
+        return self._cb is not None
+
+    def add_request(self, rid: str, prompt_ids: Sequence[int], options: Any) -> None:
+        if self._cb is None:
+            raise InputError("this decoder was loaded with slots=1; load it with slots > 1 for continuous batching")
+        if rid in self._handles:
+            raise InputError(f"request {rid!r} is already running")
+        g = self._check(prompt_ids, options)
+        self._handles[rid] = self._cb.add_request(next(self._request_ids), self._ids(prompt_ids), g)
+
+    def step_requests(self) -> list[NativeStep]:
+        if self._cb is None or not self._cb.has_non_finished_requests():
+            return []
+        self._cb.step()
+        out = []
+        for rid, h in list(self._handles.items()):
+            ids = [int(t) for o in h.read().values() for t in o.generated_ids] if h.can_read() else []
+            status = str(h.get_status()).split(".")[-1]
+            if status == "RUNNING":
+                if ids:
+                    out.append(NativeStep(rid, ids))
+                continue
+            del self._handles[rid]
+            error = "the pipeline could not schedule this request (IGNORED)" if status == "IGNORED" else None
+            out.append(NativeStep(rid, ids, True, error))
+        return out
+
+    def cancel_request(self, rid: str) -> None:
+        h = self._handles.pop(rid, None)
+        if h is not None:
+            h.cancel()  # GenAI frees its KV blocks at the next step
 
     def _request_metrics(self, handle: Any) -> dict[str, Any]:
         try:

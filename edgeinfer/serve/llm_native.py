@@ -1,0 +1,179 @@
+"""Serving a decoder whose backend runs its own generation loop (``Decoder.native_loop``).
+
+A runtime that batches continuously itself (``Decoder.native_steps``, e.g. OpenVINO GenAI's
+ContinuousBatchingPipeline) is driven request by request: a new sequence is added, and a cancelled
+one dropped, between two of its steps, as :class:`~.llm_scheduler.Scheduler` does over step
+decoders. Any other native loop (a static NPU pipeline, one sequence at a time) runs its
+``generate_native`` in a thread, one request after another (:class:`OneAtATime`).
+
+Either way the text is the generation package's: EOS, stop strings and detokenizing go through the
+same :class:`~edgeinfer.run.generation.generator.Answer` as ``Generator``, so a served sequence
+gives the text ``edgeinfer generate`` gives. Runs in the worker process; nothing here knows HTTP.
+"""
+
+from __future__ import annotations
+
+import collections
+import queue
+import threading
+from typing import Any
+
+from edgeinfer.contract.decoder import Decoder, NativeStep
+from edgeinfer.run.generation.generator import Answer, Generator
+from edgeinfer.run.generation.options import GenerationOptions
+from edgeinfer.serve.llm_scheduler import Event
+
+#: how long one step of :class:`OneAtATime` waits for the runtime's next token before it lets the
+#: worker read its pipe again (new requests, cancels)
+TOKEN_WAIT_S = 0.05
+
+
+class OneAtATime:
+    """A native loop that runs one sequence at a time, behind the ``native_steps`` API: each request's
+    ``generate_native`` runs in a thread, the others wait their turn; a cancel stops it at its next token."""
+
+    slots = 1
+
+    def __init__(self, decoder: Decoder):
+        self.decoder = decoder
+        self.pending: collections.deque[tuple[str, list[int], GenerationOptions]] = collections.deque()
+        self.current: str | None = None
+        self.cancelled: set[str] = set()
+        self.tokens: queue.Queue[tuple[str, int | None, str | None]] = queue.Queue()  # id None: it ended
+
+    def add_request(self, rid: str, prompt_ids: list[int], options: GenerationOptions) -> None:
+        self.pending.append((rid, prompt_ids, options))
+        self._start_next()
+
+    def cancel_request(self, rid: str) -> None:
+        for item in list(self.pending):
+            if item[0] == rid:
+                self.pending.remove(item)
+        if rid == self.current:
+            self.cancelled.add(rid)
+
+    def step_requests(self) -> list[NativeStep]:
+        """The tokens that arrived since the last call (waiting up to TOKEN_WAIT_S for the first one)."""
+        if self.current is None:
+            return []
+        moved: dict[str, NativeStep] = {}
+        try:
+            item = self.tokens.get(timeout=TOKEN_WAIT_S)
+            while True:
+                self._take(item, moved)
+                item = self.tokens.get_nowait()
+        except queue.Empty:
+            pass
+        return list(moved.values())
+
+    def _take(self, item: tuple[str, int | None, str | None], moved: dict[str, NativeStep]) -> None:
+        rid, tok, error = item
+        step = moved.setdefault(rid, NativeStep(rid, []))
+        if tok is not None:
+            step.token_ids.append(tok)
+            return
+        moved[rid] = step._replace(finished=True, error=error)
+        self.cancelled.discard(rid)
+        self.current = None
+        self._start_next()
+
+    def _start_next(self) -> None:
+        if self.current is None and self.pending:
+            rid, ids, options = self.pending.popleft()
+            self.current = rid
+            threading.Thread(target=self._run, args=(rid, ids, options), daemon=True,
+                             name="edgeinfer-serve-native").start()
+
+    def _run(self, rid: str, ids: list[int], options: GenerationOptions) -> None:
+        def on_token(tok: int) -> bool:
+            self.tokens.put((rid, int(tok), None))
+            return rid not in self.cancelled
+
+        error = None
+        try:
+            self.decoder.generate_native(ids, options, on_token)
+        except Exception as e:  # noqa: BLE001 - this sequence fails; the worker keeps serving
+            error = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+        self.tokens.put((rid, None, error))
+
+
+class NativeScheduler:
+    """The scheduler of a native-loop decoder, with :class:`~.llm_scheduler.Scheduler`'s interface."""
+
+    def __init__(self, generator: Generator):
+        self.generator = generator
+        d = generator.decoder
+        self.runtime: Any = d if d.native_steps else OneAtATime(d)
+        self.slots = d.slots if d.native_steps else OneAtATime.slots
+        self.chunk = d.prefill_chunk  # the runtime chunks its prefill itself
+        self._answers: dict[str, tuple[Answer, GenerationOptions]] = {}
+        self._ended: list[Event] = []
+
+    def add(self, rid: str, prompt_ids: list[int], options: GenerationOptions) -> None:
+        try:
+            self.runtime.add_request(rid, list(prompt_ids), options)
+        except Exception as e:  # noqa: BLE001 - e.g. a prompt past the NPU's static prompt length
+            self._ended.append(Event(rid, finish="error", error=f"{type(e).__name__}: {' '.join(str(e).split())}"))
+            return
+        g = self.generator
+        self._answers[rid] = (Answer(g.codec, options, g.eos_ids(options)), options)
+
+    def cancel(self, rid: str) -> None:
+        if self._answers.pop(rid, None) is not None:
+            self.runtime.cancel_request(rid)
+            self._ended.append(Event(rid, finish="cancelled"))
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._answers or self._ended)
+
+    @property
+    def running(self) -> int:
+        return len(self._answers)
+
+    def step(self) -> list[Event]:
+        events, self._ended = self._ended, []
+        if not self._answers:
+            return events
+        try:
+            moved = self.runtime.step_requests()
+        except Exception as e:  # noqa: BLE001 - every running sequence fails; the worker keeps serving
+            message = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+            for rid in list(self._answers):
+                self.runtime.cancel_request(rid)
+            events += [Event(rid, finish="error", error=message) for rid in self._answers]
+            self._answers.clear()
+            return events
+        for step in moved:
+            event = self._event(step)
+            if event is not None:
+                events.append(event)
+        return events
+
+    def _event(self, step: NativeStep) -> Event | None:
+        entry = self._answers.get(step.rid)
+        if entry is None:
+            return None  # cancelled meanwhile
+        answer, options = entry
+        text, n = "", 0
+        for tok in step.token_ids:
+            text += answer.push(tok)
+            n += 1
+            if answer.stopped or len(answer.ids) >= options.max_new_tokens:
+                break
+        if step.error:
+            del self._answers[step.rid]
+            return Event(step.rid, text, n, "error", step.error)
+        ended = answer.stopped or len(answer.ids) >= options.max_new_tokens
+        if ended and not step.finished:
+            self.runtime.cancel_request(step.rid)  # a stop string: the runtime would go on
+        if not (ended or step.finished):
+            return Event(step.rid, text, n) if n else None
+        if not answer.stopped and len(answer.ids) < options.max_new_tokens:
+            answer.finish = "stop"  # the runtime ended it early: its EOS, not always reported as a token
+        text += answer.end(False)
+        del self._answers[step.rid]
+        return Event(step.rid, text, n, answer.finish)
+
+    def stats(self) -> dict[str, Any]:
+        return {"running": self.running, "waiting": 0, "slots_used": self.running}

@@ -1,0 +1,85 @@
+"""``edgeinfer serve``'s scheduler over a native-loop decoder that runs one sequence at a time
+(:class:`~edgeinfer.serve.llm_native.OneAtATime`), on a scripted stand-in runtime: the text is the
+committed tiny-qwen3 tokenizer's, the expected strings are written out by hand."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+
+from edgeinfer.contract.decoder import Decoder
+from edgeinfer.run.generation.generator import Generator
+from edgeinfer.run.generation.options import GenerationOptions
+from edgeinfer.run.generation.text import TextCodec
+from edgeinfer.serve.llm_native import NativeScheduler
+from edgeinfer.testing.llm import model_dir
+
+
+class ScriptedNativeStandIn(Decoder):
+    """A runtime with its own loop: sends ``script`` until told to stop; a prompt of [0] makes it fail."""
+
+    native_loop = True
+
+    def __init__(self, script: Sequence[int], vocab: int):
+        super().__init__(context=512, vocab_size=vocab, kv_cache_bytes=0, slots=4)
+        self.script, self.sent = list(script), 0
+
+    def generate_native(self, prompt_ids: Sequence[int], options: GenerationOptions,
+                        on_token: Callable[[int], bool]) -> dict[str, Any]:
+        if list(prompt_ids) == [0]:
+            raise RuntimeError("device lost")
+        for tok in self.script[: options.max_new_tokens]:
+            self.sent += 1
+            if not on_token(tok):
+                break
+        return {}
+
+
+@pytest.fixture(scope="module")
+def codec() -> TextCodec:
+    return TextCodec(model_dir())
+
+
+def _run(sched: NativeScheduler) -> tuple[dict[str, str], dict[str, tuple[str, str | None]], dict[str, int]]:
+    texts: dict[str, str] = {}
+    ends: dict[str, tuple[str, str | None]] = {}
+    tokens: dict[str, int] = {}
+    while sched.busy:
+        for e in sched.step():
+            texts[e.rid] = texts.get(e.rid, "") + e.text
+            tokens[e.rid] = tokens.get(e.rid, 0) + e.tokens
+            if e.finish:
+                ends[e.rid] = (e.finish, e.error)
+    return texts, ends, tokens
+
+
+def test_one_at_a_time_a_stop_string_stops_the_runtime_and_a_failure_spares_the_next(codec):
+    script = codec.encode("The cat sat on the mat. STOP and more")
+    runtime = ScriptedNativeStandIn(script, codec.tokenizer.get_vocab_size())
+    sched = NativeScheduler(Generator(runtime, codec))
+    assert sched.slots == 1  # no native_steps: one sequence at a time, whatever the decoder holds
+    opts = GenerationOptions(max_new_tokens=len(script))
+    sched.add("a", codec.encode("Hi"), opts.with_(stop=("STOP",)))
+    sched.add("b", [0], opts)
+    sched.add("c", codec.encode("Hi"), opts.with_(max_new_tokens=3))
+    texts, ends, tokens = _run(sched)
+    assert texts["a"] == "The cat sat on the mat. " and ends["a"] == ("stop", None)
+    assert tokens["a"] < len(script)  # what the runtime sent past the stop string is not counted
+    assert ends["b"] == ("error", "RuntimeError: device lost")
+    assert texts["c"] == codec.tokenizer.decode(script[:3]) and ends["c"] == ("length", None) and tokens["c"] == 3
+    assert sched.running == 0
+
+
+def test_one_at_a_time_cancel_of_a_waiting_request_never_runs_it(codec):
+    script = codec.encode("The cat sat on the mat.")
+    runtime = ScriptedNativeStandIn(script, codec.tokenizer.get_vocab_size())
+    sched = NativeScheduler(Generator(runtime, codec))
+    opts = GenerationOptions(max_new_tokens=4)
+    sched.add("a", codec.encode("Hi"), opts)
+    sched.add("b", codec.encode("Hi"), opts)
+    sched.cancel("b")
+    texts, ends, _ = _run(sched)
+    assert ends == {"a": ("length", None), "b": ("cancelled", None)}
+    assert runtime.sent == 4 and texts.get("b", "") == ""
