@@ -285,3 +285,28 @@ def test_sigterm_during_streams_finishes_them_and_exits_0(minilm_onnx, tmp_path)
         t.join(60)
     assert server.terminate() == 0, server.output()[-2000:]
     assert done == ["length", "length"]
+
+
+def test_generation_timeout_is_504_or_an_error_event_and_frees_the_slot(tmp_path):
+    """Past --generation-timeout-s a whole answer is OpenAI's 504 error, a stream ends with an error event and
+    ``[DONE]``; either way the sequence is cancelled: the one slot serves the next request."""
+    server = ServerProc([model_dir()], "--slots", "1", "--ctx", "1024", "--threads", "1",
+                        "--generation-timeout-s", "0.5", log=tmp_path / "log")
+    body = {"model": "tiny-qwen3", "prompt": "The city", "max_tokens": 1000, "ignore_eos": True, "temperature": 0}
+    try:
+        e2e_before = metric(server, "edgeinfer_request_e2e_seconds_count")
+        r = httpx.post(server.url + "/v1/completions", json=body, timeout=120)
+        assert r.status_code == 504, r.text
+        assert r.json()["error"]["type"] == "timeout" and "per-request timeout" in r.json()["error"]["message"]
+        wait_for(lambda: metric(server, "edgeinfer_kv_slots_used") == 0, timeout=10)
+        with httpx.stream("POST", server.url + "/v1/completions", json={**body, "stream": True}, timeout=120) as s:
+            events = [ln.removeprefix("data: ") for ln in s.iter_lines() if ln.startswith("data: ")]
+        assert s.status_code == 200 and events[-1] == "[DONE]"
+        assert json.loads(events[-2])["error"]["type"] == "timeout"
+        assert all("error" not in json.loads(e) for e in events[:-2])
+        wait_for(lambda: metric(server, "edgeinfer_kv_slots_used") == 0, timeout=10)
+        assert metric(server, "edgeinfer_request_e2e_seconds_count") == e2e_before  # neither ran to its end
+        short = client(server).completions.create(model="tiny-qwen3", prompt="hi", max_tokens=4, temperature=0)
+        assert short.choices[0].finish_reason in ("stop", "length") and short.usage.completion_tokens >= 1
+    finally:
+        server.terminate()

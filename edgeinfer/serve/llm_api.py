@@ -225,13 +225,16 @@ def _error_body(message: str) -> dict[str, Any]:
 
 async def _whole(events: AsyncIterator[tuple], meta: dict[str, Any], chat: bool, prompt: int) -> JSONResponse:
     parts, count, finish = [], 0, "stop"
-    async for text, n, fin, error in events:
-        if error is not None:
-            body = _error_body(error)
-            return JSONResponse(body, status_code=body["error"]["code"])
-        parts.append(text)
-        count += n
-        finish = fin if fin in ("stop", "length") else finish
+    try:
+        async for text, n, fin, error in events:
+            if error is not None:
+                body = _error_body(error)
+                return JSONResponse(body, status_code=body["error"]["code"])
+            parts.append(text)
+            count += n
+            finish = fin if fin in ("stop", "length") else finish
+    finally:
+        await events.aclose()  # a timed-out sequence is cancelled (its slot freed) now, not when collected
     obj = "chat.completion" if chat else "text_completion"
     return JSONResponse({**meta, "object": obj, "choices": [_choice(chat, "".join(parts), finish, False)],
                          "usage": _usage(prompt, count), "system_fingerprint": None})

@@ -7,13 +7,14 @@ Needs the ``prometheus`` binary (Debian/Ubuntu: ``apt-get install --no-install-r
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Self
 
 from edgeinfer.testing.serve import free_port
 
@@ -109,18 +110,20 @@ class PrometheusProc:
         self.terminate()
 
 
-class EmbeddingLoad:
-    """``clients`` closed-loop clients posting one-sentence ``/v1/embeddings`` requests to ``url`` from
-    :meth:`start` until :meth:`stop`; each request's status and round-trip seconds are kept."""
+class _Load:
+    """``clients`` closed-loop client threads, each sending :meth:`_send` from :meth:`start` until :meth:`stop`;
+    each request's status and round-trip seconds are kept."""
 
-    SENTENCES = ("edge boxes serve embeddings", "a scrape every second", "counters read back through the API")
-
-    def __init__(self, url: str, clients: int = 4):
+    def __init__(self, url: str, clients: int):
         self.url, self._stop = url, threading.Event()
         self.statuses: list[int] = []
         self.latencies: list[float] = []
         self._lock = threading.Lock()
         self._threads = [threading.Thread(target=self._client, args=(i,), daemon=True) for i in range(clients)]
+
+    def _send(self, c: Any, k: int) -> int:
+        """One request on the ``httpx.Client`` ``c`` (``k`` counts this client's requests); its status."""
+        raise NotImplementedError
 
     def _client(self, i: int) -> None:
         import httpx
@@ -129,13 +132,13 @@ class EmbeddingLoad:
             k = i
             while not self._stop.is_set():
                 t0 = time.perf_counter()
-                r = c.post(self.url + "/v1/embeddings", json={"input": [self.SENTENCES[k % len(self.SENTENCES)]]})
+                status = self._send(c, k)
                 with self._lock:
-                    self.statuses.append(r.status_code)
+                    self.statuses.append(status)
                     self.latencies.append(time.perf_counter() - t0)
                 k += 1
 
-    def start(self) -> EmbeddingLoad:
+    def start(self) -> Self:
         for t in self._threads:
             t.start()
         return self
@@ -145,8 +148,45 @@ class EmbeddingLoad:
         for t in self._threads:
             t.join()
 
-    def run(self, seconds: float) -> EmbeddingLoad:
+    def run(self, seconds: float) -> Self:
         self.start()
         time.sleep(seconds)
         self.stop()
         return self
+
+
+class EmbeddingLoad(_Load):
+    """Closed-loop clients posting one-sentence ``/v1/embeddings`` requests."""
+
+    SENTENCES = ("edge boxes serve embeddings", "a scrape every second", "counters read back through the API")
+
+    def __init__(self, url: str, clients: int = 4):
+        super().__init__(url, clients)
+
+    def _send(self, c: Any, k: int) -> int:
+        body = {"input": [self.SENTENCES[k % len(self.SENTENCES)]]}
+        return c.post(self.url + "/v1/embeddings", json=body).status_code
+
+
+class DecoderLoad(_Load):
+    """Closed-loop clients streaming ``/v1/completions`` of ``max_tokens`` tokens each (EOS ignored) from
+    ``model``; ``completion_tokens`` keeps each finished stream's ``usage.completion_tokens``."""
+
+    PROMPTS = ("The city", "Once upon a time", "Rivers flow into")
+
+    def __init__(self, url: str, model: str, clients: int = 2, max_tokens: int = 12):
+        super().__init__(url, clients)
+        self.model, self.max_tokens = model, max_tokens
+        self.completion_tokens: list[int] = []
+
+    def _send(self, c: Any, k: int) -> int:
+        body = {"model": self.model, "prompt": self.PROMPTS[k % len(self.PROMPTS)], "max_tokens": self.max_tokens,
+                "temperature": 0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+        with c.stream("POST", self.url + "/v1/completions", json=body) as r:
+            chunks = [json.loads(ln[6:]) for ln in r.iter_lines() if ln.startswith("data: {")]
+        usage = [ch["usage"] for ch in chunks if ch.get("usage")]
+        if r.status_code == 200 and usage and not any("error" in ch for ch in chunks):
+            with self._lock:
+                self.completion_tokens.append(usage[-1]["completion_tokens"])
+            return 200
+        return r.status_code if r.status_code != 200 else 500  # a stream that ended with an error event

@@ -3,10 +3,19 @@
 The ONNX decoder is built by onnxruntime-genai's model builder
 (``python -m onnxruntime_genai.models.builder``, https://github.com/microsoft/onnxruntime-genai,
 ``src/python/py/models/builder.py``), which emits ``GroupQueryAttention`` with past and
-present KV sharing one buffer. Here each layer's K and V are NumPy arrays of
-``[1, kv_heads, context, head_size]`` per slot, bound as both ``past`` and ``present``
-through IOBinding, so onnxruntime writes new rows in place: the cache is allocated
-once at load and never copied or grown.
+present KV sharing one buffer. Here each layer's K and V are one NumPy array of
+``[slots, kv_heads, context, head_size]``; a run binds the rows of a contiguous range of slots
+(a view, no copy) as both ``past`` and ``present`` through IOBinding, so onnxruntime writes new
+rows in place: the cache is allocated once at load and never copied or grown.
+
+Batched decode: the graph takes ``attention_mask`` ``[batch, total]`` only through
+``seqlens_k = ReduceSum(mask, 1) - 1`` and ``total_sequence_length = mask.shape[1]``, and
+GroupQueryAttention (https://github.com/microsoft/onnxruntime/blob/main/docs/ContribOperators.md,
+``com.microsoft.GroupQueryAttention``) writes each row's new token at its own ``seqlens_k`` and takes
+its rotary position from it. So one run decodes slots at different lengths: row ``r`` of the mask
+holds ``length[r] + 1`` ones (right-padded). Slots inside the range that are not decoding
+(e.g. mid-prefill) ride along as dummy rows: their dummy key/value lands at their current length,
+past every valid row, and is overwritten by their next real token.
 """
 
 from __future__ import annotations
@@ -135,13 +144,11 @@ class OnnxRuntimeDecoder(Decoder):
             "present": [(names_out["present_key_names"] % i, names_out["present_value_names"] % i)
                         for i in range(layers)],
         }
-        shape = (1, kv_heads, context, head)
-        self._cache = [[(np.zeros(shape, np.float32), np.zeros(shape, np.float32)) for _ in range(layers)]
-                       for _ in range(slots)]
-        self._bound = [[tuple(ort.OrtValue.ortvalue_from_numpy(a) for a in kv) for kv in slot]
-                       for slot in self._cache]
+        shape = (slots, kv_heads, context, head)
+        self._cache = [(np.zeros(shape, np.float32), np.zeros(shape, np.float32)) for _ in range(layers)]
+        self._bound: dict[tuple[int, int], list[tuple[Any, Any]]] = {}  # (first, end) slot range -> OrtValues
         self.lengths = [0] * slots
-        kv_bytes = sum(a.nbytes for slot in self._cache for kv in slot for a in kv)
+        kv_bytes = sum(a.nbytes for kv in self._cache for a in kv)
         super().__init__(context=context, vocab_size=int(cfg["vocab_size"]), kv_cache_bytes=kv_bytes, slots=slots,
                          device="CPU")
 
@@ -154,29 +161,64 @@ class OnnxRuntimeDecoder(Decoder):
             opts.profile_file_prefix = profile_prefix
         return opts
 
-    def _run(self, slot: int, ids: np.ndarray, sess: Any = None) -> np.ndarray:
-        n, start = int(ids.shape[0]), self.lengths[slot]
-        if start + n > self.context:
-            raise InputError(f"slot {slot}: {start + n} positions exceed the context of {self.context}")
+    def _views(self, first: int, end: int) -> list[tuple[Any, Any]]:
+        """Per layer, (K, V) OrtValues over the cache rows of slots ``first..end-1`` (views: writes land in
+        the cache)."""
+        key = (first, end)
+        if key not in self._bound:
+            self._bound[key] = [tuple(self._ort.OrtValue.ortvalue_from_numpy(a[first:end]) for a in kv)
+                                for kv in self._cache]
+        return self._bound[key]
+
+    def _step(self, first: int, ids: np.ndarray, starts: Sequence[int], sess: Any = None) -> np.ndarray:
+        """One run over slots ``first..first+len(starts)-1``: ``ids`` ``[rows, n]`` (n > 1 for one row only)
+        written from each row's ``starts`` position; the last position's logits per row."""
+        n = ids.shape[1]
+        width = max(starts) + n
+        mask = (np.arange(width)[None] < np.asarray(starts)[:, None] + n).astype(np.int64)  # right-padded
         sess = sess or self._sess
         b = sess.io_binding()
-        b.bind_cpu_input(self._names["ids"], np.ascontiguousarray(ids, dtype=np.int64)[None])
-        b.bind_cpu_input(self._names["mask"], np.ones((1, start + n), np.int64))
-        for (pk, pv), (ok, ov), (k, v) in zip(self._names["past"], self._names["present"], self._bound[slot]):
+        b.bind_cpu_input(self._names["ids"], np.ascontiguousarray(ids, dtype=np.int64))
+        b.bind_cpu_input(self._names["mask"], mask)
+        for (pk, pv), (ok, ov), (k, v) in zip(self._names["past"], self._names["present"],
+                                              self._views(first, first + len(starts))):
             b.bind_ortvalue_input(pk, k)
             b.bind_ortvalue_input(pv, v)
             b.bind_ortvalue_output(ok, k)  # present shares the past buffer: written in place
             b.bind_ortvalue_output(ov, v)
         b.bind_output(self._names["logits"])
         sess.run_with_iobinding(b)
-        self.lengths[slot] = start + n
-        return b.copy_outputs_to_cpu()[-1][0, -1]
+        return b.copy_outputs_to_cpu()[-1][:, -1]
+
+    def _check_room(self, slot: int, n: int) -> None:
+        if self.lengths[slot] + n > self.context:
+            raise InputError(f"slot {slot}: {self.lengths[slot] + n} positions exceed the context of {self.context}")
+
+    def _run(self, slot: int, ids: np.ndarray, sess: Any = None) -> np.ndarray:
+        self._check_room(slot, int(ids.shape[0]))
+        logits = self._step(slot, np.asarray(ids, dtype=np.int64)[None], [self.lengths[slot]], sess)
+        self.lengths[slot] += int(ids.shape[0])
+        return logits[0]
 
     def prefill(self, slot: int, token_ids: np.ndarray) -> np.ndarray:
         return self._run(slot, token_ids)
 
     def decode(self, slots: Sequence[int], token_ids: np.ndarray) -> np.ndarray:
-        return np.stack([self._run(s, token_ids[i : i + 1]) for i, s in enumerate(slots)])
+        """One run over the range of slots from the lowest to the highest in ``slots``."""
+        for s in slots:
+            self._check_room(s, 1)
+        first, end = min(slots), max(slots) + 1
+        rows = np.asarray(slots) - first
+        idle = set(range(first, end)) - set(slots)
+        if any(self.lengths[s] >= self.context for s in idle) or len(set(slots)) != len(slots):
+            # a full idle slot has no free row for a dummy token: decode one slot at a time (rare)
+            return np.stack([self._run(s, token_ids[i : i + 1]) for i, s in enumerate(slots)])
+        ids = np.zeros((end - first, 1), np.int64)
+        ids[rows, 0] = token_ids
+        logits = self._step(first, ids, self.lengths[first:end])
+        for s in slots:
+            self.lengths[s] += 1
+        return logits[rows]
 
     def reset(self, slot: int) -> None:
         self.lengths[slot] = 0  # stale rows past the length are masked out, then overwritten
@@ -206,7 +248,7 @@ class OnnxRuntimeDecoder(Decoder):
 
     def release(self) -> None:
         self._sess = None
-        self._bound = []
+        self._bound = {}
         self._cache = []
 
 

@@ -1,5 +1,107 @@
+import numpy as np
+import pytest
+
 from edgeinfer.testing import DecoderConformance
 
 
 class TestOnnxRuntimeDecoders(DecoderConformance):
     backend_name = "onnxruntime"
+
+
+PROMPTS = {0: [5, 6, 7, 8, 9, 10, 11], 1: [20, 21, 22], 3: [30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40]}
+
+
+@pytest.fixture(scope="module")
+def multi_slot():
+    import edgeinfer
+    from edgeinfer.contract import registry as plugins
+    from edgeinfer.testing.llm import model_dir
+
+    plugins.reset()
+    d = edgeinfer.backend("onnxruntime").load_decoder(model_dir(), device="CPU", context=32, slots=4, threads=1)
+    yield d
+    d.release()
+
+
+def solo_steps(d, prompt: list[int], follow: int) -> list[np.ndarray]:
+    """Logits of decoding the prompt's last token, then ``follow``, in slot 0 alone (a batch of one)."""
+    d.reset(0)
+    d.prefill(0, np.array(prompt[:-1]))
+    steps = [d.decode([0], np.array(prompt[-1:]))[0], d.decode([0], np.array([follow]))[0]]
+    d.reset(0)
+    return steps
+
+
+def test_batched_decode_equals_each_slot_alone_across_an_idle_slot(multi_slot):
+    """Slots 0, 1 and 3 at lengths 6, 2 and 10 decode two steps in one run each (out of order), while slot 2
+    sits mid-prefill inside the range: every row equals its slot decoded alone, and slot 2's prefill goes on
+    as if nothing had run beside it."""
+    d = multi_slot
+    alone = {s: solo_steps(d, p, 100 + s) for s, p in PROMPTS.items()}
+    mid = list(range(50, 62))
+    d.reset(0)
+    want_mid = d.prefill(0, np.array(mid))
+    d.reset(0)
+    for s, p in PROMPTS.items():
+        d.reset(s)
+        d.prefill(s, np.array(p[:-1]))
+    d.reset(2)
+    d.prefill(2, np.array(mid[:5]))
+    order = [3, 0, 1]
+    first = d.decode(order, np.array([PROMPTS[s][-1] for s in order]))
+    second = d.decode(order, np.array([100 + s for s in order]))
+    for i, s in enumerate(order):
+        np.testing.assert_allclose(first[i], alone[s][0], rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(second[i], alone[s][1], rtol=1e-4, atol=1e-4)
+    assert d.lengths == [8, 4, 5, 12]
+    np.testing.assert_allclose(d.prefill(2, np.array(mid[5:])), want_mid, rtol=1e-4, atol=1e-4)
+    for s in range(4):
+        d.reset(s)
+
+
+def test_a_full_idle_slot_in_the_range_is_left_untouched(multi_slot):
+    """A full slot between two decoding ones has no free row for a dummy token: the decode still equals
+    each slot alone and the full slot's cache is unchanged."""
+    d = multi_slot
+    alone = {s: solo_steps(d, PROMPTS[s], 100 + s) for s in (1, 3)}
+    for s in (1, 3):
+        d.reset(s)
+        d.prefill(s, np.array(PROMPTS[s][:-1]))
+    d.reset(2)
+    d.prefill(2, np.arange(200, 200 + d.context))
+    before = [kv[0][2].copy() for kv in d._cache]
+    got = d.decode([1, 3], np.array([PROMPTS[1][-1], PROMPTS[3][-1]]))
+    np.testing.assert_allclose(got[0], alone[1][0], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got[1], alone[3][0], rtol=1e-4, atol=1e-4)
+    assert all(np.array_equal(b, kv[0][2]) for b, kv in zip(before, d._cache))
+    for s in range(4):
+        d.reset(s)
+
+
+def test_continuous_batching_on_onnxruntime_gives_each_sequence_its_solo_text():
+    """The serve scheduler over onnxruntime's batched decode: three sequences joining at different steps (one
+    mid-prefill while the others decode) each get the text the generator gives it alone."""
+    import edgeinfer
+    from edgeinfer.run.generation.options import GenerationOptions
+    from edgeinfer.serve.llm_scheduler import Scheduler
+    from edgeinfer.testing.llm import model_dir
+
+    prompts = ["The history of the city", "Once upon a time there was a river that", "In the morning"]
+    options = GenerationOptions(max_new_tokens=12, ignore_eos=True, temperature=0.0)
+    with edgeinfer.load(model_dir(), backend="onnxruntime", ctx=64, threads=1, slots=3) as g:
+        alone = [g.generate(p, options).text for p in prompts]
+        batches: list[int] = []
+        decode = g.decoder.decode
+        g.decoder.decode = lambda slots, ids: batches.append(len(slots)) or decode(slots, ids)
+        sched = Scheduler(g, prefill_chunk=4)
+        texts = dict.fromkeys(range(3), "")
+        for rid, p in enumerate(prompts):
+            sched.add(rid, g.codec.encode(p), options)
+            for _ in range(3):
+                for e in sched.step():
+                    texts[e.rid] += e.text
+        while sched.busy:
+            for e in sched.step():
+                texts[e.rid] += e.text
+    assert [texts[i] for i in range(3)] == alone
+    assert {1, 2, 3} <= set(batches)  # the batch grew as the sequences joined
