@@ -282,8 +282,6 @@ class RkllmDecoder(Decoder):
 
 
 def open_rkllm(model: Path, context: int, slots: int = 1) -> RkllmDecoder:
-    """What the rknn backend's ``open_decoder`` returns for a ``.rkllm`` file."""
-    if slots != 1:
-        raise ModelError(f"a .rkllm model runs one sequence at a time here, not {slots} slots",
-                         "use slots=1 (RKLLM's n_batch is not wired)")
+    """What the rknn backend's ``open_decoder`` returns for a ``.rkllm`` file. It declares one slot whatever
+    ``slots`` asks (RKLLM's n_batch is not wired), as the OpenVINO NPU pipeline does; the server reads that."""
     return RkllmDecoder(Path(model), context, load_library())
