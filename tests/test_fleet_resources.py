@@ -74,7 +74,7 @@ def test_fleet_resources_import_is_light():
 
 def test_serve_ray_refuses_options_it_does_not_honour(tmp_path):
     from edgeinfer.errors import InputError
-    from edgeinfer.fleet.ray_serve import check_options
+    from edgeinfer.fleet.ray_serve import check_options, parse_scale
     from edgeinfer.serve.config import ServeConfig
 
     proc = edgeinfer("serve", str(tmp_path), "--ray", "auto", "--api-key", "k")
@@ -82,9 +82,9 @@ def test_serve_ray_refuses_options_it_does_not_honour(tmp_path):
     assert proc.stderr.startswith("error: ") and "not supported with --ray" in proc.stderr
     assert proc.stderr.count("\n") == 1
     with pytest.raises(InputError, match="--devices"):
-        check_options(ServeConfig([tmp_path], devices=["0", "1"]), 1)
+        check_options(ServeConfig([tmp_path], devices=["0", "1"]))
     with pytest.raises(InputError, match="--replicas must be at least 1"):
-        check_options(ServeConfig([tmp_path]), 0)
+        parse_scale("0", None)
 
 
 def test_without_ray_the_ray_commands_exit_3_with_the_install_line(tmp_path):
