@@ -230,11 +230,12 @@ def serve_on_ray(config: ServeConfig, address: str, replicas: str = "1", max_rep
         with socket.socket() as sock:
             sock.bind((host, 0))
             port = sock.getsockname()[1]
-    started = connect(address)
+    started, deployed = connect(address), False
     signal.signal(signal.SIGTERM, ours)
     try:
         check_resources(found, scale.wanted, ray.cluster_resources(), address)
         highs = bounds(found, scale, ray.nodes())
+        deployed = True
         serve.start(http_options={"host": host, "port": port})
         serve.run(build(found, config, scale.low, highs), name=APP, route_prefix="/")
         sys.stderr.write(f"ready: {', '.join(t.name for t in found)} on http://{host}:{port} (Ray Serve, "
@@ -243,10 +244,11 @@ def serve_on_ray(config: ServeConfig, address: str, replicas: str = "1", max_rep
         while True:
             time.sleep(1.0)
     finally:
-        stop(started)
+        stop(started, deployed)
 
 
-def stop(started: bool) -> None:
+def stop(started: bool, deployed: bool) -> None:
+    """Remove the application (and the local Ray of ``--ray auto``); a joined cluster is left running."""
     import ray
     from ray import serve
 
@@ -255,7 +257,7 @@ def stop(started: bool) -> None:
     try:
         if started:
             serve.shutdown()
-        elif ray.is_initialized():
+        elif deployed and ray.is_initialized():
             serve.delete(APP)
     finally:
         ray.shutdown()
