@@ -230,13 +230,13 @@ def serve_on_ray(config: ServeConfig, address: str, replicas: str = "1", max_rep
         with socket.socket() as sock:
             sock.bind((host, 0))
             port = sock.getsockname()[1]
-    started, deployed = connect(address), False
+    started, owner, deployed = connect(address), False, False
     signal.signal(signal.SIGTERM, ours)
     try:
         check_resources(found, scale.wanted, ray.cluster_resources(), address)
         highs = bounds(found, scale, ray.nodes())
+        owner = start_serve(host, port)
         deployed = True
-        serve.start(http_options={"host": host, "port": port})
         serve.run(build(found, config, scale.low, highs), name=APP, route_prefix="/")
         sys.stderr.write(f"ready: {', '.join(t.name for t in found)} on http://{host}:{port} (Ray Serve, "
                          f"{describe(scale, highs)})\n")
@@ -244,18 +244,54 @@ def serve_on_ray(config: ServeConfig, address: str, replicas: str = "1", max_rep
         while True:
             time.sleep(1.0)
     finally:
-        stop(started, deployed)
+        stop(started, owner, deployed)
 
 
-def stop(started: bool, deployed: bool) -> None:
-    """Remove the application (and the local Ray of ``--ray auto``); a joined cluster is left running."""
+def serve_running() -> bool:
+    """Ray Serve already runs on the joined cluster (another command's, or someone else's)."""
+    import ray
+    from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
+
+    try:
+        ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+    except ValueError:
+        return False
+    return True
+
+
+def start_serve(host: str, port: int) -> bool:
+    """Serve's HTTP proxies on ``host:port``; True when this command started Serve (and so shuts it down).
+    A Serve already running keeps its HTTP options (Serve ignores new ones with a warning): one listening
+    elsewhere, or already serving an edgeinfer application, is refused rather than answering on another port."""
+    from ray import serve
+
+    from edgeinfer.fleet.replicas import APP
+
+    if not serve_running():
+        serve.start(http_options={"host": host, "port": port})
+        return True
+    serve.start(http_options={"host": host, "port": port})
+    http = serve.context._get_global_client().http_config
+    if (http.host, http.port) != (host, port):
+        raise BackendUnavailableError(f"Ray Serve already runs on this cluster on {http.host}:{http.port}, and "
+                                      "its address cannot change while it runs",
+                                      f"pass --host {http.host} --port {http.port}, or stop it (`serve shutdown`)")
+    if APP in serve.status().applications:
+        raise BackendUnavailableError(f"an {APP!r} application already runs on this cluster's Ray Serve",
+                                      "stop the other `edgeinfer serve --ray` first (one per cluster)")
+    return False
+
+
+def stop(started: bool, owner: bool, deployed: bool) -> None:
+    """Remove what this command started: the local Ray of ``--ray auto``, Serve on a joined cluster when it
+    started it there, else its application; the joined cluster itself keeps running."""
     import ray
     from ray import serve
 
     from edgeinfer.fleet.replicas import APP
 
     try:
-        if started:
+        if started or owner:
             serve.shutdown()
         elif deployed and ray.is_initialized():
             serve.delete(APP)
