@@ -96,3 +96,39 @@ def test_without_ray_the_ray_commands_exit_3_with_the_install_line(tmp_path):
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
         assert r.returncode == 3, r.stderr
         assert r.stderr.count("\n") == 1 and "pip install 'edgeinfer[fleet]'" in r.stderr, r.stderr
+
+
+def test_replicas_auto_and_max_replicas_parse_to_a_scale(tmp_path):
+    from edgeinfer.errors import InputError
+    from edgeinfer.fleet.ray_serve import Scale, parse_scale
+
+    assert parse_scale("3", None) == Scale(3, None, False)
+    assert parse_scale("auto", None) == Scale(1, None, True)
+    assert parse_scale("2", 5) == Scale(2, 5, True) and parse_scale("2", 5).wanted == 5
+    with pytest.raises(InputError, match="below --replicas 3"):
+        parse_scale("3", 2)
+    proc = edgeinfer("serve", str(tmp_path), "--ray", "auto", "--replicas", "many")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "'many'" in proc.stderr, proc.stderr
+
+
+def test_router_metrics_merge_replica_registries_with_a_replica_label(monkeypatch):
+    from prometheus_client import CollectorRegistry, Counter, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from edgeinfer.fleet import metrics as fleet_metrics
+
+    def registry(tokens: float) -> CollectorRegistry:
+        r = CollectorRegistry()
+        Counter("edgeinfer_generation_tokens", "Tokens generated.", ["model"], registry=r).labels("m").inc(tokens)
+        return r
+
+    merged = fleet_metrics.ReplicaMetrics(registry(0))
+    merged.push("bundle-m#a", generate_latest(registry(5)).decode())
+    merged.push("bundle-m#b", generate_latest(registry(7)).decode())
+    families = [f for f in text_string_to_metric_families(merged.exposition().decode())
+                if f.name == "edgeinfer_generation_tokens"]
+    assert len(families) == 1  # one family, not one per replica
+    totals = {s.labels["replica"]: s.value for s in families[0].samples if s.name.endswith("_total")}
+    assert totals == {"router": 0.0, "bundle-m#a": 5.0, "bundle-m#b": 7.0}
+    monkeypatch.setattr(fleet_metrics, "STALE_S", -1.0)  # every push is now too old
+    assert "bundle-m#a" not in merged.exposition().decode()
