@@ -11,8 +11,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -75,7 +77,8 @@ def test_embeddings_through_ray_equal_single_box(cluster, bundles, tmp_path):
     c, npu_node = cluster
     with ServerProc([bundles["npu"]], "--ray", c.address, "--replicas", "2", log=tmp_path / "ray.log") as fleet:
         placed = httpx.get(fleet.url + "/v1/models", timeout=30).json()["data"][0]["placement"]
-        assert placed == {"node_id": npu_node, "resource": "intel_npu"}  # the node with the resource
+        assert placed == {"node_id": npu_node, "resource": "intel_npu",  # the node with the resource
+                          "bundle": str(bundles["npu"].resolve())}  # by path (shared storage)
         via_ray = _embed(fleet.url)
         bad = httpx.post(fleet.url + "/v1/embeddings", json={"input": []}, timeout=30)
         assert bad.status_code == 400 and "at least one string" in bad.json()["error"]["message"]
@@ -240,10 +243,14 @@ def test_streamed_chat_through_ray_equals_single_box_with_autoscaling_and_metric
                                                                                   tiny_qwen3_host_bundle, tmp_path):
     c, npu_node = cluster
     with ServerProc([decoders["roomy"]], "--ray", c.address, "--replicas", "auto", "--slots", str(SLOTS),
-                    log=tmp_path / "ray.log") as fleet:
+                    "--ship-bundles", log=tmp_path / "ray.log") as fleet:
         [model] = httpx.get(fleet.url + "/v1/models", timeout=30).json()["data"]
         assert model["id"] == "tiny-qwen3-npu"
-        assert model["placement"] == {"node_id": npu_node, "resource": "intel_npu"}
+        placed = model["placement"]
+        assert placed["node_id"] == npu_node and placed["resource"] == "intel_npu"
+        shipped = Path(placed["bundle"])  # through the object store, unpacked on the node, not the path given
+        assert shipped.parent.parent == Path(tempfile.gettempdir()) / "edgeinfer-fleet", shipped
+        assert shipped.name == "tiny-qwen3-npu" and shipped != decoders["roomy"].resolve()
         via_ray = [_stream(fleet.url, "tiny-qwen3-npu", p) for p in PROMPTS]
         scaling = _autoscaling(c.address, "bundle-tiny-qwen3-npu")
         deadline, text = time.monotonic() + 30, ""
@@ -268,6 +275,8 @@ def test_streamed_chat_through_ray_equals_single_box_with_autoscaling_and_metric
     assert len(workers) >= 1, "the decoder replica's worker process was not found"
     psutil.wait_procs([psutil.Process(p) for p in workers if psutil.pid_exists(p)], timeout=30)
     assert not [p for p in workers if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert {f.name for f in shipped.rglob("*")} >= {"manifest.json", "model.onnx"}
+    shutil.rmtree(shipped.parent)
 
 
 def _refused(*args: str) -> subprocess.CompletedProcess:

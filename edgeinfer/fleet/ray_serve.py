@@ -32,6 +32,8 @@ class BundleTarget:
     embeds: bool
     decoder: bool = False
     plan: Any = None  # edgeinfer.planning.fleet.Placement of a decoder bundle on its board; None: not planned
+    store: str = ""  # the bundle store actor (edgeinfer/fleet/transport.py) for nodes without the path
+    ship: bool = False  # always fetch through the object store (--ship-bundles)
 
 
 @dataclass
@@ -210,7 +212,8 @@ def describe(scale: Scale, highs: dict[str, int | None]) -> str:
     return "autoscaling " + ", ".join(f"{name} {scale.low}-{high}" for name, high in highs.items())
 
 
-def serve_on_ray(config: ServeConfig, address: str, replicas: str = "1", max_replicas: int | None = None) -> None:
+def serve_on_ray(config: ServeConfig, address: str, replicas: str = "1", max_replicas: int | None = None,
+                 ship: bool = False) -> None:
     """Deploy, print where it answers, and run until Ctrl-C / SIGTERM; then remove what was started."""
     scale = parse_scale(replicas, max_replicas)
     check_options(config)
@@ -230,12 +233,13 @@ def serve_on_ray(config: ServeConfig, address: str, replicas: str = "1", max_rep
         with socket.socket() as sock:
             sock.bind((host, 0))
             port = sock.getsockname()[1]
-    started, owner, deployed = connect(address), False, False
+    started, owner, deployed, store = connect(address), False, False, None
     signal.signal(signal.SIGTERM, ours)
     try:
         check_resources(found, scale.wanted, ray.cluster_resources(), address)
         highs = bounds(found, scale, ray.nodes())
         owner = start_serve(host, port)
+        store = ship_from_here(found, ship)
         deployed = True
         serve.run(build(found, config, scale.low, highs), name=APP, route_prefix="/")
         sys.stderr.write(f"ready: {', '.join(t.name for t in found)} on http://{host}:{port} (Ray Serve, "
@@ -244,7 +248,19 @@ def serve_on_ray(config: ServeConfig, address: str, replicas: str = "1", max_rep
         while True:
             time.sleep(1.0)
     finally:
-        stop(started, owner, deployed)
+        stop(started, owner, deployed, store)
+
+
+def ship_from_here(found: list[BundleTarget], ship: bool) -> Any:
+    """The bundle store on this node, for replicas on nodes that do not see a bundle's path (or all, ``ship``)."""
+    import uuid
+
+    from edgeinfer.fleet.transport import start_store
+
+    name = f"edgeinfer-bundles-{uuid.uuid4().hex[:12]}"
+    for t in found:
+        t.store, t.ship = name, ship
+    return start_store(name, {t.name: t.path for t in found})
 
 
 def serve_running() -> bool:
@@ -282,15 +298,17 @@ def start_serve(host: str, port: int) -> bool:
     return False
 
 
-def stop(started: bool, owner: bool, deployed: bool) -> None:
+def stop(started: bool, owner: bool, deployed: bool, store: Any = None) -> None:
     """Remove what this command started: the local Ray of ``--ray auto``, Serve on a joined cluster when it
-    started it there, else its application; the joined cluster itself keeps running."""
+    started it there, else its application, and the bundle store; the joined cluster itself keeps running."""
     import ray
     from ray import serve
 
     from edgeinfer.fleet.replicas import APP
 
     try:
+        if store is not None:
+            ray.kill(store)
         if started or owner:
             serve.shutdown()
         elif deployed and ray.is_initialized():

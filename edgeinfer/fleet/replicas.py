@@ -31,15 +31,23 @@ def error(status: int, message: str) -> tuple[int, bytes]:
 
 
 def arrive(target: Any) -> Any:
-    """The bundle at ``target.path`` on this node, every file checked; an InputError when it is not the one the
+    """The bundle at ``target.path`` on this node, or (not there, or ``--ship-bundles``) fetched through Ray's
+    object store (edgeinfer/fleet/transport.py); every file checked; an InputError when it is not the one the
     command was started with."""
+    from pathlib import Path
+
     import ray
 
     from edgeinfer.run.bundle import Bundle
 
-    bundle = Bundle.open(target.path, verify="full")  # every file against the manifest's sha256
+    path = target.path
+    if target.ship or not Path(path).is_dir():
+        from edgeinfer.fleet.transport import fetch
+
+        path = str(fetch(target.store, target.name, target.files))
+    bundle = Bundle.open(path, verify="full")  # every file against the manifest's sha256
     if bundle.manifest.files != target.files:
-        raise InputError(f"bundle {target.path} on node {ray.get_runtime_context().get_node_id()} is not the "
+        raise InputError(f"bundle {path} on node {ray.get_runtime_context().get_node_id()} is not the "
                          "one `edgeinfer serve` was started with (its seals differ); copy the same bundle there")
     return bundle
 
@@ -90,7 +98,8 @@ class BundleReplica:
         self.models = {target.name: ServedModel(target.name, bundle)}
         self.name, self.bundle, self.max_batch, self.max_inputs = target.name, bundle, max_batch, max_inputs
         self.session = bundle.load()
-        self.placement = {"node_id": ray.get_runtime_context().get_node_id(), "resource": target.resource}
+        self.placement = {"node_id": ray.get_runtime_context().get_node_id(), "resource": target.resource,
+                          "bundle": str(bundle.path)}
         self.metrics = Metrics()
         self.push = MetricsPush(self.metrics.registry)
         self.push.start()
@@ -136,7 +145,8 @@ class DecoderReplica:
                              max_restarts=config.max_restarts, restart_window_s=config.restart_window_s,
                              observe=self.metrics.observe, threads=config.threads)
         self.timeout_s = config.generation_timeout_s
-        self.placement = {"node_id": ray.get_runtime_context().get_node_id(), "resource": target.resource}
+        self.placement = {"node_id": ray.get_runtime_context().get_node_id(), "resource": target.resource,
+                          "bundle": str(bundle.path)}
         self.started = int(time.time())
         await self.engine.start()  # Serve routes here once the decoder worker is loaded
         self.push = MetricsPush(self.metrics.registry)

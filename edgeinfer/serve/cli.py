@@ -51,6 +51,8 @@ EXTRAS = ("fastapi", "uvicorn", "starlette", "pydantic", "prometheus_client", "h
               help="With --ray: replicas per bundle; auto: scale on queue length within the fleet's resources.")
 @click.option("--max-replicas", default=None, type=int,
               help="With --ray: scale on queue length from --replicas up to this many per bundle.")
+@click.option("--ship-bundles", is_flag=True,
+              help="With --ray: send bundles to the nodes through Ray's object store even where their path exists.")
 def serve_cmd(
     bundles: tuple[Path, ...],
     host: str,
@@ -73,6 +75,7 @@ def serve_cmd(
     ray_address: str | None = None,
     replicas: str = "1",
     max_replicas: int | None = None,
+    ship_bundles: bool = False,
 ) -> None:
     """Serve BUNDLE(s) over HTTP: /v1/embeddings, /v1/infer, /v1/chat/completions, /v1/completions,
     /v1/models, /health, /ready, /metrics. Decoder bundles and Hugging Face decoder directories are served
@@ -98,7 +101,7 @@ def serve_cmd(
     if ray_address:
         from edgeinfer.fleet.ray_serve import serve_on_ray
 
-        return serve_on_ray(config, ray_address, replicas, max_replicas)
+        return serve_on_ray(config, ray_address, replicas, max_replicas, ship_bundles)
     serve = _app_serve()
     serve(config, log_level=log_level)
 
