@@ -132,3 +132,18 @@ def test_router_metrics_merge_replica_registries_with_a_replica_label(monkeypatc
     assert totals == {"router": 0.0, "bundle-m#a": 5.0, "bundle-m#b": 7.0}
     monkeypatch.setattr(fleet_metrics, "STALE_S", -1.0)  # every push is now too old
     assert "bundle-m#a" not in merged.exposition().decode()
+
+
+def test_fleet_capacity_per_node_is_the_least_of_units_cpus_and_the_plan():
+    from types import SimpleNamespace
+
+    from edgeinfer.fleet.fit import capacity
+
+    nodes = [{"Alive": True, "Resources": {"CPU": 1.0}},
+             {"Alive": True, "Resources": {"CPU": 1.0, "intel_npu": 2.0}},  # 2 units, CPUs for 2 replicas of 0.5
+             {"Alive": True, "Resources": {"CPU": 0.5, "intel_npu": 4.0}},  # 4 units, CPU for 1
+             {"Alive": False, "Resources": {"CPU": 8.0, "intel_npu": 8.0}}]  # a dead node holds nothing
+    assert capacity("intel_npu", None, nodes, 0.5) == 2 + 1
+    assert capacity("intel_npu", SimpleNamespace(replicas_per_node=1), nodes, 0.5) == 1 + 1
+    assert capacity(None, None, nodes, 0.5) == 2 + 2 + 1
+    assert capacity("rk3588_npu", None, nodes, 0.5) == 0

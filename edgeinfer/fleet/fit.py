@@ -47,13 +47,16 @@ def check_fits(name: str, plan: Placement | None) -> None:
 
 def capacity(resource: str | None, plan: Placement | None, nodes: list[dict[str, Any]], replica_cpus: float) -> int:
     """Replicas of one bundle the alive ``nodes`` (``ray.nodes()``) can hold: per node the units of its resource,
-    at most the plan's replicas per node; a CPU bundle: the CPUs over what one replica asks for."""
-    alive = [n.get("Resources", {}) for n in nodes if n.get("Alive")]
-    if resource is None:
-        return int(sum(r.get("CPU", 0) for r in alive) / replica_cpus)
-    per_node = plan.replicas_per_node if plan is not None else None
-    return sum(min(int(r.get(resource, 0)), per_node if per_node is not None else int(r.get(resource, 0)))
-               for r in alive)
+    at most the plan's replicas per node and the node's CPUs over what one replica asks for (a CPU bundle: the
+    CPUs alone)."""
+    held = 0
+    for r in (n.get("Resources", {}) for n in nodes if n.get("Alive")):
+        counts = [int(r.get("CPU", 0) / replica_cpus)]
+        if resource is not None:
+            counts.append(int(r.get(resource, 0)))
+            counts += [plan.replicas_per_node] if plan is not None else []
+        held += min(counts)
+    return held
 
 
 def check_capacity(name: str, plan: Placement | None, wanted: int, held: int, resource: str) -> None:
