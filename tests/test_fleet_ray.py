@@ -11,8 +11,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -75,7 +77,8 @@ def test_embeddings_through_ray_equal_single_box(cluster, bundles, tmp_path):
     c, npu_node = cluster
     with ServerProc([bundles["npu"]], "--ray", c.address, "--replicas", "2", log=tmp_path / "ray.log") as fleet:
         placed = httpx.get(fleet.url + "/v1/models", timeout=30).json()["data"][0]["placement"]
-        assert placed == {"node_id": npu_node, "resource": "intel_npu"}  # the node with the resource
+        assert placed == {"node_id": npu_node, "resource": "intel_npu",  # the node with the resource
+                          "bundle": str(bundles["npu"].resolve())}  # by path (shared storage)
         via_ray = _embed(fleet.url)
         bad = httpx.post(fleet.url + "/v1/embeddings", json={"input": []}, timeout=30)
         assert bad.status_code == 400 and "at least one string" in bad.json()["error"]["message"]
@@ -144,3 +147,156 @@ def test_an_unreachable_head_is_one_line_exit_3_at_once(bundles):
                           capture_output=True, text=True, timeout=60)  # ray.init alone would wait minutes
     assert proc.returncode == 3 and proc.stderr.count("\n") == 1, proc.stderr
     assert f"cannot reach the Ray head at {address}" in proc.stderr
+
+
+# --- decoders through Ray, planner-checked placement, autoscaling, /metrics --------------------------------
+
+PROMPTS = ["Once upon a time", "The history of the city"]
+SLOTS = 2
+
+
+def _board(path, **memory_gib) -> str:
+    """A board profile for the test node: Core Ultra 155H's facts (openvino NPU → the `intel_npu` resource), its
+    runtime also taking fp32 (the committed tiny model's bundle), memory as given."""
+    import yaml
+
+    from edgeinfer.planning.boards import boards_dirs
+
+    board = yaml.safe_load((boards_dirs()[0] / "core-ultra-155h.yaml").read_text())
+    board["name"] = path.stem
+    board["runtimes"]["openvino-npu"]["schemes"].append("fp32")
+    for key, value in memory_gib.items():
+        board[key]["value"] = value
+    path.write_text(yaml.safe_dump(board, sort_keys=False))
+    return str(path)
+
+
+def _per_replica_gib(bundle, board: str) -> tuple[float, float]:
+    """One replica's memory (weights + kv + activations + runtime) and the board's reserve, from `plan --json`."""
+    import json
+
+    from helpers import edgeinfer
+
+    proc = edgeinfer("plan", str(bundle / "tokenizer" / "config.json"), "--board", board, "--quant", "fp32",
+                     "--ctx", "256", "--batch", str(SLOTS), "--json")
+    bd = json.loads(proc.stdout)["memory"]["breakdown"]
+    return sum(bd[k] for k in ("weights", "kv_cache", "activations", "runtime")) / 2**30, bd["reserved"] / 2**30
+
+
+@pytest.fixture(scope="module")
+def decoders(tiny_qwen3_host_bundle, tmp_path_factory):
+    """Copies of the session's tiny-qwen3 bundle labelled for test boards: one that holds many replicas, one
+    that holds exactly one (replicas > 1 refused by the plan), one that holds none."""
+    root = tmp_path_factory.mktemp("fleet-decoders")
+    roomy = _board(root / "npu-roomy.yaml")
+    per, reserve = _per_replica_gib(tiny_qwen3_host_bundle, roomy)
+    assert 0 < per < 2 and reserve > 0
+    return {"roomy": _labelled(tiny_qwen3_host_bundle, root / "tiny-qwen3-npu", roomy),
+            "one": _labelled(tiny_qwen3_host_bundle, root / "tiny-qwen3-one",
+                             _board(root / "npu-one.yaml", memory_total_gib=reserve + 1.5 * per)),
+            "none": _labelled(tiny_qwen3_host_bundle, root / "tiny-qwen3-none",
+                              _board(root / "npu-none.yaml", memory_total_gib=reserve + 0.5 * per))}
+
+
+def _stream(url: str, model: str, prompt: str) -> tuple[str, int]:
+    """A greedy streamed chat answer read as server-sent events: (text, completion tokens from the usage chunk)."""
+    import json
+
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": 16, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=120) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream"), r.read()
+        events = [line[len("data: "):] for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]", events
+    chunks = [json.loads(e) for e in events[:-1]]
+    text = "".join(ch["choices"][0]["delta"].get("content") or "" for ch in chunks if ch["choices"])
+    return text, chunks[-1]["usage"]["completion_tokens"]
+
+
+def _metric(text: str, name: str, **labels: str) -> float:
+    """The sum of a metric's samples whose labels include ``labels``."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == name and labels.items() <= s.labels.items())
+
+
+def _autoscaling(address: str, deployment: str) -> dict:
+    """The deployment's autoscaling config as Serve's controller holds it (what Serve's REST API
+    /api/serve/applications/ returns), read from this process joined to the cluster as a driver."""
+    from ray import serve
+
+    ray.init(address=address, log_to_driver=False)
+    try:
+        details = serve.context._get_global_client().get_serve_details()
+    finally:
+        ray.shutdown()
+    return details["applications"]["edgeinfer"]["deployments"][deployment]["deployment_config"]["autoscaling_config"]
+
+
+def _decoder_workers() -> set[int]:
+    """Decoder worker processes (multiprocessing spawn children) among this test's descendants."""
+    return {p.pid for p in psutil.Process().children(recursive=True) if "spawn_main" in " ".join(p.cmdline())}
+
+
+def test_streamed_chat_through_ray_equals_single_box_with_autoscaling_and_metrics(cluster, decoders,
+                                                                                  tiny_qwen3_host_bundle, tmp_path):
+    c, npu_node = cluster
+    with ServerProc([decoders["roomy"]], "--ray", c.address, "--replicas", "auto", "--slots", str(SLOTS),
+                    "--ship-bundles", log=tmp_path / "ray.log") as fleet:
+        [model] = httpx.get(fleet.url + "/v1/models", timeout=30).json()["data"]
+        assert model["id"] == "tiny-qwen3-npu"
+        placed = model["placement"]
+        assert placed["node_id"] == npu_node and placed["resource"] == "intel_npu"
+        shipped = Path(placed["bundle"])  # through the object store, unpacked on the node, not the path given
+        assert shipped.parent.parent == Path(tempfile.gettempdir()) / "edgeinfer-fleet", shipped
+        assert shipped.name == "tiny-qwen3-npu" and shipped != decoders["roomy"].resolve()
+        via_ray = [_stream(fleet.url, "tiny-qwen3-npu", p) for p in PROMPTS]
+        scaling = _autoscaling(c.address, "bundle-tiny-qwen3-npu")
+        deadline, text = time.monotonic() + 30, ""
+        while time.monotonic() < deadline:  # replicas push their registries every 2 s
+            text = httpx.get(fleet.url + "/metrics", timeout=30).text
+            if _metric(text, "edgeinfer_generation_tokens_total", model="tiny-qwen3-npu"):
+                break
+            time.sleep(0.5)
+        workers = _decoder_workers()
+        rc = fleet.terminate()
+    with ServerProc([tiny_qwen3_host_bundle], "--slots", str(SLOTS), log=tmp_path / "box.log") as box:
+        single = [_stream(box.url, "tiny-qwen3-host", p) for p in PROMPTS]
+    assert via_ray == single and all(tokens > 0 for _, tokens in single), (via_ray, single)
+    # auto: from 1 up to the fleet's 2 intel_npu units; a decoder replica's target is its KV slots
+    assert scaling["min_replicas"] == 1 and scaling["max_replicas"] == 2, scaling
+    assert scaling["target_ongoing_requests"] == SLOTS, scaling
+    assert _metric(text, "edgeinfer_requests_total", endpoint="/v1/chat/completions", replica="router",
+                   status="200") == len(PROMPTS)
+    assert _metric(text, "edgeinfer_generation_tokens_total", model="tiny-qwen3-npu") == sum(t for _, t in via_ray)
+    assert "bundle-tiny-qwen3-npu#" in text
+    assert rc == 128 + signal.SIGTERM, fleet.output()
+    assert len(workers) >= 1, "the decoder replica's worker process was not found"
+    psutil.wait_procs([psutil.Process(p) for p in workers if psutil.pid_exists(p)], timeout=30)
+    assert not [p for p in workers if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert {f.name for f in shipped.rglob("*")} >= {"manifest.json", "model.onnx"}
+    shutil.rmtree(shipped.parent)
+
+
+def _refused(*args: str) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "edgeinfer.cli", "serve", *args], capture_output=True, text=True,
+                          timeout=120)
+    assert "Traceback" not in proc.stderr
+    assert len([line for line in proc.stderr.splitlines() if line.startswith("error:")]) == 1, proc.stderr
+    return proc
+
+
+def test_a_decoder_the_plan_says_does_not_fit_is_refused_exit_1(decoders):
+    address = f"127.0.0.1:{free_port()}"  # refused before joining: nothing needs to listen there
+    proc = _refused(str(decoders["none"]), "--ray", address, "--slots", str(SLOTS))
+    assert proc.returncode == 1, proc.stderr
+    assert "tiny-qwen3-none does not fit its board npu-none: one replica needs" in proc.stderr
+
+
+def test_more_replicas_than_the_plan_lets_a_node_hold_are_refused_exit_1(cluster, decoders):
+    c, _ = cluster  # the node has 2 intel_npu units, but the board's memory holds one replica
+    one = _refused(str(decoders["one"]), "--ray", c.address, "--slots", str(SLOTS), "--replicas", "2")
+    assert one.returncode == 1, one.stderr
+    assert "2 replica(s) asked, the cluster's nodes with 'intel_npu' hold 1: the plan fits 1 replica(s) per " \
+           "npu-one node" in one.stderr

@@ -74,7 +74,7 @@ def test_fleet_resources_import_is_light():
 
 def test_serve_ray_refuses_options_it_does_not_honour(tmp_path):
     from edgeinfer.errors import InputError
-    from edgeinfer.fleet.ray_serve import check_options
+    from edgeinfer.fleet.ray_serve import check_options, parse_scale
     from edgeinfer.serve.config import ServeConfig
 
     proc = edgeinfer("serve", str(tmp_path), "--ray", "auto", "--api-key", "k")
@@ -82,9 +82,9 @@ def test_serve_ray_refuses_options_it_does_not_honour(tmp_path):
     assert proc.stderr.startswith("error: ") and "not supported with --ray" in proc.stderr
     assert proc.stderr.count("\n") == 1
     with pytest.raises(InputError, match="--devices"):
-        check_options(ServeConfig([tmp_path], devices=["0", "1"]), 1)
+        check_options(ServeConfig([tmp_path], devices=["0", "1"]))
     with pytest.raises(InputError, match="--replicas must be at least 1"):
-        check_options(ServeConfig([tmp_path]), 0)
+        parse_scale("0", None)
 
 
 def test_without_ray_the_ray_commands_exit_3_with_the_install_line(tmp_path):
@@ -96,3 +96,54 @@ def test_without_ray_the_ray_commands_exit_3_with_the_install_line(tmp_path):
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
         assert r.returncode == 3, r.stderr
         assert r.stderr.count("\n") == 1 and "pip install 'edgeinfer[fleet]'" in r.stderr, r.stderr
+
+
+def test_replicas_auto_and_max_replicas_parse_to_a_scale(tmp_path):
+    from edgeinfer.errors import InputError
+    from edgeinfer.fleet.ray_serve import Scale, parse_scale
+
+    assert parse_scale("3", None) == Scale(3, None, False)
+    assert parse_scale("auto", None) == Scale(1, None, True)
+    assert parse_scale("2", 5) == Scale(2, 5, True) and parse_scale("2", 5).wanted == 5
+    with pytest.raises(InputError, match="below --replicas 3"):
+        parse_scale("3", 2)
+    proc = edgeinfer("serve", str(tmp_path), "--ray", "auto", "--replicas", "many")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "'many'" in proc.stderr, proc.stderr
+
+
+def test_router_metrics_merge_replica_registries_with_a_replica_label(monkeypatch):
+    from prometheus_client import CollectorRegistry, Counter, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from edgeinfer.fleet import metrics as fleet_metrics
+
+    def registry(tokens: float) -> CollectorRegistry:
+        r = CollectorRegistry()
+        Counter("edgeinfer_generation_tokens", "Tokens generated.", ["model"], registry=r).labels("m").inc(tokens)
+        return r
+
+    merged = fleet_metrics.ReplicaMetrics(registry(0))
+    merged.push("bundle-m#a", generate_latest(registry(5)).decode())
+    merged.push("bundle-m#b", generate_latest(registry(7)).decode())
+    families = [f for f in text_string_to_metric_families(merged.exposition().decode())
+                if f.name == "edgeinfer_generation_tokens"]
+    assert len(families) == 1  # one family, not one per replica
+    totals = {s.labels["replica"]: s.value for s in families[0].samples if s.name.endswith("_total")}
+    assert totals == {"router": 0.0, "bundle-m#a": 5.0, "bundle-m#b": 7.0}
+    monkeypatch.setattr(fleet_metrics, "STALE_S", -1.0)  # every push is now too old
+    assert "bundle-m#a" not in merged.exposition().decode()
+
+
+def test_fleet_capacity_per_node_is_the_least_of_units_cpus_and_the_plan():
+    from types import SimpleNamespace
+
+    from edgeinfer.fleet.fit import capacity
+
+    nodes = [{"Alive": True, "Resources": {"CPU": 1.0}},
+             {"Alive": True, "Resources": {"CPU": 1.0, "intel_npu": 2.0}},  # 2 units, CPUs for 2 replicas of 0.5
+             {"Alive": True, "Resources": {"CPU": 0.5, "intel_npu": 4.0}},  # 4 units, CPU for 1
+             {"Alive": False, "Resources": {"CPU": 8.0, "intel_npu": 8.0}}]  # a dead node holds nothing
+    assert capacity("intel_npu", None, nodes, 0.5) == 2 + 1
+    assert capacity("intel_npu", SimpleNamespace(replicas_per_node=1), nodes, 0.5) == 1 + 1
+    assert capacity(None, None, nodes, 0.5) == 2 + 2 + 1
+    assert capacity("rk3588_npu", None, nodes, 0.5) == 0

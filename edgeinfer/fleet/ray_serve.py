@@ -1,14 +1,14 @@
-"""``edgeinfer serve BUNDLE... --ray auto|ADDRESS``: embedding / tensor bundles as Ray Serve deployments.
+"""``edgeinfer serve BUNDLE... --ray auto|ADDRESS``: bundles (embedding, tensor and decoder) as Ray Serve
+deployments behind one router (edgeinfer/fleet/router.py, edgeinfer/fleet/replicas.py).
 
 One deployment per bundle; each replica asks for one unit of the Ray custom resource of the bundle's board
-(edgeinfer/contract/resources.py), opens the bundle from its path, checks every file against the manifest's
-sha256 seals and against the seals the starting machine saw (the same bundle, not another one at that path),
-and answers with the single-box server's own request parsing and encoding (edgeinfer/serve/prep.py). A router
-deployment (no accelerator) is the HTTP ingress: it sends each request to the deployment of the model it names.
-A deployment needing a resource the cluster lacks is refused before anything starts (exit 3).
+(edgeinfer/contract/resources.py). Before anything is deployed: a decoder bundle of which not one replica fits its
+board by the planner is refused (exit 1, edgeinfer/fleet/fit.py); after joining the cluster, replicas needing more
+of a resource than the cluster has are refused (exit 3), and more replicas than the nodes hold by the plan
+(exit 1). ``--replicas auto`` / ``--max-replicas N`` scale each deployment on its queue length, at most to what
+the fleet holds.
 """
 
-import json
 import signal
 import sys
 import time
@@ -20,13 +20,6 @@ from edgeinfer.errors import BackendUnavailableError, InputError
 from edgeinfer.fleet.node import require_ray
 from edgeinfer.serve.config import ServeConfig
 
-REPLICA_CPUS = 0.5
-ROUTER_CPUS = 0.25
-# Serve's default (5 ongoing requests per replica) makes the router itself the queue: the proxy backs off and
-# retries while all its slots are taken (bench/fleet.py measured 9 req/s at 32 clients, against 41 at 8). The
-# router only awaits; the replicas keep a small queue each so that a request waits where it will run.
-ROUTER_ONGOING = 4096
-REPLICA_ONGOING = 8
 AUTO_OBJECT_STORE_BYTES = 200 * 2**20  # Ray's minimum is ~75 MiB; requests and answers are small
 
 
@@ -37,6 +30,37 @@ class BundleTarget:
     resource: str | None  # None: a CPU bundle, placed anywhere
     files: dict[str, Any]  # the manifest's seals, as this machine read them
     embeds: bool
+    decoder: bool = False
+    plan: Any = None  # edgeinfer.planning.fleet.Placement of a decoder bundle on its board; None: not planned
+    store: str = ""  # the bundle store actor (edgeinfer/fleet/transport.py) for nodes without the path
+    ship: bool = False  # always fetch through the object store (--ship-bundles)
+
+
+@dataclass
+class Scale:
+    low: int  # replicas at start, and the autoscaler's minimum
+    high: int | None  # the autoscaler's maximum; None: the fleet's bound
+    auto: bool  # False: ``low`` replicas, fixed
+
+    @property
+    def wanted(self) -> int:
+        """Replicas the cluster must be able to hold for the deployment to be accepted."""
+        return self.high if self.high is not None else self.low
+
+
+def parse_scale(replicas: str, max_replicas: int | None) -> Scale:
+    """``--replicas N|auto`` and ``--max-replicas M``: fixed N, or autoscaling from N (auto: 1) to M (auto
+    without M: as many as the fleet holds)."""
+    auto = replicas.strip().lower() == "auto"
+    try:
+        low = 1 if auto else int(replicas)
+    except ValueError:
+        raise InputError(f"--replicas takes a number or 'auto', got {replicas!r}") from None
+    if low < 1:
+        raise InputError(f"--replicas must be at least 1, got {low}")
+    if max_replicas is not None and max_replicas < low:
+        raise InputError(f"--max-replicas {max_replicas} is below --replicas {low}; give a maximum >= the minimum")
+    return Scale(low, max_replicas, auto or max_replicas is not None)
 
 
 def bundle_resource(manifest: Any) -> str | None:
@@ -56,21 +80,35 @@ def bundle_resource(manifest: Any) -> str | None:
     return entry.cls.resource_names.get(key.lower()) if entry and key else None
 
 
-def targets(paths: list[Path]) -> list[BundleTarget]:
+def target(path: Path, config: ServeConfig) -> BundleTarget:
+    """One bundle, every file checked, with the planner's verdict on its board for a decoder."""
+    from edgeinfer.fleet.fit import check_fits, replica_plan
     from edgeinfer.run.bundle import Bundle
+    from edgeinfer.run.loading import is_decoder_dir
+    from edgeinfer.serve.llm_engine import open_llm
 
+    if is_decoder_dir(path):
+        raise InputError(f"{path} is a Hugging Face directory; serve --ray takes bundles",
+                         f"deploy it first: edgeinfer deploy {path} --board BOARD")
+    bundle = Bundle.open(path, verify="full")
+    name, resource = bundle.path.resolve().name, bundle_resource(bundle.manifest)
+    decoder = bundle.manifest.decoder is not None
+    if decoder:
+        open_llm(bundle.path, bundle, config.ctx)  # a --ctx beyond the bundle's is refused here
+    plan = replica_plan(bundle, resource, config.slots, config.ctx)
+    check_fits(name, plan)
+    return BundleTarget(name, str(bundle.path.resolve()), resource, bundle.manifest.files,
+                        bundle.manifest.text is not None, decoder, plan)
+
+
+def targets(paths: list[Path], config: ServeConfig) -> list[BundleTarget]:
     out: dict[str, BundleTarget] = {}
     for p in paths:
-        bundle = Bundle.open(p, verify="full")
-        name = bundle.path.resolve().name
-        if name in out:
-            raise InputError(f"two bundles are both named {name!r}; serve bundles from directories with distinct "
+        t = target(p, config)
+        if t.name in out:
+            raise InputError(f"two bundles are both named {t.name!r}; serve bundles from directories with distinct "
                              "names")
-        if bundle.manifest.decoder is not None:
-            raise InputError(f"bundle {p} holds a decoder; serving decoders through Ray is not done yet "
-                             "(docs/fleet.md): serve it with `edgeinfer serve` on one box")
-        out[name] = BundleTarget(name, str(bundle.path.resolve()), bundle_resource(bundle.manifest),
-                                 bundle.manifest.files, bundle.manifest.text is not None)
+        out[t.name] = t
     return list(out.values())
 
 
@@ -92,125 +130,18 @@ def check_resources(found: list[BundleTarget], replicas: int, cluster: dict[str,
                 "start `edgeinfer ray-node --address HEAD` on a board with that accelerator, or lower --replicas")
 
 
-# --- inside Ray -----------------------------------------------------------------------------------------
+def bounds(found: list[BundleTarget], scale: Scale, nodes: list[dict[str, Any]]) -> dict[str, int | None]:
+    """Each bundle's autoscaling maximum (None: fixed replicas): ``--max-replicas``, or (auto) the replicas
+    the alive nodes hold; more than the plan lets the nodes hold is refused (exit 1)."""
+    from edgeinfer.fleet.fit import capacity, check_capacity
+    from edgeinfer.fleet.router import REPLICA_CPUS
 
-
-def _error(status: int, message: str) -> tuple[int, bytes]:
-    from edgeinfer.serve.app import _TYPES
-
-    body = {"error": {"message": message, "type": _TYPES.get(status, "error"), "code": status}}
-    return status, json.dumps(body).encode()
-
-
-class BundleReplica:
-    """One replica of one bundle: verified on arrival, loaded once, run per request."""
-
-    def __init__(self, target: BundleTarget, max_batch: int, max_inputs: int):
-        import ray
-
-        from edgeinfer.run.bundle import Bundle
-        from edgeinfer.serve.prep import ServedModel
-
-        bundle = Bundle.open(target.path, verify="full")  # every file against the manifest's sha256
-        if bundle.manifest.files != target.files:
-            raise InputError(f"bundle {target.path} on node {ray.get_runtime_context().get_node_id()} is not the "
-                             "one `edgeinfer serve` was started with (its seals differ); copy the same bundle there")
-        self.models = {target.name: ServedModel(target.name, bundle)}
-        self.bundle, self.max_batch, self.max_inputs = bundle, max_batch, max_inputs
-        self.session = bundle.load()
-        self.placement = {"node_id": ray.get_runtime_context().get_node_id(), "resource": target.resource}
-
-    def run(self, kind: str, body: bytes, content_type: str) -> tuple[int, bytes]:
-        from edgeinfer.serve.prep import ApiError, encode_embeddings, encode_infer, prepare_embeddings, prepare_infer
-        from edgeinfer.serve.workers import run_batch
-
-        try:
-            prepare = prepare_embeddings if kind == "embed" else prepare_infer
-            p = prepare(self.models, body, content_type, self.max_inputs)
-            [(status, out)] = run_batch(self.bundle, self.session, kind, p.feeds, [p.rows], self.max_batch)
-            if status != "ok":
-                return _error(500, out)
-            if kind == "embed":
-                return 200, encode_embeddings(p, out["embedding"])
-            return 200, encode_infer(p.id or f"ray-{time.time_ns()}", p.model, out)
-        except ApiError as e:
-            return _error(e.status, e.message)
-
-    def describe(self, created: int) -> dict[str, Any]:
-        return {**next(iter(self.models.values())).to_json(created), "placement": self.placement}
-
-
-def _model_name(body: bytes) -> str | None:
-    try:
-        data = json.loads(body)
-    except ValueError:
-        return None
-    return data.get("model") if isinstance(data, dict) and isinstance(data.get("model"), str) else None
-
-
-def build(found: list[BundleTarget], replicas: int, max_batch: int, max_inputs: int) -> Any:
-    """The Serve application: one deployment per bundle behind a FastAPI router with the single-box server's
-    paths and error shape."""
-    from fastapi import FastAPI, Request
-    from fastapi.responses import Response
-    from ray import serve
-
-    app = FastAPI(title="edgeinfer serve (Ray)")
-    names = [t.name for t in found]
-
-    def pick(body: bytes, embeds: bool) -> str | None:
-        name = _model_name(body)
-        cands = [t.name for t in found if t.embeds or not embeds]
-        return cands[0] if name is None and len(cands) == 1 else name
-
-    @serve.deployment(name="router", ray_actor_options={"num_cpus": ROUTER_CPUS}, max_ongoing_requests=ROUTER_ONGOING)
-    @serve.ingress(app)
-    class Router:
-        def __init__(self, handles: dict[str, Any]):
-            self.handles = handles
-            self.started = int(time.time())
-
-        async def forward(self, request: Request, kind: str) -> Response:
-            body = await request.body()
-            handle = self.handles.get(pick(body, kind == "embed"))
-            if handle is None:
-                status, data = _error(404, f"unknown or missing model; GET /v1/models lists: {', '.join(names)}")
-            else:
-                try:
-                    status, data = await handle.run.remote(kind, body, request.headers.get("content-type", ""))
-                except Exception as e:  # noqa: BLE001 - a replica died mid-request: this one fails, Serve restarts it
-                    status, data = _error(503, f"the replica running this request failed ({type(e).__name__}); "
-                                               "retry")
-            return Response(data, status_code=status, media_type="application/json")
-
-        @app.post("/v1/embeddings")
-        async def embeddings(self, request: Request) -> Response:
-            return await self.forward(request, "embed")
-
-        @app.post("/v1/infer")
-        async def infer(self, request: Request) -> Response:
-            return await self.forward(request, "infer")
-
-        @app.get("/v1/models")
-        async def models(self) -> dict[str, Any]:
-            return {"object": "list", "data": [await h.describe.remote(self.started) for h in self.handles.values()]}
-
-        @app.get("/health")
-        async def health(self) -> dict[str, str]:
-            return {"status": "ok"}
-
-        @app.get("/ready")
-        async def ready(self) -> dict[str, Any]:
-            return {"ready": True, "models": names}  # Serve routes here only once every replica is up
-
-    deployment = serve.deployment(BundleReplica)
-    handles = {}
+    out: dict[str, int | None] = {}
     for t in found:
-        handles[t.name] = deployment.options(
-            name=f"bundle-{t.name}", num_replicas=replicas, max_ongoing_requests=REPLICA_ONGOING,
-            ray_actor_options={"num_cpus": REPLICA_CPUS, "resources": {t.resource: 1} if t.resource else {}},
-        ).bind(t, max_batch, max_inputs)
-    return Router.bind(handles)
+        held = capacity(t.resource, t.plan, nodes, REPLICA_CPUS)
+        check_capacity(t.name, t.plan, scale.wanted, held, t.resource or "CPU")
+        out[t.name] = None if not scale.auto else scale.high if scale.high is not None else max(scale.low, held)
+    return out
 
 
 # --- the command ----------------------------------------------------------------------------------------
@@ -266,10 +197,8 @@ def connect(address: str) -> bool:
     return False
 
 
-def check_options(config: ServeConfig, replicas: int) -> None:
+def check_options(config: ServeConfig) -> None:
     """Options of the single-box server that the Ray path does not honour are refused, not ignored."""
-    if replicas < 1:
-        raise InputError(f"--replicas must be at least 1, got {replicas}")
     if config.api_key is not None:
         raise InputError("--api-key / --api-key-file / EDGEINFER_API_KEY are not supported with --ray yet "
                          "(docs/fleet.md): put an authenticating proxy in front, or serve on one box")
@@ -277,15 +206,26 @@ def check_options(config: ServeConfig, replicas: int) -> None:
         raise InputError("--devices does not go with --ray: Ray places replicas by accelerator (--replicas N)")
 
 
-def serve_on_ray(config: ServeConfig, address: str, replicas: int) -> None:
+def describe(scale: Scale, highs: dict[str, int | None]) -> str:
+    if not scale.auto:
+        return f"{scale.low} replica(s) each"
+    return "autoscaling " + ", ".join(f"{name} {scale.low}-{high}" for name, high in highs.items())
+
+
+def serve_on_ray(config: ServeConfig, address: str, replicas: str = "1", max_replicas: int | None = None,
+                 ship: bool = False) -> None:
     """Deploy, print where it answers, and run until Ctrl-C / SIGTERM; then remove what was started."""
-    check_options(config, replicas)
+    scale = parse_scale(replicas, max_replicas)
+    check_options(config)
     require_ray()
     import ray
     from ray import serve
 
-    host, port, max_batch, max_inputs = config.host, config.port, config.max_batch, config.max_inputs
-    found = targets(config.bundles)
+    from edgeinfer.fleet.replicas import APP
+    from edgeinfer.fleet.router import build
+
+    host, port = config.host, config.port
+    found = targets(config.bundles, config)
     ours = signal.getsignal(signal.SIGTERM)  # Ray's core worker installs its own; keep the CLI's (exit 143)
     if port == 0:  # Serve needs the number up front
         import socket
@@ -293,29 +233,85 @@ def serve_on_ray(config: ServeConfig, address: str, replicas: int) -> None:
         with socket.socket() as sock:
             sock.bind((host, 0))
             port = sock.getsockname()[1]
-    started = connect(address)
+    started, owner, deployed, store = connect(address), False, False, None
     signal.signal(signal.SIGTERM, ours)
     try:
-        check_resources(found, replicas, ray.cluster_resources(), address)
-        serve.start(http_options={"host": host, "port": port})
-        serve.run(build(found, replicas, max_batch, max_inputs), name="edgeinfer", route_prefix="/")
+        check_resources(found, scale.wanted, ray.cluster_resources(), address)
+        highs = bounds(found, scale, ray.nodes())
+        owner = start_serve(host, port)
+        store = ship_from_here(found, ship)
+        deployed = True
+        serve.run(build(found, config, scale.low, highs), name=APP, route_prefix="/")
         sys.stderr.write(f"ready: {', '.join(t.name for t in found)} on http://{host}:{port} (Ray Serve, "
-                         f"{replicas} replica(s) each)\n")
+                         f"{describe(scale, highs)})\n")
         sys.stderr.flush()
         while True:
             time.sleep(1.0)
     finally:
-        stop(started)
+        stop(started, owner, deployed, store)
 
 
-def stop(started: bool) -> None:
+def ship_from_here(found: list[BundleTarget], ship: bool) -> Any:
+    """The bundle store on this node, for replicas on nodes that do not see a bundle's path (or all, ``ship``)."""
+    import uuid
+
+    from edgeinfer.fleet.transport import start_store
+
+    name = f"edgeinfer-bundles-{uuid.uuid4().hex[:12]}"
+    for t in found:
+        t.store, t.ship = name, ship
+    return start_store(name, {t.name: t.path for t in found})
+
+
+def serve_running() -> bool:
+    """Ray Serve already runs on the joined cluster (another command's, or someone else's)."""
+    import ray
+    from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
+
+    try:
+        ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+    except ValueError:
+        return False
+    return True
+
+
+def start_serve(host: str, port: int) -> bool:
+    """Serve's HTTP proxies on ``host:port``; True when this command started Serve (and so shuts it down).
+    A Serve already running keeps its HTTP options (Serve ignores new ones with a warning): one listening
+    elsewhere, or already serving an edgeinfer application, is refused rather than answering on another port."""
+    from ray import serve
+
+    from edgeinfer.fleet.replicas import APP
+
+    if not serve_running():
+        serve.start(http_options={"host": host, "port": port})
+        return True
+    serve.start(http_options={"host": host, "port": port})
+    http = serve.context._get_global_client().http_config
+    if (http.host, http.port) != (host, port):
+        raise BackendUnavailableError(f"Ray Serve already runs on this cluster on {http.host}:{http.port}, and "
+                                      "its address cannot change while it runs",
+                                      f"pass --host {http.host} --port {http.port}, or stop it (`serve shutdown`)")
+    if APP in serve.status().applications:
+        raise BackendUnavailableError(f"an {APP!r} application already runs on this cluster's Ray Serve",
+                                      "stop the other `edgeinfer serve --ray` first (one per cluster)")
+    return False
+
+
+def stop(started: bool, owner: bool, deployed: bool, store: Any = None) -> None:
+    """Remove what this command started: the local Ray of ``--ray auto``, Serve on a joined cluster when it
+    started it there, else its application, and the bundle store; the joined cluster itself keeps running."""
     import ray
     from ray import serve
 
+    from edgeinfer.fleet.replicas import APP
+
     try:
-        if started:
+        if store is not None:
+            ray.kill(store)
+        if started or owner:
             serve.shutdown()
-        elif ray.is_initialized():
-            serve.delete("edgeinfer")
+        elif deployed and ray.is_initialized():
+            serve.delete(APP)
     finally:
         ray.shutdown()

@@ -47,7 +47,12 @@ EXTRAS = ("fastapi", "uvicorn", "starlette", "pydantic", "prometheus_client", "h
 @click.option("--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning"]))
 @click.option("--ray", "ray_address", default=None, metavar="auto|ADDRESS",
               help="Serve as Ray Serve deployments placed by accelerator (docs/fleet.md); auto: a local Ray.")
-@click.option("--replicas", default=1, show_default=True, type=int, help="With --ray: replicas per bundle.")
+@click.option("--replicas", default="1", show_default=True, metavar="N|auto",
+              help="With --ray: replicas per bundle; auto: scale on queue length within the fleet's resources.")
+@click.option("--max-replicas", default=None, type=int,
+              help="With --ray: scale on queue length from --replicas up to this many per bundle.")
+@click.option("--ship-bundles", is_flag=True,
+              help="With --ray: send bundles to the nodes through Ray's object store even where their path exists.")
 def serve_cmd(
     bundles: tuple[Path, ...],
     host: str,
@@ -68,7 +73,9 @@ def serve_cmd(
     threads: int | None,
     log_level: str,
     ray_address: str | None = None,
-    replicas: int = 1,
+    replicas: str = "1",
+    max_replicas: int | None = None,
+    ship_bundles: bool = False,
 ) -> None:
     """Serve BUNDLE(s) over HTTP: /v1/embeddings, /v1/infer, /v1/chat/completions, /v1/completions,
     /v1/models, /health, /ready, /metrics. Decoder bundles and Hugging Face decoder directories are served
@@ -94,7 +101,7 @@ def serve_cmd(
     if ray_address:
         from edgeinfer.fleet.ray_serve import serve_on_ray
 
-        return serve_on_ray(config, ray_address, replicas)
+        return serve_on_ray(config, ray_address, replicas, max_replicas, ship_bundles)
     serve = _app_serve()
     serve(config, log_level=log_level)
 

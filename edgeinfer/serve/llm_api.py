@@ -84,39 +84,10 @@ def add_routes(app: FastAPI, engines: dict[str, Engine], timeout_s: float, accep
     """The two generation endpoints over ``engines`` (model id → engine); ``accepting()`` is False while
     the server drains or cannot load its models (503)."""
 
-    def engine_for(model: str | None) -> Engine:
-        if model is not None:
-            if model not in engines:
-                raise ApiError(404, f"The model '{model}' does not exist; GET /v1/models lists the served ones")
-            return engines[model]
-        if len(engines) == 1:
-            return next(iter(engines.values()))
-        raise ApiError(400, f"several decoders are served; name one in 'model' ({', '.join(engines)})")
-
     async def generate(request: Request, chat: bool) -> Any:
         arrived = time.perf_counter()
-        body = validated(ChatRequest if chat else CompletionRequest,
-                         read_json(await request.body(), request.headers.get("content-type", "")))
-        eng = engine_for(body.model)
-        if not accepting():
-            raise ApiError(503, "the server is shutting down or its models failed to load; retry elsewhere")
-        req = GenRequest(*prompt_and_options(eng, body, chat), arrived=arrived)
-        try:
-            eng.submit(req)
-        except QueueFull:
-            raise ApiError(429, f"all {eng.slots} sequence slots are busy and {eng.max_queue} requests wait; "
-                                "retry shortly", {"Retry-After": "1"}) from None
-        except RuntimeError as e:
-            raise ApiError(503, str(e)) from None
-        observe("prompt", model=eng.llm.name, tokens=len(req.prompt_ids))
-        meta = {"id": ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24], "created": int(time.time()),
-                "model": eng.llm.name}
-        events = _events(eng, req, time.monotonic() + timeout_s, observe)
-        if body.stream:
-            usage = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(_sse(events, meta, chat, usage, len(req.prompt_ids)),
-                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        return await _whole(events, meta, chat, len(req.prompt_ids))
+        return await respond(engines, await request.body(), request.headers.get("content-type", ""), chat,
+                             timeout_s, accepting, observe, arrived)
 
     @app.post("/v1/chat/completions", tags=["generation"], responses=ERRORS, openapi_extra=body_doc(ChatRequest))
     async def chat_completions(request: Request):
@@ -128,6 +99,44 @@ def add_routes(app: FastAPI, engines: dict[str, Engine], timeout_s: float, accep
     async def completions(request: Request):
         """Text completion of a prompt (OpenAI-compatible), streamed with ``"stream": true``."""
         return await generate(request, chat=False)
+
+
+def engine_for(engines: dict[str, Engine], model: str | None) -> Engine:
+    if model is not None:
+        if model not in engines:
+            raise ApiError(404, f"The model '{model}' does not exist; GET /v1/models lists the served ones")
+        return engines[model]
+    if len(engines) == 1:
+        return next(iter(engines.values()))
+    raise ApiError(400, f"several decoders are served; name one in 'model' ({', '.join(engines)})")
+
+
+async def respond(engines: dict[str, Engine], raw: bytes, content_type: str, chat: bool, timeout_s: float,
+                  accepting: Any, observe: Any, arrived: float | None = None) -> Any:
+    """The answer to one chat / completion request body: a streamed or a whole response; ApiError for a
+    request that cannot be served. The single-box routes and the Ray replicas (edgeinfer/fleet) share it."""
+    arrived = time.perf_counter() if arrived is None else arrived
+    body = validated(ChatRequest if chat else CompletionRequest, read_json(raw, content_type))
+    eng = engine_for(engines, body.model)
+    if not accepting():
+        raise ApiError(503, "the server is shutting down or its models failed to load; retry elsewhere")
+    req = GenRequest(*prompt_and_options(eng, body, chat), arrived=arrived)
+    try:
+        eng.submit(req)
+    except QueueFull:
+        raise ApiError(429, f"all {eng.slots} sequence slots are busy and {eng.max_queue} requests wait; "
+                            "retry shortly", {"Retry-After": "1"}) from None
+    except RuntimeError as e:
+        raise ApiError(503, str(e)) from None
+    observe("prompt", model=eng.llm.name, tokens=len(req.prompt_ids))
+    meta = {"id": ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24], "created": int(time.time()),
+            "model": eng.llm.name}
+    events = _events(eng, req, time.monotonic() + timeout_s, observe)
+    if body.stream:
+        usage = bool(body.stream_options and body.stream_options.include_usage)
+        return StreamingResponse(_sse(events, meta, chat, usage, len(req.prompt_ids)),
+                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    return await _whole(events, meta, chat, len(req.prompt_ids))
 
 
 def prompt_and_options(eng: Engine, body: Any, chat: bool) -> tuple[list[int], dict[str, Any]]:

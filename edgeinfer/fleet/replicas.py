@@ -1,0 +1,182 @@
+"""The Ray Serve replicas of ``serve --ray`` (they run inside Ray worker processes on the fleet's nodes).
+
+A replica opens its bundle from its path, checks every file against the manifest's sha256 seals and against the
+seals the starting machine saw (the same bundle, not another one at that path), and answers with the single-box
+server's own code: request parsing and encoding (edgeinfer/serve/prep.py) for embedding / tensor bundles, the
+decoder engine (one worker process with KV slots, edgeinfer/serve/llm_engine.py) and the OpenAI generation
+answers (edgeinfer/serve/llm_api.py) for decoders. Each replica keeps the single-box server's Prometheus
+metrics and pushes them to the router every ``PUSH_S`` seconds (the router's ``/metrics`` merges them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from edgeinfer.errors import InputError
+
+APP = "edgeinfer"  # the Serve application's name
+ROUTER = "router"  # the ingress deployment's name
+PUSH_S = 2.0
+
+
+def error(status: int, message: str) -> tuple[int, bytes]:
+    from edgeinfer.serve.app import _TYPES
+
+    body = {"error": {"message": message, "type": _TYPES.get(status, "error"), "code": status}}
+    return status, json.dumps(body).encode()
+
+
+def arrive(target: Any) -> Any:
+    """The bundle at ``target.path`` on this node, or (not there, or ``--ship-bundles``) fetched through Ray's
+    object store (edgeinfer/fleet/transport.py); every file checked; an InputError when it is not the one the
+    command was started with."""
+    from pathlib import Path
+
+    import ray
+
+    from edgeinfer.run.bundle import Bundle
+
+    path = target.path
+    if target.ship or not Path(path).is_dir():
+        from edgeinfer.fleet.transport import fetch
+
+        path = str(fetch(target.store, target.name, target.files))
+    bundle = Bundle.open(path, verify="full")  # every file against the manifest's sha256
+    if bundle.manifest.files != target.files:
+        raise InputError(f"bundle {path} on node {ray.get_runtime_context().get_node_id()} is not the "
+                         "one `edgeinfer serve` was started with (its seals differ); copy the same bundle there")
+    return bundle
+
+
+class MetricsPush:
+    """Pushes this replica's registry to the router while it changes (the router cannot reach each replica of a
+    deployment through a handle: a handle picks one)."""
+
+    def __init__(self, registry: Any):
+        from ray import serve
+
+        self.registry = registry
+        rid = serve.get_replica_context().replica_id
+        self.name = f"{rid.deployment_id.name}#{rid.unique_id}"
+        self.task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def _loop(self) -> None:
+        from prometheus_client import generate_latest
+        from ray import serve
+
+        router, last = None, b""
+        while True:
+            await asyncio.sleep(PUSH_S)
+            text = generate_latest(self.registry)
+            if text == last:
+                continue
+            try:
+                router = router or serve.get_deployment_handle(ROUTER, APP)
+                await router.push_metrics.remote(self.name, text.decode())
+                last = text
+            except Exception:  # noqa: BLE001 - the router is (re)starting: the next round sends it again
+                router = None
+
+
+class BundleReplica:
+    """One replica of one embedding / tensor bundle: loaded once, run per request."""
+
+    async def __init__(self, target: Any, max_batch: int, max_inputs: int):
+        import ray
+
+        from edgeinfer.serve.metrics import Metrics
+        from edgeinfer.serve.prep import ServedModel
+
+        bundle = arrive(target)
+        self.models = {target.name: ServedModel(target.name, bundle)}
+        self.name, self.bundle, self.max_batch, self.max_inputs = target.name, bundle, max_batch, max_inputs
+        self.session = bundle.load()
+        self.placement = {"node_id": ray.get_runtime_context().get_node_id(), "resource": target.resource,
+                          "bundle": str(bundle.path)}
+        self.metrics = Metrics()
+        self.push = MetricsPush(self.metrics.registry)
+        self.push.start()
+
+    def run(self, kind: str, body: bytes, content_type: str) -> tuple[int, bytes]:
+        from edgeinfer.serve.prep import ApiError, encode_embeddings, encode_infer, prepare_embeddings, prepare_infer
+        from edgeinfer.serve.workers import run_batch
+
+        try:
+            prepare = prepare_embeddings if kind == "embed" else prepare_infer
+            p = prepare(self.models, body, content_type, self.max_inputs)
+            t0 = time.perf_counter()
+            [(status, out)] = run_batch(self.bundle, self.session, kind, p.feeds, [p.rows], self.max_batch)
+            self.metrics.observe("batch", model=self.name, rows=p.rows, requests=1)
+            self.metrics.observe("batch_done", model=self.name, seconds=time.perf_counter() - t0)
+            if status != "ok":
+                self.metrics.observe("batch_error", model=self.name)
+                return error(500, out)
+            if kind == "embed":
+                return 200, encode_embeddings(p, out["embedding"])
+            return 200, encode_infer(p.id or f"ray-{time.time_ns()}", p.model, out)
+        except ApiError as e:
+            return error(e.status, e.message)
+
+    def describe(self, created: int) -> dict[str, Any]:
+        return {**next(iter(self.models.values())).to_json(created), "placement": self.placement}
+
+
+class DecoderReplica:
+    """One replica of one decoder bundle: the single-box server's decoder engine (one worker process holding
+    ``slots`` KV slots) and its OpenAI answers, streamed back through Ray as they are produced."""
+
+    async def __init__(self, target: Any, config: Any):
+        import ray
+
+        from edgeinfer.serve.llm_engine import Engine, open_llm
+        from edgeinfer.serve.metrics import Metrics
+
+        bundle = arrive(target)
+        self.llm = open_llm(bundle.path, bundle, config.ctx)
+        self.metrics = Metrics()
+        self.engine = Engine(self.llm, config.slots, config.max_queue, config.prefill_chunk,
+                             max_restarts=config.max_restarts, restart_window_s=config.restart_window_s,
+                             observe=self.metrics.observe, threads=config.threads)
+        self.timeout_s = config.generation_timeout_s
+        self.placement = {"node_id": ray.get_runtime_context().get_node_id(), "resource": target.resource,
+                          "bundle": str(bundle.path)}
+        self.started = int(time.time())
+        await self.engine.start()  # Serve routes here once the decoder worker is loaded
+        self.push = MetricsPush(self.metrics.registry)
+        self.push.start()
+
+    async def generate(self, chat: bool, body: bytes, content_type: str) -> AsyncIterator[Any]:
+        """First ``(status, media_type, body)``; a stream's body is None and its chunks follow one by one."""
+        from fastapi.responses import StreamingResponse
+
+        from edgeinfer.serve.llm_api import respond
+        from edgeinfer.serve.prep import ApiError
+
+        try:
+            answer = await respond({self.llm.name: self.engine}, body, content_type, chat, self.timeout_s,
+                                   self.engine.ready, self.metrics.observe)
+        except ApiError as e:
+            status, data = error(e.status, e.message)
+            yield status, "application/json", data
+            return
+        if isinstance(answer, StreamingResponse):
+            yield 200, answer.media_type, None
+            async for chunk in answer.body_iterator:
+                yield chunk
+        else:
+            yield answer.status_code, "application/json", bytes(answer.body)
+
+    def describe(self, created: int) -> dict[str, Any]:
+        return {**self.llm.to_json(created, self.engine.slots), "placement": self.placement}
+
+    def __del__(self) -> None:
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine.stop(timeout=5.0)
