@@ -114,8 +114,9 @@ def test_placement_per_backend():
 def test_tensor_parsing_checks_dtype_range_and_shape():
     from edgeinfer.serve.prep import ApiError, ServedModel, parse_tensors
 
-    class FakeManifest:  # only the specs are read
+    class FakeManifest:  # only the specs and buckets are read
         inputs = [TensorSpec("ids", ("batch", 4), "int64"), TensorSpec("mask", ("batch", 4), "int64")]
+        buckets = None  # not a bucketed static bundle
 
     class FakeBundle:
         manifest = FakeManifest()
