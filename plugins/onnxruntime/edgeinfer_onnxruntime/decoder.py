@@ -62,9 +62,29 @@ def builder_version() -> str:
         ) from None
 
 
+def check_exportable(hf_dir: Path) -> None:
+    """Refuse what the builder exports wrong without a word. It takes every ``nn.Linear`` whose out_features equal
+    the vocabulary size for the LM head (``has_lm_head`` in onnxruntime_genai/models/builders/base.py, 0.14.1), so a
+    model whose MLP width equals its vocabulary gets an up/gate projection as its LM head: logits cosine 0.16
+    against transformers on a random Qwen3 with intermediate_size = vocab_size = 3072 (the golden check caught it)."""
+    try:
+        cfg = json.loads((hf_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return  # the builder reports a missing or broken config itself
+    cfg = cfg.get("text_config", cfg)
+    vocab = cfg.get("vocab_size")
+    widths = {k: cfg.get(k) for k in ("intermediate_size", "moe_intermediate_size", "ffn_hidden_size")}
+    clash = [k for k, v in widths.items() if vocab and v == vocab]
+    if clash:
+        raise ModelError(f"{hf_dir.name}: {clash[0]} equals vocab_size ({vocab}); onnxruntime-genai's builder would "
+                         "take an MLP projection for the LM head and export wrong logits",
+                         "deploy it for another backend (e.g. --board core-ultra-155h), or pick another MLP width")
+
+
 def export(hf_dir: Path, out: Path, precision: str, extra: Sequence[str] = ()) -> None:
     """Run the model builder on ``hf_dir`` into the (empty) directory ``out``."""
     builder_version()
+    check_exportable(hf_dir)
     cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_dir), "-o", str(out),
            "-p", precision, "-e", "cpu", "-c", str(out / "hf-cache")]
     if extra:
