@@ -1,7 +1,9 @@
 """Planner vs this machine for decoders: predicted and measured peak RSS, KV cache and decode tokens/s.
 
 Models: the committed trained test decoder (tiny-qwen3, ~4 M parameters) and a random-init Qwen3 of
-~204 M parameters (``edgeinfer.testing.llm.random_qwen3()``, ~816 MB fp32), both fp32 on onnxruntime —
+~210 M parameters (``edgeinfer.testing.llm.random_qwen3(intermediate=3200)``, ~840 MB fp32; not the default
+3072-wide MLP, which equals the vocabulary and which the onnxruntime plugin therefore refuses), both fp32 on
+onnxruntime —
 the backend of ``--board host`` — with one intra-op thread, context ``CTX``.
 
 Each measurement runs in a fresh subprocess (the ONNX export is done first, in the parent's cache):
@@ -161,7 +163,8 @@ def main() -> dict:
     with tempfile.TemporaryDirectory(prefix="edgeinfer-hostllm-") as tmp:
         board = measured_board(gbps, Path(tmp) / "host-measured-bw.yaml")
         rows = [row("tiny-qwen3 (trained test model)", model_dir(), board),
-                row("random-init Qwen3 (edgeinfer.testing.llm.random_qwen3)", random_qwen3(), board)]
+                row("random-init Qwen3 (edgeinfer.testing.llm.random_qwen3, intermediate 3200)",
+                    random_qwen3(intermediate=3200), board)]
     out = {"backend": "onnxruntime (fp32, 1 intra-op thread)", "stream_copy_gbps": round(gbps, 2),
            "load_average": os.getloadavg(), "rows": rows,
            "median_abs_pct_error_peak_rss": statistics.median(r["peak_rss"]["abs_pct_error"] for r in rows)}
