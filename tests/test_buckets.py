@@ -18,7 +18,7 @@ from edgeinfer.build import buckets as build_buckets
 from edgeinfer.errors import FeedError, InputError
 from edgeinfer.run import buckets
 from edgeinfer.run.bundle import Bundle
-from edgeinfer.testing import minilm
+from edgeinfer.testing import minilm, models
 
 NINE = [(b, s) for b in (1, 4, 8) for s in (32, 64, 128)]
 SHORT = ["Trains run late.", "Solar panels work.", "Bread is baked."]  # each well under 16 tokens
@@ -95,30 +95,12 @@ def test_regroup_calibration_to_a_bucket_shape():
     assert one["input_ids"][:, 0].tolist() == [5, 5, 5, 5] and one["attention_mask"].sum() == 4 * 40
 
 
-def _token_model(path: Path) -> Path:
-    """input_ids, attention_mask [batch, seq] int64 -> last_hidden_state [batch, seq, 1] = ids * mask (dynamic)."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    nodes = [helper.make_node("Mul", ["input_ids", "attention_mask"], ["masked"]),
-             helper.make_node("Cast", ["masked"], ["as_float"], to=TensorProto.FLOAT),
-             helper.make_node("Unsqueeze", ["as_float", "axis"], ["last_hidden_state"])]
-    ins = [helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "seq"]) for n in ("input_ids",
-                                                                                           "attention_mask")]
-    out = [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["batch", "seq", 1])]
-    graph = helper.make_graph(nodes, "tokens", ins, out, [numpy_helper.from_array(np.int64([2]), "axis")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, str(path))
-    return path
-
-
 def test_bucketed_session_pads_and_cuts_symbolic_outputs(tmp_path):
     """Bucket artifacts whose output specs stay symbolic (RKNN converted from a dynamic ONNX) are cut too."""
     from edgeinfer.contract import registry
 
     backend = registry.get_backend("onnxruntime")
-    path = _token_model(tmp_path / "tokens.onnx")
+    path = models.token_model(tmp_path / "tokens.onnx")
     session = buckets.BucketedSession({(1, 8): backend.load(path), (2, 4): backend.load(path)})
     with session:
         ids = np.array([[7, 8, 9], [4, 5, 0]])

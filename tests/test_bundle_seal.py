@@ -40,26 +40,6 @@ def deployed(tmp_path_factory, cache) -> Path:
     return out
 
 
-def _token_model(path: Path) -> Path:
-    """input_ids, attention_mask [batch, seq] int64 -> last_hidden_state [batch, seq, 1] = ids * mask."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    nodes = [
-        helper.make_node("Mul", ["input_ids", "attention_mask"], ["masked"]),
-        helper.make_node("Cast", ["masked"], ["as_float"], to=TensorProto.FLOAT),
-        helper.make_node("Unsqueeze", ["as_float", "axis"], ["last_hidden_state"]),
-    ]
-    ins = [helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "seq"]) for n in ("input_ids",
-                                                                                           "attention_mask")]
-    out = [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["batch", "seq", 1])]
-    graph = helper.make_graph(nodes, "tokens", ins, out, [numpy_helper.from_array(np.int64([2]), "axis")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, str(path))
-    return path
-
-
 @pytest.fixture(scope="module")
 def text_bundle(tmp_path_factory) -> Path:
     from edgeinfer.contract import registry as plugins
@@ -67,7 +47,7 @@ def text_bundle(tmp_path_factory) -> Path:
 
     out = tmp_path_factory.mktemp("seal-text") / "bundle"
     out.mkdir()
-    _token_model(out / "model.onnx")
+    models.token_model(out / "model.onnx")
     (out / "tokenizer").mkdir()
     shutil.copy(minilm.model_dir() / "tokenizer.json", out / "tokenizer" / "tokenizer.json")
     with plugins.get_backend("onnxruntime").load(out / "model.onnx") as s:

@@ -244,6 +244,20 @@ def deep_stack(path: Path, layers: int = 12, dim: int = 32, batch: int | str = "
     return path
 
 
+def token_model(path: Path) -> Path:
+    """input_ids, attention_mask [batch, seq] int64 -> last_hidden_state [batch, seq, 1] = ids * mask, dynamic
+    batch and sequence: a text-encoder-shaped model whose output shows which tokens and padding it saw."""
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Mul", ["input_ids", "attention_mask"], ["masked"]),
+             helper.make_node("Cast", ["masked"], ["as_float"], to=TensorProto.FLOAT),
+             helper.make_node("Unsqueeze", ["as_float", "axis"], ["last_hidden_state"])]
+    ins = [helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "seq"])
+           for n in ("input_ids", "attention_mask")]
+    out = [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["batch", "seq", 1])]
+    return _save(helper.make_graph(nodes, "tokens", ins, out, [_init("axis", np.int64([2]))]), path)
+
+
 def all_models(out_dir: Path) -> list[KitModel]:
     out_dir.mkdir(parents=True, exist_ok=True)
     return [mlp(out_dir, batch=2), mlp(out_dir), attention(out_dir), embedding(out_dir), two_in_two_out(out_dir)]
