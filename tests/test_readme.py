@@ -6,7 +6,8 @@ What runs how (README.md says the same):
   or 1 where its comment says "(exit 1: …)";
 - ``make dev`` and ``source .venv/bin/activate`` are skipped: this test's environment is that venv;
 - ``edgeinfer serve …`` starts in the background on a free port instead of 8000; the test waits
-  for ``/health`` to answer 200 and one ``/v1/embeddings`` request, then stops it with SIGTERM
+  for ``/health`` to answer 200, one ``/v1/embeddings`` and one ``/v1/chat/completions`` request,
+  then stops it with SIGTERM
   (exit 0);
 - the Python block runs afterwards in the same directory;
 - of the first block (fresh venv + ``pip install .``), the ``edgeinfer plan`` command runs;
@@ -92,7 +93,7 @@ def _free_port() -> int:
 def test_the_quickstart_is_parsed_as_expected() -> None:
     lines, python = quickstart()
     script, serve = _script(lines)
-    assert serve is not None and serve.startswith("edgeinfer serve minilm-ov --port 8000")
+    assert serve is not None and serve.startswith("edgeinfer serve minilm-ov tiny-qwen3-ov --port 8000")
     assert "--quant int8 --calib examples/sentences.txt" in script
     assert script.count("rc=$?") == len(lines) - len(SKIPPED) - 1
     assert "edgeinfer.load(" in python and "edgeinfer.plan(" in python
@@ -115,7 +116,7 @@ def test_the_readme_runs_as_written(tmp_path: Path) -> None:
     proc = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    for bundle in ("minilm-ov", "minilm-rk", "minilm-ascend", "minilm-ov-int8"):
+    for bundle in ("minilm-ov", "minilm-rk", "minilm-ascend", "minilm-ov-int8", "tiny-qwen3-ov"):
         assert (tmp_path / bundle / "manifest.json").is_file(), bundle
     x = np.load(tmp_path / "x.npy")
     assert np.load(tmp_path / "out" / "y.npy").shape == (x.shape[0], 8)  # mlp: [batch, 16] -> [batch, 8]
@@ -145,12 +146,11 @@ def _serve_answers(serve: str, cwd: Path, env: dict[str, str]) -> None:
                 assert server.poll() is None, server.communicate()[1][-2000:]
                 assert time.monotonic() < deadline, "serve did not answer /health in 180 s"
                 time.sleep(1)
-        body = json.dumps({"input": ["the same command on every bundle"]}).encode()
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/embeddings", data=body,
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=60) as r:
-            data = json.load(r)["data"]
-        assert len(data) == 1 and len(data[0]["embedding"]) == 384  # all-MiniLM-L6-v2's width
+        data = _post(port, "/v1/embeddings", {"model": "minilm-ov", "input": ["the same command on every bundle"]})
+        assert len(data["data"]) == 1 and len(data["data"][0]["embedding"]) == 384  # all-MiniLM-L6-v2's width
+        chat = _post(port, "/v1/chat/completions", {"model": "tiny-qwen3-ov", "max_tokens": 8, "temperature": 0,
+                                                    "messages": [{"role": "user", "content": "Hello"}]})
+        assert chat["choices"][0]["message"]["content"] and 0 < chat["usage"]["completion_tokens"] <= 8
     finally:
         server.send_signal(signal.SIGTERM)
         try:
@@ -159,3 +159,10 @@ def _serve_answers(serve: str, cwd: Path, env: dict[str, str]) -> None:
             server.kill()
             raise
     assert code == 0
+
+
+def _post(port: int, path: str, body: dict) -> dict:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.load(r)
