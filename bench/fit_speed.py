@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 import yaml  # noqa: E402
 
-from edgeinfer.planning import planner  # noqa: E402
+from edgeinfer.planning import calibrate, planner  # noqa: E402
 from edgeinfer.planning.boards import get_board  # noqa: E402
 from edgeinfer.planning.models import resolve  # noqa: E402
 from edgeinfer.planning.quant import normalize_scheme  # noqa: E402
@@ -52,25 +52,8 @@ def row_facts(r: dict) -> dict:
 
 
 def fit_group(xs: list[float], ts: list[float], t0_fixed: float | None = None) -> tuple[float, float]:
-    """Weighted LS for t = t0 + x * inv_bw, weights 1/t (relative error). Returns (t0 s, bw B/s)."""
-    if t0_fixed is not None or len(set(xs)) < 2:
-        t0 = t0_fixed or 0.0
-        # minimise Σ((t0 + x*a - t)/t)^2 over a
-        num = sum((x / t) * ((t - t0) / t) for x, t in zip(xs, ts))
-        den = sum((x / t) ** 2 for x, t in zip(xs, ts))
-        return t0, 1.0 / (num / den)
-    # normal equations for [t0, a] with rows [1/t, x/t] -> 1
-    s11 = sum(1 / t**2 for t in ts)
-    s12 = sum(x / t**2 for x, t in zip(xs, ts))
-    s22 = sum((x / t) ** 2 for x, t in zip(xs, ts))
-    b1 = sum(1 / t for t in ts)
-    b2 = sum(x / t for x, t in zip(xs, ts))
-    det = s11 * s22 - s12 * s12
-    t0 = (b1 * s22 - b2 * s12) / det
-    a = (s11 * b2 - s12 * b1) / det
-    if t0 < 0 or a <= 0:
-        return fit_group(xs, ts, t0_fixed=0.0)
-    return t0, 1.0 / a
+    """Weighted LS for t = t0 + x / bw, weights 1/t (relative error): ``edgeinfer calibrate``'s own fit."""
+    return calibrate.fit_line(xs, ts, t0_fixed)
 
 
 def main() -> dict:

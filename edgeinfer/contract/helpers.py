@@ -5,10 +5,12 @@ Light on purpose (no NumPy, ONNX or SDK import at module level): ``import edgein
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection, Iterable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from edgeinfer.errors import InputError
+from edgeinfer.errors import InputError, ModelError
 
 if TYPE_CHECKING:
     from edgeinfer.contract.backend import OpTime
@@ -54,3 +56,19 @@ def package_version(dist: str, missing: str | None = None) -> str | None:
 def slowest_first(ops: Iterable[OpTime]) -> list[OpTime]:
     """Op times sorted as ``Session.op_times`` returns them: slowest first."""
     return sorted(ops, key=lambda o: o.time_ms, reverse=True)
+
+
+def read_artifact_manifest(path: Path, filename: str, fmt: int, what: str) -> dict[str, Any] | None:
+    """The JSON manifest ``filename`` of a backend's artifact directory ``path``, or None when ``path`` is not
+    one; an unreadable manifest, or one of another ``format`` than ``fmt``, is a ModelError (convert again)."""
+    f = Path(path) / filename
+    if not f.is_file():
+        return None
+    try:
+        manifest = json.loads(f.read_text())
+    except (OSError, ValueError):
+        raise ModelError(f"{f} is not readable JSON; convert the model again") from None
+    if manifest.get("format") != fmt:
+        raise ModelError(f"{Path(path).name} has {what} format {manifest.get('format')}, expected {fmt}; "
+                         "convert again")
+    return manifest

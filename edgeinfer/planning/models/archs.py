@@ -55,6 +55,19 @@ def _head_dim(cfg: dict, h: int, nh: int, source: str, key: str = "head_dim") ->
     return hd
 
 
+def _text_spec(tc: dict, cfg: dict, mt: str, name: str, source: str) -> ModelSpec:
+    """The spec from the standard Hugging Face text keys of ``tc`` (``text_config``, or the config itself);
+    the weights' dtype from the outer ``cfg``."""
+    h = need(tc, "hidden_size", source)
+    nh = need(tc, "num_attention_heads", source)
+    spec = _base(tc, mt, name, source, L=layers(tc, "num_hidden_layers", source), h=h, nh=nh,
+                 kv=opt(tc, "num_key_value_heads", source) or nh, hd=_head_dim(tc, h, nh, source),
+                 inter=need(tc, "intermediate_size", source), V=need(tc, "vocab_size", source),
+                 max_pos=opt(tc, "max_position_embeddings", source))
+    spec.native_dtype = _dtype(cfg) or spec.native_dtype
+    return spec
+
+
 def chatglm(cfg: dict, mt: str, name: str, source: str) -> ModelSpec:
     """ChatGLM2/3, GLM-4 (THUDM modeling_chatglm.py, e.g. https://huggingface.co/THUDM/chatglm3-6b/blob/main/
     modeling_chatglm.py): fused query_key_value with multi-query groups, SwiGLU dense_h_to_4h of 2 × ffn."""
@@ -77,15 +90,9 @@ def llama_like(cfg: dict, mt: str, name: str, source: str) -> ModelSpec:
     Baichuan2 (W_pack, multi-head; 13B uses ALiBi, which adds no parameter and no cache,
     https://huggingface.co/baichuan-inc/Baichuan2-13B-Chat/blob/main/modeling_baichuan.py), MiniCPM (llama
     layers with scaled residuals, https://huggingface.co/openbmb/MiniCPM-2B-sft-bf16/blob/main/modeling_minicpm.py)."""
-    L = layers(cfg, "num_hidden_layers", source)
-    h = need(cfg, "hidden_size", source)
-    nh = need(cfg, "num_attention_heads", source)
-    kv = opt(cfg, "num_key_value_heads", source) or nh
-    hd = _head_dim(cfg, h, nh, source)
-    inter = need(cfg, "intermediate_size", source)
-    V = need(cfg, "vocab_size", source)
-    max_pos = opt(cfg, "max_position_embeddings", source) or opt(cfg, "model_max_length", source)
-    spec = _base(cfg, mt, name, source, L=L, h=h, nh=nh, kv=kv, hd=hd, inter=inter, V=V, max_pos=max_pos)
+    spec = _text_spec(cfg, cfg, mt, name, source)
+    spec.max_position = spec.max_position or opt(cfg, "model_max_length", source)
+    h, nh, kv, hd, inter = spec.hidden, spec.heads, spec.kv_heads, spec.head_dim, spec.intermediate
     attn = _gqa(h, nh, kv, hd)
     if cfg.get("bias") or cfg.get("attention_bias"):
         attn += (nh + 2 * kv) * hd + h
@@ -110,14 +117,8 @@ def gemma3(cfg: dict, mt: str, name: str, source: str) -> ModelSpec:
         if not isinstance(tc, dict):
             raise ModelError(f"{source}: config key 'text_config' must be a JSON object")
         tc = {**GEMMA3_TEXT_DEFAULTS, **{k: v for k, v in tc.items() if v is not None}}
-    L = layers(tc, "num_hidden_layers", source)
-    h = need(tc, "hidden_size", source)
-    nh = need(tc, "num_attention_heads", source)
-    kv = opt(tc, "num_key_value_heads", source) or nh
-    hd = _head_dim(tc, h, nh, source)
-    spec = _base(tc, mt, name, source, L=L, h=h, nh=nh, kv=kv, hd=hd, inter=need(tc, "intermediate_size", source),
-                 V=need(tc, "vocab_size", source), max_pos=opt(tc, "max_position_embeddings", source))
-    spec.native_dtype = _dtype(cfg) or spec.native_dtype
+    spec = _text_spec(tc, cfg, mt, name, source)
+    L, h, nh, kv, hd = spec.layers, spec.hidden, spec.heads, spec.kv_heads, spec.head_dim
     _dense(spec, _gqa(h, nh, kv, hd) + 2 * hd, 3 * h * spec.intermediate, 4 * h, True)
     sw = opt(tc, "sliding_window", source)
     if sw:
@@ -187,14 +188,8 @@ def qwen_vl(cfg: dict, mt: str, name: str, source: str) -> ModelSpec:
     """Qwen2-VL / Qwen2.5-VL: a Qwen2 language model (q/k/v biases) + the vision tower (planning/models/vision.py).
     Newer exports nest the language keys in text_config."""
     tc = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
-    L = layers(tc, "num_hidden_layers", source)
-    h = need(tc, "hidden_size", source)
-    nh = need(tc, "num_attention_heads", source)
-    kv = opt(tc, "num_key_value_heads", source) or nh
-    hd = _head_dim(tc, h, nh, source)
-    spec = _base(tc, mt, name, source, L=L, h=h, nh=nh, kv=kv, hd=hd, inter=need(tc, "intermediate_size", source),
-                 V=need(tc, "vocab_size", source), max_pos=opt(tc, "max_position_embeddings", source))
-    spec.native_dtype = _dtype(cfg) or spec.native_dtype
+    spec = _text_spec(tc, cfg, mt, name, source)
+    h, nh, kv, hd = spec.hidden, spec.heads, spec.kv_heads, spec.head_dim
     tied = bool(cfg.get("tie_word_embeddings", tc.get("tie_word_embeddings", False)))
     _dense(spec, _gqa(h, nh, kv, hd) + (nh + 2 * kv) * hd, 3 * h * spec.intermediate, 2 * h, tied)
     _add_vision(spec, vision.qwen_vision(cfg.get("vision_config"), h, mt == "qwen2_5_vl", source))

@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from edgeinfer.contract.helpers import read_artifact_manifest
 from edgeinfer.errors import InputError, ModelError
 from edgeinfer.planning.quant import normalize_scheme
 
@@ -62,17 +63,7 @@ def check_scheme(scheme: str, board: str | None, device: str) -> str:
 
 def read_manifest(path: Path) -> dict[str, Any] | None:
     """The artifact's manifest when ``path`` is an artifact directory, else None."""
-    f = Path(path) / MANIFEST
-    if not f.is_file():
-        return None
-    try:
-        manifest = json.loads(f.read_text())
-    except (OSError, ValueError):
-        raise ModelError(f"{f} is not readable JSON; convert the model again") from None
-    if manifest.get("format") != FORMAT:
-        raise ModelError(f"{path.name} has decoder artifact format {manifest.get('format')}, expected {FORMAT}; "
-                         "convert again")
-    return manifest
+    return read_artifact_manifest(path, MANIFEST, FORMAT, "decoder artifact")
 
 
 def convert_decoder(model: Path, scheme: str, context: int, out: Path, calibration: Any = None,

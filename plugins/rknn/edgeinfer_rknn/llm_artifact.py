@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from edgeinfer.contract import CalibrationSet
-from edgeinfer.errors import InputError, ModelError
+from edgeinfer.contract.helpers import read_artifact_manifest
+from edgeinfer.errors import InputError
 from edgeinfer.planning.quant import normalize_scheme
 
 from . import llm_export as lx
@@ -65,17 +66,8 @@ def graph_name(k: int, phase: str) -> str:
 
 
 def read_manifest(path: Path) -> dict[str, Any] | None:
-    f = Path(path) / MANIFEST
-    if not f.is_file():
-        return None
-    try:
-        manifest = json.loads(f.read_text())
-    except (OSError, ValueError):
-        raise ModelError(f"{f} is not readable JSON; convert the model again") from None
-    if manifest.get("format") != FORMAT:
-        raise ModelError(f"{path.name} has rknn decoder format {manifest.get('format')}, expected {FORMAT}; "
-                         "convert again")
-    return manifest
+    """The artifact's manifest when ``path`` is an artifact directory, else None."""
+    return read_artifact_manifest(path, MANIFEST, FORMAT, "rknn decoder")
 
 
 def onnx_weight_elements(path: Path) -> int:
