@@ -39,16 +39,19 @@ def backend(name: str) -> Backend:
     return plugins.get_backend(name)
 
 
-def load(path: Any, backend: str | None = None, device: str | None = None, **options: Any) -> Session:
+def load(path: Any, backend: str | None = None, device: str | None = None, *, trust_remote_code: bool = False,
+         **options: Any) -> Session:
     """Load ``path`` on ``backend`` (default: the one whose native format it is).
 
     A model that is not the backend's native format (an ``.onnx`` given to the
     OpenVINO backend) is converted with the backend's default scheme first; the
     result is cached, keyed by file hash, backend, its versions and options.
+    A Hugging Face directory that names Python code of its own (``auto_map``) is refused unless
+    ``trust_remote_code=True`` (docs/security.md).
     """
     from edgeinfer.run.loading import load as _load
 
-    return _load(path, backend=backend, device=device, **options)
+    return _load(path, backend=backend, device=device, trust_remote_code=trust_remote_code, **options)
 
 
 def plan(model: Any, board: Any, **options: Any) -> Any:

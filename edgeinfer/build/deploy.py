@@ -23,7 +23,7 @@ from edgeinfer import files
 from edgeinfer.build import buckets as buckets_mod
 from edgeinfer.build import cache, calibration, golden, outdir
 from edgeinfer.contract import registry as plugins
-from edgeinfer.contract import stamp
+from edgeinfer.contract import remote_code, stamp
 from edgeinfer.contract.backend import CalibrationSet, TensorSpec
 from edgeinfer.contract.names import ENCODER_REFERENCE
 from edgeinfer.errors import CheckFailed, InputError
@@ -202,6 +202,7 @@ def fallback_samples(specs: list[TensorSpec], tokenize, n: int) -> list[Feeds]:
 # --- the whole job -------------------------------------------------------------------------------------
 
 
+@remote_code.entry_point
 def deploy(
     model: str | os.PathLike[str],
     board: str | os.PathLike[str],
@@ -221,7 +222,10 @@ def deploy(
     segments: int | None = None,
     cuts: list[str] | None = None,
     buckets: str | None = None,
+    trust_remote_code: bool = False,
 ) -> DeployResult:
+    """``trust_remote_code``: let libraries import the Python files a model directory names in ``auto_map``
+    (otherwise such a directory is refused before any work)."""
     from edgeinfer.planning.planner import plan as make_plan
 
     progress = progress or Progress(enabled=False)
@@ -236,6 +240,7 @@ def deploy(
         raise InputError(f"{src.path} is a causal language model: deploy it with "
                          "edgeinfer.build.deploy_decoder.deploy_decoder (the CLI does so by itself)")
     if src.hf_dir is not None:
+        remote_code.allowed(src.hf_dir)
         check_tokenizer(src.hf_dir)
     scheme = normalize_scheme(quant or "fp16").name
     threshold = golden.default_threshold(scheme) if threshold is None else threshold

@@ -24,7 +24,7 @@ from typing import Any
 from edgeinfer import files
 from edgeinfer.build import cache, outdir
 from edgeinfer.contract import registry as plugins
-from edgeinfer.contract import stamp
+from edgeinfer.contract import remote_code, stamp
 from edgeinfer.contract.backend import Backend, TensorSpec
 from edgeinfer.contract.names import DECODER_REFERENCE
 from edgeinfer.errors import BackendUnavailableError, CheckFailed, InputError
@@ -64,6 +64,7 @@ class DecoderDeployResult:
         }
 
 
+@remote_code.entry_point
 def deploy_decoder(
     model: str | os.PathLike[str],
     board: str | os.PathLike[str] | Board,
@@ -80,10 +81,12 @@ def deploy_decoder(
     runtime: str | None = None,
     progress: Progress | None = None,
     use_cache: bool = True,
+    trust_remote_code: bool = False,
 ) -> DecoderDeployResult:
     """Deploy the causal LM in ``model`` for ``board``; raise CheckFailed (nothing written) when the plan
     does not fit (unless ``force``) or the golden check fails. ``threshold`` overrides the scheme's
-    minimum logits cosine."""
+    minimum logits cosine. ``trust_remote_code``: let libraries import the Python files ``model`` names in
+    ``auto_map`` (otherwise such a directory is refused before any work)."""
     progress = progress or Progress(enabled=False)
     warnings: list[str] = []
     out_dir = Path(out)
@@ -91,6 +94,7 @@ def deploy_decoder(
     hf_dir = Path(model)
     if not is_decoder_dir(hf_dir):
         raise InputError(f"{hf_dir} is not a causal language model directory (config.json names no *ForCausalLM)")
+    remote_code.allowed(hf_dir)
     check_text(hf_dir)
     b = get_board(board)
     backend = plugins.get_backend(b.backend)
@@ -324,8 +328,8 @@ def check_golden(hf_dir: Path, work: Path, backend: Backend, scheme: str, contex
                          f"tokens); the golden check needs {MIN_GOLDEN_TOKENS}: use a larger --ctx or shorter "
                          "--golden-inputs")
     recorded = []
-    with load_generator(hf_dir, backend=DECODER_REFERENCE, ctx=context, **({"threads": threads} if threads else {})) \
-            as reference:
+    with load_generator(hf_dir, backend=DECODER_REFERENCE, ctx=context, trust_remote_code=remote_code.trusted(),
+                        **({"threads": threads} if threads else {})) as reference:
         for p in progress.track(prompts, f"fp32 reference ({DECODER_REFERENCE}): {len(prompts)} prompts × {n} "
                                          "tokens", total=len(prompts)):
             recorded += golden.record(reference, [p], n)
@@ -346,8 +350,9 @@ def judge(candidate: Any, recorded: list[golden.Recorded], new_tokens: int, sche
     return report
 
 
+@remote_code.entry_point
 def golden_bundle(path: str | os.PathLike[str], device: str | None = None,
-                  min_cosine: float | None = None) -> dict[str, Any]:
+                  min_cosine: float | None = None, *, trust_remote_code: bool = False) -> dict[str, Any]:
     """Re-run a decoder bundle's golden check here, against the fp32 reference recorded at deploy."""
     b = bundle_mod.Bundle.open(path, verify="full")
     if b.manifest.decoder is None:
@@ -364,7 +369,8 @@ def golden_bundle(path: str | os.PathLike[str], device: str | None = None,
         pass  # a bundle without its report: the scheme's thresholds
     n = before.get("new_tokens") or max(len(r.token_ids) for r in recorded)
     backend = plugins.get_backend(b.manifest.backend)
-    with decoder_bundle.open_generator(b, device=device, **backend.logits_options) as candidate:
+    with decoder_bundle.open_generator(b, device=device, trust_remote_code=trust_remote_code,
+                                       **backend.logits_options) as candidate:
         report = judge(candidate, recorded, int(n), b.manifest.scheme, t, min_cosine)
     report["bundle"] = str(b.path)
     return report

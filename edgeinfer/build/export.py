@@ -9,6 +9,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from edgeinfer.contract import remote_code
 from edgeinfer.contract.helpers import first_line
 from edgeinfer.errors import InputError, ModelError
 from edgeinfer.files import temp_file
@@ -50,13 +51,14 @@ def export_hf_onnx(hf_dir: Path, out: Path, shapes: dict[str, list[int | str]] |
     import transformers
     from transformers import AutoModel, AutoModelForSequenceClassification
 
+    trust = remote_code.allowed(hf_dir)
     kind = hf_kind(hf_dir)
     shape = _common_shape(shapes, kind["inputs"])
     loader = AutoModelForSequenceClassification if kind["classifier"] else AutoModel
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     try:
-        hf = loader.from_pretrained(str(hf_dir), attn_implementation="eager").eval()
+        hf = loader.from_pretrained(str(hf_dir), attn_implementation="eager", trust_remote_code=trust).eval()
     except Exception as e:
         if "weights only load failed" in str(e).lower():  # transformers loads .bin weights with weights_only=True
             raise ModelError(

@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from edgeinfer.cli.output import _json_safe, console, emit
+from edgeinfer.cli.trust import trust_remote_code_option
 from edgeinfer.errors import InputError
 
 MAX_BENCH_BATCH = 4096  # far past any edge NPU's useful batch; larger values only exhaust memory
@@ -48,10 +49,12 @@ def _int_list(value: str, what: str, largest: int) -> list[int]:
               "for [default: the bundle's].")
 @click.option("--plot", type=click.Path(path_type=Path), help="Write a PNG chart of throughput and latency.")
 @click.option("--output", "-o", type=click.Path(path_type=Path), help="Also write the JSON report to this file.")
+@trust_remote_code_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 def bench(bundle_dir: Path, batch: str | None, seq: str | None, prompt_lengths: str | None, new_tokens: int | None,
           ctx: int | None, backend: str | None, threads: int | None, repeat: int | None, device: str | None,
-          plot: Path | None, output: Path | None, as_json: bool, board: str | None = None) -> None:
+          plot: Path | None, output: Path | None, as_json: bool, board: str | None = None,
+          trust_remote_code: bool = False) -> None:
     """Latency, throughput and peak memory of MODEL_OR_BUNDLE.
 
     \b
@@ -79,7 +82,7 @@ def bench(bundle_dir: Path, batch: str | None, seq: str | None, prompt_lengths: 
         check_output_file(output, "--output", (".json",))
     if threads is not None and threads < 1:
         raise InputError(f"--threads must be at least 1, got {threads}")
-    loaded = _load(bundle_dir, backend, device, ctx, threads)
+    loaded = _load(bundle_dir, backend, device, ctx, threads, trust_remote_code)
     from edgeinfer.run.generation.generator import Generator
 
     if isinstance(loaded, Generator):
@@ -110,20 +113,21 @@ def bench(bundle_dir: Path, batch: str | None, seq: str | None, prompt_lengths: 
     emit(report, as_json, render)
 
 
-def _load(path: Path, backend: str | None, device: str | None, ctx: int | None, threads: int | None) -> Any:
+def _load(path: Path, backend: str | None, device: str | None, ctx: int | None, threads: int | None,
+          trust_remote_code: bool) -> Any:
     """A Generator for a decoder directory or decoder bundle, else an encoder bundle's Session."""
     from edgeinfer.run.bundle import Bundle, is_bundle
     from edgeinfer.run.loading import is_decoder_dir, load, load_generator
 
     if is_decoder_dir(path):
-        return load_generator(path, backend=backend, device=device, ctx=ctx,
+        return load_generator(path, backend=backend, device=device, ctx=ctx, trust_remote_code=trust_remote_code,
                               **({"threads": threads} if threads else {}))
     if not is_bundle(path):
         Bundle.open(path)  # raises the reason: not found, not a bundle
     if ctx is not None or threads is not None:
         raise InputError("--ctx and --threads apply to a model directory; a bundle runs with the context it was "
                          "built for")
-    return load(path, backend=backend, device=device)
+    return load(path, backend=backend, device=device, trust_remote_code=trust_remote_code)
 
 
 def _bench_decoder(gen: Any, model: Path, lengths: list[int] | None, new_tokens: int | None, repeat: int | None,

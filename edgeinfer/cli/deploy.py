@@ -11,6 +11,7 @@ import click
 
 from edgeinfer import errors
 from edgeinfer.cli.output import console, emit
+from edgeinfer.cli.trust import trust_remote_code_option
 from edgeinfer.contract.names import ENCODER_REFERENCE
 from edgeinfer.errors import InputError
 
@@ -42,12 +43,13 @@ from edgeinfer.errors import InputError
               help="Boards that need static shapes: (batch x sequence) shapes to build; default auto, chosen from "
                    "the plan (docs/deploy.md#buckets).")
 @click.option("-o", "--out", "out", required=True, type=click.Path(path_type=Path), help="Bundle directory to write.")
+@trust_remote_code_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 def deploy(
     model: Path, board: str, quant: str | None, calib: Path | None, golden_inputs: Path | None,
     shapes: tuple[str, ...], threshold: float | None, max_samples: int, force: bool, no_cache: bool,
     backend_options: tuple[str, ...], paging: int | None, segments: int | None, cuts: tuple[str, ...], out: Path,
-    as_json: bool, ctx: int | None, buckets: str | None, runtime: str | None,
+    as_json: bool, ctx: int | None, buckets: str | None, runtime: str | None, trust_remote_code: bool,
 ) -> None:
     """Convert MODEL for BOARD, check it against onnxruntime fp32, and write a bundle.
 
@@ -63,7 +65,7 @@ def deploy(
         _deploy_decoder(model, board, out, quant, ctx, calib, golden_inputs, force, threshold, no_cache, progress,
                         parse_options(backend_options), runtime, as_json,
                         {"--shape": shapes, "--paging": paging, "--segments": segments, "--cut": cuts,
-                         "--buckets": buckets})
+                         "--buckets": buckets}, trust_remote_code)
         return
     if ctx is not None:
         raise InputError(f"--ctx applies to decoder (language) models; {model} is not one (use --shape for inputs)")
@@ -73,7 +75,7 @@ def deploy(
         model, board, out, quant=quant, calib=calib, golden_inputs=golden_inputs,
         shapes=deploy_mod.parse_shapes(shapes), force=force, threshold=threshold, max_samples=max_samples,
         options=parse_options(backend_options), progress=progress, use_cache=not no_cache, paging=paging,
-        segments=segments, cuts=list(cuts) or None, buckets=buckets,
+        segments=segments, cuts=list(cuts) or None, buckets=buckets, trust_remote_code=trust_remote_code,
     )
     for w in result.warnings:
         click.echo(f"warning: {w}", err=True)
@@ -96,7 +98,7 @@ def deploy(
 def _deploy_decoder(model: Path, board: str, out: Path, quant: str | None, ctx: int | None, calib: Path | None,
                     golden_inputs: Path | None, force: bool, threshold: float | None, no_cache: bool, progress: Any,
                     options: dict[str, Any], runtime: str | None, as_json: bool,
-                    encoder_only: dict[str, Any]) -> None:
+                    encoder_only: dict[str, Any], trust_remote_code: bool) -> None:
     from edgeinfer.build.deploy_decoder import deploy_decoder
 
     given = [k for k, v in encoder_only.items() if v]
@@ -106,7 +108,7 @@ def _deploy_decoder(model: Path, board: str, out: Path, quant: str | None, ctx: 
         raise InputError(f"--threshold is a minimum logits cosine between -1 and 1, got {threshold}")
     result = deploy_decoder(model, board, out, quant=quant, ctx=ctx, calib=calib, golden_inputs=golden_inputs,
                             force=force, threshold=threshold, options=options, runtime=runtime, progress=progress,
-                            use_cache=not no_cache)
+                            use_cache=not no_cache, trust_remote_code=trust_remote_code)
     for w in result.warnings:
         click.echo(f"warning: {w}", err=True)
 
@@ -129,11 +131,12 @@ def _deploy_decoder(model: Path, board: str, out: Path, quant: str | None, ctx: 
 @click.option("--reference", type=click.Path(path_type=Path), help="fp32 ONNX to compare against for --inputs.")
 @click.option("--threshold", type=float, help="Minimum cosine (default: the bundle's).")
 @click.option("--device", "-d", help="Device of the backend.")
+@trust_remote_code_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 @click.pass_context
 def golden(
     ctx: click.Context, bundle_dir: Path, inputs: Path | None, reference: Path | None, threshold: float | None,
-    device: str | None, as_json: bool,
+    device: str | None, as_json: bool, trust_remote_code: bool,
 ) -> None:
     """Re-run the golden check of BUNDLE on this machine (exit 1 when it fails)."""
     from edgeinfer.run.bundle import is_bundle, read_manifest
@@ -147,7 +150,7 @@ def golden(
         if inputs or reference:
             raise InputError("--inputs/--reference apply to encoder bundles; a decoder bundle is checked against "
                              "the fp32 reference recorded when it was deployed")
-        report = golden_bundle(bundle_dir, device=device, min_cosine=threshold)
+        report = golden_bundle(bundle_dir, device=device, min_cosine=threshold, trust_remote_code=trust_remote_code)
         emit(report, as_json, lambda r: console().print(summary_line(r) + f" (ran on {r['device']})"))
         if not report["passed"]:
             click.echo("error: decoder golden check failed (see the report above)", err=True)

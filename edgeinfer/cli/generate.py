@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from edgeinfer.cli.trust import trust_remote_code_option
 from edgeinfer.errors import InputError
 
 
@@ -18,7 +19,7 @@ def _options(**kw: Any) -> Any:
     return GenerationOptions(**{k: v for k, v in kw.items() if v is not None})
 
 
-def _load(model: Path, backend: str | None, device: str | None, ctx: int | None) -> Any:
+def _load(model: Path, backend: str | None, device: str | None, ctx: int | None, trust_remote_code: bool) -> Any:
     from edgeinfer.run.bundle import Bundle, is_bundle
     from edgeinfer.run.loading import is_decoder_dir, load_generator
 
@@ -30,13 +31,13 @@ def _load(model: Path, backend: str | None, device: str | None, ctx: int | None)
             raise InputError(f"bundle {model} holds no decoder (language) model; use `edgeinfer run` for it")
         from edgeinfer.run.decoder_bundle import open_generator
 
-        return open_generator(bundle, device=device, ctx=ctx, backend=backend)
+        return open_generator(bundle, device=device, ctx=ctx, backend=backend, trust_remote_code=trust_remote_code)
     if not is_decoder_dir(model):
         raise InputError(
             f"{model} is not a decoder (language) model directory (its config.json names no *ForCausalLM); "
             "use `edgeinfer run` for other models"
         )
-    return load_generator(model, backend=backend, device=device, ctx=ctx)
+    return load_generator(model, backend=backend, device=device, ctx=ctx, trust_remote_code=trust_remote_code)
 
 
 def sampling_options(f: Any) -> Any:
@@ -54,6 +55,7 @@ def sampling_options(f: Any) -> Any:
             click.option("--backend",
                          help="Backend to run on (default: the bundle's, or the transformers reference)."),
             click.option("--device", help="Device of the backend (CPU, NPU, ...)."),
+            trust_remote_code_option,
         ]
     ):
         f = opt(f)
@@ -68,7 +70,8 @@ def sampling_options(f: Any) -> Any:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text, token_ids, metrics) only.")
 def generate_cmd(model: Path, prompt: str, chat: bool, max_new_tokens: int, temperature: float, top_k: int | None,
                  top_p: float | None, repetition_penalty: float | None, seed: int | None, stop: tuple[str, ...],
-                 ctx: int | None, backend: str | None, device: str | None, as_json: bool) -> None:
+                 ctx: int | None, backend: str | None, device: str | None, trust_remote_code: bool,
+                 as_json: bool) -> None:
     """Generate text with MODEL (a Hugging Face decoder directory or a decoder bundle).
 
     Text streams to stdout as it is produced; timing goes to stderr.
@@ -77,7 +80,7 @@ def generate_cmd(model: Path, prompt: str, chat: bool, max_new_tokens: int, temp
                     repetition_penalty=repetition_penalty, seed=seed, stop=stop)
     if not prompt:
         raise InputError("the prompt is empty; give some text with --prompt")
-    with _load(model, backend, device, ctx) as session:
+    with _load(model, backend, device, ctx, trust_remote_code) as session:
         stream = session.stream(prompt, opts, chat=chat)
         try:
             for piece in stream:
@@ -108,12 +111,12 @@ def generate_cmd(model: Path, prompt: str, chat: bool, max_new_tokens: int, temp
 @sampling_options
 def chat_cmd(model: Path, system: str | None, max_new_tokens: int, temperature: float, top_k: int | None,
              top_p: float | None, repetition_penalty: float | None, seed: int | None, stop: tuple[str, ...],
-             ctx: int | None, backend: str | None, device: str | None) -> None:
+             ctx: int | None, backend: str | None, device: str | None, trust_remote_code: bool) -> None:
     """Talk with MODEL in the terminal: history is kept, Ctrl-C stops the answer, Ctrl-D exits."""
     opts = _options(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                     repetition_penalty=repetition_penalty, seed=seed, stop=stop)
     history: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
-    with _load(model, backend, device, ctx) as session:
+    with _load(model, backend, device, ctx, trust_remote_code) as session:
         click.echo(f"chatting with {model} on {session.decoder.backend_name} (Ctrl-C stops an answer, "
                    "Ctrl-D exits)", err=True)
         while True:

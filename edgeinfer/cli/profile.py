@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from edgeinfer.cli.output import console, emit
+from edgeinfer.cli.trust import trust_remote_code_option
 from edgeinfer.errors import InputError
 
 MAX_TOP = 10_000
@@ -23,9 +24,10 @@ MAX_REPEAT = 100_000
 @click.option("--ctx", type=int, help="Decoders: context (KV cache positions) to load a model directory with.")
 @click.option("--prompt-length", type=int, help="Decoders: prompt tokens of the prefill phase [default: 128].")
 @click.option("--threads", type=int, help="Decoders: CPU threads of the backend.")
+@trust_remote_code_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 def profile_cmd(model: Path, top: int, repeat: int, backend: str | None, device: str | None, ctx: int | None,
-                prompt_length: int | None, threads: int | None, as_json: bool) -> None:
+                prompt_length: int | None, threads: int | None, as_json: bool, trust_remote_code: bool) -> None:
     """Latency and the slowest operators of MODEL_OR_BUNDLE, from its backend's own profiler.
 
     \b
@@ -47,7 +49,8 @@ def profile_cmd(model: Path, top: int, repeat: int, backend: str | None, device:
     if not decoder_dir and (ctx is not None or threads is not None):
         raise InputError("--ctx and --threads apply to a decoder model directory")
     options: dict[str, Any] = {"ctx": ctx, "threads": threads} if decoder_dir else {}
-    with load(model, backend=backend, device=device, **{k: v for k, v in options.items() if v is not None}) as m:
+    options = {k: v for k, v in options.items() if v is not None}
+    with load(model, backend=backend, device=device, trust_remote_code=trust_remote_code, **options) as m:
         report = prof.profile(m, model, top=top, repeat=repeat, prompt_length=prompt_length)
     emit(report, as_json, _render)
 

@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # numpy is imported where arrays are handled, so `edgeinfer p
 
     from edgeinfer.contract.decoder import Decoder
 
-from edgeinfer.contract import stamp
+from edgeinfer.contract import remote_code, stamp
 from edgeinfer.contract.helpers import check_options, first_line, slowest_first
 from edgeinfer.contract.resources import Accelerator
 from edgeinfer.contract.tensors import TensorSpec, validate_feeds  # re-exported: the contract's public names
@@ -331,6 +331,7 @@ class Backend:
     ) -> Path:
         """Convert (and quantize) ``model`` to this backend's artifact at ``out``; stamp it."""
         src = _existing_file(model)
+        remote_code.allowed(src)  # a model directory that names code of its own: refused unless trusted
         parsed = normalize_scheme(scheme or self.default_scheme)
         canonical = parsed.name  # e.g. "w4a16_g128"; convert() may call normalize_scheme for the group size
         if parsed.family not in self.schemes:
@@ -367,6 +368,7 @@ class Backend:
             raise InputError(f"backend {self.name!r} cannot convert decoders to {scheme!r}; it supports: "
                              f"{', '.join(self.decoder_schemes)}")
         check_options(options, self.decoder_convert_options, f"backend {self.name!r} decoder conversion")
+        remote_code.allowed(model)  # before the backend's loaders see it, whatever they pass on
         out.mkdir(parents=True)
         try:
             facts = self.convert_decoder(model, scheme, context, out, calibration, **options)
@@ -416,6 +418,7 @@ class Backend:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InputError(f"{name} must be a positive integer, got {value!r}")
         check_options(options, self.decoder_options, f"backend {self.name!r} decoder")
+        remote_code.allowed(path)
         built = (stamp.read(path) or {}).get("context")  # an artifact of convert_decoder: its context is a limit
         if isinstance(built, int) and context > built:
             raise InputError(f"{path.name} was converted for a context of {built} tokens, not {context}; use "

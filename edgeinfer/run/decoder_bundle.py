@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
-from edgeinfer.contract import stamp
+from edgeinfer.contract import remote_code, stamp
 from edgeinfer.errors import InputError
 from edgeinfer.run import seal
 
@@ -66,9 +66,11 @@ def check_paths(root: Path, section: dict[str, Any], sealed: set[str]) -> None:
                              "deploy the model again")
 
 
+@remote_code.entry_point
 def open_generator(bundle: Bundle, device: str | None = None, ctx: int | None = None, backend: str | None = None,
-                   slots: int = 1, **options: Any) -> Generator:
-    """A Generator over a decoder bundle, with a KV cache of ``ctx`` positions (default: the bundle's)."""
+                   slots: int = 1, *, trust_remote_code: bool = False, **options: Any) -> Generator:
+    """A Generator over a decoder bundle, with a KV cache of ``ctx`` positions (default: the bundle's).
+    ``trust_remote_code``: for an artifact that is a Hugging Face directory naming code of its own."""
     from edgeinfer.contract import registry as plugins
     from edgeinfer.run.generation.generator import Generator
     from edgeinfer.run.generation.text import TextCodec

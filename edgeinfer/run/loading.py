@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from edgeinfer.build import cache
 from edgeinfer.contract import registry as plugins
-from edgeinfer.contract import stamp
+from edgeinfer.contract import remote_code, stamp
 from edgeinfer.contract.backend import Backend, Session
 from edgeinfer.contract.names import DECODER_REFERENCE, ENCODER_REFERENCE
 from edgeinfer.errors import InputError, ModelError
@@ -59,20 +59,23 @@ def converted(backend: Backend, path: Path, options: dict[str, Any]) -> Path:
 DEFAULT_CONTEXT = 2048
 
 
-def load(path: Any, backend: str | None = None, device: str | None = None, **options: Any) -> Session | Generator:
+@remote_code.entry_point
+def load(path: Any, backend: str | None = None, device: str | None = None, *, trust_remote_code: bool = False,
+         **options: Any) -> Session | Generator:
     from edgeinfer.run.bundle import Bundle, is_bundle
 
     p = Path(path)
     if not p.exists():
         raise InputError(f"model file not found: {p}")
     if is_decoder_dir(p):
-        return load_generator(p, backend=backend, device=device, **options)
+        return load_generator(p, backend=backend, device=device, trust_remote_code=trust_remote_code, **options)
     if is_bundle(p):
         bundle = Bundle.open(p)
         if bundle.manifest.decoder is not None:
             from edgeinfer.run.decoder_bundle import open_generator
 
-            return open_generator(bundle, device=device, backend=backend, **options)
+            return open_generator(bundle, device=device, backend=backend, trust_remote_code=trust_remote_code,
+                                  **options)
         if backend and backend != bundle.manifest.backend:
             raise InputError(f"bundle {p} is for backend {bundle.manifest.backend!r}, not {backend!r}; "
                              "omit --backend")
@@ -106,17 +109,20 @@ def model_context_limit(model_dir: Path) -> int | None:
     return limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
 
 
+@remote_code.entry_point
 def load_generator(
     model_dir: Path, backend: str | None = None, device: str | None = None, ctx: int | None = None,
-    slots: int = 1, **options: Any,
+    slots: int = 1, *, trust_remote_code: bool = False, **options: Any,
 ) -> Generator:
     """A text generator over ``model_dir`` on ``backend`` (default: the transformers reference),
-    with a KV cache of ``ctx`` positions (default: the model's limit, at most 2048)."""
+    with a KV cache of ``ctx`` positions (default: the model's limit, at most 2048). ``trust_remote_code``:
+    let libraries import the Python files ``model_dir`` names in ``auto_map`` (otherwise it is refused)."""
     from edgeinfer.run.generation.generator import Generator
     from edgeinfer.run.generation.text import TextCodec
 
     if not is_decoder_dir(model_dir):
         raise ModelError(f"{model_dir} is not a causal language model (its config.json names no *ForCausalLM)")
+    remote_code.allowed(model_dir)
     codec = TextCodec(model_dir)  # a bad tokenizer fails before the weights load
     limit = model_context_limit(model_dir)
     context = ctx if ctx is not None else min(limit or DEFAULT_CONTEXT, DEFAULT_CONTEXT)

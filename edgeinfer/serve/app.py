@@ -21,6 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from edgeinfer.contract import remote_code
 from edgeinfer.errors import BackendError, EdgeInferError, InputError
 from edgeinfer.run.bundle import Bundle
 from edgeinfer.run.loading import is_decoder_dir
@@ -74,6 +75,7 @@ def open_models(paths: list[Path], ctx: int | None = None) -> tuple[dict[str, Se
     llms: dict[str, ServedLLM] = {}
     for p in paths:
         if is_decoder_dir(p):
+            remote_code.allowed(p)  # serve never runs a model directory's own code (docs/security.md)
             llm = open_llm(p, ctx=ctx)
         else:
             bundle = Bundle.open(p, verify="full")  # every file hashed once at start-up (docs/deploy.md)

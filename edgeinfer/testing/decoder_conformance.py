@@ -24,6 +24,7 @@ import pytest
 
 import edgeinfer
 from edgeinfer.contract import registry as plugins
+from edgeinfer.contract import remote_code
 from edgeinfer.contract.backend import Backend
 from edgeinfer.contract.decoder import Decoder
 from edgeinfer.errors import InputError
@@ -41,7 +42,8 @@ def reference_greedy(model_dir: Path, prompt_ids: list[int], new_tokens: int, dt
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=getattr(torch, dtype)).eval()
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=getattr(torch, dtype),
+                                                 trust_remote_code=remote_code.allowed(model_dir)).eval()
     with torch.inference_mode():
         out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=new_tokens, do_sample=False,
                              eos_token_id=model.generation_config.eos_token_id, pad_token_id=0)

@@ -105,7 +105,8 @@ def export_onnx(out: Path, batch: int | None = None, seq: int | None = None) -> 
     class LastHidden(torch.nn.Module):  # only last_hidden_state: no pooler output in the graph
         def __init__(self) -> None:
             super().__init__()
-            self.bert = AutoModel.from_pretrained(str(model_dir()), attn_implementation="eager").eval()
+            self.bert = AutoModel.from_pretrained(str(model_dir()), attn_implementation="eager",
+                                                  trust_remote_code=False).eval()
 
         def forward(self, input_ids, attention_mask, token_type_ids):
             from edgeinfer.build.export import traceable_mask  # transformers 5.5 + jit trace: see there

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer.contract import Decoder, OpTime
+from edgeinfer.contract import Decoder, OpTime, remote_code
 from edgeinfer.errors import InputError, ModelError
 from edgeinfer.progress import Progress
 
@@ -89,7 +89,8 @@ class AscendDecoder(Decoder):
         self.torch, self.scheme, self.dtype = torch, scheme, dtype
         dev.set_device(device)
         t0 = time.perf_counter()
-        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=_torch_dtype(dtype)).eval()
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=_torch_dtype(dtype),
+                                                     trust_remote_code=remote_code.allowed(model_dir)).eval()
         limit = getattr(model.config, "max_position_embeddings", None)
         if isinstance(limit, int) and context > limit:
             raise InputError(f"context {context} exceeds the model's max_position_embeddings ({limit}); "

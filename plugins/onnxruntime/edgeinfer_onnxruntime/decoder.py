@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer.contract import Decoder, OpTime
+from edgeinfer.contract import Decoder, OpTime, remote_code
 from edgeinfer.errors import BackendUnavailableError, InputError, ModelError
 
 GENAI_CONFIG = "genai_config.json"
@@ -81,15 +81,20 @@ def check_exportable(hf_dir: Path) -> None:
                          "deploy it for another backend (e.g. --board core-ultra-155h), or pick another MLP width")
 
 
+def builder_command(hf_dir: Path, out: Path, precision: str, extra: Sequence[str] = ()) -> list[str]:
+    """The model builder's command line. Its ``hf_remote`` option (default true) is what it passes transformers
+    as ``trust_remote_code`` (onnxruntime_genai/models/builder.py, 0.14.1): set to the user's choice, always;
+    ``hf_token=false``: a local directory needs no Hugging Face login."""
+    own = [f"hf_remote={'true' if remote_code.allowed(hf_dir) else 'false'}", "hf_token=false"]
+    return [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_dir), "-o", str(out),
+            "-p", precision, "-e", "cpu", "-c", str(out / "hf-cache"), "--extra_options", *extra, *own]
+
+
 def export(hf_dir: Path, out: Path, precision: str, extra: Sequence[str] = ()) -> None:
     """Run the model builder on ``hf_dir`` into the (empty) directory ``out``."""
     builder_version()
     check_exportable(hf_dir)
-    cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_dir), "-o", str(out),
-           "-p", precision, "-e", "cpu", "-c", str(out / "hf-cache")]
-    if extra:
-        cmd += ["--extra_options", *extra]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(builder_command(hf_dir, out, precision, extra), capture_output=True, text=True)
     shutil.rmtree(out / "hf-cache", ignore_errors=True)
     if proc.returncode != 0 or not is_built(out):
         lines = [ln for ln in (proc.stderr or proc.stdout).splitlines() if ln.strip()]

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from edgeinfer.contract import remote_code
 from edgeinfer.errors import BackendUnavailableError, InputError, ModelError
 
 SCHEMES = ("fp32", "fp16", "w8a16", "w4a16", "w4a16_g32", "w4a16_g64", "w4a16_g128")
@@ -109,6 +110,7 @@ def base_export(model: Path, cache_root: Path) -> Path:
     if not (model / "config.json").is_file():
         raise ModelError(f"{model} is not a Hugging Face model directory (no config.json) nor an OpenVINO decoder")
     _require_optimum()
+    trust = remote_code.allowed(model)
     entry = cache_root / "openvino-decoders" / cache.key({"source": sha256_file(model), "stage": "fp32-export",
                                                           "versions": versions()})
     if cache.reusable(entry, lambda msg: print(msg, file=sys.stderr)):
@@ -120,7 +122,8 @@ def base_export(model: Path, cache_root: Path) -> Path:
         try:
             with _quiet():
                 main_export(str(model), output=tmp, task="text-generation-with-past", library_name="transformers",
-                            ov_config=OVConfig(dtype="fp32"), convert_tokenizer=True)
+                            ov_config=OVConfig(dtype="fp32"), convert_tokenizer=True, trust_remote_code=trust,
+                            local_files_only=True)
         except Exception as e:
             raise ModelError(f"optimum-intel could not export {model.name} to OpenVINO: {_first_line(e)}") from e
         entry.parent.mkdir(parents=True, exist_ok=True)
@@ -189,7 +192,8 @@ def _write_scheme(base: Path, work: Path, scheme: str, target: str, group: int |
     params = _parameter_count(source)
     cfg = weight_config(scheme, target, group, params, calibration, samples, source)
     try:
-        m = OVModelForCausalLM.from_pretrained(base, quantization_config=cfg, compile=False)
+        m = OVModelForCausalLM.from_pretrained(base, quantization_config=cfg, compile=False,
+                                               trust_remote_code=remote_code.allowed(source), local_files_only=True)
         m.save_pretrained(work)
     except Exception as e:
         raise ModelError(f"NNCF weight compression ({scheme}) failed: {_first_line(e)}") from e

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer.contract import CalibrationSet
+from edgeinfer.contract import CalibrationSet, remote_code
 from edgeinfer.contract.helpers import read_artifact_manifest
 from edgeinfer.errors import InputError
 from edgeinfer.planning.quant import normalize_scheme
@@ -126,7 +126,7 @@ class CalibrationFeeds:
                  tables: dict[str, np.ndarray], texts: Sequence[str]):
         from transformers import AutoTokenizer
 
-        tok = AutoTokenizer.from_pretrained(str(model_dir))
+        tok = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=remote_code.allowed(model_dir))
         self.hf, self.ranges, self.chunk, self.context, self.tables = hf, ranges, chunk, context, tables
         self.samples: dict[tuple[int, str], list[dict[str, np.ndarray]]] = {}
         for text in texts:

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer.contract import Backend, Decoder, OpTime, Probe, Problem
+from edgeinfer.contract import Backend, Decoder, OpTime, Probe, Problem, remote_code
 from edgeinfer.errors import InputError, ModelError
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -73,7 +73,8 @@ class TransformersDecoder(Decoder):
         if threads:
             torch.set_num_threads(int(threads))
         self.torch = torch
-        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=getattr(torch, dtype))
+        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=getattr(torch, dtype),
+                                                          trust_remote_code=remote_code.allowed(model_dir))
         self.model.eval()
         cfg = self.model.config
         limit = getattr(cfg, "max_position_embeddings", None)
