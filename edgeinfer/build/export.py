@@ -46,12 +46,12 @@ def hf_kind(hf_dir: Path) -> dict[str, Any]:
 def export_hf_onnx(hf_dir: Path, out: Path, shapes: dict[str, list[int | str]] | None = None) -> Path:
     """Export an encoder/classifier HF directory to ONNX; ``shapes`` fixes input shapes
     (``{"input_ids": [1, 128]}``, applied to every input); without it batch and sequence are dynamic."""
+    trust = remote_code.allowed(hf_dir)
     import numpy as np
     import torch
     import transformers
     from transformers import AutoModel, AutoModelForSequenceClassification
 
-    trust = remote_code.allowed(hf_dir)
     kind = hf_kind(hf_dir)
     shape = _common_shape(shapes, kind["inputs"])
     loader = AutoModelForSequenceClassification if kind["classifier"] else AutoModel

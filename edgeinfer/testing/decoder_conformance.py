@@ -39,11 +39,12 @@ NEW_TOKENS = 32
 def reference_greedy(model_dir: Path, prompt_ids: list[int], new_tokens: int, dtype: str = "float32") -> list[int]:
     """transformers' own greedy ``generate`` (fp32 unless ``dtype`` names another torch dtype): the golden
     reference for decoders."""
+    trust = remote_code.allowed(model_dir)
     import torch
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=getattr(torch, dtype),
-                                                 trust_remote_code=remote_code.allowed(model_dir)).eval()
+                                                 trust_remote_code=trust).eval()
     with torch.inference_mode():
         out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=new_tokens, do_sample=False,
                              eos_token_id=model.generation_config.eos_token_id, pad_token_id=0)

@@ -62,6 +62,7 @@ class TransformersDecoder(Decoder):
         import inspect
         import logging
 
+        trust = remote_code.allowed(model_dir)  # refused before torch is imported
         import torch
 
         # transformers imports torchao when it is installed; its optional CUDA kernels log load failures
@@ -74,7 +75,7 @@ class TransformersDecoder(Decoder):
             torch.set_num_threads(int(threads))
         self.torch = torch
         self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=getattr(torch, dtype),
-                                                          trust_remote_code=remote_code.allowed(model_dir))
+                                                          trust_remote_code=trust)
         self.model.eval()
         cfg = self.model.config
         limit = getattr(cfg, "max_position_embeddings", None)
