@@ -17,7 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
+from edgeinfer import telemetry as _telemetry  # noqa: E402
 from edgeinfer.contract.hookspecs import hookimpl  # noqa: E402
+
+_telemetry.off()  # before any library with telemetry is imported, here and in every worker process
 
 if TYPE_CHECKING:
     from edgeinfer.contract.backend import Backend, Session

@@ -158,6 +158,9 @@ def main(argv: list[str] | None = None) -> None:
     import signal
     import warnings
 
+    from edgeinfer import telemetry
+
+    telemetry.off(offline=True)
     warnings.formatwarning = _one_line_warning  # e.g. an NPU that fell back to CPU: one line, no source echo
     signal.signal(signal.SIGTERM, _raise_interrupted)
     from edgeinfer.cli.pipes import PipeSafeStdout
