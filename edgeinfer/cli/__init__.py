@@ -111,8 +111,33 @@ def _one_line_warning(message, category, filename, lineno, line=None) -> str:  #
     return f"warning: {' '.join(str(message).split())}\n"
 
 
-def _raise_interrupted(signum: int, frame: Any) -> None:
-    raise errors.Interrupted(signum)
+def install_signal_handlers() -> None:
+    """SIGTERM unwinds like Ctrl-C (temporaries removed, exit 143) in this process only. A child forked from it
+    (a library's helper, e.g. a sender process) is not ours: it gets the default action back at the fork, and
+    the handler gives it back too should it run in another pid, so a SIGTERM ends such a child quietly (-15)
+    instead of raising edgeinfer's Interrupted there. Exec'd children start with default handlers anyway."""
+    import signal
+
+    owner = os.getpid()
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        if os.getpid() != owner:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        raise errors.Interrupted(signum)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    os.register_at_fork(after_in_child=_default_sigterm)
+
+
+def _default_sigterm() -> None:
+    import signal
+
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    except ValueError:  # not the main thread of the child: on_sigterm hands the signal back instead
+        pass
 
 
 def _one_line(text: str) -> str:
@@ -155,14 +180,13 @@ def invoke(argv: list[str] | None = None) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import signal
     import warnings
 
     from edgeinfer import telemetry
 
     telemetry.off(offline=True)
     warnings.formatwarning = _one_line_warning  # e.g. an NPU that fell back to CPU: one line, no source echo
-    signal.signal(signal.SIGTERM, _raise_interrupted)
+    install_signal_handlers()
     from edgeinfer.cli.pipes import PipeSafeStdout
 
     sys.stdout = PipeSafeStdout(sys.stdout)  # type: ignore[assignment]  # `edgeinfer plan … | head`: no EPIPE
