@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from edgeinfer.contract import remote_code
 from edgeinfer.contract.helpers import first_line
 from edgeinfer.errors import InputError, ModelError
 
@@ -67,6 +68,7 @@ def resolve(model: Path) -> Source:
             if not sharded:
                 raise ModelError(f"{model} has no weights ({' / '.join(WEIGHT_FILES)}); download the model again")
             weights = model  # sharded safetensors: the directory itself
+        remote_code.allowed(model)
         return Source("hf", model, weights)
     if model.suffix.lower() == ".pt2":
         return Source("export", model)
@@ -76,6 +78,7 @@ def resolve(model: Path) -> Source:
                 f"{model.name} is a weights file with no config.json next to it; put it in its Hugging Face "
                 "directory (config.json describes the architecture) or export the model with torch.export (.pt2)"
             )
+        remote_code.allowed(model.parent)
         return Source("hf", model.parent, model)
     raise ModelError(
         f"{model.name}: the ascend backend takes a Hugging Face model directory, a weights file inside one, "
@@ -141,7 +144,7 @@ def build_hf(config: dict[str, Any], state: dict[str, Any]):
     from transformers import AutoConfig, AutoModel
 
     cfg = AutoConfig.for_model(**config)
-    model = AutoModel.from_config(cfg)
+    model = AutoModel.from_config(cfg, trust_remote_code=False)  # built from the dict: transformers' own class
     prefix = getattr(model, "base_model_prefix", "") or ""
     own = set(model.state_dict())
     fixed = {}
