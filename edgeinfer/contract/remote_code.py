@@ -2,7 +2,7 @@
 
 A Hugging Face directory can name Python files of its own in an ``auto_map`` (config.json,
 tokenizer_config.json, ...); transformers imports and runs them when a loader is called with
-``trust_remote_code=True`` (https://huggingface.co/docs/transformers/models#custom-models), and
+``trust_remote_code=True`` (https://huggingface.co/docs/transformers/custom_models), and
 onnxruntime-genai's model builder passes ``hf_remote`` (default true) on as that argument. The rule,
 in one place: a directory whose files name code is refused (one line, exit 2) unless the user trusts it;
 every library call that can import model code passes :func:`allowed` as its ``trust_remote_code``.
