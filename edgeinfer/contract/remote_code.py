@@ -33,7 +33,7 @@ NAMING_FILES = ("config.json", "tokenizer_config.json", "preprocessor_config.jso
 F = TypeVar("F", bound=Callable[..., Any])
 
 _TRUST: ContextVar[bool] = ContextVar("edgeinfer_trust_remote_code", default=False)
-_said: set[str] = set()
+_said: list[str] = []  # the directory the one stderr notice of this process named
 
 
 class RemoteCodeRefused(InputError):
@@ -86,15 +86,14 @@ def code_named(model_dir: str | os.PathLike[str]) -> str | None:
 def allowed(model_dir: str | os.PathLike[str]) -> bool:
     """What to pass as ``trust_remote_code`` / ``hf_remote`` when a library loads ``model_dir``: the user's
     choice. Raises :class:`RemoteCodeRefused` when the directory names code and the user did not trust it;
-    says once on stderr when trusted code may run."""
+    says so on stderr, once per process, when trusted code may run."""
     trust = trusted()
     named = code_named(model_dir)
     if named and not trust:
         raise RemoteCodeRefused(f"model dir {model_dir}: {named} (code from the model directory); pass {FLAG} "
                                 "to allow it")
-    where = str(Path(model_dir).resolve())
-    if named and where not in _said:
-        _said.add(where)
+    if named and not _said:
+        _said.append(str(model_dir))
         print(f"warning: {FLAG}: model dir {model_dir}: {named}; that code is imported and run",
               file=sys.stderr, flush=True)
     return trust
