@@ -12,7 +12,7 @@ import pytest
 from helpers import edgeinfer
 
 from edgeinfer.contract import remote_code
-from edgeinfer.errors import USAGE
+from edgeinfer.errors import USAGE, InputError
 from edgeinfer.testing.remote_code import evil_decoder, evil_encoder
 
 
@@ -133,7 +133,7 @@ def test_trust_is_scoped_to_the_call():
     with remote_code.trusting(True):
         assert remote_code.trusted() is True
     assert remote_code.trusted() is False
-    with pytest.raises(Exception, match="True or False"):
+    with pytest.raises(InputError, match="True or False"):
         with remote_code.trusting("yes"):  # type: ignore[arg-type]
             pass
 
