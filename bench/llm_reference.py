@@ -67,7 +67,10 @@ def run_model(model_dir: Path, label: str) -> dict:
 
     torch.manual_seed(0)
     torch.set_num_threads(1)  # one thread everywhere: comparable, and stable on a shared 2-core machine
-    hf = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    from edgeinfer.contract import remote_code
+
+    hf = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32,
+                                              trust_remote_code=remote_code.allowed(model_dir)).eval()
     engines = {}
     with edgeinfer.load(model_dir, ctx=256, threads=1) as ref, \
             edgeinfer.load(model_dir, ctx=256, backend="onnxruntime", threads=1) as ort:

@@ -122,7 +122,10 @@ def _transformers(model_dir: Path, ids_list) -> dict:
     from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(1)
-    hf = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    from edgeinfer.contract import remote_code
+
+    hf = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32,
+                                              trust_remote_code=remote_code.allowed(model_dir)).eval()
     out = {}
     from transformers import CompileConfig
 

@@ -225,7 +225,8 @@ def main() -> None:
                                ref, pool))
     rows.append(throughput("onnxruntime fp32", lambda: ort_sess.run(["last_hidden_state"], b32)[0], 32, args.repeat,
                            ref, pool))
-    tmodel = AutoModel.from_pretrained(str(minilm.model_dir()), attn_implementation="eager").eval()
+    tmodel = AutoModel.from_pretrained(str(minilm.model_dir()), attn_implementation="eager",
+                                       trust_remote_code=False).eval()
     tfeeds = {k: torch.from_numpy(v) for k, v in b32.items()}
 
     def torch_run():

@@ -315,7 +315,7 @@ def describe(out: Path, args, final_loss: float, turns: list[str]) -> str:
     from tokenizers import Tokenizer
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, trust_remote_code=False).eval()
     tok = Tokenizer.from_file(str(out / "tokenizer.json"))
     m, continuations = margins(model, tok)
     docs, sources = documents()
