@@ -6,7 +6,12 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from edgeinfer.errors import InputError
+from edgeinfer.errors import InputError, check_text
+
+#: the largest seed every backend takes: OpenVINO GenAI's ``GenerationConfig.rng_seed`` is a ``size_t``
+#: (https://docs.openvino.ai/2025/api/genai_api/_autosummary/openvino_genai.GenerationConfig.html), NumPy's
+#: PCG64 takes any non-negative integer, RKLLM's sampling parameters have no seed
+MAX_SEED = 2**64 - 1
 
 
 @dataclass(frozen=True)
@@ -32,11 +37,15 @@ class GenerationOptions:
         _number_in("repetition_penalty", self.repetition_penalty, 0.0, 100.0, low_open=True)
         if self.seed is not None:
             _int_at_least("seed", self.seed, 0)
+            if self.seed > MAX_SEED:
+                raise InputError(f"seed must be at most {MAX_SEED} (2**64 - 1), got {self.seed}")
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         stop = tuple(self.stop)
         if any(not isinstance(s, str) or not s for s in stop):
             raise InputError("stop strings must be non-empty strings")
+        for s in stop:
+            check_text(s, "a stop string")
         object.__setattr__(self, "stop", stop)
         if self.eos_token_ids is not None:
             ids = tuple(self.eos_token_ids)

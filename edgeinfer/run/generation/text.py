@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from edgeinfer.errors import BackendUnavailableError, InputError, ModelError
+from edgeinfer.errors import BackendUnavailableError, InputError, ModelError, check_text
 
 Message = Mapping[str, Any]
 
@@ -50,6 +50,7 @@ class TextCodec:
         """Plain completion: the raw text with the tokenizer's own special-token rules."""
         if not isinstance(text, str):
             raise InputError(f"prompt must be text, got {type(text).__name__}")
+        check_text(text, "the prompt")
         return self.tokenizer.encode(text, add_special_tokens=True).ids
 
     def render_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
@@ -129,6 +130,7 @@ def check_messages(messages: Any) -> None:
     for i, m in enumerate(messages):
         if not isinstance(m, Mapping) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
             raise InputError(f"message {i} must be an object with string 'role' and 'content'")
+        check_text(m["content"], f"message {i}")
 
 
 def _json_or_empty(path: Path) -> dict[str, Any]:
