@@ -139,6 +139,9 @@ def validated(schema: type[BaseModel], data: Any) -> Any:
         raise ApiError(400, validation_message(exc.errors(include_url=False))) from None
 
 
+CUSTOM_ERRORS = ("not_implemented", "top_logprobs")  # request-model checks whose message names the field
+
+
 def validation_message(errs: list[Any], content_type: str = "application/json") -> str:
     """One line for pydantic's (or FastAPI's) validation errors: where, what, and how many more."""
     first = errs[0] if errs else {}
@@ -148,7 +151,11 @@ def validation_message(errs: list[Any], content_type: str = "application/json") 
         where, msg = "body", "not valid JSON"
     elif where == "body" and first.get("type") in ("model_type", "model_attributes_type", "dict_type"):
         msg = "send a JSON object" + ("" if "json" in content_type else " with 'Content-Type: application/json'")
-    return f"{where}: {msg}" + (f" (and {len(errs) - 1} more)" if len(errs) > 1 else "")
+    elif first.get("type") == "extra_forbidden":
+        msg = "not a field this endpoint takes (docs/serve.md lists them); remove it"
+    if where == "body" and first.get("type") in CUSTOM_ERRORS:
+        where, msg = "", msg  # the message names its field itself
+    return (f"{where}: " if where else "") + msg + (f" (and {len(errs) - 1} more)" if len(errs) > 1 else "")
 
 
 def prepare_embeddings(models: Models, body: bytes, content_type: str, max_inputs: int) -> Prepared:
