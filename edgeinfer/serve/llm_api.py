@@ -2,10 +2,16 @@
 streamed as server-sent events in OpenAI's chunk format (``data: [DONE]`` last) or answered whole.
 
 Request and response shapes follow OpenAI's API reference
-(https://platform.openai.com/docs/api-reference/chat/create and /completions/create). Supported fields:
-``messages``/``prompt``, ``max_tokens`` (``max_completion_tokens``), ``temperature`` (default 1 as in
-OpenAI's API; 0 is greedy), ``top_p``, ``seed``, ``stop``, ``n`` (1 only), ``stream``,
-``stream_options.include_usage`` and vLLM's ``ignore_eos``; others are ignored.
+(https://platform.openai.com/docs/api-reference/chat/create and /completions/create), with strict JSON
+types (``"4"`` is not 4) and bounds on every list and string. Supported fields: ``messages`` (content a
+string or a list of text parts) / ``prompt``, ``max_tokens`` (``max_completion_tokens``), ``temperature``
+(default 1 as in OpenAI's API; 0 is greedy), ``top_p``, ``seed`` (0..2**64-1), ``stop`` (up to 4),
+``n`` (1 only), ``stream``, ``stream_options.include_usage``, ``logprobs`` / ``top_logprobs`` (step
+decoders only: a native-loop backend has no logits to give), and vLLM's ``ignore_eos``, ``top_k`` and
+``repetition_penalty``. Accepted and not used: ``user``, ``metadata``, ``store``. OpenAI fields that are
+not implemented (:data:`NOT_IMPLEMENTED`: tools, response_format, logit_bias, penalties, audio, ...)
+are 400 naming the field unless their value asks for nothing; any other unknown field is 400.
+docs/serve.md lists them for users.
 """
 
 from __future__ import annotations
