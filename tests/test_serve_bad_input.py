@@ -95,6 +95,7 @@ CASES = [
     ("devices-ascend-name", ["{ascend}", "--devices", "GPU"], {}, "Ascend"),
     ("api-key-blank", ["{ok}", "--api-key", "  "], {}, "API key"),
     ("api-key-env-blank", ["{ok}"], {"EDGEINFER_API_KEY": "   "}, "API key"),
+    ("api-key-not-utf8", ["{ok}", "--api-key", "k\udcff"], {}, "API key"),
     ("key-file-missing", ["{ok}", "--api-key-file", "{tmp}/keys/nope"], {}, "no such file"),
     ("key-file-dir", ["{ok}", "--api-key-file", "{tmp}/keys"], {}, "directory"),
     ("key-file-fifo", ["{ok}", "--api-key-file", "{tmp}/keys/fifo"], {}, "regular file"),
@@ -263,6 +264,8 @@ def test_seed_error_says_the_range_and_the_openapi_document_too():
      "response_format": {"type": "text"}, "modalities": ["text"], "parallel_tool_calls": False, "audio": None},
     {"user": "u-1", "metadata": {"k": "v"}, "store": False, "stop": ["a", "b", "c", "d"]},
     {"logprobs": True, "top_logprobs": 20},
+    {"n": None, "stream": None, "logprobs": None, "top_logprobs": None, "stop": None, "seed": None, "user": None,
+     "max_tokens": None, "temperature": None, "stream_options": {"include_usage": None}},  # OpenAI's nullables
 ])
 def test_neutral_and_metadata_fields_are_accepted(body):
     req = _validate(True, {"messages": MSG, **body})

@@ -110,7 +110,7 @@ Content = Annotated[str, BeforeValidator(message_text), WithJsonSchema(
 
 class StreamOptions(BaseModel):
     model_config = STRICT
-    include_usage: bool = False
+    include_usage: bool | None = False
 
 
 class _Sampling(BaseModel):
@@ -133,8 +133,8 @@ class _Sampling(BaseModel):
         json_schema_extra={"minimum": 0, "maximum": MAX_SEED})
     stop: str_or_list(MAX_STOP, MAX_STOP_CHARS, 1, f"Up to {MAX_STOP} strings of up to {MAX_STOP_CHARS} "  # type: ignore
                       "characters; the text ends before the first.") = Field(default_factory=list)
-    n: int = Field(1, ge=1, description="Choices to generate: 1 only.")
-    stream: bool = False
+    n: int | None = Field(1, ge=1, description="Choices to generate: 1 only.")
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = Field(False, description="Keep generating past EOS (vLLM's extension; for benchmarks).")
     user: Name | None = Field(None, description="The end user's id: accepted, not used.")
@@ -154,7 +154,7 @@ class ChatRequest(_Sampling):
     """OpenAI-compatible chat completion request."""
 
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
-    logprobs: bool = Field(False, description="Return each token's log-probability (step-primitive backends).")
+    logprobs: bool | None = Field(False, description="Return each token's log-probability (step-primitive backends).")
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS,
                                      description="With logprobs: the most likely tokens at each position.")
 
@@ -256,7 +256,7 @@ async def respond(engines: dict[str, Engine], raw: bytes, content_type: str, cha
 
 def prompt_and_options(eng: Engine, body: Any, chat: bool) -> tuple[list[int], dict[str, Any]]:
     """The prompt's token ids and the generation options; 400 on what the model cannot do."""
-    if body.n != 1:
+    if body.n not in (None, 1):
         raise ApiError(400, f"n={body.n}: this server generates one choice per request; send n=1 (or omit it)")
     logprobs = body.logprobs_wanted()
     if logprobs is not None and eng.info.get("native_loop"):
