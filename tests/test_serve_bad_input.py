@@ -201,7 +201,8 @@ BAD_BODIES = [
     ("content-too-many-parts", True, {"messages": [{"role": "user", "content": [
         {"type": "text", "text": "a"}] * 257}]}, "messages.0.content"),
     ("role-tool", True, {"messages": [{"role": "tool", "content": "x", "tool_call_id": "1"}]}, "messages.0"),
-    ("tool-calls", True, {"messages": [{"role": "assistant", "content": "x", "tool_calls": []}]}, "messages.0.tool_calls"),
+    ("tool-calls", True, {"messages": [{"role": "assistant", "content": "x", "tool_calls": []}]},
+     "messages.0.tool_calls"),
     ("name-too-long", True, {"messages": [{"role": "user", "content": "x", "name": "n" * 65}]}, "messages.0.name"),
     ("model-too-long", True, {"messages": MSG, "model": "m" * 257}, "model"),
     ("user-too-long", False, {"prompt": "hi", "user": "u" * 257}, "user"),
