@@ -68,3 +68,18 @@ class Interrupted(KeyboardInterrupt):
     def __init__(self, signum: int):
         super().__init__(signum)
         self.signum = signum
+
+
+def check_text(text: str, what: str) -> str:
+    """``text`` unchanged, or InputError when it cannot be UTF-8 encoded: bytes that were not UTF-8 reach
+    Python as surrogate escapes (argv, stdin: PEP 383), and JSON can spell a lone UTF-16 surrogate."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        ch = ord(text[e.start])
+        if 0xDC80 <= ch <= 0xDCFF:  # surrogateescape of one undecodable byte
+            raise InputError(f"{what} is not valid UTF-8 text (byte 0x{ch - 0xDC00:02x} at character {e.start})",
+                             "give UTF-8 text") from None
+        raise InputError(f"{what} holds a lone UTF-16 surrogate (U+{ch:04X} at character {e.start})",
+                         "give valid Unicode text") from None
+    return text

@@ -26,6 +26,11 @@ _OURS = re.compile(r"^\.edgeinfer-[a-z]+-(?P<pid>\d+)-(?P<created>\d+)-")
 _LEGACY = re.compile(r"\.tmp(?P<pid>\d+)$|^\.[^/]+\.(?P<pid2>\d+)\.tmp$")  # cache store / ONNX export of 0.x
 _LEGACY_RANDOM = re.compile(r"^\.edgeinfer-(deploy-)?[a-z0-9_]{8}$")  # tempfile names without an owner
 LEGACY_MAX_AGE_S = 24 * 3600
+#: kernel interfaces, not storage: a write there fails or does something else than store a file. /dev/null
+#: too: every output is staged next to its target and renamed into place, which no device node allows.
+#: /dev/shm is a plain tmpfs.
+PSEUDO_ROOTS = ("/proc", "/sys", "/dev")
+STORAGE_UNDER_PSEUDO = ("/dev/shm",)
 
 
 # --- output paths ---------------------------------------------------------------------------------
@@ -42,13 +47,16 @@ def check_output_file(path: Path, option: str, suffixes: tuple[str, ...] = ()) -
     """Refuse an output file path edgeinfer could not write, before any work is done."""
     if path.is_dir():
         raise InputError(f"{option} {path} is a directory; give a file name")
+    if path.exists() and not path.is_file():
+        raise InputError(f"{option} {path} is not a regular file (a device, pipe or socket); give a file path")
     if suffixes and path.suffix.lower() not in suffixes:
         raise InputError(f"{option} {path}: the file name must end in {', '.join(suffixes)}")
     _check_creatable(path.parent if path.is_file() else path, option)  # an existing file is overwritten
 
 
 def _check_creatable(path: Path, option: str) -> None:
-    """The nearest existing ancestor must be a directory we may write into."""
+    """The nearest existing ancestor must be a directory we may write into, on storage."""
+    _check_storage(path, option)
     target = path if path.exists() else path.parent
     probe = Path(os.path.abspath(target))
     while not probe.exists():
@@ -57,6 +65,15 @@ def _check_creatable(path: Path, option: str) -> None:
         raise InputError(f"{option} {path} cannot be created: {probe} is a file, not a directory")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise InputError(f"{option} {path} is not writable (no write permission on {probe}); choose another path")
+
+
+def _check_storage(path: Path, option: str) -> None:
+    real = os.path.realpath(path)  # symlinks too: /dev/stdout -> /proc/self/fd/1
+    for root in PSEUDO_ROOTS:
+        inside = real == root or real.startswith(root + "/")
+        if inside and not any(real == s or real.startswith(s + "/") for s in STORAGE_UNDER_PSEUDO):
+            raise InputError(f"{option} {path} is under {root}, a kernel interface, not storage; "
+                             "choose a path on a disk")
 
 
 # --- temporaries ------------------------------------------------------------------------------------

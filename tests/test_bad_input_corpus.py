@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 from helpers import edgeinfer, tiny_bert_dir
 
-from edgeinfer.testing import models
+from edgeinfer.testing import llm, models
 
 SUBPROCESS_EVERY = 10
 
@@ -158,6 +158,13 @@ def gguf_file(kv: dict[str, Any] | None = None, tensors: bool = True) -> Callabl
         w.write_kv_data_to_file()
         w.write_tensors_to_file()
         w.close()
+
+    return build
+
+
+def _link(target: str) -> Callable[[Path, Path], None]:
+    def build(fx: Path, path: Path) -> None:
+        path.symlink_to(target)
 
     return build
 
@@ -448,6 +455,11 @@ RUN_CASES = [
          {"t.npy": npy(np.full((1, 128), 7, np.int64))}, needle="vocabulary"),
     Case("run-out-is-file", R + ["-i", "x={fx}/x.npy", "--out", "{d}/o"], {"o": "a file"}, needle="--out"),
     Case("run-out-under-file", R + ["-i", "x={fx}/x.npy", "--out", "{d}/f/o"], {"f": "a file"}, needle="--out"),
+    Case("run-out-proc", R + ["-i", "x={fx}/x.npy", "--out", "/proc/edgeinfer-out"], needle="/proc"),
+    Case("run-out-sys", R + ["-i", "x={fx}/x.npy", "--out", "/sys/kernel/edgeinfer-out"], needle="/sys"),
+    Case("run-out-dev", R + ["-i", "x={fx}/x.npy", "--out", "/dev/edgeinfer-out"], needle="/dev"),
+    Case("run-out-symlink-to-proc", R + ["-i", "x={fx}/x.npy", "--out", "{d}/link/o"], {"link": _link("/proc/self")},
+         needle="/proc"),
     Case("run-shape-malformed", R + ["-i", "x={fx}/x.npy", "--shape", "x"]),
     Case("run-shape-zero", R + ["-i", "x={fx}/x.npy", "--shape", "x=0x16"]),
     Case("run-shape-negative", R + ["-i", "x={fx}/x.npy", "--shape", "x=-1x16"]),
@@ -459,6 +471,18 @@ RUN_CASES = [
     Case("run-segments-without-paging", R + ["-i", "x={fx}/x.npy", "--segments", "2"]),
     Case("run-segments-zero", R + ["-i", "x={fx}/x.npy", "--paging", "1", "--segments", "0"]),
     Case("run-cut-unknown-tensor", R + ["-i", "x={fx}/x.npy", "--paging", "1", "--cut", "nope"]),
+    # text that is not UTF-8 (argv reaches Python surrogate-escaped, PEP 383) or holds a lone surrogate
+    Case("run-text-not-utf8", ["run", "{fx}/text_bundle", "-t", "ok", "-t", "bad \udcff"], needle="--text"),
+    Case("run-text-lone-surrogate", ["run", "{fx}/text_bundle", "-t", "\ud800"], needle="surrogate"),
+    Case("generate-prompt-not-utf8", ["generate", "{fx}/tiny_llm", "--prompt", "\udcff"], needle="--prompt"),
+    Case("generate-prompt-lone-surrogate", ["generate", "{fx}/tiny_llm", "--prompt", "a\udfff"], needle="--prompt"),
+    Case("generate-chat-prompt-not-utf8", ["generate", "{fx}/tiny_llm", "--chat", "--prompt", "\udce9t\udce9"],
+         needle="0xe9"),
+    Case("generate-stop-not-utf8", ["generate", "{fx}/tiny_llm", "--prompt", "hi", "--stop", "\udcfe"],
+         needle="stop"),
+    Case("generate-seed-too-big", ["generate", "{fx}/tiny_llm", "--prompt", "hi", "--seed", str(2**64)],
+         needle="seed"),
+    Case("chat-system-not-utf8", ["chat", "{fx}/tiny_llm", "--system", "\udcc3"], needle="--system"),
     Case("run-bundle-garbage-manifest", ["run", "{d}/b", "-i", "x={fx}/x.npy"], {"b/manifest.json": "{{{"}),
     Case("run-bundle-garbage-tokenizer", ["run", "{d}/b", "-t", "hello"],
          {"b": copy_of("text_bundle", put("tokenizer/tokenizer.json", "not a tokenizer"))}),
@@ -549,6 +573,14 @@ BENCH_CASES = [
     Case("bench-plot-is-dir", B + ["--plot", "{d}/p"], {"p/x": "x"}, needle="--plot"),
     Case("bench-plot-under-file", B + ["--plot", "{d}/f/p.png"], {"f": "x"}, needle="--plot"),
     Case("bench-plot-bad-suffix", B + ["--plot", "{d}/p.xyz"], needle="--plot"),
+    Case("bench-plot-proc", B + ["--plot", "/proc/x.png"], needle="/proc"),
+    Case("bench-plot-sys", B + ["--plot", "/sys/x.png"], needle="/sys"),
+    Case("bench-output-dev-null", B + ["--output", "/dev/null"], needle="--output"),
+    Case("bench-output-dev-stdout", B + ["--output", "/dev/stdout"], needle="--output"),
+    Case("calibrate-output-proc", ["calibrate", "{d}/m.yaml", "--board", "rk3588-8g", "-o", "/proc/b.yaml"],
+         {"m.yaml": "[]"}, needle="/proc"),
+    Case("deploy-out-proc", D + ["-o", "/proc/edgeinfer-bundle"], needle="/proc"),
+    Case("deploy-out-sys", D + ["-o", "/sys/edgeinfer-bundle"], needle="/sys"),
     Case("bench-batch-zero", ["bench", "{fx}/bundle", "--batch", "0"]),
     Case("bench-batch-negative", ["bench", "{fx}/bundle", "--batch", "-1"]),
     Case("bench-batch-letters", ["bench", "{fx}/bundle", "--batch", "a,b"]),
@@ -591,6 +623,7 @@ def fx(tmp_path_factory) -> Path:
         np.save(root / "ids.npy", np.full((1, 128), 5, np.int64))
         np.save(root / "mask.npy", np.ones((1, 128), np.int64))
         np.save(root / "types.npy", np.zeros((1, 128), np.int64))
+        (root / "tiny_llm").symlink_to(llm.model_dir(), target_is_directory=True)
     finally:
         mp.undo()
     return root

@@ -102,3 +102,23 @@ def test_output_dir_that_is_a_file_and_plot_that_is_a_dir_are_refused(tmp_path):
     with pytest.raises(InputError, match=".png"):
         files.check_output_file(tmp_path / "p.gif", "--plot", (".png",))
     files.check_output_file(tmp_path / "new" / "p.png", "--plot", (".png",))  # creatable: fine
+
+
+@pytest.mark.parametrize("path", ["/proc/x.png", "/proc/self/fd/out.json", "/sys/kernel/x.json", "/dev/x.json",
+                                  "/dev/null", "/dev/stdout"])
+def test_output_files_on_kernel_interfaces_are_refused(path):
+    from pathlib import Path
+
+    with pytest.raises(InputError, match="--plot"):
+        files.check_output_file(Path(path), "--plot")
+
+
+def test_output_paths_in_dev_shm_and_through_links_to_storage_are_fine_links_into_proc_are_not(tmp_path):
+    from pathlib import Path
+
+    files.check_output_dir(Path("/dev/shm/edgeinfer-out"), "--out")
+    (tmp_path / "to-tmp").symlink_to(tmp_path)
+    files.check_output_file(tmp_path / "to-tmp" / "x.json", "--output")
+    (tmp_path / "to-proc").symlink_to("/proc/self")
+    with pytest.raises(InputError, match="under /proc"):
+        files.check_output_dir(tmp_path / "to-proc" / "out", "--out")

@@ -189,3 +189,19 @@ def test_the_generation_doc_example_runs(tmp_path):
     p = subprocess.run([sys.executable, "-c", block], capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.strip()
+
+
+@pytest.mark.parametrize("encoding", ["utf-8:surrogateescape", "utf-8:strict"])
+def test_chat_with_bytes_that_are_not_utf8_on_stdin_is_one_line_exit_2(llm_dir, encoding):
+    """How stdin decodes depends on the locale (surrogate escapes under C/POSIX, an error under strict
+    UTF-8): either way one line and exit 2, not an internal error."""
+    import os
+
+    p = subprocess.run([sys.executable, "-m", "edgeinfer.cli", "chat", str(llm_dir), "--max-new-tokens", "2"],
+                       input=b"hi \xff\xfe there\n", capture_output=True, timeout=300,
+                       env={**os.environ, "PYTHONIOENCODING": encoding})
+    err = p.stderr.decode()
+    errors = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert p.returncode == 2, err
+    assert len(errors) == 1 and "stdin is not valid UTF-8" in errors[0] and "0xff" in errors[0], err
+    assert "Traceback" not in err and "internal error" not in err

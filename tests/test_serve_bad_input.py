@@ -95,6 +95,7 @@ CASES = [
     ("devices-ascend-name", ["{ascend}", "--devices", "GPU"], {}, "Ascend"),
     ("api-key-blank", ["{ok}", "--api-key", "  "], {}, "API key"),
     ("api-key-env-blank", ["{ok}"], {"EDGEINFER_API_KEY": "   "}, "API key"),
+    ("api-key-not-utf8", ["{ok}", "--api-key", "k\udcff"], {}, "API key"),
     ("key-file-missing", ["{ok}", "--api-key-file", "{tmp}/keys/nope"], {}, "no such file"),
     ("key-file-dir", ["{ok}", "--api-key-file", "{tmp}/keys"], {}, "directory"),
     ("key-file-fifo", ["{ok}", "--api-key-file", "{tmp}/keys/fifo"], {}, "regular file"),
@@ -161,3 +162,153 @@ def test_serve_without_its_extras_says_how_to_install_them_and_exits_3(tmp_path)
     assert proc.returncode == 3, proc.stderr
     assert len(lines) == 1 and "pip install 'edgeinfer[serve]'" in lines[0], proc.stderr
     assert "internal error" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+# --- OpenAI request bodies: strict types, bounds, fields that are not implemented ----------------------
+
+MSG = [{"role": "user", "content": "hi"}]
+# (case id, chat?, body, the field the 400 must name)
+BAD_BODIES = [
+    ("max-tokens-string", True, {"messages": MSG, "max_tokens": "4"}, "max_tokens"),
+    ("max-tokens-bool", True, {"messages": MSG, "max_tokens": True}, "max_tokens"),
+    ("max-tokens-float", False, {"prompt": "hi", "max_tokens": 4.0}, "max_tokens"),
+    ("n-string", True, {"messages": MSG, "n": "1"}, "n"),
+    ("stream-string", True, {"messages": MSG, "stream": "yes"}, "stream"),
+    ("stream-int", False, {"prompt": "hi", "stream": 1}, "stream"),
+    ("ignore-eos-string", True, {"messages": MSG, "ignore_eos": "y"}, "ignore_eos"),
+    ("temperature-string", True, {"messages": MSG, "temperature": "0.5"}, "temperature"),
+    ("temperature-bool", False, {"prompt": "hi", "temperature": False}, "temperature"),
+    ("seed-string", True, {"messages": MSG, "seed": "1"}, "seed"),
+    ("seed-too-big", True, {"messages": MSG, "seed": 10**30}, "seed"),
+    ("seed-2-64", False, {"prompt": "hi", "seed": 2**64}, "seed"),
+    ("seed-negative", False, {"prompt": "hi", "seed": -1}, "seed"),
+    ("include-usage-string", True, {"messages": MSG, "stream_options": {"include_usage": "true"}},
+     "stream_options.include_usage"),
+    ("stream-options-unknown", True, {"messages": MSG, "stream_options": {"x": 1}}, "stream_options.x"),
+    ("stop-five", True, {"messages": MSG, "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ("stop-600k", False, {"prompt": "hi", "stop": ["x"] * 600_000}, "stop"),
+    ("stop-long", True, {"messages": MSG, "stop": "x" * 257}, "stop"),
+    ("stop-empty-string", True, {"messages": MSG, "stop": [""]}, "stop"),
+    ("stop-number", True, {"messages": MSG, "stop": [1]}, "stop"),
+    ("messages-too-many", True, {"messages": MSG * 2049}, "messages"),
+    ("messages-empty", True, {"messages": []}, "messages"),
+    ("content-int", True, {"messages": [{"role": "user", "content": 5}]}, "messages.0.content"),
+    ("content-image-part", True, {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "look"}, {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]},
+     "messages.0.content"),
+    ("content-part-extra-key", True, {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "a", "cache_control": {}}]}]}, "messages.0.content"),
+    ("content-too-many-parts", True, {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "a"}] * 257}]}, "messages.0.content"),
+    ("role-tool", True, {"messages": [{"role": "tool", "content": "x", "tool_call_id": "1"}]}, "messages.0"),
+    ("tool-calls", True, {"messages": [{"role": "assistant", "content": "x", "tool_calls": []}]},
+     "messages.0.tool_calls"),
+    ("name-too-long", True, {"messages": [{"role": "user", "content": "x", "name": "n" * 65}]}, "messages.0.name"),
+    ("model-too-long", True, {"messages": MSG, "model": "m" * 257}, "model"),
+    ("user-too-long", False, {"prompt": "hi", "user": "u" * 257}, "user"),
+    ("user-number", False, {"prompt": "hi", "user": 7}, "user"),
+    ("metadata-too-many", True, {"messages": MSG, "metadata": {str(i): "v" for i in range(17)}}, "metadata"),
+    ("unknown-field", True, {"messages": MSG, "frobnicate": 1}, "frobnicate"),
+    ("tools", True, {"messages": MSG, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ("tool-choice", True, {"messages": MSG, "tool_choice": "required"}, "tool_choice"),
+    ("functions", True, {"messages": MSG, "functions": [{"name": "f"}]}, "functions"),
+    ("response-format", True, {"messages": MSG, "response_format": {"type": "json_object"}}, "response_format"),
+    ("logit-bias", False, {"prompt": "hi", "logit_bias": {"50256": -100}}, "logit_bias"),
+    ("frequency-penalty", True, {"messages": MSG, "frequency_penalty": 0.5}, "frequency_penalty"),
+    ("presence-penalty", False, {"prompt": "hi", "presence_penalty": 1}, "presence_penalty"),
+    ("audio", True, {"messages": MSG, "audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+    ("modalities", True, {"messages": MSG, "modalities": ["text", "audio"]}, "modalities"),
+    ("prediction", True, {"messages": MSG, "prediction": {"type": "content", "content": "x"}}, "prediction"),
+    ("echo", False, {"prompt": "hi", "echo": True}, "echo"),
+    ("best-of", False, {"prompt": "hi", "best_of": 3}, "best_of"),
+    ("suffix", False, {"prompt": "hi", "suffix": "end"}, "suffix"),
+    ("top-logprobs-without-logprobs", True, {"messages": MSG, "top_logprobs": 2}, "top_logprobs"),
+    ("top-logprobs-21", True, {"messages": MSG, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ("chat-logprobs-int", True, {"messages": MSG, "logprobs": 1}, "logprobs"),
+    ("completion-logprobs-6", False, {"prompt": "hi", "logprobs": 6}, "logprobs"),
+    ("completion-logprobs-bool", False, {"prompt": "hi", "logprobs": True}, "logprobs"),
+    ("prompt-two", False, {"prompt": ["a", "b"]}, "prompt"),
+    ("prompt-token-ids", False, {"prompt": [1, 2, 3]}, "prompt"),
+]
+
+
+def _validate(chat: bool, body: dict):
+    from edgeinfer.serve.llm_api import ChatRequest, CompletionRequest
+    from edgeinfer.serve.prep import validated
+
+    return validated(ChatRequest if chat else CompletionRequest, body)
+
+
+@pytest.mark.parametrize("chat, body, field", [c[1:] for c in BAD_BODIES], ids=[c[0] for c in BAD_BODIES])
+def test_bad_openai_bodies_are_400_naming_the_field(chat, body, field):
+    from edgeinfer.serve.prep import ApiError
+
+    with pytest.raises(ApiError) as e:
+        _validate(chat, body)
+    assert e.value.status == 400
+    assert e.value.message.startswith(field), e.value.message
+
+
+def test_seed_error_says_the_range_and_the_openapi_document_too():
+    from edgeinfer.serve.llm_api import ChatRequest, body_doc
+    from edgeinfer.serve.prep import ApiError
+
+    with pytest.raises(ApiError, match="from 0 to 18446744073709551615"):
+        _validate(True, {"messages": MSG, "seed": 10**30})
+    seed = body_doc(ChatRequest)["requestBody"]["content"]["application/json"]["schema"]["properties"]["seed"]
+    assert "18446744073709551615" in seed["description"] and seed["maximum"] == 2**64 - 1
+
+
+@pytest.mark.parametrize("body", [
+    {"temperature": 1, "top_p": 1, "max_tokens": 4, "seed": 2**64 - 1, "stop": "x"},  # an int where a float goes
+    {"tools": [], "tool_choice": "none", "logit_bias": {}, "frequency_penalty": 0, "presence_penalty": 0.0,
+     "response_format": {"type": "text"}, "modalities": ["text"], "parallel_tool_calls": False, "audio": None},
+    {"user": "u-1", "metadata": {"k": "v"}, "store": False, "stop": ["a", "b", "c", "d"]},
+    {"logprobs": True, "top_logprobs": 20},
+    {"n": None, "stream": None, "logprobs": None, "top_logprobs": None, "stop": None, "seed": None, "user": None,
+     "max_tokens": None, "temperature": None, "stream_options": {"include_usage": None}},  # OpenAI's nullables
+])
+def test_neutral_and_metadata_fields_are_accepted(body):
+    req = _validate(True, {"messages": MSG, **body})
+    assert not {"tools", "logit_bias", "response_format"} & set(req.model_dump())
+
+
+def test_text_parts_are_joined_and_a_completion_list_of_one_is_the_prompt():
+    req = _validate(True, {"messages": [{"role": "user", "content": [{"type": "text", "text": "one"},
+                                                                     {"type": "text", "text": "two"}]}]})
+    assert req.messages[0].content == "one\ntwo"
+    assert _validate(False, {"prompt": ["once"]}).prompt == ["once"]
+
+
+@pytest.mark.parametrize("body", [
+    b'{"messages": [{"role": "user", "content": "a\\ud800b"}]}',
+    b'{"prompt": "\\udfff"}',
+    b'{"input": ["ok", "\\uDBFF"]}',
+    b'{"model": "x", "inputs": {"input_ids": [[1]]}, "id": "\\ud800"}',
+    b'{"messages": [{"role": "user", "content": "x"}], "stop": ["\\udc00"]}',
+    b'{"\\ud800": 1}',
+])
+def test_lone_surrogates_anywhere_in_a_body_are_400(body):
+    from edgeinfer.serve.prep import ApiError, read_json
+
+    with pytest.raises(ApiError, match="surrogate") as e:
+        read_json(body, "application/json")
+    assert e.value.status == 400
+    assert read_json(b'{"x": "\\ud83d\\ude00"}', "application/json") == {"x": "\U0001f600"}  # a pair is fine
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"input": "x", "dimensions": "8"}, "dimensions"),
+    ({"input": "x", "encoding_format": "hex"}, "encoding_format"),
+    ({"input": ["x"] * 2049}, "input"),
+    ({"input": [1, 2]}, "input.0"),
+    ({"input": "x", "user": 1}, "user"),
+    ({"input": "x", "extra": True}, "extra"),
+])
+def test_bad_embedding_bodies_are_400_naming_the_field(body, field):
+    from edgeinfer.serve.prep import ApiError, validated
+    from edgeinfer.serve.schemas import EmbeddingRequest
+
+    with pytest.raises(ApiError) as e:
+        validated(EmbeddingRequest, body)
+    assert e.value.message.startswith(field), e.value.message

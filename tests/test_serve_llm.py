@@ -190,6 +190,153 @@ def test_n_above_1_and_prompt_past_the_context_are_400(server):
         c.completions.create(model="tiny-qwen3", prompt="hi", max_tokens=CTX)
 
 
+# --- request validation and logprobs ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path, body, words", [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": "4"}, "max_tokens"),
+    ("/v1/completions", {"prompt": "hi", "stream": "yes"}, "stream"),
+    ("/v1/completions", {"prompt": "hi", "seed": 10**30}, "seed: give an integer from 0 to"),
+    ("/v1/completions", {"prompt": "hi", "stop": ["x"] * 5}, "stop"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]},
+     "tools: this server does not implement"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+     "messages.0.content"),
+])
+def test_bad_bodies_are_400_naming_the_field(server, path, body, words):
+    r = httpx.post(server.url + path, json={"model": "tiny-qwen3", "max_tokens": 2, **body}, timeout=60)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["message"].startswith(words), r.text
+
+
+@pytest.mark.parametrize("path, raw", [
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "a\\ud800"}], "max_tokens": 2}'),
+    ("/v1/completions", b'{"prompt": "\\udfff", "max_tokens": 2}'),
+])
+def test_a_lone_surrogate_is_400_not_500(server, path, raw):
+    r = httpx.post(server.url + path, content=raw, headers={"content-type": "application/json"}, timeout=60)
+    assert r.status_code == 400 and "surrogate" in r.json()["error"]["message"], r.text
+
+
+def test_text_parts_answer_as_the_same_string(server):
+    c = client(server)
+    kw = {"model": "tiny-qwen3", "max_tokens": 12, "temperature": 0}
+    plain = c.chat.completions.create(messages=[{"role": "user", "content": "Rivers\nflow"}], **kw)
+    parts = c.chat.completions.create(messages=[{"role": "user", "content": [
+        {"type": "text", "text": "Rivers"}, {"type": "text", "text": "flow"}]}], **kw)
+    assert parts.choices[0].message.content == plain.choices[0].message.content
+    assert parts.usage.prompt_tokens == plain.usage.prompt_tokens
+
+
+def reference_greedy(prompt_ids: list[int], steps: int) -> list[np.ndarray]:
+    """log-softmax (float64) of the transformers fp32 model's next-token logits at each greedy step,
+    recomputed from the whole sequence each time (no cache)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir(), torch_dtype=torch.float32).eval()
+    ids, out = list(prompt_ids), []
+    with torch.no_grad():
+        for _ in range(steps):
+            logits = model(torch.tensor([ids])).logits[0, -1].double()
+            out.append(torch.log_softmax(logits, -1).numpy())
+            ids.append(int(out[-1].argmax()))
+    return out
+
+
+def test_logprobs_whole_and_streamed_equal_the_transformers_fp32_reference(server):
+    """Greedy completions and chat with logprobs: each token, its log-probability and the top alternatives
+    are the transformers fp32 model's own (computed here, without edgeinfer), whole and streamed alike."""
+    from edgeinfer.run.generation.text import TextCodec
+
+    codec, steps, top = TextCodec(model_dir()), 8, 3
+    tokenizer = codec.tokenizer
+
+    def word(i: int) -> str:
+        return tokenizer.decode([int(i)], skip_special_tokens=False)
+
+    kw = {"model": "tiny-qwen3", "max_tokens": steps, "temperature": 0, "ignore_eos": True}
+    ref = reference_greedy(codec.encode(PROMPTS[3]), steps)
+    want_ids = [int(r.argmax()) for r in ref]
+    whole = httpx.post(server.url + "/v1/completions", json={**kw, "prompt": PROMPTS[3], "logprobs": top},
+                       timeout=120).json()["choices"][0]["logprobs"]
+    assert whole["tokens"] == [word(i) for i in want_ids]
+    np.testing.assert_allclose(whole["token_logprobs"], [r[i] for r, i in zip(ref, want_ids)], atol=2e-4)
+    for got, r in zip(whole["top_logprobs"], ref):
+        best = np.argsort(-r)[:top]
+        assert list(got) == [word(i) for i in best]
+        np.testing.assert_allclose(list(got.values()), r[best], atol=2e-4)
+    assert whole["text_offset"] == list(np.cumsum([0] + [len(t) for t in whole["tokens"]])[:-1])
+    with httpx.stream("POST", server.url + "/v1/completions", timeout=120,
+                      json={**kw, "prompt": PROMPTS[3], "logprobs": top, "stream": True}) as s:
+        chunks = [json.loads(ln[6:]) for ln in s.iter_lines() if ln.startswith("data: {")]
+    streamed = [c["choices"][0]["logprobs"] for c in chunks if c["choices"] and c["choices"][0]["logprobs"]]
+    for key in ("tokens", "text_offset"):
+        assert [x for b in streamed for x in b[key]] == whole[key]
+    assert [list(x) for b in streamed for x in b["top_logprobs"]] == [list(x) for x in whole["top_logprobs"]]
+    np.testing.assert_allclose([x for b in streamed for x in b["token_logprobs"]], whole["token_logprobs"],
+                               atol=1e-6)
+
+    messages = [{"role": "user", "content": PROMPTS[4]}]
+    ref = reference_greedy(codec.encode_chat(messages), steps)
+    want_ids = [int(r.argmax()) for r in ref]
+    body = {**kw, "messages": messages, "logprobs": True, "top_logprobs": top}
+    content = httpx.post(server.url + "/v1/chat/completions", json=body,
+                         timeout=120).json()["choices"][0]["logprobs"]["content"]
+    assert [e["token"] for e in content] == [word(i) for i in want_ids]
+    for e, r, i in zip(content, ref, want_ids):
+        assert e["logprob"] == pytest.approx(r[i], abs=2e-4)
+        assert bytes(e["bytes"]).decode("utf-8", "replace") == e["token"]
+        best = np.argsort(-r)[:top]
+        assert [t["token"] for t in e["top_logprobs"]] == [word(j) for j in best]
+        np.testing.assert_allclose([t["logprob"] for t in e["top_logprobs"]], r[best], atol=2e-4)
+    c = client(server)
+    chunks = c.chat.completions.create(messages=messages, stream=True, logprobs=True, top_logprobs=top,
+                                       model="tiny-qwen3", max_tokens=steps, temperature=0,
+                                       extra_body={"ignore_eos": True})
+    streamed = [e for ch in chunks if ch.choices and ch.choices[0].logprobs for e in ch.choices[0].logprobs.content]
+    assert [e.token for e in streamed] == [e["token"] for e in content]
+    assert [e.logprob for e in streamed] == pytest.approx([e["logprob"] for e in content], abs=1e-6)
+    plain = c.chat.completions.create(messages=messages, model="tiny-qwen3", max_tokens=2, temperature=0)
+    assert plain.choices[0].logprobs is None
+
+
+def test_logprobs_are_the_log_softmax_of_the_bundles_logits(tiny_qwen3_host_bundle):
+    """Seeded sampling on the onnxruntime bundle through the serving scheduler: every entry equals a numpy
+    log-softmax of the logits the decoder itself gives for that sequence, the sampled token's (not
+    always the most likely) and the top 4; the entries' bytes spell the text (a random token may split a
+    character: both replace it alike)."""
+    import edgeinfer
+    from edgeinfer.run.generation.options import GenerationOptions
+    from edgeinfer.serve.llm_scheduler import Scheduler
+
+    with edgeinfer.load(tiny_qwen3_host_bundle, slots=1) as g:
+        ids = g.codec.encode(PROMPTS[2])
+        opts = GenerationOptions(max_new_tokens=10, temperature=1.5, seed=3, ignore_eos=True, logprobs=4)
+        sched, entries, text = Scheduler(g), [], ""
+        sched.add("a", ids, opts)
+        while sched.busy:
+            for e in sched.step():
+                entries += e.logprobs or []
+                text += e.text
+        tokens = g.generate_ids(ids, opts.with_(logprobs=None)).token_ids  # the same seed: the same tokens
+        d = g.decoder
+        d.reset(0)
+        logits = d.prefill(0, np.asarray(ids, dtype=np.int64))
+        picked_best = []
+        for tok, entry in zip(tokens, entries):
+            row = np.asarray(logits, dtype=np.float64).reshape(-1)
+            ref = row - row.max() - np.log(np.exp(row - row.max()).sum())
+            assert entry["logprob"] == pytest.approx(ref[tok], abs=1e-6)
+            best = np.argsort(-ref)[:4]
+            np.testing.assert_allclose([t["logprob"] for t in entry["top_logprobs"]], ref[best], atol=1e-6)
+            picked_best.append(tok == best[0])
+            logits = d.decode([0], np.asarray([tok], dtype=np.int64))[0]
+        d.reset(0)
+    assert len(entries) == len(tokens) == 10 and not all(picked_best)  # sampled: some token was not the top one
+    assert bytes(b for e in entries for b in e["bytes"]).decode("utf-8", "replace") == text
+
+
 def test_full_queue_is_429_and_disconnects_free_the_slots(server):
     """Four streams hold the four slots, two wait, the next request gets 429 with Retry-After; closing the
     streams mid-way cancels their sequences (no end-to-end latency recorded) and frees every slot."""

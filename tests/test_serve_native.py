@@ -83,3 +83,31 @@ def test_one_at_a_time_cancel_of_a_waiting_request_never_runs_it(codec):
     texts, ends, _ = _run(sched)
     assert ends == {"a": ("length", None), "b": ("cancelled", None)}
     assert runtime.sent == 4 and texts.get("b", "") == ""
+
+
+def test_a_native_loop_gives_no_logprobs_the_scheduler_ends_such_a_request_and_the_api_says_400(codec):
+    """The runtime's own loop never shows its logits: the HTTP side refuses ``logprobs`` for a decoder its
+    worker reported as a native loop (400 naming the backend), and the scheduler ends one that got through."""
+    from edgeinfer.serve.llm_api import ChatRequest, CompletionRequest, prompt_and_options
+    from edgeinfer.serve.llm_engine import Engine, ServedLLM
+    from edgeinfer.serve.llm_native import NO_LOGPROBS
+    from edgeinfer.serve.prep import ApiError
+
+    runtime = ScriptedNativeStandIn(codec.encode("The cat"), codec.tokenizer.get_vocab_size())
+    sched = NativeScheduler(Generator(runtime, codec))
+    sched.add("a", codec.encode("Hi"), GenerationOptions(max_new_tokens=2, logprobs=0))
+    _, ends, _ = _run(sched)
+    assert ends == {"a": ("error", NO_LOGPROBS)} and runtime.sent == 0
+
+    eng = Engine(ServedLLM("tiny-ov", model_dir(), "openvino", 256, codec), slots=1, max_queue=1, prefill_chunk=None)
+    eng.info = {"native_loop": True}
+    msgs = [{"role": "user", "content": "hi"}]
+    for chat, body in ((True, ChatRequest.model_validate({"messages": msgs, "logprobs": True})),
+                       (False, CompletionRequest.model_validate({"prompt": "hi", "logprobs": 0}))):
+        with pytest.raises(ApiError, match="openvino backend of tiny-ov .* does not expose logprobs") as e:
+            prompt_and_options(eng, body, chat)
+        assert e.value.status == 400
+        assert prompt_and_options(eng, body.model_copy(update={"logprobs": None if not chat else False}), chat)[0]
+    eng.info = {"native_loop": False}
+    assert prompt_and_options(eng, ChatRequest.model_validate({"messages": msgs, "logprobs": True}), True)[1][
+        "logprobs"] == 0

@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from edgeinfer.cli.trust import trust_remote_code_option
-from edgeinfer.errors import InputError
+from edgeinfer.errors import InputError, check_text
 
 
 def _options(**kw: Any) -> Any:
@@ -80,6 +80,7 @@ def generate_cmd(model: Path, prompt: str, chat: bool, max_new_tokens: int, temp
                     repetition_penalty=repetition_penalty, seed=seed, stop=stop)
     if not prompt:
         raise InputError("the prompt is empty; give some text with --prompt")
+    check_text(prompt, "--prompt")
     with _load(model, backend, device, ctx, trust_remote_code) as session:
         stream = session.stream(prompt, opts, chat=chat)
         try:
@@ -115,13 +116,17 @@ def chat_cmd(model: Path, system: str | None, max_new_tokens: int, temperature: 
     """Talk with MODEL in the terminal: history is kept, Ctrl-C stops the answer, Ctrl-D exits."""
     opts = _options(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                     repetition_penalty=repetition_penalty, seed=seed, stop=stop)
-    history: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
+    history: list[dict[str, str]] = [{"role": "system", "content": check_text(system, "--system")}] if system else []
     with _load(model, backend, device, ctx, trust_remote_code) as session:
         click.echo(f"chatting with {model} on {session.decoder.backend_name} (Ctrl-C stops an answer, "
                    "Ctrl-D exits)", err=True)
         while True:
             try:
-                text = input("> ")
+                text = check_text(input("> "), "the message read from stdin")
+            except UnicodeDecodeError as e:  # a strict-UTF-8 stdin; a surrogateescape one reaches check_text
+                byte = e.object[e.start]
+                raise InputError(f"the message read from stdin is not valid UTF-8 text (byte 0x{byte:02x})",
+                                 "give UTF-8 text") from None
             except EOFError:
                 click.echo("", err=True)
                 return

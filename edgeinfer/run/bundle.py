@@ -43,7 +43,7 @@ from pydantic import (
 
 from edgeinfer.contract.backend import Session, TensorSpec
 from edgeinfer.contract.helpers import first_line
-from edgeinfer.errors import InputError
+from edgeinfer.errors import InputError, check_text
 from edgeinfer.run import buckets as buckets_mod
 from edgeinfer.run import decoder_bundle, seal
 from edgeinfer.run.buckets import BucketsSection
@@ -463,6 +463,8 @@ def load_tokenizer(path: Path, max_length: int) -> Any:
 
 def tokenize(tok: Any, texts: list[str], specs: list[TensorSpec]) -> dict[str, np.ndarray]:
     """Feeds for ``texts`` with the model's input names and dtypes (BERT-style token inputs)."""
+    for i, t in enumerate(texts):
+        check_text(t, f"text {i}")
     enc = tok.encode_batch(list(texts))
     columns = {
         "input_ids": [e.ids for e in enc],

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edgeinfer.errors import InputError
+from edgeinfer.errors import InputError, check_text
 
 if TYPE_CHECKING:
     from edgeinfer.contract.backend import Session
@@ -122,6 +122,8 @@ def _check_request(model: Path, inputs: Sequence[str], texts: Sequence[str], out
         raise InputError("give either --text or --input, not both")
     if not texts and not inputs:
         raise InputError("nothing to run: pass --input NAME=FILE.npy (or --text for text bundles)")
+    for t in texts:
+        check_text(t, "--text")
     if out_dir is not None:
         from edgeinfer.files import check_output_dir
 

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from edgeinfer.errors import InputError
+from edgeinfer.errors import InputError, check_text
 
 API_KEY_ENV = "EDGEINFER_API_KEY"
 
@@ -63,6 +63,8 @@ class ServeConfig:
             raise InputError(f"--port must be 0..65535, got {self.port}")
         if self.api_key is not None and not self.api_key.strip():
             raise InputError(f"the API key (--api-key or {API_KEY_ENV}) is empty; give a non-empty key or none")
+        if self.api_key is not None:
+            check_text(self.api_key, f"the API key (--api-key or {API_KEY_ENV})")
         return self
 
 

@@ -2,10 +2,16 @@
 streamed as server-sent events in OpenAI's chunk format (``data: [DONE]`` last) or answered whole.
 
 Request and response shapes follow OpenAI's API reference
-(https://platform.openai.com/docs/api-reference/chat/create and /completions/create). Supported fields:
-``messages``/``prompt``, ``max_tokens`` (``max_completion_tokens``), ``temperature`` (default 1 as in
-OpenAI's API; 0 is greedy), ``top_p``, ``seed``, ``stop``, ``n`` (1 only), ``stream``,
-``stream_options.include_usage`` and vLLM's ``ignore_eos``; others are ignored.
+(https://platform.openai.com/docs/api-reference/chat/create and /completions/create), with strict JSON
+types (``"4"`` is not 4) and bounds on every list and string. Supported fields: ``messages`` (content a
+string or a list of text parts) / ``prompt``, ``max_tokens`` (``max_completion_tokens``), ``temperature``
+(default 1 as in OpenAI's API; 0 is greedy), ``top_p``, ``seed`` (0..2**64-1), ``stop`` (up to 4),
+``n`` (1 only), ``stream``, ``stream_options.include_usage``, ``logprobs`` / ``top_logprobs`` (step
+decoders only: a native-loop backend has no logits to give), and vLLM's ``ignore_eos``, ``top_k`` and
+``repetition_penalty``. Accepted and not used: ``user``, ``metadata``, ``store``. OpenAI fields that are
+not implemented (:data:`NOT_IMPLEMENTED`: tools, response_format, logit_bias, penalties, audio, ...)
+are 400 naming the field unless their value asks for nothing; any other unknown field is 400.
+docs/serve.md lists them for users.
 """
 
 from __future__ import annotations
@@ -15,55 +21,163 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, WithJsonSchema, model_validator
+from pydantic_core import PydanticCustomError
 
 from edgeinfer.errors import EdgeInferError
+from edgeinfer.run.generation.options import MAX_SEED, MAX_TOP_LOGPROBS
 from edgeinfer.serve.llm_engine import Engine, QueueFull
 from edgeinfer.serve.llm_engine import Request as GenRequest
 from edgeinfer.serve.prep import ApiError, read_json, validated
-from edgeinfer.serve.schemas import ERRORS
+from edgeinfer.serve.schemas import ERRORS, STRICT, Metadata, Name, str_or_list
+
+MAX_STOP, MAX_STOP_CHARS = 4, 256  # OpenAI allows 4 stop sequences
+MAX_MESSAGES = 2048  # OpenAI's bound on a chat's messages
+MAX_PARTS = 256  # text parts of one message's content
+MAX_COMPLETION_LOGPROBS = 5  # OpenAI's bound on the legacy completions' ``logprobs``
+
+#: OpenAI fields this server does not implement, with the values that ask for nothing (accepted, so that
+#: clients sending their defaults work); any other value is a 400 naming the field
+NOT_IMPLEMENTED: dict[str, tuple[str, Any]] = {
+    "tools": ("tool calling", lambda v: v in (None, [])),
+    "tool_choice": ("tool calling", lambda v: v in (None, "none", "auto")),
+    "parallel_tool_calls": ("tool calling", lambda v: v is None or isinstance(v, bool)),
+    "functions": ("function calling", lambda v: v in (None, [])),
+    "function_call": ("function calling", lambda v: v in (None, "none", "auto")),
+    "response_format": ("structured output", lambda v: v in (None, {"type": "text"})),
+    "logit_bias": ("logit_bias", lambda v: v in (None, {})),
+    "frequency_penalty": ("frequency_penalty (see repetition_penalty)", lambda v: v in (None, 0)),
+    "presence_penalty": ("presence_penalty (see repetition_penalty)", lambda v: v in (None, 0)),
+    "audio": ("audio output", lambda v: v is None),
+    "modalities": ("output modalities other than text", lambda v: v in (None, ["text"])),
+    "prediction": ("predicted outputs", lambda v: v is None),
+    "reasoning_effort": ("reasoning_effort", lambda v: v is None),
+    "web_search_options": ("web search", lambda v: v is None),
+    "best_of": ("best_of", lambda v: v in (None, 1)),
+    "echo": ("echo", lambda v: v in (None, False)),
+    "suffix": ("suffix (insertion)", lambda v: v in (None, "")),
+}
+
+
+def refuse_unimplemented(data: Any) -> Any:
+    """Drop the unimplemented fields that ask for nothing; 400 (naming the field) for those that do."""
+    if not isinstance(data, dict):
+        return data
+    for key, (what, neutral) in NOT_IMPLEMENTED.items():
+        if key in data:
+            if not neutral(data[key]):
+                raise PydanticCustomError("not_implemented", "{field}: this server does not implement {what}; "
+                                          "remove the field", {"field": key, "what": what})
+            data = {k: v for k, v in data.items() if k != key}
+    return data
+
+
+def message_text(value: Any) -> Any:
+    """A message's ``content`` as one string: a list of text parts is joined with newlines (as vLLM does);
+    other parts (images, audio, files) are refused."""
+    if not isinstance(value, list):
+        return value
+    if len(value) > MAX_PARTS:
+        raise PydanticCustomError("too_long", "give at most {n} content parts", {"n": MAX_PARTS})
+    texts = []
+    for i, part in enumerate(value):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind != "text" or set(part) != {"type", "text"} or not isinstance(part["text"], str):
+            raise PydanticCustomError(
+                "content_part", "part {i} is not a text part (an object with type 'text' and a 'text' string); "
+                "this server takes text only", {"i": i})
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def seed_in_range(value: int) -> int:
+    if not 0 <= value <= MAX_SEED:
+        raise PydanticCustomError("seed_range", "give an integer from 0 to {top} (2**64 - 1), the range every "
+                                  "backend takes", {"top": MAX_SEED})
+    return value
+
+
+_TEXT_PART = {"type": "object", "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+              "required": ["type", "text"], "additionalProperties": False}
+Content = Annotated[str, BeforeValidator(message_text), WithJsonSchema(
+    {"anyOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART, "maxItems": MAX_PARTS}],
+     "description": "Text, or a list of text parts (joined with newlines)."})]
 
 
 class StreamOptions(BaseModel):
-    include_usage: bool = False
+    model_config = STRICT
+    include_usage: bool | None = False
 
 
 class _Sampling(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    model: str | None = Field(None, description="Model id from /v1/models (optional when one decoder is served).")
+    model_config = STRICT
+
+    @model_validator(mode="before")
+    @classmethod
+    def unimplemented_fields(cls, data: Any) -> Any:
+        return refuse_unimplemented(data)
+
+    model: Name | None = Field(None, description="Model id from /v1/models (optional when one decoder is served).")
     max_tokens: int | None = Field(None, ge=1, description="Tokens to generate at most (default: up to the context).")
     max_completion_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
-    seed: int | None = Field(None, ge=0)
-    stop: Union[str, list[str], None] = None
-    n: int = Field(1, ge=1)
-    stream: bool = False
+    top_k: int | None = Field(None, ge=0, description="Sample from the k most likely tokens; 0: all (vLLM's).")
+    repetition_penalty: float | None = Field(None, gt=0, le=100, description="> 1 discourages repeats (vLLM's).")
+    seed: Annotated[int, AfterValidator(seed_in_range)] | None = Field(
+        None, description=f"0 to {MAX_SEED} (2**64 - 1): the range every backend takes.",
+        json_schema_extra={"minimum": 0, "maximum": MAX_SEED})
+    stop: str_or_list(MAX_STOP, MAX_STOP_CHARS, 1, f"Up to {MAX_STOP} strings of up to {MAX_STOP_CHARS} "  # type: ignore
+                      "characters; the text ends before the first.") = Field(default_factory=list)
+    n: int | None = Field(1, ge=1, description="Choices to generate: 1 only.")
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
-    user: str | None = None
     ignore_eos: bool = Field(False, description="Keep generating past EOS (vLLM's extension; for benchmarks).")
+    user: Name | None = Field(None, description="The end user's id: accepted, not used.")
+    metadata: Metadata | None = Field(None, description="Accepted, not used (nothing is stored).")
+    store: bool | None = Field(None, description="Accepted, not used (nothing is stored).")
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str
+    model_config = STRICT
+    role: Literal["system", "user", "assistant", "developer"]
+    content: Content
+    name: Annotated[str, Field(min_length=1, max_length=64)] | None = Field(
+        None, description="The participant's name, given to the chat template.")
 
 
 class ChatRequest(_Sampling):
     """OpenAI-compatible chat completion request."""
 
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
+    logprobs: bool | None = Field(False, description="Return each token's log-probability (step-primitive backends).")
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS,
+                                     description="With logprobs: the most likely tokens at each position.")
+
+    @model_validator(mode="after")
+    def top_logprobs_needs_logprobs(self) -> ChatRequest:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise PydanticCustomError("top_logprobs", "top_logprobs: set logprobs to true to use it")
+        return self
+
+    def logprobs_wanted(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 class CompletionRequest(_Sampling):
     """OpenAI-compatible (legacy) completion request: one prompt string."""
 
-    prompt: Union[str, list[str]]
+    prompt: str_or_list(1, description="One prompt string (a list of one is taken too).")  # type: ignore
+    logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS,
+                                 description="Return each token's log-probability and this many most likely "
+                                             "tokens (step-primitive backends).")
+
+    def logprobs_wanted(self) -> int | None:
+        return self.logprobs
 
 
 def body_doc(schema: type[BaseModel]) -> dict[str, Any]:
@@ -132,28 +246,30 @@ async def respond(engines: dict[str, Engine], raw: bytes, content_type: str, cha
     meta = {"id": ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24], "created": int(time.time()),
             "model": eng.llm.name}
     events = _events(eng, req, time.monotonic() + timeout_s, observe)
+    lp = Logprobs(chat) if body.logprobs_wanted() is not None else None
     if body.stream:
         usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(_sse(events, meta, chat, usage, len(req.prompt_ids)),
+        return StreamingResponse(_sse(events, meta, chat, usage, len(req.prompt_ids), lp),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-    return await _whole(events, meta, chat, len(req.prompt_ids))
+    return await _whole(events, meta, chat, len(req.prompt_ids), lp)
 
 
 def prompt_and_options(eng: Engine, body: Any, chat: bool) -> tuple[list[int], dict[str, Any]]:
     """The prompt's token ids and the generation options; 400 on what the model cannot do."""
-    if body.n != 1:
+    if body.n not in (None, 1):
         raise ApiError(400, f"n={body.n}: this server generates one choice per request; send n=1 (or omit it)")
+    logprobs = body.logprobs_wanted()
+    if logprobs is not None and eng.info.get("native_loop"):
+        raise ApiError(400, f"logprobs: the {eng.llm.backend} backend of {eng.llm.name} runs its own generation "
+                            "loop and does not expose logprobs; remove 'logprobs'")
     codec = eng.llm.codec
     try:
         if chat:
-            ids = codec.encode_chat([m.model_dump() for m in body.messages])
+            ids = codec.encode_chat([m.model_dump(exclude_none=True) for m in body.messages])
         else:
-            prompt = body.prompt
-            if isinstance(prompt, list):
-                if len(prompt) != 1:
-                    raise ApiError(400, "prompt: give one string (a list of several prompts is not supported)")
-                prompt = prompt[0]
-            ids = codec.encode(prompt)
+            if len(body.prompt) != 1:
+                raise ApiError(400, "prompt: give one string")
+            ids = codec.encode(body.prompt[0])
     except EdgeInferError as e:
         raise ApiError(400, e.one_line()) from None
     if not ids:
@@ -165,10 +281,10 @@ def prompt_and_options(eng: Engine, body: Any, chat: bool) -> tuple[list[int], d
         fix = f"ask for at most {room} max_tokens" if room > 0 else "shorten the prompt"
         raise ApiError(400, f"This model's maximum context length is {ctx} tokens: the prompt has {len(ids)} and "
                             f"max_tokens is {wanted if wanted is not None else 'at least 1'}; {fix}")
-    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     options = {"max_new_tokens": wanted or room, "temperature": 1.0 if body.temperature is None else body.temperature,
-               "top_p": 1.0 if body.top_p is None else body.top_p, "seed": body.seed, "stop": tuple(stop),
-               "ignore_eos": body.ignore_eos}
+               "top_p": 1.0 if body.top_p is None else body.top_p, "seed": body.seed, "stop": tuple(body.stop),
+               "ignore_eos": body.ignore_eos, "top_k": body.top_k or 0, "logprobs": logprobs,
+               "repetition_penalty": 1.0 if body.repetition_penalty is None else body.repetition_penalty}
     try:
         from edgeinfer.run.generation.options import GenerationOptions
 
@@ -179,8 +295,9 @@ def prompt_and_options(eng: Engine, body: Any, chat: bool) -> tuple[list[int], d
 
 
 async def _events(eng: Engine, req: GenRequest, deadline: float, observe: Any) -> AsyncIterator[tuple]:
-    """``(text, tokens, finish, error)`` per worker event of ``req``, with the request's metrics; cancels the
-    sequence when the consumer goes away (client disconnect) or the deadline passes."""
+    """``(text, tokens, finish, error, logprobs)`` per worker event of ``req`` (``logprobs``: the entries of
+    its tokens, when asked for), with the request's metrics; cancels the sequence when the consumer goes
+    away (client disconnect) or the deadline passes."""
     name, first, last, tokens, finish = eng.llm.name, None, None, 0, None
     try:
         while True:
@@ -192,7 +309,7 @@ async def _events(eng: Engine, req: GenRequest, deadline: float, observe: Any) -
                     text, n = text + more, n + m
             except asyncio.TimeoutError:
                 finish, error = "error", "timeout: the generation did not end within the per-request timeout"
-                yield "", 0, finish, error
+                yield "", 0, finish, error, []
                 return
             if n:
                 now = time.perf_counter()
@@ -200,7 +317,7 @@ async def _events(eng: Engine, req: GenRequest, deadline: float, observe: Any) -
                     first = now
                     observe("ttft", model=name, seconds=now - req.arrived)
                 last, tokens = now, tokens + n
-            yield text, n, finish, error
+            yield text, n, finish, error, req.logprobs[tokens - n : tokens]
             if finish is not None:
                 return
     finally:
@@ -217,14 +334,36 @@ def _usage(prompt: int, completion: int) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def _choice(chat: bool, text: str | None, finish: str | None, delta: bool, first: bool = False) -> dict[str, Any]:
+class Logprobs:
+    """The worker's per-token entries in OpenAI's shapes: chat ``{"content": [{token, logprob, bytes,
+    top_logprobs}], "refusal": null}``; completions ``{tokens, token_logprobs, top_logprobs, text_offset}``
+    (offsets count characters of the completion's tokens from 0, across the chunks of a stream)."""
+
+    def __init__(self, chat: bool):
+        self.chat, self.offset = chat, 0
+
+    def block(self, entries: list[dict[str, Any]]) -> dict[str, Any]:
+        if self.chat:
+            return {"content": entries, "refusal": None}
+        offsets = []
+        for e in entries:
+            offsets.append(self.offset)
+            self.offset += len(e["token"])
+        return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
+                "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
+                "text_offset": offsets}
+
+
+def _choice(chat: bool, text: str | None, finish: str | None, delta: bool, first: bool = False,
+            logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
     if not chat:
-        return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        return {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
     if delta:
         d: dict[str, Any] = {"role": "assistant", "content": text or ""} if first else (
-            {"content": text} if text else {})
-        return {"index": 0, "delta": d, "logprobs": None, "finish_reason": finish}
-    return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish}
+            {"content": text} if text or logprobs else {})
+        return {"index": 0, "delta": d, "logprobs": logprobs, "finish_reason": finish}
+    return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
+            "finish_reason": finish}
 
 
 def _error_body(message: str) -> dict[str, Any]:
@@ -232,25 +371,28 @@ def _error_body(message: str) -> dict[str, Any]:
     return {"error": {"message": message, "type": "timeout" if status == 504 else "server_error", "code": status}}
 
 
-async def _whole(events: AsyncIterator[tuple], meta: dict[str, Any], chat: bool, prompt: int) -> JSONResponse:
-    parts, count, finish = [], 0, "stop"
+async def _whole(events: AsyncIterator[tuple], meta: dict[str, Any], chat: bool, prompt: int,
+                 lp: Logprobs | None = None) -> JSONResponse:
+    parts, count, finish, entries = [], 0, "stop", []
     try:
-        async for text, n, fin, error in events:
+        async for text, n, fin, error, logprobs in events:
             if error is not None:
                 body = _error_body(error)
                 return JSONResponse(body, status_code=body["error"]["code"])
             parts.append(text)
+            entries += logprobs
             count += n
             finish = fin if fin in ("stop", "length") else finish
     finally:
         await events.aclose()  # a timed-out sequence is cancelled (its slot freed) now, not when collected
     obj = "chat.completion" if chat else "text_completion"
-    return JSONResponse({**meta, "object": obj, "choices": [_choice(chat, "".join(parts), finish, False)],
-                         "usage": _usage(prompt, count), "system_fingerprint": None})
+    choice = _choice(chat, "".join(parts), finish, False, logprobs=lp.block(entries) if lp else None)
+    return JSONResponse({**meta, "object": obj, "choices": [choice], "usage": _usage(prompt, count),
+                         "system_fingerprint": None})
 
 
 async def _sse(events: AsyncIterator[tuple], meta: dict[str, Any], chat: bool, usage: bool,
-               prompt: int) -> AsyncIterator[bytes]:
+               prompt: int, lp: Logprobs | None = None) -> AsyncIterator[bytes]:
     obj = "chat.completion.chunk" if chat else "text_completion"
 
     def chunk(choices: list[dict[str, Any]], **extra: Any) -> bytes:
@@ -260,13 +402,13 @@ async def _sse(events: AsyncIterator[tuple], meta: dict[str, Any], chat: bool, u
     try:
         if chat:
             yield chunk([_choice(chat, "", None, True, first=True)])
-        async for text, n, finish, error in events:
+        async for text, n, finish, error, logprobs in events:
             if error is not None:
                 yield b"data: " + json.dumps(_error_body(error)).encode() + b"\n\n"
                 break
             count += n
-            if text:
-                yield chunk([_choice(chat, text, None, True)])
+            if text or (lp and logprobs):
+                yield chunk([_choice(chat, text, None, True, logprobs=lp.block(logprobs) if lp else None)])
             if finish is not None:  # a sequence cancelled by the shutdown ends as if stopped
                 yield chunk([_choice(chat, "", finish if finish != "cancelled" else "stop", True)])
         if usage:

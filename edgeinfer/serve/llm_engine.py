@@ -92,6 +92,7 @@ class Request:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     arrived: float = field(default_factory=time.perf_counter)
     state: str = "new"  # new | waiting | running | done
+    logprobs: list[dict[str, Any]] = field(default_factory=list)  # per generated token, when asked for
 
 
 class Engine:
@@ -168,10 +169,12 @@ class Engine:
             self.state = "failed"
             _resolve(self._ready, RuntimeError(f"{self.llm.name}: the decoder could not be loaded: {msg[1]}"))
         elif msg[0] == "events":
-            for rid, text, tokens, finish, error in msg[1]:
+            for rid, text, tokens, finish, error, logprobs in msg[1]:
                 req = self.running.get(rid)
                 if req is None:
                     continue
+                if logprobs:
+                    req.logprobs.extend(logprobs)
                 if finish is not None:
                     self._finish(req)
                 req.events.put_nowait((text, tokens, finish, error))

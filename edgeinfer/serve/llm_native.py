@@ -26,6 +26,7 @@ from edgeinfer.serve.llm_scheduler import Event
 #: how long one step of :class:`OneAtATime` waits for the runtime's next token before it lets the
 #: worker read its pipe again (new requests, cancels)
 TOKEN_WAIT_S = 0.05
+NO_LOGPROBS = "logprobs: this model's backend runs its own generation loop and does not expose logprobs"
 
 
 class OneAtATime:
@@ -110,6 +111,9 @@ class NativeScheduler:
         self._ended: list[Event] = []
 
     def add(self, rid: str, prompt_ids: list[int], options: GenerationOptions) -> None:
+        if options.logprobs is not None:  # the HTTP side refuses these first (400); this holds for any caller
+            self._ended.append(Event(rid, finish="error", error=NO_LOGPROBS))
+            return
         try:
             self.runtime.add_request(rid, list(prompt_ids), options)
         except Exception as e:  # noqa: BLE001 - e.g. a prompt past the NPU's static prompt length

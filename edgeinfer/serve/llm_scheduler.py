@@ -23,7 +23,7 @@ import numpy as np
 
 from edgeinfer.run.generation.generator import Answer, Generator
 from edgeinfer.run.generation.options import GenerationOptions
-from edgeinfer.run.generation.sampling import Sampler
+from edgeinfer.run.generation.sampling import Sampler, token_logprobs
 
 DEFAULT_PREFILL_CHUNK = 128
 
@@ -31,16 +31,18 @@ DEFAULT_PREFILL_CHUNK = 128
 @dataclass
 class Event:
     """What one step did for one sequence: the text it released, how many tokens it generated, and
-    ``finish`` ("stop", "length", "cancelled", "error") when the sequence ended."""
+    ``finish`` ("stop", "length", "cancelled", "error") when the sequence ended; ``logprobs``, one entry
+    per generated token, when the request asked for them."""
 
     rid: str
     text: str = ""
     tokens: int = 0
     finish: str | None = None
     error: str | None = None
+    logprobs: list[dict[str, Any]] | None = None
 
     def to_tuple(self) -> tuple:
-        return (self.rid, self.text, self.tokens, self.finish, self.error)
+        return (self.rid, self.text, self.tokens, self.finish, self.error, self.logprobs)
 
 
 @dataclass
@@ -161,12 +163,24 @@ class Scheduler:
         tok = seq.sampler(row, seq.history)
         seq.history.append(tok)
         piece = seq.answer.push(tok)
+        logprobs = None if seq.options.logprobs is None else [self._logprob(row, tok, seq.options.logprobs)]
         if seq.answer.stopped or len(seq.answer.ids) >= seq.options.max_new_tokens:
             tail = seq.answer.end(False)
             self._end(seq)
-            return Event(seq.rid, piece + tail, 1, seq.answer.finish)
+            return Event(seq.rid, piece + tail, 1, seq.answer.finish, logprobs=logprobs)
         seq.next_token = tok
-        return Event(seq.rid, piece, 1)
+        return Event(seq.rid, piece, 1, logprobs=logprobs)
+
+    def _logprob(self, row: np.ndarray, tok: int, top: int) -> dict[str, Any]:
+        """OpenAI's entry for one sampled token (``choices[].logprobs.content[]`` of a chat completion)."""
+        codec = self.generator.codec
+        logprob, best = token_logprobs(row, tok, top)
+
+        def entry(token_id: int, lp: float) -> dict[str, Any]:
+            text, raw = codec.token_text(token_id)
+            return {"token": text, "logprob": lp, "bytes": list(raw)}
+
+        return {**entry(tok, logprob), "top_logprobs": [entry(i, lp) for i, lp in best]}
 
     def _fail(self, seqs: list[Sequence], e: Exception) -> list[Event]:
         message = " ".join(str(e).split())[:300] or type(e).__name__

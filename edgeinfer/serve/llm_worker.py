@@ -47,7 +47,8 @@ def llm_worker_main(conn: Any, path: str, backend: str, entry: str | None, conte
         sched = NativeScheduler(gen) if gen.decoder.native_loop else Scheduler(gen, prefill_chunk)
         d = gen.decoder
         conn.send(("ready", {"pid": os.getpid(), "device": d.device, "slots": sched.slots, "context": d.context,
-                             "kv_cache_bytes": d.kv_cache_bytes, "prefill_chunk": sched.chunk}))
+                             "kv_cache_bytes": d.kv_cache_bytes, "prefill_chunk": sched.chunk,
+                             "native_loop": bool(d.native_loop)}))
     except Exception as e:  # noqa: BLE001
         try:
             conn.send(("fatal", _one_line(e)))

@@ -12,6 +12,7 @@ import asyncio
 import base64
 import json
 import multiprocessing as mp
+import re
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ import numpy as np
 from pydantic import BaseModel, ValidationError
 
 from edgeinfer.contract.backend import TensorSpec, validate_feeds
-from edgeinfer.errors import EdgeInferError
+from edgeinfer.errors import EdgeInferError, check_text
 from edgeinfer.run.buckets import longest_seq
 from edgeinfer.run.bundle import Bundle
 from edgeinfer.serve.schemas import EmbeddingRequest, InferRequest
@@ -125,11 +126,38 @@ def read_json(body: bytes, content_type: str) -> Any:
     if not body.strip():
         raise ApiError(400, "body: send a JSON object")
     try:
-        return json.loads(body, parse_constant=_no_constant)
+        data = json.loads(body, parse_constant=_no_constant)
     except json.JSONDecodeError as e:
         raise ApiError(400, f"body: not valid JSON (at character {e.pos})") from None
     except (ValueError, RecursionError) as e:  # bad UTF-8, NaN/Infinity, huge integers, deep nesting
         raise ApiError(400, f"body: not valid JSON ({' '.join(str(e).split())[:120] or 'nested too deep'})") from None
+    if _SURROGATE_ESCAPE.search(body):  # rare: only then look at every string
+        _check_unicode(data)
+    return data
+
+
+#: JSON may spell a UTF-16 surrogate (``\ud800``); json.loads keeps a lone one, which no tokenizer,
+#: encoder or answer can take
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _check_unicode(data: Any) -> None:
+    """400 naming the first string (value or key) of ``data`` that is not valid Unicode."""
+    stack: list[tuple[Any, str]] = [(data, "")]
+    while stack:
+        value, where = stack.pop()
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        for k, v in items:
+            at = f"{where}.{k}" if where else str(k)
+            try:
+                if isinstance(k, str):
+                    check_text(k, f"body: the key {at!r}")
+                if isinstance(v, str):
+                    check_text(v, at)
+            except EdgeInferError as e:
+                raise ApiError(400, e.one_line()) from None
+            if isinstance(v, (dict, list)):
+                stack.append((v, at))
 
 
 def validated(schema: type[BaseModel], data: Any) -> Any:
@@ -137,6 +165,9 @@ def validated(schema: type[BaseModel], data: Any) -> Any:
         return schema.model_validate(data)
     except ValidationError as exc:
         raise ApiError(400, validation_message(exc.errors(include_url=False))) from None
+
+
+CUSTOM_ERRORS = ("not_implemented", "top_logprobs")  # request-model checks whose message names the field
 
 
 def validation_message(errs: list[Any], content_type: str = "application/json") -> str:
@@ -148,7 +179,11 @@ def validation_message(errs: list[Any], content_type: str = "application/json") 
         where, msg = "body", "not valid JSON"
     elif where == "body" and first.get("type") in ("model_type", "model_attributes_type", "dict_type"):
         msg = "send a JSON object" + ("" if "json" in content_type else " with 'Content-Type: application/json'")
-    return f"{where}: {msg}" + (f" (and {len(errs) - 1} more)" if len(errs) > 1 else "")
+    elif first.get("type") == "extra_forbidden":
+        msg = "not a field this endpoint takes (docs/serve.md lists them); remove it"
+    if where == "body" and first.get("type") in CUSTOM_ERRORS:
+        where, msg = "", msg  # the message names its field itself
+    return (f"{where}: " if where else "") + msg + (f" (and {len(errs) - 1} more)" if len(errs) > 1 else "")
 
 
 def prepare_embeddings(models: Models, body: bytes, content_type: str, max_inputs: int) -> Prepared:

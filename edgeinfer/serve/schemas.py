@@ -3,21 +3,48 @@ request-preparation processes import this module without FastAPI."""
 
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
+
+#: request models take JSON's types as they are (no "4" for 4, no 1 for true; a float field takes an
+#: integer, as JSON does not tell them apart), and refuse fields they do not know
+STRICT = ConfigDict(strict=True, extra="forbid")
+MAX_NAME = 256  # a model id, a user id: characters
+MAX_METADATA = 16  # OpenAI's bounds on ``metadata``: 16 pairs, keys of 64 and values of 512 characters
+
+
+def one_or_list(value: Any) -> Any:
+    """A bare string is a list of one (OpenAI's ``str | list[str]`` fields); the list is then validated
+    alone, so an error names the item that is wrong instead of every branch of a union."""
+    return [value] if isinstance(value, str) else [] if value is None else value
+
+
+def str_or_list(max_items: int, max_chars: int | None = None, min_chars: int = 0, description: str = "") -> Any:
+    """A ``str | list[str]`` field of at most ``max_items`` strings of ``min_chars`` to ``max_chars``."""
+    item: dict[str, Any] = {"type": "string", **({"minLength": min_chars} if min_chars else {}),
+                            **({"maxLength": max_chars} if max_chars else {})}
+    doc = {"anyOf": [item, {"type": "array", "items": item, "maxItems": max_items}], "description": description}
+    text = Annotated[str, Field(min_length=min_chars, max_length=max_chars)]
+    return Annotated[list[text], BeforeValidator(one_or_list), Field(max_length=max_items), WithJsonSchema(doc)]
+
+
+Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME)]
+Metadata = Annotated[dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]],
+                     Field(max_length=MAX_METADATA)]
+MAX_EMBEDDING_INPUTS = 2048  # OpenAI's bound; --max-inputs (default 256) is usually the tighter one
 
 
 class EmbeddingRequest(BaseModel):
     """OpenAI-compatible embeddings request."""
 
-    model_config = ConfigDict(extra="ignore")
-    input: Union[str, list[str]] = Field(description="A string or a list of strings to embed.")
-    model: str | None = Field(
+    model_config = STRICT
+    input: str_or_list(MAX_EMBEDDING_INPUTS, description="A string or a list of strings to embed.")  # type: ignore
+    model: Name | None = Field(
         None, description="Model id from /v1/models (optional when one embedding model is served).")
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, description="Must equal the model's dimension when given.")
-    user: str | None = None
+    user: Name | None = Field(None, description="The end user's id: accepted, not used.")
 
 
 class EmbeddingData(BaseModel):
@@ -41,9 +68,10 @@ class EmbeddingResponse(BaseModel):
 class InferRequest(BaseModel):
     """Named input tensors as (nested) JSON arrays; axis 0 is the batch. Dtypes follow the model's specs."""
 
-    model_config = ConfigDict(extra="forbid")
-    inputs: dict[str, Any] = Field(description="Input name → nested JSON array (axis 0 is the batch).")
-    model: str | None = Field(None, description="Model id from /v1/models (optional when one model is served).")
+    model_config = STRICT
+    inputs: dict[Name, Any] = Field(max_length=256, description="Input name → nested JSON array (axis 0 is the "
+                                                                  "batch).")
+    model: Name | None = Field(None, description="Model id from /v1/models (optional when one model is served).")
     id: str | None = Field(None, max_length=200, description="Echoed back in the response.")
 
 

@@ -6,7 +6,13 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from edgeinfer.errors import InputError
+from edgeinfer.errors import InputError, check_text
+
+#: the largest seed every backend takes: OpenVINO GenAI's ``GenerationConfig.rng_seed`` is a ``size_t``
+#: (https://docs.openvino.ai/2025/api/genai_api/_autosummary/openvino_genai.GenerationConfig.html), NumPy's
+#: PCG64 takes any non-negative integer, RKLLM's sampling parameters have no seed
+MAX_SEED = 2**64 - 1
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound on top_logprobs
 
 
 @dataclass(frozen=True)
@@ -22,6 +28,7 @@ class GenerationOptions:
     stop: tuple[str, ...] = ()  # stop strings; the text ends before the first one
     eos_token_ids: tuple[int, ...] | None = None  # None: the model's generation config
     ignore_eos: bool = False
+    logprobs: int | None = None  # report each token's log-probability and this many top alternatives
     extra: dict[str, Any] = field(default_factory=dict)  # backend-specific, checked by the backend
 
     def __post_init__(self) -> None:
@@ -32,11 +39,19 @@ class GenerationOptions:
         _number_in("repetition_penalty", self.repetition_penalty, 0.0, 100.0, low_open=True)
         if self.seed is not None:
             _int_at_least("seed", self.seed, 0)
+            if self.seed > MAX_SEED:
+                raise InputError(f"seed must be at most {MAX_SEED} (2**64 - 1), got {self.seed}")
+        if self.logprobs is not None:
+            _int_at_least("logprobs", self.logprobs, 0)
+            if self.logprobs > MAX_TOP_LOGPROBS:
+                raise InputError(f"logprobs must be at most {MAX_TOP_LOGPROBS} alternatives, got {self.logprobs}")
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         stop = tuple(self.stop)
         if any(not isinstance(s, str) or not s for s in stop):
             raise InputError("stop strings must be non-empty strings")
+        for s in stop:
+            check_text(s, "a stop string")
         object.__setattr__(self, "stop", stop)
         if self.eos_token_ids is not None:
             ids = tuple(self.eos_token_ids)

@@ -64,6 +64,26 @@ def top_p(scores: np.ndarray, p: float) -> np.ndarray:
     return out
 
 
+#: what a log-probability of -inf (a token the logits rule out) is reported as: JSON has no -Infinity
+LOGPROB_FLOOR = -9999.0
+
+
+def token_logprobs(logits: np.ndarray, token: int, top: int) -> tuple[float, list[tuple[int, float]]]:
+    """The log-probability of ``token`` under the model's distribution (log-softmax of the raw logits,
+    before temperature, filters and penalties, as vLLM reports by default) and the ``top`` most likely
+    tokens with theirs, most likely first."""
+    scores = np.asarray(logits, dtype=np.float64).reshape(-1)
+    peak = np.max(scores)
+    logp = scores - (peak + np.log(np.sum(np.exp(scores - peak))))
+    best = np.argpartition(-logp, top - 1)[:top] if 0 < top < logp.size else np.arange(logp.size if top else 0)
+    best = best[np.argsort(-logp[best], kind="stable")]
+    return _floor(logp[token]), [(int(i), _floor(logp[i])) for i in best]
+
+
+def _floor(x: float) -> float:
+    return max(float(x), LOGPROB_FLOOR)
+
+
 def softmax(scores: np.ndarray) -> np.ndarray:
     z = scores - np.max(scores)
     e = np.exp(z)

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from edgeinfer.errors import BackendUnavailableError, InputError, ModelError
+from edgeinfer.errors import BackendUnavailableError, InputError, ModelError, check_text
 
 Message = Mapping[str, Any]
 
@@ -50,6 +50,7 @@ class TextCodec:
         """Plain completion: the raw text with the tokenizer's own special-token rules."""
         if not isinstance(text, str):
             raise InputError(f"prompt must be text, got {type(text).__name__}")
+        check_text(text, "the prompt")
         return self.tokenizer.encode(text, add_special_tokens=True).ids
 
     def render_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
@@ -90,6 +91,21 @@ class TextCodec:
     def stream(self) -> Detokenizer:
         return Detokenizer(self)
 
+    def token_text(self, token_id: int) -> tuple[str, bytes]:
+        """One token as text (special tokens spelled out) and as the exact bytes it stands for, which
+        differ where a token holds part of a UTF-8 character: byte-level BPE vocabularies spell bytes with
+        GPT-2's byte-to-unicode table, SentencePiece byte fallback as ``<0xHH>``."""
+        text = self.tokenizer.decode([int(token_id)], skip_special_tokens=False)
+        piece = self.tokenizer.id_to_token(int(token_id)) or ""
+        if type(self.tokenizer.decoder).__name__ == "ByteLevel" and all(c in _UNICODE_TO_BYTE for c in piece):
+            return text, bytes(_UNICODE_TO_BYTE[c] for c in piece)
+        if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            try:
+                return text, bytes([int(piece[3:5], 16)])
+            except ValueError:
+                pass
+        return text, text.encode("utf-8", "replace")
+
 
 class Detokenizer:
     """Turns a growing list of token ids into text pieces.
@@ -129,6 +145,7 @@ def check_messages(messages: Any) -> None:
     for i, m in enumerate(messages):
         if not isinstance(m, Mapping) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
             raise InputError(f"message {i} must be an object with string 'role' and 'content'")
+        check_text(m["content"], f"message {i}")
 
 
 def _json_or_empty(path: Path) -> dict[str, Any]:
@@ -172,6 +189,19 @@ def _eos_ids(d: Path, config: Mapping[str, Any], tokenizer: Any) -> tuple[int, .
     return tuple(dict.fromkeys(ids))
 
 
+def _byte_level_table() -> dict[str, int]:
+    """GPT-2's ``bytes_to_unicode`` inverted (https://github.com/openai/gpt-2, src/encoder.py): printable
+    bytes stand for themselves, the others for the code points from 256 on."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table, extra = {chr(b): b for b in keep}, 0
+    for b in range(256):
+        if b not in keep:
+            table[chr(256 + extra)] = b
+            extra += 1
+    return table
+
+
+_UNICODE_TO_BYTE = _byte_level_table()
 _TEMPLATES: dict[str, Any] = {}
 
 
