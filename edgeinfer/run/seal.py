@@ -10,13 +10,14 @@ the size is cheap (one ``stat``), the hash reads the whole file (see bench/bundl
 from __future__ import annotations
 
 import os
-import posixpath
 from pathlib import Path
 from typing import Any
 
+from edgeinfer.contract.helpers import inside, relative_path
 from edgeinfer.contract.stamp import sha256_file
 from edgeinfer.errors import InputError
 
+DEPLOY_AGAIN = "deploy the model again"
 FileRecord = dict[str, Any]  # {"size": int, "sha256": str}
 # runtime logs a backend appends to next to its artifact while it runs (e.g. RKNN's model.rknn.log):
 # never loaded as a model, so not sealed
@@ -29,30 +30,12 @@ def sealed_name(rel: str) -> bool:
 
 def relative(rel: Any, field: str) -> str:
     """``rel`` as a normalised relative POSIX path, or InputError naming ``field``."""
-    if not isinstance(rel, str) or not rel or "\0" in rel or "\\" in rel:
-        raise InputError(f"manifest {field} {rel!r} is not a relative path inside the bundle; deploy the model again")
-    if rel.startswith("/") or (len(rel) > 1 and rel[1] == ":"):
-        raise InputError(f"manifest {field} {rel!r} is an absolute path; a bundle may only name files inside itself")
-    if ".." in rel.split("/"):
-        raise InputError(f"manifest {field} {rel!r} leads out of the bundle ('..'); a bundle may only name its own "
-                         "files")
-    norm = posixpath.normpath(rel)
-    if norm in (".", ""):
-        raise InputError(f"manifest {field} {rel!r} names the bundle itself, not a file in it")
-    return norm
+    return relative_path(rel, f"manifest {field}", "the bundle", DEPLOY_AGAIN)
 
 
 def contained(root: Path, rel: Any, field: str) -> Path:
     """``root / rel`` after checking that it resolves inside ``root`` (symlinks followed)."""
-    norm = relative(rel, field)
-    path = root / norm
-    real_root = root.resolve()
-    real = path.resolve()
-    if real != real_root and real_root not in real.parents:
-        raise InputError(
-            f"manifest {field} {rel!r} points outside the bundle (to {real}); a bundle may only name its own files"
-        )
-    return path
+    return inside(root, rel, f"manifest {field}", "the bundle", DEPLOY_AGAIN)
 
 
 def record(directory: Path, skip: set[str] | frozenset[str] = frozenset()) -> dict[str, FileRecord]:

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from edgeinfer.contract import Decoder, OpTime
+from edgeinfer.contract.helpers import inside
 from edgeinfer.errors import BackendUnavailableError, InputError, ModelError
 
 GENAI_CONFIG = "genai_config.json"
@@ -156,7 +157,9 @@ class OnnxRuntimeDecoder(Decoder):
         if context > limit:
             raise InputError(f"context {context} exceeds the model's context length ({limit}); use --ctx {limit}")
         self._ort, self._threads = ort, threads
-        self._onnx = str(model_dir / dec["filename"])
+        # onnxruntime refuses external data that leads out of the graph's directory itself ("External data path
+        # ... escapes model directory", 1.26; plugins/onnxruntime/tests keep that true); the graph file is ours
+        self._onnx = str(inside(model_dir, dec["filename"], f"{GENAI_CONFIG} model.decoder.filename"))
         self._sess = ort.InferenceSession(self._onnx, self._options(), providers=["CPUExecutionProvider"])
         self._names = {
             "ids": names_in["input_ids"], "mask": names_in["attention_mask"], "logits": names_out["logits"],
