@@ -88,7 +88,7 @@ def open_generator(bundle: Bundle, device: str | None = None, ctx: int | None = 
     be = plugins.get_backend(m.backend)
     stamp.check(bundle.artifacts[0], backend=be, device=device)  # another toolkit's artifact: refused
     decoder = be.load_decoder(bundle.artifacts[0], device=device, context=ctx, slots=slots, **options)
-    return Generator(decoder, codec)
+    return Generator(decoder, codec, bundle.path.resolve().name)
 
 
 # --- the golden reference kept in the bundle ---------------------------------------------------------
