@@ -10,6 +10,7 @@ the size is cheap (one ``stat``), the hash reads the whole file (see bench/bundl
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,48 @@ def record(directory: Path, skip: set[str] | frozenset[str] = frozenset()) -> di
                 continue
             out[rel] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
     return out
+
+
+def entries(root: Path) -> Iterator[tuple[str, Path]]:
+    """Every file and symlink under ``root`` as (relative POSIX path, path); symlinked directories are listed,
+    not entered."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted(filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]):
+            path = Path(dirpath) / name
+            yield path.relative_to(root).as_posix(), path
+
+
+def outside_links(root: Path) -> list[str]:
+    """The symlinks under ``root`` that resolve outside it (``"tokenizer/etc -> /etc"``): a runtime that opens
+    a file through one reads what the bundle does not hold. A link loop counts as leading out."""
+    real_root = root.resolve()
+    out = []
+    for rel, path in entries(root):
+        if not path.is_symlink():
+            continue
+        try:
+            real = path.resolve()
+        except (OSError, RuntimeError):  # a loop
+            real = None
+        if real is None or (real != real_root and real_root not in real.parents):
+            out.append(f"{rel} -> {os.readlink(path)}")
+    return out
+
+
+def refuse_outside_links(root: Path) -> None:
+    """InputError when a symlink under ``root`` leads out of it (checked at every open of a bundle)."""
+    links = outside_links(root)
+    if links:
+        more = f" (and {len(links) - 1} more)" if len(links) > 1 else ""
+        raise InputError(f"bundle {root} holds a symlink that leads out of it: {links[0]}{more}; a bundle may only "
+                         "hold its own files: remove the link, or deploy the model again")
+
+
+def unrecorded(root: Path, files: dict[str, FileRecord], skip: set[str] | frozenset[str] = frozenset()) -> list[str]:
+    """Files and symlinks under ``root`` that ``files`` does not record (runtime logs and ``skip`` aside)."""
+    return [rel + (" (symlink)" if path.is_symlink() else "") for rel, path in entries(root)
+            if rel not in files and rel not in skip and sealed_name(rel)]
 
 
 def check(root: Path, files: dict[str, FileRecord], full: bool) -> list[str]:
