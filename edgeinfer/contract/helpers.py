@@ -99,7 +99,7 @@ def inside(root: Path, rel: Any, what: str, where: str | None = None, fix: str =
     inside ``root`` once symlinks are resolved; else an InputError naming ``what``. Every path a backend
     reads from a model directory goes through here: a same-size edit passes the size check at load."""
     root = Path(root)
-    where = where or f"{root.name or root}/"
+    where = where or str(root)
     path = root / relative_path(rel, what, where, fix)
     real_root, real = root.resolve(), path.resolve()
     if real != real_root and real_root not in real.parents:
