@@ -88,6 +88,15 @@ def test_generate_on_a_nan_bundle_exits_1_in_one_line_naming_the_model(nan_bundl
     assert proc.stdout.strip() == ""
 
 
+def test_golden_on_a_nan_bundle_reports_non_finite_logits_per_prompt(nan_bundle):
+    """The decoder golden check records the NaN logits (it does not stop at the first) and judges them."""
+    proc = cli("golden", str(nan_bundle), "--json")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    report = json.loads(proc.stdout)
+    assert report["passed"] is False and report["rows"]
+    assert all(r["finite"] is False and "non-finite logits" in r["problems"] for r in report["rows"])
+
+
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 def test_checked_logits_refuses_non_finite_values(bad):
     from edgeinfer.run.generation.sampling import checked_logits

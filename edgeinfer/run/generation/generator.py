@@ -192,7 +192,7 @@ class Generator:
             prefill_end = time.perf_counter()
             history = list(ids)
             while not (cancelled := s.cancelled):
-                row = checked_logits(logits, d.vocab_size, self.name, len(history) - len(ids))
+                row = checked_logits(logits, d.vocab_size, self.name, len(history) - len(ids), not record_logits)
                 if logits_seen is not None:
                     logits_seen.append(row)
                 tok = sampler(row, history)
