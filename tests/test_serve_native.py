@@ -83,3 +83,23 @@ def test_one_at_a_time_cancel_of_a_waiting_request_never_runs_it(codec):
     texts, ends, _ = _run(sched)
     assert ends == {"a": ("length", None), "b": ("cancelled", None)}
     assert runtime.sent == 4 and texts.get("b", "") == ""
+
+
+def test_a_token_id_outside_the_vocabulary_from_a_native_loop_fails_the_request(codec):
+    """A native loop gives ids, not logits (NaN cannot be seen there): an id the vocabulary does not hold
+    ends the request with an error in serve, and is a ModelError for generate and stream, never garbage."""
+    from edgeinfer.errors import ModelError
+
+    vocab = codec.tokenizer.get_vocab_size()
+    good = codec.encode("The cat sat on the mat")
+    runtime = ScriptedNativeStandIn([*good[:2], vocab + 7, *good[2:]], vocab)
+    gen = Generator(runtime, codec, "scripted")
+    sched = NativeScheduler(gen)
+    sched.add("a", [5, 6], GenerationOptions(max_new_tokens=16))
+    texts, ends, tokens = _run(sched)
+    assert ends["a"][0] == "error" and f"token id {vocab + 7}, outside the vocabulary" in ends["a"][1]
+    assert "model scripted" in ends["a"][1] and tokens["a"] == 2
+    for run in (lambda o: gen.generate_ids([5, 6], o), lambda o: list(gen.stream_ids([5, 6], o))):
+        for opts in (GenerationOptions(max_new_tokens=16), GenerationOptions(max_new_tokens=16, stop=("zzz",))):
+            with pytest.raises(ModelError, match=f"token id {vocab + 7}, outside the vocabulary"):
+                run(opts)
