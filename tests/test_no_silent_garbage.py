@@ -11,6 +11,7 @@ config and the loaded artifact. A stream that SIGTERM cuts off ends with an erro
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import threading
@@ -228,6 +229,8 @@ TAMPERED = [
      lambda m: (m["decoder"].__setitem__("vocab_size", 10), m["outputs"][0]["shape"].__setitem__(2, 10)),
      "decoder.vocab_size is 10, but the model's config.json vocab_size is 3072"),
     ("context-past-the-model", "manifest.json", _set_decoder("context", 100_000), "max_position_embeddings is 1024"),
+    ("context-past-the-artifact", "manifest.json", _set_decoder("context", 512),
+     "converted for a context of 256 tokens, not 512"),
     ("ids-int32", "manifest.json", lambda m: m["inputs"][0].__setitem__("dtype", "int32"),
      "input_ids dtype is int32"),
     ("genai-kv-heads", "decoder/genai_config.json",
@@ -245,7 +248,7 @@ def test_a_manifest_or_artifact_config_that_disagrees_with_the_model_fails_at_lo
     bundle = _copy(tiny_qwen3_host_bundle, tmp_path / "b")
     _edit_json(bundle / rel, change)
     _reseal(bundle)
-    with pytest.raises(ModelError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(InputError, match=re.escape(needle)):
         edgeinfer.load(bundle)
 
 

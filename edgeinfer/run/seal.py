@@ -137,8 +137,7 @@ def intact(directory: Path) -> bool:
         recorded = json.loads((directory / SEAL).read_text())
         if not isinstance(recorded, dict):
             return False
-        present = {rel for p in directory.rglob("*") if (p.is_file() or p.is_symlink())
-                   and sealed_name(rel := p.relative_to(directory).as_posix())}
+        present = {rel for rel, _ in entries(directory) if sealed_name(rel)}
         if present - {SEAL} != set(recorded):
             return False
         return not check(directory, recorded, full=True)
