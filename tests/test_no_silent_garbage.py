@@ -269,10 +269,10 @@ def test_a_manifest_agreeing_with_its_config_but_not_with_the_artifact_is_refuse
 
 
 def test_sigterm_cuts_a_long_stream_with_an_error_event_not_finish_reason_stop(server):
-    """Last in this module: it ends the server. A stream and a whole answer of ~1000 tokens are running when
-    SIGTERM arrives; after the drain period (--timeout-s 0.5) both are cut off: the stream ends with an error
-    event then [DONE], the whole answer is a 503, and no chunk carries a finish_reason a client would take for
-    a complete answer."""
+    """Last in this module: it ends the server. A stream and a whole answer of ~1000 tokens are running, and a
+    third request waits for a slot, when SIGTERM arrives; after the drain period (--timeout-s 0.5) all are cut
+    off: the stream ends with an error event then [DONE], the whole answers are 503s, and no chunk carries a
+    finish_reason a client would take for a complete answer."""
     body = {"model": "tiny-qwen3", "prompt": "The city", "max_tokens": 1000, "ignore_eos": True, "temperature": 0}
     events: list[str] = []
     whole: list[httpx.Response] = []
@@ -285,19 +285,22 @@ def test_sigterm_cuts_a_long_stream_with_an_error_event_not_finish_reason_stop(s
                     events.append(ln.removeprefix("data: "))
                     first.set()
 
-    def running() -> int:
+    def state() -> tuple[int, int]:
         decoders = httpx.get(server.url + "/ready").json()["decoders"]
-        return next(d["running"] for d in decoders if d["model"] == "tiny-qwen3")
+        d = next(d for d in decoders if d["model"] == "tiny-qwen3")
+        return d["running"], d["waiting"]
 
-    threads = [threading.Thread(target=stream),
-               threading.Thread(target=lambda: whole.append(httpx.post(server.url + "/v1/completions", json=body,
-                                                                      timeout=120)))]
-    for t in threads:
-        t.start()
+    def post() -> None:
+        whole.append(httpx.post(server.url + "/v1/completions", json=body, timeout=120))
+
+    threads = [threading.Thread(target=stream), threading.Thread(target=post), threading.Thread(target=post)]
+    threads[0].start()
     assert first.wait(60), server.output()[-2000:]
+    for t in threads[1:]:
+        t.start()
     deadline = time.monotonic() + 30
-    while running() < 2:
-        assert time.monotonic() < deadline, "the whole-answer request never started"
+    while state() != (2, 1):  # both slots busy (--slots 2), one request queued
+        assert time.monotonic() < deadline, f"requests never reached 2 running + 1 waiting: {state()}"
         time.sleep(0.02)
     server.proc.send_signal(signal.SIGTERM)
     for t in threads:
@@ -310,4 +313,6 @@ def test_sigterm_cuts_a_long_stream_with_an_error_event_not_finish_reason_stop(s
     assert len(chunks) > 1 and all(c["choices"][0]["finish_reason"] is None for c in chunks)
     tokens = int(err["message"].split(" after ")[1].split()[0])
     assert 0 < tokens < 1000
-    assert whole[0].status_code == 503 and "cut this answer off" in whole[0].json()["error"]["message"], whole[0].text
+    assert len(whole) == 2
+    for r in whole:
+        assert r.status_code == 503 and "cut this answer off" in r.json()["error"]["message"], r.text
