@@ -270,12 +270,13 @@ class Generator:
             times: list[float] = []
             answer = Answer(self.codec, options, self.eos_ids(options))
             later: list[int] = []
+            bad: list[int] = []  # an id outside the vocabulary, raised after the runtime returns
 
             def on_token(tok: int) -> bool:
                 if answer.stopped or bad:
                     return False
                 if not 0 <= tok < d.vocab_size:
-                    bad.append(int(tok))  # raised below, not through the runtime's callback
+                    bad.append(int(tok))
                     return False
                 times.append(time.perf_counter())
                 if options.stop:
@@ -284,7 +285,6 @@ class Generator:
                 later.append(int(tok))
                 return later[-1] not in answer.eos
 
-            bad: list[int] = []
             try:
                 native = d.generate_native(ids, options, on_token) or {}
             except Exception as e:
