@@ -396,3 +396,60 @@ def test_runtime_logs_are_not_sealed(deployed, x_npy, tmp_path):
     assert edgeinfer("verify", str(bundle)).returncode == 0
     (bundle / "model.xml.log").write_text("grown\n" * 100)
     assert edgeinfer("verify", str(bundle)).returncode == 0
+
+
+# --- files the manifest does not record, symlinks ------------------------------------------------------
+
+
+def _one_error_line(proc, code: int) -> str:
+    assert proc.returncode == code, (proc.returncode, proc.stdout[-1000:], proc.stderr[-2000:])
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in proc.stderr, proc.stderr
+    return lines[0]
+
+
+def test_verify_lists_unrecorded_files_exits_1_and_reseal_records_them(deployed, tmp_path):
+    bundle = _copy(deployed, tmp_path)
+    (bundle / "golden" / "notes.txt").write_text("added after deploy\n")
+    (bundle / "alias.bin").symlink_to("model.bin")  # inside the bundle, but never sealed
+    proc = edgeinfer("verify", str(bundle), "--json")
+    line = _one_error_line(proc, 1)
+    assert "2 files its manifest does not record" in line and f"edgeinfer verify {bundle} --reseal" in line
+    report = json.loads(proc.stdout)
+    assert report["ok"] is False and report["problems"] == [] and report["outside_links"] == []
+    assert report["unrecorded"] == ["alias.bin (symlink)", "golden/notes.txt"]
+
+    proc = edgeinfer("verify", str(bundle), "--reseal", "--json")
+    assert proc.returncode == 1, proc.stderr  # the symlink is still not recorded: it never is
+    report = json.loads(proc.stdout)
+    assert report["resealed"] == ["golden/notes.txt"] and report["unrecorded"] == ["alias.bin (symlink)"]
+    (bundle / "alias.bin").unlink()
+    proc = edgeinfer("verify", str(bundle))
+    assert proc.returncode == 0, proc.stderr
+    assert "golden/notes.txt" in json.loads((bundle / "manifest.json").read_text())["files"]
+
+
+def test_reseal_never_hides_a_damaged_file(deployed, tmp_path):
+    bundle = _copy(deployed, tmp_path)
+    (bundle / "extra.txt").write_text("x")
+    raw = bytearray((bundle / "model.bin").read_bytes())
+    raw[0] ^= 0xFF
+    (bundle / "model.bin").write_bytes(bytes(raw))
+    proc = edgeinfer("verify", str(bundle), "--reseal", "--json")
+    assert "damaged" in _one_error_line(proc, 2)
+    assert json.loads(proc.stdout)["resealed"] == []
+    assert "extra.txt" not in json.loads((bundle / "manifest.json").read_text())["files"]
+
+
+@pytest.mark.parametrize("where", ["golden/etc", "etc"])
+def test_a_symlink_out_of_the_bundle_fails_verify_and_every_open(deployed, x_npy, tmp_path, where):
+    """``golden/etc -> /etc``: nothing the manifest names goes through it, yet a runtime opening files in the
+    bundle could; verify (exit 2) and every command that opens the bundle refuse it in one line."""
+    bundle = _copy(deployed, tmp_path)
+    (bundle / where).symlink_to("/etc")
+    proc = edgeinfer("verify", str(bundle), "--json")
+    assert f"{where} -> /etc" in _one_error_line(proc, 2)
+    assert json.loads(proc.stdout)["outside_links"] == [f"{where} -> /etc"]
+    for proc in (_run_plain(bundle, x_npy, tmp_path), edgeinfer("golden", str(bundle))):
+        assert "symlink that leads out of it" in _refused(proc, f"{where} -> /etc")
+    assert not (tmp_path / "out").exists()

@@ -111,3 +111,23 @@ def test_a_native_loop_gives_no_logprobs_the_scheduler_ends_such_a_request_and_t
     eng.info = {"native_loop": False}
     assert prompt_and_options(eng, ChatRequest.model_validate({"messages": msgs, "logprobs": True}), True)[1][
         "logprobs"] == 0
+
+
+def test_a_token_id_outside_the_vocabulary_from_a_native_loop_fails_the_request(codec):
+    """A native loop gives ids, not logits (NaN cannot be seen there): an id the vocabulary does not hold
+    ends the request with an error in serve, and is a ModelError for generate and stream, never garbage."""
+    from edgeinfer.errors import ModelError
+
+    vocab = codec.tokenizer.get_vocab_size()
+    good = codec.encode("The cat sat on the mat")
+    runtime = ScriptedNativeStandIn([*good[:2], vocab + 7, *good[2:]], vocab)
+    gen = Generator(runtime, codec, "scripted")
+    sched = NativeScheduler(gen)
+    sched.add("a", [5, 6], GenerationOptions(max_new_tokens=16))
+    texts, ends, tokens = _run(sched)
+    assert ends["a"][0] == "error" and f"token id {vocab + 7}, outside the vocabulary" in ends["a"][1]
+    assert "model scripted" in ends["a"][1] and tokens["a"] == 2
+    for run in (lambda o: gen.generate_ids([5, 6], o), lambda o: list(gen.stream_ids([5, 6], o))):
+        for opts in (GenerationOptions(max_new_tokens=16), GenerationOptions(max_new_tokens=16, stop=("zzz",))):
+            with pytest.raises(ModelError, match=f"token id {vocab + 7}, outside the vocabulary"):
+                run(opts)

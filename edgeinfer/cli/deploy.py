@@ -168,27 +168,47 @@ def golden(
 
 @click.command()
 @click.argument("bundle_dir", metavar="BUNDLE", type=click.Path(path_type=Path))
+@click.option("--reseal", is_flag=True,
+              help="Record the files the manifest does not record (when they belong to the bundle and nothing "
+                   "recorded is damaged).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 @click.pass_context
-def verify(ctx: click.Context, bundle_dir: Path, as_json: bool) -> None:
-    """Check every file of BUNDLE against the sizes and sha256 in its manifest (exit 2 when any differs)."""
+def verify(ctx: click.Context, bundle_dir: Path, reseal: bool, as_json: bool) -> None:
+    """Check every file of BUNDLE against the sizes and sha256 in its manifest: exit 2 when one differs or a
+    symlink leads out of the bundle, 1 when the bundle holds files the manifest does not record."""
     from edgeinfer.run.bundle import verify as verify_bundle
 
-    report = verify_bundle(bundle_dir)
+    report = verify_bundle(bundle_dir, reseal=reseal)
 
     def render(r: dict[str, Any]) -> None:
         if r["ok"]:
             console().print(f"bundle {r['bundle']}: {r['files']} files, {r['bytes']} bytes, all match the manifest")
         for p in r["problems"]:
             click.echo(f"  {p}")
+        for link in r["outside_links"]:
+            click.echo(f"  {link} leads out of the bundle")
+        for rel in r["unrecorded"]:
+            click.echo(f"  {rel} is not recorded in the manifest")
+        for rel in r["resealed"]:
+            click.echo(f"  {rel} recorded (--reseal)")
 
     emit(report, as_json, render)
-    if not report["ok"]:
+    if report["outside_links"]:
+        click.echo(f"error: bundle {bundle_dir} holds a symlink that leads out of it ({report['outside_links'][0]}); "
+                   "remove it, or deploy the model again", err=True)
+        ctx.exit(errors.USAGE)
+    if report["problems"]:
         n = len(report["problems"])
         click.echo(f"error: bundle {bundle_dir} is damaged: {n} file{'s differ' if n > 1 else ' differs'} from the "
-                   "manifest; "
-                   "deploy the model again", err=True)
+                   "manifest; deploy the model again", err=True)
         ctx.exit(errors.USAGE)
+    if report["unrecorded"]:
+        n = len(report["unrecorded"])
+        click.echo(f"error: bundle {bundle_dir} holds {n} file{'s' if n > 1 else ''} its manifest does not record; "
+                   f"remove {'them' if n > 1 else 'it'}, or, if {'they belong' if n > 1 else 'it belongs'} to the "
+                   f"bundle, record {'them' if n > 1 else 'it'} with `edgeinfer verify {bundle_dir} --reseal` "
+                   "(symlinks are never recorded: replace them with the files)", err=True)
+        ctx.exit(errors.NEGATIVE)
 
 
 def parse_options(items: tuple[str, ...]) -> dict[str, Any]:

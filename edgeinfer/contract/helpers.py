@@ -6,6 +6,7 @@ Light on purpose (no NumPy, ONNX or SDK import at module level): ``import edgein
 from __future__ import annotations
 
 import json
+import posixpath
 from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -72,3 +73,49 @@ def read_artifact_manifest(path: Path, filename: str, fmt: int, what: str) -> di
         raise ModelError(f"{Path(path).name} has {what} format {manifest.get('format')}, expected {fmt}; "
                          "convert again")
     return manifest
+
+
+# --- paths a model's own files name ----------------------------------------------------------------------
+
+
+def relative_path(rel: Any, what: str, where: str, fix: str) -> str:
+    """``rel`` as a normalised relative POSIX path (no ``..``, not absolute), or an InputError that names
+    ``what`` (the field that holds it), ``where`` (the directory it must stay in) and ``fix``."""
+    if not isinstance(rel, str) or not rel or "\0" in rel or "\\" in rel:
+        raise InputError(f"{what} {rel!r} is not a relative path inside {where}; {fix}")
+    if rel.startswith("/") or (len(rel) > 1 and rel[1] == ":"):
+        raise InputError(f"{what} {rel!r} is an absolute path; only files inside {where} are read ({fix})")
+    if ".." in rel.split("/"):
+        raise InputError(f"{what} {rel!r} leads out of {where} ('..'); only files inside {where} are read ({fix})")
+    norm = posixpath.normpath(rel)
+    if norm in (".", ""):
+        raise InputError(f"{what} {rel!r} names {where} itself, not a file in it; {fix}")
+    return norm
+
+
+def inside(root: Path, rel: Any, what: str, where: str | None = None, fix: str = "convert the model again") -> Path:
+    """``root / rel`` for a path read from a file of ``root`` (a bundle's manifest, a backend's own artifact
+    config such as genai_config.json's ``filename``), after checking that it is relative and still lies
+    inside ``root`` once symlinks are resolved; else an InputError naming ``what``. Every path a backend
+    reads from a model directory goes through here: a same-size edit passes the size check at load."""
+    root = Path(root)
+    where = where or str(root)
+    path = root / relative_path(rel, what, where, fix)
+    real_root, real = root.resolve(), path.resolve()
+    if real != real_root and real_root not in real.parents:
+        raise InputError(f"{what} {rel!r} points outside {where} (to {real}); only files inside {where} are read "
+                         f"({fix})")
+    return path
+
+
+def check_weight_index(model_dir: Path) -> None:
+    """The shard names of a Hugging Face ``*.index.json`` (``weight_map``) stay inside ``model_dir``:
+    transformers joins them to the directory as they are
+    (``transformers.utils.hub.get_checkpoint_shard_files``)."""
+    for index in sorted(Path(model_dir).glob("*.index.json")):
+        try:
+            names = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            raise ModelError(f"{index} is not a valid weight index; copy or convert the model again") from None
+        for name in names:
+            inside(model_dir, name, f"{index.name} weight_map entry", fix="copy or convert the model again")

@@ -356,6 +356,7 @@ class Bundle:
         if not is_bundle(p):
             raise InputError(f"{p} is not a bundle (no {MANIFEST}); create one with `edgeinfer deploy`")
         manifest = read_manifest(p)
+        seal.refuse_outside_links(p)
         bad = seal.check(p, manifest.files, full=verify == "full")
         if bad:
             more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
@@ -423,19 +424,27 @@ class Bundle:
         return vec
 
 
-def verify(path: str | Path) -> dict[str, Any]:
+def verify(path: str | Path, reseal: bool = False) -> dict[str, Any]:
     """Check every file of a bundle against its manifest (sizes and sha256): the report of ``edgeinfer verify``.
 
     A manifest that is invalid or names a path outside the bundle raises InputError; damaged files
-    are listed in ``problems`` (``ok`` is False) so that all of them are reported at once.
+    (``problems``), symlinks leading out of the bundle (``outside_links``) and files the manifest does not
+    record (``unrecorded``) are listed, all at once; ``ok`` is True when all three are empty. ``reseal``
+    records the unrecorded files (``resealed``) when nothing recorded is damaged and no link leads out.
     """
     p = Path(path)
     if not is_bundle(p):
         raise InputError(f"{p} is not a bundle (no {MANIFEST}); create one with `edgeinfer deploy`")
     manifest = read_manifest(p)
-    problems = seal.check(p, manifest.files, full=True)
+    links, problems = seal.outside_links(p), seal.check(p, manifest.files, full=True)
+    extra, resealed = seal.unrecorded(p, manifest.files, {MANIFEST}), []
+    if reseal and extra and not problems and not links:
+        write(p, manifest)
+        resealed = [f for f in extra if f in manifest.files]
+        extra = seal.unrecorded(p, manifest.files, {MANIFEST})  # symlinks are never sealed
     size = sum(int(r["size"]) for r in manifest.files.values())
-    return {"bundle": str(p), "ok": not problems, "files": len(manifest.files), "bytes": size, "problems": problems}
+    return {"bundle": str(p), "ok": not (problems or links or extra), "files": len(manifest.files), "bytes": size,
+            "problems": problems, "outside_links": links, "unrecorded": extra, "resealed": resealed}
 
 
 def load_tokenizer(path: Path, max_length: int) -> Any:

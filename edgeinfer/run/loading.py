@@ -128,4 +128,4 @@ def load_generator(
     context = ctx if ctx is not None else min(limit or DEFAULT_CONTEXT, DEFAULT_CONTEXT)
     be = plugins.get_backend(backend or DECODER_REFERENCE)
     decoder = be.load_decoder(model_dir, device=device, context=context, slots=slots, **options)
-    return Generator(decoder, codec)
+    return Generator(decoder, codec, model_dir.resolve().name)

@@ -10,13 +10,15 @@ the size is cheap (one ``stat``), the hash reads the whole file (see bench/bundl
 from __future__ import annotations
 
 import os
-import posixpath
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from edgeinfer.contract.helpers import inside, relative_path
 from edgeinfer.contract.stamp import sha256_file
 from edgeinfer.errors import InputError
 
+DEPLOY_AGAIN = "deploy the model again"
 FileRecord = dict[str, Any]  # {"size": int, "sha256": str}
 # runtime logs a backend appends to next to its artifact while it runs (e.g. RKNN's model.rknn.log):
 # never loaded as a model, so not sealed
@@ -29,30 +31,12 @@ def sealed_name(rel: str) -> bool:
 
 def relative(rel: Any, field: str) -> str:
     """``rel`` as a normalised relative POSIX path, or InputError naming ``field``."""
-    if not isinstance(rel, str) or not rel or "\0" in rel or "\\" in rel:
-        raise InputError(f"manifest {field} {rel!r} is not a relative path inside the bundle; deploy the model again")
-    if rel.startswith("/") or (len(rel) > 1 and rel[1] == ":"):
-        raise InputError(f"manifest {field} {rel!r} is an absolute path; a bundle may only name files inside itself")
-    if ".." in rel.split("/"):
-        raise InputError(f"manifest {field} {rel!r} leads out of the bundle ('..'); a bundle may only name its own "
-                         "files")
-    norm = posixpath.normpath(rel)
-    if norm in (".", ""):
-        raise InputError(f"manifest {field} {rel!r} names the bundle itself, not a file in it")
-    return norm
+    return relative_path(rel, f"manifest {field}", "the bundle", DEPLOY_AGAIN)
 
 
 def contained(root: Path, rel: Any, field: str) -> Path:
     """``root / rel`` after checking that it resolves inside ``root`` (symlinks followed)."""
-    norm = relative(rel, field)
-    path = root / norm
-    real_root = root.resolve()
-    real = path.resolve()
-    if real != real_root and real_root not in real.parents:
-        raise InputError(
-            f"manifest {field} {rel!r} points outside the bundle (to {real}); a bundle may only name its own files"
-        )
-    return path
+    return inside(root, rel, f"manifest {field}", "the bundle", DEPLOY_AGAIN)
 
 
 def record(directory: Path, skip: set[str] | frozenset[str] = frozenset()) -> dict[str, FileRecord]:
@@ -67,6 +51,48 @@ def record(directory: Path, skip: set[str] | frozenset[str] = frozenset()) -> di
                 continue
             out[rel] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
     return out
+
+
+def entries(root: Path) -> Iterator[tuple[str, Path]]:
+    """Every file and symlink under ``root`` as (relative POSIX path, path); symlinked directories are listed,
+    not entered."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted(filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]):
+            path = Path(dirpath) / name
+            yield path.relative_to(root).as_posix(), path
+
+
+def outside_links(root: Path) -> list[str]:
+    """The symlinks under ``root`` that resolve outside it (``"tokenizer/etc -> /etc"``): a runtime that opens
+    a file through one reads what the bundle does not hold. A link loop counts as leading out."""
+    real_root = root.resolve()
+    out = []
+    for rel, path in entries(root):
+        if not path.is_symlink():
+            continue
+        try:
+            real = path.resolve()
+        except (OSError, RuntimeError):  # a loop
+            real = None
+        if real is None or (real != real_root and real_root not in real.parents):
+            out.append(f"{rel} -> {os.readlink(path)}")
+    return out
+
+
+def refuse_outside_links(root: Path) -> None:
+    """InputError when a symlink under ``root`` leads out of it (checked at every open of a bundle)."""
+    links = outside_links(root)
+    if links:
+        more = f" (and {len(links) - 1} more)" if len(links) > 1 else ""
+        raise InputError(f"bundle {root} holds a symlink that leads out of it: {links[0]}{more}; a bundle may only "
+                         "hold its own files: remove the link, or deploy the model again")
+
+
+def unrecorded(root: Path, files: dict[str, FileRecord], skip: set[str] | frozenset[str] = frozenset()) -> list[str]:
+    """Files and symlinks under ``root`` that ``files`` does not record (runtime logs and ``skip`` aside)."""
+    return [rel + (" (symlink)" if path.is_symlink() else "") for rel, path in entries(root)
+            if rel not in files and rel not in skip and sealed_name(rel)]
 
 
 def check(root: Path, files: dict[str, FileRecord], full: bool) -> list[str]:
@@ -111,8 +137,7 @@ def intact(directory: Path) -> bool:
         recorded = json.loads((directory / SEAL).read_text())
         if not isinstance(recorded, dict):
             return False
-        present = {rel for p in directory.rglob("*") if (p.is_file() or p.is_symlink())
-                   and sealed_name(rel := p.relative_to(directory).as_posix())}
+        present = {rel for rel, _ in entries(directory) if sealed_name(rel)}
         if present - {SEAL} != set(recorded):
             return False
         return not check(directory, recorded, full=True)

@@ -371,13 +371,20 @@ def _error_body(message: str) -> dict[str, Any]:
     return {"error": {"message": message, "type": "timeout" if status == 504 else "server_error", "code": status}}
 
 
+def _cut_off(tokens: int) -> dict[str, Any]:
+    """A sequence the server cancelled while a client still reads it (SIGTERM, after the drain period): an
+    error, never a ``finish_reason`` a client would take for a complete answer."""
+    return {"error": {"message": f"the server is shutting down and cut this answer off after {tokens} tokens; "
+                                 "it is incomplete: retry the request", "type": "service_unavailable", "code": 503}}
+
+
 async def _whole(events: AsyncIterator[tuple], meta: dict[str, Any], chat: bool, prompt: int,
                  lp: Logprobs | None = None) -> JSONResponse:
     parts, count, finish, entries = [], 0, "stop", []
     try:
         async for text, n, fin, error, logprobs in events:
-            if error is not None:
-                body = _error_body(error)
+            if error is not None or fin == "cancelled":
+                body = _error_body(error) if error is not None else _cut_off(count + n)
                 return JSONResponse(body, status_code=body["error"]["code"])
             parts.append(text)
             entries += logprobs
@@ -409,8 +416,11 @@ async def _sse(events: AsyncIterator[tuple], meta: dict[str, Any], chat: bool, u
             count += n
             if text or (lp and logprobs):
                 yield chunk([_choice(chat, text, None, True, logprobs=lp.block(logprobs) if lp else None)])
-            if finish is not None:  # a sequence cancelled by the shutdown ends as if stopped
-                yield chunk([_choice(chat, "", finish if finish != "cancelled" else "stop", True)])
+            if finish == "cancelled":  # cut off by the shutdown: an error event (the openai client raises it)
+                yield b"data: " + json.dumps(_cut_off(count)).encode() + b"\n\n"
+                break
+            if finish is not None:
+                yield chunk([_choice(chat, "", finish, True)])
         if usage:
             yield chunk([], usage=_usage(prompt, count))
         yield b"data: [DONE]\n\n"

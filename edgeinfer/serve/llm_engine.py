@@ -248,8 +248,13 @@ class Engine:
             self._send(("cancel", req.rid))
 
     def cancel_all(self) -> None:
+        """The shutdown's end of every request: running sequences are cancelled in the worker (it reports
+        them "cancelled"), queued ones are told so here, so that no reader waits for a worker that stops."""
         for req in list(self.waiting) + list(self.running.values()):
+            queued = req.state == "waiting"
             self.cancel(req)
+            if queued:
+                req.events.put_nowait(("", 0, "cancelled", None))
 
     def _dispatch(self) -> None:
         while self.state == "ready" and self.waiting and len(self.running) < self.slots:

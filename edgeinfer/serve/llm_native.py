@@ -19,6 +19,7 @@ import threading
 from typing import Any
 
 from edgeinfer.contract.decoder import Decoder, NativeStep
+from edgeinfer.errors import EdgeInferError
 from edgeinfer.run.generation.generator import Answer, Generator
 from edgeinfer.run.generation.options import GenerationOptions
 from edgeinfer.serve.llm_scheduler import Event
@@ -161,6 +162,13 @@ class NativeScheduler:
         answer, options = entry
         text, n = "", 0
         for tok in step.token_ids:
+            try:
+                self.generator.check_native_token(tok)
+            except EdgeInferError as e:
+                del self._answers[step.rid]
+                if not step.finished:
+                    self.runtime.cancel_request(step.rid)
+                return Event(step.rid, text, n, "error", e.one_line())
             text += answer.push(tok)
             n += 1
             if answer.stopped or len(answer.ids) >= options.max_new_tokens:

@@ -21,9 +21,10 @@ from typing import Any
 
 import numpy as np
 
+from edgeinfer.errors import EdgeInferError
 from edgeinfer.run.generation.generator import Answer, Generator
 from edgeinfer.run.generation.options import GenerationOptions
-from edgeinfer.run.generation.sampling import Sampler, token_logprobs
+from edgeinfer.run.generation.sampling import Sampler, checked_logits, token_logprobs
 
 DEFAULT_PREFILL_CHUNK = 128
 
@@ -156,10 +157,15 @@ class Scheduler:
                 break
             self.prefilling.popleft()
             self.decoding.append(seq)
-            events.append(self._sample(seq, np.asarray(logits, dtype=np.float32).reshape(-1)))
+            events.append(self._sample(seq, logits))
         return events
 
-    def _sample(self, seq: Sequence, row: np.ndarray) -> Event:
+    def _sample(self, seq: Sequence, logits: np.ndarray) -> Event:
+        try:
+            row = checked_logits(logits, self.decoder.vocab_size, self.generator.name, len(seq.answer.ids))
+        except EdgeInferError as e:  # NaN logits: this sequence fails (500), never an empty "stop"
+            self._end(seq)
+            return Event(seq.rid, finish="error", error=e.one_line())
         tok = seq.sampler(row, seq.history)
         seq.history.append(tok)
         piece = seq.answer.push(tok)

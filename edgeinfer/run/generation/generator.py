@@ -8,13 +8,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from edgeinfer.contract.decoder import Decoder
-from edgeinfer.errors import BackendError, EdgeInferError, InputError
+from edgeinfer.errors import BackendError, EdgeInferError, InputError, ModelError
 from edgeinfer.run.generation.metrics import GenerationMetrics, summarize
 from edgeinfer.run.generation.options import GenerationOptions
-from edgeinfer.run.generation.sampling import Sampler
+from edgeinfer.run.generation.sampling import Sampler, checked_logits
 from edgeinfer.run.generation.stopping import StopStrings
 from edgeinfer.run.generation.text import Message, TextCodec
 from edgeinfer.run.measure import peak_rss_bytes
@@ -68,11 +69,13 @@ class GenerationStream:
 
 
 class Generator:
-    """Generates text with ``decoder`` and ``codec``; one sequence at a time on slot 0."""
+    """Generates text with ``decoder`` and ``codec``; one sequence at a time on slot 0. ``name`` is the
+    model's name in errors (default: the tokenizer directory's)."""
 
-    def __init__(self, decoder: Decoder, codec: TextCodec):
+    def __init__(self, decoder: Decoder, codec: TextCodec, name: str | None = None):
         self.decoder = decoder
         self.codec = codec
+        self.name = name or Path(codec.directory).name
         self._lock = threading.Lock()  # one sequence at a time through this generator
 
     @property
@@ -156,6 +159,14 @@ class Generator:
                 f"{ctx} tokens this model was loaded for; {fix}, or load/deploy with a larger --ctx"
             )
 
+    def check_native_token(self, tok: int) -> None:
+        """A native loop gives token ids, not logits: NaN logits cannot be seen there (the runtime samples
+        them into some token), but an id outside the vocabulary is a broken runtime or model."""
+        if not 0 <= tok < self.decoder.vocab_size:
+            raise ModelError(f"model {self.name}: the {self.decoder.backend_name or 'backend'} runtime generated "
+                             f"token id {tok}, outside the vocabulary (0..{self.decoder.vocab_size - 1}); its "
+                             "artifact is broken: deploy or convert it again")
+
     def eos_ids(self, options: GenerationOptions) -> frozenset[int]:
         if options.ignore_eos:
             return frozenset()
@@ -181,7 +192,7 @@ class Generator:
             prefill_end = time.perf_counter()
             history = list(ids)
             while not (cancelled := s.cancelled):
-                row = np.asarray(logits, dtype=np.float32).reshape(-1)
+                row = checked_logits(logits, d.vocab_size, self.name, len(history) - len(ids), not record_logits)
                 if logits_seen is not None:
                     logits_seen.append(row)
                 tok = sampler(row, history)
@@ -233,6 +244,7 @@ class Generator:
                         break
                     if s.cancelled or halt.is_set():
                         continue  # drain what the runtime still sends after we asked it to stop
+                    self.check_native_token(value)
                     piece = answer.push(value)
                     if piece:
                         yield piece
@@ -258,9 +270,13 @@ class Generator:
             times: list[float] = []
             answer = Answer(self.codec, options, self.eos_ids(options))
             later: list[int] = []
+            bad: list[int] = []  # an id outside the vocabulary, raised after the runtime returns
 
             def on_token(tok: int) -> bool:
-                if answer.stopped:
+                if answer.stopped or bad:
+                    return False
+                if not 0 <= tok < d.vocab_size:
+                    bad.append(int(tok))
                     return False
                 times.append(time.perf_counter())
                 if options.stop:
@@ -273,6 +289,8 @@ class Generator:
                 native = d.generate_native(ids, options, on_token) or {}
             except Exception as e:
                 _reraise(d, e)
+            if bad:
+                self.check_native_token(bad[0])
             for tok in later:
                 answer.push(tok)
             answer.end(False)

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from edgeinfer.errors import CheckFailed, ModelError
 from edgeinfer.run.generation.options import GenerationOptions
 
 
@@ -37,6 +38,21 @@ class Sampler:
             scores = top_p(scores, o.top_p)
         probs = softmax(scores)
         return int(self.rng.choice(probs.size, p=probs))
+
+
+def checked_logits(logits: np.ndarray, vocab_size: int, model: str, token: int, finite: bool = True) -> np.ndarray:
+    """One position's logits as a float32 row over the vocabulary, refused when they cannot be sampled:
+    NaN or Inf (broken weights or conversion; argmax would pick token 0, which is often EOS, so the answer
+    would end empty and look fine) is CheckFailed, a row of the wrong width a ModelError. ``finite=False``
+    leaves NaN to the caller (the decoder golden check records the logits and reports them itself)."""
+    row = np.asarray(logits, dtype=np.float32).reshape(-1)
+    if row.size != vocab_size:
+        raise ModelError(f"model {model} gave {row.size} logits per token, but its vocabulary has {vocab_size} "
+                         "tokens; its artifact and its config disagree: deploy or convert it again")
+    if finite and not np.isfinite(row).all():
+        raise CheckFailed(f"model {model} produced NaN/Inf logits (generated token {token + 1}); its weights or "
+                          "its conversion are broken: check it with `edgeinfer golden`, or deploy it again")
+    return row
 
 
 def penalize(scores: np.ndarray, history: Sequence[int], penalty: float) -> np.ndarray:

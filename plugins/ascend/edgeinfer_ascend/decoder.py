@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from edgeinfer.contract import Decoder, OpTime, remote_code
+from edgeinfer.contract.helpers import check_weight_index
 from edgeinfer.errors import InputError, ModelError
 from edgeinfer.progress import Progress
 
@@ -272,6 +273,7 @@ def open_decoder(model: Path, device: str | None, context: int, slots: int, **op
     if manifest is None and not (model.is_dir() and (model / "config.json").is_file()):
         raise ModelError(f"{model} is neither a Hugging Face model directory (config.json) nor an ascend "
                          "decoder artifact; pass the model directory or `edgeinfer deploy` output")
+    check_weight_index(model)
     where = dev.pick_device(device)
     built = manifest or {}
     scheme = llm_artifact.check_scheme(options.get("scheme") or built.get("scheme") or _default_scheme(where),

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from edgeinfer.contract import remote_code
-from edgeinfer.contract.helpers import read_artifact_manifest
+from edgeinfer.contract.helpers import check_weight_index, read_artifact_manifest
 from edgeinfer.errors import InputError, ModelError
 from edgeinfer.planning.quant import normalize_scheme
 
@@ -86,6 +86,7 @@ def convert_decoder(model: Path, scheme: str, context: int, out: Path, calibrati
     if scheme == "w8a16":
         _torchao()  # fail before writing anything
     torch_dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    check_weight_index(model)
     hf = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch_dtype,
                                               trust_remote_code=remote_code.allowed(model))
     check_architecture(hf.config)

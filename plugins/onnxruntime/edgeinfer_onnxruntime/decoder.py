@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from edgeinfer.contract import Decoder, OpTime, remote_code
+from edgeinfer.contract.helpers import inside
 from edgeinfer.errors import BackendUnavailableError, InputError, ModelError
 
 GENAI_CONFIG = "genai_config.json"
@@ -146,6 +147,35 @@ def build(hf_dir: Path, cache_root: Path, precision: str) -> Path:
     return out
 
 
+def check_graph(sess: Any, where: Path, cfg: dict[str, Any]) -> None:
+    """The config's facts against the graph it names: the KV inputs of each layer, their heads and head size,
+    the logits width and the dtypes the step loop binds (int64 ids, float32 KV and logits). A config that
+    disagrees would fail at the first step, or run and generate garbage."""
+    dec = cfg["decoder"]
+    names_in, names_out = dec["inputs"], dec["outputs"]
+    inputs = {t.name: t for t in sess.get_inputs()}
+    outputs = {t.name: t for t in sess.get_outputs()}
+    layers, kv_heads, head = dec["num_hidden_layers"], dec["num_key_value_heads"], dec["head_size"]
+    past = {names_in[k] % i for k in ("past_key_names", "past_value_names") for i in range(layers)}
+
+    def wrong(fact: str) -> ModelError:
+        return ModelError(f"{where} does not describe its graph: {fact}; convert the model again")
+
+    if set(inputs) - {names_in["input_ids"], names_in["attention_mask"]} != past:
+        raise wrong(f"num_hidden_layers is {layers}, but the graph's KV inputs are not those of {layers} layers")
+    ids, logits = inputs.get(names_in["input_ids"]), outputs.get(names_out["logits"])
+    if ids is None or ids.type != "tensor(int64)" or logits is None or logits.type != "tensor(float)":
+        raise wrong("the graph takes no int64 input ids or gives no float32 logits under the names it gives")
+    if isinstance(logits.shape[-1], int) and logits.shape[-1] != cfg["vocab_size"]:
+        raise wrong(f"vocab_size is {cfg['vocab_size']}, but the graph gives {logits.shape[-1]} logits per token")
+    for name in sorted(past):
+        t = inputs[name]
+        dims = (t.shape[1], t.shape[3]) if len(t.shape) == 4 else (None, None)
+        if t.type != "tensor(float)" or (all(isinstance(d, int) for d in dims) and dims != (kv_heads, head)):
+            raise wrong(f"num_key_value_heads {kv_heads} × head_size {head} (float32), but the graph's {name} is "
+                        f"{t.type} {t.shape}")
+
+
 class OnnxRuntimeDecoder(Decoder):
     def __init__(self, model_dir: Path, context: int, slots: int, threads: int | None = None):
         import onnxruntime as ort
@@ -161,8 +191,11 @@ class OnnxRuntimeDecoder(Decoder):
         if context > limit:
             raise InputError(f"context {context} exceeds the model's context length ({limit}); use --ctx {limit}")
         self._ort, self._threads = ort, threads
-        self._onnx = str(model_dir / dec["filename"])
+        # onnxruntime refuses external data that leads out of the graph's directory itself ("External data path
+        # ... escapes model directory", 1.26; plugins/onnxruntime/tests keep that true); the graph file is ours
+        self._onnx = str(inside(model_dir, dec["filename"], f"{GENAI_CONFIG} model.decoder.filename"))
         self._sess = ort.InferenceSession(self._onnx, self._options(), providers=["CPUExecutionProvider"])
+        check_graph(self._sess, model_dir / GENAI_CONFIG, cfg)
         self._names = {
             "ids": names_in["input_ids"], "mask": names_in["attention_mask"], "logits": names_out["logits"],
             "past": [(names_in["past_key_names"] % i, names_in["past_value_names"] % i) for i in range(layers)],

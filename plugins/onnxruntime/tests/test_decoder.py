@@ -122,3 +122,24 @@ def test_a_model_whose_mlp_width_equals_its_vocabulary_is_refused_before_the_bui
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "intermediate_size equals vocab_size" in lines[0] and "Traceback" not in r.stderr
     assert not (tmp_path / "bundle").exists()
+
+
+def test_onnxruntime_refuses_external_data_outside_the_graphs_directory(tmp_path):
+    """The decoder checks the graph file genai_config.json names (contract.helpers.inside); the graph's own
+    external-data locations are left to onnxruntime, which refuses one that leads out of its directory."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph([helper.make_node("Mul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+                              [numpy_helper.from_array(np.ones(4, np.float32), "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    (tmp_path / "m").mkdir()
+    onnx.save(model, str(tmp_path / "m" / "model.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
+              location="../outside.data", size_threshold=0)
+    assert (tmp_path / "outside.data").is_file()
+    with pytest.raises(Exception, match="escapes model directory"):
+        ort.InferenceSession(str(tmp_path / "m" / "model.onnx"), providers=["CPUExecutionProvider"])

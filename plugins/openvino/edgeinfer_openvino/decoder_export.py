@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from edgeinfer.contract import remote_code
+from edgeinfer.contract.helpers import check_weight_index
 from edgeinfer.errors import BackendUnavailableError, InputError, ModelError
 
 SCHEMES = ("fp32", "fp16", "w8a16", "w4a16", "w4a16_g32", "w4a16_g64", "w4a16_g128")
@@ -109,6 +110,7 @@ def base_export(model: Path, cache_root: Path) -> Path:
 
     if not (model / "config.json").is_file():
         raise ModelError(f"{model} is not a Hugging Face model directory (no config.json) nor an OpenVINO decoder")
+    check_weight_index(model)  # the IR's own files have fixed names; only the source's index names paths
     _require_optimum()
     trust = remote_code.allowed(model)
     entry = cache_root / "openvino-decoders" / cache.key({"source": sha256_file(model), "stage": "fp32-export",

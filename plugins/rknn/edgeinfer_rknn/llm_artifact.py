@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 
 from edgeinfer.contract import CalibrationSet, remote_code
-from edgeinfer.contract.helpers import read_artifact_manifest
-from edgeinfer.errors import InputError
+from edgeinfer.contract.helpers import inside, read_artifact_manifest
+from edgeinfer.errors import InputError, ModelError
 from edgeinfer.planning.quant import normalize_scheme
 
 from . import llm_export as lx
@@ -66,8 +66,17 @@ def graph_name(k: int, phase: str) -> str:
 
 
 def read_manifest(path: Path) -> dict[str, Any] | None:
-    """The artifact's manifest when ``path`` is an artifact directory, else None."""
-    return read_artifact_manifest(path, MANIFEST, FORMAT, "rknn decoder")
+    """The artifact's manifest when ``path`` is an artifact directory, else None; the graph files it names
+    must lie inside ``path``."""
+    manifest = read_artifact_manifest(path, MANIFEST, FORMAT, "rknn decoder")
+    if manifest is not None:
+        segments = manifest.get("segments")
+        if not isinstance(segments, list) or not segments or not all(isinstance(s, dict) for s in segments):
+            raise ModelError(f"{Path(path) / MANIFEST} lists no segments; convert the model again")
+        for k, seg in enumerate(segments):
+            for phase in PHASES:
+                inside(path, seg.get(phase), f"{MANIFEST} segments[{k}].{phase}")
+    return manifest
 
 
 def onnx_weight_elements(path: Path) -> int:

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from edgeinfer.contract import remote_code
+from edgeinfer.contract.helpers import check_weight_index
 from edgeinfer.errors import InputError, ModelError
 
 MASKED = -1.0e4  # additive mask of a position that is not attended (finite: fp16 keeps it, exp() gives 0)
@@ -60,6 +61,7 @@ def load_hf(model_dir: Path) -> Any:
     cfg = (model_dir / "config.json")
     if not cfg.is_file():
         raise ModelError(f"{model_dir} is not a Hugging Face model directory (no config.json)")
+    check_weight_index(model_dir)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32,
                                                  trust_remote_code=remote_code.allowed(model_dir)).eval()
     arch = type(model).__name__

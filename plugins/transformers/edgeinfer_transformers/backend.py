@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from edgeinfer.contract import Backend, Decoder, OpTime, Probe, Problem, remote_code
+from edgeinfer.contract.helpers import check_weight_index
 from edgeinfer.errors import InputError, ModelError
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -54,6 +55,7 @@ class TransformersBackend(Backend):
             raise InputError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
         if not (model.is_dir() and (model / "config.json").is_file()):
             raise ModelError(f"{model} is not a Hugging Face model directory (no config.json)")
+        check_weight_index(model)
         return TransformersDecoder(model, context, slots, dtype, threads)
 
 
