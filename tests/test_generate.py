@@ -189,3 +189,18 @@ def test_the_generation_doc_example_runs(tmp_path):
     p = subprocess.run([sys.executable, "-c", block], capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.strip()
+
+
+def test_a_template_bomb_is_one_line_exit_2_not_a_hang(llm_dir, tmp_path):
+    """A chat template of nested range loops (10**10 iterations) stops at the render bounds."""
+    import shutil
+
+    bomb = tmp_path / "bomb"
+    shutil.copytree(llm_dir, bomb)
+    (bomb / "chat_template.jinja").write_text(
+        "{% for a in range(100000) %}{% for b in range(100000) %}x{% endfor %}{% endfor %}")
+    p = _cli("generate", str(bomb), "--prompt", "hi", "--chat", "--max-new-tokens", "2")
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert p.returncode == 2, p.stderr
+    assert lines[-1].startswith("error:") and "chat template of" in lines[-1] and str(bomb) in lines[-1]
+    assert "Traceback" not in p.stderr and p.stdout == ""
