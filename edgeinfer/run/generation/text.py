@@ -9,6 +9,7 @@ with the model and is untrusted).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -45,6 +46,12 @@ class TextCodec:
         self.chat_template = _chat_template(d, self.config)
         self.eos_token_ids = _eos_ids(d, self.config, self.tokenizer)
         self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    @functools.cached_property
+    def longest_token(self) -> int:
+        """Characters of the vocabulary's longest entry (bytes, for byte-level BPE): no token stands for more
+        text, so a prompt cannot take fewer tokens than its length over this."""
+        return max((len(t) for t in self.tokenizer.get_vocab(with_added_tokens=True)), default=1)
 
     # --- encoding ---------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
