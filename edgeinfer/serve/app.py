@@ -28,6 +28,7 @@ from edgeinfer.run.loading import is_decoder_dir
 from edgeinfer.serve.batcher import Batcher, Item, QueueFull, RequestFailed
 from edgeinfer.serve.config import ServeConfig
 from edgeinfer.serve.llm_api import add_routes
+from edgeinfer.serve.llm_api import warm as warm_llms
 from edgeinfer.serve.llm_engine import Engine, ServedLLM, open_llm
 from edgeinfer.serve.metrics import ENDPOINTS, Metrics
 from edgeinfer.serve.placement import check_devices
@@ -163,7 +164,8 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel] | None = None
 
         async def start_workers() -> None:
             try:
-                await asyncio.gather(*([pool.start()] if models else []), offload.warm_up(),
+                await asyncio.gather(*([pool.start()] if models else []),
+                                     offload.warm_up(warm_llms if engines else None),
                                      *(e.start() for e in engines.values()))
             except Exception as e:  # noqa: BLE001
                 state.fatal = str(e)

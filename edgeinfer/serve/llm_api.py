@@ -141,6 +141,13 @@ def prepare_generation(llms: dict[str, ServedLLM], raw: bytes, content_type: str
                           bool(body.stream_options and body.stream_options.include_usage))
 
 
+def warm(llms: dict[str, ServedLLM]) -> None:
+    """Run once in each helper process at start-up: imports this module there and sizes the vocabularies,
+    so the first request does not pay for it."""
+    for llm in llms.values():
+        llm.codec.longest_token  # noqa: B018 - a cached property
+
+
 async def _inline(heavy: bool, fn: Any, *args: Any, llms: dict[str, ServedLLM]) -> Any:
     return fn(llms, *args)
 

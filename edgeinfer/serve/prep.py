@@ -319,14 +319,6 @@ def _call(fn: Callable[..., Any], args: tuple, table: str | None) -> Any:
     return fn(_TABLES[table], *args) if table is not None else fn(*args)
 
 
-def _warm(llms: dict[str, Any]) -> None:
-    if llms:
-        import edgeinfer.serve.llm_api  # noqa: F401
-
-        for llm in llms.values():
-            llm.codec.longest_token  # noqa: B018 - computed once per helper, not on a request
-
-
 class Offload:
     """Runs request work inline when it is small and in ``processes`` helper processes (spawned) when
     it is large. A helper that dies (e.g. out of memory) fails its request with 500; the pool is renewed.
@@ -342,10 +334,11 @@ class Offload:
         self._pool = ProcessPoolExecutor(self.processes, mp_context=mp.get_context("spawn"),
                                          initializer=_init, initargs=(self.tables,))
 
-    async def warm_up(self) -> None:
-        """Start the helpers now, not on the first large request (nor the first chat request, which
-        imports the generation endpoints' module there)."""
-        await asyncio.gather(*(self._submit(_warm, (), "llms") for _ in range(self.processes)))
+    async def warm_up(self, fn: Callable[..., Any] | None = None, table: str = "llms") -> None:
+        """Start the helpers now, not on the first large request; ``fn(tables[table])`` in each prepares
+        what requests will need there (e.g. importing the module of the functions they run)."""
+        await asyncio.gather(*(self._submit(fn, (), table) if fn is not None else self._submit(len, ((),), None)
+                               for _ in range(self.processes)))
 
     async def prepare(self, heavy: bool, fn: Callable[..., Any], *args: Any, table: str = "models") -> Any:
         """``fn(models, *args)`` (``fn(llms, *args)`` with ``table="llms"``)."""
