@@ -212,15 +212,16 @@ def test_a_request_to_a_model_of_another_endpoint_says_where_it_is_served(tiny_l
 
 
 def test_a_prompt_longer_than_the_context_can_hold_is_refused_before_tokenizing(tiny_llms):
-    """context × the longest vocabulary entry (60 bytes in tiny-qwen3) × 2 characters at most; a prompt just
-    under the bound is tokenized and then refused for its token count."""
+    """context × the longest vocabulary entry (60 bytes in tiny-qwen3) × 2 characters at most (of the
+    messages, then of the rendered prompt); a prompt just under the bound is tokenized and then refused
+    for its token count."""
     from edgeinfer.serve.prep import ApiError
 
     llm = tiny_llms["tiny-qwen3"]
     limit = 256 * llm.codec.longest_token * 2
     assert llm.codec.longest_token == 60  # tiny-qwen3's longest token, counted by hand from its vocab
     for chat in (True, False):
-        for n, tokenized in ((limit + 1, False), (limit, True)):
+        for n, tokenized in ((limit + 1, False), (limit - 100 if chat else limit, True)):  # the template adds ~30
             text = "x" * n
             body = {"messages": [{"role": "user", "content": text}]} if chat else {"prompt": text}
             with pytest.raises(ApiError) as e:
@@ -242,3 +243,20 @@ def test_a_template_bomb_is_a_400_naming_the_template(tiny_llms):
     assert time.monotonic() - start < 30
     ok = _gen(tiny_llms, {"model": "tiny-bomb", "prompt": "hi", "max_tokens": 2}, chat=False)  # no template
     assert ok.ids and ok.options["max_new_tokens"] == 2
+
+
+def test_a_template_that_adds_text_beyond_the_context_is_refused_before_tokenizing(tiny_llms, tmp_path):
+    """The characters bound applies to the rendered prompt too: a template may add text of its own."""
+    import shutil
+
+    from edgeinfer.serve.llm_engine import open_llm
+    from edgeinfer.serve.prep import ApiError
+
+    padded = tmp_path / "tiny-padded"
+    shutil.copytree(tiny_llms["tiny-qwen3"].path, padded)
+    (padded / "chat_template.jinja").write_text("{{ 'x' * 40000000 }}{% for m in messages %}{{ m.content }}"
+                                                "{% endfor %}")
+    llms = {"tiny-padded": open_llm(padded, ctx=256)}
+    with pytest.raises(ApiError) as e:
+        _gen(llms, {"messages": [{"role": "user", "content": "hi"}]})
+    assert e.value.status == 400 and "renders these messages as 40000002 characters" in e.value.message

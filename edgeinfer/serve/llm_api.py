@@ -192,14 +192,15 @@ async def respond(engines: dict[str, Engine], raw: bytes, content_type: str, cha
 CHARS_SLACK = 2
 
 
-def check_length_cheaply(llm: ServedLLM, chars: int) -> None:
+def check_length_cheaply(llm: ServedLLM, chars: int) -> int:
     """A prompt of more characters than the context can hold even in the vocabulary's longest tokens
-    cannot fit: refused before the chat template and the tokenizer spend time on it."""
+    cannot fit: refused before the chat template and the tokenizer spend time on it. Returns the bound."""
     limit = llm.context * max(1, llm.codec.longest_token) * CHARS_SLACK
     if chars > limit:
         raise ApiError(400, f"This model's maximum context length is {llm.context} tokens: the prompt has "
                             f"{chars} characters, more than that many tokens can hold (at most {limit}); "
                             "shorten the prompt")
+    return limit
 
 
 def prompt_and_options(llm: ServedLLM, body: Any, chat: bool) -> tuple[list[int], dict[str, Any]]:
@@ -209,8 +210,8 @@ def prompt_and_options(llm: ServedLLM, body: Any, chat: bool) -> tuple[list[int]
     codec = llm.codec
     try:
         if chat:
-            check_length_cheaply(llm, sum(len(m.content) for m in body.messages))
-            ids = codec.encode_chat([m.model_dump() for m in body.messages])
+            limit = check_length_cheaply(llm, sum(len(m.content) for m in body.messages))
+            ids = codec.encode_chat([m.model_dump() for m in body.messages], max_chars=limit)
         else:
             prompt = body.prompt
             if isinstance(prompt, list):

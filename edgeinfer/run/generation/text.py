@@ -79,9 +79,15 @@ class TextCodec:
         except Exception as e:
             raise InputError(f"the model's chat template failed: {type(e).__name__}: {e}") from None
 
-    def encode_chat(self, messages: Sequence[Message]) -> list[int]:
+    def encode_chat(self, messages: Sequence[Message], max_chars: int | None = None) -> list[int]:
+        """``max_chars``: refuse a rendered prompt longer than this before tokenizing it (the template may
+        add text of its own)."""
+        text = self.render_chat(messages)
+        if max_chars is not None and len(text) > max_chars:
+            raise InputError(f"the chat template of {self.directory} renders these messages as {len(text)} "
+                             f"characters, more than the context can hold ({max_chars})", "shorten the messages")
         # the rendered template already holds the special tokens as text
-        return self.tokenizer.encode(self.render_chat(messages), add_special_tokens=False).ids
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
 
     def special_tokens(self) -> dict[str, str]:
         out = {}
