@@ -205,3 +205,18 @@ def test_chat_with_bytes_that_are_not_utf8_on_stdin_is_one_line_exit_2(llm_dir, 
     assert p.returncode == 2, err
     assert len(errors) == 1 and "stdin is not valid UTF-8" in errors[0] and "0xff" in errors[0], err
     assert "Traceback" not in err and "internal error" not in err
+
+
+def test_a_template_bomb_is_one_line_exit_2_not_a_hang(llm_dir, tmp_path):
+    """A chat template of nested range loops (10**10 iterations) stops at the render bounds."""
+    import shutil
+
+    bomb = tmp_path / "bomb"
+    shutil.copytree(llm_dir, bomb)
+    (bomb / "chat_template.jinja").write_text(
+        "{% for a in range(100000) %}{% for b in range(100000) %}x{% endfor %}{% endfor %}")
+    p = _cli("generate", str(bomb), "--prompt", "hi", "--chat", "--max-new-tokens", "2")
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert p.returncode == 2, p.stderr
+    assert lines[-1].startswith("error:") and "chat template of" in lines[-1] and str(bomb) in lines[-1]
+    assert "Traceback" not in p.stderr and p.stdout == ""

@@ -199,6 +199,67 @@ def test_a_template_cannot_reach_python_internals(tok_dir, tmp_path):
         TextCodec(tmp_path).render_chat([{"role": "user", "content": "hi"}])
 
 
+# Template bombs: each would run for hours or allocate gigabytes unbounded; each must stop within the bounds.
+BOMBS = {
+    "nested-range": "{% for a in range(100000) %}{% for b in range(100000) %}x{% endfor %}{% endfor %}",
+    "nested-range-no-output": "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}",
+    "loop-over-string": "{% for a in 'x' * 60000 %}{% for b in 'y' * 60000 %}{% endfor %}{% endfor %}",
+    "repeat": "{{ 'x' * 1000000000 }}",
+    "repeat-list": "{{ ([0] * 1000000000)|length }}",
+    "power-tower": "{{ 10 ** (10 ** 12) }}",
+    "squaring": "{% set n = namespace(v=3) %}{% for i in range(60) %}{% set n.v = n.v * n.v %}{% endfor %}{{ n.v }}",
+    "doubling-tilde": "{% set n = namespace(v='xx') %}{% for i in range(60) %}{% set n.v = n.v ~ n.v %}{% endfor %}",
+    "doubling-plus": "{% set n = namespace(v='xx') %}{% for i in range(60) %}{% set n.v = n.v + n.v %}{% endfor %}",
+    "doubling-replace": "{% set n = namespace(v='xx') %}{% for i in range(60) %}"
+                        "{% set n.v = n.v|replace('x', 'xx') %}{% endfor %}",
+    "center": "{{ 'x'|center(1000000000) }}",
+    "percent-width": "{{ '%0999999999d' % 1 }}",
+    "format-width": "{{ '{:>999999999}'.format(1) }}",
+    "format-filter": "{{ '%0999999999d'|format(1) }}",
+    "slice": "{{ range(10)|slice(1000000000)|list|length }}",
+}
+
+
+@pytest.mark.parametrize("template", BOMBS.values(), ids=BOMBS.keys())
+def test_a_template_bomb_stops_at_the_bounds_with_one_line(tok_dir, tmp_path, template):
+    import time
+
+    (tmp_path / "tokenizer.json").write_text((tok_dir / "tokenizer.json").read_text())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    start = time.monotonic()
+    with pytest.raises(InputError, match="chat template of") as e:
+        TextCodec(tmp_path).render_chat([{"role": "user", "content": "hi"}])
+    assert str(tmp_path) in str(e.value) and "\n" not in e.value.one_line()
+    assert time.monotonic() - start < 30  # 10 s is the time bound; the step bound ends loops well before
+
+
+def test_the_bounds_leave_ordinary_templates_alone(tok_dir):
+    """Many messages, a large message and the arithmetic real templates do all render."""
+    codec = TextCodec(tok_dir)
+    many = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i}"} for i in range(2000)]
+    text = codec.render_chat(many)
+    assert text.count("<|im_start|>") == 2001 and "turn 1999" in text
+    assert len(codec.render_chat([{"role": "user", "content": "y" * 5_000_000}])) > 5_000_000
+    from edgeinfer.run.generation.text import render_bounded
+
+    assert render_bounded("{{ 2 ** 64 }} {{ 'ab' * 3 }} {{ '%5d|%-3s' % (42, 'x') }} {{ '{:>4}'.format(7) }}"
+                          "{{ 'a-b'|replace('-', '+') }}") == "18446744073709551616 ababab    42|x      7a+b"
+
+
+def test_the_step_tracer_gives_back_the_previous_trace_function(tok_dir):
+    import sys
+
+    def tracer(frame, event, arg):
+        return None
+
+    sys.settrace(tracer)
+    try:
+        TextCodec(tok_dir).render_chat([{"role": "user", "content": "hi"}])
+        assert sys.gettrace() is tracer
+    finally:
+        sys.settrace(None)
+
+
 @pytest.mark.parametrize("content, error", [("{not json", ModelError), ("not a tokenizer", ModelError)])
 def test_garbage_tokenizer_files_are_model_errors(tmp_path, content, error):
     (tmp_path / "tokenizer.json").write_text(content)

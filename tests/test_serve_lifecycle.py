@@ -13,8 +13,10 @@ import time
 import httpx
 import pytest
 
+from edgeinfer.serve.workers import STOP_GRACE_S
 from edgeinfer.testing import minilm
-from edgeinfer.testing.serve import ServerProc, minilm_bundle
+from edgeinfer.testing.llm import model_dir
+from edgeinfer.testing.serve import ServerProc, minilm_bundle, slow_bundle
 
 pytestmark = pytest.mark.slow
 
@@ -159,3 +161,67 @@ def test_api_key_and_timeouts(ort_bundle, tmp_path):
             time.sleep(0.2)
     finally:
         assert server.terminate() == 0
+
+
+def wait_until(cond, timeout: float = 120.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"{what} not reached within {timeout} s")
+
+
+def sigterm_and_time(server: ServerProc) -> tuple[int, float]:
+    start = time.monotonic()
+    server.proc.send_signal(signal.SIGTERM)
+    rc = server.terminate(timeout=120)
+    return rc, time.monotonic() - start
+
+
+def test_while_starting_ready_models_are_served_and_sigterm_kills_a_loading_worker(tmp_path):
+    """A decoder that is ready answers while an embedding worker still loads (a fixed batch of 8192 rows
+    through 64 dense layers: minutes of warm-up); that model's requests get 503 'starting: 1 of 2 models
+    ready' with Retry-After, never a 504 after --timeout-s. SIGTERM then ends the server within the stop
+    grace period: the loading worker (which reads no messages and ignores SIGTERM) is killed."""
+    slow = slow_bundle(tmp_path / "slow-to-load", batch=8192)
+    server = ServerProc([slow, model_dir()], "--threads", "1", log=tmp_path / "log", wait_ready=False)
+    try:
+        def decoder_ready():
+            r = httpx.get(server.url + "/ready", timeout=10)
+            return r.json()["decoders"][0]["state"] == "ready" and r.json()["workers"][0]["state"] == "starting"
+
+        wait_until(lambda: server.proc.poll() is None and _answers(server) and decoder_ready(), what="decoder ready")
+        r = httpx.post(server.url + "/v1/completions", json={"model": "tiny-qwen3", "prompt": "Once upon a time",
+                                                             "max_tokens": 4, "temperature": 0}, timeout=T)
+        assert r.status_code == 200 and r.json()["choices"][0]["text"], r.text[:300]
+        r = httpx.post(server.url + "/v1/infer", json={"model": "slow-to-load", "inputs": {"x": [[0.0] * 16]}},
+                       timeout=T)
+        assert r.status_code == 503, r.text[:300]
+        assert r.json()["error"]["message"] == "starting: 1 of 2 models ready; retry in a moment"
+        assert int(r.headers["retry-after"]) >= 1
+        assert httpx.get(server.url + "/ready").json()["workers"][0]["state"] == "starting"  # still loading
+    finally:
+        rc, took = sigterm_and_time(server)
+    assert rc == 0 and took < STOP_GRACE_S, (rc, took, server.output()[-2000:])
+
+
+def _answers(server: ServerProc) -> bool:
+    try:
+        return httpx.get(server.url + "/health", timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def test_sigterm_while_a_decoder_worker_is_restarting_ends_the_server_within_the_grace_period(tmp_path):
+    """SIGTERM while the decoder worker is being loaded again (after it died) stops the loading worker at
+    once, not after it has loaded."""
+    with ServerProc([model_dir()], "--threads", "1", log=tmp_path / "log") as server:
+        pid = httpx.get(server.url + "/ready").json()["decoders"][0]["pid"]
+        os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: httpx.get(server.url + "/ready").json()["decoders"][0]["state"] == "restarting",
+                   what="decoder restarting")
+        rc, took = sigterm_and_time(server)
+    assert rc == 0 and took < STOP_GRACE_S, (rc, took, server.output()[-2000:])
+    assert "Traceback" not in server.output()

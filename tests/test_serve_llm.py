@@ -143,6 +143,14 @@ def test_models_lists_the_decoder_and_unknown_model_is_openai_404(server):
     assert e.value.body["message"].startswith("The model 'nope' does not exist")
 
 
+def test_a_decoder_only_server_reports_no_embedding_worker_and_names_its_endpoints(server):
+    text = httpx.get(server.url + "/metrics").text
+    assert "edgeinfer_worker_up{" not in text and "edgeinfer_kv_slots_total" in text
+    r = httpx.post(server.url + "/v1/embeddings", json={"model": "tiny-qwen3", "input": "hi"}, timeout=60)
+    assert r.status_code == 400, r.text
+    assert "served on /v1/chat/completions and /v1/completions, not on /v1/embeddings" in r.json()["error"]["message"]
+
+
 def test_streamed_chat_equals_edgeinfer_generate(server):
     prompt = "Tell me about rivers"
     out = subprocess.run([sys.executable, "-m", "edgeinfer.cli", "generate", str(model_dir()), "--prompt", prompt,

@@ -88,7 +88,7 @@ def test_one_at_a_time_cancel_of_a_waiting_request_never_runs_it(codec):
 def test_a_native_loop_gives_no_logprobs_the_scheduler_ends_such_a_request_and_the_api_says_400(codec):
     """The runtime's own loop never shows its logits: the HTTP side refuses ``logprobs`` for a decoder its
     worker reported as a native loop (400 naming the backend), and the scheduler ends one that got through."""
-    from edgeinfer.serve.llm_api import ChatRequest, CompletionRequest, prompt_and_options
+    from edgeinfer.serve.llm_api import ChatRequest, CompletionRequest, check_logprobs, prompt_and_options
     from edgeinfer.serve.llm_engine import Engine, ServedLLM
     from edgeinfer.serve.llm_native import NO_LOGPROBS
     from edgeinfer.serve.prep import ApiError
@@ -99,18 +99,21 @@ def test_a_native_loop_gives_no_logprobs_the_scheduler_ends_such_a_request_and_t
     _, ends, _ = _run(sched)
     assert ends == {"a": ("error", NO_LOGPROBS)} and runtime.sent == 0
 
-    eng = Engine(ServedLLM("tiny-ov", model_dir(), "openvino", 256, codec), slots=1, max_queue=1, prefill_chunk=None)
+    llm = ServedLLM("tiny-ov", model_dir(), "openvino", 256, codec)
+    eng = Engine(llm, slots=1, max_queue=1, prefill_chunk=None)
     eng.info = {"native_loop": True}
     msgs = [{"role": "user", "content": "hi"}]
     for chat, body in ((True, ChatRequest.model_validate({"messages": msgs, "logprobs": True})),
                        (False, CompletionRequest.model_validate({"prompt": "hi", "logprobs": 0}))):
+        ids, options = prompt_and_options(llm, body, chat)
+        assert ids and options["logprobs"] == 0
         with pytest.raises(ApiError, match="openvino backend of tiny-ov .* does not expose logprobs") as e:
-            prompt_and_options(eng, body, chat)
+            check_logprobs(eng, options["logprobs"])
         assert e.value.status == 400
-        assert prompt_and_options(eng, body.model_copy(update={"logprobs": None if not chat else False}), chat)[0]
+        plain = body.model_copy(update={"logprobs": None if not chat else False})
+        check_logprobs(eng, prompt_and_options(llm, plain, chat)[1]["logprobs"])  # no logprobs asked: served
     eng.info = {"native_loop": False}
-    assert prompt_and_options(eng, ChatRequest.model_validate({"messages": msgs, "logprobs": True}), True)[1][
-        "logprobs"] == 0
+    check_logprobs(eng, 0)
 
 
 def test_a_token_id_outside_the_vocabulary_from_a_native_loop_fails_the_request(codec):

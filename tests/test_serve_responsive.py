@@ -99,6 +99,86 @@ def test_health_p99_stays_under_50ms_while_the_largest_request_is_worked_on(ort_
     raise AssertionError("; ".join(reports))
 
 
+def largest_generation_bodies(limit: int = 8 * 1024 * 1024) -> dict[str, tuple[str, bytes]]:
+    """The largest chat and completion bodies the default body limit allows: one long message / prompt
+    filling it, and (chat) as many short messages as fit."""
+    text = "word " * ((limit - 1024) // 5)
+    many = (limit - 1024) // len(json.dumps({"role": "user", "content": "hi"}) + ", ")
+    bodies = {"chat-one-message": ("/v1/chat/completions", {"messages": [{"role": "user", "content": text}]}),
+              "chat-many-messages": ("/v1/chat/completions",
+                                     {"messages": [{"role": "user", "content": "hi"}] * many}),
+              "completion": ("/v1/completions", {"prompt": text})}
+    out = {k: (path, json.dumps({"model": "tiny-qwen3", **b}).encode()) for k, (path, b) in bodies.items()}
+    assert all(limit - 64 * 1024 < len(b) <= limit for _, b in out.values()), [len(b) for _, b in out.values()]
+    return out
+
+
+@pytest.fixture(scope="module")
+def bomb_llm(tmp_path_factory):
+    """A copy of the committed tiny decoder whose chat template is a bomb (10**10 loop steps)."""
+    import shutil
+
+    from edgeinfer.testing.llm import model_dir
+
+    bomb = tmp_path_factory.mktemp("bomb") / "tiny-bomb"
+    shutil.copytree(model_dir(), bomb)
+    (bomb / "chat_template.jinja").write_text(
+        "{% for a in range(100000) %}{% for b in range(100000) %}x{% endfor %}{% endfor %}")
+    return bomb
+
+
+def test_health_p99_stays_under_50ms_while_the_largest_chat_and_completion_bodies_are_worked_on(bomb_llm, tmp_path):
+    """The largest chat and completion bodies (8 MB), prompts at the characters-vs-context bound (tokenized,
+    then refused for their token count) and a chat template bomb are all read, templated and tokenized in
+    the helper processes: /health, polled every 10 ms meanwhile from a second client, answers within 50 ms
+    at p99 beyond an idle server's p99 over the same seconds (the machine's own noise, as above). On the
+    event loop, the 7 MB chat body alone stalled the server for ~48 s."""
+    from edgeinfer.testing.llm import model_dir
+
+    bodies = largest_generation_bodies()
+    reports = []
+    with ServerProc([log_bundle(tmp_path / "log-model")], log=tmp_path / "idle.log") as idle_server, \
+            ServerProc([model_dir(), bomb_llm], "--threads", "1", log=tmp_path / "busy.log") as server:
+        models = {m["id"]: m for m in httpx.get(server.url + "/v1/models").json()["data"]}
+        context = models["tiny-qwen3"]["context"]
+        at_bound = "x" * (context * 60 * 2)  # tiny-qwen3's longest token is 60 bytes; the bound allows twice that
+        bodies["chat-at-the-bound"] = ("/v1/chat/completions", json.dumps(  # room for the template's own text
+            {"model": "tiny-qwen3", "messages": [{"role": "user", "content": at_bound[:-100]}]}).encode())
+        bodies["completion-at-the-bound"] = ("/v1/completions", json.dumps(
+            {"model": "tiny-qwen3", "prompt": at_bound}).encode())
+        bodies["chat-template-bomb"] = ("/v1/chat/completions", json.dumps(
+            {"model": "tiny-bomb", "messages": [{"role": "user", "content": "hi"}]}).encode())
+        for endpoint in ("/v1/chat/completions", "/v1/completions"):
+            for attempt in range(2):  # a second try only when other jobs on the machine disturbed the first
+                with HealthProbe(server.url) as probe, HealthProbe(idle_server.url) as control:
+                    time.sleep(0.5)
+                    start = time.perf_counter()
+                    answers = {name: httpx.post(server.url + path, content=body, timeout=T,
+                                                headers={"content-type": "application/json"})
+                               for name, (path, body) in bodies.items() if path == endpoint}
+                    time.sleep(0.5)  # /health keeps being timed for a moment after the last answer
+                    end = time.perf_counter()
+                for name, r in answers.items():
+                    message = r.json()["error"]["message"]
+                    assert r.status_code == 400, (name, r.text[:300])
+                    words = "chat template of" if "bomb" in name else f"maximum context length is {context}"
+                    assert words in message, (name, message)
+                    if "at-the-bound" in name:
+                        assert "max_tokens is" in message, (name, message)  # tokenized, then refused
+                during, noise = np.array(probe.between(start, end)), np.array(control.between(start, end))
+                assert len(during) >= 50, (len(during), end - start)
+                p50, p99 = float(np.percentile(during, 50)), float(np.percentile(during, 99))
+                noise_p99 = float(np.percentile(noise, 99))
+                reports.append(f"{endpoint}: /health p50 {p50 * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms (max "
+                               f"{during.max() * 1e3:.1f}) over {len(during)} samples in {end - start:.1f} s; idle "
+                               f"server meanwhile p99 {noise_p99 * 1e3:.1f} ms")
+                print(reports[-1])
+                if p99 < 0.050 + noise_p99:
+                    break
+            else:
+                raise AssertionError("; ".join(reports))
+
+
 @pytest.fixture(scope="module")
 def slow(tmp_path_factory):
     return slow_bundle(tmp_path_factory.mktemp("slow") / "slow")

@@ -138,3 +138,125 @@ def test_tensor_parsing_checks_dtype_range_and_shape():
     # bools are valid integers 0/1
     feeds = parse_tensors(m, {"ids": [[True, 0, 0, 0]], "mask": [[1, 1, 1, 1]]}, 8)
     assert feeds["ids"].dtype == np.int64 and feeds["ids"].tolist() == [[1, 0, 0, 0]]
+
+
+def test_a_busy_port_is_refused_in_one_line_before_any_bundle_is_read(tmp_path):
+    """The port is bound first: with a busy port, a path that is not even a bundle is never looked at (the
+    bundles of a real server are hashed for minutes)."""
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        r = edgeinfer("serve", str(tmp_path / "not-a-bundle"), "--port", str(port))
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in lines[0] and "not found" not in lines[0]
+
+
+def test_only_workers_that_exist_are_reported():
+    """A server of decoders only has no embedding worker: no edgeinfer_worker_up{worker="0"} 0 for its life."""
+    from prometheus_client import generate_latest
+
+    from edgeinfer.serve.metrics import Metrics
+    from edgeinfer.serve.workers import WorkerPool
+
+    assert "edgeinfer_worker_up{" not in generate_latest(Metrics(WorkerPool([], [], 4)).registry).decode()
+    text = generate_latest(Metrics(WorkerPool([("m", "/x")], ["0", "1"], 4)).registry).decode()
+    assert text.count("edgeinfer_worker_up{") == 2
+
+
+@pytest.fixture(scope="module")
+def tiny_llms(tmp_path_factory):
+    """The committed tiny decoder, and a copy whose chat template is a bomb (10**10 loop steps)."""
+    import shutil
+
+    from edgeinfer.serve.llm_engine import open_llm
+    from edgeinfer.testing.llm import model_dir
+
+    bomb = tmp_path_factory.mktemp("bomb") / "tiny-bomb"
+    shutil.copytree(model_dir(), bomb)
+    (bomb / "chat_template.jinja").write_text(
+        "{% for a in range(100000) %}{% for b in range(100000) %}x{% endfor %}{% endfor %}")
+    llms = [open_llm(model_dir(), ctx=256), open_llm(bomb, ctx=256)]
+    return {m.name: m for m in llms}
+
+
+def _gen(llms, body: dict, chat: bool = True, elsewhere=None):
+    import json
+
+    from edgeinfer.serve.llm_api import prepare_generation
+
+    return prepare_generation(llms, json.dumps(body).encode(), "application/json", chat, elsewhere)
+
+
+def test_a_request_to_a_model_of_another_endpoint_says_where_it_is_served(tiny_llms):
+    import json
+
+    from edgeinfer.serve.prep import ApiError, prepare_embeddings
+
+    elsewhere = {"minilm": "/v1/embeddings and /v1/infer", "tiny-qwen3": "/v1/chat/completions and /v1/completions"}
+    with pytest.raises(ApiError) as e:
+        _gen(tiny_llms, {"model": "minilm", "messages": [{"role": "user", "content": "hi"}]}, elsewhere=elsewhere)
+    assert e.value.status == 400 and "served on /v1/embeddings and /v1/infer" in e.value.message
+    assert "not on /v1/chat/completions" in e.value.message
+    with pytest.raises(ApiError) as e:
+        prepare_embeddings({}, json.dumps({"model": "tiny-qwen3", "input": "x"}).encode(), "application/json", 8,
+                           elsewhere)
+    assert e.value.status == 400 and "/v1/chat/completions and /v1/completions, not on /v1/embeddings" in \
+        e.value.message
+    with pytest.raises(ApiError) as e:  # a model served nowhere is still a 404
+        _gen(tiny_llms, {"model": "nope", "prompt": "hi"}, chat=False, elsewhere=elsewhere)
+    assert e.value.status == 404 and "does not exist" in e.value.message
+
+
+def test_a_prompt_longer_than_the_context_can_hold_is_refused_before_tokenizing(tiny_llms):
+    """context × the longest vocabulary entry (60 bytes in tiny-qwen3) × 2 characters at most (of the
+    messages, then of the rendered prompt); a prompt just under the bound is tokenized and then refused
+    for its token count."""
+    from edgeinfer.serve.prep import ApiError
+
+    llm = tiny_llms["tiny-qwen3"]
+    limit = 256 * llm.codec.longest_token * 2
+    assert llm.codec.longest_token == 60  # tiny-qwen3's longest token, counted by hand from its vocab
+    for chat in (True, False):
+        for n, tokenized in ((limit + 1, False), (limit - 100 if chat else limit, True)):  # the template adds ~30
+            text = "x" * n
+            body = {"messages": [{"role": "user", "content": text}]} if chat else {"prompt": text}
+            with pytest.raises(ApiError) as e:
+                _gen(tiny_llms, {"model": "tiny-qwen3", **body}, chat)
+            assert e.value.status == 400 and "maximum context length is 256" in e.value.message
+            said_chars = f"the prompt has {n} characters" in e.value.message
+            assert said_chars != tokenized and ("max_tokens is" in e.value.message) == tokenized, e.value.message
+
+
+def test_a_template_bomb_is_a_400_naming_the_template(tiny_llms):
+    import time
+
+    from edgeinfer.serve.prep import ApiError
+
+    start = time.monotonic()
+    with pytest.raises(ApiError) as e:
+        _gen(tiny_llms, {"model": "tiny-bomb", "messages": [{"role": "user", "content": "hi"}]})
+    assert e.value.status == 400 and "chat template of" in e.value.message and "tiny-bomb" in e.value.message
+    assert time.monotonic() - start < 30
+    ok = _gen(tiny_llms, {"model": "tiny-bomb", "prompt": "hi", "max_tokens": 2}, chat=False)  # no template
+    assert ok.ids and ok.options["max_new_tokens"] == 2
+
+
+def test_a_template_that_adds_text_beyond_the_context_is_refused_before_tokenizing(tiny_llms, tmp_path):
+    """The characters bound applies to the rendered prompt too: a template may add text of its own."""
+    import shutil
+
+    from edgeinfer.serve.llm_engine import open_llm
+    from edgeinfer.serve.prep import ApiError
+
+    padded = tmp_path / "tiny-padded"
+    shutil.copytree(tiny_llms["tiny-qwen3"].path, padded)
+    (padded / "chat_template.jinja").write_text("{{ 'x' * 40000000 }}{% for m in messages %}{{ m.content }}"
+                                                "{% endfor %}")
+    llms = {"tiny-padded": open_llm(padded, ctx=256)}
+    with pytest.raises(ApiError) as e:
+        _gen(llms, {"messages": [{"role": "user", "content": "hi"}]})
+    assert e.value.status == 400 and "renders these messages as 40000002 characters" in e.value.message

@@ -161,7 +161,7 @@ class DecoderReplica:
 
         try:
             answer = await respond({self.llm.name: self.engine}, body, content_type, chat, self.timeout_s,
-                                   self.engine.ready, self.metrics.observe)
+                                   self._refusal, self.metrics.observe)
         except ApiError as e:
             status, data = error(e.status, e.message)
             yield status, "application/json", data
@@ -172,6 +172,14 @@ class DecoderReplica:
                 yield chunk
         else:
             yield answer.status_code, "application/json", bytes(answer.body)
+
+    def _refusal(self, model: str) -> Any:
+        from edgeinfer.serve.prep import ApiError
+
+        if self.engine.ready():
+            return None
+        return ApiError(503, f"the decoder {model} is not loaded (starting, restarting or failed); retry in a moment",
+                        {"Retry-After": "2"})
 
     def describe(self, created: int) -> dict[str, Any]:
         return {**self.llm.to_json(created, self.engine.slots), "placement": self.placement}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import json
 import logging
@@ -28,6 +29,7 @@ from edgeinfer.run.loading import is_decoder_dir
 from edgeinfer.serve.batcher import Batcher, Item, QueueFull, RequestFailed
 from edgeinfer.serve.config import ServeConfig
 from edgeinfer.serve.llm_api import add_routes
+from edgeinfer.serve.llm_api import warm as warm_llms
 from edgeinfer.serve.llm_engine import Engine, ServedLLM, open_llm
 from edgeinfer.serve.metrics import ENDPOINTS, Metrics
 from edgeinfer.serve.placement import check_devices
@@ -135,7 +137,24 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel] | None = None
                          observe=metrics.observe, threads=config.threads) for n, m in llms.items()}
     state.engines = engines
 
-    offload = Offload(models)
+    offload = Offload(models, llms=llms)
+    endpoints = {**{n: " and ".join(m.to_json(0)["endpoints"]) for n, m in models.items()},
+                 **{n: "/v1/chat/completions and /v1/completions" for n in llms}}
+
+    def starting() -> ApiError:
+        ready = (len(models) if pool.ready() else 0) + sum(e.ready() for e in engines.values())
+        return ApiError(503, f"starting: {ready} of {len(models) + len(engines)} models ready; retry in a moment",
+                        {"Retry-After": "2"})
+
+    def refusal(model: str) -> ApiError | None:
+        """None when decoder ``model`` takes requests now (also while it restarts after a crash: they wait)."""
+        if state.draining:
+            return ApiError(503, "the server is shutting down; retry elsewhere", {"Retry-After": "5"})
+        if state.fatal:
+            return ApiError(503, f"the models could not be loaded: {state.fatal}")
+        if not (state.ready or engines[model].ready()):
+            return starting()
+        return None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -147,7 +166,8 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel] | None = None
 
         async def start_workers() -> None:
             try:
-                await asyncio.gather(*([pool.start(), offload.warm_up()] if models else []),
+                await asyncio.gather(*([pool.start()] if models else []),
+                                     offload.warm_up(warm_llms if engines else None),
                                      *(e.start() for e in engines.values()))
             except Exception as e:  # noqa: BLE001
                 state.fatal = str(e)
@@ -166,9 +186,8 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel] | None = None
             state.draining = True
             starter.cancel()
             await batcher.stop()
-            await asyncio.to_thread(pool.stop)
-            for e in engines.values():
-                await asyncio.to_thread(e.stop)
+            # together, so the whole stop takes at most one grace period (workers.STOP_GRACE_S)
+            await asyncio.gather(asyncio.to_thread(pool.stop), *(asyncio.to_thread(e.stop) for e in engines.values()))
             await asyncio.to_thread(offload.stop)
 
     app = FastAPI(title="edgeinfer serve", version="1", lifespan=lifespan,
@@ -203,9 +222,11 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel] | None = None
 
     async def read(request: Request, fn: Any, deadline: float) -> Prepared:
         """Parse, check and tokenize the body: in a helper process when it is large (off the event loop)."""
+        if not state.ready and not pool.ready() and not state.fatal:
+            raise starting()
         body = await request.body()
         ctype = request.headers.get("content-type", "")
-        work = offload.prepare(len(body) > OFFLOAD_BYTES, fn, body, ctype, config.max_inputs)
+        work = offload.prepare(len(body) > OFFLOAD_BYTES, fn, body, ctype, config.max_inputs, endpoints)
         try:  # past the deadline, a helper's result is dropped
             return await asyncio.wait_for(work, max(0.0, deadline - time.monotonic()))
         except asyncio.TimeoutError:
@@ -283,8 +304,8 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel] | None = None
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     if engines:  # the generation endpoints exist when a decoder is served
-        add_routes(app, engines, config.generation_timeout_s,
-                   lambda: state.ready and not state.draining and not state.fatal, metrics.observe)
+        add_routes(app, engines, config.generation_timeout_s, refusal, metrics.observe,
+                   functools.partial(offload.prepare, table="llms"), endpoints)
     app.add_middleware(GuardMiddleware, key=key, limit=limit, metrics=metrics)
     return app
 
@@ -441,10 +462,14 @@ def serve(config: ServeConfig, log_level: str = "info") -> None:
 
     logging.basicConfig(level=getattr(logging, log_level.upper()),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    models, llms = open_models(config.bundles, config.ctx)
-    check_devices([m.bundle.manifest.backend for m in models.values()] + [m.backend for m in llms.values()],
-                  config.devices)
-    sock = listen(config.host, config.port)
+    sock = listen(config.host, config.port)  # a busy port is a one-line error before bundles are hashed
+    try:
+        models, llms = open_models(config.bundles, config.ctx)
+        check_devices([m.bundle.manifest.backend for m in models.values()] + [m.backend for m in llms.values()],
+                      config.devices)
+    except BaseException:
+        sock.close()
+        raise
     config.port = sock.getsockname()[1]
     app = create_app(config, models, llms)
     uv = uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level, lifespan="on",

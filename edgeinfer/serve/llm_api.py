@@ -17,10 +17,12 @@ docs/serve.md lists them for users.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, Request
@@ -30,9 +32,9 @@ from pydantic_core import PydanticCustomError
 
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.run.generation.options import MAX_SEED, MAX_TOP_LOGPROBS
-from edgeinfer.serve.llm_engine import Engine, QueueFull
+from edgeinfer.serve.llm_engine import Engine, QueueFull, ServedLLM
 from edgeinfer.serve.llm_engine import Request as GenRequest
-from edgeinfer.serve.prep import ApiError, read_json, validated
+from edgeinfer.serve.prep import OFFLOAD_BYTES, ApiError, elsewhere_error, read_json, validated
 from edgeinfer.serve.schemas import ERRORS, STRICT, Metadata, Name, str_or_list
 
 MAX_STOP, MAX_STOP_CHARS = 4, 256  # OpenAI allows 4 stop sequences
@@ -194,14 +196,15 @@ def body_doc(schema: type[BaseModel]) -> dict[str, Any]:
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": inline(doc)}}}}
 
 
-def add_routes(app: FastAPI, engines: dict[str, Engine], timeout_s: float, accepting: Any, observe: Any) -> None:
-    """The two generation endpoints over ``engines`` (model id → engine); ``accepting()`` is False while
-    the server drains or cannot load its models (503)."""
+def add_routes(app: FastAPI, engines: dict[str, Engine], timeout_s: float, accepting: Any, observe: Any,
+               prepare: Any = None, elsewhere: dict[str, str] | None = None) -> None:
+    """The two generation endpoints over ``engines`` (model id → engine); ``accepting``, ``prepare`` and
+    ``elsewhere`` as in :func:`respond`."""
 
     async def generate(request: Request, chat: bool) -> Any:
         arrived = time.perf_counter()
         return await respond(engines, await request.body(), request.headers.get("content-type", ""), chat,
-                             timeout_s, accepting, observe, arrived)
+                             timeout_s, accepting, observe, arrived, prepare, elsewhere)
 
     @app.post("/v1/chat/completions", tags=["generation"], responses=ERRORS, openapi_extra=body_doc(ChatRequest))
     async def chat_completions(request: Request):
@@ -215,9 +218,14 @@ def add_routes(app: FastAPI, engines: dict[str, Engine], timeout_s: float, accep
         return await generate(request, chat=False)
 
 
-def engine_for(engines: dict[str, Engine], model: str | None) -> Engine:
+def engine_for(engines: dict[str, Any], model: str | None, endpoint: str = "",
+               elsewhere: dict[str, str] | None = None) -> Any:
+    """The served decoder ``model`` names (``engines``: name → engine or ServedLLM)."""
     if model is not None:
         if model not in engines:
+            other = elsewhere_error(model, endpoint, elsewhere)
+            if other is not None:
+                raise other
             raise ApiError(404, f"The model '{model}' does not exist; GET /v1/models lists the served ones")
         return engines[model]
     if len(engines) == 1:
@@ -225,16 +233,62 @@ def engine_for(engines: dict[str, Engine], model: str | None) -> Engine:
     raise ApiError(400, f"several decoders are served; name one in 'model' ({', '.join(engines)})")
 
 
-async def respond(engines: dict[str, Engine], raw: bytes, content_type: str, chat: bool, timeout_s: float,
-                  accepting: Any, observe: Any, arrived: float | None = None) -> Any:
-    """The answer to one chat / completion request body: a streamed or a whole response; ApiError for a
-    request that cannot be served. The single-box routes and the Ray replicas (edgeinfer/fleet) share it."""
-    arrived = time.perf_counter() if arrived is None else arrived
+@dataclass
+class PreparedPrompt:
+    """A generation request read, checked and tokenized (in a helper process when the server has them)."""
+
+    model: str
+    ids: list[int]
+    options: dict[str, Any]
+    stream: bool
+    usage: bool
+
+    @property
+    def logprobs(self) -> int | None:
+        return self.options["logprobs"]
+
+
+def prepare_generation(llms: dict[str, ServedLLM], raw: bytes, content_type: str, chat: bool,
+                       elsewhere: dict[str, str] | None = None) -> PreparedPrompt:
+    """Parse and check a chat / completion body, render the chat template and tokenize: CPU work that
+    :class:`~edgeinfer.serve.prep.Offload` runs off the event loop."""
     body = validated(ChatRequest if chat else CompletionRequest, read_json(raw, content_type))
-    eng = engine_for(engines, body.model)
-    if not accepting():
-        raise ApiError(503, "the server is shutting down or its models failed to load; retry elsewhere")
-    req = GenRequest(*prompt_and_options(eng, body, chat), arrived=arrived)
+    llm = engine_for(llms, body.model, "/v1/chat/completions" if chat else "/v1/completions", elsewhere)
+    ids, options = prompt_and_options(llm, body, chat)
+    return PreparedPrompt(llm.name, ids, options, body.stream,
+                          bool(body.stream_options and body.stream_options.include_usage))
+
+
+def warm(llms: dict[str, ServedLLM]) -> None:
+    """Run once in each helper process at start-up: imports this module there and sizes the vocabularies,
+    so the first request does not pay for it."""
+    for llm in llms.values():
+        llm.codec.longest_token  # noqa: B018 - a cached property
+
+
+async def _inline(heavy: bool, fn: Any, *args: Any, llms: dict[str, ServedLLM]) -> Any:
+    return fn(llms, *args)
+
+
+async def respond(engines: dict[str, Engine], raw: bytes, content_type: str, chat: bool, timeout_s: float,
+                  accepting: Any, observe: Any, arrived: float | None = None, prepare: Any = None,
+                  elsewhere: dict[str, str] | None = None) -> Any:
+    """The answer to one chat / completion request body: a streamed or a whole response; ApiError for a
+    request that cannot be served. ``accepting(model)`` is None when that decoder takes requests now, else
+    the ApiError to answer; ``prepare(heavy, fn, *args)`` runs ``fn(llms, *args)`` (off the event loop:
+    :meth:`Offload.prepare`; default inline). The single-box routes and the Ray replicas (edgeinfer/fleet)
+    share it."""
+    arrived = time.perf_counter() if arrived is None else arrived
+    if prepare is None:
+        prepare = functools.partial(_inline, llms={n: e.llm for n, e in engines.items()})
+    # a chat template comes with the model (untrusted, bounded but possibly slow): never on the event loop
+    p = await prepare(chat or len(raw) > OFFLOAD_BYTES, prepare_generation, raw, content_type, chat, elsewhere)
+    eng = engines[p.model]
+    refusal = accepting(p.model)
+    if refusal is not None:
+        raise refusal
+    check_logprobs(eng, p.logprobs)
+    req = GenRequest(p.ids, p.options, arrived=arrived)
     try:
         eng.submit(req)
     except QueueFull:
@@ -246,35 +300,54 @@ async def respond(engines: dict[str, Engine], raw: bytes, content_type: str, cha
     meta = {"id": ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24], "created": int(time.time()),
             "model": eng.llm.name}
     events = _events(eng, req, time.monotonic() + timeout_s, observe)
-    lp = Logprobs(chat) if body.logprobs_wanted() is not None else None
-    if body.stream:
-        usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(_sse(events, meta, chat, usage, len(req.prompt_ids), lp),
+    lp = Logprobs(chat) if p.logprobs is not None else None
+    if p.stream:
+        return StreamingResponse(_sse(events, meta, chat, p.usage, len(req.prompt_ids), lp),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     return await _whole(events, meta, chat, len(req.prompt_ids), lp)
 
 
-def prompt_and_options(eng: Engine, body: Any, chat: bool) -> tuple[list[int], dict[str, Any]]:
+def check_logprobs(eng: Engine, wanted: int | None) -> None:
+    """A native loop never shows its logits (known once its worker is up): 400 naming the backend."""
+    if wanted is not None and eng.info.get("native_loop"):
+        raise ApiError(400, f"logprobs: the {eng.llm.backend} backend of {eng.llm.name} runs its own generation "
+                            "loop and does not expose logprobs; remove 'logprobs'")
+
+
+# Normalizers may shorten text a little (NFKC composes characters): the cheap bound allows twice the most
+# characters the longest vocabulary entry can stand for
+CHARS_SLACK = 2
+
+
+def check_length_cheaply(llm: ServedLLM, chars: int) -> int:
+    """A prompt of more characters than the context can hold even in the vocabulary's longest tokens
+    cannot fit: refused before the chat template and the tokenizer spend time on it. Returns the bound."""
+    limit = llm.context * max(1, llm.codec.longest_token) * CHARS_SLACK
+    if chars > limit:
+        raise ApiError(400, f"This model's maximum context length is {llm.context} tokens: the prompt has "
+                            f"{chars} characters, more than that many tokens can hold (at most {limit}); "
+                            "shorten the prompt")
+    return limit
+
+
+def prompt_and_options(llm: ServedLLM, body: Any, chat: bool) -> tuple[list[int], dict[str, Any]]:
     """The prompt's token ids and the generation options; 400 on what the model cannot do."""
     if body.n not in (None, 1):
         raise ApiError(400, f"n={body.n}: this server generates one choice per request; send n=1 (or omit it)")
-    logprobs = body.logprobs_wanted()
-    if logprobs is not None and eng.info.get("native_loop"):
-        raise ApiError(400, f"logprobs: the {eng.llm.backend} backend of {eng.llm.name} runs its own generation "
-                            "loop and does not expose logprobs; remove 'logprobs'")
-    codec = eng.llm.codec
+    codec = llm.codec
     try:
         if chat:
-            ids = codec.encode_chat([m.model_dump(exclude_none=True) for m in body.messages])
+            limit = check_length_cheaply(llm, sum(len(m.content) for m in body.messages))
+            ids = codec.encode_chat([m.model_dump(exclude_none=True) for m in body.messages], max_chars=limit)
         else:
-            if len(body.prompt) != 1:
-                raise ApiError(400, "prompt: give one string")
-            ids = codec.encode(body.prompt[0])
+            prompt = body.prompt[0]
+            check_length_cheaply(llm, len(prompt))
+            ids = codec.encode(prompt)
     except EdgeInferError as e:
         raise ApiError(400, e.one_line()) from None
     if not ids:
         raise ApiError(400, "the prompt is empty; give some text to continue")
-    ctx = eng.llm.context
+    ctx = llm.context
     room = ctx - len(ids)
     wanted = body.max_tokens or body.max_completion_tokens
     if room < 1 or (wanted is not None and wanted > room):
@@ -283,7 +356,7 @@ def prompt_and_options(eng: Engine, body: Any, chat: bool) -> tuple[list[int], d
                             f"max_tokens is {wanted if wanted is not None else 'at least 1'}; {fix}")
     options = {"max_new_tokens": wanted or room, "temperature": 1.0 if body.temperature is None else body.temperature,
                "top_p": 1.0 if body.top_p is None else body.top_p, "seed": body.seed, "stop": tuple(body.stop),
-               "ignore_eos": body.ignore_eos, "top_k": body.top_k or 0, "logprobs": logprobs,
+               "ignore_eos": body.ignore_eos, "top_k": body.top_k or 0, "logprobs": body.logprobs_wanted(),
                "repetition_penalty": 1.0 if body.repetition_penalty is None else body.repetition_penalty}
     try:
         from edgeinfer.run.generation.options import GenerationOptions

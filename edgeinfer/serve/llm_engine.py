@@ -22,6 +22,7 @@ from typing import Any
 
 from edgeinfer.errors import InputError
 from edgeinfer.serve.llm_worker import llm_worker_main
+from edgeinfer.serve.workers import STOP_GRACE_S, stop_process
 
 log = logging.getLogger("edgeinfer.serve")
 
@@ -216,14 +217,14 @@ class Engine:
             req.events.put_nowait(("", 0, "error", message))
         self._gauges()
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float = STOP_GRACE_S) -> None:
+        """Stop the worker: at once while it is loading (it reads no messages until it is loaded), else
+        after its current step, killing it when it has not exited within ``timeout`` s."""
+        loading = self.state in ("starting", "restarting")
         self.state = "stopped"
-        self._send(("stop",))
-        if self._proc is not None:
-            self._proc.join(timeout)
-            if self._proc.is_alive():
-                self._proc.terminate()
-                self._proc.join(2)
+        if not loading:
+            self._send(("stop",))
+        stop_process(self._proc, 0 if loading else timeout)
 
     # --- requests ----------------------------------------------------------------------------------
     def submit(self, req: Request) -> None:

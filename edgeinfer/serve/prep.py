@@ -99,10 +99,22 @@ class Prepared:
 # --- reading requests -----------------------------------------------------------------------------------
 
 
-def pick(models: Models, model: str | None, embeds: bool) -> ServedModel:
+def elsewhere_error(model: str, endpoint: str, elsewhere: dict[str, str] | None) -> ApiError | None:
+    """The 400 for a model that is served, but by other endpoints than ``endpoint`` (``elsewhere``: model
+    name → the endpoints it serves)."""
+    if elsewhere and model in elsewhere:
+        return ApiError(400, f"model {model!r} is served on {elsewhere[model]}, not on {endpoint}; "
+                             "send the request there")
+    return None
+
+
+def pick(models: Models, model: str | None, embeds: bool, elsewhere: dict[str, str] | None = None) -> ServedModel:
     if model is not None:
         m = models.get(model)
         if m is None:
+            other = elsewhere_error(model, "/v1/embeddings" if embeds else "/v1/infer", elsewhere)
+            if other is not None:
+                raise other
             raise ApiError(404, f"unknown model {model!r}; GET /v1/models lists: {', '.join(models)}")
         if embeds and not m.embeds:
             raise ApiError(400, f"model {model!r} has no tokenizer (not an embedding model); use /v1/infer")
@@ -186,9 +198,10 @@ def validation_message(errs: list[Any], content_type: str = "application/json") 
     return (f"{where}: " if where else "") + msg + (f" (and {len(errs) - 1} more)" if len(errs) > 1 else "")
 
 
-def prepare_embeddings(models: Models, body: bytes, content_type: str, max_inputs: int) -> Prepared:
+def prepare_embeddings(models: Models, body: bytes, content_type: str, max_inputs: int,
+                       elsewhere: dict[str, str] | None = None) -> Prepared:
     req = validated(EmbeddingRequest, read_json(body, content_type))
-    m = pick(models, req.model, embeds=True)
+    m = pick(models, req.model, embeds=True, elsewhere=elsewhere)
     texts = [req.input] if isinstance(req.input, str) else list(req.input)
     if not texts:
         raise ApiError(400, "input: give at least one string")
@@ -204,9 +217,10 @@ def prepare_embeddings(models: Models, body: bytes, content_type: str, max_input
                     encoding=req.encoding_format, dimensions=req.dimensions)
 
 
-def prepare_infer(models: Models, body: bytes, content_type: str, max_rows: int) -> Prepared:
+def prepare_infer(models: Models, body: bytes, content_type: str, max_rows: int,
+                  elsewhere: dict[str, str] | None = None) -> Prepared:
     req = validated(InferRequest, read_json(body, content_type))
-    m = pick(models, req.model, embeds=False)
+    m = pick(models, req.model, embeds=False, elsewhere=elsewhere)
     feeds = parse_tensors(m, req.inputs, max_rows)
     check_vocab(m, feeds)
     rows = len(next(iter(feeds.values())))
@@ -328,50 +342,55 @@ def encode_infer(rid: str, model: str, outputs: dict[str, np.ndarray]) -> bytes:
 # --- running it off the event loop ------------------------------------------------------------------------
 
 
-_MODELS: Models = {}
+_TABLES: dict[str, Any] = {}  # in a helper process: what the preparing functions take first
 
 
-def _init(models: Models) -> None:
-    global _MODELS
-    _MODELS = models
+def _init(tables: dict[str, Any]) -> None:
+    _TABLES.update(tables)
     lower_priority()
 
 
-def _call(fn: Callable[..., Any], args: tuple, with_models: bool) -> Any:
-    return fn(_MODELS, *args) if with_models else fn(*args)
+def _call(fn: Callable[..., Any], args: tuple, table: str | None) -> Any:
+    return fn(_TABLES[table], *args) if table is not None else fn(*args)
 
 
 class Offload:
     """Runs request work inline when it is small and in ``processes`` helper processes (spawned) when
-    it is large. A helper that dies (e.g. out of memory) fails its request with 500; the pool is renewed."""
+    it is large. A helper that dies (e.g. out of memory) fails its request with 500; the pool is renewed.
+    The helpers hold the served models (``models``: embedding and tensor bundles, ``llms``: decoders, whose
+    tokenizer and chat template they run)."""
 
-    def __init__(self, models: Models, processes: int = 2):
-        self.models = models
+    def __init__(self, models: Models, processes: int = 2, llms: dict[str, Any] | None = None):
+        self.tables = {"models": models, "llms": llms or {}}
         self.processes = processes
         self._pool: ProcessPoolExecutor | None = None
 
     def start(self) -> None:
         self._pool = ProcessPoolExecutor(self.processes, mp_context=mp.get_context("spawn"),
-                                         initializer=_init, initargs=(self.models,))
+                                         initializer=_init, initargs=(self.tables,))
 
-    async def warm_up(self) -> None:
-        """Start the helpers now, not on the first large request."""
-        await asyncio.gather(*(self._submit(len, ((),), False) for _ in range(self.processes)))
+    async def warm_up(self, fn: Callable[..., Any] | None = None, table: str = "llms") -> None:
+        """Start the helpers now, not on the first large request; ``fn(tables[table])`` in each prepares
+        what requests will need there (e.g. importing the module of the functions they run)."""
+        await asyncio.gather(*(self._submit(fn, (), table) if fn is not None else self._submit(len, ((),), None)
+                               for _ in range(self.processes)))
 
-    async def prepare(self, heavy: bool, fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn(models, *args)``."""
-        return fn(self.models, *args) if not heavy or self._pool is None else await self._submit(fn, args, True)
+    async def prepare(self, heavy: bool, fn: Callable[..., Any], *args: Any, table: str = "models") -> Any:
+        """``fn(models, *args)`` (``fn(llms, *args)`` with ``table="llms"``)."""
+        if not heavy or self._pool is None:
+            return fn(self.tables[table], *args)
+        return await self._submit(fn, args, table)
 
     async def encode(self, heavy: bool, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)``."""
-        return fn(*args) if not heavy or self._pool is None else await self._submit(fn, args, False)
+        return fn(*args) if not heavy or self._pool is None else await self._submit(fn, args, None)
 
-    async def _submit(self, fn: Callable[..., Any], args: tuple, with_models: bool) -> Any:
+    async def _submit(self, fn: Callable[..., Any], args: tuple, table: str | None) -> Any:
         pool = self._pool
         assert pool is not None
         try:
             # submit() may start a helper process (slow): never on the event loop
-            future = await asyncio.to_thread(pool.submit, _call, fn, args, with_models)
+            future = await asyncio.to_thread(pool.submit, _call, fn, args, table)
             return await asyncio.wrap_future(future)
         except BrokenProcessPool:
             if self._pool is pool:

@@ -219,6 +219,20 @@ def worker_main(conn: Any, index: int, entry: str | None, bundles: list[tuple[st
             pass
 
 
+STOP_GRACE_S = 10.0  # how long a worker told to stop may take before it is killed (docs/serve.md, Shutdown)
+
+
+def stop_process(process: Any, grace: float) -> None:
+    """Wait up to ``grace`` s for ``process`` to exit, then SIGKILL it: workers ignore SIGTERM (the main
+    process decides when they stop), so ``terminate()`` would not end one."""
+    if process is None:
+        return
+    process.join(max(0.0, grace))
+    if process.is_alive():
+        process.kill()
+        process.join(5)
+
+
 # --- the main-process side ---------------------------------------------------------------------------
 
 
@@ -261,7 +275,7 @@ class WorkerPool:
         self.restart_window_s = restart_window_s
         self.on_restart = on_restart
         self.stop_grace_s = stop_grace_s
-        self.workers = [Worker(i, e) for i, e in enumerate(devices or [None])]
+        self.workers = [Worker(i, e) for i, e in enumerate(devices or [None])] if bundles else []
         self._ctx = mp.get_context("spawn")
         self._ids = itertools.count(1)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -454,10 +468,14 @@ class WorkerPool:
                 raise WorkerCrashed(f"worker {w.label} could not take the batch: {e}") from None
         return await fut
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float = STOP_GRACE_S) -> None:
+        """Ask every worker to stop; one still loading (it reads no messages until it is loaded) or still
+        running after ``timeout`` s is killed (workers ignore SIGTERM)."""
         self.stopping = True
         for w in self.workers:
-            if w.conn is not None:
+            if w.state == "starting":
+                stop_process(w.process, 0)
+            elif w.conn is not None:
                 try:
                     with w.send_lock:
                         w.conn.send(("stop",))
@@ -465,9 +483,5 @@ class WorkerPool:
                     pass
         deadline = time.monotonic() + timeout
         for w in self.workers:
-            if w.process is not None:
-                w.process.join(max(0.1, deadline - time.monotonic()))
-                if w.process.is_alive():
-                    w.process.terminate()
-                    w.process.join(2)
+            stop_process(w.process, deadline - time.monotonic())
             w.state = "dead"

@@ -169,9 +169,10 @@ class HealthProbe:
         return [lat for due, lat in self.samples if start <= due <= end]
 
 
-def slow_bundle(out: Path, layers: int = 64, width: int = 1024) -> Path:
+def slow_bundle(out: Path, layers: int = 64, width: int = 1024, batch: int | str = "batch") -> Path:
     """An onnxruntime bundle of ``layers`` dense layers (``x`` float32 [batch, 16] → ``y`` [batch, 16]) whose
-    rows are cheap to send and slow to run (~``2 * layers * width**2`` FLOPs each): for timeouts."""
+    rows are cheap to send and slow to run (~``2 * layers * width**2`` FLOPs each): for timeouts. A fixed
+    ``batch`` of thousands of rows makes it slow to load too (a worker runs it once before it is ready)."""
     if is_bundle(out):
         return out
     import numpy as np
@@ -187,8 +188,8 @@ def slow_bundle(out: Path, layers: int = 64, width: int = 1024) -> Path:
         nodes += [helper.make_node("MatMul", [h, "w"], [f"m{i}"]), helper.make_node("Tanh", [f"m{i}"], [f"h{i + 1}"])]
         h = f"h{i + 1}"
     nodes.append(helper.make_node("MatMul", [h, "w_out"], ["y"]))
-    graph = helper.make_graph(nodes, "slow", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16])], inits)
+    graph = helper.make_graph(nodes, "slow", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 16])], inits)
     return _onnxruntime_bundle(out, graph, f"{layers} dense layers of {width}")
 
 

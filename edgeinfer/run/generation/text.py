@@ -9,7 +9,9 @@ with the model and is untrusted).
 
 from __future__ import annotations
 
+import functools
 import json
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -45,6 +47,12 @@ class TextCodec:
         self.eos_token_ids = _eos_ids(d, self.config, self.tokenizer)
         self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
 
+    @functools.cached_property
+    def longest_token(self) -> int:
+        """Characters of the vocabulary's longest entry (bytes, for byte-level BPE): no token stands for more
+        text, so a prompt cannot take fewer tokens than its length over this."""
+        return max((len(t) for t in self.tokenizer.get_vocab(with_added_tokens=True)), default=1)
+
     # --- encoding ---------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
         """Plain completion: the raw text with the tokenizer's own special-token rules."""
@@ -61,19 +69,26 @@ class TextCodec:
             )
         check_messages(messages)
         try:
-            return _compiled(self.chat_template).render(
-                messages=[dict(m) for m in messages],
-                add_generation_prompt=add_generation_prompt,
-                **self.special_tokens(),
-            )
+            return render_bounded(self.chat_template, messages=[dict(m) for m in messages],
+                                  add_generation_prompt=add_generation_prompt, **self.special_tokens())
+        except TemplateBudget as e:
+            raise InputError(f"the chat template of {self.directory} {e.args[0]}",
+                             "fix or remove the model's chat_template (tokenizer_config.json or "
+                             "chat_template.jinja), or send fewer messages") from None
         except InputError:
             raise
         except Exception as e:
             raise InputError(f"the model's chat template failed: {type(e).__name__}: {e}") from None
 
-    def encode_chat(self, messages: Sequence[Message]) -> list[int]:
+    def encode_chat(self, messages: Sequence[Message], max_chars: int | None = None) -> list[int]:
+        """``max_chars``: refuse a rendered prompt longer than this before tokenizing it (the template may
+        add text of its own)."""
+        text = self.render_chat(messages)
+        if max_chars is not None and len(text) > max_chars:
+            raise InputError(f"the chat template of {self.directory} renders these messages as {len(text)} "
+                             f"characters, more than the context can hold ({max_chars})", "shorten the messages")
         # the rendered template already holds the special tokens as text
-        return self.tokenizer.encode(self.render_chat(messages), add_special_tokens=False).ids
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
 
     def special_tokens(self) -> dict[str, str]:
         out = {}
@@ -202,22 +217,187 @@ def _byte_level_table() -> dict[str, int]:
 
 
 _UNICODE_TO_BYTE = _byte_level_table()
+
+
+# A chat template comes with the model and is untrusted: jinja2's sandbox keeps it from reaching Python
+# objects (https://jinja.palletsprojects.com/en/3.1.x/sandbox/) but not from running for ever or filling
+# memory. Compiling and rendering are bounded here: Python lines executed (template code and the jinja2 /
+# filter code it calls), wall time, and the size of every value the operators, filters and calls build.
+RENDER_STEPS = 2_000_000
+RENDER_SECONDS = 10.0
+RENDER_CHARS = 64 * 2**20  # the rendered prompt, and any one string or list built on the way
+RENDER_BITS = 4096  # integers the template computes
+RENDER_WIDTH = 100_000  # numeric arguments of filters and calls (widths, counts), %-format widths
+
+
+class TemplateBudget(BaseException):
+    """A template went past one of the bounds. A BaseException, so no ``except Exception`` in jinja2 or
+    in a filter swallows it (the trace function that raises it is switched off by Python when it does)."""
+
+
+def _too_big(value: Any) -> bool:
+    if isinstance(value, (str, bytes, list, tuple, dict)):
+        return len(value) > RENDER_CHARS
+    return isinstance(value, int) and value.bit_length() > RENDER_BITS
+
+
+def _checked(value: Any) -> Any:
+    if _too_big(value):
+        raise TemplateBudget(f"builds a value larger than {RENDER_CHARS} characters or {RENDER_BITS}-bit numbers")
+    return value
+
+
+def _check_binop(op: str, left: Any, right: Any) -> None:
+    """Refuse, before computing it, an operation whose result would be too big."""
+    sized = (str, bytes, list, tuple)
+    if op == "**" and isinstance(left, (int, float)) and isinstance(right, (int, float)):
+        if abs(left) > 1 and right > 0 and right * math.log2(abs(left)) > RENDER_BITS:
+            raise TemplateBudget(f"computes {left!r} ** {right!r}, beyond {RENDER_BITS}-bit numbers")
+    elif op == "*" and isinstance(left, int) and isinstance(right, int):
+        if left.bit_length() + right.bit_length() > RENDER_BITS:
+            raise TemplateBudget(f"multiplies numbers beyond {RENDER_BITS} bits")
+    elif op == "*" and (isinstance(left, sized) or isinstance(right, sized)):
+        seq, n = (left, right) if isinstance(left, sized) else (right, left)
+        if isinstance(n, int) and len(seq) * max(n, 0) > RENDER_CHARS:
+            raise TemplateBudget(f"repeats a value {n} times, beyond {RENDER_CHARS} characters")
+    elif op == "+" and isinstance(left, sized) and isinstance(right, sized):
+        if len(left) + len(right) > RENDER_CHARS:
+            raise TemplateBudget(f"builds a value larger than {RENDER_CHARS} characters")
+    elif op == "%" and isinstance(left, str):
+        _check_widths(left)
+
+
+_WIDTHS = None
+
+
+def _check_widths(fmt: str) -> None:
+    """``%``- and ``str.format``-style widths and precisions (``%0999999999d``, ``{:>999999999}``)."""
+    global _WIDTHS
+    if _WIDTHS is None:
+        import re
+
+        _WIDTHS = re.compile(r"[%:][^%:{}a-zA-Z]*?(\d{6,})")
+    for m in _WIDTHS.finditer(fmt):
+        if int(m.group(1)) > RENDER_WIDTH:
+            raise TemplateBudget(f"formats with a width of {m.group(1)}, beyond {RENDER_WIDTH}")
+
+
+def _check_args(args: tuple, kwargs: dict) -> None:
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, int) and not isinstance(a, bool) and abs(a) > RENDER_WIDTH:
+            raise TemplateBudget(f"passes {a} to a filter or call, beyond {RENDER_WIDTH}")
+
+
+class _Steps:
+    """A trace function (https://docs.python.org/3/library/sys.html#sys.settrace) counting the Python lines
+    run in this thread, that ends the work past ``RENDER_STEPS`` lines or ``RENDER_SECONDS``."""
+
+    def __init__(self) -> None:
+        import time
+
+        self.clock = time.monotonic
+        self.deadline = self.clock() + RENDER_SECONDS
+        self.steps = 0
+
+    def __call__(self, frame: Any, event: str, arg: Any) -> Any:
+        self.steps += 1
+        if self.steps > RENDER_STEPS:
+            raise TemplateBudget(f"did not finish within {RENDER_STEPS} steps (it loops without bound, or the "
+                                 "messages are too many)")
+        if not self.steps & 1023 and self.clock() > self.deadline:
+            raise TemplateBudget(f"did not finish within {RENDER_SECONDS:g} s")
+        return self
+
+    def __enter__(self) -> _Steps:
+        import sys
+
+        self._previous = sys.gettrace()  # e.g. coverage's tracer, given back afterwards
+        sys.settrace(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import sys
+
+        sys.settrace(self._previous)
+
+
+def render_bounded(source: str, **context: Any) -> str:
+    """``source`` rendered with ``context`` within the bounds above; TemplateBudget past one of them."""
+    with _Steps():
+        template = _compiled(source)
+        parts, size = [], 0
+        for part in template.generate(**context):
+            size += len(part)
+            if size > RENDER_CHARS:
+                raise TemplateBudget(f"renders more than {RENDER_CHARS} characters")
+            parts.append(part)
+    return "".join(parts)
+
+
 _TEMPLATES: dict[str, Any] = {}
+
+
+def _environment() -> Any:
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class Bounded(ImmutableSandboxedEnvironment):
+        intercepted_binops = frozenset(["+", "*", "**", "%"])  # also keeps them from being folded at compile
+
+        def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+            _check_binop(operator, left, right)
+            return _checked(super().call_binop(context, operator, left, right))
+
+        def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805 - jinja2's
+            _check_args(args, kwargs)
+            fmt = getattr(getattr(__obj, "__wrapped__", __obj), "__self__", None)  # "...".format: sandbox-wrapped
+            if isinstance(fmt, str):
+                _check_widths(fmt)
+            return _checked(super().call(__context, __obj, *args, **kwargs))
+
+    def raise_exception(message: str) -> None:
+        raise InputError(f"the model's chat template refused the messages: {message}")
+
+    def bounded(f: Any, widths: bool = False) -> Any:
+        passes = getattr(f, "jinja_pass_arg", None)  # @pass_eval_context & co.: one argument before the value
+
+        def filter_(*args: Any, **kwargs: Any) -> Any:
+            value_at = 1 if passes is not None else 0
+            _check_args(args[value_at + 1:], kwargs)
+            if widths and isinstance(args[value_at], str):
+                _check_widths(args[value_at])
+            return _checked(f(*args, **kwargs))
+
+        if passes is not None:
+            filter_.jinja_pass_arg = passes  # type: ignore[attr-defined]
+        return filter_
+
+    env = Bounded(trim_blocks=True, lstrip_blocks=True)
+    env.filters["tojson"] = lambda x, indent=None: json.dumps(x, ensure_ascii=False, indent=indent)
+    for name in ("center", "indent", "wordwrap", "truncate", "replace", "join", "format", "batch", "slice",
+                 "tojson", "string", "list"):
+        env.filters[name] = bounded(env.filters[name], widths=name == "format")
+    env.globals["raise_exception"] = raise_exception
+    return env
+
+
+def _bounded_join(join: Any) -> Any:
+    def concat(parts: Any) -> Any:
+        return _checked(join(parts))
+
+    return concat
 
 
 def _compiled(source: str) -> Any:
     if source not in _TEMPLATES:
         from jinja2.exceptions import TemplateError
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        def raise_exception(message: str) -> None:
-            raise InputError(f"the model's chat template refused the messages: {message}")
-
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.filters["tojson"] = lambda x, indent=None: json.dumps(x, ensure_ascii=False, indent=indent)
-        env.globals["raise_exception"] = raise_exception
         try:
-            _TEMPLATES[source] = env.from_string(source)
+            template = _environment().from_string(source)
         except TemplateError as e:
             raise ModelError(f"the model's chat template does not parse: {e}") from None
+        names = template.root_render_func.__globals__  # the compiled module's namespace: `~` is str_join there
+        for name in ("str_join", "markup_join"):
+            if name in names:
+                names[name] = _bounded_join(names[name])
+        _TEMPLATES[source] = template
     return _TEMPLATES[source]

@@ -26,6 +26,7 @@ from __future__ import annotations
 import ast
 import io
 import json
+import math
 import re
 import zipfile
 from typing import Any
@@ -310,6 +311,108 @@ def _check_expr(expr: Any, name: str) -> None:
         if (tok[0].isalpha() or tok[0] == "_") and tok not in _EXPR_NAMES and not _SYMBOL_NAME.fullmatch(tok):
             raise UnsafeProgram(f"{name}: symbolic shape expression uses {tok[:40]!r}; refusing it")
         pos = m.end()
+    _check_expr_size(expr, name)
+
+
+# sympy computes constant parts of an expression exactly (Integer(10)**Integer(10)**Integer(12) never ends),
+# so their size is bounded before torch hands the string to sympy.sympify
+_EXPR_BITS = 1024  # constants and constant results: shapes are int64, symbolic bounds a little more
+_EXPR_EXPONENT_BITS = 7  # constant exponents and shifts below 128, on symbols too (evaluated once shapes are known)
+_EXPR_DEPTH = 64
+_EXPR_POW = frozenset(["Pow", "PowByNatural", "FloatPow"])
+_EXPR_SHIFT = frozenset(["LShift"])
+_EXPR_PRODUCT = frozenset(["Mul"])
+_DIGITS_BITS = 3.33  # bits per decimal digit, rounded up
+
+
+def _check_expr_size(expr: str, name: str) -> None:
+    """Refuse, without computing them, constants and constant results beyond ``_EXPR_BITS`` bits (power
+    towers, long products, shifts), constant exponents of ``_EXPR_EXPONENT_BITS`` bits or more and nesting
+    beyond ``_EXPR_DEPTH``. Sizes are upper bounds in bits; a symbolic part has none (None)."""
+
+    def refuse(what: str) -> UnsafeProgram:
+        return UnsafeProgram(f"{name}: symbolic shape expression {expr[:60]!r} {what}; refusing it")
+
+    def bits(node: ast.AST, depth: int) -> float | None:
+        if depth > _EXPR_DEPTH:
+            raise refuse(f"is nested more than {_EXPR_DEPTH} deep")
+        b = _bits(node, depth + 1)
+        if b is not None and b > _EXPR_BITS:
+            raise refuse(f"computes numbers beyond {_EXPR_BITS} bits")
+        return b
+
+    def power(base: float | None, exponent: ast.AST, depth: int) -> float | None:
+        e = bits(exponent, depth)
+        if e is None:  # a symbolic exponent: sympy keeps it unevaluated
+            return None
+        if e > _EXPR_EXPONENT_BITS:
+            raise refuse(f"raises to or shifts by a constant beyond {2**_EXPR_EXPONENT_BITS - 1}")
+        return None if base is None else base * 2.0**e
+
+    def shift(left: ast.AST, right: ast.AST, depth: int) -> float | None:
+        b, s = bits(left, depth), power(1.0, right, depth)
+        return None if b is None or s is None else b + s
+
+    def combine(product: bool, children: list[ast.AST], depth: int) -> float | None:
+        sizes = [bits(c, depth) for c in children]
+        known = [b for b in sizes if b is not None]
+        total = sum(known) if product else max(known, default=0.0) + 1
+        if total > _EXPR_BITS:
+            raise refuse(f"computes numbers beyond {_EXPR_BITS} bits")
+        return total if len(known) == len(sizes) else None
+
+    def _bits(node: ast.AST, d: int) -> float | None:
+        if isinstance(node, ast.Constant):
+            return _literal_bits(node.value)
+        if isinstance(node, ast.Name):
+            return None
+        if isinstance(node, (ast.Expression, ast.UnaryOp)):
+            return bits(node.body if isinstance(node, ast.Expression) else node.operand, d)
+        if isinstance(node, ast.BinOp):
+            if isinstance(node.op, ast.Pow):
+                return power(bits(node.left, d), node.right, d)
+            if isinstance(node.op, ast.LShift):
+                return shift(node.left, node.right, d)
+            return combine(isinstance(node.op, ast.Mult), [node.left, node.right], d)
+        if isinstance(node, ast.Call):
+            fn = node.func.id if isinstance(node.func, ast.Name) else ""
+            for k in node.keywords:
+                bits(k.value, d)
+            if fn in _EXPR_POW and len(node.args) == 2:
+                return power(bits(node.args[0], d), node.args[1], d)
+            if fn in _EXPR_SHIFT and len(node.args) == 2:
+                return shift(node.args[0], node.args[1], d)
+            result = combine(fn in _EXPR_PRODUCT, node.args, d)
+            return None if fn == "Symbol" else result
+        for child in ast.iter_child_nodes(node):  # comparisons, boolean operators, tuples
+            bits(child, d)
+        return 0.0 if isinstance(node, (ast.Compare, ast.BoolOp)) else None
+
+    try:
+        bits(ast.parse(expr, mode="eval"), 0)
+    except (SyntaxError, ValueError, MemoryError):
+        raise refuse("is not a shape formula") from None
+    except RecursionError:
+        raise refuse("is nested too deep") from None
+
+
+def _literal_bits(value: Any) -> float:
+    """An upper bound of the bits of a literal: a number, or a string sympy reads as one ('1e400')."""
+    if isinstance(value, bool) or value is None:
+        return 0.0
+    if isinstance(value, int):
+        return float(abs(value).bit_length())
+    if isinstance(value, float):
+        return 0.0 if not math.isfinite(value) else float(abs(int(value)).bit_length())
+    if isinstance(value, str):
+        mantissa, _, exponent = value.lower().partition("e")
+        digits = sum(c.isdigit() for c in mantissa)
+        try:
+            scale = max(0, int(exponent)) if exponent else 0
+        except ValueError:
+            scale = 0
+        return (digits + scale) * _DIGITS_BITS
+    return 0.0
 
 
 def _check_treespec(spec: Any, name: str) -> None:

@@ -97,6 +97,21 @@ def sympy_expr(files: dict[str, bytes], marker: Path) -> None:
     _edit_json(files, "models/model.json", change)
 
 
+def set_expr(files: dict[str, bytes], expr: str) -> None:
+    """Every symbolic dimension of the graph becomes ``expr``."""
+    def change(doc):
+        for value in doc["graph_module"]["graph"]["tensor_values"].values():
+            for dim in value["sizes"]:
+                if "as_expr" in dim:
+                    dim["as_expr"]["expr_str"] = expr
+    _edit_json(files, "models/model.json", change)
+
+
+def power_tower(files: dict[str, bytes], marker: Path) -> None:
+    """A symbolic dimension inside the vocabulary whose value sympy would compute for ever."""
+    set_expr(files, "Integer(10)**Integer(10)**Integer(12)")
+
+
 def aotinductor(files: dict[str, bytes], marker: Path) -> None:
     """Compiled AOTInductor code (a shared library torch would dlopen)."""
     files["data/aotinductor/model/model.so"] = b"\x7fELF not really"
@@ -119,7 +134,8 @@ def foreign_call(files: dict[str, bytes], marker: Path) -> None:
 LIVE = {"pickled_weight": pickled_weight, "pickled_sample_inputs": pickled_sample_inputs,
         "opaque_constant": opaque_constant, "guards_code": guards_code, "sympy_expr": sympy_expr}
 # refused for what they are (no live payload built)
-STATIC = {"aotinductor": aotinductor, "legacy_weights": legacy_weights, "foreign_call": foreign_call}
+STATIC = {"power_tower": power_tower, "aotinductor": aotinductor, "legacy_weights": legacy_weights,
+          "foreign_call": foreign_call}
 ALL = {**LIVE, **STATIC}
 
 

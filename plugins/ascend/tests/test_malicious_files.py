@@ -240,3 +240,47 @@ def test_archive_tricks_are_refused(base_pt2, tmp_path, change, needle):
         data = buf.getvalue()
     with pytest.raises(pt2.UnsafeProgram, match=needle):
         pt2.sanitized(data, "p.pt2")
+
+
+EXPRESSION_BOMBS = {
+    "power-tower": "Integer(10)**Integer(10)**Integer(12)",
+    "power-tower-plain": "10**10**12",
+    "power-call": "Pow(Integer(2), Integer(100000000))",
+    "pow-by-natural": "PowByNatural(Integer(7), Integer(99999999))",
+    "huge-exponent-on-a-symbol": "Symbol('s77', positive=True, integer=True)**Integer(10)**Integer(12)",
+    "long-product": "Mul(" + ", ".join(["Integer(1000000000000000000)"] * 80) + ")",
+    "huge-literal": "Integer(" + "9" * 400 + ")",
+    "huge-string-literal": "Integer('1e99999999')",
+    "shift": "LShift(Integer(1), Integer(100000000))",
+    "shift-operator": "1 << 100000000",
+    "deep-nesting": "Add(" * 100 + "1" + ")" * 100,
+}
+
+
+@pytest.mark.parametrize("expr", EXPRESSION_BOMBS.values(), ids=EXPRESSION_BOMBS.keys())
+def test_symbolic_shapes_that_sympy_would_compute_for_ever_are_refused(base_pt2, tmp_path, expr):
+    """Each expression uses only the shape vocabulary; sympify would hang or fill memory computing it."""
+    import time
+
+    from edgeinfer_ascend import pt2
+
+    files = evil_pt2.members(base_pt2)
+    evil_pt2.set_expr(files, expr)
+    data = evil_pt2.write(tmp_path / "p.pt2", files).read_bytes()
+    start = time.monotonic()
+    with pytest.raises(pt2.UnsafeProgram, match="symbolic shape expression"):
+        pt2.sanitized(data, "p.pt2")
+    assert time.monotonic() - start < 5
+
+
+@pytest.mark.parametrize("expr", ["Symbol('s77', positive=True, integer=True)",
+                                  "Mul(Integer(2), Symbol('s77', positive=True, integer=True))",
+                                  "2**62", "Max(1, s77)", "FloorDiv(s77 + 3, 4)", "PowByNatural(s77, 2)",
+                                  "Piecewise((s77, Eq(s77, 1)), (1, True))"])
+def test_ordinary_shape_expressions_pass_the_bound(base_pt2, tmp_path, expr):
+    from edgeinfer_ascend import pt2
+
+    files = evil_pt2.members(base_pt2)
+    evil_pt2.set_expr(files, expr)
+    clean = pt2.sanitized(evil_pt2.write(tmp_path / "p.pt2", files).read_bytes(), "p.pt2")
+    assert expr in clean.decode("latin-1")
