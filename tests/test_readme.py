@@ -139,12 +139,12 @@ def _serve_answers(serve: str, cwd: Path, env: dict[str, str]) -> None:
         deadline = time.monotonic() + 180
         while True:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=5) as r:
                     assert r.status == 200
                     break
             except OSError:
                 assert server.poll() is None, server.communicate()[1][-2000:]
-                assert time.monotonic() < deadline, "serve did not answer /health in 180 s"
+                assert time.monotonic() < deadline, "serve was not ready (GET /ready) in 180 s"
                 time.sleep(1)
         data = _post(port, "/v1/embeddings", {"model": "minilm-ov", "input": ["the same command on every bundle"]})
         assert len(data["data"]) == 1 and len(data["data"][0]["embedding"]) == 384  # all-MiniLM-L6-v2's width
