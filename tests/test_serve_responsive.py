@@ -18,6 +18,7 @@ from edgeinfer.testing.serve import (
     HealthProbe,
     ServerProc,
     largest_embeddings_body,
+    largest_generation_bodies,
     log_bundle,
     minilm_bundle,
     slow_bundle,
@@ -97,22 +98,6 @@ def test_health_p99_stays_under_50ms_while_the_largest_request_is_worked_on(ort_
             if p99 < 0.050 + noise_p99:
                 return
     raise AssertionError("; ".join(reports))
-
-
-def largest_generation_bodies(limit: int = 8 * 1024 * 1024) -> dict[str, tuple[str, bytes]]:
-    """The largest chat and completion bodies the default body limit allows: one long message / prompt
-    filling it, and (chat) as many messages as a request may hold (MAX_MESSAGES), filling it together."""
-    from edgeinfer.serve.llm_schemas import MAX_MESSAGES
-
-    text = "word " * ((limit - 1024) // 5)
-    part = "word " * (((limit - 1024) // MAX_MESSAGES - len(json.dumps({"role": "user", "content": ""}) + ", ")) // 5)
-    bodies = {"chat-one-message": ("/v1/chat/completions", {"messages": [{"role": "user", "content": text}]}),
-              "chat-many-messages": ("/v1/chat/completions",
-                                     {"messages": [{"role": "user", "content": part}] * MAX_MESSAGES}),
-              "completion": ("/v1/completions", {"prompt": text})}
-    out = {k: (path, json.dumps({"model": "tiny-qwen3", **b}).encode()) for k, (path, b) in bodies.items()}
-    assert all(limit - 64 * 1024 < len(b) <= limit for _, b in out.values()), [len(b) for _, b in out.values()]
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -114,6 +114,25 @@ def largest_embeddings_body(max_body_bytes: int = 8 * 1024 * 1024, max_inputs: i
     return body
 
 
+def largest_generation_bodies(limit: int = 8 * 1024 * 1024,
+                              model: str = "tiny-qwen3") -> dict[str, tuple[str, bytes]]:
+    """The largest chat and completion bodies the default body limit allows: one long message / prompt
+    filling it, and (chat) as many messages as a request may hold (MAX_MESSAGES), filling it together."""
+    import json
+
+    from edgeinfer.serve.llm_schemas import MAX_MESSAGES
+
+    text = "word " * ((limit - 1024) // 5)
+    part = "word " * (((limit - 1024) // MAX_MESSAGES - len(json.dumps({"role": "user", "content": ""}) + ", ")) // 5)
+    bodies = {"chat-one-message": ("/v1/chat/completions", {"messages": [{"role": "user", "content": text}]}),
+              "chat-many-messages": ("/v1/chat/completions",
+                                     {"messages": [{"role": "user", "content": part}] * MAX_MESSAGES}),
+              "completion": ("/v1/completions", {"prompt": text})}
+    out = {k: (path, json.dumps({"model": model, **b}).encode()) for k, (path, b) in bodies.items()}
+    assert all(limit - 64 * 1024 < len(b) <= limit for _, b in out.values()), [len(b) for _, b in out.values()]
+    return out
+
+
 def log_bundle(out: Path) -> Path:
     """An onnxruntime bundle of ``y = log(x)`` (x float32 [batch, n]): negative inputs give NaN outputs, 0 gives
     -Inf — a real model producing non-numbers, for checking how the server answers them."""
