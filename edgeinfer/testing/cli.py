@@ -7,6 +7,8 @@ in the test process) still needs ``python -m edgeinfer.cli`` in a subprocess.
 
 from __future__ import annotations
 
+import logging
+import os
 import subprocess
 import sys
 import warnings
@@ -18,21 +20,28 @@ def run_cli(capfd: Any, *args: str) -> subprocess.CompletedProcess:
 
     ``capfd`` is pytest's fixture: output is read at the file descriptors, so what a library writes there
     still shows. Python warnings are filtered and printed on stderr as in a fresh interpreter under ``main``
-    (pytest would otherwise collect them out of sight), and the filters the command sets are undone after.
+    (pytest would otherwise collect them out of sight); the warning filters, environment variables and
+    logger levels the command sets for its process are undone after.
     """
     from edgeinfer import cli
+    from edgeinfer.contract.names import NOISY_LOGGERS
 
     cli._attach_optional_commands()
     capfd.readouterr()
-    formatwarning = warnings.formatwarning
+    formatwarning, environ = warnings.formatwarning, dict(os.environ)
+    levels = {name: logging.getLogger(name).level for name in NOISY_LOGGERS}
     with warnings.catch_warnings():
         _fresh_interpreter_filters()
         warnings.showwarning = _to_stderr
         warnings.formatwarning = cli._one_line_warning
         try:
             code = cli.invoke(list(args))
-        finally:
+        finally:  # what the command set for its process (quiet_third_party) does not outlive it here
             warnings.formatwarning = formatwarning
+            os.environ.clear()
+            os.environ.update(environ)
+            for name, level in levels.items():
+                logging.getLogger(name).setLevel(level)
     out, err = capfd.readouterr()
     return subprocess.CompletedProcess(["edgeinfer", *args], code, out, err)
 
