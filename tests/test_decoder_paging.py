@@ -12,11 +12,12 @@ import json
 import numpy as np
 import pytest
 import yaml
-from helpers import HEAVY, edgeinfer, imported_modules
+from helpers import HEAVY, imported_modules
 
 from edgeinfer.errors import InputError
 from edgeinfer.planning.boards import boards_dirs
 from edgeinfer.planning.decoder_paging import PagedDecoderPlan, plan_paged_decoder
+from edgeinfer.testing.cli import run_cli
 from edgeinfer.testing.llm import model_dir
 
 GB = 1e9
@@ -155,8 +156,8 @@ def test_bad_arguments_are_input_errors(kw, needle):
         plan_paged_decoder(TINY, "rk3588-8g", **args)
 
 
-def test_cli_plan_paging_prints_the_cost_and_matches_the_api():
-    proc = edgeinfer("plan", TINY, "--board", "rk3588-8g", "--quant", "fp16", "--ctx", "64", "--paging", "2",
+def test_cli_plan_paging_prints_the_cost_and_matches_the_api(capfd):
+    proc = run_cli(capfd, "plan", TINY, "--board", "rk3588-8g", "--quant", "fp16", "--ctx", "64", "--paging", "2",
                      "--segments", "4", "--json")
     assert proc.returncode == 0, proc.stderr
     d = json.loads(proc.stdout)
@@ -168,12 +169,12 @@ def test_cli_plan_paging_prints_the_cost_and_matches_the_api():
     assert pg["paged_cost_pct"] == pytest.approx(api.paged_cost_pct)
     # weights in memory: the resident window + the host's fp16 embedding table
     assert d["memory"]["breakdown"]["weights"] == api.resident_bytes + 3072 * 256 * 2
-    text = edgeinfer("plan", TINY, "--board", "rk3588-8g", "--quant", "fp16", "--paging", "2", "--segments", "4")
+    text = run_cli(capfd, "plan", TINY, "--board", "rk3588-8g", "--quant", "fp16", "--paging", "2", "--segments", "4")
     assert text.returncode == 0 and "paging costs" in text.stdout
 
 
-def test_cli_plan_paging_refuses_the_vendor_runtime():
-    proc = edgeinfer("plan", "Qwen/Qwen3-8B", "--board", "rk3588-8g", "--runtime", "rkllm", "--paging", "4")
+def test_cli_plan_paging_refuses_the_vendor_runtime(capfd):
+    proc = run_cli(capfd, "plan", "Qwen/Qwen3-8B", "--board", "rk3588-8g", "--runtime", "rkllm", "--paging", "4")
     assert proc.returncode == 2 and "rkllm runs whole models" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
 

@@ -3,6 +3,7 @@ calling transformers' own ``generate`` on the same model."""
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import pytest
 
 import edgeinfer
 from edgeinfer.errors import InputError
+from edgeinfer.testing.cli import run_cli
 
 PROMPTS = ("The licence grants", "Permission is hereby granted", "def main():")
 N_TOKENS = 32
@@ -125,13 +127,14 @@ def test_prompt_plus_new_tokens_over_the_context_is_an_input_error(llm_dir):
 # --- the command line -----------------------------------------------------------------------------
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "edgeinfer.cli", *args], capture_output=True, text=True,
-                          timeout=300)
+@pytest.fixture
+def cli(capfd):
+    """``edgeinfer ARGS`` in this process (edgeinfer.testing.cli.run_cli): no interpreter start-up per call."""
+    return functools.partial(run_cli, capfd)
 
 
-def test_generate_json_reports_text_ids_and_metrics(llm_dir, hf_greedy):
-    p = _cli("generate", str(llm_dir), "--prompt", PROMPTS[0], "--max-new-tokens", "16", "--json")
+def test_generate_json_reports_text_ids_and_metrics(llm_dir, hf_greedy, cli):
+    p = cli("generate", str(llm_dir), "--prompt", PROMPTS[0], "--max-new-tokens", "16", "--json")
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
     assert out["token_ids"] == hf_greedy(PROMPTS[0], n=16)[: len(out["token_ids"])]
@@ -151,23 +154,23 @@ def test_generate_json_reports_text_ids_and_metrics(llm_dir, hf_greedy):
         (["--prompt", "x", "--backend", "example"], "does not run decoder"),  # the tensors-only example plugin
     ],
 )
-def test_generate_bad_input_is_one_line_exit_2(llm_dir, args, needle):
-    p = _cli("generate", str(llm_dir), *args)
+def test_generate_bad_input_is_one_line_exit_2(llm_dir, args, needle, cli):
+    p = cli("generate", str(llm_dir), *args)
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert p.returncode == 2, p.stderr
     assert needle in lines[-1] and lines[-1].startswith("error:")
     assert "Traceback" not in p.stderr and p.stdout == ""
 
 
-def test_generate_refuses_models_that_are_not_language_models(tmp_path):
+def test_generate_refuses_models_that_are_not_language_models(tmp_path, cli):
     from edgeinfer.testing.minilm import model_dir
 
     for target in (model_dir(), tmp_path):
-        p = _cli("generate", str(target), "--prompt", "hi")
+        p = cli("generate", str(target), "--prompt", "hi")
         assert p.returncode == 2 and "not a decoder" in p.stderr and "Traceback" not in p.stderr
 
 
-def test_chat_flag_without_a_template_is_one_line_exit_2(llm_dir, tmp_path):
+def test_chat_flag_without_a_template_is_one_line_exit_2(llm_dir, tmp_path, cli):
     import shutil
 
     bare = tmp_path / "bare"
@@ -176,19 +179,20 @@ def test_chat_flag_without_a_template_is_one_line_exit_2(llm_dir, tmp_path):
     cfg.pop("chat_template", None)
     (bare / "tokenizer_config.json").write_text(json.dumps(cfg))
     (bare / "chat_template.jinja").unlink(missing_ok=True)
-    p = _cli("generate", str(bare), "--prompt", "hi", "--chat")
+    p = cli("generate", str(bare), "--prompt", "hi", "--chat")
     assert p.returncode == 2 and "no chat template" in p.stderr and "Traceback" not in p.stderr
 
 
-def test_the_generation_doc_example_runs(tmp_path):
-    """docs/generation.md's Python block, as written."""
+def test_the_generation_doc_example_runs(tmp_path, monkeypatch, capfd):
+    """docs/generation.md's Python block, as written (executed in a fresh namespace, in-process)."""
     import re
 
     doc = (Path(__file__).resolve().parents[1] / "docs" / "generation.md").read_text()
     block = re.search(r"```python\n(.*?)```", doc, re.S).group(1)
-    p = subprocess.run([sys.executable, "-c", block], capture_output=True, text=True, cwd=tmp_path, timeout=300)
-    assert p.returncode == 0, p.stderr[-2000:]
-    assert p.stdout.strip()
+    monkeypatch.chdir(tmp_path)
+    exec(compile(block, "docs/generation.md", "exec"), {"__name__": "__main__"})
+    out, _ = capfd.readouterr()
+    assert out.strip()
 
 
 @pytest.mark.parametrize("encoding", ["utf-8:surrogateescape", "utf-8:strict"])
@@ -207,7 +211,7 @@ def test_chat_with_bytes_that_are_not_utf8_on_stdin_is_one_line_exit_2(llm_dir, 
     assert "Traceback" not in err and "internal error" not in err
 
 
-def test_a_template_bomb_is_one_line_exit_2_not_a_hang(llm_dir, tmp_path):
+def test_a_template_bomb_is_one_line_exit_2_not_a_hang(llm_dir, tmp_path, cli):
     """A chat template of nested range loops (10**10 iterations) stops at the render bounds."""
     import shutil
 
@@ -215,7 +219,7 @@ def test_a_template_bomb_is_one_line_exit_2_not_a_hang(llm_dir, tmp_path):
     shutil.copytree(llm_dir, bomb)
     (bomb / "chat_template.jinja").write_text(
         "{% for a in range(100000) %}{% for b in range(100000) %}x{% endfor %}{% endfor %}")
-    p = _cli("generate", str(bomb), "--prompt", "hi", "--chat", "--max-new-tokens", "2")
+    p = cli("generate", str(bomb), "--prompt", "hi", "--chat", "--max-new-tokens", "2")
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert p.returncode == 2, p.stderr
     assert lines[-1].startswith("error:") and "chat template of" in lines[-1] and str(bomb) in lines[-1]

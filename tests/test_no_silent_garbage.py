@@ -10,6 +10,7 @@ config and the loaded artifact. A stream that SIGTERM cuts off ends with an erro
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import shutil
@@ -22,10 +23,10 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from helpers import edgeinfer as cli
 
 import edgeinfer
 from edgeinfer.errors import CheckFailed, InputError, ModelError
+from edgeinfer.testing.cli import run_cli
 from edgeinfer.testing.llm import model_dir
 from edgeinfer.testing.serve import ServerProc
 
@@ -41,6 +42,12 @@ def _reseal(bundle: Path) -> None:
 def _copy(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst)
     return dst
+
+
+@pytest.fixture
+def cli(capfd):
+    """``edgeinfer ARGS`` in this process (edgeinfer.testing.cli.run_cli): no interpreter start-up per call."""
+    return functools.partial(run_cli, capfd)
 
 
 def _one_error_line(proc, code: int) -> str:
@@ -82,14 +89,14 @@ def test_the_nan_bundle_is_sealed_and_really_gives_nan_logits(nan_bundle):
 
 
 @pytest.mark.parametrize("sampling", [["--temperature", "0"], ["--temperature", "0.8", "--seed", "3"]])
-def test_generate_on_a_nan_bundle_exits_1_in_one_line_naming_the_model(nan_bundle, sampling):
+def test_generate_on_a_nan_bundle_exits_1_in_one_line_naming_the_model(nan_bundle, sampling, cli):
     proc = cli("generate", str(nan_bundle), "--prompt", "The licence grants", "--max-new-tokens", "8", *sampling)
     line = _one_error_line(proc, 1)
     assert f"model {NAN_NAME}" in line and "NaN/Inf logits" in line and "edgeinfer golden" in line
     assert proc.stdout.strip() == ""
 
 
-def test_golden_on_a_nan_bundle_reports_non_finite_logits_per_prompt(nan_bundle):
+def test_golden_on_a_nan_bundle_reports_non_finite_logits_per_prompt(nan_bundle, cli):
     """The decoder golden check records the NaN logits (it does not stop at the first) and judges them."""
     proc = cli("golden", str(nan_bundle), "--json")
     assert proc.returncode == 1, proc.stderr[-2000:]
@@ -177,7 +184,7 @@ def test_the_openai_client_raises_on_a_nan_stream(server):
 
 
 @pytest.mark.parametrize("where", ["relative", "absolute"])
-def test_genai_config_filename_outside_the_artifact_is_refused(tiny_qwen3_host_bundle, tmp_path, where):
+def test_genai_config_filename_outside_the_artifact_is_refused(tiny_qwen3_host_bundle, tmp_path, where, cli):
     """A working graph (with its weights) lies outside the bundle; genai_config.json names it, and the bundle
     is re-sealed: without the check, onnxruntime would load and run it."""
     bundle = _copy(tiny_qwen3_host_bundle, tmp_path / "b")
@@ -253,7 +260,7 @@ def test_a_manifest_or_artifact_config_that_disagrees_with_the_model_fails_at_lo
 
 
 def test_a_manifest_agreeing_with_its_config_but_not_with_the_artifact_is_refused(tiny_qwen3_host_bundle,
-                                                                                   tmp_path):
+                                                                                   tmp_path, cli):
     """vocab_size 10 in the manifest, its logits width and the bundled config.json: only the loaded artifact
     (3072) still tells; in one line, exit 2."""
     bundle = _copy(tiny_qwen3_host_bundle, tmp_path / "b")

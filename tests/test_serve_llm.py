@@ -5,11 +5,10 @@ streams each equal their solo run, admission (429, 400), disconnects, a killed w
 from __future__ import annotations
 
 import concurrent.futures as cf
+import functools
 import json
 import re
 import signal
-import subprocess
-import sys
 import threading
 import time
 
@@ -17,6 +16,7 @@ import httpx
 import numpy as np
 import pytest
 
+from edgeinfer.testing.cli import run_cli
 from edgeinfer.testing.llm import model_dir
 from edgeinfer.testing.serve import ServerProc
 
@@ -151,11 +151,16 @@ def test_a_decoder_only_server_reports_no_embedding_worker_and_names_its_endpoin
     assert "served on /v1/chat/completions and /v1/completions, not on /v1/embeddings" in r.json()["error"]["message"]
 
 
-def test_streamed_chat_equals_edgeinfer_generate(server):
+@pytest.fixture
+def cli(capfd):
+    """``edgeinfer ARGS`` in this process (edgeinfer.testing.cli.run_cli): no interpreter start-up per call."""
+    return functools.partial(run_cli, capfd)
+
+
+def test_streamed_chat_equals_edgeinfer_generate(server, cli):
     prompt = "Tell me about rivers"
-    out = subprocess.run([sys.executable, "-m", "edgeinfer.cli", "generate", str(model_dir()), "--prompt", prompt,
-                          "--chat", "--max-new-tokens", "24", "--ctx", str(CTX), "--json"],
-                         capture_output=True, text=True, timeout=300)
+    out = cli("generate", str(model_dir()), "--prompt", prompt, "--chat", "--max-new-tokens", "24", "--ctx", str(CTX),
+              "--json")
     assert out.returncode == 0, out.stderr
     expected = json.loads(out.stdout)["text"]
     c = client(server)

@@ -50,6 +50,15 @@ def server(ort_bundle, tmp_path_factory):
         assert server.terminate() == 0
 
 
+@pytest.fixture(scope="module")
+def idle_server(tmp_path_factory):
+    """A server nobody sends work to: its /health latency over the same seconds is the machine's own noise.
+    One for the module; the responsiveness tests only read its /health."""
+    d = tmp_path_factory.mktemp("serve-idle")
+    with ServerProc([log_bundle(d / "log-model")], log=d / "idle.log") as idle:
+        yield idle
+
+
 def strict_json(text: str):
     """Parse as the JSON standard says: NaN and Infinity are not JSON."""
     def refuse(name):
@@ -69,7 +78,7 @@ def metric(text: str, name: str, **labels: str) -> float:
 # --- responsiveness -----------------------------------------------------------------------------------
 
 
-def test_health_p99_stays_under_50ms_while_the_largest_request_is_worked_on(ort_bundle, tmp_path):
+def test_health_p99_stays_under_50ms_while_the_largest_request_is_worked_on(ort_bundle, idle_server, tmp_path):
     """The largest request the defaults allow (256 strings filling the 8 MB body) is parsed, tokenized and
     encoded off the event loop: /health, polled every 10 ms meanwhile, answers within 50 ms at p99 (the
     issue's bound) — beyond what an idle server on the same machine takes over the same seconds, which is
@@ -77,26 +86,25 @@ def test_health_p99_stays_under_50ms_while_the_largest_request_is_worked_on(ort_
     busy server's p99 was over 4 s."""
     body = largest_embeddings_body()
     reports = []
-    with ServerProc([log_bundle(tmp_path / "log-model")], log=tmp_path / "idle.log") as idle_server:
-        for attempt in range(2):  # a second try only when other jobs on the machine disturbed the first
-            with ServerProc([ort_bundle], "--timeout-s", "600", log=tmp_path / f"busy{attempt}.log") as server, \
-                    HealthProbe(server.url) as probe, HealthProbe(idle_server.url) as control:
-                time.sleep(0.5)
-                start = time.perf_counter()
-                r = httpx.post(server.url + "/v1/embeddings", content=body,
-                               headers={"content-type": "application/json"}, timeout=T)
-                end = time.perf_counter()
-            assert r.status_code == 200, r.text[:500]
-            assert len(r.json()["data"]) == 256
-            during, noise = np.array(probe.between(start, end)), np.array(control.between(start, end))
-            assert len(during) >= 50, (len(during), end - start)
-            p99, noise_p99 = float(np.percentile(during, 99)), float(np.percentile(noise, 99))
-            reports.append(f"/health p99 {p99 * 1e3:.1f} ms (p50 {np.percentile(during, 50) * 1e3:.1f}, max "
-                           f"{during.max() * 1e3:.1f}) over {len(during)} samples in {end - start:.1f} s; "
-                           f"idle server meanwhile p99 {noise_p99 * 1e3:.1f} ms")
-            print(reports[-1])
-            if p99 < 0.050 + noise_p99:
-                return
+    for attempt in range(2):  # a second try only when other jobs on the machine disturbed the first
+        with ServerProc([ort_bundle], "--timeout-s", "600", log=tmp_path / f"busy{attempt}.log") as server, \
+                HealthProbe(server.url) as probe, HealthProbe(idle_server.url) as control:
+            time.sleep(0.5)
+            start = time.perf_counter()
+            r = httpx.post(server.url + "/v1/embeddings", content=body,
+                           headers={"content-type": "application/json"}, timeout=T)
+            end = time.perf_counter()
+        assert r.status_code == 200, r.text[:500]
+        assert len(r.json()["data"]) == 256
+        during, noise = np.array(probe.between(start, end)), np.array(control.between(start, end))
+        assert len(during) >= 50, (len(during), end - start)
+        p99, noise_p99 = float(np.percentile(during, 99)), float(np.percentile(noise, 99))
+        reports.append(f"/health p99 {p99 * 1e3:.1f} ms (p50 {np.percentile(during, 50) * 1e3:.1f}, max "
+                       f"{during.max() * 1e3:.1f}) over {len(during)} samples in {end - start:.1f} s; "
+                       f"idle server meanwhile p99 {noise_p99 * 1e3:.1f} ms")
+        print(reports[-1])
+        if p99 < 0.050 + noise_p99:
+            return
     raise AssertionError("; ".join(reports))
 
 
@@ -114,7 +122,8 @@ def bomb_llm(tmp_path_factory):
     return bomb
 
 
-def test_health_p99_stays_under_50ms_while_the_largest_chat_and_completion_bodies_are_worked_on(bomb_llm, tmp_path):
+def test_health_p99_stays_under_50ms_while_the_largest_chat_and_completion_bodies_are_worked_on(bomb_llm, idle_server,
+                                                                                                 tmp_path):
     """The largest chat and completion bodies (8 MB), prompts at the characters-vs-context bound (tokenized,
     then refused for their token count) and a chat template bomb are all read, templated and tokenized in
     the helper processes: /health, polled every 10 ms meanwhile from a second client, answers within 50 ms
@@ -124,8 +133,7 @@ def test_health_p99_stays_under_50ms_while_the_largest_chat_and_completion_bodie
 
     bodies = largest_generation_bodies()
     reports = []
-    with ServerProc([log_bundle(tmp_path / "log-model")], log=tmp_path / "idle.log") as idle_server, \
-            ServerProc([model_dir(), bomb_llm], "--threads", "1", log=tmp_path / "busy.log") as server:
+    with ServerProc([model_dir(), bomb_llm], "--threads", "1", log=tmp_path / "busy.log") as server:
         models = {m["id"]: m for m in httpx.get(server.url + "/v1/models").json()["data"]}
         context = models["tiny-qwen3"]["context"]
         at_bound = "x" * (context * 60 * 2)  # tiny-qwen3's longest token is 60 bytes; the bound allows twice that

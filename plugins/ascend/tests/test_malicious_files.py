@@ -3,7 +3,8 @@
 Every crafted file would create a marker file if code from it ran (see evil_pt2.py). The first test
 shows the live payloads do fire against plain ``torch.export.load`` — so the others can fail — and
 the rest run ``edgeinfer run`` on them as a user would: exit 2, one line on stderr, no traceback,
-no marker, nothing written.
+no marker, nothing written (in-process through ``edgeinfer.cli.invoke``; the first case of each kind of
+file also as ``python -m edgeinfer.cli``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 import pytest
 
 from edgeinfer.testing import models
+from edgeinfer.testing.cli import run_cli
 
 sys.path.insert(0, str(Path(__file__).parent))
 import evil_pt2  # noqa: E402
@@ -37,10 +39,26 @@ def x_npy(tmp_path) -> Path:
     return p
 
 
-def _cli(*args: str, cwd: Path, cache: Path) -> subprocess.CompletedProcess:
+def _subprocess_cli(*args: str, cwd: Path, cache: Path) -> subprocess.CompletedProcess:
     env = {**__import__("os").environ, "EDGEINFER_CACHE_DIR": str(cache)}
     return subprocess.run([sys.executable, "-m", "edgeinfer.cli", *args], capture_output=True, text=True,
                           cwd=cwd, env=env, timeout=300)
+
+
+@pytest.fixture
+def cli(monkeypatch, capfd):
+    """``edgeinfer ARGS`` in this process (edgeinfer.testing.cli.run_cli): no interpreter start-up and torch
+    import per case. With ``fresh_process=True`` (the first case of each parametrized test) it runs
+    ``python -m edgeinfer.cli`` instead, so what shows only in a fresh interpreter is still caught."""
+
+    def run(*args: str, cwd: Path, cache: Path, fresh_process: bool = False) -> subprocess.CompletedProcess:
+        if fresh_process:
+            return _subprocess_cli(*args, cwd=cwd, cache=cache)
+        monkeypatch.setenv("EDGEINFER_CACHE_DIR", str(cache))
+        monkeypatch.chdir(cwd)
+        return run_cli(capfd, *args)
+
+    return run
 
 
 def _files(root: Path) -> set[Path]:
@@ -76,13 +94,13 @@ def test_live_payloads_fire_against_plain_torch(base_pt2, tmp_path):
 
 
 @pytest.mark.parametrize("kind", list(evil_pt2.ALL))
-def test_crafted_pt2_is_refused_by_run(base_pt2, x_npy, tmp_path, kind):
+def test_crafted_pt2_is_refused_by_run(base_pt2, x_npy, tmp_path, kind, cli):
     marker = tmp_path / "MARKER"
     evil = evil_pt2.craft(base_pt2, kind, tmp_path / "evil.pt2", marker)
     cache = tmp_path / "cache"
     before = _files(tmp_path)
-    line = _refused(_cli("run", str(evil), "--backend", "ascend", "-i", f"x={x_npy}", cwd=tmp_path, cache=cache),
-                    marker)
+    line = _refused(cli("run", str(evil), "--backend", "ascend", "-i", f"x={x_npy}", cwd=tmp_path, cache=cache,
+                        fresh_process=kind == list(evil_pt2.ALL)[0]), marker)
     assert "evil.pt2" in line
     assert _files(tmp_path) == before  # no cache entry, no output, nothing left behind
 
@@ -98,18 +116,19 @@ def _ascend_artifact(program: bytes, out: Path) -> Path:
 
 
 @pytest.mark.parametrize("kind", ["pickled_sample_inputs", "guards_code", "pickled_weight"])
-def test_ascend_artifact_holding_a_crafted_program_is_refused(base_pt2, x_npy, tmp_path, kind):
+def test_ascend_artifact_holding_a_crafted_program_is_refused(base_pt2, x_npy, tmp_path, kind, cli):
     marker = tmp_path / "MARKER"
     evil = evil_pt2.craft(base_pt2, kind, tmp_path / "evil.pt2", marker)
     art = _ascend_artifact(evil.read_bytes(), tmp_path / "evil.ascend")
     before = _files(tmp_path)
-    line = _refused(_cli("run", str(art), "-i", f"x={x_npy}", cwd=tmp_path, cache=tmp_path / "cache"), marker)
+    line = _refused(cli("run", str(art), "-i", f"x={x_npy}", cwd=tmp_path, cache=tmp_path / "cache",
+                        fresh_process=kind == "pickled_sample_inputs"), marker)
     assert "program.pt2" in line
     assert _files(tmp_path) == before
 
 
 @pytest.mark.parametrize("kind", ["pickled_sample_inputs", "sympy_expr"])
-def test_bundle_holding_a_crafted_program_is_refused(base_pt2, x_npy, tmp_path, kind):
+def test_bundle_holding_a_crafted_program_is_refused(base_pt2, x_npy, tmp_path, kind, cli):
     from edgeinfer.contract import TensorSpec
     from edgeinfer.run.bundle import Manifest, write
 
@@ -123,7 +142,8 @@ def test_bundle_holding_a_crafted_program_is_refused(base_pt2, x_npy, tmp_path, 
                            inputs=[TensorSpec("x", ("batch", 16), "float32")],
                            outputs=[TensorSpec("output", ("batch", 8), "float32")], source={"name": "evil.pt2"}))
     before = _files(tmp_path)
-    _refused(_cli("run", str(bundle), "-i", f"x={x_npy}", cwd=tmp_path, cache=tmp_path / "cache"), marker)
+    _refused(cli("run", str(bundle), "-i", f"x={x_npy}", cwd=tmp_path, cache=tmp_path / "cache",
+                 fresh_process=kind == "pickled_sample_inputs"), marker)
     assert _files(tmp_path) == before
 
 
@@ -136,7 +156,7 @@ def _torch_save(obj) -> bytes:
 
 
 @pytest.mark.parametrize("container", ["torch_zip", "raw_pickle"])
-def test_weights_file_with_a_pickle_payload_is_refused(tmp_path, container):
+def test_weights_file_with_a_pickle_payload_is_refused(tmp_path, container, cli):
     import pickle
 
     marker = tmp_path / "MARKER"
@@ -149,8 +169,8 @@ def test_weights_file_with_a_pickle_payload_is_refused(tmp_path, container):
     ids = tmp_path / "ids.npy"
     np.save(ids, np.ones((1, 4), np.int64))
     before = _files(tmp_path)
-    line = _refused(_cli("run", str(hf), "--backend", "ascend", "-i", f"input_ids={ids}", cwd=tmp_path,
-                         cache=tmp_path / "cache"), marker)
+    line = _refused(cli("run", str(hf), "--backend", "ascend", "-i", f"input_ids={ids}", cwd=tmp_path,
+                        cache=tmp_path / "cache", fresh_process=container == "torch_zip"), marker)
     assert "pytorch_model.bin" in line
     assert _files(tmp_path) == before
 
@@ -194,18 +214,18 @@ def test_a_checked_program_still_runs_and_matches(base_pt2):
     torch.testing.assert_close(checked, trusted)
 
 
-def test_crafted_program_swapped_into_the_cache_is_not_loaded(base_pt2, x_npy, tmp_path):
+def test_crafted_program_swapped_into_the_cache_is_not_loaded(base_pt2, x_npy, tmp_path, cli):
     """A converted .pt2 is cached as an .ascend artifact; swapping in a crafted one is detected (seal) and
     the entry is converted again from the real source, so the payload never reaches torch."""
     marker = tmp_path / "MARKER"
     cache = tmp_path / "cache"
     run = ("run", str(base_pt2), "--backend", "ascend", "-i", f"x={x_npy}", "--json")
-    first = _cli(*run, cwd=tmp_path, cache=cache)
+    first = cli(*run, cwd=tmp_path, cache=cache)
     assert first.returncode == 0, first.stderr[-2000:]
     (cached,) = cache.rglob("*.ascend")
     evil = evil_pt2.craft(base_pt2, "pickled_sample_inputs", tmp_path / "evil.pt2", marker)
     _ascend_artifact(evil.read_bytes(), cached)
-    again = _cli(*run, cwd=tmp_path, cache=cache)
+    again = cli(*run, cwd=tmp_path, cache=cache)
     assert again.returncode == 0, again.stderr[-2000:]
     assert not marker.exists()
     with zipfile.ZipFile(cached) as z:

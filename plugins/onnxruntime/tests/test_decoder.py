@@ -107,17 +107,14 @@ def test_continuous_batching_on_onnxruntime_gives_each_sequence_its_solo_text():
     assert {1, 2, 3} <= set(batches)  # the batch grew as the sequences joined
 
 
-def test_a_model_whose_mlp_width_equals_its_vocabulary_is_refused_before_the_builder_runs(tmp_path):
+def test_a_model_whose_mlp_width_equals_its_vocabulary_is_refused_before_the_builder_runs(tmp_path, capfd):
     # onnxruntime-genai's builder would take the MLP's up/gate projection for the LM head (wrong logits)
-    import subprocess
-    import sys
-
     from edgeinfer.testing import llm
+    from edgeinfer.testing.cli import run_cli
 
     model = llm.random_qwen3(tmp_path / "clash", layers=1, hidden=64, heads=2, kv_heads=1,
                              intermediate=llm.VOCAB_SIZE, max_positions=256)
-    r = subprocess.run([sys.executable, "-m", "edgeinfer.cli", "deploy", str(model), "--board", "host",
-                        "-o", str(tmp_path / "bundle"), "--ctx", "64"], capture_output=True, text=True)
+    r = run_cli(capfd, "deploy", str(model), "--board", "host", "-o", str(tmp_path / "bundle"), "--ctx", "64")
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "intermediate_size equals vocab_size" in lines[0] and "Traceback" not in r.stderr

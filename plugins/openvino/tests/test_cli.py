@@ -2,9 +2,6 @@
 (exit 3 when a known device is absent), and a good run whose outputs match the reference."""
 
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import openvino as ov
@@ -12,13 +9,21 @@ import pytest
 
 import edgeinfer
 from edgeinfer.testing import models
+from edgeinfer.testing.cli import run_cli
 
 HAS_NPU = "NPU" in ov.Core().available_devices
 
 
-def edgeinfer_cli(*args, cache):
-    env = dict(os.environ, EDGEINFER_CACHE_DIR=str(cache))
-    return subprocess.run([sys.executable, "-m", "edgeinfer.cli", *args], capture_output=True, text=True, env=env)
+@pytest.fixture
+def edgeinfer_cli(monkeypatch, capfd):
+    """``edgeinfer ARGS`` in this process (edgeinfer.testing.cli.run_cli): no interpreter start-up and openvino
+    import per call."""
+
+    def run(*args, cache):
+        monkeypatch.setenv("EDGEINFER_CACHE_DIR", str(cache))
+        return run_cli(capfd, *args)
+
+    return run
 
 
 def one_line_error(proc, code=2):
@@ -38,7 +43,7 @@ def setup(tmp_path_factory):
     return root, m, ir
 
 
-def test_run_ir_on_cpu_writes_reference_outputs(setup, tmp_path):
+def test_run_ir_on_cpu_writes_reference_outputs(setup, tmp_path, edgeinfer_cli):
     root, m, ir = setup
     proc = edgeinfer_cli("run", str(ir), "--backend", "openvino", "--device", "CPU", "-i", f"x={root / 'x.npy'}",
                          "--out", str(tmp_path / "out"), "--json", cache=tmp_path / "cache")
@@ -48,7 +53,7 @@ def test_run_ir_on_cpu_writes_reference_outputs(setup, tmp_path):
     np.testing.assert_allclose(np.load(tmp_path / "out" / "y.npy"), m.reference(m.feeds)["y"], rtol=1e-4, atol=1e-4)
 
 
-def test_run_onnx_with_backend_openvino_converts_then_runs(setup, tmp_path):
+def test_run_onnx_with_backend_openvino_converts_then_runs(setup, tmp_path, edgeinfer_cli):
     root, m, _ = setup
     proc = edgeinfer_cli("run", str(m.path), "--backend", "openvino", "-i", f"x={root / 'x.npy'}", "--json",
                          "--out", str(tmp_path / "out"), cache=tmp_path / "cache")
@@ -57,7 +62,7 @@ def test_run_onnx_with_backend_openvino_converts_then_runs(setup, tmp_path):
     np.testing.assert_allclose(np.load(tmp_path / "out" / "y.npy"), m.reference(m.feeds)["y"], rtol=1e-4, atol=1e-4)
 
 
-def test_unknown_device(setup, tmp_path):
+def test_unknown_device(setup, tmp_path, edgeinfer_cli):
     root, _, ir = setup
     line = one_line_error(edgeinfer_cli("run", str(ir), "--backend", "openvino", "--device", "FOO",
                                         "--input", f"x={root / 'x.npy'}", cache=tmp_path))
@@ -65,14 +70,14 @@ def test_unknown_device(setup, tmp_path):
 
 
 @pytest.mark.skipif(HAS_NPU, reason="this machine has an NPU")
-def test_absent_npu_is_exit_3_with_the_driver_fix(setup, tmp_path):
+def test_absent_npu_is_exit_3_with_the_driver_fix(setup, tmp_path, edgeinfer_cli):
     root, _, ir = setup
     line = one_line_error(edgeinfer_cli("run", str(ir), "--backend", "openvino", "--device", "NPU",
                                         "--input", f"x={root / 'x.npy'}", cache=tmp_path), code=3)
     assert "NPU is not available" in line and "linux-npu-driver" in line
 
 
-def test_corrupt_ir(setup, tmp_path):
+def test_corrupt_ir(setup, tmp_path, edgeinfer_cli):
     root = setup[0]
     bad = tmp_path / "bad.xml"
     bad.write_text("<?xml version='1.0'?><net name='x'><layers><layer")
@@ -82,7 +87,7 @@ def test_corrupt_ir(setup, tmp_path):
     assert "bad.xml is not a readable OpenVINO IR" in line
 
 
-def test_corrupt_onnx(setup, tmp_path):
+def test_corrupt_onnx(setup, tmp_path, edgeinfer_cli):
     root = setup[0]
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"\x08\x07 not an onnx protobuf at all")
@@ -91,7 +96,7 @@ def test_corrupt_onnx(setup, tmp_path):
     assert "bad.onnx is not a readable model" in line
 
 
-def test_deploy_int8_with_calibration_of_wrong_input_names(setup, tmp_path):
+def test_deploy_int8_with_calibration_of_wrong_input_names(setup, tmp_path, edgeinfer_cli):
     """`edgeinfer deploy ... --board core-ultra-155h` (a board served by this backend) with a calibration
     .npz whose key is not a model input: one line naming the bad input, exit 2, no bundle."""
     _, m, _ = setup

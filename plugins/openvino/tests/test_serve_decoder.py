@@ -10,18 +10,18 @@ the CPU: tests named ``npu_pipeline_on_cpu``) declares one slot and serves one s
 from __future__ import annotations
 
 import concurrent.futures as cf
+import functools
 import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 import warnings
 
 import httpx
 import pytest
 
+from edgeinfer.testing.cli import run_cli
 from edgeinfer.testing.serve import ServerProc
 
 openai = pytest.importorskip("openai")
@@ -77,11 +77,16 @@ def wait_for(cond, timeout: float = 60.0) -> None:
         time.sleep(0.02)
 
 
-def test_streamed_and_whole_chat_equal_edgeinfer_generate(server, tiny_qwen3_openvino_bundle):
+@pytest.fixture
+def cli(capfd):
+    """``edgeinfer ARGS`` in this process (edgeinfer.testing.cli.run_cli): no interpreter start-up per call."""
+    return functools.partial(run_cli, capfd)
+
+
+def test_streamed_and_whole_chat_equal_edgeinfer_generate(server, tiny_qwen3_openvino_bundle, cli):
     prompt = "Tell me about the licence"
-    out = subprocess.run([sys.executable, "-m", "edgeinfer.cli", "generate", str(tiny_qwen3_openvino_bundle),
-                          "--prompt", prompt, "--chat", "--max-new-tokens", "40", "--json"],
-                         capture_output=True, text=True, timeout=300)
+    out = cli("generate", str(tiny_qwen3_openvino_bundle), "--prompt", prompt, "--chat", "--max-new-tokens", "40",
+              "--json")
     assert out.returncode == 0, out.stderr
     expected = json.loads(out.stdout)
     assert expected["text"]

@@ -9,10 +9,9 @@ Each artifact is converted once per session.
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,6 +23,7 @@ from edgeinfer.run.generation import golden
 from edgeinfer.run.generation.generator import Generator
 from edgeinfer.run.generation.text import TextCodec
 from edgeinfer.testing import DecoderConformance
+from edgeinfer.testing.cli import run_cli
 from edgeinfer.testing.decoder_conformance import PROMPTS, reference_greedy
 from edgeinfer.testing.llm import model_dir
 
@@ -44,6 +44,14 @@ class TestRknnDecoders(DecoderConformance):
     # keys read back from the cache instead of computed in the same call: another fp16 summation order,
     # measured 0.0078 (4 fp16 ulps at |logit| < 4) on the test model
     chunked_prefill_atol = 2e-2
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def generator(cls, unpaged):
+        """The kit's decoder (the Hugging Face directory on the simulator at this class's context, no options)
+        is the module's ``unpaged`` one: every simulator load builds the model again (~8 s), so it loads once."""
+        assert (cls.device, cls.context, cls.load_options) == ("simulator", CTX, {})
+        return unpaged
 
 
 @pytest.fixture(scope="session")
@@ -74,6 +82,12 @@ def unpaged(rknn):
 @pytest.fixture(scope="session")
 def prompt_ids(unpaged) -> list[int]:
     return unpaged.prompt_ids(PROMPTS[0])
+
+
+@pytest.fixture(scope="session")
+def paged_reference(prompt_ids) -> list[int]:
+    """transformers' greedy tokens for the paged tests (the same for every window): computed once."""
+    return reference_greedy(model_dir(), prompt_ids, PAGED_TOKENS)
 
 
 def layer_params(c: dict) -> int:
@@ -112,9 +126,9 @@ def test_a_window_larger_than_the_segments_loads_everything_once(rknn, paged_art
 
 
 @pytest.mark.parametrize("window", [1, 2])
-def test_paged_decoder_gives_the_unpaged_tokens(rknn, paged_artifact, unpaged, prompt_ids, config, window):
+def test_paged_decoder_gives_the_unpaged_tokens(rknn, paged_artifact, unpaged, paged_reference, config, window):
     want = unpaged.generate(PROMPTS[0], max_new_tokens=PAGED_TOKENS).token_ids
-    assert want == reference_greedy(model_dir(), prompt_ids, PAGED_TOKENS)
+    assert want == paged_reference
     d = rknn.load_decoder(paged_artifact, device="simulator", context=CTX, window=window)
     with Generator(d, TextCodec(model_dir())) as g:
         got = g.generate(PROMPTS[0], max_new_tokens=PAGED_TOKENS).token_ids
@@ -158,10 +172,14 @@ def test_w4a16_is_refused_on_rk3588_with_what_it_supports(rknn, tmp_path):
     assert not (tmp_path / "d").exists()
 
 
-def test_w4a16_deploy_to_rk3588_exits_2(tmp_path):
-    cli = str(Path(sys.executable).parent / "edgeinfer")
-    r = subprocess.run([cli, "deploy", str(model_dir()), "--board", "rk3588-8g",
-                        "--quant", "w4a16", "-o", str(tmp_path / "b")], capture_output=True, text=True)
+@pytest.fixture
+def cli(capfd):
+    """``edgeinfer ARGS`` in this process (edgeinfer.testing.cli.run_cli): no interpreter start-up per call."""
+    return functools.partial(run_cli, capfd)
+
+
+def test_w4a16_deploy_to_rk3588_exits_2(tmp_path, cli):
+    r = cli("deploy", str(model_dir()), "--board", "rk3588-8g", "--quant", "w4a16", "-o", str(tmp_path / "b"))
     assert r.returncode == 2, r.stderr
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
@@ -174,19 +192,16 @@ def test_bad_conversion_options_are_input_errors(rknn, tmp_path, options, match)
 
 
 @pytest.mark.slow
-def test_deploy_of_the_test_llm_to_rk3588_writes_a_bundle_that_generates(tmp_path):
+def test_deploy_of_the_test_llm_to_rk3588_writes_a_bundle_that_generates(tmp_path, cli):
     """`edgeinfer deploy` end to end: plan, rknn fp16 conversion, golden check in the simulator, bundle."""
     from edgeinfer.planning.boards import get_board
 
     if "decoder" not in get_board("rk3588-8g").runtimes["rknn"].kinds:
         pytest.skip("boards/rk3588-8g.yaml lists no decoder kind for its rknn runtime (planner data)")
-    cli = str(Path(sys.executable).parent / "edgeinfer")
     out = tmp_path / "bundle"
-    r = subprocess.run([cli, "deploy", str(model_dir()), "--board", "rk3588-8g", "--ctx", str(CTX), "-o", str(out),
-                        "--json"], capture_output=True, text=True)
+    r = cli("deploy", str(model_dir()), "--board", "rk3588-8g", "--ctx", str(CTX), "-o", str(out), "--json")
     assert r.returncode == 0, r.stderr
-    g = subprocess.run([cli, "generate", str(out), "--prompt", PROMPTS[0], "--max-new-tokens", "8", "--json"],
-                       capture_output=True, text=True)
+    g = cli("generate", str(out), "--prompt", PROMPTS[0], "--max-new-tokens", "8", "--json")
     assert g.returncode == 0, g.stderr
     ids = TextCodec(model_dir()).encode(PROMPTS[0])
     assert json.loads(g.stdout)["token_ids"] == reference_greedy(model_dir(), ids, 8)

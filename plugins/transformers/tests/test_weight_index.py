@@ -3,14 +3,14 @@ it is, so an index naming ``../elsewhere/model.safetensors`` would load weights 
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from edgeinfer.testing.cli import run_cli
 from edgeinfer.testing.llm import model_dir
 
 
@@ -33,12 +33,17 @@ def _dir_with_index(tmp_path: Path, shard: str) -> Path:
     return model
 
 
+@pytest.fixture
+def cli(capfd):
+    """``edgeinfer ARGS`` in this process (edgeinfer.testing.cli.run_cli): no interpreter start-up per call."""
+    return functools.partial(run_cli, capfd)
+
+
 @pytest.mark.parametrize("shard", ["../outside/model.safetensors", "ABSOLUTE"])
-def test_a_weight_index_naming_a_shard_outside_the_directory_is_refused(tmp_path, shard):
+def test_a_weight_index_naming_a_shard_outside_the_directory_is_refused(tmp_path, shard, cli):
     shard = str(tmp_path / "outside" / "model.safetensors") if shard == "ABSOLUTE" else shard
     model = _dir_with_index(tmp_path, shard)
-    proc = subprocess.run([sys.executable, "-m", "edgeinfer.cli", "generate", str(model), "--prompt", "hi",
-                           "--max-new-tokens", "2"], capture_output=True, text=True)
+    proc = cli("generate", str(model), "--prompt", "hi", "--max-new-tokens", "2")
     assert proc.returncode == 2, proc.stderr[-2000:]
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
     assert len(errors) == 1 and "weight_map entry" in errors[0] and "Traceback" not in proc.stderr, proc.stderr

@@ -1,0 +1,59 @@
+"""The real CLI in the test's own process: ``edgeinfer ARGS`` without an interpreter start-up and a torch,
+openvino or toolkit import per call (about 1-6 s each on the 2-core CI machine).
+
+Behaviour of the process itself (signals, how stdin decodes, what start-up imports, code that must not run
+in the test process) still needs ``python -m edgeinfer.cli`` in a subprocess.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import warnings
+from typing import Any
+
+
+def run_cli(capfd: Any, *args: str) -> subprocess.CompletedProcess:
+    """``edgeinfer ARGS`` through ``edgeinfer.cli.invoke`` (what ``main`` runs), as a CompletedProcess.
+
+    ``capfd`` is pytest's fixture: output is read at the file descriptors, so what a library writes there
+    still shows. Python warnings are filtered and printed on stderr as in a fresh interpreter under ``main``
+    (pytest would otherwise collect them out of sight); the warning filters, environment variables and
+    logger levels the command sets for its process are undone after.
+    """
+    from edgeinfer import cli
+    from edgeinfer.contract.names import NOISY_LOGGERS
+
+    cli._attach_optional_commands()
+    capfd.readouterr()
+    formatwarning, environ = warnings.formatwarning, dict(os.environ)
+    levels = {name: logging.getLogger(name).level for name in NOISY_LOGGERS}
+    with warnings.catch_warnings():
+        _fresh_interpreter_filters()
+        warnings.showwarning = _to_stderr
+        warnings.formatwarning = cli._one_line_warning
+        try:
+            code = cli.invoke(list(args))
+        finally:  # what the command set for its process (quiet_third_party) does not outlive it here
+            warnings.formatwarning = formatwarning
+            os.environ.clear()
+            os.environ.update(environ)
+            for name, level in levels.items():
+                logging.getLogger(name).setLevel(level)
+    out, err = capfd.readouterr()
+    return subprocess.CompletedProcess(["edgeinfer", *args], code, out, err)
+
+
+def _fresh_interpreter_filters() -> None:
+    """The filters CPython starts with, without -W or PYTHONWARNINGS
+    (https://docs.python.org/3/library/warnings.html#default-warning-filter)."""
+    warnings.resetwarnings()
+    warnings.filterwarnings("default", category=DeprecationWarning, module="__main__")
+    for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+        warnings.filterwarnings("ignore", category=category, append=True)
+
+
+def _to_stderr(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
+    sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
