@@ -10,9 +10,8 @@ What runs how (README.md says the same):
   paragraph's variable assignments (``M=$(…)``) run once, before its chains, which see their values;
 - ``make dev`` and ``source .venv/bin/activate`` are skipped: this test's environment is that venv;
 - ``edgeinfer serve …`` starts in the background on a free port instead of 8000; the test waits
-  for ``/health`` to answer 200, one ``/v1/embeddings`` and one ``/v1/chat/completions`` request,
-  then stops it with SIGTERM
-  (exit 0);
+  for ``/ready`` to answer 200, one ``/v1/embeddings`` and one ``/v1/chat/completions`` request,
+  then stops it with SIGTERM (exit 0);
 - the Python block runs afterwards in the same directory, while serve loads its models;
 - of the first block (fresh venv + ``pip install .``), the ``edgeinfer plan`` command runs;
   the install itself is what tests/test_board_install.py does for the board-side install.
