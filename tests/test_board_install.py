@@ -1,9 +1,10 @@
 """Board-side install: the core plus the OpenVINO plugin with only its runtime runs a bundle.
 
-A fresh venv gets ``pip install '.[text]' ./plugins/openvino`` (wheels from the configured index or
-cache, no network needed beyond it), then runs a MiniLM bundle deployed by this (full) environment
-with ``edgeinfer run BUNDLE --text … --json`` and ``edgeinfer golden BUNDLE``. Every module the
-process imported is dumped at exit: no conversion-only package may be among them, nor installed.
+A fresh venv gets ``pip install '.[text]' ./plugins/openvino`` (this interpreter's pip, pointed at the
+venv with ``--python``; wheels from the configured index or cache, no network needed beyond it), then
+runs a MiniLM bundle deployed by this (full) environment with ``edgeinfer run BUNDLE --text … --json``
+and ``edgeinfer golden BUNDLE``. Every module the process imported is dumped at exit: no conversion-only
+package may be among them, nor installed.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import venv
 from pathlib import Path
 
@@ -32,10 +34,10 @@ runpy.run_module("edgeinfer.cli", run_name="__main__")
 @pytest.fixture(scope="module")
 def board_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("board") / "venv"
-    venv.EnvBuilder(with_pip=True).create(root)
+    venv.EnvBuilder(with_pip=False).create(root)  # no ensurepip: this interpreter's pip installs into it
     py = root / "bin" / "python"
     pkgs = [f"{ROOT}[text]", str(ROOT / "plugins" / "openvino")]  # README: pip install '.[text]' ./plugins/openvino
-    proc = subprocess.run([str(py), "-m", "pip", "install", "-q", *pkgs], capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(_pip(py, "install", "-q", *pkgs), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return py
 
@@ -51,9 +53,13 @@ def ov_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+def _pip(py: Path, *args: str) -> list[str]:
+    """pip acting on the environment of interpreter ``py`` (https://pip.pypa.io/en/stable/cli/pip/#cmdoption-python)."""
+    return [sys.executable, "-m", "pip", "--python", str(py), *args]
+
+
 def _installed(py: Path) -> set[str]:
-    proc = subprocess.run([str(py), "-m", "pip", "list", "--format=json"], capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(_pip(py, "list", "--format=json"), capture_output=True, text=True, timeout=120)
     return {p["name"].lower().replace("-", "_") for p in json.loads(proc.stdout)}
 
 

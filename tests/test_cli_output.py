@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -17,10 +18,11 @@ ROOT = Path(__file__).resolve().parents[1]
 NARROW = {"COLUMNS": "80", "LINES": "50"}
 
 
-def _board_names() -> list[str]:
+@functools.cache  # one CLI start for the module
+def _board_names() -> tuple[str, ...]:
     proc = edgeinfer("boards", "--json")
     assert proc.returncode == 0, proc.stderr
-    return [b["name"] for b in json.loads(proc.stdout)["boards"]]
+    return tuple(b["name"] for b in json.loads(proc.stdout)["boards"])
 
 
 def _first_cells(table: str) -> list[str]:

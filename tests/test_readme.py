@@ -1,15 +1,18 @@
 """The README runs as written: its Quickstart bash and Python blocks, executed line by line.
 
 What runs how (README.md says the same):
-- every Quickstart bash line runs in one bash script, in a temporary directory that links the
-  repository's ``examples/``, with this interpreter's venv first on PATH; each line must exit 0,
-  or 1 where its comment says "(exit 1: …)";
+- every Quickstart bash line runs, in a temporary directory that links the repository's
+  ``examples/``, with this interpreter's venv first on PATH; each line must exit 0, or 1 where its
+  comment says "(exit 1: …)";
+- lines run in order within chains, and chains run side by side (the RKNN simulator's rebuild alone
+  takes over a minute): each paragraph of the block is a chain, except that an ``edgeinfer deploy …
+  -o NAME`` line starts its own chain, joined by the paragraph's later lines that name NAME; a
+  paragraph's variable assignments (``M=$(…)``) run once, before its chains, which see their values;
 - ``make dev`` and ``source .venv/bin/activate`` are skipped: this test's environment is that venv;
 - ``edgeinfer serve …`` starts in the background on a free port instead of 8000; the test waits
-  for ``/health`` to answer 200, one ``/v1/embeddings`` and one ``/v1/chat/completions`` request,
-  then stops it with SIGTERM
-  (exit 0);
-- the Python block runs afterwards in the same directory;
+  for ``/ready`` to answer 200, one ``/v1/embeddings`` and one ``/v1/chat/completions`` request,
+  then stops it with SIGTERM (exit 0);
+- the Python block runs afterwards in the same directory, while serve loads its models;
 - of the first block (fresh venv + ``pip install .``), the ``edgeinfer plan`` command runs;
   the install itself is what tests/test_board_install.py does for the board-side install.
 Deploys reuse the user's conversion cache (~/.cache/edgeinfer), so only a first run converts.
@@ -26,6 +29,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -46,14 +51,35 @@ def _blocks(text: str, lang: str) -> list[str]:
     return re.findall(rf"```{lang}\n(.*?)```", text, flags=re.S)
 
 
-def quickstart() -> tuple[list[str], str]:
-    """(bash lines, python source) of the README's Quickstart."""
+def _paragraphs(block: str) -> list[list[tuple[int, str]]]:
+    """The block's paragraphs (split at blank lines), each a list of (line number, line); the numbers count
+    the block's command lines (comments and blank lines skipped), as error messages name them."""
+    paragraphs: list[list[tuple[int, str]]] = [[]]
+    n = 0
+    for ln in block.splitlines():
+        if not ln.strip():
+            paragraphs.append([])
+        elif not ln.lstrip().startswith("#"):
+            n += 1
+            paragraphs[-1].append((n, ln))
+    return [p for p in paragraphs if p]
+
+
+def quickstart_paragraphs() -> tuple[list[list[tuple[int, str]]], str]:
+    """(numbered paragraphs of the bash block, python source) of the README's Quickstart."""
     section = _section(README.read_text(encoding="utf-8"), "Quickstart")
     bash, python = _blocks(section, "bash"), _blocks(section, "python")
     assert len(bash) == 1 and len(python) == 1, "the Quickstart has one bash and one Python block"
-    lines = [ln for ln in bash[0].splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
-    assert not any(ln.rstrip().endswith("\\") for ln in lines), "keep Quickstart commands on one line each"
-    return lines, python[0]
+    paragraphs = _paragraphs(bash[0])
+    assert not any(ln.rstrip().endswith("\\") for p in paragraphs for _, ln in p), \
+        "keep Quickstart commands on one line each"
+    return paragraphs, python[0]
+
+
+def quickstart() -> tuple[list[str], str]:
+    """(bash lines, python source) of the README's Quickstart."""
+    paragraphs, python = quickstart_paragraphs()
+    return [ln for p in paragraphs for _, ln in p], python
 
 
 def _expected_code(line: str) -> int:
@@ -61,20 +87,77 @@ def _expected_code(line: str) -> int:
     return 1 if "exit 1:" in comment else 0  # "(exit 1: some do not fit)" marks an expected verdict
 
 
-def _script(lines: list[str]) -> tuple[str, str | None]:
-    """The bash script for every runnable line (each checked), and the serve line kept aside."""
-    out, serve = ["set -u"], None
-    for n, line in enumerate(lines, 1):
-        if line.startswith(SKIPPED):
-            continue
-        if line.startswith("edgeinfer serve "):
-            serve = line.partition(" # ")[0].strip()
-            continue
-        code = _expected_code(line)
-        out.append(line)
-        out.append(f'rc=$?; if [ $rc -ne {code} ]; then echo "Quickstart line {n} exited $rc, expected {code}" >&2; '
-                   'exit 100; fi')
-    return "\n".join(out) + "\n", serve
+def _checked(n: int, line: str) -> str:
+    code = _expected_code(line)
+    return (f'{line}\nrc=$?; if [ $rc -ne {code} ]; then echo "Quickstart line {n} exited $rc, expected {code}" >&2; '
+            'exit 100; fi')
+
+
+ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=")
+DEPLOY_OUT = re.compile(r"^edgeinfer deploy .* -o (\S+)")
+
+
+@dataclass
+class Paragraph:
+    """One paragraph's variable assignments (run once, first) and its chains (each run in order)."""
+
+    assignments: list[tuple[int, str]] = field(default_factory=list)
+    chains: list[list[tuple[int, str]]] = field(default_factory=list)
+
+    def prelude(self) -> str:
+        """The assignments, checked, then ``declare -p`` of their variables (bash that sets them again)."""
+        names = " ".join(ASSIGNMENT.match(ln).group(1) for _, ln in self.assignments)
+        return _script(self.assignments) + f"declare -p {names}\n"
+
+
+def _script(lines: list[tuple[int, str]], prefix: str = "") -> str:
+    """A bash script running ``lines`` in order, each checked for its expected exit code."""
+    return "\n".join(["set -u", prefix, *(_checked(n, ln) for n, ln in lines)]) + "\n"
+
+
+def _schedule(paragraphs: list[list[tuple[int, str]]]) -> tuple[list[Paragraph], str | None]:
+    """Each paragraph's assignments and chains (see the module docstring), and the serve line kept aside."""
+    out, serve = [], None
+    for lines in paragraphs:
+        par, main, by_bundle = Paragraph(), [], {}
+        for n, line in lines:
+            if line.startswith(SKIPPED):
+                continue
+            if line.startswith("edgeinfer serve "):
+                serve = line.partition(" # ")[0].strip()
+                continue
+            if ASSIGNMENT.match(line):
+                par.assignments.append((n, line))
+                continue
+            words = line.partition(" # ")[0].split()
+            deployed = DEPLOY_OUT.match(line.partition(" # ")[0])
+            users = [name for name in by_bundle if name in words]
+            if deployed:
+                by_bundle[deployed.group(1)] = [(n, line)]
+            elif users:
+                by_bundle[users[-1]].append((n, line))
+            else:
+                main.append((n, line))
+        par.chains = [c for c in [main, *by_bundle.values()] if c]
+        out.append(par)
+    return out, serve
+
+
+def _run_chains(paragraphs: list[Paragraph], cwd: Path, env: dict[str, str]) -> None:
+    """Every paragraph's prelude, then every chain, side by side; each failure is reported with its stderr."""
+
+    def bash(script: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", "-c", script], cwd=cwd, env=env, capture_output=True, text=True, timeout=1800)
+
+    workers = max(3, os.cpu_count() or 1)
+    with ThreadPoolExecutor(workers) as pool:
+        preludes = list(pool.map(lambda p: bash(p.prelude()) if p.assignments else None, paragraphs))
+        jobs = []
+        for par, pre in zip(paragraphs, preludes):
+            assert pre is None or pre.returncode == 0, pre.stderr[-3000:]
+            jobs += [pool.submit(bash, _script(chain, pre.stdout if pre else "")) for chain in par.chains]
+        failed = [j.result().stderr[-3000:] for j in jobs if j.result().returncode != 0]
+    assert not failed, "\n---\n".join(failed)
 
 
 def _env() -> dict[str, str]:
@@ -92,18 +175,29 @@ def _free_port() -> int:
 
 def test_the_quickstart_is_parsed_as_expected() -> None:
     lines, python = quickstart()
-    script, serve = _script(lines)
+    paragraphs, serve = _schedule(quickstart_paragraphs()[0])
     assert serve is not None and serve.startswith("edgeinfer serve minilm-ov tiny-qwen3-ov --port 8000")
-    assert "--quant int8 --calib examples/sentences.txt" in script
-    assert script.count("rc=$?") == len(lines) - len(SKIPPED) - 1
+    chains = [[ln for _, ln in chain] for par in paragraphs for chain in par.chains]
+    checked = [ln for par in paragraphs for _, ln in par.assignments] + [ln for chain in chains for ln in chain]
+    assert sorted(checked) == sorted(ln for ln in lines if not ln.startswith((*SKIPPED, "edgeinfer serve ")))
+    assert len(checked) == len(lines) - len(SKIPPED) - 1
+    assert any("--quant int8 --calib examples/sentences.txt" in ln for ln in checked)
+    # a bundle's users run after its deploy, in its chain; the calibrated board file's user after calibrate
+    for first, later in (("-o minilm-rk", "run minilm-rk"), ("-o minilm-ov ", "golden minilm-ov"),
+                         ("-o minilm-ov ", "bench minilm-ov"), ("-o tiny-qwen3-ov", "generate tiny-qwen3-ov"),
+                         ("calibrate ", "--board my-board.yaml"), ("m.path.rename('model.onnx')", "run model.onnx")):
+        (chain,) = [c for c in chains if any(first in ln for ln in c)]
+        (i,), (j,) = ([k for k, ln in enumerate(chain) if w in ln] for w in (first, later))
+        assert i < j, (first, later)
+    assert [p.prelude().splitlines()[-1] for p in paragraphs if p.assignments] == ["declare -p M", "declare -p L"]
     assert "edgeinfer.load(" in python and "edgeinfer.plan(" in python
     assert sum(1 for ln in (ROOT / "examples" / "sentences.txt").read_text().splitlines() if ln.strip()) == 100
 
 
 @pytest.mark.slow
 def test_the_readme_runs_as_written(tmp_path: Path) -> None:
-    lines, python = quickstart()
-    script, serve = _script(lines)
+    paragraphs, python = quickstart_paragraphs()
+    scheduled, serve = _schedule(paragraphs)
     (tmp_path / "examples").symlink_to(ROOT / "examples")
     env = _env()
 
@@ -113,9 +207,7 @@ def test_the_readme_runs_as_written(tmp_path: Path) -> None:
     first = subprocess.run(["bash", "-c", plan], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert first.returncode == 0, first.stderr
 
-    proc = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=1800)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    _run_chains(scheduled, tmp_path, env)
     for bundle in ("minilm-ov", "minilm-rk", "minilm-ascend", "minilm-ov-int8", "tiny-qwen3-ov"):
         assert (tmp_path / bundle / "manifest.json").is_file(), bundle
     x = np.load(tmp_path / "x.npy")
@@ -123,34 +215,15 @@ def test_the_readme_runs_as_written(tmp_path: Path) -> None:
     assert (tmp_path / "bench.png").stat().st_size > 1000
 
     (tmp_path / "snippet.py").write_text(python)
-    snippet = subprocess.run([sys.executable, "snippet.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                             timeout=300)
-    assert snippet.returncode == 0, snippet.stderr
-    assert snippet.stdout.splitlines() == [str((x.shape[0], 8)), "True"]
-
-    _serve_answers(serve, tmp_path, env)
-
-
-def _serve_answers(serve: str, cwd: Path, env: dict[str, str]) -> None:
     port = _free_port()
     args = serve.replace("--port 8000", f"--port {port}").split()
-    server = subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=5) as r:
-                    assert r.status == 200
-                    break
-            except OSError:
-                assert server.poll() is None, server.communicate()[1][-2000:]
-                assert time.monotonic() < deadline, "serve was not ready (GET /ready) in 180 s"
-                time.sleep(1)
-        data = _post(port, "/v1/embeddings", {"model": "minilm-ov", "input": ["the same command on every bundle"]})
-        assert len(data["data"]) == 1 and len(data["data"][0]["embedding"]) == 384  # all-MiniLM-L6-v2's width
-        chat = _post(port, "/v1/chat/completions", {"model": "tiny-qwen3-ov", "max_tokens": 8, "temperature": 0,
-                                                    "messages": [{"role": "user", "content": "Hello"}]})
-        assert chat["choices"][0]["message"]["content"] and 0 < chat["usage"]["completion_tokens"] <= 8
+    server = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:  # the Python block runs while serve loads its models
+        snippet = subprocess.run([sys.executable, "snippet.py"], cwd=tmp_path, env=env, capture_output=True,
+                                 text=True, timeout=300)
+        assert snippet.returncode == 0, snippet.stderr
+        assert snippet.stdout.splitlines() == [str((x.shape[0], 8)), "True"]
+        _serve_answers(server, port)
     finally:
         server.send_signal(signal.SIGTERM)
         try:
@@ -159,6 +232,24 @@ def _serve_answers(serve: str, cwd: Path, env: dict[str, str]) -> None:
             server.kill()
             raise
     assert code == 0
+
+
+def _serve_answers(server: subprocess.Popen, port: int) -> None:
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=5) as r:
+                assert r.status == 200
+                break
+        except OSError:
+            assert server.poll() is None, server.communicate()[1][-2000:]
+            assert time.monotonic() < deadline, "serve was not ready (GET /ready) in 180 s"
+            time.sleep(0.1)
+    data = _post(port, "/v1/embeddings", {"model": "minilm-ov", "input": ["the same command on every bundle"]})
+    assert len(data["data"]) == 1 and len(data["data"][0]["embedding"]) == 384  # all-MiniLM-L6-v2's width
+    chat = _post(port, "/v1/chat/completions", {"model": "tiny-qwen3-ov", "max_tokens": 8, "temperature": 0,
+                                                "messages": [{"role": "user", "content": "Hello"}]})
+    assert chat["choices"][0]["message"]["content"] and 0 < chat["usage"]["completion_tokens"] <= 8
 
 
 def _post(port: int, path: str, body: dict) -> dict:
