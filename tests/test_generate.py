@@ -213,12 +213,9 @@ def test_chat_with_bytes_that_are_not_utf8_on_stdin_is_one_line_exit_2(llm_dir, 
 
 def test_a_template_bomb_is_one_line_exit_2_not_a_hang(llm_dir, tmp_path, cli):
     """A chat template of nested range loops (10**10 iterations) stops at the render bounds."""
-    import shutil
+    from edgeinfer.testing.llm import with_template_bomb
 
-    bomb = tmp_path / "bomb"
-    shutil.copytree(llm_dir, bomb)
-    (bomb / "chat_template.jinja").write_text(
-        "{% for a in range(100000) %}{% for b in range(100000) %}x{% endfor %}{% endfor %}")
+    bomb = with_template_bomb(tmp_path / "bomb", llm_dir)
     p = cli("generate", str(bomb), "--prompt", "hi", "--chat", "--max-new-tokens", "2")
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert p.returncode == 2, p.stderr

@@ -14,6 +14,7 @@ from edgeinfer.run.generation.options import GenerationOptions
 from edgeinfer.run.generation.sampling import Sampler, penalize, softmax, top2_margin, top_k, top_p
 from edgeinfer.run.generation.stopping import StopStrings
 from edgeinfer.run.generation.text import TextCodec
+from edgeinfer.testing.llm import TEMPLATE_BOMB
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -201,7 +202,7 @@ def test_a_template_cannot_reach_python_internals(tok_dir, tmp_path):
 
 # Template bombs: each would run for hours or allocate gigabytes unbounded; each must stop within the bounds.
 BOMBS = {
-    "nested-range": "{% for a in range(100000) %}{% for b in range(100000) %}x{% endfor %}{% endfor %}",
+    "nested-range": TEMPLATE_BOMB,
     "nested-range-no-output": "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}",
     "loop-over-string": "{% for a in 'x' * 60000 %}{% for b in 'y' * 60000 %}{% endfor %}{% endfor %}",
     "repeat": "{{ 'x' * 1000000000 }}",

@@ -78,6 +78,21 @@ def metric(text: str, name: str, **labels: str) -> float:
 # --- responsiveness -----------------------------------------------------------------------------------
 
 
+def _within_bound(probe: HealthProbe, control: HealthProbe, start: float, end: float, what: str,
+                  reports: list[str]) -> bool:
+    """Whether /health's p99 between ``start`` and ``end`` stayed under 50 ms beyond the idle server's p99
+    over the same seconds (the machine's own noise); the figures go to ``reports`` and stdout."""
+    during, noise = np.array(probe.between(start, end)), np.array(control.between(start, end))
+    assert len(during) >= 50, (len(during), end - start)
+    p50, p99 = float(np.percentile(during, 50)), float(np.percentile(during, 99))
+    noise_p99 = float(np.percentile(noise, 99))
+    reports.append(f"{what}: /health p50 {p50 * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms (max {during.max() * 1e3:.1f}) "
+                   f"over {len(during)} samples in {end - start:.1f} s; idle server meanwhile p99 "
+                   f"{noise_p99 * 1e3:.1f} ms")
+    print(reports[-1])
+    return p99 < 0.050 + noise_p99
+
+
 def test_health_p99_stays_under_50ms_while_the_largest_request_is_worked_on(ort_bundle, idle_server, tmp_path):
     """The largest request the defaults allow (256 strings filling the 8 MB body) is parsed, tokenized and
     encoded off the event loop: /health, polled every 10 ms meanwhile, answers within 50 ms at p99 (the
@@ -96,14 +111,7 @@ def test_health_p99_stays_under_50ms_while_the_largest_request_is_worked_on(ort_
             end = time.perf_counter()
         assert r.status_code == 200, r.text[:500]
         assert len(r.json()["data"]) == 256
-        during, noise = np.array(probe.between(start, end)), np.array(control.between(start, end))
-        assert len(during) >= 50, (len(during), end - start)
-        p99, noise_p99 = float(np.percentile(during, 99)), float(np.percentile(noise, 99))
-        reports.append(f"/health p99 {p99 * 1e3:.1f} ms (p50 {np.percentile(during, 50) * 1e3:.1f}, max "
-                       f"{during.max() * 1e3:.1f}) over {len(during)} samples in {end - start:.1f} s; "
-                       f"idle server meanwhile p99 {noise_p99 * 1e3:.1f} ms")
-        print(reports[-1])
-        if p99 < 0.050 + noise_p99:
+        if _within_bound(probe, control, start, end, "/v1/embeddings", reports):
             return
     raise AssertionError("; ".join(reports))
 
@@ -111,15 +119,9 @@ def test_health_p99_stays_under_50ms_while_the_largest_request_is_worked_on(ort_
 @pytest.fixture(scope="module")
 def bomb_llm(tmp_path_factory):
     """A copy of the committed tiny decoder whose chat template is a bomb (10**10 loop steps)."""
-    import shutil
+    from edgeinfer.testing.llm import with_template_bomb
 
-    from edgeinfer.testing.llm import model_dir
-
-    bomb = tmp_path_factory.mktemp("bomb") / "tiny-bomb"
-    shutil.copytree(model_dir(), bomb)
-    (bomb / "chat_template.jinja").write_text(
-        "{% for a in range(100000) %}{% for b in range(100000) %}x{% endfor %}{% endfor %}")
-    return bomb
+    return with_template_bomb(tmp_path_factory.mktemp("bomb") / "tiny-bomb")
 
 
 def test_health_p99_stays_under_50ms_while_the_largest_chat_and_completion_bodies_are_worked_on(bomb_llm, idle_server,
@@ -160,15 +162,7 @@ def test_health_p99_stays_under_50ms_while_the_largest_chat_and_completion_bodie
                     assert words in message, (name, message)
                     if "at-the-bound" in name:
                         assert "max_tokens is" in message, (name, message)  # tokenized, then refused
-                during, noise = np.array(probe.between(start, end)), np.array(control.between(start, end))
-                assert len(during) >= 50, (len(during), end - start)
-                p50, p99 = float(np.percentile(during, 50)), float(np.percentile(during, 99))
-                noise_p99 = float(np.percentile(noise, 99))
-                reports.append(f"{endpoint}: /health p50 {p50 * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms (max "
-                               f"{during.max() * 1e3:.1f}) over {len(during)} samples in {end - start:.1f} s; idle "
-                               f"server meanwhile p99 {noise_p99 * 1e3:.1f} ms")
-                print(reports[-1])
-                if p99 < 0.050 + noise_p99:
+                if _within_bound(probe, control, start, end, endpoint, reports):
                     break
             else:
                 raise AssertionError("; ".join(reports))

@@ -170,15 +170,10 @@ def test_only_workers_that_exist_are_reported():
 @pytest.fixture(scope="module")
 def tiny_llms(tmp_path_factory):
     """The committed tiny decoder, and a copy whose chat template is a bomb (10**10 loop steps)."""
-    import shutil
-
     from edgeinfer.serve.llm_engine import open_llm
-    from edgeinfer.testing.llm import model_dir
+    from edgeinfer.testing.llm import model_dir, with_template_bomb
 
-    bomb = tmp_path_factory.mktemp("bomb") / "tiny-bomb"
-    shutil.copytree(model_dir(), bomb)
-    (bomb / "chat_template.jinja").write_text(
-        "{% for a in range(100000) %}{% for b in range(100000) %}x{% endfor %}{% endfor %}")
+    bomb = with_template_bomb(tmp_path_factory.mktemp("bomb") / "tiny-bomb")
     llms = [open_llm(model_dir(), ctx=256), open_llm(bomb, ctx=256)]
     return {m.name: m for m in llms}
 

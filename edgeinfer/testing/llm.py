@@ -33,6 +33,18 @@ def model_dir() -> Path:
     return Path(__file__).resolve().parent / "data" / "tiny-qwen3"
 
 
+#: a chat template of nested ``range`` loops (10**10 steps): it renders for ever unless rendering is bounded
+TEMPLATE_BOMB = "{% for a in range(100000) %}{% for b in range(100000) %}x{% endfor %}{% endfor %}"
+
+
+def with_template_bomb(out: Path, source: Path | None = None) -> Path:
+    """A copy of ``source`` (default: the committed tiny decoder) at ``out`` whose chat template is
+    :data:`TEMPLATE_BOMB`."""
+    shutil.copytree(source or model_dir(), out)
+    (out / "chat_template.jinja").write_text(TEMPLATE_BOMB)
+    return out
+
+
 def default_cache_dir() -> Path:
     """Where on-demand models go: $EDGEINFER_CACHE or ~/.cache/edgeinfer, under test-llm/."""
     root = os.environ.get("EDGEINFER_CACHE") or Path.home() / ".cache" / "edgeinfer"

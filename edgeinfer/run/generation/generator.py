@@ -159,10 +159,13 @@ class Generator:
                 f"{ctx} tokens this model was loaded for; {fix}, or load/deploy with a larger --ctx"
             )
 
+    def in_vocab(self, tok: int) -> bool:
+        return 0 <= tok < self.decoder.vocab_size
+
     def check_native_token(self, tok: int) -> None:
         """A native loop gives token ids, not logits: NaN logits cannot be seen there (the runtime samples
         them into some token), but an id outside the vocabulary is a broken runtime or model."""
-        if not 0 <= tok < self.decoder.vocab_size:
+        if not self.in_vocab(tok):
             raise ModelError(f"model {self.name}: the {self.decoder.backend_name or 'backend'} runtime generated "
                              f"token id {tok}, outside the vocabulary (0..{self.decoder.vocab_size - 1}); its "
                              "artifact is broken: deploy or convert it again")
@@ -275,7 +278,7 @@ class Generator:
             def on_token(tok: int) -> bool:
                 if answer.stopped or bad:
                     return False
-                if not 0 <= tok < d.vocab_size:
+                if not self.in_vocab(tok):
                     bad.append(int(tok))
                     return False
                 times.append(time.perf_counter())
