@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import write as write_result  # noqa: E402
 
 from edgeinfer.contract.backend import TensorSpec  # noqa: E402
-from edgeinfer.run.bundle import Bundle, Manifest, verify, write  # noqa: E402
+from edgeinfer.model.bundle import Bundle, Manifest, verify, write  # noqa: E402
 
 CHUNK = 16 << 20
 

@@ -133,9 +133,9 @@ def run_child(cfg: dict) -> dict:
 def main() -> None:
     import _common
 
-    from edgeinfer.build import segments as seg_mod
-    from edgeinfer.build import split as split_mod
     from edgeinfer.contract import registry as plugins
+    from edgeinfer.deploy import segments as seg_mod
+    from edgeinfer.deploy import split as split_mod
     from edgeinfer.planning import paging
     from edgeinfer.testing import fixtures
 

@@ -106,7 +106,7 @@ def export(model: Path) -> None:
     """Build the onnxruntime decoder now, so no child counts the export."""
     from edgeinfer_onnxruntime.decoder import build
 
-    from edgeinfer.build import cache
+    from edgeinfer.model import cache
 
     build(model, cache.area("artifacts"), "fp32")
 

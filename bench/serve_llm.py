@@ -153,7 +153,7 @@ def raw_continuous_batching(model_dir: Path, levels: list[int], n_requests: int,
 
 
 def openvino_bundle(work: Path) -> Path:
-    from edgeinfer.build.deploy_decoder import deploy_decoder
+    from edgeinfer.deploy.decoder import deploy_decoder
     from edgeinfer.testing import llm
 
     out = work / "tiny-qwen3-ov"
@@ -164,7 +164,7 @@ def openvino_bundle(work: Path) -> Path:
 def host_bundle(model_dir: Path, work: Path) -> Path:
     """``model_dir`` deployed for the host board: an onnxruntime decoder bundle (fp32, golden-checked), whose
     ``decode`` runs all slots in one batched call."""
-    from edgeinfer.build.deploy_decoder import deploy_decoder
+    from edgeinfer.deploy.decoder import deploy_decoder
 
     out = work / f"{model_dir.name}-host"
     deploy_decoder(model_dir, "host", out, ctx=256)  # the conversion is cached

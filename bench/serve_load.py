@@ -111,7 +111,7 @@ def _measure(servers: dict, levels: list[int], args: argparse.Namespace, bodies:
 
 def static_buckets(args: argparse.Namespace, levels: list[int]) -> None:
     """Single-shape static bundle vs bucketed static bundle (vs the dynamic one) under the same load."""
-    from edgeinfer.build.deploy import deploy
+    from edgeinfer.deploy.encoder import deploy
     from edgeinfer.testing import minilm
     from edgeinfer.testing.fixtures import _cached_export
     from edgeinfer.testing.serve import ServerProc, minilm_bundle

@@ -615,7 +615,7 @@ def fx(tmp_path_factory) -> Path:
         np.savez(root / "x.npz", x=mlp.feeds["x"])
         _external_onnx(root / "external.onnx")
         gguf_file()(root, root / "good.gguf")
-        from edgeinfer.build.deploy import deploy
+        from edgeinfer.deploy.encoder import deploy
 
         deploy(mlp.path, "host", root / "bundle")
         tiny_bert_dir(root / "tiny_hf")

@@ -45,7 +45,7 @@ def board_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def ov_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """MiniLM deployed for core-ultra-155h by this environment (the conversion cache makes reruns quick)."""
-    from edgeinfer.build.deploy import deploy
+    from edgeinfer.deploy.encoder import deploy
     from edgeinfer.testing.minilm import model_dir
 
     out = tmp_path_factory.mktemp("bundle") / "minilm-ov"

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from helpers import edgeinfer
 
-from edgeinfer.build import buckets as build_buckets
+from edgeinfer.deploy import buckets as build_buckets
 from edgeinfer.errors import FeedError, InputError
+from edgeinfer.model.bundle import Bundle
 from edgeinfer.run import buckets
-from edgeinfer.run.bundle import Bundle
 from edgeinfer.testing import minilm, models
 
 NINE = [(b, s) for b in (1, 4, 8) for s in (32, 64, 128)]
@@ -118,7 +118,7 @@ def test_bucketed_session_pads_and_cuts_symbolic_outputs(tmp_path):
 @pytest.fixture(scope="module")
 def bucketed(tmp_path_factory) -> Path:
     """MiniLM deployed for core-ultra-155h with its automatic buckets (the conversion cache makes reruns quick)."""
-    from edgeinfer.build.deploy import deploy
+    from edgeinfer.deploy.encoder import deploy
 
     out = tmp_path_factory.mktemp("buckets") / "minilm-155h"
     result = deploy(minilm.model_dir(), "core-ultra-155h", out)
@@ -156,7 +156,7 @@ def _close(got: np.ndarray, want: np.ndarray, mask: np.ndarray) -> None:
 def test_deploy_records_nine_sealed_buckets_and_why(bucketed):
     import jsonschema
 
-    from edgeinfer.run import bundle as bundle_mod
+    from edgeinfer.model import bundle as bundle_mod
 
     manifest = json.loads((bucketed / "manifest.json").read_text())
     schema = json.loads((Path(bundle_mod.__file__).parents[1] / "schemas" / "manifest.schema.json").read_text())

@@ -43,7 +43,7 @@ def deployed(tmp_path_factory, cache) -> Path:
 @pytest.fixture(scope="module")
 def text_bundle(tmp_path_factory) -> Path:
     from edgeinfer.contract import registry as plugins
-    from edgeinfer.run.bundle import Manifest, TextSpec, write
+    from edgeinfer.model.bundle import Manifest, TextSpec, write
 
     out = tmp_path_factory.mktemp("seal-text") / "bundle"
     out.mkdir()
@@ -375,7 +375,7 @@ def test_deployed_bundle_as_built_runs_and_passes_golden(deployed, x_npy, tmp_pa
 def test_deployed_manifest_matches_the_published_schema(deployed):
     import jsonschema
 
-    from edgeinfer.run import bundle as bundle_mod
+    from edgeinfer.model import bundle as bundle_mod
 
     schema = json.loads((Path(bundle_mod.__file__).parents[1] / "schemas" / "manifest.schema.json").read_text())
     manifest = json.loads((deployed / "manifest.json").read_text())

@@ -11,12 +11,12 @@ from edgeinfer.contract.registry import PluginInfo
 CORE = {"backends", "doctor", "run", "deploy", "golden", "verify", "bench", "plan", "boards", "generate", "chat",
         "serve", "ray-resources", "ray-node"}
 
-# makes `import edgeinfer.serve.cli` fail as if the [serve] extra were missing underneath it
+# makes `import edgeinfer.cli.serve` fail as if the [serve] extra were missing underneath it
 _BREAK_SERVE = """
 import importlib.abc, sys
 class Broken(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
-        if name == "edgeinfer.serve.cli":
+        if name == "edgeinfer.cli.serve":
             raise ModuleNotFoundError("No module named 'fastapi'", name="fastapi")
 sys.meta_path.insert(0, Broken())
 """

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from helpers import edgeinfer
 
-from edgeinfer.run import bundle as bundle_mod
+from edgeinfer.model import bundle as bundle_mod
 from edgeinfer.testing import minilm
 
 BOARDS = {  # board → (backend, device the bundle actually runs on here)

@@ -64,7 +64,7 @@ def _one_line_error(proc, code: int, *needles: str) -> None:
 def test_bundle_holds_artifact_tokenizer_configs_and_reference_and_is_sealed(bundle):
     import jsonschema
 
-    from edgeinfer.run import bundle as bundle_mod
+    from edgeinfer.model import bundle as bundle_mod
 
     m = _manifest(bundle)
     files = set(m["files"])
@@ -111,7 +111,7 @@ def test_greedy_tokens_from_the_bundle_equal_transformers_generate(bundle, hf_gr
 
 
 def test_tensor_entry_points_refuse_a_decoder_bundle_in_one_line(bundle):
-    from edgeinfer.run.bundle import Bundle
+    from edgeinfer.model.bundle import Bundle
 
     with pytest.raises(InputError, match="holds a decoder .*edgeinfer generate"):
         Bundle.open(bundle).load()

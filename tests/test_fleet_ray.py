@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgeinfer.run.bundle import read_manifest, write
+from edgeinfer.model.bundle import read_manifest, write
 from edgeinfer.testing.serve import ServerProc, free_port, minilm_bundle
 
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'edgeinfer[fleet]'")

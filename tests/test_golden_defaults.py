@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from edgeinfer.build import golden
+from edgeinfer.deploy import golden
 
 
 @pytest.mark.parametrize("scheme, expected", [

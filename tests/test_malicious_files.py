@@ -136,7 +136,7 @@ def test_deploy_samples_with_object_arrays(mlp, tmp_path, cache, layout, option)
 
 def _reseal(bundle: Path) -> None:
     """Re-record the bundle's files as deploy would: the seal is honest, the content is hostile."""
-    from edgeinfer.run.bundle import read_manifest, write
+    from edgeinfer.model.bundle import read_manifest, write
 
     write(bundle, read_manifest(bundle))
 

@@ -34,7 +34,7 @@ NAN_NAME = "tiny-qwen3-nan"
 
 
 def _reseal(bundle: Path) -> None:
-    from edgeinfer.run.bundle import read_manifest, write
+    from edgeinfer.model.bundle import read_manifest, write
 
     write(bundle, read_manifest(bundle))
 
@@ -81,7 +81,7 @@ def nan_bundle(tiny_qwen3_host_bundle, tmp_path_factory) -> Path:
 
 def test_the_nan_bundle_is_sealed_and_really_gives_nan_logits(nan_bundle):
     """The corpus can fail: the bundle passes every seal check, and its decoder's logits are NaN."""
-    from edgeinfer.run.bundle import verify
+    from edgeinfer.model.bundle import verify
 
     assert verify(nan_bundle)["ok"] is True
     with edgeinfer.load(nan_bundle) as gen:
@@ -126,7 +126,7 @@ def test_checked_logits_refuses_a_row_wider_or_narrower_than_the_vocabulary():
 
 def test_the_serve_scheduler_ends_a_nan_sequence_with_an_error_and_frees_its_slot(nan_bundle):
     from edgeinfer.run.generation.options import GenerationOptions
-    from edgeinfer.serve.llm_scheduler import Scheduler
+    from edgeinfer.serve.decoder_scheduler import Scheduler
 
     with edgeinfer.load(nan_bundle, slots=2) as gen:
         sched = Scheduler(gen)

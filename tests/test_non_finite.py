@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from helpers import edgeinfer
 
-from edgeinfer.build import golden
+from edgeinfer.deploy import golden
 
 
 def _sqrt_model(path):

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from helpers import edgeinfer as run_cli
 
-from edgeinfer.build import segments as seg_mod
-from edgeinfer.build import split as split_mod
 from edgeinfer.contract import registry as plugins
+from edgeinfer.deploy import segments as seg_mod
+from edgeinfer.deploy import split as split_mod
 from edgeinfer.errors import EdgeInferError, InputError
 from edgeinfer.planning import paging
 from edgeinfer.run import paged as paged_mod
@@ -386,7 +386,7 @@ def test_cli_plan_paging_json_and_exit_codes():
 
 def test_a_segmented_bundle_loads_paged(deep, tmp_path, x):
     from edgeinfer.contract.backend import TensorSpec
-    from edgeinfer.run import bundle
+    from edgeinfer.model import bundle
 
     be = plugins.get_backend("onnxruntime")
     arts = seg_mod.deploy_segments(be, deep, tmp_path / "b", "fp32", None, segments=3)

@@ -88,8 +88,8 @@ def test_chat_refuses(evil, capfd, monkeypatch):
 
 def test_python_api_refuses(evil, evil_bert, tmp_path):
     import edgeinfer
-    from edgeinfer.build.deploy import deploy
-    from edgeinfer.build.deploy_decoder import deploy_decoder
+    from edgeinfer.deploy.decoder import deploy_decoder
+    from edgeinfer.deploy.encoder import deploy
 
     with pytest.raises(remote_code.RemoteCodeRefused, match="modeling_evil.EvilModel"):
         edgeinfer.load(evil.path)
@@ -112,9 +112,9 @@ def test_serve_refuses_a_model_dir_at_start_up(evil):
 def test_core_loaders_refuse_when_called_directly(evil, evil_bert, tmp_path):
     """The loaders below the entry points check again: a caller that skips the entry point's check still
     imports nothing."""
-    from edgeinfer.build.export import export_hf_onnx
     from edgeinfer.contract import registry
     from edgeinfer.contract.names import DECODER_REFERENCE
+    from edgeinfer.deploy.export import export_hf_onnx
     from edgeinfer.testing.decoder_conformance import reference_greedy
 
     with pytest.raises(remote_code.RemoteCodeRefused):

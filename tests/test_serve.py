@@ -10,7 +10,7 @@ import httpx
 import numpy as np
 import pytest
 
-from edgeinfer.run.bundle import Bundle
+from edgeinfer.model.bundle import Bundle
 from edgeinfer.testing import minilm
 from edgeinfer.testing.serve import ServerProc, minilm_bundle
 
@@ -165,7 +165,7 @@ def test_models_health_ready_metrics_openapi(server):
 
 def test_static_batch_bundle_merges_rows_and_runs_them_padded(server, bundles):
     """A [1, 128] bundle (as NPUs need): merged requests run in chunks of the static batch, split back."""
-    from edgeinfer.run.bundle import run_padded
+    from edgeinfer.model.bundle import run_padded
 
     b = Bundle.open(bundles["static"])
     sents = minilm.heldout_sentences(12)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from edgeinfer.contract.backend import TensorSpec
-from edgeinfer.run.bundle import Manifest, TextSpec, write
+from edgeinfer.model.bundle import Manifest, TextSpec, write
 
 TOKENS = [TensorSpec(n, ("batch", "seq"), "int64") for n in ("input_ids", "attention_mask", "token_type_ids")]
 
@@ -233,7 +233,7 @@ BAD_BODIES = [
 
 
 def _validate(chat: bool, body: dict):
-    from edgeinfer.serve.llm_api import ChatRequest, CompletionRequest
+    from edgeinfer.serve.decoder_routes import ChatRequest, CompletionRequest
     from edgeinfer.serve.prep import validated
 
     return validated(ChatRequest if chat else CompletionRequest, body)
@@ -250,7 +250,7 @@ def test_bad_openai_bodies_are_400_naming_the_field(chat, body, field):
 
 
 def test_seed_error_says_the_range_and_the_openapi_document_too():
-    from edgeinfer.serve.llm_api import ChatRequest, body_doc
+    from edgeinfer.serve.decoder_routes import ChatRequest, body_doc
     from edgeinfer.serve.prep import ApiError
 
     with pytest.raises(ApiError, match="from 0 to 18446744073709551615"):

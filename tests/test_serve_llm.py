@@ -107,7 +107,7 @@ def test_long_prompt_prefills_in_chunks_while_a_stream_keeps_decoding(generator)
     """A 120-token prompt joins a running sequence: it is read 8 tokens per step, the running sequence
     gets a token at every one of those steps, and both texts equal their solo runs."""
     from edgeinfer.run.generation.options import GenerationOptions
-    from edgeinfer.serve.llm_scheduler import Scheduler
+    from edgeinfer.serve.decoder_scheduler import Scheduler
 
     sched = Scheduler(generator, prefill_chunk=8)
     sched.add("a", generator.codec.encode(PROMPTS[0]), GenerationOptions(max_new_tokens=30, ignore_eos=True))
@@ -321,7 +321,7 @@ def test_logprobs_are_the_log_softmax_of_the_bundles_logits(tiny_qwen3_host_bund
     character: both replace it alike)."""
     import edgeinfer
     from edgeinfer.run.generation.options import GenerationOptions
-    from edgeinfer.serve.llm_scheduler import Scheduler
+    from edgeinfer.serve.decoder_scheduler import Scheduler
 
     with edgeinfer.load(tiny_qwen3_host_bundle, slots=1) as g:
         ids = g.codec.encode(PROMPTS[2])

@@ -1,5 +1,5 @@
 """``edgeinfer serve``'s scheduler over a native-loop decoder that runs one sequence at a time
-(:class:`~edgeinfer.serve.llm_native.OneAtATime`), on a scripted stand-in runtime: the text is the
+(:class:`~edgeinfer.serve.decoder_native.OneAtATime`), on a scripted stand-in runtime: the text is the
 committed tiny-qwen3 tokenizer's, the expected strings are written out by hand."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from edgeinfer.contract.decoder import Decoder
 from edgeinfer.run.generation.generator import Generator
 from edgeinfer.run.generation.options import GenerationOptions
 from edgeinfer.run.generation.text import TextCodec
-from edgeinfer.serve.llm_native import NativeScheduler
+from edgeinfer.serve.decoder_native import NativeScheduler
 from edgeinfer.testing.llm import model_dir
 
 
@@ -88,9 +88,9 @@ def test_one_at_a_time_cancel_of_a_waiting_request_never_runs_it(codec):
 def test_a_native_loop_gives_no_logprobs_the_scheduler_ends_such_a_request_and_the_api_says_400(codec):
     """The runtime's own loop never shows its logits: the HTTP side refuses ``logprobs`` for a decoder its
     worker reported as a native loop (400 naming the backend), and the scheduler ends one that got through."""
-    from edgeinfer.serve.llm_api import ChatRequest, CompletionRequest, check_logprobs, prompt_and_options
-    from edgeinfer.serve.llm_engine import Engine, ServedLLM
-    from edgeinfer.serve.llm_native import NO_LOGPROBS
+    from edgeinfer.serve.decoder_engine import Engine, ServedDecoder
+    from edgeinfer.serve.decoder_native import NO_LOGPROBS
+    from edgeinfer.serve.decoder_routes import ChatRequest, CompletionRequest, check_logprobs, prompt_and_options
     from edgeinfer.serve.prep import ApiError
 
     runtime = ScriptedNativeStandIn(codec.encode("The cat"), codec.tokenizer.get_vocab_size())
@@ -99,7 +99,7 @@ def test_a_native_loop_gives_no_logprobs_the_scheduler_ends_such_a_request_and_t
     _, ends, _ = _run(sched)
     assert ends == {"a": ("error", NO_LOGPROBS)} and runtime.sent == 0
 
-    llm = ServedLLM("tiny-ov", model_dir(), "openvino", 256, codec)
+    llm = ServedDecoder("tiny-ov", model_dir(), "openvino", 256, codec)
     eng = Engine(llm, slots=1, max_queue=1, prefill_chunk=None)
     eng.info = {"native_loop": True}
     msgs = [{"role": "user", "content": "hi"}]

@@ -32,7 +32,7 @@ def test_missing_or_non_bundle_paths_exit_2_with_one_line(tmp_path):
 
 
 def test_two_bundles_with_the_same_name_are_refused(tmp_path):
-    from edgeinfer.run.bundle import Manifest, write
+    from edgeinfer.model.bundle import Manifest, write
     from edgeinfer.serve.app import open_models
 
     paths = []
@@ -170,7 +170,7 @@ def test_only_workers_that_exist_are_reported():
 @pytest.fixture(scope="module")
 def tiny_llms(tmp_path_factory):
     """The committed tiny decoder, and a copy whose chat template is a bomb (10**10 loop steps)."""
-    from edgeinfer.serve.llm_engine import open_llm
+    from edgeinfer.serve.decoder_engine import open_llm
     from edgeinfer.testing.llm import model_dir, with_template_bomb
 
     bomb = with_template_bomb(tmp_path_factory.mktemp("bomb") / "tiny-bomb")
@@ -181,7 +181,7 @@ def tiny_llms(tmp_path_factory):
 def _gen(llms, body: dict, chat: bool = True, elsewhere=None):
     import json
 
-    from edgeinfer.serve.llm_api import prepare_generation
+    from edgeinfer.serve.decoder_routes import prepare_generation
 
     return prepare_generation(llms, json.dumps(body).encode(), "application/json", chat, elsewhere)
 
@@ -244,7 +244,7 @@ def test_a_template_that_adds_text_beyond_the_context_is_refused_before_tokenizi
     """The characters bound applies to the rendered prompt too: a template may add text of its own."""
     import shutil
 
-    from edgeinfer.serve.llm_engine import open_llm
+    from edgeinfer.serve.decoder_engine import open_llm
     from edgeinfer.serve.prep import ApiError
 
     padded = tmp_path / "tiny-padded"

@@ -78,7 +78,7 @@ def _add_core_commands() -> None:
     missing [serve] extra itself, as exit 3 with the install line, when it runs.
     """
     from edgeinfer.cli import backends, bench, calibrate, deploy, fleet, generate, plan, profile, run
-    from edgeinfer.serve.cli import serve_cmd
+    from edgeinfer.cli.serve import serve_cmd
 
     for cmd in (backends.backends, backends.doctor, run.run, deploy.deploy, deploy.golden, deploy.verify,
                 bench.bench, profile.profile_cmd, plan.plan_cmd, plan.boards_cmd, generate.generate_cmd,

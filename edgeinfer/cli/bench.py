@@ -116,7 +116,7 @@ def bench(bundle_dir: Path, batch: str | None, seq: str | None, prompt_lengths: 
 def _load(path: Path, backend: str | None, device: str | None, ctx: int | None, threads: int | None,
           trust_remote_code: bool) -> Any:
     """A Generator for a decoder directory or decoder bundle, else an encoder bundle's Session."""
-    from edgeinfer.run.bundle import Bundle, is_bundle
+    from edgeinfer.model.bundle import Bundle, is_bundle
     from edgeinfer.run.loading import is_decoder_dir, load, load_generator
 
     if is_decoder_dir(path):
@@ -144,11 +144,11 @@ def _bench_decoder(gen: Any, model: Path, lengths: list[int] | None, new_tokens:
 def _self_check(path: Path, report: dict[str, Any], board: str | None) -> dict[str, Any] | None:
     """The plan's predictions for a decoder bundle next to the measurements; None for a model directory."""
     from edgeinfer.errors import BoardError
+    from edgeinfer.model.bundle import Bundle, is_bundle
+    from edgeinfer.model.decoder_bundle import TOKENIZER
     from edgeinfer.planning.boards import get_board
     from edgeinfer.planning.models.hf import read_config, spec_from_config
     from edgeinfer.planning.selfcheck import self_check
-    from edgeinfer.run.bundle import Bundle, is_bundle
-    from edgeinfer.run.decoder_bundle import TOKENIZER
 
     if not is_bundle(path):
         if board is not None:
@@ -172,9 +172,9 @@ def _self_check(path: Path, report: dict[str, Any], board: str | None) -> dict[s
 
 def _bench_encoder(session: Any, bundle_dir: Path, batches: list[int] | None, seqs: list[int] | None,
                    repeat: int | None, as_json: bool) -> dict[str, Any]:
+    from edgeinfer.model.bundle import Bundle
     from edgeinfer.progress import Progress
     from edgeinfer.run import benchmark
-    from edgeinfer.run.bundle import Bundle
 
     b = Bundle.open(bundle_dir)
     with session:

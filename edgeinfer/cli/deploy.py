@@ -56,7 +56,7 @@ def deploy(
     A causal language model (a Hugging Face directory whose config names *ForCausalLM) is converted
     with the backend's decoder path and checked against transformers fp32, greedy (docs/generation.md).
     """
-    from edgeinfer.build import deploy as deploy_mod
+    from edgeinfer.deploy import encoder as deploy_mod
     from edgeinfer.progress import Progress
     from edgeinfer.run.loading import is_decoder_dir
 
@@ -81,7 +81,7 @@ def deploy(
         click.echo(f"warning: {w}", err=True)
 
     def render(r: dict[str, Any]) -> None:
-        from edgeinfer.build.golden import summary_line
+        from edgeinfer.deploy.golden import summary_line
 
         out_c = console()
         how = " (cached conversion reused)" if r["cached"] else ""
@@ -99,7 +99,7 @@ def _deploy_decoder(model: Path, board: str, out: Path, quant: str | None, ctx: 
                     golden_inputs: Path | None, force: bool, threshold: float | None, no_cache: bool, progress: Any,
                     options: dict[str, Any], runtime: str | None, as_json: bool,
                     encoder_only: dict[str, Any], trust_remote_code: bool) -> None:
-    from edgeinfer.build.deploy_decoder import deploy_decoder
+    from edgeinfer.deploy.decoder import deploy_decoder
 
     given = [k for k, v in encoder_only.items() if v]
     if given:
@@ -139,12 +139,12 @@ def golden(
     device: str | None, as_json: bool, trust_remote_code: bool,
 ) -> None:
     """Re-run the golden check of BUNDLE on this machine (exit 1 when it fails)."""
-    from edgeinfer.run.bundle import is_bundle, read_manifest
+    from edgeinfer.model.bundle import is_bundle, read_manifest
 
     if threshold is not None and not (math.isfinite(threshold) and -1 <= threshold <= 1):
         raise InputError(f"--threshold is a minimum cosine between -1 and 1, got {threshold}")
     if is_bundle(bundle_dir) and read_manifest(bundle_dir).decoder is not None:
-        from edgeinfer.build.deploy_decoder import golden_bundle
+        from edgeinfer.deploy.decoder import golden_bundle
         from edgeinfer.run.generation.golden import summary_line
 
         if inputs or reference:
@@ -156,7 +156,7 @@ def golden(
             click.echo("error: decoder golden check failed (see the report above)", err=True)
             ctx.exit(errors.NEGATIVE)
         return
-    from edgeinfer.build import golden as golden_mod
+    from edgeinfer.deploy import golden as golden_mod
 
     report = golden_mod.check_bundle(bundle_dir, inputs=inputs, reference=reference, threshold=threshold,
                                      device=device)
@@ -176,7 +176,7 @@ def golden(
 def verify(ctx: click.Context, bundle_dir: Path, reseal: bool, as_json: bool) -> None:
     """Check every file of BUNDLE against the sizes and sha256 in its manifest: exit 2 when one differs or a
     symlink leads out of the bundle, 1 when the bundle holds files the manifest does not record."""
-    from edgeinfer.run.bundle import verify as verify_bundle
+    from edgeinfer.model.bundle import verify as verify_bundle
 
     report = verify_bundle(bundle_dir, reseal=reseal)
 

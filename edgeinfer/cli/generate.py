@@ -20,7 +20,7 @@ def _options(**kw: Any) -> Any:
 
 
 def _load(model: Path, backend: str | None, device: str | None, ctx: int | None, trust_remote_code: bool) -> Any:
-    from edgeinfer.run.bundle import Bundle, is_bundle
+    from edgeinfer.model.bundle import Bundle, is_bundle
     from edgeinfer.run.loading import is_decoder_dir, load_generator
 
     if not model.exists():
@@ -29,7 +29,7 @@ def _load(model: Path, backend: str | None, device: str | None, ctx: int | None,
         bundle = Bundle.open(model)
         if bundle.manifest.decoder is None:
             raise InputError(f"bundle {model} holds no decoder (language) model; use `edgeinfer run` for it")
-        from edgeinfer.run.decoder_bundle import open_generator
+        from edgeinfer.model.decoder_bundle import open_generator
 
         return open_generator(bundle, device=device, ctx=ctx, backend=backend, trust_remote_code=trust_remote_code)
     if not is_decoder_dir(model):

@@ -83,9 +83,9 @@ def bundle_resource(manifest: Any) -> str | None:
 def target(path: Path, config: ServeConfig) -> BundleTarget:
     """One bundle, every file checked, with the planner's verdict on its board for a decoder."""
     from edgeinfer.fleet.fit import check_fits, replica_plan
-    from edgeinfer.run.bundle import Bundle
+    from edgeinfer.model.bundle import Bundle
     from edgeinfer.run.loading import is_decoder_dir
-    from edgeinfer.serve.llm_engine import open_llm
+    from edgeinfer.serve.decoder_engine import open_llm
 
     if is_decoder_dir(path):
         raise InputError(f"{path} is a Hugging Face directory; serve --ray takes bundles",

@@ -3,8 +3,8 @@
 A replica opens its bundle from its path, checks every file against the manifest's sha256 seals and against the
 seals the starting machine saw (the same bundle, not another one at that path), and answers with the single-box
 server's own code: request parsing and encoding (edgeinfer/serve/prep.py) for embedding / tensor bundles, the
-decoder engine (one worker process with KV slots, edgeinfer/serve/llm_engine.py) and the OpenAI generation
-answers (edgeinfer/serve/llm_api.py) for decoders. Each replica keeps the single-box server's Prometheus
+decoder engine (one worker process with KV slots, edgeinfer/serve/decoder_engine.py) and the OpenAI generation
+answers (edgeinfer/serve/decoder_routes.py) for decoders. Each replica keeps the single-box server's Prometheus
 metrics and pushes them to the router every ``PUSH_S`` seconds (the router's ``/metrics`` merges them).
 """
 
@@ -38,7 +38,7 @@ def arrive(target: Any) -> Any:
 
     import ray
 
-    from edgeinfer.run.bundle import Bundle
+    from edgeinfer.model.bundle import Bundle
 
     path = target.path
     if target.ship or not Path(path).is_dir():
@@ -135,7 +135,7 @@ class DecoderReplica:
     async def __init__(self, target: Any, config: Any):
         import ray
 
-        from edgeinfer.serve.llm_engine import Engine, open_llm
+        from edgeinfer.serve.decoder_engine import Engine, open_llm
         from edgeinfer.serve.metrics import Metrics
 
         bundle = arrive(target)
@@ -156,7 +156,7 @@ class DecoderReplica:
         """First ``(status, media_type, body)``; a stream's body is None and its chunks follow one by one."""
         from fastapi.responses import StreamingResponse
 
-        from edgeinfer.serve.llm_api import respond
+        from edgeinfer.serve.decoder_routes import respond
         from edgeinfer.serve.prep import ApiError
 
         try:

@@ -10,10 +10,10 @@ import numpy as np
 
 from edgeinfer.contract.backend import Session, latency_stats
 from edgeinfer.errors import InputError
+from edgeinfer.model.bundle import Bundle, run_padded, static_batch
 from edgeinfer.progress import Progress
 from edgeinfer.run import measure
 from edgeinfer.run.buckets import longest_seq
-from edgeinfer.run.bundle import Bundle, run_padded, static_batch
 
 
 def feeds_for(bundle: Bundle, base: dict[str, np.ndarray], batch: int, seq: int | None) -> dict[str, np.ndarray]:
@@ -42,7 +42,7 @@ def bench(
     warmup: int = 2,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
-    from edgeinfer.run.samples import load_saved_samples
+    from edgeinfer.model.samples import load_saved_samples
 
     progress = progress or Progress(enabled=False)
     golden = bundle.path / "golden" / "inputs.npz"

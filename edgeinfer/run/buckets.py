@@ -2,7 +2,7 @@
 (batch × sequence) shape, and a run picks the smallest bucket that holds its rows and its longest sequence,
 pads to it and cuts the padding off the outputs.
 
-The manifest's ``buckets`` section (written by :mod:`edgeinfer.build.buckets`)::
+The manifest's ``buckets`` section (written by :mod:`edgeinfer.deploy.buckets`)::
 
     "buckets": {"chosen_by": "...", "items": [{"batch": 1, "seq": 128, "artifact": "model.xml"},
                                               {"batch": 4, "seq": 32, "artifact": "buckets/4x32/model.xml"}, ...]}
@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr, model_validator
 
 from edgeinfer.contract.backend import Session, TensorSpec
 from edgeinfer.errors import FeedError, InputError
-from edgeinfer.run import seal
+from edgeinfer.model import seal
 
 log = logging.getLogger("edgeinfer.buckets")
 MASK = "attention_mask"

@@ -80,7 +80,7 @@ def plugins_check(environ: dict[str, str] = os.environ) -> Check:  # type: ignor
 
 
 def environment_checks() -> list[Check]:
-    from edgeinfer.build import cache
+    from edgeinfer.model import cache
 
     return [python_check(), *cache_checks(cache.root()), plugins_check()]
 

@@ -1,6 +1,6 @@
 """``edgeinfer.load``: pick the backend for a file, convert it when it is not native, cache the result.
 
-A cache entry is sealed (:mod:`edgeinfer.run.seal`) once the conversion is complete and hashed again
+A cache entry is sealed (:mod:`edgeinfer.model.seal`) once the conversion is complete and hashed again
 before each reuse: a damaged or half-written entry is converted again, never loaded.
 """
 
@@ -11,12 +11,12 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edgeinfer.build import cache
 from edgeinfer.contract import registry as plugins
 from edgeinfer.contract import remote_code, stamp
 from edgeinfer.contract.backend import Backend, Session
 from edgeinfer.contract.names import DECODER_REFERENCE, ENCODER_REFERENCE
 from edgeinfer.errors import InputError, ModelError
+from edgeinfer.model import cache
 
 if TYPE_CHECKING:
     from edgeinfer.run.generation.generator import Generator
@@ -62,7 +62,7 @@ DEFAULT_CONTEXT = 2048
 @remote_code.entry_point
 def load(path: Any, backend: str | None = None, device: str | None = None, *, trust_remote_code: bool = False,
          **options: Any) -> Session | Generator:
-    from edgeinfer.run.bundle import Bundle, is_bundle
+    from edgeinfer.model.bundle import Bundle, is_bundle
 
     p = Path(path)
     if not p.exists():
@@ -72,7 +72,7 @@ def load(path: Any, backend: str | None = None, device: str | None = None, *, tr
     if is_bundle(p):
         bundle = Bundle.open(p)
         if bundle.manifest.decoder is not None:
-            from edgeinfer.run.decoder_bundle import open_generator
+            from edgeinfer.model.decoder_bundle import open_generator
 
             return open_generator(bundle, device=device, backend=backend, trust_remote_code=trust_remote_code,
                                   **options)

@@ -19,7 +19,7 @@ from edgeinfer.errors import InputError, check_text
 
 if TYPE_CHECKING:
     from edgeinfer.contract.backend import Session
-    from edgeinfer.run.bundle import Bundle
+    from edgeinfer.model.bundle import Bundle
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ def token_id_limits(model: Path, bundle: Bundle | None) -> dict[str, int]:
         limits.update(index_limits(f))
     text = bundle.manifest.text if bundle is not None else None
     if text is not None and "input_ids" not in limits:
-        from edgeinfer.run.bundle import load_tokenizer
+        from edgeinfer.model.bundle import load_tokenizer
 
         limits["input_ids"] = load_tokenizer(bundle.path / text.tokenizer / "tokenizer.json",
                                              text.max_length).get_vocab_size()
@@ -144,12 +144,12 @@ def open_session(model: Path, bundle: Bundle | None, backend: str | None, device
                  shapes: Sequence[str], paging: Paging) -> Session:
     """A layer-paged session when ``paging`` asks for one (plain ``.onnx`` only), else ``edgeinfer.load``."""
     if not paging.requested:
-        from edgeinfer.build.deploy import parse_shapes
+        from edgeinfer.deploy.encoder import parse_shapes
         from edgeinfer.run.loading import load
 
         extra = {"shapes": parse_shapes(tuple(shapes))} if shapes else {}
         return load(model, backend=backend, device=device, **extra)
-    from edgeinfer.build.segments import open_paged
+    from edgeinfer.deploy.segments import open_paged
 
     for opt, value in (("--paging", paging.window), ("--segments", paging.segments)):
         if value is not None and value < 1:
@@ -174,8 +174,8 @@ def run_once(
     load and run times, written files, paging stats (paged sessions) and embeddings (text bundles)."""
     import numpy as np
 
-    from edgeinfer.build.golden import non_finite
-    from edgeinfer.run.bundle import Bundle, is_bundle, run_padded
+    from edgeinfer.deploy.golden import non_finite
+    from edgeinfer.model.bundle import Bundle, is_bundle, run_padded
     from edgeinfer.run.loading import is_decoder_dir
 
     _check_request(model, inputs, texts, out_dir)

@@ -66,8 +66,8 @@ def profile_encoder(session: Session, model: Path, top: int, repeat: int) -> dic
 
 def encoder_feeds(session: Session, model: Path) -> tuple[dict[str, np.ndarray], str]:
     """The bundle's first golden input, or a synthetic one from the input specs."""
-    from edgeinfer.run.bundle import is_bundle
-    from edgeinfer.run.samples import load_saved_samples
+    from edgeinfer.model.bundle import is_bundle
+    from edgeinfer.model.samples import load_saved_samples
 
     golden = model / "golden" / "inputs.npz"
     if is_bundle(model) and golden.is_file():

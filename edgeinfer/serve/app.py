@@ -24,13 +24,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from edgeinfer.contract import remote_code
 from edgeinfer.errors import BackendError, EdgeInferError, InputError
-from edgeinfer.run.bundle import Bundle
+from edgeinfer.model.bundle import Bundle
 from edgeinfer.run.loading import is_decoder_dir
 from edgeinfer.serve.batcher import Batcher, Item, QueueFull, RequestFailed
 from edgeinfer.serve.config import ServeConfig
-from edgeinfer.serve.llm_api import add_routes
-from edgeinfer.serve.llm_api import warm as warm_llms
-from edgeinfer.serve.llm_engine import Engine, ServedLLM, open_llm
+from edgeinfer.serve.decoder_engine import Engine, ServedDecoder, open_llm
+from edgeinfer.serve.decoder_routes import add_routes
+from edgeinfer.serve.decoder_routes import warm as warm_llms
 from edgeinfer.serve.metrics import ENDPOINTS, Metrics
 from edgeinfer.serve.placement import check_devices
 from edgeinfer.serve.prep import (
@@ -70,11 +70,11 @@ _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_f
           503: "service_unavailable", 504: "timeout"}
 
 
-def open_models(paths: list[Path], ctx: int | None = None) -> tuple[dict[str, ServedModel], dict[str, ServedLLM]]:
+def open_models(paths: list[Path], ctx: int | None = None) -> tuple[dict[str, ServedModel], dict[str, ServedDecoder]]:
     """Open every bundle (manifest and artifacts checked here, before any worker starts): embedding and
     tensor bundles, and decoders (decoder bundles, Hugging Face decoder directories)."""
     models: dict[str, ServedModel] = {}
-    llms: dict[str, ServedLLM] = {}
+    llms: dict[str, ServedDecoder] = {}
     for p in paths:
         if is_decoder_dir(p):
             remote_code.allowed(p)  # serve never runs a model directory's own code (docs/security.md)
@@ -121,7 +121,7 @@ class State:
 
 
 def create_app(config: ServeConfig, models: dict[str, ServedModel] | None = None,
-               llms: dict[str, ServedLLM] | None = None) -> FastAPI:
+               llms: dict[str, ServedDecoder] | None = None) -> FastAPI:
     if models is None:
         models, llms = open_models(config.bundles, config.ctx)
     llms = llms or {}

@@ -23,8 +23,8 @@ from pydantic import BaseModel, ValidationError
 
 from edgeinfer.contract.backend import TensorSpec, validate_feeds
 from edgeinfer.errors import EdgeInferError, check_text
+from edgeinfer.model.bundle import Bundle
 from edgeinfer.run.buckets import longest_seq
-from edgeinfer.run.bundle import Bundle
 from edgeinfer.serve.schemas import EmbeddingRequest, InferRequest
 from edgeinfer.serve.workers import lower_priority
 

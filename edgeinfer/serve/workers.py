@@ -96,7 +96,7 @@ def _run_rows(session: Any, feeds: dict[str, np.ndarray], max_batch: int,
               stop: Callable[[], bool] = lambda: False) -> dict[str, np.ndarray]:
     """Run in chunks of ``max_batch`` rows (a multiple of a static batch, the last chunk padded), checking
     ``stop`` between chunks so a batch nobody waits for any more ends early."""
-    from edgeinfer.run.bundle import run_padded, static_batch
+    from edgeinfer.model.bundle import run_padded, static_batch
 
     fixed = static_batch(session.inputs)
     step = max_batch if fixed is None else max(fixed, max_batch // fixed * fixed)
@@ -179,7 +179,7 @@ def worker_main(conn: Any, index: int, entry: str | None, bundles: list[tuple[st
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process decides when workers stop
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     lower_priority()
-    from edgeinfer.run.bundle import Bundle
+    from edgeinfer.model.bundle import Bundle
 
     loaded: dict[str, tuple[Any, Any]] = {}
     try:

@@ -109,7 +109,7 @@ def export_onnx(out: Path, batch: int | None = None, seq: int | None = None) -> 
                                                   trust_remote_code=False).eval()
 
         def forward(self, input_ids, attention_mask, token_type_ids):
-            from edgeinfer.build.export import traceable_mask  # transformers 5.5 + jit trace: see there
+            from edgeinfer.deploy.export import traceable_mask  # transformers 5.5 + jit trace: see there
 
             return self.bert(
                 input_ids=input_ids, attention_mask=traceable_mask(attention_mask), token_type_ids=token_type_ids

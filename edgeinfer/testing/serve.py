@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from edgeinfer.run.bundle import Manifest, TextSpec, is_bundle, write
+from edgeinfer.model.bundle import Manifest, TextSpec, is_bundle, write
 
 
 def minilm_bundle(onnx: Path, out: Path, backend: str = "openvino", text: bool = True) -> Path:
@@ -120,7 +120,7 @@ def largest_generation_bodies(limit: int = 8 * 1024 * 1024,
     filling it, and (chat) as many messages as a request may hold (MAX_MESSAGES), filling it together."""
     import json
 
-    from edgeinfer.serve.llm_schemas import MAX_MESSAGES
+    from edgeinfer.serve.decoder_schemas import MAX_MESSAGES
 
     text = "word " * ((limit - 1024) // 5)
     part = "word " * (((limit - 1024) // MAX_MESSAGES - len(json.dumps({"role": "user", "content": ""}) + ", ")) // 5)

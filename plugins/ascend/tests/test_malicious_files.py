@@ -130,7 +130,7 @@ def test_ascend_artifact_holding_a_crafted_program_is_refused(base_pt2, x_npy, t
 @pytest.mark.parametrize("kind", ["pickled_sample_inputs", "sympy_expr"])
 def test_bundle_holding_a_crafted_program_is_refused(base_pt2, x_npy, tmp_path, kind, cli):
     from edgeinfer.contract import TensorSpec
-    from edgeinfer.run.bundle import Manifest, write
+    from edgeinfer.model.bundle import Manifest, write
 
     marker = tmp_path / "MARKER"
     evil = evil_pt2.craft(base_pt2, kind, tmp_path / "evil.pt2", marker)

@@ -197,7 +197,7 @@ class OnnxRuntimeBackend(Backend):
         return "static"
 
     def open_decoder(self, model: Path, device: str | None, context: int, slots: int, **options: Any):
-        from edgeinfer.build import cache
+        from edgeinfer.model import cache
 
         from .decoder import open_decoder
 

@@ -83,7 +83,7 @@ def test_continuous_batching_on_onnxruntime_gives_each_sequence_its_solo_text():
     mid-prefill while the others decode) each get the text the generator gives it alone."""
     import edgeinfer
     from edgeinfer.run.generation.options import GenerationOptions
-    from edgeinfer.serve.llm_scheduler import Scheduler
+    from edgeinfer.serve.decoder_scheduler import Scheduler
     from edgeinfer.testing.llm import model_dir
 
     prompts = ["The history of the city", "Once upon a time there was a river that", "In the morning"]

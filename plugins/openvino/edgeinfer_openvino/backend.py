@@ -686,7 +686,7 @@ class OpenVinoBackend(Backend):
 
     # --- decoders (edgeinfer_openvino.decoder) ----------------------------------------------
     def open_decoder(self, model: Path, device: str | None, context: int, slots: int, **options: Any):
-        from edgeinfer.build import cache
+        from edgeinfer.model import cache
 
         from .decoder import open_decoder
 
@@ -696,7 +696,7 @@ class OpenVinoBackend(Backend):
         self, model: Path, scheme: str, context: int, out: Path, calibration: Sequence[str] | None = None,
         **options: Any,
     ) -> dict[str, Any]:
-        from edgeinfer.build import cache
+        from edgeinfer.model import cache
 
         from .decoder_export import convert
 

@@ -166,7 +166,7 @@ def test_cancel_mid_stream_frees_the_batching_pipelines_kv_blocks(tiny_qwen3_ope
     get their solo text."""
     import edgeinfer
     from edgeinfer.run.generation.options import GenerationOptions
-    from edgeinfer.serve.llm_native import NativeScheduler
+    from edgeinfer.serve.decoder_native import NativeScheduler
 
     with edgeinfer.load(tiny_qwen3_openvino_bundle, slots=SLOTS) as gen:
         sched = NativeScheduler(gen)
@@ -203,7 +203,7 @@ def test_npu_pipeline_on_cpu_declares_one_slot_and_serves_one_sequence_at_a_time
     runs its requests one after another, each with its solo text, and a cancel ends the running one."""
     import edgeinfer
     from edgeinfer.run.generation.options import GenerationOptions
-    from edgeinfer.serve.llm_native import NativeScheduler
+    from edgeinfer.serve.decoder_native import NativeScheduler
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # the NPU → CPU fallback, said and expected here

@@ -282,8 +282,8 @@ def _flag(name: str, value: Any, default: bool) -> bool:
 
 def converted_dir(backend: Any, model: Path, scheme: str, context: int, options: dict[str, Any]) -> Path:
     """The artifact for a Hugging Face directory opened directly: converted once into the cache."""
-    from edgeinfer.build import cache
     from edgeinfer.contract import stamp
+    from edgeinfer.model import cache
 
     wanted = {k: options[k] for k in ("segments", "prefill_chunk", "target") if options.get(k) is not None}
     facts = {"model": stamp.sha256_file(model), "scheme": scheme, "context": context, **wanted,

@@ -120,7 +120,7 @@ def test_runtime_on_a_model_that_is_not_a_decoder_exits_2(tmp_path):
     ("rk3588-8g", {"runtime": "rkllm", "quant": "fp16"}, "deploys decoders as w8a8 only"),
 ])
 def test_bad_runtimes_are_input_errors(tmp_path, board, kwargs, needle):
-    from edgeinfer.build.deploy_decoder import deploy_decoder
+    from edgeinfer.deploy.decoder import deploy_decoder
 
     with pytest.raises(InputError, match=needle):
         deploy_decoder(model_dir(), board, tmp_path / "out", ctx=CTX, **kwargs)

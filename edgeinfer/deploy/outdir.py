@@ -10,7 +10,7 @@ from typing import Any
 
 from edgeinfer import files
 from edgeinfer.errors import InputError
-from edgeinfer.run import bundle as bundle_mod
+from edgeinfer.model import bundle as bundle_mod
 
 
 def check_out_dir(out_dir: Path) -> None:

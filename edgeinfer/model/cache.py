@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from edgeinfer import files
-from edgeinfer.run import seal
+from edgeinfer.model import seal
 
 
 def root() -> Path:

@@ -149,11 +149,11 @@ def check_bundle(bundle_dir: Path, inputs: Path | None = None, reference: Path |
                  threshold: float | None = None, device: str | None = None) -> dict[str, Any]:
     """Re-run an encoder bundle's golden check here: on its held-out samples against the outputs recorded
     at deploy, or on new ``inputs`` against the fp32 ``reference`` ONNX (what ``edgeinfer golden`` prints)."""
-    from edgeinfer.build.calibration import load_samples
     from edgeinfer.contract.names import ENCODER_REFERENCE
-    from edgeinfer.run.bundle import Bundle, run_padded
+    from edgeinfer.deploy.calibration import load_samples
+    from edgeinfer.model.bundle import Bundle, run_padded
+    from edgeinfer.model.samples import load_saved_samples
     from edgeinfer.run.loading import load
-    from edgeinfer.run.samples import load_saved_samples
 
     b = Bundle.open(bundle_dir, verify="full")
     limit = threshold if threshold is not None else (b.manifest.golden or {}).get("threshold", 0.99)

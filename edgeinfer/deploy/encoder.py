@@ -20,20 +20,20 @@ from typing import Any
 import numpy as np
 
 from edgeinfer import files
-from edgeinfer.build import buckets as buckets_mod
-from edgeinfer.build import cache, calibration, golden, outdir
 from edgeinfer.contract import registry as plugins
 from edgeinfer.contract import remote_code, stamp
 from edgeinfer.contract.backend import CalibrationSet, TensorSpec
 from edgeinfer.contract.names import ENCODER_REFERENCE
+from edgeinfer.deploy import buckets as buckets_mod
+from edgeinfer.deploy import calibration, golden, outdir
 from edgeinfer.errors import CheckFailed, InputError
+from edgeinfer.model import bundle as bundle_mod
+from edgeinfer.model import cache, seal
+from edgeinfer.model import samples as golden_samples
+from edgeinfer.model.bundle import Manifest, TextSpec, run_padded
 from edgeinfer.planning.boards import Board, get_board
 from edgeinfer.planning.quant import normalize_scheme
 from edgeinfer.progress import Progress
-from edgeinfer.run import bundle as bundle_mod
-from edgeinfer.run import samples as golden_samples
-from edgeinfer.run import seal
-from edgeinfer.run.bundle import Manifest, TextSpec, run_padded
 from edgeinfer.run.loading import is_decoder_dir
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
@@ -125,7 +125,7 @@ def reference_onnx(src: Source, shapes: dict[str, list[int]], progress: Progress
         return src.path
     if src.kind == "pt2":
         return None
-    from edgeinfer.build.export import export_hf_onnx
+    from edgeinfer.deploy.export import export_hf_onnx
 
     entry = cache.area("deploy") / "onnx" / cache.key([src.sha256, shapes], length=20)
     if not (cache.intact(entry) and (entry / "model.onnx").is_file()):  # the golden reference: never a damaged one
@@ -238,7 +238,7 @@ def deploy(
     src = source_of(model)
     if is_decoder_dir(src.path):
         raise InputError(f"{src.path} is a causal language model: deploy it with "
-                         "edgeinfer.build.deploy_decoder.deploy_decoder (the CLI does so by itself)")
+                         "edgeinfer.deploy.decoder.deploy_decoder (the CLI does so by itself)")
     if src.hf_dir is not None:
         remote_code.allowed(src.hf_dir)
         check_tokenizer(src.hf_dir)
@@ -341,7 +341,7 @@ def _build(src, b, backend, scheme, work, ref_path, reference, specs, shapes_use
     cal_set = CalibrationSet(calib_samples) if calib_samples else None
     with progress.step(f"converting to {backend.name} {scheme} for {board_target(b)}"):
         if layout:
-            from edgeinfer.build.segments import deploy_segments
+            from edgeinfer.deploy.segments import deploy_segments
 
             artifacts = deploy_segments(backend, convert_input, work, scheme, cal_set, layout.get("segments"),
                                         layout.get("cuts"), **convert_opts)

@@ -39,8 +39,8 @@ def llm_worker_main(conn: Any, path: str, backend: str, entry: str | None, conte
     # not lowered like the embedding workers (workers.lower_priority): every stream waits on this process's
     # steps, and a step is short, so the HTTP process gets the CPU between two of them anyway
     from edgeinfer.run.generation.options import GenerationOptions
-    from edgeinfer.serve.llm_native import NativeScheduler
-    from edgeinfer.serve.llm_scheduler import Scheduler
+    from edgeinfer.serve.decoder_native import NativeScheduler
+    from edgeinfer.serve.decoder_scheduler import Scheduler
 
     try:
         gen = load_generator(path, backend, entry, context, slots, threads)

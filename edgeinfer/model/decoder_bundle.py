@@ -23,10 +23,10 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 from edgeinfer.contract import remote_code, stamp
 from edgeinfer.errors import InputError, ModelError
-from edgeinfer.run import seal
+from edgeinfer.model import seal
 
 if TYPE_CHECKING:
-    from edgeinfer.run.bundle import Bundle
+    from edgeinfer.model.bundle import Bundle
     from edgeinfer.run.generation.generator import Generator
     from edgeinfer.run.generation.golden import Recorded
 
@@ -163,8 +163,8 @@ def save_reference(directory: Path, recorded: list[Recorded]) -> None:
 
 def load_reference(bundle: Bundle) -> list[Recorded]:
     """The recorded reference of a decoder bundle (refused, never unpickled, when malformed)."""
+    from edgeinfer.model.samples import load_saved_samples
     from edgeinfer.run.generation.golden import Recorded
-    from edgeinfer.run.samples import load_saved_samples
 
     prompts_path = bundle.file(PROMPTS, "golden prompts")
     try:

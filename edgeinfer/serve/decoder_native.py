@@ -22,7 +22,7 @@ from edgeinfer.contract.decoder import Decoder, NativeStep
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.run.generation.generator import Answer, Generator
 from edgeinfer.run.generation.options import GenerationOptions
-from edgeinfer.serve.llm_scheduler import Event
+from edgeinfer.serve.decoder_scheduler import Event
 
 #: how long one step of :class:`OneAtATime` waits for the runtime's next token before it lets the
 #: worker read its pipe again (new requests, cancels)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from edgeinfer.errors import InputError
-from edgeinfer.serve.llm_worker import llm_worker_main
+from edgeinfer.serve.decoder_worker import llm_worker_main
 from edgeinfer.serve.workers import STOP_GRACE_S, stop_process
 
 log = logging.getLogger("edgeinfer.serve")
@@ -32,7 +32,7 @@ class QueueFull(Exception):
 
 
 @dataclass
-class ServedLLM:
+class ServedDecoder:
     """A decoder bundle or Hugging Face decoder directory, as the HTTP side sees it."""
 
     name: str
@@ -49,10 +49,10 @@ class ServedLLM:
                 "slots": slots, "endpoints": ["/v1/chat/completions", "/v1/completions"]}
 
 
-def open_llm(path: Path, bundle: Any = None, ctx: int | None = None) -> ServedLLM:
+def open_llm(path: Path, bundle: Any = None, ctx: int | None = None) -> ServedDecoder:
     """A decoder bundle (``bundle``, already opened and verified) or an HF decoder dir (``path``)."""
     from edgeinfer.contract.names import DECODER_REFERENCE
-    from edgeinfer.run import seal
+    from edgeinfer.model import seal
     from edgeinfer.run.generation.text import TextCodec
     from edgeinfer.run.loading import DEFAULT_CONTEXT, model_context_limit
 
@@ -63,13 +63,14 @@ def open_llm(path: Path, bundle: Any = None, ctx: int | None = None) -> ServedLL
             raise InputError(f"bundle {path} was built for a context of {built} tokens, not {ctx}; use --ctx "
                              f"{built} or less")
         codec = TextCodec(seal.contained(bundle.path, m.decoder.get("tokenizer", "tokenizer"), "decoder.tokenizer"))
-        return ServedLLM(bundle.path.resolve().name, bundle.path, m.backend, ctx or built, codec, m.board, m.scheme)
+        return ServedDecoder(bundle.path.resolve().name, bundle.path, m.backend, ctx or built, codec, m.board,
+                             m.scheme)
     limit = model_context_limit(path)
     context = ctx or min(limit or DEFAULT_CONTEXT, DEFAULT_CONTEXT)
-    return ServedLLM(path.resolve().name, path, DECODER_REFERENCE, context, TextCodec(path), "", "fp32")
+    return ServedDecoder(path.resolve().name, path, DECODER_REFERENCE, context, TextCodec(path), "", "fp32")
 
 
-def planned_kv_bytes(llm: ServedLLM, slots: int) -> int | None:
+def planned_kv_bytes(llm: ServedDecoder, slots: int) -> int | None:
     """The planner's KV figure for ``slots`` × ``context`` (fp32 KV, as the step decoders hold it)."""
     from edgeinfer.planning.models.hf import spec_from_config
     from edgeinfer.planning.planner import kv_bytes
@@ -99,7 +100,7 @@ class Request:
 class Engine:
     """One decoder model served by one worker process with ``slots`` KV slots."""
 
-    def __init__(self, llm: ServedLLM, slots: int, max_queue: int, prefill_chunk: int | None,
+    def __init__(self, llm: ServedDecoder, slots: int, max_queue: int, prefill_chunk: int | None,
                  entry: str | None = None, max_restarts: int = 5, restart_window_s: float = 60.0,
                  observe: Any = None, threads: int | None = None):
         self.threads = threads

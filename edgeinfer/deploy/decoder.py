@@ -1,9 +1,9 @@
 """``edgeinfer deploy`` of a causal language model: one Hugging Face decoder → a checked decoder bundle.
 
 plan at the asked context (refuse what does not fit) → the board's backend ``convert_decoder``
-(cached: :mod:`edgeinfer.build.cache`) → golden check of the converted decoder against the fp32
+(cached: :mod:`edgeinfer.model.cache`) → golden check of the converted decoder against the fp32
 transformers reference, greedy (:mod:`edgeinfer.run.generation.golden`) → a sealed bundle
-(:mod:`edgeinfer.run.decoder_bundle`). Nothing is written at ``-o`` unless the check passes, or the
+(:mod:`edgeinfer.model.decoder_bundle`). Nothing is written at ``-o`` unless the check passes, or the
 backend stamped the artifact ``unchecked`` (a runtime that cannot run on this host, such as RKLLM on x86):
 then the bundle says, in its golden report, that the check was not run and why.
 
@@ -22,18 +22,18 @@ from pathlib import Path
 from typing import Any
 
 from edgeinfer import files
-from edgeinfer.build import cache, outdir
 from edgeinfer.contract import registry as plugins
 from edgeinfer.contract import remote_code, stamp
 from edgeinfer.contract.backend import Backend, TensorSpec
 from edgeinfer.contract.names import DECODER_REFERENCE
+from edgeinfer.deploy import outdir
 from edgeinfer.errors import BackendUnavailableError, CheckFailed, InputError
+from edgeinfer.model import bundle as bundle_mod
+from edgeinfer.model import cache, decoder_bundle, seal
+from edgeinfer.model.bundle import Manifest
 from edgeinfer.planning.boards import Board, get_board
 from edgeinfer.planning.quant import normalize_scheme
 from edgeinfer.progress import Progress
-from edgeinfer.run import bundle as bundle_mod
-from edgeinfer.run import decoder_bundle, seal
-from edgeinfer.run.bundle import Manifest
 from edgeinfer.run.generation import golden
 from edgeinfer.run.loading import DEFAULT_CONTEXT, is_decoder_dir, model_context_limit
 

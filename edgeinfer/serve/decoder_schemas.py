@@ -1,6 +1,6 @@
 """The OpenAI chat / completions request models (strict JSON types, a bound on every list and string) and the
 fields this server refuses. Pydantic only: the request-preparation processes import it without FastAPI.
-edgeinfer/serve/llm_api.py documents what is supported; docs/serve.md lists it for users."""
+edgeinfer/serve/decoder_routes.py documents what is supported; docs/serve.md lists it for users."""
 
 from __future__ import annotations
 

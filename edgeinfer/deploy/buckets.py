@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer.build import golden
 from edgeinfer.contract.backend import CalibrationSet, TensorSpec
+from edgeinfer.deploy import golden
 from edgeinfer.errors import CheckFailed, InputError
 from edgeinfer.run.buckets import MASK, BucketedSession, Shape
 from edgeinfer.run.padding import run_padded

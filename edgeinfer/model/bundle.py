@@ -14,7 +14,7 @@ Layout::
       tokenizer/               tokenizer.json (+ config) for text models
       golden/                  held-out inputs and reference outputs (.npz, no pickle)
 
-Bundles are sealed (:mod:`edgeinfer.run.seal`): the manifest is validated in full when a bundle is
+Bundles are sealed (:mod:`edgeinfer.model.seal`): the manifest is validated in full when a bundle is
 opened, every path it names must stay inside the bundle, and ``files`` records the size and
 sha256 of every file. ``open`` compares sizes; ``golden``, ``serve`` and ``verify`` hash everything.
 """
@@ -44,10 +44,10 @@ from pydantic import (
 from edgeinfer.contract.backend import Session, TensorSpec
 from edgeinfer.contract.helpers import first_line
 from edgeinfer.errors import InputError, check_text
+from edgeinfer.model import decoder_bundle, seal
+from edgeinfer.model.decoder_bundle import DecoderSection
 from edgeinfer.run import buckets as buckets_mod
-from edgeinfer.run import decoder_bundle, seal
 from edgeinfer.run.buckets import BucketsSection
-from edgeinfer.run.decoder_bundle import DecoderSection
 from edgeinfer.run.padding import run_padded, static_batch  # noqa: F401 - re-exported (their old home)
 
 SCHEMA = "edgeinfer.bundle/1"

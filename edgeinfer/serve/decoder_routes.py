@@ -29,9 +29,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from edgeinfer.errors import EdgeInferError
-from edgeinfer.serve.llm_engine import Engine, QueueFull, ServedLLM
-from edgeinfer.serve.llm_engine import Request as GenRequest
-from edgeinfer.serve.llm_schemas import ChatRequest, CompletionRequest, body_doc
+from edgeinfer.serve.decoder_engine import Engine, QueueFull, ServedDecoder
+from edgeinfer.serve.decoder_engine import Request as GenRequest
+from edgeinfer.serve.decoder_schemas import ChatRequest, CompletionRequest, body_doc
 from edgeinfer.serve.prep import OFFLOAD_BYTES, ApiError, elsewhere_error, read_json, validated
 from edgeinfer.serve.schemas import ERRORS
 
@@ -60,7 +60,7 @@ def add_routes(app: FastAPI, engines: dict[str, Engine], timeout_s: float, accep
 
 def engine_for(engines: dict[str, Any], model: str | None, endpoint: str = "",
                elsewhere: dict[str, str] | None = None) -> Any:
-    """The served decoder ``model`` names (``engines``: name → engine or ServedLLM)."""
+    """The served decoder ``model`` names (``engines``: name → engine or ServedDecoder)."""
     if model is not None:
         if model not in engines:
             other = elsewhere_error(model, endpoint, elsewhere)
@@ -88,7 +88,7 @@ class PreparedPrompt:
         return self.options["logprobs"]
 
 
-def prepare_generation(llms: dict[str, ServedLLM], raw: bytes, content_type: str, chat: bool,
+def prepare_generation(llms: dict[str, ServedDecoder], raw: bytes, content_type: str, chat: bool,
                        elsewhere: dict[str, str] | None = None) -> PreparedPrompt:
     """Parse and check a chat / completion body, render the chat template and tokenize: CPU work that
     :class:`~edgeinfer.serve.prep.Offload` runs off the event loop."""
@@ -99,14 +99,14 @@ def prepare_generation(llms: dict[str, ServedLLM], raw: bytes, content_type: str
                           bool(body.stream_options and body.stream_options.include_usage))
 
 
-def warm(llms: dict[str, ServedLLM]) -> None:
+def warm(llms: dict[str, ServedDecoder]) -> None:
     """Run once in each helper process at start-up: imports this module there and sizes the vocabularies,
     so the first request does not pay for it."""
     for llm in llms.values():
         llm.codec.longest_token  # noqa: B018 - a cached property
 
 
-async def _inline(heavy: bool, fn: Any, *args: Any, llms: dict[str, ServedLLM]) -> Any:
+async def _inline(heavy: bool, fn: Any, *args: Any, llms: dict[str, ServedDecoder]) -> Any:
     return fn(llms, *args)
 
 
@@ -159,7 +159,7 @@ def check_logprobs(eng: Engine, wanted: int | None) -> None:
 CHARS_SLACK = 2
 
 
-def check_length_cheaply(llm: ServedLLM, chars: int) -> int:
+def check_length_cheaply(llm: ServedDecoder, chars: int) -> int:
     """A prompt of more characters than the context can hold even in the vocabulary's longest tokens
     cannot fit: refused before the chat template and the tokenizer spend time on it. Returns the bound."""
     limit = llm.context * max(1, llm.codec.longest_token) * CHARS_SLACK
@@ -170,7 +170,7 @@ def check_length_cheaply(llm: ServedLLM, chars: int) -> int:
     return limit
 
 
-def prompt_and_options(llm: ServedLLM, body: Any, chat: bool) -> tuple[list[int], dict[str, Any]]:
+def prompt_and_options(llm: ServedDecoder, body: Any, chat: bool) -> tuple[list[int], dict[str, Any]]:
     """The prompt's token ids and the generation options; 400 on what the model cannot do."""
     if body.n not in (None, 1):
         raise ApiError(400, f"n={body.n}: this server generates one choice per request; send n=1 (or omit it)")
