@@ -134,9 +134,9 @@ def main() -> None:
     import _common
 
     from edgeinfer.contract import registry as plugins
-    from edgeinfer.deploy import segments as seg_mod
-    from edgeinfer.deploy import split as split_mod
     from edgeinfer.planning import paging
+    from edgeinfer.run import segments as seg_mod
+    from edgeinfer.run import split as split_mod
     from edgeinfer.testing import fixtures
 
     quick = "--quick" in sys.argv

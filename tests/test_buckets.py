@@ -18,6 +18,7 @@ from edgeinfer.deploy import buckets as build_buckets
 from edgeinfer.errors import FeedError, InputError
 from edgeinfer.model.bundle import Bundle
 from edgeinfer.run import buckets
+from edgeinfer.run.bundle import open_session, tokenize_texts
 from edgeinfer.testing import minilm, models
 
 NINE = [(b, s) for b in (1, 4, 8) for s in (32, 64, 128)]
@@ -129,7 +130,7 @@ def bucketed(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def loaded(bucketed):
     """The bucketed bundle loaded once (every bucket compiled); tests clear its counts first."""
-    with Bundle.open(bucketed).load() as session:
+    with open_session(Bundle.open(bucketed)) as session:
         yield session
 
 
@@ -210,7 +211,7 @@ def test_serve_worker_runs_a_batch_on_the_smallest_bucket(bucketed, loaded):
 
     bundle, session = Bundle.open(bucketed), loaded
     session.counts.clear()
-    feeds = bundle.tokenize(SHORT)  # padded to 128 as requests arrive; the worker cuts them to their length
+    feeds = tokenize_texts(bundle, SHORT)  # padded to 128 as requests arrive; the worker cuts them to their length
     parts = run_batch(bundle, session, "embed", feeds, [1, 2], max_batch=32)
     assert session.counts == {(4, 32): 1}
     want = minilm.mean_pool(_reference_hf(feeds), feeds["attention_mask"])

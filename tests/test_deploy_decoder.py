@@ -112,9 +112,10 @@ def test_greedy_tokens_from_the_bundle_equal_transformers_generate(bundle, hf_gr
 
 def test_tensor_entry_points_refuse_a_decoder_bundle_in_one_line(bundle):
     from edgeinfer.model.bundle import Bundle
+    from edgeinfer.run.bundle import open_session
 
     with pytest.raises(InputError, match="holds a decoder .*edgeinfer generate"):
-        Bundle.open(bundle).load()
+        open_session(Bundle.open(bundle))
 
 
 def test_a_smaller_context_loads_and_a_larger_one_is_refused(bundle):

@@ -12,11 +12,11 @@ import pytest
 from helpers import edgeinfer as run_cli
 
 from edgeinfer.contract import registry as plugins
-from edgeinfer.deploy import segments as seg_mod
-from edgeinfer.deploy import split as split_mod
 from edgeinfer.errors import EdgeInferError, InputError
 from edgeinfer.planning import paging
 from edgeinfer.run import paged as paged_mod
+from edgeinfer.run import segments as seg_mod
+from edgeinfer.run import split as split_mod
 from edgeinfer.testing.models import deep_stack
 
 onnx = pytest.importorskip("onnx")
@@ -387,6 +387,7 @@ def test_cli_plan_paging_json_and_exit_codes():
 def test_a_segmented_bundle_loads_paged(deep, tmp_path, x):
     from edgeinfer.contract.backend import TensorSpec
     from edgeinfer.model import bundle
+    from edgeinfer.run.bundle import open_session
 
     be = plugins.get_backend("onnxruntime")
     arts = seg_mod.deploy_segments(be, deep, tmp_path / "b", "fp32", None, segments=3)
@@ -396,7 +397,7 @@ def test_a_segmented_bundle_loads_paged(deep, tmp_path, x):
         backend="onnxruntime", board="host", scheme="fp32", artifacts=[a.name for a in arts], inputs=spec,
         outputs=[TensorSpec("y", ("batch", DIM), "float32")], source={"path": str(deep)},
         paging={"window": 2, "prefetch": True, "segments": 3}))
-    with bundle.Bundle.open(tmp_path / "b").load() as sess:
+    with open_session(bundle.Bundle.open(tmp_path / "b")) as sess:
         assert isinstance(sess, paged_mod.PagedSession) and sess.window == 2
         assert np.array_equal(sess.run({"x": x})["y"], ort_run(deep, {"x": x})[0])
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from edgeinfer.model.bundle import Bundle
+from edgeinfer.run.bundle import embed, open_session, tokenize_texts
 from edgeinfer.testing import minilm
 from edgeinfer.testing.serve import ServerProc, minilm_bundle
 
@@ -42,14 +43,14 @@ def server(bundles, tmp_path_factory):
 @pytest.fixture(scope="module")
 def direct_ov(bundles):
     b = Bundle.open(bundles["ov"])
-    with b.load() as s:
+    with open_session(b) as s:
         yield b, s
 
 
 @pytest.fixture(scope="module")
 def direct_ort(bundles):
     b = Bundle.open(bundles["ort"])
-    with b.load() as s:
+    with open_session(b) as s:
         yield b, s
 
 
@@ -92,8 +93,8 @@ def test_every_embedding_request_answered_once_and_equal_to_a_direct_run(server,
         assert body["object"] == "list" and body["model"] == "minilm-ov"
         assert [d["index"] for d in body["data"]] == list(range(len(texts)))
         got = np.array([d["embedding"] for d in body["data"]], dtype=np.float32)
-        feeds = bundle.tokenize(texts)
-        want = bundle.embed(session.run(feeds), feeds)
+        feeds = tokenize_texts(bundle, texts)
+        want = embed(bundle, session.run(feeds), feeds)
         np.testing.assert_allclose(got, want, atol=2e-4, err_msg=rid)
         # usage counts the real tokens, from the tokenizer itself
         assert body["usage"]["prompt_tokens"] == int(minilm.tokenize(texts)["attention_mask"].sum())
@@ -165,7 +166,7 @@ def test_models_health_ready_metrics_openapi(server):
 
 def test_static_batch_bundle_merges_rows_and_runs_them_padded(server, bundles):
     """A [1, 128] bundle (as NPUs need): merged requests run in chunks of the static batch, split back."""
-    from edgeinfer.model.bundle import run_padded
+    from edgeinfer.run.padding import run_padded
 
     b = Bundle.open(bundles["static"])
     sents = minilm.heldout_sentences(12)
@@ -175,11 +176,11 @@ def test_static_batch_bundle_merges_rows_and_runs_them_padded(server, bundles):
         results = list(ex.map(lambda t: post(server.url, "/v1/embeddings", {"input": t, "model": "minilm-static"}),
                               jobs))
     after = httpx.get(server.url + "/metrics").text
-    with b.load() as session:
+    with open_session(b) as session:
         for texts, r in zip(jobs, results):
             assert r.status_code == 200, r.text
-            feeds = b.tokenize(texts)
-            want = b.embed(run_padded(session, feeds), feeds)
+            feeds = tokenize_texts(b, texts)
+            want = embed(b, run_padded(session, feeds), feeds)
             np.testing.assert_allclose(np.array([d["embedding"] for d in r.json()["data"]]), want, atol=2e-4)
     rows = metric(after, "edgeinfer_batch_size_sum", model="minilm-static") - metric(
         before, "edgeinfer_batch_size_sum", model="minilm-static")

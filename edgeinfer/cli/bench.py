@@ -82,7 +82,10 @@ def bench(bundle_dir: Path, batch: str | None, seq: str | None, prompt_lengths: 
         check_output_file(output, "--output", (".json",))
     if threads is not None and threads < 1:
         raise InputError(f"--threads must be at least 1, got {threads}")
-    loaded = _load(bundle_dir, backend, device, ctx, threads, trust_remote_code)
+    from edgeinfer.model.kind import kind
+
+    found = kind(bundle_dir, "bundle")
+    loaded = _load(bundle_dir, found, backend, device, ctx, threads, trust_remote_code)
     from edgeinfer.run.generation.generator import Generator
 
     if isinstance(loaded, Generator):
@@ -90,7 +93,7 @@ def bench(bundle_dir: Path, batch: str | None, seq: str | None, prompt_lengths: 
             loaded.close()
             raise InputError("--batch and --seq apply to encoder bundles; for a decoder use --prompt-lengths")
         report = _bench_decoder(loaded, bundle_dir, lengths, new_tokens, repeat, as_json)
-        check = _self_check(bundle_dir, report, board)
+        check = _self_check(bundle_dir, found, report, board)
         if check is not None:
             report["self_check"] = check
         if plot:
@@ -113,21 +116,23 @@ def bench(bundle_dir: Path, batch: str | None, seq: str | None, prompt_lengths: 
     emit(report, as_json, render)
 
 
-def _load(path: Path, backend: str | None, device: str | None, ctx: int | None, threads: int | None,
+def _load(path: Path, found: Any, backend: str | None, device: str | None, ctx: int | None, threads: int | None,
           trust_remote_code: bool) -> Any:
     """A Generator for a decoder directory or decoder bundle, else an encoder bundle's Session."""
-    from edgeinfer.model.bundle import Bundle, is_bundle
-    from edgeinfer.run.loading import is_decoder_dir, load, load_generator
+    from edgeinfer.model.bundle import not_a_bundle
+    from edgeinfer.model.kind import Kind
+    from edgeinfer.run.loading import load
 
-    if is_decoder_dir(path):
-        return load_generator(path, backend=backend, device=device, ctx=ctx, trust_remote_code=trust_remote_code,
-                              **({"threads": threads} if threads else {}))
-    if not is_bundle(path):
-        Bundle.open(path)  # raises the reason: not found, not a bundle
-    if ctx is not None or threads is not None:
-        raise InputError("--ctx and --threads apply to a model directory; a bundle runs with the context it was "
-                         "built for")
-    return load(path, backend=backend, device=device, trust_remote_code=trust_remote_code)
+    match found:
+        case Kind.DECODER_DIR:
+            return load(path, backend=backend, device=device, ctx=ctx, trust_remote_code=trust_remote_code,
+                        **({"threads": threads} if threads else {}))
+        case Kind.ENCODER_BUNDLE | Kind.DECODER_BUNDLE:
+            if ctx is not None or threads is not None:
+                raise InputError("--ctx and --threads apply to a model directory; a bundle runs with the context "
+                                 "it was built for")
+            return load(path, backend=backend, device=device, trust_remote_code=trust_remote_code)
+    raise not_a_bundle(path)
 
 
 def _bench_decoder(gen: Any, model: Path, lengths: list[int] | None, new_tokens: int | None, repeat: int | None,
@@ -141,16 +146,17 @@ def _bench_decoder(gen: Any, model: Path, lengths: list[int] | None, new_tokens:
                                    progress=Progress(enabled=None if not as_json else False))
 
 
-def _self_check(path: Path, report: dict[str, Any], board: str | None) -> dict[str, Any] | None:
+def _self_check(path: Path, found: Any, report: dict[str, Any], board: str | None) -> dict[str, Any] | None:
     """The plan's predictions for a decoder bundle next to the measurements; None for a model directory."""
     from edgeinfer.errors import BoardError
-    from edgeinfer.model.bundle import Bundle, is_bundle
+    from edgeinfer.model.bundle import Bundle
     from edgeinfer.model.decoder_bundle import TOKENIZER
+    from edgeinfer.model.kind import Kind
     from edgeinfer.planning.boards import get_board
     from edgeinfer.planning.models.hf import read_config, spec_from_config
     from edgeinfer.planning.selfcheck import self_check
 
-    if not is_bundle(path):
+    if found is not Kind.DECODER_BUNDLE:
         if board is not None:
             raise InputError("--board applies to decoder bundles (the self-check); this is a model directory")
         return None

@@ -57,11 +57,12 @@ def deploy(
     with the backend's decoder path and checked against transformers fp32, greedy (docs/generation.md).
     """
     from edgeinfer.deploy import encoder as deploy_mod
+    from edgeinfer.model.kind import Kind, kind
     from edgeinfer.progress import Progress
-    from edgeinfer.run.loading import is_decoder_dir
+    from edgeinfer.run.loading import parse_shapes
 
     progress = Progress(enabled=None if not as_json else False)
-    if is_decoder_dir(model):
+    if kind(model, hint="pass a Hugging Face directory, an .onnx file or a .pt2 program") is Kind.DECODER_DIR:
         _deploy_decoder(model, board, out, quant, ctx, calib, golden_inputs, force, threshold, no_cache, progress,
                         parse_options(backend_options), runtime, as_json,
                         {"--shape": shapes, "--paging": paging, "--segments": segments, "--cut": cuts,
@@ -73,7 +74,7 @@ def deploy(
         raise InputError(f"--runtime applies to decoder (language) models; {model} is not one")
     result = deploy_mod.deploy(
         model, board, out, quant=quant, calib=calib, golden_inputs=golden_inputs,
-        shapes=deploy_mod.parse_shapes(shapes), force=force, threshold=threshold, max_samples=max_samples,
+        shapes=parse_shapes(shapes), force=force, threshold=threshold, max_samples=max_samples,
         options=parse_options(backend_options), progress=progress, use_cache=not no_cache, paging=paging,
         segments=segments, cuts=list(cuts) or None, buckets=buckets, trust_remote_code=trust_remote_code,
     )
@@ -139,11 +140,11 @@ def golden(
     device: str | None, as_json: bool, trust_remote_code: bool,
 ) -> None:
     """Re-run the golden check of BUNDLE on this machine (exit 1 when it fails)."""
-    from edgeinfer.model.bundle import is_bundle, read_manifest
+    from edgeinfer.model.kind import Kind, kind
 
     if threshold is not None and not (math.isfinite(threshold) and -1 <= threshold <= 1):
         raise InputError(f"--threshold is a minimum cosine between -1 and 1, got {threshold}")
-    if is_bundle(bundle_dir) and read_manifest(bundle_dir).decoder is not None:
+    if kind(bundle_dir, "bundle") is Kind.DECODER_BUNDLE:
         from edgeinfer.deploy.decoder import golden_bundle
         from edgeinfer.run.generation.golden import summary_line
 

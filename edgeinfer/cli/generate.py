@@ -20,24 +20,20 @@ def _options(**kw: Any) -> Any:
 
 
 def _load(model: Path, backend: str | None, device: str | None, ctx: int | None, trust_remote_code: bool) -> Any:
-    from edgeinfer.model.bundle import Bundle, is_bundle
-    from edgeinfer.run.loading import is_decoder_dir, load_generator
+    from edgeinfer.model.bundle import Bundle
+    from edgeinfer.model.kind import Kind, kind
+    from edgeinfer.run.loading import load
 
-    if not model.exists():
-        raise InputError(f"model not found: {model}")
-    if is_bundle(model):
-        bundle = Bundle.open(model)
-        if bundle.manifest.decoder is None:
+    match kind(model):
+        case Kind.DECODER_DIR | Kind.DECODER_BUNDLE:
+            return load(model, backend=backend, device=device, ctx=ctx, trust_remote_code=trust_remote_code)
+        case Kind.ENCODER_BUNDLE:
+            Bundle.open(model)  # a damaged bundle says so first
             raise InputError(f"bundle {model} holds no decoder (language) model; use `edgeinfer run` for it")
-        from edgeinfer.model.decoder_bundle import open_generator
-
-        return open_generator(bundle, device=device, ctx=ctx, backend=backend, trust_remote_code=trust_remote_code)
-    if not is_decoder_dir(model):
-        raise InputError(
-            f"{model} is not a decoder (language) model directory (its config.json names no *ForCausalLM); "
-            "use `edgeinfer run` for other models"
-        )
-    return load_generator(model, backend=backend, device=device, ctx=ctx, trust_remote_code=trust_remote_code)
+    raise InputError(
+        f"{model} is not a decoder (language) model directory (its config.json names no *ForCausalLM); "
+        "use `edgeinfer run` for other models"
+    )
 
 
 def sampling_options(f: Any) -> Any:

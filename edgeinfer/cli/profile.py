@@ -34,8 +34,9 @@ def profile_cmd(model: Path, top: int, repeat: int, backend: str | None, device:
     Encoders (model file or bundle): one run on the bundle's golden input (or a synthetic one).
     Decoders (Hugging Face causal-LM directory or decoder bundle): per phase, prefill and decode.
     """
+    from edgeinfer.model.kind import Kind, kind
     from edgeinfer.run import profile as prof
-    from edgeinfer.run.loading import is_decoder_dir, load
+    from edgeinfer.run.loading import load
 
     prof.check_counts(top, repeat)
     if top > MAX_TOP or repeat > MAX_REPEAT:
@@ -43,9 +44,7 @@ def profile_cmd(model: Path, top: int, repeat: int, backend: str | None, device:
     for name, value in (("--ctx", ctx), ("--prompt-length", prompt_length), ("--threads", threads)):
         if value is not None and value < 1:
             raise InputError(f"{name} must be at least 1, got {value}")
-    if not model.exists():
-        raise InputError(f"model not found: {model}")
-    decoder_dir = is_decoder_dir(model)
+    decoder_dir = kind(model) is Kind.DECODER_DIR
     if not decoder_dir and (ctx is not None or threads is not None):
         raise InputError("--ctx and --threads apply to a decoder model directory")
     options: dict[str, Any] = {"ctx": ctx, "threads": threads} if decoder_dir else {}

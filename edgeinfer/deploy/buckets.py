@@ -23,7 +23,8 @@ import numpy as np
 from edgeinfer.contract.backend import CalibrationSet, TensorSpec
 from edgeinfer.deploy import golden
 from edgeinfer.errors import CheckFailed, InputError
-from edgeinfer.run.buckets import MASK, BucketedSession, Shape
+from edgeinfer.model.buckets import MASK
+from edgeinfer.run.buckets import BucketedSession, Shape
 from edgeinfer.run.padding import run_padded
 
 BATCHES = (1, 4, 8)

@@ -31,11 +31,13 @@ from edgeinfer.errors import BackendUnavailableError, CheckFailed, InputError
 from edgeinfer.model import bundle as bundle_mod
 from edgeinfer.model import cache, decoder_bundle, seal
 from edgeinfer.model.bundle import Manifest
+from edgeinfer.model.kind import Kind, find, model_context_limit
 from edgeinfer.planning.boards import Board, get_board
 from edgeinfer.planning.quant import normalize_scheme
 from edgeinfer.progress import Progress
+from edgeinfer.run import bundle as run_bundle
 from edgeinfer.run.generation import golden
-from edgeinfer.run.loading import DEFAULT_CONTEXT, is_decoder_dir, model_context_limit
+from edgeinfer.run.loading import DEFAULT_CONTEXT
 
 GOLDEN_PROMPTS = 4
 GOLDEN_TOKENS = 32
@@ -92,7 +94,7 @@ def deploy_decoder(
     out_dir = Path(out)
     outdir.check_out_dir(out_dir)
     hf_dir = Path(model)
-    if not is_decoder_dir(hf_dir):
+    if find(hf_dir) is not Kind.DECODER_DIR:
         raise InputError(f"{hf_dir} is not a causal language model directory (config.json names no *ForCausalLM)")
     remote_code.allowed(hf_dir)
     check_text(hf_dir)
@@ -340,7 +342,7 @@ def check_golden(hf_dir: Path, work: Path, backend: Backend, scheme: str, contex
     return report, recorded
 
 
-def judge(candidate: Any, recorded: list[golden.Recorded], new_tokens: int, scheme: str,
+def judge(candidate: Any, recorded: list[decoder_bundle.Recorded], new_tokens: int, scheme: str,
           thresholds: golden.Thresholds, min_cosine: float | None) -> dict[str, Any]:
     """The golden verdict on ``candidate``: what deploy and ``edgeinfer golden`` both return."""
     if min_cosine is not None:
@@ -369,7 +371,7 @@ def golden_bundle(path: str | os.PathLike[str], device: str | None = None,
         pass  # a bundle without its report: the scheme's thresholds
     n = before.get("new_tokens") or max(len(r.token_ids) for r in recorded)
     backend = plugins.get_backend(b.manifest.backend)
-    with decoder_bundle.open_generator(b, device=device, trust_remote_code=trust_remote_code,
+    with run_bundle.open_generator(b, device=device, trust_remote_code=trust_remote_code,
                                        **backend.logits_options) as candidate:
         report = judge(candidate, recorded, int(n), b.manifest.scheme, t, min_cosine)
     report["bundle"] = str(b.path)

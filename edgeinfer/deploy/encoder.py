@@ -30,11 +30,13 @@ from edgeinfer.errors import CheckFailed, InputError
 from edgeinfer.model import bundle as bundle_mod
 from edgeinfer.model import cache, seal
 from edgeinfer.model import samples as golden_samples
-from edgeinfer.model.bundle import Manifest, TextSpec, run_padded
+from edgeinfer.model.bundle import Manifest, TextSpec
+from edgeinfer.model.kind import Kind, kind
 from edgeinfer.planning.boards import Board, get_board
 from edgeinfer.planning.quant import normalize_scheme
 from edgeinfer.progress import Progress
-from edgeinfer.run.loading import is_decoder_dir
+from edgeinfer.run import bundle as run_bundle
+from edgeinfer.run.padding import run_padded
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 DEFAULT_SEQ = 128
@@ -81,34 +83,20 @@ class DeployResult:
 
 def source_of(model: str | os.PathLike[str]) -> Source:
     p = Path(model)
-    if not p.exists():
-        raise InputError(f"model not found: {p} (pass a Hugging Face directory, an .onnx file or a .pt2 program)")
-    if p.is_dir():
-        if not (p / "config.json").is_file():
-            raise InputError(f"{p} is a directory without config.json; pass a Hugging Face model directory")
-        kind = "hf"
-    elif p.suffix.lower() == ".onnx":
-        kind = "onnx"
-    elif p.suffix.lower() == ".pt2":
-        kind = "pt2"
-    else:
-        raise InputError(f"cannot deploy {p.name}: pass a Hugging Face directory, an .onnx file or a .pt2 program")
-    return Source(p, kind, stamp.sha256_file(p))
-
-
-def parse_shapes(items: tuple[str, ...] | list[str]) -> dict[str, list[int]]:
-    """``NAME=1x128`` → {NAME: [1, 128]}."""
-    shapes = {}
-    for item in items:
-        name, sep, dims = item.partition("=")
-        try:
-            shape = [int(d) for d in dims.lower().split("x")]
-        except ValueError:
-            shape = []
-        if not sep or not name or not shape or any(d <= 0 for d in shape):
-            raise InputError(f"--shape {item!r} is not NAME=DIMxDIM..., e.g. input_ids=1x128")
-        shapes[name] = shape
-    return shapes
+    sources = "pass a Hugging Face directory, an .onnx file or a .pt2 program"
+    match kind(p, hint=sources):
+        case Kind.ENCODER_DIR:
+            what = "hf"
+        case Kind.ONNX:
+            what = "onnx"
+        case Kind.PT2:
+            what = "pt2"
+        case Kind.DECODER_DIR:
+            raise InputError(f"{p} is a causal language model: deploy it with "
+                             "edgeinfer.deploy.decoder.deploy_decoder (the CLI does so by itself)")
+        case found:
+            raise InputError(f"cannot deploy {p.name}, a {found.value}: {sources}")
+    return Source(p, what, stamp.sha256_file(p))
 
 
 def board_target(board: Board) -> str:
@@ -158,8 +146,8 @@ def tokenizer_fn(hf_dir: Path | None, specs: list[TensorSpec]):
     if hf_dir is None or not (hf_dir / "tokenizer.json").is_file():
         return None
     seq_dims = [s.shape[1] for s in specs if len(s.shape) > 1 and isinstance(s.shape[1], int)]
-    tok = bundle_mod.load_tokenizer(hf_dir / "tokenizer.json", seq_dims[0] if seq_dims else DEFAULT_SEQ)
-    return lambda texts: bundle_mod.tokenize(tok, texts, specs)
+    tok = run_bundle.load_tokenizer(hf_dir / "tokenizer.json", seq_dims[0] if seq_dims else DEFAULT_SEQ)
+    return lambda texts: run_bundle.tokenize(tok, texts, specs)
 
 
 def text_spec(hf_dir: Path | None, seq: int, output: str) -> TextSpec | None:
@@ -236,9 +224,6 @@ def deploy(
     b = get_board(board)
     backend = plugins.get_backend(b.backend)
     src = source_of(model)
-    if is_decoder_dir(src.path):
-        raise InputError(f"{src.path} is a causal language model: deploy it with "
-                         "edgeinfer.deploy.decoder.deploy_decoder (the CLI does so by itself)")
     if src.hf_dir is not None:
         remote_code.allowed(src.hf_dir)
         check_tokenizer(src.hf_dir)
@@ -341,7 +326,7 @@ def _build(src, b, backend, scheme, work, ref_path, reference, specs, shapes_use
     cal_set = CalibrationSet(calib_samples) if calib_samples else None
     with progress.step(f"converting to {backend.name} {scheme} for {board_target(b)}"):
         if layout:
-            from edgeinfer.deploy.segments import deploy_segments
+            from edgeinfer.run.segments import deploy_segments
 
             artifacts = deploy_segments(backend, convert_input, work, scheme, cal_set, layout.get("segments"),
                                         layout.get("cuts"), **convert_opts)
@@ -466,7 +451,7 @@ def _check_numbers(threshold: float | None, max_samples: int) -> None:
 def check_tokenizer(hf_dir: Path) -> None:
     """A tokenizer.json the tokenizers library cannot read is refused before any export."""
     if (hf_dir / "tokenizer.json").is_file():
-        bundle_mod.load_tokenizer(hf_dir / "tokenizer.json", DEFAULT_SEQ)
+        run_bundle.load_tokenizer(hf_dir / "tokenizer.json", DEFAULT_SEQ)
 
 
 def _cache_key(src, b, scheme, shapes, backend, calib_samples, held, options) -> str:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from edgeinfer.errors import InputError
+from edgeinfer.run.once import non_finite
 
 DEFAULT_THRESHOLD = 0.99
 # Minimum cosine per scheme family when the user gives none. Activation quantization (a8) rounds every
@@ -49,12 +50,6 @@ def _cos(a: np.ndarray, b: np.ndarray) -> float:
     if na == 0 and nb == 0:
         return 1.0
     return float(a @ b / (na * nb + 1e-30))
-
-
-def non_finite(arr: np.ndarray) -> int:
-    """How many NaN / ±Inf values ``arr`` holds (0 for integer outputs)."""
-    a = np.asarray(arr)
-    return int(a.size - np.count_nonzero(np.isfinite(a))) if a.dtype.kind in "fc" else 0
 
 
 def _non_finite_error(name: str, reference, candidate) -> str | None:
@@ -151,16 +146,18 @@ def check_bundle(bundle_dir: Path, inputs: Path | None = None, reference: Path |
     at deploy, or on new ``inputs`` against the fp32 ``reference`` ONNX (what ``edgeinfer golden`` prints)."""
     from edgeinfer.contract.names import ENCODER_REFERENCE
     from edgeinfer.deploy.calibration import load_samples
-    from edgeinfer.model.bundle import Bundle, run_padded
+    from edgeinfer.model.bundle import Bundle
     from edgeinfer.model.samples import load_saved_samples
+    from edgeinfer.run import bundle as run_bundle
     from edgeinfer.run.loading import load
+    from edgeinfer.run.padding import run_padded
 
     b = Bundle.open(bundle_dir, verify="full")
     limit = threshold if threshold is not None else (b.manifest.golden or {}).get("threshold", 0.99)
     if inputs:
         if reference is None:
             raise InputError("--inputs needs --reference MODEL.onnx (the fp32 model to compare against)")
-        tok = (lambda texts: b.tokenize(texts)) if b.manifest.text else None
+        tok = (lambda texts: run_bundle.tokenize_texts(b, texts)) if b.manifest.text else None
         samples = load_samples(inputs, b.manifest.inputs, tok)
         if not samples:
             raise InputError(f"--inputs {inputs} holds no samples; pass a .txt with lines, or a non-empty .npz")
@@ -169,7 +166,7 @@ def check_bundle(bundle_dir: Path, inputs: Path | None = None, reference: Path |
     else:
         samples = load_saved_samples(b.file("golden/inputs.npz", "golden inputs"))
         expected = load_saved_samples(b.file("golden/expected.npz", "golden reference outputs"))
-    with b.load(device=device) as session:
+    with run_bundle.open_session(b, device=device) as session:
         got = [run_padded(session, s) for s in samples]
         report = compare(expected, got, samples, limit)
         report["device"] = session.device

@@ -10,13 +10,14 @@ from typing import Any
 
 from edgeinfer import files
 from edgeinfer.errors import InputError
-from edgeinfer.model import bundle as bundle_mod
+from edgeinfer.model.kind import find
 
 
 def check_out_dir(out_dir: Path) -> None:
     """-o must be a new directory, an empty one or a bundle (replaced), and writable: checked first."""
     files.check_output_dir(out_dir, "-o")
-    if out_dir.exists() and not bundle_mod.is_bundle(out_dir) and any(out_dir.iterdir()):
+    found = find(out_dir)
+    if out_dir.exists() and not (found and found.bundle) and any(out_dir.iterdir()):
         raise InputError(f"{out_dir} exists and is not a bundle; choose an empty or new directory for -o")
 
 

@@ -83,16 +83,20 @@ def bundle_resource(manifest: Any) -> str | None:
 def target(path: Path, config: ServeConfig) -> BundleTarget:
     """One bundle, every file checked, with the planner's verdict on its board for a decoder."""
     from edgeinfer.fleet.fit import check_fits, replica_plan
-    from edgeinfer.model.bundle import Bundle
-    from edgeinfer.run.loading import is_decoder_dir
+    from edgeinfer.model.bundle import Bundle, not_a_bundle
+    from edgeinfer.model.kind import Kind, kind
     from edgeinfer.serve.decoder_engine import open_llm
 
-    if is_decoder_dir(path):
-        raise InputError(f"{path} is a Hugging Face directory; serve --ray takes bundles",
-                         f"deploy it first: edgeinfer deploy {path} --board BOARD")
+    match kind(path, "bundle"):
+        case Kind.DECODER_DIR:
+            raise InputError(f"{path} is a Hugging Face directory; serve --ray takes bundles",
+                             f"deploy it first: edgeinfer deploy {path} --board BOARD")
+        case Kind.DECODER_BUNDLE | Kind.ENCODER_BUNDLE as k:
+            decoder = k is Kind.DECODER_BUNDLE
+        case _:
+            raise not_a_bundle(path)
     bundle = Bundle.open(path, verify="full")
     name, resource = bundle.path.resolve().name, bundle_resource(bundle.manifest)
-    decoder = bundle.manifest.decoder is not None
     if decoder:
         open_llm(bundle.path, bundle, config.ctx)  # a --ctx beyond the bundle's is refused here
     plan = replica_plan(bundle, resource, config.slots, config.ctx)

@@ -91,13 +91,14 @@ class BundleReplica:
     async def __init__(self, target: Any, max_batch: int, max_inputs: int):
         import ray
 
+        from edgeinfer.run import bundle as run_bundle
         from edgeinfer.serve.metrics import Metrics
         from edgeinfer.serve.prep import ServedModel
 
         bundle = arrive(target)
         self.models = {target.name: ServedModel(target.name, bundle)}
         self.name, self.bundle, self.max_batch, self.max_inputs = target.name, bundle, max_batch, max_inputs
-        self.session = bundle.load()
+        self.session = run_bundle.open_session(bundle)
         self.placement = {"node_id": ray.get_runtime_context().get_node_id(), "resource": target.resource,
                           "bundle": str(bundle.path)}
         self.metrics = Metrics()

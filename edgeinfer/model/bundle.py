@@ -25,7 +25,6 @@ import datetime as _dt
 import json
 import math
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -41,17 +40,16 @@ from pydantic import (
     model_validator,
 )
 
-from edgeinfer.contract.backend import Session, TensorSpec
+from edgeinfer.contract.backend import TensorSpec
 from edgeinfer.contract.helpers import first_line
-from edgeinfer.errors import InputError, check_text
+from edgeinfer.errors import InputError
+from edgeinfer.model import buckets as buckets_mod
 from edgeinfer.model import decoder_bundle, seal
+from edgeinfer.model.buckets import BucketsSection
 from edgeinfer.model.decoder_bundle import DecoderSection
-from edgeinfer.run import buckets as buckets_mod
-from edgeinfer.run.buckets import BucketsSection
-from edgeinfer.run.padding import run_padded, static_batch  # noqa: F401 - re-exported (their old home)
+from edgeinfer.model.kind import MANIFEST, find
 
 SCHEMA = "edgeinfer.bundle/1"
-MANIFEST = "manifest.json"
 MAX_SEQ = 131_072  # longest text a bundle may pad to (long-context embedding models use 8192)
 MAX_DIM = 2**31 - 1
 TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -318,8 +316,11 @@ def _check_paths(path: Path, m: Manifest) -> None:
             )
 
 
-def is_bundle(path: Path) -> bool:
-    return path.is_dir() and (path / MANIFEST).is_file()
+def not_a_bundle(path: Path) -> InputError:
+    """The error for a path that is no bundle (missing, or without a manifest)."""
+    if not path.exists():
+        return InputError(f"bundle not found: {path}")
+    return InputError(f"{path} is not a bundle (no {MANIFEST}); create one with `edgeinfer deploy`")
 
 
 def write(directory: Path, manifest: Manifest) -> Path:
@@ -351,10 +352,8 @@ class Bundle:
     def open(cls, path: str | Path, verify: str = "size") -> Bundle:
         """Open a bundle. ``verify``: ``"size"`` (every open) or ``"full"`` (sha256 of every file too)."""
         p = Path(path)
-        if not p.exists():
-            raise InputError(f"bundle not found: {p}")
-        if not is_bundle(p):
-            raise InputError(f"{p} is not a bundle (no {MANIFEST}); create one with `edgeinfer deploy`")
+        if not _bundle(p):
+            raise not_a_bundle(p)
         manifest = read_manifest(p)
         seal.refuse_outside_links(p)
         bad = seal.check(p, manifest.files, full=verify == "full")
@@ -376,52 +375,18 @@ class Bundle:
     def artifacts(self) -> list[Path]:
         return [self.path / a for a in self.manifest.artifacts]
 
-    def load(self, device: str | None = None, **options: Any) -> Session:
-        """Load the bundle on its backend (paged when the bundle is segmented)."""
-        from edgeinfer.contract import registry as plugins
-
-        if self.manifest.decoder is not None:  # generators come from edgeinfer.load (docs/generation.md)
-            raise InputError(f"bundle {self.path} holds a decoder (language) model, which runs on text: use "
-                             "`edgeinfer generate` / `chat`, or edgeinfer.load() for a Generator")
-        backend = plugins.get_backend(self.manifest.backend)
-        if self.manifest.paging:
-            from edgeinfer.run.paged import PagedSession
-
-            opts = {**self.manifest.paging, **options}
-            return PagedSession.from_artifacts(backend, self.artifacts, device=device, **opts)
-        if self.manifest.buckets:
-            return buckets_mod.open_buckets(backend, self.path, self.manifest.buckets, device, **options)
-        return backend.load(self.artifacts[0], device=device, **options)
-
-    # --- text models ------------------------------------------------------------------------------
-
-    @cached_property
-    def _tokenizer(self) -> Any:
+    @property
+    def tokenizer_file(self) -> Path:
+        """The ``tokenizer.json`` of a text bundle (contained in the bundle)."""
         text = self.manifest.text
         if text is None:
             raise InputError(f"bundle {self.path} has no tokenizer: pass tensors with --input instead of --text")
-        return load_tokenizer(seal.contained(self.path, f"{text.tokenizer}/tokenizer.json", "text.tokenizer"),
-                              text.max_length)
+        return seal.contained(self.path, f"{text.tokenizer}/tokenizer.json", "text.tokenizer")
 
-    def tokenize(self, texts: list[str]) -> dict[str, np.ndarray]:
-        """Feeds for ``texts``, padded to the bundle's sequence length, matching its input specs."""
-        return tokenize(self._tokenizer, texts, self.manifest.inputs)
 
-    def embed(self, outputs: dict[str, np.ndarray], feeds: dict[str, np.ndarray]) -> np.ndarray:
-        """Pool (and normalise) the hidden states as the model specifies: one vector per text."""
-        text = self.manifest.text
-        assert text is not None
-        hidden = np.asarray(outputs[text.output], dtype=np.float32)
-        if text.pooling == "cls":
-            vec = hidden[:, 0]
-        elif text.pooling == "mean":
-            mask = feeds["attention_mask"][..., None].astype(np.float32)
-            vec = (hidden * mask).sum(1) / np.clip(mask.sum(1), 1e-9, None)
-        else:
-            vec = hidden.reshape(len(hidden), -1)
-        if text.normalize:
-            vec = vec / np.clip(np.linalg.norm(vec, axis=1, keepdims=True), 1e-12, None)
-        return vec
+def _bundle(path: Path) -> bool:
+    kind = find(path)
+    return kind is not None and kind.bundle
 
 
 def verify(path: str | Path, reseal: bool = False) -> dict[str, Any]:
@@ -433,8 +398,8 @@ def verify(path: str | Path, reseal: bool = False) -> dict[str, Any]:
     records the unrecorded files (``resealed``) when nothing recorded is damaged and no link leads out.
     """
     p = Path(path)
-    if not is_bundle(p):
-        raise InputError(f"{p} is not a bundle (no {MANIFEST}); create one with `edgeinfer deploy`")
+    if not _bundle(p):
+        raise not_a_bundle(p)
     manifest = read_manifest(p)
     links, problems = seal.outside_links(p), seal.check(p, manifest.files, full=True)
     extra, resealed = seal.unrecorded(p, manifest.files, {MANIFEST}), []
@@ -445,44 +410,3 @@ def verify(path: str | Path, reseal: bool = False) -> dict[str, Any]:
     size = sum(int(r["size"]) for r in manifest.files.values())
     return {"bundle": str(p), "ok": not (problems or links or extra), "files": len(manifest.files), "bytes": size,
             "problems": problems, "outside_links": links, "unrecorded": extra, "resealed": resealed}
-
-
-def load_tokenizer(path: Path, max_length: int) -> Any:
-    """A ``tokenizers`` tokenizer that truncates and pads every text to ``max_length``."""
-    try:
-        from tokenizers import Tokenizer
-    except ImportError:
-        from edgeinfer.errors import BackendUnavailableError
-
-        raise BackendUnavailableError("text bundles need the 'tokenizers' package",
-                                      "pip install 'edgeinfer[text]' (from a clone: pip install '.[text]')") from None
-
-    if not path.is_file():
-        raise InputError(f"tokenizer not found: {path}")
-    try:
-        tok = Tokenizer.from_file(str(path))
-    except Exception as e:  # tokenizers raises a bare Exception with a serde message
-        first = (str(e).strip().splitlines() or ["unreadable"])[0][:120]
-        raise InputError(f"{path} is not a valid tokenizer.json ({first}); copy the model's tokenizer.json "
-                         "again or deploy again") from None
-    tok.enable_truncation(max_length=max_length)
-    tok.enable_padding(length=max_length, pad_id=tok.token_to_id("[PAD]") or 0, pad_token="[PAD]")
-    return tok
-
-
-def tokenize(tok: Any, texts: list[str], specs: list[TensorSpec]) -> dict[str, np.ndarray]:
-    """Feeds for ``texts`` with the model's input names and dtypes (BERT-style token inputs)."""
-    for i, t in enumerate(texts):
-        check_text(t, f"text {i}")
-    enc = tok.encode_batch(list(texts))
-    columns = {
-        "input_ids": [e.ids for e in enc],
-        "attention_mask": [e.attention_mask for e in enc],
-        "token_type_ids": [e.type_ids for e in enc],
-    }
-    feeds = {}
-    for spec in specs:
-        if spec.name not in columns:
-            raise InputError(f"model input {spec.name!r} cannot be made from text; pass it with --input")
-        feeds[spec.name] = np.asarray(columns[spec.name], dtype=spec.dtype)
-    return feeds

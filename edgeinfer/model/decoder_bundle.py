@@ -1,4 +1,5 @@
-"""Decoder bundles: what ``edgeinfer deploy`` writes for a causal language model, and how it is opened.
+"""Decoder bundles: what ``edgeinfer deploy`` writes for a causal language model (opened by
+:func:`edgeinfer.run.bundle.open_generator`).
 
 Layout (next to ``manifest.json``, sealed like every bundle)::
 
@@ -16,19 +17,19 @@ for, the vocabulary, the board runtime, where the tokenizer lives and the golden
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
-from edgeinfer.contract import remote_code, stamp
-from edgeinfer.errors import InputError, ModelError
+from edgeinfer.errors import InputError
 from edgeinfer.model import seal
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from edgeinfer.model.bundle import Bundle
-    from edgeinfer.run.generation.generator import Generator
-    from edgeinfer.run.generation.golden import Recorded
 
 ARTIFACT = "decoder"
 TOKENIZER = "tokenizer"
@@ -66,86 +67,16 @@ def check_paths(root: Path, section: dict[str, Any], sealed: set[str]) -> None:
                              "deploy the model again")
 
 
-@remote_code.entry_point
-def open_generator(bundle: Bundle, device: str | None = None, ctx: int | None = None, backend: str | None = None,
-                   slots: int = 1, *, trust_remote_code: bool = False, **options: Any) -> Generator:
-    """A Generator over a decoder bundle, with a KV cache of ``ctx`` positions (default: the bundle's).
-    ``trust_remote_code``: for an artifact that is a Hugging Face directory naming code of its own."""
-    from edgeinfer.contract import registry as plugins
-    from edgeinfer.run.generation.generator import Generator
-    from edgeinfer.run.generation.text import TextCodec
-
-    m = bundle.manifest
-    built = int(m.decoder["context"])
-    if backend and backend != m.backend:
-        raise InputError(f"bundle {bundle.path} is for backend {m.backend!r}, not {backend!r}; omit --backend")
-    if ctx is None:
-        ctx = built
-    elif isinstance(ctx, bool) or not isinstance(ctx, int) or ctx < 1:
-        raise InputError(f"ctx must be a positive integer, got {ctx!r}")
-    elif ctx > built:
-        raise InputError(f"bundle {bundle.path} was built for a context of {built} tokens, not {ctx}; use --ctx "
-                         f"{built} or less, or deploy again with --ctx {ctx}")
-    codec = TextCodec(seal.contained(bundle.path, m.decoder.get("tokenizer", TOKENIZER), "decoder.tokenizer"))
-    check_manifest(bundle, codec)
-    be = plugins.get_backend(m.backend)
-    stamp.check(bundle.artifacts[0], backend=be, device=device)  # another toolkit's artifact: refused
-    decoder = be.load_decoder(bundle.artifacts[0], device=device, context=ctx, slots=slots, **options)
-    try:
-        check_artifact(bundle, decoder, codec)
-    except BaseException:
-        decoder.close()
-        raise
-    return Generator(decoder, codec, bundle.path.resolve().name)
-
-
-# --- the manifest's facts against the files they describe ---------------------------------------------
-# Only paths and sizes are sealed at load (a same-size edit passes): a fact the runtime also knows is
-# compared with it, so that a manifest that lies fails here in one line instead of generating garbage.
-
-
-def _disagree(bundle: Bundle, field: str, value: Any, what: str, truth: Any) -> ModelError:
-    return ModelError(f"bundle {bundle.path}: manifest {field} is {value}, but {what} is {truth}; the "
-                      "manifest does not describe this model: deploy the model again")
-
-
-def check_manifest(bundle: Bundle, codec: Any) -> None:
-    """The manifest against itself, the decoder contract (int64 ids in, float32 logits out) and the model's
-    own config.json (kept with the tokenizer), before the weights load."""
-    m = bundle.manifest.decoder
-    for t in (*bundle.manifest.inputs, *bundle.manifest.outputs):
-        want = {"input_ids": "int64", "logits": "float32"}.get(t.name)
-        if want and t.dtype != want:
-            raise _disagree(bundle, f"{t.name} dtype", t.dtype, "what every decoder takes or gives", want)
-        if t.name == "logits" and t.shape and isinstance(t.shape[-1], int) and t.shape[-1] != m["vocab_size"]:
-            raise _disagree(bundle, "logits width", t.shape[-1], "its decoder.vocab_size", m["vocab_size"])
-    cfg = codec.directory / "config.json"
-    try:
-        data = json.loads(cfg.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return  # a bundle may keep no config.json; the artifact checks below still run
-    data = data if isinstance(data, dict) else {}
-    text = data.get("text_config") if isinstance(data.get("text_config"), dict) else {}
-    limit, vocab = (data.get(k, text.get(k)) for k in ("max_position_embeddings", "vocab_size"))
-    if isinstance(limit, int) and not isinstance(limit, bool) and m["context"] > limit:
-        raise _disagree(bundle, "decoder.context", m["context"], "the model's max_position_embeddings", limit)
-    if isinstance(vocab, int) and not isinstance(vocab, bool) and vocab != m["vocab_size"]:
-        raise _disagree(bundle, "decoder.vocab_size", m["vocab_size"], "the model's config.json vocab_size", vocab)
-
-
-def check_artifact(bundle: Bundle, decoder: Any, codec: Any) -> None:
-    """The manifest against the loaded artifact, and the tokenizer against both."""
-    m = bundle.manifest.decoder
-    if decoder.vocab_size != m["vocab_size"]:
-        raise _disagree(bundle, "decoder.vocab_size", m["vocab_size"], "the artifact's vocabulary",
-                        decoder.vocab_size)
-    if codec.vocab_size > decoder.vocab_size:
-        raise ModelError(f"bundle {bundle.path}: its tokenizer has {codec.vocab_size} tokens, more than the model's "
-                         f"vocabulary of {decoder.vocab_size}: it would encode text into ids the model has no "
-                         "embedding for; deploy the model again with its own tokenizer")
-
-
 # --- the golden reference kept in the bundle ---------------------------------------------------------
+
+
+@dataclass
+class Recorded:
+    """One prompt's greedy run: the generated ids and the logits at every step."""
+
+    prompt: str
+    token_ids: list[int]
+    logits: list[np.ndarray]
 
 
 def save_reference(directory: Path, recorded: list[Recorded]) -> None:
@@ -164,7 +95,6 @@ def save_reference(directory: Path, recorded: list[Recorded]) -> None:
 def load_reference(bundle: Bundle) -> list[Recorded]:
     """The recorded reference of a decoder bundle (refused, never unpickled, when malformed)."""
     from edgeinfer.model.samples import load_saved_samples
-    from edgeinfer.run.generation.golden import Recorded
 
     prompts_path = bundle.file(PROMPTS, "golden prompts")
     try:

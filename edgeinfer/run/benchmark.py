@@ -10,10 +10,11 @@ import numpy as np
 
 from edgeinfer.contract.backend import Session, latency_stats
 from edgeinfer.errors import InputError
-from edgeinfer.model.bundle import Bundle, run_padded, static_batch
+from edgeinfer.model.buckets import longest_seq
+from edgeinfer.model.bundle import Bundle
 from edgeinfer.progress import Progress
 from edgeinfer.run import measure
-from edgeinfer.run.buckets import longest_seq
+from edgeinfer.run.padding import run_padded, static_batch
 
 
 def feeds_for(bundle: Bundle, base: dict[str, np.ndarray], batch: int, seq: int | None) -> dict[str, np.ndarray]:

@@ -6,7 +6,6 @@ before each reuse: a damaged or half-written entry is converted again, never loa
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,6 +16,7 @@ from edgeinfer.contract.backend import Backend, Session
 from edgeinfer.contract.names import DECODER_REFERENCE, ENCODER_REFERENCE
 from edgeinfer.errors import InputError, ModelError
 from edgeinfer.model import cache
+from edgeinfer.model.kind import Kind, find, kind, model_context_limit
 
 if TYPE_CHECKING:
     from edgeinfer.run.generation.generator import Generator
@@ -56,57 +56,51 @@ def converted(backend: Backend, path: Path, options: dict[str, Any]) -> Path:
     return cache.fill(entry, lambda d: backend.quantize(path, scheme, None, d / name, **convert_opts)) / name
 
 
+def parse_shapes(items: tuple[str, ...] | list[str]) -> dict[str, list[int]]:
+    """``NAME=1x128`` → {NAME: [1, 128]}."""
+    shapes = {}
+    for item in items:
+        name, sep, dims = item.partition("=")
+        try:
+            shape = [int(d) for d in dims.lower().split("x")]
+        except ValueError:
+            shape = []
+        if not sep or not name or not shape or any(d <= 0 for d in shape):
+            raise InputError(f"--shape {item!r} is not NAME=DIMxDIM..., e.g. input_ids=1x128")
+        shapes[name] = shape
+    return shapes
+
+
 DEFAULT_CONTEXT = 2048
 
 
 @remote_code.entry_point
 def load(path: Any, backend: str | None = None, device: str | None = None, *, trust_remote_code: bool = False,
          **options: Any) -> Session | Generator:
-    from edgeinfer.model.bundle import Bundle, is_bundle
+    """Open the model reference at ``path``: a Generator for a decoder (directory or bundle), else a Session
+    (a bundle on its backend; a file on ``backend`` or the one its stamp or suffix names, converted when needed)."""
+    from edgeinfer.model.bundle import Bundle
+    from edgeinfer.run import bundle as run_bundle
 
     p = Path(path)
-    if not p.exists():
-        raise InputError(f"model file not found: {p}")
-    if is_decoder_dir(p):
-        return load_generator(p, backend=backend, device=device, trust_remote_code=trust_remote_code, **options)
-    if is_bundle(p):
-        bundle = Bundle.open(p)
-        if bundle.manifest.decoder is not None:
-            from edgeinfer.model.decoder_bundle import open_generator
-
-            return open_generator(bundle, device=device, backend=backend, trust_remote_code=trust_remote_code,
-                                  **options)
-        if backend and backend != bundle.manifest.backend:
-            raise InputError(f"bundle {p} is for backend {bundle.manifest.backend!r}, not {backend!r}; "
-                             "omit --backend")
-        return bundle.load(device=device, **options)
+    match kind(p, "model file"):
+        case Kind.DECODER_DIR:
+            return load_generator(p, backend=backend, device=device, trust_remote_code=trust_remote_code, **options)
+        case Kind.DECODER_BUNDLE:
+            return run_bundle.open_generator(Bundle.open(p), device=device, backend=backend,
+                                             trust_remote_code=trust_remote_code, **options)
+        case Kind.ENCODER_BUNDLE:
+            bundle = Bundle.open(p)
+            if backend and backend != bundle.manifest.backend:
+                raise InputError(f"bundle {p} is for backend {bundle.manifest.backend!r}, not {backend!r}; "
+                                 "omit --backend")
+            return run_bundle.open_session(bundle, device=device, **options)
     be = choose_backend(p, backend)
     if not be.is_native(p):
         p = converted(be, p, options)
     elif "shapes" in options:
         raise InputError(f"shapes apply when a model is converted; {p.name} is already native to {be.name}")
     return be.load(p, device=device, **options)
-
-
-def is_decoder_dir(path: Path) -> bool:
-    """A Hugging Face directory whose config names a causal language model."""
-    cfg = path / "config.json" if path.is_dir() else None
-    if cfg is None or not cfg.is_file():
-        return False
-    try:
-        data = json.loads(cfg.read_text())
-    except (OSError, ValueError):
-        return False
-    archs = data.get("architectures") if isinstance(data, dict) else None
-    return isinstance(archs, list) and any(isinstance(a, str) and a.endswith("ForCausalLM") for a in archs)
-
-
-def model_context_limit(model_dir: Path) -> int | None:
-    try:
-        limit = json.loads((model_dir / "config.json").read_text()).get("max_position_embeddings")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
 
 
 @remote_code.entry_point
@@ -120,7 +114,7 @@ def load_generator(
     from edgeinfer.run.generation.generator import Generator
     from edgeinfer.run.generation.text import TextCodec
 
-    if not is_decoder_dir(model_dir):
+    if find(model_dir) is not Kind.DECODER_DIR:
         raise ModelError(f"{model_dir} is not a causal language model (its config.json names no *ForCausalLM)")
     remote_code.allowed(model_dir)
     codec = TextCodec(model_dir)  # a bad tokenizer fails before the weights load

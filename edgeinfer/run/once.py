@@ -76,7 +76,7 @@ def token_id_limits(model: Path, bundle: Bundle | None) -> dict[str, int]:
         limits.update(index_limits(f))
     text = bundle.manifest.text if bundle is not None else None
     if text is not None and "input_ids" not in limits:
-        from edgeinfer.model.bundle import load_tokenizer
+        from edgeinfer.run.bundle import load_tokenizer
 
         limits["input_ids"] = load_tokenizer(bundle.path / text.tokenizer / "tokenizer.json",
                                              text.max_length).get_vocab_size()
@@ -94,6 +94,14 @@ def check_token_ids(feeds: dict[str, Any], limits: dict[str, int]) -> None:
             bad = lo if lo < 0 else hi
             raise InputError(f"--input {name}: id {bad} is outside the model's vocabulary [0, {rows}); "
                              "pass ids made by the model's tokenizer (or use --text)")
+
+
+def non_finite(arr: Any) -> int:
+    """How many NaN / ±Inf values ``arr`` holds (0 for integer outputs)."""
+    import numpy as np
+
+    a = np.asarray(arr)
+    return int(a.size - np.count_nonzero(np.isfinite(a))) if a.dtype.kind in "fc" else 0
 
 
 def write_outputs(outputs: dict[str, Any], out_dir: Path) -> list[Path]:
@@ -137,19 +145,20 @@ def _feeds(model: Path, bundle: Bundle | None, inputs: Sequence[str], texts: Seq
         return feeds
     if bundle is None:
         raise InputError("--text needs a bundle with a tokenizer (made by `edgeinfer deploy` from a HF directory)")
-    return bundle.tokenize(list(texts))
+    from edgeinfer.run.bundle import tokenize_texts
+
+    return tokenize_texts(bundle, list(texts))
 
 
 def open_session(model: Path, bundle: Bundle | None, backend: str | None, device: str | None,
                  shapes: Sequence[str], paging: Paging) -> Session:
     """A layer-paged session when ``paging`` asks for one (plain ``.onnx`` only), else ``edgeinfer.load``."""
     if not paging.requested:
-        from edgeinfer.deploy.encoder import parse_shapes
-        from edgeinfer.run.loading import load
+        from edgeinfer.run.loading import load, parse_shapes
 
         extra = {"shapes": parse_shapes(tuple(shapes))} if shapes else {}
         return load(model, backend=backend, device=device, **extra)
-    from edgeinfer.deploy.segments import open_paged
+    from edgeinfer.run.segments import open_paged
 
     for opt, value in (("--paging", paging.window), ("--segments", paging.segments)):
         if value is not None and value < 1:
@@ -174,15 +183,20 @@ def run_once(
     load and run times, written files, paging stats (paged sessions) and embeddings (text bundles)."""
     import numpy as np
 
-    from edgeinfer.deploy.golden import non_finite
-    from edgeinfer.model.bundle import Bundle, is_bundle, run_padded
-    from edgeinfer.run.loading import is_decoder_dir
+    from edgeinfer.model.bundle import Bundle
+    from edgeinfer.model.kind import Kind, kind
+    from edgeinfer.run.bundle import embed
+    from edgeinfer.run.padding import run_padded
 
     _check_request(model, inputs, texts, out_dir)
-    bundle = Bundle.open(model) if is_bundle(model) else None
-    if is_decoder_dir(model) or (bundle is not None and bundle.manifest.decoder is not None):
-        raise InputError(f"{model} is a language (decoder) model; `edgeinfer run` runs tensor models: "
-                         f"use `edgeinfer generate {model} --prompt TEXT`")
+    match kind(model, "model file"):
+        case Kind.DECODER_DIR | Kind.DECODER_BUNDLE:
+            raise InputError(f"{model} is a language (decoder) model; `edgeinfer run` runs tensor models: "
+                             f"use `edgeinfer generate {model} --prompt TEXT`")
+        case Kind.ENCODER_BUNDLE:
+            bundle = Bundle.open(model)
+        case _:
+            bundle = None
     feeds = _feeds(model, bundle, inputs, texts)
     if texts and bundle.manifest.buckets:  # padding a bucket adds back only what its shape needs
         from edgeinfer.run.buckets import trim
@@ -196,7 +210,7 @@ def run_once(
         outputs = run_padded(session, feeds) if bundle else session.run(feeds)
         run_s = time.perf_counter() - t1
     if texts and bundle.manifest.text.pooling != "none":
-        outputs = {**outputs, "embeddings": bundle.embed(outputs, feeds)}
+        outputs = {**outputs, "embeddings": embed(bundle, outputs, feeds)}
     written = write_outputs(outputs, out_dir) if out_dir else []
     report: dict[str, Any] = {
         "model": str(model),

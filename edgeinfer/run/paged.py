@@ -2,7 +2,7 @@
 segments on any backend, keeping at most ``window`` segments loaded (an optional prefix pinned),
 loading the next one on one background thread while the current one runs, and accounting
 resident bytes and page-in times (``profile``). The schedule lives in :mod:`edgeinfer.run.schedule`,
-the splitting in :mod:`edgeinfer.deploy.split`, the cost model in :mod:`edgeinfer.planning.paging`
+the splitting in :mod:`edgeinfer.run.split`, the cost model in :mod:`edgeinfer.planning.paging`
 (docs/paging.md).
 """
 

@@ -66,11 +66,11 @@ def profile_encoder(session: Session, model: Path, top: int, repeat: int) -> dic
 
 def encoder_feeds(session: Session, model: Path) -> tuple[dict[str, np.ndarray], str]:
     """The bundle's first golden input, or a synthetic one from the input specs."""
-    from edgeinfer.model.bundle import is_bundle
+    from edgeinfer.model.kind import Kind, find
     from edgeinfer.model.samples import load_saved_samples
 
     golden = model / "golden" / "inputs.npz"
-    if is_bundle(model) and golden.is_file():
+    if find(model) is Kind.ENCODER_BUNDLE and golden.is_file():
         return load_saved_samples(golden)[0], "golden input of the bundle"
     return synthetic_feeds(session.inputs), (f"synthetic: batch 1, symbolic axes {SYNTHETIC_SEQ}, token ids 1, "
                                              "floats from a seeded normal")

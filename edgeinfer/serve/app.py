@@ -24,8 +24,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from edgeinfer.contract import remote_code
 from edgeinfer.errors import BackendError, EdgeInferError, InputError
-from edgeinfer.model.bundle import Bundle
-from edgeinfer.run.loading import is_decoder_dir
+from edgeinfer.model.bundle import Bundle, not_a_bundle
+from edgeinfer.model.kind import Kind, kind
+from edgeinfer.run import bundle as run_bundle
 from edgeinfer.serve.batcher import Batcher, Item, QueueFull, RequestFailed
 from edgeinfer.serve.config import ServeConfig
 from edgeinfer.serve.decoder_engine import Engine, ServedDecoder, open_llm
@@ -76,12 +77,15 @@ def open_models(paths: list[Path], ctx: int | None = None) -> tuple[dict[str, Se
     models: dict[str, ServedModel] = {}
     llms: dict[str, ServedDecoder] = {}
     for p in paths:
-        if is_decoder_dir(p):
-            remote_code.allowed(p)  # serve never runs a model directory's own code (docs/security.md)
-            llm = open_llm(p, ctx=ctx)
-        else:
-            bundle = Bundle.open(p, verify="full")  # every file hashed once at start-up (docs/deploy.md)
-            llm = open_llm(p, bundle, ctx) if bundle.manifest.decoder is not None else None
+        match kind(p, "bundle"):
+            case Kind.DECODER_DIR:
+                remote_code.allowed(p)  # serve never runs a model directory's own code (docs/security.md)
+                llm = open_llm(p, ctx=ctx)
+            case Kind.DECODER_BUNDLE | Kind.ENCODER_BUNDLE as k:
+                bundle = Bundle.open(p, verify="full")  # every file hashed once at start-up (docs/deploy.md)
+                llm = open_llm(p, bundle, ctx) if k is Kind.DECODER_BUNDLE else None
+            case _:
+                raise not_a_bundle(p)
         name = llm.name if llm is not None else bundle.path.resolve().name
         if name in models or name in llms:
             raise InputError(f"two bundles are both named {name!r}; serve bundles from directories with distinct "
@@ -98,7 +102,7 @@ def open_models(paths: list[Path], ctx: int | None = None) -> tuple[dict[str, Se
 def load_tokenizer_now(bundle: Bundle) -> None:
     """A broken tokenizer fails at start-up (exit 2), not on every request."""
     try:
-        bundle._tokenizer  # noqa: B018
+        run_bundle.tokenizer(bundle)
     except EdgeInferError:
         raise
     except Exception as e:  # noqa: BLE001 - the tokenizers library raises plain Exceptions on bad files

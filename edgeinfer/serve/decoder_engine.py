@@ -53,8 +53,9 @@ def open_llm(path: Path, bundle: Any = None, ctx: int | None = None) -> ServedDe
     """A decoder bundle (``bundle``, already opened and verified) or an HF decoder dir (``path``)."""
     from edgeinfer.contract.names import DECODER_REFERENCE
     from edgeinfer.model import seal
+    from edgeinfer.model.kind import model_context_limit
     from edgeinfer.run.generation.text import TextCodec
-    from edgeinfer.run.loading import DEFAULT_CONTEXT, model_context_limit
+    from edgeinfer.run.loading import DEFAULT_CONTEXT
 
     if bundle is not None:
         m = bundle.manifest

@@ -23,8 +23,9 @@ from pydantic import BaseModel, ValidationError
 
 from edgeinfer.contract.backend import TensorSpec, validate_feeds
 from edgeinfer.errors import EdgeInferError, check_text
+from edgeinfer.model.buckets import longest_seq
 from edgeinfer.model.bundle import Bundle
-from edgeinfer.run.buckets import longest_seq
+from edgeinfer.run import bundle as run_bundle
 from edgeinfer.serve.schemas import EmbeddingRequest, InferRequest
 from edgeinfer.serve.workers import lower_priority
 
@@ -66,7 +67,7 @@ class ServedModel:
         return longest_seq(self.bundle.manifest.buckets, self.inputs)
 
     def vocab_size(self) -> int | None:
-        return self.bundle._tokenizer.get_vocab_size(with_added_tokens=True) if self.embeds else None
+        return run_bundle.tokenizer(self.bundle).get_vocab_size(with_added_tokens=True) if self.embeds else None
 
     def to_json(self, created: int) -> dict[str, Any]:
         m = self.bundle.manifest
@@ -208,7 +209,7 @@ def prepare_embeddings(models: Models, body: bytes, content_type: str, max_input
     if len(texts) > max_inputs:
         raise ApiError(400, f"input: at most {max_inputs} strings per request (--max-inputs), got {len(texts)}")
     try:
-        feeds = m.bundle.tokenize(texts)
+        feeds = run_bundle.tokenize_texts(m.bundle, texts)
     except EdgeInferError as e:
         raise ApiError(400, e.one_line()) from None
     mask = feeds.get("attention_mask")

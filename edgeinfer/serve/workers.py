@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from edgeinfer.run import bundle as run_bundle
 from edgeinfer.serve.placement import placement
 
 log = logging.getLogger("edgeinfer.serve")
@@ -84,7 +85,7 @@ def _run_embed(bundle: Any, session: Any, feeds: dict[str, np.ndarray], max_batc
             raise Cancelled()
         f = {k: (np.ascontiguousarray(v[rows, :length]) if length and v.ndim == 2 else v[rows]) for k,
              v in feeds.items()}
-        vec = bundle.embed(_run_rows(session, f, max_batch, stop), f).astype(np.float32)
+        vec = run_bundle.embed(bundle, _run_rows(session, f, max_batch, stop), f).astype(np.float32)
         if out is None:
             out = np.empty((n, *vec.shape[1:]), dtype=np.float32)
         out[rows] = vec
@@ -96,7 +97,7 @@ def _run_rows(session: Any, feeds: dict[str, np.ndarray], max_batch: int,
               stop: Callable[[], bool] = lambda: False) -> dict[str, np.ndarray]:
     """Run in chunks of ``max_batch`` rows (a multiple of a static batch, the last chunk padded), checking
     ``stop`` between chunks so a batch nobody waits for any more ends early."""
-    from edgeinfer.model.bundle import run_padded, static_batch
+    from edgeinfer.run.padding import run_padded, static_batch
 
     fixed = static_batch(session.inputs)
     step = max_batch if fixed is None else max(fixed, max_batch // fixed * fixed)
@@ -153,7 +154,7 @@ def _one_line(e: BaseException) -> str:
 
 def _warm_feeds(bundle: Any, session: Any) -> dict[str, np.ndarray]:
     if bundle.manifest.text is not None:
-        return bundle.tokenize(["edgeinfer warms the model up."])
+        return run_bundle.tokenize_texts(bundle, ["edgeinfer warms the model up."])
     feeds = {}
     for s in session.inputs:
         shape = [d if isinstance(d, int) and d > 0 else 1 for d in s.shape]
@@ -187,7 +188,7 @@ def worker_main(conn: Any, index: int, entry: str | None, bundles: list[tuple[st
             bundle = Bundle.open(path)
             env, device, options = placement(bundle.manifest.backend, entry)
             os.environ.update(env)
-            session = bundle.load(device=device, **options)
+            session = run_bundle.open_session(bundle, device=device, **options)
             session.run(_warm_feeds(bundle, session))
             loaded[name] = (bundle, session)
         conn.send(("ready", {"pid": os.getpid(), "devices": {n: s.device for n, (_, s) in loaded.items()}}))

@@ -92,7 +92,7 @@ class _Kit:
 
     def segments(self) -> list[Path]:
         """A 6-block deep stack split into 3 segments, each converted by this backend (once per class)."""
-        from edgeinfer.deploy.segments import deploy_segments
+        from edgeinfer.run.segments import deploy_segments
 
         if "onnx" not in self.backend.source_formats:
             pytest.skip(f"backend converts {self.backend.source_formats}; paged deploys split ONNX models")
@@ -364,8 +364,8 @@ class BackendConformance:
     @pytest.mark.slow
     def test_paged_minilm_matches_the_whole_model(self, kit: _Kit, backend: Backend, tmp_path: Path) -> None:
         """The real model: six encoder layers, the attention mask carried into every segment."""
-        from edgeinfer.deploy.segments import deploy_segments
         from edgeinfer.run.paged import PagedSession
+        from edgeinfer.run.segments import deploy_segments
         from edgeinfer.testing import minilm
         from edgeinfer.testing.fixtures import minilm_static_path
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from edgeinfer.model.decoder_bundle import Recorded
 from edgeinfer.run.generation.generator import Generator
 from edgeinfer.run.generation.options import GenerationOptions
 from edgeinfer.run.generation.sampling import top2_margin
@@ -92,15 +93,6 @@ def compare_prompt(prompt: str, ref_ids: list[int], ref_logits: list[np.ndarray]
         problems.append(f"top-5 overlap {np.mean(top5):.2f} < {t.min_top5}")
     row["problems"] = problems
     return row
-
-
-@dataclass
-class Recorded:
-    """One prompt's greedy run: the generated ids and the logits at every step."""
-
-    prompt: str
-    token_ids: list[int]
-    logits: list[np.ndarray]
 
 
 def record(generator: Generator, prompts: Sequence[str], new_tokens: int, chat: bool = False) -> list[Recorded]:

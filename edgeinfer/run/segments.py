@@ -1,5 +1,5 @@
-"""Segmented deploy: split a model, convert every segment with a backend, and the cached
-quick-try path ``edgeinfer run MODEL.onnx --paging W`` (:func:`open_paged`)."""
+"""Segments: split a model and convert every segment with a backend (a segmented deploy does so into its
+bundle), and the cached quick-try path ``edgeinfer run MODEL.onnx --paging W`` (:func:`open_paged`)."""
 
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ from edgeinfer.contract import registry as plugins
 from edgeinfer.contract import stamp
 from edgeinfer.contract.backend import Backend, CalibrationSet
 from edgeinfer.contract.names import ENCODER_REFERENCE
-from edgeinfer.deploy.split import INDEX, split_onnx
 from edgeinfer.errors import BackendUnavailableError, InputError
 from edgeinfer.model import cache
 from edgeinfer.run.paged import PagedSession
+from edgeinfer.run.split import INDEX, split_onnx
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,0 +1,200 @@
+"""A bundle (:mod:`edgeinfer.model.bundle`) opened for use: a Session on its backend (paged when segmented,
+bucketed when it holds static-shape buckets), feeds from texts through its tokenizer and embeddings from
+outputs, and a Generator over a decoder bundle with the manifest checked against the live decoder.
+"""
+
+from __future__ import annotations
+
+import json
+import weakref
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from edgeinfer.contract import registry as plugins
+from edgeinfer.contract import remote_code, stamp
+from edgeinfer.contract.backend import Session, TensorSpec
+from edgeinfer.errors import InputError, ModelError, check_text
+from edgeinfer.model import decoder_bundle, seal
+from edgeinfer.model.bundle import Bundle
+from edgeinfer.run import buckets as buckets_mod
+
+if TYPE_CHECKING:
+    from edgeinfer.run.generation.generator import Generator
+
+_TOKENIZERS: weakref.WeakKeyDictionary[Bundle, Any] = weakref.WeakKeyDictionary()
+
+
+def open_session(bundle: Bundle, device: str | None = None, **options: Any) -> Session:
+    """Load the bundle on its backend (paged when the bundle is segmented)."""
+    m = bundle.manifest
+    if m.decoder is not None:  # generators come from edgeinfer.load (docs/generation.md)
+        raise InputError(f"bundle {bundle.path} holds a decoder (language) model, which runs on text: use "
+                         "`edgeinfer generate` / `chat`, or edgeinfer.load() for a Generator")
+    backend = plugins.get_backend(m.backend)
+    if m.paging:
+        from edgeinfer.run.paged import PagedSession
+
+        opts = {**m.paging, **options}
+        return PagedSession.from_artifacts(backend, bundle.artifacts, device=device, **opts)
+    if m.buckets:
+        return buckets_mod.open_buckets(backend, bundle.path, m.buckets, device, **options)
+    return backend.load(bundle.artifacts[0], device=device, **options)
+
+
+# --- text bundles ----------------------------------------------------------------------------------------
+
+
+def tokenizer(bundle: Bundle) -> Any:
+    """The text bundle's tokenizer, loaded once per opened bundle."""
+    tok = _TOKENIZERS.get(bundle)
+    if tok is None:
+        path = bundle.tokenizer_file  # a bundle without text says so here
+        tok = _TOKENIZERS[bundle] = load_tokenizer(path, bundle.manifest.text.max_length)
+    return tok
+
+
+def tokenize_texts(bundle: Bundle, texts: list[str]) -> dict[str, np.ndarray]:
+    """Feeds for ``texts``, padded to the bundle's sequence length, matching its input specs."""
+    return tokenize(tokenizer(bundle), texts, bundle.manifest.inputs)
+
+
+def embed(bundle: Bundle, outputs: dict[str, np.ndarray], feeds: dict[str, np.ndarray]) -> np.ndarray:
+    """Pool (and normalise) the hidden states as the bundle specifies: one vector per text."""
+    text = bundle.manifest.text
+    assert text is not None
+    hidden = np.asarray(outputs[text.output], dtype=np.float32)
+    if text.pooling == "cls":
+        vec = hidden[:, 0]
+    elif text.pooling == "mean":
+        mask = feeds["attention_mask"][..., None].astype(np.float32)
+        vec = (hidden * mask).sum(1) / np.clip(mask.sum(1), 1e-9, None)
+    else:
+        vec = hidden.reshape(len(hidden), -1)
+    if text.normalize:
+        vec = vec / np.clip(np.linalg.norm(vec, axis=1, keepdims=True), 1e-12, None)
+    return vec
+
+
+def load_tokenizer(path: Path, max_length: int) -> Any:
+    """A ``tokenizers`` tokenizer that truncates and pads every text to ``max_length``."""
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        from edgeinfer.errors import BackendUnavailableError
+
+        raise BackendUnavailableError("text bundles need the 'tokenizers' package",
+                                      "pip install 'edgeinfer[text]' (from a clone: pip install '.[text]')") from None
+
+    if not path.is_file():
+        raise InputError(f"tokenizer not found: {path}")
+    try:
+        tok = Tokenizer.from_file(str(path))
+    except Exception as e:  # tokenizers raises a bare Exception with a serde message
+        first = (str(e).strip().splitlines() or ["unreadable"])[0][:120]
+        raise InputError(f"{path} is not a valid tokenizer.json ({first}); copy the model's tokenizer.json "
+                         "again or deploy again") from None
+    tok.enable_truncation(max_length=max_length)
+    tok.enable_padding(length=max_length, pad_id=tok.token_to_id("[PAD]") or 0, pad_token="[PAD]")
+    return tok
+
+
+def tokenize(tok: Any, texts: list[str], specs: list[TensorSpec]) -> dict[str, np.ndarray]:
+    """Feeds for ``texts`` with the model's input names and dtypes (BERT-style token inputs)."""
+    for i, t in enumerate(texts):
+        check_text(t, f"text {i}")
+    enc = tok.encode_batch(list(texts))
+    columns = {
+        "input_ids": [e.ids for e in enc],
+        "attention_mask": [e.attention_mask for e in enc],
+        "token_type_ids": [e.type_ids for e in enc],
+    }
+    feeds = {}
+    for spec in specs:
+        if spec.name not in columns:
+            raise InputError(f"model input {spec.name!r} cannot be made from text; pass it with --input")
+        feeds[spec.name] = np.asarray(columns[spec.name], dtype=spec.dtype)
+    return feeds
+
+
+# --- decoder bundles --------------------------------------------------------------------------------------
+
+
+@remote_code.entry_point
+def open_generator(bundle: Bundle, device: str | None = None, ctx: int | None = None, backend: str | None = None,
+                   slots: int = 1, *, trust_remote_code: bool = False, **options: Any) -> Generator:
+    """A Generator over a decoder bundle, with a KV cache of ``ctx`` positions (default: the bundle's).
+    ``trust_remote_code``: for an artifact that is a Hugging Face directory naming code of its own."""
+    from edgeinfer.run.generation.generator import Generator
+    from edgeinfer.run.generation.text import TextCodec
+
+    m = bundle.manifest
+    built = int(m.decoder["context"])
+    if backend and backend != m.backend:
+        raise InputError(f"bundle {bundle.path} is for backend {m.backend!r}, not {backend!r}; omit --backend")
+    if ctx is None:
+        ctx = built
+    elif isinstance(ctx, bool) or not isinstance(ctx, int) or ctx < 1:
+        raise InputError(f"ctx must be a positive integer, got {ctx!r}")
+    elif ctx > built:
+        raise InputError(f"bundle {bundle.path} was built for a context of {built} tokens, not {ctx}; use --ctx "
+                         f"{built} or less, or deploy again with --ctx {ctx}")
+    codec = TextCodec(seal.contained(bundle.path, m.decoder.get("tokenizer", decoder_bundle.TOKENIZER),
+                                     "decoder.tokenizer"))
+    check_manifest(bundle, codec)
+    be = plugins.get_backend(m.backend)
+    stamp.check(bundle.artifacts[0], backend=be, device=device)  # another toolkit's artifact: refused
+    decoder = be.load_decoder(bundle.artifacts[0], device=device, context=ctx, slots=slots, **options)
+    try:
+        check_artifact(bundle, decoder, codec)
+    except BaseException:
+        decoder.close()
+        raise
+    return Generator(decoder, codec, bundle.path.resolve().name)
+
+
+# --- the manifest's facts against the files they describe ---------------------------------------------
+# Only paths and sizes are sealed at load (a same-size edit passes): a fact the runtime also knows is
+# compared with it, so that a manifest that lies fails here in one line instead of generating garbage.
+
+
+def _disagree(bundle: Bundle, field: str, value: Any, what: str, truth: Any) -> ModelError:
+    return ModelError(f"bundle {bundle.path}: manifest {field} is {value}, but {what} is {truth}; the "
+                      "manifest does not describe this model: deploy the model again")
+
+
+def check_manifest(bundle: Bundle, codec: Any) -> None:
+    """The manifest against itself, the decoder contract (int64 ids in, float32 logits out) and the model's
+    own config.json (kept with the tokenizer), before the weights load."""
+    m = bundle.manifest.decoder
+    for t in (*bundle.manifest.inputs, *bundle.manifest.outputs):
+        want = {"input_ids": "int64", "logits": "float32"}.get(t.name)
+        if want and t.dtype != want:
+            raise _disagree(bundle, f"{t.name} dtype", t.dtype, "what every decoder takes or gives", want)
+        if t.name == "logits" and t.shape and isinstance(t.shape[-1], int) and t.shape[-1] != m["vocab_size"]:
+            raise _disagree(bundle, "logits width", t.shape[-1], "its decoder.vocab_size", m["vocab_size"])
+    cfg = codec.directory / "config.json"
+    try:
+        data = json.loads(cfg.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # a bundle may keep no config.json; the artifact checks below still run
+    data = data if isinstance(data, dict) else {}
+    text = data.get("text_config") if isinstance(data.get("text_config"), dict) else {}
+    limit, vocab = (data.get(k, text.get(k)) for k in ("max_position_embeddings", "vocab_size"))
+    if isinstance(limit, int) and not isinstance(limit, bool) and m["context"] > limit:
+        raise _disagree(bundle, "decoder.context", m["context"], "the model's max_position_embeddings", limit)
+    if isinstance(vocab, int) and not isinstance(vocab, bool) and vocab != m["vocab_size"]:
+        raise _disagree(bundle, "decoder.vocab_size", m["vocab_size"], "the model's config.json vocab_size", vocab)
+
+
+def check_artifact(bundle: Bundle, decoder: Any, codec: Any) -> None:
+    """The manifest against the loaded artifact, and the tokenizer against both."""
+    m = bundle.manifest.decoder
+    if decoder.vocab_size != m["vocab_size"]:
+        raise _disagree(bundle, "decoder.vocab_size", m["vocab_size"], "the artifact's vocabulary",
+                        decoder.vocab_size)
+    if codec.vocab_size > decoder.vocab_size:
+        raise ModelError(f"bundle {bundle.path}: its tokenizer has {codec.vocab_size} tokens, more than the model's "
+                         f"vocabulary of {decoder.vocab_size}: it would encode text into ids the model has no "
+                         "embedding for; deploy the model again with its own tokenizer")
