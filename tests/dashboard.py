@@ -9,13 +9,6 @@ from pathlib import Path
 
 DASHBOARD = Path(__file__).resolve().parents[1] / "deploy/grafana/edgeinfer-dashboard.json"
 
-# the decoder-serving metrics (issue 18): the dashboard shows them once edgeinfer/serve/metrics.py registers them
-LLM_FAMILIES = {"edgeinfer_request_ttft_seconds": "histogram", "edgeinfer_request_tpot_seconds": "histogram",
-                "edgeinfer_request_e2e_seconds": "histogram", "edgeinfer_prompt_tokens": "counter",
-                "edgeinfer_generation_tokens": "counter", "edgeinfer_sequences_running": "gauge",
-                "edgeinfer_sequences_waiting": "gauge", "edgeinfer_kv_slots_used": "gauge",
-                "edgeinfer_kv_slots_total": "gauge"}
-
 _NOT_METRICS = {"and", "or", "unless", "bool", "offset", "inf", "nan"}
 _SERIES_SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count", "_created"),
                     "summary": ("", "_sum", "_count", "_created"), "gauge": ("",), "untyped": ("",),

@@ -38,10 +38,13 @@ def test_missing_model_file(tmp_path):
     assert "not found" in line
 
 
-def test_corrupt_onnx(tmp_path):
+def test_corrupt_onnx(mlp, tmp_path):
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"this is not an onnx protobuf")
-    _one_line_error(edgeinfer("run", str(bad)))
+    np.save(tmp_path / "x.npy", mlp.feeds["x"])  # a good input: the model file itself must be what is refused
+    line = _one_line_error(edgeinfer("run", str(bad), "--input", f"x={tmp_path / 'x.npy'}"))
+    assert "bad.onnx is not a valid ONNX model" in line and "Protobuf parsing failed" in line, line
+    assert "export the model to ONNX again" in line, line
 
 
 @pytest.mark.parametrize(

@@ -63,8 +63,8 @@ def read_feeds(specs: Sequence[str]) -> dict[str, Any]:
 
 
 def token_id_limits(model: Path, bundle: Bundle | None) -> dict[str, int]:
-    """Integer inputs that index an embedding table → its row count (from the ONNX graph,
-    else the bundle's tokenizer); empty when the model does not tell."""
+    """Integer inputs that index an embedding table → its row count (from the ONNX graph, else the
+    bundle's tokenizer: its vocabulary, and the token types it makes); empty when the model does not tell."""
     from edgeinfer.planning.models.onnx import index_limits
 
     if bundle:
@@ -75,11 +75,14 @@ def token_id_limits(model: Path, bundle: Bundle | None) -> dict[str, int]:
     for f in files[:1]:
         limits.update(index_limits(f))
     text = bundle.manifest.text if bundle is not None else None
-    if text is not None and "input_ids" not in limits:
+    types = any(s.name == "token_type_ids" for s in bundle.manifest.inputs) if bundle is not None else False
+    if text is not None and ("input_ids" not in limits or (types and "token_type_ids" not in limits)):
         from edgeinfer.run.bundle import load_tokenizer
 
-        limits["input_ids"] = load_tokenizer(bundle.path / text.tokenizer / "tokenizer.json",
-                                             text.max_length).get_vocab_size()
+        tokenizer = load_tokenizer(bundle.path / text.tokenizer / "tokenizer.json", text.max_length)
+        limits.setdefault("input_ids", tokenizer.get_vocab_size())
+        if types:  # a sentence pair shows every type the tokenizer makes (BERT: 0 and 1)
+            limits.setdefault("token_type_ids", max(tokenizer.encode("a", "b").type_ids) + 1)
     return limits
 
 

@@ -96,6 +96,7 @@ def open_models(paths: list[Path], ctx: int | None = None) -> tuple[dict[str, Se
         if bundle.manifest.text is not None:
             load_tokenizer_now(bundle)
         models[name] = ServedModel(name, bundle)
+        models[name].index_limits  # noqa: B018 - read once at start-up, before the helper processes copy it
     return models, llms
 
 

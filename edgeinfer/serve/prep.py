@@ -16,6 +16,7 @@ import re
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Callable
 
 import numpy as np
@@ -66,8 +67,16 @@ class ServedModel:
         """Bucketed static bundles with an attention mask take any sequence up to their longest bucket."""
         return longest_seq(self.bundle.manifest.buckets, self.inputs)
 
-    def vocab_size(self) -> int | None:
-        return run_bundle.tokenizer(self.bundle).get_vocab_size(with_added_tokens=True) if self.embeds else None
+    @cached_property
+    def index_limits(self) -> dict[str, int]:
+        """Integer inputs that index a table (token ids, token types) → its rows: the bundled tokenizer's
+        vocabulary for ``input_ids``, the ONNX graph's embedding tables for the others (as ``run`` checks)."""
+        from edgeinfer.run.once import token_id_limits
+
+        limits = token_id_limits(self.bundle.path, self.bundle)
+        if self.embeds:
+            limits["input_ids"] = run_bundle.tokenizer(self.bundle).get_vocab_size(with_added_tokens=True)
+        return limits
 
     def to_json(self, created: int) -> dict[str, Any]:
         m = self.bundle.manifest
@@ -223,23 +232,26 @@ def prepare_infer(models: Models, body: bytes, content_type: str, max_rows: int,
     req = validated(InferRequest, read_json(body, content_type))
     m = pick(models, req.model, embeds=False, elsewhere=elsewhere)
     feeds = parse_tensors(m, req.inputs, max_rows)
-    check_vocab(m, feeds)
+    check_indices(m, feeds)
     rows = len(next(iter(feeds.values())))
     key = ("infer",) + tuple((k, v.shape[1:]) for k, v in sorted(feeds.items()))
     return Prepared(m.name, "infer", feeds, rows, key, id=req.id)
 
 
-def check_vocab(m: ServedModel, feeds: dict[str, np.ndarray]) -> None:
-    """Token ids must index the bundled tokenizer's vocabulary (a model may not check, or may crash)."""
-    ids = feeds.get("input_ids")
-    vocab = m.vocab_size() if ids is not None and ids.size else None
-    if vocab is None:
-        return
-    lo, hi = int(ids.min()), int(ids.max())
-    if lo < 0 or hi >= vocab:
-        bad = lo if lo < 0 else hi
-        raise ApiError(400, f"input 'input_ids': token id {bad} is outside the vocabulary of {m.name} "
-                            f"(0..{vocab - 1})")
+INDEX_WORDS = {"input_ids": ("token id", "the vocabulary"), "token_type_ids": ("token type", "the token types")}
+
+
+def check_indices(m: ServedModel, feeds: dict[str, np.ndarray]) -> None:
+    """Token ids and token types must index the model's tables (a model may not check, or may crash)."""
+    for name, rows in m.index_limits.items():
+        arr = feeds.get(name)
+        if arr is None or not arr.size:
+            continue
+        lo, hi = int(arr.min()), int(arr.max())
+        if lo < 0 or hi >= rows:
+            what, of = INDEX_WORDS.get(name, ("index", "the embedding table"))
+            raise ApiError(400, f"input {name!r}: {what} {lo if lo < 0 else hi} is outside {of} of {m.name} "
+                                f"(0..{rows - 1})")
 
 
 def parse_tensors(m: ServedModel, inputs: dict[str, Any], max_rows: int) -> dict[str, np.ndarray]:

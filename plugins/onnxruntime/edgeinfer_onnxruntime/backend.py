@@ -16,7 +16,7 @@ import numpy as np
 
 from edgeinfer.contract import Backend, CalibrationSet, OpTime, Probe, Problem, Session, TensorSpec
 from edgeinfer.contract.helpers import check_device, first_line, package_version
-from edgeinfer.errors import InputError
+from edgeinfer.errors import InputError, ModelError
 
 DEVICES = ("cpu", "auto")
 
@@ -216,4 +216,11 @@ class OnnxRuntimeBackend(Backend):
 
     def open(self, artifact: Path, device: str | None, **options: Any) -> Session:
         check_device(device, DEVICES, self.name)
-        return OnnxRuntimeSession(artifact, threads=options.get("threads"))
+        from onnxruntime.capi.onnxruntime_pybind11_state import InvalidProtobuf
+
+        try:
+            return OnnxRuntimeSession(artifact, threads=options.get("threads"))
+        except InvalidProtobuf as e:
+            why = first_line(e).rpartition("failed:")[2].strip().rstrip(".") or first_line(e)
+            raise ModelError(f"{artifact.name} is not a valid ONNX model (onnxruntime: {why}); check the file, "
+                             "or export the model to ONNX again") from None
