@@ -5,7 +5,6 @@ that no node has (rk3588-8g → rk3588_npu). One replica of two is killed under 
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 import signal
@@ -33,7 +32,7 @@ TEXTS = ["a fleet of edge boards", "one endpoint for every board", "x"]
 
 def _labelled(src, dst, board: str):
     shutil.copytree(src, dst)
-    write(dst, dataclasses.replace(read_manifest(dst), board=board, files={}))
+    write(dst, read_manifest(dst).model_copy(update={"board": board, "files": {}}))
     return dst
 
 

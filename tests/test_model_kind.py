@@ -82,7 +82,7 @@ def test_a_path_that_is_none_of_them(tmp_path):
 
 
 def test_the_cli_says_so_in_one_line_with_exit_2(tmp_path):
-    r = run_cli("generate", str(tmp_path), "--prompt", "hi")
+    r = run_cli("profile", str(tmp_path))
     assert r.returncode == 2, r.stderr
     assert "is not a bundle, a model directory or a backend artifact" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr

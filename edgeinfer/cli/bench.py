@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from edgeinfer.cli.output import _json_safe, console, emit
 from edgeinfer.cli.trust import trust_remote_code_option
 from edgeinfer.errors import InputError
+
+if TYPE_CHECKING:
+    from edgeinfer.model.kind import Kind
 
 MAX_BENCH_BATCH = 4096  # far past any edge NPU's useful batch; larger values only exhaust memory
 MAX_BENCH_SEQ = 2**20
@@ -116,7 +119,7 @@ def bench(bundle_dir: Path, batch: str | None, seq: str | None, prompt_lengths: 
     emit(report, as_json, render)
 
 
-def _load(path: Path, found: Any, backend: str | None, device: str | None, ctx: int | None, threads: int | None,
+def _load(path: Path, found: Kind, backend: str | None, device: str | None, ctx: int | None, threads: int | None,
           trust_remote_code: bool) -> Any:
     """A Generator for a decoder directory or decoder bundle, else an encoder bundle's Session."""
     from edgeinfer.model.bundle import not_a_bundle
@@ -146,7 +149,7 @@ def _bench_decoder(gen: Any, model: Path, lengths: list[int] | None, new_tokens:
                                    progress=Progress(enabled=None if not as_json else False))
 
 
-def _self_check(path: Path, found: Any, report: dict[str, Any], board: str | None) -> dict[str, Any] | None:
+def _self_check(path: Path, found: Kind, report: dict[str, Any], board: str | None) -> dict[str, Any] | None:
     """The plan's predictions for a decoder bundle next to the measurements; None for a model directory."""
     from edgeinfer.errors import BoardError
     from edgeinfer.model.bundle import Bundle

@@ -21,10 +21,12 @@ def _options(**kw: Any) -> Any:
 
 def _load(model: Path, backend: str | None, device: str | None, ctx: int | None, trust_remote_code: bool) -> Any:
     from edgeinfer.model.bundle import Bundle
-    from edgeinfer.model.kind import Kind, kind
+    from edgeinfer.model.kind import Kind, find
     from edgeinfer.run.loading import load
 
-    match kind(model):
+    if not model.exists():
+        raise InputError(f"model not found: {model}")
+    match find(model):
         case Kind.DECODER_DIR | Kind.DECODER_BUNDLE:
             return load(model, backend=backend, device=device, ctx=ctx, trust_remote_code=trust_remote_code)
         case Kind.ENCODER_BUNDLE:

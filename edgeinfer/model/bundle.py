@@ -24,18 +24,21 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import numpy as np
 from pydantic import (
+    AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
+    PlainSerializer,
     StrictBool,
     StrictStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -56,91 +59,10 @@ TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 PAGING_KEYS = ("window", "prefetch", "resident_prefix", "segments", "cuts", "index")
 
 
-@dataclass
-class TextSpec:
-    """How text becomes feeds and outputs become embeddings."""
-
-    tokenizer: str = "tokenizer"  # directory inside the bundle
-    max_length: int = 128
-    pooling: str = "mean"  # "mean" | "cls" | "none"
-    normalize: bool = True
-    output: str = "last_hidden_state"
-
-    def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-
-@dataclass
-class Manifest:
-    backend: str
-    board: str
-    scheme: str
-    artifacts: list[str]
-    inputs: list[TensorSpec]
-    outputs: list[TensorSpec]
-    source: dict[str, Any]
-    versions: dict[str, str] = field(default_factory=dict)
-    target: str = ""
-    text: TextSpec | None = None
-    plan: dict[str, Any] | None = None
-    golden: dict[str, Any] | None = None
-    paging: dict[str, Any] | None = None  # {"window": W, "prefetch": bool, "resident_prefix": n}
-    decoder: dict[str, Any] | None = None  # decoder bundles only (run/decoder_bundle.py)
-    buckets: dict[str, Any] | None = None  # static-shape (batch × sequence) buckets (run/buckets.py)
-    created: str = ""
-    edgeinfer_version: str = ""
-    files: dict[str, dict[str, Any]] = field(default_factory=dict)  # relative path -> {"size", "sha256"}
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "schema": SCHEMA,
-            "edgeinfer_version": self.edgeinfer_version,
-            "created": self.created,
-            "source": self.source,
-            "backend": {"name": self.backend, "versions": self.versions},
-            "board": self.board,
-            "target": self.target,
-            "scheme": self.scheme,
-            "artifacts": self.artifacts,
-            "inputs": [s.to_json() for s in self.inputs],
-            "outputs": [s.to_json() for s in self.outputs],
-            "text": self.text.to_json() if self.text else None,
-            "plan": self.plan,
-            "golden": self.golden,
-            "paging": self.paging,
-            "files": self.files,
-            **({"decoder": self.decoder} if self.decoder is not None else {}),
-            **({"buckets": self.buckets} if self.buckets is not None else {}),
-        }
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Manifest:
-        text = d.get("text")
-        return cls(
-            backend=d["backend"]["name"],
-            versions=d["backend"].get("versions", {}),
-            board=d["board"],
-            target=d.get("target", ""),
-            scheme=d["scheme"],
-            artifacts=list(d["artifacts"]),
-            inputs=[TensorSpec.from_json(s) for s in d["inputs"]],
-            outputs=[TensorSpec.from_json(s) for s in d["outputs"]],
-            source=d["source"],
-            text=TextSpec(**text) if text else None,
-            plan=d.get("plan"),
-            golden=d.get("golden"),
-            paging=d.get("paging"),
-            decoder=d.get("decoder"),
-            buckets=d.get("buckets"),
-            created=d.get("created", ""),
-            edgeinfer_version=d.get("edgeinfer_version", ""),
-            files=dict(d.get("files") or {}),
-        )
-
-
-# --- validation: the whole manifest, before anything in it is used -------------------------------------
+# --- the manifest: one schema, validated in full before anything in it is used ----------------------------
 
 _STRICT = ConfigDict(extra="forbid", strict=True)
+DISK = "disk"  # validation context of a manifest read from a bundle (its backend is the nested object only)
 
 
 class _Tensor(BaseModel):
@@ -161,9 +83,20 @@ class _Tensor(BaseModel):
         return v
 
 
-class _Text(BaseModel):
+# a model input or output: a TensorSpec in Python, validated as _Tensor, written with its to_json
+Tensor = Annotated[
+    _Tensor,
+    BeforeValidator(lambda v: v.to_json() if isinstance(v, TensorSpec) else v),
+    AfterValidator(lambda t: TensorSpec(t.name, tuple(t.shape), t.dtype)),
+    PlainSerializer(lambda s: s.to_json()),
+]
+
+
+class TextSpec(BaseModel):
+    """How text becomes feeds and outputs become embeddings."""
+
     model_config = _STRICT
-    tokenizer: StrictStr = "tokenizer"
+    tokenizer: StrictStr = "tokenizer"  # directory inside the bundle
     max_length: int = Field(128, ge=1, le=MAX_SEQ)
     pooling: Literal["mean", "cls", "none"] = "mean"
     normalize: StrictBool = True
@@ -209,29 +142,54 @@ class _Backend(BaseModel):
     versions: dict[str, StrictStr] = {}
 
 
-class _ManifestDoc(BaseModel):
+def _as_dict(section: type[BaseModel]) -> Any:
+    """A section validated by its schema and kept as the plain dict it was given (what code and JSON read)."""
+    return Annotated[section, AfterValidator(lambda m: m.model_dump(exclude_unset=True)), PlainSerializer(dict)]
+
+
+class Manifest(BaseModel):
+    """``manifest.json``: what ``backend`` loads the bundle, for which board and scheme, the tensor specs, the plan
+    summary and golden metrics, text handling, paging, buckets or the decoder section, and the file seals."""
+
     model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
-    schema_: Literal["edgeinfer.bundle/1"] = Field(alias="schema")
+    schema_: Literal["edgeinfer.bundle/1"] = Field(SCHEMA, alias="schema")
     edgeinfer_version: StrictStr = ""
     created: StrictStr = ""
     source: dict[str, Any]
-    backend: _Backend
+    backend_: _Backend = Field(alias="backend")
     board: StrictStr
     target: StrictStr = ""
     scheme: StrictStr
     artifacts: list[StrictStr] = Field(min_length=1, max_length=4096)
-    inputs: list[_Tensor] = Field(min_length=1, max_length=1024)
-    outputs: list[_Tensor] = Field(min_length=1, max_length=1024)
-    text: _Text | None = None
+    inputs: list[Tensor] = Field(min_length=1, max_length=1024)
+    outputs: list[Tensor] = Field(min_length=1, max_length=1024)
+    text: TextSpec | None = None
     plan: dict[str, Any] | None = None
-    golden: _Golden | None = None
-    paging: _Paging | None = None
-    decoder: DecoderSection | None = None
-    buckets: BucketsSection | None = None
-    files: dict[str, _File]
+    golden: _as_dict(_Golden) | None = None  # type: ignore[valid-type]
+    paging: _as_dict(_Paging) | None = None  # type: ignore[valid-type]  # {"window": W, "prefetch": bool, ...}
+    files: dict[str, _as_dict(_File)] = {}  # type: ignore[valid-type]  # relative path -> {"size", "sha256"}
+    decoder: _as_dict(DecoderSection) | None = None  # type: ignore[valid-type]  # decoder bundles only
+    buckets: _as_dict(BucketsSection) | None = None  # type: ignore[valid-type]  # static-shape buckets
+
+    @model_validator(mode="before")
+    @classmethod
+    def _backend_by_name(cls, data: Any, info: ValidationInfo) -> Any:
+        """In Python a manifest names its backend (``backend=``, ``versions=``); on disk it is one object."""
+        if info.context != DISK and isinstance(data, dict) and isinstance(data.get("backend"), str):
+            data = {**data, "backend": {"name": data["backend"], "versions": data.get("versions", {})}}
+            data.pop("versions", None)
+        return data
+
+    @property
+    def backend(self) -> str:
+        return self.backend_.name
+
+    @property
+    def versions(self) -> dict[str, str]:
+        return self.backend_.versions
 
     @model_validator(mode="after")
-    def _consistent(self) -> _ManifestDoc:
+    def _consistent(self) -> Manifest:
         for what, items in (("inputs", [t.name for t in self.inputs]), ("outputs", [t.name for t in self.outputs]),
                             ("artifacts", self.artifacts)):
             dup = sorted({n for n in items if items.count(n) > 1})
@@ -244,8 +202,13 @@ class _ManifestDoc(BaseModel):
             _check_text(self.text, self.inputs, self.outputs)
         return self
 
+    def to_json(self) -> dict[str, Any]:
+        """The manifest as written to disk (``decoder`` and ``buckets`` only when present)."""
+        skip = {k for k in ("decoder", "buckets") if getattr(self, k) is None}
+        return self.model_dump(by_alias=True, exclude=skip)
 
-def _check_text(text: _Text, inputs: list[_Tensor], outputs: list[_Tensor]) -> None:
+
+def _check_text(text: TextSpec, inputs: list[TensorSpec], outputs: list[TensorSpec]) -> None:
     names = [o.name for o in outputs]
     if text.output not in names:
         raise ValueError(f"text.output {text.output!r} is not an output of the model ({', '.join(names)})")
@@ -287,10 +250,9 @@ def read_manifest(path: Path) -> Manifest:
             "deploy the model again to re-create the bundle"
         )
     try:
-        doc = _ManifestDoc.model_validate(data)
+        manifest = Manifest.model_validate(data, context=DISK)
     except ValidationError as e:
         raise InputError(f"{mf}: {_validation_message(e)}; deploy the model again") from None
-    manifest = Manifest.from_json(doc.model_dump(by_alias=True, exclude_unset=True))
     _check_paths(path, manifest)
     return manifest
 
