@@ -1,4 +1,8 @@
-"""Progress on stderr for long steps; silent with --json or when stderr is not a terminal."""
+"""Progress on stderr for long steps; silent with --json or when stderr is not a terminal.
+
+With ``EDGEINFER_STEP_LOG`` naming a file, each step's name is appended to it as the step starts, whether
+or not progress is shown: tests wait on it to signal a run inside a given step (tests/test_interrupts.py).
+"""
 
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ class Progress:
     @contextmanager
     def step(self, description: str) -> Iterator[None]:
         """A spinner while the step runs, then one line with its duration."""
+        started(description)
         t0 = time.perf_counter()
         if not self.enabled:
             yield
@@ -40,6 +45,7 @@ class Progress:
 
     def track(self, items: Iterable[T], description: str, total: int | None = None) -> Iterator[T]:
         """A progress bar over ``items``."""
+        started(description)
         t0 = time.perf_counter()
         if not self.enabled:
             yield from items
@@ -52,6 +58,17 @@ class Progress:
     def note(self, message: str) -> None:
         """A line for the user (always shown on stderr, even when bars are off, unless quiet)."""
         print(message, file=sys.stderr)
+
+
+STEP_LOG_ENV = "EDGEINFER_STEP_LOG"
+
+
+def started(description: str) -> None:
+    """Append ``description`` to the ``EDGEINFER_STEP_LOG`` file, if one is named (the step starts now)."""
+    path = os.environ.get(STEP_LOG_ENV)
+    if path:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(description + "\n")
 
 
 def _stderr_console() -> Any:

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import edgeinfer
 
 from edgeinfer.deploy import buckets as build_buckets
 from edgeinfer.errors import FeedError, InputError
@@ -20,6 +19,7 @@ from edgeinfer.model.bundle import Bundle
 from edgeinfer.run import buckets
 from edgeinfer.run.bundle import open_session, tokenize_texts
 from edgeinfer.testing import minilm, models
+from edgeinfer.testing.cli import run_cli
 
 NINE = [(b, s) for b in (1, 4, 8) for s in (32, 64, 128)]
 SHORT = ["Trains run late.", "Solar panels work.", "Bread is baked."]  # each well under 16 tokens
@@ -134,6 +134,12 @@ def loaded(bucketed):
         yield session
 
 
+@pytest.fixture
+def cli(capfd):
+    """``edgeinfer ARGS`` in this process (edgeinfer.testing.cli.run_cli): what the command answers."""
+    return functools.partial(run_cli, capfd)
+
+
 @functools.lru_cache(maxsize=1)
 def _ort(onnx_path: Path):
     import onnxruntime as ort
@@ -227,8 +233,8 @@ def _reference_hf(feeds: dict[str, np.ndarray]) -> np.ndarray:
 
 
 @pytest.mark.slow
-def test_cli_run_reports_the_bucket(bucketed):
-    proc = edgeinfer("run", str(bucketed), "--text", SHORT[0], "--text", SHORT[1], "--json")
+def test_cli_run_reports_the_bucket(bucketed, cli):
+    proc = cli("run", str(bucketed), "--text", SHORT[0], "--text", SHORT[1], "--json")
     assert proc.returncode == 0, proc.stderr[-1000:]
     report = json.loads(proc.stdout)
     assert report["bucket_runs"] == {"4x32": 1}
@@ -253,8 +259,8 @@ def test_bucket_artifact_outside_or_damaged_is_refused(bucketed, tmp_path):
 
 
 @pytest.mark.parametrize("value,needle", [("4x", "BATCHxSEQ"), ("4x32,8x64", "must include 1x128")])
-def test_bad_buckets_option_is_one_line_exit_2(tmp_path, value, needle):
-    proc = edgeinfer("deploy", str(minilm.model_dir()), "--board", "core-ultra-155h", "--buckets", value,
+def test_bad_buckets_option_is_one_line_exit_2(tmp_path, value, needle, cli):
+    proc = cli("deploy", str(minilm.model_dir()), "--board", "core-ultra-155h", "--buckets", value,
                      "-o", str(tmp_path / "out"))
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().count("\n") == 0 and needle in proc.stderr

@@ -19,6 +19,7 @@ import pytest
 from helpers import edgeinfer
 
 from edgeinfer.testing import minilm, models
+from edgeinfer.testing.cli import run_cli
 
 # --- the bundles -------------------------------------------------------------------------------------
 
@@ -68,6 +69,23 @@ def x_npy(tmp_path_factory) -> Path:
 # --- helpers ------------------------------------------------------------------------------------------
 
 
+_fds: Any = None  # this test's capfd: the commands run in this process and are read at the file descriptors
+
+
+@pytest.fixture(autouse=True)
+def _in_process(capfd):
+    global _fds
+    _fds = capfd
+    yield
+    _fds = None
+
+
+def cli(*args: str) -> Any:
+    """``edgeinfer ARGS`` in this process (edgeinfer.testing.cli.run_cli): every case is about what the command
+    answers, not about the process (the deploy above is a real subprocess)."""
+    return run_cli(_fds, *args)
+
+
 def _copy(src: Path, tmp_path: Path) -> Path:
     dst = tmp_path / "bundle"
     shutil.copytree(src, dst, symlinks=True)
@@ -96,11 +114,11 @@ def _refused(proc, needle: str | None = None) -> str:
 
 
 def _run_plain(bundle: Path, x: Path, tmp_path: Path):
-    return edgeinfer("run", str(bundle), "-i", f"x={x}", "--out", str(tmp_path / "out"))
+    return cli("run", str(bundle), "-i", f"x={x}", "--out", str(tmp_path / "out"))
 
 
 def _run_text(bundle: Path, tmp_path: Path):
-    return edgeinfer("run", str(bundle), "--text", "hello world", "--out", str(tmp_path / "out"))
+    return cli("run", str(bundle), "--text", "hello world", "--out", str(tmp_path / "out"))
 
 
 def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
@@ -207,7 +225,7 @@ def test_text_manifest_field_is_refused(text_bundle, tmp_path, case, change, nee
 
 def test_text_bundle_as_built_runs(text_bundle, tmp_path):
     """The corpus's text bundle is valid: refusals above come from the one change each made."""
-    proc = edgeinfer("run", str(text_bundle), "--text", "hello world", "--json")
+    proc = cli("run", str(text_bundle), "--text", "hello world", "--json")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout)["outputs"][0]["name"] == "last_hidden_state"
 
@@ -303,7 +321,7 @@ def test_same_size_change_is_caught_by_the_full_hash(deployed, tmp_path, rel, co
     bundle = _copy(deployed, tmp_path)
     _flip_byte(bundle / rel)
     before = _files(tmp_path)
-    proc = edgeinfer(command, str(bundle))
+    proc = cli(command, str(bundle))
     _refused(proc, rel if command == "golden" else "damaged")
     if command == "verify":
         assert rel in proc.stdout  # the listing names the file
@@ -321,7 +339,7 @@ def test_text_tokenizer_truncated_is_refused(text_bundle, tmp_path):
 
 
 def test_verify_passes_a_deployed_bundle_and_counts_its_files(deployed):
-    proc = edgeinfer("verify", str(deployed), "--json")
+    proc = cli("verify", str(deployed), "--json")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     expected = sorted(p.relative_to(deployed).as_posix() for p in deployed.rglob("*")
@@ -336,7 +354,7 @@ def test_verify_lists_every_damaged_file(deployed, tmp_path):
     _flip_byte(bundle / "model.bin")
     (bundle / "golden" / "inputs.npz").unlink()
     _truncate(bundle / "model.xml.stamp.json")
-    proc = edgeinfer("verify", str(bundle), "--json")
+    proc = cli("verify", str(bundle), "--json")
     _refused(proc, "3 files differ")
     problems = json.loads(proc.stdout)["problems"]
     assert sorted(p.split()[0] for p in problems) == ["golden/inputs.npz", "model.bin", "model.xml.stamp.json"]
@@ -345,7 +363,7 @@ def test_verify_lists_every_damaged_file(deployed, tmp_path):
 def test_verify_refuses_a_path_escape_with_one_line(deployed, tmp_path):
     bundle = _copy(deployed, tmp_path)
     _edit(bundle, _set("artifacts", ["../x.xml"]))
-    _refused(edgeinfer("verify", str(bundle)), "artifacts[0]")
+    _refused(cli("verify", str(bundle)), "artifacts[0]")
 
 
 # --- every command that opens a bundle -------------------------------------------------------------------
@@ -358,7 +376,7 @@ def test_every_command_refuses_a_bundle_pointing_outside(deployed, tmp_path, com
     (tmp_path / "model.xml").write_bytes((bundle / "model.xml").read_bytes())
     _edit(bundle, _set("artifacts", ["../model.xml"]))
     before = _files(tmp_path)
-    proc = edgeinfer(command[0], str(bundle), *command[1:])
+    proc = cli(command[0], str(bundle), *command[1:])
     _check_refused(proc, tmp_path, before, "artifacts[0]")
 
 
@@ -367,7 +385,7 @@ def test_deployed_bundle_as_built_runs_and_passes_golden(deployed, x_npy, tmp_pa
     run = _run_plain(deployed, x_npy, tmp_path)
     assert run.returncode == 0, run.stderr[-2000:]
     assert (tmp_path / "out" / "y.npy").is_file()
-    golden = edgeinfer("golden", str(deployed), "--json")
+    golden = cli("golden", str(deployed), "--json")
     assert golden.returncode == 0, golden.stderr[-2000:]
     assert json.loads(golden.stdout)["passed"] is True
 
@@ -393,9 +411,9 @@ def test_runtime_logs_are_not_sealed(deployed, x_npy, tmp_path):
     (bundle / "model.xml.log").write_text("a runtime log line\n")
     proc = _run_plain(bundle, x_npy, tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert edgeinfer("verify", str(bundle)).returncode == 0
+    assert cli("verify", str(bundle)).returncode == 0
     (bundle / "model.xml.log").write_text("grown\n" * 100)
-    assert edgeinfer("verify", str(bundle)).returncode == 0
+    assert cli("verify", str(bundle)).returncode == 0
 
 
 # --- files the manifest does not record, symlinks ------------------------------------------------------
@@ -412,19 +430,19 @@ def test_verify_lists_unrecorded_files_exits_1_and_reseal_records_them(deployed,
     bundle = _copy(deployed, tmp_path)
     (bundle / "golden" / "notes.txt").write_text("added after deploy\n")
     (bundle / "alias.bin").symlink_to("model.bin")  # inside the bundle, but never sealed
-    proc = edgeinfer("verify", str(bundle), "--json")
+    proc = cli("verify", str(bundle), "--json")
     line = _one_error_line(proc, 1)
     assert "2 files its manifest does not record" in line and f"edgeinfer verify {bundle} --reseal" in line
     report = json.loads(proc.stdout)
     assert report["ok"] is False and report["problems"] == [] and report["outside_links"] == []
     assert report["unrecorded"] == ["alias.bin (symlink)", "golden/notes.txt"]
 
-    proc = edgeinfer("verify", str(bundle), "--reseal", "--json")
+    proc = cli("verify", str(bundle), "--reseal", "--json")
     assert proc.returncode == 1, proc.stderr  # the symlink is still not recorded: it never is
     report = json.loads(proc.stdout)
     assert report["resealed"] == ["golden/notes.txt"] and report["unrecorded"] == ["alias.bin (symlink)"]
     (bundle / "alias.bin").unlink()
-    proc = edgeinfer("verify", str(bundle))
+    proc = cli("verify", str(bundle))
     assert proc.returncode == 0, proc.stderr
     assert "golden/notes.txt" in json.loads((bundle / "manifest.json").read_text())["files"]
 
@@ -435,7 +453,7 @@ def test_reseal_never_hides_a_damaged_file(deployed, tmp_path):
     raw = bytearray((bundle / "model.bin").read_bytes())
     raw[0] ^= 0xFF
     (bundle / "model.bin").write_bytes(bytes(raw))
-    proc = edgeinfer("verify", str(bundle), "--reseal", "--json")
+    proc = cli("verify", str(bundle), "--reseal", "--json")
     assert "damaged" in _one_error_line(proc, 2)
     assert json.loads(proc.stdout)["resealed"] == []
     assert "extra.txt" not in json.loads((bundle / "manifest.json").read_text())["files"]
@@ -447,9 +465,9 @@ def test_a_symlink_out_of_the_bundle_fails_verify_and_every_open(deployed, x_npy
     bundle could; verify (exit 2) and every command that opens the bundle refuse it in one line."""
     bundle = _copy(deployed, tmp_path)
     (bundle / where).symlink_to("/etc")
-    proc = edgeinfer("verify", str(bundle), "--json")
+    proc = cli("verify", str(bundle), "--json")
     assert f"{where} -> /etc" in _one_error_line(proc, 2)
     assert json.loads(proc.stdout)["outside_links"] == [f"{where} -> /etc"]
-    for proc in (_run_plain(bundle, x_npy, tmp_path), edgeinfer("golden", str(bundle))):
+    for proc in (_run_plain(bundle, x_npy, tmp_path), cli("golden", str(bundle))):
         assert "symlink that leads out of it" in _refused(proc, f"{where} -> /etc")
     assert not (tmp_path / "out").exists()

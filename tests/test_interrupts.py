@@ -40,7 +40,8 @@ def many_sentences(tmp_path_factory) -> Path:
 
 
 def _start(args: list[str], cache: Path) -> subprocess.Popen:
-    env = dict(os.environ, EDGEINFER_CACHE_DIR=str(cache))
+    """``edgeinfer ARGS`` with its own cache, writing each step's name to ``cache/../steps.log`` as it starts."""
+    env = dict(os.environ, EDGEINFER_CACHE_DIR=str(cache), EDGEINFER_STEP_LOG=str(_step_log(cache)))
 
     def default_sigint() -> None:  # a background job may inherit SIGINT ignored; a user's shell does not
         signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -66,6 +67,20 @@ def _deploy_tmp(parent: Path):
     return lambda: next(iter(parent.glob(".edgeinfer-deploy-*")), None)
 
 
+def _step_log(cache: Path) -> Path:
+    return cache.parent / "steps.log"
+
+
+def _in_step(cache: Path, prefix: str, then=lambda: True):
+    """Found once a step whose name starts with ``prefix`` has started (the run writes its step log:
+    edgeinfer/progress.py), and ``then()`` holds."""
+    def found():
+        log = _step_log(cache)
+        steps = log.read_text(encoding="utf-8").splitlines() if log.is_file() else []
+        return any(s.startswith(prefix) for s in steps) and then()
+    return found
+
+
 def _leftovers(*roots: Path) -> list[Path]:
     out = []
     for root in roots:
@@ -80,8 +95,9 @@ def test_sigterm_during_the_golden_check_exits_143_and_leaves_nothing(hf, many_s
     work.mkdir()
     proc = _start(["deploy", str(hf), "--board", "host", "--golden-inputs", str(many_sentences),
                    "-o", str(work / "b")], cache)
-    tmp = _wait_for(proc, _deploy_tmp(work))
-    time.sleep(0.5)  # converting / checking inside the temporary bundle
+    _wait_for(proc, _in_step(cache, "golden check"))  # checking inside the temporary bundle
+    tmp = _deploy_tmp(work)()
+    assert tmp is not None
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 143, err
@@ -96,8 +112,8 @@ def test_sigint_during_the_onnx_export_exits_130_and_leaves_nothing(hf, tmp_path
     work.mkdir()
     proc = _start(["deploy", str(hf), "--board", "host", "-o", str(work / "b")], cache)
     exports = cache / "deploy" / "onnx"
-    _wait_for(proc, lambda: next(iter(exports.glob("*")), None) if exports.is_dir() else None)
-    time.sleep(0.2)  # inside torch.onnx.export
+    # inside the export step, once it has started filling its cache entry
+    _wait_for(proc, _in_step(cache, "exporting", lambda: exports.is_dir() and any(exports.iterdir())))
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import json
 
 import numpy as np
 import pytest
-from helpers import edgeinfer
 
 from edgeinfer.deploy import golden
+from edgeinfer.testing.cli import run_cli
 
 
 def _sqrt_model(path):
@@ -38,6 +39,12 @@ def _strict_json(text: str):
 @pytest.fixture(scope="module")
 def sqrt_onnx(tmp_path_factory):
     return _sqrt_model(tmp_path_factory.mktemp("sqrt") / "sqrt.onnx")
+
+
+@pytest.fixture
+def cli(capfd):
+    """``edgeinfer ARGS`` in this process (edgeinfer.testing.cli.run_cli): exit codes, messages and JSON."""
+    return functools.partial(run_cli, capfd)
 
 
 @pytest.fixture(scope="module")
@@ -70,10 +77,10 @@ def test_nan_threshold_cannot_pass():
     assert golden.compare(ref, ref, [{"x": np.zeros((1, 3))}], float("nan"))["passed"] is False
 
 
-def test_deploy_of_a_model_giving_nan_fails_and_writes_no_bundle(sqrt_onnx, tmp_path, env):
+def test_deploy_of_a_model_giving_nan_fails_and_writes_no_bundle(sqrt_onnx, tmp_path, env, cli):
     np.savez(tmp_path / "g.npz", x=np.array([[-1, 4, 9, 16]], np.float32))
     out = tmp_path / "b"
-    proc = edgeinfer("deploy", str(sqrt_onnx), "--board", "host", "--golden-inputs", str(tmp_path / "g.npz"),
+    proc = cli("deploy", str(sqrt_onnx), "--board", "host", "--golden-inputs", str(tmp_path / "g.npz"),
                      "-o", str(out), "--json", env=env)
     assert proc.returncode == 1, proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
@@ -82,15 +89,15 @@ def test_deploy_of_a_model_giving_nan_fails_and_writes_no_bundle(sqrt_onnx, tmp_
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".edgeinfer-")]
 
 
-def test_golden_fails_on_nan_and_run_json_reports_it(sqrt_onnx, tmp_path, env):
+def test_golden_fails_on_nan_and_run_json_reports_it(sqrt_onnx, tmp_path, env, cli):
     np.savez(tmp_path / "good.npz", x=np.array([[1, 4, 9, 16]], np.float32))
     bundle = tmp_path / "b"
-    proc = edgeinfer("deploy", str(sqrt_onnx), "--board", "host", "--golden-inputs", str(tmp_path / "good.npz"),
+    proc = cli("deploy", str(sqrt_onnx), "--board", "host", "--golden-inputs", str(tmp_path / "good.npz"),
                      "-o", str(bundle), env=env)
     assert proc.returncode == 0, proc.stderr
 
     np.savez(tmp_path / "neg.npz", x=np.array([[1, -4, 9, 16]], np.float32))
-    proc = edgeinfer("golden", str(bundle), "--inputs", str(tmp_path / "neg.npz"), "--reference", str(sqrt_onnx),
+    proc = cli("golden", str(bundle), "--inputs", str(tmp_path / "neg.npz"), "--reference", str(sqrt_onnx),
                      "--json", env=env)
     assert proc.returncode == 1, proc.stderr
     report = _strict_json(proc.stdout)
@@ -98,7 +105,7 @@ def test_golden_fails_on_nan_and_run_json_reports_it(sqrt_onnx, tmp_path, env):
     assert "output y" in proc.stderr
 
     np.save(tmp_path / "neg.npy", np.array([[1, -4, -9, 16]], np.float32))
-    proc = edgeinfer("run", str(bundle), "-i", f"x={tmp_path / 'neg.npy'}", "--json", env=env)
+    proc = cli("run", str(bundle), "-i", f"x={tmp_path / 'neg.npy'}", "--json", env=env)
     assert proc.returncode == 0, proc.stderr
     report = _strict_json(proc.stdout)
     assert report["outputs"] == [{"name": "y", "shape": [1, 4], "dtype": "float32", "non_finite": 2}]
@@ -112,16 +119,16 @@ def test_print_json_never_writes_bare_nan(capsys):
     assert _strict_json(capsys.readouterr().out) == {"a": None, "b": [1.5, None], "c": {"d": None}}
 
 
-def test_run_refuses_token_ids_outside_the_vocabulary_before_running(tmp_path):
+def test_run_refuses_token_ids_outside_the_vocabulary_before_running(tmp_path, cli):
     from edgeinfer.testing import models
 
     m = models.embedding(tmp_path, vocab=32)
     for ids in ([[0, 1, 2, 3, 4, 32]], [[0, -1, 2, 3, 4, 5]]):
         np.save(tmp_path / "ids.npy", np.array(ids, np.int64))
-        proc = edgeinfer("run", str(m.path), "-i", f"ids={tmp_path / 'ids.npy'}", "--out", str(tmp_path / "o"))
+        proc = cli("run", str(m.path), "-i", f"ids={tmp_path / 'ids.npy'}", "--out", str(tmp_path / "o"))
         assert proc.returncode == 2, proc.stderr
         assert "vocabulary [0, 32)" in proc.stderr
         assert not (tmp_path / "o").exists()
     np.save(tmp_path / "ids.npy", np.array([[0, 1, 2, 3, 4, 31]], np.int64))
-    proc = edgeinfer("run", str(m.path), "-i", f"ids={tmp_path / 'ids.npy'}", "--json")
+    proc = cli("run", str(m.path), "-i", f"ids={tmp_path / 'ids.npy'}", "--json")
     assert proc.returncode == 0, proc.stderr

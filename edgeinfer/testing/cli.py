@@ -15,8 +15,9 @@ import warnings
 from typing import Any
 
 
-def run_cli(capfd: Any, *args: str) -> subprocess.CompletedProcess:
-    """``edgeinfer ARGS`` through ``edgeinfer.cli.invoke`` (what ``main`` runs), as a CompletedProcess.
+def run_cli(capfd: Any, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``edgeinfer ARGS`` through ``edgeinfer.cli.invoke`` (what ``main`` runs), as a CompletedProcess;
+    ``env`` is set for the command only.
 
     ``capfd`` is pytest's fixture: output is read at the file descriptors, so what a library writes there
     still shows. Python warnings are filtered and printed on stderr as in a fresh interpreter under ``main``
@@ -29,6 +30,7 @@ def run_cli(capfd: Any, *args: str) -> subprocess.CompletedProcess:
     cli._attach_optional_commands()
     capfd.readouterr()
     formatwarning, environ = warnings.formatwarning, dict(os.environ)
+    os.environ.update(env or {})
     levels = {name: logging.getLogger(name).level for name in NOISY_LOGGERS}
     with warnings.catch_warnings():
         _fresh_interpreter_filters()
