@@ -14,7 +14,7 @@ Layout::
       tokenizer/               tokenizer.json (+ config) for text models
       golden/                  held-out inputs and reference outputs (.npz, no pickle)
 
-Bundles are sealed (:mod:`edgeinfer.model.seal`): the manifest is validated in full when a bundle is
+Bundles are sealed (:mod:`edgeinfer.contract.seal`): the manifest is validated in full when a bundle is
 opened, every path it names must stay inside the bundle, and ``files`` records the size and
 sha256 of every file. ``open`` compares sizes; ``golden``, ``serve`` and ``verify`` hash everything.
 """
@@ -41,10 +41,11 @@ from pydantic import (
     model_validator,
 )
 
+from edgeinfer.contract import seal
 from edgeinfer.contract.backend import Session, TensorSpec
 from edgeinfer.contract.helpers import first_line
 from edgeinfer.errors import InputError, check_text
-from edgeinfer.model import decoder_bundle, seal
+from edgeinfer.model import decoder_bundle
 from edgeinfer.model.decoder_bundle import DecoderSection
 from edgeinfer.run import buckets as buckets_mod
 from edgeinfer.run.buckets import BucketsSection
@@ -328,7 +329,7 @@ def write(directory: Path, manifest: Manifest) -> Path:
     Every file in the directory is recorded with its size and sha256 (``files``): a bundle is
     sealed when its manifest is written, so write the manifest last.
     """
-    from edgeinfer import __version__
+    from edgeinfer.version import __version__
 
     manifest.edgeinfer_version = manifest.edgeinfer_version or __version__
     manifest.created = manifest.created or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")

@@ -21,9 +21,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
-from edgeinfer.contract import remote_code, stamp
+from edgeinfer.contract import remote_code, seal, stamp
 from edgeinfer.errors import InputError, ModelError
-from edgeinfer.model import seal
 
 if TYPE_CHECKING:
     from edgeinfer.model.bundle import Bundle
@@ -72,6 +71,7 @@ def open_generator(bundle: Bundle, device: str | None = None, ctx: int | None = 
     """A Generator over a decoder bundle, with a KV cache of ``ctx`` positions (default: the bundle's).
     ``trust_remote_code``: for an artifact that is a Hugging Face directory naming code of its own."""
     from edgeinfer.contract import registry as plugins
+    from edgeinfer.planning.device_memory import check_decoder_fits
     from edgeinfer.run.generation.generator import Generator
     from edgeinfer.run.generation.text import TextCodec
 
@@ -90,6 +90,7 @@ def open_generator(bundle: Bundle, device: str | None = None, ctx: int | None = 
     check_manifest(bundle, codec)
     be = plugins.get_backend(m.backend)
     stamp.check(bundle.artifacts[0], backend=be, device=device)  # another toolkit's artifact: refused
+    check_decoder_fits(be, bundle.artifacts[0], device, ctx, slots, m.scheme)
     decoder = be.load_decoder(bundle.artifacts[0], device=device, context=ctx, slots=slots, **options)
     try:
         check_artifact(bundle, decoder, codec)

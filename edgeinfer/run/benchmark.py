@@ -8,11 +8,11 @@ from typing import Any
 
 import numpy as np
 
+from edgeinfer.contract import measure
 from edgeinfer.contract.backend import Session, latency_stats
 from edgeinfer.errors import InputError
 from edgeinfer.model.bundle import Bundle, run_padded, static_batch
 from edgeinfer.progress import Progress
-from edgeinfer.run import measure
 from edgeinfer.run.buckets import longest_seq
 
 

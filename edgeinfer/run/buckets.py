@@ -22,9 +22,9 @@ from typing import Annotated, Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, model_validator
 
+from edgeinfer.contract import seal
 from edgeinfer.contract.backend import Session, TensorSpec
 from edgeinfer.errors import FeedError, InputError
-from edgeinfer.model import seal
 
 log = logging.getLogger("edgeinfer.buckets")
 MASK = "attention_mask"
