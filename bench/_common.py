@@ -1,5 +1,5 @@
 """Shared by the benchmarks: where results go and how they are written, and an RSS sampler
-(the definitions of RSS and peak are edgeinfer.run.measure's)."""
+(the definitions of RSS and peak are edgeinfer.contract.measure's)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import threading
 import time
 from pathlib import Path
 
-from edgeinfer.run.measure import current_rss_bytes
+from edgeinfer.contract.measure import current_rss_bytes
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -43,7 +43,7 @@ def rss() -> int:
 
 class RssSampler:
     """Largest RSS seen (every 2 ms) between start and stop: the peak of one phase in a process that
-    may not reset its high-water mark (edgeinfer.run.measure.reset_peak_rss needs /proc/self/clear_refs)."""
+    may not reset its high-water mark (edgeinfer.contract.measure.reset_peak_rss needs /proc/self/clear_refs)."""
 
     def __init__(self) -> None:
         self.peak = rss()

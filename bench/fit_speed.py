@@ -23,10 +23,10 @@ sys.path.insert(0, str(ROOT))
 
 import yaml  # noqa: E402
 
+from edgeinfer.contract.schemes import normalize_scheme  # noqa: E402
 from edgeinfer.planning import calibrate, planner  # noqa: E402
 from edgeinfer.planning.boards import get_board  # noqa: E402
 from edgeinfer.planning.models import resolve  # noqa: E402
-from edgeinfer.planning.quant import normalize_scheme  # noqa: E402
 
 OUT = ROOT / "edgeinfer" / "data" / "speed_constants.json"
 MIB = 2**20

@@ -53,7 +53,7 @@ def _hf_decode_rate(model, ids, static: bool) -> float:
 
 
 def _edgeinfer_rate(gen, ids) -> float:
-    from edgeinfer.run.generation.options import GenerationOptions
+    from edgeinfer.contract.generation import GenerationOptions
 
     r = gen.generate_ids(ids, GenerationOptions(max_new_tokens=NEW_TOKENS, ignore_eos=True))
     return r.metrics.decode_tokens_per_s

@@ -77,7 +77,7 @@ def _raw_rate(pipe, ids: list[int]) -> tuple[float, float]:
 
 
 def _edgeinfer_rate(gen, ids: list[int]) -> tuple[float, float]:
-    from edgeinfer.run.generation.options import GenerationOptions
+    from edgeinfer.contract.generation import GenerationOptions
 
     t0 = time.perf_counter()
     r = gen.generate_ids(ids, GenerationOptions(max_new_tokens=NEW_TOKENS, ignore_eos=True))
@@ -87,7 +87,7 @@ def _edgeinfer_rate(gen, ids: list[int]) -> tuple[float, float]:
 
 def _decoder_rate(decoder, ids: list[int]) -> tuple[float, float]:
     """The plugin's native loop alone (``generate_native`` with a no-op ``on_token``): no core loop."""
-    from edgeinfer.run.generation.options import GenerationOptions
+    from edgeinfer.contract.generation import GenerationOptions
 
     t0 = time.perf_counter()
     n = [0]
@@ -159,7 +159,7 @@ def run_model(model_dir: Path, label: str, work: Path) -> dict:
     import openvino_genai as og
 
     import edgeinfer
-    from edgeinfer.run.generation.options import GenerationOptions
+    from edgeinfer.contract.generation import GenerationOptions
 
     warnings.simplefilter("ignore")
     be = edgeinfer.backend("openvino")
@@ -201,7 +201,7 @@ def run_model(model_dir: Path, label: str, work: Path) -> dict:
 
 
 def _batching(be, path: Path) -> dict:
-    from edgeinfer.run.generation.options import GenerationOptions
+    from edgeinfer.contract.generation import GenerationOptions
 
     d = be.load_decoder(path, device="CPU", context=CTX, slots=max(BATCHES), threads=1)
     out = {}

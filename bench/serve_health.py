@@ -26,7 +26,7 @@ import _common  # noqa: E402
 
 
 def stats_ms(values: list[float]) -> dict:
-    from edgeinfer.run.measure import latency_stats
+    from edgeinfer.contract.measure import latency_stats
 
     s = latency_stats([v * 1e3 for v in values])
     return {"samples": len(values), "p50": round(s["p50"], 2), "p99": round(s["p99"], 2), "max": round(s["max"], 2)}

@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402
 
-from edgeinfer.run.measure import latency_stats  # noqa: E402
+from edgeinfer.contract.measure import latency_stats  # noqa: E402
 
 WORDS = ("the river city morning village children market winter music garden school story mountain light "
          "road summer").split()

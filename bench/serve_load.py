@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402
 
-from edgeinfer.run.measure import latency_stats  # noqa: E402
+from edgeinfer.contract.measure import latency_stats  # noqa: E402
 
 
 async def _client(port: int, bodies: list[bytes], stop_at: float, budget: list[int], lat_ms: list[float],

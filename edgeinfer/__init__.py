@@ -15,10 +15,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
-
-from edgeinfer import telemetry as _telemetry  # noqa: E402
-from edgeinfer.contract.hookspecs import hookimpl  # noqa: E402
+from edgeinfer import telemetry as _telemetry
+from edgeinfer.contract.hookspecs import hookimpl
+from edgeinfer.version import __version__
 
 _telemetry.off()  # before any library with telemetry is imported, here and in every worker process
 

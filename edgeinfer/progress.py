@@ -6,16 +6,12 @@ or not progress is shown: tests wait on it to signal a run inside a given step (
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 import time
-import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
-
-from edgeinfer.contract.names import NOISY_LOGGERS, NOISY_MODULES
 
 T = TypeVar("T")
 
@@ -78,27 +74,8 @@ def _stderr_console() -> Any:
 
 
 VERBOSE_ENV = "EDGEINFER_VERBOSE"
-_NOISY_MODULES = NOISY_MODULES
 
 
 def verbose() -> bool:
     """Whether the user asked for third-party output (``edgeinfer --verbose`` / ``--debug``)."""
     return os.environ.get(VERBOSE_ENV) == "1"
-
-
-def quiet_third_party() -> None:
-    """Keep library chatter (torchao .so load failures, torch deprecation logs, NNCF bars and tables,
-    transformers advisories) off stderr. Call before those libraries load; the CLI does, unless --verbose.
-    Variables the user set themselves are left alone."""
-    if verbose():
-        return
-    os.environ.setdefault("TORCH_LOGS", "-torch")  # torch's own log handler: errors only
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    for name in NOISY_LOGGERS:
-        logging.getLogger(name).setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore", module=_NOISY_MODULES)
-    for category in (DeprecationWarning, FutureWarning):
-        warnings.filterwarnings("ignore", category=category)

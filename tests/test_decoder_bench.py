@@ -173,7 +173,7 @@ def test_bad_input_is_one_line(args, code, needle):
 
 def test_onnxruntime_op_times_leave_generation_unchanged():
     import edgeinfer
-    from edgeinfer.run.generation.options import GenerationOptions
+    from edgeinfer.contract.generation import GenerationOptions
 
     opts = GenerationOptions(max_new_tokens=8)
     with edgeinfer.load(model_dir(), backend="onnxruntime", ctx=64, threads=1) as gen:

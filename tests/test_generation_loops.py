@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from edgeinfer.contract.decoder import Decoder
+from edgeinfer.contract.generation import GenerationOptions
 from edgeinfer.run.generation.generator import Generator
-from edgeinfer.run.generation.options import GenerationOptions
 from edgeinfer.run.generation.text import TextCodec
 from edgeinfer.testing.llm import model_dir
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from edgeinfer.contract.generation import GenerationOptions
 from edgeinfer.errors import InputError, ModelError
-from edgeinfer.run.generation.options import GenerationOptions
 from edgeinfer.run.generation.sampling import Sampler, penalize, softmax, top2_margin, top_k, top_p
 from edgeinfer.run.generation.stopping import StopStrings
 from edgeinfer.run.generation.text import TextCodec

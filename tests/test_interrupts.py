@@ -18,8 +18,8 @@ import pytest
 from helpers import tiny_bert_dir
 
 from edgeinfer import files
-from edgeinfer.model import seal
-from edgeinfer.model.seal import SEAL
+from edgeinfer.contract import seal
+from edgeinfer.contract.seal import SEAL
 from edgeinfer.testing import minilm
 
 pytestmark = pytest.mark.slow  # three real deploys of a tiny BERT (torch import + export each)

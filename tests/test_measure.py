@@ -1,4 +1,4 @@
-"""edgeinfer.run.measure: the one definition of current RSS, peak RSS and latency percentiles."""
+"""edgeinfer.contract.measure: the one definition of current RSS, peak RSS and latency percentiles."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from edgeinfer.run import measure
+from edgeinfer.contract import measure
 
 MIB = 2**20
 
@@ -58,7 +58,7 @@ def test_reset_starts_a_new_peak():
 
 def test_a_fresh_subprocess_does_not_report_its_parents_peak():
     parent = _touch(128 * MIB)
-    code = "from edgeinfer.run.measure import peak_rss_bytes; print(peak_rss_bytes())"
+    code = "from edgeinfer.contract.measure import peak_rss_bytes; print(peak_rss_bytes())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     del parent
     assert int(out) < measure.peak_rss_bytes() - 64 * MIB

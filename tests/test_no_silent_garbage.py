@@ -125,7 +125,7 @@ def test_checked_logits_refuses_a_row_wider_or_narrower_than_the_vocabulary():
 
 
 def test_the_serve_scheduler_ends_a_nan_sequence_with_an_error_and_frees_its_slot(nan_bundle):
-    from edgeinfer.run.generation.options import GenerationOptions
+    from edgeinfer.contract.generation import GenerationOptions
     from edgeinfer.serve.decoder_scheduler import Scheduler
 
     with edgeinfer.load(nan_bundle, slots=2) as gen:

@@ -50,7 +50,7 @@ def client(server: ServerProc) -> openai.OpenAI:
 
 
 def solo(generator, prompt: str, chat: bool, max_tokens: int, **kw) -> str:
-    from edgeinfer.run.generation.options import GenerationOptions
+    from edgeinfer.contract.generation import GenerationOptions
 
     return generator.generate(prompt, GenerationOptions(max_new_tokens=max_tokens, **kw), chat=chat).text
 
@@ -106,7 +106,7 @@ def test_batched_decode_equals_each_slot_alone(generator):
 def test_long_prompt_prefills_in_chunks_while_a_stream_keeps_decoding(generator):
     """A 120-token prompt joins a running sequence: it is read 8 tokens per step, the running sequence
     gets a token at every one of those steps, and both texts equal their solo runs."""
-    from edgeinfer.run.generation.options import GenerationOptions
+    from edgeinfer.contract.generation import GenerationOptions
     from edgeinfer.serve.decoder_scheduler import Scheduler
 
     sched = Scheduler(generator, prefill_chunk=8)
@@ -320,7 +320,7 @@ def test_logprobs_are_the_log_softmax_of_the_bundles_logits(tiny_qwen3_host_bund
     always the most likely) and the top 4; the entries' bytes spell the text (a random token may split a
     character: both replace it alike)."""
     import edgeinfer
-    from edgeinfer.run.generation.options import GenerationOptions
+    from edgeinfer.contract.generation import GenerationOptions
     from edgeinfer.serve.decoder_scheduler import Scheduler
 
     with edgeinfer.load(tiny_qwen3_host_bundle, slots=1) as g:

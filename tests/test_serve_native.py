@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from edgeinfer.contract.decoder import Decoder
+from edgeinfer.contract.generation import GenerationOptions
 from edgeinfer.run.generation.generator import Generator
-from edgeinfer.run.generation.options import GenerationOptions
 from edgeinfer.run.generation.text import TextCodec
 from edgeinfer.serve.decoder_native import NativeScheduler
 from edgeinfer.testing.llm import model_dir

@@ -6,14 +6,18 @@ unless --debug); ``--json`` puts only JSON on stdout; colour only on a terminal.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+import warnings
 from typing import Any
 
 import click
 
-from edgeinfer import __version__, errors
+from edgeinfer import errors, progress
+from edgeinfer.contract.names import NOISY_LOGGERS, NOISY_MODULES
 from edgeinfer.errors import EdgeInferError
+from edgeinfer.version import __version__
 
 
 class EdgeInferGroup(click.Group):
@@ -57,12 +61,28 @@ def cli(debug: bool, verbose: bool) -> None:
                 2 usage or input error; 3 backend or device unavailable;
                 130 interrupted (Ctrl-C), 143 terminated (SIGTERM).
     """
-    from edgeinfer.progress import VERBOSE_ENV, quiet_third_party
-
     if debug or verbose:
-        os.environ[VERBOSE_ENV] = "1"
+        os.environ[progress.VERBOSE_ENV] = "1"
     else:
         quiet_third_party()
+
+
+def quiet_third_party() -> None:
+    """Keep library chatter (torchao .so load failures, torch deprecation logs, NNCF bars and tables,
+    transformers advisories) off stderr. Call before those libraries load; the CLI does, unless --verbose.
+    Variables the user set themselves are left alone."""
+    if progress.verbose():
+        return
+    os.environ.setdefault("TORCH_LOGS", "-torch")  # torch's own log handler: errors only
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    for name in NOISY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", module=NOISY_MODULES)
+    for category in (DeprecationWarning, FutureWarning):
+        warnings.filterwarnings("ignore", category=category)
 
 
 # --- start-up ------------------------------------------------------------------------------------

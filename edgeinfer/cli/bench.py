@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from edgeinfer.cli.output import _json_safe, console, emit
+from edgeinfer.cli.output import console, emit, json_safe
 from edgeinfer.cli.trust import trust_remote_code_option
 from edgeinfer.errors import InputError
 
@@ -115,7 +115,7 @@ def bench(bundle_dir: Path, batch: str | None, seq: str | None, prompt_lengths: 
         render = _render_encoder
     if output is not None:
         output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(json.dumps(_json_safe(report), indent=2) + "\n")
+        output.write_text(json.dumps(json_safe(report), indent=2) + "\n")
     emit(report, as_json, render)
 
 

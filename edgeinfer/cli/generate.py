@@ -14,7 +14,7 @@ from edgeinfer.errors import InputError, check_text
 
 
 def _options(**kw: Any) -> Any:
-    from edgeinfer.run.generation.options import GenerationOptions
+    from edgeinfer.contract.generation import GenerationOptions
 
     return GenerationOptions(**{k: v for k, v in kw.items() if v is not None})
 

@@ -15,17 +15,17 @@ def console(stderr: bool = False) -> Any:
 
 
 def print_json(data: Any) -> None:
-    click.echo(json.dumps(_json_safe(data), indent=2, default=str, allow_nan=False))
+    click.echo(json.dumps(json_safe(data), indent=2, default=str, allow_nan=False))
 
 
-def _json_safe(data: Any) -> Any:
+def json_safe(data: Any) -> Any:
     """NaN / Inf → null: bare ``NaN`` is not JSON, and a script reading us would choke on it."""
     if isinstance(data, float):
         return data if data == data and data not in (float("inf"), float("-inf")) else None
     if isinstance(data, dict):
-        return {k: _json_safe(v) for k, v in data.items()}
+        return {k: json_safe(v) for k, v in data.items()}
     if isinstance(data, (list, tuple)):
-        return [_json_safe(v) for v in data]
+        return [json_safe(v) for v in data]
     return data
 
 

@@ -1,10 +1,15 @@
 """What a backend plugin imports: the hook specs, the Backend and Session base classes, tensor
-specs, stamps and the plugin registry. See docs/writing-a-backend.md for the whole contract."""
+specs, stamps, the plugin registry, and what a plugin needs from the core besides — scheme names,
+measurement, generation options, the paging schedule, the conversion cache, progress and the core's
+version. The contract is the bottom layer: it imports no other room of the core, so a plugin that
+imports only ``edgeinfer.contract*``, ``edgeinfer.errors`` and ``edgeinfer.testing*`` depends on
+nothing the core may move. See docs/writing-a-backend.md for the whole contract."""
 
-from edgeinfer.contract import stamp
+from edgeinfer.contract import cache, seal, stamp
 from edgeinfer.contract.backend import (
     Backend,
     CalibrationSet,
+    FreeMemory,
     OpTime,
     Probe,
     Problem,
@@ -14,8 +19,16 @@ from edgeinfer.contract.backend import (
     validate_feeds,
 )
 from edgeinfer.contract.decoder import Decoder, NativeStep
+from edgeinfer.contract.generation import GenerationOptions
 from edgeinfer.contract.hookspecs import hookimpl
+from edgeinfer.contract.measure import current_rss_bytes, latency_stats, peak_rss_bytes, reset_peak_rss
 from edgeinfer.contract.resources import Accelerator
+from edgeinfer.contract.schedule import Schedule
+from edgeinfer.contract.schemes import Scheme, known_schemes, normalize_scheme
+from edgeinfer.progress import Progress, verbose
+from edgeinfer.version import __version__
 
-__all__ = ["Accelerator", "Backend", "CalibrationSet", "Decoder", "NativeStep", "OpTime", "Probe", "Problem",
-           "Profile", "Session", "TensorSpec", "hookimpl", "stamp", "validate_feeds"]
+__all__ = ["Accelerator", "Backend", "CalibrationSet", "Decoder", "FreeMemory", "GenerationOptions", "NativeStep",
+           "OpTime", "Probe", "Problem", "Profile", "Progress", "Schedule", "Scheme", "Session", "TensorSpec",
+           "__version__", "cache", "current_rss_bytes", "hookimpl", "known_schemes", "latency_stats",
+           "normalize_scheme", "peak_rss_bytes", "reset_peak_rss", "seal", "stamp", "validate_feeds", "verbose"]

@@ -25,11 +25,11 @@ if TYPE_CHECKING:  # numpy is imported where arrays are handled, so `edgeinfer p
 
 from edgeinfer.contract import remote_code, stamp
 from edgeinfer.contract.helpers import check_options, first_line, slowest_first
+from edgeinfer.contract.measure import latency_stats, peak_rss_bytes
 from edgeinfer.contract.resources import Accelerator
+from edgeinfer.contract.schemes import normalize_scheme
 from edgeinfer.contract.tensors import TensorSpec, validate_feeds  # re-exported: the contract's public names
 from edgeinfer.errors import BackendError, BackendUnavailableError, EdgeInferError, FeedError, InputError, ModelError
-from edgeinfer.planning.quant import normalize_scheme
-from edgeinfer.run.measure import latency_stats, peak_rss_bytes  # re-exported: plugins import them from here
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,18 @@ class DeviceReading:
     utilization: float | None = None  # busy fraction, 0..1
     memory_used_bytes: float | None = None
     memory_total_bytes: float | None = None
+
+
+@dataclass(frozen=True)
+class FreeMemory:
+    """What a device has free for a decoder about to load there (:meth:`Backend.free_memory`)."""
+
+    free_bytes: int  # free now
+    device: str  # that device in the user's words, for the message: "NPU 1 chip 0 (910B4)"
+    used_bytes: int | None = None  # already in use there (by other processes), when the driver says
+    #: the planner's runtime profile (edgeinfer/data/runtimes.yaml) a decoder runs on there: its overhead
+    #: and workspace are budgeted; None: weights and KV cache only
+    runtime: str | None = None
 
 
 @dataclass
@@ -319,6 +331,12 @@ class Backend:
     def check_device_entry(self, entry: str) -> None:
         """Raise :class:`InputError` when ``serve --devices`` entry ``entry`` means nothing here
         (before any worker starts). Default: every entry is accepted."""
+
+    def free_memory(self, device: str | None) -> FreeMemory | None:
+        """What ``device`` has free now for a decoder, or None when it cannot tell (the default). Before
+        :meth:`open_decoder` the core plans the decoder's weights, KV cache and workspace and refuses one
+        that does not fit, saying what to change; the backend only reports the fact. Keep it quick."""
+        return None
 
     # --- public verbs (owned by the core) --------------------------------------------------
     def quantize(

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from edgeinfer.contract.backend import OpTime
-    from edgeinfer.run.generation.options import GenerationOptions
+    from edgeinfer.contract.generation import GenerationOptions
 
 
 class NativeStep(NamedTuple):

@@ -7,7 +7,7 @@ A plugin is a module registered under the entry-point group ``edgeinfer``::
 
 and decorates plain functions with :data:`hookimpl`::
 
-    from edgeinfer import hookimpl
+    from edgeinfer.contract import hookimpl
 
     @hookimpl
     def register_backends(register):

@@ -41,7 +41,7 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
 
 
 def write(artifact: Path, *, backend: Backend, scheme: str, source: Path, **facts: Any) -> dict[str, Any]:
-    from edgeinfer import __version__
+    from edgeinfer.version import __version__
 
     inputs = facts.pop("inputs", [])
     data = {

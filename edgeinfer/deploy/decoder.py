@@ -1,7 +1,7 @@
 """``edgeinfer deploy`` of a causal language model: one Hugging Face decoder → a checked decoder bundle.
 
 plan at the asked context (refuse what does not fit) → the board's backend ``convert_decoder``
-(cached: :mod:`edgeinfer.model.cache`) → golden check of the converted decoder against the fp32
+(cached: :mod:`edgeinfer.contract.cache`) → golden check of the converted decoder against the fp32
 transformers reference, greedy (:mod:`edgeinfer.run.generation.golden`) → a sealed bundle
 (:mod:`edgeinfer.model.decoder_bundle`). Nothing is written at ``-o`` unless the check passes, or the
 backend stamped the artifact ``unchecked`` (a runtime that cannot run on this host, such as RKLLM on x86):
@@ -22,18 +22,19 @@ from pathlib import Path
 from typing import Any
 
 from edgeinfer import files
+from edgeinfer.contract import cache, remote_code, seal, stamp
 from edgeinfer.contract import registry as plugins
-from edgeinfer.contract import remote_code, stamp
 from edgeinfer.contract.backend import Backend, TensorSpec
 from edgeinfer.contract.names import DECODER_REFERENCE
+from edgeinfer.contract.schemes import normalize_scheme
 from edgeinfer.deploy import outdir
 from edgeinfer.errors import BackendUnavailableError, CheckFailed, InputError
 from edgeinfer.model import bundle as bundle_mod
-from edgeinfer.model import cache, decoder_bundle, seal
+from edgeinfer.model import decoder_bundle
 from edgeinfer.model.bundle import Manifest
 from edgeinfer.model.kind import Kind, find, model_context_limit
 from edgeinfer.planning.boards import Board, get_board
-from edgeinfer.planning.quant import normalize_scheme
+from edgeinfer.planning.device_memory import check_decoder_fits
 from edgeinfer.progress import Progress
 from edgeinfer.run import bundle as run_bundle
 from edgeinfer.run.generation import golden
@@ -336,6 +337,7 @@ def check_golden(hf_dir: Path, work: Path, backend: Backend, scheme: str, contex
                                          "tokens", total=len(prompts)):
             recorded += golden.record(reference, [p], n)
     with progress.step(f"golden check on {backend.name}"):
+        check_decoder_fits(backend, work / decoder_bundle.ARTIFACT, None, context, 1, scheme)
         decoder = backend.load_decoder(work / decoder_bundle.ARTIFACT, context=context, **backend.logits_options)
         with Generator(decoder, codec) as candidate:
             report = judge(candidate, recorded, n, scheme, golden.thresholds_for(scheme), threshold)

@@ -20,20 +20,19 @@ from typing import Any
 import numpy as np
 
 from edgeinfer import files
+from edgeinfer.contract import cache, remote_code, seal, stamp
 from edgeinfer.contract import registry as plugins
-from edgeinfer.contract import remote_code, stamp
 from edgeinfer.contract.backend import CalibrationSet, TensorSpec
 from edgeinfer.contract.names import ENCODER_REFERENCE
+from edgeinfer.contract.schemes import normalize_scheme
 from edgeinfer.deploy import buckets as buckets_mod
 from edgeinfer.deploy import calibration, golden, outdir
 from edgeinfer.errors import CheckFailed, InputError
 from edgeinfer.model import bundle as bundle_mod
-from edgeinfer.model import cache, seal
 from edgeinfer.model import samples as golden_samples
 from edgeinfer.model.bundle import Manifest, TextSpec
 from edgeinfer.model.kind import Kind, kind
 from edgeinfer.planning.boards import Board, get_board
-from edgeinfer.planning.quant import normalize_scheme
 from edgeinfer.progress import Progress
 from edgeinfer.run import bundle as run_bundle
 from edgeinfer.run.padding import run_padded

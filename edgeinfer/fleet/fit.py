@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 def replica_plan(bundle: Any, resource: str | None, slots: int, ctx: int | None) -> Placement | None:
     """The planner's verdict for ``bundle`` on the node type of its board; None where the planner has nothing
     to say: an embedding / tensor bundle (no model spec) or a CPU bundle (no board, placed anywhere)."""
-    from edgeinfer.model import seal
+    from edgeinfer.contract import seal
     from edgeinfer.planning.boards import get_board
     from edgeinfer.planning.fleet import FleetModel, FleetNode, place
     from edgeinfer.planning.models.hf import spec_from_config

@@ -24,9 +24,9 @@ PUSH_S = 2.0
 
 
 def error(status: int, message: str) -> tuple[int, bytes]:
-    from edgeinfer.serve.app import _TYPES
+    from edgeinfer.serve.app import ERROR_TYPES
 
-    body = {"error": {"message": message, "type": _TYPES.get(status, "error"), "code": status}}
+    body = {"error": {"message": message, "type": ERROR_TYPES.get(status, "error"), "code": status}}
     return status, json.dumps(body).encode()
 
 

@@ -62,10 +62,10 @@ def probe_accelerators() -> tuple[list[tuple[str, Accelerator]], list[str]]:
 
 def node_resources() -> NodeResources:
     """What ``edgeinfer ray-resources`` prints and ``ray-node`` advertises."""
-    from edgeinfer.planning.boards import _meminfo
+    from edgeinfer.planning.boards import meminfo
 
     found, problems = probe_accelerators()
-    node = merge(found, _meminfo()[0])
+    node = merge(found, meminfo()[0])
     node.problems = problems
     return node
 

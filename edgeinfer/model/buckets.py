@@ -15,9 +15,9 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, model_validator
 
+from edgeinfer.contract import seal
 from edgeinfer.contract.backend import TensorSpec
 from edgeinfer.errors import InputError
-from edgeinfer.model import seal
 
 MASK = "attention_mask"
 

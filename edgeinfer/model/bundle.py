@@ -14,7 +14,7 @@ Layout::
       tokenizer/               tokenizer.json (+ config) for text models
       golden/                  held-out inputs and reference outputs (.npz, no pickle)
 
-Bundles are sealed (:mod:`edgeinfer.model.seal`): the manifest is validated in full when a bundle is
+Bundles are sealed (:mod:`edgeinfer.contract.seal`): the manifest is validated in full when a bundle is
 opened, every path it names must stay inside the bundle, and ``files`` records the size and
 sha256 of every file. ``open`` compares sizes; ``golden``, ``serve`` and ``verify`` hash everything.
 """
@@ -43,11 +43,12 @@ from pydantic import (
     model_validator,
 )
 
+from edgeinfer.contract import seal
 from edgeinfer.contract.backend import TensorSpec
 from edgeinfer.contract.helpers import first_line
 from edgeinfer.errors import InputError
 from edgeinfer.model import buckets as buckets_mod
-from edgeinfer.model import decoder_bundle, seal
+from edgeinfer.model import decoder_bundle
 from edgeinfer.model.buckets import BucketsSection
 from edgeinfer.model.decoder_bundle import DecoderSection
 from edgeinfer.model.kind import MANIFEST, find
@@ -291,7 +292,7 @@ def write(directory: Path, manifest: Manifest) -> Path:
     Every file in the directory is recorded with its size and sha256 (``files``): a bundle is
     sealed when its manifest is written, so write the manifest last.
     """
-    from edgeinfer import __version__
+    from edgeinfer.version import __version__
 
     manifest.edgeinfer_version = manifest.edgeinfer_version or __version__
     manifest.created = manifest.created or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
+from edgeinfer.contract import seal
 from edgeinfer.errors import InputError
-from edgeinfer.model import seal
 
 if TYPE_CHECKING:
     import numpy as np

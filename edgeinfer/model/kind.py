@@ -13,9 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from edgeinfer.contract import stamp
+from edgeinfer.contract import seal, stamp
 from edgeinfer.errors import InputError
-from edgeinfer.model import seal
 
 MANIFEST = "manifest.json"
 CONFIG = "config.json"

@@ -67,7 +67,7 @@ class Runtime(BaseModel):
     @field_validator("schemes")
     @classmethod
     def _known(cls, v: list[str]) -> list[str]:
-        from edgeinfer.planning.quant import normalize_scheme
+        from edgeinfer.contract.schemes import normalize_scheme
 
         return [normalize_scheme(s).name for s in v]
 
@@ -175,7 +175,7 @@ def load_board_file(path: Path) -> Board:
     return b
 
 
-def _meminfo() -> tuple[int, int]:
+def meminfo() -> tuple[int, int]:
     """(MemTotal, MemAvailable) in bytes from /proc/meminfo, or sysconf as a fallback."""
     try:
         vals = {}
@@ -196,7 +196,7 @@ def _meminfo() -> tuple[int, int]:
 
 def host_board() -> Board:
     """The machine edgeinfer runs on: total and available memory measured now; no bandwidth claim."""
-    total, avail = _meminfo()
+    total, avail = meminfo()
     src = "measured at run time from /proc/meminfo (MemTotal, MemAvailable)"
     return Board(
         name="host", title=f"this machine ({os.cpu_count()} CPUs)", family="host", backend=HOST_BACKEND,

@@ -15,13 +15,14 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from edgeinfer.contract.schemes import Scheme, normalize_scheme
 from edgeinfer.errors import InputError
 from edgeinfer.planning import planner
 from edgeinfer.planning.boards import Board, board_from_dict
 from edgeinfer.planning.models import resolve
 from edgeinfer.planning.models.hf import spec_from_config
 from edgeinfer.planning.models.spec import ModelSpec
-from edgeinfer.planning.quant import Scheme, kv_bytes_per_element, normalize_scheme
+from edgeinfer.planning.quant import kv_bytes_per_element
 
 MIB = 2**20
 SAME_SIZE = 0.02  # rows whose bytes per token differ less than this are one size

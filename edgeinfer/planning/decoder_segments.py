@@ -8,7 +8,7 @@ The rule shared with the backend that pages decoders (the RKNN plugin, issue 17)
 * the final norm and the lm_head belong to the last segment (the lm_head is counted even when
   tied: the NPU graph holds its own copy);
 * a window of W segments is resident, kept by the paging schedule the runtime itself follows
-  (``edgeinfer.run.schedule``): the first W−1 segments pinned (W−2 with prefetch), the others
+  (``edgeinfer.contract.schedule``): the first W−1 segments pinned (W−2 with prefetch), the others
   streamed through the remaining slot(s), so each token pages in the S − pinned unpinned segments.
 
 Pure arithmetic on a :class:`ModelSpec`: no planner import (the planner imports this module).
@@ -20,9 +20,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from edgeinfer.contract.schedule import simulate
+from edgeinfer.contract.schemes import Scheme
 from edgeinfer.planning.models.spec import ModelSpec
-from edgeinfer.planning.quant import Scheme
-from edgeinfer.run.schedule import simulate
 
 SCALE_BYTES = 4  # one fp32 scale per output channel of a per-channel quantized matrix
 HOST_EMBED_BYTES = 2  # the host keeps the embedding table in fp16

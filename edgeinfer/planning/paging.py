@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from edgeinfer.contract.schedule import simulate
 from edgeinfer.errors import EdgeInferError, InputError
 from edgeinfer.planning import decoder_segments as ds
-from edgeinfer.run.schedule import simulate
 
 # storage read bandwidth assumed when a board profile gives none (interface maxima: optimistic)
 STORAGE_GBPS = {

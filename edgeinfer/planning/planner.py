@@ -11,12 +11,13 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from edgeinfer.contract.schemes import Scheme, normalize_scheme
 from edgeinfer.errors import InputError
 from edgeinfer.planning.boards import GIB, Board, get_board, load_boards
 from edgeinfer.planning.models import resolve
 from edgeinfer.planning.models.spec import ModelSpec
 from edgeinfer.planning.paging import PagedPlan, paged_plan, paged_runtime, suggest_window
-from edgeinfer.planning.quant import Scheme, kv_bytes_per_element, normalize_scheme
+from edgeinfer.planning.quant import kv_bytes_per_element
 
 SCHEMA_VERSION = "1.0"
 MIB = 2**20

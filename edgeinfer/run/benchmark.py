@@ -8,12 +8,12 @@ from typing import Any
 
 import numpy as np
 
+from edgeinfer.contract import measure
 from edgeinfer.contract.backend import Session, latency_stats
 from edgeinfer.errors import InputError
 from edgeinfer.model.buckets import longest_seq
 from edgeinfer.model.bundle import Bundle
 from edgeinfer.progress import Progress
-from edgeinfer.run import measure
 from edgeinfer.run.padding import run_padded, static_batch
 
 

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from edgeinfer.contract import registry as plugins
-from edgeinfer.contract import remote_code, stamp
+from edgeinfer.contract import remote_code, seal, stamp
 from edgeinfer.contract.backend import Session, TensorSpec
 from edgeinfer.errors import InputError, ModelError, check_text
-from edgeinfer.model import decoder_bundle, seal
+from edgeinfer.model import decoder_bundle
 from edgeinfer.model.bundle import Bundle
 from edgeinfer.run import buckets as buckets_mod
 
@@ -126,6 +126,7 @@ def open_generator(bundle: Bundle, device: str | None = None, ctx: int | None = 
                    slots: int = 1, *, trust_remote_code: bool = False, **options: Any) -> Generator:
     """A Generator over a decoder bundle, with a KV cache of ``ctx`` positions (default: the bundle's).
     ``trust_remote_code``: for an artifact that is a Hugging Face directory naming code of its own."""
+    from edgeinfer.planning.device_memory import check_decoder_fits
     from edgeinfer.run.generation.generator import Generator
     from edgeinfer.run.generation.text import TextCodec
 
@@ -145,6 +146,7 @@ def open_generator(bundle: Bundle, device: str | None = None, ctx: int | None = 
     check_manifest(bundle, codec)
     be = plugins.get_backend(m.backend)
     stamp.check(bundle.artifacts[0], backend=be, device=device)  # another toolkit's artifact: refused
+    check_decoder_fits(be, bundle.artifacts[0], device, ctx, slots, m.scheme)
     decoder = be.load_decoder(bundle.artifacts[0], device=device, context=ctx, slots=slots, **options)
     try:
         check_artifact(bundle, decoder, codec)

@@ -80,7 +80,7 @@ def plugins_check(environ: dict[str, str] = os.environ) -> Check:  # type: ignor
 
 
 def environment_checks() -> list[Check]:
-    from edgeinfer.model import cache
+    from edgeinfer.contract import cache
 
     return [python_check(), *cache_checks(cache.root()), plugins_check()]
 

@@ -1,6 +1,6 @@
 """``edgeinfer.load``: pick the backend for a file, convert it when it is not native, cache the result.
 
-A cache entry is sealed (:mod:`edgeinfer.model.seal`) once the conversion is complete and hashed again
+A cache entry is sealed (:mod:`edgeinfer.contract.seal`) once the conversion is complete and hashed again
 before each reuse: a damaged or half-written entry is converted again, never loaded.
 """
 
@@ -10,13 +10,13 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from edgeinfer.contract import cache, remote_code, stamp
 from edgeinfer.contract import registry as plugins
-from edgeinfer.contract import remote_code, stamp
 from edgeinfer.contract.backend import Backend, Session
 from edgeinfer.contract.names import DECODER_REFERENCE, ENCODER_REFERENCE
 from edgeinfer.errors import InputError, ModelError
-from edgeinfer.model import cache
 from edgeinfer.model.kind import Kind, find, kind, model_context_limit
+from edgeinfer.planning.device_memory import check_decoder_fits
 
 if TYPE_CHECKING:
     from edgeinfer.run.generation.generator import Generator
@@ -121,5 +121,6 @@ def load_generator(
     limit = model_context_limit(model_dir)
     context = ctx if ctx is not None else min(limit or DEFAULT_CONTEXT, DEFAULT_CONTEXT)
     be = plugins.get_backend(backend or DECODER_REFERENCE)
+    check_decoder_fits(be, model_dir, device, context, slots, options.get("scheme"))
     decoder = be.load_decoder(model_dir, device=device, context=context, slots=slots, **options)
     return Generator(decoder, codec, model_dir.resolve().name)

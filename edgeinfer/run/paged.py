@@ -1,7 +1,7 @@
 """Layer-paged execution: :class:`PagedSession` runs a model larger than memory as a chain of
 segments on any backend, keeping at most ``window`` segments loaded (an optional prefix pinned),
 loading the next one on one background thread while the current one runs, and accounting
-resident bytes and page-in times (``profile``). The schedule lives in :mod:`edgeinfer.run.schedule`,
+resident bytes and page-in times (``profile``). The schedule lives in :mod:`edgeinfer.contract.schedule`,
 the splitting in :mod:`edgeinfer.run.split`, the cost model in :mod:`edgeinfer.planning.paging`
 (docs/paging.md).
 """
@@ -21,9 +21,9 @@ if TYPE_CHECKING:  # numpy is imported where arrays are made, so `edgeinfer plan
 
 from edgeinfer.contract.backend import Backend, Session, TensorSpec
 from edgeinfer.contract.helpers import first_line
+from edgeinfer.contract.measure import current_rss_bytes
+from edgeinfer.contract.schedule import Schedule
 from edgeinfer.errors import BackendError, EdgeInferError, InputError
-from edgeinfer.run.measure import current_rss_bytes
-from edgeinfer.run.schedule import _Schedule
 
 
 # ------------------------------------------------------------------------------------------------
@@ -82,7 +82,7 @@ class PagedSession(Session):
             if prefetch and not background_ok:
                 self._notes.append(f"prefetch off: {why}")
                 prefetch = False
-        self._sched = _Schedule(n, window, prefetch, resident_prefix)
+        self._sched = Schedule(n, window, prefetch, resident_prefix)
         if prefetch and not self._sched.prefetch and window < n:
             self._notes.append("prefetch needs two free slots in the window (the next segment loads while the "
                                "current one is resident): running without it")
@@ -114,8 +114,8 @@ class PagedSession(Session):
     def from_artifacts(
         cls, backend: Backend, artifacts: Sequence[str | os.PathLike[str]], **options: Any
     ) -> PagedSession:
-        """What :func:`edgeinfer.run.bundle.open_session` calls for a segmented bundle (``manifest.paging`` spread into the
-        keywords). Facts a manifest may record about the split (``segments``, ``cuts``) are not
+        """What :func:`edgeinfer.run.bundle.open_session` calls for a segmented bundle (``manifest.paging``
+        spread into the keywords). Facts a manifest may record about the split (``segments``, ``cuts``) are not
         load options and are dropped here."""
         for informational in ("segments", "cuts", "index"):
             options.pop(informational, None)

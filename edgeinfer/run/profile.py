@@ -170,7 +170,7 @@ def _decode_latency(d: Decoder, ids: np.ndarray, repeat: int) -> dict[str, Any]:
 
 def _native_latencies(gen: Generator, ids: np.ndarray, repeat: int) -> dict[str, Any]:
     """A backend that runs its own loop: prefill = TTFT, decode = each run's median time per token."""
-    from edgeinfer.run.generation.options import GenerationOptions
+    from edgeinfer.contract.generation import GenerationOptions
 
     opts = GenerationOptions(max_new_tokens=min(8, gen.context - len(ids)), ignore_eos=True)
     gen.generate_ids(ids.tolist(), opts)

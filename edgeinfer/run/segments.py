@@ -13,12 +13,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # numpy is imported where arrays are made, so `edgeinfer plan --paging` stays light
     import numpy as np
 
+from edgeinfer.contract import cache, stamp
 from edgeinfer.contract import registry as plugins
-from edgeinfer.contract import stamp
 from edgeinfer.contract.backend import Backend, CalibrationSet
 from edgeinfer.contract.names import ENCODER_REFERENCE
 from edgeinfer.errors import BackendUnavailableError, InputError
-from edgeinfer.model import cache
 from edgeinfer.run.paged import PagedSession
 from edgeinfer.run.split import INDEX, split_onnx
 

@@ -62,11 +62,11 @@ requests_log = logging.getLogger("edgeinfer.serve.requests")
 
 
 def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    body = {"error": {"message": message, "type": _TYPES.get(status, "error"), "code": status}}
+    body = {"error": {"message": message, "type": ERROR_TYPES.get(status, "error"), "code": status}}
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
           405: "invalid_request_error", 413: "request_too_large", 429: "rate_limit_error", 500: "server_error",
           503: "service_unavailable", 504: "timeout"}
 
@@ -431,7 +431,8 @@ def _protocol_class(metrics: Metrics):
 
             metrics.requests.labels("malformed", "400").inc()
             body = json.dumps({"error": {"message": "malformed HTTP request (request line, a header or "
-                                         "Content-Length); send valid HTTP/1.1", "type": _TYPES[400], "code": 400}})
+                                         "Content-Length); send valid HTTP/1.1", "type": ERROR_TYPES[400],
+                                         "code": 400}})
             headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                        (b"connection", b"close")]
             for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),

@@ -51,8 +51,8 @@ class ServedDecoder:
 
 def open_llm(path: Path, bundle: Any = None, ctx: int | None = None) -> ServedDecoder:
     """A decoder bundle (``bundle``, already opened and verified) or an HF decoder dir (``path``)."""
+    from edgeinfer.contract import seal
     from edgeinfer.contract.names import DECODER_REFERENCE
-    from edgeinfer.model import seal
     from edgeinfer.model.kind import model_context_limit
     from edgeinfer.run.generation.text import TextCodec
     from edgeinfer.run.loading import DEFAULT_CONTEXT

@@ -19,9 +19,9 @@ import threading
 from typing import Any
 
 from edgeinfer.contract.decoder import Decoder, NativeStep
+from edgeinfer.contract.generation import GenerationOptions
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.run.generation.generator import Answer, Generator
-from edgeinfer.run.generation.options import GenerationOptions
 from edgeinfer.serve.decoder_scheduler import Event
 
 #: how long one step of :class:`OneAtATime` waits for the runtime's next token before it lets the

@@ -199,7 +199,7 @@ def prompt_and_options(llm: ServedDecoder, body: Any, chat: bool) -> tuple[list[
                "ignore_eos": body.ignore_eos, "top_k": body.top_k or 0, "logprobs": body.logprobs_wanted(),
                "repetition_penalty": 1.0 if body.repetition_penalty is None else body.repetition_penalty}
     try:
-        from edgeinfer.run.generation.options import GenerationOptions
+        from edgeinfer.contract.generation import GenerationOptions
 
         GenerationOptions(**options)
     except EdgeInferError as e:

@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from edgeinfer.contract.generation import GenerationOptions
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.run.generation.generator import Answer, Generator
-from edgeinfer.run.generation.options import GenerationOptions
 from edgeinfer.run.generation.sampling import Sampler, checked_logits, token_logprobs
 
 DEFAULT_PREFILL_CHUNK = 128

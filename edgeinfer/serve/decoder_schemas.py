@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, WithJsonSchema, model_validator
 from pydantic_core import PydanticCustomError
 
-from edgeinfer.run.generation.options import MAX_SEED, MAX_TOP_LOGPROBS
+from edgeinfer.contract.generation import MAX_SEED, MAX_TOP_LOGPROBS
 from edgeinfer.serve.schemas import STRICT, Metadata, Name, str_or_list
 
 MAX_STOP, MAX_STOP_CHARS = 4, 256  # OpenAI allows 4 stop sequences

@@ -15,7 +15,7 @@ import signal
 from typing import Any
 
 from edgeinfer.serve.placement import placement
-from edgeinfer.serve.workers import _one_line
+from edgeinfer.serve.workers import one_line
 
 
 def load_generator(path: str, backend: str, entry: str | None, context: int, slots: int,
@@ -38,7 +38,7 @@ def llm_worker_main(conn: Any, path: str, backend: str, entry: str | None, conte
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # not lowered like the embedding workers (workers.lower_priority): every stream waits on this process's
     # steps, and a step is short, so the HTTP process gets the CPU between two of them anyway
-    from edgeinfer.run.generation.options import GenerationOptions
+    from edgeinfer.contract.generation import GenerationOptions
     from edgeinfer.serve.decoder_native import NativeScheduler
     from edgeinfer.serve.decoder_scheduler import Scheduler
 
@@ -51,7 +51,7 @@ def llm_worker_main(conn: Any, path: str, backend: str, entry: str | None, conte
                              "native_loop": bool(d.native_loop)}))
     except Exception as e:  # noqa: BLE001
         try:
-            conn.send(("fatal", _one_line(e)))
+            conn.send(("fatal", one_line(e)))
         finally:
             return
     try:

@@ -18,7 +18,7 @@ from typing import Any
 from prometheus_client.core import GaugeMetricFamily
 
 from edgeinfer.contract.backend import DeviceReading
-from edgeinfer.run.measure import current_rss_bytes
+from edgeinfer.contract.measure import current_rss_bytes
 
 UTILIZATION = "edgeinfer_device_utilization_ratio"
 MEMORY_USED = "edgeinfer_device_memory_used_bytes"

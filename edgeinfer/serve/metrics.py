@@ -9,7 +9,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from edgeinfer.run.measure import current_rss_bytes
+from edgeinfer.contract.measure import current_rss_bytes
 from edgeinfer.serve.device_gauges import DeviceGauges, backend_readers, worker_pids
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)

@@ -131,7 +131,7 @@ def run_batch(bundle: Any, session: Any, kind: str, feeds: dict[str, np.ndarray]
         return cancelled
     except Exception as e:  # noqa: BLE001 - reported to the callers, the worker keeps serving
         if len(rows) == 1:
-            return [("err", _one_line(e))]
+            return [("err", one_line(e))]
     parts = []
     for a, b in zip(offsets[:-1], offsets[1:]):
         try:
@@ -139,11 +139,11 @@ def run_batch(bundle: Any, session: Any, kind: str, feeds: dict[str, np.ndarray]
         except Cancelled:
             return cancelled
         except Exception as e:  # noqa: BLE001
-            parts.append(("err", _one_line(e)))
+            parts.append(("err", one_line(e)))
     return parts
 
 
-def _one_line(e: BaseException) -> str:
+def one_line(e: BaseException) -> str:
     from edgeinfer.errors import EdgeInferError
 
     if isinstance(e, EdgeInferError):
@@ -194,7 +194,7 @@ def worker_main(conn: Any, index: int, entry: str | None, bundles: list[tuple[st
         conn.send(("ready", {"pid": os.getpid(), "devices": {n: s.device for n, (_, s) in loaded.items()}}))
     except Exception as e:  # noqa: BLE001
         try:
-            conn.send(("fatal", _one_line(e)))
+            conn.send(("fatal", one_line(e)))
         finally:
             return
     while True:

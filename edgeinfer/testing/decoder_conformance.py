@@ -27,9 +27,9 @@ from edgeinfer.contract import registry as plugins
 from edgeinfer.contract import remote_code
 from edgeinfer.contract.backend import Backend
 from edgeinfer.contract.decoder import Decoder
+from edgeinfer.contract.generation import GenerationOptions
 from edgeinfer.errors import InputError
 from edgeinfer.run.generation.generator import Generator
-from edgeinfer.run.generation.options import GenerationOptions
 from edgeinfer.run.generation.text import TextCodec
 
 PROMPTS = ("The licence grants", "Permission is hereby granted", "def main():")

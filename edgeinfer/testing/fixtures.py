@@ -52,7 +52,7 @@ DECODER_BUNDLE_CTX = 256
 @pytest.fixture(scope="session")
 def tiny_qwen3_host_bundle(tmp_path_factory) -> Path:
     """The committed tiny-qwen3 deployed for the ``host`` board (onnxruntime fp32, ctx 256), once per
-    session; the conversion itself is cached across sessions (edgeinfer.model.cache). Read it, never
+    session; the conversion itself is cached across sessions (edgeinfer.contract.cache). Read it, never
     change it: copy it first to tamper with it."""
     from edgeinfer.deploy.decoder import deploy_decoder
     from edgeinfer.testing.llm import model_dir

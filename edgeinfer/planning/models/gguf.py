@@ -134,8 +134,8 @@ def read_gguf(path: Path) -> ModelSpec:
     ft = ft or (max(types, key=types.get) if types else None)
     spec.file_scheme = None
     if ft:
+        from edgeinfer.contract.schemes import normalize_scheme
         from edgeinfer.errors import InputError
-        from edgeinfer.planning.quant import normalize_scheme
 
         try:
             spec.file_scheme = normalize_scheme(ft).name

@@ -5,6 +5,7 @@ primitives (prefill a chunk, decode one step, reset a slot) against a KV cache i
 owns, or a native loop it runs itself. The core does the rest, the same way for
 every backend:
 
+- :mod:`edgeinfer.contract.generation` the options of one request (``GenerationOptions``)
 - :mod:`.text`      tokenizer, chat template, streaming detokenization
 - :mod:`.sampling`  greedy, temperature, top-k, top-p, repetition penalty, seed
 - :mod:`.stopping`  EOS ids, stop strings, ``max_new_tokens``, the context limit
@@ -15,7 +16,3 @@ every backend:
 Nothing here imports torch or a vendor SDK; ``tokenizers`` and ``jinja2`` are
 imported when a tokenizer is loaded.
 """
-
-from edgeinfer.run.generation.options import GenerationOptions
-
-__all__ = ["GenerationOptions"]

@@ -12,11 +12,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from edgeinfer.contract import measure
+from edgeinfer.contract.generation import GenerationOptions
 from edgeinfer.errors import InputError
 from edgeinfer.progress import Progress
-from edgeinfer.run import measure
 from edgeinfer.run.generation.generator import Generator
-from edgeinfer.run.generation.options import GenerationOptions
 from edgeinfer.run.generation.text import TextCodec
 
 DEFAULT_PROMPT_LENGTHS = (16, 128, 512)

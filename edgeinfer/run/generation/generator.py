@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from edgeinfer.contract.decoder import Decoder
+from edgeinfer.contract.generation import GenerationOptions
+from edgeinfer.contract.measure import peak_rss_bytes
 from edgeinfer.errors import BackendError, EdgeInferError, InputError, ModelError
 from edgeinfer.run.generation.metrics import GenerationMetrics, summarize
-from edgeinfer.run.generation.options import GenerationOptions
 from edgeinfer.run.generation.sampling import Sampler, checked_logits
 from edgeinfer.run.generation.stopping import StopStrings
 from edgeinfer.run.generation.text import Message, TextCodec
-from edgeinfer.run.measure import peak_rss_bytes
 
 Prompt = str | Sequence[Message]
 

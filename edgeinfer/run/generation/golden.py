@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
+from edgeinfer.contract.generation import GenerationOptions
 from edgeinfer.model.decoder_bundle import Recorded
 from edgeinfer.run.generation.generator import Generator
-from edgeinfer.run.generation.options import GenerationOptions
 from edgeinfer.run.generation.sampling import top2_margin
 
 

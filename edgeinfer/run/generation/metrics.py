@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from edgeinfer.run.measure import latency_stats
+from edgeinfer.contract.measure import latency_stats
 
 
 @dataclass

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from edgeinfer.contract.generation import GenerationOptions
 from edgeinfer.errors import CheckFailed, ModelError
-from edgeinfer.run.generation.options import GenerationOptions
 
 
 class Sampler:

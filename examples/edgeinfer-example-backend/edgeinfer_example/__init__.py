@@ -1,6 +1,6 @@
 """A minimal third-party edgeinfer plugin (see docs/writing-a-backend.md)."""
 
-from edgeinfer import hookimpl
+from edgeinfer.contract import hookimpl
 
 
 @hookimpl

@@ -3,7 +3,7 @@
 Nothing heavy is imported here: torch, transformers and torch_npu are imported inside methods.
 """
 
-from edgeinfer import hookimpl
+from edgeinfer.contract import hookimpl
 
 
 @hookimpl

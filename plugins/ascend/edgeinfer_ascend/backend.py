@@ -15,15 +15,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from edgeinfer.contract import Backend, CalibrationSet, Probe, Problem, Session, TensorSpec
+from edgeinfer.contract import Backend, CalibrationSet, FreeMemory, Probe, Problem, Session, TensorSpec
 from edgeinfer.contract.backend import DeviceReading
 from edgeinfer.contract.resources import Accelerator
 from edgeinfer.errors import InputError
 
 from . import convert, doctor, gauges, resources
 from . import device as dev
-from .convert import INT8_METHOD, _export_specs, _torchao
-from .session import AscendSession, _torch_dtype
+from .convert import INT8_METHOD, export_specs, torchao
+from .session import AscendSession, torch_dtype
 
 SCHEME_DTYPE = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16", "w8a16": "fp32"}
 LOAD_OPTIONS = ("dtype", "compile", "compile_backend", "seq_buckets", "batch_buckets", "warmup", "threads")
@@ -36,9 +36,9 @@ class AscendBackend(Backend):
     source_formats = ("hf", "pt2")
     schemes = ("fp32", "fp16", "bf16", "w8a16")
     decoder_schemes = ("fp16", "bf16", "fp32", "w8a16")  # fp16 first: the one dtype 310P and 910B share
-    decoder_options = ("scheme", "dtype", "board", "compile", "compile_mode", "prefill_buckets", "warmup", "fused",
-                       "threads", "progress")
-    decoder_convert_options = ("target", "board", "dtype", "prefill_buckets")
+    decoder_options = ("scheme", "dtype", "compile", "compile_mode", "prefill_buckets", "warmup", "fused", "threads",
+                       "progress")
+    decoder_convert_options = ("target", "dtype", "prefill_buckets")
     default_scheme = "fp32"
     gaps: dict[str, str] = {}
     convert_options = CONVERT_OPTIONS
@@ -126,7 +126,7 @@ class AscendBackend(Backend):
         dev.import_torch()
         src = convert.resolve(model)
         if scheme == "w8a16":
-            _torchao()  # fail early, before writing anything
+            torchao()  # fail early, before writing anything
         if src.kind == "hf":
             manifest, files, inputs = self._convert_hf(src, scheme)
         else:
@@ -144,7 +144,7 @@ class AscendBackend(Backend):
         module = convert.build_hf(config, state)
         dtype = SCHEME_DTYPE[scheme]
         if dtype != "fp32":
-            module = module.to(_torch_dtype(dtype))
+            module = module.to(torch_dtype(dtype))
         names = convert.forward_inputs(module)
         inputs = [TensorSpec(n, ("batch", "seq"), "int64") for n in names]
         hidden = int(getattr(module.config, "hidden_size", 0)) or None
@@ -167,7 +167,7 @@ class AscendBackend(Backend):
             )
         data = convert.export_program_bytes(src.path)
         ep = convert.load_program(data)
-        inputs, outputs = _export_specs(ep)
+        inputs, outputs = export_specs(ep)
         manifest = {"kind": "export", "dtype": SCHEME_DTYPE[scheme], "quant": None,
                     "outputs": [o.to_json() for o in outputs]}
         return manifest, {"program.pt2": data}, inputs
@@ -177,6 +177,15 @@ class AscendBackend(Backend):
         from .decoder import open_decoder
 
         return open_decoder(model, device, context, slots, **options)
+
+    def free_memory(self, device: str | None) -> FreeMemory | None:
+        """npu-smi's free memory on the chip behind ``device`` (``ASCEND_RT_VISIBLE_DEVICES`` respected); None
+        off the NPU or without npu-smi (the doctor reports that)."""
+        where = device.strip().lower() if device and dev.is_npu(device.strip().lower()) else dev.pick_device(device)
+        if not dev.is_npu(where):
+            return None
+        text, _why = dev.run_npu_smi()
+        return None if text is None else doctor.free_memory(doctor.parse_npu_smi_info(text), dev.device_index(where))
 
     def convert_decoder(self, model: Path, scheme: str, context: int, out: Path, calibration=None,
                         **options: Any) -> dict[str, Any]:

@@ -230,7 +230,7 @@ def load_program(data: bytes, name: str = "program.pt2"):
 INT8_METHOD = "torchao Int8WeightOnlyConfig (weight-only INT8 per-channel, Linear layers)"
 
 
-def _torchao():
+def torchao():
     try:
         import logging
 
@@ -252,7 +252,7 @@ def _np_dtype(t) -> str:
             torch.uint8: "uint8"}.get(t, "float32")
 
 
-def _export_specs(ep) -> tuple[list[TensorSpec], list[TensorSpec]]:
+def export_specs(ep) -> tuple[list[TensorSpec], list[TensorSpec]]:
     """Input / output specs of a torch.export program from its placeholder metadata."""
     from torch.export.graph_signature import InputKind
 

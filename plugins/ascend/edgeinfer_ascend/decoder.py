@@ -19,10 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer.contract import Decoder, OpTime, remote_code
+from edgeinfer.contract import Decoder, OpTime, Progress, remote_code
 from edgeinfer.contract.helpers import check_weight_index
 from edgeinfer.errors import InputError, ModelError
-from edgeinfer.progress import Progress
 
 from . import decoder_export, decoder_model
 from . import device as dev
@@ -266,7 +265,8 @@ class AscendDecoder(Decoder):
 
 
 def open_decoder(model: Path, device: str | None, context: int, slots: int, **options: Any) -> AscendDecoder:
-    """The backend's ``open_decoder``: validate options, check the scheme and device memory, load."""
+    """The backend's ``open_decoder``: validate options, check the scheme, load (the core has checked the
+    device's free memory against the plan first: :meth:`AscendBackend.free_memory`)."""
     dev.import_torch()
     model = Path(model)
     manifest = decoder_export.read_manifest(model)
@@ -277,7 +277,7 @@ def open_decoder(model: Path, device: str | None, context: int, slots: int, **op
     where = dev.pick_device(device)
     built = manifest or {}
     scheme = decoder_export.check_scheme(options.get("scheme") or built.get("scheme") or _default_scheme(where),
-                                       options.get("board"), where)
+                                         where)
     if manifest is not None and scheme != manifest["scheme"]:
         raise InputError(f"{model.name} was converted to {manifest['scheme']}, not {scheme}; convert again or "
                          "drop the scheme option")
@@ -289,8 +289,6 @@ def open_decoder(model: Path, device: str | None, context: int, slots: int, **op
         dev.import_torch().set_num_threads(int(options["threads"]))
     compile_opt = options.get("compile", "auto")
     compiled = dev.is_npu(where) if str(compile_opt).lower() == "auto" else _truthy(compile_opt)
-    if dev.is_npu(where):
-        decoder_export.check_device_memory(model, scheme, dtype, context, slots, where)
     return AscendDecoder(model, where, context, slots, scheme, dtype, buckets, compiled,
                          options.get("compile_mode"), options.get("fused", "auto"),
                          _truthy(options.get("warmup", True)), options.get("progress"))

@@ -16,9 +16,10 @@ import re
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
-from edgeinfer.contract import Problem
+from edgeinfer.contract import FreeMemory, Problem
+from edgeinfer.errors import InputError
 
 SET_ENV = "/usr/local/Ascend/ascend-toolkit/set_env.sh"
 # where CANN installs by default (root; non-root uses $HOME/Ascend): old layout, then 8.5+ layout
@@ -362,51 +363,17 @@ def import_problems(stderr: str, cann_home: str | None = None) -> list[Problem]:
 
 # --- device memory vs the plan ----------------------------------------------------------------
 
-MIB, GIB = 2**20, 2**30
+MIB = 2**20
 
 
-def memory_problems(info: NpuSmiInfo, index: int, need: Mapping[str, int], *, context: int, slots: int,
-                    scheme: str, need_at: Callable[[int], int] | None = None) -> list[Problem]:
-    """Whether chip ``index`` (npu-smi's order) has the free memory the plan ``need`` (weights, kv_cache,
-    workspace bytes) asks for; if not, one problem naming the shortfall and what to change.
-    ``need_at(ctx)``: the plan's total at another context, to find the largest context that fits
-    (without it, only the KV cache is taken to scale with the context)."""
+def free_memory(info: NpuSmiInfo, index: int) -> FreeMemory | None:
+    """What chip ``index`` (npu-smi's order) has free, as npu-smi reports it; None when it does not say.
+    An index npu-smi does not list is an InputError naming the cards there are."""
     if index >= len(info.chips):
-        return [Problem(f"npu-smi lists {len(info.chips)} NPU chip(s), none at index {index}",
-                        "pick an existing card (ASCEND_RT_VISIBLE_DEVICES renumbers them from 0)")]
+        raise InputError(f"npu-smi lists {len(info.chips)} NPU chip(s), none at index {index}",
+                         "pick an existing card (ASCEND_RT_VISIBLE_DEVICES renumbers them from 0)")
     c = info.chips[index]
     if c.memory_total_mb is None or c.memory_used_mb is None:
-        return []
-    free = (c.memory_total_mb - c.memory_used_mb) * MIB
-    total = sum(need.values())
-    if total <= free:
-        return []
-    short = total - free
-    parts = " + ".join(f"{k.replace('_', ' ')} {v / GIB:.2f}" for k, v in need.items())
-    message = (f"NPU {c.npu} chip {c.chip} ({c.name}) has {free / GIB:.2f} GiB free ({c.memory_kind} "
-               f"{c.memory_used_mb}/{c.memory_total_mb} MB used) but the decoder needs {total / GIB:.2f} GiB "
-               f"({parts} GiB)")
-    fixes = []
-    fit = _largest_context(need_at, free, context) if need_at else None
-    kv = need.get("kv_cache", 0)
-    if fit is None and need_at is None and kv > short and context > 1:  # the KV cache is linear in the context
-        fit = int(context * (kv - short) / kv)
-    if fit:
-        fixes.append(f"--ctx {fit} or less")
-    if slots > 1:
-        fixes.append(f"fewer slots than {slots}")
-    if scheme in ("fp32", "fp16", "bf16"):
-        fixes.append("scheme w8a16 (INT8 weights)" + (" or fp16" if scheme == "fp32" else ""))
-    if c.memory_used_mb * MIB > short:
-        fixes.append(f"free the card ({c.memory_used_mb} MB already in use: `npu-smi info` lists the processes)")
-    fixes.append("a card with more memory")
-    return [Problem(message, "use " + "; or ".join(fixes))]
-
-
-def _largest_context(need_at: Callable[[int], int], free: int, context: int) -> int | None:
-    """The largest context below ``context`` whose plan fits in ``free`` bytes (bisection), or None."""
-    lo, hi = 0, context - 1
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if need_at(mid) <= free else (lo, mid - 1)
-    return lo or None
+        return None
+    return FreeMemory((c.memory_total_mb - c.memory_used_mb) * MIB, f"NPU {c.npu} chip {c.chip} ({c.name})",
+                      used_bytes=c.memory_used_mb * MIB, runtime="torch-npu")

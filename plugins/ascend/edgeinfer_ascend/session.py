@@ -14,12 +14,12 @@ from edgeinfer.errors import InputError
 from . import buckets as bk
 from . import convert
 from . import device as dev
-from .convert import _torchao
+from .convert import torchao
 
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
-def _torch_dtype(name: str):
+def torch_dtype(name: str):
     import torch
 
     return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[name]
@@ -63,7 +63,7 @@ class AscendSession(Session):
             state = convert.load_safetensors_bytes(blobs["model.safetensors"])
             module = convert.build_hf(manifest["config"], state)
             if manifest.get("quant"):
-                quantize_, config = _torchao()
+                quantize_, config = torchao()
                 module = module.float()
                 quantize_(module, config())
             self.seq_buckets = bk.parse_buckets(seq_buckets, "seq_buckets", bk.DEFAULT_SEQ_BUCKETS)
@@ -74,7 +74,7 @@ class AscendSession(Session):
         if manifest.get("quant"):
             module = module.to(device)
         else:
-            module = module.to(device=device, dtype=_torch_dtype(self.dtype))
+            module = module.to(device=device, dtype=torch_dtype(self.dtype))
         if self.kind == "hf":
             module = module.eval()  # an exported program's module has no train/eval switch
         self.module = module
@@ -116,7 +116,7 @@ class AscendSession(Session):
                 results = [out.last_hidden_state]
             else:
                 args = [tensors[s.name] for s in self.inputs]
-                args = [a.to(_torch_dtype(self.dtype)) if a.is_floating_point() else a for a in args]
+                args = [a.to(torch_dtype(self.dtype)) if a.is_floating_point() else a for a in args]
                 out = self._fn(*args)
                 results = list(out) if isinstance(out, (tuple, list)) else [out]
             dev.synchronize(self.device)

@@ -94,8 +94,12 @@ def test_slots_decode_independently(ascend, llm_dir):
 
 
 def test_a_scheme_the_board_lacks_is_refused_with_the_supported_list(ascend, llm_dir):
-    with pytest.raises(InputError, match=r"atlas-300i-pro.*cannot run scheme 'bf16'.*supports: fp16, w8a16"):
-        ascend.load_decoder(llm_dir, context=16, scheme="bf16", board="atlas-300i-pro")
+    from edgeinfer.deploy.decoder import choose_scheme
+    from edgeinfer.planning.boards import get_board
+
+    # the board's rule is the core's: deploy refuses it before the backend converts anything
+    with pytest.raises(InputError, match=r"board atlas-300i-pro deploys decoders as fp16, w8a16 only"):
+        choose_scheme(get_board("atlas-300i-pro"), ascend, "bf16", "torch-npu")
     with pytest.raises(InputError, match=r"cannot run scheme 'w8a8'.*supports: fp32, fp16, bf16, w8a16"):
         ascend.load_decoder(llm_dir, context=16, scheme="w8a8")
     with pytest.raises(InputError, match="cannot run scheme 'w8a8'"):

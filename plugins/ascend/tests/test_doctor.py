@@ -213,33 +213,33 @@ def test_doctor_and_cpu_path_survive_a_broken_torch_npu(fake_torch_npu_standin):
 # --- device memory vs the decoder's plan ----------------------------------------------------
 
 
-def test_memory_shortfall_says_what_to_change():
-    info = doctor.parse_npu_smi_info(recorded("recorded_npu_smi_910b4.txt"))  # chip 0: 26838 / 32768 MB used
-    gib, mib = 2**30, 2**20
-    need = {"weights": 4 * gib, "kv_cache": 2 * gib, "workspace": 512 * mib}  # 6656 MiB > 5930 MiB free
-    [p] = doctor.memory_problems(info, 0, need, context=4096, slots=1, scheme="fp16")
-    assert "has 5.79 GiB free" in p.message and "needs 6.50 GiB" in p.message and "910B4" in p.message
-    # short by 726 MiB of a 2048 MiB cache at 4096 positions: 4096 * 1322 / 2048 = 2644 positions fit
-    assert "--ctx 2644 or less" in p.fix and "w8a16" in p.fix and "26838 MB already in use" in p.fix
-    assert doctor.memory_problems(info, 0, {"weights": 5 * gib}, context=4096, slots=1, scheme="fp16") == []
-    [missing] = doctor.memory_problems(info, 2, need, context=4096, slots=1, scheme="fp16")
-    assert "2 NPU chip(s)" in missing.message
-
-
-def test_decoder_memory_check_reads_npu_smi_through_the_device_module(tmp_path, monkeypatch):
-    from edgeinfer_ascend import decoder_export
-
+def test_free_memory_is_what_npu_smi_says_the_chip_has_free():
+    from edgeinfer.contract import FreeMemory
     from edgeinfer.errors import InputError
+
+    info = doctor.parse_npu_smi_info(recorded("recorded_npu_smi_910b4.txt"))  # chip 0: 26838 / 32768 MB used
+    mib = 2**20
+    assert doctor.free_memory(info, 0) == FreeMemory((32768 - 26838) * mib, "NPU 0 chip 0 (910B4)",
+                                                     used_bytes=26838 * mib, runtime="torch-npu")
+    with pytest.raises(InputError, match=r"2 NPU chip\(s\), none at index 2"):
+        doctor.free_memory(info, 2)
+
+
+def test_the_core_refuses_a_decoder_that_does_not_fit_the_chip_npu_smi_reads(tmp_path, monkeypatch, ascend):
+    from edgeinfer.errors import InputError
+    from edgeinfer.planning.device_memory import check_decoder_fits
     from edgeinfer.testing.llm import model_dir
 
     _fake_npu_smi_standin(tmp_path, "recorded_npu_smi_910b4.txt")
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("ASCEND_RT_VISIBLE_DEVICES", "1")  # npu:0 is the second card: 29356 / 32768 MB used
-    decoder_export.check_device_memory(model_dir(), "fp16", "fp16", 4096, 1, "npu:0")  # a few MB: fits
+    assert ascend.free_memory("cpu") is None  # off the NPU: nothing to check
+    check_decoder_fits(ascend, model_dir(), "npu:0", 4096, 1, "fp16")  # a few MB: fits
     with pytest.raises(InputError, match=r"NPU 1 chip 0 \(910B4\) has 3.33 GiB free") as e:
-        decoder_export.check_device_memory(model_dir(), "fp16", "fp16", 2_000_000, 1, "npu:0")
+        check_decoder_fits(ascend, model_dir(), "npu:0", 2_000_000, 1, "fp16")
+    assert "29356 MB already in use" in e.value.hint and "scheme w8a16" in e.value.hint
     # the context it suggests is the largest that fits: that one loads, one more does not
     fit = int(re.search(r"--ctx (\d+) or less", e.value.hint).group(1))
-    decoder_export.check_device_memory(model_dir(), "fp16", "fp16", fit, 1, "npu:0")
+    check_decoder_fits(ascend, model_dir(), "npu:0", fit, 1, "fp16")
     with pytest.raises(InputError, match="GiB free"):
-        decoder_export.check_device_memory(model_dir(), "fp16", "fp16", fit + 1, 1, "npu:0")
+        check_decoder_fits(ascend, model_dir(), "npu:0", fit + 1, 1, "fp16")

@@ -1,6 +1,6 @@
 """edgeinfer plugin: the onnxruntime CPU backend (golden reference)."""
 
-from edgeinfer import hookimpl
+from edgeinfer.contract import hookimpl
 
 
 @hookimpl

@@ -197,7 +197,7 @@ class OnnxRuntimeBackend(Backend):
         return "static"
 
     def open_decoder(self, model: Path, device: str | None, context: int, slots: int, **options: Any):
-        from edgeinfer.model import cache
+        from edgeinfer.contract import cache
 
         from .decoder import open_decoder
 
@@ -206,7 +206,7 @@ class OnnxRuntimeBackend(Backend):
         return open_decoder(model, context, slots, cache.area("artifacts"), dict(options))
 
     def convert_decoder(self, model: Path, scheme: str, context: int, out: Path, calibration=None, **options: Any):
-        from edgeinfer.planning.quant import normalize_scheme
+        from edgeinfer.contract.schemes import normalize_scheme
 
         from .decoder import convert
 

@@ -82,7 +82,7 @@ def test_continuous_batching_on_onnxruntime_gives_each_sequence_its_solo_text():
     """The serve scheduler over onnxruntime's batched decode: three sequences joining at different steps (one
     mid-prefill while the others decode) each get the text the generator gives it alone."""
     import edgeinfer
-    from edgeinfer.run.generation.options import GenerationOptions
+    from edgeinfer.contract.generation import GenerationOptions
     from edgeinfer.serve.decoder_scheduler import Scheduler
     from edgeinfer.testing.llm import model_dir
 

@@ -3,7 +3,7 @@
 openvino and nncf are imported inside methods, never at plugin import.
 """
 
-from edgeinfer import hookimpl
+from edgeinfer.contract import hookimpl
 
 
 @hookimpl

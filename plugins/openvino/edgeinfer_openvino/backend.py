@@ -35,9 +35,9 @@ from edgeinfer.contract.resources import Accelerator
 from edgeinfer.errors import InputError
 
 from . import decoder_config, decoder_export, resources
-from .convert import _compress, _nncf_output_to_stderr, _ptq, _reshape, onnx_dim_names
-from .device import _accel_nodes, _read_text, cpu_model_name, diagnose, npu_details, requested_primary
-from .session import OpenVinoSession, _ov, _port_name, _read, _reason, port_specs
+from .convert import compress, nncf_output_to_stderr, onnx_dim_names, ptq, reshape
+from .device import accel_nodes, cpu_model_name, diagnose, npu_details, read_text, requested_primary
+from .session import OpenVinoSession, import_openvino, port_name, port_specs, read_model, reason
 
 CONVERT_OPTIONS = ("board", "group_size", "model_type", "shapes", "subset_size", "target")
 OPEN_OPTIONS = ("cache_dir", "config", "hint", "num_requests", "precision", "threads")
@@ -80,15 +80,15 @@ class OpenVinoBackend(Backend):
         return gauges.readings()
 
     def probe(self) -> Probe:
-        cpu = cpu_model_name(_read_text("/proc/cpuinfo"))
+        cpu = cpu_model_name(read_text("/proc/cpuinfo"))
         try:
-            ov = _ov()
+            ov = import_openvino()
             core = ov.Core()
             devices = list(core.available_devices)
         except Exception as e:
             return Probe(
                 available=False,
-                problems=[Problem(f"openvino does not import or start: {_reason(e)}", "pip install -U openvino")],
+                problems=[Problem(f"openvino does not import or start: {reason(e)}", "pip install -U openvino")],
             )
         details: dict[str, Any] = {"cpu": cpu, "devices": {}}
         for dev in devices:
@@ -102,7 +102,7 @@ class OpenVinoBackend(Backend):
         npus = [d for d in devices if d.upper().split(".")[0] == "NPU"]
         if npus:
             details["npu"] = npu_details(lambda p: core.get_property(npus[0], p))
-        problems = diagnose(cpu, devices, _accel_nodes())
+        problems = diagnose(cpu, devices, accel_nodes())
         versions = {"openvino": ov.__version__}
         nncf = package_version("nncf")
         if nncf:
@@ -124,7 +124,7 @@ class OpenVinoBackend(Backend):
     def convert(
         self, model: Path, scheme: str, calibration: CalibrationSet | None, out: Path, **options: Any
     ) -> dict[str, Any]:
-        ov = _ov()
+        ov = import_openvino()
         if out.suffix.lower() != ".xml":
             raise InputError(f"an OpenVINO IR is written as NAME.xml (+ NAME.bin), not {out.name}")
         bin_path = out.with_suffix(".bin")
@@ -139,15 +139,15 @@ class OpenVinoBackend(Backend):
         self, ov: Any, model: Path, scheme: str, calibration: CalibrationSet | None, out: Path, options: dict
     ) -> dict[str, Any]:
         core = ov.Core()
-        ov_model = _read(core, model)
+        ov_model = read_model(core, model)
         symbols = onnx_dim_names(model)
         target = str(options.get("target") or "").lower()
         shapes = options.get("shapes")
         if shapes:
-            _reshape(ov, ov_model, shapes)
+            reshape(ov, ov_model, shapes)
         static = all(p.get_partial_shape().is_static for p in ov_model.inputs)
         if target == "npu" and not static:
-            dyn = [_port_name(p, i, "input") for i,
+            dyn = [port_name(p, i, "input") for i,
                    p in enumerate(ov_model.inputs) if p.get_partial_shape().is_dynamic]
             raise InputError(
                 f"the NPU needs static input shapes but {', '.join(dyn)} are dynamic; pass "
@@ -161,15 +161,15 @@ class OpenVinoBackend(Backend):
         if scheme == "fp16":
             compress_fp16 = True
         elif scheme == "w8a8":
-            with _nncf_output_to_stderr():
-                ov_model, facts = _ptq(ov_model, calibration, target, options)
+            with nncf_output_to_stderr():
+                ov_model, facts = ptq(ov_model, calibration, target, options)
         elif scheme in ("w8a16", "w4a16") or scheme.startswith("w4a16_g"):
             if scheme.startswith("w4a16_g"):  # the group size is part of the scheme name
                 if options.get("group_size") not in (None, int(scheme.split("_g")[1])):
                     raise InputError(f"scheme {scheme} fixes the group size; drop group_size={options['group_size']}")
                 options = dict(options, group_size=int(scheme.split("_g")[1]))
-            with _nncf_output_to_stderr():
-                ov_model, facts = _compress(ov_model, scheme.split("_g")[0], options)
+            with nncf_output_to_stderr():
+                ov_model, facts = compress(ov_model, scheme.split("_g")[0], options)
         ov.save_model(ov_model, str(out), compress_to_fp16=compress_fp16)
         facts.update(
             target=target or ("any" if static else "dynamic"),
@@ -190,7 +190,7 @@ class OpenVinoBackend(Backend):
 
     # --- decoders (edgeinfer_openvino.decoder) ----------------------------------------------
     def open_decoder(self, model: Path, device: str | None, context: int, slots: int, **options: Any):
-        from edgeinfer.model import cache
+        from edgeinfer.contract import cache
 
         from .decoder import open_decoder
 
@@ -200,7 +200,7 @@ class OpenVinoBackend(Backend):
         self, model: Path, scheme: str, context: int, out: Path, calibration: Sequence[str] | None = None,
         **options: Any,
     ) -> dict[str, Any]:
-        from edgeinfer.model import cache
+        from edgeinfer.contract import cache
 
         from .decoder_export import convert
 

@@ -19,17 +19,17 @@ from edgeinfer.contract import CalibrationSet
 from edgeinfer.contract.onnx_io import onnx_io
 from edgeinfer.errors import InputError
 
-from .session import _port_name, _reason
+from .session import port_name, reason
 
 #: models above this many weights get channel-wise INT4 (group_size=-1), as the NPU needs
 CHANNELWISE_ABOVE = 1_000_000_000
 
 
 @contextlib.contextmanager
-def _nncf_output_to_stderr():
+def nncf_output_to_stderr():
     """NNCF logs and draws progress bars on stdout; stdout belongs to the CLI's answer (--json).
     They go to stderr with ``edgeinfer --verbose``, and nowhere otherwise (edgeinfer shows its own step)."""
-    from edgeinfer.progress import verbose
+    from edgeinfer.contract import verbose
 
     handler = None
     try:
@@ -80,10 +80,10 @@ def int4_group_size(weights: int, requested: int | None = None) -> int:
     return -1 if weights > CHANNELWISE_ABOVE else 128
 
 
-def _reshape(ov: Any, ov_model: Any, shapes: Any) -> None:
+def reshape(ov: Any, ov_model: Any, shapes: Any) -> None:
     if not isinstance(shapes, Mapping):
         raise InputError(f"shapes must map input names to shapes, e.g. {{'input_ids': [1, 128]}}; got {shapes!r}")
-    names = [_port_name(p, i, "input") for i, p in enumerate(ov_model.inputs)]
+    names = [port_name(p, i, "input") for i, p in enumerate(ov_model.inputs)]
     for name, shape in shapes.items():
         if name not in names:
             raise InputError(f"shapes: unknown input {name!r}; the model's inputs are: {', '.join(names)}")
@@ -92,10 +92,10 @@ def _reshape(ov: Any, ov_model: Any, shapes: Any) -> None:
     try:
         ov_model.reshape({name: ov.PartialShape([int(d) for d in shape]) for name, shape in shapes.items()})
     except Exception as e:
-        raise InputError(f"the model cannot take shapes {dict(shapes)!r}: {_reason(e)}") from None
+        raise InputError(f"the model cannot take shapes {dict(shapes)!r}: {reason(e)}") from None
 
 
-def _ptq(ov_model: Any, calibration: CalibrationSet | None, target: str, options: dict) -> tuple[Any, dict]:
+def ptq(ov_model: Any, calibration: CalibrationSet | None, target: str, options: dict) -> tuple[Any, dict]:
     if calibration is None or len(calibration) == 0:
         raise InputError(
             "w8a8 (int8) quantization needs a calibration set of real inputs; pass one, or use w8a16 "
@@ -125,7 +125,7 @@ def _ptq(ov_model: Any, calibration: CalibrationSet | None, target: str, options
     }
 
 
-def _compress(ov_model: Any, scheme: str, options: dict) -> tuple[Any, dict]:
+def compress(ov_model: Any, scheme: str, options: dict) -> tuple[Any, dict]:
     import nncf
     from nncf.quantization.advanced_parameters import AdvancedCompressionParameters, GroupSizeFallbackMode
 

@@ -372,8 +372,8 @@ def _check_npu_weights(path: Path) -> None:
 
 def _exported(model: Path, scheme: str, fam: str, context: int, cache_root: Path) -> Path:
     """``model`` converted to ``scheme`` (for ``fam``), once, in the cache."""
+    from edgeinfer.contract import cache
     from edgeinfer.contract.stamp import sha256_file
-    from edgeinfer.model import cache
 
     target = fam.lower()
     entry = cache_root / "openvino-decoders" / cache.key({"source": sha256_file(model), "scheme": scheme,

@@ -105,8 +105,8 @@ def check_convert(scheme: str, options: dict[str, Any]) -> tuple[str, int | None
 
 def base_export(model: Path, cache_root: Path) -> Path:
     """The fp32 stateful IR of the Hugging Face causal LM ``model``, exported once and cached."""
+    from edgeinfer.contract import cache
     from edgeinfer.contract.stamp import sha256_file
-    from edgeinfer.model import cache
 
     if not (model / "config.json").is_file():
         raise ModelError(f"{model} is not a Hugging Face model directory (no config.json) nor an OpenVINO decoder")

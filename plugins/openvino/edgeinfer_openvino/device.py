@@ -181,13 +181,13 @@ def npu_details(get_property: Any) -> dict[str, Any]:
     return out
 
 
-def _read_text(path: str) -> str:
+def read_text(path: str) -> str:
     try:
         return Path(path).read_text(errors="replace")
     except OSError:
         return ""
 
 
-def _accel_nodes() -> list[str]:
+def accel_nodes() -> list[str]:
     d = Path("/dev/accel")
     return sorted(str(p) for p in d.iterdir()) if d.is_dir() else []

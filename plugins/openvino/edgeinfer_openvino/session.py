@@ -28,13 +28,13 @@ class DeviceFallbackWarning(RuntimeWarning):
     """The compiled model does not run on the device that was asked for (e.g. NPU → CPU)."""
 
 
-def _ov():
+def import_openvino():
     import openvino
 
     return openvino
 
 
-def _reason(e: BaseException) -> str:
+def reason(e: BaseException) -> str:
     """The informative line of an OpenVINO exception (skipping its 'Exception from src/...' frames)."""
     return first_line(e, 240, skip=lambda ln: ln.startswith(("Exception from ", "Check '")) or ln.endswith(":"))
 
@@ -49,7 +49,7 @@ def _dims(pshape: Any, names: Sequence[Any] | None = None) -> tuple[Any, ...]:
     return tuple(out)
 
 
-def _port_name(port: Any, i: int, prefix: str, known: Mapping[str, Any] | None = None) -> str:
+def port_name(port: Any, i: int, prefix: str, known: Mapping[str, Any] | None = None) -> str:
     """A port's tensor name; when it has several (an ONNX Identity folded away), the one the
     source model used (``known``: names from the ONNX graph or the stamp)."""
     try:
@@ -71,7 +71,7 @@ def port_specs(ports: Sequence[Any], prefix: str, symbols: Mapping[str,
     """TensorSpecs of OpenVINO ports; dynamic dims take their symbolic names from ``symbols``."""
     specs = []
     for i, p in enumerate(ports):
-        name = _port_name(p, i, prefix, symbols)
+        name = port_name(p, i, prefix, symbols)
         pshape = p.get_partial_shape()
         names = (symbols or {}).get(name)
         if names is not None and (pshape.rank.is_dynamic or len(names) != pshape.rank.get_length()):
@@ -103,7 +103,7 @@ def check_ir_xml(path: Path) -> None:
         )
 
 
-def _read(core: Any, path: Path) -> Any:
+def read_model(core: Any, path: Path) -> Any:
     if path.suffix.lower() == ".xml":
         if not path.with_suffix(".bin").exists():
             raise ModelError(f"{path.name}: its weights file {path.with_suffix('.bin').name} is missing; copy it "
@@ -120,7 +120,7 @@ def _read(core: Any, path: Path) -> Any:
     except Exception as e:
         kind = "OpenVINO IR" if path.suffix.lower() == ".xml" else "model (ONNX)"
         raise ModelError(
-            f"{path.name} is not a readable {kind}: {_reason(e)}; check the file or convert/export it again"
+            f"{path.name} is not a readable {kind}: {reason(e)}; check the file or convert/export it again"
         ) from None
 
 
@@ -142,7 +142,7 @@ class OpenVinoSession(Session):
         scheme: str | None = None,
         symbols: Mapping[str, Sequence[Any]] | None = None,
     ):
-        ov = _ov()
+        ov = import_openvino()
         self._path = path
         self._core = ov.Core()
         self.requested_device = device or "auto"
@@ -166,22 +166,22 @@ class OpenVinoSession(Session):
             # compile from the path: with a warm cache OpenVINO imports the blob without reading the IR
             if path.suffix.lower() == ".xml":
                 if not path.with_suffix(".bin").exists():
-                    _read(self._core, path)  # raises the one-line "weights file missing" error
+                    read_model(self._core, path)  # raises the one-line "weights file missing" error
                 check_ir_xml(path)
             try:
                 self._compiled = self._core.compile_model(str(path), self.ov_device, self._config)
             except Exception as e:
-                _read(self._core, path)  # a corrupt file gets the ModelError; otherwise it is the device
+                read_model(self._core, path)  # a corrupt file gets the ModelError; otherwise it is the device
                 raise BackendError(f"OpenVINO could not compile {path.name} for {self.ov_device}: "
-                                   f"{_reason(e)}") from None
+                                   f"{reason(e)}") from None
             self._model = None
         else:
-            self._model = _read(self._core, path)
+            self._model = read_model(self._core, path)
             try:
                 self._compiled = self._core.compile_model(self._model, self.ov_device, self._config)
             except Exception as e:
                 raise BackendError(f"OpenVINO could not compile {path.name} for {self.ov_device}: "
-                                   f"{_reason(e)}") from None
+                                   f"{reason(e)}") from None
         self.compile_ms = (time.perf_counter() - t0) * 1e3
         after = self._cache_files()
         self.cache = "off" if self._cache_dir is None else ("miss" if after - before else "hit")
@@ -235,7 +235,7 @@ class OpenVinoSession(Session):
         arrays = [validate_feeds(self.inputs, f) for f in feeds_list]
         if not arrays:
             return []
-        ov = _ov()
+        ov = import_openvino()
         try:
             with self._lock:
                 size = int(jobs or self._num_requests or self.optimal_requests or 1)
@@ -258,7 +258,7 @@ class OpenVinoSession(Session):
         except EdgeInferError:
             raise
         except Exception as e:
-            raise BackendError(f"openvino failed to run the model: {_reason(e)}") from e
+            raise BackendError(f"openvino failed to run the model: {reason(e)}") from e
         missing = [i for i, r in enumerate(results) if r is None]
         if missing:
             raise BackendError(f"openvino returned no result for feed {missing[0]} of {len(results)}")
@@ -289,7 +289,7 @@ class OpenVinoSession(Session):
 
     def profile_notes(self) -> dict[str, Any]:
         return {
-            "openvino": _ov().__version__,
+            "openvino": import_openvino().__version__,
             "requested_device": self.requested_device,
             "device": self.ov_device,
             "execution_devices": self.execution_devices,

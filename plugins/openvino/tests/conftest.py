@@ -13,7 +13,7 @@ OV_DECODER_BUNDLE_CTX = 256
 def tiny_qwen3_openvino_bundle(tmp_path_factory) -> Path:
     """The committed tiny-qwen3 deployed for ``core-ultra-155h`` (OpenVINO, fp16 for the NPU; it loads on
     the CPU here, the NPU being absent), once per session; the conversion itself comes from the cache
-    (edgeinfer.model.cache), shared with every other deploy of it. Read it, never change it."""
+    (edgeinfer.contract.cache), shared with every other deploy of it. Read it, never change it."""
     pytest.importorskip("openvino_genai")
     pytest.importorskip("optimum.intel")
     from edgeinfer.deploy.decoder import deploy_decoder

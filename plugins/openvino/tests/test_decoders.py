@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 import edgeinfer
+from edgeinfer.contract.generation import GenerationOptions
 from edgeinfer.errors import InputError
 from edgeinfer.run.generation.golden import check, summary_line
-from edgeinfer.run.generation.options import GenerationOptions
 from edgeinfer.testing import DecoderConformance
 from edgeinfer.testing.decoder_conformance import PROMPTS, reference_greedy
 from edgeinfer.testing.llm import model_dir

@@ -43,7 +43,7 @@ def server(tiny_qwen3_openvino_bundle, tmp_path_factory):
 def solo(tiny_qwen3_openvino_bundle):
     """Greedy text of one prompt run alone (``LLMPipeline``, one slot), as ``edgeinfer generate`` does."""
     import edgeinfer
-    from edgeinfer.run.generation.options import GenerationOptions
+    from edgeinfer.contract.generation import GenerationOptions
 
     with edgeinfer.load(tiny_qwen3_openvino_bundle) as gen:
         assert not gen.decoder.native_steps  # one slot: LLMPipeline, not the batching pipeline
@@ -165,7 +165,7 @@ def test_cancel_mid_stream_frees_the_batching_pipelines_kv_blocks(tiny_qwen3_ope
     long as each other) are cancelled mid-way; the pipeline's KV cache usage halves and the other two still
     get their solo text."""
     import edgeinfer
-    from edgeinfer.run.generation.options import GenerationOptions
+    from edgeinfer.contract.generation import GenerationOptions
     from edgeinfer.serve.decoder_native import NativeScheduler
 
     with edgeinfer.load(tiny_qwen3_openvino_bundle, slots=SLOTS) as gen:
@@ -202,7 +202,7 @@ def test_npu_pipeline_on_cpu_declares_one_slot_and_serves_one_sequence_at_a_time
     """The NPU's static pipeline (its NPUW logic on the CPU) loaded for 4 slots holds 1; the native scheduler
     runs its requests one after another, each with its solo text, and a cancel ends the running one."""
     import edgeinfer
-    from edgeinfer.run.generation.options import GenerationOptions
+    from edgeinfer.contract.generation import GenerationOptions
     from edgeinfer.serve.decoder_native import NativeScheduler
 
     with warnings.catch_warnings():

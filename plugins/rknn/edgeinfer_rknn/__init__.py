@@ -4,7 +4,7 @@ On a PC, ``rknn-toolkit2`` converts ONNX to ``.rknn`` and runs its simulator; on
 ``rknn-toolkit-lite2`` (RKNNLite) runs the artifact on the NPU. Neither is imported here.
 """
 
-from edgeinfer import hookimpl
+from edgeinfer.contract import hookimpl
 
 
 @hookimpl

@@ -22,12 +22,12 @@ from . import device as hw
 from . import gauges, resources
 from . import toolkit as tk
 from .convert import (
-    _build_with_retries,
-    _conversion_error,
-    _dynamic_sets,
-    _graph_inputs,
-    _read_onnx,
+    build_with_retries,
+    conversion_error,
+    dynamic_sets,
+    onnx_inputs,
     output_specs,
+    read_onnx,
     static_inputs,
 )
 from .session import BoardSession, SimulatorSession
@@ -210,7 +210,7 @@ class RknnBackend(Backend):
         if options.get("auto_hybrid") and options.get("hybrid_fp16_layers"):
             raise InputError("use either hybrid_fp16_layers (named layers) or auto_hybrid, not both")
 
-        proto = _read_onnx(model)
+        proto = read_onnx(model)
         bad = tk.unsupported_ops(proto)
         if bad:
             raise ModelError(f"{model.name} uses operators rknn-toolkit2 cannot convert: {', '.join(bad)}; "
@@ -218,13 +218,13 @@ class RknnBackend(Backend):
         shapes = options.get("shapes")
         if options.get("dynamic_input") and not shapes:  # the first shape set is the one loaded
             first = options["dynamic_input"][0] if isinstance(options["dynamic_input"], (list, tuple)) else None
-            names = [i.name for i in _graph_inputs(proto)]
+            names = [i.name for i in onnx_inputs(proto)]
             if isinstance(first, Mapping):
                 shapes = dict(first)
             elif isinstance(first, (list, tuple)) and len(first) == len(names):
                 shapes = dict(zip(names, first))
         inputs = static_inputs(proto, shapes, model.name)
-        dyn = _dynamic_sets(options["dynamic_input"], inputs) if options.get("dynamic_input") else None
+        dyn = dynamic_sets(options["dynamic_input"], inputs) if options.get("dynamic_input") else None
         if dyn:  # the first set is the one loaded; the inputs keep those shapes
             inputs = [TensorSpec(s.name, tuple(dyn[0][k]), s.dtype) for k, s in enumerate(inputs)]
         if calibration is not None:
@@ -250,7 +250,7 @@ class RknnBackend(Backend):
             tk.copy_source(model, src / "model.onnx")
             if quantized:
                 recipe.calibration_samples = tk.write_calibration(calibration, inputs, src)
-            rknn, retried = _build_with_retries(model, proto, recipe, src, tmp, log)
+            rknn, retried = build_with_retries(model, proto, recipe, src, tmp, log)
             try:
                 tk.export(rknn, tmp / "model.rknn", log)
             except BaseException:
@@ -269,7 +269,7 @@ class RknnBackend(Backend):
                 tk.release(rknn, log)
         except tk.BuildError as e:
             tk.sidecar(out).unlink(missing_ok=True)
-            raise _conversion_error(model, proto, e, log) from None
+            raise conversion_error(model, proto, e, log) from None
         except BaseException:
             tk.sidecar(out).unlink(missing_ok=True)
             out.unlink(missing_ok=True)

@@ -17,7 +17,7 @@ from edgeinfer.errors import BackendUnavailableError, InputError, ModelError
 from . import toolkit as tk
 
 
-def _read_onnx(model: Path) -> Any:
+def read_onnx(model: Path) -> Any:
     try:
         import onnx
     except ImportError:
@@ -32,7 +32,7 @@ def _read_onnx(model: Path) -> Any:
     return proto
 
 
-def _graph_inputs(proto: Any) -> list[Any]:
+def onnx_inputs(proto: Any) -> list[Any]:
     inits = {i.name for i in proto.graph.initializer}
     return [i for i in proto.graph.input if i.name not in inits]
 
@@ -40,7 +40,7 @@ def _graph_inputs(proto: Any) -> list[Any]:
 def static_inputs(proto: Any, shapes: Mapping[str, Sequence[int]] | None, model_name: str) -> list[TensorSpec]:
     """Input specs with every dimension fixed, from the model or the ``shapes`` option."""
     shapes = dict(shapes or {})
-    graph_inputs = _graph_inputs(proto)
+    graph_inputs = onnx_inputs(proto)
     names = [i.name for i in graph_inputs]
     unknown = [n for n in shapes if n not in names]
     if unknown:
@@ -70,7 +70,7 @@ def output_specs(proto: Any) -> list[TensorSpec]:
     return [onnx_spec(o) for o in proto.graph.output]
 
 
-def _dynamic_sets(value: Any, inputs: list[TensorSpec]) -> list[list[list[int]]]:
+def dynamic_sets(value: Any, inputs: list[TensorSpec]) -> list[list[list[int]]]:
     """Normalize ``dynamic_input``: a list of shape sets, each a list (input order) or a dict by name."""
     if not isinstance(value, (list, tuple)) or not value:
         raise InputError("dynamic_input must be a non-empty list of shape sets, e.g. [[[1,64]], [[1,128]]]")
@@ -94,7 +94,7 @@ def _dynamic_sets(value: Any, inputs: list[TensorSpec]) -> list[list[list[int]]]
     return sets
 
 
-def _build_with_retries(model: Path, proto: Any, recipe: tk.Recipe, src: Path, tmp: Path, log: Path
+def build_with_retries(model: Path, proto: Any, recipe: tk.Recipe, src: Path, tmp: Path, log: Path
                         ) -> tuple[Any, list[str]]:
     """Build; when the toolkit crashes inside a fusion rule, disable that rule and build again."""
     retried: list[str] = []
@@ -113,7 +113,7 @@ def _build_with_retries(model: Path, proto: Any, recipe: tk.Recipe, src: Path, t
             raise
 
 
-def _conversion_error(model: Path, proto: Any, e: tk.BuildError, log: Path) -> ModelError:
+def conversion_error(model: Path, proto: Any, e: tk.BuildError, log: Path) -> ModelError:
     text = log.read_text(errors="replace") if log.exists() else ""
     ops = tk.ops_named_in_log(text, proto)
     extra = f"; unsupported operators: {', '.join(ops)}" if ops else ""

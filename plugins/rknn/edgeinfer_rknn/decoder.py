@@ -7,7 +7,7 @@ new rows the graph returns at the sequence's positions. The cache — ``slots ×
 context × head_dim`` float16, what the NPU computes in — is allocated once and stays whole for the run.
 
 Paging: at most ``window`` segments are resident (loaded for the NPU) at once; the schedule
-(:class:`edgeinfer.run.schedule._Schedule`, the one :class:`edgeinfer.run.paged.PagedSession` follows)
+(:class:`edgeinfer.contract.schedule.Schedule`, the one :class:`edgeinfer.run.paged.PagedSession` follows)
 pins the first W−1 and streams the rest through the last slot; prefetch (W−2 pinned, next segment loaded
 on a background thread) when the backend allows it — the simulator does not (``paging_limit``). A page-in
 loads the graph of the phase that needs it (the other phase's graph joins the resident segment when used).
@@ -25,9 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer.contract import Decoder, Session
+from edgeinfer.contract import Decoder, Schedule, Session
 from edgeinfer.errors import InputError
-from edgeinfer.run.schedule import _Schedule
 
 from . import decoder_export as la
 from .decoder_segments import MASKED
@@ -64,7 +63,7 @@ class SegmentPager:
             if window < n:
                 self.notes.append(f"prefetch off: {limit[2]}")
             prefetch = False
-        self.sched = _Schedule(n, min(window, n), prefetch, None)
+        self.sched = Schedule(n, min(window, n), prefetch, None)
         self.window, self.prefetch = self.sched.window, self.sched.prefetch
         self.weight_bytes = [int(s["weight_bytes"]) for s in segments]
         self.loaded: dict[int, dict[str, Session]] = {}
@@ -283,8 +282,7 @@ def _flag(name: str, value: Any, default: bool) -> bool:
 
 def converted_dir(backend: Any, model: Path, scheme: str, context: int, options: dict[str, Any]) -> Path:
     """The artifact for a Hugging Face directory opened directly: converted once into the cache."""
-    from edgeinfer.contract import stamp
-    from edgeinfer.model import cache
+    from edgeinfer.contract import cache, stamp
 
     wanted = {k: options[k] for k in ("segments", "prefill_chunk", "target") if options.get(k) is not None}
     facts = {"model": stamp.sha256_file(model), "scheme": scheme, "context": context, **wanted,

@@ -22,10 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer.contract import CalibrationSet, remote_code
+from edgeinfer.contract import CalibrationSet, normalize_scheme, remote_code
 from edgeinfer.contract.helpers import inside, read_artifact_manifest
 from edgeinfer.errors import InputError, ModelError
-from edgeinfer.planning.quant import normalize_scheme
 
 from . import decoder_segments as lx
 from . import toolkit as tk

@@ -108,7 +108,7 @@ def convert_rkllm(model: Path, scheme: str, context: int, out: Path, calibration
     if not (out / ARTIFACT).is_file():
         raise BackendError(f"the RKLLM toolkit reported success but wrote no {ARTIFACT} for {model.name}")
     shutil.copy2(model / "config.json", out / "config.json")
-    from edgeinfer import __version__
+    from edgeinfer.contract import __version__
 
     # no "toolkit" version: the stamp check compares it with the board's rknn runtime, which does not load this
     versions = {"edgeinfer": __version__, "edgeinfer-rknn": package_version("edgeinfer-rknn", "?"),

@@ -20,8 +20,8 @@ from edgeinfer_rknn import rkllm
 from edgeinfer_rknn.rkllm_convert import build_args, convert_rkllm
 
 import edgeinfer
+from edgeinfer.contract.generation import GenerationOptions
 from edgeinfer.errors import BackendUnavailableError, InputError, ModelError
-from edgeinfer.run.generation.options import GenerationOptions
 
 VOCAB, EOS = 3072, 2  # standin_lib (conftest.py) builds the stand-in runtime from rkllm_standin.c
 

@@ -39,7 +39,8 @@ def deployed(tmp_path_factory) -> dict:
     calib.write_text("\n".join(CALIB) + "\n")
     log, out = tmp / "toolkit-calls.jsonl", tmp / "bundle"
     proc = _cli("deploy", str(model_dir()), "--board", "rk3588-8g", "--runtime", "rkllm", "--ctx", str(CTX),
-                "--calib", str(calib), "-o", str(out), "--json", PYTHONPATH=str(TOOLKIT_STANDIN),
+                "--calib", str(calib), "-o", str(out), "--json",
+                PYTHONPATH=os.pathsep.join(filter(None, [str(TOOLKIT_STANDIN), os.environ.get("PYTHONPATH")])),
                 RKLLM_TOOLKIT_STANDIN_LOG=str(log), EDGEINFER_CACHE_DIR=str(tmp / "cache"))
     assert proc.returncode == 0, proc.stderr
     calls = [json.loads(line) for line in log.read_text().splitlines()]

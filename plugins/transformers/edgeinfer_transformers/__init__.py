@@ -1,6 +1,6 @@
 """edgeinfer plugin: Hugging Face transformers on torch CPU, fp32 — the decoders' golden reference."""
 
-from edgeinfer import hookimpl
+from edgeinfer.contract import hookimpl
 
 
 @hookimpl

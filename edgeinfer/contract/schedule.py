@@ -18,7 +18,7 @@ def simulate(segment_bytes: Sequence[int], window: int, prefetch: bool, resident
     """The schedule :class:`PagedSession` follows, without loading anything: loads per run and
     bytes paged in during the last (steady-state) run, peak resident bytes and segments."""
     n = len(segment_bytes)
-    st = _Schedule(n, window, prefetch, resident_prefix)
+    st = Schedule(n, window, prefetch, resident_prefix)
     loads: list[list[int]] = []
     for _ in range(runs):
         this: list[int] = []
@@ -34,7 +34,7 @@ def simulate(segment_bytes: Sequence[int], window: int, prefetch: bool, resident
             "prefetch_effective": st.prefetch, "pinned": st.pinned}
 
 
-class _Schedule:
+class Schedule:
     """Which segments are resident, which to evict (farthest next use; pinned prefix never),
     which to prefetch. Pure bookkeeping, shared by PagedSession and :func:`simulate`."""
 

@@ -17,7 +17,7 @@ fresh subprocess would report its parent's peak.
 Latency: :func:`latency_stats` — nearest-rank percentiles (an observed value, never an
 interpolation) over samples in milliseconds.
 
-Imports only the standard library: ``contract`` re-exports from here and ``edgeinfer plan`` stays light.
+Imports only the standard library: the core and plugins import it and ``edgeinfer plan`` stays light.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from edgeinfer import files
-from edgeinfer.model import seal
+from edgeinfer.contract import seal
 
 
 def root() -> Path:
