@@ -7,6 +7,7 @@ import pytest
 from helpers import HEAVY, edgeinfer, imported_modules
 
 from edgeinfer.contract.backend import TensorSpec
+from edgeinfer.contract.records import Placement
 from edgeinfer.errors import InputError
 from edgeinfer.serve.config import ServeConfig, api_key_from_env, parse_devices
 from edgeinfer.serve.placement import placement
@@ -103,12 +104,12 @@ def test_defaults_bind_loopback_and_key_comes_from_env(monkeypatch, tmp_path):
 
 
 def test_placement_per_backend():
-    assert placement("ascend", "3") == ({"ASCEND_RT_VISIBLE_DEVICES": "3"}, "npu:0", {})
-    assert placement("rknn", "1") == ({}, None, {"core_mask": "1"})
-    assert placement("rknn", "0_1") == ({}, None, {"core_mask": "0_1"})
-    assert placement("openvino", "NPU") == ({}, "NPU", {})
-    assert placement("openvino", "0") == ({}, None, {})
-    assert placement("onnxruntime", None) == ({}, None, {})
+    assert placement("ascend", "3") == Placement({"ASCEND_RT_VISIBLE_DEVICES": "3"}, "npu:0")
+    assert placement("rknn", "1") == Placement(options={"core_mask": "1"})
+    assert placement("rknn", "0_1") == Placement(options={"core_mask": "0_1"})
+    assert placement("openvino", "NPU") == Placement(device="NPU")
+    assert placement("openvino", "0") == Placement()
+    assert placement("onnxruntime", None) == Placement()
 
 
 def test_tensor_parsing_checks_dtype_range_and_shape():

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -101,6 +102,7 @@ def deploy_decoder(
     options = dict(options or {})
     runtime = choose_runtime(b, backend, runtime, options)
     scheme = choose_scheme(b, backend, quant, runtime)
+    check_architecture(hf_dir, b, backend)
     context = check_context(hf_dir, ctx)
     prompts = golden_prompts(golden_inputs)
     if threshold is not None and not (isinstance(threshold, (int, float)) and -1 <= threshold <= 1):
@@ -182,7 +184,7 @@ def choose_runtime(b: Board, backend: Backend, asked: str | None, options: dict[
     if asked not in decoders:
         raise InputError(f"--runtime {asked}: board {b.name} runs decoders with {', '.join(decoders)}; pass one "
                          "of those")
-    if asked != own and "runtime" not in backend.decoder_convert_options:
+    if asked != own and "runtime" not in backend.decoders.convert_options:
         raise InputError(f"--runtime {asked}: board {b.name}'s backend {backend.name} deploys decoders for "
                          f"runtime {own} only; omit --runtime")
     return asked
@@ -197,11 +199,11 @@ def choose_scheme(b: Board, backend: Backend, quant: str | None, runtime: str) -
             "no convert_decoder",
             "deploy for another board, e.g. --board host; docs/writing-a-backend.md says what a backend adds")
     listed = {normalize_scheme(s).family for s in b.runtimes[runtime].schemes}
-    ok = [s for s in backend.decoder_schemes if normalize_scheme(s).family in listed]
+    ok = [s for s in backend.decoders.schemes if normalize_scheme(s).family in listed]
     if not ok:
         raise BackendUnavailableError(
             f"board {b.name} lists no scheme that {backend.name} converts decoders to "
-            f"(board: {', '.join(sorted(listed))}; {backend.name}: {', '.join(backend.decoder_schemes)})")
+            f"(board: {', '.join(sorted(listed))}; {backend.name}: {', '.join(backend.decoders.schemes)})")
     if quant is None:
         return ok[0]
     s = normalize_scheme(quant)
@@ -209,6 +211,17 @@ def choose_scheme(b: Board, backend: Backend, quant: str | None, runtime: str) -
         raise InputError(f"--quant {s.name}: board {b.name} deploys decoders as {', '.join(ok)} only (through "
                          f"{backend.name}, runtime {runtime}); pass one of those")
     return s.name
+
+
+def check_architecture(hf_dir: Path, b: Board, backend: Backend) -> None:
+    """The backend exports this architecture (its ``decoders.architectures``), or the deploy stops here."""
+    try:
+        model_type = json.loads((hf_dir / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        model_type = None
+    why = backend.decoders.refusal(str(model_type), backend.name)
+    if why:
+        raise InputError(f"board {b.name}: {why}")
 
 
 def check_context(hf_dir: Path, ctx: int | None) -> int:
@@ -334,7 +347,8 @@ def check_golden(hf_dir: Path, work: Path, backend: Backend, scheme: str, contex
                                          "tokens", total=len(prompts)):
             recorded += golden.record(reference, [p], n)
     with progress.step(f"golden check on {backend.name}"):
-        decoder = backend.load_decoder(work / decoder_bundle.ARTIFACT, context=context, **backend.logits_options)
+        decoder = backend.load_decoder(work / decoder_bundle.ARTIFACT, context=context,
+                                       **backend.decoders.logits_options)
         with Generator(decoder, codec) as candidate:
             report = judge(candidate, recorded, n, scheme, golden.thresholds_for(scheme), threshold)
     return report, recorded
@@ -370,7 +384,7 @@ def golden_bundle(path: str | os.PathLike[str], device: str | None = None,
     n = before.get("new_tokens") or max(len(r.token_ids) for r in recorded)
     backend = plugins.get_backend(b.manifest.backend)
     with decoder_bundle.open_generator(b, device=device, trust_remote_code=trust_remote_code,
-                                       **backend.logits_options) as candidate:
+                                       **backend.decoders.logits_options) as candidate:
         report = judge(candidate, recorded, int(n), b.manifest.scheme, t, min_cosine)
     report["bundle"] = str(b.path)
     return report
