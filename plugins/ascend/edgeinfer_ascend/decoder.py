@@ -1,8 +1,8 @@
 """The Ascend backend's decoders: step primitives (prefill / decode / reset) over a static KV cache.
 
-Load: a Hugging Face causal LM (or the directory :func:`edgeinfer_ascend.llm_artifact.convert_decoder`
+Load: a Hugging Face causal LM (or the directory :func:`edgeinfer_ascend.decoder_export.convert_decoder`
 wrote) in the scheme's dtype, weight-only INT8 through torchao for ``w8a16``; the KV cache for ``context``
-positions × ``slots`` sequences is allocated once (:class:`edgeinfer_ascend.llm.StaticLM`). Prefill pads a
+positions × ``slots`` sequences is allocated once (:class:`edgeinfer_ascend.decoder_model.StaticLM`). Prefill pads a
 prompt up to the smallest shape bucket that fits (padding is never attended); decode runs every slot at
 once, one token each, so there is one decode shape. With ``compile=True`` each bucket and the decode step
 are compiled once (``fullgraph=True, dynamic=False``; TorchAir on the NPU, inductor on CPU) and the
@@ -24,8 +24,8 @@ from edgeinfer.contract.helpers import check_weight_index
 from edgeinfer.errors import InputError, ModelError
 from edgeinfer.progress import Progress
 
+from . import decoder_export, decoder_model
 from . import device as dev
-from . import llm, llm_artifact
 
 DEFAULT_BUCKETS = (16, 64, 256, 1024)
 # the activation (and KV-cache) dtype of each scheme; w8a16 keeps activations in the model dtype
@@ -97,11 +97,11 @@ class AscendDecoder(Decoder):
             raise InputError(f"context {context} exceeds the model's max_position_embeddings ({limit}); "
                              f"use --ctx {limit}")
         if scheme == "w8a16":
-            quantize_, config = llm_artifact.torchao()
+            quantize_, config = decoder_export.torchao()
             quantize_(model, config())
         model = model.to(device)
-        self.ops = llm.select_ops(device, fused)
-        self.lm = llm.StaticLM(model, context, slots, _torch_dtype(dtype), device, self.ops)
+        self.ops = decoder_model.select_ops(device, fused)
+        self.lm = decoder_model.StaticLM(model, context, slots, _torch_dtype(dtype), device, self.ops)
         self.model = model
         self.load_s = time.perf_counter() - t0
         super().__init__(context=context, vocab_size=int(model.config.vocab_size),
@@ -252,7 +252,7 @@ class AscendDecoder(Decoder):
             "kv_cache_bytes": self.kv_cache_bytes,
         }
         if self.scheme == "w8a16":
-            out["quant"] = llm_artifact.INT8_METHOD
+            out["quant"] = decoder_export.INT8_METHOD
         stats = dev.allocator_stats(self.device)
         if stats:
             out["device_memory"] = stats
@@ -269,14 +269,14 @@ def open_decoder(model: Path, device: str | None, context: int, slots: int, **op
     """The backend's ``open_decoder``: validate options, check the scheme and device memory, load."""
     dev.import_torch()
     model = Path(model)
-    manifest = llm_artifact.read_manifest(model)
+    manifest = decoder_export.read_manifest(model)
     if manifest is None and not (model.is_dir() and (model / "config.json").is_file()):
         raise ModelError(f"{model} is neither a Hugging Face model directory (config.json) nor an ascend "
                          "decoder artifact; pass the model directory or `edgeinfer deploy` output")
     check_weight_index(model)
     where = dev.pick_device(device)
     built = manifest or {}
-    scheme = llm_artifact.check_scheme(options.get("scheme") or built.get("scheme") or _default_scheme(where),
+    scheme = decoder_export.check_scheme(options.get("scheme") or built.get("scheme") or _default_scheme(where),
                                        options.get("board"), where)
     if manifest is not None and scheme != manifest["scheme"]:
         raise InputError(f"{model.name} was converted to {manifest['scheme']}, not {scheme}; convert again or "
@@ -290,7 +290,7 @@ def open_decoder(model: Path, device: str | None, context: int, slots: int, **op
     compile_opt = options.get("compile", "auto")
     compiled = dev.is_npu(where) if str(compile_opt).lower() == "auto" else _truthy(compile_opt)
     if dev.is_npu(where):
-        llm_artifact.check_device_memory(model, scheme, dtype, context, slots, where)
+        decoder_export.check_device_memory(model, scheme, dtype, context, slots, where)
     return AscendDecoder(model, where, context, slots, scheme, dtype, buckets, compiled,
                          options.get("compile_mode"), options.get("fused", "auto"),
                          _truthy(options.get("warmup", True)), options.get("progress"))

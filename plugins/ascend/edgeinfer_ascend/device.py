@@ -221,7 +221,8 @@ def soc_name(device: str) -> str:
 
 
 class NpuFusedOps:
-    """The decoder's fused operators on the NPU (the interface of :class:`edgeinfer_ascend.llm.ReferenceOps`).
+    """The decoder's fused operators on the NPU (the interface of
+    :class:`edgeinfer_ascend.decoder_model.ReferenceOps`).
 
     Signatures from the Ascend Extension for PyTorch API reference (hiascend.com, Pytorch 7.0.0
     apilist): ``npu_rms_norm(x, gamma, epsilon) -> (y, rstd)``; ``npu_rotary_mul(x, r1, r2)`` in "half"
@@ -247,7 +248,7 @@ class NpuFusedOps:
 
     def attention(self, q: Any, k: Any, v: Any, mask: Any, scale: float) -> Any:
         if not self.fused_attention:
-            from .llm import ReferenceOps
+            from .decoder_model import ReferenceOps
 
             return ReferenceOps().attention(q, k, v, mask, scale)
         out, _ = self.npu.npu_fused_infer_attention_score(

@@ -227,7 +227,7 @@ def test_memory_shortfall_says_what_to_change():
 
 
 def test_decoder_memory_check_reads_npu_smi_through_the_device_module(tmp_path, monkeypatch):
-    from edgeinfer_ascend import llm_artifact
+    from edgeinfer_ascend import decoder_export
 
     from edgeinfer.errors import InputError
     from edgeinfer.testing.llm import model_dir
@@ -235,11 +235,11 @@ def test_decoder_memory_check_reads_npu_smi_through_the_device_module(tmp_path, 
     _fake_npu_smi_standin(tmp_path, "recorded_npu_smi_910b4.txt")
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("ASCEND_RT_VISIBLE_DEVICES", "1")  # npu:0 is the second card: 29356 / 32768 MB used
-    llm_artifact.check_device_memory(model_dir(), "fp16", "fp16", 4096, 1, "npu:0")  # a few MB: fits
+    decoder_export.check_device_memory(model_dir(), "fp16", "fp16", 4096, 1, "npu:0")  # a few MB: fits
     with pytest.raises(InputError, match=r"NPU 1 chip 0 \(910B4\) has 3.33 GiB free") as e:
-        llm_artifact.check_device_memory(model_dir(), "fp16", "fp16", 2_000_000, 1, "npu:0")
+        decoder_export.check_device_memory(model_dir(), "fp16", "fp16", 2_000_000, 1, "npu:0")
     # the context it suggests is the largest that fits: that one loads, one more does not
     fit = int(re.search(r"--ctx (\d+) or less", e.value.hint).group(1))
-    llm_artifact.check_device_memory(model_dir(), "fp16", "fp16", fit, 1, "npu:0")
+    decoder_export.check_device_memory(model_dir(), "fp16", "fp16", fit, 1, "npu:0")
     with pytest.raises(InputError, match="GiB free"):
-        llm_artifact.check_device_memory(model_dir(), "fp16", "fp16", fit + 1, 1, "npu:0")
+        decoder_export.check_device_memory(model_dir(), "fp16", "fp16", fit + 1, 1, "npu:0")

@@ -30,7 +30,7 @@ from edgeinfer.contract import Decoder, NativeStep
 from edgeinfer.errors import InputError, ModelError
 
 from . import decoder_config, decoder_export
-from .devices import fallback_warning, family, select_device
+from .device import fallback_warning, family, select_device
 
 #: KV cache block size of the CPU plugin's paged attention (ContinuousBatchingPipeline); GPU uses 16
 BLOCK_SIZE = {"CPU": 32, "GPU": 16}
@@ -273,7 +273,7 @@ class GenAIDecoder(Decoder):
 
 
 def decoder_fallback_category() -> type[Warning]:
-    from .backend import DeviceFallbackWarning
+    from .session import DeviceFallbackWarning
 
     return DeviceFallbackWarning
 

@@ -3,7 +3,7 @@ real ``openvino.Core`` reports here, and with recorded stand-ins for hardware th
 
 import openvino as ov
 import pytest
-from edgeinfer_openvino.devices import cpu_model_name, diagnose, fallback_warning, requested_primary, select_device
+from edgeinfer_openvino.device import cpu_model_name, diagnose, fallback_warning, requested_primary, select_device
 
 from edgeinfer.errors import BackendUnavailableError, InputError
 

@@ -11,7 +11,7 @@ HEAVY = {"openvino", "nncf", "onnx", "torch", "onnxruntime"}
 def test_plugin_and_backend_class_do_not_load_the_sdk():
     code = (
         "import edgeinfer, sys; b = edgeinfer.backend('openvino'); b.versions(); "
-        "import edgeinfer_openvino.backend, edgeinfer_openvino.devices; print(sorted(sys.modules))"
+        "import edgeinfer_openvino.backend, edgeinfer_openvino.device; print(sorted(sys.modules))"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                           env=dict(os.environ, EDGEINFER_PLUGINS="openvino"))

@@ -8,7 +8,9 @@ from pathlib import Path
 import numpy as np
 import openvino as ov
 import pytest
-from edgeinfer_openvino.backend import DeviceFallbackWarning, int4_group_size, npu_details, weight_count
+from edgeinfer_openvino.convert import int4_group_size, weight_count
+from edgeinfer_openvino.device import npu_details
+from edgeinfer_openvino.session import DeviceFallbackWarning
 
 import edgeinfer
 from edgeinfer.contract import CalibrationSet, stamp

@@ -1,5 +1,5 @@
 """The ``rknn`` backend: ONNX → ``.rknn`` with rknn-toolkit2 on a PC; run on the toolkit's
-simulator there, or on a Rockchip board's NPU through RKNNLite (see :mod:`.board`).
+simulator there, or on a Rockchip board's NPU through RKNNLite (see :mod:`.session`).
 
 Neither toolkit is imported at module import.
 """
@@ -12,17 +12,25 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from edgeinfer.contract import Backend, CalibrationSet, OpTime, Probe, Problem, Session, TensorSpec, stamp
+from edgeinfer.contract import Backend, CalibrationSet, Probe, Problem, Session, TensorSpec, stamp
 from edgeinfer.contract.backend import DeviceReading
-from edgeinfer.contract.helpers import first_line, package_version
-from edgeinfer.contract.onnx_io import onnx_spec
+from edgeinfer.contract.helpers import package_version
 from edgeinfer.contract.resources import Accelerator
-from edgeinfer.errors import BackendUnavailableError, FeedError, InputError, ModelError
+from edgeinfer.errors import BackendUnavailableError, InputError, ModelError
 
-from . import board, gauges, resources
+from . import device as hw
+from . import gauges, resources
 from . import toolkit as tk
+from .convert import (
+    _build_with_retries,
+    _conversion_error,
+    _dynamic_sets,
+    _graph_inputs,
+    _read_onnx,
+    output_specs,
+    static_inputs,
+)
+from .session import BoardSession, SimulatorSession
 
 DEFAULT_TARGET = "rk3588"
 CONVERT_OPTIONS = {
@@ -44,183 +52,6 @@ DECODER_CONVERT_OPTIONS = ("target", "segments", "prefill_chunk", "runtime")
 DECODER_OPTIONS = ("window", "prefetch", "page_from", "scheme", "segments", "prefill_chunk", "target")
 # what one `serve --devices` entry may be: one worker per core or core group
 SERVE_CORE_MASKS = ("0", "1", "2", "0_1", "0_1_2", "auto")
-
-
-def _read_onnx(model: Path) -> Any:
-    try:
-        import onnx
-    except ImportError:
-        raise BackendUnavailableError("converting for rknn reads ONNX, and the onnx package is not installed",
-                                      "pip install './plugins/rknn[convert]' (or: pip install onnx)") from None
-
-    try:
-        proto = onnx.load(str(model))
-        onnx.checker.check_model(proto)
-    except Exception as e:
-        raise ModelError(f"{model.name} is not a valid ONNX model ({first_line(e)}); export it again") from None
-    return proto
-
-
-def _graph_inputs(proto: Any) -> list[Any]:
-    inits = {i.name for i in proto.graph.initializer}
-    return [i for i in proto.graph.input if i.name not in inits]
-
-
-def static_inputs(proto: Any, shapes: Mapping[str, Sequence[int]] | None, model_name: str) -> list[TensorSpec]:
-    """Input specs with every dimension fixed, from the model or the ``shapes`` option."""
-    shapes = dict(shapes or {})
-    graph_inputs = _graph_inputs(proto)
-    names = [i.name for i in graph_inputs]
-    unknown = [n for n in shapes if n not in names]
-    if unknown:
-        raise InputError(f"shapes names unknown input(s) {', '.join(unknown)}; the model's inputs are: "
-                         f"{', '.join(names)}")
-    specs = []
-    for vi in graph_inputs:
-        spec = onnx_spec(vi)
-        dims = spec.shape
-        if vi.name in shapes:
-            want = [int(d) for d in shapes[vi.name]]
-            if len(want) != len(dims) or any(isinstance(d, int) and d != w for d, w in zip(dims, want)):
-                raise InputError(f"shapes[{vi.name!r}] = {want} does not fit the model's input shape {list(dims)}")
-            if any(w <= 0 for w in want):
-                raise InputError(f"shapes[{vi.name!r}] = {want}: every dimension must be a positive size")
-            dims = tuple(want)
-        if not all(isinstance(d, int) and d > 0 for d in dims):
-            raise InputError(
-                f"RKNN needs static input shapes, but {vi.name!r} of {model_name} is {list(dims)}; "
-                f"pass shapes={{'{vi.name}': [...]}} (and dynamic_input for several shape sets)"
-            )
-        specs.append(TensorSpec(vi.name, tuple(dims), spec.dtype))
-    return specs
-
-
-def output_specs(proto: Any) -> list[TensorSpec]:
-    return [onnx_spec(o) for o in proto.graph.output]
-
-
-def _dynamic_sets(value: Any, inputs: list[TensorSpec]) -> list[list[list[int]]]:
-    """Normalize ``dynamic_input``: a list of shape sets, each a list (input order) or a dict by name."""
-    if not isinstance(value, (list, tuple)) or not value:
-        raise InputError("dynamic_input must be a non-empty list of shape sets, e.g. [[[1,64]], [[1,128]]]")
-    sets = []
-    for i, entry in enumerate(value):
-        if isinstance(entry, Mapping):
-            missing = [s.name for s in inputs if s.name not in entry]
-            if missing:
-                raise InputError(f"dynamic_input set {i} lacks input(s) {', '.join(missing)}")
-            entry = [entry[s.name] for s in inputs]
-        if len(entry) != len(inputs):
-            raise InputError(f"dynamic_input set {i} has {len(entry)} shapes; the model has {len(inputs)} inputs")
-        shapes = []
-        for spec, shape in zip(inputs, entry):
-            shape = [int(d) for d in shape]
-            if len(shape) != len(spec.shape):
-                raise InputError(f"dynamic_input set {i}: {spec.name!r} needs {len(spec.shape)} dimensions, got "
-                                 f"{shape}")
-            shapes.append(shape)
-        sets.append(shapes)
-    return sets
-
-
-class RknnSession(Session):
-    """Inputs in, outputs out; the runtime (simulator or RKNNLite) hides behind ``_run``."""
-
-    def __init__(self, inputs: list[TensorSpec], outputs: list[TensorSpec], device: str, log: Path):
-        super().__init__(inputs, outputs, device=device)
-        self._log = log
-
-    def _run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
-        raise NotImplementedError
-
-    shape_sets: list[list[list[int]]] | None = None  # dynamic_input: the only shapes the model takes
-
-    def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        arrays = [np.ascontiguousarray(feeds[s.name]) for s in self.inputs]
-        if self.shape_sets and [list(a.shape) for a in arrays] not in self.shape_sets:
-            got = ", ".join(f"{s.name} {list(a.shape)}" for s, a in zip(self.inputs, arrays))
-            raise FeedError(f"input shapes {got} are not among the model's dynamic_input shape sets "
-                            f"{self.shape_sets}; feed one of those")
-        outs = self._run(arrays)
-        result = {}
-        for spec, out in zip(self.outputs, outs):
-            out = np.asarray(out)
-            want = np.dtype(spec.dtype)
-            if out.dtype != want:  # the runtime hands back float32 for every output
-                out = np.rint(out).astype(want) if want.kind in "iub" else out.astype(want)
-            result[spec.name] = out
-        return result
-
-
-class SimulatorSession(RknnSession):
-    """The toolkit's simulator on a PC: the model rebuilt from the recipe kept next to the artifact."""
-
-    def __init__(self, rknn: Any, recipe: tk.Recipe, log: Path, rebuild_s: float):
-        inputs = [TensorSpec.from_json(s) for s in recipe.inputs]
-        if recipe.dynamic_input:  # dims that differ between shape sets are free
-            inputs = [
-                TensorSpec(s.name, tuple(d if len({st[k][a] for st in recipe.dynamic_input}) == 1 else None
-                                         for a, d in enumerate(s.shape)), s.dtype)
-                for k, s in enumerate(inputs)
-            ]
-        super().__init__(inputs, [TensorSpec.from_json(s) for s in recipe.outputs], "simulator", log)
-        self._rknn = rknn
-        self._rebuild_s = rebuild_s
-        self.shape_sets = recipe.dynamic_input
-
-    def _run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
-        try:
-            return tk.infer(self._rknn, arrays, self._log)
-        except tk.BuildError as e:
-            raise RuntimeError(f"simulator {e}; full log: {self._log}") from None
-
-    def profile_notes(self) -> dict[str, Any]:
-        return {"simulator": True, "note": "simulator figures, not board speed", "rebuild_s": round(self._rebuild_s,
-                                                                                                    3)}
-
-    def release(self) -> None:
-        if self._rknn is not None:
-            tk.release(self._rknn, self._log)
-            self._rknn = None
-
-
-class BoardSession(RknnSession):
-    """The NPU of a Rockchip board through RKNNLite."""
-
-    def __init__(self, artifact: Path, data: Mapping[str, Any], mask: int, mask_name: str):
-        inputs = [TensorSpec.from_json(s) for s in data.get("inputs", [])]
-        outputs = [TensorSpec.from_json(s) for s in data.get("outputs", [])]
-        super().__init__(inputs, outputs, f"npu:{data.get('target', '')}", tk.log_path(artifact))
-        self._artifact, self._mask, self._mask_name = artifact, mask, mask_name
-        self._rt = board.LiteRuntime(artifact, mask)
-        self._memory: int | None = None
-
-    def _run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
-        return self._rt.inference(arrays)
-
-    def op_times(self, feeds: dict[str, np.ndarray]) -> list[OpTime]:
-        """Per-layer times from ``eval_perf`` and memory from ``eval_memory`` (a second runtime
-        with perf_debug/eval_mem: both slow inference down, so the latency runs do without)."""
-        rt = board.LiteRuntime(self._artifact, self._mask, perf=True)
-        try:
-            rt.inference([np.ascontiguousarray(feeds[s.name]) for s in self.inputs])
-            perf = rt.eval_perf()
-            self._memory = board.parse_memory(rt.eval_memory())
-        finally:
-            rt.release()
-        if perf is None:
-            return []
-        return [OpTime(name=n, op_type=t, time_ms=ms, exec_type=target) for n, t, ms,
-                target in board.parse_perf_table(perf)]
-
-    def profile_notes(self) -> dict[str, Any]:
-        notes: dict[str, Any] = {"simulator": False, "core_mask": self._mask_name, "sdk": self._rt.sdk_version()}
-        if self._memory is not None:
-            notes["npu_memory_bytes"] = self._memory
-        return notes
-
-    def release(self) -> None:
-        self._rt.release()
 
 
 class RknnBackend(Backend):
@@ -246,7 +77,7 @@ class RknnBackend(Backend):
     # --- facts ---------------------------------------------------------------------------------
     def mode(self) -> str:
         """"board" (rknn-toolkit-lite2 on an RK3588) or "simulator" (rknn-toolkit2 on a PC)."""
-        return "board" if board.is_board() else "simulator"
+        return "board" if hw.is_board() else "simulator"
 
     def paging_limit(self, device: str | None) -> tuple[int | None, bool, str] | None:
         # Several simulator models do coexist in one process (checked with rknn-toolkit2 2.5.0: three
@@ -269,7 +100,7 @@ class RknnBackend(Backend):
                              f"{', '.join(SERVE_CORE_MASKS)}")
 
     def versions(self) -> dict[str, str]:
-        host, lite = package_version("rknn-toolkit2"), board.lite_version()
+        host, lite = package_version("rknn-toolkit2"), hw.lite_version()
         out = {"edgeinfer-rknn": package_version("edgeinfer-rknn", "?")}
         if host:
             out["rknn-toolkit2"] = host
@@ -312,16 +143,16 @@ class RknnBackend(Backend):
         return Probe(True, versions={"rknn-toolkit2": ver}, devices=["simulator"], details=details)
 
     def _probe_board(self, root: Path = Path("/")) -> Probe:
-        soc = board.soc(root)
-        lib = board.runtime_library(root)
+        soc = hw.soc(root)
+        lib = hw.runtime_library(root)
         versions = {}
-        lite = board.lite_version()
+        lite = hw.lite_version()
         if lite:
             versions["rknn-toolkit-lite2"] = lite
-        rt = board.runtime_version(lib)
+        rt = hw.runtime_version(lib)
         if rt:
             versions["librknnrt"] = rt
-        drv = board.driver_version(root)
+        drv = hw.driver_version(root)
         if drv:
             versions["npu-driver"] = drv
         problems, warnings = [], []
@@ -332,22 +163,22 @@ class RknnBackend(Backend):
         if lib is None:
             problems.append(Problem("librknnrt.so is not installed",
                                     "copy librknnrt.so from rknn-toolkit2's rknpu2 runtime to /usr/lib"))
-        gov = board.ddr_governor(root)
-        if gov is not None and gov not in board.PINNED_GOVERNORS:
+        gov = hw.ddr_governor(root)
+        if gov is not None and gov not in hw.PINNED_GOVERNORS:
             warnings.append({
                 "message": f"DDR devfreq governor is {gov!r}, not pinned: NPU speed will vary and stay below "
                            "published figures",
-                "fix": f"echo performance | sudo tee /{board.DMC_GOVERNOR}",
+                "fix": f"echo performance | sudo tee /{hw.DMC_GOVERNOR}",
             })
         details = {"mode": "board", "soc": soc, "runtime_library": str(lib) if lib else None,
-                   "ddr_governor": gov, "warnings": warnings, "core_masks": list(board.CORE_MASKS)}
+                   "ddr_governor": gov, "warnings": warnings, "core_masks": list(hw.CORE_MASKS)}
         return Probe(not problems, versions=versions, devices=[f"npu:{soc or 'rockchip'}"] if not problems else [],
                      problems=problems, details=details)
 
     def refuses_target(self, target: str, device: str | None) -> str | None:
         if self.mode() != "board" or (device or "").lower() == "simulator":
             return None
-        soc = board.soc()
+        soc = hw.soc()
         if soc and target and target != soc:
             return f"built for {target} but this board is {soc}; convert it again with target={soc!r}"
         return None
@@ -419,7 +250,7 @@ class RknnBackend(Backend):
             tk.copy_source(model, src / "model.onnx")
             if quantized:
                 recipe.calibration_samples = tk.write_calibration(calibration, inputs, src)
-            rknn, retried = self._build_with_retries(model, proto, recipe, src, tmp, log)
+            rknn, retried = _build_with_retries(model, proto, recipe, src, tmp, log)
             try:
                 tk.export(rknn, tmp / "model.rknn", log)
             except BaseException:
@@ -438,7 +269,7 @@ class RknnBackend(Backend):
                 tk.release(rknn, log)
         except tk.BuildError as e:
             tk.sidecar(out).unlink(missing_ok=True)
-            raise self._conversion_error(model, proto, e, log) from None
+            raise _conversion_error(model, proto, e, log) from None
         except BaseException:
             tk.sidecar(out).unlink(missing_ok=True)
             out.unlink(missing_ok=True)
@@ -466,38 +297,11 @@ class RknnBackend(Backend):
             facts["dynamic_input"] = dyn
         return facts
 
-    @staticmethod
-    def _build_with_retries(model: Path, proto: Any, recipe: tk.Recipe, src: Path, tmp: Path, log: Path
-                            ) -> tuple[Any, list[str]]:
-        """Build; when the toolkit crashes inside a fusion rule, disable that rule and build again."""
-        retried: list[str] = []
-        while True:
-            work = Path(tempfile.mkdtemp(prefix="work-", dir=tmp))
-            try:
-                return tk.build(src / "model.onnx", recipe, src, log, work), retried
-            except tk.BuildError as e:
-                if e.stage == "build" and e.rule and e.rule not in recipe.disable_rules \
-                        and len(retried) < tk.MAX_RULE_RETRIES:
-                    with open(log, "a") as f:
-                        f.write(f"\nedgeinfer: build crashed in fusion rule {e.rule!r}; retrying with it disabled\n")
-                    recipe.disable_rules.append(e.rule)
-                    retried.append(e.rule)
-                    continue
-                raise
-
-    @staticmethod
-    def _conversion_error(model: Path, proto: Any, e: tk.BuildError, log: Path) -> ModelError:
-        text = log.read_text(errors="replace") if log.exists() else ""
-        ops = tk.ops_named_in_log(text, proto)
-        extra = f"; unsupported operators: {', '.join(ops)}" if ops else ""
-        return ModelError(f"rknn-toolkit2 could not convert {model.name} ({e.stage}): {e.message}{extra}; "
-                          f"full toolkit log: {log}")
-
-    # --- decoders (edgeinfer_rknn.decoder, .llm_artifact) ----------------------------------------
+    # --- decoders (edgeinfer_rknn.decoder, .decoder_export) -------------------------------------
     def convert_decoder(self, model: Path, scheme: str, context: int, out: Path, calibration=None,
                         **options: Any) -> dict[str, Any]:
         from . import rkllm_convert
-        from .llm_artifact import convert_decoder
+        from .decoder_export import convert_decoder
 
         if rkllm_convert.runtime_of(options.pop("runtime", None)) == "rkllm":
             return rkllm_convert.convert_rkllm(model, scheme, context, out, calibration, **options)
@@ -517,9 +321,9 @@ class RknnBackend(Backend):
     # --- open ----------------------------------------------------------------------------------
     def open(self, artifact: Path, device: str | None, **options: Any) -> Session:
         mask_name = str(options.get("core_mask", "auto"))
-        mask = board.core_mask(mask_name)
+        mask = hw.core_mask(mask_name)
         dev = (device or "auto").lower()
-        if dev not in ("auto", "simulator", "npu", "board") and dev not in board.SOCS:
+        if dev not in ("auto", "simulator", "npu", "board") and dev not in hw.SOCS:
             raise InputError(f"unknown rknn device {device!r}; use auto, simulator or npu")
         mode = self.mode()
         if dev == "simulator":

@@ -1,6 +1,6 @@
 """RKNN decoders: step primitives over static segment graphs, the KV cache in host buffers, layer paging.
 
-The artifact (:mod:`.llm_artifact`) holds, per segment of layers, a decode graph (1 token) and a prefill
+The artifact (:mod:`.decoder_export`) holds, per segment of layers, a decode graph (1 token) and a prefill
 graph (``prefill_chunk`` tokens). The host looks up the embedding, takes the rotary rows of the positions,
 builds the additive mask, feeds each segment its layers' past K/V straight from the cache and writes the
 new rows the graph returns at the sequence's positions. The cache — ``slots × layers × 2 × kv_heads ×
@@ -29,8 +29,8 @@ from edgeinfer.contract import Decoder, Session
 from edgeinfer.errors import InputError
 from edgeinfer.run.schedule import _Schedule
 
-from . import llm_artifact as la
-from .llm_export import MASKED
+from . import decoder_export as la
+from .decoder_segments import MASKED
 
 
 def step_inputs(tables: dict[str, np.ndarray], ids: Sequence[int], pos: int, tokens: int, context: int
@@ -169,21 +169,22 @@ class RknnDecoder(Decoder):
 
     def _board(self, backend: Any, folder: Path, manifest: dict[str, Any], device: str | None, slots: int,
                page_from: str) -> tuple[Any, Any]:
-        """On a board: the KV cache in NPU shared memory and zero-copy graphs (.board_llm, WRITTEN FOR
+        """On a board: the KV cache in NPU shared memory and zero-copy graphs (.board_decoder, WRITTEN FOR
         THE BOARD, NEVER RUN HERE); elsewhere (None, None): numpy buffers and the backend's sessions."""
         if device == "simulator" or backend.mode() != "board":
             return None, None
-        from . import board, board_llm
+        from . import board_decoder
+        from . import device as hw
 
         if slots != 1:
             raise InputError("the zero-copy board decoder runs one slot; load with slots=1")
-        lib = board_llm.library(board.runtime_library())
+        lib = board_decoder.library(hw.runtime_library())
         first = folder / manifest["segments"][0]["decode"]
-        shared = board_llm.SharedKV(lib, first, self.layers, self.kv_heads, self.built_context, self.head_dim)
+        shared = board_decoder.SharedKV(lib, first, self.layers, self.kv_heads, self.built_context, self.head_dim)
         held = {}  # page_from="memory": every graph's bytes in host RAM, page-ins never touch storage
         if page_from == "memory":
             held = {folder / s[p]: (folder / s[p]).read_bytes() for s in manifest["segments"] for p in la.PHASES}
-        return shared, lambda art: board_llm.ZeroCopyGraph(lib, art, shared, held.get(art))
+        return shared, lambda art: board_decoder.ZeroCopyGraph(lib, art, shared, held.get(art))
 
     def _past(self, slot: int, i: int, kind: int) -> np.ndarray:
         if self.shared is not None:  # bound to the graph's input: read in place by the NPU

@@ -31,7 +31,7 @@ def test_a_segment_graph_outside_the_artifact_is_refused_before_anything_loads(t
 
 
 def test_segment_names_inside_the_artifact_pass_the_check(tmp_path):
-    from edgeinfer_rknn import llm_artifact
+    from edgeinfer_rknn import decoder_export
 
     d = _artifact(tmp_path, "seg0.decode.rknn")
-    assert llm_artifact.read_manifest(d)["segments"][0]["decode"] == "seg0.decode.rknn"
+    assert decoder_export.read_manifest(d)["segments"][0]["decode"] == "seg0.decode.rknn"

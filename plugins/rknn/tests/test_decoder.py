@@ -208,7 +208,7 @@ def test_deploy_of_the_test_llm_to_rk3588_writes_a_bundle_that_generates(tmp_pat
 
 
 def test_segments_follow_array_split_and_the_last_holds_the_head():
-    from edgeinfer_rknn.llm_export import output_names, segment_ranges
+    from edgeinfer_rknn.decoder_segments import output_names, segment_ranges
 
     assert segment_ranges(4, 3) == [(0, 2), (2, 3), (3, 4)]
     assert [b - a for a, b in segment_ranges(36, 5)] == [8, 7, 7, 7, 7]
@@ -228,7 +228,7 @@ def test_host_mask_attends_the_cache_before_the_position_and_earlier_rows_of_the
 
 
 def test_an_allocation_larger_than_one_npu_iommu_window_is_refused():
-    from edgeinfer_rknn.board_llm import check_window
+    from edgeinfer_rknn.board_decoder import check_window
 
     check_window((4 << 30) - 1, "weights")
     with pytest.raises(InputError, match="4 GiB IOMMU window; convert with more segments"):
@@ -264,7 +264,7 @@ def test_board_ctypes_structs_have_the_c_layout(tmp_path):
     import ctypes
     import shutil
 
-    from edgeinfer_rknn.board_llm import MemSize, TensorAttr, TensorMem
+    from edgeinfer_rknn.board_decoder import MemSize, TensorAttr, TensorMem
 
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from edgeinfer_rknn import board
+from edgeinfer_rknn import device as hw
+from edgeinfer_rknn import session
 from edgeinfer_rknn import toolkit as tk
 
 import edgeinfer
@@ -285,12 +286,12 @@ def _fake_board_root_standin(tmp_path: Path, governor: str = "dmc_ondemand") -> 
 
 def test_board_detection_on_standin_tree(tmp_path):
     root = _fake_board_root_standin(tmp_path)
-    assert board.soc(root) == "rk3588"
-    assert board.is_board(root)
-    assert board.runtime_version(board.runtime_library(root)).startswith("2.3.0")
-    assert board.driver_version(root) == "0.9.8"
-    assert not board.is_board(tmp_path / "empty")
-    assert board.is_board(Path("/")) is False  # this development machine is no board
+    assert hw.soc(root) == "rk3588"
+    assert hw.is_board(root)
+    assert hw.runtime_version(hw.runtime_library(root)).startswith("2.3.0")
+    assert hw.driver_version(root) == "0.9.8"
+    assert not hw.is_board(tmp_path / "empty")
+    assert hw.is_board(Path("/")) is False  # this development machine is no board
 
 
 def test_board_probe_warns_on_unpinned_ddr_governor(backend, tmp_path):
@@ -304,9 +305,9 @@ def test_board_probe_warns_on_unpinned_ddr_governor(backend, tmp_path):
 
 
 def test_core_masks():
-    assert board.core_mask("auto") == 0 and board.core_mask("0_1_2") == 7 and board.core_mask(2) == 4
+    assert hw.core_mask("auto") == 0 and hw.core_mask("0_1_2") == 7 and hw.core_mask(2) == 4
     with pytest.raises(InputError, match="use one of"):
-        board.core_mask("3")
+        hw.core_mask("3")
 
 
 RECORDED_EVAL_PERF_OUTPUT_STANDIN = """\
@@ -326,10 +327,10 @@ NPU model memory detail(bytes):
 
 
 def test_perf_and_memory_parsers_on_recorded_output():
-    rows = board.parse_perf_table(RECORDED_EVAL_PERF_OUTPUT_STANDIN)
+    rows = session.parse_perf_table(RECORDED_EVAL_PERF_OUTPUT_STANDIN)
     assert [r[0] for r in rows] == ["Conv:/model.0/conv/Conv", "Concat:/model.2/Concat", "InputOperator:images"]
     assert rows[0][1] == "ConvExSwish" and rows[0][2] == pytest.approx(1.271) and rows[0][3] == "NPU"
-    assert board.parse_memory(RECORDED_EVAL_MEMORY_OUTPUT_STANDIN) == int(19.12 * (1 << 20))
+    assert session.parse_memory(RECORDED_EVAL_MEMORY_OUTPUT_STANDIN) == int(19.12 * (1 << 20))
 
 
 def test_log_parsers():

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 from edgeinfer.contract import Problem
 from edgeinfer.errors import BackendUnavailableError, InputError
@@ -154,3 +156,38 @@ def cpu_model_name(cpuinfo_text: str) -> str:
         if sep and key.strip() == "model name":
             return value.strip()
     return ""
+
+
+NPU_PROPERTIES = {
+    "name": "FULL_DEVICE_NAME",
+    "architecture": "DEVICE_ARCHITECTURE",
+    "driver_version": "NPU_DRIVER_VERSION",
+    "compiler_version": "NPU_COMPILER_VERSION",
+    "total_memory_bytes": "NPU_DEVICE_TOTAL_MEM_SIZE",
+    "gops": "DEVICE_GOPS",
+}
+
+
+def npu_details(get_property: Any) -> dict[str, Any]:
+    """NPU facts through ``get_property(name)`` (``lambda p: core.get_property("NPU", p)``);
+    properties the driver does not report are left out."""
+    out: dict[str, Any] = {}
+    for key, prop in NPU_PROPERTIES.items():
+        try:
+            value = get_property(prop)
+        except Exception:
+            continue
+        out[key] = value if isinstance(value, (int, float, str, bool)) else str(value)
+    return out
+
+
+def _read_text(path: str) -> str:
+    try:
+        return Path(path).read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def _accel_nodes() -> list[str]:
+    d = Path("/dev/accel")
+    return sorted(str(p) for p in d.iterdir()) if d.is_dir() else []

@@ -22,7 +22,7 @@ from edgeinfer.planning.quant import normalize_scheme
 
 from . import device as dev
 from . import doctor
-from .backend import INT8_METHOD, _torchao
+from .convert import INT8_METHOD, _torchao
 
 MANIFEST = "ascend-decoder.json"
 FORMAT = 1
@@ -74,7 +74,7 @@ def convert_decoder(model: Path, scheme: str, context: int, out: Path, calibrati
     from transformers import AutoModelForCausalLM
 
     from .decoder import SCHEME_DTYPE, parse_buckets
-    from .llm import check_architecture, check_context
+    from .decoder_model import check_architecture, check_context
 
     options.pop("target", None)  # deploy's board target; the scheme check below is what depends on the board
     model, out = Path(model), Path(out)

@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgeinfer.contract import remote_code
+from edgeinfer.contract import TensorSpec, remote_code
 from edgeinfer.contract.helpers import first_line
-from edgeinfer.errors import InputError, ModelError
+from edgeinfer.errors import BackendUnavailableError, InputError, ModelError
 
 from . import pt2
 
@@ -225,3 +225,47 @@ def export_program_bytes(path: Path) -> bytes:
 def load_program(data: bytes, name: str = "program.pt2"):
     """The program stored in an artifact, checked like any .pt2 (see :mod:`edgeinfer_ascend.pt2`)."""
     return pt2.load(data, name)
+
+
+INT8_METHOD = "torchao Int8WeightOnlyConfig (weight-only INT8 per-channel, Linear layers)"
+
+
+def _torchao():
+    try:
+        import logging
+
+        logging.getLogger("torchao").setLevel(logging.ERROR)
+        from torchao.quantization import Int8WeightOnlyConfig, quantize_
+    except Exception as e:
+        raise BackendUnavailableError(
+            f"weight-only INT8 needs torchao ({type(e).__name__}: {first_line(e, 120)}); "
+            "pip install torchao (from a clone: pip install './plugins/ascend[int8]')"
+        ) from None
+    return quantize_, Int8WeightOnlyConfig
+
+
+def _np_dtype(t) -> str:
+    import torch
+
+    return {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "float32", torch.int64: "int64",
+            torch.int32: "int32", torch.bool: "bool", torch.float64: "float64", torch.int8: "int8",
+            torch.uint8: "uint8"}.get(t, "float32")
+
+
+def _export_specs(ep) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """Input / output specs of a torch.export program from its placeholder metadata."""
+    from torch.export.graph_signature import InputKind
+
+    user = [s.arg.name for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
+    nodes = {n.name: n for n in ep.graph.nodes}
+
+    def spec(name: str, val) -> TensorSpec:
+        shape = tuple(int(d) if str(d).lstrip("-").isdigit() else str(d) for d in val.shape)
+        return TensorSpec(name, shape, _np_dtype(val.dtype))
+
+    inputs = [spec(n, nodes[n].meta["val"]) for n in user]
+    out_node = next(n for n in ep.graph.nodes if n.op == "output")
+    outs = [a for a in out_node.args[0]][: len(ep.graph_signature.user_outputs)]
+    outputs = [spec(f"output_{i}" if len(outs) > 1 else "output", a.meta["val"]) for i, a in enumerate(outs)]
+    return inputs, outputs
+

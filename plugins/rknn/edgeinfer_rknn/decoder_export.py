@@ -27,7 +27,7 @@ from edgeinfer.contract.helpers import inside, read_artifact_manifest
 from edgeinfer.errors import InputError, ModelError
 from edgeinfer.planning.quant import normalize_scheme
 
-from . import llm_export as lx
+from . import decoder_segments as lx
 from . import toolkit as tk
 
 MANIFEST = "rknn-decoder.json"
