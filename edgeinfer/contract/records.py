@@ -37,8 +37,9 @@ class Decoders:
 
     #: schemes ``convert_decoder`` produces, the preferred (deploy's default) first
     schemes: tuple[str, ...] = ()
-    #: the Hugging Face ``model_type`` values ``convert_decoder`` exports ("llama", "qwen2", ...): ``plan`` and
-    #: ``deploy`` refuse another before converting anything; None: not declared, the conversion decides
+    #: the Hugging Face ``model_type`` values ``convert_decoder`` exports for the board's backend runtime
+    #: ("llama", "qwen2", ...): ``plan`` and ``deploy`` refuse another there before converting anything;
+    #: None: not declared, the conversion decides
     architectures: tuple[str, ...] | None = None
     #: the ``**options`` ``open_decoder`` takes; the core refuses any other
     options: tuple[str, ...] = ()

@@ -1,6 +1,7 @@
 """``edgeinfer deploy`` of a causal language model: one Hugging Face decoder → a checked decoder bundle.
 
-plan at the asked context (refuse what does not fit) → the board's backend ``convert_decoder``
+plan at the asked context (refuse what does not fit, and an architecture the backend does not export:
+``Backend.decoders.architectures``) → the board's backend ``convert_decoder``
 (cached: :mod:`edgeinfer.model.cache`) → golden check of the converted decoder against the fp32
 transformers reference, greedy (:mod:`edgeinfer.run.generation.golden`) → a sealed bundle
 (:mod:`edgeinfer.model.decoder_bundle`). Nothing is written at ``-o`` unless the check passes, or the
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -102,7 +102,6 @@ def deploy_decoder(
     options = dict(options or {})
     runtime = choose_runtime(b, backend, runtime, options)
     scheme = choose_scheme(b, backend, quant, runtime)
-    check_architecture(hf_dir, b, backend)
     context = check_context(hf_dir, ctx)
     prompts = golden_prompts(golden_inputs)
     if threshold is not None and not (isinstance(threshold, (int, float)) and -1 <= threshold <= 1):
@@ -113,7 +112,7 @@ def deploy_decoder(
     if calibration is not None and scheme in ("fp32", "fp16", "bf16"):
         warnings.append(f"--calib is not used for {scheme}: nothing is quantized")
 
-    # 1. plan first: refuse what does not fit before converting anything
+    # 1. plan first: refuse what does not fit, or an architecture the backend does not export, before converting
     with progress.step(f"planning {hf_dir.name} on {b.name} at ctx {context}"):
         plan = plan_or_refuse(hf_dir, b, scheme, context, runtime, force, warnings)
 
@@ -211,17 +210,6 @@ def choose_scheme(b: Board, backend: Backend, quant: str | None, runtime: str) -
         raise InputError(f"--quant {s.name}: board {b.name} deploys decoders as {', '.join(ok)} only (through "
                          f"{backend.name}, runtime {runtime}); pass one of those")
     return s.name
-
-
-def check_architecture(hf_dir: Path, b: Board, backend: Backend) -> None:
-    """The backend exports this architecture (its ``decoders.architectures``), or the deploy stops here."""
-    try:
-        model_type = json.loads((hf_dir / "config.json").read_text()).get("model_type")
-    except (OSError, ValueError, AttributeError):
-        model_type = None
-    why = backend.decoders.refusal(str(model_type), backend.name)
-    if why:
-        raise InputError(f"board {b.name}: {why}")
 
 
 def check_context(hf_dir: Path, ctx: int | None) -> int:

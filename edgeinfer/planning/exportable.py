@@ -1,6 +1,6 @@
-"""Whether a board's backend can export a decoder's architecture: ``plan`` refuses one it cannot before
-anything is converted. The list is the backend's, as data (``Backend.decoders.architectures``); ``deploy``
-asks the same rule (``Decoders.refusal``) before it converts."""
+"""Whether a board's backend can export a decoder's architecture: ``plan`` refuses one it cannot, and so
+``deploy`` (which plans first) before anything is converted. The list is the backend's, as data
+(``Backend.decoders.architectures``); the message is ``Decoders.refusal``."""
 
 from __future__ import annotations
 
