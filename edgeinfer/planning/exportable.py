@@ -20,6 +20,7 @@ def refuse_unexportable(spec: ModelSpec, board: Board, runtime: str) -> None:
     from edgeinfer.contract import registry  # only here: a decoder planned on its backend's runtime
 
     entry = registry.registry().backends.get(board.backend)
-    why = entry.cls.decoders.refusal(spec.architecture, entry.cls.name) if entry else None
+    model_type = spec.architecture.removesuffix(" (approximate)")  # an architecture planned from its tensors
+    why = entry.cls.decoders.refusal(model_type, entry.cls.name) if entry else None
     if why:
         raise InputError(f"board {board.name}: {why}")
