@@ -73,7 +73,7 @@ class TroubledBackend(Backend):
         return Probe(False, problems=[Problem("libtroubled.so is missing", "apt install troubled-runtime")])
     def convert(self, model, scheme, calibration, out, **options):
         raise NotImplementedError
-    def open(self, artifact, device, **options):
+    def open(self, artifact, device, stamp, **options):
         raise NotImplementedError
 
 @hookimpl

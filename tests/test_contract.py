@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from edgeinfer.contract.backend import Backend, CalibrationSet, TensorSpec, latency_stats, validate_feeds
+from edgeinfer.contract.records import Tensors
 from edgeinfer.contract.registry import contract_problem
 from edgeinfer.errors import FeedError
 
@@ -78,6 +79,74 @@ def test_contract_problem_names_the_missing_method():
 
     assert "does not set `name`" in contract_problem(Nameless)
 
+    class FlatTuple(NoOpen):
+        name = "flat"
+        tensors = (".onnx",)
+
+    assert contract_problem(FlatTuple) == ("backend 'flat': `tensors` must be a Tensors(...) record "
+                                           "(edgeinfer.contract), not ('.onnx',)")
+
+
+def test_open_gets_the_stamp_load_checked_and_nothing_else_reads_it(tmp_path):
+    from edgeinfer.contract import Session, Tensors, stamp
+
+    seen = []
+
+    class Stamped(Backend):
+        name = "stamped"
+        tensors = Tensors(native=(".x",))
+
+        def convert(self, model, scheme, calibration, out, **options):
+            out.write_bytes(b"x")
+            return {"target": "cpu", "inputs": [TensorSpec("x", (1,), "float32")], "extra": 7}
+
+        def open(self, artifact, device, stamp, **options):
+            seen.append(dict(stamp))
+            return Session([TensorSpec("x", (1,), "float32")], [])
+
+    model = tmp_path / "m.onnx"
+    model.write_bytes(b"m")
+    art = Stamped().quantize(model, None, None, tmp_path / "m.x")
+    Stamped().load(art)
+    assert seen[0] == stamp.read(art) and seen[0]["extra"] == 7 and seen[0]["scheme"] == "fp32"
+    unstamped = tmp_path / "u.x"
+    unstamped.write_bytes(b"u")
+    Stamped().load(unstamped)
+    assert seen[1] == {}
+
+
+def test_optional_facts_answer_named_records():
+    from edgeinfer.contract import Placement
+
+    class Plain(Backend):
+        name = "plain"
+
+    assert Plain().paging_limit(None) is None
+    assert Plain().placement("3") == Placement() and Plain().placement("GPU.1") == Placement(device="GPU.1")
+    assert Plain().placement("GPU.1").env == {} and Plain().placement("GPU.1").options == {}
+
+
+def test_decoder_protocols_are_separate_and_their_primitives_required():
+    from edgeinfer.contract import BatchingDecoder, NativeDecoder, StepDecoder
+
+    facts = {"context": 8, "vocab_size": 4, "kv_cache_bytes": 0}
+
+    class HalfSteps(StepDecoder):
+        def prefill(self, slot, token_ids):
+            return np.zeros(4, np.float32)
+
+    with pytest.raises(TypeError, match="decode"):
+        HalfSteps(**facts)
+
+    class Loop(NativeDecoder):
+        def generate_native(self, prompt_ids, options, on_token):
+            return {}
+
+    loop = Loop(**facts)
+    assert not isinstance(loop, StepDecoder) and not isinstance(loop, BatchingDecoder)
+    with pytest.raises(TypeError, match="add_request"):
+        type("NoBatching", (BatchingDecoder, Loop), {})(**facts)
+
 
 # --- the chores the core does once for every plugin (edgeinfer.contract.helpers, onnx_io) ------------------
 
@@ -111,8 +180,7 @@ def test_core_refuses_unknown_options_before_the_backend_sees_them(tmp_path):
 
     class Refusing(Backend):
         name = "refusing"
-        native_suffixes = (".x",)
-        convert_options = ("target",)
+        tensors = Tensors(native=(".x",), convert_options=("target",))
 
         def convert(self, *a, **k):
             raise AssertionError("convert must not be called")
@@ -178,9 +246,9 @@ def test_profile_sorts_op_times_and_reports_load_time(tmp_path):
 
     class Opens(Backend):
         name = "opens"
-        native_suffixes = (".x",)
+        tensors = Tensors(native=(".x",))
 
-        def open(self, artifact, device, **options):
+        def open(self, artifact, device, stamp, **options):
             return Unsorted([TensorSpec("x", (1,), "float32")], [TensorSpec("y", (1,), "float32")])
 
     art = tmp_path / "m.x"

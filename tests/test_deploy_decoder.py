@@ -243,6 +243,29 @@ def test_broken_tokenizer_or_chat_template_exit_2(tmp_path, file, text, needle):
     assert not out.exists()
 
 
+def _unexportable_copy(tmp_path: Path) -> Path:
+    """tiny-qwen3 relabelled qwen3_moe: an architecture the planner reads but the host board's backend
+    (onnxruntime-genai's model builder) does not export."""
+    cfg = json.loads((model_dir() / "config.json").read_text())
+    cfg.update(model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"], num_experts=4, num_experts_per_tok=2,
+               moe_intermediate_size=128)
+    return _model_copy(tmp_path, **{"config.json": json.dumps(cfg)})
+
+
+def test_deploy_refuses_an_architecture_the_backend_does_not_export_before_converting(tmp_path):
+    model, out, cache = _unexportable_copy(tmp_path), tmp_path / "out", tmp_path / "cache"
+    proc = cli("deploy", str(model), "--board", "host", "-o", str(out), env={"EDGEINFER_CACHE_DIR": str(cache)})
+    _one_line_error(proc, 2, "board host: backend 'onnxruntime' exports", "qwen2, qwen3,", "not 'qwen3_moe'")
+    assert not out.exists() and not cache.exists(), "nothing may be converted"
+
+
+def test_plan_refuses_an_architecture_the_backend_does_not_export(tmp_path):
+    proc = cli("plan", str(_unexportable_copy(tmp_path)), "--board", "host")
+    _one_line_error(proc, 2, "board host: backend 'onnxruntime' exports", "qwen2, qwen3,", "not 'qwen3_moe'")
+    assert json.loads(cli("plan", str(model_dir()), "--board", "host", "--json").stdout)["model"]["architecture"] \
+        == "qwen3"  # the architecture it exports is planned
+
+
 @pytest.mark.parametrize("command", [["generate", "--prompt", "hi"], ["chat"]])
 def test_generate_and_chat_refuse_a_model_that_is_not_a_causal_lm(tmp_path, command):
     d = tmp_path / "bert"

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from edgeinfer.contract.decoder import Decoder
+from edgeinfer.contract.decoder import NativeDecoder, StepDecoder
 from edgeinfer.contract.generation import GenerationOptions
 from edgeinfer.run.generation.generator import Generator
 from edgeinfer.run.generation.text import TextCodec
@@ -27,7 +27,7 @@ def codec() -> TextCodec:
     return TextCodec(model_dir())
 
 
-class ScriptedSteps(Decoder):
+class ScriptedSteps(StepDecoder):
     """Logits that make greedy sampling pick ``script[n]`` at the n-th new token."""
 
     def __init__(self, script: Sequence[int], vocab: int):
@@ -50,10 +50,8 @@ class ScriptedSteps(Decoder):
         return self._next()[None]
 
 
-class ScriptedNative(Decoder):
+class ScriptedNative(NativeDecoder):
     """A runtime that runs its own loop: sends ``script`` until told to stop or max_new_tokens."""
-
-    native_loop = True
 
     def __init__(self, script: Sequence[int], vocab: int):
         super().__init__(context=512, vocab_size=vocab, kv_cache_bytes=0)

@@ -55,7 +55,7 @@ def test_onnx_given_to_a_backend_with_another_native_format_is_converted_once(ml
         assert s.backend_name == "openvino"
         np.testing.assert_allclose(s.run(mlp.feeds)["y"], mlp.reference(mlp.feeds)["y"], rtol=1e-4, atol=1e-5)
     irs = list((tmp_path / "cache").rglob("*.xml"))
-    assert len(irs) == 1 and stamp.read(irs[0])["scheme"] == edgeinfer.backend("openvino").default_scheme
+    assert len(irs) == 1 and stamp.read(irs[0])["scheme"] == edgeinfer.backend("openvino").tensors.default_scheme
     mtime = irs[0].stat().st_mtime_ns
     with edgeinfer.load(mlp.path, backend="openvino", device="CPU"):
         pass

@@ -60,7 +60,6 @@ class CountingBackend:
     def __init__(self, fail_segment: str | None = None):
         self.inner = plugins.get_backend("onnxruntime")
         self.name = "onnxruntime"
-        self.native_suffixes = self.inner.native_suffixes
         self.live = 0
         self.max_live = 0
         self.loads: list[str] = []

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.planning.boards import load_boards
-from edgeinfer.planning.models import catalog_names
+from edgeinfer.planning.models import catalog_names, resolve
 from edgeinfer.planning.planner import plan
 
 MODELS = catalog_names()
@@ -23,10 +25,13 @@ SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[Healt
 def test_random_configs_never_crash(model, board, quant, ctx, batch, kv):
     try:
         p = plan(model, board, quant=quant, ctx=ctx, batch=batch, kv_dtype=kv, suggest=False)
-    except EdgeInferError as e:  # the one refusal a valid configuration may meet: a scheme the board lacks
-        msg = e.one_line()
+    except EdgeInferError as e:  # the refusals a valid configuration may meet: a scheme the board lacks, or an
+        msg = e.one_line()  # architecture the board's backend does not export (planned on the runtime it deploys for)
         assert e.exit_code == 2 and "\n" not in msg
-        assert f"board {board} does not support" in msg and "(supported" in msg, msg
+        exported = re.fullmatch(rf"board {board}: backend '\w+' exports [\w, .-]+ decoders, not '([\w.-]+)'; .*", msg)
+        assert (f"board {board} does not support" in msg and "(supported" in msg) or exported, msg
+        if exported:
+            assert exported[1] == resolve(model).architecture, msg
         return
     d = p.to_dict()
     assert sum(d["memory"]["breakdown"].values()) == d["memory"]["total_bytes"]

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from edgeinfer.cli import cli
 from edgeinfer.cli.plan import plan_cmd
-from edgeinfer.errors import ModelError
+from edgeinfer.errors import InputError, ModelError
 from edgeinfer.planning import planner
 from edgeinfer.planning.models import catalog, resolve
 from edgeinfer.planning.models.hf import spec_from_config
@@ -184,10 +184,14 @@ def test_unsupported_architecture_with_safetensors_is_planned_approximately(tmp_
     per_layer = 2 * h * h + 2 * kv_dim * h + 3 * inter * h + h
     assert s.params_total == 2 * V * h + h + 3 * per_layer
     assert s.layers == 3 and s.kv_bytes_per_token(2.0) == 3 * 2 * kv_dim * 2  # K and V rows, fp16
-    p = planner.plan(str(tmp_path), "host", quant="fp16", ctx=100, kv_dtype="fp16")
-    assert p.breakdown["kv_cache"] == 3 * 2 * kv_dim * 2 * 100
+    # planned on RKLLM (rk3588's default runtime), not on a runtime whose export declares its architectures
+    p = planner.plan(str(tmp_path), "rk3588-8g", quant="w8a8", ctx=100, kv_dtype="fp16")
+    assert p.runtime == "rkllm" and p.breakdown["kv_cache"] == 3 * 2 * kv_dim * 2 * 100
     assert p.to_dict()["model"]["architecture"] == "futurenet (approximate)"
     assert any(w.startswith("approximate:") for w in p.warnings)
+    # the host's backend (onnxruntime-genai's builder) exports a list of architectures: futurenet is refused
+    with pytest.raises(InputError, match=r"^board host: backend 'onnxruntime' exports .*, not 'futurenet'; "):
+        planner.plan(str(tmp_path), "host", quant="fp16", ctx=100, kv_dtype="fp16")
     # no safetensors: still the one-line refusal naming the supported architectures
     (tmp_path / "model.safetensors").unlink()
     with pytest.raises(ModelError, match="supported: .*chatglm"):

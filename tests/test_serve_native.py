@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from edgeinfer.contract.decoder import Decoder
+from edgeinfer.contract.decoder import NativeDecoder
 from edgeinfer.contract.generation import GenerationOptions
 from edgeinfer.run.generation.generator import Generator
 from edgeinfer.run.generation.text import TextCodec
@@ -17,10 +17,8 @@ from edgeinfer.serve.decoder_native import NativeScheduler
 from edgeinfer.testing.llm import model_dir
 
 
-class ScriptedNativeStandIn(Decoder):
+class ScriptedNativeStandIn(NativeDecoder):
     """A runtime with its own loop: sends ``script`` until told to stop; a prompt of [0] makes it fail."""
-
-    native_loop = True
 
     def __init__(self, script: Sequence[int], vocab: int):
         super().__init__(context=512, vocab_size=vocab, kv_cache_bytes=0, slots=4)
@@ -59,7 +57,7 @@ def test_one_at_a_time_a_stop_string_stops_the_runtime_and_a_failure_spares_the_
     script = codec.encode("The cat sat on the mat. STOP and more")
     runtime = ScriptedNativeStandIn(script, codec.tokenizer.get_vocab_size())
     sched = NativeScheduler(Generator(runtime, codec))
-    assert sched.slots == 1  # no native_steps: one sequence at a time, whatever the decoder holds
+    assert sched.slots == 1  # not a BatchingDecoder: one sequence at a time, whatever the decoder holds
     opts = GenerationOptions(max_new_tokens=len(script))
     sched.add("a", codec.encode("Hi"), opts.with_(stop=("STOP",)))
     sched.add("b", [0], opts)

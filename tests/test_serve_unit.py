@@ -7,6 +7,7 @@ import pytest
 from helpers import HEAVY, edgeinfer, imported_modules
 
 from edgeinfer.contract.backend import TensorSpec
+from edgeinfer.contract.records import Placement
 from edgeinfer.errors import InputError
 from edgeinfer.serve.config import ServeConfig, api_key_from_env, parse_devices
 from edgeinfer.serve.placement import placement
@@ -108,14 +109,14 @@ def test_placement_core_rules():
     rule is tested in that plugin (plugins/*/tests/test_placement.py)."""
     from edgeinfer.contract import Backend
 
-    assert placement("no-such-backend", None) == ({}, None, {})
+    assert placement("no-such-backend", None) == Placement()
 
     class Plain(Backend):
         name = "plain"
 
-    assert Plain().placement("NPU") == ({}, "NPU", {})
-    assert Plain().placement("GPU.1") == ({}, "GPU.1", {})
-    assert Plain().placement("0") == ({}, None, {})
+    assert Plain().placement("NPU") == Placement(device="NPU")
+    assert Plain().placement("GPU.1") == Placement(device="GPU.1")
+    assert Plain().placement("0") == Placement()
 
 
 def test_tensor_parsing_checks_dtype_range_and_shape():

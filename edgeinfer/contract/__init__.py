@@ -1,9 +1,10 @@
-"""What a backend plugin imports: the hook specs, the Backend and Session base classes, tensor
-specs, stamps, the plugin registry, and what a plugin needs from the core besides — scheme names,
-measurement, generation options, the paging schedule, the conversion cache, progress and the core's
-version. The contract is the bottom layer: it imports no other room of the core, so a plugin that
-imports only ``edgeinfer.contract*``, ``edgeinfer.errors`` and ``edgeinfer.testing*`` depends on
-nothing the core may move. See docs/writing-a-backend.md for the whole contract."""
+"""What a backend plugin imports: the hook specs, the Backend and Session base classes, the decoder
+base classes, the records a backend declares and answers, tensor specs, stamps, the plugin registry,
+and what a plugin needs from the core besides — scheme names, measurement, generation options, the
+paging schedule, the conversion cache, progress and the core's version. The contract is the bottom
+layer: it imports no other room of the core, so a plugin that imports only ``edgeinfer.contract*``,
+``edgeinfer.errors`` and ``edgeinfer.testing*`` depends on nothing the core may move. See
+docs/writing-a-backend.md for the whole contract."""
 
 from edgeinfer.contract import cache, seal, stamp
 from edgeinfer.contract.backend import (
@@ -18,17 +19,19 @@ from edgeinfer.contract.backend import (
     TensorSpec,
     validate_feeds,
 )
-from edgeinfer.contract.decoder import Decoder, NativeStep
+from edgeinfer.contract.decoder import BatchingDecoder, Decoder, NativeDecoder, NativeStep, StepDecoder
 from edgeinfer.contract.generation import GenerationOptions
 from edgeinfer.contract.hookspecs import hookimpl
 from edgeinfer.contract.measure import current_rss_bytes, latency_stats, peak_rss_bytes, reset_peak_rss
+from edgeinfer.contract.records import Decoders, PagingLimit, Placement, Tensors
 from edgeinfer.contract.resources import Accelerator
 from edgeinfer.contract.schedule import Schedule
 from edgeinfer.contract.schemes import Scheme, known_schemes, normalize_scheme
 from edgeinfer.progress import Progress, verbose
 from edgeinfer.version import __version__
 
-__all__ = ["Accelerator", "Backend", "CalibrationSet", "Decoder", "FreeMemory", "GenerationOptions", "NativeStep",
-           "OpTime", "Probe", "Problem", "Profile", "Progress", "Schedule", "Scheme", "Session", "TensorSpec",
-           "__version__", "cache", "current_rss_bytes", "hookimpl", "known_schemes", "latency_stats",
+__all__ = ["Accelerator", "Backend", "BatchingDecoder", "CalibrationSet", "Decoder", "Decoders", "FreeMemory",
+           "GenerationOptions", "NativeDecoder", "NativeStep", "OpTime", "PagingLimit", "Placement", "Probe",
+           "Problem", "Profile", "Progress", "Schedule", "Scheme", "Session", "StepDecoder", "TensorSpec",
+           "Tensors", "__version__", "cache", "current_rss_bytes", "hookimpl", "known_schemes", "latency_stats",
            "normalize_scheme", "peak_rss_bytes", "reset_peak_rss", "seal", "stamp", "validate_feeds", "verbose"]

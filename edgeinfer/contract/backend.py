@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # numpy is imported where arrays are handled, so `edgeinfer p
 from edgeinfer.contract import remote_code, stamp
 from edgeinfer.contract.helpers import check_options, first_line, slowest_first
 from edgeinfer.contract.measure import latency_stats, peak_rss_bytes
+from edgeinfer.contract.records import Decoders, PagingLimit, Placement, Tensors
 from edgeinfer.contract.resources import Accelerator
 from edgeinfer.contract.schemes import normalize_scheme
 from edgeinfer.contract.tensors import TensorSpec, validate_feeds  # re-exported: the contract's public names
@@ -222,32 +223,14 @@ class Session:
 
 
 class Backend:
-    """One accelerator family. Subclasses set the class attributes and implement
-    :meth:`probe`, :meth:`convert` and :meth:`open`."""
+    """One accelerator family. Subclasses set ``name`` (and ``tensors`` / ``decoders``) and implement
+    :meth:`probe`, :meth:`convert` and :meth:`open` (or :meth:`open_decoder`)."""
 
     name: ClassVar[str]
-    #: file suffixes this backend loads natively (".onnx", ".xml", ".rknn", ...)
-    native_suffixes: ClassVar[tuple[str, ...]] = ()
-    #: model formats :meth:`convert` takes: "onnx", "hf" (a Hugging Face directory), "pt2"
-    source_formats: ClassVar[tuple[str, ...]] = ("onnx",)
-    #: schemes :meth:`convert` accepts, canonical names from :mod:`edgeinfer.planning.quant`
-    schemes: ClassVar[tuple[str, ...]] = ("fp32",)
-    #: scheme used when a non-native model is loaded directly (lossless or fp16)
-    default_scheme: ClassVar[str] = "fp32"
-    #: known gaps, as data: {"dynamic_shapes": "why"}; the conformance kit skips those cases
-    gaps: ClassVar[dict[str, str]] = {}
-    #: the ``**options`` :meth:`convert` / :meth:`open` take; the core refuses any other before calling them
-    convert_options: ClassVar[tuple[str, ...]] = ()
-    open_options: ClassVar[tuple[str, ...]] = ()
-    #: schemes :meth:`convert_decoder` produces, the preferred (deploy's default) first
-    decoder_schemes: ClassVar[tuple[str, ...]] = ()
-    #: the ``**options`` :meth:`open_decoder` / :meth:`convert_decoder` take; the core refuses any other.
-    #: deploy passes every backend ``target`` (the board's) when it converts a decoder
-    decoder_options: ClassVar[tuple[str, ...]] = ()
-    decoder_convert_options: ClassVar[tuple[str, ...]] = ("target",)
-    #: load options that make :meth:`open_decoder` give step primitives (logits) when its default is a
-    #: native loop: the decoder golden check compares logits
-    logits_options: ClassVar[dict[str, Any]] = {}
+    #: the tensors capability as data: native suffixes, source formats, schemes, options, known gaps
+    tensors: ClassVar[Tensors] = Tensors()
+    #: the decoders capability as data: deploy schemes, exportable architectures, options
+    decoders: ClassVar[Decoders] = Decoders()
     #: the Ray custom resource (edgeinfer/contract/resources.py) a bundle for a board needs, by the board's
     #: ``target`` or, when it has none, its ``family``: {"rk3588": "rk3588_npu"}; empty: not schedulable
     resource_names: ClassVar[dict[str, str]] = {}
@@ -278,8 +261,9 @@ class Backend:
         (``target``, ``inputs`` and ``outputs``: lists of TensorSpec) about it."""
         raise NotImplementedError
 
-    def open(self, artifact: Path, device: str | None, **options: Any) -> Session:
-        """Load a native artifact and return a Session on ``device``."""
+    def open(self, artifact: Path, device: str | None, stamp: Mapping[str, Any], **options: Any) -> Session:
+        """Load a native artifact and return a Session on ``device``; ``stamp`` is the artifact's stamp as
+        :meth:`load` read and checked it ({} for an unstamped file): do not read it again."""
         raise NotImplementedError
 
     def open_decoder(self, model: Path, device: str | None, context: int, slots: int, **options: Any) -> Decoder:
@@ -294,7 +278,7 @@ class Backend:
     ) -> dict[str, Any]:
         """Write this backend's decoder artifact for the Hugging Face causal LM ``model`` into the
         directory ``out`` (created by the core, empty), built for ``context`` positions in ``scheme``
-        (one of :attr:`decoder_schemes`, canonical name); ``calibration`` is text for data-aware weight
+        (one of ``decoders.schemes``, canonical name); ``calibration`` is text for data-aware weight
         compression (ignore it when the scheme needs none). Return stamp facts (``target`` and anything
         :meth:`open_decoder` needs back); :meth:`open_decoder` must accept ``out`` as its model.
         Optional: with :meth:`open_decoder` it makes the "decoder_deploy" capability that
@@ -317,16 +301,14 @@ class Backend:
         side = artifact.with_name(artifact.name + ".data")
         return [artifact, side] if side.exists() else [artifact]
 
-    def paging_limit(self, device: str | None) -> tuple[int | None, bool, str] | None:
-        """Limits of layer-paged execution on ``device``: (largest window or None, whether segments
-        may be loaded on a background thread, why), or None when there are none (the default)."""
+    def paging_limit(self, device: str | None) -> PagingLimit | None:
+        """Limits of layer-paged execution on ``device``, or None when there are none (the default)."""
         return None
 
-    def placement(self, entry: str) -> tuple[dict[str, str], str | None, dict[str, Any]]:
-        """What one ``serve --devices`` entry means for a worker process: (environment variables set
-        before the backend is imported, device passed to :meth:`load`, load options). Default: a name
-        (CPU, NPU, GPU.1) is the device, a bare index means the default device."""
-        return ({}, None, {}) if entry.isdigit() else ({}, entry, {})
+    def placement(self, entry: str) -> Placement:
+        """What one ``serve --devices`` entry means for a worker process. Default: a name (CPU, NPU,
+        GPU.1) is the device, a bare index means the default device."""
+        return Placement() if entry.isdigit() else Placement(device=entry)
 
     def check_device_entry(self, entry: str) -> None:
         """Raise :class:`InputError` when ``serve --devices`` entry ``entry`` means nothing here
@@ -350,14 +332,13 @@ class Backend:
         """Convert (and quantize) ``model`` to this backend's artifact at ``out``; stamp it."""
         src = _existing_file(model)
         remote_code.allowed(src)  # a model directory that names code of its own: refused unless trusted
-        parsed = normalize_scheme(scheme or self.default_scheme)
+        parsed = normalize_scheme(scheme or self.tensors.default_scheme)
         canonical = parsed.name  # e.g. "w4a16_g128"; convert() may call normalize_scheme for the group size
-        if parsed.family not in self.schemes:
-            raise InputError(
-                f"backend {self.name!r} cannot produce scheme {canonical!r}; it supports: {', '.join(self.schemes)}"
-            )
-        check_options(options, self.convert_options, f"backend {self.name!r} convert")
-        dst = Path(out) if out is not None else src.with_suffix(self.native_suffixes[0])
+        if parsed.family not in self.tensors.schemes:
+            raise InputError(f"backend {self.name!r} cannot produce scheme {canonical!r}; it supports: "
+                             f"{', '.join(self.tensors.schemes)}")
+        check_options(options, self.tensors.convert_options, f"backend {self.name!r} convert")
+        dst = Path(out) if out is not None else src.with_suffix(self.tensors.native[0])
         dst.parent.mkdir(parents=True, exist_ok=True)
         partial = [dst, stamp.stamp_path(dst)]
         for p in partial:
@@ -382,10 +363,10 @@ class Backend:
             raise BackendUnavailableError(f"backend {self.name!r} cannot convert decoder (language) models: it "
                                           "implements no convert_decoder", "deploy for a board whose backend does")
         scheme, family = normalize_scheme(scheme).name, normalize_scheme(scheme).family
-        if family not in self.decoder_schemes:
+        if family not in self.decoders.schemes:
             raise InputError(f"backend {self.name!r} cannot convert decoders to {scheme!r}; it supports: "
-                             f"{', '.join(self.decoder_schemes)}")
-        check_options(options, self.decoder_convert_options, f"backend {self.name!r} decoder conversion")
+                             f"{', '.join(self.decoders.schemes)}")
+        check_options(options, self.decoders.convert_options, f"backend {self.name!r} decoder conversion")
         remote_code.allowed(model)  # before the backend's loaders see it, whatever they pass on
         out.mkdir(parents=True)
         try:
@@ -407,22 +388,12 @@ class Backend:
         path = Path(artifact)
         if not path.exists():
             raise InputError(f"model file not found: {path}")
-        check_options(options, self.open_options, f"backend {self.name!r}")
-        stamps = self.__dict__.setdefault("_stamps", {})  # per path: paged sessions load on two threads
-        stamps[path] = stamp.check(path, backend=self, device=device) or {}
+        check_options(options, self.tensors.open_options, f"backend {self.name!r}")
+        stamped = stamp.check(path, backend=self, device=device) or {}
         t0 = time.perf_counter()
-        try:
-            session = self._opened(path.name, self.open, path, device, **options)
-        finally:
-            stamps.pop(path, None)
+        session = self._opened(path.name, self.open, path, device, stamped, **options)
         session.load_ms = (time.perf_counter() - t0) * 1e3
         return session
-
-    def stamp_facts(self, artifact: Path) -> dict[str, Any]:
-        """The stamp of ``artifact`` ({} when it has none), as :meth:`load` read and checked it before calling
-        :meth:`open`; for ``open`` to use instead of reading the stamp again."""
-        known = self.__dict__.get("_stamps", {}).get(artifact)
-        return known if known is not None else (stamp.read(artifact) or {})
 
     def load_decoder(
         self, model: str | os.PathLike[str], device: str | None = None, context: int = 2048, slots: int = 1,
@@ -435,7 +406,7 @@ class Backend:
         for name, value in (("context", context), ("slots", slots)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InputError(f"{name} must be a positive integer, got {value!r}")
-        check_options(options, self.decoder_options, f"backend {self.name!r} decoder")
+        check_options(options, self.decoders.options, f"backend {self.name!r} decoder")
         remote_code.allowed(path)
         built = (stamp.read(path) or {}).get("context")  # an artifact of convert_decoder: its context is a limit
         if isinstance(built, int) and context > built:
@@ -461,7 +432,7 @@ class Backend:
 
     def is_native(self, path: Path) -> bool:
         """Whether :meth:`load` takes ``path`` as it is (by suffix); other files are converted first."""
-        return path.suffix.lower() in self.native_suffixes
+        return path.suffix.lower() in self.tensors.native
 
 
 def _existing_file(path: str | os.PathLike[str]) -> Path:

@@ -1,20 +1,23 @@
 """The decoder contract: what a backend gives the core to generate text.
 
-A backend implements either the **step primitives** (``prefill``, ``decode``,
-``reset``) against a KV cache it owns, sized once at load for ``context``
-positions × ``slots`` sequences, and the core runs the loop; or a **native loop**
-(``native_loop = True`` and ``generate_native``), driven with the same options and
-reporting the same metrics. ``edgeinfer.testing.decoder_conformance`` checks both. A native loop
-that batches continuously (``native_steps``) also takes requests one at a time between its steps
-(``add_request`` / ``step_requests`` / ``cancel_request``), which is how ``edgeinfer serve`` drives it.
+``open_decoder`` returns one of two kinds of :class:`Decoder`:
 
+- a :class:`StepDecoder` gives the **step primitives** (``prefill``, ``decode``, ``reset``) against a KV
+  cache it owns, sized once at load for ``context`` positions × ``slots`` sequences; the core runs the loop;
+- a :class:`NativeDecoder` runs the **runtime's own loop** (``generate_native``: OpenVINO GenAI pipelines,
+  RKLLM), driven with the same options and reporting the same metrics. One that batches continuously is a
+  :class:`BatchingDecoder`: it also takes requests one at a time between its steps (``add_request`` /
+  ``step_requests`` / ``cancel_request``), which is how ``edgeinfer serve`` drives it.
+
+The core tells them apart with ``isinstance``. ``edgeinfer.testing.decoder_conformance`` checks both.
 Token ids cross the boundary as ``int64`` NumPy arrays, logits as ``float32``.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     import numpy as np
@@ -33,10 +36,8 @@ class NativeStep(NamedTuple):
 
 
 class Decoder:
-    """One decoder model loaded on one device, with its KV cache allocated."""
-
-    #: True when the backend runs the whole loop itself (``generate_native``)
-    native_loop: ClassVar[bool] = False
+    """One decoder model loaded on one device, with its KV cache allocated: the facts the loop and the
+    metrics read. A backend returns a :class:`StepDecoder` or a :class:`NativeDecoder`, never this class."""
 
     backend_name: str = ""
 
@@ -49,55 +50,6 @@ class Decoder:
         self.prefill_chunk = prefill_chunk  # most tokens one prefill call takes; None: any
         self.device = device
         self._closed = False
-
-    # --- step primitives ---------------------------------------------------------------------
-    def prefill(self, slot: int, token_ids: np.ndarray) -> np.ndarray:
-        """Append ``token_ids`` (1-D) to ``slot``'s cache; return the last position's logits (vocab,)."""
-        raise NotImplementedError
-
-    def decode(self, slots: Sequence[int], token_ids: np.ndarray) -> np.ndarray:
-        """Append one token per slot (``token_ids[i]`` to ``slots[i]``); return logits (len(slots), vocab)."""
-        raise NotImplementedError
-
-    def reset(self, slot: int) -> None:
-        """Forget ``slot``'s sequence; its cache positions are reused from 0."""
-        raise NotImplementedError
-
-    # --- native loop -------------------------------------------------------------------------
-    def generate_native(
-        self, prompt_ids: Sequence[int], options: GenerationOptions, on_token: Callable[[int], bool]
-    ) -> dict[str, Any]:
-        """Generate from ``prompt_ids``, calling ``on_token(id)`` per new token (False: stop now).
-        Return the runtime's own metrics in edgeinfer's names (``ttft_ms``, ``tpot_ms`` ...)."""
-        raise NotImplementedError
-
-    def generate_native_batch(
-        self, requests: Sequence[tuple[Sequence[int], GenerationOptions]], on_token: Callable[[int, int], bool]
-    ) -> list[dict[str, Any]]:
-        """Optional, for native-loop backends loaded with ``slots > 1``: generate for all
-        ``requests`` (prompt ids, options) at once, calling ``on_token(i, id)`` per new token of
-        request ``i`` (False: stop request ``i`` only). Return one metrics dict per request, as
-        :meth:`generate_native` does."""
-        raise NotImplementedError
-
-    # --- native loop, request by request (optional) --------------------------------------------
-    @property
-    def native_steps(self) -> bool:
-        """True when the native loop takes and drops requests at its step boundaries (continuous
-        batching): ``add_request`` / ``step_requests`` / ``cancel_request`` below."""
-        return False
-
-    def add_request(self, rid: str, prompt_ids: Sequence[int], options: GenerationOptions) -> None:
-        """Queue a generation; it joins the running batch at the runtime's next step."""
-        raise NotImplementedError
-
-    def step_requests(self) -> list[NativeStep]:
-        """Run one step of every running request; report each request that moved or ended."""
-        raise NotImplementedError
-
-    def cancel_request(self, rid: str) -> None:
-        """End ``rid`` now and free its KV cache; it is reported no more."""
-        raise NotImplementedError
 
     # --- optional --------------------------------------------------------------------------
     def op_times(self, phase: str, token_ids: np.ndarray) -> list[OpTime]:
@@ -115,3 +67,47 @@ class Decoder:
     @property
     def closed(self) -> bool:
         return self._closed
+
+
+class StepDecoder(Decoder, ABC):
+    """A decoder the core steps: it owns the KV cache, the core owns the loop (sampling, stopping)."""
+
+    @abstractmethod
+    def prefill(self, slot: int, token_ids: np.ndarray) -> np.ndarray:
+        """Append ``token_ids`` (1-D) to ``slot``'s cache; return the last position's logits (vocab,)."""
+
+    @abstractmethod
+    def decode(self, slots: Sequence[int], token_ids: np.ndarray) -> np.ndarray:
+        """Append one token per slot (``token_ids[i]`` to ``slots[i]``); return logits (len(slots), vocab)."""
+
+    @abstractmethod
+    def reset(self, slot: int) -> None:
+        """Forget ``slot``'s sequence; its cache positions are reused from 0."""
+
+
+class NativeDecoder(Decoder, ABC):
+    """A decoder whose runtime runs the whole generation loop itself."""
+
+    @abstractmethod
+    def generate_native(
+        self, prompt_ids: Sequence[int], options: GenerationOptions, on_token: Callable[[int], bool]
+    ) -> dict[str, Any]:
+        """Generate from ``prompt_ids``, calling ``on_token(id)`` per new token (False: stop now).
+        Return the runtime's own metrics in edgeinfer's names (``ttft_ms``, ``tpot_ms`` ...)."""
+
+
+class BatchingDecoder(NativeDecoder):
+    """A native loop that batches continuously: it takes and drops requests at its step boundaries.
+    Without it, ``edgeinfer serve`` runs ``generate_native`` one request at a time."""
+
+    @abstractmethod
+    def add_request(self, rid: str, prompt_ids: Sequence[int], options: GenerationOptions) -> None:
+        """Queue a generation; it joins the running batch at the runtime's next step."""
+
+    @abstractmethod
+    def step_requests(self) -> list[NativeStep]:
+        """Run one step of every running request; report each request that moved or ended."""
+
+    @abstractmethod
+    def cancel_request(self, rid: str) -> None:
+        """End ``rid`` now and free its KV cache; it is reported no more."""

@@ -19,6 +19,7 @@ import pluggy
 from edgeinfer.contract import hookspecs
 from edgeinfer.contract.backend import Backend
 from edgeinfer.contract.names import BUNDLED_PLUGINS
+from edgeinfer.contract.records import Decoders, Tensors
 from edgeinfer.errors import BackendUnavailableError
 
 GROUP = "edgeinfer"
@@ -79,7 +80,8 @@ class Registry:
 
     @property
     def backends(self) -> dict[str, BackendEntry]:
-        """Backends by name, registered on first use (``plan`` and ``--help`` never need them)."""
+        """Backends by name, registered on first use (``--help`` never needs them; ``plan`` only for a decoder
+        planned on its board's backend runtime, to read the architectures the backend exports)."""
         if self._backends is None:
             self._backends = {}
             for name, info, impl in self._impls("register_backends"):
@@ -129,6 +131,10 @@ def contract_problem(cls: Any) -> str | None:
         return f"{cls!r} is not a subclass of edgeinfer.contract.backend.Backend"
     if not isinstance(getattr(cls, "name", None), str) or not cls.name:
         return f"backend class {cls.__name__} does not set `name`"
+    for attr, record in (("tensors", Tensors), ("decoders", Decoders)):
+        if not isinstance(getattr(cls, attr), record):
+            return (f"backend {cls.name!r}: `{attr}` must be a {record.__name__}(...) record "
+                    f"(edgeinfer.contract), not {getattr(cls, attr)!r}")
     for method in Backend.REQUIRED:
         if getattr(cls, method) is getattr(Backend, method):
             return f"backend {cls.name!r} does not implement required method `{method}`"

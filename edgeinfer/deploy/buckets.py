@@ -168,7 +168,7 @@ def build(backend: Any, dynamic_model: Path, work: Path, scheme: str, shapes: li
               "golden": {k: {"cosine_min": v["cosine_min"], "max_abs_error": v["max_abs_error"]}
                          for k, v in primary_golden.get("outputs", {}).items() if "cosine_min" in v}}]
     for b, s in progress.track([x for x in shapes if x != primary], "converting buckets"):
-        rel = f"buckets/{b}x{s}/model{backend.native_suffixes[0]}"
+        rel = f"buckets/{b}x{s}/model{backend.tensors.native[0]}"
         cal = CalibrationSet(regroup(calib, b, s)) if calib else None
         opts = {**convert_opts, "shapes": shapes_for(dynamic_specs, b, s)}
         backend.quantize(dynamic_model, scheme, cal, work / rel, **opts)

@@ -1,6 +1,7 @@
 """``edgeinfer deploy`` of a causal language model: one Hugging Face decoder → a checked decoder bundle.
 
-plan at the asked context (refuse what does not fit) → the board's backend ``convert_decoder``
+plan at the asked context (refuse what does not fit, and an architecture the backend does not export:
+``Backend.decoders.architectures``) → the board's backend ``convert_decoder``
 (cached: :mod:`edgeinfer.contract.cache`) → golden check of the converted decoder against the fp32
 transformers reference, greedy (:mod:`edgeinfer.run.generation.golden`) → a sealed bundle
 (:mod:`edgeinfer.model.decoder_bundle`). Nothing is written at ``-o`` unless the check passes, or the
@@ -114,7 +115,7 @@ def deploy_decoder(
     if calibration is not None and scheme in ("fp32", "fp16", "bf16"):
         warnings.append(f"--calib is not used for {scheme}: nothing is quantized")
 
-    # 1. plan first: refuse what does not fit before converting anything
+    # 1. plan first: refuse what does not fit, or an architecture the backend does not export, before converting
     with progress.step(f"planning {hf_dir.name} on {b.name} at ctx {context}"):
         plan = plan_or_refuse(hf_dir, b, scheme, context, runtime, force, warnings)
 
@@ -185,7 +186,7 @@ def choose_runtime(b: Board, backend: Backend, asked: str | None, options: dict[
     if asked not in decoders:
         raise InputError(f"--runtime {asked}: board {b.name} runs decoders with {', '.join(decoders)}; pass one "
                          "of those")
-    if asked != own and "runtime" not in backend.decoder_convert_options:
+    if asked != own and "runtime" not in backend.decoders.convert_options:
         raise InputError(f"--runtime {asked}: board {b.name}'s backend {backend.name} deploys decoders for "
                          f"runtime {own} only; omit --runtime")
     return asked
@@ -200,11 +201,11 @@ def choose_scheme(b: Board, backend: Backend, quant: str | None, runtime: str) -
             "no convert_decoder",
             "deploy for another board, e.g. --board host; docs/writing-a-backend.md says what a backend adds")
     listed = {normalize_scheme(s).family for s in b.runtimes[runtime].schemes}
-    ok = [s for s in backend.decoder_schemes if normalize_scheme(s).family in listed]
+    ok = [s for s in backend.decoders.schemes if normalize_scheme(s).family in listed]
     if not ok:
         raise BackendUnavailableError(
             f"board {b.name} lists no scheme that {backend.name} converts decoders to "
-            f"(board: {', '.join(sorted(listed))}; {backend.name}: {', '.join(backend.decoder_schemes)})")
+            f"(board: {', '.join(sorted(listed))}; {backend.name}: {', '.join(backend.decoders.schemes)})")
     if quant is None:
         return ok[0]
     s = normalize_scheme(quant)
@@ -338,7 +339,8 @@ def check_golden(hf_dir: Path, work: Path, backend: Backend, scheme: str, contex
             recorded += golden.record(reference, [p], n)
     with progress.step(f"golden check on {backend.name}"):
         check_decoder_fits(backend, work / decoder_bundle.ARTIFACT, None, context, 1, scheme)
-        decoder = backend.load_decoder(work / decoder_bundle.ARTIFACT, context=context, **backend.logits_options)
+        decoder = backend.load_decoder(work / decoder_bundle.ARTIFACT, context=context,
+                                       **backend.decoders.logits_options)
         with Generator(decoder, codec) as candidate:
             report = judge(candidate, recorded, n, scheme, golden.thresholds_for(scheme), threshold)
     return report, recorded
@@ -374,7 +376,7 @@ def golden_bundle(path: str | os.PathLike[str], device: str | None = None,
     n = before.get("new_tokens") or max(len(r.token_ids) for r in recorded)
     backend = plugins.get_backend(b.manifest.backend)
     with run_bundle.open_generator(b, device=device, trust_remote_code=trust_remote_code,
-                                       **backend.logits_options) as candidate:
+                                       **backend.decoders.logits_options) as candidate:
         report = judge(candidate, recorded, int(n), b.manifest.scheme, t, min_cosine)
     report["bundle"] = str(b.path)
     return report

@@ -248,7 +248,7 @@ def deploy(
         warnings.append(f"deploying although the plan says it does not fit: {'; '.join(the_plan.reasons)}")
 
     # 2. reference model (fp32 ONNX on onnxruntime) and the input specs the board will see
-    static = "dynamic_shapes" in backend.gaps or board_target(b) == "npu"
+    static = "dynamic_shapes" in backend.tensors.gaps or board_target(b) == "npu"
     if src.kind == "pt2":
         raise InputError("deploying a .pt2 program has no ONNX reference for the golden check; deploy the HF "
                          "directory")
@@ -318,7 +318,7 @@ def deploy(
 def _build(src, b, backend, scheme, work, ref_path, reference, specs, shapes_used, calib_samples, held,
            threshold, the_plan, tokenize, seq, options, progress, layout, bucketing=None) -> Manifest:
     """Convert into ``work``, run the golden check, and write the bundle there; raise if the check fails."""
-    convert_input = src.path if src.kind in backend.source_formats else ref_path
+    convert_input = src.path if src.kind in backend.tensors.sources else ref_path
     convert_opts = {"target": board_target(b), **(options or {})}
     if convert_input == ref_path and shapes_used:
         convert_opts.setdefault("shapes", shapes_used)
@@ -330,7 +330,7 @@ def _build(src, b, backend, scheme, work, ref_path, reference, specs, shapes_use
             artifacts = deploy_segments(backend, convert_input, work, scheme, cal_set, layout.get("segments"),
                                         layout.get("cuts"), **convert_opts)
         else:
-            artifacts = [work / ("model" + backend.native_suffixes[0])]
+            artifacts = [work / ("model" + backend.tensors.native[0])]
             backend.quantize(convert_input, scheme, cal_set, artifacts[0], **convert_opts)
     artifact = artifacts[0]
     paging_spec = {"window": layout["window"], "prefetch": True} if layout else None
@@ -423,7 +423,7 @@ def _paging_layout(window: int | None, segments: int | None, cuts: list[str] | N
         raise InputError(f"--paging must be at least 1 segment, got {window}")
     if segments and cuts:
         raise InputError("give either --segments N or --cut TENSOR ..., not both")
-    if "onnx" not in backend.source_formats:
+    if "onnx" not in backend.tensors.sources:
         raise InputError(f"paging splits ONNX models; backend {backend.name!r} does not convert ONNX")
     return {"window": window, "segments": segments, "cuts": list(cuts or []) or None}
 

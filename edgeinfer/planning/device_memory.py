@@ -24,7 +24,7 @@ def check_decoder_fits(backend: Backend, model: Path, device: str | None, contex
     free = backend.free_memory(device)
     if free is None:
         return
-    name = scheme or (backend.decoder_schemes[0] if backend.decoder_schemes else backend.default_scheme)
+    name = scheme or (backend.decoders.schemes[0] if backend.decoders.schemes else backend.tensors.default_scheme)
     sch = normalize_scheme(name)
     try:
         from edgeinfer.planning.models import resolve
@@ -91,7 +91,7 @@ def shortfall(free: FreeMemory, need: dict[str, int], *, context: int, slots: in
 
 def _smaller_schemes(backend: Backend, scheme: Scheme) -> list[str]:
     """The backend's decoder schemes that store fewer bits per weight than ``scheme``, fewest first."""
-    known = [normalize_scheme(s) for s in backend.decoder_schemes]
+    known = [normalize_scheme(s) for s in backend.decoders.schemes]
     return [s.name for s in sorted(known, key=lambda s: s.bpw) if s.bpw < scheme.bpw]
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from edgeinfer.contract.schemes import Scheme, normalize_scheme
 from edgeinfer.errors import InputError
 from edgeinfer.planning.boards import GIB, Board, get_board, load_boards
+from edgeinfer.planning.exportable import refuse_unexportable
 from edgeinfer.planning.models import resolve
 from edgeinfer.planning.models.spec import ModelSpec
 from edgeinfer.planning.paging import PagedPlan, paged_plan, paged_runtime, suggest_window
@@ -368,6 +369,7 @@ def plan(model, board, quant: str | None = None, ctx: int = 4096, batch: int = 1
     spec = model if isinstance(model, ModelSpec) else resolve(model)
     b = get_board(board, extra=extra_boards)
     rt_name, scheme = choose_runtime(b, spec, quant, runtime or paged_runtime(b, spec, paging))
+    refuse_unexportable(spec, b, rt_name)
     prof = runtime_profile(rt_name)
     kvd = kv_dtype or prof.get("kv_dtype", "fp16")
     kv_b = kv_bytes_per_element(kvd)

@@ -73,14 +73,13 @@ class PagedSession(Session):
         self._backend, self._paths, self._device, self._options = backend, paths, device, options
         limit = backend.paging_limit(device)
         if limit is not None:
-            max_window, background_ok, why = limit
-            if max_window is not None and window > max_window:
-                self._notes.append(f"window {window} reduced to {max_window}: {why}")
-                window = max_window
+            if limit.max_window is not None and window > limit.max_window:
+                self._notes.append(f"window {window} reduced to {limit.max_window}: {limit.why}")
+                window = limit.max_window
                 if resident_prefix is not None:
                     resident_prefix = min(resident_prefix, max(0, window - 1))
-            if prefetch and not background_ok:
-                self._notes.append(f"prefetch off: {why}")
+            if prefetch and not limit.background:
+                self._notes.append(f"prefetch off: {limit.why}")
                 prefetch = False
         self._sched = Schedule(n, window, prefetch, resident_prefix)
         if prefetch and not self._sched.prefetch and window < n:

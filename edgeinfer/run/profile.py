@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from edgeinfer.contract.backend import OpTime, Session, TensorSpec, latency_stats
-from edgeinfer.contract.decoder import Decoder
+from edgeinfer.contract.decoder import Decoder, NativeDecoder
 from edgeinfer.errors import BackendError, EdgeInferError, InputError
 from edgeinfer.run.generation.generator import Generator
 
@@ -99,14 +99,15 @@ def profile_decoder(gen: Generator, model: Path, top: int, repeat: int, prompt_l
     d = gen.decoder
     n = _prompt_length(d, repeat, prompt_length)
     ids = np.asarray(prompt_of_length(gen.codec, n), dtype=np.int64)
-    if d.native_loop:
+    native = isinstance(d, NativeDecoder)
+    if native:
         phases = _native_latencies(gen, ids, repeat)
     else:
         phases = {"prefill": _prefill_latency(d, ids, repeat), "decode": _decode_latency(d, ids, repeat)}
     no_ops = _no_ops_reason(d.backend_name, type(d).op_times is Decoder.op_times)
     for phase in PHASES:
         phases[phase].update(_ops_json(_call(d, "op_times", phase, ids), top, no_ops))
-    if not d.native_loop:
+    if not native:
         _call(d, "reset", 0)
     return {
         "kind": "decoder",

@@ -73,7 +73,7 @@ def deploy_segments(
         infos = split_onnx(model_path, tmp, segments=segments, cuts=cuts, shapes=shapes)
         out.mkdir(parents=True, exist_ok=True)  # only once the split is known to work
         calib = _segment_calibration([i.path for i in infos], calibration, []) if calibration is not None else None
-        suffix = backend.native_suffixes[0] if backend.native_suffixes else ".onnx"
+        suffix = backend.tensors.native[0] if backend.tensors.native else ".onnx"
         paths = []
         for info in infos:
             dst = out / f"segment_{info.index:02d}{suffix}"

@@ -1,6 +1,6 @@
-"""Serving a decoder whose backend runs its own generation loop (``Decoder.native_loop``).
+"""Serving a decoder whose backend runs its own generation loop (a ``NativeDecoder``).
 
-A runtime that batches continuously itself (``Decoder.native_steps``, e.g. OpenVINO GenAI's
+A runtime that batches continuously itself (a ``BatchingDecoder``, e.g. OpenVINO GenAI's
 ContinuousBatchingPipeline) is driven request by request: a new sequence is added, and a cancelled
 one dropped, between two of its steps, as :class:`~.llm_scheduler.Scheduler` does over step
 decoders. Any other native loop (a static NPU pipeline, one sequence at a time) runs its
@@ -18,7 +18,7 @@ import queue
 import threading
 from typing import Any
 
-from edgeinfer.contract.decoder import Decoder, NativeStep
+from edgeinfer.contract.decoder import BatchingDecoder, NativeDecoder, NativeStep
 from edgeinfer.contract.generation import GenerationOptions
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.run.generation.generator import Answer, Generator
@@ -31,12 +31,12 @@ NO_LOGPROBS = "logprobs: this model's backend runs its own generation loop and d
 
 
 class OneAtATime:
-    """A native loop that runs one sequence at a time, behind the ``native_steps`` API: each request's
+    """A native loop that runs one sequence at a time, behind the ``BatchingDecoder`` API: each request's
     ``generate_native`` runs in a thread, the others wait their turn; a cancel stops it at its next token."""
 
     slots = 1
 
-    def __init__(self, decoder: Decoder):
+    def __init__(self, decoder: NativeDecoder):
         self.decoder = decoder
         self.pending: collections.deque[tuple[str, list[int], GenerationOptions]] = collections.deque()
         self.current: str | None = None
@@ -105,8 +105,8 @@ class NativeScheduler:
     def __init__(self, generator: Generator):
         self.generator = generator
         d = generator.decoder
-        self.runtime: Any = d if d.native_steps else OneAtATime(d)
-        self.slots = d.slots if d.native_steps else OneAtATime.slots
+        self.runtime: BatchingDecoder | OneAtATime = d if isinstance(d, BatchingDecoder) else OneAtATime(d)
+        self.slots = d.slots if isinstance(d, BatchingDecoder) else OneAtATime.slots
         self.chunk = d.prefill_chunk  # the runtime chunks its prefill itself
         self._answers: dict[str, tuple[Answer, GenerationOptions]] = {}
         self._ended: list[Event] = []

@@ -25,11 +25,12 @@ def load_generator(path: str, backend: str, entry: str | None, context: int, slo
     from edgeinfer.contract import registry
     from edgeinfer.run.loading import load
 
-    env, device, options = placement(backend, entry)
-    os.environ.update(env)
-    if threads is not None and "threads" in registry.get_backend(backend).decoder_options:
-        options = {**options, "threads": threads}
-    return load(path, device=device, ctx=context, slots=slots, **options)
+    placed = placement(backend, entry)
+    os.environ.update(placed.env)
+    options = dict(placed.options)
+    if threads is not None and "threads" in registry.get_backend(backend).decoders.options:
+        options["threads"] = threads
+    return load(path, device=placed.device, ctx=context, slots=slots, **options)
 
 
 def llm_worker_main(conn: Any, path: str, backend: str, entry: str | None, context: int, slots: int,
@@ -38,17 +39,19 @@ def llm_worker_main(conn: Any, path: str, backend: str, entry: str | None, conte
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # not lowered like the embedding workers (workers.lower_priority): every stream waits on this process's
     # steps, and a step is short, so the HTTP process gets the CPU between two of them anyway
+    from edgeinfer.contract.decoder import NativeDecoder
     from edgeinfer.contract.generation import GenerationOptions
     from edgeinfer.serve.decoder_native import NativeScheduler
     from edgeinfer.serve.decoder_scheduler import Scheduler
 
     try:
         gen = load_generator(path, backend, entry, context, slots, threads)
-        sched = NativeScheduler(gen) if gen.decoder.native_loop else Scheduler(gen, prefill_chunk)
         d = gen.decoder
+        native = isinstance(d, NativeDecoder)
+        sched = NativeScheduler(gen) if native else Scheduler(gen, prefill_chunk)
         conn.send(("ready", {"pid": os.getpid(), "device": d.device, "slots": sched.slots, "context": d.context,
                              "kv_cache_bytes": d.kv_cache_bytes, "prefill_chunk": sched.chunk,
-                             "native_loop": bool(d.native_loop)}))
+                             "native_loop": native}))
     except Exception as e:  # noqa: BLE001
         try:
             conn.send(("fatal", one_line(e)))

@@ -4,16 +4,16 @@ contract: :meth:`~edgeinfer.contract.Backend.placement` and ``check_device_entry
 from __future__ import annotations
 
 import re
-from typing import Any
 
+from edgeinfer.contract.records import Placement
 from edgeinfer.errors import InputError
 
 
-def placement(backend: str, entry: str | None) -> tuple[dict[str, str], str | None, dict[str, Any]]:
-    """``(environment, device, load options)`` of the worker for ``--devices`` entry ``entry``: what
+def placement(backend: str, entry: str | None) -> Placement:
+    """The environment, device and load options of the worker for ``--devices`` entry ``entry``: what
     the backend's :meth:`~edgeinfer.contract.Backend.placement` says (docs/writing-a-backend.md)."""
     if entry is None:
-        return {}, None, {}
+        return Placement()
     from edgeinfer.contract import registry
 
     return registry.get_backend(backend).placement(entry)

@@ -186,9 +186,9 @@ def worker_main(conn: Any, index: int, entry: str | None, bundles: list[tuple[st
     try:
         for name, path in bundles:
             bundle = Bundle.open(path)
-            env, device, options = placement(bundle.manifest.backend, entry)
-            os.environ.update(env)
-            session = run_bundle.open_session(bundle, device=device, **options)
+            placed = placement(bundle.manifest.backend, entry)
+            os.environ.update(placed.env)
+            session = run_bundle.open_session(bundle, device=placed.device, **placed.options)
             session.run(_warm_feeds(bundle, session))
             loaded[name] = (bundle, session)
         conn.send(("ready", {"pid": os.getpid(), "devices": {n: s.device for n, (_, s) in loaded.items()}}))

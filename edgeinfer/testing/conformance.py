@@ -9,7 +9,7 @@ Usage, in a plugin's tests::
         quantize_options = {"target": "rk3588"}   # passed to Backend.quantize
         pass_shapes = True                          # add shapes={input: shape} from the feeds
 
-Known gaps are data on the Backend class (``gaps = {"dynamic_shapes": "why"}``);
+Known gaps are data on the Backend class (``tensors = Tensors(gaps={"dynamic_shapes": "why"})``);
 the kit skips the matching cases with that reason. Gap keys: see ``GAP_KEYS``.
 """
 
@@ -27,6 +27,7 @@ import edgeinfer
 from edgeinfer.contract import registry as plugins
 from edgeinfer.contract import stamp
 from edgeinfer.contract.backend import Backend, Probe, Profile, Session
+from edgeinfer.contract.records import PagingLimit, Placement
 from edgeinfer.errors import EdgeInferError, FeedError, InputError
 from edgeinfer.testing import models as kit_models
 
@@ -55,28 +56,28 @@ class _Kit:
     @property
     def takes_pt2(self) -> bool:
         """Backends that convert torch.export programs, not ONNX, get the kit models as .pt2."""
-        return "onnx" not in self.backend.source_formats and "pt2" in self.backend.source_formats
+        return "onnx" not in self.backend.tensors.sources and "pt2" in self.backend.tensors.sources
 
     def source(self, name: str) -> Path:
         if name not in self.sources:
             m = self.models[name]
             if self.takes_pt2:
                 self.sources[name] = kit_models.export_pt2(m, self.root / "models")
-            elif "onnx" in self.backend.source_formats:
+            elif "onnx" in self.backend.tensors.sources:
                 self.sources[name] = m.path
             else:
-                pytest.skip(f"backend converts {self.backend.source_formats}; the kit has ONNX and .pt2 models")
+                pytest.skip(f"backend converts {self.backend.tensors.sources}; the kit has ONNX and .pt2 models")
         return self.sources[name]
 
     def gap(self, model: str) -> None:
         key = self.models[model].gap
-        if key and key in self.backend.gaps:
-            pytest.skip(f"declared gap {key}: {self.backend.gaps[key]}")
+        if key and key in self.backend.tensors.gaps:
+            pytest.skip(f"declared gap {key}: {self.backend.tensors.gaps[key]}")
 
     def artifact(self, name: str) -> Path:
         if name not in self.artifacts:
             m = self.models[name]
-            out = self.root / "artifacts" / (name + self.backend.native_suffixes[0])
+            out = self.root / "artifacts" / (name + self.backend.tensors.native[0])
             self.artifacts[name] = self.backend.quantize(
                 self.source(name), self.suite.scheme, None, out, **self.suite.options_for(m)
             )
@@ -94,8 +95,8 @@ class _Kit:
         """A 6-block deep stack split into 3 segments, each converted by this backend (once per class)."""
         from edgeinfer.run.segments import deploy_segments
 
-        if "onnx" not in self.backend.source_formats:
-            pytest.skip(f"backend converts {self.backend.source_formats}; paged deploys split ONNX models")
+        if "onnx" not in self.backend.tensors.sources:
+            pytest.skip(f"backend converts {self.backend.tensors.sources}; paged deploys split ONNX models")
         if self._segments is None:
             self.close()  # some runtimes hold one model per process
             model = kit_models.deep_stack(self.root / "deep.onnx", layers=6, batch=2)
@@ -154,7 +155,7 @@ class BackendConformance:
         assert entry.plugin.distribution not in ("", "?"), "backend must come from an installed distribution"
         assert type(backend).name == self.backend_name
         assert plugins.contract_problem(type(backend)) is None
-        for key in backend.gaps:
+        for key in backend.tensors.gaps:
             assert key in GAP_KEYS, f"unknown gap key {key!r}; known: {sorted(GAP_KEYS)}"
 
     def test_probe_fields(self, backend: Backend) -> None:
@@ -231,7 +232,7 @@ class BackendConformance:
         assert lat["min"] <= lat["mean"] <= lat["max"]
         assert prof.peak_memory_bytes and prof.peak_memory_bytes > 0
         json.dumps(prof.to_json())
-        if "op_profile" not in backend.gaps:
+        if "op_profile" not in backend.tensors.gaps:
             assert prof.ops, "no per-op times: declare the 'op_profile' gap if the SDK gives none"
             assert all(o.name and o.time_ms >= 0 for o in prof.ops)
             times = [o.time_ms for o in prof.ops]
@@ -258,7 +259,7 @@ class BackendConformance:
         data = stamp.read(art)
         assert data is not None, "quantize must leave a stamp next to the artifact"
         assert data["backend"] == self.backend_name
-        assert data["scheme"] == (self.scheme or backend.default_scheme)
+        assert data["scheme"] == (self.scheme or backend.tensors.default_scheme)
         assert [i["name"] for i in data["inputs"]] == ["x"]
         assert "toolkit" in data["versions"], "Backend.versions() must name the toolkit version"
         assert data["source"]["sha256"] == stamp.sha256_file(kit.source("mlp"))
@@ -292,7 +293,7 @@ class BackendConformance:
         kit.close()
         bad = tmp_path / "corrupt.onnx"
         bad.write_bytes(b"\x08\x07garbage that is not a protobuf model" * 3)
-        out = tmp_path / ("out" + backend.native_suffixes[0])
+        out = tmp_path / ("out" + backend.tensors.native[0])
         with pytest.raises(EdgeInferError) as err:
             backend.quantize(bad, None, None, out, **self.quantize_options)
         line = err.value.one_line()
@@ -310,9 +311,9 @@ class BackendConformance:
         limit = backend.paging_limit(self.device)
         if limit is None:
             return
-        max_window, background_ok, why = limit
-        assert max_window is None or (isinstance(max_window, int) and max_window >= 1), limit
-        assert isinstance(background_ok, bool) and isinstance(why, str) and why.strip(), limit
+        assert isinstance(limit, PagingLimit), limit
+        assert limit.max_window is None or (isinstance(limit.max_window, int) and limit.max_window >= 1), limit
+        assert isinstance(limit.background, bool) and isinstance(limit.why, str) and limit.why.strip(), limit
 
     def test_serve_placement_is_well_formed(self, backend: Backend) -> None:
         for entry in ("0", "CPU"):
@@ -321,10 +322,11 @@ class BackendConformance:
             except InputError as e:
                 assert entry in e.one_line()
                 continue
-            env, device, options = backend.placement(entry)
-            assert isinstance(env, dict) and all(isinstance(v, str) for v in env.values()), env
-            assert device is None or isinstance(device, str)
-            assert isinstance(options, dict)
+            placed = backend.placement(entry)
+            assert isinstance(placed, Placement), placed
+            assert all(isinstance(k, str) and isinstance(v, str) for k, v in placed.env.items()), placed
+            assert placed.device is None or isinstance(placed.device, str)
+            assert all(isinstance(k, str) for k in placed.options), placed
 
     # --- layer-paged execution: segments of a deep stack, converted by this backend ----------------------
     def test_paged_segments_match_the_whole_model(self, kit: _Kit, backend: Backend) -> None:
@@ -333,15 +335,15 @@ class BackendConformance:
         arts = kit.segments()
         x = np.random.default_rng(5).standard_normal((2, 32)).astype(np.float32)
         ref = ReferenceEvaluator(str(kit.root / "deep.onnx")).run(None, {"x": x})[0]
-        assert len(arts) == 3 and all(a.suffix == backend.native_suffixes[0] for a in arts)
+        assert len(arts) == 3 and all(a.suffix == backend.tensors.native[0] for a in arts)
         with kit.paged(window=2, prefetch=True) as sess:
             y = sess.run({"x": x})["y"]
             stats = sess.stats()
         assert _cosine(y, ref) >= 0.999
         assert stats["peak_resident_segments"] <= 2
         limit = backend.paging_limit(self.device)
-        if limit is not None and not limit[1]:  # the backend said no background loading: it was honoured
-            assert stats["prefetch"] is False and any(limit[2] in n for n in stats["notes"]), stats
+        if limit is not None and not limit.background:  # the backend said no background loading: it was honoured
+            assert stats["prefetch"] is False and any(limit.why in n for n in stats["notes"]), stats
 
     def test_paged_profile_reports_page_in_times_and_resident_bytes(self, kit: _Kit, backend: Backend) -> None:
         arts = kit.segments()
@@ -369,8 +371,8 @@ class BackendConformance:
         from edgeinfer.testing import minilm
         from edgeinfer.testing.fixtures import minilm_static_path
 
-        if "onnx" not in backend.source_formats:
-            pytest.skip(f"backend converts {backend.source_formats}; paged deploys split ONNX models")
+        if "onnx" not in backend.tensors.sources:
+            pytest.skip(f"backend converts {backend.tensors.sources}; paged deploys split ONNX models")
         pytest.importorskip("transformers")
         ort = pytest.importorskip("onnxruntime")
         model = minilm_static_path()
@@ -386,17 +388,17 @@ class BackendConformance:
 
     # --- options and devices: refused in one line that names the bad value and what is accepted -----------
     def test_unknown_convert_option_is_an_input_error(self, kit: _Kit, backend: Backend, tmp_path: Path) -> None:
-        out = tmp_path / ("x" + backend.native_suffixes[0])
+        out = tmp_path / ("x" + backend.tensors.native[0])
         with pytest.raises(InputError) as err:
             backend.quantize(kit.models["mlp"].path, self.scheme, None, out, no_such_option=1,
                              **self.quantize_options)
-        _names_bad_and_accepted(err.value, "no_such_option", backend.convert_options)
+        _names_bad_and_accepted(err.value, "no_such_option", backend.tensors.convert_options)
         assert not out.exists()
 
     def test_unknown_load_option_is_an_input_error(self, kit: _Kit, backend: Backend) -> None:
         with pytest.raises(InputError) as err:
             backend.load(kit.artifact("mlp"), device=self.device, no_such_option=1, **self.load_options)
-        _names_bad_and_accepted(err.value, "no_such_option", backend.open_options)
+        _names_bad_and_accepted(err.value, "no_such_option", backend.tensors.open_options)
 
     def test_unknown_device_is_an_input_error(self, kit: _Kit, backend: Backend) -> None:
         kit.close()

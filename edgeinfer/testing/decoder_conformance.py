@@ -26,7 +26,7 @@ import edgeinfer
 from edgeinfer.contract import registry as plugins
 from edgeinfer.contract import remote_code
 from edgeinfer.contract.backend import Backend
-from edgeinfer.contract.decoder import Decoder
+from edgeinfer.contract.decoder import NativeDecoder, StepDecoder
 from edgeinfer.contract.generation import GenerationOptions
 from edgeinfer.errors import InputError
 from edgeinfer.run.generation.generator import Generator
@@ -92,7 +92,7 @@ class DecoderConformance:
 
     def test_decoder_facts(self, generator: Generator) -> None:
         d, cfg = generator.decoder, json.loads((self.model_dir() / "config.json").read_text())
-        assert isinstance(d, Decoder) and d.backend_name == self.backend_name
+        assert isinstance(d, (StepDecoder, NativeDecoder)) and d.backend_name == self.backend_name
         assert d.context == self.context and d.slots >= 1
         assert d.vocab_size == cfg["vocab_size"]
         head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
@@ -125,7 +125,7 @@ class DecoderConformance:
 
     def test_chunked_prefill_equals_one_prefill(self, generator: Generator) -> None:
         d = generator.decoder
-        if d.native_loop:
+        if not isinstance(d, StepDecoder):
             pytest.skip("native-loop backends prefill inside their own loop")
         ids = np.asarray(generator.prompt_ids(PROMPTS[1]), dtype=np.int64)
         d.reset(0)
@@ -140,7 +140,7 @@ class DecoderConformance:
         with pytest.raises(InputError, match="context"):
             generator.generate("word " * (self.context + 8), max_new_tokens=1)
         d = generator.decoder
-        if not d.native_loop:
+        if isinstance(d, StepDecoder):
             d.reset(0)
             with pytest.raises(InputError, match="context"):
                 d.prefill(0, np.zeros(self.context + 1, dtype=np.int64))
@@ -156,7 +156,7 @@ class DecoderConformance:
         if not type(backend).capable("decoder_deploy"):
             pytest.skip(f"{self.backend_name} does not convert decoders (no convert_decoder)")
         with pytest.raises(InputError, match="unknown option 'no_such_option'"):
-            scheme = backend.decoder_schemes[0]
+            scheme = backend.decoders.schemes[0]
             backend.quantize_decoder(self.model_dir(), scheme, 16, tmp_path / "d", no_such_option=1)
         assert not (tmp_path / "d").exists()  # refused before anything was written
 
@@ -168,7 +168,7 @@ class DecoderConformance:
             pytest.skip(f"{self.backend_name} does not convert decoders (no convert_decoder)")
         from edgeinfer.contract import stamp
 
-        scheme = backend.decoder_schemes[0]
+        scheme = backend.decoders.schemes[0]
         out = tmp_path_factory.mktemp("convert-decoder") / "decoder"
         backend.quantize_decoder(self.model_dir(), scheme, self.context, out)
         assert (stamp.read(out) or {}).get("context") == self.context

@@ -22,7 +22,7 @@ class KitModel:
     path: Path
     feeds: dict[str, np.ndarray]
     reference: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
-    gap: str | None = None  # the Backend.gaps key that, when declared, skips this model
+    gap: str | None = None  # the Backend.tensors.gaps key that, when declared, skips this model
     dynamic: bool = False  # has a symbolic batch dimension
     torch_module: Callable[[], Any] | None = None  # the same model as a torch.nn.Module, for .pt2 backends
 

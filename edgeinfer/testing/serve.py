@@ -31,7 +31,7 @@ def minilm_bundle(onnx: Path, out: Path, backend: str = "openvino", text: bool =
 
     be = plugins.get_backend(backend)
     out.mkdir(parents=True, exist_ok=True)
-    artifact = be.quantize(onnx, "fp32", None, out / ("model" + be.native_suffixes[0]))
+    artifact = be.quantize(onnx, "fp32", None, out / ("model" + be.tensors.native[0]))
     with be.load(artifact) as s:
         inputs, outputs, target = list(s.inputs), list(s.outputs), s.device
     if text:

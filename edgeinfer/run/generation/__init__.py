@@ -1,8 +1,8 @@
 """Text generation for decoder models, owned once by the core for every backend.
 
-A backend gives a :class:`~edgeinfer.contract.decoder.Decoder`: either step
-primitives (prefill a chunk, decode one step, reset a slot) against a KV cache it
-owns, or a native loop it runs itself. The core does the rest, the same way for
+A backend gives a :class:`~edgeinfer.contract.decoder.Decoder`: either a ``StepDecoder``
+(prefill a chunk, decode one step, reset a slot, against a KV cache it owns) or a
+``NativeDecoder`` (a loop the runtime runs itself). The core does the rest, the same way for
 every backend:
 
 - :mod:`edgeinfer.contract.generation` the options of one request (``GenerationOptions``)

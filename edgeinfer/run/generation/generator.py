@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgeinfer.contract.decoder import Decoder
+from edgeinfer.contract.decoder import Decoder, NativeDecoder
 from edgeinfer.contract.generation import GenerationOptions
 from edgeinfer.contract.measure import peak_rss_bytes
 from edgeinfer.errors import BackendError, EdgeInferError, InputError, ModelError
@@ -122,7 +122,7 @@ class Generator:
 
     def generate_ids(self, prompt_ids: Sequence[int], options: GenerationOptions,
                      record_logits: bool = False) -> GenerationResult:
-        if self.decoder.native_loop and not record_logits:
+        if isinstance(self.decoder, NativeDecoder) and not record_logits:
             ids = [int(i) for i in prompt_ids]
             self._check_ids(ids, options)
             return self._run_native_inline(ids, options)
@@ -136,7 +136,7 @@ class Generator:
                    record_logits: bool = False) -> GenerationStream:
         ids = [int(i) for i in prompt_ids]
         self._check_ids(ids, options)
-        if self.decoder.native_loop:
+        if isinstance(self.decoder, NativeDecoder):
             if record_logits:
                 raise InputError(f"backend {self.decoder.backend_name!r} runs its own loop and gives no logits")
             return GenerationStream(lambda s: self._run_native(s, ids, options))

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer.contract import Backend, Probe, Problem, Session
+from edgeinfer.contract import Backend, Probe, Problem, Session, Tensors
 from edgeinfer.contract.helpers import check_device, package_version
 from edgeinfer.contract.onnx_io import onnx_io
 
@@ -29,10 +29,8 @@ class ExampleSession(Session):
 
 class ExampleBackend(Backend):
     name = "example"
-    native_suffixes = (".onnx",)
-    schemes = ("fp32",)
-    gaps = {"op_profile": "onnx's reference evaluator has no per-op timer"}
-    # convert_options / open_options: none, so the core refuses every option before calling us
+    # scheme fp32, no convert/open options (the core refuses every option before calling us): the defaults
+    tensors = Tensors(native=(".onnx",), gaps={"op_profile": "onnx's reference evaluator has no per-op timer"})
 
     def versions(self) -> dict[str, str]:
         return {"edgeinfer-example-backend": package_version("edgeinfer-example-backend", "?"),
@@ -53,6 +51,6 @@ class ExampleBackend(Backend):
         session = ExampleSession(out)
         return {"target": "cpu", "inputs": session.inputs, "outputs": session.outputs}
 
-    def open(self, artifact: Path, device: str | None, **options: Any) -> Session:
+    def open(self, artifact: Path, device: str | None, stamp: dict[str, Any], **options: Any) -> Session:
         check_device(device, ("cpu",), self.name)
         return ExampleSession(artifact)

@@ -15,7 +15,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from edgeinfer.contract import Backend, CalibrationSet, FreeMemory, Probe, Problem, Session, TensorSpec
+from edgeinfer.contract import (
+    Backend,
+    CalibrationSet,
+    Decoders,
+    FreeMemory,
+    Placement,
+    Probe,
+    Problem,
+    Session,
+    Tensors,
+    TensorSpec,
+)
 from edgeinfer.contract.backend import DeviceReading
 from edgeinfer.contract.resources import Accelerator
 from edgeinfer.errors import InputError
@@ -23,6 +34,7 @@ from edgeinfer.errors import InputError
 from . import convert, doctor, gauges, resources
 from . import device as dev
 from .convert import INT8_METHOD, export_specs, torchao
+from .decoder_model import SUPPORTED
 from .session import AscendSession, torch_dtype
 
 SCHEME_DTYPE = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16", "w8a16": "fp32"}
@@ -32,28 +44,25 @@ CONVERT_OPTIONS = ("target",)
 
 class AscendBackend(Backend):
     name = "ascend"
-    native_suffixes = (".ascend",)
-    source_formats = ("hf", "pt2")
-    schemes = ("fp32", "fp16", "bf16", "w8a16")
-    decoder_schemes = ("fp16", "bf16", "fp32", "w8a16")  # fp16 first: the one dtype 310P and 910B share
-    decoder_options = ("scheme", "dtype", "compile", "compile_mode", "prefill_buckets", "warmup", "fused", "threads",
-                       "progress")
-    decoder_convert_options = ("target", "dtype", "prefill_buckets")
-    default_scheme = "fp32"
-    gaps: dict[str, str] = {}
-    convert_options = CONVERT_OPTIONS
-    open_options = LOAD_OPTIONS
+    tensors = Tensors(native=(".ascend",), sources=("hf", "pt2"), schemes=("fp32", "fp16", "bf16", "w8a16"),
+                      convert_options=CONVERT_OPTIONS, open_options=LOAD_OPTIONS)
+    decoders = Decoders(
+        schemes=("fp16", "bf16", "fp32", "w8a16"),  # fp16 first: the one dtype 310P and 910B share
+        architectures=SUPPORTED,  # what decoder_model's static-cache forward reproduces
+        options=("scheme", "dtype", "board", "compile", "compile_mode", "prefill_buckets", "warmup", "fused",
+                 "threads", "progress"),
+        convert_options=("target", "board", "dtype", "prefill_buckets"))
     resource_names = resources.RESOURCE_NAMES
 
     def accelerators(self, probe: Probe) -> list[Accelerator]:
         return resources.accelerators(probe)
 
     # --- serve placement: one card per worker process ---------------------------------------
-    def placement(self, entry: str) -> tuple[dict[str, str], str | None, dict[str, Any]]:
+    def placement(self, entry: str) -> Placement:
         """A ``serve --devices`` entry N is card N: ``ASCEND_RT_VISIBLE_DEVICES=N``, device ``npu:0``."""
         if entry.isdigit():
-            return {"ASCEND_RT_VISIBLE_DEVICES": entry}, "npu:0", {}
-        return {}, entry, {}
+            return Placement(env={"ASCEND_RT_VISIBLE_DEVICES": entry}, device="npu:0")
+        return Placement(device=entry)
 
     def check_device_entry(self, entry: str) -> None:
         if not (entry.isdigit() or re.fullmatch(r"npu:[0-9]+", entry)):
@@ -194,7 +203,7 @@ class AscendBackend(Backend):
         return convert_decoder(model, scheme, context, out, calibration, **options)
 
     # --- open -------------------------------------------------------------------------------
-    def open(self, artifact: Path, device: str | None, **options: Any) -> Session:
+    def open(self, artifact: Path, device: str | None, stamp: dict[str, Any], **options: Any) -> Session:
         dev.import_torch()
         manifest, z = convert.read_artifact(artifact)
         with z:

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer.contract import Decoder, OpTime, Progress, remote_code
+from edgeinfer.contract import OpTime, Progress, StepDecoder, remote_code
 from edgeinfer.contract.helpers import check_weight_index
 from edgeinfer.errors import InputError, ModelError
 
@@ -75,7 +75,7 @@ def chunks(n: int, start: int, context: int, buckets: Sequence[int]) -> Iterator
         done += take
 
 
-class AscendDecoder(Decoder):
+class AscendDecoder(StepDecoder):
     backend_name = "ascend"
 
     def __init__(self, model_dir: Path, device: str, context: int, slots: int, scheme: str, dtype: str,

@@ -5,6 +5,6 @@ from edgeinfer.contract import hookimpl
 
 @hookimpl
 def register_backends(register):
-    from .backend import OnnxRuntimeBackend  # imported on first use, so CLI start-up and `plan` stay light
+    from .backend import OnnxRuntimeBackend  # imported on first use, so CLI start-up stays light
 
     register(OnnxRuntimeBackend)

@@ -14,11 +14,16 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer.contract import Backend, CalibrationSet, OpTime, Probe, Problem, Session, TensorSpec
+from edgeinfer.contract import Backend, CalibrationSet, Decoders, OpTime, Probe, Problem, Session, Tensors, TensorSpec
 from edgeinfer.contract.helpers import check_device, first_line, package_version
 from edgeinfer.errors import InputError, ModelError
 
 DEVICES = ("cpu", "auto")
+# the model_type of each causal LM onnxruntime-genai's model builder exports (0.14: create_model in
+# src/python/py/models/builder.py dispatches on config.architectures[0]; each class's model_type from
+# transformers' MODEL_FOR_CAUSAL_LM_MAPPING_NAMES). Its multimodal and remote-code classes are left out.
+ARCHITECTURES = ("ernie4_5", "gemma", "gemma2", "gemma3_text", "gpt_oss", "granite", "hunyuan_v1_dense", "lfm2",
+                 "llama", "mistral", "nemotron", "olmo", "phi", "phi3", "qwen2", "qwen3", "smollm3")
 
 # onnxruntime type strings → NumPy dtype names
 ORT_TYPES = {
@@ -118,16 +123,11 @@ class _Reader:
 
 class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
-    native_suffixes = (".onnx",)
-    schemes = ("fp32", "fp16", "w8a8")
-    default_scheme = "fp32"
-    decoder_schemes = ("fp32", "w4a16")
-    decoder_options = ("precision", "threads")
-    gaps: dict[str, str] = {}
     # deploy passes every backend the board's target and the shapes it exported with: a CPU model runs on any
     # target and keeps its own (dynamic) shapes, so both are accepted and change nothing
-    convert_options = ("per_channel", "shapes", "target")
-    open_options = ("threads",)
+    tensors = Tensors(native=(".onnx",), schemes=("fp32", "fp16", "w8a8"),
+                      convert_options=("per_channel", "shapes", "target"), open_options=("threads",))
+    decoders = Decoders(schemes=("fp32", "w4a16"), architectures=ARCHITECTURES, options=("precision", "threads"))
 
     def versions(self) -> dict[str, str]:
         out = {"edgeinfer-onnxruntime": package_version("edgeinfer-onnxruntime", "?"),
@@ -214,7 +214,7 @@ class OnnxRuntimeBackend(Backend):
         # calibration is not used: the builder's int4 is round-to-nearest per block, data-free
         return convert(model, scheme, context, out, normalize_scheme(scheme).group_size)
 
-    def open(self, artifact: Path, device: str | None, **options: Any) -> Session:
+    def open(self, artifact: Path, device: str | None, stamp: dict[str, Any], **options: Any) -> Session:
         check_device(device, DEVICES, self.name)
         from onnxruntime.capi.onnxruntime_pybind11_state import InvalidProtobuf
 

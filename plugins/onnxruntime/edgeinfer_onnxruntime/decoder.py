@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer.contract import Decoder, OpTime, remote_code
+from edgeinfer.contract import OpTime, StepDecoder, remote_code
 from edgeinfer.contract.helpers import inside
 from edgeinfer.errors import BackendUnavailableError, InputError, ModelError
 
@@ -176,7 +176,7 @@ def check_graph(sess: Any, where: Path, cfg: dict[str, Any]) -> None:
                         f"{t.type} {t.shape}")
 
 
-class OnnxRuntimeDecoder(Decoder):
+class OnnxRuntimeDecoder(StepDecoder):
     def __init__(self, model_dir: Path, context: int, slots: int, threads: int | None = None):
         import onnxruntime as ort
 
@@ -310,7 +310,7 @@ class OnnxRuntimeDecoder(Decoder):
         self._cache = []
 
 
-def open_decoder(model: Path, context: int, slots: int, cache_root: Path, options: dict[str, Any]) -> Decoder:
+def open_decoder(model: Path, context: int, slots: int, cache_root: Path, options: dict[str, Any]) -> StepDecoder:
     precision = options.pop("precision", "fp32")
     threads = options.pop("threads", None)
     if not model.is_dir():

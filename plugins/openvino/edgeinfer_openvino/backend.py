@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from edgeinfer.contract import Backend, CalibrationSet, Probe, Problem, Session
+from edgeinfer.contract import Backend, CalibrationSet, Decoders, Probe, Problem, Session, Tensors
 from edgeinfer.contract.backend import DeviceReading
 from edgeinfer.contract.helpers import package_version
 from edgeinfer.contract.resources import Accelerator
@@ -45,16 +45,14 @@ OPEN_OPTIONS = ("cache_dir", "config", "hint", "num_requests", "precision", "thr
 
 class OpenVinoBackend(Backend):
     name = "openvino"
-    native_suffixes = (".xml",)
-    schemes = ("fp32", "fp16", "w8a8", "w8a16", "w4a16", "w4a16_g32", "w4a16_g64", "w4a16_g128")
-    decoder_schemes = ("fp16", "fp32", "w8a16", "w4a16")  # decoder_export.SCHEMES; fp16 first: lossless on CPU
-    decoder_options = decoder_config.OPTIONS
-    decoder_convert_options = decoder_export.CONVERT_OPTIONS
-    logits_options = {"loop": "steps"}  # the golden check steps the IR through ov.Core (GenAI gives no logits)
-    default_scheme = "fp32"
-    gaps: dict[str, str] = {}
-    convert_options = CONVERT_OPTIONS
-    open_options = OPEN_OPTIONS
+    tensors = Tensors(native=(".xml",),
+                      schemes=("fp32", "fp16", "w8a8", "w8a16", "w4a16", "w4a16_g32", "w4a16_g64", "w4a16_g128"),
+                      convert_options=CONVERT_OPTIONS, open_options=OPEN_OPTIONS)
+    decoders = Decoders(
+        schemes=("fp16", "fp32", "w8a16", "w4a16"),  # decoder_export.SCHEMES; fp16 first: lossless on CPU
+        architectures=decoder_export.ARCHITECTURES, options=decoder_config.OPTIONS,
+        convert_options=decoder_export.CONVERT_OPTIONS,
+        logits_options={"loop": "steps"})  # the golden check steps the IR through ov.Core (GenAI gives no logits)
     resource_names = resources.RESOURCE_NAMES
 
     def accelerators(self, probe: Probe) -> list[Accelerator]:
@@ -180,13 +178,12 @@ class OpenVinoBackend(Backend):
         return facts
 
     # --- open -------------------------------------------------------------------------------
-    def open(self, artifact: Path, device: str | None, **options: Any) -> Session:
-        data = self.stamp_facts(artifact)
+    def open(self, artifact: Path, device: str | None, stamp: dict[str, Any], **options: Any) -> Session:
         try:
-            symbols = {spec["name"]: spec["shape"] for spec in data.get("inputs", []) + data.get("outputs", [])}
+            symbols = {spec["name"]: spec["shape"] for spec in stamp.get("inputs", []) + stamp.get("outputs", [])}
         except (TypeError, KeyError):  # a hand-edited stamp: OpenVINO's own names then
             symbols = {}
-        return OpenVinoSession(artifact, device, symbols=symbols, scheme=data.get("scheme"), **options)
+        return OpenVinoSession(artifact, device, symbols=symbols, scheme=stamp.get("scheme"), **options)
 
     # --- decoders (edgeinfer_openvino.decoder) ----------------------------------------------
     def open_decoder(self, model: Path, device: str | None, context: int, slots: int, **options: Any):

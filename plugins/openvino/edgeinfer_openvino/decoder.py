@@ -3,8 +3,8 @@
 * ``loop="native"`` (default): ``openvino_genai.LLMPipeline`` for one sequence (CPU, GPU, and the
   NPU's static pipeline, which always declares one slot), ``openvino_genai.ContinuousBatchingPipeline``
   when ``slots > 1`` (CPU/GPU; paged KV cache sized from context × slots), which also takes requests
-  one at a time between its steps (``add_request`` / ``step`` / ``GenerationHandle.cancel``: the
-  decoder's ``native_steps`` API, what ``edgeinfer serve`` drives). Tokens stream through a
+  one at a time between its steps (``add_request`` / ``step`` / ``GenerationHandle.cancel``: a
+  ``BatchingDecoder``, what ``edgeinfer serve`` drives). Tokens stream through a
   ``StreamerBase``; metrics are GenAI's own ``PerfMetrics``.
 * ``loop="steps"``: the same IR through ``ov.Core``, one infer request (its own KV state) per slot,
   so the core runs the loop and sees logits (golden checks, ``record_logits``).
@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer.contract import Decoder, NativeStep
+from edgeinfer.contract import BatchingDecoder, Decoder, NativeDecoder, NativeStep, StepDecoder
 from edgeinfer.errors import InputError, ModelError
 
 from . import decoder_config, decoder_export
@@ -128,10 +128,10 @@ def _streamer(on_token: Callable[[int], bool], seen: list[int]) -> Any:
     return _streamer_class()(on_token, seen)
 
 
-class GenAIDecoder(Decoder):
-    """GenAI's loops over an exported decoder directory."""
+class GenAIDecoder(NativeDecoder):
+    """GenAI's loops over an exported decoder directory: LLMPipeline for one sequence (the NPU's static
+    pipeline whatever ``slots`` asks), the ContinuousBatchingPipeline for ``slots > 1`` (its subclass)."""
 
-    native_loop = True
     backend_name = "openvino"
 
     def __init__(self, path: Path, device: str, context: int, slots: int, cfg: decoder_config.DecoderConfig):
@@ -184,8 +184,6 @@ class GenAIDecoder(Decoder):
 
     def generate_native(self, prompt_ids: Sequence[int], options: Any, on_token: Callable[[int], bool]) -> dict:
         g = self._check(prompt_ids, options)
-        if self._pipe is None:
-            return self.generate_native_batch([(prompt_ids, options)], lambda _i, t: on_token(t))[0]
         seen: list[int] = []
         streamer = _streamer(on_token, seen)
         res = self._pipe.generate(self._ids(prompt_ids), g, streamer)
@@ -198,14 +196,27 @@ class GenAIDecoder(Decoder):
 
     def generate_native_batch(self, requests: Sequence[tuple[Sequence[int], Any]],
                               on_token: Callable[[int, int], bool]) -> list[dict[str, Any]]:
-        """All ``requests`` at once through the ContinuousBatchingPipeline (see the contract)."""
-        if self._cb is None:
-            if len(requests) > 1:
-                raise InputError("this decoder was loaded with slots=1; load it with slots > 1 for many sequences")
-            out: list[dict[str, Any]] = []
-            for ids, opts in requests:
-                out.append(self.generate_native(ids, opts, lambda t: on_token(0, t)))
-            return out
+        """Generate for all ``requests`` (prompt ids, options), calling ``on_token(i, id)`` per new token of
+        request ``i`` (False: stop request ``i`` only); one metrics dict per request. This backend's own API
+        (tests, benchmarks): one slot runs one request."""
+        if len(requests) > 1:
+            raise InputError("this decoder was loaded with slots=1; load it with slots > 1 for many sequences")
+        return [self.generate_native(ids, opts, lambda t: on_token(0, t)) for ids, opts in requests]
+
+    def release(self) -> None:
+        self._pipe = self._cb = None
+
+
+class GenAIBatchingDecoder(GenAIDecoder, BatchingDecoder):
+    """GenAI's ContinuousBatchingPipeline (``slots > 1``, CPU/GPU): requests join and leave the running batch
+    between two pipeline ``step()`` calls, which is how ``edgeinfer serve`` drives it."""
+
+    def generate_native(self, prompt_ids: Sequence[int], options: Any, on_token: Callable[[int], bool]) -> dict:
+        return self.generate_native_batch([(prompt_ids, options)], lambda _i, t: on_token(t))[0]
+
+    def generate_native_batch(self, requests: Sequence[tuple[Sequence[int], Any]],
+                              on_token: Callable[[int, int], bool]) -> list[dict[str, Any]]:
+        """All ``requests`` at once through the ContinuousBatchingPipeline."""
         rids = [f"batch-{next(self._request_ids)}" for _ in requests]
         for rid, (ids, opts) in zip(rids, requests):
             self.add_request(rid, ids, opts)
@@ -224,21 +235,15 @@ class GenAIDecoder(Decoder):
                     live.discard(step.rid)
         return [self._request_metrics(h) for h in handles]
 
-    # --- request by request (edgeinfer serve): continuous batching --------------------------------
-    @property
-    def native_steps(self) -> bool:
-        return self._cb is not None
-
+    # --- request by request (edgeinfer serve) -------------------------------------------------------
     def add_request(self, rid: str, prompt_ids: Sequence[int], options: Any) -> None:
-        if self._cb is None:
-            raise InputError("this decoder was loaded with slots=1; load it with slots > 1 for continuous batching")
         if rid in self._handles:
             raise InputError(f"request {rid!r} is already running")
         g = self._check(prompt_ids, options)
         self._handles[rid] = self._cb.add_request(next(self._request_ids), self._ids(prompt_ids), g)
 
     def step_requests(self) -> list[NativeStep]:
-        if self._cb is None or not self._cb.has_non_finished_requests():
+        if not self._cb.has_non_finished_requests():
             return []
         self._cb.step()
         out = []
@@ -268,9 +273,6 @@ class GenAIDecoder(Decoder):
         out["kv_cache_usage_max"] = float(m.max_cache_usage)
         return out
 
-    def release(self) -> None:
-        self._pipe = self._cb = None
-
 
 def decoder_fallback_category() -> type[Warning]:
     from .session import DeviceFallbackWarning
@@ -284,7 +286,7 @@ def _npuw_devices(props: dict[str, Any]) -> list[str]:
     return [d.strip() for d in listed.split(",") if d.strip()] or ["NPU"]
 
 
-class StepDecoder(Decoder):
+class IRStepDecoder(StepDecoder):
     """The stateful IR stepped by the core: one infer request (one KV state) per slot."""
 
     backend_name = "openvino"
@@ -359,8 +361,9 @@ def open_decoder(model: Path, device: str | None, context: int, slots: int, cach
     if fam == "NPU":
         _check_npu_weights(path)
     if cfg.loop == "steps":
-        return StepDecoder(path, dev, context, slots, cfg)
-    return GenAIDecoder(path, dev, context, slots, cfg)
+        return IRStepDecoder(path, dev, context, slots, cfg)
+    batching = slots > 1 and fam != "NPU"  # the NPU's static pipeline decodes one sequence at a time
+    return (GenAIBatchingDecoder if batching else GenAIDecoder)(path, dev, context, slots, cfg)
 
 
 def _check_npu_weights(path: Path) -> None:

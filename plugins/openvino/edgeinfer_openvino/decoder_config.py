@@ -18,7 +18,7 @@ from typing import Any
 
 from edgeinfer.errors import InputError
 
-# open_decoder's options (OpenVinoBackend.decoder_options; the core refuses any other)
+# open_decoder's options (OpenVinoBackend.decoders.options; the core refuses any other)
 OPTIONS = ("scheme", "loop", "threads", "hint", "precision", "kv_precision", "cache_dir",
            "max_prompt_len", "min_response_len", "npu_config", "npu_on_cpu")
 LOOPS = ("native", "steps")

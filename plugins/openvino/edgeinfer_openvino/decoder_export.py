@@ -37,7 +37,20 @@ from edgeinfer.errors import BackendUnavailableError, InputError, ModelError
 
 SCHEMES = ("fp32", "fp16", "w8a16", "w4a16", "w4a16_g32", "w4a16_g64", "w4a16_g128")
 TARGETS = ("cpu", "gpu", "npu")
-CONVERT_OPTIONS = ("target", "group_size", "num_samples")  # OpenVinoBackend.decoder_convert_options
+CONVERT_OPTIONS = ("target", "group_size", "num_samples")  # OpenVinoBackend.decoders.convert_options
+# the model_types optimum-intel 2.2.0 exports with task "text-generation-with-past" (the model types its
+# TasksManager registers for the "openvino" exporter and that task): OpenVinoBackend.decoders.architectures
+ARCHITECTURES = (
+    "afmoe", "aquila", "arcee", "arctic", "baichuan", "bart", "bigbird_pegasus", "biogpt", "bitnet", "blenderbot",
+    "blenderbot-small", "bloom", "chatglm", "codegen", "cohere", "cohere2", "dbrx", "deci", "deepseek", "deepseek_v2",
+    "deepseek_v3", "exaone", "exaone4", "falcon", "falcon_mamba", "gemma", "gemma2", "gemma3_text", "gemma3n_text",
+    "gemma4_text", "gemma4_unified_text", "glm", "glm4", "gpt2", "gpt_bigcode", "gpt_neo", "gpt_neox",
+    "gpt_neox_japanese", "gpt_oss", "gptj", "granite", "granitemoe", "granitemoehybrid", "hunyuan_v1_dense",
+    "internlm", "internlm2", "jais", "lfm2", "lfm2_moe", "llama", "llama4", "llama4_text", "llava-qwen2", "maira2",
+    "mamba", "marian", "mbart", "minicpm", "minicpm3", "mistral", "mixtral", "mpt", "muse_glimmer_text", "olmo",
+    "olmo2", "opt", "orion", "ouro", "pegasus", "persimmon", "phi", "phi3", "phimoe", "qwen", "qwen2", "qwen2_moe",
+    "qwen3", "qwen3_5_moe_text", "qwen3_5_text", "qwen3_moe", "qwen3_next", "qwen3_omni_moe_talker_text",
+    "qwen3_omni_moe_text", "qwen3_vl_text", "smollm3", "stablelm", "starcoder2", "xglm", "xverse", "zamba2")
 IR = "openvino_model.xml"
 FACTS = "edgeinfer_decoder.json"
 #: models above this many parameters get channel-wise symmetric INT4 for the NPU

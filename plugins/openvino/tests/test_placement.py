@@ -2,9 +2,10 @@
 default device (the contract's default rule)."""
 
 import edgeinfer
+from edgeinfer.contract import Placement
 
 
 def test_a_name_is_the_device_and_an_index_the_default_device():
     backend = edgeinfer.backend("openvino")
-    assert backend.placement("NPU") == ({}, "NPU", {})
-    assert backend.placement("0") == ({}, None, {})
+    assert backend.placement("NPU") == Placement(device="NPU")
+    assert backend.placement("0") == Placement()

@@ -21,6 +21,7 @@ import warnings
 import httpx
 import pytest
 
+from edgeinfer.contract import BatchingDecoder
 from edgeinfer.testing.cli import run_cli
 from edgeinfer.testing.serve import ServerProc
 
@@ -46,7 +47,7 @@ def solo(tiny_qwen3_openvino_bundle):
     from edgeinfer.contract.generation import GenerationOptions
 
     with edgeinfer.load(tiny_qwen3_openvino_bundle) as gen:
-        assert not gen.decoder.native_steps  # one slot: LLMPipeline, not the batching pipeline
+        assert not isinstance(gen.decoder, BatchingDecoder)  # one slot: LLMPipeline, not the batching pipeline
         yield lambda prompt, n, chat=False, **kw: gen.generate(prompt, GenerationOptions(max_new_tokens=n, **kw),
                                                                chat=chat).text
 
@@ -170,7 +171,7 @@ def test_cancel_mid_stream_frees_the_batching_pipelines_kv_blocks(tiny_qwen3_ope
 
     with edgeinfer.load(tiny_qwen3_openvino_bundle, slots=SLOTS) as gen:
         sched = NativeScheduler(gen)
-        assert gen.decoder.native_steps and sched.slots == SLOTS
+        assert isinstance(gen.decoder, BatchingDecoder) and sched.slots == SLOTS
         opts = GenerationOptions(max_new_tokens=60, ignore_eos=True)
         for i in range(SLOTS):
             sched.add(str(i), gen.codec.encode(PROMPTS[i % 2]), opts)

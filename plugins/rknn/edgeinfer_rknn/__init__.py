@@ -9,6 +9,6 @@ from edgeinfer.contract import hookimpl
 
 @hookimpl
 def register_backends(register):
-    from .backend import RknnBackend  # imported on first use, so CLI start-up and `plan` stay light
+    from .backend import RknnBackend  # imported on first use, so CLI start-up stays light
 
     register(RknnBackend)

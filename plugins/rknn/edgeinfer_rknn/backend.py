@@ -12,7 +12,19 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from edgeinfer.contract import Backend, CalibrationSet, Probe, Problem, Session, TensorSpec, stamp
+from edgeinfer.contract import (
+    Backend,
+    CalibrationSet,
+    Decoders,
+    PagingLimit,
+    Placement,
+    Probe,
+    Problem,
+    Session,
+    Tensors,
+    TensorSpec,
+    stamp,
+)
 from edgeinfer.contract.backend import DeviceReading
 from edgeinfer.contract.helpers import package_version
 from edgeinfer.contract.resources import Accelerator
@@ -30,6 +42,7 @@ from .convert import (
     read_onnx,
     static_inputs,
 )
+from .decoder_segments import ARCHITECTURES
 from .session import BoardSession, SimulatorSession
 
 DEFAULT_TARGET = "rk3588"
@@ -56,43 +69,41 @@ SERVE_CORE_MASKS = ("0", "1", "2", "0_1", "0_1_2", "auto")
 
 class RknnBackend(Backend):
     name = "rknn"
-    native_suffixes = (".rknn",)
-    schemes = ("fp16", "w8a8", "w8a16", "w4a16")
-    default_scheme = "fp16"
-    convert_options = tuple(CONVERT_OPTIONS)
-    open_options = LOAD_OPTIONS
-    decoder_schemes = ("fp16", "w8a8", "w4a16")  # per target: w4a16 on rk3576 / rv1126b only
-    decoder_options = DECODER_OPTIONS
-    decoder_convert_options = DECODER_CONVERT_OPTIONS
+    tensors = Tensors(
+        native=(".rknn",), schemes=("fp16", "w8a8", "w8a16", "w4a16"), default_scheme="fp16",
+        convert_options=tuple(CONVERT_OPTIONS), open_options=LOAD_OPTIONS,
+        gaps={"dynamic_shapes": "RKNN models have static input shapes (pass shapes=..., or the toolkit's "
+                                "dynamic_input list of fixed shape sets); a free batch dimension is not supported",
+              "op_profile": "the rknn-toolkit2 simulator gives no per-layer times (eval_perf needs a board)"})
+    decoders = Decoders(
+        schemes=("fp16", "w8a8", "w4a16"),  # per target: w4a16 on rk3576 / rv1126b only
+        architectures=ARCHITECTURES,  # the layer-paged export (decoder_segments); runtime rkllm: RKLLM's toolkit
+        options=DECODER_OPTIONS, convert_options=DECODER_CONVERT_OPTIONS)
     resource_names = resources.RESOURCE_NAMES
 
     def accelerators(self, probe: Probe) -> list[Accelerator]:
         return resources.accelerators(probe)
-    gaps = {
-        "dynamic_shapes": "RKNN models have static input shapes (pass shapes=..., or the toolkit's "
-        "dynamic_input list of fixed shape sets); a free batch dimension is not supported",
-        "op_profile": "the rknn-toolkit2 simulator gives no per-layer times (eval_perf needs a board)",
-    }
 
     # --- facts ---------------------------------------------------------------------------------
     def mode(self) -> str:
         """"board" (rknn-toolkit-lite2 on an RK3588) or "simulator" (rknn-toolkit2 on a PC)."""
         return "board" if hw.is_board() else "simulator"
 
-    def paging_limit(self, device: str | None) -> tuple[int | None, bool, str] | None:
+    def paging_limit(self, device: str | None) -> PagingLimit | None:
         # Several simulator models do coexist in one process (checked with rknn-toolkit2 2.5.0: three
         # resident segments gave the same outputs), but every toolkit call holds a process-wide
         # stdout/stderr capture lock, so a background rebuild cannot overlap a running segment (and
         # would swallow the main thread's output into the toolkit log).
         if (device or "").lower() == "simulator" or self.mode() == "simulator":
-            return (None, False, "the rknn-toolkit2 simulator serialises every toolkit call behind one "
-                                 "process-wide output-capture lock, so a background page-in cannot overlap "
-                                 "compute; its page-in is a rebuild from the recipe, not a board load")
+            return PagingLimit(None, False, "the rknn-toolkit2 simulator serialises every toolkit call behind one "
+                                            "process-wide output-capture lock, so a background page-in cannot "
+                                            "overlap compute; its page-in is a rebuild from the recipe, not a board "
+                                            "load")
         return None
 
-    def placement(self, entry: str) -> tuple[dict[str, str], str | None, dict[str, Any]]:
+    def placement(self, entry: str) -> Placement:
         """A ``serve --devices`` entry is an NPU core mask (0, 1, 2, 0_1, 0_1_2, auto)."""
-        return {}, None, {"core_mask": entry}
+        return Placement(options={"core_mask": entry})
 
     def check_device_entry(self, entry: str) -> None:
         if entry not in SERVE_CORE_MASKS:
@@ -319,7 +330,7 @@ class RknnBackend(Backend):
         return open_decoder(self, model, device, context, slots, **options)
 
     # --- open ----------------------------------------------------------------------------------
-    def open(self, artifact: Path, device: str | None, **options: Any) -> Session:
+    def open(self, artifact: Path, device: str | None, stamped: Mapping[str, Any], **options: Any) -> Session:
         mask_name = str(options.get("core_mask", "auto"))
         mask = hw.core_mask(mask_name)
         dev = (device or "auto").lower()
@@ -333,10 +344,9 @@ class RknnBackend(Backend):
                 f"device {device!r} needs a Rockchip board (no rockchip device tree, no librknnrt.so here)",
                 "run on the board, or use device='simulator' on a PC")
         if mode == "board":
-            data = self.stamp_facts(artifact)
-            if not data.get("inputs"):
+            if not stamped.get("inputs"):  # the stamp load read and checked (the module `stamp` is another thing)
                 raise InputError(f"{artifact.name} has no edgeinfer stamp (input specs); convert it with edgeinfer")
-            return BoardSession(artifact, data, mask, mask_name)
+            return BoardSession(artifact, dict(stamped), mask, mask_name)
         return self._open_simulator(artifact)
 
     def _open_simulator(self, artifact: Path) -> Session:

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer.contract import Decoder, Schedule, Session
+from edgeinfer.contract import Schedule, Session, StepDecoder
 from edgeinfer.errors import InputError
 
 from . import decoder_export as la
@@ -59,9 +59,9 @@ class SegmentPager:
         n = len(segments)
         self.notes: list[str] = []
         limit = backend.paging_limit(device)
-        if prefetch and limit is not None and not limit[1]:
+        if prefetch and limit is not None and not limit.background:
             if window < n:
-                self.notes.append(f"prefetch off: {limit[2]}")
+                self.notes.append(f"prefetch off: {limit.why}")
             prefetch = False
         self.sched = Schedule(n, min(window, n), prefetch, None)
         self.window, self.prefetch = self.sched.window, self.sched.prefetch
@@ -135,7 +135,7 @@ class SegmentPager:
             self._pool.shutdown(wait=True)
 
 
-class RknnDecoder(Decoder):
+class RknnDecoder(StepDecoder):
     backend_name = "rknn"
 
     def __init__(self, backend: Any, folder: Path, manifest: dict[str, Any], device: str | None, context: int,
@@ -298,7 +298,7 @@ def open_decoder(backend: Any, model: Path, device: str | None, context: int, sl
         raise InputError(f"unknown rknn device {device!r}; use auto, simulator or npu")
     manifest = la.read_manifest(model)
     if manifest is None:  # a Hugging Face directory: convert (cached), then open the artifact
-        scheme = str(options.get("scheme") or backend.decoder_schemes[0])
+        scheme = str(options.get("scheme") or backend.decoders.schemes[0])
         la.check_scheme(scheme, str(options.get("target") or "rk3588").lower())
         model = converted_dir(backend, model, scheme, context, options)
         manifest = la.read_manifest(model)

@@ -26,7 +26,8 @@ from edgeinfer.contract.helpers import check_weight_index
 from edgeinfer.errors import InputError, ModelError
 
 MASKED = -1.0e4  # additive mask of a position that is not attended (finite: fp16 keeps it, exp() gives 0)
-ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM")
+# the model_types whose blocks are written out here (RknnBackend.decoders.architectures)
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral")
 
 
 def segment_ranges(layers: int, segments: int) -> list[tuple[int, int]]:
@@ -64,9 +65,9 @@ def load_hf(model_dir: Path) -> Any:
     check_weight_index(model_dir)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32,
                                                  trust_remote_code=remote_code.allowed(model_dir)).eval()
-    arch = type(model).__name__
+    arch = model.config.model_type
     if arch not in ARCHITECTURES:
-        raise ModelError(f"the rknn decoder export handles {', '.join(ARCHITECTURES)}, not {arch}")
+        raise ModelError(f"the rknn decoder export handles {', '.join(ARCHITECTURES)}, not {arch!r}")
     return model
 
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from edgeinfer.contract.decoder import Decoder
+from edgeinfer.contract.decoder import NativeDecoder
 from edgeinfer.contract.helpers import first_line
 from edgeinfer.errors import BackendError, BackendUnavailableError, ModelError
 
@@ -205,10 +205,8 @@ def vocab_size(model: Path) -> int:
     return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else 2**31 - 1
 
 
-class RkllmDecoder(Decoder):
+class RkllmDecoder(NativeDecoder):
     """A ``.rkllm`` model in the RKLLM runtime: a native loop (the runtime samples and keeps the KV cache)."""
-
-    native_loop = True
 
     def __init__(self, model: Path, context: int, lib: C.CDLL):
         # RKLLM allocates its KV cache itself and does not say how large, nor the vocabulary size

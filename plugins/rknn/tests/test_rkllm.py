@@ -20,6 +20,7 @@ from edgeinfer_rknn import rkllm
 from edgeinfer_rknn.rkllm_convert import build_args, convert_rkllm
 
 import edgeinfer
+from edgeinfer.contract import NativeDecoder
 from edgeinfer.contract.generation import GenerationOptions
 from edgeinfer.errors import BackendUnavailableError, InputError, ModelError
 
@@ -66,7 +67,7 @@ def test_struct_layouts_match_the_c_side(standin_lib):
 
 def test_streams_tokens_through_the_callback(lib_env, tmp_path):
     d = _load(_model(tmp_path, eos=-1))
-    assert d.native_loop and d.backend_name == "rknn"
+    assert isinstance(d, NativeDecoder) and d.backend_name == "rknn"
     seen: list[int] = []
     prompt = [5, 17, 300]
     native = d.generate_native(prompt, GenerationOptions(max_new_tokens=12), lambda t: seen.append(t) or True)

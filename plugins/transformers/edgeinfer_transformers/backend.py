@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer.contract import Backend, Decoder, OpTime, Probe, Problem, remote_code
+from edgeinfer.contract import Backend, Decoders, OpTime, Probe, Problem, StepDecoder, Tensors, remote_code
 from edgeinfer.contract.helpers import check_weight_index
 from edgeinfer.errors import InputError, ModelError
 
@@ -27,9 +27,8 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 class TransformersBackend(Backend):
     name = "transformers"
-    source_formats = ("hf",)
-    schemes = ("fp32",)
-    default_scheme = "fp32"
+    tensors = Tensors(sources=("hf",))
+    decoders = Decoders(options=("dtype", "threads"))  # runs any architecture transformers does; exports none
 
     def probe(self) -> Probe:
         versions, problems = {}, []
@@ -44,9 +43,7 @@ class TransformersBackend(Backend):
     def versions(self) -> dict[str, str]:
         return {"toolkit": version("transformers")}
 
-    decoder_options = ("dtype", "threads")
-
-    def open_decoder(self, model: Path, device: str | None, context: int, slots: int, **options: Any) -> Decoder:
+    def open_decoder(self, model: Path, device: str | None, context: int, slots: int, **options: Any) -> StepDecoder:
         if device not in (None, "", "cpu", "CPU"):
             raise InputError(f"the transformers reference runs on CPU only, not {device!r}; omit --device")
         dtype = options.pop("dtype", "float32")
@@ -59,7 +56,7 @@ class TransformersBackend(Backend):
         return TransformersDecoder(model, context, slots, dtype, threads)
 
 
-class TransformersDecoder(Decoder):
+class TransformersDecoder(StepDecoder):
     def __init__(self, model_dir: Path, context: int, slots: int, dtype: str, threads: int | None):
         import inspect
         import logging

@@ -1,0 +1,75 @@
+"""The small typed records of the backend contract: what a backend declares (:class:`Tensors`,
+:class:`Decoders`) and what its optional facts answer (:class:`PagingLimit`, :class:`Placement`).
+
+A backend declares its data as two class attributes, one per capability, each defaulting to "nothing
+special"; a tensor-only backend writes one line (``tensors = Tensors(native=(".onnx",))``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Tensors:
+    """The *tensors* capability (``convert`` + ``open``): the files and schemes it takes, as data."""
+
+    #: file suffixes ``load`` takes as they are (".onnx", ".xml", ".rknn", ...); the first is what ``quantize`` writes
+    native: tuple[str, ...] = ()
+    #: model formats ``convert`` takes: "onnx", "hf" (a Hugging Face directory), "pt2"
+    sources: tuple[str, ...] = ("onnx",)
+    #: schemes ``convert`` accepts, canonical names from :mod:`edgeinfer.planning.quant`
+    schemes: tuple[str, ...] = ("fp32",)
+    #: the scheme used when a non-native model is loaded directly (lossless or fp16)
+    default_scheme: str = "fp32"
+    #: the ``**options`` ``convert`` / ``open`` take; the core refuses any other before calling them
+    convert_options: tuple[str, ...] = ()
+    open_options: tuple[str, ...] = ()
+    #: what the runtime cannot do, with why: {"dynamic_shapes": "why"}; the conformance kit skips those cases
+    gaps: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Decoders:
+    """The *decoders* capability (``open_decoder``, and ``convert_decoder`` to deploy), as data."""
+
+    #: schemes ``convert_decoder`` produces, the preferred (deploy's default) first
+    schemes: tuple[str, ...] = ()
+    #: the Hugging Face ``model_type`` values ``convert_decoder`` exports for the board's backend runtime
+    #: ("llama", "qwen2", ...): ``plan`` and ``deploy`` refuse another there before converting anything;
+    #: None: not declared, the conversion decides
+    architectures: tuple[str, ...] | None = None
+    #: the ``**options`` ``open_decoder`` takes; the core refuses any other
+    options: tuple[str, ...] = ()
+    #: the ``**options`` ``convert_decoder`` takes; deploy passes every backend ``target`` (the board's)
+    convert_options: tuple[str, ...] = ("target",)
+    #: load options that make ``open_decoder`` give a step decoder (logits) where its default is a native
+    #: loop: the decoder golden check compares logits
+    logits_options: Mapping[str, Any] = field(default_factory=dict)
+
+    def refusal(self, architecture: str, backend: str) -> str | None:
+        """Why ``backend`` cannot export a decoder of ``architecture`` (a ``model_type``), or None."""
+        if self.architectures is None or architecture in self.architectures:
+            return None
+        return (f"backend {backend!r} exports {', '.join(self.architectures)} decoders, not {architecture!r}; "
+                "pick a model of those architectures or a board whose backend exports it")
+
+
+@dataclass(frozen=True)
+class PagingLimit:
+    """The limits of layer-paged execution on a device (``Backend.paging_limit``)."""
+
+    max_window: int | None  # most segments resident at once; None: any
+    background: bool  # whether segments may be loaded on a background thread (prefetch)
+    why: str  # the reason, quoted in the session's notes when a limit applies
+
+
+@dataclass(frozen=True)
+class Placement:
+    """What one ``serve --devices`` entry means for a worker process (``Backend.placement``)."""
+
+    env: Mapping[str, str] = field(default_factory=dict)  # set before the backend is imported
+    device: str | None = None  # passed to ``load``; None: the default device
+    options: Mapping[str, Any] = field(default_factory=dict)  # load options
