@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 if TYPE_CHECKING:  # numpy is imported where arrays are handled, so `edgeinfer plan` never loads it
     import numpy as np
 
-    from edgeinfer.contract.decoder import Decoder
+    from edgeinfer.contract.decoder import NativeDecoder, StepDecoder
 
 from edgeinfer.contract import remote_code, stamp
 from edgeinfer.contract.helpers import check_options, first_line, slowest_first
@@ -266,10 +266,11 @@ class Backend:
         :meth:`load` read and checked it ({} for an unstamped file): do not read it again."""
         raise NotImplementedError
 
-    def open_decoder(self, model: Path, device: str | None, context: int, slots: int, **options: Any) -> Decoder:
+    def open_decoder(self, model: Path, device: str | None, context: int, slots: int,
+                     **options: Any) -> StepDecoder | NativeDecoder:
         """Load a decoder (language) model with a KV cache of ``context`` positions × ``slots``
-        sequences allocated now; see :mod:`edgeinfer.contract.decoder`. ``model`` is a Hugging Face
-        causal-LM directory or an artifact written by :meth:`convert_decoder`."""
+        sequences allocated now: a step decoder or a native loop, see :mod:`edgeinfer.contract.decoder`.
+        ``model`` is a Hugging Face causal-LM directory or an artifact written by :meth:`convert_decoder`."""
         raise NotImplementedError
 
     def convert_decoder(
@@ -398,7 +399,7 @@ class Backend:
     def load_decoder(
         self, model: str | os.PathLike[str], device: str | None = None, context: int = 2048, slots: int = 1,
         **options: Any,
-    ) -> Decoder:
+    ) -> StepDecoder | NativeDecoder:
         """Load a decoder model for generation (the core's loop or the backend's own)."""
         path = _existing_file(model)
         if not self.capable("decoders"):

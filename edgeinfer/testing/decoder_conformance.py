@@ -152,6 +152,19 @@ class DecoderConformance:
 
     # --- deploying decoders (the "decoder_deploy" capability), when the backend has it -------------
 
+    def test_declared_architectures_hold_the_converted_test_model(self, backend: Backend) -> None:
+        """``decoders.architectures`` (what plan and deploy let through) is None or model_type names, and names
+        the test model's, which ``convert_decoder`` converts below."""
+        if not type(backend).capable("decoder_deploy"):
+            pytest.skip(f"{self.backend_name} does not convert decoders (no convert_decoder)")
+        archs = backend.decoders.architectures
+        if archs is None:
+            pytest.skip(f"{self.backend_name} declares no architectures: the conversion decides")
+        assert isinstance(archs, tuple) and all(isinstance(a, str) and a == a.strip() and a for a in archs), archs
+        model_type = json.loads((self.model_dir() / "config.json").read_text())["model_type"]
+        assert backend.decoders.refusal(model_type, backend.name) is None
+        assert "not 'no_such_architecture'" in backend.decoders.refusal("no_such_architecture", backend.name)
+
     def test_unknown_convert_option_is_an_input_error(self, backend: Backend, tmp_path: Path) -> None:
         if not type(backend).capable("decoder_deploy"):
             pytest.skip(f"{self.backend_name} does not convert decoders (no convert_decoder)")
