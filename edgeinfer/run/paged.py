@@ -114,8 +114,8 @@ class PagedSession(Session):
     def from_artifacts(
         cls, backend: Backend, artifacts: Sequence[str | os.PathLike[str]], **options: Any
     ) -> PagedSession:
-        """What :func:`edgeinfer.run.bundle.open_session` calls for a segmented bundle (``manifest.paging`` spread into the
-        keywords). Facts a manifest may record about the split (``segments``, ``cuts``) are not
+        """What :func:`edgeinfer.run.bundle.open_session` calls for a segmented bundle (``manifest.paging``
+        spread into the keywords). Facts a manifest may record about the split (``segments``, ``cuts``) are not
         load options and are dropped here."""
         for informational in ("segments", "cuts", "index"):
             options.pop(informational, None)
