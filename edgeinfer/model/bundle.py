@@ -57,7 +57,6 @@ SCHEMA = "edgeinfer.bundle/1"
 MAX_SEQ = 131_072  # longest text a bundle may pad to (long-context embedding models use 8192)
 MAX_DIM = 2**31 - 1
 TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
-PAGING_KEYS = ("window", "prefetch", "resident_prefix", "segments", "cuts", "index")
 
 
 # --- the manifest: one schema, validated in full before anything in it is used ----------------------------
