@@ -237,7 +237,7 @@ def test_a_template_bomb_is_a_400_naming_the_template(tiny_llms):
     assert e.value.status == 400 and "chat template of" in e.value.message and "tiny-bomb" in e.value.message
     assert time.monotonic() - start < 30
     ok = _gen(tiny_llms, {"model": "tiny-bomb", "prompt": "hi", "max_tokens": 2}, chat=False)  # no template
-    assert ok.ids and ok.options["max_new_tokens"] == 2
+    assert ok.ids and ok.options.max_new_tokens == 2
 
 
 def test_a_template_that_adds_text_beyond_the_context_is_refused_before_tokenizing(tiny_llms, tmp_path):

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
-from edgeinfer.contract import remote_code, stamp
+from edgeinfer.contract import remote_code
 from edgeinfer.errors import InputError, ModelError
 from edgeinfer.model import seal
 
@@ -76,20 +76,13 @@ def open_generator(bundle: Bundle, device: str | None = None, ctx: int | None = 
     from edgeinfer.run.generation.text import TextCodec
 
     m = bundle.manifest
-    built = int(m.decoder["context"])
     if backend and backend != m.backend:
         raise InputError(f"bundle {bundle.path} is for backend {m.backend!r}, not {backend!r}; omit --backend")
-    if ctx is None:
-        ctx = built
-    elif isinstance(ctx, bool) or not isinstance(ctx, int) or ctx < 1:
-        raise InputError(f"ctx must be a positive integer, got {ctx!r}")
-    elif ctx > built:
-        raise InputError(f"bundle {bundle.path} was built for a context of {built} tokens, not {ctx}; use --ctx "
-                         f"{built} or less, or deploy again with --ctx {ctx}")
+    ctx = loaded_context(bundle, ctx)
     codec = TextCodec(seal.contained(bundle.path, m.decoder.get("tokenizer", TOKENIZER), "decoder.tokenizer"))
     check_manifest(bundle, codec)
     be = plugins.get_backend(m.backend)
-    stamp.check(bundle.artifacts[0], backend=be, device=device)  # another toolkit's artifact: refused
+    # load_decoder reads the artifact's stamp once: another backend's or toolkit's artifact is refused there
     decoder = be.load_decoder(bundle.artifacts[0], device=device, context=ctx, slots=slots, **options)
     try:
         check_artifact(bundle, decoder, codec)
@@ -97,6 +90,19 @@ def open_generator(bundle: Bundle, device: str | None = None, ctx: int | None = 
         decoder.close()
         raise
     return Generator(decoder, codec, bundle.path.resolve().name)
+
+
+def loaded_context(bundle: Bundle, ctx: int | None) -> int:
+    """The context to load a decoder bundle with: ``ctx``, at most the one it was built for (the default)."""
+    built = int(bundle.manifest.decoder["context"])
+    if ctx is None:
+        return built
+    if isinstance(ctx, bool) or not isinstance(ctx, int) or ctx < 1:
+        raise InputError(f"ctx must be a positive integer, got {ctx!r}")
+    if ctx > built:
+        raise InputError(f"bundle {bundle.path} was built for a context of {built} tokens, not {ctx}; use --ctx "
+                         f"{built} or less, or deploy again with --ctx {ctx}")
+    return ctx
 
 
 # --- the manifest's facts against the files they describe ---------------------------------------------
