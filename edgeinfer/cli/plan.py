@@ -68,13 +68,13 @@ def render_plan(p: Plan) -> None:
     t.add_column("share", justify="right")
     t.add_column("basis", overflow="fold")
     det = p.details
-    basis = {"weights": det["weights"].get("basis", ""),
+    basis = {"weights": det.weights.basis,
              "kv_cache": ("layers × (kv_lora_rank + rope dim) latent (MLA)" if p.model.kv_row else
                           "2 × layers × kv_heads × head_dim") + " × ctx × batch × "
-                         f"{det['kv_cache']['bytes_per_element']:g} B",
-             "activations": det["activations"].get("basis", ""),
-             "runtime": f"{p.runtime}: {_ref(det['runtime']['source'])}",
-             "reserved": f"OS / driver: {_ref(det['reserved']['source'])}"}
+                         f"{det.kv_cache.bytes_per_element:g} B",
+             "activations": det.activations.basis,
+             "runtime": f"{p.runtime}: {_ref(det.runtime.source)}",
+             "reserved": f"OS / driver: {_ref(det.reserved.source)}"}
     for k, v in p.breakdown.items():
         share = v / p.capacity_bytes * 100 if p.capacity_bytes else 0
         t.add_row(f"[{COLOURS[k]}]■[/] {k}", _gib(v), f"{share:.1f}%", basis[k])
@@ -100,7 +100,7 @@ def render_plan(p: Plan) -> None:
     if e["prefill_tokens_per_s"] is not None and e.get("prefill_tokens_per_s_unpaged") is None:
         con.print(f"prefill ≈ {e['prefill_tokens_per_s']:.0f} tok/s "
                   f"({e['prefill_fraction_of_peak'] * 100:.1f}% of peak compute)")
-    pg = d["memory"]["details"].get("paging")
+    pg = p.details.paging
     if pg:
         stream = f"{pg['streamed_bytes_per_token'] / GIB:.2f} GiB/token from {pg['storage_source'].split(':')[0]}"
         con.print(f"paging: {min(pg['window'], pg['segments'])} of {pg['segments']} segments resident "

@@ -12,6 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from edgeinfer.errors import InputError
+from edgeinfer.planning import details
 from edgeinfer.planning.boards import GIB, Board, get_board, load_boards
 from edgeinfer.planning.models import resolve
 from edgeinfer.planning.models.spec import ModelSpec
@@ -58,7 +59,7 @@ def format_key(s: Scheme) -> str:
 
 
 # ----------------------------------------------------------------------------- memory model
-def weights_bytes(spec: ModelSpec, scheme: Scheme, prof: dict) -> tuple[int, dict]:
+def weights_bytes(spec: ModelSpec, scheme: Scheme, prof: dict) -> tuple[int, details.WeightsDetail]:
     """Resident weight bytes and their detail."""
     dup = bool(prof.get("tied_duplicated")) and spec.tied_embeddings and not spec.encoder
     emb_min = prof.get("embed_bits_min", 0) or 0
@@ -67,8 +68,8 @@ def weights_bytes(spec: ModelSpec, scheme: Scheme, prof: dict) -> tuple[int, dic
                   if any(s in k for s in ("embed_tokens", "word_embeddings", "token_embd")))
         extra = emb if dup else 0
         total = spec.file_weight_bytes + extra
-        return total, {"basis": f"exact per-tensor bytes from the {spec.file_format} file",
-                       "file_bytes": spec.file_weight_bytes, "embedding_duplicate": extra}
+        return total, details.WeightsDetail(f"exact per-tensor bytes from the {spec.file_format} file",
+                                            file_bytes=spec.file_weight_bytes, embedding_duplicate=extra)
     if not spec.params_total:
         raise InputError(f"model '{spec.name}' has no parameter count", "pass a model file or a config.json")
     bpw = scheme.bpw
@@ -85,9 +86,9 @@ def weights_bytes(spec: ModelSpec, scheme: Scheme, prof: dict) -> tuple[int, dic
         elif dup:
             head = emb_p * bpw / 8
     total = int(math.ceil(body + emb + head))
-    return total, {"basis": f"parameter counts × {bpw:g} bits per weight ({scheme.name})",
-                   "body": int(body), "embedding": int(emb), "lm_head": int(head),
-                   "embedding_bits": emb_bits}
+    basis = f"parameter counts × {bpw:g} bits per weight ({scheme.name})"
+    return total, details.WeightsDetail(basis, body=int(body), embedding=int(emb), lm_head=int(head),
+                                        embedding_bits=emb_bits)
 
 
 def kv_bytes(spec: ModelSpec, ctx: int, batch: int, kv_b: float) -> int:
@@ -99,10 +100,11 @@ def kv_bytes(spec: ModelSpec, ctx: int, batch: int, kv_b: float) -> int:
     return int(math.ceil(spec.kv_elements * kv_b * batch * tokens))
 
 
-def activation_bytes(spec: ModelSpec, ctx: int, batch: int, prof: dict) -> tuple[int, dict]:
+def activation_bytes(spec: ModelSpec, ctx: int, batch: int,
+                     prof: dict) -> tuple[int, details.ActivationsDetail]:
     """Largest single layer's buffers + inputs + logits (layers run one after another)."""
     if not spec.layers or not spec.hidden:
-        return 0, {"basis": "architecture unknown: activations not modelled"}
+        return 0, details.ActivationsDetail("architecture unknown: activations not modelled")
     h, nh = spec.hidden, max(spec.heads, 1)
     hd = spec.head_dim or h // nh
     inter = spec.experts_per_token * spec.moe_intermediate if spec.is_moe else spec.intermediate
@@ -126,10 +128,11 @@ def activation_bytes(spec: ModelSpec, ctx: int, batch: int, prof: dict) -> tuple
     logits = 0 if spec.encoder else batch * spec.vocab * ACT_BYTES
     out = tok * h * ACT_BYTES if spec.encoder else 0
     total = int(max(inputs + max(attn, ffn) + logits + out, spec.vision_activation_bytes))  # vision runs first
-    return total, {"basis": ("whole sequence" if spec.encoder else f"prefill chunk of {n} tokens")
-                   + (", fused attention" if fused else ", attention scores materialised"),
-                   "tokens_per_step": n, "inputs": int(inputs), "attention": int(attn), "ffn": int(ffn),
-                   "logits": int(logits + out), "vision_encoder": spec.vision_activation_bytes}
+    basis = ("whole sequence" if spec.encoder else f"prefill chunk of {n} tokens") + (
+        ", fused attention" if fused else ", attention scores materialised")
+    return total, details.ActivationsDetail(basis, tokens_per_step=n, inputs=int(inputs), attention=int(attn),
+                                            ffn=int(ffn), logits=int(logits + out),
+                                            vision_encoder=spec.vision_activation_bytes)
 
 
 def decode_stream_bytes(spec: ModelSpec, scheme: Scheme, prof: dict) -> int:
@@ -156,7 +159,7 @@ class Plan:
     batch: int
     kv_dtype: str
     breakdown: dict[str, int]
-    details: dict
+    details: details.MemoryDetails
     fits: bool
     reasons: list[str]
     limits: list[dict]
@@ -199,7 +202,7 @@ class Plan:
             "reasons": list(self.reasons),
             "memory": {"total_bytes": self.total_bytes, "capacity_bytes": self.capacity_bytes,
                        "usable_bytes": self.usable_bytes, "headroom_bytes": self.headroom_bytes,
-                       "breakdown": dict(self.breakdown), "details": self.details, "limits": self.limits},
+                       "breakdown": dict(self.breakdown), "details": self.details.to_dict(), "limits": self.limits},
             "estimates": self.estimates,
             "suggestions": self.suggestions,
             "warnings": list(self.warnings),
@@ -336,12 +339,9 @@ def _memory(spec, board, runtime, scheme, ctx, batch, kv_b):
         rt += int((1 - frac["value"]) * board.usable_bytes)
     bd = {"weights": int(w), "kv_cache": int(kv), "activations": int(act), "runtime": rt,
           "reserved": board.reserve_bytes}
-    det = {"weights": wd, "activations": ad,
-           "kv_cache": {"bytes_per_element": kv_b, "tokens": ctx, "batch": batch,
-                        "bytes_per_token": spec.kv_bytes_per_token(kv_b)},
-           "runtime": {"overhead_mib": ov["value"], "source": ov.get("source"),
-                       "memory_fraction": frac["value"] if frac else None},
-           "reserved": {"gib": board.os_reserve_gib.value, "source": board.os_reserve_gib.source}}
+    det = details.MemoryDetails(wd, ad, details.KvCacheDetail(kv_b, ctx, batch, spec.kv_bytes_per_token(kv_b)),
+                                details.RuntimeDetail(ov["value"], ov.get("source"), frac["value"] if frac else None),
+                                details.ReservedDetail(board.os_reserve_gib.value, board.os_reserve_gib.source))
     return bd, det
 
 
@@ -428,9 +428,9 @@ def _merge_paging(p: Plan, r: PagedPlan, unpaged: Verdict) -> None:
     """Turn ``p`` into its paged form: resident weights in the breakdown, the verdict on the resident
     total and the NPU window (paging answers the weights-window warning), paged speed estimates."""
     res = r.cost
-    p.details["paging"] = res
-    p.details["weights"] = {**p.details.get("weights", {}), "total_bytes_unpaged": r.unpaged_weight_bytes,
-                            "paged": f"{r.resident_segments} of {r.segments} segments resident"}
+    p.details.paging = res
+    p.details.weights.total_bytes_unpaged = r.unpaged_weight_bytes
+    p.details.weights.paged = f"{r.resident_segments} of {r.segments} segments resident"
     p.breakdown["weights"] = r.resident_weight_bytes
     if res.get("rule") != "decoder":  # a decoder's runtime keeps one set of buffers however many segments load
         p.breakdown["activations"] = int(res["buffer_bytes"])  # each resident segment's own (docs/paging.md)
