@@ -35,7 +35,7 @@ from edgeinfer.planning.boards import Board, get_board
 from edgeinfer.planning.quant import normalize_scheme
 from edgeinfer.progress import Progress
 from edgeinfer.run.generation import golden
-from edgeinfer.run.loading import DEFAULT_CONTEXT, is_decoder_dir, model_context_limit
+from edgeinfer.run.loading import default_context, is_decoder_dir, model_context_limit
 
 GOLDEN_PROMPTS = 4
 GOLDEN_TOKENS = 32
@@ -212,9 +212,9 @@ def choose_scheme(b: Board, backend: Backend, quant: str | None, runtime: str) -
 
 
 def check_context(hf_dir: Path, ctx: int | None) -> int:
-    limit = model_context_limit(hf_dir)
     if ctx is None:
-        return min(limit or DEFAULT_CONTEXT, DEFAULT_CONTEXT)
+        return default_context(hf_dir)
+    limit = model_context_limit(hf_dir)
     if isinstance(ctx, bool) or not isinstance(ctx, int) or ctx < 1:
         raise InputError(f"--ctx must be a positive number of tokens, got {ctx}")
     if limit is not None and ctx > limit:

@@ -55,15 +55,14 @@ def open_llm(path: Path, bundle: Any = None, ctx: int | None = None) -> ServedDe
     from edgeinfer.model import seal
     from edgeinfer.model.decoder_bundle import loaded_context
     from edgeinfer.run.generation.text import TextCodec
-    from edgeinfer.run.loading import DEFAULT_CONTEXT, model_context_limit
+    from edgeinfer.run.loading import default_context
 
     if bundle is not None:
         m = bundle.manifest
         context = loaded_context(bundle, ctx)
         codec = TextCodec(seal.contained(bundle.path, m.decoder.get("tokenizer", "tokenizer"), "decoder.tokenizer"))
         return ServedDecoder(bundle.path.resolve().name, bundle.path, m.backend, context, codec, m.board, m.scheme)
-    limit = model_context_limit(path)
-    context = ctx or min(limit or DEFAULT_CONTEXT, DEFAULT_CONTEXT)
+    context = ctx or default_context(path)
     return ServedDecoder(path.resolve().name, path, DECODER_REFERENCE, context, TextCodec(path), "", "fp32")
 
 
