@@ -368,7 +368,7 @@ def test_planner_pages_a_model_that_does_not_fit():
 def test_planner_suggests_the_widest_window_that_fits():
     from edgeinfer.planning.planner import plan
 
-    sug = plan("Qwen/Qwen3-8B", "rk3588-8g").suggestions["paging"]
+    sug = plan("Qwen/Qwen3-8B", "rk3588-8g").suggestions.paging
     assert sug is not None
     assert plan("Qwen/Qwen3-8B", "rk3588-8g", paging=sug["window"], suggest=False).fits
     assert not plan("Qwen/Qwen3-8B", "rk3588-8g", paging=sug["window"] + 1, suggest=False).fits

@@ -114,14 +114,14 @@ def render_plan(p: Plan) -> None:
                       f"{pg['decode_tokens_per_s_unpaged']:.3g} tok/s unpaged → {pg['decode_tokens_per_s']:.3g} "
                       f"tok/s with {pg['segments']} segments, {min(pg['window'], pg['segments'])} resident "
                       f"(embedding on the host; predicted for {p.runtime}, not measured)")
-    s = d["suggestions"]
+    s = p.suggestions
     if s and not p.fits:
         con.print("[bold]suggestions[/]")
-        con.print(f"  largest context that fits: {s['max_ctx'] if s['max_ctx'] else 'none'}")
-        con.print(f"  best scheme that fits at ctx {p.ctx}: {s['quant'] or 'none'}")
-        con.print(f"  smallest {p.board.family} board that fits: {s['board'] or 'none'}")
-        if s.get("paging"):
-            sp = s["paging"]
+        con.print(f"  largest context that fits: {s.max_ctx if s.max_ctx else 'none'}")
+        con.print(f"  best scheme that fits at ctx {p.ctx}: {s.quant or 'none'}")
+        con.print(f"  smallest {p.board.family} board that fits: {s.board or 'none'}")
+        if s.paging:
+            sp = s.paging
             con.print(f"  paging that fits: --paging {sp['window']} ({sp['segments']} segments, "
                       f"{_gib(sp['streamed_bytes_per_token'])}/token streamed from {sp['storage'].split(':')[0]})")
     cal = p.board.calibration

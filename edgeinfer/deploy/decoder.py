@@ -269,14 +269,14 @@ def plan_or_refuse(hf_dir: Path, b: Board, scheme: str, context: int, runtime: s
 
 def suggestion(p: Any) -> str:
     """The plan's suggestions as one phrase."""
-    s = p.suggestions or {}
+    s = p.suggestions
     tries = []
-    if s.get("max_ctx"):
-        tries.append(f"--ctx {s['max_ctx']}")
-    if s.get("quant") and s["quant"] != p.scheme.name:
-        tries.append(f"--quant {s['quant']}")
-    if s.get("board"):
-        tries.append(f"--board {s['board']}")
+    if s and s.max_ctx:
+        tries.append(f"--ctx {s.max_ctx}")
+    if s and s.quant and s.quant != p.scheme.name:
+        tries.append(f"--quant {s.quant}")
+    if s and s.board:
+        tries.append(f"--board {s.board}")
     return "try " + " or ".join(tries) if tries else "no smaller context or scheme fits this board"
 
 

@@ -1,9 +1,10 @@
-"""The named parts of a plan's memory figures: ``Plan.details``, ``memory.details`` in ``edgeinfer plan --json``
-(schemas/plan.schema.json). Each part says how its share of the breakdown was worked out (docs/planner.md)."""
+"""The named parts of a plan: its memory details (``Plan.details``, ``memory.details`` in ``edgeinfer plan
+--json``: how each share of the breakdown was worked out, docs/planner.md) and its suggestions
+(``Plan.suggestions``). schemas/plan.schema.json gives their JSON."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 
@@ -82,3 +83,18 @@ class MemoryDetails:
         if self.paging is not None:
             out["paging"] = self.paging
         return out
+
+
+@dataclass
+class Suggestions:
+    """What would make a plan fit: the largest context, the best scheme, the smallest board of the family."""
+
+    max_ctx: int | None = None
+    quant: str | None = None  # the best scheme that fits at the plan's context
+    quants_that_fit: list[dict[str, Any]] = field(default_factory=list)  # {quant, runtime, bits_per_weight}
+    board: str | None = None
+    paging: dict[str, Any] | None = None  # a paging window that fits (planning.paging.suggest_window)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

@@ -164,7 +164,7 @@ class Plan:
     reasons: list[str]
     limits: list[dict]
     estimates: dict
-    suggestions: dict = field(default_factory=dict)
+    suggestions: details.Suggestions | None = None  # None: not asked for
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -204,7 +204,7 @@ class Plan:
                        "usable_bytes": self.usable_bytes, "headroom_bytes": self.headroom_bytes,
                        "breakdown": dict(self.breakdown), "details": self.details.to_dict(), "limits": self.limits},
             "estimates": self.estimates,
-            "suggestions": self.suggestions,
+            "suggestions": self.suggestions.to_dict() if self.suggestions else {},
             "warnings": list(self.warnings),
         }
 
@@ -452,10 +452,9 @@ def _merge_paging(p: Plan, r: PagedPlan, unpaged: Verdict) -> None:
             est[k] = res[k]
 
 
-def suggestions(p: Plan, extra_boards=()) -> dict:
+def suggestions(p: Plan, extra_boards=()) -> details.Suggestions:
     spec, b, kv_b = p.model, p.board, kv_bytes_per_element(p.kv_dtype)
-    out: dict = {"max_ctx": None, "quant": None, "quants_that_fit": [], "board": None,
-                 "paging": None if p.fits else suggest_window(p, _prefill_chunk(p.runtime)), "notes": []}
+    out = details.Suggestions(paging=None if p.fits else suggest_window(p, _prefill_chunk(p.runtime)))
     # largest context that fits (memory grows with ctx: binary search)
     rt = b.runtimes[p.runtime]
     hi = rt.max_context or 2**20
@@ -472,7 +471,7 @@ def suggestions(p: Plan, extra_boards=()) -> dict:
                 lo = mid
             else:
                 top = mid - 1
-        out["max_ctx"] = lo
+        out.max_ctx = lo
     # schemes that fit at the requested context, best quality first
     kind = "encoder" if spec.encoder else "decoder"
     seen = {}
@@ -484,8 +483,8 @@ def suggestions(p: Plan, extra_boards=()) -> dict:
             if sc.name not in seen and _fits(spec, b, rname, sc, p.ctx, p.batch, kv_b):
                 seen[sc.name] = (sc.bpw, rname)
     ranked = sorted(seen.items(), key=lambda kv: -kv[1][0])
-    out["quants_that_fit"] = [{"quant": n, "runtime": r, "bits_per_weight": bpw} for n, (bpw, r) in ranked]
-    out["quant"] = ranked[0][0] if ranked else None
+    out.quants_that_fit = [{"quant": n, "runtime": r, "bits_per_weight": bpw} for n, (bpw, r) in ranked]
+    out.quant = ranked[0][0] if ranked else None
     # smallest board of the same family that fits with the same options (only needed when it does not fit:
     # loading every profile costs tens of milliseconds on the fast path)
     if b.family != "host" and not p.fits:
@@ -493,6 +492,6 @@ def suggestions(p: Plan, extra_boards=()) -> dict:
         for x in sorted(fam, key=lambda x: (x.total_bytes, x.name)):
             if p.runtime in x.runtimes and p.scheme.name in x.runtimes[p.runtime].schemes \
                     and _fits(spec, x, p.runtime, p.scheme, p.ctx, p.batch, kv_b):
-                out["board"] = x.name
+                out.board = x.name
                 break
     return out
