@@ -12,7 +12,7 @@ import pytest
 from edgeinfer.contract.generation import GenerationOptions
 from edgeinfer.errors import InputError, ModelError
 from edgeinfer.run.generation.sampling import Sampler, penalize, softmax, top2_margin, top_k, top_p
-from edgeinfer.run.generation.stopping import StopStrings
+from edgeinfer.run.generation.stopping import ContextExceeded, StopStrings, context_room, eos_ids, length_reached
 from edgeinfer.run.generation.text import TextCodec
 from edgeinfer.testing.llm import TEMPLATE_BOMB
 
@@ -152,6 +152,26 @@ def test_held_text_is_released_when_it_cannot_become_a_stop_string():
 def test_first_of_several_stop_strings_wins():
     s = StopStrings(["world", "lo w"])
     assert s.feed("hello world") == "hel"
+
+
+def test_the_max_new_tokens_stop_and_the_eos_ids_of_a_request():
+    opts = GenerationOptions(max_new_tokens=3)
+    assert [length_reached(n, opts) for n in (0, 2, 3, 4)] == [False, False, True, True]
+    assert eos_ids(opts, (7, 9)) == {7, 9}  # the model's
+    assert eos_ids(opts.with_(eos_token_ids=(5,)), (7, 9)) == {5}  # the request's instead
+    assert eos_ids(opts.with_(eos_token_ids=(5,), ignore_eos=True), (7, 9)) == frozenset()
+
+
+def test_the_context_room_a_prompt_leaves():
+    assert context_room(10, 16, 6) == 6  # exactly fits
+    assert context_room(10, 16) == 6  # no max: all the room left
+    with pytest.raises(ContextExceeded, match=r"prompt \(10 tokens\) \+ max_new_tokens \(7\) exceed the context "
+                                              "of 16 tokens .*; lower max_new_tokens to 6") as e:
+        context_room(10, 16, 7)
+    assert (e.value.prompt, e.value.context, e.value.wanted, e.value.room) == (10, 16, 7, 6)
+    with pytest.raises(ContextExceeded, match="shorten the prompt") as e:
+        context_room(16, 16)
+    assert e.value.room == 0 and isinstance(e.value, InputError)
 
 
 # --- tokenizer, template, streaming ---------------------------------------------------------------

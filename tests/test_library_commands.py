@@ -45,7 +45,7 @@ def test_run_once_text_needs_a_bundle(mlp):
 def test_one_model_on_one_board_is_a_plan_with_suggestions():
     p = plan_models(["qwen3-8b"], "rk3588-8g", quant="w8a8")
     assert isinstance(p, Plan) and not p.fits
-    assert p.suggestions["board"] == "rk3588-16g"
+    assert p.suggestions.board == "rk3588-16g"
 
 
 def test_several_models_make_a_matrix_in_model_major_order():

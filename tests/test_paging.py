@@ -351,7 +351,7 @@ def test_planner_pages_a_model_that_does_not_fit():
     whole = plan("Qwen/Qwen3-8B", "rk3588-8g", suggest=False)
     assert not whole.fits  # 8.2 GB of w8a8 weights on an 8 GB board
     paged = plan("Qwen/Qwen3-8B", "rk3588-8g", paging=6, storage="nvme", suggest=False)
-    pg = paged.details["paging"]
+    pg = paged.details.paging
     # a decoder on the board's own runtime: the NPU window of segments + the host's embedding table
     assert paged.runtime == "rknn"
     assert paged.breakdown["weights"] == pg["npu_resident_bytes"] + pg["host_weight_bytes"]
@@ -367,7 +367,7 @@ def test_planner_pages_a_model_that_does_not_fit():
 def test_planner_suggests_the_widest_window_that_fits():
     from edgeinfer.planning.planner import plan
 
-    sug = plan("Qwen/Qwen3-8B", "rk3588-8g").suggestions["paging"]
+    sug = plan("Qwen/Qwen3-8B", "rk3588-8g").suggestions.paging
     assert sug is not None
     assert plan("Qwen/Qwen3-8B", "rk3588-8g", paging=sug["window"], suggest=False).fits
     assert not plan("Qwen/Qwen3-8B", "rk3588-8g", paging=sug["window"] + 1, suggest=False).fits
@@ -417,6 +417,6 @@ def test_each_resident_segment_budgets_its_own_activation_buffers():
     for w in (1, 3, 6):
         p = plan("all-minilm-l6-v2", "host", quant="fp32", ctx=128, batch=32, paging=w, suggest=False)
         assert p.breakdown["activations"] == w * act
-        assert p.details["paging"]["resident_instances"] == w
+        assert p.details.paging["resident_instances"] == w
         assert p.total_bytes == (p.breakdown["weights"] + w * act + p.breakdown["kv_cache"]
                                  + p.breakdown["runtime"] + p.breakdown["reserved"])

@@ -27,13 +27,13 @@ def test_fit_verdicts_and_family_suggestion():
     assert plan("Qwen/Qwen3-8B", "rk3588-16g", quant="w8a8", ctx=4096).fits
     p = plan("Qwen/Qwen3-8B", "rk3588-8g", quant="w8a8", ctx=4096)
     assert not p.fits and p.reasons
-    assert p.suggestions["board"] == "rk3588-16g"  # 8.2 GB of int8 weights cannot fit 8 GiB
-    assert p.suggestions["max_ctx"] is None and p.suggestions["quant"] is None
+    assert p.suggestions.board == "rk3588-16g"  # 8.2 GB of int8 weights cannot fit 8 GiB
+    assert p.suggestions.max_ctx is None and p.suggestions.quant is None
 
 
 def test_max_ctx_suggestion_is_tight():
     p = plan("meta-llama/Llama-2-13b-hf", "rk3588-16g", quant="w8a8", ctx=4096)
-    m = p.suggestions["max_ctx"]
+    m = p.suggestions.max_ctx
     assert m is not None and 0 < m < 4096  # 13 GB weights + 800 KiB/token of KV
     assert plan("meta-llama/Llama-2-13b-hf", "rk3588-16g", quant="w8a8", ctx=m, suggest=False).fits
     assert not plan("meta-llama/Llama-2-13b-hf", "rk3588-16g", quant="w8a8", ctx=m + 1, suggest=False).fits
@@ -42,8 +42,8 @@ def test_max_ctx_suggestion_is_tight():
 def test_quant_suggestion_on_rk3576():
     p = plan("Qwen/Qwen3-8B", "rk3576-8g", quant="w8a8", ctx=4096)
     # w4a16_g32 = 4 + 16/32 = 4.5 bpw: ~4.6 GB of weights fit 8 GiB; int8 (8.2 GB) does not
-    assert not p.fits and p.suggestions["quant"] == "w4a16_g32"
-    assert "w8a8" not in [q["quant"] for q in p.suggestions["quants_that_fit"]]
+    assert not p.fits and p.suggestions.quant == "w4a16_g32"
+    assert "w8a8" not in [q["quant"] for q in p.suggestions.quants_that_fit]
 
 
 def test_w4a16_on_rk3588_is_an_error_naming_supported():

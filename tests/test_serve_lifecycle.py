@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from edgeinfer.serve.workers import STOP_GRACE_S
+from edgeinfer.serve.supervisor import STOP_GRACE_S
 from edgeinfer.testing import minilm
 from edgeinfer.testing.llm import model_dir
 from edgeinfer.testing.serve import ServerProc, minilm_bundle, slow_bundle

@@ -104,12 +104,12 @@ def test_a_native_loop_gives_no_logprobs_the_scheduler_ends_such_a_request_and_t
     for chat, body in ((True, ChatRequest.model_validate({"messages": msgs, "logprobs": True})),
                        (False, CompletionRequest.model_validate({"prompt": "hi", "logprobs": 0}))):
         ids, options = prompt_and_options(llm, body, chat)
-        assert ids and options["logprobs"] == 0
+        assert ids and options.logprobs == 0
         with pytest.raises(ApiError, match="openvino backend of tiny-ov .* does not expose logprobs") as e:
-            check_logprobs(eng, options["logprobs"])
+            check_logprobs(eng, options.logprobs)
         assert e.value.status == 400
         plain = body.model_copy(update={"logprobs": None if not chat else False})
-        check_logprobs(eng, prompt_and_options(llm, plain, chat)[1]["logprobs"])  # no logprobs asked: served
+        check_logprobs(eng, prompt_and_options(llm, plain, chat)[1].logprobs)  # no logprobs asked: served
     eng.info = {"native_loop": False}
     check_logprobs(eng, 0)
 

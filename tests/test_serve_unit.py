@@ -245,7 +245,7 @@ def test_a_template_bomb_is_a_400_naming_the_template(tiny_llms):
     assert e.value.status == 400 and "chat template of" in e.value.message and "tiny-bomb" in e.value.message
     assert time.monotonic() - start < 30
     ok = _gen(tiny_llms, {"model": "tiny-bomb", "prompt": "hi", "max_tokens": 2}, chat=False)  # no template
-    assert ok.ids and ok.options["max_new_tokens"] == 2
+    assert ok.ids and ok.options.max_new_tokens == 2
 
 
 def test_a_template_that_adds_text_beyond_the_context_is_refused_before_tokenizing(tiny_llms, tmp_path):
@@ -263,3 +263,55 @@ def test_a_template_that_adds_text_beyond_the_context_is_refused_before_tokenizi
     with pytest.raises(ApiError) as e:
         _gen(llms, {"messages": [{"role": "user", "content": "hi"}]})
     assert e.value.status == 400 and "renders these messages as 40000002 characters" in e.value.message
+
+
+def test_the_supervisor_restarts_a_crashed_worker_until_the_crash_window_is_full():
+    """The restart rule both kinds of worker share, without processes: a worker that never became ready fails
+    start-up; a crash after it was ready restarts it, more than max_restarts in the window give it up; a kill
+    by the main process is not a crash; a stopped one stays stopped. (Real processes: test_serve_lifecycle.)"""
+    from types import SimpleNamespace
+
+    from edgeinfer.serve.supervisor import Supervisor
+
+    class Watched(Supervisor):
+        def __init__(self):
+            super().__init__("watched", max_restarts=2, restart_window_s=60.0)
+            self.outcomes: list[tuple[int | None, str]] = []
+            self.messages: list[tuple] = []
+            self.spawned = 0
+
+        def spawn(self):  # stands in for a real process start
+            self.spawned += 1
+            self.generation += 1
+            self.process = SimpleNamespace(exitcode=-9, kill=lambda: None)
+
+        def on_message(self, msg):
+            self.messages.append(msg)
+
+        def on_exit(self, code, outcome):
+            self.outcomes.append((code, outcome))
+
+    def exit_now(w: Watched) -> str:
+        w._exited(w.generation)
+        return w.outcomes[-1][1]
+
+    w = Watched()
+    w.spawn()
+    assert exit_now(w) == "failed" and w.spawned == 1 and w.restarts == 0  # never ready: no restart
+    w = Watched()
+    w.spawn()
+    w._message(w.generation, ("ready", {"pid": 42}))
+    assert w.pid == 42 and not w.loading
+    assert [exit_now(w) for _ in range(3)] == ["restarting", "restarting", "gave up"]
+    assert w.spawned == 3 and w.restarts == 2 and w.outcomes[0] == (-9, "restarting")
+    w = Watched()
+    w.spawn()
+    w._message(w.generation, ("ready", {"pid": 7}))
+    for _ in range(4):
+        w.kill()
+        assert exit_now(w) == "restarting"  # the main process's own kills never give a worker up
+    w._message(w.generation - 1, ("fatal", "from a process it replaced"))  # dropped
+    w._exited(w.generation - 1)  # dropped too
+    assert w.messages == [("ready", {"pid": 7})] and len(w.outcomes) == 4 and w.spawned == 5
+    w.stopping = True
+    assert exit_now(w) == "stopped" and w.spawned == 5

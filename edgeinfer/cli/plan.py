@@ -68,13 +68,13 @@ def render_plan(p: Plan) -> None:
     t.add_column("share", justify="right")
     t.add_column("basis", overflow="fold")
     det = p.details
-    basis = {"weights": det["weights"].get("basis", ""),
+    basis = {"weights": det.weights.basis,
              "kv_cache": ("layers × (kv_lora_rank + rope dim) latent (MLA)" if p.model.kv_row else
                           "2 × layers × kv_heads × head_dim") + " × ctx × batch × "
-                         f"{det['kv_cache']['bytes_per_element']:g} B",
-             "activations": det["activations"].get("basis", ""),
-             "runtime": f"{p.runtime}: {_ref(det['runtime']['source'])}",
-             "reserved": f"OS / driver: {_ref(det['reserved']['source'])}"}
+                         f"{det.kv_cache.bytes_per_element:g} B",
+             "activations": det.activations.basis,
+             "runtime": f"{p.runtime}: {_ref(det.runtime.source)}",
+             "reserved": f"OS / driver: {_ref(det.reserved.source)}"}
     for k, v in p.breakdown.items():
         share = v / p.capacity_bytes * 100 if p.capacity_bytes else 0
         t.add_row(f"[{COLOURS[k]}]■[/] {k}", _gib(v), f"{share:.1f}%", basis[k])
@@ -100,7 +100,7 @@ def render_plan(p: Plan) -> None:
     if e["prefill_tokens_per_s"] is not None and e.get("prefill_tokens_per_s_unpaged") is None:
         con.print(f"prefill ≈ {e['prefill_tokens_per_s']:.0f} tok/s "
                   f"({e['prefill_fraction_of_peak'] * 100:.1f}% of peak compute)")
-    pg = d["memory"]["details"].get("paging")
+    pg = p.details.paging
     if pg:
         stream = f"{pg['streamed_bytes_per_token'] / GIB:.2f} GiB/token from {pg['storage_source'].split(':')[0]}"
         con.print(f"paging: {min(pg['window'], pg['segments'])} of {pg['segments']} segments resident "
@@ -114,14 +114,14 @@ def render_plan(p: Plan) -> None:
                       f"{pg['decode_tokens_per_s_unpaged']:.3g} tok/s unpaged → {pg['decode_tokens_per_s']:.3g} "
                       f"tok/s with {pg['segments']} segments, {min(pg['window'], pg['segments'])} resident "
                       f"(embedding on the host; predicted for {p.runtime}, not measured)")
-    s = d["suggestions"]
+    s = p.suggestions
     if s and not p.fits:
         con.print("[bold]suggestions[/]")
-        con.print(f"  largest context that fits: {s['max_ctx'] if s['max_ctx'] else 'none'}")
-        con.print(f"  best scheme that fits at ctx {p.ctx}: {s['quant'] or 'none'}")
-        con.print(f"  smallest {p.board.family} board that fits: {s['board'] or 'none'}")
-        if s.get("paging"):
-            sp = s["paging"]
+        con.print(f"  largest context that fits: {s.max_ctx if s.max_ctx else 'none'}")
+        con.print(f"  best scheme that fits at ctx {p.ctx}: {s.quant or 'none'}")
+        con.print(f"  smallest {p.board.family} board that fits: {s.board or 'none'}")
+        if s.paging:
+            sp = s.paging
             con.print(f"  paging that fits: --paging {sp['window']} ({sp['segments']} segments, "
                       f"{_gib(sp['streamed_bytes_per_token'])}/token streamed from {sp['storage'].split(':')[0]})")
     cal = p.board.calibration

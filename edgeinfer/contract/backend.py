@@ -409,7 +409,9 @@ class Backend:
                 raise InputError(f"{name} must be a positive integer, got {value!r}")
         check_options(options, self.decoders.options, f"backend {self.name!r} decoder")
         remote_code.allowed(path)
-        built = (stamp.read(path) or {}).get("context")  # an artifact of convert_decoder: its context is a limit
+        # the one stamp read of the generate path: another backend's or toolkit's artifact is refused; the
+        # context of an artifact of convert_decoder is a limit
+        built = (stamp.check(path, backend=self, device=device) or {}).get("context")
         if isinstance(built, int) and context > built:
             raise InputError(f"{path.name} was converted for a context of {built} tokens, not {context}; use "
                              f"{built} or less, or convert again for {context}")

@@ -39,7 +39,7 @@ from edgeinfer.planning.device_memory import check_decoder_fits
 from edgeinfer.progress import Progress
 from edgeinfer.run import bundle as run_bundle
 from edgeinfer.run.generation import golden
-from edgeinfer.run.loading import DEFAULT_CONTEXT
+from edgeinfer.run.loading import default_context
 
 GOLDEN_PROMPTS = 4
 GOLDEN_TOKENS = 32
@@ -216,9 +216,9 @@ def choose_scheme(b: Board, backend: Backend, quant: str | None, runtime: str) -
 
 
 def check_context(hf_dir: Path, ctx: int | None) -> int:
-    limit = model_context_limit(hf_dir)
     if ctx is None:
-        return min(limit or DEFAULT_CONTEXT, DEFAULT_CONTEXT)
+        return default_context(hf_dir)
+    limit = model_context_limit(hf_dir)
     if isinstance(ctx, bool) or not isinstance(ctx, int) or ctx < 1:
         raise InputError(f"--ctx must be a positive number of tokens, got {ctx}")
     if limit is not None and ctx > limit:
@@ -273,14 +273,14 @@ def plan_or_refuse(hf_dir: Path, b: Board, scheme: str, context: int, runtime: s
 
 def suggestion(p: Any) -> str:
     """The plan's suggestions as one phrase."""
-    s = p.suggestions or {}
+    s = p.suggestions
     tries = []
-    if s.get("max_ctx"):
-        tries.append(f"--ctx {s['max_ctx']}")
-    if s.get("quant") and s["quant"] != p.scheme.name:
-        tries.append(f"--quant {s['quant']}")
-    if s.get("board"):
-        tries.append(f"--board {s['board']}")
+    if s and s.max_ctx:
+        tries.append(f"--ctx {s.max_ctx}")
+    if s and s.quant and s.quant != p.scheme.name:
+        tries.append(f"--quant {s.quant}")
+    if s and s.board:
+        tries.append(f"--board {s.board}")
     return "try " + " or ".join(tries) if tries else "no smaller context or scheme fits this board"
 
 

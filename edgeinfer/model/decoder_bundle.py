@@ -67,6 +67,19 @@ def check_paths(root: Path, section: dict[str, Any], sealed: set[str]) -> None:
                              "deploy the model again")
 
 
+def loaded_context(bundle: Bundle, ctx: int | None) -> int:
+    """The context to load a decoder bundle with: ``ctx``, at most the one it was built for (the default)."""
+    built = int(bundle.manifest.decoder["context"])
+    if ctx is None:
+        return built
+    if isinstance(ctx, bool) or not isinstance(ctx, int) or ctx < 1:
+        raise InputError(f"ctx must be a positive integer, got {ctx!r}")
+    if ctx > built:
+        raise InputError(f"bundle {bundle.path} was built for a context of {built} tokens, not {ctx}; use --ctx "
+                         f"{built} or less, or deploy again with --ctx {ctx}")
+    return ctx
+
+
 # --- the golden reference kept in the bundle ---------------------------------------------------------
 
 

@@ -169,9 +169,15 @@ def _storage(board: Any, storage: str | None) -> tuple[float | None, str, str]:
     raise InputError(f"unknown storage {storage!r}; use one of: board, {', '.join(STORAGE_GBPS)}")
 
 
+def unpaged_weight_bytes(p: Any) -> int:
+    """All the weights of plan ``p``, also when it is already paged (its breakdown holds the resident ones)."""
+    unpaged = p.details.weights.total_bytes_unpaged
+    return p.breakdown["weights"] if unpaged is None else unpaged
+
+
 def _plan_segments(p: Any, segments: int | None) -> list[int]:
     spec = p.model
-    weights = int(p.details.get("weights", {}).get("total_bytes_unpaged", p.breakdown["weights"]))
+    weights = int(unpaged_weight_bytes(p))
     if not getattr(spec, "layers", 0) and not segments:
         raise InputError(f"the layer count of {spec.name} is unknown (an ONNX file gives none); pass --segments N")
     if segments is not None and (isinstance(segments, bool) or not isinstance(segments, int) or segments < 1):
@@ -208,7 +214,7 @@ def _resident_parts(p: Any) -> dict[str, int]:
 class PagedPlan:
     """The paging cost model's answer for one plan; the planner merges it (``planner._merge_paging``)."""
 
-    cost: dict[str, Any]  # plan_paging's result + "storage": the plan's details["paging"]
+    cost: dict[str, Any]  # plan_paging's result + "storage": the plan's details.paging
     resident_segments: int  # min(window, segments)
     segments: int
     unpaged_weight_bytes: int
@@ -249,7 +255,7 @@ def suggest_window(p: Any, prefill_chunk: int, segments: int | None = None, stor
         inputs = _paging_inputs(p, storage, prefill_chunk)
     except EdgeInferError:
         return None
-    weights = int(p.details.get("weights", {}).get("total_bytes_unpaged", p.breakdown["weights"]))
+    weights = int(unpaged_weight_bytes(p))
     for w in range(len(seg), 0, -1):
         res = plan_paging(seg, w, **_resident_parts(p), **inputs)
         if res["fits"] is not False:

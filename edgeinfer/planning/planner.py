@@ -13,6 +13,7 @@ from pathlib import Path
 
 from edgeinfer.contract.schemes import Scheme, normalize_scheme
 from edgeinfer.errors import InputError
+from edgeinfer.planning import details
 from edgeinfer.planning.boards import GIB, Board, get_board, load_boards
 from edgeinfer.planning.exportable import refuse_unexportable
 from edgeinfer.planning.models import resolve
@@ -60,7 +61,7 @@ def format_key(s: Scheme) -> str:
 
 
 # ----------------------------------------------------------------------------- memory model
-def weights_bytes(spec: ModelSpec, scheme: Scheme, prof: dict) -> tuple[int, dict]:
+def weights_bytes(spec: ModelSpec, scheme: Scheme, prof: dict) -> tuple[int, details.WeightsDetail]:
     """Resident weight bytes and their detail."""
     dup = bool(prof.get("tied_duplicated")) and spec.tied_embeddings and not spec.encoder
     emb_min = prof.get("embed_bits_min", 0) or 0
@@ -69,8 +70,8 @@ def weights_bytes(spec: ModelSpec, scheme: Scheme, prof: dict) -> tuple[int, dic
                   if any(s in k for s in ("embed_tokens", "word_embeddings", "token_embd")))
         extra = emb if dup else 0
         total = spec.file_weight_bytes + extra
-        return total, {"basis": f"exact per-tensor bytes from the {spec.file_format} file",
-                       "file_bytes": spec.file_weight_bytes, "embedding_duplicate": extra}
+        return total, details.WeightsDetail(f"exact per-tensor bytes from the {spec.file_format} file",
+                                            file_bytes=spec.file_weight_bytes, embedding_duplicate=extra)
     if not spec.params_total:
         raise InputError(f"model '{spec.name}' has no parameter count", "pass a model file or a config.json")
     bpw = scheme.bpw
@@ -87,9 +88,9 @@ def weights_bytes(spec: ModelSpec, scheme: Scheme, prof: dict) -> tuple[int, dic
         elif dup:
             head = emb_p * bpw / 8
     total = int(math.ceil(body + emb + head))
-    return total, {"basis": f"parameter counts × {bpw:g} bits per weight ({scheme.name})",
-                   "body": int(body), "embedding": int(emb), "lm_head": int(head),
-                   "embedding_bits": emb_bits}
+    basis = f"parameter counts × {bpw:g} bits per weight ({scheme.name})"
+    return total, details.WeightsDetail(basis, body=int(body), embedding=int(emb), lm_head=int(head),
+                                        embedding_bits=emb_bits)
 
 
 def kv_bytes(spec: ModelSpec, ctx: int, batch: int, kv_b: float) -> int:
@@ -101,10 +102,11 @@ def kv_bytes(spec: ModelSpec, ctx: int, batch: int, kv_b: float) -> int:
     return int(math.ceil(spec.kv_elements * kv_b * batch * tokens))
 
 
-def activation_bytes(spec: ModelSpec, ctx: int, batch: int, prof: dict) -> tuple[int, dict]:
+def activation_bytes(spec: ModelSpec, ctx: int, batch: int,
+                     prof: dict) -> tuple[int, details.ActivationsDetail]:
     """Largest single layer's buffers + inputs + logits (layers run one after another)."""
     if not spec.layers or not spec.hidden:
-        return 0, {"basis": "architecture unknown: activations not modelled"}
+        return 0, details.ActivationsDetail("architecture unknown: activations not modelled")
     h, nh = spec.hidden, max(spec.heads, 1)
     hd = spec.head_dim or h // nh
     inter = spec.experts_per_token * spec.moe_intermediate if spec.is_moe else spec.intermediate
@@ -128,10 +130,11 @@ def activation_bytes(spec: ModelSpec, ctx: int, batch: int, prof: dict) -> tuple
     logits = 0 if spec.encoder else batch * spec.vocab * ACT_BYTES
     out = tok * h * ACT_BYTES if spec.encoder else 0
     total = int(max(inputs + max(attn, ffn) + logits + out, spec.vision_activation_bytes))  # vision runs first
-    return total, {"basis": ("whole sequence" if spec.encoder else f"prefill chunk of {n} tokens")
-                   + (", fused attention" if fused else ", attention scores materialised"),
-                   "tokens_per_step": n, "inputs": int(inputs), "attention": int(attn), "ffn": int(ffn),
-                   "logits": int(logits + out), "vision_encoder": spec.vision_activation_bytes}
+    basis = ("whole sequence" if spec.encoder else f"prefill chunk of {n} tokens") + (
+        ", fused attention" if fused else ", attention scores materialised")
+    return total, details.ActivationsDetail(basis, tokens_per_step=n, inputs=int(inputs), attention=int(attn),
+                                            ffn=int(ffn), logits=int(logits + out),
+                                            vision_encoder=spec.vision_activation_bytes)
 
 
 def decode_stream_bytes(spec: ModelSpec, scheme: Scheme, prof: dict) -> int:
@@ -158,12 +161,12 @@ class Plan:
     batch: int
     kv_dtype: str
     breakdown: dict[str, int]
-    details: dict
+    details: details.MemoryDetails
     fits: bool
     reasons: list[str]
     limits: list[dict]
     estimates: dict
-    suggestions: dict = field(default_factory=dict)
+    suggestions: details.Suggestions | None = None  # None: not asked for
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -201,9 +204,9 @@ class Plan:
             "reasons": list(self.reasons),
             "memory": {"total_bytes": self.total_bytes, "capacity_bytes": self.capacity_bytes,
                        "usable_bytes": self.usable_bytes, "headroom_bytes": self.headroom_bytes,
-                       "breakdown": dict(self.breakdown), "details": self.details, "limits": self.limits},
+                       "breakdown": dict(self.breakdown), "details": self.details.to_dict(), "limits": self.limits},
             "estimates": self.estimates,
-            "suggestions": self.suggestions,
+            "suggestions": self.suggestions.to_dict() if self.suggestions else {},
             "warnings": list(self.warnings),
         }
 
@@ -338,12 +341,9 @@ def _memory(spec, board, runtime, scheme, ctx, batch, kv_b):
         rt += int((1 - frac["value"]) * board.usable_bytes)
     bd = {"weights": int(w), "kv_cache": int(kv), "activations": int(act), "runtime": rt,
           "reserved": board.reserve_bytes}
-    det = {"weights": wd, "activations": ad,
-           "kv_cache": {"bytes_per_element": kv_b, "tokens": ctx, "batch": batch,
-                        "bytes_per_token": spec.kv_bytes_per_token(kv_b)},
-           "runtime": {"overhead_mib": ov["value"], "source": ov.get("source"),
-                       "memory_fraction": frac["value"] if frac else None},
-           "reserved": {"gib": board.os_reserve_gib.value, "source": board.os_reserve_gib.source}}
+    det = details.MemoryDetails(wd, ad, details.KvCacheDetail(kv_b, ctx, batch, spec.kv_bytes_per_token(kv_b)),
+                                details.RuntimeDetail(ov["value"], ov.get("source"), frac["value"] if frac else None),
+                                details.ReservedDetail(board.os_reserve_gib.value, board.os_reserve_gib.source))
     return bd, det
 
 
@@ -431,9 +431,9 @@ def _merge_paging(p: Plan, r: PagedPlan, unpaged: Verdict) -> None:
     """Turn ``p`` into its paged form: resident weights in the breakdown, the verdict on the resident
     total and the NPU window (paging answers the weights-window warning), paged speed estimates."""
     res = r.cost
-    p.details["paging"] = res
-    p.details["weights"] = {**p.details.get("weights", {}), "total_bytes_unpaged": r.unpaged_weight_bytes,
-                            "paged": f"{r.resident_segments} of {r.segments} segments resident"}
+    p.details.paging = res
+    p.details.weights.total_bytes_unpaged = r.unpaged_weight_bytes
+    p.details.weights.paged = f"{r.resident_segments} of {r.segments} segments resident"
     p.breakdown["weights"] = r.resident_weight_bytes
     if res.get("rule") != "decoder":  # a decoder's runtime keeps one set of buffers however many segments load
         p.breakdown["activations"] = int(res["buffer_bytes"])  # each resident segment's own (docs/paging.md)
@@ -455,10 +455,9 @@ def _merge_paging(p: Plan, r: PagedPlan, unpaged: Verdict) -> None:
             est[k] = res[k]
 
 
-def suggestions(p: Plan, extra_boards=()) -> dict:
+def suggestions(p: Plan, extra_boards=()) -> details.Suggestions:
     spec, b, kv_b = p.model, p.board, kv_bytes_per_element(p.kv_dtype)
-    out: dict = {"max_ctx": None, "quant": None, "quants_that_fit": [], "board": None,
-                 "paging": None if p.fits else suggest_window(p, _prefill_chunk(p.runtime)), "notes": []}
+    out = details.Suggestions(paging=None if p.fits else suggest_window(p, _prefill_chunk(p.runtime)))
     # largest context that fits (memory grows with ctx: binary search)
     rt = b.runtimes[p.runtime]
     hi = rt.max_context or 2**20
@@ -475,7 +474,7 @@ def suggestions(p: Plan, extra_boards=()) -> dict:
                 lo = mid
             else:
                 top = mid - 1
-        out["max_ctx"] = lo
+        out.max_ctx = lo
     # schemes that fit at the requested context, best quality first
     kind = "encoder" if spec.encoder else "decoder"
     seen = {}
@@ -487,8 +486,8 @@ def suggestions(p: Plan, extra_boards=()) -> dict:
             if sc.name not in seen and _fits(spec, b, rname, sc, p.ctx, p.batch, kv_b):
                 seen[sc.name] = (sc.bpw, rname)
     ranked = sorted(seen.items(), key=lambda kv: -kv[1][0])
-    out["quants_that_fit"] = [{"quant": n, "runtime": r, "bits_per_weight": bpw} for n, (bpw, r) in ranked]
-    out["quant"] = ranked[0][0] if ranked else None
+    out.quants_that_fit = [{"quant": n, "runtime": r, "bits_per_weight": bpw} for n, (bpw, r) in ranked]
+    out.quant = ranked[0][0] if ranked else None
     # smallest board of the same family that fits with the same options (only needed when it does not fit:
     # loading every profile costs tens of milliseconds on the fast path)
     if b.family != "host" and not p.fits:
@@ -496,6 +495,6 @@ def suggestions(p: Plan, extra_boards=()) -> dict:
         for x in sorted(fam, key=lambda x: (x.total_bytes, x.name)):
             if p.runtime in x.runtimes and p.scheme.name in x.runtimes[p.runtime].schemes \
                     and _fits(spec, x, p.runtime, p.scheme, p.ctx, p.batch, kv_b):
-                out["board"] = x.name
+                out.board = x.name
                 break
     return out

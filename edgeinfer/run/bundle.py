@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from edgeinfer.contract import registry as plugins
-from edgeinfer.contract import remote_code, seal, stamp
+from edgeinfer.contract import remote_code, seal
 from edgeinfer.contract.backend import Session, TensorSpec
 from edgeinfer.errors import InputError, ModelError, check_text
 from edgeinfer.model import decoder_bundle
@@ -131,22 +131,15 @@ def open_generator(bundle: Bundle, device: str | None = None, ctx: int | None = 
     from edgeinfer.run.generation.text import TextCodec
 
     m = bundle.manifest
-    built = int(m.decoder["context"])
     if backend and backend != m.backend:
         raise InputError(f"bundle {bundle.path} is for backend {m.backend!r}, not {backend!r}; omit --backend")
-    if ctx is None:
-        ctx = built
-    elif isinstance(ctx, bool) or not isinstance(ctx, int) or ctx < 1:
-        raise InputError(f"ctx must be a positive integer, got {ctx!r}")
-    elif ctx > built:
-        raise InputError(f"bundle {bundle.path} was built for a context of {built} tokens, not {ctx}; use --ctx "
-                         f"{built} or less, or deploy again with --ctx {ctx}")
+    ctx = decoder_bundle.loaded_context(bundle, ctx)
     codec = TextCodec(seal.contained(bundle.path, m.decoder.get("tokenizer", decoder_bundle.TOKENIZER),
                                      "decoder.tokenizer"))
     check_manifest(bundle, codec)
     be = plugins.get_backend(m.backend)
-    stamp.check(bundle.artifacts[0], backend=be, device=device)  # another toolkit's artifact: refused
     check_decoder_fits(be, bundle.artifacts[0], device, ctx, slots, m.scheme)
+    # load_decoder reads the artifact's stamp once: another backend's or toolkit's artifact is refused there
     decoder = be.load_decoder(bundle.artifacts[0], device=device, context=ctx, slots=slots, **options)
     try:
         check_artifact(bundle, decoder, codec)

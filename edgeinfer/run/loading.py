@@ -103,6 +103,11 @@ def load(path: Any, backend: str | None = None, device: str | None = None, *, tr
     return be.load(p, device=device, **options)
 
 
+def default_context(model_dir: Path) -> int:
+    """The context a decoder directory loads with when none is asked for: its limit, at most DEFAULT_CONTEXT."""
+    return min(model_context_limit(model_dir) or DEFAULT_CONTEXT, DEFAULT_CONTEXT)
+
+
 @remote_code.entry_point
 def load_generator(
     model_dir: Path, backend: str | None = None, device: str | None = None, ctx: int | None = None,
@@ -118,8 +123,7 @@ def load_generator(
         raise ModelError(f"{model_dir} is not a causal language model (its config.json names no *ForCausalLM)")
     remote_code.allowed(model_dir)
     codec = TextCodec(model_dir)  # a bad tokenizer fails before the weights load
-    limit = model_context_limit(model_dir)
-    context = ctx if ctx is not None else min(limit or DEFAULT_CONTEXT, DEFAULT_CONTEXT)
+    context = ctx if ctx is not None else default_context(model_dir)
     be = plugins.get_backend(backend or DECODER_REFERENCE)
     check_decoder_fits(be, model_dir, device, context, slots, options.get("scheme"))
     decoder = be.load_decoder(model_dir, device=device, context=context, slots=slots, **options)

@@ -27,34 +27,15 @@ from edgeinfer.errors import BackendError, EdgeInferError, InputError
 from edgeinfer.model.bundle import Bundle, not_a_bundle
 from edgeinfer.model.kind import Kind, kind
 from edgeinfer.run import bundle as run_bundle
-from edgeinfer.serve.batcher import Batcher, Item, QueueFull, RequestFailed
+from edgeinfer.serve.batcher import Batcher
 from edgeinfer.serve.config import ServeConfig
 from edgeinfer.serve.decoder_engine import Engine, ServedDecoder, open_llm
-from edgeinfer.serve.decoder_routes import add_routes
+from edgeinfer.serve.decoder_routes import add_routes as add_decoder_routes
 from edgeinfer.serve.decoder_routes import warm as warm_llms
+from edgeinfer.serve.encoder_routes import add_routes as add_encoder_routes
 from edgeinfer.serve.metrics import ENDPOINTS, Metrics
 from edgeinfer.serve.placement import check_devices
-from edgeinfer.serve.prep import (
-    OFFLOAD_BYTES,
-    OFFLOAD_VALUES,
-    ApiError,
-    Offload,
-    Prepared,
-    ServedModel,
-    encode_embeddings,
-    encode_infer,
-    prepare_embeddings,
-    prepare_infer,
-    validation_message,
-)
-from edgeinfer.serve.schemas import (
-    ERRORS,
-    EmbeddingRequest,
-    EmbeddingResponse,
-    InferRequest,
-    InferResponse,
-    request_body,
-)
+from edgeinfer.serve.prep import ApiError, Offload, ServedModel, validation_message
 from edgeinfer.serve.workers import WorkerPool
 
 log = logging.getLogger("edgeinfer.serve")
@@ -133,9 +114,10 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel] | None = None
     state = State()
     pool = WorkerPool([(m.name, m.bundle.path) for m in models.values()], config.devices, config.max_batch,
                       config.max_restarts, config.restart_window_s, stop_grace_s=config.timeout_s)
-    batcher_box: dict[str, Batcher] = {}
     metrics = Metrics(pool, [m.bundle.manifest.backend for m in models.values()],
-                      queue_depth=lambda: {m: b.depth_of(m) for b in batcher_box.values() for m in b.queues})
+                      queue_depth=lambda: {m: batcher.depth_of(m) for m in batcher.queues})
+    batcher = Batcher(pool, list(models), config.max_batch, config.batch_window_ms / 1000.0, config.max_queue,
+                      observe=metrics.observe)
     pool.on_restart = lambda w: metrics.worker_restarts.labels(str(w.index)).inc()
     engines = {n: Engine(m, config.slots, config.max_queue, config.prefill_chunk,
                          config.devices[0] if config.devices else None, config.max_restarts, config.restart_window_s,
@@ -163,10 +145,7 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel] | None = None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        batcher = Batcher(pool, list(models), config.max_batch, config.batch_window_ms / 1000.0, config.max_queue,
-                          observe=metrics.observe)
         batcher.start()
-        batcher_box["b"] = batcher
         offload.start()
 
         async def start_workers() -> None:
@@ -191,7 +170,7 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel] | None = None
             state.draining = True
             starter.cancel()
             await batcher.stop()
-            # together, so the whole stop takes at most one grace period (workers.STOP_GRACE_S)
+            # together, so the whole stop takes at most one grace period (supervisor.STOP_GRACE_S)
             await asyncio.gather(asyncio.to_thread(pool.stop), *(asyncio.to_thread(e.stop) for e in engines.values()))
             await asyncio.to_thread(offload.stop)
 
@@ -221,63 +200,7 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel] | None = None
         log.exception("internal error on %s", request.url.path)
         return error_response(500, f"internal error {type(exc).__name__}: {exc}")
 
-    # --- helpers -----------------------------------------------------------------------------------
-    def timed_out() -> ApiError:
-        return ApiError(504, f"no answer within {config.timeout_s:g} s (server busy); retry or raise --timeout-s")
-
-    async def read(request: Request, fn: Any, deadline: float) -> Prepared:
-        """Parse, check and tokenize the body: in a helper process when it is large (off the event loop)."""
-        if not state.ready and not pool.ready() and not state.fatal:
-            raise starting()
-        body = await request.body()
-        ctype = request.headers.get("content-type", "")
-        work = offload.prepare(len(body) > OFFLOAD_BYTES, fn, body, ctype, config.max_inputs, endpoints)
-        try:  # past the deadline, a helper's result is dropped
-            return await asyncio.wait_for(work, max(0.0, deadline - time.monotonic()))
-        except asyncio.TimeoutError:
-            raise timed_out() from None
-
-    async def submit(p: Prepared, deadline: float) -> dict:
-        if state.fatal:
-            raise ApiError(503, f"the models could not be loaded: {state.fatal}")
-        batcher = batcher_box["b"]
-        item = Item(p.model, p.kind, p.feeds, p.rows, p.key, asyncio.get_running_loop().create_future())
-        try:
-            batcher.submit(item)
-        except QueueFull:
-            raise ApiError(429, f"the queue is full ({config.max_queue} requests waiting); retry shortly",
-                           {"Retry-After": "1"}) from None
-        try:
-            return await asyncio.wait_for(asyncio.shield(item.future), max(0.0, deadline - time.monotonic()))
-        except asyncio.TimeoutError:
-            batcher.cancel(item)  # dropped from the queue, or its batch stopped when nobody else waits for it
-            raise timed_out() from None
-        except RequestFailed as e:
-            raise ApiError(e.status, e.message) from None
-
-    def answer(data: bytes) -> Response:
-        return Response(data, media_type="application/json")
-
-    # --- endpoints ---------------------------------------------------------------------------------
-    @app.post("/v1/embeddings", response_model=EmbeddingResponse, responses=ERRORS, tags=["inference"],
-              openapi_extra=request_body(EmbeddingRequest))
-    async def embeddings(request: Request):
-        """Embed one string or a list of strings (OpenAI-compatible)."""
-        deadline = time.monotonic() + config.timeout_s
-        p = await read(request, prepare_embeddings, deadline)
-        vecs = (await submit(p, deadline))["embedding"]
-        return answer(await offload.encode(vecs.size > OFFLOAD_VALUES, encode_embeddings, p, vecs))
-
-    @app.post("/v1/infer", response_model=InferResponse, responses=ERRORS, tags=["inference"],
-              openapi_extra=request_body(InferRequest))
-    async def infer(request: Request):
-        """Run named tensors (axis 0 is the batch; requests are merged along it)."""
-        deadline = time.monotonic() + config.timeout_s
-        p = await read(request, prepare_infer, deadline)
-        out = await submit(p, deadline)
-        rid = p.id or request.headers.get("x-request-id") or uuid.uuid4().hex
-        size = sum(v.size for v in out.values())
-        return answer(await offload.encode(size > OFFLOAD_VALUES, encode_infer, rid, p.model, out))
+    add_encoder_routes(app, batcher, offload, config, state, starting, endpoints)
 
     @app.get("/v1/models", tags=["service"])
     async def list_models():
@@ -309,7 +232,7 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel] | None = None
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     if engines:  # the generation endpoints exist when a decoder is served
-        add_routes(app, engines, config.generation_timeout_s, refusal, metrics.observe,
+        add_decoder_routes(app, engines, config.generation_timeout_s, refusal, metrics.observe,
                    functools.partial(offload.prepare, table="llms"), endpoints)
     app.add_middleware(GuardMiddleware, key=key, limit=limit, metrics=metrics)
     return app

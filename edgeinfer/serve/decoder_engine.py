@@ -13,16 +13,16 @@ import collections
 import itertools
 import json
 import logging
-import multiprocessing as mp
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from edgeinfer.errors import InputError
 from edgeinfer.serve.decoder_worker import llm_worker_main
-from edgeinfer.serve.workers import STOP_GRACE_S, stop_process
+from edgeinfer.serve.supervisor import STOP_GRACE_S, Supervisor
+
+if TYPE_CHECKING:
+    from edgeinfer.contract.generation import GenerationOptions
 
 log = logging.getLogger("edgeinfer.serve")
 
@@ -53,21 +53,16 @@ def open_llm(path: Path, bundle: Any = None, ctx: int | None = None) -> ServedDe
     """A decoder bundle (``bundle``, already opened and verified) or an HF decoder dir (``path``)."""
     from edgeinfer.contract import seal
     from edgeinfer.contract.names import DECODER_REFERENCE
-    from edgeinfer.model.kind import model_context_limit
+    from edgeinfer.model.decoder_bundle import loaded_context
     from edgeinfer.run.generation.text import TextCodec
-    from edgeinfer.run.loading import DEFAULT_CONTEXT
+    from edgeinfer.run.loading import default_context
 
     if bundle is not None:
         m = bundle.manifest
-        built = int(m.decoder["context"])
-        if ctx is not None and ctx > built:
-            raise InputError(f"bundle {path} was built for a context of {built} tokens, not {ctx}; use --ctx "
-                             f"{built} or less")
+        context = loaded_context(bundle, ctx)
         codec = TextCodec(seal.contained(bundle.path, m.decoder.get("tokenizer", "tokenizer"), "decoder.tokenizer"))
-        return ServedDecoder(bundle.path.resolve().name, bundle.path, m.backend, ctx or built, codec, m.board,
-                             m.scheme)
-    limit = model_context_limit(path)
-    context = ctx or min(limit or DEFAULT_CONTEXT, DEFAULT_CONTEXT)
+        return ServedDecoder(bundle.path.resolve().name, bundle.path, m.backend, context, codec, m.board, m.scheme)
+    context = ctx or default_context(path)
     return ServedDecoder(path.resolve().name, path, DECODER_REFERENCE, context, TextCodec(path), "", "fp32")
 
 
@@ -90,7 +85,7 @@ class Request:
     """One admitted generation: its prompt ids and options, and the events the worker sends for it."""
 
     prompt_ids: list[int]
-    options: dict[str, Any]
+    options: GenerationOptions
     rid: str = ""
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     arrived: float = field(default_factory=time.perf_counter)
@@ -98,79 +93,48 @@ class Request:
     logprobs: list[dict[str, Any]] = field(default_factory=list)  # per generated token, when asked for
 
 
-class Engine:
+class Engine(Supervisor):
     """One decoder model served by one worker process with ``slots`` KV slots."""
 
     def __init__(self, llm: ServedDecoder, slots: int, max_queue: int, prefill_chunk: int | None,
                  entry: str | None = None, max_restarts: int = 5, restart_window_s: float = 60.0,
                  observe: Any = None, threads: int | None = None):
+        super().__init__(f"edgeinfer-serve-llm-{llm.name}", max_restarts, restart_window_s)
         self.threads = threads
         self.llm, self.slots, self.max_queue, self.prefill_chunk = llm, slots, max_queue, prefill_chunk
-        self.entry, self.max_restarts, self.restart_window_s = entry, max_restarts, restart_window_s
+        self.entry = entry
         self.observe = observe or (lambda *a, **k: None)
         self.waiting: collections.deque[Request] = collections.deque()
         self.running: dict[str, Request] = {}
         self.state = "starting"  # starting | ready | restarting | failed | stopped
-        self.pid: int | None = None
-        self.info: dict[str, Any] = {}
-        self.restarts = 0
-        self._crashes: collections.deque[float] = collections.deque()
         self._ids = itertools.count(1)
-        self._ctx = mp.get_context("spawn")
-        self._proc: Any = None
-        self._conn: Any = None
-        self._generation = 0
-        self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._ready: asyncio.Future | None = None
 
     # --- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        await self._spawn()
+        await self.spawn()
         kv, plan = self.info.get("kv_cache_bytes"), planned_kv_bytes(self.llm, self.slots)
         log.info("%s: %d slots × %d positions reserved at start: KV cache %s (planner: %s)", self.llm.name,
                  self.slots, self.llm.context, _mib(kv), _mib(plan))
 
-    def _spawn(self) -> asyncio.Future:
-        assert self._loop is not None
-        parent, child = self._ctx.Pipe()
-        proc = self._ctx.Process(target=llm_worker_main, name=f"edgeinfer-serve-llm-{self.llm.name}", daemon=True,
-                                 args=(child, str(self.llm.path), self.llm.backend, self.entry, self.llm.context,
-                                       self.slots, self.prefill_chunk, self.threads))
-        self._generation += 1
-        self.state, self.pid = ("starting" if self._generation == 1 else "restarting"), None
-        proc.start()
-        child.close()
-        self._proc, self._conn = proc, parent
-        self._ready = self._loop.create_future()
-        threading.Thread(target=self._reader, args=(self._generation, parent), daemon=True,
-                         name=f"edgeinfer-serve-llm-reader-{self.llm.name}").start()
-        return self._ready
+    def target(self) -> tuple[Any, tuple]:
+        return llm_worker_main, (str(self.llm.path), self.llm.backend, self.entry, self.llm.context, self.slots,
+                                 self.prefill_chunk, self.threads)
 
-    def _reader(self, generation: int, conn: Any) -> None:
-        loop = self._loop
-        assert loop is not None
-        while True:
-            try:
-                msg = conn.recv()
-            except Exception:  # noqa: BLE001 - EOF, a broken pipe or an unreadable message: the worker is gone
-                break
-            loop.call_soon_threadsafe(self._on_message, generation, msg)
-        loop.call_soon_threadsafe(self._on_exit, generation)
+    def spawn(self) -> asyncio.Future:
+        self.state = "restarting" if self.generation else "starting"
+        return super().spawn()
 
-    def _on_message(self, generation: int, msg: tuple) -> None:
-        if generation != self._generation:
-            return
+    def on_message(self, msg: tuple) -> None:
         if msg[0] == "ready":
-            self.state, self.info, self.pid = "ready", msg[1], msg[1].get("pid")
+            self.state = "ready"
             self.slots = int(msg[1].get("slots") or self.slots)  # what the backend's decoder really holds
             log.info("%s: decoder worker ready (pid %s)", self.llm.name, self.pid)
-            _resolve(self._ready, None)
+            self.settle()
             self._dispatch()
         elif msg[0] == "fatal":
             self.state = "failed"
-            _resolve(self._ready, RuntimeError(f"{self.llm.name}: the decoder could not be loaded: {msg[1]}"))
+            self.settle(RuntimeError(f"{self.llm.name}: the decoder could not be loaded: {msg[1]}"))
+            self._fail_waiting(f"{self.llm.name}: the decoder could not be loaded: {msg[1]}")
         elif msg[0] == "events":
             for rid, text, tokens, finish, error, logprobs in msg[1]:
                 req = self.running.get(rid)
@@ -183,34 +147,26 @@ class Engine:
                 req.events.put_nowait((text, tokens, finish, error))
             self._dispatch()
 
-    def _on_exit(self, generation: int) -> None:
-        if generation != self._generation or self.state == "stopped":
+    def on_exit(self, code: int | None, outcome: str) -> None:
+        if outcome == "stopped":
             return
-        code = self._proc.exitcode if self._proc is not None else None
         for req in list(self.running.values()):
             self._finish(req)
             req.events.put_nowait(("", 0, "error", f"the decoder worker (pid {self.pid}) died (exit code {code}); "
                                                    "retry the request"))
-        if self.state in ("starting", "failed") and self._ready is not None and not self._ready.done():
+        if outcome == "failed":
             self.state = "failed"
-            _resolve(self._ready, RuntimeError(f"{self.llm.name}: the decoder worker exited (code {code}) before "
-                                               "it was ready"))
-            return
-        now = time.monotonic()
-        self._crashes.append(now)
-        while self._crashes and now - self._crashes[0] > self.restart_window_s:
-            self._crashes.popleft()
-        if len(self._crashes) > self.max_restarts:
+            self.settle(RuntimeError(f"{self.llm.name}: the decoder worker exited (code {code}) before it was "
+                                     "ready"))
+        elif outcome == "gave up":
             log.error("%s: decoder worker crashed %d times in %.0f s; giving it up", self.llm.name,
-                      len(self._crashes), self.restart_window_s)
+                      len(self.crashes), self.restart_window_s)
             self.state = "failed"
             self._fail_waiting("the decoder worker failed too often; see the server log")
-            return
-        log.warning("%s: decoder worker (pid %s) exited with code %s; restarting it", self.llm.name, self.pid, code)
-        self.restarts += 1
-        self.observe("restart", model=self.llm.name)
-        ready = self._spawn()
-        ready.add_done_callback(lambda f: f.exception() and self._fail_waiting(str(f.exception())))
+        else:
+            log.warning("%s: decoder worker (pid %s) exited with code %s; restarting it", self.llm.name, self.pid,
+                        code)
+            self.observe("restart", model=self.llm.name)
 
     def _fail_waiting(self, message: str) -> None:
         while self.waiting:
@@ -222,11 +178,8 @@ class Engine:
     def stop(self, timeout: float = STOP_GRACE_S) -> None:
         """Stop the worker: at once while it is loading (it reads no messages until it is loaded), else
         after its current step, killing it when it has not exited within ``timeout`` s."""
-        loading = self.state in ("starting", "restarting")
         self.state = "stopped"
-        if not loading:
-            self._send(("stop",))
-        stop_process(self._proc, 0 if loading else timeout)
+        super().stop(timeout)
 
     # --- requests ----------------------------------------------------------------------------------
     def submit(self, req: Request) -> None:
@@ -248,7 +201,7 @@ class Engine:
             req.state = "done"
             self._gauges()
         elif req.state == "running":
-            self._send(("cancel", req.rid))
+            self.send(("cancel", req.rid))
 
     def cancel_all(self) -> None:
         """The shutdown's end of every request: running sequences are cancelled in the worker (it reports
@@ -264,7 +217,7 @@ class Engine:
             req = self.waiting.popleft()
             req.state = "running"
             self.running[req.rid] = req
-            if not self._send(("add", req.rid, req.prompt_ids, req.options)):
+            if not self.send(("add", req.rid, req.prompt_ids, req.options)):
                 break  # the reader sees the worker gone and fails the running requests
         self._gauges()
 
@@ -272,17 +225,6 @@ class Engine:
         req.state = "done"
         self.running.pop(req.rid, None)
         self._gauges()
-
-    def _send(self, msg: tuple) -> bool:
-        conn = self._conn
-        if conn is None:
-            return False
-        try:
-            with self._lock:
-                conn.send(msg)
-            return True
-        except (OSError, ValueError):
-            return False
 
     def _gauges(self) -> None:
         self.observe("sequences", model=self.llm.name, running=len(self.running), waiting=len(self.waiting),
@@ -295,14 +237,6 @@ class Engine:
         return {"model": self.llm.name, "pid": self.pid, "state": self.state, "slots": self.slots,
                 "running": len(self.running), "waiting": len(self.waiting), "restarts": self.restarts,
                 "kv_cache_bytes": self.info.get("kv_cache_bytes")}
-
-
-def _resolve(fut: asyncio.Future | None, error: Exception | None) -> None:
-    if fut is not None and not fut.done():
-        if error is None:
-            fut.set_result(None)
-        else:
-            fut.set_exception(error)
 
 
 def _mib(n: int | None) -> str:

@@ -7,7 +7,7 @@ decoders. Any other native loop (a static NPU pipeline, one sequence at a time) 
 ``generate_native`` in a thread, one request after another (:class:`OneAtATime`).
 
 Either way the text is the generation package's: EOS, stop strings and detokenizing go through the
-same :class:`~edgeinfer.run.generation.generator.Answer` as ``Generator``, so a served sequence
+same :class:`~edgeinfer.run.generation.stopping.Answer` as ``Generator``, so a served sequence
 gives the text ``edgeinfer generate`` gives. Runs in the worker process; nothing here knows HTTP.
 """
 
@@ -21,7 +21,8 @@ from typing import Any
 from edgeinfer.contract.decoder import BatchingDecoder, NativeDecoder, NativeStep
 from edgeinfer.contract.generation import GenerationOptions
 from edgeinfer.errors import EdgeInferError
-from edgeinfer.run.generation.generator import Answer, Generator
+from edgeinfer.run.generation.generator import Generator
+from edgeinfer.run.generation.stopping import Answer
 from edgeinfer.serve.decoder_scheduler import Event
 
 #: how long one step of :class:`OneAtATime` waits for the runtime's next token before it lets the
@@ -108,7 +109,7 @@ class NativeScheduler:
         self.runtime: BatchingDecoder | OneAtATime = d if isinstance(d, BatchingDecoder) else OneAtATime(d)
         self.slots = d.slots if isinstance(d, BatchingDecoder) else OneAtATime.slots
         self.chunk = d.prefill_chunk  # the runtime chunks its prefill itself
-        self._answers: dict[str, tuple[Answer, GenerationOptions]] = {}
+        self._answers: dict[str, Answer] = {}
         self._ended: list[Event] = []
 
     def add(self, rid: str, prompt_ids: list[int], options: GenerationOptions) -> None:
@@ -120,8 +121,7 @@ class NativeScheduler:
         except Exception as e:  # noqa: BLE001 - e.g. a prompt past the NPU's static prompt length
             self._ended.append(Event(rid, finish="error", error=f"{type(e).__name__}: {' '.join(str(e).split())}"))
             return
-        g = self.generator
-        self._answers[rid] = (Answer(g.codec, options, g.eos_ids(options)), options)
+        self._answers[rid] = Answer(self.generator.codec, options)
 
     def cancel(self, rid: str) -> None:
         if self._answers.pop(rid, None) is not None:
@@ -156,10 +156,9 @@ class NativeScheduler:
         return events
 
     def _event(self, step: NativeStep) -> Event | None:
-        entry = self._answers.get(step.rid)
-        if entry is None:
+        answer = self._answers.get(step.rid)
+        if answer is None:
             return None  # cancelled meanwhile
-        answer, options = entry
         text, n = "", 0
         for tok in step.token_ids:
             try:
@@ -171,17 +170,17 @@ class NativeScheduler:
                 return Event(step.rid, text, n, "error", e.one_line())
             text += answer.push(tok)
             n += 1
-            if answer.stopped or len(answer.ids) >= options.max_new_tokens:
+            if answer.done:
                 break
         if step.error:
             del self._answers[step.rid]
             return Event(step.rid, text, n, "error", step.error)
-        ended = answer.stopped or len(answer.ids) >= options.max_new_tokens
+        ended = answer.done
         if ended and not step.finished:
             self.runtime.cancel_request(step.rid)  # a stop string: the runtime would go on
         if not (ended or step.finished):
             return Event(step.rid, text, n) if n else None
-        if not answer.stopped and len(answer.ids) < options.max_new_tokens:
+        if not ended:
             answer.finish = "stop"  # the runtime ended it early: its EOS, not always reported as a token
         text += answer.end(False)
         del self._answers[step.rid]

@@ -28,7 +28,9 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from edgeinfer.contract.generation import GenerationOptions
 from edgeinfer.errors import EdgeInferError
+from edgeinfer.run.generation.stopping import ContextExceeded, context_room
 from edgeinfer.serve.decoder_engine import Engine, QueueFull, ServedDecoder
 from edgeinfer.serve.decoder_engine import Request as GenRequest
 from edgeinfer.serve.decoder_schemas import ChatRequest, CompletionRequest, body_doc
@@ -79,13 +81,13 @@ class PreparedPrompt:
 
     model: str
     ids: list[int]
-    options: dict[str, Any]
+    options: GenerationOptions  # validated here once; the worker takes it as it is
     stream: bool
     usage: bool
 
     @property
     def logprobs(self) -> int | None:
-        return self.options["logprobs"]
+        return self.options.logprobs
 
 
 def prepare_generation(llms: dict[str, ServedDecoder], raw: bytes, content_type: str, chat: bool,
@@ -170,7 +172,7 @@ def check_length_cheaply(llm: ServedDecoder, chars: int) -> int:
     return limit
 
 
-def prompt_and_options(llm: ServedDecoder, body: Any, chat: bool) -> tuple[list[int], dict[str, Any]]:
+def prompt_and_options(llm: ServedDecoder, body: Any, chat: bool) -> tuple[list[int], GenerationOptions]:
     """The prompt's token ids and the generation options; 400 on what the model cannot do."""
     if body.n not in (None, 1):
         raise ApiError(400, f"n={body.n}: this server generates one choice per request; send n=1 (or omit it)")
@@ -187,21 +189,19 @@ def prompt_and_options(llm: ServedDecoder, body: Any, chat: bool) -> tuple[list[
         raise ApiError(400, e.one_line()) from None
     if not ids:
         raise ApiError(400, "the prompt is empty; give some text to continue")
-    ctx = llm.context
-    room = ctx - len(ids)
     wanted = body.max_tokens or body.max_completion_tokens
-    if room < 1 or (wanted is not None and wanted > room):
-        fix = f"ask for at most {room} max_tokens" if room > 0 else "shorten the prompt"
-        raise ApiError(400, f"This model's maximum context length is {ctx} tokens: the prompt has {len(ids)} and "
-                            f"max_tokens is {wanted if wanted is not None else 'at least 1'}; {fix}")
-    options = {"max_new_tokens": wanted or room, "temperature": 1.0 if body.temperature is None else body.temperature,
-               "top_p": 1.0 if body.top_p is None else body.top_p, "seed": body.seed, "stop": tuple(body.stop),
-               "ignore_eos": body.ignore_eos, "top_k": body.top_k or 0, "logprobs": body.logprobs_wanted(),
-               "repetition_penalty": 1.0 if body.repetition_penalty is None else body.repetition_penalty}
     try:
-        from edgeinfer.contract.generation import GenerationOptions
-
-        GenerationOptions(**options)
+        max_new_tokens = context_room(len(ids), llm.context, wanted)
+    except ContextExceeded as e:  # in OpenAI's words
+        fix = f"ask for at most {e.room} max_tokens" if e.room > 0 else "shorten the prompt"
+        raise ApiError(400, f"This model's maximum context length is {e.context} tokens: the prompt has {e.prompt} "
+                            f"and max_tokens is {wanted if wanted is not None else 'at least 1'}; {fix}") from None
+    try:
+        options = GenerationOptions(
+            max_new_tokens=max_new_tokens, temperature=1.0 if body.temperature is None else body.temperature,
+            top_p=1.0 if body.top_p is None else body.top_p, seed=body.seed, stop=tuple(body.stop),
+            ignore_eos=body.ignore_eos, top_k=body.top_k or 0, logprobs=body.logprobs_wanted(),
+            repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty)
     except EdgeInferError as e:
         raise ApiError(400, e.one_line()) from None
     return ids, options

@@ -7,7 +7,7 @@ short prompts, or one chunk of a long one, as in vLLM's chunked prefill). New
 sequences join the decode batch at the next step boundary after their prefill; finished and cancelled
 ones leave it and free their KV slot at once. Sampling, EOS, stop strings and detokenizing are the
 generation package's (:class:`~edgeinfer.run.generation.sampling.Sampler`,
-:class:`~edgeinfer.run.generation.generator.Answer`), so a sequence here gives the tokens
+:class:`~edgeinfer.run.generation.stopping.Answer`), so a sequence here gives the tokens
 ``Generator`` gives alone.
 
 Runs in the worker process that holds the decoder; nothing here knows about HTTP or pipes.
@@ -23,8 +23,9 @@ import numpy as np
 
 from edgeinfer.contract.generation import GenerationOptions
 from edgeinfer.errors import EdgeInferError
-from edgeinfer.run.generation.generator import Answer, Generator
+from edgeinfer.run.generation.generator import Generator
 from edgeinfer.run.generation.sampling import Sampler, checked_logits, token_logprobs
+from edgeinfer.run.generation.stopping import Answer
 
 DEFAULT_PREFILL_CHUNK = 128
 
@@ -115,8 +116,8 @@ class Scheduler:
         while self.waiting and self.free:
             rid, ids, options = self.waiting.popleft()
             slot = self.free.pop(0)
-            seq = Sequence(rid, ids, options, slot, Sampler(options),
-                           Answer(self.generator.codec, options, self.generator.eos_ids(options)), list(ids))
+            answer = Answer(self.generator.codec, options)
+            seq = Sequence(rid, ids, options, slot, Sampler(options), answer, list(ids))
             self._by_id[rid] = seq
             self.decoder.reset(slot)
             self.prefilling.append(seq)
@@ -170,7 +171,7 @@ class Scheduler:
         seq.history.append(tok)
         piece = seq.answer.push(tok)
         logprobs = None if seq.options.logprobs is None else [self._logprob(row, tok, seq.options.logprobs)]
-        if seq.answer.stopped or len(seq.answer.ids) >= seq.options.max_new_tokens:
+        if seq.answer.done:
             tail = seq.answer.end(False)
             self._end(seq)
             return Event(seq.rid, piece + tail, 1, seq.answer.finish, logprobs=logprobs)

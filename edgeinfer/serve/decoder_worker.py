@@ -1,7 +1,8 @@
 """The worker process that holds one decoder and runs its scheduler: :class:`~.llm_scheduler.Scheduler`
 over step decoders, :class:`~.llm_native.NativeScheduler` over a backend's own loop.
 
-Messages, main → worker: ``("add", rid, prompt_ids, options)``, ``("cancel", rid)``, ``("stop",)``;
+Messages, main → worker: ``("add", rid, prompt_ids, options)`` (the GenerationOptions the HTTP side
+validated), ``("cancel", rid)``, ``("stop",)``;
 worker → main: ``("ready", info)``, ``("fatal", message)``, ``("events", [event tuples])`` once per
 scheduler step that produced any. Between two steps the worker takes every message waiting on the
 pipe, so a new sequence joins and a cancelled one leaves at the next step boundary; while nothing
@@ -40,7 +41,6 @@ def llm_worker_main(conn: Any, path: str, backend: str, entry: str | None, conte
     # not lowered like the embedding workers (workers.lower_priority): every stream waits on this process's
     # steps, and a step is short, so the HTTP process gets the CPU between two of them anyway
     from edgeinfer.contract.decoder import NativeDecoder
-    from edgeinfer.contract.generation import GenerationOptions
     from edgeinfer.serve.decoder_native import NativeScheduler
     from edgeinfer.serve.decoder_scheduler import Scheduler
 
@@ -58,12 +58,12 @@ def llm_worker_main(conn: Any, path: str, backend: str, entry: str | None, conte
         finally:
             return
     try:
-        _loop(conn, sched, GenerationOptions)
+        _loop(conn, sched)
     finally:
         gen.close()
 
 
-def _loop(conn: Any, sched: Any, options_type: Any) -> None:
+def _loop(conn: Any, sched: Any) -> None:
     while True:
         try:
             wait = 0 if sched.busy else None  # block on the pipe only while nothing runs
@@ -72,8 +72,8 @@ def _loop(conn: Any, sched: Any, options_type: Any) -> None:
                 if msg[0] == "stop":
                     return
                 if msg[0] == "add":
-                    _, rid, ids, opts = msg
-                    sched.add(rid, ids, options_type(**opts))
+                    _, rid, ids, options = msg  # GenerationOptions, validated by the HTTP side
+                    sched.add(rid, ids, options)
                 elif msg[0] == "cancel":
                     sched.cancel(msg[1])
                 wait = 0

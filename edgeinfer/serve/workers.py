@@ -5,23 +5,19 @@ method: no inherited runtime state). Messages, main → worker:
 ``("run", batch_id, model, kind, feeds, rows)`` and ``("stop",)``; worker → main:
 ``("ready", info)``, ``("fatal", message)`` and ``("result", batch_id, parts)``
 where ``parts`` holds one ``("ok", outputs)`` or ``("err", message)`` per request
-of the batch. A reader thread per worker turns these into asyncio futures; when the
-pipe breaks (the worker died) the in-flight batch fails with :class:`WorkerCrashed`
-and the worker is started again.
+of the batch. Each worker is a :class:`~edgeinfer.serve.supervisor.Supervisor`
+(reader thread, readiness, restart, stop); when its pipe breaks (the worker died) the
+in-flight batch fails with :class:`WorkerCrashed` and the worker is started again.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import itertools
 import logging
-import multiprocessing as mp
 import os
 import signal
-import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -29,6 +25,7 @@ import numpy as np
 
 from edgeinfer.run import bundle as run_bundle
 from edgeinfer.serve.placement import placement
+from edgeinfer.serve.supervisor import STOP_GRACE_S, Supervisor, stop_process
 
 log = logging.getLogger("edgeinfer.serve")
 
@@ -220,40 +217,19 @@ def worker_main(conn: Any, index: int, entry: str | None, bundles: list[tuple[st
             pass
 
 
-STOP_GRACE_S = 10.0  # how long a worker told to stop may take before it is killed (docs/serve.md, Shutdown)
-
-
-def stop_process(process: Any, grace: float) -> None:
-    """Wait up to ``grace`` s for ``process`` to exit, then SIGKILL it: workers ignore SIGTERM (the main
-    process decides when they stop), so ``terminate()`` would not end one."""
-    if process is None:
-        return
-    process.join(max(0.0, grace))
-    if process.is_alive():
-        process.kill()
-        process.join(5)
-
-
 # --- the main-process side ---------------------------------------------------------------------------
 
 
-@dataclass
-class Worker:
-    index: int
-    entry: str | None
-    process: Any = None
-    conn: Any = None
-    generation: int = 0
-    state: str = "starting"  # starting | idle | busy | dead | failed
-    pid: int | None = None
-    info: dict[str, Any] = field(default_factory=dict)
-    inflight: tuple[int, asyncio.Future] | None = None
-    crashes: collections.deque = field(default_factory=collections.deque)
-    restarts: int = 0
-    batches: int = 0
-    send_lock: threading.Lock = field(default_factory=threading.Lock)
-    cancel: Any = None  # shared integer: the id of a batch the worker should stop
-    killed: bool = False  # stopped by the pool (a timed-out batch it would not give up), not a crash
+class Worker(Supervisor):
+    """One worker process of the pool, holding every served bundle loaded on its device ``entry``."""
+
+    def __init__(self, pool: WorkerPool, index: int, entry: str | None):
+        super().__init__(f"edgeinfer-serve-worker-{index}", pool.max_restarts, pool.restart_window_s)
+        self.pool, self.index, self.entry = pool, index, entry
+        self.state = "starting"  # starting | idle | busy | dead | failed
+        self.inflight: tuple[int, asyncio.Future] | None = None
+        self.batches = 0
+        self.cancel: Any = None  # shared integer: the id of a batch the worker should stop
 
     @property
     def label(self) -> str:
@@ -262,6 +238,53 @@ class Worker:
     def to_json(self) -> dict[str, Any]:
         return {"worker": self.index, "device": self.entry, "pid": self.pid, "state": self.state,
                 "restarts": self.restarts, "batches": self.batches, "devices": self.info.get("devices", {})}
+
+    def target(self) -> tuple[Any, tuple]:
+        if self.cancel is None:
+            self.cancel = self._mp.Value("q", 0, lock=False)
+        p = self.pool
+        return worker_main, (self.index, self.entry, p.bundles, p.max_batch, self.cancel)
+
+    def spawn(self) -> asyncio.Future:
+        self.state, self.info, self.inflight = "starting", {}, None
+        return super().spawn()
+
+    def on_message(self, msg: tuple) -> None:
+        kind = msg[0]
+        if kind == "ready":
+            self.state = "idle"
+            log.info("worker %s ready (pid %s, %s)", self.label, self.pid, self.info.get("devices"))
+            self.settle()
+            self.pool._notify()
+        elif kind == "fatal":
+            self.state = "failed"
+            self.settle(RuntimeError(f"worker {self.label} could not load the models: {msg[1]}"))
+        elif kind == "result" and self.inflight and self.inflight[0] == msg[1]:
+            fut = self.inflight[1]
+            self.inflight = None
+            if not fut.done():
+                fut.set_result(msg[2])
+
+    def on_exit(self, code: int | None, outcome: str) -> None:
+        if self.inflight is not None:
+            fut = self.inflight[1]
+            self.inflight = None
+            if not fut.done():
+                fut.set_exception(WorkerCrashed(f"worker {self.label} (pid {self.pid}) died while running the batch"))
+        if outcome == "stopped":
+            self.state = "dead"
+        elif outcome == "failed":
+            self.state = "failed"
+            self.settle(RuntimeError(f"worker {self.label} exited (code {code}) before loading the models"))
+        elif outcome == "gave up":
+            log.error("worker %s crashed %d times in %.0f s; giving it up", self.label, len(self.crashes),
+                      self.restart_window_s)
+            self.state = "failed"
+        else:
+            log.warning("worker %s (pid %s) exited with code %s; restarting it", self.label, self.pid, code)
+            if self.pool.on_restart:
+                self.pool.on_restart(self)
+        self.pool._notify()
 
 
 class WorkerPool:
@@ -276,124 +299,21 @@ class WorkerPool:
         self.restart_window_s = restart_window_s
         self.on_restart = on_restart
         self.stop_grace_s = stop_grace_s
-        self.workers = [Worker(i, e) for i, e in enumerate(devices or [None])] if bundles else []
-        self._ctx = mp.get_context("spawn")
+        self.workers = [Worker(self, i, e) for i, e in enumerate(devices or [None])] if bundles else []
         self._ids = itertools.count(1)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._free: asyncio.Condition | None = None
-        self._ready_waiters: dict[int, asyncio.Future] = {}
         self._rr = 0
-        self.stopping = False
 
     # lifecycle
     async def start(self) -> None:
         """Start every worker and wait until each has loaded and warmed up its models."""
         self._loop = asyncio.get_running_loop()
         self._free = asyncio.Condition()
-        waits = [self._spawn(w) for w in self.workers]
-        results = await asyncio.gather(*waits, return_exceptions=True)
-        for w, r in zip(self.workers, results):
+        results = await asyncio.gather(*(w.spawn() for w in self.workers), return_exceptions=True)
+        for r in results:
             if isinstance(r, BaseException):
                 raise r
-
-    def _spawn(self, w: Worker) -> asyncio.Future:
-        assert self._loop is not None
-        parent, child = self._ctx.Pipe()
-        if w.cancel is None:
-            w.cancel = self._ctx.Value("q", 0, lock=False)
-        proc = self._ctx.Process(
-            target=worker_main, args=(child, w.index, w.entry, self.bundles, self.max_batch, w.cancel),
-            name=f"edgeinfer-serve-worker-{w.index}", daemon=True,
-        )
-        w.generation += 1
-        w.state, w.pid, w.info, w.inflight = "starting", None, {}, None
-        proc.start()
-        child.close()
-        w.process, w.conn = proc, parent
-        ready = self._loop.create_future()
-        self._ready_waiters[w.index] = ready
-        threading.Thread(target=self._reader, args=(w, w.generation, parent), daemon=True,
-                         name=f"edgeinfer-serve-reader-{w.index}").start()
-        return ready
-
-    def _reader(self, w: Worker, generation: int, conn: Any) -> None:
-        loop = self._loop
-        assert loop is not None
-        while True:
-            try:
-                msg = conn.recv()
-            except (EOFError, OSError):
-                break
-            except Exception as e:  # noqa: BLE001 - an unpicklable answer: treat as a crash
-                log.error("worker %s sent an unreadable message: %s", w.label, e)
-                break
-            loop.call_soon_threadsafe(self._on_message, w, generation, msg)
-        loop.call_soon_threadsafe(self._on_exit, w, generation)
-
-    def _on_message(self, w: Worker, generation: int, msg: tuple) -> None:
-        if generation != w.generation:
-            return
-        kind = msg[0]
-        if kind == "ready":
-            w.state, w.info, w.pid = "idle", msg[1], msg[1].get("pid")
-            log.info("worker %s ready (pid %s, %s)", w.label, w.pid, w.info.get("devices"))
-            self._resolve_ready(w, None)
-            self._notify()
-        elif kind == "fatal":
-            w.state = "failed"
-            self._resolve_ready(w, RuntimeError(f"worker {w.label} could not load the models: {msg[1]}"))
-        elif kind == "result" and w.inflight and w.inflight[0] == msg[1]:
-            fut = w.inflight[1]
-            w.inflight = None
-            if not fut.done():
-                fut.set_result(msg[2])
-
-    def _resolve_ready(self, w: Worker, error: Exception | None) -> None:
-        fut = self._ready_waiters.pop(w.index, None)
-        if fut is not None and not fut.done():
-            if error is None:
-                fut.set_result(None)
-            else:
-                fut.set_exception(error)
-
-    def _on_exit(self, w: Worker, generation: int) -> None:
-        if generation != w.generation:
-            return
-        code = w.process.exitcode if w.process is not None else None
-        was = w.state
-        if w.inflight is not None:
-            fut = w.inflight[1]
-            w.inflight = None
-            if not fut.done():
-                fut.set_exception(WorkerCrashed(f"worker {w.label} (pid {w.pid}) died while running the batch"))
-        if self.stopping:
-            w.state = "dead"
-            self._notify()
-            return
-        if was == "failed" or (was == "starting" and w.index in self._ready_waiters):
-            w.state = "failed"
-            self._resolve_ready(w, RuntimeError(f"worker {w.label} exited (code {code}) before loading the models"))
-            self._notify()
-            return
-        if w.killed:  # not a crash: does not count towards giving the worker up
-            w.killed = False
-        else:
-            now = time.monotonic()
-            w.crashes.append(now)
-            while w.crashes and now - w.crashes[0] > self.restart_window_s:
-                w.crashes.popleft()
-            if len(w.crashes) > self.max_restarts:
-                log.error("worker %s crashed %d times in %.0f s; giving it up", w.label, len(w.crashes),
-                          self.restart_window_s)
-                w.state = "failed"
-                self._notify()
-                return
-            log.warning("worker %s (pid %s) exited with code %s; restarting it", w.label, w.pid, code)
-        w.restarts += 1
-        if self.on_restart:
-            self.on_restart(w)
-        ready = self._spawn(w)
-        ready.add_done_callback(lambda f: f.exception() and log.error("%s", f.exception()))
 
     def _notify(self) -> None:
         async def _n() -> None:
@@ -439,8 +359,7 @@ class WorkerPool:
         if w.generation == generation and w.inflight is not None and w.inflight[0] == batch_id and w.process:
             log.warning("worker %s (pid %s) still runs a batch nobody waits for, %g s after it was cancelled; "
                         "restarting it", w.label, w.pid, self.stop_grace_s)
-            w.killed = True
-            w.process.kill()
+            w.kill()
 
     def release(self, w: Worker) -> None:
         if w.state == "busy":
@@ -455,33 +374,17 @@ class WorkerPool:
         w.batches += 1
         fut = self._loop.create_future()
         w.inflight = (batch_id, fut)
-        conn = w.conn
-
-        def send() -> None:
-            with w.send_lock:
-                conn.send(("run", batch_id, model, kind, feeds, rows))
-
-        try:
-            await asyncio.to_thread(send)
-        except (OSError, ValueError) as e:
-            if not fut.done():
-                w.inflight = None
-                raise WorkerCrashed(f"worker {w.label} could not take the batch: {e}") from None
+        sent = await asyncio.to_thread(w.send, ("run", batch_id, model, kind, feeds, rows))
+        if not sent and not fut.done():
+            w.inflight = None
+            raise WorkerCrashed(f"worker {w.label} could not take the batch: its pipe is closed")
         return await fut
 
     def stop(self, timeout: float = STOP_GRACE_S) -> None:
         """Ask every worker to stop; one still loading (it reads no messages until it is loaded) or still
         running after ``timeout`` s is killed (workers ignore SIGTERM)."""
-        self.stopping = True
         for w in self.workers:
-            if w.state == "starting":
-                stop_process(w.process, 0)
-            elif w.conn is not None:
-                try:
-                    with w.send_lock:
-                        w.conn.send(("stop",))
-                except (OSError, ValueError):
-                    pass
+            w.request_stop()
         deadline = time.monotonic() + timeout
         for w in self.workers:
             stop_process(w.process, deadline - time.monotonic())

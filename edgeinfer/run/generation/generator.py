@@ -17,7 +17,7 @@ from edgeinfer.contract.measure import peak_rss_bytes
 from edgeinfer.errors import BackendError, EdgeInferError, InputError, ModelError
 from edgeinfer.run.generation.metrics import GenerationMetrics, summarize
 from edgeinfer.run.generation.sampling import Sampler, checked_logits
-from edgeinfer.run.generation.stopping import StopStrings
+from edgeinfer.run.generation.stopping import Answer, context_room
 from edgeinfer.run.generation.text import Message, TextCodec
 
 Prompt = str | Sequence[Message]
@@ -150,14 +150,7 @@ class Generator:
         bad = next((i for i in ids if i < 0 or i >= vocab), None)
         if bad is not None:
             raise InputError(f"token id {bad} is outside the model's vocabulary (0..{vocab - 1})")
-        ctx = self.decoder.context
-        if len(ids) + options.max_new_tokens > ctx:
-            room = ctx - len(ids)
-            fix = f"lower max_new_tokens to {room}" if room > 0 else "shorten the prompt"
-            raise InputError(
-                f"prompt ({len(ids)} tokens) + max_new_tokens ({options.max_new_tokens}) exceed the context of "
-                f"{ctx} tokens this model was loaded for; {fix}, or load/deploy with a larger --ctx"
-            )
+        context_room(len(ids), self.decoder.context, options.max_new_tokens)
 
     def in_vocab(self, tok: int) -> bool:
         return 0 <= tok < self.decoder.vocab_size
@@ -170,12 +163,6 @@ class Generator:
                              f"token id {tok}, outside the vocabulary (0..{self.decoder.vocab_size - 1}); its "
                              "artifact is broken: deploy or convert it again")
 
-    def eos_ids(self, options: GenerationOptions) -> frozenset[int]:
-        if options.ignore_eos:
-            return frozenset()
-        ids = options.eos_token_ids if options.eos_token_ids is not None else self.codec.eos_token_ids
-        return frozenset(ids)
-
     # --- the step loop -----------------------------------------------------------------------
     def _run_steps(self, s: GenerationStream, ids: list[int], options: GenerationOptions,
                    record_logits: bool) -> Iterator[str]:
@@ -184,7 +171,7 @@ class Generator:
         d = self.decoder
         with self._lock:
             start = time.perf_counter()
-            sampler, answer = Sampler(options), Answer(self.codec, options, self.eos_ids(options))
+            sampler, answer = Sampler(options), Answer(self.codec, options)
             times: list[float] = []
             logits_seen: list[Any] | None = [] if record_logits else None
             _call(d.reset, 0)
@@ -204,14 +191,14 @@ class Generator:
                 piece = answer.push(tok)
                 if piece:
                     yield piece
-                if answer.stopped or len(answer.ids) >= options.max_new_tokens:
+                if answer.done:
                     break
                 logits = _call(d.decode, [0], np.asarray([tok], dtype=np.int64))[0]
             tail = answer.end(cancelled)
             if tail:
                 yield tail
             metrics = summarize(len(ids), times, start, prefill_end, peak_rss_bytes(), d.kv_cache_bytes)
-            s.result = answer.result(metrics, ids, logits_seen)
+            s.result = _result(answer, metrics, ids, logits_seen)
 
     # --- a backend's native loop -----------------------------------------------------------
     def _run_native(self, s: GenerationStream, ids: list[int], options: GenerationOptions) -> Iterator[str]:
@@ -235,7 +222,7 @@ class Generator:
 
             worker = threading.Thread(target=work, name="edgeinfer-native-generate", daemon=True)
             worker.start()
-            answer = Answer(self.codec, options, self.eos_ids(options))
+            answer = Answer(self.codec, options)
             native, completed = {}, False
             try:
                 while True:
@@ -271,7 +258,7 @@ class Generator:
         with self._lock:
             start = time.perf_counter()
             times: list[float] = []
-            answer = Answer(self.codec, options, self.eos_ids(options))
+            answer = Answer(self.codec, options)
             later: list[int] = []
             bad: list[int] = []  # an id outside the vocabulary, raised after the runtime returns
 
@@ -307,53 +294,12 @@ class Generator:
         for key in ("ttft_ms", "tpot_ms_p50", "tpot_ms_p99", "decode_tokens_per_s", "prefill_tokens_per_s"):
             if isinstance(native.get(key), (int, float)):
                 setattr(metrics, key, float(native[key]))
-        return answer.result(metrics, ids)
+        return _result(answer, metrics, ids)
 
 
-class Answer:
-    """The new tokens of one generation, whichever loop made them: EOS, text pieces held back until
-    they cannot start a stop string, the finish reason."""
-
-    def __init__(self, codec: TextCodec, options: GenerationOptions, eos: frozenset[int]):
-        self.eos = eos
-        self.detok, self.stops = codec.stream(), StopStrings(options.stop)
-        self.ids: list[int] = []
-        self.text: list[str] = []
-        self.finish = "length"
-
-    @property
-    def stopped(self) -> bool:
-        """EOS or a stop string ended the answer."""
-        return self.finish == "stop"
-
-    def push(self, tok: int) -> str:
-        """Take one new token; return the text it releases ("" while held back, at EOS, after a stop string)."""
-        self.ids.append(tok)
-        if tok in self.eos:
-            self.finish = "stop"
-            return ""
-        piece = self.stops.feed(self.detok.push(tok))
-        if self.stops.stopped:
-            self.finish = "stop"
-        return self._keep(piece)
-
-    def end(self, cancelled: bool) -> str:
-        """The text still held back (none after a stop string or a cancel)."""
-        if cancelled:
-            self.finish = "cancelled"
-            return ""
-        if self.stops.stopped:
-            return ""
-        return self._keep(self.stops.feed(self.detok.flush()) + self.stops.flush())
-
-    def _keep(self, piece: str) -> str:
-        if piece:
-            self.text.append(piece)
-        return piece
-
-    def result(self, metrics: GenerationMetrics, prompt_ids: list[int],
-               logits: list[Any] | None = None) -> GenerationResult:
-        return GenerationResult("".join(self.text), self.ids, self.finish, metrics, list(prompt_ids), logits)
+def _result(answer: Answer, metrics: GenerationMetrics, prompt_ids: list[int],
+            logits: list[Any] | None = None) -> GenerationResult:
+    return GenerationResult("".join(answer.text), answer.ids, answer.finish, metrics, list(prompt_ids), logits)
 
 
 def _options(options: GenerationOptions | None, kw: dict[str, Any]) -> GenerationOptions:

@@ -1,0 +1,105 @@
+"""Encoder inference: ``POST /v1/embeddings`` (OpenAI-compatible) and ``POST /v1/infer`` (named tensors).
+
+A request's body is read, checked and tokenized (in a helper process when it is large), queued in the
+:class:`~edgeinfer.serve.batcher.Batcher`, merged with others into a batch that a worker process runs
+(:class:`~edgeinfer.serve.workers.WorkerPool`), and its share of the outputs encoded back to JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import TYPE_CHECKING, Any, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from edgeinfer.serve.batcher import Batcher, Item, QueueFull, RequestFailed
+from edgeinfer.serve.prep import (
+    OFFLOAD_BYTES,
+    OFFLOAD_VALUES,
+    ApiError,
+    Offload,
+    Prepared,
+    encode_embeddings,
+    encode_infer,
+    prepare_embeddings,
+    prepare_infer,
+)
+from edgeinfer.serve.schemas import (
+    ERRORS,
+    EmbeddingRequest,
+    EmbeddingResponse,
+    InferRequest,
+    InferResponse,
+    request_body,
+)
+
+if TYPE_CHECKING:
+    from edgeinfer.serve.app import State
+    from edgeinfer.serve.config import ServeConfig
+
+
+def add_routes(app: FastAPI, batcher: Batcher, offload: Offload, config: ServeConfig, state: State,
+               starting: Callable[[], ApiError], endpoints: dict[str, str]) -> None:
+    """The two encoder endpoints over ``batcher`` (and its worker pool); ``offload`` prepares and encodes
+    large bodies off the event loop; ``state`` says whether the server is ready or failed; ``starting()`` is
+    the 503 while models still load; ``endpoints`` (model → its endpoints) names where another model is
+    served."""
+    pool = batcher.pool
+
+    def timed_out() -> ApiError:
+        return ApiError(504, f"no answer within {config.timeout_s:g} s (server busy); retry or raise --timeout-s")
+
+    async def read(request: Request, fn: Any, deadline: float) -> Prepared:
+        """Parse, check and tokenize the body: in a helper process when it is large (off the event loop)."""
+        if not state.ready and not pool.ready() and not state.fatal:
+            raise starting()
+        body = await request.body()
+        ctype = request.headers.get("content-type", "")
+        work = offload.prepare(len(body) > OFFLOAD_BYTES, fn, body, ctype, config.max_inputs, endpoints)
+        try:  # past the deadline, a helper's result is dropped
+            return await asyncio.wait_for(work, max(0.0, deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            raise timed_out() from None
+
+    async def submit(p: Prepared, deadline: float) -> dict:
+        if state.fatal:
+            raise ApiError(503, f"the models could not be loaded: {state.fatal}")
+        item = Item(p.model, p.kind, p.feeds, p.rows, p.key, asyncio.get_running_loop().create_future())
+        try:
+            batcher.submit(item)
+        except QueueFull:
+            raise ApiError(429, f"the queue is full ({config.max_queue} requests waiting); retry shortly",
+                           {"Retry-After": "1"}) from None
+        try:
+            return await asyncio.wait_for(asyncio.shield(item.future), max(0.0, deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            batcher.cancel(item)  # dropped from the queue, or its batch stopped when nobody else waits for it
+            raise timed_out() from None
+        except RequestFailed as e:
+            raise ApiError(e.status, e.message) from None
+
+    def answer(data: bytes) -> Response:
+        return Response(data, media_type="application/json")
+
+    @app.post("/v1/embeddings", response_model=EmbeddingResponse, responses=ERRORS, tags=["inference"],
+              openapi_extra=request_body(EmbeddingRequest))
+    async def embeddings(request: Request):
+        """Embed one string or a list of strings (OpenAI-compatible)."""
+        deadline = time.monotonic() + config.timeout_s
+        p = await read(request, prepare_embeddings, deadline)
+        vecs = (await submit(p, deadline))["embedding"]
+        return answer(await offload.encode(vecs.size > OFFLOAD_VALUES, encode_embeddings, p, vecs))
+
+    @app.post("/v1/infer", response_model=InferResponse, responses=ERRORS, tags=["inference"],
+              openapi_extra=request_body(InferRequest))
+    async def infer(request: Request):
+        """Run named tensors (axis 0 is the batch; requests are merged along it)."""
+        deadline = time.monotonic() + config.timeout_s
+        p = await read(request, prepare_infer, deadline)
+        out = await submit(p, deadline)
+        rid = p.id or request.headers.get("x-request-id") or uuid.uuid4().hex
+        size = sum(v.size for v in out.values())
+        return answer(await offload.encode(size > OFFLOAD_VALUES, encode_infer, rid, p.model, out))
