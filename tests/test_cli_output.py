@@ -13,6 +13,7 @@ import pytest
 from helpers import edgeinfer, make_plugin_dist, tiny_bert_dir
 
 from edgeinfer.run.doctor import cache_checks, plugins_check, python_check
+from edgeinfer.testing.cli import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 NARROW = {"COLUMNS": "80", "LINES": "50"}
@@ -25,6 +26,13 @@ def _board_names() -> tuple[str, ...]:
     return tuple(b["name"] for b in json.loads(proc.stdout)["boards"])
 
 
+@pytest.fixture
+def cli(capfd):
+    """``edgeinfer ARGS`` in this process (edgeinfer.testing.cli.run_cli): the tables as the command prints them
+    for the terminal width in ``env``."""
+    return functools.partial(run_cli, capfd)
+
+
 def _first_cells(table: str) -> list[str]:
     """The first cell of every table line (box-drawing borders stripped)."""
     cells = []
@@ -35,8 +43,8 @@ def _first_cells(table: str) -> list[str]:
     return cells
 
 
-def test_boards_at_80_columns_has_full_names_and_no_ellipsis() -> None:
-    proc = edgeinfer("boards", env=NARROW)
+def test_boards_at_80_columns_has_full_names_and_no_ellipsis(cli) -> None:
+    proc = cli("boards", env=NARROW)
     assert proc.returncode == 0, proc.stderr
     assert "…" not in proc.stdout
     assert max(len(line) for line in proc.stdout.splitlines()) <= 80
@@ -45,8 +53,8 @@ def test_boards_at_80_columns_has_full_names_and_no_ellipsis() -> None:
     assert set(names) <= set(_first_cells(proc.stdout))  # each name whole, in its own cell
 
 
-def test_plan_matrix_at_80_columns_keeps_names_and_reasons_whole() -> None:
-    proc = edgeinfer("plan", "qwen3-4b", "--board", "all", "--quant", "w8a8", env=NARROW)
+def test_plan_matrix_at_80_columns_keeps_names_and_reasons_whole(cli) -> None:
+    proc = cli("plan", "qwen3-4b", "--board", "all", "--quant", "w8a8", env=NARROW)
     assert proc.returncode == 1  # some boards do not fit or lack w8a8
     assert "…" not in proc.stdout
     assert max(len(line) for line in proc.stdout.splitlines()) <= 80
@@ -55,8 +63,8 @@ def test_plan_matrix_at_80_columns_keeps_names_and_reasons_whole() -> None:
     assert "does not support w8a8 for decoder models" in " ".join(flat.split())  # wrapped, not cut
 
 
-def test_boards_on_a_wide_terminal_shows_the_family_column() -> None:
-    proc = edgeinfer("boards", env={"COLUMNS": "200"})
+def test_boards_on_a_wide_terminal_shows_the_family_column(cli) -> None:
+    proc = cli("boards", env={"COLUMNS": "200"})
     assert proc.returncode == 0
     assert "family" in proc.stdout and "rk3588" in proc.stdout
 
@@ -206,8 +214,8 @@ def test_a_failing_deploy_prints_exactly_one_line_on_stderr(tmp_path: Path) -> N
     (("plan", "Qwen/Qwen3-8B", "--board", "rk3588-8g", "--ctx", "8192"), 1),
     (("plan", "qwen3-4b", "qwen3-8b", "llama-3.1-8b", "--board", "all", "--quant", "fp16"), 1),
 ])
-def test_other_tables_at_80_columns_never_cut_a_cell(args, code) -> None:
-    proc = edgeinfer(*args, env=NARROW)
+def test_other_tables_at_80_columns_never_cut_a_cell(args, code, cli) -> None:
+    proc = cli(*args, env=NARROW)
     assert proc.returncode == code, proc.stderr
     assert "…" not in proc.stdout
     assert max(len(line) for line in proc.stdout.splitlines()) <= 80

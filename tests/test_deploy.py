@@ -12,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import edgeinfer
 
 from edgeinfer.model import bundle as bundle_mod
 from edgeinfer.testing import minilm
+from edgeinfer.testing.cli import run_cli
 
 BOARDS = {  # board → (backend, device the bundle actually runs on here)
     "core-ultra-155h": ("openvino", "CPU"),
@@ -35,6 +35,13 @@ def cache(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def env(cache) -> dict[str, str]:
     return {"EDGEINFER_CACHE_DIR": str(cache)}
+
+
+@pytest.fixture
+def cli(capfd):
+    """``edgeinfer ARGS`` in this process (edgeinfer.testing.cli.run_cli): these tests are about what the commands
+    do, not about the process, and each subprocess would import torch, openvino or the RKNN toolkit again."""
+    return functools.partial(run_cli, capfd)
 
 
 @pytest.fixture(scope="module")
@@ -104,11 +111,11 @@ def test_bundle_manifest_and_golden(bundles, board):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("board", list(BOARDS))
-def test_same_run_text_command_on_every_bundle(bundles, board):
+def test_same_run_text_command_on_every_bundle(bundles, board, cli):
     args = ["run", str(bundles[board]), "--json"]
     for t in TEXTS:
         args += ["--text", t]
-    proc = edgeinfer(*args)
+    proc = cli(*args)
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(proc.stdout)
     assert report["device"] == BOARDS[board][1]
@@ -119,9 +126,9 @@ def test_same_run_text_command_on_every_bundle(bundles, board):
 
 
 @pytest.mark.slow
-def test_golden_command_rechecks_a_bundle(bundles):
+def test_golden_command_rechecks_a_bundle(bundles, cli):
     path = bundles["core-ultra-155h"]
-    ok = edgeinfer("golden", str(path), "--json")
+    ok = cli("golden", str(path), "--json")
     assert ok.returncode == 0, ok.stderr
     assert json.loads(ok.stdout)["passed"] is True
     # tamper with the recorded expectation: the re-check must now fail with exit 1
@@ -132,16 +139,16 @@ def test_golden_command_rechecks_a_bundle(bundles):
     exp = bundle_mod.Bundle.open(broken).path / "golden" / "expected.npz"
     data = dict(np.load(exp))
     np.savez(exp, **{k: -v for k, v in data.items()})
-    damaged = edgeinfer("golden", str(broken))  # the seal notices first (docs/deploy.md, sealed bundles)
+    damaged = cli("golden", str(broken))  # the seal notices first (docs/deploy.md, sealed bundles)
     assert damaged.returncode == 2 and "golden/expected.npz" in damaged.stderr
     bundle_mod.write(broken, bundle_mod.read_manifest(broken))  # re-seal: now the comparison itself must fail
-    bad = edgeinfer("golden", str(broken))
+    bad = cli("golden", str(broken))
     assert bad.returncode == 1 and "golden check failed" in bad.stderr
 
 
 @pytest.mark.slow
-def test_second_deploy_is_cached(bundles, env, golden_txt, tmp_path):
-    proc = edgeinfer(
+def test_second_deploy_is_cached(bundles, env, golden_txt, tmp_path, cli):
+    proc = cli(
         "deploy", str(minilm.model_dir()), "--board", "core-ultra-155h", "--golden-inputs", str(golden_txt),
         "-o", str(tmp_path / "again"), "--json", env=env,
     )
@@ -153,9 +160,9 @@ def test_second_deploy_is_cached(bundles, env, golden_txt, tmp_path):
 
 
 @pytest.mark.slow
-def test_bench_writes_json_and_png(bundles, tmp_path):
+def test_bench_writes_json_and_png(bundles, tmp_path, cli):
     png = tmp_path / "bench.png"
-    proc = edgeinfer("bench", str(bundles["rk3588-8g"]), "--batch", "1,2", "--repeat", "2", "--json", "--plot",
+    proc = cli("bench", str(bundles["rk3588-8g"]), "--batch", "1,2", "--repeat", "2", "--json", "--plot",
                      str(png))
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(proc.stdout)
@@ -166,7 +173,7 @@ def test_bench_writes_json_and_png(bundles, tmp_path):
 
 
 @pytest.mark.slow
-def test_bad_quantization_is_caught_not_shipped(env, golden_txt, tmp_path):
+def test_bad_quantization_is_caught_not_shipped(env, golden_txt, tmp_path, cli):
     n = 8  # a handful of constant inputs: every token the same
     calib = tmp_path / "constant.npz"
     np.savez(
@@ -176,7 +183,7 @@ def test_bad_quantization_is_caught_not_shipped(env, golden_txt, tmp_path):
         token_type_ids=np.zeros((n, 128), np.int64),
     )
     out = tmp_path / "bad"
-    proc = edgeinfer(
+    proc = cli(
         "deploy", str(minilm.model_dir()), "--board", "core-ultra-155h", "--quant", "int8", "--calib", str(calib),
         "--golden-inputs", str(golden_txt), "-o", str(out), env=env,
     )
@@ -188,7 +195,7 @@ def test_bad_quantization_is_caught_not_shipped(env, golden_txt, tmp_path):
 # --- input errors (fast) ------------------------------------------------------------------------------
 
 
-def test_model_that_does_not_fit_is_refused(tmp_path, env):
+def test_model_that_does_not_fit_is_refused(tmp_path, env, cli):
     tiny = tmp_path / "tiny-board.yaml"
     src = (Path(bundle_mod.__file__).parents[1] / "_boards" / "core-ultra-155h.yaml").read_text()
     import re
@@ -196,14 +203,14 @@ def test_model_that_does_not_fit_is_refused(tmp_path, env):
     src = re.sub(r"(memory_total_gib:\n  value: )[0-9.]+", r"\g<1>0.01", src.replace("core-ultra-155h", "tiny-test"))
     assert "value: 0.01" in src
     tiny.write_text(src)
-    proc = edgeinfer("deploy", str(minilm.model_dir()), "--board", str(tiny), "-o", str(tmp_path / "b"), env=env)
+    proc = cli("deploy", str(minilm.model_dir()), "--board", str(tiny), "-o", str(tmp_path / "b"), env=env)
     assert proc.returncode == 1, proc.stderr
     assert "does not fit" in proc.stderr and not (tmp_path / "b").exists()
 
 
-def test_calibration_sample_with_wrong_input_name_is_named(tmp_path, env, minilm_onnx):
+def test_calibration_sample_with_wrong_input_name_is_named(tmp_path, env, minilm_onnx, cli):
     np.savez(tmp_path / "calib.npz", input_ids=np.ones((4, 128), np.int64), mask=np.ones((4, 128), np.int64))
-    proc = edgeinfer(
+    proc = cli(
         "deploy", str(minilm_onnx), "--board", "core-ultra-155h", "--quant", "int8", "--calib",
         str(tmp_path / "calib.npz"), "-o", str(tmp_path / "b"), env=env,
     )
@@ -219,25 +226,25 @@ def test_calibration_sample_with_wrong_input_name_is_named(tmp_path, env, minilm
         (["--quant", "int8"], "needs calibration data"),
     ],
 )
-def test_bad_deploy_options(tmp_path, env, minilm_onnx, args, needle):
-    proc = edgeinfer("deploy", str(minilm_onnx), "--board", "rk3588-8g", *args, "-o", str(tmp_path / "b"), env=env)
+def test_bad_deploy_options(tmp_path, env, minilm_onnx, args, needle, cli):
+    proc = cli("deploy", str(minilm_onnx), "--board", "rk3588-8g", *args, "-o", str(tmp_path / "b"), env=env)
     assert proc.returncode == 2, proc.stderr
     assert needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
-def test_paged_bundle_on_the_host_board_matches_the_plain_one(tmp_path, env):
+def test_paged_bundle_on_the_host_board_matches_the_plain_one(tmp_path, env, cli):
     texts = ["Paging keeps only a window of layers resident."]
     plain, paged = tmp_path / "plain", tmp_path / "paged"
     for out, extra in ((plain, []), (paged, ["--paging", "2", "--segments", "6"])):
-        proc = edgeinfer("deploy", str(minilm.model_dir()), "--board", "host", *extra, "-o", str(out), env=env)
+        proc = cli("deploy", str(minilm.model_dir()), "--board", "host", *extra, "-o", str(out), env=env)
         assert proc.returncode == 0, proc.stderr[-2000:]
     manifest = json.loads((paged / "manifest.json").read_text())
     assert manifest["paging"]["window"] == 2 and len(manifest["artifacts"]) == 6
-    runs = [json.loads(edgeinfer("run", str(p), "--text", texts[0], "--json").stdout) for p in (plain, paged)]
+    runs = [json.loads(cli("run", str(p), "--text", texts[0], "--json").stdout) for p in (plain, paged)]
     assert runs[1]["paging"]["segments"] == 6
     np.testing.assert_array_equal(np.array(runs[0]["embeddings"]), np.array(runs[1]["embeddings"]))
 
 
-def test_paging_options_are_checked(tmp_path, env, minilm_onnx):
-    proc = edgeinfer("deploy", str(minilm_onnx), "--board", "host", "--segments", "3", "-o", str(tmp_path / "b"))
+def test_paging_options_are_checked(tmp_path, env, minilm_onnx, cli):
+    proc = cli("deploy", str(minilm_onnx), "--board", "host", "--segments", "3", "-o", str(tmp_path / "b"))
     assert proc.returncode == 2 and "add --paging W" in proc.stderr

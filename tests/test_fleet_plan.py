@@ -9,16 +9,34 @@ from __future__ import annotations
 
 import json
 import shutil
+from typing import Any
 
-from helpers import HEAVY, edgeinfer, imported_modules
+import pytest
+from helpers import HEAVY, imported_modules
 
 from edgeinfer.planning.boards import boards_dirs
+from edgeinfer.testing.cli import run_cli
 
 GIB = 2**30
+_fds: Any = None  # this test's capfd: the commands run in this process and are read at the file descriptors
+
+
+@pytest.fixture(autouse=True)
+def _in_process(capfd):
+    global _fds
+    _fds = capfd
+    yield
+    _fds = None
+
+
+def cli(*args: str) -> Any:
+    """``edgeinfer ARGS`` in this process (edgeinfer.testing.cli.run_cli): what plan answers, not the process
+    (test_plan_fleet_is_light checks the start-up imports in a fresh interpreter)."""
+    return run_cli(_fds, *args)
 
 
 def _json(*args: str) -> dict:
-    proc = edgeinfer(*args, "--json")
+    proc = cli(*args, "--json")
     assert proc.returncode in (0, 1), proc.stderr
     return json.loads(proc.stdout)
 
@@ -53,7 +71,7 @@ def test_replicas_per_node_from_board_memory_and_breakdown(tmp_path):
 def test_a_model_that_fits_nowhere_exits_1_and_is_named(tmp_path):
     (tmp_path / "fleet.yaml").write_text(
         "nodes: [{board: rk3588-4g, count: 3}]\nmodels: [{model: qwen3-8b, quant: w8a8, ctx: 4096}]\n")
-    proc = edgeinfer("plan", "--fleet", str(tmp_path / "fleet.yaml"), "--json")
+    proc = cli("plan", "--fleet", str(tmp_path / "fleet.yaml"), "--json")
     assert proc.returncode == 1, proc.stderr
     report = json.loads(proc.stdout)
     [p] = report["placements"]
@@ -74,10 +92,10 @@ def test_bad_fleet_files_are_one_line_exit_2(tmp_path):
              "list.yaml": "- a\n", "board.yaml": "nodes: [{board: rk9999}]\nmodels: [{model: qwen3-0.6b}]\n"}
     for name, text in cases.items():
         (tmp_path / name).write_text(text)
-        proc = edgeinfer("plan", "--fleet", str(tmp_path / name))
+        proc = cli("plan", "--fleet", str(tmp_path / name))
         assert proc.returncode == 2, (name, proc.stderr)
         assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
-    assert "nodes.0.cnt" in edgeinfer("plan", "--fleet", str(tmp_path / "key.yaml")).stderr
+    assert "nodes.0.cnt" in cli("plan", "--fleet", str(tmp_path / "key.yaml")).stderr
 
 
 def test_plan_fleet_is_light(tmp_path):

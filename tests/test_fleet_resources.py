@@ -4,17 +4,25 @@ plugins' own tests derive them from probes of stand-ins for absent NPUs)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import shlex
 
 import pytest
-from helpers import HEAVY, edgeinfer, imported_modules
+from helpers import HEAVY, imported_modules
 
 from edgeinfer.contract.resources import Accelerator
 from edgeinfer.fleet.node import start_command
 from edgeinfer.fleet.resources import merge
+from edgeinfer.testing.cli import run_cli
 
 GIB = 2**30
+
+
+@pytest.fixture
+def cli(capfd):
+    """``edgeinfer ARGS`` in this process (edgeinfer.testing.cli.run_cli): what the command answers."""
+    return functools.partial(run_cli, capfd)
 
 
 @pytest.mark.parametrize("name", ["ascend_310p", "rk3588_npu", "intel_npu", "acme_tpu2"])
@@ -54,12 +62,12 @@ def test_ray_start_command_for_head_and_worker():
     assert "--address=10.0.0.1:6379" in worker and "--head" not in worker and worker[-1] == "--block"
 
 
-def test_ray_resources_and_ray_node_dry_run_on_this_machine():
-    proc = edgeinfer("ray-resources", "--json")
+def test_ray_resources_and_ray_node_dry_run_on_this_machine(cli):
+    proc = cli("ray-resources", "--json")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert int(report["labels"]["edgeinfer.io/memory-mb"]) > 0
-    dry = edgeinfer("ray-node", "--dry-run", "--num-cpus", "1")
+    dry = cli("ray-node", "--dry-run", "--num-cpus", "1")
     assert dry.returncode == 0, dry.stderr
     args = shlex.split(dry.stdout)
     resources = json.loads(next(a for a in args if a.startswith("--resources=")).split("=", 1)[1])
@@ -72,12 +80,12 @@ def test_fleet_resources_import_is_light():
 
 
 
-def test_serve_ray_refuses_options_it_does_not_honour(tmp_path):
+def test_serve_ray_refuses_options_it_does_not_honour(tmp_path, cli):
     from edgeinfer.errors import InputError
     from edgeinfer.fleet.ray_serve import check_options, parse_scale
     from edgeinfer.serve.config import ServeConfig
 
-    proc = edgeinfer("serve", str(tmp_path), "--ray", "auto", "--api-key", "k")
+    proc = cli("serve", str(tmp_path), "--ray", "auto", "--api-key", "k")
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith("error: ") and "not supported with --ray" in proc.stderr
     assert proc.stderr.count("\n") == 1
@@ -98,7 +106,7 @@ def test_without_ray_the_ray_commands_exit_3_with_the_install_line(tmp_path):
         assert r.stderr.count("\n") == 1 and "pip install 'edgeinfer[fleet]'" in r.stderr, r.stderr
 
 
-def test_replicas_auto_and_max_replicas_parse_to_a_scale(tmp_path):
+def test_replicas_auto_and_max_replicas_parse_to_a_scale(tmp_path, cli):
     from edgeinfer.errors import InputError
     from edgeinfer.fleet.ray_serve import Scale, parse_scale
 
@@ -107,7 +115,7 @@ def test_replicas_auto_and_max_replicas_parse_to_a_scale(tmp_path):
     assert parse_scale("2", 5) == Scale(2, 5, True) and parse_scale("2", 5).wanted == 5
     with pytest.raises(InputError, match="below --replicas 3"):
         parse_scale("3", 2)
-    proc = edgeinfer("serve", str(tmp_path), "--ray", "auto", "--replicas", "many")
+    proc = cli("serve", str(tmp_path), "--ray", "auto", "--replicas", "many")
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "'many'" in proc.stderr, proc.stderr
 
 

@@ -3,13 +3,13 @@ window invariant, background-load errors, bad cuts, the CLI and the planner's co
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import edgeinfer as run_cli
 
 from edgeinfer.contract import registry as plugins
 from edgeinfer.errors import EdgeInferError, InputError
@@ -17,6 +17,7 @@ from edgeinfer.planning import paging
 from edgeinfer.run import paged as paged_mod
 from edgeinfer.run import segments as seg_mod
 from edgeinfer.run import split as split_mod
+from edgeinfer.testing.cli import run_cli
 from edgeinfer.testing.models import deep_stack
 
 onnx = pytest.importorskip("onnx")
@@ -279,10 +280,16 @@ def test_minilm_cut_at_a_layer_output_and_a_bad_cut(minilm_onnx, tmp_path, minil
 # --- CLI --------------------------------------------------------------------------------------------------
 
 
-def test_cli_run_paged_matches_the_plain_run(deep, tmp_path, x):
+@pytest.fixture
+def cli(capfd):
+    """``edgeinfer ARGS`` in this process (edgeinfer.testing.cli.run_cli): what the command answers."""
+    return functools.partial(run_cli, capfd)
+
+
+def test_cli_run_paged_matches_the_plain_run(deep, tmp_path, x, cli):
     np.save(tmp_path / "x.npy", x)
     env = {"EDGEINFER_CACHE_DIR": str(tmp_path / "cache")}
-    paged = run_cli("run", str(deep), "--backend", "onnxruntime", "--paging", "2", "--segments", "4",
+    paged = cli("run", str(deep), "--backend", "onnxruntime", "--paging", "2", "--segments", "4",
                     "-i", f"x={tmp_path / 'x.npy'}", "--out", str(tmp_path / "paged"), "--json", env=env)
     assert paged.returncode == 0, paged.stderr
     report = json.loads(paged.stdout)
@@ -290,9 +297,9 @@ def test_cli_run_paged_matches_the_plain_run(deep, tmp_path, x):
     assert np.array_equal(np.load(tmp_path / "paged" / "y.npy"), ort_run(deep, {"x": x})[0])
 
 
-def test_cli_bad_cut_is_exit_2_one_line(deep, tmp_path, x):
+def test_cli_bad_cut_is_exit_2_one_line(deep, tmp_path, x, cli):
     np.save(tmp_path / "x.npy", x)
-    r = run_cli("run", str(deep), "--backend", "onnxruntime", "--paging", "1", "--cut", "/layers.3/relu",
+    r = cli("run", str(deep), "--backend", "onnxruntime", "--paging", "1", "--cut", "/layers.3/relu",
                 "-i", f"x={tmp_path / 'x.npy'}", env={"EDGEINFER_CACHE_DIR": str(tmp_path / "cache")})
     assert r.returncode == 2
     assert r.stderr.strip().startswith("error:") and "not a layer boundary" in r.stderr
@@ -373,13 +380,13 @@ def test_planner_suggests_the_widest_window_that_fits():
     assert not plan("Qwen/Qwen3-8B", "rk3588-8g", paging=sug["window"] + 1, suggest=False).fits
 
 
-def test_cli_plan_paging_json_and_exit_codes():
-    ok = run_cli("plan", "Qwen/Qwen3-8B", "--board", "rk3588-8g", "--paging", "6", "--storage", "nvme", "--json")
+def test_cli_plan_paging_json_and_exit_codes(cli):
+    ok = cli("plan", "Qwen/Qwen3-8B", "--board", "rk3588-8g", "--paging", "6", "--storage", "nvme", "--json")
     assert ok.returncode == 0, ok.stderr
     d = json.loads(ok.stdout)
     assert d["fits"] and d["memory"]["details"]["paging"]["window"] == 6
     assert d["estimates"]["paging"]["bound"] in ("storage", "compute")
-    bad = run_cli("plan", "Qwen/Qwen3-8B", "--board", "rk3588-8g", "--paging", "4", "--storage", "floppy")
+    bad = cli("plan", "Qwen/Qwen3-8B", "--board", "rk3588-8g", "--paging", "4", "--storage", "floppy")
     assert bad.returncode == 2 and "unknown storage 'floppy'" in bad.stderr
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 from helpers import HEAVY, edgeinfer, imported_modules
@@ -11,6 +13,13 @@ from edgeinfer.contract.records import Placement
 from edgeinfer.errors import InputError
 from edgeinfer.serve.config import ServeConfig, api_key_from_env, parse_devices
 from edgeinfer.serve.placement import placement
+from edgeinfer.testing.cli import run_cli
+
+
+@pytest.fixture
+def cli(capfd):
+    """``edgeinfer ARGS`` in this process (edgeinfer.testing.cli.run_cli): what the command answers."""
+    return functools.partial(run_cli, capfd)
 
 
 def test_serve_help_lists_the_options_and_stays_light():
@@ -25,10 +34,10 @@ def test_serve_help_lists_the_options_and_stays_light():
     assert not heavy, heavy
 
 
-def test_missing_or_non_bundle_paths_exit_2_with_one_line(tmp_path):
-    r = edgeinfer("serve", str(tmp_path / "nope"))
+def test_missing_or_non_bundle_paths_exit_2_with_one_line(tmp_path, cli):
+    r = cli("serve", str(tmp_path / "nope"))
     assert r.returncode == 2 and "bundle not found" in r.stderr and len(r.stderr.strip().splitlines()) == 1
-    r = edgeinfer("serve", str(tmp_path))
+    r = cli("serve", str(tmp_path))
     assert r.returncode == 2 and "not a bundle" in r.stderr and "edgeinfer deploy" in r.stderr
 
 
@@ -87,8 +96,8 @@ def test_non_finite_outputs_are_refused_by_name():
         assert e.value.status == 500 and "'y'" in e.value.message
 
 
-def test_cli_bad_option_exits_2(tmp_path):
-    r = edgeinfer("serve", str(tmp_path), "--max-batch", "0")
+def test_cli_bad_option_exits_2(tmp_path, cli):
+    r = cli("serve", str(tmp_path), "--max-batch", "0")
     assert r.returncode == 2 and "--max-batch" in r.stderr
 
 
