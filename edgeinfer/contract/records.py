@@ -20,7 +20,7 @@ class Tensors:
     native: tuple[str, ...] = ()
     #: model formats ``convert`` takes: "onnx", "hf" (a Hugging Face directory), "pt2"
     sources: tuple[str, ...] = ("onnx",)
-    #: schemes ``convert`` accepts, canonical names from :mod:`edgeinfer.planning.quant`
+    #: schemes ``convert`` accepts, canonical names from :mod:`edgeinfer.contract.schemes`
     schemes: tuple[str, ...] = ("fp32",)
     #: the scheme used when a non-native model is loaded directly (lossless or fp16)
     default_scheme: str = "fp32"

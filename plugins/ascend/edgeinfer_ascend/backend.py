@@ -49,9 +49,9 @@ class AscendBackend(Backend):
     decoders = Decoders(
         schemes=("fp16", "bf16", "fp32", "w8a16"),  # fp16 first: the one dtype 310P and 910B share
         architectures=SUPPORTED,  # what decoder_model's static-cache forward reproduces
-        options=("scheme", "dtype", "board", "compile", "compile_mode", "prefill_buckets", "warmup", "fused",
+        options=("scheme", "dtype", "compile", "compile_mode", "prefill_buckets", "warmup", "fused",
                  "threads", "progress"),
-        convert_options=("target", "board", "dtype", "prefill_buckets"))
+        convert_options=("target", "dtype", "prefill_buckets"))
     resource_names = resources.RESOURCE_NAMES
 
     def accelerators(self, probe: Probe) -> list[Accelerator]:
