@@ -191,15 +191,15 @@ def test_a_failing_deploy_prints_exactly_one_line_on_stderr(tmp_path: Path) -> N
     env = {k: v for k, v in os.environ.items()  # the libraries' defaults, whatever the shell set
            if k not in ("TORCH_LOGS", "TRANSFORMERS_VERBOSITY", "EDGEINFER_VERBOSE", "EDGEINFER_DEBUG")}
     env["EDGEINFER_CACHE_DIR"] = str(tmp_path / "cache")
-    args = ["deploy", str(model), "--board", "core-ultra-155h", "--quant", "int8",
-            "--calib", str(ROOT / "examples" / "sentences.txt"), "--threshold", "0.99999", "-o", str(tmp_path / "b")]
+    args = ["deploy", str(model), "--board", "core-ultra-155h", "--quant", "int8", "--calib",
+            str(ROOT / "examples" / "sentences.txt"), "--threshold", "0.9999999", "-o", str(tmp_path / "b")]
     proc = subprocess.run([sys.executable, "-m", "edgeinfer.cli", *args], capture_output=True, text=True, env=env,
                           timeout=600)
     assert proc.returncode == 1, proc.stderr
     assert proc.stdout == ""
     lines = proc.stderr.splitlines()
     assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("error: golden check FAILED (threshold 0.99999)")
+    assert lines[0].startswith("error: golden check FAILED (threshold 0.9999999)")
     assert not (tmp_path / "b").exists()
 
     loud = subprocess.run([sys.executable, "-m", "edgeinfer.cli", "--verbose", *args], capture_output=True,

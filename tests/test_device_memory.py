@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from edgeinfer.contract import Backend, FreeMemory, normalize_scheme
+from edgeinfer.contract import Backend, Decoders, FreeMemory, normalize_scheme
 from edgeinfer.errors import InputError
 from edgeinfer.planning.device_memory import check_decoder_fits, shortfall
 from edgeinfer.testing.llm import model_dir
@@ -20,7 +20,7 @@ class StandInNpuBackend(Backend):
     """A backend whose (absent) NPU reports ``free`` bytes free; nothing is ever loaded on it."""
 
     name = "standin-npu"
-    decoder_schemes = ("fp16", "bf16", "fp32", "w8a16")
+    decoders = Decoders(schemes=("fp16", "bf16", "fp32", "w8a16"))
 
     def __init__(self, free: FreeMemory | None):
         self.free = free

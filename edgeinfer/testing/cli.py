@@ -22,7 +22,8 @@ def run_cli(capfd: Any, *args: str, env: dict[str, str] | None = None) -> subpro
     ``capfd`` is pytest's fixture: output is read at the file descriptors, so what a library writes there
     still shows. Python warnings are filtered and printed on stderr as in a fresh interpreter under ``main``
     (pytest would otherwise collect them out of sight); the warning filters, environment variables and
-    logger levels the command sets for its process are undone after.
+    logger levels the command sets for its process are undone after, and a log handler a library created
+    on the captured streams while the command imported it (NNCF's, at import) is pointed at the real ones.
     """
     from edgeinfer import cli
     from edgeinfer.contract.names import NOISY_LOGGERS
@@ -32,6 +33,7 @@ def run_cli(capfd: Any, *args: str, env: dict[str, str] | None = None) -> subpro
     formatwarning, environ = warnings.formatwarning, dict(os.environ)
     os.environ.update(env or {})
     levels = {name: logging.getLogger(name).level for name in NOISY_LOGGERS}
+    captured = {id(sys.stdout): sys.__stdout__, id(sys.stderr): sys.__stderr__}
     with warnings.catch_warnings():
         _fresh_interpreter_filters()
         warnings.showwarning = _to_stderr
@@ -44,8 +46,20 @@ def run_cli(capfd: Any, *args: str, env: dict[str, str] | None = None) -> subpro
             os.environ.update(environ)
             for name, level in levels.items():
                 logging.getLogger(name).setLevel(level)
+            _off_captured_streams(captured)
     out, err = capfd.readouterr()
     return subprocess.CompletedProcess(["edgeinfer", *args], code, out, err)
+
+
+def _off_captured_streams(captured: dict[int, Any]) -> None:
+    """Point stream handlers bound to pytest's capture streams (closed after the test) at the real ones."""
+    loggers = [logging.getLogger(), *(lg for lg in logging.Logger.manager.loggerDict.values()
+                                      if isinstance(lg, logging.Logger))]
+    for lg in loggers:
+        for h in lg.handlers:
+            real = captured.get(id(getattr(h, "stream", None)))
+            if isinstance(h, logging.StreamHandler) and real is not None:
+                h.setStream(real)
 
 
 def _fresh_interpreter_filters() -> None:

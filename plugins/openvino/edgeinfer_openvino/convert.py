@@ -38,6 +38,8 @@ def nncf_output_to_stderr():
         pass
     with contextlib.ExitStack() as stack:
         sink = sys.stderr if verbose() else stack.enter_context(open(os.devnull, "w"))
+        if handler is not None and getattr(handler.stream, "closed", False):
+            handler.stream = sys.stdout  # NNCF was imported while stdout was a stream since closed (a test's capture)
         old = handler.setStream(sink) if handler is not None else None
         try:
             with contextlib.redirect_stdout(sink):

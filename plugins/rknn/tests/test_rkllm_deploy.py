@@ -109,6 +109,7 @@ def test_deploy_without_the_toolkit_exits_3_saying_how_to_get_it(tmp_path):
 
 
 def test_runtime_on_a_model_that_is_not_a_decoder_exits_2(tmp_path):
+    (tmp_path / "model.onnx").write_bytes(b"an encoder, never read: --runtime is refused first")
     proc = _cli("deploy", str(tmp_path / "model.onnx"), "--board", "rk3588-8g", "--runtime", "rkllm",
                 "-o", str(tmp_path / "out"))
     assert proc.returncode == 2 and "--runtime applies to decoder (language) models" in proc.stderr, proc.stderr
