@@ -185,32 +185,32 @@ def test_only_workers_that_exist_are_reported():
 
 
 @pytest.fixture(scope="module")
-def tiny_llms(tmp_path_factory):
+def tiny_decoders(tmp_path_factory):
     """The committed tiny decoder, and a copy whose chat template is a bomb (10**10 loop steps)."""
-    from edgeinfer.serve.decoder_engine import open_llm
+    from edgeinfer.serve.decoder_engine import open_served_decoder
     from edgeinfer.testing.llm import model_dir, with_template_bomb
 
     bomb = with_template_bomb(tmp_path_factory.mktemp("bomb") / "tiny-bomb")
-    llms = [open_llm(model_dir(), ctx=256), open_llm(bomb, ctx=256)]
-    return {m.name: m for m in llms}
+    decoders = [open_served_decoder(model_dir(), ctx=256), open_served_decoder(bomb, ctx=256)]
+    return {m.name: m for m in decoders}
 
 
-def _gen(llms, body: dict, chat: bool = True, elsewhere=None):
+def _gen(decoders, body: dict, chat: bool = True, elsewhere=None):
     import json
 
     from edgeinfer.serve.decoder_routes import prepare_generation
 
-    return prepare_generation(llms, json.dumps(body).encode(), "application/json", chat, elsewhere)
+    return prepare_generation(decoders, json.dumps(body).encode(), "application/json", chat, elsewhere)
 
 
-def test_a_request_to_a_model_of_another_endpoint_says_where_it_is_served(tiny_llms):
+def test_a_request_to_a_model_of_another_endpoint_says_where_it_is_served(tiny_decoders):
     import json
 
     from edgeinfer.serve.prep import ApiError, prepare_embeddings
 
     elsewhere = {"minilm": "/v1/embeddings and /v1/infer", "tiny-qwen3": "/v1/chat/completions and /v1/completions"}
     with pytest.raises(ApiError) as e:
-        _gen(tiny_llms, {"model": "minilm", "messages": [{"role": "user", "content": "hi"}]}, elsewhere=elsewhere)
+        _gen(tiny_decoders, {"model": "minilm", "messages": [{"role": "user", "content": "hi"}]}, elsewhere=elsewhere)
     assert e.value.status == 400 and "served on /v1/embeddings and /v1/infer" in e.value.message
     assert "not on /v1/chat/completions" in e.value.message
     with pytest.raises(ApiError) as e:
@@ -219,17 +219,17 @@ def test_a_request_to_a_model_of_another_endpoint_says_where_it_is_served(tiny_l
     assert e.value.status == 400 and "/v1/chat/completions and /v1/completions, not on /v1/embeddings" in \
         e.value.message
     with pytest.raises(ApiError) as e:  # a model served nowhere is still a 404
-        _gen(tiny_llms, {"model": "nope", "prompt": "hi"}, chat=False, elsewhere=elsewhere)
+        _gen(tiny_decoders, {"model": "nope", "prompt": "hi"}, chat=False, elsewhere=elsewhere)
     assert e.value.status == 404 and "does not exist" in e.value.message
 
 
-def test_a_prompt_longer_than_the_context_can_hold_is_refused_before_tokenizing(tiny_llms):
+def test_a_prompt_longer_than_the_context_can_hold_is_refused_before_tokenizing(tiny_decoders):
     """context × the longest vocabulary entry (60 bytes in tiny-qwen3) × 2 characters at most (of the
     messages, then of the rendered prompt); a prompt just under the bound is tokenized and then refused
     for its token count."""
     from edgeinfer.serve.prep import ApiError
 
-    llm = tiny_llms["tiny-qwen3"]
+    llm = tiny_decoders["tiny-qwen3"]
     limit = 256 * llm.codec.longest_token * 2
     assert llm.codec.longest_token == 60  # tiny-qwen3's longest token, counted by hand from its vocab
     for chat in (True, False):
@@ -237,40 +237,40 @@ def test_a_prompt_longer_than_the_context_can_hold_is_refused_before_tokenizing(
             text = "x" * n
             body = {"messages": [{"role": "user", "content": text}]} if chat else {"prompt": text}
             with pytest.raises(ApiError) as e:
-                _gen(tiny_llms, {"model": "tiny-qwen3", **body}, chat)
+                _gen(tiny_decoders, {"model": "tiny-qwen3", **body}, chat)
             assert e.value.status == 400 and "maximum context length is 256" in e.value.message
             said_chars = f"the prompt has {n} characters" in e.value.message
             assert said_chars != tokenized and ("max_tokens is" in e.value.message) == tokenized, e.value.message
 
 
-def test_a_template_bomb_is_a_400_naming_the_template(tiny_llms):
+def test_a_template_bomb_is_a_400_naming_the_template(tiny_decoders):
     import time
 
     from edgeinfer.serve.prep import ApiError
 
     start = time.monotonic()
     with pytest.raises(ApiError) as e:
-        _gen(tiny_llms, {"model": "tiny-bomb", "messages": [{"role": "user", "content": "hi"}]})
+        _gen(tiny_decoders, {"model": "tiny-bomb", "messages": [{"role": "user", "content": "hi"}]})
     assert e.value.status == 400 and "chat template of" in e.value.message and "tiny-bomb" in e.value.message
     assert time.monotonic() - start < 30
-    ok = _gen(tiny_llms, {"model": "tiny-bomb", "prompt": "hi", "max_tokens": 2}, chat=False)  # no template
+    ok = _gen(tiny_decoders, {"model": "tiny-bomb", "prompt": "hi", "max_tokens": 2}, chat=False)  # no template
     assert ok.ids and ok.options.max_new_tokens == 2
 
 
-def test_a_template_that_adds_text_beyond_the_context_is_refused_before_tokenizing(tiny_llms, tmp_path):
+def test_a_template_that_adds_text_beyond_the_context_is_refused_before_tokenizing(tiny_decoders, tmp_path):
     """The characters bound applies to the rendered prompt too: a template may add text of its own."""
     import shutil
 
-    from edgeinfer.serve.decoder_engine import open_llm
+    from edgeinfer.serve.decoder_engine import open_served_decoder
     from edgeinfer.serve.prep import ApiError
 
     padded = tmp_path / "tiny-padded"
-    shutil.copytree(tiny_llms["tiny-qwen3"].path, padded)
+    shutil.copytree(tiny_decoders["tiny-qwen3"].path, padded)
     (padded / "chat_template.jinja").write_text("{{ 'x' * 40000000 }}{% for m in messages %}{{ m.content }}"
                                                 "{% endfor %}")
-    llms = {"tiny-padded": open_llm(padded, ctx=256)}
+    decoders = {"tiny-padded": open_served_decoder(padded, ctx=256)}
     with pytest.raises(ApiError) as e:
-        _gen(llms, {"messages": [{"role": "user", "content": "hi"}]})
+        _gen(decoders, {"messages": [{"role": "user", "content": "hi"}]})
     assert e.value.status == 400 and "renders these messages as 40000002 characters" in e.value.message
 
 

@@ -85,7 +85,7 @@ def target(path: Path, config: ServeConfig) -> BundleTarget:
     from edgeinfer.fleet.fit import check_fits, replica_plan
     from edgeinfer.model.bundle import Bundle, not_a_bundle
     from edgeinfer.model.kind import Kind, kind
-    from edgeinfer.serve.decoder_engine import open_llm
+    from edgeinfer.serve.decoder_engine import open_served_decoder
 
     match kind(path, "bundle"):
         case Kind.DECODER_DIR:
@@ -98,7 +98,7 @@ def target(path: Path, config: ServeConfig) -> BundleTarget:
     bundle = Bundle.open(path, verify="full")
     name, resource = bundle.path.resolve().name, bundle_resource(bundle.manifest)
     if decoder:
-        open_llm(bundle.path, bundle, config.ctx)  # a --ctx beyond the bundle's is refused here
+        open_served_decoder(bundle.path, bundle, config.ctx)  # a --ctx beyond the bundle's is refused here
     plan = replica_plan(bundle, resource, config.slots, config.ctx)
     check_fits(name, plan)
     return BundleTarget(name, str(bundle.path.resolve()), resource, bundle.manifest.files,

@@ -136,11 +136,11 @@ class DecoderReplica:
     async def __init__(self, target: Any, config: Any):
         import ray
 
-        from edgeinfer.serve.decoder_engine import Engine, open_llm
+        from edgeinfer.serve.decoder_engine import Engine, open_served_decoder
         from edgeinfer.serve.metrics import Metrics
 
         bundle = arrive(target)
-        self.llm = open_llm(bundle.path, bundle, config.ctx)
+        self.llm = open_served_decoder(bundle.path, bundle, config.ctx)
         self.metrics = Metrics()
         self.engine = Engine(self.llm, config.slots, config.max_queue, config.prefill_chunk,
                              max_restarts=config.max_restarts, restart_window_s=config.restart_window_s,

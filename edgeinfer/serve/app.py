@@ -29,9 +29,9 @@ from edgeinfer.model.kind import Kind, kind
 from edgeinfer.run import bundle as run_bundle
 from edgeinfer.serve.batcher import Batcher
 from edgeinfer.serve.config import ServeConfig
-from edgeinfer.serve.decoder_engine import Engine, ServedDecoder, open_llm
+from edgeinfer.serve.decoder_engine import Engine, ServedDecoder, open_served_decoder
 from edgeinfer.serve.decoder_routes import add_routes as add_decoder_routes
-from edgeinfer.serve.decoder_routes import warm as warm_llms
+from edgeinfer.serve.decoder_routes import warm as warm_decoders
 from edgeinfer.serve.encoder_routes import add_routes as add_encoder_routes
 from edgeinfer.serve.metrics import ENDPOINTS, Metrics
 from edgeinfer.serve.placement import check_devices
@@ -56,29 +56,29 @@ def open_models(paths: list[Path], ctx: int | None = None) -> tuple[dict[str, Se
     """Open every bundle (manifest and artifacts checked here, before any worker starts): embedding and
     tensor bundles, and decoders (decoder bundles, Hugging Face decoder directories)."""
     models: dict[str, ServedModel] = {}
-    llms: dict[str, ServedDecoder] = {}
+    decoders: dict[str, ServedDecoder] = {}
     for p in paths:
         match kind(p, "bundle"):
             case Kind.DECODER_DIR:
                 remote_code.allowed(p)  # serve never runs a model directory's own code (docs/security.md)
-                llm = open_llm(p, ctx=ctx)
+                llm = open_served_decoder(p, ctx=ctx)
             case Kind.DECODER_BUNDLE | Kind.ENCODER_BUNDLE as k:
                 bundle = Bundle.open(p, verify="full")  # every file hashed once at start-up (docs/deploy.md)
-                llm = open_llm(p, bundle, ctx) if k is Kind.DECODER_BUNDLE else None
+                llm = open_served_decoder(p, bundle, ctx) if k is Kind.DECODER_BUNDLE else None
             case _:
                 raise not_a_bundle(p)
         name = llm.name if llm is not None else bundle.path.resolve().name
-        if name in models or name in llms:
+        if name in models or name in decoders:
             raise InputError(f"two bundles are both named {name!r}; serve bundles from directories with distinct "
                              "names")
         if llm is not None:
-            llms[name] = llm
+            decoders[name] = llm
             continue
         if bundle.manifest.text is not None:
             load_tokenizer_now(bundle)
         models[name] = ServedModel(name, bundle)
         models[name].index_limits  # noqa: B018 - read once at start-up, before the helper processes copy it
-    return models, llms
+    return models, decoders
 
 
 def load_tokenizer_now(bundle: Bundle) -> None:
@@ -107,10 +107,10 @@ class State:
 
 
 def create_app(config: ServeConfig, models: dict[str, ServedModel] | None = None,
-               llms: dict[str, ServedDecoder] | None = None) -> FastAPI:
+               decoders: dict[str, ServedDecoder] | None = None) -> FastAPI:
     if models is None:
-        models, llms = open_models(config.bundles, config.ctx)
-    llms = llms or {}
+        models, decoders = open_models(config.bundles, config.ctx)
+    decoders = decoders or {}
     state = State()
     pool = WorkerPool([(m.name, m.bundle.path) for m in models.values()], config.devices, config.max_batch,
                       config.max_restarts, config.restart_window_s, stop_grace_s=config.timeout_s)
@@ -121,12 +121,12 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel] | None = None
     pool.on_restart = lambda w: metrics.worker_restarts.labels(str(w.index)).inc()
     engines = {n: Engine(m, config.slots, config.max_queue, config.prefill_chunk,
                          config.devices[0] if config.devices else None, config.max_restarts, config.restart_window_s,
-                         observe=metrics.observe, threads=config.threads) for n, m in llms.items()}
+                         observe=metrics.observe, threads=config.threads) for n, m in decoders.items()}
     state.engines = engines
 
-    offload = Offload(models, llms=llms)
+    offload = Offload(models, decoders=decoders)
     endpoints = {**{n: " and ".join(m.to_json(0)["endpoints"]) for n, m in models.items()},
-                 **{n: "/v1/chat/completions and /v1/completions" for n in llms}}
+                 **{n: "/v1/chat/completions and /v1/completions" for n in decoders}}
 
     def starting() -> ApiError:
         ready = (len(models) if pool.ready() else 0) + sum(e.ready() for e in engines.values())
@@ -151,7 +151,7 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel] | None = None
         async def start_workers() -> None:
             try:
                 await asyncio.gather(*([pool.start()] if models else []),
-                                     offload.warm_up(warm_llms if engines else None),
+                                     offload.warm_up(warm_decoders if engines else None),
                                      *(e.start() for e in engines.values()))
             except Exception as e:  # noqa: BLE001
                 state.fatal = str(e)
@@ -233,7 +233,7 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel] | None = None
 
     if engines:  # the generation endpoints exist when a decoder is served
         add_decoder_routes(app, engines, config.generation_timeout_s, refusal, metrics.observe,
-                   functools.partial(offload.prepare, table="llms"), endpoints)
+                   functools.partial(offload.prepare, table="decoders"), endpoints)
     app.add_middleware(GuardMiddleware, key=key, limit=limit, metrics=metrics)
     return app
 
@@ -393,14 +393,14 @@ def serve(config: ServeConfig, log_level: str = "info") -> None:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     sock = listen(config.host, config.port)  # a busy port is a one-line error before bundles are hashed
     try:
-        models, llms = open_models(config.bundles, config.ctx)
-        check_devices([m.bundle.manifest.backend for m in models.values()] + [m.backend for m in llms.values()],
+        models, decoders = open_models(config.bundles, config.ctx)
+        check_devices([m.bundle.manifest.backend for m in models.values()] + [m.backend for m in decoders.values()],
                       config.devices)
     except BaseException:
         sock.close()
         raise
     config.port = sock.getsockname()[1]
-    app = create_app(config, models, llms)
+    app = create_app(config, models, decoders)
     uv = uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level, lifespan="on",
                         access_log=log_level == "debug", timeout_graceful_shutdown=None,
                         http=_protocol_class(app.state.metrics),

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edgeinfer.serve.decoder_worker import llm_worker_main
+from edgeinfer.serve.decoder_worker import decoder_worker_main
 from edgeinfer.serve.supervisor import STOP_GRACE_S, Supervisor
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ class ServedDecoder:
                 "slots": slots, "endpoints": ["/v1/chat/completions", "/v1/completions"]}
 
 
-def open_llm(path: Path, bundle: Any = None, ctx: int | None = None) -> ServedDecoder:
+def open_served_decoder(path: Path, bundle: Any = None, ctx: int | None = None) -> ServedDecoder:
     """A decoder bundle (``bundle``, already opened and verified) or an HF decoder dir (``path``)."""
     from edgeinfer.contract import seal
     from edgeinfer.contract.names import DECODER_REFERENCE
@@ -117,7 +117,7 @@ class Engine(Supervisor):
                  self.slots, self.llm.context, _mib(kv), _mib(plan))
 
     def target(self) -> tuple[Any, tuple]:
-        return llm_worker_main, (str(self.llm.path), self.llm.backend, self.entry, self.llm.context, self.slots,
+        return decoder_worker_main, (str(self.llm.path), self.llm.backend, self.entry, self.llm.context, self.slots,
                                  self.prefill_chunk, self.threads)
 
     def spawn(self) -> asyncio.Future:

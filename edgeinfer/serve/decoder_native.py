@@ -2,7 +2,7 @@
 
 A runtime that batches continuously itself (a ``BatchingDecoder``, e.g. OpenVINO GenAI's
 ContinuousBatchingPipeline) is driven request by request: a new sequence is added, and a cancelled
-one dropped, between two of its steps, as :class:`~.llm_scheduler.Scheduler` does over step
+one dropped, between two of its steps, as :class:`~.decoder_scheduler.Scheduler` does over step
 decoders. Any other native loop (a static NPU pipeline, one sequence at a time) runs its
 ``generate_native`` in a thread, one request after another (:class:`OneAtATime`).
 
@@ -101,7 +101,7 @@ class OneAtATime:
 
 
 class NativeScheduler:
-    """The scheduler of a native-loop decoder, with :class:`~.llm_scheduler.Scheduler`'s interface."""
+    """The scheduler of a native-loop decoder, with :class:`~.decoder_scheduler.Scheduler`'s interface."""
 
     def __init__(self, generator: Generator):
         self.generator = generator

@@ -9,7 +9,7 @@ string or a list of text parts) / ``prompt``, ``max_tokens`` (``max_completion_t
 ``n`` (1 only), ``stream``, ``stream_options.include_usage``, ``logprobs`` / ``top_logprobs`` (step
 decoders only: a native-loop backend has no logits to give), and vLLM's ``ignore_eos``, ``top_k`` and
 ``repetition_penalty``. Accepted and not used: ``user``, ``metadata``, ``store``. OpenAI fields that are
-not implemented (``llm_schemas.NOT_IMPLEMENTED``: tools, response_format, logit_bias, penalties, audio, ...)
+not implemented (``decoder_schemas.NOT_IMPLEMENTED``: tools, response_format, logit_bias, penalties, audio, ...)
 are 400 naming the field unless their value asks for nothing; any other unknown field is 400.
 docs/serve.md lists them for users.
 """
@@ -90,26 +90,26 @@ class PreparedPrompt:
         return self.options.logprobs
 
 
-def prepare_generation(llms: dict[str, ServedDecoder], raw: bytes, content_type: str, chat: bool,
+def prepare_generation(decoders: dict[str, ServedDecoder], raw: bytes, content_type: str, chat: bool,
                        elsewhere: dict[str, str] | None = None) -> PreparedPrompt:
     """Parse and check a chat / completion body, render the chat template and tokenize: CPU work that
     :class:`~edgeinfer.serve.prep.Offload` runs off the event loop."""
     body = validated(ChatRequest if chat else CompletionRequest, read_json(raw, content_type))
-    llm = engine_for(llms, body.model, "/v1/chat/completions" if chat else "/v1/completions", elsewhere)
+    llm = engine_for(decoders, body.model, "/v1/chat/completions" if chat else "/v1/completions", elsewhere)
     ids, options = prompt_and_options(llm, body, chat)
     return PreparedPrompt(llm.name, ids, options, body.stream,
                           bool(body.stream_options and body.stream_options.include_usage))
 
 
-def warm(llms: dict[str, ServedDecoder]) -> None:
+def warm(decoders: dict[str, ServedDecoder]) -> None:
     """Run once in each helper process at start-up: imports this module there and sizes the vocabularies,
     so the first request does not pay for it."""
-    for llm in llms.values():
+    for llm in decoders.values():
         llm.codec.longest_token  # noqa: B018 - a cached property
 
 
-async def _inline(heavy: bool, fn: Any, *args: Any, llms: dict[str, ServedDecoder]) -> Any:
-    return fn(llms, *args)
+async def _inline(heavy: bool, fn: Any, *args: Any, decoders: dict[str, ServedDecoder]) -> Any:
+    return fn(decoders, *args)
 
 
 async def respond(engines: dict[str, Engine], raw: bytes, content_type: str, chat: bool, timeout_s: float,
@@ -117,12 +117,12 @@ async def respond(engines: dict[str, Engine], raw: bytes, content_type: str, cha
                   elsewhere: dict[str, str] | None = None) -> Any:
     """The answer to one chat / completion request body: a streamed or a whole response; ApiError for a
     request that cannot be served. ``accepting(model)`` is None when that decoder takes requests now, else
-    the ApiError to answer; ``prepare(heavy, fn, *args)`` runs ``fn(llms, *args)`` (off the event loop:
+    the ApiError to answer; ``prepare(heavy, fn, *args)`` runs ``fn(decoders, *args)`` (off the event loop:
     :meth:`Offload.prepare`; default inline). The single-box routes and the Ray replicas (edgeinfer/fleet)
     share it."""
     arrived = time.perf_counter() if arrived is None else arrived
     if prepare is None:
-        prepare = functools.partial(_inline, llms={n: e.llm for n, e in engines.items()})
+        prepare = functools.partial(_inline, decoders={n: e.llm for n, e in engines.items()})
     # a chat template comes with the model (untrusted, bounded but possibly slow): never on the event loop
     p = await prepare(chat or len(raw) > OFFLOAD_BYTES, prepare_generation, raw, content_type, chat, elsewhere)
     eng = engines[p.model]

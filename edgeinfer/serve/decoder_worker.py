@@ -1,5 +1,5 @@
-"""The worker process that holds one decoder and runs its scheduler: :class:`~.llm_scheduler.Scheduler`
-over step decoders, :class:`~.llm_native.NativeScheduler` over a backend's own loop.
+"""The worker process that holds one decoder and runs its scheduler: :class:`~.decoder_scheduler.Scheduler`
+over step decoders, :class:`~.decoder_native.NativeScheduler` over a backend's own loop.
 
 Messages, main → worker: ``("add", rid, prompt_ids, options)`` (the GenerationOptions the HTTP side
 validated), ``("cancel", rid)``, ``("stop",)``;
@@ -34,7 +34,7 @@ def load_generator(path: str, backend: str, entry: str | None, context: int, slo
     return load(path, device=placed.device, ctx=context, slots=slots, **options)
 
 
-def llm_worker_main(conn: Any, path: str, backend: str, entry: str | None, context: int, slots: int,
+def decoder_worker_main(conn: Any, path: str, backend: str, entry: str | None, context: int, slots: int,
                     prefill_chunk: int | None, threads: int | None = None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process decides when workers stop
     signal.signal(signal.SIGTERM, signal.SIG_IGN)

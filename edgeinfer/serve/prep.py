@@ -370,11 +370,11 @@ def _call(fn: Callable[..., Any], args: tuple, table: str | None) -> Any:
 class Offload:
     """Runs request work inline when it is small and in ``processes`` helper processes (spawned) when
     it is large. A helper that dies (e.g. out of memory) fails its request with 500; the pool is renewed.
-    The helpers hold the served models (``models``: embedding and tensor bundles, ``llms``: decoders, whose
+    The helpers hold the served models (``models``: embedding and tensor bundles, ``decoders``: decoder engines, whose
     tokenizer and chat template they run)."""
 
-    def __init__(self, models: Models, processes: int = 2, llms: dict[str, Any] | None = None):
-        self.tables = {"models": models, "llms": llms or {}}
+    def __init__(self, models: Models, processes: int = 2, decoders: dict[str, Any] | None = None):
+        self.tables = {"models": models, "decoders": decoders or {}}
         self.processes = processes
         self._pool: ProcessPoolExecutor | None = None
 
@@ -382,14 +382,14 @@ class Offload:
         self._pool = ProcessPoolExecutor(self.processes, mp_context=mp.get_context("spawn"),
                                          initializer=_init, initargs=(self.tables,))
 
-    async def warm_up(self, fn: Callable[..., Any] | None = None, table: str = "llms") -> None:
+    async def warm_up(self, fn: Callable[..., Any] | None = None, table: str = "decoders") -> None:
         """Start the helpers now, not on the first large request; ``fn(tables[table])`` in each prepares
         what requests will need there (e.g. importing the module of the functions they run)."""
         await asyncio.gather(*(self._submit(fn, (), table) if fn is not None else self._submit(len, ((),), None)
                                for _ in range(self.processes)))
 
     async def prepare(self, heavy: bool, fn: Callable[..., Any], *args: Any, table: str = "models") -> Any:
-        """``fn(models, *args)`` (``fn(llms, *args)`` with ``table="llms"``)."""
+        """``fn(models, *args)`` (``fn(decoders, *args)`` with ``table="decoders"``)."""
         if not heavy or self._pool is None:
             return fn(self.tables[table], *args)
         return await self._submit(fn, args, table)
