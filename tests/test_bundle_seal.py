@@ -19,7 +19,7 @@ import pytest
 from helpers import edgeinfer
 
 from edgeinfer.testing import minilm, models
-from edgeinfer.testing.cli import run_cli
+from edgeinfer.testing.cli import in_process_cli
 
 # --- the bundles -------------------------------------------------------------------------------------
 
@@ -69,21 +69,9 @@ def x_npy(tmp_path_factory) -> Path:
 # --- helpers ------------------------------------------------------------------------------------------
 
 
-_fds: Any = None  # this test's capfd: the commands run in this process and are read at the file descriptors
-
-
-@pytest.fixture(autouse=True)
-def _in_process(capfd):
-    global _fds
-    _fds = capfd
-    yield
-    _fds = None
-
-
-def cli(*args: str) -> Any:
-    """``edgeinfer ARGS`` in this process (edgeinfer.testing.cli.run_cli): every case is about what the command
-    answers, not about the process (the deploy above is a real subprocess)."""
-    return run_cli(_fds, *args)
+# ``edgeinfer ARGS`` in this process (edgeinfer.testing.cli.run_cli): every case is about what the command
+# answers, not about the process (the deploy above is a real subprocess).
+cli, _bind_capfd = in_process_cli()
 
 
 def _copy(src: Path, tmp_path: Path) -> Path:

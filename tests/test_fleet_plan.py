@@ -9,30 +9,16 @@ from __future__ import annotations
 
 import json
 import shutil
-from typing import Any
 
-import pytest
 from helpers import HEAVY, imported_modules
 
 from edgeinfer.planning.boards import boards_dirs
-from edgeinfer.testing.cli import run_cli
+from edgeinfer.testing.cli import in_process_cli
 
 GIB = 2**30
-_fds: Any = None  # this test's capfd: the commands run in this process and are read at the file descriptors
-
-
-@pytest.fixture(autouse=True)
-def _in_process(capfd):
-    global _fds
-    _fds = capfd
-    yield
-    _fds = None
-
-
-def cli(*args: str) -> Any:
-    """``edgeinfer ARGS`` in this process (edgeinfer.testing.cli.run_cli): what plan answers, not the process
-    (test_plan_fleet_is_light checks the start-up imports in a fresh interpreter)."""
-    return run_cli(_fds, *args)
+# ``edgeinfer ARGS`` in this process (edgeinfer.testing.cli.run_cli): what plan answers, not the process
+# (test_plan_fleet_is_light checks the start-up imports in a fresh interpreter).
+cli, _bind_capfd = in_process_cli()
 
 
 def _json(*args: str) -> dict:

@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 
 def run_cli(capfd: Any, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -49,6 +49,26 @@ def run_cli(capfd: Any, *args: str, env: dict[str, str] | None = None) -> subpro
             _off_captured_streams(captured)
     out, err = capfd.readouterr()
     return subprocess.CompletedProcess(["edgeinfer", *args], code, out, err)
+
+
+def in_process_cli() -> tuple[Callable[..., subprocess.CompletedProcess], Any]:
+    """``cli, _bind_capfd = in_process_cli()`` at a test module's top: ``cli(*args, env=None)`` is
+    :func:`run_cli` with the running test's ``capfd``, bound by the autouse fixture ``_bind_capfd``, for a
+    module whose cases are about what commands answer, not about the process."""
+    import pytest
+
+    fds: list[Any] = []
+
+    @pytest.fixture(autouse=True)
+    def _bind_capfd(capfd: Any) -> Any:
+        fds.append(capfd)
+        yield
+        fds.clear()
+
+    def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        return run_cli(fds[-1], *args, env=env)
+
+    return cli, _bind_capfd
 
 
 def _off_captured_streams(captured: dict[int, Any]) -> None:
