@@ -52,11 +52,11 @@ def main() -> dict:
                          runtime=r["runtime"], suggest=False)
         ps = planner.plan(r["model"], r["board"], quant=r["quant"], ctx=r["ctx"], runtime=r["runtime"],
                           suggest=False) if r.get("mem_ctx") else p
-        dec = ps.estimates["decode_tokens_per_s"]
+        dec = ps.estimates.decode_tokens_per_s
         rec["predicted_decode"] = dec
         rec["decode_abs_pct_error"] = round(abs(dec - r["decode"]) / r["decode"] * 100, 2) if dec else None
-        rec["speed_basis"] = ps.estimates["basis"]
-        rec["roofline_fraction"] = ps.estimates["roofline_fraction"]
+        rec["speed_basis"] = ps.estimates.basis
+        rec["roofline_fraction"] = ps.estimates.roofline_fraction
         if r.get("mem_mib"):
             bd = p.breakdown
             pred = (bd["weights"] + bd["kv_cache"] + bd["activations"] + bd["runtime"]) / MIB

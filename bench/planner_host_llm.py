@@ -130,7 +130,7 @@ def row(name: str, model: Path, board_file: Path) -> dict:
     p = plan(str(model), "host", quant="fp32", ctx=CTX, suggest=False)
     bd = p.breakdown
     pred = bd["weights"] + bd["kv_cache"] + bd["activations"] + bd["runtime"]
-    roof = plan(str(model), str(board_file), quant="fp32", ctx=CTX, suggest=False).estimates
+    roof = plan(str(model), str(board_file), quant="fp32", ctx=CTX, suggest=False).estimates.to_dict()
     rate = meas["decode_tokens_per_s"]
     return {
         "model": name, "params": p.model.params_total, "ctx": CTX, "prompt_tokens": PROMPT, "new_tokens": NEW_TOKENS,
@@ -141,8 +141,8 @@ def row(name: str, model: Path, board_file: Path) -> dict:
                      "predicted_breakdown_mib": {k: round(v / MIB, 1) for k, v in bd.items() if k != "reserved"}},
         "decode_tokens_per_s": {
             "measured": round(rate, 2), "measured_runs": [round(x, 2) for x in meas["decode_tokens_per_s_runs"]],
-            "planner_host": p.estimates["decode_tokens_per_s"],
-            "planner_host_basis": p.estimates["basis"] or "no estimate",
+            "planner_host": p.estimates.decode_tokens_per_s,
+            "planner_host_basis": p.estimates.basis or "no estimate",
             "roofline_measured_bw": roof["decode_tokens_per_s"],
             "roofline_abs_pct_error": pct(roof["decode_tokens_per_s"], rate),
             "measured_fraction_of_roofline": (round(rate / roof["decode_tokens_per_s"], 3)

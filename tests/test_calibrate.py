@@ -33,7 +33,7 @@ def run(*args: str):
 
 def slowed(model: str, ctx: int = 192) -> float:
     """Decode tok/s of the parent's prediction with the bandwidth term divided by SLOW (by hand)."""
-    fast = planner.plan(model, BOARD, quant="w8a8", ctx=ctx, suggest=False).estimates["decode_tokens_per_s"]
+    fast = planner.plan(model, BOARD, quant="w8a8", ctx=ctx, suggest=False).estimates.decode_tokens_per_s
     return 1 / (T0 + (1 / fast - T0) / SLOW)
 
 
@@ -67,8 +67,8 @@ def test_calibration_recovers_the_bandwidth_fraction(slow_profile: Path) -> None
 def test_calibration_moves_other_models_by_the_same_fraction(slow_profile: Path) -> None:
     for model in ("qwen3-8b", "phi-3-mini-4k-instruct"):  # never measured
         p = planner.plan(model, str(slow_profile), quant="w8a8", ctx=1024, suggest=False)
-        assert p.estimates["decode_tokens_per_s"] == pytest.approx(slowed(model, 1024), rel=0.02)
-        assert "user calibration" in p.estimates["basis"]
+        assert p.estimates.decode_tokens_per_s == pytest.approx(slowed(model, 1024), rel=0.02)
+        assert "user calibration" in p.estimates.basis
 
 
 def test_one_row_fits_only_a_bandwidth_scale(tmp_path: Path) -> None:

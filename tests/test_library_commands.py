@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from edgeinfer.errors import InputError
+from edgeinfer.planning.details import RefusedCell
 from edgeinfer.planning.matrix import PlanMatrix, plan_models
 from edgeinfer.planning.planner import Plan
 from edgeinfer.run.once import Paging, run_once
@@ -51,16 +52,18 @@ def test_one_model_on_one_board_is_a_plan_with_suggestions():
 def test_several_models_make_a_matrix_in_model_major_order():
     m = plan_models(["qwen3-0.6b", "qwen3-8b"], "rk3588-8g", quant="w8a8")
     assert isinstance(m, PlanMatrix) and m.boards == ["rk3588-8g"]
-    assert [c["model"]["name"] for c in m.plans] == ["Qwen/Qwen3-0.6B", "Qwen/Qwen3-8B"]
-    assert m.cell(0, 0)["fits"] is True and m.cell(1, 0)["fits"] is False
+    assert [c.model.name for c in m.plans] == ["Qwen/Qwen3-0.6B", "Qwen/Qwen3-8B"]
+    assert m.cell(0, 0).fits is True and m.cell(1, 0).fits is False
     assert m.fits is False and m.to_dict()["kind"] == "edgeinfer.plan_matrix"
-    assert all(c["suggestions"] == {} for c in m.plans)  # a matrix plans without suggestions
+    assert all(c.suggestions is None for c in m.plans)  # a matrix plans without suggestions
+    assert all(c["suggestions"] == {} for c in m.to_dict()["plans"])
 
 
 def test_board_all_turns_a_board_refusal_into_a_cell_and_a_named_board_raises():
     m = plan_models(["qwen3-0.6b"], "all", quant="Q4_K_M")
-    errors = [c for c in m.plans if "error" in c]
+    errors = [c for c in m.to_dict()["plans"] if "error" in c]
     assert errors and all(set(c) == {"model", "board", "error"} for c in errors)
+    assert [c.board for c in m.plans if isinstance(c, RefusedCell)] == [c["board"]["name"] for c in errors]
     with pytest.raises(InputError):
         plan_models(["qwen3-0.6b", "qwen3-8b"], errors[0]["board"]["name"], quant="Q4_K_M")
 

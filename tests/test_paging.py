@@ -361,12 +361,12 @@ def test_planner_pages_a_model_that_does_not_fit():
     pg = paged.details.paging
     # a decoder on the board's own runtime: the NPU window of segments + the host's embedding table
     assert paged.runtime == "rknn"
-    assert paged.breakdown["weights"] == pg["npu_resident_bytes"] + pg["host_weight_bytes"]
-    assert paged.fits and pg["npu_resident_bytes"] < whole.breakdown["weights"] / 2
-    assert pg["resident_weight_bytes"] + pg["streamed_bytes_per_token"] >= whole.breakdown["weights"]
-    assert pg["npu_window_ok"] is True and pg["storage_gbps"] == pytest.approx(3.94)
+    assert paged.breakdown["weights"] == pg.npu_resident_bytes + pg.host_weight_bytes
+    assert paged.fits and pg.npu_resident_bytes < whole.breakdown["weights"] / 2
+    assert pg.resident_weight_bytes + pg.streamed_bytes_per_token >= whole.breakdown["weights"]
+    assert pg.npu_window_ok is True and pg.storage_gbps == pytest.approx(3.94)
     # decode is bounded by storage: never faster than streaming the non-resident bytes allows
-    assert paged.estimates["decode_tokens_per_s"] <= 3.94e9 / pg["streamed_bytes_per_token"] + 1e-4  # 4 decimals
+    assert paged.estimates.decode_tokens_per_s <= 3.94e9 / pg.streamed_bytes_per_token + 1e-4  # 4 decimals
     too_wide = plan("Qwen/Qwen3-8B", "rk3588-8g", paging=20, suggest=False)
     assert not too_wide.fits and any("IOMMU window" in r for r in too_wide.reasons)
 
@@ -424,6 +424,23 @@ def test_each_resident_segment_budgets_its_own_activation_buffers():
     for w in (1, 3, 6):
         p = plan("all-minilm-l6-v2", "host", quant="fp32", ctx=128, batch=32, paging=w, suggest=False)
         assert p.breakdown["activations"] == w * act
-        assert p.details.paging["resident_instances"] == w
+        assert p.details.paging.resident_instances == w
         assert p.total_bytes == (p.breakdown["weights"] + w * act + p.breakdown["kv_cache"]
                                  + p.breakdown["runtime"] + p.breakdown["reserved"])
+
+
+def test_paged_plan_json_keeps_the_keys_each_rule_gives():
+    """The typed estimates / paging cost give --json exactly the keys the cost models give, in their order."""
+    from edgeinfer.planning.planner import plan
+
+    dec = plan("Qwen/Qwen3-8B", "rk3588-8g", paging=12, storage="nvme", suggest=False)
+    enc = plan("bge-m3", "rk3588-8g", paging=4, storage="emmc", suggest=False)
+    e_dec, e_enc = dec.to_dict()["estimates"], enc.to_dict()["estimates"]
+    assert list(e_dec)[-4:] == ["bw_fraction", "paging", "decode_tokens_per_s_unpaged",
+                                "prefill_tokens_per_s_unpaged"]
+    assert list(e_enc)[-3:] == ["bw_fraction", "paging", "prefill_tokens_per_s_unpaged"]  # an encoder: no decode
+    paged_rate = dec.details.paging.decode_tokens_per_s
+    assert e_dec["decode_tokens_per_s"] == paged_rate != e_dec["decode_tokens_per_s_unpaged"]
+    assert list(dec.to_dict()["memory"]["details"]["paging"])[:2] == ["rule", "window"]
+    assert "rule" not in enc.to_dict()["memory"]["details"]["paging"] and enc.details.paging.rule is None
+    assert enc.to_dict()["memory"]["details"]["paging"]["segment_bytes"] == list(enc.details.paging.segment_bytes)

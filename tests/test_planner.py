@@ -81,14 +81,14 @@ def test_encoder_has_no_kv():
     p = plan("all-minilm-l6-v2", "host", quant="fp32", ctx=128, batch=8, suggest=False)
     assert p.breakdown["kv_cache"] == 0
     assert p.breakdown["weights"] == pytest.approx(22.7e6 * 4, rel=0.005)  # 22.7 M params × 4 B
-    assert p.estimates["decode_tokens_per_s"] is None
+    assert p.estimates.decode_tokens_per_s is None
 
 
 def test_moe_fit_uses_total_speed_uses_active():
     p = plan("Qwen/Qwen3-30B-A3B", "atlas-300i-a2-910b4", quant="fp16", ctx=256, suggest=False)
     assert p.breakdown["weights"] == pytest.approx(30.53e9 * 2, rel=0.002)
     assert not p.fits  # 61 GB of fp16 weights on a 32 GiB card
-    assert p.estimates["weight_bytes_per_token"] == pytest.approx(3.04e9 * 2, rel=0.01)
+    assert p.estimates.weight_bytes_per_token == pytest.approx(3.04e9 * 2, rel=0.01)
 
 
 @pytest.mark.parametrize("model, board, quant, ctx, measured", [
@@ -98,9 +98,9 @@ def test_moe_fit_uses_total_speed_uses_active():
 ])
 def test_decode_estimates_near_vendor_measurements(model, board, quant, ctx, measured):
     e = plan(model, board, quant=quant, ctx=ctx, suggest=False).estimates
-    assert e["decode_tokens_per_s"] == pytest.approx(measured, rel=0.15)
-    assert e["runtime"] == "rkllm" and 0 < e["roofline_fraction"] <= 1
-    assert e["decode_tokens_per_s"] <= e["roofline_tokens_per_s"]
+    assert e.decode_tokens_per_s == pytest.approx(measured, rel=0.15)
+    assert e.runtime == "rkllm" and 0 < e.roofline_fraction <= 1
+    assert e.decode_tokens_per_s <= e.roofline_tokens_per_s
 
 
 def test_gguf_file_uses_exact_bytes(tmp_path):

@@ -150,7 +150,7 @@ def test_unknown_architecture_names_the_supported_ones(tmp_path) -> None:
 def test_new_architectures_plan_end_to_end(name: str) -> None:
     p = planner.plan(name, "rk3576-8g", quant="w4a16", ctx=4096)
     assert p.breakdown["weights"] > 0 and p.breakdown["kv_cache"] > 0
-    assert p.estimates["decode_tokens_per_s"] and p.estimates["decode_tokens_per_s"] > 0
+    assert p.estimates.decode_tokens_per_s and p.estimates.decode_tokens_per_s > 0
 
 
 def _write_safetensors(path, shapes: dict[str, list[int]]) -> None:

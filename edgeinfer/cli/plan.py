@@ -58,7 +58,6 @@ def render_plan(p: Plan) -> None:
     from rich.table import Table
 
     con = console()
-    d = p.to_dict()
     verdict = "[bold green]FITS[/]" if p.fits else "[bold red]DOES NOT FIT[/]"
     con.print(f"{p.model.name} on {p.board.name} ({p.board.title}) — {p.scheme.name} via {p.runtime}, "
               f"ctx {p.ctx}, batch {p.batch}, KV {p.kv_dtype}: {verdict}")
@@ -87,32 +86,32 @@ def render_plan(p: Plan) -> None:
     con.print(f"headroom: {'[green]' if hr >= 0 else '[red]'}{_gib(hr)}[/]")
     for r in p.reasons:
         con.print(f"[red]✗[/] {r}")
-    e = d["estimates"]
-    if e.get("decode_tokens_per_s_unpaged") is not None:  # the paging line below gives the paged figure
-        con.print(f"decode without paging ≈ {e['decode_tokens_per_s_unpaged']:.2f} tok/s ({e['basis']})")
-    elif e["decode_tokens_per_s"] is not None:
-        con.print(f"decode ≈ [bold]{e['decode_tokens_per_s']:.2f} tok/s[/] ({e['runtime']}; "
-                  f"{e['roofline_fraction'] * 100:.0f}% of the {e['roofline_tokens_per_s']:.2f} tok/s bandwidth "
+    e = p.estimates
+    if e.decode_tokens_per_s_unpaged is not None:  # the paging line below gives the paged figure
+        con.print(f"decode without paging ≈ {e.decode_tokens_per_s_unpaged:.2f} tok/s ({e.basis})")
+    elif e.decode_tokens_per_s is not None:
+        con.print(f"decode ≈ [bold]{e.decode_tokens_per_s:.2f} tok/s[/] ({e.runtime}; "
+                  f"{e.roofline_fraction * 100:.0f}% of the {e.roofline_tokens_per_s:.2f} tok/s bandwidth "
                   "roofline; "
-                  f"t0 {e['t0_ms']:.2f} ms, BW_eff {e['bw_eff_gbps']} GB/s; {e['basis']})")
+                  f"t0 {e.t0_ms:.2f} ms, BW_eff {e.bw_eff_gbps} GB/s; {e.basis})")
     else:
-        con.print(f"decode: no estimate ({e['basis']})")
-    if e["prefill_tokens_per_s"] is not None and e.get("prefill_tokens_per_s_unpaged") is None:
-        con.print(f"prefill ≈ {e['prefill_tokens_per_s']:.0f} tok/s "
-                  f"({e['prefill_fraction_of_peak'] * 100:.1f}% of peak compute)")
+        con.print(f"decode: no estimate ({e.basis})")
+    if e.prefill_tokens_per_s is not None and e.prefill_tokens_per_s_unpaged is None:
+        con.print(f"prefill ≈ {e.prefill_tokens_per_s:.0f} tok/s "
+                  f"({e.prefill_fraction_of_peak * 100:.1f}% of peak compute)")
     pg = p.details.paging
     if pg:
-        stream = f"{pg['streamed_bytes_per_token'] / GIB:.2f} GiB/token from {pg['storage_source'].split(':')[0]}"
-        con.print(f"paging: {min(pg['window'], pg['segments'])} of {pg['segments']} segments resident "
-                  f"({_gib(pg['resident_weight_bytes'])} of weights), {stream}"
-                  + (f" at {pg['storage_gbps']:g} GB/s → decode ≈ {pg['decode_tokens_per_s']:.3g} tok/s, "
-                     f"{pg['bound']}-bound" if pg.get("decode_tokens_per_s") is not None else "")
-                  + (" (prefetch on)" if pg["prefetch"] else ""))
-        if pg.get("paged_cost_pct") is not None:
-            cost, pct = pg["paged_cost_tokens_per_s"], pg["paged_cost_pct"]
+        stream = f"{pg.streamed_bytes_per_token / GIB:.2f} GiB/token from {pg.storage_source.split(':')[0]}"
+        con.print(f"paging: {min(pg.window, pg.segments)} of {pg.segments} segments resident "
+                  f"({_gib(pg.resident_weight_bytes)} of weights), {stream}"
+                  + (f" at {pg.storage_gbps:g} GB/s → decode ≈ {pg.decode_tokens_per_s:.3g} tok/s, "
+                     f"{pg.bound}-bound" if pg.decode_tokens_per_s is not None else "")
+                  + (" (prefetch on)" if pg.prefetch else ""))
+        if pg.paged_cost_pct is not None:
+            cost, pct = pg.paged_cost_tokens_per_s, pg.paged_cost_pct
             con.print(f"paging costs [bold]{cost:.3g} tok/s ({pct:.1f}%)[/]: "
-                      f"{pg['decode_tokens_per_s_unpaged']:.3g} tok/s unpaged → {pg['decode_tokens_per_s']:.3g} "
-                      f"tok/s with {pg['segments']} segments, {min(pg['window'], pg['segments'])} resident "
+                      f"{pg.decode_tokens_per_s_unpaged:.3g} tok/s unpaged → {pg.decode_tokens_per_s:.3g} "
+                      f"tok/s with {pg.segments} segments, {min(pg.window, pg.segments)} resident "
                       f"(embedding on the host; predicted for {p.runtime}, not measured)")
     s = p.suggestions
     if s and not p.fits:
@@ -136,6 +135,8 @@ def render_matrix(m: PlanMatrix) -> None:
     from rich.markup import escape
     from rich.table import Table
 
+    from edgeinfer.planning.details import RefusedCell
+
     t = Table(show_header=True, header_style="bold", title="plan matrix (total / capacity, decode tok/s)")
     t.add_column("board", no_wrap=True, min_width=max(map(len, m.boards), default=5))
     for name in m.models:
@@ -144,15 +145,14 @@ def render_matrix(m: PlanMatrix) -> None:
         row = [b]
         for i in range(len(m.models)):
             c = m.cell(i, j)
-            if "error" in c:
-                reason = c["error"].removeprefix(f"board {b} ")  # the row already names the board
+            if isinstance(c, RefusedCell):
+                reason = c.error.removeprefix(f"board {b} ")  # the row already names the board
                 row.append(f"[bright_black]{escape(reason)}[/]")
                 continue
-            tot, cap = c["memory"]["total_bytes"], c["memory"]["capacity_bytes"]
-            dec = c["estimates"]["decode_tokens_per_s"]
-            mark = "[green]✓[/]" if c["fits"] else "[red]✗[/]"
-            row.append(f"{mark} {tot / GIB:.1f}/{cap / GIB:.0f} GiB" + (f", {dec:.1f} tok/s" if dec else "")
-                       + f" ({c['options']['quant']})")
+            dec = c.estimates.decode_tokens_per_s
+            mark = "[green]✓[/]" if c.fits else "[red]✗[/]"
+            row.append(f"{mark} {c.total_bytes / GIB:.1f}/{c.capacity_bytes / GIB:.0f} GiB"
+                       + (f", {dec:.1f} tok/s" if dec else "") + f" ({c.scheme.name})")
         t.add_row(*row)
     console().print(t)
 

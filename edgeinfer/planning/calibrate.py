@@ -249,7 +249,7 @@ def row_errors(rows: list[Row], board: Board) -> list[dict[str, Any]]:
 def predict(r: Row, board: Board) -> dict[str, Any]:
     d = r.data
     p = planner.plan(r.spec, board, quant=r.scheme.name, ctx=d["ctx"], runtime=r.runtime, suggest=False)
-    dec = p.estimates["decode_tokens_per_s"]
+    dec = p.estimates.decode_tokens_per_s
     out: dict[str, Any] = {"predicted_decode": dec,
                            "decode_error_pct": round((dec - d["decode"]) / d["decode"] * 100, 2) if dec else None}
     if d.get("mem_mib"):

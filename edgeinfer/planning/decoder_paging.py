@@ -51,7 +51,7 @@ def plan_paged_decoder(model: Any, board: Any, *, scheme: str, context: int, win
     seg = ds.segment_bytes(spec, p.scheme, segments)
     cost = decoder_paging_cost(p, seg, window, storage, int(runtime_profile(rt).get("prefill_chunk", 512)))
     if cost.get("decode_tokens_per_s") is None:
-        raise InputError(f"no speed model for {rt}/{p.scheme.name} on {b.name}: {p.estimates['basis']}")
+        raise InputError(f"no speed model for {rt}/{p.scheme.name} on {b.name}: {p.estimates.basis}")
     return PagedDecoderPlan(
         window=min(window or segments, segments), segments=segments, segment_bytes=tuple(seg),
         resident_bytes=cost["npu_resident_bytes"], kv_bytes=cost["kv_bytes"],

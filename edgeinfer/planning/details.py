@@ -1,11 +1,14 @@
 """The named parts of a plan: its memory details (``Plan.details``, ``memory.details`` in ``edgeinfer plan
---json``: how each share of the breakdown was worked out, docs/planner.md) and its suggestions
-(``Plan.suggestions``). schemas/plan.schema.json gives their JSON."""
+--json``: how each share of the breakdown was worked out, docs/planner.md), its speed estimates
+(``Plan.estimates``), the paging cost model's answer (``details.paging``), its suggestions
+(``Plan.suggestions``) and a matrix cell a board refused. schemas/plan.schema.json gives their JSON."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
+
+PAGED_RATES = ("decode_tokens_per_s", "prefill_tokens_per_s")  # the estimates paging replaces
 
 
 def _present(record: Any) -> dict[str, Any]:
@@ -75,13 +78,107 @@ class MemoryDetails:
     kv_cache: KvCacheDetail
     runtime: RuntimeDetail
     reserved: ReservedDetail
-    paging: dict[str, Any] | None = None  # with --paging: the paging cost model's answer (docs/paging.md)
+    paging: PagingCost | None = None  # with --paging: the paging cost model's answer (docs/paging.md)
 
     def to_dict(self) -> dict[str, Any]:
         out = {"weights": self.weights.to_dict(), "activations": self.activations.to_dict(),
                "kv_cache": asdict(self.kv_cache), "runtime": asdict(self.runtime), "reserved": asdict(self.reserved)}
         if self.paging is not None:
-            out["paging"] = self.paging
+            out["paging"] = self.paging.to_dict()
+        return out
+
+
+@dataclass(frozen=True)
+class PagingCost:
+    """The paging cost model's answer (planning.paging: ``plan_paging`` for whole-model segments, the
+    decoder rule's ``decoder_paging_cost``); a field is None where that rule or case has no such key."""
+
+    present: tuple[str, ...]  # the keys the cost model gave, in its order (the JSON keeps them as they are)
+    window: int | None = None
+    segments: int | None = None
+    segment_bytes: tuple[int, ...] = ()
+    largest_segment_bytes: int | None = None
+    resident_weight_bytes: int | None = None
+    resident_total_bytes: int | None = None
+    streamed_bytes_per_token: int | None = None
+    loads_per_token: int | None = None
+    prefetch: bool | None = None
+    storage: str | None = None  # board, nvme, emmc, sd, dram
+    storage_gbps: float | None = None
+    storage_source: str | None = None
+    fits: bool | None = None
+    reasons: tuple[str, ...] = ()
+    npu_window_bytes: int | None = None
+    npu_window_ok: bool | None = None
+    stream_s_per_token: float | None = None
+    shared_bus: bool | None = None
+    compute_s_per_token: float | None = None
+    decode_tokens_per_s: float | None = None
+    bound: str | None = None  # compute, storage or "page-in copy"
+    load_hidden_fraction: float | None = None
+    prefill_passes: int | None = None
+    prefill_tokens_per_s: float | None = None
+    # whole-model segments (plan_paging): each resident segment's runtime instance and its buffers
+    resident_instances: int | None = None
+    segment_buffer_bytes: int | None = None
+    buffer_bytes: int | None = None
+    # the decoder rule (decoder_paging_cost)
+    rule: str | None = None
+    npu_resident_bytes: int | None = None
+    host_weight_bytes: int | None = None
+    kv_bytes: int | None = None
+    decode_tokens_per_s_unpaged: float | None = None
+    paged_cost_tokens_per_s: float | None = None
+    paged_cost_pct: float | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PagingCost:
+        seq = {k: tuple(d[k]) for k in ("segment_bytes", "reasons") if k in d}
+        return cls(present=tuple(d), **{**d, **seq})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: list(v) if isinstance(v := getattr(self, k), tuple) else v for k in self.present}
+
+    def estimate_dict(self) -> dict[str, Any]:
+        """What ``estimates.paging`` carries of it."""
+        return {k: getattr(self, k) for k in ("window", "segments", "streamed_bytes_per_token", "loads_per_token",
+                                              "stream_s_per_token", "decode_tokens_per_s", "prefill_tokens_per_s",
+                                              "bound", "load_hidden_fraction", "prefetch", "storage_gbps",
+                                              "storage_source")}
+
+
+@dataclass(frozen=True)
+class Estimates:
+    """Decode / prefill speed from the bandwidth model (docs/planner.md); with --paging the paged figures,
+    the unpaged ones kept in ``*_unpaged`` for each rate the paging cost model gives."""
+
+    runtime: str
+    decode_tokens_per_s: float | None
+    prefill_tokens_per_s: float | None
+    bytes_per_token: int
+    weight_bytes_per_token: int
+    kv_bytes_per_token_at_ctx: int
+    bandwidth_gbps: float | None
+    roofline_tokens_per_s: float | None
+    roofline_fraction: float | None
+    t0_ms: float | None
+    bw_eff_gbps: float | None
+    prefill_fraction_of_peak: float | None
+    basis: str
+    assumes: str
+    bw_fraction: float | None = None  # with speed constants (as bw_eff_gbps)
+    paging: PagingCost | None = None
+    decode_tokens_per_s_unpaged: float | None = None
+    prefill_tokens_per_s_unpaged: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self)[:14]}  # up to assumes: always there
+        if self.bw_eff_gbps is not None:
+            out["bw_fraction"] = self.bw_fraction
+        if self.paging is not None:
+            out["paging"] = self.paging.estimate_dict()
+            out.update({f"{k}_unpaged": getattr(self, f"{k}_unpaged") for k in PAGED_RATES
+                        if getattr(self.paging, k) is not None})
         return out
 
 
@@ -98,3 +195,15 @@ class Suggestions:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class RefusedCell:
+    """A matrix cell whose board cannot take the model (``edgeinfer plan ... --board all``)."""
+
+    model: str
+    board: str
+    error: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": {"name": self.model}, "board": {"name": self.board}, "error": self.error}

@@ -2,8 +2,9 @@
 matrix when several models are given or the board is ``all``.
 
 In a matrix over ``--board all`` a board that cannot take the model (no runtime for the scheme, a
-board-specific refusal) is a cell with an ``error``, not a failure of the whole matrix; with a named
-board the error is raised. The matrix fits when every planned cell fits (docs/planner.md).
+board-specific refusal) is a :class:`~edgeinfer.planning.details.RefusedCell` (JSON: a cell with an
+``error``), not a failure of the whole matrix; with a named board the error is raised. The matrix fits
+when every planned cell fits (docs/planner.md).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.planning import planner
 from edgeinfer.planning.boards import board_names
+from edgeinfer.planning.details import RefusedCell
 from edgeinfer.planning.models import resolve, vision
 
 KIND = "edgeinfer.plan_matrix"
@@ -24,18 +26,19 @@ KIND = "edgeinfer.plan_matrix"
 class PlanMatrix:
     models: list[str]  # as the user named them (the matrix's columns)
     boards: list[str]
-    plans: list[dict[str, Any]]  # model-major: a plan dict or {model, board, error} per (model, board)
+    plans: list[planner.Plan | RefusedCell]  # model-major: one per (model, board)
 
-    def cell(self, model: int, board: int) -> dict[str, Any]:
+    def cell(self, model: int, board: int) -> planner.Plan | RefusedCell:
         return self.plans[model * len(self.boards) + board]
 
     @property
     def fits(self) -> bool:
-        planned = [c for c in self.plans if "error" not in c]
-        return bool(planned) and all(c["fits"] for c in planned)
+        planned = [c for c in self.plans if isinstance(c, planner.Plan)]
+        return bool(planned) and all(c.fits for c in planned)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema_version": planner.SCHEMA_VERSION, "kind": KIND, "fits": self.fits, "plans": self.plans}
+        return {"schema_version": planner.SCHEMA_VERSION, "kind": KIND, "fits": self.fits,
+                "plans": [c.to_dict() for c in self.plans]}
 
 
 def plan_models(models: Sequence[str], board: str, ctx: int = 4096, batch: int = 1, image: str | None = None,
@@ -55,9 +58,9 @@ def plan_models(models: Sequence[str], board: str, ctx: int = 4096, batch: int =
     for spec in specs:
         for b in boards:
             try:
-                plans.append(planner.plan(spec, b, ctx=ctx, batch=batch, suggest=False, **options).to_dict())
+                plans.append(planner.plan(spec, b, ctx=ctx, batch=batch, suggest=False, **options))
             except EdgeInferError as e:
                 if board != "all":
                     raise
-                plans.append({"model": {"name": spec.name}, "board": {"name": b}, "error": e.one_line()})
+                plans.append(RefusedCell(spec.name, b, e.one_line()))
     return PlanMatrix(list(models), boards, plans)

@@ -11,6 +11,7 @@ from typing import Any
 from edgeinfer.contract.schedule import simulate
 from edgeinfer.errors import EdgeInferError, InputError
 from edgeinfer.planning import decoder_segments as ds
+from edgeinfer.planning.details import PagingCost
 
 # storage read bandwidth assumed when a board profile gives none (interface maxima: optimistic)
 STORAGE_GBPS = {
@@ -195,8 +196,8 @@ def _paging_inputs(p: Any, storage: str | None, prefill_chunk: int) -> dict[str,
     return {
         "capacity_bytes": p.capacity_bytes, "npu_window_bytes": npu, "storage_gbps": gbps,
         "storage_source": f"{name}: {src}",
-        "compute_s_per_token": p.batch / est["decode_tokens_per_s"] if est.get("decode_tokens_per_s") else None,
-        "prefill_s_per_token": 1 / est["prefill_tokens_per_s"] if est.get("prefill_tokens_per_s") else None,
+        "compute_s_per_token": p.batch / est.decode_tokens_per_s if est.decode_tokens_per_s else None,
+        "prefill_s_per_token": 1 / est.prefill_tokens_per_s if est.prefill_tokens_per_s else None,
         "prompt_tokens": p.ctx, "batch": p.batch, "shared_bus": name == "dram",
         "prefill_chunk": None if p.model.encoder else prefill_chunk,
     }
@@ -214,7 +215,7 @@ def _resident_parts(p: Any) -> dict[str, int]:
 class PagedPlan:
     """The paging cost model's answer for one plan; the planner merges it (``planner._merge_paging``)."""
 
-    cost: dict[str, Any]  # plan_paging's result + "storage": the plan's details.paging
+    cost: PagingCost  # plan_paging's result + "storage": the plan's details.paging
     resident_segments: int  # min(window, segments)
     segments: int
     unpaged_weight_bytes: int
@@ -222,7 +223,7 @@ class PagedPlan:
 
     @property
     def resident_weight_bytes(self) -> int:
-        return int(self.cost["resident_weight_bytes"])
+        return int(self.cost.resident_weight_bytes)
 
 
 def paged_plan(p: Any, window: int, segments: int | None, storage: str | None, prefill_chunk: int) -> PagedPlan:
@@ -240,7 +241,7 @@ def paged_plan(p: Any, window: int, segments: int | None, storage: str | None, p
     res["storage"] = res["storage_source"].split(":")[0]
     npu = [npu_window_reason(res["resident_weight_bytes"], inputs["npu_window_bytes"])] \
         if res.get("npu_window_ok") is False else []
-    return PagedPlan(cost=res, resident_segments=min(window, len(seg)), segments=len(seg),
+    return PagedPlan(cost=PagingCost.from_dict(res), resident_segments=min(window, len(seg)), segments=len(seg),
                      unpaged_weight_bytes=int(p.breakdown["weights"]), npu_reasons=npu)
 
 
@@ -310,9 +311,9 @@ def decoder_paging_cost(p: Any, seg: list[int], window: int | None, storage: str
     npu_res = ds.resident_bytes(seg, window, prefetch)
     paged = ds.paged_in_bytes(seg, window, prefetch)
     est = p.estimates
-    kv_read = est.get("kv_bytes_per_token_at_ctx") or 0
-    bw_eff = est["bw_fraction"] * est["bandwidth_gbps"] * 1e9 if est.get("bw_fraction") else None
-    compute = est["t0_ms"] / 1000 + (sum(seg) + kv_read) / bw_eff if bw_eff and est.get("t0_ms") is not None else None
+    kv_read = est.kv_bytes_per_token_at_ctx or 0
+    bw_eff = est.bw_fraction * est.bandwidth_gbps * 1e9 if est.bw_fraction else None
+    compute = est.t0_ms / 1000 + (sum(seg) + kv_read) / bw_eff if bw_eff and est.t0_ms is not None else None
     page_in = ds.page_in_seconds(paged, gbps, shared)
     npu = int(p.board.npu_window_gib.value * 2**30) if getattr(p.board, "npu_window_gib", None) else None
     out: dict[str, Any] = {
@@ -336,9 +337,9 @@ def decoder_paging_cost(p: Any, seg: list[int], window: int | None, storage: str
                    (1.0 if not page_in else 0.0))
         out["paged_cost_tokens_per_s"] = out["decode_tokens_per_s_unpaged"] - out["decode_tokens_per_s"]
         out["paged_cost_pct"] = (1 - compute / step) * 100
-        if est.get("prefill_tokens_per_s"):
+        if est.prefill_tokens_per_s:
             passes = -(-p.ctx // prefill_chunk)
-            total = ds.step_seconds(p.ctx / est["prefill_tokens_per_s"], passes * page_in, shared)
+            total = ds.step_seconds(p.ctx / est.prefill_tokens_per_s, passes * page_in, shared)
             out.update(prefill_passes=passes, prefill_tokens_per_s=round(p.ctx / total, 2))
     return out
 
@@ -349,7 +350,7 @@ def decoder_paged_plan(p: Any, window: int, segments: int | None, storage: str |
         raise InputError(f"--paging must be a positive window size (segments resident), got {window!r}")
     seg = _decoder_segments(p, segments)
     res = decoder_paging_cost(p, seg, window, storage, prefill_chunk)
-    return PagedPlan(cost=res, resident_segments=min(window, len(seg)), segments=len(seg),
+    return PagedPlan(cost=PagingCost.from_dict(res), resident_segments=min(window, len(seg)), segments=len(seg),
                      unpaged_weight_bytes=int(p.breakdown["weights"]), npu_reasons=list(res["reasons"]))
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -165,7 +165,7 @@ class Plan:
     fits: bool
     reasons: list[str]
     limits: list[dict]
-    estimates: dict
+    estimates: details.Estimates
     suggestions: details.Suggestions | None = None  # None: not asked for
     warnings: list[str] = field(default_factory=list)
 
@@ -205,7 +205,7 @@ class Plan:
             "memory": {"total_bytes": self.total_bytes, "capacity_bytes": self.capacity_bytes,
                        "usable_bytes": self.usable_bytes, "headroom_bytes": self.headroom_bytes,
                        "breakdown": dict(self.breakdown), "details": self.details.to_dict(), "limits": self.limits},
-            "estimates": self.estimates,
+            "estimates": self.estimates.to_dict(),
             "suggestions": self.suggestions.to_dict() if self.suggestions else {},
             "warnings": list(self.warnings),
         }
@@ -290,7 +290,7 @@ def _speed_constants(board: Board, runtime: str, scheme: Scheme) -> tuple[dict |
 
 
 def estimate_speed(spec: ModelSpec, board: Board, runtime: str, scheme: Scheme, ctx: int, batch: int,
-                   kv_b: float) -> dict:
+                   kv_b: float) -> details.Estimates:
     prof = runtime_profile(runtime)
     stream = decode_stream_bytes(spec, scheme, prof)
     kv_read = kv_bytes(spec, ctx, batch, kv_b)
@@ -309,7 +309,7 @@ def estimate_speed(spec: ModelSpec, board: Board, runtime: str, scheme: Scheme, 
     if consts is None or board.bandwidth_gbps is None:
         if board.bandwidth_gbps is None:
             out["basis"] = f"{board.name} claims no memory bandwidth: no speed estimate"
-        return out
+        return details.Estimates(**out)
     bw = board.bandwidth_gbps.value * 1e9
     bw_eff = consts["bw_fraction"] * bw
     t0 = consts["t0_ms"] / 1000.0
@@ -326,7 +326,7 @@ def estimate_speed(spec: ModelSpec, board: Board, runtime: str, scheme: Scheme, 
     if pf and peak and spec.params_active:
         out["prefill_tokens_per_s"] = round(pf * peak / (2 * spec.params_active), 2)
         out["prefill_fraction_of_peak"] = pf
-    return out
+    return details.Estimates(**out)
 
 
 def _memory(spec, board, runtime, scheme, ctx, batch, kv_b):
@@ -435,8 +435,8 @@ def _merge_paging(p: Plan, r: PagedPlan, unpaged: Verdict) -> None:
     p.details.weights.total_bytes_unpaged = r.unpaged_weight_bytes
     p.details.weights.paged = f"{r.resident_segments} of {r.segments} segments resident"
     p.breakdown["weights"] = r.resident_weight_bytes
-    if res.get("rule") != "decoder":  # a decoder's runtime keeps one set of buffers however many segments load
-        p.breakdown["activations"] = int(res["buffer_bytes"])  # each resident segment's own (docs/paging.md)
+    if res.rule != "decoder":  # a decoder's runtime keeps one set of buffers however many segments load
+        p.breakdown["activations"] = int(res.buffer_bytes)  # each resident segment's own (docs/paging.md)
     p.reasons = list(unpaged.reasons_but_memory)
     if p.total_bytes > p.capacity_bytes:
         p.reasons.append(f"needs {p.total_bytes / GIB:.2f} GiB with {r.resident_segments} segment(s) resident, "
@@ -444,15 +444,9 @@ def _merge_paging(p: Plan, r: PagedPlan, unpaged: Verdict) -> None:
     p.reasons += r.npu_reasons
     p.warnings = list(unpaged.warnings_but_weights_window)
     p.fits = not p.reasons
-    est = p.estimates
-    est["paging"] = {k: res.get(k) for k in ("window", "segments", "streamed_bytes_per_token", "loads_per_token",
-                                             "stream_s_per_token", "decode_tokens_per_s", "prefill_tokens_per_s",
-                                             "bound", "load_hidden_fraction", "prefetch", "storage_gbps",
-                                             "storage_source")}
-    for k in ("decode_tokens_per_s", "prefill_tokens_per_s"):
-        if res.get(k) is not None:
-            est[f"{k}_unpaged"] = est.get(k)
-            est[k] = res[k]
+    paged = [k for k in details.PAGED_RATES if getattr(res, k) is not None]
+    p.estimates = replace(p.estimates, paging=res, **{f"{k}_unpaged": getattr(p.estimates, k) for k in paged},
+                          **{k: getattr(res, k) for k in paged})
 
 
 def suggestions(p: Plan, extra_boards=()) -> details.Suggestions:

@@ -44,14 +44,14 @@ def self_check(report: dict[str, Any], spec: ModelSpec, config: dict[str, Any], 
     for r in report["results"]:
         prompt, ctx = r["prompt_tokens"], min(context, r["prompt_tokens"] + r["new_tokens"])
         est = _plan(spec, board, scheme, ctx, runtime).estimates
-        pre = est["prefill_tokens_per_s"]
+        pre = est.prefill_tokens_per_s
         ttft_pred = prompt / pre * 1000 if pre else None
         mem = r["peak_rss_bytes"] / MIB if r.get("peak_rss_bytes") else None
         comparisons.append({
             "prompt_tokens": prompt, "ctx": ctx,
             "decode_tokens_per_s": r["decode_tokens_per_s"],
-            "predicted_decode_tokens_per_s": est["decode_tokens_per_s"],
-            "decode_error_pct": _err(est["decode_tokens_per_s"], r["decode_tokens_per_s"]),
+            "predicted_decode_tokens_per_s": est.decode_tokens_per_s,
+            "decode_error_pct": _err(est.decode_tokens_per_s, r["decode_tokens_per_s"]),
             "ttft_ms": r["ttft_ms"], "predicted_ttft_ms": round(ttft_pred, 2) if ttft_pred else None,
             "ttft_error_pct": _err(ttft_pred, r["ttft_ms"]),
             "peak_mib": round(mem, 1) if mem else None, "predicted_peak_mib": round(mem_pred, 1),
@@ -62,8 +62,8 @@ def self_check(report: dict[str, Any], spec: ModelSpec, config: dict[str, Any], 
         if mem:
             row.update(mem_mib=round(mem, 1), mem_ctx=context)
         rows.append({k: v for k, v in row.items() if v is not None})
-    basis = mem_plan.estimates["basis"]
+    basis = mem_plan.estimates.basis
     return {"board": board.name, "runtime": mem_plan.runtime, "scheme": scheme, "context": context,
             "speed_basis": basis, "comparisons": comparisons, "rows": rows,
-            "notes": [] if mem_plan.estimates["decode_tokens_per_s"] is not None else
+            "notes": [] if mem_plan.estimates.decode_tokens_per_s is not None else
             [f"no decode prediction on {board.name} ({basis}): calibrate a profile with a bandwidth to compare"]}
