@@ -127,7 +127,7 @@ def _load(path: Path, found: Kind, backend: str | None, device: str | None, ctx:
     from edgeinfer.run.loading import load
 
     match found:
-        case Kind.DECODER_DIR:
+        case Kind.DECODER_DIR | Kind.DECODER_FILE:
             return load(path, backend=backend, device=device, ctx=ctx, trust_remote_code=trust_remote_code,
                         **({"threads": threads} if threads else {}))
         case Kind.ENCODER_BUNDLE | Kind.DECODER_BUNDLE:
@@ -159,9 +159,12 @@ def _self_check(path: Path, found: Kind, report: dict[str, Any], board: str | No
     from edgeinfer.planning.models.hf import read_config, spec_from_config
     from edgeinfer.planning.selfcheck import self_check
 
+    if found is Kind.DECODER_FILE:
+        return _file_self_check(path, report, board)
     if found is not Kind.DECODER_BUNDLE:
         if board is not None:
-            raise InputError("--board applies to decoder bundles (the self-check); this is a model directory")
+            raise InputError("--board applies to decoder bundles and files (the self-check); this is a model "
+                             "directory")
         return None
     m = Bundle.open(path).manifest
     cfg_path = path / (m.decoder or {}).get("tokenizer", TOKENIZER) / "config.json"
@@ -177,6 +180,28 @@ def _self_check(path: Path, found: Kind, report: dict[str, Any], board: str | No
     spec = spec_from_config(cfg, m.source.get("name") or path.name, str(cfg_path))
     return self_check(report, spec, cfg, b, m.scheme, m.decoder["context"], f"edgeinfer bench {path.name}",
                       runtime=m.decoder.get("runtime"))
+
+
+def _file_self_check(path: Path, report: dict[str, Any], board: str | None) -> dict[str, Any]:
+    """The self-check of a decoder file (``.rkllm``): planned on ``board`` (the file records none) in the
+    runtime that runs it, with the architecture of the config.json next to it."""
+    from edgeinfer.errors import ModelError
+    from edgeinfer.planning.boards import get_board
+    from edgeinfer.planning.models import resolve
+    from edgeinfer.planning.models.hf import read_config
+    from edgeinfer.planning.planner import choose_runtime
+    from edgeinfer.planning.selfcheck import self_check
+
+    if board is None:
+        return {"skipped": f"{path.name} records no board: pass --board to compare with the plan"}
+    try:
+        spec = resolve(path)
+    except ModelError as e:
+        return {"skipped": e.one_line()}
+    b = get_board(board)
+    runtime, scheme = choose_runtime(b, spec, None, None)
+    return self_check(report, spec, read_config(path.parent / "config.json"), b, scheme.name, report["context"],
+                      f"edgeinfer bench {path.name}", runtime=runtime)
 
 
 def _bench_encoder(session: Any, bundle_dir: Path, batches: list[int] | None, seqs: list[int] | None,
@@ -246,13 +271,20 @@ def _render_self_check(sc: dict[str, Any] | None) -> None:
             return "-"
         return f"{meas:{fmt}} vs {pred:{fmt}} ({err:+.0f}%)" if pred is not None else f"{meas:{fmt}} vs -"
 
+    def times(r: float | None) -> str:
+        return "" if r is None else f" (measured {r:.3g}× the prediction)"
+
     con.print(f"self-check against `edgeinfer plan` on {sc['board']} ({sc['runtime']}, {sc['scheme']}, ctx "
               f"{sc['context']}; {sc['speed_basis']}): measured vs predicted (error of the prediction)")
+    con.print(f"  ran on: {sc['device']} — " + ("a board figure" if sc["board_figure"] else
+                                                 f"a {sc['ran_on']} figure, not one of {sc['board']}"))
     for c in sc["comparisons"]:
         dec = cell(c["decode_tokens_per_s"], c["predicted_decode_tokens_per_s"], c["decode_error_pct"], ".1f")
         con.print(f"  prompt {c['prompt_tokens']}: decode {dec}"
-                  f" tok/s, TTFT {cell(c['ttft_ms'], c['predicted_ttft_ms'], c['ttft_error_pct'], '.0f')} ms, "
+                  f" tok/s{times(c['decode_ratio'])}, "
+                  f"TTFT {cell(c['ttft_ms'], c['predicted_ttft_ms'], c['ttft_error_pct'], '.0f')} ms, "
                   f"peak {cell(c['peak_mib'], c['predicted_peak_mib'], c['peak_error_pct'], '.0f')} MiB")
     for n in sc["notes"]:
         con.print(f"  note: {n}")
-    con.print("  (the JSON's self_check.rows are input for `edgeinfer calibrate`)")
+    if sc["rows"]:
+        con.print("  (the JSON's self_check.rows are input for `edgeinfer calibrate`)")

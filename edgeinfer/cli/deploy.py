@@ -122,6 +122,10 @@ def _deploy_decoder(model: Path, board: str, out: Path, quant: str | None, ctx: 
                     f"{r['runtime']}), ctx {r['context']}{how}")
         where = f" (ran on {r['golden'].get('device', '?')})" if r["golden"].get("ran") else ""
         out_c.print("  " + summary_line(r["golden"]) + where)
+        if r["speed_check"]:
+            from edgeinfer.planning.selfcheck import speed_line
+
+            out_c.print("  " + speed_line(r["speed_check"]))
 
     emit(result.to_json(), as_json, render)
 

@@ -27,7 +27,7 @@ def _load(model: Path, backend: str | None, device: str | None, ctx: int | None,
     if not model.exists():
         raise InputError(f"model not found: {model}")
     match find(model):
-        case Kind.DECODER_DIR | Kind.DECODER_BUNDLE:
+        case Kind.DECODER_DIR | Kind.DECODER_BUNDLE | Kind.DECODER_FILE:
             return load(model, backend=backend, device=device, ctx=ctx, trust_remote_code=trust_remote_code)
         case Kind.ENCODER_BUNDLE:
             Bundle.open(model)  # a damaged bundle says so first

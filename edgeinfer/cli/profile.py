@@ -44,9 +44,9 @@ def profile_cmd(model: Path, top: int, repeat: int, backend: str | None, device:
     for name, value in (("--ctx", ctx), ("--prompt-length", prompt_length), ("--threads", threads)):
         if value is not None and value < 1:
             raise InputError(f"{name} must be at least 1, got {value}")
-    decoder_dir = kind(model) is Kind.DECODER_DIR
+    decoder_dir = kind(model) in (Kind.DECODER_DIR, Kind.DECODER_FILE)
     if not decoder_dir and (ctx is not None or threads is not None):
-        raise InputError("--ctx and --threads apply to a decoder model directory")
+        raise InputError("--ctx and --threads apply to a decoder model directory or file")
     options: dict[str, Any] = {"ctx": ctx, "threads": threads} if decoder_dir else {}
     options = {k: v for k, v in options.items() if v is not None}
     with load(model, backend=backend, device=device, trust_remote_code=trust_remote_code, **options) as m:

@@ -48,6 +48,10 @@ class Decoders:
     #: load options that make ``open_decoder`` give a step decoder (logits) where its default is a native
     #: loop: the decoder golden check compares logits
     logits_options: Mapping[str, Any] = field(default_factory=dict)
+    #: decoder files ``open_decoder`` takes as they are (a vendor toolkit's own format): suffix → the board
+    #: runtime (``runtimes`` in the board profiles) that runs them, e.g. {".rkllm": "rkllm"}; the core
+    #: tokenizes with the tokenizer.json next to such a file and plans it on that runtime only
+    native: Mapping[str, str] = field(default_factory=dict)
 
     def refusal(self, architecture: str, backend: str) -> str | None:
         """Why ``backend`` cannot export a decoder of ``architecture`` (a ``model_type``), or None."""

@@ -12,6 +12,7 @@ import os
 import threading
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
+from pathlib import Path
 from typing import Any
 
 import pluggy
@@ -188,6 +189,17 @@ def get_backend(name: str) -> Backend:
             msg += "; plugins that failed to load: " + "; ".join(failed)
         raise BackendUnavailableError(msg, install_hint(name))
     return entry.cls()
+
+
+def decoder_file(path: Path) -> tuple[str, str] | None:
+    """(backend, board runtime) of the installed backend that opens the decoder file ``path`` as it is (by its
+    suffix, ``Decoders.native``), or None."""
+    suffix = path.suffix.lower()
+    for name, entry in sorted(registry().backends.items()):
+        runtime = entry.cls.decoders.native.get(suffix)
+        if runtime:
+            return name, runtime
+    return None
 
 
 BUNDLED = BUNDLED_PLUGINS

@@ -58,13 +58,14 @@ class DecoderDeployResult:
     cached: bool  # the conversion was reused from the cache
     warnings: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    speed_check: dict[str, Any] | None = None  # the golden check's decode speed vs the plan's
 
     def to_json(self) -> dict[str, Any]:
         return {
             "bundle": str(self.bundle), "kind": "decoder", "cached": self.cached, "backend": self.manifest.backend,
             "board": self.manifest.board, "scheme": self.manifest.scheme, "runtime": self.manifest.decoder["runtime"],
             "context": self.manifest.decoder["context"], "golden": self.golden, "plan": self.manifest.plan,
-            "warnings": self.warnings, "timings_s": self.timings,
+            "warnings": self.warnings, "timings_s": self.timings, "speed_check": self.speed_check,
         }
 
 
@@ -141,10 +142,12 @@ def deploy_decoder(
         if unchecked:
             report = golden.not_run(str(unchecked), scheme)
             warnings.append(f"the bundle is written without a golden check: {unchecked}")
+            speed = {"skipped": f"no golden check ran, so no decode was timed: {unchecked}"}
         else:
             threads = 1 if plan.breakdown.get("weights", ONE_THREAD_BELOW) < ONE_THREAD_BELOW else None
-            report, recorded = check_golden(hf_dir, work, backend, scheme, context, prompts, new_tokens, threshold,
-                                            threads, progress)
+            report, recorded, timed = check_golden(hf_dir, work, backend, scheme, context, prompts, new_tokens,
+                                                   threshold, threads, progress)
+            speed = speed_check(timed, report["device"], plan, b, scheme, runtime)
             if not report["passed"]:
                 raise CheckFailed(f"{golden.summary_line(report)} — the bundle was not written (try a less lossy "
                                   "--quant, or check the backend's conversion)")
@@ -152,7 +155,7 @@ def deploy_decoder(
         manifest = make_manifest(work, hf_dir, sha, b, backend, scheme, context, report, plan, runtime)
         bundle_mod.write(work, manifest)
         outdir.replace_dir(work, out_dir)
-    return DecoderDeployResult(out_dir, manifest, report, cached, warnings, dict(progress.timings))
+    return DecoderDeployResult(out_dir, manifest, report, cached, warnings, dict(progress.timings), speed)
 
 
 # --- the checks before any work ------------------------------------------------------------------------
@@ -318,8 +321,9 @@ def copy_text_files(hf_dir: Path, dst: Path) -> None:
 
 def check_golden(hf_dir: Path, work: Path, backend: Backend, scheme: str, context: int, prompts: list[str],
                  new_tokens: int, threshold: float | None, threads: int | None,
-                 progress: Progress) -> tuple[dict, list]:
-    """Greedy tokens and logits of the fp32 reference, then of the converted decoder in ``work``."""
+                 progress: Progress) -> tuple[dict, list, tuple[list[Any], int]]:
+    """Greedy tokens and logits of the fp32 reference, then of the converted decoder in ``work``; the
+    candidate's GenerationMetrics per prompt, and the positions its longest generation reached."""
     from edgeinfer.run.generation.generator import Generator
     from edgeinfer.run.generation.text import TextCodec
     from edgeinfer.run.loading import load_generator
@@ -341,17 +345,33 @@ def check_golden(hf_dir: Path, work: Path, backend: Backend, scheme: str, contex
         check_decoder_fits(backend, work / decoder_bundle.ARTIFACT, None, context, 1, scheme)
         decoder = backend.load_decoder(work / decoder_bundle.ARTIFACT, context=context,
                                        **backend.decoders.logits_options)
+        metrics: list[Any] = []
         with Generator(decoder, codec) as candidate:
-            report = judge(candidate, recorded, n, scheme, golden.thresholds_for(scheme), threshold)
-    return report, recorded
+            report = judge(candidate, recorded, n, scheme, golden.thresholds_for(scheme), threshold, metrics)
+    return report, recorded, (metrics, longest + n)
+
+
+def speed_check(timed: tuple[list[Any], int], device: str, plan: Any, b: Board, scheme: str,
+                runtime: str) -> dict[str, Any]:
+    """The golden check's decode tok/s (median over its prompts) against the plan's at the positions it reached."""
+    from statistics import median
+
+    from edgeinfer.planning.selfcheck import speed_check as compare
+
+    metrics, positions = timed
+    measured = median(m.decode_tokens_per_s for m in metrics) if metrics else None
+    return compare(measured, device, plan.model, b, scheme, positions, runtime,
+                   f"the golden check's greedy decode (logits recorded), median of {len(metrics)} prompts")
 
 
 def judge(candidate: Any, recorded: list[decoder_bundle.Recorded], new_tokens: int, scheme: str,
-          thresholds: golden.Thresholds, min_cosine: float | None) -> dict[str, Any]:
-    """The golden verdict on ``candidate``: what deploy and ``edgeinfer golden`` both return."""
+          thresholds: golden.Thresholds, min_cosine: float | None,
+          metrics: list[Any] | None = None) -> dict[str, Any]:
+    """The golden verdict on ``candidate``: what deploy and ``edgeinfer golden`` both return (``metrics``: as
+    :func:`golden.record`'s)."""
     if min_cosine is not None:
         thresholds = dataclasses.replace(thresholds, min_cosine=min_cosine)
-    report = golden.check_recorded(candidate, recorded, new_tokens, scheme, thresholds=thresholds)
+    report = golden.check_recorded(candidate, recorded, new_tokens, scheme, thresholds=thresholds, metrics=metrics)
     report["ran"], report["device"] = True, candidate.decoder.device
     return report
 

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from edgeinfer.contract import seal, stamp
+from edgeinfer.contract import registry, seal, stamp
 from edgeinfer.errors import InputError
 
 MANIFEST = "manifest.json"
@@ -28,6 +28,7 @@ class Kind(enum.Enum):
     DECODER_DIR = "Hugging Face causal language model directory"
     ENCODER_BUNDLE = "bundle"
     DECODER_BUNDLE = "decoder bundle"
+    DECODER_FILE = "decoder artifact"  # a vendor toolkit's LLM file a backend runs as it is (Decoders.native)
 
     @property
     def bundle(self) -> bool:
@@ -35,7 +36,7 @@ class Kind(enum.Enum):
 
     @property
     def decoder(self) -> bool:
-        return self in (Kind.DECODER_DIR, Kind.DECODER_BUNDLE)
+        return self in (Kind.DECODER_DIR, Kind.DECODER_BUNDLE, Kind.DECODER_FILE)
 
 
 def kind(path: str | Path, what: str = "model", hint: str | None = None) -> Kind:
@@ -58,15 +59,18 @@ def find(path: str | Path) -> Kind | None:
     A directory with ``manifest.json`` is a bundle (a decoder bundle when the manifest has a ``decoder``
     section; a manifest that cannot be read counts as a bundle, so that opening it says what is wrong); one with
     ``config.json`` a Hugging Face directory (a decoder when its ``architectures`` name a ``*ForCausalLM``); one
-    with a stamp a backend artifact. A file is ONNX (``.onnx``), a torch.export program (``.pt2``) or a backend
-    artifact (stamped, or of a suffix some backend loads: the backend choice says when none does).
+    with a stamp a backend artifact. A file is ONNX (``.onnx``), a torch.export program (``.pt2``), a decoder
+    artifact (a suffix an installed backend's ``Decoders.native`` names, e.g. ``.rkllm``) or a backend artifact
+    (stamped, or of a suffix some backend loads: the backend choice says when none does).
     """
     p = Path(path)
     if not p.is_dir():
         if not p.exists():
             return None
         suffix = p.suffix.lower()
-        return Kind.ONNX if suffix == ".onnx" else Kind.PT2 if suffix == ".pt2" else Kind.NATIVE
+        if suffix in (".onnx", ".pt2"):
+            return Kind.ONNX if suffix == ".onnx" else Kind.PT2
+        return Kind.DECODER_FILE if registry.decoder_file(p) else Kind.NATIVE
     if (p / MANIFEST).is_file():
         header = _json(seal.contained(p, MANIFEST, MANIFEST))
         return Kind.DECODER_BUNDLE if header.get("decoder") is not None else Kind.ENCODER_BUNDLE

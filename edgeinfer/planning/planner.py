@@ -65,6 +65,9 @@ def weights_bytes(spec: ModelSpec, scheme: Scheme, prof: dict) -> tuple[int, det
     """Resident weight bytes and their detail."""
     dup = bool(prof.get("tied_duplicated")) and spec.tied_embeddings and not spec.encoder
     emb_min = prof.get("embed_bits_min", 0) or 0
+    if spec.file_weight_bytes is not None and spec.runtime and spec.file_scheme is None:  # a vendor's file
+        basis = f"the {spec.file_format} file's size ({scheme.name} assumed: the file does not record it)"
+        return spec.file_weight_bytes, details.WeightsDetail(basis, file_bytes=spec.file_weight_bytes)
     if spec.file_weight_bytes is not None and spec.file_scheme == scheme.name:
         emb = sum(b for k, b in spec.tensor_bytes.items()
                   if any(s in k for s in ("embed_tokens", "word_embeddings", "token_embd")))
@@ -242,6 +245,9 @@ def check_int(name: str, v: object) -> int:
 
 def choose_runtime(board: Board, spec: ModelSpec, quant: str | None, runtime: str | None) -> tuple[str, Scheme]:
     kind = "encoder" if spec.encoder else "decoder"
+    if spec.runtime and runtime not in (None, spec.runtime):
+        raise InputError(f"{spec.name} runs in runtime {spec.runtime} only, not {runtime}", "omit --runtime")
+    runtime = runtime or spec.runtime
     others = [r for r in board.runtimes if r != board.default_runtime]
     names = [runtime] if runtime else [board.default_runtime] + others
     if runtime and runtime not in board.runtimes:

@@ -5,6 +5,10 @@ Decode is planned at prompt + new tokens (the KV the last step reads, as bench/d
 counts ctx); TTFT as prompt / predicted prefill speed; peak memory (weights + KV cache + activations +
 runtime overhead, without the OS reserve) at the bundle's context, for which the KV cache is allocated.
 Each prompt length becomes a row `edgeinfer calibrate` accepts.
+
+Decode speed is compared only as what it is: a figure measured on the host CPU, in the rknn-toolkit2 simulator
+or through a stand-in library is not a figure of the board, so its ratio to the board's prediction is reported
+with where it ran and does not validate the board's speed constants (``board_figure`` false).
 """
 
 from __future__ import annotations
@@ -29,10 +33,74 @@ def _plan(spec: ModelSpec, board: Board, scheme: str, ctx: int, runtime: str | N
     return planner.plan(spec, board, quant=scheme, ctx=ctx, runtime=runtime, suggest=False)
 
 
+def ran_on(device: str) -> str:
+    """Where a measurement ran, from its decoder's device string: "stand-in library" (a library standing in
+    for absent NPU hardware), "simulator", "host CPU" or "device"."""
+    d = device.lower()
+    for needle, where in (("stand-in", "stand-in library"), ("simulator", "simulator"), ("cpu", "host CPU")):
+        if needle in d:
+            return where
+    return "device"
+
+
+def is_board_figure(where: str, board: Board) -> bool:
+    """Whether a figure measured ``where`` is one of ``board`` (the host's CPU is the ``host`` board's device)."""
+    return where == "device" or (where == "host CPU" and board.family == "host")
+
+
+def speed_label(device: str, board: Board, predicted: float | None, basis: str) -> dict[str, Any]:
+    """Where a decode figure ran, whether it is the board's, and the one-line note that says what the
+    comparison means."""
+    where = ran_on(device)
+    own = is_board_figure(where, board)
+    if predicted is None:
+        note = f"no decode prediction on {board.name} ({basis}): calibrate a profile with a bandwidth to compare"
+    elif own:
+        note = f"measured on {board.name}: the ratio checks the board's speed constants ({basis})"
+    else:
+        note = (f"a {where} figure ({device}), not one of {board.name}: its ratio to the board's prediction "
+                "says nothing about the board's speed constants")
+    return {"ran_on": where, "device": device, "board_figure": own, "note": note}
+
+
+def ratio(measured: float | None, predicted: float | None) -> float | None:
+    """measured / predicted, from the two figures as reported (rounded as they are)."""
+    return round(measured / predicted, 4) if measured and predicted else None
+
+
+def speed_check(measured: float | None, device: str, spec: ModelSpec, board: Board, scheme: str, ctx: int,
+                runtime: str | None, measured_at: str) -> dict[str, Any]:
+    """Measured decode tok/s (``measured_at`` says of what) against the plan's prediction at ``ctx`` positions
+    for ``board`` / ``runtime`` / ``scheme``: deploy's ``speed_check``."""
+    try:
+        est = _plan(spec, board, scheme, ctx, runtime or board.backend_runtime).estimates
+    except EdgeInferError as e:
+        return {"board": board.name, "skipped": f"cannot plan this model on {board.name}: {e.one_line()}"}
+    meas = round(measured, 2) if measured else None
+    pred = round(est.decode_tokens_per_s, 2) if est.decode_tokens_per_s is not None else None
+    return {"board": board.name, "runtime": est.runtime, "scheme": scheme, "ctx": ctx, "measured_at": measured_at,
+            "decode_tokens_per_s": meas, "predicted_decode_tokens_per_s": pred, "ratio": ratio(meas, pred),
+            "speed_basis": est.basis, **speed_label(device, board, pred, est.basis)}
+
+
+def speed_line(sc: dict[str, Any]) -> str:
+    """A :func:`speed_check` as one line of text."""
+    if sc.get("skipped"):
+        return f"decode speed vs plan: skipped ({sc['skipped']})"
+    meas, pred = sc["decode_tokens_per_s"], sc["predicted_decode_tokens_per_s"]
+    got = "-" if meas is None else f"{meas:.1f}"
+    if pred is None:
+        return f"decode {got} tok/s ({sc['measured_at']}); {sc['note']}"
+    vs = f" = {sc['ratio']:.3g}× the prediction" if sc["ratio"] is not None else ""
+    return (f"decode {got} tok/s vs {pred:.1f} predicted for {sc['board']} ({sc['runtime']} {sc['scheme']}, ctx "
+            f"{sc['ctx']}){vs}; {sc['note']}")
+
+
 def self_check(report: dict[str, Any], spec: ModelSpec, config: dict[str, Any], board: Board, scheme: str,
                context: int, source: str, runtime: str | None = None) -> dict[str, Any]:
-    """Per prompt length: measured vs predicted decode tok/s, TTFT ms and peak MiB, and calibration rows;
-    planned for ``runtime`` (the bundle's), by default the board's backend runtime."""
+    """Per prompt length: measured vs predicted decode tok/s (and their ratio), TTFT ms and peak MiB, and
+    calibration rows; planned for ``runtime`` (the bundle's), by default the board's backend runtime; labelled
+    with where ``report`` ran (:func:`speed_label`)."""
     runtime = runtime or board.backend_runtime
     try:
         mem_plan = _plan(spec, board, scheme, context, runtime)
@@ -52,6 +120,7 @@ def self_check(report: dict[str, Any], spec: ModelSpec, config: dict[str, Any], 
             "decode_tokens_per_s": r["decode_tokens_per_s"],
             "predicted_decode_tokens_per_s": est.decode_tokens_per_s,
             "decode_error_pct": _err(est.decode_tokens_per_s, r["decode_tokens_per_s"]),
+            "decode_ratio": ratio(r["decode_tokens_per_s"], est.decode_tokens_per_s),
             "ttft_ms": r["ttft_ms"], "predicted_ttft_ms": round(ttft_pred, 2) if ttft_pred else None,
             "ttft_error_pct": _err(ttft_pred, r["ttft_ms"]),
             "peak_mib": round(mem, 1) if mem else None, "predicted_peak_mib": round(mem_pred, 1),
@@ -63,7 +132,10 @@ def self_check(report: dict[str, Any], spec: ModelSpec, config: dict[str, Any], 
             row.update(mem_mib=round(mem, 1), mem_ctx=context)
         rows.append({k: v for k, v in row.items() if v is not None})
     basis = mem_plan.estimates.basis
+    label = speed_label(report.get("device") or "?", board, mem_plan.estimates.decode_tokens_per_s, basis)
+    notes = [label.pop("note")]
+    if not label["board_figure"]:  # a host or simulator figure would calibrate the board's constants wrongly
+        rows = []
+        notes.append(f"no calibration rows: these figures are not {board.name}'s")
     return {"board": board.name, "runtime": mem_plan.runtime, "scheme": scheme, "context": context,
-            "speed_basis": basis, "comparisons": comparisons, "rows": rows,
-            "notes": [] if mem_plan.estimates.decode_tokens_per_s is not None else
-            [f"no decode prediction on {board.name} ({basis}): calibrate a profile with a bandwidth to compare"]}
+            "speed_basis": basis, "comparisons": comparisons, "rows": rows, **label, "notes": notes}

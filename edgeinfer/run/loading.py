@@ -20,6 +20,7 @@ from edgeinfer.planning.device_memory import check_decoder_fits
 
 if TYPE_CHECKING:
     from edgeinfer.run.generation.generator import Generator
+    from edgeinfer.run.generation.text import TextCodec
 
 # keys of **options that change the converted artifact (the rest only affect load)
 CONVERT_OPTIONS = ("scheme", "shapes", "target")
@@ -77,7 +78,7 @@ DEFAULT_CONTEXT = 2048
 @remote_code.entry_point
 def load(path: Any, backend: str | None = None, device: str | None = None, *, trust_remote_code: bool = False,
          **options: Any) -> Session | Generator:
-    """Open the model reference at ``path``: a Generator for a decoder (directory or bundle), else a Session
+    """Open the model reference at ``path``: a Generator for a decoder (directory, file or bundle), else a Session
     (a bundle on its backend; a file on ``backend`` or the one its stamp or suffix names, converted when needed)."""
     from edgeinfer.model.bundle import Bundle
     from edgeinfer.run import bundle as run_bundle
@@ -86,6 +87,8 @@ def load(path: Any, backend: str | None = None, device: str | None = None, *, tr
     match kind(p, "model file"):
         case Kind.DECODER_DIR:
             return load_generator(p, backend=backend, device=device, trust_remote_code=trust_remote_code, **options)
+        case Kind.DECODER_FILE:
+            return load_decoder_file(p, backend=backend, device=device, **options)
         case Kind.DECODER_BUNDLE:
             return run_bundle.open_generator(Bundle.open(p), device=device, backend=backend,
                                              trust_remote_code=trust_remote_code, **options)
@@ -128,3 +131,34 @@ def load_generator(
     check_decoder_fits(be, model_dir, device, context, slots, options.get("scheme"))
     decoder = be.load_decoder(model_dir, device=device, context=context, slots=slots, **options)
     return Generator(decoder, codec, model_dir.resolve().name)
+
+
+def decoder_file_codec(path: Path) -> TextCodec:
+    """The tokenizer of a decoder file (``.rkllm``): the one in its directory; edgeinfer tokenizes and
+    detokenizes itself, the file's runtime takes and gives token ids."""
+    from edgeinfer.run.generation.text import TextCodec
+
+    if not (path.parent / "tokenizer.json").is_file():
+        raise InputError(f"{path.name} has no tokenizer.json next to it: edgeinfer tokenizes the text itself",
+                         f"put the tokenizer files (tokenizer.json, tokenizer_config.json, config.json) of the model "
+                         f"it was converted from into {path.parent}")
+    return TextCodec(path.parent)
+
+
+def load_decoder_file(path: Path, backend: str | None = None, device: str | None = None, ctx: int | None = None,
+                      slots: int = 1, **options: Any) -> Generator:
+    """A text generator over a decoder file a backend runs as it is (``Decoders.native``: ``.rkllm``), with
+    the tokenizer next to it and a context of ``ctx`` (default: as for a model directory, from the
+    config.json next to it)."""
+    from edgeinfer.run.generation.generator import Generator
+
+    owner = plugins.decoder_file(path)
+    if owner is None:
+        raise InputError(f"no installed backend runs {path.suffix} decoder files")
+    if backend and backend != owner[0]:
+        raise InputError(f"{path.name} runs on backend {owner[0]!r} ({owner[1]}), not {backend!r}; omit --backend")
+    codec = decoder_file_codec(path)
+    context = ctx if ctx is not None else default_context(path.parent)
+    decoder = plugins.get_backend(owner[0]).load_decoder(path, device=device, context=context, slots=slots,
+                                                         **options)
+    return Generator(decoder, codec, path.name)

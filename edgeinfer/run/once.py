@@ -193,7 +193,7 @@ def run_once(
 
     _check_request(model, inputs, texts, out_dir)
     match kind(model, "model file"):
-        case Kind.DECODER_DIR | Kind.DECODER_BUNDLE:
+        case Kind.DECODER_DIR | Kind.DECODER_BUNDLE | Kind.DECODER_FILE:
             raise InputError(f"{model} is a language (decoder) model; `edgeinfer run` runs tensor models: "
                              f"use `edgeinfer generate {model} --prompt TEXT`")
         case Kind.ENCODER_BUNDLE:

@@ -59,7 +59,7 @@ def open_models(paths: list[Path], ctx: int | None = None) -> tuple[dict[str, Se
     decoders: dict[str, ServedDecoder] = {}
     for p in paths:
         match kind(p, "bundle"):
-            case Kind.DECODER_DIR:
+            case Kind.DECODER_DIR | Kind.DECODER_FILE:
                 remote_code.allowed(p)  # serve never runs a model directory's own code (docs/security.md)
                 llm = open_served_decoder(p, ctx=ctx)
             case Kind.DECODER_BUNDLE | Kind.ENCODER_BUNDLE as k:

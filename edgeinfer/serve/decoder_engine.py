@@ -50,18 +50,23 @@ class ServedDecoder:
 
 
 def open_served_decoder(path: Path, bundle: Any = None, ctx: int | None = None) -> ServedDecoder:
-    """A decoder bundle (``bundle``, already opened and verified) or an HF decoder dir (``path``)."""
-    from edgeinfer.contract import seal
+    """A decoder bundle (``bundle``, already opened and verified), an HF decoder dir or a decoder file
+    (``path``: ``.rkllm``, run by the backend that declares its suffix)."""
+    from edgeinfer.contract import registry, seal
     from edgeinfer.contract.names import DECODER_REFERENCE
     from edgeinfer.model.decoder_bundle import loaded_context
     from edgeinfer.run.generation.text import TextCodec
-    from edgeinfer.run.loading import default_context
+    from edgeinfer.run.loading import decoder_file_codec, default_context
 
     if bundle is not None:
         m = bundle.manifest
         context = loaded_context(bundle, ctx)
         codec = TextCodec(seal.contained(bundle.path, m.decoder.get("tokenizer", "tokenizer"), "decoder.tokenizer"))
         return ServedDecoder(bundle.path.resolve().name, bundle.path, m.backend, context, codec, m.board, m.scheme)
+    if path.is_file():
+        backend = (registry.decoder_file(path) or (DECODER_REFERENCE,))[0]
+        context = ctx or default_context(path.parent)  # the scheme is not recorded in the file
+        return ServedDecoder(path.resolve().name, path, backend, context, decoder_file_codec(path), "", "")
     context = ctx or default_context(path)
     return ServedDecoder(path.resolve().name, path, DECODER_REFERENCE, context, TextCodec(path), "", "fp32")
 

@@ -1,8 +1,9 @@
 """Model references -> ModelSpec.
 
 ``resolve(ref)`` tries, in order: the built-in catalog (HF id or short name), a Hugging
-Face directory or a config.json path, a .gguf, .onnx or .safetensors file, an HF id in the
-local Hugging Face cache. Nothing heavy is imported for catalog or config inputs.
+Face directory or a config.json path, a .gguf, .onnx or .safetensors file, a decoder file an
+installed backend runs as it is (.rkllm), an HF id in the local Hugging Face cache. Nothing heavy is
+imported for catalog or config inputs.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
+from edgeinfer.contract import registry
 from edgeinfer.errors import ModelError
 from edgeinfer.planning.models.spec import ModelSpec
 
@@ -107,8 +109,14 @@ def resolve(ref: str | os.PathLike) -> ModelSpec:
             from edgeinfer.planning.models.hf import read_safetensors_file
 
             return read_safetensors_file(path)
+        owner = registry.decoder_file(path)
+        if owner is not None:
+            from edgeinfer.planning.models.decoder_file import read_decoder_file
+
+            return read_decoder_file(path, owner[1])
         raise ModelError(f"{path}: unsupported model file type '{suffix}'",
-                         "pass a .gguf, .onnx, .safetensors, config.json or an HF model directory")
+                         "pass a .gguf, .onnx, .safetensors, config.json, a decoder file an installed backend "
+                         "runs (.rkllm) or an HF model directory")
     cached = find_in_hf_cache(text)
     if cached is not None:
         from edgeinfer.planning.models.hf import read_hf_dir

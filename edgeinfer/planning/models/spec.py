@@ -37,6 +37,7 @@ class ModelSpec:
     file_format: str | None = None  # "safetensors", "gguf", "onnx", or None (catalog / config only)
     file_weight_bytes: int | None = None  # exact bytes of the stored weights
     file_scheme: str | None = None  # scheme the file is stored in ("fp16", "gguf:Q4_K_M" ...)
+    runtime: str | None = None  # the one board runtime that runs the file (a vendor toolkit's: "rkllm")
     tensor_bytes: dict[str, int] = field(default_factory=dict)  # per tensor, when a file gives it
     tensor_types: dict[str, int] = field(default_factory=dict)  # type name -> bytes (summary)
     inputs: list[dict] = field(default_factory=list)

@@ -95,22 +95,27 @@ def compare_prompt(prompt: str, ref_ids: list[int], ref_logits: list[np.ndarray]
     return row
 
 
-def record(generator: Generator, prompts: Sequence[str], new_tokens: int, chat: bool = False) -> list[Recorded]:
-    """Greedy ``new_tokens`` per prompt with their logits: the reference side of a check."""
+def record(generator: Generator, prompts: Sequence[str], new_tokens: int, chat: bool = False,
+           metrics: list[Any] | None = None) -> list[Recorded]:
+    """Greedy ``new_tokens`` per prompt with their logits: the reference side of a check; each generation's
+    GenerationMetrics appended to ``metrics`` when given."""
     opts = GenerationOptions(max_new_tokens=new_tokens)
     out = []
     for p in prompts:
         r = generator.generate(p, opts, chat=chat, record_logits=True)
         out.append(Recorded(p, list(r.token_ids), list(r.logits or [])))
+        if metrics is not None:
+            metrics.append(r.metrics)
     return out
 
 
 def check_recorded(candidate: Generator, reference: Sequence[Recorded], new_tokens: int, scheme: str,
-                   chat: bool = False, thresholds: Thresholds | None = None) -> dict[str, Any]:
+                   chat: bool = False, thresholds: Thresholds | None = None,
+                   metrics: list[Any] | None = None) -> dict[str, Any]:
     """Run ``candidate`` on the recorded prompts and judge it against the recorded reference (what
-    ``edgeinfer deploy`` and ``edgeinfer golden`` both call)."""
+    ``edgeinfer deploy`` and ``edgeinfer golden`` both call); ``metrics``: as :func:`record`'s."""
     t = thresholds or thresholds_for(scheme)
-    got = record(candidate, [r.prompt for r in reference], new_tokens, chat)
+    got = record(candidate, [r.prompt for r in reference], new_tokens, chat, metrics)
     rows = [compare_prompt(r.prompt, r.token_ids, r.logits, g.token_ids, g.logits, t) for r, g in zip(reference, got)]
     agreement = float(np.mean([r["agreement"] for r in rows])) if rows else 0.0
     cos = [r["cosine_min"] for r in rows if r["cosine_min"] is not None]

@@ -78,7 +78,8 @@ class RknnBackend(Backend):
     decoders = Decoders(
         schemes=("fp16", "w8a8", "w4a16"),  # per target: w4a16 on rk3576 / rv1126b only
         architectures=ARCHITECTURES,  # the layer-paged export (decoder_segments); runtime rkllm: RKLLM's toolkit
-        options=DECODER_OPTIONS, convert_options=DECODER_CONVERT_OPTIONS)
+        options=DECODER_OPTIONS, convert_options=DECODER_CONVERT_OPTIONS,
+        native={".rkllm": "rkllm"})  # a model converted with Rockchip's RKLLM toolkit, run by librkllmrt.so
     resource_names = resources.RESOURCE_NAMES
 
     def accelerators(self, probe: Probe) -> list[Accelerator]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes as C
 import json
 import os
+import platform
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -35,6 +36,9 @@ RUN_NORMAL, RUN_WAITING, RUN_FINISH, RUN_ERROR = 0, 1, 2, 3
 INPUT_PROMPT, INPUT_TOKEN, INPUT_EMBED, INPUT_MULTIMODAL = 0, 1, 2, 3
 INFER_GENERATE = 0
 CALLBACK_CONTINUE, CALLBACK_PAUSE = 0, 1
+# Rockchip ships librkllmrt.so for aarch64 only: a library with its functions loaded on another machine is a
+# stand-in (the tests' rkllm_standin.c), and its figures are the host CPU's, never a board's
+DEVICE = "npu" if platform.machine().lower() in ("aarch64", "arm64") else "stand-in library on the host CPU"
 
 LLMHandle = C.c_void_p
 
@@ -210,7 +214,7 @@ class RkllmDecoder(NativeDecoder):
 
     def __init__(self, model: Path, context: int, lib: C.CDLL):
         # RKLLM allocates its KV cache itself and does not say how large, nor the vocabulary size
-        super().__init__(context=context, vocab_size=vocab_size(model), kv_cache_bytes=0, slots=1, device="npu")
+        super().__init__(context=context, vocab_size=vocab_size(model), kv_cache_bytes=0, slots=1, device=DEVICE)
         self._lib = lib
         self._handle = LLMHandle()
         self._lock = threading.Lock()
