@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from statistics import median
 
 import numpy as np
 import pytest
@@ -141,6 +142,30 @@ def test_generate_chat_and_golden_commands_on_the_bundle(bundle, hf_greedy):
     assert chat.returncode == 0 and chat.stdout.startswith("> ") and len(chat.stdout) > 4, chat.stderr
     strict = cli("golden", str(bundle), "--threshold", "1.0")  # no float path reaches cosine 1 at every step
     assert strict.returncode == 1 and "decoder golden check FAILED" in strict.stdout
+
+
+def test_the_golden_checks_decode_timing_is_what_deploy_compares_with_the_plan(bundle):
+    """deploy's speed_check: the candidate's GenerationMetrics of each golden prompt reach speed_check, which
+    plans at the positions the golden check reached and labels the host figure as the host board's."""
+    from edgeinfer.contract import registry
+    from edgeinfer.deploy.decoder import judge, speed_check
+    from edgeinfer.model import decoder_bundle
+    from edgeinfer.model.bundle import Bundle
+    from edgeinfer.planning.boards import get_board
+    from edgeinfer.planning.planner import plan
+    from edgeinfer.run import bundle as run_bundle
+    from edgeinfer.run.generation import golden
+
+    b = Bundle.open(bundle)
+    recorded = decoder_bundle.load_reference(b)
+    metrics: list = []
+    with run_bundle.open_generator(b, **registry.get_backend(b.manifest.backend).decoders.logits_options) as g:
+        report = judge(g, recorded, 8, b.manifest.scheme, golden.thresholds_for(b.manifest.scheme), None, metrics)
+    assert len(metrics) == len(recorded) and all(m.generated_tokens == 8 for m in metrics)
+    p = plan(str(model_dir()), get_board("host"), quant="fp32", ctx=DECODER_BUNDLE_CTX)
+    sc = speed_check((metrics, 40), report["device"], p, get_board("host"), "fp32", "onnxruntime")
+    assert sc["decode_tokens_per_s"] == pytest.approx(median(m.decode_tokens_per_s for m in metrics), abs=0.01)
+    assert (sc["ctx"], sc["ran_on"], sc["board_figure"], sc["ratio"]) == (40, "host CPU", True, None)  # host: no BW
 
 
 def test_a_tampered_bundle_fails_verify_golden_and_load(bundle, tmp_path):

@@ -60,6 +60,8 @@ def test_bench_records_the_plans_predictions_next_to_the_measurements(bench_json
                                                 abs=0.1)
     (row,) = sc["rows"]
     assert row["decode"] == measured["decode_tokens_per_s"] and row["ctx"] == 32 and row["mem_ctx"] == 256
+    # the host's CPU is a host-family board's own device: a board figure, and its rows calibrate
+    assert sc["ran_on"] == "host CPU" and sc["board_figure"] is True and sc["device"] == r["device"]
 
 
 def test_bench_json_calibrates_the_board(bench_json: Path, cpu_profile: Path, tmp_path: Path, capsys) -> None:
@@ -82,3 +84,70 @@ def test_bench_board_option_is_refused_for_a_model_directory(capsys) -> None:
     rc, _, err = _run(capsys, "bench", str(model_dir()), "--board", "rk3588-16g", "--ctx", "32",
                       "--prompt-lengths", "4", "--new-tokens", "2", "--repeat", "1", "--threads", "1")
     assert rc == 2 and "decoder bundles" in err
+
+
+# --- decode speed: where a figure ran, and what its ratio to the plan may say -------------------------------
+
+def _report(device: str, decode: float = 40.0) -> dict:
+    """A bench report as edgeinfer.run.generation.bench writes it (one prompt length), measured on ``device``."""
+    return {"device": device, "results": [{"prompt_tokens": 16, "new_tokens": 16, "decode_tokens_per_s": decode,
+                                           "ttft_ms": 50.0, "peak_rss_bytes": 100 * 2**20}]}
+
+
+def _tiny_spec():
+    from edgeinfer.planning.models.hf import read_config, spec_from_config
+    from edgeinfer.testing.llm import model_dir
+
+    cfg = read_config(model_dir() / "config.json")
+    return spec_from_config(cfg, "tiny-qwen3", "test"), cfg
+
+
+@pytest.mark.parametrize("device, where", [("cpu", "host CPU"), ("CPU", "host CPU"), ("simulator", "simulator"),
+                                           ("stand-in library on the host CPU", "stand-in library"),
+                                           ("npu:rk3588", "device"), ("NPU", "device")])
+def test_ran_on_names_where_a_figure_was_measured(device: str, where: str) -> None:
+    from edgeinfer.planning.selfcheck import ran_on
+
+    assert ran_on(device) == where
+
+
+def test_a_host_figure_against_a_board_with_constants_is_labelled_not_the_boards() -> None:
+    from edgeinfer.planning.boards import get_board
+    from edgeinfer.planning.selfcheck import self_check
+
+    spec, cfg = _tiny_spec()
+    b = get_board("rk3588-8g")
+    sc = self_check(_report("cpu"), spec, cfg, b, "w8a8", 256, "test", runtime="rkllm")
+    (c,) = sc["comparisons"]
+    predicted = planner.plan(spec, b, quant="w8a8", ctx=32, runtime="rkllm", suggest=False).estimates
+    assert c["predicted_decode_tokens_per_s"] == predicted.decode_tokens_per_s is not None
+    assert c["decode_ratio"] == pytest.approx(40.0 / c["predicted_decode_tokens_per_s"], rel=1e-3)
+    assert (sc["ran_on"], sc["device"], sc["board_figure"]) == ("host CPU", "cpu", False)
+    assert any("says nothing about the board's speed constants" in n for n in sc["notes"])
+    assert sc["rows"] == []  # a host figure must not calibrate rk3588's constants
+
+
+def test_no_speed_constants_means_no_prediction_and_no_ratio() -> None:
+    from edgeinfer.planning.selfcheck import self_check, speed_check
+
+    spec, cfg = _tiny_spec()
+    sc = self_check(_report("cpu"), spec, cfg, host_board(), "fp32", 256, "test")
+    (c,) = sc["comparisons"]
+    assert c["predicted_decode_tokens_per_s"] is None and c["decode_ratio"] is None
+    assert any(n.startswith("no decode prediction on host") for n in sc["notes"])
+    one = speed_check(40.0, "cpu", spec, host_board(), "fp32", 32, None, "test")
+    assert one["predicted_decode_tokens_per_s"] is None and one["ratio"] is None
+    assert one["note"].startswith("no decode prediction on host")
+
+
+def test_speed_check_ratio_is_the_two_reported_figures_and_its_line_says_where_it_ran() -> None:
+    from edgeinfer.planning.boards import get_board
+    from edgeinfer.planning.selfcheck import speed_check, speed_line
+
+    spec, _ = _tiny_spec()
+    sc = speed_check(123.456, "simulator", spec, get_board("rk3588-8g"), "w8a8", 40, "rkllm", "test decode")
+    assert set(sc) >= {"board", "runtime", "scheme", "ctx", "measured_at", "decode_tokens_per_s",
+                       "predicted_decode_tokens_per_s", "ratio", "ran_on", "device", "board_figure", "note"}
+    assert (sc["runtime"], sc["ctx"], sc["decode_tokens_per_s"], sc["ran_on"]) == ("rkllm", 40, 123.46, "simulator")
+    assert sc["ratio"] == pytest.approx(sc["decode_tokens_per_s"] / sc["predicted_decode_tokens_per_s"], rel=1e-3)
+    assert sc["board_figure"] is False and "a simulator figure" in speed_line(sc)

@@ -201,6 +201,9 @@ def test_deploy_of_the_test_llm_to_rk3588_writes_a_bundle_that_generates(tmp_pat
     out = tmp_path / "bundle"
     r = cli("deploy", str(model_dir()), "--board", "rk3588-8g", "--ctx", str(CTX), "-o", str(out), "--json")
     assert r.returncode == 0, r.stderr
+    sc = json.loads(r.stdout)["speed_check"]  # the golden check's decode, timed in the simulator: not a board figure
+    assert (sc["board"], sc["ran_on"], sc["board_figure"]) == ("rk3588-8g", "simulator", False)
+    assert sc["ratio"] == pytest.approx(sc["decode_tokens_per_s"] / sc["predicted_decode_tokens_per_s"], rel=1e-3)
     g = cli("generate", str(out), "--prompt", PROMPTS[0], "--max-new-tokens", "8", "--json")
     assert g.returncode == 0, g.stderr
     ids = TextCodec(model_dir()).encode(PROMPTS[0])

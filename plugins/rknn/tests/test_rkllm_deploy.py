@@ -72,6 +72,7 @@ def test_the_bundle_holds_the_rkllm_file_and_says_runtime_rkllm_and_golden_not_r
     g = m["decoder"]["golden"]
     assert g["ran"] is False and g["passed"] is None and "aarch64" in g["reason"]
     assert r["runtime"] == "rkllm" and r["golden"] == g
+    assert "no golden check ran" in r["speed_check"]["skipped"]  # nothing was timed to compare with the plan
     assert "without a golden check" in deployed["stderr"]
 
 
