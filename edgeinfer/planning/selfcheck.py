@@ -58,8 +58,9 @@ def speed_label(device: str, board: Board, predicted: float | None, basis: str) 
     elif own:
         note = f"measured on {board.name}: the ratio checks the board's speed constants ({basis})"
     else:
-        note = (f"a {where} figure ({device}), not one of {board.name}: its ratio to the board's prediction "
-                "says nothing about the board's speed constants")
+        what = where if device.lower() == where.lower() else f"{where} ({device})"
+        note = (f"a {what} figure, not one of {board.name}: its ratio to the board's prediction says nothing "
+                "about the board's speed constants")
     return {"ran_on": where, "device": device, "board_figure": own, "note": note}
 
 
