@@ -109,7 +109,7 @@ def decode_batches(model: Path, board: Any, scheme: str, context: int, runtime: 
         if not plan(str(model), board, quant=scheme, ctx=context, batch=b, runtime=runtime).fits:
             break
         kept.append(b)
-    why = (f"decode graphs for {', '.join(map(str, kept))} sequences at once: batch {list(BATCHES)} kept while the "
+    why = (f"decode graphs for batches of {', '.join(map(str, kept))} sequences: {list(BATCHES)} kept while the "
            f"plan of that many sequences × {context} positions fits {board.name}")
     return kept, why
 

@@ -108,12 +108,12 @@ def test_two_sequences_with_two_padding_rows(decoder, prompts, references):
 def test_paged_batched_decode_gives_the_same_tokens(rknn, artifact, prompts, references):
     d = rknn.load_decoder(artifact, device="simulator", context=CTX, slots=4, window=1)
     try:
-        tokens, _ = run(d, [0, 1], prompts[:2], 3)
+        tokens, _ = run(d, [0, 1], prompts[:2], 2)  # every pass rebuilds its segments in the simulator (~2 s each)
         stats = d.paging_stats()
     finally:
         d.close()
-    assert tokens == [r[:3] for r in references[:2]]
-    passes = 2 + 2  # a prefill pass per sequence, then two batched decode passes
+    assert tokens == [r[:2] for r in references[:2]]
+    passes = 2 + 1  # a prefill pass per sequence, then one batched decode pass
     assert stats["window"] == 1 and stats["page_ins"] == passes * SEGMENTS
 
 
