@@ -162,3 +162,14 @@ def test_generate_on_the_bundle_refuses_more_slots_than_built(bundle):
     with pytest.raises(InputError, match="--slots 8: bundle tiny-qwen3-rknn decodes at most 4"):
         open_generator(Bundle.open(bundle), slots=8)
 
+
+
+def test_serve_plans_the_kv_cache_the_rknn_decoder_allocates(bundle, decoder):
+    """The start-up log's planner figure for an RKNN bundle counts fp16 KV, as the decoder holds it."""
+    from edgeinfer.model.bundle import Bundle
+    from edgeinfer.serve.decoder_engine import open_served_decoder, planned_kv_bytes
+
+    c = json.loads((model_dir() / "config.json").read_text())
+    want = c["num_hidden_layers"] * 2 * c["num_key_value_heads"] * c["head_dim"] * CTX * 4 * 2  # 4 slots, fp16
+    llm = open_served_decoder(bundle, Bundle.open(bundle))
+    assert planned_kv_bytes(llm, 4) == want == decoder.kv_cache_bytes
