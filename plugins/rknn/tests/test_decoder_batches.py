@@ -173,3 +173,28 @@ def test_serve_plans_the_kv_cache_the_rknn_decoder_allocates(bundle, decoder):
     want = c["num_hidden_layers"] * 2 * c["num_key_value_heads"] * c["head_dim"] * CTX * 4 * 2  # 4 slots, fp16
     llm = open_served_decoder(bundle, Bundle.open(bundle))
     assert planned_kv_bytes(llm, 4) == want == decoder.kv_cache_bytes
+
+
+def test_the_serve_scheduler_decodes_the_rknn_streams_in_one_call(decoder, prompts, references):
+    """``serve``'s scheduler over the RKNN decoder: three streams decode in one ``decode`` call per step (the
+    [4,1] graph), and each stream's tokens are transformers' greedy tokens."""
+    from edgeinfer.contract.generation import GenerationOptions
+    from edgeinfer.run.generation.generator import Generator
+    from edgeinfer.serve.decoder_scheduler import Scheduler
+
+    sched = Scheduler(Generator(decoder, TextCodec(model_dir())))
+    calls: list[int] = []
+    real = decoder.decode
+    decoder.decode = lambda slots, ids: calls.append(len(slots)) or real(slots, ids)  # a spy: counts, then runs
+    try:
+        for i, p in enumerate(prompts[:3]):
+            sched.add(str(i), p, GenerationOptions(max_new_tokens=STEPS, ignore_eos=True))
+        got: dict[str, list[int]] = {}
+        while sched.busy:
+            sched.step()
+            for s in sched.decoding:
+                got[s.rid] = s.history[len(s.prompt):]
+    finally:
+        del decoder.decode
+    assert 3 in calls and max(calls) == 3
+    assert [got[str(i)] for i in range(3)] == [r[:STEPS - 1] for r in references[:3]]
