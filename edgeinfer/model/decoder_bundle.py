@@ -87,9 +87,10 @@ def check_slots(bundle: Bundle, slots: int) -> None:
 
     most = (stamp.read(bundle.artifacts[0]) or {}).get("max_slots")
     if isinstance(most, int) and slots > most:
+        wider = ",".join(map(str, sorted({1, most, slots})))
         raise InputError(f"--slots {slots}: bundle {bundle.path.name} decodes at most {most} sequences at once "
                          f"(its decode graphs were built for up to {most}); use --slots {most} or less, or deploy "
-                         f"again with --option decode_batches=1,{slots}")
+                         f"again with --option decode_batches={wider}")
 
 
 # --- the golden reference kept in the bundle ---------------------------------------------------------

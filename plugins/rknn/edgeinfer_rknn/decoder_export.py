@@ -73,13 +73,13 @@ def decode_key(batch: int) -> str:
 
 
 def parse_batches(value: Any) -> list[int]:
-    """The ``decode_batches`` option ("1,4,8" or a list of ints) as a sorted list that holds 1."""
-    items = value.split(",") if isinstance(value, str) else value if isinstance(value, (list, tuple)) else None
+    """The ``decode_batches`` option ("1,4,8", a list of ints or one int) as a sorted list that holds 1."""
+    items = value.split(",") if isinstance(value, str) else value if isinstance(value, (list, tuple)) else [value]
     try:
-        got = [int(str(x).strip()) for x in items] if items is not None else []
+        got = [int(str(x).strip()) for x in items]
     except ValueError:
         got = []
-    if not got or any(b < 1 for b in got) or any(isinstance(x, bool) for x in items or ()):
+    if not got or any(b < 1 for b in got) or any(isinstance(x, (bool, float)) for x in items):
         raise InputError(f"decode_batches must be positive integers like 1,4,8, got {value!r}")
     return sorted({1, *got})
 
