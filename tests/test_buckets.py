@@ -43,6 +43,17 @@ def test_choose_caps_the_count_and_always_keeps_the_deployed_shape():
     assert build_buckets.choose((1, 128), NINE, lambda b, s: 10**9, budget=0)[0] == [(1, 128)]
 
 
+@pytest.mark.parametrize("ctx, want", [(2048, [1, 4, 8]), (8192, [1, 4]), (32768, [1])])
+def test_decode_batches_keep_what_the_kv_cache_of_that_many_sequences_fits(ctx, want):
+    """Qwen3-0.6B fp16 on rk3588-8g (about 7.0 GB usable, 1.2 GB of weights): its KV cache is 28 layers × 2 ×
+    8 kv heads × 128 × 2 bytes = 112 KiB a token, so 8 × 8192 tokens (7.5 GB) cannot fit, 4 × 8192 (3.8 GB)
+    can, and one sequence of 32768 (3.8 GB) leaves no room for four."""
+    from edgeinfer.planning.boards import get_board
+
+    kept, why = build_buckets.decode_batches(Path("qwen3-0.6b"), get_board("rk3588-8g"), "fp16", ctx, "rknn")
+    assert kept == want and "rk3588-8g" in why
+
+
 def test_sequence_ladder():
     assert build_buckets.seq_ladder(128, masked=True) == [32, 64, 128]
     assert build_buckets.seq_ladder(128, masked=False) == [128]  # padding positions need an attention mask

@@ -35,7 +35,8 @@ EXTRAS = ("fastapi", "uvicorn", "starlette", "pydantic", "prometheus_client", "h
 @click.option("--max-inputs", default=256, show_default=True, type=int,
               help="Most strings per embeddings request, rows per /v1/infer request (400 above).")
 @click.option("--slots", default=4, show_default=True, type=int,
-              help="Decoders: sequences decoded at once (KV slots of --ctx positions each, reserved at start).")
+              help="Decoders: sequences decoded at once (KV slots of --ctx positions each, reserved at start; "
+                   "a bundle with static decode batches takes at most its largest).")
 @click.option("--ctx", default=None, type=int,
               help="Decoders: positions per sequence (prompt + max_tokens); default the bundle's context.")
 @click.option("--prefill-chunk", default=None, type=int,

@@ -98,6 +98,22 @@ def auto(model: Path, board: Any, scheme: str, max_seq: int, masked: bool) -> tu
     return kept, why
 
 
+def decode_batches(model: Path, board: Any, scheme: str, context: int, runtime: str) -> tuple[list[int], str]:
+    """The batch sizes of a static-shape decoder's decode graphs (each one a graph per segment, so that
+    ``serve --slots N`` decodes N sequences in one call): ``BATCHES``, smallest first, each kept while the plan
+    with that many sequences of ``context`` positions (their KV cache and activations) fits the board."""
+    from edgeinfer.planning.planner import plan
+
+    kept = [1]
+    for b in BATCHES[1:]:
+        if not plan(str(model), board, quant=scheme, ctx=context, batch=b, runtime=runtime).fits:
+            break
+        kept.append(b)
+    why = (f"decode graphs for batches of {', '.join(map(str, kept))} sequences: {list(BATCHES)} kept while the "
+           f"plan of that many sequences × {context} positions fits {board.name}")
+    return kept, why
+
+
 def shapes_for(specs: Sequence[TensorSpec], batch: int, seq: int) -> dict[str, list[int]]:
     """Static shapes of the dynamic model's inputs at one bucket: axis 0 the batch, other free axes ``seq``."""
     return {s.name: [batch if i == 0 else (d if isinstance(d, int) else seq) for i, d in enumerate(s.shape)]

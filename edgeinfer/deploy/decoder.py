@@ -28,7 +28,7 @@ from edgeinfer.contract import registry as plugins
 from edgeinfer.contract.backend import Backend, TensorSpec
 from edgeinfer.contract.names import DECODER_REFERENCE
 from edgeinfer.contract.schemes import normalize_scheme
-from edgeinfer.deploy import outdir
+from edgeinfer.deploy import buckets, outdir
 from edgeinfer.errors import BackendUnavailableError, CheckFailed, InputError
 from edgeinfer.model import bundle as bundle_mod
 from edgeinfer.model import decoder_bundle
@@ -119,6 +119,11 @@ def deploy_decoder(
     # 1. plan first: refuse what does not fit, or an architecture the backend does not export, before converting
     with progress.step(f"planning {hf_dir.name} on {b.name} at ctx {context}"):
         plan = plan_or_refuse(hf_dir, b, scheme, context, runtime, force, warnings)
+
+    if runtime == own_runtime(b) and "decode_batches" in backend.decoders.convert_options \
+            and "decode_batches" not in options:  # static decode shapes: one graph per batch size that fits
+        options["decode_batches"], why = buckets.decode_batches(hf_dir, b, scheme, context, runtime)
+        progress.note(why)
 
     # 2. convert (or reuse the cached conversion)
     sha = stamp.sha256_file(hf_dir)

@@ -80,6 +80,19 @@ def loaded_context(bundle: Bundle, ctx: int | None) -> int:
     return ctx
 
 
+def check_slots(bundle: Bundle, slots: int) -> None:
+    """Refuse more sequences at once than the bundle's artifact decodes: a backend whose decode graphs have
+    static batch sizes stamps the largest as ``max_slots`` (rknn: the deploy's ``decode_batches``)."""
+    from edgeinfer.contract import stamp
+
+    most = (stamp.read(bundle.artifacts[0]) or {}).get("max_slots")
+    if isinstance(most, int) and slots > most:
+        wider = ",".join(map(str, sorted({1, most, slots})))
+        raise InputError(f"--slots {slots}: bundle {bundle.path.name} decodes at most {most} sequences at once "
+                         f"(its decode graphs were built for up to {most}); use --slots {most} or less, or deploy "
+                         f"again with --option decode_batches={wider}")
+
+
 # --- the golden reference kept in the bundle ---------------------------------------------------------
 
 

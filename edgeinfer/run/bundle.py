@@ -134,6 +134,7 @@ def open_generator(bundle: Bundle, device: str | None = None, ctx: int | None = 
     if backend and backend != m.backend:
         raise InputError(f"bundle {bundle.path} is for backend {m.backend!r}, not {backend!r}; omit --backend")
     ctx = decoder_bundle.loaded_context(bundle, ctx)
+    decoder_bundle.check_slots(bundle, slots)
     codec = TextCodec(seal.contained(bundle.path, m.decoder.get("tokenizer", decoder_bundle.TOKENIZER),
                                      "decoder.tokenizer"))
     check_manifest(bundle, codec)

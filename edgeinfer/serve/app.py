@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from edgeinfer.contract import remote_code
 from edgeinfer.errors import BackendError, EdgeInferError, InputError
+from edgeinfer.model import decoder_bundle
 from edgeinfer.model.bundle import Bundle, not_a_bundle
 from edgeinfer.model.kind import Kind, kind
 from edgeinfer.run import bundle as run_bundle
@@ -52,9 +53,11 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "
           503: "service_unavailable", 504: "timeout"}
 
 
-def open_models(paths: list[Path], ctx: int | None = None) -> tuple[dict[str, ServedModel], dict[str, ServedDecoder]]:
+def open_models(paths: list[Path], ctx: int | None = None, slots: int = 1
+                ) -> tuple[dict[str, ServedModel], dict[str, ServedDecoder]]:
     """Open every bundle (manifest and artifacts checked here, before any worker starts): embedding and
-    tensor bundles, and decoders (decoder bundles, Hugging Face decoder directories)."""
+    tensor bundles, and decoders (decoder bundles, Hugging Face decoder directories) with ``slots``
+    sequences at once."""
     models: dict[str, ServedModel] = {}
     decoders: dict[str, ServedDecoder] = {}
     for p in paths:
@@ -65,6 +68,8 @@ def open_models(paths: list[Path], ctx: int | None = None) -> tuple[dict[str, Se
             case Kind.DECODER_BUNDLE | Kind.ENCODER_BUNDLE as k:
                 bundle = Bundle.open(p, verify="full")  # every file hashed once at start-up (docs/deploy.md)
                 llm = open_served_decoder(p, bundle, ctx) if k is Kind.DECODER_BUNDLE else None
+                if llm is not None:
+                    decoder_bundle.check_slots(bundle, slots)
             case _:
                 raise not_a_bundle(p)
         name = llm.name if llm is not None else bundle.path.resolve().name
@@ -109,7 +114,7 @@ class State:
 def create_app(config: ServeConfig, models: dict[str, ServedModel] | None = None,
                decoders: dict[str, ServedDecoder] | None = None) -> FastAPI:
     if models is None:
-        models, decoders = open_models(config.bundles, config.ctx)
+        models, decoders = open_models(config.bundles, config.ctx, config.slots)
     decoders = decoders or {}
     state = State()
     pool = WorkerPool([(m.name, m.bundle.path) for m in models.values()], config.devices, config.max_batch,
@@ -393,7 +398,7 @@ def serve(config: ServeConfig, log_level: str = "info") -> None:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     sock = listen(config.host, config.port)  # a busy port is a one-line error before bundles are hashed
     try:
-        models, decoders = open_models(config.bundles, config.ctx)
+        models, decoders = open_models(config.bundles, config.ctx, config.slots)
         check_devices([m.bundle.manifest.backend for m in models.values()] + [m.backend for m in decoders.values()],
                       config.devices)
     except BaseException:

@@ -42,6 +42,7 @@ class ServedDecoder:
     codec: Any  # TextCodec: prompts are tokenized (and checked against the context) before admission
     board: str = ""
     scheme: str = ""
+    kv_bytes_per_element: float = 4.0  # what the deploy's plan counted (fp32: the reference's and HF dirs')
 
     def to_json(self, created: int, slots: int) -> dict[str, Any]:
         return {"id": self.name, "object": "model", "created": created, "owned_by": "edgeinfer",
@@ -62,7 +63,9 @@ def open_served_decoder(path: Path, bundle: Any = None, ctx: int | None = None) 
         m = bundle.manifest
         context = loaded_context(bundle, ctx)
         codec = TextCodec(seal.contained(bundle.path, m.decoder.get("tokenizer", "tokenizer"), "decoder.tokenizer"))
-        return ServedDecoder(bundle.path.resolve().name, bundle.path, m.backend, context, codec, m.board, m.scheme)
+        kv = ((m.plan or {}).get("memory") or {}).get("details", {}).get("kv_cache", {}).get("bytes_per_element")
+        return ServedDecoder(bundle.path.resolve().name, bundle.path, m.backend, context, codec, m.board, m.scheme,
+                             float(kv or 4.0))
     if path.is_file():
         backend = (registry.decoder_file(path) or (DECODER_REFERENCE,))[0]
         context = ctx or default_context(path.parent)  # the scheme is not recorded in the file
@@ -72,17 +75,17 @@ def open_served_decoder(path: Path, bundle: Any = None, ctx: int | None = None) 
 
 
 def planned_kv_bytes(llm: ServedDecoder, slots: int) -> int | None:
-    """The planner's KV figure for ``slots`` × ``context`` (fp32 KV, as the step decoders hold it)."""
+    """The planner's KV figure for ``slots`` × ``context``, at the bytes per element of the bundle's plan
+    (fp16 for an RKNN bundle; fp32 where no plan says otherwise)."""
     from edgeinfer.planning.models.hf import spec_from_config
     from edgeinfer.planning.planner import kv_bytes
-    from edgeinfer.planning.quant import kv_bytes_per_element
 
     cfg_path = llm.codec.directory / "config.json"
     try:
         spec = spec_from_config(json.loads(cfg_path.read_text()), llm.name, str(cfg_path))
     except Exception:  # noqa: BLE001 - the figure is informative only
         return None
-    return kv_bytes(spec, llm.context, slots, kv_bytes_per_element("fp32"))
+    return kv_bytes(spec, llm.context, slots, llm.kv_bytes_per_element)
 
 
 @dataclass

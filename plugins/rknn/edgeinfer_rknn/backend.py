@@ -59,10 +59,12 @@ CONVERT_OPTIONS = {
     "optimization_level": "0..3 (default 3)",
 }
 LOAD_OPTIONS = ("core_mask",)
-# decoders (edgeinfer_rknn.decoder): segments and prefill_chunk are fixed at conversion, window at load;
-# runtime "rkllm" converts with Rockchip's RKLLM toolkit instead (edgeinfer_rknn.rkllm_convert)
-DECODER_CONVERT_OPTIONS = ("target", "segments", "prefill_chunk", "runtime")
-DECODER_OPTIONS = ("window", "prefetch", "page_from", "scheme", "segments", "prefill_chunk", "target")
+# decoders (edgeinfer_rknn.decoder): segments, prefill_chunk and decode_batches (the sequence counts a decode
+# graph is built for) are fixed at conversion, window at load; runtime "rkllm" converts with Rockchip's RKLLM
+# toolkit instead (edgeinfer_rknn.rkllm_convert)
+DECODER_CONVERT_OPTIONS = ("target", "segments", "prefill_chunk", "decode_batches", "runtime")
+DECODER_OPTIONS = ("window", "prefetch", "page_from", "scheme", "segments", "prefill_chunk", "decode_batches",
+                   "target")
 # what one `serve --devices` entry may be: one worker per core or core group
 SERVE_CORE_MASKS = ("0", "1", "2", "0_1", "0_1_2", "auto")
 

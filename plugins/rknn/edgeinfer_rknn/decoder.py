@@ -1,10 +1,16 @@
 """RKNN decoders: step primitives over static segment graphs, the KV cache in host buffers, layer paging.
 
-The artifact (:mod:`.decoder_export`) holds, per segment of layers, a decode graph (1 token) and a prefill
-graph (``prefill_chunk`` tokens). The host looks up the embedding, takes the rotary rows of the positions,
-builds the additive mask, feeds each segment its layers' past K/V straight from the cache and writes the
-new rows the graph returns at the sequence's positions. The cache — ``slots × layers × 2 × kv_heads ×
-context × head_dim`` float16, what the NPU computes in — is allocated once and stays whole for the run.
+The artifact (:mod:`.decoder_export`) holds, per segment of layers, decode graphs (1 token of each of B
+sequences, for every built B in ``decode_batches``) and a prefill graph (``prefill_chunk`` tokens of one
+sequence). The host looks up the embedding, takes the rotary rows of the positions, builds the additive
+mask, feeds each segment its layers' past K/V straight from the cache and writes the new rows the graph
+returns at the sequence's positions. The cache — ``slots × layers × 2 × kv_heads × context × head_dim``
+float16, what the NPU computes in — is allocated once and stays whole for the run.
+
+``decode(slots, ids)`` runs the smallest built B that holds ``len(slots)`` once per segment: row r is
+slot ``slots[r]`` at its own position; the rows past ``len(slots)`` are padding (zero input, every cache
+position masked) whose outputs are dropped and which write nothing. ``slots`` beyond the largest built B
+is refused at load. Prefill runs one slot at a time.
 
 Paging: at most ``window`` segments are resident (loaded for the NPU) at once; the schedule
 (:class:`edgeinfer.contract.schedule.Schedule`, the one :class:`edgeinfer.run.paged.PagedSession` follows)
@@ -47,6 +53,15 @@ def step_inputs(tables: dict[str, np.ndarray], ids: Sequence[int], pos: int, tok
     mask[0, :, :pos] = 0.0
     mask[0, :, context:] = np.triu(np.full((tokens, tokens), MASKED, np.float32), k=1)
     return hidden, cos, sin, mask
+
+
+def decode_inputs(tables: dict[str, np.ndarray], ids: Sequence[int], positions: Sequence[int], batch: int,
+                  context: int) -> tuple[np.ndarray, ...]:
+    """The inputs of one batched decode call: row r is token ``ids[r]`` at ``positions[r]``; rows past
+    ``len(ids)`` are padding (no token, nothing in the cache attended)."""
+    rows = [step_inputs(tables, [t], p, 1, context) for t, p in zip(ids, positions)]
+    rows += [step_inputs(tables, [], 0, 1, context)] * (batch - len(rows))
+    return tuple(np.concatenate(part) for part in zip(*rows))
 
 
 class SegmentPager:
@@ -146,6 +161,14 @@ class RknnDecoder(StepDecoder):
         self.chunk = int(manifest["prefill_chunk"])
         self.scheme = manifest["scheme"]
         self.segments = [tuple(s["layers"]) for s in manifest["segments"]]
+        built = [int(b) for b in manifest.get("decode_batches", [1])]
+        if slots > built[-1]:
+            raise InputError(f"{folder.name} decodes at most {built[-1]} sequence(s) at once (decode graphs for "
+                             f"{', '.join(map(str, built))}), not {slots}: use {built[-1]} slots or fewer "
+                             f"(serve --slots), or convert again with decode_batches={','.join(map(str, built))},"
+                             f"{slots}")
+        # the built batches a call of at most ``slots`` sequences can use: up to the smallest holding them all
+        self.batches = [b for b in built if b < slots] + [min(b for b in built if b >= slots)]
         with np.load(folder / "host.npz") as host:
             self.tables = {k: host[k] for k in ("embed", "cos", "sin")}
         kv_shape = (slots, self.layers, 2, self.kv_heads, self.built_context, self.head_dim)
@@ -159,8 +182,8 @@ class RknnDecoder(StepDecoder):
         try:  # unpaged (or a window that holds them all): every graph is loaded now, none later
             if self.pager.window >= len(self.segments):
                 for k in range(len(self.segments)):
-                    for phase in la.PHASES:
-                        self.pager.session(k, phase)
+                    for key in [*map(la.decode_key, self.batches), "prefill"]:
+                        self.pager.session(k, key)
         except BaseException:
             self.pager.release()
             raise
@@ -255,9 +278,35 @@ class RknnDecoder(StepDecoder):
         ids = np.asarray(token_ids).reshape(-1)
         if len(ids) != len(slots):
             raise InputError(f"decode got {len(ids)} tokens for {len(slots)} slots")
+        if len(set(slots)) != len(slots):
+            raise InputError(f"decode got slot(s) twice in one call: {list(slots)}")
         for s in slots:
             self._check(s, 1)
-        return np.stack([self._call(s, [int(t)]) for s, t in zip(slots, ids)])
+        if len(slots) == 1:
+            return self._call(slots[0], [int(ids[0])])[None]
+        return self._decode_rows(list(slots), [int(t) for t in ids])
+
+    def _decode_rows(self, slots: list[int], ids: list[int]) -> np.ndarray:
+        """One pass of the smallest built batch graph holding ``slots``: one token each, at each one's position."""
+        batch = min(b for b in self.batches if b >= len(slots))
+        positions = [self.lengths[s] for s in slots]
+        hidden, cos, sin, mask = decode_inputs(self.tables, ids, positions, batch, self.built_context)
+        pad = np.zeros((batch - len(slots), self.kv_heads, self.built_context, self.head_dim), np.float32)
+        for k, (a, b) in enumerate(self.segments):
+            feeds = {f"hidden_{a}": hidden, "cos": cos, "sin": sin, "mask": mask}
+            for i in range(a, b):
+                for kind in (0, 1):
+                    past = self.kv[slots, i, kind].astype(np.float32)
+                    feeds[f"past_{'kv'[kind]}_{i}"] = np.concatenate([past, pad])
+            out = self.pager.session(k, la.decode_key(batch)).run(feeds)
+            for i in range(a, b):
+                for r, (s, pos) in enumerate(zip(slots, positions)):  # padding rows write nothing
+                    self.kv[s, i, 0][:, pos] = out[f"new_k_{i}"][r, :, 0]
+                    self.kv[s, i, 1][:, pos] = out[f"new_v_{i}"][r, :, 0]
+            hidden = out["logits"] if b == self.layers else out[f"hidden_{b}"]
+        for s in slots:
+            self.lengths[s] += 1
+        return np.asarray(hidden[: len(slots), 0], dtype=np.float32)
 
     def reset(self, slot: int) -> None:
         if not 0 <= slot < self.slots:
@@ -285,6 +334,8 @@ def converted_dir(backend: Any, model: Path, scheme: str, context: int, options:
     from edgeinfer.contract import cache, stamp
 
     wanted = {k: options[k] for k in ("segments", "prefill_chunk", "target") if options.get(k) is not None}
+    if options.get("decode_batches") is not None:
+        wanted["decode_batches"] = la.parse_batches(options["decode_batches"])
     facts = {"model": stamp.sha256_file(model), "scheme": scheme, "context": context, **wanted,
              "versions": backend.versions(), "format": la.FORMAT}
     entry = cache.area("artifacts") / "rknn-decoders" / cache.key(facts)
@@ -300,11 +351,17 @@ def open_decoder(backend: Any, model: Path, device: str | None, context: int, sl
     if manifest is None:  # a Hugging Face directory: convert (cached), then open the artifact
         scheme = str(options.get("scheme") or backend.decoders.schemes[0])
         la.check_scheme(scheme, str(options.get("target") or "rk3588").lower())
+        if options.get("decode_batches") is None and slots > 1:  # the decode graphs the asked slots need
+            options = {**options, "decode_batches": [1, slots]}
         model = converted_dir(backend, model, scheme, context, options)
         manifest = la.read_manifest(model)
     else:
-        for key in ("segments", "prefill_chunk", "scheme", "target"):
+        if options.get("decode_batches") is not None:
+            options = {**options, "decode_batches": ",".join(map(str, la.parse_batches(options["decode_batches"])))}
+        for key in ("segments", "prefill_chunk", "scheme", "target", "decode_batches"):
             have = len(manifest["segments"]) if key == "segments" else manifest.get(key)
+            if key == "decode_batches":
+                have = ",".join(map(str, manifest.get(key, [1])))
             if options.get(key) is not None and str(options[key]) != str(have):
                 raise InputError(f"{model.name} was converted with {key}={have}, not {options[key]}; convert again "
                                  f"with {key}={options[key]} or drop the option")

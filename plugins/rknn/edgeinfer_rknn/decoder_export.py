@@ -2,10 +2,13 @@
 
 Layout::
 
-    rknn-decoder.json          manifest: scheme, target, context, prefill chunk, model shape, segments
+    rknn-decoder.json          manifest: scheme, target, context, prefill chunk, decode batches, model shape,
+                               segments
     host.npz                   embedding table (fp16: what the NPU input receives), rotary cos/sin tables
-    seg<k>.decode.rknn         layers of segment k, one token per call  (+ .src.tar/.log/stamp beside it)
-    seg<k>.prefill.rknn        the same layers, ``prefill_chunk`` tokens per call
+    seg<k>.decode.rknn         layers of segment k, one token of one sequence per call  (+ .src.tar/.log/stamp)
+    seg<k>.decode<B>.rknn      the same layers, one token of each of B sequences per call (convert option
+                               ``decode_batches``, e.g. "1,4,8"; 1 is always built)
+    seg<k>.prefill.rknn        the same layers, ``prefill_chunk`` tokens of one sequence per call
 
 Segments follow ``numpy.array_split`` over the layers (first segments take the extra layer); the last
 one holds the final norm and the head. ``weight_bytes`` per segment are measured on the exported graph:
@@ -64,6 +67,28 @@ def graph_name(k: int, phase: str) -> str:
     return f"seg{k}.{phase}.rknn"
 
 
+def decode_key(batch: int) -> str:
+    """The segment entry (and graph name part) of the decode graph of ``batch`` sequences."""
+    return "decode" if batch == 1 else f"decode{batch}"
+
+
+def parse_batches(value: Any) -> list[int]:
+    """The ``decode_batches`` option ("1,4,8", a list of ints or one int) as a sorted list that holds 1."""
+    items = value.split(",") if isinstance(value, str) else value if isinstance(value, (list, tuple)) else [value]
+    try:
+        got = [int(str(x).strip()) for x in items]
+    except ValueError:
+        got = []
+    if not got or any(b < 1 for b in got) or any(isinstance(x, (bool, float)) for x in items):
+        raise InputError(f"decode_batches must be positive integers like 1,4,8, got {value!r}")
+    return sorted({1, *got})
+
+
+def graph_keys(manifest: dict[str, Any]) -> list[str]:
+    """Every graph key of each segment entry: the decode graph of each built batch, then prefill."""
+    return [decode_key(b) for b in manifest.get("decode_batches", [1])] + ["prefill"]
+
+
 def read_manifest(path: Path) -> dict[str, Any] | None:
     """The artifact's manifest when ``path`` is an artifact directory, else None; the graph files it names
     must lie inside ``path``."""
@@ -73,8 +98,8 @@ def read_manifest(path: Path) -> dict[str, Any] | None:
         if not isinstance(segments, list) or not segments or not all(isinstance(s, dict) for s in segments):
             raise ModelError(f"{Path(path) / MANIFEST} lists no segments; convert the model again")
         for k, seg in enumerate(segments):
-            for phase in PHASES:
-                inside(path, seg.get(phase), f"{MANIFEST} segments[{k}].{phase}")
+            for key in graph_keys(manifest):
+                inside(path, seg.get(key), f"{MANIFEST} segments[{k}].{key}")
     return manifest
 
 
@@ -91,6 +116,7 @@ def convert_decoder(backend: Any, model: Path, scheme: str, context: int, out: P
     target = str(options.get("target") or "rk3588").lower()
     family = check_scheme(scheme, target)
     chunk = min(positive("prefill_chunk", options.get("prefill_chunk"), DEFAULT_CHUNK), context)
+    batches = parse_batches(options.get("decode_batches") or [1])
     quantized = family != "fp16"
     if quantized and not calibration:
         raise InputError(f"rknn {family} decoders need calibration text: pass --calib FILE.txt (one sample a line)")
@@ -105,24 +131,23 @@ def convert_decoder(backend: Any, model: Path, scheme: str, context: int, out: P
     with tempfile.TemporaryDirectory(prefix="edgeinfer-rknn-llm-") as tmp:
         for k, (a, b) in enumerate(ranges):
             entry: dict[str, Any] = {"layers": [a, b]}
-            for phase in PHASES:
-                tokens = 1 if phase == "decode" else chunk
-                onnx_path = Path(tmp) / f"seg{k}.{phase}.onnx"
-                lx.export_segment(hf, a, b, tokens, context, onnx_path)
-                if phase == "decode":
+            for key, batch, tokens in [*((decode_key(n), n, 1) for n in batches), ("prefill", 1, chunk)]:
+                onnx_path = Path(tmp) / f"seg{k}.{key}.onnx"
+                lx.export_segment(hf, a, b, tokens, context, onnx_path, batch)
+                if key == "decode":
                     entry["weight_bytes"] = int(onnx_weight_elements(onnx_path) * BYTES_PER_WEIGHT[family])
-                sets = calib.for_graph(k, phase) if calib else None
+                sets = calib.for_graph(k, key, batch) if calib else None
                 extra = {"auto_hybrid": True} if quantized else {}
-                art = backend.quantize(onnx_path, scheme, sets, out / graph_name(k, phase), target=target, **extra)
+                art = backend.quantize(onnx_path, scheme, sets, out / graph_name(k, key), target=target, **extra)
                 keep_built(art)
-                entry[phase] = art.name
+                entry[key] = art.name
             segments.append(entry)
     manifest = {"format": FORMAT, "kind": "rknn-decoder", "scheme": scheme, "target": target, "context": context,
-                "prefill_chunk": chunk, "shape": shape.to_json(), "segments": segments,
+                "prefill_chunk": chunk, "decode_batches": batches, "shape": shape.to_json(), "segments": segments,
                 "calibration_texts": len(calibration or []) if quantized else 0}
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1))
-    return {"target": target, "prefill_chunk": chunk, "segments": len(segments),
-            "segment_weight_bytes": [s["weight_bytes"] for s in segments]}
+    return {"target": target, "prefill_chunk": chunk, "segments": len(segments), "decode_batches": batches,
+            "max_slots": batches[-1], "segment_weight_bytes": [s["weight_bytes"] for s in segments]}
 
 
 # --- calibration: segment inputs from text, through the same graphs in torch (fp32) -------------------
@@ -142,8 +167,16 @@ class CalibrationFeeds:
             if ids:
                 self._record(ids)
 
-    def for_graph(self, k: int, phase: str) -> CalibrationSet:
-        return CalibrationSet(self.samples.get((k, phase), []))
+    def for_graph(self, k: int, key: str, batch: int = 1) -> CalibrationSet:
+        """The samples of segment ``k``'s graph ``key``; for a batched decode graph, the decode samples
+        stacked ``batch`` rows at a time (cycled when there are fewer)."""
+        samples = self.samples.get((k, "decode" if key.startswith("decode") else key), [])
+        if batch == 1 or not samples:
+            return CalibrationSet(samples)
+        count = max(1, len(samples) // batch)
+        rows = [samples[i % len(samples)] for i in range(count * batch)]
+        return CalibrationSet([{name: np.concatenate([r[name] for r in rows[j:j + batch]]) for name in rows[0]}
+                               for j in range(0, len(rows), batch)])
 
     def _record(self, ids: list[int]) -> None:
         shape = lx.shape_of(self.hf)

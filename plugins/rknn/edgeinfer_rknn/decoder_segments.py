@@ -1,12 +1,14 @@
 """A Hugging Face causal LM as static RKNN-friendly ONNX graphs, one per segment of layers and shape.
 
-The NPU graph of segment ``k`` (layers ``[a, b)``) takes the residual stream ``hidden_a`` [1,T,H],
-the rotary tables ``cos``/``sin`` [1,T,D], the additive attention mask ``mask`` [1,T,context+T] and the
-past K/V of its layers ``past_k_i``/``past_v_i`` [1,KV,context,D]; it returns ``hidden_b`` (``logits``
-[1,T,V] for the last segment, which holds the final norm and the head) and the new K/V rows
-``new_k_i``/``new_v_i`` [1,KV,T,D]. The host computes the embedding lookup, the rotary tables and the
-mask (as float inputs: gathers, int64 reshapes and boolean ops would fall back to the CPU) and writes
-the new rows into its cache. T is 1 (the decode step) or the prefill chunk C.
+The NPU graph of segment ``k`` (layers ``[a, b)``) takes the residual stream ``hidden_a`` [B,T,H],
+the rotary tables ``cos``/``sin`` [B,T,D], the additive attention mask ``mask`` [B,T,context+T] and the
+past K/V of its layers ``past_k_i``/``past_v_i`` [B,KV,context,D]; it returns ``hidden_b`` (``logits``
+[B,T,V] for the last segment, which holds the final norm and the head) and the new K/V rows
+``new_k_i``/``new_v_i`` [B,KV,T,D]. Each of the B rows is its own sequence (its own position, mask
+and rotary rows, and past K/V); B is 1 except in the batched decode graphs (T = 1). The host computes
+the embedding lookup, the rotary tables and the mask (as float inputs: gathers, int64 reshapes and
+boolean ops would fall back to the CPU) and writes the new rows into its cache. T is 1 (the decode
+step) or the prefill chunk C.
 
 Layers are written out from the model's own weights (Llama / Qwen2 / Qwen3 / Mistral blocks: RMSNorm,
 rotary attention with GQA and optional q/k norms, SwiGLU MLP), so the graph has no cache objects,
@@ -102,7 +104,7 @@ def output_names(first: int, last: int, final: bool) -> list[str]:
     return ["logits" if final else f"hidden_{last}", *kv]
 
 
-def _module(model: Any, first: int, last: int, final: bool, tokens: int) -> Any:
+def _module(model: Any, first: int, last: int, final: bool, tokens: int, batch: int = 1) -> Any:
     import torch
 
     shape = shape_of(model)
@@ -119,8 +121,8 @@ def _module(model: Any, first: int, last: int, final: bool, tokens: int) -> Any:
         rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * cos + rot * sin
 
-    def heads(x: Any, n: int) -> Any:  # [1,T,n*D] -> [1,n,T,D]
-        return x.reshape(1, tokens, n, shape.head_dim).transpose(1, 2)
+    def heads(x: Any, n: int) -> Any:  # [B,T,n*D] -> [B,n,T,D]
+        return x.reshape(batch, tokens, n, shape.head_dim).transpose(1, 2)
 
     def repeat(x: Any) -> Any:  # GQA: query head h reads kv head h // groups (4-D slices and a concat)
         if groups == 1:
@@ -149,7 +151,7 @@ def _module(model: Any, first: int, last: int, final: bool, tokens: int) -> Any:
                 values = repeat(torch.cat([past[2 * n + 1], v], dim=2))
                 scores = torch.matmul(q * scale, keys.transpose(2, 3)) + mask
                 o = torch.matmul(torch.softmax(scores, dim=-1), values)
-                o = o.transpose(1, 2).reshape(1, tokens, shape.heads * shape.head_dim)
+                o = o.transpose(1, 2).reshape(batch, tokens, shape.heads * shape.head_dim)
                 hidden = hidden + att.o_proj(o)
                 x = rms(hidden, layer.post_attention_layernorm.weight)
                 mlp = layer.mlp
@@ -161,23 +163,25 @@ def _module(model: Any, first: int, last: int, final: bool, tokens: int) -> Any:
     return Segment().eval()
 
 
-def example_inputs(shape: Shape, first: int, last: int, tokens: int, context: int) -> list[np.ndarray]:
-    kv = np.zeros((1, shape.kv_heads, context, shape.head_dim), np.float32)
-    return [np.zeros((1, tokens, shape.hidden), np.float32), np.ones((1, tokens, shape.head_dim), np.float32),
-            np.zeros((1, tokens, shape.head_dim), np.float32), np.zeros((1, tokens, context + tokens), np.float32),
+def example_inputs(shape: Shape, first: int, last: int, tokens: int, context: int, batch: int = 1
+                   ) -> list[np.ndarray]:
+    kv = np.zeros((batch, shape.kv_heads, context, shape.head_dim), np.float32)
+    rows = (batch, tokens)
+    return [np.zeros((*rows, shape.hidden), np.float32), np.ones((*rows, shape.head_dim), np.float32),
+            np.zeros((*rows, shape.head_dim), np.float32), np.zeros((*rows, context + tokens), np.float32),
             *[kv] * (2 * (last - first))]
 
 
-def export_segment(model: Any, first: int, last: int, tokens: int, context: int, out: Path) -> None:
-    """Write the ONNX graph of layers ``[first, last)`` for ``tokens`` positions per call."""
+def export_segment(model: Any, first: int, last: int, tokens: int, context: int, out: Path, batch: int = 1) -> None:
+    """Write the ONNX graph of layers ``[first, last)`` for ``batch`` sequences × ``tokens`` positions per call."""
     import torch
 
     shape = shape_of(model)
     final = last == shape.layers
-    module = _module(model, first, last, final, tokens)
+    module = _module(model, first, last, final, tokens, batch)
     for p in module.parameters():
         p.requires_grad_(False)
-    args = tuple(torch.from_numpy(a) for a in example_inputs(shape, first, last, tokens, context))
+    args = tuple(torch.from_numpy(a) for a in example_inputs(shape, first, last, tokens, context, batch))
     with torch.no_grad():
         torch.onnx.export(module, args, str(out), input_names=input_names(first, last),
                           output_names=output_names(first, last, final), opset_version=17, dynamo=False,

@@ -185,7 +185,8 @@ def test_w4a16_deploy_to_rk3588_exits_2(tmp_path, cli):
 
 
 @pytest.mark.parametrize("options, match", [({"segments": 5}, "segments must be an integer from 1 to the model's 4"),
-                                            ({"prefill_chunk": 0}, "prefill_chunk must be a positive integer")])
+                                            ({"prefill_chunk": 0}, "prefill_chunk must be a positive integer"),
+                                            ({"decode_batches": "0,4"}, "decode_batches must be positive integers")])
 def test_bad_conversion_options_are_input_errors(rknn, tmp_path, options, match):
     with pytest.raises(InputError, match=match):
         rknn.quantize_decoder(model_dir(), "fp16", 16, tmp_path / "d", **options)
