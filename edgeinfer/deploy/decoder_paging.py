@@ -80,11 +80,16 @@ def choose(paging: int | str | None, segments: int | None, backend: Backend, hf_
 
 
 def manifest_section(paging: Paging, plan: Any) -> dict[str, Any]:
-    """The manifest's ``decoder.paging``: segments, window and the plan's figures for them."""
+    """The manifest's ``decoder.paging``: segments, window, the largest window the board holds per the plan
+    (what ``--window`` may ask at load) and the plan's figures for the window built."""
+    from edgeinfer.planning.planner import plan as make_plan
     from edgeinfer.run.paged_decoder import figures
 
+    largest = next((w for w in range(paging.segments, 0, -1)
+                    if make_plan(plan.model, plan.board, quant=plan.scheme.name, ctx=plan.ctx, runtime=plan.runtime,
+                                 paging=w, segments=paging.segments, suggest=False).fits), None)
     return {"segments": paging.segments, "window": paging.window, "chosen_by": paging.chosen_by,
-            "predicted": figures(plan.details.paging)}
+            "max_window": largest, "predicted": figures(plan.details.paging)}
 
 
 def note(paging: Paging, plan: Any) -> str:

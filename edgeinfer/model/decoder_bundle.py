@@ -50,6 +50,7 @@ class DecoderPaging(BaseModel):
     segments: int = Field(ge=1)
     window: int = Field(ge=1)
     chosen_by: StrictStr | None = None  # --paging W --segments N, or what --paging auto chose
+    max_window: int | None = Field(None, ge=1)  # the largest window the plan fits on the board (--window's limit)
     predicted: dict[str, Any] | None = None  # the plan's paging figures at this window (docs/paging.md)
 
 
