@@ -14,10 +14,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
+import jsonschema
 import pytest
 import yaml
 
+from edgeinfer.model import bundle as bundle_mod
 from edgeinfer.planning.boards import boards_dirs
 from edgeinfer.run.generation.text import TextCodec
 from edgeinfer.testing.cli import in_process_cli
@@ -126,6 +129,9 @@ def test_paged_deploy_records_segments_window_and_the_plans_figures(paged):
     assert pg["predicted"]["npu_resident_bytes"] == pytest.approx(resident(seg, 1), rel=0.01)
     golden = manifest(bundle)["decoder"]["golden"]
     assert golden["passed"] and golden["ran"] and golden["device"] == "simulator"
+    schema = json.loads((Path(bundle_mod.__file__).parents[1] / "schemas" / "manifest.schema.json").read_text())
+    jsonschema.validate(manifest(bundle), schema)
+    assert bundle_mod.verify(bundle)["ok"]
     assert "--paging 1 --segments 4: 4 segments, 1 resident" in run.stderr
 
 
