@@ -196,3 +196,54 @@ def test_a_board_without_a_backend_runtime_keeps_the_generic_suggestion(tmp_path
         "runtimes": {"r": {"schemes": ["fp32"], "kinds": ["decoder"], "source": "test"}}, "default_runtime": "r"}))
     p = plan(TINY, str(b), ctx=1024)
     assert not p.fits and p.runtime == "r"  # no backend runtime: nothing to page a decoder on, no error
+
+
+# --- plan's paging suggestion and `--paging auto`'s choice (planning.decoder_paging.choose) ---------------
+TINY_WINDOW_GIB = 5 / 1024  # an NPU IOMMU window of 5 MiB: tiny-qwen3's 7.3 MiB of fp16 weights exceed it
+
+
+def _tiny_window_board(tmp_path) -> str:
+    data = _board("rk3588-8g")
+    data["name"], data["npu_window_gib"]["value"] = "rk3588-tiny-window", TINY_WINDOW_GIB
+    path = tmp_path / "rk3588-tiny-window.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def _tiny_segments() -> list[int]:
+    """fp16 bytes of tiny-qwen3's one-layer segments, from config.json: a Qwen3 block each, the last with the
+    final norm and the (tied, copied) head."""
+    c = json.loads((model_dir() / "config.json").read_text())
+    h, d, i = c["hidden_size"], c["head_dim"], c["intermediate_size"]
+    q, kv = c["num_attention_heads"] * d, c["num_key_value_heads"] * d
+    block = h * q + 2 * h * kv + q * h + 2 * d + 3 * h * i + 2 * h
+    return [2 * block] * 3 + [2 * (block + h + c["vocab_size"] * h)]
+
+
+def test_choose_pages_a_decoder_only_when_its_weights_exceed_the_board_or_one_npu_window(tmp_path):
+    from edgeinfer.planning.decoder_paging import choose
+    from edgeinfer.planning.planner import plan
+
+    assert choose(plan(TINY, "rk3588-8g", quant="fp16", ctx=16, runtime="rknn")) is None  # 7 MiB fit 4 GiB
+    seg = _tiny_segments()
+    # no prefetch (the pages come from DRAM): W-1 pinned + the largest streamed segment resident
+    fits = [w for w in range(1, 4) if sum(seg[:w - 1]) + max(seg[w - 1:]) <= TINY_WINDOW_GIB * 2**30]
+    p = plan(TINY, _tiny_window_board(tmp_path), quant="fp16", ctx=16, runtime="rknn")
+    assert p.fits  # the window is a warning unpaged (a newer driver maps it); paging answers it
+    assert choose(p) == (max(fits), 4)
+
+
+def test_plan_suggests_the_paging_with_its_cost_in_text_and_json(tmp_path, capfd):
+    board = _tiny_window_board(tmp_path)
+    args = ("plan", TINY, "--board", board, "--quant", "fp16", "--ctx", "16", "--runtime", "rknn")
+    d = json.loads(run_cli(capfd, *args, "--json").stdout)["suggestions"]["paging"]
+    api = plan_paged_decoder(TINY, board, scheme="fp16", context=16, window=d["window"], segments=4)
+    assert (d["window"], d["segments"]) == (2, 4) and "NPU IOMMU window" in d["why"]
+    assert d["npu_resident_bytes"] == api.resident_bytes
+    assert d["decode_tokens_per_s"] == pytest.approx(api.tokens_per_s)
+    assert d["paged_cost_pct"] == pytest.approx(api.paged_cost_pct)
+    text = run_cli(capfd, *args)
+    assert text.returncode == 0 and "paging suggested" in text.stdout and "--paging 2 --segments 4" in text.stdout
+    plain = json.loads(run_cli(capfd, "plan", TINY, "--board", "rk3588-8g", "--ctx", "16", "--runtime", "rknn",
+                               "--json").stdout)
+    assert plain["suggestions"]["paging"] is None

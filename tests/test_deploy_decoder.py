@@ -250,6 +250,9 @@ def _model_copy(tmp_path: Path, **changes: str) -> Path:
     (["--ctx", "4096"], "max_position_embeddings (1024)"),
     (["--quant", "w8a8"], "deploys decoders as fp32, w4a16 only"),
     (["--shape", "input_ids=1x8"], "--shape does not apply to decoder"),
+    (["--paging", "1"], "backend onnxruntime cannot page decoders"),
+    (["--paging", "two"], "--paging must be a positive window (segments resident) or auto"),
+    (["--segments", "2"], "--segments goes with --paging W|auto"),
 ])
 def test_bad_deploy_options_exit_2(tmp_path, args, needle):
     out = tmp_path / "out"

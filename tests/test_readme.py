@@ -210,6 +210,7 @@ def test_the_quickstart_is_parsed_as_expected() -> None:
     # a bundle's users run after its deploy, in its chain; the calibrated board file's user after calibrate
     for first, later in (("-o minilm-rk", "run minilm-rk"), ("-o minilm-ov ", "golden minilm-ov"),
                          ("-o minilm-ov ", "bench minilm-ov"), ("-o tiny-qwen3-ov", "generate tiny-qwen3-ov"),
+                         ("-o tiny-qwen3-rk-paged", "generate tiny-qwen3-rk-paged"),
                          ("calibrate ", "--board my-board.yaml"), ("m.path.rename('model.onnx')", "run model.onnx")):
         (chain,) = [c for c in chains if any(first in ln for ln in c)]
         (i,), (j,) = ([k for k, ln in enumerate(chain) if w in ln] for w in (first, later))
@@ -264,8 +265,11 @@ def test_the_readme_runs_as_written(tmp_path: Path) -> None:
                 raise
 
     _run_chains(scheduled, tmp_path, env, needs=bundles | python_files, meanwhile=serve_and_snippet)
-    for bundle in ("minilm-ov", "minilm-rk", "minilm-ascend", "minilm-ov-int8", "tiny-qwen3-ov"):
+    for bundle in ("minilm-ov", "minilm-rk", "minilm-ascend", "minilm-ov-int8", "tiny-qwen3-ov",
+                   "tiny-qwen3-rk-paged"):
         assert (tmp_path / bundle / "manifest.json").is_file(), bundle
+    paged = json.loads((tmp_path / "tiny-qwen3-rk-paged" / "manifest.json").read_text())["decoder"]["paging"]
+    assert (paged["segments"], paged["window"]) == (2, 1)
     x = np.load(tmp_path / "x.npy")
     assert np.load(tmp_path / "out" / "y.npy").shape == (x.shape[0], 8)  # mlp: [batch, 16] -> [batch, 8]
     assert (tmp_path / "bench.png").stat().st_size > 1000

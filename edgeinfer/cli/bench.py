@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from edgeinfer.cli.generate import WINDOW_HELP
 from edgeinfer.cli.output import console, emit, json_safe
 from edgeinfer.cli.trust import trust_remote_code_option
 from edgeinfer.errors import InputError
@@ -45,6 +46,7 @@ def _int_list(value: str, what: str, largest: int) -> list[int]:
 @click.option("--ctx", type=int, help="Decoders: context (KV cache positions) to load a model directory with.")
 @click.option("--backend", "-b", help="Decoders: backend to run a model directory on (default: transformers).")
 @click.option("--threads", type=int, help="Decoders: CPU threads of the backend (default: the runtime's).")
+@click.option("--window", type=int, help=WINDOW_HELP)
 @click.option("--repeat", type=int, default=None,
               help=f"Timed runs per case [default: {ENCODER_REPEAT} for encoders, 3 for decoders].")
 @click.option("--device", "-d", help="Device of the backend.")
@@ -57,7 +59,7 @@ def _int_list(value: str, what: str, largest: int) -> list[int]:
 def bench(bundle_dir: Path, batch: str | None, seq: str | None, prompt_lengths: str | None, new_tokens: int | None,
           ctx: int | None, backend: str | None, threads: int | None, repeat: int | None, device: str | None,
           plot: Path | None, output: Path | None, as_json: bool, board: str | None = None,
-          trust_remote_code: bool = False) -> None:
+          trust_remote_code: bool = False, window: int | None = None) -> None:
     """Latency, throughput and peak memory of MODEL_OR_BUNDLE.
 
     \b
@@ -85,17 +87,23 @@ def bench(bundle_dir: Path, batch: str | None, seq: str | None, prompt_lengths: 
         check_output_file(output, "--output", (".json",))
     if threads is not None and threads < 1:
         raise InputError(f"--threads must be at least 1, got {threads}")
-    from edgeinfer.model.kind import kind
+    from edgeinfer.model.kind import Kind, kind
 
     found = kind(bundle_dir, "bundle")
-    loaded = _load(bundle_dir, found, backend, device, ctx, threads, trust_remote_code)
+    loaded = _load(bundle_dir, found, backend, device, ctx, threads, trust_remote_code, window)
     from edgeinfer.run.generation.generator import Generator
 
     if isinstance(loaded, Generator):
         if batches or seqs:
             loaded.close()
             raise InputError("--batch and --seq apply to encoder bundles; for a decoder use --prompt-lengths")
+        paging_before = loaded.decoder.paging_stats()
         report = _bench_decoder(loaded, bundle_dir, lengths, new_tokens, repeat, as_json)
+        if paging_before is not None and found is Kind.DECODER_BUNDLE:
+            from edgeinfer.model.bundle import Bundle
+            from edgeinfer.run.paged_decoder import bench_report
+
+            report["paging"] = bench_report(Bundle.open(bundle_dir), loaded.decoder, paging_before, report)
         check = _self_check(bundle_dir, found, report, board)
         if check is not None:
             report["self_check"] = check
@@ -120,12 +128,14 @@ def bench(bundle_dir: Path, batch: str | None, seq: str | None, prompt_lengths: 
 
 
 def _load(path: Path, found: Kind, backend: str | None, device: str | None, ctx: int | None, threads: int | None,
-          trust_remote_code: bool) -> Any:
+          trust_remote_code: bool, window: int | None = None) -> Any:
     """A Generator for a decoder directory or decoder bundle, else an encoder bundle's Session."""
     from edgeinfer.model.bundle import not_a_bundle
     from edgeinfer.model.kind import Kind
     from edgeinfer.run.loading import load
+    from edgeinfer.run.paged_decoder import window_option
 
+    paged = window_option(path, found, window)
     match found:
         case Kind.DECODER_DIR | Kind.DECODER_FILE:
             return load(path, backend=backend, device=device, ctx=ctx, trust_remote_code=trust_remote_code,
@@ -134,7 +144,7 @@ def _load(path: Path, found: Kind, backend: str | None, device: str | None, ctx:
             if ctx is not None or threads is not None:
                 raise InputError("--ctx and --threads apply to a model directory; a bundle runs with the context "
                                  "it was built for")
-            return load(path, backend=backend, device=device, trust_remote_code=trust_remote_code)
+            return load(path, backend=backend, device=device, trust_remote_code=trust_remote_code, **paged)
     raise not_a_bundle(path)
 
 
@@ -253,9 +263,24 @@ def _render_decoder(r: dict[str, Any]) -> None:
     console().print(t)
     for note in r["notes"]:
         console().print(f"note: {note}")
+    _render_paging(r.get("paging"))
     _render_self_check(r.get("self_check"))
     if r.get("plot"):
         console().print(f"chart: {r['plot']}")
+
+
+def _render_paging(pg: dict[str, Any] | None) -> None:
+    if not pg:
+        return
+    con = console()
+    per = ", ".join("-" if ms is None else f"{ms:.1f}" for ms in pg["page_in_ms_mean"])
+    con.print(f"paging: window {pg['window']} of {pg['segments']} segments; {pg['page_ins_per_token']:.2f} page-ins "
+              f"per generated token; page-in ms per segment (mean): {per}")
+    err = "" if pg["resident_error_pct"] is None else f" ({pg['resident_error_pct']:+.1f}%)"
+    want = "-" if pg["predicted_resident_bytes"] is None else f"{pg['predicted_resident_bytes']} B"
+    con.print(f"  resident weights: measured {pg['measured_resident_bytes']} B vs plan {want}{err}")
+    for n in pg["notes"]:
+        con.print(f"  note: {n}")
 
 
 def _render_self_check(sc: dict[str, Any] | None) -> None:

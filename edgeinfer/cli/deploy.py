@@ -35,7 +35,8 @@ from edgeinfer.errors import InputError
 @click.option("--no-cache", is_flag=True, help="Convert again even if a cached conversion exists.")
 @click.option("--option", "backend_options", multiple=True, metavar="KEY=VALUE",
               help="Backend convert option, value parsed as JSON when it can be (e.g. auto_hybrid=true); repeatable.")
-@click.option("--paging", type=int, metavar="W", help="Segmented bundle for layer-paged runs: W segments resident.")
+@click.option("--paging", metavar="W|auto", help="Segmented bundle for layer-paged runs: W segments resident; "
+              "decoders also take auto, the plan's choice (docs/paging.md).")
 @click.option("--segments", type=int, metavar="N", help="With --paging: split into N segments at layer boundaries.")
 @click.option("--cut", "cuts", multiple=True, metavar="TENSOR",
               help="With --paging: cut at this tensor (repeatable).")
@@ -48,7 +49,7 @@ from edgeinfer.errors import InputError
 def deploy(
     model: Path, board: str, quant: str | None, calib: Path | None, golden_inputs: Path | None,
     shapes: tuple[str, ...], threshold: float | None, max_samples: int, force: bool, no_cache: bool,
-    backend_options: tuple[str, ...], paging: int | None, segments: int | None, cuts: tuple[str, ...], out: Path,
+    backend_options: tuple[str, ...], paging: str | None, segments: int | None, cuts: tuple[str, ...], out: Path,
     as_json: bool, ctx: int | None, buckets: str | None, runtime: str | None, trust_remote_code: bool,
 ) -> None:
     """Convert MODEL for BOARD, check it against onnxruntime fp32, and write a bundle.
@@ -65,17 +66,19 @@ def deploy(
     if kind(model, hint="pass a Hugging Face directory, an .onnx file or a .pt2 program") is Kind.DECODER_DIR:
         _deploy_decoder(model, board, out, quant, ctx, calib, golden_inputs, force, threshold, no_cache, progress,
                         parse_options(backend_options), runtime, as_json,
-                        {"--shape": shapes, "--paging": paging, "--segments": segments, "--cut": cuts,
-                         "--buckets": buckets}, trust_remote_code)
+                        {"--shape": shapes, "--cut": cuts, "--buckets": buckets}, trust_remote_code, paging, segments)
         return
     if ctx is not None:
         raise InputError(f"--ctx applies to decoder (language) models; {model} is not one (use --shape for inputs)")
     if runtime is not None:
         raise InputError(f"--runtime applies to decoder (language) models; {model} is not one")
+    if paging == "auto":
+        raise InputError(f"--paging auto applies to decoder (language) models; {model} is not one: pass --paging W")
     result = deploy_mod.deploy(
         model, board, out, quant=quant, calib=calib, golden_inputs=golden_inputs,
         shapes=parse_shapes(shapes), force=force, threshold=threshold, max_samples=max_samples,
-        options=parse_options(backend_options), progress=progress, use_cache=not no_cache, paging=paging,
+        options=parse_options(backend_options), progress=progress, use_cache=not no_cache,
+        paging=None if paging is None else _window(paging),
         segments=segments, cuts=list(cuts) or None, buckets=buckets, trust_remote_code=trust_remote_code,
     )
     for w in result.warnings:
@@ -99,7 +102,8 @@ def deploy(
 def _deploy_decoder(model: Path, board: str, out: Path, quant: str | None, ctx: int | None, calib: Path | None,
                     golden_inputs: Path | None, force: bool, threshold: float | None, no_cache: bool, progress: Any,
                     options: dict[str, Any], runtime: str | None, as_json: bool,
-                    encoder_only: dict[str, Any], trust_remote_code: bool) -> None:
+                    encoder_only: dict[str, Any], trust_remote_code: bool, paging: str | None,
+                    segments: int | None) -> None:
     from edgeinfer.deploy.decoder import deploy_decoder
 
     given = [k for k, v in encoder_only.items() if v]
@@ -109,7 +113,10 @@ def _deploy_decoder(model: Path, board: str, out: Path, quant: str | None, ctx: 
         raise InputError(f"--threshold is a minimum logits cosine between -1 and 1, got {threshold}")
     result = deploy_decoder(model, board, out, quant=quant, ctx=ctx, calib=calib, golden_inputs=golden_inputs,
                             force=force, threshold=threshold, options=options, runtime=runtime, progress=progress,
-                            use_cache=not no_cache, trust_remote_code=trust_remote_code)
+                            use_cache=not no_cache, trust_remote_code=trust_remote_code, paging=paging,
+                            segments=segments)
+    for n in result.notes:
+        click.echo(f"note: {n}", err=True)
     for w in result.warnings:
         click.echo(f"warning: {w}", err=True)
 
@@ -122,6 +129,10 @@ def _deploy_decoder(model: Path, board: str, out: Path, quant: str | None, ctx: 
                     f"{r['runtime']}), ctx {r['context']}{how}")
         where = f" (ran on {r['golden'].get('device', '?')})" if r["golden"].get("ran") else ""
         out_c.print("  " + summary_line(r["golden"]) + where)
+        if r["paging"]:
+            pg = r["paging"]
+            out_c.print(f"  layer-paged: {pg['segments']} segments, window {pg['window']} (golden-checked paged; "
+                        "`generate --window W` loads another)")
         if r["speed_check"]:
             from edgeinfer.planning.selfcheck import speed_line
 
@@ -214,6 +225,13 @@ def verify(ctx: click.Context, bundle_dir: Path, reseal: bool, as_json: bool) ->
                    f"bundle, record {'them' if n > 1 else 'it'} with `edgeinfer verify {bundle_dir} --reseal` "
                    "(symlinks are never recorded: replace them with the files)", err=True)
         ctx.exit(errors.NEGATIVE)
+
+
+def _window(value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise InputError(f"--paging must be a positive window (segments resident), got {value!r}") from None
 
 
 def parse_options(items: tuple[str, ...]) -> dict[str, Any]:

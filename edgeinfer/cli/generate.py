@@ -19,16 +19,19 @@ def _options(**kw: Any) -> Any:
     return GenerationOptions(**{k: v for k, v in kw.items() if v is not None})
 
 
-def _load(model: Path, backend: str | None, device: str | None, ctx: int | None, trust_remote_code: bool) -> Any:
+def _load(model: Path, backend: str | None, device: str | None, ctx: int | None, trust_remote_code: bool,
+          window: int | None = None) -> Any:
     from edgeinfer.model.bundle import Bundle
     from edgeinfer.model.kind import Kind, find
     from edgeinfer.run.loading import load
+    from edgeinfer.run.paged_decoder import window_option
 
     if not model.exists():
         raise InputError(f"model not found: {model}")
-    match find(model):
+    match found := find(model):
         case Kind.DECODER_DIR | Kind.DECODER_BUNDLE | Kind.DECODER_FILE:
-            return load(model, backend=backend, device=device, ctx=ctx, trust_remote_code=trust_remote_code)
+            return load(model, backend=backend, device=device, ctx=ctx, trust_remote_code=trust_remote_code,
+                        **window_option(model, found, window))
         case Kind.ENCODER_BUNDLE:
             Bundle.open(model)  # a damaged bundle says so first
             raise InputError(f"bundle {model} holds no decoder (language) model; use `edgeinfer run` for it")
@@ -36,6 +39,10 @@ def _load(model: Path, backend: str | None, device: str | None, ctx: int | None,
         f"{model} is not a decoder (language) model directory (its config.json names no *ForCausalLM); "
         "use `edgeinfer run` for other models"
     )
+
+
+WINDOW_HELP = ("Layer-paged decoder bundles: segments resident at load (default: the bundle's; 1..its segments, "
+               "as far as the board's memory holds them per the plan).")
 
 
 def sampling_options(f: Any) -> Any:
@@ -53,6 +60,7 @@ def sampling_options(f: Any) -> Any:
             click.option("--backend",
                          help="Backend to run on (default: the bundle's, or the transformers reference)."),
             click.option("--device", help="Device of the backend (CPU, NPU, ...)."),
+            click.option("--window", type=int, help=WINDOW_HELP),
             trust_remote_code_option,
         ]
     ):
@@ -69,7 +77,7 @@ def sampling_options(f: Any) -> Any:
 def generate_cmd(model: Path, prompt: str, chat: bool, max_new_tokens: int, temperature: float, top_k: int | None,
                  top_p: float | None, repetition_penalty: float | None, seed: int | None, stop: tuple[str, ...],
                  ctx: int | None, backend: str | None, device: str | None, trust_remote_code: bool,
-                 as_json: bool) -> None:
+                 as_json: bool, window: int | None = None) -> None:
     """Generate text with MODEL (a Hugging Face decoder directory or a decoder bundle).
 
     Text streams to stdout as it is produced; timing goes to stderr.
@@ -79,7 +87,7 @@ def generate_cmd(model: Path, prompt: str, chat: bool, max_new_tokens: int, temp
     if not prompt:
         raise InputError("the prompt is empty; give some text with --prompt")
     check_text(prompt, "--prompt")
-    with _load(model, backend, device, ctx, trust_remote_code) as session:
+    with _load(model, backend, device, ctx, trust_remote_code, window) as session:
         stream = session.stream(prompt, opts, chat=chat)
         try:
             for piece in stream:
@@ -92,6 +100,9 @@ def generate_cmd(model: Path, prompt: str, chat: bool, max_new_tokens: int, temp
         result = stream.result
         report = {"model": str(model), "backend": session.decoder.backend_name, "device": session.decoder.device,
                   "context": session.context, **result.to_json()}
+        paging = session.decoder.paging_stats()
+        if paging is not None:  # a layer-paged decoder: its window and page-ins since load
+            report["paging"] = paging
     if as_json:
         click.echo(json.dumps(report, indent=2))
     else:
@@ -110,12 +121,13 @@ def generate_cmd(model: Path, prompt: str, chat: bool, max_new_tokens: int, temp
 @sampling_options
 def chat_cmd(model: Path, system: str | None, max_new_tokens: int, temperature: float, top_k: int | None,
              top_p: float | None, repetition_penalty: float | None, seed: int | None, stop: tuple[str, ...],
-             ctx: int | None, backend: str | None, device: str | None, trust_remote_code: bool) -> None:
+             ctx: int | None, backend: str | None, device: str | None, trust_remote_code: bool,
+             window: int | None = None) -> None:
     """Talk with MODEL in the terminal: history is kept, Ctrl-C stops the answer, Ctrl-D exits."""
     opts = _options(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                     repetition_penalty=repetition_penalty, seed=seed, stop=stop)
     history: list[dict[str, str]] = [{"role": "system", "content": check_text(system, "--system")}] if system else []
-    with _load(model, backend, device, ctx, trust_remote_code) as session:
+    with _load(model, backend, device, ctx, trust_remote_code, window) as session:
         click.echo(f"chatting with {model} on {session.decoder.backend_name} (Ctrl-C stops an answer, "
                    "Ctrl-D exits)", err=True)
         while True:

@@ -119,10 +119,17 @@ def render_plan(p: Plan) -> None:
         con.print(f"  largest context that fits: {s.max_ctx if s.max_ctx else 'none'}")
         con.print(f"  best scheme that fits at ctx {p.ctx}: {s.quant or 'none'}")
         con.print(f"  smallest {p.board.family} board that fits: {s.board or 'none'}")
-        if s.paging:
-            sp = s.paging
-            con.print(f"  paging that fits: --paging {sp['window']} ({sp['segments']} segments, "
-                      f"{_gib(sp['streamed_bytes_per_token'])}/token streamed from {sp['storage'].split(':')[0]})")
+    if s and s.paging:
+        sp = s.paging
+        speed = ""
+        if sp.get("decode_tokens_per_s") is not None:
+            speed = f" → decode ≈ {sp['decode_tokens_per_s']:.3g} tok/s"
+            if sp.get("paged_cost_pct") is not None:
+                speed += (f" ({sp['decode_tokens_per_s_unpaged']:.3g} tok/s unpaged: paging costs "
+                          f"{sp['paged_cost_pct']:.1f}%)")
+        con.print(f"[bold]paging suggested[/] ({sp['why']}): --paging {sp['window']} --segments {sp['segments']} "
+                  f"({sp['window']} of {sp['segments']} segments resident, {_gib(sp['streamed_bytes_per_token'])}"
+                  f"/token streamed from {sp['storage'].split(':')[0]}){speed}; `deploy --paging auto` builds it")
     cal = p.board.calibration
     if cal:
         con.print(f"[cyan]board constants from a user calibration[/] of {cal['parent']} on {len(cal['rows'])} "

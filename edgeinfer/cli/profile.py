@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from edgeinfer.cli.generate import WINDOW_HELP
 from edgeinfer.cli.output import console, emit
 from edgeinfer.cli.trust import trust_remote_code_option
 from edgeinfer.errors import InputError
@@ -24,10 +25,12 @@ MAX_REPEAT = 100_000
 @click.option("--ctx", type=int, help="Decoders: context (KV cache positions) to load a model directory with.")
 @click.option("--prompt-length", type=int, help="Decoders: prompt tokens of the prefill phase [default: 128].")
 @click.option("--threads", type=int, help="Decoders: CPU threads of the backend.")
+@click.option("--window", type=int, help=WINDOW_HELP)
 @trust_remote_code_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 def profile_cmd(model: Path, top: int, repeat: int, backend: str | None, device: str | None, ctx: int | None,
-                prompt_length: int | None, threads: int | None, as_json: bool, trust_remote_code: bool) -> None:
+                prompt_length: int | None, threads: int | None, as_json: bool, trust_remote_code: bool,
+                window: int | None = None) -> None:
     """Latency and the slowest operators of MODEL_OR_BUNDLE, from its backend's own profiler.
 
     \b
@@ -37,6 +40,7 @@ def profile_cmd(model: Path, top: int, repeat: int, backend: str | None, device:
     from edgeinfer.model.kind import Kind, kind
     from edgeinfer.run import profile as prof
     from edgeinfer.run.loading import load
+    from edgeinfer.run.paged_decoder import window_option
 
     prof.check_counts(top, repeat)
     if top > MAX_TOP or repeat > MAX_REPEAT:
@@ -44,11 +48,13 @@ def profile_cmd(model: Path, top: int, repeat: int, backend: str | None, device:
     for name, value in (("--ctx", ctx), ("--prompt-length", prompt_length), ("--threads", threads)):
         if value is not None and value < 1:
             raise InputError(f"{name} must be at least 1, got {value}")
-    decoder_dir = kind(model) in (Kind.DECODER_DIR, Kind.DECODER_FILE)
+    found = kind(model)
+    decoder_dir = found in (Kind.DECODER_DIR, Kind.DECODER_FILE)
     if not decoder_dir and (ctx is not None or threads is not None):
         raise InputError("--ctx and --threads apply to a decoder model directory or file")
     options: dict[str, Any] = {"ctx": ctx, "threads": threads} if decoder_dir else {}
     options = {k: v for k, v in options.items() if v is not None}
+    options.update(window_option(model, found, window))
     with load(model, backend=backend, device=device, trust_remote_code=trust_remote_code, **options) as m:
         report = prof.profile(m, model, top=top, repeat=repeat, prompt_length=prompt_length)
     emit(report, as_json, _render)

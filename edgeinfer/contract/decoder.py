@@ -56,6 +56,12 @@ class Decoder:
         """Per-op times of one ``phase`` ("prefill" or "decode") call, slowest first; [] if unknown."""
         return []
 
+    def paging_stats(self) -> dict[str, Any] | None:
+        """A layer-paged decoder's counters since load, None when it does not page: ``segments``,
+        ``window``, ``prefetch``, ``page_ins``, ``page_in_ms_mean`` (per segment), ``segment_bytes`` and
+        ``peak_resident_bytes`` (weight bytes resident at once); ``bench`` reports them (docs/paging.md)."""
+        return None
+
     def release(self) -> None:
         """Free the runtime's resources (the KV cache included)."""
 

@@ -28,7 +28,7 @@ from edgeinfer.contract import registry as plugins
 from edgeinfer.contract.backend import Backend, TensorSpec
 from edgeinfer.contract.names import DECODER_REFERENCE
 from edgeinfer.contract.schemes import normalize_scheme
-from edgeinfer.deploy import buckets, outdir
+from edgeinfer.deploy import buckets, decoder_paging, outdir
 from edgeinfer.errors import BackendUnavailableError, CheckFailed, InputError
 from edgeinfer.model import bundle as bundle_mod
 from edgeinfer.model import decoder_bundle
@@ -59,13 +59,15 @@ class DecoderDeployResult:
     warnings: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     speed_check: dict[str, Any] | None = None  # the golden check's decode speed vs the plan's
+    notes: list[str] = field(default_factory=list)  # what was chosen for the user (--paging auto)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "bundle": str(self.bundle), "kind": "decoder", "cached": self.cached, "backend": self.manifest.backend,
             "board": self.manifest.board, "scheme": self.manifest.scheme, "runtime": self.manifest.decoder["runtime"],
             "context": self.manifest.decoder["context"], "golden": self.golden, "plan": self.manifest.plan,
-            "warnings": self.warnings, "timings_s": self.timings, "speed_check": self.speed_check,
+            "paging": self.manifest.decoder.get("paging"), "notes": self.notes, "warnings": self.warnings,
+            "timings_s": self.timings, "speed_check": self.speed_check,
         }
 
 
@@ -87,13 +89,18 @@ def deploy_decoder(
     progress: Progress | None = None,
     use_cache: bool = True,
     trust_remote_code: bool = False,
+    paging: int | str | None = None,
+    segments: int | None = None,
 ) -> DecoderDeployResult:
     """Deploy the causal LM in ``model`` for ``board``; raise CheckFailed (nothing written) when the plan
     does not fit (unless ``force``) or the golden check fails. ``threshold`` overrides the scheme's
-    minimum logits cosine. ``trust_remote_code``: let libraries import the Python files ``model`` names in
-    ``auto_map`` (otherwise such a directory is refused before any work)."""
+    minimum logits cosine. ``paging`` (a window, or ``"auto"``) with ``segments`` builds it layer-paged
+    (:mod:`edgeinfer.deploy.decoder_paging`), golden-checked with that window. ``trust_remote_code``: let
+    libraries import the Python files ``model`` names in ``auto_map`` (otherwise such a directory is refused
+    before any work)."""
     progress = progress or Progress(enabled=False)
     warnings: list[str] = []
+    notes: list[str] = []
     out_dir = Path(out)
     outdir.check_out_dir(out_dir)
     hf_dir = Path(model)
@@ -118,7 +125,12 @@ def deploy_decoder(
 
     # 1. plan first: refuse what does not fit, or an architecture the backend does not export, before converting
     with progress.step(f"planning {hf_dir.name} on {b.name} at ctx {context}"):
-        plan = plan_or_refuse(hf_dir, b, scheme, context, runtime, force, warnings)
+        paged = decoder_paging.choose(paging, segments, backend, hf_dir, b, scheme, context, runtime, own_runtime(b),
+                                      notes)
+        plan = plan_or_refuse(hf_dir, b, scheme, context, runtime, force, warnings, paged)
+    if paged:
+        options["segments"] = paged.segments
+        notes.append(decoder_paging.note(paged, plan))
 
     if runtime == own_runtime(b) and "decode_batches" in backend.decoders.convert_options \
             and "decode_batches" not in options:  # static decode shapes: one graph per batch size that fits
@@ -151,16 +163,19 @@ def deploy_decoder(
         else:
             threads = 1 if plan.breakdown.get("weights", ONE_THREAD_BELOW) < ONE_THREAD_BELOW else None
             report, recorded, timed = check_golden(hf_dir, work, backend, scheme, context, prompts, new_tokens,
-                                                   threshold, threads, progress)
+                                                   threshold, threads, progress,
+                                                   {"window": paged.window} if paged else {})
             speed = speed_check(timed, report["device"], plan, b, scheme, runtime)
             if not report["passed"]:
                 raise CheckFailed(f"{golden.summary_line(report)} — the bundle was not written (try a less lossy "
                                   "--quant, or check the backend's conversion)")
             decoder_bundle.save_reference(work, recorded)
         manifest = make_manifest(work, hf_dir, sha, b, backend, scheme, context, report, plan, runtime)
+        if paged:
+            manifest.decoder["paging"] = decoder_paging.manifest_section(paged, plan)
         bundle_mod.write(work, manifest)
         outdir.replace_dir(work, out_dir)
-    return DecoderDeployResult(out_dir, manifest, report, cached, warnings, dict(progress.timings), speed)
+    return DecoderDeployResult(out_dir, manifest, report, cached, warnings, dict(progress.timings), speed, notes)
 
 
 # --- the checks before any work ------------------------------------------------------------------------
@@ -265,10 +280,11 @@ def read_calibration(path: str | os.PathLike[str] | None) -> list[str] | None:
 
 
 def plan_or_refuse(hf_dir: Path, b: Board, scheme: str, context: int, runtime: str, force: bool,
-                   warnings: list[str]) -> Any:
+                   warnings: list[str], paged: decoder_paging.Paging | None = None) -> Any:
     from edgeinfer.planning.planner import plan as make_plan
 
-    p = make_plan(str(hf_dir), b, quant=scheme, ctx=context, runtime=runtime)
+    by_paging = {"paging": paged.window, "segments": paged.segments} if paged else {}
+    p = make_plan(str(hf_dir), b, quant=scheme, ctx=context, runtime=runtime, **by_paging)
     if p.fits:
         return p
     why = "; ".join(p.reasons)
@@ -326,9 +342,10 @@ def copy_text_files(hf_dir: Path, dst: Path) -> None:
 
 def check_golden(hf_dir: Path, work: Path, backend: Backend, scheme: str, context: int, prompts: list[str],
                  new_tokens: int, threshold: float | None, threads: int | None,
-                 progress: Progress) -> tuple[dict, list, tuple[list[Any], int]]:
-    """Greedy tokens and logits of the fp32 reference, then of the converted decoder in ``work``; the
-    candidate's GenerationMetrics per prompt, and the positions its longest generation reached."""
+                 progress: Progress, load_options: dict[str, Any]) -> tuple[dict, list, tuple[list[Any], int]]:
+    """Greedy tokens and logits of the fp32 reference, then of the converted decoder in ``work`` (loaded with
+    ``load_options``: a paged one with its window); the candidate's GenerationMetrics per prompt, and the
+    positions its longest generation reached."""
     from edgeinfer.run.generation.generator import Generator
     from edgeinfer.run.generation.text import TextCodec
     from edgeinfer.run.loading import load_generator
@@ -349,7 +366,7 @@ def check_golden(hf_dir: Path, work: Path, backend: Backend, scheme: str, contex
     with progress.step(f"golden check on {backend.name}"):
         check_decoder_fits(backend, work / decoder_bundle.ARTIFACT, None, context, 1, scheme)
         decoder = backend.load_decoder(work / decoder_bundle.ARTIFACT, context=context,
-                                       **backend.decoders.logits_options)
+                                       **backend.decoders.logits_options, **load_options)
         metrics: list[Any] = []
         with Generator(decoder, codec) as candidate:
             report = judge(candidate, recorded, n, scheme, golden.thresholds_for(scheme), threshold, metrics)

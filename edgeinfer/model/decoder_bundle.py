@@ -11,7 +11,8 @@ Layout (next to ``manifest.json``, sealed like every bundle)::
 
 The manifest's ``decoder`` section says what the bundle is (``kind``), the context it was built
 for, the vocabulary, the board runtime, where the tokenizer lives and the golden report of the deploy
-(``ran: false`` with the reason, and no ``golden/``, when the artifact cannot run on the deploying host).
+(``ran: false`` with the reason, and no ``golden/``, when the artifact cannot run on the deploying host);
+a layer-paged bundle's ``paging`` its segments, the window it runs with and the plan's figures for it.
 """
 
 from __future__ import annotations
@@ -41,6 +42,18 @@ HF_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"
             "generation_config.json", "config.json")
 
 
+class DecoderPaging(BaseModel):
+    """The decoder section's ``paging``: a layer-paged bundle (``deploy --paging``), run with ``window`` of
+    its ``segments`` resident unless the loader is given another window."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    segments: int = Field(ge=1)
+    window: int = Field(ge=1)
+    chosen_by: StrictStr | None = None  # --paging W --segments N, or what --paging auto chose
+    max_window: int | None = Field(None, ge=1)  # the largest window the plan fits on the board (--window's limit)
+    predicted: dict[str, Any] | None = None  # the plan's paging figures at this window (docs/paging.md)
+
+
 class DecoderSection(BaseModel):
     """The manifest's ``decoder`` section."""
 
@@ -53,6 +66,7 @@ class DecoderSection(BaseModel):
     tokenizer: StrictStr = TOKENIZER
     golden: dict[str, Any] | None = None  # the deploy's golden report (run/generation/golden.py)
     golden_reference: StrictStr | None = REFERENCE
+    paging: DecoderPaging | None = None  # layer-paged bundles only
 
 
 def check_paths(root: Path, section: dict[str, Any], sealed: set[str]) -> None:

@@ -1,4 +1,5 @@
-"""What layer paging costs a decoder on a board: :func:`plan_paged_decoder` (docs/paging.md#decoders).
+"""What layer paging costs a decoder on a board: :func:`plan_paged_decoder` (docs/paging.md#decoders),
+and the paging ``auto`` picks for a plan: :func:`choose`.
 
 The segment rule and the cost arithmetic are in :mod:`edgeinfer.planning.decoder_segments`; this
 module plans the model on the board's own backend runtime (the runtime edgeinfer pages) and reads
@@ -14,7 +15,7 @@ from edgeinfer.errors import InputError
 from edgeinfer.planning import decoder_segments as ds
 from edgeinfer.planning.boards import get_board
 from edgeinfer.planning.models import resolve
-from edgeinfer.planning.paging import decoder_paging_cost
+from edgeinfer.planning.paging import decoder_paging_cost, paging_need, suggest_window
 from edgeinfer.planning.planner import plan, runtime_profile
 
 
@@ -57,3 +58,14 @@ def plan_paged_decoder(model: Any, board: Any, *, scheme: str, context: int, win
         resident_bytes=cost["npu_resident_bytes"], kv_bytes=cost["kv_bytes"],
         page_in_s_per_token=cost["stream_s_per_token"], compute_s_per_token=cost["compute_s_per_token"],
         tokens_per_s=cost["decode_tokens_per_s"], paged_cost_pct=cost["paged_cost_pct"])
+
+
+def choose(p: Any, segments: int | None = None) -> tuple[int, int] | None:
+    """The paging that ``--paging auto`` builds for unpaged decoder plan ``p``: (window, segments), the
+    largest window of ``segments`` (default: one per layer) that fits the board and one NPU window, when the
+    plan needs paging (:func:`edgeinfer.planning.paging.paging_need`); None when it needs none, or when
+    no window fits (the plan's own verdict stands then)."""
+    if paging_need(p) is None:
+        return None
+    s = suggest_window(p, int(runtime_profile(p.runtime).get("prefill_chunk", 512)), segments)
+    return None if s is None else (s["window"], s["segments"])

@@ -245,6 +245,19 @@ def paged_plan(p: Any, window: int, segments: int | None, storage: str | None, p
                      unpaged_weight_bytes=int(p.breakdown["weights"]), npu_reasons=npu)
 
 
+def paging_need(p: Any) -> str | None:
+    """Why unpaged plan ``p`` needs layer paging: its total does not fit the board's memory, or its weights
+    do not fit one NPU IOMMU window; None when neither (or ``p`` is already paged)."""
+    if p.details.paging is not None:
+        return None
+    if p.total_bytes > p.capacity_bytes:
+        return (f"needs {p.total_bytes / 2**30:.2f} GiB unpaged, the board has {p.capacity_bytes / 2**30:.2f} GiB")
+    win = getattr(p.board, "npu_window_gib", None)
+    if win and p.breakdown["weights"] > win.value * 2**30:
+        return f"the weights ({p.breakdown['weights'] / 2**30:.2f} GiB) exceed one {win.value:g} GiB NPU IOMMU window"
+    return None
+
+
 def suggest_window(p: Any, prefill_chunk: int, segments: int | None = None, storage: str | None = None
                    ) -> dict[str, Any] | None:
     """The largest paging window (fastest) whose resident memory fits the board and, where the
@@ -362,8 +375,11 @@ def _suggest_decoder_window(p: Any, prefill_chunk: int, segments: int | None, st
             res = decoder_paging_cost(p, seg, w, storage, prefill_chunk)
             if res["fits"]:
                 return {"window": w, "segments": len(seg), "resident_total_bytes": res["resident_total_bytes"],
+                        "npu_resident_bytes": res["npu_resident_bytes"],
                         "streamed_bytes_per_token": res["streamed_bytes_per_token"],
-                        "decode_tokens_per_s": res.get("decode_tokens_per_s"), "storage": res["storage_source"]}
+                        "decode_tokens_per_s": res.get("decode_tokens_per_s"),
+                        "decode_tokens_per_s_unpaged": res.get("decode_tokens_per_s_unpaged"),
+                        "paged_cost_pct": res.get("paged_cost_pct"), "storage": res["storage_source"]}
     except EdgeInferError:
         return None
     return None

@@ -18,7 +18,7 @@ from edgeinfer.planning.boards import GIB, Board, get_board, load_boards
 from edgeinfer.planning.exportable import refuse_unexportable
 from edgeinfer.planning.models import resolve
 from edgeinfer.planning.models.spec import ModelSpec
-from edgeinfer.planning.paging import PagedPlan, paged_plan, paged_runtime, suggest_window
+from edgeinfer.planning.paging import PagedPlan, paged_plan, paged_runtime, paging_need, suggest_window
 from edgeinfer.planning.quant import kv_bytes_per_element
 
 SCHEMA_VERSION = "1.0"
@@ -457,7 +457,10 @@ def _merge_paging(p: Plan, r: PagedPlan, unpaged: Verdict) -> None:
 
 def suggestions(p: Plan, extra_boards=()) -> details.Suggestions:
     spec, b, kv_b = p.model, p.board, kv_bytes_per_element(p.kv_dtype)
-    out = details.Suggestions(paging=None if p.fits else suggest_window(p, _prefill_chunk(p.runtime)))
+    need = paging_need(p)
+    out = details.Suggestions(paging=suggest_window(p, _prefill_chunk(p.runtime)) if need else None)
+    if out.paging:
+        out.paging["why"] = need
     # largest context that fits (memory grows with ctx: binary search)
     rt = b.runtimes[p.runtime]
     hi = rt.max_context or 2**20

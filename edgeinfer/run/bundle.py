@@ -19,6 +19,7 @@ from edgeinfer.errors import InputError, ModelError, check_text
 from edgeinfer.model import decoder_bundle
 from edgeinfer.model.bundle import Bundle
 from edgeinfer.run import buckets as buckets_mod
+from edgeinfer.run import paged_decoder
 
 if TYPE_CHECKING:
     from edgeinfer.run.generation.generator import Generator
@@ -124,7 +125,8 @@ def tokenize(tok: Any, texts: list[str], specs: list[TensorSpec]) -> dict[str, n
 @remote_code.entry_point
 def open_generator(bundle: Bundle, device: str | None = None, ctx: int | None = None, backend: str | None = None,
                    slots: int = 1, *, trust_remote_code: bool = False, **options: Any) -> Generator:
-    """A Generator over a decoder bundle, with a KV cache of ``ctx`` positions (default: the bundle's).
+    """A Generator over a decoder bundle, with a KV cache of ``ctx`` positions (default: the bundle's); a
+    layer-paged bundle with its recorded window, or ``window=W`` (:mod:`edgeinfer.run.paged_decoder`).
     ``trust_remote_code``: for an artifact that is a Hugging Face directory naming code of its own."""
     from edgeinfer.planning.device_memory import check_decoder_fits
     from edgeinfer.run.generation.generator import Generator
@@ -138,6 +140,7 @@ def open_generator(bundle: Bundle, device: str | None = None, ctx: int | None = 
     codec = TextCodec(seal.contained(bundle.path, m.decoder.get("tokenizer", decoder_bundle.TOKENIZER),
                                      "decoder.tokenizer"))
     check_manifest(bundle, codec)
+    options = {**paged_decoder.load_window(bundle, options.pop("window", None), ctx), **options}
     be = plugins.get_backend(m.backend)
     check_decoder_fits(be, bundle.artifacts[0], device, ctx, slots, m.scheme)
     # load_decoder reads the artifact's stamp once: another backend's or toolkit's artifact is refused there
