@@ -434,8 +434,10 @@ class Backend:
         ``runtime`` with this backend (None: the board's backend runtime, which every capable backend builds),
         in a phrase naming what is missing; None when it can. Cheap: reads declarations and looks modules up
         (``Needs``), imports no SDK; ``edgeinfer plan`` and ``deploy`` ask it before choosing a runtime."""
-        if not cls.capable("decoder_deploy" if kind == "decoder" else "tensors"):
-            return f"backend {cls.name!r} builds no {kind} models"
+        needed = cls.CAPABILITIES["decoder_deploy" if kind == "decoder" else "tensors"]
+        absent = [m for m in needed if getattr(cls, m) is getattr(Backend, m)]
+        if absent:
+            return f"backend {cls.name!r} builds no {kind} models: it implements no {absent[0]}"
         if runtime is None:
             return None
         extra = cls.decoders.runtimes if kind == "decoder" else {}

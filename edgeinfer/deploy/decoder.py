@@ -127,10 +127,10 @@ def deploy_decoder(
     plan.decision.refuse_unbuildable(b)
     if dry_run:
         return outdir.DryRun(plan)
-    if on_plan:
-        on_plan(plan)
     plan_or_refuse(plan, hf_dir, force, warnings)
     backend = plugins.get_backend(b.backend)
+    if on_plan:
+        on_plan(plan)
     runtime, scheme, context = plan.runtime, plan.scheme.name, plan.ctx
     if calibration is not None and scheme in ("fp32", "fp16", "bf16"):
         warnings.append(f"--calib is not used for {scheme}: nothing is quantized")

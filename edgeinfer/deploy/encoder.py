@@ -246,8 +246,6 @@ def deploy(
     the_plan.decision.refuse_unbuildable(b)
     if dry_run:
         return outdir.DryRun(the_plan)
-    if on_plan:
-        on_plan(the_plan)
     if not the_plan.fits and not force:
         raise CheckFailed(
             f"{src.path.name} does not fit {b.name} with {the_plan.scheme.name}: {'; '.join(the_plan.reasons)} "
@@ -256,6 +254,8 @@ def deploy(
     if not the_plan.fits:
         warnings.append(f"deploying although the plan says it does not fit: {'; '.join(the_plan.reasons)}")
     backend = plugins.get_backend(b.backend)
+    if on_plan:
+        on_plan(the_plan)
     scheme, seq = the_plan.scheme.name, the_plan.ctx
     threshold = golden.default_threshold(scheme) if threshold is None else threshold
     layout = _paging_layout(paging, segments, cuts, backend)
