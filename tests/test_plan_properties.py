@@ -29,8 +29,9 @@ def test_random_configs_never_crash(model, board, quant, ctx, batch, kv):
         msg = e.one_line()  # architecture the board's backend does not export (planned on the runtime it deploys for)
         assert e.exit_code == 2 and "\n" not in msg
         exported = re.fullmatch(rf"board {board}: backend '\w+' exports [\w, .-]+ decoders, not '([\w.-]+)'; .*", msg)
-        over = re.fullmatch(r"--ctx (\d+) exceeds the model's max_position_embeddings \((\d+)\); use --ctx \2 or less",
-                            msg)  # a context the model cannot run: refused, as deploy refuses it
+        # a context the model cannot run: refused, as deploy refuses it
+        over = re.fullmatch(r"--ctx (\d+) exceeds the model's max_position_embeddings \((\d+)\); use --ctx \2 or "
+                            "less", msg)
         if over:
             assert int(over[1]) == ctx > int(over[2]) == resolve(model).max_position, msg
             return
