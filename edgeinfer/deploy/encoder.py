@@ -215,9 +215,10 @@ def deploy(
 ) -> DeployResult | outdir.DryRun:
     """Scheme and sequence length are the plan's (:mod:`edgeinfer.planning.decision`, as ``edgeinfer plan``
     decides them; the sequence from ``shapes`` when given): ``on_plan`` is called with the plan before
-    exporting; ``dry_run`` returns it (:class:`~edgeinfer.deploy.outdir.DryRun`), exporting and writing nothing.
-    ``trust_remote_code``: let libraries import the Python files a model directory names in ``auto_map``
-    (otherwise such a directory is refused before any work)."""
+    converting, once every input is checked; ``dry_run`` returns it
+    (:class:`~edgeinfer.deploy.outdir.DryRun`), exporting and writing nothing. ``trust_remote_code``: let
+    libraries import the Python files a model directory names in ``auto_map`` (otherwise such a directory is
+    refused before any work)."""
     from edgeinfer.planning.planner import plan as make_plan
 
     progress = progress or Progress(enabled=False)
@@ -254,9 +255,10 @@ def deploy(
     if not the_plan.fits:
         warnings.append(f"deploying although the plan says it does not fit: {'; '.join(the_plan.reasons)}")
     backend = plugins.get_backend(b.backend)
-    if on_plan:
-        on_plan(the_plan)
     scheme, seq = the_plan.scheme.name, the_plan.ctx
+    if not calib and scheme.split("_")[0] in NEEDS_CALIBRATION:
+        raise InputError(f"scheme {scheme} needs calibration data: pass --calib (a .txt of samples, .npz or a "
+                         "directory)")
     threshold = golden.default_threshold(scheme) if threshold is None else threshold
     layout = _paging_layout(paging, segments, cuts, backend)
 
@@ -290,16 +292,15 @@ def deploy(
                 f"only {len(calib_samples)} calibration samples (at least {calibration.FEW_SAMPLES} recommended); "
                 "quantization ranges may be poor"
             )
-    elif scheme.split("_")[0] in NEEDS_CALIBRATION:
-        raise InputError(f"scheme {scheme} needs calibration data: pass --calib (a .txt of samples, .npz or a "
-                         "directory)")
     if golden_inputs:
         held = calibration.load_samples(Path(golden_inputs), specs, tokenize)
     if not held:
         held = fallback_samples(specs, tokenize, GOLDEN_SAMPLES)
         warnings.append(f"golden check on {len(held)} built-in samples (pass --golden-inputs for your own data)")
 
-    # 4. convert (or reuse the cached bundle), golden check, bundle
+    # 4. convert (or reuse the cached bundle), golden check, bundle: every input checked, the plan is announced
+    if on_plan:
+        on_plan(the_plan)
     key = _cache_key(src, b, scheme, shapes_used, backend, calib_samples, held,
                      {**(options or {}), **layout, **({"buckets": bucketing[0]} if bucketing else {})})
     cached_dir = cache.area("deploy") / key

@@ -177,7 +177,7 @@ def option(spec: Any, board: Board, runtime: str, kind: str, asked: Scheme | Non
 
 def builder(board: Board, runtime: str, kind: str) -> tuple[Any, str | None]:
     """(the backend class that builds ``runtime`` for ``kind`` on ``board``, None) or (None, why not)."""
-    from edgeinfer.contract import registry  # the backend modules are light: plan may read their declarations
+    from edgeinfer.contract import registry  # registers the backends: their modules, no SDK (test_light_core)
 
     entry = registry.registry().backends.get(board.backend)
     if entry is None:
