@@ -127,3 +127,14 @@ def test_a_runtime_the_installation_cannot_build_is_planned_and_named_but_not_de
         line = _one_line(cli("deploy", str(llm.model_dir()), "--board", "rk3588-8g", "--runtime", "rkllm", *out), 3)
         assert line == f"error: board rk3588-8g: cannot build decoder models for runtime rkllm here: " \
                        f"{build['cannot_build']}"
+
+
+def test_the_bundle_records_the_plan_it_was_built_for(tiny_qwen3_host_bundle):
+    from edgeinfer.testing.fixtures import DECODER_BUNDLE_CTX
+
+    manifest = json.loads((tiny_qwen3_host_bundle / "manifest.json").read_text())
+    planned = cli("plan", str(llm.model_dir()), "--board", "host", "--ctx", str(DECODER_BUNDLE_CTX), "--json")
+    assert manifest["plan"]["build"] == json.loads(planned.stdout)["build"]
+    assert manifest["plan"]["options"]["runtime"] == manifest["decoder"]["runtime"] == "onnxruntime"
+    assert manifest["plan"]["options"]["quant"] == manifest["scheme"] == "fp32"
+    assert manifest["plan"]["options"]["ctx"] == manifest["decoder"]["context"] == DECODER_BUNDLE_CTX
