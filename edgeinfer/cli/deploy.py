@@ -53,7 +53,8 @@ from edgeinfer.errors import InputError
 def deploy(
     model: Path, board: str, quant: str | None, calib: Path | None, golden_inputs: Path | None,
     shapes: tuple[str, ...], threshold: float | None, max_samples: int, force: bool, no_cache: bool,
-    backend_options: tuple[str, ...], paging: int | None, segments: int | None, cuts: tuple[str, ...], out: Path,
+    backend_options: tuple[str, ...], paging: int | None, segments: int | None, cuts: tuple[str, ...],
+    out: Path | None,
     as_json: bool, ctx: int | None, buckets: str | None, runtime: str | None, trust_remote_code: bool,
     dry_run: bool = False,
 ) -> None:
@@ -107,7 +108,7 @@ def deploy(
     emit(result.to_json(), as_json, render)
 
 
-def _deploy_decoder(model: Path, board: str, out: Path, quant: str | None, ctx: int | None, calib: Path | None,
+def _deploy_decoder(model: Path, board: str, out: Path | None, quant: str | None, ctx: int | None, calib: Path | None,
                     golden_inputs: Path | None, force: bool, threshold: float | None, no_cache: bool, progress: Any,
                     options: dict[str, Any], runtime: str | None, as_json: bool,
                     encoder_only: dict[str, Any], trust_remote_code: bool, planned: dict[str, Any]) -> None:
