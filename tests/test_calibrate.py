@@ -20,6 +20,7 @@ from edgeinfer.planning import planner
 from edgeinfer.planning.boards import get_board, load_board_file
 
 BOARD = "rk3588-16g"
+RUNTIME = "rkllm"  # the runtime rows without one were measured with (calibrate.decoder_runtime)
 CONSTS = json.loads((Path(planner.__file__).parents[1] / "data" / "speed_constants.json").read_text())
 T0 = CONSTS["speed"]["rk3588/rkllm/w8a8"]["t0_ms"] / 1000  # the parent's fixed time per token
 SLOW = 0.55  # the board under test reaches 55 % of the parent's effective bandwidth (a DDR governor, say)
@@ -33,7 +34,8 @@ def run(*args: str):
 
 def slowed(model: str, ctx: int = 192) -> float:
     """Decode tok/s of the parent's prediction with the bandwidth term divided by SLOW (by hand)."""
-    fast = planner.plan(model, BOARD, quant="w8a8", ctx=ctx, suggest=False).estimates.decode_tokens_per_s
+    fast = planner.plan(model, BOARD, quant="w8a8", ctx=ctx, runtime=RUNTIME,
+                        suggest=False).estimates.decode_tokens_per_s
     return 1 / (T0 + (1 / fast - T0) / SLOW)
 
 
@@ -66,7 +68,7 @@ def test_calibration_recovers_the_bandwidth_fraction(slow_profile: Path) -> None
 
 def test_calibration_moves_other_models_by_the_same_fraction(slow_profile: Path) -> None:
     for model in ("qwen3-8b", "phi-3-mini-4k-instruct"):  # never measured
-        p = planner.plan(model, str(slow_profile), quant="w8a8", ctx=1024, suggest=False)
+        p = planner.plan(model, str(slow_profile), quant="w8a8", ctx=1024, runtime=RUNTIME, suggest=False)
         assert p.estimates.decode_tokens_per_s == pytest.approx(slowed(model, 1024), rel=0.02)
         assert "user calibration" in p.estimates.basis
 
@@ -89,14 +91,14 @@ def test_measured_memory_sets_the_runtime_overhead(tmp_path: Path) -> None:
     extra_mib = 300.0
     rows = []
     for m in ("qwen2.5-0.5b", "tinyllama-1.1b"):
-        bd = planner.plan(m, BOARD, quant="w8a8", ctx=192, suggest=False).breakdown
+        bd = planner.plan(m, BOARD, quant="w8a8", ctx=192, runtime=RUNTIME, suggest=False).breakdown
         mem = (bd["weights"] + bd["kv_cache"] + bd["activations"]) / 2**20 + extra_mib
         rows.append({"model": m, "quant": "w8a8", "ctx": 192, "decode": round(slowed(m), 3), "mem_mib": mem})
     out = tmp_path / "mem.yaml"
     r = run("calibrate", str(write_rows(tmp_path / "r.yaml", rows)), "--board", BOARD, "-o", str(out))
     assert r.exit_code == 0, r.output
     assert load_board_file(out).runtimes["rkllm"].overhead_mib.value == pytest.approx(extra_mib, abs=0.1)
-    p = planner.plan("qwen3-0.6b", str(out), quant="w8a8", ctx=192, suggest=False)
+    p = planner.plan("qwen3-0.6b", str(out), quant="w8a8", ctx=192, runtime=RUNTIME, suggest=False)
     assert p.breakdown["runtime"] == int(extra_mib * 2**20)
 
 

@@ -197,9 +197,10 @@ def test_a_failing_deploy_prints_exactly_one_line_on_stderr(tmp_path: Path) -> N
                           timeout=600)
     assert proc.returncode == 1, proc.stderr
     assert proc.stdout == ""
-    lines = proc.stderr.splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("error: golden check FAILED (threshold 0.9999999)")
+    lines = proc.stderr.splitlines()  # the plan deploy builds for (one line here), then the verdict
+    assert len(lines) == 2, proc.stderr
+    assert lines[0].startswith("plan: tiny-bert on core-ultra-155h: openvino-npu w8a8, ctx "), proc.stderr
+    assert lines[1].startswith("error: golden check FAILED (threshold 0.9999999)")
     assert not (tmp_path / "b").exists()
 
     loud = subprocess.run([sys.executable, "-m", "edgeinfer.cli", "--verbose", *args], capture_output=True,

@@ -62,7 +62,7 @@ def test_a_model_that_fits_nowhere_exits_1_and_is_named(tmp_path):
     report = json.loads(proc.stdout)
     [p] = report["placements"]
     assert report["unplaced"] == ["Qwen/Qwen3-8B"] and p["replicas_per_node"] == 0
-    per = _per_replica("qwen3-8b", "rk3588-4g", "--quant", "w8a8")
+    per = _per_replica("qwen3-8b", "rk3588-4g", "--quant", "w8a8", "--ctx", "4096")
     assert p["reasons"][0].startswith(f"one replica needs {per / GIB:.2f} GiB")
 
 

@@ -29,6 +29,12 @@ def test_random_configs_never_crash(model, board, quant, ctx, batch, kv):
         msg = e.one_line()  # architecture the board's backend does not export (planned on the runtime it deploys for)
         assert e.exit_code == 2 and "\n" not in msg
         exported = re.fullmatch(rf"board {board}: backend '\w+' exports [\w, .-]+ decoders, not '([\w.-]+)'; .*", msg)
+        # a context the model cannot run: refused, as deploy refuses it
+        over = re.fullmatch(r"--ctx (\d+) exceeds the model's max_position_embeddings \((\d+)\); use --ctx \2 or "
+                            "less", msg)
+        if over:
+            assert int(over[1]) == ctx > int(over[2]) == resolve(model).max_position, msg
+            return
         assert (f"board {board} does not support" in msg and "(supported" in msg) or exported, msg
         if exported:
             assert exported[1] == resolve(model).architecture, msg
@@ -45,7 +51,8 @@ def test_random_configs_never_crash(model, board, quant, ctx, batch, kv):
 @given(st.sampled_from(MODELS), st.sampled_from(BOARDS), st.integers(1, 50_000), st.integers(1, 50_000),
        st.integers(1, 64), st.integers(1, 64))
 def test_memory_monotone_in_ctx_and_batch(model, board, c1, c2, b1, b2):
-    c1, c2 = sorted((c1, c2))
+    limit = resolve(model).max_position or c1 + c2  # a longer context is refused (test_random_configs_never_crash)
+    c1, c2 = sorted((min(c1, limit), min(c2, limit)))
     b1, b2 = sorted((b1, b2))
     try:
         lo = plan(model, board, ctx=c1, batch=b1, suggest=False)

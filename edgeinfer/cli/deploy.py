@@ -19,14 +19,16 @@ from edgeinfer.errors import InputError
 @click.command()
 @click.argument("model", type=click.Path(path_type=Path))
 @click.option("--board", required=True, help="Board name (see `edgeinfer boards`) or a board YAML file.")
-@click.option("--quant", "-q", help="Scheme: fp16 (default), w8a8/int8, w8a16, w4a16, ... as the board supports.")
+@click.option("--quant", "-q", help="Scheme: w8a8/int8, w8a16, w4a16, fp16, ... as the board supports (default: as "
+              "`edgeinfer plan` decides: the building backend's preference; fp16 for encoders).")
 @click.option("--calib", type=click.Path(path_type=Path),
               help="Calibration data: .txt (one sample a line), .npz or dir.")
 @click.option("--golden-inputs", type=click.Path(path_type=Path), help="Held-out samples for the golden check.")
 @click.option("--ctx", type=int, help="Decoder models: context (tokens) to build and check for (default: the "
               "model's limit, at most 2048).")
 @click.option("--runtime", help="Decoder models: the board runtime to build for (`edgeinfer boards show BOARD`), "
-              "e.g. rkllm on RK3588/RK3576 (Rockchip's RKLLM toolkit); default: the board's backend runtime.")
+              "e.g. rkllm on RK3588/RK3576 (Rockchip's RKLLM toolkit); default: as `edgeinfer plan` decides, the "
+              "board's first runtime this installation can build.")
 @click.option("--shape", "shapes", multiple=True, metavar="NAME=1x128", help="Static input shape; repeatable.")
 @click.option("--threshold", type=float,
               help=f"Minimum cosine vs {ENCODER_REFERENCE} fp32 (default 0.99; 0.98 for w8a8/int8).")
@@ -43,14 +45,19 @@ from edgeinfer.errors import InputError
 @click.option("--buckets", metavar="auto|none|BxS,...",
               help="Boards that need static shapes: (batch x sequence) shapes to build; default auto, chosen from "
                    "the plan (docs/deploy.md#buckets).")
-@click.option("-o", "--out", "out", required=True, type=click.Path(path_type=Path), help="Bundle directory to write.")
+@click.option("-o", "--out", "out", type=click.Path(path_type=Path), help="Bundle directory to write (required "
+              "unless --dry-run).")
+@click.option("--dry-run", is_flag=True, help="Decide and plan exactly as deploy would, print the plan and stop: "
+              "nothing converted or written (exit 0 fits, 1 does not fit).")
 @trust_remote_code_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 def deploy(
     model: Path, board: str, quant: str | None, calib: Path | None, golden_inputs: Path | None,
     shapes: tuple[str, ...], threshold: float | None, max_samples: int, force: bool, no_cache: bool,
-    backend_options: tuple[str, ...], paging: str | None, segments: int | None, cuts: tuple[str, ...], out: Path,
+    backend_options: tuple[str, ...], paging: str | None, segments: int | None, cuts: tuple[str, ...],
+    out: Path | None,
     as_json: bool, ctx: int | None, buckets: str | None, runtime: str | None, trust_remote_code: bool,
+    dry_run: bool = False,
 ) -> None:
     """Convert MODEL for BOARD, check it against onnxruntime fp32, and write a bundle.
 
@@ -63,10 +70,14 @@ def deploy(
     from edgeinfer.run.loading import parse_shapes
 
     progress = Progress(enabled=None if not as_json else False)
+    if out is None and not dry_run:
+        raise click.UsageError("Missing option '-o' / '--out' (or pass --dry-run)")
+    planned = {"dry_run": dry_run, "on_plan": None if as_json else _announce}
     if kind(model, hint="pass a Hugging Face directory, an .onnx file or a .pt2 program") is Kind.DECODER_DIR:
         _deploy_decoder(model, board, out, quant, ctx, calib, golden_inputs, force, threshold, no_cache, progress,
                         parse_options(backend_options), runtime, as_json,
-                        {"--shape": shapes, "--cut": cuts, "--buckets": buckets}, trust_remote_code, paging, segments)
+                        {"--shape": shapes, "--cut": cuts, "--buckets": buckets}, trust_remote_code, planned, paging,
+                        segments)
         return
     if ctx is not None:
         raise InputError(f"--ctx applies to decoder (language) models; {model} is not one (use --shape for inputs)")
@@ -79,8 +90,10 @@ def deploy(
         shapes=parse_shapes(shapes), force=force, threshold=threshold, max_samples=max_samples,
         options=parse_options(backend_options), progress=progress, use_cache=not no_cache,
         paging=None if paging is None else _window(paging),
-        segments=segments, cuts=list(cuts) or None, buckets=buckets, trust_remote_code=trust_remote_code,
+        segments=segments, cuts=list(cuts) or None, buckets=buckets, trust_remote_code=trust_remote_code, **planned,
     )
+    if dry_run:
+        return _dry_run(result, as_json)
     for w in result.warnings:
         click.echo(f"warning: {w}", err=True)
 
@@ -99,11 +112,11 @@ def deploy(
     emit(result.to_json(), as_json, render)
 
 
-def _deploy_decoder(model: Path, board: str, out: Path, quant: str | None, ctx: int | None, calib: Path | None,
+def _deploy_decoder(model: Path, board: str, out: Path | None, quant: str | None, ctx: int | None, calib: Path | None,
                     golden_inputs: Path | None, force: bool, threshold: float | None, no_cache: bool, progress: Any,
                     options: dict[str, Any], runtime: str | None, as_json: bool,
-                    encoder_only: dict[str, Any], trust_remote_code: bool, paging: str | None,
-                    segments: int | None) -> None:
+                    encoder_only: dict[str, Any], trust_remote_code: bool, planned: dict[str, Any],
+                    paging: str | None, segments: int | None) -> None:
     from edgeinfer.deploy.decoder import deploy_decoder
 
     given = [k for k, v in encoder_only.items() if v]
@@ -114,7 +127,9 @@ def _deploy_decoder(model: Path, board: str, out: Path, quant: str | None, ctx: 
     result = deploy_decoder(model, board, out, quant=quant, ctx=ctx, calib=calib, golden_inputs=golden_inputs,
                             force=force, threshold=threshold, options=options, runtime=runtime, progress=progress,
                             use_cache=not no_cache, trust_remote_code=trust_remote_code, paging=paging,
-                            segments=segments)
+                            segments=segments, **planned)
+    if planned["dry_run"]:
+        return _dry_run(result, as_json)
     for n in result.notes:
         click.echo(f"note: {n}", err=True)
     for w in result.warnings:
@@ -139,6 +154,23 @@ def _deploy_decoder(model: Path, board: str, out: Path, quant: str | None, ctx: 
             out_c.print("  " + speed_line(r["speed_check"]))
 
     emit(result.to_json(), as_json, render)
+
+
+def _announce(plan: Any) -> None:
+    """The plan a deploy builds for, on stderr before converting."""
+    from edgeinfer.planning.decision import summary_lines
+
+    for line in summary_lines(plan):
+        click.echo(line, err=True)
+
+
+def _dry_run(result: Any, as_json: bool) -> None:
+    """``deploy --dry-run``: the plan as ``edgeinfer plan`` prints it; exit 1 when it does not fit."""
+    from edgeinfer.cli.plan import render_plan
+
+    emit(result.to_json(), as_json, lambda _: render_plan(result.plan))
+    if not result.fits:
+        click.get_current_context().exit(errors.NEGATIVE)
 
 
 @click.command()

@@ -55,12 +55,15 @@ def _ref(source: str | None) -> str:
 
 
 def render_plan(p: Plan) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     con = console()
     verdict = "[bold green]FITS[/]" if p.fits else "[bold red]DOES NOT FIT[/]"
     con.print(f"{p.model.name} on {p.board.name} ({p.board.title}) — {p.scheme.name} via {p.runtime}, "
               f"ctx {p.ctx}, batch {p.batch}, KV {p.kv_dtype}: {verdict}")
+    for line in p.decision.lines() if p.decision else []:
+        con.print(escape(line))
     t = Table(show_header=True, header_style="bold")
     t.add_column("memory")
     t.add_column("size", justify="right")
@@ -168,10 +171,12 @@ def render_matrix(m: PlanMatrix) -> None:
 @click.argument("models", nargs=-1)
 @click.option("--board", "board", help="Board name, 'all', or a path to a board YAML.")
 @click.option("--quant", default=None, help="Quantization scheme (w8a8, w4a16_g128, fp16, Q4_K_M ...).")
-@click.option("--ctx", "ctx_len", default=4096, show_default=True, type=int, help="Context length in tokens.")
+@click.option("--ctx", "ctx_len", default=None, type=int, help="Context length in tokens (default: the model's "
+              "limit, at most 2048; encoders: at most 128, the sequence deploy builds).")
 @click.option("--batch", default=1, show_default=True, type=int, help="Sequences decoded together.")
 @click.option("--kv-dtype", default=None, help="KV-cache dtype (fp16, bf16, fp32, int8, q8_0, q4_0).")
-@click.option("--runtime", default=None, help="Runtime on the board (default: the board's default).")
+@click.option("--runtime", default=None, help="Runtime on the board (default: the board's first, in its order, "
+              "that this installation can build; see docs/planner.md).")
 @click.option("--paging", type=int, default=None, metavar="W", help="Plan layer-paged: W segments resident.")
 @click.option("--segments", type=int, default=None, metavar="N", help="With --paging: N segments (default: layers).")
 @click.option("--storage", default=None, help="With --paging: where streamed weights come from "
@@ -181,7 +186,8 @@ def render_matrix(m: PlanMatrix) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print only JSON (schema edgeinfer/schemas/plan.schema.json).")
 @click.option("--fleet", type=click.Path(), help="Plan a fleet file (nodes, models; docs/fleet.md) instead.")
 @click.pass_context
-def plan_cmd(ctx: click.Context, models: tuple[str, ...], board: str, quant: str | None, ctx_len: int, batch: int,
+def plan_cmd(ctx: click.Context, models: tuple[str, ...], board: str, quant: str | None, ctx_len: int | None,
+             batch: int,
              kv_dtype: str | None, runtime: str | None, as_json: bool, paging: int | None = None,
              segments: int | None = None, storage: str | None = None, image: str | None = None,
              fleet: str | None = None) -> None:

@@ -23,7 +23,7 @@ from edgeinfer.contract.decoder import BatchingDecoder, Decoder, NativeDecoder, 
 from edgeinfer.contract.generation import GenerationOptions
 from edgeinfer.contract.hookspecs import hookimpl
 from edgeinfer.contract.measure import current_rss_bytes, latency_stats, peak_rss_bytes, reset_peak_rss
-from edgeinfer.contract.records import Decoders, PagingLimit, Placement, Tensors
+from edgeinfer.contract.records import Decoders, Needs, PagingLimit, Placement, Tensors
 from edgeinfer.contract.resources import Accelerator
 from edgeinfer.contract.schedule import Schedule
 from edgeinfer.contract.schemes import Scheme, known_schemes, normalize_scheme
@@ -31,7 +31,7 @@ from edgeinfer.progress import Progress, verbose
 from edgeinfer.version import __version__
 
 __all__ = ["Accelerator", "Backend", "BatchingDecoder", "CalibrationSet", "Decoder", "Decoders", "FreeMemory",
-           "GenerationOptions", "NativeDecoder", "NativeStep", "OpTime", "PagingLimit", "Placement", "Probe",
+           "GenerationOptions", "NativeDecoder", "NativeStep", "Needs", "OpTime", "PagingLimit", "Placement", "Probe",
            "Problem", "Profile", "Progress", "Schedule", "Scheme", "Session", "StepDecoder", "TensorSpec",
            "Tensors", "__version__", "cache", "current_rss_bytes", "hookimpl", "known_schemes", "latency_stats",
            "normalize_scheme", "peak_rss_bytes", "reset_peak_rss", "seal", "stamp", "validate_feeds", "verbose"]

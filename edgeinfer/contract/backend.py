@@ -429,6 +429,24 @@ class Backend:
         return loaded
 
     @classmethod
+    def cannot_build(cls, kind: str, runtime: str | None = None) -> str | None:
+        """Why this installation cannot build ``kind`` ("encoder" or "decoder") models for board runtime
+        ``runtime`` with this backend (None: the board's backend runtime, which every capable backend builds),
+        in a phrase naming what is missing; None when it can. Cheap: reads declarations and looks modules up
+        (``Needs``), imports no SDK; ``edgeinfer plan`` and ``deploy`` ask it before choosing a runtime."""
+        needed = cls.CAPABILITIES["decoder_deploy" if kind == "decoder" else "tensors"]
+        absent = [m for m in needed if getattr(cls, m) is getattr(Backend, m)]
+        if absent:
+            return f"backend {cls.name!r} builds no {kind} models: it implements no {absent[0]}"
+        if runtime is None:
+            return None
+        extra = cls.decoders.runtimes if kind == "decoder" else {}
+        if runtime not in extra:
+            return f"backend {cls.name!r} builds no {kind} models for runtime {runtime}"
+        needs = extra[runtime]
+        return needs.missing() if needs else None
+
+    @classmethod
     def capable(cls, capability: str) -> bool:
         """Whether this backend implements every method of ``capability`` ("tensors", "decoders")."""
         return all(getattr(cls, m) is not getattr(Backend, m) for m in cls.CAPABILITIES[capability])

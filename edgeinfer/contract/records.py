@@ -1,5 +1,5 @@
 """The small typed records of the backend contract: what a backend declares (:class:`Tensors`,
-:class:`Decoders`) and what its optional facts answer (:class:`PagingLimit`, :class:`Placement`).
+:class:`Decoders`, :class:`Needs`) and what its optional facts answer (:class:`PagingLimit`, :class:`Placement`).
 
 A backend declares its data as two class attributes, one per capability, each defaulting to "nothing
 special"; a tensor-only backend writes one line (``tensors = Tensors(native=(".onnx",))``).
@@ -7,9 +7,27 @@ special"; a tensor-only backend writes one line (``tensors = Tensors(native=(".o
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+
+@dataclass(frozen=True)
+class Needs:
+    """A library a conversion needs besides the backend's own (e.g. a vendor toolkit for one runtime):
+    found with ``importlib.util.find_spec`` on its top-level module, never imported, so ``edgeinfer plan``
+    stays light."""
+
+    module: str  #: top-level module name ("rkllm")
+    what: str  #: the library in the user's words ("the RKLLM toolkit (package rkllm-toolkit, rkllm.api)")
+    get: str  #: how to install it
+
+    def missing(self) -> str | None:
+        """What is missing and how to get it, or None when the module is importable here."""
+        if importlib.util.find_spec(self.module) is not None:
+            return None
+        return f"{self.what} is not installed: {self.get}"
 
 
 @dataclass(frozen=True)
@@ -45,6 +63,10 @@ class Decoders:
     options: tuple[str, ...] = ()
     #: the ``**options`` ``convert_decoder`` takes; deploy passes every backend ``target`` (the board's)
     convert_options: tuple[str, ...] = ("target",)
+    #: board runtimes besides the board's backend runtime (``Board.backend_runtime``) that ``convert_decoder``
+    #: builds for when deploy passes the convert option ``runtime``, each with what it needs besides the
+    #: backend (None: nothing more): ``{"rkllm": Needs("rkllm", ...)}``
+    runtimes: Mapping[str, Needs | None] = field(default_factory=dict)
     #: load options that make ``open_decoder`` give a step decoder (logits) where its default is a native
     #: loop: the decoder golden check compares logits
     logits_options: Mapping[str, Any] = field(default_factory=dict)

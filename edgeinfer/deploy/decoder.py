@@ -8,8 +8,10 @@ transformers reference, greedy (:mod:`edgeinfer.run.generation.golden`) → a se
 backend stamped the artifact ``unchecked`` (a runtime that cannot run on this host, such as RKLLM on x86):
 then the bundle says, in its golden report, that the check was not run and why.
 
-``runtime`` picks one of the board's runtimes (``edgeinfer plan --runtime``); by default the board's
-``backend_runtime``. Another one is passed to the backend as the decoder convert option ``runtime``.
+Runtime, scheme and context are the plan's (:func:`edgeinfer.planning.decision.decide`, the same for
+``edgeinfer plan``): ``runtime`` picks one of the board's runtimes (``edgeinfer plan --runtime``), by
+default the board's first that this installation builds; one other than the board's ``backend_runtime`` is
+passed to the backend as the decoder convert option ``runtime``.
 """
 
 from __future__ import annotations
@@ -20,26 +22,27 @@ import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from edgeinfer import files
 from edgeinfer.contract import cache, remote_code, seal, stamp
 from edgeinfer.contract import registry as plugins
 from edgeinfer.contract.backend import Backend, TensorSpec
 from edgeinfer.contract.names import DECODER_REFERENCE
-from edgeinfer.contract.schemes import normalize_scheme
 from edgeinfer.deploy import buckets, decoder_paging, outdir
-from edgeinfer.errors import BackendUnavailableError, CheckFailed, InputError
+from edgeinfer.errors import CheckFailed, InputError
 from edgeinfer.model import bundle as bundle_mod
 from edgeinfer.model import decoder_bundle
 from edgeinfer.model.bundle import Manifest
-from edgeinfer.model.kind import Kind, find, model_context_limit
+from edgeinfer.model.kind import Kind, find
 from edgeinfer.planning.boards import Board, get_board
+from edgeinfer.planning.decision import own_runtime
 from edgeinfer.planning.device_memory import check_decoder_fits
+from edgeinfer.planning.planner import Plan
+from edgeinfer.planning.planner import plan as make_plan
 from edgeinfer.progress import Progress
 from edgeinfer.run import bundle as run_bundle
 from edgeinfer.run.generation import golden
-from edgeinfer.run.loading import default_context
 
 GOLDEN_PROMPTS = 4
 GOLDEN_TOKENS = 32
@@ -75,7 +78,7 @@ class DecoderDeployResult:
 def deploy_decoder(
     model: str | os.PathLike[str],
     board: str | os.PathLike[str] | Board,
-    out: str | os.PathLike[str],
+    out: str | os.PathLike[str] | None,
     *,
     quant: str | None = None,
     ctx: int | None = None,
@@ -91,46 +94,62 @@ def deploy_decoder(
     trust_remote_code: bool = False,
     paging: int | str | None = None,
     segments: int | None = None,
-) -> DecoderDeployResult:
+    dry_run: bool = False,
+    on_plan: Callable[[Plan], None] | None = None,
+) -> DecoderDeployResult | outdir.DryRun:
     """Deploy the causal LM in ``model`` for ``board``; raise CheckFailed (nothing written) when the plan
-    does not fit (unless ``force``) or the golden check fails. ``threshold`` overrides the scheme's
-    minimum logits cosine. ``paging`` (a window, or ``"auto"``) with ``segments`` builds it layer-paged
-    (:mod:`edgeinfer.deploy.decoder_paging`), golden-checked with that window. ``trust_remote_code``: let
-    libraries import the Python files ``model`` names in ``auto_map`` (otherwise such a directory is refused
-    before any work)."""
+    does not fit (unless ``force``) or the golden check fails. Runtime, scheme and context are the plan's
+    (:mod:`edgeinfer.planning.decision`): ``on_plan`` is called with it before converting; ``dry_run``
+    returns it (:class:`~edgeinfer.deploy.outdir.DryRun`) and converts and writes nothing. ``paging`` (a
+    window, or ``"auto"``) with ``segments`` builds it layer-paged (:mod:`edgeinfer.deploy.decoder_paging`),
+    golden-checked with that window. ``threshold`` overrides the scheme's minimum logits cosine.
+    ``trust_remote_code``: let libraries import the Python files ``model`` names in ``auto_map`` (otherwise
+    such a directory is refused before any work)."""
     progress = progress or Progress(enabled=False)
     warnings: list[str] = []
     notes: list[str] = []
-    out_dir = Path(out)
-    outdir.check_out_dir(out_dir)
+    out_dir = Path(out) if out is not None else None
+    if out_dir is not None:
+        outdir.check_out_dir(out_dir)
+    elif not dry_run:
+        raise InputError("deploy needs -o: the bundle directory to write")
     hf_dir = Path(model)
     if find(hf_dir) is not Kind.DECODER_DIR:
         raise InputError(f"{hf_dir} is not a causal language model directory (config.json names no *ForCausalLM)")
     remote_code.allowed(hf_dir)
     check_text(hf_dir)
     b = get_board(board)
-    backend = plugins.get_backend(b.backend)
     options = dict(options or {})
-    runtime = choose_runtime(b, backend, runtime, options)
-    scheme = choose_scheme(b, backend, quant, runtime)
-    context = check_context(hf_dir, ctx)
+    runtime = asked_runtime(runtime, options)
     prompts = golden_prompts(golden_inputs)
     if threshold is not None and not (isinstance(threshold, (int, float)) and -1 <= threshold <= 1):
         raise InputError(f"--threshold is a minimum logits cosine between -1 and 1, got {threshold}")
     if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or new_tokens < 1:
         raise InputError(f"new_tokens must be a positive integer, got {new_tokens!r}")
     calibration = read_calibration(calib)
-    if calibration is not None and scheme in ("fp32", "fp16", "bf16"):
-        warnings.append(f"--calib is not used for {scheme}: nothing is quantized")
 
-    # 1. plan first: refuse what does not fit, or an architecture the backend does not export, before converting
-    with progress.step(f"planning {hf_dir.name} on {b.name} at ctx {context}"):
+    # 1. plan first (plan's own decision of runtime, scheme and context): refuse what cannot be built here, what
+    # does not fit, or an architecture the backend does not export, before converting
+    with progress.step(f"planning {hf_dir.name} on {b.name}"):
+        plan = make_plan(str(hf_dir), b, quant=quant, ctx=ctx, runtime=runtime)
+        plan.decision.refuse_unbuildable(b)
+        backend = plugins.get_backend(b.backend)
+        runtime, scheme, context = plan.runtime, plan.scheme.name, plan.ctx
         paged = decoder_paging.choose(paging, segments, backend, hf_dir, b, scheme, context, runtime, own_runtime(b),
                                       notes)
-        plan = plan_or_refuse(hf_dir, b, scheme, context, runtime, force, warnings, paged)
+        if paged:  # plan the segmented decoder that is built
+            plan = make_plan(str(hf_dir), b, quant=scheme, ctx=context, runtime=runtime, paging=paged.window,
+                             segments=paged.segments)
+    if dry_run:
+        return outdir.DryRun(plan)
+    plan_or_refuse(plan, hf_dir, force, warnings)
     if paged:
         options["segments"] = paged.segments
         notes.append(decoder_paging.note(paged, plan))
+    if on_plan:
+        on_plan(plan)
+    if calibration is not None and scheme in ("fp32", "fp16", "bf16"):
+        warnings.append(f"--calib is not used for {scheme}: nothing is quantized")
 
     if runtime == own_runtime(b) and "decode_batches" in backend.decoders.convert_options \
             and "decode_batches" not in options:  # static decode shapes: one graph per batch size that fits
@@ -190,64 +209,12 @@ def check_text(hf_dir: Path) -> None:
         codec.render_chat([{"role": "user", "content": "Hello"}])
 
 
-def own_runtime(b: Board) -> str:
-    """The board runtime its backend's default decoder path targets."""
-    return b.backend_runtime or b.default_runtime
-
-
-def choose_runtime(b: Board, backend: Backend, asked: str | None, options: dict[str, Any]) -> str:
-    """``--runtime`` (or ``--option runtime=``): one of the board's decoder runtimes that its backend converts
-    for; by default the backend's own."""
-    given = options.get("runtime")
+def asked_runtime(asked: str | None, options: dict[str, Any]) -> str | None:
+    """``--runtime`` or ``--option runtime=`` (the backend's decoder convert option), not both differently."""
+    given = options.pop("runtime", None)
     if asked and given is not None and asked != given:
         raise InputError(f"--runtime {asked} and --option runtime={given} disagree; pass one of them")
-    asked = asked or given
-    own = own_runtime(b)
-    if asked is None:
-        return own
-    decoders = [r for r, rt in b.runtimes.items() if "decoder" in rt.kinds]
-    if asked not in decoders:
-        raise InputError(f"--runtime {asked}: board {b.name} runs decoders with {', '.join(decoders)}; pass one "
-                         "of those")
-    if asked != own and "runtime" not in backend.decoders.convert_options:
-        raise InputError(f"--runtime {asked}: board {b.name}'s backend {backend.name} deploys decoders for "
-                         f"runtime {own} only; omit --runtime")
-    return asked
-
-
-def choose_scheme(b: Board, backend: Backend, quant: str | None, runtime: str) -> str:
-    """The asked scheme if both the board's ``runtime`` and its backend's decoder conversion support it; by
-    default the backend's preferred decoder scheme among those the board lists."""
-    if not backend.capable("decoder_deploy"):
-        raise BackendUnavailableError(
-            f"board {b.name}'s backend {backend.name!r} cannot deploy decoder (language) models: it implements "
-            "no convert_decoder",
-            "deploy for another board, e.g. --board host; docs/writing-a-backend.md says what a backend adds")
-    listed = {normalize_scheme(s).family for s in b.runtimes[runtime].schemes}
-    ok = [s for s in backend.decoders.schemes if normalize_scheme(s).family in listed]
-    if not ok:
-        raise BackendUnavailableError(
-            f"board {b.name} lists no scheme that {backend.name} converts decoders to "
-            f"(board: {', '.join(sorted(listed))}; {backend.name}: {', '.join(backend.decoders.schemes)})")
-    if quant is None:
-        return ok[0]
-    s = normalize_scheme(quant)
-    if s.family not in ok:
-        raise InputError(f"--quant {s.name}: board {b.name} deploys decoders as {', '.join(ok)} only (through "
-                         f"{backend.name}, runtime {runtime}); pass one of those")
-    return s.name
-
-
-def check_context(hf_dir: Path, ctx: int | None) -> int:
-    if ctx is None:
-        return default_context(hf_dir)
-    limit = model_context_limit(hf_dir)
-    if isinstance(ctx, bool) or not isinstance(ctx, int) or ctx < 1:
-        raise InputError(f"--ctx must be a positive number of tokens, got {ctx}")
-    if limit is not None and ctx > limit:
-        raise InputError(f"--ctx {ctx} exceeds the model's max_position_embeddings ({limit}); use --ctx {limit} "
-                         "or less")
-    return ctx
+    return asked or given
 
 
 def golden_prompts(path: str | os.PathLike[str] | None) -> list[str]:
@@ -279,20 +246,15 @@ def read_calibration(path: str | os.PathLike[str] | None) -> list[str] | None:
     return lines
 
 
-def plan_or_refuse(hf_dir: Path, b: Board, scheme: str, context: int, runtime: str, force: bool,
-                   warnings: list[str], paged: decoder_paging.Paging | None = None) -> Any:
-    from edgeinfer.planning.planner import plan as make_plan
-
-    by_paging = {"paging": paged.window, "segments": paged.segments} if paged else {}
-    p = make_plan(str(hf_dir), b, quant=scheme, ctx=context, runtime=runtime, **by_paging)
+def plan_or_refuse(p: Any, hf_dir: Path, force: bool, warnings: list[str]) -> None:
+    """Refuse a plan that does not fit (unless ``force``: then a warning)."""
     if p.fits:
-        return p
+        return
     why = "; ".join(p.reasons)
     if not force:
-        raise CheckFailed(f"{hf_dir.name} does not fit {b.name} with {scheme} at ctx {context}: {why}; "
+        raise CheckFailed(f"{hf_dir.name} does not fit {p.board.name} with {p.scheme.name} at ctx {p.ctx}: {why}; "
                           f"{suggestion(p)} (see `edgeinfer plan`, or pass --force)")
     warnings.append(f"deploying although the plan says it does not fit: {why}")
-    return p
 
 
 def suggestion(p: Any) -> str:

@@ -15,7 +15,7 @@ import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -24,7 +24,6 @@ from edgeinfer.contract import cache, remote_code, seal, stamp
 from edgeinfer.contract import registry as plugins
 from edgeinfer.contract.backend import CalibrationSet, TensorSpec
 from edgeinfer.contract.names import ENCODER_REFERENCE
-from edgeinfer.contract.schemes import normalize_scheme
 from edgeinfer.deploy import buckets as buckets_mod
 from edgeinfer.deploy import calibration, golden, outdir
 from edgeinfer.errors import CheckFailed, InputError
@@ -33,12 +32,13 @@ from edgeinfer.model import samples as golden_samples
 from edgeinfer.model.bundle import Manifest, TextSpec
 from edgeinfer.model.kind import Kind, kind
 from edgeinfer.planning.boards import Board, get_board
+from edgeinfer.planning.decision import ENCODER_SEQUENCE
 from edgeinfer.progress import Progress
 from edgeinfer.run import bundle as run_bundle
 from edgeinfer.run.padding import run_padded
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
-DEFAULT_SEQ = 128
+DEFAULT_SEQ = ENCODER_SEQUENCE  # the tokenizer's length where the model fixes none
 GOLDEN_SAMPLES = 16
 NEEDS_CALIBRATION = ("w8a8",)
 
@@ -193,7 +193,7 @@ def fallback_samples(specs: list[TensorSpec], tokenize, n: int) -> list[Feeds]:
 def deploy(
     model: str | os.PathLike[str],
     board: str | os.PathLike[str],
-    out: str | os.PathLike[str],
+    out: str | os.PathLike[str] | None,
     *,
     quant: str | None = None,
     calib: str | os.PathLike[str] | None = None,
@@ -210,42 +210,57 @@ def deploy(
     cuts: list[str] | None = None,
     buckets: str | None = None,
     trust_remote_code: bool = False,
-) -> DeployResult:
-    """``trust_remote_code``: let libraries import the Python files a model directory names in ``auto_map``
-    (otherwise such a directory is refused before any work)."""
+    dry_run: bool = False,
+    on_plan: Callable[[Any], None] | None = None,
+) -> DeployResult | outdir.DryRun:
+    """Scheme and sequence length are the plan's (:mod:`edgeinfer.planning.decision`, as ``edgeinfer plan``
+    decides them; the sequence from ``shapes`` when given): ``on_plan`` is called with the plan before
+    converting, once every input is checked; ``dry_run`` returns it
+    (:class:`~edgeinfer.deploy.outdir.DryRun`), exporting and writing nothing. ``trust_remote_code``: let
+    libraries import the Python files a model directory names in ``auto_map`` (otherwise such a directory is
+    refused before any work)."""
     from edgeinfer.planning.planner import plan as make_plan
 
     progress = progress or Progress(enabled=False)
     warnings: list[str] = []
-    out_dir = Path(out)
-    outdir.check_out_dir(out_dir)
+    out_dir = Path(out) if out is not None else None
+    if out_dir is not None:
+        outdir.check_out_dir(out_dir)
+    elif not dry_run:
+        raise InputError("deploy needs -o: the bundle directory to write")
     _check_numbers(threshold, max_samples)
     b = get_board(board)
-    backend = plugins.get_backend(b.backend)
     src = source_of(model)
     if src.hf_dir is not None:
         remote_code.allowed(src.hf_dir)
         check_tokenizer(src.hf_dir)
-    scheme = normalize_scheme(quant or "fp16").name
-    threshold = golden.default_threshold(scheme) if threshold is None else threshold
-    layout = _paging_layout(paging, segments, cuts, backend)
     bucket_arg = buckets_mod.parse(buckets)
 
-    # 1. plan first: refuse what does not fit before exporting or converting anything
+    # 1. plan first (plan's own decision of runtime, scheme and sequence length): refuse what cannot be built
+    # here or does not fit before exporting or converting anything
     user_shapes = dict(shapes or {})
     first = next(iter(user_shapes.values()), None)
-    seq_default = min(DEFAULT_SEQ, _max_position(src) or DEFAULT_SEQ)
-    seq = first[1] if first and len(first) > 1 else seq_default
     batch = first[0] if first else 1
     with progress.step(f"planning {src.path.name} on {b.name}"):
-        the_plan = make_plan(str(src.path), b, quant=scheme, ctx=seq, batch=batch, runtime=b.backend_runtime)
+        the_plan = make_plan(str(src.path), b, quant=quant, ctx=first[1] if first and len(first) > 1 else None,
+                             batch=batch)
+    the_plan.decision.refuse_unbuildable(b)
+    if dry_run:
+        return outdir.DryRun(the_plan)
     if not the_plan.fits and not force:
         raise CheckFailed(
-            f"{src.path.name} does not fit {b.name} with {scheme}: {'; '.join(the_plan.reasons)} "
+            f"{src.path.name} does not fit {b.name} with {the_plan.scheme.name}: {'; '.join(the_plan.reasons)} "
             f"(see `edgeinfer plan`, or pass --force)"
         )
     if not the_plan.fits:
         warnings.append(f"deploying although the plan says it does not fit: {'; '.join(the_plan.reasons)}")
+    backend = plugins.get_backend(b.backend)
+    scheme, seq = the_plan.scheme.name, the_plan.ctx
+    if not calib and scheme.split("_")[0] in NEEDS_CALIBRATION:
+        raise InputError(f"scheme {scheme} needs calibration data: pass --calib (a .txt of samples, .npz or a "
+                         "directory)")
+    threshold = golden.default_threshold(scheme) if threshold is None else threshold
+    layout = _paging_layout(paging, segments, cuts, backend)
 
     # 2. reference model (fp32 ONNX on onnxruntime) and the input specs the board will see
     static = "dynamic_shapes" in backend.tensors.gaps or board_target(b) == "npu"
@@ -277,16 +292,15 @@ def deploy(
                 f"only {len(calib_samples)} calibration samples (at least {calibration.FEW_SAMPLES} recommended); "
                 "quantization ranges may be poor"
             )
-    elif scheme.split("_")[0] in NEEDS_CALIBRATION:
-        raise InputError(f"scheme {scheme} needs calibration data: pass --calib (a .txt of samples, .npz or a "
-                         "directory)")
     if golden_inputs:
         held = calibration.load_samples(Path(golden_inputs), specs, tokenize)
     if not held:
         held = fallback_samples(specs, tokenize, GOLDEN_SAMPLES)
         warnings.append(f"golden check on {len(held)} built-in samples (pass --golden-inputs for your own data)")
 
-    # 4. convert (or reuse the cached bundle), golden check, bundle
+    # 4. convert (or reuse the cached bundle), golden check, bundle: every input checked, the plan is announced
+    if on_plan:
+        on_plan(the_plan)
     key = _cache_key(src, b, scheme, shapes_used, backend, calib_samples, held,
                      {**(options or {}), **layout, **({"buckets": bucketing[0]} if bucketing else {})})
     cached_dir = cache.area("deploy") / key
@@ -426,16 +440,6 @@ def _paging_layout(window: int | None, segments: int | None, cuts: list[str] | N
     if "onnx" not in backend.tensors.sources:
         raise InputError(f"paging splits ONNX models; backend {backend.name!r} does not convert ONNX")
     return {"window": window, "segments": segments, "cuts": list(cuts or []) or None}
-
-
-def _max_position(src: Source) -> int | None:
-    if src.kind != "hf":
-        return None
-    from edgeinfer.planning.models.hf import read_config
-
-    cfg = read_config(src.path / "config.json")
-    v = cfg.get("max_position_embeddings") if isinstance(cfg, dict) else None
-    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
 
 
 def _check_numbers(threshold: float | None, max_samples: int) -> None:

@@ -1,10 +1,11 @@
-"""Where a deploy writes: ``-o`` checked first, the bundle built next to it and moved into place at the end
-(shared by the encoder and decoder deploys)."""
+"""Where a deploy writes: ``-o`` checked first, the bundle built next to it and moved into place at the end,
+the plan recorded in it; or, with ``--dry-run``, nothing (shared by the encoder and decoder deploys)."""
 
 from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +23,24 @@ def check_out_dir(out_dir: Path) -> None:
 
 
 def plan_summary(p: Any) -> dict[str, Any]:
+    """What the manifest and ``deploy --json`` record of the plan: the build decision, verdict, memory, speed."""
     d = p.to_dict()
-    keep = ("fits", "memory", "estimates", "runtime", "scheme")
+    keep = ("options", "build", "fits", "memory", "estimates")
     return {k: d[k] for k in keep if k in d}
+
+
+@dataclass
+class DryRun:
+    """What ``deploy --dry-run`` answers: the plan deploy would build for; nothing converted or written."""
+
+    plan: Any  # planning.planner.Plan
+
+    @property
+    def fits(self) -> bool:
+        return self.plan.fits
+
+    def to_json(self) -> dict[str, Any]:
+        return {"dry_run": True, "board": self.plan.board.name, "fits": self.plan.fits, "plan": self.plan.to_dict()}
 
 
 def tmp_parent(out_dir: Path) -> Path:

@@ -65,8 +65,8 @@ def _spec(d: dict[str, Any]) -> ModelSpec:
 
 
 def decoder_runtime(b: Board) -> str:
-    """The runtime a row without one was measured with: the one ``edgeinfer plan`` picks for decoders
-    (the default runtime first, as in ``planner.choose_runtime``)."""
+    """The runtime a row without one was measured with: the board's preferred decoder runtime (its default
+    runtime first)."""
     order = [b.default_runtime, *b.runtimes]
     return next((r for r in order if r and "decoder" in b.runtimes[r].kinds), b.default_runtime)
 

@@ -13,14 +13,20 @@ def refuse_unexportable(spec: ModelSpec, board: Board, runtime: str) -> None:
     """Raise an InputError when ``spec`` is a Hugging Face decoder planned on the runtime that ``board``'s backend
     deploys for, and the backend declares the architectures it exports without this one. A backend that is not
     installed is not asked: plan works without plugins."""
+    why = unexportable(spec, board, runtime)
+    if why:
+        raise InputError(why)
+
+
+def unexportable(spec: ModelSpec, board: Board, runtime: str) -> str | None:
+    """Why ``board``'s backend cannot export the decoder ``spec`` for ``runtime``, or None."""
     if spec.encoder or not spec.has_kv or spec.file_format in ("gguf", "onnx"):
-        return
+        return None
     if runtime != (board.backend_runtime or board.default_runtime):
-        return  # another runtime (llama.cpp, RKLLM's own toolkit ...) is not the backend's export
+        return None  # another runtime (llama.cpp, RKLLM's own toolkit ...) is not the backend's export
     from edgeinfer.contract import registry  # only here: a decoder planned on its backend's runtime
 
     entry = registry.registry().backends.get(board.backend)
     model_type = spec.architecture.removesuffix(" (approximate)")  # an architecture planned from its tensors
     why = entry.cls.decoders.refusal(model_type, entry.cls.name) if entry else None
-    if why:
-        raise InputError(f"board {board.name}: {why}")
+    return f"board {board.name}: {why}" if why else None

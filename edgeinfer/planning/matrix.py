@@ -41,13 +41,14 @@ class PlanMatrix:
                 "plans": [c.to_dict() for c in self.plans]}
 
 
-def plan_models(models: Sequence[str], board: str, ctx: int = 4096, batch: int = 1, image: str | None = None,
+def plan_models(models: Sequence[str], board: str, ctx: int | None = None, batch: int = 1, image: str | None = None,
                 **options: Any) -> planner.Plan | PlanMatrix:
     """One model on one named board → its Plan (with suggestions); otherwise the matrix (no suggestions).
 
     ``options`` are :func:`edgeinfer.planning.planner.plan`'s (quant, kv_dtype, runtime, paging, ...);
     ``image`` ("WxH") sizes the vision encoder's activations of vision-language models."""
-    ctx, batch = planner.check_int("ctx", ctx), planner.check_int("batch", batch)
+    ctx = None if ctx is None else planner.check_int("ctx", ctx)  # None: each model's limit, capped
+    batch = planner.check_int("batch", batch)
     specs = [resolve(m) for m in models]
     if image is not None:
         specs = [vision.set_image(s, *vision.parse_image(image)) for s in specs]

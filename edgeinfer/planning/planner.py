@@ -15,6 +15,7 @@ from edgeinfer.contract.schemes import Scheme, normalize_scheme
 from edgeinfer.errors import InputError
 from edgeinfer.planning import details
 from edgeinfer.planning.boards import GIB, Board, get_board, load_boards
+from edgeinfer.planning.decision import Decision, decide
 from edgeinfer.planning.exportable import refuse_unexportable
 from edgeinfer.planning.models import resolve
 from edgeinfer.planning.models.spec import ModelSpec
@@ -171,6 +172,7 @@ class Plan:
     estimates: details.Estimates
     suggestions: details.Suggestions | None = None  # None: not asked for
     warnings: list[str] = field(default_factory=list)
+    decision: Decision | None = None  # how runtime, scheme and context were chosen, and whether they build here
 
     @property
     def total_bytes(self) -> int:
@@ -211,6 +213,7 @@ class Plan:
             "estimates": self.estimates.to_dict(),
             "suggestions": self.suggestions.to_dict() if self.suggestions else {},
             "warnings": list(self.warnings),
+            "build": self.decision.to_dict() if self.decision else None,
         }
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -241,35 +244,6 @@ def check_int(name: str, v: object) -> int:
     if v > 2**24 if name == "ctx" else v > 65536:
         raise InputError(f"--{name} {v} is out of range", "use a realistic value")
     return v
-
-
-def choose_runtime(board: Board, spec: ModelSpec, quant: str | None, runtime: str | None) -> tuple[str, Scheme]:
-    kind = "encoder" if spec.encoder else "decoder"
-    if spec.runtime and runtime not in (None, spec.runtime):
-        raise InputError(f"{spec.name} runs in runtime {spec.runtime} only, not {runtime}", "omit --runtime")
-    runtime = runtime or spec.runtime
-    others = [r for r in board.runtimes if r != board.default_runtime]
-    names = [runtime] if runtime else [board.default_runtime] + others
-    if runtime and runtime not in board.runtimes:
-        raise InputError(f"board {board.name} has no runtime '{runtime}'", "runtimes: " + ", ".join(board.runtimes))
-    cands = [r for r in names if kind in board.runtimes[r].kinds]
-    if not cands:
-        raise InputError(f"board {board.name} has no runtime for {kind} models",
-                         "runtimes: " + ", ".join(f"{k} ({'/'.join(v.kinds)})" for k, v in board.runtimes.items()))
-    if quant is None:
-        fs = spec.file_scheme
-        for r in cands:
-            if fs and fs in board.runtimes[r].schemes:
-                return r, normalize_scheme(fs)
-        r = cands[0]
-        return r, normalize_scheme(board.runtimes[r].schemes[0])
-    s = normalize_scheme(quant)
-    for r in cands:
-        if s.name in board.runtimes[r].schemes:
-            return r, s
-    sup = "; ".join(f"{r}: {', '.join(board.runtimes[r].schemes)}" for r in cands)
-    raise InputError(f"board {board.name} does not support {s.name} for {kind} models",
-                     f"supported schemes: {sup}")
 
 
 def _speed_constants(board: Board, runtime: str, scheme: Scheme) -> tuple[dict | None, str]:
@@ -361,20 +335,24 @@ def _fits(spec, board, runtime, scheme, ctx, batch, kv_b) -> bool:
     return sum(bd.values()) <= board.total_bytes
 
 
-def plan(model, board, quant: str | None = None, ctx: int = 4096, batch: int = 1, kv_dtype: str | None = None,
+def plan(model, board, quant: str | None = None, ctx: int | None = None, batch: int = 1, kv_dtype: str | None = None,
          paging: int | None = None, runtime: str | None = None, suggest: bool = True,
          extra_boards=(), segments: int | None = None, storage: str | None = None) -> Plan:
     """Plan ``model`` (reference or ModelSpec) on ``board`` (name, path or Board).
 
-    ``paging=W`` plans layer-paged execution (edgeinfer.run.paged, docs/paging.md): W of ``segments``
-    (default: one per layer) resident, the rest streamed from ``storage`` once per token."""
-    ctx = check_int("ctx", ctx)
+    Runtime, scheme and context are :func:`edgeinfer.planning.decision.decide`'s (what ``deploy`` builds;
+    ``ctx`` None: the model's limit, capped). ``paging=W`` plans layer-paged execution (edgeinfer.run.paged,
+    docs/paging.md): W of ``segments`` (default: one per layer) resident, the rest streamed from ``storage``
+    once per token."""
+    ctx = None if ctx is None else check_int("ctx", ctx)
     batch = check_int("batch", batch)
     if paging is None and (segments is not None or storage is not None):
         raise InputError("--segments and --storage go with --paging W (segments resident at once)")
     spec = model if isinstance(model, ModelSpec) else resolve(model)
     b = get_board(board, extra=extra_boards)
-    rt_name, scheme = choose_runtime(b, spec, quant, runtime or paged_runtime(b, spec, paging))
+    decision = decide(spec, b, runtime=runtime or paged_runtime(b, spec, paging), quant=quant, ctx=ctx,
+                      paging=paging, segments=segments)
+    rt_name, scheme, ctx = decision.runtime, decision.scheme, decision.ctx
     refuse_unexportable(spec, b, rt_name)
     prof = runtime_profile(rt_name)
     kvd = kv_dtype or prof.get("kv_dtype", "fp16")
@@ -391,8 +369,6 @@ def plan(model, board, quant: str | None = None, ctx: int = 4096, batch: int = 1
     rt = b.runtimes[rt_name]
     if rt.max_context and ctx > rt.max_context:
         reasons.append(("context", f"context {ctx} exceeds {rt_name}'s maximum {rt.max_context}"))
-    if spec.max_position and ctx > spec.max_position:
-        warnings.append(("context", f"context {ctx} exceeds the model's max_position_embeddings {spec.max_position}"))
     if b.npu_window_gib:
         win = int(b.npu_window_gib.value * GIB)
         largest = max(spec.tensor_bytes.values()) if spec.tensor_bytes else int(
@@ -421,7 +397,7 @@ def plan(model, board, quant: str | None = None, ctx: int = 4096, batch: int = 1
     est = estimate_speed(spec, b, rt_name, scheme, ctx, batch, kv_b)
     p = Plan(model=spec, board=b, runtime=rt_name, scheme=scheme, ctx=ctx, batch=batch, kv_dtype=kvd,
              breakdown=bd, details=det, fits=fits, reasons=[t for _, t in reasons], limits=limits,
-             estimates=est, warnings=[t for _, t in warnings])
+             estimates=est, warnings=[t for _, t in warnings], decision=decision)
     if suggest:
         p.suggestions = suggestions(p, extra_boards)
     if paging is not None:

@@ -16,6 +16,7 @@ from edgeinfer.contract.backend import Backend, Session
 from edgeinfer.contract.names import DECODER_REFERENCE, ENCODER_REFERENCE
 from edgeinfer.errors import InputError, ModelError
 from edgeinfer.model.kind import Kind, find, kind, model_context_limit
+from edgeinfer.planning import decision
 from edgeinfer.planning.device_memory import check_decoder_fits
 
 if TYPE_CHECKING:
@@ -72,9 +73,6 @@ def parse_shapes(items: tuple[str, ...] | list[str]) -> dict[str, list[int]]:
     return shapes
 
 
-DEFAULT_CONTEXT = 2048
-
-
 @remote_code.entry_point
 def load(path: Any, backend: str | None = None, device: str | None = None, *, trust_remote_code: bool = False,
          **options: Any) -> Session | Generator:
@@ -107,8 +105,9 @@ def load(path: Any, backend: str | None = None, device: str | None = None, *, tr
 
 
 def default_context(model_dir: Path) -> int:
-    """The context a decoder directory loads with when none is asked for: its limit, at most DEFAULT_CONTEXT."""
-    return min(model_context_limit(model_dir) or DEFAULT_CONTEXT, DEFAULT_CONTEXT)
+    """The context a decoder directory loads with when none is asked for: the planning rule (its limit, capped;
+    :func:`edgeinfer.planning.decision.default_context`), the context ``plan`` and ``deploy`` use."""
+    return decision.default_context(model_context_limit(model_dir))
 
 
 @remote_code.entry_point

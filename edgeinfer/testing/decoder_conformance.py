@@ -28,6 +28,7 @@ from edgeinfer.contract import remote_code
 from edgeinfer.contract.backend import Backend
 from edgeinfer.contract.decoder import NativeDecoder, StepDecoder
 from edgeinfer.contract.generation import GenerationOptions
+from edgeinfer.contract.records import Needs
 from edgeinfer.errors import InputError
 from edgeinfer.run.generation.generator import Generator
 from edgeinfer.run.generation.text import TextCodec
@@ -164,6 +165,22 @@ class DecoderConformance:
         model_type = json.loads((self.model_dir() / "config.json").read_text())["model_type"]
         assert backend.decoders.refusal(model_type, backend.name) is None
         assert "not 'no_such_architecture'" in backend.decoders.refusal("no_such_architecture", backend.name)
+
+    def test_declared_build_runtimes_are_well_formed(self, backend: Backend) -> None:
+        """``decoders.runtimes`` (the board runtimes besides its own that ``convert_decoder`` builds for, given the
+        convert option ``runtime``) and ``cannot_build``, which plan and deploy ask before choosing a runtime."""
+        cls = type(backend)
+        if not cls.capable("decoder_deploy"):
+            assert "convert_decoder" in cls.cannot_build("decoder")
+            pytest.skip(f"{self.backend_name} does not convert decoders (no convert_decoder)")
+        assert cls.cannot_build("decoder") is None, "a backend builds decoders for its own board runtime"
+        assert isinstance(cls.cannot_build("decoder", "no-such-runtime"), str)
+        for runtime, needs in cls.decoders.runtimes.items():
+            assert isinstance(runtime, str) and runtime.strip() == runtime and runtime, runtime
+            assert "runtime" in cls.decoders.convert_options, "deploy passes the convert option runtime"
+            assert needs is None or (isinstance(needs, Needs) and needs.module.isidentifier()), needs
+            why = cls.cannot_build("decoder", runtime)
+            assert why is None or (isinstance(why, str) and "\n" not in why and why.strip()), why
 
     def test_unknown_convert_option_is_an_input_error(self, backend: Backend, tmp_path: Path) -> None:
         if not type(backend).capable("decoder_deploy"):

@@ -94,12 +94,14 @@ def test_slots_decode_independently(ascend, llm_dir):
 
 
 def test_a_scheme_the_board_lacks_is_refused_with_the_supported_list(ascend, llm_dir):
-    from edgeinfer.deploy.decoder import choose_scheme
     from edgeinfer.planning.boards import get_board
+    from edgeinfer.planning.decision import decide
+    from edgeinfer.planning.models import resolve
 
-    # the board's rule is the core's: deploy refuses it before the backend converts anything
-    with pytest.raises(InputError, match=r"board atlas-300i-pro deploys decoders as fp16, w8a16 only"):
-        choose_scheme(get_board("atlas-300i-pro"), ascend, "bf16", "torch-npu")
+    # the board's rule is the core's (plan's and deploy's one decision): refused before anything converts
+    with pytest.raises(InputError, match=r"board atlas-300i-pro does not support bf16 for decoder models "
+                                         r"\(supported schemes: torch-npu: fp16, w8a16\)"):
+        decide(resolve(str(llm_dir)), get_board("atlas-300i-pro"), runtime="torch-npu", quant="bf16")
     with pytest.raises(InputError, match=r"cannot run scheme 'w8a8'.*supports: fp32, fp16, bf16, w8a16"):
         ascend.load_decoder(llm_dir, context=16, scheme="w8a8")
     with pytest.raises(InputError, match="cannot run scheme 'w8a8'"):

@@ -116,8 +116,9 @@ def test_a_model_whose_mlp_width_equals_its_vocabulary_is_refused_before_the_bui
                              intermediate=llm.VOCAB_SIZE, max_positions=256)
     r = run_cli(capfd, "deploy", str(model), "--board", "host", "-o", str(tmp_path / "bundle"), "--ctx", "64")
     assert r.returncode == 2, r.stderr
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and "intermediate_size equals vocab_size" in lines[0] and "Traceback" not in r.stderr
+    lines = r.stderr.strip().splitlines()  # the plan deploy announced before converting, then the refusal
+    assert len(lines) == 2 and lines[0].startswith("plan: clash on host: onnxruntime fp32, ctx 64, fits"), r.stderr
+    assert "intermediate_size equals vocab_size" in lines[1] and "Traceback" not in r.stderr
     assert not (tmp_path / "bundle").exists()
 
 

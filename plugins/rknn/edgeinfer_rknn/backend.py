@@ -16,6 +16,7 @@ from edgeinfer.contract import (
     Backend,
     CalibrationSet,
     Decoders,
+    Needs,
     PagingLimit,
     Placement,
     Probe,
@@ -43,6 +44,7 @@ from .convert import (
     static_inputs,
 )
 from .decoder_segments import ARCHITECTURES
+from .rkllm_convert import GET_TOOLKIT, TOOLKIT
 from .session import BoardSession, SimulatorSession
 
 DEFAULT_TARGET = "rk3588"
@@ -81,7 +83,8 @@ class RknnBackend(Backend):
         schemes=("fp16", "w8a8", "w4a16"),  # per target: w4a16 on rk3576 / rv1126b only
         architectures=ARCHITECTURES,  # the layer-paged export (decoder_segments); runtime rkllm: RKLLM's toolkit
         options=DECODER_OPTIONS, convert_options=DECODER_CONVERT_OPTIONS,
-        native={".rkllm": "rkllm"})  # a model converted with Rockchip's RKLLM toolkit, run by librkllmrt.so
+        native={".rkllm": "rkllm"},  # a model converted with Rockchip's RKLLM toolkit, run by librkllmrt.so
+        runtimes={"rkllm": Needs("rkllm", TOOLKIT, GET_TOOLKIT)})  # found as _toolkit() imports it
     resource_names = resources.RESOURCE_NAMES
 
     def accelerators(self, probe: Probe) -> list[Accelerator]:

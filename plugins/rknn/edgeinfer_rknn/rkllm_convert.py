@@ -29,6 +29,7 @@ from edgeinfer.errors import BackendError, BackendUnavailableError, InputError
 
 ARTIFACT = "model.rkllm"
 RUNTIMES = ("rknn", "rkllm")  # the rknn backend's decoder runtimes: its own RKNN graphs, Rockchip's RKLLM
+TOOLKIT = "the RKLLM toolkit (package rkllm-toolkit, rkllm.api)"
 GET_TOOLKIT = ("install the rkllm-toolkit wheel for your Python from "
                "https://github.com/airockchip/rknn-llm/tree/main/rkllm-toolkit/packages "
                "(x86_64 Linux only; not on PyPI)")
@@ -74,8 +75,7 @@ def _toolkit() -> Any:
     try:
         from rkllm.api import RKLLM  # type: ignore[import-not-found]
     except ImportError:
-        raise BackendUnavailableError("the RKLLM toolkit (package rkllm-toolkit, rkllm.api) is not installed",
-                                      GET_TOOLKIT) from None
+        raise BackendUnavailableError(f"{TOOLKIT} is not installed", GET_TOOLKIT) from None
     return RKLLM
 
 
