@@ -199,7 +199,7 @@ def _file_self_check(path: Path, report: dict[str, Any], board: str | None) -> d
     from edgeinfer.planning.boards import get_board
     from edgeinfer.planning.models import resolve
     from edgeinfer.planning.models.hf import read_config
-    from edgeinfer.planning.planner import choose_runtime
+    from edgeinfer.planning.decision import decide
     from edgeinfer.planning.selfcheck import self_check
 
     if board is None:
@@ -209,9 +209,9 @@ def _file_self_check(path: Path, report: dict[str, Any], board: str | None) -> d
     except ModelError as e:
         return {"skipped": e.one_line()}
     b = get_board(board)
-    runtime, scheme = choose_runtime(b, spec, None, None)
-    return self_check(report, spec, read_config(path.parent / "config.json"), b, scheme.name, report["context"],
-                      f"edgeinfer bench {path.name}", runtime=runtime)
+    d = decide(spec, b, ctx=report["context"])
+    return self_check(report, spec, read_config(path.parent / "config.json"), b, d.scheme.name, report["context"],
+                      f"edgeinfer bench {path.name}", runtime=d.runtime)
 
 
 def _bench_encoder(session: Any, bundle_dir: Path, batches: list[int] | None, seqs: list[int] | None,
