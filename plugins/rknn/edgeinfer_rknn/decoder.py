@@ -96,20 +96,20 @@ class GraphPool:
             sess.close()
 
 
-SIMULATOR_POOL = GraphPool()
+SIMULATOR_POOL = GraphPool()  # one per process: what a page-in takes in the simulator
 SIMULATOR_PAGE_IN = ("simulator figures: a page-in takes the segment graph this process has built (from host memory; "
                      "building it the first time), so its ms are not a board's page-in (a file load into NPU memory)")
 
 
 class SegmentPager:
-    """Which segments are loaded: the paging schedule, page-in times and resident weight bytes. With a ``pool``
-    (the simulator) evicted graphs go back to it and page-ins take them from it."""
+    """Which segments are loaded: the paging schedule, page-in times and resident weight bytes. With a
+    ``graph_pool`` (the simulator) evicted graphs go back to it and page-ins take them from it."""
 
     def __init__(self, backend: Any, folder: Path, segments: list[dict[str, Any]], window: int, device: str | None,
-                 prefetch: bool, loader: Any = None, pool: GraphPool | None = None):
+                 prefetch: bool, loader: Any = None, graph_pool: GraphPool | None = None):
         self.backend, self.folder, self.segments, self.device = backend, folder, segments, device
         self.loader = loader or (lambda art: backend.load(art, device=device))
-        self.pool = pool
+        self.graph_pool = graph_pool
         self._keys: dict[tuple[int, str], tuple[str, str]] = {}  # the graph files do not change while loaded
         n = len(segments)
         self.notes: list[str] = []
@@ -134,10 +134,10 @@ class SegmentPager:
 
     def _load(self, k: int, phase: str) -> tuple[Session, float]:
         art = self.folder / self.segments[k][phase]
-        if self.pool is not None:
+        if self.graph_pool is not None:
             key = self._key(k, phase)
             t = time.perf_counter()
-            sess = self.pool.take(key)
+            sess = self.graph_pool.take(key)
             if sess is not None:
                 return sess, time.perf_counter() - t
         la.hand_over(art)
@@ -153,8 +153,8 @@ class SegmentPager:
     def _unload(self, k: int) -> None:
         """Segment ``k``'s graphs leave the NPU: closed, or (simulator) back into the pool."""
         for phase, sess in self.loaded.pop(k, {}).items():
-            if self.pool is not None:
-                self.pool.give(self._key(k, phase), sess)
+            if self.graph_pool is not None:
+                self.graph_pool.give(self._key(k, phase), sess)
             else:
                 sess.close()
 
@@ -290,7 +290,7 @@ class RknnDecoder(StepDecoder):
 
     def paging_stats(self) -> dict[str, Any]:
         p = self.pager
-        notes = list(p.notes) + ([SIMULATOR_PAGE_IN] if p.pool is not None else [])
+        notes = list(p.notes) + ([SIMULATOR_PAGE_IN] if p.graph_pool is not None else [])
         # ms to the ns: a page-in from the simulator's pool takes microseconds
         return {"segments": len(self.segments), "window": p.window, "prefetch": p.prefetch,
                 "pinned": p.sched.pinned, "page_ins": p.page_ins, "page_outs": p.page_outs,

@@ -242,13 +242,15 @@ def test_bad_conversion_options_are_input_errors(rknn, tmp_path, options, match)
 
 @pytest.mark.slow
 def test_deploy_of_the_test_llm_to_rk3588_writes_a_bundle_that_generates(tmp_path, cli):
-    """`edgeinfer deploy` end to end: plan, rknn fp16 conversion, golden check in the simulator, bundle."""
+    """`edgeinfer deploy` end to end: plan, rknn fp16 conversion, golden check in the simulator, bundle (decode
+    graphs for one sequence: the batched ones are test_decoder_batches.py's)."""
     from edgeinfer.planning.boards import get_board
 
     if "decoder" not in get_board("rk3588-8g").runtimes["rknn"].kinds:
         pytest.skip("boards/rk3588-8g.yaml lists no decoder kind for its rknn runtime (planner data)")
     out = tmp_path / "bundle"
-    r = cli("deploy", str(model_dir()), "--board", "rk3588-8g", "--ctx", str(CTX), "-o", str(out), "--json")
+    r = cli("deploy", str(model_dir()), "--board", "rk3588-8g", "--ctx", str(CTX), "-o", str(out), "--json",
+            "--option", "decode_batches=1")
     assert r.returncode == 0, r.stderr
     sc = json.loads(r.stdout)["speed_check"]  # the golden check's decode, timed in the simulator: not a board figure
     assert (sc["board"], sc["ran_on"], sc["board_figure"]) == ("rk3588-8g", "simulator", False)
