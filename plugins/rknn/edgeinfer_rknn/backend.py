@@ -99,12 +99,14 @@ class RknnBackend(Backend):
         # Several simulator models do coexist in one process (checked with rknn-toolkit2 2.5.0: three
         # resident segments gave the same outputs), but every toolkit call holds a process-wide
         # stdout/stderr capture lock, so a background rebuild cannot overlap a running segment (and
-        # would swallow the main thread's output into the toolkit log).
+        # would swallow the main thread's output into the toolkit log). The simulator cannot load a
+        # file, so its page-in is never a board's: a rebuild from the recipe (tensor segments), or a
+        # decoder segment graph taken from those this process has built (decoder.SIMULATOR_POOL).
         if (device or "").lower() == "simulator" or self.mode() == "simulator":
             return PagingLimit(None, False, "the rknn-toolkit2 simulator serialises every toolkit call behind one "
                                             "process-wide output-capture lock, so a background page-in cannot "
-                                            "overlap compute; its page-in is a rebuild from the recipe, not a board "
-                                            "load")
+                                            "overlap compute; its page-in is not a board load (a rebuild from the "
+                                            "recipe, or a decoder graph this process built before)")
         return None
 
     def placement(self, entry: str) -> Placement:

@@ -19,10 +19,17 @@ on a background thread) when the backend allows it — the simulator does not (`
 loads the graph of the phase that needs it (the other phase's graph joins the resident segment when used).
 ``resident_bytes`` counts segment weight bytes (measured on the exported graphs), ``peak_resident_bytes``
 its maximum over the run.
+
+In the simulator a page-in cannot load a file (the toolkit only simulates a model it builds, seconds per
+graph): it takes the graph from :data:`SIMULATOR_POOL`, every segment graph this process has built, and
+builds it only the first time. The schedule, evictions, page-in counts and resident bytes are the board's;
+the page-in times are not (a board's page-in is a file load into NPU memory: :mod:`.board_decoder`, where
+nothing is pooled).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -64,13 +71,46 @@ def decode_inputs(tables: dict[str, np.ndarray], ids: Sequence[int], positions: 
     return tuple(np.concatenate(part) for part in zip(*rows))
 
 
+class GraphPool:
+    """Simulator only: the segment graphs this process has built, kept in host memory by graph file (its path
+    and content) while no decoder has them resident, so that a page-in takes one instead of rebuilding it."""
+
+    def __init__(self) -> None:
+        self._held: dict[tuple[str, str], Session] = {}
+        self._lock = threading.Lock()  # decoders of several serve workers share the pool
+
+    @staticmethod
+    def key(art: Path) -> tuple[str, str]:
+        from edgeinfer.contract import stamp
+
+        return str(art.resolve()), stamp.sha256_file(art)
+
+    def take(self, key: tuple[str, str]) -> Session | None:
+        with self._lock:
+            return self._held.pop(key, None)
+
+    def give(self, key: tuple[str, str], sess: Session) -> None:
+        with self._lock:
+            kept = self._held.setdefault(key, sess)
+        if kept is not sess:  # another decoder of the same file gave one back first
+            sess.close()
+
+
+SIMULATOR_POOL = GraphPool()  # one per process: what a page-in takes in the simulator
+SIMULATOR_PAGE_IN = ("simulator figures: a page-in takes the segment graph this process has built (from host memory; "
+                     "building it the first time), so its ms are not a board's page-in (a file load into NPU memory)")
+
+
 class SegmentPager:
-    """Which segments are loaded: the paging schedule, page-in times and resident weight bytes."""
+    """Which segments are loaded: the paging schedule, page-in times and resident weight bytes. With a
+    ``graph_pool`` (the simulator) evicted graphs go back to it and page-ins take them from it."""
 
     def __init__(self, backend: Any, folder: Path, segments: list[dict[str, Any]], window: int, device: str | None,
-                 prefetch: bool, loader: Any = None):
+                 prefetch: bool, loader: Any = None, graph_pool: GraphPool | None = None):
         self.backend, self.folder, self.segments, self.device = backend, folder, segments, device
         self.loader = loader or (lambda art: backend.load(art, device=device))
+        self.graph_pool = graph_pool
+        self._keys: dict[tuple[int, str], tuple[str, str]] = {}  # the graph files do not change while loaded
         n = len(segments)
         self.notes: list[str] = []
         limit = backend.paging_limit(device)
@@ -94,10 +134,29 @@ class SegmentPager:
 
     def _load(self, k: int, phase: str) -> tuple[Session, float]:
         art = self.folder / self.segments[k][phase]
+        if self.graph_pool is not None:
+            key = self._key(k, phase)
+            t = time.perf_counter()
+            sess = self.graph_pool.take(key)
+            if sess is not None:
+                return sess, time.perf_counter() - t
         la.hand_over(art)
         t = time.perf_counter()
         sess = self.loader(art)
         return sess, time.perf_counter() - t
+
+    def _key(self, k: int, phase: str) -> tuple[str, str]:
+        if (k, phase) not in self._keys:
+            self._keys[k, phase] = GraphPool.key(self.folder / self.segments[k][phase])
+        return self._keys[k, phase]
+
+    def _unload(self, k: int) -> None:
+        """Segment ``k``'s graphs leave the NPU: closed, or (simulator) back into the pool."""
+        for phase, sess in self.loaded.pop(k, {}).items():
+            if self.graph_pool is not None:
+                self.graph_pool.give(self._key(k, phase), sess)
+            else:
+                sess.close()
 
     def _land(self, k: int, phase: str, got: tuple[Session, float]) -> Session:
         sess, seconds = got
@@ -108,8 +167,7 @@ class SegmentPager:
 
     def _evict(self) -> None:
         for v in self.sched.evicted:
-            for sess in self.loaded.pop(v, {}).values():
-                sess.close()
+            self._unload(v)
             self.page_outs += 1
         self.peak_resident_bytes = max(self.peak_resident_bytes, self.resident_bytes)
 
@@ -143,8 +201,7 @@ class SegmentPager:
         if self._inflight is not None:
             self._wait()
         for k in list(self.loaded):
-            for sess in self.loaded.pop(k).values():
-                sess.close()
+            self._unload(k)
         self.sched.resident.clear()
         if self._pool is not None:
             self._pool.shutdown(wait=True)
@@ -175,7 +232,8 @@ class RknnDecoder(StepDecoder):
         self.lengths = [0] * slots
         self.shared, loader = self._board(backend, folder, manifest, device, slots, page_from)
         self.kv = np.zeros(kv_shape if self.shared is None else (0,), np.float16)
-        self.pager = SegmentPager(backend, folder, manifest["segments"], window, device, prefetch, loader)
+        self.pager = SegmentPager(backend, folder, manifest["segments"], window, device, prefetch, loader,
+                                  SIMULATOR_POOL if self.shared is None else None)
         super().__init__(context=context, vocab_size=int(shape["vocab"]), kv_cache_bytes=int(np.prod(kv_shape)) * 2,
                          slots=slots, prefill_chunk=self.chunk,
                          device="simulator" if self.shared is None else f"npu:{manifest['target']}")
@@ -232,11 +290,13 @@ class RknnDecoder(StepDecoder):
 
     def paging_stats(self) -> dict[str, Any]:
         p = self.pager
+        notes = list(p.notes) + ([SIMULATOR_PAGE_IN] if p.graph_pool is not None else [])
+        # ms to the ns: a page-in from the simulator's pool takes microseconds
         return {"segments": len(self.segments), "window": p.window, "prefetch": p.prefetch,
                 "pinned": p.sched.pinned, "page_ins": p.page_ins, "page_outs": p.page_outs,
-                "page_in_ms_mean": [round(1e3 * sum(x) / len(x), 3) if x else None for x in p.page_in_s],
+                "page_in_ms_mean": [round(1e3 * sum(x) / len(x), 6) if x else None for x in p.page_in_s],
                 "segment_bytes": self.segment_bytes, "peak_resident_bytes": p.peak_resident_bytes,
-                "kv_cache_bytes": self.kv_cache_bytes, "notes": list(p.notes)}
+                "kv_cache_bytes": self.kv_cache_bytes, "notes": notes}
 
     # --- step primitives ----------------------------------------------------------------------
     def _check(self, slot: int, n: int) -> None:

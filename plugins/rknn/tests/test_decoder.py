@@ -29,7 +29,7 @@ from edgeinfer.testing.llm import model_dir
 
 CTX = 64
 PAGED_SEGMENTS = 3  # layers [0,2) [2,3) [3,4): array_split of 4 layers
-PAGED_TOKENS = 3  # every paged pass rebuilds the streamed segments in the simulator (~1.5 s each)
+PAGED_TOKENS = 3
 CALIBRATION = ["The licence grants permission to use, copy and modify the software.",
                "Permission is hereby granted, free of charge, to any person obtaining a copy.",
                "def main():\n    print('hello world')\n    return 0",
@@ -151,6 +151,54 @@ def test_paged_decoder_gives_the_unpaged_tokens(rknn, paged_artifact, unpaged, p
     assert plan.kv_bytes == d.kv_cache_bytes
 
 
+REBUILT = "edgeinfer: rebuilding from the recorded recipe for the simulator"  # what each rebuild logs
+
+
+def test_simulator_page_ins_take_the_graphs_this_process_built(rknn, paged_artifact):
+    """Window 1 pages every segment in on every pass, as on a board; the simulator builds each graph at most
+    once in the process (its pool) instead of on every page-in, and labels its page-in times."""
+    logs = sorted(paged_artifact.glob("seg*.rknn.log"))
+    before = [log.read_text().count(REBUILT) for log in logs]
+    d = rknn.load_decoder(paged_artifact, device="simulator", context=CTX, window=1)
+    try:
+        logits = d.prefill(0, np.asarray([5, 6, 7], dtype=np.int64))
+        for _ in range(PAGED_TOKENS):
+            logits = d.decode([0], np.asarray([int(np.argmax(logits))]))[0]
+        stats = d.paging_stats()
+    finally:
+        d.close()
+    assert stats["page_ins"] == (1 + PAGED_TOKENS) * PAGED_SEGMENTS  # every segment, every pass
+    assert stats["page_outs"] == stats["page_ins"] - 1
+    assert all(log.read_text().count(REBUILT) - b <= 1 for log, b in zip(logs, before))
+    assert any(n.startswith("simulator figures: a page-in takes the segment graph") for n in stats["notes"])
+
+
+def test_a_pager_without_a_pool_loads_every_page_in_and_closes_what_it_evicts(rknn, tmp_path):
+    """The board's pager (no pool: board_decoder's graphs, stood in for here) is the one paging always had."""
+    from edgeinfer_rknn.decoder import SegmentPager
+
+    class BoardGraphStandIn:
+        def __init__(self, art):
+            self.art, self.closed = art, False
+
+        def close(self):
+            self.closed = True
+
+    segments = []
+    for k in range(3):
+        (tmp_path / f"seg{k}.decode.rknn").write_bytes(bytes([k]))
+        segments.append({"decode": f"seg{k}.decode.rknn", "weight_bytes": 10 * (k + 1)})
+    made: list[BoardGraphStandIn] = []
+    pager = SegmentPager(rknn, tmp_path, segments, 1, "simulator", False,
+                         lambda art: made.append(BoardGraphStandIn(art)) or made[-1])
+    for _ in range(2):
+        for k in range(3):
+            assert pager.session(k, "decode") is made[-1]
+    pager.release()
+    assert [g.art.name for g in made] == [s["decode"] for s in segments] * 2
+    assert all(g.closed for g in made) and pager.page_ins == 6 and pager.peak_resident_bytes == 30
+
+
 def test_w8a8_passes_the_decoder_golden_check(rknn, tmp_path_factory):
     out = tmp_path_factory.mktemp("rknn-llm") / "w8a8"
     rknn.quantize_decoder(model_dir(), "w8a8", CTX, out, CALIBRATION)
@@ -194,13 +242,15 @@ def test_bad_conversion_options_are_input_errors(rknn, tmp_path, options, match)
 
 @pytest.mark.slow
 def test_deploy_of_the_test_llm_to_rk3588_writes_a_bundle_that_generates(tmp_path, cli):
-    """`edgeinfer deploy` end to end: plan, rknn fp16 conversion, golden check in the simulator, bundle."""
+    """`edgeinfer deploy` end to end: plan, rknn fp16 conversion, golden check in the simulator, bundle (decode
+    graphs for one sequence: the batched ones are test_decoder_batches.py's)."""
     from edgeinfer.planning.boards import get_board
 
     if "decoder" not in get_board("rk3588-8g").runtimes["rknn"].kinds:
         pytest.skip("boards/rk3588-8g.yaml lists no decoder kind for its rknn runtime (planner data)")
     out = tmp_path / "bundle"
-    r = cli("deploy", str(model_dir()), "--board", "rk3588-8g", "--ctx", str(CTX), "-o", str(out), "--json")
+    r = cli("deploy", str(model_dir()), "--board", "rk3588-8g", "--ctx", str(CTX), "-o", str(out), "--json",
+            "--option", "decode_batches=1")
     assert r.returncode == 0, r.stderr
     sc = json.loads(r.stdout)["speed_check"]  # the golden check's decode, timed in the simulator: not a board figure
     assert (sc["board"], sc["ran_on"], sc["board_figure"]) == ("rk3588-8g", "simulator", False)

@@ -21,7 +21,7 @@ from edgeinfer.testing.cli import run_cli
 from edgeinfer.testing.decoder_conformance import PROMPTS, reference_greedy
 from edgeinfer.testing.llm import model_dir
 
-CTX = 40
+CTX = 16  # the longest prompt (6 tokens) and STEPS fit: the smallest graphs to convert and run
 SEGMENTS = 2
 BATCHES = "1,4"
 STEPS = 5  # tokens per sequence: one from the prefill, then decode steps
@@ -83,6 +83,19 @@ def test_the_manifest_records_the_decode_batches(artifact):
     assert all((artifact / seg["decode4"]).is_file() for seg in manifest["segments"])
 
 
+def test_paged_batched_decode_gives_the_same_tokens(rknn, artifact, prompts, references):
+    """(Before the module's ``decoder`` loads: then it takes the graphs this one built from the simulator's pool.)"""
+    d = rknn.load_decoder(artifact, device="simulator", context=CTX, slots=4, window=1)
+    try:
+        tokens, _ = run(d, [0, 1], prompts[:2], 2)
+        stats = d.paging_stats()
+    finally:
+        d.close()
+    assert tokens == [r[:2] for r in references[:2]]
+    passes = 2 + 1  # a prefill pass per sequence, then one batched decode pass
+    assert stats["window"] == 1 and stats["page_ins"] == passes * SEGMENTS
+
+
 def test_each_sequence_of_a_batched_decode_gets_what_it_gets_alone(decoder, prompts, references):
     alone = [run(decoder, [0], [p], STEPS) for p in prompts[:3]]
     assert [a[0][0] for a in alone] == references[:3]
@@ -103,18 +116,6 @@ def test_each_sequence_of_a_batched_decode_gets_what_it_gets_alone(decoder, prom
 def test_two_sequences_with_two_padding_rows(decoder, prompts, references):
     tokens, _ = run(decoder, [1, 3], [prompts[1], prompts[3]], STEPS)
     assert tokens == [references[1], references[3]]
-
-
-def test_paged_batched_decode_gives_the_same_tokens(rknn, artifact, prompts, references):
-    d = rknn.load_decoder(artifact, device="simulator", context=CTX, slots=4, window=1)
-    try:
-        tokens, _ = run(d, [0, 1], prompts[:2], 2)  # every pass rebuilds its segments in the simulator (~2 s each)
-        stats = d.paging_stats()
-    finally:
-        d.close()
-    assert tokens == [r[:2] for r in references[:2]]
-    passes = 2 + 1  # a prefill pass per sequence, then one batched decode pass
-    assert stats["window"] == 1 and stats["page_ins"] == passes * SEGMENTS
 
 
 def test_more_slots_than_the_largest_decode_batch_are_refused(rknn, artifact):

@@ -4,9 +4,10 @@ simulator: ``deploy --paging 1 --segments 4`` and ``--paging auto``, then ``gene
 
 Expected tokens are transformers' own greedy ``generate`` of tiny-qwen3 (fp32); expected segment bytes
 are counted here from its config.json by formula, never read from the code under test. Each bundle is
-deployed once per module through the CLI (a subprocess: the deploy is the product under test); later runs
-reuse the conversions in the user's cache (~/.cache/edgeinfer). The golden prompt is one short line and
-the context small, as a paged simulator pass rebuilds every streamed segment (~0.4-1.5 s each).
+deployed once per module through the CLI (a subprocess: the deploy is the product under test), with decode
+graphs for one sequence only (``decode_batches=1``: batched decode is test_decoder_batches.py's); later runs
+reuse the conversions in the user's cache (~/.cache/edgeinfer). The golden prompt is one short line and the
+context small: each process builds every graph it pages in once (the simulator's pool), seconds each.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from edgeinfer.testing.serve import ServerProc
 
 pytestmark = pytest.mark.slow
 
-CTX = 10  # the golden check then runs 6 tokens after the 4-token prompt: every paged pass costs seconds
+CTX = 10  # the golden check then runs 6 tokens after the 4-token prompt
 PROMPT = "THE SOFTWARE IS PROVIDED"
 NEW = 4
 SEGMENTS = 4
@@ -61,7 +62,8 @@ def deploy(out, *args: str) -> subprocess.CompletedProcess:
     golden = out.parent / "golden.txt"
     golden.write_text(PROMPT + "\n")
     r = subprocess.run([sys.executable, "-m", "edgeinfer.cli", "deploy", str(model_dir()), "--ctx", str(CTX),
-                        "--golden-inputs", str(golden), "-o", str(out), *args], capture_output=True, text=True)
+                        "--golden-inputs", str(golden), "--option", "decode_batches=1", "-o", str(out), *args],
+                       capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     return r
 
@@ -187,6 +189,7 @@ def test_bench_reports_page_ins_page_in_times_and_resident_bytes_against_the_pla
     # window 1: every pass (the prefill, then one decode per further token) pages in all four segments
     assert pg["generated_tokens"] == 2 * 2 and pg["page_ins_per_token"] == SEGMENTS
     assert len(pg["page_in_ms_mean"]) == SEGMENTS and all(ms > 0 for ms in pg["page_in_ms_mean"])
+    assert any(n.startswith("simulator figures: a page-in takes the segment graph") for n in pg["notes"])
     assert pg["measured_resident_bytes"] == pytest.approx(resident(seg, 1), rel=0.01)
     assert pg["predicted_resident_bytes"] == pytest.approx(resident(seg, 1), rel=0.01)
     assert pg["resident_error_pct"] == pytest.approx(0, abs=1)
