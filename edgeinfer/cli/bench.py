@@ -197,9 +197,9 @@ def _file_self_check(path: Path, report: dict[str, Any], board: str | None) -> d
     runtime that runs it, with the architecture of the config.json next to it."""
     from edgeinfer.errors import ModelError
     from edgeinfer.planning.boards import get_board
+    from edgeinfer.planning.decision import decide
     from edgeinfer.planning.models import resolve
     from edgeinfer.planning.models.hf import read_config
-    from edgeinfer.planning.decision import decide
     from edgeinfer.planning.selfcheck import self_check
 
     if board is None:
