@@ -54,6 +54,16 @@ def test_replicas_per_node_from_board_memory_and_breakdown(tmp_path):
     assert report["fits"] and report["unplaced"] == [] and {p["model"] for p in report["placements"]} == {"small"}
 
 
+def test_a_model_without_ctx_is_planned_at_the_context_plan_and_deploy_take(tmp_path):
+    (tmp_path / "fleet.yaml").write_text("nodes: [{board: rk3588-16g}]\nmodels: [{model: qwen3-0.6b, slots: 2}]\n")
+    [p] = _json("plan", "--fleet", str(tmp_path / "fleet.yaml"))["placements"]
+    # qwen3-0.6b's limit is 40960 tokens: plan and deploy take 2048 when no --ctx is given (docs/planner.md)
+    want = _board_pool("rk3588-16g") // _per_replica("qwen3-0.6b", "rk3588-16g", "--ctx", "2048", "--batch", "2")
+    assert p["replicas_per_node"] == want
+    assert _per_replica("qwen3-0.6b", "rk3588-16g", "--batch", "2") == \
+        _per_replica("qwen3-0.6b", "rk3588-16g", "--ctx", "2048", "--batch", "2")
+
+
 def test_a_model_that_fits_nowhere_exits_1_and_is_named(tmp_path):
     (tmp_path / "fleet.yaml").write_text(
         "nodes: [{board: rk3588-4g, count: 3}]\nmodels: [{model: qwen3-8b, quant: w8a8, ctx: 4096}]\n")

@@ -41,7 +41,7 @@ class FleetModel(BaseModel):
     model: str = Field(min_length=1)  # catalog name, HF id or directory, config.json, .gguf ...
     name: str | None = None
     quant: str | None = None
-    ctx: int = Field(default=4096, ge=1)
+    ctx: int | None = Field(default=None, ge=1)  # default: what `plan` and `deploy` take (planning.decision)
     slots: int = Field(default=1, ge=1)
 
 
