@@ -163,7 +163,7 @@ def test_the_golden_checks_decode_timing_is_what_deploy_compares_with_the_plan(b
         report = judge(g, recorded, 8, b.manifest.scheme, golden.thresholds_for(b.manifest.scheme), None, metrics)
     assert len(metrics) == len(recorded) and all(m.generated_tokens == 8 for m in metrics)
     p = plan(str(model_dir()), get_board("host"), quant="fp32", ctx=DECODER_BUNDLE_CTX)
-    sc = speed_check((metrics, 40), report["device"], p, get_board("host"), "fp32", "onnxruntime")
+    sc = speed_check((metrics, 40), report["device"], p, get_board("host"), "fp32", "onnxruntime", None)
     assert sc["decode_tokens_per_s"] == pytest.approx(median(m.decode_tokens_per_s for m in metrics), abs=0.01)
     assert (sc["ctx"], sc["ran_on"], sc["board_figure"], sc["ratio"]) == (40, "host CPU", True, None)  # host: no BW
 

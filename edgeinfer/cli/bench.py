@@ -188,8 +188,10 @@ def _self_check(path: Path, found: Kind, report: dict[str, Any], board: str | No
         return {"skipped": f"{e.one_line()}; pass --board PROFILE.yaml"}
     cfg = read_config(cfg_path)
     spec = spec_from_config(cfg, m.source.get("name") or path.name, str(cfg_path))
+    paged = m.decoder.get("paging")
+    window = (report.get("paging") or {}).get("window") or (paged or {}).get("window")
     return self_check(report, spec, cfg, b, m.scheme, m.decoder["context"], f"edgeinfer bench {path.name}",
-                      runtime=m.decoder.get("runtime"))
+                      runtime=m.decoder.get("runtime"), paging=(window, paged["segments"]) if paged else None)
 
 
 def _file_self_check(path: Path, report: dict[str, Any], board: str | None) -> dict[str, Any]:

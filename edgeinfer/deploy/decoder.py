@@ -184,7 +184,7 @@ def deploy_decoder(
             report, recorded, timed = check_golden(hf_dir, work, backend, scheme, context, prompts, new_tokens,
                                                    threshold, threads, progress,
                                                    {"window": paged.window} if paged else {})
-            speed = speed_check(timed, report["device"], plan, b, scheme, runtime)
+            speed = speed_check(timed, report["device"], plan, b, scheme, runtime, paged)
             if not report["passed"]:
                 raise CheckFailed(f"{golden.summary_line(report)} — the bundle was not written (try a less lossy "
                                   "--quant, or check the backend's conversion)")
@@ -336,7 +336,7 @@ def check_golden(hf_dir: Path, work: Path, backend: Backend, scheme: str, contex
 
 
 def speed_check(timed: tuple[list[Any], int], device: str, plan: Any, b: Board, scheme: str,
-                runtime: str) -> dict[str, Any]:
+                runtime: str, paged: decoder_paging.Paging | None) -> dict[str, Any]:
     """The golden check's decode tok/s (median over its prompts) against the plan's at the positions it reached."""
     from statistics import median
 
@@ -345,7 +345,8 @@ def speed_check(timed: tuple[list[Any], int], device: str, plan: Any, b: Board, 
     metrics, positions = timed
     measured = median(m.decode_tokens_per_s for m in metrics) if metrics else None
     return compare(measured, device, plan.model, b, scheme, positions, runtime,
-                   f"the golden check's greedy decode (logits recorded), median of {len(metrics)} prompts")
+                   f"the golden check's greedy decode (logits recorded), median of {len(metrics)} prompts",
+                   (paged.window, paged.segments) if paged else None)
 
 
 def judge(candidate: Any, recorded: list[decoder_bundle.Recorded], new_tokens: int, scheme: str,

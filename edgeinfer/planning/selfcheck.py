@@ -29,8 +29,11 @@ def _err(pred: float | None, meas: float | None) -> float | None:
     return round((pred - meas) / meas * 100, 2)
 
 
-def _plan(spec: ModelSpec, board: Board, scheme: str, ctx: int, runtime: str | None) -> planner.Plan:
-    return planner.plan(spec, board, quant=scheme, ctx=ctx, runtime=runtime, suggest=False)
+def _plan(spec: ModelSpec, board: Board, scheme: str, ctx: int, runtime: str | None,
+          paging: tuple[int, int] | None = None) -> planner.Plan:
+    window, segments = paging or (None, None)
+    return planner.plan(spec, board, quant=scheme, ctx=ctx, runtime=runtime, suggest=False, paging=window,
+                        segments=segments)
 
 
 def ran_on(device: str) -> str:
@@ -70,11 +73,11 @@ def ratio(measured: float | None, predicted: float | None) -> float | None:
 
 
 def speed_check(measured: float | None, device: str, spec: ModelSpec, board: Board, scheme: str, ctx: int,
-                runtime: str | None, measured_at: str) -> dict[str, Any]:
+                runtime: str | None, measured_at: str, paging: tuple[int, int] | None = None) -> dict[str, Any]:
     """Measured decode tok/s (``measured_at`` says of what) against the plan's prediction at ``ctx`` positions
-    for ``board`` / ``runtime`` / ``scheme``: deploy's ``speed_check``."""
+    for ``board`` / ``runtime`` / ``scheme`` (and ``paging``: window, segments): deploy's ``speed_check``."""
     try:
-        est = _plan(spec, board, scheme, ctx, runtime or board.backend_runtime).estimates
+        est = _plan(spec, board, scheme, ctx, runtime or board.backend_runtime, paging).estimates
     except EdgeInferError as e:
         return {"board": board.name, "skipped": f"cannot plan this model on {board.name}: {e.one_line()}"}
     meas = round(measured, 2) if measured else None
@@ -98,13 +101,15 @@ def speed_line(sc: dict[str, Any]) -> str:
 
 
 def self_check(report: dict[str, Any], spec: ModelSpec, config: dict[str, Any], board: Board, scheme: str,
-               context: int, source: str, runtime: str | None = None) -> dict[str, Any]:
+               context: int, source: str, runtime: str | None = None,
+               paging: tuple[int, int] | None = None) -> dict[str, Any]:
     """Per prompt length: measured vs predicted decode tok/s (and their ratio), TTFT ms and peak MiB, and
-    calibration rows; planned for ``runtime`` (the bundle's), by default the board's backend runtime; labelled
-    with where ``report`` ran (:func:`speed_label`)."""
+    calibration rows; planned for ``runtime`` (the bundle's), by default the board's backend runtime, and
+    ``paging`` (window, segments) for a layer-paged bundle; labelled with where ``report`` ran
+    (:func:`speed_label`)."""
     runtime = runtime or board.backend_runtime
     try:
-        mem_plan = _plan(spec, board, scheme, context, runtime)
+        mem_plan = _plan(spec, board, scheme, context, runtime, paging)
     except EdgeInferError as e:
         return {"board": board.name, "skipped": f"cannot plan this bundle on {board.name}: {e.one_line()}"}
     bd = mem_plan.breakdown
@@ -112,7 +117,7 @@ def self_check(report: dict[str, Any], spec: ModelSpec, config: dict[str, Any], 
     comparisons, rows = [], []
     for r in report["results"]:
         prompt, ctx = r["prompt_tokens"], min(context, r["prompt_tokens"] + r["new_tokens"])
-        est = _plan(spec, board, scheme, ctx, runtime).estimates
+        est = _plan(spec, board, scheme, ctx, runtime, paging).estimates
         pre = est.prefill_tokens_per_s
         ttft_pred = prompt / pre * 1000 if pre else None
         mem = r["peak_rss_bytes"] / MIB if r.get("peak_rss_bytes") else None

@@ -193,6 +193,13 @@ def test_bench_reports_page_ins_page_in_times_and_resident_bytes_against_the_pla
     assert pg["measured_resident_bytes"] == pytest.approx(resident(seg, 1), rel=0.01)
     assert pg["predicted_resident_bytes"] == pytest.approx(resident(seg, 1), rel=0.01)
     assert pg["resident_error_pct"] == pytest.approx(0, abs=1)
+    # the decode-speed self-check predicts for the paged bundle at the window it ran, not the unpaged model
+    [cmp] = json.loads(r.stdout)["self_check"]["comparisons"]
+    plan_at = ("plan", str(model_dir()), "--board", "rk3588-8g", "--ctx", str(cmp["ctx"]), "--json")
+    paged_est = json.loads(cli(*plan_at, "--paging", "1", "--segments", str(SEGMENTS)).stdout)["estimates"]
+    unpaged_est = json.loads(cli(*plan_at).stdout)["estimates"]
+    assert cmp["predicted_decode_tokens_per_s"] == paged_est["decode_tokens_per_s"]
+    assert paged_est["decode_tokens_per_s"] < unpaged_est["decode_tokens_per_s"]
 
 
 def test_serve_streams_a_paged_bundle_through_the_openai_client(paged, unpaged, tmp_path):
