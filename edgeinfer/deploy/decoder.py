@@ -332,7 +332,36 @@ def check_golden(hf_dir: Path, work: Path, backend: Backend, scheme: str, contex
         metrics: list[Any] = []
         with Generator(decoder, codec) as candidate:
             report = judge(candidate, recorded, n, scheme, golden.thresholds_for(scheme), threshold, metrics)
+    if report["passed"] and (batched := check_batched(backend, work, codec, recorded, report, context, progress,
+                                                      load_options)):
+        report["batched"] = batched
+        report["passed"] = batched.get("passed") is not False
     return report, recorded, (metrics, longest + n)
+
+
+def check_batched(backend: Backend, work: Path, codec: Any, recorded: list[decoder_bundle.Recorded],
+                  report: dict[str, Any], context: int, progress: Progress,
+                  load_options: dict[str, Any]) -> dict[str, Any] | None:
+    """The golden prompts decoded together (:func:`golden.check_batched`, the single-sequence check's thresholds)
+    where the artifact decodes several sequences per call with graphs of their own: the backend converts
+    ``decode_batches`` and the stamp's ``max_slots`` is above 1. None elsewhere: nothing more to check."""
+    artifact = work / decoder_bundle.ARTIFACT
+    most = (stamp.read(artifact) or {}).get("max_slots")
+    if "decode_batches" not in backend.decoders.convert_options or not isinstance(most, int) or most < 2:
+        return None
+    if len(recorded) < 2:
+        return {"ran": False, "passed": None, "reason": f"one golden prompt: pass --golden-inputs with 2 to {most} "
+                "prompts to check the batched decode graphs"}
+    slots = min(len(recorded), most)
+    with progress.step(f"batched golden check on {backend.name}: {slots} sequences per decode call"):
+        check_decoder_fits(backend, artifact, None, context, slots, report["scheme"])
+        decoder = backend.load_decoder(artifact, context=context, slots=slots, **backend.decoders.logits_options,
+                                       **load_options)
+        try:
+            return golden.check_batched(decoder, codec, recorded, report["new_tokens"],
+                                        golden.Thresholds(**report["thresholds"]))
+        finally:
+            decoder.close()
 
 
 def speed_check(timed: tuple[list[Any], int], device: str, plan: Any, b: Board, scheme: str,

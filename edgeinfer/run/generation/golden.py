@@ -5,6 +5,7 @@ Per prompt it reports token agreement, the first divergence and the reference's 
 logit margin there (a divergence where the reference itself was nearly tied is a *near-tie*,
 reported and not counted as a failure), and, over the steps both runs share, the logits'
 cosine (min, mean) and top-5 overlap. Thresholds depend on the scheme (``THRESHOLDS``).
+:func:`check_batched` judges the same way the prompts decoded together, several sequences per decode call.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import numpy as np
 from edgeinfer.contract.generation import GenerationOptions
 from edgeinfer.model.decoder_bundle import Recorded
 from edgeinfer.run.generation.generator import Generator
-from edgeinfer.run.generation.sampling import top2_margin
+from edgeinfer.run.generation.sampling import checked_logits, top2_margin
+from edgeinfer.run.generation.stopping import Answer
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,38 @@ def check_recorded(candidate: Generator, reference: Sequence[Recorded], new_toke
     }
 
 
+def check_batched(decoder: Any, codec: Any, reference: Sequence[Recorded], new_tokens: int,
+                  t: Thresholds) -> dict[str, Any]:
+    """The recorded prompts decoded together by the step decoder ``decoder``, ``decoder.slots`` at a time (one
+    slot each): each prefilled in its slot, then one ``decode`` call per step for every sequence still going,
+    greedy and stopping as :class:`Generator` does; each judged against its reference by :func:`compare_prompt`."""
+    opts, rows = GenerationOptions(max_new_tokens=new_tokens), []
+    for first in range(0, len(reference), decoder.slots):
+        group = reference[first:first + decoder.slots]
+        answers, seen, last = [Answer(codec, opts) for _ in group], [[] for _ in group], []
+        for slot, r in enumerate(group):
+            ids = codec.encode(r.prompt)
+            chunk = decoder.prefill_chunk or len(ids)
+            decoder.reset(slot)
+            for i in range(0, len(ids), chunk):
+                logits = decoder.prefill(slot, np.asarray(ids[i:i + chunk], dtype=np.int64))
+            last.append(logits)
+        live = list(range(len(group)))
+        while live:
+            for s in live:
+                seen[s].append(checked_logits(last[s], decoder.vocab_size, codec.directory.name, len(seen[s]), False))
+                answers[s].push(int(np.argmax(seen[s][-1])))
+            live = [s for s in live if not answers[s].done]
+            if live:
+                out = decoder.decode(live, np.asarray([answers[s].ids[-1] for s in live], dtype=np.int64))
+                for s, row in zip(live, out):
+                    last[s] = row
+        rows += [compare_prompt(r.prompt, r.token_ids, r.logits, a.ids, x, t)
+                 for r, a, x in zip(group, answers, seen)]
+    return {"slots": decoder.slots, "prompts": len(rows), "passed": all(not r["problems"] for r in rows),
+            "token_agreement": float(np.mean([r["agreement"] for r in rows])) if rows else 0.0, "rows": rows}
+
+
 def check(candidate: Generator, reference: Generator, prompts: Sequence[str], new_tokens: int,
           scheme: str, chat: bool = False) -> dict[str, Any]:
     """Greedy ``new_tokens`` per prompt on both; the report and whether it passed."""
@@ -163,4 +197,13 @@ def summary_line(report: dict[str, Any]) -> str:
     if report["near_ties"]:
         line += f", {report['near_ties']} divergence(s) at near-ties (not failures)"
     bad = [f"{r['prompt']!r}: {'; '.join(r['problems'])}" for r in report["rows"] if r["problems"]]
+    batched = report.get("batched")
+    if batched and batched.get("ran") is False:
+        line += f"; batched decode not checked: {batched['reason']}"
+    elif batched:
+        verdict = "passed" if batched["passed"] else "FAILED"
+        line += (f"; batched decode ({batched['slots']} sequences per call) {verdict}, token agreement "
+                 f"{batched['token_agreement']:.1%}")
+        bad += [f"{r['prompt']!r} decoded {batched['slots']} per call: {'; '.join(r['problems'])}"
+                for r in batched["rows"] if r["problems"]]
     return line + (" — " + " | ".join(bad) if bad else "")

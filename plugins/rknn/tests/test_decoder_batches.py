@@ -1,15 +1,16 @@
 """RKNN decoders with batched decode graphs (convert option ``decode_batches``) in the rknn-toolkit2 simulator:
 several sequences decoded in one call give each sequence the tokens (and logits) it gets alone, padding rows
-write nothing, paging keeps working, and more slots than the largest built batch are refused.
+write nothing, paging keeps working, more slots than the largest built batch are refused, and deploy's golden
+check decodes its prompts together through the batched graphs.
 
 Expected tokens come from transformers' own ``generate`` (the kit's reference_greedy); the artifact (two
-segments, decode graphs for 1 and 4 sequences) is converted once per module.
+segments, decode graphs for 1 and 4 sequences) is deployed once per module (through the conversion cache), its
+golden check run on the module's four prompts.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 
 import numpy as np
 import pytest
@@ -35,10 +36,24 @@ def rknn():
     return edgeinfer.backend("rknn")
 
 
+PROMPT_TEXTS = [*PROMPTS[:3], "Permission is hereby granted"]
+
+
 @pytest.fixture(scope="module")
-def artifact(rknn, tmp_path_factory):
-    out = tmp_path_factory.mktemp("rknn-batches") / "fp16"
-    return rknn.quantize_decoder(model_dir(), "fp16", CTX, out, segments=SEGMENTS, decode_batches=BATCHES)
+def deployed(tmp_path_factory):
+    """``deploy`` to rk3588-8g, fp16 at ctx 16, with the module's prompts as golden inputs (STEPS tokens each)."""
+    from edgeinfer.deploy.decoder import deploy_decoder
+
+    root = tmp_path_factory.mktemp("rknn-batches")
+    (root / "golden.txt").write_text("\n".join(PROMPT_TEXTS) + "\n")
+    return deploy_decoder(model_dir(), "rk3588-8g", root / "tiny-qwen3-rknn", quant="fp16", ctx=CTX,
+                          golden_inputs=root / "golden.txt", new_tokens=STEPS,
+                          options={"segments": SEGMENTS, "decode_batches": BATCHES})
+
+
+@pytest.fixture(scope="module")
+def artifact(deployed):
+    return deployed.bundle / "decoder"
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +66,7 @@ def decoder(rknn, artifact):
 @pytest.fixture(scope="module")
 def prompts() -> list[list[int]]:
     codec = TextCodec(model_dir())
-    ids = [codec.encode(p) for p in [*PROMPTS[:3], "Permission is hereby granted"]]
+    ids = [codec.encode(p) for p in PROMPT_TEXTS]
     assert len({len(i) for i in ids}) > 1  # the rows of one call are at different positions
     return ids
 
@@ -84,7 +99,6 @@ def test_the_manifest_records_the_decode_batches(artifact):
 
 
 def test_paged_batched_decode_gives_the_same_tokens(rknn, artifact, prompts, references):
-    """(Before the module's ``decoder`` loads: then it takes the graphs this one built from the simulator's pool.)"""
     d = rknn.load_decoder(artifact, device="simulator", context=CTX, slots=4, window=1)
     try:
         tokens, _ = run(d, [0, 1], prompts[:2], 2)
@@ -124,29 +138,8 @@ def test_more_slots_than_the_largest_decode_batch_are_refused(rknn, artifact):
 
 
 @pytest.fixture(scope="module")
-def bundle(artifact, tmp_path_factory):
-    """A decoder bundle around the module's artifact, as deploy writes it (its golden check marked not run:
-    the golden check is deploy's business, tested in test_decoder.py)."""
-    from edgeinfer.contract import stamp
-    from edgeinfer.deploy import decoder as deploy
-    from edgeinfer.model import bundle as bundle_mod
-    from edgeinfer.model import decoder_bundle
-    from edgeinfer.planning.boards import get_board
-    from edgeinfer.planning.planner import plan
-    from edgeinfer.run.generation import golden
-
-    work = tmp_path_factory.mktemp("rknn-batches-bundle") / "tiny-qwen3-rknn"
-    work.mkdir()
-    shutil.copytree(artifact, work / decoder_bundle.ARTIFACT)
-    shutil.copy2(stamp.stamp_path(artifact), stamp.stamp_path(work / decoder_bundle.ARTIFACT))
-    deploy.copy_text_files(model_dir(), work / decoder_bundle.TOKENIZER)
-    board = get_board("rk3588-8g")
-    p = plan(str(model_dir()), board, quant="fp16", ctx=CTX, runtime="rknn")
-    manifest = deploy.make_manifest(work, model_dir(), stamp.sha256_file(model_dir()), board,
-                                    edgeinfer.backend("rknn"), "fp16", CTX, golden.not_run("test bundle", "fp16"),
-                                    p, "rknn")
-    bundle_mod.write(work, manifest)
-    return work
+def bundle(deployed):
+    return deployed.bundle
 
 
 def test_serve_refuses_more_slots_than_the_bundle_decodes_in_one_line(bundle, capfd):
@@ -199,3 +192,50 @@ def test_the_serve_scheduler_decodes_the_rknn_streams_in_one_call(decoder, promp
         del decoder.decode
     assert 3 in calls and max(calls) == 3
     assert [got[str(i)] for i in range(3)] == [r[:STEPS - 1] for r in references[:3]]
+
+
+def test_deploy_golden_checks_the_batched_decode_graphs(deployed, references):
+    """After the single-sequence check, deploy decodes the four golden prompts together ([4,1] graphs): each
+    sequence agrees with the fp32 reference, and the report and its text line say so."""
+    from edgeinfer.run.generation.golden import summary_line
+
+    g = deployed.golden
+    assert g["passed"] and g["batched"]["passed"]
+    assert (g["batched"]["slots"], g["batched"]["prompts"]) == (4, 4)
+    assert [(r["prompt"], r["agreement"], r["problems"]) for r in g["batched"]["rows"]] == \
+        [(p, 1.0, []) for p in PROMPT_TEXTS]
+    assert [r["tokens"] for r in g["batched"]["rows"]] == [len(r) for r in references]
+    assert "batched decode (4 sequences per call) passed, token agreement 100.0%" in summary_line(g)
+    assert deployed.manifest.decoder["golden"]["batched"] == g["batched"]
+
+
+class RowsReversedDecoder:
+    """TEST DOUBLE of a decoder's OUTPUT: the module's real RKNN decoder, whose batched decode calls return their
+    rows in reverse order (each sequence gets another's logits), as a batched graph wired to the wrong slots
+    would; one-sequence calls are untouched."""
+
+    def __init__(self, real):
+        self.real = real
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+    def decode(self, slots, ids):
+        out = self.real.decode(slots, ids)
+        return out[::-1] if len(slots) > 1 else out
+
+
+def test_the_batched_golden_check_fails_a_batched_decode_that_mixes_up_rows(decoder, deployed):
+    from edgeinfer.model.bundle import Bundle
+    from edgeinfer.model.decoder_bundle import load_reference
+    from edgeinfer.run.generation import golden
+
+    recorded, t = load_reference(Bundle.open(deployed.bundle)), golden.thresholds_for("fp16")
+    assert golden.check_batched(decoder, TextCodec(model_dir()), recorded, STEPS, t)["passed"]  # the real one
+    report = golden.check_batched(RowsReversedDecoder(decoder), TextCodec(model_dir()), recorded, STEPS, t)
+    assert report["slots"] == 4 and not report["passed"]
+    failed = [r["prompt"] for r in report["rows"] if r["problems"]]
+    assert failed  # and the golden line names each failing prompt with the batch size
+    line = golden.summary_line({**deployed.golden, "passed": False, "batched": report})
+    assert "batched decode (4 sequences per call) FAILED" in line
+    assert all(f"{p!r} decoded 4 per call: " in line for p in failed)
