@@ -65,3 +65,23 @@ def test_real_runs_reference_against_itself_and_against_bf16():
     assert strict["cosine_min"] < 0.9999 and not strict["passed"], summary_line(strict)
     assert loose["cosine_min"] == strict["cosine_min"]
     assert "decoder golden check" in summary_line(loose)
+
+
+def test_the_batched_check_on_a_decoder_that_batches_without_graphs_of_its_own():
+    """``check_batched`` is generic: on the transformers decoder (two slots), three recorded prompts run two per
+    decode call, then the third alone, and each agrees with its own single-sequence run."""
+    from edgeinfer.run.generation.golden import check_batched, record, thresholds_for
+    from edgeinfer.testing.llm import model_dir
+
+    prompts = ["The licence grants", "def main():", "Permission is hereby granted"]
+    with edgeinfer.load(model_dir(), ctx=64, threads=1) as ref:  # one thread: the tiny model's fastest
+        recorded = record(ref, prompts, 8)
+    with edgeinfer.load(model_dir(), ctx=64, slots=2, threads=1) as two:
+        calls: list[int] = []
+        real = two.decoder.decode
+        two.decoder.decode = lambda slots, ids: calls.append(len(slots)) or real(slots, ids)  # a spy: counts, runs
+        report = check_batched(two.decoder, two.codec, recorded, 8, thresholds_for("fp32"))
+    assert report["passed"] and report["slots"] == 2, report["rows"]
+    assert [r["prompt"] for r in report["rows"]] == prompts
+    assert [r["agreement"] for r in report["rows"]] == [1.0, 1.0, 1.0]
+    assert 2 in calls and max(calls) == 2

@@ -3,7 +3,8 @@
 plan at the asked context (refuse what does not fit, and an architecture the backend does not export:
 ``Backend.decoders.architectures``) → the board's backend ``convert_decoder``
 (cached: :mod:`edgeinfer.contract.cache`) → golden check of the converted decoder against the fp32
-transformers reference, greedy (:mod:`edgeinfer.run.generation.golden`) → a sealed bundle
+transformers reference, greedy (:mod:`edgeinfer.run.generation.golden`; then, where the artifact has decode graphs
+for several sequences, the prompts decoded together: :func:`check_batched`) → a sealed bundle
 (:mod:`edgeinfer.model.decoder_bundle`). Nothing is written at ``-o`` unless the check passes, or the
 backend stamped the artifact ``unchecked`` (a runtime that cannot run on this host, such as RKLLM on x86):
 then the bundle says, in its golden report, that the check was not run and why.
