@@ -136,8 +136,7 @@ def deploy_decoder(
         plan.decision.refuse_unbuildable(b)
         backend = plugins.get_backend(b.backend)
         runtime, scheme, context = plan.runtime, plan.scheme.name, plan.ctx
-        paged = decoder_paging.choose(paging, segments, backend, hf_dir, b, scheme, context, runtime, own_runtime(b),
-                                      notes)
+        paged = decoder_paging.choose(paging, segments, backend, hf_dir, plan, own_runtime(b), notes)
         if paged:  # plan the segmented decoder that is built
             plan = make_plan(str(hf_dir), b, quant=scheme, ctx=context, runtime=runtime, paging=paged.window,
                              segments=paged.segments)

@@ -15,7 +15,6 @@ from typing import Any
 
 from edgeinfer.contract.backend import Backend
 from edgeinfer.errors import InputError
-from edgeinfer.planning.boards import Board
 
 AUTO = "auto"
 
@@ -40,13 +39,11 @@ def parse(value: str | int | None) -> int | str | None:
     return w
 
 
-def choose(paging: int | str | None, segments: int | None, backend: Backend, hf_dir: Path, b: Board, scheme: str,
-           context: int, runtime: str, own_runtime: str, notes: list[str]) -> Paging | None:
-    """The segments and window to build, checked against the backend and the model; None: build unpaged
-    (no ``--paging``, or ``auto`` on a plan that needs none: said in ``notes``)."""
+def choose(paging: int | str | None, segments: int | None, backend: Backend, hf_dir: Path, p: Any,
+           own_runtime: str, notes: list[str]) -> Paging | None:
+    """The segments and window to build for unpaged plan ``p`` (deploy's), checked against the backend and the
+    model; None: build unpaged (no ``--paging``, or ``auto`` on a plan that needs none: said in ``notes``)."""
     from edgeinfer.planning import decoder_paging
-    from edgeinfer.planning.models import resolve
-    from edgeinfer.planning.planner import plan
 
     paging = parse(paging)
     if paging is None:
@@ -54,18 +51,18 @@ def choose(paging: int | str | None, segments: int | None, backend: Backend, hf_
             raise InputError("--segments goes with --paging W|auto (decoder segments resident at once)")
         return None
     d = backend.decoders
+    b, runtime = p.board, p.runtime
     if "segments" not in d.convert_options or "window" not in d.options:
         raise InputError(f"--paging: board {b.name}'s backend {backend.name} cannot page decoders (its decoder "
                          "conversion takes no segments option); deploy without --paging")
     if runtime != own_runtime:
         raise InputError(f"--paging builds segments for runtime {own_runtime}, which edgeinfer pages; {runtime} "
                          "runs whole models: drop --runtime or --paging")
-    layers = resolve(str(hf_dir)).layers
+    layers = p.model.layers
     if segments is not None and (isinstance(segments, bool) or not isinstance(segments, int)
                                  or not 1 <= segments <= layers):
         raise InputError(f"--segments must be 1..{layers} (the layers of {hf_dir.name}), got {segments}")
     if paging == AUTO:
-        p = plan(str(hf_dir), b, quant=scheme, ctx=context, runtime=runtime, suggest=False)
         got = decoder_paging.choose(p, segments)
         if got is None:
             notes.append(f"--paging auto: the plan needs no paging for {hf_dir.name} on {b.name} (the weights fit "
