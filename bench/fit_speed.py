@@ -1,12 +1,13 @@
-"""Fit the speed-model constants on the measured rows of bench/data/measured_rows.yaml.
+"""Fit the speed-model constants and runtime memory overheads on the published rows, with left-out errors.
 
-Decode: time_per_token = t0 + bytes_per_token / BW_eff, per (speed group, runtime, weight format),
-by least squares on the *relative* error (each row weighted by 1/measured time).
-  >= 2 rows with different sizes: fit t0 and BW_eff (t0 clamped at 0).
-  1 row: t0 borrowed from another format of the same group/runtime (else 0), BW_eff exact.
-BW_eff is stored as a fraction of the board's physical bandwidth so it transfers across boards.
-Prefill: factor = measured prefill tok/s × 2 × active params / peak ops (median per group).
-Runtime memory overhead (rkllm): median of measured peak RSS − (weights + KV + activations).
+Rows: bench/data/measured_rows.yaml and every bench/data/rows_*.yaml (``load_rows``); rows marked ``fit: true``
+are fitted. Decode (edgeinfer/planning/speed_fit.py, docs/planner.md#fit): per ``speed_group/runtime/format``
+and per ``*/runtime/format`` (the runtime across groups), ``{t0_ms, bw_fraction, bw_cap_gbps}`` with the
+transfer rule of edgeinfer/planning/speed.py; each entry's error bar is the median |error| of its rows when
+their source (``source_id``, default ``source``) is left out of the fit (leave-one-source-out).
+Prefill: factor = measured prefill tok/s × 2 × active params / peak ops (median per key).
+Memory: per runtime, overhead = median of (peak − weights − KV(mem_ctx or ctx) − activations), with a term
+proportional to the weights only where it clearly lowers the left-out memory error.
 
 Writes edgeinfer/data/speed_constants.json (read by the planner) and bench/results/fit_speed.json.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 import json
 import statistics
 import sys
+from functools import lru_cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,116 +26,197 @@ sys.path.insert(0, str(ROOT))
 import yaml  # noqa: E402
 
 from edgeinfer.contract.schemes import normalize_scheme  # noqa: E402
-from edgeinfer.planning import calibrate, planner  # noqa: E402
+from edgeinfer.errors import EdgeInferError  # noqa: E402
+from edgeinfer.planning import planner, speed_fit  # noqa: E402
 from edgeinfer.planning.boards import get_board  # noqa: E402
 from edgeinfer.planning.models import resolve  # noqa: E402
+from edgeinfer.planning.quant import kv_bytes_per_element  # noqa: E402
 
 OUT = ROOT / "edgeinfer" / "data" / "speed_constants.json"
+DATA = ROOT / "bench" / "data"
 MIB = 2**20
+PROPORTIONAL_MARGIN = 0.8  # the weights-proportional overhead must cut the left-out memory error by 20 %
+VENDORS = {"rknn": "rockchip", "openvino": "intel", "ascend": "ascend", "host": "host"}
 
 
-def load_rows() -> list[dict]:
-    data = yaml.safe_load((ROOT / "bench" / "data" / "measured_rows.yaml").read_text())
-    return data["rows"]
+class CannotPredict(Exception):
+    """A row the planner cannot predict; the message says what the user can do about it."""
+
+
+def rows_files() -> list[Path]:
+    return [DATA / "measured_rows.yaml", *sorted(DATA.glob("rows_*.yaml"))]
+
+
+def load_rows(files: list[Path] | None = None) -> list[dict]:
+    """Every row of the rows files, each with ``source_id`` (default: its source) and ``file``."""
+    out = []
+    for f in files or rows_files():
+        for r in (yaml.safe_load(f.read_text()) or {}).get("rows") or []:
+            out.append({**r, "source_id": r.get("source_id") or r.get("source") or f.name, "file": f.name})
+    return out
+
+
+@lru_cache(maxsize=None)
+def _board(name: str):
+    return get_board(name)
 
 
 def row_facts(r: dict) -> dict:
-    """Bytes per token, params, board facts for one row (from the planner's own formulas)."""
-    spec = resolve(r["model"])
-    board = get_board(r["board"])
-    scheme = normalize_scheme(r["quant"])
+    """What the planner needs of a row (spec, board, scheme, bytes per step, speed key), or CannotPredict."""
+    if not r.get("model"):
+        raise CannotPredict(f"model {r.get('model_name') or '?'} is not in the catalog: add it, or give the row "
+                            "a model_config")
+    try:
+        board = _board(r["board"])
+    except EdgeInferError:
+        raise CannotPredict(f"no board profile '{r['board']}': add boards/{r['board']}.yaml") from None
+    rt = board.runtimes.get(r["runtime"])
+    if rt is None:
+        raise CannotPredict(f"board {board.name} has no runtime {r['runtime']}: add it to its profile")
+    try:
+        spec, scheme = resolve(r["model"]), normalize_scheme(r["quant"])
+    except EdgeInferError as e:
+        raise CannotPredict(f"model {r['model']} / {r['quant']}: {e.one_line()}") from None
     prof = planner.runtime_profile(r["runtime"])
-    kv_b = 2.0
-    stream = planner.decode_stream_bytes(spec, scheme, prof)
-    kv = planner.kv_bytes(spec, r["ctx"], 1, kv_b)
-    rt = board.runtimes[r["runtime"]]
-    return {"spec": spec, "board": board, "scheme": scheme, "prof": prof, "bytes": stream + kv,
-            "group": f"{rt.speed_group}/{r['runtime']}/{planner.format_key(scheme)}"}
+    kv_b = kv_bytes_per_element(prof.get("kv_dtype", "fp16"))
+    x = planner.decode_stream_bytes(spec, scheme, prof) + planner.kv_bytes(spec, r["ctx"], 1, kv_b)
+    fk = planner.format_key(scheme)
+    return {"spec": spec, "board": board, "scheme": scheme, "prof": prof, "bytes": x, "kv_b": kv_b,
+            "vendor": VENDORS.get(board.backend, board.backend), "group": rt.speed_group, "format": fk,
+            "key": f"{rt.speed_group}/{r['runtime']}/{fk}",
+            "board_bw": board.bandwidth_gbps.value * 1e9 if board.bandwidth_gbps else None}
 
 
-def fit_group(xs: list[float], ts: list[float], t0_fixed: float | None = None) -> tuple[float, float]:
-    """Weighted LS for t = t0 + x / bw, weights 1/t (relative error): ``edgeinfer calibrate``'s own fit."""
-    return calibrate.fit_line(xs, ts, t0_fixed)
+def _prefill_factor(r: dict, f: dict) -> float | None:
+    b = f["board"]
+    pre = r.get("prefill") or (r["prompt"] / (r["ttft_ms"] / 1000) if r.get("ttft_ms") and r.get("prompt") else None)
+    peak = b.int8_tops.value * 1e12 if b.int8_tops else (b.fp16_tflops.value * 1e12 if b.fp16_tflops else None)
+    return pre * 2 * f["spec"].params_active / peak if pre and peak else None
+
+
+def points(rows: list[dict]) -> tuple[dict[str, list[speed_fit.Point]], list[str]]:
+    """The fit rows as points per speed key, and a note per fit row left out (with why)."""
+    by_key: dict[str, list[speed_fit.Point]] = {}
+    notes = []
+    for r in rows:
+        if not r.get("fit"):
+            continue
+        try:
+            f = row_facts(r)
+        except CannotPredict as e:
+            notes.append(f"row {r['row']}: not fitted: {e}")
+            continue
+        if not f["group"] or not f["board_bw"]:
+            notes.append(f"row {r['row']}: not fitted: {r['runtime']} on {r['board']} has no speed group or bandwidth")
+            continue
+        by_key.setdefault(f["key"], []).append(speed_fit.Point(
+            r["row"], r["source_id"], r["board"], f["board_bw"], f["bytes"], 1 / r["decode"], _prefill_factor(r, f)))
+    return by_key, notes
+
+
+# ----------------------------------------------------------------------------- memory overhead
+def mem_items(rows: list[dict]) -> dict[str, list[dict]]:
+    """Per runtime, the fit rows with a peak memory: planned weights and the residual overhead, MiB."""
+    out: dict[str, list[dict]] = {}
+    for r in rows:
+        if not (r.get("fit") and r.get("mem_mib")):
+            continue
+        try:
+            f = row_facts(r)
+        except CannotPredict:
+            continue
+        out.setdefault(r["runtime"], []).append({"row": r["row"], "source": r["source_id"], **planned_mib(r, f)})
+    return out
+
+
+def planned_mib(r: dict, f: dict) -> dict:
+    ctx = r.get("mem_ctx", r["ctx"])
+    w, _ = planner.weights_bytes(f["spec"], f["scheme"], f["prof"])
+    act, _ = planner.activation_bytes(f["spec"], ctx, 1, f["prof"])
+    rest = w + planner.kv_bytes(f["spec"], ctx, 1, f["kv_b"]) + act
+    return {"weights": w / MIB, "planned": rest / MIB, "measured": r.get("mem_mib"),
+            "residual": r["mem_mib"] - rest / MIB if r.get("mem_mib") else None}
+
+
+def overhead_value(ov: dict, weights_mib: float) -> float:
+    return ov["value"] + ov.get("weights_fraction", 0.0) * weights_mib
+
+
+def _fit_overhead(items: list[dict], proportional: bool) -> dict:
+    if not proportional:
+        return {"value": round(max(0.0, statistics.median(i["residual"] for i in items)), 1)}
+    ws, rs = [i["weights"] for i in items], [i["residual"] for i in items]
+    mw, mr = statistics.fmean(ws), statistics.fmean(rs)
+    b = sum((w - mw) * (r - mr) for w, r in zip(ws, rs)) / (sum((w - mw) ** 2 for w in ws) or 1)
+    return {"value": round(max(0.0, mr - b * mw), 1), "weights_fraction": round(max(0.0, b), 4)}
+
+
+def _loso_mem(items: list[dict], proportional: bool) -> list[float]:
+    errs = []
+    for s in {i["source"] for i in items}:
+        train = [i for i in items if i["source"] != s]
+        if len(train) < (3 if proportional else 1):
+            continue
+        ov = _fit_overhead(train, proportional)
+        errs += [abs(i["planned"] + overhead_value(ov, i["weights"]) - i["measured"]) / i["measured"] * 100
+                 for i in items if i["source"] == s]
+    return errs
+
+
+def fit_overheads(rows: list[dict]) -> dict[str, dict]:
+    out = {}
+    for rt, items in mem_items(rows).items():
+        n_src = len({i["source"] for i in items})
+        const, prop = _loso_mem(items, False), _loso_mem(items, True)
+        use_prop = n_src >= 3 and prop and statistics.median(prop) < PROPORTIONAL_MARGIN * statistics.median(const)
+        errs = prop if use_prop else const
+        ov = _fit_overhead(items, bool(use_prop))
+        ov["source"] = (f"bench/fit_speed.py: {'a constant + a share of the weights' if use_prop else 'median'} of "
+                        f"(published peak memory − weights − KV − activations) over rows {[i['row'] for i in items]} "
+                        "of bench/data (docs/planner.md#fit)")
+        ov["residuals_mib"] = {str(i["row"]): round(i["residual"], 1) for i in items}
+        ov.update(error_pct=round(statistics.median(errs), 1) if n_src >= 2 and errs else None,
+                  error_rows=len(errs) if n_src >= 2 else 0, error_sources=n_src,
+                  error_basis=f"leave-one-source-out, {len(errs)} rows from {n_src} sources" if n_src >= 2 and errs
+                  else "one source: not validated")
+        out[rt] = ov
+    return out
+
+
+# ----------------------------------------------------------------------------- main
+def fit(rows: list[dict]) -> dict:
+    by_key, notes = points(rows)
+    table = speed_fit.fit_table(by_key)
+    errors = speed_fit.loso_errors(by_key)
+    for k, c in table.items():
+        c.update(errors[k])
+        c["source"] = "bench/fit_speed.py on bench/data (docs/planner.md#fit)"
+    prev = json.loads(OUT.read_text()) if OUT.is_file() else {}
+    keep = {k: v for k, v in prev.get("overhead_mib", {}).items() if "bench/fit_speed.py" not in v.get("source", "")}
+    return {"schema": "edgeinfer.speed_constants/2", "speed": dict(sorted(table.items())),
+            "overhead_mib": {**keep, **fit_overheads(rows)}, "notes": notes}
 
 
 def main() -> dict:
-    rows = [r for r in load_rows() if r.get("model") and r.get("fit")]
-    groups: dict[str, list] = {}
-    for r in rows:
-        f = row_facts(r)
-        groups.setdefault(f["group"], []).append((r, f))
-    speed: dict[str, dict] = {}
-    # multi-row groups first, so single-row groups can borrow t0
-    for key in sorted(groups, key=lambda k: -len(groups[k])):
-        items = groups[key]
-        xs = [f["bytes"] for _, f in items]
-        ts = [1.0 / r["decode"] for r, _ in items]
-        prefix = key.rsplit("/", 1)[0] + "/"
-        t0_fixed = None
-        if len(items) == 1 or len(set(xs)) < 2:
-            donors = [v["t0_ms"] / 1000 for k, v in speed.items() if k.startswith(prefix)]
-            t0_fixed = statistics.median(donors) if donors else 0.0
-        t0, bw = fit_group(xs, ts, t0_fixed)
-        board_bw = items[0][1]["board"].bandwidth_gbps.value * 1e9
-        errs = []
-        for (r, f), x, t in zip(items, xs, ts):
-            pred = 1.0 / (t0 + x / bw)
-            errs.append(abs(pred - r["decode"]) / r["decode"] * 100)
-        pfs = []
-        for r, f in items:
-            pre = r.get("prefill") or (
-                r["prompt"] / (r["ttft_ms"] / 1000) if r.get("ttft_ms") and r.get("prompt") else None)
-            b = f["board"]
-            peak = b.int8_tops.value * 1e12 if b.int8_tops else (
-                b.fp16_tflops.value * 1e12 if b.fp16_tflops else None)
-            if pre and peak:
-                pfs.append(pre * 2 * f["spec"].params_active / peak)
-        speed[key] = {
-            "t0_ms": round(t0 * 1000, 3), "bw_fraction": round(bw / board_bw, 4),
-            "bw_eff_gbps": round(bw / 1e9, 2), "fit_board": items[0][0]["board"],
-            "prefill_factor": round(statistics.median(pfs), 5) if pfs else None,
-            "n_rows": len(items), "rows": [r["row"] for r, _ in items],
-            "fit": "t0 and BW_eff" if t0_fixed is None else (
-                f"BW_eff only (t0 {'borrowed' if t0_fixed else 'fixed at 0'}); exact on 1 row, no validation"
-                if len(items) == 1 else "BW_eff only"),
-            "fit_abs_pct_error": [round(e, 2) for e in errs],
-            "fit_median_abs_pct_error": round(statistics.median(errs), 2),
-            "source": "bench/fit_speed.py on bench/data/measured_rows.yaml (docs/board-facts.md#speed-model)",
-        }
-    # rkllm memory overhead: measured peak RSS minus planned weights + KV + activations
-    residuals = []
-    for r in rows:
-        if r["runtime"] != "rkllm" or not r.get("mem_mib") or r.get("grade") != "A":
-            continue
-        f = row_facts(r)
-        w, _ = planner.weights_bytes(f["spec"], f["scheme"], f["prof"])
-        kv = planner.kv_bytes(f["spec"], r["ctx"], 1, 2.0)
-        act, _ = planner.activation_bytes(f["spec"], r["ctx"], 1, f["prof"])
-        residuals.append((r["row"], (r["mem_mib"] * MIB - w - kv - act) / MIB))
-    ov = {}
-    if residuals:
-        med = statistics.median(v for _, v in residuals)
-        ov["rkllm"] = {"value": round(max(med, 0.0), 1),
-                       "source": "bench/fit_speed.py: median of (RKLLM peak RSS − weights − KV − activations) over "
-                                 f"vendor rows {[r for r, _ in residuals]} of bench/data/measured_rows.yaml "
-                                 "(docs/board-facts.md#rkllm-memory)",
-                       "residuals_mib": {str(k): round(v, 1) for k, v in residuals}}
-    prev = json.loads(OUT.read_text()) if OUT.is_file() else {}
-    result = {"schema": "edgeinfer.speed_constants/1", "speed": speed,
-              "overhead_mib": {**prev.get("overhead_mib", {}), **ov}}
-    OUT.write_text(json.dumps(result, indent=1) + "\n")
+    result = fit(load_rows())
+    OUT.write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
     (ROOT / "bench" / "results").mkdir(parents=True, exist_ok=True)
-    (ROOT / "bench" / "results" / "fit_speed.json").write_text(json.dumps(result, indent=1) + "\n")
+    (ROOT / "bench" / "results" / "fit_speed.json").write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
     return result
 
 
 if __name__ == "__main__":
     res = main()
-    print(f"{'group':42s} {'rows':>8s} {'t0 ms':>7s} {'BW_eff':>8s} {'frac':>6s} {'prefill':>8s}  median|err|%")
+    print(f"{'key':40s} {'rows':>4s} {'t0 ms':>7s} {'frac':>6s} {'cap GB/s':>8s} {'prefill':>8s} {'fit%':>5s} "
+          f"{'LOSO%':>6s}  fit")
     for k, v in res["speed"].items():
         pf = f"{v['prefill_factor']:.4f}" if v["prefill_factor"] else "-"
-        print(f"{k:42s} {str(v['rows']):>8s} {v['t0_ms']:7.2f} {v['bw_eff_gbps']:8.1f} {v['bw_fraction']:6.3f} "
-              f"{pf:>8s}  "
-              f"{v['fit_median_abs_pct_error']:.1f}  ({v['fit']})")
+        cap = f"{v['bw_cap_gbps']:.1f}" if v["bw_cap_gbps"] else "-"
+        err = "-" if v["error_pct"] is None else f"{v['error_pct']:.1f}"
+        print(f"{k:40s} {v['n_rows']:>4d} {v['t0_ms']:7.2f} {v['bw_fraction']:6.3f} {cap:>8s} {pf:>8s} "
+              f"{v['fit_median_abs_pct_error']:5.1f} {err:>6s}  {v['fit']}")
     for k, v in res["overhead_mib"].items():
-        print(f"overhead {k}: {v['value']} MiB  residuals {v.get('residuals_mib')}")
+        print(f"overhead {k}: {v['value']} MiB (+{v.get('weights_fraction', 0)} × weights)  error {v.get('error_pct')}"
+              f"  ({v.get('error_basis', v.get('source'))})")
+    for n in res["notes"]:
+        print(n)

@@ -41,13 +41,17 @@ class Fact(BaseModel):
 
 
 class SpeedConst(BaseModel):
-    """Decode: 1/(t0 + bytes_per_token / (bw_fraction × bandwidth)); prefill: factor × peak / (2 × params)."""
+    """Decode: 1/(t0 + bytes_per_token / min(bw_cap_gbps, bw_fraction × bandwidth)) (planning.speed);
+    prefill: factor × peak / (2 × params). ``error_pct``/``error_basis``: the error bar plan prints with them."""
 
     model_config = ConfigDict(extra="forbid")
     t0_ms: float = Field(ge=0)
     bw_fraction: float = Field(gt=0, le=1.5)
+    bw_cap_gbps: float | None = Field(default=None, gt=0)
     prefill_factor: float | None = Field(default=None, gt=0)
     source: str = "board profile"
+    error_pct: float | None = Field(default=None, ge=0)
+    error_basis: str | None = None
 
 
 class Runtime(BaseModel):

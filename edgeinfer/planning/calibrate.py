@@ -1,7 +1,7 @@
 """Fit a board's speed constants and runtime overhead to the user's own measurements.
 
-Decode model (docs/planner.md#speed-model): time per token = t0 + bytes_per_token / (bw_fraction × bandwidth),
-per runtime and weight format. With measured rows of at least two different sizes, t0 and the bandwidth
+Decode model (docs/planner.md#speed-model): time per token = t0 + bytes_per_token / BW_eff (planning.speed),
+per runtime and weight format; the calibrated constants are the board's own (BW_eff = bw_fraction × bandwidth). With measured rows of at least two different sizes, t0 and the bandwidth
 are fitted by least squares on the relative error (each row weighted by 1/its time); one size only:
 t0 is kept from the parent board and the bandwidth scaled so the row is met exactly. Formats of a
 measured runtime that have no row move by the runtime's median bandwidth scale. Memory: the runtime
@@ -17,7 +17,7 @@ from typing import Any
 
 from edgeinfer.contract.schemes import Scheme, normalize_scheme
 from edgeinfer.errors import InputError
-from edgeinfer.planning import planner
+from edgeinfer.planning import planner, speed
 from edgeinfer.planning.boards import Board, board_from_dict
 from edgeinfer.planning.models import resolve
 from edgeinfer.planning.models.hf import spec_from_config
@@ -148,7 +148,7 @@ def _sizes(rows: list[Row]) -> int:
 def fit_group(rows: list[Row], parent: Board) -> Group:
     g = Group(rows)
     r0 = rows[0]
-    consts, _ = planner._speed_constants(parent, r0.runtime, r0.scheme)
+    consts = planner.speed_constants(parent, r0.runtime, r0.scheme).consts
     g.parent = consts
     bw_board = parent.bandwidth_gbps.value * 1e9
     xs, ts = [r.bytes_per_token for r in rows], [r.seconds for r in rows]
@@ -166,7 +166,7 @@ def fit_group(rows: list[Row], parent: Board) -> Group:
                          f"of {parent.name} ({parent.bandwidth_gbps.value:g} GB/s)",
                          "the board, model or quant of these rows is wrong")
     if consts:
-        g.scale = frac / consts["bw_fraction"]
+        g.scale = frac / (speed.effective_bandwidth(consts, bw_board) / bw_board)
     g.prefill_factor = _prefill_factor(rows, parent) or (consts or {}).get("prefill_factor")
     return g
 
@@ -195,9 +195,16 @@ def overhead_mib(rows: list[Row], parent: Board) -> dict[str, tuple[float, list[
             for rt, items in res.items()}
 
 
-def _constants(t0_s: float, frac: float, pf: float | None, source: str) -> dict[str, Any]:
-    return {"t0_ms": round(t0_s * 1000, 4), "bw_fraction": round(frac, 5),
-            "prefill_factor": pf, "source": source}
+def _constants(t0_s: float, frac: float, pf: float | None, source: str, err: float | None,
+               err_basis: str) -> dict[str, Any]:
+    """Inline constants of the calibrated board (no cap: they are this board's own)."""
+    return {"t0_ms": round(t0_s * 1000, 4), "bw_fraction": round(frac, 5), "prefill_factor": pf, "source": source,
+            "error_pct": err, "error_basis": err_basis}
+
+
+def _in_sample_error(g: Group) -> float:
+    return round(statistics.median(abs(1 / (g.t0_s + r.bytes_per_token / g.bw) * r.seconds - 1) * 100
+                                   for r in g.rows), 2)
 
 
 def profile(parent: Board, groups: dict[str, Group], overheads: dict, name: str, where: str) -> dict[str, Any]:
@@ -208,7 +215,8 @@ def profile(parent: Board, groups: dict[str, Group], overheads: dict, name: str,
     for key, g in groups.items():
         rt, fk = key.split("/", 1)
         data["runtimes"][rt]["speed"][fk] = _constants(
-            g.t0_s, g.bw / bw_board, g.prefill_factor, f"user calibration ({where}; {g.how})")
+            g.t0_s, g.bw / bw_board, g.prefill_factor, f"user calibration ({where}; {g.how})",
+            _in_sample_error(g), f"user calibration: in-sample on {len(g.rows)} row(s), not left out")
     for rt, r in parent.runtimes.items():
         scales = [g.scale for k, g in groups.items() if k.startswith(rt + "/") and g.scale]
         if not scales:
@@ -219,13 +227,13 @@ def profile(parent: Board, groups: dict[str, Group], overheads: dict, name: str,
             fk = planner.format_key(sc)
             if fk in data["runtimes"][rt]["speed"] and f"{rt}/{fk}" in groups:
                 continue
-            consts, _ = planner._speed_constants(parent, rt, sc)
+            consts = planner.speed_constants(parent, rt, sc).consts
             if consts:
+                frac = speed.effective_bandwidth(consts, bw_board) / bw_board
                 data["runtimes"][rt]["speed"][fk] = _constants(
-                    consts["t0_ms"] / 1000, min(MAX_FRACTION, consts["bw_fraction"] * s),
-                    consts.get("prefill_factor"),
+                    consts["t0_ms"] / 1000, min(MAX_FRACTION, frac * s), consts.get("prefill_factor"),
                     f"user calibration ({where}; no row for {fk}: the parent's bandwidth × {s:.3f}, the median scale "
-                    f"of the {rt} rows)")
+                    f"of the {rt} rows)", None, f"user calibration: no row for {fk}, not validated")
     for rt, (mib, wheres) in overheads.items():
         data["runtimes"][rt]["overhead_mib"] = {
             "value": round(mib, 1), "source": f"user calibration ({where}): median of measured peak memory − planned "

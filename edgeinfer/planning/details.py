@@ -166,13 +166,15 @@ class Estimates:
     prefill_fraction_of_peak: float | None
     basis: str
     assumes: str
-    bw_fraction: float | None = None  # with speed constants (as bw_eff_gbps)
+    decode_error_pct: float | None = None  # the constants' left-out median |error| (widened when extrapolated)
+    error_basis: str | None = None  # how decode_error_pct was found ("leave-one-source-out, N rows from S sources")
+    bw_fraction: float | None = None  # BW_eff / the board's bandwidth (with speed constants, as bw_eff_gbps)
     paging: PagingCost | None = None
     decode_tokens_per_s_unpaged: float | None = None
     prefill_tokens_per_s_unpaged: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self)[:14]}  # up to assumes: always there
+        out = {f.name: getattr(self, f.name) for f in fields(self)[:16]}  # up to error_basis: always there
         if self.bw_eff_gbps is not None:
             out["bw_fraction"] = self.bw_fraction
         if self.paging is not None:

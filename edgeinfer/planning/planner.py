@@ -13,7 +13,7 @@ from pathlib import Path
 
 from edgeinfer.contract.schemes import Scheme, normalize_scheme
 from edgeinfer.errors import InputError
-from edgeinfer.planning import details
+from edgeinfer.planning import details, speed
 from edgeinfer.planning.boards import GIB, Board, get_board, load_boards
 from edgeinfer.planning.decision import Decision, decide
 from edgeinfer.planning.exportable import refuse_unexportable
@@ -246,27 +246,15 @@ def check_int(name: str, v: object) -> int:
     return v
 
 
-def _speed_constants(board: Board, runtime: str, scheme: Scheme) -> tuple[dict | None, str]:
+def speed_constants(board: Board, runtime: str, scheme: Scheme) -> speed.Found:
+    """The board profile's own constants for the format, else the fitted ones (:func:`speed.lookup`)."""
     rt = board.runtimes[runtime]
     fk = format_key(scheme)
     if fk in rt.speed:
-        c = rt.speed[fk]  # a calibrated profile's constants say so in their source
-        return c.model_dump(), f"{c.source} constants for {runtime}/{fk}"
+        return speed.inline(rt.speed[fk].model_dump(), runtime, fk)
     if not rt.speed_group:
-        return None, f"no speed constants for runtime {runtime} on {board.name}"
-    table = fitted().get("speed", {})
-    key = f"{rt.speed_group}/{runtime}/{fk}"
-    if key in table:
-        c = table[key]
-        return c, f"fitted on {c.get('n_rows', '?')} measured row(s) ({key})"
-    same = [v for k, v in table.items() if k.startswith(f"{rt.speed_group}/{runtime}/")]
-    if same:
-        t0 = sorted(v["t0_ms"] for v in same)[len(same) // 2]
-        fr = sorted(v["bw_fraction"] for v in same)[len(same) // 2]
-        pf = [v["prefill_factor"] for v in same if v.get("prefill_factor")]
-        return ({"t0_ms": t0, "bw_fraction": fr, "prefill_factor": sorted(pf)[len(pf) // 2] if pf else None},
-                f"extrapolated: no row for {fk}; median constants of {rt.speed_group}/{runtime}")
-    return None, f"no measured rows for {rt.speed_group}/{runtime}"
+        return speed.Found(None, f"no speed constants for runtime {runtime} on {board.name}")
+    return speed.lookup(fitted().get("speed", {}), rt.speed_group, runtime, fk)
 
 
 def estimate_speed(spec: ModelSpec, board: Board, runtime: str, scheme: Scheme, ctx: int, batch: int,
@@ -284,22 +272,23 @@ def estimate_speed(spec: ModelSpec, board: Board, runtime: str, scheme: Scheme, 
     if spec.encoder:
         out["basis"] = "encoder: no token-by-token decode"
         out["decode_tokens_per_s"] = None
-    consts, basis = _speed_constants(board, runtime, scheme)
-    out["basis"] = basis if not spec.encoder else out["basis"] + "; " + basis
+    found = speed_constants(board, runtime, scheme)
+    consts = found.consts
+    out["basis"] = found.basis if not spec.encoder else out["basis"] + "; " + found.basis
     if consts is None or board.bandwidth_gbps is None:
         if board.bandwidth_gbps is None:
             out["basis"] = f"{board.name} claims no memory bandwidth: no speed estimate"
         return details.Estimates(**out)
     bw = board.bandwidth_gbps.value * 1e9
-    bw_eff = consts["bw_fraction"] * bw
-    t0 = consts["t0_ms"] / 1000.0
+    bw_eff = speed.effective_bandwidth(consts, bw)
     if not spec.encoder:
-        step = t0 + per_step / bw_eff
+        step = speed.step_seconds(consts, bw, per_step)
+        out["decode_error_pct"], out["error_basis"] = found.error_pct, found.error_basis
         out["decode_tokens_per_s"] = round(batch / step, 3)
         out["roofline_tokens_per_s"] = round(batch * bw / per_step, 3)
         out["roofline_fraction"] = round((per_step / bw) / step, 3)
     out["t0_ms"] = consts["t0_ms"]
-    out["bw_eff_gbps"], out["bw_fraction"] = round(bw_eff / 1e9, 2), consts["bw_fraction"]
+    out["bw_eff_gbps"], out["bw_fraction"] = round(bw_eff / 1e9, 2), bw_eff / bw
     pf = consts.get("prefill_factor")
     peak = (board.int8_tops.value * 1e12 if board.int8_tops else
             board.fp16_tflops.value * 1e12 if board.fp16_tflops else None)
@@ -315,7 +304,7 @@ def _memory(spec, board, runtime, scheme, ctx, batch, kv_b):
     kv = kv_bytes(spec, ctx, batch, kv_b)
     act, ad = activation_bytes(spec, ctx, batch, prof)
     ov = board.runtimes[runtime].overhead() or prof.get("overhead_mib") or {"value": 0}
-    rt = int(ov["value"] * MIB)
+    rt = int(ov["value"] * MIB + ov.get("weights_fraction", 0.0) * w)  # a share of the weights where fitted
     frac = prof.get("memory_fraction")
     if frac:
         rt += int((1 - frac["value"]) * board.usable_bytes)

@@ -1,0 +1,78 @@
+"""The decode-speed transfer rule and the lookup of its constants (docs/planner.md#speed-model).
+
+Constants per ``speed_group/runtime/format``: ``{t0_ms, bw_fraction, bw_cap_gbps}``. On a board of bandwidth B
+the effective bandwidth is ``min(bw_cap_gbps, bw_fraction × B)`` (no cap: no cap) and a decode step takes
+``t0 + bytes_per_step / BW_eff``. Pure arithmetic on dicts: the planner, ``edgeinfer calibrate`` and
+bench/fit_speed.py (leave-one-source-out) all predict through here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+WIDEN_FACTOR = 2.0  # an extrapolated estimate's error bar: max(WIDEN_FACTOR × the source's, WIDEN_FLOOR_PCT)
+WIDEN_FLOOR_PCT = 30.0
+
+
+def effective_bandwidth(c: dict, board_bw: float) -> float:
+    """Bytes/s a runtime streams on a board of ``board_bw`` bytes/s: min(cap, fraction × board bandwidth)."""
+    bw = c["bw_fraction"] * board_bw
+    cap = c.get("bw_cap_gbps")
+    return min(bw, cap * 1e9) if cap else bw
+
+
+def step_seconds(c: dict, board_bw: float, bytes_per_step: float) -> float:
+    return c["t0_ms"] / 1000.0 + bytes_per_step / effective_bandwidth(c, board_bw)
+
+
+def widened(err: float | None) -> float | None:
+    return None if err is None else round(max(WIDEN_FACTOR * err, WIDEN_FLOOR_PCT), 1)
+
+
+@dataclass(frozen=True)
+class Found:
+    """Constants for one estimate (None: no estimate), what they are, and the error bar that goes with them."""
+
+    consts: dict | None
+    basis: str
+    error_pct: float | None = None
+    error_basis: str | None = None
+
+
+def _rows(c: dict) -> int:
+    return int(c.get("n_rows") or 0)
+
+
+def _extrapolated(c: dict, key: str, label: str) -> Found:
+    err = c.get("error_pct")
+    if err is None:
+        eb = f"{label}: not validated ({key}: {c.get('error_basis') or 'no left-out error'})"
+    else:
+        eb = (f"{label}: widened to max({WIDEN_FACTOR:g} × {err:g} %, {WIDEN_FLOOR_PCT:g} %) "
+              f"from {key}'s left-out error")
+    return Found(c, f"{label} ({key}, {_rows(c)} row(s))", widened(err), eb)
+
+
+def lookup(table: dict, group: str | None, runtime: str, fk: str) -> Found:
+    """``group/runtime/fk`` → ``*/runtime/fk`` (the runtime fitted across groups) → the group's and runtime's
+    format with the most rows; each fallback labelled "extrapolated" with a widened error bar."""
+    if not group:
+        return Found(None, f"no speed group for runtime {runtime} on this board")
+    key = f"{group}/{runtime}/{fk}"
+    if key in table:
+        c = table[key]
+        return Found(c, f"fitted on {_rows(c)} measured row(s) ({key})", c.get("error_pct"), c.get("error_basis"))
+    star = f"*/{runtime}/{fk}"
+    if star in table:
+        return _extrapolated(table[star], star, f"extrapolated from other {runtime} boards")
+    same = sorted((k for k in table if k.startswith(f"{group}/{runtime}/")), key=lambda k: (-_rows(table[k]), k))
+    if same:
+        return _extrapolated(table[same[0]], same[0], f"extrapolated from {same[0].split('/', 2)[2]}")
+    return Found(None, f"no measured rows for {runtime} with {fk} on any board, nor for {runtime} on {group}: "
+                       "measure some and run `edgeinfer calibrate`")
+
+
+def inline(c: dict, runtime: str, fk: str) -> Found:
+    """A board profile's own constants (a calibration): their basis is their source."""
+    eb = c.get("error_basis") or f"{c.get('source', 'board profile')}: no left-out error"
+    return Found(c, f"{c.get('source', 'board profile')} constants for {runtime}/{fk}", c.get("error_pct"), eb)
