@@ -163,14 +163,20 @@ def _loso_mem(items: list[dict], proportional: bool) -> list[float]:
     return errs
 
 
+def _use_proportional(items: list[dict]) -> bool:
+    if len({i["source"] for i in items}) < 2:
+        return False
+    const, prop = _loso_mem(items, False), _loso_mem(items, True)
+    return bool(prop) and statistics.median(prop) < PROPORTIONAL_MARGIN * statistics.median(const)
+
+
 def fit_overheads(rows: list[dict]) -> dict[str, dict]:
     out = {}
     for rt, items in mem_items(rows).items():
         n_src = len({i["source"] for i in items})
-        const, prop = _loso_mem(items, False), _loso_mem(items, True)
-        use_prop = n_src >= 3 and prop and statistics.median(prop) < PROPORTIONAL_MARGIN * statistics.median(const)
-        errs = prop if use_prop else const
-        ov = _fit_overhead(items, bool(use_prop))
+        use_prop = _use_proportional(items)
+        errs = _loso_mem(items, use_prop)
+        ov = _fit_overhead(items, use_prop)
         ov["source"] = (f"bench/fit_speed.py: {'a constant + a share of the weights' if use_prop else 'median'} of "
                         f"(published peak memory − weights − KV − activations) over rows {[i['row'] for i in items]} "
                         "of bench/data (docs/planner.md#fit)")
@@ -180,6 +186,17 @@ def fit_overheads(rows: list[dict]) -> dict[str, dict]:
                   error_basis=f"leave-one-source-out, {len(errs)} rows from {n_src} sources" if n_src >= 2 and errs
                   else "one source: not validated")
         out[rt] = ov
+    return out
+
+
+def fit_overheads_without(mem: dict[str, list[dict]], source: str) -> dict[tuple[str, bool], dict]:
+    """The overheads fitted without ``source``: (runtime, True) the v3 model, (runtime, False) the median (v2)."""
+    out = {}
+    for rt, items in mem.items():
+        train = [i for i in items if i["source"] != source]
+        if train:  # the model's form is chosen on every row (as fit_overheads does), its terms refitted on train
+            out[(rt, True)] = _fit_overhead(train, _use_proportional(items) and len(train) >= 3)
+            out[(rt, False)] = _fit_overhead(train, False)
     return out
 
 

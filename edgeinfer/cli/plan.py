@@ -93,7 +93,7 @@ def render_plan(p: Plan) -> None:
     if e.decode_tokens_per_s_unpaged is not None:  # the paging line below gives the paged figure
         con.print(f"decode without paging ≈ {e.decode_tokens_per_s_unpaged:.2f} tok/s ({e.basis})")
     elif e.decode_tokens_per_s is not None:
-        con.print(f"decode ≈ [bold]{e.decode_tokens_per_s:.2f} tok/s[/] ({e.runtime}; "
+        con.print(f"decode ≈ [bold]{e.decode_tokens_per_s:.2f} tok/s[/] {e.error_bar()} ({e.runtime}; "
                   f"{e.roofline_fraction * 100:.0f}% of the {e.roofline_tokens_per_s:.2f} tok/s bandwidth "
                   "roofline; "
                   f"t0 {e.t0_ms:.2f} ms, BW_eff {e.bw_eff_gbps} GB/s; {e.basis})")

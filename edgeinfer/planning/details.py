@@ -173,6 +173,12 @@ class Estimates:
     decode_tokens_per_s_unpaged: float | None = None
     prefill_tokens_per_s_unpaged: float | None = None
 
+    def error_bar(self) -> str:
+        """``±9 % (leave-one-source-out, 41 rows from 4 sources)``, or why there is none."""
+        if self.decode_error_pct is None:
+            return f"(no error bar: {self.error_basis})" if self.error_basis else ""
+        return f"±{self.decode_error_pct:g} % ({self.error_basis})"
+
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self)[:16]}  # up to error_basis: always there
         if self.bw_eff_gbps is not None:

@@ -74,5 +74,5 @@ def lookup(table: dict, group: str | None, runtime: str, fk: str) -> Found:
 
 def inline(c: dict, runtime: str, fk: str) -> Found:
     """A board profile's own constants (a calibration): their basis is their source."""
-    eb = c.get("error_basis") or f"{c.get('source', 'board profile')}: no left-out error"
+    eb = c.get("error_basis") or "the board profile's own constants: no left-out error"
     return Found(c, f"{c.get('source', 'board profile')} constants for {runtime}/{fk}", c.get("error_pct"), eb)

@@ -119,8 +119,11 @@ def with_stars(by_key: dict[str, list[Point]]) -> dict[str, list[Point]]:
 
 
 def _donor(table: dict, key: str) -> tuple[float, str] | None:
+    """The median fitted t0 of the same group and runtime, else of the runtime's other groups (a group key never
+    borrows from a ``*`` key, which mixes groups; a ``*`` key borrows from ``*`` keys first)."""
     group, runtime, _ = key.split("/", 2)
-    for pred in (lambda g, r: g == group and r == runtime, lambda g, r: r == runtime):
+    star = group == "*"
+    for pred in (lambda g, r: g == group and r == runtime, lambda g, r: r == runtime and (star or g != "*")):
         keys = sorted(k for k, v in table.items() if pred(*k.split("/", 2)[:2]) and v["fit"].startswith("t0 fitted"))
         if keys:
             return statistics.median(table[k]["t0_ms"] for k in keys) / 1000, ", ".join(keys)
