@@ -107,7 +107,8 @@ def points(rows: list[dict]) -> tuple[dict[str, list[speed_fit.Point]], list[str
             notes.append(f"row {r['row']}: not fitted: {e}")
             continue
         if not f["group"] or not f["board_bw"]:
-            notes.append(f"row {r['row']}: not fitted: {r['runtime']} on {r['board']} has no speed group or bandwidth")
+            notes.append(f"row {r['row']}: not fitted: {r['runtime']} on {r['board']} has no speed group or "
+                         "bandwidth")
             continue
         by_key.setdefault(f["key"], []).append(speed_fit.Point(
             r["row"], r["source_id"], r["board"], f["board_bw"], f["bytes"], 1 / r["decode"], _prefill_factor(r, f)))
@@ -218,7 +219,8 @@ def main() -> dict:
     result = fit(load_rows())
     OUT.write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
     (ROOT / "bench" / "results").mkdir(parents=True, exist_ok=True)
-    (ROOT / "bench" / "results" / "fit_speed.json").write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
+    text = json.dumps(result, indent=1, ensure_ascii=False) + "\n"
+    (ROOT / "bench" / "results" / "fit_speed.json").write_text(text)
     return result
 
 
@@ -233,7 +235,8 @@ if __name__ == "__main__":
         print(f"{k:40s} {v['n_rows']:>4d} {v['t0_ms']:7.2f} {v['bw_fraction']:6.3f} {cap:>8s} {pf:>8s} "
               f"{v['fit_median_abs_pct_error']:5.1f} {err:>6s}  {v['fit']}")
     for k, v in res["overhead_mib"].items():
-        print(f"overhead {k}: {v['value']} MiB (+{v.get('weights_fraction', 0)} × weights)  error {v.get('error_pct')}"
+        print(f"overhead {k}: {v['value']} MiB (+{v.get('weights_fraction', 0)} × weights)  "
+              f"error {v.get('error_pct')}"
               f"  ({v.get('error_basis', v.get('source'))})")
     for n in res["notes"]:
         print(n)

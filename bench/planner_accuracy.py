@@ -245,7 +245,8 @@ def print_table(res: dict) -> None:
         print()
     for x in res["rows"]:
         if "cannot_predict" in x:
-            print(f"row {x['row']} ({x['board']}, {x['runtime']}, {x['model']}): cannot predict: {x['cannot_predict']}")
+            print(f"row {x['row']} ({x['board']}, {x['runtime']}, {x['model']}): "
+                  f"cannot predict: {x['cannot_predict']}")
 
 
 if __name__ == "__main__":
@@ -254,6 +255,7 @@ if __name__ == "__main__":
     print("calibration, leave-one-out (median abs % error before -> after):")
     for k, g in res["calibration_loo"].items():
         refused = sum(1 for x in g["rows"] if "refused" in x)
-        print(f"  {k:30s} decode {g['median_decode_abs_pct_error_before']} -> {g['median_decode_abs_pct_error_after']}"
+        print(f"  {k:30s} decode {g['median_decode_abs_pct_error_before']} -> "
+              f"{g['median_decode_abs_pct_error_after']}"
               f"   memory {g['median_mem_abs_pct_error_before']} -> {g['median_mem_abs_pct_error_after']}"
               f"   ({len(g['rows'])} rows{f', {refused} fits refused' if refused else ''})")

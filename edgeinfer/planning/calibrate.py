@@ -1,8 +1,9 @@
 """Fit a board's speed constants and runtime overhead to the user's own measurements.
 
 Decode model (docs/planner.md#speed-model): time per token = t0 + bytes_per_token / BW_eff (planning.speed),
-per runtime and weight format; the calibrated constants are the board's own (BW_eff = bw_fraction × bandwidth). With measured rows of at least two different sizes, t0 and the bandwidth
-are fitted by least squares on the relative error (each row weighted by 1/its time); one size only:
+per runtime and weight format; the calibrated constants are the board's own (BW_eff = bw_fraction ×
+bandwidth, no cap). With measured rows of at least two different sizes, t0 and the bandwidth are fitted
+by least squares on the relative error (each row weighted by 1/its time); one size only:
 t0 is kept from the parent board and the bandwidth scaled so the row is met exactly. Formats of a
 measured runtime that have no row move by the runtime's median bandwidth scale. Memory: the runtime
 overhead becomes the median of (measured peak − planned weights, KV cache and activations).

@@ -1,0 +1,140 @@
+"""The speed model v3 (docs/planner.md#speed-model): constants that transfer between boards, t0 and the
+bandwidth term recovered from rows of several sizes, labelled extrapolation with widened error bars,
+leave-one-source-out error bars, and plan showing them. Pure arithmetic on synthetic rows (expected values
+worked out by hand here), no model converted."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from edgeinfer.planning import planner, speed, speed_fit
+from edgeinfer.planning.speed_fit import Point
+from edgeinfer.testing.cli import in_process_cli
+
+cli, _bind_capfd = in_process_cli()
+GB = 1e9
+CONSTS = json.loads((Path(planner.__file__).parents[1] / "data" / "speed_constants.json").read_text())
+
+
+def rows(board: str, board_gbps: float, t0_ms: float, bw_gbps: float, sizes_gb, source: str = "s") -> list[Point]:
+    """Exact rows: seconds per token = t0 + bytes / BW_eff."""
+    return [Point(f"{board}-{x}", source, board, board_gbps * GB, x * GB, t0_ms / 1000 + x / bw_gbps)
+            for x in sizes_gb]
+
+
+def test_a_software_bound_runtime_keeps_its_bandwidth_on_a_2x_board() -> None:
+    # fitted on an 800 GB/s board where it reaches 250 GB/s: on 1600 GB/s it stays at 250 (the cap), on a
+    # 400 GB/s board it gets 250/800 of it = 125 GB/s
+    c = speed_fit.fit_points(rows("910b4", 800, 0.5, 250, (1, 4, 16)))
+    assert c["t0_ms"] == pytest.approx(0.5, abs=1e-3)
+    assert speed.effective_bandwidth(c, 1600 * GB) == pytest.approx(250 * GB, rel=1e-3)
+    assert speed.effective_bandwidth(c, 400 * GB) == pytest.approx(125 * GB, rel=1e-3)
+    # 8 GB per step on the 1600 GB/s board: 1 / (0.5 ms + 8/250 s) = 30.769 tok/s
+    assert 1 / speed.step_seconds(c, 1600 * GB, 8 * GB) == pytest.approx(30.769, rel=1e-3)
+    assert "never faster than seen there" in c["fit"]
+
+
+def test_a_hardware_bound_runtime_fitted_on_two_boards_scales_with_memory() -> None:
+    # 80 % of the board's bandwidth on a 100 and a 200 GB/s board, t0 2 ms
+    pts = rows("a", 100, 2, 80, (1, 2, 4), "pub-a") + rows("b", 200, 2, 160, (1, 2, 4), "pub-b")
+    c = speed_fit.fit_points(pts)
+    assert c["bw_cap_gbps"] is None and c["bw_fraction"] == pytest.approx(0.8, rel=1e-3)
+    assert "hardware-bound" in c["fit"]
+    # a 400 GB/s board, 4 GB per step: 1 / (2 ms + 4/320 s) = 68.966 tok/s
+    assert 1 / speed.step_seconds(c, 400 * GB, 4 * GB) == pytest.approx(68.966, rel=1e-3)
+
+
+def test_t0_and_bandwidth_recovered_from_noisy_rows_with_one_outlier() -> None:
+    t0, bw = 5.0, 30.0  # ms, GB/s
+    noise = (1.01, 0.99, 1.005, 0.995, 1.0, 1.01)
+    pts = [Point(i, "s", "b", 34 * GB, x * GB, (t0 / 1000 + x / bw) * n)
+           for i, (x, n) in enumerate(zip((0.5, 1, 2, 3.8, 5, 7.5), noise))]
+    pts.append(Point("swap", "s", "b", 34 * GB, 16 * GB, 3 * (t0 / 1000 + 16 / bw)))  # an fp16 8B that swaps
+    c = speed_fit.fit_points(pts)
+    assert c["outlier_rows"] == ["swap"]
+    assert c["t0_ms"] == pytest.approx(t0, abs=0.6)
+    assert c["bw_cap_gbps"] == pytest.approx(bw, rel=0.03)
+
+
+def test_one_size_borrows_t0_and_says_from_where() -> None:
+    table = speed_fit.fit_table({"g/rt/w8a8": rows("b", 34, 7, 30, (0.5, 1, 4)),
+                                 "g/rt/w4a16": rows("b", 34, 7, 15, (2,))})
+    c = table["g/rt/w4a16"]
+    assert c["t0_ms"] == pytest.approx(7, abs=1e-3)
+    assert "t0 borrowed from g/rt/w8a8" in c["fit"]
+    # 2 GB in 7 ms + 2/15 s: the bandwidth term is fitted exactly on that row with the borrowed t0
+    assert c["bw_cap_gbps"] == pytest.approx(15, rel=1e-3)
+
+
+def test_left_out_error_needs_two_sources() -> None:
+    by_key = {"g/rt/fp16": rows("b", 100, 1, 50, (1, 2), "p1") + rows("b", 100, 1, 50, (4,), "p2")
+              + rows("b", 100, 1, 50, (8,), "p3"),
+              "g/rt/w8a8": rows("b", 100, 1, 60, (1, 2), "p1")}
+    errs = speed_fit.loso_errors(by_key)
+    assert errs["g/rt/fp16"]["error_pct"] == pytest.approx(0, abs=0.1)
+    assert errs["g/rt/fp16"]["error_basis"] == "leave-one-source-out, 4 rows from 3 sources"
+    assert errs["g/rt/w8a8"]["error_pct"] is None
+    assert errs["g/rt/w8a8"]["error_basis"] == "one source: not validated"
+
+
+def test_a_left_out_source_that_disagrees_shows_in_the_error() -> None:
+    # p2 measured 4 GB per step 1.25 × slower than the line p1 and p3 agree on
+    good = rows("b", 100, 1, 50, (1, 2), "p1") + rows("b", 100, 1, 50, (8,), "p3")
+    slow = Point("slow", "p2", "b", 100 * GB, 4 * GB, 1.25 * (0.001 + 4 / 50))
+    by_key = {"g/rt/fp16": [*good, slow]}
+    c = speed_fit.fit_table(speed_fit.without(by_key, "p2"))["g/rt/fp16"]
+    predicted = 1 / speed.step_seconds(c, 100 * GB, 4 * GB)
+    # fitted without p2 the line is exact: 1 / (1 ms + 4/50 s) = 12.346 tok/s against 12.346 / 1.25 measured,
+    # 25 % off
+    assert predicted == pytest.approx(12.346, rel=1e-3)
+    assert abs(predicted * slow.t - 1) * 100 == pytest.approx(25, abs=0.1)
+    errs = speed_fit.loso_errors(by_key)["g/rt/fp16"]
+    assert errs["error_rows"] == 4 and errs["error_pct"] > 1  # with every source agreeing it is ~0 (above)
+
+
+TABLE = {"rk3588/rkllm/w8a8": {"t0_ms": 7, "bw_fraction": 0.9, "bw_cap_gbps": 30, "n_rows": 4,
+                               "error_pct": 9.0, "error_basis": "leave-one-source-out, 4 rows from 2 sources"},
+         "*/rkllm/w4a16": {"t0_ms": 14, "bw_fraction": 0.8, "bw_cap_gbps": 14, "n_rows": 4, "error_pct": 20.0,
+                           "error_basis": "leave-one-source-out, 4 rows from 3 sources"}}
+
+
+def test_an_exact_key_carries_its_own_error_bar() -> None:
+    f = speed.lookup(TABLE, "rk3588", "rkllm", "w8a8")
+    assert f.consts is TABLE["rk3588/rkllm/w8a8"] and f.error_pct == 9.0
+    assert f.basis == "fitted on 4 measured row(s) (rk3588/rkllm/w8a8)"
+
+
+def test_an_extrapolated_format_is_labelled_and_its_error_bar_widened() -> None:
+    other_board = speed.lookup(TABLE, "rk3588", "rkllm", "w4a16")  # the runtime's constants of other groups
+    assert "extrapolated from other rkllm boards" in other_board.basis
+    assert other_board.error_pct == 40.0  # max(2 × 20 %, 30 %)
+    other_format = speed.lookup(TABLE, "rk3588", "rkllm", "w8a8_g")  # same group and runtime, another format
+    assert "extrapolated from w8a8" in other_format.basis
+    assert other_format.error_pct == 30.0  # max(2 × 9 %, 30 %)
+    assert "widened" in other_format.error_basis
+
+
+def test_a_runtime_with_no_rows_anywhere_gives_no_estimate_and_says_why() -> None:
+    f = speed.lookup(TABLE, "ascend-910b", "mindie", "fp16")
+    assert f.consts is None and f.error_pct is None
+    assert "no measured rows for mindie" in f.basis and "edgeinfer calibrate" in f.basis
+
+
+def test_plan_text_and_json_show_the_error_bar() -> None:
+    c = CONSTS["speed"]["rk3588/rkllm/w8a8"]
+    assert c["error_pct"] is not None  # the packaged fit has two sources for this key
+    args = ("plan", "phi-3-mini-4k-instruct", "--board", "rk3588-16g", "--quant", "w8a8", "--ctx", "192")
+    e = json.loads(cli(*args, "--json").stdout)["estimates"]
+    assert e["decode_error_pct"] == c["error_pct"] and e["error_basis"] == c["error_basis"]
+    text = cli(*args, env={"COLUMNS": "250"}).stdout
+    assert f"±{c['error_pct']:g} % ({c['error_basis']})" in text
+
+
+def test_plan_json_says_when_there_is_no_error_bar() -> None:
+    e = json.loads(cli("plan", "qwen2.5-0.5b", "--board", "rk3588-16g", "--quant", "w8a8_g128", "--ctx", "192",
+                       "--runtime", "rkllm", "--json").stdout)["estimates"]
+    assert e["decode_tokens_per_s"] is not None
+    assert e["decode_error_pct"] is None and "not validated" in e["error_basis"]
