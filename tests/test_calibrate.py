@@ -71,6 +71,9 @@ def test_calibration_moves_other_models_by_the_same_fraction(slow_profile: Path)
         p = planner.plan(model, str(slow_profile), quant="w8a8", ctx=1024, runtime=RUNTIME, suggest=False)
         assert p.estimates.decode_tokens_per_s == pytest.approx(slowed(model, 1024), rel=0.02)
         assert "user calibration" in p.estimates.basis
+        # its own error bar: the rows were made from the model, so it meets them in-sample
+        assert p.estimates.error_basis == "user calibration: in-sample on 3 row(s), not left out"
+        assert p.estimates.decode_error_pct < 1
 
 
 def test_one_row_fits_only_a_bandwidth_scale(tmp_path: Path) -> None:
