@@ -75,7 +75,9 @@ def render_plan(p: Plan) -> None:
                           "2 × layers × kv_heads × head_dim") + " × ctx × batch × "
                          f"{det.kv_cache.bytes_per_element:g} B",
              "activations": det.activations.basis,
-             "runtime": f"{p.runtime}: {_ref(det.runtime.source)}",
+             "runtime": f"{p.runtime}: " + (f"{det.runtime.overhead_mib:g} MiB + {det.runtime.weights_fraction:g} × "
+                                            "weights, " if det.runtime.weights_fraction else "")
+                        + _ref(det.runtime.source),
              "reserved": f"OS / driver: {_ref(det.reserved.source)}"}
     for k, v in p.breakdown.items():
         share = v / p.capacity_bytes * 100 if p.capacity_bytes else 0

@@ -63,6 +63,7 @@ class RuntimeDetail:
     overhead_mib: float
     source: str | None
     memory_fraction: float | None  # a runtime that claims this fraction of usable memory up front
+    weights_fraction: float | None = None  # a fitted overhead with a share of the weights: value + this × weights
 
 
 @dataclass

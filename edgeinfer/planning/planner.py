@@ -311,7 +311,8 @@ def _memory(spec, board, runtime, scheme, ctx, batch, kv_b):
     bd = {"weights": int(w), "kv_cache": int(kv), "activations": int(act), "runtime": rt,
           "reserved": board.reserve_bytes}
     det = details.MemoryDetails(wd, ad, details.KvCacheDetail(kv_b, ctx, batch, spec.kv_bytes_per_token(kv_b)),
-                                details.RuntimeDetail(ov["value"], ov.get("source"), frac["value"] if frac else None),
+                                details.RuntimeDetail(ov["value"], ov.get("source"), frac["value"] if frac else None,
+                                                      ov.get("weights_fraction")),
                                 details.ReservedDetail(board.os_reserve_gib.value, board.os_reserve_gib.source))
     return bd, det
 
