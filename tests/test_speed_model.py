@@ -138,3 +138,35 @@ def test_plan_json_says_when_there_is_no_error_bar() -> None:
                        "--runtime", "rkllm", "--json").stdout)["estimates"]
     assert e["decode_tokens_per_s"] is not None
     assert e["decode_error_pct"] is None and "not validated" in e["error_basis"]
+
+
+def _bench(name: str):
+    """bench/<name>.py as a module (the scripts put the repository root on sys.path themselves)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"_bench_{name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_accuracy_predicts_left_out_rows_of_every_rows_file_or_says_why(tmp_path: Path) -> None:
+    fit_speed, accuracy = _bench("fit_speed"), _bench("planner_accuracy")
+    extra = tmp_path / "rows_synthetic.yaml"
+    base = {"grade": "B", "quant": "w8a8", "ctx": 192, "decode": 20.0, "fit": True, "source": "synthetic"}
+    extra.write_text(json.dumps({"rows": [
+        {**base, "row": 9001, "board": "rk3588-16g", "runtime": "rkllm", "model": "qwen3-0.6b",
+         "source_id": "synthetic/a"},
+        {**base, "row": 9002, "board": "no-such-board", "runtime": "rkllm", "model": "qwen3-0.6b"},
+        {**base, "row": 9003, "board": "rk3588-16g", "runtime": "rkllm", "model": None, "model_name": "Foo-1B"},
+        {**base, "row": 9004, "board": "rk3588-16g", "runtime": "mindie", "model": "qwen3-0.6b"}]}))
+    rows = fit_speed.load_rows([fit_speed.DATA / "measured_rows.yaml", extra])
+    assert all(r["source_id"] == r["source"] for r in rows if r["file"] == "measured_rows.yaml")
+    recs = {x["row"]: x for x in accuracy.predict_rows(rows)}
+    # 9001 is predicted by the constants fitted without its source (the vendor rows)
+    assert recs[9001]["decode_after"] > 0 and "rk3588/rkllm/w8a8" in recs[9001]["basis_after"]
+    assert "no board profile 'no-such-board'" in recs[9002]["cannot_predict"]
+    assert "Foo-1B is not in the catalog" in recs[9003]["cannot_predict"]
+    assert "has no runtime mindie" in recs[9004]["cannot_predict"]
+    assert recs[9002]["vendor"] == "synthetic"  # no board profile: the rows file names the vendor
