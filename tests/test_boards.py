@@ -13,7 +13,7 @@ from edgeinfer.planning.boards import Board, get_board, host_board, load_boards
 STABLE = ["rk3588-4g", "rk3588-8g", "rk3588-16g", "rk3588-32g", "rk3576-4g", "rk3576-8g", "rk3576-16g",
           "atlas-300i-pro", "atlas-300i-duo-48g", "atlas-300i-duo-96g", "atlas-800i-a2", "atlas-300i-a2-910b4",
           "atlas-200i-dk-a2", "orange-pi-aipro-8g", "orange-pi-aipro-16g", "core-ultra-155h", "core-ultra-185h",
-          "core-ultra-258v", "core-ultra-288v", "core-ultra-285h"]
+          "core-ultra-258v", "core-ultra-288v", "core-ultra-285h", "atlas-800t-a2-910b2", "atlas-800t-a2-910b3"]
 
 
 def test_stable_names_present():
@@ -45,6 +45,17 @@ def test_published_facts():
     assert get_board("atlas-200i-dk-a2").bandwidth_gbps.value == pytest.approx(3.2 * 64 / 8)  # 3200 Mbps × 64 bit
     assert get_board("rk3588-8g").backend == "rknn" and get_board("core-ultra-258v").backend == "openvino"
     assert get_board("atlas-300i-pro").backend == "ascend" and get_board("orange-pi-aipro-8g").backend == "ascend"
+
+
+def test_910b_boards_share_one_speed_group_and_the_800i_a2_runs_mindie():
+    boards = [get_board(n) for n in ("atlas-300i-a2-910b4", "atlas-800i-a2", "atlas-800t-a2-910b2",
+                                     "atlas-800t-a2-910b3")]
+    assert [b.memory_total_gib.value for b in boards] == [32, 64, 64, 64]  # npu-smi 65536 MB on 910B2/B3/B4-1
+    for b in boards:
+        assert {rt.speed_group for name, rt in b.runtimes.items()} == {"ascend-910b"}, b.name
+    a2 = get_board("atlas-800i-a2")
+    assert "910B4" in a2.title and {"fp16", "w8a8"} <= set(a2.supported_schemes("mindie"))
+    assert "mindie" not in get_board("atlas-800t-a2-910b2").runtimes  # MindIE lists the 800I A2, not the 800T
 
 
 def test_host_board_reads_meminfo():
