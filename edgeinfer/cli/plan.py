@@ -198,6 +198,8 @@ def plan_cmd(ctx: click.Context, models: tuple[str, ...], board: str, quant: str
     """
     from edgeinfer.planning.matrix import PlanMatrix, plan_models
 
+    if board in ("host", "all") and not as_json:
+        _host_bandwidth_first()
     if fleet:
         from edgeinfer.cli.fleet import plan_fleet
 
@@ -212,6 +214,14 @@ def plan_cmd(ctx: click.Context, models: tuple[str, ...], board: str, quant: str
         ctx.exit(errors.NEGATIVE)
 
 
+def _host_bandwidth_first() -> None:
+    """Text mode: this machine's bandwidth, measured now if not cached, saying so on stderr first (the host
+    board then reads the cache; with --json it is measured silently)."""
+    from edgeinfer.planning.host_bandwidth import host_bandwidth
+
+    host_bandwidth(note=lambda m: click.echo(m, err=True))
+
+
 @click.group("boards", invoke_without_command=True)
 @click.option("--json", "as_json", is_flag=True, help="Print only JSON.")
 @click.pass_context
@@ -221,6 +231,8 @@ def boards_cmd(ctx: click.Context, as_json: bool) -> None:
         return
     from edgeinfer.planning.boards import board_summaries
 
+    if not as_json:
+        _host_bandwidth_first()
     emit({"boards": board_summaries()}, as_json, _render_boards)
 
 
@@ -262,6 +274,8 @@ def boards_show(name: str, as_json: bool) -> None:
     """Every fact of one board profile, with its source."""
     from edgeinfer.planning.boards import get_board
 
+    if name.strip() == "host" and not as_json:
+        _host_bandwidth_first()
     b = get_board(name)
     emit(b.model_dump(mode="json"), as_json, _render_board)
 
