@@ -15,7 +15,8 @@ import math
 import os
 import platform
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
@@ -26,6 +27,19 @@ ENV = "EDGEINFER_HOST_BANDWIDTH_GBPS"
 COPY_MIB = 256  # well above any CPU's last-level cache, so the copy streams from memory
 TRIES = 4
 MEASURING = "measuring this machine's memory bandwidth once (~0.5 s)..."
+
+
+_notes: list[Callable[[str], None]] = []  # who is told before a measurement starts (the CLI in text mode)
+
+
+@contextmanager
+def telling(note: Callable[[str], None]) -> Iterator[None]:
+    """Within this block a measurement first calls ``note`` with :data:`MEASURING` (the CLI's text mode)."""
+    _notes.append(note)
+    try:
+        yield
+    finally:
+        _notes.remove(note)
 
 
 @dataclass(frozen=True)
@@ -114,9 +128,9 @@ def _source(day: str, path: Path) -> str:
     return f"measured on this machine by {__name__} (copy benchmark, {day}), cached in {path}"
 
 
-def host_bandwidth(note: Callable[[str], None] | None = None) -> HostBandwidth:
-    """The override, else the cached figure, else a measurement (``note`` is told before it starts) that is
-    then cached; a cache that cannot be written only costs the next call a measurement."""
+def host_bandwidth() -> HostBandwidth:
+    """The override, else the cached figure, else a measurement (announced, see :func:`telling`) that is then
+    cached; a cache that cannot be written only costs the next call a measurement."""
     fixed = _override()
     if fixed:
         return fixed
@@ -125,7 +139,7 @@ def host_bandwidth(note: Callable[[str], None] | None = None) -> HostBandwidth:
     hit = _read(path, facts)
     if hit:
         return hit
-    if note:
+    for note in _notes[-1:]:
         note(MEASURING)
     mib = copy_mib()
     gbps = round(measure_gbps(mib), 2)
