@@ -3,6 +3,7 @@ the decode estimate it gives; a .gguf whose scheme the board's runtimes do not r
 
 import json
 import math
+import statistics
 
 import numpy as np
 import pytest
@@ -182,3 +183,26 @@ def test_an_f16_gguf_on_the_host_is_not_run_as_it_is_by_onnxruntime(tmp_path):
     f16 = _gguf(tmp_path / "f16.gguf", gguf.LlamaFileType.MOSTLY_F16, gguf.GGMLQuantizationType.F16)
     r = cli("plan", str(f16), "--board", "host", env={ENV: "10"})
     assert r.returncode == 2 and "f16.gguf is fp16 and no runtime of board host runs it" in r.stderr
+
+
+# ------------------------------------------------------------------ the measured host rows
+def test_the_host_rows_plan_without_files_and_calibrate_the_host():
+    """bench/data/rows_host.yaml (bench/planner_host_llm.py): rows Part A's fit reads; each plans from its inline
+    config, and the host board at the rows' bandwidth calibrates on them (t0 and a bandwidth fraction)."""
+    from pathlib import Path
+
+    from edgeinfer.planning import calibrate, measurements
+    from edgeinfer.planning.boards import host_board
+
+    rows, skipped = measurements.load([Path(__file__).resolve().parents[1] / "bench" / "data" / "rows_host.yaml"])
+    ids = [r["row"] for r in rows]
+    assert not skipped and len(set(ids)) == len(ids) >= 2 and all(3000 <= i <= 3099 for i in ids)
+    assert all(r["board"] == "host" and r["runtime"] == "onnxruntime" and r["grade"] == "A" and r["source_id"]
+               and r["model_config"] and r["bandwidth_gbps"] > 0 for r in rows)
+    assert len({r["model"] for r in rows}) >= 2  # two sizes at least, so t0 can be fitted
+    bw = hb.HostBandwidth(statistics.median(r["bandwidth_gbps"] for r in rows), "the rows' bandwidth")
+    board, _, _ = calibrate.calibrate(rows, host_board(bw))
+    c = board.runtimes["onnxruntime"].speed["fp32"]
+    assert c.t0_ms >= 0 and 0 < c.bw_fraction <= 1.5
+    errors = [r["decode_error_pct"] for r in board.calibration["rows"]]
+    assert all(abs(e) < 35 for e in errors), errors
