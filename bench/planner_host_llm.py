@@ -146,6 +146,11 @@ def predicted(row: dict, board) -> float | None:
     return plan(spec, board, quant="fp32", ctx=row["ctx"], suggest=False).estimates.decode_tokens_per_s
 
 
+def allocated_kv(row: dict) -> int:
+    """The KV bytes the decoder allocated, as the row's note records them."""
+    return int(row["note"].rsplit("KV allocated for", 1)[1].split(":")[1].split()[0])
+
+
 def report(row: dict, all_fit, left_out) -> dict:
     from edgeinfer.planning.boards import get_board
     from edgeinfer.planning.models.hf import spec_from_config
@@ -166,6 +171,8 @@ def report(row: dict, all_fit, left_out) -> dict:
                 "roofline_at_bandwidth": round(row["bandwidth_gbps"] * 1e9 / shipped.bytes_per_token, 2)},
             "peak_rss": {"measured_mib": row["mem_mib"], "predicted_mib": round(pred_mem, 1),
                          "pct_error": pct(pred_mem, row["mem_mib"])},
+            "kv_cache": {"planned_bytes": mem["kv_cache"], "allocated_bytes": allocated_kv(row),
+                         "equal": mem["kv_cache"] == allocated_kv(row)},
             "ttft_ms": row["ttft_ms"]}
 
 
