@@ -60,6 +60,13 @@ def test_another_machines_figure_is_not_used(fresh_cache):
     assert hb.host_bandwidth().gbps == 12.5 and len(fresh_cache) == 1
 
 
+def test_a_cache_that_cannot_be_written_costs_a_measurement_not_a_failure(fresh_cache, tmp_path, monkeypatch):
+    (tmp_path / "a-file").write_text("x")
+    monkeypatch.setenv("EDGEINFER_CACHE_DIR", str(tmp_path / "a-file" / "cache"))  # under a file: mkdir fails
+    first, second = hb.host_bandwidth(), hb.host_bandwidth()
+    assert first.gbps == second.gbps == 12.5 and len(fresh_cache) == 2 and "not cached" in second.source
+
+
 def test_the_environment_sets_it_without_measuring(fresh_cache, monkeypatch):
     monkeypatch.setenv(ENV, "7.25")
     bw = hb.host_bandwidth()
