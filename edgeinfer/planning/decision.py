@@ -141,11 +141,15 @@ def decide(spec: Any, board: Board, *, runtime: str | None = None, quant: str | 
     best = options[0] if options[0] is not chosen else None
     note = None
     if fixed:  # planned converted, as asked: what deploy would build from the model's source, not from this file
-        note = (f"the file is {fixed}, which {chosen.runtime} on {board.name} does not run as it is: planned as "
-                f"{chosen.scheme.name} (as --quant asks) from parameter counts, what deploy would build from the "
-                "model's Hugging Face directory")
-        chosen = Option(chosen.runtime, chosen.scheme, None, f"deploy does not convert .{spec.file_format} files: "
-                        "deploy the model's Hugging Face directory", asked=True)
+        runs = chosen.runtime in readers
+        note = (f"the file is {fixed}, " + (f"which {chosen.runtime} runs as it is; " if runs else
+                                           f"which {chosen.runtime} on {board.name} does not run as it is: ")
+                + f"planned as {chosen.scheme.name} (as --quant asks) from parameter counts, what deploy would "
+                "build from the model's Hugging Face directory")
+        source = (f"; from the model's Hugging Face directory: {chosen.cannot_build}" if chosen.cannot_build
+                  else ": deploy the model's Hugging Face directory")
+        chosen = Option(chosen.runtime, chosen.scheme, None,
+                        f"deploy does not convert .{spec.file_format} files{source}", asked=True)
     return Decision(kind, chosen, context, ctx is None, best, paging, segments, note)
 
 
