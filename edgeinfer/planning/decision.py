@@ -141,16 +141,21 @@ def decide(spec: Any, board: Board, *, runtime: str | None = None, quant: str | 
     best = options[0] if options[0] is not chosen else None
     note = None
     if fixed:  # planned converted, as asked: what deploy would build from the model's source, not from this file
-        runs = chosen.runtime in readers
-        note = (f"the file is {fixed}, " + (f"which {chosen.runtime} runs as it is; " if runs else
-                                           f"which {chosen.runtime} on {board.name} does not run as it is: ")
-                + f"planned as {chosen.scheme.name} (as --quant asks) from parameter counts, what deploy would "
-                "build from the model's Hugging Face directory")
-        source = (f"; from the model's Hugging Face directory: {chosen.cannot_build}" if chosen.cannot_build
-                  else ": deploy the model's Hugging Face directory")
-        chosen = Option(chosen.runtime, chosen.scheme, None,
-                        f"deploy does not convert .{spec.file_format} files{source}", asked=True)
+        chosen, note = planned_converted(chosen, fixed, spec.file_format, board, chosen.runtime in readers)
     return Decision(kind, chosen, context, ctx is None, best, paging, segments, note)
+
+
+def planned_converted(o: Option, fixed: str, file_format: str, board: Board, runs: bool) -> tuple[Option, str]:
+    """A file stored in scheme ``fixed`` planned as ``o`` (--quant): ``o`` as deploy sees it (it does not
+    convert such files) and the note that says which scheme was planned and why."""
+    what = (f"which {o.runtime} runs as it is; " if runs else
+            f"which {o.runtime} on {board.name} does not run as it is: ")
+    deploy = "" if o.cannot_build else ", what deploy would build from the model's Hugging Face directory"
+    note = f"the file is {fixed}, {what}planned as {o.scheme.name} (as --quant asks) from parameter counts{deploy}"
+    source = (f"; from the model's Hugging Face directory: {o.cannot_build}" if o.cannot_build
+              else ": deploy the model's Hugging Face directory")
+    why = f"deploy does not convert .{file_format} files{source}"
+    return Option(o.runtime, o.scheme, None, why, asked=True), note
 
 
 def reads_files(board: Board, runtime: str, file_format: str | None) -> bool:
