@@ -1,25 +1,36 @@
-"""Planner vs this machine for decoders: predicted and measured peak RSS, KV cache and decode tokens/s.
+"""Planner vs this machine for decoders: measured and predicted decode tokens/s (``plan --board host``) and
+peak RSS, and the rows Part A's fit uses for the host board's speed constants (bench/data/rows_host.yaml).
 
-Models: the committed trained test decoder (tiny-qwen3, ~4 M parameters) and a random-init Qwen3 of
-~210 M parameters (``edgeinfer.testing.llm.random_qwen3(intermediate=3200)``, ~840 MB fp32; not the default
-3072-wide MLP, which equals the vocabulary and which the onnxruntime plugin therefore refuses), both fp32 on
-onnxruntime —
-the backend of ``--board host`` — with one intra-op thread, context ``CTX``.
+Models: the committed trained test decoder (tiny-qwen3, ~4 M parameters) and random-init Qwen3s
+(``edgeinfer.testing.llm.random_qwen3``) of ~53 M and ~210 M parameters (not the default 3072-wide MLP,
+which equals the vocabulary and which the onnxruntime plugin therefore refuses), all fp32 on onnxruntime
+— the backend of ``--board host`` — with one intra-op thread.
 
-Each measurement runs in a fresh subprocess (the ONNX export is done first, in the parent's cache):
-``edgeinfer.load(model, backend="onnxruntime", ctx=CTX, threads=1)``, then greedy generation of
-``NEW_TOKENS`` tokens (EOS ignored) after a ``PROMPT``-token prompt: one warm-up, ``REPEAT`` timed
-runs, decode tokens/s = the median. Peak RSS = VmHWM of the child.
+The machine's memory bandwidth is measured with the host board's own copy benchmark
+(edgeinfer.planning.host_bandwidth) just before and just after each model's decode runs (in this process,
+so that the child's peak RSS does not count the copy's buffers): the run's figure is the best of
+them, recorded in every row and set as ``EDGEINFER_HOST_BANDWIDTH_GBPS``, so every
+plan below is ``--board host`` at the bandwidth the rows record. Each measurement runs in a fresh
+subprocess (the ONNX export is done first, in the parent's cache): ``edgeinfer.load(model,
+backend="onnxruntime", ctx=CTX, threads=1)``, then greedy generation of ``NEW_TOKENS`` tokens (EOS
+ignored) after a ``PROMPT``-token prompt: one warm-up, ``REPEAT`` timed runs, decode tokens/s = the
+fastest (like the bandwidth, best of: on a shared machine other processes only slow a run down; the
+median and every run are in the row's note). Peak RSS = VmHWM of the child.
 
-The planner's working set is weights + KV + activations + runtime (the host's ``reserved`` share is
-other processes' memory, not part of the child's RSS); its KV figure is compared with the decoder's
-allocation. ``--board host`` claims no memory bandwidth, so the planner gives no decode estimate
-there. This script also measures a STREAM-like bandwidth (NumPy copy of a 256 MiB array, one thread,
-best of 5, read + write bytes) and plans again with a board file that is the host plus that bandwidth
-and pure-roofline constants (t0 = 0, bw_fraction = 1: no fitted constants exist for this machine),
-so the decode figure there is the roofline bound bytes_per_token / bandwidth, not a fitted estimate.
+Decode is planned at ctx = PROMPT + NEW_TOKENS (the KV the last step reads, as in
+bench/data/measured_rows.yaml); memory at CTX, the context the decoder allocates (the planner's working
+set: weights + KV + activations + runtime; the host's ``reserved`` share is other processes' memory).
+Predicted decode, three ways:
 
-Writes bench/results/planner_host_llm.json.
+* ``plan_host``: ``plan --board host`` as shipped (host-cpu constants of edgeinfer/data/speed_constants.json;
+  none until bench/fit_speed.py has fitted them from rows_host.yaml);
+* ``fit_all``: the host board calibrated on all rows of this run (``edgeinfer calibrate``'s fit: t0 and a
+  fraction of the measured bandwidth), in-sample;
+* ``left_out``: the host board calibrated on the other models' rows only (leave one model out), the
+  honest figure for a model the constants did not see.
+
+Writes bench/results/planner_host_llm.json and bench/data/rows_host.yaml (row ids 3000-3099, replaced
+by each run).
 """
 
 from __future__ import annotations
@@ -29,7 +40,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -39,7 +49,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import write  # noqa: E402
 
 MIB = 2**20
-CTX, PROMPT, NEW_TOKENS, REPEAT = 1024, 128, 64, 3
+CTX, PROMPT, NEW_TOKENS, REPEAT = 1024, 128, 64, 5
+ROWS = ROOT / "bench" / "data" / "rows_host.yaml"
+FIRST_ROW = 3000
+MODELS = [  # (name, random_qwen3 shape or None for the committed test decoder)
+    ("tiny-qwen3", None),
+    ("random-qwen3-53m", {"layers": 8, "hidden": 768, "heads": 12, "kv_heads": 4, "intermediate": 2048}),
+    ("random-qwen3-210m", {"intermediate": 3200}),
+]
 
 CHILD = r"""
 import json, statistics, sys
@@ -60,41 +77,9 @@ print(json.dumps({"peak_rss_bytes": int(hwm) * 1024, "kv_cache_bytes": gen.kv_ca
 """
 
 
-def stream_copy_gbps(mib: int = 256, tries: int = 5) -> float:
-    """Best-of-``tries`` NumPy copy bandwidth in GB/s (bytes read + bytes written), one thread."""
-    import numpy as np
-
-    a = np.ones(mib * MIB // 8)
-    b = np.empty_like(a)
-    best = float("inf")
-    for _ in range(tries):
-        t = time.perf_counter()
-        np.copyto(b, a)
-        best = min(best, time.perf_counter() - t)
-    return 2 * a.nbytes / best / 1e9
-
-
-def measured_board(gbps: float, out: Path) -> Path:
-    """The host board with the measured bandwidth and pure-roofline constants, as a board file."""
-    import yaml
-
-    from edgeinfer.planning.boards import HOST_BACKEND, host_board
-
-    d = host_board().model_dump(mode="json", exclude_none=True)
-    d.pop("origin", None)
-    d["name"] = "host-measured-bw"
-    d["notes"] = ["the host with a measured STREAM-like bandwidth and pure-roofline speed constants"]
-    d["bandwidth_gbps"] = {"value": round(gbps, 2),
-                           "source": "measured by bench/planner_host_llm.py: NumPy copy, one thread, best of 5"}
-    d["runtimes"][HOST_BACKEND]["speed"] = {"fp32": {
-        "t0_ms": 0.0, "bw_fraction": 1.0,
-        "source": "pure roofline (no fitted constants for this machine): decode = bandwidth / bytes per token"}}
-    out.write_text(yaml.safe_dump(d, sort_keys=False))
-    return out
-
-
 def measure(model: Path) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
     r = subprocess.run([sys.executable, "-c", CHILD, str(model), str(CTX), str(PROMPT), str(NEW_TOKENS),
                         str(REPEAT)], capture_output=True, text=True, timeout=3600, env=env)
     if r.returncode != 0:
@@ -112,74 +97,133 @@ def export(model: Path) -> None:
 
 
 def pct(pred: float | None, meas: float) -> float | None:
-    return None if pred is None else round(abs(pred - meas) / meas * 100, 2)
+    return None if pred is None else round((pred - meas) / meas * 100, 2)
 
 
-def _roofline_at_run(est: dict) -> float | None:
-    if not est.get("bandwidth_gbps"):
-        return None
-    kv = est["kv_bytes_per_token_at_ctx"] * (PROMPT + NEW_TOKENS / 2) / CTX
-    return round(est["bandwidth_gbps"] * 1e9 / (est["weight_bytes_per_token"] + kv), 2)
+def model_path(shape: dict | None) -> Path:
+    from edgeinfer.testing.llm import model_dir, random_qwen3
+
+    return model_dir() if shape is None else random_qwen3(**shape)
 
 
-def row(name: str, model: Path, board_file: Path) -> dict:
-    from edgeinfer.planning.planner import plan
+def measured_row(i: int, name: str, model: Path, source: str, source_id: str) -> dict:
+    """A row of rows_host.yaml, its bandwidth_gbps the copies measured between its decode runs (best of)."""
+    from edgeinfer.planning.host_bandwidth import measure_gbps
 
     export(model)
+    before = measure_gbps()
     meas = measure(model)
-    p = plan(str(model), "host", quant="fp32", ctx=CTX, suggest=False)
-    bd = p.breakdown
-    pred = bd["weights"] + bd["kv_cache"] + bd["activations"] + bd["runtime"]
-    roof = plan(str(model), str(board_file), quant="fp32", ctx=CTX, suggest=False).estimates.to_dict()
-    rate = meas["decode_tokens_per_s"]
-    return {
-        "model": name, "params": p.model.params_total, "ctx": CTX, "prompt_tokens": PROMPT, "new_tokens": NEW_TOKENS,
-        "kv_cache": {"planned_bytes": bd["kv_cache"], "allocated_bytes": meas["kv_cache_bytes"],
-                     "equal": bd["kv_cache"] == meas["kv_cache_bytes"]},
-        "peak_rss": {"measured_mib": round(meas["peak_rss_bytes"] / MIB, 1), "predicted_mib": round(pred / MIB, 1),
-                     "abs_pct_error": pct(pred, meas["peak_rss_bytes"]),
-                     "predicted_breakdown_mib": {k: round(v / MIB, 1) for k, v in bd.items() if k != "reserved"}},
-        "decode_tokens_per_s": {
-            "measured": round(rate, 2), "measured_runs": [round(x, 2) for x in meas["decode_tokens_per_s_runs"]],
-            "planner_host": p.estimates.decode_tokens_per_s,
-            "planner_host_basis": p.estimates.basis or "no estimate",
-            "roofline_measured_bw": roof["decode_tokens_per_s"],
-            "roofline_abs_pct_error": pct(roof["decode_tokens_per_s"], rate),
-            "measured_fraction_of_roofline": (round(rate / roof["decode_tokens_per_s"], 3)
-                                              if roof["decode_tokens_per_s"] else None),
-            "bytes_per_token": roof["bytes_per_token"],
-            # the planner assumes each step reads the KV of the whole context; the run decodes at
-            # positions PROMPT..PROMPT+NEW_TOKENS, whose mean KV read is this much smaller
-            "roofline_at_run_positions": _roofline_at_run(roof),
-        },
-        "ttft_ms": round(meas["ttft_ms"], 1),
-    }
+    copies = [before, measure_gbps()]
+    runs = meas["decode_tokens_per_s_runs"]
+    return {"row": FIRST_ROW + i, "grade": "A", "board": "host", "runtime": "onnxruntime", "model": name,
+            "model_config": json.loads((model / "config.json").read_text()), "quant": "fp32",
+            "prompt": PROMPT, "ctx": PROMPT + NEW_TOKENS, "mem_ctx": CTX,
+            "decode": round(max(runs), 2), "ttft_ms": round(meas["ttft_ms"], 1),
+            "mem_mib": round(meas["peak_rss_bytes"] / MIB, 1), "bandwidth_gbps": round(max(copies), 2),
+            "fit": True,
+            "source": source, "source_id": source_id,
+            "note": f"onnxruntime fp32, 1 intra-op thread, greedy, {NEW_TOKENS} new tokens after a {PROMPT}-token "
+                    f"prompt, best of {REPEAT} runs {[round(x, 2) for x in runs]} (median "
+                    f"{round(statistics.median(runs), 2)}); "
+                    f"KV allocated for {CTX} tokens: {meas['kv_cache_bytes']} B"}
+
+
+def calibrated(rows: list[dict], name: str):
+    """The host board calibrated on ``rows`` (edgeinfer calibrate's fit)."""
+    from edgeinfer.planning import calibrate, measurements
+    from edgeinfer.planning.boards import host_board
+
+    checked = [measurements.check_row(r, f"rows_host.yaml row {r['row']}") for r in rows]
+    board, _, _ = calibrate.calibrate(checked, host_board(), name=name)
+    return board
+
+
+def predicted(row: dict, board) -> float | None:
+    from edgeinfer.planning.models.hf import spec_from_config
+    from edgeinfer.planning.planner import plan
+
+    spec = spec_from_config(row["model_config"], row["model"], row["model"])
+    return plan(spec, board, quant="fp32", ctx=row["ctx"], suggest=False).estimates.decode_tokens_per_s
+
+
+def allocated_kv(row: dict) -> int:
+    """The KV bytes the decoder allocated, as the row's note records them."""
+    return int(row["note"].rsplit("KV allocated for", 1)[1].split(":")[1].split()[0])
+
+
+def report(row: dict, all_fit, left_out) -> dict:
+    from edgeinfer.planning.boards import get_board
+    from edgeinfer.planning.models.hf import spec_from_config
+    from edgeinfer.planning.planner import plan
+
+    spec = spec_from_config(row["model_config"], row["model"], row["model"])
+    shipped = plan(spec, "host", quant="fp32", ctx=row["ctx"], suggest=False).estimates
+    mem = plan(spec, get_board("host"), quant="fp32", ctx=CTX, suggest=False).breakdown
+    pred_mem = (mem["weights"] + mem["kv_cache"] + mem["activations"] + mem["runtime"]) / MIB
+    dec = row["decode"]
+    fit, out = predicted(row, all_fit), predicted(row, left_out)
+    return {"model": row["model"], "params": spec.params_total, "bytes_per_token": shipped.bytes_per_token,
+            "decode_tokens_per_s": {
+                "measured": dec, "plan_host": shipped.decode_tokens_per_s, "plan_host_basis": shipped.basis,
+                "plan_host_pct_error": pct(shipped.decode_tokens_per_s, dec),
+                "fit_all": fit, "fit_all_pct_error": pct(fit, dec),
+                "left_out": out, "left_out_pct_error": pct(out, dec),
+                "roofline_at_bandwidth": round(row["bandwidth_gbps"] * 1e9 / shipped.bytes_per_token, 2)},
+            "peak_rss": {"measured_mib": row["mem_mib"], "predicted_mib": round(pred_mem, 1),
+                         "pct_error": pct(pred_mem, row["mem_mib"])},
+            "kv_cache": {"planned_bytes": mem["kv_cache"], "allocated_bytes": allocated_kv(row),
+                         "equal": mem["kv_cache"] == allocated_kv(row)},
+            "ttft_ms": row["ttft_ms"]}
+
+
+def write_rows(rows: list[dict], when: str) -> None:
+    import yaml
+
+    head = (f"# Decode rows measured by this project: bench/planner_host_llm.py, {when} (replaced by each run).\n"
+            "# board host = the machine the script ran on, at bandwidth_gbps (its copy benchmark at the time);\n"
+            "# host speed constants are fractions of that figure (docs/planner.md#host-decode). Models inline\n"
+            "# (model_config) so that the rows plan without their files. ctx = prompt + generated (the KV the\n"
+            "# last step reads); mem_mib = peak RSS (VmHWM) of the process with the KV allocated for mem_ctx.\n")
+    ROWS.write_text(head + yaml.safe_dump({"rows": rows}, sort_keys=False, width=118))
 
 
 def main() -> dict:
-    from edgeinfer.testing.llm import model_dir, random_qwen3
-
-    gbps = stream_copy_gbps()
-    with tempfile.TemporaryDirectory(prefix="edgeinfer-hostllm-") as tmp:
-        board = measured_board(gbps, Path(tmp) / "host-measured-bw.yaml")
-        rows = [row("tiny-qwen3 (trained test model)", model_dir(), board),
-                row("random-init Qwen3 (edgeinfer.testing.llm.random_qwen3, intermediate 3200)",
-                    random_qwen3(intermediate=3200), board)]
-    out = {"backend": "onnxruntime (fp32, 1 intra-op thread)", "stream_copy_gbps": round(gbps, 2),
-           "load_average": os.getloadavg(), "rows": rows,
-           "median_abs_pct_error_peak_rss": statistics.median(r["peak_rss"]["abs_pct_error"] for r in rows)}
+    when = time.strftime("%Y-%m-%d", time.gmtime())
+    source = f"bench/planner_host_llm.py on this project's {os.cpu_count()}-core CI machine, {when}"
+    source_id = f"planner_host_llm/{when}"
+    rows = [measured_row(i, name, model_path(shape), source, source_id) for i, (name, shape) in enumerate(MODELS)]
+    gbps = max(r["bandwidth_gbps"] for r in rows)  # the run's best copy: one board for all its rows
+    for r in rows:
+        r["bandwidth_gbps"] = gbps
+    os.environ["EDGEINFER_HOST_BANDWIDTH_GBPS"] = str(gbps)  # every plan here: --board host at this bandwidth
+    write_rows(rows, when)
+    all_fit = calibrated(rows, "host-fit-all")
+    results = [report(r, all_fit, calibrated([x for x in rows if x is not r], f"host-without-{r['model']}"))
+               for r in rows]
+    const = all_fit.runtimes["onnxruntime"].speed["fp32"]
+    out = {"backend": "onnxruntime (fp32, 1 intra-op thread)", "host_bandwidth_gbps": gbps,
+           "load_average": os.getloadavg(), "fit_all_constants": {"t0_ms": const.t0_ms,
+                                                                  "bw_fraction": const.bw_fraction},
+           "rows": results,
+           "median_abs_pct_error": {
+               k: statistics.median(abs(r["decode_tokens_per_s"][k]) for r in results)
+               if all(r["decode_tokens_per_s"][k] is not None for r in results) else None
+               for k in ("plan_host_pct_error", "fit_all_pct_error", "left_out_pct_error")},
+           "median_abs_pct_error_peak_rss": statistics.median(abs(r["peak_rss"]["pct_error"]) for r in results)}
     write("planner_host_llm", out)
     return out
 
 
 if __name__ == "__main__":
     res = main()
-    print(f"STREAM-like copy bandwidth (1 thread): {res['stream_copy_gbps']} GB/s; load {res['load_average']}")
+    c = res["fit_all_constants"]
+    print(f"host bandwidth (copy benchmark, 1 thread): {res['host_bandwidth_gbps']} GB/s; load "
+          f"{[round(x, 2) for x in res['load_average']]}; fit on all rows: t0 {c['t0_ms']} ms, bw_fraction "
+          f"{c['bw_fraction']}")
     for r in res["rows"]:
-        kv, rss, dec = r["kv_cache"], r["peak_rss"], r["decode_tokens_per_s"]
-        print(f"{r['model']}: KV planned {kv['planned_bytes']} B, allocated {kv['allocated_bytes']} B "
-              f"(equal: {kv['equal']}); peak RSS measured {rss['measured_mib']} MiB, predicted "
-              f"{rss['predicted_mib']} MiB, |err| {rss['abs_pct_error']}% {rss['predicted_breakdown_mib']}; "
-              f"decode measured {dec['measured']} tok/s, planner (host) {dec['planner_host_basis']}, roofline at "
-              f"the measured bandwidth {dec['roofline_measured_bw']} tok/s ({dec['measured_fraction_of_roofline']} "
-              f"of it)")
+        d, m = r["decode_tokens_per_s"], r["peak_rss"]
+        print(f"{r['model']} ({r['params'] / 1e6:.1f} M params): decode measured {d['measured']} tok/s; plan --board "
+              f"host {d['plan_host']} ({d['plan_host_basis']}); fit on all {d['fit_all']} "
+              f"({d['fit_all_pct_error']}%); "
+              f"left out {d['left_out']} ({d['left_out_pct_error']}%); peak RSS {m['measured_mib']} MiB vs "
+              f"{m['predicted_mib']} MiB ({m['pct_error']}%)")

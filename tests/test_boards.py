@@ -58,12 +58,14 @@ def test_910b_boards_share_one_speed_group_and_the_800i_a2_runs_mindie():
     assert "mindie" not in get_board("atlas-800t-a2-910b2").runtimes  # MindIE lists the 800I A2, not the 800T
 
 
-def test_host_board_reads_meminfo():
+def test_host_board_reads_meminfo(monkeypatch):
+    monkeypatch.setenv("EDGEINFER_HOST_BANDWIDTH_GBPS", "7.5")  # the measured figure: tests/test_host_board.py
     with open("/proc/meminfo") as f:
         total_kib = int(next(line for line in f if line.startswith("MemTotal")).split()[1])
     h = host_board()
     assert h.total_bytes == pytest.approx(total_kib * 1024, rel=1e-6)
-    assert h.bandwidth_gbps is None
+    assert h.bandwidth_gbps.value == 7.5 and h.bandwidth_gbps.uncertain
+    assert h.runtimes[h.default_runtime].speed_group == "host-cpu"
 
 
 def _profile(**over):

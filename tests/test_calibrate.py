@@ -144,9 +144,12 @@ def test_bad_measurements_one_line_exit_2(tmp_path: Path, case: str) -> None:
 
 
 def test_board_without_bandwidth_cannot_be_calibrated(tmp_path: Path) -> None:
-    f = write_rows(tmp_path / "m.yaml", [{"model": "qwen3-0.6b", "quant": "fp32", "ctx": 64, "decode": 9}])
-    r = run("calibrate", str(f), "--board", "host", "-o", str(tmp_path / "o.yaml"))
-    assert r.exit_code == 2 and "bandwidth" in r.output
+    prof = yaml.safe_load((Path(__file__).resolve().parents[1] / "boards" / f"{BOARD}.yaml").read_text())
+    del prof["bandwidth_gbps"]
+    (tmp_path / "nobw.yaml").write_text(yaml.safe_dump({**prof, "name": "nobw"}))
+    f = write_rows(tmp_path / "m.yaml", [{"model": "qwen3-0.6b", "quant": "w8a8", "ctx": 64, "decode": 9}])
+    r = run("calibrate", str(f), "--board", str(tmp_path / "nobw.yaml"), "-o", str(tmp_path / "o.yaml"))
+    assert r.exit_code == 2 and "bandwidth" in r.output, r.output
 
 
 def test_rows_of_other_boards_are_skipped_and_noted(tmp_path: Path) -> None:

@@ -22,11 +22,13 @@ def _run(capsys, *args: str) -> tuple[int, str, str]:
 
 @pytest.fixture(scope="module")
 def cpu_profile(tmp_path_factory) -> Path:
-    """This machine as a board profile with a bandwidth claim (a stand-in figure: the host claims none),
-    so that the planner predicts decode speed here. Generous, because the tiny model's weights stay in
-    the CPU caches: calibration refuses rows that imply more than 1.5 × the claimed bandwidth."""
+    """This machine as a board profile with a fixed bandwidth claim (a stand-in figure: the host's own is
+    measured and varies), so that the planner predicts decode speed here. Generous, because the tiny model's
+    weights stay in the CPU caches: calibration refuses rows that imply more than 1.5 × the claimed bandwidth."""
     d = host_board().model_dump(mode="json", exclude={"origin", "calibration"})
     d.update(name="cpu-box", bandwidth_gbps={"value": 200.0, "source": "test stand-in: assumed 200 GB/s"})
+    for rt in d["runtimes"].values():  # no speed model until calibrated (not the host-cpu constants)
+        rt["speed_group"] = None
     path = tmp_path_factory.mktemp("board") / "cpu-box.yaml"
     path.write_text(yaml.safe_dump(d))
     return path
@@ -131,11 +133,13 @@ def test_no_speed_constants_means_no_prediction_and_no_ratio() -> None:
     from edgeinfer.planning.selfcheck import self_check, speed_check
 
     spec, cfg = _tiny_spec()
-    sc = self_check(_report("cpu"), spec, cfg, host_board(), "fp32", 256, "test")
+    host = host_board()
+    host.runtimes[host.default_runtime].speed_group = None  # no constants, fitted or inline
+    sc = self_check(_report("cpu"), spec, cfg, host, "fp32", 256, "test")
     (c,) = sc["comparisons"]
     assert c["predicted_decode_tokens_per_s"] is None and c["decode_ratio"] is None
     assert any(n.startswith("no decode prediction on host") for n in sc["notes"])
-    one = speed_check(40.0, "cpu", spec, host_board(), "fp32", 32, None, "test")
+    one = speed_check(40.0, "cpu", spec, host, "fp32", 32, None, "test")
     assert one["predicted_decode_tokens_per_s"] is None and one["ratio"] is None
     assert one["note"].startswith("no decode prediction on host")
 

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -206,12 +207,23 @@ def plan_cmd(ctx: click.Context, models: tuple[str, ...], board: str, quant: str
         return plan_fleet(ctx, fleet, as_json)
     if not models or not board:
         raise click.UsageError("Missing argument 'MODELS...'" if not models else "Missing option '--board'")
-    answer = plan_models(models, board, quant=quant, ctx=ctx_len, batch=batch, kv_dtype=kv_dtype, runtime=runtime,
-                         paging=paging, segments=segments, storage=storage, image=image)
+    with _telling_host_measurement(as_json):
+        answer = plan_models(models, board, quant=quant, ctx=ctx_len, batch=batch, kv_dtype=kv_dtype,
+                             runtime=runtime, paging=paging, segments=segments, storage=storage, image=image)
     render = render_matrix if isinstance(answer, PlanMatrix) else render_plan
     emit(answer.to_dict(), as_json, lambda _: render(answer))
     if not answer.fits:
         ctx.exit(errors.NEGATIVE)
+
+
+def _telling_host_measurement(as_json: bool) -> contextlib.AbstractContextManager:
+    """Text mode: a measurement of this machine's bandwidth (the host board's, once, then cached) is said on
+    stderr before it starts; with --json it runs silently."""
+    if as_json:
+        return contextlib.nullcontext()
+    from edgeinfer.planning.host_bandwidth import telling
+
+    return telling(lambda m: click.echo(m, err=True))
 
 
 @click.group("boards", invoke_without_command=True)
@@ -223,7 +235,9 @@ def boards_cmd(ctx: click.Context, as_json: bool) -> None:
         return
     from edgeinfer.planning.boards import board_summaries
 
-    emit({"boards": board_summaries()}, as_json, _render_boards)
+    with _telling_host_measurement(as_json):
+        boards = board_summaries()
+    emit({"boards": boards}, as_json, _render_boards)
 
 
 def _render_boards(d: dict[str, Any]) -> None:
@@ -264,7 +278,8 @@ def boards_show(name: str, as_json: bool) -> None:
     """Every fact of one board profile, with its source."""
     from edgeinfer.planning.boards import get_board
 
-    b = get_board(name)
+    with _telling_host_measurement(as_json):
+        b = get_board(name)
     emit(b.model_dump(mode="json"), as_json, _render_board)
 
 

@@ -19,6 +19,7 @@ from edgeinfer.contract.names import HOST_BACKEND, HOST_SCHEMES_SOURCE
 from edgeinfer.errors import BoardError, InputError
 
 GIB = 2**30
+HOST_SPEED_GROUP = "host-cpu"  # the host board's speed constants (docs/planner.md#host-decode)
 
 
 def boards_dirs() -> list[Path]:
@@ -198,20 +199,27 @@ def meminfo() -> tuple[int, int]:
         raise BoardError("cannot measure this machine's memory", "pass a board profile with --board FILE") from None
 
 
-def host_board() -> Board:
-    """The machine edgeinfer runs on: total and available memory measured now; no bandwidth claim."""
+def host_board(bandwidth=None) -> Board:
+    """The machine edgeinfer runs on: total and available memory measured now, memory bandwidth measured once
+    and cached (:mod:`edgeinfer.planning.host_bandwidth`; ``bandwidth``: a HostBandwidth to use instead)."""
+    from edgeinfer.planning.host_bandwidth import host_bandwidth
+
     total, avail = meminfo()
     src = "measured at run time from /proc/meminfo (MemTotal, MemAvailable)"
+    bw = bandwidth or host_bandwidth()
     return Board(
         name="host", title=f"this machine ({os.cpu_count()} CPUs)", family="host", backend=HOST_BACKEND,
         memory_kind="shared",
         memory_total_gib=Fact(value=total / GIB, source=src),
         os_reserve_gib=Fact(value=max(0, total - avail) / GIB, source=src,
                             note="memory already in use by other processes (MemTotal - MemAvailable)"),
+        bandwidth_gbps=Fact(value=bw.gbps, source=bw.source, uncertain=True,
+                            note="one-thread copy bandwidth; the speed constants are fractions of it"),
         runtimes={HOST_BACKEND: Runtime(
-            schemes=["fp32", "fp16", "w8a8", "w4a16"], speed_group=None, source=HOST_SCHEMES_SOURCE)},
+            schemes=["fp32", "fp16", "w8a8", "w4a16"], speed_group=HOST_SPEED_GROUP, source=HOST_SCHEMES_SOURCE)},
         default_runtime=HOST_BACKEND,
-        notes=["no bandwidth is claimed for the host: decode speed is not estimated unless a profile gives it"],
+        notes=[f"decode speed: constants {HOST_SPEED_GROUP}/{HOST_BACKEND}/<format> fitted by bench/fit_speed.py "
+               "on bench/data/rows_host.yaml (bench/planner_host_llm.py), as fractions of the measured bandwidth"],
         origin="measured",
     )
 

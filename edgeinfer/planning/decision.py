@@ -6,7 +6,9 @@ takes the model's kind and that this installation can build (``Backend.cannot_bu
 installed, capable, and what the runtime needs besides it importable); the scheme is the building backend's
 preference among those the board lists for that runtime (decoders: ``Backend.decoders.schemes`` order;
 encoders: fp16, since the int8 schemes need calibration data); a file whose format fixes its scheme (.gguf)
-keeps it. When nothing installed builds any runtime, the board's preferred one is still planned, with what
+keeps it on a runtime that runs such files, and is otherwise refused unless ``--quant`` asks for the model
+converted (planned with a note saying so; deploy does not convert such files).
+When nothing installed builds any runtime, the board's preferred one is still planned, with what
 to install or which ``--runtime`` to pass. The context is the model's own limit, at most
 :data:`DECODER_CONTEXT` tokens for decoders and :data:`ENCODER_SEQUENCE` for encoders; a larger one is
 refused. Paging (window, segments) is carried as asked.
@@ -15,6 +17,7 @@ refused. Paging (window, segments) is carried as asked.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from edgeinfer.contract.schemes import Scheme, normalize_scheme
@@ -53,6 +56,7 @@ class Decision:
     best: Option | None = None  # the board's preferred runtime, when it is not the chosen one
     paging: int | None = None  # segments resident at once, as asked (--paging W)
     segments: int | None = None  # as asked (--segments N)
+    note: str | None = None  # why the scheme is not the one the model's file is stored in
 
     @property
     def runtime(self) -> str:
@@ -88,7 +92,7 @@ class Decision:
         return {"kind": self.kind, **self.chosen.to_dict(), "ctx": self.ctx,
                 "ctx_chosen_by": "the model's limit, capped" if self.ctx_default else "--ctx",
                 "board_best": self.best.to_dict() if self.best else None,
-                "paging": self.paging, "segments": self.segments}
+                "paging": self.paging, "segments": self.segments, "scheme_note": self.note}
 
 
 def default_context(limit: int | None, encoder: bool = False) -> int:
@@ -116,23 +120,51 @@ def decide(spec: Any, board: Board, *, runtime: str | None = None, quant: str | 
     names = candidates(board, kind, runtime)
     asked = normalize_scheme(quant) if quant is not None else None
     fixed = spec.file_scheme if spec.file_format in FIXED_SCHEME_FORMATS else None
-    if asked is None and fixed and any(fixed in board.runtimes[r].schemes for r in names):
-        asked = normalize_scheme(fixed)
+    readers = [r for r in names if fixed in board.runtimes[r].schemes and reads_files(board, r, spec.file_format)]
+    if fixed and readers and asked in (None, normalize_scheme(fixed)):  # runs as it is: nothing to build
+        o = Option(readers[0], normalize_scheme(fixed), None, f"a .{spec.file_format} file runs as it is on "
+                   f"{readers[0]}: edgeinfer deploy builds from Hugging Face directories, .onnx and .pt2 files")
+        return Decision(kind, o, context, ctx is None, None, paging, segments)
+    if fixed and asked is None:
+        raise InputError(f"{Path(spec.source).name} is {fixed} and no runtime of board {board.name} runs it "
+                         f"({runs_lines(board, names)}); deploy does not convert .{spec.file_format} files",
+                         "pass --quant with one of those schemes to plan the model converted, as deploy builds it "
+                         "from the model's Hugging Face directory")
     if asked is not None:
         names = [r for r in names if asked.name in board.runtimes[r].schemes]
         if not names:
-            sup = "; ".join(f"{r}: {', '.join(board.runtimes[r].schemes)}" for r in candidates(board, kind, runtime))
             raise InputError(f"board {board.name} does not support {asked.name} for {kind} models",
-                             f"supported schemes: {sup}")
-    if asked is not None and asked.name == fixed:  # run as it is: nothing to build
-        o = Option(names[0], asked, None, f"a .{spec.file_format} file runs as it is on {names[0]}: edgeinfer "
-                   "deploy builds from Hugging Face directories, .onnx and .pt2 files")
-        return Decision(kind, o, context, ctx is None, None, paging, segments)
+                             f"supported schemes: {runs_lines(board, candidates(board, kind, runtime))}")
     options = [option(spec, board, r, kind, asked) for r in names]
     built = [o for o in options if o.cannot_build is None]
     chosen = built[0] if built else with_alternative(options[0], spec, board, kind)
-    return Decision(kind, chosen, context, ctx is None, options[0] if options[0] is not chosen else None,
-                    paging, segments)
+    best = options[0] if options[0] is not chosen else None
+    note = None
+    if fixed:  # planned converted, as asked: what deploy would build from the model's source, not from this file
+        chosen, note = planned_converted(chosen, fixed, spec.file_format, board, chosen.runtime in readers)
+    return Decision(kind, chosen, context, ctx is None, best, paging, segments, note)
+
+
+def planned_converted(o: Option, fixed: str, file_format: str, board: Board, runs: bool) -> tuple[Option, str]:
+    """A file stored in scheme ``fixed`` planned as ``o`` (--quant): ``o`` as deploy sees it (it does not
+    convert such files) and the note that says which scheme was planned and why."""
+    what = (f"which {o.runtime} runs as it is; " if runs else
+            f"which {o.runtime} on {board.name} does not run as it is: ")
+    deploy = "" if o.cannot_build else ", what deploy would build from the model's Hugging Face directory"
+    note = f"the file is {fixed}, {what}planned as {o.scheme.name} (as --quant asks) from parameter counts{deploy}"
+    source = (f"; from the model's Hugging Face directory: {o.cannot_build}" if o.cannot_build
+              else ": deploy the model's Hugging Face directory")
+    why = f"deploy does not convert .{file_format} files{source}"
+    return Option(o.runtime, o.scheme, None, why, asked=True), note
+
+
+def reads_files(board: Board, runtime: str, file_format: str | None) -> bool:
+    """Whether ``runtime`` runs ``file_format`` files as they are: it lists schemes of that format (gguf:Q4_0)."""
+    return bool(file_format) and any(s.startswith(f"{file_format}:") for s in board.runtimes[runtime].schemes)
+
+
+def runs_lines(board: Board, names: list[str]) -> str:
+    return "; ".join(f"{r}: {', '.join(board.runtimes[r].schemes)}" for r in names)
 
 
 def as_it_is(spec: Any, board: Board, kind: str, runtime: str | None, quant: str | None, context: int,

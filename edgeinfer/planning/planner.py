@@ -352,6 +352,8 @@ def plan(model, board, quant: str | None = None, ctx: int | None = None, batch: 
     # (what, text): paging replaces the "memory" reason and answers the "weights_window" warning
     reasons: list[tuple[str, str]] = []
     warnings: list[tuple[str, str]] = [("model", n) for n in spec.notes]
+    if decision.note:
+        warnings.append(("scheme", decision.note))
     limits: list[dict] = []
     if total > b.total_bytes:
         reasons.append(("memory", f"needs {total / GIB:.2f} GiB, the board has {b.total_bytes / GIB:.2f} GiB "
