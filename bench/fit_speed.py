@@ -28,8 +28,10 @@ import yaml  # noqa: E402
 from edgeinfer.contract.schemes import normalize_scheme  # noqa: E402
 from edgeinfer.errors import EdgeInferError  # noqa: E402
 from edgeinfer.planning import planner, speed_fit  # noqa: E402
-from edgeinfer.planning.boards import get_board  # noqa: E402
+from edgeinfer.planning.boards import get_board, host_board  # noqa: E402
+from edgeinfer.planning.host_bandwidth import HostBandwidth  # noqa: E402
 from edgeinfer.planning.models import resolve  # noqa: E402
+from edgeinfer.planning.models.hf import spec_from_config  # noqa: E402
 from edgeinfer.planning.quant import kv_bytes_per_element  # noqa: E402
 
 OUT = ROOT / "edgeinfer" / "data" / "speed_constants.json"
@@ -61,20 +63,28 @@ def _board(name: str):
     return get_board(name)
 
 
+@lru_cache(maxsize=None)
+def _host(gbps: float):
+    """The host board at the bandwidth its row was measured at (not this machine's cached figure)."""
+    return host_board(HostBandwidth(gbps, "the row's bandwidth_gbps (measured with the row)"))
+
+
 def row_facts(r: dict) -> dict:
     """What the planner needs of a row (spec, board, scheme, bytes per step, speed key), or CannotPredict."""
     if not r.get("model"):
         raise CannotPredict(f"model {r.get('model_name') or '?'} is not in the catalog: add it, or give the row "
                             "a model_config")
     try:
-        board = _board(r["board"])
+        board = _host(r["bandwidth_gbps"]) if r["board"] == "host" and r.get("bandwidth_gbps") else _board(r["board"])
     except EdgeInferError:
         raise CannotPredict(f"no board profile '{r['board']}': add boards/{r['board']}.yaml") from None
     rt = board.runtimes.get(r["runtime"])
     if rt is None:
         raise CannotPredict(f"board {board.name} has no runtime {r['runtime']}: add it to its profile")
     try:
-        spec, scheme = resolve(r["model"]), normalize_scheme(r["quant"])
+        spec = (spec_from_config(r["model_config"], r["model"], f"row {r['row']}") if r.get("model_config")
+                else resolve(r["model"]))
+        scheme = normalize_scheme(r["quant"])
     except EdgeInferError as e:
         raise CannotPredict(f"model {r['model']} / {r['quant']}: {e.one_line()}") from None
     prof = planner.runtime_profile(r["runtime"])

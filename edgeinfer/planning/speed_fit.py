@@ -10,6 +10,7 @@ Per key ``group/runtime/format`` (and ``*/runtime/format``: the runtime's points
   there, slower on slower memory"). Boards of different bandwidth: the cap model (software-bound) and the
   fraction model (hardware-bound, no cap) are both fitted; the fraction model is kept only where its median
   |error| is clearly lower. A fraction above 1 is clamped: the board's bandwidth is the ceiling.
+* the host: its bandwidth is measured on each machine, so the fraction of it transfers (no cap).
 """
 
 from __future__ import annotations
@@ -84,6 +85,10 @@ def fit_points(pts: list[Point], t0_borrowed: tuple[float, str] | None = None) -
     how = (f"one board bandwidth ({low / 1e9:g} GB/s): never faster than seen there (cap = BW_eff), slower on "
            "slower memory (fraction = BW_eff / that bandwidth)") if boards < 2 else (
         f"{boards} board bandwidths: software-bound (cap = BW_eff; the fraction model was not clearly better)")
+    if boards < 2 and all(p.board == "host" for p in pts):  # a measured bandwidth scales to the next machine
+        c["bw_cap_gbps"] = None
+        how = (f"the host's measured bandwidth ({low / 1e9:g} GB/s): BW_eff = fraction × the machine's measured "
+               "bandwidth, no cap")
     if boards >= 2:
         t0h, frac, keep_h = _robust([p.x / p.board_bw for p in pts], ts, fixed)
         hw = {"t0_ms": t0h * 1000, "bw_fraction": min(1.0, frac), "bw_cap_gbps": None}
