@@ -14,7 +14,7 @@ STABLE = ["rk3588-4g", "rk3588-8g", "rk3588-16g", "rk3588-32g", "rk3576-4g", "rk
           "atlas-300i-pro", "atlas-300i-duo-48g", "atlas-300i-duo-96g", "atlas-800i-a2", "atlas-300i-a2-910b4",
           "atlas-200i-dk-a2", "orange-pi-aipro-8g", "orange-pi-aipro-16g", "core-ultra-155h", "core-ultra-185h",
           "core-ultra-258v", "core-ultra-288v", "core-ultra-285h", "core-ultra-125h", "core-ultra-165h",
-          "core-ultra-255h", "core-ultra-268v", "core-ultra-358h"]
+          "core-ultra-255h", "core-ultra-268v", "core-ultra-338h", "core-ultra-358h", "core-ultra-368h"]
 
 
 def test_stable_names_present():
@@ -137,7 +137,8 @@ CORE_ULTRA = {"core-ultra-125h": ("intel-npu3", "intel-xe-lpg"), "core-ultra-155
               "core-ultra-255h": ("intel-npu3", "intel-xe-lpg-plus"),
               "core-ultra-285h": ("intel-npu3", "intel-xe-lpg-plus"),
               "core-ultra-258v": ("intel-npu4", "intel-xe2"), "core-ultra-268v": ("intel-npu4", "intel-xe2"),
-              "core-ultra-288v": ("intel-npu4", "intel-xe2"), "core-ultra-358h": ("intel-npu5", "intel-xe3")}
+              "core-ultra-288v": ("intel-npu4", "intel-xe2"), "core-ultra-338h": ("intel-npu5", "intel-xe3"),
+              "core-ultra-358h": ("intel-npu5", "intel-xe3"), "core-ultra-368h": ("intel-npu5", "intel-xe3")}
 
 
 def test_every_core_ultra_profile_has_the_npu_first_and_the_igpu_by_generation():
