@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from edgeinfer.planning.boards import get_board
-from edgeinfer.planning.measurements import KNOWN
+from edgeinfer.planning.measurements import KNOWN, load
 from edgeinfer.planning.models import from_catalog
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,7 +31,7 @@ def test_ids_are_in_the_intel_range_and_unique_across_the_rows_files():
 
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: str(r["row"]))
 def test_every_row_loads(row):
-    assert set(row) <= KNOWN | {"source_id"}
+    assert set(row) <= KNOWN
     board = get_board(row["board"])
     assert row["runtime"] in board.runtimes and row["quant"] in board.runtimes[row["runtime"]].schemes
     spec = from_catalog(row["model"])
@@ -54,3 +54,10 @@ def test_decode_is_the_inverse_of_the_quoted_second_token_latency():
     for r in TABLES:
         latency = float(re.search(r"2nd latency ([0-9.]+) ms", r["note"])[1])
         assert r["decode"] == pytest.approx(1000 / latency, abs=0.006)
+
+
+def test_calibrate_reads_the_file_and_skips_the_rows_marked_not_to_fit():
+    rows, notes = load([DATA / "rows_intel.yaml"])
+    skipped = [r["row"] for r in ROWS if r["fit"] is False]
+    assert len(rows) == len(ROWS) - len(skipped) and len(notes) == len(skipped) > 0
+    assert {r["source_id"] for r in rows} >= {"openvino-llm-tables/7-258V", "OpenArc#43"}

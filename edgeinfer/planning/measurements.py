@@ -22,7 +22,7 @@ INTS = ("prompt", "ctx", "mem_ctx")
 FLOATS = ("decode", "ttft_ms", "mem_mib")
 KNOWN = {"row", "grade", "board", "runtime", "model", "model_name", "model_config", "quant", "prompt", "ctx",
          "mem_ctx", "decode", "prefill", "ttft_ms", "mem_mib", "fit", "source", "note", "new_tokens", "backend",
-         "device", "predicted", "error_pct"}
+         "device", "predicted", "error_pct", "source_id"}
 HINT = "give rows with model, quant, ctx and decode (tokens/s) as in bench/data/measured_rows.yaml, " \
        "or an `edgeinfer bench --json` report of a decoder bundle"
 
