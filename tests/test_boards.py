@@ -13,7 +13,9 @@ from edgeinfer.planning.boards import Board, get_board, host_board, load_boards
 STABLE = ["rk3588-4g", "rk3588-8g", "rk3588-16g", "rk3588-32g", "rk3576-4g", "rk3576-8g", "rk3576-16g",
           "atlas-300i-pro", "atlas-300i-duo-48g", "atlas-300i-duo-96g", "atlas-800i-a2", "atlas-300i-a2-910b4",
           "atlas-200i-dk-a2", "orange-pi-aipro-8g", "orange-pi-aipro-16g", "core-ultra-155h", "core-ultra-185h",
-          "core-ultra-258v", "core-ultra-288v", "core-ultra-285h", "atlas-800t-a2-910b2", "atlas-800t-a2-910b3"]
+          "core-ultra-258v", "core-ultra-288v", "core-ultra-285h", "atlas-800t-a2-910b2", "atlas-800t-a2-910b3",
+          "core-ultra-125h", "core-ultra-165h", "core-ultra-255h", "core-ultra-268v", "core-ultra-338h",
+          "core-ultra-358h", "core-ultra-368h"]
 
 
 def test_stable_names_present():
@@ -141,3 +143,25 @@ def test_broken_plugin_board_is_isolated(monkeypatch):
     names = load_boards()
     assert "rk3588-16g" in names and "broken" not in names
     assert any("bogus" in e for e in boards.PLUGIN_BOARD_ERRORS)
+
+
+# the NPU and iGPU generation of each Core Ultra profile (docs/board-facts.md#intel-npu-dtypes, #intel-igpu)
+CORE_ULTRA = {"core-ultra-125h": ("intel-npu3", "intel-xe-lpg"), "core-ultra-155h": ("intel-npu3", "intel-xe-lpg"),
+              "core-ultra-165h": ("intel-npu3", "intel-xe-lpg"), "core-ultra-185h": ("intel-npu3", "intel-xe-lpg"),
+              "core-ultra-255h": ("intel-npu3", "intel-xe-lpg-plus"),
+              "core-ultra-285h": ("intel-npu3", "intel-xe-lpg-plus"),
+              "core-ultra-258v": ("intel-npu4", "intel-xe2"), "core-ultra-268v": ("intel-npu4", "intel-xe2"),
+              "core-ultra-288v": ("intel-npu4", "intel-xe2"), "core-ultra-338h": ("intel-npu5", "intel-xe3"),
+              "core-ultra-358h": ("intel-npu5", "intel-xe3"), "core-ultra-368h": ("intel-npu5", "intel-xe3")}
+
+
+def test_every_core_ultra_profile_has_the_npu_first_and_the_igpu_by_generation():
+    packaged = {n for n in load_boards(plugins=False) if n.startswith("core-ultra-")}
+    assert packaged == set(CORE_ULTRA)
+    for name, (npu, gpu) in CORE_ULTRA.items():
+        b = get_board(name)
+        assert (b.default_runtime, b.backend_runtime, b.target) == ("openvino-npu", "openvino-npu", "npu")
+        assert list(b.runtimes) == ["openvino-npu", "openvino-gpu"]
+        assert (b.runtimes["openvino-npu"].speed_group, b.runtimes["openvino-gpu"].speed_group) == (npu, gpu)
+        assert b.runtimes["openvino-gpu"].schemes == ["w4a16", "w4a16_g128", "w8a16", "fp16"]
+        assert "w8a8" not in b.runtimes["openvino-gpu"].schemes  # the iGPU rows are weight-only or fp16

@@ -14,6 +14,9 @@ One fp32 export per source model is cached; the schemes derive from it:
   128 (the NPU supports only symmetric 4-bit, https://github.com/openvinotoolkit/openvino/pull/27489);
   CPU/GPU get optimum-intel's default asymmetric group 128.
 
+The board runtime ``openvino-gpu`` (a Core Ultra board's built-in GPU; deploy passes the convert option
+``runtime``) builds the GPU's formats: ``target="gpu"`` whatever the board's own target (its NPU).
+
 Quantization goes through ``OVModelForCausalLM.from_pretrained(ir, quantization_config=
 OVWeightQuantizationConfig(...))``; with calibration text, INT4 runs NNCF's data-aware AWQ and
 scale estimation. What NNCF recorded as having run (the IR's ``nncf/weight_compression`` rt_info)
@@ -37,7 +40,9 @@ from edgeinfer.errors import BackendUnavailableError, InputError, ModelError
 
 SCHEMES = ("fp32", "fp16", "w8a16", "w4a16", "w4a16_g32", "w4a16_g64", "w4a16_g128")
 TARGETS = ("cpu", "gpu", "npu")
-CONVERT_OPTIONS = ("target", "group_size", "num_samples")  # OpenVinoBackend.decoders.convert_options
+CONVERT_OPTIONS = ("target", "group_size", "num_samples", "runtime")  # OpenVinoBackend.decoders.convert_options
+# board runtimes besides the board's own that the export builds for (OpenVinoBackend.decoders.runtimes)
+RUNTIME_TARGETS = {"openvino-gpu": "gpu"}
 # the model_types optimum-intel 2.2.0 exports with task "text-generation-with-past" (the model types its
 # TasksManager registers for the "openvino" exporter and that task): OpenVinoBackend.decoders.architectures
 ARCHITECTURES = (
@@ -103,6 +108,12 @@ def check_convert(scheme: str, options: dict[str, Any]) -> tuple[str, int | None
     if scheme not in SCHEMES:
         raise InputError(f"scheme {scheme!r} is not an OpenVINO decoder format; use one of {', '.join(SCHEMES)}")
     target = str(options.get("target") or "cpu").lower()
+    runtime = options.get("runtime")
+    if runtime is not None:
+        if runtime not in RUNTIME_TARGETS:
+            raise InputError(f"runtime must be one of {', '.join(RUNTIME_TARGETS)} (or none: the board's own), "
+                             f"got {runtime!r}")
+        target = RUNTIME_TARGETS[runtime]
     if target not in TARGETS:
         raise InputError(f"target must be one of {', '.join(TARGETS)}, got {target!r}")
     group = options.get("group_size")

@@ -234,3 +234,20 @@ def test_generation_options_become_genai_generation_config() -> None:
     assert g.repetition_penalty == pytest.approx(1.3) and g.stop_token_ids == {0, 2} and not g.ignore_eos
     greedy = generation_config(og.GenerationConfig(), GenerationOptions(max_new_tokens=3, ignore_eos=True))
     assert not greedy.do_sample and greedy.ignore_eos
+
+
+def test_the_openvino_gpu_board_runtime_builds_the_gpu_formats() -> None:
+    """A Core Ultra board's openvino-gpu runtime: deploy passes target='npu' (the board's) and runtime=
+    'openvino-gpu'; the export is the GPU's (asymmetric INT4, group 128), not the NPU's symmetric one."""
+    from edgeinfer_openvino import decoder_export
+    from edgeinfer_openvino.backend import OpenVinoBackend
+
+    assert OpenVinoBackend.cannot_build("decoder", "openvino-gpu") is None
+    assert "openvino-gpu" in OpenVinoBackend.cannot_build("encoder", "openvino-gpu")
+    target, group, _ = decoder_export.check_convert("w4a16", {"target": "npu", "runtime": "openvino-gpu"})
+    assert (target, group) == ("gpu", None)
+    assert decoder_export.check_convert("w4a16", {"target": "npu"})[0] == "npu"
+    cfg = decoder_export.weight_config("w4a16", target, group, 7 * 10**9, None, None, model_dir())
+    assert (cfg.bits, cfg.sym, cfg.group_size) == (4, False, 128)
+    with pytest.raises(InputError, match="runtime must be one of openvino-gpu"):
+        decoder_export.check_convert("w4a16", {"target": "npu", "runtime": "rkllm"})

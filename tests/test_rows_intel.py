@@ -1,0 +1,63 @@
+"""bench/data/rows_intel.yaml: every published Intel row names a packaged board, a catalog model and a scheme
+its runtime lists, with an id in the Intel range and the blob URL (with commit) of the table it comes from."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from edgeinfer.planning.boards import get_board
+from edgeinfer.planning.measurements import KNOWN, load
+from edgeinfer.planning.models import from_catalog
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "bench" / "data"
+ROWS = yaml.safe_load((DATA / "rows_intel.yaml").read_text(encoding="utf-8"))["rows"]
+TABLES = [r for r in ROWS if r["source_id"].startswith("openvino-llm-tables/")]  # Intel's own, grade A
+BLOB = re.compile(r"^https://github\.com/openvinotoolkit/openvino/blob/[0-9a-f]{40}/docs/sphinx_setup/_static/"
+                  r"benchmarks_files/llm_models_(?P<platform>[0-9]-[0-9]{3}[HV])\.csv$")
+
+
+def test_ids_are_in_the_intel_range_and_unique_across_the_rows_files():
+    ids = [r["row"] for r in ROWS]
+    assert len(TABLES) > 100 and len(set(ids)) == len(ids) and all(1000 <= i <= 1999 for i in ids)
+    others = [r["row"] for f in sorted(DATA.glob("*.yaml")) if f.name != "rows_intel.yaml"
+              for r in yaml.safe_load(f.read_text(encoding="utf-8")).get("rows", [])]
+    assert not set(ids) & set(others)
+
+
+@pytest.mark.parametrize("row", ROWS, ids=lambda r: str(r["row"]))
+def test_every_row_loads(row):
+    assert set(row) <= KNOWN
+    board = get_board(row["board"])
+    assert row["runtime"] in board.runtimes and row["quant"] in board.runtimes[row["runtime"]].schemes
+    spec = from_catalog(row["model"])
+    assert spec is not None, row["model"]
+    assert row.get("prompt", 1) <= row["ctx"] <= (spec.max_position or row["ctx"])
+    assert row["grade"] in ("A", "B", "C", "D") and row["decode"] > 0 and row["source"].startswith("https://")
+
+
+@pytest.mark.parametrize("row", TABLES, ids=lambda r: str(r["row"]))
+def test_every_intel_table_row_cites_its_table_and_part(row):
+    assert row["grade"] == "A" and row["runtime"] == "openvino-gpu" and row["ttft_ms"] > 0
+    m = BLOB.match(row["source"])
+    assert m and row["source_id"] == f"openvino-llm-tables/{m['platform']}"
+    # the board is the part the table was measured on: "7-258V" -> core-ultra-258v
+    assert row["board"] == f"core-ultra-{m['platform'][2:].lower()}"
+    assert (row["mem_mib"] > 0) if "mem_mib" in row else "memory left out" in row["note"]
+
+
+def test_decode_is_the_inverse_of_the_quoted_second_token_latency():
+    for r in TABLES:
+        latency = float(re.search(r"2nd latency ([0-9.]+) ms", r["note"])[1])
+        assert r["decode"] == pytest.approx(1000 / latency, abs=0.006)
+
+
+def test_calibrate_reads_the_file_and_skips_the_rows_marked_not_to_fit():
+    rows, notes = load([DATA / "rows_intel.yaml"])
+    skipped = [r["row"] for r in ROWS if r["fit"] is False]
+    assert len(rows) == len(ROWS) - len(skipped) and len(notes) == len(skipped) > 0
+    assert {r["source_id"] for r in rows} >= {"openvino-llm-tables/7-258V", "OpenArc#43"}
