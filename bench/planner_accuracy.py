@@ -109,6 +109,8 @@ def _memory(rec: dict, r: dict, f: dict, fitted: dict[str, dict]) -> None:
 
 def vendor_of(r: dict) -> str:
     """The board's backend as a vendor, else the rows file's (rows_<vendor>.yaml)."""
+    if r["board"] == "host":
+        return "host"
     try:
         return VENDORS.get(get_board(r["board"]).backend, "other")
     except EdgeInferError:
