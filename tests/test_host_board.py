@@ -122,7 +122,7 @@ def test_plan_board_host_without_constants_says_why(monkeypatch):
     monkeypatch.setattr(planner, "fitted", lambda: {"speed": {}, "overhead_mib": {}})
     r = cli("plan", str(model_dir()), "--board", "host", "--json", env={ENV: "10"})
     e = json.loads(r.stdout)["estimates"]
-    assert e["decode_tokens_per_s"] is None and e["bandwidth_gbps"] == 10 and "host-cpu/onnxruntime" in e["basis"]
+    assert e["decode_tokens_per_s"] is None and e["bandwidth_gbps"] == 10 and "onnxruntime on host-cpu" in e["basis"]
 
 
 # ------------------------------------------------------------------ a .gguf the board does not run as it is
