@@ -124,7 +124,8 @@ def predict_rows(rows: list[dict]) -> list[dict]:
     tables: dict[str, tuple] = {}
     out = []
     for r in rows:
-        rec = {k: r.get(k) for k in ("row", "grade", "board", "runtime", "quant", "decode", "mem_mib", "fit")}
+        rec = {k: r.get(k) for k in ("row", "grade", "board", "runtime", "runtime_version", "quant", "decode",
+                                     "mem_mib", "fit")}
         rec.update(model=r.get("model") or r.get("model_name"), source=r["source_id"])
         out.append(rec)
         rec["vendor"] = vendor_of(r)
@@ -247,7 +248,8 @@ def print_table(res: dict) -> None:
         print()
     for x in res["rows"]:
         if "cannot_predict" in x:
-            print(f"row {x['row']} ({x['board']}, {x['runtime']}, {x['model']}): "
+            release = f" {x['runtime_version']}" if x.get("runtime_version") else ""
+            print(f"row {x['row']} ({x['board']}, {x['runtime']}{release}, {x['model']}): "
                   f"cannot predict: {x['cannot_predict']}")
 
 

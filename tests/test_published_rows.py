@@ -68,3 +68,29 @@ def test_the_check_catches_a_scheme_the_runtime_does_not_list() -> None:
            "source_id": "x"}
     assert _problems(row, "ascend") == ["row 2999: vllm-ascend on atlas-300i-pro does not list bf16"]
     assert _problems({**row, "quant": "fp16", "row": 5}, "ascend") == ["row 5: id outside the ascend range"]
+
+
+def _ascend_rows() -> list[dict]:
+    old = [r for r in _rows(DATA / "measured_rows.yaml") if get_board(r["board"]).backend == "ascend"]
+    return old + _rows(DATA / "rows_ascend.yaml")
+
+
+def test_every_ascend_row_states_its_runtime_release() -> None:
+    assert [r["row"] for r in _ascend_rows() if not r.get("runtime_version")] == []
+
+
+def test_a_fitted_ascend_row_is_a_one_chip_figure() -> None:
+    """Rule 1 of the rows_ascend.yaml header: a fitted row ran on one chip, so its weights fit that chip's usable
+    memory (rows 32 and 2008, 61 GB of Qwen3-30B-A3B fp16 on 30 GB 910B4s, did not: layers split over chips)."""
+    import importlib.util
+
+    path = DATA.parent / "fit_speed.py"
+    spec = importlib.util.spec_from_file_location("_bench_fit_speed", path)
+    fit_speed = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fit_speed)
+    too_big = []
+    for r in _ascend_rows():
+        weights_mib = fit_speed.planned_mib(r, fit_speed.row_facts(r))["weights"]
+        if weights_mib * 2**20 > get_board(r["board"]).usable_bytes:
+            too_big.append((r["row"], r["fit"]))
+    assert too_big and all(not fit for _, fit in too_big), too_big
