@@ -123,7 +123,8 @@ def predict_rows(rows: list[dict]) -> list[dict]:
     out = []
     for r in rows:
         rec = {k: r.get(k) for k in ("row", "grade", "board", "runtime", "quant", "decode", "mem_mib", "fit")}
-        rec.update(model=r.get("model") or r.get("model_name"), source=r["source_id"])
+        rec.update(model=r.get("model") or r.get("model_name"), source=r["source_id"],
+                   runtime_version=r.get("runtime_version"))
         out.append(rec)
         rec["vendor"] = vendor_of(r)
         try:
