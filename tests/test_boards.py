@@ -15,7 +15,7 @@ STABLE = ["rk3588-4g", "rk3588-8g", "rk3588-16g", "rk3588-32g", "rk3576-4g", "rk
           "atlas-200i-dk-a2", "orange-pi-aipro-8g", "orange-pi-aipro-16g", "core-ultra-155h", "core-ultra-185h",
           "core-ultra-258v", "core-ultra-288v", "core-ultra-285h", "atlas-800t-a2-910b2", "atlas-800t-a2-910b3",
           "core-ultra-125h", "core-ultra-165h", "core-ultra-255h", "core-ultra-268v", "core-ultra-338h",
-          "core-ultra-358h", "core-ultra-368h"]
+          "core-ultra-358h", "core-ultra-368h", "core-ultra-285k"]
 
 
 def test_stable_names_present():
@@ -150,6 +150,7 @@ CORE_ULTRA = {"core-ultra-125h": ("intel-npu3", "intel-xe-lpg"), "core-ultra-155
               "core-ultra-165h": ("intel-npu3", "intel-xe-lpg"), "core-ultra-185h": ("intel-npu3", "intel-xe-lpg"),
               "core-ultra-255h": ("intel-npu3", "intel-xe-lpg-plus"),
               "core-ultra-285h": ("intel-npu3", "intel-xe-lpg-plus"),
+              "core-ultra-285k": ("intel-npu3", "intel-xe-lpg"),
               "core-ultra-258v": ("intel-npu4", "intel-xe2"), "core-ultra-268v": ("intel-npu4", "intel-xe2"),
               "core-ultra-288v": ("intel-npu4", "intel-xe2"), "core-ultra-338h": ("intel-npu5", "intel-xe3"),
               "core-ultra-358h": ("intel-npu5", "intel-xe3"), "core-ultra-368h": ("intel-npu5", "intel-xe3")}

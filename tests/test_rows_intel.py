@@ -61,3 +61,15 @@ def test_calibrate_reads_the_file_and_skips_the_rows_marked_not_to_fit():
     skipped = [r["row"] for r in ROWS if r["fit"] is False]
     assert len(rows) == len(ROWS) - len(skipped) and len(notes) == len(skipped) > 0
     assert {r["source_id"] for r in rows} >= {"openvino-llm-tables/7-258V", "OpenArc#43"}
+
+
+def test_every_npu_row_records_its_release_and_fits_only_a_decode_rate():
+    """openvino-npu rows: the rule in rows_intel.yaml's header (release recorded; end-to-end rates not fitted)."""
+    npu = [r for r in ROWS if r["runtime"] == "openvino-npu"]
+    assert len(npu) >= 7 and all(r.get("runtime_version") for r in npu)
+    for r in npu:
+        if "end-to-end" in r["note"] and "Validation only" in r["note"]:
+            assert r["fit"] is False, r["row"]
+    small = {r["board"] for r in npu if r["fit"] and r["model"] == "qwen3-0.6b"}
+    large = {r["board"] for r in npu if r["fit"] and r["model"] == "qwen3-8b"}
+    assert small & large  # one NPU 3 part with a 0.6B and an 8B row: what fitting t0 needs

@@ -3,7 +3,8 @@
 A row has the fields of bench/data/measured_rows.yaml: board, runtime, model, quant, prompt, ctx,
 decode (tokens/s), ttft_ms, mem_mib (peak memory, MiB), mem_ctx (the context memory was measured at,
 when it differs from ctx), source_id (the publication, for leave-one-source-out), bandwidth_gbps (the
-board's bandwidth when the row was measured: the host board's is measured per machine).
+board's bandwidth when the row was measured: the host board's is measured per machine), runtime_version (the
+runtime release, commit or date the row was measured with: decode speed changes between releases).
 Sources: YAML (a ``rows:`` list or a bare list), CSV with a header line,
 JSON (such a list, or an ``edgeinfer bench --json`` report of a decoder bundle, whose ``self_check.rows``
 are rows). A row may carry ``model_config`` (the model's config.json) so that it plans without the model.
