@@ -170,3 +170,15 @@ def test_accuracy_predicts_left_out_rows_of_every_rows_file_or_says_why(tmp_path
     assert "Foo-1B is not in the catalog" in recs[9003]["cannot_predict"]
     assert "has no runtime mindie" in recs[9004]["cannot_predict"]
     assert recs[9002]["vendor"] == "synthetic"  # no board profile: the rows file names the vendor
+
+
+def test_sizes_that_do_not_span_2x_borrow_t0_instead_of_fitting_it() -> None:
+    # seven 7-8B rows (bytes 3.6-4.3 GB per step) cannot tell a 26 ms fixed cost from the bandwidth term: t0 is
+    # borrowed from a key whose rows span sizes, so a 0.3 GB model is not predicted several times too fast
+    narrow = rows("npu", 120, 26, 50, (3.6, 3.8, 3.9, 4.0, 4.1, 4.2, 4.3))
+    donor = (0.026, "intel-npu3/openvino-npu/w4a16")
+    c = speed_fit.fit_points(narrow, donor)
+    assert c["t0_ms"] == pytest.approx(26, abs=1e-6) and c["fit"].startswith("t0 borrowed from intel-npu3")
+    # 0.3 GB per step: 1 / (26 ms + 0.3/50 s) = 31.25 tok/s
+    assert 1 / speed.step_seconds(c, 120 * GB, 0.3 * GB) == pytest.approx(31.25, rel=0.01)
+    assert speed_fit.spans([0.3, 4.0]) and not speed_fit.spans([3.6, 4.3])

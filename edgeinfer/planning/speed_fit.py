@@ -2,10 +2,10 @@
 (bench/fit_speed.py writes them to edgeinfer/data/speed_constants.json; docs/planner.md#fit).
 
 Per key ``group/runtime/format`` (and ``*/runtime/format``: the runtime's points of every group):
-* rows of several sizes (bytes per step): t0 and the bandwidth term by weighted least squares on the relative
-  error, robustly (the worst row is left out and named while it sits > 3 robust sigmas and > 15 % off);
-  one size: t0 borrowed (the median t0 of the same group and runtime's other formats, else of the runtime's other
-  groups, else 0) and named.
+* rows whose sizes (bytes per step) span >= T0_SPAN: t0 and the bandwidth term by weighted least squares on the
+  relative error, robustly (the worst row is left out and named while it sits > 3 robust sigmas and > 15 % off);
+  a narrower spread: t0 borrowed (the median t0 of the same group and runtime's other formats, else of the
+  runtime's other groups, else 0) and named.
 * boards of one bandwidth: cap = the fitted BW_eff, fraction = BW_eff / that bandwidth ("never faster than seen
   there, slower on slower memory"). Boards of different bandwidth: the cap model (software-bound) and the
   fraction model (hardware-bound, no cap) are both fitted; the fraction model is kept only where its median
@@ -24,6 +24,8 @@ from edgeinfer.planning import calibrate, speed
 
 SAME = 0.02  # values closer than this (relative) are one size / one bandwidth
 OUTLIER_SIGMAS, OUTLIER_MIN, SIGMA_FLOOR = 3.0, 0.15, 0.03
+T0_SPAN = 2.0  # t0 is fitted only where bytes per step span at least this factor: a narrower spread cannot
+# separate a fixed cost from the bandwidth term (seven 7-8B rows fit t0 = 0 and miss a 0.6B row 3.7x)
 HARDWARE_MARGIN = 0.8  # the fraction model must cut the median |error| of the cap model by 20 % to be kept
 
 
@@ -45,6 +47,12 @@ def distinct(vals: Iterable[float]) -> int:
     return (1 + sum(1 for a, b in zip(xs, xs[1:]) if b > a * (1 + SAME))) if xs else 0
 
 
+def spans(xs: Iterable[float]) -> bool:
+    """Do these sizes (bytes per step) span enough to fit t0?"""
+    xs = list(xs)
+    return bool(xs) and max(xs) >= T0_SPAN * min(xs)
+
+
 def _line(zs: list[float], ts: list[float], t0_fixed: float | None) -> tuple[float, float]:
     try:
         return calibrate.fit_line(zs, ts, t0_fixed)
@@ -64,7 +72,7 @@ def _robust(zs: list[float], ts: list[float], t0_fixed: float | None) -> tuple[f
         worst = max(idx, key=res.get)
         rest = [i for i in idx if i != worst]
         if res[worst] <= max(OUTLIER_MIN, OUTLIER_SIGMAS * sigma) or (
-                t0_fixed is None and distinct(zs[i] for i in rest) < 2):
+                t0_fixed is None and not spans(zs[i] for i in rest)):
             return t0, bw, idx
         idx = rest
 
@@ -74,9 +82,9 @@ def _rel_errors(c: dict, pts: list[Point]) -> list[float]:
 
 
 def fit_points(pts: list[Point], t0_borrowed: tuple[float, str] | None = None) -> dict:
-    """Constants for one key; ``t0_borrowed`` (seconds, where from) is used when the points have one size."""
+    """Constants for one key; ``t0_borrowed`` (seconds, where from) is used when the sizes do not span T0_SPAN."""
     xs, ts = [p.x for p in pts], [p.t for p in pts]
-    several = distinct(xs) >= 2
+    several = spans(xs)
     fixed = None if several else (t0_borrowed[0] if t0_borrowed else 0.0)
     t0, cap, keep = _robust(xs, ts, fixed)
     low = min(pts[i].board_bw for i in keep)
@@ -139,8 +147,8 @@ def fit_table(by_key: dict[str, list[Point]]) -> dict[str, dict]:
     """Constants for every key (and its ``*`` key): several-size keys first, so one-size keys can borrow t0."""
     keys = with_stars(by_key)
     table: dict[str, dict] = {}
-    for k in sorted(keys, key=lambda k: (distinct(p.x for p in keys[k]) < 2, k)):
-        several = distinct(p.x for p in keys[k]) >= 2
+    for k in sorted(keys, key=lambda k: (not spans(p.x for p in keys[k]), k)):
+        several = spans(p.x for p in keys[k])
         table[k] = fit_points(keys[k], None if several else _donor(table, k))
     return table
 
