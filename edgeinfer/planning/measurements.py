@@ -23,8 +23,8 @@ REQUIRED = ("model", "quant", "ctx", "decode")
 INTS = ("prompt", "ctx", "mem_ctx")
 FLOATS = ("decode", "ttft_ms", "mem_mib", "bandwidth_gbps")
 KNOWN = {"row", "grade", "board", "runtime", "model", "model_name", "model_config", "quant", "prompt", "ctx",
-         "mem_ctx", "decode", "prefill", "ttft_ms", "mem_mib", "fit", "source", "source_id", "note", "new_tokens",
-         "backend", "device", "predicted", "error_pct", "bandwidth_gbps"}
+         "mem_ctx", "decode", "prefill", "ttft_ms", "mem_mib", "fit", "source", "source_id",
+         "runtime_version", "note", "new_tokens", "backend", "device", "predicted", "error_pct", "bandwidth_gbps"}
 HINT = "give rows with model, quant, ctx and decode (tokens/s) as in bench/data/measured_rows.yaml, " \
        "or an `edgeinfer bench --json` report of a decoder bundle"
 
