@@ -127,6 +127,8 @@ def predict_rows(rows: list[dict]) -> list[dict]:
         rec = {k: r.get(k) for k in ("row", "grade", "board", "runtime", "runtime_version", "quant", "decode",
                                      "mem_mib", "fit")}
         rec.update(model=r.get("model") or r.get("model_name"), source=r["source_id"])
+        if r.get("runtime_version"):
+            rec["runtime_version"] = r["runtime_version"]
         out.append(rec)
         rec["vendor"] = vendor_of(r)
         try:
@@ -191,12 +193,15 @@ def _checked(r: dict) -> dict:
 
 
 def calibration_loo(rows: list[dict]) -> dict:
-    """Per (board, grade A | grades B-D) group with >= 2 planned rows: each row predicted by a profile calibrated
-    on the group's other rows (after) and by the packaged profile (before); medians of the abs % errors."""
+    """Per (board, grade A | grades B-D, runtime release where stated) group with >= 2 planned rows: each row
+    predicted by a profile calibrated on the group's other rows (after) and by the packaged profile (before);
+    medians of the abs % errors. Releases are kept apart: a user calibrates on one release's measurements."""
     groups: dict[str, list[dict]] = {}
     for r in rows:
         if r.get("model"):
-            groups.setdefault(f"{r['board']} {'grade A' if r['grade'] == 'A' else 'grades B-D'}", []).append(r)
+            release = f" {r['runtime']} {r['runtime_version']}" if r.get("runtime_version") else ""
+            groups.setdefault(f"{r['board']} {'grade A' if r['grade'] == 'A' else 'grades B-D'}{release}",
+                              []).append(r)
     out = {}
     for key, grp in sorted(groups.items()):
         try:

@@ -85,9 +85,23 @@ def test_one_row_fits_only_a_bandwidth_scale(tmp_path: Path) -> None:
     c = b.runtimes["rkllm"].speed["w8a8"]
     assert c.t0_ms / 1000 == pytest.approx(T0)  # kept from the parent
     assert b.calibration["groups"]["rkllm/w8a8"]["bandwidth_scale_vs_parent"] == pytest.approx(SLOW, rel=0.005)
-    # the grouped-w8a8 format had no row: it moves by the same scale
-    g = CONSTS["speed"]["rk3588/rkllm/w8a8_g"]["bw_fraction"]
-    assert b.runtimes["rkllm"].speed["w8a8_g"].bw_fraction == pytest.approx(g * SLOW, rel=0.005)
+
+
+def test_a_format_without_rows_moves_by_the_measured_scale(tmp_path: Path) -> None:
+    """RK3576 has packaged w8a8 and w4a16 constants: one w8a8 row slows w4a16 by the same scale."""
+    board = "rk3576-8g"
+    t0 = CONSTS["speed"]["rk3576/rkllm/w8a8"]["t0_ms"] / 1000
+    fast = planner.plan("qwen3-1.7b", board, quant="w8a8", ctx=300, runtime=RUNTIME,
+                        suggest=False).estimates.decode_tokens_per_s
+    decode = 1 / (t0 + (1 / fast - t0) / SLOW)
+    rows = [{"model": "qwen3-1.7b", "quant": "w8a8", "ctx": 300, "decode": round(decode, 4)}]
+    out = tmp_path / "one.yaml"
+    r = run("calibrate", str(write_rows(tmp_path / "r.yaml", rows)), "--board", board, "-o", str(out))
+    assert r.exit_code == 0, r.output
+    b = load_board_file(out)
+    assert b.calibration["groups"]["rkllm/w8a8"]["bandwidth_scale_vs_parent"] == pytest.approx(SLOW, rel=0.005)
+    g = CONSTS["speed"]["rk3576/rkllm/w4a16"]["bw_fraction"]
+    assert b.runtimes["rkllm"].speed["w4a16"].bw_fraction == pytest.approx(g * SLOW, rel=0.005)
 
 
 def test_measured_memory_sets_the_runtime_overhead(tmp_path: Path) -> None:

@@ -14,7 +14,8 @@ from edgeinfer.planning.boards import get_board
 from edgeinfer.planning.models import from_catalog
 
 DATA = Path(__file__).resolve().parents[1] / "bench" / "data"
-ID_RANGES = {"intel": range(1000, 2000), "ascend": range(2000, 3000), "host": range(3000, 3100)}
+ID_RANGES = {"rockchip": range(100, 300), "intel": range(1000, 2000), "ascend": range(2000, 3000),
+             "host": range(3000, 3100)}
 FILES = sorted(DATA.glob("rows_*.yaml"))
 
 
