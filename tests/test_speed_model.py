@@ -116,6 +116,10 @@ def test_an_extrapolated_format_is_labelled_and_its_error_bar_widened() -> None:
     assert "extrapolated from w8a8" in other_format.basis
     assert other_format.error_pct == 30.0  # max(2 × 9 %, 30 %)
     assert "widened" in other_format.error_basis
+    new_generation = speed.lookup(TABLE, "rk3688", "rkllm", "fp16")  # no row of its group, nor of its format
+    assert new_generation.consts is TABLE["*/rkllm/w4a16"]
+    assert "extrapolated from w4a16 on other rkllm boards" in new_generation.basis
+    assert new_generation.error_pct == 40.0  # max(2 × 20 %, 30 %)
 
 
 def test_a_runtime_with_no_rows_anywhere_gives_no_estimate_and_says_why() -> None:

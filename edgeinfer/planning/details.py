@@ -177,7 +177,7 @@ class Estimates:
     def error_bar(self) -> str:
         """``±9 % (leave-one-source-out, 41 rows from 4 sources)``, or why there is none."""
         if self.decode_error_pct is None:
-            return f"(no error bar: {self.error_basis})" if self.error_basis else ""
+            return f"(error unknown: {self.error_basis})" if self.error_basis else ""
         return f"±{self.decode_error_pct:g} % ({self.error_basis})"
 
     def to_dict(self) -> dict[str, Any]:

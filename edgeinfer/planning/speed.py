@@ -46,7 +46,7 @@ def _rows(c: dict) -> int:
 def _extrapolated(c: dict, key: str, label: str) -> Found:
     err = c.get("error_pct")
     if err is None:
-        eb = f"{label}: not validated ({key}: {c.get('error_basis') or 'no left-out error'})"
+        eb = f"{label}, whose constants have no left-out error ({c.get('error_basis') or 'not validated'})"
     else:
         eb = (f"{label}: widened to max({WIDEN_FACTOR:g} × {err:g} %, {WIDEN_FLOOR_PCT:g} %) "
               f"from {key}'s left-out error")
@@ -55,7 +55,8 @@ def _extrapolated(c: dict, key: str, label: str) -> Found:
 
 def lookup(table: dict, group: str | None, runtime: str, fk: str) -> Found:
     """``group/runtime/fk`` → ``*/runtime/fk`` (the runtime fitted across groups) → the group's and runtime's
-    format with the most rows; each fallback labelled "extrapolated" with a widened error bar."""
+    format with the most rows → the runtime's format with the most rows across groups; each fallback labelled
+    "extrapolated" with a widened error bar."""
     if not group:
         return Found(None, f"no speed group for runtime {runtime} on this board")
     key = f"{group}/{runtime}/{fk}"
@@ -68,6 +69,10 @@ def lookup(table: dict, group: str | None, runtime: str, fk: str) -> Found:
     same = sorted((k for k in table if k.startswith(f"{group}/{runtime}/")), key=lambda k: (-_rows(table[k]), k))
     if same:
         return _extrapolated(table[same[0]], same[0], f"extrapolated from {same[0].split('/', 2)[2]}")
+    other = sorted((k for k in table if k.startswith(f"*/{runtime}/")), key=lambda k: (-_rows(table[k]), k))
+    if other:
+        fmt = other[0].split("/", 2)[2]
+        return _extrapolated(table[other[0]], other[0], f"extrapolated from {fmt} on other {runtime} boards")
     return Found(None, f"no measured rows for {runtime} with {fk} on any board, nor for {runtime} on {group}: "
                        "measure some and run `edgeinfer calibrate`")
 
