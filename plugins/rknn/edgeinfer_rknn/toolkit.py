@@ -21,13 +21,14 @@ import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from edgeinfer.contract import CalibrationSet, TensorSpec
 from edgeinfer.contract.helpers import first_line
 from edgeinfer.errors import BackendUnavailableError, InputError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 # quantized_dtype values rknn-toolkit2 2.5.0 accepts per target (checked with config() on each)
 QUANT_SUPPORT: dict[str, tuple[str, ...]] = {
@@ -265,6 +266,7 @@ def log_path(artifact: Path) -> Path:
 def write_calibration(calibration: CalibrationSet, inputs: Sequence[TensorSpec], folder: Path) -> int:
     """The layout the toolkit expects: one .npy per input per sample and ``dataset.txt`` with one
     line per sample, the sample's .npy paths (relative to the folder) separated by spaces, in input order."""
+    import numpy as np
     (folder / "calib").mkdir(parents=True, exist_ok=True)
     lines = []
     n = 0
