@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from edgeinfer.contract.schedule import simulate
 from edgeinfer.contract.schemes import Scheme
@@ -91,24 +92,31 @@ def host_bytes(spec: ModelSpec) -> int:
     return counts(spec).embedding_params * HOST_EMBED_BYTES
 
 
+@lru_cache(maxsize=64)
+def _replayed(seg: tuple[int, ...], window: int, prefetch: bool) -> dict:
+    """One replay of the schedule per (segments, window, prefetch): resident bytes, paged-in bytes and loads
+    all read it, for every window ``plan`` tries when it suggests one (read-only: callers never change it)."""
+    return simulate(seg, window, prefetch)
+
+
 def resident_bytes(seg: Sequence[int], window: int | None, prefetch: bool = False) -> int:
     """Peak bytes of the segments the schedule keeps resident; all of them when W ≥ S."""
     if window is None or window >= len(seg):
         return sum(seg)
-    return simulate(seg, window, prefetch)["peak_resident_bytes"]
+    return _replayed(tuple(seg), window, prefetch)["peak_resident_bytes"]
 
 
 def paged_in_bytes(seg: Sequence[int], window: int | None, prefetch: bool = False) -> int:
     """Bytes paged in per token in the steady state: the unpinned segments; nothing when all are resident."""
     if window is None or window >= len(seg):
         return 0
-    return simulate(seg, window, prefetch)["steady_bytes"]
+    return _replayed(tuple(seg), window, prefetch)["steady_bytes"]
 
 
 def paged_in_loads(seg: Sequence[int], window: int | None, prefetch: bool = False) -> int:
     if window is None or window >= len(seg):
         return 0
-    return len(simulate(seg, window, prefetch)["steady_loads"])
+    return len(_replayed(tuple(seg), window, prefetch)["steady_loads"])
 
 
 def step_seconds(compute_s: float, page_in_s: float, shared_bus: bool) -> float:

@@ -470,7 +470,7 @@ def suggestions(p: Plan, extra_boards=()) -> details.Suggestions:
     # smallest board of the same family that fits with the same options (only needed when it does not fit:
     # loading every profile costs tens of milliseconds on the fast path)
     if b.family != "host" and not p.fits:
-        fam = [x for x in load_boards(extra_boards).values() if x.family == b.family]
+        fam = list(load_boards(extra_boards, family=b.family).values())
         for x in sorted(fam, key=lambda x: (x.total_bytes, x.name)):
             if p.runtime in x.runtimes and p.scheme.name in x.runtimes[p.runtime].schemes \
                     and _fits(spec, x, p.runtime, p.scheme, p.ctx, p.batch, kv_b):
