@@ -268,8 +268,7 @@ def write_calibration(calibration: CalibrationSet, inputs: Sequence[TensorSpec],
     line per sample, the sample's .npy paths (relative to the folder) separated by spaces, in input order."""
     import numpy as np
     (folder / "calib").mkdir(parents=True, exist_ok=True)
-    lines = []
-    n = 0
+    lines, n = [], 0
     for i, feeds in enumerate(calibration):
         names = []
         for k, spec in enumerate(inputs):
