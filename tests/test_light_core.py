@@ -17,7 +17,7 @@ def test_cli_startup_with_every_plugin_is_light():
 
 def test_plan_asks_what_this_installation_builds_without_importing_a_runtime():
     """plan reads the board's backend declarations (planning/decision.py) and looks the RKLLM toolkit up with
-    importlib.util.find_spec: no ML runtime or toolkit is imported (numpy is: plugin backend modules import it)."""
+    importlib.util.find_spec: no ML runtime or toolkit is imported."""
     code = ("from edgeinfer.cli import invoke\nfrom edgeinfer.testing.llm import model_dir\n"
             "for b in ('rk3588-8g', 'atlas-300i-pro', 'core-ultra-155h', 'host'):\n"
             " assert invoke(['plan', str(model_dir()), '--board', b, '--json']) == 0\n"

@@ -6,7 +6,7 @@ layer: it imports no other room of the core, so a plugin that imports only ``edg
 ``edgeinfer.errors`` and ``edgeinfer.testing*`` depends on nothing the core may move. See
 docs/writing-a-backend.md for the whole contract."""
 
-from edgeinfer.contract import cache, seal, stamp
+from edgeinfer.contract import stamp
 from edgeinfer.contract.backend import (
     Backend,
     CalibrationSet,
@@ -35,3 +35,12 @@ __all__ = ["Accelerator", "Backend", "BatchingDecoder", "CalibrationSet", "Decod
            "Problem", "Profile", "Progress", "Schedule", "Scheme", "Session", "StepDecoder", "TensorSpec",
            "Tensors", "__version__", "cache", "current_rss_bytes", "hookimpl", "known_schemes", "latency_stats",
            "normalize_scheme", "peak_rss_bytes", "reset_peak_rss", "seal", "stamp", "validate_feeds", "verbose"]
+
+
+def __getattr__(name: str):  # noqa: ANN202
+    """``cache`` and ``seal`` load on first use (hashing, file locks): ``edgeinfer plan`` needs neither."""
+    if name in ("cache", "seal"):
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
