@@ -19,8 +19,6 @@ from edgeinfer.contract.backend import (
     TensorSpec,
     validate_feeds,
 )
-from edgeinfer.contract.decoder import BatchingDecoder, Decoder, NativeDecoder, NativeStep, StepDecoder
-from edgeinfer.contract.generation import GenerationOptions
 from edgeinfer.contract.hookspecs import hookimpl
 from edgeinfer.contract.measure import current_rss_bytes, latency_stats, peak_rss_bytes, reset_peak_rss
 from edgeinfer.contract.records import Decoders, Needs, PagingLimit, Placement, Tensors
@@ -37,10 +35,17 @@ __all__ = ["Accelerator", "Backend", "BatchingDecoder", "CalibrationSet", "Decod
            "normalize_scheme", "peak_rss_bytes", "reset_peak_rss", "seal", "stamp", "validate_feeds", "verbose"]
 
 
-def __getattr__(name: str):  # noqa: ANN202
-    """``cache`` and ``seal`` load on first use (hashing, file locks): ``edgeinfer plan`` needs neither."""
-    if name in ("cache", "seal"):
-        import importlib
+#: loaded on first use (``edgeinfer plan`` needs none of them): name -> the contract module that defines it
+_LAZY = {"cache": None, "seal": None, "GenerationOptions": "generation",
+        **{n: "decoder" for n in ("BatchingDecoder", "Decoder", "NativeDecoder", "NativeStep", "StepDecoder")}}
 
-        return importlib.import_module(f"{__name__}.{name}")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+def __getattr__(name: str):  # noqa: ANN202
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    module = importlib.import_module(f"{__name__}.{_LAZY[name] or name}")
+    value = module if _LAZY[name] is None else getattr(module, name)
+    globals()[name] = value
+    return value
