@@ -33,9 +33,7 @@ from edgeinfer.errors import BackendUnavailableError, InputError, ModelError
 
 from . import device as hw
 from . import gauges, resources
-from .decoder_segments import ARCHITECTURES
-from .rkllm_convert import GET_TOOLKIT, TOOLKIT
-from .targets import QUANT_SUPPORT, supported_schemes
+from .targets import ARCHITECTURES, GET_TOOLKIT, QUANT_SUPPORT, TOOLKIT, supported_schemes
 
 # the toolkit wrapper, the converter and the sessions are imported by the methods that convert and open:
 # `edgeinfer plan` reads only this class's declarations

@@ -25,12 +25,12 @@ from edgeinfer.contract import remote_code
 from edgeinfer.contract.helpers import check_weight_index
 from edgeinfer.errors import InputError, ModelError
 
+from .targets import ARCHITECTURES
+
 if TYPE_CHECKING:
     import numpy as np
 
 MASKED = -1.0e4  # additive mask of a position that is not attended (finite: fp16 keeps it, exp() gives 0)
-# the model_types whose blocks are written out here (RknnBackend.decoders.architectures)
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral")
 
 
 def segment_ranges(layers: int, segments: int) -> list[tuple[int, int]]:

@@ -1,5 +1,6 @@
-"""The schemes rknn-toolkit2 converts to, per target: data the backend's declarations, the Ray resource names
-and the converters share, without importing the toolkit wrapper (``edgeinfer plan`` reads the declarations)."""
+"""What the backend declares (``edgeinfer plan`` reads it) and the modules that convert share, without importing
+them: the schemes rknn-toolkit2 converts to per target, the architectures the layer-paged export writes, and
+what runtime ``rkllm`` needs."""
 
 from __future__ import annotations
 
@@ -21,3 +22,11 @@ QUANT_SUPPORT: dict[str, tuple[str, ...]] = {
 
 def supported_schemes(target: str) -> tuple[str, ...]:
     return ("fp16",) + QUANT_SUPPORT.get(target, ("w8a8",))
+
+
+# the model_types whose blocks decoder_segments writes out (RknnBackend.decoders.architectures)
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral")
+TOOLKIT = "the RKLLM toolkit (package rkllm-toolkit, rkllm.api)"
+GET_TOOLKIT = ("install the rkllm-toolkit wheel for your Python from "
+               "https://github.com/airockchip/rknn-llm/tree/main/rkllm-toolkit/packages "
+               "(x86_64 Linux only; not on PyPI)")
