@@ -14,7 +14,7 @@ from pathlib import Path
 from edgeinfer.contract.schemes import Scheme, normalize_scheme
 from edgeinfer.errors import InputError
 from edgeinfer.planning import details
-from edgeinfer.planning.boards import GIB, Board, get_board, load_boards
+from edgeinfer.planning.boards import GIB, Board, get_board, load_boards, safe_loader
 from edgeinfer.planning.decision import Decision, decide
 from edgeinfer.planning.exportable import refuse_unexportable
 from edgeinfer.planning.models import resolve
@@ -32,7 +32,7 @@ ACT_BYTES = 4  # activation rows are budgeted in fp32 (llama.cpp/ggml compute bu
 def runtime_profiles() -> dict:
     import yaml
 
-    return yaml.safe_load((DATA / "runtimes.yaml").read_text(encoding="utf-8"))
+    return yaml.load((DATA / "runtimes.yaml").read_text(encoding="utf-8"), Loader=safe_loader())  # noqa: S506
 
 
 @lru_cache(maxsize=1)
