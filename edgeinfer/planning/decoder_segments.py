@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from edgeinfer.contract.schedule import simulate
+from edgeinfer.contract.schedule import Schedule, simulate
 from edgeinfer.contract.schemes import Scheme
 from edgeinfer.planning.models.spec import ModelSpec
 
@@ -104,6 +104,16 @@ def resident_bytes(seg: Sequence[int], window: int | None, prefetch: bool = Fals
     if window is None or window >= len(seg):
         return sum(seg)
     return _replayed(tuple(seg), window, prefetch)["peak_resident_bytes"]
+
+
+def resident_floor(seg: Sequence[int], window: int) -> int:
+    """A floor under :func:`resident_bytes` with or without prefetch, without replaying the schedule: the pinned
+    prefix is never evicted, so the largest streamed segment is resident with all of it once the first pass
+    reaches it. ``plan`` skips the windows this already rules out."""
+    if window >= len(seg):
+        return sum(seg)
+    pinned = [Schedule(len(seg), window, prefetch, None).pinned for prefetch in (False, True)]
+    return min(sum(seg[:k]) + max(seg[k:]) for k in pinned)
 
 
 def paged_in_bytes(seg: Sequence[int], window: int | None, prefetch: bool = False) -> int:
