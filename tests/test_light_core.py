@@ -17,7 +17,7 @@ def test_cli_startup_with_every_plugin_is_light():
 
 def test_plan_asks_what_this_installation_builds_without_importing_a_runtime():
     """plan reads the board's backend declarations (planning/decision.py) and looks the RKLLM toolkit up with
-    importlib.util.find_spec: no ML runtime or toolkit is imported (numpy is: plugin backend modules import it)."""
+    importlib.util.find_spec: no ML runtime or toolkit is imported."""
     code = ("from edgeinfer.cli import invoke\nfrom edgeinfer.testing.llm import model_dir\n"
             "for b in ('rk3588-8g', 'atlas-300i-pro', 'core-ultra-155h', 'host'):\n"
             " assert invoke(['plan', str(model_dir()), '--board', b, '--json']) == 0\n"
@@ -26,3 +26,19 @@ def test_plan_asks_what_this_installation_builds_without_importing_a_runtime():
     heavy = loaded & set(HEAVY + ("rkllm",))
     assert not heavy, f"edgeinfer plan pulled in {sorted(heavy)}"
     assert {"edgeinfer_rknn", "edgeinfer_ascend", "edgeinfer_openvino"} <= loaded  # declarations were read
+
+
+def test_plan_imports_no_numpy():
+    """Plugins import numpy where arrays are handled, and plan registers only the board's backend: planning a
+    catalog model and a Hugging Face directory on a board of every bundled backend loads no numpy (a .gguf
+    file does: the gguf reader is numpy's)."""
+    from edgeinfer.testing.llm import model_dir
+
+    runs = [["plan", "qwen3-8b", "--board", b, "--json"] for b in ("rk3588-16g", "atlas-300i-pro", "core-ultra-258v",
+                                                                  "host", "all")]
+    runs += [["plan", str(model_dir()), "--board", "rk3588-8g"], ["plan", "qwen3-0.6b", "--board", "rk3588-8g",
+                                                                  "--paging", "8"]]
+    code = f"from edgeinfer.cli import invoke\nfor args in {runs!r}:\n assert invoke(args) in (0, 1), args"
+    loaded = imported_modules(code)
+    assert "edgeinfer" in loaded and "edgeinfer_rknn" in loaded, sorted(loaded)  # the plans did run
+    assert "numpy" not in loaded, "edgeinfer plan imported numpy"

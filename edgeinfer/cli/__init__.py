@@ -21,7 +21,19 @@ from edgeinfer.version import __version__
 
 
 class EdgeInferGroup(click.Group):
-    """Turns EdgeInferError into one line + exit code; keeps tracebacks for --debug."""
+    """Turns EdgeInferError into one line + exit code; keeps tracebacks for --debug. The core commands
+    (:data:`CORE_COMMANDS`) are imported on first use; a plugin's command of the same name replaces one."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*self.commands, *CORE_COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in CORE_COMMANDS:
+            import importlib
+
+            module, attr = CORE_COMMANDS[cmd_name]
+            self.add_command(getattr(importlib.import_module(f"edgeinfer.cli.{module}"), attr), cmd_name)
+        return super().get_command(ctx, cmd_name)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -87,23 +99,20 @@ def quiet_third_party() -> None:
 
 # --- start-up ------------------------------------------------------------------------------------
 
+#: every core command: name -> (module under edgeinfer.cli, attribute). A command's module is imported when
+#: the command runs or ``--help`` lists it, without a guard: a broken import fails loudly, it never hides a
+#: command, and `edgeinfer plan` does not import deploy's, serve's or bench's modules. ``serve`` reports a
+#: missing [serve] extra itself, as exit 3 with the install line, when it runs.
+CORE_COMMANDS = {
+    "backends": ("backends", "backends"), "doctor": ("backends", "doctor"), "run": ("run", "run"),
+    "deploy": ("deploy", "deploy"), "golden": ("deploy", "golden"), "verify": ("deploy", "verify"),
+    "bench": ("bench", "bench"), "profile": ("profile", "profile_cmd"), "plan": ("plan", "plan_cmd"),
+    "boards": ("plan", "boards_cmd"), "generate": ("generate", "generate_cmd"), "chat": ("generate", "chat_cmd"),
+    "calibrate": ("calibrate", "calibrate_cmd"), "serve": ("serve", "serve_cmd"),
+    "ray-resources": ("fleet", "ray_resources_cmd"), "ray-node": ("fleet", "ray_node_cmd"),
+}
 
 _ATTACHED = False
-
-
-def _add_core_commands() -> None:
-    """Every core command, imported without a guard: a broken import fails loudly, it never hides a command.
-
-    Each module imports its library inside the command, so this stays light; ``serve`` reports a
-    missing [serve] extra itself, as exit 3 with the install line, when it runs.
-    """
-    from edgeinfer.cli import backends, bench, calibrate, deploy, fleet, generate, plan, profile, run
-    from edgeinfer.cli.serve import serve_cmd
-
-    for cmd in (backends.backends, backends.doctor, run.run, deploy.deploy, deploy.golden, deploy.verify,
-                bench.bench, profile.profile_cmd, plan.plan_cmd, plan.boards_cmd, generate.generate_cmd,
-                generate.chat_cmd, calibrate.calibrate_cmd, serve_cmd, fleet.ray_resources_cmd, fleet.ray_node_cmd):
-        cli.add_command(cmd)
 
 
 def _attach_optional_commands() -> None:
@@ -213,5 +222,3 @@ def main(argv: list[str] | None = None) -> None:
     _attach_optional_commands()
     sys.exit(invoke(argv))
 
-
-_add_core_commands()

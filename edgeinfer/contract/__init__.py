@@ -6,7 +6,7 @@ layer: it imports no other room of the core, so a plugin that imports only ``edg
 ``edgeinfer.errors`` and ``edgeinfer.testing*`` depends on nothing the core may move. See
 docs/writing-a-backend.md for the whole contract."""
 
-from edgeinfer.contract import cache, seal, stamp
+from edgeinfer.contract import stamp
 from edgeinfer.contract.backend import (
     Backend,
     CalibrationSet,
@@ -19,8 +19,6 @@ from edgeinfer.contract.backend import (
     TensorSpec,
     validate_feeds,
 )
-from edgeinfer.contract.decoder import BatchingDecoder, Decoder, NativeDecoder, NativeStep, StepDecoder
-from edgeinfer.contract.generation import GenerationOptions
 from edgeinfer.contract.hookspecs import hookimpl
 from edgeinfer.contract.measure import current_rss_bytes, latency_stats, peak_rss_bytes, reset_peak_rss
 from edgeinfer.contract.records import Decoders, Needs, PagingLimit, Placement, Tensors
@@ -35,3 +33,19 @@ __all__ = ["Accelerator", "Backend", "BatchingDecoder", "CalibrationSet", "Decod
            "Problem", "Profile", "Progress", "Schedule", "Scheme", "Session", "StepDecoder", "TensorSpec",
            "Tensors", "__version__", "cache", "current_rss_bytes", "hookimpl", "known_schemes", "latency_stats",
            "normalize_scheme", "peak_rss_bytes", "reset_peak_rss", "seal", "stamp", "validate_feeds", "verbose"]
+
+
+#: loaded on first use (``edgeinfer plan`` needs none of them): name -> the contract module that defines it
+_LAZY = {"cache": None, "seal": None, "GenerationOptions": "generation",
+        **{n: "decoder" for n in ("BatchingDecoder", "Decoder", "NativeDecoder", "NativeStep", "StepDecoder")}}
+
+
+def __getattr__(name: str):  # noqa: ANN202
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    module = importlib.import_module(f"{__name__}.{_LAZY[name] or name}")
+    value = module if _LAZY[name] is None else getattr(module, name)
+    globals()[name] = value
+    return value

@@ -47,6 +47,7 @@ class Registry:
         self.plugins: dict[str, PluginInfo] = {}
         self._backends: dict[str, BackendEntry] | None = None
         self._boards: list[tuple[Any, PluginInfo]] | None = None
+        self._alone: dict[str, BackendEntry | None] = {}  # backend(): registered from its own plugin only
         self._load_entry_points()
 
     def _selected(self) -> set[str] | None:
@@ -88,6 +89,33 @@ class Registry:
             for name, info, impl in self._impls("register_backends"):
                 self._register_backends(name, impl, info)
         return self._backends
+
+    def backend(self, name: str) -> BackendEntry | None:
+        """Backend ``name``, registering as few plugins as it takes: the plugin of the same entry-point name alone
+        first (a plugin is named after its backend: ``plan`` reads one board backend's declarations and need not
+        import every plugin's backend module), then every plugin when that one does not provide it as the
+        contract asks. A backend name two plugins claim is then that plugin's, where ``backends`` names the
+        first plugin's and records the other's error."""
+        if self._backends is None:
+            if name not in self._alone:
+                self._alone[name] = self._register_alone(name)
+            if self._alone[name] is not None:
+                return self._alone[name]
+        return self.backends.get(name)
+
+    def _register_alone(self, name: str) -> BackendEntry | None:
+        for plugin, info, impl in self._impls("register_backends"):
+            if plugin != name:
+                continue
+            found: list[type] = []
+            try:
+                impl(register=found.append)
+            except Exception:  # registering every plugin records the error
+                return None
+            for cls in found:
+                if getattr(cls, "name", None) == name and contract_problem(cls) is None:
+                    return BackendEntry(cls, info)
+        return None
 
     def _register_backends(self, name: str, impl: Any, info: PluginInfo) -> None:
         found: list[type] = []

@@ -163,12 +163,19 @@ def board_from_dict(data: dict, where: str) -> Board:
         raise BoardError(f"{where}: {e.one_line()}") from None
 
 
+def safe_loader() -> type:
+    """PyYAML's safe loader on its C parser where PyYAML was built with it (the same data as ``yaml.safe_load``,
+    several times faster: the packaged profiles and runtimes.yaml are read on every ``plan``)."""
+    import yaml
+
+    return getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def load_board_file(path: Path) -> Board:
     import yaml
 
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
-        data = yaml.load(Path(path).read_text(encoding="utf-8"), Loader=loader)  # noqa: S506 - safe loader
+        data = yaml.load(Path(path).read_text(encoding="utf-8"), Loader=safe_loader())  # noqa: S506 - safe loader
     except OSError as e:
         raise BoardError(f"{path}: cannot read board file ({e.strerror})") from None
     except UnicodeDecodeError:
@@ -246,11 +253,15 @@ def _coerce(item, where: str) -> Board:
     return load_board_file(Path(item))
 
 
-@lru_cache(maxsize=1)
-def _packaged() -> dict[str, Board]:
+@lru_cache(maxsize=8)
+def _packaged(family: str | None = None) -> dict[str, Board]:
+    """Every packaged profile; with ``family``, those of that family only: a file whose text does not contain
+    the family's name cannot be of it, and is not parsed (each profile parsed and validated costs ~2 ms)."""
     out: dict[str, Board] = {}
     for d in boards_dirs():
         for p in sorted(d.glob("*.yaml")):
+            if family is not None and family not in p.read_text(encoding="utf-8", errors="replace"):
+                continue
             b = load_board_file(p)
             b.origin = "packaged"
             if b.name != p.stem:
@@ -259,9 +270,10 @@ def _packaged() -> dict[str, Board]:
     return out
 
 
-def load_boards(extra: Iterable = (), plugins: bool = True) -> dict[str, Board]:
-    """Packaged boards, then plugin boards, then ``extra`` (later names override earlier ones)."""
-    out: dict[str, Board] = dict(_packaged())
+def load_boards(extra: Iterable = (), plugins: bool = True, family: str | None = None) -> dict[str, Board]:
+    """Packaged boards, then plugin boards, then ``extra`` (later names override earlier ones); with ``family``,
+    only the boards of that family."""
+    out: dict[str, Board] = dict(_packaged(family))
     if plugins:
         for item in _plugin_boards():
             try:
@@ -274,7 +286,7 @@ def load_boards(extra: Iterable = (), plugins: bool = True) -> dict[str, Board]:
     for item in extra:
         b = _coerce(item, "extra board")
         out[b.name] = b
-    return out
+    return out if family is None else {k: b for k, b in out.items() if b.family == family}
 
 
 def board_names(extra: Iterable = ()) -> list[str]:

@@ -230,9 +230,9 @@ def option(spec: Any, board: Board, runtime: str, kind: str, asked: Scheme | Non
 
 def builder(board: Board, runtime: str, kind: str) -> tuple[Any, str | None]:
     """(the backend class that builds ``runtime`` for ``kind`` on ``board``, None) or (None, why not)."""
-    from edgeinfer.contract import registry  # registers the backends: their modules, no SDK (test_light_core)
+    from edgeinfer.contract import registry  # registers the board's backend: its module, no SDK (test_light_core)
 
-    entry = registry.registry().backends.get(board.backend)
+    entry = registry.registry().backend(board.backend)
     if entry is None:
         return None, f"backend {board.backend!r} is not installed ({registry.install_hint(board.backend)})"
     own = own_runtime(board)

@@ -19,8 +19,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
-from edgeinfer.contract.schedule import simulate
+from edgeinfer.contract.schedule import Schedule, simulate
 from edgeinfer.contract.schemes import Scheme
 from edgeinfer.planning.models.spec import ModelSpec
 
@@ -91,24 +92,41 @@ def host_bytes(spec: ModelSpec) -> int:
     return counts(spec).embedding_params * HOST_EMBED_BYTES
 
 
+@lru_cache(maxsize=64)
+def _replayed(seg: tuple[int, ...], window: int, prefetch: bool) -> dict:
+    """One replay of the schedule per (segments, window, prefetch): resident bytes, paged-in bytes and loads
+    all read it, for every window ``plan`` tries when it suggests one (read-only: callers never change it)."""
+    return simulate(seg, window, prefetch)
+
+
 def resident_bytes(seg: Sequence[int], window: int | None, prefetch: bool = False) -> int:
     """Peak bytes of the segments the schedule keeps resident; all of them when W ≥ S."""
     if window is None or window >= len(seg):
         return sum(seg)
-    return simulate(seg, window, prefetch)["peak_resident_bytes"]
+    return _replayed(tuple(seg), window, prefetch)["peak_resident_bytes"]
+
+
+def resident_floor(seg: Sequence[int], window: int) -> int:
+    """A floor under :func:`resident_bytes` with or without prefetch, without replaying the schedule: the pinned
+    prefix is never evicted, so the largest streamed segment is resident with all of it once the first pass
+    reaches it. ``plan`` skips the windows this already rules out."""
+    if window >= len(seg):
+        return sum(seg)
+    pinned = [Schedule(len(seg), window, prefetch, None).pinned for prefetch in (False, True)]
+    return min(sum(seg[:k]) + max(seg[k:]) for k in pinned)
 
 
 def paged_in_bytes(seg: Sequence[int], window: int | None, prefetch: bool = False) -> int:
     """Bytes paged in per token in the steady state: the unpinned segments; nothing when all are resident."""
     if window is None or window >= len(seg):
         return 0
-    return simulate(seg, window, prefetch)["steady_bytes"]
+    return _replayed(tuple(seg), window, prefetch)["steady_bytes"]
 
 
 def paged_in_loads(seg: Sequence[int], window: int | None, prefetch: bool = False) -> int:
     if window is None or window >= len(seg):
         return 0
-    return len(simulate(seg, window, prefetch)["steady_loads"])
+    return len(_replayed(tuple(seg), window, prefetch)["steady_loads"])
 
 
 def step_seconds(compute_s: float, page_in_s: float, shared_bus: bool) -> float:

@@ -26,7 +26,7 @@ def unexportable(spec: ModelSpec, board: Board, runtime: str) -> str | None:
         return None  # another runtime (llama.cpp, RKLLM's own toolkit ...) is not the backend's export
     from edgeinfer.contract import registry  # only here: a decoder planned on its backend's runtime
 
-    entry = registry.registry().backends.get(board.backend)
+    entry = registry.registry().backend(board.backend)
     model_type = spec.architecture.removesuffix(" (approximate)")  # an architecture planned from its tensors
     why = entry.cls.decoders.refusal(model_type, entry.cls.name) if entry else None
     return f"board {board.name}: {why}" if why else None

@@ -189,10 +189,15 @@ def _plan_segments(p: Any, segments: int | None) -> list[int]:
     return segment_bytes_from_layers(per_layer, outside, segments or len(per_layer))
 
 
+def npu_window_bytes(board: Any) -> int | None:
+    """The largest contiguous NPU buffer of ``board`` (``npu_window_gib``), or None where it states none."""
+    return int(board.npu_window_gib.value * 2**30) if getattr(board, "npu_window_gib", None) else None
+
+
 def _paging_inputs(p: Any, storage: str | None, prefill_chunk: int) -> dict[str, Any]:
     board, est = p.board, p.estimates
     gbps, name, src = _storage(board, storage)
-    npu = int(board.npu_window_gib.value * 2**30) if getattr(board, "npu_window_gib", None) else None
+    npu = npu_window_bytes(board)
     return {
         "capacity_bytes": p.capacity_bytes, "npu_window_bytes": npu, "storage_gbps": gbps,
         "storage_source": f"{name}: {src}",
@@ -328,7 +333,7 @@ def decoder_paging_cost(p: Any, seg: list[int], window: int | None, storage: str
     bw_eff = est.bw_fraction * est.bandwidth_gbps * 1e9 if est.bw_fraction else None
     compute = est.t0_ms / 1000 + (sum(seg) + kv_read) / bw_eff if bw_eff and est.t0_ms is not None else None
     page_in = ds.page_in_seconds(paged, gbps, shared)
-    npu = int(p.board.npu_window_gib.value * 2**30) if getattr(p.board, "npu_window_gib", None) else None
+    npu = npu_window_bytes(p.board)
     out: dict[str, Any] = {
         "rule": "decoder", "window": window, "segments": len(seg), "segment_bytes": list(seg),
         "largest_segment_bytes": max(seg), "npu_resident_bytes": npu_res, "host_weight_bytes": host,
@@ -371,7 +376,12 @@ def _suggest_decoder_window(p: Any, prefill_chunk: int, segments: int | None, st
                             ) -> dict[str, Any] | None:
     try:
         seg = _decoder_segments(p, segments)
+        rest = ds.host_bytes(p.model) + sum(v for k, v in p.breakdown.items() if k != "weights")
+        npu = npu_window_bytes(p.board)
         for w in range(len(seg) - 1, 0, -1):
+            floor = ds.resident_floor(seg, w)
+            if floor + rest > p.capacity_bytes or (npu is not None and floor > npu):
+                continue  # too big for the board or its NPU window whatever the schedule: no replay needed
             res = decoder_paging_cost(p, seg, w, storage, prefill_chunk)
             if res["fits"]:
                 return {"window": w, "segments": len(seg), "resident_total_bytes": res["resident_total_bytes"],

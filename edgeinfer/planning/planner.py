@@ -14,7 +14,7 @@ from pathlib import Path
 from edgeinfer.contract.schemes import Scheme, normalize_scheme
 from edgeinfer.errors import InputError
 from edgeinfer.planning import details, speed
-from edgeinfer.planning.boards import GIB, Board, get_board, load_boards
+from edgeinfer.planning.boards import GIB, Board, get_board, load_boards, safe_loader
 from edgeinfer.planning.decision import Decision, decide
 from edgeinfer.planning.exportable import refuse_unexportable
 from edgeinfer.planning.models import resolve
@@ -32,7 +32,7 @@ ACT_BYTES = 4  # activation rows are budgeted in fp32 (llama.cpp/ggml compute bu
 def runtime_profiles() -> dict:
     import yaml
 
-    return yaml.safe_load((DATA / "runtimes.yaml").read_text(encoding="utf-8"))
+    return yaml.load((DATA / "runtimes.yaml").read_text(encoding="utf-8"), Loader=safe_loader())  # noqa: S506
 
 
 @lru_cache(maxsize=1)
@@ -462,7 +462,7 @@ def suggestions(p: Plan, extra_boards=()) -> details.Suggestions:
     # smallest board of the same family that fits with the same options (only needed when it does not fit:
     # loading every profile costs tens of milliseconds on the fast path)
     if b.family != "host" and not p.fits:
-        fam = [x for x in load_boards(extra_boards).values() if x.family == b.family]
+        fam = list(load_boards(extra_boards, family=b.family).values())
         for x in sorted(fam, key=lambda x: (x.total_bytes, x.name)):
             if p.runtime in x.runtimes and p.scheme.name in x.runtimes[p.runtime].schemes \
                     and _fits(spec, x, p.runtime, p.scheme, p.ctx, p.batch, kv_b):

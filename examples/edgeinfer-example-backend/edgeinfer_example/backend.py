@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from edgeinfer.contract import Backend, Probe, Problem, Session, Tensors
 from edgeinfer.contract.helpers import check_device, package_version
 from edgeinfer.contract.onnx_io import onnx_io
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 class ExampleSession(Session):

@@ -13,7 +13,7 @@ import json
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edgeinfer.contract import (
     Backend,
@@ -31,11 +31,14 @@ from edgeinfer.contract.backend import DeviceReading
 from edgeinfer.contract.resources import Accelerator
 from edgeinfer.errors import InputError
 
-from . import convert, doctor, gauges, resources
-from . import device as dev
-from .convert import INT8_METHOD, export_specs, torchao
+from . import resources
 from .decoder_model import SUPPORTED
-from .session import AscendSession, torch_dtype
+
+if TYPE_CHECKING:
+    from . import convert
+
+# the converter, doctor, gauges, device helpers and session are imported by the methods that use them:
+# `edgeinfer plan` reads only this class's declarations
 
 SCHEME_DTYPE = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16", "w8a16": "fp32"}
 LOAD_OPTIONS = ("dtype", "compile", "compile_backend", "seq_buckets", "batch_buckets", "warmup", "threads")
@@ -70,6 +73,8 @@ class AscendBackend(Backend):
 
     # --- versions and probe ------------------------------------------------------------------
     def versions(self) -> dict[str, str]:
+        from . import device as dev
+
         torch_v = dev.installed_version("torch") or "missing"
         npu_v = dev.installed_version("torch_npu") or dev.installed_version("torch-npu")
         toolkit = f"torch {torch_v}" + (f" torch_npu {npu_v}" if npu_v else "")
@@ -77,10 +82,15 @@ class AscendBackend(Backend):
 
     def device_readings(self, devices: Sequence[str]) -> list[DeviceReading]:
         """AICore load and HBM (or DDR) use of every chip npu-smi lists."""
+        from . import gauges
+
         return gauges.readings()
 
     def probe(self) -> Probe:
         """The environment doctor: torch import, torch_npu, CANN toolkit, npu-smi, version table."""
+        from . import device as dev
+        from . import doctor
+
         problems: list[Problem] = []
         details: dict[str, Any] = {}
         versions: dict[str, str] = {}
@@ -132,6 +142,10 @@ class AscendBackend(Backend):
     def convert(
         self, model: Path, scheme: str, calibration: CalibrationSet | None, out: Path, **options: Any
     ) -> dict[str, Any]:
+        from . import convert
+        from . import device as dev
+        from .convert import INT8_METHOD, torchao
+
         dev.import_torch()
         src = convert.resolve(model)
         if scheme == "w8a16":
@@ -148,6 +162,10 @@ class AscendBackend(Backend):
         return facts
 
     def _convert_hf(self, src: convert.Source, scheme: str):
+        from . import convert
+        from .convert import INT8_METHOD
+        from .session import torch_dtype
+
         config = json.loads((src.path / "config.json").read_text())
         state = convert.load_state_dict(src.weights)  # type: ignore[arg-type]
         module = convert.build_hf(config, state)
@@ -174,6 +192,9 @@ class AscendBackend(Backend):
                 "weight-only INT8 needs the model's Linear layers, which a torch.export program no longer has; "
                 "pass the Hugging Face directory, or use scheme fp16/bf16"
             )
+        from . import convert
+        from .convert import export_specs
+
         data = convert.export_program_bytes(src.path)
         ep = convert.load_program(data)
         inputs, outputs = export_specs(ep)
@@ -190,6 +211,9 @@ class AscendBackend(Backend):
     def free_memory(self, device: str | None) -> FreeMemory | None:
         """npu-smi's free memory on the chip behind ``device`` (``ASCEND_RT_VISIBLE_DEVICES`` respected); None
         off the NPU or without npu-smi (the doctor reports that)."""
+        from . import device as dev
+        from . import doctor
+
         where = device.strip().lower() if device and dev.is_npu(device.strip().lower()) else dev.pick_device(device)
         if not dev.is_npu(where):
             return None
@@ -204,6 +228,10 @@ class AscendBackend(Backend):
 
     # --- open -------------------------------------------------------------------------------
     def open(self, artifact: Path, device: str | None, stamp: dict[str, Any], **options: Any) -> Session:
+        from . import convert
+        from . import device as dev
+        from .session import AscendSession
+
         dev.import_torch()
         manifest, z = convert.read_artifact(artifact)
         with z:

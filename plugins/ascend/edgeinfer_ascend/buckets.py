@@ -8,10 +8,12 @@ positions are those of the unpadded run; padded rows / columns are cut off again
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from edgeinfer.errors import FeedError, InputError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 DEFAULT_SEQ_BUCKETS = (64, 128, 256, 512)
 DEFAULT_BATCH_BUCKETS = (1, 8, 32)
@@ -60,6 +62,7 @@ def bucket_for(batch: int, seq: int, batch_buckets: Sequence[int], seq_buckets: 
 
 def pad(feeds: dict[str, np.ndarray], batch: int, seq: int, pad_id: int = 0) -> dict[str, np.ndarray]:
     """Pad every [b, s] token input to [batch, seq]; padding is masked (attention_mask 0)."""
+    import numpy as np
     out = {}
     for name, arr in feeds.items():
         b, s = arr.shape[:2]

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from edgeinfer.contract import OpTime, Session, TensorSpec
 from edgeinfer.errors import InputError
@@ -15,6 +13,9 @@ from . import buckets as bk
 from . import convert
 from . import device as dev
 from .convert import torchao
+
+if TYPE_CHECKING:
+    import numpy as np
 
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
@@ -107,6 +108,7 @@ class AscendSession(Session):
 
     # --- running ----------------------------------------------------------------------------
     def _forward(self, feeds: dict[str, np.ndarray], key: str) -> list[np.ndarray]:
+        import numpy as np
         torch = self._torch
         self._current = key
         tensors = {k: torch.from_numpy(np.ascontiguousarray(v)).to(self.device) for k, v in feeds.items()}
@@ -123,6 +125,7 @@ class AscendSession(Session):
             return [r.detach().float().cpu().numpy() for r in results]
 
     def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        import numpy as np
         names = [o.name for o in self.outputs]
         if self.kind != "hf" or not (self.seq_buckets or self.batch_buckets):
             return dict(zip(names, self._forward(feeds, "unbucketed")))
@@ -144,6 +147,7 @@ class AscendSession(Session):
 
     def _warm_up(self) -> None:
         """Run every (batch, seq) bucket once at load; record first-run and steady-run cost."""
+        import numpy as np
         names = [s.name for s in self.inputs]
         for b in self.batch_buckets:
             for s in self.seq_buckets:

@@ -10,13 +10,14 @@ import os
 import tempfile
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from edgeinfer.contract import Backend, CalibrationSet, Decoders, OpTime, Probe, Problem, Session, Tensors, TensorSpec
 from edgeinfer.contract.helpers import check_device, first_line, package_version
 from edgeinfer.errors import InputError, ModelError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 DEVICES = ("cpu", "auto")
 # the model_type of each causal LM onnxruntime-genai's model builder exports (0.14: create_model in

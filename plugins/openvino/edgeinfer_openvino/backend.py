@@ -35,9 +35,9 @@ from edgeinfer.contract.resources import Accelerator
 from edgeinfer.errors import InputError
 
 from . import decoder_config, decoder_export, resources
-from .convert import compress, nncf_output_to_stderr, onnx_dim_names, ptq, reshape
-from .device import accel_nodes, cpu_model_name, diagnose, npu_details, read_text, requested_primary
-from .session import OpenVinoSession, import_openvino, port_name, port_specs, read_model, reason
+
+# the converter, device helpers and session are imported by the methods that use them: `edgeinfer plan` reads
+# only this class's declarations
 
 CONVERT_OPTIONS = ("board", "group_size", "model_type", "shapes", "subset_size", "target")
 OPEN_OPTIONS = ("cache_dir", "config", "hint", "num_requests", "precision", "threads")
@@ -79,6 +79,9 @@ class OpenVinoBackend(Backend):
         return gauges.readings()
 
     def probe(self) -> Probe:
+        from .device import accel_nodes, cpu_model_name, diagnose, npu_details, read_text
+        from .session import import_openvino, reason
+
         cpu = cpu_model_name(read_text("/proc/cpuinfo"))
         try:
             ov = import_openvino()
@@ -112,6 +115,8 @@ class OpenVinoBackend(Backend):
         return Probe(available=bool(devices), versions=versions, devices=devices, problems=problems, details=details)
 
     def refuses_target(self, target: str, device: str | None) -> str | None:
+        from .device import requested_primary
+
         if target == "dynamic" and device and requested_primary(device) == "NPU":
             return (
                 "this IR has dynamic input shapes, which the NPU cannot compile; convert it again with static "
@@ -123,6 +128,8 @@ class OpenVinoBackend(Backend):
     def convert(
         self, model: Path, scheme: str, calibration: CalibrationSet | None, out: Path, **options: Any
     ) -> dict[str, Any]:
+        from .session import import_openvino
+
         ov = import_openvino()
         if out.suffix.lower() != ".xml":
             raise InputError(f"an OpenVINO IR is written as NAME.xml (+ NAME.bin), not {out.name}")
@@ -137,6 +144,9 @@ class OpenVinoBackend(Backend):
     def _convert(
         self, ov: Any, model: Path, scheme: str, calibration: CalibrationSet | None, out: Path, options: dict
     ) -> dict[str, Any]:
+        from .convert import compress, nncf_output_to_stderr, onnx_dim_names, ptq, reshape
+        from .session import port_name, port_specs, read_model
+
         core = ov.Core()
         ov_model = read_model(core, model)
         symbols = onnx_dim_names(model)
@@ -184,6 +194,8 @@ class OpenVinoBackend(Backend):
             symbols = {spec["name"]: spec["shape"] for spec in stamp.get("inputs", []) + stamp.get("outputs", [])}
         except (TypeError, KeyError):  # a hand-edited stamp: OpenVINO's own names then
             symbols = {}
+        from .session import OpenVinoSession
+
         return OpenVinoSession(artifact, device, symbols=symbols, scheme=stamp.get("scheme"), **options)
 
     # --- decoders (edgeinfer_openvino.decoder) ----------------------------------------------

@@ -13,8 +13,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from edgeinfer.contract import CalibrationSet
 from edgeinfer.contract.onnx_io import onnx_io
 from edgeinfer.errors import InputError
@@ -64,6 +62,7 @@ def onnx_dim_names(path: Path) -> dict[str, list[str | None]]:
 
 def weight_count(model: Any) -> int:
     """Number of floating-point weights (rank >= 2 constants) in an OpenVINO model."""
+    import numpy as np
     total = 0
     for op in model.get_ops():
         if op.get_type_name() != "Constant":
@@ -83,6 +82,7 @@ def int4_group_size(weights: int, requested: int | None = None) -> int:
 
 
 def reshape(ov: Any, ov_model: Any, shapes: Any) -> None:
+    import numpy as np
     if not isinstance(shapes, Mapping):
         raise InputError(f"shapes must map input names to shapes, e.g. {{'input_ids': [1, 128]}}; got {shapes!r}")
     names = [port_name(p, i, "input") for i, p in enumerate(ov_model.inputs)]

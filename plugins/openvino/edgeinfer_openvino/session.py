@@ -8,15 +8,16 @@ import time
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from edgeinfer.contract import OpTime, Session, TensorSpec, validate_feeds
 from edgeinfer.contract.helpers import first_line
 from edgeinfer.errors import BackendError, EdgeInferError, InputError, ModelError
 
 from .device import clean, fallback_warning, family, select_device
+
+if TYPE_CHECKING:
+    import numpy as np
 
 log = logging.getLogger("edgeinfer.openvino")
 
@@ -69,6 +70,7 @@ def port_name(port: Any, i: int, prefix: str, known: Mapping[str, Any] | None = 
 def port_specs(ports: Sequence[Any], prefix: str, symbols: Mapping[str,
                                                                    Sequence[Any]] | None = None) -> list[TensorSpec]:
     """TensorSpecs of OpenVINO ports; dynamic dims take their symbolic names from ``symbols``."""
+    import numpy as np
     specs = []
     for i, p in enumerate(ports):
         name = port_name(p, i, prefix, symbols)

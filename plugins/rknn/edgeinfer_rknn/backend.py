@@ -33,19 +33,10 @@ from edgeinfer.errors import BackendUnavailableError, InputError, ModelError
 
 from . import device as hw
 from . import gauges, resources
-from . import toolkit as tk
-from .convert import (
-    build_with_retries,
-    conversion_error,
-    dynamic_sets,
-    onnx_inputs,
-    output_specs,
-    read_onnx,
-    static_inputs,
-)
-from .decoder_segments import ARCHITECTURES
-from .rkllm_convert import GET_TOOLKIT, TOOLKIT
-from .session import BoardSession, SimulatorSession
+from .targets import ARCHITECTURES, GET_TOOLKIT, QUANT_SUPPORT, TOOLKIT, supported_schemes
+
+# the toolkit wrapper, the converter and the sessions are imported by the methods that convert and open:
+# `edgeinfer plan` reads only this class's declarations
 
 DEFAULT_TARGET = "rk3588"
 CONVERT_OPTIONS = {
@@ -144,12 +135,14 @@ class RknnBackend(Backend):
         details: dict[str, Any] = {
             "mode": "simulator",
             "note": "no Rockchip board here: conversion with rknn-toolkit2, runs on its simulator (not board speed)",
-            "targets": {t: list(tk.supported_schemes(t)) for t in tk.QUANT_SUPPORT},
+            "targets": {t: list(supported_schemes(t)) for t in QUANT_SUPPORT},
         }
         if not ver:
             return Probe(False, details=details, problems=[Problem(
                 "rknn-toolkit2 is not installed",
                 "pip install --no-deps rknn-toolkit2==2.5.0 plus its runtime needs (see plugins/rknn/README.md)")])
+        from . import toolkit as tk
+
         with tempfile.TemporaryDirectory(prefix="edgeinfer-rknn-probe-") as tmp:
             try:
                 tk.rknn_class(Path(tmp) / "import.log")
@@ -206,10 +199,21 @@ class RknnBackend(Backend):
     def convert(
         self, model: Path, scheme: str, calibration: CalibrationSet | None, out: Path, **options: Any
     ) -> dict[str, Any]:
+        from . import toolkit as tk
+        from .convert import (
+            build_with_retries,
+            conversion_error,
+            dynamic_sets,
+            onnx_inputs,
+            output_specs,
+            read_onnx,
+            static_inputs,
+        )
+
         target = str(options.get("target") or DEFAULT_TARGET).lower()
-        if target not in tk.QUANT_SUPPORT:
-            raise InputError(f"unknown RKNN target {target!r}; use one of: {', '.join(tk.QUANT_SUPPORT)}")
-        supported = tk.supported_schemes(target)
+        if target not in QUANT_SUPPORT:
+            raise InputError(f"unknown RKNN target {target!r}; use one of: {', '.join(QUANT_SUPPORT)}")
+        supported = supported_schemes(target)
         if scheme not in supported:
             raise InputError(
                 f"{target} does not support {scheme} with rknn-toolkit2; it supports: {', '.join(supported)}"
@@ -354,10 +358,15 @@ class RknnBackend(Backend):
         if mode == "board":
             if not stamped.get("inputs"):  # the stamp load read and checked (the module `stamp` is another thing)
                 raise InputError(f"{artifact.name} has no edgeinfer stamp (input specs); convert it with edgeinfer")
+            from .session import BoardSession
+
             return BoardSession(artifact, dict(stamped), mask, mask_name)
         return self._open_simulator(artifact)
 
     def _open_simulator(self, artifact: Path) -> Session:
+        from . import toolkit as tk
+        from .session import SimulatorSession
+
         side = tk.sidecar(artifact)
         if not side.exists():
             raise InputError(

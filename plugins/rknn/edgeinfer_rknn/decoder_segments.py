@@ -19,21 +19,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from edgeinfer.contract import remote_code
 from edgeinfer.contract.helpers import check_weight_index
 from edgeinfer.errors import InputError, ModelError
 
+from .targets import ARCHITECTURES
+
+if TYPE_CHECKING:
+    import numpy as np
+
 MASKED = -1.0e4  # additive mask of a position that is not attended (finite: fp16 keeps it, exp() gives 0)
-# the model_types whose blocks are written out here (RknnBackend.decoders.architectures)
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral")
 
 
 def segment_ranges(layers: int, segments: int) -> list[tuple[int, int]]:
     """Contiguous layer ranges, ``numpy.array_split`` semantics: the first segments take the extra layer."""
+    import numpy as np
     if isinstance(segments, bool) or not isinstance(segments, int) or not 1 <= segments <= layers:
         raise InputError(f"segments must be an integer from 1 to the model's {layers} layers, got {segments!r}")
     parts = np.array_split(np.arange(layers), segments)
@@ -82,6 +84,7 @@ def shape_of(model: Any) -> Shape:
 
 def host_tables(model: Any, context: int) -> dict[str, np.ndarray]:
     """The host's part: the embedding table and the rotary cos/sin of positions 0..context-1."""
+    import numpy as np
     import torch
 
     limit = getattr(model.config, "max_position_embeddings", None)
@@ -165,6 +168,7 @@ def _module(model: Any, first: int, last: int, final: bool, tokens: int, batch: 
 
 def example_inputs(shape: Shape, first: int, last: int, tokens: int, context: int, batch: int = 1
                    ) -> list[np.ndarray]:
+    import numpy as np
     kv = np.zeros((batch, shape.kv_heads, context, shape.head_dim), np.float32)
     rows = (batch, tokens)
     return [np.zeros((*rows, shape.hidden), np.float32), np.ones((*rows, shape.head_dim), np.float32),

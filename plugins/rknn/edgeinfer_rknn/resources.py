@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from edgeinfer.contract import Accelerator, Probe
 
-from . import toolkit as tk
+from .targets import QUANT_SUPPORT
 
 # the board profile's target (boards/*.yaml) -> the resource its bundles need
-RESOURCE_NAMES = {soc: f"{soc}_npu" for soc in tk.QUANT_SUPPORT}
+RESOURCE_NAMES = {soc: f"{soc}_npu" for soc in QUANT_SUPPORT}
 
 
 def accelerators(probe: Probe) -> list[Accelerator]:

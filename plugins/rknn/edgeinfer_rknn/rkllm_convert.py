@@ -27,12 +27,10 @@ from typing import Any
 from edgeinfer.contract.helpers import package_version
 from edgeinfer.errors import BackendError, BackendUnavailableError, InputError
 
+from .targets import GET_TOOLKIT, TOOLKIT
+
 ARTIFACT = "model.rkllm"
 RUNTIMES = ("rknn", "rkllm")  # the rknn backend's decoder runtimes: its own RKNN graphs, Rockchip's RKLLM
-TOOLKIT = "the RKLLM toolkit (package rkllm-toolkit, rkllm.api)"
-GET_TOOLKIT = ("install the rkllm-toolkit wheel for your Python from "
-               "https://github.com/airockchip/rknn-llm/tree/main/rkllm-toolkit/packages "
-               "(x86_64 Linux only; not on PyPI)")
 UNCHECKED = ("the RKLLM runtime (librkllmrt.so) runs on aarch64 boards only, so a .rkllm model cannot be "
              "compared with the fp32 reference here")
 # rkllm.build quantized_dtype per target (SDK 1.3.0 table, as in the board profiles' rkllm runtimes)

@@ -14,14 +14,15 @@ import inspect
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from edgeinfer.contract import OpTime, Session, TensorSpec
 from edgeinfer.errors import FeedError, InputError
 
 from . import toolkit as tk
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 class RknnSession(Session):
@@ -37,6 +38,7 @@ class RknnSession(Session):
     shape_sets: list[list[list[int]]] | None = None  # dynamic_input: the only shapes the model takes
 
     def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        import numpy as np
         arrays = [np.ascontiguousarray(feeds[s.name]) for s in self.inputs]
         if self.shape_sets and [list(a.shape) for a in arrays] not in self.shape_sets:
             got = ", ".join(f"{s.name} {list(a.shape)}" for s, a in zip(self.inputs, arrays))
@@ -102,6 +104,7 @@ class BoardSession(RknnSession):
     def op_times(self, feeds: dict[str, np.ndarray]) -> list[OpTime]:
         """Per-layer times from ``eval_perf`` and memory from ``eval_memory`` (a second runtime
         with perf_debug/eval_mem: both slow inference down, so the latency runs do without)."""
+        import numpy as np
         rt = LiteRuntime(self._artifact, self._mask, perf=True)
         try:
             rt.inference([np.ascontiguousarray(feeds[s.name]) for s in self.inputs])

@@ -21,36 +21,21 @@ import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from edgeinfer.contract import CalibrationSet, TensorSpec
 from edgeinfer.contract.helpers import first_line
 from edgeinfer.errors import BackendUnavailableError, InputError
 
-# quantized_dtype values rknn-toolkit2 2.5.0 accepts per target (checked with config() on each)
-QUANT_SUPPORT: dict[str, tuple[str, ...]] = {
-    "rk3588": ("w8a8",),
-    "rk3576": ("w8a8", "w4a16"),
-    "rk3562": ("w8a8", "w8a16"),
-    "rk3568": ("w8a8",),
-    "rk3566": ("w8a8",),
-    "rv1103": ("w8a8",),
-    "rv1103b": ("w8a8",),
-    "rv1106": ("w8a8",),
-    "rv1106b": ("w8a8",),
-    "rv1126b": ("w8a8", "w4a16"),
-    "rk2118": ("w8a8",),
-}
+from .targets import QUANT_SUPPORT, supported_schemes  # noqa: F401  (tk.QUANT_SUPPORT, tk.supported_schemes)
+
+if TYPE_CHECKING:
+    import numpy as np
+
 ALGORITHMS = {"normal": "normal", "mmse": "mmse", "kl": "kl_divergence", "kl_divergence": "kl_divergence"}
 MAX_RULE_RETRIES = 8
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _CAPTURE_LOCK = threading.RLock()  # fd redirection is process-wide: one capture at a time
-
-
-def supported_schemes(target: str) -> tuple[str, ...]:
-    return ("fp16",) + QUANT_SUPPORT.get(target, ("w8a8",))
 
 
 # --------------------------------------------------------------------------------------------
@@ -265,9 +250,9 @@ def log_path(artifact: Path) -> Path:
 def write_calibration(calibration: CalibrationSet, inputs: Sequence[TensorSpec], folder: Path) -> int:
     """The layout the toolkit expects: one .npy per input per sample and ``dataset.txt`` with one
     line per sample, the sample's .npy paths (relative to the folder) separated by spaces, in input order."""
+    import numpy as np
     (folder / "calib").mkdir(parents=True, exist_ok=True)
-    lines = []
-    n = 0
+    lines, n = [], 0
     for i, feeds in enumerate(calibration):
         names = []
         for k, spec in enumerate(inputs):

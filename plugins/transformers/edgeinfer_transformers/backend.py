@@ -14,13 +14,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from edgeinfer.contract import Backend, Decoders, OpTime, Probe, Problem, StepDecoder, Tensors, remote_code
 from edgeinfer.contract.helpers import check_weight_index
 from edgeinfer.errors import InputError, ModelError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -106,12 +107,14 @@ class TransformersDecoder(StepDecoder):
 
     def _warm_up(self) -> None:
         """One prefill and one decode step, so the first request does not pay for lazy initialisation."""
+        import numpy as np
         ids = np.zeros(2, dtype=np.int64)
         self.prefill(0, ids[:1])
         self.decode([0], ids[1:])
         self.reset(0)
 
     def _forward(self, slot: int, ids: np.ndarray) -> Any:
+        import numpy as np
         torch = self.torch
         n, start = int(ids.shape[0]), self.lengths[slot]
         if start + n > self.context:
@@ -132,6 +135,7 @@ class TransformersDecoder(StepDecoder):
     def decode(self, slots: Sequence[int], token_ids: np.ndarray) -> np.ndarray:
         """One token for each of ``slots`` in a single forward: the new keys/values go to each row's own
         position, attention reads each row's first ``length + 1`` positions."""
+        import numpy as np
         torch = self.torch
         lengths = [self.lengths[s] for s in slots]
         for s, n in zip(slots, lengths):

@@ -1,0 +1,32 @@
+"""What the backend declares (``edgeinfer plan`` reads it) and the modules that convert share, without importing
+them: the schemes rknn-toolkit2 converts to per target, the architectures the layer-paged export writes, and
+what runtime ``rkllm`` needs."""
+
+from __future__ import annotations
+
+# quantized_dtype values rknn-toolkit2 2.5.0 accepts per target (checked with config() on each)
+QUANT_SUPPORT: dict[str, tuple[str, ...]] = {
+    "rk3588": ("w8a8",),
+    "rk3576": ("w8a8", "w4a16"),
+    "rk3562": ("w8a8", "w8a16"),
+    "rk3568": ("w8a8",),
+    "rk3566": ("w8a8",),
+    "rv1103": ("w8a8",),
+    "rv1103b": ("w8a8",),
+    "rv1106": ("w8a8",),
+    "rv1106b": ("w8a8",),
+    "rv1126b": ("w8a8", "w4a16"),
+    "rk2118": ("w8a8",),
+}
+
+
+def supported_schemes(target: str) -> tuple[str, ...]:
+    return ("fp16",) + QUANT_SUPPORT.get(target, ("w8a8",))
+
+
+# the model_types whose blocks decoder_segments writes out (RknnBackend.decoders.architectures)
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral")
+TOOLKIT = "the RKLLM toolkit (package rkllm-toolkit, rkllm.api)"
+GET_TOOLKIT = ("install the rkllm-toolkit wheel for your Python from "
+               "https://github.com/airockchip/rknn-llm/tree/main/rkllm-toolkit/packages "
+               "(x86_64 Linux only; not on PyPI)")
