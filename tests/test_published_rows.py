@@ -43,8 +43,11 @@ def _problems(row: dict, vendor: str) -> list[str]:
         return out + [f"{where}: {row['board']} has no runtime {row['runtime']}"]
     if normalize_scheme(row["quant"]).name not in runtime.schemes:
         out.append(f"{where}: {row['runtime']} on {row['board']} does not list {row['quant']}")
-    if from_catalog(row["model"]) is None and not isinstance(row.get("model_config"), dict):
+    spec = from_catalog(row["model"])
+    if spec is None and not isinstance(row.get("model_config"), dict):
         out.append(f"{where}: {row['model']} is not in the catalog")
+    elif spec is not None and spec.max_position and row["ctx"] > spec.max_position:
+        out.append(f"{where}: ctx {row['ctx']} exceeds {row['model']}'s {spec.max_position} positions")
     return out
 
 

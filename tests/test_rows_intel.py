@@ -1,5 +1,6 @@
-"""bench/data/rows_intel.yaml: every published Intel row names a packaged board, a catalog model and a scheme
-its runtime lists, with an id in the Intel range and the blob URL (with commit) of the table it comes from."""
+"""bench/data/rows_intel.yaml beyond what every rows file is checked for (tests/test_published_rows.py): Intel's
+table rows cite the blob URL (with commit) of the table and the part it was measured on, decode is the quoted
+latency's inverse, calibrate reads the file, and the NPU rows follow their rule."""
 
 from __future__ import annotations
 
@@ -9,9 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from edgeinfer.planning.boards import get_board
-from edgeinfer.planning.measurements import KNOWN, load
-from edgeinfer.planning.models import from_catalog
+from edgeinfer.planning.measurements import load
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "bench" / "data"
@@ -29,25 +28,18 @@ def test_ids_are_in_the_intel_range_and_unique_across_the_rows_files():
     assert not set(ids) & set(others)
 
 
-@pytest.mark.parametrize("row", ROWS, ids=lambda r: str(r["row"]))
-def test_every_row_loads(row):
-    assert set(row) <= KNOWN
-    board = get_board(row["board"])
-    assert row["runtime"] in board.runtimes and row["quant"] in board.runtimes[row["runtime"]].schemes
-    spec = from_catalog(row["model"])
-    assert spec is not None, row["model"]
-    assert row.get("prompt", 1) <= row["ctx"] <= (spec.max_position or row["ctx"])
-    assert row["grade"] in ("A", "B", "C", "D") and row["decode"] > 0 and row["source"].startswith("https://")
-
-
-@pytest.mark.parametrize("row", TABLES, ids=lambda r: str(r["row"]))
-def test_every_intel_table_row_cites_its_table_and_part(row):
-    assert row["grade"] == "A" and row["runtime"] == "openvino-gpu" and row["ttft_ms"] > 0
+def _table_row_problems(row: dict) -> list[str]:
     m = BLOB.match(row["source"])
-    assert m and row["source_id"] == f"openvino-llm-tables/{m['platform']}"
-    # the board is the part the table was measured on: "7-258V" -> core-ultra-258v
-    assert row["board"] == f"core-ultra-{m['platform'][2:].lower()}"
-    assert (row["mem_mib"] > 0) if "mem_mib" in row else "memory left out" in row["note"]
+    ok = (row["grade"] == "A" and row["runtime"] == "openvino-gpu" and row["ttft_ms"] > 0 and m is not None
+          and row["source_id"] == f"openvino-llm-tables/{m['platform']}"
+          # the board is the part the table was measured on: "7-258V" -> core-ultra-258v
+          and row["board"] == f"core-ultra-{m['platform'][2:].lower()}"
+          and ((row["mem_mib"] > 0) if "mem_mib" in row else "memory left out" in row["note"]))
+    return [] if ok else [f"row {row['row']}"]
+
+
+def test_every_intel_table_row_cites_its_table_and_part():
+    assert [p for r in TABLES for p in _table_row_problems(r)] == []
 
 
 def test_decode_is_the_inverse_of_the_quoted_second_token_latency():
