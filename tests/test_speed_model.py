@@ -99,7 +99,11 @@ def test_a_left_out_source_that_disagrees_shows_in_the_error() -> None:
 TABLE = {"rk3588/rkllm/w8a8": {"t0_ms": 7, "bw_fraction": 0.9, "bw_cap_gbps": 30, "n_rows": 4,
                                "error_pct": 9.0, "error_basis": "leave-one-source-out, 4 rows from 2 sources"},
          "*/rkllm/w4a16": {"t0_ms": 14, "bw_fraction": 0.8, "bw_cap_gbps": 14, "n_rows": 4, "error_pct": 20.0,
-                           "error_basis": "leave-one-source-out, 4 rows from 3 sources"}}
+                           "error_basis": "leave-one-source-out, 4 rows from 3 sources", "sources": ["a", "b", "c"]},
+         "atlas-300i/mindie/fp16": {"t0_ms": 0, "bw_fraction": 0.7, "bw_cap_gbps": 150, "n_rows": 1,
+                                    "sources": ["vllm-ascend#1487"]},
+         "*/mindie/fp16": {"t0_ms": 0, "bw_fraction": 0.7, "bw_cap_gbps": 150, "n_rows": 1, "error_pct": None,
+                           "error_basis": "one source: not validated", "sources": ["vllm-ascend#1487"]}}
 
 
 def test_an_exact_key_carries_its_own_error_bar() -> None:
@@ -123,9 +127,16 @@ def test_an_extrapolated_format_is_labelled_and_its_error_bar_widened() -> None:
 
 
 def test_a_runtime_with_no_rows_anywhere_gives_no_estimate_and_says_why() -> None:
-    f = speed.lookup(TABLE, "ascend-910b", "mindie", "fp16")
+    f = speed.lookup(TABLE, "ascend-910b", "vllm-ascend", "bf16")
     assert f.consts is None and f.error_pct is None
-    assert "no measured rows for mindie" in f.basis and "edgeinfer calibrate" in f.basis
+    assert "no measured rows for vllm-ascend" in f.basis and "edgeinfer calibrate" in f.basis
+
+
+def test_one_sources_constants_are_not_carried_to_another_generation() -> None:
+    # MindIE measured once, on a 310P: a 910B plan gets no estimate rather than the 310P's figure
+    for fmt in ("fp16", "bf16"):
+        f = speed.lookup(TABLE, "ascend-910b", "mindie", fmt)
+        assert f.consts is None and "mindie is measured by one source only, on atlas-300i" in f.basis
 
 
 def test_plan_text_and_json_show_the_error_bar() -> None:

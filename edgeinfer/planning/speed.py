@@ -43,6 +43,12 @@ def _rows(c: dict) -> int:
     return int(c.get("n_rows") or 0)
 
 
+def _several_sources(c: dict) -> bool:
+    """Constants carried to another accelerator generation must rest on more than one publication: one
+    source's figure on another chip is a guess (a 310P eager row put a 910B at 1/13 of its measured speed)."""
+    return len(c.get("sources") or ()) >= 2
+
+
 def _extrapolated(c: dict, key: str, label: str) -> Found:
     err = c.get("error_pct")
     if err is None:
@@ -56,7 +62,7 @@ def _extrapolated(c: dict, key: str, label: str) -> Found:
 def lookup(table: dict, group: str | None, runtime: str, fk: str) -> Found:
     """``group/runtime/fk`` → ``*/runtime/fk`` (the runtime fitted across groups) → the group's and runtime's
     format with the most rows → the runtime's format with the most rows across groups; each fallback labelled
-    "extrapolated" with a widened error bar."""
+    "extrapolated" with a widened error bar, and the cross-group ones only from constants of several sources."""
     if not group:
         return Found(None, f"no speed group for runtime {runtime} on this board")
     key = f"{group}/{runtime}/{fk}"
@@ -64,15 +70,20 @@ def lookup(table: dict, group: str | None, runtime: str, fk: str) -> Found:
         c = table[key]
         return Found(c, f"fitted on {_rows(c)} measured row(s) ({key})", c.get("error_pct"), c.get("error_basis"))
     star = f"*/{runtime}/{fk}"
-    if star in table:
+    if star in table and _several_sources(table[star]):
         return _extrapolated(table[star], star, f"extrapolated from other {runtime} boards")
     same = sorted((k for k in table if k.startswith(f"{group}/{runtime}/")), key=lambda k: (-_rows(table[k]), k))
     if same:
         return _extrapolated(table[same[0]], same[0], f"extrapolated from {same[0].split('/', 2)[2]}")
-    other = sorted((k for k in table if k.startswith(f"*/{runtime}/")), key=lambda k: (-_rows(table[k]), k))
+    other = sorted((k for k in table if k.startswith(f"*/{runtime}/") and _several_sources(table[k])),
+                   key=lambda k: (-_rows(table[k]), k))
     if other:
         fmt = other[0].split("/", 2)[2]
         return _extrapolated(table[other[0]], other[0], f"extrapolated from {fmt} on other {runtime} boards")
+    elsewhere = sorted({g for k in table for g, r, _ in [k.split("/", 2)] if r == runtime and g != "*"})
+    if elsewhere:
+        return Found(None, f"{runtime} is measured by one source only, on {', '.join(elsewhere)}, not on {group}: "
+                           "not carried to another accelerator; measure it here and run `edgeinfer calibrate`")
     return Found(None, f"no measured rows for {runtime} with {fk} on any board, nor for {runtime} on {group}: "
                        "measure some and run `edgeinfer calibrate`")
 
