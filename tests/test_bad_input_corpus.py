@@ -677,8 +677,6 @@ def case_env(tmp_path, fx, monkeypatch, tmp_path_factory):
     monkeypatch.setenv("EDGEINFER_CACHE_DIR", str(cache))
     monkeypatch.setenv("HF_HUB_CACHE", str(hub))
     monkeypatch.setenv("COLUMNS", "200")
-    # the host board's bandwidth, so that no case measures and caches it (tests/test_host_board.py does)
-    monkeypatch.setenv("EDGEINFER_HOST_BANDWIDTH_GBPS", "10")
     monkeypatch.chdir(tmp_path)
     return tmp_path, fx, cache
 

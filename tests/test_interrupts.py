@@ -41,9 +41,7 @@ def many_sentences(tmp_path_factory) -> Path:
 
 def _start(args: list[str], cache: Path) -> subprocess.Popen:
     """``edgeinfer ARGS`` with its own cache, writing each step's name to ``cache/../steps.log`` as it starts."""
-    # the host's bandwidth given, not measured into the cache (tests/test_host_board.py covers that cache)
-    env = dict(os.environ, EDGEINFER_CACHE_DIR=str(cache), EDGEINFER_STEP_LOG=str(_step_log(cache)),
-               EDGEINFER_HOST_BANDWIDTH_GBPS="20")
+    env = dict(os.environ, EDGEINFER_CACHE_DIR=str(cache), EDGEINFER_STEP_LOG=str(_step_log(cache)))
 
     def default_sigint() -> None:  # a background job may inherit SIGINT ignored; a user's shell does not
         signal.signal(signal.SIGINT, signal.SIG_DFL)
