@@ -35,6 +35,8 @@ prometheus:
 	{ $$APT update >/dev/null 2>&1 && $$APT install --no-install-recommends prometheus >/dev/null 2>&1; } || \
 	echo "make dev: could not install prometheus (tests/test_prometheus_scrape.py will skip)"
 
+PYTEST_ARGS ?= --durations=30  # the slowest tests, so the suite's time stays watched
+
 test: dev lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
