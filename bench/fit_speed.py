@@ -150,7 +150,8 @@ def planned_mib(r: dict, f: dict) -> dict:
 
 
 def overhead_value(ov: dict, weights_mib: float) -> float:
-    return ov["value"] + ov.get("weights_fraction", 0.0) * weights_mib
+    """The planner's runtime overhead (MiB) for ``weights_mib`` of weights."""
+    return planner.runtime_overhead_bytes(ov, weights_mib * MIB) / MIB
 
 
 def _fit_overhead(items: list[dict], proportional: bool) -> dict:

@@ -59,3 +59,25 @@ def tiny_bert_dir(out: Path) -> Path:
             shutil.copy(src / f, out / f)
     shutil.copytree(src / "1_Pooling", out / "1_Pooling")
     return out
+
+
+def tiny_gguf(path: Path, tensors: list[tuple], file_type=None) -> Path:
+    """A 2-block llama GGUF (hidden 64, 4 heads, 2 KV heads) with ``tensors``: (name, array[, raw_dtype])."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(2)
+    w.add_embedding_length(64)
+    w.add_head_count(4)
+    w.add_head_count_kv(2)
+    w.add_feed_forward_length(128)
+    w.add_context_length(2048)
+    if file_type is not None:
+        w.add_file_type(file_type)
+    for name, data, *raw in tensors:
+        w.add_tensor(name, data, raw_dtype=raw[0] if raw else None)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

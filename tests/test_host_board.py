@@ -7,6 +7,7 @@ import statistics
 
 import numpy as np
 import pytest
+from helpers import tiny_gguf
 
 from edgeinfer.errors import InputError
 from edgeinfer.planning import host_bandwidth as hb
@@ -129,22 +130,9 @@ def test_plan_board_host_without_constants_says_why(monkeypatch):
 def _gguf(path, file_type, tensor_type):
     import gguf
 
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_block_count(2)
-    w.add_embedding_length(64)
-    w.add_head_count(4)
-    w.add_head_count_kv(2)
-    w.add_feed_forward_length(128)
-    w.add_context_length(2048)
-    w.add_file_type(file_type)
-    w.add_tensor("token_embd.weight", np.zeros((10, 64), np.float32))
     data = gguf.quants.quantize(np.zeros((64, 64), np.float32), tensor_type)
-    w.add_tensor("blk.0.ffn_up.weight", data, raw_dtype=tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return tiny_gguf(path, [("token_embd.weight", np.zeros((10, 64), np.float32)),
+                            ("blk.0.ffn_up.weight", data, tensor_type)], file_type)
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import tiny_gguf
 
 from edgeinfer.errors import EdgeInferError, ModelError
 from edgeinfer.planning.models import resolve
@@ -118,21 +119,10 @@ def test_unknown_model_says_how_to_provide_it(tmp_path, monkeypatch):
 def _write_gguf(path):
     import gguf
 
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_block_count(2)
-    w.add_embedding_length(64)
-    w.add_head_count(4)
-    w.add_head_count_kv(2)
-    w.add_feed_forward_length(128)
-    w.add_context_length(2048)
-    w.add_tensor("token_embd.weight", np.zeros((10, 64), np.float32))   # 640 el × 4 B = 2560 B
-    w.add_tensor("blk.0.attn_q.weight", np.zeros((64, 64), np.float16))  # 4096 el × 2 B = 8192 B
     q = gguf.quants.quantize(np.zeros((64, 64), np.float32), gguf.GGMLQuantizationType.Q8_0)
-    w.add_tensor("blk.0.ffn_up.weight", q, raw_dtype=gguf.GGMLQuantizationType.Q8_0)  # 4096/32 × 34 = 4352 B
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    tiny_gguf(path, [("token_embd.weight", np.zeros((10, 64), np.float32)),   # 640 el × 4 B = 2560 B
+                     ("blk.0.attn_q.weight", np.zeros((64, 64), np.float16)),  # 4096 el × 2 B = 8192 B
+                     ("blk.0.ffn_up.weight", q, gguf.GGMLQuantizationType.Q8_0)])  # 4096/32 × 34 = 4352 B
 
 
 def test_gguf_exact_per_tensor_bytes(tmp_path):

@@ -298,13 +298,18 @@ def estimate_speed(spec: ModelSpec, board: Board, runtime: str, scheme: Scheme, 
     return details.Estimates(**out)
 
 
+def runtime_overhead_bytes(ov: dict, weights: float) -> int:
+    """A runtime's overhead: ``value`` MiB, plus ``weights_fraction`` of the weights where that was fitted."""
+    return int(ov["value"] * MIB + ov.get("weights_fraction", 0.0) * weights)
+
+
 def _memory(spec, board, runtime, scheme, ctx, batch, kv_b):
     prof = runtime_profile(runtime)
     w, wd = weights_bytes(spec, scheme, prof)
     kv = kv_bytes(spec, ctx, batch, kv_b)
     act, ad = activation_bytes(spec, ctx, batch, prof)
     ov = board.runtimes[runtime].overhead() or prof.get("overhead_mib") or {"value": 0}
-    rt = int(ov["value"] * MIB + ov.get("weights_fraction", 0.0) * w)  # a share of the weights where fitted
+    rt = runtime_overhead_bytes(ov, w)
     frac = prof.get("memory_fraction")
     if frac:
         rt += int((1 - frac["value"]) * board.usable_bytes)
