@@ -216,7 +216,7 @@ def calibration_loo(rows: list[dict]) -> dict:
                    "in_packaged_fit": bool(r.get("fit"))}
             try:
                 board, _, _ = calibrate.calibrate([_checked(o) for o in grp if o is not r], parent,
-                                                  where="the group's other rows")
+                                                  where="the group's other rows", force=True)  # LOO: as fitted
                 held = calibrate.prepare([_checked(r)], parent)[0][0]
             except EdgeInferError as e:
                 rec["refused"] = e.one_line()

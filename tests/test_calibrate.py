@@ -87,6 +87,35 @@ def test_one_row_fits_only_a_bandwidth_scale(tmp_path: Path) -> None:
     assert b.calibration["groups"]["rkllm/w8a8"]["bandwidth_scale_vs_parent"] == pytest.approx(SLOW, rel=0.005)
 
 
+def test_one_row_says_it_is_trusted_fully_and_needs_force_to_move_estimates_over_2x(tmp_path: Path) -> None:
+    """A row at a quarter of the parent's bandwidth term would move every estimate ~4×: refused in one line
+    (nothing written) unless --force or a second row; the printed trust says how much one row counts."""
+    slow = 0.25
+    fast = planner.plan("qwen3-1.7b", BOARD, quant="w8a8", ctx=300, runtime=RUNTIME,
+                        suggest=False).estimates.decode_tokens_per_s
+    decode = round(1 / (T0 + (1 / fast - T0) / slow), 4)
+    one = [{"model": "qwen3-1.7b", "quant": "w8a8", "ctx": 300, "decode": decode}]
+    rows, out = write_rows(tmp_path / "r.yaml", one), tmp_path / "one.yaml"
+    r = run("calibrate", str(rows), "--board", BOARD, "-o", str(out))
+    assert r.exit_code == 2, r.output
+    assert len(r.output.strip().splitlines()) == 1 and "--force" in r.output and "more than 2×" in r.output
+    assert not out.exists()
+    r = run("calibrate", str(rows), "--board", BOARD, "-o", str(out), "--force")
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())  # rich wraps lines off a terminal
+    assert "trust: one row, trusted fully" in text and "accepted with --force" in text
+    assert load_board_file(out).calibration["groups"]["rkllm/w8a8"]["bandwidth_scale_vs_parent"] == \
+        pytest.approx(slow, rel=0.005)
+    # a second row (another model, the same slow board) checks the first: no --force needed
+    two = one + [{"model": "qwen3-4b", "quant": "w8a8", "ctx": 300,
+                  "decode": round(1 / (T0 + (1 / planner.plan("qwen3-4b", BOARD, quant="w8a8", ctx=300,
+                                                                runtime=RUNTIME, suggest=False)
+                                                  .estimates.decode_tokens_per_s - T0) / slow), 4)}]
+    r = run("calibrate", str(write_rows(tmp_path / "r2.yaml", two)), "--board", BOARD, "-o", str(out), "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["groups"]["rkllm/w8a8"]["trust"].startswith("2 rows of 2 sizes")
+
+
 def test_a_format_without_rows_moves_by_the_measured_scale(tmp_path: Path) -> None:
     """RK3576 has packaged w8a8 and w4a16 constants: one w8a8 row slows w4a16 by the same scale."""
     board = "rk3576-8g"
@@ -170,13 +199,13 @@ def test_rows_of_other_boards_are_skipped_and_noted(tmp_path: Path) -> None:
     rows = [{"board": "rk3576-8g", "model": "qwen3-0.6b", "quant": "w4a16", "ctx": 192, "decode": 9},
             {"board": BOARD, "model": "qwen3-0.6b", "quant": "w8a8", "ctx": 192, "decode": 20}]
     r = run("calibrate", str(write_rows(tmp_path / "m.yaml", rows)), "--board", BOARD, "-o", str(tmp_path / "o.yaml"),
-            "--json")
+            "--json", "--force")  # the one row moves estimates > 2×
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
     assert len(d["rows"]) == 1 and any("rk3576-8g" in n for n in d["notes"])
     assert get_board(str(tmp_path / "o.yaml")).name == f"{BOARD}-calibrated"
     again = run("calibrate", str(tmp_path / "m.yaml"), "--board", BOARD, "-o", str(tmp_path / "o.yaml"),
-                "--name", "mine")
+                "--name", "mine", "--force")
     assert again.exit_code == 0, again.output  # an existing profile is overwritten
     assert get_board(str(tmp_path / "o.yaml")).name == "mine"
 
@@ -187,7 +216,7 @@ def test_calibrate_and_planning_new_architectures_stay_light(tmp_path: Path) -> 
     rows = write_rows(tmp_path / "m.yaml", [{"model": "qwen3-0.6b", "quant": "w8a8", "ctx": 192, "decode": 20}])
     out = tmp_path / "o.yaml"
     code = ("import sys\nfrom edgeinfer.cli import main\n"
-            f"for argv in (['calibrate', {str(rows)!r}, '--board', 'rk3588-16g', '-o', {str(out)!r}],\n"
+            f"for argv in (['calibrate', {str(rows)!r}, '--board', 'rk3588-16g', '-o', {str(out)!r}, '--force'],\n"
             f"             ['plan', 'qwen2.5-vl-3b', '--board', {str(out)!r}, '--image', '640x480'],\n"
             "             ['plan', 'deepseek-v2-lite', '--board', 'rk3588-16g']):\n"
             "    sys.argv = ['edgeinfer', *argv]\n"

@@ -16,12 +16,17 @@ from edgeinfer.cli.output import console, emit
 @click.option("--board", required=True, help="The board the rows were measured on (name or YAML): the parent.")
 @click.option("--output", "-o", required=True, type=click.Path(path_type=Path), help="Board profile YAML to write.")
 @click.option("--name", default=None, help="Name of the calibrated board [default: BOARD-calibrated].")
+@click.option("--force", is_flag=True,
+              help="Accept a single row that moves the board's decode estimates more than 2× (refused otherwise).")
 @click.option("--json", "as_json", is_flag=True, help="Print only JSON (the calibration record).")
-def calibrate_cmd(measurements: tuple[Path, ...], board: str, output: Path, name: str | None, as_json: bool) -> None:
+def calibrate_cmd(measurements: tuple[Path, ...], board: str, output: Path, name: str | None, force: bool,
+                  as_json: bool) -> None:
     """Fit BOARD's decode speed constants (t0, effective bandwidth per runtime and scheme) and runtime memory
     overhead to MEASUREMENTS: `edgeinfer bench --json` reports of decoder bundles, or YAML/CSV rows with the
     fields of bench/data/measured_rows.yaml (model, quant, ctx, decode; optional prompt, ttft_ms, mem_mib).
-    Exit 0 written, 2 bad, empty or contradictory measurements."""
+    One row is trusted fully (the bandwidth is scaled to meet it); moving estimates more than 2× on one row needs
+    --force or a second row. Exit 0 written, 2 bad, empty or contradictory measurements, or one row moving
+    estimates more than 2× without --force."""
     import yaml
 
     from edgeinfer.errors import InputError
@@ -36,7 +41,7 @@ def calibrate_cmd(measurements: tuple[Path, ...], board: str, output: Path, name
     rows, notes = meas.load(list(measurements))
     parent = get_board(board)
     where = ", ".join(p.name for p in measurements)
-    b, data, more = calibrate.calibrate(rows, parent, name.lower() if name else None, where)
+    b, data, more = calibrate.calibrate(rows, parent, name.lower() if name else None, where, force)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text("# written by `edgeinfer calibrate`; plan with: edgeinfer plan MODEL --board " + str(output)
                       + "\n" + yaml.safe_dump(data, sort_keys=False, allow_unicode=True), encoding="utf-8")
@@ -57,6 +62,7 @@ def _render(r: dict[str, Any]) -> None:
         scale = g["bandwidth_scale_vs_parent"]
         con.print(f"  {k}: t0 {g['t0_ms']:.2f} ms, BW_eff {g['bw_eff_gbps']:.2f} GB/s"
                   + (f" (× {scale:.3f} of the parent's)" if scale else "") + f" — {g['fit']}")
+        con.print(f"    trust: {g['trust']}")
     t = Table(show_header=True, header_style="bold")
     for col in ("row", "model", "quant", "ctx", "decode tok/s", "error before", "error after", "mem MiB",
                 "mem error before", "after"):

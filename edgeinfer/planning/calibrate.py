@@ -5,7 +5,9 @@ per runtime and weight format; the calibrated constants are the board's own (BW_
 bandwidth, no cap). With measured rows of at least two different sizes, t0 and the bandwidth are fitted
 by least squares on the relative error (each row weighted by 1/its time); one size only:
 t0 is kept from the parent board and the bandwidth scaled so the row is met exactly. Formats of a
-measured runtime that have no row move by the runtime's median bandwidth scale. Memory: the runtime
+measured runtime that have no row move by the runtime's median bandwidth scale. A group fitted on one row
+trusts that row fully (nothing checks it), so it may move the board's estimates by at most MAX_ONE_ROW_MOVE
+unless the caller forces it. Memory: the runtime
 overhead becomes the median of (measured peak − planned weights, KV cache and activations).
 The result is the parent board's profile with these constants inline and a ``calibration`` record.
 """
@@ -29,6 +31,7 @@ MIB = 2**20
 SAME_SIZE = 0.02  # rows whose bytes per token differ less than this are one size
 CONTRADICTION = 0.30  # the same size measured this much apart, or a larger model this much faster
 MAX_FRACTION = 1.5  # SpeedConst's ceiling: faster than 1.5 × the physical bandwidth is not a measurement
+MAX_ONE_ROW_MOVE = 2.0  # a single row moves a board's decode estimates by at most this factor without --force
 
 
 @dataclass
@@ -208,6 +211,46 @@ def _in_sample_error(g: Group) -> float:
                                    for r in g.rows), 2)
 
 
+def trust(g: Group) -> str:
+    """How much the group's rows are trusted, in words (printed by ``calibrate``, kept in the record)."""
+    n, sizes = len(g.rows), _sizes(g.rows)
+    if n == 1:
+        return ("one row, trusted fully: the bandwidth is scaled so that it is met exactly and nothing checks it "
+                "(a second row, of another model or context, would)")
+    if sizes == 1:
+        return (f"{n} rows of one size: the bandwidth is their least-squares scale (in-sample error "
+                f"{_in_sample_error(g)}%); t0 is not fitted")
+    return f"{n} rows of {sizes} sizes: t0 and bandwidth fitted (in-sample error {_in_sample_error(g)}%)"
+
+
+def _estimate_move(g: Group, before: list[dict[str, Any]], after: list[dict[str, Any]]) -> float:
+    """The factor (≥ 1) by which the group moves decode estimates: its rows' predictions before and after, and its
+    bandwidth scale (which formats without a row follow)."""
+    moves = [max(a / b, b / a) for a, b in zip(after, before) if a and b]
+    if g.scale:
+        moves.append(max(g.scale, 1 / g.scale))
+    return max(moves, default=1.0)
+
+
+def check_one_row_moves(groups: dict[str, Group], record: dict[str, Any], parent: Board, force: bool) -> list[str]:
+    """Refuse a group of one row that moves estimates more than MAX_ONE_ROW_MOVE× (``force``: accept it, noted)."""
+    notes = []
+    for key, g in groups.items():
+        wheres = {r.data["where"] for r in g.rows}
+        before = [r["predicted_decode"] for r in record["rows_before"] if r["measured_at"] in wheres]
+        after = [r["predicted_decode"] for r in record["rows"] if r["measured_at"] in wheres]
+        move = _estimate_move(g, before, after)
+        if len(g.rows) > 1 or move <= MAX_ONE_ROW_MOVE:
+            continue
+        what = (f"one row ({g.rows[0].data['where']}) moves {parent.name}'s {key} decode estimates {move:.1f}× "
+                f"(more than {MAX_ONE_ROW_MOVE:g}×)")
+        if not force:
+            raise InputError(what, "add a second row, of another model or context, to check it, or pass --force "
+                                   "to accept one row")
+        notes.append(f"{what}: accepted with --force")
+    return notes
+
+
 def profile(parent: Board, groups: dict[str, Group], overheads: dict, name: str, where: str) -> dict[str, Any]:
     """The parent's profile with the fitted constants inline (no calibration record yet)."""
     data = parent.model_dump(mode="json", exclude={"origin", "calibration"})
@@ -271,8 +314,9 @@ def predict(r: Row, board: Board) -> dict[str, Any]:
 
 
 def calibrate(rows: list[dict[str, Any]], parent: Board, name: str | None = None,
-              where: str = "measurements") -> tuple[Board, dict[str, Any], list[str]]:
-    """(the calibrated Board, its profile as a dict to write, notes)."""
+              where: str = "measurements", force: bool = False) -> tuple[Board, dict[str, Any], list[str]]:
+    """(the calibrated Board, its profile as a dict to write, notes). ``force``: accept a single row that moves
+    the estimates more than MAX_ONE_ROW_MOVE× (refused otherwise)."""
     if parent.bandwidth_gbps is None:
         raise InputError(f"board {parent.name} claims no memory bandwidth: there is no speed model to calibrate",
                          "calibrate a board profile that gives bandwidth_gbps")
@@ -288,12 +332,13 @@ def calibrate(rows: list[dict[str, Any]], parent: Board, name: str | None = None
     board = board_from_dict(data, "calibrated profile")
     record = {
         "parent": parent.name, "parent_origin": parent.origin, "source": where,
-        "groups": {k: {"fit": g.how, "rows": len(g.rows), "t0_ms": round(g.t0_s * 1000, 4),
+        "groups": {k: {"fit": g.how, "trust": trust(g), "rows": len(g.rows), "t0_ms": round(g.t0_s * 1000, 4),
                        "bw_eff_gbps": round(g.bw / 1e9, 3),
                        "bandwidth_scale_vs_parent": round(g.scale, 4) if g.scale else None}
                    for k, g in groups.items()},
         "rows": row_errors(prepared, board), "rows_before": row_errors(prepared, parent), "notes": notes,
     }
+    notes += check_one_row_moves(groups, record, parent, force)
     data["calibration"] = record
     board.calibration = record
     return board, data, notes
