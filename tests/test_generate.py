@@ -152,6 +152,7 @@ def test_generate_json_reports_text_ids_and_metrics(llm_dir, hf_greedy, cli):
         (["--prompt", "word " * 40, "--ctx", "16", "--max-new-tokens", "4"], "exceed the context"),
         (["--prompt", "x", "--ctx", "0"], "context must be a positive integer"),
         (["--prompt", "x", "--backend", "example"], "does not run decoder"),  # the tensors-only example plugin
+        (["--prompt", "x", "--threads", "0"], "--threads must be at least 1"),
     ],
 )
 def test_generate_bad_input_is_one_line_exit_2(llm_dir, args, needle, cli):
@@ -160,6 +161,26 @@ def test_generate_bad_input_is_one_line_exit_2(llm_dir, args, needle, cli):
     assert p.returncode == 2, p.stderr
     assert needle in lines[-1] and lines[-1].startswith("error:")
     assert "Traceback" not in p.stderr and p.stdout == ""
+
+
+def test_threads_reach_the_decoder_as_for_bench_and_serve(llm_dir, cli):
+    """generate/chat take --threads as bench and serve do (run.loading.threads_option): the transformers
+    reference sets torch's threads; a backend whose decoders take no threads option gets none."""
+    import torch
+
+    from edgeinfer.run.loading import threads_option
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        p = cli("generate", str(llm_dir), "--prompt", PROMPTS[0], "--max-new-tokens", "2", "--threads", "1", "--json")
+        assert p.returncode == 0, p.stderr
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    assert threads_option("onnxruntime", 3) == {"threads": 3}
+    assert threads_option("rknn", 3) == {}  # an NPU decoder: no CPU threads to set
+    assert "--threads" in cli("chat", "--help").stdout
 
 
 def test_generate_refuses_models_that_are_not_language_models(tmp_path, cli):

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from edgeinfer.cli.generate import WINDOW_HELP
+from edgeinfer.cli.generate import THREADS_HELP, WINDOW_HELP
 from edgeinfer.cli.output import console, emit, json_safe
 from edgeinfer.cli.trust import trust_remote_code_option
 from edgeinfer.errors import InputError
@@ -45,7 +45,7 @@ def _int_list(value: str, what: str, largest: int) -> list[int]:
 @click.option("--new-tokens", type=int, default=None, help="Decoders: tokens generated per run [default: 64].")
 @click.option("--ctx", type=int, help="Decoders: context (KV cache positions) to load a model directory with.")
 @click.option("--backend", "-b", help="Decoders: backend to run a model directory on (default: transformers).")
-@click.option("--threads", type=int, help="Decoders: CPU threads of the backend (default: the runtime's).")
+@click.option("--threads", type=int, help=THREADS_HELP)
 @click.option("--window", type=int, help=WINDOW_HELP)
 @click.option("--repeat", type=int, default=None,
               help=f"Timed runs per case [default: {ENCODER_REPEAT} for encoders, 3 for decoders].")
@@ -85,8 +85,6 @@ def bench(bundle_dir: Path, batch: str | None, seq: str | None, prompt_lengths: 
         check_output_file(plot, "--plot", benchmark.PLOT_SUFFIXES)
     if output is not None:
         check_output_file(output, "--output", (".json",))
-    if threads is not None and threads < 1:
-        raise InputError(f"--threads must be at least 1, got {threads}")
     from edgeinfer.model.kind import Kind, kind
 
     found = kind(bundle_dir, "bundle")
@@ -132,19 +130,23 @@ def _load(path: Path, found: Kind, backend: str | None, device: str | None, ctx:
     """A Generator for a decoder directory or decoder bundle, else an encoder bundle's Session."""
     from edgeinfer.model.bundle import not_a_bundle
     from edgeinfer.model.kind import Kind
-    from edgeinfer.run.loading import load
+    from edgeinfer.run.loading import decoder_threads, load
     from edgeinfer.run.paged_decoder import window_option
 
     paged = window_option(path, found, window)
     match found:
         case Kind.DECODER_DIR | Kind.DECODER_FILE:
             return load(path, backend=backend, device=device, ctx=ctx, trust_remote_code=trust_remote_code,
-                        **({"threads": threads} if threads else {}))
+                        **decoder_threads(path, found, backend, threads))
         case Kind.ENCODER_BUNDLE | Kind.DECODER_BUNDLE:
-            if ctx is not None or threads is not None:
-                raise InputError("--ctx and --threads apply to a model directory; a bundle runs with the context "
-                                 "it was built for")
-            return load(path, backend=backend, device=device, trust_remote_code=trust_remote_code, **paged)
+            if ctx is not None:
+                raise InputError("--ctx applies to a model directory; a bundle runs with the context it was "
+                                 "built for")
+            if threads is not None and found is Kind.ENCODER_BUNDLE:
+                raise InputError("--threads applies to decoders; an encoder bundle runs with its backend's "
+                                 "threads")
+            return load(path, backend=backend, device=device, trust_remote_code=trust_remote_code, **paged,
+                        **decoder_threads(path, found, backend, threads))
     raise not_a_bundle(path)
 
 

@@ -20,10 +20,10 @@ def _options(**kw: Any) -> Any:
 
 
 def _load(model: Path, backend: str | None, device: str | None, ctx: int | None, trust_remote_code: bool,
-          window: int | None = None) -> Any:
+          window: int | None = None, threads: int | None = None) -> Any:
     from edgeinfer.model.bundle import Bundle
     from edgeinfer.model.kind import Kind, find
-    from edgeinfer.run.loading import load
+    from edgeinfer.run.loading import decoder_threads, load
     from edgeinfer.run.paged_decoder import window_option
 
     if not model.exists():
@@ -31,7 +31,7 @@ def _load(model: Path, backend: str | None, device: str | None, ctx: int | None,
     match found := find(model):
         case Kind.DECODER_DIR | Kind.DECODER_BUNDLE | Kind.DECODER_FILE:
             return load(model, backend=backend, device=device, ctx=ctx, trust_remote_code=trust_remote_code,
-                        **window_option(model, found, window))
+                        **window_option(model, found, window), **decoder_threads(model, found, backend, threads))
         case Kind.ENCODER_BUNDLE:
             Bundle.open(model)  # a damaged bundle says so first
             raise InputError(f"bundle {model} holds no decoder (language) model; use `edgeinfer run` for it")
@@ -41,6 +41,8 @@ def _load(model: Path, backend: str | None, device: str | None, ctx: int | None,
     )
 
 
+THREADS_HELP = ("Decoders: CPU threads of the backend, for backends that take a threads option (default: the "
+                "runtime's).")
 WINDOW_HELP = ("Layer-paged decoder bundles: segments resident at load (default: the bundle's; 1..its segments, "
                "as far as the board's memory holds them per the plan).")
 
@@ -61,6 +63,7 @@ def sampling_options(f: Any) -> Any:
                          help="Backend to run on (default: the bundle's, or the transformers reference)."),
             click.option("--device", help="Device of the backend (CPU, NPU, ...)."),
             click.option("--window", type=int, help=WINDOW_HELP),
+            click.option("--threads", type=int, help=THREADS_HELP),
             trust_remote_code_option,
         ]
     ):
@@ -77,7 +80,7 @@ def sampling_options(f: Any) -> Any:
 def generate_cmd(model: Path, prompt: str, chat: bool, max_new_tokens: int, temperature: float, top_k: int | None,
                  top_p: float | None, repetition_penalty: float | None, seed: int | None, stop: tuple[str, ...],
                  ctx: int | None, backend: str | None, device: str | None, trust_remote_code: bool,
-                 as_json: bool, window: int | None = None) -> None:
+                 as_json: bool, window: int | None = None, threads: int | None = None) -> None:
     """Generate text with MODEL (a Hugging Face decoder directory or a decoder bundle).
 
     Text streams to stdout as it is produced; timing goes to stderr.
@@ -87,7 +90,8 @@ def generate_cmd(model: Path, prompt: str, chat: bool, max_new_tokens: int, temp
     if not prompt:
         raise InputError("the prompt is empty; give some text with --prompt")
     check_text(prompt, "--prompt")
-    with _load(model, backend, device, ctx, trust_remote_code, window) as session:
+    with _load(model, backend, device, ctx, trust_remote_code, window, threads) as session:
+        _say_caveat(session)
         stream = session.stream(prompt, opts, chat=chat)
         try:
             for piece in stream:
@@ -122,14 +126,15 @@ def generate_cmd(model: Path, prompt: str, chat: bool, max_new_tokens: int, temp
 def chat_cmd(model: Path, system: str | None, max_new_tokens: int, temperature: float, top_k: int | None,
              top_p: float | None, repetition_penalty: float | None, seed: int | None, stop: tuple[str, ...],
              ctx: int | None, backend: str | None, device: str | None, trust_remote_code: bool,
-             window: int | None = None) -> None:
+             window: int | None = None, threads: int | None = None) -> None:
     """Talk with MODEL in the terminal: history is kept, Ctrl-C stops the answer, Ctrl-D exits."""
     opts = _options(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                     repetition_penalty=repetition_penalty, seed=seed, stop=stop)
     history: list[dict[str, str]] = [{"role": "system", "content": check_text(system, "--system")}] if system else []
-    with _load(model, backend, device, ctx, trust_remote_code, window) as session:
+    with _load(model, backend, device, ctx, trust_remote_code, window, threads) as session:
         click.echo(f"chatting with {model} on {session.decoder.backend_name} (Ctrl-C stops an answer, "
                    "Ctrl-D exits)", err=True)
+        _say_caveat(session)
         while True:
             try:
                 text = check_text(input("> "), "the message read from stdin")
@@ -151,6 +156,12 @@ def chat_cmd(model: Path, system: str | None, max_new_tokens: int, temperature: 
                 history.pop()  # the question stays unanswered: don't keep it
             else:
                 history.append({"role": "assistant", "content": answer})
+
+
+def _say_caveat(session: Any) -> None:
+    """The decoder's caveat (e.g. a CPU fallback: not for speed), once, on stderr: stdout is the text."""
+    if session.decoder.caveat:
+        click.echo(f"note: {session.decoder.caveat}", err=True)
 
 
 def _answer(session: Any, history: list[dict[str, str]], opts: Any) -> str | None:

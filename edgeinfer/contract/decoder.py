@@ -40,6 +40,9 @@ class Decoder:
     metrics read. A backend returns a :class:`StepDecoder` or a :class:`NativeDecoder`, never this class."""
 
     backend_name: str = ""
+    # one line a user needs next to this decoder's speed, said once by generate / chat (stderr), bench (notes)
+    # and serve (log, /health): e.g. a backend running on a fallback device ("for checking, not for speed")
+    caveat: str = ""
 
     def __init__(self, *, context: int, vocab_size: int, kv_cache_bytes: int, slots: int = 1,
                  prefill_chunk: int | None = None, device: str = ""):

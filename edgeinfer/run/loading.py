@@ -104,6 +104,33 @@ def load(path: Any, backend: str | None = None, device: str | None = None, *, tr
     return be.load(p, device=device, **options)
 
 
+def decoder_backend(path: Path, found: Kind, backend: str | None) -> str:
+    """The backend a decoder reference loads on: a bundle's, a decoder file's runtime's, else ``backend`` or the
+    transformers reference (a wrong ``backend`` is refused by the load itself)."""
+    from edgeinfer.model.bundle import read_manifest
+
+    if found is Kind.DECODER_BUNDLE:
+        return read_manifest(path).backend
+    owner = plugins.decoder_file(path) if found is Kind.DECODER_FILE else None
+    return owner[0] if owner else backend or DECODER_REFERENCE
+
+
+def threads_option(backend: str, threads: int | None) -> dict[str, int]:
+    """``--threads N`` of generate, chat, bench and serve as a decoder load option: ``{"threads": N}`` for a
+    backend whose decoders take it, nothing for one whose decoders do not (an NPU runtime has no CPU threads to
+    set) or without ``--threads``."""
+    if threads is None:
+        return {}
+    if isinstance(threads, bool) or threads < 1:
+        raise InputError(f"--threads must be at least 1, got {threads}")
+    return {"threads": threads} if "threads" in plugins.get_backend(backend).decoders.options else {}
+
+
+def decoder_threads(path: Path, found: Kind, backend: str | None, threads: int | None) -> dict[str, int]:
+    """:func:`threads_option` for the decoder at ``path`` (of kind ``found``, loaded on ``backend``)."""
+    return {} if threads is None else threads_option(decoder_backend(path, found, backend), threads)
+
+
 def default_context(model_dir: Path) -> int:
     """The context a decoder directory loads with when none is asked for: the planning rule (its limit, capped;
     :func:`edgeinfer.planning.decision.default_context`), the context ``plan`` and ``deploy`` use."""

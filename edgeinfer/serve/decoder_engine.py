@@ -137,6 +137,8 @@ class Engine(Supervisor):
             self.state = "ready"
             self.slots = int(msg[1].get("slots") or self.slots)  # what the backend's decoder really holds
             log.info("%s: decoder worker ready (pid %s)", self.llm.name, self.pid)
+            if self.info.get("caveat") and not self.restarts:  # once, not at every restart
+                log.warning("%s: %s", self.llm.name, self.info["caveat"])
             self.settle()
             self._dispatch()
         elif msg[0] == "fatal":
@@ -244,7 +246,8 @@ class Engine(Supervisor):
     def to_json(self) -> dict[str, Any]:
         return {"model": self.llm.name, "pid": self.pid, "state": self.state, "slots": self.slots,
                 "running": len(self.running), "waiting": len(self.waiting), "restarts": self.restarts,
-                "kv_cache_bytes": self.info.get("kv_cache_bytes")}
+                "kv_cache_bytes": self.info.get("kv_cache_bytes"),
+                **({"notes": [self.info["caveat"]]} if self.info.get("caveat") else {})}
 
 
 def _mib(n: int | None) -> str:

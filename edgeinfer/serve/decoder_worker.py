@@ -23,14 +23,11 @@ def load_generator(path: str, backend: str, entry: str | None, context: int, slo
                    threads: int | None = None) -> Any:
     """The Generator of a decoder bundle or Hugging Face decoder directory, with ``slots`` KV slots
     (and ``threads`` CPU threads where the backend takes that option)."""
-    from edgeinfer.contract import registry
-    from edgeinfer.run.loading import load
+    from edgeinfer.run.loading import load, threads_option
 
     placed = placement(backend, entry)
     os.environ.update(placed.env)
-    options = dict(placed.options)
-    if threads is not None and "threads" in registry.get_backend(backend).decoders.options:
-        options["threads"] = threads
+    options = {**placed.options, **threads_option(backend, threads)}
     return load(path, device=placed.device, ctx=context, slots=slots, **options)
 
 
@@ -51,7 +48,7 @@ def decoder_worker_main(conn: Any, path: str, backend: str, entry: str | None, c
         sched = NativeScheduler(gen) if native else Scheduler(gen, prefill_chunk)
         conn.send(("ready", {"pid": os.getpid(), "device": d.device, "slots": sched.slots, "context": d.context,
                              "kv_cache_bytes": d.kv_cache_bytes, "prefill_chunk": sched.chunk,
-                             "native_loop": native}))
+                             "native_loop": native, "caveat": d.caveat}))
     except Exception as e:  # noqa: BLE001
         try:
             conn.send(("fatal", one_line(e)))

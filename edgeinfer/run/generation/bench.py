@@ -107,7 +107,7 @@ def bench(gen: Generator, model: str, prompt_lengths: Sequence[int] | None = Non
         "warmup": warmup,
         "sampling": "greedy, EOS ignored (every run generates new_tokens tokens)",
         "statistic": "median over the repeats (tpot_ms_p50/p99: each run's percentile, median over runs)",
-        "notes": notes,
+        "notes": notes + ([d.caveat] if d.caveat else []),
         "results": rows,
     }
 

@@ -27,6 +27,8 @@ from . import decoder_export, decoder_model
 from . import device as dev
 
 DEFAULT_BUCKETS = (16, 64, 256, 1024)
+# the torch CPU path decodes several times slower than onnxruntime on the same x86 host (docs/serve.md)
+CPU_CAVEAT = "ascend: running on CPU through torch (no NPU): for checking, not for speed"
 # the activation (and KV-cache) dtype of each scheme; w8a16 keeps activations in the model dtype
 SCHEME_DTYPE = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16", "w8a16": None}
 
@@ -105,6 +107,7 @@ class AscendDecoder(StepDecoder):
         self.load_s = time.perf_counter() - t0
         super().__init__(context=context, vocab_size=int(model.config.vocab_size),
                          kv_cache_bytes=self.lm.kv_cache_bytes, slots=slots, device=device)
+        self.caveat = CPU_CAVEAT if device == "cpu" else ""
         self.buckets = buckets
         self.lengths = [0] * slots
         self.compiled = compile

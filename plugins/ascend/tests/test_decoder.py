@@ -162,3 +162,18 @@ def test_prefill_chunking_never_runs_a_bucket_past_the_context():
     assert parse_buckets(None, 32) == (16,)
     with pytest.raises(InputError, match="at least 2"):
         parse_buckets([1, 16], 64)
+
+
+def test_on_cpu_it_says_once_that_it_is_for_checking_not_for_speed(ascend_generator, llm_dir, capfd):
+    """No NPU here: generate says so on stderr (stdout stays the JSON), bench in its notes."""
+    from edgeinfer.run.generation import bench
+    from edgeinfer.testing.cli import run_cli
+
+    p = run_cli(capfd, "generate", str(llm_dir), "--backend", "ascend", "--prompt", "Hi", "--max-new-tokens", "2",
+                "--threads", "1", "--json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["device"] == "cpu"
+    assert p.stderr.count("for checking, not for speed") == 1 and "running on CPU through torch" in p.stderr
+    report = bench.bench(ascend_generator("bf16"), "tiny", [4], new_tokens=2, repeat=1, warmup=0)
+    assert [n for n in report["notes"] if "not for speed" in n] == [ascend_generator("bf16").decoder.caveat]
+    assert ascend_generator("bf16").decoder.caveat.endswith("for checking, not for speed")
