@@ -49,8 +49,13 @@ def _section(text: str, heading: str) -> str:
     return text[start : end if end != -1 else None]
 
 
+def fenced(text: str) -> list[tuple[str, str]]:
+    """Every fenced block of a Markdown text as (language, body); an unlabelled block's language is ""."""
+    return re.findall(r"^```(\w*)\n(.*?)^```", text, flags=re.S | re.M)
+
+
 def _blocks(text: str, lang: str) -> list[str]:
-    return re.findall(rf"```{lang}\n(.*?)```", text, flags=re.S)
+    return [body for block_lang, body in fenced(text) if block_lang == lang]
 
 
 def _paragraphs(block: str) -> list[list[tuple[int, str]]]:
