@@ -89,6 +89,8 @@ SKIP = {
         "edgeinfer generate DIR --prompt \"Hi\" --chat --temperature 0.7 --seed 1 --json": DECODER,
         "edgeinfer generate DIR --prompt \"def main():\" --backend onnxruntime --ctx 512": DECODER + " (an "
                                                                                          "onnxruntime build first)",
+        "edgeinfer generate DIR --prompt \"Hi\" --backend onnxruntime --threads 1":
+            DECODER + " (tests/test_generate.py checks --threads)",
         "edgeinfer chat DIR --system \"You are terse.\"": "interactive (stdin); tests/test_generate.py drives chat",
         "edgeinfer generate MODEL.rkllm --prompt \"Hi\"": RKLLM,
         "edgeinfer deploy DIR --board host --ctx 256 -o tiny.bundle": "the session fixture tiny_qwen3_host_bundle "

@@ -41,7 +41,7 @@ class Decoder:
 
     backend_name: str = ""
     # one line a user needs next to this decoder's speed, said once by generate / chat (stderr), bench (notes)
-    # and serve (log, /health): e.g. a backend running on a fallback device ("for checking, not for speed")
+    # and serve (log, /ready): e.g. a backend running on a fallback device ("for checking, not for speed")
     caveat: str = ""
 
     def __init__(self, *, context: int, vocab_size: int, kv_cache_bytes: int, slots: int = 1,
