@@ -177,3 +177,22 @@ def test_on_cpu_it_says_once_that_it_is_for_checking_not_for_speed(ascend_genera
     report = bench.bench(ascend_generator("bf16"), "tiny", [4], new_tokens=2, repeat=1, warmup=0)
     assert [n for n in report["notes"] if "not for speed" in n] == [ascend_generator("bf16").decoder.caveat]
     assert ascend_generator("bf16").decoder.caveat.endswith("for checking, not for speed")
+
+
+def test_serve_says_the_cpu_caveat_once_in_its_log_and_lists_it_in_ready(ascend_generator, caplog):
+    """The decoder worker's "ready" message carries the decoder's caveat (the message is built here, as the
+    worker builds it, without starting one): logged at the first start, not at a restart; /ready's notes."""
+    import logging
+    from types import SimpleNamespace
+
+    from edgeinfer.serve.decoder_engine import Engine
+
+    caveat = ascend_generator("bf16").decoder.caveat
+    engine = Engine(SimpleNamespace(name="tiny"), slots=1, max_queue=1, prefill_chunk=None)
+    info = {"pid": 1, "slots": 1, "caveat": caveat}
+    with caplog.at_level(logging.WARNING):
+        for restarts in (0, 1):
+            engine.info, engine.restarts = info, restarts
+            engine.on_message(("ready", info))
+    assert [r.getMessage() for r in caplog.records if "not for speed" in r.getMessage()] == [f"tiny: {caveat}"]
+    assert engine.to_json()["notes"] == [caveat]
