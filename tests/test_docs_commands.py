@@ -72,17 +72,17 @@ SKIP = {
         "edgeinfer run OUT --text \"one sentence\" --text \"another\"": "needs a text bundle (MiniLM); the README's "
                                                                       "Quickstart runs it",
         "edgeinfer run OUT --input input_ids=ids.npy ...": "a synopsis (`...`: more inputs); tests/test_cli_run.py",
-        "edgeinfer golden OUT --inputs new.txt --reference model.onnx": "needs a text bundle and its source model; "
-                                                                         "tests/test_golden_defaults.py",
+        "edgeinfer golden OUT --inputs new.txt --reference model.onnx": "needs a text bundle and its source model "
+                                                                         "(a MiniLM conversion)",
         "edgeinfer bench OUT --batch 1,8,32 [--seq 64,128] --plot out.png --json": "a benchmark (" + TOOK + "); "
-                                                                                  "tests/test_cli_commands.py",
+                                                                                  "tests/test_deploy.py",
         "PORT=8000 sh examples/firmware.sh model.onnx host work x=x.npy": "serves; tests/test_firmware.py runs it",
     },
     "fleet.md": {
         "edgeinfer ray-resources": "probes every backend's devices (seconds); tests/test_fleet_resources.py",
-        "edgeinfer ray-node": "starts a Ray head node; tests/test_fleet_ray.py",
+        "edgeinfer ray-node": "starts a Ray head node (`ray start --head`)",
         "edgeinfer ray-node --address HEAD:6379": "joins a Ray cluster at HEAD",
-        "edgeinfer ray-node --dry-run": "probes every backend's devices (seconds); tests/test_fleet_ray.py",
+        "edgeinfer ray-node --dry-run": "probes every backend's devices (seconds); tests/test_fleet_resources.py",
     },
     "generation.md": {
         "edgeinfer generate DIR --prompt \"The licence grants\" --max-new-tokens 32": DECODER,
@@ -109,8 +109,8 @@ SKIP = {
         "edgeinfer bench BUNDLE": "a benchmark; tests/test_selfcheck.py benches the host decoder bundle",
         "edgeinfer bench MODEL.rkllm --board rk3588-8g": RKLLM,
         "edgeinfer profile DIR --backend onnxruntime --ctx 512 --prompt-length 128 --json": "an onnxruntime decoder "
-                                                                                            "build; tests/test_cli_"
-                                                                                            "commands.py",
+                                                                                            "build; tests/test_"
+                                                                                            "decoder_bench.py",
     },
     "paging.md": {
         "edgeinfer run model.onnx --backend onnxruntime --paging 2 --segments 6 -i input_ids=ids.npy ... --json":
@@ -148,7 +148,7 @@ SKIP = {
     },
     "writing-a-backend.md": {
         "pip install -e ./edgeinfer-example-backend": "an install; tests/test_plugins.py loads the example backend",
-        "edgeinfer backends": "imports every plugin's SDK (seconds); tests/test_cli_commands.py",
+        "edgeinfer backends": "imports every plugin's SDK (seconds); tests/test_plugins.py",
         "pytest edgeinfer-example-backend/tests": "the example's own tests run in this suite (examples/)",
     },
 }
