@@ -93,30 +93,44 @@ stop() {
     kill "$SERVER" 2>/dev/null
     wait "$SERVER"
 }
-get() {
-    python3 -c '
-import sys, urllib.request
-try:
-    urllib.request.urlopen(sys.argv[1], timeout=2)
-except Exception:
-    sys.exit(1)' "http://127.0.0.1:$PORT$1"
-}
-tries=0
-until get /ready; do
-    if ! kill -0 "$SERVER" 2>/dev/null; then
+# poll GET /ready in one python3 (POSIX `sleep` takes whole seconds): exit 0 ready, 1 the server exited, 2 not
+# ready in 60 s
+python3 -c '
+import os, sys, time, urllib.request
+url, pid, deadline = sys.argv[1], int(sys.argv[2]), time.monotonic() + 60
+while time.monotonic() < deadline:
+    try:
+        urllib.request.urlopen(url, timeout=2)
+        sys.exit(0)
+    except OSError:
+        pass
+    try:  # an exited child stays a zombie until `wait`: read its state where /proc is
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                sys.exit(1)
+    except FileNotFoundError:
+        if os.path.isdir("/proc/self"):
+            sys.exit(1)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            sys.exit(1)
+    time.sleep(0.1)
+sys.exit(2)' "http://127.0.0.1:$PORT/ready" "$SERVER"
+case $? in
+    0) ;;
+    1)
         wait "$SERVER"
         rc=$?
         echo "firmware: serve exited $rc: $(tail -n 1 "$WORK/serve.log")" >&2
         exit $rc
-    fi
-    tries=$((tries + 1))
-    if [ $tries -gt 600 ]; then
+        ;;
+    *)
         echo "firmware: serve not ready after 60 s" >&2
         stop
         exit 4
-    fi
-    sleep 0.1
-done
+        ;;
+esac
 echo "firmware: serve: ready on port $PORT"
 
 # 5. one request: POST /v1/infer with INPUT; the answer's outputs are checked for shapes

@@ -1,12 +1,14 @@
 """examples/firmware.sh runs as an edge box's firmware would run it: under dash (POSIX sh), on the host board
 with the tiny ONNX test model, plan → deploy → golden → serve → one request → stop, branching on exit codes and
 JSON fields; with an unknown board (exit 2, the error branch) and a model that does not fit (exit 1) it stops at
-the plan. The three runs go side by side; deploy reuses the conversion cache."""
+the plan, and with its port taken it stops with serve's exit code (2). The four runs go side by side; deploy
+reuses the conversion cache."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import socket
 import subprocess
 from pathlib import Path
 
@@ -38,6 +40,14 @@ def test_firmware_goes_plan_to_stop_and_branches_on_exit_codes_and_json(tmp_path
     ok = _start(tmp_path / "ok", str(m.path), "host", env)
     unknown = _start(tmp_path / "unknown", str(m.path), "no-such-board", env)
     too_big = _start(tmp_path / "big", "qwen3-8b", "rk3588-4g", env)
+    with socket.socket() as taken:  # serve cannot listen there: its exit code is the script's
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = _start(tmp_path / "busy", str(m.path), "host", {**env, "PORT": str(taken.getsockname()[1])})
+        out, err = busy.communicate(timeout=300)
+    assert busy.returncode == 2, err
+    assert out.splitlines()[-1] == "firmware: golden: passed" and "firmware: serve exited 2: error: " in err, err
+    assert "Address already in use" in err, err
 
     out, err = unknown.communicate(timeout=120)
     assert unknown.returncode == 2, err
