@@ -66,7 +66,9 @@ case $rc in
     *) failed plan $rc ;;
 esac
 if [ "$(field "$WORK/plan.json" verdict)" != fits ]; then
-    echo "firmware: $MODEL does not fit $BOARD: $(field "$WORK/plan.json" reasons.0)" >&2
+    reason=$(field "$WORK/plan.json" reasons.0)
+    [ -n "$reason" ] || reason=$(field "$WORK/plan.json" error.message)
+    echo "firmware: $MODEL does not fit $BOARD: $reason" >&2
     exit 1
 fi
 echo "firmware: plan: fits ($(field "$WORK/plan.json" options.runtime), $(field "$WORK/plan.json" options.quant))"
