@@ -104,6 +104,8 @@ def generate_cmd(model: Path, prompt: str, chat: bool, max_new_tokens: int, temp
         result = stream.result
         report = {"model": str(model), "backend": session.decoder.backend_name, "device": session.decoder.device,
                   "context": session.context, **result.to_json()}
+        if session.decoder.caveat:
+            report["notes"] = [session.decoder.caveat]
         paging = session.decoder.paging_stats()
         if paging is not None:  # a layer-paged decoder: its window and page-ins since load
             report["paging"] = paging

@@ -172,7 +172,8 @@ def test_on_cpu_it_says_once_that_it_is_for_checking_not_for_speed(ascend_genera
     p = run_cli(capfd, "generate", str(llm_dir), "--backend", "ascend", "--prompt", "Hi", "--max-new-tokens", "2",
                 "--threads", "1", "--json")
     assert p.returncode == 0, p.stderr
-    assert json.loads(p.stdout)["device"] == "cpu"
+    out = json.loads(p.stdout)
+    assert out["device"] == "cpu" and out["notes"] == [ascend_generator("bf16").decoder.caveat]
     assert p.stderr.count("for checking, not for speed") == 1 and "running on CPU through torch" in p.stderr
     report = bench.bench(ascend_generator("bf16"), "tiny", [4], new_tokens=2, repeat=1, warmup=0)
     assert [n for n in report["notes"] if "not for speed" in n] == [ascend_generator("bf16").decoder.caveat]
