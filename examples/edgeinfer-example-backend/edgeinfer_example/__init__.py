@@ -1,5 +1,7 @@
 """A minimal third-party edgeinfer plugin (see docs/writing-a-backend.md)."""
 
+from pathlib import Path
+
 from edgeinfer.contract import hookimpl
 
 
@@ -8,3 +10,8 @@ def register_backends(register):
     from .backend import ExampleBackend  # imported on first use, so CLI start-up stays light
 
     register(ExampleBackend)
+
+
+@hookimpl
+def register_boards(register):
+    register(Path(__file__).parent / "boards" / "example-cpu.yaml")  # package data (pyproject.toml)
