@@ -285,6 +285,7 @@ def deploy(
         reference = plugins.get_backend(ENCODER_REFERENCE).load(ref_path)
     shapes_used = {**auto, **user_shapes}
     specs = with_shapes(reference.inputs, shapes_used)
+    _check_shapes_option(backend, src, reference.inputs, shapes_used)
     bucketing = _bucketing(bucket_arg, static, bool(shapes), layout, dynamic, src, b, scheme, seq, progress,
                            "shapes" in backend.tensors.convert_options)
 
@@ -342,13 +343,8 @@ def _build(src, b, backend, scheme, work, ref_path, reference, specs, shapes_use
     """Convert into ``work``, run the golden check, and write the bundle there; raise if the check fails."""
     convert_input = src.path if src.kind in backend.tensors.sources else ref_path
     convert_opts = convert_options(backend, b, options)
-    if convert_input == ref_path and shapes_used:
-        if "shapes" in backend.tensors.convert_options:
-            convert_opts.setdefault("shapes", shapes_used)
-        elif not all(s.is_static for s in reference.inputs):
-            raise InputError(f"backend {backend.name!r} takes no convert option 'shapes', so it cannot fix the "
-                             f"free dimensions of {src.path.name} to {shapes_used}: export the model with static "
-                             "shapes, or deploy its Hugging Face directory")
+    if convert_input == ref_path and shapes_used and "shapes" in backend.tensors.convert_options:
+        convert_opts.setdefault("shapes", shapes_used)
     cal_set = CalibrationSet(calib_samples) if calib_samples else None
     with progress.step(f"converting to {backend.name} {scheme} for {board_target(b)}"):
         if layout:
@@ -440,6 +436,17 @@ def _bucketing(arg, static: bool, user_shapes: bool, layout: dict, dynamic: tupl
     with progress.step(f"choosing (batch x sequence) buckets for {board.name}"):
         shapes, why = buckets_mod.auto(src.path, board, scheme, seq, buckets_mod.masked(specs))
     return (shapes, why, path, specs) if len(shapes) > 1 else None
+
+
+def _check_shapes_option(backend, src: Source, ref_inputs: list[TensorSpec], shapes: dict[str, list[int]]) -> None:
+    """Deploy fixes free dimensions of the ONNX it converts with the convert option ``shapes``: refused, before
+    any work, for a backend that does not declare it."""
+    converts_ref = src.kind == "onnx" or src.kind not in backend.tensors.sources
+    if (converts_ref and shapes and "shapes" not in backend.tensors.convert_options
+            and not all(s.is_static for s in ref_inputs)):
+        raise InputError(f"backend {backend.name!r} takes no convert option 'shapes', so it cannot fix the free "
+                         f"dimensions of {src.path.name} to {shapes}: export the model with static shapes, or "
+                         "deploy its Hugging Face directory")
 
 
 def _paging_layout(window: int | None, segments: int | None, cuts: list[str] | None, backend) -> dict[str, Any]:

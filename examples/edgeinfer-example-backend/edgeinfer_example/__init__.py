@@ -4,6 +4,8 @@ from pathlib import Path
 
 from edgeinfer.contract import hookimpl
 
+BOARD = Path(__file__).parent / "boards" / "example-cpu.yaml"  # package data (pyproject.toml)
+
 
 @hookimpl
 def register_backends(register):
@@ -14,4 +16,4 @@ def register_backends(register):
 
 @hookimpl
 def register_boards(register):
-    register(Path(__file__).parent / "boards" / "example-cpu.yaml")  # package data (pyproject.toml)
+    register(BOARD)

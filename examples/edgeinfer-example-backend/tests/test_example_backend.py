@@ -2,6 +2,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from edgeinfer.testing import BackendConformance
 from edgeinfer.testing.cli import run_cli
 from edgeinfer.testing.models import mlp
@@ -34,3 +36,29 @@ def test_deploys_to_the_board_it_registers(capfd, tmp_path):
     assert (d["backend"], d["board"], d["scheme"], d["golden"]["passed"]) == ("example", "example-cpu", "fp32", True)
     r = run_cli(capfd, "verify", str(tmp_path / "b"), "--json")
     assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--shape", "x=2x16"], "takes no convert option 'shapes'"),
+    (["--buckets", "1x16,2x16"], "takes no convert option 'shapes'"),
+])
+def test_what_needs_an_undeclared_option_is_refused_before_any_work(capfd, tmp_path, args, needle):
+    """Static shapes and buckets reach convert as the option `shapes`, which this backend does not declare."""
+    model = mlp(tmp_path)  # a free batch axis
+    r = run_cli(capfd, "deploy", str(model.path), "--board", "example-cpu", "-o", str(tmp_path / "b"), *args)
+    assert r.returncode == 2 and needle in r.stderr, r.stderr
+    assert not (tmp_path / "b").exists()
+
+
+def test_default_scheme_is_one_the_backend_converts(capfd, tmp_path):
+    """A board runtime listing fp16 and fp32: deploy's default for encoders is fp16 only where the backend
+    converts fp16; this one converts fp32 only."""
+    import yaml
+    from edgeinfer_example import BOARD
+
+    board = yaml.safe_load(BOARD.read_text())
+    board["runtimes"]["example-ref"]["schemes"] = ["fp16", "fp32"]
+    (tmp_path / "b.yaml").write_text(yaml.safe_dump(dict(board, name="example-cpu-fp16")))
+    r = run_cli(capfd, "plan", str(mlp(tmp_path).path), "--board", str(tmp_path / "b.yaml"), "--json")
+    build = json.loads(r.stdout)["build"]
+    assert (r.returncode, build["scheme"], build["buildable"]) == (0, "fp32", True)
