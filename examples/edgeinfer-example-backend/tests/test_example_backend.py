@@ -3,9 +3,12 @@ import subprocess
 import sys
 
 import pytest
+import yaml
+from edgeinfer_example import BOARD
 
 from edgeinfer.testing import BackendConformance
 from edgeinfer.testing.cli import run_cli
+from edgeinfer.testing.llm import model_dir
 from edgeinfer.testing.models import mlp
 
 
@@ -62,3 +65,24 @@ def test_default_scheme_is_one_the_backend_converts(capfd, tmp_path):
     r = run_cli(capfd, "plan", str(mlp(tmp_path).path), "--board", str(tmp_path / "b.yaml"), "--json")
     build = json.loads(r.stdout)["build"]
     assert (r.returncode, build["scheme"], build["buildable"]) == (0, "fp32", True)
+
+
+def test_a_runtime_unknown_to_the_core_gets_overhead_and_speed_from_the_board(capfd, tmp_path):
+    """No core data for runtime example-ref: the board profile's `overhead_mib` is the plan's runtime memory, and
+    its inline `speed` constants give the decode estimate, 1 / (t0 + bytes per token / (bw_fraction x bw))."""
+    board = yaml.safe_load(BOARD.read_text())
+    overhead = board["runtimes"]["example-ref"]["overhead_mib"]
+    r = run_cli(capfd, "plan", str(mlp(tmp_path).path), "--board", "example-cpu", "--json")
+    memory = json.loads(r.stdout)["memory"]
+    assert memory["breakdown"]["runtime"] == overhead["value"] * 2**20
+    assert memory["details"]["runtime"]["source"] == overhead["source"]
+
+    runtime = dict(board["runtimes"]["example-ref"], kinds=["decoder"],
+                   speed={"fp32": {"t0_ms": 5.0, "bw_fraction": 0.5, "source": "this test's constants"}})
+    (tmp_path / "llm.yaml").write_text(yaml.safe_dump(dict(board, name="example-llm",
+                                                           runtimes={"example-ref": runtime})))
+    r = run_cli(capfd, "plan", str(model_dir()), "--board", str(tmp_path / "llm.yaml"), "--json")
+    est = json.loads(r.stdout)["estimates"]
+    seconds = 5.0e-3 + est["bytes_per_token"] / (0.5 * board["bandwidth_gbps"]["value"] * 1e9)
+    assert est["decode_tokens_per_s"] == pytest.approx(1 / seconds, rel=1e-3)
+    assert "this test's constants" in est["basis"]
