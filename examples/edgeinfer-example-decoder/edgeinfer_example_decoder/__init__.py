@@ -1,4 +1,4 @@
-"""A minimal third-party decoder plugin (see docs/writing-a-backend.md#a-minimal-decoder-backend)."""
+"""A minimal third-party decoder plugin (see docs/writing-a-backend.md#7-a-minimal-decoder-backend)."""
 
 from edgeinfer.contract import hookimpl
 
