@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from edgeinfer.cli import cli
 from edgeinfer.cli.plan import boards_cmd, plan_cmd
+from edgeinfer.contract.registry import registry
 
 # edgeinfer.cli attaches these in main(); attach them here for CliRunner (idempotent)
 cli.add_command(plan_cmd)
@@ -60,7 +61,8 @@ def test_board_all_matrix_and_several_models():
     d = json.loads(r.stdout)
     assert d["kind"] == "edgeinfer.plan_matrix"
     packaged = len(list((Path(__file__).resolve().parents[1] / "boards").glob("*.yaml")))
-    assert len(d["plans"]) == 2 * (packaged + 1)  # every packaged board and host
+    plugin_boards = len(registry().boards())  # the example plugin's example-cpu, in a dev install
+    assert len(d["plans"]) == 2 * (packaged + plugin_boards + 1)  # every packaged board, plugin board and host
     assert r.exit_code == 1  # qwen3-8b does not fit the 4 GB boards
     cell = next(p for p in d["plans"]
                 if p["board"]["name"] == "rk3588-4g" and p["model"]["name"] == "Qwen/Qwen3-0.6B")

@@ -20,7 +20,8 @@ from edgeinfer.errors import InputError
 @click.argument("model", type=click.Path(path_type=Path))
 @click.option("--board", required=True, help="Board name (see `edgeinfer boards`) or a board YAML file.")
 @click.option("--quant", "-q", help="Scheme: w8a8/int8, w8a16, w4a16, fp16, ... as the board supports (default: as "
-              "`edgeinfer plan` decides: the building backend's preference; fp16 for encoders).")
+              "`edgeinfer plan` decides: the building backend's preference; for encoders fp16 where the backend "
+              "converts it, else its default scheme).")
 @click.option("--calib", type=click.Path(path_type=Path),
               help="Calibration data: .txt (one sample a line), .npz or dir.")
 @click.option("--golden-inputs", type=click.Path(path_type=Path), help="Held-out samples for the golden check.")

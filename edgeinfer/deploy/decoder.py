@@ -165,8 +165,10 @@ def deploy_decoder(
     with files.temp_dir(outdir.tmp_parent(out_dir), "deploy") as tmp:
         work = tmp / "bundle"
         work.mkdir()
-        # like the encoder deploy, every backend is told the board's target (cpu/gpu/npu, a chip name ...)
-        convert_options = {"target": facts["target"], **options}
+        # like the encoder deploy, a backend that declares the option is told the board's target (cpu/gpu/npu,
+        # a chip name ...)
+        told = {"target": facts["target"]} if "target" in backend.decoders.convert_options else {}
+        convert_options = {**told, **options}
         if runtime != own_runtime(b):
             convert_options["runtime"] = runtime
         cached = converted(backend, hf_dir, scheme, context, calibration, convert_options, facts, work, progress,

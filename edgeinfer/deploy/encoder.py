@@ -103,6 +103,13 @@ def board_target(board: Board) -> str:
     return board.target or board.family
 
 
+def convert_options(backend: Any, board: Board, options: dict[str, Any] | None) -> dict[str, Any]:
+    """What deploy passes ``convert``: the board's target to a backend that declares the option ``target``,
+    then the user's ``--option`` values (``quantize`` refuses one the backend does not declare)."""
+    own = {"target": board_target(board)} if "target" in backend.tensors.convert_options else {}
+    return {**own, **(options or {})}
+
+
 # --- the steps -------------------------------------------------------------------------------------
 
 
@@ -278,7 +285,9 @@ def deploy(
         reference = plugins.get_backend(ENCODER_REFERENCE).load(ref_path)
     shapes_used = {**auto, **user_shapes}
     specs = with_shapes(reference.inputs, shapes_used)
-    bucketing = _bucketing(bucket_arg, static, bool(shapes), layout, dynamic, src, b, scheme, seq, progress)
+    _check_shapes_option(backend, src, reference.inputs, shapes_used)
+    bucketing = _bucketing(bucket_arg, static, bool(shapes), layout, dynamic, src, b, scheme, seq, progress,
+                           "shapes" in backend.tensors.convert_options)
 
     # 3. samples: calibration and held-out golden inputs
     tokenize = tokenizer_fn(src.hf_dir, specs)
@@ -333,8 +342,8 @@ def _build(src, b, backend, scheme, work, ref_path, reference, specs, shapes_use
            threshold, the_plan, tokenize, seq, options, progress, layout, bucketing=None) -> Manifest:
     """Convert into ``work``, run the golden check, and write the bundle there; raise if the check fails."""
     convert_input = src.path if src.kind in backend.tensors.sources else ref_path
-    convert_opts = {"target": board_target(b), **(options or {})}
-    if convert_input == ref_path and shapes_used:
+    convert_opts = convert_options(backend, b, options)
+    if convert_input == ref_path and shapes_used and "shapes" in backend.tensors.convert_options:
         convert_opts.setdefault("shapes", shapes_used)
     cal_set = CalibrationSet(calib_samples) if calib_samples else None
     with progress.step(f"converting to {backend.name} {scheme} for {board_target(b)}"):
@@ -371,8 +380,8 @@ def _build(src, b, backend, scheme, work, ref_path, reference, specs, shapes_use
     if bucketing:
         shapes, chosen_by, dyn_path, dyn_specs = bucketing
         items = buckets_mod.build(backend, dyn_path, work, scheme, shapes, (1, seq), artifact.name, dyn_specs,
-                                  calib_samples, held, reference, threshold, {"target": board_target(b),
-                                                                               **(options or {})}, report, progress)
+                                  calib_samples, held, reference, threshold, convert_options(backend, b, options),
+                                  report, progress)
         bucket_section = {"chosen_by": chosen_by, "items": items}
     st = stamp.read(artifact) or {}
     out_name = outputs[0].name if outputs else "last_hidden_state"
@@ -406,14 +415,16 @@ def _build(src, b, backend, scheme, work, ref_path, reference, specs, shapes_use
 
 
 def _bucketing(arg, static: bool, user_shapes: bool, layout: dict, dynamic: tuple, src: Source, board: Board,
-               scheme: str, seq: int, progress: Progress) -> tuple | None:
-    """(shapes, how they were chosen, dynamic model, its input specs) for a bucketed bundle, or None."""
+               scheme: str, seq: int, progress: Progress, takes_shapes: bool) -> tuple | None:
+    """(shapes, how they were chosen, dynamic model, its input specs) for a bucketed bundle, or None; each
+    bucket is converted with the convert option ``shapes``, so a backend that does not declare it gets none."""
     explicit = isinstance(arg, list)
     if arg == "none" or not (static or explicit):
         return None
     path, specs = dynamic
     why_not = ("--shape fixes the shape" if user_shapes else "paging bundles are not bucketed" if layout
-               else "the model has no free batch axis" if not buckets_mod.usable(specs) else "")
+               else "the model has no free batch axis" if not buckets_mod.usable(specs)
+               else "the board's backend takes no convert option 'shapes'" if not takes_shapes else "")
     if why_not:
         if explicit:
             raise InputError(f"--buckets cannot be used here: {why_not}")
@@ -425,6 +436,17 @@ def _bucketing(arg, static: bool, user_shapes: bool, layout: dict, dynamic: tupl
     with progress.step(f"choosing (batch x sequence) buckets for {board.name}"):
         shapes, why = buckets_mod.auto(src.path, board, scheme, seq, buckets_mod.masked(specs))
     return (shapes, why, path, specs) if len(shapes) > 1 else None
+
+
+def _check_shapes_option(backend, src: Source, ref_inputs: list[TensorSpec], shapes: dict[str, list[int]]) -> None:
+    """Deploy fixes free dimensions of the ONNX it converts with the convert option ``shapes``: refused, before
+    any work, for a backend that does not declare it."""
+    converts_ref = src.kind == "onnx" or src.kind not in backend.tensors.sources
+    if (converts_ref and shapes and "shapes" not in backend.tensors.convert_options
+            and not all(s.is_static for s in ref_inputs)):
+        raise InputError(f"backend {backend.name!r} takes no convert option 'shapes', so it cannot fix the free "
+                         f"dimensions of {src.path.name} to {shapes}: export the model with static shapes, or "
+                         "deploy its Hugging Face directory")
 
 
 def _paging_layout(window: int | None, segments: int | None, cuts: list[str] | None, backend) -> dict[str, Any]:

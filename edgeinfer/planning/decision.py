@@ -5,7 +5,8 @@ The runtime is the first of the board's runtimes (``default_runtime`` first, the
 takes the model's kind and that this installation can build (``Backend.cannot_build``: the board's backend
 installed, capable, and what the runtime needs besides it importable); the scheme is the building backend's
 preference among those the board lists for that runtime (decoders: ``Backend.decoders.schemes`` order;
-encoders: fp16, since the int8 schemes need calibration data); a file whose format fixes its scheme (.gguf)
+encoders: fp16 where the backend converts it, since the int8 schemes need calibration data, else the backend's
+``tensors.default_scheme``: :func:`encoder_schemes`); a file whose format fixes its scheme (.gguf)
 keeps it on a runtime that runs such files, and is otherwise refused unless ``--quant`` asks for the model
 converted (planned with a note saying so; deploy does not convert such files).
 When nothing installed builds any runtime, the board's preferred one is still planned, with what
@@ -215,7 +216,7 @@ def option(spec: Any, board: Board, runtime: str, kind: str, asked: Scheme | Non
     if missing:
         return Option(runtime, fallback, None, missing)
     families = {normalize_scheme(s).family: s for s in listed}
-    own = cls.decoders.schemes if kind == "decoder" else ("fp16", *cls.tensors.schemes)
+    own = cls.decoders.schemes if kind == "decoder" else encoder_schemes(cls.tensors)
     ok = list(dict.fromkeys(s for s in own if s in families))
     if not ok:
         return Option(runtime, fallback, None, f"board {board.name} lists no scheme that {cls.name} converts "
@@ -226,6 +227,13 @@ def option(spec: Any, board: Board, runtime: str, kind: str, asked: Scheme | Non
         return Option(runtime, asked, None, f"--quant {asked.name}: board {board.name} deploys {kind}s as "
                       f"{', '.join(ok)} only (through {cls.name}, runtime {runtime}); pass one of those", asked=True)
     return Option(runtime, asked, cls.name, None)
+
+
+def encoder_schemes(tensors: Any) -> tuple[str, ...]:
+    """The encoder schemes a backend converts to, deploy's default first: fp16 where it converts fp16 (the int8
+    schemes need calibration data), else its ``default_scheme``."""
+    first = "fp16" if "fp16" in tensors.schemes else tensors.default_scheme
+    return tuple(dict.fromkeys((first, *tensors.schemes)))
 
 
 def builder(board: Board, runtime: str, kind: str) -> tuple[Any, str | None]:

@@ -8,6 +8,7 @@ Usage, in a plugin's tests::
         backend_name = "mynpu"
         quantize_options = {"target": "rk3588"}   # passed to Backend.quantize
         pass_shapes = True                          # add shapes={input: shape} from the feeds
+        board = "rk3588-8g"                         # deploy through this board profile (its backend: mynpu)
 
 Known gaps are data on the Backend class (``tensors = Tensors(gaps={"dynamic_shapes": "why"})``);
 the kit skips the matching cases with that reason. Gap keys: see ``GAP_KEYS``.
@@ -125,6 +126,7 @@ class BackendConformance:
     quantize_options: dict[str, Any] = {}
     load_options: dict[str, Any] = {}
     pass_shapes: bool = False  # static-shape toolkits: pass shapes={input: list(shape)} to quantize
+    board: str | None = None  # a board profile (name or YAML path) whose backend is this one: the deploy case
     rtol: float = 1e-3
     atol: float = 1e-3
 
@@ -385,6 +387,35 @@ class BackendConformance:
             for _ in range(2):
                 assert _cosine(sess.run(feeds)["last_hidden_state"], ref) >= 0.999
             assert sess.stats()["peak_resident_segments"] <= 2
+
+    # --- deploy through a board profile: what `edgeinfer deploy model.onnx --board B` asks the backend ----------
+    def test_deploys_through_its_board_profile(self, kit: _Kit, backend: Backend, tmp_path: Path) -> None:
+        """Deploy passes ``quantize`` only the options the backend declares (the board's target to one that
+        declares ``target``) and the board runtime's scheme; the golden check passes and the bundle runs."""
+        from edgeinfer.deploy.encoder import deploy
+        from edgeinfer.planning.boards import get_board
+
+        if not self.board:
+            pytest.skip("set `board` to a board profile whose backend is this one (e.g. one the plugin registers)")
+        if "onnx" not in backend.tensors.sources:
+            pytest.skip(f"backend converts {backend.tensors.sources}; the kit deploys an ONNX model")
+        b = get_board(self.board)
+        assert b.backend == self.backend_name, f"board {b.name} deploys with backend {b.backend!r}"
+        kit.close()
+        m = kit.models["mlp"]
+        result = deploy(m.path, self.board, tmp_path / "bundle", use_cache=False)
+        listed = b.runtimes[b.backend_runtime or b.default_runtime].schemes
+        assert result.manifest.backend == self.backend_name and result.golden["passed"]
+        assert result.manifest.scheme in listed and result.manifest.scheme in backend.tensors.schemes
+        assert result.manifest.board == b.name
+        with edgeinfer.load(result.bundle, device=self.device, **self.load_options) as s:
+            got = s.run(m.feeds)
+        for name, ref in m.reference(m.feeds).items():
+            out = np.asarray(got[name], np.float64)
+            if result.manifest.scheme == "fp32":
+                np.testing.assert_allclose(out, ref, rtol=self.rtol, atol=self.atol, err_msg=name)
+            else:  # the board's scheme is lossy (fp16 ...): as close as a golden check asks
+                assert _cosine(out, ref) >= 0.99, name
 
     # --- options and devices: refused in one line that names the bad value and what is accepted -----------
     def test_unknown_convert_option_is_an_input_error(self, kit: _Kit, backend: Backend, tmp_path: Path) -> None:

@@ -124,8 +124,8 @@ class _Reader:
 
 class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
-    # deploy passes every backend the board's target and the shapes it exported with: a CPU model runs on any
-    # target and keeps its own (dynamic) shapes, so both are accepted and change nothing
+    # deploy passes a backend that declares them the board's target and the shapes it exported with: a CPU model
+    # runs on any target and keeps its own (dynamic) shapes, so both are accepted and change nothing
     tensors = Tensors(native=(".onnx",), schemes=("fp32", "fp16", "w8a8"),
                       convert_options=("per_channel", "shapes", "target"), open_options=("threads",))
     decoders = Decoders(schemes=("fp32", "w4a16"), architectures=ARCHITECTURES, options=("precision", "threads"))
