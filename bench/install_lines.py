@@ -47,7 +47,8 @@ def measure(python: str, src: Path, line: str, where: Path) -> dict:
     seconds = time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(f"{line} failed:\n{proc.stderr[-3000:]}")
-    out = {"line": line, "seconds": round(seconds, 1), "bytes": du_bytes(venv)}
+    out = {"line": line, "seconds": round(seconds, 1), "bytes": du_bytes(venv),
+           "load_average_1min": round(os.getloadavg()[0], 1)}  # a shared machine's pip times vary with its load
     print(f"{line}: {out['bytes'] / 2**20:.0f} MiB, {seconds:.0f} s", file=sys.stderr)
     shutil.rmtree(venv)
     return out
