@@ -120,3 +120,15 @@ def test_repair_hint_of_a_plugin_of_this_repository_adds_its_folder() -> None:
     info = plugins.PluginInfo("openvino", "edgeinfer-openvino", "0.1.0", "import failed: ImportError: x")
     assert plugins.repair_hint(info) == ("fix what the error names, or reinstall edgeinfer-openvino; from a clone "
                                          "of edgeinfer: pip install --force-reinstall ./plugins/openvino")
+
+
+def test_using_a_backend_whose_plugin_fails_to_import_names_its_distribution(third_party) -> None:
+    third_party(MISSING_SDK)
+    from edgeinfer.errors import BackendUnavailableError
+
+    with pytest.raises(BackendUnavailableError) as e:
+        plugins.get_backend("tvm")
+    assert e.value.message.startswith("unknown backend 'tvm'; available: ")
+    assert "tvm (import failed: ModuleNotFoundError" in e.value.message
+    assert e.value.hint.startswith("install the package that provides module 'tvm_runtime_absent_here' (a "
+                                   "dependency of edgeinfer-tvm)")

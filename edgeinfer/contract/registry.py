@@ -231,12 +231,12 @@ def get_backend(name: str) -> Backend:
     reg = registry()
     entry = reg.backend(name)
     if entry is None:
+        known = ", ".join(sorted(reg.backends)) or "none"  # registering every plugin records their failures
         failed = [f"{p.name} ({p.error})" for p in reg.plugins.values() if p.error]
-        known = ", ".join(sorted(reg.backends)) or "none"
         msg = f"unknown backend {name!r}; available: {known}"
         if failed:
             msg += "; plugins that failed to load: " + "; ".join(failed)
-        raise BackendUnavailableError(msg, install_hint(name))
+        raise BackendUnavailableError(msg, unavailable(name)[1])
     return entry.cls()
 
 
