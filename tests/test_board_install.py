@@ -8,8 +8,8 @@ conversion-only package may be among them, nor installed.
 
 With ``EDGEINFER_INSTALL_TESTS=1`` (``make test-install``; it needs the package index and a few minutes), a second
 venv gets the README's Intel decoder line and runs a tiny OpenVINO decoder bundle with ``generate`` and the MiniLM
-bundle with ``run``, and the encoder line alone must answer the decoder bundle with exit 3 naming the decoder line's
-extra.
+bundle with ``run``; the encoder line alone must answer the decoder bundle with exit 3 naming the decoder line's
+extra; a third venv gets the serving line and serves both bundles (one embeddings and one chat request).
 """
 
 from __future__ import annotations
@@ -18,8 +18,11 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
+import time
+import urllib.request
 import venv
 from pathlib import Path
 
@@ -181,3 +184,48 @@ def test_board_encoder_line_answers_a_decoder_bundle_with_the_decoder_extra(boar
     lacking = {r["requirement"]: r for r in report["requires"] if not r["installed"]}
     assert "openvino-genai" in lacking["edgeinfer-openvino[decoders]"]["missing"]
     assert lacking["edgeinfer-openvino[decoders]"]["install"].startswith("pip install './plugins/openvino[decoders]'")
+
+
+@INSTALL_TESTS
+@pytest.mark.slow
+def test_board_serving_line_serves_both_bundles(ov_decoder_bundle: Path, ov_bundle: Path,
+                                                tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
+    from edgeinfer.testing.serve import free_port
+
+    py = fresh_venv(tmp_path_factory.mktemp("board-serve") / "venv", readme_lines("Intel Core Ultra")["serve"])
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "EDGEINFER_PLUGINS")}
+    server = subprocess.Popen([str(py), "-m", "edgeinfer.cli", "serve", str(ov_bundle), str(ov_decoder_bundle),
+                               "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                              cwd=tmp_path, env=env)
+    try:
+        deadline = time.monotonic() + 180
+        while not _ready(port):
+            assert server.poll() is None, server.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "serve was not ready (GET /ready) in 180 s"
+            time.sleep(0.2)
+        data = _post(port, "/v1/embeddings", {"model": ov_bundle.name, "input": ["a board serves bundles"]})
+        assert len(data["data"][0]["embedding"]) == 384
+        hi = [{"role": "user", "content": "Hi"}]
+        chat = _post(port, "/v1/chat/completions", {"model": ov_decoder_bundle.name, "max_tokens": 4,
+                                                    "temperature": 0, "messages": hi})
+        assert chat["choices"][0]["message"]["content"] and 0 < chat["usage"]["completion_tokens"] <= 4
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.communicate(timeout=60)
+    assert server.returncode == 0
+
+
+def _ready(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=5) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def _post(port: int, path: str, body: dict) -> dict:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return json.load(r)
