@@ -70,7 +70,8 @@ def _render_doctor(report: dict[str, Any]) -> None:
     for f in report["failed_plugins"]:
         out.print(f"  {MARK['fail']} plugin {f['plugin']} ({f['distribution']} {f['version']}) did not load")
         out.print(f"      problem: {escape(f['error'])}")
-        out.print(f"      fix: {escape(f['fix'])}")
+        others = "" if "board" in report else "; or leave it out by listing the others in EDGEINFER_PLUGINS"
+        out.print(f"      fix: {escape(f['fix'])}{others}")
     missing = report.get("missing")
     if missing and not report["failed_plugins"]:
         out.print(f"  {MARK['fail']} {escape(missing['message'])}")
