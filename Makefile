@@ -1,5 +1,6 @@
 # make dev   — .venv with the core, every plugin and example in editable mode, and test deps
 # make test  — ruff check, then the whole suite inside .venv
+# make test-install — the README's board install lines in fresh venvs (needs the package index; minutes)
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -8,7 +9,7 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 PROJECTS := . $(sort $(dir $(wildcard plugins/*/pyproject.toml examples/*/pyproject.toml)))
 STAMP := $(VENV)/.edgeinfer-dev
 
-.PHONY: dev test lint bench clean prometheus
+.PHONY: dev test test-install lint bench clean prometheus
 
 dev: $(STAMP)
 
@@ -39,6 +40,11 @@ PYTEST_ARGS ?= --durations=30  # the slowest tests, so the suite's time stays wa
 
 test: dev lint
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# opt-in (tests/test_board_install.py skips these without EDGEINFER_INSTALL_TESTS=1): the decoder line runs a decoder
+# bundle, the encoder line alone answers one with exit 3 naming the extra
+test-install: dev
+	EDGEINFER_INSTALL_TESTS=1 $(PY) -m pytest tests/test_board_install.py -q
 
 lint: dev
 	$(VENV)/bin/ruff check .

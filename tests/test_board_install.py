@@ -1,18 +1,28 @@
-"""Board-side install: the core plus the OpenVINO plugin with only its runtime runs a bundle.
+"""Board-side installs: the README's board install lines, each in a fresh venv, run the bundles they are for.
 
-A fresh venv gets ``pip install '.[text]' ./plugins/openvino`` (this interpreter's pip, pointed at the
-venv with ``--python``; wheels from the configured index or cache, no network needed beyond it), then
-runs a MiniLM bundle deployed by this (full) environment with ``edgeinfer run BUNDLE --text … --json``
-and ``edgeinfer golden BUNDLE``. Every module the process imported is dumped at exit: no conversion-only
-package may be among them, nor installed.
+A fresh venv gets the README's Intel encoder line (``pip install '.[text]' ./plugins/openvino``; this
+interpreter's pip, pointed at the venv with ``--python``; wheels from the configured index or cache, no network
+needed beyond it), then runs a MiniLM bundle deployed by this (full) environment with ``edgeinfer run BUNDLE
+--text … --json`` and ``edgeinfer golden BUNDLE``. Every module the process imported is dumped at exit: no
+conversion-only package may be among them, nor installed.
+
+With ``EDGEINFER_INSTALL_TESTS=1`` (``make test-install``; it needs the package index and a few minutes), a second
+venv gets the README's Intel decoder line and runs a tiny OpenVINO decoder bundle with ``generate`` and the MiniLM
+bundle with ``run``; the encoder line alone must answer the decoder bundle with exit 3 naming the decoder line's
+extra; a third venv gets the serving line and serves both bundles (one embeddings and one chat request).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
+import signal
 import subprocess
 import sys
+import time
+import urllib.request
 import venv
 from pathlib import Path
 
@@ -20,6 +30,8 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+INSTALL_TESTS = pytest.mark.skipif(os.environ.get("EDGEINFER_INSTALL_TESTS") != "1",
+                                   reason="fresh-venv installs: set EDGEINFER_INSTALL_TESTS=1 (make test-install)")
 CONVERSION_ONLY = ("torch", "transformers", "onnx", "onnxruntime", "nncf", "optimum", "torchao", "onnxscript")
 
 # Runs the CLI like the `edgeinfer` script does and writes sys.modules to $MODULES_OUT at exit.
@@ -31,15 +43,27 @@ runpy.run_module("edgeinfer.cli", run_name="__main__")
 """
 
 
-@pytest.fixture(scope="module")
-def board_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("board") / "venv"
+def readme_lines(board: str) -> dict[str, list[str]]:
+    """The README's board install lines of ``board`` (encoder, decoder, serve), as pip arguments from the root."""
+    readme = (ROOT / "README.md").read_text()
+    row = next(ln for ln in readme.splitlines() if ln.startswith(f"| {board} |"))
+    lines = re.findall(r"`pip install ([^`]+)`", row)
+    assert len(lines) == 3, row
+    args = [[a if not a.startswith(".") else str(ROOT) + a[1:] for a in shlex.split(line)] for line in lines]
+    return dict(zip(("encoder", "decoder", "serve"), args))
+
+
+def fresh_venv(root: Path, pip_args: list[str]) -> Path:
     venv.EnvBuilder(with_pip=False).create(root)  # no ensurepip: this interpreter's pip installs into it
     py = root / "bin" / "python"
-    pkgs = [f"{ROOT}[text]", str(ROOT / "plugins" / "openvino")]  # README: pip install '.[text]' ./plugins/openvino
-    proc = subprocess.run(_pip(py, "install", "-q", *pkgs), capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(_pip(py, "install", "-q", *pip_args), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return py
+
+
+@pytest.fixture(scope="module")
+def board_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return fresh_venv(tmp_path_factory.mktemp("board") / "venv", readme_lines("Intel Core Ultra")["encoder"])
 
 
 @pytest.fixture(scope="module")
@@ -104,3 +128,104 @@ def test_board_side_install_says_how_to_get_conversion(board_venv: Path, tmp_pat
     text = " ".join(proc.stdout.split())
     assert "nncf is not installed" in text
     assert "fix: pip install './plugins/openvino[convert]'" in text
+
+
+@pytest.fixture(scope="module")
+def decoder_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return fresh_venv(tmp_path_factory.mktemp("board-llm") / "venv", readme_lines("Intel Core Ultra")["decoder"])
+
+
+@pytest.fixture(scope="module")
+def ov_decoder_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny test decoder deployed for core-ultra-155h by this environment (its conversion is cached)."""
+    from edgeinfer.deploy.decoder import deploy_decoder
+    from edgeinfer.testing.llm import model_dir
+
+    out = tmp_path_factory.mktemp("llm-bundle") / "tiny-qwen3-ov"
+    deploy_decoder(model_dir(), "core-ultra-155h", out, ctx=256)
+    return out
+
+
+@INSTALL_TESTS
+@pytest.mark.slow
+def test_board_decoder_line_runs_a_decoder_bundle_and_an_encoder_bundle(decoder_venv: Path, ov_decoder_bundle: Path,
+                                                                        ov_bundle: Path, tmp_path: Path) -> None:
+    gen, mods = _run(decoder_venv, tmp_path, "generate", str(ov_decoder_bundle), "--prompt",
+                     "THE SOFTWARE IS PROVIDED", "--max-new-tokens", "8", "--json")
+    assert gen.returncode == 0, gen.stderr
+    out = json.loads(gen.stdout)
+    assert out["backend"] == "openvino" and len(out["token_ids"]) == 8 and out["text"].strip()
+    assert {"openvino_genai", "edgeinfer_openvino"} <= mods
+    assert mods.isdisjoint(CONVERSION_ONLY), mods & set(CONVERSION_ONLY)
+
+    run, mods = _run(decoder_venv, tmp_path, "run", str(ov_bundle), "--text", "a board runs bundles", "--json")
+    assert run.returncode == 0, run.stderr
+    assert np.asarray(json.loads(run.stdout)["embeddings"]).shape == (1, 384)
+
+    verify, _ = _run(decoder_venv, tmp_path, "verify", str(ov_decoder_bundle), "--json")
+    assert verify.returncode == 0, verify.stderr
+    assert json.loads(verify.stdout)["installed"] is True
+
+
+@INSTALL_TESTS
+@pytest.mark.slow
+def test_board_encoder_line_answers_a_decoder_bundle_with_the_decoder_extra(board_venv: Path,
+                                                                            ov_decoder_bundle: Path,
+                                                                            tmp_path: Path) -> None:
+    gen, _ = _run(board_venv, tmp_path, "generate", str(ov_decoder_bundle), "--prompt", "hi", "--max-new-tokens", "2")
+    assert gen.returncode == 3, gen.stderr
+    assert "needs the Python package 'openvino_genai', which is not installed" in gen.stderr
+    assert "pip install './plugins/openvino[decoders]'" in gen.stderr
+
+    verify, _ = _run(board_venv, tmp_path, "verify", str(ov_decoder_bundle), "--json")
+    assert verify.returncode == 3, verify.stderr
+    report = json.loads(verify.stdout)
+    assert report["ok"] is True and report["installed"] is False
+    lacking = {r["requirement"]: r for r in report["requires"] if not r["installed"]}
+    assert "openvino-genai" in lacking["edgeinfer-openvino[decoders]"]["missing"]
+    assert lacking["edgeinfer-openvino[decoders]"]["install"].startswith("pip install './plugins/openvino[decoders]'")
+
+
+@INSTALL_TESTS
+@pytest.mark.slow
+def test_board_serving_line_serves_both_bundles(ov_decoder_bundle: Path, ov_bundle: Path,
+                                                tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
+    from edgeinfer.testing.serve import free_port
+
+    py = fresh_venv(tmp_path_factory.mktemp("board-serve") / "venv", readme_lines("Intel Core Ultra")["serve"])
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "EDGEINFER_PLUGINS")}
+    server = subprocess.Popen([str(py), "-m", "edgeinfer.cli", "serve", str(ov_bundle), str(ov_decoder_bundle),
+                               "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                              cwd=tmp_path, env=env)
+    try:
+        deadline = time.monotonic() + 180
+        while not _ready(port):
+            assert server.poll() is None, server.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "serve was not ready (GET /ready) in 180 s"
+            time.sleep(0.2)
+        data = _post(port, "/v1/embeddings", {"model": ov_bundle.name, "input": ["a board serves bundles"]})
+        assert len(data["data"][0]["embedding"]) == 384
+        hi = [{"role": "user", "content": "Hi"}]
+        chat = _post(port, "/v1/chat/completions", {"model": ov_decoder_bundle.name, "max_tokens": 4,
+                                                    "temperature": 0, "messages": hi})
+        assert chat["choices"][0]["message"]["content"] and 0 < chat["usage"]["completion_tokens"] <= 4
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.communicate(timeout=60)
+    assert server.returncode == 0
+
+
+def _ready(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=5) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def _post(port: int, path: str, body: dict) -> dict:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return json.load(r)

@@ -14,7 +14,7 @@ from edgeinfer.errors import BackendUnavailableError
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGIN_PATH = re.compile(r"""pip install ['"]?\./plugins/(\w+)(?:\[(\w+)\])?""")
-CORE_EXTRA = re.compile(r"""pip install ['"]?(?:\.|edgeinfer)\[(\w+)\]""")
+CORE_EXTRA = re.compile(r"""pip install ['"]?(?:\.|edgeinfer)\[([\w,]+)\]""")  # '.[llm,serve]' too
 
 
 def _extras(pyproject: Path) -> set[str]:
@@ -58,7 +58,9 @@ def test_every_install_command_in_code_and_docs_names_an_existing_folder_and_ext
                 problems.append(f"{where}: ./plugins/{plugin} does not exist")
             elif extra and extra not in _extras(pyproject):
                 problems.append(f"{where}: ./plugins/{plugin} has no extra [{extra}]")
-        for extra in CORE_EXTRA.findall(text):
+        for extra in ",".join(CORE_EXTRA.findall(text)).split(","):
+            if not extra:
+                continue
             seen += 1
             if extra not in _extras(ROOT / "pyproject.toml"):
                 problems.append(f"{where}: edgeinfer has no extra [{extra}]")

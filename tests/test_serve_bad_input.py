@@ -160,7 +160,7 @@ def test_serve_without_its_extras_says_how_to_install_them_and_exits_3(tmp_path)
                           timeout=60)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 3, proc.stderr
-    assert len(lines) == 1 and "pip install 'edgeinfer[serve]'" in lines[0], proc.stderr
+    assert len(lines) == 1 and "pip install '.[serve]' (in a clone of edgeinfer)" in lines[0], proc.stderr
     assert "internal error" not in proc.stderr and "Traceback" not in proc.stderr
 
 

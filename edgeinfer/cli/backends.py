@@ -70,13 +70,21 @@ def _render_doctor(report: dict[str, Any]) -> None:
     for f in report["failed_plugins"]:
         out.print(f"  {MARK['fail']} plugin {f['plugin']} ({f['distribution']} {f['version']}) did not load")
         out.print(f"      problem: {escape(f['error'])}")
-        out.print("      fix: fix what the error names and reinstall the plugin (from a clone: pip install "
-                  "--force-reinstall ./plugins/NAME), or leave it out by listing the others in EDGEINFER_PLUGINS")
-    if not report["backends"] and not report["failed_plugins"]:
+        others = "" if "board" in report else "; or leave it out by listing the others in EDGEINFER_PLUGINS"
+        out.print(f"      fix: {escape(f['fix'])}{others}")
+    missing = report.get("missing")
+    if missing and not report["failed_plugins"]:
+        out.print(f"  {MARK['fail']} {escape(missing['message'])}")
+        out.print(f"      fix: {escape(missing['fix'])}")
+    if not report["backends"] and not report["failed_plugins"] and "board" not in report:
         out.print(f"  {MARK['fail']} no backend plugins installed")
         out.print(f"      fix: {PLUGIN_INSTALL_HINT}")
     usable = ", ".join(report["usable"]) or "none"
-    out.print(f"usable backends: {usable}")
+    if "board" in report:
+        out.print(f"board {report['board']}: backend {report['backend']} is "
+                  f"{'usable' if report['usable'] else 'not usable here'}")
+    else:
+        out.print(f"usable backends: {usable}")
 
 
 @click.command()
@@ -89,13 +97,17 @@ def backends(as_json: bool) -> None:
 
 
 @click.command()
+@click.option("--board", "board", metavar="BOARD",
+              help="Check only BOARD's backend (a board name or profile YAML): exit 3 unless it imports and its "
+                   "probe finds it usable; other plugins are not imported.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 @click.pass_context
-def doctor(ctx: click.Context, as_json: bool) -> None:
-    """Check the environment and every backend; print each problem with its fix (exit 3 if no backend works)."""
-    from edgeinfer.run.doctor import doctor_report
+def doctor(ctx: click.Context, board: str | None, as_json: bool) -> None:
+    """Check the environment and every backend (or BOARD's); print each problem with its fix (exit 3 if no
+    backend works, or with --board if that board's backend does not)."""
+    from edgeinfer.run.doctor import board_report, doctor_report
 
-    report = doctor_report()
+    report = board_report(board) if board is not None else doctor_report()
     emit(report, as_json, _render_doctor)
     if not report["usable"]:
         ctx.exit(errors.UNAVAILABLE)

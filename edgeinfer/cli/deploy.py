@@ -224,7 +224,8 @@ def golden(
 @click.pass_context
 def verify(ctx: click.Context, bundle_dir: Path, reseal: bool, as_json: bool) -> None:
     """Check every file of BUNDLE against the sizes and sha256 in its manifest: exit 2 when one differs or a
-    symlink leads out of the bundle, 1 when the bundle holds files the manifest does not record."""
+    symlink leads out of the bundle, 1 when the bundle holds files the manifest does not record, 3 when this
+    installation lacks a package the bundle runs with (its manifest's `requires`)."""
     from edgeinfer.model.bundle import verify as verify_bundle
 
     report = verify_bundle(bundle_dir, reseal=reseal)
@@ -240,6 +241,12 @@ def verify(ctx: click.Context, bundle_dir: Path, reseal: bool, as_json: bool) ->
             click.echo(f"  {rel} is not recorded in the manifest")
         for rel in r["resealed"]:
             click.echo(f"  {rel} recorded (--reseal)")
+        for req in r["requires"]:
+            if req["installed"]:
+                click.echo(f"  runs with {req['requirement']}: installed")
+            else:
+                click.echo(f"  runs with {req['requirement']}: not installed ({', '.join(req['missing'])} missing); "
+                           f"{req['install']}")
 
     emit(report, as_json, render)
     if report["outside_links"]:
@@ -258,6 +265,11 @@ def verify(ctx: click.Context, bundle_dir: Path, reseal: bool, as_json: bool) ->
                    f"bundle, record {'them' if n > 1 else 'it'} with `edgeinfer verify {bundle_dir} --reseal` "
                    "(symlinks are never recorded: replace them with the files)", err=True)
         ctx.exit(errors.NEGATIVE)
+    if not report["installed"]:
+        lacking = [r for r in report["requires"] if not r["installed"]]
+        click.echo(f"error: this installation cannot run bundle {bundle_dir}: {lacking[0]['requirement']} is not "
+                   f"installed; {lacking[0]['install']}", err=True)
+        ctx.exit(errors.UNAVAILABLE)
 
 
 def _window(value: str) -> int:

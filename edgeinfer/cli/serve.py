@@ -114,6 +114,8 @@ def _app_serve():
     except ImportError as e:
         if (e.name or "").split(".")[0] not in EXTRAS:
             raise
+        from edgeinfer.contract.packages import install_line
+
         raise BackendUnavailableError(f"edgeinfer serve needs {e.name}, which is not installed",
-                                      "pip install 'edgeinfer[serve]'") from None
+                                      install_line("edgeinfer[serve]"), kind="package_missing") from None
     return serve

@@ -47,6 +47,9 @@ class Tensors:
     open_options: tuple[str, ...] = ()
     #: what the runtime cannot do, with why: {"dynamic_shapes": "why"}; the conformance kit skips those cases
     gaps: Mapping[str, str] = field(default_factory=dict)
+    #: extras of the plugin's own distribution that running an artifact needs besides its dependencies: a
+    #: bundle's manifest records them (``requires``) and ``verify`` says whether this installation has them
+    extras: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,9 @@ class Decoders:
     #: runtime (``runtimes`` in the board profiles) that runs them, e.g. {".rkllm": "rkllm"}; the core
     #: tokenizes with the tokenizer.json next to such a file and plans it on that runtime only
     native: Mapping[str, str] = field(default_factory=dict)
+    #: extras of the plugin's own distribution that running a decoder bundle needs besides its dependencies
+    #: (``("decoders",)`` for a runtime kept out of a board's encoder install); recorded in the bundle's manifest
+    extras: tuple[str, ...] = ()
 
     def refusal(self, architecture: str, backend: str) -> str | None:
         """Why ``backend`` cannot export a decoder of ``architecture`` (a ``model_type``), or None."""

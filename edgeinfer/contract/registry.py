@@ -18,7 +18,7 @@ from typing import Any
 import pluggy
 
 from edgeinfer.contract import hookspecs
-from edgeinfer.contract.backend import Backend
+from edgeinfer.contract.backend import Backend, Probe, Problem
 from edgeinfer.contract.names import BUNDLED_PLUGINS
 from edgeinfer.contract.records import Decoders, Tensors
 from edgeinfer.errors import BackendUnavailableError
@@ -32,6 +32,7 @@ class PluginInfo:
     distribution: str
     version: str
     error: str | None = None  # why it failed to import or register
+    missing: str | None = None  # the module its import found not installed (ModuleNotFoundError), if that was why
 
 
 @dataclass
@@ -48,6 +49,7 @@ class Registry:
         self._backends: dict[str, BackendEntry] | None = None
         self._boards: list[tuple[Any, PluginInfo]] | None = None
         self._alone: dict[str, BackendEntry | None] = {}  # backend(): registered from its own plugin only
+        self._probes: dict[str, Probe] = {}
         self._load_entry_points()
 
     def _selected(self) -> set[str] | None:
@@ -68,6 +70,8 @@ class Registry:
                 self.pm.register(module, name=ep.name)
             except Exception as e:  # a broken plugin must not break the others
                 info.error = f"import failed: {type(e).__name__}: {e}"
+                if isinstance(e, ModuleNotFoundError):
+                    info.missing = e.name
 
     def _impls(self, hook: str) -> list[tuple[str, PluginInfo, Any]]:
         """(plugin, info, caller) for every plugin implementing ``hook``, in plugin order: ``caller`` is pluggy's
@@ -102,6 +106,21 @@ class Registry:
             if self._alone[name] is not None:
                 return self._alone[name]
         return self.backends.get(name)
+
+    def probe(self, name: str) -> Probe:
+        """Backend ``name``'s probe, run once per process (probes import SDKs and may start devices); a probe
+        that raises is a failed Probe naming the exception, so one backend never takes a listing down."""
+        if name not in self._probes:
+            entry = self.backend(name)
+            if entry is None:
+                raise BackendUnavailableError(f"unknown backend {name!r}", install_hint(name))
+            try:
+                self._probes[name] = entry.cls().probe()
+            except Exception as e:
+                self._probes[name] = Probe(available=False, problems=[Problem(
+                    f"probe failed: {type(e).__name__}: {e}",
+                    f"run with --debug and report it to {entry.plugin.distribution}'s authors")])
+        return self._probes[name]
 
     def _register_alone(self, name: str) -> BackendEntry | None:
         for plugin, info, impl in self._impls("register_backends"):
@@ -207,15 +226,17 @@ def backend_names() -> list[str]:
 
 
 def get_backend(name: str) -> Backend:
+    """Backend ``name``, importing only its own plugin's backend module where that plugin provides it; every
+    plugin is registered only to list the installed ones when there is none of that name."""
     reg = registry()
-    entry = reg.backends.get(name)
+    entry = reg.backend(name)
     if entry is None:
+        known = ", ".join(sorted(reg.backends)) or "none"  # registering every plugin records their failures
         failed = [f"{p.name} ({p.error})" for p in reg.plugins.values() if p.error]
-        known = ", ".join(sorted(reg.backends)) or "none"
         msg = f"unknown backend {name!r}; available: {known}"
         if failed:
             msg += "; plugins that failed to load: " + "; ".join(failed)
-        raise BackendUnavailableError(msg, install_hint(name))
+        raise BackendUnavailableError(msg, unavailable(name)[1])
     return entry.cls()
 
 
@@ -240,3 +261,33 @@ def install_hint(name: str) -> str:
     if name in BUNDLED:
         return f"install its plugin from a clone of edgeinfer: pip install ./plugins/{name}"
     return f"install the distribution that registers backend {name!r} in the 'edgeinfer' entry-point group"
+
+
+def repair_hint(info: PluginInfo) -> str:
+    """How to fix plugin ``info``, installed but failing to load: what it lacks, and its distribution to reinstall
+    (by name: a third party's plugin has no folder here; this repository's plugins add theirs)."""
+    dist = info.distribution
+    if info.missing:
+        fix = (f"install the package that provides module {info.missing!r} (a dependency of {dist}), or reinstall "
+               f"{dist} with its dependencies")
+    else:
+        fix = f"fix what the error names, or reinstall {dist}"
+    if info.name in BUNDLED:
+        return f"{fix}; from a clone of edgeinfer: pip install --force-reinstall ./plugins/{info.name}"
+    return f"{fix} (pip install --force-reinstall {dist}, from where you got it)"
+
+
+def unavailable(name: str) -> tuple[str, str]:
+    """(what is wrong, the fix) when backend ``name`` is not registered: its plugin (the entry point of that
+    name) is installed but failed to import or register, or no installed plugin provides it."""
+    reg = registry()
+    info = reg.plugins.get(name)
+    if info is not None and reg.backend(name) is None:
+        reg.backends  # noqa: B018 - registering every plugin records why this one failed
+    if info is not None and info.error:
+        if info.missing:
+            what = f"installed but fails to import: module {info.missing!r} is not installed"
+        else:
+            what = f"installed but fails to load ({info.error})"
+        return f"backend {name!r}: its plugin {info.distribution} {info.version} is {what}", repair_hint(info)
+    return f"backend {name!r} is not installed (no plugin provides it)", install_hint(name)

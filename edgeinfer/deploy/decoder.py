@@ -438,4 +438,5 @@ def make_manifest(work: Path, hf_dir: Path, sha: str, b: Board, backend: Backend
         decoder={"kind": "causal_lm", "architecture": (cfg.get("architectures") or [""])[0], "context": context,
                  "vocab_size": vocab, "runtime": runtime, "tokenizer": decoder_bundle.TOKENIZER, "golden": report,
                  "golden_reference": decoder_bundle.REFERENCE if report.get("ran") else None},
+        requires=outdir.requires(backend, decoder=True, text=True),
     )

@@ -322,6 +322,10 @@ def deploy(
             progress.note(f"reusing the cached conversion of {src.path.name} for {b.name} ({scheme}): {cached_dir}")
             shutil.copytree(cached_dir, work, ignore=shutil.ignore_patterns(seal.SEAL))
             manifest = bundle_mod.Bundle.open(work).manifest
+            needs = outdir.requires(backend, decoder=False, text=tokenize is not None)
+            if manifest.requires != needs:  # what runs it is this installation's plugin's, not the cache's
+                manifest.requires = needs
+                bundle_mod.write(work, manifest)
         else:
             work.mkdir()
             manifest = _build(src, b, backend, scheme, work, ref_path, reference, specs, shapes_used,
@@ -400,6 +404,7 @@ def _build(src, b, backend, scheme, work, ref_path, reference, specs, shapes_use
         golden=report,
         paging=paging_spec,
         buckets=bucket_section,
+        requires=outdir.requires(backend, decoder=False, text=tokenize is not None),
     )
     if manifest.text is not None:
         tok_dir = work / "tokenizer"

@@ -29,6 +29,19 @@ def plan_summary(p: Any) -> dict[str, Any]:
     return {k: d[k] for k in keep if k in d}
 
 
+def requires(backend: Any, decoder: bool, text: bool) -> list[str]:
+    """The distributions a bundle of ``backend`` runs with (the manifest's ``requires``): the core with the extra
+    its tokenizer needs, and the backend's plugin with the extras its ``Tensors`` / ``Decoders`` record names."""
+    from edgeinfer.contract import registry
+
+    core = "edgeinfer[llm]" if decoder else "edgeinfer[text]" if text else "edgeinfer"
+    entry = registry.registry().backend(backend.name)
+    if entry is None or entry.plugin.distribution == "?":  # a backend without distribution metadata
+        return [core]
+    extras = (backend.decoders if decoder else backend.tensors).extras
+    return [core, entry.plugin.distribution + (f"[{','.join(extras)}]" if extras else "")]
+
+
 @dataclass
 class DryRun:
     """What ``deploy --dry-run`` answers: the plan deploy would build for; nothing converted or written."""

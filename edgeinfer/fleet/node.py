@@ -17,7 +17,7 @@ def require_ray() -> None:
     try:
         import ray  # noqa: F401
     except ImportError as e:
-        raise BackendUnavailableError(f"Ray is not installed ({e})", INSTALL_HINT) from None
+        raise BackendUnavailableError(f"Ray is not installed ({e})", INSTALL_HINT, kind="package_missing") from None
 
 
 def start_command(node: NodeResources, address: str | None, port: int, num_cpus: int | None,

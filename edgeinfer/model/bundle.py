@@ -43,7 +43,7 @@ from pydantic import (
     model_validator,
 )
 
-from edgeinfer.contract import seal
+from edgeinfer.contract import packages, seal
 from edgeinfer.contract.backend import TensorSpec
 from edgeinfer.contract.helpers import first_line
 from edgeinfer.errors import InputError
@@ -170,6 +170,8 @@ class Manifest(BaseModel):
     files: dict[str, _as_dict(_File)] = {}  # type: ignore[valid-type]  # relative path -> {"size", "sha256"}
     decoder: _as_dict(DecoderSection) | None = None  # type: ignore[valid-type]  # decoder bundles only
     buckets: _as_dict(BucketsSection) | None = None  # type: ignore[valid-type]  # static-shape buckets
+    #: the distributions (with extras) running the bundle needs, e.g. "edgeinfer[llm]" (edgeinfer.contract.packages)
+    requires: list[StrictStr] = Field(default=[], max_length=64)
 
     @model_validator(mode="before")
     @classmethod
@@ -358,6 +360,8 @@ def verify(path: str | Path, reseal: bool = False) -> dict[str, Any]:
     (``problems``), symlinks leading out of the bundle (``outside_links``) and files the manifest does not
     record (``unrecorded``) are listed, all at once; ``ok`` is True when all three are empty. ``reseal``
     records the unrecorded files (``resealed``) when nothing recorded is damaged and no link leads out.
+    ``requires`` checks each distribution the manifest says the bundle runs with against this installation
+    (``installed``: all of them are here).
     """
     p = Path(path)
     if not _bundle(p):
@@ -370,5 +374,7 @@ def verify(path: str | Path, reseal: bool = False) -> dict[str, Any]:
         resealed = [f for f in extra if f in manifest.files]
         extra = seal.unrecorded(p, manifest.files, {MANIFEST})  # symlinks are never sealed
     size = sum(int(r["size"]) for r in manifest.files.values())
+    requires = packages.check(manifest.requires)
     return {"bundle": str(p), "ok": not (problems or links or extra), "files": len(manifest.files), "bytes": size,
-            "problems": problems, "outside_links": links, "unrecorded": extra, "resealed": resealed}
+            "problems": problems, "outside_links": links, "unrecorded": extra, "resealed": resealed,
+            "requires": requires, "installed": all(r["installed"] for r in requires)}

@@ -83,10 +83,11 @@ def load_tokenizer(path: Path, max_length: int) -> Any:
     try:
         from tokenizers import Tokenizer
     except ImportError:
+        from edgeinfer.contract.packages import install_line
         from edgeinfer.errors import BackendUnavailableError
 
-        raise BackendUnavailableError("text bundles need the 'tokenizers' package",
-                                      "pip install 'edgeinfer[text]' (from a clone: pip install '.[text]')") from None
+        raise BackendUnavailableError("text bundles need the 'tokenizers' package", install_line("edgeinfer[text]"),
+                                      kind="package_missing") from None
 
     if not path.is_file():
         raise InputError(f"tokenizer not found: {path}")

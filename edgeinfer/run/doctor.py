@@ -85,39 +85,54 @@ def environment_checks() -> list[Check]:
     return [python_check(), *cache_checks(cache.root()), plugins_check()]
 
 
+def _backend_row(reg: Any, name: str, probe: bool) -> dict[str, Any]:
+    entry = reg.backend(name)
+    row: dict[str, Any] = {"name": name, "plugin": entry.plugin.name, "distribution": entry.plugin.distribution,
+                           "version": entry.plugin.version}
+    if probe:
+        row.update(reg.probe(name).to_json())
+    return row
+
+
+def _failed(info: Any) -> dict[str, Any]:
+    from edgeinfer.contract.registry import repair_hint
+
+    return {"plugin": info.name, "distribution": info.distribution, "version": info.version, "error": info.error,
+            "fix": repair_hint(info)}
+
+
 def backend_reports(probe: bool = True) -> dict[str, Any]:
     """Every backend with its plugin, version and probe; every plugin that failed to load."""
     from edgeinfer.contract import registry as plugins
-    from edgeinfer.contract.backend import Probe, Problem
 
     reg = plugins.registry()
-    rows = []
-    for name in sorted(reg.backends):
-        entry = reg.backends[name]
-        row: dict[str, Any] = {
-            "name": name,
-            "plugin": entry.plugin.name,
-            "distribution": entry.plugin.distribution,
-            "version": entry.plugin.version,
-        }
-        if probe:
-            try:
-                p = entry.cls().probe()
-            except Exception as e:  # a probe must never take the whole listing down
-                p = Probe(
-                    available=False,
-                    problems=[Problem(f"probe failed: {type(e).__name__}: {e}", "run with --debug and report it")],
-                )
-            row.update(p.to_json())
-        rows.append(row)
-    failed = [
-        {"plugin": p.name, "distribution": p.distribution, "version": p.version, "error": p.error}
-        for p in reg.plugins.values()
-        if p.error
-    ]
+    rows = [_backend_row(reg, name, probe) for name in sorted(reg.backends)]
+    failed = [_failed(p) for p in reg.plugins.values() if p.error]
     return {"backends": rows, "failed_plugins": failed}
 
 
+def board_report(board: str) -> dict[str, Any]:
+    """:func:`doctor_report` for the one backend of ``board`` (a name or a profile path; BoardError when unknown):
+    only that plugin's backend is imported and probed. ``usable`` names it when it imports and its probe finds
+    a device; ``missing`` says what is wrong and the fix when no installed plugin provides it."""
+    from edgeinfer.contract import registry as plugins
+    from edgeinfer.planning.boards import get_board
+
+    b = get_board(board)
+    reg = plugins.registry()
+    report: dict[str, Any] = {"board": b.name, "backend": b.backend, "backends": [], "failed_plugins": [],
+                              "missing": None}
+    if reg.backend(b.backend) is not None:
+        report["backends"].append(_backend_row(reg, b.backend, probe=True))
+    else:
+        problem, fix = plugins.unavailable(b.backend)
+        report["missing"] = {"message": problem, "fix": fix}
+        info = reg.plugins.get(b.backend)
+        if info is not None and info.error:
+            report["failed_plugins"].append(_failed(info))
+    report["environment"] = [c.to_json() for c in environment_checks()]
+    report["usable"] = [r["name"] for r in report["backends"] if r.get("available")]
+    return report
 
 
 def doctor_report() -> dict[str, Any]:

@@ -33,9 +33,10 @@ def choose_backend(path: Path, name: str | None) -> Backend:
     stamped = stamp.read(path) if path.exists() else None
     if stamped:
         return plugins.get_backend(stamped["backend"])
+    reference = plugins.registry().backend(ENCODER_REFERENCE)
+    if reference is not None and reference.cls().is_native(path):  # the reference wins for plain ONNX; no other
+        return reference.cls()  # plugin's backend module is imported for it
     candidates = [n for n in plugins.backend_names() if plugins.get_backend(n).is_native(path)]
-    if ENCODER_REFERENCE in candidates:  # the reference backend wins for plain ONNX
-        return plugins.get_backend(ENCODER_REFERENCE)
     if candidates:
         return plugins.get_backend(candidates[0])
     raise InputError(

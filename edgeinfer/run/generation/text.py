@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from edgeinfer.contract.packages import import_runtime, install_line
 from edgeinfer.errors import BackendUnavailableError, InputError, ModelError, check_text
 
 Message = Mapping[str, Any]
@@ -33,10 +34,8 @@ class TextCodec:
         try:
             from tokenizers import Tokenizer
         except ImportError:
-            raise BackendUnavailableError(
-                "decoder models need the `tokenizers` package",
-                "pip install 'edgeinfer[llm]' (from a clone: pip install '.[llm]')"
-            ) from None
+            raise BackendUnavailableError("decoder models need the `tokenizers` package",
+                                          install_line("edgeinfer[llm]"), kind="package_missing") from None
 
         try:
             self.tokenizer = Tokenizer.from_file(str(path))
@@ -338,7 +337,8 @@ _TEMPLATES: dict[str, Any] = {}
 
 
 def _environment() -> Any:
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    sandbox = import_runtime("jinja2.sandbox", "edgeinfer[llm]", "rendering the model's chat template")
+    ImmutableSandboxedEnvironment = sandbox.ImmutableSandboxedEnvironment  # noqa: N806 - the class, by its name
 
     class Bounded(ImmutableSandboxedEnvironment):
         intercepted_binops = frozenset(["+", "*", "**", "%"])  # also keeps them from being folded at compile

@@ -133,6 +133,11 @@ def pick_device(device: str | None) -> str:
         idx = d.partition(":")[2] or "0"
         if not idx.isdigit():
             raise InputError(f"bad device {device!r}; use npu, npu:N, cpu or cuda")
+        if not torch_npu_installed():
+            raise BackendUnavailableError(
+                f"device {device!r} needs the Python package 'torch_npu', which is not installed",
+                "install the torch_npu release that matches your CANN and torch (plugins/ascend/README.md), "
+                "or omit --device to run on cpu", kind="package_missing")
         if npu_runtime() is None:
             raise BackendUnavailableError(
                 f"device {device!r} asked for but torch_npu has no usable NPU here; run `edgeinfer doctor` "

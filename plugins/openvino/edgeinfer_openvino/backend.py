@@ -53,7 +53,8 @@ class OpenVinoBackend(Backend):
         architectures=decoder_export.ARCHITECTURES, options=decoder_config.OPTIONS,
         convert_options=decoder_export.CONVERT_OPTIONS,
         runtimes=dict.fromkeys(decoder_export.RUNTIME_TARGETS),  # openvino-gpu: the same IR for the iGPU
-        logits_options={"loop": "steps"})  # the golden check steps the IR through ov.Core (GenAI gives no logits)
+        logits_options={"loop": "steps"},  # the golden check steps the IR through ov.Core (GenAI gives no logits)
+        extras=("decoders",))  # GenAI's loops (openvino-genai, openvino-tokenizers): not in a board's encoder install
     resource_names = resources.RESOURCE_NAMES
 
     def accelerators(self, probe: Probe) -> list[Accelerator]:
@@ -112,6 +113,9 @@ class OpenVinoBackend(Backend):
         else:
             problems.append(Problem("nncf is not installed: int8/w8a16/w4a16 conversion is unavailable",
                                     "pip install './plugins/openvino[convert]' (or: pip install nncf)"))
+        if not package_version("openvino-genai"):
+            problems.append(Problem("openvino-genai is not installed: decoder bundles (generate, chat, serve) cannot "
+                                    "run", "pip install './plugins/openvino[decoders]'"))
         return Probe(available=bool(devices), versions=versions, devices=devices, problems=problems, details=details)
 
     def refuses_target(self, target: str, device: str | None) -> str | None:

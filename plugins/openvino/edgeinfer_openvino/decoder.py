@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from edgeinfer.contract import BatchingDecoder, Decoder, NativeDecoder, NativeStep, StepDecoder
+from edgeinfer.contract.packages import import_runtime
 from edgeinfer.errors import InputError, ModelError
 
 from . import decoder_config, decoder_export
@@ -99,9 +100,18 @@ def perf_metrics(pm: Any) -> dict[str, Any]:
     return out
 
 
+def genai() -> Any:
+    """openvino_genai, and openvino_tokenizers, which it needs to read the bundle's tokenizer IR: exit 3
+    (package_missing) naming the extra that installs them when they are not installed."""
+    what, extra = "running an OpenVINO decoder bundle (GenAI's loops)", "edgeinfer-openvino[decoders]"
+    og = import_runtime("openvino_genai", extra, what)
+    import_runtime("openvino_tokenizers", extra, what)
+    return og
+
+
 @functools.cache
 def _streamer_class() -> type:
-    import openvino_genai as og
+    og = genai()
 
     running, stop = og.StreamingStatus.RUNNING, og.StreamingStatus.STOP
 
@@ -135,8 +145,7 @@ class GenAIDecoder(NativeDecoder):
     backend_name = "openvino"
 
     def __init__(self, path: Path, device: str, context: int, slots: int, cfg: decoder_config.DecoderConfig):
-        import openvino_genai as og
-
+        og = genai()
         self._og, self.path, self.cfg = og, path, cfg
         shape = model_shape(path)
         fam = family(device)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edgeinfer.contract import OpTime, Session, TensorSpec
+from edgeinfer.contract.packages import import_runtime
 from edgeinfer.errors import FeedError, InputError
 
 from . import toolkit as tk
@@ -131,9 +132,8 @@ class LiteRuntime:
     """One .rknn model loaded on the board's NPU through RKNNLite."""
 
     def __init__(self, artifact: Path, mask: int, perf: bool = False):
-        from rknnlite.api import RKNNLite
-
-        self._lite = RKNNLite(verbose=False)
+        lite = import_runtime("rknnlite.api", "rknn-toolkit-lite2", "running a .rknn on the board's NPU (RKNNLite)")
+        self._lite = lite.RKNNLite(verbose=False)
         if self._lite.load_rknn(str(artifact)) != 0:
             self._lite.release()
             raise InputError(f"RKNNLite could not load {artifact.name}; convert it again for this board")
