@@ -210,7 +210,7 @@ def get_backend(name: str) -> Backend:
     reg = registry()
     entry = reg.backends.get(name)
     if entry is None:
-        failed = [f"{p.name} ({p.error})" for p in reg.plugins.values() if p.error]
+        failed = [f"{p.name} from distribution {p.distribution} ({p.error})" for p in reg.plugins.values() if p.error]
         known = ", ".join(sorted(reg.backends)) or "none"
         msg = f"unknown backend {name!r}; available: {known}"
         if failed:
