@@ -333,7 +333,7 @@ class Backend:
         canonical = parsed.name  # e.g. "w4a16_g128"; convert() may call normalize_scheme for the group size
         if parsed.family not in self.tensors.schemes:
             raise InputError(f"backend {self.name!r} cannot produce scheme {canonical!r}; it supports: "
-                             f"{', '.join(self.tensors.schemes)}")
+                             f"{', '.join(self.tensors.schemes)}", kind="not_supported")
         check_options(options, self.tensors.convert_options, f"backend {self.name!r} convert")
         dst = Path(out) if out is not None else src.with_suffix(self.tensors.native[0])
         dst.parent.mkdir(parents=True, exist_ok=True)
@@ -360,7 +360,7 @@ class Backend:
         scheme, family = normalize_scheme(scheme).name, normalize_scheme(scheme).family
         if family not in self.decoders.schemes:
             raise InputError(f"backend {self.name!r} cannot convert decoders to {scheme!r}; it supports: "
-                             f"{', '.join(self.decoders.schemes)}")
+                             f"{', '.join(self.decoders.schemes)}", kind="not_supported")
         check_options(options, self.decoders.convert_options, f"backend {self.name!r} decoder conversion")
         remote_code.allowed(model)  # before the backend's loaders see it, whatever they pass on
         out.mkdir(parents=True)
@@ -380,7 +380,7 @@ class Backend:
         """Load a native artifact (checking its stamp and options) and return a Session, timed in ``load_ms``."""
         path = Path(artifact)
         if not path.exists():
-            raise InputError(f"model file not found: {path}")
+            raise InputError(f"model file not found: {path}", kind="model_not_found")
         check_options(options, self.tensors.open_options, f"backend {self.name!r}")
         stamped = stamp.check(path, backend=self, device=device) or {}
         t0 = time.perf_counter()
@@ -398,7 +398,7 @@ class Backend:
         """Load a decoder model for generation (the core's loop or the backend's own)."""
         path = _existing_file(model)
         if not self.capable("decoders"):
-            raise InputError(f"backend {self.name!r} does not run decoder (language) models")
+            raise InputError(f"backend {self.name!r} does not run decoder (language) models", kind="not_supported")
         for name, value in (("context", context), ("slots", slots)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InputError(f"{name} must be a positive integer, got {value!r}")
@@ -451,7 +451,7 @@ class Backend:
 def _existing_file(path: str | os.PathLike[str]) -> Path:
     p = Path(path)
     if not p.exists():
-        raise InputError(f"model file not found: {p}")
+        raise InputError(f"model file not found: {p}", kind="model_not_found")
     return p
 
 
