@@ -209,6 +209,11 @@ def backend_names() -> list[str]:
 def get_backend(name: str) -> Backend:
     reg = registry()
     entry = reg.backends.get(name)
+    own = reg.plugins.get(name)
+    if entry is None and own is not None and own.error:
+        raise BackendUnavailableError(f"backend {name!r} is unavailable: its plugin (distribution "
+                                      f"{own.distribution}) is installed but failed to load: {own.error}",
+                                      "see 'edgeinfer doctor'; reinstall the distribution or what it needs")
     if entry is None:
         failed = [f"{p.name} from distribution {p.distribution} ({p.error})" for p in reg.plugins.values() if p.error]
         known = ", ".join(sorted(reg.backends)) or "none"
