@@ -233,3 +233,34 @@ def test_readme_error_kind_table_matches_kinds():
         assert documented[kind] == want, kind
     codes = set(re.findall(r"^\| (\d+(?: / \d+)?) \| ", text[text.index("## Exit codes"):], flags=re.M))
     assert {"0", "1", "2", "3", "130 / 143"} <= codes
+
+
+# --- the boundary itself, for the calls the CLI cases above do not reach (decoders) -----------------------------
+
+def test_plugin_call_keeps_errors_raised_on_purpose_and_blames_the_plugin_for_the_rest():
+    from edgeinfer.contract.boundary import plugin_call
+
+    def raising(e):
+        def fn(*args):
+            raise e
+        return fn
+
+    on_purpose = errors.ModelError("m.bin is for another NPU")
+    with pytest.raises(errors.ModelError) as kept:
+        plugin_call("npu", "open m.bin", raising(on_purpose))
+    assert kept.value is on_purpose and kept.value.exit_code == 2
+    with pytest.raises(errors.BackendError) as failed:
+        plugin_call("npu", "decoder prefill", raising(RuntimeError("kv cache overflow\nat step 3")), 0)
+    assert failed.value.kind == "plugin_failed" and failed.value.exit_code == 3
+    assert failed.value.message == "backend 'npu' failed: RuntimeError: kv cache overflow (in decoder prefill)"
+    assert isinstance(failed.value.__cause__, RuntimeError)
+    with pytest.raises(errors.BackendUnavailableError) as missing:
+        plugin_call("npu", "generate", raising(ModuleNotFoundError("No module named 'openvino_genai'",
+                                                                   name="openvino_genai")))
+    assert missing.value.kind == "package_missing" and "'openvino_genai' is not installed" in missing.value.message
+    with pytest.raises(errors.BackendUnavailableError) as broken:
+        plugin_call("npu", "open m.bin", raising(ImportError("libnpu.so: undefined symbol")))
+    assert broken.value.kind == "backend_unavailable" and "libnpu.so: undefined symbol" in broken.value.message
+    with pytest.raises(KeyboardInterrupt):
+        plugin_call("npu", "decoder decode", raising(KeyboardInterrupt()))
+    assert plugin_call("npu", "infer", lambda a, b=0: a + b, 1, b=2) == 3
