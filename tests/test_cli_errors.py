@@ -143,6 +143,7 @@ CASES = [
                            "{w}/out-int8", "--json")),
     Case("bundle_missing", ("verify", "{w}/nosuch-bundle", "--json")),
     Case("bundle_missing", ("golden", "{w}/nosuch-bundle", "--json")),
+    Case("bundle_missing", ("golden", "{w}", "--json")),  # a directory, but no bundle
     Case("bundle_damaged", ("run", "{w}/damaged", "--input", "x={w}/x.npy", "--json")),
     Case("unknown_board", ("deploy", "{w}/mlp_dynamic.onnx", "--board", "nosuch-board", "-o", "{w}/out-nb",
                            "--json")),
