@@ -21,8 +21,9 @@ from edgeinfer.version import __version__
 
 
 class EdgeInferGroup(click.Group):
-    """Turns EdgeInferError into one line + exit code; keeps tracebacks for --debug. The core commands
-    (:data:`CORE_COMMANDS`) are imported on first use; a plugin's command of the same name replaces one."""
+    """Every failure of a command as one line on stderr and its exit code (tracebacks only with --debug), and
+    under ``--json`` as one JSON object on stdout (:func:`fail`). The core commands (:data:`CORE_COMMANDS`) are
+    imported on first use; a plugin's command of the same name replaces one."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*self.commands, *CORE_COMMANDS})
@@ -35,26 +36,75 @@ class EdgeInferGroup(click.Group):
             self.add_command(getattr(importlib.import_module(f"edgeinfer.cli.{module}"), attr), cmd_name)
         return super().get_command(ctx, cmd_name)
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta[JSON_META] = wants_json(args)  # before the command parses them: its usage errors answer in JSON too
+        return super().parse_args(ctx, args)
+
     def invoke(self, ctx: click.Context) -> Any:
+        as_json = bool(ctx.meta.get(JSON_META))
         try:
             return super().invoke(ctx)
+        except (click.exceptions.Exit, click.exceptions.NoArgsIsHelpError):
+            raise
+        except click.UsageError as e:
+            fail(errors.USAGE, "bad_input", usage_message(e), as_json)
+            ctx.exit(errors.USAGE)
+        except click.ClickException as e:
+            fail(e.exit_code, "bad_input", _one_line(e.format_message()), as_json)
+            ctx.exit(e.exit_code)
+        except (click.Abort, KeyboardInterrupt) as e:
+            code = interrupted(e, as_json)
+            ctx.exit(code)
         except EdgeInferError as e:
             if _debug(ctx):
                 raise
-            click.echo(f"error: {e.one_line()}", err=True)
+            fail(e.exit_code, e.kind, e.one_line(), as_json)
             ctx.exit(e.exit_code)
-        except (click.exceptions.Exit, click.ClickException, click.Abort, KeyboardInterrupt):
-            raise
         except Exception as e:
             if _debug(ctx):
                 raise
             first = (str(e).strip().splitlines() or [""])[0]
-            click.echo(
-                f"error: internal error {type(e).__name__}: {first} (rerun with --debug for the traceback "
-                "and report it)",
-                err=True,
-            )
+            fail(errors.UNAVAILABLE, "internal_error", f"internal error {type(e).__name__}: {first} (rerun with "
+                 "--debug for the traceback and report it)", as_json)
             ctx.exit(errors.UNAVAILABLE)
+
+
+JSON_META = "edgeinfer.json"
+
+
+def wants_json(args: list[str]) -> bool:
+    """Whether the command line asks for JSON: ``--json`` among its options (before a ``--``)."""
+    return "--json" in (args[: args.index("--")] if "--" in args else args)
+
+
+def fail(code: int, kind: str, message: str, as_json: bool) -> None:
+    """A failure as scripts read it: ``error: MESSAGE`` on stderr and, under ``--json``, exactly one object
+    ``{"error": {"code", "kind", "message"}}`` on stdout (kinds and codes: :data:`edgeinfer.errors.KINDS`)."""
+    import json
+
+    click.echo(f"error: {message}", err=True)
+    if as_json:
+        click.echo(json.dumps({"error": {"code": code, "kind": kind, "message": message}}))
+
+
+def usage_message(e: click.UsageError) -> str:
+    """A click usage error in one line, pointing at the command's help."""
+    where = e.ctx.command_path if e.ctx else "edgeinfer"
+    message = _one_line(e.format_message()).rstrip(".")
+    if message.startswith("No such command"):
+        message += _failed_plugins_hint()
+    return f"{message} (see '{where} --help')"
+
+
+def interrupted(e: BaseException, as_json: bool) -> int:
+    """Report Ctrl-C (click.Abort or KeyboardInterrupt) or SIGTERM (:class:`errors.Interrupted`); its exit code."""
+    import signal
+
+    cause = e if isinstance(e, KeyboardInterrupt) else e.__cause__ or e.__context__
+    signum = getattr(cause, "signum", signal.SIGINT)
+    fail(128 + signum, "interrupted", f"interrupted ({signal.Signals(signum).name}); nothing was left behind",
+         as_json)
+    return 128 + signum
 
 
 def _debug(ctx: click.Context) -> bool:
@@ -174,35 +224,30 @@ def _one_line(text: str) -> str:
 
 
 def invoke(argv: list[str] | None = None) -> int:
-    """Run the CLI on ``argv`` and return its exit code; every error is one line on stderr.
+    """Run the CLI on ``argv`` and return its exit code; every error is one line on stderr (and one JSON object
+    on stdout under ``--json``).
 
     Click usage errors become ``error: ... (see 'edgeinfer CMD --help')``, exit 2 (not click's
     multi-line usage block); Ctrl-C exits 130 and SIGTERM 143 (128 + signal), after the
-    interrupted command removed its temporaries.
+    interrupted command removed its temporaries. A command's failures are reported by
+    :meth:`EdgeInferGroup.invoke`; this catches those before a command runs (options of ``edgeinfer`` itself).
     """
-    import signal
-
+    args = list(sys.argv[1:] if argv is None else argv)
+    as_json = wants_json(args)
     try:
-        rv = cli.main(args=argv, prog_name="edgeinfer", standalone_mode=False)
+        rv = cli.main(args=args, prog_name="edgeinfer", standalone_mode=False)
     except click.exceptions.NoArgsIsHelpError as e:
         click.echo(e.ctx.get_help() if e.ctx else "")
         click.echo("error: missing command (see 'edgeinfer --help')", err=True)
         return errors.USAGE
     except click.UsageError as e:
-        where = e.ctx.command_path if e.ctx else "edgeinfer"
-        message = _one_line(e.format_message()).rstrip(".")
-        if message.startswith("No such command"):
-            message += _failed_plugins_hint()
-        click.echo(f"error: {message} (see '{where} --help')", err=True)
+        fail(errors.USAGE, "bad_input", usage_message(e), as_json)
         return errors.USAGE
     except click.ClickException as e:
-        click.echo(f"error: {_one_line(e.format_message())}", err=True)
+        fail(e.exit_code, "bad_input", _one_line(e.format_message()), as_json)
         return e.exit_code
     except (click.Abort, KeyboardInterrupt) as e:
-        cause = e if isinstance(e, KeyboardInterrupt) else e.__cause__ or e.__context__
-        signum = getattr(cause, "signum", signal.SIGINT)
-        click.echo(f"error: interrupted ({signal.Signals(signum).name}); nothing was left behind", err=True)
-        return 128 + signum
+        return interrupted(e, as_json)
     except SystemExit as e:  # a plugin's command that calls sys.exit
         return e.code if isinstance(e.code, int) else errors.USAGE if e.code else errors.OK
     return rv if isinstance(rv, int) else errors.OK

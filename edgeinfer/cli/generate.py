@@ -27,7 +27,7 @@ def _load(model: Path, backend: str | None, device: str | None, ctx: int | None,
     from edgeinfer.run.paged_decoder import window_option
 
     if not model.exists():
-        raise InputError(f"model not found: {model}")
+        raise InputError(f"model not found: {model}", kind="model_not_found")
     match found := find(model):
         case Kind.DECODER_DIR | Kind.DECODER_BUNDLE | Kind.DECODER_FILE:
             return load(model, backend=backend, device=device, ctx=ctx, trust_remote_code=trust_remote_code,

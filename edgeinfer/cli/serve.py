@@ -54,6 +54,8 @@ EXTRAS = ("fastapi", "uvicorn", "starlette", "pydantic", "prometheus_client", "h
               help="With --ray: scale on queue length from --replicas up to this many per bundle.")
 @click.option("--ship-bundles", is_flag=True,
               help="With --ray: send bundles to the nodes through Ray's object store even where their path exists.")
+@click.option("--json", "as_json", is_flag=True,
+              help="A failure to start (busy port, missing bundle, ...) as one JSON error object on stdout.")
 def serve_cmd(
     bundles: tuple[Path, ...],
     host: str,
@@ -77,6 +79,7 @@ def serve_cmd(
     replicas: str = "1",
     max_replicas: int | None = None,
     ship_bundles: bool = False,
+    as_json: bool = False,  # read by the CLI group, which prints a failure as JSON
 ) -> None:
     """Serve BUNDLE(s) over HTTP: /v1/embeddings, /v1/infer, /v1/chat/completions, /v1/completions,
     /v1/models, /health, /ready, /metrics. Decoder bundles and Hugging Face decoder directories are served

@@ -18,6 +18,7 @@ from edgeinfer.contract.backend import (
     Session,
     TensorSpec,
     validate_feeds,
+    validate_outputs,
 )
 from edgeinfer.contract.hookspecs import hookimpl
 from edgeinfer.contract.measure import current_rss_bytes, latency_stats, peak_rss_bytes, reset_peak_rss
@@ -32,7 +33,8 @@ __all__ = ["Accelerator", "Backend", "BatchingDecoder", "CalibrationSet", "Decod
            "GenerationOptions", "NativeDecoder", "NativeStep", "Needs", "OpTime", "PagingLimit", "Placement", "Probe",
            "Problem", "Profile", "Progress", "Schedule", "Scheme", "Session", "StepDecoder", "TensorSpec",
            "Tensors", "__version__", "cache", "current_rss_bytes", "hookimpl", "known_schemes", "latency_stats",
-           "normalize_scheme", "peak_rss_bytes", "reset_peak_rss", "seal", "stamp", "validate_feeds", "verbose"]
+           "normalize_scheme", "peak_rss_bytes", "reset_peak_rss", "seal", "stamp", "validate_feeds",
+           "validate_outputs", "verbose"]
 
 
 #: loaded on first use (``edgeinfer plan`` needs none of them): name -> the contract module that defines it

@@ -24,13 +24,18 @@ if TYPE_CHECKING:  # numpy is imported where arrays are handled, so `edgeinfer p
     from edgeinfer.contract.decoder import NativeDecoder, StepDecoder
 
 from edgeinfer.contract import remote_code, stamp
-from edgeinfer.contract.helpers import check_options, first_line, slowest_first
+from edgeinfer.contract.boundary import plugin_call
+from edgeinfer.contract.helpers import check_options, slowest_first
 from edgeinfer.contract.measure import latency_stats, peak_rss_bytes
 from edgeinfer.contract.records import Decoders, PagingLimit, Placement, Tensors
 from edgeinfer.contract.resources import Accelerator
 from edgeinfer.contract.schemes import normalize_scheme
-from edgeinfer.contract.tensors import TensorSpec, validate_feeds  # re-exported: the contract's public names
-from edgeinfer.errors import BackendError, BackendUnavailableError, EdgeInferError, FeedError, InputError, ModelError
+from edgeinfer.contract.tensors import (  # re-exported: the contract's public names
+    TensorSpec,
+    validate_feeds,
+    validate_outputs,
+)
+from edgeinfer.errors import BackendError, BackendUnavailableError, FeedError, InputError
 
 
 @dataclass(frozen=True)
@@ -165,13 +170,8 @@ class Session:
     def run(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
         self._check_open()
         arrays = validate_feeds(self.inputs, feeds)
-        try:
-            outputs = self.infer(arrays)
-        except EdgeInferError:
-            raise
-        except Exception as e:  # the backend's own exception: keep its first line, say where it came from
-            raise BackendError(f"{self.backend_name} failed to run the model: {first_line(e)}") from e
-        return outputs
+        outputs = plugin_call(self.backend_name, "infer", self.infer, arrays)
+        return validate_outputs(self.outputs, outputs, self.backend_name)
 
     def profile(self, feeds: Mapping[str, Any], repeat: int = 10, warmup: int = 1, top: int = 10) -> Profile:
         if repeat < 1:
@@ -183,12 +183,8 @@ class Session:
             t = time.perf_counter()
             self.run(feeds)
             times.append((time.perf_counter() - t) * 1e3)
-        try:
-            ops = slowest_first(self.op_times(validate_feeds(self.inputs, feeds)))[:top]
-        except EdgeInferError:
-            raise
-        except Exception as e:
-            raise BackendError(f"{self.backend_name} failed to profile the model: {first_line(e)}") from e
+        ops = slowest_first(plugin_call(self.backend_name, "op_times", self.op_times,
+                                        validate_feeds(self.inputs, feeds)))[:top]
         return Profile(
             runs=repeat,
             latency_ms=latency_stats(times),
@@ -337,7 +333,7 @@ class Backend:
         canonical = parsed.name  # e.g. "w4a16_g128"; convert() may call normalize_scheme for the group size
         if parsed.family not in self.tensors.schemes:
             raise InputError(f"backend {self.name!r} cannot produce scheme {canonical!r}; it supports: "
-                             f"{', '.join(self.tensors.schemes)}")
+                             f"{', '.join(self.tensors.schemes)}", kind="not_supported")
         check_options(options, self.tensors.convert_options, f"backend {self.name!r} convert")
         dst = Path(out) if out is not None else src.with_suffix(self.tensors.native[0])
         dst.parent.mkdir(parents=True, exist_ok=True)
@@ -345,13 +341,11 @@ class Backend:
         for p in partial:
             p.unlink(missing_ok=True)
         try:
-            facts = self.convert(src, canonical, calibration, dst, **options)
-        except EdgeInferError:
+            facts = plugin_call(self.name, f"convert {src.name} to {canonical}", self.convert, src, canonical,
+                                calibration, dst, **options)
+        except BaseException:
             _remove(partial)
             raise
-        except Exception as e:
-            _remove(partial)
-            raise ModelError(f"{self.name} could not convert {src.name} to {canonical}: {first_line(e)}") from e
         if not dst.exists():
             raise BackendError(f"{self.name} reported success but wrote no artifact at {dst}")
         stamp.write(dst, backend=self, scheme=canonical, source=src, **facts)
@@ -366,18 +360,16 @@ class Backend:
         scheme, family = normalize_scheme(scheme).name, normalize_scheme(scheme).family
         if family not in self.decoders.schemes:
             raise InputError(f"backend {self.name!r} cannot convert decoders to {scheme!r}; it supports: "
-                             f"{', '.join(self.decoders.schemes)}")
+                             f"{', '.join(self.decoders.schemes)}", kind="not_supported")
         check_options(options, self.decoders.convert_options, f"backend {self.name!r} decoder conversion")
         remote_code.allowed(model)  # before the backend's loaders see it, whatever they pass on
         out.mkdir(parents=True)
         try:
-            facts = self.convert_decoder(model, scheme, context, out, calibration, **options)
-        except EdgeInferError:
+            facts = plugin_call(self.name, f"convert the decoder {model.name} to {scheme}", self.convert_decoder,
+                                model, scheme, context, out, calibration, **options)
+        except BaseException:
             _remove([out])
             raise
-        except Exception as e:
-            _remove([out])
-            raise ModelError(f"{self.name} could not convert {model.name} to {scheme}: {first_line(e)}") from e
         own = {"scheme": scheme, "context": context}  # what the core stamps itself; a backend may repeat it
         if any(facts.pop(k) != v for k, v in own.items() if k in facts):
             raise BackendError(f"{self.name} convert_decoder reported another scheme or context than asked")
@@ -388,11 +380,14 @@ class Backend:
         """Load a native artifact (checking its stamp and options) and return a Session, timed in ``load_ms``."""
         path = Path(artifact)
         if not path.exists():
-            raise InputError(f"model file not found: {path}")
+            raise InputError(f"model file not found: {path}", kind="model_not_found")
         check_options(options, self.tensors.open_options, f"backend {self.name!r}")
         stamped = stamp.check(path, backend=self, device=device) or {}
         t0 = time.perf_counter()
         session = self._opened(path.name, self.open, path, device, stamped, **options)
+        if not isinstance(session, Session):
+            raise BackendError(f"backend {self.name!r} failed: its open returned {type(session).__name__}, not a "
+                               "Session")
         session.load_ms = (time.perf_counter() - t0) * 1e3
         return session
 
@@ -403,7 +398,7 @@ class Backend:
         """Load a decoder model for generation (the core's loop or the backend's own)."""
         path = _existing_file(model)
         if not self.capable("decoders"):
-            raise InputError(f"backend {self.name!r} does not run decoder (language) models")
+            raise InputError(f"backend {self.name!r} does not run decoder (language) models", kind="not_supported")
         for name, value in (("context", context), ("slots", slots)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InputError(f"{name} must be a positive integer, got {value!r}")
@@ -418,13 +413,10 @@ class Backend:
         return self._opened(f"the decoder in {path.name}", self.open_decoder, path, device, context, slots, **options)
 
     def _opened(self, what: str, open_fn: Any, *args: Any, **options: Any) -> Any:
-        """``open_fn(*args, **options)``, its own exceptions turned into one ModelError; tagged with our name."""
-        try:
-            loaded = open_fn(*args, **options)
-        except EdgeInferError:
-            raise
-        except Exception as e:
-            raise ModelError(f"{self.name} cannot load {what}: {first_line(e)}") from e
+        """``open_fn(*args, **options)`` through the plugin-call boundary; tagged with our name."""
+        loaded = plugin_call(self.name, f"open {what}", open_fn, *args, **options)
+        if loaded is None:
+            raise BackendError(f"backend {self.name!r} failed: it returned nothing when asked to open {what}")
         loaded.backend_name = self.name
         return loaded
 
@@ -459,7 +451,7 @@ class Backend:
 def _existing_file(path: str | os.PathLike[str]) -> Path:
     p = Path(path)
     if not p.exists():
-        raise InputError(f"model file not found: {p}")
+        raise InputError(f"model file not found: {p}", kind="model_not_found")
     return p
 
 

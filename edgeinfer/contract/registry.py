@@ -230,9 +230,14 @@ def get_backend(name: str) -> Backend:
     plugin is registered only to list the installed ones when there is none of that name."""
     reg = registry()
     entry = reg.backend(name)
+    own = reg.plugins.get(name)
+    if entry is None and own is not None and own.error:
+        raise BackendUnavailableError(f"backend {name!r} is unavailable: its plugin (distribution "
+                                      f"{own.distribution}) is installed but failed to load: {own.error}",
+                                      "see 'edgeinfer doctor'; reinstall the distribution or what it needs")
     if entry is None:
         known = ", ".join(sorted(reg.backends)) or "none"  # registering every plugin records their failures
-        failed = [f"{p.name} ({p.error})" for p in reg.plugins.values() if p.error]
+        failed = [f"{p.name} from distribution {p.distribution} ({p.error})" for p in reg.plugins.values() if p.error]
         msg = f"unknown backend {name!r}; available: {known}"
         if failed:
             msg += "; plugins that failed to load: " + "; ".join(failed)

@@ -86,7 +86,7 @@ def refuse_outside_links(root: Path) -> None:
     if links:
         more = f" (and {len(links) - 1} more)" if len(links) > 1 else ""
         raise InputError(f"bundle {root} holds a symlink that leads out of it: {links[0]}{more}; a bundle may only "
-                         "hold its own files: remove the link, or deploy the model again")
+                         "hold its own files: remove the link, or deploy the model again", kind="bundle_damaged")
 
 
 def unrecorded(root: Path, files: dict[str, FileRecord], skip: set[str] | frozenset[str] = frozenset()) -> list[str]:

@@ -1,5 +1,5 @@
-"""Tensors at the contract boundary: a model input's or output's spec, and the check of
-caller feeds against those specs (names, dtypes, shapes, symbolic dimensions)."""
+"""Tensors at the contract boundary: a model input's or output's spec, the check of caller feeds against
+those specs (names, dtypes, shapes, symbolic dimensions), and the check of what a plugin's session returns."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import numpy as np
 
-from edgeinfer.errors import FeedError
+from edgeinfer.errors import BackendError, FeedError
 
 Dim = int | str | None  # a fixed size, a symbolic name ("batch"), or unknown
 
@@ -69,6 +69,39 @@ def validate_feeds(specs: Sequence[TensorSpec], feeds: Mapping[str, Any]) -> dic
                         f"input {spec.name!r}: dimension {want!r} is {got} but input {seen[1]!r} has it as {seen[0]}"
                     )
         arrays[spec.name] = np.ascontiguousarray(arr)
+    return arrays
+
+
+def validate_outputs(specs: Sequence[TensorSpec], outputs: Any, backend: str) -> dict[str, np.ndarray]:
+    """Check what backend ``backend``'s ``Session.infer`` returned against the session's declared ``specs``:
+    a mapping with every declared output and no other, each an array of the declared dtype, rank and fixed
+    dimensions. A mismatch is the plugin's fault: BackendError (exit 3, plugin_failed) naming it and the output."""
+    import numpy as np
+
+    def fail(problem: str) -> BackendError:
+        return BackendError(f"backend {backend or '?'!r} failed: its session returned {problem}",
+                            "the plugin's Session.infer must return every output it declares in Session.outputs")
+
+    if not isinstance(outputs, Mapping):
+        raise fail(f"{type(outputs).__name__}, not a mapping of output name to array")
+    names = [s.name for s in specs]
+    declared = ", ".join(names) or "none"
+    for name in outputs:
+        if name not in names:
+            raise fail(f"output {name!r}, which it does not declare (declared: {declared})")
+    arrays: dict[str, np.ndarray] = {}
+    for spec in specs:
+        if spec.name not in outputs:
+            raise fail(f"no output {spec.name!r} (declared: {declared}; returned: {', '.join(outputs) or 'none'})")
+        arr = outputs[spec.name]
+        if not isinstance(arr, np.ndarray):
+            raise fail(f"output {spec.name!r} as {type(arr).__name__}, not a NumPy array")
+        if arr.dtype.name != spec.dtype:
+            raise fail(f"output {spec.name!r} as {arr.dtype.name}, declared {spec.dtype}")
+        fixed = [(want, got) for want, got in zip(spec.shape, arr.shape) if isinstance(want, int) and want >= 0]
+        if arr.ndim != len(spec.shape) or any(want != got for want, got in fixed):
+            raise fail(f"output {spec.name!r} with shape {_fmt_shape(arr.shape)}, declared {_fmt_shape(spec.shape)}")
+        arrays[spec.name] = arr
     return arrays
 
 

@@ -169,7 +169,7 @@ def _check(session: Any, reference: Any, held: Sequence[Feeds], bucket: Shape, r
     report = golden.compare([expected], [got], [x], threshold)
     if not report["passed"]:
         raise CheckFailed(f"bucket {b}x{s}: {golden.summary_line(report)} — the bundle was not written "
-                          "(deploy with --buckets none, or fewer/longer buckets)")
+                          "(deploy with --buckets none, or fewer/longer buckets)", kind="golden_failed")
     return {name: {"cosine_min": m["cosine_min"], "max_abs_error": m["max_abs_error"]}
             for name, m in report["outputs"].items()}
 

@@ -189,7 +189,7 @@ def deploy_decoder(
             speed = speed_check(timed, report["device"], plan, b, scheme, runtime, paged)
             if not report["passed"]:
                 raise CheckFailed(f"{golden.summary_line(report)} — the bundle was not written (try a less lossy "
-                                  "--quant, or check the backend's conversion)")
+                                  "--quant, or check the backend's conversion)", kind="golden_failed")
             decoder_bundle.save_reference(work, recorded)
         manifest = make_manifest(work, hf_dir, sha, b, backend, scheme, context, report, plan, runtime)
         if paged:

@@ -54,7 +54,7 @@ def choose(paging: int | str | None, segments: int | None, backend: Backend, hf_
     b, runtime = p.board, p.runtime
     if "segments" not in d.convert_options or "window" not in d.options:
         raise InputError(f"--paging: board {b.name}'s backend {backend.name} cannot page decoders (its decoder "
-                         "conversion takes no segments option); deploy without --paging")
+                         "conversion takes no segments option); deploy without --paging", kind="not_supported")
     if runtime != own_runtime:
         raise InputError(f"--paging builds segments for runtime {own_runtime}, which edgeinfer pages; {runtime} "
                          "runs whole models: drop --runtime or --paging")

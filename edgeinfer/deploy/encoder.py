@@ -378,7 +378,8 @@ def _build(src, b, backend, scheme, work, ref_path, reference, specs, shapes_use
     if not report["passed"]:
         raise CheckFailed(
             f"{golden.summary_line(report)}; worst: {golden.worst_samples_line(report) or 'n/a'} — "
-            "the bundle was not written (try fp16, more or better --calib data, or --threshold)"
+            "the bundle was not written (try fp16, more or better --calib data, or --threshold)",
+            kind="golden_failed",
         )
     bucket_section = None
     if bucketing:

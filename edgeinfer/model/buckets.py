@@ -51,7 +51,7 @@ def check_paths(path: Path, section: dict[str, Any], sealed: set[str]) -> None:
         seal.contained(path, item["artifact"], what)
         if seal.relative(item["artifact"], what) not in sealed:
             raise InputError(f"manifest {what} {item['artifact']!r} is not among the bundle's recorded files; "
-                             "deploy the model again")
+                             "deploy the model again", kind="bundle_damaged")
 
 
 def longest_seq(section: dict[str, Any] | None, inputs: list[TensorSpec]) -> int | None:

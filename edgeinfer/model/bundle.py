@@ -242,19 +242,21 @@ def read_manifest(path: Path) -> Manifest:
     try:
         data = json.loads(mf.read_text(encoding="utf-8"))
     except (ValueError, RecursionError, OSError) as e:
-        raise InputError(f"{mf} is not valid JSON ({first_line(e, 120)}); deploy the model again") from None
+        raise InputError(f"{mf} is not valid JSON ({first_line(e, 120)}); deploy the model again",
+                         kind="bundle_damaged") from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         got = data.get("schema") if isinstance(data, dict) else None
-        raise InputError(f"{mf}: unsupported manifest schema {got!r} (this edgeinfer reads {SCHEMA})")
+        raise InputError(f"{mf}: unsupported manifest schema {got!r} (this edgeinfer reads {SCHEMA})",
+                         kind="bundle_damaged")
     if "files" not in data:
         raise InputError(
             f"{mf} records no file sizes and hashes (written by an edgeinfer before bundles were sealed); "
-            "deploy the model again to re-create the bundle"
+            "deploy the model again to re-create the bundle", kind="bundle_damaged"
         )
     try:
         manifest = Manifest.model_validate(data, context=DISK)
     except ValidationError as e:
-        raise InputError(f"{mf}: {_validation_message(e)}; deploy the model again") from None
+        raise InputError(f"{mf}: {_validation_message(e)}; deploy the model again", kind="bundle_damaged") from None
     _check_paths(path, manifest)
     return manifest
 
@@ -276,15 +278,17 @@ def _check_paths(path: Path, m: Manifest) -> None:
         norm = seal.relative(rel, field_name)
         if norm not in sealed and not (m.decoder and any(f.startswith(norm + "/") for f in sealed)):
             raise InputError(
-                f"manifest {field_name} {rel!r} is not among the bundle's recorded files; deploy the model again"
+                f"manifest {field_name} {rel!r} is not among the bundle's recorded files; deploy the model again",
+                kind="bundle_damaged",
             )
 
 
 def not_a_bundle(path: Path) -> InputError:
     """The error for a path that is no bundle (missing, or without a manifest)."""
     if not path.exists():
-        return InputError(f"bundle not found: {path}")
-    return InputError(f"{path} is not a bundle (no {MANIFEST}); create one with `edgeinfer deploy`")
+        return InputError(f"bundle not found: {path}", kind="bundle_missing")
+    return InputError(f"{path} is not a bundle (no {MANIFEST}); create one with `edgeinfer deploy`",
+                      kind="bundle_missing")
 
 
 def write(directory: Path, manifest: Manifest) -> Path:
@@ -325,14 +329,15 @@ class Bundle:
             more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
             raise InputError(
                 f"bundle {p} is damaged: {bad[0]}{more}; run `edgeinfer verify {p}` for the list, "
-                "and deploy the model again"
+                "and deploy the model again", kind="bundle_damaged"
             )
         return cls(p, manifest)
 
     def file(self, rel: str, what: str) -> Path:
         """A sealed file of the bundle by its relative path (contained, recorded in the manifest)."""
         if rel not in self.manifest.files:
-            raise InputError(f"bundle {self.path} has no {what} ({rel}); deploy the model again")
+            raise InputError(f"bundle {self.path} has no {what} ({rel}); deploy the model again",
+                             kind="bundle_damaged")
         return seal.contained(self.path, rel, what)
 
     @property

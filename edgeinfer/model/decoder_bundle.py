@@ -78,7 +78,7 @@ def check_paths(root: Path, section: dict[str, Any], sealed: set[str]) -> None:
         seal.contained(root, rel, field_name)
         if seal.relative(rel, field_name) not in sealed:
             raise InputError(f"manifest {field_name} {rel!r} is not among the bundle's recorded files; "
-                             "deploy the model again")
+                             "deploy the model again", kind="bundle_damaged")
 
 
 def loaded_context(bundle: Bundle, ctx: int | None) -> int:
@@ -140,10 +140,12 @@ def load_reference(bundle: Bundle) -> list[Recorded]:
     try:
         prompts = json.loads(prompts_path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
-        raise InputError(f"{prompts_path} is not valid JSON ({e}); deploy the model again") from None
+        raise InputError(f"{prompts_path} is not valid JSON ({e}); deploy the model again",
+                         kind="bundle_damaged") from None
     rows = load_saved_samples(bundle.file(bundle.manifest.decoder.get("golden_reference") or REFERENCE,
                                           "golden reference"))
     if not (isinstance(prompts, list) and all(isinstance(p, str) for p in prompts) and len(prompts) == len(rows)
             and all(set(r) == {"ids", "logits"} for r in rows)):
-        raise InputError(f"the golden reference of bundle {bundle.path} is malformed; deploy the model again")
+        raise InputError(f"the golden reference of bundle {bundle.path} is malformed; deploy the model again",
+                         kind="bundle_damaged")
     return [Recorded(p, [int(t) for t in r["ids"]], list(r["logits"])) for p, r in zip(prompts, rows)]

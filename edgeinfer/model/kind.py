@@ -41,15 +41,17 @@ class Kind(enum.Enum):
 
 def kind(path: str | Path, what: str = "model", hint: str | None = None) -> Kind:
     """The kind of the model reference at ``path``; InputError when it does not exist (``what`` not found,
-    with ``hint``) or is a directory that is none of the kinds."""
+    with ``hint``; kind bundle_missing where ``what`` is "bundle", else model_not_found) or is a directory that
+    is none of the kinds (bundle_missing where ``what`` is "bundle")."""
     p = Path(path)
     if not p.exists():
-        raise InputError(f"{what} not found: {p}", hint)
+        raise InputError(f"{what} not found: {p}", hint,
+                         kind="bundle_missing" if what == "bundle" else "model_not_found")
     found = find(p)
     if found is None:
         raise InputError(f"{p} is not a bundle, a model directory or a backend artifact (no {MANIFEST}, {CONFIG} "
                          "or stamp)", "give a bundle made by `edgeinfer deploy`, a Hugging Face directory or a "
-                         "model file")
+                         "model file", kind="bundle_missing" if what == "bundle" else "bad_input")
     return found
 
 

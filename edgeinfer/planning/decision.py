@@ -77,7 +77,7 @@ class Decision:
         if why is None:
             return
         msg = f"board {board.name}: cannot build {self.kind} models for runtime {self.runtime} here: {why}"
-        raise (InputError if self.chosen.asked else BackendUnavailableError)(msg)
+        raise InputError(msg, kind="not_supported") if self.chosen.asked else BackendUnavailableError(msg)
 
     def lines(self) -> list[str]:
         """What is built, and whether here; the board's preferred runtime when it is not that one."""
@@ -135,7 +135,8 @@ def decide(spec: Any, board: Board, *, runtime: str | None = None, quant: str | 
         names = [r for r in names if asked.name in board.runtimes[r].schemes]
         if not names:
             raise InputError(f"board {board.name} does not support {asked.name} for {kind} models",
-                             f"supported schemes: {runs_lines(board, candidates(board, kind, runtime))}")
+                             f"supported schemes: {runs_lines(board, candidates(board, kind, runtime))}",
+                             kind="not_supported")
     options = [option(spec, board, r, kind, asked) for r in names]
     built = [o for o in options if o.cannot_build is None]
     chosen = built[0] if built else with_alternative(options[0], spec, board, kind)
@@ -181,7 +182,7 @@ def as_it_is(spec: Any, board: Board, kind: str, runtime: str | None, quant: str
     scheme = normalize_scheme(quant if quant is not None else listed[0])
     if scheme.name not in listed:
         raise InputError(f"board {board.name} does not support {scheme.name} for {kind} models",
-                         f"supported schemes: {spec.runtime}: {', '.join(listed)}")
+                         f"supported schemes: {spec.runtime}: {', '.join(listed)}", kind="not_supported")
     o = Option(spec.runtime, scheme, None, f"a .{spec.file_format} file runs as it is on {spec.runtime}: nothing "
                "to build")
     return Decision(kind, o, context, ctx_default, None, paging, segments)
@@ -193,7 +194,8 @@ def candidates(board: Board, kind: str, runtime: str | None) -> list[str]:
     takes = list(dict.fromkeys(takes))
     if not takes:
         raise InputError(f"board {board.name} has no runtime for {kind} models",
-                         "runtimes: " + ", ".join(f"{k} ({'/'.join(v.kinds)})" for k, v in board.runtimes.items()))
+                         "runtimes: " + ", ".join(f"{k} ({'/'.join(v.kinds)})" for k, v in board.runtimes.items()),
+                         kind="not_supported")
     if runtime is None:
         return takes
     if runtime not in takes:

@@ -15,7 +15,7 @@ def refuse_unexportable(spec: ModelSpec, board: Board, runtime: str) -> None:
     installed is not asked: plan works without plugins."""
     why = unexportable(spec, board, runtime)
     if why:
-        raise InputError(why)
+        raise InputError(why, kind="not_supported")
 
 
 def unexportable(spec: ModelSpec, board: Board, runtime: str) -> str | None:

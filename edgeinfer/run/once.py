@@ -128,7 +128,7 @@ def write_outputs(outputs: dict[str, Any], out_dir: Path) -> list[Path]:
 
 def _check_request(model: Path, inputs: Sequence[str], texts: Sequence[str], out_dir: Path | None) -> None:
     if not model.exists():
-        raise InputError(f"model file not found: {model}")
+        raise InputError(f"model file not found: {model}", kind="model_not_found")
     if texts and inputs:
         raise InputError("give either --text or --input, not both")
     if not texts and not inputs:

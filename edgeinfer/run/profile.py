@@ -15,8 +15,9 @@ from typing import Any
 import numpy as np
 
 from edgeinfer.contract.backend import OpTime, Session, TensorSpec, latency_stats
+from edgeinfer.contract.boundary import plugin_call
 from edgeinfer.contract.decoder import Decoder, NativeDecoder
-from edgeinfer.errors import BackendError, EdgeInferError, InputError
+from edgeinfer.errors import InputError
 from edgeinfer.run.generation.generator import Generator
 
 PHASES = ("prefill", "decode")
@@ -202,10 +203,4 @@ def _no_ops_reason(backend: str, not_implemented: bool) -> str:
 
 
 def _call(d: Decoder, method: str, *args: Any) -> Any:
-    try:
-        return getattr(d, method)(*args)
-    except EdgeInferError:
-        raise
-    except Exception as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise BackendError(f"{d.backend_name or 'the backend'} failed in {method}: {first}") from e
+    return plugin_call(d.backend_name, f"decoder {method}", getattr(d, method), *args)

@@ -99,7 +99,7 @@ def open_paged(
 
     src = Path(model)
     if not src.is_file():
-        raise InputError(f"model file not found: {src}")
+        raise InputError(f"model file not found: {src}", kind="model_not_found")
     if src.suffix.lower() != ".onnx":
         raise InputError(f"--paging splits ONNX models; {src.name} is not .onnx (deploy a paged bundle instead)")
     if segments is None and not cuts:

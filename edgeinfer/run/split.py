@@ -65,7 +65,7 @@ def _onnx():
 def _load_model(model_path: Path) -> Any:
     onnx = _onnx()
     if not model_path.is_file():
-        raise InputError(f"model file not found: {model_path}")
+        raise InputError(f"model file not found: {model_path}", kind="model_not_found")
     try:
         return onnx.load(str(model_path))
     except Exception as e:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import functools
 import hmac
 import json
@@ -385,8 +386,10 @@ def listen(host: str, port: int) -> socket.socket:
         sock.bind(address)
     except OSError as e:
         sock.close()
+        busy = e.errno == errno.EADDRINUSE
         raise InputError(f"cannot listen on {host}:{port}: {e.strerror or e}",
-                         "choose another --port (0: any free port) or --host") from None
+                         "choose another --port (0: any free port) or --host",
+                         kind="port_in_use" if busy else "bad_input") from None
     return sock
 
 

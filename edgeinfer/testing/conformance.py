@@ -27,9 +27,9 @@ import pytest
 import edgeinfer
 from edgeinfer.contract import registry as plugins
 from edgeinfer.contract import stamp
-from edgeinfer.contract.backend import Backend, Probe, Profile, Session
+from edgeinfer.contract.backend import Backend, Probe, Profile, Session, validate_feeds, validate_outputs
 from edgeinfer.contract.records import PagingLimit, Placement
-from edgeinfer.errors import EdgeInferError, FeedError, InputError
+from edgeinfer.errors import BackendError, FeedError, InputError
 from edgeinfer.testing import models as kit_models
 
 GAP_KEYS = {
@@ -193,6 +193,19 @@ class BackendConformance:
             assert out.shape == ref.shape, f"{name}: shape {out.shape} != {ref.shape}"
             np.testing.assert_allclose(out.astype(np.float64), ref, rtol=self.rtol, atol=self.atol, err_msg=name)
 
+    @pytest.mark.parametrize("model", MODEL_NAMES)
+    def test_infer_returns_what_the_session_declares(self, kit: _Kit, model: str) -> None:
+        """The core checks what ``Session.infer`` returns against ``Session.outputs`` (every declared name and no
+        other, NumPy arrays of the declared dtype, rank and fixed dimensions) and refuses anything else as the
+        plugin's failure: exit 3, "backend X failed: its session returned ..."."""
+        kit.gap(model)
+        s = kit.session(model)
+        raw = s.infer(validate_feeds(s.inputs, kit.models[model].feeds))
+        try:
+            validate_outputs(s.outputs, raw, self.backend_name)
+        except BackendError as e:
+            pytest.fail(f"Session.infer does not return what Session.outputs declares: {e.one_line()}")
+
     def test_dynamic_batch_accepts_other_sizes(self, kit: _Kit) -> None:
         kit.gap("mlp_dynamic")
         m = kit.models["mlp_dynamic"]
@@ -296,7 +309,8 @@ class BackendConformance:
         bad = tmp_path / "corrupt.onnx"
         bad.write_bytes(b"\x08\x07garbage that is not a protobuf model" * 3)
         out = tmp_path / ("out" + backend.tensors.native[0])
-        with pytest.raises(EdgeInferError) as err:
+        # a file the plugin cannot read is the user's: ModelError on purpose (exit 2), not "backend X failed" (3)
+        with pytest.raises(InputError) as err:
             backend.quantize(bad, None, None, out, **self.quantize_options)
         line = err.value.one_line()
         assert "\n" not in line and "corrupt" in line, f"the error must name the file it could not read: {line}"

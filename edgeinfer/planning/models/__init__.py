@@ -131,4 +131,5 @@ def resolve(ref: str | os.PathLike) -> ModelSpec:
            "with `huggingface-cli download " + text + " config.json`"
     if close:
         hint = "did you mean " + ", ".join(close) + "? Otherwise " + hint
-    raise ModelError(f"model '{text}' not found in the catalog, on disk or in the Hugging Face cache", hint)
+    raise ModelError(f"model '{text}' not found in the catalog, on disk or in the Hugging Face cache", hint,
+                     kind="model_not_found")

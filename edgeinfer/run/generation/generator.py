@@ -11,10 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edgeinfer.contract.boundary import plugin_call, plugin_error
 from edgeinfer.contract.decoder import Decoder, NativeDecoder
 from edgeinfer.contract.generation import GenerationOptions
 from edgeinfer.contract.measure import peak_rss_bytes
-from edgeinfer.errors import BackendError, EdgeInferError, InputError, ModelError
+from edgeinfer.errors import InputError, ModelError
 from edgeinfer.run.generation.metrics import GenerationMetrics, summarize
 from edgeinfer.run.generation.sampling import Sampler, checked_logits
 from edgeinfer.run.generation.stopping import Answer, context_room
@@ -314,22 +315,13 @@ def _options(options: GenerationOptions | None, kw: dict[str, Any]) -> Generatio
 
 
 def _call(fn: Callable[..., Any], *args: Any) -> Any:
-    try:
-        return fn(*args)
-    except EdgeInferError:
-        raise
-    except Exception as e:
-        owner = getattr(fn, "__self__", None)
-        raise BackendError(f"{getattr(owner, 'backend_name', '') or 'the backend'} failed in "
-                           f"{fn.__name__}: {_first_line(e)}") from e
+    owner = getattr(fn, "__self__", None)
+    return plugin_call(getattr(owner, "backend_name", ""), f"decoder {fn.__name__}", fn, *args)
 
 
 def _reraise(d: Decoder, e: BaseException) -> None:
-    if isinstance(e, EdgeInferError):
+    raised = plugin_error(d.backend_name, "generate", e)
+    if raised is e:
         raise e
-    raise BackendError(f"{d.backend_name or 'the backend'} failed while generating: {_first_line(e)}") from e
+    raise raised from e
 
-
-def _first_line(e: BaseException) -> str:
-    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-    return lines[0] if lines else type(e).__name__

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from edgeinfer.contract.boundary import plugin_call
 from edgeinfer.contract.generation import GenerationOptions
 from edgeinfer.model.decoder_bundle import Recorded
 from edgeinfer.run.generation.generator import Generator
@@ -144,16 +145,17 @@ def check_batched(decoder: Any, codec: Any, reference: Sequence[Recorded], new_t
     """The recorded prompts decoded together by the step decoder ``decoder``, ``decoder.slots`` at a time (one
     slot each): each prefilled in its slot, then one ``decode`` call per step for every sequence still going,
     greedy and stopping as :class:`Generator` does; each judged against its reference by :func:`compare_prompt`."""
-    opts, rows = GenerationOptions(max_new_tokens=new_tokens), []
+    opts, rows, name = GenerationOptions(max_new_tokens=new_tokens), [], decoder.backend_name
     for first in range(0, len(reference), decoder.slots):
         group = reference[first:first + decoder.slots]
         answers, seen, last = [Answer(codec, opts) for _ in group], [[] for _ in group], []
         for slot, r in enumerate(group):
             ids = codec.encode(r.prompt)
             chunk = decoder.prefill_chunk or len(ids)
-            decoder.reset(slot)
+            plugin_call(name, "decoder reset", decoder.reset, slot)
             for i in range(0, len(ids), chunk):
-                logits = decoder.prefill(slot, np.asarray(ids[i:i + chunk], dtype=np.int64))
+                logits = plugin_call(name, "decoder prefill", decoder.prefill, slot,
+                                     np.asarray(ids[i:i + chunk], dtype=np.int64))
             last.append(logits)
         live = list(range(len(group)))
         while live:
@@ -162,7 +164,8 @@ def check_batched(decoder: Any, codec: Any, reference: Sequence[Recorded], new_t
                 answers[s].push(int(np.argmax(seen[s][-1])))
             live = [s for s in live if not answers[s].done]
             if live:
-                out = decoder.decode(live, np.asarray([answers[s].ids[-1] for s in live], dtype=np.int64))
+                out = plugin_call(name, "decoder decode", decoder.decode, live,
+                                  np.asarray([answers[s].ids[-1] for s in live], dtype=np.int64))
                 for s, row in zip(live, out):
                     last[s] = row
         rows += [compare_prompt(r.prompt, r.token_ids, r.logits, a.ids, x, t)

@@ -51,7 +51,8 @@ def checked_logits(logits: np.ndarray, vocab_size: int, model: str, token: int, 
                          "tokens; its artifact and its config disagree: deploy or convert it again")
     if finite and not np.isfinite(row).all():
         raise CheckFailed(f"model {model} produced NaN/Inf logits (generated token {token + 1}); its weights or "
-                          "its conversion are broken: check it with `edgeinfer golden`, or deploy it again")
+                          "its conversion are broken: check it with `edgeinfer golden`, or deploy it again",
+                          kind="golden_failed")
     return row
 
 

@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edgeinfer.contract import Backend, Probe, Problem, Session, Tensors
-from edgeinfer.contract.helpers import check_device, package_version
+from edgeinfer.contract.helpers import check_device, first_line, package_version
 from edgeinfer.contract.onnx_io import onnx_io
+from edgeinfer.errors import ModelError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -47,7 +48,10 @@ class ExampleBackend(Backend):
     def convert(self, model: Path, scheme: str, calibration, out: Path, **options: Any) -> dict[str, Any]:
         import onnx
 
-        onnx.checker.check_model(str(model))  # raises on a corrupt file; the core reports it in one line
+        try:
+            onnx.checker.check_model(str(model))
+        except Exception as e:  # the user's file, said on purpose (exit 2); anything else we raise is exit 3
+            raise ModelError(f"{model.name} is not a valid ONNX model: {first_line(e)}") from None
         shutil.copyfile(model, out)
         session = ExampleSession(out)
         return {"target": "cpu", "inputs": session.inputs, "outputs": session.outputs}

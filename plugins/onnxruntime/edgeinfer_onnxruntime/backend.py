@@ -217,11 +217,15 @@ class OnnxRuntimeBackend(Backend):
 
     def open(self, artifact: Path, device: str | None, stamp: dict[str, Any], **options: Any) -> Session:
         check_device(device, DEVICES, self.name)
-        from onnxruntime.capi.onnxruntime_pybind11_state import InvalidProtobuf
+        from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
 
         try:
             return OnnxRuntimeSession(artifact, threads=options.get("threads"))
-        except InvalidProtobuf as e:
+        except ort_errors.InvalidProtobuf as e:
             why = first_line(e).rpartition("failed:")[2].strip().rstrip(".") or first_line(e)
             raise ModelError(f"{artifact.name} is not a valid ONNX model (onnxruntime: {why}); check the file, "
                              "or export the model to ONNX again") from None
+        except (ort_errors.Fail, ort_errors.InvalidGraph, ort_errors.InvalidArgument, ort_errors.NoSuchFile,
+                ort_errors.NotImplemented) as e:  # the model the user gave: a missing weights file, an unknown op
+            raise ModelError(f"onnxruntime cannot load {artifact.name}: {first_line(e, 300)}; check the model "
+                             "file and the files it names, or export it to ONNX again") from None
