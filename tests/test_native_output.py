@@ -13,7 +13,7 @@ import threading
 import pytest
 
 from edgeinfer.contract import native_output
-from edgeinfer.errors import InputError
+from edgeinfer.errors import InputError, ModelError
 
 LIBC = ctypes.CDLL(None)
 
@@ -53,11 +53,19 @@ def test_a_failure_shows_the_tail_and_an_edgeinfer_error_does_not(capfd, monkeyp
     assert "native output before the failure" in err
     for line in ("before-crash printf", "before-crash fd1", "before-crash fd2", "before-crash print"):
         assert f"  {line}\n" in err + "\n", err
+    with pytest.raises(ModelError), native_output():
+        try:
+            chatter("wrapped")
+            raise RuntimeError("toolkit crashed")
+        except RuntimeError as e:
+            raise ModelError("the toolkit could not convert m.onnx") from e
+    out, err = capfd.readouterr()
+    assert out == "" and "  wrapped fd2" in err
     with pytest.raises(InputError), native_output():
         chatter("user-error")
         raise InputError("bad option")
     out, err = capfd.readouterr()
-    assert out == "" and err == ""  # the plugin's own one-line error says it; the CLI prints that
+    assert out == "" and err == ""  # the plugin's own one-line error says it all; the CLI prints that
 
 
 def test_verbose_sends_stdout_chatter_to_stderr(capfd, monkeypatch) -> None:

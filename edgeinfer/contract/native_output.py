@@ -6,9 +6,9 @@ which carries the command's answer (``--json``).
 ``with native_output():``) points file descriptors 1 and 2, ``sys.stdout`` and the log handlers bound to it
 at a temporary file while the call runs; ``sys.stderr`` still reaches the user, so edgeinfer's own progress
 and warnings show. With ``edgeinfer --verbose`` nothing is hidden: fd 1 and ``sys.stdout`` go to stderr.
-When the call fails with anything but an :class:`~edgeinfer.errors.EdgeInferError` (whose message already
-says what went wrong), the last lines captured are printed on stderr before the exception goes on, so a
-library's own explanation is not lost.
+When the call fails with a library's exception (anything but an :class:`~edgeinfer.errors.EdgeInferError`,
+or one raised from such an exception), the last lines captured are printed on stderr before the exception
+goes on, so the library's own explanation is not lost; an EdgeInferError of the plugin's own says it all.
 
 File descriptors belong to the process: while any thread is inside, every thread's native output is
 contained. Blocks nest and overlap across threads: the first one in redirects, the last one out restores.
@@ -51,7 +51,7 @@ def native_output() -> Iterator[None]:
     try:
         yield
     except Exception as e:
-        if not isinstance(e, EdgeInferError):
+        if _from_a_library(e):
             tail = capture.tail(start)
         raise
     finally:
@@ -63,6 +63,11 @@ def native_output() -> Iterator[None]:
         if tail:
             print(f"native output before the failure (last {TAIL_LINES} lines at most; `edgeinfer --verbose` "
                   f"shows all of it as it comes):\n{tail}", file=sys.stderr, flush=True)
+
+
+def _from_a_library(e: Exception) -> bool:
+    cause = e.__cause__
+    return not isinstance(e, EdgeInferError) or (cause is not None and not isinstance(cause, EdgeInferError))
 
 
 class _Follow:
