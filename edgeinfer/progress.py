@@ -154,7 +154,10 @@ def _user_stderr() -> tuple[Callable[[str], Any], Callable[[], None]]:
 
     def write(text: str) -> None:
         with lock:
-            os.write(fd, text.encode("utf-8", "replace"))
+            try:
+                os.write(fd, text.encode("utf-8", "replace"))
+            except OSError:  # stderr's reader went away: progress is not worth failing the work for
+                pass
 
     return write, lambda: os.close(fd)
 
