@@ -42,11 +42,11 @@ def native_output() -> Iterator[None]:
     """Contain fd 1/2 and ``sys.stdout`` while the block runs (see the module docstring); usable as a
     decorator: ``@native_output()``."""
     with _LOCK:
-        if not _active:
-            _active.append(_Capture(loud=verbose()))
-        capture = _active[0]
-        capture.users += 1
-        start = capture.size()
+        capture = _join()
+    if capture is None:
+        yield
+        return
+    start = capture.size()
     tail = ""
     try:
         yield
@@ -63,6 +63,18 @@ def native_output() -> Iterator[None]:
         if tail:
             print(f"native output before the failure (last {TAIL_LINES} lines at most; `edgeinfer --verbose` "
                   f"shows all of it as it comes):\n{tail}", file=sys.stderr, flush=True)
+
+
+def _join() -> _Capture | None:
+    """The capture in force (set up when there is none), with one more user; None when fd 1/2 cannot be
+    redirected (closed: ``edgeinfer … >&-``), so there is nothing to keep off them. Called under _LOCK."""
+    if not _active:
+        try:
+            _active.append(_Capture(loud=verbose()))
+        except OSError:
+            return None
+    _active[0].users += 1
+    return _active[0]
 
 
 def _from_a_library(e: Exception) -> bool:
