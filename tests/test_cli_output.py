@@ -186,15 +186,16 @@ def test_plan_piped_into_head_exits_0_when_it_fits() -> None:
 def test_a_failing_deploy_prints_exactly_one_line_on_stderr(tmp_path: Path) -> None:
     """A fresh cache: the ONNX export (torch, transformers, torchao) and NNCF int8 both run and would
     print logs, warnings and progress bars; only edgeinfer's verdict may reach stderr. (A tiny BERT: the same
-    libraries run as for MiniLM, in a fraction of the time.)"""
+    libraries run as for MiniLM, in a fraction of the time.) ``--quiet``: edgeinfer's own progress lines (one
+    every 10 s off a terminal, tests/test_progress.py) are off too."""
     model = tiny_bert_dir(tmp_path / "tiny-bert")
     env = {k: v for k, v in os.environ.items()  # the libraries' defaults, whatever the shell set
            if k not in ("TORCH_LOGS", "TRANSFORMERS_VERBOSITY", "EDGEINFER_VERBOSE", "EDGEINFER_DEBUG")}
     env["EDGEINFER_CACHE_DIR"] = str(tmp_path / "cache")
     args = ["deploy", str(model), "--board", "core-ultra-155h", "--quant", "int8", "--calib",
             str(ROOT / "examples" / "sentences.txt"), "--threshold", "0.9999999", "-o", str(tmp_path / "b")]
-    proc = subprocess.run([sys.executable, "-m", "edgeinfer.cli", *args], capture_output=True, text=True, env=env,
-                          timeout=600)
+    proc = subprocess.run([sys.executable, "-m", "edgeinfer.cli", "--quiet", *args], capture_output=True, text=True,
+                          env=env, timeout=600)
     assert proc.returncode == 1, proc.stderr
     assert proc.stdout == ""
     lines = proc.stderr.splitlines()  # the plan deploy builds for (one line here), then the verdict

@@ -114,8 +114,11 @@ def _debug(ctx: click.Context) -> bool:
 @click.group(cls=EdgeInferGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="edgeinfer")
 @click.option("--debug", is_flag=True, help="Show tracebacks for errors (implies --verbose).")
-@click.option("--verbose", "-v", is_flag=True, help="Show third-party logs, warnings and progress bars.")
-def cli(debug: bool, verbose: bool) -> None:
+@click.option("--verbose", "-v", is_flag=True, help="Show third-party logs, warnings, progress bars and native "
+              "output of conversions and loads (on stderr).")
+@click.option("--quiet", is_flag=True, help="No progress on stderr (spinners, bars, the plain lines written "
+              "every 10 s off a terminal); notes, warnings and errors stay.")
+def cli(debug: bool, verbose: bool, quiet: bool) -> None:
     """Plan, convert, run and serve the same model on edge NPUs.
 
     \b
@@ -127,6 +130,8 @@ def cli(debug: bool, verbose: bool) -> None:
         os.environ[progress.VERBOSE_ENV] = "1"
     else:
         quiet_third_party()
+    if quiet:
+        os.environ[progress.QUIET_ENV] = "1"
 
 
 def quiet_third_party() -> None:

@@ -158,7 +158,7 @@ def _bench_decoder(gen: Any, model: Path, lengths: list[int] | None, new_tokens:
     with gen:
         return decoder_bench.bench(gen, str(model), lengths, new_tokens or decoder_bench.DEFAULT_NEW_TOKENS,
                                    repeat or decoder_bench.DEFAULT_REPEAT,
-                                   progress=Progress(enabled=None if not as_json else False))
+                                   progress=Progress.for_command(as_json))
 
 
 def _self_check(path: Path, found: Kind, report: dict[str, Any], board: str | None) -> dict[str, Any] | None:
@@ -228,7 +228,7 @@ def _bench_encoder(session: Any, bundle_dir: Path, batches: list[int] | None, se
     with session:
         return benchmark.bench(b, session, batches or _int_list(DEFAULT_BATCH, "--batch", MAX_BENCH_BATCH),
                                list(seqs) if seqs else [None], repeat or ENCODER_REPEAT,
-                               progress=Progress(enabled=None if not as_json else False))
+                               progress=Progress.for_command(as_json))
 
 
 def _render_encoder(r: dict[str, Any]) -> None:

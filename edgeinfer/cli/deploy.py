@@ -70,7 +70,7 @@ def deploy(
     from edgeinfer.progress import Progress
     from edgeinfer.run.loading import parse_shapes
 
-    progress = Progress(enabled=None if not as_json else False)
+    progress = Progress.for_command(as_json)
     if out is None and not dry_run:
         raise click.UsageError("Missing option '-o' / '--out' (or pass --dry-run)")
     planned = {"dry_run": dry_run, "on_plan": None if as_json else _announce}

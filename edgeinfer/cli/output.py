@@ -3,15 +3,31 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
 from typing import Any, Callable
 
 import click
 
+#: the line width off a terminal: wide enough that no table or line wraps (a log, a pipe, `grep` reads whole lines)
+UNWRAPPED = 10_000
+
 
 def console(stderr: bool = False) -> Any:
+    """Rich at the terminal's width; off a terminal (a pipe, a file) lines and tables keep their natural width
+    instead of wrapping at rich's default 80 columns, unless COLUMNS says a width."""
     from rich.console import Console
 
-    return Console(stderr=stderr, highlight=False, soft_wrap=False)
+    stream = sys.stderr if stderr else sys.stdout
+    width = None if "COLUMNS" in os.environ or _isatty(stream) else UNWRAPPED
+    return Console(stderr=stderr, highlight=False, soft_wrap=False, width=width)
+
+
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except Exception:
+        return False
 
 
 def print_json(data: Any) -> None:

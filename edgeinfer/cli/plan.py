@@ -61,7 +61,7 @@ def render_plan(p: Plan) -> None:
 
     con = console()
     verdict = "[bold green]FITS[/]" if p.fits else "[bold red]DOES NOT FIT[/]"
-    con.print(f"{p.model.name} on {p.board.name} ({p.board.title}) — {p.scheme.name} via {p.runtime}, "
+    con.print(f"{p.model.name} on {p.board.name} ({escape(p.board.title)}): {p.scheme.name} via {p.runtime}, "
               f"ctx {p.ctx}, batch {p.batch}, KV {p.kv_dtype}: {verdict}")
     for line in p.decision.lines() if p.decision else []:
         con.print(escape(line))

@@ -1,10 +1,11 @@
 """What a backend plugin imports: the hook specs, the Backend and Session base classes, the decoder
 base classes, the records a backend declares and answers, tensor specs, stamps, the plugin registry,
 and what a plugin needs from the core besides — scheme names, measurement, generation options, the
-paging schedule, the conversion cache, progress and the core's version. The contract is the bottom
-layer: it imports no other room of the core, so a plugin that imports only ``edgeinfer.contract*``,
-``edgeinfer.errors`` and ``edgeinfer.testing*`` depends on nothing the core may move. See
-docs/writing-a-backend.md for the whole contract."""
+paging schedule, the conversion cache, progress, native output contained around convert and load
+(``native_output``) and the core's version. The contract is the bottom layer: it imports no other room
+of the core, so a plugin that imports only ``edgeinfer.contract*``, ``edgeinfer.errors`` and
+``edgeinfer.testing*`` depends on nothing the core may move. See docs/writing-a-backend.md for the
+whole contract."""
 
 from edgeinfer.contract import stamp
 from edgeinfer.contract.backend import (
@@ -33,12 +34,12 @@ __all__ = ["Accelerator", "Backend", "BatchingDecoder", "CalibrationSet", "Decod
            "GenerationOptions", "NativeDecoder", "NativeStep", "Needs", "OpTime", "PagingLimit", "Placement", "Probe",
            "Problem", "Profile", "Progress", "Schedule", "Scheme", "Session", "StepDecoder", "TensorSpec",
            "Tensors", "__version__", "cache", "current_rss_bytes", "hookimpl", "known_schemes", "latency_stats",
-           "normalize_scheme", "peak_rss_bytes", "reset_peak_rss", "seal", "stamp", "validate_feeds",
-           "validate_outputs", "verbose"]
+           "native_output", "normalize_scheme", "peak_rss_bytes", "reset_peak_rss", "seal", "stamp",
+           "validate_feeds", "validate_outputs", "verbose"]
 
 
 #: loaded on first use (``edgeinfer plan`` needs none of them): name -> the contract module that defines it
-_LAZY = {"cache": None, "seal": None, "GenerationOptions": "generation",
+_LAZY = {"cache": None, "seal": None, "GenerationOptions": "generation", "native_output": "native_output",
         **{n: "decoder" for n in ("BatchingDecoder", "Decoder", "NativeDecoder", "NativeStep", "StepDecoder")}}
 
 

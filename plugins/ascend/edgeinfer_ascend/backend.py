@@ -28,6 +28,7 @@ from edgeinfer.contract import (
     TensorSpec,
 )
 from edgeinfer.contract.backend import DeviceReading
+from edgeinfer.contract.native_output import native_output
 from edgeinfer.contract.resources import Accelerator
 from edgeinfer.errors import InputError
 
@@ -139,6 +140,7 @@ class AscendBackend(Backend):
         return Probe(available=True, versions=versions, devices=devices, problems=problems, details=details)
 
     # --- convert ----------------------------------------------------------------------------
+    @native_output()
     def convert(
         self, model: Path, scheme: str, calibration: CalibrationSet | None, out: Path, **options: Any
     ) -> dict[str, Any]:
@@ -203,6 +205,7 @@ class AscendBackend(Backend):
         return manifest, {"program.pt2": data}, inputs
 
     # --- decoders (edgeinfer_ascend.decoder) --------------------------------------------------
+    @native_output()
     def open_decoder(self, model: Path, device: str | None, context: int, slots: int, **options: Any):
         from .decoder import open_decoder
 
@@ -220,6 +223,7 @@ class AscendBackend(Backend):
         text, _why = dev.run_npu_smi()
         return None if text is None else doctor.free_memory(doctor.parse_npu_smi_info(text), dev.device_index(where))
 
+    @native_output()
     def convert_decoder(self, model: Path, scheme: str, context: int, out: Path, calibration=None,
                         **options: Any) -> dict[str, Any]:
         from .decoder_export import convert_decoder
@@ -227,6 +231,7 @@ class AscendBackend(Backend):
         return convert_decoder(model, scheme, context, out, calibration, **options)
 
     # --- open -------------------------------------------------------------------------------
+    @native_output()
     def open(self, artifact: Path, device: str | None, stamp: dict[str, Any], **options: Any) -> Session:
         from . import convert
         from . import device as dev

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from edgeinfer.contract import Backend, CalibrationSet, Decoders, OpTime, Probe, Problem, Session, Tensors, TensorSpec
 from edgeinfer.contract.helpers import check_device, first_line, package_version
+from edgeinfer.contract.native_output import native_output
 from edgeinfer.errors import InputError, ModelError
 
 if TYPE_CHECKING:
@@ -154,6 +155,7 @@ class OnnxRuntimeBackend(Backend):
             details={"providers": providers},
         )
 
+    @native_output()
     def convert(
         self, model: Path, scheme: str, calibration: CalibrationSet | None, out: Path, **options: Any
     ) -> dict[str, Any]:
@@ -197,6 +199,7 @@ class OnnxRuntimeBackend(Backend):
         )
         return "static"
 
+    @native_output()
     def open_decoder(self, model: Path, device: str | None, context: int, slots: int, **options: Any):
         from edgeinfer.contract import cache
 
@@ -206,6 +209,7 @@ class OnnxRuntimeBackend(Backend):
             raise InputError(f"onnxruntime backend runs on CPU only, not {device!r}; omit --device or use CPU")
         return open_decoder(model, context, slots, cache.area("artifacts"), dict(options))
 
+    @native_output()
     def convert_decoder(self, model: Path, scheme: str, context: int, out: Path, calibration=None, **options: Any):
         from edgeinfer.contract.schemes import normalize_scheme
 
@@ -215,6 +219,7 @@ class OnnxRuntimeBackend(Backend):
         # calibration is not used: the builder's int4 is round-to-nearest per block, data-free
         return convert(model, scheme, context, out, normalize_scheme(scheme).group_size)
 
+    @native_output()
     def open(self, artifact: Path, device: str | None, stamp: dict[str, Any], **options: Any) -> Session:
         check_device(device, DEVICES, self.name)
         from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors

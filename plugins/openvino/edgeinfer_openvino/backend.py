@@ -31,6 +31,7 @@ from typing import Any
 from edgeinfer.contract import Backend, CalibrationSet, Decoders, Probe, Problem, Session, Tensors
 from edgeinfer.contract.backend import DeviceReading
 from edgeinfer.contract.helpers import package_version
+from edgeinfer.contract.native_output import native_output
 from edgeinfer.contract.resources import Accelerator
 from edgeinfer.errors import InputError
 
@@ -129,6 +130,7 @@ class OpenVinoBackend(Backend):
         return None
 
     # --- convert ----------------------------------------------------------------------------
+    @native_output()
     def convert(
         self, model: Path, scheme: str, calibration: CalibrationSet | None, out: Path, **options: Any
     ) -> dict[str, Any]:
@@ -148,7 +150,7 @@ class OpenVinoBackend(Backend):
     def _convert(
         self, ov: Any, model: Path, scheme: str, calibration: CalibrationSet | None, out: Path, options: dict
     ) -> dict[str, Any]:
-        from .convert import compress, nncf_output_to_stderr, onnx_dim_names, ptq, reshape
+        from .convert import compress, onnx_dim_names, ptq, reshape
         from .session import port_name, port_specs, read_model
 
         core = ov.Core()
@@ -174,15 +176,13 @@ class OpenVinoBackend(Backend):
         if scheme == "fp16":
             compress_fp16 = True
         elif scheme == "w8a8":
-            with nncf_output_to_stderr():
-                ov_model, facts = ptq(ov_model, calibration, target, options)
+            ov_model, facts = ptq(ov_model, calibration, target, options)
         elif scheme in ("w8a16", "w4a16") or scheme.startswith("w4a16_g"):
             if scheme.startswith("w4a16_g"):  # the group size is part of the scheme name
                 if options.get("group_size") not in (None, int(scheme.split("_g")[1])):
                     raise InputError(f"scheme {scheme} fixes the group size; drop group_size={options['group_size']}")
                 options = dict(options, group_size=int(scheme.split("_g")[1]))
-            with nncf_output_to_stderr():
-                ov_model, facts = compress(ov_model, scheme.split("_g")[0], options)
+            ov_model, facts = compress(ov_model, scheme.split("_g")[0], options)
         ov.save_model(ov_model, str(out), compress_to_fp16=compress_fp16)
         facts.update(
             target=target or ("any" if static else "dynamic"),
@@ -193,6 +193,7 @@ class OpenVinoBackend(Backend):
         return facts
 
     # --- open -------------------------------------------------------------------------------
+    @native_output()
     def open(self, artifact: Path, device: str | None, stamp: dict[str, Any], **options: Any) -> Session:
         try:
             symbols = {spec["name"]: spec["shape"] for spec in stamp.get("inputs", []) + stamp.get("outputs", [])}
@@ -203,6 +204,7 @@ class OpenVinoBackend(Backend):
         return OpenVinoSession(artifact, device, symbols=symbols, scheme=stamp.get("scheme"), **options)
 
     # --- decoders (edgeinfer_openvino.decoder) ----------------------------------------------
+    @native_output()
     def open_decoder(self, model: Path, device: str | None, context: int, slots: int, **options: Any):
         from edgeinfer.contract import cache
 
@@ -210,6 +212,7 @@ class OpenVinoBackend(Backend):
 
         return open_decoder(model, device, context, slots, cache.area("artifacts"), dict(options))
 
+    @native_output()
     def convert_decoder(
         self, model: Path, scheme: str, context: int, out: Path, calibration: Sequence[str] | None = None,
         **options: Any,

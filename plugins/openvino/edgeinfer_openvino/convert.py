@@ -6,9 +6,6 @@ openvino, nncf and onnx are imported inside the functions.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -21,30 +18,6 @@ from .session import port_name, reason
 
 #: models above this many weights get channel-wise INT4 (group_size=-1), as the NPU needs
 CHANNELWISE_ABOVE = 1_000_000_000
-
-
-@contextlib.contextmanager
-def nncf_output_to_stderr():
-    """NNCF logs and draws progress bars on stdout; stdout belongs to the CLI's answer (--json).
-    They go to stderr with ``edgeinfer --verbose``, and nowhere otherwise (edgeinfer shows its own step)."""
-    from edgeinfer.contract import verbose
-
-    handler = None
-    try:
-        from nncf.common.logging.logger import stdout_handler as handler
-    except Exception:
-        pass
-    with contextlib.ExitStack() as stack:
-        sink = sys.stderr if verbose() else stack.enter_context(open(os.devnull, "w"))
-        if handler is not None and getattr(handler.stream, "closed", False):
-            handler.stream = sys.stdout  # NNCF was imported while stdout was a stream since closed (a test's capture)
-        old = handler.setStream(sink) if handler is not None else None
-        try:
-            with contextlib.redirect_stdout(sink):
-                yield
-        finally:
-            if handler is not None and old is not None:
-                handler.setStream(old)
 
 
 def onnx_dim_names(path: Path) -> dict[str, list[str | None]]:

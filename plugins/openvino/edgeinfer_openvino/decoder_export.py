@@ -97,13 +97,6 @@ def _require_optimum() -> None:
         )
 
 
-@contextlib.contextmanager
-def _quiet():
-    """optimum and NNCF print to stdout, which belongs to the CLI's answer (--json)."""
-    with contextlib.redirect_stdout(sys.stderr):
-        yield
-
-
 def check_convert(scheme: str, options: dict[str, Any]) -> tuple[str, int | None, int | None]:
     if scheme not in SCHEMES:
         raise InputError(f"scheme {scheme!r} is not an OpenVINO decoder format; use one of {', '.join(SCHEMES)}")
@@ -146,10 +139,9 @@ def base_export(model: Path, cache_root: Path) -> Path:
 
     with tempfile.TemporaryDirectory(prefix="ov-export-") as tmp:
         try:
-            with _quiet():
-                main_export(str(model), output=tmp, task="text-generation-with-past", library_name="transformers",
-                            ov_config=OVConfig(dtype="fp32"), convert_tokenizer=True, trust_remote_code=trust,
-                            local_files_only=True)
+            main_export(str(model), output=tmp, task="text-generation-with-past", library_name="transformers",
+                        ov_config=OVConfig(dtype="fp32"), convert_tokenizer=True, trust_remote_code=trust,
+                        local_files_only=True)
         except Exception as e:
             raise ModelError(f"optimum-intel could not export {model.name} to OpenVINO: {_first_line(e)}") from e
         entry.parent.mkdir(parents=True, exist_ok=True)
@@ -188,8 +180,7 @@ def convert(model: Path, scheme: str, context: int, out: Path, calibration: Sequ
     base = base_export(model, cache_root)
     work = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent if out.parent.is_dir() else None))
     try:
-        with _quiet():
-            compression = _write_scheme(base, work, scheme, target, group, calibration, samples, model)
+        compression = _write_scheme(base, work, scheme, target, group, calibration, samples, model)
         facts = {"scheme": scheme, "target": target, "context": int(context), "weight_compression": compression,
                  "export": "optimum-intel main_export text-generation-with-past (stateful)",
                  "toolkit_version": f"openvino {versions()['openvino']}", "versions": versions()}

@@ -28,6 +28,7 @@ from edgeinfer.contract import (
 )
 from edgeinfer.contract.backend import DeviceReading
 from edgeinfer.contract.helpers import package_version
+from edgeinfer.contract.native_output import native_output
 from edgeinfer.contract.resources import Accelerator
 from edgeinfer.errors import BackendUnavailableError, InputError, ModelError
 
@@ -196,6 +197,7 @@ class RknnBackend(Backend):
         return None
 
     # --- convert -------------------------------------------------------------------------------
+    @native_output()
     def convert(
         self, model: Path, scheme: str, calibration: CalibrationSet | None, out: Path, **options: Any
     ) -> dict[str, Any]:
@@ -321,6 +323,7 @@ class RknnBackend(Backend):
         return facts
 
     # --- decoders (edgeinfer_rknn.decoder, .decoder_export) -------------------------------------
+    @native_output()
     def convert_decoder(self, model: Path, scheme: str, context: int, out: Path, calibration=None,
                         **options: Any) -> dict[str, Any]:
         from . import rkllm_convert
@@ -330,6 +333,7 @@ class RknnBackend(Backend):
             return rkllm_convert.convert_rkllm(model, scheme, context, out, calibration, **options)
         return convert_decoder(self, model, scheme, context, out, calibration, **options)
 
+    @native_output()
     def open_decoder(self, model: Path, device: str | None, context: int, slots: int, **options: Any):
         from .rkllm_convert import is_rkllm, rkllm_file
 
@@ -342,6 +346,7 @@ class RknnBackend(Backend):
         return open_decoder(self, model, device, context, slots, **options)
 
     # --- open ----------------------------------------------------------------------------------
+    @native_output()
     def open(self, artifact: Path, device: str | None, stamped: Mapping[str, Any], **options: Any) -> Session:
         mask_name = str(options.get("core_mask", "auto"))
         mask = hw.core_mask(mask_name)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from edgeinfer.contract import Backend, Decoders, OpTime, Probe, Problem, StepDecoder, Tensors, remote_code
 from edgeinfer.contract.helpers import check_weight_index
+from edgeinfer.contract.native_output import native_output
 from edgeinfer.errors import InputError, ModelError
 
 if TYPE_CHECKING:
@@ -44,6 +45,7 @@ class TransformersBackend(Backend):
     def versions(self) -> dict[str, str]:
         return {"toolkit": version("transformers")}
 
+    @native_output()
     def open_decoder(self, model: Path, device: str | None, context: int, slots: int, **options: Any) -> StepDecoder:
         if device not in (None, "", "cpu", "CPU"):
             raise InputError(f"the transformers reference runs on CPU only, not {device!r}; omit --device")
