@@ -49,6 +49,7 @@ RUN = {
         "edgeinfer verify tiny.bundle",
         "edgeinfer profile model.onnx --top 5",
     ],
+    "writing-a-backend.md": ["edgeinfer boards"],
     "deploy.md": [
         "edgeinfer golden OUT",
         "edgeinfer verify OUT [--json]",
@@ -147,9 +148,14 @@ SKIP = {
         "\"prompt\": \"Once upon a time\", \"max_tokens\": 16, \"stream\": true}'": SERVER,
     },
     "writing-a-backend.md": {
-        "pip install -e ./edgeinfer-example-backend": "an install; tests/test_plugins.py loads the example backend",
+        "pip install '.[testing]'": "an install; make dev installs the same packages for this suite",
+        "pip install -e examples/edgeinfer-example-backend -e examples/edgeinfer-example-decoder":
+            "an install; make dev installs both examples for this suite",
         "edgeinfer backends": "imports every plugin's SDK (seconds); tests/test_plugins.py",
-        "pytest edgeinfer-example-backend/tests": "the example's own tests run in this suite (examples/)",
+        "pytest examples/edgeinfer-example-backend/tests": "the example's own tests run in this suite (examples/)",
+        "pytest -m \"not slow\" examples/edgeinfer-example-backend/tests":
+            "the example's own tests run in this suite (examples/)",
+        "pytest -m \"not slow\" examples": "both examples' tests run in this suite (examples/)",
     },
 }
 

@@ -230,11 +230,11 @@ def get_backend(name: str) -> Backend:
     plugin is registered only to list the installed ones when there is none of that name."""
     reg = registry()
     entry = reg.backend(name)
+    if entry is None and name in reg.plugins:
+        reg.backends  # noqa: B018 - registering every plugin records why this one failed
     own = reg.plugins.get(name)
     if entry is None and own is not None and own.error:
-        raise BackendUnavailableError(f"backend {name!r} is unavailable: its plugin (distribution "
-                                      f"{own.distribution}) is installed but failed to load: {own.error}",
-                                      "see 'edgeinfer doctor'; reinstall the distribution or what it needs")
+        raise BackendUnavailableError(*unavailable(name))
     if entry is None:
         known = ", ".join(sorted(reg.backends)) or "none"  # registering every plugin records their failures
         failed = [f"{p.name} from distribution {p.distribution} ({p.error})" for p in reg.plugins.values() if p.error]
@@ -294,5 +294,6 @@ def unavailable(name: str) -> tuple[str, str]:
             what = f"installed but fails to import: module {info.missing!r} is not installed"
         else:
             what = f"installed but fails to load ({info.error})"
-        return f"backend {name!r}: its plugin {info.distribution} {info.version} is {what}", repair_hint(info)
+        return (f"backend {name!r}: its plugin (distribution {info.distribution} {info.version}) is {what}",
+                repair_hint(info))
     return f"backend {name!r} is not installed (no plugin provides it)", install_hint(name)
