@@ -90,8 +90,9 @@ def test_doctor_board_plugin_missing_its_sdk_names_module_and_distribution(tmp_p
     proc = cli("doctor", "--board", str(_board(tmp_path, "tvm")), "--json")
     assert proc.returncode == 3, proc.stderr
     report = json.loads(proc.stdout)
-    assert report["missing"]["message"] == ("backend 'tvm': its plugin (distribution edgeinfer-tvm 0.0.1) is installed but fails "
-                                            "to import: module 'tvm_runtime_absent_here' is not installed")
+    assert report["missing"]["message"] == ("backend 'tvm': its plugin (distribution edgeinfer-tvm 0.0.1) is "
+                                            "installed but fails to import: module 'tvm_runtime_absent_here' is "
+                                            "not installed")
     fix = report["missing"]["fix"]
     assert "module 'tvm_runtime_absent_here' (a dependency of edgeinfer-tvm)" in fix
     assert "pip install --force-reinstall edgeinfer-tvm" in fix and "./plugins" not in fix
