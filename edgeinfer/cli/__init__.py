@@ -123,8 +123,10 @@ def cli(debug: bool, verbose: bool, quiet: bool) -> None:
 
     \b
     Exit codes: 0 ok; 1 negative verdict (does not fit, check failed);
-                2 usage or input error; 3 backend or device unavailable;
+                2 what you passed is wrong (input, option, board, bundle, port);
+                3 a plugin, backend or device failed or is unavailable;
                 130 interrupted (Ctrl-C), 143 terminated (SIGTERM).
+    With --json, a failure prints {"error": {"code", "kind", "message"}} on stdout.
     """
     if debug or verbose:
         os.environ[progress.VERBOSE_ENV] = "1"
