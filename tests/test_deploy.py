@@ -28,8 +28,14 @@ TEXTS = ["The train to Berlin was delayed by forty minutes.", "Solar panels conv
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("deploy-cache")
+def cache() -> Path:
+    """The user's conversion cache (edgeinfer.contract.cache.root(), ~/.cache/edgeinfer), as the README's deploys
+    use it: a machine's first run converts (about a minute for the three boards), later runs reuse the sealed
+    entries. Fresh conversions through deploy run every time in test_bad_quantization_is_caught_not_shipped
+    (not stored: it fails), tests/test_malicious_files.py and the plugins' own tests."""
+    from edgeinfer.contract import cache as conversion_cache
+
+    return conversion_cache.root()
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +59,8 @@ def golden_txt(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def bundles(tmp_path_factory, env, golden_txt) -> dict[str, Path]:
-    """The first deploy fills the module's cache with the reference export; the other two then run side by side."""
+    """The first deploy fills the cache with the reference export (on a machine's first run); the other two then
+    run side by side."""
     root = tmp_path_factory.mktemp("bundles")
 
     def deploy(board: str) -> subprocess.Popen:

@@ -1,4 +1,7 @@
-"""Files whose loading would run code: NumPy object arrays and damaged cache entries, through the real CLI.
+"""Files whose loading would run code: NumPy object arrays and damaged cache entries, through the real CLI:
+in this process (edgeinfer.testing.cli: no interpreter start-up and openvino import per case), the first case
+of each parametrized loader test and the pickled-weights deploy also as ``python -m edgeinfer.cli``, so what
+shows only in a fresh interpreter is still caught.
 
 Each crafted file holds a pickled object that creates a marker file when unpickled. Every loader
 (``run --input``, ``deploy --calib`` / ``--golden-inputs``, a bundle's golden samples, ``golden
@@ -19,6 +22,14 @@ import pytest
 from helpers import edgeinfer, tiny_bert_dir
 
 from edgeinfer.testing import models
+from edgeinfer.testing.cli import in_process_cli
+
+_cli, _bind_capfd = in_process_cli()
+
+
+def cli(*args: str, env: dict[str, str] | None = None, fresh_process: bool = False):
+    """``edgeinfer ARGS`` in this process, or with ``fresh_process`` in a new interpreter."""
+    return edgeinfer(*args, env=env) if fresh_process else _cli(*args, env=env)
 
 
 class Payload:
@@ -101,16 +112,17 @@ def test_run_input_with_object_array(mlp, tmp_path, suffix):
     marker = tmp_path / "MARKER"
     evil = (_evil_npy if suffix == ".npy" else _evil_npz)(tmp_path / f"x{suffix}", marker)
     before = _files(tmp_path)
-    _refused(edgeinfer("run", str(mlp.path), "-i", f"x={evil}", "--out", str(tmp_path / "out")), marker, "--input x")
+    _refused(cli("run", str(mlp.path), "-i", f"x={evil}", "--out", str(tmp_path / "out"),
+                 fresh_process=suffix == ".npy"), marker, "--input x")
     assert _files(tmp_path) == before
 
 
 # --- deploy --calib / --golden-inputs ---------------------------------------------------------------------
 
 
-def _deploy(mlp, tmp_path: Path, cache: Path, *extra: str):
-    return edgeinfer("deploy", str(mlp.path), "--board", "core-ultra-155h", "-o", str(tmp_path / "out"), *extra,
-                     env={"EDGEINFER_CACHE_DIR": str(cache)})
+def _deploy(mlp, tmp_path: Path, cache: Path, *extra: str, fresh_process: bool = False):
+    return cli("deploy", str(mlp.path), "--board", "core-ultra-155h", "-o", str(tmp_path / "out"), *extra,
+               env={"EDGEINFER_CACHE_DIR": str(cache)}, fresh_process=fresh_process)
 
 
 @pytest.mark.parametrize("layout", ["npz", "dir-of-npz", "dir-of-npy"])
@@ -127,7 +139,8 @@ def test_deploy_samples_with_object_arrays(mlp, tmp_path, cache, layout, option)
         else:
             _evil_npy(evil / "0.npy", marker)
     before = _files(tmp_path)
-    _refused(_deploy(mlp, tmp_path, cache, option, str(evil)), marker, "not a readable")
+    first = (layout, option) == ("npz", "--calib")
+    _refused(_deploy(mlp, tmp_path, cache, option, str(evil), fresh_process=first), marker, "not a readable")
     assert _files(tmp_path) == before
 
 
@@ -149,7 +162,7 @@ def test_golden_samples_with_object_arrays(bundle, tmp_path, which):
     _evil_npz(copy / "golden" / f"{which}.npz", marker, key="0/x")
     _reseal(copy)
     before = _files(tmp_path)
-    _refused(edgeinfer("golden", str(copy)), marker, f"golden/{which}.npz")
+    _refused(cli("golden", str(copy), fresh_process=which == "inputs"), marker, f"golden/{which}.npz")
     assert _files(tmp_path) == before
 
 
@@ -157,7 +170,7 @@ def test_golden_new_inputs_with_object_arrays(bundle, mlp, tmp_path):
     marker = tmp_path / "MARKER"
     evil = _evil_npz(tmp_path / "new.npz", marker)
     before = _files(tmp_path)
-    _refused(edgeinfer("golden", str(bundle), "--inputs", str(evil), "--reference", str(mlp.path)), marker)
+    _refused(cli("golden", str(bundle), "--inputs", str(evil), "--reference", str(mlp.path)), marker)
     assert _files(tmp_path) == before
 
 
@@ -238,7 +251,7 @@ def test_damaged_artifact_cache_entry_is_converted_again(mlp, tmp_path):
 
     def run() -> np.ndarray:
         out = tmp_path / "out"
-        proc = edgeinfer("run", str(mlp.path), "--backend", "openvino", "-i", f"x={x}", "--out", str(out), env=env)
+        proc = cli("run", str(mlp.path), "--backend", "openvino", "-i", f"x={x}", "--out", str(out), env=env)
         assert proc.returncode == 0, proc.stderr[-2000:]
         return np.load(out / "y.npy")
 
@@ -262,7 +275,8 @@ def test_malformed_stamp_is_one_line(mlp, tmp_path, stamp):
     x = tmp_path / "x.npy"
     np.save(x, mlp.feeds["x"])
     before = _files(tmp_path)
-    _refused(edgeinfer("run", str(model), "-i", f"x={x}"), tmp_path / "MARKER", "stamp")
+    first = stamp == '{"backend": 3}'
+    _refused(cli("run", str(model), "-i", f"x={x}", fresh_process=first), tmp_path / "MARKER", "stamp")
     assert _files(tmp_path) == before
 
 
@@ -273,7 +287,7 @@ def test_damaged_reference_onnx_in_the_cache_is_exported_again(tmp_path):
     cache = tmp_path / "cache"
     model = tiny_bert_dir(tmp_path / "tiny-bert")
     args = ("deploy", str(model), "--board", "core-ultra-155h", "--buckets", "none", "--json")
-    first = edgeinfer(*args, "-o", str(tmp_path / "a"), env={"EDGEINFER_CACHE_DIR": str(cache)})
+    first = cli(*args, "-o", str(tmp_path / "a"), env={"EDGEINFER_CACHE_DIR": str(cache)})
     assert first.returncode == 0, first.stderr[-2000:]
     refs = sorted((cache / "deploy" / "onnx").rglob("model.onnx"))  # the dynamic and the static export
     assert refs
@@ -282,7 +296,7 @@ def test_damaged_reference_onnx_in_the_cache_is_exported_again(tmp_path):
         data = bytearray(ref.read_bytes())
         data[len(data) // 2: len(data) // 2 + 4096] = bytes(4096)  # same size, some weights zeroed
         ref.write_bytes(bytes(data))
-    again = edgeinfer(*args, "--no-cache", "-o", str(tmp_path / "b"), env={"EDGEINFER_CACHE_DIR": str(cache)})
+    again = cli(*args, "--no-cache", "-o", str(tmp_path / "b"), env={"EDGEINFER_CACHE_DIR": str(cache)})
     assert again.returncode == 0, again.stderr[-2000:]
     assert json.loads(again.stdout)["golden"]["passed"] is True
     assert {r: _sha(r) for r in refs} == original
@@ -307,8 +321,8 @@ def test_deploy_hf_dir_with_a_pickle_payload_in_its_weights(tmp_path):
     (hf / "pytorch_model.bin").write_bytes(buf.getvalue())
     cache = tmp_path / "cache"
     before = _files(tmp_path)
-    proc = edgeinfer("deploy", str(hf), "--board", "core-ultra-155h", "-o", str(tmp_path / "out"),
-                     env={"EDGEINFER_CACHE_DIR": str(cache)})
+    proc = cli("deploy", str(hf), "--board", "core-ultra-155h", "-o", str(tmp_path / "out"),
+               env={"EDGEINFER_CACHE_DIR": str(cache)}, fresh_process=True)  # torch's state as a user's
     assert not marker.exists(), "code from the file ran"
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     # one edgeinfer line; torchao's own .so-load noise on import is issue 12 section 9 (silenced on another branch)

@@ -40,17 +40,31 @@ NEW_TOKENS = 32
 
 def reference_greedy(model_dir: Path, prompt_ids: list[int], new_tokens: int, dtype: str = "float32") -> list[int]:
     """transformers' own greedy ``generate`` (fp32 unless ``dtype`` names another torch dtype): the golden
-    reference for decoders."""
-    trust = remote_code.allowed(model_dir)
+    reference for decoders. Computed once per process for the same directory (as its files are now), prompt,
+    length and dtype: every decoder kit class and many tests ask for the same tokens."""
+    trust = remote_code.allowed(model_dir)  # refuses (raises) on every call, not only the first
+    return list(_greedy(str(Path(model_dir).resolve()), _files_now(Path(model_dir)), tuple(map(int, prompt_ids)),
+                        new_tokens, dtype, trust))
+
+
+def _files_now(model_dir: Path) -> tuple:
+    """(name, size, mtime) of the directory's files: a directory rewritten in place is computed again."""
+    return tuple(sorted((p.name, st.st_size, st.st_mtime_ns) for p in model_dir.iterdir()
+                        if p.is_file() and (st := p.stat())))
+
+
+@functools.lru_cache(maxsize=256)
+def _greedy(model_dir: str, _files: tuple, prompt_ids: tuple[int, ...], new_tokens: int, dtype: str,
+            trust: bool) -> tuple[int, ...]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=getattr(torch, dtype),
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype),
                                                  trust_remote_code=trust).eval()
     with torch.inference_mode():
-        out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=new_tokens, do_sample=False,
+        out = model.generate(torch.tensor([list(prompt_ids)]), max_new_tokens=new_tokens, do_sample=False,
                              eos_token_id=model.generation_config.eos_token_id, pad_token_id=0)
-    return out[0, len(prompt_ids):].tolist()
+    return tuple(out[0, len(prompt_ids):].tolist())
 
 
 @functools.lru_cache(maxsize=None)
