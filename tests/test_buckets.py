@@ -124,6 +124,29 @@ def test_bucketed_session_pads_and_cuts_symbolic_outputs(tmp_path):
         assert out["last_hidden_state"][..., 0].tolist() == [[3, 3, 3, 3, 3, 0]]
 
 
+
+def test_a_bucket_is_loaded_on_first_use_and_load_all_loads_the_rest(tmp_path):
+    """``run`` on a 9-bucket NPU bundle compiles the bucket it needs, not nine; serve loads all up front."""
+    from edgeinfer.contract import registry
+
+    backend = registry.get_backend("onnxruntime")
+    path = models.token_model(tmp_path / "tokens.onnx")
+    loads: list[tuple[int, int]] = []
+
+    def loader(shape):
+        return lambda: loads.append(shape) or backend.load(path)
+
+    session = buckets.BucketedSession({shape: loader(shape) for shape in [(1, 8), (2, 4), (4, 16)]})
+    with session:
+        assert loads == [(1, 8)]  # the first bucket (smallest batch), for the model's specs
+        ids = np.array([[7, 8, 9], [4, 5, 0]])
+        session.run({"input_ids": ids, "attention_mask": (ids != 0).astype(np.int64)})
+        assert loads == [(1, 8), (2, 4)]
+        session.load_all()
+        assert sorted(loads) == [(1, 8), (2, 4), (4, 16)] and len(loads) == 3
+        assert session.load_ms > 0
+
+
 # --- a real bucketed deploy ----------------------------------------------------------------------------------
 
 

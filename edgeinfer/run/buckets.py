@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -78,27 +79,49 @@ def _pad(feeds: dict[str, np.ndarray], batch: int, seq: int) -> dict[str, np.nda
 
 class BucketedSession(Session):
     """Several sessions of one model, one per static (batch, seq) shape, seen as one model with a free batch
-    and (for masked models) a free sequence length. ``counts`` records the runs per bucket."""
+    and (for masked models) a free sequence length. ``counts`` records the runs per bucket.
 
-    def __init__(self, sessions: dict[Shape, Session]):
-        self.sessions = dict(sorted(sessions.items()))
-        first = next(iter(self.sessions.values()))
-        self.seq_free = MASK in {s.name for s in first.inputs} and len({s for _, s in self.sessions}) > 1
+    A bucket is given as its session or as a function that loads it: the first (smallest batch) is loaded at once
+    (its specs are the model's), the others on first use, so a run that needs one bucket compiles one
+    (``edgeinfer run`` on a 9-bucket RKNN bundle); :meth:`load_all` loads the rest up front (``serve``)."""
+
+    def __init__(self, buckets: dict[Shape, Session | Callable[[], Session]]):
+        self._buckets = dict(sorted(buckets.items()))
+        self._loaded: dict[Shape, Session] = {}
+        first = self._session(next(iter(self._buckets)))
+        self.seq_free = MASK in {s.name for s in first.inputs} and len({s for _, s in self._buckets}) > 1
         self._seq_outputs = {o.name for o in first.outputs if self._has_seq_axis(o.name)}
         super().__init__([self._relaxed(s, self.seq_free) for s in first.inputs],
                          [self._relaxed(o, o.name in self._seq_outputs) for o in first.outputs], first.device)
         self.backend_name = first.backend_name
-        self.load_ms = sum(s.load_ms or 0.0 for s in self.sessions.values())
         self.counts: collections.Counter[Shape] = collections.Counter()
 
     @property
     def shapes(self) -> list[Shape]:
-        return list(self.sessions)
+        return list(self._buckets)
+
+    @property
+    def load_ms(self) -> float:  # the buckets loaded so far
+        return sum(s.load_ms or 0.0 for s in self._loaded.values())
+
+    def _session(self, shape: Shape) -> Session:
+        if shape not in self._loaded:
+            item = self._buckets[shape]
+            self._loaded[shape] = item if isinstance(item, Session) else item()
+            log.debug("bucket %dx%d loaded", *shape)
+        return self._loaded[shape]
+
+    def load_all(self) -> None:
+        """Load every bucket now, so that no request waits for a compile."""
+        for shape in self._buckets:
+            self._session(shape)
 
     def _has_seq_axis(self, name: str) -> bool:
-        """Axis 1 of the output follows the bucket's length (or the artifact leaves it symbolic)."""
-        dims = [([o.shape for o in sess.outputs if o.name == name] or [()])[0] for sess in self.sessions.values()]
-        return all(len(d) > 1 and (d[1] == s or not isinstance(d[1], int)) for d, (_, s) in zip(dims, self.sessions))
+        """Axis 1 of the output follows the bucket's length (or the artifact leaves it symbolic), in every
+        bucket loaded so far."""
+        dims = {shape: ([o.shape for o in sess.outputs if o.name == name] or [()])[0]
+                for shape, sess in self._loaded.items()}
+        return all(len(d) > 1 and (d[1] == s or not isinstance(d[1], int)) for (_, s), d in dims.items())
 
     @staticmethod
     def _relaxed(spec: TensorSpec, seq_free: bool) -> TensorSpec:
@@ -116,7 +139,7 @@ class BucketedSession(Session):
         seq = self._seq(feeds)
         parts = []
         for start, stop, (b, s) in chunks(self.shapes, rows, seq):
-            out = self.sessions[(b, s)].run(_pad({k: v[start:stop] for k, v in feeds.items()}, b, s))
+            out = self._session((b, s)).run(_pad({k: v[start:stop] for k, v in feeds.items()}, b, s))
             self.counts[(b, s)] += 1
             log.debug("bucket %dx%d for %d row(s) of %d tokens", b, s, stop - start, seq)
             parts.append({k: (v[: stop - start, :seq] if self._cut_seq(k, v, s) else v[: stop - start])
@@ -131,26 +154,24 @@ class BucketedSession(Session):
         rows = len(next(iter(feeds.values())))
         seq = self._seq(feeds)
         start, stop, (b, s) = chunks(self.shapes, rows, seq)[0]
-        return self.sessions[(b, s)].op_times(_pad({k: v[start:stop] for k, v in feeds.items()}, b, s))
+        return self._session((b, s)).op_times(_pad({k: v[start:stop] for k, v in feeds.items()}, b, s))
 
     def profile_notes(self) -> dict[str, Any]:
         return {"buckets": [f"{b}x{s}" for b, s in self.shapes],
                 "bucket_runs": {f"{b}x{s}": n for (b, s), n in sorted(self.counts.items())}}
 
     def release(self) -> None:
-        for s in self.sessions.values():
+        for s in self._loaded.values():
             s.close()
 
 
 def open_buckets(backend: Any, path: Path, section: dict[str, Any], device: str | None,
                  **options: Any) -> BucketedSession:
-    """Load every bucket artifact of the bundle at ``path`` on ``backend``."""
-    sessions: dict[Shape, Session] = {}
-    try:
-        for item in section["items"]:
-            sessions[(item["batch"], item["seq"])] = backend.load(path / item["artifact"], device=device, **options)
-    except BaseException:
-        for s in sessions.values():
-            s.close()
-        raise
-    return BucketedSession(sessions)
+    """The bundle at ``path`` as one session over its bucket artifacts on ``backend``, each loaded on first use
+    (:class:`BucketedSession`)."""
+
+    def loader(artifact: Path) -> Callable[[], Session]:
+        return lambda: backend.load(artifact, device=device, **options)
+
+    return BucketedSession({(item["batch"], item["seq"]): loader(path / item["artifact"])
+                            for item in section["items"]})

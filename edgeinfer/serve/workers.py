@@ -24,6 +24,7 @@ from typing import Any, Callable
 import numpy as np
 
 from edgeinfer.run import bundle as run_bundle
+from edgeinfer.run.buckets import BucketedSession
 from edgeinfer.serve.placement import placement
 from edgeinfer.serve.supervisor import STOP_GRACE_S, Supervisor, stop_process
 
@@ -186,6 +187,8 @@ def worker_main(conn: Any, index: int, entry: str | None, bundles: list[tuple[st
             placed = placement(bundle.manifest.backend, entry)
             os.environ.update(placed.env)
             session = run_bundle.open_session(bundle, device=placed.device, **placed.options)
+            if isinstance(session, BucketedSession):
+                session.load_all()  # every bucket compiled before the first request, not during it
             session.run(_warm_feeds(bundle, session))
             loaded[name] = (bundle, session)
         conn.send(("ready", {"pid": os.getpid(), "devices": {n: s.device for n, (_, s) in loaded.items()}}))
