@@ -67,12 +67,6 @@ def _greedy(model_dir: str, _files: tuple, prompt_ids: tuple[int, ...], new_toke
     return tuple(out[0, len(prompt_ids):].tolist())
 
 
-@functools.lru_cache(maxsize=None)
-def _greedy(model_dir: str, prompt_ids: tuple[int, ...]) -> tuple[int, ...]:
-    """The reference tokens, computed once per process: every backend's class in a run compares against them."""
-    return tuple(reference_greedy(Path(model_dir), list(prompt_ids), NEW_TOKENS))
-
-
 class DecoderConformance:
     backend_name: str = ""
     device: str | None = None
@@ -104,7 +98,7 @@ class DecoderConformance:
     @pytest.fixture(scope="class")
     @classmethod
     def expected(cls, generator: Generator) -> dict[str, list[int]]:
-        return {p: list(_greedy(str(cls.model_dir()), tuple(generator.prompt_ids(p)))) for p in PROMPTS}
+        return {p: reference_greedy(cls.model_dir(), generator.prompt_ids(p), NEW_TOKENS) for p in PROMPTS}
 
     # --- the contract -------------------------------------------------------------------------
 
