@@ -250,7 +250,7 @@ def _model_copy(tmp_path: Path, **changes: str) -> Path:
 @pytest.mark.parametrize("args, needle", [
     (["--ctx", "0"], "--ctx must be a positive"),
     (["--ctx", "4096"], "max_position_embeddings (1024)"),
-    (["--quant", "w8a8"], "deploys decoders as fp32, w4a16 only"),
+    (["--quant", "w8a8"], "deploys decoders as fp32, fp16, w8a16, w4a16 only"),
     (["--shape", "input_ids=1x8"], "--shape does not apply to decoder"),
     (["--paging", "1"], "backend onnxruntime cannot page decoders"),
     (["--paging", "two"], "--paging must be a positive window (segments resident) or auto"),

@@ -223,7 +223,8 @@ def host_board(bandwidth=None) -> Board:
         bandwidth_gbps=Fact(value=bw.gbps, source=bw.source, uncertain=True,
                             note="one-thread copy bandwidth; the speed constants are fractions of it"),
         runtimes={HOST_BACKEND: Runtime(
-            schemes=["fp32", "fp16", "w8a8", "w4a16"], speed_group=HOST_SPEED_GROUP, source=HOST_SCHEMES_SOURCE)},
+            schemes=["fp32", "fp16", "w8a8", "w8a16", "w4a16"], speed_group=HOST_SPEED_GROUP,
+            source=HOST_SCHEMES_SOURCE)},
         default_runtime=HOST_BACKEND,
         notes=[f"decode speed: constants {HOST_SPEED_GROUP}/{HOST_BACKEND}/<format> fitted by bench/fit_speed.py "
                "on bench/data/rows_host.yaml (bench/planner_host_llm.py), as fractions of the measured bandwidth"],

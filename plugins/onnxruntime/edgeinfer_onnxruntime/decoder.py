@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -47,7 +48,8 @@ def is_built(path: Path) -> bool:
 
 # edgeinfer scheme -> the builder's precision; w4a16 runs MatMulNBits with fp32 activations
 # (int4_accuracy_level=1: accuracy level 4, the CPU default, would quantize activations to int8)
-SCHEMES = {"fp32": ("fp32", []), "w4a16": ("int4", ["int4_accuracy_level=1"])}
+SCHEMES = {"fp32": ("fp32", []), "w4a16": ("int4", ["int4_accuracy_level=1"]), "w8a16": ("fp32", []),
+           "fp16": ("fp32", [])}
 DEFAULT_BLOCK = 32  # the builder's default int4_block_size
 
 
@@ -111,6 +113,11 @@ def convert(hf_dir: Path, scheme: str, context: int, out: Path, group_size: int 
     export(hf_dir, out, precision, extra)
     cfg_path = out / GENAI_CONFIG
     cfg = json.loads(cfg_path.read_text())
+    graph = inside(out, cfg["model"]["decoder"]["filename"], f"{GENAI_CONFIG} model.decoder.filename")
+    if scheme.startswith("w8a16"):
+        quantize_int8(graph, block)
+    elif scheme == "fp16":
+        to_fp16(graph)
     limit = int(cfg["model"]["context_length"])
     if context > limit:
         raise InputError(f"context {context} exceeds the model's context length ({limit}); use --ctx {limit}")
@@ -121,7 +128,56 @@ def convert(hf_dir: Path, scheme: str, context: int, out: Path, group_size: int 
                              "precision": precision}
     if precision == "int4":
         facts["int4_block_size"] = block
+    if scheme.startswith("w8a16"):
+        facts["int8_block_size"] = block
     return facts
+
+
+def to_fp16(graph: Path) -> None:
+    """fp16 weights and compute in place, with fp32 where the step loop binds (``keep_io_types``: ids, mask,
+    KV, logits) and around GroupQueryAttention, so past and present still share one fp32 buffer. The builder's
+    own fp16 precision would make the KV and logits fp16 too. Converter: onnxruntime.transformers.float16."""
+    import onnx
+    from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
+
+    model = convert_float_to_float16(onnx.load(str(graph)), keep_io_types=True,
+                                     op_block_list=[*DEFAULT_OP_BLOCK_LIST, "GroupQueryAttention"])
+    # the converter gives a shared fp16 initializer one identical Cast per blocked consumer (the layers' rotary
+    # cos/sin caches; 1.26): onnxruntime refuses the duplicate names, and the first Cast serves them all
+    seen: set[str] = set()
+    nodes = [n for n in model.graph.node if not (n.output and n.output[0] in seen) and not seen.update(n.output)]
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    save(model, graph)
+
+
+def save(model: Any, graph: Path) -> None:
+    """``model`` over ``graph``, its weights in the one external file the builder wrote (``<graph>.data``)."""
+    import onnx
+
+    data = graph.with_name(graph.name + ".data")
+    data.unlink(missing_ok=True)
+    onnx.save_model(model, str(graph), save_as_external_data=True, all_tensors_to_one_file=True, location=data.name)
+
+
+def quantize_int8(graph: Path, block: int) -> None:
+    """Weight-only int8 in place: the builder has no int8 precision (int4, bf16, fp16, fp32 in 0.14.1), so its
+    fp32 graph's MatMuls become ``MatMulNBits`` with ``bits=8`` by onnxruntime's own quantizer
+    (``onnxruntime.quantization.matmul_nbits_quantizer.MatMulNBitsQuantizer``, 2/4/8 bits), symmetric per
+    block, activations fp32 (accuracy_level 1)."""
+    import onnx
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    q = MatMulNBitsQuantizer(onnx.load(str(graph)), bits=8, block_size=block, is_symmetric=True, accuracy_level=1)
+    log = logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer")  # one INFO line per node
+    level = log.level
+    log.setLevel(logging.WARNING)
+    try:
+        q.process()
+    finally:
+        log.setLevel(level)
+    q.model.topological_sort()
+    save(q.model.model, graph)
 
 
 def build(hf_dir: Path, cache_root: Path, precision: str) -> Path:

@@ -1,0 +1,65 @@
+"""Decoder schemes on the host board: what the board lists is what the onnxruntime plugin converts, and the
+fp16 and int8 weight-only (w8a16) builds of the tiny test decoder deploy and pass the decoder golden check."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from edgeinfer.contract.schemes import normalize_scheme
+from edgeinfer.planning.boards import host_board
+from edgeinfer.planning.decision import encoder_schemes
+from edgeinfer.planning.host_bandwidth import HostBandwidth
+from edgeinfer.testing.cli import in_process_cli
+from edgeinfer.testing.fixtures import DECODER_BUNDLE_CTX
+from edgeinfer.testing.llm import model_dir
+
+cli, _bind_capfd = in_process_cli()
+
+
+def _ort_backend():
+    from edgeinfer_onnxruntime.backend import OnnxRuntimeBackend
+
+    return OnnxRuntimeBackend
+
+
+def test_the_host_board_lists_what_the_onnxruntime_plugin_converts_and_nothing_else():
+    board = host_board(HostBandwidth(gbps=10.0, source="test"))
+    listed = [normalize_scheme(s).family for s in board.runtimes[board.default_runtime].schemes]
+    backend = _ort_backend()
+    decoders = list(backend.decoders.schemes)
+    assert set(decoders) <= set(listed), f"the board misses decoder schemes: {set(decoders) - set(listed)}"
+    assert set(listed) <= set(decoders) | set(encoder_schemes(backend.tensors)), listed
+    assert {"fp16", "w8a16"} <= set(decoders)
+
+
+def _graph(bundle):
+    import onnx
+
+    return onnx.load(str(bundle / "decoder" / "model.onnx"), load_external_data=False)
+
+
+@pytest.mark.parametrize("quant", ["fp16", "w8a16"])
+def test_fp16_and_int8_weight_only_decoders_deploy_for_host_and_pass_golden(tmp_path, quant):
+    import onnx
+
+    out = tmp_path / "b"
+    proc = cli("deploy", str(model_dir()), "--board", "host", "--ctx", str(DECODER_BUNDLE_CTX), "--quant", quant,
+               "--no-cache", "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "decoder golden check passed" in proc.stdout + proc.stderr
+    stamp = json.loads((out / "decoder.stamp.json").read_text())
+    assert stamp["scheme"] == quant
+    graph = _graph(out)
+    kinds = {onnx.TensorProto.DataType.Name(t.data_type) for t in graph.graph.initializer}
+    ops = [n for n in graph.graph.node if n.op_type in ("MatMul", "MatMulNBits")]
+    if quant == "fp16":
+        assert "FLOAT16" in kinds and all(n.op_type == "MatMul" for n in ops)
+    else:
+        bits = {a.i for n in ops for a in n.attribute if a.name == "bits"}
+        assert ops and all(n.op_type == "MatMulNBits" for n in ops) and bits == {8}
+    # the step loop binds int64 ids, float32 KV and float32 logits whatever the weights are
+    types = {v.name: v.type.tensor_type.elem_type for v in [*graph.graph.input, *graph.graph.output]}
+    assert types["input_ids"] == onnx.TensorProto.INT64 and types["logits"] == onnx.TensorProto.FLOAT
+    assert {t for n, t in types.items() if "key" in n or "value" in n} == {onnx.TensorProto.FLOAT}
