@@ -98,6 +98,10 @@ SKIP = {
                                                                       "is this deploy (the lines below use it)",
         "edgeinfer deploy DIR --board host --ctx 256 --quant w4a16 -o tiny-w4": "an int4 build and golden check: "
                                                                                 "tests/test_deploy_decoder.py",
+        "edgeinfer deploy DIR --board host --ctx 256 --quant w8a16 -o tiny-w8": "an int8 build and golden check: "
+                                                                                "tests/test_host_decoder_schemes.py",
+        "edgeinfer deploy DIR --board host --ctx 256 --quant fp16 -o tiny-fp16": "an fp16 build and golden check: "
+                                                                                 "tests/test_host_decoder_schemes.py",
         "edgeinfer deploy DIR --board rk3588-8g --ctx 64 --paging 1 --segments 4 -o dir-paged": BOARD + "(paged)",
         "edgeinfer deploy DIR --board rk3588-8g --paging auto -o dir-rk": BOARD + "(RKNN decoder)",
         "edgeinfer generate dir-paged --prompt \"The licence grants\"": BOARD + "(a paged RKNN bundle)",
