@@ -213,12 +213,12 @@ def test_a_broken_conversion_fails_golden_exits_1_and_writes_nothing(bundle, tmp
     assert list(tmp_path.iterdir()) == []
 
 
-def _board(tmp_path: Path, backend: str, gib: float) -> Path:
+def _board(tmp_path: Path, backend: str, gib: float, schemes: str = "fp32, w4a16") -> Path:
     p = tmp_path / "tiny-board.yaml"
     p.write_text(
         f"name: tiny-board\ntitle: a board for tests\nfamily: tiny\nbackend: {backend}\nmemory_kind: shared\n"
         f"memory_total_gib: {{value: {gib}, source: test}}\nos_reserve_gib: {{value: 0, source: test}}\n"
-        f"runtimes:\n  onnxruntime: {{schemes: [fp32, w4a16], source: test}}\ndefault_runtime: onnxruntime\n")
+        f"runtimes:\n  onnxruntime: {{schemes: [{schemes}], source: test}}\ndefault_runtime: onnxruntime\n")
     return p
 
 
@@ -227,6 +227,14 @@ def test_plan_that_does_not_fit_exits_1_with_a_suggestion_and_no_bundle(tmp_path
     out = tmp_path / "out"
     proc = cli("deploy", str(model_dir()), "--board", str(board), "--ctx", "1024", "-o", str(out))
     _one_line_error(proc, 1, "does not fit tiny-board", "try --ctx ")
+    assert not out.exists()
+
+
+def test_a_scheme_the_board_lists_but_the_backend_does_not_convert_decoders_to_exits_2(tmp_path):
+    board = _board(tmp_path, "onnxruntime", 64, schemes="fp32, bf16, w4a16")
+    out = tmp_path / "out"
+    proc = cli("deploy", str(model_dir()), "--board", str(board), "--quant", "bf16", "-o", str(out))
+    _one_line_error(proc, 2, "deploys decoders as fp32, w4a16 only")
     assert not out.exists()
 
 
@@ -250,7 +258,6 @@ def _model_copy(tmp_path: Path, **changes: str) -> Path:
 @pytest.mark.parametrize("args, needle", [
     (["--ctx", "0"], "--ctx must be a positive"),
     (["--ctx", "4096"], "max_position_embeddings (1024)"),
-    (["--quant", "w8a8"], "deploys decoders as fp32, fp16, w8a16, w4a16 only"),
     (["--shape", "input_ids=1x8"], "--shape does not apply to decoder"),
     (["--paging", "1"], "backend onnxruntime cannot page decoders"),
     (["--paging", "two"], "--paging must be a positive window (segments resident) or auto"),

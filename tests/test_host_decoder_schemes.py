@@ -1,5 +1,6 @@
 """Decoder schemes on the host board: what the board lists is what the onnxruntime plugin converts, and the
-fp16 and int8 weight-only (w8a16) builds of the tiny test decoder deploy and pass the decoder golden check."""
+fp16, int8 weight-only (w8a16) and int8 (w8a8) builds of the tiny test decoder deploy and pass the decoder
+golden check."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def test_the_host_board_lists_what_the_onnxruntime_plugin_converts_and_nothing_e
     decoders = list(backend.decoders.schemes)
     assert set(decoders) <= set(listed), f"the board misses decoder schemes: {set(decoders) - set(listed)}"
     assert set(listed) <= set(decoders) | set(encoder_schemes(backend.tensors)), listed
-    assert {"fp16", "w8a16"} <= set(decoders)
+    assert {"fp16", "w8a16", "w8a8"} <= set(decoders)
 
 
 def _graph(bundle):
@@ -40,8 +41,8 @@ def _graph(bundle):
     return onnx.load(str(bundle / "decoder" / "model.onnx"), load_external_data=False)
 
 
-@pytest.mark.parametrize("quant", ["fp16", "w8a16"])
-def test_fp16_and_int8_weight_only_decoders_deploy_for_host_and_pass_golden(tmp_path, quant):
+@pytest.mark.parametrize("quant, accuracy", [("fp16", None), ("w8a16", 1), ("w8a8", 4)])
+def test_fp16_and_int8_decoders_deploy_for_host_and_pass_golden(tmp_path, quant, accuracy):
     import onnx
 
     out = tmp_path / "b"
@@ -57,8 +58,9 @@ def test_fp16_and_int8_weight_only_decoders_deploy_for_host_and_pass_golden(tmp_
     if quant == "fp16":
         assert "FLOAT16" in kinds and all(n.op_type == "MatMul" for n in ops)
     else:
-        bits = {a.i for n in ops for a in n.attribute if a.name == "bits"}
-        assert ops and all(n.op_type == "MatMulNBits" for n in ops) and bits == {8}
+        attrs = {(a.name, a.i) for n in ops for a in n.attribute if a.name in ("bits", "accuracy_level")}
+        assert ops and all(n.op_type == "MatMulNBits" for n in ops)
+        assert attrs == {("bits", 8), ("accuracy_level", accuracy)}  # level 4: int8 activations in the kernel
     # the step loop binds int64 ids, float32 KV and float32 logits whatever the weights are
     types = {v.name: v.type.tensor_type.elem_type for v in [*graph.graph.input, *graph.graph.output]}
     assert types["input_ids"] == onnx.TensorProto.INT64 and types["logits"] == onnx.TensorProto.FLOAT
