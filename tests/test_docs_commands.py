@@ -100,6 +100,8 @@ SKIP = {
                                                                                 "tests/test_deploy_decoder.py",
         "edgeinfer deploy DIR --board host --ctx 256 --quant w8a16 -o tiny-w8": "an int8 build and golden check: "
                                                                                 "tests/test_host_decoder_schemes.py",
+        "edgeinfer deploy DIR --board host --ctx 256 --quant w8a8 -o tiny-w8a8": "an int8 build and golden check: "
+                                                                                 "tests/test_host_decoder_schemes.py",
         "edgeinfer deploy DIR --board host --ctx 256 --quant fp16 -o tiny-fp16": "an fp16 build and golden check: "
                                                                                  "tests/test_host_decoder_schemes.py",
         "edgeinfer deploy DIR --board rk3588-8g --ctx 64 --paging 1 --segments 4 -o dir-paged": BOARD + "(paged)",
