@@ -128,8 +128,10 @@ def convert(hf_dir: Path, scheme: str, context: int, out: Path, group_size: int 
                              "precision": precision}
     if precision == "int4":
         facts["int4_block_size"] = block
-    if scheme.startswith(("w8a16", "w8a8")):
-        facts["int8_block_size"] = block
+    if scheme.startswith(("w8a16", "w8a8")):  # "precision": the builder's, before the steps below
+        facts.update(int8_block_size=block, then="onnxruntime MatMulNBitsQuantizer bits=8")
+    elif scheme == "fp16":
+        facts["then"] = "onnxruntime.transformers.float16 (fp32 I/O and GroupQueryAttention)"
     return facts
 
 
@@ -145,7 +147,11 @@ def to_fp16(graph: Path) -> None:
     # the converter gives a shared fp16 initializer one identical Cast per blocked consumer (the layers' rotary
     # cos/sin caches; 1.26): onnxruntime refuses the duplicate names, and the first Cast serves them all
     seen: set[str] = set()
-    nodes = [n for n in model.graph.node if not (n.output and n.output[0] in seen) and not seen.update(n.output)]
+    nodes = []
+    for n in model.graph.node:
+        if not (n.output and n.output[0] in seen):
+            nodes.append(n)
+            seen.update(n.output)
     del model.graph.node[:]
     model.graph.node.extend(nodes)
     save(model, graph)
