@@ -6,7 +6,9 @@ the model is deployed once (``deploy_decoder``; the conversion is cached), then 
   load:     ``edgeinfer.load(bundle)`` and ``generate`` of ``NEW_TOKENS`` tokens, greedy
 Peak RSS = ``edgeinfer.contract.measure.peak_rss_bytes`` of the child (VmHWM). Reported per backend:
   weights_bytes (the bundle's artifact files on disk), the plan's KV and runtime overhead for the bundle's context,
-  peak_load_bytes, peak_baseline_bytes, and ``excess_over_weights`` = (peak_load − peak_baseline) / weights:
+  peak_load_bytes, peak_baseline_bytes, rss_end_bytes (RSS after the tokens: what a serving worker keeps),
+  ``rss_end_over_weights`` = (rss_end − peak_baseline) / weights, and
+  ``excess_over_weights`` = (peak_load − peak_baseline) / weights:
   about 1 when the weights are held once; about 2 or more means a second copy somewhere on the load path.
 
 Models: the committed tiny test decoder and (``--big``) a random Qwen3 of ~190 M parameters
@@ -46,17 +48,18 @@ if mode == "baseline":
 else:
     llm = edgeinfer.load(path)
     llm.generate("The licence grants", max_new_tokens=int(sys.argv[4]))
-from edgeinfer.contract.measure import peak_rss_bytes
-print(json.dumps({"peak_rss_bytes": peak_rss_bytes()}))
+from edgeinfer.contract.measure import current_rss_bytes, peak_rss_bytes
+print(json.dumps({"peak_rss_bytes": peak_rss_bytes(), "rss_bytes": current_rss_bytes()}))
 """
 
 
-def child_peak(mode: str, path: Path | str, backend: str) -> int:
+def child_rss(mode: str, path: Path | str, backend: str) -> dict:
+    """The child's peak RSS (VmHWM) and its RSS at the end (after the tokens: what it keeps while serving)."""
     r = subprocess.run([sys.executable, "-c", CHILD, mode, str(path), backend, str(NEW_TOKENS)],
                        capture_output=True, text=True, check=False)
     if r.returncode != 0:
         raise SystemExit(f"{mode} child for {path} failed:\n{r.stderr[-3000:]}")
-    return json.loads(r.stdout.strip().splitlines()[-1])["peak_rss_bytes"]
+    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def artifact_bytes(bundle: Path) -> int:
@@ -80,12 +83,15 @@ def measure(model: Path, board: str, quant: str | None, work: Path) -> dict:
     mem = res.manifest.plan["memory"]["breakdown"] if hasattr(res.manifest, "plan") else {}
     backend = BACKEND_OF[board]
     weights = artifact_bytes(out)
-    base = child_peak("baseline", "", backend)
-    peak = child_peak("load", out, backend)
+    base = child_rss("baseline", "", backend)["peak_rss_bytes"]
+    loaded = child_rss("load", out, backend)
+    peak = loaded["peak_rss_bytes"]
     row = {"model": model.name, "board": board, "backend": backend, "scheme": res.manifest.scheme, "ctx": CTX,
            "weights_bytes": weights, "plan_weights_bytes": mem.get("weights"), "plan_kv_bytes": mem.get("kv_cache"),
            "plan_activations_bytes": mem.get("activations"), "plan_runtime_bytes": mem.get("runtime"),
            "peak_baseline_bytes": base, "peak_load_bytes": peak,
+           "rss_end_bytes": loaded["rss_bytes"],
+           "rss_end_over_weights": round((loaded["rss_bytes"] - base) / weights, 2),
            "excess_over_weights": round((peak - base) / weights, 2)}
     print(json.dumps(row), file=sys.stderr)
     return row
