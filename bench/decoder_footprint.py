@@ -11,7 +11,7 @@ Peak RSS = ``edgeinfer.contract.measure.peak_rss_bytes`` of the child (VmHWM). R
   ``excess_over_weights`` = (peak_load − peak_baseline) / weights:
   about 1 when the weights are held once; about 2 or more means a second copy somewhere on the load path.
 
-Models: the committed tiny test decoder and (``--big``) a random Qwen3 of ~190 M parameters
+Models: the committed tiny test decoder and (``--big``) a random Qwen3 of ~160 M parameters
 (``edgeinfer.testing.llm.random_qwen3``, 12 layers, hidden 1024, MLP 3200: not 3072, the vocabulary size,
 which onnxruntime-genai's builder would take for the LM head and which the onnxruntime plugin refuses).
 Writes bench/results/decoder_footprint.json.
@@ -99,7 +99,7 @@ def measure(model: Path, board: str, quant: str | None, work: Path) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--big", action="store_true", help="also a random Qwen3 of ~190 M parameters")
+    ap.add_argument("--big", action="store_true", help="also a random Qwen3 of ~160 M parameters")
     ap.add_argument("--boards", nargs="*", default=list(BOARDS), choices=list(BOARDS))
     ap.add_argument("--label", default="", help="a name for this run in the results (e.g. before / after)")
     args = ap.parse_args()
