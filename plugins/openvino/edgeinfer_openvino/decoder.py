@@ -30,7 +30,7 @@ from edgeinfer.contract import BatchingDecoder, Decoder, NativeDecoder, NativeSt
 from edgeinfer.contract.packages import import_runtime
 from edgeinfer.errors import InputError, ModelError
 
-from . import decoder_config, decoder_export
+from . import decoder_config, decoder_export, pages
 from .device import fallback_warning, family, select_device
 
 #: KV cache block size of the CPU plugin's paged attention (ContinuousBatchingPipeline); GPU uses 16
@@ -170,10 +170,24 @@ class GenAIDecoder(NativeDecoder):
             self._defaults = self._pipe.get_generation_config
             kv = kv_bytes(shape, context, cfg.kv_bytes)
         super().__init__(context=context, vocab_size=shape["vocab"], kv_cache_bytes=kv, slots=slots, device=device)
+        if fam == "CPU":
+            self._repack_weights()
         self.execution_devices = _npuw_devices(cfg.properties) if fam == "NPU" else [fam]
         self.fallback = fallback_warning(device, self.execution_devices)
         if self.fallback:
             warnings.warn(self.fallback, decoder_fallback_category(), stacklevel=5)
+
+    def _repack_weights(self) -> None:
+        """One token's generation, so that the CPU plugin repacks the weights now (it does at the first
+        inference), then drop the mapped IR pages it no longer reads (:mod:`.pages`)."""
+        g = self._defaults()
+        g.max_new_tokens = 1
+        ids = self._ids([0])
+        if self._pipe is not None:
+            self._pipe.generate(ids, g)
+        else:
+            self._cb.generate([ids], [g])
+        pages.drop_mapped(self.path)
 
     def _check(self, prompt_ids: Sequence[int], options: Any) -> Any:
         n = len(prompt_ids)
