@@ -13,7 +13,7 @@ import pytest
 from edgeinfer.model.bundle import Bundle
 from edgeinfer.run.bundle import embed, open_session, tokenize_texts
 from edgeinfer.testing import minilm
-from edgeinfer.testing.serve import ServerProc, minilm_bundle
+from edgeinfer.testing.serve import ServerProc, minilm_bundle, runtime_libraries
 
 pytestmark = pytest.mark.slow  # converts MiniLM twice and starts real servers
 
@@ -38,6 +38,11 @@ def server(bundles, tmp_path_factory):
                     "40",
                     "--max-batch", "16", "--max-body-mb", "1", log=log) as s:
         yield s
+
+
+def test_the_http_process_maps_no_runtime_library(server):
+    """The OpenVINO and onnxruntime libraries are the embedding workers' alone (issue 30, footprint)."""
+    assert runtime_libraries(server.proc.pid) == []
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import pytest
 
 from edgeinfer.testing.cli import run_cli
 from edgeinfer.testing.llm import model_dir
-from edgeinfer.testing.serve import ServerProc
+from edgeinfer.testing.serve import ServerProc, runtime_libraries
 
 openai = pytest.importorskip("openai")
 
@@ -43,6 +43,25 @@ def server(tmp_path_factory):
     with ServerProc([model_dir()], "--slots", str(SLOTS), "--max-queue", str(QUEUE), "--ctx", str(CTX),
                     "--threads", "1", log=log) as s:
         yield s
+
+
+def children(pid: int) -> list[int]:
+    from pathlib import Path
+
+    return [int(c) for t in Path(f"/proc/{pid}/task").iterdir() for c in (t / "children").read_text().split()]
+
+
+def test_the_http_process_maps_no_runtime_library_only_its_worker_does(tiny_qwen3_host_bundle, tmp_path):
+    """Issue 30 (footprint): the HTTP process of a served decoder bundle loads neither torch nor a model runtime
+    (onnxruntime here); its decoder worker does, which shows the check sees them where they are."""
+    with ServerProc([tiny_qwen3_host_bundle], "--threads", "1", log=tmp_path / "log") as s:
+        assert runtime_libraries(s.proc.pid) == []
+        workers = [runtime_libraries(c) for c in children(s.proc.pid)]
+        assert any("onnxruntime" in p for libs in workers for p in libs), (workers, s.output())
+
+
+def test_the_http_process_of_a_model_directory_maps_no_runtime_library(server):
+    assert runtime_libraries(server.proc.pid) == []
 
 
 def client(server: ServerProc) -> openai.OpenAI:

@@ -102,6 +102,24 @@ class ServerProc:
         self.terminate()
 
 
+# Shared libraries of the model runtimes and vendor SDKs: only the worker processes that run a model load
+# them; the HTTP process that answers every request stays small without them (issue 30, "Footprint").
+RUNTIME_LIBRARIES = ("libtorch", "onnxruntime", "openvino", "librknn", "rkllm", "libascendcl", "libacl_")
+
+
+def runtime_libraries(pid: int) -> list[str]:
+    """The runtime / vendor-SDK shared libraries mapped into process ``pid`` (Linux /proc/PID/maps)."""
+    paths = {line.split()[-1] for line in Path(f"/proc/{pid}/maps").read_text().splitlines() if ".so" in line}
+    return sorted(p for p in paths if any(w in Path(p).name.lower() or f"/{w}" in p.lower()
+                                         for w in RUNTIME_LIBRARIES))
+
+
+def rss_kib(pid: int) -> dict[str, int]:
+    """VmRSS (now) and VmHWM (peak) of process ``pid`` in KiB, from /proc/PID/status."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return {k: int(fields[k].split()[0]) for k in ("VmRSS", "VmHWM")}
+
+
 def largest_embeddings_body(max_body_bytes: int = 8 * 1024 * 1024, max_inputs: int = 256) -> bytes:
     """The largest ``/v1/embeddings`` body the server accepts by default: ``max_inputs`` strings of ordinary
     words filling the body limit (each truncated to the model's ``max_length`` only after tokenizing)."""
