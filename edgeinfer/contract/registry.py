@@ -230,19 +230,17 @@ def get_backend(name: str) -> Backend:
     plugin is registered only to list the installed ones when there is none of that name."""
     reg = registry()
     entry = reg.backend(name)
-    if entry is None and name in reg.plugins:
-        reg.backends  # noqa: B018 - registering every plugin records why this one failed
+    if entry is not None:
+        return entry.cls()
+    known = ", ".join(sorted(reg.backends)) or "none"  # registering every plugin records their failures
     own = reg.plugins.get(name)
-    if entry is None and own is not None and own.error:
+    if own is not None and own.error:
         raise BackendUnavailableError(*unavailable(name))
-    if entry is None:
-        known = ", ".join(sorted(reg.backends)) or "none"  # registering every plugin records their failures
-        failed = [f"{p.name} from distribution {p.distribution} ({p.error})" for p in reg.plugins.values() if p.error]
-        msg = f"unknown backend {name!r}; available: {known}"
-        if failed:
-            msg += "; plugins that failed to load: " + "; ".join(failed)
-        raise BackendUnavailableError(msg, unavailable(name)[1])
-    return entry.cls()
+    failed = [f"{p.name} from distribution {p.distribution} ({p.error})" for p in reg.plugins.values() if p.error]
+    msg = f"unknown backend {name!r}; available: {known}"
+    if failed:
+        msg += "; plugins that failed to load: " + "; ".join(failed)
+    raise BackendUnavailableError(msg, unavailable(name)[1])
 
 
 def decoder_file(path: Path) -> tuple[str, str] | None:
