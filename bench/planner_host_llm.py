@@ -3,27 +3,29 @@ peak RSS, and the rows Part A's fit uses for the host board's speed constants (b
 
 Models: the committed trained test decoder (tiny-qwen3, ~4 M parameters) and random-init Qwen3s
 (``edgeinfer.testing.llm.random_qwen3``) of ~53 M and ~210 M parameters (not the default 3072-wide MLP,
-which equals the vocabulary and which the onnxruntime plugin therefore refuses), all fp32 on onnxruntime
-— the backend of ``--board host`` — with one intra-op thread.
+which equals the vocabulary and which the onnxruntime plugin therefore refuses), on onnxruntime — the backend
+of ``--board host`` — with one intra-op thread, in each host decoder scheme (fp32, fp16, w8a16, w8a8, w4a16:
+the plugin's ``convert``, as ``deploy --board host --quant`` builds it; w8a16 not on the largest model, whose
+~1 tok/s would take most of the run's time).
 
 The machine's memory bandwidth is measured with the host board's own copy benchmark
 (edgeinfer.planning.host_bandwidth) just before and just after each model's decode runs (in this process,
 so that the child's peak RSS does not count the copy's buffers): the run's figure is the best of
 them, recorded in every row and set as ``EDGEINFER_HOST_BANDWIDTH_GBPS``, so every
 plan below is ``--board host`` at the bandwidth the rows record. Each measurement runs in a fresh
-subprocess (the ONNX export is done first, in the parent's cache): ``edgeinfer.load(model,
-backend="onnxruntime", ctx=CTX, threads=1)``, then greedy generation of ``NEW_TOKENS`` tokens (EOS
-ignored) after a ``PROMPT``-token prompt: one warm-up, ``REPEAT`` timed runs, decode tokens/s = the
-fastest (like the bandwidth, best of: on a shared machine other processes only slow a run down; the
-median and every run are in the row's note). Peak RSS = VmHWM of the child.
+subprocess (the conversion is done first, in the parent, into the cache): the plugin's decoder over the
+converted directory with one thread (what ``edgeinfer.load`` opens for a bundle), then greedy generation of
+``NEW_TOKENS`` tokens (EOS ignored) after a ``PROMPT``-token prompt: one warm-up, ``REPEAT`` timed runs,
+decode tokens/s = the fastest (like the bandwidth, best of: on a shared machine other processes only slow a run
+down; the median and every run are in the row's note). Peak RSS = VmHWM of the child.
 
 Decode is planned at ctx = PROMPT + NEW_TOKENS (the KV the last step reads, as in
 bench/data/measured_rows.yaml); memory at CTX, the context the decoder allocates (the planner's working
 set: weights + KV + activations + runtime; the host's ``reserved`` share is other processes' memory).
 Predicted decode, three ways:
 
-* ``plan_host``: ``plan --board host`` as shipped (host-cpu constants of edgeinfer/data/speed_constants.json;
-  none until bench/fit_speed.py has fitted them from rows_host.yaml);
+* ``plan_host``: ``plan --board host --quant <scheme>`` as shipped (host-cpu constants of
+  edgeinfer/data/speed_constants.json, fitted by bench/fit_speed.py from rows_host.yaml: in-sample once fitted);
 * ``fit_all``: the host board calibrated on all rows of this run (``edgeinfer calibrate``'s fit: t0 and a
   fraction of the measured bandwidth), in-sample;
 * ``left_out``: the host board calibrated on the other models' rows only (leave one model out), the
@@ -57,14 +59,19 @@ MODELS = [  # (name, random_qwen3 shape or None for the committed test decoder)
     ("random-qwen3-53m", {"layers": 8, "hidden": 768, "heads": 12, "kv_heads": 4, "intermediate": 2048}),
     ("random-qwen3-210m", {"intermediate": 3200}),
 ]
+SCHEMES = ("fp32", "fp16", "w8a16", "w8a8", "w4a16")
+SKIP = {("random-qwen3-210m", "w8a16")}  # ~1 tok/s on a loaded core: minutes for one row
 
 CHILD = r"""
 import json, statistics, sys
-path, ctx, prompt, new, repeat = sys.argv[1], *map(int, sys.argv[2:6])
-import edgeinfer
+from pathlib import Path
+built, hf, (ctx, prompt, new, repeat) = Path(sys.argv[1]), Path(sys.argv[2]), map(int, sys.argv[3:7])
+from edgeinfer_onnxruntime.decoder import OnnxRuntimeDecoder
 from edgeinfer.run.generation.bench import prompt_of_length
+from edgeinfer.run.generation.generator import Generator
+from edgeinfer.run.generation.text import TextCodec
 from edgeinfer.contract.generation import GenerationOptions
-gen = edgeinfer.load(path, backend="onnxruntime", ctx=ctx, threads=1)
+gen = Generator(OnnxRuntimeDecoder(built, ctx, 1, 1), TextCodec(hf), hf.name)
 ids = prompt_of_length(gen.codec, prompt)
 opts = GenerationOptions(max_new_tokens=new, ignore_eos=True)
 gen.generate_ids(ids, opts)
@@ -77,23 +84,31 @@ print(json.dumps({"peak_rss_bytes": int(hwm) * 1024, "kv_cache_bytes": gen.kv_ca
 """
 
 
-def measure(model: Path) -> dict:
+def measure(built: Path, model: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1"}
-    r = subprocess.run([sys.executable, "-c", CHILD, str(model), str(CTX), str(PROMPT), str(NEW_TOKENS),
+    r = subprocess.run([sys.executable, "-c", CHILD, str(built), str(model), str(CTX), str(PROMPT), str(NEW_TOKENS),
                         str(REPEAT)], capture_output=True, text=True, timeout=3600, env=env)
     if r.returncode != 0:
         raise SystemExit(f"child failed: {r.stderr[-2000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def export(model: Path) -> None:
-    """Build the onnxruntime decoder now, so no child counts the export."""
-    from edgeinfer_onnxruntime.decoder import build
+def export(name: str, model: Path, scheme: str) -> Path:
+    """The onnxruntime decoder of ``model`` in ``scheme`` (the plugin's deploy conversion), built now so that no
+    child counts it; kept in the cache, keyed by the model's name and scheme, across runs."""
+    import shutil
+
+    from edgeinfer_onnxruntime.decoder import convert, is_built
 
     from edgeinfer.contract import cache
 
-    build(model, cache.area("artifacts"), "fp32")
+    out = cache.area("bench") / "planner_host_llm" / f"{name}-{scheme}-{CTX}"
+    if not is_built(out):
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True)
+        convert(model, scheme, CTX, out, None)
+    return out
 
 
 def pct(pred: float | None, meas: float) -> float | None:
@@ -106,35 +121,36 @@ def model_path(shape: dict | None) -> Path:
     return model_dir() if shape is None else random_qwen3(**shape)
 
 
-def measured_row(i: int, name: str, model: Path, source: str, source_id: str) -> dict:
+def measured_row(i: int, name: str, model: Path, scheme: str, source: str, source_id: str) -> dict:
     """A row of rows_host.yaml, its bandwidth_gbps the copies measured between its decode runs (best of)."""
     from edgeinfer.planning.host_bandwidth import measure_gbps
 
-    export(model)
+    built = export(name, model, scheme)
     before = measure_gbps()
-    meas = measure(model)
+    meas = measure(built, model)
     copies = [before, measure_gbps()]
     runs = meas["decode_tokens_per_s_runs"]
     return {"row": FIRST_ROW + i, "grade": "A", "board": "host", "runtime": "onnxruntime", "model": name,
-            "model_config": json.loads((model / "config.json").read_text()), "quant": "fp32",
+            "model_config": json.loads((model / "config.json").read_text()), "quant": scheme,
             "prompt": PROMPT, "ctx": PROMPT + NEW_TOKENS, "mem_ctx": CTX,
             "decode": round(max(runs), 2), "ttft_ms": round(meas["ttft_ms"], 1),
             "mem_mib": round(meas["peak_rss_bytes"] / MIB, 1), "bandwidth_gbps": round(max(copies), 2),
             "fit": True,
             "source": source, "source_id": source_id,
-            "note": f"onnxruntime fp32, 1 intra-op thread, greedy, {NEW_TOKENS} new tokens after a {PROMPT}-token "
-                    f"prompt, best of {REPEAT} runs {[round(x, 2) for x in runs]} (median "
+            "note": f"onnxruntime {scheme}, 1 intra-op thread, greedy, {NEW_TOKENS} new tokens after a "
+                    f"{PROMPT}-token prompt, best of {REPEAT} runs {[round(x, 2) for x in runs]} (median "
                     f"{round(statistics.median(runs), 2)}); "
                     f"KV allocated for {CTX} tokens: {meas['kv_cache_bytes']} B"}
 
 
 def calibrated(rows: list[dict], name: str):
-    """The host board calibrated on ``rows`` (edgeinfer calibrate's fit)."""
+    """The host board calibrated on ``rows`` (edgeinfer calibrate's fit; a scheme left with one row is fitted
+    on it, however far it moves the estimate: that is the check)."""
     from edgeinfer.planning import calibrate, measurements
     from edgeinfer.planning.boards import host_board
 
     checked = [measurements.check_row(r, f"rows_host.yaml row {r['row']}") for r in rows]
-    board, _, _ = calibrate.calibrate(checked, host_board(), name=name)
+    board, _, _ = calibrate.calibrate(checked, host_board(), name=name, force=True)
     return board
 
 
@@ -143,7 +159,7 @@ def predicted(row: dict, board) -> float | None:
     from edgeinfer.planning.planner import plan
 
     spec = spec_from_config(row["model_config"], row["model"], row["model"])
-    return plan(spec, board, quant="fp32", ctx=row["ctx"], suggest=False).estimates.decode_tokens_per_s
+    return plan(spec, board, quant=row["quant"], ctx=row["ctx"], suggest=False).estimates.decode_tokens_per_s
 
 
 def allocated_kv(row: dict) -> int:
@@ -157,12 +173,13 @@ def report(row: dict, all_fit, left_out) -> dict:
     from edgeinfer.planning.planner import plan
 
     spec = spec_from_config(row["model_config"], row["model"], row["model"])
-    shipped = plan(spec, "host", quant="fp32", ctx=row["ctx"], suggest=False).estimates
-    mem = plan(spec, get_board("host"), quant="fp32", ctx=CTX, suggest=False).breakdown
+    shipped = plan(spec, "host", quant=row["quant"], ctx=row["ctx"], suggest=False).estimates
+    mem = plan(spec, get_board("host"), quant=row["quant"], ctx=CTX, suggest=False).breakdown
     pred_mem = (mem["weights"] + mem["kv_cache"] + mem["activations"] + mem["runtime"]) / MIB
     dec = row["decode"]
     fit, out = predicted(row, all_fit), predicted(row, left_out)
-    return {"model": row["model"], "params": spec.params_total, "bytes_per_token": shipped.bytes_per_token,
+    return {"model": row["model"], "scheme": row["quant"], "params": spec.params_total,
+            "bytes_per_token": shipped.bytes_per_token,
             "decode_tokens_per_s": {
                 "measured": dec, "plan_host": shipped.decode_tokens_per_s, "plan_host_basis": shipped.basis,
                 "plan_host_pct_error": pct(shipped.decode_tokens_per_s, dec),
@@ -176,6 +193,12 @@ def report(row: dict, all_fit, left_out) -> dict:
             "ttft_ms": row["ttft_ms"]}
 
 
+def errors(results: list[dict]) -> dict:
+    return {k: statistics.median(abs(r["decode_tokens_per_s"][k]) for r in results)
+            if results and all(r["decode_tokens_per_s"][k] is not None for r in results) else None
+            for k in ("plan_host_pct_error", "fit_all_pct_error", "left_out_pct_error")}
+
+
 def write_rows(rows: list[dict], when: str) -> None:
     import yaml
 
@@ -187,45 +210,59 @@ def write_rows(rows: list[dict], when: str) -> None:
     ROWS.write_text(head + yaml.safe_dump({"rows": rows}, sort_keys=False, width=118))
 
 
-def main() -> dict:
-    when = time.strftime("%Y-%m-%d", time.gmtime())
-    source = f"bench/planner_host_llm.py on this project's {os.cpu_count()}-core CI machine, {when}"
-    # one source per model: the rows of one run differ by model, and leaving one model out is the check that
-    # matters for a host (docs/planner.md#host-decode)
-    rows = [measured_row(i, name, model_path(shape), source, f"planner_host_llm/{when}/{name}")
-            for i, (name, shape) in enumerate(MODELS)]
-    gbps = max(r["bandwidth_gbps"] for r in rows)  # the run's best copy: one board for all its rows
-    for r in rows:
-        r["bandwidth_gbps"] = gbps
+def main(measure_rows: bool = True) -> dict:
+    """Measure, write the rows and report; ``measure_rows=False`` (``--report``): report on the committed rows
+    (after bench/fit_speed.py has refitted the constants from them, or after rows were marked ``fit: false``)."""
+    if measure_rows:
+        rows = measure_all()
+    else:
+        import yaml
+
+        rows = yaml.safe_load(ROWS.read_text())["rows"]
+    gbps = max(r["bandwidth_gbps"] for r in rows)
     os.environ["EDGEINFER_HOST_BANDWIDTH_GBPS"] = str(gbps)  # every plan here: --board host at this bandwidth
-    write_rows(rows, when)
-    all_fit = calibrated(rows, "host-fit-all")
-    results = [report(r, all_fit, calibrated([x for x in rows if x is not r], f"host-without-{r['model']}"))
-               for r in rows]
-    const = all_fit.runtimes["onnxruntime"].speed["fp32"]
-    out = {"backend": "onnxruntime (fp32, 1 intra-op thread)", "host_bandwidth_gbps": gbps,
-           "load_average": os.getloadavg(), "fit_all_constants": {"t0_ms": const.t0_ms,
-                                                                  "bw_fraction": const.bw_fraction},
+    fitted = [r for r in rows if r.get("fit", True)]  # fit: false rows are predicted, never fitted on
+    all_fit = calibrated(fitted, "host-fit-all")
+    left_out = {m: calibrated([x for x in fitted if x["model"] != m], f"host-without-{m}")
+                for m in {r["model"] for r in rows}}
+    results = [{**report(r, all_fit, left_out[r["model"]]), "fit": r.get("fit", True)} for r in rows]
+    speed = all_fit.runtimes["onnxruntime"].speed
+    out = {"backend": "onnxruntime (1 intra-op thread)", "host_bandwidth_gbps": gbps,
+           "load_average": os.getloadavg(),
+           "fit_all_constants": {s: {"t0_ms": speed[s].t0_ms, "bw_fraction": speed[s].bw_fraction}
+                                 for s in SCHEMES if s in speed},
            "rows": results,
-           "median_abs_pct_error": {
-               k: statistics.median(abs(r["decode_tokens_per_s"][k]) for r in results)
-               if all(r["decode_tokens_per_s"][k] is not None for r in results) else None
-               for k in ("plan_host_pct_error", "fit_all_pct_error", "left_out_pct_error")},
+           "median_abs_pct_error": {s: errors([r for r in results if r["scheme"] == s and r["fit"]])
+                                    for s in SCHEMES},
            "median_abs_pct_error_peak_rss": statistics.median(abs(r["peak_rss"]["pct_error"]) for r in results)}
     write("planner_host_llm", out)
     return out
 
 
+def measure_all() -> list[dict]:
+    when = time.strftime("%Y-%m-%d", time.gmtime())
+    source = f"bench/planner_host_llm.py on this project's {os.cpu_count()}-core CI machine, {when}"
+    # one source per model: the rows of one run differ by model, and leaving one model out is the check that
+    # matters for a host (docs/planner.md#host-decode)
+    runs = [(name, model_path(shape), scheme) for name, shape in MODELS for scheme in SCHEMES
+            if (name, scheme) not in SKIP]
+    rows = [measured_row(i, name, model, scheme, source, f"planner_host_llm/{when}/{name}")
+            for i, (name, model, scheme) in enumerate(runs)]
+    gbps = max(r["bandwidth_gbps"] for r in rows)  # the run's best copy: one board for all its rows
+    for r in rows:
+        r["bandwidth_gbps"] = gbps
+    write_rows(rows, when)
+    return rows
+
+
 if __name__ == "__main__":
-    res = main()
-    c = res["fit_all_constants"]
+    res = main(measure_rows="--report" not in sys.argv[1:])
     print(f"host bandwidth (copy benchmark, 1 thread): {res['host_bandwidth_gbps']} GB/s; load "
-          f"{[round(x, 2) for x in res['load_average']]}; fit on all rows: t0 {c['t0_ms']} ms, bw_fraction "
-          f"{c['bw_fraction']}")
+          f"{[round(x, 2) for x in res['load_average']]}; fit on all rows: {res['fit_all_constants']}")
     for r in res["rows"]:
         d, m = r["decode_tokens_per_s"], r["peak_rss"]
-        print(f"{r['model']} ({r['params'] / 1e6:.1f} M params): decode measured {d['measured']} tok/s; plan --board "
-              f"host {d['plan_host']} ({d['plan_host_basis']}); fit on all {d['fit_all']} "
+        print(f"{r['model']} {r['scheme']} ({r['params'] / 1e6:.1f} M params): decode {d['measured']} tok/s; "
+              f"plan --board host {d['plan_host']} ({d['plan_host_basis']}); fit on all {d['fit_all']} "
               f"({d['fit_all_pct_error']}%); "
               f"left out {d['left_out']} ({d['left_out_pct_error']}%); peak RSS {m['measured_mib']} MiB vs "
               f"{m['predicted_mib']} MiB ({m['pct_error']}%)")

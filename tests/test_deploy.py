@@ -247,6 +247,11 @@ def test_paged_bundle_on_the_host_board_matches_the_plain_one(tmp_path, env, cli
         assert proc.returncode == 0, proc.stderr[-2000:]
     manifest = json.loads((paged / "manifest.json").read_text())
     assert manifest["paging"]["window"] == 2 and len(manifest["artifacts"]) == 6
+    # the id limits serve checks requests against, recorded so that it need not read the model: MiniLM's tables
+    cfg = json.loads((minilm.model_dir() / "config.json").read_text())
+    tables = {"input_ids": cfg["vocab_size"], "token_type_ids": cfg["type_vocab_size"]}
+    assert manifest["index_limits"] == tables
+    assert json.loads((plain / "manifest.json").read_text())["index_limits"] == tables
     runs = [json.loads(cli("run", str(p), "--text", texts[0], "--json").stdout) for p in (plain, paged)]
     assert runs[1]["paging"]["segments"] == 6
     np.testing.assert_array_equal(np.array(runs[0]["embeddings"]), np.array(runs[1]["embeddings"]))

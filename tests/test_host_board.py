@@ -191,7 +191,9 @@ def test_the_host_rows_plan_without_files_and_calibrate_the_host():
 
     rows, skipped = measurements.load([Path(__file__).resolve().parents[1] / "bench" / "data" / "rows_host.yaml"])
     ids = [r["row"] for r in rows]
-    assert not skipped and len(set(ids)) == len(ids) >= 2 and all(3000 <= i <= 3099 for i in ids)
+    # rows marked fit: false (measured under load, their notes say why) are skipped, nothing else
+    assert all(n.endswith("skipped (fit: false)") for n in skipped), skipped
+    assert len(set(ids)) == len(ids) >= 2 and all(3000 <= i <= 3099 for i in ids)
     assert all(r["board"] == "host" and r["runtime"] == "onnxruntime" and r["grade"] == "A" and r["source_id"]
                and r["model_config"] and r["bandwidth_gbps"] > 0 for r in rows)
     assert len({r["model"] for r in rows}) >= 2  # two sizes at least, so t0 can be fitted
@@ -199,5 +201,61 @@ def test_the_host_rows_plan_without_files_and_calibrate_the_host():
     board, _, _ = calibrate.calibrate(rows, host_board(bw))
     c = board.runtimes["onnxruntime"].speed["fp32"]
     assert c.t0_ms >= 0 and 0 < c.bw_fraction <= 1.5
-    errors = [r["decode_error_pct"] for r in board.calibration["rows"]]
-    assert all(abs(e) < 35 for e in errors), errors
+    for scheme in {r["quant"] for r in rows}:
+        c = board.runtimes["onnxruntime"].speed[scheme]
+        assert c.t0_ms >= 0 and 0 < c.bw_fraction <= 1.5, scheme
+    # fp32, the rows' first scheme: within 35 % in-sample; the other schemes' in-sample errors on this loaded
+    # machine are in docs/planner.md#host-decode (w8a8 and w8a16 up to 1.4-2x)
+    errors = [r["decode_error_pct"] for r in board.calibration["rows"] if r["quant"] == "fp32"]
+    assert errors and all(abs(e) < 35 for e in errors), errors
+
+
+def _host_rows():
+    from pathlib import Path
+
+    import yaml
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "data" / "rows_host.yaml"
+    return yaml.safe_load(path.read_text())["rows"]
+
+
+def _planned(row: dict):
+    """``plan --board host --quant <row's scheme>`` with the packaged constants, at the row's bandwidth."""
+    from edgeinfer.planning.boards import host_board
+    from edgeinfer.planning.models.hf import spec_from_config
+
+    spec = spec_from_config(row["model_config"], row["model"], row["model"])
+    board = host_board(hb.HostBandwidth(row["bandwidth_gbps"], "the row's"))
+    return planner.plan(spec, board, quant=row["quant"], ctx=row["ctx"], suggest=False).estimates
+
+
+@pytest.mark.parametrize("scheme", ["fp32", "fp16", "w8a16", "w8a8", "w4a16"])
+def test_every_host_decoder_scheme_has_fitted_constants_not_an_extrapolation(scheme):
+    """The onnxruntime plugin's decoder schemes each have measured host rows, and the plan's decode estimate
+    for them rests on constants fitted on those rows (bench/planner_host_llm.py, bench/fit_speed.py)."""
+    rows = [r for r in _host_rows() if r["quant"] == scheme]
+    assert len({r["model"] for r in rows}) >= 2, f"fewer than two models measured in {scheme}"
+    for r in rows:
+        est = _planned(r)
+        assert est.decode_tokens_per_s and f"host-cpu/onnxruntime/{scheme}" in est.basis, est.basis
+        assert "extrapolated" not in est.basis
+
+
+def test_the_plan_orders_host_schemes_by_speed_as_measured():
+    """Per model, two schemes whose measured decode differs by more than a third are planned in the same order
+    (on onnxruntime int8 weights with fp32 activations, w8a16, decode slower than fp32: fewer bytes are no
+    speed-up there)."""
+    by_model: dict[str, list] = {}
+    for r in _host_rows():
+        by_model.setdefault(r["model"], []).append(r)
+    pairs = 0
+    for rows in by_model.values():
+        planned = {r["quant"]: _planned(r).decode_tokens_per_s for r in rows}
+        for a in rows:
+            for b in rows:
+                if a["decode"] > 1.33 * b["decode"]:
+                    pairs += 1
+                    assert planned[a["quant"]] > planned[b["quant"]], (a["model"], a["quant"], b["quant"], planned)
+    assert pairs >= 4
+    tiny = {r["quant"]: r["decode"] for r in by_model["tiny-qwen3"]}
+    assert tiny["w8a16"] < tiny["fp32"] < tiny["w8a8"]

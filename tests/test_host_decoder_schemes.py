@@ -12,11 +12,6 @@ from edgeinfer.contract.schemes import normalize_scheme
 from edgeinfer.planning.boards import host_board
 from edgeinfer.planning.decision import encoder_schemes
 from edgeinfer.planning.host_bandwidth import HostBandwidth
-from edgeinfer.testing.cli import in_process_cli
-from edgeinfer.testing.fixtures import DECODER_BUNDLE_CTX
-from edgeinfer.testing.llm import model_dir
-
-cli, _bind_capfd = in_process_cli()
 
 
 def _ort_backend():
@@ -42,14 +37,14 @@ def _graph(bundle):
 
 
 @pytest.mark.parametrize("quant, accuracy", [("fp16", None), ("w8a16", 1), ("w8a8", 4)])
-def test_fp16_and_int8_decoders_deploy_for_host_and_pass_golden(tmp_path, quant, accuracy):
+def test_fp16_and_int8_decoders_deploy_for_host_and_pass_golden(tiny_qwen3_host_scheme_bundle, quant, accuracy):
+    """Deployed once per session (the shared fixture; the conversion cached across runs), golden-checked on
+    every deploy."""
     import onnx
 
-    out = tmp_path / "b"
-    proc = cli("deploy", str(model_dir()), "--board", "host", "--ctx", str(DECODER_BUNDLE_CTX), "--quant", quant,
-               "--no-cache", "-o", str(out))
-    assert proc.returncode == 0, proc.stderr
-    assert "decoder golden check passed" in proc.stdout + proc.stderr
+    result = tiny_qwen3_host_scheme_bundle(quant)
+    out = result.bundle
+    assert result.golden["passed"] is True and result.manifest.decoder["golden"]["passed"] is True
     stamp = json.loads((out / "decoder.stamp.json").read_text())
     assert stamp["scheme"] == quant
     graph = _graph(out)

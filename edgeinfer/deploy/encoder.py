@@ -35,6 +35,7 @@ from edgeinfer.planning.boards import Board, get_board
 from edgeinfer.planning.decision import ENCODER_SEQUENCE
 from edgeinfer.progress import Progress
 from edgeinfer.run import bundle as run_bundle
+from edgeinfer.run.once import onnx_index_limits
 from edgeinfer.run.padding import run_padded
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
@@ -323,8 +324,11 @@ def deploy(
             shutil.copytree(cached_dir, work, ignore=shutil.ignore_patterns(seal.SEAL))
             manifest = bundle_mod.Bundle.open(work).manifest
             needs = outdir.requires(backend, decoder=False, text=tokenize is not None)
-            if manifest.requires != needs:  # what runs it is this installation's plugin's, not the cache's
+            stale = manifest.requires != needs or manifest.index_limits is None  # cached by an older edgeinfer
+            if stale:  # what runs it is this installation's plugin's, not the cache's
                 manifest.requires = needs
+                if manifest.index_limits is None:
+                    manifest.index_limits = onnx_index_limits([work / a for a in manifest.artifacts])
                 bundle_mod.write(work, manifest)
         else:
             work.mkdir()
@@ -405,6 +409,7 @@ def _build(src, b, backend, scheme, work, ref_path, reference, specs, shapes_use
         golden=report,
         paging=paging_spec,
         buckets=bucket_section,
+        index_limits=onnx_index_limits(artifacts),
         requires=outdir.requires(backend, decoder=False, text=tokenize is not None),
     )
     if manifest.text is not None:

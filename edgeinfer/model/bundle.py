@@ -170,6 +170,9 @@ class Manifest(BaseModel):
     files: dict[str, _as_dict(_File)] = {}  # type: ignore[valid-type]  # relative path -> {"size", "sha256"}
     decoder: _as_dict(DecoderSection) | None = None  # type: ignore[valid-type]  # decoder bundles only
     buckets: _as_dict(BucketsSection) | None = None  # type: ignore[valid-type]  # static-shape buckets
+    #: integer inputs that index an embedding table of the ONNX artifact → its rows (None: not recorded, an older
+    #: bundle; serving reads it instead of the model file)
+    index_limits: dict[StrictStr, Annotated[int, Field(ge=0)]] | None = None
     #: the distributions (with extras) running the bundle needs, e.g. "edgeinfer[llm]" (edgeinfer.contract.packages)
     requires: list[StrictStr] = Field(default=[], max_length=64)
 
@@ -205,8 +208,8 @@ class Manifest(BaseModel):
         return self
 
     def to_json(self) -> dict[str, Any]:
-        """The manifest as written to disk (``decoder`` and ``buckets`` only when present)."""
-        skip = {k for k in ("decoder", "buckets") if getattr(self, k) is None}
+        """The manifest as written to disk (``decoder``, ``buckets`` and ``index_limits`` only when present)."""
+        skip = {k for k in ("decoder", "buckets", "index_limits") if getattr(self, k) is None}
         return self.model_dump(by_alias=True, exclude=skip)
 
 

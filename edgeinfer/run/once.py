@@ -62,18 +62,23 @@ def read_feeds(specs: Sequence[str]) -> dict[str, Any]:
     return feeds
 
 
-def token_id_limits(model: Path, bundle: Bundle | None) -> dict[str, int]:
-    """Integer inputs that index an embedding table → its row count (from the ONNX graph, else the
-    bundle's tokenizer: its vocabulary, and the token types it makes); empty when the model does not tell."""
+def onnx_index_limits(files: list[Path]) -> dict[str, int]:
+    """The embedding-table limits of the first ONNX file of ``files`` (of a bundle: its first artifact), read
+    without its weights; empty when there is none."""
     from edgeinfer.planning.models.onnx import index_limits
 
-    if bundle:
-        files = [a for a in bundle.artifacts if a.suffix == ".onnx"]
+    onnx = [f for f in files if f.suffix == ".onnx"]
+    return index_limits(onnx[0]) if onnx else {}
+
+
+def token_id_limits(model: Path, bundle: Bundle | None) -> dict[str, int]:
+    """Integer inputs that index an embedding table → its row count (from the bundle's manifest or the ONNX
+    graph, else the bundle's tokenizer: its vocabulary, and the token types it makes); empty when the model
+    does not tell."""
+    if bundle and bundle.manifest.index_limits is not None:  # recorded at deploy
+        limits = dict(bundle.manifest.index_limits)
     else:
-        files = [model] if model.suffix == ".onnx" else []
-    limits: dict[str, int] = {}
-    for f in files[:1]:
-        limits.update(index_limits(f))
+        limits = onnx_index_limits(bundle.artifacts if bundle else [model])
     text = bundle.manifest.text if bundle is not None else None
     types = any(s.name == "token_type_ids" for s in bundle.manifest.inputs) if bundle is not None else False
     if text is not None and ("input_ids" not in limits or (types and "token_type_ids" not in limits)):

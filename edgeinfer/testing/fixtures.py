@@ -60,3 +60,23 @@ def tiny_qwen3_host_bundle(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("decoder-bundle") / "tiny-qwen3-host"
     deploy_decoder(model_dir(), "host", out, ctx=DECODER_BUNDLE_CTX)
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_host_scheme_bundle(tmp_path_factory):
+    """``get(scheme)``: the committed tiny-qwen3 deployed for the ``host`` board in ``scheme`` (fp16, w8a16,
+    w8a8, ...; ctx 256) and golden-checked, as the deploy's result (``.bundle``, ``.golden``, ``.manifest``),
+    deployed once per session and scheme; the conversion comes from the conversion cache when it holds one
+    (the golden check runs every time). Read the bundles, never change them: copy first to tamper."""
+    from edgeinfer.deploy.decoder import deploy_decoder
+    from edgeinfer.testing.llm import model_dir
+
+    made = {}
+
+    def get(scheme: str):
+        if scheme not in made:
+            out = tmp_path_factory.mktemp(f"decoder-bundle-{scheme}") / f"tiny-qwen3-host-{scheme}"
+            made[scheme] = deploy_decoder(model_dir(), "host", out, quant=scheme, ctx=DECODER_BUNDLE_CTX)
+        return made[scheme]
+
+    return get

@@ -93,20 +93,11 @@ def read_onnx(path: Path) -> ModelSpec:
 
 def index_limits(path: Path) -> dict[str, int]:
     """Graph inputs used directly as row indices of an embedding table (Gather on an initializer)
-    → the table's row count: token ids must lie in [0, rows). Empty when the file cannot tell."""
-    try:
-        import onnx  # noqa: PLC0415 - lazy on purpose
+    → the table's row count: token ids must lie in [0, rows). Empty when the file cannot tell. The weights
+    are not read (edgeinfer/planning/models/onnx_index.py): ``serve``'s HTTP process calls this."""
+    from edgeinfer.planning.models.onnx_index import embedding_index_limits
 
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception:  # not ONNX, or unreadable: the loader reports that properly
+    try:
+        return embedding_index_limits(path)
+    except (OSError, ValueError, UnicodeDecodeError):  # not ONNX, or unreadable: the loader reports that properly
         return {}
-    g = model.graph
-    rows = {t.name: int(t.dims[0]) for t in g.initializer if len(t.dims) == 2}
-    inputs = {i.name for i in g.input} - set(rows)
-    out: dict[str, int] = {}
-    for node in g.node:
-        if node.op_type == "Gather" and len(node.input) == 2 and node.input[0] in rows and node.input[1] in inputs:
-            axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
-            if axis == 0:
-                out[node.input[1]] = min(out.get(node.input[1], rows[node.input[0]]), rows[node.input[0]])
-    return out
