@@ -332,9 +332,11 @@ class OnnxRuntimeDecoder(StepDecoder):
             b.bind_ortvalue_input(pv, v)
             b.bind_ortvalue_output(ok, k)  # present shares the past buffer: written in place
             b.bind_ortvalue_output(ov, v)
-        b.bind_output(self._names["logits"])
+        # logits into an array of ours: only they are read back (reading every output back would copy each
+        # bound KV range too, the cost that grew the batched step with its rows)
+        logits = np.empty((len(starts), n, self.vocab_size), np.float32)
+        b.bind_output(self._names["logits"], "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
         sess.run_with_iobinding(b)
-        logits = b.get_outputs()[-1].numpy()  # rows × n × vocab
         return logits[:, -1] if last is None else logits[np.arange(len(starts)), np.asarray(last)]
 
     def _check_room(self, slot: int, n: int) -> None:
