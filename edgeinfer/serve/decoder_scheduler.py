@@ -3,7 +3,7 @@ https://www.usenix.org/conference/osdi22/presentation/yu).
 
 Each :meth:`Scheduler.step` is one iteration: one batched ``decode`` call for every sequence that is
 generating, then one ``prefill_batch`` call (:class:`~edgeinfer.contract.decoder.StepDecoder`) with
-prompt tokens up to a budget of one prefill chunk, oldest sequence first (several short prompts
+prompt tokens up to a budget of one prefill chunk, oldest sequence first (several whole prompts
 together, or one chunk of a long one, as in vLLM's chunked prefill). New
 sequences join the decode batch at the next step boundary after their prefill; finished and cancelled
 ones leave it and free their KV slot at once. Sampling, EOS, stop strings and detokenizing are the
@@ -141,15 +141,19 @@ class Scheduler:
 
     def _prefill(self) -> list[Event]:
         """At most ``chunk`` prompt tokens this step, oldest sequence first, in one ``prefill_batch`` call:
-        several short prompts, or one chunk of a long one (only the last sequence taken can be cut)."""
+        several whole prompts, or one chunk of a long one. A prompt that does not fit beside others waits
+        for the next step rather than being cut: its rest would carry a past, which a backend may not batch
+        with new prompts (onnxruntime runs it alone: one more pass over the weights)."""
         batch: list[tuple[Sequence, list[int]]] = []
         budget = self.chunk
         for seq in self.prefilling:
-            if budget <= 0:
-                break
             part = seq.prompt[seq.fed : seq.fed + budget]
+            if batch and len(part) < len(seq.prompt) - seq.fed:
+                break
             batch.append((seq, part))
             budget -= len(part)
+            if budget <= 0:
+                break
         seqs = [seq for seq, _ in batch]
         try:
             logits = self.decoder.prefill_batch([s.slot for s in seqs],
