@@ -12,11 +12,14 @@ decode). For comparison, the tiny model's same prompts through raw
 
     python bench/serve_llm.py [--levels 1,4,8,16] [--requests 16] [--max-tokens 64] [--big]
     python bench/serve_llm.py --openvino
+    python bench/serve_llm.py --host --levels 1,4,16 [--prefill-chunk N] [--label after]
 
 Writes bench/results/serve_llm.json and serve_llm.png. With ``--openvino``, instead: the tiny model
 deployed for core-ultra-155h (an OpenVINO fp16 decoder bundle, run on this CPU), served through the
 worker's native scheduler over GenAI's ContinuousBatchingPipeline (``--slots`` = the highest level);
-writes bench/results/serve_llm_openvino.json.
+writes bench/results/serve_llm_openvino.json. With ``--host``, instead: the ~160 M random Qwen3 of
+``bench/decoder_footprint.py`` deployed for board host (onnxruntime), writing
+bench/results/serve_llm_host[-LABEL].json.
 """
 
 from __future__ import annotations
@@ -92,13 +95,13 @@ async def level(url: str, model: str, texts: list[str], concurrency: int, max_to
 
 
 def run_model(model_dir: Path, label: str, levels: list[int], n_requests: int, max_tokens: int, ctx: int,
-              work: Path) -> dict:
+              work: Path, extra: tuple[str, ...] = ()) -> dict:
     from edgeinfer.testing.serve import ServerProc
 
     texts = prompts(n_requests)
     log = work / f"{label}.log"
     with ServerProc([model_dir], "--slots", str(max(levels)), "--ctx", str(ctx), "--threads", "1",
-                    "--max-queue", str(n_requests), log=log) as server:
+                    "--max-queue", str(n_requests), *extra, log=log) as server:
         asyncio.run(level(server.url, model_dir.name, texts[:2], 2, 8))  # warm-up
         rows = []
         for c in levels:
@@ -208,10 +211,28 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--big", action="store_true", help="also the random-init ~204 M Qwen3")
     ap.add_argument("--openvino", action="store_true", help="only the tiny model as an OpenVINO decoder bundle")
+    ap.add_argument("--host", action="store_true", help="only the ~160 M random Qwen3 deployed for board host")
+    ap.add_argument("--prefill-chunk", type=int, help="with --host: serve's --prefill-chunk")
+    ap.add_argument("--label", default="", help="with --host: suffix of the result file (e.g. before / after)")
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     from edgeinfer.testing import llm
 
+    if args.host:
+        import os
+
+        extra = ("--prefill-chunk", str(args.prefill_chunk)) if args.prefill_chunk else ()
+        with tempfile.TemporaryDirectory() as tmp:
+            model = llm.random_qwen3(layers=12, hidden=1024, heads=16, kv_heads=8, intermediate=3200)
+            res = run_model(host_bundle(model, Path(tmp)), "random-qwen3-160M-onnxruntime", levels, args.requests,
+                            args.max_tokens, 256, Path(tmp), extra)
+        _common.write("serve_llm_host" + (f"-{args.label}" if args.label else ""), {
+            "note": "loopback, the ~160 M random Qwen3 (12 layers, hidden 1024, MLP 3200) deployed for board host "
+                    "(onnxruntime fp32, 1 thread), greedy, ignore_eos; level 1 = the same requests one at a time; "
+                    "a shared, loaded machine: compare runs made close together",
+            "prefill_chunk": args.prefill_chunk, "load_average": [round(x, 2) for x in os.getloadavg()],
+            "results": [res]})
+        return
     if args.openvino:
         with tempfile.TemporaryDirectory() as tmp:
             res = run_model(openvino_bundle(Path(tmp)), "tiny-qwen3-ov", levels, args.requests, args.max_tokens,

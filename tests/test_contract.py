@@ -148,6 +148,32 @@ def test_decoder_protocols_are_separate_and_their_primitives_required():
         type("NoBatching", (BatchingDecoder, Loop), {})(**facts)
 
 
+def test_a_step_decoder_without_prefill_batch_prefills_each_slot_in_turn():
+    """The contract's default ``prefill_batch``: one ``prefill`` per (slot, chunk), in order, rows stacked."""
+    from edgeinfer.contract import StepDecoder
+
+    class Counting(StepDecoder):
+        def __init__(self):
+            super().__init__(context=8, vocab_size=3, kv_cache_bytes=0, slots=3)
+            self.calls = []
+
+        def prefill(self, slot, token_ids):
+            self.calls.append((slot, list(token_ids)))
+            return np.array([slot, len(token_ids), token_ids[-1]], np.float32)
+
+        def decode(self, slots, token_ids):
+            raise AssertionError("not called")
+
+        def reset(self, slot):
+            pass
+
+    d = Counting()
+    got = d.prefill_batch([2, 0], [np.array([5, 6, 7]), np.array([9])])
+    assert d.calls == [(2, [5, 6, 7]), (0, [9])]
+    np.testing.assert_array_equal(got, [[2, 3, 7], [0, 1, 9]])
+    assert got.dtype == np.float32
+
+
 # --- the chores the core does once for every plugin (edgeinfer.contract.helpers, onnx_io) ------------------
 
 

@@ -93,6 +93,16 @@ class StepDecoder(Decoder, ABC):
     def reset(self, slot: int) -> None:
         """Forget ``slot``'s sequence; its cache positions are reused from 0."""
 
+    # --- optional --------------------------------------------------------------------------
+    def prefill_batch(self, slots: Sequence[int], token_ids: Sequence[np.ndarray]) -> np.ndarray:
+        """Append ``token_ids[i]`` (1-D, lengths may differ) to ``slots[i]``'s cache, for distinct slots;
+        return each row's last-position logits (len(slots), vocab). The serve scheduler calls it with the
+        prompt chunks of every sequence it prefills in one step. Default: one ``prefill`` per slot; a
+        backend that can run the rows in one runtime call overrides it."""
+        import numpy as np
+
+        return np.stack([np.asarray(self.prefill(s, ids), dtype=np.float32) for s, ids in zip(slots, token_ids)])
+
 
 class NativeDecoder(Decoder, ABC):
     """A decoder whose runtime runs the whole generation loop itself."""

@@ -2,8 +2,9 @@
 https://www.usenix.org/conference/osdi22/presentation/yu).
 
 Each :meth:`Scheduler.step` is one iteration: one batched ``decode`` call for every sequence that is
-generating, then prompt tokens up to a budget of one prefill chunk, oldest sequence first (several
-short prompts, or one chunk of a long one, as in vLLM's chunked prefill). New
+generating, then one ``prefill_batch`` call (:class:`~edgeinfer.contract.decoder.StepDecoder`) with
+prompt tokens up to a budget of one prefill chunk, oldest sequence first (several whole prompts
+together, or one chunk of a long one, as in vLLM's chunked prefill). New
 sequences join the decode batch at the next step boundary after their prefill; finished and cancelled
 ones leave it and free their KV slot at once. Sampling, EOS, stop strings and detokenizing are the
 generation package's (:class:`~edgeinfer.run.generation.sampling.Sampler`,
@@ -139,26 +140,34 @@ class Scheduler:
         return [self._sample(s, logits[i]) for i, s in enumerate(seqs)]
 
     def _prefill(self) -> list[Event]:
-        """At most ``chunk`` prompt tokens this step, oldest sequence first: several short prompts, or one
-        chunk of a long one."""
-        events: list[Event] = []
+        """At most ``chunk`` prompt tokens this step, oldest sequence first, in one ``prefill_batch`` call:
+        several whole prompts, or one chunk of a long one. A prompt that does not fit beside others waits
+        for the next step rather than being cut: its rest would carry a past, which a backend may not batch
+        with new prompts (onnxruntime runs it alone: one more pass over the weights)."""
+        batch: list[tuple[Sequence, list[int]]] = []
         budget = self.chunk
-        while budget > 0 and self.prefilling:
-            seq = self.prefilling[0]
+        for seq in self.prefilling:
             part = seq.prompt[seq.fed : seq.fed + budget]
-            try:
-                logits = self.decoder.prefill(seq.slot, np.asarray(part, dtype=np.int64))
-            except Exception as e:  # noqa: BLE001
-                self.prefilling.popleft()
-                events += self._fail([seq], e)
-                continue
-            seq.fed += len(part)
-            budget -= len(part)
-            if seq.fed < len(seq.prompt):
+            if batch and len(part) < len(seq.prompt) - seq.fed:
                 break
-            self.prefilling.popleft()
+            batch.append((seq, part))
+            budget -= len(part)
+            if budget <= 0:
+                break
+        seqs = [seq for seq, _ in batch]
+        try:
+            logits = self.decoder.prefill_batch([s.slot for s in seqs],
+                                                [np.asarray(part, dtype=np.int64) for _, part in batch])
+        except Exception as e:  # noqa: BLE001 - every sequence of the batch fails; the worker keeps serving
+            return self._fail(seqs, e)
+        events: list[Event] = []
+        for (seq, part), row in zip(batch, logits):
+            seq.fed += len(part)
+            if seq.fed < len(seq.prompt):
+                continue
+            self.prefilling.remove(seq)
             self.decoding.append(seq)
-            events.append(self._sample(seq, logits))
+            events.append(self._sample(seq, row))
         return events
 
     def _sample(self, seq: Sequence, logits: np.ndarray) -> Event:

@@ -26,8 +26,11 @@ class Sampler:
 
     def __call__(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
         o = self.options
+        penalty = o.repetition_penalty != 1.0 and len(history)
+        if o.greedy and not penalty:  # the per-token common case: no float64 copy of the row
+            return int(np.argmax(logits))
         scores = np.asarray(logits, dtype=np.float64).reshape(-1)
-        if o.repetition_penalty != 1.0 and len(history):
+        if penalty:
             scores = penalize(scores, history, o.repetition_penalty)
         if o.greedy:
             return int(np.argmax(scores))

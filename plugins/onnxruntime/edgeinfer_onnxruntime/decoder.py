@@ -241,6 +241,27 @@ def check_graph(sess: Any, where: Path, cfg: dict[str, Any]) -> None:
                         f"{t.type} {t.shape}")
 
 
+def prefill_runs(slots: Sequence[int], sizes: Sequence[int], lengths: Sequence[int],
+                 context: int) -> list[list[int]]:
+    """Indexes into ``slots`` grouped into one-run batches. GroupQueryAttention takes several rows of more
+    than one token only as a first prompt ("batch_size must be 1 when sequence_length > 1 and past context
+    is given", onnxruntime 1.26): so a run holds empty slots only (``lengths`` 0; a slot that holds a chunk
+    already runs alone), consecutive ones (a run binds a contiguous range of the cache), with room for the
+    run's padded width, and at most ``max(16, real // 2)`` padding tokens: a padded token costs compute like
+    a real one, and past that a second run (one more pass over the weights) is the cheaper choice."""
+    runs: list[list[int]] = []
+    for i in sorted(range(len(slots)), key=lambda i: slots[i]):
+        run = runs[-1] if runs else None
+        if run is not None and slots[i] == slots[run[-1]] + 1 and lengths[slots[i]] == lengths[slots[run[0]]] == 0:
+            width = max(sizes[i], *(sizes[j] for j in run))
+            real = sizes[i] + sum(sizes[j] for j in run)
+            if width <= context and (len(run) + 1) * width - real <= max(16, real // 2):
+                run.append(i)
+                continue
+        runs.append([i])
+    return runs
+
+
 class OnnxRuntimeDecoder(StepDecoder):
     def __init__(self, model_dir: Path, context: int, slots: int, threads: int | None = None):
         import onnxruntime as ort
@@ -293,9 +314,11 @@ class OnnxRuntimeDecoder(StepDecoder):
                                 for kv in self._cache]
         return self._bound[key]
 
-    def _step(self, first: int, ids: np.ndarray, starts: Sequence[int], sess: Any = None) -> np.ndarray:
-        """One run over slots ``first..first+len(starts)-1``: ``ids`` ``[rows, n]`` (n > 1 for one row only)
-        written from each row's ``starts`` position; the last position's logits per row."""
+    def _step(self, first: int, ids: np.ndarray, starts: Sequence[int], sess: Any = None,
+              last: Sequence[int] | None = None) -> np.ndarray:
+        """One run over slots ``first..first+len(starts)-1``: ``ids`` ``[rows, n]`` written from each row's
+        ``starts`` position (all ``n`` of them: each row needs ``n`` free positions); per row, the logits at
+        its position ``last[r]`` of the ``n`` (default: the last)."""
         n = ids.shape[1]
         width = max(starts) + n
         mask = (np.arange(width)[None] < np.asarray(starts)[:, None] + n).astype(np.int64)  # right-padded
@@ -309,9 +332,12 @@ class OnnxRuntimeDecoder(StepDecoder):
             b.bind_ortvalue_input(pv, v)
             b.bind_ortvalue_output(ok, k)  # present shares the past buffer: written in place
             b.bind_ortvalue_output(ov, v)
-        b.bind_output(self._names["logits"])
+        # logits into an array of ours: only they are read back (reading every output back would copy each
+        # bound KV range too, the cost that grew the batched step with its rows)
+        logits = np.empty((len(starts), n, self.vocab_size), np.float32)
+        b.bind_output(self._names["logits"], "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
         sess.run_with_iobinding(b)
-        return b.copy_outputs_to_cpu()[-1][:, -1]
+        return logits[:, -1] if last is None else logits[np.arange(len(starts)), np.asarray(last)]
 
     def _check_room(self, slot: int, n: int) -> None:
         if self.lengths[slot] + n > self.context:
@@ -325,6 +351,31 @@ class OnnxRuntimeDecoder(StepDecoder):
 
     def prefill(self, slot: int, token_ids: np.ndarray) -> np.ndarray:
         return self._run(slot, token_ids)
+
+    def prefill_batch(self, slots: Sequence[int], token_ids: Sequence[np.ndarray]) -> np.ndarray:
+        """New prompts in as few runs as :func:`prefill_runs` allows: a run over a range of consecutive empty
+        slots, the chunks right-padded to the longest; the padding lands past each row's length, masked out
+        of attention (causal) and overwritten by the row's next tokens."""
+        ids = [np.asarray(t, dtype=np.int64).reshape(-1) for t in token_ids]
+        if len(set(slots)) != len(slots):
+            raise InputError(f"prefill_batch takes each slot once, got {list(slots)}")
+        for s, t in zip(slots, ids):
+            self._check_room(s, len(t))
+        out = np.empty((len(slots), self.vocab_size), np.float32)
+        for run in prefill_runs(slots, [len(t) for t in ids], self.lengths, self.context):
+            if len(run) == 1:
+                out[run[0]] = self._run(slots[run[0]], ids[run[0]])
+                continue
+            width = max(len(ids[i]) for i in run)
+            batch = np.zeros((len(run), width), np.int64)
+            for r, i in enumerate(run):
+                batch[r, : len(ids[i])] = ids[i]
+            first = slots[run[0]]
+            out[run] = self._step(first, batch, self.lengths[first : first + len(run)],
+                                  last=[len(ids[i]) - 1 for i in run])
+            for i in run:
+                self.lengths[slots[i]] += len(ids[i])
+        return out
 
     def decode(self, slots: Sequence[int], token_ids: np.ndarray) -> np.ndarray:
         """One run over the range of slots from the lowest to the highest in ``slots``."""

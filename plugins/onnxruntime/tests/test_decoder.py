@@ -78,6 +78,47 @@ def test_a_full_idle_slot_in_the_range_is_left_untouched(multi_slot):
         d.reset(s)
 
 
+def test_prefill_batch_of_prompts_of_different_lengths_equals_each_slot_alone(multi_slot):
+    """Slots 0, 1 and 3 take prompts of 7, 3 and 11 tokens in one call while slot 2 holds 2 tokens: 0 and 1
+    run together, 3 alone (past slot 2); each row's logits, and the next decode step of each slot, equal the
+    slot prefilled alone, and slot 2's 2 positions are untouched. Then a second chunk on top of the first."""
+    from edgeinfer_onnxruntime.decoder import prefill_runs
+
+    d = multi_slot
+    alone = {}
+    for s, p in PROMPTS.items():
+        d.reset(0)
+        alone[s] = (d.prefill(0, np.array(p)), d.decode([0], np.array([100 + s]))[0])
+    for s in range(4):
+        d.reset(s)
+    d.prefill(2, np.array([60, 61]))
+    before = [kv[0][2, :, :2].copy() for kv in d._cache]
+    order = [3, 1, 0]
+    assert prefill_runs(order, [len(PROMPTS[s]) for s in order], d.lengths, 32) == [[2, 1], [0]]
+    got = d.prefill_batch(order, [np.array(PROMPTS[s]) for s in order])
+    assert d.lengths == [7, 3, 2, 11]
+    after = d.decode(order, np.array([100 + s for s in order]))
+    for i, s in enumerate(order):
+        np.testing.assert_allclose(got[i], alone[s][0], rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(after[i], alone[s][1], rtol=1e-4, atol=1e-4)
+    assert all(np.array_equal(b, kv[0][2, :, :2]) for b, kv in zip(before, d._cache))  # its 2 positions
+    more = d.prefill_batch([0, 1], [np.array([70, 71]), np.array([72])])  # slots with a past: one run each
+    for row, ids in zip(more, ([*PROMPTS[0], 100, 70, 71], [*PROMPTS[1], 101, 72])):
+        d.reset(2)
+        np.testing.assert_allclose(row, d.prefill(2, np.array(ids)), rtol=1e-4, atol=1e-4)
+    for s in range(4):
+        d.reset(s)
+
+
+def test_prefill_runs_split_on_gaps_padding_room_and_a_past():
+    from edgeinfer_onnxruntime.decoder import prefill_runs
+
+    assert prefill_runs([0, 1, 2], [30, 32, 28], [0, 0, 0], 256) == [[0, 1, 2]]
+    assert prefill_runs([0, 2], [30, 30], [0, 0, 0], 256) == [[0], [1]]  # slot 1 is not prefilling
+    assert prefill_runs([0, 1], [120, 1], [0, 0], 256) == [[0], [1]]  # 119 padding tokens for 121 real ones
+    assert prefill_runs([0, 1], [8, 2], [0, 4], 256) == [[0], [1]]  # slot 1 holds a chunk already
+
+
 def test_continuous_batching_on_onnxruntime_gives_each_sequence_its_solo_text():
     """The serve scheduler over onnxruntime's batched decode: three sequences joining at different steps (one
     mid-prefill while the others decode) each get the text the generator gives it alone."""
@@ -105,6 +146,36 @@ def test_continuous_batching_on_onnxruntime_gives_each_sequence_its_solo_text():
                 texts[e.rid] += e.text
     assert [texts[i] for i in range(3)] == alone
     assert {1, 2, 3} <= set(batches)  # the batch grew as the sequences joined
+
+
+def test_prompts_of_different_lengths_admitted_together_prefill_in_one_call_and_give_their_solo_text():
+    """Four prompts (5 to 15 tokens) admitted at once: the first step prefills the first three in one
+    ``prefill_batch`` call, the fourth does not fit the budget of 24 tokens beside them and waits whole for
+    the next step; every sequence's greedy text equals the generator's alone."""
+    import edgeinfer
+    from edgeinfer.contract.generation import GenerationOptions
+    from edgeinfer.serve.decoder_scheduler import Scheduler
+    from edgeinfer.testing.llm import model_dir
+
+    prompts = ["In the morning", "Rivers flow into the sea", "Rivers flow",
+               "The history of the old city by the river"]
+    options = GenerationOptions(max_new_tokens=10, ignore_eos=True, temperature=0.0)
+    with edgeinfer.load(model_dir(), backend="onnxruntime", ctx=64, threads=1, slots=4) as g:
+        alone = [g.generate(p, options).text for p in prompts]
+        ids = [g.codec.encode(p) for p in prompts]
+        assert len({len(i) for i in ids}) == 4 and sum(map(len, ids[:3])) < 24 < sum(map(len, ids))
+        calls: list[list[int]] = []
+        batch = g.decoder.prefill_batch
+        g.decoder.prefill_batch = lambda slots, chunks: calls.append([len(c) for c in chunks]) or batch(slots, chunks)
+        sched = Scheduler(g, prefill_chunk=24)
+        for rid, i in enumerate(ids):
+            sched.add(rid, i, options)
+        texts = dict.fromkeys(range(4), "")
+        while sched.busy:
+            for e in sched.step():
+                texts[e.rid] += e.text
+    assert calls == [[len(i) for i in ids[:3]], [len(ids[3])]]
+    assert [texts[i] for i in range(4)] == alone
 
 
 def test_a_model_whose_mlp_width_equals_its_vocabulary_is_refused_before_the_builder_runs(tmp_path, capfd):
