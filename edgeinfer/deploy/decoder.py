@@ -438,7 +438,8 @@ def make_manifest(work: Path, hf_dir: Path, sha: str, b: Board, backend: Backend
         outputs=[TensorSpec("logits", (1, "tokens", vocab), "float32")],
         source={"name": hf_dir.name, "sha256": sha, "kind": "hf"}, plan=outdir.plan_summary(plan),
         decoder={"kind": "causal_lm", "architecture": (cfg.get("architectures") or [""])[0], "context": context,
-                 "vocab_size": vocab, "runtime": runtime, "kv_dtype": plan.kv_dtype, "tokenizer": decoder_bundle.TOKENIZER, "golden": report,
+                 "vocab_size": vocab, "runtime": runtime, "kv_dtype": plan.kv_dtype,
+                 "tokenizer": decoder_bundle.TOKENIZER, "golden": report,
                  "golden_reference": decoder_bundle.REFERENCE if report.get("ran") else None},
         requires=outdir.requires(backend, decoder=True, text=True),
     )

@@ -130,7 +130,7 @@ class OnnxRuntimeBackend(Backend):
     tensors = Tensors(native=(".onnx",), schemes=("fp32", "fp16", "w8a8"),
                       convert_options=("per_channel", "shapes", "target"), open_options=("threads",))
     decoders = Decoders(schemes=("fp32", "fp16", "w8a16", "w8a8", "w4a16"), architectures=ARCHITECTURES,
-                        options=("precision", "threads"), convert_options=("target", "kv_dtype"))
+                        options=("precision", "threads", "kv_dtype"), convert_options=("target", "kv_dtype"))
 
     def versions(self) -> dict[str, str]:
         out = {"edgeinfer-onnxruntime": package_version("edgeinfer-onnxruntime", "?"),

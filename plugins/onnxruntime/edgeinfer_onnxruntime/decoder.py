@@ -201,13 +201,15 @@ def quantize_int8(graph: Path, block: int, activations_int8: bool) -> None:
     save(q.model.model, graph)
 
 
-def build(hf_dir: Path, cache_root: Path, precision: str) -> Path:
-    """The builder's output for ``hf_dir`` in the cache, building it on first use."""
+def build(hf_dir: Path, cache_root: Path, precision: str, kv_dtype: str = "fp32") -> Path:
+    """The builder's output for ``hf_dir`` in the cache, building it on first use, its KV cache in
+    ``kv_dtype``."""
     if precision not in PRECISIONS:
         raise InputError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     from edgeinfer.contract.stamp import sha256_file
 
-    key = hashlib.sha256(f"{sha256_file(hf_dir)}|{precision}|{builder_version()}".encode()).hexdigest()[:24]
+    kv = "" if kv_dtype == "fp32" else f"|kv {kv_dtype}"  # the fp32 builds cached before kv_dtype keep their key
+    key = hashlib.sha256(f"{sha256_file(hf_dir)}|{precision}|{builder_version()}{kv}".encode()).hexdigest()[:24]
     out = cache_root / "onnxruntime-decoders" / key
     if is_built(out):
         return out
@@ -216,6 +218,11 @@ def build(hf_dir: Path, cache_root: Path, precision: str) -> Path:
     tmp.mkdir(parents=True)
     try:
         export(hf_dir, tmp, precision)
+        if kv_dtype == "fp16":
+            import onnx
+
+            graph = tmp / json.loads((tmp / GENAI_CONFIG).read_text())["model"]["decoder"]["filename"]
+            save(kv_to_fp16(onnx.load(str(graph))), graph)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -396,9 +403,19 @@ class OnnxRuntimeDecoder(StepDecoder):
 
 
 def open_decoder(model: Path, context: int, slots: int, cache_root: Path, options: dict[str, Any]) -> StepDecoder:
+    """``kv_dtype``: the KV cache a Hugging Face directory is exported with (default fp32: the lossless path
+    the conformance kit checks token for token); a built artifact (a bundle's) keeps the one it was built
+    with, and refuses another."""
     precision = options.pop("precision", "fp32")
     threads = options.pop("threads", None)
+    kv_dtype = options.pop("kv_dtype", None)
+    kv_dtype = kv_name(kv_dtype) if kv_dtype is not None else None
     if not model.is_dir():
         raise ModelError(f"{model} is not a model directory (a Hugging Face decoder or onnxruntime-genai output)")
-    built = model if is_built(model) else build(model, cache_root, precision)
-    return OnnxRuntimeDecoder(built, context, slots, threads)
+    built = model if is_built(model) else build(model, cache_root, precision, kv_dtype or "fp32")
+    decoder = OnnxRuntimeDecoder(built, context, slots, threads)
+    if kv_dtype and decoder.kv_dtype != kv_dtype:
+        decoder.close()
+        raise InputError(f"{model} keeps its KV cache in {decoder.kv_dtype}, not {kv_dtype}: it was built so; "
+                         f"omit kv_dtype, or deploy again with --option kv_dtype={kv_dtype}")
+    return decoder

@@ -23,7 +23,7 @@ def kv_name(dtype: str) -> str:
     t = str(dtype).strip().lower()
     if t not in KV_DTYPES:
         raise InputError(f"the onnxruntime decoder keeps its KV cache in fp16 or fp32, not {dtype!r}",
-                         "use --kv-dtype fp16 (the plan's default) or fp32")
+                         "use fp16 (the plan's default for onnxruntime) or fp32")
     return "fp16" if KV_DTYPES[t] == "FLOAT16" else "fp32"
 
 
