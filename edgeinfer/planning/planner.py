@@ -21,6 +21,7 @@ from edgeinfer.planning.models import resolve
 from edgeinfer.planning.models.spec import ModelSpec
 from edgeinfer.planning.paging import PagedPlan, paged_plan, paged_runtime, paging_need, suggest_window
 from edgeinfer.planning.quant import kv_bytes_per_element
+from edgeinfer.planning.serve_memory import served
 
 SCHEMA_VERSION = "1.0"
 MIB = 2**20
@@ -209,7 +210,8 @@ class Plan:
             "reasons": list(self.reasons),
             "memory": {"total_bytes": self.total_bytes, "capacity_bytes": self.capacity_bytes,
                        "usable_bytes": self.usable_bytes, "headroom_bytes": self.headroom_bytes,
-                       "breakdown": dict(self.breakdown), "details": self.details.to_dict(), "limits": self.limits},
+                       "breakdown": dict(self.breakdown), "details": self.details.to_dict(), "limits": self.limits,
+                       **({"served": served(self.breakdown)} if m.has_kv and not m.encoder else {})},
             "estimates": self.estimates.to_dict(),
             "suggestions": self.suggestions.to_dict() if self.suggestions else {},
             "warnings": list(self.warnings),
