@@ -122,20 +122,31 @@ def measure(model: Path, board: str, quant: str, work: Path) -> dict:
         workers = {d["pid"] for d in ready.get("decoders", [])}
         roles = [{"role": "http" if pid == s.proc.pid else "decoder worker" if pid in workers else "other child",
                   "peak_bytes": peaks[pid], "rss_bytes": status_kib(pid, "VmRSS") * 1024} for pid in pids]
-    total = sum(planned.values())
     measured = sum(peaks.values())
     row = {"model": model.name, "board": board, "backend": m.backend, "scheme": m.scheme,
            "runtime": m.decoder.get("runtime"), "ctx": CTX, "slots": SLOTS, "sse_events": tokens,
            "measured_on": "this machine's CPU" + ("" if board == "host" else f" (planned for {board}'s device)"),
            "kv_dtype_plan": p.kv_dtype, "kv_bytes_plan": planned["kv_cache"],
            "ready": {k: v for k, v in ready.items() if k in ("models", "decoders")} or ready,
-           "plan_breakdown_bytes": planned, "plan_total_bytes": total,
-           "main_peak_bytes": peaks[s.proc.pid],
-           "processes": roles, "tree_peak_bytes": measured, "tree_rss_max_bytes": sampler.peak,
-           "plan_over_measured": round(total / measured, 3)}
-    print(json.dumps({k: row[k] for k in ("board", "scheme", "kv_dtype_plan", "plan_total_bytes",
+           "plan_breakdown_bytes": planned, "main_peak_bytes": peaks[s.proc.pid],
+           "processes": roles, "tree_peak_bytes": measured, "tree_rss_max_bytes": sampler.peak}
+    score(row)
+    print(json.dumps({k: row[k] for k in ("board", "scheme", "kv_dtype_plan", "plan_served_bytes",
                                           "tree_peak_bytes", "plan_over_measured")}), file=sys.stderr)
     return row
+
+
+def score(row: dict) -> None:
+    """The plan against the measurement: the served total (``plan``'s ``memory.served``: the decoder's
+    breakdown + serve's own processes) against the tree, and the decoder's breakdown against the worker."""
+    from edgeinfer.planning.serve_memory import served
+
+    plan = served(row["plan_breakdown_bytes"])
+    worker = sum(p["peak_bytes"] for p in row["processes"] if p["role"] == "decoder worker")
+    row.update(plan_total_bytes=plan["decoder_process_bytes"], plan_served_bytes=plan["total_bytes"],
+               worker_peak_bytes=worker, serve_processes_peak_bytes=row["tree_peak_bytes"] - worker,
+               plan_over_measured=round(plan["total_bytes"] / row["tree_peak_bytes"], 3),
+               decoder_plan_over_worker=round(plan["decoder_process_bytes"] / worker, 3))
 
 
 def main() -> None:
@@ -143,7 +154,15 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true", help="the committed tiny test decoder (seconds, not minutes)")
     ap.add_argument("--boards", nargs="*", default=list(DEFAULT), metavar="BOARD:QUANT")
     ap.add_argument("--label", default="", help="a name for this run in the results (e.g. before / after)")
+    ap.add_argument("--rescore", type=Path, help="recompute the plan figures of a results file (after a change "
+                                                 "of the planner's constants) and write it back")
     args = ap.parse_args()
+    if args.rescore:
+        data = json.loads(args.rescore.read_text())
+        for row in data["rows"]:
+            score(row)
+        args.rescore.write_text(json.dumps(data, indent=2) + "\n")
+        return
     from edgeinfer.testing.llm import model_dir, random_qwen3
 
     model = model_dir() if args.tiny else random_qwen3(layers=12, hidden=1024, heads=16, kv_heads=8,

@@ -20,7 +20,7 @@ from edgeinfer.planning.exportable import refuse_unexportable
 from edgeinfer.planning.models import resolve
 from edgeinfer.planning.models.spec import ModelSpec
 from edgeinfer.planning.paging import PagedPlan, paged_plan, paged_runtime, paging_need, suggest_window
-from edgeinfer.planning.quant import kv_bytes_per_element
+from edgeinfer.planning.quant import kv_bytes_per_element, runtime_kv_dtype
 from edgeinfer.planning.serve_memory import served
 
 SCHEMA_VERSION = "1.0"
@@ -352,7 +352,7 @@ def plan(model, board, quant: str | None = None, ctx: int | None = None, batch: 
     rt_name, scheme, ctx = decision.runtime, decision.scheme, decision.ctx
     refuse_unexportable(spec, b, rt_name)
     prof = runtime_profile(rt_name)
-    kvd = kv_dtype or prof.get("kv_dtype", "fp16")
+    kvd = kv_dtype or runtime_kv_dtype(prof, scheme)
     kv_b = kv_bytes_per_element(kvd)
     bd, det = _memory(spec, b, rt_name, scheme, ctx, batch, kv_b)
     total = sum(bd.values())
