@@ -97,15 +97,12 @@ def measure(model: Path, board: str, quant: str, work: Path) -> dict:
     import httpx
 
     from edgeinfer.deploy.decoder import deploy_decoder
-    from edgeinfer.planning.planner import plan
     from edgeinfer.testing.serve import ServerProc
 
     out = work / f"{model.name}-{board}-{quant}"
     res = deploy_decoder(model, board, out, quant=quant, ctx=CTX)
     m = res.manifest
-    p = plan(str(model), board, quant=m.scheme, ctx=CTX, batch=SLOTS, runtime=m.decoder.get("runtime"),
-             kv_dtype=m.decoder.get("kv_dtype"), suggest=False)
-    planned = {k: v for k, v in p.breakdown.items() if k != "reserved"}
+    kv_dtype = m.decoder.get("kv_dtype")
     with ServerProc([out], "--slots", str(SLOTS), "--ctx", str(CTX), "--threads", "2", log=work / "serve.log") as s:
         ready = httpx.get(s.url + "/ready", timeout=10).json()
         sampler = TreeSampler(s.proc.pid)
@@ -126,9 +123,9 @@ def measure(model: Path, board: str, quant: str, work: Path) -> dict:
     row = {"model": model.name, "board": board, "backend": m.backend, "scheme": m.scheme,
            "runtime": m.decoder.get("runtime"), "ctx": CTX, "slots": SLOTS, "sse_events": tokens,
            "measured_on": "this machine's CPU" + ("" if board == "host" else f" (planned for {board}'s device)"),
-           "kv_dtype_plan": p.kv_dtype, "kv_bytes_plan": planned["kv_cache"],
+           "model_path": str(model), "kv_dtype_plan": kv_dtype,
            "ready": {k: v for k, v in ready.items() if k in ("models", "decoders")} or ready,
-           "plan_breakdown_bytes": planned, "main_peak_bytes": peaks[s.proc.pid],
+           "main_peak_bytes": peaks[s.proc.pid],
            "processes": roles, "tree_peak_bytes": measured, "tree_rss_max_bytes": sampler.peak}
     score(row)
     print(json.dumps({k: row[k] for k in ("board", "scheme", "kv_dtype_plan", "plan_served_bytes",
@@ -139,9 +136,13 @@ def measure(model: Path, board: str, quant: str, work: Path) -> dict:
 def score(row: dict) -> None:
     """The plan against the measurement: the served total (``plan``'s ``memory.served``: the decoder's
     breakdown + serve's own processes) against the tree, and the decoder's breakdown against the worker."""
-    from edgeinfer.planning.serve_memory import served
+    from edgeinfer.planning.planner import plan as make_plan
 
-    plan = served(row["plan_breakdown_bytes"])
+    p = make_plan(row["model_path"], row["board"], quant=row["scheme"], ctx=row["ctx"], batch=row["slots"],
+                  runtime=row["runtime"], kv_dtype=row["kv_dtype_plan"], suggest=False)
+    row["plan_breakdown_bytes"] = {k: v for k, v in p.breakdown.items() if k != "reserved"}
+    row["kv_bytes_plan"] = p.breakdown["kv_cache"]
+    plan = p.to_dict()["memory"]["served"]
     worker = sum(p["peak_bytes"] for p in row["processes"] if p["role"] == "decoder worker")
     row.update(plan_total_bytes=plan["decoder_process_bytes"], plan_served_bytes=plan["total_bytes"],
                worker_peak_bytes=worker, serve_processes_peak_bytes=row["tree_peak_bytes"] - worker,

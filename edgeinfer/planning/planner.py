@@ -81,6 +81,9 @@ def weights_bytes(spec: ModelSpec, scheme: Scheme, prof: dict) -> tuple[int, det
         raise InputError(f"model '{spec.name}' has no parameter count", "pass a model file or a config.json")
     bpw = scheme.bpw
     quantized = bpw < 16
+    held = (prof.get("float_weights_bits_min") or {}).get("value", 0)
+    widened = not quantized and scheme.kind == "float" and bpw < held  # float weights the runtime holds wider
+    bpw = held if widened else bpw
     emb_bits = max(bpw, emb_min) if quantized else bpw
     emb_p = spec.embedding_params
     body_p = spec.params_total - emb_p - (0 if (spec.tied_embeddings or spec.encoder) else spec.lm_head_params)
@@ -93,7 +96,8 @@ def weights_bytes(spec: ModelSpec, scheme: Scheme, prof: dict) -> tuple[int, det
         elif dup:
             head = emb_p * bpw / 8
     total = int(math.ceil(body + emb + head))
-    basis = f"parameter counts × {bpw:g} bits per weight ({scheme.name})"
+    basis = f"parameter counts × {bpw:g} bits per weight ({scheme.name}" + (
+        f" held as {bpw:g}-bit by the runtime)" if widened else ")")
     return total, details.WeightsDetail(basis, body=int(body), embedding=int(emb), lm_head=int(head),
                                         embedding_bits=emb_bits)
 
