@@ -87,3 +87,20 @@ def test_the_plans_kv_dtype_is_what_the_opened_decoder_allocates(tiny_qwen3_host
         assert d.kv_dtype == planned.kv_dtype
         assert {a.dtype for kv in d._cache for a in kv} == {np.dtype(np.float16)}
         assert d.kv_cache_bytes == planned.breakdown["kv_cache"]
+
+
+def test_the_host_plan_holds_fp16_weights_as_fp32_and_adds_serves_processes():
+    """onnxruntime's CPU provider runs an fp16 graph's MatMuls through Casts to fp32 folded into fp32
+    initializers (bench/results/serve_footprint-host.json: the fp16 worker peaked above the fp32 one), so the
+    host plan holds fp16 weights at fp32 size; a served decoder adds serve's own processes to the breakdown."""
+    from edgeinfer.planning.planner import plan
+
+    fp16 = plan(str(model_dir()), "host", quant="fp16", ctx=512, batch=4, suggest=False)
+    fp32 = plan(str(model_dir()), "host", quant="fp32", ctx=512, batch=4, suggest=False)
+    assert fp16.breakdown["weights"] == fp32.breakdown["weights"]
+    assert "held as 32-bit" in fp16.details.weights.basis
+    served = fp16.to_dict()["memory"]["served"]
+    decoder = sum(v for k, v in fp16.breakdown.items() if k != "reserved")
+    assert served["decoder_process_bytes"] == decoder
+    assert served["total_bytes"] == decoder + served["serve_processes_bytes"]
+    assert 150 * 2**20 < served["serve_processes_bytes"] < 400 * 2**20  # HTTP process + two helpers, measured
