@@ -9,6 +9,7 @@ import json
 import pytest
 
 from edgeinfer.contract.schemes import normalize_scheme
+from edgeinfer.errors import InputError
 from edgeinfer.planning.boards import host_board
 from edgeinfer.planning.decision import encoder_schemes
 from edgeinfer.planning.host_bandwidth import HostBandwidth
@@ -87,6 +88,8 @@ def test_the_plans_kv_dtype_is_what_the_opened_decoder_allocates(tiny_qwen3_host
         assert d.kv_dtype == planned.kv_dtype
         assert {a.dtype for kv in d._cache for a in kv} == {np.dtype(np.float16)}
         assert d.kv_cache_bytes == planned.breakdown["kv_cache"]
+    with pytest.raises(InputError, match="keeps its KV cache in fp16, not fp32"):  # built in: not chosen at load
+        open_generator(bundle, kv_dtype="fp32")
 
 
 def test_the_host_plan_holds_fp16_weights_as_fp32_and_adds_serves_processes():
