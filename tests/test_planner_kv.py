@@ -54,6 +54,8 @@ def test_planned_kv_cache_equals_the_runtime_allocation(capsys, models, name):
             with edgeinfer.load(model, backend=backend, ctx=ctx, threads=1) as gen:
                 assert gen.kv_cache_bytes == planned, (backend, ctx)
                 assert _allocated(gen.decoder) == planned, (backend, ctx)
+    if name != "tiny-qwen3":  # one fp16 export is enough (each costs a model-builder run on a cold cache)
+        return
     ctx = CONTEXTS[-1]
     planned = _planned_kv(capsys, model, ctx)  # the host plan's own KV dtype: fp16, 2 bytes
     assert planned == cfg["num_hidden_layers"] * 2 * cfg["num_key_value_heads"] * cfg["head_dim"] * ctx * 2
