@@ -32,7 +32,7 @@ from edgeinfer.planning.boards import get_board, host_board  # noqa: E402
 from edgeinfer.planning.host_bandwidth import HostBandwidth  # noqa: E402
 from edgeinfer.planning.models import resolve  # noqa: E402
 from edgeinfer.planning.models.hf import spec_from_config  # noqa: E402
-from edgeinfer.planning.quant import kv_bytes_per_element  # noqa: E402
+from edgeinfer.planning.quant import kv_bytes_per_element, runtime_kv_dtype  # noqa: E402
 
 OUT = ROOT / "edgeinfer" / "data" / "speed_constants.json"
 DATA = ROOT / "bench" / "data"
@@ -88,7 +88,7 @@ def row_facts(r: dict) -> dict:
     except EdgeInferError as e:
         raise CannotPredict(f"model {r['model']} / {r['quant']}: {e.one_line()}") from None
     prof = planner.runtime_profile(r["runtime"])
-    kv_b = kv_bytes_per_element(prof.get("kv_dtype", "fp16"))
+    kv_b = kv_bytes_per_element(r.get("kv_dtype") or runtime_kv_dtype(prof, scheme))  # the row's, else the plan's
     x = planner.decode_stream_bytes(spec, scheme, prof) + planner.kv_bytes(spec, r["ctx"], 1, kv_b)
     fk = planner.format_key(scheme)
     return {"spec": spec, "board": board, "scheme": scheme, "prof": prof, "bytes": x, "kv_b": kv_b,

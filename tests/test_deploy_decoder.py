@@ -95,10 +95,11 @@ def test_golden_report_in_the_manifest(bundle):
     assert g["passed"] is True and g["scheme"] == "fp32" and g["device"] == "CPU"
     assert g["prompts"] == 4 and g["new_tokens"] == N_TOKENS and len(g["rows"]) == 4
     assert g["thresholds"] == THRESHOLDS["fp32"].__dict__
-    # fp32 onnxruntime against fp32 torch: the same tokens, logits equal up to float rounding
+    # fp32 weights with the host plan's fp16 KV cache against fp32 torch: the same tokens, logits equal up to
+    # fp16 rounding of the cached keys and values (a near-tied fifth logit may swap: 0.998 measured)
     assert g["token_agreement"] == 1.0 and g["near_ties"] == 0
     assert 0.99999 < g["cosine_min"] <= g["cosine_mean"] <= 1.0 + 1e-12
-    assert g["top5_overlap"] == 1.0
+    assert g["top5_overlap"] >= 0.99
     for row in g["rows"]:
         assert row["first_divergence"] is None and row["reference_margin_at_divergence"] is None
         assert row["problems"] == [] and row["finite"] is True

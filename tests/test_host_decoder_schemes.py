@@ -9,6 +9,7 @@ import json
 import pytest
 
 from edgeinfer.contract.schemes import normalize_scheme
+from edgeinfer.errors import InputError
 from edgeinfer.planning.boards import host_board
 from edgeinfer.planning.decision import encoder_schemes
 from edgeinfer.planning.host_bandwidth import HostBandwidth
@@ -56,7 +57,48 @@ def test_fp16_and_int8_decoders_deploy_for_host_and_pass_golden(tiny_qwen3_host_
         attrs = {(a.name, a.i) for n in ops for a in n.attribute if a.name in ("bits", "accuracy_level")}
         assert ops and all(n.op_type == "MatMulNBits" for n in ops)
         assert attrs == {("bits", 8), ("accuracy_level", accuracy)}  # level 4: int8 activations in the kernel
-    # the step loop binds int64 ids, float32 KV and float32 logits whatever the weights are
+    # the step loop binds int64 ids and float32 logits whatever the weights are; the KV cache is the plan's fp16
     types = {v.name: v.type.tensor_type.elem_type for v in [*graph.graph.input, *graph.graph.output]}
     assert types["input_ids"] == onnx.TensorProto.INT64 and types["logits"] == onnx.TensorProto.FLOAT
-    assert {t for n, t in types.items() if "key" in n or "value" in n} == {onnx.TensorProto.FLOAT}
+    assert {t for n, t in types.items() if "key" in n or "value" in n} == {onnx.TensorProto.FLOAT16}
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["decoder"]["kv_dtype"] == manifest["plan"]["options"]["kv_dtype"] == "fp16"
+
+
+def test_the_plans_kv_dtype_is_what_the_opened_decoder_allocates(tiny_qwen3_host_bundle):
+    """``plan`` states the KV dtype, deploy records it, and open_decoder allocates exactly that: the cache's
+    element type and its bytes (the planner's formula at the loaded context and slots)."""
+    import numpy as np
+
+    from edgeinfer.model.bundle import Bundle
+    from edgeinfer.planning.planner import plan
+    from edgeinfer.run.bundle import open_generator
+
+    planned = plan(str(model_dir()), "host", ctx=DECODER_BUNDLE_CTX, batch=2)
+    assert planned.kv_dtype == "fp16"
+    bundle = Bundle.open(tiny_qwen3_host_bundle)
+    assert bundle.manifest.decoder["kv_dtype"] == planned.kv_dtype
+    with open_generator(bundle, slots=2) as gen:
+        d = gen.decoder
+        assert d.kv_dtype == planned.kv_dtype
+        assert {a.dtype for kv in d._cache for a in kv} == {np.dtype(np.float16)}
+        assert d.kv_cache_bytes == planned.breakdown["kv_cache"]
+    with pytest.raises(InputError, match="keeps its KV cache in fp16, not fp32"):  # built in: not chosen at load
+        open_generator(bundle, kv_dtype="fp32")
+
+
+def test_the_host_plan_holds_fp16_weights_as_fp32_and_adds_serves_processes():
+    """onnxruntime's CPU provider runs an fp16 graph's MatMuls through Casts to fp32 folded into fp32
+    initializers (bench/results/serve_footprint-host.json: the fp16 worker peaked above the fp32 one), so the
+    host plan holds fp16 weights at fp32 size; a served decoder adds serve's own processes to the breakdown."""
+    from edgeinfer.planning.planner import plan
+
+    fp16 = plan(str(model_dir()), "host", quant="fp16", ctx=512, batch=4, suggest=False)
+    fp32 = plan(str(model_dir()), "host", quant="fp32", ctx=512, batch=4, suggest=False)
+    assert fp16.breakdown["weights"] == fp32.breakdown["weights"]
+    assert "held as 32-bit" in fp16.details.weights.basis
+    served = fp16.to_dict()["memory"]["served"]
+    decoder = sum(v for k, v in fp16.breakdown.items() if k != "reserved")
+    assert served["decoder_process_bytes"] == decoder
+    assert served["total_bytes"] == decoder + served["serve_processes_bytes"]
+    assert 150 * 2**20 < served["serve_processes_bytes"] < 400 * 2**20  # HTTP process + two helpers, measured

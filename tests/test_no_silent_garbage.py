@@ -240,6 +240,8 @@ TAMPERED = [
      "converted for a context of 256 tokens, not 512"),
     ("ids-int32", "manifest.json", lambda m: m["inputs"][0].__setitem__("dtype", "int32"),
      "input_ids dtype is int32"),
+    ("kv-dtype", "manifest.json", _set_decoder("kv_dtype", "fp32"),
+     "decoder.kv_dtype is fp32, but the KV cache the artifact allocates is fp16"),
     ("genai-kv-heads", "decoder/genai_config.json",
      lambda c: c["model"]["decoder"].__setitem__("num_key_value_heads", 4), "num_key_value_heads 4"),
     ("genai-layers", "decoder/genai_config.json",

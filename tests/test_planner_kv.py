@@ -1,9 +1,10 @@
 """The planner's KV cache for ``--board host`` equals, to the byte, what the decoder runtimes allocate.
 
-``edgeinfer plan MODEL --board host --ctx N --json`` → ``memory.breakdown.kv_cache`` is compared
-with ``Decoder.kv_cache_bytes`` of the transformers reference and of the onnxruntime decoder (the
-host board's backend), and both with the bytes of the buffers actually allocated: the torch
-``StaticCache`` tensors and the NumPy arrays bound to onnxruntime.
+``edgeinfer plan MODEL --board host --ctx N [--kv-dtype D] --json`` → ``memory.breakdown.kv_cache`` is
+compared with ``Decoder.kv_cache_bytes`` of the transformers reference (fp32) and of the onnxruntime
+decoder (the host board's backend; fp16, the plan's default, or fp32 with ``kv_dtype``), and both with
+the bytes of the buffers actually allocated: the torch ``StaticCache`` tensors and the NumPy arrays
+bound to onnxruntime.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ def models(tmp_path_factory) -> dict:
                                              heads=6, kv_heads=3)}
 
 
-def _planned_kv(capsys, model, ctx: int) -> int:
-    rc = invoke(["plan", str(model), "--board", "host", "--ctx", str(ctx), "--json"])
+def _planned_kv(capsys, model, ctx: int, *opts: str) -> int:
+    rc = invoke(["plan", str(model), "--board", "host", "--ctx", str(ctx), *opts, "--json"])
     out = capsys.readouterr().out
     assert rc == 0, out
     return json.loads(out)["memory"]["breakdown"]["kv_cache"]
@@ -46,10 +47,17 @@ def test_planned_kv_cache_equals_the_runtime_allocation(capsys, models, name):
     model = models[name]
     cfg = json.loads((model / "config.json").read_text())
     for ctx in CONTEXTS:
-        planned = _planned_kv(capsys, model, ctx)
-        # layers x (K, V) x KV heads x head_dim x positions x 4 bytes (fp32 on the host)
+        planned = _planned_kv(capsys, model, ctx, "--kv-dtype", "fp32")
+        # layers x (K, V) x KV heads x head_dim x positions x 4 bytes (fp32)
         assert planned == cfg["num_hidden_layers"] * 2 * cfg["num_key_value_heads"] * cfg["head_dim"] * ctx * 4
         for backend in ("transformers", "onnxruntime"):
             with edgeinfer.load(model, backend=backend, ctx=ctx, threads=1) as gen:
                 assert gen.kv_cache_bytes == planned, (backend, ctx)
                 assert _allocated(gen.decoder) == planned, (backend, ctx)
+    if name != "tiny-qwen3":  # one fp16 export is enough (each costs a model-builder run on a cold cache)
+        return
+    ctx = CONTEXTS[-1]
+    planned = _planned_kv(capsys, model, ctx)  # the host plan's own KV dtype: fp16, 2 bytes
+    assert planned == cfg["num_hidden_layers"] * 2 * cfg["num_key_value_heads"] * cfg["head_dim"] * ctx * 2
+    with edgeinfer.load(model, backend="onnxruntime", ctx=ctx, threads=1, kv_dtype="fp16") as gen:
+        assert gen.kv_cache_bytes == _allocated(gen.decoder) == planned

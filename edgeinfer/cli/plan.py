@@ -90,6 +90,11 @@ def render_plan(p: Plan) -> None:
     con.print(_bar(p))
     hr = p.headroom_bytes
     con.print(f"headroom: {'[green]' if hr >= 0 else '[red]'}{_gib(hr)}[/]")
+    served = p.to_dict()["memory"].get("served")
+    if served:
+        con.print(f"served (edgeinfer serve --slots {p.batch}): {_gib(served['total_bytes'])} = the decoder's "
+                  f"{_gib(served['decoder_process_bytes'])} + {_gib(served['serve_processes_bytes'])} for serve's "
+                  f"HTTP process and helpers ({_ref(served['source'])})")
     for r in p.reasons:
         con.print(f"[red]✗[/] {r}")
     e = p.estimates

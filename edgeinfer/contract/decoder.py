@@ -43,6 +43,8 @@ class Decoder:
     # one line a user needs next to this decoder's speed, said once by generate / chat (stderr), bench (notes)
     # and serve (log, /ready): e.g. a backend running on a fallback device ("for checking, not for speed")
     caveat: str = ""
+    # the KV cache's element type as plans and manifests name it ("fp32", "fp16", "q8_0"); "" not said
+    kv_dtype: str = ""
 
     def __init__(self, *, context: int, vocab_size: int, kv_cache_bytes: int, slots: int = 1,
                  prefill_chunk: int | None = None, device: str = ""):

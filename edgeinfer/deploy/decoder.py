@@ -132,14 +132,14 @@ def deploy_decoder(
     # 1. plan first (plan's own decision of runtime, scheme and context): refuse what cannot be built here, what
     # does not fit, or an architecture the backend does not export, before converting
     with progress.step(f"planning {hf_dir.name} on {b.name}"):
-        plan = make_plan(str(hf_dir), b, quant=quant, ctx=ctx, runtime=runtime)
+        plan = make_plan(str(hf_dir), b, quant=quant, ctx=ctx, runtime=runtime, kv_dtype=options.get("kv_dtype"))
         plan.decision.refuse_unbuildable(b)
         backend = plugins.get_backend(b.backend)
         runtime, scheme, context = plan.runtime, plan.scheme.name, plan.ctx
         paged = decoder_paging.choose(paging, segments, backend, hf_dir, plan, own_runtime(b), notes)
         if paged:  # plan the segmented decoder that is built
             plan = make_plan(str(hf_dir), b, quant=scheme, ctx=context, runtime=runtime, paging=paged.window,
-                             segments=paged.segments)
+                             segments=paged.segments, kv_dtype=plan.kv_dtype)
     if dry_run:
         return outdir.DryRun(plan)
     plan_or_refuse(plan, hf_dir, force, warnings)
@@ -151,6 +151,8 @@ def deploy_decoder(
     if calibration is not None and scheme in ("fp32", "fp16", "bf16"):
         warnings.append(f"--calib is not used for {scheme}: nothing is quantized")
 
+    if "kv_dtype" in backend.decoders.convert_options:  # the backend builds the plan's KV dtype into its artifact
+        options["kv_dtype"] = plan.kv_dtype
     if runtime == own_runtime(b) and "decode_batches" in backend.decoders.convert_options \
             and "decode_batches" not in options:  # static decode shapes: one graph per batch size that fits
         options["decode_batches"], why = buckets.decode_batches(hf_dir, b, scheme, context, runtime)
@@ -436,7 +438,8 @@ def make_manifest(work: Path, hf_dir: Path, sha: str, b: Board, backend: Backend
         outputs=[TensorSpec("logits", (1, "tokens", vocab), "float32")],
         source={"name": hf_dir.name, "sha256": sha, "kind": "hf"}, plan=outdir.plan_summary(plan),
         decoder={"kind": "causal_lm", "architecture": (cfg.get("architectures") or [""])[0], "context": context,
-                 "vocab_size": vocab, "runtime": runtime, "tokenizer": decoder_bundle.TOKENIZER, "golden": report,
+                 "vocab_size": vocab, "runtime": runtime, "kv_dtype": plan.kv_dtype,
+                 "tokenizer": decoder_bundle.TOKENIZER, "golden": report,
                  "golden_reference": decoder_bundle.REFERENCE if report.get("ran") else None},
         requires=outdir.requires(backend, decoder=True, text=True),
     )

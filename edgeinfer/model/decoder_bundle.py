@@ -63,6 +63,7 @@ class DecoderSection(BaseModel):
     context: int = Field(ge=1, le=MAX_CONTEXT)  # positions the bundle was built and checked for
     vocab_size: int = Field(ge=1)
     runtime: StrictStr | None = None  # the board runtime it was built for (a board profile's runtimes)
+    kv_dtype: StrictStr | None = None  # the plan's KV-cache dtype (fp32, fp16, q8_0 ...), what open_decoder allocates
     tokenizer: StrictStr = TOKENIZER
     golden: dict[str, Any] | None = None  # the deploy's golden report (run/generation/golden.py)
     golden_reference: StrictStr | None = REFERENCE

@@ -25,7 +25,7 @@ from edgeinfer.planning.boards import Board, board_from_dict
 from edgeinfer.planning.models import resolve
 from edgeinfer.planning.models.hf import spec_from_config
 from edgeinfer.planning.models.spec import ModelSpec
-from edgeinfer.planning.quant import kv_bytes_per_element
+from edgeinfer.planning.quant import kv_bytes_per_element, runtime_kv_dtype
 
 MIB = 2**20
 SAME_SIZE = 0.02  # rows whose bytes per token differ less than this are one size
@@ -94,7 +94,7 @@ def prepare(rows: list[dict[str, Any]], parent: Board) -> tuple[list[Row], list[
         if spec.encoder or not spec.has_kv:
             raise InputError(f"{d['where']}: {spec.name} is not a decoder; calibration fits decode speed")
         prof = planner.runtime_profile(rt)
-        kv_b = kv_bytes_per_element(prof.get("kv_dtype", "fp16"))
+        kv_b = kv_bytes_per_element(d.get("kv_dtype") or runtime_kv_dtype(prof, scheme))
         x = planner.decode_stream_bytes(spec, scheme, prof) + planner.kv_bytes(spec, d["ctx"], 1, kv_b)
         out.append(Row(d, spec, scheme, rt, float(x)))
     if not out:
@@ -189,7 +189,7 @@ def overhead_mib(rows: list[Row], parent: Board) -> dict[str, tuple[float, list[
         if not r.data.get("mem_mib"):
             continue
         prof = planner.runtime_profile(r.runtime)
-        kv_b = kv_bytes_per_element(prof.get("kv_dtype", "fp16"))
+        kv_b = kv_bytes_per_element(r.data.get("kv_dtype") or runtime_kv_dtype(prof, r.scheme))
         ctx = r.data.get("mem_ctx", r.data["ctx"])
         w, _ = planner.weights_bytes(r.spec, r.scheme, prof)
         act, _ = planner.activation_bytes(r.spec, ctx, 1, prof)

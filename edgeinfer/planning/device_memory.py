@@ -46,11 +46,11 @@ def decoder_need(spec, scheme: Scheme, context: int, slots: int, runtime: str | 
     """The plan of one decoder load in bytes: weights, KV cache and workspace (activations + the runtime's
     overhead), from the planner's own formulas and the runtime's profile."""
     from edgeinfer.planning import planner
-    from edgeinfer.planning.quant import kv_bytes_per_element
+    from edgeinfer.planning.quant import kv_bytes_per_element, runtime_kv_dtype
 
-    prof = planner.runtime_profile(runtime) if runtime else {}
+    prof = planner.runtime_profile(runtime) if runtime else {"kv_dtype": "scheme"}
     weights, _ = planner.weights_bytes(spec, scheme, prof)
-    kv_dtype = "fp32" if scheme.act_bits == 32 else prof.get("kv_dtype", "fp16")
+    kv_dtype = runtime_kv_dtype(prof, scheme)
     kv = planner.kv_bytes(spec, context, slots, kv_bytes_per_element(kv_dtype))
     if not runtime:
         return {"weights": int(weights), "kv_cache": int(kv)}

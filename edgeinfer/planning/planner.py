@@ -20,7 +20,8 @@ from edgeinfer.planning.exportable import refuse_unexportable
 from edgeinfer.planning.models import resolve
 from edgeinfer.planning.models.spec import ModelSpec
 from edgeinfer.planning.paging import PagedPlan, paged_plan, paged_runtime, paging_need, suggest_window
-from edgeinfer.planning.quant import kv_bytes_per_element
+from edgeinfer.planning.quant import kv_bytes_per_element, runtime_kv_dtype
+from edgeinfer.planning.serve_memory import served
 
 SCHEMA_VERSION = "1.0"
 MIB = 2**20
@@ -80,6 +81,9 @@ def weights_bytes(spec: ModelSpec, scheme: Scheme, prof: dict) -> tuple[int, det
         raise InputError(f"model '{spec.name}' has no parameter count", "pass a model file or a config.json")
     bpw = scheme.bpw
     quantized = bpw < 16
+    held = (prof.get("float_weights_bits_min") or {}).get("value", 0)
+    widened = not quantized and scheme.kind == "float" and bpw < held  # float weights the runtime holds wider
+    bpw = held if widened else bpw
     emb_bits = max(bpw, emb_min) if quantized else bpw
     emb_p = spec.embedding_params
     body_p = spec.params_total - emb_p - (0 if (spec.tied_embeddings or spec.encoder) else spec.lm_head_params)
@@ -92,7 +96,8 @@ def weights_bytes(spec: ModelSpec, scheme: Scheme, prof: dict) -> tuple[int, det
         elif dup:
             head = emb_p * bpw / 8
     total = int(math.ceil(body + emb + head))
-    basis = f"parameter counts × {bpw:g} bits per weight ({scheme.name})"
+    basis = f"parameter counts × {bpw:g} bits per weight ({scheme.name}" + (
+        f" held as {bpw:g}-bit by the runtime)" if widened else ")")
     return total, details.WeightsDetail(basis, body=int(body), embedding=int(emb), lm_head=int(head),
                                         embedding_bits=emb_bits)
 
@@ -209,7 +214,8 @@ class Plan:
             "reasons": list(self.reasons),
             "memory": {"total_bytes": self.total_bytes, "capacity_bytes": self.capacity_bytes,
                        "usable_bytes": self.usable_bytes, "headroom_bytes": self.headroom_bytes,
-                       "breakdown": dict(self.breakdown), "details": self.details.to_dict(), "limits": self.limits},
+                       "breakdown": dict(self.breakdown), "details": self.details.to_dict(), "limits": self.limits,
+                       **({"served": served(self.breakdown)} if m.has_kv and not m.encoder else {})},
             "estimates": self.estimates.to_dict(),
             "suggestions": self.suggestions.to_dict() if self.suggestions else {},
             "warnings": list(self.warnings),
@@ -350,7 +356,7 @@ def plan(model, board, quant: str | None = None, ctx: int | None = None, batch: 
     rt_name, scheme, ctx = decision.runtime, decision.scheme, decision.ctx
     refuse_unexportable(spec, b, rt_name)
     prof = runtime_profile(rt_name)
-    kvd = kv_dtype or prof.get("kv_dtype", "fp16")
+    kvd = kv_dtype or runtime_kv_dtype(prof, scheme)
     kv_b = kv_bytes_per_element(kvd)
     bd, det = _memory(spec, b, rt_name, scheme, ctx, batch, kv_b)
     total = sum(bd.values())

@@ -29,3 +29,13 @@ def kv_bytes_per_element(kv_dtype: str) -> float:
     if t not in table:
         raise InputError(f"unknown KV-cache dtype '{kv_dtype}'", "use one of: " + ", ".join(table))
     return table[t]
+
+
+def runtime_kv_dtype(prof: dict, scheme) -> str:
+    """The KV dtype a runtime keeps for ``scheme`` (a contract Scheme): its profile's ``kv_dtype`` (default
+    fp16), where ``scheme`` means the scheme's activation type (fp32, bf16, else fp16: torch keeps the cache in
+    the dtype it computes in)."""
+    kv = prof.get("kv_dtype") or "fp16"
+    if kv != "scheme":
+        return kv
+    return "fp32" if scheme.act_bits == 32 else "bf16" if scheme.name == "bf16" else "fp16"

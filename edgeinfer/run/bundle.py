@@ -194,6 +194,9 @@ def check_artifact(bundle: Bundle, decoder: Any, codec: Any) -> None:
     if decoder.vocab_size != m["vocab_size"]:
         raise _disagree(bundle, "decoder.vocab_size", m["vocab_size"], "the artifact's vocabulary",
                         decoder.vocab_size)
+    if m.get("kv_dtype") and decoder.kv_dtype and decoder.kv_dtype != m["kv_dtype"]:
+        raise _disagree(bundle, "decoder.kv_dtype", m["kv_dtype"], "the KV cache the artifact allocates",
+                        decoder.kv_dtype)
     if codec.vocab_size > decoder.vocab_size:
         raise ModelError(f"bundle {bundle.path}: its tokenizer has {codec.vocab_size} tokens, more than the model's "
                          f"vocabulary of {decoder.vocab_size}: it would encode text into ids the model has no "

@@ -246,7 +246,7 @@ class Engine(Supervisor):
     def to_json(self) -> dict[str, Any]:
         return {"model": self.llm.name, "pid": self.pid, "state": self.state, "slots": self.slots,
                 "running": len(self.running), "waiting": len(self.waiting), "restarts": self.restarts,
-                "kv_cache_bytes": self.info.get("kv_cache_bytes"),
+                "kv_cache_bytes": self.info.get("kv_cache_bytes"), "kv_dtype": self.info.get("kv_dtype") or None,
                 **({"notes": [self.info["caveat"]]} if self.info.get("caveat") else {})}
 
 

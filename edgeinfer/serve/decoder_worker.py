@@ -47,7 +47,7 @@ def decoder_worker_main(conn: Any, path: str, backend: str, entry: str | None, c
         native = isinstance(d, NativeDecoder)
         sched = NativeScheduler(gen) if native else Scheduler(gen, prefill_chunk)
         conn.send(("ready", {"pid": os.getpid(), "device": d.device, "slots": sched.slots, "context": d.context,
-                             "kv_cache_bytes": d.kv_cache_bytes, "prefill_chunk": sched.chunk,
+                             "kv_cache_bytes": d.kv_cache_bytes, "kv_dtype": d.kv_dtype, "prefill_chunk": sched.chunk,
                              "native_loop": native, "caveat": d.caveat}))
     except Exception as e:  # noqa: BLE001
         try:

@@ -108,6 +108,7 @@ class AscendDecoder(StepDecoder):
         super().__init__(context=context, vocab_size=int(model.config.vocab_size),
                          kv_cache_bytes=self.lm.kv_cache_bytes, slots=slots, device=device)
         self.caveat = CPU_CAVEAT if device == "cpu" else ""
+        self.kv_dtype = dtype  # the cache is allocated in the activation dtype (StaticLM)
         self.buckets = buckets
         self.lengths = [0] * slots
         self.compiled = compile

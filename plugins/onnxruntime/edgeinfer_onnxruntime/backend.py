@@ -130,7 +130,7 @@ class OnnxRuntimeBackend(Backend):
     tensors = Tensors(native=(".onnx",), schemes=("fp32", "fp16", "w8a8"),
                       convert_options=("per_channel", "shapes", "target"), open_options=("threads",))
     decoders = Decoders(schemes=("fp32", "fp16", "w8a16", "w8a8", "w4a16"), architectures=ARCHITECTURES,
-                        options=("precision", "threads"))
+                        options=("precision", "threads", "kv_dtype"), convert_options=("target", "kv_dtype"))
 
     def versions(self) -> dict[str, str]:
         out = {"edgeinfer-onnxruntime": package_version("edgeinfer-onnxruntime", "?"),
@@ -218,7 +218,8 @@ class OnnxRuntimeBackend(Backend):
 
         options.pop("target", None)  # a CPU model runs on any target
         # calibration is not used: the builder's int4 is round-to-nearest per block, data-free
-        return convert(model, scheme, context, out, normalize_scheme(scheme).group_size)
+        return convert(model, scheme, context, out, normalize_scheme(scheme).group_size,
+                       options.pop("kv_dtype", "fp16"))
 
     @native_output()
     def open(self, artifact: Path, device: str | None, stamp: dict[str, Any], **options: Any) -> Session:

@@ -38,6 +38,8 @@ from edgeinfer.contract import OpTime, StepDecoder, remote_code
 from edgeinfer.contract.helpers import inside
 from edgeinfer.errors import BackendUnavailableError, InputError, ModelError
 
+from .kv_cache import is_kv, kv_name, kv_to_fp16
+
 GENAI_CONFIG = "genai_config.json"
 PRECISIONS = ("fp32", "int4")
 
@@ -104,8 +106,11 @@ def export(hf_dir: Path, out: Path, precision: str, extra: Sequence[str] = ()) -
         raise ModelError(f"onnxruntime-genai could not export {hf_dir.name}: {lines[-1] if lines else 'no output'}")
 
 
-def convert(hf_dir: Path, scheme: str, context: int, out: Path, group_size: int | None) -> dict[str, Any]:
-    """The deploy artifact: the builder's output for ``scheme``, its context limit set to ``context``."""
+def convert(hf_dir: Path, scheme: str, context: int, out: Path, group_size: int | None,
+            kv_dtype: str = "fp16") -> dict[str, Any]:
+    """The deploy artifact: the builder's output for ``scheme``, its context limit set to ``context``, its KV
+    cache in ``kv_dtype`` (:mod:`.kv_cache`)."""
+    kv_dtype = kv_name(kv_dtype)
     precision, extra = SCHEMES[scheme.split("_g")[0]]
     block = group_size or DEFAULT_BLOCK
     if precision == "int4":
@@ -117,7 +122,11 @@ def convert(hf_dir: Path, scheme: str, context: int, out: Path, group_size: int 
     if scheme.startswith(("w8a16", "w8a8")):
         quantize_int8(graph, block, activations_int8=scheme.startswith("w8a8"))
     elif scheme == "fp16":
-        to_fp16(graph)
+        to_fp16(graph, kv_dtype)
+    if kv_dtype == "fp16" and scheme != "fp16":
+        import onnx
+
+        save(kv_to_fp16(onnx.load(str(graph))), graph)
     limit = int(cfg["model"]["context_length"])
     if context > limit:
         raise InputError(f"context {context} exceeds the model's context length ({limit}); use --ctx {limit}")
@@ -125,25 +134,28 @@ def convert(hf_dir: Path, scheme: str, context: int, out: Path, group_size: int 
     cfg["search"]["max_length"] = context
     cfg_path.write_text(json.dumps(cfg, indent=4) + "\n")
     facts: dict[str, Any] = {"target": "cpu", "builder": f"onnxruntime-genai {builder_version()}",
-                             "precision": precision}
+                             "precision": precision, "kv_dtype": kv_dtype}
     if precision == "int4":
         facts["int4_block_size"] = block
     if scheme.startswith(("w8a16", "w8a8")):  # "precision": the builder's, before the steps below
         facts.update(int8_block_size=block, then="onnxruntime MatMulNBitsQuantizer bits=8")
     elif scheme == "fp16":
-        facts["then"] = "onnxruntime.transformers.float16 (fp32 I/O and GroupQueryAttention)"
+        facts["then"] = "onnxruntime.transformers.float16 (fp32 ids, mask and logits)"
     return facts
 
 
-def to_fp16(graph: Path) -> None:
-    """fp16 weights and compute in place, with fp32 where the step loop binds (``keep_io_types``: ids, mask,
-    KV, logits) and around GroupQueryAttention, so past and present still share one fp32 buffer. The builder's
-    own fp16 precision would make the KV and logits fp16 too. Converter: onnxruntime.transformers.float16."""
+def to_fp16(graph: Path, kv_dtype: str) -> None:
+    """fp16 weights and compute in place, with fp32 ids, mask and logits where the step loop binds
+    (``keep_io_types``; the builder's own fp16 precision would make the logits fp16 too); the KV cache and
+    GroupQueryAttention fp16, or (``kv_dtype`` fp32) both kept fp32. Converter: onnxruntime.transformers.float16."""
     import onnx
     from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
 
-    model = convert_float_to_float16(onnx.load(str(graph)), keep_io_types=True,
-                                     op_block_list=[*DEFAULT_OP_BLOCK_LIST, "GroupQueryAttention"])
+    model = onnx.load(str(graph))
+    kept = [v.name for v in [*model.graph.input, *model.graph.output] if not is_kv(v.name)]
+    model = convert_float_to_float16(model, keep_io_types=kept if kv_dtype == "fp16" else True,
+                                     op_block_list=[*DEFAULT_OP_BLOCK_LIST,
+                                                    *(["GroupQueryAttention"] if kv_dtype == "fp32" else [])])
     # the converter gives a shared fp16 initializer one identical Cast per blocked consumer (the layers' rotary
     # cos/sin caches; 1.26): onnxruntime refuses the duplicate names, and the first Cast serves them all
     seen: set[str] = set()
@@ -189,13 +201,15 @@ def quantize_int8(graph: Path, block: int, activations_int8: bool) -> None:
     save(q.model.model, graph)
 
 
-def build(hf_dir: Path, cache_root: Path, precision: str) -> Path:
-    """The builder's output for ``hf_dir`` in the cache, building it on first use."""
+def build(hf_dir: Path, cache_root: Path, precision: str, kv_dtype: str = "fp32") -> Path:
+    """The builder's output for ``hf_dir`` in the cache, building it on first use, its KV cache in
+    ``kv_dtype``."""
     if precision not in PRECISIONS:
         raise InputError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     from edgeinfer.contract.stamp import sha256_file
 
-    key = hashlib.sha256(f"{sha256_file(hf_dir)}|{precision}|{builder_version()}".encode()).hexdigest()[:24]
+    kv = "" if kv_dtype == "fp32" else f"|kv {kv_dtype}"  # the fp32 builds cached before kv_dtype keep their key
+    key = hashlib.sha256(f"{sha256_file(hf_dir)}|{precision}|{builder_version()}{kv}".encode()).hexdigest()[:24]
     out = cache_root / "onnxruntime-decoders" / key
     if is_built(out):
         return out
@@ -204,6 +218,11 @@ def build(hf_dir: Path, cache_root: Path, precision: str) -> Path:
     tmp.mkdir(parents=True)
     try:
         export(hf_dir, tmp, precision)
+        if kv_dtype == "fp16":
+            import onnx
+
+            graph = tmp / json.loads((tmp / GENAI_CONFIG).read_text())["model"]["decoder"]["filename"]
+            save(kv_to_fp16(onnx.load(str(graph))), graph)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -212,10 +231,14 @@ def build(hf_dir: Path, cache_root: Path, precision: str) -> Path:
     return out
 
 
-def check_graph(sess: Any, where: Path, cfg: dict[str, Any]) -> None:
+KV_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+
+
+def check_graph(sess: Any, where: Path, cfg: dict[str, Any]) -> type:
     """The config's facts against the graph it names: the KV inputs of each layer, their heads and head size,
-    the logits width and the dtypes the step loop binds (int64 ids, float32 KV and logits). A config that
-    disagrees would fail at the first step, or run and generate garbage."""
+    the logits width and the dtypes the step loop binds (int64 ids, float32 logits, one float type for every
+    KV input). A config that disagrees would fail at the first step, or run and generate garbage. The KV
+    cache's NumPy dtype."""
     dec = cfg["decoder"]
     names_in, names_out = dec["inputs"], dec["outputs"]
     inputs = {t.name: t for t in sess.get_inputs()}
@@ -233,12 +256,15 @@ def check_graph(sess: Any, where: Path, cfg: dict[str, Any]) -> None:
         raise wrong("the graph takes no int64 input ids or gives no float32 logits under the names it gives")
     if isinstance(logits.shape[-1], int) and logits.shape[-1] != cfg["vocab_size"]:
         raise wrong(f"vocab_size is {cfg['vocab_size']}, but the graph gives {logits.shape[-1]} logits per token")
+    kv_type = inputs[min(past)].type if past else "tensor(float)"
     for name in sorted(past):
         t = inputs[name]
         dims = (t.shape[1], t.shape[3]) if len(t.shape) == 4 else (None, None)
-        if t.type != "tensor(float)" or (all(isinstance(d, int) for d in dims) and dims != (kv_heads, head)):
-            raise wrong(f"num_key_value_heads {kv_heads} × head_size {head} (float32), but the graph's {name} is "
-                        f"{t.type} {t.shape}")
+        if t.type != kv_type or kv_type not in KV_TYPES or (all(isinstance(d, int) for d in dims)
+                                                             and dims != (kv_heads, head)):
+            raise wrong(f"num_key_value_heads {kv_heads} × head_size {head} (float32 or float16, alike in every "
+                        f"layer), but the graph's {name} is {t.type} {t.shape}")
+    return KV_TYPES[kv_type]
 
 
 def prefill_runs(slots: Sequence[int], sizes: Sequence[int], lengths: Sequence[int],
@@ -281,7 +307,7 @@ class OnnxRuntimeDecoder(StepDecoder):
         # ... escapes model directory", 1.26; plugins/onnxruntime/tests keep that true); the graph file is ours
         self._onnx = str(inside(model_dir, dec["filename"], f"{GENAI_CONFIG} model.decoder.filename"))
         self._sess = ort.InferenceSession(self._onnx, self._options(), providers=["CPUExecutionProvider"])
-        check_graph(self._sess, model_dir / GENAI_CONFIG, cfg)
+        kv_type = check_graph(self._sess, model_dir / GENAI_CONFIG, cfg)
         self._names = {
             "ids": names_in["input_ids"], "mask": names_in["attention_mask"], "logits": names_out["logits"],
             "past": [(names_in["past_key_names"] % i, names_in["past_value_names"] % i) for i in range(layers)],
@@ -289,7 +315,8 @@ class OnnxRuntimeDecoder(StepDecoder):
                         for i in range(layers)],
         }
         shape = (slots, kv_heads, context, head)
-        self._cache = [(np.zeros(shape, np.float32), np.zeros(shape, np.float32)) for _ in range(layers)]
+        self._cache = [(np.zeros(shape, kv_type), np.zeros(shape, kv_type)) for _ in range(layers)]
+        self.kv_dtype = "fp16" if kv_type is np.float16 else "fp32"  # the plan's and the manifest's name
         self._bound: dict[tuple[int, int], list[tuple[Any, Any]]] = {}  # (first, end) slot range -> OrtValues
         self.lengths = [0] * slots
         kv_bytes = sum(a.nbytes for kv in self._cache for a in kv)
@@ -427,9 +454,19 @@ class OnnxRuntimeDecoder(StepDecoder):
 
 
 def open_decoder(model: Path, context: int, slots: int, cache_root: Path, options: dict[str, Any]) -> StepDecoder:
+    """``kv_dtype``: the KV cache a Hugging Face directory is exported with (default fp32: the lossless path
+    the conformance kit checks token for token); a built artifact (a bundle's) keeps the one it was built
+    with, and refuses another."""
     precision = options.pop("precision", "fp32")
     threads = options.pop("threads", None)
+    kv_dtype = options.pop("kv_dtype", None)
+    kv_dtype = kv_name(kv_dtype) if kv_dtype is not None else None
     if not model.is_dir():
         raise ModelError(f"{model} is not a model directory (a Hugging Face decoder or onnxruntime-genai output)")
-    built = model if is_built(model) else build(model, cache_root, precision)
-    return OnnxRuntimeDecoder(built, context, slots, threads)
+    built = model if is_built(model) else build(model, cache_root, precision, kv_dtype or "fp32")
+    decoder = OnnxRuntimeDecoder(built, context, slots, threads)
+    if kv_dtype and decoder.kv_dtype != kv_dtype:
+        decoder.close()
+        raise InputError(f"{model} keeps its KV cache in {decoder.kv_dtype}, not {kv_dtype}: it was built so; "
+                         f"omit kv_dtype, or deploy again with --option kv_dtype={kv_dtype}")
+    return decoder

@@ -173,6 +173,7 @@ class GenAIDecoder(NativeDecoder):
         if fam == "CPU":
             self._repack_weights()
         self.execution_devices = _npuw_devices(cfg.properties) if fam == "NPU" else [fam]
+        self.kv_dtype = cfg.kv_dtype
         self.fallback = fallback_warning(device, self.execution_devices)
         if self.fallback:
             warnings.warn(self.fallback, decoder_fallback_category(), stacklevel=5)
@@ -324,6 +325,7 @@ class IRStepDecoder(StepDecoder):
         self.lengths = [0] * slots
         super().__init__(context=context, vocab_size=shape["vocab"], slots=slots, device=device,
                          kv_cache_bytes=kv_bytes(shape, context, cfg.kv_bytes) * slots)
+        self.kv_dtype = cfg.kv_dtype
         try:
             self.execution_devices = [str(d) for d in self._compiled.get_property("EXECUTION_DEVICES")]
         except Exception:

@@ -52,6 +52,7 @@ class DecoderConfig:
     loop: str = "native"  # native: GenAI's pipelines; steps: the stateful IR stepped by the core
     properties: dict[str, Any] = field(default_factory=dict)  # OpenVINO properties for the device
     kv_bytes: int = 4  # bytes per KV cache element
+    kv_dtype: str = "fp32"  # its name as plans name it (fp32, fp16, bf16, u8)
     max_prompt_len: int | None = None  # NPU: the static prefill length
     npu_on_cpu: bool = False
 
@@ -76,13 +77,14 @@ def parse(options: dict[str, Any], family: str, context: int) -> DecoderConfig:
         cfg.npu_on_cpu = bool(options.get("npu_on_cpu", False))
         if cfg.npu_on_cpu:
             props.update({k: v for k, v in NPU_ON_CPU.items() if k not in (options.get("npu_config") or {})})
-        cfg.kv_bytes = 2  # the NPU pipeline keeps the KV cache in fp16
+        cfg.kv_bytes, cfg.kv_dtype = 2, "fp16"  # the NPU pipeline keeps the KV cache in fp16
     else:
         wrong = sorted(k for k in ("max_prompt_len", "min_response_len", "npu_config", "npu_on_cpu") if k in options)
         if wrong:
             raise InputError(f"option {wrong[0]!r} is for NPU decoders; this one runs on {family}")
         props.update(_cpu_gpu_properties(options, family))
         cfg.kv_bytes = KV_PRECISIONS[props["KV_CACHE_PRECISION"]][1]
+        cfg.kv_dtype = {"f32": "fp32", "f16": "fp16"}.get(props["KV_CACHE_PRECISION"], props["KV_CACHE_PRECISION"])
     cfg.properties = props
     return cfg
 

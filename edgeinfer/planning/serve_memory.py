@@ -1,0 +1,32 @@
+"""What ``edgeinfer serve`` adds to a decoder's plan: the processes around the decoder worker. The plan's
+breakdown (weights + KV + activations + runtime) is one decoder process, the worker; a served decoder
+also has serve's HTTP process, its request helpers (``serve.prep.Offload``: two spawned processes holding
+the tokenizers) and multiprocessing's resource tracker. Their peak RSS does not depend on the model, so it
+is one measured figure (``edgeinfer/data/serve_memory.json``, from ``bench/serve_footprint.py``'s JSON).
+A served decoder with ``--slots S`` is the plan at ``--batch S``."""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+DATA = Path(__file__).parents[1] / "data" / "serve_memory.json"
+MIB = 2**20
+
+
+@lru_cache(maxsize=1)
+def serve_processes() -> dict[str, Any]:
+    """``{"value": MiB, "source": ..., "parts_mib": {...}}``: serve's own processes, measured."""
+    return json.loads(DATA.read_text(encoding="utf-8"))["serve_processes_mib"]
+
+
+def served(breakdown: dict[str, int]) -> dict[str, Any]:
+    """The plan's memory for the decoder served by ``edgeinfer serve``: the breakdown without the board's OS
+    reserve (the measured peak does not hold it) plus serve's own processes."""
+    own = serve_processes()
+    extra = int(own["value"] * MIB)
+    decoder = sum(v for k, v in breakdown.items() if k != "reserved")
+    return {"total_bytes": decoder + extra, "decoder_process_bytes": decoder, "serve_processes_bytes": extra,
+            "source": own["source"]}

@@ -1,0 +1,70 @@
+"""The decoder's KV-cache dtype: a graph property. The model builder's fp32 graph keeps past/present in
+fp32; :func:`kv_to_fp16` makes them fp16 graph inputs and outputs and runs ``GroupQueryAttention`` in
+fp16 (its CPU kernel is registered for float and MLFloat16: ``group_query_attention.cc`` in
+onnxruntime/contrib_ops/cpu/bert, https://github.com/microsoft/onnxruntime), with a Cast of the new
+token's query/key/value in and of the attention output back: the per-step casts touch the new rows
+only, never the cache. Half the cache bytes of fp32, like llama.cpp's default f16 cache (``--cache-type-k``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# the names the plan and the manifest use -> the ONNX element type name; f16/f32 are llama.cpp's spellings
+KV_DTYPES = {"fp32": "FLOAT", "f32": "FLOAT", "fp16": "FLOAT16", "f16": "FLOAT16"}
+# GroupQueryAttention inputs that are not float tensors: seqlens_k, total_sequence_length (contrib op spec)
+_INT_INPUTS = (5, 6)
+
+
+def kv_name(dtype: str) -> str:
+    """``fp16``/``fp32`` for a KV dtype the plugin builds (either spelling), else InputError."""
+    from edgeinfer.errors import InputError
+
+    t = str(dtype).strip().lower()
+    if t not in KV_DTYPES:
+        raise InputError(f"the onnxruntime decoder keeps its KV cache in fp16 or fp32, not {dtype!r}",
+                         "use fp16 (the plan's default for onnxruntime) or fp32")
+    return "fp16" if KV_DTYPES[t] == "FLOAT16" else "fp32"
+
+
+def is_kv(name: str) -> bool:
+    return name.startswith(("past_key_values.", "present."))
+
+
+def kv_to_fp16(model: Any) -> Any:
+    """``model`` (an onnx ModelProto from the builder, possibly fp16-converted) with fp16 past/present and
+    fp16 GroupQueryAttention; float initializers it reads (the rotary cos/sin caches) become fp16 in place."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    g = model.graph
+    for v in [*g.input, *g.output]:
+        if is_kv(v.name):
+            v.type.tensor_type.elem_type = TensorProto.FLOAT16
+    inits = {t.name: t for t in g.initializer}
+    halved: set[str] = set()
+    nodes = []
+    for n in g.node:
+        if n.op_type != "GroupQueryAttention":
+            nodes.append(n)
+            continue
+        for i, name in enumerate(n.input):
+            if not name or is_kv(name) or i in _INT_INPUTS:
+                continue
+            t = inits.get(name)
+            if t is not None and (name in halved or t.data_type == TensorProto.FLOAT):
+                if name not in halved:  # shared by every layer: converted once
+                    t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float16), name))
+                    halved.add(name)
+                continue
+            if t is not None:
+                continue  # already fp16
+            nodes.append(helper.make_node("Cast", [name], [f"{name}/fp16"], to=TensorProto.FLOAT16,
+                                          name=f"{n.name}/CastIn{i}"))
+            n.input[i] = f"{name}/fp16"
+        out = n.output[0]
+        n.output[0] = f"{out}/fp16"
+        nodes += [n, helper.make_node("Cast", [n.output[0]], [out], to=TensorProto.FLOAT, name=f"{n.name}/CastOut")]
+    del g.node[:]
+    g.node.extend(nodes)
+    return model
