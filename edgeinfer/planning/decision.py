@@ -243,9 +243,14 @@ def builder(board: Board, runtime: str, kind: str) -> tuple[Any, str | None]:
     from edgeinfer.contract import registry  # registers the board's backend: its module, no SDK (test_light_core)
 
     entry = registry.registry().backend(board.backend)
+    own = own_runtime(board)
+    if runtime != own and kind == "decoder" and not (entry and runtime in entry.cls.decoders.runtimes):
+        owner = registry.runtime_builder(runtime)  # a backend that builds this runtime on every board
+        if owner is not None:
+            why = owner.cls.cannot_build(kind, runtime)
+            return (None, why) if why else (owner.cls, None)
     if entry is None:
         return None, f"backend {board.backend!r} is not installed ({registry.install_hint(board.backend)})"
-    own = own_runtime(board)
     if runtime != own and (kind != "decoder" or runtime not in entry.cls.decoders.runtimes):
         return None, f"edgeinfer has no builder for {runtime}: {board.name}'s backend {board.backend} builds {own}"
     why = entry.cls.cannot_build(kind, None if runtime == own else runtime)
