@@ -22,14 +22,14 @@ import runpy
 import sys
 from pathlib import Path
 
+AUTO_CLASSES = ("AutoTokenizer", "AutoConfig", "AutoModel", "AutoModelForCausalLM", "AutoProcessor")
+
 
 def force_trust(trust: bool) -> None:
     import transformers
 
-    for name in ("AutoTokenizer", "AutoConfig", "AutoModel", "AutoModelForCausalLM", "AutoProcessor"):
-        cls = getattr(transformers, name, None)
-        if cls is None:
-            continue
+    for name in AUTO_CLASSES:
+        cls = getattr(transformers, name)
         original = cls.from_pretrained.__func__
 
         def from_pretrained(klass, *args, _original=original, **kwargs):
