@@ -81,3 +81,28 @@ def test_serve_streams_two_requests_at_once_as_generate_does(bundles, tmp_path):
 
         with cf.ThreadPoolExecutor(2) as pool:
             assert list(pool.map(complete, PROMPTS)) == want
+
+
+def test_a_gguf_file_runs_as_it_is_with_its_tokenizer_next_to_it(bundles, tmp_path, capfd):
+    import shutil
+
+    gguf = tmp_path / "tiny-q8.gguf"
+    shutil.copyfile(bundles["gguf:Q8_0"].bundle / "decoder" / "model.gguf", gguf)
+    for f in bundles["gguf:Q8_0"].bundle.joinpath("tokenizer").iterdir():
+        shutil.copyfile(f, tmp_path / f.name)
+    r = run_cli(capfd, "generate", str(gguf), "--prompt", PROMPTS[0], "--max-new-tokens", "8", "--json")
+    b = run_cli(capfd, "generate", str(bundles["gguf:Q8_0"].bundle), "--prompt", PROMPTS[0], "--max-new-tokens", "8",
+                "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["token_ids"] == json.loads(b.stdout)["token_ids"]
+
+
+def test_the_kv_dtype_option_sets_llama_cpps_cache_type(bundles):
+    import edgeinfer
+
+    backend, gguf = edgeinfer.backend("llamacpp"), bundles["fp16"].bundle / "decoder"
+    sizes = {}
+    for kv in ("fp16", "fp32", "q8_0"):
+        d = backend.load_decoder(gguf, context=CTX, kv_dtype=kv)
+        sizes[kv] = d.kv_cache_bytes
+        d.close()
+    assert sizes["fp32"] == 2 * sizes["fp16"] and sizes["q8_0"] == sizes["fp16"] * 34 // 64
