@@ -94,6 +94,9 @@ class LlamaCppDecoder(StepDecoder):
         cparams.kv_unified = False
         ggml_type, elem = KV_TYPES[kv_dtype]
         cparams.type_k = cparams.type_v = getattr(ll, ggml_type)
+        # unset: llama.cpp's own default, 4 (GGML_DEFAULT_N_THREADS). Not the CPU count as llama-server does: with
+        # libgomp (this build: OPENMP = 1), as many threads as CPUs spin long at each barrier, and on a busy
+        # 2-CPU host 2 threads decoded the test model at 3.5 tok/s, 4 threads (or OMP_WAIT_POLICY=passive) at 170+
         if threads:
             cparams.n_threads = cparams.n_threads_batch = int(threads)
         self._ctx = ll.llama_init_from_model(self._model, cparams)
