@@ -9,6 +9,13 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 PROJECTS := . $(sort $(dir $(wildcard plugins/*/pyproject.toml examples/*/pyproject.toml)))
 STAMP := $(VENV)/.edgeinfer-dev
 
+# llama.cpp for plugins/llamacpp: llama-cpp-python built from its source distribution (pip caches the wheel it
+# builds, so only the first make dev compiles: minutes on 2 cores), then the llama.cpp source of that version
+# (its convert_hf_to_gguf.py) fetched into the edgeinfer cache for the converter
+LLAMACPP_VERSION := 0.3.36
+LLAMACPP_CMAKE := -DLLAVA_BUILD=OFF -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+	-DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF
+
 .PHONY: dev test test-install lint bench clean prometheus
 
 dev: $(STAMP)
@@ -21,7 +28,10 @@ $(STAMP): Makefile requirements-dev.txt requirements-nodeps.txt pyproject.toml $
 	$(PIP) install --no-deps -r requirements-nodeps.txt
 	# a torchvision left by an earlier install (optimum-intel's metadata) breaks model imports: remove it
 	! $(PY) -m pip show -q torchvision 2>/dev/null || $(PIP) uninstall -y torchvision
+	CMAKE_ARGS="$(LLAMACPP_CMAKE)" CMAKE_BUILD_PARALLEL_LEVEL=2 \
+		$(PIP) install --no-binary llama-cpp-python llama-cpp-python==$(LLAMACPP_VERSION) 'sentencepiece>=0.1.98,<0.3.0'
 	$(PIP) install --no-build-isolation $(foreach p,$(PROJECTS),-e $(p))
+	$(PY) -c "from edgeinfer_llamacpp.convert import source_tree; print('llama.cpp source:', source_tree())"
 	$(MAKE) --no-print-directory prometheus
 	touch $(STAMP)
 

@@ -143,13 +143,18 @@ def q8_gguf(tmp_path):
 
 
 def test_a_gguf_no_host_runtime_runs_is_refused_like_deploy_refuses_it(q8_gguf, tmp_path):
-    r = cli("plan", str(q8_gguf), "--board", "host", env={ENV: "10"})
+    """The host's llama.cpp runtime runs a .gguf as it is; asked for onnxruntime, which reads none, it is refused."""
+    r = cli("plan", str(q8_gguf), "--board", "host", "--runtime", "onnxruntime", env={ENV: "10"})
     assert r.returncode == 2 and r.stdout == "" and len(r.stderr.strip().splitlines()) == 1
     for words in ("q8.gguf is gguf:Q8_0", "no runtime of board host runs it", "onnxruntime: fp32, fp16, w8a8",
                   "deploy does not convert .gguf files", "--quant"):
         assert words in r.stderr, r.stderr
-    d = cli("deploy", str(q8_gguf), "--board", "host", "-o", str(tmp_path / "b"), env={ENV: "10"})
+    d = cli("deploy", str(q8_gguf), "--board", "host", "--runtime", "onnxruntime", "-o", str(tmp_path / "b"),
+            env={ENV: "10"})
     assert d.returncode == 2 and "q8.gguf" in d.stderr and not (tmp_path / "b").exists()
+    d = json.loads(cli("plan", str(q8_gguf), "--board", "host", "--json", env={ENV: "10"}).stdout)
+    assert (d["options"]["runtime"], d["options"]["quant"]) == ("llama.cpp", "gguf:Q8_0")
+    assert d["build"]["scheme_note"] is None and "runs as it is" in d["build"]["cannot_build"]
 
 
 def test_a_gguf_planned_converted_says_so_in_text_and_json(q8_gguf):
@@ -176,8 +181,10 @@ def test_an_f16_gguf_on_the_host_is_not_run_as_it_is_by_onnxruntime(tmp_path):
     import gguf
 
     f16 = _gguf(tmp_path / "f16.gguf", gguf.LlamaFileType.MOSTLY_F16, gguf.GGMLQuantizationType.F16)
-    r = cli("plan", str(f16), "--board", "host", env={ENV: "10"})
+    r = cli("plan", str(f16), "--board", "host", "--runtime", "onnxruntime", env={ENV: "10"})
     assert r.returncode == 2 and "f16.gguf is fp16 and no runtime of board host runs it" in r.stderr
+    d = json.loads(cli("plan", str(f16), "--board", "host", "--json", env={ENV: "10"}).stdout)
+    assert (d["options"]["runtime"], d["options"]["quant"]) == ("llama.cpp", "fp16")  # llama.cpp reads it
 
 
 # ------------------------------------------------------------------ the measured host rows

@@ -432,7 +432,7 @@ class Backend:
             return f"backend {cls.name!r} builds no {kind} models: it implements no {absent[0]}"
         if runtime is None:
             return None
-        extra = cls.decoders.runtimes if kind == "decoder" else {}
+        extra = {**cls.decoders.runtimes, **cls.decoders.builds} if kind == "decoder" else {}
         if runtime not in extra:
             return f"backend {cls.name!r} builds no {kind} models for runtime {runtime}"
         needs = extra[runtime]

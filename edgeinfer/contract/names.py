@@ -17,7 +17,7 @@ DECODER_REFERENCE = "transformers"
 HOST_BACKEND = "onnxruntime"
 HOST_SCHEMES_SOURCE = "https://onnxruntime.ai/docs/performance/model-optimizations/quantization.html"
 #: plugins that live in this repository's plugins/ (install hints point there)
-BUNDLED_PLUGINS = ("onnxruntime", "openvino", "rknn", "ascend", "transformers")
+BUNDLED_PLUGINS = ("onnxruntime", "openvino", "rknn", "ascend", "transformers", "llamacpp")
 PLUGIN_INSTALL_HINT = "from a clone of edgeinfer: pip install ./plugins/onnxruntime (or ./plugins/openvino ...)"
 PLUGINS_EXAMPLE = "onnxruntime,openvino"  # an EDGEINFER_PLUGINS value in messages
 #: libraries whose logs, warnings and progress bars bury edgeinfer's one-line answer on stderr

@@ -70,6 +70,10 @@ class Decoders:
     #: builds for when deploy passes the convert option ``runtime``, each with what it needs besides the
     #: backend (None: nothing more): ``{"rkllm": Needs("rkllm", ...)}``
     runtimes: Mapping[str, Needs | None] = field(default_factory=dict)
+    #: board runtimes this backend builds as its own on every board, whichever backend the board names (a
+    #: runtime of its own, such as llama.cpp), each with what it needs besides the backend: plan and deploy hand
+    #: such a runtime to this backend, which gets no ``runtime`` option for it
+    builds: Mapping[str, Needs | None] = field(default_factory=dict)
     #: load options that make ``open_decoder`` give a step decoder (logits) where its default is a native
     #: loop: the decoder golden check compares logits
     logits_options: Mapping[str, Any] = field(default_factory=dict)

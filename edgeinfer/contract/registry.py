@@ -254,6 +254,15 @@ def decoder_file(path: Path) -> tuple[str, str] | None:
     return None
 
 
+def runtime_builder(runtime: str) -> BackendEntry | None:
+    """The installed backend that builds board runtime ``runtime`` as its own (``Decoders.builds``), or None.
+    Registers every plugin: asked only for a runtime the board's own backend does not build."""
+    for _name, entry in sorted(registry().backends.items()):
+        if runtime in entry.cls.decoders.builds:
+            return entry
+    return None
+
+
 BUNDLED = BUNDLED_PLUGINS
 
 

@@ -12,7 +12,8 @@ then the bundle says, in its golden report, that the check was not run and why.
 Runtime, scheme and context are the plan's (:func:`edgeinfer.planning.decision.decide`, the same for
 ``edgeinfer plan``): ``runtime`` picks one of the board's runtimes (``edgeinfer plan --runtime``), by
 default the board's first that this installation builds; one other than the board's ``backend_runtime`` is
-passed to the backend as the decoder convert option ``runtime``.
+built by the backend that declares it its own (``Decoders.builds``: llama.cpp), else passed to the board's
+backend as the decoder convert option ``runtime``.
 """
 
 from __future__ import annotations
@@ -134,7 +135,7 @@ def deploy_decoder(
     with progress.step(f"planning {hf_dir.name} on {b.name}"):
         plan = make_plan(str(hf_dir), b, quant=quant, ctx=ctx, runtime=runtime, kv_dtype=options.get("kv_dtype"))
         plan.decision.refuse_unbuildable(b)
-        backend = plugins.get_backend(b.backend)
+        backend = plugins.get_backend(plan.decision.chosen.backend or b.backend)  # the runtime's builder
         runtime, scheme, context = plan.runtime, plan.scheme.name, plan.ctx
         paged = decoder_paging.choose(paging, segments, backend, hf_dir, plan, own_runtime(b), notes)
         if paged:  # plan the segmented decoder that is built
@@ -171,7 +172,7 @@ def deploy_decoder(
         # a chip name ...)
         told = {"target": facts["target"]} if "target" in backend.decoders.convert_options else {}
         convert_options = {**told, **options}
-        if runtime != own_runtime(b):
+        if runtime != own_runtime(b) and runtime not in backend.decoders.builds:
             convert_options["runtime"] = runtime
         cached = converted(backend, hf_dir, scheme, context, calibration, convert_options, facts, work, progress,
                            use_cache)

@@ -20,6 +20,9 @@ from edgeinfer.errors import BoardError, InputError
 
 GIB = 2**30
 HOST_SPEED_GROUP = "host-cpu"  # the host board's speed constants (docs/planner.md#host-decode)
+# the host's llama.cpp runtime (decoders; built by the backend that declares it its own, Decoders.builds)
+LLAMACPP_SOURCE = ("https://github.com/ggml-org/llama.cpp/blob/master/tools/quantize/README.md (F32, F16, Q8_0, "
+                   "Q4_K_M, Q4_0 on CPU)")
 
 
 def boards_dirs() -> list[Path]:
@@ -224,7 +227,9 @@ def host_board(bandwidth=None) -> Board:
                             note="one-thread copy bandwidth; the speed constants are fractions of it"),
         runtimes={HOST_BACKEND: Runtime(
             schemes=["fp32", "fp16", "w8a8", "w8a16", "w4a16"], speed_group=HOST_SPEED_GROUP,
-            source=HOST_SCHEMES_SOURCE)},
+            source=HOST_SCHEMES_SOURCE),
+            "llama.cpp": Runtime(schemes=["fp16", "fp32", "gguf:Q8_0", "gguf:Q4_K_M", "gguf:Q4_0"], kinds=["decoder"],
+                                 speed_group=HOST_SPEED_GROUP, source=LLAMACPP_SOURCE)},
         default_runtime=HOST_BACKEND,
         notes=[f"decode speed: constants {HOST_SPEED_GROUP}/{HOST_BACKEND}/<format> fitted by bench/fit_speed.py "
                "on bench/data/rows_host.yaml (bench/planner_host_llm.py), as fractions of the measured bandwidth"],

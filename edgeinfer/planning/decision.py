@@ -137,9 +137,12 @@ def decide(spec: Any, board: Board, *, runtime: str | None = None, quant: str | 
             raise InputError(f"board {board.name} does not support {asked.name} for {kind} models",
                              f"supported schemes: {runs_lines(board, candidates(board, kind, runtime))}",
                              kind="not_supported")
-    options = [option(spec, board, r, kind, asked) for r in names]
-    built = [o for o in options if o.cannot_build is None]
-    chosen = built[0] if built else with_alternative(options[0], spec, board, kind)
+    options = []
+    for r in names:  # up to the first this installation builds: a later runtime is not asked (nor its builder)
+        options.append(option(spec, board, r, kind, asked))
+        if options[-1].cannot_build is None:
+            break
+    chosen = options[-1] if options[-1].cannot_build is None else with_alternative(options[0], spec, board, kind)
     best = options[0] if options[0] is not chosen else None
     note = None
     if fixed:  # planned converted, as asked: what deploy would build from the model's source, not from this file
@@ -243,9 +246,14 @@ def builder(board: Board, runtime: str, kind: str) -> tuple[Any, str | None]:
     from edgeinfer.contract import registry  # registers the board's backend: its module, no SDK (test_light_core)
 
     entry = registry.registry().backend(board.backend)
+    own = own_runtime(board)
+    if runtime != own and kind == "decoder" and not (entry and runtime in entry.cls.decoders.runtimes):
+        owner = registry.runtime_builder(runtime)  # a backend that builds this runtime on every board
+        if owner is not None:
+            why = owner.cls.cannot_build(kind, runtime)
+            return (None, why) if why else (owner.cls, None)
     if entry is None:
         return None, f"backend {board.backend!r} is not installed ({registry.install_hint(board.backend)})"
-    own = own_runtime(board)
     if runtime != own and (kind != "decoder" or runtime not in entry.cls.decoders.runtimes):
         return None, f"edgeinfer has no builder for {runtime}: {board.name}'s backend {board.backend} builds {own}"
     why = entry.cls.cannot_build(kind, None if runtime == own else runtime)

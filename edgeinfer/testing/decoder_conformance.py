@@ -183,16 +183,18 @@ class DecoderConformance:
 
     def test_declared_build_runtimes_are_well_formed(self, backend: Backend) -> None:
         """``decoders.runtimes`` (the board runtimes besides its own that ``convert_decoder`` builds for, given the
-        convert option ``runtime``) and ``cannot_build``, which plan and deploy ask before choosing a runtime."""
+        convert option ``runtime``), ``decoders.builds`` (runtimes it builds as its own on every board) and
+        ``cannot_build``, which plan and deploy ask before choosing a runtime."""
         cls = type(backend)
         if not cls.capable("decoder_deploy"):
             assert "convert_decoder" in cls.cannot_build("decoder")
             pytest.skip(f"{self.backend_name} does not convert decoders (no convert_decoder)")
         assert cls.cannot_build("decoder") is None, "a backend builds decoders for its own board runtime"
         assert isinstance(cls.cannot_build("decoder", "no-such-runtime"), str)
-        for runtime, needs in cls.decoders.runtimes.items():
-            assert isinstance(runtime, str) and runtime.strip() == runtime and runtime, runtime
+        if cls.decoders.runtimes:
             assert "runtime" in cls.decoders.convert_options, "deploy passes the convert option runtime"
+        for runtime, needs in {**cls.decoders.runtimes, **cls.decoders.builds}.items():
+            assert isinstance(runtime, str) and runtime.strip() == runtime and runtime, runtime
             assert needs is None or (isinstance(needs, Needs) and needs.module.isidentifier()), needs
             why = cls.cannot_build("decoder", runtime)
             assert why is None or (isinstance(why, str) and "\n" not in why and why.strip()), why

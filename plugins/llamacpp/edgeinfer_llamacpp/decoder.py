@@ -1,0 +1,178 @@
+"""A step decoder over llama.cpp's own batch API (llama-cpp-python's low-level bindings, ``llama_cpp.llama_cpp``).
+
+One llama.cpp context holds every slot: slot ``s`` is llama.cpp sequence id ``s`` (``n_seq_max = slots``), each
+with its own KV stream (``kv_unified = false``: llama.cpp gives each sequence ``n_ctx / n_seq_max`` cells,
+padded up to a multiple of 256, llama.cpp ``src/llama-context.cpp``). ``decode(slots, ids)`` is one
+``llama_decode`` of one token per slot; ``prefill`` sends a prompt in batches of ``n_batch`` tokens, logits
+asked for the last token only; ``reset`` removes the sequence's cells (``llama_memory_seq_rm``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgeinfer.contract import StepDecoder
+from edgeinfer.errors import BackendError, InputError, ModelError
+
+N_BATCH = 512  # llama.cpp's default n_batch (llama_context_default_params), the prefill chunk
+# kv_dtype -> (llama.cpp's type_k / type_v, bytes per element); q8_0 is 32 int8 values + one fp16 scale per block
+KV_TYPES = {"fp16": ("GGML_TYPE_F16", 2.0), "fp32": ("GGML_TYPE_F32", 4.0), "q8_0": ("GGML_TYPE_Q8_0", 34 / 32)}
+KV_ALIASES = {"f16": "fp16", "f32": "fp32", "int8": "q8_0"}
+
+
+def lib() -> Any:
+    import llama_cpp.llama_cpp as ll
+
+    return ll
+
+
+_initialized: list[bool] = []
+
+
+def init_backend() -> Any:
+    ll = lib()
+    if not _initialized:
+        ll.llama_backend_init()
+        _initialized.append(True)
+    return ll
+
+
+class Batch:
+    """A ``llama_batch`` of up to ``size`` tokens, one sequence id each, freed with the decoder."""
+
+    def __init__(self, ll: Any, size: int):
+        self._ll, self.size = ll, size
+        self.raw = ll.llama_batch_init(size, 0, 1)
+
+    def fill(self, tokens: Sequence[int], positions: Sequence[int], seqs: Sequence[int], logits: Sequence[bool]):
+        b = self.raw
+        b.n_tokens = len(tokens)
+        for i, (t, p, s, want) in enumerate(zip(tokens, positions, seqs, logits)):
+            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = int(t), int(p), 1, int(want)
+            b.seq_id[i][0] = int(s)
+        return b
+
+    def free(self) -> None:
+        if self.raw is not None:
+            self._ll.llama_batch_free(self.raw)
+            self.raw = None
+
+
+def meta(ll: Any, model: Any, key: str) -> str | None:
+    buf = ctypes.create_string_buffer(256)
+    n = ll.llama_model_meta_val_str(model, key.encode(), buf, len(buf))
+    return buf.value.decode() if n >= 0 else None
+
+
+class LlamaCppDecoder(StepDecoder):
+    def __init__(self, gguf: Path, context: int, slots: int, threads: int | None = None, kv_dtype: str = "fp16",
+                 offload: bool = False):
+        kv_dtype = KV_ALIASES.get(kv_dtype, kv_dtype)
+        if kv_dtype not in KV_TYPES:
+            raise InputError(f"kv_dtype must be one of {', '.join(KV_TYPES)}, got {kv_dtype!r}")
+        ll = self._ll = init_backend()
+        self._model = self._ctx = None
+        self._batch: Batch | None = None
+        mparams = ll.llama_model_default_params()
+        mparams.n_gpu_layers = -1 if offload else 0  # offload: every layer on the NPU (a CANN build)
+        self._model = ll.llama_model_load_from_file(str(gguf).encode(), mparams)
+        if not self._model:
+            raise ModelError(f"llama.cpp cannot load {gguf.name}: not a GGUF file it reads; convert the model again")
+        limit = ll.llama_model_n_ctx_train(self._model)
+        if context > limit:
+            raise InputError(f"context {context} exceeds the model's context length ({limit}); use --ctx {limit}")
+        self.n_batch = min(N_BATCH, context)
+        cparams = ll.llama_context_default_params()
+        cparams.n_ctx = context * slots
+        cparams.n_batch = cparams.n_ubatch = max(self.n_batch, slots)
+        cparams.n_seq_max = slots
+        cparams.kv_unified = False
+        ggml_type, elem = KV_TYPES[kv_dtype]
+        cparams.type_k = cparams.type_v = getattr(ll, ggml_type)
+        # unset: llama.cpp's own default, 4 (GGML_DEFAULT_N_THREADS). Not the CPU count as llama-server does: with
+        # libgomp (this build: OPENMP = 1), as many threads as CPUs spin long at each barrier, and on a busy
+        # 2-CPU host 2 threads decoded the test model at 3.5 tok/s, 4 threads (or OMP_WAIT_POLICY=passive) at 170+
+        if threads:
+            cparams.n_threads = cparams.n_threads_batch = int(threads)
+        self._ctx = ll.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            raise BackendError(f"llama.cpp could not create a context of {context} positions × {slots} slots for "
+                               f"{gguf.name}")
+        self._mem = ll.llama_get_memory(self._ctx)
+        self._batch = Batch(ll, cparams.n_batch)
+        self.lengths = [0] * slots
+        self.kv_dtype = kv_dtype
+        vocab = ll.llama_vocab_n_tokens(ll.llama_model_get_vocab(self._model))
+        super().__init__(context=context, vocab_size=int(vocab), kv_cache_bytes=self._kv_bytes(elem), slots=slots,
+                         prefill_chunk=self.n_batch, device="NPU" if offload else "CPU")
+
+    def _kv_bytes(self, elem: float) -> int:
+        """K and V of every layer for the cells llama.cpp allocated (``llama_n_ctx``: all slots, padded)."""
+        ll, m = self._ll, self._model
+        arch = meta(ll, m, "general.architecture") or ""
+        head = ll.llama_model_n_embd(m) // max(1, ll.llama_model_n_head(m))
+        k = int(meta(ll, m, f"{arch}.attention.key_length") or head)
+        v = int(meta(ll, m, f"{arch}.attention.value_length") or head)
+        cells = ll.llama_n_ctx(self._ctx)
+        return round(ll.llama_model_n_layer(m) * ll.llama_model_n_head_kv(m) * (k + v) * cells * elem)
+
+    def _check_room(self, slot: int, n: int) -> None:
+        if not 0 <= slot < self.slots:
+            raise InputError(f"slot {slot} does not exist: this decoder has {self.slots} slot(s)")
+        if self.lengths[slot] + n > self.context:
+            raise InputError(f"slot {slot}: {self.lengths[slot] + n} positions exceed the context of {self.context}")
+
+    def _decode(self, tokens: Sequence[int], positions: Sequence[int], seqs: Sequence[int],
+                logits: Sequence[bool]) -> None:
+        rc = self._ll.llama_decode(self._ctx, self._batch.fill(tokens, positions, seqs, logits))
+        if rc != 0:
+            raise BackendError(f"llama_decode returned {rc} for {len(tokens)} token(s)")
+
+    def _logits(self, i: int) -> np.ndarray:
+        ptr = self._ll.llama_get_logits_ith(self._ctx, i)
+        return np.ctypeslib.as_array(ptr, shape=(self.vocab_size,)).copy()
+
+    def prefill(self, slot: int, token_ids: np.ndarray) -> np.ndarray:
+        ids = [int(t) for t in np.asarray(token_ids).reshape(-1)]
+        if not ids:
+            raise InputError("prefill needs at least one token")
+        self._check_room(slot, len(ids))
+        for start in range(0, len(ids), self.n_batch):
+            part = ids[start : start + self.n_batch]
+            first = self.lengths[slot]
+            last = start + len(part) == len(ids)
+            self._decode(part, range(first, first + len(part)), [slot] * len(part),
+                         [last and i == len(part) - 1 for i in range(len(part))])
+            self.lengths[slot] += len(part)
+        return self._logits(len(part) - 1)
+
+    def decode(self, slots: Sequence[int], token_ids: np.ndarray) -> np.ndarray:
+        """One ``llama_decode`` of one token per slot."""
+        slots = [int(s) for s in slots]
+        if len(set(slots)) != len(slots):
+            raise InputError("decode takes each slot once per step")
+        for s in slots:
+            self._check_room(s, 1)
+        ids = [int(t) for t in np.asarray(token_ids).reshape(-1)]
+        self._decode(ids, [self.lengths[s] for s in slots], slots, [True] * len(slots))
+        for s in slots:
+            self.lengths[s] += 1
+        return np.stack([self._logits(i) for i in range(len(slots))])
+
+    def reset(self, slot: int) -> None:
+        self._ll.llama_memory_seq_rm(self._mem, slot, -1, -1)
+        self.lengths[slot] = 0
+
+    def release(self) -> None:
+        if self._batch is not None:
+            self._batch.free()
+        if self._ctx:
+            self._ll.llama_free(self._ctx)
+        if self._model:
+            self._ll.llama_model_free(self._model)
+        self._ctx = self._model = self._batch = None

@@ -1,0 +1,108 @@
+"""The llamacpp backend through the core: plan routes the host's llama.cpp runtime to it, deploy builds fp16 and
+Q8_0 bundles with the decoder golden check (one deploy each per module), generate and bench run them, serve
+batches two streams through llama.cpp's sequences."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+
+import pytest
+
+from edgeinfer.testing.cli import run_cli
+from edgeinfer.testing.decoder_conformance import reference_greedy
+from edgeinfer.testing.llm import model_dir
+from edgeinfer.testing.serve import ServerProc
+
+CTX = 256
+PROMPTS = ("The licence grants", "Permission is hereby granted")
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory):
+    from edgeinfer.deploy.decoder import deploy_decoder
+
+    root = tmp_path_factory.mktemp("llamacpp-bundles")
+    return {q: deploy_decoder(model_dir(), "host", root / q.replace(":", "-"), quant=q, runtime="llama.cpp", ctx=CTX)
+            for q in ("fp16", "gguf:Q8_0")}
+
+
+def test_plan_builds_the_host_llama_cpp_runtime_with_this_backend(capfd):
+    r = run_cli(capfd, "plan", str(model_dir()), "--board", "host", "--runtime", "llama.cpp", "--json")
+    build = json.loads(r.stdout)["build"]
+    assert r.returncode == 0 and (build["runtime"], build["backend"], build["scheme"]) == ("llama.cpp", "llamacpp",
+                                                                                           "fp16")
+    assert build["buildable"]
+
+
+def test_the_ascend_llama_cpp_cann_runtime_is_this_backends_and_needs_a_cann_build(capfd):
+    r = run_cli(capfd, "plan", str(model_dir()), "--board", "atlas-800i-a2", "--runtime", "llama.cpp-cann", "--json")
+    build = json.loads(r.stdout)["build"]
+    assert build["runtime"] == "llama.cpp-cann" and not build["buildable"]  # this llama-cpp-python is CPU-only
+    assert "-DGGML_CANN=on" in build["cannot_build"] and "never run here" in build["cannot_build"]
+
+
+@pytest.mark.parametrize("quant", ["fp16", "gguf:Q8_0"])
+def test_deploy_builds_a_golden_checked_gguf_bundle(bundles, quant):
+    res = bundles[quant]
+    m = res.manifest
+    assert (m.backend, m.scheme, m.decoder["runtime"], m.decoder["context"]) == ("llamacpp", quant, "llama.cpp", CTX)
+    assert res.golden["passed"] and (res.bundle / "decoder" / "model.gguf").read_bytes()[:4] == b"GGUF"
+    if quant == "fp16":
+        assert res.golden["token_agreement"] == 1.0
+
+
+def test_generate_gives_the_reference_tokens_and_bench_runs(bundles, capfd):
+    b16 = bundles["fp16"].bundle
+    r = run_cli(capfd, "generate", str(b16), "--prompt", PROMPTS[0], "--max-new-tokens", "16", "--json")
+    out = json.loads(r.stdout)
+    from edgeinfer.run.generation.text import TextCodec
+
+    ids = TextCodec(model_dir()).encode(PROMPTS[0])
+    assert r.returncode == 0 and out["token_ids"] == reference_greedy(model_dir(), ids, 16)
+    r = run_cli(capfd, "bench", str(bundles["gguf:Q8_0"].bundle), "--prompt-lengths", "16", "--new-tokens", "8",
+                "--repeat", "1", "--json")
+    rep = json.loads(r.stdout)
+    assert r.returncode == 0 and rep["backend"] == "llamacpp", rep
+
+
+def test_serve_streams_two_requests_at_once_as_generate_does(bundles, tmp_path):
+    import httpx
+
+    import edgeinfer
+
+    b8 = bundles["gguf:Q8_0"].bundle
+    with edgeinfer.load(b8) as gen:
+        want = [gen.generate(p, max_new_tokens=12).text for p in PROMPTS]
+    with ServerProc([b8], "--slots", "2", "--threads", "1", log=tmp_path / "log") as s:
+        def complete(prompt: str) -> str:
+            body = {"model": b8.name, "prompt": prompt, "max_tokens": 12, "temperature": 0}
+            return httpx.post(s.url + "/v1/completions", json=body, timeout=120).json()["choices"][0]["text"]
+
+        with cf.ThreadPoolExecutor(2) as pool:
+            assert list(pool.map(complete, PROMPTS)) == want
+
+
+def test_a_gguf_file_runs_as_it_is_with_its_tokenizer_next_to_it(bundles, tmp_path, capfd):
+    import shutil
+
+    gguf = tmp_path / "tiny-q8.gguf"
+    shutil.copyfile(bundles["gguf:Q8_0"].bundle / "decoder" / "model.gguf", gguf)
+    for f in bundles["gguf:Q8_0"].bundle.joinpath("tokenizer").iterdir():
+        shutil.copyfile(f, tmp_path / f.name)
+    r = run_cli(capfd, "generate", str(gguf), "--prompt", PROMPTS[0], "--max-new-tokens", "8", "--json")
+    b = run_cli(capfd, "generate", str(bundles["gguf:Q8_0"].bundle), "--prompt", PROMPTS[0], "--max-new-tokens", "8",
+                "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["token_ids"] == json.loads(b.stdout)["token_ids"]
+
+
+def test_the_kv_dtype_option_sets_llama_cpps_cache_type(bundles):
+    import edgeinfer
+
+    backend, gguf = edgeinfer.backend("llamacpp"), bundles["fp16"].bundle / "decoder"
+    sizes = {}
+    for kv in ("fp16", "fp32", "q8_0"):
+        d = backend.load_decoder(gguf, context=CTX, kv_dtype=kv)
+        sizes[kv] = d.kv_cache_bytes
+        d.close()
+    assert sizes["fp32"] == 2 * sizes["fp16"] and sizes["q8_0"] == sizes["fp16"] * 34 // 64
