@@ -292,14 +292,22 @@ def _unexportable_copy(tmp_path: Path) -> Path:
 
 def test_deploy_refuses_an_architecture_the_backend_does_not_export_before_converting(tmp_path):
     model, out, cache = _unexportable_copy(tmp_path), tmp_path / "out", tmp_path / "cache"
-    proc = cli("deploy", str(model), "--board", "host", "-o", str(out), env={"EDGEINFER_CACHE_DIR": str(cache)})
+    proc = cli("deploy", str(model), "--board", "host", "--runtime", "onnxruntime", "-o", str(out),
+               env={"EDGEINFER_CACHE_DIR": str(cache)})
     _one_line_error(proc, 2, "board host: backend 'onnxruntime' exports", "qwen2, qwen3,", "not 'qwen3_moe'")
     assert not out.exists() and not cache.exists(), "nothing may be converted"
 
 
 def test_plan_refuses_an_architecture_the_backend_does_not_export(tmp_path):
-    proc = cli("plan", str(_unexportable_copy(tmp_path)), "--board", "host")
+    model = _unexportable_copy(tmp_path)
+    proc = cli("plan", str(model), "--board", "host", "--runtime", "onnxruntime")
     _one_line_error(proc, 2, "board host: backend 'onnxruntime' exports", "qwen2, qwen3,", "not 'qwen3_moe'")
+    # unasked, the plan takes the host's other decoder runtime where one is installed: llama.cpp converts it
+    own = cli("plan", str(model), "--board", "host", "--json")
+    if own.returncode == 0:
+        assert json.loads(own.stdout)["options"]["runtime"] == "llama.cpp"
+    else:
+        _one_line_error(own, 2, "backend 'onnxruntime' exports")
     assert json.loads(cli("plan", str(model_dir()), "--board", "host", "--json").stdout)["model"]["architecture"] \
         == "qwen3"  # the architecture it exports is planned
 

@@ -13,6 +13,8 @@ from edgeinfer.errors import InputError
 from edgeinfer.planning.boards import host_board
 from edgeinfer.planning.decision import encoder_schemes
 from edgeinfer.planning.host_bandwidth import HostBandwidth
+from edgeinfer.testing.fixtures import DECODER_BUNDLE_CTX
+from edgeinfer.testing.llm import model_dir
 
 
 def _ort_backend():

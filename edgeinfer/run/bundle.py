@@ -147,7 +147,7 @@ def open_generator(bundle: Bundle, device: str | None = None, ctx: int | None = 
     # load_decoder reads the artifact's stamp once: another backend's or toolkit's artifact is refused there
     decoder = be.load_decoder(bundle.artifacts[0], device=device, context=ctx, slots=slots, **options)
     try:
-        check_artifact(bundle, decoder, codec)
+        check_artifact(bundle, decoder, codec, kv_built="kv_dtype" in be.decoders.convert_options)
     except BaseException:
         decoder.close()
         raise
@@ -188,13 +188,15 @@ def check_manifest(bundle: Bundle, codec: Any) -> None:
         raise _disagree(bundle, "decoder.vocab_size", m["vocab_size"], "the model's config.json vocab_size", vocab)
 
 
-def check_artifact(bundle: Bundle, decoder: Any, codec: Any) -> None:
-    """The manifest against the loaded artifact, and the tokenizer against both."""
+def check_artifact(bundle: Bundle, decoder: Any, codec: Any, kv_built: bool = True) -> None:
+    """The manifest against the loaded artifact, and the tokenizer against both. ``kv_built``: the backend built
+    the plan's KV dtype into the artifact (else the device it runs on picks it: OpenVINO's CPU fallback keeps
+    f32 where the planned NPU keeps fp16)."""
     m = bundle.manifest.decoder
     if decoder.vocab_size != m["vocab_size"]:
         raise _disagree(bundle, "decoder.vocab_size", m["vocab_size"], "the artifact's vocabulary",
                         decoder.vocab_size)
-    if m.get("kv_dtype") and decoder.kv_dtype and decoder.kv_dtype != m["kv_dtype"]:
+    if kv_built and m.get("kv_dtype") and decoder.kv_dtype and decoder.kv_dtype != m["kv_dtype"]:
         raise _disagree(bundle, "decoder.kv_dtype", m["kv_dtype"], "the KV cache the artifact allocates",
                         decoder.kv_dtype)
     if codec.vocab_size > decoder.vocab_size:

@@ -4,7 +4,8 @@ One llama.cpp context holds every slot: slot ``s`` is llama.cpp sequence id ``s`
 with its own KV stream (``kv_unified = false``: llama.cpp gives each sequence ``n_ctx / n_seq_max`` cells,
 padded up to a multiple of 256, llama.cpp ``src/llama-context.cpp``). ``decode(slots, ids)`` is one
 ``llama_decode`` of one token per slot; ``prefill`` sends a prompt in batches of ``n_batch`` tokens, logits
-asked for the last token only; ``reset`` removes the sequence's cells (``llama_memory_seq_rm``).
+asked for the last token only, and ``prefill_batch`` several slots' prompts in one batch; ``reset`` removes
+the sequence's cells (``llama_memory_seq_rm``).
 """
 
 from __future__ import annotations
@@ -150,6 +151,30 @@ class LlamaCppDecoder(StepDecoder):
                          [last and i == len(part) - 1 for i in range(len(part))])
             self.lengths[slot] += len(part)
         return self._logits(len(part) - 1)
+
+    def prefill_batch(self, slots: Sequence[int], token_ids: Sequence[np.ndarray]) -> np.ndarray:
+        """Several slots' prompt chunks as one ``llama_decode`` (one batch, a sequence id per token) when they fit
+        one batch of ``n_batch`` tokens; else one ``prefill`` per slot."""
+        slots = [int(s) for s in slots]
+        rows = [[int(t) for t in np.asarray(ids).reshape(-1)] for ids in token_ids]
+        if len(set(slots)) != len(slots) or not all(rows) or sum(map(len, rows)) > self.n_batch:
+            return super().prefill_batch(slots, token_ids)
+        for s, r in zip(slots, rows):
+            self._check_room(s, len(r))
+        tokens: list[int] = []
+        positions: list[int] = []
+        seqs: list[int] = []
+        last: list[int] = []
+        for s, r in zip(slots, rows):
+            tokens += r
+            positions += range(self.lengths[s], self.lengths[s] + len(r))
+            seqs += [s] * len(r)
+            last.append(len(tokens) - 1)
+        wanted = set(last)
+        self._decode(tokens, positions, seqs, [i in wanted for i in range(len(tokens))])
+        for s, r in zip(slots, rows):
+            self.lengths[s] += len(r)
+        return np.stack([self._logits(i) for i in last])
 
     def decode(self, slots: Sequence[int], token_ids: np.ndarray) -> np.ndarray:
         """One ``llama_decode`` of one token per slot."""

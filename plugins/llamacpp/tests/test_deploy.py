@@ -106,3 +106,29 @@ def test_the_kv_dtype_option_sets_llama_cpps_cache_type(bundles):
         sizes[kv] = d.kv_cache_bytes
         d.close()
     assert sizes["fp32"] == 2 * sizes["fp16"] and sizes["q8_0"] == sizes["fp16"] * 34 // 64
+
+
+def test_prefill_batch_of_prompts_of_different_lengths_equals_each_slot_alone(bundles):
+    """Three prompts in one llama_decode (a sequence id per token) give each slot the logits, and the next decode
+    step, that prefilling it alone gives."""
+    import numpy as np
+
+    import edgeinfer
+
+    backend, gguf = edgeinfer.backend("llamacpp"), bundles["fp16"].bundle / "decoder"
+    prompts = [np.arange(5, 5 + n, dtype=np.int64) for n in (3, 11, 7)]
+    d = backend.load_decoder(gguf, context=CTX, slots=3)
+    try:
+        alone = [d.prefill(i, p) for i, p in enumerate(prompts)]
+        step_alone = d.decode([0, 1, 2], np.array([1, 2, 3]))
+        for i in range(3):
+            d.reset(i)
+        together = d.prefill_batch([0, 1, 2], prompts)
+        step_together = d.decode([0, 1, 2], np.array([1, 2, 3]))
+    finally:
+        d.close()
+    assert together.shape == (3, d.vocab_size)
+    for i in range(3):
+        assert int(np.argmax(together[i])) == int(np.argmax(alone[i]))
+        np.testing.assert_allclose(together[i], alone[i], atol=2e-2)
+    np.testing.assert_allclose(step_together, step_alone, atol=2e-2)
