@@ -26,7 +26,7 @@ ratio ≤ 1.2; the ``llamacpp`` backend within 5 % of raw llama-server (tok/s ra
 
     python bench/peer_llamacpp.py [--quick] [--pairs host-fp32,ov-fp16] [--rounds 3] [--threads 2]
 
-Writes bench/results/peer_llamacpp.json (``--quick``: peer_llamacpp_quick.json) and the plot .png next to it.
+Writes bench/results/peer_llamacpp.json (``settings.quick`` says which mode) and peer_llamacpp.png.
 """
 
 from __future__ import annotations
@@ -318,12 +318,13 @@ def main() -> None:
             (Path(tmp) / name).mkdir()
             results[name] = run_pair(name, PAIRS[name], rounds, args.threads, Path(tmp))
             print(f"{name}: {results[name]['status']}", file=sys.stderr)
-    out = "peer_llamacpp" + ("_quick" if args.quick else "")
+    out = "peer_llamacpp"
     _common.write(out, {
         "note": "ratios are edgeinfer ÷ llama.cpp; loopback, both servers up at once and driven alternately; "
                 "medians over rounds; peak RSS = largest sum of RSS over each server's process tree",
         "settings": {"ctx": CTX, "slots": SLOTS, "prompt_tokens": PROMPT_TOKENS, "workloads": WORKLOADS,
-                     "rounds": rounds, "threads": args.threads, "llama_cpp_python": _llamacpp.version(),
+                     "rounds": rounds, "quick": args.quick, "threads": args.threads,
+                     "llama_cpp_python": _llamacpp.version(),
                      "cmake_flags": _llamacpp.CMAKE_FLAGS, "build": build_log,
                      "quality_gate": f"median over {len(QUALITY_PROMPTS)} prompts of the leading fp32-reference "
                                      f"tokens reproduced >= {GATE_TOKENS} of {QUALITY_TOKENS}"},
