@@ -39,12 +39,12 @@ def tree_pids(root: int) -> list[int]:
     return out
 
 
-def tree_rss_bytes(root: int) -> int:
-    """Sum of the resident set sizes of ``root``'s tree (pages shared between its processes count once per
-    process, as ``ps`` would add them up)."""
+def tree_rss_bytes(root: int, pids: list[int] | None = None) -> int:
+    """Sum of the resident set sizes of ``root``'s tree (or of ``pids``, a listing of it); pages shared
+    between its processes count once per process, as ``ps`` would add them up."""
     page = os.sysconf("SC_PAGE_SIZE")
     total = 0
-    for pid in tree_pids(root):
+    for pid in pids if pids is not None else tree_pids(root):
         try:
             total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page
         except (OSError, ValueError, IndexError):
@@ -53,17 +53,24 @@ def tree_rss_bytes(root: int) -> int:
 
 
 class TreeRssSampler:
-    """Largest :func:`tree_rss_bytes` of ``root`` seen every ``interval`` seconds since start (a thread)."""
+    """Largest :func:`tree_rss_bytes` of ``root`` seen every ``interval`` seconds since start (a thread). The
+    tree is listed again every ``relist`` samples only: listing reads every process's /proc/PID/stat, which
+    would take CPU from the servers being measured."""
 
-    def __init__(self, root: int, interval: float = 0.05) -> None:
-        self.root, self.interval, self.peak = root, interval, tree_rss_bytes(root)
+    def __init__(self, root: int, interval: float = 0.05, relist: int = 20) -> None:
+        self.root, self.interval, self.relist = root, interval, relist
+        self.peak = tree_rss_bytes(root)
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._loop, daemon=True)
         self._t.start()
 
     def _loop(self) -> None:
+        n, pids = 0, tree_pids(self.root)
         while not self._stop.wait(self.interval):
-            self.peak = max(self.peak, tree_rss_bytes(self.root))
+            n += 1
+            if n % self.relist == 0:
+                pids = tree_pids(self.root)
+            self.peak = max(self.peak, tree_rss_bytes(self.root, pids))
 
     def stop(self) -> int:
         self._stop.set()

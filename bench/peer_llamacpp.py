@@ -18,7 +18,7 @@ Models: speed and memory on a random Qwen3 of ~188 M non-embedding parameters (1
 pairs use the committed *trained* tiny Qwen3 (``edgeinfer.testing.llm.model_dir``: 4 layers, hidden 256,
 trained on licence texts by scripts/build_test_llm.py), and both sides must pass a quality gate: on each of
 ``QUALITY_PROMPTS``, greedy, the leading tokens of the fp32 transformers reference that the server's text
-reproduces; the gate passes when the median over prompts is at least ``GATE_TOKENS`` of ``QUALITY_TOKENS``.
+reproduces; the gate passes when the lower median over prompts is at least ``GATE_TOKENS`` of ``QUALITY_TOKENS``.
 
 A pair whose edgeinfer backend is not installed (or whose preparation fails) is skipped with the reason in the
 JSON. Goals (reported, not asserted): tok/s ratio ≥ 1.0 at c1 and c16, TTFT p50 ratio ≤ 1.0 at c16, peak RSS
