@@ -120,4 +120,4 @@ def server_command(bins: dict[str, Path], model: Path, port: int, parallel: int,
     between the slots) and continuous batching (its default); KV cache in its default f16."""
     return [str(bins["llama-server"]), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
             "--parallel", str(parallel), "-c", str(ctx * parallel), "--threads", str(threads),
-            "--threads-batch", str(threads), "--no-webui", "--log-disable"]
+            "--threads-batch", str(threads), "--no-webui"]

@@ -288,7 +288,8 @@ def plot(results: dict, path: Path) -> None:
     ax.axhline(1.2, color="grey", lw=0.8, ls="--")
     ax.set_xticks([k + 0.4 for k in range(len(ok))], [f"{n}\nvs {r['gguf']}" for n, r in ok.items()], fontsize=8)
     ax.set_ylabel("edgeinfer ÷ llama.cpp")
-    ax.set_title("edgeinfer serve vs llama-server on this CPU (tok/s > 1: edgeinfer ahead; TTFT, RSS < 1: ahead)")
+    ax.set_title("edgeinfer serve vs llama-server on this CPU\n(tok/s above 1: edgeinfer ahead; TTFT, RSS below 1: "
+                 "edgeinfer ahead)", fontsize=10)
     ax.legend(fontsize=7, ncol=3)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
