@@ -117,7 +117,9 @@ def gguf(model: Path, kind: str) -> Path:
 
 def server_command(bins: dict[str, Path], model: Path, port: int, parallel: int, ctx: int, threads: int) -> list[str]:
     """``llama-server`` with ``parallel`` slots of ``ctx`` positions each (its ``-c`` is the total, split
-    between the slots) and continuous batching (its default); KV cache in its default f16."""
+    between the slots) and continuous batching (its default); KV cache in its default f16. Without prompt
+    caching (``--no-cache-prompt``, ``--cache-ram 0``): edgeinfer has none, and the bench sends the same prompts
+    every round, whose KV llama-server would otherwise reuse (and keep in RAM)."""
     return [str(bins["llama-server"]), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
             "--parallel", str(parallel), "-c", str(ctx * parallel), "--threads", str(threads),
-            "--threads-batch", str(threads), "--no-webui"]
+            "--threads-batch", str(threads), "--no-webui", "--no-cache-prompt", "--cache-ram", "0"]

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -303,6 +304,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, help="A B rounds per pair (default 3; --quick: 1)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="CPU threads of each server")
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that the servers are stopped on the way out
     names = args.pairs.split(",") if args.pairs else QUICK_PAIRS if args.quick else list(PAIRS)
     unknown = [n for n in names if n not in PAIRS]
     if unknown:
