@@ -163,7 +163,7 @@ def ratio_table(edgeinfer: dict, llamacpp: dict) -> dict:
     ``peak_rss``: the ratio of the two ``peak_rss_bytes``."""
     table: dict[str, dict] = {}
     for workload, ours in edgeinfer.items():
-        if workload == "peak_rss_bytes" or workload not in llamacpp:
+        if not isinstance(ours, dict) or workload not in llamacpp:  # peak_rss_bytes, rounds
             continue
         table[workload] = {}
         for metric in METRICS:

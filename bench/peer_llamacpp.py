@@ -319,7 +319,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
             (Path(tmp) / name).mkdir()
-            results[name] = run_pair(name, PAIRS[name], rounds, args.threads, Path(tmp))
+            try:
+                results[name] = run_pair(name, PAIRS[name], rounds, args.threads, Path(tmp))
+            except Exception as e:  # noqa: BLE001 - keep the other pairs' figures
+                results[name] = {"status": "error", "reason": f"{type(e).__name__}: {str(e)[-600:]}", **PAIRS[name]}
             print(f"{name}: {results[name]['status']}", file=sys.stderr)
     out = "peer_llamacpp"
     _common.write(out, {

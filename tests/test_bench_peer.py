@@ -36,7 +36,7 @@ def test_median_over_rounds_and_ratio_table() -> None:
     assert med["c1"] == _summary(12, 90, 110, 45)
     assert peer.median_over_rounds(rounds[:2])["c1"]["tok_s"] == 11  # even count: mean of the middle two
     theirs = {"c1": _summary(24, 45, 220, 90), "peak_rss_bytes": 200}
-    ratios = peer.ratio_table({**med, "peak_rss_bytes": 300}, theirs)
+    ratios = peer.ratio_table({**med, "peak_rss_bytes": 300, "rounds": rounds}, {**theirs, "rounds": []})
     assert ratios == {"c1": {"tok_s": 0.5, "ttft_ms_p50": 2.0, "ttft_ms_p99": 0.5, "tpot_ms": 0.5}, "peak_rss": 1.5}
 
 
