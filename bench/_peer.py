@@ -1,0 +1,185 @@
+"""The pure parts of bench/peer_llamacpp.py: a streaming ``/v1/completions`` client that works against both
+``edgeinfer serve`` and ``llama-server``, the per-level summary, the ratio table, the quality gate and an RSS
+sampler of a whole process tree (a server and every process it started). Tested by tests/test_bench_peer.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+from edgeinfer.contract.measure import latency_stats
+
+#: metric -> True when a larger value is better (the ratio is always edgeinfer ÷ llama.cpp)
+METRICS = {"tok_s": True, "ttft_ms_p50": False, "ttft_ms_p99": False, "tpot_ms": False}
+
+
+# -- process tree RSS (Linux /proc) -------------------------------------------------------------------------
+
+def tree_pids(root: int) -> list[int]:
+    """``root`` and all its descendants alive now (parent links from /proc/PID/stat)."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rindex(")") + 2:].split()[1])  # the name in () may hold spaces
+        children.setdefault(ppid, []).append(int(d.name))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return out
+
+
+def tree_rss_bytes(root: int, pids: list[int] | None = None) -> int:
+    """Sum of the resident set sizes of ``root``'s tree (or of ``pids``, a listing of it); pages shared
+    between its processes count once per process, as ``ps`` would add them up."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    total = 0
+    for pid in pids if pids is not None else tree_pids(root):
+        try:
+            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page
+        except (OSError, ValueError, IndexError):
+            pass  # exited between the listing and the read
+    return total
+
+
+class TreeRssSampler:
+    """Largest :func:`tree_rss_bytes` of ``root`` seen every ``interval`` seconds since start (a thread). The
+    tree is listed again every ``relist`` samples only: listing reads every process's /proc/PID/stat, which
+    would take CPU from the servers being measured."""
+
+    def __init__(self, root: int, interval: float = 0.05, relist: int = 20) -> None:
+        self.root, self.interval, self.relist = root, interval, relist
+        self.peak = tree_rss_bytes(root)
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._loop, daemon=True)
+        self._t.start()
+
+    def _loop(self) -> None:
+        n, pids = 0, tree_pids(self.root)
+        while not self._stop.wait(self.interval):
+            n += 1
+            if n % self.relist == 0:
+                pids = tree_pids(self.root)
+            self.peak = max(self.peak, tree_rss_bytes(self.root, pids))
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._t.join()
+        return max(self.peak, tree_rss_bytes(self.root))
+
+
+# -- the streaming client ------------------------------------------------------------------------------------
+
+async def stream_one(client, url: str, model: str, prompt: str, max_tokens: int) -> dict:
+    """One streamed greedy completion: TTFT (send → first text chunk), TPOT (mean gap between text chunks
+    after the first), the generated text and the server's token counts (``usage``)."""
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}}
+    t0 = time.perf_counter()
+    first = last = None
+    chunks, text, usage = 0, [], {}
+    async with client.stream("POST", url + "/v1/completions", json=body) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread())[:300]!r}")
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line.strip() == "data: [DONE]":
+                continue
+            data = json.loads(line[6:])
+            if "error" in data:
+                raise RuntimeError(str(data["error"])[:300])
+            usage = data.get("usage") or usage
+            piece = data["choices"][0].get("text") if data.get("choices") else None
+            if piece:
+                last = time.perf_counter()
+                first = first or last
+                chunks += 1
+                text.append(piece)
+    if first is None or last is None:
+        raise RuntimeError(f"no text streamed for {prompt[:40]!r}")
+    tokens = usage.get("completion_tokens") or chunks
+    return {"ttft_s": first - t0, "tpot_s": (last - first) / max(1, chunks - 1), "tokens": tokens,
+            "prompt_tokens": usage.get("prompt_tokens"), "e2e_s": last - t0, "text": "".join(text)}
+
+
+async def _level(url: str, model: str, prompts: list[str], max_tokens: int) -> tuple[list[dict], float]:
+    import httpx
+
+    async with httpx.AsyncClient(timeout=httpx.Timeout(900.0),
+                                 limits=httpx.Limits(max_connections=len(prompts) + 2)) as client:
+        t0 = time.perf_counter()
+        rows = await asyncio.gather(*(stream_one(client, url, model, p, max_tokens) for p in prompts))
+        return list(rows), time.perf_counter() - t0
+
+
+def run_level(url: str, model: str, prompts: list[str], max_tokens: int) -> dict:
+    """All ``prompts`` sent at once (one stream each) and summarised by :func:`summarize`."""
+    rows, wall = asyncio.run(_level(url, model, prompts, max_tokens))
+    return summarize(rows, wall)
+
+
+def run_level_texts(url: str, model: str, prompts: list[str], max_tokens: int) -> list[str]:
+    """The generated texts of ``prompts`` sent at once."""
+    rows, _ = asyncio.run(_level(url, model, prompts, max_tokens))
+    return [r["text"] for r in rows]
+
+
+def summarize(rows: list[dict], wall_s: float) -> dict:
+    """Aggregate generated tok/s (all streams' tokens / wall time), TTFT p50/p99 and mean TPOT in ms."""
+    ttft = latency_stats([r["ttft_s"] * 1e3 for r in rows])
+    tpot = latency_stats([r["tpot_s"] * 1e3 for r in rows])
+    tokens = sum(r["tokens"] for r in rows)
+    return {"streams": len(rows), "tokens": tokens, "wall_s": round(wall_s, 3),
+            "tok_s": round(tokens / wall_s, 3), "ttft_ms_p50": round(ttft["p50"], 2),
+            "ttft_ms_p99": round(ttft["p99"], 2), "tpot_ms": round(tpot["mean"], 3),
+            "prompt_tokens": sorted({r["prompt_tokens"] for r in rows if r["prompt_tokens"] is not None})}
+
+
+# -- rounds, ratios ------------------------------------------------------------------------------------------
+
+def median_over_rounds(rounds: list[dict]) -> dict:
+    """Per workload and metric, the median over rounds (``rounds``: [{workload: summary}, ...])."""
+    out: dict[str, dict] = {}
+    for workload in rounds[0]:
+        out[workload] = {}
+        for metric in METRICS:
+            xs = sorted(r[workload][metric] for r in rounds if workload in r)
+            out[workload][metric] = xs[(len(xs) - 1) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] +
+                                                                                 xs[len(xs) // 2]) / 2
+    return out
+
+
+def ratio_table(edgeinfer: dict, llamacpp: dict) -> dict:
+    """edgeinfer ÷ llama.cpp per workload and metric (None where llama.cpp's figure is 0), and
+    ``peak_rss``: the ratio of the two ``peak_rss_bytes``."""
+    table: dict[str, dict] = {}
+    for workload, ours in edgeinfer.items():
+        if not isinstance(ours, dict) or workload not in llamacpp:  # peak_rss_bytes, rounds
+            continue
+        table[workload] = {}
+        for metric in METRICS:
+            a, b = ours[metric], llamacpp[workload][metric]
+            table[workload][metric] = round(a / b, 3) if b else None
+    if edgeinfer.get("peak_rss_bytes") and llamacpp.get("peak_rss_bytes"):
+        table["peak_rss"] = round(edgeinfer["peak_rss_bytes"] / llamacpp["peak_rss_bytes"], 3)
+    return table
+
+
+def leading_agreement(reference_tokens: list[str], text: str) -> int:
+    """How many of the reference's leading tokens (their text pieces) ``text`` reproduces in order."""
+    pos = n = 0
+    for piece in reference_tokens:
+        if text[pos:pos + len(piece)] != piece:
+            break
+        pos += len(piece)
+        n += 1
+    return n

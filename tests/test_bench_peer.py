@@ -1,0 +1,78 @@
+"""The pure parts of bench/peer_llamacpp.py (bench/_peer.py): summaries, ratios, the quality-gate count and the
+RSS of a process tree. The bench itself (servers, minutes) is not in the suite."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+_spec = importlib.util.spec_from_file_location("_peer", Path(__file__).resolve().parents[1] / "bench" / "_peer.py")
+peer = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(peer)
+
+
+def _summary(tok_s: float, ttft50: float, ttft99: float, tpot: float) -> dict:
+    return {"tok_s": tok_s, "ttft_ms_p50": ttft50, "ttft_ms_p99": ttft99, "tpot_ms": tpot}
+
+
+def test_summarize_streams() -> None:
+    rows = [{"ttft_s": t, "tpot_s": 0.01 * (i + 1), "tokens": 64, "prompt_tokens": 32}
+            for i, t in enumerate([0.4, 0.1, 0.3, 0.2])]
+    s = peer.summarize(rows, wall_s=2.0)
+    assert s["tokens"] == 256 and s["tok_s"] == 128.0
+    assert s["ttft_ms_p50"] == 200.0 and s["ttft_ms_p99"] == 400.0  # nearest rank of 4 samples
+    assert s["tpot_ms"] == 25.0 and s["prompt_tokens"] == [32]
+
+
+def test_median_over_rounds_and_ratio_table() -> None:
+    rounds = [{"c1": _summary(10, 100, 120, 50)}, {"c1": _summary(12, 90, 110, 40)}, {"c1": _summary(30, 80, 95, 45)}]
+    med = peer.median_over_rounds(rounds)
+    assert med["c1"] == _summary(12, 90, 110, 45)
+    assert peer.median_over_rounds(rounds[:2])["c1"]["tok_s"] == 11  # even count: mean of the middle two
+    theirs = {"c1": _summary(24, 45, 220, 90), "peak_rss_bytes": 200}
+    ratios = peer.ratio_table({**med, "peak_rss_bytes": 300, "rounds": rounds}, {**theirs, "rounds": []})
+    assert ratios == {"c1": {"tok_s": 0.5, "ttft_ms_p50": 2.0, "ttft_ms_p99": 0.5, "tpot_ms": 0.5}, "peak_rss": 1.5}
+
+
+def test_leading_agreement_counts_reference_tokens_in_order() -> None:
+    ref = [" the", " river", " city", " at", " dawn"]
+    assert peer.leading_agreement(ref, " the river city at dawn and more") == 5
+    assert peer.leading_agreement(ref, " the river town at dawn") == 2
+    assert peer.leading_agreement(ref, "the river") == 0
+
+
+def _descendant(pid: int) -> int | None:
+    kids = Path(f"/proc/{pid}/task/{pid}/children")
+    ids = kids.read_text().split() if kids.exists() else []
+    return int(ids[0]) if ids else None
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads /proc (Linux)")
+def test_tree_rss_includes_a_grandchild() -> None:
+    grandchild = "x = bytearray(96 << 20); x[::4096] = b'1' * len(x[::4096]); print('ok', flush=True); " \
+                 "import time; time.sleep(30)"
+    child = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys; "
+                              f"subprocess.run([sys.executable, '-c', {grandchild!r}])"], stdout=subprocess.PIPE)
+    gc = None
+    try:
+        assert child.stdout.readline().strip() == b"ok"  # the grandchild holds its 96 MiB now
+        deadline = time.monotonic() + 5
+        while (gc := _descendant(child.pid)) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert gc is not None
+        assert set(peer.tree_pids(child.pid)) == {child.pid, gc}
+        own = int(Path(f"/proc/{child.pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        sampler = peer.TreeRssSampler(child.pid, interval=0.01)
+        time.sleep(0.05)
+        assert sampler.stop() >= own + (96 << 20)
+    finally:
+        if gc is not None:
+            os.kill(gc, 9)
+        child.kill()
+        child.wait()
