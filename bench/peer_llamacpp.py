@@ -24,7 +24,7 @@ A pair whose edgeinfer backend is not installed (or whose preparation fails) is 
 JSON. Goals (reported, not asserted): tok/s ratio ≥ 1.0 at c1 and c16, TTFT p50 ratio ≤ 1.0 at c16, peak RSS
 ratio ≤ 1.2; the ``llamacpp`` backend within 5 % of raw llama-server (tok/s ratio ≥ 0.95 everywhere).
 
-    python bench/peer_llamacpp.py [--quick] [--pairs host-fp32,ov-fp16] [--rounds 3] [--threads 2]
+    python bench/peer_llamacpp.py [--quick] [--pairs host-fp32,ov-fp16] [--rounds 3] [--threads 2] [--out NAME]
 
 Writes bench/results/peer_llamacpp.json (``settings.quick`` says which mode) and peer_llamacpp.png.
 """
@@ -303,6 +303,7 @@ def main() -> None:
     ap.add_argument("--pairs", help=f"comma-separated, of: {','.join(PAIRS)}")
     ap.add_argument("--rounds", type=int, help="A B rounds per pair (default 3; --quick: 1)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="CPU threads of each server")
+    ap.add_argument("--out", default="peer_llamacpp", help="results name: bench/results/OUT.json and OUT.png")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that the servers are stopped on the way out
     names = args.pairs.split(",") if args.pairs else QUICK_PAIRS if args.quick else list(PAIRS)
@@ -324,7 +325,7 @@ def main() -> None:
             except Exception as e:  # noqa: BLE001 - keep the other pairs' figures
                 results[name] = {"status": "error", "reason": f"{type(e).__name__}: {str(e)[-600:]}", **PAIRS[name]}
             print(f"{name}: {results[name]['status']}", file=sys.stderr)
-    out = "peer_llamacpp"
+    out = args.out
     _common.write(out, {
         "note": "ratios are edgeinfer ÷ llama.cpp; loopback, both servers up at once and driven alternately; "
                 "medians over rounds; peak RSS = largest sum of RSS over each server's process tree",
