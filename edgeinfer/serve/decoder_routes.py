@@ -101,13 +101,6 @@ def prepare_generation(decoders: dict[str, ServedDecoder], raw: bytes, content_t
                           bool(body.stream_options and body.stream_options.include_usage))
 
 
-def warm(decoders: dict[str, ServedDecoder]) -> None:
-    """Run once in each helper process at start-up: imports this module there and sizes the vocabularies,
-    so the first request does not pay for it."""
-    for llm in decoders.values():
-        llm.codec.longest_token  # noqa: B018 - a cached property
-
-
 async def _inline(heavy: bool, fn: Any, *args: Any, decoders: dict[str, ServedDecoder]) -> Any:
     return fn(decoders, *args)
 
