@@ -97,11 +97,14 @@ def _spawned_children() -> list[int]:
 
 def test_request_helpers_start_on_the_first_large_request_and_zero_means_inline():
     """No helper process while requests are small (each costs ~75 MiB of RSS); the first large one starts
-    one, which does the work (its pid, not ours); ``processes=0`` does large work inline."""
+    one, which does the work (its pid, not ours); when it dies, a request fails with 500 and the next large
+    one gets a new helper; ``processes=0`` does large work inline."""
     import asyncio
     import os
+    import signal
+    import time
 
-    from edgeinfer.serve.prep import Offload
+    from edgeinfer.serve.prep import ApiError, Offload
 
     before = set(_spawned_children())
 
@@ -119,6 +122,13 @@ def test_request_helpers_start_on_the_first_large_request_and_zero_means_inline(
         assert small == os.getpid() and not started
         assert large != os.getpid() and large in set(_spawned_children()) - before
         assert len(set(_spawned_children()) - before) == 1  # one large request at a time: one helper
+        os.kill(large, signal.SIGKILL)  # as an out-of-memory kill would: that request fails, the next works
+        with pytest.raises(ApiError, match="helper process") as died:
+            for _ in range(50):  # until the pool has seen the helper die
+                asyncio.run(lazy.encode(True, os.getpid))
+                time.sleep(0.1)
+        assert died.value.status == 500
+        assert asyncio.run(lazy.encode(True, os.getpid)) not in (os.getpid(), large)
         helpers = set(_spawned_children())
         assert asyncio.run(run(inline)) == (os.getpid(), os.getpid(), [])
         assert set(_spawned_children()) == helpers

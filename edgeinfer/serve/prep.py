@@ -406,18 +406,27 @@ class Offload:
                 self._pool = ProcessPoolExecutor(self.processes, mp_context=mp.get_context("spawn"),
                                                  initializer=_init, initargs=(self.tables,))
             pool = self._pool
-        return pool, pool.submit(_call, fn, args, table)
+        try:
+            return pool, pool.submit(_call, fn, args, table)
+        except BrokenProcessPool:  # a helper died since the last call
+            self._renew(pool)
+            raise
+
+    def _renew(self, broken: ProcessPoolExecutor) -> None:
+        with self._lock:
+            if self._pool is broken:
+                self._pool = None  # the next large request starts new helpers
 
     async def _submit(self, fn: Callable[..., Any], args: tuple, table: str | None) -> Any:
-        pool = None
         try:
             # submit() may start a helper process (slow): never on the event loop
             pool, future = await asyncio.to_thread(self._submit_now, fn, args, table)
-            return await asyncio.wrap_future(future)
+            try:
+                return await asyncio.wrap_future(future)
+            except BrokenProcessPool:
+                self._renew(pool)
+                raise
         except BrokenProcessPool:
-            with self._lock:
-                if pool is not None and self._pool is pool:
-                    self._pool = None  # the next large request starts new helpers
             raise ApiError(500, "the helper process working on this request died (out of memory?); "
                                 "retry, or send a smaller request") from None
 
