@@ -249,7 +249,7 @@ def tiny_decoders(tmp_path_factory):
 def _gen(decoders, body: dict, chat: bool = True, elsewhere=None):
     import json
 
-    from edgeinfer.serve.decoder_routes import prepare_generation
+    from edgeinfer.serve.generation_prep import prepare_generation
 
     return prepare_generation(decoders, json.dumps(body).encode(), "application/json", chat, elsewhere)
 
