@@ -96,7 +96,7 @@ def _spawned_children() -> list[int]:
 
 
 def test_request_helpers_start_on_the_first_large_request_and_zero_means_inline():
-    """No helper process while requests are small (each costs ~75 MiB of RSS); the first large one starts
+    """No helper process while requests are small (each costs ~70 MiB of RSS); the first large one starts
     one, which does the work (its pid, not ours); when it dies, a request fails with 500 and the next large
     one gets a new helper; ``processes=0`` does large work inline."""
     import asyncio

@@ -36,7 +36,7 @@ EXTRAS = ("fastapi", "uvicorn", "starlette", "pydantic", "prometheus_client", "h
               help="Most strings per embeddings request, rows per /v1/infer request (400 above).")
 @click.option("--request-helpers", default=2, show_default=True, type=int,
               help="Processes that prepare large requests and chat templates off the event loop, started when "
-                   "first needed (~75 MiB each); 0: all in the HTTP process (docs/serve.md).")
+                   "first needed (~70 MiB each); 0: all in the HTTP process (docs/serve.md).")
 @click.option("--slots", default=4, show_default=True, type=int,
               help="Decoders: sequences decoded at once (KV slots of --ctx positions each, reserved at start; "
                    "a bundle with static decode batches takes at most its largest).")

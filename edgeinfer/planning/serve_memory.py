@@ -4,7 +4,7 @@ also has serve's HTTP process and multiprocessing's resource tracker (which ever
 CPython's ``popen_spawn_posix`` hands each child its fd). Their peak RSS does not depend on the model, so it
 is one measured figure (``edgeinfer/data/serve_memory.json``, from ``bench/serve_footprint.py``'s JSON).
 Request helpers (``serve.prep.Offload``) are not in it: they start only when a large body or a chat
-template needs one (``--request-helpers``), ~75 MiB each (``parts_mib.request_helper_each``).
+template needs one (``--request-helpers``), ~70 MiB each (``parts_mib.request_helper_each``).
 A served decoder with ``--slots S`` is the plan at ``--batch S``."""
 
 from __future__ import annotations

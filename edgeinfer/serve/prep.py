@@ -372,7 +372,7 @@ class Offload:
     """Runs request work inline when it is small and in up to ``processes`` helper processes (spawned) when
     it is large. The helpers start when a large request first needs one (ProcessPoolExecutor starts them one
     per submitted call until ``processes`` run), so a server that only gets small requests never pays their
-    ~75 MiB each; ``processes=0`` runs everything inline. A helper that dies (e.g. out of memory) fails its
+    ~70 MiB each; ``processes=0`` runs everything inline. A helper that dies (e.g. out of memory) fails its
     request with 500; the pool is renewed on the next large request. The helpers hold the served models
     (``models``: embedding and tensor bundles, ``decoders``: decoder engines, whose tokenizer and chat template
     they run)."""
