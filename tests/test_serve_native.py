@@ -88,7 +88,8 @@ def test_a_native_loop_gives_no_logprobs_the_scheduler_ends_such_a_request_and_t
     worker reported as a native loop (400 naming the backend), and the scheduler ends one that got through."""
     from edgeinfer.serve.decoder_engine import Engine, ServedDecoder
     from edgeinfer.serve.decoder_native import NO_LOGPROBS
-    from edgeinfer.serve.decoder_routes import ChatRequest, CompletionRequest, check_logprobs, prompt_and_options
+    from edgeinfer.serve.decoder_routes import ChatRequest, CompletionRequest, check_logprobs
+    from edgeinfer.serve.generation_prep import prompt_and_options
     from edgeinfer.serve.prep import ApiError
 
     runtime = ScriptedNativeStandIn(codec.encode("The cat"), codec.tokenizer.get_vocab_size())

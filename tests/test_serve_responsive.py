@@ -356,24 +356,32 @@ def test_api_key_file_is_required_and_not_on_the_command_line(server):
 
 
 def test_a_killed_helper_fails_only_its_request_and_helpers_come_back(server):
-    """Killing the helper processes (as an out-of-memory kill would) fails the large request in flight or
-    next with a JSON 500; the helpers are started again and the next large request is answered."""
+    """Helpers start with the first large request (none before, unless an earlier test sent one). Killing
+    them (as an out-of-memory kill would) fails the large request in flight or next with a JSON 500; helpers
+    are started again and the next large request is answered."""
     import os
     import signal
 
     worker = httpx.get(server.url + "/ready", headers=AUTH).json()["workers"][0]["pid"]
     tasks = f"/proc/{server.proc.pid}/task"
-    children = [p for t in os.listdir(tasks) for p in open(f"{tasks}/{t}/children").read().split()]
-    helpers = [int(p) for p in children if int(p) != worker
-               and b"spawn_main" in open(f"/proc/{p}/cmdline", "rb").read()]
-    assert len(helpers) == 2, (children, worker)
-    for pid in helpers:
+
+    def helpers() -> list[int]:
+        children = [p for t in os.listdir(tasks) for p in open(f"{tasks}/{t}/children").read().split()]
+        return [int(p) for p in children
+                if int(p) != worker and b"spawn_main" in open(f"/proc/{p}/cmdline", "rb").read()]
+
+    big = {"model": "minilm-ort", "input": ["a sentence long enough to matter " * 40] * 64}  # > 64 KiB
+    started = httpx.post(server.url + "/v1/embeddings", json=big, headers=AUTH, timeout=T)
+    assert started.status_code == 200, started.text[:300]
+    running = helpers()
+    assert 1 <= len(running) <= 2, running  # --request-helpers 2: started one per large request in flight
+    for pid in running:
         os.kill(pid, signal.SIGKILL)
     time.sleep(0.5)
-    big = {"model": "minilm-ort", "input": ["a sentence long enough to matter " * 40] * 64}  # > 64 KiB
     first = httpx.post(server.url + "/v1/embeddings", json=big, headers=AUTH, timeout=T)
     assert first.status_code in (200, 500), first.text[:300]
     if first.status_code == 500:
         assert "helper process" in first.json()["error"]["message"]
     again = httpx.post(server.url + "/v1/embeddings", json=big, headers=AUTH, timeout=T)
     assert again.status_code == 200 and len(again.json()["data"]) == 64, again.text[:300]
+    assert helpers() and not set(helpers()) & set(running)

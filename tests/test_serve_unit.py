@@ -60,7 +60,8 @@ def test_two_bundles_with_the_same_name_are_refused(tmp_path):
 
 @pytest.mark.parametrize("bad, words", [(dict(max_batch=0), "--max-batch"), (dict(max_queue=0), "--max-queue"),
                                         (dict(timeout_s=0), "--timeout-s"), (dict(api_key=" "), "API key"),
-                                        (dict(bundles=[]), "BUNDLE")])
+                                        (dict(bundles=[]), "BUNDLE"),
+                                        (dict(request_helpers=-1), "--request-helpers")])
 def test_bad_options_are_input_errors(tmp_path, bad, words):
     with pytest.raises(InputError, match=words):
         ServeConfig(**{"bundles": [tmp_path], **bad}).check()
@@ -84,6 +85,56 @@ def test_api_errors_survive_the_trip_back_from_a_helper_process():
 
     e = pickle.loads(pickle.dumps(ApiError(429, "full", {"Retry-After": "1"})))
     assert (e.status, e.message, e.headers) == (429, "full", {"Retry-After": "1"})
+
+
+def _spawned_children() -> list[int]:
+    import os
+
+    tasks = "/proc/self/task"
+    return [int(p) for t in os.listdir(tasks) for p in open(f"{tasks}/{t}/children").read().split()
+            if b"spawn_main" in open(f"/proc/{p}/cmdline", "rb").read()]
+
+
+def test_request_helpers_start_on_the_first_large_request_and_zero_means_inline():
+    """No helper process while requests are small (each costs ~70 MiB of RSS); the first large one starts
+    one, which does the work (its pid, not ours); when it dies, a request fails with 500 and the next large
+    one gets a new helper; ``processes=0`` does large work inline."""
+    import asyncio
+    import os
+    import signal
+    import time
+
+    from edgeinfer.serve.prep import ApiError, Offload
+
+    before = set(_spawned_children())
+
+    async def run(offload: Offload) -> tuple[int, int, list[int]]:
+        ours = set(_spawned_children())
+        small = await offload.encode(False, os.getpid)
+        started = set(_spawned_children()) - ours
+        large = await offload.encode(True, os.getpid)
+        return small, large, sorted(started)
+
+    lazy, inline = Offload({}, processes=2), Offload({}, processes=0)
+    lazy.start(), inline.start()
+    try:
+        small, large, started = asyncio.run(run(lazy))
+        assert small == os.getpid() and not started
+        assert large != os.getpid() and large in set(_spawned_children()) - before
+        assert len(set(_spawned_children()) - before) == 1  # one large request at a time: one helper
+        os.kill(large, signal.SIGKILL)  # as an out-of-memory kill would: that request fails, the next works
+        with pytest.raises(ApiError, match="helper process") as died:
+            for _ in range(50):  # until the pool has seen the helper die
+                asyncio.run(lazy.encode(True, os.getpid))
+                time.sleep(0.1)
+        assert died.value.status == 500
+        assert asyncio.run(lazy.encode(True, os.getpid)) not in (os.getpid(), large)
+        helpers = set(_spawned_children())
+        assert asyncio.run(run(inline)) == (os.getpid(), os.getpid(), [])
+        assert set(_spawned_children()) == helpers
+    finally:
+        lazy.stop(), inline.stop()
+    assert not set(_spawned_children()) - before
 
 
 def test_non_finite_outputs_are_refused_by_name():
@@ -198,7 +249,7 @@ def tiny_decoders(tmp_path_factory):
 def _gen(decoders, body: dict, chat: bool = True, elsewhere=None):
     import json
 
-    from edgeinfer.serve.decoder_routes import prepare_generation
+    from edgeinfer.serve.generation_prep import prepare_generation
 
     return prepare_generation(decoders, json.dumps(body).encode(), "application/json", chat, elsewhere)
 

@@ -34,6 +34,9 @@ EXTRAS = ("fastapi", "uvicorn", "starlette", "pydantic", "prometheus_client", "h
 @click.option("--max-body-mb", default=8.0, show_default=True, type=float, help="Largest request body (413).")
 @click.option("--max-inputs", default=256, show_default=True, type=int,
               help="Most strings per embeddings request, rows per /v1/infer request (400 above).")
+@click.option("--request-helpers", default=2, show_default=True, type=int,
+              help="Processes that prepare large requests and chat templates off the event loop, started when "
+                   "first needed (~70 MiB each); 0: all in the HTTP process (docs/serve.md).")
 @click.option("--slots", default=4, show_default=True, type=int,
               help="Decoders: sequences decoded at once (KV slots of --ctx positions each, reserved at start; "
                    "a bundle with static decode batches takes at most its largest).")
@@ -69,6 +72,7 @@ def serve_cmd(
     timeout_s: float,
     max_body_mb: float,
     max_inputs: int,
+    request_helpers: int,
     slots: int,
     ctx: int | None,
     prefill_chunk: int | None,
@@ -96,6 +100,7 @@ def serve_cmd(
         timeout_s=timeout_s,
         max_body_bytes=body_bytes(max_body_mb),
         max_inputs=max_inputs,
+        request_helpers=request_helpers,
         slots=slots,
         ctx=ctx,
         prefill_chunk=prefill_chunk,

@@ -1,8 +1,10 @@
 """What ``edgeinfer serve`` adds to a decoder's plan: the processes around the decoder worker. The plan's
 breakdown (weights + KV + activations + runtime) is one decoder process, the worker; a served decoder
-also has serve's HTTP process, its request helpers (``serve.prep.Offload``: two spawned processes holding
-the tokenizers) and multiprocessing's resource tracker. Their peak RSS does not depend on the model, so it
+also has serve's HTTP process and multiprocessing's resource tracker (which every spawned process needs:
+CPython's ``popen_spawn_posix`` hands each child its fd). Their peak RSS does not depend on the model, so it
 is one measured figure (``edgeinfer/data/serve_memory.json``, from ``bench/serve_footprint.py``'s JSON).
+Request helpers (``serve.prep.Offload``) are not in it: they start only when a large body or a chat
+template needs one (``--request-helpers``), ~70 MiB each (``parts_mib.request_helper_each``).
 A served decoder with ``--slots S`` is the plan at ``--batch S``."""
 
 from __future__ import annotations

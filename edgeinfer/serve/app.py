@@ -33,7 +33,6 @@ from edgeinfer.serve.batcher import Batcher
 from edgeinfer.serve.config import ServeConfig
 from edgeinfer.serve.decoder_engine import Engine, ServedDecoder, open_served_decoder
 from edgeinfer.serve.decoder_routes import add_routes as add_decoder_routes
-from edgeinfer.serve.decoder_routes import warm as warm_decoders
 from edgeinfer.serve.encoder_routes import add_routes as add_encoder_routes
 from edgeinfer.serve.metrics import ENDPOINTS, Metrics
 from edgeinfer.serve.placement import check_devices
@@ -130,7 +129,7 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel] | None = None
                          observe=metrics.observe, threads=config.threads) for n, m in decoders.items()}
     state.engines = engines
 
-    offload = Offload(models, decoders=decoders)
+    offload = Offload(models, config.request_helpers, decoders)
     endpoints = {**{n: " and ".join(m.to_json(0)["endpoints"]) for n, m in models.items()},
                  **{n: "/v1/chat/completions and /v1/completions" for n in decoders}}
 
@@ -156,9 +155,7 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel] | None = None
 
         async def start_workers() -> None:
             try:
-                await asyncio.gather(*([pool.start()] if models else []),
-                                     offload.warm_up(warm_decoders if engines else None),
-                                     *(e.start() for e in engines.values()))
+                await asyncio.gather(*([pool.start()] if models else []), *(e.start() for e in engines.values()))
             except Exception as e:  # noqa: BLE001
                 state.fatal = str(e)
                 log.error("%s", e)

@@ -27,6 +27,7 @@ class ServeConfig:
     max_inputs: int = 256  # strings per embeddings request, rows per /v1/infer request
     max_restarts: int = 5  # per worker within restart_window_s before it is given up
     restart_window_s: float = 60.0
+    request_helpers: int = 2  # processes preparing large requests, started on first need; 0: all inline
     # decoders
     slots: int = 4  # sequences decoded at once per decoder (KV slots, each of ctx positions, reserved at start)
     ctx: int | None = None  # positions per sequence; None: the bundle's (an HF dir: its limit, at most 2048)
@@ -49,6 +50,8 @@ class ServeConfig:
             raise InputError(f"--timeout-s must be positive, got {self.timeout_s}")
         if self.max_inputs < 1:
             raise InputError(f"--max-inputs must be at least 1, got {self.max_inputs}")
+        if self.request_helpers < 0:
+            raise InputError(f"--request-helpers must be 0 or more, got {self.request_helpers}")
         if self.slots < 1:
             raise InputError(f"--slots must be at least 1, got {self.slots}")
         if self.ctx is not None and self.ctx < 1:

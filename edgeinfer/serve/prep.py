@@ -13,6 +13,7 @@ import base64
 import json
 import multiprocessing as mp
 import re
+import threading
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -368,49 +369,70 @@ def _call(fn: Callable[..., Any], args: tuple, table: str | None) -> Any:
 
 
 class Offload:
-    """Runs request work inline when it is small and in ``processes`` helper processes (spawned) when
-    it is large. A helper that dies (e.g. out of memory) fails its request with 500; the pool is renewed.
-    The helpers hold the served models (``models``: embedding and tensor bundles, ``decoders``: decoder engines, whose
-    tokenizer and chat template they run)."""
+    """Runs request work inline when it is small and in up to ``processes`` helper processes (spawned) when
+    it is large. The helpers start when a large request first needs one (ProcessPoolExecutor starts them one
+    per submitted call until ``processes`` run), so a server that only gets small requests never pays their
+    ~70 MiB each; ``processes=0`` runs everything inline. A helper that dies (e.g. out of memory) fails its
+    request with 500; the pool is renewed on the next large request. The helpers hold the served models
+    (``models``: embedding and tensor bundles, ``decoders``: decoder engines, whose tokenizer and chat template
+    they run)."""
 
     def __init__(self, models: Models, processes: int = 2, decoders: dict[str, Any] | None = None):
         self.tables = {"models": models, "decoders": decoders or {}}
         self.processes = processes
+        self._open = False
         self._pool: ProcessPoolExecutor | None = None
+        self._lock = threading.Lock()
 
     def start(self) -> None:
-        self._pool = ProcessPoolExecutor(self.processes, mp_context=mp.get_context("spawn"),
-                                         initializer=_init, initargs=(self.tables,))
+        self._open = True
 
-    async def warm_up(self, fn: Callable[..., Any] | None = None, table: str = "decoders") -> None:
-        """Start the helpers now, not on the first large request; ``fn(tables[table])`` in each prepares
-        what requests will need there (e.g. importing the module of the functions they run)."""
-        await asyncio.gather(*(self._submit(fn, (), table) if fn is not None else self._submit(len, ((),), None)
-                               for _ in range(self.processes)))
+    def _inline(self, heavy: bool) -> bool:
+        return not heavy or not self._open or self.processes == 0
 
     async def prepare(self, heavy: bool, fn: Callable[..., Any], *args: Any, table: str = "models") -> Any:
         """``fn(models, *args)`` (``fn(decoders, *args)`` with ``table="decoders"``)."""
-        if not heavy or self._pool is None:
+        if self._inline(heavy):
             return fn(self.tables[table], *args)
         return await self._submit(fn, args, table)
 
     async def encode(self, heavy: bool, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)``."""
-        return fn(*args) if not heavy or self._pool is None else await self._submit(fn, args, None)
+        return fn(*args) if self._inline(heavy) else await self._submit(fn, args, None)
+
+    def _submit_now(self, fn: Callable[..., Any], args: tuple, table: str | None) -> tuple[Any, Any]:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ProcessPoolExecutor(self.processes, mp_context=mp.get_context("spawn"),
+                                                 initializer=_init, initargs=(self.tables,))
+            pool = self._pool
+        try:
+            return pool, pool.submit(_call, fn, args, table)
+        except BrokenProcessPool:  # a helper died since the last call
+            self._renew(pool)
+            raise
+
+    def _renew(self, broken: ProcessPoolExecutor) -> None:
+        with self._lock:
+            if self._pool is broken:
+                self._pool = None  # the next large request starts new helpers
 
     async def _submit(self, fn: Callable[..., Any], args: tuple, table: str | None) -> Any:
-        pool = self._pool
-        assert pool is not None
         try:
             # submit() may start a helper process (slow): never on the event loop
-            future = await asyncio.to_thread(pool.submit, _call, fn, args, table)
-            return await asyncio.wrap_future(future)
+            pool, future = await asyncio.to_thread(self._submit_now, fn, args, table)
+            try:
+                return await asyncio.wrap_future(future)
+            except BrokenProcessPool:
+                self._renew(pool)
+                raise
         except BrokenProcessPool:
-            if self._pool is pool:
-                self.start()
             raise ApiError(500, "the helper process working on this request died (out of memory?); "
                                 "retry, or send a smaller request") from None
 
     def stop(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+        self._open = False
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
