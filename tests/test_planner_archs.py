@@ -189,9 +189,10 @@ def test_unsupported_architecture_with_safetensors_is_planned_approximately(tmp_
     assert p.runtime == "rkllm" and p.breakdown["kv_cache"] == 3 * 2 * kv_dim * 2 * 100
     assert p.to_dict()["model"]["architecture"] == "futurenet (approximate)"
     assert any(w.startswith("approximate:") for w in p.warnings)
-    # the host's backend (onnxruntime-genai's builder) exports a list of architectures: futurenet is refused
+    # the host's onnxruntime backend (onnxruntime-genai's builder) exports a list of architectures: futurenet is
+    # refused there (llama.cpp, the host's other decoder runtime, declares none: its converter decides at deploy)
     with pytest.raises(InputError, match=r"^board host: backend 'onnxruntime' exports .*, not 'futurenet'; "):
-        planner.plan(str(tmp_path), "host", quant="fp16", ctx=100, kv_dtype="fp16")
+        planner.plan(str(tmp_path), "host", quant="fp16", ctx=100, kv_dtype="fp16", runtime="onnxruntime")
     # no safetensors: still the one-line refusal naming the supported architectures
     (tmp_path / "model.safetensors").unlink()
     with pytest.raises(ModelError, match="supported: .*chatglm"):

@@ -8,8 +8,10 @@ llama.cpp docs/backend/CANN.md); that build was never run here.
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import logging
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +51,19 @@ class CannBuild(Needs):
 
 
 CANN = CannBuild("llama_cpp", "llama-cpp-python built with CANN (libggml-cann.so)", CANN_INSTALL)
+
+
+def close_devnull() -> None:
+    """llama_cpp._utils opens os.devnull twice at import and never closes it; Python reports that at exit as a
+    ResourceWarning on stderr, which breaks the one-line error a script reads (``ray-node`` probes backends)."""
+    utils = sys.modules.get("llama_cpp._utils")
+    for name in ("outnull_file", "errnull_file"):
+        f = getattr(utils, name, None)
+        if f is not None and not f.closed:
+            f.close()
+
+
+atexit.register(close_devnull)
 
 
 def quiet_logs() -> None:

@@ -118,7 +118,7 @@ def test_runtime_on_a_model_that_is_not_a_decoder_exits_2(tmp_path):
 
 @pytest.mark.parametrize("board, kwargs, needle", [
     ("rk3588-8g", {"runtime": "rkllmm"}, "board rk3588-8g runs decoders with rkllm, rknn"),
-    ("host", {"runtime": "rkllm"}, "board host runs decoders with onnxruntime"),
+    ("host", {"runtime": "rkllm"}, "board host runs decoders with llama.cpp, onnxruntime"),
     ("rk3588-8g", {"runtime": "rkllm", "options": {"runtime": "rknn"}}, "disagree"),
     ("rk3588-8g", {"runtime": "rkllm", "quant": "fp16"},  # plan's line: the board lists no fp16 for rkllm
      r"board rk3588-8g does not support fp16 for decoder models \(supported schemes: rkllm: w8a8, w8a8_g128"),
