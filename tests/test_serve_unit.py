@@ -88,11 +88,19 @@ def test_api_errors_survive_the_trip_back_from_a_helper_process():
 
 
 def _spawned_children() -> list[int]:
+    """Our spawned child processes; a thread or child that ends while we read /proc is skipped."""
     import os
 
+    def read(path: str) -> bytes:
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except (FileNotFoundError, ProcessLookupError):
+            return b""
+
     tasks = "/proc/self/task"
-    return [int(p) for t in os.listdir(tasks) for p in open(f"{tasks}/{t}/children").read().split()
-            if b"spawn_main" in open(f"/proc/{p}/cmdline", "rb").read()]
+    kids = [int(p) for t in os.listdir(tasks) for p in read(f"{tasks}/{t}/children").split()]
+    return [p for p in kids if b"spawn_main" in read(f"/proc/{p}/cmdline")]
 
 
 def test_request_helpers_start_on_the_first_large_request_and_zero_means_inline():
