@@ -52,7 +52,7 @@ QUALITY_PROMPTS = ["The licence grants", "Permission is hereby granted, free of 
                    "THE SOFTWARE IS PROVIDED", "Redistribution and use in source and binary forms"]
 QUALITY_TOKENS, GATE_TOKENS = 16, 8
 
-#: name -> edgeinfer side (board + quant of a deploy, or "gguf": ``edgeinfer serve`` of the llama.cpp file),
+#: name -> edgeinfer side (board + quant (+ runtime) of a deploy; ``same_file``: llama-server runs the bundle's own GGUF),
 #: its backend plugin, the llama.cpp GGUF type, the model ("random" or "trained") and whether to gate quality
 PAIRS = {
     "host-fp32": {"board": "host", "quant": "fp32", "backend": "onnxruntime", "gguf": "F32", "model": "random"},
@@ -66,7 +66,9 @@ PAIRS = {
     "ov-fp16": {"board": "core-ultra-155h", "quant": "fp16", "backend": "openvino", "gguf": "F16", "model": "random"},
     "ov-w8a16": {"board": "core-ultra-155h", "quant": "w8a16", "backend": "openvino", "gguf": "Q8_0",
                  "model": "random"},
-    "llamacpp-q8_0": {"board": "gguf", "backend": "llamacpp", "gguf": "Q8_0", "model": "random"},
+    # the llamacpp backend's own bundle vs raw llama-server on the very GGUF file inside it
+    "llamacpp-q8_0": {"board": "host", "runtime": "llama.cpp", "quant": "gguf:Q8_0", "backend": "llamacpp",
+                      "gguf": "Q8_0", "model": "random", "same_file": True},
 }
 QUICK_PAIRS = ["host-fp32", "host-w4a16-q4km", "ov-w8a16", "llamacpp-q8_0"]
 
@@ -118,9 +120,11 @@ def edgeinfer_target(pair: dict, model: Path) -> Path:
         return _llamacpp.gguf(model, pair["gguf"])
     from edgeinfer.deploy.decoder import deploy_decoder
 
-    out = _llamacpp.cache_root() / "bench" / "peer" / f"{model.name}-{pair['board']}-{pair['quant']}"
+    quant = pair["quant"].replace(":", "-")
+    out = _llamacpp.cache_root() / "bench" / "peer" / f"{model.name}-{pair['board']}-{quant}"
     if not (out / "manifest.json").exists():
-        deploy_decoder(model, pair["board"], out, quant=pair["quant"], ctx=CTX, force=True)
+        deploy_decoder(model, pair["board"], out, quant=pair["quant"], ctx=CTX, force=True,
+                       runtime=pair.get("runtime"))
     return out
 
 
@@ -221,7 +225,8 @@ def run_pair(name: str, pair: dict, rounds: int, threads: int, work: Path) -> di
     model = model_path(pair["model"])
     try:
         target = edgeinfer_target(pair, model)
-        gguf = _llamacpp.gguf(model, pair["gguf"])
+        gguf = next((target / "decoder").glob("*.gguf")) if pair.get("same_file") else \
+            _llamacpp.gguf(model, pair["gguf"])
         servers = start_servers(target, gguf, _llamacpp.binaries(), threads, work / name)
     except Exception as e:  # noqa: BLE001 - one pair's failure is a row of the results, not the end of the run
         return {"status": "error", "reason": f"{type(e).__name__}: {str(e)[-600:]}", **pair}
@@ -248,7 +253,7 @@ def run_pair(name: str, pair: dict, rounds: int, threads: int, work: Path) -> di
 
 
 def goals(name: str, ratios: dict) -> dict:
-    if PAIRS[name]["board"] == "gguf":
+    if PAIRS[name].get("same_file"):
         return {"within_5pct_tok_s": all(ratios[w]["tok_s"] >= 0.95 for w in WORKLOADS)}
     return {"tok_s_c1_ge_1": ratios["c1"]["tok_s"] >= 1.0, "tok_s_c16_ge_1": ratios["c16"]["tok_s"] >= 1.0,
             "ttft_p50_c16_le_1": ratios["c16"]["ttft_ms_p50"] <= 1.0, "peak_rss_le_1.2": ratios["peak_rss"] <= 1.2}
