@@ -52,7 +52,7 @@ QUALITY_PROMPTS = ["The licence grants", "Permission is hereby granted, free of 
                    "THE SOFTWARE IS PROVIDED", "Redistribution and use in source and binary forms"]
 QUALITY_TOKENS, GATE_TOKENS = 16, 8
 
-#: name -> edgeinfer side (board + quant (+ runtime) of a deploy; ``same_file``: llama-server runs the bundle's own GGUF),
+#: name -> edgeinfer side (board + quant (+ runtime) of a deploy; ``same_file``: llama-server runs its GGUF),
 #: its backend plugin, the llama.cpp GGUF type, the model ("random" or "trained") and whether to gate quality
 PAIRS = {
     "host-fp32": {"board": "host", "quant": "fp32", "backend": "onnxruntime", "gguf": "F32", "model": "random"},
