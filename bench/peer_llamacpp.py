@@ -115,9 +115,7 @@ def backend_missing(name: str) -> str | None:
 
 def edgeinfer_target(pair: dict, model: Path) -> Path:
     """What ``edgeinfer serve`` is given: a decoder bundle deployed for the pair's board (golden-checked by
-    deploy; cached under ~/.cache/edgeinfer/bench/peer), or the pair's GGUF file itself."""
-    if pair["board"] == "gguf":
-        return _llamacpp.gguf(model, pair["gguf"])
+    deploy; cached under ~/.cache/edgeinfer/bench/peer)."""
     from edgeinfer.deploy.decoder import deploy_decoder
 
     quant = pair["quant"].replace(":", "-")
