@@ -103,6 +103,17 @@ class TextSpec(BaseModel):
     output: StrictStr = "last_hidden_state"
 
 
+class TaskSpec(BaseModel):
+    """What a text model's logits mean. No task section: the outputs are embeddings (or tensors). ``rerank``: a
+    cross-encoder scoring (query, document) pairs, one logit per pair; ``classify``: one logit per label, the
+    labels in ``labels`` in logit order. ``activation`` turns logits into the scores a user sees."""
+
+    model_config = _STRICT
+    kind: Literal["rerank", "classify"]
+    labels: list[StrictStr] = Field(default=[], max_length=65_536)
+    activation: Literal["sigmoid", "softmax", "none"] = "none"
+
+
 class _Golden(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
     threshold: Any = None
@@ -164,6 +175,7 @@ class Manifest(BaseModel):
     inputs: list[Tensor] = Field(min_length=1, max_length=1024)
     outputs: list[Tensor] = Field(min_length=1, max_length=1024)
     text: TextSpec | None = None
+    task: TaskSpec | None = None  # rerankers and classifiers only
     plan: dict[str, Any] | None = None
     golden: _as_dict(_Golden) | None = None  # type: ignore[valid-type]
     paging: _as_dict(_Paging) | None = None  # type: ignore[valid-type]  # {"window": W, "prefetch": bool, ...}
