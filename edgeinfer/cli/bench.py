@@ -235,7 +235,7 @@ def _render_encoder(r: dict[str, Any]) -> None:
     from rich.table import Table
 
     t = Table(title=f"{r['bundle']} · {r['backend']} {r['scheme']} · ran on {r['device']}")
-    for col in ("batch", "seq", "p50 ms", "p95 ms", "p99 ms", "samples/s", "peak RSS MiB"):
+    for col in ("batch", "seq", "p50 ms", "p95 ms", "p99 ms", f"{r.get('unit', 'samples')}/s", "peak RSS MiB"):
         t.add_column(col, justify="right")
     for row in r["results"]:
         lat = row["latency_ms"]

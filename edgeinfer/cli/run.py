@@ -13,7 +13,12 @@ from edgeinfer.cli.output import console, emit
 @click.command()
 @click.argument("model", type=click.Path(path_type=Path))
 @click.option("--input", "-i", "inputs", multiple=True, metavar="NAME=FILE.npy", help="An input tensor.")
-@click.option("--text", "-t", "texts", multiple=True, help="Text input (bundles with a tokenizer); repeatable.")
+@click.option("--text", "-t", "texts", multiple=True,
+              help="Text input (bundles with a tokenizer: embeddings, or a classifier's labels); repeatable.")
+@click.option("--query", "-q", help="Rerankers: the query the documents are scored against.")
+@click.option("--document", "documents", multiple=True, help="Rerankers: a document to score; repeatable.")
+@click.option("--documents", "documents_file", type=click.File("r", encoding="utf-8", errors="surrogateescape"),
+              metavar="FILE", help="Rerankers: documents to score, one per line ('-': stdin).")
 @click.option("--backend", "-b", help="Backend to run on (default: the model's native backend).")
 @click.option("--device", "-d", help="Device of the backend (e.g. CPU, NPU).")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), help="Write outputs as DIR/<name>.npy.")
@@ -39,13 +44,25 @@ def run(
     segments: int | None = None,
     cuts: tuple[str, ...] = (),
     no_prefetch: bool = False,
+    query: str | None = None,
+    documents: tuple[str, ...] = (),
+    documents_file: Any = None,
 ) -> None:
-    """Run MODEL (a file or a bundle) once on the given inputs or texts."""
-    from edgeinfer.run.once import Paging, run_once
+    """Run MODEL (a file or a bundle) once on the given inputs or texts.
+
+    \b
+    A reranker bundle scores documents against a query and lists them best first:
+      edgeinfer run RERANKER --query "how do I sort a list" --documents docs.txt
+    A classifier bundle gives each --text its label and score.
+    """
+    from edgeinfer.run.once import Paging, Pairs, run_once
 
     paging = Paging(window=window, segments=segments, cuts=cuts, prefetch=not no_prefetch)
+    if documents_file is not None:
+        documents = (*documents, *(line.strip() for line in documents_file if line.strip()))
+    pairs = Pairs(query, tuple(documents)) if query is not None or documents or documents_file else None
     report = run_once(model, inputs=inputs, texts=texts, backend=backend, device=device, out_dir=out_dir,
-                      shapes=shapes, paging=paging)
+                      shapes=shapes, paging=paging, pairs=pairs)
     for o in report["outputs"]:
         if o["non_finite"]:
             click.echo(f"warning: output {o['name']} holds {o['non_finite']} NaN/Inf values (reported as null in "
@@ -61,5 +78,13 @@ def _render(r: dict[str, Any]) -> None:
     for i, vec in enumerate(r.get("embeddings", [])):
         head = ", ".join(f"{x:+.4f}" for x in vec[:6])
         out.print(f"  embedding[{i}] ({len(vec)} dims): [{head}, …]")
+    for rank, d in enumerate(r.get("results", []), 1):
+        out.print(f"  #{rank} document[{d['index']}] {d['relevance_score']:.4f}  {_short(d['document'])}")
+    for i, p in enumerate(r.get("predictions", [])):
+        out.print(f"  text[{i}]: {p['label']} {p['score']:.4f}")
     for p in r["written"]:
         out.print(f"  wrote {p}")
+
+
+def _short(text: str, width: int = 60) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"

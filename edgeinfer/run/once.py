@@ -23,6 +23,14 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class Pairs:
+    """A reranker's input: ``--query`` and the ``--document`` texts scored against it."""
+
+    query: str | None
+    documents: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Paging:
     """``--paging W`` with its ``--segments`` / ``--cut`` and prefetch; ``window`` None = not paged."""
 
@@ -131,22 +139,43 @@ def write_outputs(outputs: dict[str, Any], out_dir: Path) -> list[Path]:
     return [dst for _, dst in staged]
 
 
-def _check_request(model: Path, inputs: Sequence[str], texts: Sequence[str], out_dir: Path | None) -> None:
+def _check_request(model: Path, inputs: Sequence[str], texts: Sequence[str], out_dir: Path | None,
+                   pairs: Pairs | None = None) -> None:
     if not model.exists():
         raise InputError(f"model file not found: {model}", kind="model_not_found")
+    if pairs is not None and (texts or inputs):
+        raise InputError("give either --query with --document (a reranker), --text or --input, not several")
     if texts and inputs:
         raise InputError("give either --text or --input, not both")
-    if not texts and not inputs:
-        raise InputError("nothing to run: pass --input NAME=FILE.npy (or --text for text bundles)")
+    if not texts and not inputs and pairs is None:
+        raise InputError("nothing to run: pass --input NAME=FILE.npy (or --text for text bundles, --query and "
+                         "--document for rerankers)")
     for t in texts:
         check_text(t, "--text")
+    if pairs is not None:
+        if pairs.query is None:
+            raise InputError("--document needs --query: a reranker scores each document against the query")
+        for t in (pairs.query, *pairs.documents):
+            check_text(t, "--query / --document")
     if out_dir is not None:
         from edgeinfer.files import check_output_dir
 
         check_output_dir(out_dir, "--out")
 
 
-def _feeds(model: Path, bundle: Bundle | None, inputs: Sequence[str], texts: Sequence[str]) -> dict[str, Any]:
+def _feeds(model: Path, bundle: Bundle | None, inputs: Sequence[str], texts: Sequence[str],
+           pairs: Pairs | None = None) -> dict[str, Any]:
+    task = bundle.manifest.task if bundle is not None else None
+    if pairs is not None or (texts and task is not None):
+        from edgeinfer.run import scoring
+
+        if bundle is None:
+            raise InputError("--query and --document need a reranker bundle (made by `edgeinfer deploy`)")
+        if pairs is None:
+            scoring.task_of(bundle, "classify")
+            return scoring.text_feeds(bundle, list(texts))
+        scoring.task_of(bundle, "rerank")
+        return scoring.pair_feeds(bundle, pairs.query, list(pairs.documents))
     if not texts:
         feeds = read_feeds(inputs)
         check_token_ids(feeds, token_id_limits(model, bundle))
@@ -186,9 +215,11 @@ def run_once(
     out_dir: Path | None = None,
     shapes: Sequence[str] = (),
     paging: Paging = Paging(),
+    pairs: Pairs | None = None,
 ) -> dict[str, Any]:
     """Run ``model`` once; the report: backend, device, each output's name/shape/dtype/non-finite count,
-    load and run times, written files, paging stats (paged sessions) and embeddings (text bundles)."""
+    load and run times, written files, paging stats (paged sessions), embeddings (text bundles), ranked
+    documents (rerankers: ``pairs``) or labels (classifiers: ``texts``)."""
     import numpy as np
 
     from edgeinfer.model.bundle import Bundle
@@ -196,7 +227,7 @@ def run_once(
     from edgeinfer.run.bundle import embed
     from edgeinfer.run.padding import run_padded
 
-    _check_request(model, inputs, texts, out_dir)
+    _check_request(model, inputs, texts, out_dir, pairs)
     match kind(model, "model file"):
         case Kind.DECODER_DIR | Kind.DECODER_BUNDLE | Kind.DECODER_FILE:
             raise InputError(f"{model} is a language (decoder) model; `edgeinfer run` runs tensor models: "
@@ -205,8 +236,9 @@ def run_once(
             bundle = Bundle.open(model)
         case _:
             bundle = None
-    feeds = _feeds(model, bundle, inputs, texts)
-    if texts and bundle.manifest.buckets:  # padding a bucket adds back only what its shape needs
+    feeds = _feeds(model, bundle, inputs, texts, pairs)
+    scored = not inputs and bundle is not None and bundle.manifest.task is not None
+    if (texts or scored) and bundle.manifest.buckets:  # padding a bucket adds back only what its shape needs
         from edgeinfer.run.buckets import trim
 
         feeds = trim(feeds)
@@ -217,7 +249,7 @@ def run_once(
         t1 = time.perf_counter()
         outputs = run_padded(session, feeds) if bundle else session.run(feeds)
         run_s = time.perf_counter() - t1
-    if texts and bundle.manifest.text.pooling != "none":
+    if texts and not scored and bundle.manifest.text.pooling != "none":
         outputs = {**outputs, "embeddings": embed(bundle, outputs, feeds)}
     written = write_outputs(outputs, out_dir) if out_dir else []
     report: dict[str, Any] = {
@@ -237,4 +269,18 @@ def run_once(
         report["paging"] = session.stats()
     if "embeddings" in outputs:
         report["embeddings"] = np.round(outputs["embeddings"], 6).tolist()
+    if scored:
+        report.update(_scores(bundle, outputs, pairs))
     return report
+
+
+def _scores(bundle: Bundle, outputs: dict[str, Any], pairs: Pairs | None) -> dict[str, Any]:
+    """A reranker's documents best first (``results``), or a classifier's label per text (``predictions``)."""
+    from edgeinfer.run import scoring
+
+    task, logits = bundle.manifest.task, scoring.logits(bundle, outputs)
+    if pairs is None:
+        return {"task": task.kind, "predictions": scoring.labelled(task, logits)}
+    return {"task": task.kind, "query": pairs.query,
+            "results": [{"index": i, "relevance_score": s, "document": pairs.documents[i]}
+                        for i, s in scoring.ranked(scoring.relevance(task, logits))]}
