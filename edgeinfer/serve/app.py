@@ -203,7 +203,7 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel] | None = None
         log.exception("internal error on %s", request.url.path)
         return error_response(500, f"internal error {type(exc).__name__}: {exc}")
 
-    add_encoder_routes(app, batcher, offload, config, state, starting, endpoints)
+    add_encoder_routes(app, batcher, offload, config, state, starting, endpoints, metrics.observe)
 
     @app.get("/v1/models", tags=["service"])
     async def list_models():

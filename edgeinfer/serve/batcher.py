@@ -33,7 +33,7 @@ class RequestFailed(Exception):
 @dataclass
 class Item:
     model: str
-    kind: str  # "embed" | "infer"
+    kind: str  # "embed" | "infer" | "score"
     feeds: dict[str, np.ndarray]
     rows: int
     key: tuple  # requests merge only with requests of the same key (kind and non-batch shapes)

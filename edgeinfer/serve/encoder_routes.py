@@ -1,4 +1,5 @@
-"""Encoder inference: ``POST /v1/embeddings`` (OpenAI-compatible) and ``POST /v1/infer`` (named tensors).
+"""Encoder inference: ``POST /v1/embeddings`` (OpenAI-compatible), ``POST /v1/rerank`` (Cohere / Jina),
+``POST /v1/classify`` (vLLM's) and ``POST /v1/infer`` (named tensors).
 
 A request's body is read, checked and tokenized (in a helper process when it is large), queued in the
 :class:`~edgeinfer.serve.batcher.Batcher`, merged with others into a batch that a worker process runs
@@ -29,12 +30,17 @@ from edgeinfer.serve.prep import (
 )
 from edgeinfer.serve.schemas import (
     ERRORS,
+    ClassifyRequest,
+    ClassifyResponse,
     EmbeddingRequest,
     EmbeddingResponse,
     InferRequest,
     InferResponse,
+    RerankRequest,
+    RerankResponse,
     request_body,
 )
+from edgeinfer.serve.scoring_prep import encode_classify, encode_rerank, prepare_classify, prepare_rerank
 
 if TYPE_CHECKING:
     from edgeinfer.serve.app import State
@@ -42,11 +48,12 @@ if TYPE_CHECKING:
 
 
 def add_routes(app: FastAPI, batcher: Batcher, offload: Offload, config: ServeConfig, state: State,
-               starting: Callable[[], ApiError], endpoints: dict[str, str]) -> None:
-    """The two encoder endpoints over ``batcher`` (and its worker pool); ``offload`` prepares and encodes
+               starting: Callable[[], ApiError], endpoints: dict[str, str],
+               observe: Callable[..., None] = lambda *a, **k: None) -> None:
+    """The encoder endpoints over ``batcher`` (and its worker pool); ``offload`` prepares and encodes
     large bodies off the event loop; ``state`` says whether the server is ready or failed; ``starting()`` is
     the 503 while models still load; ``endpoints`` (model → its endpoints) names where another model is
-    served."""
+    served; ``observe`` counts each answered request per model (metrics)."""
     pool = batcher.pool
 
     def timed_out() -> ApiError:
@@ -81,7 +88,9 @@ def add_routes(app: FastAPI, batcher: Batcher, offload: Offload, config: ServeCo
         except RequestFailed as e:
             raise ApiError(e.status, e.message) from None
 
-    def answer(data: bytes) -> Response:
+    def answer(data: bytes, p: Prepared | None = None, endpoint: str = "") -> Response:
+        if p is not None:
+            observe("model_request", model=p.model, endpoint=endpoint)
         return Response(data, media_type="application/json")
 
     @app.post("/v1/embeddings", response_model=EmbeddingResponse, responses=ERRORS, tags=["inference"],
@@ -91,7 +100,27 @@ def add_routes(app: FastAPI, batcher: Batcher, offload: Offload, config: ServeCo
         deadline = time.monotonic() + config.timeout_s
         p = await read(request, prepare_embeddings, deadline)
         vecs = (await submit(p, deadline))["embedding"]
-        return answer(await offload.encode(vecs.size > OFFLOAD_VALUES, encode_embeddings, p, vecs))
+        return answer(await offload.encode(vecs.size > OFFLOAD_VALUES, encode_embeddings, p, vecs), p,
+                      "/v1/embeddings")
+
+    @app.post("/v1/rerank", response_model=RerankResponse, responses=ERRORS, tags=["inference"],
+              openapi_extra=request_body(RerankRequest))
+    async def rerank(request: Request):
+        """Score documents against a query with a reranker (cross-encoder); results best first (Cohere / Jina
+        rerank API)."""
+        deadline = time.monotonic() + config.timeout_s
+        p = await read(request, prepare_rerank, deadline)
+        logits = (await submit(p, deadline))["logits"]
+        return answer(encode_rerank(p, logits), p, "/v1/rerank")
+
+    @app.post("/v1/classify", response_model=ClassifyResponse, responses=ERRORS, tags=["inference"],
+              openapi_extra=request_body(ClassifyRequest))
+    async def classify(request: Request):
+        """Label one string or a list of strings with a classifier (vLLM's classification API)."""
+        deadline = time.monotonic() + config.timeout_s
+        p = await read(request, prepare_classify, deadline)
+        logits = (await submit(p, deadline))["logits"]
+        return answer(encode_classify(p, logits), p, "/v1/classify")
 
     @app.post("/v1/infer", response_model=InferResponse, responses=ERRORS, tags=["inference"],
               openapi_extra=request_body(InferRequest))
@@ -102,4 +131,4 @@ def add_routes(app: FastAPI, batcher: Batcher, offload: Offload, config: ServeCo
         out = await submit(p, deadline)
         rid = p.id or request.headers.get("x-request-id") or uuid.uuid4().hex
         size = sum(v.size for v in out.values())
-        return answer(await offload.encode(size > OFFLOAD_VALUES, encode_infer, rid, p.model, out))
+        return answer(await offload.encode(size > OFFLOAD_VALUES, encode_infer, rid, p.model, out), p, "/v1/infer")

@@ -15,8 +15,8 @@ from edgeinfer.serve.device_gauges import DeviceGauges, backend_readers, worker_
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
-ENDPOINTS = ("/v1/embeddings", "/v1/infer", "/v1/chat/completions", "/v1/completions", "/v1/models",
-              "/health", "/ready", "/metrics", "/openapi.json", "/docs")
+ENDPOINTS = ("/v1/embeddings", "/v1/rerank", "/v1/classify", "/v1/infer", "/v1/chat/completions", "/v1/completions",
+             "/v1/models", "/health", "/ready", "/metrics", "/openapi.json", "/docs")
 
 
 class Metrics:
@@ -38,6 +38,8 @@ class Metrics:
                                       ["model"], registry=r)
         self.worker_restarts = Counter("edgeinfer_worker_restarts", "Worker processes restarted.", ["worker"],
                                        registry=r)
+        self.model_requests = Counter("edgeinfer_model_requests", "Requests answered per model (encoder, "
+                                      "reranker and classifier endpoints).", ["model", "endpoint"], registry=r)
         self.queue_depth = Gauge("edgeinfer_queue_depth", "Requests waiting for a batch.", ["model"], registry=r)
         self._queue_fn = queue_depth
         self._decoder_metrics(r)
@@ -54,6 +56,8 @@ class Metrics:
             self.batch_seconds.labels(kw["model"]).observe(kw["seconds"])
         elif event == "batch_error":
             self.batch_errors.labels(kw["model"]).inc()
+        elif event == "model_request":
+            self.model_requests.labels(kw["model"], kw["endpoint"]).inc()
         elif event == "crash":
             self.worker_crashes.labels(kw["model"]).inc()
         else:

@@ -61,7 +61,13 @@ class ServedModel:
 
     @property
     def embeds(self) -> bool:
-        return self.bundle.manifest.text is not None
+        return self.bundle.manifest.text is not None and self.task is None
+
+    @property
+    def task(self) -> str | None:
+        """``"rerank"`` or ``"classify"`` for a scoring bundle, else None."""
+        task = self.bundle.manifest.task
+        return task.kind if task is not None else None
 
     @property
     def longest_bucket(self) -> int | None:
@@ -75,7 +81,7 @@ class ServedModel:
         from edgeinfer.run.once import token_id_limits
 
         limits = token_id_limits(self.bundle.path, self.bundle)
-        if self.embeds:
+        if self.bundle.manifest.text is not None:
             limits["input_ids"] = run_bundle.tokenizer(self.bundle).get_vocab_size(with_added_tokens=True)
         return limits
 
@@ -85,11 +91,12 @@ class ServedModel:
             "id": self.name, "object": "model", "created": created, "owned_by": "edgeinfer",
             "backend": m.backend, "board": m.board, "scheme": m.scheme, "target": m.target,
             "inputs": [s.to_json() for s in m.inputs], "outputs": [s.to_json() for s in m.outputs],
-            "endpoints": (["/v1/embeddings"] if self.embeds else []) + ["/v1/infer"],
+            "endpoints": [*TEXT_ENDPOINTS.get(self.task or ("embed" if self.embeds else ""), ()), "/v1/infer"],
         }
 
 
 Models = dict[str, ServedModel]
+TEXT_ENDPOINTS = {"embed": ("/v1/embeddings",), "rerank": ("/v1/rerank",), "classify": ("/v1/classify",)}
 
 
 @dataclass
@@ -97,7 +104,7 @@ class Prepared:
     """A request ready for the batcher."""
 
     model: str
-    kind: str  # "embed" | "infer"
+    kind: str  # "embed" | "infer" | "score"
     feeds: dict[str, np.ndarray]
     rows: int
     key: tuple  # requests merge only with requests of the same key
@@ -105,6 +112,7 @@ class Prepared:
     encoding: str = "float"
     dimensions: int | None = None
     id: str | None = None
+    answer: dict[str, Any] | None = None  # what shapes a scoring answer (top_n, documents, ...)
 
 
 # --- reading requests -----------------------------------------------------------------------------------
@@ -127,6 +135,9 @@ def pick(models: Models, model: str | None, embeds: bool, elsewhere: dict[str, s
             if other is not None:
                 raise other
             raise ApiError(404, f"unknown model {model!r}; GET /v1/models lists: {', '.join(models)}")
+        if embeds and m.task is not None:
+            raise ApiError(400, f"model {model!r} is a {m.task} model, served on /v1/{m.task}; send the request "
+                                "there")
         if embeds and not m.embeds:
             raise ApiError(400, f"model {model!r} has no tokenizer (not an embedding model); use /v1/infer")
         return m
@@ -324,7 +335,7 @@ def check_finite(model: str, outputs: dict[str, np.ndarray]) -> None:
                                 "produced non-numbers (check the bundle with `edgeinfer golden`)")
 
 
-def _dumps(data: Any) -> bytes:
+def dumps(data: Any) -> bytes:
     return json.dumps(data, separators=(",", ":"), allow_nan=False).encode()
 
 
@@ -336,7 +347,7 @@ def encode_embeddings(p: Prepared, vecs: np.ndarray) -> bytes:
         data: list[Any] = [base64.b64encode(np.ascontiguousarray(v, dtype="<f4").tobytes()).decode() for v in vecs]
     else:
         data = vecs.tolist()
-    return _dumps({
+    return dumps({
         "object": "list",
         "data": [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(data)],
         "model": p.model,
@@ -346,7 +357,7 @@ def encode_embeddings(p: Prepared, vecs: np.ndarray) -> bytes:
 
 def encode_infer(rid: str, model: str, outputs: dict[str, np.ndarray]) -> bytes:
     check_finite(model, outputs)
-    return _dumps({
+    return dumps({
         "id": rid, "model": model,
         "outputs": {k: {"dtype": v.dtype.name, "shape": list(v.shape), "data": v.tolist()}
                     for k, v in outputs.items()},

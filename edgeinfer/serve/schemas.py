@@ -65,6 +65,70 @@ class EmbeddingResponse(BaseModel):
     usage: Usage
 
 
+class RerankDocument(BaseModel):
+    """A document as an object (Cohere's v1 rerank API); only ``text`` is read, other fields are kept out."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+    text: str
+
+
+class RerankRequest(BaseModel):
+    """The rerank request of Cohere (https://docs.cohere.com/reference/rerank) and Jina
+    (https://jina.ai/reranker/): the documents scored against the query, best first."""
+
+    model_config = STRICT
+    query: str = Field(min_length=1, description="The text the documents are ranked against.")
+    documents: list[Union[str, RerankDocument]] = Field(
+        max_length=MAX_EMBEDDING_INPUTS, description="Strings, or objects with a 'text' field (Cohere v1).")
+    model: Name | None = Field(None, description="Model id from /v1/models (optional when one reranker is served).")
+    top_n: int | None = Field(None, ge=1, description="Return only the best N results (default: all).")
+    return_documents: bool = Field(False, description="Echo each document back as {'text': ...} in its result.")
+
+
+class RerankResult(BaseModel):
+    index: int
+    relevance_score: float
+    document: dict[str, str] | None = None
+
+
+class RerankUsage(BaseModel):
+    total_tokens: int
+
+
+class RerankResponse(BaseModel):
+    id: str
+    model: str
+    results: list[RerankResult]
+    usage: RerankUsage
+
+
+class ClassifyRequest(BaseModel):
+    """vLLM's classification request (https://docs.vllm.ai/en/latest/serving/openai_compatible_server.html),
+    as SGLang also serves it: a label per input text."""
+
+    model_config = STRICT
+    input: str_or_list(MAX_EMBEDDING_INPUTS, description="A string or a list of strings to classify.")  # type: ignore
+    model: Name | None = Field(
+        None, description="Model id from /v1/models (optional when one classifier is served).")
+    user: Name | None = Field(None, description="The end user's id: accepted, not used.")
+
+
+class ClassifyData(BaseModel):
+    index: int
+    label: str
+    probs: list[float]
+    num_classes: int
+
+
+class ClassifyResponse(BaseModel):
+    id: str
+    object: Literal["list"] = "list"
+    created: int
+    model: str
+    data: list[ClassifyData]
+    usage: Usage
+
+
 class InferRequest(BaseModel):
     """Named input tensors as (nested) JSON arrays; axis 0 is the batch. Dtypes follow the model's specs."""
 

@@ -76,6 +76,21 @@ def _length_groups(session: Any, feeds: dict[str, np.ndarray], min_group: int = 
 
 def _run_embed(bundle: Any, session: Any, feeds: dict[str, np.ndarray], max_batch: int,
                stop: Callable[[], bool]) -> np.ndarray:
+    return _run_grouped(session, feeds, max_batch, stop, lambda out, f: run_bundle.embed(bundle, out, f))
+
+
+def _run_logits(bundle: Any, session: Any, feeds: dict[str, np.ndarray], max_batch: int,
+                stop: Callable[[], bool]) -> np.ndarray:
+    """A reranker's or classifier's logits per row (scores are made from them in the HTTP process)."""
+    from edgeinfer.run.scoring import logits
+
+    return _run_grouped(session, feeds, max_batch, stop, lambda out, _f: logits(bundle, out))
+
+
+def _run_grouped(session: Any, feeds: dict[str, np.ndarray], max_batch: int, stop: Callable[[], bool],
+                 per_row: Callable[[dict[str, np.ndarray], dict[str, np.ndarray]], np.ndarray]) -> np.ndarray:
+    """Text feeds run in length groups (:func:`_length_groups`); ``per_row(outputs, feeds)`` makes one row of
+    the answer per text (masked positions do not change it)."""
     n = len(next(iter(feeds.values())))
     out: np.ndarray | None = None
     for rows, length in _length_groups(session, feeds):
@@ -83,7 +98,7 @@ def _run_embed(bundle: Any, session: Any, feeds: dict[str, np.ndarray], max_batc
             raise Cancelled()
         f = {k: (np.ascontiguousarray(v[rows, :length]) if length and v.ndim == 2 else v[rows]) for k,
              v in feeds.items()}
-        vec = run_bundle.embed(bundle, _run_rows(session, f, max_batch, stop), f).astype(np.float32)
+        vec = per_row(_run_rows(session, f, max_batch, stop), f).astype(np.float32)
         if out is None:
             out = np.empty((n, *vec.shape[1:]), dtype=np.float32)
         out[rows] = vec
@@ -118,6 +133,8 @@ def run_batch(bundle: Any, session: Any, kind: str, feeds: dict[str, np.ndarray]
     def once(f: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if kind == "embed":
             return {"embedding": _run_embed(bundle, session, f, max_batch, stop)}
+        if kind == "score":
+            return {"logits": _run_logits(bundle, session, f, max_batch, stop)}
         return _run_rows(session, f, max_batch, stop)
 
     offsets = np.cumsum([0, *rows])
