@@ -37,12 +37,12 @@ def _classification_dir(root: Path, labels: list[str]) -> Path:
     return out
 
 
-def _deploy_scoring(root: Path, labels: list[str], task: dict) -> Path:
+def _deploy_scoring(root: Path, name: str, labels: list[str], task: dict) -> Path:
     from edgeinfer.deploy.encoder import deploy
     from edgeinfer.model.bundle import DISK, MANIFEST, Manifest, write
     from edgeinfer.model.kind import Kind, find
 
-    out = root / "bundle"
+    out = root / name  # serve names a model by its directory
     if find(out) is Kind.ENCODER_BUNDLE:
         return out
     deploy(_classification_dir(root, labels), "host", out, quant="fp32", force=True)
@@ -55,11 +55,12 @@ def _deploy_scoring(root: Path, labels: list[str], task: dict) -> Path:
 def reranker_host_bundle(tmp_path_factory) -> Path:
     """A one-label cross-encoder bundle for the host board, ``task: rerank, sigmoid``."""
     root = tmp_path_factory.mktemp("reranker-host")
-    return _deploy_scoring(root, ["LABEL_0"], {"kind": "rerank", "activation": "sigmoid"})
+    return _deploy_scoring(root, "reranker", ["LABEL_0"], {"kind": "rerank", "activation": "sigmoid"})
 
 
 @pytest.fixture(scope="session")
 def classifier_host_bundle(tmp_path_factory) -> Path:
     """A three-label classifier bundle for the host board, ``task: classify, softmax`` with its labels."""
     root = tmp_path_factory.mktemp("classifier-host")
-    return _deploy_scoring(root, LABELS, {"kind": "classify", "activation": "softmax", "labels": LABELS})
+    task = {"kind": "classify", "activation": "softmax", "labels": LABELS}
+    return _deploy_scoring(root, "classifier", LABELS, task)
