@@ -10,6 +10,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 LABELS = ["negative", "neutral", "positive"]
@@ -64,3 +65,23 @@ def classifier_host_bundle(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("classifier-host")
     task = {"kind": "classify", "activation": "softmax", "labels": LABELS}
     return _deploy_scoring(root, "classifier", LABELS, task)
+
+
+def direct_logits(bundle: Path, items: list) -> np.ndarray:
+    """Logits from onnxruntime on the bundle's artifact, each text (or (query, document) pair) tokenized
+    alone, unpadded, with the tokenizer file: no edgeinfer code in the way."""
+    import onnxruntime as ort
+    from tokenizers import Tokenizer
+
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    tok = Tokenizer.from_file(str(bundle / manifest["text"]["tokenizer"] / "tokenizer.json"))
+    tok.no_padding()
+    sess = ort.InferenceSession(str(bundle / manifest["artifacts"][0]), providers=["CPUExecutionProvider"])
+    names = {i.name for i in sess.get_inputs()}
+    rows = []
+    for item in items:
+        enc = tok.encode(*item) if isinstance(item, tuple) else tok.encode(item)
+        cols = {"input_ids": enc.ids, "attention_mask": enc.attention_mask, "token_type_ids": enc.type_ids}
+        feeds = {k: np.array([v], dtype=np.int64) for k, v in cols.items() if k in names}
+        rows.append(sess.run([manifest["text"]["output"]], feeds)[0][0])
+    return np.array(rows, dtype=np.float64)

@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
-from scoring_bundles import LABELS, classifier_host_bundle, reranker_host_bundle  # noqa: F401 - fixtures
+from scoring_bundles import (  # noqa: F401 - fixtures
+    LABELS,
+    classifier_host_bundle,
+    direct_logits,
+    reranker_host_bundle,
+)
 
 from edgeinfer.errors import InputError, ModelError
 from edgeinfer.model.bundle import Bundle, TaskSpec
@@ -24,26 +28,6 @@ pytestmark = pytest.mark.slow  # deploys a reranker and a classifier (MiniLM) fo
 QUERY = "How do I sort a list in place?"
 DOCS = ["The list is sorted in place by its sort method.", "A socket connects two processes over a network.",
         "Return a new sorted list from the items in an iterable.", "The queue module implements queues."]
-
-
-def direct_logits(bundle: Path, items: list) -> np.ndarray:
-    """Logits from onnxruntime on the bundle's artifact, each text (or (query, document) pair) tokenized
-    alone, unpadded, with the tokenizer file: no edgeinfer code in the way."""
-    import onnxruntime as ort
-    from tokenizers import Tokenizer
-
-    manifest = json.loads((bundle / "manifest.json").read_text())
-    tok = Tokenizer.from_file(str(bundle / manifest["text"]["tokenizer"] / "tokenizer.json"))
-    tok.no_padding()
-    sess = ort.InferenceSession(str(bundle / manifest["artifacts"][0]), providers=["CPUExecutionProvider"])
-    names = {i.name for i in sess.get_inputs()}
-    rows = []
-    for item in items:
-        enc = tok.encode(*item) if isinstance(item, tuple) else tok.encode(item)
-        cols = {"input_ids": enc.ids, "attention_mask": enc.attention_mask, "token_type_ids": enc.type_ids}
-        feeds = {k: np.array([v], dtype=np.int64) for k, v in cols.items() if k in names}
-        rows.append(sess.run([manifest["text"]["output"]], feeds)[0][0])
-    return np.array(rows, dtype=np.float64)
 
 
 def _json(proc) -> dict:
