@@ -73,6 +73,10 @@ SKIP = {
         "edgeinfer run OUT --text \"one sentence\" --text \"another\"": "needs a text bundle (MiniLM); the README's "
                                                                       "Quickstart runs it",
         "edgeinfer run OUT --input input_ids=ids.npy ...": "a synopsis (`...`: more inputs); tests/test_cli_run.py",
+        "edgeinfer run RERANKER --query \"a question\" --document \"a passage\" --documents more.txt --json":
+            "needs a reranker bundle; tests/test_scoring.py runs the same options",
+        "edgeinfer run CLASSIFIER --text \"one sentence\" --json":
+            "needs a classifier bundle; tests/test_scoring.py runs the same options",
         "edgeinfer golden OUT --inputs new.txt --reference model.onnx": "needs a text bundle and its source model "
                                                                          "(a MiniLM conversion)",
         "edgeinfer bench OUT --batch 1,8,32 [--seq 64,128] --plot out.png --json": "a benchmark (" + TOOK + "); "

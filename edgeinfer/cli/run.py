@@ -17,8 +17,8 @@ from edgeinfer.cli.output import console, emit
               help="Text input (bundles with a tokenizer: embeddings, or a classifier's labels); repeatable.")
 @click.option("--query", "-q", help="Rerankers: the query the documents are scored against.")
 @click.option("--document", "documents", multiple=True, help="Rerankers: a document to score; repeatable.")
-@click.option("--documents", "documents_file", type=click.File("r", encoding="utf-8", errors="surrogateescape"),
-              metavar="FILE", help="Rerankers: documents to score, one per line ('-': stdin).")
+@click.option("--documents", "documents_file", type=click.Path(path_type=Path, allow_dash=True), metavar="FILE",
+              help="Rerankers: documents to score, one per line ('-': stdin).")
 @click.option("--backend", "-b", help="Backend to run on (default: the model's native backend).")
 @click.option("--device", "-d", help="Device of the backend (e.g. CPU, NPU).")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), help="Write outputs as DIR/<name>.npy.")
@@ -46,7 +46,7 @@ def run(
     no_prefetch: bool = False,
     query: str | None = None,
     documents: tuple[str, ...] = (),
-    documents_file: Any = None,
+    documents_file: Path | None = None,
 ) -> None:
     """Run MODEL (a file or a bundle) once on the given inputs or texts.
 
@@ -59,7 +59,7 @@ def run(
 
     paging = Paging(window=window, segments=segments, cuts=cuts, prefetch=not no_prefetch)
     if documents_file is not None:
-        documents = (*documents, *(line.strip() for line in documents_file if line.strip()))
+        documents = (*documents, *_lines(documents_file))
     pairs = Pairs(query, tuple(documents)) if query is not None or documents or documents_file else None
     report = run_once(model, inputs=inputs, texts=texts, backend=backend, device=device, out_dir=out_dir,
                       shapes=shapes, paging=paging, pairs=pairs)
@@ -84,6 +84,23 @@ def _render(r: dict[str, Any]) -> None:
         out.print(f"  text[{i}]: {p['label']} {p['score']:.4f}")
     for p in r["written"]:
         out.print(f"  wrote {p}")
+
+
+def _lines(path: Path) -> list[str]:
+    """The non-empty lines of ``--documents FILE`` (``-``: stdin), stripped; undecodable bytes are kept as
+    surrogate escapes for the text check to name."""
+    import sys
+
+    from edgeinfer.errors import InputError
+
+    if str(path) == "-":
+        text = sys.stdin.buffer.read().decode("utf-8", "surrogateescape")
+    else:
+        try:
+            text = path.read_bytes().decode("utf-8", "surrogateescape")
+        except OSError as e:
+            raise InputError(f"--documents: cannot read {path} ({e.strerror or e})") from None
+    return [line.strip() for line in text.splitlines() if line.strip()]
 
 
 def _short(text: str, width: int = 60) -> str:
