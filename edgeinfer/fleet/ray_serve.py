@@ -101,8 +101,8 @@ def target(path: Path, config: ServeConfig) -> BundleTarget:
         open_served_decoder(bundle.path, bundle, config.ctx)  # a --ctx beyond the bundle's is refused here
     plan = replica_plan(bundle, resource, config.slots, config.ctx)
     check_fits(name, plan)
-    return BundleTarget(name, str(bundle.path.resolve()), resource, bundle.manifest.files,
-                        bundle.manifest.text is not None, decoder, plan)
+    embeds = bundle.manifest.text is not None and bundle.manifest.task is None  # rerankers: /v1/infer on Ray
+    return BundleTarget(name, str(bundle.path.resolve()), resource, bundle.manifest.files, embeds, decoder, plan)
 
 
 def targets(paths: list[Path], config: ServeConfig) -> list[BundleTarget]:
