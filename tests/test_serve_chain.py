@@ -135,9 +135,14 @@ def test_limits_errors_and_api_key_as_embeddings(chain):
     assert many.status_code == 400 and "at most 8 per request (--max-inputs)" in many.json()["error"]["message"]
     assert post(server, "/v1/rerank", {**body, "documents": ["d" * (1 << 20)]}).status_code == 413
     for bad, field in (({**body, "top_n": 0}, "top_n"), ({**body, "query": ""}, "query"),
-                       ({**body, "rank_fields": ["x"]}, "rank_fields"), ({**body, "documents": []}, "documents")):
+                       ({**body, "rank_fields": ["x"]}, "rank_fields"), ({**body, "documents": []}, "documents"),
+                       ({**body, "documents": [1]}, "documents"),
+                       ({**body, "documents": [{"title": "x"}]}, "documents"),
+                       ({**body, "return_documents": "yes"}, "return_documents")):
         r = post(server, "/v1/rerank", bad)
         assert r.status_code == 400 and r.json()["error"]["message"].startswith(field), r.text
+    everything = post(server, "/v1/rerank", {**body, "documents": ["a", "b"], "top_n": 100})
+    assert sorted(r["index"] for r in everything.json()["results"]) == [0, 1]  # top_n past the documents: all
     r = post(server, "/v1/classify", {"model": names["classifier"], "input": []})
     assert r.status_code == 400 and "input" in r.json()["error"]["message"]
 

@@ -72,14 +72,21 @@ class RerankDocument(BaseModel):
     text: str
 
 
+#: inline, as the request bodies' schemas are (request_body: no $ref into components)
+DOCUMENTS_SCHEMA = {"type": "array", "maxItems": MAX_EMBEDDING_INPUTS,
+                    "description": "Strings, or objects with a 'text' field (Cohere v1).",
+                    "items": {"anyOf": [{"type": "string"}, {"type": "object", "required": ["text"],
+                                                             "properties": {"text": {"type": "string"}}}]}}
+
+
 class RerankRequest(BaseModel):
     """The rerank request of Cohere (https://docs.cohere.com/reference/rerank) and Jina
     (https://jina.ai/reranker/): the documents scored against the query, best first."""
 
     model_config = STRICT
     query: str = Field(min_length=1, description="The text the documents are ranked against.")
-    documents: list[Union[str, RerankDocument]] = Field(
-        max_length=MAX_EMBEDDING_INPUTS, description="Strings, or objects with a 'text' field (Cohere v1).")
+    documents: Annotated[list[Union[str, RerankDocument]], Field(max_length=MAX_EMBEDDING_INPUTS),
+                         WithJsonSchema(DOCUMENTS_SCHEMA)]
     model: Name | None = Field(None, description="Model id from /v1/models (optional when one reranker is served).")
     top_n: int | None = Field(None, ge=1, description="Return only the best N results (default: all).")
     return_documents: bool = Field(False, description="Echo each document back as {'text': ...} in its result.")
