@@ -104,9 +104,9 @@ def test_the_library_calls_score_through_a_session(reranker_host_bundle, classif
 
 
 def test_bench_times_pairs_through_the_scores(reranker_host_bundle):  # noqa: F811
-    report = _json(cli("bench", str(reranker_host_bundle), "--batch", "1,2", "--repeat", "1", "--json"))
+    report = _json(cli("bench", str(reranker_host_bundle), "--batch", "2", "--repeat", "1", "--json"))
     assert (report["task"], report["unit"]) == ("rerank", "pairs")
-    assert [r["batch"] for r in report["results"]] == [1, 2]
+    assert [r["batch"] for r in report["results"]] == [2]
     assert all(r["throughput_per_s"] > 0 for r in report["results"])
 
 
