@@ -93,6 +93,25 @@ def test_rerank_in_cohere_and_jina_shapes(chain, reranker_host_bundle):  # noqa:
     assert [(r["index"], r["document"]) for r in jina.json()["results"]] == [(i, {"text": DOCS[i]}) for i in order]
 
 
+def test_cohere_clients_rerank_through_the_server(chain, reranker_host_bundle):  # noqa: F811
+    """Cohere's own Python client (requirements-dev.txt), pointed at the server with ``base_url``: its v1
+    ``Client`` posts to /v1/rerank, its current ``ClientV2`` to /v2/rerank."""
+    cohere = pytest.importorskip("cohere")
+    server, names = chain
+    want = [sigmoid(x) for x in direct_logits(reranker_host_bundle, [(QUERY, d) for d in DOCS])[:, 0]]
+    order = sorted(range(len(DOCS)), key=lambda i: -want[i])
+    v1 = cohere.Client(api_key=KEY, base_url=server.url, timeout=120)
+    r = v1.rerank(model=names["reranker"], query=QUERY, documents=DOCS, top_n=2, return_documents=True)
+    assert [(x.index, x.document.text) for x in r.results] == [(i, DOCS[i]) for i in order[:2]]
+    assert [x.relevance_score for x in r.results] == pytest.approx([want[i] for i in order[:2]], abs=1e-4)
+    v2 = cohere.ClientV2(api_key=KEY, base_url=server.url, timeout=120)
+    assert [x.index for x in v2.rerank(model=names["reranker"], query=QUERY, documents=DOCS).results] == order
+    stranger = cohere.Client(api_key="wrong", base_url=server.url)
+    with pytest.raises(cohere.core.api_error.ApiError) as refused:  # the key is checked as on every endpoint
+        stranger.rerank(model=names["reranker"], query="q", documents=["d"])
+    assert refused.value.status_code == 401
+
+
 def test_classify_in_vllm_shape(chain, classifier_host_bundle):  # noqa: F811
     server, names = chain
     texts = [DOCS[0], DOCS[3]]

@@ -105,13 +105,15 @@ def add_routes(app: FastAPI, batcher: Batcher, offload: Offload, config: ServeCo
 
     @app.post("/v1/rerank", response_model=RerankResponse, responses=ERRORS, tags=["inference"],
               openapi_extra=request_body(RerankRequest))
+    @app.post("/v2/rerank", response_model=RerankResponse, responses=ERRORS, tags=["inference"],
+              openapi_extra=request_body(RerankRequest))
     async def rerank(request: Request):
         """Score documents against a query with a reranker (cross-encoder); results best first (Cohere / Jina
-        rerank API)."""
+        rerank API; /v2/rerank is where Cohere's current client posts)."""
         deadline = time.monotonic() + config.timeout_s
         p = await read(request, prepare_rerank, deadline)
         logits = (await submit(p, deadline))["logits"]
-        return answer(encode_rerank(p, logits), p, "/v1/rerank")
+        return answer(encode_rerank(p, logits), p, request.url.path)
 
     @app.post("/v1/classify", response_model=ClassifyResponse, responses=ERRORS, tags=["inference"],
               openapi_extra=request_body(ClassifyRequest))

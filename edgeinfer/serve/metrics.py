@@ -15,8 +15,8 @@ from edgeinfer.serve.device_gauges import DeviceGauges, backend_readers, worker_
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
-ENDPOINTS = ("/v1/embeddings", "/v1/rerank", "/v1/classify", "/v1/infer", "/v1/chat/completions", "/v1/completions",
-             "/v1/models", "/health", "/ready", "/metrics", "/openapi.json", "/docs")
+ENDPOINTS = ("/v1/embeddings", "/v1/rerank", "/v2/rerank", "/v1/classify", "/v1/infer", "/v1/chat/completions",
+             "/v1/completions", "/v1/models", "/health", "/ready", "/metrics", "/openapi.json", "/docs")
 
 
 class Metrics:
