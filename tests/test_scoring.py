@@ -23,7 +23,7 @@ from edgeinfer.testing.cli import in_process_cli
 
 cli, _bind_capfd = in_process_cli()
 
-pytestmark = pytest.mark.slow  # deploys a reranker and a classifier (MiniLM) for the host board
+slow = pytest.mark.slow  # the tests taking a fixture deploy a reranker and a classifier (MiniLM) for the host board
 
 QUERY = "How do I sort a list in place?"
 DOCS = ["The list is sorted in place by its sort method.", "A socket connects two processes over a network.",
@@ -42,6 +42,7 @@ def _error(proc) -> str:
     return lines[0]
 
 
+@slow
 def test_run_reranks_documents_best_first_with_sigmoid_scores(reranker_host_bundle, tmp_path):  # noqa: F811
     docs_file = tmp_path / "docs.txt"
     docs_file.write_text("\n".join(DOCS[1:]) + "\n\n")  # a blank line is no document
@@ -58,6 +59,7 @@ def test_run_reranks_documents_best_first_with_sigmoid_scores(reranker_host_bund
     assert text.returncode == 0 and "#1 document[" in text.stdout and "#2 document[" in text.stdout
 
 
+@slow
 def test_run_classifies_texts_with_softmax_over_the_labels(classifier_host_bundle):  # noqa: F811
     texts = [DOCS[0], DOCS[3]]
     report = _json(cli("run", str(classifier_host_bundle), "--text", texts[0], "--text", texts[1], "--json"))
@@ -70,6 +72,7 @@ def test_run_classifies_texts_with_softmax_over_the_labels(classifier_host_bundl
         assert p["label"] == LABELS[int(np.argmax(row))] and p["score"] == pytest.approx(row.max(), abs=1e-4)
 
 
+@slow
 def test_run_refuses_the_wrong_input_for_the_task_in_one_line(reranker_host_bundle, classifier_host_bundle):  # noqa: F811
     assert "is a reranker, not a classifier; give it --query and --document" in _error(
         cli("run", str(reranker_host_bundle), "--text", "hello"))
@@ -81,6 +84,7 @@ def test_run_refuses_the_wrong_input_for_the_task_in_one_line(reranker_host_bund
     assert "not several" in _error(cli("run", str(reranker_host_bundle), "--query", "q", "--text", "t"))
 
 
+@slow
 def test_too_many_documents_and_a_bundle_without_task_are_refused(reranker_host_bundle):  # noqa: F811
     bundle = Bundle.open(reranker_host_bundle)
     with pytest.raises(InputError, match="3 documents is more than 2 per call"):
@@ -90,6 +94,7 @@ def test_too_many_documents_and_a_bundle_without_task_are_refused(reranker_host_
         scoring.task_of(bundle)
 
 
+@slow
 def test_the_library_calls_score_through_a_session(reranker_host_bundle, classifier_host_bundle):  # noqa: F811
     from edgeinfer.run.bundle import open_session
 
@@ -103,6 +108,7 @@ def test_the_library_calls_score_through_a_session(reranker_host_bundle, classif
     assert label["label"] == LABELS[int(np.argmax(direct_logits(classifier_host_bundle, [DOCS[2]])[0]))]
 
 
+@slow
 def test_bench_times_pairs_through_the_scores(reranker_host_bundle):  # noqa: F811
     report = _json(cli("bench", str(reranker_host_bundle), "--batch", "2", "--repeat", "1", "--json"))
     assert (report["task"], report["unit"]) == ("rerank", "pairs")
