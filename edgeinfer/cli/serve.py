@@ -33,7 +33,8 @@ EXTRAS = ("fastapi", "uvicorn", "starlette", "pydantic", "prometheus_client", "h
 @click.option("--timeout-s", default=30.0, show_default=True, type=float, help="Per-request timeout (504).")
 @click.option("--max-body-mb", default=8.0, show_default=True, type=float, help="Largest request body (413).")
 @click.option("--max-inputs", default=256, show_default=True, type=int,
-              help="Most strings per embeddings request, rows per /v1/infer request (400 above).")
+              help="Most strings per embeddings or classify request, documents per rerank request, rows per "
+                   "/v1/infer request (400 above).")
 @click.option("--request-helpers", default=2, show_default=True, type=int,
               help="Processes that prepare large requests and chat templates off the event loop, started when "
                    "first needed (~70 MiB each); 0: all in the HTTP process (docs/serve.md).")
@@ -85,9 +86,9 @@ def serve_cmd(
     ship_bundles: bool = False,
     as_json: bool = False,  # read by the CLI group, which prints a failure as JSON
 ) -> None:
-    """Serve BUNDLE(s) over HTTP: /v1/embeddings, /v1/infer, /v1/chat/completions, /v1/completions,
-    /v1/models, /health, /ready, /metrics. Decoder bundles and Hugging Face decoder directories are served
-    with continuous batching."""
+    """Serve BUNDLE(s) over HTTP: /v1/embeddings, /v1/rerank, /v1/classify, /v1/infer, /v1/chat/completions,
+    /v1/completions, /v1/models, /health, /ready, /metrics. Decoder bundles and Hugging Face decoder
+    directories are served with continuous batching."""
     config = ServeConfig(
         bundles=list(bundles),
         host=host,
