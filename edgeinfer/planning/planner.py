@@ -367,8 +367,7 @@ def plan(model, board, quant: str | None = None, ctx: int | None = None, batch: 
         warnings.append(("scheme", decision.note))
     limits: list[dict] = []
     if total > b.total_bytes:
-        reasons.append(("memory", f"needs {total / GIB:.2f} GiB, the board has {b.total_bytes / GIB:.2f} GiB "
-                       f"({b.usable_bytes / GIB:.2f} GiB usable after the OS/driver reserve)"))
+        reasons.append(("memory", memory_reason(total, b)))
     rt = b.runtimes[rt_name]
     if rt.max_context and ctx > rt.max_context:
         reasons.append(("context", f"context {ctx} exceeds {rt_name}'s maximum {rt.max_context}"))
@@ -406,6 +405,12 @@ def plan(model, board, quant: str | None = None, ctx: int | None = None, batch: 
     if paging is not None:
         _merge_paging(p, paged_plan(p, paging, segments, storage, _prefill_chunk(rt_name)), unpaged)
     return p
+
+
+def memory_reason(total: int, b: Board) -> str:
+    """The reason a plan of ``total`` bytes does not fit ``b`` (a chain replaces it with its own sum)."""
+    return (f"needs {total / GIB:.2f} GiB, the board has {b.total_bytes / GIB:.2f} GiB "
+            f"({b.usable_bytes / GIB:.2f} GiB usable after the OS/driver reserve)")
 
 
 def _prefill_chunk(runtime: str) -> int:
