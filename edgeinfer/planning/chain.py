@@ -56,6 +56,19 @@ def member(name: str, plan: dict[str, Any], decoder: bool, usable_bytes: int,
                   fixed, bd["runtime"] - fixed, dict(plan["options"]), list(reasons or []))
 
 
+def rescaled(plan: dict[str, Any], batch: int, ctx: int | None = None) -> dict[str, Any]:
+    """A recorded plan at another batch (serve's ``--max-batch`` rows of an encoder, ``--slots`` of a decoder) and
+    context: activations and the KV cache grow in proportion to the batch (an encoder's activations exactly:
+    every buffer is batch × tokens), the KV cache in proportion to the context (a sliding-window model's less:
+    this overcounts it)."""
+    o, bd = plan["options"], dict(plan["memory"]["breakdown"])
+    f = batch / max(1, o.get("batch") or 1)
+    bd["activations"] = int(bd["activations"] * f)
+    bd["kv_cache"] = int(bd["kv_cache"] * f * ((ctx or o["ctx"]) / max(1, o["ctx"])))
+    return {**plan, "options": {**o, "batch": batch, "ctx": ctx or o["ctx"]},
+            "memory": {**plan["memory"], "breakdown": bd}}
+
+
 @dataclass
 class Process:
     name: str
