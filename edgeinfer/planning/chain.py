@@ -155,8 +155,9 @@ class ChainPlan:
 
     def refusal(self) -> str:
         """One line: the total, the board's budget and the largest contributor."""
-        return (f"the {len(self.members)} models need {self.total_bytes / GIB:.2f} GiB together on "
-                f"{self.board.name}, "
+        n = len(self.members)
+        who = f"these {n} models need" if n > 1 else "this model needs"
+        return (f"{who} {self.total_bytes / GIB:.2f} GiB{' together' if n > 1 else ''} on {self.board.name}, "
                 f"which has {self.capacity_bytes / GIB:.2f} GiB; the largest is {self.largest} "
                 f"({sum(self.model_bytes(self.largest).values()) / GIB:.2f} GiB)")
 

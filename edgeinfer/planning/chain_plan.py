@@ -17,6 +17,7 @@ from edgeinfer.planning.models import resolve
 
 OPTIONS = ("quant", "ctx", "batch", "kv_dtype", "runtime")
 FILE_KEYS = ("models", "workers")
+DECODER_ONLY = ("ctx", "batch", "kv_dtype")  # command-line options a chain gives its decoders only
 
 
 @dataclass
@@ -80,8 +81,9 @@ def _entry(p: Path, i: int, item: Any, hint: str) -> Entry:
 
 def plan_chain(entries: Sequence[Entry], board: str | Board, workers: int = 1, suggest: bool = True,
                **given: Any) -> ChainPlan:
-    """Plan every entry on ``board`` (each entry's options over ``given``, the command line's; a batch defaults
-    to serve's: ``--max-batch`` rows for an encoder, ``--slots`` sequences for a decoder) and add them up."""
+    """Plan every entry on ``board`` (each entry's options over ``given``, the command line's, whose ctx, batch
+    and kv_dtype go to the decoders only; a batch defaults to serve's: ``--max-batch`` rows for an encoder,
+    ``--slots`` sequences for a decoder) and add them up."""
     names = [e.model for e in entries]
     twice = next((n for n in names if names.count(n) > 1), None)
     if twice:
@@ -97,7 +99,8 @@ def plan_chain(entries: Sequence[Entry], board: str | Board, workers: int = 1, s
 
 def _plan_one(e: Entry, b: Board, given: dict[str, Any]) -> tuple[Member, planner.Plan, dict[str, Any]]:
     spec = resolve(e.model)
-    opts = {**{k: v for k, v in given.items() if v is not None}, **e.options}
+    mine = {k: v for k, v in given.items() if v is not None and not (spec.encoder and k in DECODER_ONLY)}
+    opts = {**mine, **e.options}
     opts.setdefault("batch", SERVE_MAX_BATCH if spec.encoder else SERVE_SLOTS)
     p = planner.plan(spec, b, suggest=False, **opts)
     own = planner.memory_reason(p.total_bytes, p.board)
