@@ -82,8 +82,8 @@ def _chain_file(tmp_path: Path, text: str) -> str:
 
 
 def test_a_chain_file_gives_each_model_its_options_and_workers(tmp_path):
-    f = _chain_file(tmp_path, f"workers: 2\nmodels:\n  - {EMB}\n  - model: {LLM}\n    quant: w8a8_g128\n    ctx: 1024\n"
-                              "    batch: 2\n")
+    f = _chain_file(tmp_path, f"workers: 2\nmodels:\n  - {EMB}\n  - model: {LLM}\n"
+                              "    quant: w8a8_g128\n    ctx: 1024\n    batch: 2\n")
     r = cli("plan", f, "--board", "rk3588-16g", "--json")
     d = json.loads(r.stdout)
     assert r.returncode == 0 and d["kind"] == "edgeinfer.plan_chain" and d["fits"] is True
