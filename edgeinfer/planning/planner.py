@@ -139,8 +139,11 @@ def activation_bytes(spec: ModelSpec, ctx: int, batch: int,
     logits = 0 if spec.encoder else batch * spec.vocab * ACT_BYTES
     out = tok * h * ACT_BYTES if spec.encoder else 0
     total = int(max(inputs + max(attn, ffn) + logits + out, spec.vision_activation_bytes))  # vision runs first
+    copies = (prof.get("encoder_activation_copies") or {}).get("value", 1) if spec.encoder else 1
+    total = int(total * copies)
     basis = ("whole sequence" if spec.encoder else f"prefill chunk of {n} tokens") + (
-        ", fused attention" if fused else ", attention scores materialised")
+        ", fused attention" if fused else ", attention scores materialised") + (
+        f", held {copies:g} times by the runtime" if copies != 1 else "")
     return total, details.ActivationsDetail(basis, tokens_per_step=n, inputs=int(inputs), attention=int(attn),
                                             ffn=int(ffn), logits=int(logits + out),
                                             vision_encoder=spec.vision_activation_bytes)
