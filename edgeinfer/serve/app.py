@@ -400,9 +400,9 @@ def serve(config: ServeConfig, log_level: str = "info") -> None:
     sock = listen(config.host, config.port)  # a busy port is a one-line error before bundles are hashed
     try:
         models, decoders = open_models(config.bundles, config.ctx, config.slots)
-        check_budget(models, decoders, config)  # before any worker loads a model
         check_devices([m.bundle.manifest.backend for m in models.values()] + [m.backend for m in decoders.values()],
                       config.devices)
+        check_budget(models, decoders, config)  # before any worker loads a model
     except BaseException:
         sock.close()
         raise

@@ -2,10 +2,11 @@
 their board together (:mod:`edgeinfer.planning.chain`, the sum ``edgeinfer plan A B C --board B`` answers).
 
 serve has no memory budget of its own: the budget is the board the bundles were deployed for (their manifests'
-``board``; ``host``: this machine's memory available now). Each bundle counts with the plan ``deploy`` recorded in its
-manifest, at serve's ``--max-batch`` (encoders) or ``--slots`` and context (decoders). Not counted, and said in the
-log: a Hugging Face decoder directory or decoder file (no recorded plan), a bundle without a recorded plan, and
-every bundle when they name different boards or a board this installation does not know."""
+``board``; ``host``: this machine's memory available now). Each bundle counts with the plan ``deploy`` recorded in
+its manifest, at serve's ``--max-batch`` (encoders) or ``--slots`` and context (decoders). Not counted, and said in
+the log at debug level (a start-up that fails later stays one line): a Hugging Face decoder directory or decoder
+file (no recorded plan), a bundle without a recorded plan, and every bundle when they name different boards or a
+board this installation does not know."""
 
 from __future__ import annotations
 
@@ -33,11 +34,11 @@ def check_budget(models: dict[str, Any], decoders: dict[str, Any], config: Serve
         man = read_manifest(d.path) if kind(d.path, "bundle") is Kind.DECODER_BUNDLE else None
         _add(recorded, skipped, boards, name, man, True, config.slots, d.context)
     if skipped:
-        log.warning("memory check: %s not counted (no plan recorded by edgeinfer deploy)", ", ".join(skipped))
+        log.debug("memory check: %s not counted (no plan recorded by edgeinfer deploy)", ", ".join(skipped))
     if not recorded:
         return None
     if len(boards) > 1:
-        log.warning("memory check skipped: the bundles were deployed for different boards (%s)",
+        log.debug("memory check skipped: the bundles were deployed for different boards (%s)",
                     ", ".join(sorted(boards)))
         return None
     board = _board(boards.pop())
@@ -49,7 +50,7 @@ def check_budget(models: dict[str, Any], decoders: dict[str, Any], config: Serve
     if not chain.fits:
         raise CheckFailed(chain.refusal(), "serve fewer bundles, or deploy smaller ones (plan them together with "
                           "`edgeinfer plan A B C --board B`)")
-    log.info("memory check: %d bundles need %.2f GiB together on %s, which has %.2f GiB", len(members),
+    log.debug("memory check: %d bundles need %.2f GiB together on %s, which has %.2f GiB", len(members),
              chain.total_bytes / 2**30, board.name, chain.capacity_bytes / 2**30)
     return chain
 
@@ -71,5 +72,5 @@ def _board(name: str) -> Any:
     try:  # the host's bandwidth is not needed for memory: no copy benchmark at start-up
         return host_board(HostBandwidth(0.0, "not measured: memory only")) if name == "host" else get_board(name)
     except EdgeInferError as e:
-        log.warning("memory check skipped: %s", e.one_line())
+        log.debug("memory check skipped: %s", e.one_line())
         return None
