@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from edgeinfer.errors import InputError
-from edgeinfer.planning.details import RefusedCell
 from edgeinfer.planning.chain import ChainPlan
+from edgeinfer.planning.details import RefusedCell
 from edgeinfer.planning.matrix import PlanMatrix, plan_models
 from edgeinfer.planning.planner import Plan
 from edgeinfer.run.once import Paging, run_once
