@@ -114,6 +114,11 @@ def test_chain_file_mistakes_are_one_line_exit_2(tmp_path, text, needle):
     assert r.returncode == 2 and r.stdout == "" and len(lines) == 1 and needle in lines[0], r.stderr
 
 
+def test_a_chain_file_needs_one_named_board(tmp_path):
+    r = cli("plan", _chain_file(tmp_path, f"models: [{EMB}]\n"), "--board", "all")
+    assert r.returncode == 2 and "one named board" in r.stderr and r.stdout == ""
+
+
 def test_a_single_model_keeps_its_plan():
     r = cli("plan", LLM, "--board", "rk3588-16g", "--json")
     assert json.loads(r.stdout)["kind"] == "edgeinfer.plan" and r.returncode == 0

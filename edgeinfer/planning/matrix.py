@@ -56,6 +56,8 @@ def plan_models(models: Sequence[str], board: str, ctx: int | None = None, batch
     batch = None if batch is None else planner.check_int("batch", batch)
     if board != "all" and (len(models) > 1 or (models and is_chain_file(models[0]))):
         return _chain(models, board, ctx=ctx, batch=batch, **options) if image is None else _no_image()
+    if any(is_chain_file(m) for m in models):
+        raise InputError("a chain file is planned on one named board, not --board all", "pass --board NAME")
     batch = batch or 1
     specs = [resolve(m) for m in models]
     if image is not None:
