@@ -150,6 +150,112 @@ def score(row: dict) -> None:
                decoder_plan_over_worker=round(plan["decoder_process_bytes"] / worker, 3))
 
 
+# --- --chain: an embedding bundle, a classifier bundle and the tiny decoder in one serve ----------------------------
+CHAIN_ROUNDS = 3  # rounds of full requests to each model (embeddings: --max-batch texts of ~120 tokens each)
+
+
+def classifier_dir(work: Path) -> Path:
+    """MiniLM as a 3-label ``BertForSequenceClassification`` with a random head (memory does not care what it
+    says)."""
+    import shutil
+
+    import torch
+    from transformers import BertForSequenceClassification
+
+    from edgeinfer.testing import minilm
+
+    out = work / "minilm-classifier"
+    torch.manual_seed(0)
+    labels = {0: "negative", 1: "neutral", 2: "positive"}
+    BertForSequenceClassification.from_pretrained(minilm.model_dir(), num_labels=3, id2label=labels,
+                                                  label2id={v: k for k, v in labels.items()}).save_pretrained(out)
+    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
+        shutil.copy(minilm.model_dir() / f, out / f)
+    return out
+
+
+def chain_requests(url: str, models: list[dict]) -> int:
+    """CHAIN_ROUNDS rounds: a full batch to every tensor model (through the first endpoint it lists) and SLOTS
+    streams to every decoder, all at once."""
+    import httpx
+
+    texts = [prompt_of(120, i) for i in range(32)]
+
+    def tensor(m: dict) -> int:
+        path = m["endpoints"][0]
+        body = {"model": m["id"], "input": texts} if path.endswith("embeddings") else {"model": m["id"],
+                                                                                           "inputs": texts}
+        r = httpx.post(url + path, json=body, timeout=600)
+        if r.status_code != 200:
+            raise SystemExit(f"{path} failed: {r.status_code} {r.text[:300]}")
+        return len(texts)
+
+    done = 0
+    for r in range(CHAIN_ROUNDS):
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            jobs = [pool.submit(tensor, m) for m in models if "slots" not in m]
+            jobs += [pool.submit(stream_one, url, m["id"], prompt_of(PROMPT, i + r)) for m in models if "slots" in m
+                     for i in range(SLOTS)]
+            done += sum(j.result() for j in jobs)
+    return done
+
+
+def measure_chain(work: Path) -> dict:
+    import httpx
+
+    from edgeinfer.deploy.decoder import deploy_decoder
+    from edgeinfer.deploy.encoder import deploy
+    from edgeinfer.planning.chain_plan import Entry, plan_chain
+    from edgeinfer.serve.app import open_models
+    from edgeinfer.serve.budget import check_budget
+    from edgeinfer.serve.config import ServeConfig
+    from edgeinfer.testing import minilm
+    from edgeinfer.testing.llm import model_dir
+    from edgeinfer.testing.serve import ServerProc
+
+    sources = {"minilm": minilm.model_dir(), "minilm-classifier": classifier_dir(work), "tiny-qwen3": model_dir()}
+    bundles = [work / "bundles" / n for n in sources]
+    deploy(sources["minilm"], "host", bundles[0], use_cache=False)  # the manifest records this planner's plan
+    deploy(sources["minilm-classifier"], "host", bundles[1], use_cache=False)
+    deploy_decoder(sources["tiny-qwen3"], "host", bundles[2], ctx=CTX)
+    with ServerProc(bundles, "--slots", str(SLOTS), "--ctx", str(CTX), "--threads", "2",
+                    log=work / "serve.log") as s:
+        ready = httpx.get(s.url + "/ready", timeout=10).json()
+        listed = httpx.get(s.url + "/v1/models", timeout=10).json()["data"]
+        sampler = TreeSampler(s.proc.pid)
+        sampler.start()
+        answered = chain_requests(s.url, listed)
+        sampler.stop.set()
+        sampler.join()
+        pids = tree(s.proc.pid)
+        peaks = {pid: status_kib(pid, "VmHWM") * 1024 for pid in pids}
+    role = {s.proc.pid: "http", **{w["pid"]: "encoder worker" for w in ready.get("workers", [])},
+            **{d["pid"]: f"decoder worker {d.get('model', '')}".strip() for d in ready.get("decoders", [])}}
+    processes = [{"role": role.get(pid, "other child"), "peak_bytes": peaks[pid]} for pid in pids]
+    measured = sum(peaks.values())
+    planned = plan_chain([Entry(str(sources["minilm"])), Entry(str(sources["minilm-classifier"])),
+                          Entry(str(sources["tiny-qwen3"]), {"ctx": CTX, "batch": SLOTS})], "host")
+    config = ServeConfig(bundles, slots=SLOTS, ctx=CTX)
+    checked = check_budget(*open_models(config.bundles, config.ctx, config.slots), config)
+    row = {"models": list(sources), "board": "host", "ctx": CTX, "slots": SLOTS, "rounds": CHAIN_ROUNDS,
+           "answered": answered, "processes": processes, "tree_peak_bytes": measured,
+           "tree_rss_max_bytes": sampler.peak, "plan": _without_reserve(planned),
+           "serve_check": _without_reserve(checked) if checked else None}
+    row["plan_over_measured"] = round(row["plan"]["total_bytes"] / measured, 3)
+    if checked:
+        row["serve_check_over_measured"] = round(row["serve_check"]["total_bytes"] / measured, 3)
+    print(json.dumps({k: row[k] for k in ("tree_peak_bytes", "plan_over_measured")}), file=sys.stderr)
+    return row
+
+
+def _without_reserve(chain) -> dict:
+    """The chain's processes and models (the measured peak holds no OS reserve: it is left out of the total)."""
+    d = chain.to_dict()
+    return {"total_bytes": d["memory"]["total_bytes"] - d["memory"]["reserved_bytes"],
+            "processes": d["processes"], "models": [{k: m[k] for k in ("name", "options", "memory")}
+                                                    for m in d["models"]]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tiny", action="store_true", help="the committed tiny test decoder (seconds, not minutes)")
@@ -157,7 +263,15 @@ def main() -> None:
     ap.add_argument("--label", default="", help="a name for this run in the results (e.g. before / after)")
     ap.add_argument("--rescore", type=Path, help="recompute the plan figures of a results file (after a change "
                                                  "of the planner's constants) and write it back")
+    ap.add_argument("--chain", action="store_true", help="one serve carrying an embedding bundle, a classifier "
+                    "bundle and the tiny decoder, against the chain plan (edgeinfer plan A B C --board host)")
     args = ap.parse_args()
+    if args.chain:
+        with tempfile.TemporaryDirectory() as tmp:
+            row = measure_chain(Path(tmp))
+        _common.write("serve_footprint-chain" + (f"-{args.label}" if args.label else ""),
+                      {"ctx": CTX, "slots": SLOTS, "unit": "bytes", "rows": [row]})
+        return
     if args.rescore:
         data = json.loads(args.rescore.read_text())
         for row in data["rows"]:

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from edgeinfer.errors import InputError
+from edgeinfer.planning.chain import ChainPlan
 from edgeinfer.planning.details import RefusedCell
 from edgeinfer.planning.matrix import PlanMatrix, plan_models
 from edgeinfer.planning.planner import Plan
@@ -49,14 +50,22 @@ def test_one_model_on_one_board_is_a_plan_with_suggestions():
     assert p.suggestions.board == "rk3588-16g"
 
 
-def test_several_models_make_a_matrix_in_model_major_order():
-    m = plan_models(["qwen3-0.6b", "qwen3-8b"], "rk3588-8g", quant="w8a8")
-    assert isinstance(m, PlanMatrix) and m.boards == ["rk3588-8g"]
-    assert [c.model.name for c in m.plans] == ["Qwen/Qwen3-0.6B", "Qwen/Qwen3-8B"]
-    assert m.cell(0, 0).fits is True and m.cell(1, 0).fits is False
+def test_several_models_on_board_all_make_a_matrix_in_model_major_order():
+    m = plan_models(["qwen3-0.6b", "qwen3-8b"], "all", quant="w8a8")
+    assert isinstance(m, PlanMatrix) and "rk3588-8g" in m.boards
+    j = m.boards.index("rk3588-8g")
+    assert [m.cell(i, j).model.name for i in range(2)] == ["Qwen/Qwen3-0.6B", "Qwen/Qwen3-8B"]
+    assert m.cell(0, j).fits is True and m.cell(1, j).fits is False
     assert m.fits is False and m.to_dict()["kind"] == "edgeinfer.plan_matrix"
-    assert all(c.suggestions is None for c in m.plans)  # a matrix plans without suggestions
-    assert all(c["suggestions"] == {} for c in m.to_dict()["plans"])
+    planned = [c for c in m.plans if isinstance(c, Plan)]
+    assert all(c.suggestions is None for c in planned)  # a matrix plans without suggestions
+    assert all(c["suggestions"] == {} for c in m.to_dict()["plans"] if "error" not in c)
+
+
+def test_several_models_on_one_named_board_make_a_chain():
+    c = plan_models(["qwen3-0.6b", "qwen3-8b"], "rk3588-8g", quant="w8a8")
+    assert isinstance(c, ChainPlan) and [m.name for m in c.members] == ["qwen3-0.6b", "qwen3-8b"]
+    assert c.fits is False and c.to_dict()["kind"] == "edgeinfer.plan_chain"
 
 
 def test_board_all_turns_a_board_refusal_into_a_cell_and_a_named_board_raises():

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from rich.table import Table
     from rich.text import Text
 
+    from edgeinfer.planning.chain import ChainPlan
     from edgeinfer.planning.matrix import PlanMatrix
     from edgeinfer.planning.planner import Plan
 
@@ -175,13 +176,53 @@ def render_matrix(m: PlanMatrix) -> None:
     console().print(t)
 
 
+def render_chain(c: ChainPlan) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    con = console()
+    verdict = "[bold green]FITS[/]" if c.fits else "[bold red]DOES NOT FIT[/]"
+    con.print(f"{len(c.members)} models served together on {c.board.name} ({escape(c.board.title)}): {verdict}")
+    t = Table(show_header=True, header_style="bold")
+    for col in ("model", "scheme, ctx, batch", "weights", "kv_cache", "activations", "runtime", "total", "process"):
+        t.add_column(col, overflow="fold", justify="left" if col in ("model", "process") else "right")
+    d = c.to_dict()
+    for m in d["models"]:
+        o, mem = m["options"], m["memory"]
+        t.add_row(escape(m["name"]), f"{o['quant']} via {o['runtime']}, {o['ctx']}, {o['batch']}",
+                  *(_gib(mem[k]) for k in ("weights", "kv_cache", "activations", "runtime", "total_bytes")),
+                  escape(", ".join(m["processes"])))
+    for p in d["processes"]:
+        if p["own_bytes"]:
+            t.add_row(p["name"], "", "", "", "", "", _gib(p["own_bytes"]), "")
+    t.add_row("reserved (OS / driver)", "", "", "", "", "", _gib(c.reserved_bytes), "")
+    t.add_row("[bold]total[/]", "", "", "", "", "", f"[bold]{_gib(c.total_bytes)}[/]",
+              f"board memory {_gib(c.capacity_bytes)}, usable {_gib(c.board.usable_bytes)}")
+    con.print(t)
+    hr = c.capacity_bytes - c.total_bytes
+    con.print(f"headroom: {'[green]' if hr >= 0 else '[red]'}{_gib(hr)}[/] (each runtime's fixed overhead once per "
+              "process; encoders share one worker per --devices entry, each decoder has its own)")
+    for r in c.reasons:
+        con.print(f"[red]✗[/] {escape(r)}")
+    s = c.suggestions
+    if s:
+        con.print("[bold]suggestions[/] (each alone, in the room the others leave)")
+        for m in s["models"]:
+            asks = [f"--{k.replace('max_', '')} {m[k]}" for k in ("quant", "max_ctx") if m[k]]
+            con.print(f"  {escape(m['model'])}: {' or '.join(asks) if asks else 'no smaller scheme or context fits'}")
+        con.print(f"  smallest {c.board.family} board that takes the chain: {s['board'] or 'none'}")
+    for w in c.warnings:
+        con.print(f"[yellow]note:[/] {escape(w)}")
+
+
 @click.command("plan")
 @click.argument("models", nargs=-1)
 @click.option("--board", "board", help="Board name, 'all', or a path to a board YAML.")
 @click.option("--quant", default=None, help="Quantization scheme (w8a8, w4a16_g128, fp16, Q4_K_M ...).")
 @click.option("--ctx", "ctx_len", default=None, type=int, help="Context length in tokens (default: the model's "
               "limit, at most 2048; encoders: at most 128, the sequence deploy builds).")
-@click.option("--batch", default=1, show_default=True, type=int, help="Sequences decoded together.")
+@click.option("--batch", default=None, type=int, help="Sequences decoded together (default 1; in a chain serve's: "
+              "32 rows for an encoder, 4 slots for a decoder).")
 @click.option("--kv-dtype", default=None, help="KV-cache dtype (fp16, bf16, fp32, int8, q8_0, q4_0).")
 @click.option("--runtime", default=None, help="Runtime on the board (default: the board's first, in its order, "
               "that this installation can build; see docs/planner.md).")
@@ -195,15 +236,17 @@ def render_matrix(m: PlanMatrix) -> None:
 @click.option("--fleet", type=click.Path(), help="Plan a fleet file (nodes, models; docs/fleet.md) instead.")
 @click.pass_context
 def plan_cmd(ctx: click.Context, models: tuple[str, ...], board: str, quant: str | None, ctx_len: int | None,
-             batch: int,
+             batch: int | None,
              kv_dtype: str | None, runtime: str | None, as_json: bool, paging: int | None = None,
              segments: int | None = None, storage: str | None = None, image: str | None = None,
              fleet: str | None = None) -> None:
     """Will MODEL fit BOARD, how fast, and what to change if not.
 
     MODEL: catalog name or HF id (Qwen/Qwen3-8B), HF directory, config.json, .gguf, .onnx, .safetensors,
-    or an HF id in the local Hugging Face cache. Exit 0 fits, 1 does not fit, 2 bad input.
+    or an HF id in the local Hugging Face cache. Several MODELs (or one chain .yaml file, docs/planner.md)
+    on one board: do they fit served together. Exit 0 fits, 1 does not fit, 2 bad input.
     """
+    from edgeinfer.planning.chain import ChainPlan
     from edgeinfer.planning.matrix import PlanMatrix, plan_models
 
     if fleet:
@@ -215,7 +258,8 @@ def plan_cmd(ctx: click.Context, models: tuple[str, ...], board: str, quant: str
     with _telling_host_measurement(as_json):
         answer = plan_models(models, board, quant=quant, ctx=ctx_len, batch=batch, kv_dtype=kv_dtype,
                              runtime=runtime, paging=paging, segments=segments, storage=storage, image=image)
-    render = render_matrix if isinstance(answer, PlanMatrix) else render_plan
+    render = (render_matrix if isinstance(answer, PlanMatrix) else render_chain if isinstance(answer, ChainPlan)
+              else render_plan)
     emit(answer.to_dict(), as_json, lambda _: render(answer))
     if not answer.fits:
         ctx.exit(errors.NEGATIVE)

@@ -16,7 +16,8 @@ EXTRAS = ("fastapi", "uvicorn", "starlette", "pydantic", "prometheus_client", "h
 @click.argument("bundles", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback by default).")
 @click.option("--port", default=8000, show_default=True, type=int, help="TCP port (0: any free port).")
-@click.option("--max-batch", default=32, show_default=True, type=int, help="Most rows merged into one run.")
+@click.option("--max-batch", default=ServeConfig.max_batch, show_default=True, type=int,
+              help="Most rows merged into one run.")
 @click.option(
     "--batch-window-ms", default=10.0, show_default=True, type=float, help="How long a batch waits to fill."
 )
@@ -38,7 +39,7 @@ EXTRAS = ("fastapi", "uvicorn", "starlette", "pydantic", "prometheus_client", "h
 @click.option("--request-helpers", default=2, show_default=True, type=int,
               help="Processes that prepare large requests and chat templates off the event loop, started when "
                    "first needed (~70 MiB each); 0: all in the HTTP process (docs/serve.md).")
-@click.option("--slots", default=4, show_default=True, type=int,
+@click.option("--slots", default=ServeConfig.slots, show_default=True, type=int,
               help="Decoders: sequences decoded at once (KV slots of --ctx positions each, reserved at start; "
                    "a bundle with static decode batches takes at most its largest).")
 @click.option("--ctx", default=None, type=int,

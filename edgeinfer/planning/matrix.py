@@ -1,5 +1,6 @@
-"""What ``edgeinfer plan`` answers: one :class:`~edgeinfer.planning.planner.Plan`, or a model × board
-matrix when several models are given or the board is ``all``.
+"""What ``edgeinfer plan`` answers: one :class:`~edgeinfer.planning.planner.Plan`; several models (or a chain
+file) on one named board: the :class:`~edgeinfer.planning.chain.ChainPlan` of serving them together; a
+model × board matrix when the board is ``all``.
 
 In a matrix over ``--board all`` a board that cannot take the model (no runtime for the scheme, a
 board-specific refusal) is a :class:`~edgeinfer.planning.details.RefusedCell` (JSON: a cell with an
@@ -13,9 +14,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from edgeinfer.errors import EdgeInferError
+from edgeinfer.errors import EdgeInferError, InputError
 from edgeinfer.planning import planner
 from edgeinfer.planning.boards import board_names
+from edgeinfer.planning.chain import ChainPlan
+from edgeinfer.planning.chain_plan import Entry, is_chain_file, plan_chain, read_chain_file
 from edgeinfer.planning.details import RefusedCell
 from edgeinfer.planning.models import resolve, vision
 
@@ -41,14 +44,21 @@ class PlanMatrix:
                 "plans": [c.to_dict() for c in self.plans]}
 
 
-def plan_models(models: Sequence[str], board: str, ctx: int | None = None, batch: int = 1, image: str | None = None,
-                **options: Any) -> planner.Plan | PlanMatrix:
-    """One model on one named board → its Plan (with suggestions); otherwise the matrix (no suggestions).
+def plan_models(models: Sequence[str], board: str, ctx: int | None = None, batch: int | None = None,
+                image: str | None = None, **options: Any) -> planner.Plan | PlanMatrix | ChainPlan:
+    """One model on one named board → its Plan (with suggestions); several models (or a chain file) on one
+    named board → the ChainPlan of serving them together; ``--board all`` → the matrix (no suggestions).
 
     ``options`` are :func:`edgeinfer.planning.planner.plan`'s (quant, kv_dtype, runtime, paging, ...);
-    ``image`` ("WxH") sizes the vision encoder's activations of vision-language models."""
+    ``image`` ("WxH") sizes the vision encoder's activations of vision-language models; ``batch`` None: 1, in a
+    chain serve's (chain_plan.plan_chain)."""
     ctx = None if ctx is None else planner.check_int("ctx", ctx)  # None: each model's limit, capped
-    batch = planner.check_int("batch", batch)
+    batch = None if batch is None else planner.check_int("batch", batch)
+    if board != "all" and (len(models) > 1 or (models and is_chain_file(models[0]))):
+        return _chain(models, board, ctx=ctx, batch=batch, **options) if image is None else _no_image()
+    if any(is_chain_file(m) for m in models):
+        raise InputError("a chain file is planned on one named board, not --board all", "pass --board NAME")
+    batch = batch or 1
     specs = [resolve(m) for m in models]
     if image is not None:
         specs = [vision.set_image(s, *vision.parse_image(image)) for s in specs]
@@ -65,3 +75,15 @@ def plan_models(models: Sequence[str], board: str, ctx: int | None = None, batch
                     raise
                 plans.append(RefusedCell(spec.name, b, e.one_line()))
     return PlanMatrix(list(models), boards, plans)
+
+
+def _chain(models: Sequence[str], board: str, **given: Any) -> ChainPlan:
+    files = [m for m in models if is_chain_file(m)]
+    if files and len(models) > 1:
+        raise InputError(f"give a chain file ({files[0]}) alone, or model references without one")
+    entries, workers = read_chain_file(files[0]) if files else ([Entry(m) for m in models], 1)
+    return plan_chain(entries, board, workers, **given)
+
+
+def _no_image() -> Any:
+    raise InputError("--image goes with one vision-language model; plan it alone")

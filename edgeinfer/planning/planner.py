@@ -139,8 +139,11 @@ def activation_bytes(spec: ModelSpec, ctx: int, batch: int,
     logits = 0 if spec.encoder else batch * spec.vocab * ACT_BYTES
     out = tok * h * ACT_BYTES if spec.encoder else 0
     total = int(max(inputs + max(attn, ffn) + logits + out, spec.vision_activation_bytes))  # vision runs first
+    copies = (prof.get("encoder_activation_copies") or {}).get("value", 1) if spec.encoder else 1
+    total = int(total * copies)
     basis = ("whole sequence" if spec.encoder else f"prefill chunk of {n} tokens") + (
-        ", fused attention" if fused else ", attention scores materialised")
+        ", fused attention" if fused else ", attention scores materialised") + (
+        f", held {copies:g} times by the runtime" if copies != 1 else "")
     return total, details.ActivationsDetail(basis, tokens_per_step=n, inputs=int(inputs), attention=int(attn),
                                             ffn=int(ffn), logits=int(logits + out),
                                             vision_encoder=spec.vision_activation_bytes)
@@ -367,8 +370,7 @@ def plan(model, board, quant: str | None = None, ctx: int | None = None, batch: 
         warnings.append(("scheme", decision.note))
     limits: list[dict] = []
     if total > b.total_bytes:
-        reasons.append(("memory", f"needs {total / GIB:.2f} GiB, the board has {b.total_bytes / GIB:.2f} GiB "
-                       f"({b.usable_bytes / GIB:.2f} GiB usable after the OS/driver reserve)"))
+        reasons.append(("memory", memory_reason(total, b)))
     rt = b.runtimes[rt_name]
     if rt.max_context and ctx > rt.max_context:
         reasons.append(("context", f"context {ctx} exceeds {rt_name}'s maximum {rt.max_context}"))
@@ -406,6 +408,12 @@ def plan(model, board, quant: str | None = None, ctx: int | None = None, batch: 
     if paging is not None:
         _merge_paging(p, paged_plan(p, paging, segments, storage, _prefill_chunk(rt_name)), unpaged)
     return p
+
+
+def memory_reason(total: int, b: Board) -> str:
+    """The reason a plan of ``total`` bytes does not fit ``b`` (a chain replaces it with its own sum)."""
+    return (f"needs {total / GIB:.2f} GiB, the board has {b.total_bytes / GIB:.2f} GiB "
+            f"({b.usable_bytes / GIB:.2f} GiB usable after the OS/driver reserve)")
 
 
 def _prefill_chunk(runtime: str) -> int:

@@ -30,6 +30,7 @@ from edgeinfer.model.bundle import Bundle, not_a_bundle
 from edgeinfer.model.kind import Kind, kind
 from edgeinfer.run import bundle as run_bundle
 from edgeinfer.serve.batcher import Batcher
+from edgeinfer.serve.budget import check_budget
 from edgeinfer.serve.config import ServeConfig
 from edgeinfer.serve.decoder_engine import Engine, ServedDecoder, open_served_decoder
 from edgeinfer.serve.decoder_routes import add_routes as add_decoder_routes
@@ -401,6 +402,7 @@ def serve(config: ServeConfig, log_level: str = "info") -> None:
         models, decoders = open_models(config.bundles, config.ctx, config.slots)
         check_devices([m.bundle.manifest.backend for m in models.values()] + [m.backend for m in decoders.values()],
                       config.devices)
+        check_budget(models, decoders, config)  # before any worker loads a model
     except BaseException:
         sock.close()
         raise

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from edgeinfer.errors import InputError, check_text
+from edgeinfer.planning.chain import SERVE_MAX_BATCH, SERVE_SLOTS
 
 API_KEY_ENV = "EDGEINFER_API_KEY"
 
@@ -17,7 +18,7 @@ class ServeConfig:
     bundles: list[Path]
     host: str = "127.0.0.1"
     port: int = 8000
-    max_batch: int = 32
+    max_batch: int = SERVE_MAX_BATCH  # (the default a chain plan counts an encoder at)
     batch_window_ms: float = 10.0
     devices: list[str] = field(default_factory=list)  # one worker per entry; [] → one worker, default device
     api_key: str | None = None
@@ -29,7 +30,7 @@ class ServeConfig:
     restart_window_s: float = 60.0
     request_helpers: int = 2  # processes preparing large requests, started on first need; 0: all inline
     # decoders
-    slots: int = 4  # sequences decoded at once per decoder (KV slots, each of ctx positions, reserved at start)
+    slots: int = SERVE_SLOTS  # sequences decoded at once per decoder (KV slots of ctx positions, reserved at start)
     ctx: int | None = None  # positions per sequence; None: the bundle's (an HF dir: its limit, at most 2048)
     prefill_chunk: int | None = None  # prompt tokens per prefill call between decode steps (None: 128)
     generation_timeout_s: float = 300.0

@@ -1,0 +1,185 @@
+"""Several models served together on one board (``edgeinfer plan A B C --board B`` or a chain file), laid out in
+processes as ``edgeinfer serve`` lays them out (docs/planner.md#a-chain-of-models-on-one-board):
+
+- serve's HTTP process and multiprocessing's resource tracker: once (:mod:`.serve_memory`);
+- one encoder worker per ``--devices`` entry (``workers``), each holding **every** encoder, reranker and
+  classifier bundle: their weights, KV and activations add up, and each runtime's fixed overhead counts once
+  per worker (its part proportional to the weights, where fitted, stays with each model);
+- one process per decoder, holding its whole plan at ``batch`` = serve's ``--slots``;
+- the board's OS reserve: once.
+
+A member is built from a plan's JSON form (``Plan.to_dict()``, or the plan ``deploy`` recorded in a bundle's
+manifest: :func:`member`), so ``plan`` and ``serve``'s start-up check add the same figures (:func:`layout`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from edgeinfer.planning.boards import GIB, Board
+from edgeinfer.planning.serve_memory import serve_processes
+
+KIND = "edgeinfer.plan_chain"
+MIB = 2**20
+SERVE_MAX_BATCH = 32  # serve's --max-batch default: rows an encoder runs at once (an encoder's batch in a chain)
+SERVE_SLOTS = 4  # serve's --slots default: sequences a decoder holds KV for (a decoder's batch in a chain)
+PARTS = ("weights", "kv_cache", "activations", "runtime")
+
+
+@dataclass
+class Member:
+    """One model of the chain: its own memory (the runtime split into the fixed part a process pays once per
+    runtime and the part that grows with the weights) and the reasons other than memory it does not fit."""
+
+    name: str
+    decoder: bool
+    runtime: str
+    weights: int
+    kv_cache: int
+    activations: int
+    runtime_fixed: int
+    runtime_scaled: int
+    options: dict[str, Any] = field(default_factory=dict)
+    reasons: list[str] = field(default_factory=list)
+
+
+def member(name: str, plan: dict[str, Any], decoder: bool, usable_bytes: int,
+           reasons: list[str] | None = None) -> Member:
+    """A chain member from a plan's JSON form (``options`` and ``memory.breakdown`` / ``memory.details.runtime``)."""
+    bd, rt = plan["memory"]["breakdown"], plan["memory"]["details"]["runtime"]
+    fixed = int(rt["overhead_mib"] * MIB)
+    if rt.get("memory_fraction"):  # a runtime that takes a share of the board (as planner._memory counts it)
+        fixed += int((1 - rt["memory_fraction"]) * usable_bytes)
+    fixed = min(fixed, bd["runtime"])
+    return Member(name, decoder, plan["options"]["runtime"], bd["weights"], bd["kv_cache"], bd["activations"],
+                  fixed, bd["runtime"] - fixed, dict(plan["options"]), list(reasons or []))
+
+
+def rescaled(plan: dict[str, Any], batch: int, ctx: int | None = None) -> dict[str, Any]:
+    """A recorded plan at another batch (serve's ``--max-batch`` rows of an encoder, ``--slots`` of a decoder) and
+    context: activations and the KV cache grow in proportion to the batch (an encoder's activations exactly:
+    every buffer is batch × tokens), the KV cache in proportion to the context (a sliding-window model's less:
+    this overcounts it)."""
+    o, bd = plan["options"], dict(plan["memory"]["breakdown"])
+    f = batch / max(1, o.get("batch") or 1)
+    bd["activations"] = int(bd["activations"] * f)
+    bd["kv_cache"] = int(bd["kv_cache"] * f * ((ctx or o["ctx"]) / max(1, o["ctx"])))
+    return {**plan, "options": {**o, "batch": batch, "ctx": ctx or o["ctx"]},
+            "memory": {**plan["memory"], "breakdown": bd}}
+
+
+@dataclass
+class Process:
+    name: str
+    parts: dict[str, dict[str, int]]  # model -> its bytes in this process (weights, kv_cache, activations, runtime)
+    own_bytes: int = 0  # the process's own memory, no model's (serve's HTTP process)
+
+    @property
+    def total_bytes(self) -> int:
+        return self.own_bytes + sum(sum(p.values()) for p in self.parts.values())
+
+
+def _parts(m: Member, fixed: bool) -> dict[str, int]:
+    return {"weights": m.weights, "kv_cache": m.kv_cache, "activations": m.activations,
+            "runtime": m.runtime_scaled + (m.runtime_fixed if fixed else 0)}
+
+
+def layout(members: list[Member], workers: int = 1) -> list[Process]:
+    """The processes serve starts for ``members`` with ``workers`` encoder workers (``--devices`` entries; 1 when
+    none are given). In a worker a runtime's fixed overhead is charged to the first model that uses it."""
+    own = serve_processes()
+    procs = [Process("serve (HTTP process and resource tracker)", {}, int(own["value"] * MIB))]
+    encoders = [m for m in members if not m.decoder]
+    for i in range(max(1, workers) if encoders else 0):
+        seen: dict[str, int] = {}
+        parts = {}
+        for m in encoders:
+            charged = seen.setdefault(m.runtime, m.runtime_fixed)
+            if m.runtime_fixed > charged:  # models of one runtime: the largest fixed overhead, once
+                seen[m.runtime] = m.runtime_fixed
+            parts[m.name] = _parts(m, fixed=False)
+        for rt, fixed in seen.items():
+            first = next(m.name for m in encoders if m.runtime == rt)
+            parts[first]["runtime"] += fixed
+        procs.append(Process(f"encoder worker {i + 1}" if workers > 1 else "encoder worker", parts))
+    procs += [Process(f"decoder worker {m.name}", {m.name: _parts(m, fixed=True)}) for m in members if m.decoder]
+    return procs
+
+
+@dataclass
+class ChainPlan:
+    board: Board
+    members: list[Member]
+    processes: list[Process]
+    suggestions: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def reserved_bytes(self) -> int:
+        return self.board.reserve_bytes
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(p.total_bytes for p in self.processes) + self.reserved_bytes
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self.board.total_bytes
+
+    def model_bytes(self, name: str) -> dict[str, int]:
+        """``name``'s bytes over every process holding it (each encoder worker holds its own copy)."""
+        out = dict.fromkeys(PARTS, 0)
+        for p in self.processes:
+            for k, v in p.parts.get(name, {}).items():
+                out[k] += v
+        return out
+
+    @property
+    def largest(self) -> str:
+        return max(self.members, key=lambda m: sum(self.model_bytes(m.name).values())).name
+
+    @property
+    def reasons(self) -> list[str]:
+        out = []
+        if self.total_bytes > self.capacity_bytes:
+            out.append(f"together they need {self.total_bytes / GIB:.2f} GiB, {self.board.name} has "
+                       f"{self.capacity_bytes / GIB:.2f} GiB ({self.board.usable_bytes / GIB:.2f} GiB usable after "
+                       f"the OS/driver reserve); the largest is {self.largest} "
+                       f"({sum(self.model_bytes(self.largest).values()) / GIB:.2f} GiB)")
+        return out + [f"{m.name}: {r}" for m in self.members for r in m.reasons]
+
+    @property
+    def fits(self) -> bool:
+        return not self.reasons
+
+    def refusal(self) -> str:
+        """One line: the total, the board's budget and the largest contributor."""
+        n = len(self.members)
+        who = f"these {n} models need" if n > 1 else "this model needs"
+        return (f"{who} {self.total_bytes / GIB:.2f} GiB{' together' if n > 1 else ''} on {self.board.name}, "
+                f"which has {self.capacity_bytes / GIB:.2f} GiB; the largest is {self.largest} "
+                f"({sum(self.model_bytes(self.largest).values()) / GIB:.2f} GiB)")
+
+    def to_dict(self) -> dict[str, Any]:
+        from edgeinfer.planning.planner import SCHEMA_VERSION
+
+        b = self.board
+        where = {m.name: [p.name for p in self.processes if m.name in p.parts] for m in self.members}
+        return {
+            "schema_version": SCHEMA_VERSION, "kind": KIND, "fits": self.fits,
+            "verdict": "fits" if self.fits else "does not fit", "reasons": self.reasons,
+            "board": {"name": b.name, "title": b.title, "family": b.family, "backend": b.backend,
+                      "memory_kind": b.memory_kind, "origin": b.origin},
+            "memory": {"total_bytes": self.total_bytes, "capacity_bytes": self.capacity_bytes,
+                       "usable_bytes": b.usable_bytes, "headroom_bytes": self.capacity_bytes - self.total_bytes,
+                       "reserved_bytes": self.reserved_bytes, "largest": self.largest,
+                       "serve_processes_source": serve_processes()["source"]},
+            "models": [{"name": m.name, "kind": "decoder" if m.decoder else "encoder", "options": m.options,
+                        "processes": where[m.name], "reasons": m.reasons,
+                        "memory": {**self.model_bytes(m.name), "total_bytes": sum(self.model_bytes(m.name).values())}}
+                       for m in self.members],
+            "processes": [{"name": p.name, "models": list(p.parts), "own_bytes": p.own_bytes,
+                           "total_bytes": p.total_bytes} for p in self.processes],
+            "suggestions": self.suggestions, "warnings": self.warnings,
+        }

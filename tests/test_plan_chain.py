@@ -1,0 +1,159 @@
+"""Several models planned together as ``edgeinfer serve`` lays them out (edgeinfer/planning/chain.py, chain_plan.py),
+and serve's start-up check of the same sum (edgeinfer/serve/budget.py)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from edgeinfer.planning.boards import GIB
+from edgeinfer.planning.chain import Member, layout
+from edgeinfer.planning.chain_plan import Entry, plan_chain
+from edgeinfer.planning.planner import plan
+from edgeinfer.planning.serve_memory import serve_processes
+from edgeinfer.testing.cli import in_process_cli
+
+cli, _bind_capfd = in_process_cli()
+MIB = 2**20
+EMB, RERANKER, LLM = "all-minilm-l6-v2", "BAAI/bge-reranker-base", "qwen3-4b"
+
+
+def test_a_chain_fits_one_board_and_not_a_smaller_one():
+    # by hand: qwen3-4b in w8a8 is ~4.0e9 parameters x 1 byte = 3.75 GiB of weights, and 4 slots of 8192 positions
+    # hold 36 layers x 2 x 8 KV heads x 128 x 2 bytes x 8192 x 4 = 4.5 GiB of KV: more than rk3588-8g's 7 usable
+    # GiB; rk3588-16g has 15 usable GiB for them, the activations and two encoders under 1 GiB
+    entries = [Entry(EMB), Entry(RERANKER), Entry(LLM, {"quant": "w8a8", "ctx": 8192})]
+    small, big = plan_chain(entries, "rk3588-8g"), plan_chain(entries, "rk3588-16g")
+    assert not small.fits and big.fits
+    assert small.reasons[0].startswith("together they need") and f"the largest is {LLM}" in small.reasons[0]
+    s = small.suggestions
+    assert s["board"] == "rk3588-16g"  # the smallest of the family that takes the chain, as planned just above
+    assert [m["model"] for m in s["models"]] == [LLM, RERANKER, EMB]  # largest first
+    shorter = s["models"][0]["max_ctx"]
+    assert shorter and shorter < 8192 and s["models"][0]["quant"] is None  # w8a8 is rk3588's smallest decoder scheme
+    assert plan_chain(entries[:2] + [Entry(LLM, {"quant": "w8a8", "ctx": shorter})], "rk3588-8g").fits
+    assert not plan_chain(entries[:2] + [Entry(LLM, {"quant": "w8a8", "ctx": shorter + 64})], "rk3588-8g").fits
+
+
+def test_the_breakdown_sums_per_model_and_per_process():
+    c = plan_chain([Entry(EMB), Entry(RERANKER), Entry("qwen3-0.6b")], "rk3588-16g")
+    d = c.to_dict()
+    mem = d["memory"]
+    own = sum(p["own_bytes"] for p in d["processes"])
+    assert own == int(serve_processes()["value"] * MIB)  # serve's HTTP process, counted once
+    assert mem["total_bytes"] == sum(p["total_bytes"] for p in d["processes"]) + mem["reserved_bytes"]
+    assert mem["total_bytes"] == sum(m["memory"]["total_bytes"] for m in d["models"]) + own + mem["reserved_bytes"]
+    for m in d["models"]:
+        parts = m["memory"]
+        assert parts["total_bytes"] == sum(parts[k] for k in ("weights", "kv_cache", "activations", "runtime"))
+    where = {m["name"]: m["processes"] for m in d["models"]}
+    assert where[EMB] == where[RERANKER] == ["encoder worker"]
+    assert where["qwen3-0.6b"] == ["decoder worker qwen3-0.6b"]
+    assert [m["options"]["batch"] for m in d["models"]] == [32, 32, 4]  # serve's --max-batch and --slots defaults
+
+
+def test_a_runtime_counts_once_per_process():
+    a = Member("a", False, "ort", weights=100, kv_cache=0, activations=10, runtime_fixed=50, runtime_scaled=0)
+    b = Member("b", False, "ort", weights=200, kv_cache=0, activations=20, runtime_fixed=50, runtime_scaled=5)
+    llm = Member("llm", True, "ort", weights=300, kv_cache=30, activations=3, runtime_fixed=50, runtime_scaled=0)
+    http, worker, decoder = layout([a, b, llm])
+    assert worker.total_bytes == 100 + 10 + 200 + 20 + 5 + 50  # one fixed overhead for both encoders
+    assert decoder.total_bytes == 300 + 30 + 3 + 50  # the decoder's own process pays its own
+    _, w1, w2, _ = layout([a, b, llm], workers=2)
+    assert w1.total_bytes == w2.total_bytes == worker.total_bytes  # each --devices entry holds every encoder
+
+
+def test_two_encoders_on_one_worker_pay_the_runtime_once_as_planned_alone():
+    alone = [plan(m, "host", batch=32, suggest=False) for m in (EMB, RERANKER)]
+    assert not any(p.details.runtime.weights_fraction for p in alone)  # the host runtime's overhead is all fixed
+    c = plan_chain([Entry(EMB), Entry(RERANKER)], "host")
+    worker = next(p for p in c.processes if p.name == "encoder worker")
+    each = [p.total_bytes - p.breakdown["reserved"] for p in alone]
+    assert worker.total_bytes == sum(each) - min(p.breakdown["runtime"] for p in alone)
+
+
+def _chain_file(tmp_path: Path, text: str) -> str:
+    p = tmp_path / "chain.yaml"
+    p.write_text(text, encoding="utf-8")
+    return str(p)
+
+
+def test_a_chain_file_gives_each_model_its_options_and_workers(tmp_path):
+    f = _chain_file(tmp_path, f"workers: 2\nmodels:\n  - {EMB}\n  - model: {LLM}\n"
+                              "    quant: w8a8_g128\n    ctx: 1024\n    batch: 2\n")
+    r = cli("plan", f, "--board", "rk3588-16g", "--json")
+    d = json.loads(r.stdout)
+    assert r.returncode == 0 and d["kind"] == "edgeinfer.plan_chain" and d["fits"] is True
+    llm = d["models"][1]["options"]
+    assert (llm["quant"], llm["ctx"], llm["batch"]) == ("w8a8_g128", 1024, 2)
+    assert d["models"][0]["processes"] == ["encoder worker 1", "encoder worker 2"]
+    import jsonschema
+
+    schema = json.loads((Path(__file__).parents[1] / "edgeinfer" / "schemas" / "plan.schema.json").read_text())
+    jsonschema.validate(d, schema)
+    r = cli("plan", EMB, RERANKER, LLM, "--board", "rk3588-8g", "--ctx", "8192", "--json")
+    assert r.returncode == 1
+    jsonschema.validate(json.loads(r.stdout), schema)
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("models: [a\n", "not valid YAML at line"),
+    ("models: []\n", "needs a 'models' list"),
+    (f"models: [{EMB}]\nboard: host\n", "unknown key 'board'"),
+    (f"models:\n  - model: {EMB}\n    qaunt: fp16\n", "models[0]: unknown key 'qaunt'"),
+    (f"models:\n  - model: {EMB}\n    ctx: 0\n", "models[0]: ctx must be a positive integer"),
+    (f"models: [{EMB}, {EMB}]\n", "listed twice"),
+    (f"workers: 0\nmodels: [{EMB}]\n", "workers must be a positive integer"),
+])
+def test_chain_file_mistakes_are_one_line_exit_2(tmp_path, text, needle):
+    r = cli("plan", _chain_file(tmp_path, text), "--board", "host")
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert r.returncode == 2 and r.stdout == "" and len(lines) == 1 and needle in lines[0], r.stderr
+
+
+def test_a_chain_file_needs_one_named_board(tmp_path):
+    r = cli("plan", _chain_file(tmp_path, f"models: [{EMB}]\n"), "--board", "all")
+    assert r.returncode == 2 and "one named board" in r.stderr and r.stdout == ""
+
+
+def test_a_single_model_keeps_its_plan():
+    r = cli("plan", LLM, "--board", "rk3588-16g", "--json")
+    assert json.loads(r.stdout)["kind"] == "edgeinfer.plan" and r.returncode == 0
+
+
+# --- serve's start-up check ------------------------------------------------------------------------------------
+
+
+def _tampered(src: Path, out: Path, board: str, weights: int) -> Path:
+    """A copy of ``src`` whose recorded plan claims ``weights`` bytes on ``board`` (the manifest is not sealed)."""
+    shutil.copytree(src, out)
+    m = json.loads((out / "manifest.json").read_text())
+    m["board"], m["plan"]["memory"]["breakdown"]["weights"] = board, weights
+    (out / "manifest.json").write_text(json.dumps(m))
+    return out
+
+
+def test_serve_refuses_bundles_that_do_not_fit_their_board_together(tiny_qwen3_host_bundle, tmp_path):
+    big = _tampered(tiny_qwen3_host_bundle, tmp_path / "tiny", "rk3588-8g", 9 * GIB)  # alone more than the board
+    r = cli("serve", str(big), "--port", "0")
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert r.returncode == 1, r.stderr
+    assert len(lines) == 1 and "on rk3588-8g, which has 8.00 GiB; the largest is tiny" in lines[0]
+
+
+def test_serve_counts_a_decoder_bundle_as_plan_does(tiny_qwen3_host_bundle):
+    from edgeinfer.serve.app import open_models
+    from edgeinfer.serve.budget import check_budget
+    from edgeinfer.serve.config import ServeConfig
+
+    config = ServeConfig([tiny_qwen3_host_bundle], slots=2)
+    models, decoders = open_models(config.bundles, config.ctx, config.slots)
+    chain = check_budget(models, decoders, config)
+    assert chain is not None and chain.fits and chain.board.name == "host"
+    (only,) = chain.members
+    recorded = json.loads((tiny_qwen3_host_bundle / "manifest.json").read_text())["plan"]
+    kv = recorded["memory"]["breakdown"]["kv_cache"]
+    assert only.kv_cache == kv * 2 // recorded["options"]["batch"]  # the KV of --slots 2, as recorded per slot
