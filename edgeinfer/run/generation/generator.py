@@ -112,8 +112,8 @@ class Generator:
         return ids
 
     def generate(self, prompt: Prompt, options: GenerationOptions | None = None, chat: bool | None = None,
-                 record_logits: bool = False, **kw: Any) -> GenerationResult:
-        return self.generate_ids(self.prompt_ids(prompt, chat), _options(options, kw), record_logits)
+                 record_logits: bool = False, forced: Sequence[int] | None = None, **kw: Any) -> GenerationResult:
+        return self.generate_ids(self.prompt_ids(prompt, chat), _options(options, kw), record_logits, forced)
 
     def stream(self, prompt: Prompt, options: GenerationOptions | None = None, chat: bool | None = None,
                record_logits: bool = False, **kw: Any) -> GenerationStream:

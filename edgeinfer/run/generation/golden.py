@@ -40,14 +40,15 @@ class Thresholds:
 # golden prompts and the plugin tests' 3, 32 tokens; pooled teacher-forced agreement / largest reference margin
 # at a step that chose another token): fp32 and fp16 on onnxruntime, OpenVINO and llama.cpp 100 %; w8a16 / w8a8
 # (onnxruntime, OpenVINO, llama.cpp Q8_0) >= 97.7 %, margins <= 0.041; w4a16 (onnxruntime, OpenVINO, its AWQ,
-# llama.cpp Q4_0 and Q4_K_M) >= 86.7 %, margins <= 1.24 (OpenVINO w4a16 both times). The 188 M random Qwen3
-# whose llama.cpp Q4_0 issue 30 saw serve: 55.5 % (its Q8_0 96.9 %).
+# llama.cpp Q4_0 and Q4_K_M) >= 86.7 %, margins <= 1.24 (OpenVINO w4a16 both times); RKNN w8a8 (its test: 2
+# prompts x 16 tokens, one other choice) 96.9 %, so w8a8 keeps room for one more in so few steps. The 188 M
+# random Qwen3 of issue 30: llama.cpp Q4_0 55.5 % (its Q8_0 96.9 %).
 THRESHOLDS = {
     "fp32": Thresholds(0.9999, 0.99, 0.05, 0.98),
     "fp16": Thresholds(0.999, 0.95, 0.1, 0.98),
     "bf16": Thresholds(0.995, 0.9, 0.25, 0.95),
     "w8a16": Thresholds(0.99, 0.8, 0.25, 0.95),
-    "w8a8": Thresholds(0.98, 0.7, 0.5, 0.95),
+    "w8a8": Thresholds(0.98, 0.7, 0.5, 0.9),
     "w4a16": Thresholds(0.95, 0.6, 1.5, 0.85),
 }
 # llama.cpp's file types by the precision of their weights (its quantized matmuls also quantize activations)
@@ -124,7 +125,7 @@ def record(generator: Generator, prompts: Sequence[str], new_tokens: int, chat: 
     out = []
     for i, p in enumerate(prompts):
         fed = forced[i] if forced is not None else None
-        r = generator.generate_ids(generator.prompt_ids(p, chat), opts, record_logits=True, forced=fed)
+        r = generator.generate(p, opts, chat=chat, record_logits=True, **({"forced": fed} if fed else {}))
         logits = list(r.logits or [])
         ids = list(r.token_ids) if fed is None else [int(np.argmax(x)) for x in logits]
         out.append(Recorded(p, ids, logits))
