@@ -1,11 +1,12 @@
 """edgeinfer vs llama.cpp, side by side on this CPU: ``edgeinfer serve`` and ``llama-server`` on the same model.
 
 Per precision pair (``PAIRS``): the model deployed by edgeinfer for a board (the conversion is cached) and the
-same Hugging Face model converted by llama.cpp's own convert_hf_to_gguf.py (+ ``llama-quantize``), both from the
-llama.cpp tree inside the installed llama-cpp-python's sdist (bench/_llamacpp.py builds ``llama-server`` there
-when it is missing). Both servers run at once on loopback with 16 slots of ``CTX`` positions, ``--threads`` CPU
-threads each, and are driven alternately (round r: edgeinfer's workloads, then llama.cpp's; A B A B) through the
-OpenAI ``/v1/completions`` streaming API, greedy with ``ignore_eos``:
+same Hugging Face model converted by llama.cpp's own convert_hf_to_gguf.py (+ ``llama_model_quantize``) through
+the ``llamacpp`` plugin's converter, from the llama.cpp tree inside the installed llama-cpp-python's sdist
+(bench/_llamacpp.py builds ``llama-server`` there when it is missing). Both servers run at once on loopback
+with 16 slots of ``CTX`` positions, ``--threads`` CPU threads each, and are driven alternately (round r:
+edgeinfer's workloads, then llama.cpp's; A B A B) through the OpenAI ``/v1/completions`` streaming API, greedy
+with ``ignore_eos``:
   c1, c4, c16:  1, 4, 16 concurrent streams of 32-token prompts, 64 new tokens each
   single128:    one stream, 128 new tokens
 Per workload: aggregate tok/s, TTFT p50/p99 (send → first text chunk), mean TPOT (gap between text chunks); the
@@ -115,11 +116,13 @@ def backend_missing(name: str) -> str | None:
 
 def edgeinfer_target(pair: dict, model: Path) -> Path:
     """What ``edgeinfer serve`` is given: a decoder bundle deployed for the pair's board (golden-checked by
-    deploy; cached under ~/.cache/edgeinfer/bench/peer)."""
+    deploy; cached under ~/.cache/edgeinfer/bench/peer, keyed by :func:`_llamacpp.code_key`)."""
+    from edgeinfer.contract import cache
     from edgeinfer.deploy.decoder import deploy_decoder
 
     quant = pair["quant"].replace(":", "-")
-    out = _llamacpp.cache_root() / "bench" / "peer" / f"{model.name}-{pair['board']}-{quant}"
+    code = _llamacpp.code_key(pair["backend"])  # a code change does not reuse a stale bundle
+    out = cache.root() / "bench" / "peer" / f"{model.name}-{pair['board']}-{quant}-{code}"
     if not (out / "manifest.json").exists():
         deploy_decoder(model, pair["board"], out, quant=pair["quant"], ctx=CTX, force=True,
                        runtime=pair.get("runtime"))

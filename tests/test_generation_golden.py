@@ -27,12 +27,12 @@ def test_divergence_at_a_near_tie_is_reported_not_failed():
     ref = [_logits(1, 2.0), _logits(3, 0.01), _logits(5, 2.0)]  # step 1: reference almost tied (3 vs 4)
     flipped = ref[1].copy()
     flipped[4] += 0.02  # a rounding-sized change flips the choice to 4
-    got = [ref[0].copy(), flipped, _logits(6, 2.0)]
-    row = compare_prompt("p", [1, 3, 5], ref, [1, 4, 6], got, THRESHOLDS["fp32"])
-    assert row["first_divergence"] == 1 and row["near_tie"] is True
+    got = [ref[0].copy(), flipped, ref[2].copy()]  # teacher-forced: step 2 saw the reference's token 3
+    row = compare_prompt("p", [1, 3, 5], ref, [1, 4, 5], got, THRESHOLDS["fp32"])
+    assert row["first_divergence"] == 1 and row["near_tie"] is True and row["near_ties"] == 1
     assert row["reference_margin_at_divergence"] == pytest.approx(0.01, abs=1e-6)
-    assert row["agreement"] == pytest.approx(1 / 3)
-    assert row["cosine_min"] > 0.9999  # steps after the divergence saw other contexts: not compared
+    assert row["agreement"] == pytest.approx(1 / 3) and row["forced_agreement"] == pytest.approx(2 / 3)
+    assert row["cosine_min"] > 0.9999
     assert row["problems"] == []
 
 
@@ -40,8 +40,46 @@ def test_divergence_with_a_clear_margin_fails():
     ref = [_logits(1, 2.0), _logits(3, 3.0)]
     got = [_logits(1, 2.0), _logits(4, 3.0)]
     row = compare_prompt("p", [1, 3], ref, [1, 4], got, THRESHOLDS["fp32"])
-    assert row["near_tie"] is False
-    assert any("diverges at token 1" in p for p in row["problems"])
+    assert row["near_tie"] is False and row["clear_misses"] == [1]
+    assert any("another token at 1" in p for p in row["problems"])
+
+
+def test_a_clear_miss_after_a_near_tie_fails():
+    """What the free-running check let through: once the first difference was a near-tie, the steps after it
+    were not judged. Teacher-forced, every step is."""
+    ref = [_logits(1, 2.0), _logits(3, 0.01), _logits(5, 3.0)]
+    flipped = ref[1].copy()
+    flipped[4] += 0.02
+    got = [ref[0].copy(), flipped, _logits(6, 3.0)]
+    row = compare_prompt("p", [1, 3, 5], ref, [1, 4, 6], got, THRESHOLDS["w4a16"])
+    assert row["first_divergence"] == 1 and row["near_ties"] == 1 and row["clear_misses"] == [2]
+    assert not row["near_tie"] and any("another token at 2" in p for p in row["problems"])
+
+
+def test_teacher_forced_agreement_below_the_minimum_fails_though_every_miss_is_a_near_tie():
+    """The tiny model (fp32) checked against its own recorded run with its last token replaced: at that step it
+    chooses its own (one miss in 12, inside a near-tie band made wide here; nothing after it sees the changed
+    context); the pooled agreement decides."""
+    import dataclasses
+
+    from edgeinfer.contract.generation import GenerationOptions
+    from edgeinfer.model.decoder_bundle import Recorded
+    from edgeinfer.run.generation.golden import check_recorded, record
+    from edgeinfer.testing.llm import model_dir
+
+    loose = dataclasses.replace(THRESHOLDS["fp32"], min_cosine=-1.0, min_top5=0.0, near_tie=1e9)
+    with edgeinfer.load(model_dir(), ctx=64, threads=1) as gen:
+        (rec,) = record(gen, ["The licence grants"], 12)
+        ids = list(rec.token_ids)
+        ids[-1] = (ids[-1] + 1) % gen.decoder.vocab_size
+        changed = [Recorded(rec.prompt, ids, rec.logits)]
+        forced = gen.generate_ids(gen.prompt_ids(rec.prompt), GenerationOptions(max_new_tokens=12),
+                                  record_logits=True, forced=ids)
+        passes = check_recorded(gen, changed, 12, "fp32", thresholds=dataclasses.replace(loose, min_agreement=0.9))
+        fails = check_recorded(gen, changed, 12, "fp32", thresholds=dataclasses.replace(loose, min_agreement=0.95))
+    assert forced.token_ids == ids and len(forced.logits) == 12  # fed the given tokens, its own logits kept
+    assert passes["forced_agreement"] == pytest.approx(11 / 12) and passes["passed"], summary_line(passes)
+    assert not fails["passed"] and "teacher-forced agreement 91.7% < 95%" in summary_line(fails)
 
 
 def test_nan_logits_fail():

@@ -15,7 +15,7 @@ from edgeinfer.planning.models import from_catalog
 
 DATA = Path(__file__).resolve().parents[1] / "bench" / "data"
 ID_RANGES = {"rockchip": range(100, 300), "intel": range(1000, 2000), "ascend": range(2000, 3000),
-             "host": range(3000, 3100)}
+             "host": range(3000, 3100), "host_llamacpp": range(3100, 3200)}
 FILES = sorted(DATA.glob("rows_*.yaml"))
 
 
@@ -29,7 +29,7 @@ def _problems(row: dict, vendor: str) -> list[str]:
     out = []
     if row.get("row") not in ID_RANGES.get(vendor, ()):
         out.append(f"{where}: id outside the {vendor} range")
-    if vendor == "host":  # this project's own measurements: the bench script that made them, models inline
+    if vendor.startswith("host"):  # this project's own measurements: the bench script that made them, models inline
         script = str(row.get("source", "")).split(" ", 1)[0]
         if not (DATA.parent.parent / script).is_file() or not row.get("source_id"):
             out.append(f"{where}: needs the bench script that measured it as source, and a source_id")

@@ -31,16 +31,17 @@ from edgeinfer.progress import Progress, verbose
 from edgeinfer.version import __version__
 
 __all__ = ["Accelerator", "Backend", "BatchingDecoder", "CalibrationSet", "Decoder", "Decoders", "FreeMemory",
-           "GenerationOptions", "NativeDecoder", "NativeStep", "Needs", "OpTime", "PagingLimit", "Placement", "Probe",
-           "Problem", "Profile", "Progress", "Schedule", "Scheme", "Session", "StepDecoder", "TensorSpec",
-           "Tensors", "__version__", "cache", "current_rss_bytes", "hookimpl", "known_schemes", "latency_stats",
-           "native_output", "normalize_scheme", "peak_rss_bytes", "reset_peak_rss", "seal", "stamp",
-           "validate_feeds", "validate_outputs", "verbose"]
+           "GenerationOptions", "NativeDecoder", "NativeStep", "Needs", "OpTime", "PagingLimit", "Placement",
+           "Probe", "Problem", "Profile", "Progress", "Schedule", "Scheme", "Session", "StepDecoder", "TensorSpec",
+           "Tensors", "Vocabulary", "__version__", "cache", "current_rss_bytes", "hookimpl", "known_schemes",
+           "latency_stats", "native_output", "normalize_scheme", "peak_rss_bytes", "reset_peak_rss", "seal",
+           "stamp", "validate_feeds", "validate_outputs", "verbose"]
 
 
 #: loaded on first use (``edgeinfer plan`` needs none of them): name -> the contract module that defines it
 _LAZY = {"cache": None, "seal": None, "GenerationOptions": "generation", "native_output": "native_output",
-        **{n: "decoder" for n in ("BatchingDecoder", "Decoder", "NativeDecoder", "NativeStep", "StepDecoder")}}
+        **{n: "decoder" for n in ("BatchingDecoder", "Decoder", "NativeDecoder", "NativeStep", "StepDecoder",
+                              "Vocabulary")}}
 
 
 def __getattr__(name: str):  # noqa: ANN202

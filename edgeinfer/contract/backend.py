@@ -412,6 +412,17 @@ class Backend:
                              f"{built} or less, or convert again for {context}")
         return self._opened(f"the decoder in {path.name}", self.open_decoder, path, device, context, slots, **options)
 
+    def open_vocabulary(self, path: Path) -> Any:
+        """Override: the tokenizer of the decoder file ``path`` read from the file itself (a
+        :class:`~edgeinfer.contract.decoder.Vocabulary`), for a file with no tokenizer.json next to it; None
+        (the default): the file holds none this backend reads."""
+        return None
+
+    def read_vocabulary(self, model: str | os.PathLike[str]) -> Any:
+        """:meth:`open_vocabulary` through the plugin-call boundary (a failure is this backend's, tagged)."""
+        path = _existing_file(model)
+        return plugin_call(self.name, f"read the vocabulary of {path.name}", self.open_vocabulary, path)
+
     def _opened(self, what: str, open_fn: Any, *args: Any, **options: Any) -> Any:
         """``open_fn(*args, **options)`` through the plugin-call boundary; tagged with our name."""
         loaded = plugin_call(self.name, f"open {what}", open_fn, *args, **options)

@@ -132,3 +132,30 @@ class BatchingDecoder(NativeDecoder):
     @abstractmethod
     def cancel_request(self, rid: str) -> None:
         """End ``rid`` now and free its KV cache; it is reported no more."""
+
+
+class Vocabulary(ABC):
+    """A tokenizer a backend reads from a decoder file that has none next to it (a ``.gguf`` holds its own
+    vocabulary and chat template): what the core's text codec needs besides a Hugging Face tokenizer.json.
+    Returned by ``Backend.open_vocabulary``."""
+
+    vocab_size: int
+    eos_token_ids: tuple[int, ...] = ()  # the ids that end an answer
+    chat_template: str | None = None  # Jinja, as Hugging Face writes it (rendered by the core, sandboxed)
+    special_tokens: dict[str, str] = {}  # noqa: RUF012 - bos_token / eos_token ... as text, for the template
+
+    @abstractmethod
+    def encode(self, text: str, add_special: bool) -> list[int]:
+        """Token ids of ``text``; special tokens written in it are parsed as such; ``add_special``: also the
+        ones the vocabulary adds on its own (a BOS)."""
+
+    @abstractmethod
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of ``ids``, special (control) tokens left out."""
+
+    @abstractmethod
+    def token_bytes(self, token_id: int) -> bytes:
+        """The exact bytes one token stands for (special tokens spelled out)."""
+
+    def close(self) -> None:  # noqa: B027 - optional
+        """Free what the vocabulary holds."""

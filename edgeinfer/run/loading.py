@@ -160,16 +160,31 @@ def load_generator(
     return Generator(decoder, codec, model_dir.resolve().name)
 
 
-def decoder_file_codec(path: Path) -> TextCodec:
-    """The tokenizer of a decoder file (``.rkllm``): the one in its directory; edgeinfer tokenizes and
-    detokenizes itself, the file's runtime takes and gives token ids."""
-    from edgeinfer.run.generation.text import TextCodec
+def file_default_context(path: Path) -> int:
+    """The context a decoder file loads with when none is asked for: as for the model directory it sits in
+    (its config.json), else, for a lone ``.gguf``, from the limit its own metadata records."""
+    if (path.parent / "config.json").is_file() or path.suffix.lower() != ".gguf":
+        return default_context(path.parent)
+    from edgeinfer.planning.models.gguf import read_gguf
 
-    if not (path.parent / "tokenizer.json").is_file():
+    return decision.default_context(read_gguf(path).max_position)
+
+
+def decoder_file_codec(path: Path) -> TextCodec:
+    """The tokenizer of a decoder file (``.rkllm``, ``.gguf``): the one in its directory, else the vocabulary
+    the file's backend reads from the file itself (a ``.gguf``'s own); edgeinfer tokenizes and detokenizes
+    itself, the file's runtime takes and gives token ids."""
+    from edgeinfer.run.generation.text import TextCodec, VocabularyCodec
+
+    if (path.parent / "tokenizer.json").is_file():
+        return TextCodec(path.parent)
+    owner = plugins.decoder_file(path)
+    vocab = plugins.get_backend(owner[0]).read_vocabulary(path) if owner else None
+    if vocab is None:
         raise InputError(f"{path.name} has no tokenizer.json next to it: edgeinfer tokenizes the text itself",
                          f"put the tokenizer files (tokenizer.json, tokenizer_config.json, config.json) of the model "
                          f"it was converted from into {path.parent}")
-    return TextCodec(path.parent)
+    return VocabularyCodec(vocab, path, owner[0])
 
 
 def load_decoder_file(path: Path, backend: str | None = None, device: str | None = None, ctx: int | None = None,
@@ -185,7 +200,7 @@ def load_decoder_file(path: Path, backend: str | None = None, device: str | None
     if backend and backend != owner[0]:
         raise InputError(f"{path.name} runs on backend {owner[0]!r} ({owner[1]}), not {backend!r}; omit --backend")
     codec = decoder_file_codec(path)
-    context = ctx if ctx is not None else default_context(path.parent)
+    context = ctx if ctx is not None else file_default_context(path)
     decoder = plugins.get_backend(owner[0]).load_decoder(path, device=device, context=context, slots=slots,
                                                          **options)
     return Generator(decoder, codec, path.name)

@@ -57,7 +57,7 @@ def open_served_decoder(path: Path, bundle: Any = None, ctx: int | None = None) 
     from edgeinfer.contract.names import DECODER_REFERENCE
     from edgeinfer.model.decoder_bundle import loaded_context
     from edgeinfer.run.generation.text import TextCodec
-    from edgeinfer.run.loading import decoder_file_codec, default_context
+    from edgeinfer.run.loading import decoder_file_codec, default_context, file_default_context
 
     if bundle is not None:
         m = bundle.manifest
@@ -68,7 +68,7 @@ def open_served_decoder(path: Path, bundle: Any = None, ctx: int | None = None) 
                              float(kv or 4.0))
     if path.is_file():
         backend = (registry.decoder_file(path) or (DECODER_REFERENCE,))[0]
-        context = ctx or default_context(path.parent)  # the scheme is not recorded in the file
+        context = ctx or file_default_context(path)  # the scheme is not recorded in the file
         return ServedDecoder(path.resolve().name, path, backend, context, decoder_file_codec(path), "", "")
     context = ctx or default_context(path)
     return ServedDecoder(path.resolve().name, path, DECODER_REFERENCE, context, TextCodec(path), "", "fp32")

@@ -31,7 +31,7 @@ def prompt_of_length(codec: TextCodec, n: int) -> list[int]:
         raise InputError(f"a prompt length must be at least 1 token, got {n}")
     text = (Path(__file__).parents[2] / "data" / "golden_sentences.txt").read_text()
     ids = codec.encode(text)  # with the tokenizer's own special tokens (a BOS) at the start only
-    again = codec.tokenizer.encode(text, add_special_tokens=False).ids
+    again = codec.encode_raw(text)
     while len(ids) < n:
         ids += again
     return ids[:n]

@@ -112,8 +112,8 @@ class Generator:
         return ids
 
     def generate(self, prompt: Prompt, options: GenerationOptions | None = None, chat: bool | None = None,
-                 record_logits: bool = False, **kw: Any) -> GenerationResult:
-        return self.generate_ids(self.prompt_ids(prompt, chat), _options(options, kw), record_logits)
+                 record_logits: bool = False, forced: Sequence[int] | None = None, **kw: Any) -> GenerationResult:
+        return self.generate_ids(self.prompt_ids(prompt, chat), _options(options, kw), record_logits, forced)
 
     def stream(self, prompt: Prompt, options: GenerationOptions | None = None, chat: bool | None = None,
                record_logits: bool = False, **kw: Any) -> GenerationStream:
@@ -122,26 +122,28 @@ class Generator:
         return self.stream_ids(ids, opts, record_logits=record_logits)
 
     def generate_ids(self, prompt_ids: Sequence[int], options: GenerationOptions,
-                     record_logits: bool = False) -> GenerationResult:
+                     record_logits: bool = False, forced: Sequence[int] | None = None) -> GenerationResult:
+        """``forced``: tokens fed back in place of the sampled ones (teacher forcing, for golden checks: each
+        step then sees the reference's context); the result's ids are these, the logits the model's own."""
         if isinstance(self.decoder, NativeDecoder) and not record_logits:
             ids = [int(i) for i in prompt_ids]
             self._check_ids(ids, options)
             return self._run_native_inline(ids, options)
-        stream = self.stream_ids(prompt_ids, options, record_logits=record_logits)
+        stream = self.stream_ids(prompt_ids, options, record_logits=record_logits, forced=forced)
         for _ in stream:
             pass
         assert stream.result is not None
         return stream.result
 
     def stream_ids(self, prompt_ids: Sequence[int], options: GenerationOptions,
-                   record_logits: bool = False) -> GenerationStream:
+                   record_logits: bool = False, forced: Sequence[int] | None = None) -> GenerationStream:
         ids = [int(i) for i in prompt_ids]
         self._check_ids(ids, options)
         if isinstance(self.decoder, NativeDecoder):
-            if record_logits:
+            if record_logits or forced is not None:
                 raise InputError(f"backend {self.decoder.backend_name!r} runs its own loop and gives no logits")
             return GenerationStream(lambda s: self._run_native(s, ids, options))
-        return GenerationStream(lambda s: self._run_steps(s, ids, options, record_logits))
+        return GenerationStream(lambda s: self._run_steps(s, ids, options, record_logits, forced))
 
     # --- checks ------------------------------------------------------------------------------
     def _check_ids(self, ids: list[int], options: GenerationOptions) -> None:
@@ -166,7 +168,7 @@ class Generator:
 
     # --- the step loop -----------------------------------------------------------------------
     def _run_steps(self, s: GenerationStream, ids: list[int], options: GenerationOptions,
-                   record_logits: bool) -> Iterator[str]:
+                   record_logits: bool, forced: Sequence[int] | None = None) -> Iterator[str]:
         import numpy as np
 
         d = self.decoder
@@ -183,10 +185,12 @@ class Generator:
             prefill_end = time.perf_counter()
             history = list(ids)
             while not (cancelled := s.cancelled):
+                if forced is not None and len(history) - len(ids) >= len(forced):
+                    break  # the reference ended here (its own length limit)
                 row = checked_logits(logits, d.vocab_size, self.name, len(history) - len(ids), not record_logits)
                 if logits_seen is not None:
                     logits_seen.append(row)
-                tok = sampler(row, history)
+                tok = sampler(row, history) if forced is None else int(forced[len(history) - len(ids)])
                 times.append(time.perf_counter())
                 history.append(tok)
                 piece = answer.push(tok)

@@ -60,6 +60,10 @@ class TextCodec:
         check_text(text, "the prompt")
         return self.tokenizer.encode(text, add_special_tokens=True).ids
 
+    def encode_raw(self, text: str) -> list[int]:
+        """``text`` alone: no special tokens added (a BOS), those written in it still parsed."""
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
     def render_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
         if not self.chat_template:
             raise InputError(
@@ -86,8 +90,7 @@ class TextCodec:
         if max_chars is not None and len(text) > max_chars:
             raise InputError(f"the chat template of {self.directory} renders these messages as {len(text)} "
                              f"characters, more than the context can hold ({max_chars})", "shorten the messages")
-        # the rendered template already holds the special tokens as text
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+        return self.encode_raw(text)  # the rendered template already holds the special tokens as text
 
     def special_tokens(self) -> dict[str, str]:
         out = {}
@@ -119,6 +122,59 @@ class TextCodec:
             except ValueError:
                 pass
         return text, text.encode("utf-8", "replace")
+
+
+class VocabularyCodec(TextCodec):
+    """The codec of a decoder file with no tokenizer.json next to it: tokenizing, detokenizing, the chat
+    template and EOS ids from the :class:`~edgeinfer.contract.decoder.Vocabulary` its backend reads from the
+    file (``Backend.read_vocabulary``). Pickled as (backend, file), re-read where it is unpickled (serve's
+    request helpers)."""
+
+    def __init__(self, vocabulary: Any, path: Path, backend: str):  # noqa: D107 - no tokenizer.json to read
+        self.vocabulary, self.path, self.backend = vocabulary, Path(path), backend
+        self.directory = self.path.parent
+        self.tokenizer = None
+        self.config = {}
+        self.chat_template = vocabulary.chat_template or None
+        self.eos_token_ids = tuple(vocabulary.eos_token_ids)
+        self.vocab_size = int(vocabulary.vocab_size)
+
+    def __reduce__(self) -> tuple:
+        return vocabulary_codec, (self.path, self.backend)
+
+    @functools.cached_property
+    def longest_token(self) -> int:
+        return max((len(self.vocabulary.token_bytes(i)) for i in range(self.vocab_size)), default=1)
+
+    def encode(self, text: str) -> list[int]:
+        if not isinstance(text, str):
+            raise InputError(f"prompt must be text, got {type(text).__name__}")
+        check_text(text, "the prompt")
+        return self.vocabulary.encode(text, True)
+
+    def encode_raw(self, text: str) -> list[int]:
+        return self.vocabulary.encode(text, False)
+
+    def special_tokens(self) -> dict[str, str]:
+        return {k: self.vocabulary.special_tokens.get(k, "") for k in ("bos_token", "eos_token", "pad_token",
+                                                                        "unk_token")}
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.vocabulary.decode([int(i) for i in ids])
+
+    def token_text(self, token_id: int) -> tuple[str, bytes]:
+        raw = self.vocabulary.token_bytes(int(token_id))
+        return raw.decode("utf-8", "replace"), raw
+
+
+def vocabulary_codec(path: Path, backend: str) -> VocabularyCodec:
+    """The codec of the decoder file ``path`` from the vocabulary ``backend`` reads in it."""
+    from edgeinfer.contract import registry
+
+    vocab = registry.get_backend(backend).read_vocabulary(path)
+    if vocab is None:
+        raise ModelError(f"backend {backend!r} reads no vocabulary from {path.name}")
+    return VocabularyCodec(vocab, path, backend)
 
 
 class Detokenizer:

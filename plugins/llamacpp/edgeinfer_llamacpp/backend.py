@@ -119,6 +119,15 @@ class LlamaCppBackend(Backend):
                                kv_dtype=str(options.get("kv_dtype") or "fp16").lower(),
                                offload=device in NPU_DEVICES)
 
+    def open_vocabulary(self, path: Path):
+        """A lone ``.gguf``'s own vocabulary and chat template (llama.cpp's tokenizer)."""
+        from .vocab import GgufVocabulary
+
+        if not (path.is_file() and path.suffix.lower() == ".gguf"):
+            return None
+        quiet_logs()
+        return GgufVocabulary(path)
+
     def _gguf(self, model: Path, precision: str | None, threads: int | None) -> Path:
         """The GGUF to load: a .gguf as it is, the file of a convert_decoder artifact, or a Hugging Face
         directory converted (cached) at ``precision`` (default fp32)."""

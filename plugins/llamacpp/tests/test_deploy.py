@@ -132,3 +132,34 @@ def test_prefill_batch_of_prompts_of_different_lengths_equals_each_slot_alone(bu
         assert int(np.argmax(together[i])) == int(np.argmax(alone[i]))
         np.testing.assert_allclose(together[i], alone[i], atol=2e-2)
     np.testing.assert_allclose(step_together, step_alone, atol=2e-2)
+
+
+def test_a_lone_gguf_runs_with_llama_cpps_own_vocabulary_and_chat_template(bundles, tmp_path, capfd):
+    """A .gguf with no tokenizer files next to it: tokenized, detokenized and chat-templated by llama.cpp from the
+    file itself, it gives the tokens and text the bundle gives with the model's tokenizer.json."""
+    import pickle
+    import shutil
+
+    from edgeinfer.run.generation.text import TextCodec
+    from edgeinfer.run.loading import decoder_file_codec
+
+    bundle = bundles["gguf:Q8_0"].bundle
+    gguf = tmp_path / "lone" / "tiny-q8.gguf"
+    gguf.parent.mkdir()
+    shutil.copyfile(bundle / "decoder" / "model.gguf", gguf)
+    own, hf = decoder_file_codec(gguf), TextCodec(bundle / "tokenizer")
+    assert type(own).__name__ == "VocabularyCodec" and own.eos_token_ids == hf.eos_token_ids
+    for text in ("The licence grants", "naïve café — 東京 ✓", "<|im_start|>user\nHi<|im_end|>"):
+        assert own.encode(text) == hf.encode(text), text
+        assert own.decode(hf.encode(text)) == hf.decode(hf.encode(text)), text
+    chat = [{"role": "user", "content": "Hello"}]
+    assert own.encode_chat(chat) == hf.encode_chat(chat)
+    assert pickle.loads(pickle.dumps(own)).encode("Hello") == hf.encode("Hello")  # serve's request helpers
+    for args in (["--prompt", PROMPTS[0]], ["--chat", "--prompt", "Hello"]):
+        r = run_cli(capfd, "generate", str(gguf), *args, "--max-new-tokens", "8", "--json")
+        b = run_cli(capfd, "generate", str(bundle), *args, "--max-new-tokens", "8", "--json")
+        assert r.returncode == 0 and b.returncode == 0, r.stderr[-800:]
+        got, want = json.loads(r.stdout), json.loads(b.stdout)
+        assert (got["token_ids"], got["text"]) == (want["token_ids"], want["text"])
+    r = run_cli(capfd, "bench", str(gguf), "--prompt-lengths", "16", "--new-tokens", "4", "--repeat", "1", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["backend"] == "llamacpp", r.stderr[-800:]

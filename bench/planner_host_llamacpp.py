@@ -1,0 +1,147 @@
+"""Planner vs this machine for the llama.cpp host runtime (the ``llamacpp`` backend): measured decode tokens/s and
+what ``plan --board host --runtime llama.cpp`` predicts, and the rows bench/fit_speed.py fits the host-cpu
+llama.cpp constants on (bench/data/rows_host_llamacpp.yaml, row ids 3100-3199, replaced by each run).
+
+The method of bench/planner_host_llm.py (its models, prompt, context and bandwidth rule), on llama.cpp: the
+plugin's conversion (llama.cpp's converter, ``llama_model_quantize``; cached), each measurement in a fresh
+subprocess with one thread (``threads=1``: what deploy's golden check uses for a small model), greedy, EOS
+ignored, one warm-up then ``REPEAT`` runs, decode tok/s = the fastest. Predicted three ways, as there:
+``plan_host`` (the shipped constants), ``fit_all`` (the host board calibrated on these rows, in-sample) and
+``left_out`` (calibrated without the row's model).
+
+    python bench/planner_host_llamacpp.py [--report]      # --report: the committed rows, no measuring
+
+Writes bench/results/planner_host_llamacpp.json and bench/data/rows_host_llamacpp.yaml.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import planner_host_llm as base  # noqa: E402
+from _common import write  # noqa: E402
+
+ROWS = base.ROOT / "bench" / "data" / "rows_host_llamacpp.yaml"
+FIRST_ROW = 3100
+RUNTIME = "llama.cpp"
+MODELS = base.MODELS[:2]  # tiny-qwen3 and the 53 M random Qwen3 (the 210 M one: minutes per row here)
+SCHEMES = ("fp32", "fp16", "gguf:Q8_0", "gguf:Q4_0")
+
+CHILD = r"""
+import json, statistics, sys
+from pathlib import Path
+gguf, hf, (ctx, prompt, new, repeat) = Path(sys.argv[1]), Path(sys.argv[2]), map(int, sys.argv[3:7])
+import edgeinfer
+from edgeinfer.run.generation.bench import prompt_of_length
+from edgeinfer.run.generation.generator import Generator
+from edgeinfer.run.generation.text import TextCodec
+from edgeinfer.contract.generation import GenerationOptions
+gen = Generator(edgeinfer.backend("llamacpp").load_decoder(gguf, context=ctx, threads=1), TextCodec(hf), hf.name)
+ids = prompt_of_length(gen.codec, prompt)
+opts = GenerationOptions(max_new_tokens=new, ignore_eos=True)
+gen.generate_ids(ids, opts)
+runs = [gen.generate_ids(ids, opts).metrics for _ in range(repeat)]
+hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1]
+print(json.dumps({"peak_rss_bytes": int(hwm) * 1024, "kv_cache_bytes": gen.kv_cache_bytes,
+                  "decode_tokens_per_s_runs": [m.decode_tokens_per_s for m in runs],
+                  "ttft_ms": statistics.median(m.ttft_ms for m in runs)}))
+"""
+
+
+def measure(gguf: Path, model: Path) -> dict:
+    r = subprocess.run([sys.executable, "-c", CHILD, str(gguf), str(model), str(base.CTX), str(base.PROMPT),
+                        str(base.NEW_TOKENS), str(base.REPEAT)], capture_output=True, text=True, timeout=3600)
+    if r.returncode != 0:
+        raise SystemExit(f"child failed: {r.stderr[-2000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def measured_row(i: int, name: str, model: Path, scheme: str, source: str, source_id: str) -> dict:
+    from edgeinfer_llamacpp.convert import cached_scheme
+
+    from edgeinfer.planning.host_bandwidth import measure_gbps
+
+    gguf = cached_scheme(model, scheme)  # converted now, so that no child counts it
+    before = measure_gbps()
+    meas = measure(gguf, model)
+    copies = [before, measure_gbps()]
+    runs = meas["decode_tokens_per_s_runs"]
+    return {"row": FIRST_ROW + i, "grade": "A", "board": "host", "runtime": RUNTIME, "model": name,
+            "model_config": json.loads((model / "config.json").read_text()), "quant": scheme,
+            "prompt": base.PROMPT, "ctx": base.PROMPT + base.NEW_TOKENS, "mem_ctx": base.CTX,
+            "decode": round(max(runs), 2), "ttft_ms": round(meas["ttft_ms"], 1),
+            "mem_mib": round(meas["peak_rss_bytes"] / base.MIB, 1), "bandwidth_gbps": round(max(copies), 2),
+            "fit": True, "source": source, "source_id": source_id,
+            "note": f"llama.cpp (llama-cpp-python) {scheme}, 1 thread, greedy, {base.NEW_TOKENS} new tokens after a "
+                    f"{base.PROMPT}-token prompt, best of {base.REPEAT} runs {[round(x, 2) for x in runs]} (median "
+                    f"{round(statistics.median(runs), 2)}); KV allocated for {base.CTX} tokens: "
+                    f"{meas['kv_cache_bytes']} B"}
+
+
+def predicted(row: dict, board) -> float | None:
+    from edgeinfer.planning.models.hf import spec_from_config
+    from edgeinfer.planning.planner import plan
+
+    spec = spec_from_config(row["model_config"], row["model"], row["model"])
+    return plan(spec, board, quant=row["quant"], ctx=row["ctx"], runtime=RUNTIME,
+                suggest=False).estimates.decode_tokens_per_s
+
+
+def report(row: dict, all_fit, left_out) -> dict:
+    from edgeinfer.planning.boards import get_board
+
+    dec, shipped = row["decode"], predicted(row, get_board("host"))
+    fit, out = predicted(row, all_fit), predicted(row, left_out)
+    return {"model": row["model"], "scheme": row["quant"], "decode_tokens_per_s": {
+        "measured": dec, "plan_host": shipped, "plan_host_pct_error": base.pct(shipped, dec),
+        "fit_all": fit, "fit_all_pct_error": base.pct(fit, dec), "left_out": out,
+        "left_out_pct_error": base.pct(out, dec)}}
+
+
+def main(measure_rows: bool = True) -> dict:
+    import yaml
+
+    if measure_rows:
+        when = time.strftime("%Y-%m-%d", time.gmtime())
+        source = f"bench/planner_host_llamacpp.py on this project's {os.cpu_count()}-core CI machine, {when}"
+        runs = [(name, base.model_path(shape), s) for name, shape in MODELS for s in SCHEMES]
+        rows = [measured_row(i, name, model, s, source, f"planner_host_llamacpp/{when}/{name}")
+                for i, (name, model, s) in enumerate(runs)]
+        gbps = max(r["bandwidth_gbps"] for r in rows)
+        for r in rows:
+            r["bandwidth_gbps"] = gbps
+        head = (f"# Decode rows of the llama.cpp host runtime: bench/planner_host_llamacpp.py, {when} (replaced by "
+                "each run).\n# As rows_host.yaml (bench/planner_host_llm.py): board host at bandwidth_gbps, models "
+                "inline.\n")
+        ROWS.write_text(head + yaml.safe_dump({"rows": rows}, sort_keys=False, width=118))
+    else:
+        rows = yaml.safe_load(ROWS.read_text())["rows"]
+    gbps = max(r["bandwidth_gbps"] for r in rows)
+    os.environ["EDGEINFER_HOST_BANDWIDTH_GBPS"] = str(gbps)
+    all_fit = base.calibrated(rows, "host-fit-all")
+    left_out = {m: base.calibrated([x for x in rows if x["model"] != m], f"host-without-{m}")
+                for m in {r["model"] for r in rows}}
+    results = [report(r, all_fit, left_out[r["model"]]) for r in rows]
+    out = {"backend": "llamacpp (llama-cpp-python, 1 thread)", "host_bandwidth_gbps": gbps,
+           "load_average": os.getloadavg(), "rows": results,
+           "median_abs_pct_error": base.errors(results)}
+    write("planner_host_llamacpp", out)
+    return out
+
+
+if __name__ == "__main__":
+    res = main(measure_rows="--report" not in sys.argv[1:])
+    print(f"host bandwidth {res['host_bandwidth_gbps']} GB/s; load {[round(x, 2) for x in res['load_average']]}; "
+          f"median |error| {res['median_abs_pct_error']}")
+    for r in res["rows"]:
+        d = r["decode_tokens_per_s"]
+        print(f"{r['model']} {r['scheme']}: measured {d['measured']} tok/s; plan --board host {d['plan_host']} "
+              f"({d['plan_host_pct_error']}%); fit on all {d['fit_all']} ({d['fit_all_pct_error']}%); left out "
+              f"{d['left_out']} ({d['left_out_pct_error']}%)")
