@@ -367,10 +367,11 @@ def _build(src, b, backend, scheme, work, ref_path, reference, specs, shapes_use
         if scorer:
             scorer.judge(report, expected, cand)
     if not report["passed"]:
-        why = scorer and scorer.failure(report)
+        why = (scorer and scorer.failure(report)) or \
+            f"{golden.summary_line(report)}; worst: {golden.worst_samples_line(report) or 'n/a'}"
         raise CheckFailed(
-            f"{why or golden.summary_line(report)}; worst: {golden.worst_samples_line(report) or 'n/a'} — "
-            "the bundle was not written (try fp16, more or better --calib data, or --threshold)",
+            f"{why} — the bundle was not written (try fp16, more or better --calib data, or "
+            f"{'--task-threshold' if scorer else '--threshold'})",
             kind="golden_failed",
         )
     bucket_section = None
