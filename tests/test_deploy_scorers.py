@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -166,3 +167,25 @@ def test_int8_reranker_that_reorders_the_top_k_is_refused_naming_the_query(tmp_p
     assert any(f"query {q!r}" in proc.stderr for q in queries), proc.stderr[-2000:]
     assert not out.exists()
 
+
+
+@pytest.mark.slow
+def test_golden_command_rechecks_a_reranker_bundle_by_its_ranking(scorer_bundles, tmp_path):
+    """``edgeinfer golden`` re-runs the ranking check on the queries recorded at deploy; with the recorded fp32
+    scores of the first query reversed (and the bundle re-sealed) it fails with exit 1, naming that query."""
+    path = scorer_bundles["reranker", "host"].bundle
+    ok = cli("golden", str(path), "--json")
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    report = json.loads(ok.stdout)
+    assert report["task"]["passed"] is True and report["task"]["queries"] == 4
+    first = json.loads((path / "golden" / "queries.json").read_text())[0]
+    assert report["task"]["per_query"][0]["query"] == first
+    broken = tmp_path / "reversed"
+    shutil.copytree(path, broken)
+    expected = broken / "golden" / "expected.npz"
+    data = {k: v.copy() for k, v in np.load(expected).items()}
+    data["0/logits"] = -data["0/logits"]
+    np.savez(expected, **data)
+    bundle_mod.write(broken, bundle_mod.read_manifest(broken))  # re-seal: the comparison itself must fail
+    bad = cli("golden", str(broken))
+    assert bad.returncode == 1 and f"query {first!r}" in bad.stderr, bad.stderr[-2000:]

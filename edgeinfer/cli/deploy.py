@@ -221,7 +221,9 @@ def golden(
                                      device=device)
     emit(report, as_json, lambda r: console().print(golden_mod.summary_line(r) + f" (ran on {r['device']})"))
     if not report["passed"]:
-        click.echo(f"error: golden check failed; worst: {golden_mod.worst_samples_line(report)}", err=True)
+        task = report.get("task")
+        why = "; ".join(task["failures"][:3]) if task else f"worst: {golden_mod.worst_samples_line(report)}"
+        click.echo(f"error: golden check failed; {why}", err=True)
         ctx.exit(errors.NEGATIVE)
 
 

@@ -297,7 +297,7 @@ def deploy(
         on_plan(the_plan)
     key = _cache_key(src, b, scheme, shapes_used, backend, calib_samples, held,
                      {**(options or {}), **layout, **({"buckets": bucketing[0]} if bucketing else {}),
-                      **({"task": scorer.limits} if scorer else {})})
+                      **({"task": [scorer.task.model_dump(), scorer.limits]} if scorer else {})})
     cached_dir = cache.area("deploy") / key
     cached = use_cache and cache.reusable(cached_dir, progress.note)
     files.sweep(outdir.tmp_parent(out_dir))  # what a killed earlier deploy left next to -o
@@ -411,6 +411,8 @@ def _build(src, b, backend, scheme, work, ref_path, reference, specs, shapes_use
     (work / "golden").mkdir()
     golden_samples.save_samples(work / "golden" / "inputs.npz", held)
     golden_samples.save_samples(work / "golden" / "expected.npz", expected)
+    if scorer:
+        scorer.save(work / "golden")
     bundle_mod.write(work, manifest)
     return manifest
 

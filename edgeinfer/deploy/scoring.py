@@ -20,6 +20,7 @@ from edgeinfer.deploy import ranking
 from edgeinfer.model.bundle import TaskSpec
 
 Feeds = dict[str, np.ndarray]
+QUERIES = "queries.json"
 
 
 def task_spec(hf_dir: Path | None) -> TaskSpec | None:
@@ -59,6 +60,23 @@ class ScoringCheck:
         non_finite = any(o.get("non_finite") or "error" in o for o in report["outputs"].values())
         report["task"] = task
         report["passed"] = task["passed"] and not non_finite
+
+    def save(self, golden_dir: Path) -> None:
+        """The reranker's queries next to the golden samples, for ``edgeinfer golden`` to name them again."""
+        if self.queries:
+            (golden_dir / QUERIES).write_text(json.dumps(self.queries, ensure_ascii=False) + "\n")
+
+    @classmethod
+    def of_bundle(cls, bundle: Any, threshold: dict[str, float] | None = None) -> ScoringCheck | None:
+        """The check a bundle was deployed with (its task, thresholds and queries); None for other bundles."""
+        task = bundle.manifest.task
+        if task is None:
+            return None
+        limits = {**((bundle.manifest.golden or {}).get("task") or {}).get("thresholds", {}), **(threshold or {})}
+        check = cls(task, ranking.thresholds(task.kind, limits))
+        if task.kind == "rerank":
+            check.queries = json.loads(bundle.file(f"golden/{QUERIES}", "golden queries").read_text())
+        return check
 
     def failure(self, report: dict[str, Any]) -> str | None:
         task = report.get("task")
