@@ -189,3 +189,11 @@ def test_golden_command_rechecks_a_reranker_bundle_by_its_ranking(scorer_bundles
     bundle_mod.write(broken, bundle_mod.read_manifest(broken))  # re-seal: the comparison itself must fail
     bad = cli("golden", str(broken))
     assert bad.returncode == 1 and f"query {first!r}" in bad.stderr, bad.stderr[-2000:]
+
+
+@pytest.mark.parametrize("board", ["rk3588-8g", "atlas-300i-pro"])
+def test_plan_takes_a_sequence_classification_directory(reranker_dir, board):
+    proc = cli("plan", str(reranker_dir), "--board", board, "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout)
+    assert report["model"]["encoder"] is True and report["fits"] is True
