@@ -30,13 +30,13 @@ def _cached_export(name: str, batch: int | None, seq: int | None) -> Path:
 
 
 def scorer_dir(kind: str) -> Path:
-    """The test ``reranker`` or ``classifier`` directory (edgeinfer.testing.scorers), built once per machine."""
-    import torch
-    import transformers
+    """The test ``reranker`` or ``classifier`` directory (edgeinfer.testing.scorers), built once per machine
+    (keyed by the installed torch and transformers, read without importing them)."""
+    from importlib.metadata import version
 
     from edgeinfer.testing import scorers
 
-    key = f"{kind}-v{scorers.VERSION}-torch{torch.__version__}-tf{transformers.__version__}".replace("+", "_")
+    key = f"{kind}-v{scorers.VERSION}-torch{version('torch')}-tf{version('transformers')}".replace("+", "_")
     out = _cache_root() / key
     if not (out / "config.json").is_file():
         tmp = out.with_name(f".tmp-{kind}-{os.getpid()}")
