@@ -379,7 +379,7 @@ def _build(src, b, backend, scheme, work, ref_path, reference, specs, shapes_use
         shapes, chosen_by, dyn_path, dyn_specs = bucketing
         items = buckets_mod.build(backend, dyn_path, work, scheme, shapes, (1, seq), artifact.name, dyn_specs,
                                   calib_samples, held, reference, threshold, convert_options(backend, b, options),
-                                  report, progress)
+                                  report, progress, scorer)
         bucket_section = {"chosen_by": chosen_by, "items": items}
     st = stamp.read(artifact) or {}
     out_name = outputs[0].name if outputs else "last_hidden_state"
