@@ -198,3 +198,16 @@ def test_plan_takes_a_sequence_classification_directory(reranker_dir, board):
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(proc.stdout)
     assert report["model"]["encoder"] is True and report["fits"] is True
+
+
+@pytest.mark.slow
+def test_bucketed_reranker_buckets_are_judged_by_ranking(tmp_path, reranker_dir, golden_sets):
+    """core-ultra-155h with its automatic (batch x sequence) buckets: a reranker deploys bucketed, each bucket
+    converted and checked (the int8 case, where a bucket's one-logit cosine fell to 0.83 on sign changes while
+    its ranking held, is the opt-in test's board and scheme)."""
+    from edgeinfer.deploy.encoder import deploy
+
+    result = deploy(reranker_dir, "core-ultra-155h", tmp_path / "bucketed", golden_inputs=golden_sets["reranker"])
+    items = result.manifest.buckets["items"]
+    assert len(items) > 1 and result.golden["task"]["passed"] is True
+    assert {(i["batch"], i["seq"]) for i in items} >= {(1, 128)}
