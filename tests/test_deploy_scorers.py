@@ -126,12 +126,15 @@ def test_calibration_text_pairs_are_tokenized_as_pairs(tmp_path, reranker_dir):
     specs = [TensorSpec(n, (1, 32), "int64") for n in ("input_ids", "attention_mask", "token_type_ids")]
     path = tmp_path / "pairs.tsv"
     path.write_text("zip file\tA ZIP file holds compressed members.\nplain text line\n")
-    samples = calibration.load_samples(path, specs, tokenizer_fn(reranker_dir, specs))
+    samples = calibration.load_samples(path, specs, tokenizer_fn(reranker_dir, specs), pairs=True)
     assert len(samples) == 2
     pair, single = samples
     # [CLS] zip file [SEP] → segment 0 for 4 tokens, then the document's tokens and [SEP] in segment 1
     assert pair["token_type_ids"][0, :4].tolist() == [0, 0, 0, 0] and pair["token_type_ids"][0, 4] == 1
     assert single["token_type_ids"].max() == 0
+    # any other model: a TAB is just white space inside one text
+    as_text = calibration.load_samples(path, specs, tokenizer_fn(reranker_dir, specs))
+    assert as_text[0]["token_type_ids"].max() == 0
 
 
 def test_task_spec_reads_labels_in_logit_order(tmp_path, classifier_dir):

@@ -3,7 +3,7 @@
 Accepted: a ``.npz`` (one array per input, samples along the first axis), a
 directory of ``.npz`` files (one sample each) or of ``.npy`` files (single-input
 models), or a text file with one sample per line, tokenized with the model's own
-tokenizer; a line ``query<TAB>document`` is a text pair, as rerankers (cross-encoders) take them.
+tokenizer; for a reranker (a cross-encoder) a line ``query<TAB>document`` is a text pair.
 """
 
 from __future__ import annotations
@@ -26,9 +26,11 @@ Feeds = dict[str, np.ndarray]
 
 
 def load_samples(
-    path: Path, specs: Sequence[TensorSpec], tokenize: Callable[[list[str]], Feeds] | None = None
+    path: Path, specs: Sequence[TensorSpec], tokenize: Callable[[list[str]], Feeds] | None = None,
+    pairs: bool = False,
 ) -> list[Feeds]:
-    """Every sample in ``path``, each shaped as one call of a model with ``specs``; errors name the sample."""
+    """Every sample in ``path``, each shaped as one call of a model with ``specs``; errors name the sample.
+    ``pairs`` (rerankers): a text line ``query<TAB>document`` is one text pair."""
     if not path.exists():
         raise InputError(f"calibration data not found: {path}")
     if path.is_dir():
@@ -41,8 +43,8 @@ def load_samples(
                 f"{path} is text, but the model has no tokenizer here: deploy from the Hugging Face directory, "
                 "or pass tensors as .npz"
             )
-        lines = [_pair(ln.strip()) for ln in path.read_text(encoding="utf-8", errors="replace").splitlines()
-                 if ln.strip()]
+        lines = [_pair(ln.strip()) if pairs else ln.strip()
+                 for ln in path.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
         if not lines:
             raise InputError(f"{path} has no text lines")
         batch = _static_batch(specs)

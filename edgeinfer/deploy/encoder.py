@@ -277,7 +277,7 @@ def deploy(
     calib_samples: list[Feeds] = []
     held: list[Feeds] = []
     if calib:
-        loaded = calibration.load_samples(Path(calib), specs, tokenize)
+        loaded = calibration.load_samples(Path(calib), specs, tokenize, pairs=scoring.takes_pairs(scorer))
         calib_samples, held = calibration.split(loaded, limit=max_samples, heldout=GOLDEN_SAMPLES)
         if len(calib_samples) < calibration.FEW_SAMPLES:
             warnings.append(

@@ -159,7 +159,8 @@ def check_bundle(bundle_dir: Path, inputs: Path | None = None, reference: Path |
         if reference is None:
             raise InputError("--inputs needs --reference MODEL.onnx (the fp32 model to compare against)")
         tok = (lambda texts: run_bundle.tokenize_texts(b, texts)) if b.manifest.text else None
-        samples = load_samples(inputs, b.manifest.inputs, tok)
+        samples = load_samples(inputs, b.manifest.inputs, tok, pairs=b.manifest.task is not None
+                               and b.manifest.task.kind == "rerank")
         if not samples:
             raise InputError(f"--inputs {inputs} holds no samples; pass a .txt with lines, or a non-empty .npz")
         with load(reference, backend=ENCODER_REFERENCE) as ref:

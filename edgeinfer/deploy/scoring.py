@@ -85,6 +85,11 @@ class ScoringCheck:
         return f"{ranking.summary_line(task)}: {'; '.join(task['failures'][:3])}"
 
 
+def takes_pairs(check: ScoringCheck | None) -> bool:
+    """Whether the model reads (query, document) pairs: a reranker."""
+    return check is not None and check.task.kind == "rerank"
+
+
 def prepare(hf_dir: Path | None, golden_inputs: Path | None, tokenize: Callable | None,
             given: dict[str, float] | None) -> tuple[ScoringCheck | None, list[Feeds]]:
     """(the check, the reranker's held-out samples: one per query) for a task model; (None, []) otherwise.
