@@ -33,6 +33,9 @@ from edgeinfer.errors import InputError
 @click.option("--shape", "shapes", multiple=True, metavar="NAME=1x128", help="Static input shape; repeatable.")
 @click.option("--threshold", type=float,
               help=f"Minimum cosine vs {ENCODER_REFERENCE} fp32 (default 0.99; 0.98 for w8a8/int8).")
+@click.option("--task-threshold", "task_thresholds", multiple=True, metavar="METRIC=VALUE",
+              help="Rerankers/classifiers: a golden threshold (kendall_tau, topk_overlap, ndcg; label_agreement, "
+              "max_prob_error), repeatable (defaults: docs/deploy.md#rerankers-and-classifiers).")
 @click.option("--max-samples", default=128, show_default=True, help="Calibration samples used at most.")
 @click.option("--force", is_flag=True, help="Deploy even when the plan says it does not fit.")
 @click.option("--no-cache", is_flag=True, help="Convert again even if a cached conversion exists.")
@@ -58,7 +61,7 @@ def deploy(
     backend_options: tuple[str, ...], paging: str | None, segments: int | None, cuts: tuple[str, ...],
     out: Path | None,
     as_json: bool, ctx: int | None, buckets: str | None, runtime: str | None, trust_remote_code: bool,
-    dry_run: bool = False,
+    dry_run: bool = False, task_thresholds: tuple[str, ...] = (),
 ) -> None:
     """Convert MODEL for BOARD, check it against onnxruntime fp32, and write a bundle.
 
@@ -75,6 +78,8 @@ def deploy(
         raise click.UsageError("Missing option '-o' / '--out' (or pass --dry-run)")
     planned = {"dry_run": dry_run, "on_plan": None if as_json else _announce}
     if kind(model, hint="pass a Hugging Face directory, an .onnx file or a .pt2 program") is Kind.DECODER_DIR:
+        if task_thresholds:
+            raise InputError("--task-threshold applies to rerankers and classifiers, not to language models")
         _deploy_decoder(model, board, out, quant, ctx, calib, golden_inputs, force, threshold, no_cache, progress,
                         parse_options(backend_options), runtime, as_json,
                         {"--shape": shapes, "--cut": cuts, "--buckets": buckets}, trust_remote_code, planned, paging,
@@ -92,6 +97,7 @@ def deploy(
         options=parse_options(backend_options), progress=progress, use_cache=not no_cache,
         paging=None if paging is None else _window(paging),
         segments=segments, cuts=list(cuts) or None, buckets=buckets, trust_remote_code=trust_remote_code, **planned,
+        task_thresholds=_task_thresholds(task_thresholds),
     )
     if dry_run:
         return _dry_run(result, as_json)
@@ -105,6 +111,10 @@ def deploy(
         how = " (cached conversion reused)" if r["cached"] else ""
         out_c.print(f"bundle {r['bundle']}: {r['backend']} {r['scheme']} for {r['board']}{how}")
         out_c.print("  " + summary_line(r["golden"]) + f" (ran on {r['golden'].get('device', '?')})")
+        if r["golden"].get("task"):
+            from edgeinfer.deploy.ranking import summary_line as task_line
+
+            out_c.print("  " + task_line(r["golden"]["task"]))
         if r.get("buckets"):
             shapes = " ".join(f"{i['batch']}x{i['seq']}" for i in r["buckets"]["items"])
             out_c.print(f"  buckets (batch x seq): {shapes}, each golden-checked")
@@ -211,7 +221,9 @@ def golden(
                                      device=device)
     emit(report, as_json, lambda r: console().print(golden_mod.summary_line(r) + f" (ran on {r['device']})"))
     if not report["passed"]:
-        click.echo(f"error: golden check failed; worst: {golden_mod.worst_samples_line(report)}", err=True)
+        task = report.get("task")
+        why = "; ".join(task["failures"][:3]) if task else f"worst: {golden_mod.worst_samples_line(report)}"
+        click.echo(f"error: golden check failed; {why}", err=True)
         ctx.exit(errors.NEGATIVE)
 
 
@@ -270,6 +282,19 @@ def verify(ctx: click.Context, bundle_dir: Path, reseal: bool, as_json: bool) ->
         click.echo(f"error: this installation cannot run bundle {bundle_dir}: {lacking[0]['requirement']} is not "
                    f"installed; {lacking[0]['install']}", err=True)
         ctx.exit(errors.UNAVAILABLE)
+
+
+def _task_thresholds(items: tuple[str, ...]) -> dict[str, float] | None:
+    out = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        try:
+            out[name.strip()] = float(value)
+        except ValueError:
+            raise InputError(f"--task-threshold takes METRIC=NUMBER (e.g. ndcg=0.95), got {item!r}") from None
+        if not eq:
+            raise InputError(f"--task-threshold takes METRIC=NUMBER (e.g. ndcg=0.95), got {item!r}")
+    return out or None
 
 
 def _window(value: str) -> int:

@@ -158,8 +158,9 @@ def regroup(samples: Sequence[Feeds], batch: int, seq: int) -> list[Feeds]:
 
 
 def _check(session: Any, reference: Any, held: Sequence[Feeds], bucket: Shape, ref_seq: int,
-           threshold: float) -> dict[str, Any]:
-    """The bucket's outputs on the held-out rows (cut to its length) against the reference on the same rows."""
+           threshold: float, scorer: Any = None) -> dict[str, Any]:
+    """The bucket's outputs on the held-out rows (cut to its length) against the reference on the same rows; a
+    reranker's or classifier's verdict is its task check (``scorer``, edgeinfer.deploy.scoring) per sample."""
     b, s = bucket
     x = _fit_seq(_rows(held), s)
     expected = run_padded(reference, _fit_seq(x, ref_seq))
@@ -167,8 +168,13 @@ def _check(session: Any, reference: Any, held: Sequence[Feeds], bucket: Shape, r
                 for k, v in expected.items()}
     got = BucketedSession({bucket: session}).run(x)
     report = golden.compare([expected], [got], [x], threshold)
+    if scorer:
+        cuts = np.cumsum([len(next(iter(h.values()))) for h in held])[:-1]
+        scorer.judge(report, *([dict(zip(o, parts)) for parts in zip(*(np.split(o[k], cuts) for k in o))]
+                               for o in (expected, got)))
     if not report["passed"]:
-        raise CheckFailed(f"bucket {b}x{s}: {golden.summary_line(report)} — the bundle was not written "
+        why = (scorer and scorer.failure(report)) or golden.summary_line(report)
+        raise CheckFailed(f"bucket {b}x{s}: {why} — the bundle was not written "
                           "(deploy with --buckets none, or fewer/longer buckets)", kind="golden_failed")
     return {name: {"cosine_min": m["cosine_min"], "max_abs_error": m["max_abs_error"]}
             for name, m in report["outputs"].items()}
@@ -177,7 +183,7 @@ def _check(session: Any, reference: Any, held: Sequence[Feeds], bucket: Shape, r
 def build(backend: Any, dynamic_model: Path, work: Path, scheme: str, shapes: list[Shape], primary: Shape,
           primary_artifact: str, dynamic_specs: Sequence[TensorSpec], calib: Sequence[Feeds], held: Sequence[Feeds],
           reference: Any, threshold: float, convert_opts: dict[str, Any], primary_golden: dict[str, Any],
-          progress: Any) -> list[dict[str, Any]]:
+          progress: Any, scorer: Any = None) -> list[dict[str, Any]]:
     """Convert and check every bucket but ``primary`` (already built) into ``work/buckets/BxS/``; the items."""
     ref_seq = primary[1]
     items = [{"batch": primary[0], "seq": primary[1], "artifact": primary_artifact,
@@ -189,6 +195,6 @@ def build(backend: Any, dynamic_model: Path, work: Path, scheme: str, shapes: li
         opts = {**convert_opts, "shapes": shapes_for(dynamic_specs, b, s)}
         backend.quantize(dynamic_model, scheme, cal, work / rel, **opts)
         with backend.load(work / rel) as session:
-            report = _check(session, reference, held, (b, s), ref_seq, threshold)
+            report = _check(session, reference, held, (b, s), ref_seq, threshold, scorer)
         items.append({"batch": b, "seq": s, "artifact": rel, "golden": report})
     return sorted(items, key=lambda i: (i["batch"], i["seq"]))

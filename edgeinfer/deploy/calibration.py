@@ -3,7 +3,7 @@
 Accepted: a ``.npz`` (one array per input, samples along the first axis), a
 directory of ``.npz`` files (one sample each) or of ``.npy`` files (single-input
 models), or a text file with one sample per line, tokenized with the model's own
-tokenizer.
+tokenizer; for a reranker (a cross-encoder) a line ``query<TAB>document`` is a text pair.
 """
 
 from __future__ import annotations
@@ -26,9 +26,11 @@ Feeds = dict[str, np.ndarray]
 
 
 def load_samples(
-    path: Path, specs: Sequence[TensorSpec], tokenize: Callable[[list[str]], Feeds] | None = None
+    path: Path, specs: Sequence[TensorSpec], tokenize: Callable[[list[str]], Feeds] | None = None,
+    pairs: bool = False,
 ) -> list[Feeds]:
-    """Every sample in ``path``, each shaped as one call of a model with ``specs``; errors name the sample."""
+    """Every sample in ``path``, each shaped as one call of a model with ``specs``; errors name the sample.
+    ``pairs`` (rerankers): a text line ``query<TAB>document`` is one text pair."""
     if not path.exists():
         raise InputError(f"calibration data not found: {path}")
     if path.is_dir():
@@ -41,7 +43,8 @@ def load_samples(
                 f"{path} is text, but the model has no tokenizer here: deploy from the Hugging Face directory, "
                 "or pass tensors as .npz"
             )
-        lines = [ln.strip() for ln in path.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
+        lines = [_pair(ln.strip()) if pairs else ln.strip()
+                 for ln in path.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
         if not lines:
             raise InputError(f"{path} has no text lines")
         batch = _static_batch(specs)
@@ -52,6 +55,12 @@ def load_samples(
     else:
         raise InputError(f"unsupported calibration data {path}: use a .npz, a directory of .npz/.npy, or a .txt")
     return samples
+
+
+def _pair(line: str) -> str | tuple[str, str]:
+    """A line ``query<TAB>document`` is a text pair (a reranker's input); any other line is one text."""
+    first, tab, second = line.partition("\t")
+    return (first.strip(), second.strip()) if tab else line
 
 
 def _static_batch(specs: Sequence[TensorSpec]) -> int:
@@ -130,6 +139,27 @@ def split(samples: list[Feeds], limit: int = DEFAULT_SAMPLES, heldout: int = 16)
     if len(samples) >= 2 * heldout:
         return samples[:-heldout][:limit], samples[-heldout:]
     return samples[:limit], []
+
+
+def fallback_samples(specs: list[TensorSpec], tokenize, n: int) -> list[Feeds]:
+    """Golden samples when the user gave none: packaged sentences for text models, seeded noise otherwise."""
+    if tokenize is not None:
+        lines = (Path(__file__).parents[1] / "data" / "golden_sentences.txt").read_text().splitlines()
+        batch = _static_batch(specs)
+        lines = [ln for ln in lines if ln.strip()][: n * batch]
+        return [tokenize(lines[i : i + batch]) for i in range(0, len(lines) - len(lines) % batch, batch)]
+    rng = np.random.default_rng(0)
+    samples = []
+    for _ in range(n):
+        feeds = {}
+        for s in specs:
+            shape = [d if isinstance(d, int) else 1 for d in s.shape]
+            if np.dtype(s.dtype).kind in "iu":
+                feeds[s.name] = rng.integers(0, 2, size=shape).astype(s.dtype)
+            else:
+                feeds[s.name] = rng.standard_normal(shape).astype(s.dtype)
+        samples.append(feeds)
+    return samples
 
 
 def fingerprint(samples: list[Feeds]) -> str:

@@ -25,7 +25,7 @@ from edgeinfer.contract import registry as plugins
 from edgeinfer.contract.backend import CalibrationSet, TensorSpec
 from edgeinfer.contract.names import ENCODER_REFERENCE
 from edgeinfer.deploy import buckets as buckets_mod
-from edgeinfer.deploy import calibration, golden, outdir
+from edgeinfer.deploy import calibration, golden, outdir, scoring
 from edgeinfer.errors import CheckFailed, InputError
 from edgeinfer.model import bundle as bundle_mod
 from edgeinfer.model import samples as golden_samples
@@ -173,27 +173,6 @@ def text_spec(hf_dir: Path | None, seq: int, output: str) -> TextSpec | None:
     return TextSpec(tokenizer="tokenizer", max_length=seq, pooling=pooling, normalize=normalize, output=output)
 
 
-def fallback_samples(specs: list[TensorSpec], tokenize, n: int) -> list[Feeds]:
-    """Golden samples when the user gave none: packaged sentences for text models, seeded noise otherwise."""
-    if tokenize is not None:
-        lines = (Path(__file__).parents[1] / "data" / "golden_sentences.txt").read_text().splitlines()
-        batch = calibration._static_batch(specs)
-        lines = [ln for ln in lines if ln.strip()][: n * batch]
-        return [tokenize(lines[i : i + batch]) for i in range(0, len(lines) - len(lines) % batch, batch)]
-    rng = np.random.default_rng(0)
-    samples = []
-    for _ in range(n):
-        feeds = {}
-        for s in specs:
-            shape = [d if isinstance(d, int) else 1 for d in s.shape]
-            if np.dtype(s.dtype).kind in "iu":
-                feeds[s.name] = rng.integers(0, 2, size=shape).astype(s.dtype)
-            else:
-                feeds[s.name] = rng.standard_normal(shape).astype(s.dtype)
-        samples.append(feeds)
-    return samples
-
-
 # --- the whole job -------------------------------------------------------------------------------------
 
 
@@ -220,13 +199,15 @@ def deploy(
     trust_remote_code: bool = False,
     dry_run: bool = False,
     on_plan: Callable[[Any], None] | None = None,
+    task_thresholds: dict[str, float] | None = None,
 ) -> DeployResult | outdir.DryRun:
     """Scheme and sequence length are the plan's (:mod:`edgeinfer.planning.decision`, as ``edgeinfer plan``
     decides them; the sequence from ``shapes`` when given): ``on_plan`` is called with the plan before
     converting, once every input is checked; ``dry_run`` returns it
     (:class:`~edgeinfer.deploy.outdir.DryRun`), exporting and writing nothing. ``trust_remote_code``: let
     libraries import the Python files a model directory names in ``auto_map`` (otherwise such a directory is
-    refused before any work)."""
+    refused before any work). ``task_thresholds``: rerankers' and classifiers' golden thresholds
+    (:mod:`edgeinfer.deploy.ranking`)."""
     from edgeinfer.planning.planner import plan as make_plan
 
     progress = progress or Progress(enabled=False)
@@ -292,27 +273,31 @@ def deploy(
 
     # 3. samples: calibration and held-out golden inputs
     tokenize = tokenizer_fn(src.hf_dir, specs)
+    scorer, query_samples = scoring.prepare(src.hf_dir, golden_inputs, tokenize, task_thresholds)
     calib_samples: list[Feeds] = []
     held: list[Feeds] = []
     if calib:
-        loaded = calibration.load_samples(Path(calib), specs, tokenize)
+        loaded = calibration.load_samples(Path(calib), specs, tokenize, pairs=scoring.takes_pairs(scorer))
         calib_samples, held = calibration.split(loaded, limit=max_samples, heldout=GOLDEN_SAMPLES)
         if len(calib_samples) < calibration.FEW_SAMPLES:
             warnings.append(
                 f"only {len(calib_samples)} calibration samples (at least {calibration.FEW_SAMPLES} recommended); "
                 "quantization ranges may be poor"
             )
-    if golden_inputs:
+    if query_samples:  # a reranker's held-out queries, each a batch of (query, document) pairs
+        held = query_samples
+    elif golden_inputs:
         held = calibration.load_samples(Path(golden_inputs), specs, tokenize)
     if not held:
-        held = fallback_samples(specs, tokenize, GOLDEN_SAMPLES)
+        held = calibration.fallback_samples(specs, tokenize, GOLDEN_SAMPLES)
         warnings.append(f"golden check on {len(held)} built-in samples (pass --golden-inputs for your own data)")
 
     # 4. convert (or reuse the cached bundle), golden check, bundle: every input checked, the plan is announced
     if on_plan:
         on_plan(the_plan)
     key = _cache_key(src, b, scheme, shapes_used, backend, calib_samples, held,
-                     {**(options or {}), **layout, **({"buckets": bucketing[0]} if bucketing else {})})
+                     {**(options or {}), **layout, **({"buckets": bucketing[0]} if bucketing else {}),
+                      **({"task": [scorer.task.model_dump(), scorer.limits]} if scorer else {})})
     cached_dir = cache.area("deploy") / key
     cached = use_cache and cache.reusable(cached_dir, progress.note)
     files.sweep(outdir.tmp_parent(out_dir))  # what a killed earlier deploy left next to -o
@@ -334,7 +319,7 @@ def deploy(
             work.mkdir()
             manifest = _build(src, b, backend, scheme, work, ref_path, reference, specs, shapes_used,
                               calib_samples, held, threshold, the_plan, tokenize, seq, options, progress, layout,
-                              bucketing)
+                              bucketing, scorer)
             if use_cache:
                 try:
                     cache.store(cached_dir, work)
@@ -347,7 +332,7 @@ def deploy(
 
 
 def _build(src, b, backend, scheme, work, ref_path, reference, specs, shapes_used, calib_samples, held,
-           threshold, the_plan, tokenize, seq, options, progress, layout, bucketing=None) -> Manifest:
+           threshold, the_plan, tokenize, seq, options, progress, layout, bucketing=None, scorer=None) -> Manifest:
     """Convert into ``work``, run the golden check, and write the bundle there; raise if the check fails."""
     convert_input = src.path if src.kind in backend.tensors.sources else ref_path
     convert_opts = convert_options(backend, b, options)
@@ -379,10 +364,14 @@ def _build(src, b, backend, scheme, work, ref_path, reference, specs, shapes_use
             expected.append(run_padded(reference, s))
         report = golden.compare(expected, cand, held, threshold)
         report["device"] = session.device
+        if scorer:
+            scorer.judge(report, expected, cand)
     if not report["passed"]:
+        why = (scorer and scorer.failure(report)) or \
+            f"{golden.summary_line(report)}; worst: {golden.worst_samples_line(report) or 'n/a'}"
         raise CheckFailed(
-            f"{golden.summary_line(report)}; worst: {golden.worst_samples_line(report) or 'n/a'} — "
-            "the bundle was not written (try fp16, more or better --calib data, or --threshold)",
+            f"{why} — the bundle was not written (try fp16, more or better --calib data, or "
+            f"{'--task-threshold' if scorer else '--threshold'})",
             kind="golden_failed",
         )
     bucket_section = None
@@ -390,7 +379,7 @@ def _build(src, b, backend, scheme, work, ref_path, reference, specs, shapes_use
         shapes, chosen_by, dyn_path, dyn_specs = bucketing
         items = buckets_mod.build(backend, dyn_path, work, scheme, shapes, (1, seq), artifact.name, dyn_specs,
                                   calib_samples, held, reference, threshold, convert_options(backend, b, options),
-                                  report, progress)
+                                  report, progress, scorer)
         bucket_section = {"chosen_by": chosen_by, "items": items}
     st = stamp.read(artifact) or {}
     out_name = outputs[0].name if outputs else "last_hidden_state"
@@ -405,6 +394,7 @@ def _build(src, b, backend, scheme, work, ref_path, reference, specs, shapes_use
         outputs=outputs,
         source={"name": src.path.name, "sha256": src.sha256, "kind": src.kind},
         text=text_spec(src.hf_dir, seq, out_name) if tokenize is not None else None,
+        task=scorer.task if scorer else None,
         plan=outdir.plan_summary(the_plan),
         golden=report,
         paging=paging_spec,
@@ -421,6 +411,8 @@ def _build(src, b, backend, scheme, work, ref_path, reference, specs, shapes_use
     (work / "golden").mkdir()
     golden_samples.save_samples(work / "golden" / "inputs.npz", held)
     golden_samples.save_samples(work / "golden" / "expected.npz", expected)
+    if scorer:
+        scorer.save(work / "golden")
     bundle_mod.write(work, manifest)
     return manifest
 

@@ -146,6 +146,7 @@ def check_bundle(bundle_dir: Path, inputs: Path | None = None, reference: Path |
     at deploy, or on new ``inputs`` against the fp32 ``reference`` ONNX (what ``edgeinfer golden`` prints)."""
     from edgeinfer.contract.names import ENCODER_REFERENCE
     from edgeinfer.deploy.calibration import load_samples
+    from edgeinfer.deploy.scoring import ScoringCheck
     from edgeinfer.model.bundle import Bundle
     from edgeinfer.model.samples import load_saved_samples
     from edgeinfer.run import bundle as run_bundle
@@ -158,7 +159,8 @@ def check_bundle(bundle_dir: Path, inputs: Path | None = None, reference: Path |
         if reference is None:
             raise InputError("--inputs needs --reference MODEL.onnx (the fp32 model to compare against)")
         tok = (lambda texts: run_bundle.tokenize_texts(b, texts)) if b.manifest.text else None
-        samples = load_samples(inputs, b.manifest.inputs, tok)
+        samples = load_samples(inputs, b.manifest.inputs, tok, pairs=b.manifest.task is not None
+                               and b.manifest.task.kind == "rerank")
         if not samples:
             raise InputError(f"--inputs {inputs} holds no samples; pass a .txt with lines, or a non-empty .npz")
         with load(reference, backend=ENCODER_REFERENCE) as ref:
@@ -166,9 +168,12 @@ def check_bundle(bundle_dir: Path, inputs: Path | None = None, reference: Path |
     else:
         samples = load_saved_samples(b.file("golden/inputs.npz", "golden inputs"))
         expected = load_saved_samples(b.file("golden/expected.npz", "golden reference outputs"))
+    scorer = None if inputs else ScoringCheck.of_bundle(b)  # new inputs have no queries: cosine only
     with run_bundle.open_session(b, device=device) as session:
         got = [run_padded(session, s) for s in samples]
         report = compare(expected, got, samples, limit)
         report["device"] = session.device
+    if scorer:
+        scorer.judge(report, expected, got)
     report["bundle"] = str(b.path)
     return report

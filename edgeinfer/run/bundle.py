@@ -103,10 +103,10 @@ def load_tokenizer(path: Path, max_length: int) -> Any:
 
 
 def tokenize(tok: Any, texts: list[str] | list[tuple[str, str]], specs: list[TensorSpec]) -> dict[str, np.ndarray]:
-    """Feeds for ``texts`` with the model's input names and dtypes (BERT-style token inputs); a text may be a
-    (first, second) pair, tokenized as a sequence pair (a cross-encoder's query and document)."""
+    """Feeds for ``texts`` with the model's input names and dtypes (BERT-style token inputs); a (text, text)
+    pair is encoded as one sequence with two segments (token_type_ids 0 and 1), as cross-encoders take it."""
     for i, t in enumerate(texts):
-        for part in t if isinstance(t, tuple) else (t,):
+        for part in (t if isinstance(t, tuple) else (t,)):
             check_text(part, f"text {i}")
     enc = tok.encode_batch(list(texts))
     columns = {

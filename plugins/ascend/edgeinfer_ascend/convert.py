@@ -140,11 +140,13 @@ def load_state_dict(weights: Path) -> dict[str, Any]:
 
 
 def build_hf(config: dict[str, Any], state: dict[str, Any]):
-    """A transformers AutoModel from a config dict and a state dict (base-model prefix tolerated)."""
-    from transformers import AutoConfig, AutoModel
+    """A transformers AutoModel from a config dict and a state dict (base-model prefix tolerated); a
+    ``*ForSequenceClassification`` config keeps its head (the model's output is then ``logits``)."""
+    from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification
 
     cfg = AutoConfig.for_model(**config)
-    model = AutoModel.from_config(cfg, trust_remote_code=False)  # built from the dict: transformers' own class
+    auto = AutoModelForSequenceClassification if is_classifier(config) else AutoModel
+    model = auto.from_config(cfg, trust_remote_code=False)  # built from the dict: transformers' own class
     prefix = getattr(model, "base_model_prefix", "") or ""
     own = set(model.state_dict())
     fixed = {}
@@ -163,6 +165,12 @@ def build_hf(config: dict[str, Any], state: dict[str, Any]):
         )
     model.load_state_dict({k: v for k, v in fixed.items() if k in own}, strict=False)
     return model.eval()
+
+
+def is_classifier(config: dict[str, Any]) -> bool:
+    """A sequence-classification model (a reranker or a text classifier): its head is kept."""
+    archs = config.get("architectures") or []
+    return any(isinstance(a, str) and a.endswith("ForSequenceClassification") for a in archs)
 
 
 def forward_inputs(model) -> list[str]:

@@ -115,7 +115,7 @@ class AscendSession(Session):
         with torch.inference_mode():
             if self.kind == "hf":
                 out = self._fn(**tensors)
-                results = [out.last_hidden_state]
+                results = [getattr(out, self.outputs[0].name)]  # last_hidden_state, or a classifier's logits
             else:
                 args = [tensors[s.name] for s in self.inputs]
                 args = [a.to(torch_dtype(self.dtype)) if a.is_floating_point() else a for a in args]
