@@ -1,70 +1,37 @@
-"""TEMPORARY stand-ins for issue 31's scoring test models, until engineer C's fixtures land: a MiniLM
-``BertForSequenceClassification`` (the packaged all-MiniLM-L6-v2 weights, a seeded random head) deployed to
-``--board host`` once per session, with the manifest's ``task`` section added here (C's deploy writes it).
-At integration the lead swaps ``reranker_host_bundle`` / ``classifier_host_bundle`` for C's fixtures; the
-random head makes scores arbitrary but deterministic, which is all run / bench / serve tests need."""
+"""Issue 31's scoring test models (edgeinfer.testing.scorers: MiniLM with a trained head) deployed to ``--board
+host`` once per session for the run / bench / serve tests, and the logits they are checked against."""
 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-LABELS = ["negative", "neutral", "positive"]
+from edgeinfer.testing import scorers
+
+LABELS = list(scorers.LABELS)
 
 
-def _classification_dir(root: Path, labels: list[str]) -> Path:
-    import torch
-    from transformers import BertConfig, BertForSequenceClassification
-
-    from edgeinfer.testing import minilm
-
-    src = minilm.model_dir()
-    cfg = BertConfig.from_pretrained(src, num_labels=len(labels),
-                                     id2label=dict(enumerate(labels)), label2id={x: i for i, x in enumerate(labels)},
-                                     architectures=["BertForSequenceClassification"])
-    torch.manual_seed(31)
-    model = BertForSequenceClassification.from_pretrained(src, config=cfg)
-    with torch.no_grad():  # a head big enough that scores spread over (0, 1)
-        model.classifier.weight.normal_(0.0, 0.5)
-    out = root / "hf"
-    model.save_pretrained(out)
-    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
-        if (src / name).is_file():
-            shutil.copy(src / name, out / name)
-    return out
-
-
-def _deploy_scoring(root: Path, name: str, labels: list[str], task: dict) -> Path:
+def _deploy(model_dir: Path, out: Path) -> Path:
     from edgeinfer.deploy.encoder import deploy
-    from edgeinfer.model.bundle import DISK, MANIFEST, Manifest, write
-    from edgeinfer.model.kind import Kind, find
 
-    out = root / name  # serve names a model by its directory
-    if find(out) is Kind.ENCODER_BUNDLE:
-        return out
-    deploy(_classification_dir(root, labels), "host", out, quant="fp32", force=True)
-    data = json.loads((out / MANIFEST).read_text())
-    write(out, Manifest.model_validate({**data, "task": task}, context=DISK))
+    deploy(model_dir, "host", out, quant="fp32", force=True)  # writes the task section
     return out
 
 
 @pytest.fixture(scope="session")
-def reranker_host_bundle(tmp_path_factory) -> Path:
-    """A one-label cross-encoder bundle for the host board, ``task: rerank, sigmoid``."""
-    root = tmp_path_factory.mktemp("reranker-host")
-    return _deploy_scoring(root, "reranker", ["LABEL_0"], {"kind": "rerank", "activation": "sigmoid"})
+def reranker_host_bundle(tmp_path_factory, reranker_dir) -> Path:
+    """The one-label cross-encoder's bundle for the host board, ``task: rerank, sigmoid``; serve names a model by
+    its directory, hence ``reranker``."""
+    return _deploy(reranker_dir, tmp_path_factory.mktemp("reranker-host") / "reranker")
 
 
 @pytest.fixture(scope="session")
-def classifier_host_bundle(tmp_path_factory) -> Path:
-    """A three-label classifier bundle for the host board, ``task: classify, softmax`` with its labels."""
-    root = tmp_path_factory.mktemp("classifier-host")
-    task = {"kind": "classify", "activation": "softmax", "labels": LABELS}
-    return _deploy_scoring(root, "classifier", LABELS, task)
+def classifier_host_bundle(tmp_path_factory, classifier_dir) -> Path:
+    """The classifier's bundle for the host board, ``task: classify, softmax`` with :data:`LABELS`."""
+    return _deploy(classifier_dir, tmp_path_factory.mktemp("classifier-host") / "classifier")
 
 
 def direct_logits(bundle: Path, items: list) -> np.ndarray:

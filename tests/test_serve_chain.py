@@ -122,7 +122,7 @@ def test_classify_in_vllm_shape(chain, classifier_host_bundle):  # noqa: F811
     body = r.json()
     assert body["object"] == "list" and body["model"] == names["classifier"]
     for i, (d, row) in enumerate(zip(body["data"], probs)):
-        assert (d["index"], d["num_classes"], d["label"]) == (i, 3, LABELS[int(np.argmax(row))])
+        assert (d["index"], d["num_classes"], d["label"]) == (i, len(LABELS), LABELS[int(np.argmax(row))])
         assert d["probs"] == pytest.approx(row.tolist(), abs=1e-4)
     one = post(server, "/v1/classify", {"input": texts[1]})  # a bare string is a list of one
     assert one.json()["data"][0]["probs"] == pytest.approx(probs[1].tolist(), abs=1e-4)
