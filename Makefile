@@ -6,9 +6,6 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
-# --no-compile: pip would byte-compile every installed module (~21,000 files: over a minute of one core on a
-# fresh clone); Python compiles the few thousand the suite imports on first import and caches them
-INSTALL := $(PIP) install --no-compile
 PROJECTS := . $(sort $(dir $(wildcard plugins/*/pyproject.toml examples/*/pyproject.toml)))
 STAMP := $(VENV)/.edgeinfer-dev
 
@@ -25,15 +22,15 @@ dev: $(STAMP)
 
 $(STAMP): Makefile requirements-dev.txt requirements-nodeps.txt pyproject.toml $(wildcard plugins/*/pyproject.toml examples/*/pyproject.toml)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(INSTALL) -U pip 'setuptools>=77,<81' wheel
-	$(INSTALL) -r requirements-dev.txt
-	$(INSTALL) --no-deps rknn-toolkit2==2.5.0
-	$(INSTALL) --no-deps -r requirements-nodeps.txt
+	$(PIP) install -U pip 'setuptools>=77,<81' wheel
+	$(PIP) install -r requirements-dev.txt
+	$(PIP) install --no-deps rknn-toolkit2==2.5.0
+	$(PIP) install --no-deps -r requirements-nodeps.txt
 	# a torchvision left by an earlier install (optimum-intel's metadata) breaks model imports: remove it
 	! $(PY) -m pip show -q torchvision 2>/dev/null || $(PIP) uninstall -y torchvision
 	CMAKE_ARGS="$(LLAMACPP_CMAKE)" CMAKE_BUILD_PARALLEL_LEVEL=2 \
-		$(INSTALL) --no-binary llama-cpp-python llama-cpp-python==$(LLAMACPP_VERSION) 'sentencepiece>=0.1.98,<0.3.0'
-	$(INSTALL) --no-build-isolation $(foreach p,$(PROJECTS),-e $(p))
+		$(PIP) install --no-binary llama-cpp-python llama-cpp-python==$(LLAMACPP_VERSION) 'sentencepiece>=0.1.98,<0.3.0'
+	$(PIP) install --no-build-isolation $(foreach p,$(PROJECTS),-e $(p))
 	$(PY) -c "from edgeinfer_llamacpp.convert import source_tree; print('llama.cpp source:', source_tree())"
 	$(MAKE) --no-print-directory prometheus
 	touch $(STAMP)
