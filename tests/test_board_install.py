@@ -56,7 +56,9 @@ def readme_lines(board: str) -> dict[str, list[str]]:
 def fresh_venv(root: Path, pip_args: list[str]) -> Path:
     venv.EnvBuilder(with_pip=False).create(root)  # no ensurepip: this interpreter's pip installs into it
     py = root / "bin" / "python"
-    proc = subprocess.run(_pip(py, "install", "-q", *pip_args), capture_output=True, text=True, timeout=900)
+    # --no-compile: byte-compiling every installed module (seconds) is no part of what is checked here
+    proc = subprocess.run(_pip(py, "install", "-q", "--no-compile", *pip_args), capture_output=True, text=True,
+                          timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return py
 

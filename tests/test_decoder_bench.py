@@ -1,15 +1,13 @@
 """``edgeinfer bench`` on a decoder and ``edgeinfer profile`` on encoders and decoders.
 
 The heavy cases run the CLI in this process (``edgeinfer.cli.invoke``: torch and onnxruntime are
-imported once per session); the bad-input cases run it in a subprocess, where they must fail
-before any model loads.
+imported once per session); so do the bad-input cases (``edgeinfer.testing.cli.run_cli``: the output at the
+file descriptors), which must fail before any model loads.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +16,7 @@ import pytest
 from edgeinfer.cli import invoke
 from edgeinfer.contract.backend import Session, TensorSpec
 from edgeinfer.errors import InputError
+from edgeinfer.testing.cli import run_cli
 from edgeinfer.testing.llm import model_dir
 
 LLM = str(model_dir())
@@ -145,10 +144,6 @@ def test_profile_table_says_when_a_backend_gives_no_op_times():
 # --- bad input --------------------------------------------------------------------------------------
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "edgeinfer.cli", *args], capture_output=True, text=True, timeout=120)
-
-
 @pytest.mark.parametrize(
     "args, code, needle",
     [
@@ -163,8 +158,8 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
         (["profile", LLM, "--backend", "nosuch"], 3, "unknown backend 'nosuch'"),
     ],
 )
-def test_bad_input_is_one_line(args, code, needle):
-    p = _cli(*args)
+def test_bad_input_is_one_line(args, code, needle, capfd):
+    p = run_cli(capfd, *args)
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert p.returncode == code, p.stderr
     assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0]

@@ -137,10 +137,10 @@ def test_bad_serve_input_is_one_line_and_exit_2(tmp_path, monkeypatch, capfd, re
 
 @pytest.mark.parametrize("args, words", [(["--port", "abc"], "--port"), (["--log-level", "loud"], "--log-level"),
                                          (["--max-batch", "many"], "--max-batch"), ([], "BUNDLES")])
-def test_serve_usage_errors_exit_2_without_traceback(tmp_path, args, words):
-    """Click's own checks (types, choices, a missing argument). The line count is click's (edgeinfer.cli.invoke)."""
-    proc = subprocess.run([sys.executable, "-m", "edgeinfer.cli", "serve", *([str(tmp_path)] if args else []), *args],
-                          capture_output=True, text=True, timeout=60)
+def test_serve_usage_errors_exit_2_without_traceback(tmp_path, args, words, capfd):
+    """Click's own checks (types, choices, a missing argument), in this process. The line count is click's
+    (edgeinfer.cli.invoke)."""
+    proc = run_cli(capfd, "serve", *([str(tmp_path)] if args else []), *args)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert words in proc.stderr.strip().splitlines()[-1], proc.stderr
 

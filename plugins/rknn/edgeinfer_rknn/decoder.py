@@ -72,24 +72,27 @@ def decode_inputs(tables: dict[str, np.ndarray], ids: Sequence[int], positions: 
 
 
 class GraphPool:
-    """Simulator only: the segment graphs this process has built, kept in host memory by graph file (its path
-    and content) while no decoder has them resident, so that a page-in takes one instead of rebuilding it."""
+    """Simulator only: the segment graphs this process has built, kept in host memory by graph file content
+    while no decoder has them resident, so that a page-in takes one instead of rebuilding it. By content, not
+    path: a bundle's graphs are byte-equal to those its deploy's golden check built in a temporary folder (and
+    to another bundle's converted alike, from the conversion cache), and a built graph no longer reads its
+    file."""
 
     def __init__(self) -> None:
-        self._held: dict[tuple[str, str], Session] = {}
+        self._held: dict[str, Session] = {}
         self._lock = threading.Lock()  # decoders of several serve workers share the pool
 
     @staticmethod
-    def key(art: Path) -> tuple[str, str]:
+    def key(art: Path) -> str:
         from edgeinfer.contract import stamp
 
-        return str(art.resolve()), stamp.sha256_file(art)
+        return stamp.sha256_file(art)
 
-    def take(self, key: tuple[str, str]) -> Session | None:
+    def take(self, key: str) -> Session | None:
         with self._lock:
             return self._held.pop(key, None)
 
-    def give(self, key: tuple[str, str], sess: Session) -> None:
+    def give(self, key: str, sess: Session) -> None:
         with self._lock:
             kept = self._held.setdefault(key, sess)
         if kept is not sess:  # another decoder of the same file gave one back first
@@ -110,7 +113,7 @@ class SegmentPager:
         self.backend, self.folder, self.segments, self.device = backend, folder, segments, device
         self.loader = loader or (lambda art: backend.load(art, device=device))
         self.graph_pool = graph_pool
-        self._keys: dict[tuple[int, str], tuple[str, str]] = {}  # the graph files do not change while loaded
+        self._keys: dict[tuple[int, str], str] = {}  # the graph files do not change while loaded
         n = len(segments)
         self.notes: list[str] = []
         limit = backend.paging_limit(device)
@@ -145,7 +148,7 @@ class SegmentPager:
         sess = self.loader(art)
         return sess, time.perf_counter() - t
 
-    def _key(self, k: int, phase: str) -> tuple[str, str]:
+    def _key(self, k: int, phase: str) -> str:
         if (k, phase) not in self._keys:
             self._keys[k, phase] = GraphPool.key(self.folder / self.segments[k][phase])
         return self._keys[k, phase]

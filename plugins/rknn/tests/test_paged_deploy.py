@@ -4,17 +4,17 @@ simulator: ``deploy --paging 1 --segments 4`` and ``--paging auto``, then ``gene
 
 Expected tokens are transformers' own greedy ``generate`` of tiny-qwen3 (fp32); expected segment bytes
 are counted here from its config.json by formula, never read from the code under test. Each bundle is
-deployed once per module through the CLI (a subprocess: the deploy is the product under test), with decode
+deployed once per module through the CLI, in this process (edgeinfer.testing.cli), with decode
 graphs for one sequence only (``decode_batches=1``: batched decode is test_decoder_batches.py's); later runs
 reuse the conversions in the user's cache (~/.cache/edgeinfer). The golden prompt is one short line and the
-context small: each process builds every graph it pages in once (the simulator's pool), seconds each.
+context small: a process builds every graph it pages in once (the simulator's pool, by graph content: the
+golden checks' graphs serve the later ``generate`` and ``bench`` here), seconds each.
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import jsonschema
@@ -61,9 +61,8 @@ def resident(seg: list[int], window: int) -> int:
 def deploy(out, *args: str) -> subprocess.CompletedProcess:
     golden = out.parent / "golden.txt"
     golden.write_text(PROMPT + "\n")
-    r = subprocess.run([sys.executable, "-m", "edgeinfer.cli", "deploy", str(model_dir()), "--ctx", str(CTX),
-                        "--golden-inputs", str(golden), "--option", "decode_batches=1", "-o", str(out), *args],
-                       capture_output=True, text=True)
+    r = cli("deploy", str(model_dir()), "--ctx", str(CTX), "--golden-inputs", str(golden), "--option",
+            "decode_batches=1", "-o", str(out), *args)
     assert r.returncode == 0, r.stderr
     return r
 
@@ -78,23 +77,32 @@ def tiny_window_board(tmp_path_factory):
     return path
 
 
-@pytest.fixture(scope="module")
+_DEPLOYED: dict[str, tuple[Path, subprocess.CompletedProcess]] = {}
+
+
+def deployed(name: str, tmp_path_factory, *args: str) -> tuple[Path, subprocess.CompletedProcess]:
+    """(bundle, the deploy's CompletedProcess), deployed by the first test that needs it (in-process ``cli``
+    needs that test's capfd, so these fixtures cannot be module-scoped), the same one for every later test."""
+    if name not in _DEPLOYED:
+        out = tmp_path_factory.mktemp(name) / f"tiny-qwen3-{name}"
+        _DEPLOYED[name] = out, deploy(out, *args)
+    return _DEPLOYED[name]
+
+
+@pytest.fixture
 def paged(tmp_path_factory):
-    out = tmp_path_factory.mktemp("paged") / "tiny-qwen3-paged"
-    return out, deploy(out, "--board", "rk3588-8g", "--paging", "1", "--segments", str(SEGMENTS))
+    return deployed("paged", tmp_path_factory, "--board", "rk3588-8g", "--paging", "1", "--segments", str(SEGMENTS))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def auto(tmp_path_factory, tiny_window_board):
-    out = tmp_path_factory.mktemp("auto") / "tiny-qwen3-auto"
-    return out, deploy(out, "--board", str(tiny_window_board), "--paging", "auto")
+    return deployed("auto", tmp_path_factory, "--board", str(tiny_window_board), "--paging", "auto")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def unpaged(tmp_path_factory):
     """``--paging auto`` where the plan needs no paging: the unpaged bundle."""
-    out = tmp_path_factory.mktemp("unpaged") / "tiny-qwen3-rk"
-    return out, deploy(out, "--board", "rk3588-8g", "--paging", "auto")
+    return deployed("unpaged", tmp_path_factory, "--board", "rk3588-8g", "--paging", "auto")
 
 
 @pytest.fixture(scope="module")
