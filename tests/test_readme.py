@@ -282,6 +282,15 @@ def test_the_readme_runs_as_written(tmp_path: Path) -> None:
 
 
 def _serve_answers(server: subprocess.Popen, port: int) -> None:
+    _wait_ready(server, port)
+    data = _post(port, "/v1/embeddings", {"model": "minilm-ov", "input": ["the same command on every bundle"]})
+    assert len(data["data"]) == 1 and len(data["data"][0]["embedding"]) == 384  # all-MiniLM-L6-v2's width
+    chat = _post(port, "/v1/chat/completions", {"model": "tiny-qwen3-ov", "max_tokens": 8, "temperature": 0,
+                                                "messages": [{"role": "user", "content": "Hello"}]})
+    assert chat["choices"][0]["message"]["content"] and 0 < chat["usage"]["completion_tokens"] <= 8
+
+
+def _wait_ready(server: subprocess.Popen, port: int) -> None:
     deadline = time.monotonic() + 180
     while True:
         try:
@@ -292,11 +301,6 @@ def _serve_answers(server: subprocess.Popen, port: int) -> None:
             assert server.poll() is None, server.communicate()[1][-2000:]
             assert time.monotonic() < deadline, "serve was not ready (GET /ready) in 180 s"
             time.sleep(0.1)
-    data = _post(port, "/v1/embeddings", {"model": "minilm-ov", "input": ["the same command on every bundle"]})
-    assert len(data["data"]) == 1 and len(data["data"][0]["embedding"]) == 384  # all-MiniLM-L6-v2's width
-    chat = _post(port, "/v1/chat/completions", {"model": "tiny-qwen3-ov", "max_tokens": 8, "temperature": 0,
-                                                "messages": [{"role": "user", "content": "Hello"}]})
-    assert chat["choices"][0]["message"]["content"] and 0 < chat["usage"]["completion_tokens"] <= 8
 
 
 def _post(port: int, path: str, body: dict) -> dict:
@@ -307,40 +311,50 @@ def _post(port: int, path: str, body: dict) -> dict:
 
 
 CHAIN = "A retrieval chain on one board"
-#: why the chain section does not run here yet, for the lead to resolve at integration: the multi-model
-#: ``plan EMB RERANKER LLM`` (issue 31 part E) and the deploy of a cross-encoder with its manifest's task section
-#: (part C) land then, and ``R`` is a download; once they are in, run the block like the Quickstart's, with ``R``
-#: set to the packaged test cross-encoder
-CHAIN_NOT_RUN = "multi-model plan (part E) and cross-encoder deploy (part C) land at integration; R is a download"
 
 
-def test_the_retrieval_chain_section_parses_and_its_requests_fit_the_server() -> None:
-    """Until it runs (CHAIN_NOT_RUN): every edgeinfer line parses with the CLI, serve carries the three deployed
-    bundles, and each curl body is a request its endpoint takes, naming a served model."""
-    import shlex
-
-    import click
-
-    from edgeinfer.cli import cli
-    from edgeinfer.serve.decoder_schemas import ChatRequest
-    from edgeinfer.serve.schemas import EmbeddingRequest, RerankRequest
-
-    assert CHAIN_NOT_RUN
+def chain_blocks() -> tuple[list[str], list[str]]:
+    """(command lines, curl lines) of the README's retrieval-chain section."""
     commands, requests = _blocks(_section(README.read_text(encoding="utf-8"), CHAIN), "bash")
-    lines = [ln.partition(" # ")[0].strip() for p in _paragraphs(commands) for _, ln in p]
-    deployed = [DEPLOY_OUT.match(ln).group(1) for ln in lines if DEPLOY_OUT.match(ln)]
-    (serve,) = [ln for ln in lines if ln.startswith("edgeinfer serve ")]
-    assert deployed == ["emb", "reranker", "llm"] and serve.split()[2:5] == deployed
-    assert any(ln.startswith("edgeinfer plan $E $R $L --board host") for ln in lines)
-    for ln in lines:
-        if ln.startswith("edgeinfer "):
-            argv = shlex.split(ln.replace("$E", "E").replace("$R", "R").replace("$L", "L"))[1:]
-            with click.Context(cli) as ctx:
-                cli.get_command(ctx, argv[0]).make_context(argv[0], argv[1:]).close()
-    schemas = {"/v1/embeddings": EmbeddingRequest, "/v1/rerank": RerankRequest, "/v1/chat/completions": ChatRequest}
-    asked = {}
-    for ln in (ln for p in _paragraphs(requests) for _, ln in p):
-        words = shlex.split(ln)
-        path = "/" + words[2].split("/", 1)[1]
-        asked[path] = schemas[path].model_validate(json.loads(words[words.index("-d") + 1])).model
-    assert asked == {"/v1/embeddings": "emb", "/v1/rerank": "reranker", "/v1/chat/completions": "llm"}
+    return ([ln for p in _paragraphs(commands) for _, ln in p], [ln for p in _paragraphs(requests) for _, ln in p])
+
+
+@pytest.mark.slow
+def test_the_retrieval_chain_runs_as_written(tmp_path: Path) -> None:
+    """The section's commands in order (one bash script: its variables carry over), serve on a free port, then
+    each curl line as written against it; every answer is checked for what its endpoint promises."""
+    commands, requests = chain_blocks()
+    (serve,) = [ln for ln in commands if ln.startswith("edgeinfer serve ")]
+    assert serve.partition(" # ")[0].split()[2:5] == ["emb", "reranker", "llm"]
+    assert any(ln.startswith("edgeinfer plan $E $R $L --board host") for ln in commands)
+    env = _env()
+    script = _script([(n, ln) for n, ln in enumerate(commands, 1) if ln is not serve])
+    done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranked = done.stdout  # `edgeinfer run reranker ...` prints the documents, best first
+    assert "list.sort() sorts in place." in ranked and "A socket connects two hosts." in ranked
+    port = _free_port()
+    server = subprocess.Popen(serve.replace("--port 8000", f"--port {port}").split(), cwd=tmp_path, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_ready(server, port)
+        answers = {}
+        for ln in requests:
+            assert "localhost:8000/" in ln
+            got = subprocess.run(["bash", "-c", ln.replace("localhost:8000/", f"localhost:{port}/")], env=env,
+                                 capture_output=True, text=True, timeout=120)
+            assert got.returncode == 0, got.stderr
+            answers[ln.split()[2].split("/", 1)[1]] = json.loads(got.stdout)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            code = server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            raise
+    assert code == 0
+    assert len(answers["v1/embeddings"]["data"][0]["embedding"]) == 384  # all-MiniLM-L6-v2's width
+    (best,) = answers["v1/rerank"]["results"]  # top_n 1
+    assert best["index"] in (0, 1) and 0 < best["relevance_score"] < 1  # sigmoid of the cross-encoder's logit
+    chat = answers["v1/chat/completions"]
+    assert chat["choices"][0]["message"]["content"] and 0 < chat["usage"]["completion_tokens"] <= 16
