@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from edgeinfer.contract.backend import Session, TensorSpec
+from edgeinfer.errors import CheckFailed
 from edgeinfer.model import bundle as bundle_mod
 from edgeinfer.testing import scorers
 from edgeinfer.testing.cli import in_process_cli
@@ -213,3 +215,43 @@ def test_bucketed_reranker_buckets_are_judged_by_ranking(tmp_path, reranker_dir,
     items = result.manifest.buckets["items"]
     assert len(items) > 1 and result.golden["task"]["passed"] is True
     assert {(i["batch"], i["seq"]) for i in items} >= {(1, 128)}
+
+
+class _TableScores(Session):
+    """A [batch, seq] → [batch, 1] scorer: ``scores[first token]`` per row (a table, no backend involved), so
+    the bucket judge sees exactly the logits this test chose."""
+
+    def __init__(self, scores: np.ndarray, batch: int | str, seq: int | str):
+        specs = [TensorSpec(n, (batch, seq), "int64") for n in ("input_ids", "attention_mask")]
+        super().__init__(specs, [TensorSpec("logits", (batch, 1), "float32")], "cpu")
+        self.scores = scores
+
+    def infer(self, feeds):
+        return {"logits": self.scores[feeds["input_ids"][:, 0]][:, None].astype(np.float32)}
+
+
+@pytest.mark.parametrize("case", ["cosine broken, ranking kept: passes", "cosine kept, ranking reversed: fails"])
+def test_a_rerankers_bucket_is_judged_by_its_ranking_not_by_cosine(case):
+    """edgeinfer.deploy.buckets judges a reranker's further bucket by the ranking check: one logit's cosine is
+    only its sign. Logits all shifted below zero keep every ranking (cosine -1 per row) and pass; logits of the
+    same sign in reversed order (cosine 1 per row) fail, naming the query."""
+    from edgeinfer.deploy.buckets import check_bucket
+    from edgeinfer.deploy.scoring import ScoringCheck
+    from edgeinfer.model.bundle import TaskSpec
+
+    reference = np.linspace(1.0, 6.0, 6)  # document i's fp32 logit, ids 0..5
+    got = reference - 10.0 if case.startswith("cosine broken") else reference[::-1].copy()
+    held = [{"input_ids": np.stack([np.full(8, i) for i in range(6)]).astype(np.int64),
+             "attention_mask": np.ones((6, 8), np.int64)} for _ in range(2)]
+    queries = ["first query", "second query"]
+    scorer = ScoringCheck(TaskSpec(kind="rerank", labels=[], activation="sigmoid"),
+                          {"kendall_tau": 0.8, "topk_overlap": 1.0, "ndcg": 0.98}, queries)
+    args = (_TableScores(got, 4, 8), _TableScores(reference, "batch", "seq"), held, (4, 8), 16, 0.99)
+    if case.endswith("passes"):
+        assert check_bucket(*args, scorer)["logits"]["cosine_min"] < 0  # cosine alone would have refused it
+        with pytest.raises(CheckFailed):
+            check_bucket(*args)
+    else:
+        check_bucket(*args)  # cosine alone would have let it through
+        with pytest.raises(CheckFailed, match="bucket 4x8: .*query 'first query'"):
+            check_bucket(*args, scorer)

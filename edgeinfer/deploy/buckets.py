@@ -157,7 +157,7 @@ def regroup(samples: Sequence[Feeds], batch: int, seq: int) -> list[Feeds]:
     return [{k: v[i : i + batch] for k, v in rows.items()} for i in range(0, n - n % batch, batch)]
 
 
-def _check(session: Any, reference: Any, held: Sequence[Feeds], bucket: Shape, ref_seq: int,
+def check_bucket(session: Any, reference: Any, held: Sequence[Feeds], bucket: Shape, ref_seq: int,
            threshold: float, scorer: Any = None) -> dict[str, Any]:
     """The bucket's outputs on the held-out rows (cut to its length) against the reference on the same rows; a
     reranker's or classifier's verdict is its task check (``scorer``, edgeinfer.deploy.scoring) per sample."""
@@ -195,6 +195,6 @@ def build(backend: Any, dynamic_model: Path, work: Path, scheme: str, shapes: li
         opts = {**convert_opts, "shapes": shapes_for(dynamic_specs, b, s)}
         backend.quantize(dynamic_model, scheme, cal, work / rel, **opts)
         with backend.load(work / rel) as session:
-            report = _check(session, reference, held, (b, s), ref_seq, threshold, scorer)
+            report = check_bucket(session, reference, held, (b, s), ref_seq, threshold, scorer)
         items.append({"batch": b, "seq": s, "artifact": rel, "golden": report})
     return sorted(items, key=lambda i: (i["batch"], i["seq"]))
