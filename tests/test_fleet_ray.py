@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import labelled_bundle, npu_test_board
 
-from edgeinfer.model.bundle import read_manifest, write
 from edgeinfer.testing.serve import ServerProc, free_port, minilm_bundle
 
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'edgeinfer[fleet]'")
@@ -28,12 +28,6 @@ psutil = pytest.importorskip("psutil")
 pytestmark = pytest.mark.slow
 RAY_DAEMONS = ("raylet", "gcs_server")
 TEXTS = ["a fleet of edge boards", "one endpoint for every board", "x"]
-
-
-def _labelled(src, dst, board: str):
-    shutil.copytree(src, dst)
-    write(dst, read_manifest(dst).model_copy(update={"board": board, "files": {}}))
-    return dst
 
 
 def _ray_daemons() -> set[int]:
@@ -46,8 +40,8 @@ def _ray_daemons() -> set[int]:
 def bundles(minilm_onnx, tmp_path_factory):
     root = tmp_path_factory.mktemp("fleet-bundles")
     ort = minilm_bundle(minilm_onnx, root / "minilm-ort", "onnxruntime")
-    return {"host": ort, "npu": _labelled(ort, root / "minilm-npu", "core-ultra-155h"),
-            "rk": _labelled(ort, root / "minilm-rk", "rk3588-8g")}
+    return {"host": ort, "npu": labelled_bundle(ort, root / "minilm-npu", "core-ultra-155h"),
+            "rk": labelled_bundle(ort, root / "minilm-rk", "rk3588-8g")}
 
 
 @pytest.fixture(scope="module")
@@ -154,22 +148,6 @@ PROMPTS = ["Once upon a time", "The history of the city"]
 SLOTS = 2
 
 
-def _board(path, **memory_gib) -> str:
-    """A board profile for the test node: Core Ultra 155H's facts (openvino NPU → the `intel_npu` resource), its
-    runtime also taking fp32 (the committed tiny model's bundle), memory as given."""
-    import yaml
-
-    from edgeinfer.planning.boards import boards_dirs
-
-    board = yaml.safe_load((boards_dirs()[0] / "core-ultra-155h.yaml").read_text())
-    board["name"] = path.stem
-    board["runtimes"]["openvino-npu"]["schemes"].append("fp32")
-    for key, value in memory_gib.items():
-        board[key]["value"] = value
-    path.write_text(yaml.safe_dump(board, sort_keys=False))
-    return str(path)
-
-
 def _per_replica_gib(bundle, board: str) -> tuple[float, float]:
     """One replica's memory (weights + kv + activations + runtime) and the board's reserve, from `plan --json`."""
     import json
@@ -187,14 +165,14 @@ def decoders(tiny_qwen3_host_bundle, tmp_path_factory):
     """Copies of the session's tiny-qwen3 bundle labelled for test boards: one that holds many replicas, one
     that holds exactly one (replicas > 1 refused by the plan), one that holds none."""
     root = tmp_path_factory.mktemp("fleet-decoders")
-    roomy = _board(root / "npu-roomy.yaml")
+    roomy = npu_test_board(root / "npu-roomy.yaml")
     per, reserve = _per_replica_gib(tiny_qwen3_host_bundle, roomy)
     assert 0 < per < 2 and reserve > 0
-    return {"roomy": _labelled(tiny_qwen3_host_bundle, root / "tiny-qwen3-npu", roomy),
-            "one": _labelled(tiny_qwen3_host_bundle, root / "tiny-qwen3-one",
-                             _board(root / "npu-one.yaml", memory_total_gib=reserve + 1.5 * per)),
-            "none": _labelled(tiny_qwen3_host_bundle, root / "tiny-qwen3-none",
-                              _board(root / "npu-none.yaml", memory_total_gib=reserve + 0.5 * per))}
+    return {"roomy": labelled_bundle(tiny_qwen3_host_bundle, root / "tiny-qwen3-npu", roomy),
+            "one": labelled_bundle(tiny_qwen3_host_bundle, root / "tiny-qwen3-one",
+                             npu_test_board(root / "npu-one.yaml", memory_total_gib=reserve + 1.5 * per)),
+            "none": labelled_bundle(tiny_qwen3_host_bundle, root / "tiny-qwen3-none",
+                              npu_test_board(root / "npu-none.yaml", memory_total_gib=reserve + 0.5 * per))}
 
 
 def _stream(url: str, model: str, prompt: str) -> tuple[str, int]:
@@ -263,7 +241,8 @@ def test_streamed_chat_through_ray_equals_single_box_with_autoscaling_and_metric
     with ServerProc([tiny_qwen3_host_bundle], "--slots", str(SLOTS), log=tmp_path / "box.log") as box:
         single = [_stream(box.url, "tiny-qwen3-host", p) for p in PROMPTS]
     assert via_ray == single and all(tokens > 0 for _, tokens in single), (via_ray, single)
-    # auto: from 1 up to the fleet's 2 intel_npu units; a decoder replica's target is its KV slots
+    # auto: from 1 up to what the node holds: its 2 intel_npu units hold many fractional replicas (the plan's
+    # share), its one CPU two replicas of 0.5 CPU; a decoder replica's target is its KV slots
     assert scaling["min_replicas"] == 1 and scaling["max_replicas"] == 2, scaling
     assert scaling["target_ongoing_requests"] == SLOTS, scaling
     assert _metric(text, "edgeinfer_requests_total", endpoint="/v1/chat/completions", replica="router",

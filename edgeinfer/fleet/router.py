@@ -42,13 +42,25 @@ def scaling(low: int, high: int | None, target: int) -> dict[str, Any]:
                                    "downscale_delay_s": DOWNSCALE_DELAY_S}}
 
 
+def deployment_name(model: str) -> str:
+    return f"bundle-{model}"
+
+
+def replica_resources(t: Any) -> dict[str, float]:
+    """The Ray resources one replica of bundle ``t`` asks for besides its CPUs: the plan's share of one unit of
+    its accelerator (edgeinfer/fleet/fit.py)."""
+    from edgeinfer.fleet.fit import share
+
+    return {t.resource: share(t.plan)} if t.resource else {}
+
+
 def deployments(found: list[Any], config: Any, low: int, highs: dict[str, int | None]) -> dict[str, Any]:
     """One bound deployment per bundle; ``highs``: each bundle's autoscaling maximum (None: fixed ``low``)."""
     from ray import serve
 
     out = {}
     for t in found:
-        actor = {"num_cpus": REPLICA_CPUS, "resources": {t.resource: 1} if t.resource else {}}
+        actor = {"num_cpus": REPLICA_CPUS, "resources": replica_resources(t)}
         if t.decoder:
             cls, args = DecoderReplica, (t, config)
             ongoing, target = 2 * config.slots, config.slots  # its slots running, as many in its own queue
@@ -56,7 +68,7 @@ def deployments(found: list[Any], config: Any, low: int, highs: dict[str, int | 
             cls, args = BundleReplica, (t, config.max_batch, config.max_inputs)
             ongoing, target = REPLICA_ONGOING, BUNDLE_TARGET_ONGOING
         out[t.name] = serve.deployment(cls).options(
-            name=f"bundle-{t.name}", max_ongoing_requests=ongoing, ray_actor_options=actor,
+            name=deployment_name(t.name), max_ongoing_requests=ongoing, ray_actor_options=actor,
             **scaling(low, highs[t.name], target)).bind(*args)
     return out
 
