@@ -28,6 +28,8 @@ psutil = pytest.importorskip("psutil")
 pytestmark = pytest.mark.slow
 RAY_DAEMONS = ("raylet", "gcs_server")
 TEXTS = ["a fleet of edge boards", "one endpoint for every board", "x"]
+KEY = "fleet-key-123"
+AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
 def _ray_daemons() -> set[int]:
@@ -60,20 +62,24 @@ def cluster():
     assert not left, f"Ray daemons left after shutdown: {left}"
 
 
-def _embed(url: str) -> np.ndarray:
-    r = httpx.post(url + "/v1/embeddings", json={"input": TEXTS}, timeout=60)
+def _embed(url: str, headers: dict | None = None) -> np.ndarray:
+    r = httpx.post(url + "/v1/embeddings", json={"input": TEXTS}, headers=headers, timeout=60)
     assert r.status_code == 200, r.text
     return np.array([d["embedding"] for d in r.json()["data"]], dtype=np.float32)
 
 
 def test_embeddings_through_ray_equal_single_box(cluster, bundles, tmp_path):
     c, npu_node = cluster
-    with ServerProc([bundles["npu"]], "--ray", c.address, "--replicas", "2", log=tmp_path / "ray.log") as fleet:
-        placed = httpx.get(fleet.url + "/v1/models", timeout=30).json()["data"][0]["placement"]
+    (tmp_path / "key").write_text(KEY + "\n")
+    with ServerProc([bundles["npu"]], "--ray", c.address, "--replicas", "2", "--api-key-file", str(tmp_path / "key"),
+                    log=tmp_path / "ray.log", wait_ready=False) as fleet:
+        fleet.wait_ready(headers=AUTH)
+        _key_is_checked_as_on_one_box(fleet.url)
+        placed = httpx.get(fleet.url + "/v1/models", headers=AUTH, timeout=30).json()["data"][0]["placement"]
         assert placed == {"node_id": npu_node, "resource": "intel_npu",  # the node with the resource
                           "bundle": str(bundles["npu"].resolve())}  # by path (shared storage)
-        via_ray = _embed(fleet.url)
-        bad = httpx.post(fleet.url + "/v1/embeddings", json={"input": []}, timeout=30)
+        via_ray = _embed(fleet.url, AUTH)
+        bad = httpx.post(fleet.url + "/v1/embeddings", json={"input": []}, headers=AUTH, timeout=30)
         assert bad.status_code == 400 and "at least one string" in bad.json()["error"]["message"]
         with ServerProc([bundles["host"]], log=tmp_path / "box.log") as box:
             single = _embed(box.url)
@@ -82,6 +88,21 @@ def test_embeddings_through_ray_equal_single_box(cluster, bundles, tmp_path):
     assert via_ray.shape == (3, 384)
     np.testing.assert_allclose(via_ray, single, rtol=0, atol=1e-6)
     assert rc == 128 + signal.SIGTERM, fleet.output()
+
+
+def _key_is_checked_as_on_one_box(url: str) -> None:
+    """--api-key-file on the router: the single-box server's rule (tests/test_serve_lifecycle.py): every path but
+    /health answers 401 without the right Bearer key, /metrics too."""
+    for method, path in [("GET", "/v1/models"), ("GET", "/ready"), ("GET", "/metrics"), ("GET", "/openapi.json"),
+                         ("GET", "/docs"), ("POST", "/v1/embeddings"), ("POST", "/v1/chat/completions")]:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {KEY}"},
+                        {"Authorization": KEY}):
+            r = httpx.request(method, url + path, headers=headers, json={"input": TEXTS}, timeout=30)
+            assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer", (method, path, r.text)
+            assert r.json()["error"] == {"message": "missing or wrong API key: send 'Authorization: Bearer KEY'",
+                                         "type": "authentication_error", "code": 401}
+    assert httpx.get(url + "/metrics", headers=AUTH, timeout=30).status_code == 200
+    assert httpx.get(url + "/health", timeout=30).json() == {"status": "ok"}
 
 
 def _replicas() -> set[int]:
@@ -101,7 +122,7 @@ def _kill_a_replica_under_load(url: str, clients: int = 6, seconds: float = 6.0)
     def client() -> None:
         with httpx.Client(timeout=60) as http:
             while time.monotonic() < stop:
-                r = http.post(url + "/v1/embeddings", json={"input": TEXTS[:1]})
+                r = http.post(url + "/v1/embeddings", json={"input": TEXTS[:1]}, headers=AUTH)
                 results.append((time.monotonic(), r.status_code))
                 assert r.status_code == 200 or r.json()["error"]["code"] == 503, r.text
 

@@ -261,9 +261,6 @@ def connect(address: str) -> bool:
 
 def check_options(config: ServeConfig) -> None:
     """Options of the single-box server that the Ray path does not honour are refused, not ignored."""
-    if config.api_key is not None:
-        raise InputError("--api-key / --api-key-file / EDGEINFER_API_KEY are not supported with --ray yet "
-                         "(docs/fleet.md): put an authenticating proxy in front, or serve on one box")
     if config.devices:
         raise InputError("--devices does not go with --ray: Ray places replicas by accelerator (--replicas N)")
 

@@ -80,6 +80,8 @@ def build(found: list[Any], config: Any, low: int, highs: dict[str, int | None])
     from ray import serve
 
     app = FastAPI(title="edgeinfer serve (Ray)")
+    if config.api_key is not None:
+        guard(app, config.api_key.encode())
     names = [t.name for t in found]
     decoders = {t.name for t in found if t.decoder}
     embedders = {t.name for t in found if t.embeds}
@@ -181,6 +183,22 @@ def build(found: list[Any], config: Any, low: int, highs: dict[str, int | None])
             self.merged.push(replica, text)
 
     return Router.bind(deployments(found, config, low, highs))
+
+
+def guard(app: Any, key: bytes) -> None:
+    """The single-box server's API key rule (edgeinfer/serve/config.py ``authorized``) on every router path."""
+    from fastapi import Request
+    from fastapi.responses import Response
+
+    from edgeinfer.serve.config import KEY_REFUSAL, authorized
+
+    @app.middleware("http")
+    async def check_key(request: Request, call_next: Any) -> Response:
+        if authorized(key, request.url.path, request.headers.get("authorization", "").encode("latin-1")):
+            return await call_next(request)
+        status, data = error(401, KEY_REFUSAL)
+        return Response(data, status_code=status, media_type="application/json",
+                        headers={"WWW-Authenticate": "Bearer"})
 
 
 async def relay(stream: Any) -> AsyncIterator[bytes]:
