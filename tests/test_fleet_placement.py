@@ -45,6 +45,7 @@ def test_a_replica_asks_for_its_share_of_one_unit_so_a_unit_holds_as_many_as_its
                     0.5) == 12
     # one replica per unit, or nothing planned (an embedding bundle): a whole unit each, as before
     assert share(_placement(1)) == 1.0 and share(None) == 1.0 and per_node(3, None) == 3
+    assert share(_placement(20_000)) == 0.0001  # never 0 (no constraint at all): Ray's smallest amount
 
 
 def test_fractional_replicas_are_refused_only_past_the_cluster_units():

@@ -54,11 +54,12 @@ RAY_PRECISION = 10_000
 
 def share(plan: Placement | None) -> float:
     """The part of one unit of its accelerator a replica asks for: 1 / the replicas one unit's memory holds by
-    the plan, rounded down to Ray's precision (so that many fit); a whole unit where nothing is planned."""
+    the plan, rounded down to Ray's precision (so that many fit, up to 10 000 per unit); a whole unit where
+    nothing is planned."""
     if plan is None or not plan.fits:
         return 1.0
     per_unit = plan.replicas_per_node // plan.units
-    return math.floor(RAY_PRECISION / per_unit) / RAY_PRECISION if per_unit > 1 else 1.0
+    return max(1, math.floor(RAY_PRECISION / per_unit)) / RAY_PRECISION if per_unit > 1 else 1.0
 
 
 def per_node(resource_units: float, plan: Placement | None) -> int:
