@@ -81,3 +81,30 @@ def tiny_gguf(path: Path, tensors: list[tuple], file_type=None) -> Path:
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def labelled_bundle(src: Path, dst: Path, board: str) -> Path:
+    """A copy of the bundle at ``src`` whose manifest names ``board`` (its seals dropped: a relabelled copy)."""
+    import shutil
+
+    from edgeinfer.model.bundle import read_manifest, write
+
+    shutil.copytree(src, dst)
+    write(dst, read_manifest(dst).model_copy(update={"board": board, "files": {}}))
+    return dst
+
+
+def npu_test_board(path: Path, **memory_gib: float) -> str:
+    """A board profile for fleet tests: Core Ultra 155H's facts (openvino NPU → the `intel_npu` Ray resource), its
+    runtime also taking fp32 (the committed tiny model's bundle), memory as given; named after the file."""
+    import yaml
+
+    from edgeinfer.planning.boards import boards_dirs
+
+    board = yaml.safe_load((boards_dirs()[0] / "core-ultra-155h.yaml").read_text())
+    board["name"] = path.stem
+    board["runtimes"]["openvino-npu"]["schemes"].append("fp32")
+    for key, value in memory_gib.items():
+        board[key]["value"] = value
+    path.write_text(yaml.safe_dump(board, sort_keys=False))
+    return str(path)

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import labelled_bundle, npu_test_board
 
-from edgeinfer.model.bundle import read_manifest, write
 from edgeinfer.testing.serve import ServerProc, free_port, minilm_bundle
 
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'edgeinfer[fleet]'")
@@ -28,12 +28,8 @@ psutil = pytest.importorskip("psutil")
 pytestmark = pytest.mark.slow
 RAY_DAEMONS = ("raylet", "gcs_server")
 TEXTS = ["a fleet of edge boards", "one endpoint for every board", "x"]
-
-
-def _labelled(src, dst, board: str):
-    shutil.copytree(src, dst)
-    write(dst, read_manifest(dst).model_copy(update={"board": board, "files": {}}))
-    return dst
+KEY = "fleet-key-123"
+AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
 def _ray_daemons() -> set[int]:
@@ -46,8 +42,8 @@ def _ray_daemons() -> set[int]:
 def bundles(minilm_onnx, tmp_path_factory):
     root = tmp_path_factory.mktemp("fleet-bundles")
     ort = minilm_bundle(minilm_onnx, root / "minilm-ort", "onnxruntime")
-    return {"host": ort, "npu": _labelled(ort, root / "minilm-npu", "core-ultra-155h"),
-            "rk": _labelled(ort, root / "minilm-rk", "rk3588-8g")}
+    return {"host": ort, "npu": labelled_bundle(ort, root / "minilm-npu", "core-ultra-155h"),
+            "rk": labelled_bundle(ort, root / "minilm-rk", "rk3588-8g")}
 
 
 @pytest.fixture(scope="module")
@@ -66,20 +62,24 @@ def cluster():
     assert not left, f"Ray daemons left after shutdown: {left}"
 
 
-def _embed(url: str) -> np.ndarray:
-    r = httpx.post(url + "/v1/embeddings", json={"input": TEXTS}, timeout=60)
+def _embed(url: str, headers: dict | None = None) -> np.ndarray:
+    r = httpx.post(url + "/v1/embeddings", json={"input": TEXTS}, headers=headers, timeout=60)
     assert r.status_code == 200, r.text
     return np.array([d["embedding"] for d in r.json()["data"]], dtype=np.float32)
 
 
 def test_embeddings_through_ray_equal_single_box(cluster, bundles, tmp_path):
     c, npu_node = cluster
-    with ServerProc([bundles["npu"]], "--ray", c.address, "--replicas", "2", log=tmp_path / "ray.log") as fleet:
-        placed = httpx.get(fleet.url + "/v1/models", timeout=30).json()["data"][0]["placement"]
+    (tmp_path / "key").write_text(KEY + "\n")
+    with ServerProc([bundles["npu"]], "--ray", c.address, "--replicas", "2", "--api-key-file", str(tmp_path / "key"),
+                    log=tmp_path / "ray.log", wait_ready=False) as fleet:
+        fleet.wait_ready(headers=AUTH)
+        _key_is_checked_as_on_one_box(fleet.url)
+        placed = httpx.get(fleet.url + "/v1/models", headers=AUTH, timeout=30).json()["data"][0]["placement"]
         assert placed == {"node_id": npu_node, "resource": "intel_npu",  # the node with the resource
                           "bundle": str(bundles["npu"].resolve())}  # by path (shared storage)
-        via_ray = _embed(fleet.url)
-        bad = httpx.post(fleet.url + "/v1/embeddings", json={"input": []}, timeout=30)
+        via_ray = _embed(fleet.url, AUTH)
+        bad = httpx.post(fleet.url + "/v1/embeddings", json={"input": []}, headers=AUTH, timeout=30)
         assert bad.status_code == 400 and "at least one string" in bad.json()["error"]["message"]
         with ServerProc([bundles["host"]], log=tmp_path / "box.log") as box:
             single = _embed(box.url)
@@ -88,6 +88,21 @@ def test_embeddings_through_ray_equal_single_box(cluster, bundles, tmp_path):
     assert via_ray.shape == (3, 384)
     np.testing.assert_allclose(via_ray, single, rtol=0, atol=1e-6)
     assert rc == 128 + signal.SIGTERM, fleet.output()
+
+
+def _key_is_checked_as_on_one_box(url: str) -> None:
+    """--api-key-file on the router: the single-box server's rule (tests/test_serve_lifecycle.py): every path but
+    /health answers 401 without the right Bearer key, /metrics too."""
+    for method, path in [("GET", "/v1/models"), ("GET", "/ready"), ("GET", "/metrics"), ("GET", "/openapi.json"),
+                         ("GET", "/docs"), ("POST", "/v1/embeddings"), ("POST", "/v1/chat/completions")]:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {KEY}"},
+                        {"Authorization": KEY}):
+            r = httpx.request(method, url + path, headers=headers, json={"input": TEXTS}, timeout=30)
+            assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer", (method, path, r.text)
+            assert r.json()["error"] == {"message": "missing or wrong API key: send 'Authorization: Bearer KEY'",
+                                         "type": "authentication_error", "code": 401}
+    assert httpx.get(url + "/metrics", headers=AUTH, timeout=30).status_code == 200
+    assert httpx.get(url + "/health", timeout=30).json() == {"status": "ok"}
 
 
 def _replicas() -> set[int]:
@@ -107,7 +122,7 @@ def _kill_a_replica_under_load(url: str, clients: int = 6, seconds: float = 6.0)
     def client() -> None:
         with httpx.Client(timeout=60) as http:
             while time.monotonic() < stop:
-                r = http.post(url + "/v1/embeddings", json={"input": TEXTS[:1]})
+                r = http.post(url + "/v1/embeddings", json={"input": TEXTS[:1]}, headers=AUTH)
                 results.append((time.monotonic(), r.status_code))
                 assert r.status_code == 200 or r.json()["error"]["code"] == 503, r.text
 
@@ -154,22 +169,6 @@ PROMPTS = ["Once upon a time", "The history of the city"]
 SLOTS = 2
 
 
-def _board(path, **memory_gib) -> str:
-    """A board profile for the test node: Core Ultra 155H's facts (openvino NPU → the `intel_npu` resource), its
-    runtime also taking fp32 (the committed tiny model's bundle), memory as given."""
-    import yaml
-
-    from edgeinfer.planning.boards import boards_dirs
-
-    board = yaml.safe_load((boards_dirs()[0] / "core-ultra-155h.yaml").read_text())
-    board["name"] = path.stem
-    board["runtimes"]["openvino-npu"]["schemes"].append("fp32")
-    for key, value in memory_gib.items():
-        board[key]["value"] = value
-    path.write_text(yaml.safe_dump(board, sort_keys=False))
-    return str(path)
-
-
 def _per_replica_gib(bundle, board: str) -> tuple[float, float]:
     """One replica's memory (weights + kv + activations + runtime) and the board's reserve, from `plan --json`."""
     import json
@@ -187,14 +186,14 @@ def decoders(tiny_qwen3_host_bundle, tmp_path_factory):
     """Copies of the session's tiny-qwen3 bundle labelled for test boards: one that holds many replicas, one
     that holds exactly one (replicas > 1 refused by the plan), one that holds none."""
     root = tmp_path_factory.mktemp("fleet-decoders")
-    roomy = _board(root / "npu-roomy.yaml")
+    roomy = npu_test_board(root / "npu-roomy.yaml")
     per, reserve = _per_replica_gib(tiny_qwen3_host_bundle, roomy)
     assert 0 < per < 2 and reserve > 0
-    return {"roomy": _labelled(tiny_qwen3_host_bundle, root / "tiny-qwen3-npu", roomy),
-            "one": _labelled(tiny_qwen3_host_bundle, root / "tiny-qwen3-one",
-                             _board(root / "npu-one.yaml", memory_total_gib=reserve + 1.5 * per)),
-            "none": _labelled(tiny_qwen3_host_bundle, root / "tiny-qwen3-none",
-                              _board(root / "npu-none.yaml", memory_total_gib=reserve + 0.5 * per))}
+    return {"roomy": labelled_bundle(tiny_qwen3_host_bundle, root / "tiny-qwen3-npu", roomy),
+            "one": labelled_bundle(tiny_qwen3_host_bundle, root / "tiny-qwen3-one",
+                             npu_test_board(root / "npu-one.yaml", memory_total_gib=reserve + 1.5 * per)),
+            "none": labelled_bundle(tiny_qwen3_host_bundle, root / "tiny-qwen3-none",
+                              npu_test_board(root / "npu-none.yaml", memory_total_gib=reserve + 0.5 * per))}
 
 
 def _stream(url: str, model: str, prompt: str) -> tuple[str, int]:
@@ -263,7 +262,8 @@ def test_streamed_chat_through_ray_equals_single_box_with_autoscaling_and_metric
     with ServerProc([tiny_qwen3_host_bundle], "--slots", str(SLOTS), log=tmp_path / "box.log") as box:
         single = [_stream(box.url, "tiny-qwen3-host", p) for p in PROMPTS]
     assert via_ray == single and all(tokens > 0 for _, tokens in single), (via_ray, single)
-    # auto: from 1 up to the fleet's 2 intel_npu units; a decoder replica's target is its KV slots
+    # auto: from 1 up to what the node holds: its 2 intel_npu units hold many fractional replicas (the plan's
+    # share), its one CPU two replicas of 0.5 CPU; a decoder replica's target is its KV slots
     assert scaling["min_replicas"] == 1 and scaling["max_replicas"] == 2, scaling
     assert scaling["target_ongoing_requests"] == SLOTS, scaling
     assert _metric(text, "edgeinfer_requests_total", endpoint="/v1/chat/completions", replica="router",

@@ -85,12 +85,13 @@ def test_serve_ray_refuses_options_it_does_not_honour(tmp_path, cli):
     from edgeinfer.fleet.ray_serve import check_options, parse_scale
     from edgeinfer.serve.config import ServeConfig
 
-    proc = cli("serve", str(tmp_path), "--ray", "auto", "--api-key", "k")
+    proc = cli("serve", str(tmp_path), "--ray", "auto", "--devices", "0,1")
     assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.startswith("error: ") and "not supported with --ray" in proc.stderr
+    assert proc.stderr.startswith("error: --devices does not go with --ray")
     assert proc.stderr.count("\n") == 1
     with pytest.raises(InputError, match="--devices"):
         check_options(ServeConfig([tmp_path], devices=["0", "1"]))
+    check_options(ServeConfig([tmp_path], api_key="k"))  # the router checks keys (tests/test_fleet_ray.py)
     with pytest.raises(InputError, match="--replicas must be at least 1"):
         parse_scale("0", None)
 
@@ -152,6 +153,6 @@ def test_fleet_capacity_per_node_is_the_least_of_units_cpus_and_the_plan():
              {"Alive": True, "Resources": {"CPU": 0.5, "intel_npu": 4.0}},  # 4 units, CPU for 1
              {"Alive": False, "Resources": {"CPU": 8.0, "intel_npu": 8.0}}]  # a dead node holds nothing
     assert capacity("intel_npu", None, nodes, 0.5) == 2 + 1
-    assert capacity("intel_npu", SimpleNamespace(replicas_per_node=1), nodes, 0.5) == 1 + 1
+    assert capacity("intel_npu", SimpleNamespace(replicas_per_node=1, units=1, fits=True), nodes, 0.5) == 1 + 1
     assert capacity(None, None, nodes, 0.5) == 2 + 2 + 1
     assert capacity("rk3588_npu", None, nodes, 0.5) == 0

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from edgeinfer.errors import BackendUnavailableError
+from edgeinfer.errors import BackendUnavailableError, InputError
 from edgeinfer.serve.config import API_KEY_ENV, ServeConfig, body_bytes, parse_devices, resolve_api_key
 
 EXTRAS = ("fastapi", "uvicorn", "starlette", "pydantic", "prometheus_client", "h11")
@@ -59,8 +59,12 @@ EXTRAS = ("fastapi", "uvicorn", "starlette", "pydantic", "prometheus_client", "h
               help="With --ray: scale on queue length from --replicas up to this many per bundle.")
 @click.option("--ship-bundles", is_flag=True,
               help="With --ray: send bundles to the nodes through Ray's object store even where their path exists.")
+@click.option("--dry-run", is_flag=True,
+              help="With --ray: print the placement (deployments, resources per replica, replica bounds, nodes) "
+                   "and exit; nothing is started (docs/fleet.md).")
 @click.option("--json", "as_json", is_flag=True,
-              help="A failure to start (busy port, missing bundle, ...) as one JSON error object on stdout.")
+              help="With --dry-run: the placement as JSON. A failure to start (busy port, missing bundle, ...) as "
+                   "one JSON error object on stdout.")
 def serve_cmd(
     bundles: tuple[Path, ...],
     host: str,
@@ -85,6 +89,7 @@ def serve_cmd(
     replicas: str = "1",
     max_replicas: int | None = None,
     ship_bundles: bool = False,
+    dry_run: bool = False,
     as_json: bool = False,  # read by the CLI group, which prints a failure as JSON
 ) -> None:
     """Serve BUNDLE(s) over HTTP: /v1/embeddings, /v1/rerank, /v1/classify, /v1/infer, /v1/chat/completions,
@@ -109,6 +114,12 @@ def serve_cmd(
         generation_timeout_s=generation_timeout_s,
         threads=threads,
     ).check()
+    if dry_run and not ray_address:
+        raise InputError("--dry-run shows the placement of --ray; pass --ray auto|ADDRESS with it")
+    if ray_address and dry_run:
+        from edgeinfer.fleet.ray_serve import dry_run as show_placement
+
+        return show_placement(config, ray_address, replicas, max_replicas, as_json)
     if ray_address:
         from edgeinfer.fleet.ray_serve import serve_on_ray
 

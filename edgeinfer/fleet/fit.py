@@ -3,13 +3,15 @@ applied to a decoder bundle on its own board profile, and the replicas the clust
 
 One replica of a decoder bundle holds its weights, the KV cache of ``--slots`` × ``--ctx`` positions,
 activations and runtime overhead; a node of the bundle's board holds ``replicas_per_node`` of them
-(:func:`edgeinfer.planning.fleet.place`). Ray gives each replica one unit of the board's resource, so a node
-holds ``min(its units of the resource, replicas_per_node)`` replicas of the bundle.
+(:func:`edgeinfer.planning.fleet.place`). A replica asks Ray for the share of one unit of the board's resource
+that the plan gives it (:func:`share`: 1 / the replicas one unit's memory holds), so a node holds
+``min(its units of the resource / share, replicas_per_node)`` replicas of the bundle.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from typing import TYPE_CHECKING, Any
 
 from edgeinfer.errors import CheckFailed
@@ -45,16 +47,36 @@ def check_fits(name: str, plan: Placement | None) -> None:
                           "check with `edgeinfer plan --fleet`; lower --slots / --ctx or deploy a smaller scheme")
 
 
+# Ray keeps fractional resource amounts to 4 decimal places
+# (https://docs.ray.io/en/latest/ray-core/scheduling/resources.html#fractional-resource-requirements)
+RAY_PRECISION = 10_000
+
+
+def share(plan: Placement | None) -> float:
+    """The part of one unit of its accelerator a replica asks for: 1 / the replicas one unit's memory holds by
+    the plan, rounded down to Ray's precision (so that many fit, up to 10 000 per unit); a whole unit where
+    nothing is planned."""
+    if plan is None or not plan.fits:
+        return 1.0
+    per_unit = plan.replicas_per_node // plan.units
+    return max(1, math.floor(RAY_PRECISION / per_unit)) / RAY_PRECISION if per_unit > 1 else 1.0
+
+
+def per_node(resource_units: float, plan: Placement | None) -> int:
+    """Replicas of a bundle one node with ``resource_units`` of its resource holds: the units over each replica's
+    share, at most the plan's replicas per node (the board's memory)."""
+    held = math.floor(resource_units / share(plan) + 1e-9)
+    return min(held, plan.replicas_per_node) if plan is not None else held
+
+
 def capacity(resource: str | None, plan: Placement | None, nodes: list[dict[str, Any]], replica_cpus: float) -> int:
-    """Replicas of one bundle the alive ``nodes`` (``ray.nodes()``) can hold: per node the units of its resource,
-    at most the plan's replicas per node and the node's CPUs over what one replica asks for (a CPU bundle: the
-    CPUs alone)."""
+    """Replicas of one bundle the alive ``nodes`` (``ray.nodes()``) can hold: per node :func:`per_node`, at most
+    the node's CPUs over what one replica asks for (a CPU bundle: the CPUs alone)."""
     held = 0
     for r in (n.get("Resources", {}) for n in nodes if n.get("Alive")):
         counts = [int(r.get("CPU", 0) / replica_cpus)]
         if resource is not None:
-            counts.append(int(r.get(resource, 0)))
-            counts += [plan.replicas_per_node] if plan is not None else []
+            counts.append(per_node(r.get(resource, 0), plan))
         held += min(counts)
     return held
 

@@ -1,8 +1,9 @@
 """``edgeinfer serve BUNDLE... --ray auto|ADDRESS``: bundles (embedding, tensor and decoder) as Ray Serve
 deployments behind one router (edgeinfer/fleet/router.py, edgeinfer/fleet/replicas.py).
 
-One deployment per bundle; each replica asks for one unit of the Ray custom resource of the bundle's board
-(edgeinfer/contract/resources.py). Before anything is deployed: a decoder bundle of which not one replica fits its
+One deployment per bundle; each replica asks for the plan's share of one unit of the Ray custom resource of the
+bundle's board (edgeinfer/contract/resources.py, edgeinfer/fleet/fit.py). ``--dry-run`` prints that placement
+and starts nothing. Before anything is deployed: a decoder bundle of which not one replica fits its
 board by the planner is refused (exit 1, edgeinfer/fleet/fit.py); after joining the cluster, replicas needing more
 of a resource than the cluster has are refused (exit 3), and more replicas than the nodes hold by the plan
 (exit 1). ``--replicas auto`` / ``--max-replicas N`` scale each deployment on its queue length, at most to what
@@ -118,19 +119,21 @@ def targets(paths: list[Path], config: ServeConfig) -> list[BundleTarget]:
 
 def check_resources(found: list[BundleTarget], replicas: int, cluster: dict[str, float], where: str) -> None:
     """Refuse, in one line, a deployment whose replicas ask for more of a resource than the cluster has."""
-    need: dict[str, int] = {}
+    from edgeinfer.fleet.fit import share
+
+    need: dict[str, float] = {}
     for t in found:
         if t.resource:
-            need[t.resource] = need.get(t.resource, 0) + replicas
+            need[t.resource] = need.get(t.resource, 0) + replicas * share(t.plan)
     for resource, count in sorted(need.items()):
-        have = int(cluster.get(resource, 0))
-        if have < count:
+        have = cluster.get(resource, 0)
+        if have < count - 1e-9:
             users = ", ".join(t.name for t in found if t.resource == resource)
             offered = ", ".join(sorted(k for k in cluster if "_" in k and not k.startswith(("node:", "memory",
                                                                                             "object_store"))))
             raise BackendUnavailableError(
-                f"{users} needs {count} × Ray resource {resource!r} ({replicas} replica(s) each), the cluster at "
-                f"{where} has {have} (accelerators offered: {offered or 'none'})",
+                f"{users} needs {count:g} × Ray resource {resource!r} ({replicas} replica(s) each), the cluster at "
+                f"{where} has {have:g} (accelerators offered: {offered or 'none'})",
                 "start `edgeinfer ray-node --address HEAD` on a board with that accelerator, or lower --replicas")
 
 
@@ -146,6 +149,61 @@ def bounds(found: list[BundleTarget], scale: Scale, nodes: list[dict[str, Any]])
         check_capacity(t.name, t.plan, scale.wanted, held, t.resource or "CPU")
         out[t.name] = None if not scale.auto else scale.high if scale.high is not None else max(scale.low, held)
     return out
+
+
+def placement(found: list[BundleTarget], scale: Scale, highs: dict[str, int | None]) -> list[dict[str, Any]]:
+    """What ``serve --ray`` asks Ray Serve for, per bundle (``--dry-run`` prints it): the deployment, the resources
+    of one replica, the replica bounds (max None: as many as the fleet holds) and the nodes that can hold them."""
+    from edgeinfer.fleet.router import REPLICA_CPUS, deployment_name, replica_resources
+
+    out = []
+    for t in found:
+        p = t.plan
+        out.append({"deployment": deployment_name(t.name), "model": t.name, "decoder": t.decoder,
+                    "resources": {"CPU": REPLICA_CPUS, **replica_resources(t)},
+                    "replicas": {"min": scale.low, "max": highs.get(t.name) if scale.auto else scale.low,
+                                 "autoscaling": scale.auto},
+                    "nodes": {"resource": t.resource, "board": p.board if p else None,
+                              "replicas_per_node": p.replicas_per_node if p else None,
+                              "per_replica_bytes": p.per_replica_bytes if p else None}})
+    return out
+
+
+def dry_run(config: ServeConfig, address: str, replicas: str, max_replicas: int | None, as_json: bool) -> None:
+    """Print the placement ``serve --ray`` would choose; nothing is started or joined. With ``auto`` the cluster
+    is this machine (its probed accelerators and CPUs), checked as the real start checks it; with an address the
+    cluster is not read, so ``--replicas auto`` without ``--max-replicas`` shows no maximum."""
+    import json
+    import os
+
+    scale = parse_scale(replicas, max_replicas)
+    check_options(config)
+    found = targets(config.bundles, config)
+    highs: dict[str, int | None] = {t.name: scale.high for t in found}
+    if address == "auto":
+        from edgeinfer.fleet.resources import node_resources
+
+        here = {"CPU": float(os.cpu_count() or 1), **node_resources().resources}
+        check_resources(found, scale.wanted, here, "auto (this machine)")
+        highs = bounds(found, scale, [{"Alive": True, "Resources": here}])
+    out = placement(found, scale, highs)
+    if as_json:
+        sys.stdout.write(json.dumps({"kind": "edgeinfer.ray_placement", "address": address, "deployments": out},
+                                    indent=2) + "\n")
+        return
+    for d in out:
+        sys.stdout.write(placement_line(d) + "\n")
+
+
+def placement_line(d: dict[str, Any]) -> str:
+    asks = " + ".join(f"{v:g} {k}" for k, v in d["resources"].items())
+    r, n = d["replicas"], d["nodes"]
+    count = f"{r['min']}-{r['max'] if r['max'] is not None else 'fleet'} (autoscaling)" if r["autoscaling"] \
+        else str(r["min"])
+    where = f"nodes with {n['resource']}" if n["resource"] else "any node"
+    if n["replicas_per_node"] is not None:
+        where += f", at most {n['replicas_per_node']} per {n['board']} node by the plan"
+    return f"{d['deployment']}: {count} replica(s), each {asks}; on {where}"
 
 
 # --- the command ----------------------------------------------------------------------------------------
@@ -203,9 +261,6 @@ def connect(address: str) -> bool:
 
 def check_options(config: ServeConfig) -> None:
     """Options of the single-box server that the Ray path does not honour are refused, not ignored."""
-    if config.api_key is not None:
-        raise InputError("--api-key / --api-key-file / EDGEINFER_API_KEY are not supported with --ray yet "
-                         "(docs/fleet.md): put an authenticating proxy in front, or serve on one box")
     if config.devices:
         raise InputError("--devices does not go with --ray: Ray places replicas by accelerator (--replicas N)")
 

@@ -42,13 +42,25 @@ def scaling(low: int, high: int | None, target: int) -> dict[str, Any]:
                                    "downscale_delay_s": DOWNSCALE_DELAY_S}}
 
 
+def deployment_name(model: str) -> str:
+    return f"bundle-{model}"
+
+
+def replica_resources(t: Any) -> dict[str, float]:
+    """The Ray resources one replica of bundle ``t`` asks for besides its CPUs: the plan's share of one unit of
+    its accelerator (edgeinfer/fleet/fit.py)."""
+    from edgeinfer.fleet.fit import share
+
+    return {t.resource: share(t.plan)} if t.resource else {}
+
+
 def deployments(found: list[Any], config: Any, low: int, highs: dict[str, int | None]) -> dict[str, Any]:
     """One bound deployment per bundle; ``highs``: each bundle's autoscaling maximum (None: fixed ``low``)."""
     from ray import serve
 
     out = {}
     for t in found:
-        actor = {"num_cpus": REPLICA_CPUS, "resources": {t.resource: 1} if t.resource else {}}
+        actor = {"num_cpus": REPLICA_CPUS, "resources": replica_resources(t)}
         if t.decoder:
             cls, args = DecoderReplica, (t, config)
             ongoing, target = 2 * config.slots, config.slots  # its slots running, as many in its own queue
@@ -56,7 +68,7 @@ def deployments(found: list[Any], config: Any, low: int, highs: dict[str, int | 
             cls, args = BundleReplica, (t, config.max_batch, config.max_inputs)
             ongoing, target = REPLICA_ONGOING, BUNDLE_TARGET_ONGOING
         out[t.name] = serve.deployment(cls).options(
-            name=f"bundle-{t.name}", max_ongoing_requests=ongoing, ray_actor_options=actor,
+            name=deployment_name(t.name), max_ongoing_requests=ongoing, ray_actor_options=actor,
             **scaling(low, highs[t.name], target)).bind(*args)
     return out
 
@@ -68,6 +80,8 @@ def build(found: list[Any], config: Any, low: int, highs: dict[str, int | None])
     from ray import serve
 
     app = FastAPI(title="edgeinfer serve (Ray)")
+    if config.api_key is not None:
+        guard(app, config.api_key.encode())
     names = [t.name for t in found]
     decoders = {t.name for t in found if t.decoder}
     embedders = {t.name for t in found if t.embeds}
@@ -169,6 +183,22 @@ def build(found: list[Any], config: Any, low: int, highs: dict[str, int | None])
             self.merged.push(replica, text)
 
     return Router.bind(deployments(found, config, low, highs))
+
+
+def guard(app: Any, key: bytes) -> None:
+    """The single-box server's API key rule (edgeinfer/serve/config.py ``authorized``) on every router path."""
+    from fastapi import Request
+    from fastapi.responses import Response
+
+    from edgeinfer.serve.config import KEY_REFUSAL, authorized
+
+    @app.middleware("http")
+    async def check_key(request: Request, call_next: Any) -> Response:
+        if authorized(key, request.url.path, request.headers.get("authorization", "").encode("latin-1")):
+            return await call_next(request)
+        status, data = error(401, KEY_REFUSAL)
+        return Response(data, status_code=status, media_type="application/json",
+                        headers={"WWW-Authenticate": "Bearer"})
 
 
 async def relay(stream: Any) -> AsyncIterator[bytes]:

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import errno
 import functools
-import hmac
 import json
 import logging
 import signal
@@ -31,7 +30,7 @@ from edgeinfer.model.kind import Kind, kind
 from edgeinfer.run import bundle as run_bundle
 from edgeinfer.serve.batcher import Batcher
 from edgeinfer.serve.budget import check_budget
-from edgeinfer.serve.config import ServeConfig
+from edgeinfer.serve.config import KEY_REFUSAL, ServeConfig, authorized
 from edgeinfer.serve.decoder_engine import Engine, ServedDecoder, open_served_decoder
 from edgeinfer.serve.decoder_routes import add_routes as add_decoder_routes
 from edgeinfer.serve.encoder_routes import add_routes as add_encoder_routes
@@ -271,13 +270,8 @@ class GuardMiddleware:
             await resp(scope, receive, send_wrapped)
 
         try:
-            if self.key is not None and path != "/health":
-                auth = headers.get("authorization", b"")
-                scheme, _, given = auth.partition(b" ")
-                if scheme.lower() != b"bearer" or not hmac.compare_digest(given.strip(), self.key):
-                    return await reply(error_response(401,
-                                                      "missing or wrong API key: send 'Authorization: Bearer KEY'",
-                                                      {"WWW-Authenticate": "Bearer"}))
+            if not authorized(self.key, path, headers.get("authorization", b"")):
+                return await reply(error_response(401, KEY_REFUSAL, {"WWW-Authenticate": "Bearer"}))
             if scope.get("method") in ("POST", "PUT", "PATCH"):
                 declared = headers.get("content-length")
                 if declared is not None:

@@ -11,6 +11,8 @@ from edgeinfer.errors import InputError, check_text
 from edgeinfer.planning.chain import SERVE_MAX_BATCH, SERVE_SLOTS
 
 API_KEY_ENV = "EDGEINFER_API_KEY"
+KEY_REFUSAL = "missing or wrong API key: send 'Authorization: Bearer KEY'"
+OPEN_PATHS = ("/health",)  # answered without the key (liveness probes); everything else, /metrics too, needs it
 
 
 @dataclass
@@ -122,6 +124,18 @@ def api_key_from_file(path: Path) -> str:
     if not key or len(key.splitlines()) != 1:
         raise InputError(f"--api-key-file {path}: {'empty' if not key else 'holds several lines'}", hint)
     return key
+
+
+def authorized(key: bytes | None, path: str, authorization: bytes) -> bool:
+    """Whether a request with this ``Authorization`` header may reach ``path``: any, without a key; else a
+    ``Bearer`` token equal to the key (compared in constant time), except on the open paths. The single-box
+    server and the Ray router both ask this."""
+    import hmac
+
+    if key is None or path in OPEN_PATHS:
+        return True
+    scheme, _, given = authorization.partition(b" ")
+    return scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), key)
 
 
 def resolve_api_key(given: str | None, file: Path | None) -> str | None:
