@@ -215,8 +215,6 @@ def test_chain_plan_within_ten_percent_of_the_served_peak(chain, reranker_dir, c
                        Entry(str(classifier_dir), enc), Entry(str(model_dir()), {"ctx": DECODER_BUNDLE_CTX})], "host")
     planned = plan.total_bytes - plan.reserved_bytes
     assert len(counted) == 4 and plan.fits, counted
-    print("CHAINRATIO", planned / 2**20, measured / 2**20, {pid: _hwm(pid) / 2**20 for pid in counted},
-          [(p.name, p.total_bytes / 2**20) for p in plan.processes])
     assert 0.9 <= planned / measured <= 1.1, {"planned_mib": planned / 2**20, "measured_mib": measured / 2**20,
                                               "processes": {pid: _hwm(pid) / 2**20 for pid in counted},
                                               "plan": [(p.name, p.total_bytes / 2**20) for p in plan.processes]}
