@@ -183,8 +183,8 @@ def chain_requests(url: str, models: list[dict]) -> int:
 
     def tensor(m: dict) -> int:
         path = m["endpoints"][0]
-        body = {"model": m["id"], "input": texts} if path.endswith("embeddings") else {"model": m["id"],
-                                                                                           "inputs": texts}
+        body = {"model": m["id"], "input": texts} if path.endswith(("embeddings", "classify")) else {
+            "model": m["id"], "inputs": texts}
         r = httpx.post(url + path, json=body, timeout=600)
         if r.status_code != 200:
             raise SystemExit(f"{path} failed: {r.status_code} {r.text[:300]}")

@@ -23,11 +23,13 @@ from scoring_bundles import (  # noqa: F401 - fixtures
     reranker_host_bundle,
 )
 
+from edgeinfer.testing.fixtures import DECODER_BUNDLE_CTX
 from edgeinfer.testing.serve import ServerProc, minilm_bundle
 
 pytestmark = pytest.mark.slow  # deploys the scoring bundles and starts a real server with four models
 
 KEY = "chain-key"
+MAX_BATCH = 8  # rows an encoder runs at once (--max-batch): the plan's batch, reached by one --max-inputs request
 AUTH = {"Authorization": f"Bearer {KEY}"}
 QUERY = "How do I sort a list in place?"
 DOCS = ["The list is sorted in place by its sort method.", "A socket connects two processes over a network.",
@@ -40,7 +42,8 @@ def chain(minilm_onnx, reranker_host_bundle, classifier_host_bundle, tiny_qwen3_
     emb = minilm_bundle(minilm_onnx, tmp_path_factory.getbasetemp() / "serve-bundles" / "minilm-ort", "onnxruntime")
     log = tmp_path_factory.mktemp("serve-chain") / "server.log"
     server = ServerProc([emb, reranker_host_bundle, classifier_host_bundle, tiny_qwen3_host_bundle],
-                        "--api-key", KEY, "--max-inputs", "8", "--max-body-mb", "1", "--batch-window-ms", "100",
+                        "--api-key", KEY, "--max-inputs", "8", "--max-batch", str(MAX_BATCH), "--max-body-mb", "1",
+                        "--batch-window-ms", "100",
                         "--threads", "1", log=log, wait_ready=False)
     try:
         server.wait_ready(headers=AUTH)
@@ -177,6 +180,51 @@ def test_metrics_per_model(chain):
         assert _metric(server, "edgeinfer_batch_size_count", model) >= 1
     text = httpx.get(server.url + "/metrics", headers=AUTH).text
     assert 'edgeinfer_requests_total{endpoint="/v1/rerank",status="200"}' in text
+
+
+def test_chain_plan_within_ten_percent_of_the_served_peak(chain, reranker_dir, classifier_dir):
+    """The peak RSS (VmHWM) of the server's processes (HTTP process, encoder worker, decoder worker, resource
+    tracker; not the request helper a chat request starts, which the plan does not count: docs/planner.md)
+    against the chain plan computed independently of serve: ``edgeinfer plan``'s
+    :func:`edgeinfer.planning.chain_plan.plan_chain` on the models the bundles were made from, at the bundles'
+    schemes and serve's settings (``--max-batch`` rows of 128 tokens an encoder, ``--slots`` 4 of ctx 256), the OS
+    reserve left out (a measured process holds none). Runs last in this file: the other tests' requests came
+    first; one full batch of the longest texts to each encoder model and a chat make sure the planned maxima ran."""
+    import psutil
+
+    from edgeinfer.planning.chain_plan import Entry, plan_chain
+    from edgeinfer.testing import minilm
+    from edgeinfer.testing.llm import model_dir
+
+    server, names = chain
+    long = [" ".join(["memory"] * 200) + f" {i}" for i in range(MAX_BATCH)]  # past the 128-token limit: truncated
+    assert post(server, "/v1/embeddings", {"model": names["emb"], "input": long}).status_code == 200
+    assert post(server, "/v1/rerank", {"model": names["reranker"], "query": long[0],
+                                       "documents": long}).status_code == 200
+    assert post(server, "/v1/classify", {"model": names["classifier"], "input": long}).status_code == 200
+    chat = post(server, "/v1/chat/completions", {"model": names["llm"], "max_tokens": 4, "messages": [
+        {"role": "user", "content": " ".join(["memory"] * 70)}]})
+    assert chat.status_code == 200, chat.text
+    ready = httpx.get(server.url + "/ready", headers=AUTH).json()
+    counted = {server.proc.pid, *(w["pid"] for w in ready["workers"]), *(d["pid"] for d in ready["decoders"])}
+    counted |= {p.pid for p in psutil.Process(server.proc.pid).children(recursive=True)
+                if "resource_tracker" in " ".join(p.cmdline())}
+    measured = sum(_hwm(pid) for pid in counted)
+    enc = {"quant": "fp32", "runtime": "onnxruntime", "batch": MAX_BATCH}
+    plan = plan_chain([Entry(str(minilm.model_dir()), enc), Entry(str(reranker_dir), enc),
+                       Entry(str(classifier_dir), enc), Entry(str(model_dir()), {"ctx": DECODER_BUNDLE_CTX})], "host")
+    planned = plan.total_bytes - plan.reserved_bytes
+    assert len(counted) == 4 and plan.fits, counted
+    assert 0.9 <= planned / measured <= 1.1, {"planned_mib": planned / 2**20, "measured_mib": measured / 2**20,
+                                              "processes": {pid: _hwm(pid) / 2**20 for pid in counted},
+                                              "plan": [(p.name, p.total_bytes / 2**20) for p in plan.processes]}
+
+
+def _hwm(pid: int) -> int:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmHWM for {pid}")
 
 
 def _metric(server: ServerProc, name: str, model: str, endpoint: str | None = None) -> float:

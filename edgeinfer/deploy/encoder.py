@@ -309,9 +309,10 @@ def deploy(
             shutil.copytree(cached_dir, work, ignore=shutil.ignore_patterns(seal.SEAL))
             manifest = bundle_mod.Bundle.open(work).manifest
             needs = outdir.requires(backend, decoder=False, text=tokenize is not None)
-            stale = manifest.requires != needs or manifest.index_limits is None  # cached by an older edgeinfer
-            if stale:  # what runs it is this installation's plugin's, not the cache's
-                manifest.requires = needs
+            plan = outdir.plan_summary(the_plan)  # this planner's: serve's start-up check adds up recorded plans
+            stale = manifest.requires != needs or manifest.index_limits is None or manifest.plan != plan
+            if stale:  # cached by an older edgeinfer: what runs and plans it is this installation's, not the cache's
+                manifest.requires, manifest.plan = needs, plan
                 if manifest.index_limits is None:
                     manifest.index_limits = onnx_index_limits([work / a for a in manifest.artifacts])
                 bundle_mod.write(work, manifest)

@@ -85,6 +85,8 @@ def weights_bytes(spec: ModelSpec, scheme: Scheme, prof: dict) -> tuple[int, det
     widened = not quantized and scheme.kind == "float" and bpw < held  # float weights the runtime holds wider
     bpw = held if widened else bpw
     emb_bits = max(bpw, emb_min) if quantized else bpw
+    if widened and spec.encoder:  # an encoder's tables only feed Gather, which takes any type: held as stored
+        emb_bits = scheme.bpw
     emb_p = spec.embedding_params
     body_p = spec.params_total - emb_p - (0 if (spec.tied_embeddings or spec.encoder) else spec.lm_head_params)
     body = body_p * bpw / 8

@@ -70,6 +70,10 @@ class OnnxRuntimeSession(Session):
 
     def _options(self, profile_prefix: str | None = None) -> Any:
         opts = _ort().SessionOptions()
+        # serve runs batches of every length: a memory pattern is traced and kept per input shape
+        # (https://onnxruntime.ai/docs/api/python/api_summary.html#onnxruntime.SessionOptions.enable_mem_pattern),
+        # which grew a MiniLM session's arena from one batch's peak to about twice it (docs/planner.md, chain)
+        opts.enable_mem_pattern = False
         if self._threads:
             opts.intra_op_num_threads = self._threads
         if profile_prefix:
