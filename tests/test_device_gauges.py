@@ -87,3 +87,41 @@ def test_every_declared_name_is_exported(tmp_path):
 
     names = {k.split("{")[0] for k in _scrape(DeviceGauges({"x": Full()}))}
     assert names == set(NAMES)
+
+
+
+def test_the_ray_router_labels_every_replicas_device_gauges_by_node_and_replica(tmp_path, monkeypatch):
+    """Two replicas on two nodes push registries with the gauges a replica registers (replicas.device_gauges:
+    the RKNN backend's own reader, pointed at recorded driver output as no RKNPU is here): the router's
+    /metrics has one family per gauge and a series per node, replica and device."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from edgeinfer.fleet.metrics import ReplicaMetrics
+    from edgeinfer.fleet.replicas import device_gauges
+    from edgeinfer.serve.metrics import Metrics
+
+    read = rknn_gauges.readings
+
+    def replica(fixture: str) -> str:
+        board = _rk3588(tmp_path / fixture, fixture)
+        monkeypatch.setattr(rknn_gauges, "readings", lambda root=board: read(root))
+        registry = Metrics().registry
+        device_gauges(registry, "rknn", lambda: {"decoder": os.getppid()})
+        return generate_latest(registry).decode()
+
+    own = Metrics()
+    own.requests.labels("/metrics", "200").inc()
+    router = ReplicaMetrics(own.registry, node="node-head")
+    router.push("bundle-a#1", replica("recorded_rknpu_load_rk3588_mixed.txt"), node="node-a")
+    router.push("bundle-b#2", replica("recorded_rknpu_load_rk3588_busy.txt"), node="node-b")
+    families = {f.name: f for f in text_string_to_metric_families(router.exposition().decode())}
+    util = {(s.labels["node"], s.labels["replica"], s.labels["device"]): s.value
+            for s in families["edgeinfer_device_utilization_ratio"].samples}
+    assert util == {**{("node-a", "bundle-a#1", f"rknn:core{i}"): v for i, v in enumerate((0.21, 0.11, 0.0))},
+                    **{("node-b", "bundle-b#2", f"rknn:core{i}"): v for i, v in enumerate((0.63, 0.65, 0.64))}}
+    rss = {(s.labels["node"], s.labels["replica"], s.labels["process"]): s.value
+           for s in families["edgeinfer_process_rss_bytes"].samples}
+    assert set(rss) == {(n, r, p) for n, r in (("node-a", "bundle-a#1"), ("node-b", "bundle-b#2"))
+                        for p in ("server", "decoder")} and min(rss.values()) > 0
+    assert [(s.labels["node"], s.labels["replica"]) for s in families["edgeinfer_requests"].samples
+            if s.name == "edgeinfer_requests_total"] == [("node-head", "router")]

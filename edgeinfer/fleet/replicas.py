@@ -5,7 +5,9 @@ seals the starting machine saw (the same bundle, not another one at that path), 
 server's own code: request parsing and encoding (edgeinfer/serve/prep.py) for embedding / tensor bundles, the
 decoder engine (one worker process with KV slots, edgeinfer/serve/decoder_engine.py) and the OpenAI generation
 answers (edgeinfer/serve/decoder_routes.py) for decoders. Each replica keeps the single-box server's Prometheus
-metrics and pushes them to the router every ``PUSH_S`` seconds (the router's ``/metrics`` merges them).
+metrics and device gauges (its backend's ``device_readings`` and the memory of its own and its worker's process)
+and pushes them to the router every ``PUSH_S`` seconds (the router's ``/metrics`` merges them, labelled by node
+and replica).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from edgeinfer.errors import InputError
 APP = "edgeinfer"  # the Serve application's name
 ROUTER = "router"  # the ingress deployment's name
 PUSH_S = 2.0
+RESEND_S = 10.0  # an unchanged registry is sent again this often, so the router (STALE_S) keeps the replica
 
 
 def error(status: int, message: str) -> tuple[int, bytes]:
@@ -52,16 +55,26 @@ def arrive(target: Any) -> Any:
     return bundle
 
 
+def device_gauges(registry: Any, backend: str, processes: Any = None) -> None:
+    """The single-box server's device gauges in a replica's registry: ``backend``'s readings of its default
+    device (Ray places a replica by resource, not by ``--devices`` entry) and the replica's process memory."""
+    from edgeinfer.serve.device_gauges import DeviceGauges, backend_readers
+
+    registry.register(DeviceGauges(backend_readers([backend], [""]), processes))
+
+
 class MetricsPush:
-    """Pushes this replica's registry to the router while it changes (the router cannot reach each replica of a
-    deployment through a handle: a handle picks one)."""
+    """Pushes this replica's registry to the router when it changes, and every ``RESEND_S`` seconds anyway (the
+    router cannot reach each replica of a deployment through a handle: a handle picks one)."""
 
     def __init__(self, registry: Any):
+        import ray
         from ray import serve
 
         self.registry = registry
         rid = serve.get_replica_context().replica_id
         self.name = f"{rid.deployment_id.name}#{rid.unique_id}"
+        self.node = ray.get_runtime_context().get_node_id()
         self.task: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -71,16 +84,16 @@ class MetricsPush:
         from prometheus_client import generate_latest
         from ray import serve
 
-        router, last = None, b""
+        router, last, sent = None, b"", 0.0
         while True:
             await asyncio.sleep(PUSH_S)
             text = generate_latest(self.registry)
-            if text == last:
+            if text == last and time.monotonic() - sent < RESEND_S:
                 continue
             try:
                 router = router or serve.get_deployment_handle(ROUTER, APP)
-                await router.push_metrics.remote(self.name, text.decode())
-                last = text
+                await router.push_metrics.remote(self.name, text.decode(), self.node)
+                last, sent = text, time.monotonic()
             except Exception:  # noqa: BLE001 - the router is (re)starting: the next round sends it again
                 router = None
 
@@ -102,6 +115,7 @@ class BundleReplica:
         self.placement = {"node_id": ray.get_runtime_context().get_node_id(), "resource": target.resource,
                           "bundle": str(bundle.path)}
         self.metrics = Metrics()
+        device_gauges(self.metrics.registry, bundle.manifest.backend)
         self.push = MetricsPush(self.metrics.registry)
         self.push.start()
 
@@ -150,6 +164,8 @@ class DecoderReplica:
                           "bundle": str(bundle.path)}
         self.started = int(time.time())
         await self.engine.start()  # Serve routes here once the decoder worker is loaded
+        device_gauges(self.metrics.registry, self.llm.backend,
+                      lambda: {"decoder": self.engine.pid} if self.engine.pid else {})
         self.push = MetricsPush(self.metrics.registry)
         self.push.start()
 

@@ -94,13 +94,15 @@ def build(found: list[Any], config: Any, low: int, highs: dict[str, int | None])
     @serve.ingress(app)
     class Router:
         def __init__(self, handles: dict[str, Any]):
+            import ray
+
             from edgeinfer.fleet.metrics import ReplicaMetrics
             from edgeinfer.serve.metrics import Metrics
 
             self.handles = handles
             self.started = int(time.time())
             self.metrics = Metrics()
-            self.merged = ReplicaMetrics(self.metrics.registry)
+            self.merged = ReplicaMetrics(self.metrics.registry, ray.get_runtime_context().get_node_id())
 
         def count(self, endpoint: str, status: int, t0: float) -> None:
             self.metrics.requests.labels(endpoint, str(status)).inc()
@@ -178,9 +180,9 @@ def build(found: list[Any], config: Any, low: int, highs: dict[str, int | None])
 
             return Response(self.merged.exposition(), media_type=CONTENT_TYPE_LATEST)
 
-        def push_metrics(self, replica: str, text: str) -> None:
-            """Called by every replica (replicas.MetricsPush) with its registry's exposition."""
-            self.merged.push(replica, text)
+        def push_metrics(self, replica: str, text: str, node: str = "") -> None:
+            """Called by every replica (replicas.MetricsPush) with its registry's exposition and its node id."""
+            self.merged.push(replica, text, node)
 
     return Router.bind(deployments(found, config, low, highs))
 
