@@ -3,9 +3,12 @@ a live /metrics of a real server (MiniLM, onnxruntime) and from the metrics modu
 
 from __future__ import annotations
 
+import json
+import re
+
 import httpx
 import pytest
-from dashboard import declared_families, metric_names, panels, queries, series_names
+from dashboard import DASHBOARD, declared_families, metric_names, panels, queries, series_names
 from prometheus_client import generate_latest
 
 from edgeinfer.serve import metrics as metrics_module
@@ -53,6 +56,18 @@ def test_dashboard_covers_the_operator_views():
               "edgeinfer_kv_slots_used", "edgeinfer_kv_slots_total", "edgeinfer_requests_total",
               "edgeinfer_request_latency_seconds_bucket", *DEVICE_GAUGES}
     assert wanted <= names, wanted - names
+
+
+def test_fleet_panels_show_every_device_gauge_per_node_and_replica():
+    """The router of `serve --ray` labels each replica's gauges with node and replica (edgeinfer/fleet/metrics.py):
+    the fleet row's panels select only Ray replicas' series and break them down by node."""
+    top = json.loads(DASHBOARD.read_text())["panels"]
+    start = next(i for i, p in enumerate(top) if p["type"] == "row" and p["title"].startswith("Fleet"))
+    fleet = [q for p in top[start + 1:] if p["type"] != "row" for q in queries(p)]
+    assert set(DEVICE_GAUGES) <= set().union(*(metric_names(q) for q in fleet))
+    for q in fleet:
+        assert 'replica=~".+#.+"' in q and re.search(r"by \((node|[^)]*, node)\b", q), q
+    assert any(re.search(r"by \([^)]*\breplica\b", q) for q in fleet)
 
 
 @pytest.mark.parametrize("panel", panels(), ids=lambda p: p["title"])
