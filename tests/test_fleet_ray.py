@@ -239,6 +239,8 @@ def _decoder_workers() -> set[int]:
 
 def test_streamed_chat_through_ray_equals_single_box_with_autoscaling_and_metrics(cluster, decoders,
                                                                                   tiny_qwen3_host_bundle, tmp_path):
+    from prometheus_client.parser import text_string_to_metric_families
+
     c, npu_node = cluster
     with ServerProc([decoders["roomy"]], "--ray", c.address, "--replicas", "auto", "--slots", str(SLOTS),
                     "--ship-bundles", log=tmp_path / "ray.log") as fleet:
@@ -270,6 +272,11 @@ def test_streamed_chat_through_ray_equals_single_box_with_autoscaling_and_metric
                    status="200") == len(PROMPTS)
     assert _metric(text, "edgeinfer_generation_tokens_total", model="tiny-qwen3-npu") == sum(t for _, t in via_ray)
     assert "bundle-tiny-qwen3-npu#" in text
+    # the replica's device gauges (edgeinfer/serve/device_gauges.py), labelled by its node and replica
+    rss = {s.labels["process"]: s.labels["replica"] for f in text_string_to_metric_families(text) for s in f.samples
+           if s.name == "edgeinfer_process_rss_bytes" and s.labels["node"] == npu_node and s.value > 0}
+    assert rss.keys() == {"server", "decoder"}, rss
+    assert all(r.startswith("bundle-tiny-qwen3-npu#") for r in rss.values()), rss
     assert rc == 128 + signal.SIGTERM, fleet.output()
     assert len(workers) >= 1, "the decoder replica's worker process was not found"
     psutil.wait_procs([psutil.Process(p) for p in workers if psutil.pid_exists(p)], timeout=30)
