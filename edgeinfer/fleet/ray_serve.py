@@ -1,4 +1,4 @@
-"""``edgeinfer serve BUNDLE... --ray auto|ADDRESS``: bundles (embedding, tensor and decoder) as Ray Serve
+"""``edgeinfer serve BUNDLE... --ray auto|ADDRESS``: bundles (embedding, scoring, tensor, decoder) as Ray Serve
 deployments behind one router (edgeinfer/fleet/router.py, edgeinfer/fleet/replicas.py).
 
 One deployment per bundle; each replica asks for the plan's share of one unit of the Ray custom resource of the

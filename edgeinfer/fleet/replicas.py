@@ -2,7 +2,7 @@
 
 A replica opens its bundle from its path, checks every file against the manifest's sha256 seals and against the
 seals the starting machine saw (the same bundle, not another one at that path), and answers with the single-box
-server's own code: request parsing and encoding (edgeinfer/serve/prep.py) for embedding / tensor bundles, the
+server's own code: request parsing and encoding (edgeinfer/serve/prep.py, scoring_prep.py) for the other bundles, the
 decoder engine (one worker process with KV slots, edgeinfer/serve/decoder_engine.py) and the OpenAI generation
 answers (edgeinfer/serve/decoder_routes.py) for decoders. Each replica keeps the single-box server's Prometheus
 metrics and pushes them to the router every ``PUSH_S`` seconds (the router's ``/metrics`` merges them).
@@ -98,7 +98,7 @@ def codec(kind: str) -> tuple[Any, Any]:
 
 
 class BundleReplica:
-    """One replica of one embedding / tensor bundle: loaded once, run per request."""
+    """One replica of one embedding / reranker / classifier / tensor bundle: loaded once, run per request."""
 
     async def __init__(self, target: Any, max_batch: int, max_inputs: int):
         import ray
