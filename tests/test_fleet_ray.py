@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers import labelled_bundle, npu_test_board
+from scoring_bundles import classifier_host_bundle, reranker_host_bundle  # noqa: F401 - fixtures
 
 from edgeinfer.testing.serve import ServerProc, free_port, minilm_bundle
 
@@ -237,14 +238,35 @@ def _decoder_workers() -> set[int]:
     return {p.pid for p in psutil.Process().children(recursive=True) if "spawn_main" in " ".join(p.cmdline())}
 
 
-def test_streamed_chat_through_ray_equals_single_box_with_autoscaling_and_metrics(cluster, decoders,
-                                                                                  tiny_qwen3_host_bundle, tmp_path):
+RERANK = {"model": "reranker", "query": "a fleet of edge boards", "top_n": 2, "return_documents": True,
+          "documents": ["one endpoint for every board", "boards at the edge of the network", "x"]}
+CLASSIFY = {"model": "classifier", "input": TEXTS}
+
+
+def _scored(url: str) -> list[dict]:
+    """A rerank (on both paths) and a classify answer, without the per-request id and time."""
+    out = []
+    for path, body in [("/v1/rerank", RERANK), ("/v2/rerank", RERANK), ("/v1/classify", CLASSIFY)]:
+        r = httpx.post(url + path, json=body, timeout=60)
+        assert r.status_code == 200, (path, r.text)
+        out.append({k: v for k, v in r.json().items() if k not in ("id", "created")})
+    return out
+
+
+def test_streamed_chat_through_ray_equals_single_box_with_autoscaling_and_metrics(
+        cluster, decoders, tiny_qwen3_host_bundle, reranker_host_bundle, classifier_host_bundle,  # noqa: F811
+        tmp_path):
+    """Also a reranker's and a classifier's answers through the router (CPU bundles, replicas anywhere)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     c, npu_node = cluster
-    with ServerProc([decoders["roomy"]], "--ray", c.address, "--replicas", "auto", "--slots", str(SLOTS),
+    scorers = [reranker_host_bundle, classifier_host_bundle]
+    with ServerProc([decoders["roomy"], *scorers], "--ray", c.address, "--replicas", "auto", "--slots", str(SLOTS),
                     "--ship-bundles", log=tmp_path / "ray.log") as fleet:
-        [model] = httpx.get(fleet.url + "/v1/models", timeout=30).json()["data"]
+        models = {m["id"]: m for m in httpx.get(fleet.url + "/v1/models", timeout=30).json()["data"]}
+        model = models["tiny-qwen3-npu"]
+        scored_via_ray = _scored(fleet.url)
+        wrong = httpx.post(fleet.url + "/v1/rerank", json={**RERANK, "model": "classifier"}, timeout=30)
         assert model["id"] == "tiny-qwen3-npu"
         placed = model["placement"]
         assert placed["node_id"] == npu_node and placed["resource"] == "intel_npu"
@@ -261,9 +283,16 @@ def test_streamed_chat_through_ray_equals_single_box_with_autoscaling_and_metric
             time.sleep(0.5)
         workers = _decoder_workers()
         rc = fleet.terminate()
-    with ServerProc([tiny_qwen3_host_bundle], "--slots", str(SLOTS), log=tmp_path / "box.log") as box:
+    with ServerProc([tiny_qwen3_host_bundle, *scorers], "--slots", str(SLOTS), log=tmp_path / "box.log") as box:
         single = [_stream(box.url, "tiny-qwen3-host", p) for p in PROMPTS]
+        scored_single = _scored(box.url)
     assert via_ray == single and all(tokens > 0 for _, tokens in single), (via_ray, single)
+    assert scored_via_ray == scored_single, (scored_via_ray, scored_single)
+    results = scored_single[0]["results"]  # top_n 2 of 3, best first, each with its document
+    assert len(results) == 2 and results[0]["relevance_score"] >= results[1]["relevance_score"], results
+    assert all(r["document"]["text"] == RERANK["documents"][r["index"]] for r in results), results
+    assert len(scored_single[2]["data"]) == len(TEXTS)
+    assert wrong.status_code == 404 and "reranker" in wrong.json()["error"]["message"], wrong.text
     # auto: from 1 up to what the node holds: its 2 intel_npu units hold many fractional replicas (the plan's
     # share), its one CPU two replicas of 0.5 CPU; a decoder replica's target is its KV slots
     assert scaling["min_replicas"] == 1 and scaling["max_replicas"] == 2, scaling
@@ -282,7 +311,8 @@ def test_streamed_chat_through_ray_equals_single_box_with_autoscaling_and_metric
     psutil.wait_procs([psutil.Process(p) for p in workers if psutil.pid_exists(p)], timeout=30)
     assert not [p for p in workers if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert {f.name for f in shipped.rglob("*")} >= {"manifest.json", "model.onnx"}
-    shutil.rmtree(shipped.parent)
+    for m in models.values():
+        shutil.rmtree(Path(m["placement"]["bundle"]).parent, ignore_errors=True)
 
 
 def _refused(*args: str) -> subprocess.CompletedProcess:

@@ -1,4 +1,4 @@
-"""``edgeinfer serve BUNDLE... --ray auto|ADDRESS``: bundles (embedding, tensor and decoder) as Ray Serve
+"""``edgeinfer serve BUNDLE... --ray auto|ADDRESS``: bundles (embedding, scoring, tensor, decoder) as Ray Serve
 deployments behind one router (edgeinfer/fleet/router.py, edgeinfer/fleet/replicas.py).
 
 One deployment per bundle; each replica asks for the plan's share of one unit of the Ray custom resource of the
@@ -35,6 +35,7 @@ class BundleTarget:
     plan: Any = None  # edgeinfer.planning.fleet.Placement of a decoder bundle on its board; None: not planned
     store: str = ""  # the bundle store actor (edgeinfer/fleet/transport.py) for nodes without the path
     ship: bool = False  # always fetch through the object store (--ship-bundles)
+    task: str | None = None  # "rerank" / "classify": a scoring bundle (its manifest's task section)
 
 
 @dataclass
@@ -102,8 +103,10 @@ def target(path: Path, config: ServeConfig) -> BundleTarget:
         open_served_decoder(bundle.path, bundle, config.ctx)  # a --ctx beyond the bundle's is refused here
     plan = replica_plan(bundle, resource, config.slots, config.ctx)
     check_fits(name, plan)
-    embeds = bundle.manifest.text is not None and bundle.manifest.task is None  # rerankers: /v1/infer on Ray
-    return BundleTarget(name, str(bundle.path.resolve()), resource, bundle.manifest.files, embeds, decoder, plan)
+    task = bundle.manifest.task.kind if bundle.manifest.task is not None else None
+    embeds = bundle.manifest.text is not None and task is None
+    return BundleTarget(name, str(bundle.path.resolve()), resource, bundle.manifest.files, embeds, decoder, plan,
+                        task=task)
 
 
 def targets(paths: list[Path], config: ServeConfig) -> list[BundleTarget]:

@@ -2,7 +2,7 @@
 
 A replica opens its bundle from its path, checks every file against the manifest's sha256 seals and against the
 seals the starting machine saw (the same bundle, not another one at that path), and answers with the single-box
-server's own code: request parsing and encoding (edgeinfer/serve/prep.py) for embedding / tensor bundles, the
+server's own code: request parsing and encoding (edgeinfer/serve/prep.py, scoring_prep.py) for the other bundles, the
 decoder engine (one worker process with KV slots, edgeinfer/serve/decoder_engine.py) and the OpenAI generation
 answers (edgeinfer/serve/decoder_routes.py) for decoders. Each replica keeps the single-box server's Prometheus
 metrics and device gauges (its backend's ``device_readings`` and the memory of its own and its worker's process)
@@ -98,8 +98,20 @@ class MetricsPush:
                 router = None
 
 
+def codec(kind: str) -> tuple[Any, Any]:
+    """The single-box server's (prepare, encode) for a request ``kind``: embed, infer, rerank or classify."""
+    from edgeinfer.serve import prep, scoring_prep
+
+    return {"embed": (prep.prepare_embeddings, lambda p, out: prep.encode_embeddings(p, out["embedding"])),
+            "infer": (prep.prepare_infer,
+                      lambda p, out: prep.encode_infer(p.id or f"ray-{time.time_ns()}", p.model, out)),
+            "rerank": (scoring_prep.prepare_rerank, lambda p, out: scoring_prep.encode_rerank(p, out["logits"])),
+            "classify": (scoring_prep.prepare_classify,
+                         lambda p, out: scoring_prep.encode_classify(p, out["logits"]))}[kind]
+
+
 class BundleReplica:
-    """One replica of one embedding / tensor bundle: loaded once, run per request."""
+    """One replica of one embedding / reranker / classifier / tensor bundle: loaded once, run per request."""
 
     async def __init__(self, target: Any, max_batch: int, max_inputs: int):
         import ray
@@ -120,22 +132,22 @@ class BundleReplica:
         self.push.start()
 
     def run(self, kind: str, body: bytes, content_type: str) -> tuple[int, bytes]:
-        from edgeinfer.serve.prep import ApiError, encode_embeddings, encode_infer, prepare_embeddings, prepare_infer
+        """``kind``: embed, infer, rerank or classify, read and answered as the single-box server does
+        (edgeinfer/serve/prep.py, scoring_prep.py)."""
+        from edgeinfer.serve.prep import ApiError
         from edgeinfer.serve.workers import run_batch
 
+        prepare, encode = codec(kind)
         try:
-            prepare = prepare_embeddings if kind == "embed" else prepare_infer
             p = prepare(self.models, body, content_type, self.max_inputs)
             t0 = time.perf_counter()
-            [(status, out)] = run_batch(self.bundle, self.session, kind, p.feeds, [p.rows], self.max_batch)
+            [(status, out)] = run_batch(self.bundle, self.session, p.kind, p.feeds, [p.rows], self.max_batch)
             self.metrics.observe("batch", model=self.name, rows=p.rows, requests=1)
             self.metrics.observe("batch_done", model=self.name, seconds=time.perf_counter() - t0)
             if status != "ok":
                 self.metrics.observe("batch_error", model=self.name)
                 return error(500, out)
-            if kind == "embed":
-                return 200, encode_embeddings(p, out["embedding"])
-            return 200, encode_infer(p.id or f"ray-{time.time_ns()}", p.model, out)
+            return 200, encode(p, out)
         except ApiError as e:
             return error(e.status, e.message)
 

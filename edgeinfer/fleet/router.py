@@ -84,7 +84,10 @@ def build(found: list[Any], config: Any, low: int, highs: dict[str, int | None])
         guard(app, config.api_key.encode())
     names = [t.name for t in found]
     decoders = {t.name for t in found if t.decoder}
-    embedders = {t.name for t in found if t.embeds}
+    # the bundles each replica ``run`` kind takes (edgeinfer/fleet/replicas.py); "infer": any but a decoder
+    among_of = {"embed": {t.name for t in found if t.embeds}, "infer": {t.name for t in found if not t.decoder},
+                "rerank": {t.name for t in found if t.task == "rerank"},
+                "classify": {t.name for t in found if t.task == "classify"}}
 
     def pick(body: bytes, among: set[str]) -> str | None:
         name = _model_name(body)
@@ -113,9 +116,9 @@ def build(found: list[Any], config: Any, low: int, highs: dict[str, int | None])
 
         async def forward(self, request: Request, kind: str, endpoint: str) -> Response:
             t0, body = time.perf_counter(), await request.body()
-            name = pick(body, embedders if kind == "embed" else set(names) - decoders)
+            name = pick(body, among_of[kind])
             if name is None:
-                status, data = self.missing(embedders if kind == "embed" else set(names) - decoders)
+                status, data = self.missing(among_of[kind])
             else:
                 try:
                     status, data = await self.handles[name].run.remote(kind, body,
@@ -149,6 +152,15 @@ def build(found: list[Any], config: Any, low: int, highs: dict[str, int | None])
         @app.post("/v1/embeddings")
         async def embeddings(self, request: Request) -> Response:
             return await self.forward(request, "embed", "/v1/embeddings")
+
+        @app.post("/v1/rerank")
+        @app.post("/v2/rerank")
+        async def rerank(self, request: Request) -> Response:
+            return await self.forward(request, "rerank", request.url.path)
+
+        @app.post("/v1/classify")
+        async def classify(self, request: Request) -> Response:
+            return await self.forward(request, "classify", "/v1/classify")
 
         @app.post("/v1/infer")
         async def infer(self, request: Request) -> Response:
