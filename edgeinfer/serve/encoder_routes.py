@@ -93,6 +93,13 @@ def add_routes(app: FastAPI, batcher: Batcher, offload: Offload, config: ServeCo
             observe("model_request", model=p.model, endpoint=endpoint)
         return Response(data, media_type="application/json")
 
+    async def scored(request: Request, prepare, encode, endpoint: str) -> Response:
+        """A reranker's or classifier's request: its logits from the batcher, turned into the endpoint's answer."""
+        deadline = time.monotonic() + config.timeout_s
+        p = await read(request, prepare, deadline)
+        logits = (await submit(p, deadline))["logits"]
+        return answer(encode(p, logits), p, endpoint)
+
     @app.post("/v1/embeddings", response_model=EmbeddingResponse, responses=ERRORS, tags=["inference"],
               openapi_extra=request_body(EmbeddingRequest))
     async def embeddings(request: Request):
@@ -110,19 +117,13 @@ def add_routes(app: FastAPI, batcher: Batcher, offload: Offload, config: ServeCo
     async def rerank(request: Request):
         """Score documents against a query with a reranker (cross-encoder); results best first (Cohere / Jina
         rerank API; /v2/rerank is where Cohere's current client posts)."""
-        deadline = time.monotonic() + config.timeout_s
-        p = await read(request, prepare_rerank, deadline)
-        logits = (await submit(p, deadline))["logits"]
-        return answer(encode_rerank(p, logits), p, request.url.path)
+        return await scored(request, prepare_rerank, encode_rerank, request.url.path)
 
     @app.post("/v1/classify", response_model=ClassifyResponse, responses=ERRORS, tags=["inference"],
               openapi_extra=request_body(ClassifyRequest))
     async def classify(request: Request):
         """Label one string or a list of strings with a classifier (vLLM's classification API)."""
-        deadline = time.monotonic() + config.timeout_s
-        p = await read(request, prepare_classify, deadline)
-        logits = (await submit(p, deadline))["logits"]
-        return answer(encode_classify(p, logits), p, "/v1/classify")
+        return await scored(request, prepare_classify, encode_classify, "/v1/classify")
 
     @app.post("/v1/infer", response_model=InferResponse, responses=ERRORS, tags=["inference"],
               openapi_extra=request_body(InferRequest))

@@ -95,12 +95,17 @@ def prepare_classify(models: Models, body: bytes, content_type: str, max_inputs:
                     answer={"task": m.bundle.manifest.task})
 
 
-def encode_rerank(p: Prepared, logits: np.ndarray) -> bytes:
+def _scores(p: Prepared, logits: np.ndarray, read_out):
+    """``read_out(task, logits)`` for a checked batch; a manifest that disagrees with the logits is a 500."""
     check_finite(p.model, {"logits": logits})
     try:
-        scores = scoring.relevance(p.answer["task"], logits)
+        return read_out(p.answer["task"], logits)
     except EdgeInferError as e:
         raise ApiError(500, e.one_line()) from None
+
+
+def encode_rerank(p: Prepared, logits: np.ndarray) -> bytes:
+    scores = _scores(p, logits, scoring.relevance)
     docs = p.answer["documents"]
     results = [{"index": i, "relevance_score": s, **({"document": {"text": docs[i]}} if docs is not None else {})}
                for i, s in scoring.ranked(scores, p.answer["top_n"])]
@@ -109,11 +114,7 @@ def encode_rerank(p: Prepared, logits: np.ndarray) -> bytes:
 
 
 def encode_classify(p: Prepared, logits: np.ndarray) -> bytes:
-    check_finite(p.model, {"logits": logits})
-    try:
-        rows = scoring.labelled(p.answer["task"], logits)
-    except EdgeInferError as e:
-        raise ApiError(500, e.one_line()) from None
+    rows = _scores(p, logits, scoring.labelled)
     data = [{"index": i, "label": r["label"], "probs": [s["score"] for s in r["scores"]],
              "num_classes": len(r["scores"])} for i, r in enumerate(rows)]
     return dumps({"id": f"classify-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
