@@ -9,6 +9,22 @@ its own (no dynamic batching across requests); the single-box server batches.
     python bench/fleet.py [--seconds 5] [--clients 1,8,32]
 
 Writes bench/results/fleet.json and prints a summary.
+
+``--decoder``: the committed tiny-qwen3 deployed for board host (onnxruntime fp32, ctx 256) behind
+``edgeinfer serve`` and ``edgeinfer serve --ray auto --replicas 1`` (same ``--slots``, ``--threads 1``), both
+running, measured in turns (box, Ray, box, Ray, ... ``--rounds``): greedy streamed chats (``ignore_eos``,
+``--max-tokens`` each) at 1 and a few concurrent streams; TTFT p50/p99 (send → first content) and TPOT
+(mean time between a stream's tokens after its first), and Ray's added latency as the differences at 1
+stream. Writes bench/results/fleet_decoder.json.
+
+``--autoscale``: the same bundle under ``serve --ray auto --replicas auto --max-replicas M --slots 1`` with
+the autoscaler's timing shortened (EDGEINFER_RAY_AUTOSCALING, ``--timing``): ``--load-clients`` stream chats back
+to back for ``--load-s`` seconds, then stop; the replica count (the server's Serve replica processes) is
+sampled every 0.25 s until it is back at 1 (at most ``--idle-s``). Writes bench/results/fleet_autoscale.json
+with the count over time, the times to reach M and back to 1, and the requests sent / answered / failed.
+
+    python bench/fleet.py --decoder [--streams 1,4] [--requests 8] [--max-tokens 48] [--rounds 2]
+    python bench/fleet.py --autoscale [--max-replicas 2] [--load-clients 4] [--load-s 20]
 """
 
 from __future__ import annotations
@@ -32,7 +48,24 @@ def main() -> None:
     ap.add_argument("--max-requests", type=int, default=5000, help="most requests per level")
     ap.add_argument("--clients", default="1,8,32")
     ap.add_argument("--replicas", type=int, default=2)
+    ap.add_argument("--decoder", action="store_true", help="streamed chat, tiny decoder: Ray vs one box")
+    ap.add_argument("--streams", default="1,4", help="--decoder: concurrent streams per level")
+    ap.add_argument("--requests", type=int, default=8, help="--decoder: streams per level and round")
+    ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--rounds", type=int, default=2, help="--decoder: box / Ray turns per level")
+    ap.add_argument("--autoscale", action="store_true", help="the autoscaling round trip, replicas over time")
+    ap.add_argument("--max-replicas", type=int, default=2)
+    ap.add_argument("--load-clients", type=int, default=4, help="--autoscale: clients during the load")
+    ap.add_argument("--load-s", type=float, default=20.0)
+    ap.add_argument("--idle-s", type=float, default=60.0)
+    ap.add_argument("--timing", default='{"upscale_delay_s": 1, "downscale_delay_s": 3, "look_back_period_s": 2, '
+                                       '"metrics_interval_s": 0.5}', help="--autoscale: EDGEINFER_RAY_AUTOSCALING")
     args = ap.parse_args()
+    if args.decoder or args.autoscale:
+        from _fleet_decoder import autoscale, decoder
+
+        (decoder if args.decoder else autoscale)(args)
+        return
     levels = [int(c) for c in args.clients.split(",")]
 
     from edgeinfer.testing import minilm

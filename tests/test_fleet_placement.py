@@ -103,3 +103,30 @@ def test_dry_run_without_ray_is_refused_one_line(tiny_qwen3_host_bundle):
     proc = cli("serve", str(tiny_qwen3_host_bundle), "--dry-run")
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith("error: --dry-run shows the placement of --ray"), proc.stderr
+
+
+def test_the_autoscalers_timing_is_settable_from_the_environment(monkeypatch, tiny_qwen3_host_bundle):
+    """EDGEINFER_RAY_AUTOSCALING overrides Serve's autoscaler timing (edgeinfer/fleet/router.py); anything but a
+    JSON object of seconds >= 0 under the timing keys is refused before anything starts (exit 2, one line)."""
+    from edgeinfer.errors import InputError
+    from edgeinfer.fleet.router import AUTOSCALING_ENV, scaling
+
+    monkeypatch.delenv(AUTOSCALING_ENV, raising=False)
+    plain = scaling(1, 2, SLOTS)["autoscaling_config"]
+    assert (plain["upscale_delay_s"], plain["downscale_delay_s"]) == (10.0, 120.0)
+    assert "look_back_period_s" not in plain  # Serve's own default
+    monkeypatch.setenv(AUTOSCALING_ENV, '{"downscale_delay_s": 3, "look_back_period_s": 0.5}')
+    timed = scaling(1, 2, SLOTS)["autoscaling_config"]
+    assert timed == {**plain, "downscale_delay_s": 3.0, "look_back_period_s": 0.5}
+    assert scaling(2, None, SLOTS) == {"num_replicas": 2}  # fixed replicas: no autoscaler to time
+    monkeypatch.setenv(AUTOSCALING_ENV, '{"upscale_delay_s": 0}')
+    assert scaling(1, 2, SLOTS)["autoscaling_config"]["upscale_delay_s"] == 0
+    for bad in ('{"min_replicas": 5}', '{"upscale_delay_s": -1}', '{"upscale_delay_s": true}',
+                '{"look_back_period_s": 0}', "[1]", "10"):
+        monkeypatch.setenv(AUTOSCALING_ENV, bad)
+        with pytest.raises(InputError, match=AUTOSCALING_ENV):
+            scaling(1, 2, SLOTS)
+    proc = cli("serve", str(tiny_qwen3_host_bundle), "--ray", "auto", "--replicas", "auto", "--dry-run")
+    assert proc.returncode == 2 and proc.stderr.startswith(f"error: {AUTOSCALING_ENV}='10' is not a JSON object"), \
+        proc.stderr
+    assert proc.stderr.count("\n") == 1, proc.stderr

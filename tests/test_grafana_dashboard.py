@@ -11,6 +11,7 @@ import pytest
 from dashboard import DASHBOARD, declared_families, metric_names, panels, queries, series_names
 from prometheus_client import generate_latest
 
+from edgeinfer.fleet.health import FleetState
 from edgeinfer.serve import metrics as metrics_module
 from edgeinfer.serve.device_gauges import NAMES as DEVICE_GAUGES
 from edgeinfer.testing.serve import ServerProc, minilm_bundle
@@ -31,7 +32,22 @@ def live_families(minilm_onnx, tmp_path_factory) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def exported(live_families) -> set[str]:
     registered = declared_families(generate_latest(metrics_module.Metrics().registry).decode())
-    return series_names({**live_families, **registered})
+    return series_names({**live_families, **registered, **fleet_families()})
+
+
+def fleet_families() -> dict[str, str]:
+    """What the router of `serve --ray` adds about the fleet itself, from its collector with one node, unit,
+    replica and refusal filled in (no Ray needed)."""
+    from prometheus_client import CollectorRegistry
+
+    state = FleetState("edgeinfer")
+    state.nodes = [{"node": "n1", "address": "10.0.0.2", "alive": True}]
+    state.units = {"rk3588_npu": 1.0}
+    state.replicas = {"bundle-m": {"RUNNING": 1}}
+    state.refused("m", "n1", "10.0.0.2", "sha256 mismatch")
+    registry = CollectorRegistry()
+    registry.register(state)
+    return declared_families(generate_latest(registry).decode())
 
 
 def test_metric_name_extraction():
@@ -64,10 +80,21 @@ def test_fleet_panels_show_every_device_gauge_per_node_and_replica():
     top = json.loads(DASHBOARD.read_text())["panels"]
     start = next(i for i, p in enumerate(top) if p["type"] == "row" and p["title"].startswith("Fleet"))
     fleet = [q for p in top[start + 1:] if p["type"] != "row" for q in queries(p)]
-    assert set(DEVICE_GAUGES) <= set().union(*(metric_names(q) for q in fleet))
-    for q in fleet:
+    gauges = [q for q in fleet if "edgeinfer_fleet_" not in q]
+    assert set(DEVICE_GAUGES) <= set().union(*(metric_names(q) for q in gauges))
+    for q in gauges:
         assert 'replica=~".+#.+"' in q and re.search(r"by \((node|[^)]*, node)\b", q), q
-    assert any(re.search(r"by \([^)]*\breplica\b", q) for q in fleet)
+    assert any(re.search(r"by \([^)]*\breplica\b", q) for q in gauges)
+
+
+def test_fleet_panels_show_nodes_units_replicas_and_refusals():
+    """The router's fleet collector (edgeinfer/fleet/health.py): what a lost node, a replica Serve cannot place
+    and a refused bundle copy look like on the dashboard."""
+    top = json.loads(DASHBOARD.read_text())["panels"]
+    start = next(i for i, p in enumerate(top) if p["type"] == "row" and p["title"].startswith("Fleet"))
+    names = set().union(*(metric_names(q) for p in top[start + 1:] if p["type"] != "row" for q in queries(p)))
+    assert {"edgeinfer_fleet_node_up", "edgeinfer_fleet_resource_units", "edgeinfer_fleet_replicas",
+            "edgeinfer_fleet_bundle_refusals_total"} <= names
 
 
 @pytest.mark.parametrize("panel", panels(), ids=lambda p: p["title"])

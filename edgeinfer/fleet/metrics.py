@@ -38,7 +38,8 @@ class ReplicaMetrics:
 
         def add(family: Any, replica: str, node: str) -> None:
             out = merged.setdefault(family.name, Metric(family.name, family.documentation, family.type))
-            out.samples += [Sample(s.name, {**s.labels, "node": node, "replica": replica}, s.value, s.timestamp)
+            # a sample about another node (the router's fleet gauges, edgeinfer/fleet/health.py) keeps its own
+            out.samples += [Sample(s.name, {"node": node, **s.labels, "replica": replica}, s.value, s.timestamp)
                             for s in family.samples]
 
         for family in self.own.collect():

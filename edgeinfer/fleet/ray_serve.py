@@ -123,6 +123,7 @@ def targets(paths: list[Path], config: ServeConfig) -> list[BundleTarget]:
 def check_resources(found: list[BundleTarget], replicas: int, cluster: dict[str, float], where: str) -> None:
     """Refuse, in one line, a deployment whose replicas ask for more of a resource than the cluster has."""
     from edgeinfer.fleet.fit import share
+    from edgeinfer.fleet.health import accelerator
 
     need: dict[str, float] = {}
     for t in found:
@@ -132,8 +133,7 @@ def check_resources(found: list[BundleTarget], replicas: int, cluster: dict[str,
         have = cluster.get(resource, 0)
         if have < count - 1e-9:
             users = ", ".join(t.name for t in found if t.resource == resource)
-            offered = ", ".join(sorted(k for k in cluster if "_" in k and not k.startswith(("node:", "memory",
-                                                                                            "object_store"))))
+            offered = ", ".join(sorted(k for k in cluster if accelerator(k)))
             raise BackendUnavailableError(
                 f"{users} needs {count:g} × Ray resource {resource!r} ({replicas} replica(s) each), the cluster at "
                 f"{where} has {have:g} (accelerators offered: {offered or 'none'})",
@@ -249,7 +249,9 @@ def connect(address: str) -> bool:
         from edgeinfer.fleet.resources import node_resources
 
         node = node_resources()
-        ray.init(resources=node.resources, labels=node.labels, include_dashboard=False,
+        # "local": a new instance even where a `ray start` cluster wrote /tmp/ray/ray_current_cluster, which
+        # ray.init() without an address would join (https://docs.ray.io/en/latest/ray-core/api/doc/ray.init.html)
+        ray.init(address="local", resources=node.resources, labels=node.labels, include_dashboard=False,
                  object_store_memory=AUTO_OBJECT_STORE_BYTES, log_to_driver=False)
         return True
     reach(address)
@@ -264,8 +266,11 @@ def connect(address: str) -> bool:
 
 def check_options(config: ServeConfig) -> None:
     """Options of the single-box server that the Ray path does not honour are refused, not ignored."""
+    from edgeinfer.fleet.router import timing
+
     if config.devices:
         raise InputError("--devices does not go with --ray: Ray places replicas by accelerator (--replicas N)")
+    timing()  # a bad EDGEINFER_RAY_AUTOSCALING is refused before anything starts
 
 
 def describe(scale: Scale, highs: dict[str, int | None]) -> str:

@@ -33,26 +33,58 @@ def error(status: int, message: str) -> tuple[int, bytes]:
     return status, json.dumps(body).encode()
 
 
-def arrive(target: Any) -> Any:
+async def arrive(target: Any) -> Any:
     """The bundle at ``target.path`` on this node, or (not there, or ``--ship-bundles``) fetched through Ray's
-    object store (edgeinfer/fleet/transport.py); every file checked; an InputError when it is not the one the
-    command was started with."""
+    object store (edgeinfer/fleet/transport.py); every file checked. A copy that fails (a file changed, or not
+    the bundle the command was started with) is refused: reported to the router (``refused``), a fetched copy
+    deleted so that the next replica here fetches it again, and an InputError raised (the replica does not start,
+    Serve starts another)."""
     from pathlib import Path
-
-    import ray
 
     from edgeinfer.model.bundle import Bundle
 
-    path = target.path
-    if target.ship or not Path(path).is_dir():
+    path, fetched = target.path, target.ship or not Path(target.path).is_dir()
+    if fetched:
         from edgeinfer.fleet.transport import fetch
 
         path = str(fetch(target.store, target.name, target.files))
-    bundle = Bundle.open(path, verify="full")  # every file against the manifest's sha256
-    if bundle.manifest.files != target.files:
-        raise InputError(f"bundle {path} on node {ray.get_runtime_context().get_node_id()} is not the "
-                         "one `edgeinfer serve` was started with (its seals differ); copy the same bundle there")
+    try:
+        bundle = Bundle.open(path, verify="full")  # every file against the manifest's sha256
+        if bundle.manifest.files != target.files:
+            raise InputError(f"bundle {path} is not the one `edgeinfer serve` was started with (its seals differ); "
+                             "copy the same bundle there")
+    except InputError as e:
+        await refuse(target.name, path if fetched else None, str(e))
+        raise
     return bundle
+
+
+async def refuse(name: str, copy: str | None, reason: str, timeout_s: float = 30.0) -> None:
+    """Tell the router that this node refused its copy of bundle ``name`` (one line in its log, a counter on its
+    /metrics), and delete ``copy`` (a fetched one, never the operator's path). Serve deploys the router and the
+    bundle replicas at once, so a replica that refuses at start may find no router yet: it asks again every
+    0.5 s, for ``timeout_s`` at most."""
+    import shutil
+
+    import ray
+    from ray import serve
+
+    if copy is not None:
+        shutil.rmtree(copy, ignore_errors=True)
+    ctx = ray.get_runtime_context()
+    address = ray.util.get_node_ip_address()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        try:
+            router = serve.get_deployment_handle(ROUTER, APP)
+            await asyncio.wait_for(router.refused.remote(name, ctx.get_node_id(), address, reason),
+                                   max(deadline - loop.time(), 0.1))
+            return
+        except Exception:  # noqa: BLE001 - no router (yet): ask again until the deadline
+            if loop.time() >= deadline:  # the refusal still shows in `serve status` and this replica's log
+                return
+            await asyncio.sleep(0.5)
 
 
 def device_gauges(registry: Any, backend: str, processes: Any = None) -> None:
@@ -120,7 +152,7 @@ class BundleReplica:
         from edgeinfer.serve.metrics import Metrics
         from edgeinfer.serve.prep import ServedModel
 
-        bundle = arrive(target)
+        bundle = await arrive(target)
         self.models = {target.name: ServedModel(target.name, bundle)}
         self.name, self.bundle, self.max_batch, self.max_inputs = target.name, bundle, max_batch, max_inputs
         self.session = run_bundle.open_session(bundle)
@@ -155,6 +187,15 @@ class BundleReplica:
         return {**next(iter(self.models.values())).to_json(created), "placement": self.placement}
 
 
+async def opening(chunks: AsyncIterator[bytes], n: int) -> AsyncIterator[bytes]:
+    """The first ``n`` chunks of ``chunks`` (fewer if it ends), leaving the rest to be read."""
+    for _ in range(n):
+        try:
+            yield await chunks.__anext__()
+        except StopAsyncIteration:
+            return
+
+
 class DecoderReplica:
     """One replica of one decoder bundle: the single-box server's decoder engine (one worker process holding
     ``slots`` KV slots) and its OpenAI answers, streamed back through Ray as they are produced."""
@@ -165,7 +206,7 @@ class DecoderReplica:
         from edgeinfer.serve.decoder_engine import Engine, open_served_decoder
         from edgeinfer.serve.metrics import Metrics
 
-        bundle = arrive(target)
+        bundle = await arrive(target)
         self.llm = open_served_decoder(bundle.path, bundle, config.ctx)
         self.metrics = Metrics()
         self.engine = Engine(self.llm, config.slots, config.max_queue, config.prefill_chunk,
@@ -196,8 +237,15 @@ class DecoderReplica:
             yield status, "application/json", data
             return
         if isinstance(answer, StreamingResponse):
+            chunks = answer.body_iterator
+            # held back until the sequence has produced something (chat opens with its role chunk before it
+            # runs): a replica lost while the request waits in its queue has then sent the router nothing,
+            # and the router sends the request to another replica (edgeinfer/fleet/router.py, ``opened``)
+            held = [chunk async for chunk in opening(chunks, 2 if chat else 1)]
             yield 200, answer.media_type, None
-            async for chunk in answer.body_iterator:
+            for chunk in held:
+                yield chunk
+            async for chunk in chunks:
                 yield chunk
         else:
             yield answer.status_code, "application/json", bytes(answer.body)
