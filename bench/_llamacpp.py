@@ -18,6 +18,8 @@ from pathlib import Path
 
 import _peer
 from edgeinfer_llamacpp.convert import cached_scheme, source_tree, version
+from edgeinfer_llamacpp.decoder import amx_build
+from edgeinfer_llamacpp.decoder import init_backend as lib
 
 from edgeinfer.contract import cache
 
@@ -75,4 +77,5 @@ def server_command(bins: dict[str, Path], model: Path, port: int, parallel: int,
     every round, whose KV llama-server would otherwise reuse (and keep in RAM)."""
     return [str(bins["llama-server"]), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
             "--parallel", str(parallel), "-c", str(ctx * parallel), "--threads", str(threads),
-            "--threads-batch", str(threads), "--no-webui", "--no-cache-prompt", "--cache-ram", "0"]
+            "--threads-batch", str(threads), "--no-webui", "--no-cache-prompt", "--cache-ram", "0",
+            *(["--no-repack"] if amx_build(lib()) else [])]  # as the plugin does (edgeinfer_llamacpp.decoder)

@@ -3,7 +3,7 @@
 
 For each (board, quant) below the model is deployed once (``deploy_decoder``; conversions are cached), then
 ``edgeinfer serve BUNDLE --slots SLOTS --ctx CTX --threads 2`` answers ``ROUNDS`` rounds of ``SLOTS`` concurrent
-streaming ``/v1/completions`` (``PROMPT`` prompt tokens, ``NEW`` new tokens, greedy). Measured, Linux /proc:
+streaming ``/v1/completions`` (``PROMPT`` words a prompt, ``--prompt-words``; ``NEW`` new tokens, greedy). Measured:
   tree_peak_bytes   Σ VmHWM over the serve process and its workers (each process's own peak; the HTTP
                     process peaks at start, the worker while loading or generating: an upper bound of the
                     tree's simultaneous peak, and what a board must have room for)
@@ -93,7 +93,7 @@ def prompt_of(tokens: int, i: int) -> str:
     return " ".join(words[(i + k) % len(words)] for k in range(tokens))
 
 
-def measure(model: Path, board: str, quant: str, work: Path) -> dict:
+def measure(model: Path, board: str, quant: str, work: Path, words: int = PROMPT) -> dict:
     import httpx
 
     from edgeinfer.deploy.decoder import deploy_decoder
@@ -110,7 +110,7 @@ def measure(model: Path, board: str, quant: str, work: Path) -> dict:
         tokens = 0
         for r in range(ROUNDS):
             with concurrent.futures.ThreadPoolExecutor(SLOTS) as pool:
-                tokens += sum(pool.map(lambda i: stream_one(s.url, out.name, prompt_of(PROMPT, i + r)),
+                tokens += sum(pool.map(lambda i: stream_one(s.url, out.name, prompt_of(words, i + r)),
                                        range(SLOTS)))
         sampler.stop.set()
         sampler.join()
@@ -123,7 +123,7 @@ def measure(model: Path, board: str, quant: str, work: Path) -> dict:
     row = {"model": model.name, "board": board, "backend": m.backend, "scheme": m.scheme,
            "runtime": m.decoder.get("runtime"), "ctx": CTX, "slots": SLOTS, "sse_events": tokens,
            "measured_on": "this machine's CPU" + ("" if board == "host" else f" (planned for {board}'s device)"),
-           "model_path": str(model), "kv_dtype_plan": kv_dtype,
+           "model_path": str(model), "kv_dtype_plan": kv_dtype, "prompt_words": words,
            "ready": {k: v for k, v in ready.items() if k in ("models", "decoders")} or ready,
            "main_peak_bytes": peaks[s.proc.pid],
            "processes": roles, "tree_peak_bytes": measured, "tree_rss_max_bytes": sampler.peak}
@@ -261,6 +261,9 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true", help="the committed tiny test decoder (seconds, not minutes)")
     ap.add_argument("--boards", nargs="*", default=list(DEFAULT), metavar="BOARD:QUANT")
     ap.add_argument("--label", default="", help="a name for this run in the results (e.g. before / after)")
+    ap.add_argument("--prompt-words", type=int, default=PROMPT, help="words per prompt (~1.8 tokens each on the "
+                    "random Qwen3's tokenizer; 240: ~432 tokens + 64 new fill most of the 512-position context, "
+                    "the KV cache and prefill the plan budgets)")
     ap.add_argument("--rescore", type=Path, help="recompute the plan figures of a results file (after a change "
                                                  "of the planner's constants) and write it back")
     ap.add_argument("--chain", action="store_true", help="one serve carrying an embedding bundle, a classifier "
@@ -286,9 +289,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for spec in args.boards:
             board, _, quant = spec.partition(":")
-            rows.append(measure(model, board, quant, Path(tmp)))
+            rows.append(measure(model, board, quant, Path(tmp), args.prompt_words))
     name = "serve_footprint" + (f"-{args.label}" if args.label else "")
-    _common.write(name, {"ctx": CTX, "slots": SLOTS, "rounds": ROUNDS, "prompt_tokens": PROMPT, "new_tokens": NEW,
+    _common.write(name, {"ctx": CTX, "slots": SLOTS, "rounds": ROUNDS, "prompt_words": args.prompt_words,
+                         "new_tokens": NEW,
                          "unit": "bytes", "rows": rows})
 
 

@@ -117,3 +117,11 @@ def check_text(text: str, what: str) -> str:
         raise InputError(f"{what} holds a lone UTF-16 surrogate (U+{ch:04X} at character {e.start})",
                          "give valid Unicode text") from None
     return text
+
+
+def one_line(e: BaseException) -> str:
+    """Any exception as one line of at most 500 characters (a worker's ``fatal`` message); ours say what to do."""
+    if isinstance(e, EdgeInferError):
+        return e.one_line()
+    text = " ".join(str(e).split()) or type(e).__name__
+    return f"{type(e).__name__}: {text}"[:500]

@@ -18,6 +18,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -56,6 +57,12 @@ def readme_lines(board: str) -> dict[str, list[str]]:
 def fresh_venv(root: Path, pip_args: list[str]) -> Path:
     venv.EnvBuilder(with_pip=False).create(root)  # no ensurepip: this interpreter's pip installs into it
     py = root / "bin" / "python"
+    # pip builds a local project inside its tree (build/, *.egg-info): two builds of the repository at once (two
+    # xdist workers) or one left half-done collide there ("File exists: build/bdist..."), so build a copy
+    src = root.parent / "src"
+    shutil.copytree(ROOT, src, symlinks=True, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "*.egg-info", "__pycache__", ".hypothesis", ".pytest_cache"))
+    pip_args = [str(src) + a[len(str(ROOT)):] if a.startswith(str(ROOT)) else a for a in pip_args]
     # --no-compile: byte-compiling every installed module (seconds) is no part of what is checked here
     proc = subprocess.run(_pip(py, "install", "-q", "--no-compile", *pip_args), capture_output=True, text=True,
                           timeout=900)

@@ -89,6 +89,10 @@ SKIP = {
         "edgeinfer ray-node": "starts a Ray head node (`ray start --head`)",
         "edgeinfer ray-node --address HEAD:6379": "joins a Ray cluster at HEAD",
         "edgeinfer ray-node --dry-run": "probes every backend's devices (seconds); tests/test_fleet_resources.py",
+        "edgeinfer serve minilm-rk --ray 10.0.0.1:6379 --replicas 2 --dry-run":
+            "a bundle labelled for rk3588; tests/test_fleet_placement.py runs the dry run",
+        "edgeinfer serve minilm-rk --ray 10.0.0.1:6379 --replicas 2 --host 0.0.0.0 --port 8000":
+            "a three-board cluster; tests/test_fleet_nodes.py serves on namespaced nodes",
     },
     "generation.md": {
         "edgeinfer generate DIR --prompt \"The licence grants\" --max-new-tokens 32": DECODER,
@@ -169,6 +173,10 @@ SKIP = {
         "pytest -m \"not slow\" examples/edgeinfer-example-backend/tests":
             "the example's own tests run in this suite (examples/)",
         "pytest -m \"not slow\" examples": "both examples' tests run in this suite (examples/)",
+    },
+    "architecture.md": {
+        "pytest -n 2 --dist loadgroup -m \"not serial\" --durations=30": "the whole suite: make test runs it",
+        "pytest -m serial --durations=30": "the whole suite's serial pass: make test runs it",
     },
 }
 

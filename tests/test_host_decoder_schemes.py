@@ -56,9 +56,13 @@ def test_fp16_and_int8_decoders_deploy_for_host_and_pass_golden(tiny_qwen3_host_
     if quant == "fp16":
         assert "FLOAT16" in kinds and all(n.op_type == "MatMul" for n in ops)
     else:
-        attrs = {(a.name, a.i) for n in ops for a in n.attribute if a.name in ("bits", "accuracy_level")}
+        named = ("bits", "accuracy_level", "block_size")
+        attrs = {(a.name, a.i) for n in ops for a in n.attribute if a.name in named}
         assert ops and all(n.op_type == "MatMulNBits" for n in ops)
-        assert attrs == {("bits", 8), ("accuracy_level", accuracy)}  # level 4: int8 activations in the kernel
+        # level 4: int8 activations in the kernel; block 128, the host's int8 block (MLAS's packed copy 1.06x the
+        # int8 at 128 against 1.25x at 32: docs/planner.md#served-decoder-memory)
+        assert attrs == {("bits", 8), ("accuracy_level", accuracy), ("block_size", 128)}
+        assert stamp["int8_block_size"] == 128
     # the step loop binds int64 ids and float32 logits whatever the weights are; the KV cache is the plan's fp16
     types = {v.name: v.type.tensor_type.elem_type for v in [*graph.graph.input, *graph.graph.output]}
     assert types["input_ids"] == onnx.TensorProto.INT64 and types["logits"] == onnx.TensorProto.FLOAT
@@ -103,13 +107,59 @@ def test_the_host_plan_holds_fp16_weights_as_fp32_and_adds_serves_processes():
     decoder = sum(v for k, v in fp16.breakdown.items() if k != "reserved")
     assert served["decoder_process_bytes"] == decoder
     assert served["total_bytes"] == decoder + served["serve_processes_bytes"]
-    # the HTTP process and the resource tracker (request helpers start only for large or chat requests), as
-    # measured by bench/serve_footprint.py --tiny --label lazy
+    # the HTTP process (request helpers start only for large or chat requests; a decoder worker needs no resource
+    # tracker), as measured by bench/serve_footprint.py --tiny --label lean
     import json
     import statistics
     from pathlib import Path
 
-    rows = json.loads((Path(__file__).parents[1] / "bench/results/serve_footprint-lazy.json").read_text())["rows"]
+    rows = json.loads((Path(__file__).parents[1] / "bench/results/serve_footprint-lean.json").read_text())["rows"]
     measured = statistics.median(r["serve_processes_peak_bytes"] for r in rows)
     assert 0.9 < served["serve_processes_bytes"] / measured < 1.1, (served["serve_processes_bytes"], measured)
     assert served["serve_processes_bytes"] < 150 * 2**20  # no request helper (75 MiB each) counted
+
+
+def test_a_conversion_cached_under_another_int8_block_is_not_reused(tiny_qwen3_host_scheme_bundle, tmp_path,
+                                                                     monkeypatch):
+    """The host's int8 block is part of the conversion cache key (``Decoders.defaults``): with the plugin's
+    int8 block set back to 32, deploy does not reuse the block-128 conversion the fixture cached (the bundle holds
+    block-32 weights: converted now, or a block-32 conversion an earlier run left in the cache); with 128 again,
+    the cached block-128 conversion is reused."""
+    import dataclasses
+
+    import edgeinfer_onnxruntime.decoder as ort_decoder
+
+    from edgeinfer.deploy.decoder import deploy_decoder
+    from edgeinfer.testing.llm import model_dir
+
+    assert tiny_qwen3_host_scheme_bundle("w8a16").manifest  # the block-128 conversion is in the cache
+    backend = _ort_backend()
+    monkeypatch.setattr(ort_decoder, "INT8_BLOCK", 32)
+    monkeypatch.setattr(backend, "decoders", dataclasses.replace(
+        backend.decoders, defaults={**backend.decoders.defaults, "int8_block_size": 32}))
+    old = deploy_decoder(model_dir(), "host", tmp_path / "g32", quant="w8a16", ctx=DECODER_BUNDLE_CTX)
+    monkeypatch.undo()
+    again = deploy_decoder(model_dir(), "host", tmp_path / "g128", quant="w8a16", ctx=DECODER_BUNDLE_CTX)
+    assert again.cached is True
+    for result, block in ((old, 32), (again, 128)):
+        assert json.loads((result.bundle / "decoder.stamp.json").read_text())["int8_block_size"] == block
+        blocks = {a.i for n in _graph(result.bundle).graph.node if n.op_type == "MatMulNBits" for a in n.attribute
+                  if a.name == "block_size"}
+        assert blocks == {block}
+
+
+def test_the_host_plan_holds_int8_weights_as_the_runtime_does():
+    """The host plan's int8 weights are what onnxruntime holds for the bundles deploy builds at block 128
+    (bench/results/int8_block.json, int8_block-w8a16.json): w8a8 as MLAS's packed copy, int8 + a float scale
+    and a float block sum per block of 128 (8.5 bits per weight); w8a16 as the mapped file, int8 + a float
+    scale per block (8.25 bits); the runtime profile's block is the plugin's."""
+    from edgeinfer_onnxruntime.blocks import INT8_BLOCK
+
+    from edgeinfer.planning.planner import plan, runtime_profile
+
+    assert runtime_profile("onnxruntime")["int8_blocks"]["block"] == INT8_BLOCK == 128
+    int4 = plan(str(model_dir()), "host", quant="w4a16", ctx=256, suggest=False).details.weights  # 4 bits, as named
+    for quant, bits in (("w8a8", 8.5), ("w8a16", 8.25)):
+        w = plan(str(model_dir()), "host", quant=quant, ctx=256, suggest=False).details.weights
+        assert f"× {bits:g} bits per weight" in w.basis and "blocks of 128" in w.basis, w.basis
+        assert w.body / int4.body == pytest.approx(bits / 4, rel=1e-6), (quant, w.body, int4.body)

@@ -44,7 +44,8 @@ def test_the_breakdown_sums_per_model_and_per_process():
     mem = d["memory"]
     own = sum(p["own_bytes"] for p in d["processes"])
     sp = serve_processes()  # serve's HTTP process, counted once, with the tokenizers of the two encoder models
-    assert own == int((sp["value"] + 2 * sp["parts_mib"]["tokenizer_each"]) * MIB)
+    parts = sp["parts_mib"]  # and what encoders add: numpy in the HTTP process, the spawned workers' resource tracker
+    assert own == int((sp["value"] + parts["with_encoders"] + 2 * parts["tokenizer_each"]) * MIB)
     assert mem["total_bytes"] == sum(p["total_bytes"] for p in d["processes"]) + mem["reserved_bytes"]
     assert mem["total_bytes"] == sum(m["memory"]["total_bytes"] for m in d["models"]) + own + mem["reserved_bytes"]
     for m in d["models"]:
@@ -158,3 +159,13 @@ def test_serve_counts_a_decoder_bundle_as_plan_does(tiny_qwen3_host_bundle):
     recorded = json.loads((tiny_qwen3_host_bundle / "manifest.json").read_text())["plan"]
     kv = recorded["memory"]["breakdown"]["kv_cache"]
     assert only.kv_cache == kv * 2 // recorded["options"]["batch"]  # the KV of --slots 2, as recorded per slot
+
+
+def test_a_decoder_only_chain_counts_the_http_process_alone():
+    """No encoder: no numpy in the HTTP process and no spawned worker, so no resource tracker (serve/child.py)."""
+    sp = serve_processes()
+    own = plan_chain([Entry("qwen3-0.6b")], "rk3588-16g").processes[0]
+    assert own.name == "serve (HTTP process)" and own.own_bytes == int(sp["value"] * MIB)
+    with_encoder = plan_chain([Entry(EMB), Entry("qwen3-0.6b")], "rk3588-16g").processes[0]
+    parts = sp["parts_mib"]
+    assert with_encoder.own_bytes == int((sp["value"] + parts["with_encoders"] + parts["tokenizer_each"]) * MIB)

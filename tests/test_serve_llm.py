@@ -51,13 +51,25 @@ def children(pid: int) -> list[int]:
     return [int(c) for t in Path(f"/proc/{pid}/task").iterdir() for c in (t / "children").read_text().split()]
 
 
+def numpy_mapped(pid: int) -> bool:
+    from pathlib import Path
+
+    return "_multiarray_umath" in Path(f"/proc/{pid}/maps").read_text()
+
+
 def test_the_http_process_maps_no_runtime_library_only_its_worker_does(tiny_qwen3_host_bundle, tmp_path):
     """Issue 30 (footprint): the HTTP process of a served decoder bundle loads neither torch nor a model runtime
-    (onnxruntime here); its decoder worker does, which shows the check sees them where they are."""
+    (onnxruntime here) nor numpy (~15 MiB of RSS); its decoder worker does, which shows the check sees them where
+    they are. The worker is its only child (serve.child: no resource tracker)."""
     with ServerProc([tiny_qwen3_host_bundle], "--threads", "1", log=tmp_path / "log") as s:
         assert runtime_libraries(s.proc.pid) == []
+        assert not numpy_mapped(s.proc.pid)
         workers = [runtime_libraries(c) for c in children(s.proc.pid)]
         assert any("onnxruntime" in p for libs in workers for p in libs), (workers, s.output())
+        assert any(numpy_mapped(c) for c in children(s.proc.pid))
+        assert len(children(s.proc.pid)) == 1, s.output()  # the worker: no multiprocessing resource tracker
+        r = httpx.post(s.url + "/v1/completions", json={"prompt": "The licence", "max_tokens": 2}, timeout=60)
+        assert r.status_code == 200 and not numpy_mapped(s.proc.pid), r.text  # nor after a request
 
 
 def test_the_http_process_of_a_model_directory_maps_no_runtime_library(server):

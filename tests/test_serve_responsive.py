@@ -93,6 +93,7 @@ def _within_bound(probe: HealthProbe, control: HealthProbe, start: float, end: f
     return p99 < 0.050 + noise_p99
 
 
+@pytest.mark.xdist_group("timing")  # p99 latency: in the serial pass (conftest.py)
 def test_health_p99_stays_under_50ms_while_the_largest_request_is_worked_on(ort_bundle, idle_server, tmp_path):
     """The largest request the defaults allow (256 strings filling the 8 MB body) is parsed, tokenized and
     encoded off the event loop: /health, polled every 10 ms meanwhile, answers within 50 ms at p99 (the
@@ -124,6 +125,7 @@ def bomb_llm(tmp_path_factory):
     return with_template_bomb(tmp_path_factory.mktemp("bomb") / "tiny-bomb")
 
 
+@pytest.mark.xdist_group("timing")  # p99 latency: in the serial pass (conftest.py)
 def test_health_p99_stays_under_50ms_while_the_largest_chat_and_completion_bodies_are_worked_on(bomb_llm, idle_server,
                                                                                                  tmp_path):
     """The largest chat and completion bodies (8 MB), prompts at the characters-vs-context bound (tokenized,

@@ -383,3 +383,61 @@ def test_the_supervisor_restarts_a_crashed_worker_until_the_crash_window_is_full
     assert w.messages == [("ready", {"pid": 7})] and len(w.outcomes) == 4 and w.spawned == 5
     w.stopping = True
     assert exit_now(w) == "stopped" and w.spawned == 5
+
+
+def test_streamed_text_chunks_are_the_openai_chunk_json_whatever_the_text():
+    """A streamed text piece is framed from bytes made once per stream (decoder_routes._sse): each chunk is the
+    JSON of OpenAI's chunk object, byte for byte, for pieces with quotes, escapes, non-ASCII and NUL."""
+    import asyncio
+    import json
+
+    from edgeinfer.serve.decoder_routes import _sse
+
+    pieces = ['say "hi"', "\\n", "é ✓ \u2028", "\0", "\0\0 end"]
+
+    async def events():
+        for p in pieces:
+            yield p, 1, None, None, []
+        yield "", 0, "length", None, []
+
+    async def collect(chat: bool) -> list[bytes]:
+        meta = {"id": "cmpl-1", "created": 7, "model": "m"}
+        return [c async for c in _sse(events(), meta, chat, False, 3)]
+
+    def frame(obj: dict) -> bytes:
+        return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+    head = {"id": "cmpl-1", "created": 7, "model": "m"}
+    for chat in (False, True):
+        out = asyncio.run(collect(chat))
+        if chat:
+            out = out[1:]  # the role chunk
+            texts = [{"index": 0, "delta": {"content": p}, "logprobs": None, "finish_reason": None} for p in pieces]
+            obj = "chat.completion.chunk"
+        else:
+            texts = [{"index": 0, "text": p, "logprobs": None, "finish_reason": None} for p in pieces]
+            obj = "text_completion"
+        assert out[: len(pieces)] == [frame({**head, "object": obj, "choices": [c]}) for c in texts]
+        assert out[-1] == b"data: [DONE]\n\n"
+
+
+def test_a_decoder_worker_is_started_without_multiprocessing_spawn(tmp_path):
+    """Issue 30 (footprint): serve.child starts a decoder worker as ``python -c`` over a socket pair, so
+    multiprocessing's resource tracker (a third process, ~12 MiB) is not started; the child gets our
+    sys.path, runs the pickled entry point with its arguments, and reports exit codes as multiprocessing does."""
+    from multiprocessing.connection import Connection
+
+    from edgeinfer.serve import child
+    from edgeinfer.serve.decoder_worker import decoder_worker_main
+
+    missing = tmp_path / "no-such-bundle"
+    proc, conn = child.start(decoder_worker_main, (str(missing), "onnxruntime", None, 64, 1, None), "t")
+    msg = conn.recv()
+    assert msg[0] == "fatal" and "no-such-bundle" in msg[1], msg
+    proc.join(60)
+    assert proc.exitcode == 0 and not proc.is_alive()
+    blocked, conn = child.start(Connection.recv, (), "t")  # waits on its pipe until killed
+    assert blocked.is_alive()
+    blocked.kill()
+    blocked.join(60)
+    assert blocked.exitcode == -9

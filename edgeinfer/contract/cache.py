@@ -5,6 +5,7 @@ Under :func:`root` (``$EDGEINFER_CACHE_DIR``, else ``$XDG_CACHE_HOME/edgeinfer``
 * ``deploy/<key>/`` — bundles built by ``edgeinfer deploy``; ``deploy/onnx/<key>/`` — reference exports
 * ``artifacts/<backend>/<key>/`` — models converted when ``edgeinfer.load`` is given a non-native file
 * ``paged/<backend>/<key>/`` — models split and converted by ``edgeinfer run --paging``
+* ``locks/`` — one lock file per entry being built (:func:`locked`): processes building the same entry take turns
 
 Every key is :func:`key` of the facts that decide the result (source hash, backend, its versions,
 scheme, options); every entry is sealed when stored and verified before it is reused.
@@ -12,11 +13,13 @@ scheme, options); every entry is sealed when stored and verified before it is re
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -60,12 +63,50 @@ def seal_entry(entry: Path) -> None:
     seal.seal_dir(entry)
 
 
+@contextmanager
+def locked(entry: Path) -> Iterator[None]:
+    """Hold ``entry``'s lock for the body: an exclusive ``flock`` (https://man7.org/linux/man-pages/man2/flock.2.html)
+    on ``locks/<name>-<hash of its path>.lock``. Processes that check-then-build the same entry inside it take
+    turns, so the second finds the first one's result instead of converting the same model again; the kernel
+    drops the lock when its holder exits, killed or not. Not re-entrant: never take an entry's lock twice in one
+    process (a second ``flock`` on a new open file waits for the first). The holder removes the file (and an
+    empty ``locks/``) on the way out; a waiter that then holds the lock of a removed file opens the path again."""
+    path = area("locks") / f"{entry.name}-{key(str(entry.resolve()), 16)}.lock"
+    while True:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            f = open(path, "a")
+        except FileNotFoundError:  # locks/ removed by a holder on its way out meanwhile
+            continue
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            if os.stat(path).st_ino == os.fstat(f.fileno()).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        f.close()
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+        with suppress(OSError):  # other locks in it
+            path.parent.rmdir()
+        f.close()  # releases the lock
+
+
 def fill(entry: Path, build: Callable[[Path], None]) -> Path:
-    """Make ``entry`` by calling ``build(directory)``, unless an intact one exists. The build writes
-    next to the entry, is sealed, then moved into place: a reader (or an interrupted run) sees a whole
-    sealed entry or none, and a failed build leaves nothing behind."""
+    """Make ``entry`` by calling ``build(directory)``, unless an intact one exists, holding its lock
+    (:func:`locked`). The build writes next to the entry, is sealed, then moved into place: a reader (or an
+    interrupted run) sees a whole sealed entry or none, and a failed build leaves nothing behind."""
     if intact(entry):
         return entry
+    with locked(entry):
+        if not intact(entry):  # built by another process while this one waited
+            _fill(entry, build)
+    return entry
+
+
+def _fill(entry: Path, build: Callable[[Path], None]) -> None:
     tmp = entry.with_name(f"{entry.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
@@ -76,16 +117,16 @@ def fill(entry: Path, build: Callable[[Path], None]) -> Path:
             shutil.rmtree(entry, ignore_errors=True)
             try:
                 tmp.rename(entry)
-            except OSError:  # a concurrent run stored it first
+            except OSError:  # a concurrent run (of an edgeinfer without the lock) stored it first
                 if not intact(entry):
                     raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return entry
 
 
 def store(entry: Path, work: Path) -> None:
-    """Copy ``work`` into the cache as ``entry``, sealed, replacing an older entry atomically."""
+    """Copy ``work`` into the cache as ``entry``, sealed, replacing an older entry atomically. A caller that
+    checks :func:`reusable` and then builds holds :func:`locked` around both and this."""
     tmp = entry.with_name(entry.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(work, tmp)

@@ -84,6 +84,10 @@ class Decoders:
     #: extras of the plugin's own distribution that running a decoder bundle needs besides its dependencies
     #: (``("decoders",)`` for a runtime kept out of a board's encoder install); recorded in the bundle's manifest
     extras: tuple[str, ...] = ()
+    #: what ``convert_decoder`` builds by default that neither the scheme's name nor an option states (a block
+    #: size, ...): part of deploy's conversion cache key, so a conversion cached under another default is not
+    #: reused (e.g. ``{"int8_block_size": 128}``)
+    defaults: Mapping[str, Any] = field(default_factory=dict)
 
     def refusal(self, architecture: str, backend: str) -> str | None:
         """Why ``backend`` cannot export a decoder of ``architecture`` (a ``model_type``), or None."""

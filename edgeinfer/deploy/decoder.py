@@ -164,6 +164,8 @@ def deploy_decoder(
     facts = {"model": sha, "target": b.target or b.family, "scheme": scheme, "context": context,
              "backend": backend.name, "versions": backend.versions(), "options": options, "runtime": runtime,
              "calibration": hashlib.sha256("\n".join(calibration or []).encode()).hexdigest()}
+    if backend.decoders.defaults:  # a changed default (an int8 block size ...) is another conversion
+        facts["defaults"] = dict(backend.decoders.defaults)
     files.sweep(outdir.tmp_parent(out_dir))
     with files.temp_dir(outdir.tmp_parent(out_dir), "deploy") as tmp:
         work = tmp / "bundle"
@@ -284,13 +286,21 @@ def converted(backend: Backend, hf_dir: Path, scheme: str, context: int, calibra
     """Put the backend's decoder artifact and its stamp into ``work``, from the cache
     (``artifacts/<backend>/decoder-<key>``) when an intact entry is there; True when it was."""
     entry = cache.area("artifacts") / backend.name / f"decoder-{cache.key(facts)}"
-    if use_cache and cache.reusable(entry, progress.note):
+    if not use_cache:
+        return _convert(backend, hf_dir, scheme, context, calibration, options, work, progress, None)
+    with cache.locked(entry):  # a concurrent deploy of the same conversion waits for this one's result
+        return _convert(backend, hf_dir, scheme, context, calibration, options, work, progress, entry)
+
+
+def _convert(backend: Backend, hf_dir: Path, scheme: str, context: int, calibration: list[str] | None,
+             options: dict[str, Any], work: Path, progress: Progress, entry: Path | None) -> bool:
+    if entry is not None and cache.reusable(entry, progress.note):
         progress.note(f"reusing the cached {backend.name} {scheme} conversion of {hf_dir.name}: {entry}")
         shutil.copytree(entry, work, ignore=shutil.ignore_patterns(seal.SEAL), dirs_exist_ok=True)
         return True
     with progress.step(f"converting {hf_dir.name} to {backend.name} {scheme} for ctx {context}"):
         backend.quantize_decoder(hf_dir, scheme, context, work / decoder_bundle.ARTIFACT, calibration, **options)
-    if use_cache:
+    if entry is not None:
         entry.parent.mkdir(parents=True, exist_ok=True)
         try:
             cache.store(entry, work)

@@ -9,6 +9,7 @@ scheme, shapes, calibration, backend versions).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -299,36 +300,39 @@ def deploy(
                      {**(options or {}), **layout, **({"buckets": bucketing[0]} if bucketing else {}),
                       **({"task": [scorer.task.model_dump(), scorer.limits]} if scorer else {})})
     cached_dir = cache.area("deploy") / key
-    cached = use_cache and cache.reusable(cached_dir, progress.note)
     files.sweep(outdir.tmp_parent(out_dir))  # what a killed earlier deploy left next to -o
     cache.sweep_deploy()
-    with files.temp_dir(outdir.tmp_parent(out_dir), "deploy") as tmp:
-        work = tmp / "bundle"
-        if cached:
-            progress.note(f"reusing the cached conversion of {src.path.name} for {b.name} ({scheme}): {cached_dir}")
-            shutil.copytree(cached_dir, work, ignore=shutil.ignore_patterns(seal.SEAL))
-            manifest = bundle_mod.Bundle.open(work).manifest
-            needs = outdir.requires(backend, decoder=False, text=tokenize is not None)
-            plan = outdir.plan_summary(the_plan)  # this planner's: serve's start-up check adds up recorded plans
-            stale = manifest.requires != needs or manifest.index_limits is None or manifest.plan != plan
-            if stale:  # cached by an older edgeinfer: what runs and plans it is this installation's, not the cache's
-                manifest.requires, manifest.plan = needs, plan
-                if manifest.index_limits is None:
-                    manifest.index_limits = onnx_index_limits([work / a for a in manifest.artifacts])
-                bundle_mod.write(work, manifest)
-        else:
-            work.mkdir()
-            manifest = _build(src, b, backend, scheme, work, ref_path, reference, specs, shapes_used,
-                              calib_samples, held, threshold, the_plan, tokenize, seq, options, progress, layout,
-                              bucketing, scorer)
-            if use_cache:
-                try:
-                    cache.store(cached_dir, work)
-                except BaseException:  # interrupted mid-copy: leave no partial entry behind
-                    files.remove_own(cached_dir.parent)
-                    raise
-        reference.close()
-        outdir.replace_dir(work, out_dir)
+    # a concurrent deploy of the same conversion waits for this one's result and reuses it
+    with cache.locked(cached_dir) if use_cache else contextlib.nullcontext():
+        cached = use_cache and cache.reusable(cached_dir, progress.note)
+        with files.temp_dir(outdir.tmp_parent(out_dir), "deploy") as tmp:
+            work = tmp / "bundle"
+            if cached:
+                progress.note(f"reusing the cached conversion of {src.path.name} for {b.name} ({scheme}): "
+                              f"{cached_dir}")
+                shutil.copytree(cached_dir, work, ignore=shutil.ignore_patterns(seal.SEAL))
+                manifest = bundle_mod.Bundle.open(work).manifest
+                needs = outdir.requires(backend, decoder=False, text=tokenize is not None)
+                plan = outdir.plan_summary(the_plan)  # this planner's: serve's start-up check adds up recorded plans
+                stale = manifest.requires != needs or manifest.index_limits is None or manifest.plan != plan
+                if stale:  # cached by an older edgeinfer: what runs and plans it is this installation's
+                    manifest.requires, manifest.plan = needs, plan
+                    if manifest.index_limits is None:
+                        manifest.index_limits = onnx_index_limits([work / a for a in manifest.artifacts])
+                    bundle_mod.write(work, manifest)
+            else:
+                work.mkdir()
+                manifest = _build(src, b, backend, scheme, work, ref_path, reference, specs, shapes_used,
+                                  calib_samples, held, threshold, the_plan, tokenize, seq, options, progress, layout,
+                                  bucketing, scorer)
+                if use_cache:
+                    try:
+                        cache.store(cached_dir, work)
+                    except BaseException:  # interrupted mid-copy: leave no partial entry behind
+                        files.remove_own(cached_dir.parent)
+                        raise
+            reference.close()
+            outdir.replace_dir(work, out_dir)
     return DeployResult(out_dir, manifest, manifest.golden or {}, cached, warnings, dict(progress.timings))
 
 

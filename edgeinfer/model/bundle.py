@@ -27,7 +27,6 @@ import math
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import numpy as np
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -57,6 +56,22 @@ SCHEMA = "edgeinfer.bundle/1"
 MAX_SEQ = 131_072  # longest text a bundle may pad to (long-context embedding models use 8192)
 MAX_DIM = 2**31 - 1
 TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+#: NumPy's kind letter of the dtype names manifests use, known without importing NumPy (serve's HTTP process
+#: opens manifests and does not import it: tests/test_light_core.py)
+_KINDS = {"bool": "b", **{f"{p}int{n}": p[:1] or "i" for p in ("", "u") for n in (8, 16, 32, 64)},
+          **{f"float{n}": "f" for n in (16, 32, 64)}}
+
+
+def dtype_kind(name: str) -> str:
+    """NumPy's kind letter of dtype ``name`` ("" when it is not a dtype)."""
+    if name in _KINDS:
+        return _KINDS[name]
+    import numpy as np
+
+    try:
+        return np.dtype(name).kind
+    except TypeError:
+        return ""
 
 
 # --- the manifest: one schema, validated in full before anything in it is used ----------------------------
@@ -74,10 +89,7 @@ class _Tensor(BaseModel):
     @field_validator("dtype")
     @classmethod
     def _numeric(cls, v: str) -> str:
-        try:
-            kind = np.dtype(v).kind
-        except TypeError:
-            kind = ""
+        kind = dtype_kind(v)
         if kind not in "biuf" or not kind:
             raise ValueError(f"{v!r} is not a numeric NumPy dtype")
         return v
@@ -232,7 +244,7 @@ def _check_text(text: TextSpec, inputs: list[TensorSpec], outputs: list[TensorSp
     for t in inputs:
         if t.name not in TOKEN_INPUTS:
             raise ValueError(f"text bundle input {t.name!r} cannot be made from text ({', '.join(TOKEN_INPUTS)})")
-        if np.dtype(t.dtype).kind not in "iu":
+        if dtype_kind(t.dtype) not in "iu":
             raise ValueError(f"text bundle input {t.name!r} has dtype {t.dtype}, token ids need an integer dtype")
         seq = t.shape[1] if len(t.shape) > 1 else None
         if isinstance(seq, int) and seq != text.max_length:

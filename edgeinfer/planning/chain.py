@@ -1,8 +1,9 @@
 """Several models served together on one board (``edgeinfer plan A B C --board B`` or a chain file), laid out in
 processes as ``edgeinfer serve`` lays them out (docs/planner.md#a-chain-of-models-on-one-board):
 
-- serve's HTTP process and multiprocessing's resource tracker: once (:mod:`.serve_memory`), plus the tokenizer the
-  HTTP process holds for each encoder, reranker and classifier;
+- serve's HTTP process (and, with an encoder, reranker or classifier, multiprocessing's resource tracker and the
+  arrays the HTTP process batches): once (:mod:`.serve_memory`), plus the tokenizer the HTTP process holds for
+  each encoder, reranker and classifier;
 - one encoder worker per ``--devices`` entry (``workers``), each holding **every** encoder, reranker and
   classifier bundle: their weights, KV and activations add up, and each runtime's fixed overhead counts once
   per worker (its part proportional to the weights, where fitted, stays with each model);
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgeinfer.planning.boards import GIB, Board
-from edgeinfer.planning.serve_memory import serve_processes
+from edgeinfer.planning.serve_memory import serve_own_bytes, serve_processes
 
 KIND = "edgeinfer.plan_chain"
 MIB = 2**20
@@ -89,10 +90,9 @@ def _parts(m: Member, fixed: bool) -> dict[str, int]:
 def layout(members: list[Member], workers: int = 1) -> list[Process]:
     """The processes serve starts for ``members`` with ``workers`` encoder workers (``--devices`` entries; 1 when
     none are given). In a worker a runtime's fixed overhead is charged to the first model that uses it."""
-    own = serve_processes()
     encoders = [m for m in members if not m.decoder]
-    tokenizers = len(encoders) * own["parts_mib"].get("tokenizer_each", 0.0)  # the HTTP process tokenizes
-    procs = [Process("serve (HTTP process and resource tracker)", {}, int((own["value"] + tokenizers) * MIB))]
+    name = "serve (HTTP process and resource tracker)" if encoders else "serve (HTTP process)"
+    procs = [Process(name, {}, serve_own_bytes(len(encoders)))]
     for i in range(max(1, workers) if encoders else 0):
         seen: dict[str, int] = {}
         parts = {}

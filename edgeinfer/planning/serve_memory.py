@@ -1,8 +1,10 @@
 """What ``edgeinfer serve`` adds to a decoder's plan: the processes around the decoder worker. The plan's
 breakdown (weights + KV + activations + runtime) is one decoder process, the worker; a served decoder
-also has serve's HTTP process and multiprocessing's resource tracker (which every spawned process needs:
-CPython's ``popen_spawn_posix`` hands each child its fd). Their peak RSS does not depend on the model, so it
-is one measured figure (``edgeinfer/data/serve_memory.json``, from ``bench/serve_footprint.py``'s JSON).
+also has serve's HTTP process. Its peak RSS does not depend on the model, so it is one measured figure
+(``edgeinfer/data/serve_memory.json``, from ``bench/serve_footprint.py``'s JSON). A decoder worker is started
+without multiprocessing (``serve/child.py``); encoder workers and request helpers are started with its spawn
+method, which starts multiprocessing's resource tracker first (CPython's ``popen_spawn_posix`` hands each child
+its fd), and with encoders the HTTP process imports numpy to batch their arrays: ``parts_mib.with_encoders``.
 Request helpers (``serve.prep.Offload``) are not in it: they start only when a large body or a chat
 template needs one (``--request-helpers``), ~70 MiB each (``parts_mib.request_helper_each``).
 A served decoder with ``--slots S`` is the plan at ``--batch S``."""
@@ -22,6 +24,15 @@ MIB = 2**20
 def serve_processes() -> dict[str, Any]:
     """``{"value": MiB, "source": ..., "parts_mib": {...}}``: serve's own processes, measured."""
     return json.loads(DATA.read_text(encoding="utf-8"))["serve_processes_mib"]
+
+
+def serve_own_bytes(encoders: int) -> int:
+    """Serve's own processes with ``encoders`` encoder, reranker or classifier bundles: the HTTP process (with
+    each encoder's tokenizer), and with any encoder the resource tracker and numpy (``with_encoders``)."""
+    own = serve_processes()
+    parts = own["parts_mib"]
+    extra = parts["with_encoders"] + encoders * parts["tokenizer_each"] if encoders else 0.0
+    return int((own["value"] + extra) * MIB)
 
 
 def served(breakdown: dict[str, int]) -> dict[str, Any]:

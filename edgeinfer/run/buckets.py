@@ -15,13 +15,14 @@ import collections
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from edgeinfer.contract.backend import Session, TensorSpec
 from edgeinfer.errors import FeedError
 from edgeinfer.model.buckets import MASK
+
+if TYPE_CHECKING:
+    import numpy as np
 
 log = logging.getLogger("edgeinfer.buckets")
 Shape = tuple[int, int]  # (batch, seq)
@@ -55,6 +56,8 @@ def chunks(shapes: list[Shape], rows: int, seq: int) -> list[tuple[int, int, Sha
 
 def trim(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Token feeds cut after the last position any row attends to (trailing padding dropped)."""
+    import numpy as np
+
     mask = feeds.get(MASK)
     if mask is None or mask.ndim != 2 or not mask.size:
         return feeds
@@ -64,6 +67,8 @@ def trim(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def _pad(feeds: dict[str, np.ndarray], batch: int, seq: int) -> dict[str, np.ndarray]:
+    import numpy as np
+
     out = {}
     for k, v in feeds.items():
         if v.ndim >= 2 and v.shape[1] < seq:
@@ -135,6 +140,8 @@ class BucketedSession(Session):
         return max((v.shape[1] for v in feeds.values() if v.ndim >= 2), default=0) if self.seq_free else 0
 
     def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        import numpy as np
+
         rows = len(next(iter(feeds.values())))
         seq = self._seq(feeds)
         parts = []

@@ -10,8 +10,6 @@ import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from edgeinfer.contract import registry as plugins
 from edgeinfer.contract import remote_code, seal
 from edgeinfer.contract.backend import Session, TensorSpec
@@ -22,6 +20,8 @@ from edgeinfer.run import buckets as buckets_mod
 from edgeinfer.run import paged_decoder
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from edgeinfer.run.generation.generator import Generator
 
 _TOKENIZERS: weakref.WeakKeyDictionary[Bundle, Any] = weakref.WeakKeyDictionary()
@@ -63,6 +63,8 @@ def tokenize_texts(bundle: Bundle, texts: list[str]) -> dict[str, np.ndarray]:
 
 def embed(bundle: Bundle, outputs: dict[str, np.ndarray], feeds: dict[str, np.ndarray]) -> np.ndarray:
     """Pool (and normalise) the hidden states as the bundle specifies: one vector per text."""
+    import numpy as np
+
     text = bundle.manifest.text
     assert text is not None
     hidden = np.asarray(outputs[text.output], dtype=np.float32)
@@ -105,6 +107,8 @@ def load_tokenizer(path: Path, max_length: int) -> Any:
 def tokenize(tok: Any, texts: list[str] | list[tuple[str, str]], specs: list[TensorSpec]) -> dict[str, np.ndarray]:
     """Feeds for ``texts`` with the model's input names and dtypes (BERT-style token inputs); a (text, text)
     pair is encoded as one sequence with two segments (token_type_ids 0 and 1), as cross-encoders take it."""
+    import numpy as np
+
     for i, t in enumerate(texts):
         for part in (t if isinstance(t, tuple) else (t,)):
             check_text(part, f"text {i}")

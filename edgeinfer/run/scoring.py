@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from edgeinfer.errors import InputError, ModelError
 from edgeinfer.run import bundle as run_bundle
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from edgeinfer.contract.backend import Session
     from edgeinfer.model.bundle import Bundle, TaskSpec
 
@@ -63,12 +63,16 @@ def text_feeds(bundle: Bundle, texts: list[str], limit: int = MAX_DOCUMENTS) -> 
 
 def logits(bundle: Bundle, outputs: dict[str, np.ndarray]) -> np.ndarray:
     """The ``[rows, labels]`` logits among a run's outputs (the text section's output)."""
+    import numpy as np
+
     out = np.asarray(outputs[bundle.manifest.text.output], dtype=np.float32)
     return out.reshape(len(out), -1)
 
 
 def activate(values: np.ndarray, activation: str) -> np.ndarray:
     """Logits → scores: sigmoid per logit, softmax over each row's labels, or unchanged."""
+    import numpy as np
+
     x = np.asarray(values, dtype=np.float64)
     if activation == "sigmoid":
         return 0.5 * (1.0 + np.tanh(0.5 * x))  # the logistic function, without exp overflow warnings
@@ -88,6 +92,8 @@ def relevance(task: TaskSpec, row_logits: np.ndarray) -> np.ndarray:
 
 def labelled(task: TaskSpec, row_logits: np.ndarray) -> list[dict[str, Any]]:
     """Per text: the best label, its score and every label's score (labels in logit order)."""
+    import numpy as np
+
     n = row_logits.shape[1]
     labels = task.labels or [f"LABEL_{i}" for i in range(n)]
     if len(labels) != n:

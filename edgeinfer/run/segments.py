@@ -111,16 +111,17 @@ def open_paged(
     })
     folder = cache.area("paged") / be.name / key
     done = folder / ".complete"
-    if done.exists():
-        paths = [folder / p for p in json.loads(done.read_text())]
-    else:
-        conv = {k: options.pop(k) for k in ("shapes", "target") if k in options}
-        try:
-            paths = deploy_segments(be, src, folder, scheme, None, segments=segments, cuts=cuts, **conv)
-        except BaseException:  # a bad --cut, or interrupted: no half-split model left in the cache
-            shutil.rmtree(folder, ignore_errors=True)
-            raise
-        done.write_text(json.dumps([p.name for p in paths]))
+    with cache.locked(folder):  # a concurrent run of the same split waits for this one's segments
+        if done.exists():
+            paths = [folder / p for p in json.loads(done.read_text())]
+        else:
+            conv = {k: options.pop(k) for k in ("shapes", "target") if k in options}
+            try:
+                paths = deploy_segments(be, src, folder, scheme, None, segments=segments, cuts=cuts, **conv)
+            except BaseException:  # a bad --cut, or interrupted: no half-split model left in the cache
+                shutil.rmtree(folder, ignore_errors=True)
+                raise
+            done.write_text(json.dumps([p.name for p in paths]))
     return PagedSession.from_artifacts(be, paths, device=device, window=window, prefetch=prefetch,
                                        resident_prefix=resident_prefix, **options)
 

@@ -8,11 +8,12 @@ import collections
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Callable
 
 from edgeinfer.serve.workers import NoWorkers, WorkerCrashed, WorkerPool
+
+if TYPE_CHECKING:
+    import numpy as np
 
 log = logging.getLogger("edgeinfer.serve")
 
@@ -159,6 +160,8 @@ class Batcher:
         return batch
 
     async def _run(self, worker: Any, model: str, batch: list[Item]) -> None:
+        import numpy as np
+
         t0 = time.perf_counter()
         rows = [it.rows for it in batch]
         for it in batch:

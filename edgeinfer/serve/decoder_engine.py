@@ -104,6 +104,8 @@ class Request:
 class Engine(Supervisor):
     """One decoder model served by one worker process with ``slots`` KV slots."""
 
+    read_in_loop = True  # one small message per step
+
     def __init__(self, llm: ServedDecoder, slots: int, max_queue: int, prefill_chunk: int | None,
                  entry: str | None = None, max_restarts: int = 5, restart_window_s: float = 60.0,
                  observe: Any = None, threads: int | None = None):
@@ -116,6 +118,7 @@ class Engine(Supervisor):
         self.running: dict[str, Request] = {}
         self.state = "starting"  # starting | ready | restarting | failed | stopped
         self._ids = itertools.count(1)
+        self._counted: tuple[int, int, int] | None = None  # the sequence gauges last observed
 
     # --- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -131,6 +134,12 @@ class Engine(Supervisor):
     def spawn(self) -> asyncio.Future:
         self.state = "restarting" if self.generation else "starting"
         return super().spawn()
+
+    def launch(self, fn: Any, args: tuple) -> tuple[Any, Any]:
+        """Not multiprocessing's spawn: its resource tracker would be one more process (:mod:`.child`)."""
+        from edgeinfer.serve import child
+
+        return child.start(fn, args, self.name)
 
     def on_message(self, msg: tuple) -> None:
         if msg[0] == "ready":
@@ -237,8 +246,11 @@ class Engine(Supervisor):
         self._gauges()
 
     def _gauges(self) -> None:
-        self.observe("sequences", model=self.llm.name, running=len(self.running), waiting=len(self.waiting),
-                     slots=self.slots)
+        counts = (len(self.running), len(self.waiting), self.slots)
+        if counts == self._counted:  # called at every worker message (once per token at one stream)
+            return
+        self._counted = counts
+        self.observe("sequences", model=self.llm.name, running=counts[0], waiting=counts[1], slots=counts[2])
 
     def ready(self) -> bool:
         return self.state == "ready"

@@ -105,33 +105,45 @@ def check_logprobs(eng: Engine, wanted: int | None) -> None:
                             "loop and does not expose logprobs; remove 'logprobs'")
 
 
+TIMEOUT = "timeout: the generation did not end within the per-request timeout"
+_TIMED_OUT = ("", 0, "error", TIMEOUT)  # put in a request's queue by its deadline timer
+
+
 async def _events(eng: Engine, req: GenRequest, deadline: float, observe: Any) -> AsyncIterator[tuple]:
     """``(text, tokens, finish, error, logprobs)`` per worker event of ``req`` (``logprobs``: the entries of
     its tokens, when asked for), with the request's metrics; cancels the sequence when the consumer goes
-    away (client disconnect) or the deadline passes."""
+    away (client disconnect) or the deadline passes. One timer per request puts the timeout in the queue:
+    no ``wait_for`` (a task and a timer) per token."""
     name, first, last, tokens, finish = eng.llm.name, None, None, 0, None
+    timer = asyncio.get_running_loop().call_later(max(0.0, deadline - time.monotonic()), req.events.put_nowait,
+                                                  _TIMED_OUT)
     try:
         while True:
-            try:
-                left = max(0.0, deadline - time.monotonic())
-                text, n, finish, error = await asyncio.wait_for(req.events.get(), left)
-                while finish is None and not req.events.empty():  # a slow reader gets what piled up at once
-                    more, m, finish, error = req.events.get_nowait()
-                    text, n = text + more, n + m
-            except asyncio.TimeoutError:
-                finish, error = "error", "timeout: the generation did not end within the per-request timeout"
-                yield "", 0, finish, error, []
-                return
+            item = await req.events.get()
+            text, n, finish, error = item
+            while finish is None and not req.events.empty():  # a slow reader gets what piled up at once
+                item = req.events.get_nowait()
+                if item is _TIMED_OUT:
+                    break
+                more, m, finish, error = item
+                text, n = text + more, n + m
             if n:
                 now = time.perf_counter()
                 if first is None:
                     first = now
                     observe("ttft", model=name, seconds=now - req.arrived)
                 last, tokens = now, tokens + n
+                if item is _TIMED_OUT:  # the text that came before the deadline, then the timeout
+                    yield text, n, None, None, req.logprobs[tokens - n : tokens]
+            if item is _TIMED_OUT:
+                finish, error = _TIMED_OUT[2:]
+                yield "", 0, finish, error, []
+                return
             yield text, n, finish, error, req.logprobs[tokens - n : tokens]
             if finish is not None:
                 return
     finally:
+        timer.cancel()
         if finish is None or (finish == "error" and req.state != "done"):
             eng.cancel(req)
         observe("generated", model=name, tokens=tokens)
@@ -209,6 +221,9 @@ async def _whole(events: AsyncIterator[tuple], meta: dict[str, Any], chat: bool,
                          "system_fingerprint": None})
 
 
+_PIECE = "\0"  # a text no model emits as a whole piece: its JSON string occurs once in a chunk
+
+
 async def _sse(events: AsyncIterator[tuple], meta: dict[str, Any], chat: bool, usage: bool,
                prompt: int, lp: Logprobs | None = None) -> AsyncIterator[bytes]:
     obj = "chat.completion.chunk" if chat else "text_completion"
@@ -216,6 +231,8 @@ async def _sse(events: AsyncIterator[tuple], meta: dict[str, Any], chat: bool, u
     def chunk(choices: list[dict[str, Any]], **extra: Any) -> bytes:
         return b"data: " + json.dumps({**meta, "object": obj, "choices": choices, **extra}).encode() + b"\n\n"
 
+    # the chunk of a text piece, the per-token one, as bytes around the piece's JSON string (the same bytes)
+    before, after = chunk([_choice(chat, _PIECE, None, True)]).split(json.dumps(_PIECE).encode())
     count = 0
     try:
         if chat:
@@ -225,7 +242,9 @@ async def _sse(events: AsyncIterator[tuple], meta: dict[str, Any], chat: bool, u
                 yield b"data: " + json.dumps(_error_body(error)).encode() + b"\n\n"
                 break
             count += n
-            if text or (lp and logprobs):
+            if text and not lp:
+                yield before + json.dumps(text).encode() + after
+            elif text or (lp and logprobs):
                 yield chunk([_choice(chat, text, None, True, logprobs=lp.block(logprobs) if lp else None)])
             if finish == "cancelled":  # cut off by the shutdown: an error event (the openai client raises it)
                 yield b"data: " + json.dumps(_cut_off(count)).encode() + b"\n\n"

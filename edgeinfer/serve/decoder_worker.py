@@ -15,8 +15,8 @@ import os
 import signal
 from typing import Any
 
+from edgeinfer.errors import one_line
 from edgeinfer.serve.placement import placement
-from edgeinfer.serve.workers import one_line
 
 
 def load_generator(path: str, backend: str, entry: str | None, context: int, slots: int,

@@ -18,9 +18,8 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-import numpy as np
 from pydantic import BaseModel, ValidationError
 
 from edgeinfer.contract.backend import TensorSpec, validate_feeds
@@ -30,6 +29,9 @@ from edgeinfer.model.bundle import Bundle
 from edgeinfer.run import bundle as run_bundle
 from edgeinfer.serve.schemas import EmbeddingRequest, InferRequest
 from edgeinfer.serve.workers import lower_priority
+
+if TYPE_CHECKING:
+    import numpy as np
 
 OFFLOAD_BYTES = 64 * 1024  # request bodies above this are prepared in a helper process
 OFFLOAD_VALUES = 64 * 1024  # answers with more numbers than this are encoded in a helper process
@@ -268,6 +270,7 @@ def check_indices(m: ServedModel, feeds: dict[str, np.ndarray]) -> None:
 
 def parse_tensors(m: ServedModel, inputs: dict[str, Any], max_rows: int) -> dict[str, np.ndarray]:
     """JSON arrays → arrays of the model's dtypes, checked against its specs (axis 0 free). 400 on anything odd."""
+
     if not inputs:
         raise ApiError(400, f"inputs: give the model's inputs ({', '.join(s.name for s in m.inputs)})")
     specs = {s.name: s for s in m.inputs}
@@ -300,6 +303,8 @@ def parse_tensors(m: ServedModel, inputs: dict[str, Any], max_rows: int) -> dict
 
 
 def to_array(name: str, value: Any, spec: TensorSpec) -> np.ndarray:
+    import numpy as np
+
     try:
         raw = np.array(value)
     except (ValueError, TypeError, OverflowError, RecursionError):
@@ -329,6 +334,8 @@ def to_array(name: str, value: Any, spec: TensorSpec) -> np.ndarray:
 
 def check_finite(model: str, outputs: dict[str, np.ndarray]) -> None:
     """JSON has no NaN or Infinity: an answer holding them is a failed request (500), never invalid JSON."""
+    import numpy as np
+
     for name, v in outputs.items():
         if v.dtype.kind in "fc" and not np.isfinite(v).all():
             raise ApiError(500, f"output {name!r} of model {model} holds NaN or Inf for this request; the model "
@@ -340,6 +347,8 @@ def dumps(data: Any) -> bytes:
 
 
 def encode_embeddings(p: Prepared, vecs: np.ndarray) -> bytes:
+    import numpy as np
+
     check_finite(p.model, {"embedding": vecs})
     if p.dimensions is not None and p.dimensions != vecs.shape[1]:
         raise ApiError(400, f"dimensions: model {p.model} gives {vecs.shape[1]}, not {p.dimensions}")

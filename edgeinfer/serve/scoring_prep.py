@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import time
 import uuid
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.run import scoring
@@ -24,6 +23,9 @@ from edgeinfer.serve.prep import (
     validated,
 )
 from edgeinfer.serve.schemas import ClassifyRequest, RerankRequest
+
+if TYPE_CHECKING:
+    import numpy as np
 
 NAMES = {"rerank": "reranker", "classify": "classifier"}
 

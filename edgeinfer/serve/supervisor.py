@@ -2,9 +2,9 @@
 decoder's engine (:mod:`.decoder_engine`) share.
 
 The process is started with the spawn start method (no inherited runtime state) and talks over a
-``multiprocessing`` pipe. A reader thread per process hands each message to the event loop; messages of a
-process that was replaced are dropped. The worker says ``("ready", info)`` once it has loaded, or
-``("fatal", message)``. When it exits, the outcome is one of:
+``multiprocessing`` pipe. A reader thread per process hands each message to the event loop (or the loop
+reads the pipe itself: ``read_in_loop``); messages of a process that was replaced are dropped. The worker
+says ``("ready", info)`` once it has loaded, or ``("fatal", message)``. When it exits, the outcome is one of:
 
 - ``"stopped"``: the main process stopped it;
 - ``"failed"``: it never became ready (the models cannot be loaded: starting fails, no restart);
@@ -45,6 +45,12 @@ class Supervisor:
     """One worker process kept running. A subclass gives :meth:`target` (the process's entry point and its
     arguments after the pipe end) and reacts in :meth:`on_message` and :meth:`on_exit`."""
 
+    #: read the pipe on the event loop (``add_reader``) rather than in a reader thread: for a worker that sends
+    #: many small messages (a decoder: one per token), it saves a thread wake-up and a loop wake-up per message;
+    #: a worker whose messages may be large (batches of embeddings) keeps the thread, so that the loop never
+    #: waits on the rest of a message being written
+    read_in_loop = False
+
     def __init__(self, name: str, max_restarts: int = 5, restart_window_s: float = 60.0):
         self.name = name  # the process's name; its reader thread is "<name>-reader"
         self.max_restarts, self.restart_window_s = max_restarts, restart_window_s
@@ -75,21 +81,30 @@ class Supervisor:
     def on_exit(self, code: int | None, outcome: str) -> None:
         """The current process exited (``outcome`` as in the module's doc); a restart follows this call."""
 
+    def launch(self, fn: Callable[..., None], args: tuple) -> tuple[Any, Any]:
+        """Start ``fn(conn, *args)`` in a new process: the process and the parent's end of the pipe. Spawn
+        here (a subclass whose worker shares nothing else with this process may start it otherwise)."""
+        parent, child = self._mp.Pipe()
+        proc = self._mp.Process(target=fn, args=(child, *args), name=self.name, daemon=True)
+        proc.start()
+        child.close()
+        return proc, parent
+
     # --- lifecycle ----------------------------------------------------------------------------------------
     def spawn(self) -> asyncio.Future:
         """Start the process (again); the future resolves when it is ready (see :meth:`settle`)."""
         self.loop = self.loop or asyncio.get_running_loop()
         fn, args = self.target()
-        parent, child = self._mp.Pipe()
-        proc = self._mp.Process(target=fn, args=(child, *args), name=self.name, daemon=True)
         self.generation += 1
         self.pid, self.loading = None, True
-        proc.start()
-        child.close()
-        self.process, self.conn = proc, parent
+        self.process, parent = self.launch(fn, args)
+        self.conn = parent
         self.ready_future = self.loop.create_future()
-        threading.Thread(target=self._read, args=(self.generation, parent), daemon=True,
-                         name=f"{self.name}-reader").start()
+        if self.read_in_loop:
+            self.loop.add_reader(parent.fileno(), self._read_ready, self.generation, parent)
+        else:
+            threading.Thread(target=self._read, args=(self.generation, parent), daemon=True,
+                             name=f"{self.name}-reader").start()
         return self.ready_future
 
     def settle(self, error: Exception | None = None) -> None:
@@ -146,6 +161,22 @@ class Supervisor:
                 break
             loop.call_soon_threadsafe(self._message, generation, msg)
         loop.call_soon_threadsafe(self._exited, generation)
+
+    def _read_ready(self, generation: int, conn: Any) -> None:
+        """The pipe is readable (``read_in_loop``): one message (the loop calls again while more wait), or
+        the process's exit."""
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            msg = None
+        except Exception as e:  # noqa: BLE001 - an unreadable message: treated as a crash
+            log.error("%s sent an unreadable message: %s", self.name, e)
+            msg = None
+        if msg is not None:
+            self._message(generation, msg)
+            return
+        self.loop.remove_reader(conn.fileno())
+        self._exited(generation)
 
     def _message(self, generation: int, msg: tuple) -> None:
         if generation != self.generation:

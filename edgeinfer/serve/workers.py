@@ -19,14 +19,16 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-import numpy as np
-
+from edgeinfer.errors import one_line
 from edgeinfer.run import bundle as run_bundle
 from edgeinfer.run.buckets import BucketedSession
 from edgeinfer.serve.placement import placement
 from edgeinfer.serve.supervisor import STOP_GRACE_S, Supervisor, stop_process
+
+if TYPE_CHECKING:
+    import numpy as np
 
 log = logging.getLogger("edgeinfer.serve")
 
@@ -53,6 +55,8 @@ def _length_groups(session: Any, feeds: dict[str, np.ndarray], min_group: int = 
     tokens, small groups merged upward) so each group is padded only to its own longest row. Returns
     ``(row indices, length)`` pairs; one group of every row at full length when the axis is static.
     Mean pooling ignores masked positions, so the embeddings do not change."""
+    import numpy as np
+
     mask = feeds.get("attention_mask")
     n = len(next(iter(feeds.values())))
     full = mask.shape[1] if mask is not None and mask.ndim == 2 else None
@@ -91,6 +95,8 @@ def _run_grouped(session: Any, feeds: dict[str, np.ndarray], max_batch: int, sto
                  per_row: Callable[[dict[str, np.ndarray], dict[str, np.ndarray]], np.ndarray]) -> np.ndarray:
     """Text feeds run in length groups (:func:`_length_groups`); ``per_row(outputs, feeds)`` makes one row of
     the answer per text (masked positions do not change it)."""
+    import numpy as np
+
     n = len(next(iter(feeds.values())))
     out: np.ndarray | None = None
     for rows, length in _length_groups(session, feeds):
@@ -110,6 +116,8 @@ def _run_rows(session: Any, feeds: dict[str, np.ndarray], max_batch: int,
               stop: Callable[[], bool] = lambda: False) -> dict[str, np.ndarray]:
     """Run in chunks of ``max_batch`` rows (a multiple of a static batch, the last chunk padded), checking
     ``stop`` between chunks so a batch nobody waits for any more ends early."""
+    import numpy as np
+
     from edgeinfer.run.padding import run_padded, static_batch
 
     fixed = static_batch(session.inputs)
@@ -129,6 +137,7 @@ def run_batch(bundle: Any, session: Any, kind: str, feeds: dict[str, np.ndarray]
               stop: Callable[[], bool] = lambda: False):
     """Run a merged batch and split it back: one ``("ok", outputs)`` / ``("err", message)`` per request.
     When the merged run fails, each request is run alone so only the guilty one gets the error."""
+    import numpy as np
 
     def once(f: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if kind == "embed":
@@ -158,16 +167,9 @@ def run_batch(bundle: Any, session: Any, kind: str, feeds: dict[str, np.ndarray]
     return parts
 
 
-def one_line(e: BaseException) -> str:
-    from edgeinfer.errors import EdgeInferError
-
-    if isinstance(e, EdgeInferError):
-        return e.one_line()
-    text = " ".join(str(e).split()) or type(e).__name__
-    return f"{type(e).__name__}: {text}"[:500]
-
-
 def _warm_feeds(bundle: Any, session: Any) -> dict[str, np.ndarray]:
+    import numpy as np
+
     if bundle.manifest.text is not None:
         return run_bundle.tokenize_texts(bundle, ["edgeinfer warms the model up."])
     feeds = {}

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from edgeinfer.contract import cache
 from edgeinfer.testing import minilm
 
 
@@ -23,9 +24,12 @@ def _cached_export(name: str, batch: int | None, seq: int | None) -> Path:
     key = f"{name}-torch{torch.__version__}-tf{transformers.__version__}".replace("+", "_")
     out = _cache_root() / key / "model.onnx"
     if not out.exists():
-        tmp = out.with_name(f".tmp-{os.getpid()}.onnx")
-        minilm.export_onnx(tmp, batch=batch, seq=seq)
-        os.replace(tmp, out)
+        with cache.locked(out.parent):  # another xdist worker exporting it: wait for its file
+            if not out.exists():
+                tmp = out.with_name(f".tmp-{os.getpid()}.onnx")
+                tmp.parent.mkdir(parents=True, exist_ok=True)
+                minilm.export_onnx(tmp, batch=batch, seq=seq)
+                os.replace(tmp, out)
     return out
 
 
@@ -39,12 +43,13 @@ def scorer_dir(kind: str) -> Path:
     key = f"{kind}-v{scorers.VERSION}-torch{version('torch')}-tf{version('transformers')}".replace("+", "_")
     out = _cache_root() / key
     if not (out / "config.json").is_file():
-        tmp = out.with_name(f".tmp-{kind}-{os.getpid()}")
-        scorers.build(tmp, kind)
-        try:
-            os.replace(tmp, out)
-        except OSError:  # another session built it meanwhile
-            shutil.rmtree(tmp, ignore_errors=True)
+        with cache.locked(out):  # another xdist worker building it: wait for its directory
+            if not (out / "config.json").is_file():
+                tmp = out.with_name(f".tmp-{kind}-{os.getpid()}")
+                shutil.rmtree(tmp, ignore_errors=True)
+                scorers.build(tmp, kind)
+                shutil.rmtree(out, ignore_errors=True)  # not a whole one (no config.json)
+                os.replace(tmp, out)
     return out
 
 

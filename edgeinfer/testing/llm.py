@@ -21,6 +21,8 @@ import os
 import shutil
 from pathlib import Path
 
+from edgeinfer.contract import cache
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 # <|endoftext|> ends a document, <|im_end|> ends a chat turn: generation stops at either.
 ENDOFTEXT_ID, IM_START_ID, IM_END_ID = 0, 1, 2
@@ -89,11 +91,14 @@ def random_qwen3(
 
     name = f"qwen3-random-l{layers}-h{hidden}-a{heads}-kv{kv_heads}-i{intermediate}-p{max_positions}-s{seed}"
     out = Path(out_dir) if out_dir is not None else default_cache_dir() / name
-    if out_dir is None and (out / "model.safetensors").exists():
-        return out
-    shape = _shape(layers, hidden, heads, kv_heads, intermediate, max_positions)
-    config = Qwen3Config(**shape, tie_word_embeddings=True)
-    return _save_random("Qwen3ForCausalLM", config, out, seed)
+    config = Qwen3Config(**_shape(layers, hidden, heads, kv_heads, intermediate, max_positions),
+                         tie_word_embeddings=True)
+    if out_dir is not None:
+        return _save_random("Qwen3ForCausalLM", config, out, seed)
+    with cache.locked(out):  # a concurrent session waits for this one's model
+        if not (out / "model.safetensors").exists():
+            _save_random("Qwen3ForCausalLM", config, out, seed)
+    return out
 
 
 def _shape(layers: int, hidden: int, heads: int, kv_heads: int, intermediate: int, max_positions: int) -> dict:

@@ -48,7 +48,9 @@ def source_tree() -> Path:
         return src
     src = cache.root() / "llama.cpp" / version() / "src"
     if not (src / CONVERTER).is_file():
-        fetch_source(version(), src)
+        with cache.locked(src):  # a concurrent fetch waits for this one's tree
+            if not (src / CONVERTER).is_file():
+                fetch_source(version(), src)
     return src
 
 

@@ -43,6 +43,16 @@ def init_backend() -> Any:
     return ll
 
 
+def amx_build(ll: Any) -> bool:
+    """Whether this llama.cpp was built with its AMX int8 kernels (``GGML_NATIVE`` on a CPU with AMX, e.g. a
+    Xeon Sapphire Rapids). In that build llama.cpp repacks Q8_0 / Q4_0 weights into AMX buffers by default, and
+    ``ggml_backend_amx_mul_mat`` crashed the process (SIGSEGV in an OpenMP worker, llama-cpp-python 0.3.36, 2-core
+    Xeon VM, December 2026; llama-server of the same source: SIGILL): weights then stay in plain CPU buffers
+    (``use_extra_bufts = false``, what llama-server's ``--no-repack`` sets; this also turns off llama.cpp's
+    non-AMX repacking)."""
+    return b"AMX_INT8 = 1" in (ll.llama_print_system_info() or b"")
+
+
 class Batch:
     """A ``llama_batch`` of up to ``size`` tokens, one sequence id each, freed with the decoder."""
 
@@ -81,6 +91,7 @@ class LlamaCppDecoder(StepDecoder):
         self._batch: Batch | None = None
         mparams = ll.llama_model_default_params()
         mparams.n_gpu_layers = -1 if offload else 0  # offload: every layer on the NPU (a CANN build)
+        mparams.use_extra_bufts = not amx_build(ll)
         self._model = ll.llama_model_load_from_file(str(gguf).encode(), mparams)
         if not self._model:
             raise ModelError(f"llama.cpp cannot load {gguf.name}: not a GGUF file it reads; convert the model again")

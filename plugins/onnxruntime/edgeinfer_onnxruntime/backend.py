@@ -17,6 +17,8 @@ from edgeinfer.contract.helpers import check_device, first_line, package_version
 from edgeinfer.contract.native_output import native_output
 from edgeinfer.errors import InputError, ModelError
 
+from .blocks import CONVERSION_DEFAULTS
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -134,7 +136,8 @@ class OnnxRuntimeBackend(Backend):
     tensors = Tensors(native=(".onnx",), schemes=("fp32", "fp16", "w8a8"),
                       convert_options=("per_channel", "shapes", "target"), open_options=("threads",))
     decoders = Decoders(schemes=("fp32", "fp16", "w8a16", "w8a8", "w4a16"), architectures=ARCHITECTURES,
-                        options=("precision", "threads", "kv_dtype"), convert_options=("target", "kv_dtype"))
+                        options=("precision", "threads", "kv_dtype"), convert_options=("target", "kv_dtype"),
+                        defaults=CONVERSION_DEFAULTS)
 
     def versions(self) -> dict[str, str]:
         out = {"edgeinfer-onnxruntime": package_version("edgeinfer-onnxruntime", "?"),

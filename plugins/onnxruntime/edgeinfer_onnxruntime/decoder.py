@@ -38,6 +38,7 @@ from edgeinfer.contract import OpTime, StepDecoder, remote_code
 from edgeinfer.contract.helpers import inside
 from edgeinfer.errors import BackendUnavailableError, InputError, ModelError
 
+from .blocks import DEFAULT_BLOCK, INT8_BLOCK
 from .kv_cache import is_kv, kv_name, kv_to_fp16
 
 GENAI_CONFIG = "genai_config.json"
@@ -52,7 +53,6 @@ def is_built(path: Path) -> bool:
 # (int4_accuracy_level=1: accuracy level 4, the CPU default, would quantize activations to int8)
 SCHEMES = {"fp32": ("fp32", []), "w4a16": ("int4", ["int4_accuracy_level=1"]), "w8a16": ("fp32", []),
            "w8a8": ("fp32", []), "fp16": ("fp32", [])}
-DEFAULT_BLOCK = 32  # the builder's default int4_block_size
 
 
 def builder_version() -> str:
@@ -112,14 +112,15 @@ def convert(hf_dir: Path, scheme: str, context: int, out: Path, group_size: int 
     cache in ``kv_dtype`` (:mod:`.kv_cache`)."""
     kv_dtype = kv_name(kv_dtype)
     precision, extra = SCHEMES[scheme.split("_g")[0]]
-    block = group_size or DEFAULT_BLOCK
+    int8 = scheme.startswith(("w8a16", "w8a8"))
+    block = group_size or (INT8_BLOCK if int8 else DEFAULT_BLOCK)
     if precision == "int4":
         extra = [*extra, f"int4_block_size={block}"]
     export(hf_dir, out, precision, extra)
     cfg_path = out / GENAI_CONFIG
     cfg = json.loads(cfg_path.read_text())
     graph = inside(out, cfg["model"]["decoder"]["filename"], f"{GENAI_CONFIG} model.decoder.filename")
-    if scheme.startswith(("w8a16", "w8a8")):
+    if int8:
         quantize_int8(graph, block, activations_int8=scheme.startswith("w8a8"))
     elif scheme == "fp16":
         to_fp16(graph, kv_dtype)
@@ -137,7 +138,7 @@ def convert(hf_dir: Path, scheme: str, context: int, out: Path, group_size: int 
                              "precision": precision, "kv_dtype": kv_dtype}
     if precision == "int4":
         facts["int4_block_size"] = block
-    if scheme.startswith(("w8a16", "w8a8")):  # "precision": the builder's, before the steps below
+    if int8:  # "precision": the builder's, before the steps below
         facts.update(int8_block_size=block, then="onnxruntime MatMulNBitsQuantizer bits=8")
     elif scheme == "fp16":
         facts["then"] = "onnxruntime.transformers.float16 (fp32 ids, mask and logits)"

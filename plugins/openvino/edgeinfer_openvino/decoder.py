@@ -406,12 +406,13 @@ def _exported(model: Path, scheme: str, fam: str, context: int, cache_root: Path
     target = fam.lower()
     entry = cache_root / "openvino-decoders" / cache.key({"source": sha256_file(model), "scheme": scheme,
                                                           "target": target, "versions": decoder_export.versions()})
-    if cache.reusable(entry, lambda msg: None):
-        return entry
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    work = entry.with_name(entry.name + ".work")
-    decoder_export.convert(model, scheme, context, work, None, {"target": target}, cache_root)
-    cache.seal_entry(work)
-    shutil.rmtree(entry, ignore_errors=True)
-    work.rename(entry)
+    with cache.locked(entry):  # a concurrent conversion of the same model waits for this one's result
+        if cache.reusable(entry, lambda msg: None):
+            return entry
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        work = entry.with_name(entry.name + ".work")
+        decoder_export.convert(model, scheme, context, work, None, {"target": target}, cache_root)
+        cache.seal_entry(work)
+        shutil.rmtree(entry, ignore_errors=True)
+        work.rename(entry)
     return entry

@@ -132,10 +132,17 @@ def base_export(model: Path, cache_root: Path) -> Path:
     trust = remote_code.allowed(model)
     entry = cache_root / "openvino-decoders" / cache.key({"source": sha256_file(model), "stage": "fp32-export",
                                                           "versions": versions()})
-    if cache.reusable(entry, lambda msg: print(msg, file=sys.stderr)):
-        return entry
+    with cache.locked(entry):  # a concurrent export of the same model waits for this one's result
+        if not cache.reusable(entry, lambda msg: print(msg, file=sys.stderr)):
+            _export_fp32(model, trust, entry)
+    return entry
+
+
+def _export_fp32(model: Path, trust: bool, entry: Path) -> None:
     from optimum.exporters.openvino import main_export
     from optimum.intel.openvino.configuration import OVConfig
+
+    from edgeinfer.contract import cache
 
     with tempfile.TemporaryDirectory(prefix="ov-export-") as tmp:
         try:
@@ -146,7 +153,6 @@ def base_export(model: Path, cache_root: Path) -> Path:
             raise ModelError(f"optimum-intel could not export {model.name} to OpenVINO: {_first_line(e)}") from e
         entry.parent.mkdir(parents=True, exist_ok=True)
         cache.store(entry, Path(tmp))
-    return entry
 
 
 def weight_config(scheme: str, target: str, group: int | None, params: int,

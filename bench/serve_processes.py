@@ -1,0 +1,94 @@
+"""Each process of ``edgeinfer serve TARGET`` at the peer bench's settings (``--slots 16 --ctx 256 --threads 2``),
+idle after start-up and after STREAMS concurrent streaming completions (32-token prompts, 64 new tokens, greedy):
+VmHWM / VmRSS / RssAnon / RssFile from /proc/PID/status and Pss from smaps_rollup, per process, and the largest
+mappings of the biggest process (anonymous vs file-backed: weights mapped or copied). Issue 30 §2, footprint.
+
+    python bench/serve_processes.py ~/.cache/edgeinfer/bench/peer/<model>-host-w8a8 [--streams 16] [--label NAME]
+
+Writes bench/results/serve_processes[-LABEL].json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common  # noqa: E402
+from serve_footprint import prompt_of, status_kib, stream_one, tree  # noqa: E402
+
+MIB = 2**20
+
+
+def snapshot(root: int) -> list[dict]:
+    rows = []
+    for pid in tree(root):
+        roll = {line.split(":")[0]: int(line.split()[1]) * 1024
+                for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]}
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:160]
+        rows.append({"pid": pid, "cmdline": cmd, "pss_bytes": roll["Pss"],
+                     **{f"{k}_bytes": status_kib(pid, k) * 1024 for k in ("VmHWM", "VmRSS", "RssAnon", "RssFile")}})
+    return rows
+
+
+def mappings(pid: int, top: int = 12) -> list[dict]:
+    agg: dict[str, list[int]] = {}
+    name = "[anon]"
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
+            parts = line.split(None, 5)
+            name = parts[5] if len(parts) > 5 else "[anon]"
+        elif line.startswith(("Rss:", "Anonymous:")):
+            agg.setdefault(name, [0, 0])[line.startswith("Anonymous:")] += int(line.split()[1]) * 1024
+    best = sorted(agg.items(), key=lambda kv: -kv[1][0])[:top]
+    return [{"mapping": k, "rss_bytes": v[0], "anonymous_bytes": v[1]} for k, v in best]
+
+
+def main() -> None:
+    import httpx
+
+    from edgeinfer.testing.serve import free_port
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("target", type=Path)
+    ap.add_argument("--streams", type=int, default=16)
+    ap.add_argument("--label", default="")
+    args = ap.parse_args()
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([sys.executable, "-m", "edgeinfer.cli", "serve", str(args.target), "--port", str(port),
+                             "--slots", "16", "--ctx", "256", "--threads", "2", "--max-queue", "64",
+                             "--log-level", "warning"])
+    try:
+        while True:
+            try:
+                if httpx.get(url + "/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if proc.poll() is not None:
+                raise SystemExit(f"serve exited with {proc.returncode}")
+            time.sleep(0.3)
+        model = httpx.get(url + "/v1/models").json()["data"][0]["id"]
+        idle = snapshot(proc.pid)
+        with concurrent.futures.ThreadPoolExecutor(args.streams) as pool:
+            list(pool.map(lambda i: stream_one(url, model, prompt_of(32, i)), range(args.streams)))
+        after = snapshot(proc.pid)
+        big = max(after, key=lambda r: r["VmRSS_bytes"])["pid"]
+        result = {"target": str(args.target), "streams": args.streams, "idle": idle, "after": after,
+                  "tree_peak_bytes": sum(r["VmHWM_bytes"] for r in after), "largest_mappings": mappings(big)}
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    for r in after:
+        print(f"{r['VmHWM_bytes'] / MIB:7.1f} MiB  {r['cmdline'][:90]}", file=sys.stderr)
+    _common.write("serve_processes" + (f"-{args.label}" if args.label else ""), result)
+
+
+if __name__ == "__main__":
+    main()
