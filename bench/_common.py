@@ -33,6 +33,37 @@ def write(name: str, data: dict) -> Path:
     return path
 
 
+async def timed_stream(client, url: str, path: str, body: dict) -> dict:
+    """One streamed OpenAI request (``path`` /v1/completions or /v1/chat/completions, ``body`` with
+    ``"stream": True``) read as SSE: TTFT (send → first text chunk), TPOT (mean gap between text chunks after
+    the first), end to end, the text and the server's token counts (``usage``, else the chunks seen)."""
+    t0 = time.perf_counter()
+    first = last = None
+    chunks, text, usage = 0, [], {}
+    async with client.stream("POST", url + path, json=body) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread())[:300]!r}")
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line.strip() == "data: [DONE]":
+                continue
+            data = json.loads(line[6:])
+            if "error" in data:
+                raise RuntimeError(str(data["error"])[:300])
+            usage = data.get("usage") or usage
+            choice = data["choices"][0] if data.get("choices") else {}
+            piece = choice.get("text") or choice.get("delta", {}).get("content")
+            if piece:
+                last = time.perf_counter()
+                first = first or last
+                chunks += 1
+                text.append(piece)
+    if first is None or last is None:
+        raise RuntimeError(f"no text streamed from {path} for {str(body)[:80]}")
+    return {"ttft_s": first - t0, "tpot_s": (last - first) / max(1, chunks - 1),
+            "tokens": usage.get("completion_tokens") or chunks, "prompt_tokens": usage.get("prompt_tokens"),
+            "e2e_s": last - t0, "text": "".join(text)}
+
+
 def rss() -> int:
     """Resident set size of this process now (Linux /proc; the benchmarks that sample it need Linux)."""
     n = current_rss_bytes()

@@ -38,24 +38,10 @@ def body(prompt: str, max_tokens: int) -> dict:
 
 
 async def chat(client: Any, url: str, prompt: str, max_tokens: int) -> dict:
-    """One streamed chat: TTFT (send → first content), TPOT (mean gap between tokens after the first)."""
-    t0, first, last, tokens = time.perf_counter(), None, None, 0
-    async with client.stream("POST", url + "/v1/chat/completions", json=body(prompt, max_tokens)) as r:
-        if r.status_code != 200:
-            raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread())[:200]!r}")
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            data = json.loads(line[6:])
-            if "error" in data:
-                raise RuntimeError(data["error"]["message"])
-            if data.get("usage"):
-                tokens = data["usage"]["completion_tokens"]
-            elif data["choices"] and data["choices"][0]["delta"].get("content"):
-                last = time.perf_counter()
-                first = first or last
-    assert first is not None and tokens == max_tokens, (tokens, max_tokens)
-    return {"ttft_s": first - t0, "tpot_s": (last - first) / max(1, tokens - 1), "tokens": tokens}
+    """One streamed chat: TTFT (send → first content), TPOT (mean gap between chunks after the first)."""
+    row = await _common.timed_stream(client, url, "/v1/chat/completions", body(prompt, max_tokens))
+    assert row["tokens"] == max_tokens, (row["tokens"], max_tokens)
+    return row
 
 
 async def level(url: str, texts: list[str], concurrency: int, max_tokens: int) -> list[dict]:

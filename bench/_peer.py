@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import os
 import threading
 import time
 from pathlib import Path
+
+from _common import timed_stream
 
 from edgeinfer.contract.measure import latency_stats
 
@@ -82,34 +83,10 @@ class TreeRssSampler:
 # -- the streaming client ------------------------------------------------------------------------------------
 
 async def stream_one(client, url: str, model: str, prompt: str, max_tokens: int) -> dict:
-    """One streamed greedy completion: TTFT (send → first text chunk), TPOT (mean gap between text chunks
-    after the first), the generated text and the server's token counts (``usage``)."""
+    """One streamed greedy completion (bench/_common.py timed_stream: TTFT, TPOT, text, usage)."""
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
             "stream": True, "stream_options": {"include_usage": True}}
-    t0 = time.perf_counter()
-    first = last = None
-    chunks, text, usage = 0, [], {}
-    async with client.stream("POST", url + "/v1/completions", json=body) as r:
-        if r.status_code != 200:
-            raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread())[:300]!r}")
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line.strip() == "data: [DONE]":
-                continue
-            data = json.loads(line[6:])
-            if "error" in data:
-                raise RuntimeError(str(data["error"])[:300])
-            usage = data.get("usage") or usage
-            piece = data["choices"][0].get("text") if data.get("choices") else None
-            if piece:
-                last = time.perf_counter()
-                first = first or last
-                chunks += 1
-                text.append(piece)
-    if first is None or last is None:
-        raise RuntimeError(f"no text streamed for {prompt[:40]!r}")
-    tokens = usage.get("completion_tokens") or chunks
-    return {"ttft_s": first - t0, "tpot_s": (last - first) / max(1, chunks - 1), "tokens": tokens,
-            "prompt_tokens": usage.get("prompt_tokens"), "e2e_s": last - t0, "text": "".join(text)}
+    return await timed_stream(client, url, "/v1/completions", body)
 
 
 async def _level(url: str, model: str, prompts: list[str], max_tokens: int) -> tuple[list[dict], float]:

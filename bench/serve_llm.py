@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import tempfile
 import time
@@ -48,27 +47,9 @@ def prompts(n: int) -> list[str]:
 async def one(client, url: str, model: str, prompt: str, max_tokens: int) -> dict:
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
             "stream": True, "stream_options": {"include_usage": True}}
-    t0 = time.perf_counter()
-    first = last = None
-    tokens = 0
-    async with client.stream("POST", url + "/v1/completions", json=body) as r:
-        if r.status_code != 200:
-            raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread())[:200]!r}")
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            data = json.loads(line[6:])
-            if "error" in data:
-                raise RuntimeError(data["error"]["message"])
-            if data.get("usage"):
-                tokens = data["usage"]["completion_tokens"]
-            elif data["choices"] and data["choices"][0]["text"]:
-                now = time.perf_counter()
-                first = first or now
-                last = now
-    assert first is not None and last is not None and tokens == max_tokens, (tokens, max_tokens)
-    return {"ttft_s": first - t0, "tpot_s": (last - first) / max(1, tokens - 1), "tokens": tokens,
-            "e2e_s": last - t0}
+    row = await _common.timed_stream(client, url, "/v1/completions", body)
+    assert row["tokens"] == max_tokens, (row["tokens"], max_tokens)
+    return row
 
 
 async def level(url: str, model: str, texts: list[str], concurrency: int, max_tokens: int) -> dict:

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-_spec = importlib.util.spec_from_file_location("_peer", Path(__file__).resolve().parents[1] / "bench" / "_peer.py")
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+sys.path.append(str(BENCH))  # _peer imports bench/_common.py as the bench scripts do
+_spec = importlib.util.spec_from_file_location("_peer", BENCH / "_peer.py")
 peer = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(peer)
 

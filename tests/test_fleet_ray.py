@@ -55,8 +55,15 @@ def cluster():
     from ray.cluster_utils import Cluster
 
     small = {"num_cpus": 1, "object_store_memory": 100 * 2**20}
-    c = Cluster(initialize_head=True, head_node_args={**small, "include_dashboard": False})
-    npu_node = c.add_node(**small, resources={"intel_npu": 2})
+    # Both nodes are on 127.0.0.1: Serve's proxy on the second node would share the head proxy's port through
+    # SO_REUSEPORT and answer 404 until its route table arrives. Only a worker node's proxy reads this port
+    # (Ray's per-node override), so the servers' URLs reach the head's proxy alone, as on separate machines.
+    os.environ["RAY_SERVE_WORKER_PROXY_HTTP_PORT"] = str(free_port())
+    try:
+        c = Cluster(initialize_head=True, head_node_args={**small, "include_dashboard": False})
+        npu_node = c.add_node(**small, resources={"intel_npu": 2})
+    finally:
+        del os.environ["RAY_SERVE_WORKER_PROXY_HTTP_PORT"]
     daemons = _ray_daemons()
     yield c, npu_node.node_id
     c.shutdown()
