@@ -215,8 +215,10 @@ def _write_scheme(base: Path, work: Path, scheme: str, target: str, group: int |
     params = _parameter_count(source)
     cfg = weight_config(scheme, target, group, params, calibration, samples, source)
     try:
-        m = OVModelForCausalLM.from_pretrained(base, quantization_config=cfg, compile=False,
-                                               trust_remote_code=remote_code.allowed(source), local_files_only=True)
+        with _quiet_hub_probe():
+            m = OVModelForCausalLM.from_pretrained(base, quantization_config=cfg, compile=False,
+                                                   trust_remote_code=remote_code.allowed(source),
+                                                   local_files_only=True)
         m.save_pretrained(work)
     except Exception as e:
         raise ModelError(f"NNCF weight compression ({scheme}) failed: {_first_line(e)}") from e
@@ -224,6 +226,24 @@ def _write_scheme(base: Path, work: Path, scheme: str, target: str, group: int |
     recorded["data_aware"] = bool(calibration)
     recorded["calibration_samples"] = len(calibration) if calibration else 0
     return recorded
+
+
+@contextlib.contextmanager
+def _quiet_hub_probe():
+    """optimum-intel probes a local directory as a Hub cache entry when ``local_files_only`` (``model_id.replace``
+    on our Path) and logs the failure as a warning ("Could not infer whether the model was already converted
+    ... Path.replace() takes 2 positional arguments"); it then keeps ``export=False``, which is right for an IR."""
+    import logging
+
+    def keep(record: logging.LogRecord) -> bool:
+        return "Could not infer whether the model was already converted" not in record.getMessage()
+
+    log = logging.getLogger("optimum.intel.openvino.modeling_base")
+    log.addFilter(keep)
+    try:
+        yield
+    finally:
+        log.removeFilter(keep)
 
 
 def recorded_compression(xml: Path) -> dict[str, Any]:
