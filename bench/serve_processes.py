@@ -4,6 +4,7 @@ VmHWM / VmRSS / RssAnon / RssFile from /proc/PID/status and Pss from smaps_rollu
 mappings of the biggest process (anonymous vs file-backed: weights mapped or copied). Issue 30 §2, footprint.
 
     python bench/serve_processes.py ~/.cache/edgeinfer/bench/peer/<model>-host-w8a8 [--streams 16] [--label NAME]
+        [--peer-rounds N]   # instead: bench/peer_llamacpp.py's workloads, N rounds, a snapshot after each
 
 Writes bench/results/serve_processes[-LABEL].json.
 """
@@ -49,6 +50,25 @@ def mappings(pid: int, top: int = 12) -> list[dict]:
     return [{"mapping": k, "rss_bytes": v[0], "anonymous_bytes": v[1]} for k, v in best]
 
 
+def peer_workloads(url: str, model: str, rounds: int, root: int) -> list[dict]:
+    """bench/peer_llamacpp.py's workloads (c1, c4, c16, single128; its prompts), ``rounds`` times, with each
+    process's VmHWM / VmRSS after every one: where a peak that one 16-stream round does not reach comes from."""
+    import _peer
+    from peer_llamacpp import WORKLOADS, model_path, prompts
+
+    texts = prompts(model_path("random"), 16)
+    steps = []
+    for r in range(rounds):
+        for w, (n, new) in WORKLOADS.items():
+            tok_s = _peer.run_level(url, model, texts[:n], new)["tok_s"]
+            rows = snapshot(root)
+            steps.append({"round": r, "workload": w, "tok_s": tok_s,
+                          "VmHWM_MiB": [round(x["VmHWM_bytes"] / MIB, 1) for x in rows],
+                          "VmRSS_MiB": [round(x["VmRSS_bytes"] / MIB, 1) for x in rows]})
+            print(f"round {r} {w}: {tok_s} tok/s, VmHWM {steps[-1]['VmHWM_MiB']} MiB", file=sys.stderr)
+    return steps
+
+
 def main() -> None:
     import httpx
 
@@ -58,6 +78,8 @@ def main() -> None:
     ap.add_argument("target", type=Path)
     ap.add_argument("--streams", type=int, default=16)
     ap.add_argument("--label", default="")
+    ap.add_argument("--peer-rounds", type=int, default=0,
+                    help="instead of one round of STREAMS: the peer bench's workloads, N rounds")
     args = ap.parse_args()
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -76,11 +98,16 @@ def main() -> None:
             time.sleep(0.3)
         model = httpx.get(url + "/v1/models").json()["data"][0]["id"]
         idle = snapshot(proc.pid)
-        with concurrent.futures.ThreadPoolExecutor(args.streams) as pool:
-            list(pool.map(lambda i: stream_one(url, model, prompt_of(32, i)), range(args.streams)))
+        steps = []
+        if args.peer_rounds:
+            steps = peer_workloads(url, model, args.peer_rounds, proc.pid)
+        else:
+            with concurrent.futures.ThreadPoolExecutor(args.streams) as pool:
+                list(pool.map(lambda i: stream_one(url, model, prompt_of(32, i)), range(args.streams)))
         after = snapshot(proc.pid)
         big = max(after, key=lambda r: r["VmRSS_bytes"])["pid"]
-        result = {"target": str(args.target), "streams": args.streams, "idle": idle, "after": after,
+        result = {"target": str(args.target), "streams": args.streams, "peer_rounds": args.peer_rounds,
+                  "idle": idle, "after": after, "steps": steps,
                   "tree_peak_bytes": sum(r["VmHWM_bytes"] for r in after), "largest_mappings": mappings(big)}
     finally:
         proc.terminate()
