@@ -328,9 +328,9 @@ class OnnxRuntimeDecoder(StepDecoder):
         opts = self._ort.SessionOptions()
         # No CPU memory arena (https://onnxruntime.ai/docs/api/python/api_summary.html#onnxruntime.SessionOptions.
         # enable_cpu_mem_arena): a decoder's shapes change every step, and the arena kept growing with them —
-        # a w8a16 worker (MatMulNBits on fp32 activations) 375 → 609 MiB over one round of the peer
-        # bench's workloads and on to 717 in the next, 314 → 395 without it; fp32 and w8a8 +2-7 MiB without it
-        # and faster at 16 streams (fp32 197 → 216, w8a8 340 → 409 tok/s). bench/serve_processes.py --peer-rounds
+        # a served w8a16 worker (MatMulNBits on fp32 activations) grew to 579 MiB over one round of the peer
+        # bench's workloads and 717 over two, 395 without it; fp32 and w8a8 +2-7 MiB without it and faster at
+        # 16 streams (fp32 197 → 216, w8a8 340 → 409 tok/s). bench/serve_processes.py --peer-rounds, docs/planner.md
         opts.enable_cpu_mem_arena = False
         if self._threads:
             opts.intra_op_num_threads = int(self._threads)
