@@ -306,9 +306,10 @@ def test_streamed_chat_through_ray_equals_single_box_with_autoscaling_and_metric
         via_ray = [_stream(fleet.url, "tiny-qwen3-npu", p) for p in PROMPTS]
         scaling = _autoscaling(c.address, "bundle-tiny-qwen3-npu")
         deadline, text = time.monotonic() + 30, ""
-        while time.monotonic() < deadline:  # replicas push their registries every 2 s
-            text = httpx.get(fleet.url + "/metrics", timeout=30).text
-            if _metric(text, "edgeinfer_generation_tokens_total", model="tiny-qwen3-npu"):
+        generated = sum(t for _, t in via_ray)
+        while time.monotonic() < deadline:  # replicas push their registries every 2 s: a push from before the
+            text = httpx.get(fleet.url + "/metrics", timeout=30).text  # last stream ended counts fewer tokens
+            if _metric(text, "edgeinfer_generation_tokens_total", model="tiny-qwen3-npu") == generated:
                 break
             time.sleep(0.5)
         workers = _decoder_workers()
@@ -327,7 +328,7 @@ def test_streamed_chat_through_ray_equals_single_box_with_autoscaling_and_metric
     assert scaling["target_ongoing_requests"] == SLOTS, scaling
     assert _metric(text, "edgeinfer_requests_total", endpoint="/v1/chat/completions", replica="router",
                    status="200") == len(PROMPTS)
-    assert _metric(text, "edgeinfer_generation_tokens_total", model="tiny-qwen3-npu") == sum(t for _, t in via_ray)
+    assert _metric(text, "edgeinfer_generation_tokens_total", model="tiny-qwen3-npu") == generated
     assert "bundle-tiny-qwen3-npu#" in text
     # the replica's device gauges (edgeinfer/serve/device_gauges.py), labelled by its node and replica
     rss = {s.labels["process"]: s.labels["replica"] for f in text_string_to_metric_families(text) for s in f.samples
