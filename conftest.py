@@ -17,8 +17,8 @@ SHARED_SCOPES = ("module", "class")
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups and before -m deselects
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Scheduling under ``make test`` (docs/architecture.md#tests): a test in xdist group "timing" runs in the
-    serial pass; a test without a group that uses a module- or class-scoped fixture is grouped with its module,
+    """Scheduling under ``make test`` (docs/architecture.md#tests): a test in xdist group "timing" or "ray" runs
+    in the serial pass; a test without a group that uses a module- or class-scoped fixture is grouped with its module,
     so that ``--dist loadgroup`` builds that fixture (a deploy, a server) on one worker, not on both. Modules
     with slow tests come first (in their own order): xdist hands out work in collection order (groups by size
     first), and a minute-long test handed out last would leave the other worker idle meanwhile."""
@@ -26,7 +26,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: item.nodeid.split("::", 1)[0] not in slow)  # stable: each module keeps its order
     for item in items:
         groups = [m.args[0] if m.args else m.kwargs.get("name") for m in item.iter_markers("xdist_group")]
-        if "timing" in groups:
+        if "timing" in groups or "ray" in groups:
             item.add_marker(pytest.mark.serial)
         elif not groups and _uses_shared_fixture(item):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))

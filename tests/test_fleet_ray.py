@@ -29,7 +29,7 @@ ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'edge
 httpx = pytest.importorskip("httpx")
 psutil = pytest.importorskip("psutil")
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]  # Ray clusters: one at a time, on one worker
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]  # Ray clusters: in the serial pass (conftest.py)
 RAY_DAEMONS = ("raylet", "gcs_server")
 TEXTS = ["a fleet of edge boards", "one endpoint for every board", "x"]
 KEY = "fleet-key-123"
