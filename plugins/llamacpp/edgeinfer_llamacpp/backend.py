@@ -67,10 +67,12 @@ atexit.register(close_devnull)
 
 
 def quiet_logs() -> None:
-    """llama-cpp-python prints every llama.cpp log line on stderr (its logger's level is unset); errors only,
-    unless the user asked for third-party output (--verbose)."""
-    import llama_cpp  # noqa: F401  (installs the log callback)
+    """llama.cpp's log lines: errors only, unless the user asked for third-party output (--verbose). Ours
+    (decoder._log) until something imports the whole ``llama_cpp`` package, whose logger then takes over: its
+    level is set here too."""
+    from .decoder import lib
 
+    lib()
     logging.getLogger("llama-cpp-python").setLevel(logging.DEBUG if verbose() else logging.ERROR)
 
 

@@ -99,7 +99,9 @@ def to_f32_gguf(hf_dir: Path) -> Path:
 
 def quantize(src: Path, scheme: str, out: Path, threads: int | None = None) -> None:
     """``src`` (F32 GGUF) written as ``scheme`` at ``out`` by llama.cpp's ``llama_model_quantize``."""
-    import llama_cpp.llama_cpp as ll
+    from .decoder import lib
+
+    ll = lib()
 
     if scheme == "fp32":
         shutil.copyfile(src, out)

@@ -11,6 +11,9 @@ the sequence's cells (``llama_memory_seq_rm``).
 from __future__ import annotations
 
 import ctypes
+import importlib
+import importlib.util
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -27,9 +30,44 @@ KV_ALIASES = {"f16": "fp16", "f32": "fp32", "int8": "q8_0"}
 
 
 def lib() -> Any:
-    import llama_cpp.llama_cpp as ll
-
+    """llama-cpp-python's ctypes bindings (``llama_cpp.llama_cpp``) without running its package ``__init__``,
+    which also imports the high-level ``Llama`` and with it jinja2 and diskcache (sqlite3): 6.6 MiB of every
+    served worker's memory that nothing here uses (bench/README.md, "Footprint of the llamacpp backend"). A later
+    ``import llama_cpp`` (``LlamaCppBackend.probe``) runs the package as usual over the same bindings. llama.cpp's
+    log lines go through :func:`_log`."""
+    ll = sys.modules.get("llama_cpp.llama_cpp")
+    if ll is not None:
+        return ll
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None:
+        raise ModuleNotFoundError("No module named 'llama_cpp'", name="llama_cpp")
+    bare = "llama_cpp" not in sys.modules
+    if bare:  # the package without executing it: its __path__ only
+        sys.modules["llama_cpp"] = importlib.util.module_from_spec(spec)
+    try:
+        ll = importlib.import_module("llama_cpp.llama_cpp")
+    finally:
+        if bare:
+            del sys.modules["llama_cpp"]
+    _callback.append(ll.llama_log_callback(_log))  # kept referenced: llama.cpp calls it for the process's life
+    ll.llama_log_set(_callback[0], ctypes.c_void_p(0))
     return ll
+
+
+_callback: list[Any] = []
+_last_level = [0]
+SHOWN_LEVELS = (0, 3)  # ggml_log_level NONE and ERROR; INFO 1, WARN 2, DEBUG 4, CONT 5 (continues the last line)
+
+
+def _log(level: int, text: bytes, _user: Any) -> None:
+    """llama.cpp's log lines on stderr: errors only, unless the user asked for third-party output (--verbose)."""
+    from edgeinfer.contract import verbose
+
+    if level != 5:
+        _last_level[0] = level
+    if _last_level[0] in SHOWN_LEVELS or verbose():
+        sys.stderr.write(text.decode("utf-8", errors="replace"))
+        sys.stderr.flush()
 
 
 _initialized: list[bool] = []

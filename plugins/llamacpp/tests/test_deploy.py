@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -163,3 +165,27 @@ def test_a_lone_gguf_runs_with_llama_cpps_own_vocabulary_and_chat_template(bundl
         assert (got["token_ids"], got["text"]) == (want["token_ids"], want["text"])
     r = run_cli(capfd, "bench", str(gguf), "--prompt-lengths", "16", "--new-tokens", "4", "--repeat", "1", "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["backend"] == "llamacpp", r.stderr[-800:]
+
+
+def test_a_served_worker_loads_the_bindings_alone_and_shows_only_llama_cpps_errors(bundles):
+    """The worker's load path (serve's decoder_worker.load_generator) in a fresh interpreter: llama-cpp-python's
+    ctypes bindings without its package __init__ (the high-level Llama with jinja2 and diskcache: memory every
+    served worker would carry), llama.cpp's INFO lines kept off stderr, and a later `import llama_cpp` still the
+    whole package over the same bindings."""
+    code = f"""
+import sys
+from edgeinfer.serve.decoder_worker import load_generator
+gen = load_generator({str(bundles["gguf:Q8_0"].bundle)!r}, "llamacpp", None, {CTX}, 2)
+print(sorted(m for m in ("jinja2", "diskcache", "sqlite3", "llama_cpp", "llama_cpp.llama") if m in sys.modules))
+print(gen.generate("{PROMPTS[0]}", max_new_tokens=4).token_ids)
+import llama_cpp
+print(llama_cpp.__version__, llama_cpp.llama_cpp is sys.modules["llama_cpp.llama_cpp"], hasattr(llama_cpp, "Llama"))
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    loaded, ids, whole = r.stdout.splitlines()
+    assert loaded == "[]", loaded
+    assert len(json.loads(ids)) == 4
+    assert whole.split()[1:] == ["True", "True"], whole
+    # llama.cpp logs the model's metadata at INFO level while loading it ("llama_model_loader: ..."); not here
+    assert "llama_model_loader" not in r.stderr and "llama_context" not in r.stderr, r.stderr[-2000:]
