@@ -51,8 +51,8 @@ def int8_packed_bits(scheme: Scheme, prof: dict) -> float | None:
     """Resident bits per int8 weight where the runtime holds int8 weights in blocks with per-block extras (the
     profile's ``int8_blocks``: its block size and, per activation width, the bytes each block adds), or None.
     onnxruntime: MLAS repacks MatMulNBits' int8 weights for int8 activations (w8a8) with a float scale and a
-    float block sum per block (8 + 64/128 = 8.5 bits at block 128); with fp32 activations (w8a16) it reads
-    the mapped file, int8 + a float scale per block (8.25 bits)."""
+    float block sum per block (8 + 64/128 = 8.5 bits at block 128); with fp32 activations (w8a16) the plugin
+    holds each weight as two 4-bit planes, with two float scales and a 4-bit zero point per block (8.53 bits)."""
     layout = prof.get("int8_blocks")
     extra = (layout or {}).get("bytes_per_block", {}).get(f"a{scheme.act_bits}")
     if extra is None or scheme.kind != "int" or scheme.weight_bits != 8:

@@ -11,4 +11,5 @@ DEFAULT_BLOCK = 32  # the builder's default int4_block_size: w4a16's block
 INT8_BLOCK = 128
 #: what convert() builds that no scheme name or option says: part of deploy's conversion cache key
 #: (Decoders.defaults), so a conversion cached with another default is not reused
-CONVERSION_DEFAULTS = {"int4_block_size": DEFAULT_BLOCK, "int8_block_size": INT8_BLOCK}
+CONVERSION_DEFAULTS = {"int4_block_size": DEFAULT_BLOCK, "int8_block_size": INT8_BLOCK,
+                       "w8a16_kernel": "4-bit planes"}  # int8_planes.py

@@ -39,6 +39,7 @@ from edgeinfer.contract.helpers import inside
 from edgeinfer.errors import BackendUnavailableError, InputError, ModelError
 
 from .blocks import DEFAULT_BLOCK, INT8_BLOCK
+from .int8_planes import split_planes
 from .kv_cache import is_kv, kv_name, kv_to_fp16
 
 GENAI_CONFIG = "genai_config.json"
@@ -139,7 +140,8 @@ def convert(hf_dir: Path, scheme: str, context: int, out: Path, group_size: int 
     if precision == "int4":
         facts["int4_block_size"] = block
     if int8:  # "precision": the builder's, before the steps below
-        facts.update(int8_block_size=block, then="onnxruntime MatMulNBitsQuantizer bits=8")
+        facts.update(int8_block_size=block, then="onnxruntime MatMulNBitsQuantizer bits=8" + (
+            "" if scheme.startswith("w8a8") else ", each node as two exact 4-bit planes (int8_planes.py)"))
     elif scheme == "fp16":
         facts["then"] = "onnxruntime.transformers.float16 (fp32 ids, mask and logits)"
     return facts
@@ -184,8 +186,9 @@ def quantize_int8(graph: Path, block: int, activations_int8: bool) -> None:
     fp32 graph's MatMuls become ``MatMulNBits`` with ``bits=8`` by onnxruntime's own quantizer
     (``onnxruntime.quantization.matmul_nbits_quantizer.MatMulNBitsQuantizer``, 2/4/8 bits), symmetric per
     block. Activations fp32 (accuracy_level 1, w8a16) or quantized to int8 per block inside the kernel
-    (accuracy_level 4, w8a8): on x86 onnxruntime 1.26 the fp32 path ran a tiny-qwen3 step ~15x slower than
-    fp32 MatMul, the int8 path ~2x faster (docs/generation.md)."""
+    (accuracy_level 4, w8a8). onnxruntime 1.26 has no x86 kernel for 8 bits with fp32 activations (it
+    dequantizes the whole weight at every call), so w8a16's nodes are then rewritten as two exact 4-bit ones
+    (:mod:`.int8_planes`; docs/generation.md)."""
     import onnx
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
@@ -198,6 +201,8 @@ def quantize_int8(graph: Path, block: int, activations_int8: bool) -> None:
         q.process()
     finally:
         log.setLevel(level)
+    if not activations_int8:
+        split_planes(q.model.model)
     q.model.topological_sort()
     save(q.model.model, graph)
 
