@@ -130,7 +130,7 @@ def mem_items(rows: list[dict]) -> dict[str, list[dict]]:
     """Per runtime, the fit rows with a peak memory: planned weights and the residual overhead, MiB."""
     out: dict[str, list[dict]] = {}
     for r in rows:
-        if not (r.get("fit") and r.get("mem_mib")):
+        if not (r.get("fit") and r.get("mem_mib")) or r.get("mem_fit") is False:
             continue
         try:
             f = row_facts(r)

@@ -66,6 +66,9 @@ import json, statistics, sys
 from pathlib import Path
 built, hf, (ctx, prompt, new, repeat) = Path(sys.argv[1]), Path(sys.argv[2]), map(int, sys.argv[3:7])
 from edgeinfer_onnxruntime.decoder import OnnxRuntimeDecoder
+# what serve's decoder worker holds besides the decoder (its loop, the bundle reader): a row is that process
+import multiprocessing.connection, edgeinfer.model.bundle
+import edgeinfer.serve.decoder_worker, edgeinfer.serve.decoder_scheduler
 from edgeinfer.run.generation.bench import prompt_of_length
 from edgeinfer.run.generation.generator import Generator
 from edgeinfer.run.generation.text import TextCodec
@@ -133,7 +136,8 @@ def measured_row(i: int, name: str, model: Path, scheme: str, source: str, sourc
             "model_config": json.loads((model / "config.json").read_text()), "quant": scheme,
             "prompt": PROMPT, "ctx": PROMPT + NEW_TOKENS, "mem_ctx": CTX,
             "decode": round(max(runs), 2), "ttft_ms": round(meas["ttft_ms"], 1),
-            "mem_mib": round(meas["peak_rss_bytes"] / MIB, 1), "bandwidth_gbps": round(max(copies), 2),
+            "mem_mib": round(meas["peak_rss_bytes"] / MIB, 1), "mem_fit": False,
+            "bandwidth_gbps": round(max(copies), 2),
             "fit": True,
             "source": source, "source_id": source_id,
             "note": f"onnxruntime {scheme}, 1 intra-op thread, greedy, {NEW_TOKENS} new tokens after a "
@@ -205,7 +209,9 @@ def write_rows(rows: list[dict], when: str) -> None:
             "# board host = the machine the script ran on, at bandwidth_gbps (its copy benchmark at the time);\n"
             "# host speed constants are fractions of that figure (docs/planner.md#host-decode). Models inline\n"
             "# (model_config) so that the rows plan without their files. ctx = prompt + generated (the KV the\n"
-            "# last step reads); mem_mib = peak RSS (VmHWM) of the process with the KV allocated for mem_ctx.\n")
+            "# last step reads); mem_mib = peak RSS (VmHWM) of the process with the KV allocated for mem_ctx.\n"
+            "# mem_fit: false: a bare decoder process; the onnxruntime overhead is not fitted on it (a served\n"
+            "# worker holds more: docs/planner.md#host-decode).\n")
     ROWS.write_text(head + yaml.safe_dump({"rows": rows}, sort_keys=False, width=118))
 
 

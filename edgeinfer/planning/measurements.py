@@ -25,7 +25,8 @@ INTS = ("prompt", "ctx", "mem_ctx")
 FLOATS = ("decode", "ttft_ms", "mem_mib", "bandwidth_gbps")
 KNOWN = {"row", "grade", "board", "runtime", "runtime_version", "model", "model_name", "model_config", "quant",
          "prompt", "ctx", "mem_ctx", "decode", "prefill", "ttft_ms", "mem_mib", "fit", "source", "source_id", "note",
-         "new_tokens", "backend", "device", "predicted", "error_pct", "bandwidth_gbps"}
+         "new_tokens", "backend", "device", "predicted", "error_pct", "bandwidth_gbps",
+         "mem_fit"}  # mem_fit: false: the peak is measured but not fitted on (bench/fit_speed.py)
 HINT = "give rows with model, quant, ctx and decode (tokens/s) as in bench/data/measured_rows.yaml, " \
        "or an `edgeinfer bench --json` report of a decoder bundle"
 
