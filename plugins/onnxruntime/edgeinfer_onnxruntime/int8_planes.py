@@ -7,8 +7,9 @@ while its 4-bit kernel with fp32 activations took 0.10 ms. A signed int8 weight 
 ``16 * h + l`` with ``l = v mod 16`` (0..15) and ``h = (v - l) / 16`` (-8..7), both exact 4-bit values; with the
 block's scale ``s``, ``x @ (v * s) = x @ (h * 16 s) + x @ (l * s)``: a high plane (zero point 8, scale 16 s) and
 a low plane (zero point 0, scale s), added. Weights and activations stay what w8a16 says (int8 per block, fp32),
-the two sums differ from one dequantized GEMM only in fp32 rounding (relative error ~2e-7 on random weights);
-bench/results/int8_planes.json has the speed.
+the two sums differ from one dequantized GEMM only in fp32 rounding (relative error ~2e-7 on random weights).
+On the peer bench's random Qwen3 (188 M) a one-thread decode step took 376 ms before and 39.7 ms after, the same
+greedy tokens (docs/generation.md, bench/README.md).
 """
 
 from __future__ import annotations
