@@ -13,20 +13,21 @@ os.environ.setdefault("EDGEINFER_HOST_BANDWIDTH_GBPS", "20")
 os.environ.setdefault("EDGEINFER_PROGRESS_INTERVAL", "3600")
 
 SHARED_SCOPES = ("module", "class")
+SERIAL_GROUPS = ("timing", "ray")  # latency and memory peaks; Ray clusters (their failure timings)
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups and before -m deselects
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Scheduling under ``make test`` (docs/architecture.md#tests): a test in xdist group "timing" or "ray" runs
-    in the serial pass; a test without a group that uses a module- or class-scoped fixture is grouped with its module,
-    so that ``--dist loadgroup`` builds that fixture (a deploy, a server) on one worker, not on both. Modules
-    with slow tests come first (in their own order): xdist hands out work in collection order (groups by size
-    first), and a minute-long test handed out last would leave the other worker idle meanwhile."""
+    """Scheduling under ``make test`` (docs/architecture.md#tests): a test in an xdist group of SERIAL_GROUPS
+    runs in the serial pass; a test without a group that uses a module- or class-scoped fixture is grouped with
+    its module, so that ``--dist loadgroup`` builds that fixture (a deploy, a server) on one worker, not on both.
+    Modules with slow tests come first (in their own order): xdist hands out work in collection order (groups by
+    size first), and a minute-long test handed out last would leave the other worker idle meanwhile."""
     slow = {item.nodeid.split("::", 1)[0] for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.nodeid.split("::", 1)[0] not in slow)  # stable: each module keeps its order
     for item in items:
         groups = [m.args[0] if m.args else m.kwargs.get("name") for m in item.iter_markers("xdist_group")]
-        if "timing" in groups or "ray" in groups:
+        if set(groups) & set(SERIAL_GROUPS):
             item.add_marker(pytest.mark.serial)
         elif not groups and _uses_shared_fixture(item):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))

@@ -59,7 +59,6 @@ MODELS = [  # (name, random_qwen3 shape or None for the committed test decoder)
     ("random-qwen3-210m", {"intermediate": 3200}),
 ]
 SCHEMES = ("fp32", "fp16", "w8a16", "w8a8", "w4a16")
-SKIP: set[tuple[str, str]] = set()  # (model, scheme) pairs left out
 
 CHILD = r"""
 import json, statistics, sys
@@ -249,8 +248,7 @@ def measure_all() -> list[dict]:
     source = f"bench/planner_host_llm.py on this project's {os.cpu_count()}-core CI machine, {when}"
     # one source per model: the rows of one run differ by model, and leaving one model out is the check that
     # matters for a host (docs/planner.md#host-decode)
-    runs = [(name, model_path(shape), scheme) for name, shape in MODELS for scheme in SCHEMES
-            if (name, scheme) not in SKIP]
+    runs = [(name, model_path(shape), scheme) for name, shape in MODELS for scheme in SCHEMES]
     rows = [measured_row(i, name, model, scheme, source, f"planner_host_llm/{when}/{name}")
             for i, (name, model, scheme) in enumerate(runs)]
     gbps = max(r["bandwidth_gbps"] for r in rows)  # the run's best copy: one board for all its rows

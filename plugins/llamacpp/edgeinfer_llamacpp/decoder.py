@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer.contract import StepDecoder
+from edgeinfer.contract import StepDecoder, verbose
 from edgeinfer.errors import BackendError, InputError, ModelError
 
 N_BATCH = 512  # llama.cpp's default n_batch (llama_context_default_params), the prefill chunk
@@ -62,8 +62,6 @@ SHOWN_LEVELS = (0, 3)  # ggml_log_level NONE and ERROR; INFO 1, WARN 2, DEBUG 4,
 
 def _log(level: int, text: bytes, _user: Any) -> None:
     """llama.cpp's log lines on stderr: errors only, unless the user asked for third-party output (--verbose)."""
-    from edgeinfer.contract import verbose
-
     if level != 5:
         _last_level[0] = level
     if _last_level[0] in SHOWN_LEVELS or verbose():
