@@ -17,9 +17,14 @@ edgeinfer ÷ llama.cpp (tok/s above 1 = edgeinfer ahead; TTFT, TPOT and RSS belo
 Models: speed and memory on a random Qwen3 of ~188 M non-embedding parameters (16 layers, hidden 1024, MLP
 2816; ``edgeinfer.testing.llm.random_qwen3``), whose flat logits make greedy agreement meaningless; the int4
 pairs use the committed *trained* tiny Qwen3 (``edgeinfer.testing.llm.model_dir``: 4 layers, hidden 256,
-trained on licence texts by scripts/build_test_llm.py), and both sides must pass a quality gate: on each of
-``QUALITY_PROMPTS``, greedy, the leading tokens of the fp32 transformers reference that the server's text
-reproduces; the gate passes when the lower median over prompts is at least ``GATE_TOKENS`` of ``QUALITY_TOKENS``.
+trained on licence texts by scripts/build_test_llm.py), and both sides must pass a quality gate: on each gate
+prompt, greedy, the leading tokens of the fp32 transformers reference that the server's text reproduces; the gate
+passes when the lower median over prompts is at least ``GATE_TOKENS`` of ``QUALITY_TOKENS``. The gate prompts are
+the ``QUALITY_PROMPTS`` (the earlier gate's four, then four lines of the training text) whose fp32 reference has no near-tie: its top-1 logit leads
+the top-2 by at least ``GATE_MARGIN`` at each of the ``QUALITY_TOKENS`` steps. At a near-tie any perturbation picks
+the other token (the reference itself is not stable there), so a divergence there says nothing about the scheme:
+the first four prompts used before diverged on both sides, Q4_0 and Q4_K_M alike, exactly at steps where the
+fp32 margin was 0.34 and 0.19 logits (bench/README.md). The JSON keeps every prompt's minimum margin.
 
 A pair whose edgeinfer backend is not installed (or whose preparation fails) is skipped with the reason in the
 JSON. Goals (reported, not asserted): tok/s ratio ≥ 1.0 at c1 and c16, TTFT p50 ratio ≤ 1.0 at c16, peak RSS
@@ -50,8 +55,12 @@ SLOTS = 16
 PROMPT_TOKENS = 32
 WORKLOADS = {"c1": (1, 64), "c4": (4, 64), "c16": (16, 64), "single128": (1, 128)}  # streams, new tokens
 QUALITY_PROMPTS = ["The licence grants", "Permission is hereby granted, free of charge, to any person",
-                   "THE SOFTWARE IS PROVIDED", "Redistribution and use in source and binary forms"]
+                   "THE SOFTWARE IS PROVIDED", "Redistribution and use in source and binary forms",
+                   "PYTHON SOFTWARE FOUNDATION LICENSE VERSION 2", "Grant of Copyright License.",
+                   "You may obtain a copy of the License at", "Copyright (c) 2005-2024, NumPy Developers."]
 QUALITY_TOKENS, GATE_TOKENS = 16, 8
+GATE_MARGIN = 1.0  # logits: the fp32 reference's smallest top-1 minus top-2 lead over a gate prompt's tokens
+MIN_GATE_PROMPTS = 3
 
 #: name -> edgeinfer side (board + quant (+ runtime) of a deploy; ``same_file``: llama-server runs its GGUF),
 #: its backend plugin, the llama.cpp GGUF type, the model ("random" or "trained") and whether to gate quality
@@ -189,33 +198,42 @@ def start_servers(target: Path, gguf: Path, bins: dict, threads: int, work: Path
     return servers
 
 
-def reference_pieces(model: Path, prompt: str) -> list[str]:
-    """The fp32 transformers model's first ``QUALITY_TOKENS`` greedy tokens after ``prompt`` (no stop at EOS),
-    as the text each adds."""
+def reference(model: Path, prompts: list[str]) -> dict[str, tuple[list[str], float]]:
+    """Per prompt, the fp32 transformers model's first ``QUALITY_TOKENS`` greedy tokens after it (no stop at
+    EOS) as the text each adds, and the smallest top-1 minus top-2 logit over those steps."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model)
     lm = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
-    ids = tok(prompt, return_tensors="pt").input_ids
-    start = ids.shape[1]
-    with torch.no_grad():
-        for _ in range(QUALITY_TOKENS):
-            ids = torch.cat([ids, lm(ids).logits[:, -1:].argmax(-1)], dim=1)
-    new = ids[0, start:].tolist()
-    return [tok.decode(new[: k + 1]) [len(tok.decode(new[:k])):] for k in range(len(new))]
+    out = {}
+    for prompt in prompts:
+        ids = tok(prompt, return_tensors="pt").input_ids
+        start, margins = ids.shape[1], []
+        with torch.no_grad():
+            for _ in range(QUALITY_TOKENS):
+                logits = lm(ids).logits[0, -1]
+                top = torch.topk(logits, 2).values
+                margins.append(float(top[0] - top[1]))
+                ids = torch.cat([ids, logits.argmax().view(1, 1)], dim=1)
+        new = ids[0, start:].tolist()
+        out[prompt] = ([tok.decode(new[: k + 1])[len(tok.decode(new[:k])):] for k in range(len(new))], min(margins))
+    return out
 
 
 def quality(servers: dict[str, Server], model: Path) -> dict:
-    refs = {p: reference_pieces(model, p) for p in QUALITY_PROMPTS}
-    out = {}
+    refs = reference(model, QUALITY_PROMPTS)
+    gate = [p for p, (_, margin) in refs.items() if margin >= GATE_MARGIN]
+    out: dict = {"prompts": [{"prompt": p, "min_margin": round(m, 3), "gate": p in gate}
+                             for p, (_, m) in refs.items()]}
     for side, s in servers.items():
         agree = []
-        for p, pieces in refs.items():
+        for p in gate:
             text = _peer.run_level_texts(s.url, s.model, [p], QUALITY_TOKENS)[0]
-            agree.append(_peer.leading_agreement(pieces, text))
-        med = sorted(agree)[(len(agree) - 1) // 2]
-        out[side] = {"leading_tokens_agreeing": agree, "median": med, "passes": med >= GATE_TOKENS}
+            agree.append(_peer.leading_agreement(refs[p][0], text))
+        med = sorted(agree)[(len(agree) - 1) // 2] if agree else None
+        passes = None if len(gate) < MIN_GATE_PROMPTS else med >= GATE_TOKENS  # None: too few sure prompts
+        out[side] = {"leading_tokens_agreeing": agree, "median": med, "passes": passes}
     return out
 
 
@@ -339,8 +357,10 @@ def main() -> None:
                      "rounds": rounds, "quick": args.quick, "threads": args.threads,
                      "llama_cpp_python": _llamacpp.version(),
                      "cmake_flags": _llamacpp.CMAKE_FLAGS, "build": build_log,
-                     "quality_gate": f"median over {len(QUALITY_PROMPTS)} prompts of the leading fp32-reference "
-                                     f"tokens reproduced >= {GATE_TOKENS} of {QUALITY_TOKENS}"},
+                     "quality_gate": f"lower median over the prompts whose fp32 reference leads by >= "
+                                     f"{GATE_MARGIN} logits at each step (at least {MIN_GATE_PROMPTS}) of the "
+                                     f"leading fp32-reference tokens reproduced >= {GATE_TOKENS} of "
+                                     f"{QUALITY_TOKENS}"},
         "loadavg_before": load_before, "loadavg_after": os.getloadavg(), "table": table(results),
         "pairs": results})
     plot(results, _common.RESULTS / f"{out}.png")
