@@ -30,7 +30,8 @@ A pair whose edgeinfer backend is not installed (or whose preparation fails) is 
 JSON. Goals (reported, not asserted): tok/s ratio ≥ 1.0 at c1 and c16, TTFT p50 ratio ≤ 1.0 at c16, peak RSS
 ratio ≤ 1.2; the ``llamacpp`` backend within 5 % of raw llama-server (tok/s ratio ≥ 0.95 everywhere).
 
-    python bench/peer_llamacpp.py [--quick] [--pairs host-fp32,ov-fp16] [--rounds 3] [--threads 2] [--out NAME]
+    python bench/peer_llamacpp.py [--quick] [--pairs host-fp32,ov-fp16] [--rounds 3] [--threads 2] [--in-process]
+        [--out NAME]
 
 Writes bench/results/peer_llamacpp.json (``settings.quick`` says which mode) and peer_llamacpp.png.
 """
@@ -61,6 +62,7 @@ QUALITY_PROMPTS = ["The licence grants", "Permission is hereby granted, free of 
 QUALITY_TOKENS, GATE_TOKENS = 16, 8
 GATE_MARGIN = 1.0  # logits: the fp32 reference's smallest top-1 minus top-2 lead over a gate prompt's tokens
 MIN_GATE_PROMPTS = 3
+SERVE_OPTIONS: list[str] = []  # more edgeinfer serve options (--in-process)
 
 #: name -> edgeinfer side (board + quant (+ runtime) of a deploy; ``same_file``: llama-server runs its GGUF),
 #: its backend plugin, the llama.cpp GGUF type, the model ("random" or "trained") and whether to gate quality
@@ -186,7 +188,8 @@ def start_servers(target: Path, gguf: Path, bins: dict, threads: int, work: Path
         p = free_port()
         servers["edgeinfer"] = Server([sys.executable, "-m", "edgeinfer.cli", "serve", str(target), "--port", str(p),
                                        "--slots", str(SLOTS), "--ctx", str(CTX), "--threads", str(threads),
-                                       "--max-queue", "64", "--timeout-s", "900", "--log-level", "warning"],
+                                       "--max-queue", "64", "--timeout-s", "900", "--log-level", "warning",
+                                       *SERVE_OPTIONS],
                                       p, "/ready", work / "edgeinfer.log")
         p = free_port()
         servers["llamacpp"] = Server(_llamacpp.server_command(bins, gguf, p, SLOTS, CTX, threads), p, "/health",
@@ -327,8 +330,11 @@ def main() -> None:
     ap.add_argument("--pairs", help=f"comma-separated, of: {','.join(PAIRS)}")
     ap.add_argument("--rounds", type=int, help="A B rounds per pair (default 3; --quick: 1)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="CPU threads of each server")
+    ap.add_argument("--in-process", action="store_true",
+                    help="edgeinfer serve --in-process: the decoder on a thread of the HTTP process")
     ap.add_argument("--out", default="peer_llamacpp", help="results name: bench/results/OUT.json and OUT.png")
     args = ap.parse_args()
+    SERVE_OPTIONS[:] = ["--in-process"] if args.in_process else []
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that the servers are stopped on the way out
     names = args.pairs.split(",") if args.pairs else QUICK_PAIRS if args.quick else list(PAIRS)
     unknown = [n for n in names if n not in PAIRS]
@@ -355,6 +361,7 @@ def main() -> None:
                 "medians over rounds; peak RSS = largest sum of RSS over each server's process tree",
         "settings": {"ctx": CTX, "slots": SLOTS, "prompt_tokens": PROMPT_TOKENS, "workloads": WORKLOADS,
                      "rounds": rounds, "quick": args.quick, "threads": args.threads,
+                     "edgeinfer_serve_options": SERVE_OPTIONS,
                      "llama_cpp_python": _llamacpp.version(),
                      "cmake_flags": _llamacpp.CMAKE_FLAGS, "build": build_log,
                      "quality_gate": f"lower median over the prompts whose fp32 reference leads by >= "

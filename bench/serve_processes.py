@@ -4,6 +4,7 @@ VmHWM / VmRSS / RssAnon / RssFile from /proc/PID/status and Pss from smaps_rollu
 mappings of the biggest process (anonymous vs file-backed: weights mapped or copied). Issue 30 §2, footprint.
 
     python bench/serve_processes.py ~/.cache/edgeinfer/bench/peer/<model>-host-w8a8 [--streams 16] [--label NAME]
+        [--in-process]      # edgeinfer serve --in-process: one process
         [--peer-rounds N]   # instead: bench/peer_llamacpp.py's workloads, N rounds, a snapshot after each
 
 Writes bench/results/serve_processes[-LABEL].json.
@@ -80,12 +81,13 @@ def main() -> None:
     ap.add_argument("--label", default="")
     ap.add_argument("--peer-rounds", type=int, default=0,
                     help="instead of one round of STREAMS: the peer bench's workloads, N rounds")
+    ap.add_argument("--in-process", action="store_true", help="serve --in-process (the decoder on a thread)")
     args = ap.parse_args()
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen([sys.executable, "-m", "edgeinfer.cli", "serve", str(args.target), "--port", str(port),
                              "--slots", "16", "--ctx", "256", "--threads", "2", "--max-queue", "64",
-                             "--log-level", "warning"])
+                             "--log-level", "warning", *(["--in-process"] if args.in_process else [])])
     try:
         while True:
             try:
@@ -107,6 +109,7 @@ def main() -> None:
         after = snapshot(proc.pid)
         big = max(after, key=lambda r: r["VmRSS_bytes"])["pid"]
         result = {"target": str(args.target), "streams": args.streams, "peer_rounds": args.peer_rounds,
+                  "in_process": args.in_process,
                   "idle": idle, "after": after, "steps": steps,
                   "tree_peak_bytes": sum(r["VmHWM_bytes"] for r in after), "largest_mappings": mappings(big)}
     finally:

@@ -50,6 +50,9 @@ EXTRAS = ("fastapi", "uvicorn", "starlette", "pydantic", "prometheus_client", "h
               help="Decoders: longest generation (streams end with an error event, others get 504).")
 @click.option("--threads", default=None, type=int,
               help="Decoders: CPU threads of the decoder worker, for backends that take it (default: theirs).")
+@click.option("--in-process", is_flag=True,
+              help="Decoders: run each on a thread of the HTTP process, not in a worker process of its own: one "
+                   "interpreter less (~25 MiB), but a runtime crash stops the server (docs/serve.md).")
 @click.option("--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning"]))
 @click.option("--ray", "ray_address", default=None, metavar="auto|ADDRESS",
               help="Serve as Ray Serve deployments placed by accelerator (docs/fleet.md); auto: a local Ray.")
@@ -84,6 +87,7 @@ def serve_cmd(
     prefill_chunk: int | None,
     generation_timeout_s: float,
     threads: int | None,
+    in_process: bool,
     log_level: str,
     ray_address: str | None = None,
     replicas: str = "1",
@@ -113,9 +117,13 @@ def serve_cmd(
         prefill_chunk=prefill_chunk,
         generation_timeout_s=generation_timeout_s,
         threads=threads,
+        in_process=in_process,
     ).check()
     if dry_run and not ray_address:
         raise InputError("--dry-run shows the placement of --ray; pass --ray auto|ADDRESS with it")
+    if ray_address and in_process:
+        raise InputError("--in-process is for one server process; with --ray each replica runs its decoder in a "
+                         "worker process of its own: drop --in-process")
     if ray_address and dry_run:
         from edgeinfer.fleet.ray_serve import dry_run as show_placement
 

@@ -126,7 +126,8 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel] | None = None
     pool.on_restart = lambda w: metrics.worker_restarts.labels(str(w.index)).inc()
     engines = {n: Engine(m, config.slots, config.max_queue, config.prefill_chunk,
                          config.devices[0] if config.devices else None, config.max_restarts, config.restart_window_s,
-                         observe=metrics.observe, threads=config.threads) for n, m in decoders.items()}
+                         observe=metrics.observe, threads=config.threads, in_process=config.in_process)
+               for n, m in decoders.items()}
     state.engines = engines
 
     offload = Offload(models, config.request_helpers, decoders)

@@ -1,4 +1,5 @@
-"""A worker process started without multiprocessing's spawn: ``python -c`` with one end of a socket pair.
+"""A decoder worker started without multiprocessing's spawn: ``python -c`` with one end of a socket pair, or
+(``serve --in-process``) a thread of the HTTP process with one end of a socket pair.
 
 CPython's spawn start method (``popen_spawn_posix``) starts multiprocessing's resource tracker, a third
 Python process (~12 MiB of RSS), before its first child, to hand each child the tracker's fd. A decoder
@@ -6,13 +7,23 @@ worker shares no multiprocessing semaphore or shared memory with the HTTP proces
 started here instead: the child reads the parent's ``sys.path``, then the pickled entry point and its
 arguments, and runs it with the connection, as ``Process(target=fn, args=(conn, *args))`` would. The object
 answers what :class:`~.supervisor.Supervisor` asks of a ``multiprocessing.Process``.
+
+In a thread (:class:`ChildThread`) the worker speaks the same protocol over the same kind of pipe and saves
+what a second interpreter holds: its own Python, edgeinfer, pydantic and tokenizer imports and the shared
+libraries mapped again (bench/README.md, "One process"). What it gives up: a runtime that crashes takes the
+server with it, and a worker cannot be killed — ``kill`` asks it to stop at its next step boundary, and a
+thread still loading runs to the end of its load.
 """
 
 from __future__ import annotations
 
+import ctypes
+import logging
+import os
 import socket
 import subprocess
 import sys
+import threading
 from multiprocessing.connection import Connection
 from typing import Any, Callable
 
@@ -54,12 +65,70 @@ class ChildProcess:
             self._popen.kill()
 
 
+M_ARENA_MAX = -8  # glibc malloc.h
+
+
+def one_malloc_arena() -> bool:
+    """Make every thread created from now on allocate from glibc's main arena (``mallopt(M_ARENA_MAX, 1)``,
+    https://man7.org/linux/man-pages/man3/mallopt.3.html); False where that is not glibc. A decoder loaded
+    on a thread of its own arena kept what loading freed: a served w8a8 decoder peaked at 473 MiB on its
+    thread, 411 with one arena, 453 as a worker process (bench/README.md, "One process")."""
+    try:
+        return bool(ctypes.CDLL(None).mallopt(M_ARENA_MAX, 1))
+    except (OSError, AttributeError):
+        return False
+
+
+class ChildThread:
+    """``fn(conn, *args)`` on a thread of this process, behind the same questions as :class:`ChildProcess`:
+    its pid is this process's; its exit code 0 when ``fn`` returned, 1 when it raised (logged). Threads
+    started from then on share glibc's main malloc arena (:func:`one_malloc_arena`)."""
+
+    def __init__(self, fn: Callable[..., None], args: tuple, name: str):
+        one_malloc_arena()
+        ours, theirs = socket.socketpair()
+        self.name = name
+        self.conn = Connection(ours.detach())
+        self._theirs = Connection(theirs.detach())
+        self.exitcode: int | None = None
+        self._thread = threading.Thread(target=self._run, args=(fn, args), name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self, fn: Callable[..., None], args: tuple) -> None:
+        code = 1
+        try:
+            fn(self._theirs, *args)
+            code = 0
+        except BaseException:  # noqa: BLE001 - as a process's uncaught exception: logged, exit code 1
+            logging.getLogger("edgeinfer.serve").exception("%s ended with an exception", self.name)
+        finally:
+            self.exitcode = code
+            self._theirs.close()  # the parent's reader sees the end of the pipe: the worker exited
+
+    @property
+    def pid(self) -> int:
+        return os.getpid()
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def join(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
+
+    def kill(self) -> None:
+        """A thread cannot be killed: ask it to stop after its current step (a loading one ignores it)."""
+        try:
+            self.conn.send(("stop",))
+        except (OSError, ValueError):
+            pass
+
+
 def child_main(conn: Connection) -> None:
     fn, args = conn.recv()
     fn(conn, *args)
 
 
-def start(fn: Callable[..., None], args: tuple, name: str) -> tuple[Any, Any]:
-    """The started process and the parent's end of its connection."""
-    proc = ChildProcess(fn, args, name)
+def start(fn: Callable[..., None], args: tuple, name: str, in_process: bool = False) -> tuple[Any, Any]:
+    """The started process (or thread, ``in_process``) and the parent's end of its connection."""
+    proc = ChildThread(fn, args, name) if in_process else ChildProcess(fn, args, name)
     return proc, proc.conn

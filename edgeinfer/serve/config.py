@@ -37,6 +37,7 @@ class ServeConfig:
     prefill_chunk: int | None = None  # prompt tokens per prefill call between decode steps (None: 128)
     generation_timeout_s: float = 300.0
     threads: int | None = None  # CPU threads of a decoder worker (backends with a "threads" option); None: default
+    in_process: bool = False  # decoders on a thread of the HTTP process instead of a worker process each
 
     def check(self) -> ServeConfig:
         if not self.bundles:
@@ -61,6 +62,9 @@ class ServeConfig:
             raise InputError(f"--ctx must be at least 1, got {self.ctx}")
         if self.threads is not None and self.threads < 1:
             raise InputError(f"--threads must be at least 1, got {self.threads}")
+        if self.in_process and self.devices:
+            raise InputError("--in-process runs decoders on the default device of the HTTP process; drop --devices "
+                             "(or --in-process, for a worker process per decoder)")
         if self.prefill_chunk is not None and self.prefill_chunk < 1:
             raise InputError(f"--prefill-chunk must be at least 1, got {self.prefill_chunk}")
         if not (math.isfinite(self.generation_timeout_s) and self.generation_timeout_s > 0):

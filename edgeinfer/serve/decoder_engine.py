@@ -108,9 +108,9 @@ class Engine(Supervisor):
 
     def __init__(self, llm: ServedDecoder, slots: int, max_queue: int, prefill_chunk: int | None,
                  entry: str | None = None, max_restarts: int = 5, restart_window_s: float = 60.0,
-                 observe: Any = None, threads: int | None = None):
+                 observe: Any = None, threads: int | None = None, in_process: bool = False):
         super().__init__(f"edgeinfer-serve-llm-{llm.name}", max_restarts, restart_window_s)
-        self.threads = threads
+        self.threads, self.in_process = threads, in_process
         self.llm, self.slots, self.max_queue, self.prefill_chunk = llm, slots, max_queue, prefill_chunk
         self.entry = entry
         self.observe = observe or (lambda *a, **k: None)
@@ -136,10 +136,11 @@ class Engine(Supervisor):
         return super().spawn()
 
     def launch(self, fn: Any, args: tuple) -> tuple[Any, Any]:
-        """Not multiprocessing's spawn: its resource tracker would be one more process (:mod:`.child`)."""
+        """Not multiprocessing's spawn: its resource tracker would be one more process (:mod:`.child`); with
+        ``in_process``, a thread of this process."""
         from edgeinfer.serve import child
 
-        return child.start(fn, args, self.name)
+        return child.start(fn, args, self.name, self.in_process)
 
     def on_message(self, msg: tuple) -> None:
         if msg[0] == "ready":

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from typing import Any
 
 from edgeinfer.errors import one_line
@@ -33,8 +34,9 @@ def load_generator(path: str, backend: str, entry: str | None, context: int, slo
 
 def decoder_worker_main(conn: Any, path: str, backend: str, entry: str | None, context: int, slots: int,
                     prefill_chunk: int | None, threads: int | None = None) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process decides when workers stop
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if threading.current_thread() is threading.main_thread():  # a worker process, not serve --in-process
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process decides when workers stop
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # not lowered like the embedding workers (workers.lower_priority): every stream waits on this process's
     # steps, and a step is short, so the HTTP process gets the CPU between two of them anyway
     from edgeinfer.contract.decoder import NativeDecoder
