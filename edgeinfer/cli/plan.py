@@ -95,7 +95,8 @@ def render_plan(p: Plan) -> None:
     if served:
         con.print(f"served (edgeinfer serve --slots {p.batch}): {_gib(served['total_bytes'])} = the decoder's "
                   f"{_gib(served['decoder_process_bytes'])} + {_gib(served['serve_processes_bytes'])} for serve's "
-                  f"HTTP process and helpers ({_ref(served['source'])})")
+                  f"HTTP process and helpers ({_ref(served['source'])}); {_gib(served['in_process_total_bytes'])} "
+                  "with --in-process")
     for r in p.reasons:
         con.print(f"[red]✗[/] {r}")
     e = p.estimates

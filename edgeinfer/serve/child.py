@@ -72,7 +72,7 @@ def one_malloc_arena() -> bool:
     """Make every thread created from now on allocate from glibc's main arena (``mallopt(M_ARENA_MAX, 1)``,
     https://man7.org/linux/man-pages/man3/mallopt.3.html); False where that is not glibc. A decoder loaded
     on a thread of its own arena kept what loading freed: a served w8a8 decoder peaked at 473 MiB on its
-    thread, 411 with one arena, 453 as a worker process (bench/README.md, "One process")."""
+    thread, 407–413 with one arena, 453–469 as a worker process (bench/README.md, "One process")."""
     try:
         return bool(ctypes.CDLL(None).mallopt(M_ARENA_MAX, 1))
     except (OSError, AttributeError):
