@@ -20,11 +20,12 @@ pairs use the committed *trained* tiny Qwen3 (``edgeinfer.testing.llm.model_dir`
 trained on licence texts by scripts/build_test_llm.py), and both sides must pass a quality gate: on each gate
 prompt, greedy, the leading tokens of the fp32 transformers reference that the server's text reproduces; the gate
 passes when the lower median over prompts is at least ``GATE_TOKENS`` of ``QUALITY_TOKENS``. The gate prompts are
-the ``QUALITY_PROMPTS`` (the earlier gate's four, then four lines of the training text) whose fp32 reference has no near-tie: its top-1 logit leads
-the top-2 by at least ``GATE_MARGIN`` at each of the ``QUALITY_TOKENS`` steps. At a near-tie any perturbation picks
-the other token (the reference itself is not stable there), so a divergence there says nothing about the scheme:
-the first four prompts used before diverged on both sides, Q4_0 and Q4_K_M alike, exactly at steps where the
-fp32 margin was 0.34 and 0.19 logits (bench/README.md). The JSON keeps every prompt's minimum margin.
+the ``QUALITY_PROMPTS`` (the earlier gate's four, then four lines of the training text) whose fp32 reference
+has no near-tie: its top-1 logit leads the top-2 by at least ``GATE_MARGIN`` at each of the ``QUALITY_TOKENS``
+steps. At a near-tie any perturbation picks the other token (the reference itself is not stable there), so a
+divergence there says nothing about the scheme: the first four prompts used before diverged on both sides,
+Q4_0 and Q4_K_M alike, exactly at steps where the fp32 margin was 0.34 and 0.19 logits (bench/README.md). The
+JSON keeps every prompt's minimum margin.
 
 A pair whose edgeinfer backend is not installed (or whose preparation fails) is skipped with the reason in the
 JSON. Goals (reported, not asserted): tok/s ratio ≥ 1.0 at c1 and c16, TTFT p50 ratio ≤ 1.0 at c16, peak RSS
