@@ -70,6 +70,29 @@ def test_a_runtime_counts_once_per_process():
     assert w1.total_bytes == w2.total_bytes == worker.total_bytes  # each --devices entry holds every encoder
 
 
+def test_an_in_process_decoder_lives_in_the_http_process_one_interpreter_lighter():
+    """serve --in-process: no decoder worker; the decoder's bytes count in the HTTP process, less the saving
+    bench/serve_processes.py measured (the smaller of its two bundles)."""
+    import json
+    from pathlib import Path
+
+    results = Path(__file__).parents[1] / "bench/results"
+    tree = {n: json.loads((results / f"serve_processes-{n}.json").read_text())["tree_peak_bytes"]
+            for n in ("llamacpp-q8_0-now", "llamacpp-q8_0-inproc", "host-w8a8-now", "host-w8a8-inproc")}
+    saved = min(tree[f"{b}-now"] - tree[f"{b}-inproc"] for b in ("llamacpp-q8_0", "host-w8a8"))
+    mib = 2**20
+    a = Member("a", False, "ort", weights=100 * mib, kv_cache=0, activations=10 * mib, runtime_fixed=76 * mib,
+               runtime_scaled=0)
+    llm = Member("llm", True, "ort", weights=300 * mib, kv_cache=30 * mib, activations=3 * mib,
+                 runtime_fixed=76 * mib, runtime_scaled=0)
+    apart = layout([a, llm])
+    together = layout([a, llm], in_process=True)
+    assert [p.name for p in apart][1:] == ["encoder worker", "decoder worker llm"]
+    assert [p.name for p in together][1:] == ["encoder worker"] and "llm" in together[0].parts
+    lighter = sum(p.total_bytes for p in apart) - sum(p.total_bytes for p in together)
+    assert 0.9 * saved <= lighter <= saved, (lighter / mib, saved / mib)
+
+
 def test_two_encoders_on_one_worker_pay_the_runtime_once_as_planned_alone():
     """The host runtime's overhead is a fixed part (once per process) and, where fitted, a share of each model's
     weights (each model pays its own): planned together, the worker is both plans alone less one fixed part."""

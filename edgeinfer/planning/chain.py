@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgeinfer.planning.boards import GIB, Board
-from edgeinfer.planning.serve_memory import serve_own_bytes, serve_processes
+from edgeinfer.planning.serve_memory import in_process_saving_bytes, serve_own_bytes, serve_processes
 
 KIND = "edgeinfer.plan_chain"
 MIB = 2**20
@@ -87,9 +87,11 @@ def _parts(m: Member, fixed: bool) -> dict[str, int]:
             "runtime": m.runtime_scaled + (m.runtime_fixed if fixed else 0)}
 
 
-def layout(members: list[Member], workers: int = 1) -> list[Process]:
+def layout(members: list[Member], workers: int = 1, in_process: bool = False) -> list[Process]:
     """The processes serve starts for ``members`` with ``workers`` encoder workers (``--devices`` entries; 1 when
-    none are given). In a worker a runtime's fixed overhead is charged to the first model that uses it."""
+    none are given). In a worker a runtime's fixed overhead is charged to the first model that uses it.
+    ``in_process`` (``serve --in-process``): decoders run in the HTTP process, each one interpreter lighter
+    (:func:`~edgeinfer.planning.serve_memory.in_process_saving_bytes`)."""
     encoders = [m for m in members if not m.decoder]
     name = "serve (HTTP process and resource tracker)" if encoders else "serve (HTTP process)"
     procs = [Process(name, {}, serve_own_bytes(len(encoders)))]
@@ -105,8 +107,15 @@ def layout(members: list[Member], workers: int = 1) -> list[Process]:
             first = next(m.name for m in encoders if m.runtime == rt)
             parts[first]["runtime"] += fixed
         procs.append(Process(f"encoder worker {i + 1}" if workers > 1 else "encoder worker", parts))
-    procs += [Process(f"decoder worker {m.name}", {m.name: _parts(m, fixed=True)}) for m in members if m.decoder]
-    return procs
+    decoders = [m for m in members if m.decoder]
+    if in_process:
+        for m in decoders:
+            parts = _parts(m, fixed=True)
+            parts["runtime"] = max(0, parts["runtime"] - in_process_saving_bytes())
+            procs[0].parts[m.name] = parts
+        procs[0].name += ", decoders on its threads"
+        return procs
+    return procs + [Process(f"decoder worker {m.name}", {m.name: _parts(m, fixed=True)}) for m in decoders]
 
 
 @dataclass

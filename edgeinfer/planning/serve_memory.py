@@ -37,12 +37,17 @@ def serve_own_bytes(encoders: int) -> int:
     return int((own["value"] + extra) * MIB)
 
 
+def in_process_saving_bytes() -> int:
+    """What ``serve --in-process`` saves per decoder: its worker process's interpreter (measured)."""
+    return int(serve_processes()["parts_mib"]["in_process_saving"] * MIB)
+
+
 def served(breakdown: dict[str, int]) -> dict[str, Any]:
     """The plan's memory for the decoder served by ``edgeinfer serve``: the breakdown without the board's OS
     reserve (the measured peak does not hold it) plus serve's own processes."""
     own = serve_processes()
     extra = int(own["value"] * MIB)
     decoder = sum(v for k, v in breakdown.items() if k != "reserved")
-    saving = int(own["parts_mib"]["in_process_saving"] * MIB)
+    saving = in_process_saving_bytes()
     return {"total_bytes": decoder + extra, "decoder_process_bytes": decoder, "serve_processes_bytes": extra,
             "in_process_total_bytes": max(decoder, decoder + extra - saving), "source": own["source"]}

@@ -46,7 +46,7 @@ def check_budget(models: dict[str, Any], decoders: dict[str, Any], config: Serve
         return None
     members = [member(n, rescaled(plan, batch, ctx), dec, board.usable_bytes)
                for n, plan, dec, batch, ctx in recorded]
-    chain = ChainPlan(board, members, layout(members, len(config.devices) or 1))
+    chain = ChainPlan(board, members, layout(members, len(config.devices) or 1, config.in_process))
     if not chain.fits:
         raise CheckFailed(chain.refusal(), "serve fewer bundles, or deploy smaller ones (plan them together with "
                           "`edgeinfer plan A B C --board B`)")
