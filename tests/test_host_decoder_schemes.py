@@ -123,10 +123,9 @@ def test_the_host_plan_holds_fp16_weights_as_fp32_and_adds_serves_processes():
     assert 0.9 < served["serve_processes_bytes"] / measured < 1.1, (served["serve_processes_bytes"], measured)
     assert served["serve_processes_bytes"] < 150 * 2**20  # no request helper (75 MiB each) counted
     # serve --in-process: one interpreter less, never more than bench/serve_processes.py measured it save
-    results = Path(__file__).parents[1] / "bench/results"
-    tree = {n: json.loads((results / f"serve_processes-{n}.json").read_text())["tree_peak_bytes"]
-            for n in ("llamacpp-q8_0-now", "llamacpp-q8_0-inproc", "host-w8a8-now", "host-w8a8-inproc")}
-    saved = min(tree[f"{b}-now"] - tree[f"{b}-inproc"] for b in ("llamacpp-q8_0", "host-w8a8"))
+    from edgeinfer.testing.serve import measured_in_process_saving
+
+    saved = measured_in_process_saving()
     assert 0.9 * saved <= served["total_bytes"] - served["in_process_total_bytes"] <= saved
 
 

@@ -73,13 +73,9 @@ def test_a_runtime_counts_once_per_process():
 def test_an_in_process_decoder_lives_in_the_http_process_one_interpreter_lighter():
     """serve --in-process: no decoder worker; the decoder's bytes count in the HTTP process, less the saving
     bench/serve_processes.py measured (the smaller of its two bundles)."""
-    import json
-    from pathlib import Path
+    from edgeinfer.testing.serve import measured_in_process_saving
 
-    results = Path(__file__).parents[1] / "bench/results"
-    tree = {n: json.loads((results / f"serve_processes-{n}.json").read_text())["tree_peak_bytes"]
-            for n in ("llamacpp-q8_0-now", "llamacpp-q8_0-inproc", "host-w8a8-now", "host-w8a8-inproc")}
-    saved = min(tree[f"{b}-now"] - tree[f"{b}-inproc"] for b in ("llamacpp-q8_0", "host-w8a8"))
+    saved = measured_in_process_saving()
     mib = 2**20
     a = Member("a", False, "ort", weights=100 * mib, kv_cache=0, activations=10 * mib, runtime_fixed=76 * mib,
                runtime_scaled=0)

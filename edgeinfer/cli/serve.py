@@ -52,7 +52,7 @@ EXTRAS = ("fastapi", "uvicorn", "starlette", "pydantic", "prometheus_client", "h
               help="Decoders: CPU threads of the decoder worker, for backends that take it (default: theirs).")
 @click.option("--in-process", is_flag=True,
               help="Decoders: run each on a thread of the HTTP process, not in a worker process of its own: one "
-                   "interpreter less (~25 MiB), but a runtime crash stops the server (docs/serve.md).")
+                   "interpreter less (~40 MiB), but a runtime crash stops the server (docs/serve.md).")
 @click.option("--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning"]))
 @click.option("--ray", "ray_address", default=None, metavar="auto|ADDRESS",
               help="Serve as Ray Serve deployments placed by accelerator (docs/fleet.md); auto: a local Ray.")

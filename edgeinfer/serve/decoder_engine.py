@@ -102,7 +102,7 @@ class Request:
 
 
 class Engine(Supervisor):
-    """One decoder model served by one worker process with ``slots`` KV slots."""
+    """One decoder model served by one worker process (``in_process``: a thread) with ``slots`` KV slots."""
 
     read_in_loop = True  # one small message per step
 

@@ -248,3 +248,15 @@ def _onnxruntime_bundle(out: Path, graph: Any, what: str) -> Path:
     write(out, Manifest(backend="onnxruntime", board="host-cpu", scheme="fp32", artifacts=["model.onnx"],
                         inputs=inputs, outputs=outputs, source={"model": what}, versions=be.versions()))
     return out
+
+
+def measured_in_process_saving() -> int:
+    """The smaller of the two savings of ``serve --in-process`` that bench/serve_processes.py measured (bytes of the
+    process tree's peak, with a worker process less), from the committed results: what plan and the start-up
+    check may take off per decoder at most."""
+    import json
+
+    results = Path(__file__).resolve().parents[2] / "bench" / "results"
+    tree = {n: json.loads((results / f"serve_processes-{n}.json").read_text())["tree_peak_bytes"]
+            for n in ("llamacpp-q8_0-now", "llamacpp-q8_0-inproc", "host-w8a8-now", "host-w8a8-inproc")}
+    return min(tree[f"{b}-now"] - tree[f"{b}-inproc"] for b in ("llamacpp-q8_0", "host-w8a8"))
