@@ -145,6 +145,39 @@ def test_request_helpers_start_on_the_first_large_request_and_zero_means_inline(
     assert not set(_spawned_children()) - before
 
 
+def test_a_helper_started_while_the_broken_pool_was_torn_down_is_killed():
+    """CPython's pool can start a helper after its manager thread terminated the helpers of a broken pool
+    (a request submitted just as one died); renewing the pool kills it instead of leaving it waiting for
+    ever (this once left a helper behind in CI). The late helper is started the way ``submit`` starts one
+    and kept out of the pool's table until the teardown has listed the helpers, as in the race."""
+    import asyncio
+    import os
+    import signal
+
+    from edgeinfer.serve.prep import ApiError, Offload
+
+    before = set(_spawned_children())
+    offload = Offload({}, processes=2)
+    offload.start()
+    try:
+        first = asyncio.run(offload.encode(True, os.getpid))
+        broken = offload._pool
+        broken._spawn_process()  # what the racing submit does
+        late = set(_spawned_children()) - before - {first}
+        (late_pid,) = late
+        late_helper = broken._processes.pop(late_pid)
+        os.kill(first, signal.SIGKILL)
+        broken._executor_manager_thread.join(30)  # it has torn the pool down without seeing the late helper
+        broken._processes[late_pid] = late_helper
+        assert late_helper.is_alive()
+        with pytest.raises(ApiError, match="helper process"):
+            asyncio.run(offload.encode(True, os.getpid))
+        assert not set(_spawned_children()) & late
+    finally:
+        offload.stop()
+    assert not set(_spawned_children()) - before
+
+
 def test_non_finite_outputs_are_refused_by_name():
     from edgeinfer.serve.prep import ApiError, check_finite
 

@@ -388,6 +388,17 @@ def _call(fn: Callable[..., Any], args: tuple, table: str | None) -> Any:
     return fn(_TABLES[table], *args) if table is not None else fn(*args)
 
 
+def _kill_late_helpers(broken: ProcessPoolExecutor) -> None:
+    """Kills the helpers a broken pool still has. CPython's ``submit`` can start a helper while the pool's
+    manager thread tears the broken pool down (it terminates the helpers it listed before the new one was
+    added); that helper would wait on a closed queue for ever, holding its memory. ``_processes`` is the
+    pool's own table of its helpers (private: there is no public one)."""
+    for helper in list((broken._processes or {}).values()):
+        if helper.is_alive():
+            helper.kill()
+            helper.join(5)
+
+
 class Offload:
     """Runs request work inline when it is small and in up to ``processes`` helper processes (spawned) when
     it is large. The helpers start when a large request first needs one (ProcessPoolExecutor starts them one
@@ -436,6 +447,7 @@ class Offload:
         with self._lock:
             if self._pool is broken:
                 self._pool = None  # the next large request starts new helpers
+        _kill_late_helpers(broken)
 
     async def _submit(self, fn: Callable[..., Any], args: tuple, table: str | None) -> Any:
         try:
@@ -444,7 +456,7 @@ class Offload:
             try:
                 return await asyncio.wrap_future(future)
             except BrokenProcessPool:
-                self._renew(pool)
+                await asyncio.to_thread(self._renew, pool)
                 raise
         except BrokenProcessPool:
             raise ApiError(500, "the helper process working on this request died (out of memory?); "
