@@ -163,8 +163,7 @@ def test_a_helper_started_while_the_broken_pool_was_torn_down_is_killed():
         first = asyncio.run(offload.encode(True, os.getpid))
         broken = offload._pool
         broken._spawn_process()  # what the racing submit does
-        late = set(_spawned_children()) - before - {first}
-        (late_pid,) = late
+        (late_pid,) = set(broken._processes) - {first}
         late_helper = broken._processes.pop(late_pid)
         os.kill(first, signal.SIGKILL)
         broken._executor_manager_thread.join(30)  # it has torn the pool down without seeing the late helper
@@ -172,7 +171,7 @@ def test_a_helper_started_while_the_broken_pool_was_torn_down_is_killed():
         assert late_helper.is_alive()
         with pytest.raises(ApiError, match="helper process"):
             asyncio.run(offload.encode(True, os.getpid))
-        assert not set(_spawned_children()) & late
+        assert not late_helper.is_alive() and late_pid not in _spawned_children()
     finally:
         offload.stop()
     assert not set(_spawned_children()) - before
