@@ -145,6 +145,29 @@ def test_a_chain_file_needs_one_named_board(tmp_path):
     assert r.returncode == 2 and "one named board" in r.stderr and r.stdout == ""
 
 
+def test_plan_in_process_puts_each_decoder_in_the_http_process_one_saving_lighter():
+    """``plan A B C --in-process`` plans the chain as ``serve --in-process`` starts it: no decoder worker, the
+    decoders' bytes in the HTTP process; two decoders make it lighter by two measured savings."""
+    from edgeinfer.testing.serve import measured_in_process_saving
+
+    chain = [EMB, LLM, "qwen3-0.6b", "--board", "rk3588-16g", "--json"]
+    apart, together = (json.loads(cli("plan", *chain, *flag).stdout) for flag in ([], ["--in-process"]))
+    assert [p["name"] for p in apart["processes"]][1:] == ["encoder worker", f"decoder worker {LLM}",
+                                                          "decoder worker qwen3-0.6b"]
+    names = [p["name"] for p in together["processes"]]
+    assert len(names) == 2 and names[1] == "encoder worker" and "decoders on its threads" in names[0]
+    assert set(together["processes"][0]["models"]) == {LLM, "qwen3-0.6b"}
+    lighter = apart["memory"]["total_bytes"] - together["memory"]["total_bytes"]
+    saved = measured_in_process_saving()
+    assert 2 * 0.9 * saved <= lighter <= 2 * saved, (lighter / MIB, saved / MIB)
+
+
+def test_plan_in_process_needs_a_chain():
+    r = cli("plan", LLM, "--board", "rk3588-16g", "--in-process")
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert r.returncode == 2 and r.stdout == "" and len(lines) == 1 and "chain" in lines[0], r.stderr
+
+
 def test_a_single_model_keeps_its_plan():
     r = cli("plan", LLM, "--board", "rk3588-16g", "--json")
     assert json.loads(r.stdout)["kind"] == "edgeinfer.plan" and r.returncode == 0

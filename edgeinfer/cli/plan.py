@@ -233,6 +233,8 @@ def render_chain(c: ChainPlan) -> None:
               "(board, nvme, emmc, sd, dram; default: the board's, else emmc).")
 @click.option("--image", default=None, metavar="WxH", help="Vision-language models: one image of this size "
               "(default 448x448; Gemma 3 always 896x896).")
+@click.option("--in-process", is_flag=True, help="A chain served with `edgeinfer serve --in-process`: decoders on "
+              "threads of the HTTP process, one interpreter lighter each.")
 @click.option("--json", "as_json", is_flag=True, help="Print only JSON (schema edgeinfer/schemas/plan.schema.json).")
 @click.option("--fleet", type=click.Path(), help="Plan a fleet file (nodes, models; docs/fleet.md) instead.")
 @click.pass_context
@@ -240,7 +242,7 @@ def plan_cmd(ctx: click.Context, models: tuple[str, ...], board: str, quant: str
              batch: int | None,
              kv_dtype: str | None, runtime: str | None, as_json: bool, paging: int | None = None,
              segments: int | None = None, storage: str | None = None, image: str | None = None,
-             fleet: str | None = None) -> None:
+             fleet: str | None = None, in_process: bool = False) -> None:
     """Will MODEL fit BOARD, how fast, and what to change if not.
 
     MODEL: catalog name or HF id (Qwen/Qwen3-8B), HF directory, config.json, .gguf, .onnx, .safetensors,
@@ -258,7 +260,8 @@ def plan_cmd(ctx: click.Context, models: tuple[str, ...], board: str, quant: str
         raise click.UsageError("Missing argument 'MODELS...'" if not models else "Missing option '--board'")
     with _telling_host_measurement(as_json):
         answer = plan_models(models, board, quant=quant, ctx=ctx_len, batch=batch, kv_dtype=kv_dtype,
-                             runtime=runtime, paging=paging, segments=segments, storage=storage, image=image)
+                             runtime=runtime, paging=paging, segments=segments, storage=storage, image=image,
+                             in_process=in_process)
     render = (render_matrix if isinstance(answer, PlanMatrix) else render_chain if isinstance(answer, ChainPlan)
               else render_plan)
     emit(answer.to_dict(), as_json, lambda _: render(answer))

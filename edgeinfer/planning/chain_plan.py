@@ -80,20 +80,21 @@ def _entry(p: Path, i: int, item: Any, hint: str) -> Entry:
 
 
 def plan_chain(entries: Sequence[Entry], board: str | Board, workers: int = 1, suggest: bool = True,
-               **given: Any) -> ChainPlan:
+               in_process: bool = False, **given: Any) -> ChainPlan:
     """Plan every entry on ``board`` (each entry's options over ``given``, the command line's, whose ctx, batch
     and kv_dtype go to the decoders only; a batch defaults to serve's: ``--max-batch`` rows for an encoder,
-    ``--slots`` sequences for a decoder) and add them up."""
+    ``--slots`` sequences for a decoder) and add them up, laid out as serve starts them (``in_process``: with
+    ``--in-process``)."""
     names = [e.model for e in entries]
     twice = next((n for n in names if names.count(n) > 1), None)
     if twice:
         raise InputError(f"model {twice!r} is listed twice; serve holds each model once")
     b = get_board(board)
     planned = [_plan_one(e, b, given) for e in entries]
-    chain = ChainPlan(b, [m for m, _, _ in planned], layout([m for m, _, _ in planned], workers))
+    chain = ChainPlan(b, [m for m, _, _ in planned], layout([m for m, _, _ in planned], workers, in_process))
     chain.warnings = list(dict.fromkeys(w for m, p, _ in planned for w in p.warnings))
     if suggest and not chain.fits:
-        chain.suggestions = _suggestions(chain, planned, workers, given)
+        chain.suggestions = _suggestions(chain, planned, workers, given, in_process)
     return chain
 
 
@@ -108,7 +109,8 @@ def _plan_one(e: Entry, b: Board, given: dict[str, Any]) -> tuple[Member, planne
     return m, p, opts
 
 
-def _suggestions(chain: ChainPlan, planned: list, workers: int, given: dict[str, Any]) -> dict[str, Any]:
+def _suggestions(chain: ChainPlan, planned: list, workers: int, given: dict[str, Any],
+                 in_process: bool) -> dict[str, Any]:
     """Per model, largest first: the best scheme (and for a decoder the longest context) that would fit in
     the room the others leave; and the smallest board of the family that takes the whole chain."""
     models = []
@@ -124,10 +126,10 @@ def _suggestions(chain: ChainPlan, planned: list, workers: int, given: dict[str,
         quant = s.quant if s and s.quant != p.scheme.name else None
         max_ctx = s.max_ctx if s and m.decoder and s.max_ctx and s.max_ctx < p.ctx else None
         models.append({"model": m.name, "quant": quant, "max_ctx": max_ctx})
-    return {"models": models, "board": _bigger_board(chain, [e for _, _, e in planned], workers)}
+    return {"models": models, "board": _bigger_board(chain, [e for _, _, e in planned], workers, in_process)}
 
 
-def _bigger_board(chain: ChainPlan, options: list[dict[str, Any]], workers: int) -> str | None:
+def _bigger_board(chain: ChainPlan, options: list[dict[str, Any]], workers: int, in_process: bool) -> str | None:
     b = chain.board
     if b.family == "host":
         return None
@@ -136,7 +138,7 @@ def _bigger_board(chain: ChainPlan, options: list[dict[str, Any]], workers: int)
             continue
         try:
             entries = [Entry(m.name, o) for m, o in zip(chain.members, options)]
-            if plan_chain(entries, x, workers, suggest=False).fits:
+            if plan_chain(entries, x, workers, suggest=False, in_process=in_process).fits:
                 return x.name
         except EdgeInferError:
             continue

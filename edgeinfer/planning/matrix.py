@@ -45,17 +45,22 @@ class PlanMatrix:
 
 
 def plan_models(models: Sequence[str], board: str, ctx: int | None = None, batch: int | None = None,
-                image: str | None = None, **options: Any) -> planner.Plan | PlanMatrix | ChainPlan:
+                image: str | None = None, in_process: bool = False,
+                **options: Any) -> planner.Plan | PlanMatrix | ChainPlan:
     """One model on one named board → its Plan (with suggestions); several models (or a chain file) on one
     named board → the ChainPlan of serving them together; ``--board all`` → the matrix (no suggestions).
 
     ``options`` are :func:`edgeinfer.planning.planner.plan`'s (quant, kv_dtype, runtime, paging, ...);
     ``image`` ("WxH") sizes the vision encoder's activations of vision-language models; ``batch`` None: 1, in a
-    chain serve's (chain_plan.plan_chain)."""
+    chain serve's (chain_plan.plan_chain); ``in_process``: a chain's decoders served ``--in-process``."""
     ctx = None if ctx is None else planner.check_int("ctx", ctx)  # None: each model's limit, capped
     batch = None if batch is None else planner.check_int("batch", batch)
     if board != "all" and (len(models) > 1 or (models and is_chain_file(models[0]))):
-        return _chain(models, board, ctx=ctx, batch=batch, **options) if image is None else _no_image()
+        return (_chain(models, board, in_process, ctx=ctx, batch=batch, **options) if image is None
+                else _no_image())
+    if in_process:
+        raise InputError("--in-process plans a chain (several MODELs on one named board); one model's plan "
+                         "already gives its total served --in-process", "drop --in-process")
     if any(is_chain_file(m) for m in models):
         raise InputError("a chain file is planned on one named board, not --board all", "pass --board NAME")
     batch = batch or 1
@@ -77,12 +82,12 @@ def plan_models(models: Sequence[str], board: str, ctx: int | None = None, batch
     return PlanMatrix(list(models), boards, plans)
 
 
-def _chain(models: Sequence[str], board: str, **given: Any) -> ChainPlan:
+def _chain(models: Sequence[str], board: str, in_process: bool, **given: Any) -> ChainPlan:
     files = [m for m in models if is_chain_file(m)]
     if files and len(models) > 1:
         raise InputError(f"give a chain file ({files[0]}) alone, or model references without one")
     entries, workers = read_chain_file(files[0]) if files else ([Entry(m) for m in models], 1)
-    return plan_chain(entries, board, workers, **given)
+    return plan_chain(entries, board, workers, in_process=in_process, **given)
 
 
 def _no_image() -> Any:
