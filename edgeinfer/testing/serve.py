@@ -260,3 +260,31 @@ def measured_in_process_saving() -> int:
     tree = {n: json.loads((results / f"serve_processes-{n}.json").read_text())["tree_peak_bytes"]
             for n in ("llamacpp-q8_0-now", "llamacpp-q8_0-inproc", "host-w8a8-now", "host-w8a8-inproc")}
     return min(tree[f"{b}-now"] - tree[f"{b}-inproc"] for b in ("llamacpp-q8_0", "host-w8a8"))
+
+
+def large_block_mapped() -> bool | None:
+    """Whether a freshly allocated 4 MiB block gets a mapping of its own after an 8 MiB one was freed: not under
+    glibc's default dynamic threshold (it rose to 8 MiB with that free), yes with serve's fixed one
+    (``edgeinfer.serve.child.fixed_mmap_threshold``). None without glibc's ``mallinfo2`` (glibc < 2.33)."""
+    import ctypes
+
+    class Mallinfo2(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                    "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+    libc = ctypes.CDLL(None)
+    if not hasattr(libc, "mallinfo2"):
+        return None
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes, libc.mallinfo2.restype = [ctypes.c_void_p], Mallinfo2
+    libc.free(libc.malloc(8 << 20))
+    before = libc.mallinfo2().hblkhd
+    block = libc.malloc(4 << 20)
+    mapped = libc.mallinfo2().hblkhd - before >= 4 << 20
+    libc.free(block)
+    return mapped
+
+
+def send_large_block_mapped(conn: Any) -> None:
+    """A worker entry point (``edgeinfer.serve.child.start``) that answers :func:`large_block_mapped`."""
+    conn.send(large_block_mapped())
