@@ -203,3 +203,25 @@ def test_sizes_that_do_not_span_2x_borrow_t0_instead_of_fitting_it() -> None:
     # 0.3 GB per step: 1 / (26 ms + 0.3/50 s) = 31.25 tok/s
     assert 1 / speed.step_seconds(c, 120 * GB, 0.3 * GB) == pytest.approx(31.25, rel=0.01)
     assert speed_fit.spans([0.3, 4.0]) and not speed_fit.spans([3.6, 4.3])
+
+
+def test_onnxruntime_decoders_plan_the_quiet_rows_median_overhead_and_encoders_keep_theirs():
+    """speed_constants.json's onnxruntime decoder overhead is the median residual (peak − weights − KV −
+    activations) of this project's quiet host decoder rows, as bench/fit_speed.py measures a residual; a decoder
+    plan takes it, an encoder plan the runtime's own entry."""
+    import statistics
+
+    from edgeinfer.planning.planner import plan
+
+    fit_speed = _bench("fit_speed")
+    entry = json.loads((fit_speed.ROOT / "edgeinfer" / "data" / "speed_constants.json").read_text())
+    entry = entry["overhead_mib"]["onnxruntime"]
+    rows = [{**r, "mem_fit": True} for r in fit_speed.load_rows()
+            if r.get("runtime") == "onnxruntime" and r.get("board") == "host" and r.get("mem_mib")]
+    items = fit_speed.mem_items(rows)["onnxruntime"]
+    assert len(items) >= 10
+    assert entry["decoder"]["value"] == pytest.approx(statistics.median(i["residual"] for i in items), abs=0.05)
+    assert entry["decoder"]["value"] < entry["value"]
+    decoder = plan("qwen3-0.6b", "host", suggest=False).details.runtime
+    encoder = plan("all-minilm-l6-v2", "host", batch=32, suggest=False).details.runtime
+    assert (decoder.overhead_mib, encoder.overhead_mib) == (entry["decoder"]["value"], entry["value"])

@@ -55,7 +55,7 @@ def decoder_need(spec, scheme: Scheme, context: int, slots: int, runtime: str | 
     if not runtime:
         return {"weights": int(weights), "kv_cache": int(kv)}
     act, _ = planner.activation_bytes(spec, context, slots, prof)
-    overhead = int((prof.get("overhead_mib") or {"value": 0})["value"] * MIB)
+    overhead = int(planner.runtime_overhead(prof, spec)["value"] * MIB)
     return {"weights": int(weights), "kv_cache": int(kv), "workspace": int(act) + overhead}
 
 

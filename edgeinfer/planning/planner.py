@@ -312,6 +312,13 @@ def estimate_speed(spec: ModelSpec, board: Board, runtime: str, scheme: Scheme, 
     return details.Estimates(**out)
 
 
+def runtime_overhead(prof: dict, spec) -> dict:
+    """The runtime's overhead entry for ``spec``: its ``decoder`` one for a decoder where the runtime has one
+    (onnxruntime's decoder sessions run without the arena its encoder sessions keep)."""
+    ov = prof.get("overhead_mib") or {"value": 0}
+    return ov["decoder"] if spec.has_kv and "decoder" in ov else ov
+
+
 def runtime_overhead_bytes(ov: dict, weights: float) -> int:
     """A runtime's overhead: ``value`` MiB, plus ``weights_fraction`` of the weights where that was fitted."""
     return int(ov["value"] * MIB + ov.get("weights_fraction", 0.0) * weights)
@@ -322,7 +329,7 @@ def _memory(spec, board, runtime, scheme, ctx, batch, kv_b):
     w, wd = weights_bytes(spec, scheme, prof)
     kv = kv_bytes(spec, ctx, batch, kv_b)
     act, ad = activation_bytes(spec, ctx, batch, prof)
-    ov = board.runtimes[runtime].overhead() or prof.get("overhead_mib") or {"value": 0}
+    ov = board.runtimes[runtime].overhead() or runtime_overhead(prof, spec)
     rt = runtime_overhead_bytes(ov, w)
     frac = prof.get("memory_fraction")
     if frac:
