@@ -197,7 +197,7 @@ def check_manifest(bundle: Bundle, codec: Any) -> None:
 def check_artifact(bundle: Bundle, decoder: Any, codec: Any, kv_built: bool = True) -> None:
     """The manifest against the loaded artifact, and the tokenizer against both. ``kv_built``: the backend built
     the plan's KV dtype into the artifact (else the device it runs on picks it: OpenVINO's CPU fallback keeps
-    f32 where the planned NPU keeps fp16)."""
+    f32 for an int8 or int4 IR where the planned NPU keeps fp16)."""
     m = bundle.manifest.decoder
     if decoder.vocab_size != m["vocab_size"]:
         raise _disagree(bundle, "decoder.vocab_size", m["vocab_size"], "the artifact's vocabulary",

@@ -385,6 +385,10 @@ def open_decoder(model: Path, device: str | None, context: int, slots: int, cach
                                                                 fam, context, cache_root)
     if fam == "NPU":
         _check_npu_weights(path)
+    if fam == "CPU" and "kv_precision" not in options and decoder_export.read_facts(path).get("scheme") == "fp16":
+        # an fp16 IR's KV cache in fp16, as planned (the bundle's kv_dtype) and as llama.cpp keeps it: half
+        # of f32's memory; an fp32 IR keeps f32, the lossless path
+        cfg = decoder_config.parse({**options, "kv_precision": "f16"}, fam, context)
     if cfg.loop == "steps":
         return IRStepDecoder(path, dev, context, slots, cfg)
     batching = slots > 1 and fam != "NPU"  # the NPU's static pipeline decodes one sequence at a time

@@ -85,6 +85,22 @@ def test_lossless_ir_greedy_tokens_equal_transformers_fp32(irs, reference, name)
     assert m.ttft_ms > 0 and m.decode_tokens_per_s > 0 and m.tpot_ms_p50 is not None  # GenAI's own figures
 
 
+def test_an_fp16_ir_keeps_its_kv_cache_in_fp16_on_the_cpu_and_an_fp32_ir_in_fp32(irs) -> None:
+    """The plan's KV dtype for an fp16 IR is fp16 (the bundle's kv_dtype); the CPU plugin's own default is f32.
+    kv_precision given still wins."""
+    be = edgeinfer.backend("openvino")
+    loaded = {}
+    for name, options in (("fp16", {}), ("fp32", {}), ("fp16", {"kv_precision": "f32"})):
+        d = be.load_decoder(irs[name][0], device="CPU", context=64, slots=2, **options)
+        try:
+            loaded[(name, bool(options))] = (d.kv_dtype, d.kv_cache_bytes)
+        finally:
+            d.close()
+    assert loaded[("fp16", False)][0] == "fp16" and loaded[("fp32", False)][0] == "fp32"
+    assert loaded[("fp16", True)][0] == "fp32"
+    assert loaded[("fp16", False)][1] * 2 == loaded[("fp16", True)][1] == loaded[("fp32", False)][1]
+
+
 def test_fp16_ir_npu_pipeline_on_cpu_equals_transformers_fp32(irs, reference) -> None:
     with pytest.warns(RuntimeWarning, match="asked for NPU"):  # the fallback is detected and said
         gen = edgeinfer.load(irs["fp16"][0], backend="openvino", device="NPU", ctx=128, npu_on_cpu=True)
