@@ -116,8 +116,7 @@ def kv_bytes(spec: ModelSpec, ctx: int, batch: int, kv_b: float) -> int:
     return int(math.ceil(spec.kv_elements * kv_b * batch * tokens))
 
 
-def activation_bytes(spec: ModelSpec, ctx: int, batch: int,
-                     prof: dict) -> tuple[int, details.ActivationsDetail]:
+def activation_bytes(spec: ModelSpec, ctx: int, batch: int, prof: dict) -> tuple[int, details.ActivationsDetail]:
     """Largest single layer's buffers + inputs + logits (layers run one after another)."""
     if not spec.layers or not spec.hidden:
         return 0, details.ActivationsDetail("architecture unknown: activations not modelled")
@@ -125,12 +124,9 @@ def activation_bytes(spec: ModelSpec, ctx: int, batch: int,
     hd = spec.head_dim or h // nh
     inter = spec.experts_per_token * spec.moe_intermediate if spec.is_moe else spec.intermediate
     fused = bool(prof.get("fused_attention"))
-    if spec.encoder:
-        n = ctx  # an encoder sees the whole sequence at once
-        kv_len = ctx
-    else:
-        n = min(ctx, int(prof.get("prefill_chunk", 512)))
-        kv_len = ctx
+    kv_len = ctx
+    # an encoder sees the whole sequence at once
+    n = ctx if spec.encoder else min(ctx, int(prof.get("prefill_chunk", 512)))
     tok = batch * n
     inputs = tok * h * ACT_BYTES
     qkv = tok * (nh + 2 * max(spec.kv_heads,
@@ -313,8 +309,7 @@ def estimate_speed(spec: ModelSpec, board: Board, runtime: str, scheme: Scheme, 
 
 
 def runtime_overhead(prof: dict, spec) -> dict:
-    """The runtime's overhead entry for ``spec``: its ``decoder`` one for a decoder where the runtime has one
-    (onnxruntime's decoder sessions run without the arena its encoder sessions keep)."""
+    """The runtime's overhead entry for ``spec``, its ``decoder`` one for a decoder where it has one (onnxruntime)."""
     ov = prof.get("overhead_mib") or {"value": 0}
     return ov["decoder"] if spec.has_kv and "decoder" in ov else ov
 
