@@ -20,6 +20,7 @@ the device's figure.
 
     python bench/serve_footprint.py                 # the random Qwen3 (~160 M parameters), host fp32/fp16/w8a8
     python bench/serve_footprint.py --tiny --boards host:fp32 core-ultra-155h:fp16 atlas-300i-pro:fp16
+    python bench/serve_footprint.py --boards host:gguf:Q8_0@llama.cpp   # the llamacpp backend
 
 Writes bench/results/serve_footprint[-LABEL].json.
 """
@@ -93,14 +94,14 @@ def prompt_of(tokens: int, i: int) -> str:
     return " ".join(words[(i + k) % len(words)] for k in range(tokens))
 
 
-def measure(model: Path, board: str, quant: str, work: Path, words: int = PROMPT) -> dict:
+def measure(model: Path, board: str, quant: str, work: Path, words: int = PROMPT, runtime: str | None = None) -> dict:
     import httpx
 
     from edgeinfer.deploy.decoder import deploy_decoder
     from edgeinfer.testing.serve import ServerProc
 
-    out = work / f"{model.name}-{board}-{quant}"
-    res = deploy_decoder(model, board, out, quant=quant, ctx=CTX)
+    out = work / f"{model.name}-{board}-{quant.replace(':', '-')}"
+    res = deploy_decoder(model, board, out, quant=quant, ctx=CTX, runtime=runtime)
     m = res.manifest
     kv_dtype = m.decoder.get("kv_dtype")
     with ServerProc([out], "--slots", str(SLOTS), "--ctx", str(CTX), "--threads", "2", log=work / "serve.log") as s:
@@ -259,7 +260,8 @@ def _without_reserve(chain) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tiny", action="store_true", help="the committed tiny test decoder (seconds, not minutes)")
-    ap.add_argument("--boards", nargs="*", default=list(DEFAULT), metavar="BOARD:QUANT")
+    ap.add_argument("--boards", nargs="*", default=list(DEFAULT), metavar="BOARD:QUANT[@RUNTIME]",
+                    help="e.g. host:w8a8, or host:gguf:Q8_0@llama.cpp for the llamacpp backend")
     ap.add_argument("--label", default="", help="a name for this run in the results (e.g. before / after)")
     ap.add_argument("--prompt-words", type=int, default=PROMPT, help="words per prompt (~1.8 tokens each on the "
                     "random Qwen3's tokenizer; 240: ~432 tokens + 64 new fill most of the 512-position context, "
@@ -289,7 +291,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for spec in args.boards:
             board, _, quant = spec.partition(":")
-            rows.append(measure(model, board, quant, Path(tmp), args.prompt_words))
+            quant, _, runtime = quant.partition("@")
+            rows.append(measure(model, board, quant, Path(tmp), args.prompt_words, runtime or None))
     name = "serve_footprint" + (f"-{args.label}" if args.label else "")
     _common.write(name, {"ctx": CTX, "slots": SLOTS, "rounds": ROUNDS, "prompt_words": args.prompt_words,
                          "new_tokens": NEW,

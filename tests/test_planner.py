@@ -71,6 +71,19 @@ def test_kv_scales_with_batch_and_dtype():
     assert q8 == pytest.approx(a * 34 / 64, rel=1e-6)  # q8_0: 34 B per 32 elements vs 2 B each
 
 
+def test_llama_cpp_activations_hold_one_prefill_chunk_for_the_whole_batch():
+    """llama.cpp reserves its compute buffer for n_ubatch tokens across every sequence: more slots add logits
+    rows only (onnxruntime's plan grows with each row)."""
+    one, four = (plan("qwen3-0.6b", "host", quant="fp16", ctx=1024, batch=b, runtime="llama.cpp", suggest=False)
+                 for b in (1, 4))
+    # by hand, Qwen3-0.6B (h 1024, 16 heads, 8 KV heads, head_dim 128, I 3072, V 151936), 512 tokens:
+    # inputs 512·h·4 + ffn 512·(2h + 2I)·4 (larger than qkv + fused scores) + logits B·V·4
+    assert four.breakdown["activations"] == 512 * 1024 * 4 + 512 * (2048 + 6144) * 4 + 4 * 151936 * 4
+    assert four.breakdown["activations"] - one.breakdown["activations"] == 3 * 151936 * 4
+    ort = [plan("qwen3-0.6b", "host", quant="fp32", ctx=1024, batch=b, suggest=False) for b in (1, 4)]
+    assert ort[1].breakdown["activations"] > 3 * ort[0].breakdown["activations"]
+
+
 def test_tied_embedding_held_twice_on_rkllm():
     # Qwen2.5-0.5B: 494,032,768 params, embedding 151936 × 896 = 136,134,656 (hand arithmetic)
     p = plan("qwen2.5-0.5b", "rk3588-8g", quant="w8a8", ctx=192, runtime="rkllm", suggest=False)

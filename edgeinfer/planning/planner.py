@@ -127,14 +127,14 @@ def activation_bytes(spec: ModelSpec, ctx: int, batch: int, prof: dict) -> tuple
     kv_len = ctx
     # an encoder sees the whole sequence at once
     n = ctx if spec.encoder else min(ctx, int(prof.get("prefill_chunk", 512)))
-    tok = batch * n
+    tok = max(n, batch) if prof.get("chunk_spans_batch") else batch * n  # llama.cpp: one n_ubatch for all
     inputs = tok * h * ACT_BYTES
     qkv = tok * (nh + 2 * max(spec.kv_heads,
                               0 if spec.encoder else 1) + (2 * nh if spec.encoder else 0)) * hd * ACT_BYTES
     if fused:
         scores = tok * kv_len * 2  # one f16 tile row per token (flash attention)
     else:
-        scores = batch * nh * n * kv_len * ACT_BYTES * (2 if spec.encoder else 1)  # (+ softmax copy for encoders)
+        scores = nh * tok * kv_len * ACT_BYTES * (2 if spec.encoder else 1)  # (+ softmax copy for encoders)
     attn = scores + qkv
     ffn = tok * (2 * h + 2 * inter) * ACT_BYTES
     logits = 0 if spec.encoder else batch * spec.vocab * ACT_BYTES
@@ -142,7 +142,8 @@ def activation_bytes(spec: ModelSpec, ctx: int, batch: int, prof: dict) -> tuple
     total = int(max(inputs + max(attn, ffn) + logits + out, spec.vision_activation_bytes))  # vision runs first
     copies = (prof.get("encoder_activation_copies") or {}).get("value", 1) if spec.encoder else 1
     total = int(total * copies)
-    basis = ("whole sequence" if spec.encoder else f"prefill chunk of {n} tokens") + (
+    basis = ("whole sequence" if spec.encoder else f"prefill chunk of {n} tokens" + (
+        f", {tok} across the batch" if tok != batch * n else "")) + (
         ", fused attention" if fused else ", attention scores materialised") + (
         f", held {copies:g} times by the runtime" if copies != 1 else "")
     return total, details.ActivationsDetail(basis, tokens_per_step=n, inputs=int(inputs), attention=int(attn),

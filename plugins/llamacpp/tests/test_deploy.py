@@ -37,6 +37,28 @@ def test_plan_builds_the_host_llama_cpp_runtime_with_this_backend(capfd):
     assert build["buildable"]
 
 
+@pytest.mark.parametrize("quant", ["gguf:Q8_0", "fp16"])
+def test_the_served_plan_is_within_10_percent_of_the_measured_tree(tmp_path, quant):
+    """bench/serve_footprint.py served the random Qwen3 (160 M) through this backend at 4 slots, prompts filling
+    the 512-token context (serve_footprint-llamacpp-host-fill.json); the plan from its config alone, as the
+    bench planned it, is within 10% of that tree's peak (it read 1.17 while activations counted 4 × 512 tokens:
+    llama.cpp holds one n_ubatch for every sequence)."""
+    from pathlib import Path
+
+    from transformers import Qwen3Config
+
+    from edgeinfer.planning.planner import plan
+    from edgeinfer.testing.llm import _shape
+
+    Qwen3Config(**_shape(12, 1024, 16, 8, 3200, 4096), tie_word_embeddings=True,
+                architectures=["Qwen3ForCausalLM"]).to_json_file(tmp_path / "config.json")
+    result = Path(__file__).parents[3] / "bench/results/serve_footprint-llamacpp-host-fill.json"
+    row = next(r for r in json.loads(result.read_text())["rows"] if r["scheme"] == quant)
+    assert (row["backend"], row["ctx"], row["slots"]) == ("llamacpp", 512, 4)
+    p = plan(str(tmp_path), "host", quant=quant, ctx=512, batch=4, runtime="llama.cpp", suggest=False)
+    assert 0.9 < p.to_dict()["memory"]["served"]["total_bytes"] / row["tree_peak_bytes"] < 1.1
+
+
 def test_the_ascend_llama_cpp_cann_runtime_is_this_backends_and_needs_a_cann_build(capfd):
     r = run_cli(capfd, "plan", str(model_dir()), "--board", "atlas-800i-a2", "--runtime", "llama.cpp-cann", "--json")
     build = json.loads(r.stdout)["build"]
