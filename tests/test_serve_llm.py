@@ -57,6 +57,12 @@ def numpy_mapped(pid: int) -> bool:
     return "_multiarray_umath" in Path(f"/proc/{pid}/maps").read_text()
 
 
+def tokenizers_mapped(pid: int) -> bool:
+    from pathlib import Path
+
+    return "tokenizers.abi3" in Path(f"/proc/{pid}/maps").read_text()
+
+
 def test_the_http_process_maps_no_runtime_library_only_its_worker_does(tiny_qwen3_host_bundle, tmp_path):
     """Issue 30 (footprint): the HTTP process of a served decoder bundle loads neither torch nor a model runtime
     (onnxruntime here) nor numpy (~15 MiB of RSS); its decoder worker does, which shows the check sees them where
@@ -67,6 +73,9 @@ def test_the_http_process_maps_no_runtime_library_only_its_worker_does(tiny_qwen
         workers = [runtime_libraries(c) for c in children(s.proc.pid)]
         assert any("onnxruntime" in p for libs in workers for p in libs), (workers, s.output())
         assert any(numpy_mapped(c) for c in children(s.proc.pid))
+        # the tokenizer (a Qwen vocabulary's costs ~40 MiB resident) is the HTTP process's alone: the worker
+        # sends token ids (bench/results/serve_processes-llamacpp-qwen-vocab-{base,facts}.json)
+        assert tokenizers_mapped(s.proc.pid) and not any(tokenizers_mapped(c) for c in children(s.proc.pid))
         assert len(children(s.proc.pid)) == 1, s.output()  # the worker: no multiprocessing resource tracker
         r = httpx.post(s.url + "/v1/completions", json={"prompt": "The licence", "max_tokens": 2}, timeout=60)
         assert r.status_code == 200 and not numpy_mapped(s.proc.pid), r.text  # nor after a request
@@ -215,6 +224,13 @@ def test_completions_seeded_sampling_and_stop_equal_the_generator(server, genera
     stop = greedy.split()[2]  # a word the greedy continuation reaches
     cut = c.completions.create(model="tiny-qwen3", prompt=PROMPTS[0], max_tokens=20, temperature=0, stop=[stop])
     assert cut.choices[0].text == greedy[: greedy.index(stop)] and cut.choices[0].finish_reason == "stop"
+    # the stop string is seen by the HTTP process (the worker has no text): the tokens counted are the
+    # generator's up to it, and the worker is told to stop the sequence, which frees its slot
+    from edgeinfer.contract.generation import GenerationOptions
+
+    alone = generator.generate(PROMPTS[0], GenerationOptions(max_new_tokens=20, stop=(stop,)), chat=False)
+    assert cut.usage.completion_tokens == len(alone.token_ids) < 20
+    wait_for(lambda: decoder_state(server)["running"] == 0)
 
 
 def test_concurrent_streams_each_equal_their_solo_run(server, generator):

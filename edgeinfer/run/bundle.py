@@ -131,10 +131,13 @@ def tokenize(tok: Any, texts: list[str] | list[tuple[str, str]], specs: list[Ten
 
 @remote_code.entry_point
 def open_generator(bundle: Bundle, device: str | None = None, ctx: int | None = None, backend: str | None = None,
-                   slots: int = 1, *, trust_remote_code: bool = False, **options: Any) -> Generator:
+                   slots: int = 1, *, trust_remote_code: bool = False, codec: Any = None,
+                   **options: Any) -> Generator:
     """A Generator over a decoder bundle, with a KV cache of ``ctx`` positions (default: the bundle's); a
     layer-paged bundle with its recorded window, or ``window=W`` (:mod:`edgeinfer.run.paged_decoder`).
-    ``trust_remote_code``: for an artifact that is a Hugging Face directory naming code of its own."""
+    ``trust_remote_code``: for an artifact that is a Hugging Face directory naming code of its own. ``codec``:
+    the bundle tokenizer's :class:`~edgeinfer.run.generation.text.TokenFacts`, already read, instead of the
+    tokenizer."""
     from edgeinfer.planning.device_memory import check_decoder_fits
     from edgeinfer.run.generation.generator import Generator
     from edgeinfer.run.generation.text import TextCodec
@@ -144,8 +147,8 @@ def open_generator(bundle: Bundle, device: str | None = None, ctx: int | None = 
         raise InputError(f"bundle {bundle.path} is for backend {m.backend!r}, not {backend!r}; omit --backend")
     ctx = decoder_bundle.loaded_context(bundle, ctx)
     decoder_bundle.check_slots(bundle, slots)
-    codec = TextCodec(seal.contained(bundle.path, m.decoder.get("tokenizer", decoder_bundle.TOKENIZER),
-                                     "decoder.tokenizer"))
+    codec = codec or TextCodec(seal.contained(bundle.path, m.decoder.get("tokenizer", decoder_bundle.TOKENIZER),
+                                              "decoder.tokenizer"))
     check_manifest(bundle, codec)
     options = {**paged_decoder.load_window(bundle, options.pop("window", None), ctx), **options}
     be = plugins.get_backend(m.backend)

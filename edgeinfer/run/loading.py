@@ -141,18 +141,19 @@ def default_context(model_dir: Path) -> int:
 @remote_code.entry_point
 def load_generator(
     model_dir: Path, backend: str | None = None, device: str | None = None, ctx: int | None = None,
-    slots: int = 1, *, trust_remote_code: bool = False, **options: Any,
+    slots: int = 1, *, trust_remote_code: bool = False, codec: Any = None, **options: Any,
 ) -> Generator:
     """A text generator over ``model_dir`` on ``backend`` (default: the transformers reference),
     with a KV cache of ``ctx`` positions (default: the model's limit, at most 2048). ``trust_remote_code``:
-    let libraries import the Python files ``model_dir`` names in ``auto_map`` (otherwise it is refused)."""
+    let libraries import the Python files ``model_dir`` names in ``auto_map`` (otherwise it is refused).
+    ``codec``: the tokenizer's :class:`~edgeinfer.run.generation.text.TokenFacts`, already read elsewhere."""
     from edgeinfer.run.generation.generator import Generator
     from edgeinfer.run.generation.text import TextCodec
 
     if find(model_dir) is not Kind.DECODER_DIR:
         raise ModelError(f"{model_dir} is not a causal language model (its config.json names no *ForCausalLM)")
     remote_code.allowed(model_dir)
-    codec = TextCodec(model_dir)  # a bad tokenizer fails before the weights load
+    codec = codec or TextCodec(model_dir)  # a bad tokenizer fails before the weights load
     context = ctx if ctx is not None else default_context(model_dir)
     be = plugins.get_backend(backend or DECODER_REFERENCE)
     check_decoder_fits(be, model_dir, device, context, slots, options.get("scheme"))
@@ -188,10 +189,10 @@ def decoder_file_codec(path: Path) -> TextCodec:
 
 
 def load_decoder_file(path: Path, backend: str | None = None, device: str | None = None, ctx: int | None = None,
-                      slots: int = 1, **options: Any) -> Generator:
+                      slots: int = 1, *, codec: Any = None, **options: Any) -> Generator:
     """A text generator over a decoder file a backend runs as it is (``Decoders.native``: ``.rkllm``), with
-    the tokenizer next to it and a context of ``ctx`` (default: as for a model directory, from the
-    config.json next to it)."""
+    the tokenizer next to it (or ``codec``, its :class:`~edgeinfer.run.generation.text.TokenFacts`) and a
+    context of ``ctx`` (default: as for a model directory, from the config.json next to it)."""
     from edgeinfer.run.generation.generator import Generator
 
     owner = plugins.decoder_file(path)
@@ -199,7 +200,7 @@ def load_decoder_file(path: Path, backend: str | None = None, device: str | None
         raise InputError(f"no installed backend runs {path.suffix} decoder files")
     if backend and backend != owner[0]:
         raise InputError(f"{path.name} runs on backend {owner[0]!r} ({owner[1]}), not {backend!r}; omit --backend")
-    codec = decoder_file_codec(path)
+    codec = codec or decoder_file_codec(path)
     context = ctx if ctx is not None else file_default_context(path)
     decoder = plugins.get_backend(owner[0]).load_decoder(path, device=device, context=context, slots=slots,
                                                          **options)

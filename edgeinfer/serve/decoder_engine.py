@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from edgeinfer.run.generation.stopping import Answer
+from edgeinfer.run.generation.text import spelled_logprob
 from edgeinfer.serve.decoder_worker import decoder_worker_main
 from edgeinfer.serve.supervisor import STOP_GRACE_S, Supervisor
 
@@ -99,6 +101,7 @@ class Request:
     arrived: float = field(default_factory=time.perf_counter)
     state: str = "new"  # new | waiting | running | done
     logprobs: list[dict[str, Any]] = field(default_factory=list)  # per generated token, when asked for
+    answer: Any = None  # its Answer (text, stop strings), from when it runs: the worker sends token ids
 
 
 class Engine(Supervisor):
@@ -128,8 +131,11 @@ class Engine(Supervisor):
                  self.slots, self.llm.context, _mib(kv), _mib(plan))
 
     def target(self) -> tuple[Any, tuple]:
+        from edgeinfer.run.generation.text import TokenFacts
+
+        # the worker gets the tokenizer's facts, not the tokenizer: its text is made here (see on_message)
         return decoder_worker_main, (str(self.llm.path), self.llm.backend, self.entry, self.llm.context, self.slots,
-                                 self.prefill_chunk, self.threads)
+                                     self.prefill_chunk, self.threads, TokenFacts.of(self.llm.codec))
 
     def spawn(self) -> asyncio.Future:
         self.state = "restarting" if self.generation else "starting"
@@ -156,16 +162,38 @@ class Engine(Supervisor):
             self.settle(RuntimeError(f"{self.llm.name}: the decoder could not be loaded: {msg[1]}"))
             self._fail_waiting(f"{self.llm.name}: the decoder could not be loaded: {msg[1]}")
         elif msg[0] == "events":
-            for rid, text, tokens, finish, error, logprobs in msg[1]:
+            for rid, _, _, finish, error, logprobs, ids in msg[1]:
                 req = self.running.get(rid)
                 if req is None:
-                    continue
+                    continue  # ended here already (a stop string), or cancelled
+                text, n, finish = self._text(req, ids, finish)
                 if logprobs:
-                    req.logprobs.extend(logprobs)
+                    req.logprobs.extend(spelled_logprob(self.llm.codec, e) for e in logprobs[:n])
                 if finish is not None:
                     self._finish(req)
-                req.events.put_nowait((text, tokens, finish, error))
+                req.events.put_nowait((text, n, finish, error))
             self._dispatch()
+
+    def _text(self, req: Request, ids: list[int], finish: str | None) -> tuple[str, int, str | None]:
+        """The text the worker's new token ids release, how many of them count, and how the answer ended:
+        EOS and ``max_new_tokens`` as the worker saw them, a stop string here (the worker, which has no text,
+        is told to stop the sequence: the tokens it made meanwhile are dropped)."""
+        answer, text, n = req.answer, "", 0
+        for tok in ids:
+            if answer.done:
+                break
+            text += answer.push(tok)
+            n += 1
+        if answer.done:
+            if finish is None:
+                self.send(("cancel", req.rid))
+            return text + answer.end(False), n, answer.finish
+        if finish in ("stop", "length"):  # a native runtime's own end (its EOS, not always given as a token)
+            answer.finish = finish
+            return text + answer.end(False), n, finish
+        if finish == "cancelled":
+            answer.end(True)
+        return text, n, finish
 
     def on_exit(self, code: int | None, outcome: str) -> None:
         if outcome == "stopped":
@@ -236,6 +264,7 @@ class Engine(Supervisor):
         while self.state == "ready" and self.waiting and len(self.running) < self.slots:
             req = self.waiting.popleft()
             req.state = "running"
+            req.answer = Answer(self.llm.codec, req.options)
             self.running[req.rid] = req
             if not self.send(("add", req.rid, req.prompt_ids, req.options)):
                 break  # the reader sees the worker gone and fails the running requests

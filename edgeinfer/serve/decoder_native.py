@@ -159,7 +159,7 @@ class NativeScheduler:
         answer = self._answers.get(step.rid)
         if answer is None:
             return None  # cancelled meanwhile
-        text, n = "", 0
+        text, ids = "", []
         for tok in step.token_ids:
             try:
                 self.generator.check_native_token(tok)
@@ -167,24 +167,24 @@ class NativeScheduler:
                 del self._answers[step.rid]
                 if not step.finished:
                     self.runtime.cancel_request(step.rid)
-                return Event(step.rid, text, n, "error", e.one_line())
+                return Event(step.rid, text, len(ids), "error", e.one_line(), ids=ids)
             text += answer.push(tok)
-            n += 1
+            ids.append(tok)
             if answer.done:
                 break
         if step.error:
             del self._answers[step.rid]
-            return Event(step.rid, text, n, "error", step.error)
+            return Event(step.rid, text, len(ids), "error", step.error, ids=ids)
         ended = answer.done
         if ended and not step.finished:
             self.runtime.cancel_request(step.rid)  # a stop string: the runtime would go on
         if not (ended or step.finished):
-            return Event(step.rid, text, n) if n else None
+            return Event(step.rid, text, len(ids), ids=ids) if ids else None
         if not ended:
             answer.finish = "stop"  # the runtime ended it early: its EOS, not always reported as a token
         text += answer.end(False)
         del self._answers[step.rid]
-        return Event(step.rid, text, n, answer.finish)
+        return Event(step.rid, text, len(ids), answer.finish, ids=ids)
 
     def stats(self) -> dict[str, Any]:
         return {"running": self.running, "waiting": 0, "slots_used": self.running}

@@ -27,15 +27,18 @@ from edgeinfer.errors import EdgeInferError
 from edgeinfer.run.generation.generator import Generator
 from edgeinfer.run.generation.sampling import Sampler, checked_logits, token_logprobs
 from edgeinfer.run.generation.stopping import Answer
+from edgeinfer.run.generation.text import spelled_logprob
 
 DEFAULT_PREFILL_CHUNK = 128
 
 
 @dataclass
 class Event:
-    """What one step did for one sequence: the text it released, how many tokens it generated, and
+    """What one step did for one sequence: the text it released, how many tokens it generated (``ids``), and
     ``finish`` ("stop", "length", "cancelled", "error") when the sequence ended; ``logprobs``, one entry
-    per generated token, when the request asked for them."""
+    per generated token, when the request asked for them. A generator loaded with
+    :class:`~edgeinfer.run.generation.text.TokenFacts` (serve's workers) releases no text and ends at EOS and
+    ``max_new_tokens`` only; its logprob entries name token ids (``id``) instead of spelling them."""
 
     rid: str
     text: str = ""
@@ -43,9 +46,10 @@ class Event:
     finish: str | None = None
     error: str | None = None
     logprobs: list[dict[str, Any]] | None = None
+    ids: list[int] = field(default_factory=list)
 
     def to_tuple(self) -> tuple:
-        return (self.rid, self.text, self.tokens, self.finish, self.error, self.logprobs)
+        return (self.rid, self.text, self.tokens, self.finish, self.error, self.logprobs, self.ids)
 
 
 @dataclass
@@ -183,20 +187,17 @@ class Scheduler:
         if seq.answer.done:
             tail = seq.answer.end(False)
             self._end(seq)
-            return Event(seq.rid, piece + tail, 1, seq.answer.finish, logprobs=logprobs)
+            return Event(seq.rid, piece + tail, 1, seq.answer.finish, logprobs=logprobs, ids=[tok])
         seq.next_token = tok
-        return Event(seq.rid, piece, 1, logprobs=logprobs)
+        return Event(seq.rid, piece, 1, logprobs=logprobs, ids=[tok])
 
     def _logprob(self, row: np.ndarray, tok: int, top: int) -> dict[str, Any]:
-        """OpenAI's entry for one sampled token (``choices[].logprobs.content[]`` of a chat completion)."""
+        """The entry for one sampled token: OpenAI's (``choices[].logprobs.content[]`` of a chat completion)
+        where the generator holds the tokenizer, else token ids for the HTTP side to spell."""
         codec = self.generator.codec
         logprob, best = token_logprobs(row, tok, top)
-
-        def entry(token_id: int, lp: float) -> dict[str, Any]:
-            text, raw = codec.token_text(token_id)
-            return {"token": text, "logprob": lp, "bytes": list(raw)}
-
-        return {**entry(tok, logprob), "top_logprobs": [entry(i, lp) for i, lp in best]}
+        entry = {"id": tok, "logprob": logprob, "top_logprobs": [{"id": i, "logprob": lp} for i, lp in best]}
+        return spelled_logprob(codec, entry) if hasattr(codec, "token_text") else entry
 
     def _fail(self, seqs: list[Sequence], e: Exception) -> list[Event]:
         message = " ".join(str(e).split())[:300] or type(e).__name__

@@ -4,9 +4,10 @@ over step decoders, :class:`~.decoder_native.NativeScheduler` over a backend's o
 Messages, main → worker: ``("add", rid, prompt_ids, options)`` (the GenerationOptions the HTTP side
 validated), ``("cancel", rid)``, ``("stop",)``;
 worker → main: ``("ready", info)``, ``("fatal", message)``, ``("events", [event tuples])`` once per
-scheduler step that produced any. Between two steps the worker takes every message waiting on the
-pipe, so a new sequence joins and a cancelled one leaves at the next step boundary; while nothing
-runs it blocks on the pipe.
+scheduler step that produced any (:class:`~.decoder_scheduler.Event`: token ids, no text: the worker loads
+no tokenizer, the HTTP side detokenizes and watches the stop strings, ``Engine._text``). Between two steps
+the worker takes every message waiting on the pipe, so a new sequence joins and a cancelled one leaves at the
+next step boundary; while nothing runs it blocks on the pipe.
 """
 
 from __future__ import annotations
@@ -21,19 +22,22 @@ from edgeinfer.serve.placement import placement
 
 
 def load_generator(path: str, backend: str, entry: str | None, context: int, slots: int,
-                   threads: int | None = None) -> Any:
+                   threads: int | None = None, facts: Any = None) -> Any:
     """The Generator of a decoder bundle or Hugging Face decoder directory, with ``slots`` KV slots
-    (and ``threads`` CPU threads where the backend takes that option)."""
+    (and ``threads`` CPU threads where the backend takes that option); with ``facts``, the tokenizer's
+    :class:`~edgeinfer.run.generation.text.TokenFacts` instead of the tokenizer (it gives token ids only)."""
     from edgeinfer.run.loading import load, threads_option
 
     placed = placement(backend, entry)
     os.environ.update(placed.env)
-    options = {**placed.options, **threads_option(backend, threads)}
+    options = {**placed.options, **threads_option(backend, threads), **({"codec": facts} if facts else {})}
     return load(path, device=placed.device, ctx=context, slots=slots, **options)
 
 
 def decoder_worker_main(conn: Any, path: str, backend: str, entry: str | None, context: int, slots: int,
-                    prefill_chunk: int | None, threads: int | None = None) -> None:
+                        prefill_chunk: int | None, threads: int | None = None, facts: Any = None) -> None:
+    """Loads the decoder (with ``facts``: no tokenizer; the HTTP process holds it and turns the token ids of the
+    events into text) and runs its scheduler until told to stop."""
     if threading.current_thread() is threading.main_thread():  # a worker process, not serve --in-process
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process decides when workers stop
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -44,7 +48,7 @@ def decoder_worker_main(conn: Any, path: str, backend: str, entry: str | None, c
     from edgeinfer.serve.decoder_scheduler import Scheduler
 
     try:
-        gen = load_generator(path, backend, entry, context, slots, threads)
+        gen = load_generator(path, backend, entry, context, slots, threads, facts)
         d = gen.decoder
         native = isinstance(d, NativeDecoder)
         sched = NativeScheduler(gen) if native else Scheduler(gen, prefill_chunk)

@@ -177,6 +177,49 @@ def vocabulary_codec(path: Path, backend: str) -> VocabularyCodec:
     return VocabularyCodec(vocab, path, backend)
 
 
+class TokenFacts:
+    """What a decoding loop needs of a tokenizer when another process turns its tokens into text: the
+    tokenizer's directory, vocabulary size and EOS ids, without the tokenizer itself (a Qwen vocabulary's
+    ``tokenizers`` object holds ~80 MiB). Serve's decoder workers load with it; their answers end at EOS and
+    ``max_new_tokens`` here, their text and stop strings are the HTTP process's (docs/serve.md, "Memory")."""
+
+    def __init__(self, directory: str | Path, vocab_size: int, eos_token_ids: Sequence[int]):
+        self.directory = Path(directory)
+        self.vocab_size = int(vocab_size)
+        self.eos_token_ids = tuple(int(i) for i in eos_token_ids)
+
+    @classmethod
+    def of(cls, codec: TextCodec) -> TokenFacts:
+        return cls(codec.directory, codec.vocab_size, codec.eos_token_ids)
+
+    def __reduce__(self) -> tuple:
+        return TokenFacts, (str(self.directory), self.vocab_size, self.eos_token_ids)
+
+    def stream(self) -> NoText:
+        return NoText()
+
+
+class NoText:
+    """The detokenizer of :class:`TokenFacts`: no text, so no stop string can be seen."""
+
+    def push(self, token_id: int) -> str:
+        return ""
+
+    def flush(self) -> str:
+        return ""
+
+
+def spelled_logprob(codec: TextCodec, entry: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI's entry for one sampled token (``choices[].logprobs.content[]``: token text, log-probability,
+    bytes, top alternatives) from a decoding loop's entry of token ids (``id``, ``logprob``, ``top_logprobs``)."""
+
+    def one(e: dict[str, Any]) -> dict[str, Any]:
+        text, raw = codec.token_text(e["id"])
+        return {"token": text, "logprob": e["logprob"], "bytes": list(raw)}
+
+    return {**one(entry), "top_logprobs": [one(e) for e in entry["top_logprobs"]]}
+
+
 class Detokenizer:
     """Turns a growing list of token ids into text pieces.
 
