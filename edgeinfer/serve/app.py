@@ -28,6 +28,7 @@ from edgeinfer.model import decoder_bundle
 from edgeinfer.model.bundle import Bundle, not_a_bundle
 from edgeinfer.model.kind import Kind, kind
 from edgeinfer.run import bundle as run_bundle
+from edgeinfer.serve import child
 from edgeinfer.serve.batcher import Batcher
 from edgeinfer.serve.budget import check_budget
 from edgeinfer.serve.config import KEY_REFUSAL, ServeConfig, authorized
@@ -83,6 +84,7 @@ def open_models(paths: list[Path], ctx: int | None = None, slots: int = 1
             load_tokenizer_now(bundle)
         models[name] = ServedModel(name, bundle)
         models[name].index_limits  # noqa: B018 - read once at start-up, before the helper processes copy it
+    child.return_freed_heap()  # what parsing the tokenizers freed
     return models, decoders
 
 
