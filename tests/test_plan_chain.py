@@ -47,7 +47,8 @@ def test_the_breakdown_sums_per_model_and_per_process():
     own = sum(p["own_bytes"] for p in d["processes"])
     sp = serve_processes()  # serve's HTTP process, counted once, with the tokenizers of the two encoder models
     parts = sp["parts_mib"]  # and what encoders add: numpy in the HTTP process, the spawned workers' resource tracker
-    assert own == int((sp["value"] + parts["with_encoders"] + 2 * parts["tokenizer_each"]) * MIB)
+    qwen_tokenizer = 63_252_313  # and the decoder's: (151936 - 3072) tokens × 424.9 bytes (serve_memory.json)
+    assert own == int((sp["value"] + parts["with_encoders"] + 2 * parts["tokenizer_each"]) * MIB) + qwen_tokenizer
     assert mem["total_bytes"] == sum(p["total_bytes"] for p in d["processes"]) + mem["reserved_bytes"]
     assert mem["total_bytes"] == sum(m["memory"]["total_bytes"] for m in d["models"]) + own + mem["reserved_bytes"]
     for m in d["models"]:
@@ -209,10 +210,12 @@ def test_serve_counts_a_decoder_bundle_as_plan_does(tiny_qwen3_host_bundle):
 
 
 def test_a_decoder_only_chain_counts_the_http_process_alone():
-    """No encoder: no numpy in the HTTP process and no spawned worker, so no resource tracker (serve/child.py)."""
-    sp = serve_processes()
+    """No encoder: no numpy in the HTTP process and no spawned worker, so no resource tracker (serve/child.py);
+    the decoder's tokenizer is the HTTP process's ((151936 - 3072) tokens × 424.9 bytes, serve_memory.json)."""
+    sp, qwen_tokenizer = serve_processes(), 63_252_313
     own = plan_chain([Entry("qwen3-0.6b")], "rk3588-16g").processes[0]
-    assert own.name == "serve (HTTP process)" and own.own_bytes == int(sp["value"] * MIB)
+    assert own.name == "serve (HTTP process)" and own.own_bytes == int(sp["value"] * MIB) + qwen_tokenizer
     with_encoder = plan_chain([Entry(EMB), Entry("qwen3-0.6b")], "rk3588-16g").processes[0]
     parts = sp["parts_mib"]
-    assert with_encoder.own_bytes == int((sp["value"] + parts["with_encoders"] + parts["tokenizer_each"]) * MIB)
+    assert with_encoder.own_bytes == int((sp["value"] + parts["with_encoders"] + parts["tokenizer_each"]) * MIB) \
+        + qwen_tokenizer

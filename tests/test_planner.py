@@ -84,6 +84,44 @@ def test_llama_cpp_activations_hold_one_prefill_chunk_for_the_whole_batch():
     assert ort[1].breakdown["activations"] > 3 * ort[0].breakdown["activations"]
 
 
+def test_a_served_decoder_counts_its_tokenizer_in_the_http_process_and_llama_cpps_vocabulary_in_the_worker():
+    """Qwen3-0.6B's 151,936-token vocabulary: the HTTP process keeps 424.9 bytes a token beyond the 3,072-token
+    test tokenizer serve's own figure was measured with; llama.cpp's worker holds its own vocabulary, 321 bytes a
+    token beyond the one its overhead was measured with (bench/results/tokenizer_memory.json); onnxruntime's none."""
+    ll = plan("qwen3-0.6b", "host", quant="fp16", ctx=1024, batch=4, runtime="llama.cpp", suggest=False)
+    served = ll.to_dict()["memory"]["served"]
+    assert served["tokenizer_bytes"] == 63_252_313  # (151936 - 3072) × 424.9, by hand
+    ort = plan("qwen3-0.6b", "host", quant="fp32", ctx=1024, batch=4, suggest=False)
+    assert ort.to_dict()["memory"]["served"]["tokenizer_bytes"] == 63_252_313
+    overhead = ll.to_dict()["memory"]["details"]["runtime"]
+    assert ll.breakdown["runtime"] - int((overhead["overhead_mib"]) * 2**20) in (0, -1)
+    assert "vocabulary 45.6 MiB" in overhead["source"]  # (151936 - 3072) × 321 bytes = 47,785,344
+    assert "vocabulary" not in ort.to_dict()["memory"]["details"]["runtime"]["source"]
+
+
+def test_the_served_plan_of_a_qwen_vocabulary_is_within_10_percent_of_the_measured_tree():
+    """bench/serve_processes.py served a 2-layer random Qwen3 with Qwen's tokenizer (151,936 tokens) through the
+    llamacpp backend, Q8_0, 16 slots × 256 (serve_processes-llamacpp-qwen-vocab-trim.json): the HTTP process's
+    resident memory after the streams plus the worker's peak (the HTTP process's own peak is the tokenizer's
+    parse, before the worker starts). The plan from the model's config.json alone is within 10% of it."""
+    import tempfile
+
+    from edgeinfer.planning.planner import plan as make_plan
+
+    cfg = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936, "hidden_size": 256,
+           "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "head_dim": 64, "max_position_embeddings": 4096, "tie_word_embeddings": True}
+    rows = json.loads((Path(__file__).parents[1] / "bench/results/serve_processes-llamacpp-qwen-vocab-trim.json")
+                      .read_text())
+    http = next(r for r in rows["after"] if "edgeinfer.cli serve" in r["cmdline"])
+    worker = next(r for r in rows["after"] if r is not http)
+    measured = http["VmRSS_bytes"] + worker["VmHWM_bytes"]
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "config.json").write_text(json.dumps(cfg))
+        p = make_plan(d, "host", quant="gguf:Q8_0", ctx=256, batch=16, runtime="llama.cpp", suggest=False)
+    assert 0.9 < p.to_dict()["memory"]["served"]["total_bytes"] / measured < 1.1
+
+
 def test_tied_embedding_held_twice_on_rkllm():
     # Qwen2.5-0.5B: 494,032,768 params, embedding 151936 × 896 = 136,134,656 (hand arithmetic)
     p = plan("qwen2.5-0.5b", "rk3588-8g", quant="w8a8", ctx=192, runtime="rkllm", suggest=False)

@@ -44,6 +44,7 @@ class Member:
     runtime_scaled: int
     options: dict[str, Any] = field(default_factory=dict)
     reasons: list[str] = field(default_factory=list)
+    tokenizer: int = 0  # a decoder's tokenizer, held by the HTTP process (serve_memory.tokenizer_bytes)
 
 
 def member(name: str, plan: dict[str, Any], decoder: bool, usable_bytes: int,
@@ -55,7 +56,8 @@ def member(name: str, plan: dict[str, Any], decoder: bool, usable_bytes: int,
         fixed += int((1 - rt["memory_fraction"]) * usable_bytes)
     fixed = min(fixed, bd["runtime"])
     return Member(name, decoder, plan["options"]["runtime"], bd["weights"], bd["kv_cache"], bd["activations"],
-                  fixed, bd["runtime"] - fixed, dict(plan["options"]), list(reasons or []))
+                  fixed, bd["runtime"] - fixed, dict(plan["options"]), list(reasons or []),
+                  (plan["memory"].get("served") or {}).get("tokenizer_bytes", 0))
 
 
 def rescaled(plan: dict[str, Any], batch: int, ctx: int | None = None) -> dict[str, Any]:
@@ -94,7 +96,7 @@ def layout(members: list[Member], workers: int = 1, in_process: bool = False) ->
     (:func:`~edgeinfer.planning.serve_memory.in_process_saving_bytes`)."""
     encoders = [m for m in members if not m.decoder]
     name = "serve (HTTP process and resource tracker)" if encoders else "serve (HTTP process)"
-    procs = [Process(name, {}, serve_own_bytes(len(encoders)))]
+    procs = [Process(name, {}, serve_own_bytes(len(encoders)) + sum(m.tokenizer for m in members))]
     for i in range(max(1, workers) if encoders else 0):
         seen: dict[str, int] = {}
         parts = {}

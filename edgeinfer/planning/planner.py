@@ -39,9 +39,7 @@ def runtime_profiles() -> dict:
 @lru_cache(maxsize=1)
 def fitted() -> dict:
     p = DATA / "speed_constants.json"
-    if p.is_file():
-        return json.loads(p.read_text(encoding="utf-8"))
-    return {"speed": {}, "overhead_mib": {}}
+    return json.loads(p.read_text(encoding="utf-8")) if p.is_file() else {"speed": {}, "overhead_mib": {}}
 
 
 def runtime_profile(name: str) -> dict:
@@ -220,7 +218,7 @@ class Plan:
             "memory": {"total_bytes": self.total_bytes, "capacity_bytes": self.capacity_bytes,
                        "usable_bytes": self.usable_bytes, "headroom_bytes": self.headroom_bytes,
                        "breakdown": dict(self.breakdown), "details": self.details.to_dict(), "limits": self.limits,
-                       **({"served": served(self.breakdown)} if m.has_kv and not m.encoder else {})},
+                       **({"served": served(self.breakdown, m.vocab)} if m.has_kv and not m.encoder else {})},
             "estimates": self.estimates.to_dict(),
             "suggestions": self.suggestions.to_dict() if self.suggestions else {},
             "warnings": list(self.warnings),
@@ -310,9 +308,13 @@ def estimate_speed(spec: ModelSpec, board: Board, runtime: str, scheme: Scheme, 
 
 
 def runtime_overhead(prof: dict, spec) -> dict:
-    """The runtime's overhead entry for ``spec``, its ``decoder`` one for a decoder where it has one (onnxruntime)."""
+    """The runtime's overhead entry for ``spec``, its ``decoder`` one for a decoder where it has one (onnxruntime),
+    with the runtime's own vocabulary beyond the one it was measured with (``vocab_bytes_per_token``: llama.cpp)."""
     ov = prof.get("overhead_mib") or {"value": 0}
-    return ov["decoder"] if spec.has_kv and "decoder" in ov else ov
+    ov, v = ov["decoder"] if spec.has_kv and "decoder" in ov else ov, prof.get("vocab_bytes_per_token")
+    extra = max(0, spec.vocab - v["base_vocab"]) * v["value"] / MIB if v else 0
+    return {**ov, "value": ov["value"] + extra, "source": f"{ov.get('source')}; + its vocabulary {extra:.1f} MiB "
+            f"({spec.vocab} tokens: runtimes.yaml vocab_bytes_per_token)"} if extra else ov
 
 
 def runtime_overhead_bytes(ov: dict, weights: float) -> int:

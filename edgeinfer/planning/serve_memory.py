@@ -1,15 +1,17 @@
 """What ``edgeinfer serve`` adds to a decoder's plan: the processes around the decoder worker. The plan's
-breakdown (weights + KV + activations + runtime) is one decoder process, the worker; a served decoder
-also has serve's HTTP process. Its peak RSS does not depend on the model, so it is one measured figure
-(``edgeinfer/data/serve_memory.json``, from ``bench/serve_footprint.py``'s JSON). A decoder worker is started
-without multiprocessing (``serve/child.py``); encoder workers and request helpers are started with its spawn
-method, which starts multiprocessing's resource tracker first (CPython's ``popen_spawn_posix`` hands each child
-its fd), and with encoders the HTTP process imports numpy to batch their arrays: ``parts_mib.with_encoders``.
-Request helpers (``serve.prep.Offload``) are not in it: they start only when a large body or a chat
-template needs one (``--request-helpers``), ~70 MiB each (``parts_mib.request_helper_each``).
-A served decoder with ``--slots S`` is the plan at ``--batch S``. With ``serve --in-process`` the decoder runs on a
-thread of the HTTP process: one interpreter less, ``parts_mib.in_process_saving`` (measured, the smaller of two
-models' savings)."""
+breakdown (weights + KV + activations + runtime) is one decoder process, the worker; a served decoder also has
+serve's HTTP process. Its peak RSS depends on the model through its tokenizer only: one measured figure
+(``edgeinfer/data/serve_memory.json``, from ``bench/serve_footprint.py``'s JSON) plus the tokenizer's
+(``tokenizer_kept``, per vocabulary entry beyond the test tokenizer the figure was measured with: the HTTP
+process holds it, the workers get token ids). A decoder worker is started without multiprocessing
+(``serve/child.py``); encoder workers and request helpers are started with its spawn method, which starts
+multiprocessing's resource tracker first (CPython's ``popen_spawn_posix`` hands each child its fd), and with
+encoders the HTTP process imports numpy to batch their arrays: ``parts_mib.with_encoders``. Request helpers
+(``serve.prep.Offload``) are not in it: they start only when a large body or a chat template needs one
+(``--request-helpers``), ~70 MiB each with the test tokenizer (``parts_mib.request_helper_each``), and each holds
+the tokenizers too. A served decoder with ``--slots S`` is the plan at ``--batch S``. With ``serve --in-process``
+the decoder runs on a thread of the HTTP process: one interpreter less, ``parts_mib.in_process_saving``
+(measured, the smaller of two models' savings)."""
 
 from __future__ import annotations
 
@@ -23,9 +25,20 @@ MIB = 2**20
 
 
 @lru_cache(maxsize=1)
+def _data() -> dict[str, Any]:
+    return json.loads(DATA.read_text(encoding="utf-8"))
+
+
 def serve_processes() -> dict[str, Any]:
     """``{"value": MiB, "source": ..., "parts_mib": {...}}``: serve's own processes, measured."""
-    return json.loads(DATA.read_text(encoding="utf-8"))["serve_processes_mib"]
+    return _data()["serve_processes_mib"]
+
+
+def tokenizer_bytes(vocab: int) -> int:
+    """What a decoder's tokenizer of ``vocab`` tokens keeps resident in the HTTP process beyond the test
+    tokenizer ``serve_processes_mib`` was measured with (``tokenizer_kept``: bench/tokenizer_memory.py)."""
+    t = _data()["tokenizer_kept"]
+    return int(max(0, vocab - t["base_vocab"]) * t["per_token_bytes"])
 
 
 def serve_own_bytes(encoders: int) -> int:
@@ -42,12 +55,15 @@ def in_process_saving_bytes() -> int:
     return int(serve_processes()["parts_mib"]["in_process_saving"] * MIB)
 
 
-def served(breakdown: dict[str, int]) -> dict[str, Any]:
+def served(breakdown: dict[str, int], vocab: int = 0) -> dict[str, Any]:
     """The plan's memory for the decoder served by ``edgeinfer serve``: the breakdown without the board's OS
-    reserve (the measured peak does not hold it) plus serve's own processes."""
+    reserve (the measured peak does not hold it) plus serve's own processes, whose HTTP process holds the
+    decoder's tokenizer (of ``vocab`` tokens)."""
     own = serve_processes()
-    extra = int(own["value"] * MIB)
+    tokenizer = tokenizer_bytes(vocab)
+    extra = int(own["value"] * MIB) + tokenizer
     decoder = sum(v for k, v in breakdown.items() if k != "reserved")
     saving = in_process_saving_bytes()
     return {"total_bytes": decoder + extra, "decoder_process_bytes": decoder, "serve_processes_bytes": extra,
-            "in_process_total_bytes": max(decoder, decoder + extra - saving), "source": own["source"]}
+            "tokenizer_bytes": tokenizer, "in_process_total_bytes": max(decoder, decoder + extra - saving),
+            "source": own["source"] + "; the tokenizer: " + _data()["tokenizer_kept"]["source"]}

@@ -380,7 +380,10 @@ _TABLES: dict[str, Any] = {}  # in a helper process: what the preparing function
 
 
 def _init(tables: dict[str, Any]) -> None:
+    from edgeinfer.serve.child import return_freed_heap
+
     _TABLES.update(tables)
+    return_freed_heap()  # what unpickling the tokenizers (a parse of each tokenizer.json) freed
     lower_priority()
 
 

@@ -192,9 +192,6 @@ class TokenFacts:
     def of(cls, codec: TextCodec) -> TokenFacts:
         return cls(codec.directory, codec.vocab_size, codec.eos_token_ids)
 
-    def __reduce__(self) -> tuple:
-        return TokenFacts, (str(self.directory), self.vocab_size, self.eos_token_ids)
-
     def stream(self) -> NoText:
         return NoText()
 
