@@ -162,7 +162,7 @@ class Engine(Supervisor):
             self.settle(RuntimeError(f"{self.llm.name}: the decoder could not be loaded: {msg[1]}"))
             self._fail_waiting(f"{self.llm.name}: the decoder could not be loaded: {msg[1]}")
         elif msg[0] == "events":
-            for rid, _, _, finish, error, logprobs, ids in msg[1]:
+            for rid, _, ids, finish, error, logprobs in msg[1]:
                 req = self.running.get(rid)
                 if req is None:
                     continue  # ended here already (a stop string), or cancelled

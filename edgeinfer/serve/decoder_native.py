@@ -167,24 +167,24 @@ class NativeScheduler:
                 del self._answers[step.rid]
                 if not step.finished:
                     self.runtime.cancel_request(step.rid)
-                return Event(step.rid, text, len(ids), "error", e.one_line(), ids=ids)
+                return Event(step.rid, text, ids, "error", e.one_line())
             text += answer.push(tok)
             ids.append(tok)
             if answer.done:
                 break
         if step.error:
             del self._answers[step.rid]
-            return Event(step.rid, text, len(ids), "error", step.error, ids=ids)
+            return Event(step.rid, text, ids, "error", step.error)
         ended = answer.done
         if ended and not step.finished:
             self.runtime.cancel_request(step.rid)  # a stop string: the runtime would go on
         if not (ended or step.finished):
-            return Event(step.rid, text, len(ids), ids=ids) if ids else None
+            return Event(step.rid, text, ids) if ids else None
         if not ended:
             answer.finish = "stop"  # the runtime ended it early: its EOS, not always reported as a token
         text += answer.end(False)
         del self._answers[step.rid]
-        return Event(step.rid, text, len(ids), answer.finish, ids=ids)
+        return Event(step.rid, text, ids, answer.finish)
 
     def stats(self) -> dict[str, Any]:
         return {"running": self.running, "waiting": 0, "slots_used": self.running}

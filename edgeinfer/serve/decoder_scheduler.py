@@ -27,7 +27,7 @@ from edgeinfer.errors import EdgeInferError
 from edgeinfer.run.generation.generator import Generator
 from edgeinfer.run.generation.sampling import Sampler, checked_logits, token_logprobs
 from edgeinfer.run.generation.stopping import Answer
-from edgeinfer.run.generation.text import spelled_logprob
+from edgeinfer.run.generation.text import TokenFacts, spelled_logprob
 
 DEFAULT_PREFILL_CHUNK = 128
 
@@ -42,14 +42,17 @@ class Event:
 
     rid: str
     text: str = ""
-    tokens: int = 0
+    ids: list[int] = field(default_factory=list)
     finish: str | None = None
     error: str | None = None
     logprobs: list[dict[str, Any]] | None = None
-    ids: list[int] = field(default_factory=list)
+
+    @property
+    def tokens(self) -> int:
+        return len(self.ids)
 
     def to_tuple(self) -> tuple:
-        return (self.rid, self.text, self.tokens, self.finish, self.error, self.logprobs, self.ids)
+        return (self.rid, self.text, self.ids, self.finish, self.error, self.logprobs)
 
 
 @dataclass
@@ -187,9 +190,9 @@ class Scheduler:
         if seq.answer.done:
             tail = seq.answer.end(False)
             self._end(seq)
-            return Event(seq.rid, piece + tail, 1, seq.answer.finish, logprobs=logprobs, ids=[tok])
+            return Event(seq.rid, piece + tail, [tok], seq.answer.finish, logprobs=logprobs)
         seq.next_token = tok
-        return Event(seq.rid, piece, 1, logprobs=logprobs, ids=[tok])
+        return Event(seq.rid, piece, [tok], logprobs=logprobs)
 
     def _logprob(self, row: np.ndarray, tok: int, top: int) -> dict[str, Any]:
         """The entry for one sampled token: OpenAI's (``choices[].logprobs.content[]`` of a chat completion)
@@ -197,7 +200,7 @@ class Scheduler:
         codec = self.generator.codec
         logprob, best = token_logprobs(row, tok, top)
         entry = {"id": tok, "logprob": logprob, "top_logprobs": [{"id": i, "logprob": lp} for i, lp in best]}
-        return spelled_logprob(codec, entry) if hasattr(codec, "token_text") else entry
+        return entry if isinstance(codec, TokenFacts) else spelled_logprob(codec, entry)
 
     def _fail(self, seqs: list[Sequence], e: Exception) -> list[Event]:
         message = " ".join(str(e).split())[:300] or type(e).__name__

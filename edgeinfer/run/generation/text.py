@@ -179,9 +179,10 @@ def vocabulary_codec(path: Path, backend: str) -> VocabularyCodec:
 
 class TokenFacts:
     """What a decoding loop needs of a tokenizer when another process turns its tokens into text: the
-    tokenizer's directory, vocabulary size and EOS ids, without the tokenizer itself (a Qwen vocabulary's
-    ``tokenizers`` object holds ~80 MiB). Serve's decoder workers load with it; their answers end at EOS and
-    ``max_new_tokens`` here, their text and stop strings are the HTTP process's (docs/serve.md, "Memory")."""
+    tokenizer's directory, vocabulary size and EOS ids, without the tokenizer itself (a Qwen vocabulary's keeps
+    ~53 MiB resident, bench/tokenizer_memory.py). Serve's decoder workers load with it; their answers end at EOS
+    and ``max_new_tokens`` here, their text and stop strings are the HTTP process's (docs/serve.md, "Workers and
+    devices")."""
 
     def __init__(self, directory: str | Path, vocab_size: int, eos_token_ids: Sequence[int]):
         self.directory = Path(directory)
