@@ -27,6 +27,11 @@ OFFLINE = {"HF_HUB_OFFLINE": "1"}
 # which optimum-intel's export runs, and NNCF) import it in a try block and use a no-op stub when the import
 # fails; a None entry in sys.modules makes the import fail (https://docs.python.org/3/reference/import.html#the-module-cache)
 OPENVINO_TELEMETRY = "openvino_telemetry"
+# FastAPI (0.142 and later) records OpenTelemetry traces, metrics and logs of every request into the process's
+# global providers (Ray sets some in `serve --ray` replicas) and, with FASTAPI_OTEL_AUTO_CONFIGURE=true, adds
+# OTLP exporters from the environment (https://fastapi.tiangolo.com/advanced/opentelemetry/); edgeinfer's
+# servers record none of it. Prometheus metrics on /metrics are edgeinfer's own.
+FASTAPI_OFF = {"tracing": False, "metrics": False, "logs": False, "operation_spans": False, "auto_configure": False}
 
 
 def off(offline: bool = False) -> None:
@@ -34,3 +39,15 @@ def off(offline: bool = False) -> None:
         os.environ.setdefault(name, value)
     if os.environ["DO_NOT_TRACK"] not in ("0", "false", "False"):  # DO_NOT_TRACK=0: the user's own choice
         sys.modules.setdefault(OPENVINO_TELEMETRY, None)  # type: ignore[arg-type]
+
+
+def fastapi_options(fastapi: type) -> dict:
+    """The keyword arguments that turn a FastAPI application's own telemetry off (``FastAPI(**these)``): none
+    for a FastAPI without it, or when the user set DO_NOT_TRACK=0."""
+    import inspect
+
+    if os.environ.get("DO_NOT_TRACK") in ("0", "false", "False"):
+        return {}
+    if "telemetry" not in inspect.signature(fastapi.__init__).parameters:
+        return {}
+    return {"telemetry": dict(FASTAPI_OFF)}

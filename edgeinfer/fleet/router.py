@@ -9,6 +9,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from edgeinfer import telemetry
 from edgeinfer.fleet.replicas import APP, ROUTER, BundleReplica, DecoderReplica, error
 
 REPLICA_CPUS = 0.5
@@ -123,7 +124,7 @@ def build(found: list[Any], config: Any, low: int, highs: dict[str, int | None])
     from fastapi.responses import Response, StreamingResponse
     from ray import serve
 
-    app = FastAPI(title="edgeinfer serve (Ray)")
+    app = FastAPI(title="edgeinfer serve (Ray)", **telemetry.fastapi_options(FastAPI))
     if config.api_key is not None:
         guard(app, config.api_key.encode())
     names = [t.name for t in found]

@@ -22,6 +22,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from edgeinfer import telemetry
 from edgeinfer.contract import remote_code
 from edgeinfer.errors import BackendError, EdgeInferError, InputError
 from edgeinfer.model import decoder_bundle
@@ -181,7 +182,8 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel] | None = None
             await asyncio.to_thread(offload.stop)
 
     app = FastAPI(title="edgeinfer serve", version="1", lifespan=lifespan,
-                  description="Embeddings and tensor inference on edge accelerators, with dynamic batching.")
+                  description="Embeddings and tensor inference on edge accelerators, with dynamic batching.",
+                  **telemetry.fastapi_options(FastAPI))
     app.state.serve = state
     app.state.pool = pool
     app.state.metrics = metrics
@@ -407,7 +409,7 @@ def serve(config: ServeConfig, log_level: str = "info") -> None:
     app = create_app(config, models, decoders)
     uv = uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level, lifespan="on",
                         access_log=log_level == "debug", timeout_graceful_shutdown=None,
-                        http=_protocol_class(app.state.metrics),
+                        http=_protocol_class(app.state.metrics), ws="none",  # no WebSocket route: not imported
                         h11_max_incomplete_event_size=config.max_body_bytes + 65536)
     server = _server_class()(uv)
     state: State = app.state.serve
