@@ -75,13 +75,15 @@ class TreeSampler(threading.Thread):
             time.sleep(0.02)
 
 
-def stream_one(url: str, model: str, prompt: str) -> int:
+def stream_one(url: str, model: str, prompt: str, chat: bool = False) -> int:
+    """One streamed greedy completion of ``prompt`` (``chat``: as the user message of a chat completion)."""
     import httpx
 
-    body = {"model": model, "prompt": prompt, "max_tokens": NEW, "temperature": 0, "stream": True,
-            "ignore_eos": True}
+    body = {"model": model, "max_tokens": NEW, "temperature": 0, "stream": True, "ignore_eos": True,
+            **({"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt})}
     n = 0
-    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=600) as r:
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    with httpx.stream("POST", url + path, json=body, timeout=600) as r:
         if r.status_code != 200:
             raise SystemExit(f"the request failed: {r.status_code} {r.read()[:300]!r}")
         for line in r.iter_lines():

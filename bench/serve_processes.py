@@ -5,6 +5,7 @@ mappings of the biggest process (anonymous vs file-backed: weights mapped or cop
 
     python bench/serve_processes.py ~/.cache/edgeinfer/bench/peer/<model>-host-w8a8 [--streams 16] [--label NAME]
         [--in-process]      # edgeinfer serve --in-process: one process
+        [--chat]            # the streams as /v1/chat/completions (the model's chat template)
         [--peer-rounds N]   # instead: bench/peer_llamacpp.py's workloads, N rounds, a snapshot after each
 
 Writes bench/results/serve_processes[-LABEL].json.
@@ -82,6 +83,8 @@ def main() -> None:
     ap.add_argument("--peer-rounds", type=int, default=0,
                     help="instead of one round of STREAMS: the peer bench's workloads, N rounds")
     ap.add_argument("--in-process", action="store_true", help="serve --in-process (the decoder on a thread)")
+    ap.add_argument("--chat", action="store_true", help="the streams as chat completions (the prompt as the user "
+                    "message, rendered by the model's chat template)")
     args = ap.parse_args()
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -105,11 +108,11 @@ def main() -> None:
             steps = peer_workloads(url, model, args.peer_rounds, proc.pid)
         else:
             with concurrent.futures.ThreadPoolExecutor(args.streams) as pool:
-                list(pool.map(lambda i: stream_one(url, model, prompt_of(32, i)), range(args.streams)))
+                list(pool.map(lambda i: stream_one(url, model, prompt_of(32, i), args.chat), range(args.streams)))
         after = snapshot(proc.pid)
         big = max(after, key=lambda r: r["VmRSS_bytes"])["pid"]
         result = {"target": str(args.target), "streams": args.streams, "peer_rounds": args.peer_rounds,
-                  "in_process": args.in_process,
+                  "in_process": args.in_process, "chat": args.chat,
                   "idle": idle, "after": after, "steps": steps,
                   "tree_peak_bytes": sum(r["VmHWM_bytes"] for r in after), "largest_mappings": mappings(big)}
     finally:
