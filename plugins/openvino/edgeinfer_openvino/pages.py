@@ -1,4 +1,5 @@
-"""Drop the resident pages of a decoder's IR weights once the CPU plugin has repacked them.
+"""Drop the resident pages of a decoder's IR weights once the CPU plugin has repacked them (:func:`drop_mapped`),
+or while it does (:func:`dropping`).
 
 OpenVINO maps ``openvino_model.bin`` (``ENABLE_MMAP``, default on) and the CPU plugin repacks the weights
 into its own buffers at the first inference; the mapped file pages stay resident as well, a second copy of
@@ -11,8 +12,11 @@ Linux only; elsewhere, and where a call fails, it drops nothing.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 MADV_DONTNEED = 4
@@ -40,3 +44,25 @@ def drop_mapped(directory: Path) -> int:
         if libc.madvise(start, end - start, MADV_DONTNEED) == 0:
             dropped += end - start
     return dropped
+
+
+@contextlib.contextmanager
+def dropping(directory: Path, every_s: float = 0.02) -> Iterator[None]:
+    """:func:`drop_mapped` every ``every_s`` seconds while the block runs, and once after: the CPU plugin packs
+    the weights from the mapped file, and the pages it has read are dropped as it goes instead of the whole
+    file staying resident beside the packed copy (they stay in the page cache: a page read again is a minor
+    fault, not I/O)."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(every_s):
+            drop_mapped(directory)
+
+    t = threading.Thread(target=loop, name="edgeinfer-drop-pages", daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        t.join()
+        drop_mapped(directory)
