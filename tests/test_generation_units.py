@@ -189,6 +189,35 @@ def test_detokenizer_never_splits_a_multibyte_character(tok_dir):
     assert "" in pieces  # at least one token was held back mid-character
 
 
+def _byte_ids(codec: TextCodec, data: bytes) -> list[int]:
+    """The single-byte tokens of a byte-level vocabulary spelling ``data``."""
+    from edgeinfer.run.generation.text import _UNICODE_TO_BYTE
+
+    char = {b: c for c, b in _UNICODE_TO_BYTE.items()}
+    return [codec.tokenizer.token_to_id(char[b]) for b in data]
+
+
+def test_detokenizer_releases_bytes_no_character_can_follow_at_once(tok_dir):
+    """Bytes that are not UTF-8 (continuation bytes with no lead, as a random model makes) come out as U+FFFD
+    with the token that made them, not held until a valid character follows; a character cut after its lead
+    byte is still held, and the whole text is what decoding all the ids gives."""
+    codec = TextCodec(tok_dir)
+    garbage = _byte_ids(codec, b"\x80\x9f\xbf")
+    d = codec.stream()
+    assert [d.push(i) for i in garbage] == ["\ufffd"] * 3
+    cut = _byte_ids(codec, "中".encode()) + codec.encode("ok")
+    pieces = [d.push(i) for i in cut] + [d.flush()]
+    assert pieces[:2] == ["", ""] and "".join(pieces) == "中ok"
+    assert "\ufffd" * 3 + "".join(pieces) == codec.decode(garbage + cut)
+
+
+def test_detokenizer_module_keeps_utf8_rules():
+    from edgeinfer.run.generation.detokenize import ends_inside_a_character as inside
+
+    assert inside(b"A\xe4") and inside(b"\xe4\xb8") and inside(b"\xf0\x9f\x98") and inside(b"\xc3")
+    assert not inside(b"\xe4\xb8\xad") and not inside(b"\x80\x80") and not inside(b"\xff") and not inside(b"")
+
+
 def test_chat_template_renders_chatml_and_encodes_special_tokens(tok_dir):
     codec = TextCodec(tok_dir)
     text = codec.render_chat([{"role": "user", "content": "hi"}])

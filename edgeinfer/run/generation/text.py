@@ -18,6 +18,7 @@ from typing import Any
 
 from edgeinfer.contract.packages import import_runtime, install_line
 from edgeinfer.errors import BackendUnavailableError, InputError, ModelError, check_text
+from edgeinfer.run.generation.detokenize import Detokenizer
 
 Message = Mapping[str, Any]
 
@@ -216,38 +217,6 @@ def spelled_logprob(codec: TextCodec, entry: dict[str, Any]) -> dict[str, Any]:
         return {"token": text, "logprob": e["logprob"], "bytes": list(raw)}
 
     return {**one(entry), "top_logprobs": [one(e) for e in entry["top_logprobs"]]}
-
-
-class Detokenizer:
-    """Turns a growing list of token ids into text pieces.
-
-    Decodes a short window of recent ids and emits only what is new, holding text
-    back while it ends in U+FFFD (an incomplete UTF-8 sequence): the prefix/read
-    offsets of Hugging Face text-generation-inference's ``decode_token``
-    (https://github.com/huggingface/text-generation-inference).
-    """
-
-    def __init__(self, codec: TextCodec):
-        self.codec = codec
-        self.ids: list[int] = []
-        self.prefix_offset = 0
-        self.read_offset = 0
-
-    def push(self, token_id: int) -> str:
-        self.ids.append(int(token_id))
-        prefix = self.codec.decode(self.ids[self.prefix_offset : self.read_offset])
-        text = self.codec.decode(self.ids[self.prefix_offset :])
-        if len(text) > len(prefix) and not text.endswith("\ufffd"):
-            self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
-            return text[len(prefix) :]
-        return ""
-
-    def flush(self) -> str:
-        """What is still held back when the sequence ends."""
-        prefix = self.codec.decode(self.ids[self.prefix_offset : self.read_offset])
-        text = self.codec.decode(self.ids[self.prefix_offset :])
-        self.prefix_offset = self.read_offset = len(self.ids)
-        return text[len(prefix) :]
 
 
 def check_messages(messages: Any) -> None:
