@@ -37,8 +37,13 @@ FASTAPI_OFF = {"tracing": False, "metrics": False, "logs": False, "operation_spa
 def off(offline: bool = False) -> None:
     for name, value in {**SWITCHES, **(OFFLINE if offline else {})}.items():
         os.environ.setdefault(name, value)
-    if os.environ["DO_NOT_TRACK"] not in ("0", "false", "False"):  # DO_NOT_TRACK=0: the user's own choice
+    if not tracking_allowed():
         sys.modules.setdefault(OPENVINO_TELEMETRY, None)  # type: ignore[arg-type]
+
+
+def tracking_allowed() -> bool:
+    """DO_NOT_TRACK=0 (or false): the user's own choice to leave the libraries' telemetry on."""
+    return os.environ.get("DO_NOT_TRACK") in ("0", "false", "False")
 
 
 def fastapi_options(fastapi: type) -> dict:
@@ -46,8 +51,6 @@ def fastapi_options(fastapi: type) -> dict:
     for a FastAPI without it, or when the user set DO_NOT_TRACK=0."""
     import inspect
 
-    if os.environ.get("DO_NOT_TRACK") in ("0", "false", "False"):
-        return {}
-    if "telemetry" not in inspect.signature(fastapi.__init__).parameters:
+    if tracking_allowed() or "telemetry" not in inspect.signature(fastapi.__init__).parameters:
         return {}
     return {"telemetry": dict(FASTAPI_OFF)}

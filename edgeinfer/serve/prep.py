@@ -406,12 +406,11 @@ def _kill_late_helpers(broken: ProcessPoolExecutor) -> None:
 class Offload:
     """Runs request work inline when it is small (or on one thread, ``threaded``: a chat template) and in up
     to ``processes`` helper processes (spawned) when it is large. The helpers start when a large request first
-    needs one (ProcessPoolExecutor starts them one
-    per submitted call until ``processes`` run), so a server that only gets small requests never pays their
-    ~70 MiB each; ``processes=0`` runs everything inline. A helper that dies (e.g. out of memory) fails its
-    request with 500; the pool is renewed on the next large request. The helpers hold the served models
-    (``models``: embedding and tensor bundles, ``decoders``: decoder engines, whose tokenizer and chat template
-    they run)."""
+    needs one (ProcessPoolExecutor starts them one per submitted call until ``processes`` run), so a server
+    that only gets small requests never pays their ~70 MiB each; ``processes=0`` runs everything in this
+    process (threaded work on the thread). A helper that dies (e.g. out of memory) fails its request with 500;
+    the pool is renewed on the next large request. The helpers hold the served models (``models``: embedding
+    and tensor bundles, ``decoders``: decoder engines, whose tokenizer and chat template they run)."""
 
     def __init__(self, models: Models, processes: int = 2, decoders: dict[str, Any] | None = None):
         self.tables = {"models": models, "decoders": decoders or {}}

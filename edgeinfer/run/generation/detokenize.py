@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from edgeinfer.run.generation.text import TextCodec
 
 
 class Detokenizer:
@@ -18,7 +21,7 @@ class Detokenizer:
     stream of such bytes reached its first text 13.5 s late at 16 streams (bench/README.md).
     """
 
-    def __init__(self, codec: Any):
+    def __init__(self, codec: TextCodec):
         self.codec = codec
         self.ids: list[int] = []
         self.prefix_offset = 0
@@ -41,12 +44,9 @@ class Detokenizer:
         return text[len(prefix) :]
 
     def _may_complete(self) -> bool:
-        """Whether the bytes of the tokens held back end inside a UTF-8 character (a codec that cannot say
-        what bytes a token stands for: assume they may)."""
-        spell = getattr(self.codec, "token_text", None)
-        if spell is None:
-            return True
-        return ends_inside_a_character(b"".join(spell(i)[1] for i in self.ids[self.read_offset :]))
+        """Whether the bytes of the tokens held back end inside a UTF-8 character."""
+        held = self.ids[self.read_offset :]
+        return ends_inside_a_character(b"".join(self.codec.token_text(i)[1] for i in held))
 
 
 def ends_inside_a_character(data: bytes) -> bool:

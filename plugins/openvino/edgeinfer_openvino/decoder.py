@@ -156,39 +156,36 @@ class GenAIDecoder(NativeDecoder):
         self._request_ids = itertools.count()
         if fam == "NPU":
             slots = 1  # the NPU's static pipeline decodes one sequence at a time: it declares one slot
-        if slots > 1:
-            block = BLOCK_SIZE.get(fam, 32)
-            self.scheduler = og.SchedulerConfig()
-            self.scheduler.num_kv_blocks = slots * -(-context // block)
-            self.scheduler.max_num_seqs = slots
-            self.scheduler.max_num_batched_tokens = max(context, 256)
-            self.scheduler.dynamic_split_fuse = True
-            self.scheduler.enable_prefix_caching = False
-            with self._dropping(fam):
+        # the CPU plugin reads every weight from the mapped IR as it compiles and packs: dropped as it goes
+        with pages.dropping(path) if fam == "CPU" else contextlib.nullcontext():
+            if slots > 1:
+                block = BLOCK_SIZE.get(fam, 32)
+                self.scheduler = og.SchedulerConfig()
+                self.scheduler.num_kv_blocks = slots * -(-context // block)
+                self.scheduler.max_num_seqs = slots
+                self.scheduler.max_num_batched_tokens = max(context, 256)
+                self.scheduler.dynamic_split_fuse = True
+                self.scheduler.enable_prefix_caching = False
                 self._cb = og.ContinuousBatchingPipeline(str(path), self.scheduler, device, cfg.properties)
-            self._defaults = self._cb.get_config
-            kv = kv_bytes(shape, self.scheduler.num_kv_blocks * block, cfg.kv_bytes)
-        else:
-            with self._dropping(fam):
+                self._defaults = self._cb.get_config
+                kv = kv_bytes(shape, self.scheduler.num_kv_blocks * block, cfg.kv_bytes)
+            else:
                 self._pipe = og.LLMPipeline(str(path), device, **cfg.properties)
-            self._defaults = self._pipe.get_generation_config
-            kv = kv_bytes(shape, context, cfg.kv_bytes)
-        super().__init__(context=context, vocab_size=shape["vocab"], kv_cache_bytes=kv, slots=slots, device=device)
-        if fam == "CPU":
-            self._repack_weights()
+                self._defaults = self._pipe.get_generation_config
+                kv = kv_bytes(shape, context, cfg.kv_bytes)
+            super().__init__(context=context, vocab_size=shape["vocab"], kv_cache_bytes=kv, slots=slots,
+                             device=device)
+            if fam == "CPU":
+                self._pack_weights()
         self.execution_devices = _npuw_devices(cfg.properties) if fam == "NPU" else [fam]
         self.kv_dtype = cfg.kv_dtype
         self.fallback = fallback_warning(device, self.execution_devices)
         if self.fallback:
             warnings.warn(self.fallback, decoder_fallback_category(), stacklevel=5)
 
-    def _dropping(self, fam: str) -> Any:
-        """The IR's mapped pages dropped while the CPU plugin compiles (it reads every weight)."""
-        return pages.dropping(self.path) if fam == "CPU" else contextlib.nullcontext()
-
-    def _repack_weights(self) -> None:
+    def _pack_weights(self) -> None:
         """Two tokens after a prompt of ``PACK_TOKENS``, so that the CPU plugin packs the weights now rather than
-        under the first requests, with the IR's mapped pages dropped as it reads them (:func:`pages.dropping`).
+        under the first requests (the caller drops the IR's mapped pages meanwhile, :func:`pages.dropping`).
         It packs them once per kind of step, each copy the IR's size: one for a single token, another for a step
         of 8 to 63 tokens (a prompt, or a batch of 8 sequences; an fp16 IR of 366 MiB: 441 MiB anonymous after
         one token, 807 after an 8-token prompt; 4 tokens, and prompts of 84 or 119 tokens, did not reach it).
@@ -197,11 +194,10 @@ class GenAIDecoder(NativeDecoder):
         g.max_new_tokens = 2
         g.ignore_eos = True
         ids = self._ids([0] * max(1, min(PACK_TOKENS, self.context - 2)))
-        with pages.dropping(self.path):
-            if self._pipe is not None:
-                self._pipe.generate(ids, g)
-            else:
-                self._cb.generate([ids], [g])
+        if self._pipe is not None:
+            self._pipe.generate(ids, g)
+        else:
+            self._cb.generate([ids], [g])
 
     def _check(self, prompt_ids: Sequence[int], options: Any) -> Any:
         n = len(prompt_ids)

@@ -193,7 +193,7 @@ def test_cpu_decoder_keeps_no_mapped_copy_of_the_ir_weights(irs) -> None:
 def test_a_prompt_does_not_bring_the_ir_weights_back(irs) -> None:
     """An fp16 IR on the CPU: the plugin packs its weights once for single-token steps and again for steps of
     8 to 63 tokens, reading the whole mapped .bin each time. Both happen at load now (GenAIDecoder.
-    _repack_weights), with the pages dropped as they are read; before, the first long prompt of a served
+    _pack_weights), with the pages dropped as they are read; before, the first long prompt of a served
     decoder made all of the .bin resident again."""
     path = irs["fp16"][0]
     weights = (path / "openvino_model.bin").stat().st_size
