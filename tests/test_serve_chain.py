@@ -61,6 +61,46 @@ def sigmoid(x: float) -> float:
     return 1 / (1 + math.exp(-x))
 
 
+def test_chain_plan_within_ten_percent_of_the_served_peak(chain, reranker_dir, classifier_dir):
+    """The peak RSS (VmHWM) of the server's processes (HTTP process, encoder worker, decoder worker, resource
+    tracker; not the request helper a chat request starts, which the plan does not count: docs/planner.md)
+    against the chain plan computed independently of serve: ``edgeinfer plan``'s
+    :func:`edgeinfer.planning.chain_plan.plan_chain` on the models the bundles were made from, at the bundles'
+    schemes and serve's settings (``--max-batch`` rows of 128 tokens an encoder, ``--slots`` 4 of ctx 256), the OS
+    reserve left out (a measured process holds none). Runs first in this file, so that the peak is that of the
+    planned maxima (one full batch of the longest texts to each encoder model, and a chat), not of the other
+    tests' concurrent requests: the bodies in flight in the HTTP process are not planned, and on a loaded CI
+    machine they raised its peak from ~107 to 137 MiB."""
+    import psutil
+
+    from edgeinfer.planning.chain_plan import Entry, plan_chain
+    from edgeinfer.testing import minilm
+    from edgeinfer.testing.llm import model_dir
+
+    server, names = chain
+    long = [" ".join(["memory"] * 200) + f" {i}" for i in range(MAX_BATCH)]  # past the 128-token limit: truncated
+    assert post(server, "/v1/embeddings", {"model": names["emb"], "input": long}).status_code == 200
+    assert post(server, "/v1/rerank", {"model": names["reranker"], "query": long[0],
+                                       "documents": long}).status_code == 200
+    assert post(server, "/v1/classify", {"model": names["classifier"], "input": long}).status_code == 200
+    chat = post(server, "/v1/chat/completions", {"model": names["llm"], "max_tokens": 4, "messages": [
+        {"role": "user", "content": " ".join(["memory"] * 70)}]})
+    assert chat.status_code == 200, chat.text
+    ready = httpx.get(server.url + "/ready", headers=AUTH).json()
+    counted = {server.proc.pid, *(w["pid"] for w in ready["workers"]), *(d["pid"] for d in ready["decoders"])}
+    counted |= {p.pid for p in psutil.Process(server.proc.pid).children(recursive=True)
+                if "resource_tracker" in " ".join(p.cmdline())}
+    measured = sum(_hwm(pid) for pid in counted)
+    enc = {"quant": "fp32", "runtime": "onnxruntime", "batch": MAX_BATCH}
+    plan = plan_chain([Entry(str(minilm.model_dir()), enc), Entry(str(reranker_dir), enc),
+                       Entry(str(classifier_dir), enc), Entry(str(model_dir()), {"ctx": DECODER_BUNDLE_CTX})], "host")
+    planned = plan.total_bytes - plan.reserved_bytes
+    assert len(counted) == 4 and plan.fits, counted
+    assert 0.9 <= planned / measured <= 1.1, {"planned_mib": planned / 2**20, "measured_mib": measured / 2**20,
+                                              "processes": {pid: _hwm(pid) / 2**20 for pid in counted},
+                                              "plan": [(p.name, p.total_bytes / 2**20) for p in plan.processes]}
+
+
 def test_one_server_carries_the_chain_and_routes_by_model(chain):
     server, names = chain
     listed = {m["id"]: m.get("endpoints") for m in httpx.get(server.url + "/v1/models", headers=AUTH).json()["data"]}
@@ -180,44 +220,6 @@ def test_metrics_per_model(chain):
         assert _metric(server, "edgeinfer_batch_size_count", model) >= 1
     text = httpx.get(server.url + "/metrics", headers=AUTH).text
     assert 'edgeinfer_requests_total{endpoint="/v1/rerank",status="200"}' in text
-
-
-def test_chain_plan_within_ten_percent_of_the_served_peak(chain, reranker_dir, classifier_dir):
-    """The peak RSS (VmHWM) of the server's processes (HTTP process, encoder worker, decoder worker, resource
-    tracker; not the request helper a chat request starts, which the plan does not count: docs/planner.md)
-    against the chain plan computed independently of serve: ``edgeinfer plan``'s
-    :func:`edgeinfer.planning.chain_plan.plan_chain` on the models the bundles were made from, at the bundles'
-    schemes and serve's settings (``--max-batch`` rows of 128 tokens an encoder, ``--slots`` 4 of ctx 256), the OS
-    reserve left out (a measured process holds none). Runs last in this file: the other tests' requests came
-    first; one full batch of the longest texts to each encoder model and a chat make sure the planned maxima ran."""
-    import psutil
-
-    from edgeinfer.planning.chain_plan import Entry, plan_chain
-    from edgeinfer.testing import minilm
-    from edgeinfer.testing.llm import model_dir
-
-    server, names = chain
-    long = [" ".join(["memory"] * 200) + f" {i}" for i in range(MAX_BATCH)]  # past the 128-token limit: truncated
-    assert post(server, "/v1/embeddings", {"model": names["emb"], "input": long}).status_code == 200
-    assert post(server, "/v1/rerank", {"model": names["reranker"], "query": long[0],
-                                       "documents": long}).status_code == 200
-    assert post(server, "/v1/classify", {"model": names["classifier"], "input": long}).status_code == 200
-    chat = post(server, "/v1/chat/completions", {"model": names["llm"], "max_tokens": 4, "messages": [
-        {"role": "user", "content": " ".join(["memory"] * 70)}]})
-    assert chat.status_code == 200, chat.text
-    ready = httpx.get(server.url + "/ready", headers=AUTH).json()
-    counted = {server.proc.pid, *(w["pid"] for w in ready["workers"]), *(d["pid"] for d in ready["decoders"])}
-    counted |= {p.pid for p in psutil.Process(server.proc.pid).children(recursive=True)
-                if "resource_tracker" in " ".join(p.cmdline())}
-    measured = sum(_hwm(pid) for pid in counted)
-    enc = {"quant": "fp32", "runtime": "onnxruntime", "batch": MAX_BATCH}
-    plan = plan_chain([Entry(str(minilm.model_dir()), enc), Entry(str(reranker_dir), enc),
-                       Entry(str(classifier_dir), enc), Entry(str(model_dir()), {"ctx": DECODER_BUNDLE_CTX})], "host")
-    planned = plan.total_bytes - plan.reserved_bytes
-    assert len(counted) == 4 and plan.fits, counted
-    assert 0.9 <= planned / measured <= 1.1, {"planned_mib": planned / 2**20, "measured_mib": measured / 2**20,
-                                              "processes": {pid: _hwm(pid) / 2**20 for pid in counted},
-                                              "plan": [(p.name, p.total_bytes / 2**20) for p in plan.processes]}
 
 
 def _hwm(pid: int) -> int:

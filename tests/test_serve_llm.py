@@ -66,7 +66,7 @@ def tokenizers_mapped(pid: int) -> bool:
 def test_the_http_process_maps_no_runtime_library_only_its_worker_does(tiny_qwen3_host_bundle, tmp_path):
     """Issue 30 (footprint): the HTTP process of a served decoder bundle loads neither torch nor a model runtime
     (onnxruntime here) nor numpy (~15 MiB of RSS); its decoder worker does, which shows the check sees them where
-    they are. The worker is its only child (serve.child: no resource tracker)."""
+    they are. The worker is its only child (serve.child: no resource tracker), after a chat request too."""
     with ServerProc([tiny_qwen3_host_bundle], "--threads", "1", log=tmp_path / "log") as s:
         assert runtime_libraries(s.proc.pid) == []
         assert not numpy_mapped(s.proc.pid)
@@ -79,6 +79,11 @@ def test_the_http_process_maps_no_runtime_library_only_its_worker_does(tiny_qwen
         assert len(children(s.proc.pid)) == 1, s.output()  # the worker: no multiprocessing resource tracker
         r = httpx.post(s.url + "/v1/completions", json={"prompt": "The licence", "max_tokens": 2}, timeout=60)
         assert r.status_code == 200 and not numpy_mapped(s.proc.pid), r.text  # nor after a request
+        # a chat request's template renders on a thread of the HTTP process: no request helper (~48 MiB and the
+        # tokenizers) nor resource tracker (~13 MiB) starts for it (bench/results/serve_processes-*-chat-*.json)
+        r = httpx.post(s.url + "/v1/chat/completions", timeout=60,
+                       json={"messages": [{"role": "user", "content": "The licence"}], "max_tokens": 2})
+        assert r.status_code == 200 and len(children(s.proc.pid)) == 1, (r.text, s.output())
 
 
 def test_the_http_process_of_a_model_directory_maps_no_runtime_library(server):

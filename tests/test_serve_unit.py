@@ -145,6 +145,45 @@ def test_request_helpers_start_on_the_first_large_request_and_zero_means_inline(
     assert not set(_spawned_children()) - before
 
 
+def _where(_table: dict) -> tuple[int, str]:
+    import os
+    import threading
+
+    return os.getpid(), threading.current_thread().name
+
+
+def test_a_chat_template_runs_on_the_preparing_thread_not_in_a_helper():
+    """Small threaded work (a chat request's template) runs on one thread of this process, off the event loop,
+    and starts no helper process (each costs ~48 MiB plus the tokenizers, and the first the resource
+    tracker); large work still goes to a helper, and with ``processes=0`` threaded work stays on the thread."""
+    import asyncio
+    import os
+    import threading
+
+    from edgeinfer.serve.prep import Offload
+
+    before = set(_spawned_children())
+
+    async def run(offload: Offload) -> tuple:
+        loop_thread = threading.current_thread().name
+        small = await offload.prepare(False, _where, threaded=True)
+        started = set(_spawned_children()) - before
+        return loop_thread, small, started
+
+    for processes in (2, 0):
+        offload = Offload({}, processes=processes)
+        offload.start()
+        try:
+            loop_thread, (pid, thread), started = asyncio.run(run(offload))
+            assert pid == os.getpid() and thread.startswith("edgeinfer-prepare") and thread != loop_thread
+            assert not started
+            if processes:
+                assert asyncio.run(offload.prepare(True, _where, threaded=True))[0] != os.getpid()
+        finally:
+            offload.stop()
+    assert not set(_spawned_children()) - before
+
+
 def test_a_helper_started_while_the_broken_pool_was_torn_down_is_killed():
     """CPython's pool can start a helper after its manager thread terminated the helpers of a broken pool
     (a request submitted just as one died); renewing the pool kills it instead of leaving it waiting for

@@ -7,11 +7,12 @@ process holds it, the workers get token ids). A decoder worker is started withou
 (``serve/child.py``); encoder workers and request helpers are started with its spawn method, which starts
 multiprocessing's resource tracker first (CPython's ``popen_spawn_posix`` hands each child its fd), and with
 encoders the HTTP process imports numpy to batch their arrays: ``parts_mib.with_encoders``. Request helpers
-(``serve.prep.Offload``) are not in it: they start only when a large body or a chat template needs one
-(``--request-helpers``), ~70 MiB each with the test tokenizer (``parts_mib.request_helper_each``), and each holds
-the tokenizers too. A served decoder with ``--slots S`` is the plan at ``--batch S``. With ``serve --in-process``
-the decoder runs on a thread of the HTTP process: one interpreter less, ``parts_mib.in_process_saving``
-(measured, the smaller of two models' savings)."""
+(``serve.prep.Offload``) are not in it: they start only when a body above 64 KiB needs one
+(``--request-helpers``; a chat template renders on a thread of the HTTP process), ~70 MiB each with the
+test tokenizer (``parts_mib.request_helper_each``), and each holds the tokenizers too. A served decoder with
+``--slots S`` is the plan at ``--batch S``. With ``serve --in-process`` the decoder runs on a thread of the HTTP
+process: one interpreter less, ``parts_mib.in_process_saving`` (measured, the smaller of two models'
+savings)."""
 
 from __future__ import annotations
 

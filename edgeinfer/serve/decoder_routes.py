@@ -57,8 +57,9 @@ def add_routes(app: FastAPI, engines: dict[str, Engine], timeout_s: float, accep
         return await generate(request, chat=False)
 
 
-async def _inline(heavy: bool, fn: Any, *args: Any, decoders: dict[str, ServedDecoder]) -> Any:
-    return fn(decoders, *args)
+async def _inline(heavy: bool, fn: Any, *args: Any, decoders: dict[str, ServedDecoder],
+                  threaded: bool = False) -> Any:
+    return await asyncio.to_thread(fn, decoders, *args) if threaded else fn(decoders, *args)
 
 
 async def respond(engines: dict[str, Engine], raw: bytes, content_type: str, chat: bool, timeout_s: float,
@@ -66,14 +67,16 @@ async def respond(engines: dict[str, Engine], raw: bytes, content_type: str, cha
                   elsewhere: dict[str, str] | None = None) -> Any:
     """The answer to one chat / completion request body: a streamed or a whole response; ApiError for a
     request that cannot be served. ``accepting(model)`` is None when that decoder takes requests now, else
-    the ApiError to answer; ``prepare(heavy, fn, *args)`` runs ``fn(decoders, *args)`` (off the event loop:
-    :meth:`Offload.prepare`; default inline). The single-box routes and the Ray replicas (edgeinfer/fleet)
-    share it."""
+    the ApiError to answer; ``prepare(heavy, fn, *args, threaded=...)`` runs ``fn(decoders, *args)`` (a heavy
+    one in a helper process, a threaded one on a thread: :meth:`Offload.prepare`; default inline or on a
+    thread). The single-box routes and the Ray replicas (edgeinfer/fleet) share it."""
     arrived = time.perf_counter() if arrived is None else arrived
     if prepare is None:
         prepare = functools.partial(_inline, decoders={n: e.llm for n, e in engines.items()})
-    # a chat template comes with the model (untrusted, bounded but possibly slow): never on the event loop
-    p = await prepare(chat or len(raw) > OFFLOAD_BYTES, prepare_generation, raw, content_type, chat, elsewhere)
+    # a chat template comes with the model (untrusted, bounded but possibly slow): never on the event loop, but
+    # on a thread (its Python steps give the loop the GIL every switch interval), a large body in a helper
+    p = await prepare(len(raw) > OFFLOAD_BYTES, prepare_generation, raw, content_type, chat, elsewhere,
+                      threaded=chat)
     eng = engines[p.model]
     refusal = accepting(p.model)
     if refusal is not None:

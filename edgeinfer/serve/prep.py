@@ -2,8 +2,9 @@
 answer — as plain functions, and :class:`Offload`, which runs the large ones in helper processes so the
 event loop keeps answering other requests (``/health`` included) meanwhile.
 
-Threads would not do: ``json.loads``, ``np.array`` on nested lists and ``json.dumps`` hold the GIL
-for their whole run, seconds for a body of a few MB.
+Threads would not do for large bodies: ``json.loads``, ``np.array`` on nested lists and ``json.dumps`` hold
+the GIL for their whole run, seconds for a body of a few MB. A chat template of a small body runs on a thread:
+it is Python bytecode (jinja2), which hands the GIL to the event loop every switch interval (5 ms).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import json
 import multiprocessing as mp
 import re
 import threading
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from functools import cached_property
@@ -403,19 +404,20 @@ def _kill_late_helpers(broken: ProcessPoolExecutor) -> None:
 
 
 class Offload:
-    """Runs request work inline when it is small and in up to ``processes`` helper processes (spawned) when
-    it is large. The helpers start when a large request first needs one (ProcessPoolExecutor starts them one
-    per submitted call until ``processes`` run), so a server that only gets small requests never pays their
-    ~70 MiB each; ``processes=0`` runs everything inline. A helper that dies (e.g. out of memory) fails its
-    request with 500; the pool is renewed on the next large request. The helpers hold the served models
-    (``models``: embedding and tensor bundles, ``decoders``: decoder engines, whose tokenizer and chat template
-    they run)."""
+    """Runs request work inline when it is small (or on one thread, ``threaded``: a chat template) and in up
+    to ``processes`` helper processes (spawned) when it is large. The helpers start when a large request first
+    needs one (ProcessPoolExecutor starts them one per submitted call until ``processes`` run), so a server
+    that only gets small requests never pays their ~70 MiB each; ``processes=0`` runs everything in this
+    process (threaded work on the thread). A helper that dies (e.g. out of memory) fails its request with 500;
+    the pool is renewed on the next large request. The helpers hold the served models (``models``: embedding
+    and tensor bundles, ``decoders``: decoder engines, whose tokenizer and chat template they run)."""
 
     def __init__(self, models: Models, processes: int = 2, decoders: dict[str, Any] | None = None):
         self.tables = {"models": models, "decoders": decoders or {}}
         self.processes = processes
         self._open = False
         self._pool: ProcessPoolExecutor | None = None
+        self._threads: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
 
     def start(self) -> None:
@@ -424,11 +426,22 @@ class Offload:
     def _inline(self, heavy: bool) -> bool:
         return not heavy or not self._open or self.processes == 0
 
-    async def prepare(self, heavy: bool, fn: Callable[..., Any], *args: Any, table: str = "models") -> Any:
-        """``fn(models, *args)`` (``fn(decoders, *args)`` with ``table="decoders"``)."""
-        if self._inline(heavy):
-            return fn(self.tables[table], *args)
-        return await self._submit(fn, args, table)
+    async def prepare(self, heavy: bool, fn: Callable[..., Any], *args: Any, table: str = "models",
+                      threaded: bool = False) -> Any:
+        """``fn(models, *args)`` (``fn(decoders, *args)`` with ``table="decoders"``); ``threaded``: where it
+        is not sent to a helper, on this server's one preparing thread instead of the event loop (a chat
+        template: bounded Python steps, which hand the loop the GIL every switch interval)."""
+        if not self._inline(heavy):
+            return await self._submit(fn, args, table)
+        if threaded:
+            return await asyncio.get_running_loop().run_in_executor(self._thread(), fn, self.tables[table], *args)
+        return fn(self.tables[table], *args)
+
+    def _thread(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._threads is None:
+                self._threads = ThreadPoolExecutor(1, thread_name_prefix="edgeinfer-prepare")
+            return self._threads
 
     async def encode(self, heavy: bool, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)``."""
@@ -469,5 +482,8 @@ class Offload:
         self._open = False
         with self._lock:
             pool, self._pool = self._pool, None
+            threads, self._threads = self._threads, None
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
+        if threads is not None:
+            threads.shutdown(wait=False, cancel_futures=True)  # a running template ends by its own bound
