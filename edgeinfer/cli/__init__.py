@@ -272,5 +272,17 @@ def main(argv: list[str] | None = None) -> None:
 
     sys.stdout = PipeSafeStdout(sys.stdout)  # type: ignore[assignment]  # `edgeinfer plan … | head`: no EPIPE
     _attach_optional_commands()
-    sys.exit(invoke(argv))
+    code = invoke(argv)
+    _forget_caught_interrupts()
+    sys.exit(code)
+
+
+def _forget_caught_interrupts() -> None:
+    """CPython (3.11, 3.12) records a KeyboardInterrupt that ended code run from a string — ``exec("...")``, as
+    ``dataclasses`` does to build each class's ``__init__`` during an import — even when a caller catches it,
+    and under ``python -m`` then ends the process by SIGINT instead of with its exit code (``Py_RunMain`` →
+    ``exit_sigint`` in CPython's ``Modules/main.c``): a Ctrl-C that landed in an import during the ONNX export
+    exited -2, not 130, after the deploy had cleaned up and said so. Running a string resets the record
+    (``run_eval_code_obj`` in ``Python/pythonrun.c``)."""
+    exec("pass")  # noqa: S102 - a constant string, for the side effect above
 
