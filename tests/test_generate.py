@@ -191,6 +191,20 @@ def test_generate_refuses_models_that_are_not_language_models(tmp_path, cli):
         assert p.returncode == 2 and "not a decoder" in p.stderr and "Traceback" not in p.stderr
 
 
+def test_a_decoder_directory_without_weights_is_one_line_exit_2(llm_dir, tmp_path, cli):
+    """An exported runtime directory keeps the model's config.json but none of its safetensors: without
+    --backend the transformers reference would fail inside its plugin ("report it to the plugin's authors")."""
+    import shutil
+
+    export = tmp_path / "export"
+    shutil.copytree(llm_dir, export, ignore=shutil.ignore_patterns("*.safetensors"))
+    p = cli("generate", str(export), "--prompt", "hi", "--max-new-tokens", "2")
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert p.returncode == 2 and len(lines) == 1, p.stderr
+    assert "holds no weights the transformers reference reads" in lines[0] and "--backend" in lines[0]
+    assert "plugin" not in lines[0] and p.stdout == ""
+
+
 def test_chat_flag_without_a_template_is_one_line_exit_2(llm_dir, tmp_path, cli):
     import shutil
 

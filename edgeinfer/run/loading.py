@@ -155,10 +155,26 @@ def load_generator(
     remote_code.allowed(model_dir)
     codec = codec or TextCodec(model_dir)  # a bad tokenizer fails before the weights load
     context = ctx if ctx is not None else default_context(model_dir)
+    if (backend or DECODER_REFERENCE) == DECODER_REFERENCE:
+        _check_reference_weights(model_dir)
     be = plugins.get_backend(backend or DECODER_REFERENCE)
     check_decoder_fits(be, model_dir, device, context, slots, options.get("scheme"))
     decoder = be.load_decoder(model_dir, device=device, context=context, slots=slots, **options)
     return Generator(decoder, codec, model_dir.resolve().name)
+
+
+REFERENCE_WEIGHTS = ("*.safetensors", "pytorch_model*.bin")  # what transformers' from_pretrained reads
+
+
+def _check_reference_weights(model_dir: Path) -> None:
+    """A decoder directory without weights transformers reads is a runtime's export (an OpenVINO IR keeps the
+    model's config.json) or a config-only download: one line that says so, not a failure of the reference
+    plugin's load."""
+    if not any(next(model_dir.glob(pattern), None) for pattern in REFERENCE_WEIGHTS):
+        raise ModelError(f"{model_dir} holds no weights the transformers reference reads (*.safetensors, "
+                         "pytorch_model*.bin)", "a runtime's exported model runs on its own backend — generate, "
+                         "chat and bench take --backend, e.g. openvino for openvino_model.xml — or from a "
+                         "deployed bundle")
 
 
 def file_default_context(path: Path) -> int:
