@@ -163,7 +163,10 @@ def load_generator(
     return Generator(decoder, codec, model_dir.resolve().name)
 
 
-REFERENCE_WEIGHTS = ("*.safetensors", "pytorch_model*.bin")  # what transformers' from_pretrained reads
+# what transformers' from_pretrained reads: weights, or the index of a sharded checkpoint (whose shards the
+# reference plugin checks itself)
+REFERENCE_WEIGHTS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin",
+                     "pytorch_model*.bin.index.json")
 
 
 def _check_reference_weights(model_dir: Path) -> None:
@@ -172,9 +175,8 @@ def _check_reference_weights(model_dir: Path) -> None:
     plugin's load."""
     if not any(next(model_dir.glob(pattern), None) for pattern in REFERENCE_WEIGHTS):
         raise ModelError(f"{model_dir} holds no weights the transformers reference reads (*.safetensors, "
-                         "pytorch_model*.bin)", "a runtime's exported model runs on its own backend — generate, "
-                         "chat and bench take --backend, e.g. openvino for openvino_model.xml — or from a "
-                         "deployed bundle")
+                         "pytorch_model*.bin)", "a runtime's exported model runs on the backend that exported it — "
+                         "generate, chat and bench take --backend — or from a deployed bundle")
 
 
 def file_default_context(path: Path) -> int:
