@@ -155,9 +155,10 @@ def load_generator(
     remote_code.allowed(model_dir)
     codec = codec or TextCodec(model_dir)  # a bad tokenizer fails before the weights load
     context = ctx if ctx is not None else default_context(model_dir)
-    if (backend or DECODER_REFERENCE) == DECODER_REFERENCE:
+    name = backend or DECODER_REFERENCE
+    if name == DECODER_REFERENCE:
         _check_reference_weights(model_dir)
-    be = plugins.get_backend(backend or DECODER_REFERENCE)
+    be = plugins.get_backend(name)
     check_decoder_fits(be, model_dir, device, context, slots, options.get("scheme"))
     decoder = be.load_decoder(model_dir, device=device, context=context, slots=slots, **options)
     return Generator(decoder, codec, model_dir.resolve().name)

@@ -18,7 +18,8 @@ class Detokenizer:
     random or confused model) is released at once instead of holding the stream back until a valid character
     follows: the held tokens' bytes (``codec.token_text``) must end inside a character — a lead byte with fewer
     continuation bytes than it announces, at most 3 bytes — for the text to wait. A served random model's
-    stream of such bytes reached its first text 13.5 s late at 16 streams (bench/README.md).
+    stream of such bytes reached its first text 14.3 s after it was sent, at 16 streams where the other 15 had
+    theirs within 4.4 s (bench/README.md).
     """
 
     def __init__(self, codec: TextCodec):
