@@ -27,11 +27,11 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer.contract import BatchingDecoder, Decoder, NativeDecoder, NativeStep, StepDecoder
+from edgeinfer.contract import BatchingDecoder, Decoder, NativeDecoder, NativeStep, StepDecoder, pages
 from edgeinfer.contract.packages import import_runtime
 from edgeinfer.errors import InputError, ModelError
 
-from . import decoder_config, decoder_export, pages
+from . import decoder_config, decoder_export
 from .device import fallback_warning, family, select_device
 
 #: KV cache block size of the CPU plugin's paged attention (ContinuousBatchingPipeline); GPU uses 16
@@ -157,7 +157,7 @@ class GenAIDecoder(NativeDecoder):
         if fam == "NPU":
             slots = 1  # the NPU's static pipeline decodes one sequence at a time: it declares one slot
         # the CPU plugin reads every weight from the mapped IR as it compiles and packs: dropped as it goes
-        with pages.dropping(path) if fam == "CPU" else contextlib.nullcontext():
+        with pages.dropping(path, ".bin") if fam == "CPU" else contextlib.nullcontext():
             if slots > 1:
                 block = BLOCK_SIZE.get(fam, 32)
                 self.scheduler = og.SchedulerConfig()

@@ -179,7 +179,7 @@ def _mapped_ir_rss(directory: Path) -> int:
 @pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads /proc/self/smaps (Linux)")
 def test_cpu_decoder_keeps_no_mapped_copy_of_the_ir_weights(irs) -> None:
     """The CPU plugin repacks the weights at the first inference; the mapped IR pages were a second copy in
-    RSS (pages.drop_mapped)."""
+    RSS (edgeinfer.contract.pages.drop_mapped)."""
     path = irs["fp32"][0]
     weights = (path / "openvino_model.bin").stat().st_size
     with edgeinfer.load(path, backend="openvino", device="CPU", ctx=128) as llm:
