@@ -73,13 +73,13 @@ def test_kv_scales_with_batch_and_dtype():
 
 def test_llama_cpp_activations_hold_one_prefill_chunk_for_the_whole_batch():
     """llama.cpp reserves its compute buffer for n_ubatch tokens across every sequence: more slots add logits
-    rows only (onnxruntime's plan grows with each row)."""
+    rows only, two arrays of them (runtimes.yaml logits_copies; onnxruntime's plan grows with each row)."""
     one, four = (plan("qwen3-0.6b", "host", quant="fp16", ctx=1024, batch=b, runtime="llama.cpp", suggest=False)
                  for b in (1, 4))
     # by hand, Qwen3-0.6B (h 1024, 16 heads, 8 KV heads, head_dim 128, I 3072, V 151936), 512 tokens:
-    # inputs 512·h·4 + ffn 512·(2h + 2I)·4 (larger than qkv + fused scores) + logits B·V·4
-    assert four.breakdown["activations"] == 512 * 1024 * 4 + 512 * (2048 + 6144) * 4 + 4 * 151936 * 4
-    assert four.breakdown["activations"] - one.breakdown["activations"] == 3 * 151936 * 4
+    # inputs 512·h·4 + ffn 512·(2h + 2I)·4 (larger than qkv + fused scores) + logits 2·B·V·4
+    assert four.breakdown["activations"] == 512 * 1024 * 4 + 512 * (2048 + 6144) * 4 + 2 * 4 * 151936 * 4
+    assert four.breakdown["activations"] - one.breakdown["activations"] == 2 * 3 * 151936 * 4
     ort = [plan("qwen3-0.6b", "host", quant="fp32", ctx=1024, batch=b, suggest=False) for b in (1, 4)]
     assert ort[1].breakdown["activations"] > 3 * ort[0].breakdown["activations"]
 
@@ -101,9 +101,10 @@ def test_a_served_decoder_counts_its_tokenizer_in_the_http_process_and_llama_cpp
 
 def test_the_served_plan_of_a_qwen_vocabulary_is_within_10_percent_of_the_measured_tree():
     """bench/serve_processes.py served a 2-layer random Qwen3 with Qwen's tokenizer (151,936 tokens) through the
-    llamacpp backend, Q8_0, 16 slots × 256 (serve_processes-llamacpp-qwen-vocab-trim.json): the HTTP process's
+    llamacpp backend, Q8_0, 16 slots × 256 (serve_processes-llamacpp-qwen-vocab-s45.json): the HTTP process's
     resident memory after the streams plus the worker's peak (the HTTP process's own peak is the tokenizer's
-    parse, before the worker starts). The plan from the model's config.json alone is within 10% of it."""
+    parse, before the worker starts). The plan from the model's config.json alone is within 10% of it: it
+    counts llama.cpp's own vocabulary and two batch × vocab logits arrays (runtimes.yaml)."""
     import tempfile
 
     from edgeinfer.planning.planner import plan as make_plan
@@ -111,7 +112,7 @@ def test_the_served_plan_of_a_qwen_vocabulary_is_within_10_percent_of_the_measur
     cfg = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936, "hidden_size": 256,
            "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
            "head_dim": 64, "max_position_embeddings": 4096, "tie_word_embeddings": True}
-    rows = json.loads((Path(__file__).parents[1] / "bench/results/serve_processes-llamacpp-qwen-vocab-trim.json")
+    rows = json.loads((Path(__file__).parents[1] / "bench/results/serve_processes-llamacpp-qwen-vocab-s45.json")
                       .read_text())
     http = next(r for r in rows["after"] if "edgeinfer.cli serve" in r["cmdline"])
     worker = next(r for r in rows["after"] if r is not http)

@@ -135,7 +135,7 @@ def activation_bytes(spec: ModelSpec, ctx: int, batch: int, prof: dict) -> tuple
         scores = nh * tok * kv_len * ACT_BYTES * (2 if spec.encoder else 1)  # (+ softmax copy for encoders)
     attn = scores + qkv
     ffn = tok * (2 * h + 2 * inter) * ACT_BYTES
-    logits = 0 if spec.encoder else batch * spec.vocab * ACT_BYTES
+    logits = 0 if spec.encoder else batch * spec.vocab * ACT_BYTES * (prof.get("logits_copies") or {}).get("value", 1)
     out = tok * h * ACT_BYTES if spec.encoder else 0
     total = int(max(inputs + max(attn, ffn) + logits + out, spec.vision_activation_bytes))  # vision runs first
     copies = (prof.get("encoder_activation_copies") or {}).get("value", 1) if spec.encoder else 1
