@@ -57,7 +57,7 @@ def lib() -> Any:
 
 _callback: list[Any] = []
 _last_level = [0]
-SHOWN_LEVELS = (0, 3)  # ggml_log_level NONE and ERROR; INFO 1, WARN 2, DEBUG 4, CONT 5 (continues the last line)
+SHOWN_LEVELS = (0, 4)  # ggml_log_level (ggml/include/ggml.h): NONE 0 and ERROR 4; DEBUG 1, INFO 2, WARN 3, CONT 5
 
 
 def _log(level: int, text: bytes, _user: Any) -> None:
