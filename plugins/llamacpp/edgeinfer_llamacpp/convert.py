@@ -99,7 +99,7 @@ def to_f32_gguf(hf_dir: Path) -> Path:
 
 def quantize(src: Path, scheme: str, out: Path, threads: int | None = None) -> None:
     """``src`` (F32 GGUF) written as ``scheme`` at ``out`` by llama.cpp's ``llama_model_quantize``."""
-    from .decoder import lib
+    from .decoder import clear_errors, lib, llama_error
 
     ll = lib()
 
@@ -112,9 +112,10 @@ def quantize(src: Path, scheme: str, out: Path, threads: int | None = None) -> N
     params = ll.llama_model_quantize_default_params()
     params.ftype = getattr(ll, name)
     params.nthread = int(threads or 0)
+    clear_errors()
     rc = ll.llama_model_quantize(str(src).encode(), str(out).encode(), ctypes.byref(params))
     if rc != 0 or not out.is_file():
-        raise ModelError(f"llama_model_quantize could not write {scheme} (returned {rc})")
+        raise ModelError(f"llama_model_quantize could not write {scheme} (returned {rc}){llama_error()}")
 
 
 def cached_scheme(hf_dir: Path, scheme: str, threads: int | None = None) -> Path:

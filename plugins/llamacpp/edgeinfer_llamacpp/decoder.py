@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import importlib
 import importlib.util
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -57,16 +58,38 @@ def lib() -> Any:
 
 _callback: list[Any] = []
 _last_level = [0]
-SHOWN_LEVELS = (0, 4)  # ggml_log_level (ggml/include/ggml.h): NONE 0 and ERROR 4; DEBUG 1, INFO 2, WARN 3, CONT 5
+ERROR, CONT = 4, 5  # ggml_log_level (ggml/include/ggml.h): NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5
+_errors: list[str] = []  # llama.cpp's error lines since the last clear_errors()
 
 
 def _log(level: int, text: bytes, _user: Any) -> None:
-    """llama.cpp's log lines on stderr: errors only, unless the user asked for third-party output (--verbose)."""
-    if level != 5:
+    """llama.cpp's log lines: on stderr only when the user asked for third-party output (--verbose); its error
+    lines are kept for the one-line error the plugin raises when the call fails (:func:`llama_error`)."""
+    if level != CONT:
         _last_level[0] = level
-    if _last_level[0] in SHOWN_LEVELS or verbose():
-        sys.stderr.write(text.decode("utf-8", errors="replace"))
+    line = text.decode("utf-8", errors="replace")
+    if _last_level[0] == ERROR:
+        if level == CONT and _errors:
+            _errors[-1] += line
+        else:
+            _errors[-8:] = [*_errors[-7:], line]
+    if verbose():
+        sys.stderr.write(line)
         sys.stderr.flush()
+
+
+def clear_errors() -> None:
+    _errors.clear()
+
+
+def llama_error() -> str:
+    """`` (llama.cpp: <its first error line since clear_errors()>)``, or '' when it logged none: a failed load
+    logs the cause first ("tensor 'token_embd.weight' data is not within the file bounds, model is corrupted
+    or incomplete") and then the callers' lines ("failed to load model")."""
+    if not _errors:
+        return ""
+    first = re.sub(r"^(\w+: )+", "", " ".join(_errors[0].split()))
+    return f" (llama.cpp: {first})"
 
 
 _initialized: list[bool] = []
@@ -132,10 +155,12 @@ class LlamaCppDecoder(StepDecoder):
         # llama.cpp maps the GGUF and, where it has repacked kernels for a type (Q4_0 here: AVX2 / AVX-512),
         # copies those weights into buffers of its own: the pages it read are dropped as it goes, not left
         # resident beside the copy (a 210 M-parameter Q4_0 model's peak 286 -> 193 MiB, plugins/llamacpp/README.md)
+        clear_errors()
         with pages.dropping(gguf):
             self._model = ll.llama_model_load_from_file(str(gguf).encode(), mparams)
         if not self._model:
-            raise ModelError(f"llama.cpp cannot load {gguf.name}: not a GGUF file it reads; convert the model again")
+            raise ModelError(f"llama.cpp cannot load {gguf.name}{llama_error()}: re-download or convert the model "
+                             "again")
         limit = ll.llama_model_n_ctx_train(self._model)
         if context > limit:
             raise InputError(f"context {context} exceeds the model's context length ({limit}); use --ctx {limit}")
@@ -152,10 +177,11 @@ class LlamaCppDecoder(StepDecoder):
         # 2-CPU host 2 threads decoded the test model at 3.5 tok/s, 4 threads (or OMP_WAIT_POLICY=passive) at 170+
         if threads:
             cparams.n_threads = cparams.n_threads_batch = int(threads)
+        clear_errors()
         self._ctx = ll.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             raise BackendError(f"llama.cpp could not create a context of {context} positions × {slots} slots for "
-                               f"{gguf.name}")
+                               f"{gguf.name}{llama_error()}")
         self._mem = ll.llama_get_memory(self._ctx)
         self._batch = Batch(ll, cparams.n_batch)
         self.lengths = [0] * slots
@@ -182,9 +208,10 @@ class LlamaCppDecoder(StepDecoder):
 
     def _decode(self, tokens: Sequence[int], positions: Sequence[int], seqs: Sequence[int],
                 logits: Sequence[bool]) -> None:
+        clear_errors()
         rc = self._ll.llama_decode(self._ctx, self._batch.fill(tokens, positions, seqs, logits))
         if rc != 0:
-            raise BackendError(f"llama_decode returned {rc} for {len(tokens)} token(s)")
+            raise BackendError(f"llama_decode returned {rc} for {len(tokens)} token(s){llama_error()}")
 
     def _logits(self, i: int) -> np.ndarray:
         return self._rows([i])[0]

@@ -12,7 +12,7 @@ from pathlib import Path
 from edgeinfer.contract import Vocabulary
 from edgeinfer.errors import ModelError
 
-from .decoder import init_backend
+from .decoder import clear_errors, init_backend, llama_error
 
 
 class GgufVocabulary(Vocabulary):
@@ -20,9 +20,11 @@ class GgufVocabulary(Vocabulary):
         ll = self._ll = init_backend()
         params = ll.llama_model_default_params()
         params.vocab_only = True
+        clear_errors()
         self._model = ll.llama_model_load_from_file(str(gguf).encode(), params)
         if not self._model:
-            raise ModelError(f"llama.cpp cannot read the vocabulary of {gguf.name}: not a GGUF file it reads")
+            raise ModelError(f"llama.cpp cannot read the vocabulary of {gguf.name}{llama_error()}: re-download or "
+                             "convert the model again")
         self._vocab = ll.llama_model_get_vocab(self._model)
         self.vocab_size = int(ll.llama_vocab_n_tokens(self._vocab))
         # llama.cpp's end-of-generation set (EOS, EOT and the other tokens its vocabulary code marks as ending

@@ -189,7 +189,7 @@ def test_a_lone_gguf_runs_with_llama_cpps_own_vocabulary_and_chat_template(bundl
     assert r.returncode == 0 and json.loads(r.stdout)["backend"] == "llamacpp", r.stderr[-800:]
 
 
-def test_a_served_worker_loads_the_bindings_alone_and_shows_only_llama_cpps_errors(bundles):
+def test_a_served_worker_loads_the_bindings_alone_and_keeps_llama_cpps_log_off_stderr(bundles):
     """The worker's load path (serve's decoder_worker.load_generator) in a fresh interpreter: llama-cpp-python's
     ctypes bindings without its package __init__ (the high-level Llama with jinja2 and diskcache: memory every
     served worker would carry), llama.cpp's INFO lines kept off stderr, and a later `import llama_cpp` still the
