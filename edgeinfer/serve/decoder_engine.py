@@ -69,25 +69,39 @@ def open_served_decoder(path: Path, bundle: Any = None, ctx: int | None = None) 
         return ServedDecoder(bundle.path.resolve().name, bundle.path, m.backend, context, codec, m.board, m.scheme,
                              float(kv or 4.0))
     if path.is_file():
-        backend = (registry.decoder_file(path) or (DECODER_REFERENCE,))[0]
+        backend, runtime = registry.decoder_file(path) or (DECODER_REFERENCE, "")
         context = ctx or file_default_context(path)  # the scheme is not recorded in the file
-        return ServedDecoder(path.resolve().name, path, backend, context, decoder_file_codec(path), "", "")
+        return ServedDecoder(path.resolve().name, path, backend, context, decoder_file_codec(path), "", "",
+                             file_kv_bytes_per_element(runtime))
     context = ctx or default_context(path)
     return ServedDecoder(path.resolve().name, path, DECODER_REFERENCE, context, TextCodec(path), "", "fp32")
 
 
 def planned_kv_bytes(llm: ServedDecoder, slots: int) -> int | None:
     """The planner's KV figure for ``slots`` × ``context``, at the bytes per element of the bundle's plan
-    (fp16 for an RKNN bundle; fp32 where no plan says otherwise)."""
+    (fp16 for an RKNN bundle; fp32 where no plan says otherwise); a decoder file (a ``.gguf``) as the planner
+    reads it, at its runtime's KV dtype."""
+    from edgeinfer.planning.models import resolve
     from edgeinfer.planning.models.hf import spec_from_config
     from edgeinfer.planning.planner import kv_bytes
 
     cfg_path = llm.codec.directory / "config.json"
     try:
-        spec = spec_from_config(json.loads(cfg_path.read_text()), llm.name, str(cfg_path))
+        spec = (resolve(llm.path) if llm.path.is_file() else
+                spec_from_config(json.loads(cfg_path.read_text()), llm.name, str(cfg_path)))
     except Exception:  # noqa: BLE001 - the figure is informative only
         return None
     return kv_bytes(spec, llm.context, slots, llm.kv_bytes_per_element)
+
+
+def file_kv_bytes_per_element(runtime: str) -> float:
+    """What the plan of a decoder file counts per KV element: its runtime's KV dtype (runtimes.yaml; llama.cpp
+    f16), fp32 where the runtime names none."""
+    from edgeinfer.planning.planner import runtime_profile
+    from edgeinfer.planning.quant import kv_bytes_per_element
+
+    kv = runtime_profile(runtime).get("kv_dtype") if runtime else None
+    return kv_bytes_per_element(kv) if kv and kv != "scheme" else 4.0
 
 
 @dataclass
