@@ -67,9 +67,9 @@ atexit.register(close_devnull)
 
 
 def quiet_logs() -> None:
-    """llama.cpp's log lines: errors only, unless the user asked for third-party output (--verbose). Ours
-    (decoder._log) until something imports the whole ``llama_cpp`` package, whose logger then takes over: its
-    level is set here too."""
+    """llama.cpp's log lines: on stderr only when the user asked for third-party output (--verbose). Ours
+    (decoder._log), set again by every ``lib()``; between an ``import llama_cpp`` and the next ``lib()`` the
+    package's logger has them: its level is set here too."""
     from .decoder import lib
 
     lib()

@@ -34,12 +34,20 @@ def lib() -> Any:
     """llama-cpp-python's ctypes bindings (``llama_cpp.llama_cpp``) without running its package ``__init__``,
     which also imports the high-level ``Llama`` and with it jinja2 and diskcache (sqlite3), nothing here uses:
     the import 11.4 → 4.8 MiB, a served worker 403.8 → 399.6 (bench/README.md, "Footprint of the llamacpp
-    backend"). A later
-    ``import llama_cpp`` (``LlamaCppBackend.probe``) runs the package as usual over the same bindings. llama.cpp's
-    log lines go through :func:`_log`."""
+    backend"). A later ``import llama_cpp`` (``LlamaCppBackend.probe``) runs the package as usual over the same
+    bindings. llama.cpp's log lines go through :func:`_log`, set again at every call: importing the package
+    installs llama-cpp-python's own callback (``llama_cpp/_logger.py``), which numbers the levels the old way
+    (WARN as ERROR, ERROR as DEBUG) and prints to stderr."""
     ll = sys.modules.get("llama_cpp.llama_cpp")
-    if ll is not None:
-        return ll
+    if ll is None:
+        ll = _bare_bindings()
+    if not _callback:
+        _callback.append(ll.llama_log_callback(_log))  # kept referenced: llama.cpp calls it for the process's life
+    ll.llama_log_set(_callback[0], ctypes.c_void_p(0))
+    return ll
+
+
+def _bare_bindings() -> Any:
     spec = importlib.util.find_spec("llama_cpp")
     if spec is None:
         raise ModuleNotFoundError("No module named 'llama_cpp'", name="llama_cpp")
@@ -47,13 +55,10 @@ def lib() -> Any:
     if bare:  # the package without executing it: its __path__ only
         sys.modules["llama_cpp"] = importlib.util.module_from_spec(spec)
     try:
-        ll = importlib.import_module("llama_cpp.llama_cpp")
+        return importlib.import_module("llama_cpp.llama_cpp")
     finally:
         if bare:
             del sys.modules["llama_cpp"]
-    _callback.append(ll.llama_log_callback(_log))  # kept referenced: llama.cpp calls it for the process's life
-    ll.llama_log_set(_callback[0], ctypes.c_void_p(0))
-    return ll
 
 
 _callback: list[Any] = []

@@ -23,6 +23,9 @@ def test_llama_cpps_lines_stay_off_stderr_and_its_first_error_names_the_failure(
 
 
 def test_a_truncated_gguf_is_one_line_exit_2_with_llama_cpps_cause(tmp_path, capfd):
+    """Also after the whole llama_cpp package was imported in this process (a probe does), whose import installs
+    its own log callback: the first CI run of this test ran after one and lost llama.cpp's error line."""
+    import llama_cpp  # noqa: F401 - the package's _logger takes llama.cpp's log callback
     from edgeinfer_llamacpp.convert import cached_scheme
 
     from edgeinfer.testing.cli import run_cli
