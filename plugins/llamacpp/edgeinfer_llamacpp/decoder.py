@@ -76,8 +76,8 @@ def _log(level: int, text: bytes, _user: Any) -> None:
     if _last_level[0] == ERROR:
         if level == CONT and _errors:
             _errors[-1] += line
-        else:
-            _errors[-8:] = [*_errors[-7:], line]
+        elif len(_errors) < 8:  # the first lines of a failure say why; the rest are its callers
+            _errors.append(line)
     if verbose():
         sys.stderr.write(line)
         sys.stderr.flush()
@@ -159,7 +159,7 @@ class LlamaCppDecoder(StepDecoder):
         mparams.use_extra_bufts = not amx_build(ll)
         # llama.cpp maps the GGUF and, where it has repacked kernels for a type (Q4_0 here: AVX2 / AVX-512),
         # copies those weights into buffers of its own: the pages it read are dropped as it goes, not left
-        # resident beside the copy (a 210 M-parameter Q4_0 model's peak 286 -> 193 MiB, plugins/llamacpp/README.md)
+        # resident beside the copy (a 210 M-parameter Q4_0 model's peak 324 -> 218 MiB, plugins/llamacpp/README.md)
         clear_errors()
         with pages.dropping(gguf):
             self._model = ll.llama_model_load_from_file(str(gguf).encode(), mparams)
