@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -36,6 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402
+from serve_footprint import status_kib  # noqa: E402
 
 MIB = 2**20
 ROWS = (1, 16)
@@ -43,10 +45,8 @@ OV_ROWS = (1, 2, 4, 8, 16, 64)
 
 
 def status(key: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) * 1024
-    raise SystemExit(f"/proc/self/status has no {key}: this benchmark needs Linux")
+    """Bytes of ``key`` (VmRSS, RssAnon, VmHWM) in this process's /proc status."""
+    return status_kib(os.getpid(), key) * 1024
 
 
 def per_call_ms(run, x, calls: int) -> float:

@@ -10,22 +10,11 @@ from pathlib import Path
 import pytest
 
 from edgeinfer.contract import pages
+from edgeinfer.testing.mapped import mapped_rss as resident
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise and /proc/self/smaps: Linux")
 
 SIZE = 4 << 20
-
-
-def resident(path: Path) -> int:
-    """Rss of this process's mappings of ``path`` (smaps)."""
-    total, inside = 0, False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = line.split(maxsplit=5)
-        if "-" in head[0] and len(head) >= 5 and ":" not in head[0]:
-            inside = len(head) == 6 and head[5] == str(path.resolve())
-        elif inside and line.startswith("Rss:"):
-            total += int(line.split()[1]) * 1024
-    return total
 
 
 def mapped(path: Path, access: int) -> mmap.mmap:

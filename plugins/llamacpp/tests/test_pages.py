@@ -6,25 +6,14 @@ conformance kit (test_conformance.py) checks the tokens of decoders loaded this 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from edgeinfer.testing.llm import model_dir
+from edgeinfer.testing.mapped import mapped_rss as resident
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/smaps: Linux")
-
-
-def resident(path: Path) -> int:
-    total, inside = 0, False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = line.split(maxsplit=5)
-        if "-" in head[0] and ":" not in head[0]:
-            inside = len(head) == 6 and head[5] == str(path.resolve())
-        elif inside and line.startswith("Rss:"):
-            total += int(line.split()[1]) * 1024
-    return total
 
 
 def test_the_mapped_gguf_is_not_left_resident_after_load():

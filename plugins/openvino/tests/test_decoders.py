@@ -21,6 +21,7 @@ from edgeinfer.run.generation.golden import check, summary_line
 from edgeinfer.testing import DecoderConformance
 from edgeinfer.testing.decoder_conformance import PROMPTS, reference_greedy
 from edgeinfer.testing.llm import model_dir
+from edgeinfer.testing.mapped import mapped_rss
 
 pytest.importorskip("openvino_genai")
 pytest.importorskip("optimum.intel")
@@ -164,18 +165,6 @@ def test_native_and_stepped_loops_agree_on_a_compressed_ir(irs) -> None:
             assert _tokens(native, p) == _tokens(steps, p), p
 
 
-def _mapped_ir_rss(directory: Path) -> int:
-    """Resident bytes of this process's mappings of the ``.bin`` files under ``directory`` (/proc/self/smaps)."""
-    root, total, here = str(directory.resolve()) + "/", 0, False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        f = line.split()
-        if f and not f[0].endswith(":"):  # a mapping's header: address range, perms, offset, dev, inode, path
-            here = len(f) > 5 and f[5].startswith(root) and f[5].endswith(".bin")
-        elif here and f[0] == "Rss:":
-            total += int(f[1]) * 1024
-    return total
-
-
 @pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads /proc/self/smaps (Linux)")
 def test_cpu_decoder_keeps_no_mapped_copy_of_the_ir_weights(irs) -> None:
     """The CPU plugin repacks the weights at the first inference; the mapped IR pages were a second copy in
@@ -186,7 +175,7 @@ def test_cpu_decoder_keeps_no_mapped_copy_of_the_ir_weights(irs) -> None:
         _tokens(llm, PROMPTS[0])
         # the plugin reads some constants in place (the tied embedding's Gather: ~20% of this model's bytes),
         # so those pages come back; before the drop all of the .bin stayed resident
-        assert _mapped_ir_rss(path) < weights // 2
+        assert mapped_rss(path, ".bin") < weights // 2
 
 
 @pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads /proc/self/smaps (Linux)")
@@ -198,10 +187,10 @@ def test_a_prompt_does_not_bring_the_ir_weights_back(irs) -> None:
     path = irs["fp16"][0]
     weights = (path / "openvino_model.bin").stat().st_size
     with edgeinfer.load(path, backend="openvino", device="CPU", ctx=128, slots=2) as llm:
-        assert _mapped_ir_rss(path) < weights // 2
+        assert mapped_rss(path, ".bin") < weights // 2
         # 23 tokens: steps of 8 to 63 tokens take the multi-row kernels (84 and 119 tokens did not, here)
         llm.generate(" ".join(["river"] * 8), max_new_tokens=2)
-        assert _mapped_ir_rss(path) < weights // 2
+        assert mapped_rss(path, ".bin") < weights // 2
 
 
 def test_conversion_facts_say_what_ran(irs) -> None:
