@@ -76,6 +76,12 @@ PAIRS = {
                         "model": "trained", "gate": True},
     "host-w4a16-q4_0": {"board": "host", "quant": "w4a16", "backend": "onnxruntime", "gguf": "Q4_0",
                         "model": "trained", "gate": True},
+    # llama.cpp's Q4_0 / Q4_K_M quantize activations to 8 bits for their dot products on a CPU (Q8_0 / Q8_K):
+    # w4a8 is their class, as w8a8 is Q8_0's
+    "host-w4a8-q4km": {"board": "host", "quant": "w4a8", "backend": "onnxruntime", "gguf": "Q4_K_M",
+                       "model": "trained", "gate": True},
+    "host-w4a8-q4_0": {"board": "host", "quant": "w4a8", "backend": "onnxruntime", "gguf": "Q4_0",
+                       "model": "trained", "gate": True},
     "ov-fp16": {"board": "core-ultra-155h", "quant": "fp16", "backend": "openvino", "gguf": "F16", "model": "random"},
     "ov-w8a16": {"board": "core-ultra-155h", "quant": "w8a16", "backend": "openvino", "gguf": "Q8_0",
                  "model": "random"},

@@ -4,8 +4,8 @@ peak RSS, and the rows Part A's fit uses for the host board's speed constants (b
 Models: the committed trained test decoder (tiny-qwen3, ~4 M parameters) and random-init Qwen3s
 (``edgeinfer.testing.llm.random_qwen3``) of ~53 M and ~210 M parameters (not the default 3072-wide MLP,
 which equals the vocabulary and which the onnxruntime plugin therefore refuses), on onnxruntime — the backend
-of ``--board host`` — with one intra-op thread, in each host decoder scheme (fp32, fp16, w8a16, w8a8, w4a16:
-the plugin's ``convert``, as ``deploy --board host --quant`` builds it).
+of ``--board host`` — with one intra-op thread, in each host decoder scheme (fp32, fp16, w8a16, w8a8, w4a16,
+w4a8: the plugin's ``convert``, as ``deploy --board host --quant`` builds it).
 
 The machine's memory bandwidth is measured with the host board's own copy benchmark
 (edgeinfer.planning.host_bandwidth) just before and just after each model's decode runs (in this process,
@@ -31,7 +31,8 @@ Predicted decode, three ways:
   honest figure for a model the constants did not see.
 
 Writes bench/results/planner_host_llm.json and bench/data/rows_host.yaml (row ids 3000-3099, replaced
-by each run).
+by each run). ``--schemes w4a8,...`` measures those schemes only and replaces just their rows (a scheme added
+later, without measuring the others again; the new rows numbered after the last); ``--report`` measures nothing.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ MODELS = [  # (name, random_qwen3 shape or None for the committed test decoder)
     ("random-qwen3-53m", {"layers": 8, "hidden": 768, "heads": 12, "kv_heads": 4, "intermediate": 2048}),
     ("random-qwen3-210m", {"intermediate": 3200}),
 ]
-SCHEMES = ("fp32", "fp16", "w8a16", "w8a8", "w4a16")
+SCHEMES = ("fp32", "fp16", "w8a16", "w8a8", "w4a16", "w4a8")
 
 CHILD = r"""
 import json, statistics, sys
@@ -131,7 +132,7 @@ def measured_row(i: int, name: str, model: Path, scheme: str, source: str, sourc
     meas = measure(built, model)
     copies = [before, measure_gbps()]
     runs = meas["decode_tokens_per_s_runs"]
-    return {"row": FIRST_ROW + i, "grade": "A", "board": "host", "runtime": "onnxruntime", "model": name,
+    return {"row": i, "grade": "A", "board": "host", "runtime": "onnxruntime", "model": name,
             "model_config": json.loads((model / "config.json").read_text()), "quant": scheme,
             "prompt": PROMPT, "ctx": PROMPT + NEW_TOKENS, "mem_ctx": CTX,
             "decode": round(max(runs), 2), "ttft_ms": round(meas["ttft_ms"], 1),
@@ -214,27 +215,32 @@ def write_rows(rows: list[dict], when: str) -> None:
     ROWS.write_text(head + yaml.safe_dump({"rows": rows}, sort_keys=False, width=118))
 
 
-def main(measure_rows: bool = True) -> dict:
+def main(measure_rows: bool = True, schemes: tuple[str, ...] = SCHEMES) -> dict:
     """Measure, write the rows and report; ``measure_rows=False`` (``--report``): report on the committed rows
     (after bench/fit_speed.py has refitted the constants from them, or after rows were marked ``fit: false``)."""
     if measure_rows:
-        rows = measure_all()
+        rows = measure_all(schemes)
     else:
         import yaml
 
         rows = yaml.safe_load(ROWS.read_text())["rows"]
-    gbps = max(r["bandwidth_gbps"] for r in rows)
-    os.environ["EDGEINFER_HOST_BANDWIDTH_GBPS"] = str(gbps)  # every plan here: --board host at this bandwidth
-    fitted = [r for r in rows if r.get("fit", True)]  # fit: false rows are predicted, never fitted on
-    all_fit = calibrated(fitted, "host-fit-all")
-    left_out = {m: calibrated([x for x in fitted if x["model"] != m], f"host-without-{m}")
-                for m in {r["model"] for r in rows}}
-    results = [{**report(r, all_fit, left_out[r["model"]]), "fit": r.get("fit", True)} for r in rows]
-    speed = all_fit.runtimes["onnxruntime"].speed
+    results, constants, gbps = [], {}, {}
+    for scheme in [s for s in SCHEMES if any(r["quant"] == s for r in rows)]:
+        # a scheme's rows come from one run (--schemes measures some again): plans at that run's bandwidth
+        mine = [r for r in rows if r["quant"] == scheme]
+        gbps[scheme] = max(r["bandwidth_gbps"] for r in mine)
+        os.environ["EDGEINFER_HOST_BANDWIDTH_GBPS"] = str(gbps[scheme])  # every plan here: --board host at it
+        fitted = [r for r in mine if r.get("fit", True)]  # fit: false rows are predicted, never fitted on
+        all_fit = calibrated(fitted, "host-fit-all")
+        left_out = {m: calibrated([x for x in fitted if x["model"] != m], f"host-without-{m}")
+                    for m in {r["model"] for r in mine}}
+        results += [{**report(r, all_fit, left_out[r["model"]]), "fit": r.get("fit", True)} for r in mine]
+        speed = all_fit.runtimes["onnxruntime"].speed
+        if scheme in speed:
+            constants[scheme] = {"t0_ms": speed[scheme].t0_ms, "bw_fraction": speed[scheme].bw_fraction}
     out = {"backend": "onnxruntime (1 intra-op thread)", "host_bandwidth_gbps": gbps,
            "load_average": os.getloadavg(),
-           "fit_all_constants": {s: {"t0_ms": speed[s].t0_ms, "bw_fraction": speed[s].bw_fraction}
-                                 for s in SCHEMES if s in speed},
+           "fit_all_constants": constants,
            "rows": results,
            "median_abs_pct_error": {s: errors([r for r in results if r["scheme"] == s and r["fit"]])
                                     for s in SCHEMES},
@@ -243,23 +249,33 @@ def main(measure_rows: bool = True) -> dict:
     return out
 
 
-def measure_all() -> list[dict]:
+def measure_all(schemes: tuple[str, ...] = SCHEMES) -> list[dict]:
+    import yaml
+
     when = time.strftime("%Y-%m-%d", time.gmtime())
     source = f"bench/planner_host_llm.py on this project's {os.cpu_count()}-core CI machine, {when}"
+    kept = [] if set(schemes) == set(SCHEMES) else [
+        r for r in yaml.safe_load(ROWS.read_text())["rows"] if r["quant"] not in schemes]
+    first = max((r["row"] + 1 for r in kept), default=FIRST_ROW)
     # one source per model: the rows of one run differ by model, and leaving one model out is the check that
     # matters for a host (docs/planner.md#host-decode)
-    runs = [(name, model_path(shape), scheme) for name, shape in MODELS for scheme in SCHEMES]
-    rows = [measured_row(i, name, model, scheme, source, f"planner_host_llm/{when}/{name}")
+    runs = [(name, model_path(shape), scheme) for name, shape in MODELS for scheme in schemes]
+    rows = [measured_row(first + i, name, model, scheme, source, f"planner_host_llm/{when}/{name}")
             for i, (name, model, scheme) in enumerate(runs)]
     gbps = max(r["bandwidth_gbps"] for r in rows)  # the run's best copy: one board for all its rows
     for r in rows:
         r["bandwidth_gbps"] = gbps
-    write_rows(rows, when)
-    return rows
+    dates = sorted({r["source_id"].split("/")[1] for r in kept} | {when})
+    write_rows(kept + rows, ", ".join(dates))
+    return kept + rows
 
 
 if __name__ == "__main__":
-    res = main(measure_rows="--report" not in sys.argv[1:])
+    args = sys.argv[1:]
+    picked = tuple(args[args.index("--schemes") + 1].split(",")) if "--schemes" in args else SCHEMES
+    if set(picked) - set(SCHEMES):
+        raise SystemExit(f"--schemes takes some of {','.join(SCHEMES)}, got {','.join(picked)}")
+    res = main(measure_rows="--report" not in args, schemes=picked)
     print(f"host bandwidth (copy benchmark, 1 thread): {res['host_bandwidth_gbps']} GB/s; load "
           f"{[round(x, 2) for x in res['load_average']]}; fit on all rows: {res['fit_all_constants']}")
     for r in res["rows"]:

@@ -113,6 +113,8 @@ SKIP = {
                                                                                  "tests/test_host_decoder_schemes.py",
         "edgeinfer deploy DIR --board host --ctx 256 --quant fp16 -o tiny-fp16": "an fp16 build and golden check: "
                                                                                  "tests/test_host_decoder_schemes.py",
+        "edgeinfer deploy DIR --board host --ctx 256 --quant w4a8 -o tiny-w4a8": "a w4a8 build and golden check: "
+                                                                                 "tests/test_host_decoder_schemes.py",
         "edgeinfer deploy DIR --board rk3588-8g --ctx 64 --paging 1 --segments 4 -o dir-paged": BOARD + "(paged)",
         "edgeinfer deploy DIR --board rk3588-8g --paging auto -o dir-rk": BOARD + "(RKNN decoder)",
         "edgeinfer generate dir-paged --prompt \"The licence grants\"": BOARD + "(a paged RKNN bundle)",

@@ -1,6 +1,6 @@
 """Decoder schemes on the host board: what the board lists is what the onnxruntime plugin converts, and the
-fp16, int8 weight-only (w8a16) and int8 (w8a8) builds of the tiny test decoder deploy and pass the decoder
-golden check."""
+fp16, int8 weight-only (w8a16), int8 (w8a8) and int4 with int8 activations (w4a8) builds of the tiny test
+decoder deploy and pass the decoder golden check."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def test_the_host_board_lists_what_the_onnxruntime_plugin_converts_and_nothing_e
     decoders = list(backend.decoders.schemes)
     assert set(decoders) <= set(listed), f"the board misses decoder schemes: {set(decoders) - set(listed)}"
     assert set(listed) <= set(decoders) | set(encoder_schemes(backend.tensors)), listed
-    assert {"fp16", "w8a16", "w8a8"} <= set(decoders)
+    assert {"fp16", "w8a16", "w8a8", "w4a8"} <= set(decoders)
 
 
 def _graph(bundle):
@@ -39,7 +39,7 @@ def _graph(bundle):
     return onnx.load(str(bundle / "decoder" / "model.onnx"), load_external_data=False)
 
 
-@pytest.mark.parametrize("quant, accuracy", [("fp16", None), ("w8a16", 1), ("w8a8", 4)])
+@pytest.mark.parametrize("quant, accuracy", [("fp16", None), ("w8a16", 1), ("w8a8", 4), ("w4a8", 4)])
 def test_fp16_and_int8_decoders_deploy_for_host_and_pass_golden(tiny_qwen3_host_scheme_bundle, quant, accuracy):
     """Deployed once per session (the shared fixture; the conversion cached across runs), golden-checked on
     every deploy."""
@@ -62,9 +62,10 @@ def test_fp16_and_int8_decoders_deploy_for_host_and_pass_golden(tiny_qwen3_host_
         # level 4: int8 activations in the kernel; block 128, the host's int8 block (MLAS's packed copy 1.06x the
         # int8 at 128 against 1.25x at 32: docs/planner.md#served-decoder-memory). w8a16: each int8 node as two
         # 4-bit planes with fp32 activations (int8_planes.py; onnxruntime has no 8-bit kernel for them)
-        bits = 4 if quant == "w8a16" else 8
-        assert attrs == {("bits", bits), ("accuracy_level", accuracy), ("block_size", 128)}
-        assert stamp["int8_block_size"] == 128
+        # w4a8: the builder's int4 (block 32, as llama.cpp's Q4_0) with int8 activations in the kernel
+        bits, block = {"w8a16": (4, 128), "w8a8": (8, 128), "w4a8": (4, 32)}[quant]
+        assert attrs == {("bits", bits), ("accuracy_level", accuracy), ("block_size", block)}
+        assert stamp.get("int8_block_size") == (None if quant == "w4a8" else 128)
         if quant == "w8a16":
             planes = sorted(n.name.rsplit("_", 1)[-1] for n in ops)
             assert planes == ["hi"] * (len(ops) // 2) + ["lo"] * (len(ops) // 2), planes

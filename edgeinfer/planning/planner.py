@@ -20,7 +20,7 @@ from edgeinfer.planning.exportable import refuse_unexportable
 from edgeinfer.planning.models import resolve
 from edgeinfer.planning.models.spec import ModelSpec
 from edgeinfer.planning.paging import PagedPlan, paged_plan, paged_runtime, paging_need, suggest_window
-from edgeinfer.planning.quant import int8_layout, int8_packed_bits, kv_bytes_per_element, runtime_kv_dtype
+from edgeinfer.planning.quant import kv_bytes_per_element, packed_bits, packed_layout, runtime_kv_dtype
 from edgeinfer.planning.serve_memory import served
 
 SCHEMA_VERSION = "1.0"
@@ -82,7 +82,7 @@ def weights_bytes(spec: ModelSpec, scheme: Scheme, prof: dict) -> tuple[int, det
     held = (prof.get("float_weights_bits_min") or {}).get("value", 0)
     widened = not quantized and scheme.kind == "float" and bpw < held  # float weights the runtime holds wider
     bpw = held if widened else bpw
-    packed = int8_packed_bits(scheme, prof)
+    packed = packed_bits(scheme, prof)
     bpw = packed if packed is not None else bpw
     emb_bits = max(bpw, emb_min) if quantized else bpw
     if widened and spec.encoder:  # an encoder's tables only feed Gather, which takes any type: held as stored
@@ -100,7 +100,7 @@ def weights_bytes(spec: ModelSpec, scheme: Scheme, prof: dict) -> tuple[int, det
     total = int(math.ceil(body + emb + head))
     basis = f"parameter counts × {bpw:g} bits per weight ({scheme.name}" + (
         f" held as {bpw:g}-bit by the runtime)" if widened else
-        f" as the runtime holds it: {int8_layout(scheme, prof)})" if packed is not None else ")")
+        f" as the runtime holds it: {packed_layout(scheme, prof)})" if packed is not None else ")")
     return total, details.WeightsDetail(basis, body=int(body), embedding=int(emb), lm_head=int(head),
                                         embedding_bits=emb_bits)
 

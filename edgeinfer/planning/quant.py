@@ -1,5 +1,5 @@
 """The planner's quantization arithmetic: GGUF block sizes, KV-cache bytes per element and the resident bits of
-a runtime's blocked int8 weights. The scheme names and their bits per weight are the contract's
+a runtime's blocked int8 and int4 weights. The scheme names and their bits per weight are the contract's
 (:mod:`edgeinfer.contract.schemes`).
 
 GGUF block types: block bytes × 8 / block elements (ggml-common.h), e.g. Q4_0 = 18 B / 32 = 4.5 bpw.
@@ -47,20 +47,23 @@ def runtime_kv_dtype(prof: dict, scheme) -> str:
     return "fp32" if scheme.act_bits == 32 else "bf16" if scheme.name == "bf16" else "fp16"
 
 
-def int8_packed_bits(scheme: Scheme, prof: dict) -> float | None:
-    """Resident bits per int8 weight where the runtime holds int8 weights in blocks with per-block extras (the
-    profile's ``int8_blocks``: its block size and, per activation width, the bytes each block adds), or None.
-    onnxruntime: MLAS repacks MatMulNBits' int8 weights for int8 activations (w8a8) with a float scale and a
-    float block sum per block (8 + 64/128 = 8.5 bits at block 128); with fp32 activations (w8a16) the plugin
-    holds each weight as two 4-bit planes, with two float scales and a 4-bit zero point per block (8.53 bits)."""
-    layout = prof.get("int8_blocks")
-    extra = (layout or {}).get("bytes_per_block", {}).get(f"a{scheme.act_bits}")
-    if extra is None or scheme.kind != "int" or scheme.weight_bits != 8:
+def packed_bits(scheme: Scheme, prof: dict) -> float | None:
+    """Resident bits per weight where the runtime holds int8 or int4 weights in blocks with per-block extras (the
+    profile's ``int8_blocks`` / ``int4_blocks``: its block size and, per activation width, the bytes each block
+    adds), or None. onnxruntime: MLAS repacks MatMulNBits' weights for int8 activations (w8a8, w4a8) with a float
+    scale and a float block sum per block (8 + 64/128 = 8.5 bits at block 128; 4 + 64/32 = 6 bits at block 32);
+    with fp32 activations (w8a16) the plugin holds each int8 weight as two 4-bit planes, with two float scales and
+    a 4-bit zero point per block (8.53 bits)."""
+    if scheme.kind != "int" or scheme.weight_bits not in (4, 8):
         return None
-    return 8 + 8 * extra / (scheme.group_size or layout["block"])
+    layout = prof.get(f"int{scheme.weight_bits}_blocks")
+    extra = (layout or {}).get("bytes_per_block", {}).get(f"a{scheme.act_bits}")
+    if extra is None:
+        return None
+    return scheme.weight_bits + 8 * extra / (scheme.group_size or layout["block"])
 
 
-def int8_layout(scheme: Scheme, prof: dict) -> str:
-    layout = prof["int8_blocks"]
-    return (f"int8 in blocks of {scheme.group_size or layout['block']} weights + "
+def packed_layout(scheme: Scheme, prof: dict) -> str:
+    layout = prof[f"int{scheme.weight_bits}_blocks"]
+    return (f"int{scheme.weight_bits} in blocks of {scheme.group_size or layout['block']} weights + "
             f"{layout['bytes_per_block'][f'a{scheme.act_bits}']} bytes per block")

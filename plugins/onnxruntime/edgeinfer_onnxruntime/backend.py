@@ -135,7 +135,7 @@ class OnnxRuntimeBackend(Backend):
     # runs on any target and keeps its own (dynamic) shapes, so both are accepted and change nothing
     tensors = Tensors(native=(".onnx",), schemes=("fp32", "fp16", "w8a8"),
                       convert_options=("per_channel", "shapes", "target"), open_options=("threads",))
-    decoders = Decoders(schemes=("fp32", "fp16", "w8a16", "w8a8", "w4a16"), architectures=ARCHITECTURES,
+    decoders = Decoders(schemes=("fp32", "fp16", "w8a16", "w8a8", "w4a16", "w4a8"), architectures=ARCHITECTURES,
                         options=("precision", "threads", "kv_dtype"), convert_options=("target", "kv_dtype"),
                         defaults=CONVERSION_DEFAULTS)
 

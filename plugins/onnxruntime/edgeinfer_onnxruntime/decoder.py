@@ -50,10 +50,12 @@ def is_built(path: Path) -> bool:
     return (path / GENAI_CONFIG).is_file()
 
 
-# edgeinfer scheme -> the builder's precision; w4a16 runs MatMulNBits with fp32 activations
-# (int4_accuracy_level=1: accuracy level 4, the CPU default, would quantize activations to int8)
-SCHEMES = {"fp32": ("fp32", []), "w4a16": ("int4", ["int4_accuracy_level=1"]), "w8a16": ("fp32", []),
-           "w8a8": ("fp32", []), "fp16": ("fp32", [])}
+# edgeinfer scheme -> the builder's precision; w4a16 runs MatMulNBits with fp32 activations (int4_accuracy_level=1),
+# w4a8 quantizes them to int8 per block inside the kernel (level 4, MLAS's int8 kernels), as llama.cpp's Q4_0 and
+# Q4_K_M quantize theirs (to Q8_0 / Q8_K) on a CPU: 0.29 vs 0.51 ms a token on the trained test decoder
+SCHEMES = {"fp32": ("fp32", []), "w4a16": ("int4", ["int4_accuracy_level=1"]),
+           "w4a8": ("int4", ["int4_accuracy_level=4"]), "w8a16": ("fp32", []), "w8a8": ("fp32", []),
+           "fp16": ("fp32", [])}
 
 
 def builder_version() -> str:
