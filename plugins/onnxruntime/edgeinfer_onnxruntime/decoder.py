@@ -326,6 +326,7 @@ class OnnxRuntimeDecoder(StepDecoder):
         self._cache = [(np.zeros(shape, kv_type), np.zeros(shape, kv_type)) for _ in range(layers)]
         self.kv_dtype = "fp16" if kv_type is np.float16 else "fp32"  # the plan's and the manifest's name
         self._bound: dict[tuple[int, int], list[tuple[Any, Any]]] = {}  # (first, end) slot range -> OrtValues
+        self._bindings: dict[tuple[int, int], Any] = {}  # (first, end) slot range -> IOBinding over them
         self.lengths = [0] * slots
         kv_bytes = sum(a.nbytes for kv in self._cache for a in kv)
         super().__init__(context=context, vocab_size=int(cfg["vocab_size"]), kv_cache_bytes=kv_bytes, slots=slots,
@@ -363,22 +364,33 @@ class OnnxRuntimeDecoder(StepDecoder):
         n = ids.shape[1]
         width = max(starts) + n
         mask = (np.arange(width)[None] < np.asarray(starts)[:, None] + n).astype(np.int64)  # right-padded
-        sess = sess or self._sess
-        b = sess.io_binding()
+        b = self._binding(first, first + len(starts), sess)
         b.bind_cpu_input(self._names["ids"], np.ascontiguousarray(ids, dtype=np.int64))
         b.bind_cpu_input(self._names["mask"], mask)
-        for (pk, pv), (ok, ov), (k, v) in zip(self._names["past"], self._names["present"],
-                                              self._views(first, first + len(starts))):
-            b.bind_ortvalue_input(pk, k)
-            b.bind_ortvalue_input(pv, v)
-            b.bind_ortvalue_output(ok, k)  # present shares the past buffer: written in place
-            b.bind_ortvalue_output(ov, v)
         # logits into an array of ours: only they are read back (reading every output back would copy each
         # bound KV range too, the cost that grew the batched step with its rows)
         logits = np.empty((len(starts), n, self.vocab_size), np.float32)
         b.bind_output(self._names["logits"], "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
-        sess.run_with_iobinding(b)
+        (sess or self._sess).run_with_iobinding(b)
         return logits[:, -1] if last is None else logits[np.arange(len(starts)), np.asarray(last)]
+
+    def _binding(self, first: int, end: int, sess: Any = None) -> Any:
+        """An IOBinding with every layer's K and V of slots ``first..end-1`` bound as past and present, kept per
+        range for this decoder's session: a step binds only its ids, mask and logits (a 16-layer step bound 64 KV
+        values again each time)."""
+        key = (first, end)
+        b = None if sess is not None else self._bindings.get(key)
+        if b is None:
+            b = (sess or self._sess).io_binding()
+            for (pk, pv), (ok, ov), (k, v) in zip(self._names["past"], self._names["present"],
+                                                  self._views(first, end)):
+                b.bind_ortvalue_input(pk, k)
+                b.bind_ortvalue_input(pv, v)
+                b.bind_ortvalue_output(ok, k)  # present shares the past buffer: written in place
+                b.bind_ortvalue_output(ov, v)
+            if sess is None:
+                self._bindings[key] = b
+        return b
 
     def _check_room(self, slot: int, n: int) -> None:
         if self.lengths[slot] + n > self.context:
@@ -463,7 +475,7 @@ class OnnxRuntimeDecoder(StepDecoder):
 
     def release(self) -> None:
         self._sess = None
-        self._bound = {}
+        self._bound, self._bindings = {}, {}
         self._cache = []
 
 
