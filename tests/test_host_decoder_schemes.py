@@ -174,3 +174,18 @@ def test_the_host_plan_holds_int8_weights_as_the_runtime_does():
         w = plan(str(model_dir()), "host", quant=quant, ctx=256, suggest=False).details.weights
         assert f"× {bits:g} bits per weight" in w.basis and "blocks of 128" in w.basis, w.basis
         assert w.body / int4.body == pytest.approx(bits / 4, rel=1e-6), (quant, w.body, int4.body)
+
+
+def test_the_host_plan_holds_w4a8_weights_as_mlas_packs_them_for_int8_kernels():
+    """w4a8 (4-bit weights, int8 activations): MLAS repacks each block of 32 with a float scale and a float block
+    sum (4 + 64/32 = 6 bits per weight: the 210.8 M random Qwen3 held 44-45 MiB more than as w4a16, 1.8 bits a
+    weight; docs/planner.md); w4a16 keeps 4; the block is the plugin's int4 block."""
+    from edgeinfer_onnxruntime.blocks import DEFAULT_BLOCK
+
+    from edgeinfer.planning.planner import plan, runtime_profile
+
+    assert runtime_profile("onnxruntime")["int4_blocks"]["block"] == DEFAULT_BLOCK == 32
+    int4 = plan(str(model_dir()), "host", quant="w4a16", ctx=256, suggest=False).details.weights
+    w = plan(str(model_dir()), "host", quant="w4a8", ctx=256, suggest=False).details.weights
+    assert "× 6 bits per weight" in w.basis and "blocks of 32" in w.basis, w.basis
+    assert w.body / int4.body == pytest.approx(6 / 4, rel=1e-6), (w.body, int4.body)

@@ -225,3 +225,26 @@ def test_onnxruntime_decoders_plan_the_quiet_rows_median_overhead_and_encoders_k
     decoder = plan("qwen3-0.6b", "host", suggest=False).details.runtime
     encoder = plan("all-minilm-l6-v2", "host", batch=32, suggest=False).details.runtime
     assert (decoder.overhead_mib, encoder.overhead_mib) == (entry["decoder"]["value"], entry["value"])
+
+
+def test_planner_host_llm_schemes_replaces_only_the_named_schemes_rows(tmp_path, monkeypatch):
+    """``bench/planner_host_llm.py --schemes w4a8`` measures w4a8 alone: the other schemes' rows stay as they were,
+    the scheme's old rows go, and the new ones are numbered after the last row kept."""
+    import yaml
+
+    bench = _bench("planner_host_llm")
+    rows = [{"row": 3000 + i, "quant": q, "model": m, "bandwidth_gbps": 40.0,
+             "source_id": f"planner_host_llm/2026-12-02/{m}"}
+            for i, (m, q) in enumerate([("a", "fp32"), ("a", "w4a8"), ("b", "fp32")])]
+    path = tmp_path / "rows_host.yaml"
+    path.write_text(yaml.safe_dump({"rows": rows}))
+    monkeypatch.setattr(bench, "ROWS", path)
+    monkeypatch.setattr(bench, "MODELS", [("a", None), ("b", None)])
+    monkeypatch.setattr(bench, "model_path", lambda shape: tmp_path)
+    monkeypatch.setattr(bench, "measured_row", lambda i, name, model, scheme, source, sid: {
+        "row": i, "quant": scheme, "model": name, "bandwidth_gbps": {"a": 20.0, "b": 22.0}[name], "source_id": sid})
+    out = bench.measure_all(("w4a8",))
+    assert yaml.safe_load(path.read_text())["rows"] == out
+    assert [(r["row"], r["model"], r["quant"]) for r in out] == [
+        (3000, "a", "fp32"), (3002, "b", "fp32"), (3003, "a", "w4a8"), (3004, "b", "w4a8")]
+    assert [r["bandwidth_gbps"] for r in out] == [40.0, 40.0, 22.0, 22.0]  # the new run's best copy, its rows only
