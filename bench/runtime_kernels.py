@@ -16,10 +16,12 @@ in a fresh process so that RSS differences are the layer's own:
 - with ``--ov-ir DIR`` (a decoder bundle's ``decoder/`` with a stateful ``openvino_model.xml``, e.g. the peer
   bench's core-ultra-155h fp16 bundle): the whole compiled decoder without GenAI or edgeinfer, compiled as the
   plugin compiles it for the CPU (f32 precision, f16 KV cache, 1 thread): anonymous RSS after a 16-token prompt
-  and after single-token steps, and ms per decoded token.
+  and after single-token steps, and ms per decoded token; ``--ov-precisions f32,bf16`` compiles it at each
+  ``INFERENCE_PRECISION_HINT`` (bf16: what OpenVINO's CPU plugin picks by itself on a CPU with AVX512_BF16 or
+  AMX, and edgeinfer does not), in the order given, ``--ov-rounds`` times.
 
     python bench/runtime_kernels.py [--k 4096] [--n 8192] [--runtimes onnxruntime,openvino] [--ov-ir DIR]
-        [--out runtime_kernels]
+        [--ov-precisions f32[,bf16]] [--ov-rounds 1] [--out runtime_kernels]
 
 Writes bench/results/<out>.json. Needs onnxruntime (with its quantization tools' ``onnx_ir``) and openvino.
 """
@@ -142,14 +144,17 @@ def ov_case(case: str, k: int, n: int) -> dict:
     return row
 
 
-def ov_ir_case(ir_dir: str, tokens: int = 40) -> dict:
+def ov_ir_case(case: str, tokens: int = 40) -> dict:
+    """``case``: ``DIR`` or ``DIR::PRECISION`` (the inference precision hint, default f32)."""
     import numpy as np
     import openvino as ov
 
+    ir_dir, _, precision = case.partition("::")
+    precision = precision or "f32"
     core = ov.Core()
     anon0 = status("RssAnon")
     compiled = core.compile_model(core.read_model(Path(ir_dir) / "openvino_model.xml"), "CPU", {
-        "INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f16", "INFERENCE_NUM_THREADS": 1,
+        "INFERENCE_PRECISION_HINT": precision, "KV_CACHE_PRECISION": "f16", "INFERENCE_NUM_THREADS": 1,
         "NUM_STREAMS": 1})
     request = compiled.create_infer_request()
     rng = np.random.default_rng(0)
@@ -162,9 +167,12 @@ def ov_ir_case(ir_dir: str, tokens: int = 40) -> dict:
                        "beam_idx": np.zeros(1, np.int32)})
 
     row = {"runtime": "openvino " + ov.get_version().split("-")[0], "case": "decoder IR " + Path(ir_dir).parent.name,
+           "inference_precision": precision,
            "ir_bin_mib": round((Path(ir_dir) / "openvino_model.bin").stat().st_size / MIB, 1),
            "anonymous_mib_after": {"compile": round((status("RssAnon") - anon0) / MIB, 1)}}
     step([int(t) for t in rng.integers(3, vocab, 16)], 0)
+    # the prompt's last-token logits, to compare the precisions' outputs across processes
+    row["prompt_logits_head"] = [round(float(x), 4) for x in request.get_output_tensor(0).data[0, -1, :8]]
     row["anonymous_mib_after"]["16-token prompt"] = round((status("RssAnon") - anon0) / MIB, 1)
     step([5], 16)
     row["anonymous_mib_after"]["1-token step"] = round((status("RssAnon") - anon0) / MIB, 1)
@@ -195,6 +203,8 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=8192)
     ap.add_argument("--runtimes", default="onnxruntime,openvino", help="comma-separated: onnxruntime, openvino")
     ap.add_argument("--ov-ir", metavar="DIR", help="also a whole decoder IR directory (openvino_model.xml)")
+    ap.add_argument("--ov-precisions", default="f32", help="comma-separated inference precisions for --ov-ir")
+    ap.add_argument("--ov-rounds", type=int, default=1, help="times each --ov-ir precision runs, interleaved")
     ap.add_argument("--out", default="runtime_kernels")
     ap.add_argument("--one", nargs=2, metavar=("KIND", "CASE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -208,7 +218,8 @@ def main() -> None:
     rows = [in_fresh_process(kind, c, args.k, args.n)
             for kind, cases in (("onnxruntime", ORT_CASES), ("openvino", OV_CASES)) if kind in wanted for c in cases]
     if args.ov_ir:
-        rows.append(in_fresh_process("openvino-ir", str(Path(args.ov_ir).resolve()), args.k, args.n))
+        rows += [in_fresh_process("openvino-ir", f"{Path(args.ov_ir).resolve()}::{p}", args.k, args.n)
+                 for _ in range(args.ov_rounds) for p in args.ov_precisions.split(",")]
     for r in rows:
         print(json.dumps(r))
     _common.write(args.out, {"k": args.k, "n": args.n, "threads": 1,
