@@ -346,24 +346,25 @@ def _server_class():
 
 
 def _protocol_class(metrics: Metrics):
-    from uvicorn.protocols.http.h11_impl import H11Protocol
+    """uvicorn's HTTP/1.1 protocol on httptools (llhttp, C) where it is installed, else on h11 (pure Python):
+    every streamed token is one chunk through it, and h11 frames each chunk in Python (bench/README.md,
+    "HTTP protocol")."""
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as Base
+    except ImportError:
+        from uvicorn.protocols.http.h11_impl import H11Protocol as Base
 
-    class Protocol(H11Protocol):
-        """uvicorn's HTTP/1.1 protocol, but a request it cannot parse (e.g. a non-numeric Content-Length)
-        gets a JSON error like every other answer, and is counted in /metrics."""
+    class Protocol(Base):
+        """A request it cannot parse (e.g. a non-numeric Content-Length) gets a JSON error like every other
+        answer, and is counted in /metrics."""
 
         def send_400_response(self, msg: str) -> None:
-            import h11
-
             metrics.requests.labels("malformed", "400").inc()
             body = json.dumps({"error": {"message": "malformed HTTP request (request line, a header or "
                                          "Content-Length); send valid HTTP/1.1", "type": ERROR_TYPES[400],
-                                         "code": 400}})
-            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                       (b"connection", b"close")]
-            for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),
-                          h11.Data(data=body.encode()), h11.EndOfMessage()):
-                self.transport.write(self.conn.send(event))
+                                         "code": 400}}).encode()
+            self.transport.write(b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n"
+                                 b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))
             self.transport.close()
 
     return Protocol
