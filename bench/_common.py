@@ -1,5 +1,5 @@
-"""Shared by the benchmarks: where results go and how they are written, and an RSS sampler
-(the definitions of RSS and peak are edgeinfer.contract.measure's)."""
+"""Shared by the benchmarks: where results go and how they are written, an RSS sampler (the definitions of RSS
+and peak are edgeinfer.contract.measure's) and a process's CPU time."""
 
 from __future__ import annotations
 
@@ -14,6 +14,14 @@ from pathlib import Path
 from edgeinfer.contract.measure import current_rss_bytes
 
 RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def cpu_ms(pid: int) -> float:
+    """CPU time of every thread of ``pid`` so far, in ms (ns resolution, unlike /proc/PID/stat's ticks)."""
+    total = 0
+    for t in os.listdir(f"/proc/{pid}/task"):
+        total += int(Path(f"/proc/{pid}/task/{t}/schedstat").read_text().split()[0])
+    return total / 1e6
 
 
 def machine() -> dict:

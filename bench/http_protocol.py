@@ -3,7 +3,7 @@
 
 A Starlette app streams ``--chunks`` server-sent events of one completion chunk each (the size of one token's
 ``/v1/completions`` chunk) per request; ``--requests`` requests read to the end by one client, one after another.
-The figure is the server process's user + system CPU time (``/proc/PID/stat``) over those requests divided by
+The figure is the server process's CPU time (every thread's, ``_common.cpu_ms``) over those requests divided by
 the chunks sent: what one token costs the HTTP process's framing and writing, without a model, a worker or the
 OpenAI routes. The protocols alternate, ``--rounds`` times each, a fresh server process per run.
 
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,6 +26,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402
+from _common import cpu_ms  # noqa: E402
 
 SERVER = r"""
 import asyncio, sys
@@ -56,19 +56,10 @@ uvicorn.Server(uvicorn.Config(Starlette(routes=[Route("/s", stream)]), host="127
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
-
-
 def run(proto: str, chunks: int, requests: int) -> float:
     """Microseconds of the server's CPU per chunk."""
+    from edgeinfer.testing.serve import free_port
+
     port = free_port()
     server = subprocess.Popen([sys.executable, "-c", SERVER, proto, str(port), str(chunks)])
     try:
@@ -79,13 +70,13 @@ def run(proto: str, chunks: int, requests: int) -> float:
                 break
             except httpx.TransportError:
                 time.sleep(0.05)
-        start = cpu_s(server.pid)
+        start = cpu_ms(server.pid)
         with httpx.Client(timeout=60) as client:
             for _ in range(requests):
                 with client.stream("GET", url) as r:
                     for _ in r.iter_bytes():
                         pass
-        return (cpu_s(server.pid) - start) / (chunks * requests) * 1e6
+        return (cpu_ms(server.pid) - start) / (chunks * requests) * 1e3
     finally:
         server.terminate()
         server.wait()

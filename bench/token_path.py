@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _llamacpp  # noqa: E402
 import _peer  # noqa: E402
 import peer_llamacpp  # noqa: E402
+from _common import cpu_ms  # noqa: E402
 
 PROMPT_TOKENS = 32
 
@@ -74,14 +75,6 @@ def scheduler_ms(gen, tokens: int) -> float:
             if e.tokens:
                 stamps.append(time.perf_counter())
     return (stamps[-1] - stamps[0]) * 1e3 / (len(stamps) - 1)
-
-
-def cpu_ms(pid: int) -> float:
-    """CPU time of every thread of ``pid`` so far, in ms (ns resolution, unlike /proc/PID/stat's ticks)."""
-    total = 0
-    for t in os.listdir(f"/proc/{pid}/task"):
-        total += int(Path(f"/proc/{pid}/task/{t}/schedstat").read_text().split()[0])
-    return total / 1e6
 
 
 def tree(pid: int) -> list[int]:
