@@ -54,14 +54,30 @@ def tree_rss_bytes(root: int, pids: list[int] | None = None) -> int:
     return total
 
 
-class TreeRssSampler:
-    """Largest :func:`tree_rss_bytes` of ``root`` seen every ``interval`` seconds since start (a thread). The
-    tree is listed again every ``relist`` samples only: listing reads every process's /proc/PID/stat, which
-    would take CPU from the servers being measured."""
+def tree_pss_bytes(root: int, pids: list[int] | None = None) -> int:
+    """Sum of the proportional set sizes of ``root``'s tree (or of ``pids``): a page that n processes map counts
+    1/n in each (``Pss`` of /proc/PID/smaps_rollup), so the libraries two processes of a tree both map count
+    once — what the tree takes of the machine's memory, where :func:`tree_rss_bytes` counts them per process."""
+    total = 0
+    for pid in pids if pids is not None else tree_pids(root):
+        try:
+            rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+        except OSError:
+            continue  # exited, or a kernel without smaps_rollup (before 4.14)
+        total += next((int(line.split()[1]) * 1024 for line in rollup.splitlines() if line.startswith("Pss:")), 0)
+    return total
 
-    def __init__(self, root: int, interval: float = 0.05, relist: int = 20) -> None:
-        self.root, self.interval, self.relist = root, interval, relist
+
+class TreeRssSampler:
+    """Largest :func:`tree_rss_bytes` of ``root`` seen every ``interval`` seconds since start (a thread), and
+    (``peak_pss``) the largest :func:`tree_pss_bytes` every ``pss_every`` samples: the kernel walks each
+    process's page tables for it. The tree is listed again every ``relist`` samples only: listing reads every
+    process's /proc/PID/stat, which would take CPU from the servers being measured."""
+
+    def __init__(self, root: int, interval: float = 0.05, relist: int = 20, pss_every: int = 10) -> None:
+        self.root, self.interval, self.relist, self.pss_every = root, interval, relist, pss_every
         self.peak = tree_rss_bytes(root)
+        self.peak_pss = tree_pss_bytes(root)
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._loop, daemon=True)
         self._t.start()
@@ -73,10 +89,14 @@ class TreeRssSampler:
             if n % self.relist == 0:
                 pids = tree_pids(self.root)
             self.peak = max(self.peak, tree_rss_bytes(self.root, pids))
+            if n % self.pss_every == 0:
+                self.peak_pss = max(self.peak_pss, tree_pss_bytes(self.root, pids))
 
     def stop(self) -> int:
+        """The peak RSS; ``peak_pss`` holds the peak PSS."""
         self._stop.set()
         self._t.join()
+        self.peak_pss = max(self.peak_pss, tree_pss_bytes(self.root))
         return max(self.peak, tree_rss_bytes(self.root))
 
 
@@ -138,17 +158,18 @@ def median_over_rounds(rounds: list[dict]) -> dict:
 
 def ratio_table(edgeinfer: dict, llamacpp: dict) -> dict:
     """edgeinfer ÷ llama.cpp per workload and metric (None where llama.cpp's figure is 0), and
-    ``peak_rss``: the ratio of the two ``peak_rss_bytes``."""
+    ``peak_rss`` (``peak_pss``): the ratio of the two ``peak_rss_bytes`` (``peak_pss_bytes``)."""
     table: dict[str, dict] = {}
     for workload, ours in edgeinfer.items():
-        if not isinstance(ours, dict) or workload not in llamacpp:  # peak_rss_bytes, rounds
+        if not isinstance(ours, dict) or workload not in llamacpp:  # peak_rss_bytes, peak_pss_bytes, rounds
             continue
         table[workload] = {}
         for metric in METRICS:
             a, b = ours[metric], llamacpp[workload][metric]
             table[workload][metric] = round(a / b, 3) if b else None
-    if edgeinfer.get("peak_rss_bytes") and llamacpp.get("peak_rss_bytes"):
-        table["peak_rss"] = round(edgeinfer["peak_rss_bytes"] / llamacpp["peak_rss_bytes"], 3)
+    for key in ("rss", "pss"):
+        if edgeinfer.get(f"peak_{key}_bytes") and llamacpp.get(f"peak_{key}_bytes"):
+            table[f"peak_{key}"] = round(edgeinfer[f"peak_{key}_bytes"] / llamacpp[f"peak_{key}_bytes"], 3)
     return table
 
 

@@ -13,11 +13,12 @@ from typing import TYPE_CHECKING, Any
 from edgeinfer.contract import registry as plugins
 from edgeinfer.contract import remote_code, seal
 from edgeinfer.contract.backend import Session, TensorSpec
-from edgeinfer.errors import InputError, ModelError, check_text
+from edgeinfer.errors import InputError, check_text
 from edgeinfer.model import decoder_bundle
 from edgeinfer.model.bundle import Bundle
 from edgeinfer.run import buckets as buckets_mod
 from edgeinfer.run import paged_decoder
+from edgeinfer.run.decoder_load import DecoderLoad, disagree, open_load
 
 if TYPE_CHECKING:
     import numpy as np
@@ -138,39 +139,36 @@ def open_generator(bundle: Bundle, device: str | None = None, ctx: int | None = 
     ``trust_remote_code``: for an artifact that is a Hugging Face directory naming code of its own. ``codec``:
     the bundle tokenizer's :class:`~edgeinfer.run.generation.text.TokenFacts`, already read, instead of the
     tokenizer."""
-    from edgeinfer.planning.device_memory import check_decoder_fits
-    from edgeinfer.run.generation.generator import Generator
     from edgeinfer.run.generation.text import TextCodec
 
+    codec = codec or TextCodec(tokenizer_dir(bundle))
+    load = decoder_load(bundle, ctx, slots, backend, codec, options.pop("window", None))
+    return open_load(load, codec, device, slots, **options)
+
+
+def tokenizer_dir(bundle: Bundle) -> Path:
+    return seal.contained(bundle.path, bundle.manifest.decoder.get("tokenizer", decoder_bundle.TOKENIZER),
+                          "decoder.tokenizer")
+
+
+def decoder_load(bundle: Bundle, ctx: int | None = None, slots: int = 1, backend: str | None = None,
+                 codec: Any = None, window: int | None = None) -> DecoderLoad:
+    """What loading the decoder bundle's artifact takes, from its manifest checked against itself, ``slots``,
+    ``backend`` and the tokenizer (``codec``) before any weights load (:mod:`edgeinfer.run.decoder_load`)."""
     m = bundle.manifest
     if backend and backend != m.backend:
         raise InputError(f"bundle {bundle.path} is for backend {m.backend!r}, not {backend!r}; omit --backend")
     ctx = decoder_bundle.loaded_context(bundle, ctx)
     decoder_bundle.check_slots(bundle, slots)
-    codec = codec or TextCodec(seal.contained(bundle.path, m.decoder.get("tokenizer", decoder_bundle.TOKENIZER),
-                                              "decoder.tokenizer"))
     check_manifest(bundle, codec)
-    options = {**paged_decoder.load_window(bundle, options.pop("window", None), ctx), **options}
-    be = plugins.get_backend(m.backend)
-    check_decoder_fits(be, bundle.artifacts[0], device, ctx, slots, m.scheme)
-    # load_decoder reads the artifact's stamp once: another backend's or toolkit's artifact is refused there
-    decoder = be.load_decoder(bundle.artifacts[0], device=device, context=ctx, slots=slots, **options)
-    try:
-        check_artifact(bundle, decoder, codec, kv_built="kv_dtype" in be.decoders.convert_options)
-    except BaseException:
-        decoder.close()
-        raise
-    return Generator(decoder, codec, bundle.path.resolve().name)
+    return DecoderLoad(bundle.path, m.backend, bundle.artifacts[0], tokenizer_dir(bundle), m.scheme, ctx,
+                       m.decoder["vocab_size"], m.decoder.get("kv_dtype"),
+                       paged_decoder.load_window(bundle, window, ctx))
 
 
 # --- the manifest's facts against the files they describe ---------------------------------------------
 # Only paths and sizes are sealed at load (a same-size edit passes): a fact the runtime also knows is
 # compared with it, so that a manifest that lies fails here in one line instead of generating garbage.
-
-
-def _disagree(bundle: Bundle, field: str, value: Any, what: str, truth: Any) -> ModelError:
-    return ModelError(f"bundle {bundle.path}: manifest {field} is {value}, but {what} is {truth}; the "
-                      "manifest does not describe this model: deploy the model again")
 
 
 def check_manifest(bundle: Bundle, codec: Any) -> None:
@@ -180,9 +178,9 @@ def check_manifest(bundle: Bundle, codec: Any) -> None:
     for t in (*bundle.manifest.inputs, *bundle.manifest.outputs):
         want = {"input_ids": "int64", "logits": "float32"}.get(t.name)
         if want and t.dtype != want:
-            raise _disagree(bundle, f"{t.name} dtype", t.dtype, "what every decoder takes or gives", want)
+            raise disagree(bundle.path, f"{t.name} dtype", t.dtype, "what every decoder takes or gives", want)
         if t.name == "logits" and t.shape and isinstance(t.shape[-1], int) and t.shape[-1] != m["vocab_size"]:
-            raise _disagree(bundle, "logits width", t.shape[-1], "its decoder.vocab_size", m["vocab_size"])
+            raise disagree(bundle.path, "logits width", t.shape[-1], "its decoder.vocab_size", m["vocab_size"])
     cfg = codec.directory / "config.json"
     try:
         data = json.loads(cfg.read_text(encoding="utf-8"))
@@ -192,23 +190,7 @@ def check_manifest(bundle: Bundle, codec: Any) -> None:
     text = data.get("text_config") if isinstance(data.get("text_config"), dict) else {}
     limit, vocab = (data.get(k, text.get(k)) for k in ("max_position_embeddings", "vocab_size"))
     if isinstance(limit, int) and not isinstance(limit, bool) and m["context"] > limit:
-        raise _disagree(bundle, "decoder.context", m["context"], "the model's max_position_embeddings", limit)
+        raise disagree(bundle.path, "decoder.context", m["context"], "the model's max_position_embeddings", limit)
     if isinstance(vocab, int) and not isinstance(vocab, bool) and vocab != m["vocab_size"]:
-        raise _disagree(bundle, "decoder.vocab_size", m["vocab_size"], "the model's config.json vocab_size", vocab)
-
-
-def check_artifact(bundle: Bundle, decoder: Any, codec: Any, kv_built: bool = True) -> None:
-    """The manifest against the loaded artifact, and the tokenizer against both. ``kv_built``: the backend built
-    the plan's KV dtype into the artifact (else the device it runs on picks it: OpenVINO's CPU fallback keeps
-    f32 for an int8 or int4 IR where the planned NPU keeps fp16)."""
-    m = bundle.manifest.decoder
-    if decoder.vocab_size != m["vocab_size"]:
-        raise _disagree(bundle, "decoder.vocab_size", m["vocab_size"], "the artifact's vocabulary",
-                        decoder.vocab_size)
-    if kv_built and m.get("kv_dtype") and decoder.kv_dtype and decoder.kv_dtype != m["kv_dtype"]:
-        raise _disagree(bundle, "decoder.kv_dtype", m["kv_dtype"], "the KV cache the artifact allocates",
-                        decoder.kv_dtype)
-    if codec.vocab_size > decoder.vocab_size:
-        raise ModelError(f"bundle {bundle.path}: its tokenizer has {codec.vocab_size} tokens, more than the model's "
-                         f"vocabulary of {decoder.vocab_size}: it would encode text into ids the model has no "
-                         "embedding for; deploy the model again with its own tokenizer")
+        raise disagree(bundle.path, "decoder.vocab_size", m["vocab_size"], "the model's config.json vocab_size",
+                       vocab)

@@ -16,7 +16,6 @@ from edgeinfer.contract.backend import Backend, Session
 from edgeinfer.contract.names import DECODER_REFERENCE, ENCODER_REFERENCE
 from edgeinfer.errors import InputError, ModelError
 from edgeinfer.model.kind import Kind, find, kind, model_context_limit
-from edgeinfer.planning import decision
 from edgeinfer.planning.device_memory import check_decoder_fits
 
 if TYPE_CHECKING:
@@ -135,6 +134,8 @@ def decoder_threads(path: Path, found: Kind, backend: str | None, threads: int |
 def default_context(model_dir: Path) -> int:
     """The context a decoder directory loads with when none is asked for: the planning rule (its limit, capped;
     :func:`edgeinfer.planning.decision.default_context`), the context ``plan`` and ``deploy`` use."""
+    from edgeinfer.planning import decision  # board profiles and their schema: not for serve's decoder workers
+
     return decision.default_context(model_context_limit(model_dir))
 
 
@@ -185,6 +186,7 @@ def file_default_context(path: Path) -> int:
     (its config.json), else, for a lone ``.gguf``, from the limit its own metadata records."""
     if (path.parent / "config.json").is_file() or path.suffix.lower() != ".gguf":
         return default_context(path.parent)
+    from edgeinfer.planning import decision
     from edgeinfer.planning.models.gguf import read_gguf
 
     return decision.default_context(read_gguf(path).max_position)

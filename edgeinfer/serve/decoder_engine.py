@@ -45,6 +45,7 @@ class ServedDecoder:
     board: str = ""
     scheme: str = ""
     kv_bytes_per_element: float = 4.0  # what the deploy's plan counted (fp32: the reference's and HF dirs')
+    load: Any = None  # a bundle's DecoderLoad (edgeinfer.run.decoder_load): the worker loads it without the manifest
 
     def to_json(self, created: int, slots: int) -> dict[str, Any]:
         return {"id": self.name, "object": "model", "created": created, "owned_by": "edgeinfer",
@@ -55,19 +56,20 @@ class ServedDecoder:
 def open_served_decoder(path: Path, bundle: Any = None, ctx: int | None = None) -> ServedDecoder:
     """A decoder bundle (``bundle``, already opened and verified), an HF decoder dir or a decoder file
     (``path``: ``.rkllm``, run by the backend that declares its suffix)."""
-    from edgeinfer.contract import registry, seal
+    from edgeinfer.contract import registry
     from edgeinfer.contract.names import DECODER_REFERENCE
     from edgeinfer.model.decoder_bundle import loaded_context
+    from edgeinfer.run.bundle import decoder_load, tokenizer_dir
     from edgeinfer.run.generation.text import TextCodec
     from edgeinfer.run.loading import decoder_file_codec, default_context, file_default_context
 
     if bundle is not None:
         m = bundle.manifest
         context = loaded_context(bundle, ctx)
-        codec = TextCodec(seal.contained(bundle.path, m.decoder.get("tokenizer", "tokenizer"), "decoder.tokenizer"))
+        codec = TextCodec(tokenizer_dir(bundle))
         kv = ((m.plan or {}).get("memory") or {}).get("details", {}).get("kv_cache", {}).get("bytes_per_element")
         return ServedDecoder(bundle.path.resolve().name, bundle.path, m.backend, context, codec, m.board, m.scheme,
-                             float(kv or 4.0))
+                             float(kv or 4.0), decoder_load(bundle, context, codec=codec))
     if path.is_file():
         backend, runtime = registry.decoder_file(path) or (DECODER_REFERENCE, "")
         context = ctx or file_default_context(path)  # the scheme is not recorded in the file
@@ -147,8 +149,10 @@ class Engine(Supervisor):
     def target(self) -> tuple[Any, tuple]:
         from edgeinfer.run.generation.text import TokenFacts
 
-        # the worker gets the tokenizer's facts, not the tokenizer: its text is made here (see on_message)
-        return decoder_worker_main, (str(self.llm.path), self.llm.backend, self.entry, self.llm.context, self.slots,
+        # the worker gets the tokenizer's facts, not the tokenizer: its text is made here (see on_message); and a
+        # bundle's load read from its manifest here, not the manifest
+        what = self.llm.load or str(self.llm.path)
+        return decoder_worker_main, (what, self.llm.backend, self.entry, self.llm.context, self.slots,
                                      self.prefill_chunk, self.threads, TokenFacts.of(self.llm.codec))
 
     def spawn(self) -> asyncio.Future:

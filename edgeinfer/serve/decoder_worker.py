@@ -21,17 +21,23 @@ from edgeinfer.errors import one_line
 from edgeinfer.serve.placement import placement
 
 
-def load_generator(path: str, backend: str, entry: str | None, context: int, slots: int,
+def load_generator(what: Any, backend: str, entry: str | None, context: int, slots: int,
                    threads: int | None = None, facts: Any = None) -> Any:
-    """The Generator of a decoder bundle or Hugging Face decoder directory, with ``slots`` KV slots
-    (and ``threads`` CPU threads where the backend takes that option); with ``facts``, the tokenizer's
+    """The Generator of a decoder bundle (``what``: its :class:`~edgeinfer.run.decoder_load.DecoderLoad`, or its
+    path), decoder file or Hugging Face decoder directory (its path), with ``slots`` KV slots (and ``threads``
+    CPU threads where the backend takes that option); with ``facts``, the tokenizer's
     :class:`~edgeinfer.run.generation.text.TokenFacts` instead of the tokenizer (it gives token ids only)."""
+    from edgeinfer.run.decoder_load import DecoderLoad, open_load
     from edgeinfer.run.loading import load, threads_option
 
     placed = placement(backend, entry)
     os.environ.update(placed.env)
-    options = {**placed.options, **threads_option(backend, threads), **({"codec": facts} if facts else {})}
-    return load(path, device=placed.device, ctx=context, slots=slots, **options)
+    options = {**placed.options, **threads_option(backend, threads)}
+    if isinstance(what, DecoderLoad):
+        return open_load(what, facts, placed.device, slots, **options)
+    if facts:
+        options["codec"] = facts
+    return load(what, device=placed.device, ctx=context, slots=slots, **options)
 
 
 def decoder_worker_main(conn: Any, path: str, backend: str, entry: str | None, context: int, slots: int,
