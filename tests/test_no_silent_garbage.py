@@ -261,6 +261,27 @@ def test_a_manifest_or_artifact_config_that_disagrees_with_the_model_fails_at_lo
         edgeinfer.load(bundle)
 
 
+def test_a_decoder_load_read_earlier_refuses_a_bundle_damaged_since(tiny_qwen3_host_bundle, tmp_path):
+    """What serve's HTTP process read of the manifest at start-up (a DecoderLoad) loads the bundle in its decoder
+    worker, without the manifest's schema; a worker (re)started after a file of the bundle changed size is
+    refused, in one line, as Bundle.open refuses it."""
+    import pickle
+
+    from edgeinfer.model.bundle import Bundle
+    from edgeinfer.run.bundle import decoder_load
+    from edgeinfer.run.decoder_load import open_load
+
+    bundle = _copy(tiny_qwen3_host_bundle, tmp_path / "b")
+    load = pickle.loads(pickle.dumps(decoder_load(Bundle.open(bundle), 64)))  # as it reaches a worker process
+    with open_load(load, threads=1) as gen:
+        assert gen.decoder.context == 64 and gen.decoder.vocab_size == load.vocab_size == 3072
+    weights = max((p for p in (bundle / "decoder").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    with weights.open("ab") as f:
+        f.write(b"\0")
+    with pytest.raises(InputError, match=re.escape(f"bundle {bundle} is damaged: ")):
+        open_load(load, threads=1)
+
+
 def test_a_manifest_agreeing_with_its_config_but_not_with_the_artifact_is_refused(tiny_qwen3_host_bundle,
                                                                                    tmp_path, cli):
     """vocab_size 10 in the manifest, its logits width and the bundled config.json: only the loaded artifact

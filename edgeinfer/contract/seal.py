@@ -117,6 +117,17 @@ def check(root: Path, files: dict[str, FileRecord], full: bool) -> list[str]:
     return problems
 
 
+def verify(root: Path, files: dict[str, FileRecord], full: bool = False) -> None:
+    """InputError (one line, kind ``bundle_damaged``) when a symlink under ``root`` leads out of it or a recorded
+    file is missing or not as recorded (:func:`check`): what every open of a bundle checks."""
+    refuse_outside_links(root)
+    bad = check(root, files, full=full)
+    if bad:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise InputError(f"bundle {root} is damaged: {bad[0]}{more}; run `edgeinfer verify {root}` for the list, "
+                         "and deploy the model again", kind="bundle_damaged")
+
+
 # --- sealed cache entries -----------------------------------------------------------------------------
 
 SEAL = ".edgeinfer-seal.json"

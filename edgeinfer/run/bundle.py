@@ -142,7 +142,7 @@ def open_generator(bundle: Bundle, device: str | None = None, ctx: int | None = 
     from edgeinfer.run.generation.text import TextCodec
 
     codec = codec or TextCodec(tokenizer_dir(bundle))
-    load = decoder_load(bundle, ctx, slots, backend, codec, options.pop("window", None))
+    load = decoder_load(bundle, ctx, slots, backend, options.pop("window", None))
     return open_load(load, codec, device, slots, **options)
 
 
@@ -152,17 +152,17 @@ def tokenizer_dir(bundle: Bundle) -> Path:
 
 
 def decoder_load(bundle: Bundle, ctx: int | None = None, slots: int = 1, backend: str | None = None,
-                 codec: Any = None, window: int | None = None) -> DecoderLoad:
+                 window: int | None = None) -> DecoderLoad:
     """What loading the decoder bundle's artifact takes, from its manifest checked against itself, ``slots``,
-    ``backend`` and the tokenizer (``codec``) before any weights load (:mod:`edgeinfer.run.decoder_load`)."""
+    ``backend`` and the model's config.json before any weights load (:mod:`edgeinfer.run.decoder_load`)."""
     m = bundle.manifest
     if backend and backend != m.backend:
         raise InputError(f"bundle {bundle.path} is for backend {m.backend!r}, not {backend!r}; omit --backend")
     ctx = decoder_bundle.loaded_context(bundle, ctx)
     decoder_bundle.check_slots(bundle, slots)
-    check_manifest(bundle, codec)
+    check_manifest(bundle)
     return DecoderLoad(bundle.path, m.backend, bundle.artifacts[0], tokenizer_dir(bundle), m.scheme, ctx,
-                       m.decoder["vocab_size"], m.decoder.get("kv_dtype"),
+                       m.decoder["vocab_size"], m.decoder.get("kv_dtype"), dict(m.files),
                        paged_decoder.load_window(bundle, window, ctx))
 
 
@@ -171,7 +171,7 @@ def decoder_load(bundle: Bundle, ctx: int | None = None, slots: int = 1, backend
 # compared with it, so that a manifest that lies fails here in one line instead of generating garbage.
 
 
-def check_manifest(bundle: Bundle, codec: Any) -> None:
+def check_manifest(bundle: Bundle) -> None:
     """The manifest against itself, the decoder contract (int64 ids in, float32 logits out) and the model's
     own config.json (kept with the tokenizer), before the weights load."""
     m = bundle.manifest.decoder
@@ -181,7 +181,7 @@ def check_manifest(bundle: Bundle, codec: Any) -> None:
             raise disagree(bundle.path, f"{t.name} dtype", t.dtype, "what every decoder takes or gives", want)
         if t.name == "logits" and t.shape and isinstance(t.shape[-1], int) and t.shape[-1] != m["vocab_size"]:
             raise disagree(bundle.path, "logits width", t.shape[-1], "its decoder.vocab_size", m["vocab_size"])
-    cfg = codec.directory / "config.json"
+    cfg = tokenizer_dir(bundle) / "config.json"
     try:
         data = json.loads(cfg.read_text(encoding="utf-8"))
     except (OSError, ValueError):

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edgeinfer.contract import registry as plugins
+from edgeinfer.contract import seal
 from edgeinfer.errors import ModelError
 
 if TYPE_CHECKING:
@@ -29,6 +30,7 @@ class DecoderLoad:
     context: int  # what to load with: the built context or less
     vocab_size: int  # the manifest's, checked against the loaded artifact
     kv_dtype: str | None
+    files: dict[str, Any]  # the manifest's record of the bundle's files: their sizes are checked at each load
     options: dict[str, Any] = field(default_factory=dict)  # from the manifest: a paged bundle's window
 
 
@@ -46,6 +48,7 @@ def open_load(load: DecoderLoad, codec: Any = None, device: str | None = None, s
     from edgeinfer.run.generation.generator import Generator
     from edgeinfer.run.generation.text import TextCodec
 
+    seal.verify(load.bundle, load.files)  # as Bundle.open does: a worker restarted later loads the files of now
     codec = codec or TextCodec(load.tokenizer)
 
     be = plugins.get_backend(load.backend)

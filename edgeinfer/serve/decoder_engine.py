@@ -69,7 +69,7 @@ def open_served_decoder(path: Path, bundle: Any = None, ctx: int | None = None) 
         codec = TextCodec(tokenizer_dir(bundle))
         kv = ((m.plan or {}).get("memory") or {}).get("details", {}).get("kv_cache", {}).get("bytes_per_element")
         return ServedDecoder(bundle.path.resolve().name, bundle.path, m.backend, context, codec, m.board, m.scheme,
-                             float(kv or 4.0), decoder_load(bundle, context, codec=codec))
+                             float(kv or 4.0), decoder_load(bundle, context))
     if path.is_file():
         backend, runtime = registry.decoder_file(path) or (DECODER_REFERENCE, "")
         context = ctx or file_default_context(path)  # the scheme is not recorded in the file
