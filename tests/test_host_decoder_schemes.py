@@ -104,6 +104,7 @@ def test_the_host_plan_holds_fp16_weights_as_fp32_and_adds_serves_processes():
     initializers (bench/results/serve_footprint-host.json: the fp16 worker peaked above the fp32 one), so the
     host plan holds fp16 weights at fp32 size; a served decoder adds serve's own processes to the breakdown."""
     from edgeinfer.planning.planner import plan
+    from edgeinfer.testing.serve import measured_served_worker_saving
 
     fp16 = plan(str(model_dir()), "host", quant="fp16", ctx=512, batch=4, suggest=False)
     fp32 = plan(str(model_dir()), "host", quant="fp32", ctx=512, batch=4, suggest=False)
@@ -111,8 +112,10 @@ def test_the_host_plan_holds_fp16_weights_as_fp32_and_adds_serves_processes():
     assert "held as 32-bit" in fp16.details.weights.basis
     served = fp16.to_dict()["memory"]["served"]
     decoder = sum(v for k, v in fp16.breakdown.items() if k != "reserved")
-    assert served["decoder_process_bytes"] == decoder
-    assert served["total_bytes"] == decoder + served["serve_processes_bytes"]
+    # a served worker loads without the manifest's schema: a little less than a decoder process of its own
+    lighter = decoder - served["decoder_process_bytes"]
+    assert 0.9 * measured_served_worker_saving() <= lighter <= measured_served_worker_saving(), lighter
+    assert served["total_bytes"] == served["decoder_process_bytes"] + served["serve_processes_bytes"]
     # the HTTP process (request helpers start only for large or chat requests; a decoder worker needs no resource
     # tracker), as measured by bench/serve_footprint.py --tiny --label lean
     import json

@@ -20,7 +20,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgeinfer.planning.boards import GIB, Board
-from edgeinfer.planning.serve_memory import in_process_saving_bytes, serve_own_bytes, serve_processes
+from edgeinfer.planning.serve_memory import (
+    in_process_saving_bytes,
+    serve_own_bytes,
+    serve_processes,
+    served_worker_saving_bytes,
+)
 
 KIND = "edgeinfer.plan_chain"
 MIB = 2**20
@@ -92,8 +97,9 @@ def _parts(m: Member, fixed: bool) -> dict[str, int]:
 def layout(members: list[Member], workers: int = 1, in_process: bool = False) -> list[Process]:
     """The processes serve starts for ``members`` with ``workers`` encoder workers (``--devices`` entries; 1 when
     none are given). In a worker a runtime's fixed overhead is charged to the first model that uses it.
-    ``in_process`` (``serve --in-process``): decoders run in the HTTP process, each one interpreter lighter
-    (:func:`~edgeinfer.planning.serve_memory.in_process_saving_bytes`)."""
+    A decoder's process is its plan's less what a served worker holds less (:func:`~edgeinfer.planning.serve_memory.
+    served_worker_saving_bytes`); ``in_process`` (``serve --in-process``): decoders run in the HTTP process, each
+    one interpreter lighter still (:func:`~edgeinfer.planning.serve_memory.in_process_saving_bytes`)."""
     encoders = [m for m in members if not m.decoder]
     name = "serve (HTTP process and resource tracker)" if encoders else "serve (HTTP process)"
     procs = [Process(name, {}, serve_own_bytes(len(encoders)) + sum(m.tokenizer for m in members))]
@@ -109,15 +115,15 @@ def layout(members: list[Member], workers: int = 1, in_process: bool = False) ->
             first = next(m.name for m in encoders if m.runtime == rt)
             parts[first]["runtime"] += fixed
         procs.append(Process(f"encoder worker {i + 1}" if workers > 1 else "encoder worker", parts))
-    decoders = [m for m in members if m.decoder]
+    decoders = {m.name: _parts(m, fixed=True) for m in members if m.decoder}
+    for parts in decoders.values():
+        parts["runtime"] = max(0, parts["runtime"] - served_worker_saving_bytes()
+                               - (in_process_saving_bytes() if in_process else 0))
     if in_process:
-        for m in decoders:
-            parts = _parts(m, fixed=True)
-            parts["runtime"] = max(0, parts["runtime"] - in_process_saving_bytes())
-            procs[0].parts[m.name] = parts
+        procs[0].parts.update(decoders)
         procs[0].name += ", decoders on its threads"
         return procs
-    return procs + [Process(f"decoder worker {m.name}", {m.name: _parts(m, fixed=True)}) for m in decoders]
+    return procs + [Process(f"decoder worker {name}", {name: parts}) for name, parts in decoders.items()]
 
 
 @dataclass

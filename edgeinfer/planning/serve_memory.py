@@ -10,8 +10,10 @@ encoders the HTTP process imports numpy to batch their arrays: ``parts_mib.with_
 (``serve.prep.Offload``) are not in it: they start only when a body above 64 KiB needs one
 (``--request-helpers``; a chat template renders on a thread of the HTTP process), ~70 MiB each with the
 test tokenizer (``parts_mib.request_helper_each``), and each holds the tokenizers too. A served decoder with
-``--slots S`` is the plan at ``--batch S``. With ``serve --in-process`` the decoder runs on a thread of the HTTP
-process: one interpreter less, ``parts_mib.in_process_saving`` (measured, the smaller of two models'
+``--slots S`` is the plan at ``--batch S``, less what a served decoder worker holds less than the decoder process the
+runtime overheads were measured in (``parts_mib.served_worker_saving``: the worker loads from what the HTTP process
+read of the bundle's manifest, without its schema). With ``serve --in-process`` the decoder runs on a thread of the
+HTTP process: one interpreter less, ``parts_mib.in_process_saving`` (measured, the smaller of two models'
 savings)."""
 
 from __future__ import annotations
@@ -56,6 +58,12 @@ def in_process_saving_bytes() -> int:
     return int(serve_processes()["parts_mib"]["in_process_saving"] * MIB)
 
 
+def served_worker_saving_bytes() -> int:
+    """What a served decoder worker holds less than a decoder process of its own (``edgeinfer.load``, where the
+    runtime overheads were measured): no manifest schema (pydantic) in the worker (measured)."""
+    return int(serve_processes()["parts_mib"]["served_worker_saving"] * MIB)
+
+
 def served(breakdown: dict[str, int], vocab: int = 0) -> dict[str, Any]:
     """The plan's memory for the decoder served by ``edgeinfer serve``: the breakdown without the board's OS
     reserve (the measured peak does not hold it) plus serve's own processes, whose HTTP process holds the
@@ -63,7 +71,7 @@ def served(breakdown: dict[str, int], vocab: int = 0) -> dict[str, Any]:
     own = serve_processes()
     tokenizer = tokenizer_bytes(vocab)
     extra = int(own["value"] * MIB) + tokenizer
-    decoder = sum(v for k, v in breakdown.items() if k != "reserved")
+    decoder = sum(v for k, v in breakdown.items() if k != "reserved") - served_worker_saving_bytes()
     saving = in_process_saving_bytes()
     return {"total_bytes": decoder + extra, "decoder_process_bytes": decoder, "serve_processes_bytes": extra,
             "tokenizer_bytes": tokenizer, "in_process_total_bytes": max(decoder, decoder + extra - saving),

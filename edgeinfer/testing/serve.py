@@ -250,16 +250,38 @@ def _onnxruntime_bundle(out: Path, graph: Any, what: str) -> Path:
     return out
 
 
-def measured_in_process_saving() -> int:
-    """The smaller of the two savings of ``serve --in-process`` that bench/serve_processes.py measured (bytes of the
-    process tree's peak, with a worker process less), from the committed results: what plan and the start-up
-    check may take off per decoder at most."""
+def _serve_processes(name: str) -> dict:
     import json
 
-    results = Path(__file__).resolve().parents[2] / "bench" / "results"
-    tree = {n: json.loads((results / f"serve_processes-{n}.json").read_text())["tree_peak_bytes"]
-            for n in ("llamacpp-q8_0-now", "llamacpp-q8_0-inproc", "host-w8a8-now", "host-w8a8-inproc")}
-    return min(tree[f"{b}-now"] - tree[f"{b}-inproc"] for b in ("llamacpp-q8_0", "host-w8a8"))
+    return json.loads((Path(__file__).resolve().parents[2] / "bench" / "results" /
+                       f"serve_processes-{name}.json").read_text())
+
+
+def _decoder_worker_peak(run: dict) -> int:
+    return next(p["VmHWM_bytes"] for p in run["after"] if "edgeinfer.cli serve" not in p["cmdline"])
+
+
+PEER_BUNDLES = ("llamacpp-q8_0", "host-w8a8")  # bench/serve_processes.py's two peer-bench bundles
+
+
+def measured_in_process_saving() -> int:
+    """The smaller of the two savings of ``serve --in-process`` that bench/serve_processes.py measured (bytes of the
+    process tree's peak, with a worker process less; each the mean of two runs of each side), from the committed
+    results: what plan and the start-up check may take off per decoder at most."""
+    def tree(name: str) -> float:
+        return sum(_serve_processes(f"{name}{i}")["tree_peak_bytes"] for i in ("", "2")) / 2
+
+    return int(min(tree(f"{b}-s47-lean") - tree(f"{b}-s47-inproc") for b in PEER_BUNDLES))
+
+
+def measured_served_worker_saving() -> int:
+    """The smaller of the two savings bench/serve_processes.py measured in a served decoder worker's peak when it
+    stopped reading the bundle's manifest itself (the mean of two runs before, baeb6bb, and after): what the plan
+    may take off a served decoder's process at most."""
+    def worker(name: str) -> float:
+        return sum(_decoder_worker_peak(_serve_processes(f"{name}{i}")) for i in ("", "2")) / 2
+
+    return int(min(worker(f"{b}-s47-base") - worker(f"{b}-s47-lean") for b in PEER_BUNDLES))
 
 
 def large_block_mapped() -> bool | None:
