@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -54,30 +55,49 @@ def tree_rss_bytes(root: int, pids: list[int] | None = None) -> int:
     return total
 
 
-def tree_pss_bytes(root: int, pids: list[int] | None = None) -> int:
-    """Sum of the proportional set sizes of ``root``'s tree (or of ``pids``): a page that n processes map counts
-    1/n in each (``Pss`` of /proc/PID/smaps_rollup), so the libraries two processes of a tree both map count
-    once — what the tree takes of the machine's memory, where :func:`tree_rss_bytes` counts them per process."""
-    total = 0
+MAPPING = re.compile(r"^[0-9a-f]+-[0-9a-f]+ ")  # a mapping's line in /proc/PID/smaps, its fields after it
+
+
+def tree_files_once_bytes(root: int, pids: list[int] | None = None) -> int:
+    """Resident bytes of ``root``'s tree (or of ``pids``) with each file's pages counted once: every process's
+    anonymous pages, plus per mapped file (a library, a model file) the most any one process of the tree holds of
+    it (/proc/PID/smaps). Where :func:`tree_rss_bytes` counts a library both of edgeinfer serve's processes map
+    twice, this counts it once, as one process would hold it; pages shared with processes outside the tree (the
+    peer server mapping the same GGUF) still count whole, which a proportional set size (Pss) would halve."""
+    anon, files = 0, {}
     for pid in pids if pids is not None else tree_pids(root):
         try:
-            rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+            smaps = Path(f"/proc/{pid}/smaps").read_text()
         except OSError:
-            continue  # exited, or a kernel without smaps_rollup (before 4.14)
-        total += next((int(line.split()[1]) * 1024 for line in rollup.splitlines() if line.startswith("Pss:")), 0)
-    return total
+            continue  # exited between the listing and the read
+        held: dict[str, int] = {}
+        name, rss = "", 0
+        for line in smaps.splitlines():
+            if line.startswith("Rss:"):
+                rss = int(line.split()[1]) * 1024
+            elif line.startswith("Anonymous:"):
+                private = int(line.split()[1]) * 1024  # anonymous pages, also those copied from a private file map
+                anon += private
+                if name.startswith("/"):
+                    held[name] = held.get(name, 0) + rss - private
+            elif MAPPING.match(line):
+                parts = line.split(None, 5)
+                name = parts[5] if len(parts) > 5 else ""
+        for name, n in held.items():
+            files[name] = max(files.get(name, 0), n)
+    return anon + sum(files.values())
 
 
 class TreeRssSampler:
     """Largest :func:`tree_rss_bytes` of ``root`` seen every ``interval`` seconds since start (a thread), and
-    (``peak_pss``) the largest :func:`tree_pss_bytes` every ``pss_every`` samples: the kernel walks each
-    process's page tables for it. The tree is listed again every ``relist`` samples only: listing reads every
+    (``peak_files_once``) the largest :func:`tree_files_once_bytes` every ``files_once_every`` samples (it reads
+    every mapping of every process). The tree is listed again every ``relist`` samples only: listing reads every
     process's /proc/PID/stat, which would take CPU from the servers being measured."""
 
-    def __init__(self, root: int, interval: float = 0.05, relist: int = 20, pss_every: int = 10) -> None:
-        self.root, self.interval, self.relist, self.pss_every = root, interval, relist, pss_every
+    def __init__(self, root: int, interval: float = 0.05, relist: int = 20, files_once_every: int = 10) -> None:
+        self.root, self.interval, self.relist, self.files_once_every = root, interval, relist, files_once_every
         self.peak = tree_rss_bytes(root)
-        self.peak_pss = tree_pss_bytes(root)
+        self.peak_files_once = tree_files_once_bytes(root)
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._loop, daemon=True)
         self._t.start()
@@ -89,14 +109,14 @@ class TreeRssSampler:
             if n % self.relist == 0:
                 pids = tree_pids(self.root)
             self.peak = max(self.peak, tree_rss_bytes(self.root, pids))
-            if n % self.pss_every == 0:
-                self.peak_pss = max(self.peak_pss, tree_pss_bytes(self.root, pids))
+            if n % self.files_once_every == 0:
+                self.peak_files_once = max(self.peak_files_once, tree_files_once_bytes(self.root, pids))
 
     def stop(self) -> int:
-        """The peak RSS; ``peak_pss`` holds the peak PSS."""
+        """The peak RSS; ``peak_files_once`` holds the other peak."""
         self._stop.set()
         self._t.join()
-        self.peak_pss = max(self.peak_pss, tree_pss_bytes(self.root))
+        self.peak_files_once = max(self.peak_files_once, tree_files_once_bytes(self.root))
         return max(self.peak, tree_rss_bytes(self.root))
 
 
@@ -158,16 +178,16 @@ def median_over_rounds(rounds: list[dict]) -> dict:
 
 def ratio_table(edgeinfer: dict, llamacpp: dict) -> dict:
     """edgeinfer ÷ llama.cpp per workload and metric (None where llama.cpp's figure is 0), and
-    ``peak_rss`` (``peak_pss``): the ratio of the two ``peak_rss_bytes`` (``peak_pss_bytes``)."""
+    ``peak_rss`` (``peak_files_once``): the ratio of the two ``peak_rss_bytes`` (``peak_files_once_bytes``)."""
     table: dict[str, dict] = {}
     for workload, ours in edgeinfer.items():
-        if not isinstance(ours, dict) or workload not in llamacpp:  # peak_rss_bytes, peak_pss_bytes, rounds
+        if not isinstance(ours, dict) or workload not in llamacpp:  # peak_*_bytes, rounds
             continue
         table[workload] = {}
         for metric in METRICS:
             a, b = ours[metric], llamacpp[workload][metric]
             table[workload][metric] = round(a / b, 3) if b else None
-    for key in ("rss", "pss"):
+    for key in ("rss", "files_once"):
         if edgeinfer.get(f"peak_{key}_bytes") and llamacpp.get(f"peak_{key}_bytes"):
             table[f"peak_{key}"] = round(edgeinfer[f"peak_{key}_bytes"] / llamacpp[f"peak_{key}_bytes"], 3)
     return table

@@ -12,8 +12,9 @@ with ``ignore_eos``:
 Per workload: aggregate tok/s, TTFT p50/p99 (send → first text chunk), mean TPOT (gap between text chunks); the
 median over rounds. Peak RSS: the largest sum of RSS over each server's whole process tree (edgeinfer's HTTP
 process and its worker; llama-server), sampled from /proc every 50 ms while the pair runs — the goal's measure,
-which counts the libraries both of edgeinfer's processes map twice; beside it, peak PSS: the largest sum of
-proportional set sizes (a shared page counted once over the processes that map it), every 0.5 s. Ratios are
+which counts the libraries both of edgeinfer's processes map twice; beside it, every 0.5 s, the tree's resident
+memory with each file counted once (``_peer.tree_files_once_bytes``: anonymous pages per process, a mapped file's
+pages once). Ratios are
 edgeinfer ÷ llama.cpp (tok/s above 1 = edgeinfer ahead; TTFT, TPOT and RSS below 1 = edgeinfer ahead).
 
 Models: speed and memory on a random Qwen3 of ~188 M non-embedding parameters (16 layers, hidden 1024, MLP
@@ -276,7 +277,7 @@ def run_pair(name: str, pair: dict, rounds: int, threads: int, work: Path) -> di
     finally:
         peaks = {side: s.close() for side, s in servers.items()}
     sides = {side: {**_peer.median_over_rounds(rows), "peak_rss_bytes": peaks[side],
-                    "peak_pss_bytes": servers[side].sampler.peak_pss, "rounds": rows}
+                    "peak_files_once_bytes": servers[side].sampler.peak_files_once, "rounds": rows}
              for side, rows in per_round.items()}
     ratios = _peer.ratio_table(sides["edgeinfer"], sides["llamacpp"])
     return {"status": "ok", **pair, "model_path": str(model), "edgeinfer_target": str(target), "gguf_path": str(gguf),
@@ -293,7 +294,7 @@ def goals(name: str, ratios: dict) -> dict:
 
 def table(results: dict) -> str:
     head = ("| pair | c1 tok/s | c4 tok/s | c16 tok/s | single128 tok/s | c16 TTFT p50 | c16 TPOT | peak RSS | "
-            "peak PSS |")
+            "peak RSS, files once |")
     lines = [head, "|---" * 9 + "|"]
     for name, res in results.items():
         if res["status"] != "ok":
@@ -302,7 +303,7 @@ def table(results: dict) -> str:
         r = res["ratios"]
         lines.append(f"| {name} (vs {res['gguf']}) | {r['c1']['tok_s']} | {r['c4']['tok_s']} | {r['c16']['tok_s']} | "
                      f"{r['single128']['tok_s']} | {r['c16']['ttft_ms_p50']} | {r['c16']['tpot_ms']} | "
-                     f"{r['peak_rss']} | {r.get('peak_pss', '')} |")
+                     f"{r['peak_rss']} | {r.get('peak_files_once', '')} |")
     return "\n".join(lines)
 
 
@@ -370,7 +371,7 @@ def main() -> None:
     _common.write(out, {
         "note": "ratios are edgeinfer ÷ llama.cpp; loopback, both servers up at once and driven alternately; "
                 "medians over rounds; peak RSS = largest sum of RSS over each server's process tree (every 0.05 s); "
-                "peak PSS = largest sum of PSS over it (every 0.5 s)",
+                "peak files once = the same with each mapped file's pages counted once (every 0.5 s)",
         "settings": {"ctx": CTX, "slots": SLOTS, "prompt_tokens": PROMPT_TOKENS, "workloads": WORKLOADS,
                      "rounds": rounds, "quick": args.quick, "threads": args.threads,
                      "edgeinfer_serve_options": SERVE_OPTIONS,

@@ -40,9 +40,9 @@ def test_median_over_rounds_and_ratio_table() -> None:
     theirs = {"c1": _summary(24, 45, 220, 90), "peak_rss_bytes": 200}
     ratios = peer.ratio_table({**med, "peak_rss_bytes": 300, "rounds": rounds}, {**theirs, "rounds": []})
     assert ratios == {"c1": {"tok_s": 0.5, "ttft_ms_p50": 2.0, "ttft_ms_p99": 0.5, "tpot_ms": 0.5}, "peak_rss": 1.5}
-    ratios = peer.ratio_table({**med, "peak_rss_bytes": 300, "peak_pss_bytes": 240, "rounds": rounds},
-                              {**theirs, "peak_pss_bytes": 200, "rounds": []})
-    assert ratios["peak_rss"] == 1.5 and ratios["peak_pss"] == 1.2
+    ratios = peer.ratio_table({**med, "peak_rss_bytes": 300, "peak_files_once_bytes": 240, "rounds": rounds},
+                              {**theirs, "peak_files_once_bytes": 200, "rounds": []})
+    assert ratios["peak_rss"] == 1.5 and ratios["peak_files_once"] == 1.2
 
 
 def test_leading_agreement_counts_reference_tokens_in_order() -> None:
@@ -73,17 +73,44 @@ def test_tree_rss_includes_a_grandchild() -> None:
         assert gc is not None
         assert set(peer.tree_pids(child.pid)) == {child.pid, gc}
         own = int(Path(f"/proc/{child.pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-        sampler = peer.TreeRssSampler(child.pid, interval=0.01, pss_every=2)
+        sampler = peer.TreeRssSampler(child.pid, interval=0.01, files_once_every=2)
         time.sleep(0.05)
         rss = sampler.stop()
         assert rss >= own + (96 << 20)
-        # the grandchild's 96 MiB are its own (PSS counts them whole); the interpreter both processes map is
-        # shared, so the tree's PSS is less than its RSS
-        assert 96 << 20 <= sampler.peak_pss < rss
+        # the grandchild's 96 MiB are its own anonymous pages; the interpreter's files both processes map count
+        # once, so the tree holds less than its RSS adds up
+        assert 96 << 20 <= sampler.peak_files_once < rss
     finally:
         if gc is not None:
             os.kill(gc, 9)
         child.kill()
+        child.wait()
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads /proc (Linux)")
+def test_a_file_both_processes_of_a_tree_map_counts_once_in_files_once(tmp_path: Path) -> None:
+    """A 64 MiB file read through mmap by a child and its grandchild (as serve's HTTP process and worker both map
+    libpython): tree_rss_bytes counts its pages in each, tree_files_once_bytes once."""
+    data = tmp_path / "weights.bin"
+    data.write_bytes(os.urandom(64 << 20))
+    hold = (f"import mmap, sys, time; f = open({str(data)!r}, 'rb'); m = mmap.mmap(f.fileno(), 0, "
+            "access=mmap.ACCESS_READ); sum(m[i] for i in range(0, len(m), 4096)); print('ok', flush=True); "
+            "time.sleep(30)")
+    child = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys; p = subprocess.Popen([sys.executable, "
+                              f"'-c', {hold!r}]); exec({hold!r})"], stdout=subprocess.PIPE)
+    gc = None
+    try:
+        assert [child.stdout.readline().strip() for _ in range(2)] == [b"ok", b"ok"]  # both have read the file
+        gc = _descendant(child.pid)
+        assert gc is not None
+        pids = [child.pid, gc]
+        rss, once = peer.tree_rss_bytes(child.pid, pids), peer.tree_files_once_bytes(child.pid, pids)
+        assert rss - once >= 60 << 20, ((rss - once) >> 20)  # the file's pages (and the interpreter's) once less
+        assert once >= 64 << 20  # counted once, not left out
+    finally:
+        for pid in (gc, child.pid):
+            if pid is not None:
+                os.kill(pid, 9)
         child.wait()
 
 
