@@ -82,6 +82,11 @@ def check_paths(root: Path, section: dict[str, Any], sealed: set[str]) -> None:
                              "deploy the model again", kind="bundle_damaged")
 
 
+def tokenizer_dir(bundle: Bundle) -> Path:
+    """The directory of a decoder bundle's tokenizer (and its model's config.json)."""
+    return seal.contained(bundle.path, bundle.manifest.decoder.get("tokenizer", TOKENIZER), "decoder.tokenizer")
+
+
 def loaded_context(bundle: Bundle, ctx: int | None) -> int:
     """The context to load a decoder bundle with: ``ctx``, at most the one it was built for (the default)."""
     built = int(bundle.manifest.decoder["context"])

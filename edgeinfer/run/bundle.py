@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edgeinfer.contract import registry as plugins
-from edgeinfer.contract import remote_code, seal
+from edgeinfer.contract import remote_code
 from edgeinfer.contract.backend import Session, TensorSpec
 from edgeinfer.errors import InputError, check_text
 from edgeinfer.model import decoder_bundle
@@ -141,14 +141,9 @@ def open_generator(bundle: Bundle, device: str | None = None, ctx: int | None = 
     tokenizer."""
     from edgeinfer.run.generation.text import TextCodec
 
-    codec = codec or TextCodec(tokenizer_dir(bundle))
+    codec = codec or TextCodec(decoder_bundle.tokenizer_dir(bundle))
     load = decoder_load(bundle, ctx, slots, backend, options.pop("window", None))
     return open_load(load, codec, device, slots, **options)
-
-
-def tokenizer_dir(bundle: Bundle) -> Path:
-    return seal.contained(bundle.path, bundle.manifest.decoder.get("tokenizer", decoder_bundle.TOKENIZER),
-                          "decoder.tokenizer")
 
 
 def decoder_load(bundle: Bundle, ctx: int | None = None, slots: int = 1, backend: str | None = None,
@@ -161,8 +156,8 @@ def decoder_load(bundle: Bundle, ctx: int | None = None, slots: int = 1, backend
     ctx = decoder_bundle.loaded_context(bundle, ctx)
     decoder_bundle.check_slots(bundle, slots)
     check_manifest(bundle)
-    return DecoderLoad(bundle.path, m.backend, bundle.artifacts[0], tokenizer_dir(bundle), m.scheme, ctx,
-                       m.decoder["vocab_size"], m.decoder.get("kv_dtype"), dict(m.files),
+    return DecoderLoad(bundle.path, m.backend, bundle.artifacts[0], decoder_bundle.tokenizer_dir(bundle), m.scheme,
+                       ctx, m.decoder["vocab_size"], m.decoder.get("kv_dtype"), dict(m.files),
                        paged_decoder.load_window(bundle, window, ctx))
 
 
@@ -181,7 +176,7 @@ def check_manifest(bundle: Bundle) -> None:
             raise disagree(bundle.path, f"{t.name} dtype", t.dtype, "what every decoder takes or gives", want)
         if t.name == "logits" and t.shape and isinstance(t.shape[-1], int) and t.shape[-1] != m["vocab_size"]:
             raise disagree(bundle.path, "logits width", t.shape[-1], "its decoder.vocab_size", m["vocab_size"])
-    cfg = tokenizer_dir(bundle) / "config.json"
+    cfg = decoder_bundle.tokenizer_dir(bundle) / "config.json"
     try:
         data = json.loads(cfg.read_text(encoding="utf-8"))
     except (OSError, ValueError):

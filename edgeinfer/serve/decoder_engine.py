@@ -58,8 +58,8 @@ def open_served_decoder(path: Path, bundle: Any = None, ctx: int | None = None) 
     (``path``: ``.rkllm``, run by the backend that declares its suffix)."""
     from edgeinfer.contract import registry
     from edgeinfer.contract.names import DECODER_REFERENCE
-    from edgeinfer.model.decoder_bundle import loaded_context
-    from edgeinfer.run.bundle import decoder_load, tokenizer_dir
+    from edgeinfer.model.decoder_bundle import loaded_context, tokenizer_dir
+    from edgeinfer.run.bundle import decoder_load
     from edgeinfer.run.generation.text import TextCodec
     from edgeinfer.run.loading import decoder_file_codec, default_context, file_default_context
 
