@@ -34,8 +34,8 @@ class DecoderLoad:
     options: dict[str, Any] = field(default_factory=dict)  # from the manifest: a paged bundle's window
 
 
-def disagree(bundle: Path, field: str, value: Any, what: str, truth: Any) -> ModelError:
-    return ModelError(f"bundle {bundle}: manifest {field} is {value}, but {what} is {truth}; the manifest does "
+def disagree(bundle: Path, key: str, value: Any, what: str, truth: Any) -> ModelError:
+    return ModelError(f"bundle {bundle}: manifest {key} is {value}, but {what} is {truth}; the manifest does "
                       "not describe this model: deploy the model again")
 
 
