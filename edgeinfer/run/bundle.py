@@ -139,11 +139,8 @@ def open_generator(bundle: Bundle, device: str | None = None, ctx: int | None = 
     ``trust_remote_code``: for an artifact that is a Hugging Face directory naming code of its own. ``codec``:
     the bundle tokenizer's :class:`~edgeinfer.run.generation.text.TokenFacts`, already read, instead of the
     tokenizer."""
-    from edgeinfer.run.generation.text import TextCodec
-
-    codec = codec or TextCodec(decoder_bundle.tokenizer_dir(bundle))
     load = decoder_load(bundle, ctx, slots, backend, options.pop("window", None))
-    return open_load(load, codec, device, slots, **options)
+    return open_load(load, codec, device, slots, verify=False, **options)  # the caller opened (verified) the bundle
 
 
 def decoder_load(bundle: Bundle, ctx: int | None = None, slots: int = 1, backend: str | None = None,
@@ -155,10 +152,10 @@ def decoder_load(bundle: Bundle, ctx: int | None = None, slots: int = 1, backend
         raise InputError(f"bundle {bundle.path} is for backend {m.backend!r}, not {backend!r}; omit --backend")
     ctx = decoder_bundle.loaded_context(bundle, ctx)
     decoder_bundle.check_slots(bundle, slots)
-    check_manifest(bundle)
-    return DecoderLoad(bundle.path, m.backend, bundle.artifacts[0], decoder_bundle.tokenizer_dir(bundle), m.scheme,
-                       ctx, m.decoder["vocab_size"], m.decoder.get("kv_dtype"), dict(m.files),
-                       paged_decoder.load_window(bundle, window, ctx))
+    tokenizer = decoder_bundle.tokenizer_dir(bundle)
+    check_manifest(bundle, tokenizer)
+    return DecoderLoad(bundle.path, m.backend, bundle.artifacts[0], tokenizer, m.scheme, ctx, m.decoder["vocab_size"],
+                       m.decoder.get("kv_dtype"), dict(m.files), paged_decoder.load_window(bundle, window, ctx))
 
 
 # --- the manifest's facts against the files they describe ---------------------------------------------
@@ -166,9 +163,9 @@ def decoder_load(bundle: Bundle, ctx: int | None = None, slots: int = 1, backend
 # compared with it, so that a manifest that lies fails here in one line instead of generating garbage.
 
 
-def check_manifest(bundle: Bundle) -> None:
+def check_manifest(bundle: Bundle, tokenizer: Path) -> None:
     """The manifest against itself, the decoder contract (int64 ids in, float32 logits out) and the model's
-    own config.json (kept with the tokenizer), before the weights load."""
+    own config.json (kept with the tokenizer, in the directory ``tokenizer``), before the weights load."""
     m = bundle.manifest.decoder
     for t in (*bundle.manifest.inputs, *bundle.manifest.outputs):
         want = {"input_ids": "int64", "logits": "float32"}.get(t.name)
@@ -176,7 +173,7 @@ def check_manifest(bundle: Bundle) -> None:
             raise disagree(bundle.path, f"{t.name} dtype", t.dtype, "what every decoder takes or gives", want)
         if t.name == "logits" and t.shape and isinstance(t.shape[-1], int) and t.shape[-1] != m["vocab_size"]:
             raise disagree(bundle.path, "logits width", t.shape[-1], "its decoder.vocab_size", m["vocab_size"])
-    cfg = decoder_bundle.tokenizer_dir(bundle) / "config.json"
+    cfg = tokenizer / "config.json"
     try:
         data = json.loads(cfg.read_text(encoding="utf-8"))
     except (OSError, ValueError):

@@ -39,16 +39,19 @@ def disagree(bundle: Path, key: str, value: Any, what: str, truth: Any) -> Model
                       "not describe this model: deploy the model again")
 
 
-def open_load(load: DecoderLoad, codec: Any = None, device: str | None = None, slots: int = 1,
-              **options: Any) -> Generator:
+def open_load(load: DecoderLoad, codec: Any = None, device: str | None = None, slots: int = 1, *,
+              verify: bool = True, **options: Any) -> Generator:
     """The Generator of ``load``'s artifact with ``slots`` sequences, the artifact checked against the manifest's
     facts; ``codec``: the bundle's tokenizer (default: read now), or its
-    :class:`~edgeinfer.run.generation.text.TokenFacts`."""
+    :class:`~edgeinfer.run.generation.text.TokenFacts`. ``verify``: check the bundle's files against the record
+    first, as opening a bundle does (a worker loads what the HTTP process opened earlier, or restarts later);
+    False where the caller has just opened it."""
     from edgeinfer.planning.device_memory import check_decoder_fits
     from edgeinfer.run.generation.generator import Generator
     from edgeinfer.run.generation.text import TextCodec
 
-    seal.verify(load.bundle, load.files)  # as Bundle.open does: a worker restarted later loads the files of now
+    if verify:
+        seal.verify(load.bundle, load.files)
     codec = codec or TextCodec(load.tokenizer)
 
     be = plugins.get_backend(load.backend)

@@ -25,6 +25,7 @@ from edgeinfer.serve.supervisor import STOP_GRACE_S, Supervisor
 
 if TYPE_CHECKING:
     from edgeinfer.contract.generation import GenerationOptions
+    from edgeinfer.run.decoder_load import DecoderLoad
 
 log = logging.getLogger("edgeinfer.serve")
 
@@ -45,7 +46,7 @@ class ServedDecoder:
     board: str = ""
     scheme: str = ""
     kv_bytes_per_element: float = 4.0  # what the deploy's plan counted (fp32: the reference's and HF dirs')
-    load: Any = None  # a bundle's DecoderLoad (edgeinfer.run.decoder_load): the worker loads it without the manifest
+    load: DecoderLoad | None = None  # a bundle's: the worker loads it without reading the manifest
 
     def to_json(self, created: int, slots: int) -> dict[str, Any]:
         return {"id": self.name, "object": "model", "created": created, "owned_by": "edgeinfer",
