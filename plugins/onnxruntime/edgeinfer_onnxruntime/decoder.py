@@ -34,13 +34,15 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer.contract import OpTime, StepDecoder, remote_code
+from edgeinfer.contract import OpTime, StepDecoder, cache, remote_code
 from edgeinfer.contract.helpers import inside
 from edgeinfer.errors import BackendUnavailableError, InputError, ModelError
 
 from .blocks import DEFAULT_BLOCK, INT8_BLOCK
 from .int8_planes import split_planes
 from .kv_cache import is_kv, kv_name, kv_to_fp16
+from .last_logits import GRAPH, gather_last
+from .last_logits import INPUT as LAST_INDEX
 
 GENAI_CONFIG = "genai_config.json"
 PRECISIONS = ("fp32", "int4")
@@ -99,7 +101,8 @@ def builder_command(hf_dir: Path, out: Path, precision: str, extra: Sequence[str
 
 
 def export(hf_dir: Path, out: Path, precision: str, extra: Sequence[str] = ()) -> None:
-    """Run the model builder on ``hf_dir`` into the (empty) directory ``out``."""
+    """Run the model builder on ``hf_dir`` into the (empty) directory ``out``; its LM head then runs at the
+    positions a step reads only (:mod:`.last_logits`)."""
     builder_version()
     check_exportable(hf_dir)
     proc = subprocess.run(builder_command(hf_dir, out, precision, extra), capture_output=True, text=True)
@@ -107,6 +110,8 @@ def export(hf_dir: Path, out: Path, precision: str, extra: Sequence[str] = ()) -
     if proc.returncode != 0 or not is_built(out):
         lines = [ln for ln in (proc.stderr or proc.stdout).splitlines() if ln.strip()]
         raise ModelError(f"onnxruntime-genai could not export {hf_dir.name}: {lines[-1] if lines else 'no output'}")
+    dec = json.loads((out / GENAI_CONFIG).read_text())["model"]["decoder"]
+    gather_last(inside(out, dec["filename"], f"{GENAI_CONFIG} model.decoder.filename"), dec["outputs"]["logits"])
 
 
 def convert(hf_dir: Path, scheme: str, context: int, out: Path, group_size: int | None,
@@ -216,11 +221,15 @@ def build(hf_dir: Path, cache_root: Path, precision: str, kv_dtype: str = "fp32"
         raise InputError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     from edgeinfer.contract.stamp import sha256_file
 
-    kv = "" if kv_dtype == "fp32" else f"|kv {kv_dtype}"  # the fp32 builds cached before kv_dtype keep their key
-    key = hashlib.sha256(f"{sha256_file(hf_dir)}|{precision}|{builder_version()}{kv}".encode()).hexdigest()[:24]
+    kv = "" if kv_dtype == "fp32" else f"|kv {kv_dtype}"
+    key = hashlib.sha256(f"{sha256_file(hf_dir)}|{precision}|{builder_version()}{kv}|{GRAPH}".encode())
+    key = key.hexdigest()[:24]
     out = cache_root / "onnxruntime-decoders" / key
-    if is_built(out):
-        return out
+    with cache.locked(out):  # a concurrent build of the same model (another test worker) waits for this one's
+        return out if is_built(out) else _build(hf_dir, out, precision, kv_dtype)
+
+
+def _build(hf_dir: Path, out: Path, precision: str, kv_dtype: str) -> Path:
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -257,7 +266,7 @@ def check_graph(sess: Any, where: Path, cfg: dict[str, Any]) -> type:
     def wrong(fact: str) -> ModelError:
         return ModelError(f"{where} does not describe its graph: {fact}; convert the model again")
 
-    if set(inputs) - {names_in["input_ids"], names_in["attention_mask"]} != past:
+    if set(inputs) - {names_in["input_ids"], names_in["attention_mask"], LAST_INDEX} != past:
         raise wrong(f"num_hidden_layers is {layers}, but the graph's KV inputs are not those of {layers} layers")
     ids, logits = inputs.get(names_in["input_ids"]), outputs.get(names_out["logits"])
     if ids is None or ids.type != "tensor(int64)" or logits is None or logits.type != "tensor(float)":
@@ -316,6 +325,8 @@ class OnnxRuntimeDecoder(StepDecoder):
         self._onnx = str(inside(model_dir, dec["filename"], f"{GENAI_CONFIG} model.decoder.filename"))
         self._sess = ort.InferenceSession(self._onnx, self._options(), providers=["CPUExecutionProvider"])
         kv_type = check_graph(self._sess, model_dir / GENAI_CONFIG, cfg)
+        # graphs converted before the LM head ran at one position per row give every position's logits
+        self._last = LAST_INDEX in {i.name for i in self._sess.get_inputs()}
         self._names = {
             "ids": names_in["input_ids"], "mask": names_in["attention_mask"], "logits": names_out["logits"],
             "past": [(names_in["past_key_names"] % i, names_in["past_value_names"] % i) for i in range(layers)],
@@ -367,12 +378,15 @@ class OnnxRuntimeDecoder(StepDecoder):
         b = self._binding(first, first + len(starts), sess)
         b.bind_cpu_input(self._names["ids"], np.ascontiguousarray(ids, dtype=np.int64))
         b.bind_cpu_input(self._names["mask"], mask)
+        at = np.full(len(starts), n - 1, np.int64) if last is None else np.asarray(last, np.int64)
+        if self._last:
+            b.bind_cpu_input(LAST_INDEX, at.reshape(-1, 1, 1))
         # logits into an array of ours: only they are read back (reading every output back would copy each
         # bound KV range too, the cost that grew the batched step with its rows)
-        logits = np.empty((len(starts), n, self.vocab_size), np.float32)
+        logits = np.empty((len(starts), 1 if self._last else n, self.vocab_size), np.float32)
         b.bind_output(self._names["logits"], "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
         (sess or self._sess).run_with_iobinding(b)
-        return logits[:, -1] if last is None else logits[np.arange(len(starts)), np.asarray(last)]
+        return logits[:, 0] if self._last else logits[np.arange(len(starts)), at]
 
     def _binding(self, first: int, end: int, sess: Any = None) -> Any:
         """An IOBinding with every layer's K and V of slots ``first..end-1`` bound as past and present, kept per

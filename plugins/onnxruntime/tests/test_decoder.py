@@ -1,3 +1,6 @@
+import shutil
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -212,3 +215,63 @@ def test_onnxruntime_refuses_external_data_outside_the_graphs_directory(tmp_path
     assert (tmp_path / "outside.data").is_file()
     with pytest.raises(Exception, match="escapes model directory"):
         ort.InferenceSession(str(tmp_path / "m" / "model.onnx"), providers=["CPUExecutionProvider"])
+
+
+def without_last_index(built: Path, out: Path) -> Path:
+    """A copy of the converted ``built`` directory whose graph is the builder's own again: the LM head over every
+    position, no ``last_index`` input (what decoders converted before it was added hold)."""
+    import onnx
+    from edgeinfer_onnxruntime.last_logits import INPUT
+
+    shutil.copytree(built, out)
+    graph = out / "model.onnx"
+    model = onnx.load(str(graph), load_external_data=False)
+    gather = next(n for n in model.graph.node if n.op_type == "GatherND" and INPUT in n.input)
+    for n in model.graph.node:
+        n.input[:] = [gather.input[0] if i == gather.output[0] else i for i in n.input]
+    model.graph.node.remove(gather)
+    model.graph.input.remove(next(i for i in model.graph.input if i.name == INPUT))
+    logits = next(o for o in model.graph.output if o.name == "logits").type.tensor_type.shape.dim[1]
+    logits.Clear()
+    logits.dim_param = "sequence_length"
+    onnx.save_model(model, str(graph))
+    return out
+
+
+def test_the_lm_head_runs_at_one_position_per_row_and_older_graphs_still_load(multi_slot, tmp_path):
+    """The converted graph gives one row of logits per sequence, at the position ``last_index`` names, whatever
+    the run's length (the builder's gives ``[batch, n, vocab]``); its prefills and batched prefills of prompts of
+    different lengths equal those of the builder's own graph, which still loads and runs."""
+    import onnxruntime as ort
+    from edgeinfer_onnxruntime.decoder import OnnxRuntimeDecoder
+
+    d = multi_slot
+    built = Path(d._onnx).parent
+    sess = ort.InferenceSession(d._onnx, providers=["CPUExecutionProvider"])
+    feeds = {i.name: np.zeros([1, i.shape[1], 0, i.shape[3]], np.float32) for i in sess.get_inputs()
+             if i.name.startswith("past_key_values")}
+    ids = np.array([PROMPTS[3]], np.int64)
+    feeds.update(input_ids=ids, attention_mask=np.ones_like(ids), last_index=np.array([[[4]]], np.int64))
+    if sess.get_inputs()[2].type == "tensor(float16)":
+        feeds = {k: v.astype(np.float16) if k.startswith("past") else v for k, v in feeds.items()}
+    (logits, *_) = sess.run(["logits"], feeds)
+    assert logits.shape == (1, 1, d.vocab_size)
+
+    old = OnnxRuntimeDecoder(without_last_index(built, tmp_path / "builder-graph"), 32, 4, threads=1)
+    try:
+        assert old._last is False and d._last is True
+        for s in range(4):
+            d.reset(s)
+            old.reset(s)
+        np.testing.assert_allclose(d.prefill(0, ids[0, :5]), logits[0, 0], rtol=1e-4, atol=1e-4)
+        d.reset(0)
+        order = [3, 1, 0]
+        prompts = [np.array(PROMPTS[s]) for s in order]
+        np.testing.assert_allclose(d.prefill_batch(order, prompts), old.prefill_batch(order, prompts),
+                                   rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(d.decode(order, np.array([100, 101, 102])),
+                                   old.decode(order, np.array([100, 101, 102])), rtol=1e-4, atol=1e-4)
+    finally:
+        old.release()
+        for s in range(4):
+            d.reset(s)
