@@ -69,6 +69,15 @@ def test_fp16_and_int8_decoders_deploy_for_host_and_pass_golden(tiny_qwen3_host_
         if quant == "w8a16":
             planes = sorted(n.name.rsplit("_", 1)[-1] for n in ops)
             assert planes == ["hi"] * (len(ops) // 2) + ["lo"] * (len(ops) // 2), planes
+        # the token embedding looked up in int8 blocks, no float table of vocabulary rows left in the file
+        # (the builder's is fp32 whatever the precision: embedding.py)
+        lookup = next(n for n in graph.graph.node if "input_ids" in n.input and "Gather" in n.op_type)
+        assert lookup.op_type == "GatherBlockQuantized" and lookup.domain == "com.microsoft"
+        model = json.loads((out / "decoder" / "genai_config.json").read_text())["model"]
+        table = sorted([model["vocab_size"], model["decoder"]["hidden_size"]])
+        assert not [t.name for t in graph.graph.initializer
+                    if t.data_type == onnx.TensorProto.FLOAT and sorted(t.dims) == table]
+        assert stamp["embedding"].startswith("int8, block ")
     # the step loop binds int64 ids and float32 logits whatever the weights are; the KV cache is the plan's fp16
     types = {v.name: v.type.tensor_type.elem_type for v in [*graph.graph.input, *graph.graph.output]}
     assert types["input_ids"] == onnx.TensorProto.INT64 and types["logits"] == onnx.TensorProto.FLOAT

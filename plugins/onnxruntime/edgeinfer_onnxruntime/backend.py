@@ -143,11 +143,8 @@ class OnnxRuntimeBackend(Backend):
         out = {"edgeinfer-onnxruntime": package_version("edgeinfer-onnxruntime", "?"),
                "toolkit": f"onnxruntime {package_version('onnxruntime', 'missing')}"}
         genai = package_version("onnxruntime-genai", None)
-        if genai:  # what exports decoders, and what the plugin changes in its graph: part of a conversion's key
-            from .last_logits import GRAPH
-
+        if genai:  # what exports decoders: part of a decoder conversion's cache key
             out["onnxruntime-genai"] = genai
-            out["decoder graph"] = GRAPH
         return out
 
     def probe(self) -> Probe:

@@ -39,10 +39,11 @@ from edgeinfer.contract.helpers import inside
 from edgeinfer.errors import BackendUnavailableError, InputError, ModelError
 
 from .blocks import DEFAULT_BLOCK, INT8_BLOCK
+from .embedding import quantize_embedding
 from .int8_planes import split_planes
 from .kv_cache import is_kv, kv_name, kv_to_fp16
-from .last_logits import GRAPH, gather_last
 from .last_logits import INPUT as LAST_INDEX
+from .last_logits import gather_last
 
 GENAI_CONFIG = "genai_config.json"
 PRECISIONS = ("fp32", "int4")
@@ -132,10 +133,14 @@ def convert(hf_dir: Path, scheme: str, context: int, out: Path, group_size: int 
         quantize_int8(graph, block, activations_int8=scheme.startswith("w8a8"))
     elif scheme == "fp16":
         to_fp16(graph, kv_dtype)
-    if kv_dtype == "fp16" and scheme != "fp16":
+    quantized, kv16, embedding = int8 or precision == "int4", kv_dtype == "fp16" and scheme != "fp16", None
+    if quantized or kv16:
         import onnx
 
-        save(kv_to_fp16(onnx.load(str(graph))), graph)
+        model = onnx.load(str(graph))
+        if quantized:
+            embedding = quantize_embedding(model, cfg["model"]["decoder"]["inputs"]["input_ids"], INT8_BLOCK)
+        save(kv_to_fp16(model) if kv16 else model, graph)
     limit = int(cfg["model"]["context_length"])
     if context > limit:
         raise InputError(f"context {context} exceeds the model's context length ({limit}); use --ctx {limit}")
@@ -151,7 +156,7 @@ def convert(hf_dir: Path, scheme: str, context: int, out: Path, group_size: int 
             "" if scheme.startswith("w8a8") else ", each node as two exact 4-bit planes (int8_planes.py)"))
     elif scheme == "fp16":
         facts["then"] = "onnxruntime.transformers.float16 (fp32 ids, mask and logits)"
-    return facts
+    return {**facts, **(embedding or {})}
 
 
 def to_fp16(graph: Path, kv_dtype: str) -> None:
@@ -222,7 +227,7 @@ def build(hf_dir: Path, cache_root: Path, precision: str, kv_dtype: str = "fp32"
     from edgeinfer.contract.stamp import sha256_file
 
     kv = "" if kv_dtype == "fp32" else f"|kv {kv_dtype}"
-    key = hashlib.sha256(f"{sha256_file(hf_dir)}|{precision}|{builder_version()}{kv}|{GRAPH}".encode())
+    key = hashlib.sha256(f"{sha256_file(hf_dir)}|{precision}|{builder_version()}{kv}|{LAST_INDEX}".encode())
     key = key.hexdigest()[:24]
     out = cache_root / "onnxruntime-decoders" / key
     with cache.locked(out):  # a concurrent build of the same model (another test worker) waits for this one's

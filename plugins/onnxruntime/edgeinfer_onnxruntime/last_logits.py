@@ -17,7 +17,6 @@ from edgeinfer.errors import ModelError
 
 INPUT = "last_index"  # int64 [batch, 1, 1]: the position, within the run's tokens, whose logits each row gives
 HEADS = ("MatMul", "MatMulNBits")
-GRAPH = f"LM head at {INPUT}"  # what the plugin changes in the builder's graph: part of each conversion's cache key
 
 
 def gather_last(graph: Path, logits: str) -> None:

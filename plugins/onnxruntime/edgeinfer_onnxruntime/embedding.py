@@ -1,0 +1,67 @@
+"""The token embedding of an int8 or int4 decoder as int8 blocks, looked up by ``GatherBlockQuantized``.
+
+onnxruntime-genai's builder keeps the embedding table in fp32 whatever the precision: a ``Gather`` over
+``model.embed_tokens.weight``, or, for a tied model in fp32 (the graph the int8 schemes start from), over a
+``Transpose`` of the LM head's fp32 weight, which then stays in the file beside its quantized copy only for the
+lookup. With a Qwen-sized vocabulary that table is most of a small model: 151,936 × 1,024 × 4 B = 622 MB for
+Qwen3-0.6B against ~440 M other parameters. Here it becomes int8, symmetric, one fp32 scale per block of the
+hidden dimension, read by onnxruntime's ``com.microsoft.GatherBlockQuantized`` (``bits=8``; uint8 data with no
+zero-point input is offset by 128, checked against a one-node graph on onnxruntime 1.26; its schema:
+https://github.com/microsoft/onnxruntime/blob/main/docs/ContribOperators.md#com.microsoft.GatherBlockQuantized),
+as llama.cpp keeps ``token_embd`` in the model's quantized type and NNCF keeps OpenVINO's embeddings int8.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+BITS = 8
+
+
+def quantize_embedding(model: Any, ids: str, block: int) -> dict[str, Any] | None:
+    """Rewrite ``model`` (an ``onnx.ModelProto`` with its weights loaded) in place: the float table the lookup of
+    input ``ids`` reads becomes int8 per ``block`` columns (32 where ``block`` does not divide its width). The
+    facts for the conversion's stamp, or None when the graph's lookup is not a ``Gather`` over an fp32
+    initializer (or its transpose) whose width 32 divides."""
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    g = model.graph
+    gather = next((n for n in g.node if n.op_type == "Gather" and len(n.input) == 2 and n.input[1] == ids), None)
+    if gather is None:
+        return None
+    inits = {t.name: t for t in g.initializer}
+    producer = next((n for n in g.node if gather.input[0] in n.output), None)
+    if gather.input[0] in inits:
+        source, transpose = inits[gather.input[0]], None
+    elif producer is not None and producer.op_type == "Transpose" and producer.input[0] in inits:
+        source, transpose = inits[producer.input[0]], producer
+    else:
+        return None
+    table = numpy_helper.to_array(source)
+    if table.dtype != np.float32 or table.ndim != 2:
+        return None
+    table = table.T if transpose is not None else table
+    vocab, width = table.shape
+    block = next((b for b in (block, 32) if width % b == 0), 0)
+    if not block:
+        return None
+    blocks = table.reshape(vocab, width // block, block)
+    scales = np.abs(blocks).max(axis=2) / 127
+    scales[scales == 0] = 1
+    q = np.clip(np.rint(blocks / scales[..., None]), -127, 127).astype(np.int16) + 128
+    name = f"{source.name}/int8"
+    g.initializer.extend([numpy_helper.from_array(q.astype(np.uint8).reshape(vocab, width), name),
+                          numpy_helper.from_array(scales.astype(np.float32), f"{name}/scales")])
+    lookup = helper.make_node("GatherBlockQuantized", [name, ids, f"{name}/scales"], list(gather.output),
+                              name=f"{gather.name}BlockQuantized", domain="com.microsoft", bits=BITS,
+                              block_size=block, gather_axis=0, quantize_axis=1)
+    nodes = list(g.node)
+    nodes[nodes.index(gather)] = lookup
+    if transpose is not None and not any(transpose.output[0] in n.input for n in nodes):
+        nodes.remove(transpose)
+    del g.node[:]
+    g.node.extend(nodes)
+    if not any(source.name in n.input for n in g.node):
+        g.initializer.remove(source)
+    return {"embedding": f"int8, block {block} (GatherBlockQuantized)"}
