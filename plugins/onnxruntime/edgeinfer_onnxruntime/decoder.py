@@ -103,7 +103,7 @@ def builder_command(hf_dir: Path, out: Path, precision: str, extra: Sequence[str
 
 def export(hf_dir: Path, out: Path, precision: str, extra: Sequence[str] = ()) -> None:
     """Run the model builder on ``hf_dir`` into the (empty) directory ``out``; its LM head then runs at the
-    positions a step reads only (:mod:`.last_logits`)."""
+    positions a step reads only, where the graph lets :mod:`.last_logits` find it."""
     builder_version()
     check_exportable(hf_dir)
     proc = subprocess.run(builder_command(hf_dir, out, precision, extra), capture_output=True, text=True)

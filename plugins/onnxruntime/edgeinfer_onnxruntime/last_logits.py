@@ -13,34 +13,42 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from edgeinfer.errors import ModelError
-
 INPUT = "last_index"  # int64 [batch, 1, 1]: the position, within the run's tokens, whose logits each row gives
 HEADS = ("MatMul", "MatMulNBits")
+# what the builder may put between the head and the logits (a bias, Gemma's soft-capping, a cast): each position
+# on its own, so they run on the gathered rows as they did on all of them
+POSITIONWISE = ("Add", "Sub", "Mul", "Div", "Tanh", "Cast")
 
 
-def gather_last(graph: Path, logits: str) -> None:
+def gather_last(graph: Path, logits: str) -> bool:
     """Rewrite ``graph`` (the builder's ONNX file, its weights left in their external file) so that its output
-    ``logits`` is ``[batch, 1, vocab]`` at the positions the new input :data:`INPUT` names."""
+    ``logits`` is ``[batch, 1, vocab]`` at the positions the new input :data:`INPUT` names. False, the graph
+    left as it is (every position's logits, which the decoder still reads), when ``logits`` does not come from
+    a MatMul through position-wise nodes only."""
     import onnx
     from onnx import TensorProto, helper
 
     model = onnx.load(str(graph), load_external_data=False)
     g = model.graph
-    at = next((i for i, n in enumerate(g.node) if logits in n.output), None)
-    if at is None or g.node[at].op_type not in HEADS:
-        found = "no node" if at is None else f"a {g.node[at].op_type}"
-        raise ModelError(f"{graph.name}: {found} gives {logits!r}, not the LM head's MatMul; the builder changed: "
-                         "convert with the onnxruntime-genai release the plugin pins")
-    hidden = g.node[at].input[0]
+    made = {o: n for n in g.node for o in n.output if n.op_type != "Constant"}
+    node = made.get(logits)
+    while node is not None and node.op_type in POSITIONWISE:
+        computed = [i for i in node.input if i in made]
+        node = made[computed[0]] if len(computed) == 1 else None
+    if node is None or node.op_type not in HEADS:
+        return False
+    hidden = node.input[0]
     picked = f"{hidden}/{INPUT}"
-    g.node[at].input[0] = picked
+    node.input[0] = picked
     nodes = list(g.node)
-    nodes.insert(at, helper.make_node("GatherND", [hidden, INPUT], [picked], name=f"/lm_head/{INPUT}", batch_dims=1))
+    nodes.insert(nodes.index(node), helper.make_node("GatherND", [hidden, INPUT], [picked],
+                                                     name=f"/lm_head/{INPUT}", batch_dims=1))
     del g.node[:]
     g.node.extend(nodes)
     g.input.append(helper.make_tensor_value_info(INPUT, TensorProto.INT64, ["batch_size", 1, 1]))
-    out = next(o for o in g.output if o.name == logits)
-    out.type.tensor_type.shape.dim[1].Clear()
-    out.type.tensor_type.shape.dim[1].dim_value = 1
+    dims = next(o for o in g.output if o.name == logits).type.tensor_type.shape.dim
+    if len(dims) == 3:
+        dims[1].Clear()
+        dims[1].dim_value = 1
     onnx.save_model(model, str(graph))
+    return True
