@@ -57,7 +57,7 @@ print(json.dumps({"after_load_mib": loaded, "after_run_mib": mem(), "tok_s_16_ro
 
 
 def main() -> None:
-    from edgeinfer_onnxruntime.decoder import quantize_int8
+    from edgeinfer_onnxruntime.weights import quantize_int8
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("fp32_bundle", type=Path)
