@@ -37,7 +37,7 @@ from edgeinfer.contract import OpTime, StepDecoder, cache, remote_code
 from edgeinfer.contract.helpers import inside
 from edgeinfer.errors import BackendUnavailableError, InputError, ModelError
 
-from .blocks import DEFAULT_BLOCK, INT8_BLOCK
+from .blocks import CONVERSION_DEFAULTS, DEFAULT_BLOCK, INT8_BLOCK
 from .embedding import quantize_embedding
 from .kv_cache import kv_name, kv_to_fp16
 from .last_logits import INPUT as LAST_INDEX
@@ -132,7 +132,9 @@ def convert(hf_dir: Path, scheme: str, context: int, out: Path, group_size: int 
         quantize_int8(graph, block, activations_int8=scheme.startswith("w8a8"))
     elif scheme == "fp16":
         to_fp16(graph, kv_dtype)
-    quantized, kv16, embedding = int8 or precision == "int4", kv_dtype == "fp16" and scheme != "fp16", None
+    quantized = int8 or precision == "int4"
+    kv16 = kv_dtype == "fp16" and scheme != "fp16"
+    embedding = None
     if quantized or kv16:
         import onnx
 
@@ -166,8 +168,8 @@ def build(hf_dir: Path, cache_root: Path, precision: str, kv_dtype: str = "fp32"
     from edgeinfer.contract.stamp import sha256_file
 
     kv = "" if kv_dtype == "fp32" else f"|kv {kv_dtype}"
-    key = hashlib.sha256(f"{sha256_file(hf_dir)}|{precision}|{builder_version()}{kv}|{LAST_INDEX}".encode())
-    key = key.hexdigest()[:24]
+    what = f"{sha256_file(hf_dir)}|{precision}|{builder_version()}{kv}|{CONVERSION_DEFAULTS['lm_head']}"
+    key = hashlib.sha256(what.encode()).hexdigest()[:24]
     out = cache_root / "onnxruntime-decoders" / key
     with cache.locked(out):  # a concurrent build of the same model (another test worker) waits for this one's
         return out if is_built(out) else _build(hf_dir, out, precision, kv_dtype)
