@@ -23,6 +23,7 @@ from functools import lru_cache
 
 from edgeinfer.contract.schedule import Schedule, simulate
 from edgeinfer.contract.schemes import Scheme
+from edgeinfer.planning.details import WeightsDetail
 from edgeinfer.planning.models.spec import ModelSpec
 
 SCALE_BYTES = 4  # one fp32 scale per output channel of a per-channel quantized matrix
@@ -90,6 +91,19 @@ def segment_bytes(spec: ModelSpec, scheme: Scheme, segments: int) -> list[int]:
 
 def host_bytes(spec: ModelSpec) -> int:
     return counts(spec).embedding_params * HOST_EMBED_BYTES
+
+
+def weights(spec: ModelSpec, scheme: Scheme) -> tuple[int, WeightsDetail]:
+    """Every segment resident and the host's table: what a runtime whose profile says ``weights_rule:
+    decoder_segments`` (rknn) holds for a decoder, paged or not."""
+    c = counts(spec)
+    head = weight_bytes(c.head_params, c.head_out_channels, scheme)
+    body = sum(segment_bytes(spec, scheme, 1)) - head
+    host = host_bytes(spec)
+    basis = (f"the layer-paged export's count: layers and head at {scheme.name} with their scales, the head held "
+             "even when tied, the embedding table fp16 on the host")
+    return body + head + host, WeightsDetail(basis, body=body, embedding=host, lm_head=head,
+                                             embedding_bits=8 * HOST_EMBED_BYTES)
 
 
 @lru_cache(maxsize=64)

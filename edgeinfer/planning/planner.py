@@ -13,7 +13,7 @@ from pathlib import Path
 
 from edgeinfer.contract.schemes import Scheme, normalize_scheme
 from edgeinfer.errors import InputError
-from edgeinfer.planning import details, speed
+from edgeinfer.planning import decoder_segments, details, speed
 from edgeinfer.planning.boards import GIB, Board, get_board, load_boards, safe_loader
 from edgeinfer.planning.decision import Decision, decide
 from edgeinfer.planning.exportable import refuse_unexportable
@@ -63,6 +63,8 @@ def format_key(s: Scheme) -> str:
 # ----------------------------------------------------------------------------- memory model
 def weights_bytes(spec: ModelSpec, scheme: Scheme, prof: dict) -> tuple[int, details.WeightsDetail]:
     """Resident weight bytes and their detail."""
+    if prof.get("weights_rule") == "decoder_segments" and not spec.encoder and decoder_segments.pageable(spec):
+        return decoder_segments.weights(spec, scheme)
     dup = bool(prof.get("tied_duplicated")) and spec.tied_embeddings and not spec.encoder
     emb_min = prof.get("embed_bits_min", 0) or 0
     if spec.file_weight_bytes is not None and spec.runtime and spec.file_scheme is None:  # a vendor's file
@@ -278,12 +280,9 @@ def estimate_speed(spec: ModelSpec, board: Board, runtime: str, scheme: Scheme, 
            "roofline_tokens_per_s": None, "roofline_fraction": None, "t0_ms": None, "bw_eff_gbps": None,
            "prefill_fraction_of_peak": None, "basis": None,
            "assumes": "decode at the full context (KV read of ctx tokens each step), batch sequences per step"}
-    if spec.encoder:
-        out["basis"] = "encoder: no token-by-token decode"
-        out["decode_tokens_per_s"] = None
     found = speed_constants(board, runtime, scheme)
     consts = found.consts
-    out["basis"] = found.basis if not spec.encoder else out["basis"] + "; " + found.basis
+    out["basis"] = found.basis if not spec.encoder else "encoder: no token-by-token decode; " + found.basis
     if consts is None or board.bandwidth_gbps is None:
         if board.bandwidth_gbps is None:
             out["basis"] = f"{board.name} claims no memory bandwidth: no speed estimate"

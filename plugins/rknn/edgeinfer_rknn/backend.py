@@ -34,7 +34,7 @@ from edgeinfer.errors import BackendUnavailableError, InputError, ModelError
 
 from . import device as hw
 from . import gauges, resources
-from .targets import ARCHITECTURES, GET_TOOLKIT, QUANT_SUPPORT, TOOLKIT, supported_schemes
+from .targets import ARCHITECTURES, CONVERSION_DEFAULTS, GET_TOOLKIT, QUANT_SUPPORT, TOOLKIT, supported_schemes
 
 # the toolkit wrapper, the converter and the sessions are imported by the methods that convert and open:
 # `edgeinfer plan` reads only this class's declarations
@@ -76,6 +76,7 @@ class RknnBackend(Backend):
         architectures=ARCHITECTURES,  # the layer-paged export (decoder_segments); runtime rkllm: RKLLM's toolkit
         options=DECODER_OPTIONS, convert_options=DECODER_CONVERT_OPTIONS,
         native={".rkllm": "rkllm"},  # a model converted with Rockchip's RKLLM toolkit, run by librkllmrt.so
+        defaults=CONVERSION_DEFAULTS,
         runtimes={"rkllm": Needs("rkllm", TOOLKIT, GET_TOOLKIT)})  # found as _toolkit() imports it
     resource_names = resources.RESOURCE_NAMES
 

@@ -10,7 +10,8 @@ float16, what the NPU computes in — is allocated once and stays whole for the 
 ``decode(slots, ids)`` runs the smallest built B that holds ``len(slots)`` once per segment: row r is
 slot ``slots[r]`` at its own position; the rows past ``len(slots)`` are padding (zero input, every cache
 position masked) whose outputs are dropped and which write nothing. ``slots`` beyond the largest built B
-is refused at load. Prefill runs one slot at a time.
+is refused at load. Prefill runs one slot at a time, a chunk at a time; a short chunk is padded in front, so
+that the prompt's last token is the graph's last row, the only one whose logits it computes.
 
 Paging: at most ``window`` segments are resident (loaded for the NPU) at once; the schedule
 (:class:`edgeinfer.contract.schedule.Schedule`, the one :class:`edgeinfer.run.paged.PagedSession` follows)
@@ -47,18 +48,21 @@ from .decoder_segments import MASKED
 
 def step_inputs(tables: dict[str, np.ndarray], ids: Sequence[int], pos: int, tokens: int, context: int
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Host-side inputs of one call at positions ``pos..pos+len(ids)-1``, padded to ``tokens`` rows:
-    embeddings [1,T,H], rotary cos/sin [1,T,D], additive mask [1,T,context+T] (cache slots before
-    ``pos`` and the call's own earlier rows are attended; padded rows never are by real ones)."""
+    """Host-side inputs of one call at positions ``pos..pos+len(ids)-1``, padded to ``tokens`` rows at the
+    front, so that the last id is the last row (the only one whose logits the head computes): embeddings
+    [1,T,H], rotary cos/sin [1,T,D], additive mask [1,T,context+T] (cache slots before ``pos`` and the
+    call's own earlier rows are attended; padding rows never are by real ones)."""
     n = len(ids)
+    pad = tokens - n
     embed = tables["embed"]
     hidden = np.zeros((1, tokens, embed.shape[1]), np.float32)
-    hidden[0, :n] = embed[np.asarray(ids, dtype=np.int64)]
-    rows = np.minimum(np.arange(pos, pos + tokens), context - 1)
+    hidden[0, pad:] = embed[np.asarray(ids, dtype=np.int64)]
+    rows = np.clip(np.arange(pos - pad, pos - pad + tokens), 0, context - 1)
     cos, sin = tables["cos"][rows][None].astype(np.float32), tables["sin"][rows][None].astype(np.float32)
     mask = np.full((1, tokens, context + tokens), MASKED, np.float32)
     mask[0, :, :pos] = 0.0
     mask[0, :, context:] = np.triu(np.full((tokens, tokens), MASKED, np.float32), k=1)
+    mask[0, pad:, context:context + pad] = MASKED
     return hidden, cos, sin, mask
 
 
@@ -322,11 +326,11 @@ class RknnDecoder(StepDecoder):
                     feeds[f"past_v_{i}"] = self._past(slot, i, 1)[None].astype(np.float32)
             out = self.pager.session(k, phase).run(feeds)
             for i in range(a, b):
-                self._past(slot, i, 0)[:, pos:pos + n] = out[f"new_k_{i}"][0, :, :n]
-                self._past(slot, i, 1)[:, pos:pos + n] = out[f"new_v_{i}"][0, :, :n]
+                self._past(slot, i, 0)[:, pos:pos + n] = out[f"new_k_{i}"][0, :, tokens - n:]
+                self._past(slot, i, 1)[:, pos:pos + n] = out[f"new_v_{i}"][0, :, tokens - n:]
             hidden = out["logits"] if b == self.layers else out[f"hidden_{b}"]
         self.lengths[slot] = pos + n
-        return np.asarray(hidden[0, n - 1], dtype=np.float32)
+        return np.asarray(hidden[0, -1], dtype=np.float32)  # [1,1,V]; a graph converted before gives [1,T,V]
 
     def prefill(self, slot: int, token_ids: np.ndarray) -> np.ndarray:
         ids = [int(t) for t in np.asarray(token_ids).reshape(-1)]
@@ -400,7 +404,8 @@ def converted_dir(backend: Any, model: Path, scheme: str, context: int, options:
     if options.get("decode_batches") is not None:
         wanted["decode_batches"] = la.parse_batches(options["decode_batches"])
     facts = {"model": stamp.sha256_file(model), "scheme": scheme, "context": context, **wanted,
-             "versions": backend.versions(), "format": la.FORMAT}
+             "versions": backend.versions(), "format": la.FORMAT,
+             "defaults": la.CONVERSION_DEFAULTS}
     entry = cache.area("artifacts") / "rknn-decoders" / cache.key(facts)
     return cache.fill(entry, lambda d: la.convert_decoder(backend, model, scheme, context, d, None, **wanted))
 

@@ -31,10 +31,10 @@ from edgeinfer.errors import InputError, ModelError
 
 from . import decoder_segments as lx
 from . import toolkit as tk
+from .targets import CONVERSION_DEFAULTS, DEFAULT_PREFILL_CHUNK
 
 MANIFEST = "rknn-decoder.json"
 FORMAT = 1
-DEFAULT_CHUNK = 16
 BYTES_PER_WEIGHT = {"fp16": 2.0, "w8a8": 1.0, "w8a16": 1.0, "w4a16": 0.5}
 PHASES = ("decode", "prefill")
 CALIB_DECODE_STEPS = 4  # decode-graph samples per calibration text, at the positions after its prefill
@@ -115,7 +115,7 @@ def convert_decoder(backend: Any, model: Path, scheme: str, context: int, out: P
     """Export and convert every segment graph of ``model`` into ``out``; return stamp facts."""
     target = str(options.get("target") or "rk3588").lower()
     family = check_scheme(scheme, target)
-    chunk = min(positive("prefill_chunk", options.get("prefill_chunk"), DEFAULT_CHUNK), context)
+    chunk = min(positive("prefill_chunk", options.get("prefill_chunk"), DEFAULT_PREFILL_CHUNK), context)
     batches = parse_batches(options.get("decode_batches") or [1])
     quantized = family != "fp16"
     if quantized and not calibration:
@@ -143,7 +143,8 @@ def convert_decoder(backend: Any, model: Path, scheme: str, context: int, out: P
                 entry[key] = art.name
             segments.append(entry)
     manifest = {"format": FORMAT, "kind": "rknn-decoder", "scheme": scheme, "target": target, "context": context,
-                "prefill_chunk": chunk, "decode_batches": batches, "shape": shape.to_json(), "segments": segments,
+                "prefill_chunk": chunk, "prefill_logits": CONVERSION_DEFAULTS["prefill_logits"],
+                "decode_batches": batches, "shape": shape.to_json(), "segments": segments,
                 "calibration_texts": len(calibration or []) if quantized else 0}
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1))
     return {"target": target, "prefill_chunk": chunk, "segments": len(segments), "decode_batches": batches,
@@ -206,9 +207,9 @@ class CalibrationFeeds:
                 res = module(*[torch.from_numpy(np.ascontiguousarray(feeds[x])) for x in lx.input_names(a, b)])
             out = res[0].numpy()
             for j, i in enumerate(range(a, b)):
-                kv[i, 0, :, pos:pos + len(ids)] = res[1 + 2 * j][0, :, :len(ids)].numpy()
-                kv[i, 1, :, pos:pos + len(ids)] = res[2 + 2 * j][0, :, :len(ids)].numpy()
-        return out[0, len(ids) - 1]
+                kv[i, 0, :, pos:pos + len(ids)] = res[1 + 2 * j][0, :, tokens - len(ids):].numpy()
+                kv[i, 1, :, pos:pos + len(ids)] = res[2 + 2 * j][0, :, tokens - len(ids):].numpy()
+        return out[0, -1]
 
 
 # --- in-process hand-over of freshly built graphs (the simulator rebuilds anything else) --------------

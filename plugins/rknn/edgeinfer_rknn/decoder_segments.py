@@ -3,12 +3,13 @@
 The NPU graph of segment ``k`` (layers ``[a, b)``) takes the residual stream ``hidden_a`` [B,T,H],
 the rotary tables ``cos``/``sin`` [B,T,D], the additive attention mask ``mask`` [B,T,context+T] and the
 past K/V of its layers ``past_k_i``/``past_v_i`` [B,KV,context,D]; it returns ``hidden_b`` (``logits``
-[B,T,V] for the last segment, which holds the final norm and the head) and the new K/V rows
-``new_k_i``/``new_v_i`` [B,KV,T,D]. Each of the B rows is its own sequence (its own position, mask
-and rotary rows, and past K/V); B is 1 except in the batched decode graphs (T = 1). The host computes
-the embedding lookup, the rotary tables and the mask (as float inputs: gathers, int64 reshapes and
-boolean ops would fall back to the CPU) and writes the new rows into its cache. T is 1 (the decode
-step) or the prefill chunk C.
+[B,1,V] for the last segment, which holds the final norm and the head: of the last row only, since a
+step reads one token's logits; the host pads a short prefill chunk at the front so that its last token
+is that row) and the new K/V rows ``new_k_i``/``new_v_i`` [B,KV,T,D]. Each of the B rows is its own
+sequence (its own position, mask and rotary rows, and past K/V); B is 1 except in the batched decode
+graphs (T = 1). The host computes the embedding lookup, the rotary tables and the mask (as float inputs:
+gathers, int64 reshapes and boolean ops would fall back to the CPU) and writes the new rows into its
+cache. T is 1 (the decode step) or the prefill chunk C.
 
 Layers are written out from the model's own weights (Llama / Qwen2 / Qwen3 / Mistral blocks: RMSNorm,
 rotary attention with GQA and optional q/k norms, SwiGLU MLP), so the graph has no cache objects,
@@ -160,7 +161,8 @@ def _module(model: Any, first: int, last: int, final: bool, tokens: int, batch: 
                 mlp = layer.mlp
                 hidden = hidden + mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))
             if final:
-                hidden = self.head(rms(hidden, self.norm.weight))
+                last = hidden[:, -1:] if tokens > 1 else hidden  # the host left-pads: the last row is the last token
+                hidden = self.head(rms(last, self.norm.weight))
             return (hidden, *new)
 
     return Segment().eval()

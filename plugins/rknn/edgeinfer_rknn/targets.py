@@ -24,6 +24,11 @@ def supported_schemes(target: str) -> tuple[str, ...]:
     return ("fp16",) + QUANT_SUPPORT.get(target, ("w8a8",))
 
 
+# the layer-paged export's prefill chunk when the convert option prefill_chunk is not given, and what its
+# graphs compute that no option names: part of deploy's conversion cache key (RknnBackend.decoders.defaults)
+DEFAULT_PREFILL_CHUNK = 16
+CONVERSION_DEFAULTS = {"prefill_chunk": DEFAULT_PREFILL_CHUNK, "prefill_logits": "last row"}
+
 # the model_types whose blocks decoder_segments writes out (RknnBackend.decoders.architectures)
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral")
 TOOLKIT = "the RKLLM toolkit (package rkllm-toolkit, rkllm.api)"

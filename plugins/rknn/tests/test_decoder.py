@@ -113,6 +113,18 @@ def test_fp16_greedy_tokens_equal_transformers_fp32(unpaged, prompt_ids, config)
     assert d.kv_cache_bytes == kv
 
 
+def test_the_unpaged_plan_holds_the_weights_and_prefill_chunk_the_export_builds(unpaged, config):
+    from edgeinfer_rknn.targets import CONVERSION_DEFAULTS
+
+    from edgeinfer.planning.planner import plan
+
+    p = plan(model_dir(), "rk3588-8g", quant="fp16", ctx=CTX, runtime="rknn")
+    host_table = config["vocab_size"] * config["hidden_size"] * 2  # fp16 on the host, besides the NPU's head
+    assert p.breakdown["weights"] == sum(expected_segment_bytes(config, [(0, 4)], 2)) + host_table
+    assert p.breakdown["weights"] == sum(unpaged.decoder.segment_bytes) + host_table
+    assert p.details.activations.tokens_per_step == CONVERSION_DEFAULTS["prefill_chunk"] == unpaged.decoder.chunk
+
+
 def test_a_window_larger_than_the_segments_loads_everything_once(rknn, paged_artifact):
     d = rknn.load_decoder(paged_artifact, device="simulator", context=CTX, window=4)
     try:
@@ -270,16 +282,19 @@ def test_segments_follow_array_split_and_the_last_holds_the_head():
     assert output_names(3, 4, final=True)[0] == "logits" and output_names(0, 2, final=False)[0] == "hidden_2"
 
 
-def test_host_mask_attends_the_cache_before_the_position_and_earlier_rows_of_the_call():
+def test_host_inputs_pad_a_short_chunk_in_front_so_its_last_token_is_the_row_the_head_reads():
     from edgeinfer_rknn.decoder import step_inputs
 
-    tables = {"embed": np.eye(6, 4, dtype=np.float16), "cos": np.ones((8, 2), np.float32),
+    tables = {"embed": np.eye(6, 4, dtype=np.float16), "cos": np.arange(16, dtype=np.float32).reshape(8, 2),
               "sin": np.zeros((8, 2), np.float32)}
     hidden, cos, sin, mask = step_inputs(tables, [1, 2], pos=3, tokens=4, context=8)
-    assert hidden.shape == (1, 4, 4) and hidden[0, 1, 2] == 1 and not hidden[0, 2:].any()  # padded rows: zeros
+    assert hidden.shape == (1, 4, 4) and not hidden[0, :2].any()  # padding rows first: zeros
+    assert hidden[0, 2, 1] == 1 and hidden[0, 3, 2] == 1  # token 1 then token 2, the last in the last row
+    assert cos[0, 2, 0] == 6 and cos[0, 3, 0] == 8  # rows 2 and 3 rotate as positions 3 and 4
     allowed = mask[0] == 0
     assert allowed[:, :3].all() and not allowed[:, 3:8].any()  # cache slots 0..2 only
-    assert allowed[1, 8:10].all() and not allowed[0, 9]  # row 1 sees rows 0 and 1; row 0 not row 1
+    assert allowed[3, 10:12].all() and not allowed[2, 11]  # row 3 sees rows 2 and 3; row 2 not row 3
+    assert not allowed[2:, 8:10].any()  # no real row attends a padding row
 
 
 def test_an_allocation_larger_than_one_npu_iommu_window_is_refused():
