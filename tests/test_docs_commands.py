@@ -31,6 +31,7 @@ EDGEINFER_LINE = re.compile(r"^\s*(?:[\w-]*\$\s+)?(edgeinfer\s.*)$")
 RUN = {
     "planner.md": [
         "edgeinfer plan Qwen/Qwen3-8B --board rk3588-16g --quant w8a8 --ctx 4096",
+        "edgeinfer plan qwen3-0.6b --board host --quant fp16 --ctx 1024",
         "edgeinfer plan Qwen/Qwen3-8B --board rk3588-8g  --quant w8a8 --json",
         "edgeinfer plan qwen3-0.6b qwen3-8b --board all",
         "edgeinfer plan all-minilm-l6-v2 BAAI/bge-reranker-base qwen3-0.6b --board rk3588-8g",

@@ -143,6 +143,11 @@ def render_plan(p: Plan) -> None:
         con.print(f"[bold]paging suggested[/] ({sp['why']}): --paging {sp['window']} --segments {sp['segments']} "
                   f"({sp['window']} of {sp['segments']} segments resident, {_gib(sp['streamed_bytes_per_token'])}"
                   f"/token streamed from {sp['storage'].split(':')[0]}){speed}; `deploy --paging auto` builds it")
+    if s and s.runtime:
+        r = s.runtime
+        con.print(f"[bold]faster here[/]: --runtime {r['runtime']} → decode ≈ {r['decode_tokens_per_s']:.3g} tok/s "
+                  f"({r['speedup']:g}× this plan's estimate), total {_gib(r['total_bytes'])} (this plan "
+                  f"{_gib(p.total_bytes)})")
     cal = p.board.calibration
     if cal:
         con.print(f"[cyan]board constants from a user calibration[/] of {cal['parent']} on {len(cal['rows'])} "

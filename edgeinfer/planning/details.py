@@ -193,13 +193,15 @@ class Estimates:
 
 @dataclass
 class Suggestions:
-    """What would make a plan fit: the largest context, the best scheme, the smallest board of the family."""
+    """What would make a plan fit: the largest context, the best scheme, the smallest board of the family; and
+    a faster runtime for the plan's scheme where the board has one."""
 
     max_ctx: int | None = None
     quant: str | None = None  # the best scheme that fits at the plan's context
     quants_that_fit: list[dict[str, Any]] = field(default_factory=list)  # {quant, runtime, bits_per_weight}
     board: str | None = None
     paging: dict[str, Any] | None = None  # a paging window that fits (planning.paging.suggest_window)
+    runtime: dict[str, Any] | None = None  # another runtime that decodes the scheme faster here (runtime_choice)
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:

@@ -1,0 +1,36 @@
+"""plan's ``suggestions.runtime``: another runtime of the board that decodes the plan's scheme faster here."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from edgeinfer.planning.planner import plan
+from edgeinfer.testing.cli import run_cli
+
+pytest.importorskip("edgeinfer_llamacpp")  # the host board's llama.cpp runtime is built by that plugin
+
+
+def test_host_fp16_names_llama_cpp_with_its_own_plan_figures():
+    onnx = plan("qwen3-0.6b", "host", quant="fp16", ctx=1024)
+    llama = plan("qwen3-0.6b", "host", quant="fp16", ctx=1024, runtime="llama.cpp", suggest=False)
+    s = onnx.suggestions.runtime
+    assert onnx.runtime == "onnxruntime" and s["runtime"] == "llama.cpp"
+    assert s["decode_tokens_per_s"] == llama.estimates.decode_tokens_per_s
+    assert s["decode_tokens_per_s"] >= 1.2 * onnx.estimates.decode_tokens_per_s
+    # the host board's reserve is read from this machine at each plan: the same within what moved in between
+    assert s["total_bytes"] == pytest.approx(llama.total_bytes, rel=0.01)
+    assert llama.breakdown["weights"] < 0.6 * onnx.breakdown["weights"]  # fp16 held as fp16, not widened to fp32
+
+
+def test_the_faster_runtime_itself_and_a_scheme_no_other_runtime_takes_get_none():
+    assert plan("qwen3-0.6b", "host", quant="fp16", ctx=1024, runtime="llama.cpp").suggestions.runtime is None
+    assert plan("qwen3-0.6b", "host", quant="w8a8", ctx=1024).suggestions.runtime is None  # llama.cpp: gguf:Q8_0
+
+
+def test_plan_prints_it_and_json_carries_it(capfd):
+    r = run_cli(capfd, "plan", "qwen3-0.6b", "--board", "host", "--quant", "fp16", "--ctx", "1024")
+    assert r.returncode == 0 and "faster here: --runtime llama.cpp" in r.stdout
+    j = run_cli(capfd, "plan", "qwen3-0.6b", "--board", "host", "--quant", "fp16", "--ctx", "1024", "--json")
+    assert json.loads(j.stdout)["suggestions"]["runtime"]["runtime"] == "llama.cpp"
