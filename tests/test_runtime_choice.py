@@ -34,3 +34,12 @@ def test_plan_prints_it_and_json_carries_it(capfd):
     assert r.returncode == 0 and "faster here: --runtime llama.cpp" in r.stdout
     j = run_cli(capfd, "plan", "qwen3-0.6b", "--board", "host", "--quant", "fp16", "--ctx", "1024", "--json")
     assert json.loads(j.stdout)["suggestions"]["runtime"]["runtime"] == "llama.cpp"
+
+
+def test_deploy_announces_it_before_converting():
+    from edgeinfer.planning.decision import summary_lines
+
+    lines = summary_lines(plan("qwen3-0.6b", "host", quant="fp16", ctx=1024))
+    assert lines[0].startswith("plan: Qwen/Qwen3-0.6B on host: onnxruntime fp16")
+    assert lines[-1].startswith("faster here: --runtime llama.cpp decodes fp16 at ≈")
+    assert not any("faster" in ln for ln in summary_lines(plan("qwen3-0.6b", "host", quant="fp32", ctx=1024)))
