@@ -88,6 +88,10 @@ PAIRS = {
     "ov-fp16": {"board": "core-ultra-155h", "quant": "fp16", "backend": "openvino", "gguf": "F16", "model": "random"},
     "ov-w8a16": {"board": "core-ultra-155h", "quant": "w8a16", "backend": "openvino", "gguf": "Q8_0",
                  "model": "random"},
+    # host fp16 as plan suggests it (`faster here: --runtime llama.cpp`), against llama.cpp's F16: the precision
+    # class's goals, not the same-file ones (llama-server runs its own conversion)
+    "host-fp16-llamacpp": {"board": "host", "runtime": "llama.cpp", "quant": "fp16", "backend": "llamacpp",
+                           "gguf": "F16", "model": "random"},
     # the llamacpp backend's own bundle vs raw llama-server on the very GGUF file inside it
     "llamacpp-q8_0": {"board": "host", "runtime": "llama.cpp", "quant": "gguf:Q8_0", "backend": "llamacpp",
                       "gguf": "Q8_0", "model": "random", "same_file": True},
