@@ -487,7 +487,7 @@ def suggestions(p: Plan, extra_boards=()) -> details.Suggestions:
     ranked = sorted(seen.items(), key=lambda kv: -kv[1][0])
     out.quants_that_fit = [{"quant": n, "runtime": r, "bits_per_weight": bpw} for n, (bpw, r) in ranked]
     out.quant = ranked[0][0] if ranked else None
-    out.runtime = runtime_choice.faster_runtime(p)
+    out.runtime = runtime_choice.faster_runtime(p, plan)
     # smallest board of the same family that fits with the same options (only needed when it does not fit:
     # loading every profile costs tens of milliseconds on the fast path)
     if b.family != "host" and not p.fits:

@@ -10,18 +10,20 @@ estimates are the planner's, with their own error bars (``--runtime NAME`` plans
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
+
+from edgeinfer.errors import EdgeInferError
+from edgeinfer.planning.decision import option
 
 FASTER = 1.2
 
 
-def faster_runtime(p: Any) -> dict[str, Any] | None:
-    """The suggestion for plan ``p`` (a ``planner.Plan``), or None."""
-    from edgeinfer.planning.decision import option
-    from edgeinfer.planning.planner import plan
-
+def faster_runtime(p: Any, plan: Callable[..., Any]) -> dict[str, Any] | None:
+    """The suggestion for plan ``p`` (a ``planner.Plan``; ``plan`` is ``planner.plan``), or None. A model file
+    that runs in one runtime only (a .rkllm) gets none."""
     own = p.estimates.decode_tokens_per_s
-    if p.model.encoder or not own or p.details.paging is not None:
+    if p.model.encoder or p.model.runtime or not own or p.details.paging is not None:
         return None
     best = None
     for name, rt in p.board.runtimes.items():
@@ -29,7 +31,10 @@ def faster_runtime(p: Any) -> dict[str, Any] | None:
             continue
         if option(p.model, p.board, name, "decoder", p.scheme).cannot_build is not None:
             continue
-        alt = plan(p.model, p.board, quant=p.scheme.name, ctx=p.ctx, batch=p.batch, runtime=name, suggest=False)
+        try:
+            alt = plan(p.model, p.board, quant=p.scheme.name, ctx=p.ctx, batch=p.batch, runtime=name, suggest=False)
+        except EdgeInferError:  # a runtime this model cannot be planned on is no suggestion
+            continue
         tps = alt.estimates.decode_tokens_per_s
         if alt.fits and tps and tps >= FASTER * own and (best is None or tps > best["decode_tokens_per_s"]):
             best = {"runtime": name, "decode_tokens_per_s": tps, "speedup": round(tps / own, 2),
