@@ -15,6 +15,7 @@ from typing import Any
 
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.planning.decision import option
+from edgeinfer.planning.serve_memory import served
 
 FASTER = 1.2
 
@@ -38,6 +39,6 @@ def faster_runtime(p: Any, plan: Callable[..., Any]) -> dict[str, Any] | None:
         tps = alt.estimates.decode_tokens_per_s
         if alt.fits and tps and tps >= FASTER * own and (best is None or tps > best["decode_tokens_per_s"]):
             best = {"runtime": name, "decode_tokens_per_s": tps, "speedup": round(tps / own, 2),
-                    "total_bytes": alt.total_bytes, "served_bytes": alt.to_dict()["memory"].get("served", {}).get(
-                        "total_bytes"), "basis": alt.estimates.basis}
+                    "total_bytes": alt.total_bytes, "basis": alt.estimates.basis,
+                    "served_bytes": served(alt.breakdown, alt.model.vocab)["total_bytes"]}
     return best
