@@ -32,6 +32,7 @@ RUN = {
     "planner.md": [
         "edgeinfer plan Qwen/Qwen3-8B --board rk3588-16g --quant w8a8 --ctx 4096",
         "edgeinfer plan qwen3-0.6b --board host --quant fp16 --ctx 1024",
+        "edgeinfer plan qwen3-8b --board rk3588-8g --quant w8a8 --ctx 4096 --paging 12 --segments 36 --storage nvme",
         "edgeinfer plan Qwen/Qwen3-8B --board rk3588-8g  --quant w8a8 --json",
         "edgeinfer plan qwen3-0.6b qwen3-8b --board all",
         "edgeinfer plan all-minilm-l6-v2 BAAI/bge-reranker-base qwen3-0.6b --board rk3588-8g",

@@ -148,6 +148,13 @@ def render_plan(p: Plan) -> None:
         con.print(f"[bold]faster here[/]: --runtime {r['runtime']} → decode ≈ {r['decode_tokens_per_s']:.3g} tok/s "
                   f"({r['speedup']:g}× this plan's estimate), total {_gib(r['total_bytes'])} (this plan "
                   f"{_gib(p.total_bytes)})")
+    if s and s.prefill_chunk:
+        c = s.prefill_chunk
+        n = c["prefill_chunk"]
+        con.print(f"[bold]prefill faster[/]: --prefill-chunk {n} (deploy --option prefill_chunk={n}; deploy "
+                  f"--paging builds it) → prefill ≈ {c['prefill_tokens_per_s']:.3g} tok/s (this plan "
+                  f"{p.estimates.prefill_tokens_per_s:.3g} at {p.chunk}-token chunks), total "
+                  f"{_gib(c['total_bytes'])} (this plan {_gib(p.total_bytes)})")
     cal = p.board.calibration
     if cal:
         con.print(f"[cyan]board constants from a user calibration[/] of {cal['parent']} on {len(cal['rows'])} "
@@ -232,6 +239,8 @@ def render_chain(c: ChainPlan) -> None:
 @click.option("--kv-dtype", default=None, help="KV-cache dtype (fp16, bf16, fp32, int8, q8_0, q4_0).")
 @click.option("--runtime", default=None, help="Runtime on the board (default: the board's first, in its order, "
               "that this installation can build; see docs/planner.md).")
+@click.option("--prefill-chunk", type=int, default=None, metavar="N", help="Prompt tokens per prefill call "
+              "(default: the runtime's; where a backend builds it into its graphs: deploy --option prefill_chunk=N).")
 @click.option("--paging", type=int, default=None, metavar="W", help="Plan layer-paged: W segments resident.")
 @click.option("--segments", type=int, default=None, metavar="N", help="With --paging: N segments (default: layers).")
 @click.option("--storage", default=None, help="With --paging: where streamed weights come from "
@@ -247,7 +256,7 @@ def plan_cmd(ctx: click.Context, models: tuple[str, ...], board: str, quant: str
              batch: int | None,
              kv_dtype: str | None, runtime: str | None, as_json: bool, paging: int | None = None,
              segments: int | None = None, storage: str | None = None, image: str | None = None,
-             fleet: str | None = None, in_process: bool = False) -> None:
+             fleet: str | None = None, in_process: bool = False, prefill_chunk: int | None = None) -> None:
     """Will MODEL fit BOARD, how fast, and what to change if not.
 
     MODEL: catalog name or HF id (Qwen/Qwen3-8B), HF directory, config.json, .gguf, .onnx, .safetensors,
@@ -266,7 +275,7 @@ def plan_cmd(ctx: click.Context, models: tuple[str, ...], board: str, quant: str
     with _telling_host_measurement(as_json):
         answer = plan_models(models, board, quant=quant, ctx=ctx_len, batch=batch, kv_dtype=kv_dtype,
                              runtime=runtime, paging=paging, segments=segments, storage=storage, image=image,
-                             in_process=in_process)
+                             in_process=in_process, prefill_chunk=prefill_chunk)
     render = (render_matrix if isinstance(answer, PlanMatrix) else render_chain if isinstance(answer, ChainPlan)
               else render_plan)
     emit(answer.to_dict(), as_json, lambda _: render(answer))

@@ -133,14 +133,19 @@ def deploy_decoder(
     # 1. plan first (plan's own decision of runtime, scheme and context): refuse what cannot be built here, what
     # does not fit, or an architecture the backend does not export, before converting
     with progress.step(f"planning {hf_dir.name} on {b.name}"):
-        plan = make_plan(str(hf_dir), b, quant=quant, ctx=ctx, runtime=runtime, kv_dtype=options.get("kv_dtype"))
+        chunk = options.get("prefill_chunk")
+        chunk = chunk if isinstance(chunk, int) and not isinstance(chunk, bool) and chunk > 0 else None
+        plan = make_plan(str(hf_dir), b, quant=quant, ctx=ctx, runtime=runtime, kv_dtype=options.get("kv_dtype"),
+                         prefill_chunk=chunk)
         plan.decision.refuse_unbuildable(b)
         backend = plugins.get_backend(plan.decision.chosen.backend or b.backend)  # the runtime's builder
         runtime, scheme, context = plan.runtime, plan.scheme.name, plan.ctx
         paged = decoder_paging.choose(paging, segments, backend, hf_dir, plan, own_runtime(b), notes)
         if paged:  # plan the segmented decoder that is built
             plan = make_plan(str(hf_dir), b, quant=scheme, ctx=context, runtime=runtime, paging=paged.window,
-                             segments=paged.segments, kv_dtype=plan.kv_dtype)
+                             segments=paged.segments, kv_dtype=plan.kv_dtype, prefill_chunk=chunk)
+            if chunk is None and "prefill_chunk" in backend.decoders.convert_options:
+                plan = decoder_paging.adopt_chunk(plan, options, notes)
     if dry_run:
         return outdir.DryRun(plan)
     plan_or_refuse(plan, hf_dir, force, warnings)

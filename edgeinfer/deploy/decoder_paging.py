@@ -95,3 +95,22 @@ def note(paging: Paging, plan: Any) -> str:
     speed = f", decode ≈ {c.decode_tokens_per_s:.3g} tok/s predicted" if c.decode_tokens_per_s else ""
     return (f"{paging.chosen_by}: {paging.segments} segments, {paging.window} resident "
             f"({c.npu_resident_bytes / 2**20:.1f} MiB of weights on the NPU){speed}")
+
+
+def adopt_chunk(plan: Any, options: dict[str, Any], notes: list[str]) -> Any:
+    """A paged build without ``--option prefill_chunk``: the plan's larger chunk when it prefills faster (paging
+    every segment in once per chunk, :func:`edgeinfer.planning.paging.larger_chunk`), set in ``options``, and
+    the plan of that build; else ``plan`` as it is."""
+    from edgeinfer.planning.planner import plan as make_plan
+
+    s = plan.suggestions.prefill_chunk if plan.suggestions else None
+    if not s:
+        return plan
+    c = plan.details.paging
+    options["prefill_chunk"] = s["prefill_chunk"]
+    notes.append(f"prefill chunk {s['prefill_chunk']} (the plan's for a paged decoder): prefill ≈ "
+                 f"{s['prefill_tokens_per_s']:.3g} tok/s, {s['speedup']:g}× the {plan.chunk}-token default's; "
+                 "--option prefill_chunk=N overrides it")
+    return make_plan(plan.model, plan.board, quant=plan.scheme.name, ctx=plan.ctx, runtime=plan.runtime,
+                     paging=c.window, segments=c.segments, storage=c.storage, kv_dtype=plan.kv_dtype,
+                     prefill_chunk=s["prefill_chunk"])

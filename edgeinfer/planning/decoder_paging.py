@@ -16,7 +16,7 @@ from edgeinfer.planning import decoder_segments as ds
 from edgeinfer.planning.boards import get_board
 from edgeinfer.planning.models import resolve
 from edgeinfer.planning.paging import decoder_paging_cost, paging_need, suggest_window
-from edgeinfer.planning.planner import plan, runtime_profile
+from edgeinfer.planning.planner import plan
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ def plan_paged_decoder(model: Any, board: Any, *, scheme: str, context: int, win
         raise InputError(f"board {b.name} has no backend runtime that runs decoders")
     p = plan(spec, b, quant=scheme, ctx=context, runtime=rt, suggest=False)
     seg = ds.segment_bytes(spec, p.scheme, segments)
-    cost = decoder_paging_cost(p, seg, window, storage, int(runtime_profile(rt).get("prefill_chunk", 512)))
+    cost = decoder_paging_cost(p, seg, window, storage, p.chunk)
     if cost.get("decode_tokens_per_s") is None:
         raise InputError(f"no speed model for {rt}/{p.scheme.name} on {b.name}: {p.estimates.basis}")
     return PagedDecoderPlan(
@@ -67,5 +67,5 @@ def choose(p: Any, segments: int | None = None) -> tuple[int, int] | None:
     no window fits (the plan's own verdict stands then)."""
     if paging_need(p) is None:
         return None
-    s = suggest_window(p, int(runtime_profile(p.runtime).get("prefill_chunk", 512)), segments)
+    s = suggest_window(p, p.chunk, segments)
     return None if s is None else (s["window"], s["segments"])

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from edgeinfer.contract.schedule import simulate
 from edgeinfer.errors import EdgeInferError, InputError
 from edgeinfer.planning import decoder_segments as ds
-from edgeinfer.planning.details import PagingCost
+from edgeinfer.planning.boards import GIB
+from edgeinfer.planning.details import PAGED_RATES, PagingCost
 
 # storage read bandwidth assumed when a board profile gives none (interface maxima: optimistic)
 STORAGE_GBPS = {
@@ -218,7 +219,7 @@ def _resident_parts(p: Any) -> dict[str, int]:
 
 @dataclass
 class PagedPlan:
-    """The paging cost model's answer for one plan; the planner merges it (``planner._merge_paging``)."""
+    """The paging cost model's answer for one plan; :func:`merge` makes the plan its paged form."""
 
     cost: PagingCost  # plan_paging's result + "storage": the plan's details.paging
     resident_segments: int  # min(window, segments)
@@ -229,6 +230,67 @@ class PagedPlan:
     @property
     def resident_weight_bytes(self) -> int:
         return int(self.cost.resident_weight_bytes)
+
+
+@dataclass
+class Verdict:
+    """The unpaged verdict without what paging changes (the memory reason, the weights-window warning)."""
+
+    reasons_but_memory: list[str]
+    warnings_but_weights_window: list[str]
+
+
+def merge(p: Any, r: PagedPlan, unpaged: Verdict) -> None:
+    """Turn planner ``Plan`` ``p`` into its paged form: resident weights in the breakdown, the verdict on the
+    resident total and the NPU window (paging answers the weights-window warning), paged speed estimates."""
+    res = r.cost
+    p.details.paging = res
+    p.details.weights.total_bytes_unpaged = r.unpaged_weight_bytes
+    p.details.weights.paged = f"{r.resident_segments} of {r.segments} segments resident"
+    p.breakdown["weights"] = r.resident_weight_bytes
+    if res.rule != "decoder":  # a decoder's runtime keeps one set of buffers however many segments load
+        p.breakdown["activations"] = int(res.buffer_bytes)  # each resident segment's own (docs/paging.md)
+    p.reasons = list(unpaged.reasons_but_memory)
+    if p.total_bytes > p.capacity_bytes:
+        p.reasons.append(f"needs {p.total_bytes / GIB:.2f} GiB with {r.resident_segments} segment(s) resident, "
+                         f"the board has {p.capacity_bytes / GIB:.2f} GiB; use a smaller --paging window")
+    p.reasons += r.npu_reasons
+    p.warnings = list(unpaged.warnings_but_weights_window)
+    p.fits = not p.reasons
+    paged = [k for k in PAGED_RATES if getattr(res, k) is not None]
+    p.estimates = replace(p.estimates, paging=res, **{f"{k}_unpaged": getattr(p.estimates, k) for k in paged},
+                          **{k: getattr(res, k) for k in paged})
+
+
+# prefill chunks a suggestion tries, and how close to the unpaged prefill rate ends the search
+CHUNKS = (32, 64, 128, 256, 512)
+CLOSE = 0.95
+BETTER = 1.2  # a suggestion at least this much faster than the plan's own prefill
+
+
+def larger_chunk(p: Any, plan: Any) -> dict[str, Any] | None:
+    """For a layer-paged decoder plan ``p`` whose prefill pages every segment in once per chunk: the smallest
+    larger prefill chunk (of :data:`CHUNKS`, at most the context) that brings prefill within 5 % of the unpaged
+    rate, else the fastest that fits; None when none is ≥ 1.2× the plan's. ``plan`` is the planner's (it
+    imports this module)."""
+    c = p.details.paging
+    own, unpaged = p.estimates.prefill_tokens_per_s, p.estimates.prefill_tokens_per_s_unpaged
+    if c is None or c.rule != "decoder" or not own or not unpaged or own >= CLOSE * unpaged:
+        return None
+    best = None
+    for n in (n for n in CHUNKS if p.chunk < n <= p.ctx):
+        alt = plan(p.model, p.board, quant=p.scheme.name, ctx=p.ctx, batch=p.batch, kv_dtype=p.kv_dtype,
+                   runtime=p.runtime, paging=c.window, segments=c.segments, storage=c.storage, suggest=False,
+                   prefill_chunk=n)
+        rate = alt.estimates.prefill_tokens_per_s
+        if not alt.fits or not rate:
+            break
+        if best is None or rate > best["prefill_tokens_per_s"]:
+            best = {"prefill_chunk": n, "prefill_tokens_per_s": rate, "speedup": round(rate / own, 2),
+                    "activations_bytes": alt.breakdown["activations"], "total_bytes": alt.total_bytes}
+        if rate >= CLOSE * unpaged:
+            break
+    return best if best and best["prefill_tokens_per_s"] >= BETTER * own else None
 
 
 def paged_plan(p: Any, window: int, segments: int | None, storage: str | None, prefill_chunk: int) -> PagedPlan:

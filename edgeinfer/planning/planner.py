@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
@@ -19,7 +19,15 @@ from edgeinfer.planning.decision import Decision, decide
 from edgeinfer.planning.exportable import refuse_unexportable
 from edgeinfer.planning.models import resolve
 from edgeinfer.planning.models.spec import ModelSpec
-from edgeinfer.planning.paging import PagedPlan, paged_plan, paged_runtime, paging_need, suggest_window
+from edgeinfer.planning.paging import (
+    Verdict,
+    larger_chunk,
+    merge,
+    paged_plan,
+    paged_runtime,
+    paging_need,
+    suggest_window,
+)
 from edgeinfer.planning.quant import kv_bytes_per_element, packed_bits, packed_layout, runtime_kv_dtype
 from edgeinfer.planning.serve_memory import served
 
@@ -50,6 +58,13 @@ def runtime_profile(name: str) -> dict:
     if ov is not None:
         prof["overhead_mib"] = ov
     return prof
+
+
+def prefill_chunk(runtime: str, given: int | None = None) -> int:
+    """Prompt tokens one prefill call takes: ``given`` (``plan --prefill-chunk``: ``deploy --option
+    prefill_chunk`` where the backend builds the chunk into its graphs, else ``serve --prefill-chunk``),
+    else the runtime profile's."""
+    return given or int(runtime_profile(runtime).get("prefill_chunk", 512))
 
 
 def format_key(s: Scheme) -> str:
@@ -174,6 +189,7 @@ class Plan:
     ctx: int
     batch: int
     kv_dtype: str
+    prefill_chunk: int | None  # asked for; None: the runtime's (``chunk``)
     breakdown: dict[str, int]
     details: details.MemoryDetails
     fits: bool
@@ -183,6 +199,10 @@ class Plan:
     suggestions: details.Suggestions | None = None  # None: not asked for
     warnings: list[str] = field(default_factory=list)
     decision: Decision | None = None  # how runtime, scheme and context were chosen, and whether they build here
+
+    @property
+    def chunk(self) -> int:
+        return prefill_chunk(self.runtime, self.prefill_chunk)
 
     @property
     def total_bytes(self) -> int:
@@ -213,7 +233,7 @@ class Plan:
                       "backend": self.board.backend, "memory_kind": self.board.memory_kind,
                       "origin": self.board.origin},
             "options": {"quant": self.scheme.name, "runtime": self.runtime, "ctx": self.ctx,
-                        "batch": self.batch, "kv_dtype": self.kv_dtype},
+                        "batch": self.batch, "kv_dtype": self.kv_dtype, "prefill_chunk": self.chunk},
             "fits": self.fits,
             "verdict": "fits" if self.fits else "does not fit",
             "reasons": list(self.reasons),
@@ -229,14 +249,6 @@ class Plan:
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
-
-
-@dataclass
-class Verdict:
-    """The unpaged verdict without what paging changes (the memory reason, the weights-window warning)."""
-
-    reasons_but_memory: list[str]
-    warnings_but_weights_window: list[str]
 
 
 def check_int(name: str, v: object) -> int:
@@ -321,8 +333,8 @@ def runtime_overhead_bytes(ov: dict, weights: float) -> int:
     return int(ov["value"] * MIB + ov.get("weights_fraction", 0.0) * weights)
 
 
-def _memory(spec, board, runtime, scheme, ctx, batch, kv_b):
-    prof = runtime_profile(runtime)
+def _memory(spec, board, runtime, scheme, ctx, batch, kv_b, chunk=None):
+    prof = {**runtime_profile(runtime), "prefill_chunk": prefill_chunk(runtime, chunk)}
     w, wd = weights_bytes(spec, scheme, prof)
     kv = kv_bytes(spec, ctx, batch, kv_b)
     act, ad = activation_bytes(spec, ctx, batch, prof)
@@ -340,8 +352,8 @@ def _memory(spec, board, runtime, scheme, ctx, batch, kv_b):
     return bd, det
 
 
-def _fits(spec, board, runtime, scheme, ctx, batch, kv_b) -> bool:
-    bd, _ = _memory(spec, board, runtime, scheme, ctx, batch, kv_b)
+def _fits(spec, board, runtime, scheme, ctx, batch, kv_b, chunk=None) -> bool:
+    bd, _ = _memory(spec, board, runtime, scheme, ctx, batch, kv_b, chunk)
     rt = board.runtimes[runtime]
     if rt.max_context and ctx > rt.max_context:
         return False
@@ -350,14 +362,16 @@ def _fits(spec, board, runtime, scheme, ctx, batch, kv_b) -> bool:
 
 def plan(model, board, quant: str | None = None, ctx: int | None = None, batch: int = 1, kv_dtype: str | None = None,
          paging: int | None = None, runtime: str | None = None, suggest: bool = True,
-         extra_boards=(), segments: int | None = None, storage: str | None = None) -> Plan:
+         extra_boards=(), segments: int | None = None, storage: str | None = None,
+         prefill_chunk: int | None = None) -> Plan:
     """Plan ``model`` (reference or ModelSpec) on ``board`` (name, path or Board).
 
     Runtime, scheme and context are :func:`edgeinfer.planning.decision.decide`'s (what ``deploy`` builds;
     ``ctx`` None: the model's limit, capped). ``paging=W`` plans layer-paged execution (edgeinfer.run.paged,
     docs/paging.md): W of ``segments`` (default: one per layer) resident, the rest streamed from ``storage``
-    once per token."""
+    once per token. ``prefill_chunk``: prompt tokens per prefill call (None: the runtime's default)."""
     ctx = None if ctx is None else check_int("ctx", ctx)
+    chunk = None if prefill_chunk is None else check_int("prefill-chunk", prefill_chunk)
     batch = check_int("batch", batch)
     if paging is None and (segments is not None or storage is not None):
         raise InputError("--segments and --storage go with --paging W (segments resident at once)")
@@ -370,7 +384,7 @@ def plan(model, board, quant: str | None = None, ctx: int | None = None, batch: 
     prof = runtime_profile(rt_name)
     kvd = kv_dtype or runtime_kv_dtype(prof, scheme)
     kv_b = kv_bytes_per_element(kvd)
-    bd, det = _memory(spec, b, rt_name, scheme, ctx, batch, kv_b)
+    bd, det = _memory(spec, b, rt_name, scheme, ctx, batch, kv_b, chunk)
     total = sum(bd.values())
     # (what, text): paging replaces the "memory" reason and answers the "weights_window" warning
     reasons: list[tuple[str, str]] = []
@@ -410,12 +424,14 @@ def plan(model, board, quant: str | None = None, ctx: int | None = None, batch: 
     unpaged = Verdict([t for k, t in reasons if k != "memory"], [t for k, t in warnings if k != "weights_window"])
     est = estimate_speed(spec, b, rt_name, scheme, ctx, batch, kv_b)
     p = Plan(model=spec, board=b, runtime=rt_name, scheme=scheme, ctx=ctx, batch=batch, kv_dtype=kvd,
-             breakdown=bd, details=det, fits=fits, reasons=[t for _, t in reasons], limits=limits,
-             estimates=est, warnings=[t for _, t in warnings], decision=decision)
+             prefill_chunk=chunk, breakdown=bd, details=det, fits=fits, reasons=[t for _, t in reasons],
+             limits=limits, estimates=est, warnings=[t for _, t in warnings], decision=decision)
     if suggest:
         p.suggestions = suggestions(p, extra_boards)
     if paging is not None:
-        _merge_paging(p, paged_plan(p, paging, segments, storage, _prefill_chunk(rt_name)), unpaged)
+        merge(p, paged_plan(p, paging, segments, storage, p.chunk), unpaged)
+        if p.suggestions is not None:
+            p.suggestions.prefill_chunk = larger_chunk(p, plan)
     return p
 
 
@@ -425,36 +441,10 @@ def memory_reason(total: int, b: Board) -> str:
             f"({b.usable_bytes / GIB:.2f} GiB usable after the OS/driver reserve)")
 
 
-def _prefill_chunk(runtime: str) -> int:
-    return int(runtime_profile(runtime).get("prefill_chunk", 512))
-
-
-def _merge_paging(p: Plan, r: PagedPlan, unpaged: Verdict) -> None:
-    """Turn ``p`` into its paged form: resident weights in the breakdown, the verdict on the resident
-    total and the NPU window (paging answers the weights-window warning), paged speed estimates."""
-    res = r.cost
-    p.details.paging = res
-    p.details.weights.total_bytes_unpaged = r.unpaged_weight_bytes
-    p.details.weights.paged = f"{r.resident_segments} of {r.segments} segments resident"
-    p.breakdown["weights"] = r.resident_weight_bytes
-    if res.rule != "decoder":  # a decoder's runtime keeps one set of buffers however many segments load
-        p.breakdown["activations"] = int(res.buffer_bytes)  # each resident segment's own (docs/paging.md)
-    p.reasons = list(unpaged.reasons_but_memory)
-    if p.total_bytes > p.capacity_bytes:
-        p.reasons.append(f"needs {p.total_bytes / GIB:.2f} GiB with {r.resident_segments} segment(s) resident, "
-                         f"the board has {p.capacity_bytes / GIB:.2f} GiB; use a smaller --paging window")
-    p.reasons += r.npu_reasons
-    p.warnings = list(unpaged.warnings_but_weights_window)
-    p.fits = not p.reasons
-    paged = [k for k in details.PAGED_RATES if getattr(res, k) is not None]
-    p.estimates = replace(p.estimates, paging=res, **{f"{k}_unpaged": getattr(p.estimates, k) for k in paged},
-                          **{k: getattr(res, k) for k in paged})
-
-
 def suggestions(p: Plan, extra_boards=()) -> details.Suggestions:
     spec, b, kv_b = p.model, p.board, kv_bytes_per_element(p.kv_dtype)
     need = paging_need(p)
-    out = details.Suggestions(paging=suggest_window(p, _prefill_chunk(p.runtime)) if need else None)
+    out = details.Suggestions(paging=suggest_window(p, p.chunk) if need else None)
     if out.paging:
         out.paging["why"] = need
     # largest context that fits (memory grows with ctx: binary search)
@@ -465,11 +455,11 @@ def suggestions(p: Plan, extra_boards=()) -> details.Suggestions:
     if not spec.has_kv and not spec.layers:
         hi = min(hi, p.ctx)
     lo = 0
-    if _fits(spec, b, p.runtime, p.scheme, 1, p.batch, kv_b):
+    if _fits(spec, b, p.runtime, p.scheme, 1, p.batch, kv_b, p.prefill_chunk):
         lo, top = 1, hi
         while lo < top:
             mid = (lo + top + 1) // 2
-            if _fits(spec, b, p.runtime, p.scheme, mid, p.batch, kv_b):
+            if _fits(spec, b, p.runtime, p.scheme, mid, p.batch, kv_b, p.prefill_chunk):
                 lo = mid
             else:
                 top = mid - 1
@@ -482,7 +472,7 @@ def suggestions(p: Plan, extra_boards=()) -> details.Suggestions:
             continue
         for s in r.schemes:
             sc = normalize_scheme(s)
-            if sc.name not in seen and _fits(spec, b, rname, sc, p.ctx, p.batch, kv_b):
+            if sc.name not in seen and _fits(spec, b, rname, sc, p.ctx, p.batch, kv_b, p.prefill_chunk):
                 seen[sc.name] = (sc.bpw, rname)
     ranked = sorted(seen.items(), key=lambda kv: -kv[1][0])
     out.quants_that_fit = [{"quant": n, "runtime": r, "bits_per_weight": bpw} for n, (bpw, r) in ranked]
@@ -494,7 +484,7 @@ def suggestions(p: Plan, extra_boards=()) -> details.Suggestions:
         fam = list(load_boards(extra_boards, family=b.family).values())
         for x in sorted(fam, key=lambda x: (x.total_bytes, x.name)):
             if p.runtime in x.runtimes and p.scheme.name in x.runtimes[p.runtime].schemes \
-                    and _fits(spec, x, p.runtime, p.scheme, p.ctx, p.batch, kv_b):
+                    and _fits(spec, x, p.runtime, p.scheme, p.ctx, p.batch, kv_b, p.prefill_chunk):
                 out.board = x.name
                 break
     return out

@@ -33,7 +33,8 @@ def faster_runtime(p: Any, plan: Callable[..., Any]) -> dict[str, Any] | None:
         if option(p.model, p.board, name, "decoder", p.scheme).cannot_build is not None:
             continue
         try:
-            alt = plan(p.model, p.board, quant=p.scheme.name, ctx=p.ctx, batch=p.batch, runtime=name, suggest=False)
+            alt = plan(p.model, p.board, quant=p.scheme.name, ctx=p.ctx, batch=p.batch, runtime=name, suggest=False,
+                       prefill_chunk=p.prefill_chunk)
         except EdgeInferError:  # a runtime this model cannot be planned on is no suggestion
             continue
         tps = alt.estimates.decode_tokens_per_s
