@@ -41,6 +41,9 @@ def test_the_plan_takes_the_runtimes_chunk_unless_told_another():
     assert asked.breakdown["weights"] == default.breakdown["weights"]
     host = plan("Qwen/Qwen3-0.6B", "host", quant="fp32", ctx=1024)
     assert host.to_dict()["options"]["prefill_chunk"] == RUNTIMES[host.runtime]["prefill_chunk"]
+    encoder = plan("all-minilm-l6-v2", "rk3588-8g", prefill_chunk=64)  # sees its whole sequence at once
+    assert encoder.to_dict()["options"]["prefill_chunk"] is None
+    assert encoder.details.activations.tokens_per_step == encoder.ctx
 
 
 def test_cli_prefill_chunk_reaches_the_json_and_a_bad_one_is_one_line(capfd):

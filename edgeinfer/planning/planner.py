@@ -233,7 +233,8 @@ class Plan:
                       "backend": self.board.backend, "memory_kind": self.board.memory_kind,
                       "origin": self.board.origin},
             "options": {"quant": self.scheme.name, "runtime": self.runtime, "ctx": self.ctx,
-                        "batch": self.batch, "kv_dtype": self.kv_dtype, "prefill_chunk": self.chunk},
+                        "batch": self.batch, "kv_dtype": self.kv_dtype,
+                        "prefill_chunk": None if m.encoder else self.chunk},  # an encoder sees its whole sequence
             "fits": self.fits,
             "verdict": "fits" if self.fits else "does not fit",
             "reasons": list(self.reasons),
