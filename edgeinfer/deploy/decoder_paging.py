@@ -84,7 +84,8 @@ def manifest_section(paging: Paging, plan: Any) -> dict[str, Any]:
 
     largest = next((w for w in range(paging.segments, 0, -1)
                     if make_plan(plan.model, plan.board, quant=plan.scheme.name, ctx=plan.ctx, runtime=plan.runtime,
-                                 paging=w, segments=paging.segments, suggest=False).fits), None)
+                                 paging=w, segments=paging.segments, suggest=False,
+                                 prefill_chunk=plan.prefill_chunk).fits), None)
     return {"segments": paging.segments, "window": paging.window, "chosen_by": paging.chosen_by,
             "max_window": largest, "predicted": figures(plan.details.paging)}
 
