@@ -148,6 +148,11 @@ def render_plan(p: Plan) -> None:
         con.print(f"[bold]faster here[/]: --runtime {r['runtime']} → decode ≈ {r['decode_tokens_per_s']:.3g} tok/s "
                   f"({r['speedup']:g}× this plan's estimate), total {_gib(r['total_bytes'])} (this plan "
                   f"{_gib(p.total_bytes)})")
+    if s and s.activations:
+        a = s.activations
+        con.print(f"[bold]faster here[/]: --quant {a['quant']} (int8 activations) → decode ≈ "
+                  f"{a['decode_tokens_per_s']:.3g} tok/s ({a['speedup']:g}× this plan's estimate), total "
+                  f"{_gib(a['total_bytes'])} (this plan {_gib(p.total_bytes)})")
     if s and s.prefill_chunk:
         c = s.prefill_chunk
         n = c["prefill_chunk"]

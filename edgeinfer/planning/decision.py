@@ -271,13 +271,16 @@ def with_alternative(o: Option, spec: Any, board: Board, kind: str) -> Option:
 
 def summary_lines(p: Any) -> list[str]:
     """A plan (``planner.Plan``) in the few lines ``deploy`` prints before converting: what it builds, the board's
-    preferred runtime when that is not it, and a runtime that decodes the scheme faster here."""
+    preferred runtime when that is not it, and a runtime or int8 activations that decode faster here."""
     verdict = "fits" if p.fits else "DOES NOT FIT"
     dec = p.estimates.decode_tokens_per_s
     speed = f", decode ≈ {dec:.3g} tok/s" if dec else ""
     first = (f"plan: {p.model.name} on {p.board.name}: {p.runtime} {p.scheme.name}, ctx {p.ctx}, {verdict} "
              f"({p.total_bytes / 2**30:.2f} of {p.capacity_bytes / 2**30:.2f} GiB{speed})")
     r = p.suggestions.runtime if p.suggestions else None
+    a = p.suggestions.activations if p.suggestions else None
     faster = [f"faster here: --runtime {r['runtime']} decodes {p.scheme.name} at ≈ {r['decode_tokens_per_s']:.3g} "
               f"tok/s ({r['speedup']:g}× this build's estimate)"] if r else []
+    faster += [f"faster here: --quant {a['quant']} (int8 activations) decodes at ≈ {a['decode_tokens_per_s']:.3g} "
+               f"tok/s ({a['speedup']:g}× this build's estimate)"] if a else []
     return [first, *(p.decision.lines()[1:] if p.decision else []), *faster]

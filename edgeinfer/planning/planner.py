@@ -13,7 +13,7 @@ from pathlib import Path
 
 from edgeinfer.contract.schemes import Scheme, normalize_scheme
 from edgeinfer.errors import InputError
-from edgeinfer.planning import decoder_segments, details, runtime_choice, speed
+from edgeinfer.planning import activation_choice, decoder_segments, details, runtime_choice, speed
 from edgeinfer.planning.boards import GIB, Board, get_board, load_boards, safe_loader
 from edgeinfer.planning.decision import Decision, decide
 from edgeinfer.planning.exportable import refuse_unexportable
@@ -479,6 +479,7 @@ def suggestions(p: Plan, extra_boards=()) -> details.Suggestions:
     out.quants_that_fit = [{"quant": n, "runtime": r, "bits_per_weight": bpw} for n, (bpw, r) in ranked]
     out.quant = ranked[0][0] if ranked else None
     out.runtime = runtime_choice.faster_runtime(p, plan)
+    out.activations = activation_choice.int8_activations(p, plan)
     # smallest board of the same family that fits with the same options (only needed when it does not fit:
     # loading every profile costs tens of milliseconds on the fast path)
     if b.family != "host" and not p.fits:

@@ -1,0 +1,46 @@
+"""The plan's weights with int8 activations, where its runtime decodes those faster: ``plan``'s
+``suggestions.activations``.
+
+A scheme names the bits of its weights and of its activations (w8a16: 8-bit weights, float activations). A
+runtime can be fast at one and slow at the other: onnxruntime on a CPU has int8-activation kernels for 8- and
+4-bit weights (``MatMulNBits`` at accuracy level 4, the activations quantized to int8 per block inside the kernel,
+as llama.cpp's Q8_0 and Q4 dot products quantize theirs) and no fast one for 8-bit weights with float activations
+(bench/README.md, "runtime_kernels.py"), so host w8a16 decodes at about a quarter of w8a8's speed. The plan names
+the scheme of its own runtime with the same weight bits and group and 8-bit activations when that fits at the
+same context and batch and its decode estimate is at least :data:`FASTER` times the plan's. The price is the
+activations' rounding, which the deploy golden check measures against the fp32 reference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from edgeinfer.contract.schemes import normalize_scheme
+from edgeinfer.errors import EdgeInferError
+
+FASTER = 1.2
+
+
+def int8_activations(p: Any, plan: Callable[..., Any]) -> dict[str, Any] | None:
+    """The suggestion for plan ``p`` (a ``planner.Plan``; ``plan`` is ``planner.plan``), or None."""
+    s, own = p.scheme, p.estimates.decode_tokens_per_s
+    if p.model.encoder or p.model.runtime or s.kind != "int" or s.act_bits <= 8 or not own \
+            or p.details.paging is not None:
+        return None
+    try:
+        want = normalize_scheme(f"w{s.weight_bits}a8" + (f"_g{s.group_size}" if s.group_size else ""))
+    except EdgeInferError:
+        return None
+    if want.family not in p.board.runtimes[p.runtime].schemes:
+        return None
+    try:
+        alt = plan(p.model, p.board, quant=want.name, ctx=p.ctx, batch=p.batch, runtime=p.runtime, suggest=False,
+                   prefill_chunk=p.prefill_chunk)
+    except EdgeInferError:
+        return None
+    tps = alt.estimates.decode_tokens_per_s
+    if not alt.fits or not tps or tps < FASTER * own:
+        return None
+    return {"quant": want.name, "decode_tokens_per_s": tps, "speedup": round(tps / own, 2),
+            "total_bytes": alt.total_bytes, "basis": alt.estimates.basis}

@@ -1,0 +1,57 @@
+"""plan's ``suggestions.activations``: the plan's weights with int8 activations, where its runtime decodes those
+faster (edgeinfer/planning/activation_choice.py, docs/planner.md "Suggestions").
+
+The expected figures are the planner's own plans of the other scheme, made here independently of the suggestion,
+and the runtime's scheme list read from the board."""
+
+from __future__ import annotations
+
+import pytest
+
+from edgeinfer.planning.boards import get_board
+from edgeinfer.planning.planner import plan
+from edgeinfer.testing.cli import run_cli
+
+MODEL = "Qwen/Qwen3-0.6B"
+
+
+@pytest.mark.parametrize("scheme, int8", [("w8a16", "w8a8"), ("w4a16", "w4a8")])
+def test_float_activations_on_the_host_point_to_the_int8_kernels(scheme, int8):
+    p = plan(MODEL, "host", quant=scheme, ctx=1024)
+    assert p.runtime == "onnxruntime" and int8 in get_board("host").runtimes[p.runtime].schemes
+    alt = plan(MODEL, "host", quant=int8, ctx=1024, runtime=p.runtime, suggest=False)
+    a = p.suggestions.activations
+    assert a["quant"] == int8 and a["decode_tokens_per_s"] == alt.estimates.decode_tokens_per_s
+    assert alt.estimates.decode_tokens_per_s >= 1.2 * p.estimates.decode_tokens_per_s
+    assert a["speedup"] == pytest.approx(alt.estimates.decode_tokens_per_s / p.estimates.decode_tokens_per_s,
+                                         abs=0.01)
+    assert a["total_bytes"] == alt.total_bytes and a["basis"] == alt.estimates.basis
+
+
+@pytest.mark.parametrize("board, scheme", [("host", "w8a8"), ("host", "fp16"), ("host", "fp32"),
+                                           ("rk3576-8g", "w4a16")])
+def test_no_suggestion_without_float_activations_or_an_int8_scheme_on_the_runtime(board, scheme):
+    p = plan(MODEL, board, quant=scheme, ctx=1024)
+    if scheme == "w4a16":  # the runtime has no w4a8 to offer
+        assert "w4a8" not in get_board(board).runtimes[p.runtime].schemes
+    assert p.suggestions.activations is None
+
+
+def test_no_suggestion_when_the_int8_scheme_is_not_faster():
+    """OpenVINO on an Intel NPU decodes w8a16 and w8a8 at one estimate (the same 8-bit weight bytes per token)."""
+    p = plan(MODEL, "core-ultra-155h", quant="w8a16", ctx=1024)
+    assert "w8a8" in get_board("core-ultra-155h").runtimes[p.runtime].schemes
+    other = plan(MODEL, "core-ultra-155h", quant="w8a8", ctx=1024, runtime=p.runtime, suggest=False)
+    assert other.fits and other.estimates.decode_tokens_per_s < 1.2 * p.estimates.decode_tokens_per_s
+    assert p.suggestions.activations is None
+
+
+def test_plan_and_deploy_print_it(capfd):
+    r = run_cli(capfd, "plan", MODEL, "--board", "host", "--quant", "w8a16", "--ctx", "1024")
+    assert r.returncode == 0, r.stderr
+    a = plan(MODEL, "host", quant="w8a16", ctx=1024).suggestions.activations
+    assert f"faster here: --quant w8a8 (int8 activations) → decode ≈ {a['decode_tokens_per_s']:.3g} tok/s" in r.stdout
+    from edgeinfer.planning.decision import summary_lines
+
+    lines = summary_lines(plan(MODEL, "host", quant="w8a16", ctx=1024))
+    assert any(ln.startswith("faster here: --quant w8a8 (int8 activations)") for ln in lines)
