@@ -10,7 +10,6 @@ import json
 import logging
 import signal
 import socket
-import sys
 import threading
 import time
 import uuid
@@ -51,7 +50,6 @@ def error_response(status: int, message: str, headers: dict[str, str] | None = N
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-SWITCH_INTERVAL_S = 0.001  # sys.setswitchinterval in the HTTP process (serve)
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
           405: "invalid_request_error", 413: "request_too_large", 429: "rate_limit_error", 500: "server_error",
           503: "service_unavailable", 504: "timeout"}
@@ -397,9 +395,6 @@ def serve(config: ServeConfig, log_level: str = "info") -> None:
     """Run the service until SIGTERM/SIGINT; raise BackendError when the models cannot be loaded."""
     import uvicorn
 
-    # a thread that holds the GIL (a chat template rendered on the preparing thread, Offload.prepare) hands it to
-    # the event loop only every switch interval: 5 ms by default, several per request it answers meanwhile
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
     logging.basicConfig(level=getattr(logging, log_level.upper()),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     sock = listen(config.host, config.port)  # a busy port is a one-line error before bundles are hashed

@@ -14,6 +14,7 @@ import base64
 import json
 import multiprocessing as mp
 import re
+import sys
 import threading
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -403,14 +404,24 @@ def _kill_late_helpers(broken: ProcessPoolExecutor) -> None:
             helper.join(5)
 
 
+def _handing_back_the_gil(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` with a 1 ms switch interval: the event loop gets the GIL back from a template's Python steps
+    that often (5 ms held /health's p99 at 25-60 ms; process-wide, 1 ms slowed --in-process decoders: serve.md)."""
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(0.001)
+    try:
+        return fn(*args)
+    finally:
+        sys.setswitchinterval(old)
+
+
 class Offload:
     """Runs request work inline when it is small (or on one thread, ``threaded``: a chat template) and in up
     to ``processes`` helper processes (spawned) when it is large. The helpers start when a large request first
-    needs one (ProcessPoolExecutor starts them one per submitted call until ``processes`` run), so a server
-    that only gets small requests never pays their ~70 MiB each; ``processes=0`` runs everything in this
-    process (threaded work on the thread). A helper that dies (e.g. out of memory) fails its request with 500;
-    the pool is renewed on the next large request. The helpers hold the served models (``models``: embedding
-    and tensor bundles, ``decoders``: decoder engines, whose tokenizer and chat template they run)."""
+    needs one, so a server that only gets small requests never pays their ~70 MiB each; ``processes=0`` runs
+    everything here (threaded work on the thread). A helper that dies (e.g. out of memory) fails its request
+    with 500; the pool is renewed on the next large request. The helpers hold the served models (``models``:
+    embedding and tensor bundles, ``decoders``: decoder engines, whose tokenizer and chat template they run)."""
 
     def __init__(self, models: Models, processes: int = 2, decoders: dict[str, Any] | None = None):
         self.tables = {"models": models, "decoders": decoders or {}}
@@ -428,13 +439,13 @@ class Offload:
 
     async def prepare(self, heavy: bool, fn: Callable[..., Any], *args: Any, table: str = "models",
                       threaded: bool = False) -> Any:
-        """``fn(models, *args)`` (``fn(decoders, *args)`` with ``table="decoders"``); ``threaded``: where it
-        is not sent to a helper, on this server's one preparing thread instead of the event loop (a chat
-        template: bounded Python steps, which hand the loop the GIL every switch interval)."""
+        """``fn(models, *args)`` (``fn(decoders, *args)`` with ``table="decoders"``); ``threaded``: where it is
+        not sent to a helper, on this server's one preparing thread instead of the event loop (a chat template)."""
         if not self._inline(heavy):
             return await self._submit(fn, args, table)
         if threaded:
-            return await asyncio.get_running_loop().run_in_executor(self._thread(), fn, self.tables[table], *args)
+            return await asyncio.get_running_loop().run_in_executor(self._thread(), _handing_back_the_gil, fn,
+                                                                    self.tables[table], *args)
         return fn(self.tables[table], *args)
 
     def _thread(self) -> ThreadPoolExecutor:
