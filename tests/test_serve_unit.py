@@ -184,6 +184,37 @@ def test_a_chat_template_runs_on_the_preparing_thread_not_in_a_helper():
     assert not set(_spawned_children()) - before
 
 
+def _switch_interval(_models, fail: bool = False) -> float:
+    import sys
+
+    if fail:
+        raise ValueError("a template error")
+    return sys.getswitchinterval()
+
+
+def test_a_chat_template_renders_with_a_1_ms_switch_interval_and_the_process_keeps_its_own():
+    """The preparing thread hands the event loop the GIL every 1 ms while a template renders (docs/serve.md), and
+    puts the process's interval back afterwards, an error included."""
+    import asyncio
+    import sys
+
+    from edgeinfer.serve.prep import Offload
+
+    own = sys.getswitchinterval()
+    assert own != 0.001
+    offload = Offload({}, processes=0)
+    offload.start()
+    try:
+        assert asyncio.run(offload.prepare(False, _switch_interval, threaded=True)) == pytest.approx(0.001)
+        assert sys.getswitchinterval() == own
+        with pytest.raises(ValueError, match="a template error"):
+            asyncio.run(offload.prepare(False, _switch_interval, True, threaded=True))
+        assert sys.getswitchinterval() == own
+        assert asyncio.run(offload.prepare(False, _switch_interval)) == own  # not threaded: unchanged
+    finally:
+        offload.stop()
+
+
 def test_a_helper_started_while_the_broken_pool_was_torn_down_is_killed():
     """CPython's pool can start a helper after its manager thread terminated the helpers of a broken pool
     (a request submitted just as one died); renewing the pool kills it instead of leaving it waiting for
