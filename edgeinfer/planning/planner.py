@@ -60,7 +60,7 @@ def runtime_profile(name: str) -> dict:
     return prof
 
 
-def prefill_chunk(runtime: str, given: int | None = None) -> int:
+def chunk_for(runtime: str, given: int | None = None) -> int:
     """Prompt tokens one prefill call takes: ``given`` (``plan --prefill-chunk``: ``deploy --option
     prefill_chunk`` where the backend builds the chunk into its graphs, else ``serve --prefill-chunk``),
     else the runtime profile's."""
@@ -202,7 +202,7 @@ class Plan:
 
     @property
     def chunk(self) -> int:
-        return prefill_chunk(self.runtime, self.prefill_chunk)
+        return chunk_for(self.runtime, self.prefill_chunk)
 
     @property
     def total_bytes(self) -> int:
@@ -335,7 +335,7 @@ def runtime_overhead_bytes(ov: dict, weights: float) -> int:
 
 
 def _memory(spec, board, runtime, scheme, ctx, batch, kv_b, chunk=None):
-    prof = {**runtime_profile(runtime), "prefill_chunk": prefill_chunk(runtime, chunk)}
+    prof = {**runtime_profile(runtime), "prefill_chunk": chunk_for(runtime, chunk)}
     w, wd = weights_bytes(spec, scheme, prof)
     kv = kv_bytes(spec, ctx, batch, kv_b)
     act, ad = activation_bytes(spec, ctx, batch, prof)
