@@ -7,8 +7,8 @@ runtime can be fast at one and slow at the other: onnxruntime on a CPU has int8-
 as llama.cpp's Q8_0 and Q4 dot products quantize theirs) and no fast one for 8-bit weights with float activations
 (bench/README.md, "runtime_kernels.py"), so host w8a16 decodes at about a quarter of w8a8's speed. The plan names
 the scheme of its own runtime with the same weight bits and group and 8-bit activations when that fits at the
-same context and batch and its decode estimate is at least :data:`FASTER` times the plan's. The price is the
-activations' rounding, which the deploy golden check measures against the fp32 reference.
+same context and batch and its decode estimate is at least ``runtime_choice.FASTER`` (1.2) times the plan's. The
+price is the activations' rounding, which the deploy golden check measures against the fp32 reference.
 """
 
 from __future__ import annotations
@@ -18,15 +18,14 @@ from typing import Any
 
 from edgeinfer.contract.schemes import normalize_scheme
 from edgeinfer.errors import EdgeInferError
-
-FASTER = 1.2
+from edgeinfer.planning.runtime_choice import faster_plan
 
 
 def int8_activations(p: Any, plan: Callable[..., Any]) -> dict[str, Any] | None:
     """The suggestion for plan ``p`` (a ``planner.Plan``; ``plan`` is ``planner.plan``), or None."""
-    s, own = p.scheme, p.estimates.decode_tokens_per_s
-    if p.model.encoder or p.model.runtime or s.kind != "int" or s.act_bits <= 8 or not own \
-            or p.details.paging is not None:
+    s = p.scheme
+    if p.model.encoder or p.model.runtime or s.kind != "int" or s.act_bits <= 8 \
+            or not p.estimates.decode_tokens_per_s or p.details.paging is not None:
         return None
     try:
         want = normalize_scheme(f"w{s.weight_bits}a8" + (f"_g{s.group_size}" if s.group_size else ""))
@@ -34,13 +33,5 @@ def int8_activations(p: Any, plan: Callable[..., Any]) -> dict[str, Any] | None:
         return None
     if want.family not in p.board.runtimes[p.runtime].schemes:
         return None
-    try:
-        alt = plan(p.model, p.board, quant=want.name, ctx=p.ctx, batch=p.batch, runtime=p.runtime, suggest=False,
-                   prefill_chunk=p.prefill_chunk)
-    except EdgeInferError:
-        return None
-    tps = alt.estimates.decode_tokens_per_s
-    if not alt.fits or not tps or tps < FASTER * own:
-        return None
-    return {"quant": want.name, "decode_tokens_per_s": tps, "speedup": round(tps / own, 2),
-            "total_bytes": alt.total_bytes, "basis": alt.estimates.basis}
+    found = faster_plan(p, plan, quant=want.name, runtime=p.runtime)
+    return {"quant": want.name, **found[1]} if found else None

@@ -20,11 +20,26 @@ from edgeinfer.planning.serve_memory import served
 FASTER = 1.2
 
 
+def faster_plan(p: Any, plan: Callable[..., Any], **asks: Any) -> tuple[Any, dict[str, Any]] | None:
+    """``plan`` of ``p``'s model on its board at ``p``'s context, batch and prefill chunk with ``asks`` (runtime,
+    quant), with its decode figures, when it fits and its estimate is at least :data:`FASTER` times ``p``'s;
+    None otherwise, or when the model cannot be planned so."""
+    own = p.estimates.decode_tokens_per_s
+    try:
+        alt = plan(p.model, p.board, ctx=p.ctx, batch=p.batch, suggest=False, prefill_chunk=p.prefill_chunk, **asks)
+    except EdgeInferError:
+        return None
+    tps = alt.estimates.decode_tokens_per_s
+    if not alt.fits or not tps or tps < FASTER * own:
+        return None
+    return alt, {"decode_tokens_per_s": tps, "speedup": round(tps / own, 2), "total_bytes": alt.total_bytes,
+                 "basis": alt.estimates.basis}
+
+
 def faster_runtime(p: Any, plan: Callable[..., Any]) -> dict[str, Any] | None:
     """The suggestion for plan ``p`` (a ``planner.Plan``; ``plan`` is ``planner.plan``), or None. A model file
     that runs in one runtime only (a .rkllm) gets none."""
-    own = p.estimates.decode_tokens_per_s
-    if p.model.encoder or p.model.runtime or not own or p.details.paging is not None:
+    if p.model.encoder or p.model.runtime or not p.estimates.decode_tokens_per_s or p.details.paging is not None:
         return None
     best = None
     for name, rt in p.board.runtimes.items():
@@ -32,14 +47,8 @@ def faster_runtime(p: Any, plan: Callable[..., Any]) -> dict[str, Any] | None:
             continue
         if option(p.model, p.board, name, "decoder", p.scheme).cannot_build is not None:
             continue
-        try:
-            alt = plan(p.model, p.board, quant=p.scheme.name, ctx=p.ctx, batch=p.batch, runtime=name, suggest=False,
-                       prefill_chunk=p.prefill_chunk)
-        except EdgeInferError:  # a runtime this model cannot be planned on is no suggestion
-            continue
-        tps = alt.estimates.decode_tokens_per_s
-        if alt.fits and tps and tps >= FASTER * own and (best is None or tps > best["decode_tokens_per_s"]):
-            best = {"runtime": name, "decode_tokens_per_s": tps, "speedup": round(tps / own, 2),
-                    "total_bytes": alt.total_bytes, "basis": alt.estimates.basis,
-                    "served_bytes": served(alt.breakdown, alt.model.vocab)["total_bytes"]}
+        found = faster_plan(p, plan, quant=p.scheme.name, runtime=name)
+        if found and (best is None or found[1]["decode_tokens_per_s"] > best["decode_tokens_per_s"]):
+            alt, figures = found
+            best = {"runtime": name, **figures, "served_bytes": served(alt.breakdown, alt.model.vocab)["total_bytes"]}
     return best
