@@ -55,6 +55,9 @@ def test_cli_prefill_chunk_reaches_the_json_and_a_bad_one_is_one_line(capfd):
     bad = run_cli(capfd, "plan", "Qwen/Qwen3-0.6B", "--board", "host", "--prefill-chunk", "0")
     assert bad.returncode == 2 and "--prefill-chunk must be a positive integer" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
+    huge = run_cli(capfd, "plan", "Qwen/Qwen3-0.6B", "--board", "host", "--prefill-chunk", "100000")
+    assert huge.returncode == 2 and "--prefill-chunk 100000 is out of range: at most 65536" in huge.stderr
+    assert len(huge.stderr.strip().splitlines()) == 1
 
 
 def paged_prefill(p) -> float:

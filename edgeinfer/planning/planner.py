@@ -253,7 +253,7 @@ class Plan:
 
 
 def check_int(name: str, v: object) -> int:
-    """``--ctx`` / ``--batch`` as a positive integer in a realistic range, else InputError naming the option."""
+    """``--ctx`` / ``--batch`` / ``--prefill-chunk`` as a positive integer in a realistic range, else InputError."""
     if isinstance(v, bool) or not isinstance(v, int):
         try:
             v2 = int(v)
@@ -262,11 +262,12 @@ def check_int(name: str, v: object) -> int:
         if v2 != v:
             raise InputError(f"--{name} must be a positive integer, got {v!r}")
         v = v2
+    example = {"ctx": 4096, "prefill-chunk": 128}.get(name, 1)
     if v <= 0:
-        raise InputError(f"--{name} must be a positive integer, got {v}", f"for example --{name} 4096"
-                         if name == "ctx" else f"for example --{name} 1")
-    if v > 2**24 if name == "ctx" else v > 65536:
-        raise InputError(f"--{name} {v} is out of range", "use a realistic value")
+        raise InputError(f"--{name} must be a positive integer, got {v}", f"for example --{name} {example}")
+    most = 2**24 if name == "ctx" else 65536
+    if v > most:
+        raise InputError(f"--{name} {v} is out of range: at most {most}", f"for example --{name} {example}")
     return v
 
 
