@@ -182,6 +182,12 @@ def slower(tmp_path_factory):
     return slow_bundle(tmp_path_factory.mktemp("slower") / "slower", layers=256)
 
 
+# the timeout tests' large request is prepared in the HTTP process: a request helper starts (spawned) at the first
+# large request, and on a loaded machine that outlasted --timeout-s, so the request timed out before its batch
+# reached the worker (a CI run waited 120 s for a restart that had no batch to stop)
+NO_HELPERS = ("--request-helpers", "0")
+
+
 def rows(n: int) -> dict:
     return {"inputs": {"x": np.linspace(-1, 1, 16 * n, dtype=np.float32).reshape(n, 16).round(3).tolist()}}
 
@@ -189,7 +195,7 @@ def rows(n: int) -> dict:
 def test_timed_out_request_stops_its_work_and_later_small_requests_succeed(slow, tmp_path):
     """A request far too long for --timeout-s gets 504; its batch stops between chunks instead of holding the
     only worker for its whole run, so the small requests right after it are answered in time."""
-    with ServerProc([slow], "--timeout-s", "2", "--max-inputs", "4096", "--max-batch", "8",
+    with ServerProc([slow], "--timeout-s", "2", "--max-inputs", "4096", "--max-batch", "8", *NO_HELPERS,
                     log=tmp_path / "log") as server:
         r = httpx.post(server.url + "/v1/infer", json=rows(4096), timeout=T)  # ~30 s of model time here
         assert r.status_code == 504, r.text[:300]
@@ -207,10 +213,12 @@ def test_timed_out_request_stops_its_work_and_later_small_requests_succeed(slow,
 def test_a_chunk_that_outlasts_its_timeout_gets_its_worker_restarted(slower, tmp_path):
     """One chunk cannot be stopped halfway: when a timed-out batch is still running --timeout-s after it was
     cancelled, its worker is restarted (not counted as a crash), and the server serves on."""
-    with ServerProc([slower], "--timeout-s", "1.5", "--max-inputs", "4096", "--max-batch", "4096",
+    with ServerProc([slower], "--timeout-s", "1.5", "--max-inputs", "4096", "--max-batch", "4096", *NO_HELPERS,
                     log=tmp_path / "log") as server:
         pid = httpx.get(server.url + "/ready").json()["workers"][0]["pid"]
         assert httpx.post(server.url + "/v1/infer", json=rows(4096), timeout=T).status_code == 504
+        text = httpx.get(server.url + "/metrics").text
+        assert metric(text, "edgeinfer_batch_size_sum") >= 4096  # it timed out while its batch was running
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             w = httpx.get(server.url + "/ready").json()["workers"][0]
