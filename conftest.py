@@ -34,6 +34,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def _uses_shared_fixture(item: pytest.Item) -> bool:
+    """A module- or class-scoped fixture, or a session-scoped one the test's own module defines (no other module
+    sees it: on two workers it is built twice, like a module's)."""
     info = getattr(item, "_fixtureinfo", None)  # pytest's Function: the fixture definitions it was collected with
-    defs = info.name2fixturedefs.values() if info is not None else ()
-    return any(d[-1].scope in SHARED_SCOPES for d in defs if d)
+    defs = [d[-1] for d in info.name2fixturedefs.values() if d] if info is not None else []
+    module = item.nodeid.split("::", 1)[0]
+    return any(d.scope in SHARED_SCOPES or (d.scope == "session" and d.baseid == module) for d in defs)
