@@ -42,7 +42,8 @@ def test_a_module_fixture_is_built_once_under_two_workers(tmp_path):
     setups = tmp_path / "setups.txt"
     env = {**os.environ, "SETUPS": str(setups)}
     run = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-q", "-p",
-                          "no:cacheprovider", "--rootdir", str(tmp_path), str(tmp_path)],
+                          "no:cacheprovider", "--rootdir", str(tmp_path), "--basetemp", str(tmp_path / "tmp"),
+                          str(tmp_path / "test_shared.py"), str(tmp_path / "test_alone.py")],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert "16 passed" in run.stdout
