@@ -7,8 +7,8 @@ in a fresh process so that RSS differences are the layer's own:
 - onnxruntime ``MatMul`` with fp32 weights and with fp16 weights (fp16 in and out): the memory the session adds
   and the time of one row — whether fp16 weights stay fp16 in memory and are read as such;
 - onnxruntime ``MatMulNBits`` (its own quantizer, block 32, symmetric) at 8 bits with fp32 activations
-  (accuracy level 1: what w8a16 means), at 8 bits with int8 activations (level 4: w8a8) and at 4 bits with fp32
-  activations (level 1: w4a16, and what w8a16's two 4-bit planes run on), each at 1 and 16 rows;
+  (accuracy level 1: what w8a16 means), at 8 bits with int8 activations (level 4: w8a8, and what w8a16's two
+  activation digits run on) and at 4 bits with fp32 activations (level 1: w4a16), each at 1 and 16 rows;
 - OpenVINO's CPU plugin on an IR saved with fp16-compressed weights (``ov.save_model(compress_to_fp16=True)``,
   as optimum-intel exports them), compiled with ``INFERENCE_PRECISION_HINT`` f32 as edgeinfer compiles fp16 IRs:
   anonymous RSS after compiling and after the first inference of 1, 2, 4, 8, 16 and 64 rows — each new packed

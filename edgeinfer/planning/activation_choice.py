@@ -4,8 +4,9 @@
 A scheme names the bits of its weights and of its activations (w8a16: 8-bit weights, float activations). A
 runtime can be fast at one and slow at the other: onnxruntime on a CPU has int8-activation kernels for 8- and
 4-bit weights (``MatMulNBits`` at accuracy level 4, the activations quantized to int8 per block inside the kernel,
-as llama.cpp's Q8_0 and Q4 dot products quantize theirs) and no fast one for 8-bit weights with float activations
-(bench/README.md, "runtime_kernels.py"), so host w8a16 decodes at about a quarter of w8a8's speed. The plan names
+as llama.cpp's Q8_0 and Q4 dot products quantize theirs) and no fast one for float activations (bench/README.md,
+"runtime_kernels.py"): host w4a16 decodes at about half of w4a8's speed, and w8a16 runs w8a8's kernel over two int8
+digits of its activations (the onnxruntime plugin's int8_digits.py), more work per token than w8a8. The plan names
 the scheme of its own runtime with the same weight bits and group and 8-bit activations when that fits at the
 same context and batch and its decode estimate is at least ``runtime_choice.FASTER`` (1.2) times the plan's. The
 price is the activations' rounding, which the deploy golden check measures against the fp32 reference.

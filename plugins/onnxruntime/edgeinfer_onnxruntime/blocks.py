@@ -12,6 +12,6 @@ INT8_BLOCK = 128
 #: what convert() builds that no scheme name or option says: part of deploy's conversion cache key
 #: (Decoders.defaults), so a conversion cached with another default is not reused
 CONVERSION_DEFAULTS = {"int4_block_size": DEFAULT_BLOCK, "int8_block_size": INT8_BLOCK,
-                       "w8a16_kernel": "4-bit planes",  # int8_planes.py
+                       "w8a16_kernel": "int8 kernel, two activation digits",  # int8_digits.py
                        "lm_head": "one position per row",  # last_logits.py
                        "embedding": "int8 for int8 and int4 weights"}  # embedding.py

@@ -154,7 +154,8 @@ def convert(hf_dir: Path, scheme: str, context: int, out: Path, group_size: int 
         facts["int4_block_size"] = block
     if int8:  # "precision": the builder's, before the steps below
         facts.update(int8_block_size=block, then="onnxruntime MatMulNBitsQuantizer bits=8" + (
-            "" if scheme.startswith("w8a8") else ", each node as two exact 4-bit planes (int8_planes.py)"))
+            "" if scheme.startswith("w8a8") else ", each node on the int8 kernel over its input's two int8 digits"
+                                                 " (int8_digits.py)"))
     elif scheme == "fp16":
         facts["then"] = "onnxruntime.transformers.float16 (fp32 ids, mask and logits)"
     return {**facts, **(embedding or {})}

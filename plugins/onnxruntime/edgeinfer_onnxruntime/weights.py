@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from .int8_planes import split_planes
+from .int8_digits import split_digits
 from .kv_cache import is_kv
 
 
@@ -50,9 +50,9 @@ def quantize_int8(graph: Path, block: int, activations_int8: bool) -> None:
     fp32 graph's MatMuls become ``MatMulNBits`` with ``bits=8`` by onnxruntime's own quantizer
     (``onnxruntime.quantization.matmul_nbits_quantizer.MatMulNBitsQuantizer``, 2/4/8 bits), symmetric per
     block. Activations fp32 (accuracy_level 1, w8a16) or quantized to int8 per block inside the kernel
-    (accuracy_level 4, w8a8). onnxruntime 1.26 has no x86 kernel for 8 bits with fp32 activations (it
-    dequantizes the whole weight at every call), so w8a16's nodes are then rewritten as two exact 4-bit ones
-    (:mod:`.int8_planes`; docs/generation.md)."""
+    (accuracy_level 4, w8a8). onnxruntime 1.26 has no fast x86 kernel for 8 bits with fp32 activations (it
+    dequantizes the whole weight at every call), so w8a16's nodes then run on the int8 kernel over their input's
+    two int8 digits (:mod:`.int8_digits`; docs/generation.md)."""
     import onnx
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
@@ -66,6 +66,6 @@ def quantize_int8(graph: Path, block: int, activations_int8: bool) -> None:
     finally:
         log.setLevel(level)
     if not activations_int8:
-        split_planes(q.model.model)
+        split_digits(q.model.model)
     q.model.topological_sort()
     save(q.model.model, graph)
