@@ -1,8 +1,9 @@
-"""Shared by the benchmarks: where results go and how they are written, an RSS sampler (the definitions of RSS
-and peak are edgeinfer.contract.measure's) and a process's CPU time."""
+"""Shared by the benchmarks: their command line, where results go and how they are written, an RSS sampler (the
+definitions of RSS and peak are edgeinfer.contract.measure's) and a process's CPU time."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -14,6 +15,12 @@ from pathlib import Path
 from edgeinfer.contract.measure import current_rss_bytes
 
 RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def arguments(doc: str | None) -> argparse.ArgumentParser:
+    """Every benchmark's parser: ``--help`` prints the module's docstring and measures nothing, and an argument
+    it does not know is an error (exit 2), not a full run that overwrites the committed results."""
+    return argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 def cpu_ms(pid: int) -> float:

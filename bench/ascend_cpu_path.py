@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import write  # noqa: E402
+from _common import arguments, write  # noqa: E402
 
 import edgeinfer  # noqa: E402
 from edgeinfer.testing import minilm  # noqa: E402
@@ -46,8 +46,7 @@ def dummy(b: int, s: int) -> dict:
                                                                                                       np.int64)}
 
 
-def main() -> None:
-    quick = "--quick" in sys.argv
+def main(quick: bool = False) -> None:
     seqs = (64, 128) if quick else (64, 128, 256)
     batches = (1, 32)
     be = edgeinfer.backend("ascend")
@@ -144,4 +143,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    ap = arguments(__doc__)
+    ap.add_argument("--quick", action="store_true", help="fewer sequence lengths (a smoke run)")
+    main(ap.parse_args().quick)

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, write  # noqa: E402
+from _common import RESULTS, arguments, write  # noqa: E402
 
 CONTEXT, BUCKETS, NEW_TOKENS = 256, (16, 64), 64
 PROMPTS = ("The licence grants", "Permission is hereby granted, free of charge, to any person obtaining a copy")
@@ -142,13 +142,12 @@ def plot(rows: list[dict], path: Path) -> None:
     print(f"wrote {path}", file=sys.stderr)
 
 
-def main() -> None:
+def main(quick: bool = False) -> None:
     import torch
 
     from edgeinfer.testing.llm import model_dir, random_qwen3
 
     torch.set_num_threads(1)
-    quick = "--quick" in sys.argv
     models = [("tiny-qwen3 (4 layers, 3.9 M)", model_dir())]
     if not quick:
         models.append(("random qwen3 (16 layers, ~204 M)", random_qwen3()))
@@ -164,4 +163,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    ap = arguments(__doc__)
+    ap.add_argument("--quick", action="store_true", help="the tiny model only (a smoke run)")
+    main(ap.parse_args().quick)

@@ -236,6 +236,9 @@ def main() -> dict:
 
 
 if __name__ == "__main__":
+    from _common import arguments
+
+    arguments(__doc__).parse_args()
     res = main()
     print(f"{'key':40s} {'rows':>4s} {'t0 ms':>7s} {'frac':>6s} {'cap GB/s':>8s} {'prefill':>8s} {'fit%':>5s} "
           f"{'LOSO%':>6s}  fit")

@@ -41,4 +41,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from _common import arguments
+
+    arguments(__doc__).parse_args()
     main()

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RssSampler, rss  # noqa: E402
+from _common import RssSampler, arguments, rss  # noqa: E402
 
 SEQ = 128
 
@@ -130,7 +130,7 @@ def run_child(cfg: dict) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
+def main(quick: bool = False) -> None:
     import _common
 
     from edgeinfer.contract import registry as plugins
@@ -139,7 +139,6 @@ def main() -> None:
     from edgeinfer.run import split as split_mod
     from edgeinfer.testing import fixtures
 
-    quick = "--quick" in sys.argv
     mono = fixtures._cached_export("minilm-dynamic", None, None)
     backends = ["onnxruntime"]
     if "openvino" in plugins.backend_names() and plugins.get_backend("openvino").probe().available:
@@ -218,4 +217,6 @@ if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "--child":
         print(json.dumps(child(json.loads(sys.argv[2]))))
     else:
-        main()
+        ap = arguments(__doc__)
+        ap.add_argument("--quick", action="store_true", help="fewer batches per case (a smoke run)")
+        main(ap.parse_args().quick)

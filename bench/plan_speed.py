@@ -53,6 +53,9 @@ def main(n: int = 15) -> dict:
 
 
 if __name__ == "__main__":
+    from _common import arguments
+
+    arguments(__doc__).parse_args()
     r = main()
     print(json.dumps(r, indent=1))
     sys.exit(0 if not r["heavy_modules_imported"] else 1)

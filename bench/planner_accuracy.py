@@ -259,6 +259,9 @@ def print_table(res: dict) -> None:
 
 
 if __name__ == "__main__":
+    from _common import arguments
+
+    arguments(__doc__).parse_args()
     res = main()
     print_table(res)
     print("calibration, leave-one-out (median abs % error before -> after):")

@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import planner_host_llm as base  # noqa: E402
-from _common import write  # noqa: E402
+from _common import arguments, write  # noqa: E402
 
 ROWS = base.ROOT / "bench" / "data" / "rows_host_llamacpp.yaml"
 FIRST_ROW = 3100
@@ -137,7 +137,9 @@ def main(measure_rows: bool = True) -> dict:
 
 
 if __name__ == "__main__":
-    res = main(measure_rows="--report" not in sys.argv[1:])
+    ap = arguments(__doc__)
+    ap.add_argument("--report", action="store_true", help="measure nothing: report on the committed rows")
+    res = main(measure_rows=not ap.parse_args().report)
     print(f"host bandwidth {res['host_bandwidth_gbps']} GB/s; load {[round(x, 2) for x in res['load_average']]}; "
           f"median |error| {res['median_abs_pct_error']}")
     for r in res["rows"]:

@@ -48,7 +48,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import write  # noqa: E402
+from _common import arguments, write  # noqa: E402
 
 MIB = 2**20
 CTX, PROMPT, NEW_TOKENS, REPEAT = 1024, 128, 64, 5
@@ -271,11 +271,15 @@ def measure_all(schemes: tuple[str, ...] = SCHEMES) -> list[dict]:
 
 
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    picked = tuple(args[args.index("--schemes") + 1].split(",")) if "--schemes" in args else SCHEMES
+    ap = arguments(__doc__)
+    ap.add_argument("--schemes", default=",".join(SCHEMES), help="measure these schemes only, replacing just their "
+                    f"rows (comma-separated, some of {','.join(SCHEMES)})")
+    ap.add_argument("--report", action="store_true", help="measure nothing: report on the committed rows")
+    args = ap.parse_args()
+    picked = tuple(args.schemes.split(","))
     if set(picked) - set(SCHEMES):
-        raise SystemExit(f"--schemes takes some of {','.join(SCHEMES)}, got {','.join(picked)}")
-    res = main(measure_rows="--report" not in args, schemes=picked)
+        ap.error(f"--schemes takes some of {','.join(SCHEMES)}, got {args.schemes}")
+    res = main(measure_rows=not args.report, schemes=picked)
     print(f"host bandwidth (copy benchmark, 1 thread): {res['host_bandwidth_gbps']} GB/s; load "
           f"{[round(x, 2) for x in res['load_average']]}; fit on all rows: {res['fit_all_constants']}")
     for r in res["rows"]:

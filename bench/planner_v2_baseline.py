@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import sys
 
 import yaml
 
@@ -70,4 +69,8 @@ def main(paths: list[str]) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(sys.argv[1:]), indent=1))
+    from _common import arguments
+
+    ap = arguments(__doc__)
+    ap.add_argument("rows", nargs="+", help="rows files (bench/data/*.yaml)")
+    print(json.dumps(main(ap.parse_args().rows), indent=1))

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import write  # noqa: E402
+from _common import arguments, write  # noqa: E402
 
 CTX = 64
 BOARD = "rk3588-8g"
@@ -102,4 +102,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    arguments(__doc__).parse_args()
     main()

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, write  # noqa: E402
+from _common import RESULTS, arguments, write  # noqa: E402
 
 CTX = 64
 BOARD = "rk3588-8g"
@@ -137,4 +137,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    arguments(__doc__).parse_args()
     main()

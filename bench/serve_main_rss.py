@@ -20,6 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402
+from _common import arguments  # noqa: E402
 
 
 def children(pid: int) -> list[int]:
@@ -83,4 +84,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    arguments(__doc__).parse_args()
     main()
