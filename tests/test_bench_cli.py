@@ -6,6 +6,7 @@ still measures writes into the copy; a timeout ends it."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -51,4 +52,10 @@ def test_every_benchmark_prints_usage_on_help_and_refuses_an_unknown_argument(tm
         if code != 2 or f"{name}.py: error: " not in text:  # unrecognized, or a required argument missing
             wrong[f"{name} --no-such-flag"] = (code, text[-200:])
     assert not wrong, wrong
+    # `make bench` runs every script without arguments but those it lists as run by hand
+    makefile = (BENCH.parent / "Makefile").read_text()
+    by_hand = set(re.search(r"^BENCH_BY_HAND := (.*)$", makefile, re.M).group(1).split())
+    need_arguments = {f"bench/{n}.py" for n in names
+                      if "the following arguments are required" in runs[f"{n} --no-such-flag"][1]}
+    assert need_arguments <= by_hand, need_arguments - by_hand
     assert not (copy / "results").exists(), sorted(p.name for p in (copy / "results").iterdir())
