@@ -32,7 +32,10 @@ Predicted decode, three ways:
 
 Writes bench/results/planner_host_llm.json and bench/data/rows_host.yaml (row ids 3000-3099, replaced
 by each run). ``--schemes w4a8,...`` measures those schemes only and replaces just their rows (a scheme added
-later, without measuring the others again; the new rows numbered after the last); ``--report`` measures nothing.
+later, or one whose kernel changed, without measuring the others again; the new rows numbered after the last).
+Such rows are fitted beside rows of another day, so the run measures ``--reference`` (default w8a8) too and writes
+nothing, exit 1, unless it decodes within ``--tolerance`` (10 %) of its committed rows on every model.
+``--report`` measures nothing.
 """
 
 from __future__ import annotations
@@ -215,15 +218,12 @@ def write_rows(rows: list[dict], when: str) -> None:
     ROWS.write_text(head + yaml.safe_dump({"rows": rows}, sort_keys=False, width=118))
 
 
-def main(measure_rows: bool = True, schemes: tuple[str, ...] = SCHEMES) -> dict:
-    """Measure, write the rows and report; ``measure_rows=False`` (``--report``): report on the committed rows
-    (after bench/fit_speed.py has refitted the constants from them, or after rows were marked ``fit: false``)."""
-    if measure_rows:
-        rows = measure_all(schemes)
-    else:
-        import yaml
+def main() -> dict:
+    """Report on the rows in rows_host.yaml: just measured, or (``--report``) the committed ones after
+    bench/fit_speed.py has refitted the constants from them, or after rows were marked ``fit: false``."""
+    import yaml
 
-        rows = yaml.safe_load(ROWS.read_text())["rows"]
+    rows = yaml.safe_load(ROWS.read_text())["rows"]
     results, constants, gbps = [], {}, {}
     for scheme in [s for s in SCHEMES if any(r["quant"] == s for r in rows)]:
         # a scheme's rows come from one run (--schemes measures some again): plans at that run's bandwidth
@@ -249,19 +249,44 @@ def main(measure_rows: bool = True, schemes: tuple[str, ...] = SCHEMES) -> dict:
     return out
 
 
-def measure_all(schemes: tuple[str, ...] = SCHEMES) -> list[dict]:
+def check_reference(committed: list[dict], measured: list[dict], scheme: str, tolerance: float) -> None:
+    """Rows of a partial run are fitted beside rows of another day: refuse them unless ``scheme``, measured again
+    in this run, decodes within ``tolerance`` of its committed rows on every model (the machine as fast as it was
+    then; its copy benchmark alone does not tell: a shared machine can copy as fast and compute at half speed)."""
+    old = {r["model"]: r["decode"] for r in committed if r["quant"] == scheme}
+    if not old:
+        raise SystemExit(f"--reference {scheme}: no committed rows of that scheme to compare with")
+    off = [f"{r['model']} {r['decode']} vs {old[r['model']]}" for r in measured
+           if r["quant"] == scheme and r["model"] in old and abs(r["decode"] / old[r["model"]] - 1) > tolerance]
+    if off:
+        raise SystemExit(f"nothing written: {scheme} decodes more than {tolerance:.0%} away from its committed rows "
+                         f"in this run ({'; '.join(off)} tok/s), so this machine is not as it was when they were "
+                         f"measured; run again when it is quiet, or measure every scheme")
+
+
+def measure_all(schemes: tuple[str, ...] = SCHEMES, reference: str | None = "w8a8",
+                tolerance: float = 0.10) -> list[dict]:
+    """Measure ``schemes`` and write their rows. A partial run keeps the other schemes' rows and first checks
+    the machine against them (:func:`check_reference`) by measuring ``reference`` too (``None``: no check)."""
     import yaml
 
     when = time.strftime("%Y-%m-%d", time.gmtime())
     source = f"bench/planner_host_llm.py on this project's {os.cpu_count()}-core CI machine, {when}"
-    kept = [] if set(schemes) == set(SCHEMES) else [
-        r for r in yaml.safe_load(ROWS.read_text())["rows"] if r["quant"] not in schemes]
+    partial = set(schemes) != set(SCHEMES)
+    committed = yaml.safe_load(ROWS.read_text())["rows"] if partial else []
+    kept = [r for r in committed if r["quant"] not in schemes]
     first = max((r["row"] + 1 for r in kept), default=FIRST_ROW)
+    measured = schemes + ((reference,) if partial and reference and reference not in schemes else ())
     # one source per model: the rows of one run differ by model, and leaving one model out is the check that
     # matters for a host (docs/planner.md#host-decode)
-    runs = [(name, model_path(shape), scheme) for name, shape in MODELS for scheme in schemes]
+    runs = [(name, model_path(shape), scheme) for name, shape in MODELS for scheme in measured]
     rows = [measured_row(first + i, name, model, scheme, source, f"planner_host_llm/{when}/{name}")
             for i, (name, model, scheme) in enumerate(runs)]
+    if partial and reference:
+        check_reference(committed, rows, reference, tolerance)
+    rows = [r for r in rows if r["quant"] in schemes]
+    for i, r in enumerate(rows):
+        r["row"] = first + i
     gbps = max(r["bandwidth_gbps"] for r in rows)  # the run's best copy: one board for all its rows
     for r in rows:
         r["bandwidth_gbps"] = gbps
@@ -274,12 +299,21 @@ if __name__ == "__main__":
     ap = arguments(__doc__)
     ap.add_argument("--schemes", default=",".join(SCHEMES), help="measure these schemes only, replacing just their "
                     f"rows (comma-separated, some of {','.join(SCHEMES)})")
+    ap.add_argument("--reference", default="w8a8", help="with --schemes: a scheme whose code has not changed since "
+                    "its rows, measured again and compared with them before anything is written ('none': no check)")
+    ap.add_argument("--tolerance", type=float, default=0.10, help="how far the reference may decode from its "
+                    "committed rows (a fraction; default 0.10)")
     ap.add_argument("--report", action="store_true", help="measure nothing: report on the committed rows")
     args = ap.parse_args()
     picked = tuple(args.schemes.split(","))
     if set(picked) - set(SCHEMES):
         ap.error(f"--schemes takes some of {','.join(SCHEMES)}, got {args.schemes}")
-    res = main(measure_rows=not args.report, schemes=picked)
+    if args.reference != "none" and args.reference not in SCHEMES:
+        ap.error(f"--reference takes one of {','.join(SCHEMES)} or none, got {args.reference}")
+    reference = None if args.reference == "none" else args.reference
+    if not args.report:
+        measure_all(picked, reference, args.tolerance)
+    res = main()
     print(f"host bandwidth (copy benchmark, 1 thread): {res['host_bandwidth_gbps']} GB/s; load "
           f"{[round(x, 2) for x in res['load_average']]}; fit on all rows: {res['fit_all_constants']}")
     for r in res["rows"]:

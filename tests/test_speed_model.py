@@ -227,24 +227,45 @@ def test_onnxruntime_decoders_plan_the_quiet_rows_median_overhead_and_encoders_k
     assert (decoder.overhead_mib, encoder.overhead_mib) == (entry["decoder"]["value"], entry["value"])
 
 
-def test_planner_host_llm_schemes_replaces_only_the_named_schemes_rows(tmp_path, monkeypatch):
-    """``bench/planner_host_llm.py --schemes w4a8`` measures w4a8 alone: the other schemes' rows stay as they were,
-    the scheme's old rows go, and the new ones are numbered after the last row kept."""
+def _partial_host_run(tmp_path, monkeypatch, fp32_now: dict[str, float]):
+    """bench/planner_host_llm.py over committed rows fp32 a/b (100 / 50 tok/s) and w4a8 a, its measurements
+    faked: fp32 decodes at ``fp32_now``, w4a8 at 80, the copies at 20 / 22 GB/s."""
     import yaml
 
     bench = _bench("planner_host_llm")
-    rows = [{"row": 3000 + i, "quant": q, "model": m, "bandwidth_gbps": 40.0,
-             "source_id": f"planner_host_llm/2026-12-02/{m}"}
-            for i, (m, q) in enumerate([("a", "fp32"), ("a", "w4a8"), ("b", "fp32")])]
+    committed = {("a", "fp32"): 100.0, ("a", "w4a8"): 70.0, ("b", "fp32"): 50.0}
+    rows = [{"row": 3000 + i, "quant": q, "model": m, "bandwidth_gbps": 40.0, "decode": d,
+             "source_id": f"planner_host_llm/2026-12-02/{m}"} for i, ((m, q), d) in enumerate(committed.items())]
     path = tmp_path / "rows_host.yaml"
     path.write_text(yaml.safe_dump({"rows": rows}))
     monkeypatch.setattr(bench, "ROWS", path)
     monkeypatch.setattr(bench, "MODELS", [("a", None), ("b", None)])
     monkeypatch.setattr(bench, "model_path", lambda shape: tmp_path)
     monkeypatch.setattr(bench, "measured_row", lambda i, name, model, scheme, source, sid: {
-        "row": i, "quant": scheme, "model": name, "bandwidth_gbps": {"a": 20.0, "b": 22.0}[name], "source_id": sid})
-    out = bench.measure_all(("w4a8",))
+        "row": i, "quant": scheme, "model": name, "bandwidth_gbps": {"a": 20.0, "b": 22.0}[name], "source_id": sid,
+        "decode": fp32_now[name] if scheme == "fp32" else 80.0})
+    return bench, path
+
+
+def test_planner_host_llm_schemes_replaces_only_the_named_schemes_rows(tmp_path, monkeypatch):
+    """``bench/planner_host_llm.py --schemes w4a8`` measures w4a8 (and the reference scheme, to check the machine):
+    the other schemes' rows stay as they were, the scheme's old rows go, and the new ones are numbered after the
+    last row kept."""
+    import yaml
+
+    bench, path = _partial_host_run(tmp_path, monkeypatch, {"a": 109.0, "b": 46.0})  # within 10 %
+    out = bench.measure_all(("w4a8",), reference="fp32")
     assert yaml.safe_load(path.read_text())["rows"] == out
-    assert [(r["row"], r["model"], r["quant"]) for r in out] == [
-        (3000, "a", "fp32"), (3002, "b", "fp32"), (3003, "a", "w4a8"), (3004, "b", "w4a8")]
+    assert [(r["row"], r["model"], r["quant"], r["decode"]) for r in out] == [
+        (3000, "a", "fp32", 100.0), (3002, "b", "fp32", 50.0), (3003, "a", "w4a8", 80.0), (3004, "b", "w4a8", 80.0)]
     assert [r["bandwidth_gbps"] for r in out] == [40.0, 40.0, 22.0, 22.0]  # the new run's best copy, its rows only
+
+
+def test_planner_host_llm_writes_nothing_when_the_reference_scheme_has_moved(tmp_path, monkeypatch):
+    """A partial run on a machine slower than the committed rows' day (the reference scheme 40 % off on one
+    model) exits naming the figures and leaves rows_host.yaml as it was."""
+    bench, path = _partial_host_run(tmp_path, monkeypatch, {"a": 60.0, "b": 49.0})
+    before = path.read_text()
+    with pytest.raises(SystemExit, match=r"nothing written: fp32 .* \(a 60.0 vs 100.0 tok/s\)"):
+        bench.measure_all(("w4a8",), reference="fp32")
+    assert path.read_text() == before
