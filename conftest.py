@@ -1,6 +1,12 @@
 import os
 
-import pytest
+# Before anything imports torch: one OpenMP thread in every test process and what it starts. `make test` runs two
+# pytest-xdist workers on a 2-core machine, and tests start servers, workers and conversions of their own; torch's
+# OpenMP pools (two threads each) spinning beside each other slowed torch-heavy tests 1.5-3.5x (docs/architecture.md
+# #tests). A value set by whoever runs the tests wins.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
 
 pytest_plugins = ["edgeinfer.testing.fixtures"]
 
