@@ -276,15 +276,20 @@ def measure_all(schemes: tuple[str, ...] = SCHEMES, reference: str | None = "w8a
     committed = yaml.safe_load(ROWS.read_text())["rows"] if partial else []
     kept = [r for r in committed if r["quant"] not in schemes]
     first = max((r["row"] + 1 for r in kept), default=FIRST_ROW)
-    measured = schemes + ((reference,) if partial and reference and reference not in schemes else ())
+    check = reference if partial else None
+    rows = []
     # one source per model: the rows of one run differ by model, and leaving one model out is the check that
-    # matters for a host (docs/planner.md#host-decode)
-    runs = [(name, model_path(shape), scheme) for name, shape in MODELS for scheme in measured]
-    rows = [measured_row(first + i, name, model, scheme, source, f"planner_host_llm/{when}/{name}")
-            for i, (name, model, scheme) in enumerate(runs)]
-    if partial and reference:
-        check_reference(committed, rows, reference, tolerance)
-    rows = [r for r in rows if r["quant"] in schemes]
+    # matters for a host (docs/planner.md#host-decode); a model's reference row first, so a moved machine stops it
+    for name, shape in MODELS:
+        model = model_path(shape)
+        if check:
+            ref = measured_row(0, name, model, check, source, f"planner_host_llm/{when}/{name}")
+            check_reference(committed, [ref], check, tolerance)
+            rows += [ref] if check in schemes else []
+        rows += [measured_row(0, name, model, scheme, source, f"planner_host_llm/{when}/{name}")
+                 for scheme in schemes if scheme != check]
+    names = [name for name, _ in MODELS]
+    rows.sort(key=lambda r: (names.index(r["model"]), schemes.index(r["quant"])))
     for i, r in enumerate(rows):
         r["row"] = first + i
     gbps = max(r["bandwidth_gbps"] for r in rows)  # the run's best copy: one board for all its rows

@@ -241,10 +241,15 @@ def _partial_host_run(tmp_path, monkeypatch, fp32_now: dict[str, float]):
     monkeypatch.setattr(bench, "ROWS", path)
     monkeypatch.setattr(bench, "MODELS", [("a", None), ("b", None)])
     monkeypatch.setattr(bench, "model_path", lambda shape: tmp_path)
-    monkeypatch.setattr(bench, "measured_row", lambda i, name, model, scheme, source, sid: {
-        "row": i, "quant": scheme, "model": name, "bandwidth_gbps": {"a": 20.0, "b": 22.0}[name], "source_id": sid,
-        "decode": fp32_now[name] if scheme == "fp32" else 80.0})
-    return bench, path
+    calls = []
+
+    def measured_row(i, name, model, scheme, source, sid):
+        calls.append((name, scheme))
+        return {"row": i, "quant": scheme, "model": name, "bandwidth_gbps": {"a": 20.0, "b": 22.0}[name],
+                "source_id": sid, "decode": fp32_now[name] if scheme == "fp32" else 80.0}
+
+    monkeypatch.setattr(bench, "measured_row", measured_row)
+    return bench, path, calls
 
 
 def test_planner_host_llm_schemes_replaces_only_the_named_schemes_rows(tmp_path, monkeypatch):
@@ -253,8 +258,9 @@ def test_planner_host_llm_schemes_replaces_only_the_named_schemes_rows(tmp_path,
     last row kept."""
     import yaml
 
-    bench, path = _partial_host_run(tmp_path, monkeypatch, {"a": 109.0, "b": 46.0})  # within 10 %
+    bench, path, calls = _partial_host_run(tmp_path, monkeypatch, {"a": 109.0, "b": 46.0})  # within 10 %
     out = bench.measure_all(("w4a8",), reference="fp32")
+    assert calls == [("a", "fp32"), ("a", "w4a8"), ("b", "fp32"), ("b", "w4a8")]  # each model's reference first
     assert yaml.safe_load(path.read_text())["rows"] == out
     assert [(r["row"], r["model"], r["quant"], r["decode"]) for r in out] == [
         (3000, "a", "fp32", 100.0), (3002, "b", "fp32", 50.0), (3003, "a", "w4a8", 80.0), (3004, "b", "w4a8", 80.0)]
@@ -262,10 +268,21 @@ def test_planner_host_llm_schemes_replaces_only_the_named_schemes_rows(tmp_path,
 
 
 def test_planner_host_llm_writes_nothing_when_the_reference_scheme_has_moved(tmp_path, monkeypatch):
-    """A partial run on a machine slower than the committed rows' day (the reference scheme 40 % off on one
-    model) exits naming the figures and leaves rows_host.yaml as it was."""
-    bench, path = _partial_host_run(tmp_path, monkeypatch, {"a": 60.0, "b": 49.0})
+    """A partial run on a machine slower than the committed rows' day (the reference scheme 40 % off on the first
+    model) stops there, exits naming the figures and leaves rows_host.yaml as it was."""
+    bench, path, calls = _partial_host_run(tmp_path, monkeypatch, {"a": 60.0, "b": 49.0})
     before = path.read_text()
     with pytest.raises(SystemExit, match=r"nothing written: fp32 .* \(a 60.0 vs 100.0 tok/s\)"):
         bench.measure_all(("w4a8",), reference="fp32")
     assert path.read_text() == before
+    assert calls == [("a", "fp32")]
+
+
+def test_planner_host_llm_keeps_the_reference_rows_when_they_were_asked_for(tmp_path, monkeypatch):
+    """``--schemes fp32,w4a8 --reference fp32``: fp32 is measured once per model, checked, and its new rows
+    replace the committed ones in the schemes' order."""
+    bench, path, calls = _partial_host_run(tmp_path, monkeypatch, {"a": 95.0, "b": 52.0})
+    out = bench.measure_all(("fp32", "w4a8"), reference="fp32")
+    assert calls == [("a", "fp32"), ("a", "w4a8"), ("b", "fp32"), ("b", "w4a8")]
+    assert [(r["row"], r["model"], r["quant"], r["decode"]) for r in out] == [
+        (3000, "a", "fp32", 95.0), (3001, "a", "w4a8", 80.0), (3002, "b", "fp32", 52.0), (3003, "b", "w4a8", 80.0)]
