@@ -13,7 +13,8 @@ so that the child's peak RSS does not count the copy's buffers): the run's figur
 them, recorded in every row and set as ``EDGEINFER_HOST_BANDWIDTH_GBPS``, so every
 plan below is ``--board host`` at the bandwidth the rows record. Each measurement runs in a fresh
 subprocess (the conversion is done first, in the parent, into the cache): the plugin's decoder over the
-converted directory with one thread (what ``edgeinfer.load`` opens for a bundle), then greedy generation of
+converted directory with one thread (what ``edgeinfer.load`` opens for a bundle; glibc's mmap threshold fixed
+first, as in serve's decoder workers: ``edgeinfer.serve.child.fixed_mmap_threshold``), then greedy generation of
 ``NEW_TOKENS`` tokens (EOS ignored) after a ``PROMPT``-token prompt: one warm-up, ``REPEAT`` timed runs,
 decode tokens/s = the fastest (like the bandwidth, best of: on a shared machine other processes only slow a run
 down; the median and every run are in the row's note). Peak RSS = VmHWM of the child.
@@ -68,6 +69,8 @@ CHILD = r"""
 import json, statistics, sys
 from pathlib import Path
 built, hf, (ctx, prompt, new, repeat) = Path(sys.argv[1]), Path(sys.argv[2]), map(int, sys.argv[3:7])
+from edgeinfer.serve.child import fixed_mmap_threshold
+fixed_mmap_threshold()  # as serve's decoder worker does before it loads anything
 from edgeinfer_onnxruntime.decoder import OnnxRuntimeDecoder
 # what serve's decoder worker holds besides the decoder (its loop, the bundle reader): a row is that process
 import multiprocessing.connection, edgeinfer.model.bundle

@@ -15,7 +15,7 @@ from edgeinfer.testing.cli import run_cli
 MODEL = "Qwen/Qwen3-0.6B"
 
 
-@pytest.mark.parametrize("scheme, int8", [("w8a16", "w8a8"), ("w4a16", "w4a8")])
+@pytest.mark.parametrize("scheme, int8", [("w4a16", "w4a8")])
 def test_float_activations_on_the_host_point_to_the_int8_kernels(scheme, int8):
     host = get_board("host")  # one measurement of this machine's free memory for both plans
     p = plan(MODEL, host, quant=scheme, ctx=1024)
@@ -38,21 +38,25 @@ def test_no_suggestion_without_float_activations_or_an_int8_scheme_on_the_runtim
     assert p.suggestions.activations is None
 
 
-def test_no_suggestion_when_the_int8_scheme_is_not_faster():
-    """OpenVINO on an Intel NPU decodes w8a16 and w8a8 at one estimate (the same 8-bit weight bytes per token)."""
-    p = plan(MODEL, "core-ultra-155h", quant="w8a16", ctx=1024)
-    assert "w8a8" in get_board("core-ultra-155h").runtimes[p.runtime].schemes
-    other = plan(MODEL, "core-ultra-155h", quant="w8a8", ctx=1024, runtime=p.runtime, suggest=False)
+@pytest.mark.parametrize("board", ["core-ultra-155h", "host"])
+def test_no_suggestion_when_the_int8_scheme_is_not_faster(board):
+    """OpenVINO on an Intel NPU decodes w8a16 and w8a8 at one estimate (the same 8-bit weight bytes per token);
+    onnxruntime on the host runs w8a16 on w8a8's int8 kernel over two digits of its activations: 0.54, 0.74 and
+    1.0 of w8a8's measured speed from the 4 M to the 210 M model (bench/data/rows_host.yaml), and for a 0.6 B model
+    the plan's two estimates are closer than the 1.2x a suggestion needs."""
+    p = plan(MODEL, board, quant="w8a16", ctx=1024)
+    assert "w8a8" in get_board(board).runtimes[p.runtime].schemes
+    other = plan(MODEL, board, quant="w8a8", ctx=1024, runtime=p.runtime, suggest=False)
     assert other.fits and other.estimates.decode_tokens_per_s < 1.2 * p.estimates.decode_tokens_per_s
     assert p.suggestions.activations is None
 
 
 def test_plan_and_deploy_print_it(capfd):
-    r = run_cli(capfd, "plan", MODEL, "--board", "host", "--quant", "w8a16", "--ctx", "1024")
+    r = run_cli(capfd, "plan", MODEL, "--board", "host", "--quant", "w4a16", "--ctx", "1024")
     assert r.returncode == 0, r.stderr
-    a = plan(MODEL, "host", quant="w8a16", ctx=1024).suggestions.activations
-    assert f"faster here: --quant w8a8 (int8 activations) → decode ≈ {a['decode_tokens_per_s']:.3g} tok/s" in r.stdout
+    a = plan(MODEL, "host", quant="w4a16", ctx=1024).suggestions.activations
+    assert f"faster here: --quant w4a8 (int8 activations) → decode ≈ {a['decode_tokens_per_s']:.3g} tok/s" in r.stdout
     from edgeinfer.planning.decision import summary_lines
 
-    lines = summary_lines(plan(MODEL, "host", quant="w8a16", ctx=1024))
-    assert any(ln.startswith("faster here: --quant w8a8 (int8 activations)") for ln in lines)
+    lines = summary_lines(plan(MODEL, "host", quant="w4a16", ctx=1024))
+    assert any(ln.startswith("faster here: --quant w4a8 (int8 activations)") for ln in lines)

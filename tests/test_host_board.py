@@ -252,8 +252,7 @@ def test_every_host_decoder_scheme_has_fitted_constants_not_an_extrapolation(sch
 
 def test_the_plan_orders_host_schemes_by_speed_as_measured():
     """Per model and run, two schemes whose measured decode differs by more than a third are planned in the same
-    order (on onnxruntime int8 weights with fp32 activations, w8a16, decode slower than fp32: fewer bytes are no
-    speed-up there). Rows of different runs (``--schemes`` measures a scheme added later; another machine,
+    order. Rows of different runs (``--schemes`` measures a scheme added later; another machine,
     another bandwidth) are not compared by their raw speed."""
     by_model: dict[str, list] = {}
     runs: dict[tuple, list] = {}
@@ -269,5 +268,10 @@ def test_the_plan_orders_host_schemes_by_speed_as_measured():
                     pairs += 1
                     assert planned[a["quant"]] > planned[b["quant"]], (a["model"], a["quant"], b["quant"], planned)
     assert pairs >= 4
+    # w8a16 runs the int8 kernel over two digits of its activations (int8_digits.py): over twice fp32's speed on the
+    # two larger models (it was slower than fp32 as two 4-bit planes), and w8a8's one digit the fastest 8-bit scheme
+    for model in ("random-qwen3-53m", "random-qwen3-210m"):
+        speed = {r["quant"]: r["decode"] for r in by_model[model]}
+        assert 2 * speed["fp32"] < speed["w8a16"] < 1.1 * speed["w8a8"], (model, speed)
     tiny = {r["quant"]: r["decode"] for r in by_model["tiny-qwen3"]}
-    assert tiny["w8a16"] < tiny["fp32"] < tiny["w8a8"]
+    assert tiny["w8a16"] < tiny["w8a8"], tiny
