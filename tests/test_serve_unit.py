@@ -594,3 +594,32 @@ def test_a_decoder_worker_is_started_without_multiprocessing_spawn(tmp_path):
     blocked.kill()
     blocked.join(60)
     assert blocked.exitcode == -9
+
+
+def test_several_decoders_on_one_cpu_stop_busy_waiting_unless_threads_split_the_cores(tmp_path):
+    """ServeConfig.spin_wait: two or more decoder workers that together would run more threads than the CPU has
+    (the backends' default threads, or --threads N with N x decoders > CPUs) get spin_wait False; one decoder, or
+    --threads that split the cores, keep the backend's default (None). create_app hands it to every Engine, and
+    the option reaches only a backend whose decoders declare it (bench/serve_shared_cpu.py measures why)."""
+    from types import SimpleNamespace
+
+    from edgeinfer.run.loading import spin_wait_option
+    from edgeinfer.serve.app import create_app
+
+    config = ServeConfig(bundles=[tmp_path])
+    assert config.spin_wait(1, cpus=2) is None
+    assert config.spin_wait(2, cpus=2) is False and config.spin_wait(2, cpus=64) is False
+    assert ServeConfig(bundles=[tmp_path], threads=1).spin_wait(2, cpus=2) is None
+    assert ServeConfig(bundles=[tmp_path], threads=1).spin_wait(3, cpus=2) is False
+    assert ServeConfig(bundles=[tmp_path], threads=2).spin_wait(2, cpus=2) is False
+    assert ServeConfig(bundles=[tmp_path], threads=2).spin_wait(2, cpus=4) is None
+
+    assert spin_wait_option("onnxruntime", False) == {"spin_wait": False}
+    assert spin_wait_option("onnxruntime", None) == {}
+    assert spin_wait_option("rknn", False) == {}  # an NPU decoder: no CPU threads that wait
+
+    two = {n: SimpleNamespace(name=n) for n in ("a", "b")}
+    engines = create_app(config, {}, two).state.serve.engines
+    assert {e.spin_wait for e in engines.values()} == {config.spin_wait(2)}
+    one = create_app(config, {}, {"a": SimpleNamespace(name="a")}).state.serve.engines
+    assert one["a"].spin_wait is None

@@ -126,6 +126,14 @@ def threads_option(backend: str, threads: int | None) -> dict[str, int]:
     return {"threads": threads} if "threads" in plugins.get_backend(backend).decoders.options else {}
 
 
+def spin_wait_option(backend: str, spin_wait: bool | None) -> dict[str, bool]:
+    """serve's ``spin_wait`` (:meth:`edgeinfer.serve.config.ServeConfig.spin_wait`) as a decoder load option, for a
+    backend whose decoders take it; nothing for ``None`` (the backend's default) or another backend."""
+    if spin_wait is None or "spin_wait" not in plugins.get_backend(backend).decoders.options:
+        return {}
+    return {"spin_wait": spin_wait}
+
+
 def decoder_threads(path: Path, found: Kind, backend: str | None, threads: int | None) -> dict[str, int]:
     """:func:`threads_option` for the decoder at ``path`` (of kind ``found``, loaded on ``backend``)."""
     return {} if threads is None else threads_option(decoder_backend(path, found, backend), threads)

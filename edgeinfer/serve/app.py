@@ -8,6 +8,7 @@ import errno
 import functools
 import json
 import logging
+import os
 import signal
 import socket
 import threading
@@ -127,9 +128,15 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel] | None = None
     batcher = Batcher(pool, list(models), config.max_batch, config.batch_window_ms / 1000.0, config.max_queue,
                       observe=metrics.observe)
     pool.on_restart = lambda w: metrics.worker_restarts.labels(str(w.index)).inc()
+    cpus = os.cpu_count() or 1
+    spin_wait = config.spin_wait(len(decoders), cpus)
+    if spin_wait is False:
+        log.info("%d decoders share %d CPUs: their runtimes' idle threads will not busy-wait (for cores of their own "
+                 "instead: --threads N with N x %d <= %d)", len(decoders), cpus, len(decoders), cpus)
     engines = {n: Engine(m, config.slots, config.max_queue, config.prefill_chunk,
                          config.devices[0] if config.devices else None, config.max_restarts, config.restart_window_s,
-                         observe=metrics.observe, threads=config.threads, in_process=config.in_process)
+                         observe=metrics.observe, threads=config.threads, in_process=config.in_process,
+                         spin_wait=spin_wait)
                for n, m in decoders.items()}
     state.engines = engines
 

@@ -128,9 +128,10 @@ class Engine(Supervisor):
 
     def __init__(self, llm: ServedDecoder, slots: int, max_queue: int, prefill_chunk: int | None,
                  entry: str | None = None, max_restarts: int = 5, restart_window_s: float = 60.0,
-                 observe: Any = None, threads: int | None = None, in_process: bool = False):
+                 observe: Any = None, threads: int | None = None, in_process: bool = False,
+                 spin_wait: bool | None = None):
         super().__init__(f"edgeinfer-serve-llm-{llm.name}", max_restarts, restart_window_s)
-        self.threads, self.in_process = threads, in_process
+        self.threads, self.in_process, self.spin_wait = threads, in_process, spin_wait
         self.llm, self.slots, self.max_queue, self.prefill_chunk = llm, slots, max_queue, prefill_chunk
         self.entry = entry
         self.observe = observe or (lambda *a, **k: None)
@@ -154,7 +155,7 @@ class Engine(Supervisor):
         # bundle's load read from its manifest here, not the manifest
         what = self.llm.load or str(self.llm.path)
         return decoder_worker_main, (what, self.llm.backend, self.entry, self.llm.context, self.slots,
-                                     self.prefill_chunk, self.threads, TokenFacts.of(self.llm.codec))
+                                     self.prefill_chunk, self.threads, TokenFacts.of(self.llm.codec), self.spin_wait)
 
     def spawn(self) -> asyncio.Future:
         self.state = "restarting" if self.generation else "starting"

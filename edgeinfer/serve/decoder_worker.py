@@ -22,17 +22,17 @@ from edgeinfer.serve.placement import placement
 
 
 def load_generator(what: Any, backend: str, entry: str | None, context: int, slots: int,
-                   threads: int | None = None, facts: Any = None) -> Any:
+                   threads: int | None = None, facts: Any = None, spin_wait: bool | None = None) -> Any:
     """The Generator of a decoder bundle (``what``: its :class:`~edgeinfer.run.decoder_load.DecoderLoad`, or its
     path), decoder file or Hugging Face decoder directory (its path), with ``slots`` KV slots (and ``threads``
-    CPU threads where the backend takes that option); with ``facts``, the tokenizer's
+    CPU threads, and ``spin_wait``, where the backend takes those options); with ``facts``, the tokenizer's
     :class:`~edgeinfer.run.generation.text.TokenFacts` instead of the tokenizer (it gives token ids only)."""
     from edgeinfer.run.decoder_load import DecoderLoad, open_load
-    from edgeinfer.run.loading import load, threads_option
+    from edgeinfer.run.loading import load, spin_wait_option, threads_option
 
     placed = placement(backend, entry)
     os.environ.update(placed.env)
-    options = {**placed.options, **threads_option(backend, threads)}
+    options = {**placed.options, **threads_option(backend, threads), **spin_wait_option(backend, spin_wait)}
     if isinstance(what, DecoderLoad):
         return open_load(what, facts, placed.device, slots, **options)
     if facts:
@@ -41,7 +41,8 @@ def load_generator(what: Any, backend: str, entry: str | None, context: int, slo
 
 
 def decoder_worker_main(conn: Any, path: str, backend: str, entry: str | None, context: int, slots: int,
-                        prefill_chunk: int | None, threads: int | None = None, facts: Any = None) -> None:
+                        prefill_chunk: int | None, threads: int | None = None, facts: Any = None,
+                        spin_wait: bool | None = None) -> None:
     """Loads the decoder (with ``facts``: no tokenizer; the HTTP process holds it and turns the token ids of the
     events into text) and runs its scheduler until told to stop."""
     if threading.current_thread() is threading.main_thread():  # a worker process, not serve --in-process
@@ -54,7 +55,7 @@ def decoder_worker_main(conn: Any, path: str, backend: str, entry: str | None, c
     from edgeinfer.serve.decoder_scheduler import Scheduler
 
     try:
-        gen = load_generator(path, backend, entry, context, slots, threads, facts)
+        gen = load_generator(path, backend, entry, context, slots, threads, facts, spin_wait)
         d = gen.decoder
         native = isinstance(d, NativeDecoder)
         sched = NativeScheduler(gen) if native else Scheduler(gen, prefill_chunk)

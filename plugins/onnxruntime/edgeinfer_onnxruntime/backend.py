@@ -136,7 +136,8 @@ class OnnxRuntimeBackend(Backend):
     tensors = Tensors(native=(".onnx",), schemes=("fp32", "fp16", "w8a8"),
                       convert_options=("per_channel", "shapes", "target"), open_options=("threads",))
     decoders = Decoders(schemes=("fp32", "fp16", "w8a16", "w8a8", "w4a16", "w4a8"), architectures=ARCHITECTURES,
-                        options=("precision", "threads", "kv_dtype"), convert_options=("target", "kv_dtype"),
+                        options=("precision", "threads", "spin_wait", "kv_dtype"),
+                        convert_options=("target", "kv_dtype"),
                         defaults=CONVERSION_DEFAULTS)
 
     def versions(self) -> dict[str, str]:

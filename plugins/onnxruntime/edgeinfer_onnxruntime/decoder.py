@@ -253,7 +253,8 @@ def prefill_runs(slots: Sequence[int], sizes: Sequence[int], lengths: Sequence[i
 
 
 class OnnxRuntimeDecoder(StepDecoder):
-    def __init__(self, model_dir: Path, context: int, slots: int, threads: int | None = None):
+    def __init__(self, model_dir: Path, context: int, slots: int, threads: int | None = None,
+                 spin_wait: bool | None = None):
         import onnxruntime as ort
 
         try:
@@ -266,7 +267,7 @@ class OnnxRuntimeDecoder(StepDecoder):
             raise ModelError(f"{model_dir / GENAI_CONFIG} is not an onnxruntime-genai config: {e}") from None
         if context > limit:
             raise InputError(f"context {context} exceeds the model's context length ({limit}); use --ctx {limit}")
-        self._ort, self._threads = ort, threads
+        self._ort, self._threads, self._spin_wait = ort, threads, spin_wait
         # onnxruntime refuses external data that leads out of the graph's directory itself ("External data path
         # ... escapes model directory", 1.26; plugins/onnxruntime/tests keep that true); the graph file is ours
         self._onnx = str(inside(model_dir, dec["filename"], f"{GENAI_CONFIG} model.decoder.filename"))
@@ -300,6 +301,8 @@ class OnnxRuntimeDecoder(StepDecoder):
         opts.enable_cpu_mem_arena = False
         if self._threads:
             opts.intra_op_num_threads = int(self._threads)
+        if self._spin_wait is not None:  # idle intra-op threads busy-wait by default (onnxruntime's threadpool)
+            opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if self._spin_wait else "0")
         if profile_prefix:
             opts.enable_profiling = True
             opts.profile_file_prefix = profile_prefix
@@ -446,12 +449,15 @@ def open_decoder(model: Path, context: int, slots: int, cache_root: Path, option
     with, and refuses another."""
     precision = options.pop("precision", "fp32")
     threads = options.pop("threads", None)
+    spin_wait = options.pop("spin_wait", None)
+    if spin_wait is not None and not isinstance(spin_wait, bool):
+        raise InputError(f"option spin_wait must be true or false, got {spin_wait!r}")
     kv_dtype = options.pop("kv_dtype", None)
     kv_dtype = kv_name(kv_dtype) if kv_dtype is not None else None
     if not model.is_dir():
         raise ModelError(f"{model} is not a model directory (a Hugging Face decoder or onnxruntime-genai output)")
     built = model if is_built(model) else build(model, cache_root, precision, kv_dtype or "fp32")
-    decoder = OnnxRuntimeDecoder(built, context, slots, threads)
+    decoder = OnnxRuntimeDecoder(built, context, slots, threads, spin_wait)
     if kv_dtype and decoder.kv_dtype != kv_dtype:
         decoder.close()
         raise InputError(f"{model} keeps its KV cache in {decoder.kv_dtype}, not {kv_dtype}: it was built so; "

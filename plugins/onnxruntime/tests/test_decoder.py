@@ -275,3 +275,24 @@ def test_the_lm_head_runs_at_one_position_per_row_and_older_graphs_still_load(mu
         old.release()
         for s in range(4):
             d.reset(s)
+
+
+def test_spin_wait_reaches_the_session_and_a_wrong_value_is_refused(multi_slot):
+    """``spin_wait`` (serve passes False for several decoders on one CPU: ServeConfig.spin_wait) sets onnxruntime's
+    ``session.intra_op.allow_spinning``; without it the session keeps onnxruntime's default (no entry)."""
+    import edgeinfer
+    from edgeinfer.errors import InputError
+    from edgeinfer.testing.llm import model_dir
+
+    key = "session.intra_op.allow_spinning"
+    with pytest.raises(RuntimeError, match="does not have configuration"):
+        multi_slot._sess.get_session_options().get_session_config_entry(key)
+    backend = edgeinfer.backend("onnxruntime")
+    for value, entry in ((False, "0"), (True, "1")):
+        d = backend.load_decoder(model_dir(), device="CPU", context=32, slots=1, threads=1, spin_wait=value)
+        try:
+            assert d._sess.get_session_options().get_session_config_entry(key) == entry
+        finally:
+            d.release()
+    with pytest.raises(InputError, match="spin_wait must be true or false"):
+        backend.load_decoder(model_dir(), device="CPU", context=32, slots=1, spin_wait="no")
