@@ -21,11 +21,10 @@ Writes bench/results/serve_shared_cpu.json.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -42,12 +41,6 @@ from _common import arguments, write  # noqa: E402
 NEW, STREAMS, PROMPT = 64, 4, "the quick brown fox jumps over the lazy dog " * 4
 SHAPE = {"layers": 8, "hidden": 768, "heads": 12, "kv_heads": 4, "intermediate": 2048}
 EDGEINFER = str(Path(sys.executable).with_name("edgeinfer"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def complete(port: int, model: str, tokens: list[int]) -> None:
@@ -73,48 +66,18 @@ def tok_per_s(targets: list[tuple[int, str]], streams: int) -> float:
     return sum(tokens) / (time.perf_counter() - t0)
 
 
-def start(bundles: list[Path], extra: list[str]) -> tuple[subprocess.Popen, int]:
-    port = free_port()
-    p = subprocess.Popen([EDGEINFER, "serve", *map(str, bundles), "--slots", str(STREAMS), "--port", str(port),
-                          *extra], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if p.poll() is not None:
-            raise SystemExit(f"serve exited {p.returncode}: {p.stderr.read()[-2000:]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=1) as r:
-                if r.status == 200:
-                    return p, port
-        except OSError:
-            time.sleep(0.5)
-    p.kill()
-    raise SystemExit("serve did not become ready within 600 s")
-
-
-def stop(p: subprocess.Popen) -> None:
-    p.send_signal(signal.SIGTERM)
-    try:
-        p.wait(60)
-    except subprocess.TimeoutExpired:
-        p.kill()
-
-
 def measure(way: str, a: Path, b: Path) -> dict:
-    if way == "separate":
-        servers = [start([a], []), start([b], [])]
-        ports = [servers[0][1], servers[1][1]]
-    else:
-        servers = [start([a, b], ["--threads", "1"] if way == "threads1" else [])]
-        ports = [servers[0][1]] * 2
-    targets = [(ports[0], a.name), (ports[1], b.name)]
-    try:
+    from edgeinfer.testing.serve import ServerProc
+
+    common = ("--slots", str(STREAMS), *(["--threads", "1"] if way == "threads1" else []))
+    groups = [[a], [b]] if way == "separate" else [[a, b]]
+    with contextlib.ExitStack() as stack:
+        servers = [stack.enter_context(ServerProc(g, *common, log=g[0].with_suffix(".log"))) for g in groups]
+        targets = [(servers[0].port, a.name), (servers[-1].port, b.name)]
         tok_per_s(targets, 1)  # warm-up: each decoder's first steps
         return {"both": [tok_per_s(targets, STREAMS) for _ in range(2)],
                 "one": [tok_per_s(targets[:1], STREAMS) for _ in range(2)],
                 "single": [tok_per_s(targets[:1], 1) for _ in range(2)]}
-    finally:
-        for p, _ in servers:
-            stop(p)
 
 
 def bundle(tmp: Path) -> tuple[Path, Path]:

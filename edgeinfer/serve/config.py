@@ -81,9 +81,9 @@ class ServeConfig:
         """False when ``decoders`` decoder workers would together run more CPU threads than the machine has
         (several of them, at the backends' default threads or ``threads`` each): a backend's idle threads then
         stop busy-waiting, which would take the cores a busy neighbour needs. None otherwise: the backend's own
-        default. Two host w8a8 decoders on 2 cores, both busy: 390-416 tok/s together busy-waiting, 555-561
-        without (``--threads 1``: 689-713, but one busy decoder alone then runs at one thread: 355-377 against
-        510-572); docs/serve.md "Several decoders on one CPU"."""
+        default. Two host w8a8 decoders on 2 cores, both busy: 394 tok/s together busy-waiting, 533 without
+        (``--threads 1``: 674, but one busy decoder alone then runs at one thread: 363 against 558);
+        bench/serve_shared_cpu.py, docs/serve.md "Several decoders on one CPU"."""
         cpus = cpus or os.cpu_count() or 1
         if decoders < 2 or (self.threads is not None and self.threads * decoders <= cpus):
             return None
