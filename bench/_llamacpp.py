@@ -16,7 +16,6 @@ import sys
 import time
 from pathlib import Path
 
-import _peer
 from edgeinfer_llamacpp.convert import cached_scheme, source_tree, version
 from edgeinfer_llamacpp.decoder import amx_build
 from edgeinfer_llamacpp.decoder import init_backend as lib
@@ -67,7 +66,7 @@ def code_key(backend: str) -> str:
     plugin = Path(importlib.import_module(type(b).__module__.split(".")[0]).__file__).parent
     core = Path(edgeinfer.__file__).parent
     return cache.key({"edgeinfer": edgeinfer.__version__, "versions": b.versions(),
-                      "source": _peer.source_digest([core, plugin])}, length=16)
+                      "source": cache.source_digest([core, plugin])}, length=16)
 
 
 def server_command(bins: dict[str, Path], model: Path, port: int, parallel: int, ctx: int, threads: int) -> list[str]:

@@ -5,7 +5,6 @@ sampler of a whole process tree (a server and every process it started). Tested 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 import re
 import threading
@@ -204,11 +203,3 @@ def leading_agreement(reference_tokens: list[str], text: str) -> int:
     return n
 
 
-def source_digest(dirs: list[Path]) -> str:
-    """sha256 over the ``*.py`` files under ``dirs`` (relative path and bytes): changes with any code change."""
-    h = hashlib.sha256()
-    for d in dirs:
-        for f in sorted(d.rglob("*.py")):
-            h.update(f"{d.name}/{f.relative_to(d)}\0".encode())
-            h.update(f.read_bytes())
-    return h.hexdigest()

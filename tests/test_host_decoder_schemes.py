@@ -62,12 +62,15 @@ def test_fp16_and_int8_decoders_deploy_for_host_and_pass_golden(tiny_qwen3_host_
         # level 4: int8 activations in the kernel; block 128, the host's int8 block (MLAS's packed copy 1.06x the
         # int8 at 128 against 1.25x at 32: docs/planner.md#served-decoder-memory). w8a16: the same kernel over
         # each input's two int8 digits (int8_digits.py; onnxruntime has no fast 8-bit kernel for fp32 activations),
-        # summed after it; w8a8 runs it on one digit. w4a8: the builder's int4 (block 32, as llama.cpp's Q4_0)
+        # its output's two halves added after it; w8a8 runs it on one digit. w4a8: the builder's int4 (block 32,
+        # as llama.cpp's Q4_0)
         bits, block = {"w8a16": (8, 128), "w8a8": (8, 128), "w4a8": (4, 32)}[quant]
         assert attrs == {("bits", bits), ("accuracy_level", accuracy), ("block_size", block)}
         assert stamp.get("int8_block_size") == (None if quant == "w4a8" else 128)
         read = {n.input[0] for n in ops}
-        summed = {n.input[0] for n in graph.graph.node if n.op_type == "ReduceSum"} & {n.output[0] for n in ops}
+        added = {tuple(n.input) for n in graph.graph.node if n.op_type == "Add"}
+        summed = {n.input[0] for n in graph.graph.node  # an output whose two halves are added together
+                  if n.op_type == "Split" and tuple(n.output) in added} & {n.output[0] for n in ops}
         if quant == "w8a16":
             assert all(x.endswith("_digits") for x in read) and len(summed) == len(ops)
         else:

@@ -7,8 +7,8 @@ Under :func:`root` (``$EDGEINFER_CACHE_DIR``, else ``$XDG_CACHE_HOME/edgeinfer``
 * ``paged/<backend>/<key>/`` — models split and converted by ``edgeinfer run --paging``
 * ``locks/`` — one lock file per entry being built (:func:`locked`): processes building the same entry take turns
 
-Every key is :func:`key` of the facts that decide the result (source hash, backend, its versions,
-scheme, options); every entry is sealed when stored and verified before it is reused.
+Every key is :func:`key` of the facts that decide the result (source hash, backend, its versions and its
+code, scheme, options); every entry is sealed when stored and verified before it is reused.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import os
 import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,30 @@ def area(name: str) -> Path:
 def key(facts: Any, length: int = 24) -> str:
     """The entry name for ``facts`` (JSON with sorted keys; what is not JSON is written as str)."""
     return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:length]
+
+
+def source_digest(dirs: list[Path]) -> str:
+    """sha256 over the ``*.py`` files under ``dirs`` (relative path and bytes): changes with any code change."""
+    h = hashlib.sha256()
+    for d in dirs:
+        for f in sorted(d.rglob("*.py")):
+            h.update(f"{d.name}/{f.relative_to(d)}\0".encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def code(obj: Any) -> str:
+    """The digest of the sources of the package that defines ``obj``'s class (a backend's plugin): a conversion
+    cached by another code of the same version (a source tree, an editable install) is not reused."""
+    import importlib
+
+    package = importlib.import_module(type(obj).__module__.split(".")[0])
+    return _package_digest(Path(package.__file__).parent) if package.__file__ else ""
+
+
+@lru_cache(maxsize=None)
+def _package_digest(package: Path) -> str:
+    return source_digest([package])[:16]
 
 
 def intact(entry: Path) -> bool:

@@ -11,7 +11,7 @@ onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
 
-def quantized(k: int, n: int, accuracy: int, block: int = 128, rank: int = 2):
+def quantized(k: int, n: int, accuracy: int, block: int = 128, rank: int = 2, opset: int = 17):
     """A one-MatMul graph whose fp32 weight onnxruntime's own quantizer made 8-bit (as the plugin's
     quantize_int8 does), its input of ``rank`` dimensions."""
     from onnx import TensorProto, helper, numpy_helper
@@ -23,7 +23,7 @@ def quantized(k: int, n: int, accuracy: int, block: int = 128, rank: int = 2):
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [*lead, k])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [*lead, n])],
                               [numpy_helper.from_array(w, "w")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     q = MatMulNBitsQuantizer(model, bits=8, block_size=block, is_symmetric=True, accuracy_level=accuracy)
     q.process()
     return q.model.model
@@ -56,15 +56,16 @@ def activations(shape: tuple[int, ...]) -> np.ndarray:
     return x.astype(np.float32)
 
 
-@pytest.mark.parametrize("k, n, block, shape", [
-    (256, 96, 128, (3, 256)),
-    (200, 64, 128, (3, 200)),  # a last block of 72 activations, padded as the kernel pads it
-    (256, 64, 32, (2, 3, 256)),  # a decoder's [batch, tokens, hidden] input
+@pytest.mark.parametrize("k, n, block, shape, opset", [
+    (256, 96, 128, (3, 256), 17),
+    (200, 64, 128, (3, 200), 17),  # a last block of 72 activations, padded as the kernel pads it
+    (256, 64, 32, (2, 3, 256), 17),  # a decoder's [batch, tokens, hidden] input
+    (200, 64, 128, (2, 3, 200), 21),  # Split's num_outputs and ReduceMax's axes input (opset 18 on)
 ])
-def test_two_int8_digits_compute_what_fp32_activations_give(k, n, block, shape):
+def test_two_int8_digits_compute_what_fp32_activations_give(k, n, block, shape, opset):
     from edgeinfer_onnxruntime.int8_digits import split_digits
 
-    model = quantized(k, n, accuracy=1, block=block, rank=len(shape))
+    model = quantized(k, n, accuracy=1, block=block, rank=len(shape), opset=opset)
     x = activations(shape)
     want = x.astype(np.float64) @ dequantized(model, k, n, block)
     one_digit = run(quantized(k, n, accuracy=4, block=block, rank=len(shape)), x)  # w8a8: int8 activations

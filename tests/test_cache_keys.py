@@ -1,0 +1,50 @@
+"""What a conversion cache key is made of (edgeinfer/contract/cache.py): the code that converts is part of it."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+from edgeinfer.contract import cache
+
+
+def test_source_digest_changes_with_any_source_file(tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "a.py").write_text("x = 1\n")
+    (pkg / "sub" / "b.py").write_text("y = 2\n")
+    before = cache.source_digest([pkg])
+    assert cache.source_digest([pkg]) == before
+    (pkg / "sub" / "b.py").write_text("y = 3\n")
+    assert cache.source_digest([pkg]) != before
+    (pkg / "sub" / "b.py").write_text("y = 2\n")
+    assert cache.source_digest([pkg]) == before
+    (pkg / "c.py").write_text("")
+    assert cache.source_digest([pkg]) != before
+
+
+def _plugin(root: Path, body: str) -> object:
+    """An instance of ``Backend`` from a package ``code_key_plugin`` under ``root`` whose converter is ``body``."""
+    pkg = root / "code_key_plugin"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("from .backend import Backend\n")
+    (pkg / "backend.py").write_text(f"class Backend:\n    def convert(self):\n        return {body!r}\n")
+    for name in [m for m in sys.modules if m.startswith("code_key_plugin")]:
+        del sys.modules[name]
+    importlib.invalidate_caches()
+    sys.path.insert(0, str(root))
+    try:
+        return importlib.import_module("code_key_plugin").Backend()
+    finally:
+        sys.path.remove(str(root))
+
+
+def test_a_plugin_whose_code_changed_gets_another_key(tmp_path: Path) -> None:
+    """A source tree or editable install changes its conversion code without a version bump: the deploy caches
+    (decoder and encoder) key on the plugin package's sources, so the old conversion is not reused."""
+    first = cache.code(_plugin(tmp_path / "a", "digits"))
+    assert first == cache.code(_plugin(tmp_path / "b", "digits"))  # the same sources, wherever they are
+    assert cache.code(_plugin(tmp_path / "c", "planes")) != first
+    assert len(first) == 16
+
