@@ -104,14 +104,16 @@ def measure(built: Path, model: Path) -> dict:
 
 def export(name: str, model: Path, scheme: str) -> Path:
     """The onnxruntime decoder of ``model`` in ``scheme`` (the plugin's deploy conversion), built now so that no
-    child counts it; kept in the cache, keyed by the model's name and scheme, across runs."""
+    child counts it; kept in the cache, keyed by the model's name, the scheme and the plugin's code, across runs."""
     import shutil
 
     from edgeinfer_onnxruntime.decoder import convert, is_built
 
+    import edgeinfer
     from edgeinfer.contract import cache
 
-    out = cache.area("bench") / "planner_host_llm" / f"{name}-{scheme}-{CTX}"
+    code = cache.code(edgeinfer.backend("onnxruntime"))  # a changed converter is measured, not its old output
+    out = cache.area("bench") / "planner_host_llm" / f"{name}-{scheme}-{CTX}-{code}"
     if not is_built(out):
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True)

@@ -44,6 +44,7 @@ def test_a_plugin_whose_code_changed_gets_another_key(tmp_path: Path) -> None:
     """A source tree or editable install changes its conversion code without a version bump: the deploy caches
     (decoder and encoder) key on the plugin package's sources, so the old conversion is not reused."""
     first = cache.code(_plugin(tmp_path / "a", "digits"))
+    assert cache.code(sys.modules["code_key_plugin.backend"]) == first  # a plugin module names its package too
     assert first == cache.code(_plugin(tmp_path / "b", "digits"))  # the same sources, wherever they are
     assert cache.code(_plugin(tmp_path / "c", "planes")) != first
     assert len(first) == 16

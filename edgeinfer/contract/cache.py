@@ -54,11 +54,14 @@ def source_digest(dirs: list[Path]) -> str:
 
 
 def code(obj: Any) -> str:
-    """The digest of the sources of the package that defines ``obj``'s class (a backend's plugin): a conversion
-    cached by another code of the same version (a source tree, an editable install) is not reused."""
+    """The digest of the sources of the package that defines ``obj``'s class (a backend's plugin), or of ``obj``'s
+    package when it is a module: a conversion cached by another code of the same version (a source tree, an
+    editable install) is not reused."""
     import importlib
+    import types
 
-    package = importlib.import_module(type(obj).__module__.split(".")[0])
+    module = obj.__name__ if isinstance(obj, types.ModuleType) else type(obj).__module__
+    package = importlib.import_module(module.split(".")[0])
     return _package_digest(Path(package.__file__).parent) if package.__file__ else ""
 
 

@@ -418,7 +418,8 @@ def _exported(model: Path, scheme: str, fam: str, context: int, cache_root: Path
 
     target = fam.lower()
     entry = cache_root / "openvino-decoders" / cache.key({"source": sha256_file(model), "scheme": scheme,
-                                                          "target": target, "versions": decoder_export.versions()})
+                                                          "target": target, "versions": decoder_export.versions(),
+                                                          "code": cache.code(decoder_export)})
     with cache.locked(entry):  # a concurrent conversion of the same model waits for this one's result
         if cache.reusable(entry, lambda msg: None):
             return entry
