@@ -49,3 +49,22 @@ def test_a_plugin_whose_code_changed_gets_another_key(tmp_path: Path) -> None:
     assert cache.code(_plugin(tmp_path / "c", "planes")) != first
     assert len(first) == 16
 
+
+
+def test_a_plugin_of_one_module_is_keyed_by_that_file(tmp_path: Path) -> None:
+    """Not by every source file in the folder it was installed into (site-packages)."""
+    (tmp_path / "one_module_plugin.py").write_text("class Backend:\n    pass\n")
+    (tmp_path / "neighbour.py").write_text("x = 1\n")
+    sys.modules.pop("one_module_plugin", None)
+    importlib.invalidate_caches()
+    sys.path.insert(0, str(tmp_path))
+    try:
+        before = cache.code(importlib.import_module("one_module_plugin").Backend())
+    finally:
+        sys.path.remove(str(tmp_path))
+    cache._digest.cache_clear()
+    (tmp_path / "neighbour.py").write_text("x = 2\n")
+    assert cache.code(sys.modules["one_module_plugin"]) == before
+    (tmp_path / "one_module_plugin.py").write_text("class Backend:\n    pass  # changed\n")
+    cache._digest.cache_clear()
+    assert cache.code(sys.modules["one_module_plugin"]) != before

@@ -61,13 +61,19 @@ def code(obj: Any) -> str:
     import types
 
     module = obj.__name__ if isinstance(obj, types.ModuleType) else type(obj).__module__
-    package = importlib.import_module(module.split(".")[0])
-    return _package_digest(Path(package.__file__).parent) if package.__file__ else ""
+    top = importlib.import_module(module.split(".")[0])
+    where = getattr(top, "__file__", None)
+    if not where:  # a namespace package, or code typed into ``python -c``
+        return ""
+    # a package: its folder; a plugin that is one module: that file (not the folder it was installed into)
+    return _digest(Path(where).parent if hasattr(top, "__path__") else Path(where))
 
 
 @lru_cache(maxsize=None)
-def _package_digest(package: Path) -> str:
-    return source_digest([package])[:16]
+def _digest(path: Path) -> str:
+    if path.is_dir():
+        return source_digest([path])[:16]
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
 def intact(entry: Path) -> bool:
