@@ -1,14 +1,16 @@
-"""The router's relay of a decoder replica's stream (edgeinfer/fleet/router.py ``relay``), without Ray: a replica
-whose node went silent sends nothing more and raises nothing until Ray declares the node dead (about a minute);
-the relay ends such a stream after ``--timeout-s`` without a chunk. The stream stands in for Ray Serve's
-streaming handle (``DeploymentResponseGenerator``: async iteration and ``cancel()``)."""
+"""The router's relay of a decoder replica's stream (edgeinfer/fleet/router.py ``relay``) and its ``cancel``,
+without Ray: a replica whose node went silent sends nothing more and raises nothing until Ray declares the node
+dead (about a minute); the relay ends such a stream after ``--timeout-s`` without a chunk. The stream stands in
+for Ray Serve's streaming handle (``DeploymentResponseGenerator``: async iteration and ``cancel()``)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import threading
+import time
 
-from edgeinfer.fleet.router import relay
+from edgeinfer.fleet.router import cancel, relay
 
 
 class SilentNodeStream:
@@ -62,3 +64,43 @@ def test_the_bound_is_between_chunks_not_on_the_whole_stream():
     stream.chunks.append(chunks[4])
     assert _relayed(stream, 0.6) == chunks
     assert not stream.cancelled
+
+
+class BlockingCancel:
+    """A handle call whose ``cancel`` blocks, as Serve's does with its router in a separate loop (it waits for the
+    request's replica assignment, then ``ray.cancel``)."""
+
+    def __init__(self, separate_loop: bool):
+        self._is_router_running_in_separate_loop = separate_loop
+        self.release, self.cancelled_in = threading.Event(), None
+
+    def cancel(self) -> None:
+        self.cancelled_in = threading.current_thread()
+        self.release.wait(5)
+
+
+def test_a_blocking_cancel_does_not_hold_the_event_loop():
+    response = BlockingCancel(separate_loop=True)
+
+    async def main() -> float:
+        t0 = time.monotonic()
+        cancel(response)
+        await asyncio.sleep(0.05)  # the loop still runs other work: another request, a /metrics scrape
+        took = time.monotonic() - t0
+        response.release.set()
+        return took
+
+    assert asyncio.run(main()) < 1.0
+    assert response.cancelled_in is not None and response.cancelled_in is not threading.main_thread()
+
+
+def test_without_serves_separate_loop_cancel_is_called_in_the_loop():
+    """Then its futures belong to the event loop and must not be touched from another thread."""
+    response = BlockingCancel(separate_loop=False)
+    response.release.set()
+
+    async def main() -> None:
+        cancel(response)
+
+    asyncio.run(main())
+    assert response.cancelled_in is threading.main_thread()

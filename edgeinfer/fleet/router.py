@@ -198,7 +198,7 @@ def build(found: list[Any], config: Any, low: int, highs: dict[str, int | None])
                 try:
                     return await asyncio.wait_for(answer, max(deadline - time.monotonic(), 0.001))
                 except TimeoutError:
-                    answer.cancel()
+                    cancel(answer)
                     return error(504, f"no answer within {config.timeout_s:g} s (replica busy, or its node lost); "
                                       "retry or raise --timeout-s")
                 except Exception as e:  # noqa: BLE001 - the replica died mid-request; Serve replaces it
@@ -219,11 +219,11 @@ def build(found: list[Any], config: Any, low: int, highs: dict[str, int | None])
                     async with asyncio.timeout_at(asyncio.get_running_loop().time() + deadline - time.monotonic()):
                         return stream, await stream.__anext__()
                 except TimeoutError:
-                    stream.cancel()
+                    cancel(stream)
                     return stream, (504, "application/json", error(504, f"no answer within {bound:g} s (the "
                                     "replica's node silent or lost); retry or raise --generation-timeout-s")[1])
                 except Exception as e:  # noqa: BLE001 - the replica died before answering
-                    stream.cancel()
+                    cancel(stream)
                     failed = e
             return stream, (503, "application/json", lost(failed)[1])
 
@@ -312,6 +312,23 @@ def lost(e: Exception) -> tuple[int, bytes]:
 SILENT = "the replica sent nothing for {:g} s (its node silent or lost) and this answer is incomplete; retry"
 
 
+def cancel(response: Any) -> None:
+    """Cancel a Serve handle call without blocking the event loop. With Serve's router in its own loop (its
+    default, ``RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP``), ``DeploymentResponse.cancel`` waits synchronously for the
+    request's replica assignment and then calls ``ray.cancel`` (``ray/serve/handle.py``): for a request bound for a
+    node just lost, that could hold every other request, ``/metrics`` included, so it runs in a thread. Without the
+    separate loop its futures are the event loop's own, and cancel is called here."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # not in a loop: nothing to hold up
+        loop = None
+    if loop is None or not getattr(response, "_is_router_running_in_separate_loop", False):
+        response.cancel()
+        return
+    done = loop.run_in_executor(None, response.cancel)
+    done.add_done_callback(lambda f: f.cancelled() or f.exception())  # best effort, as Serve's cancel is
+
+
 async def relay(stream: Any, idle_s: float) -> AsyncIterator[bytes]:
     """A decoder replica's chunks as they come; a replica lost mid-stream, or silent for ``idle_s`` between
     chunks (``--timeout-s``: its node gone silent, which Ray declares dead only after its health checks fail,
@@ -336,4 +353,4 @@ async def relay(stream: Any, idle_s: float) -> AsyncIterator[bytes]:
         done = True
     finally:
         if not done:
-            stream.cancel()
+            cancel(stream)
