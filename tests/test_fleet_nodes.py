@@ -101,7 +101,8 @@ def value(samples: list, name: str, **labels: str) -> float:
 def wait_for(url: str, check, timeout_s: float, what: str) -> tuple[list, float]:
     """Poll the router's /metrics until ``check(samples)``; (the samples, seconds it took). A scrape that times out
     is one more poll: once (stop 55 CI, passed when run again), /metrics did not answer within 30 s of a node being
-    cut, although the router waits at most REFRESH_S for Ray's fleet state (not explained; the note says so)."""
+    cut, although the router waits at most REFRESH_S for Ray's fleet state. The likely cause, Serve's blocking
+    cancel of the requests that timed out on that node, now runs off the event loop (router.cancel)."""
     t0 = time.monotonic()
     samples: list = []
     while time.monotonic() - t0 < timeout_s:
