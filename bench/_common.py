@@ -23,6 +23,26 @@ def arguments(doc: str | None) -> argparse.ArgumentParser:
     return argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
+def onnxruntime_decoder(bench: str, name: str, model: Path, scheme: str, ctx: int) -> Path:
+    """The onnxruntime plugin's decoder of ``model`` in ``scheme`` (its deploy conversion), built once into the
+    cache (``bench/<bench>/<name>-<scheme>-<ctx>-<the plugin's code>``): a changed converter is measured, not its
+    old output."""
+    import shutil
+
+    from edgeinfer_onnxruntime.decoder import convert, is_built
+
+    import edgeinfer
+    from edgeinfer.contract import cache
+
+    code = cache.code(edgeinfer.backend("onnxruntime"))
+    out = cache.area("bench") / bench / f"{name}-{scheme}-{ctx}-{code}"
+    if not is_built(out):
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True)
+        convert(model, scheme, ctx, out, None)
+    return out
+
+
 def cpu_ms(pid: int) -> float:
     """CPU time of every thread of ``pid`` so far, in ms (ns resolution, unlike /proc/PID/stat's ticks)."""
     total = 0

@@ -29,29 +29,11 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _common import arguments, write
+from _common import arguments, onnxruntime_decoder, write
 
 CTX = 256
 BLOCK = 128
 PAST = 64
-
-
-def converted(model: Path, scheme: str) -> Path:
-    """The plugin's decoder graph of ``model`` in ``scheme`` (cached by model, scheme and the plugin's code)."""
-    import shutil
-
-    from edgeinfer_onnxruntime.decoder import convert, is_built
-
-    import edgeinfer
-    from edgeinfer.contract import cache
-
-    code = cache.code(edgeinfer.backend("onnxruntime"))
-    out = cache.area("bench") / "fp16_planes" / f"{model.name}-{scheme}-{CTX}-{code}"
-    if not is_built(out):
-        shutil.rmtree(out, ignore_errors=True)
-        out.mkdir(parents=True)
-        convert(model, scheme, CTX, out, None)
-    return out
 
 
 def residual_plane(w: np.ndarray, hi: np.ndarray, scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -176,7 +158,7 @@ def main() -> None:
     from edgeinfer.testing import llm
 
     model = llm.random_qwen3(layers=16, hidden=1024, heads=16, kv_heads=8, intermediate=2816)
-    dirs = {s: converted(model, s) for s in ("fp32", "fp16", "w8a16")}
+    dirs = {s: onnxruntime_decoder("fp16_planes", model.name, model, s, CTX) for s in ("fp32", "fp16", "w8a16")}
     dirs["planes"] = planes_graph(dirs["fp32"], dirs["fp32"].with_name(dirs["fp32"].name + "-planes"))
     sessions = {k: session(d) for k, d in dirs.items()}
     ids = np.random.default_rng(0).integers(0, 3000, (1, 24)).astype(np.int64)  # vocabulary 3072

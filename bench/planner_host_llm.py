@@ -52,7 +52,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import arguments, write  # noqa: E402
+from _common import arguments, onnxruntime_decoder, write  # noqa: E402
 
 MIB = 2**20
 CTX, PROMPT, NEW_TOKENS, REPEAT = 1024, 128, 64, 5
@@ -103,22 +103,9 @@ def measure(built: Path, model: Path) -> dict:
 
 
 def export(name: str, model: Path, scheme: str) -> Path:
-    """The onnxruntime decoder of ``model`` in ``scheme`` (the plugin's deploy conversion), built now so that no
-    child counts it; kept in the cache, keyed by the model's name, the scheme and the plugin's code, across runs."""
-    import shutil
-
-    from edgeinfer_onnxruntime.decoder import convert, is_built
-
-    import edgeinfer
-    from edgeinfer.contract import cache
-
-    code = cache.code(edgeinfer.backend("onnxruntime"))  # a changed converter is measured, not its old output
-    out = cache.area("bench") / "planner_host_llm" / f"{name}-{scheme}-{CTX}-{code}"
-    if not is_built(out):
-        shutil.rmtree(out, ignore_errors=True)
-        out.mkdir(parents=True)
-        convert(model, scheme, CTX, out, None)
-    return out
+    """The onnxruntime decoder of ``model`` in ``scheme``, built now so that no child counts it (cached across
+    runs, keyed by the model's name, the scheme and the plugin's code)."""
+    return onnxruntime_decoder("planner_host_llm", name, model, scheme, CTX)
 
 
 def pct(pred: float | None, meas: float) -> float | None:
