@@ -68,3 +68,18 @@ def test_a_plugin_of_one_module_is_keyed_by_that_file(tmp_path: Path) -> None:
     (tmp_path / "one_module_plugin.py").write_text("class Backend:\n    pass  # changed\n")
     cache._digest.cache_clear()
     assert cache.code(sys.modules["one_module_plugin"]) != before
+
+
+def test_a_plugin_imported_from_a_zip_archive_has_no_digest_and_no_error(tmp_path: Path) -> None:
+    import zipfile
+
+    archive = tmp_path / "plugins.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("zipped_plugin.py", "class Backend:\n    pass\n")
+    sys.modules.pop("zipped_plugin", None)
+    sys.path.insert(0, str(archive))
+    try:
+        backend = importlib.import_module("zipped_plugin").Backend()
+    finally:
+        sys.path.remove(str(archive))
+    assert cache.code(backend) == ""

@@ -73,7 +73,10 @@ def code(obj: Any) -> str:
 def _digest(path: Path) -> str:
     if path.is_dir():
         return source_digest([path])[:16]
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    except OSError:  # not a file on disk (a module imported from a zip archive): keyed by its versions only
+        return ""
 
 
 def intact(entry: Path) -> bool:
