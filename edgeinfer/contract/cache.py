@@ -69,6 +69,11 @@ def code(obj: Any) -> str:
     return _digest(Path(where).parent if hasattr(top, "__path__") else Path(where))
 
 
+def made_by(backend: Any) -> dict[str, Any]:
+    """The facts of a conversion key that name what converts: the backend, its versions and its plugin's code."""
+    return {"backend": backend.name, "versions": backend.versions(), "code": code(backend)}
+
+
 @lru_cache(maxsize=None)
 def _digest(path: Path) -> str:
     if path.is_dir():

@@ -167,8 +167,7 @@ def deploy_decoder(
     # 2. convert (or reuse the cached conversion)
     sha = stamp.sha256_file(hf_dir)
     facts = {"model": sha, "target": b.target or b.family, "scheme": scheme, "context": context,
-             "backend": backend.name, "versions": backend.versions(), "code": cache.code(backend), "options": options,
-             "runtime": runtime,
+             **cache.made_by(backend), "options": options, "runtime": runtime,
              "calibration": hashlib.sha256("\n".join(calibration or []).encode()).hexdigest()}
     if backend.decoders.defaults:  # a changed default (an int8 block size ...) is another conversion
         facts["defaults"] = dict(backend.decoders.defaults)

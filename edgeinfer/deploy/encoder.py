@@ -490,7 +490,7 @@ def check_tokenizer(hf_dir: Path) -> None:
 def _cache_key(src, b, scheme, shapes, backend, calib_samples, held, options) -> str:
     return cache.key({
         "model": src.sha256, "board": b.name, "target": board_target(b), "scheme": scheme, "shapes": shapes,
-        "backend": backend.name, "versions": backend.versions(), "code": cache.code(backend),
+        **cache.made_by(backend),
         "calibration": calibration.fingerprint(calib_samples),
         "golden": calibration.fingerprint(held), "options": options,
     })

@@ -48,8 +48,8 @@ def converted(backend: Backend, path: Path, options: dict[str, Any]) -> Path:
     """The cached native artifact for ``path`` on ``backend``, converting it on first use."""
     convert_opts = {k: options.pop(k) for k in CONVERT_OPTIONS if k in options}
     scheme = convert_opts.pop("scheme", None) or backend.tensors.default_scheme
-    key = cache.key({"sha256": stamp.sha256_file(path), "backend": backend.name, "versions": backend.versions(),
-                     "code": cache.code(backend), "scheme": scheme, "options": convert_opts})
+    key = cache.key({"sha256": stamp.sha256_file(path), **cache.made_by(backend), "scheme": scheme,
+                     "options": convert_opts})
     entry = cache.area("artifacts") / backend.name / key
     name = path.stem + backend.tensors.native[0]
     if cache.intact(entry) and (entry / name).is_file():

@@ -106,8 +106,7 @@ def open_paged(
         raise InputError("--paging needs --segments N or --cut TENSOR")
     be = plugins.get_backend(backend or ENCODER_REFERENCE)
     key = cache.key({
-        "sha256": stamp.sha256_file(src), "backend": be.name, "versions": be.versions(), "code": cache.code(be),
-        "scheme": scheme,
+        "sha256": stamp.sha256_file(src), **cache.made_by(be), "scheme": scheme,
         "segments": segments, "cuts": list(cuts or []), "shapes": options.get("shapes"),
     })
     folder = cache.area("paged") / be.name / key

@@ -101,20 +101,20 @@ def split_digits(model: Any) -> int:
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     if opset < 13:  # the nodes below are written for opsets 13 and later (tests: 17 and 21)
         raise ValueError(f"the graph's opset {opset} is older than 13: re-export it with a newer one")
-    nodes, consts, stacked, done = [], {}, {}, 0
+    nodes, consts, digits, done = [], {}, {}, 0
     for n in graph.node:
         a = _attrs(n) if n.op_type == "MatMulNBits" and n.domain == DOMAIN else {}
         if a.get("bits") != 8 or a.get("accuracy_level", 0) >= INT8_LEVEL:
             nodes.append(n)
             continue
         key = (n.input[0], a["K"], a["block_size"])
-        if key not in stacked:
-            stacked[key], split = _split(*key, opset, consts)
+        if key not in digits:
+            digits[key], split = _split(*key, opset, consts)
             nodes += split
         out = n.output[0]
-        new = helper.make_node("MatMulNBits", [stacked[key], *n.input[1:]], [f"{out}_digits"], name=n.name,
+        new = helper.make_node("MatMulNBits", [digits[key], *n.input[1:]], [f"{out}_digits"], name=n.name,
                                domain=DOMAIN, **{**a, "accuracy_level": INT8_LEVEL})
-        nodes += [new, *_halves_added(f"{out}_digits", out, f"{stacked[key]}_out_shape", consts)]
+        nodes += [new, *_halves_added(f"{out}_digits", out, f"{digits[key]}_out_shape", consts)]
         done += 1
     del graph.node[:]
     graph.node.extend(nodes)

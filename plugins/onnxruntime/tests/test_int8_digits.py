@@ -60,7 +60,7 @@ def activations(shape: tuple[int, ...]) -> np.ndarray:
     (256, 96, 128, (3, 256), 17),
     (200, 64, 128, (3, 200), 17),  # a last block of 72 activations, padded as the kernel pads it
     (256, 64, 32, (2, 3, 256), 17),  # a decoder's [batch, tokens, hidden] input
-    (200, 64, 128, (2, 3, 200), 21),  # Split's num_outputs and ReduceMax's axes input (opset 18 on)
+    (200, 64, 128, (2, 3, 200), 21),  # ReduceMax's axes as an input (opset 18 on)
 ])
 def test_two_int8_digits_compute_what_fp32_activations_give(k, n, block, shape, opset):
     from edgeinfer_onnxruntime.int8_digits import split_digits

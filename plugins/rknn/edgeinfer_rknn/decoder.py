@@ -404,7 +404,7 @@ def converted_dir(backend: Any, model: Path, scheme: str, context: int, options:
     if options.get("decode_batches") is not None:
         wanted["decode_batches"] = la.parse_batches(options["decode_batches"])
     facts = {"model": stamp.sha256_file(model), "scheme": scheme, "context": context, **wanted,
-             "versions": backend.versions(), "code": cache.code(backend), "format": la.FORMAT,
+             **cache.made_by(backend), "format": la.FORMAT,
              "defaults": la.CONVERSION_DEFAULTS}
     entry = cache.area("artifacts") / "rknn-decoders" / cache.key(facts)
     return cache.fill(entry, lambda d: la.convert_decoder(backend, model, scheme, context, d, None, **wanted))
