@@ -38,17 +38,27 @@ def test_no_suggestion_without_float_activations_or_an_int8_scheme_on_the_runtim
     assert p.suggestions.activations is None
 
 
-@pytest.mark.parametrize("board", ["core-ultra-155h", "host"])
-def test_no_suggestion_when_the_int8_scheme_is_not_faster(board):
-    """OpenVINO on an Intel NPU decodes w8a16 and w8a8 at one estimate (the same 8-bit weight bytes per token);
-    onnxruntime on the host runs w8a16 on w8a8's int8 kernel over two digits of its activations: 0.54, 0.74 and
-    1.0 of w8a8's measured speed from the 4 M to the 210 M model (bench/data/rows_host.yaml), and for a 0.6 B model
-    the plan's two estimates are closer than the 1.2x a suggestion needs."""
-    p = plan(MODEL, board, quant="w8a16", ctx=1024)
-    assert "w8a8" in get_board(board).runtimes[p.runtime].schemes
-    other = plan(MODEL, board, quant="w8a8", ctx=1024, runtime=p.runtime, suggest=False)
+def test_no_suggestion_when_the_int8_scheme_is_not_faster():
+    """OpenVINO on an Intel NPU decodes w8a16 and w8a8 at one estimate (the same 8-bit weight bytes per token)."""
+    p = plan(MODEL, "core-ultra-155h", quant="w8a16", ctx=1024)
+    assert "w8a8" in get_board("core-ultra-155h").runtimes[p.runtime].schemes
+    other = plan(MODEL, "core-ultra-155h", quant="w8a8", ctx=1024, runtime=p.runtime, suggest=False)
     assert other.fits and other.estimates.decode_tokens_per_s < 1.2 * p.estimates.decode_tokens_per_s
     assert p.suggestions.activations is None
+
+
+def test_host_w8a16_points_to_w8a8_exactly_when_its_plan_is_1_2x_faster():
+    """onnxruntime on the host runs w8a16 on w8a8's int8 kernel over two digits of its activations: 0.60, 0.75 and
+    0.80 of w8a8's measured speed from the 4 M to the 210 M model in the rows of 2026-12-05 (1.0 at 210 M in those
+    of 2026-12-04: bench/data/rows_host.yaml moves with the machine), so whether a 0.6 B model's two estimates are
+    1.2x apart depends on the rows shipped; the suggestion follows them."""
+    p = plan(MODEL, "host", quant="w8a16", ctx=1024)
+    other = plan(MODEL, "host", quant="w8a8", ctx=1024, runtime=p.runtime, suggest=False)
+    faster = other.fits and other.estimates.decode_tokens_per_s >= 1.2 * p.estimates.decode_tokens_per_s
+    a = p.suggestions.activations
+    assert (a is not None) == faster
+    if a is not None:
+        assert a["quant"] == "w8a8" and a["decode_tokens_per_s"] == other.estimates.decode_tokens_per_s
 
 
 def test_plan_and_deploy_print_it(capfd):

@@ -39,7 +39,7 @@ def _graph(bundle):
     return onnx.load(str(bundle / "decoder" / "model.onnx"), load_external_data=False)
 
 
-@pytest.mark.parametrize("quant, accuracy", [("fp16", None), ("w8a16", 4), ("w8a8", 4), ("w4a8", 4)])
+@pytest.mark.parametrize("quant, accuracy", [("fp16", 4), ("w8a16", 4), ("w8a8", 4), ("w4a8", 4)])
 def test_fp16_and_int8_decoders_deploy_for_host_and_pass_golden(tiny_qwen3_host_scheme_bundle, quant, accuracy):
     """Deployed once per session (the shared fixture; the conversion cached across runs), golden-checked on
     every deploy."""
@@ -51,41 +51,54 @@ def test_fp16_and_int8_decoders_deploy_for_host_and_pass_golden(tiny_qwen3_host_
     stamp = json.loads((out / "decoder.stamp.json").read_text())
     assert stamp["scheme"] == quant
     graph = _graph(out)
-    kinds = {onnx.TensorProto.DataType.Name(t.data_type) for t in graph.graph.initializer}
     ops = [n for n in graph.graph.node  # w8a16's [1, 1] @ two halves (below) multiplies no weight
            if n.op_type in ("MatMul", "MatMulNBits") and n.input[0] != "digits_ones"]
-    if quant == "fp16":
-        assert "FLOAT16" in kinds and all(n.op_type == "MatMul" for n in ops)
+    named = ("bits", "accuracy_level", "block_size")
+    attrs = {(a.name, a.i) for n in ops for a in n.attribute if a.name in named}
+    assert ops and all(n.op_type == "MatMulNBits" for n in ops)
+    # level 4: int8 activations in the kernel; block 128, the host's int8 block (MLAS's packed copy 1.06x the
+    # int8 at 128 against 1.25x at 32: docs/planner.md#served-decoder-memory). w8a16: the same kernel over
+    # each input's two int8 digits (int8_digits.py; onnxruntime has no fast 8-bit kernel for fp32 activations),
+    # its output's two halves added after it; w8a8 runs it on one digit. fp16: w8a16's nodes, each beside a
+    # node over its weight's residual plane on the undivided input (weight_planes.py), the two outputs added.
+    # w4a8: the builder's int4 (block 32, as llama.cpp's Q4_0)
+    bits, block = {"w8a16": (8, 128), "fp16": (8, 128), "w8a8": (8, 128), "w4a8": (4, 32)}[quant]
+    assert attrs == {("bits", bits), ("accuracy_level", accuracy), ("block_size", block)}
+    assert stamp.get("int8_block_size") == (None if quant == "w4a8" else 128)
+    nodes = graph.graph.node
+    low = [n for n in ops if n.input[1].endswith("_lo")]
+    high = [n for n in ops if n not in low]
+    read = {n.input[0] for n in high}
+    halves = {n.output[0]: n.input[0] for n in nodes if n.op_type == "Reshape"}  # seen as [2, -1]
+    summed = {halves[n.input[1]] for n in nodes  # an output whose two halves are added: [1, 1] @ them
+              if n.op_type == "MatMul" and n.input[1] in halves} & {n.output[0] for n in ops}
+    if quant in ("w8a16", "fp16"):
+        assert all(x.endswith("_digits") for x in read) and len(summed) == len(high)
     else:
-        named = ("bits", "accuracy_level", "block_size")
-        attrs = {(a.name, a.i) for n in ops for a in n.attribute if a.name in named}
-        assert ops and all(n.op_type == "MatMulNBits" for n in ops)
-        # level 4: int8 activations in the kernel; block 128, the host's int8 block (MLAS's packed copy 1.06x the
-        # int8 at 128 against 1.25x at 32: docs/planner.md#served-decoder-memory). w8a16: the same kernel over
-        # each input's two int8 digits (int8_digits.py; onnxruntime has no fast 8-bit kernel for fp32 activations),
-        # its output's two halves added after it; w8a8 runs it on one digit. w4a8: the builder's int4 (block 32,
-        # as llama.cpp's Q4_0)
-        bits, block = {"w8a16": (8, 128), "w8a8": (8, 128), "w4a8": (4, 32)}[quant]
-        assert attrs == {("bits", bits), ("accuracy_level", accuracy), ("block_size", block)}
-        assert stamp.get("int8_block_size") == (None if quant == "w4a8" else 128)
-        read = {n.input[0] for n in ops}
-        nodes = graph.graph.node
-        halves = {n.output[0]: n.input[0] for n in nodes if n.op_type == "Reshape"}  # seen as [2, -1]
-        summed = {halves[n.input[1]] for n in nodes  # an output whose two halves are added: [1, 1] @ them
-                  if n.op_type == "MatMul" and n.input[1] in halves} & {n.output[0] for n in ops}
-        if quant == "w8a16":
-            assert all(x.endswith("_digits") for x in read) and len(summed) == len(ops)
-        else:
-            assert not any(x.endswith("_digits") for x in read) and not summed
-        # the token embedding looked up in int8 blocks, no float table of vocabulary rows left in the file
-        # (the builder's is fp32 whatever the precision: embedding.py)
-        lookup = next(n for n in graph.graph.node if "input_ids" in n.input and "Gather" in n.op_type)
+        assert not any(x.endswith("_digits") for x in read) and not summed
+    if quant == "fp16":
+        assert len(low) == len(high) and {n.input[0] + "_digits" for n in low} == read
+        adds = {frozenset(n.input) for n in nodes if n.op_type == "Add"}
+        pairs = {frozenset((lo.output[0].removesuffix("_lo") + "_hi", lo.output[0])) for lo in low}
+        assert pairs <= adds, "each weight's two planes' products are added"
+        assert {h.output[0] for h in high} == {lo.output[0].removesuffix("_lo") + "_hi_digits" for lo in low}
+    else:
+        assert not low
+    # the token embedding looked up in int8 blocks (fp16: fp16 rows, cast after the lookup), no fp32 table of
+    # vocabulary rows left in the file (the builder's is fp32 whatever the precision: embedding.py)
+    lookup = next(n for n in graph.graph.node if "input_ids" in n.input and "Gather" in n.op_type)
+    inits = {t.name: t for t in graph.graph.initializer}
+    if quant == "fp16":
+        assert lookup.op_type == "Gather" and inits[lookup.input[0]].data_type == onnx.TensorProto.FLOAT16
+        cast = next(n for n in nodes if n.input and n.input[0] == lookup.output[0])
+        assert cast.op_type == "Cast" and cast.attribute[0].i == onnx.TensorProto.FLOAT
+    else:
         assert lookup.op_type == "GatherBlockQuantized" and lookup.domain == "com.microsoft"
-        model = json.loads((out / "decoder" / "genai_config.json").read_text())["model"]
-        table = sorted([model["vocab_size"], model["decoder"]["hidden_size"]])
-        assert not [t.name for t in graph.graph.initializer
-                    if t.data_type == onnx.TensorProto.FLOAT and sorted(t.dims) == table]
-        assert stamp["embedding"].startswith("int8, block ")
+    model = json.loads((out / "decoder" / "genai_config.json").read_text())["model"]
+    table = sorted([model["vocab_size"], model["decoder"]["hidden_size"]])
+    assert not [t.name for t in graph.graph.initializer
+                if t.data_type == onnx.TensorProto.FLOAT and sorted(t.dims) == table]
+    assert stamp["embedding"].startswith("fp16" if quant == "fp16" else "int8, block ")
     # the step loop binds int64 ids and float32 logits whatever the weights are; the KV cache is the plan's fp16
     types = {v.name: v.type.tensor_type.elem_type for v in [*graph.graph.input, *graph.graph.output]}
     assert types["input_ids"] == onnx.TensorProto.INT64 and types["logits"] == onnx.TensorProto.FLOAT
@@ -116,17 +129,20 @@ def test_the_plans_kv_dtype_is_what_the_opened_decoder_allocates(tiny_qwen3_host
         open_generator(bundle, kv_dtype="fp32")
 
 
-def test_the_host_plan_holds_fp16_weights_as_fp32_and_adds_serves_processes():
-    """onnxruntime's CPU provider runs an fp16 graph's MatMuls through Casts to fp32 folded into fp32
-    initializers (bench/results/serve_footprint-host.json: the fp16 worker peaked above the fp32 one), so the
-    host plan holds fp16 weights at fp32 size; a served decoder adds serve's own processes to the breakdown."""
+def test_the_host_plan_holds_fp16_decoder_weights_as_two_int8_planes_and_adds_serves_processes():
+    """The onnxruntime plugin holds an fp16 decoder's weights as two int8 planes packed by MLAS (8.5 bits each:
+    weight_planes.py) and its embedding as fp16 rows, so the host plan counts 17 bits a weight for the body and
+    the tied LM head, 16 for the table; a served decoder adds serve's own processes to the breakdown."""
     from edgeinfer.planning.planner import plan
     from edgeinfer.testing.serve import measured_served_worker_saving
 
     fp16 = plan(str(model_dir()), "host", quant="fp16", ctx=512, batch=4, suggest=False)
     fp32 = plan(str(model_dir()), "host", quant="fp32", ctx=512, batch=4, suggest=False)
-    assert fp16.breakdown["weights"] == fp32.breakdown["weights"]
-    assert "held as 32-bit" in fp16.details.weights.basis
+    w8a16 = plan(str(model_dir()), "host", quant="w8a16", ctx=512, batch=4, suggest=False)
+    w16, w8 = fp16.details.weights, w8a16.details.weights  # w8a16: one such plane
+    assert abs(w16.body - 2 * w8.body) <= 1 and abs(w16.lm_head - 2 * w8.lm_head) <= 1
+    assert w16.embedding == fp32.details.weights.embedding_duplicate // 2 and w16.embedding_bits == 16
+    assert "two int8 planes" in w16.basis
     served = fp16.to_dict()["memory"]["served"]
     decoder = sum(v for k, v in fp16.breakdown.items() if k != "reserved")
     # a served worker loads without the manifest's schema: a little less than a decoder process of its own

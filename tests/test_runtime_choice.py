@@ -21,7 +21,8 @@ def test_host_fp16_names_llama_cpp_with_its_own_plan_figures():
     assert s["decode_tokens_per_s"] >= 1.2 * onnx.estimates.decode_tokens_per_s
     # the host board's reserve is read from this machine at each plan: the same within what moved in between
     assert s["total_bytes"] == pytest.approx(llama.total_bytes, rel=0.01)
-    assert llama.breakdown["weights"] < 0.6 * onnx.breakdown["weights"]  # fp16 held as fp16, not widened to fp32
+    # neither widens fp16 to fp32: onnxruntime holds two int8 planes a weight (17 bits) and the tied head twice
+    assert llama.breakdown["weights"] < onnx.breakdown["weights"] < 1.4 * llama.breakdown["weights"]
 
 
 def test_the_faster_runtime_itself_and_a_scheme_no_other_runtime_takes_get_none():

@@ -13,5 +13,6 @@ INT8_BLOCK = 128
 #: (Decoders.defaults), so a conversion cached with another default is not reused
 CONVERSION_DEFAULTS = {"int4_block_size": DEFAULT_BLOCK, "int8_block_size": INT8_BLOCK,
                        "w8a16_kernel": "int8 kernel, two activation digits",  # int8_digits.py
+                       "fp16": "two int8 planes a weight",  # weight_planes.py
                        "lm_head": "one position per row",  # last_logits.py
                        "embedding": "int8 for int8 and int4 weights"}  # embedding.py

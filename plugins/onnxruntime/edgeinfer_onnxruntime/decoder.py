@@ -38,11 +38,11 @@ from edgeinfer.contract.helpers import inside
 from edgeinfer.errors import BackendUnavailableError, InputError, ModelError
 
 from .blocks import CONVERSION_DEFAULTS, DEFAULT_BLOCK, INT8_BLOCK
-from .embedding import quantize_embedding
+from .embedding import embedding_fp16, quantize_embedding
 from .kv_cache import kv_name, kv_to_fp16
 from .last_logits import INPUT as LAST_INDEX
 from .last_logits import gather_last
-from .weights import quantize_int8, save, to_fp16
+from .weights import quantize_int8, save
 
 GENAI_CONFIG = "genai_config.json"
 PRECISIONS = ("fp32", "int4")
@@ -120,7 +120,8 @@ def convert(hf_dir: Path, scheme: str, context: int, out: Path, group_size: int 
     cache in ``kv_dtype`` (:mod:`.kv_cache`)."""
     kv_dtype = kv_name(kv_dtype)
     precision, extra = SCHEMES[scheme.split("_g")[0]]
-    int8 = scheme.startswith(("w8a16", "w8a8"))
+    planes = scheme == "fp16"  # two int8 planes a weight (weight_planes.py)
+    int8 = scheme.startswith(("w8a16", "w8a8")) or planes
     block = group_size or (INT8_BLOCK if int8 else DEFAULT_BLOCK)
     if precision == "int4":
         extra = [*extra, f"int4_block_size={block}"]
@@ -129,18 +130,17 @@ def convert(hf_dir: Path, scheme: str, context: int, out: Path, group_size: int 
     cfg = json.loads(cfg_path.read_text())
     graph = inside(out, cfg["model"]["decoder"]["filename"], f"{GENAI_CONFIG} model.decoder.filename")
     if int8:
-        quantize_int8(graph, block, activations_int8=scheme.startswith("w8a8"))
-    elif scheme == "fp16":
-        to_fp16(graph, kv_dtype)
+        quantize_int8(graph, block, activations_int8=scheme.startswith("w8a8"), low_planes=planes)
     quantized = int8 or precision == "int4"
-    kv16 = kv_dtype == "fp16" and scheme != "fp16"
+    kv16 = kv_dtype == "fp16"
     embedding = None
     if quantized or kv16:
         import onnx
 
         model = onnx.load(str(graph))
+        ids = cfg["model"]["decoder"]["inputs"]["input_ids"]
         if quantized:
-            embedding = quantize_embedding(model, cfg["model"]["decoder"]["inputs"]["input_ids"], INT8_BLOCK)
+            embedding = embedding_fp16(model, ids) if planes else quantize_embedding(model, ids, INT8_BLOCK)
         save(kv_to_fp16(model) if kv16 else model, graph)
     limit = int(cfg["model"]["context_length"])
     if context > limit:
@@ -154,10 +154,9 @@ def convert(hf_dir: Path, scheme: str, context: int, out: Path, group_size: int 
         facts["int4_block_size"] = block
     if int8:  # "precision": the builder's, before the steps below
         facts.update(int8_block_size=block, then="onnxruntime MatMulNBitsQuantizer bits=8" + (
+            ", each weight's residual a second int8 plane (weight_planes.py)" if planes else "") + (
             "" if scheme.startswith("w8a8") else ", each node on the int8 kernel over its input's two int8 digits"
                                                  " (int8_digits.py)"))
-    elif scheme == "fp16":
-        facts["then"] = "onnxruntime.transformers.float16 (fp32 ids, mask and logits)"
     return {**facts, **(embedding or {})}
 
 

@@ -1,4 +1,5 @@
-"""The token embedding of an int8 or int4 decoder as int8 blocks, looked up by ``GatherBlockQuantized``.
+"""The token embedding of an int8 or int4 decoder as int8 blocks, looked up by ``GatherBlockQuantized``; of the
+host fp16 class as fp16 rows, cast to fp32 after the lookup.
 
 onnxruntime-genai's builder keeps the embedding table in fp32 whatever the precision: a ``Gather`` over
 ``model.embed_tokens.weight``, or, for a tied model in fp32 (the graph the int8 schemes start from), over a
@@ -9,6 +10,7 @@ hidden dimension, read by onnxruntime's ``com.microsoft.GatherBlockQuantized`` (
 zero-point input is offset by 128, checked against a one-node graph on onnxruntime 1.26; its schema:
 https://github.com/microsoft/onnxruntime/blob/main/docs/ContribOperators.md#com.microsoft.GatherBlockQuantized),
 as llama.cpp keeps ``token_embd`` in the model's quantized type and NNCF keeps OpenVINO's embeddings int8.
+An fp16 table is read by a plain ``Gather`` (any element type) and only the rows it read are cast.
 """
 
 from __future__ import annotations
@@ -18,13 +20,11 @@ from typing import Any
 BITS = 8
 
 
-def quantize_embedding(model: Any, ids: str, block: int) -> dict[str, Any] | None:
-    """Rewrite ``model`` (an ``onnx.ModelProto`` with its weights loaded) in place: the float table the lookup of
-    input ``ids`` reads becomes int8 per ``block`` columns (32 where ``block`` does not divide its width). The
-    facts for the conversion's stamp, or None when the graph's lookup is not a ``Gather`` over an fp32
-    initializer (or its transpose) whose width 32 divides."""
+def _lookup(model: Any, ids: str) -> tuple[Any, Any, Any, Any] | None:
+    """The ``Gather`` that looks input ``ids`` up, the fp32 initializer it reads (directly, or through the
+    ``Transpose`` also returned) and that table as ``[vocab, width]``; None for any other lookup."""
     import numpy as np
-    from onnx import helper, numpy_helper
+    from onnx import numpy_helper
 
     g = model.graph
     gather = next((n for n in g.node if n.op_type == "Gather" and len(n.input) == 2 and n.input[1] == ids), None)
@@ -41,7 +41,38 @@ def quantize_embedding(model: Any, ids: str, block: int) -> dict[str, Any] | Non
     table = numpy_helper.to_array(source)
     if table.dtype != np.float32 or table.ndim != 2:
         return None
-    table = table.T if transpose is not None else table
+    return gather, source, transpose, (table.T if transpose is not None else table)
+
+
+def _replace(model: Any, found: tuple[Any, Any, Any, Any], tables: list[Any], lookup: list[Any]) -> None:
+    """``found``'s lookup replaced by the ``lookup`` nodes over the initializers ``tables``; its fp32 table (and
+    Transpose) dropped where nothing else reads them."""
+    g = model.graph
+    gather, source, transpose, _ = found
+    g.initializer.extend(tables)
+    nodes = list(g.node)
+    at = nodes.index(gather)
+    nodes[at: at + 1] = lookup
+    if transpose is not None and not any(transpose.output[0] in n.input for n in nodes):
+        nodes.remove(transpose)
+    del g.node[:]
+    g.node.extend(nodes)
+    if not any(source.name in n.input for n in g.node):
+        g.initializer.remove(source)
+
+
+def quantize_embedding(model: Any, ids: str, block: int) -> dict[str, Any] | None:
+    """Rewrite ``model`` (an ``onnx.ModelProto`` with its weights loaded) in place: the float table the lookup of
+    input ``ids`` reads becomes int8 per ``block`` columns (32 where ``block`` does not divide its width). The
+    facts for the conversion's stamp, or None when the graph's lookup is not a ``Gather`` over an fp32
+    initializer (or its transpose) whose width 32 divides."""
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    found = _lookup(model, ids)
+    if found is None:
+        return None
+    gather, source, _, table = found
     vocab, width = table.shape
     block = next((b for b in (block, 32) if width % b == 0), 0)
     if not block:
@@ -51,17 +82,27 @@ def quantize_embedding(model: Any, ids: str, block: int) -> dict[str, Any] | Non
     scales[scales == 0] = 1
     q = np.clip(np.rint(blocks / scales[..., None]), -127, 127).astype(np.int16) + 128
     name = f"{source.name}/int8"
-    g.initializer.extend([numpy_helper.from_array(q.astype(np.uint8).reshape(vocab, width), name),
-                          numpy_helper.from_array(scales.astype(np.float32), f"{name}/scales")])
+    tables = [numpy_helper.from_array(q.astype(np.uint8).reshape(vocab, width), name),
+              numpy_helper.from_array(scales.astype(np.float32), f"{name}/scales")]
     lookup = helper.make_node("GatherBlockQuantized", [name, ids, f"{name}/scales"], list(gather.output),
                               name=f"{gather.name}BlockQuantized", domain="com.microsoft", bits=BITS,
                               block_size=block, gather_axis=0, quantize_axis=1)
-    nodes = list(g.node)
-    nodes[nodes.index(gather)] = lookup
-    if transpose is not None and not any(transpose.output[0] in n.input for n in nodes):
-        nodes.remove(transpose)
-    del g.node[:]
-    g.node.extend(nodes)
-    if not any(source.name in n.input for n in g.node):
-        g.initializer.remove(source)
+    _replace(model, found, tables, [lookup])
     return {"embedding": f"int8, block {block} (GatherBlockQuantized)"}
+
+
+def embedding_fp16(model: Any, ids: str) -> dict[str, Any] | None:
+    """As :func:`quantize_embedding`, the table fp16 instead: a ``Gather`` of fp16 rows and a ``Cast`` of the
+    rows it read to fp32 (the host fp16 class: :mod:`.weight_planes`)."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    found = _lookup(model, ids)
+    if found is None:
+        return None
+    gather, source, _, table = found
+    name, rows = f"{source.name}/fp16", f"{gather.output[0]}/fp16"
+    lookup = [helper.make_node("Gather", [name, ids], [rows], name=f"{gather.name}Fp16", axis=0),
+              helper.make_node("Cast", [rows], list(gather.output), name=f"{gather.name}Fp32", to=TensorProto.FLOAT)]
+    _replace(model, found, [numpy_helper.from_array(table.astype(np.float16), name)], lookup)
+    return {"embedding": "fp16 (Gather, then Cast to fp32)"}
