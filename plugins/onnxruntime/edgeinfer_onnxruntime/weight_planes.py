@@ -32,6 +32,7 @@ def residual(w: np.ndarray, hi: np.ndarray, scales: np.ndarray, block: int) -> t
     padded[:k] = w
     held = (hi.reshape(n, blocks, block).astype(np.float32) - ZERO) * scales.reshape(n, blocks, 1)
     rest = padded.T.reshape(n, blocks, block) - held
+    rest.reshape(n, -1)[:, k:] = 0  # the quantizer's padding need not be 128: those rows meet zero activations
     s = np.abs(rest).max(axis=2, keepdims=True) / 127
     s[s == 0] = 1.0
     q = np.clip(np.rint(rest / s), -127, 127) + ZERO
