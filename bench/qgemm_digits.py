@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 from _common import arguments, onnxruntime_decoder, write
-from fp16_planes import CTX, child_peak, feeds, session, step_ms
+from fp16_planes import CTX, measure, peer_model
 
 MS = "com.microsoft"
 
@@ -98,25 +98,10 @@ def qgemm_graph(fp32_dir: Path, out: Path) -> Path:
 
 def main() -> None:
     arguments(__doc__).parse_args()
-    from edgeinfer.testing import llm
-
-    model = llm.random_qwen3(layers=16, hidden=1024, heads=16, kv_heads=8, intermediate=2816)
+    model = peer_model()
     dirs = {s: onnxruntime_decoder("fp16_planes", model.name, model, s, CTX) for s in ("fp32", "w8a16")}
     dirs["qgemm"] = qgemm_graph(dirs["fp32"], dirs["fp32"].with_name(dirs["fp32"].name + "-qgemm"))
-    sessions = {k: session(d) for k, d in dirs.items()}
-    ids = np.random.default_rng(0).integers(0, 3000, (1, 24)).astype(np.int64)  # vocabulary 3072
-    logits = {k: s.run(["logits"], feeds(s, 1, 0, ids))[0].reshape(-1).astype(np.float64)
-              for k, s in sessions.items()}
-    ref = logits["fp32"]
-    span = ref.max() - ref.min()
-    accuracy = {k: {"max_abs_over_range": float(np.abs(v - ref).max() / span),
-                    "cosine": float(v @ ref / np.linalg.norm(v) / np.linalg.norm(ref)),
-                    "same_argmax": bool(v.argmax() == ref.argmax())} for k, v in logits.items() if k != "fp32"}
-    steps = {"1": step_ms(sessions, 1), "16": step_ms(sessions, 16)}
-    del sessions
-    result = {"model": model.name, "step_ms_best_of_3": steps,
-              "peak_rss_mib": {k: round(child_peak(d), 1) for k, d in dirs.items()},
-              "logits_vs_fp32": accuracy}
+    result = {"model": model.name, **measure(dirs)}
     print(json.dumps(result, indent=1))
     write("qgemm_digits", result)
 
