@@ -2,7 +2,8 @@
 
 A board can list one scheme under several runtimes (``host``: fp16 under onnxruntime and llama.cpp), and the
 one ``deploy`` builds by default (docs/planner.md#what-plan-and-deploy-build) is not always the fastest for it:
-onnxruntime holds fp16 weights as fp32 on a CPU without fp16 kernels, where llama.cpp reads them as fp16. The
+onnxruntime runs fp16 weights as two int8 planes on a CPU without fp16 kernels (three int8 products a weight),
+where llama.cpp reads them as fp16. The
 plan names the fastest other runtime that this installation builds, that takes the plan's scheme, fits the board
 at the same context and batch, and whose decode estimate is at least :data:`FASTER` times the plan's; both
 estimates are the planner's, with their own error bars (``--runtime NAME`` plans and deploys it).
