@@ -8,6 +8,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from edgeinfer.errors import ModelError
+
 from .int8_digits import split_digits
 from .weight_planes import add_low_planes
 
@@ -47,7 +49,10 @@ def quantize_int8(graph: Path, block: int, activations_int8: bool, low_planes: b
     finally:
         log.setLevel(level)
     if low_planes:
-        add_low_planes(q.model.model, floats)
+        kernels = sum(n.op_type == "MatMulNBits" for n in q.model.model.graph.node)
+        if add_low_planes(q.model.model, floats) != kernels:  # a weight left at int8 would pass for fp16
+            raise ModelError(f"{graph.name}: not every quantized MatMul's fp32 weight was found for its second "
+                             "plane", "deploy another scheme (fp32, w8a16), or report the model")
     if not activations_int8:
         split_digits(q.model.model)
     q.model.topological_sort()

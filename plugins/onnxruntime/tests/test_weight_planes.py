@@ -95,3 +95,20 @@ def test_the_low_plane_is_the_residual_on_the_same_grid():
     top = np.repeat(np.abs(w.T.reshape(8, blocks, block)).max(axis=2), block, axis=1).reshape(8, -1).T
     assert (err <= top / (2 * 127 * 254) * 1.001 + 1e-12).all()  # half a low step: the low scale ≤ 1/254 of the high
     assert (lo[0] == ZERO).all()  # the zero column: both planes zero
+
+
+def test_a_weight_left_without_its_second_plane_is_refused(tmp_path, monkeypatch):
+    """fp16 must not quietly hold a weight at int8 only: quantize_int8 counts the planes added."""
+    from edgeinfer_onnxruntime import weights
+
+    from edgeinfer.errors import ModelError
+
+    path = tmp_path / "model.onnx"
+    weights.save(graph(weight(256, 64), 2), path)
+    monkeypatch.setattr(weights, "add_low_planes", lambda model, floats: 0)
+    with pytest.raises(ModelError, match="second plane"):
+        weights.quantize_int8(path, 128, activations_int8=False, low_planes=True)
+    monkeypatch.undo()
+    weights.quantize_int8(path, 128, activations_int8=False, low_planes=True)
+    ops = [n.op_type for n in onnx.load(str(path)).graph.node]
+    assert ops.count("MatMulNBits") == 2 and "Add" in ops
