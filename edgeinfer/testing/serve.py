@@ -56,6 +56,9 @@ class ServerProc:
                  wait_ready: bool = True):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        # Ray Serve routes to the router's replica before serve.run returns and the CLI says "ready:"; a request
+        # in between once got "Server disconnected without sending a response" (/v1/models, CI of 2026-12-05)
+        self._ray = "--ray" in args
         self.log = log
         self._log_file = open(log, "w")
         self.proc = subprocess.Popen(
@@ -71,7 +74,8 @@ class ServerProc:
             if self.proc.poll() is not None:
                 raise AssertionError(f"server exited with {self.proc.returncode}:\n{self.output()}")
             try:
-                if __import__("httpx").get(self.url + "/ready", headers=headers, timeout=2).status_code == 200:
+                if (__import__("httpx").get(self.url + "/ready", headers=headers, timeout=2).status_code == 200
+                        and (not self._ray or "\nready: " in "\n" + self.output())):
                     return
             except __import__("httpx").TransportError:
                 pass
