@@ -51,7 +51,7 @@ def add_low_planes(model: Any, floats: dict[str, np.ndarray]) -> int:
     nodes, added = [], 0
     for n in graph.node:
         w = floats.get(n.input[1].removesuffix("_Q8")) if n.op_type == "MatMulNBits" else None
-        attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+        attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute} if w is not None else {}
         if w is None or n.domain != DOMAIN or attrs.get("bits") != 8 or len(n.input) != 3:
             nodes.append(n)
             continue

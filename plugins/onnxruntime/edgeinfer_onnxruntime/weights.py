@@ -38,7 +38,7 @@ def quantize_int8(graph: Path, block: int, activations_int8: bool, low_planes: b
 
     model = onnx.load(str(graph))
     floats = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer
-              if low_planes and t.data_type == onnx.TensorProto.FLOAT and len(t.dims) == 2}
+              if t.data_type == onnx.TensorProto.FLOAT and len(t.dims) == 2} if low_planes else {}
     q = MatMulNBitsQuantizer(model, bits=8, block_size=block, is_symmetric=True,
                              accuracy_level=4 if activations_int8 else 1)
     log = logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer")  # one INFO line per node
