@@ -200,3 +200,47 @@ def _remove(p: Path) -> None:
             p.unlink(missing_ok=True)
     except OSError:
         pass
+
+
+# --- bundles with the same bytes more than once -------------------------------------------------------
+
+
+def link_duplicates(root: Path, min_bytes: int = 1 << 20) -> int:
+    """Hard-link the files under ``root`` that hold the same bytes to one copy (a bucketed bundle's IRs share one
+    weights file, byte for byte, once per bucket); the bytes saved. Files under ``min_bytes`` are left alone."""
+    from edgeinfer.contract.stamp import sha256_file
+
+    by_size: dict[int, list[Path]] = {}
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and not p.is_symlink() and p.stat().st_size >= min_bytes:
+            by_size.setdefault(p.stat().st_size, []).append(p)
+    saved = 0
+    for size, group in by_size.items():
+        if len(group) < 2:
+            continue
+        first: dict[str, Path] = {}
+        for p in group:
+            same = first.setdefault(sha256_file(p), p)
+            if same != p and not os.path.samefile(same, p):
+                tmp = p.with_name(temp_name("link"))
+                os.link(same, tmp)
+                os.replace(tmp, p)
+                saved += size
+    return saved
+
+
+def copy_tree(src: Path, dst: Path, **copytree_args) -> None:
+    """``shutil.copytree`` that keeps files hard-linked to each other in ``src`` hard-linked in ``dst``."""
+    firsts: dict[tuple[int, int], str] = {}
+
+    def copy(s: str, d: str) -> str:
+        st = os.stat(s)
+        if st.st_nlink > 1:
+            first = firsts.setdefault((st.st_dev, st.st_ino), d)
+            if first != d:
+                os.link(first, d)
+                return d
+        return shutil.copy2(s, d)
+
+    shutil.copytree(src, dst, copy_function=copy, **copytree_args)
+

@@ -151,11 +151,11 @@ def test_a_bucket_is_loaded_on_first_use_and_load_all_loads_the_rest(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def bucketed(tmp_path_factory) -> Path:
+def bucketed(module_tmp) -> Path:
     """MiniLM deployed for core-ultra-155h with its automatic buckets (the conversion cache makes reruns quick)."""
     from edgeinfer.deploy.encoder import deploy
 
-    out = tmp_path_factory.mktemp("buckets") / "minilm-155h"
+    out = module_tmp / "minilm-155h"
     result = deploy(minilm.model_dir(), "core-ultra-155h", out)
     assert result.golden["passed"] is True
     return out
@@ -210,6 +210,9 @@ def test_deploy_records_nine_sealed_buckets_and_why(bucketed):
         assert i["artifact"] in manifest["files"]
         assert i["golden"]["last_hidden_state"]["cosine_min"] > 0.999
     assert bundle_mod.verify(bucketed)["ok"] is True
+    # the static IRs hold the same weights byte for byte: one file on disk, not one per bucket
+    bins = [bucketed / i["artifact"] for i in items if i["artifact"] != "model.xml"]
+    assert len(bins) == 8 and len({p.with_suffix(".bin").stat().st_ino for p in bins}) == 1
 
 
 @pytest.mark.slow

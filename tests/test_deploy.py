@@ -58,10 +58,10 @@ def golden_txt(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def bundles(tmp_path_factory, env, golden_txt) -> dict[str, Path]:
+def bundles(module_tmp, env, golden_txt) -> dict[str, Path]:
     """The first deploy fills the cache with the reference export (on a machine's first run); the other two then
     run side by side."""
-    root = tmp_path_factory.mktemp("bundles")
+    root = module_tmp
 
     def deploy(board: str) -> subprocess.Popen:
         args = ["deploy", str(minilm.model_dir()), "--board", board, "--golden-inputs", str(golden_txt),

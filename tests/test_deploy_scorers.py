@@ -45,13 +45,13 @@ def golden_sets(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def scorer_bundles(tmp_path_factory, reranker_dir, classifier_dir, golden_sets):
+def scorer_bundles(module_tmp, reranker_dir, classifier_dir, golden_sets):
     """Both models deployed once to each board, one static shape each (buckets: tests/test_buckets.py). The
     conversions land in the user's conversion cache (as tests/test_deploy.py's), so after a machine's first run
     (a few minutes) they are reused."""
     from edgeinfer.deploy.encoder import deploy
 
-    root = tmp_path_factory.mktemp("scorer-bundles")
+    root = module_tmp
     dirs = {"reranker": reranker_dir, "classifier": classifier_dir}
     return {(m, b): deploy(dirs[m], b, root / f"{m}-{b}", golden_inputs=golden_sets[m], buckets="none")
             for m in MODELS for b in BOARDS}

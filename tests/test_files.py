@@ -122,3 +122,39 @@ def test_output_paths_in_dev_shm_and_through_links_to_storage_are_fine_links_int
     (tmp_path / "to-proc").symlink_to("/proc/self")
     with pytest.raises(InputError, match="under /proc"):
         files.check_output_dir(tmp_path / "to-proc" / "out", "--out")
+
+
+# --- the same bytes once ------------------------------------------------------------------------------------
+
+
+def test_link_duplicates_links_equal_large_files_only(tmp_path):
+    big = os.urandom(2 << 20)
+    for name in ("a/model.bin", "b/model.bin", "c/model.bin"):
+        (tmp_path / name).parent.mkdir()
+        (tmp_path / name).write_bytes(big)
+    (tmp_path / "c/model.bin").write_bytes(big[:-1] + bytes([big[-1] ^ 1]))  # same size, other bytes
+    (tmp_path / "a/small.json").write_text("{}" * 10)
+    (tmp_path / "b/small.json").write_text("{}" * 10)
+
+    assert files.link_duplicates(tmp_path) == 2 << 20
+    ino = {n: (tmp_path / n).stat().st_ino for n in ("a/model.bin", "b/model.bin", "c/model.bin")}
+    assert ino["a/model.bin"] == ino["b/model.bin"] != ino["c/model.bin"]
+    assert (tmp_path / "b/model.bin").read_bytes() == big
+    assert (tmp_path / "a/small.json").stat().st_nlink == 1  # under min_bytes: left alone
+    assert not [p for p in tmp_path.rglob(".edgeinfer-*")]
+    assert files.link_duplicates(tmp_path) == 0  # linked already
+
+
+def test_copy_tree_keeps_links_within_the_tree(tmp_path):
+    src = tmp_path / "src"
+    (src / "x").mkdir(parents=True)
+    (src / "one.bin").write_bytes(b"w" * 100)
+    os.link(src / "one.bin", src / "x" / "two.bin")
+    (src / "other.bin").write_bytes(b"w" * 100)
+
+    files.copy_tree(src, tmp_path / "dst")
+    dst = tmp_path / "dst"
+    assert (dst / "one.bin").stat().st_ino == (dst / "x" / "two.bin").stat().st_ino
+    assert (dst / "one.bin").stat().st_ino != (src / "one.bin").stat().st_ino  # a copy, not a link to src
+    assert (dst / "other.bin").stat().st_nlink == 1
+    assert (dst / "x" / "two.bin").read_bytes() == b"w" * 100

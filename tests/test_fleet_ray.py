@@ -43,8 +43,8 @@ def _ray_daemons() -> set[int]:
 
 
 @pytest.fixture(scope="module")
-def bundles(minilm_onnx, tmp_path_factory):
-    root = tmp_path_factory.mktemp("fleet-bundles")
+def bundles(minilm_onnx, module_tmp):
+    root = module_tmp
     ort = minilm_bundle(minilm_onnx, root / "minilm-ort", "onnxruntime")
     return {"host": ort, "npu": labelled_bundle(ort, root / "minilm-npu", "core-ultra-155h"),
             "rk": labelled_bundle(ort, root / "minilm-rk", "rk3588-8g")}

@@ -243,8 +243,8 @@ def minilm_feeds():
 
 
 @pytest.fixture(scope="module")
-def minilm_split(minilm_onnx, tmp_path_factory):
-    return split_mod.split_onnx(minilm_onnx, tmp_path_factory.mktemp("minilm6"), segments=6)
+def minilm_split(minilm_onnx, module_tmp):
+    return split_mod.split_onnx(minilm_onnx, module_tmp / "minilm6", segments=6)
 
 
 def test_minilm_splits_into_its_six_layers_with_the_mask_carried(minilm_split):

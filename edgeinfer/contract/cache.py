@@ -171,7 +171,7 @@ def store(entry: Path, work: Path) -> None:
     checks :func:`reusable` and then builds holds :func:`locked` around both and this."""
     tmp = entry.with_name(entry.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(work, tmp)
+    files.copy_tree(work, tmp)
     seal.seal_dir(tmp)
     shutil.rmtree(entry, ignore_errors=True)
     tmp.rename(entry)

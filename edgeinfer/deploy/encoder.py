@@ -310,7 +310,7 @@ def deploy(
             if cached:
                 progress.note(f"reusing the cached conversion of {src.path.name} for {b.name} ({scheme}): "
                               f"{cached_dir}")
-                shutil.copytree(cached_dir, work, ignore=shutil.ignore_patterns(seal.SEAL))
+                files.copy_tree(cached_dir, work, ignore=shutil.ignore_patterns(seal.SEAL))
                 manifest = bundle_mod.Bundle.open(work).manifest
                 needs = outdir.requires(backend, decoder=False, text=tokenize is not None)
                 plan = outdir.plan_summary(the_plan)  # this planner's: serve's start-up check adds up recorded plans
@@ -325,6 +325,7 @@ def deploy(
                 manifest = _build(src, b, backend, scheme, work, ref_path, reference, specs, shapes_used,
                                   calib_samples, held, threshold, the_plan, tokenize, seq, options, progress, layout,
                                   bucketing, scorer)
+                files.link_duplicates(work)  # before the cache's copy, which keeps the links
                 if use_cache:
                     try:
                         cache.store(cached_dir, work)
@@ -332,6 +333,8 @@ def deploy(
                         files.remove_own(cached_dir.parent)
                         raise
             reference.close()
+            if cached:
+                files.link_duplicates(work)  # an entry cached before bundles kept one copy of equal files
             outdir.replace_dir(work, out_dir)
     return DeployResult(out_dir, manifest, manifest.golden or {}, cached, warnings, dict(progress.timings))
 

@@ -117,3 +117,14 @@ def tiny_qwen3_host_scheme_bundle(tmp_path_factory):
         return made[scheme]
 
     return get
+
+
+@pytest.fixture(scope="module")
+def module_tmp(tmp_path_factory, request) -> Path:
+    """A directory for one test module's shared fixtures (its bundles, its conversions), removed when the module's
+    last test is done: pytest keeps ``mktemp`` directories until the session ends, and a whole run's bundles
+    would take more disk than a CI machine may have (``tmp_path`` of a passed test goes at once: pyproject.toml's
+    ``tmp_path_retention_policy``)."""
+    path = tmp_path_factory.mktemp(request.module.__name__.rsplit(".", 1)[-1])
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

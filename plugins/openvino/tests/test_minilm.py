@@ -34,9 +34,9 @@ def calibration():
 
 
 @pytest.fixture(scope="module")
-def artifacts(minilm_onnx, calibration, tmp_path_factory):
+def artifacts(minilm_onnx, calibration, module_tmp):
     be = edgeinfer.backend("openvino")
-    root = tmp_path_factory.mktemp("minilm-ov")
+    root = module_tmp
     return {
         s: be.quantize(minilm_onnx, s, calibration if s == "w8a8" else None, root / f"minilm-{s}.xml")
         for s in THRESHOLD

@@ -40,11 +40,11 @@ PROMPT_TEXTS = [*PROMPTS[:3], "Permission is hereby granted"]
 
 
 @pytest.fixture(scope="module")
-def deployed(tmp_path_factory):
+def deployed(module_tmp):
     """``deploy`` to rk3588-8g, fp16 at ctx 16, with the module's prompts as golden inputs (STEPS tokens each)."""
     from edgeinfer.deploy.decoder import deploy_decoder
 
-    root = tmp_path_factory.mktemp("rknn-batches")
+    root = module_tmp
     (root / "golden.txt").write_text("\n".join(PROMPT_TEXTS) + "\n")
     return deploy_decoder(model_dir(), "rk3588-8g", root / "tiny-qwen3-rknn", quant="fp16", ctx=CTX,
                           golden_inputs=root / "golden.txt", new_tokens=STEPS,

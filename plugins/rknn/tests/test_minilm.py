@@ -35,15 +35,15 @@ def _rknn_embed(art):
         return _embed(lambda f: s.run(f)["last_hidden_state"], minilm.heldout_sentences(HELD_OUT))
 
 
-def test_fp16_matches_onnxruntime(minilm_onnx_static, reference, tmp_path_factory):
-    out = tmp_path_factory.mktemp("rknn-minilm") / "minilm_fp16.rknn"
+def test_fp16_matches_onnxruntime(minilm_onnx_static, reference, tmp_path):
+    out = tmp_path / "minilm_fp16.rknn"
     art = edgeinfer.backend("rknn").quantize(minilm_onnx_static, "fp16", None, out, target="rk3588")
     assert stamp.read(art)["inputs"][0]["shape"] == [1, 128]
     cos = minilm.cosine(_rknn_embed(art), reference)
     assert cos.min() >= 0.999, f"fp16 cosine min {cos.min():.5f}"
 
 
-def test_int8_calibrated_on_real_sentences(minilm_onnx_static, reference, tmp_path_factory):
+def test_int8_calibrated_on_real_sentences(minilm_onnx_static, reference, tmp_path):
     """w8a8 calibrated on 120 real sentences. Plain int8 of every layer lands at cosine ~0.25-0.6
     on this model (rknn-toolkit2 2.5.0: the fused attention and the LayerNorm/residual outliers do
     not survive per-tensor int8), so the toolkit's automatic hybrid keeps the layers whose own
@@ -51,7 +51,7 @@ def test_int8_calibrated_on_real_sentences(minilm_onnx_static, reference, tmp_pa
     calib = CalibrationSet([minilm.tokenize([s]) for s in minilm.calibration_sentences(120)])
     held = set(minilm.heldout_sentences(HELD_OUT))
     assert not held & set(minilm.calibration_sentences(120)), "held-out sentences must not be calibration data"
-    out = tmp_path_factory.mktemp("rknn-minilm") / "minilm_int8.rknn"
+    out = tmp_path / "minilm_int8.rknn"
     art = edgeinfer.backend("rknn").quantize(
         minilm_onnx_static, "int8", calib, out, target="rk3588", auto_hybrid=True, auto_hybrid_cos_thresh=AUTO_THRESH
     )
