@@ -168,7 +168,9 @@ def build(hf_dir: Path, cache_root: Path, precision: str, kv_dtype: str = "fp32"
     from edgeinfer.contract.stamp import sha256_file
 
     kv = "" if kv_dtype == "fp32" else f"|kv {kv_dtype}"
-    what = f"{sha256_file(hf_dir)}|{precision}|{builder_version()}{kv}|{CONVERSION_DEFAULTS['lm_head']}"
+    # this plugin's code too: its export and KV rewrite make the artifact (cache.code: an edited source tree)
+    what = (f"{sha256_file(hf_dir)}|{precision}|{builder_version()}{kv}|{CONVERSION_DEFAULTS['lm_head']}|"
+            f"{cache.code(sys.modules[__name__])}")
     key = hashlib.sha256(what.encode()).hexdigest()[:24]
     out = cache_root / "onnxruntime-decoders" / key
     with cache.locked(out):  # a concurrent build of the same model (another test worker) waits for this one's

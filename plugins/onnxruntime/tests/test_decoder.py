@@ -296,3 +296,30 @@ def test_spin_wait_reaches_the_session_and_a_wrong_value_is_refused(multi_slot):
             d.release()
     with pytest.raises(InputError, match="spin_wait must be true or false"):
         backend.load_decoder(model_dir(), device="CPU", context=32, slots=1, spin_wait="no")
+
+
+def test_a_build_from_another_plugin_code_is_not_reused(tmp_path, monkeypatch):
+    """``load_decoder`` of a Hugging Face directory builds into the cache once; an edited plugin (another
+    ``cache.code``) builds again instead of reusing what older code built."""
+    from edgeinfer_onnxruntime import decoder as ort_decoder
+
+    from edgeinfer.contract import cache
+
+    built = []
+
+    def fake_build(hf_dir, out, precision, kv_dtype):
+        built.append(out)
+        out.mkdir(parents=True)
+        (out / ort_decoder.GENAI_CONFIG).write_text("{}")
+        return out
+
+    monkeypatch.setattr(ort_decoder, "_build", fake_build)
+    monkeypatch.setattr(ort_decoder, "builder_version", lambda: "0.14.1")
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text("{}")
+    first = ort_decoder.build(hf, tmp_path / "cache", "fp32")
+    assert ort_decoder.build(hf, tmp_path / "cache", "fp32") == first and len(built) == 1
+    monkeypatch.setattr(cache, "code", lambda obj: "edited")
+    again = ort_decoder.build(hf, tmp_path / "cache", "fp32")
+    assert again != first and built == [first, again]
