@@ -130,3 +130,37 @@ def test_the_autoscalers_timing_is_settable_from_the_environment(monkeypatch, ti
     assert proc.returncode == 2 and proc.stderr.startswith(f"error: {AUTOSCALING_ENV}='10' is not a JSON object"), \
         proc.stderr
     assert proc.stderr.count("\n") == 1, proc.stderr
+
+
+@pytest.mark.parametrize("interrupted_in", ["start_serve", "ship_from_here"])
+def test_an_interrupt_while_serve_starts_still_stops_what_it_started(monkeypatch, interrupted_in):
+    """Ctrl-C (or SIGTERM, exit 143) while Ray Serve or the bundle store is being started on a joined cluster:
+    the command's cleanup still shuts down the Serve it was starting and looks for its store by name (before,
+    ``owner`` was only set once ``serve.start`` had returned, and Serve kept running after the CLI had said
+    "nothing was left behind")."""
+    import ray
+
+    from edgeinfer.fleet import ray_serve
+    from edgeinfer.serve.config import ServeConfig
+
+    stops = []
+
+    def interrupt(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ray_serve, "require_ray", lambda: None)
+    monkeypatch.setattr(ray_serve, "targets", lambda paths, config: [])
+    monkeypatch.setattr(ray_serve, "connect", lambda address: False)  # joined a running cluster
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})
+    monkeypatch.setattr(ray, "nodes", lambda: [])
+    monkeypatch.setattr(ray_serve, "serve_running", lambda: False)
+    monkeypatch.setattr(ray_serve, "start_serve", interrupt if interrupted_in == "start_serve" else
+                        lambda host, port, fresh: None)
+    monkeypatch.setattr(ray_serve, "ship_from_here", interrupt)
+    monkeypatch.setattr(ray_serve, "stop", lambda *args: stops.append(args))
+    with pytest.raises(KeyboardInterrupt):
+        ray_serve.serve_on_ray(ServeConfig(bundles=[], port=8123), "ray://head:10001")
+    assert len(stops) == 1
+    started, owner, deployed, store = stops[0]
+    assert (started, owner, deployed) == (False, True, False)
+    assert store.startswith("edgeinfer-bundles-")

@@ -10,9 +10,11 @@ of a resource than the cluster has are refused (exit 3), and more replicas than 
 the fleet holds.
 """
 
+import contextlib
 import signal
 import sys
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -300,13 +302,15 @@ def serve_on_ray(config: ServeConfig, address: str, replicas: str = "1", max_rep
         with socket.socket() as sock:
             sock.bind((host, 0))
             port = sock.getsockname()[1]
-    started, owner, deployed, store = connect(address), False, False, None
+    started, owner, deployed = connect(address), False, False
+    store = f"edgeinfer-bundles-{uuid.uuid4().hex[:12]}"  # named first: stop() finds it however far start got
     signal.signal(signal.SIGTERM, ours)
     try:
         check_resources(found, scale.wanted, ray.cluster_resources(), address)
         highs = bounds(found, scale, ray.nodes())
-        owner = start_serve(host, port)
-        store = ship_from_here(found, ship)
+        owner = not serve_running()  # before Serve starts: a Ctrl-C or SIGTERM while it starts still stops it
+        start_serve(host, port, owner)
+        ship_from_here(found, ship, store)
         deployed = True
         serve.run(build(found, config, scale.low, highs), name=APP, route_prefix="/")
         sys.stderr.write(f"ready: {', '.join(t.name for t in found)} on http://{host}:{port} (Ray Serve, "
@@ -318,16 +322,14 @@ def serve_on_ray(config: ServeConfig, address: str, replicas: str = "1", max_rep
         stop(started, owner, deployed, store)
 
 
-def ship_from_here(found: list[BundleTarget], ship: bool) -> Any:
-    """The bundle store on this node, for replicas on nodes that do not see a bundle's path (or all, ``ship``)."""
-    import uuid
-
+def ship_from_here(found: list[BundleTarget], ship: bool, name: str) -> None:
+    """The bundle store ``name`` on this node, for replicas on nodes that do not see a bundle's path (or all,
+    ``ship``)."""
     from edgeinfer.fleet.transport import start_store
 
-    name = f"edgeinfer-bundles-{uuid.uuid4().hex[:12]}"
     for t in found:
         t.store, t.ship = name, ship
-    return start_store(name, {t.name: t.path for t in found})
+    start_store(name, {t.name: t.path for t in found})
 
 
 def serve_running() -> bool:
@@ -342,18 +344,18 @@ def serve_running() -> bool:
     return True
 
 
-def start_serve(host: str, port: int) -> bool:
-    """Serve's HTTP proxies on ``host:port``; True when this command started Serve (and so shuts it down).
-    A Serve already running keeps its HTTP options (Serve ignores new ones with a warning): one listening
-    elsewhere, or already serving an edgeinfer application, is refused rather than answering on another port."""
+def start_serve(host: str, port: int, fresh: bool) -> None:
+    """Serve's HTTP proxies on ``host:port``; ``fresh``: Serve does not run yet (this command starts it, and so
+    shuts it down). A Serve already running keeps its HTTP options (Serve ignores new ones with a warning): one
+    listening elsewhere, or already serving an edgeinfer application, is refused rather than answering on another
+    port."""
     from ray import serve
 
     from edgeinfer.fleet.replicas import APP
 
-    if not serve_running():
-        serve.start(http_options={"host": host, "port": port})
-        return True
     serve.start(http_options={"host": host, "port": port})
+    if fresh:
+        return
     http = serve.context._get_global_client().http_config
     if (http.host, http.port) != (host, port):
         raise BackendUnavailableError(f"Ray Serve already runs on this cluster on {http.host}:{http.port}, and "
@@ -362,20 +364,21 @@ def start_serve(host: str, port: int) -> bool:
     if APP in serve.status().applications:
         raise BackendUnavailableError(f"an {APP!r} application already runs on this cluster's Ray Serve",
                                       "stop the other `edgeinfer serve --ray` first (one per cluster)")
-    return False
 
 
-def stop(started: bool, owner: bool, deployed: bool, store: Any = None) -> None:
+def stop(started: bool, owner: bool, deployed: bool, store: str = "") -> None:
     """Remove what this command started: the local Ray of ``--ray auto``, Serve on a joined cluster when it
     started it there, else its application, and the bundle store; the joined cluster itself keeps running."""
     import ray
     from ray import serve
 
     from edgeinfer.fleet.replicas import APP
+    from edgeinfer.fleet.transport import NAMESPACE
 
     try:
-        if store is not None:
-            ray.kill(store)
+        if store and ray.is_initialized():
+            with contextlib.suppress(ValueError):  # never started
+                ray.kill(ray.get_actor(store, namespace=NAMESPACE))
         if started or owner:
             serve.shutdown()
         elif deployed and ray.is_initialized():
