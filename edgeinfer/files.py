@@ -10,6 +10,7 @@ owner is gone — never one that a concurrent run is still writing.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import secrets
@@ -208,8 +209,6 @@ def _remove(p: Path) -> None:
 def link_duplicates(root: Path, min_bytes: int = 1 << 20) -> int:
     """Hard-link the files under ``root`` that hold the same bytes to one copy (a bucketed bundle's IRs share one
     weights file, byte for byte, once per bucket); the bytes saved. Files under ``min_bytes`` are left alone."""
-    from edgeinfer.contract.stamp import sha256_file
-
     by_size: dict[int, list[Path]] = {}
     for p in sorted(root.rglob("*")):
         if p.is_file() and not p.is_symlink() and p.stat().st_size >= min_bytes:
@@ -220,7 +219,7 @@ def link_duplicates(root: Path, min_bytes: int = 1 << 20) -> int:
             continue
         first: dict[str, Path] = {}
         for p in group:
-            same = first.setdefault(sha256_file(p), p)
+            same = first.setdefault(_sha256(p), p)
             if same != p and not os.path.samefile(same, p):
                 tmp = p.with_name(temp_name("link"))
                 os.link(same, tmp)
@@ -244,3 +243,11 @@ def copy_tree(src: Path, dst: Path, **copytree_args) -> None:
 
     shutil.copytree(src, dst, copy_function=copy, **copytree_args)
 
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
