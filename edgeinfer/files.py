@@ -17,7 +17,7 @@ import secrets
 import shutil
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from edgeinfer.errors import InputError
@@ -222,7 +222,10 @@ def link_duplicates(root: Path, min_bytes: int = 1 << 20) -> int:
             same = first.setdefault(_sha256(p), p)
             if same != p and not os.path.samefile(same, p):
                 tmp = p.with_name(temp_name("link"))
-                os.link(same, tmp)
+                try:
+                    os.link(same, tmp)
+                except OSError:  # a file system without hard links (FAT, exFAT, some network shares)
+                    return saved
                 os.replace(tmp, p)
                 saved += size
     return saved
@@ -237,8 +240,9 @@ def copy_tree(src: Path, dst: Path, **copytree_args) -> None:
         if st.st_nlink > 1:
             first = firsts.setdefault((st.st_dev, st.st_ino), d)
             if first != d:
-                os.link(first, d)
-                return d
+                with suppress(OSError):  # else a copy: a file system without hard links
+                    os.link(first, d)
+                    return d
         return shutil.copy2(s, d)
 
     shutil.copytree(src, dst, copy_function=copy, **copytree_args)

@@ -158,3 +158,22 @@ def test_copy_tree_keeps_links_within_the_tree(tmp_path):
     assert (dst / "one.bin").stat().st_ino != (src / "one.bin").stat().st_ino  # a copy, not a link to src
     assert (dst / "other.bin").stat().st_nlink == 1
     assert (dst / "x" / "two.bin").read_bytes() == b"w" * 100
+
+
+def test_without_hard_links_bundles_keep_their_copies(tmp_path, monkeypatch):
+    """On a file system without hard links (FAT or exFAT on an SD card, some network shares) ``os.link`` fails:
+    deploy goes on with one copy per file, as before, and loses nothing."""
+    def no_links(src, dst, *a, **k):
+        raise PermissionError(1, "Operation not permitted")
+
+    big = os.urandom(2 << 20)
+    for name in ("a.bin", "b.bin"):
+        (tmp_path / "src" / name).parent.mkdir(exist_ok=True)
+        (tmp_path / "src" / name).write_bytes(big)
+    os.link(tmp_path / "src" / "a.bin", tmp_path / "src" / "c.bin")
+    monkeypatch.setattr(os, "link", no_links)
+
+    assert files.link_duplicates(tmp_path / "src") == 0
+    files.copy_tree(tmp_path / "src", tmp_path / "dst")
+    assert [(tmp_path / "dst" / n).read_bytes() == big for n in ("a.bin", "b.bin", "c.bin")] == [True] * 3
+    assert not [p for p in tmp_path.rglob(".edgeinfer-*")]
