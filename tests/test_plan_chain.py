@@ -201,6 +201,29 @@ def test_serve_refuses_bundles_that_do_not_fit_their_board_together(tiny_qwen3_h
     lines = [x for x in r.stderr.splitlines() if x.strip()]
     assert r.returncode == 1, r.stderr
     assert len(lines) == 1 and "on rk3588-8g, which has 8.00 GiB; the largest is tiny" in lines[0]
+    assert "--in-process" not in r.stderr  # one process would not fit either
+
+
+def test_serve_suggests_in_process_when_one_interpreter_less_fits(tiny_qwen3_host_bundle, tmp_path):
+    """A decoder that misses its board by less than a worker process costs is refused with the way that fits:
+    ``--in-process`` (one interpreter less, bench/serve_processes.py's measured saving), which then passes."""
+    from edgeinfer.serve.app import open_models
+    from edgeinfer.serve.budget import check_budget
+    from edgeinfer.serve.config import ServeConfig
+    from edgeinfer.testing.serve import measured_in_process_saving
+
+    def chain_of(bundle, in_process=False):
+        config = ServeConfig([bundle], in_process=in_process)
+        return check_budget(*open_models(config.bundles, config.ctx, config.slots), config)
+
+    probe = chain_of(_tampered(tiny_qwen3_host_bundle, tmp_path / "probe", "rk3588-8g", GIB))
+    over = probe.capacity_bytes - probe.total_bytes + measured_in_process_saving() // 2  # past the line by half
+    big = _tampered(tiny_qwen3_host_bundle, tmp_path / "tiny", "rk3588-8g", GIB + over)
+    r = cli("serve", str(big), "--port", "0")
+    assert r.returncode == 1, r.stderr
+    assert "add --in-process, which runs each decoder on a thread of the HTTP process and needs" in r.stderr
+    assert "MiB less: then it fits; or serve fewer bundles" in r.stderr
+    assert chain_of(big, in_process=True).fits
 
 
 def test_serve_counts_a_decoder_bundle_as_plan_does(tiny_qwen3_host_bundle):
