@@ -248,7 +248,6 @@ def copy_tree(src: Path, dst: Path, **copytree_args) -> None:
     shutil.copytree(src, dst, copy_function=copy, **copytree_args)
 
 
-
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
