@@ -251,3 +251,26 @@ def test_a_decoder_only_chain_counts_the_http_process_alone():
     parts = sp["parts_mib"]
     assert with_encoder.own_bytes == int((sp["value"] + parts["with_encoders"] + parts["tokenizer_each"]) * MIB) \
         + qwen_tokenizer
+
+
+def test_plan_suggests_in_process_when_it_is_what_fits():
+    """A chain that misses its board by less than one interpreter: the suggestion names ``--in-process`` with the
+    bytes it saves, and ``plan --in-process`` of the same chain fits, lighter by exactly those bytes. Far over
+    the line, no such suggestion."""
+    def fits(ctx: int) -> bool:
+        return plan_chain([Entry(EMB), Entry("qwen3-0.6b")], "rk3588-4g", suggest=False, ctx=ctx).fits
+
+    lo, hi = 1024, 32768  # the first context that does not fit with a worker process per decoder
+    assert fits(lo) and not fits(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    chain = [EMB, "qwen3-0.6b", "--board", "rk3588-4g", "--ctx", str(hi), "--json"]
+    apart, together = (json.loads(cli("plan", *chain, *flag).stdout) for flag in ([], ["--in-process"]))
+    assert apart["verdict"] == "does not fit" and together["verdict"] == "fits"
+    saving = apart["suggestions"]["in_process"]["saving_bytes"]
+    assert saving == apart["memory"]["total_bytes"] - together["memory"]["total_bytes"] > 0
+    far = json.loads(cli("plan", EMB, "qwen3-0.6b", "--board", "rk3588-4g", "--ctx", "32768", "--json").stdout)
+    assert far["verdict"] == "does not fit" and far["suggestions"]["in_process"] is None
+    text = cli("plan", *chain[:-1]).stdout
+    assert "or this board with --in-process: each decoder on a thread of serve's HTTP process" in text

@@ -229,6 +229,9 @@ def render_chain(c: ChainPlan) -> None:
             asks = [f"--{k.replace('max_', '')} {m[k]}" for k in ("quant", "max_ctx") if m[k]]
             con.print(f"  {escape(m['model'])}: {' or '.join(asks) if asks else 'no smaller scheme or context fits'}")
         con.print(f"  smallest {c.board.family} board that takes the chain: {s['board'] or 'none'}")
+        if s.get("in_process"):
+            con.print(f"  or this board with --in-process: each decoder on a thread of serve's HTTP process, "
+                      f"{s['in_process']['saving_bytes'] / 2**20:.0f} MiB less")
     for w in c.warnings:
         con.print(f"[yellow]note:[/] {escape(w)}")
 

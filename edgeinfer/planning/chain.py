@@ -172,6 +172,14 @@ class ChainPlan:
     def fits(self) -> bool:
         return not self.reasons
 
+    def in_process_saving(self, workers: int = 1) -> int | None:
+        """When this chain (each decoder in a worker process) does not fit and the same models laid out as ``serve
+        --in-process`` starts them do: the bytes that layout needs less; else None."""
+        if self.fits or not any(m.decoder for m in self.members):
+            return None
+        lean = ChainPlan(self.board, self.members, layout(self.members, workers, in_process=True))
+        return self.total_bytes - lean.total_bytes if lean.fits else None
+
     def refusal(self) -> str:
         """One line: the total, the board's budget and the largest contributor."""
         n = len(self.members)

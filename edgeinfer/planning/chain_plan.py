@@ -126,7 +126,9 @@ def _suggestions(chain: ChainPlan, planned: list, workers: int, given: dict[str,
         quant = s.quant if s and s.quant != p.scheme.name else None
         max_ctx = s.max_ctx if s and m.decoder and s.max_ctx and s.max_ctx < p.ctx else None
         models.append({"model": m.name, "quant": quant, "max_ctx": max_ctx})
-    return {"models": models, "board": _bigger_board(chain, [e for _, _, e in planned], workers, in_process)}
+    saving = None if in_process else chain.in_process_saving(workers)
+    return {"models": models, "board": _bigger_board(chain, [e for _, _, e in planned], workers, in_process),
+            "in_process": {"saving_bytes": saving} if saving is not None else None}
 
 
 def _bigger_board(chain: ChainPlan, options: list[dict[str, Any]], workers: int, in_process: bool) -> str | None:

@@ -50,11 +50,10 @@ def check_budget(models: dict[str, Any], decoders: dict[str, Any], config: Serve
     if not chain.fits:
         hint = ("serve fewer bundles, or deploy smaller ones (plan them together with `edgeinfer plan A B C --board "
                 "B`)")
-        if any(m.decoder for m in members) and not (config.in_process or config.devices):
-            lean = ChainPlan(board, members, layout(members, 1, in_process=True))
-            if lean.fits:  # one interpreter less per decoder
-                hint = (f"add --in-process, which runs each decoder on a thread of the HTTP process and needs "
-                        f"{(chain.total_bytes - lean.total_bytes) / 2**20:.0f} MiB less: then it fits; or " + hint)
+        saving = None if config.in_process or config.devices else chain.in_process_saving()
+        if saving is not None:
+            hint = (f"add --in-process, which runs each decoder on a thread of the HTTP process and needs "
+                    f"{saving / 2**20:.0f} MiB less: then it fits; or " + hint)
         raise CheckFailed(chain.refusal(), hint)
     log.debug("memory check: %d bundles need %.2f GiB together on %s, which has %.2f GiB", len(members),
              chain.total_bytes / 2**30, board.name, chain.capacity_bytes / 2**30)
