@@ -268,6 +268,7 @@ class RknnBackend(Backend):
         log = tk.log_path(out)
         log.unlink(missing_ok=True)
         tk.sidecar(out).unlink(missing_ok=True)
+        tk.source_model(out).unlink(missing_ok=True)
         clock = tk.timed()
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
         try:
@@ -285,8 +286,10 @@ class RknnBackend(Backend):
             sha = stamp.sha256_file(tmp / "model.rknn")
             recipe.artifact_sha256 = sha
             tk.write_recipe(src, recipe)
+            (src / "model.onnx").replace(tmp / "src.onnx")
             tk.pack(src, tmp / "src.tar")
             # the artifact appears last and whole: os.replace within one folder is atomic
+            (tmp / "src.onnx").replace(tk.source_model(out))
             (tmp / "src.tar").replace(tk.sidecar(out))
             (tmp / "model.rknn").replace(out)
             if self.mode() == "simulator":
@@ -295,9 +298,11 @@ class RknnBackend(Backend):
                 tk.release(rknn, log)
         except tk.BuildError as e:
             tk.sidecar(out).unlink(missing_ok=True)
+            tk.source_model(out).unlink(missing_ok=True)
             raise conversion_error(model, proto, e, log) from None
         except BaseException:
             tk.sidecar(out).unlink(missing_ok=True)
+            tk.source_model(out).unlink(missing_ok=True)
             out.unlink(missing_ok=True)
             raise
         finally:
@@ -309,6 +314,7 @@ class RknnBackend(Backend):
             "convert_s": round(clock(), 3),
             "log": log.name,
             "build_inputs": tk.sidecar(out).name,
+            "build_model": tk.source_model(out).name,
             "disabled_rules": recipe.disable_rules,
             "retried_without_rules": retried,
         }
@@ -392,6 +398,7 @@ class RknnBackend(Backend):
             rknn = tk.take_built(artifact, sha)
             rebuilt = rknn is None
             if rknn is None:
+                _place_source(artifact, folder / "model.onnx")
                 with open(log, "a") as f:
                     f.write("\nedgeinfer: rebuilding from the recorded recipe for the simulator\n")
                 try:
@@ -405,3 +412,18 @@ class RknnBackend(Backend):
             tk.release(rknn, log)
             raise ModelError(f"rknn simulator could not start for {artifact.name}: {e.message}; log: {log}") from None
         return SimulatorSession(rknn, recipe, log, clock() if rebuilt else 0.0)
+
+
+def _place_source(artifact: Path, onnx: Path) -> None:
+    """The source ONNX where the simulator's rebuild reads it: from the artifact's ``.src.onnx`` (a tar written
+    before 2026-12-05 holds it itself)."""
+    from . import toolkit as tk
+
+    if onnx.exists():
+        return
+    source = tk.source_model(artifact)
+    if not source.is_file():
+        raise InputError(f"the rknn-toolkit2 simulator cannot rebuild {artifact.name}: its source model "
+                         f"{source.name} is missing; convert the ONNX again with edgeinfer, or run the .rknn on a "
+                         "board")
+    onnx.symlink_to(source.resolve())

@@ -5,7 +5,7 @@ Layout::
     rknn-decoder.json          manifest: scheme, target, context, prefill chunk, decode batches, model shape,
                                segments
     host.npz                   embedding table (fp16: what the NPU input receives), rotary cos/sin tables
-    seg<k>.decode.rknn         layers of segment k, one token of one sequence per call  (+ .src.tar/.log/stamp)
+    seg<k>.decode.rknn         layers of segment k, one token of one sequence per call  (+ .src.*/.log/stamp)
     seg<k>.decode<B>.rknn      the same layers, one token of each of B sequences per call (convert option
                                ``decode_batches``, e.g. "1,4,8"; 1 is always built)
     seg<k>.prefill.rknn        the same layers, ``prefill_chunk`` tokens of one sequence per call

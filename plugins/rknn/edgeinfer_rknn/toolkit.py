@@ -222,9 +222,16 @@ class Recipe:
 
 
 def sidecar(artifact: Path) -> Path:
-    """Tar file next to the artifact with the build inputs (source ONNX, recipe, calibration set)
-    the simulator rebuilds from: the toolkit simulates only models it built itself, never a .rknn."""
+    """Tar file next to the artifact with the build inputs (recipe, calibration set; before 2026-12-05 the source
+    ONNX too) the simulator rebuilds from: the toolkit simulates only models it built itself, never a .rknn."""
     return artifact.with_name(artifact.name + ".src.tar")
+
+
+def source_model(artifact: Path) -> Path:
+    """The source ONNX the artifact was built from, beside it and not in the tar: a bucketed bundle's artifacts
+    are built from one ONNX with a shape each (in the recipe), and equal files are kept once
+    (``edgeinfer.files.link_duplicates``), where nine tars held nine copies."""
+    return artifact.with_name(artifact.name + ".src.onnx")
 
 
 def pack(folder: Path, tar_path: Path) -> None:

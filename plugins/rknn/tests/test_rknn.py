@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -109,6 +110,7 @@ def test_corrupt_onnx_is_a_clear_error(backend, tmp_path):
         backend.quantize(bad, None, None, out)
     assert "\n" not in err.value.one_line()
     assert not out.exists() and not tk.sidecar(out).exists() and not stamp.stamp_path(out).exists()
+    assert not tk.source_model(out).exists()
 
 
 def test_unsupported_operator_is_listed(backend, tmp_path):
@@ -145,6 +147,7 @@ def test_toolkit_failure_leaves_no_artifact_and_keeps_the_log(backend, kit, tmp_
     msg = err.value.one_line()
     assert "\n" not in msg and f"rknn-toolkit2 could not convert {m.path.name}" in msg and str(tk.log_path(out)) in msg, msg
     assert not out.exists() and not tk.sidecar(out).exists() and not stamp.stamp_path(out).exists()
+    assert not tk.source_model(out).exists()
     assert not list(tmp_path.glob(".m.rknn.partial-*")), "temporary build folder left behind"
     assert tk.log_path(out).exists() and tk.log_path(out).stat().st_size > 0
 
@@ -355,3 +358,40 @@ def test_dynamic_input_shape_sets(backend, tmp_path):
             np.testing.assert_allclose(s.run({"x": x})["y"], m.reference({"x": x})["y"], rtol=2e-2, atol=2e-2)
         with pytest.raises(FeedError, match=r"x \[2, 16\] are not among the model's dynamic_input"):
             s.run({"x": np.zeros((2, 16), np.float32)})
+
+
+def _copy_artifact(art: Path, dst: Path, with_source: bool) -> Path:
+    """The artifact and its companions (stamp, log, build inputs, and its source ONNX if ``with_source``) in ``dst``:
+    a path the simulator has not built in this process, so loading it rebuilds."""
+    dst.mkdir()
+    files = [art, stamp.stamp_path(art), tk.log_path(art), tk.sidecar(art)]
+    for f in files + ([tk.source_model(art)] if with_source else []):
+        shutil.copy(f, dst / f.name)
+    return dst / art.name
+
+
+def test_the_source_onnx_sits_beside_the_artifact_not_in_its_tar(backend, kit, attention_art, tmp_path):
+    """One file per source, so that a bucketed bundle's artifacts (one ONNX, a shape each in the recipe) hold it once
+    (edgeinfer.files.link_duplicates); the simulator rebuilds from it, and from a tar of before, which held it."""
+    a = kit["attention"]
+    assert tk.source_model(attention_art).read_bytes() == a.path.read_bytes()
+    with tarfile.open(tk.sidecar(attention_art)) as tf:
+        assert "model.onnx" not in tf.getnames() and "recipe.json" in tf.getnames()
+    with backend.load(attention_art) as s:
+        want = s.run(a.feeds)["y"]
+
+    lonely = _copy_artifact(attention_art, tmp_path / "lonely", with_source=False)
+    with pytest.raises(InputError, match=r"cannot rebuild attention.rknn: its source model attention.rknn.src.onnx"):
+        backend.load(lonely)
+
+    moved = _copy_artifact(attention_art, tmp_path / "moved", with_source=True)
+    with backend.load(moved) as s:
+        np.testing.assert_allclose(s.run(a.feeds)["y"], want, rtol=1e-3, atol=1e-3)
+
+    old = _copy_artifact(attention_art, tmp_path / "old", with_source=False)  # the layout of before: all in the tar
+    with tarfile.open(tk.sidecar(attention_art)) as src, tarfile.open(tk.sidecar(old), "w") as tf:
+        for m in src.getmembers():
+            tf.addfile(m, src.extractfile(m))
+        tf.add(a.path, arcname="model.onnx")
+    with backend.load(old) as s:
+        np.testing.assert_allclose(s.run(a.feeds)["y"], want, rtol=1e-3, atol=1e-3)
