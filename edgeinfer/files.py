@@ -211,15 +211,15 @@ def link_duplicates(root: Path, min_bytes: int = 1 << 20) -> int:
     weights file, byte for byte, once per bucket); the bytes saved. Files under ``min_bytes`` are left alone."""
     by_size: dict[int, list[Path]] = {}
     for p in sorted(root.rglob("*")):
-        if p.is_file() and not p.is_symlink() and p.stat().st_size >= min_bytes:
-            by_size.setdefault(p.stat().st_size, []).append(p)
+        if p.is_file() and not p.is_symlink() and (size := p.stat().st_size) >= min_bytes:
+            by_size.setdefault(size, []).append(p)
     saved = 0
     for size, group in by_size.items():
         if len(group) < 2:
             continue
         first: dict[str, Path] = {}
         for p in group:
-            same = first.setdefault(_sha256(p), p)
+            same = first.setdefault(sha256_of(p), p)
             if same != p and not os.path.samefile(same, p):
                 tmp = p.with_name(temp_name("link"))
                 try:
@@ -248,9 +248,10 @@ def copy_tree(src: Path, dst: Path, **copytree_args) -> None:
     shutil.copytree(src, dst, copy_function=copy, **copytree_args)
 
 
-def _sha256(path: Path) -> str:
+def sha256_of(path: Path, chunk: int = 1 << 20) -> str:
+    """SHA-256 of a file's bytes (``edgeinfer.contract.stamp.sha256_file`` also takes a directory)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
+        while block := f.read(chunk):
+            h.update(block)
     return h.hexdigest()

@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from edgeinfer import files
 from edgeinfer.errors import InputError
 
 if TYPE_CHECKING:
@@ -34,10 +35,7 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
         for f in sorted(p for p in path.rglob("*") if p.is_file()):
             h.update(f.relative_to(path).as_posix().encode() + b"\0" + sha256_file(f).encode())
         return h.hexdigest()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
+    return files.sha256_of(path, chunk)
 
 
 def write(artifact: Path, *, backend: Backend, scheme: str, source: Path, **facts: Any) -> dict[str, Any]:
