@@ -17,7 +17,7 @@ import importlib.abc, sys
 class Broken(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
         if name == "edgeinfer.cli.serve":
-            raise ModuleNotFoundError("No module named 'fastapi'", name="fastapi")
+            raise ModuleNotFoundError("No module named 'starlette'", name="starlette")
 sys.meta_path.insert(0, Broken())
 """
 
@@ -39,11 +39,11 @@ def test_a_broken_command_module_fails_loudly_instead_of_hiding_the_command():
     code = _BREAK_SERVE + "from edgeinfer.cli import main\nmain(['--help'])"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode != 0
-    assert "ModuleNotFoundError" in r.stderr and "fastapi" in r.stderr, r.stderr[-800:]
+    assert "ModuleNotFoundError" in r.stderr and "starlette" in r.stderr, r.stderr[-800:]
 
 
 def test_serve_is_listed_without_the_serve_extra():
-    code = ("import sys\nfor m in ('fastapi', 'uvicorn', 'prometheus_client'):\n    sys.modules[m] = None\n"
+    code = ("import sys\nfor m in ('starlette', 'uvicorn', 'prometheus_client'):\n    sys.modules[m] = None\n"
             "from edgeinfer.cli import main\nmain(['--help'])")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-800:]

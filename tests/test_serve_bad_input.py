@@ -145,16 +145,16 @@ def test_serve_usage_errors_exit_2_without_traceback(tmp_path, args, words, capf
     assert words in proc.stderr.strip().splitlines()[-1], proc.stderr
 
 
-BLOCK_FASTAPI = textwrap.dedent("""
+BLOCK_SERVE_EXTRA = textwrap.dedent("""
     import sys
 
-    class BlockFastapiImport:  # stands in for an install without the [serve] extra
+    class BlockServeExtra:  # stands in for an install without the [serve] extra
         def find_spec(self, name, path=None, target=None):
-            if name.split(".")[0] in ("fastapi", "uvicorn"):
+            if name.split(".")[0] in ("starlette", "uvicorn"):
                 raise ModuleNotFoundError(f"No module named {name!r}", name=name)
             return None
 
-    sys.meta_path.insert(0, BlockFastapiImport())
+    sys.meta_path.insert(0, BlockServeExtra())
     sys.argv = ["edgeinfer", "serve", *sys.argv[1:]]
     from edgeinfer.cli import main
     main()
@@ -163,7 +163,7 @@ BLOCK_FASTAPI = textwrap.dedent("""
 
 def test_serve_without_its_extras_says_how_to_install_them_and_exits_3(tmp_path):
     bundle = fake_bundle(tmp_path)
-    proc = subprocess.run([sys.executable, "-c", BLOCK_FASTAPI, str(bundle)], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-c", BLOCK_SERVE_EXTRA, str(bundle)], capture_output=True, text=True,
                           timeout=60)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 3, proc.stderr
@@ -257,12 +257,15 @@ def test_bad_openai_bodies_are_400_naming_the_field(chat, body, field):
 
 
 def test_seed_error_says_the_range_and_the_openapi_document_too():
-    from edgeinfer.serve.decoder_routes import ChatRequest, body_doc
+    from edgeinfer.serve.api import Endpoint, document
+    from edgeinfer.serve.decoder_schemas import ChatRequest
     from edgeinfer.serve.prep import ApiError
 
     with pytest.raises(ApiError, match="from 0 to 18446744073709551615"):
         _validate(True, {"messages": MSG, "seed": 10**30})
-    seed = body_doc(ChatRequest)["requestBody"]["content"]["application/json"]["schema"]["properties"]["seed"]
+    doc = document({}, [Endpoint("/v1/chat/completions", "POST", "chat", "", "generation", body=ChatRequest)])
+    ref = doc["paths"]["/v1/chat/completions"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    seed = doc["components"]["schemas"][ref["$ref"].rsplit("/", 1)[1]]["properties"]["seed"]
     assert "18446744073709551615" in seed["description"] and seed["maximum"] == 2**64 - 1
 
 

@@ -30,8 +30,16 @@ def test_serve_help_lists_the_options_and_stays_light():
         assert opt in r.stdout
     code = ("import sys; sys.argv=['edgeinfer','serve','--help']\nfrom edgeinfer.cli import main\n"
             "try:\n main()\nexcept SystemExit:\n pass")
-    heavy = imported_modules(code) & (set(HEAVY) | {"fastapi", "uvicorn", "prometheus_client"})
+    heavy = imported_modules(code) & (set(HEAVY) | {"fastapi", "starlette", "uvicorn", "prometheus_client"})
     assert not heavy, heavy
+
+
+def test_the_http_process_runs_on_starlette_without_fastapi():
+    """FastAPI would add ~12 MiB to serve's HTTP process (edgeinfer/serve/api.py): the app and both route
+    modules are Starlette's alone."""
+    code = "import edgeinfer.serve.app, edgeinfer.serve.decoder_routes, edgeinfer.serve.encoder_routes"
+    mods = imported_modules(code)
+    assert "starlette" in mods and "fastapi" not in mods
 
 
 def test_missing_or_non_bundle_paths_exit_2_with_one_line(tmp_path, cli):

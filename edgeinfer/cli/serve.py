@@ -1,4 +1,4 @@
-"""The ``serve`` command. FastAPI, uvicorn and the runtimes are imported inside the command only."""
+"""The ``serve`` command. Starlette, uvicorn and the runtimes are imported inside the command only."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import click
 from edgeinfer.errors import BackendUnavailableError, InputError
 from edgeinfer.serve.config import API_KEY_ENV, ServeConfig, body_bytes, parse_devices, resolve_api_key
 
-EXTRAS = ("fastapi", "uvicorn", "starlette", "pydantic", "prometheus_client", "h11")
+EXTRAS = ("uvicorn", "starlette", "pydantic", "prometheus_client", "h11")
 
 
 @click.command("serve")
@@ -137,8 +137,10 @@ def serve_cmd(
 
 
 def _app_serve():
-    """The server, imported only now (FastAPI, uvicorn); their absence is exit 3 with the install line."""
+    """The server, imported only now (Starlette, uvicorn); their absence is exit 3 with the install line."""
     try:
+        import uvicorn  # noqa: F401 - imported by serve() itself, once the bundles are open
+
         from edgeinfer.serve.app import serve
     except ImportError as e:
         if (e.name or "").split(".")[0] not in EXTRAS:

@@ -1,4 +1,4 @@
-"""The FastAPI app and the uvicorn server behind ``edgeinfer serve``."""
+"""The Starlette app and the uvicorn server behind ``edgeinfer serve``."""
 
 from __future__ import annotations
 
@@ -18,12 +18,11 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
-from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 
-from edgeinfer import telemetry
 from edgeinfer.contract import remote_code
 from edgeinfer.errors import BackendError, EdgeInferError, InputError
 from edgeinfer.model import decoder_bundle
@@ -31,6 +30,7 @@ from edgeinfer.model.bundle import Bundle, not_a_bundle
 from edgeinfer.model.kind import Kind, kind
 from edgeinfer.run import bundle as run_bundle
 from edgeinfer.serve import child
+from edgeinfer.serve.api import Api
 from edgeinfer.serve.batcher import Batcher
 from edgeinfer.serve.budget import check_budget
 from edgeinfer.serve.config import KEY_REFUSAL, ServeConfig, authorized
@@ -39,7 +39,7 @@ from edgeinfer.serve.decoder_routes import add_routes as add_decoder_routes
 from edgeinfer.serve.encoder_routes import add_routes as add_encoder_routes
 from edgeinfer.serve.metrics import ENDPOINTS, Metrics
 from edgeinfer.serve.placement import check_devices
-from edgeinfer.serve.prep import ApiError, Offload, ServedModel, validation_message
+from edgeinfer.serve.prep import ApiError, Offload, ServedModel
 from edgeinfer.serve.workers import WorkerPool
 
 log = logging.getLogger("edgeinfer.serve")
@@ -116,7 +116,7 @@ class State:
 
 
 def create_app(config: ServeConfig, models: dict[str, ServedModel] | None = None,
-               decoders: dict[str, ServedDecoder] | None = None) -> FastAPI:
+               decoders: dict[str, ServedDecoder] | None = None) -> Starlette:
     if models is None:
         models, decoders = open_models(config.bundles, config.ctx, config.slots)
     decoders = decoders or {}
@@ -160,7 +160,7 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel] | None = None
         return None
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI):
+    async def lifespan(app: Starlette):
         batcher.start()
         offload.start()
 
@@ -188,48 +188,35 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel] | None = None
             await asyncio.gather(asyncio.to_thread(pool.stop), *(asyncio.to_thread(e.stop) for e in engines.values()))
             await asyncio.to_thread(offload.stop)
 
-    app = FastAPI(title="edgeinfer serve", version="1", lifespan=lifespan,
-                  description="Embeddings and tensor inference on edge accelerators, with dynamic batching.",
-                  **telemetry.fastapi_options(FastAPI))
-    app.state.serve = state
-    app.state.pool = pool
-    app.state.metrics = metrics
-
+    api = Api("edgeinfer serve", "1", "Embeddings, scoring, tensor inference and OpenAI-compatible generation on "
+              "edge accelerators, with dynamic batching.")
     key = config.api_key.encode() if config.api_key else None
-    limit = config.max_body_bytes
 
-    @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
         return error_response(exc.status, exc.message, exc.headers)
 
-    @app.exception_handler(RequestValidationError)
-    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_response(400, validation_message(list(exc.errors()), request.headers.get("content-type", "")))
+    async def _http(request: Request, exc: HTTPException) -> JSONResponse:
+        return error_response(exc.status_code, str(exc.detail), exc.headers)
 
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response(exc.status_code, str(exc.detail), getattr(exc, "headers", None))
-
-    @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> JSONResponse:
         log.exception("internal error on %s", request.url.path)
         return error_response(500, f"internal error {type(exc).__name__}: {exc}")
 
-    add_encoder_routes(app, batcher, offload, config, state, starting, endpoints, metrics.observe)
+    add_encoder_routes(api, batcher, offload, config, state, starting, endpoints, metrics.observe)
 
-    @app.get("/v1/models", tags=["service"])
-    async def list_models():
+    @api.get("/v1/models", tag="service")
+    async def list_models(request: Request) -> JSONResponse:
         """The served models with their backend, scheme and tensor specs."""
-        return {"object": "list", "data": [m.to_json(state.started) for m in models.values()]
-                + [e.llm.to_json(state.started, e.slots) for e in engines.values()]}
+        return JSONResponse({"object": "list", "data": [m.to_json(state.started) for m in models.values()]
+                             + [e.llm.to_json(state.started, e.slots) for e in engines.values()]})
 
-    @app.get("/health", tags=["service"])
-    async def health():
+    @api.get("/health", tag="service")
+    async def health(request: Request) -> JSONResponse:
         """Alive (no authentication)."""
-        return {"status": "ok"}
+        return JSONResponse({"status": "ok"})
 
-    @app.get("/ready", tags=["service"], responses={503: {"description": "loading, failed or shutting down"}})
-    async def ready():
+    @api.get("/ready", tag="service", responses={503: "loading, failed or shutting down"})
+    async def ready(request: Request) -> JSONResponse:
         """Models loaded and warmed up on at least one worker, and not shutting down."""
         ok = (state.ready and (pool.ready() or not models) and all(e.ready() for e in engines.values())
               and not state.draining)
@@ -238,8 +225,8 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel] | None = None
                 "decoders": [e.to_json() for e in engines.values()]}
         return JSONResponse(body, status_code=200 if ok else 503)
 
-    @app.get("/metrics", tags=["service"], response_class=Response)
-    def prometheus():
+    @api.get("/metrics", tag="service")
+    def prometheus(request: Request) -> Response:
         """Prometheus metrics."""
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -247,9 +234,14 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel] | None = None
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     if engines:  # the generation endpoints exist when a decoder is served
-        add_decoder_routes(app, engines, config.generation_timeout_s, refusal, metrics.observe,
+        add_decoder_routes(api, engines, config.generation_timeout_s, refusal, metrics.observe,
                    functools.partial(offload.prepare, table="decoders"), endpoints)
-    app.add_middleware(GuardMiddleware, key=key, limit=limit, metrics=metrics)
+    app = Starlette(routes=api.routes(), lifespan=lifespan,
+                    exception_handlers={ApiError: _api_error, HTTPException: _http, Exception: _internal})
+    app.state.serve = state
+    app.state.pool = pool
+    app.state.metrics = metrics
+    app.add_middleware(GuardMiddleware, key=key, limit=config.max_body_bytes, metrics=metrics)
     return app
 
 

@@ -22,20 +22,22 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
 
 from edgeinfer.serve.decoder_engine import Engine, QueueFull, ServedDecoder
 from edgeinfer.serve.decoder_engine import Request as GenRequest
-from edgeinfer.serve.decoder_schemas import ChatRequest, CompletionRequest, body_doc
+from edgeinfer.serve.decoder_schemas import ChatRequest, CompletionRequest
 from edgeinfer.serve.generation_prep import prepare_generation
 from edgeinfer.serve.prep import OFFLOAD_BYTES, ApiError
-from edgeinfer.serve.schemas import ERRORS
+
+if TYPE_CHECKING:
+    from edgeinfer.serve.api import Api
 
 
-def add_routes(app: FastAPI, engines: dict[str, Engine], timeout_s: float, accepting: Any, observe: Any,
+def add_routes(api: Api, engines: dict[str, Engine], timeout_s: float, accepting: Any, observe: Any,
                prepare: Any = None, elsewhere: dict[str, str] | None = None) -> None:
     """The two generation endpoints over ``engines`` (model id → engine); ``accepting``, ``prepare`` and
     ``elsewhere`` as in :func:`respond`."""
@@ -45,14 +47,13 @@ def add_routes(app: FastAPI, engines: dict[str, Engine], timeout_s: float, accep
         return await respond(engines, await request.body(), request.headers.get("content-type", ""), chat,
                              timeout_s, accepting, observe, arrived, prepare, elsewhere)
 
-    @app.post("/v1/chat/completions", tags=["generation"], responses=ERRORS, openapi_extra=body_doc(ChatRequest))
-    async def chat_completions(request: Request):
+    @api.post("/v1/chat/completions", tag="generation", body=ChatRequest, errors=True)
+    async def chat_completions(request: Request) -> Any:
         """Chat completion (OpenAI-compatible), streamed with ``"stream": true``."""
         return await generate(request, chat=True)
 
-    @app.post("/v1/completions", tags=["generation"], responses=ERRORS,
-              openapi_extra=body_doc(CompletionRequest))
-    async def completions(request: Request):
+    @api.post("/v1/completions", tag="generation", body=CompletionRequest, errors=True)
+    async def completions(request: Request) -> Any:
         """Text completion of a prompt (OpenAI-compatible), streamed with ``"stream": true``."""
         return await generate(request, chat=False)
 

@@ -1,5 +1,5 @@
 """The OpenAI chat / completions request models (strict JSON types, a bound on every list and string) and the
-fields this server refuses. Pydantic only: the request-preparation processes import it without FastAPI.
+fields this server refuses. Pydantic only: the request-preparation processes import it without Starlette.
 edgeinfer/serve/decoder_routes.py documents what is supported; docs/serve.md lists it for users."""
 
 from __future__ import annotations
@@ -156,16 +156,3 @@ class CompletionRequest(_Sampling):
     def logprobs_wanted(self) -> int | None:
         return self.logprobs
 
-
-def body_doc(schema: type[BaseModel]) -> dict[str, Any]:
-    """``openapi_extra`` for a body the endpoint reads itself, nested models inlined (their ``$defs`` are
-    not among the OpenAPI document's components)."""
-    doc = schema.model_json_schema()
-    defs = doc.pop("$defs", {})
-
-    def inline(x: Any) -> Any:
-        if isinstance(x, dict):
-            return inline(defs[x["$ref"].rsplit("/", 1)[1]]) if "$ref" in x else {k: inline(v) for k, v in x.items()}
-        return [inline(v) for v in x] if isinstance(x, list) else x
-
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": inline(doc)}}}}

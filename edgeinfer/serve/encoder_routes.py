@@ -13,8 +13,8 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any, Callable
 
-from fastapi import FastAPI, Request
-from fastapi.responses import Response
+from starlette.requests import Request
+from starlette.responses import Response
 
 from edgeinfer.serve.batcher import Batcher, Item, QueueFull, RequestFailed
 from edgeinfer.serve.prep import (
@@ -29,7 +29,6 @@ from edgeinfer.serve.prep import (
     prepare_infer,
 )
 from edgeinfer.serve.schemas import (
-    ERRORS,
     ClassifyRequest,
     ClassifyResponse,
     EmbeddingRequest,
@@ -38,16 +37,16 @@ from edgeinfer.serve.schemas import (
     InferResponse,
     RerankRequest,
     RerankResponse,
-    request_body,
 )
 from edgeinfer.serve.scoring_prep import encode_classify, encode_rerank, prepare_classify, prepare_rerank
 
 if TYPE_CHECKING:
+    from edgeinfer.serve.api import Api
     from edgeinfer.serve.app import State
     from edgeinfer.serve.config import ServeConfig
 
 
-def add_routes(app: FastAPI, batcher: Batcher, offload: Offload, config: ServeConfig, state: State,
+def add_routes(api: Api, batcher: Batcher, offload: Offload, config: ServeConfig, state: State,
                starting: Callable[[], ApiError], endpoints: dict[str, str],
                observe: Callable[..., None] = lambda *a, **k: None) -> None:
     """The encoder endpoints over ``batcher`` (and its worker pool); ``offload`` prepares and encodes
@@ -100,9 +99,8 @@ def add_routes(app: FastAPI, batcher: Batcher, offload: Offload, config: ServeCo
         logits = (await submit(p, deadline))["logits"]
         return answer(encode(p, logits), p, endpoint)
 
-    @app.post("/v1/embeddings", response_model=EmbeddingResponse, responses=ERRORS, tags=["inference"],
-              openapi_extra=request_body(EmbeddingRequest))
-    async def embeddings(request: Request):
+    @api.post("/v1/embeddings", tag="inference", body=EmbeddingRequest, response=EmbeddingResponse, errors=True)
+    async def embeddings(request: Request) -> Response:
         """Embed one string or a list of strings (OpenAI-compatible)."""
         deadline = time.monotonic() + config.timeout_s
         p = await read(request, prepare_embeddings, deadline)
@@ -110,24 +108,20 @@ def add_routes(app: FastAPI, batcher: Batcher, offload: Offload, config: ServeCo
         return answer(await offload.encode(vecs.size > OFFLOAD_VALUES, encode_embeddings, p, vecs), p,
                       "/v1/embeddings")
 
-    @app.post("/v1/rerank", response_model=RerankResponse, responses=ERRORS, tags=["inference"],
-              openapi_extra=request_body(RerankRequest))
-    @app.post("/v2/rerank", response_model=RerankResponse, responses=ERRORS, tags=["inference"],
-              openapi_extra=request_body(RerankRequest))
-    async def rerank(request: Request):
+    @api.post("/v1/rerank", tag="inference", body=RerankRequest, response=RerankResponse, errors=True)
+    @api.post("/v2/rerank", tag="inference", body=RerankRequest, response=RerankResponse, errors=True)
+    async def rerank(request: Request) -> Response:
         """Score documents against a query with a reranker (cross-encoder); results best first (Cohere / Jina
         rerank API; /v2/rerank is where Cohere's current client posts)."""
         return await scored(request, prepare_rerank, encode_rerank, request.url.path)
 
-    @app.post("/v1/classify", response_model=ClassifyResponse, responses=ERRORS, tags=["inference"],
-              openapi_extra=request_body(ClassifyRequest))
-    async def classify(request: Request):
+    @api.post("/v1/classify", tag="inference", body=ClassifyRequest, response=ClassifyResponse, errors=True)
+    async def classify(request: Request) -> Response:
         """Label one string or a list of strings with a classifier (vLLM's classification API)."""
         return await scored(request, prepare_classify, encode_classify, "/v1/classify")
 
-    @app.post("/v1/infer", response_model=InferResponse, responses=ERRORS, tags=["inference"],
-              openapi_extra=request_body(InferRequest))
-    async def infer(request: Request):
+    @api.post("/v1/infer", tag="inference", body=InferRequest, response=InferResponse, errors=True)
+    async def infer(request: Request) -> Response:
         """Run named tensors (axis 0 is the batch; requests are merged along it)."""
         deadline = time.monotonic() + config.timeout_s
         p = await read(request, prepare_infer, deadline)

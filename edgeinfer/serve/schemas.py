@@ -1,5 +1,5 @@
 """Request and response schemas of the HTTP API (they make the OpenAPI document). Pydantic only: the
-request-preparation processes import this module without FastAPI."""
+request-preparation processes import this module without Starlette."""
 
 from __future__ import annotations
 
@@ -72,7 +72,6 @@ class RerankDocument(BaseModel):
     text: str
 
 
-#: inline, as the request bodies' schemas are (request_body: no $ref into components)
 DOCUMENTS_SCHEMA = {"type": "array", "maxItems": MAX_EMBEDDING_INPUTS,
                     "description": "Strings, or objects with a 'text' field (Cohere v1).",
                     "items": {"anyOf": [{"type": "string"}, {"type": "object", "required": ["text"],
@@ -167,11 +166,3 @@ class ErrorBody(BaseModel):
 class ErrorResponse(BaseModel):
     error: ErrorBody
 
-
-ERRORS = {c: {"model": ErrorResponse} for c in (400, 401, 404, 413, 429, 500, 503, 504)}
-
-
-def request_body(schema: type[BaseModel]) -> dict[str, Any]:
-    """``openapi_extra`` documenting a JSON body the endpoint reads itself (off the event loop)."""
-    content = {"application/json": {"schema": schema.model_json_schema()}}
-    return {"requestBody": {"required": True, "content": content}}
