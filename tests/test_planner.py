@@ -103,7 +103,7 @@ def test_a_served_decoder_counts_its_tokenizer_in_the_http_process_and_llama_cpp
 
 def test_the_served_plan_of_a_qwen_vocabulary_is_within_10_percent_of_the_measured_tree():
     """bench/serve_processes.py served a 2-layer random Qwen3 with Qwen's tokenizer (151,936 tokens) through the
-    llamacpp backend, Q8_0, 16 slots × 256 (serve_processes-llamacpp-qwen-vocab-s45.json): the HTTP process's
+    llamacpp backend, Q8_0, 16 slots × 256 (serve_processes-llamacpp-qwen-vocab-s57.json): the HTTP process's
     resident memory after the streams plus the worker's peak (the HTTP process's own peak is the tokenizer's
     parse, before the worker starts). The plan from the model's config.json alone is within 10% of it: it
     counts llama.cpp's own vocabulary and two batch × vocab logits arrays (runtimes.yaml)."""
@@ -114,7 +114,7 @@ def test_the_served_plan_of_a_qwen_vocabulary_is_within_10_percent_of_the_measur
     cfg = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936, "hidden_size": 256,
            "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
            "head_dim": 64, "max_position_embeddings": 4096, "tie_word_embeddings": True}
-    rows = json.loads((Path(__file__).parents[1] / "bench/results/serve_processes-llamacpp-qwen-vocab-s45.json")
+    rows = json.loads((Path(__file__).parents[1] / "bench/results/serve_processes-llamacpp-qwen-vocab-s57.json")
                       .read_text())
     http = next(r for r in rows["after"] if "edgeinfer.cli serve" in r["cmdline"])
     worker = next(r for r in rows["after"] if r is not http)
