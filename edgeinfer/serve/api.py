@@ -1,8 +1,8 @@
 """The HTTP routes of ``edgeinfer serve`` on Starlette, and their OpenAPI document.
 
 Starlette alone, not FastAPI over it: every endpoint reads and checks its own body (``prep``, off the event loop
-when large), so FastAPI's per-route validation went unused, and importing it cost the HTTP process ~12 MiB of
-RSS (bench/README.md "The HTTP process without FastAPI"). :class:`Api` collects each route with what its
+when large), so FastAPI's per-route validation went unused, and it cost the HTTP process 7.4 MiB of RSS
+(bench/README.md "The HTTP process without FastAPI"). :class:`Api` collects each route with what its
 documentation needs; ``/openapi.json`` is built from the pydantic models on the first request for it, not at
 start-up, and ``/docs`` is Swagger UI's page for it (https://swagger.io/docs/open-source-tools/swagger-ui/).
 """

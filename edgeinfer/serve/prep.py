@@ -208,15 +208,15 @@ def validated(schema: type[BaseModel], data: Any) -> Any:
 CUSTOM_ERRORS = ("not_implemented", "top_logprobs")  # request-model checks whose message names the field
 
 
-def validation_message(errs: list[Any], content_type: str = "application/json") -> str:
-    """One line for pydantic's (or FastAPI's) validation errors: where, what, and how many more."""
+def validation_message(errs: list[Any]) -> str:
+    """One line for pydantic's validation errors of a request body: where, what, and how many more."""
     first = errs[0] if errs else {}
     where = ".".join(str(x) for x in first.get("loc", ()) if x != "body") or "body"
     msg = first.get("msg", "invalid request")
     if first.get("type") == "json_invalid":
         where, msg = "body", "not valid JSON"
     elif where == "body" and first.get("type") in ("model_type", "model_attributes_type", "dict_type"):
-        msg = "send a JSON object" + ("" if "json" in content_type else " with 'Content-Type: application/json'")
+        msg = "send a JSON object"
     elif first.get("type") == "extra_forbidden":
         msg = "not a field this endpoint takes (docs/serve.md lists them); remove it"
     if where == "body" and first.get("type") in CUSTOM_ERRORS:
