@@ -42,6 +42,33 @@ def test_the_http_process_runs_on_starlette_without_fastapi():
     assert "starlette" in mods and "fastapi" not in mods
 
 
+def test_the_openapi_document_resolves_every_reference_and_docs_points_at_it():
+    """The document edgeinfer/serve/api.py builds: each POST body and answer a $ref into components.schemas
+    (names as OpenAPI 3.1 allows them), every $ref there resolved, and /docs a page that loads it."""
+    import json
+    import re
+
+    from starlette.testclient import TestClient
+
+    from edgeinfer.serve.app import create_app
+
+    client = TestClient(create_app(ServeConfig(bundles=[]), {}, {}))
+    doc = client.get("/openapi.json").json()
+    schemas = doc["components"]["schemas"]
+    assert doc["openapi"].startswith("3.1.") and all(re.fullmatch(r"[a-zA-Z0-9._-]+", k) for k in schemas)
+    embed = doc["paths"]["/v1/embeddings"]["post"]
+    assert embed["requestBody"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/EmbeddingRequest"}
+    assert embed["responses"]["429"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorResponse")
+    refs = set(re.findall(r'"\$ref": "([^"]+)"', json.dumps(doc)))
+    assert refs and all(r.startswith("#/components/schemas/") and r.rsplit("/", 1)[1] in schemas for r in refs)
+    assert {"/v1/rerank", "/v2/rerank", "/health", "/ready", "/metrics"} <= set(doc["paths"])
+    assert "/openapi.json" not in doc["paths"] and "/docs" not in doc["paths"]
+    page = client.get("/docs")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert 'url: "/openapi.json"' in page.text
+
+
 def test_missing_or_non_bundle_paths_exit_2_with_one_line(tmp_path, cli):
     r = cli("serve", str(tmp_path / "nope"))
     assert r.returncode == 2 and "bundle not found" in r.stderr and len(r.stderr.strip().splitlines()) == 1
