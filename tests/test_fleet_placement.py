@@ -163,4 +163,37 @@ def test_an_interrupt_while_serve_starts_still_stops_what_it_started(monkeypatch
     assert len(stops) == 1
     started, owner, deployed, store = stops[0]
     assert (started, owner, deployed) == (False, True, False)
-    assert store.startswith("edgeinfer-bundles-")
+    if interrupted_in == "ship_from_here":  # the store's creation began: stop() looks for it
+        assert store.startswith("edgeinfer-bundles-")
+    else:  # never begun: nothing to wait for
+        assert store == ""
+
+
+def test_a_store_still_registering_when_stop_looks_is_found_and_killed(monkeypatch):
+    """An interrupt in the middle of the store's creation: its name may appear a moment later; kill_store looks
+    again until it does (or, for a store that never came, gives up after wait_s)."""
+    import ray
+
+    from edgeinfer.fleet import ray_serve
+
+    lookups, killed = [], []
+
+    def get_actor(name, namespace=None):
+        lookups.append(name)
+        if len(lookups) < 3:
+            raise ValueError(f"Failed to look up actor with name '{name}'")
+        return f"handle of {name}"
+
+    monkeypatch.setattr(ray, "get_actor", get_actor)
+    monkeypatch.setattr(ray, "kill", killed.append)
+    ray_serve.kill_store("edgeinfer-bundles-x", wait_s=5.0)
+    assert killed == ["handle of edgeinfer-bundles-x"] and len(lookups) == 3
+    lookups.clear()
+
+    def never(name, namespace=None):
+        lookups.append(name)
+        raise ValueError(f"Failed to look up actor with name '{name}'")
+
+    monkeypatch.setattr(ray, "get_actor", never)
+    ray_serve.kill_store("edgeinfer-bundles-y", wait_s=0.25)
+    assert killed == ["handle of edgeinfer-bundles-x"] and 2 <= len(lookups) <= 5

@@ -10,7 +10,6 @@ of a resource than the cluster has are refused (exit 3), and more replicas than 
 the fleet holds.
 """
 
-import contextlib
 import signal
 import sys
 import time
@@ -302,15 +301,16 @@ def serve_on_ray(config: ServeConfig, address: str, replicas: str = "1", max_rep
         with socket.socket() as sock:
             sock.bind((host, 0))
             port = sock.getsockname()[1]
-    started, owner, deployed = connect(address), False, False
-    store = f"edgeinfer-bundles-{uuid.uuid4().hex[:12]}"  # named first: stop() finds it however far start got
+    started, owner, deployed, store = connect(address), False, False, ""
+    name = f"edgeinfer-bundles-{uuid.uuid4().hex[:12]}"  # named first: stop() finds it however far start got
     signal.signal(signal.SIGTERM, ours)
     try:
         check_resources(found, scale.wanted, ray.cluster_resources(), address)
         highs = bounds(found, scale, ray.nodes())
         owner = not serve_running()  # before Serve starts: a Ctrl-C or SIGTERM while it starts still stops it
         start_serve(host, port, owner)
-        ship_from_here(found, ship, store)
+        store = name  # from here on the store may exist: stop() looks for it
+        ship_from_here(found, ship, name)
         deployed = True
         serve.run(build(found, config, scale.low, highs), name=APP, route_prefix="/")
         sys.stderr.write(f"ready: {', '.join(t.name for t in found)} on http://{host}:{port} (Ray Serve, "
@@ -366,19 +366,38 @@ def start_serve(host: str, port: int, fresh: bool) -> None:
                                       "stop the other `edgeinfer serve --ray` first (one per cluster)")
 
 
+def kill_store(name: str, wait_s: float = 2.0) -> None:
+    """Kill the store actor ``name``. Its creation may have been interrupted mid-call and still be registering:
+    looked up again for ``wait_s`` before it counts as never started (a detached actor would outlive the command)."""
+    import ray
+
+    from edgeinfer.fleet.transport import NAMESPACE
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            actor = ray.get_actor(name, namespace=NAMESPACE)
+        except ValueError:
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.1)
+            continue
+        ray.kill(actor)
+        return
+
+
 def stop(started: bool, owner: bool, deployed: bool, store: str = "") -> None:
     """Remove what this command started: the local Ray of ``--ray auto``, Serve on a joined cluster when it
-    started it there, else its application, and the bundle store; the joined cluster itself keeps running."""
+    started it there, else its application, and the bundle store ``store`` (its name, once its creation began);
+    the joined cluster itself keeps running."""
     import ray
     from ray import serve
 
     from edgeinfer.fleet.replicas import APP
-    from edgeinfer.fleet.transport import NAMESPACE
 
     try:
         if store and ray.is_initialized():
-            with contextlib.suppress(ValueError):  # never started
-                ray.kill(ray.get_actor(store, namespace=NAMESPACE))
+            kill_store(store)
         if started or owner:
             serve.shutdown()
         elif deployed and ray.is_initialized():
