@@ -150,12 +150,12 @@ def test_the_host_plan_holds_fp16_decoder_weights_as_two_int8_planes_and_adds_se
     assert 0.9 * measured_served_worker_saving() <= lighter <= measured_served_worker_saving(), lighter
     assert served["total_bytes"] == served["decoder_process_bytes"] + served["serve_processes_bytes"]
     # the HTTP process (request helpers start only for large or chat requests; a decoder worker needs no resource
-    # tracker), as measured by bench/serve_footprint.py --tiny --label lean
+    # tracker), as measured by bench/serve_footprint.py --tiny --label s57-starlette
     import json
     import statistics
     from pathlib import Path
 
-    rows = json.loads((Path(__file__).parents[1] / "bench/results/serve_footprint-lean.json").read_text())["rows"]
+    rows = json.loads((Path(__file__).parents[1] / "bench/results/serve_footprint-s57-starlette.json").read_text())["rows"]
     measured = statistics.median(r["serve_processes_peak_bytes"] for r in rows)
     assert 0.9 < served["serve_processes_bytes"] / measured < 1.1, (served["serve_processes_bytes"], measured)
     assert served["serve_processes_bytes"] < 150 * 2**20  # no request helper (75 MiB each) counted
