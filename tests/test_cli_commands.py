@@ -9,7 +9,7 @@ import sys
 from edgeinfer.contract.registry import PluginInfo
 
 CORE = {"backends", "doctor", "run", "deploy", "golden", "verify", "bench", "plan", "boards", "generate", "chat",
-        "serve", "ray-resources", "ray-node"}
+        "serve", "ray-resources", "ray-node", "cache"}
 
 # makes `import edgeinfer.cli.serve` fail as if the [serve] extra were missing underneath it
 _BREAK_SERVE = """

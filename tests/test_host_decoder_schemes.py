@@ -155,7 +155,8 @@ def test_the_host_plan_holds_fp16_decoder_weights_as_two_int8_planes_and_adds_se
     import statistics
     from pathlib import Path
 
-    rows = json.loads((Path(__file__).parents[1] / "bench/results/serve_footprint-s57-starlette.json").read_text())["rows"]
+    results = Path(__file__).parents[1] / "bench/results/serve_footprint-s57-starlette.json"
+    rows = json.loads(results.read_text())["rows"]
     measured = statistics.median(r["serve_processes_peak_bytes"] for r in rows)
     assert 0.9 < served["serve_processes_bytes"] / measured < 1.1, (served["serve_processes_bytes"], measured)
     assert served["serve_processes_bytes"] < 150 * 2**20  # no request helper (75 MiB each) counted

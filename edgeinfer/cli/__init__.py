@@ -167,6 +167,7 @@ CORE_COMMANDS = {
     "boards": ("plan", "boards_cmd"), "generate": ("generate", "generate_cmd"), "chat": ("generate", "chat_cmd"),
     "calibrate": ("calibrate", "calibrate_cmd"), "serve": ("serve", "serve_cmd"),
     "ray-resources": ("fleet", "ray_resources_cmd"), "ray-node": ("fleet", "ray_node_cmd"),
+    "cache": ("cache", "cache_cmd"),
 }
 
 _ATTACHED = False

@@ -6,6 +6,11 @@ Under :func:`root` (``$EDGEINFER_CACHE_DIR``, else ``$XDG_CACHE_HOME/edgeinfer``
 * ``artifacts/<backend>/<key>/`` — models converted when ``edgeinfer.load`` is given a non-native file
 * ``paged/<backend>/<key>/`` — models split and converted by ``edgeinfer run --paging``
 * ``locks/`` — one lock file per entry being built (:func:`locked`): processes building the same entry take turns
+* other areas hold what is not a conversion: the host's measured bandwidth (``host/``), llama.cpp's source for the
+  llamacpp plugin (``llama.cpp/``), the test suite's models, benchmark bundles
+
+``edgeinfer cache`` lists the areas with what they take on disk; ``edgeinfer cache clear`` removes the
+conversions (:data:`REBUILT`), entry by entry, leaving alone any entry a running process holds the lock of.
 
 Every key is :func:`key` of the facts that decide the result (source hash, backend, its versions and its
 code, scheme, options); every entry is sealed when stored and verified before it is reused.
@@ -106,13 +111,14 @@ def seal_entry(entry: Path) -> None:
 
 
 @contextmanager
-def locked(entry: Path) -> Iterator[None]:
+def locked(entry: Path, wait: bool = True) -> Iterator[bool]:
     """Hold ``entry``'s lock for the body: an exclusive ``flock`` (https://man7.org/linux/man-pages/man2/flock.2.html)
     on ``locks/<name>-<hash of its path>.lock``. Processes that check-then-build the same entry inside it take
     turns, so the second finds the first one's result instead of converting the same model again; the kernel
     drops the lock when its holder exits, killed or not. Not re-entrant: never take an entry's lock twice in one
     process (a second ``flock`` on a new open file waits for the first). The holder removes the file (and an
-    empty ``locks/``) on the way out; a waiter that then holds the lock of a removed file opens the path again."""
+    empty ``locks/``) on the way out; a waiter that then holds the lock of a removed file opens the path again.
+    With ``wait=False`` the body runs at once and is told whether it holds the lock (False: another process does)."""
     path = area("locks") / f"{entry.name}-{key(str(entry.resolve()), 16)}.lock"
     while True:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -120,7 +126,12 @@ def locked(entry: Path) -> Iterator[None]:
             f = open(path, "a")
         except FileNotFoundError:  # locks/ removed by a holder on its way out meanwhile
             continue
-        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.close()
+            yield False
+            return
         try:
             if os.stat(path).st_ino == os.fstat(f.fileno()).st_ino:
                 break
@@ -128,7 +139,7 @@ def locked(entry: Path) -> Iterator[None]:
             pass
         f.close()
     try:
-        yield
+        yield True
     finally:
         path.unlink(missing_ok=True)
         with suppress(OSError):  # other locks in it
@@ -186,3 +197,67 @@ def sweep_deploy() -> None:
         files.sweep(onnx_dir, cache=True)  # exports being built next to their entries
         for d in onnx_dir.iterdir():
             files.sweep(d, cache=True)
+
+
+# --- what the cache holds, and clearing it (``edgeinfer cache``) ----------------------------------------
+
+#: the areas of conversions, rebuilt from their sources when needed: what ``edgeinfer cache clear`` removes when
+#: no area is named
+REBUILT = ("deploy", "artifacts", "paged")
+_BY_BACKEND = ("artifacts", "paged")  # their entries sit in a folder per backend
+
+
+def areas() -> list[str]:
+    """The areas present under :func:`root`, ``locks/`` aside."""
+    base = root()
+    return sorted(p.name for p in base.iterdir() if p.is_dir() and p.name != "locks") if base.is_dir() else []
+
+
+def _holders(name: str) -> list[Path]:
+    """The folders of area ``name`` that hold its entries: the area, or its backends' folders; ``deploy/onnx``."""
+    base = area(name)
+    if name in _BY_BACKEND:
+        return sorted(p for p in base.iterdir() if p.is_dir())
+    return [base, base / "onnx"] if name == "deploy" and (base / "onnx").is_dir() else [base]
+
+
+def entries(name: str) -> list[Path]:
+    """The entries of area ``name``: what one build makes and one lock guards (``deploy/onnx/`` holds the
+    reference exports, one entry each)."""
+    if not area(name).is_dir():
+        return []
+    return [e for h in _holders(name) for e in sorted(h.iterdir()) if e != area("deploy") / "onnx"]
+
+
+def usage() -> list[dict[str, Any]]:
+    """Per area: its path, entries, bytes on disk (hard links once) and whether ``clear`` removes it by default."""
+    return [{"area": n, "path": str(area(n)), "entries": len(entries(n)), "bytes": files.disk_bytes(area(n)),
+             "rebuilt": n in REBUILT} for n in areas()]
+
+
+def clear(names: list[str], dry_run: bool = False) -> dict[str, Any]:
+    """Remove every entry of the areas ``names`` that no running process is building (its lock held, or a temporary
+    of a live process); what was (or, ``dry_run``, would be) freed, and the entries left for that reason."""
+    removed, busy, freed = 0, [], 0
+    for name in names:
+        for e in entries(name):
+            if files.owner_of(e.name, legacy=True) is not None and not files.is_stale(e, legacy=True):
+                busy.append(str(e))  # a build's temporary, its process still running
+                continue
+            with locked(e, wait=False) as held:
+                if not held:
+                    busy.append(str(e))
+                    continue
+                freed += files.disk_bytes(e)
+                removed += 1
+                if dry_run:
+                    continue
+                if e.is_dir() and not e.is_symlink():
+                    shutil.rmtree(e)
+                else:
+                    e.unlink()
+        for h in _holders(name) if area(name).is_dir() and not dry_run else []:
+            if h != area(name):
+                with suppress(OSError):  # still holds a busy entry
+                    h.rmdir()
+    return {"areas": names, "removed_entries": removed, "freed_bytes": freed, "busy": busy, "dry_run": dry_run}

@@ -1,0 +1,66 @@
+"""The ``cache`` command: what edgeinfer's cache holds on disk, and clearing it (``edgeinfer.contract.cache``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from edgeinfer.cli.output import console, emit
+from edgeinfer.contract import cache
+from edgeinfer.errors import InputError
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:,.0f} MB" if n >= 1e6 else f"{n / 1e3:,.0f} kB"
+
+
+@click.group("cache", invoke_without_command=True)
+@click.option("--json", "as_json", is_flag=True, help="Print only JSON.")
+@click.pass_context
+def cache_cmd(ctx: click.Context, as_json: bool) -> None:
+    """Where the cache is ($EDGEINFER_CACHE_DIR) and what each area of it takes on disk."""
+    if ctx.invoked_subcommand is not None:
+        return
+    rows = cache.usage()
+    emit({"root": str(cache.root()), "areas": rows, "bytes": sum(r["bytes"] for r in rows)}, as_json, _render)
+
+
+def _render(d: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    con = console()
+    if not d["areas"]:
+        con.print(f"{d['root']}: empty")
+        return
+    con.print(f"{d['root']}: {_mb(d['bytes'])}", soft_wrap=True)
+    t = Table(show_header=True, header_style="bold")
+    for name, justify in (("area", "left"), ("entries", "right"), ("on disk", "right"), ("`cache clear`", "left")):
+        t.add_column(name, justify=justify, no_wrap=True)
+    for r in d["areas"]:
+        t.add_row(r["area"], str(r["entries"]), _mb(r["bytes"]), "yes" if r["rebuilt"] else "only by name")
+    con.print(t)
+
+
+@cache_cmd.command("clear")
+@click.argument("areas", nargs=-1)
+@click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print only JSON.")
+def clear_cmd(areas: tuple[str, ...], dry_run: bool, as_json: bool) -> None:
+    """Remove the cached conversions (areas deploy, artifacts, paged: rebuilt when next needed), or the AREAS named
+    (`edgeinfer cache` lists them). An entry a running process is building is left alone."""
+    present = cache.areas()
+    unknown = [a for a in areas if a not in present]
+    if unknown:
+        raise InputError(f"no cache area {unknown[0]!r} in {cache.root()}",
+                         f"name one of: {', '.join(present) or 'none (the cache is empty)'}")
+    result = cache.clear(list(areas) or [a for a in cache.REBUILT if a in present], dry_run)
+    emit(result, as_json, _render_cleared)
+
+
+def _render_cleared(r: dict[str, Any]) -> None:
+    verb = "would remove" if r["dry_run"] else "removed"
+    click.echo(f"{verb} {r['removed_entries']} entries of {', '.join(r['areas']) or 'no area'}: "
+               f"{_mb(r['freed_bytes'])}")
+    for b in r["busy"]:
+        click.echo(f"left {b}: a running process is building it", err=True)
