@@ -63,7 +63,7 @@ def cache_checks(root: Path) -> list[Check]:
         space = Check("cache free disk", "ok", f"{free:.1f} GiB free")
     else:
         space = Check("cache free disk", "warn", f"only {free:.1f} GiB free under {root}",
-                      f"free space (rm -rf {root} drops cached conversions) or set {override}")
+                      f"free space (`edgeinfer cache clear` drops cached conversions) or set {override}")
     return [writable, space]
 
 
