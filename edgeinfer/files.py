@@ -250,6 +250,8 @@ def copy_tree(src: Path, dst: Path, **copytree_args) -> None:
 
 def disk_bytes(root: Path) -> int:
     """What ``root`` takes on disk (allocated blocks, as ``du``), a file hard-linked several times counted once."""
+    if root.is_symlink() or not root.is_dir():
+        return root.lstat().st_blocks * 512 if root.exists() or root.is_symlink() else 0
     seen: set[tuple[int, int]] = set()
     total = 0
     for d, dirs, names in os.walk(root):
@@ -259,8 +261,6 @@ def disk_bytes(root: Path) -> int:
                 if (st.st_dev, st.st_ino) not in seen:
                     seen.add((st.st_dev, st.st_ino))
                     total += st.st_blocks * 512
-    if root.is_file():
-        total = root.lstat().st_blocks * 512
     return total
 
 

@@ -302,7 +302,7 @@ def serve_on_ray(config: ServeConfig, address: str, replicas: str = "1", max_rep
             sock.bind((host, 0))
             port = sock.getsockname()[1]
     started, owner, deployed, store = connect(address), False, False, ""
-    name = f"edgeinfer-bundles-{uuid.uuid4().hex[:12]}"  # named first: stop() finds it however far start got
+    name = f"edgeinfer-bundles-{uuid.uuid4().hex[:12]}"  # named before it starts: stop() looks it up by name
     signal.signal(signal.SIGTERM, ours)
     try:
         check_resources(found, scale.wanted, ray.cluster_resources(), address)
