@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import pytest
 
@@ -83,3 +84,20 @@ def test_an_unknown_area_is_one_line_and_exit_2(root, capfd):
     assert r.returncode == 2 and r.stderr.count("\n") == 1
     assert "no cache area 'bundles'" in r.stderr and "deploy" in r.stderr
     assert (root / "deploy" / "0123abcd").is_dir()
+
+
+def test_clear_older_than_keeps_an_entry_reused_since(root, capfd):
+    """--older-than DAYS removes what was neither built nor reused in that time: a reuse (an entry found intact)
+    sets the entry's time to now."""
+    month_ago = time.time() - 30 * 86400
+    reused = root / "deploy" / "0123abcd"
+    cache.seal_entry(reused)
+    for e in cache.entries("deploy") + cache.entries("artifacts"):
+        os.utime(e, (month_ago, month_ago))
+    assert cache.intact(reused)  # what deploy asks before it copies a cached bundle
+    r = run_cli(capfd, "cache", "clear", "--older-than", "7", "--json")
+    out = json.loads(r.stdout)
+    assert r.returncode == 0 and out["removed_entries"] == 2 and out["older_than_s"] == 7 * 86400
+    assert reused.is_dir() and not (root / "artifacts" / "onnxruntime" / "99aa").exists()
+    r = run_cli(capfd, "cache", "clear", "--older-than", "-1")
+    assert r.returncode == 2 and reused.is_dir()

@@ -44,9 +44,11 @@ def _render(d: dict[str, Any]) -> None:
 
 @cache_cmd.command("clear")
 @click.argument("areas", nargs=-1)
+@click.option("--older-than", "older_than", type=click.FloatRange(min=0), default=None, metavar="DAYS",
+              help="Only entries not built or used in the last DAYS days.")
 @click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print only JSON.")
-def clear_cmd(areas: tuple[str, ...], dry_run: bool, as_json: bool) -> None:
+def clear_cmd(areas: tuple[str, ...], older_than: float | None, dry_run: bool, as_json: bool) -> None:
     """Remove the cached conversions (areas deploy, artifacts, paged: rebuilt when next needed), or the AREAS named
     (`edgeinfer cache` lists them). An entry a running process is building is left alone."""
     present = cache.areas()
@@ -54,13 +56,15 @@ def clear_cmd(areas: tuple[str, ...], dry_run: bool, as_json: bool) -> None:
     if unknown:
         raise InputError(f"no cache area {unknown[0]!r} in {cache.root()}",
                          f"name one of: {', '.join(present) or 'none (the cache is empty)'}")
-    result = cache.clear(list(areas) or [a for a in cache.REBUILT if a in present], dry_run)
+    result = cache.clear(list(areas) or [a for a in cache.REBUILT if a in present], dry_run,
+                         None if older_than is None else older_than * 86400)
     emit(result, as_json, _render_cleared)
 
 
 def _render_cleared(r: dict[str, Any]) -> None:
     verb = "would remove" if r["dry_run"] else "removed"
-    click.echo(f"{verb} {r['removed_entries']} entries of {', '.join(r['areas']) or 'no area'}: "
+    since = "" if r["older_than_s"] is None else f" not used in {r['older_than_s'] / 86400:g} days"
+    click.echo(f"{verb} {r['removed_entries']} entries{since} of {', '.join(r['areas']) or 'no area'}: "
                f"{_mb(r['freed_bytes'])}")
     for b in r["busy"]:
         click.echo(f"left {b}: a running process is building it", err=True)

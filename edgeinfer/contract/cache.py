@@ -10,7 +10,8 @@ Under :func:`root` (``$EDGEINFER_CACHE_DIR``, else ``$XDG_CACHE_HOME/edgeinfer``
   llamacpp plugin (``llama.cpp/``), the test suite's models, benchmark bundles
 
 ``edgeinfer cache`` lists the areas with what they take on disk; ``edgeinfer cache clear`` removes the
-conversions (:data:`REBUILT`), entry by entry, leaving alone any entry a running process holds the lock of.
+conversions (:data:`REBUILT`), entry by entry (``--older-than``: those not built or used since), leaving alone any
+entry a running process holds the lock of.
 
 Every key is :func:`key` of the facts that decide the result (source hash, backend, its versions and its
 code, scheme, options); every entry is sealed when stored and verified before it is reused.
@@ -90,8 +91,14 @@ def _digest(path: Path) -> str:
 
 
 def intact(entry: Path) -> bool:
-    """Whether ``entry`` may be reused: every file as its seal recorded it at store time."""
-    return seal.intact(entry)
+    """Whether ``entry`` may be reused: every file as its seal recorded it at store time. An intact entry is
+    about to be reused: its folder's modification time becomes now (what ``edgeinfer cache clear --older-than``
+    reads: the last build or use)."""
+    if not seal.intact(entry):
+        return False
+    with suppress(OSError):  # a read-only cache is still reused
+        os.utime(entry)
+    return True
 
 
 def reusable(entry: Path, note: Callable[[str], None]) -> bool:
@@ -235,12 +242,19 @@ def usage() -> list[dict[str, Any]]:
              "rebuilt": n in REBUILT} for n in areas()]
 
 
-def clear(names: list[str], dry_run: bool = False) -> dict[str, Any]:
+def clear(names: list[str], dry_run: bool = False, older_than_s: float | None = None) -> dict[str, Any]:
     """Remove every entry of the areas ``names`` that no running process is building (its lock held, or a temporary
-    of a live process); what was (or, ``dry_run``, would be) freed, and the entries left for that reason."""
+    of a live process) and, with ``older_than_s``, that was not built or used (:func:`intact`) since; what was
+    (or, ``dry_run``, would be) freed, and the entries left because a process is building them."""
+    import time
+
     removed, busy, freed = 0, [], 0
+    cutoff = None if older_than_s is None else time.time() - older_than_s
     for name in names:
         for e in entries(name):
+            with suppress(OSError):
+                if cutoff is not None and e.lstat().st_mtime > cutoff:
+                    continue
             if files.owner_of(e.name, legacy=True) is not None and not files.is_stale(e, legacy=True):
                 busy.append(str(e))  # a build's temporary, its process still running
                 continue
@@ -260,4 +274,5 @@ def clear(names: list[str], dry_run: bool = False) -> dict[str, Any]:
             if h != area(name):
                 with suppress(OSError):  # still holds a busy entry
                     h.rmdir()
-    return {"areas": names, "removed_entries": removed, "freed_bytes": freed, "busy": busy, "dry_run": dry_run}
+    return {"areas": names, "removed_entries": removed, "freed_bytes": freed, "busy": busy, "dry_run": dry_run,
+            "older_than_s": older_than_s}
