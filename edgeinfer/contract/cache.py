@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from functools import lru_cache
@@ -246,8 +247,6 @@ def clear(names: list[str], dry_run: bool = False, older_than_s: float | None = 
     """Remove every entry of the areas ``names`` that no running process is building (its lock held, or a temporary
     of a live process) and, with ``older_than_s``, that was not built or used (:func:`intact`) since; what was
     (or, ``dry_run``, would be) freed, and the entries left because a process is building them."""
-    import time
-
     removed, busy, freed = 0, [], 0
     cutoff = None if older_than_s is None else time.time() - older_than_s
     for name in names:
@@ -270,7 +269,9 @@ def clear(names: list[str], dry_run: bool = False, older_than_s: float | None = 
                     shutil.rmtree(e)
                 else:
                     e.unlink()
-        for h in _holders(name) if area(name).is_dir() and not dry_run else []:
+        if dry_run or not area(name).is_dir():
+            continue
+        for h in _holders(name):  # a backend's folder, deploy/onnx: gone with its last entry
             if h != area(name):
                 with suppress(OSError):  # still holds a busy entry
                     h.rmdir()
