@@ -125,6 +125,16 @@ def test_profile_decoder_json_per_phase(capsys, backend):
         _check_ops(phase, 4)
 
 
+def test_profile_decoder_bundle_takes_threads_not_ctx(capsys, tiny_qwen3_host_bundle):
+    rc, report, err = _run(capsys, "profile", str(tiny_qwen3_host_bundle), "--threads", "1", "--top", "2",
+                           "--repeat", "2", "--prompt-length", "6", "--json")
+    assert rc == 0, err
+    assert report["kind"] == "decoder" and report["phases"]["prefill"]["tokens"] == 6
+    _check_ops(report["phases"]["decode"], 2)
+    rc, _, err = _run(capsys, "profile", str(tiny_qwen3_host_bundle), "--ctx", "32")
+    assert rc == 2 and "--ctx applies to a decoder model directory" in err
+
+
 def test_profile_table_says_when_a_backend_gives_no_op_times():
     from edgeinfer.run.profile import profile_encoder
 

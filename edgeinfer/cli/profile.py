@@ -39,7 +39,7 @@ def profile_cmd(model: Path, top: int, repeat: int, backend: str | None, device:
     """
     from edgeinfer.model.kind import Kind, kind
     from edgeinfer.run import profile as prof
-    from edgeinfer.run.loading import load
+    from edgeinfer.run.loading import decoder_threads, load
     from edgeinfer.run.paged_decoder import window_option
 
     prof.check_counts(top, repeat)
@@ -49,12 +49,13 @@ def profile_cmd(model: Path, top: int, repeat: int, backend: str | None, device:
         if value is not None and value < 1:
             raise InputError(f"{name} must be at least 1, got {value}")
     found = kind(model)
-    decoder_dir = found in (Kind.DECODER_DIR, Kind.DECODER_FILE)
-    if not decoder_dir and (ctx is not None or threads is not None):
-        raise InputError("--ctx and --threads apply to a decoder model directory or file")
-    options: dict[str, Any] = {"ctx": ctx, "threads": threads} if decoder_dir else {}
-    options = {k: v for k, v in options.items() if v is not None}
-    options.update(window_option(model, found, window))
+    if ctx is not None and found not in (Kind.DECODER_DIR, Kind.DECODER_FILE):
+        raise InputError("--ctx applies to a decoder model directory or file; a bundle runs with the context it "
+                         "was built for")
+    if threads is not None and found not in (Kind.DECODER_DIR, Kind.DECODER_FILE, Kind.DECODER_BUNDLE):
+        raise InputError("--threads applies to decoders; an encoder runs with its backend's threads")
+    options: dict[str, Any] = {} if ctx is None else {"ctx": ctx}
+    options.update(window_option(model, found, window), **decoder_threads(model, found, backend, threads))
     with load(model, backend=backend, device=device, trust_remote_code=trust_remote_code, **options) as m:
         report = prof.profile(m, model, top=top, repeat=repeat, prompt_length=prompt_length)
     emit(report, as_json, _render)
