@@ -101,3 +101,67 @@ def test_clear_older_than_keeps_an_entry_reused_since(root, capfd):
     assert reused.is_dir() and not (root / "artifacts" / "onnxruntime" / "99aa").exists()
     r = run_cli(capfd, "cache", "clear", "--older-than", "-1")
     assert r.returncode == 2 and reused.is_dir()
+
+
+# --- the bound: EDGEINFER_CACHE_MAX_GB ---------------------------------------------------------------------
+
+
+def _aged(entry, days: float) -> None:
+    t = time.time() - days * 86400
+    os.utime(entry, (t, t))
+
+
+def test_a_build_over_the_bound_removes_the_least_recently_used_conversions(root, monkeypatch, capfd):
+    """Over the bound, the oldest conversions go first, until the rest fit; the entry just built, what is not a
+    conversion and an entry reused since stay."""
+    old_bundle, old_export = root / "deploy" / "0123abcd", root / "deploy" / "onnx" / "fedc4321"
+    artifact = root / "artifacts" / "onnxruntime" / "99aa"
+    for e in (old_export, artifact):  # a MiB each, as the bundle and the new entry
+        (e / "model.onnx").write_bytes(os.urandom(MIB))
+    _aged(old_bundle, 30)
+    _aged(old_export, 20)
+    _aged(artifact, 10)
+    monkeypatch.setenv(cache.MAX_ENV, str(2.5 * MIB / 1e9))  # 4 MiB after the build: two must go
+    new = root / "artifacts" / "onnxruntime" / "new"
+    cache.fill(new, lambda d: (d / "model.onnx").write_bytes(os.urandom(MIB)))
+    err = capfd.readouterr().err
+    assert new.is_dir() and artifact.is_dir() and not old_bundle.exists() and not old_export.exists()
+    assert "removed 2 least recently used entries" in err and cache.MAX_ENV in err
+    assert (root / "test-llm" / "qwen3-random").is_dir() and (root / "host" / "bandwidth-1.json").exists()
+    assert cache.conversions_bytes() <= cache.max_bytes()
+
+
+def test_the_bound_passes_over_an_entry_being_built_and_reuse_makes_an_entry_recent(root, monkeypatch, capfd):
+    old_bundle, artifact = root / "deploy" / "0123abcd", root / "artifacts" / "onnxruntime" / "99aa"
+    for e in (root / "deploy" / "onnx" / "fedc4321", artifact):  # a MiB each, as the bundle
+        (e / "model.onnx").write_bytes(os.urandom(MIB))
+    cache.seal_entry(old_bundle)
+    for e in (old_bundle, root / "deploy" / "onnx" / "fedc4321", artifact):
+        _aged(e, 30)
+    _aged(artifact, 40)  # the oldest
+    assert cache.intact(old_bundle)  # reused now: the newest of the three
+    monkeypatch.setenv(cache.MAX_ENV, str(2.75 * MIB / 1e9))  # 3.5 MiB after the build: the export must go
+    with cache.locked(artifact, wait=False):  # e.g. another process building it
+        cache.fill(root / "deploy" / "new", lambda d: (d / "x.bin").write_bytes(os.urandom(MIB // 2)))
+    assert artifact.is_dir() and old_bundle.is_dir() and not (root / "deploy" / "onnx" / "fedc4321").exists()
+
+
+def test_reuse_under_the_bound_removes_nothing_and_off_turns_it_off(root, monkeypatch, capfd):
+    monkeypatch.setenv(cache.MAX_ENV, "off")
+    assert cache.max_bytes() is None
+    cache.fill(root / "deploy" / "new", lambda d: (d / "x.bin").write_bytes(os.urandom(MIB)))
+    monkeypatch.setenv(cache.MAX_ENV, "1")
+    assert cache.bound() is None
+    assert len(cache.entries("deploy")) == 3 and "conversion cache" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["-1", "0", "lots", "nan", "inf"])
+def test_a_bad_bound_is_one_clear_line_and_the_build_stays(root, monkeypatch, capfd, value):
+    from edgeinfer.errors import InputError
+
+    monkeypatch.setenv(cache.MAX_ENV, value)
+    with pytest.raises(InputError, match=f"{cache.MAX_ENV} must be a size in GB above 0, or off; got '{value}'"):
+        cache.fill(root / "deploy" / "new", lambda d: (d / "x.bin").write_bytes(b"x"))
+    assert cache.intact(root / "deploy" / "new")
+    r = run_cli(capfd, "cache", "--json")
+    assert r.returncode == 2 and cache.MAX_ENV in r.stdout

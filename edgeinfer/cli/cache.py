@@ -19,11 +19,16 @@ def _mb(n: int) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print only JSON.")
 @click.pass_context
 def cache_cmd(ctx: click.Context, as_json: bool) -> None:
-    """Where the cache is ($EDGEINFER_CACHE_DIR) and what each area of it takes on disk."""
+    """Where the cache is ($EDGEINFER_CACHE_DIR) and what each area of it takes on disk.
+
+    After each conversion the conversions (areas deploy, artifacts, paged) are kept under $EDGEINFER_CACHE_MAX_GB
+    (default 50; `off`: no bound), the least recently used removed first."""
     if ctx.invoked_subcommand is not None:
         return
     rows = cache.usage()
-    emit({"root": str(cache.root()), "areas": rows, "bytes": sum(r["bytes"] for r in rows)}, as_json, _render)
+    emit({"root": str(cache.root()), "areas": rows, "bytes": sum(r["bytes"] for r in rows),
+          "conversions_bytes": sum(r["bytes"] for r in rows if r["rebuilt"]), "max_bytes": cache.max_bytes()},
+         as_json, _render)
 
 
 def _render(d: dict[str, Any]) -> None:
@@ -33,7 +38,9 @@ def _render(d: dict[str, Any]) -> None:
     if not d["areas"]:
         con.print(f"{d['root']}: empty")
         return
-    con.print(f"{d['root']}: {_mb(d['bytes'])}", soft_wrap=True)
+    bound = "no bound" if d["max_bytes"] is None else f"bound {_mb(d['max_bytes'])}"
+    con.print(f"{d['root']}: {_mb(d['bytes'])}; conversions {_mb(d['conversions_bytes'])} ({bound}, "
+              f"${cache.MAX_ENV})", soft_wrap=True)
     t = Table(show_header=True, header_style="bold")
     for name, justify in (("area", "left"), ("entries", "right"), ("on disk", "right"), ("`cache clear`", "left")):
         t.add_column(name, justify=justify, no_wrap=True)

@@ -11,7 +11,8 @@ Under :func:`root` (``$EDGEINFER_CACHE_DIR``, else ``$XDG_CACHE_HOME/edgeinfer``
 
 ``edgeinfer cache`` lists the areas with what they take on disk; ``edgeinfer cache clear`` removes the
 conversions (:data:`REBUILT`), entry by entry (``--older-than``: those not built or used since), leaving alone any
-entry a running process holds the lock of.
+entry a running process holds the lock of. After each build the conversions are kept under
+``$EDGEINFER_CACHE_MAX_GB`` (:func:`bound`): the least recently built or used go first.
 
 Every key is :func:`key` of the facts that decide the result (source hash, backend, its versions and its
 code, scheme, options); every entry is sealed when stored and verified before it is reused.
@@ -126,7 +127,8 @@ def locked(entry: Path, wait: bool = True) -> Iterator[bool]:
     drops the lock when its holder exits, killed or not. Not re-entrant: never take an entry's lock twice in one
     process (a second ``flock`` on a new open file waits for the first). The holder removes the file (and an
     empty ``locks/``) on the way out; a waiter that then holds the lock of a removed file opens the path again.
-    With ``wait=False`` the body runs at once and is told whether it holds the lock (False: another process does)."""
+    With ``wait=False`` the body runs at once and is told whether it holds the lock (False: another process does).
+    An entry that is new when the body ends (a build) is kept under the cache's bound (:func:`bound`)."""
     path = area("locks") / f"{entry.name}-{key(str(entry.resolve()), 16)}.lock"
     while True:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -146,13 +148,27 @@ def locked(entry: Path, wait: bool = True) -> Iterator[bool]:
         except FileNotFoundError:
             pass
         f.close()
+    before = _inode(entry)
     try:
         yield True
+        after = _inode(entry) if wait else None
+        if after is not None:  # built or reused under this lock: what the bound's "least recently used" reads
+            with suppress(OSError):
+                os.utime(entry)
+            if after != before:  # built (or rebuilt)
+                bound(keep=entry)
     finally:
         path.unlink(missing_ok=True)
         with suppress(OSError):  # other locks in it
             path.parent.rmdir()
         f.close()  # releases the lock
+
+
+def _inode(entry: Path) -> int | None:
+    try:
+        return entry.lstat().st_ino
+    except OSError:
+        return None
 
 
 def fill(entry: Path, build: Callable[[Path], None]) -> Path:
@@ -254,26 +270,99 @@ def clear(names: list[str], dry_run: bool = False, older_than_s: float | None = 
             with suppress(OSError):
                 if cutoff is not None and e.lstat().st_mtime > cutoff:
                     continue
-            if files.owner_of(e.name, legacy=True) is not None and not files.is_stale(e, legacy=True):
-                busy.append(str(e))  # a build's temporary, its process still running
+            size = _remove(e, dry_run)
+            if size is None:
+                busy.append(str(e))
                 continue
-            with locked(e, wait=False) as held:
-                if not held:
-                    busy.append(str(e))
-                    continue
-                freed += files.disk_bytes(e)
-                removed += 1
-                if dry_run:
-                    continue
-                if e.is_dir() and not e.is_symlink():
-                    shutil.rmtree(e)
-                else:
-                    e.unlink()
-        if dry_run or not area(name).is_dir():
-            continue
-        for h in _holders(name):  # a backend's folder, deploy/onnx: gone with its last entry
-            if h != area(name):
-                with suppress(OSError):  # still holds a busy entry
-                    h.rmdir()
+            freed += size
+            removed += 1
+        if not dry_run:
+            _drop_empty_holders(name)
     return {"areas": names, "removed_entries": removed, "freed_bytes": freed, "busy": busy, "dry_run": dry_run,
             "older_than_s": older_than_s}
+
+
+def _remove(e: Path, dry_run: bool = False) -> int | None:
+    """Remove entry ``e`` unless a running process is building it (None); the bytes it took on disk."""
+    if files.owner_of(e.name, legacy=True) is not None and not files.is_stale(e, legacy=True):
+        return None  # a build's temporary, its process still running
+    with locked(e, wait=False) as held:
+        if not held:
+            return None
+        size = files.disk_bytes(e)
+        if not dry_run:
+            if e.is_dir() and not e.is_symlink():
+                shutil.rmtree(e, ignore_errors=True)
+            else:
+                e.unlink(missing_ok=True)
+        return size
+
+
+def _drop_empty_holders(name: str) -> None:
+    if not area(name).is_dir():
+        return
+    for h in _holders(name):  # a backend's folder, deploy/onnx: gone with its last entry
+        if h != area(name):
+            with suppress(OSError):  # still holds a busy entry
+                h.rmdir()
+
+
+MAX_ENV = "EDGEINFER_CACHE_MAX_GB"
+DEFAULT_MAX_GB = 50
+
+
+def max_bytes() -> int | None:
+    """The bound on what the conversions (:data:`REBUILT`) take on disk: ``$EDGEINFER_CACHE_MAX_GB`` (GB of
+    10^9 bytes; default 50), or None for ``off``."""
+    from edgeinfer.errors import InputError
+
+    raw = os.environ.get(MAX_ENV, "").strip()
+    if not raw:
+        return DEFAULT_MAX_GB * 10**9
+    if raw.lower() == "off":
+        return None
+    try:
+        gb = float(raw)
+    except ValueError:
+        gb = float("nan")
+    if not 0 < gb < float("inf"):
+        raise InputError(f"{MAX_ENV} must be a size in GB above 0, or off; got {raw!r}",
+                         f"e.g. export {MAX_ENV}={DEFAULT_MAX_GB}")
+    return int(gb * 10**9)
+
+
+def conversions_bytes() -> int:
+    return sum(files.disk_bytes(area(n)) for n in REBUILT)
+
+
+def bound(keep: Path | None = None) -> dict[str, Any] | None:
+    """Keep the conversions under :func:`max_bytes`: remove their least recently built or used entries (an entry's
+    folder time, :func:`intact`) but ``keep`` and any a running process is building, until they fit. Says on
+    stderr what it removed; returns that (None when nothing was over)."""
+    import sys
+
+    limit = max_bytes()
+    total = conversions_bytes() if limit is not None else 0
+    if limit is None or total <= limit:
+        return None
+    before, removed = total, []
+    for e in sorted((e for n in REBUILT for e in entries(n)), key=_mtime):
+        if total <= limit:
+            break
+        if keep is not None and e == keep or _remove(e) is None:
+            continue
+        removed.append(str(e))
+        total = conversions_bytes()
+    for n in REBUILT:
+        _drop_empty_holders(n)
+    over = "" if total <= limit else "; still over: the rest is in use or the entry just built"
+    print(f"edgeinfer: the conversion cache was over {MAX_ENV}={limit / 1e9:g}: removed {len(removed)} least "
+          f"recently used entries, {(before - total) / 1e9:.2f} GB ({total / 1e9:.2f} GB now{over})", file=sys.stderr)
+    return {"removed": removed, "freed_bytes": before - total, "bytes": total, "max_bytes": limit}
+
+
+def _mtime(e: Path) -> float:
+    try:
+        return e.lstat().st_mtime
+    except OSError:
+        return 0.0
