@@ -166,6 +166,40 @@ def test_second_deploy_is_cached(bundles, env, golden_txt, tmp_path, cli):
     assert same
 
 
+def test_board_only_leaves_out_what_only_the_simulator_reads(bundles, env, golden_txt, tmp_path, cli):
+    """--board-only: the RKNN bundle without its simulator sources (the same cached conversion, the same .rknn),
+    sealed without them; on this PC the simulator then refuses it in one line. An OpenVINO bundle has nothing to
+    leave out."""
+    def deploy(board: str, out: Path) -> subprocess.CompletedProcess:
+        proc = cli("deploy", str(minilm.model_dir()), "--board", board, "--golden-inputs", str(golden_txt),
+                   *NO_BUCKETS.get(board, ()), "--board-only", "-o", str(out), "--json", env=env)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return proc
+
+    full, slim = bundles["rk3588-8g"], tmp_path / "rk-board"
+    report = json.loads(deploy("rk3588-8g", slim).stdout)
+    assert report["cached"] is True and report["left_out"] == ["model.rknn.src.onnx", "model.rknn.src.tar"]
+    assert not list(slim.rglob("*.src.*")) and (full / "model.rknn.src.onnx").is_file()
+    assert (slim / "model.rknn").read_bytes() == (full / "model.rknn").read_bytes()
+    manifest = json.loads((slim / "manifest.json").read_text())
+    assert manifest["left_out"] == report["left_out"] and not set(manifest["files"]) & set(report["left_out"])
+    assert "left_out" not in json.loads((full / "manifest.json").read_text())
+    import jsonschema
+
+    jsonschema.validate(manifest, json.loads((Path(bundle_mod.__file__).parents[1] / "schemas" /
+                                              "manifest.schema.json").read_text()))
+    saved = sum((full / f).stat().st_size for f in report["left_out"])
+    assert saved > 0.6 * sum(f.stat().st_size for f in full.rglob("*") if f.is_file())  # most of the bundle
+    assert cli("verify", str(slim)).returncode == 0
+    proc = cli("run", str(slim), "--text", "hello")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--board-only" in proc.stderr
+
+    proc = deploy("core-ultra-155h", tmp_path / "ov-board")
+    assert json.loads(proc.stdout)["left_out"] == []
+    assert sorted(p.name for p in (tmp_path / "ov-board").iterdir()) == sorted(
+        p.name for p in bundles["core-ultra-155h"].iterdir())
+
+
 @pytest.mark.slow
 def test_bench_writes_json_and_png(bundles, tmp_path, cli):
     png = tmp_path / "bench.png"

@@ -39,6 +39,10 @@ from edgeinfer.errors import InputError
 @click.option("--max-samples", default=128, show_default=True, help="Calibration samples used at most.")
 @click.option("--force", is_flag=True, help="Deploy even when the plan says it does not fit.")
 @click.option("--no-cache", is_flag=True, help="Convert again even if a cached conversion exists.")
+@click.option("--board-only", is_flag=True,
+              help="Leave out of the bundle what only this machine's simulator reads (e.g. each artifact's source "
+                   "model), after the golden check: a smaller bundle to copy to the board, which then runs only "
+                   "there.")
 @click.option("--option", "backend_options", multiple=True, metavar="KEY=VALUE",
               help="Backend convert option, value parsed as JSON when it can be (e.g. auto_hybrid=true); repeatable.")
 @click.option("--paging", metavar="W|auto", help="Segmented bundle for layer-paged runs: W segments resident; "
@@ -61,7 +65,7 @@ def deploy(
     backend_options: tuple[str, ...], paging: str | None, segments: int | None, cuts: tuple[str, ...],
     out: Path | None,
     as_json: bool, ctx: int | None, buckets: str | None, runtime: str | None, trust_remote_code: bool,
-    dry_run: bool = False, task_thresholds: tuple[str, ...] = (),
+    dry_run: bool = False, task_thresholds: tuple[str, ...] = (), board_only: bool = False,
 ) -> None:
     """Convert MODEL for BOARD, check it against onnxruntime fp32, and write a bundle.
 
@@ -76,7 +80,7 @@ def deploy(
     progress = Progress.for_command(as_json)
     if out is None and not dry_run:
         raise click.UsageError("Missing option '-o' / '--out' (or pass --dry-run)")
-    planned = {"dry_run": dry_run, "on_plan": None if as_json else _announce}
+    planned = {"dry_run": dry_run, "on_plan": None if as_json else _announce, "board_only": board_only}
     if kind(model, hint="pass a Hugging Face directory, an .onnx file or a .pt2 program") is Kind.DECODER_DIR:
         if task_thresholds:
             raise InputError("--task-threshold applies to rerankers and classifiers, not to language models")
@@ -119,6 +123,7 @@ def deploy(
             shapes = " ".join(f"{i['batch']}x{i['seq']}" for i in r["buckets"]["items"])
             out_c.print(f"  buckets (batch x seq): {shapes}, each golden-checked")
             out_c.print(f"  chosen: {r['buckets']['chosen_by']}")
+        _left_out(out_c, r, board_only)
 
     emit(result.to_json(), as_json, render)
 
@@ -163,8 +168,20 @@ def _deploy_decoder(model: Path, board: str, out: Path | None, quant: str | None
             from edgeinfer.planning.selfcheck import speed_line
 
             out_c.print("  " + speed_line(r["speed_check"]))
+        _left_out(out_c, r, planned["board_only"])
 
     emit(result.to_json(), as_json, render)
+
+
+def _left_out(out_c: Any, r: dict[str, Any], board_only: bool) -> None:
+    if r["left_out"]:
+        more = len(r["left_out"]) - 3
+        names = ", ".join(r["left_out"][:3]) + (f" and {more} more" if more > 0 else "")
+        out_c.print(f"  left out for the board (only the simulator here reads them): {names}; check it on this "
+                    "machine from a bundle deployed without --board-only")
+    elif board_only:
+        out_c.print(f"  --board-only: nothing to leave out, every file of a {r['backend']} bundle is what the board "
+                    "runs")
 
 
 def _announce(plan: Any) -> None:

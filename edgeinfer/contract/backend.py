@@ -298,6 +298,11 @@ class Backend:
         side = artifact.with_name(artifact.name + ".data")
         return [artifact, side] if side.exists() else [artifact]
 
+    def simulation_files(self, bundle: Path) -> list[Path]:
+        """The files of the bundle directory ``bundle`` that only this backend's simulator on the converting machine
+        reads, never a board (``deploy --board-only`` leaves them out). Default: none."""
+        return []
+
     def paging_limit(self, device: str | None) -> PagingLimit | None:
         """Limits of layer-paged execution on ``device``, or None when there are none (the default)."""
         return None

@@ -72,7 +72,7 @@ class DecoderDeployResult:
             "board": self.manifest.board, "scheme": self.manifest.scheme, "runtime": self.manifest.decoder["runtime"],
             "context": self.manifest.decoder["context"], "golden": self.golden, "plan": self.manifest.plan,
             "paging": self.manifest.decoder.get("paging"), "notes": self.notes, "warnings": self.warnings,
-            "timings_s": self.timings, "speed_check": self.speed_check,
+            "timings_s": self.timings, "speed_check": self.speed_check, "left_out": self.manifest.left_out,
         }
 
 
@@ -98,6 +98,7 @@ def deploy_decoder(
     segments: int | None = None,
     dry_run: bool = False,
     on_plan: Callable[[Plan], None] | None = None,
+    board_only: bool = False,
 ) -> DecoderDeployResult | outdir.DryRun:
     """Deploy the causal LM in ``model`` for ``board``; raise CheckFailed (nothing written) when the plan
     does not fit (unless ``force``) or the golden check fails. Runtime, scheme and context are the plan's
@@ -106,7 +107,9 @@ def deploy_decoder(
     window, or ``"auto"``) with ``segments`` builds it layer-paged (:mod:`edgeinfer.deploy.decoder_paging`),
     golden-checked with that window. ``threshold`` overrides the scheme's minimum logits cosine.
     ``trust_remote_code``: let libraries import the Python files ``model`` names in ``auto_map`` (otherwise
-    such a directory is refused before any work)."""
+    such a directory is refused before any work). ``board_only``: leave out of the bundle what only the backend's
+    simulator on this machine reads (:func:`~edgeinfer.deploy.outdir.leave_out_simulation`), after the golden
+    check."""
     progress = progress or Progress(enabled=False)
     warnings: list[str] = []
     notes: list[str] = []
@@ -205,6 +208,8 @@ def deploy_decoder(
         if paged:
             manifest.decoder["paging"] = decoder_paging.manifest_section(paged, plan)
         bundle_mod.write(work, manifest)
+        if board_only:
+            outdir.leave_out_simulation(work, backend, manifest)
         outdir.replace_dir(work, out_dir)
     return DecoderDeployResult(out_dir, manifest, report, cached, warnings, dict(progress.timings), speed, notes)
 

@@ -68,18 +68,10 @@ class DeployResult:
     timings: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "bundle": str(self.bundle) if self.bundle else None,
-            "cached": self.cached,
-            "backend": self.manifest.backend,
-            "board": self.manifest.board,
-            "scheme": self.manifest.scheme,
-            "golden": self.golden,
-            "plan": self.manifest.plan,
-            "buckets": self.manifest.buckets,
-            "warnings": self.warnings,
-            "timings_s": self.timings,
-        }
+        m = self.manifest
+        return {"bundle": str(self.bundle) if self.bundle else None, "cached": self.cached, "backend": m.backend,
+                "board": m.board, "scheme": m.scheme, "golden": self.golden, "plan": m.plan, "buckets": m.buckets,
+                "left_out": m.left_out, "warnings": self.warnings, "timings_s": self.timings}
 
 
 def source_of(model: str | os.PathLike[str]) -> Source:
@@ -201,6 +193,7 @@ def deploy(
     dry_run: bool = False,
     on_plan: Callable[[Any], None] | None = None,
     task_thresholds: dict[str, float] | None = None,
+    board_only: bool = False,
 ) -> DeployResult | outdir.DryRun:
     """Scheme and sequence length are the plan's (:mod:`edgeinfer.planning.decision`, as ``edgeinfer plan``
     decides them; the sequence from ``shapes`` when given): ``on_plan`` is called with the plan before
@@ -208,7 +201,8 @@ def deploy(
     (:class:`~edgeinfer.deploy.outdir.DryRun`), exporting and writing nothing. ``trust_remote_code``: let
     libraries import the Python files a model directory names in ``auto_map`` (otherwise such a directory is
     refused before any work). ``task_thresholds``: rerankers' and classifiers' golden thresholds
-    (:mod:`edgeinfer.deploy.ranking`)."""
+    (:mod:`edgeinfer.deploy.ranking`). ``board_only``: leave out of the bundle what only the backend's simulator on
+    this machine reads (:func:`~edgeinfer.deploy.outdir.leave_out_simulation`), after the golden check."""
     from edgeinfer.planning.planner import plan as make_plan
 
     progress = progress or Progress(enabled=False)
@@ -335,6 +329,8 @@ def deploy(
             reference.close()
             if cached:
                 files.link_duplicates(work)  # an entry cached before bundles kept one copy of equal files
+            if board_only:
+                outdir.leave_out_simulation(work, backend, manifest)
             outdir.replace_dir(work, out_dir)
     return DeployResult(out_dir, manifest, manifest.golden or {}, cached, warnings, dict(progress.timings))
 

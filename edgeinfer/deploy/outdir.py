@@ -56,6 +56,23 @@ class DryRun:
         return {"dry_run": True, "board": self.plan.board.name, "fits": self.plan.fits, "plan": self.plan.to_dict()}
 
 
+def leave_out_simulation(work: Path, backend: Any, manifest: Any) -> None:
+    """``deploy --board-only``: take out of the finished bundle in ``work`` the files only the backend's simulator on
+    this machine reads (:meth:`~edgeinfer.contract.backend.Backend.simulation_files`), name them in the manifest's
+    ``left_out`` and seal the rest again."""
+    from edgeinfer.model import bundle as bundle_mod
+
+    root = work.resolve()
+    gone = backend.simulation_files(work)
+    outside = [f for f in gone if not f.resolve().is_relative_to(root) or not f.is_file()]
+    if outside:  # a plugin's bug: never remove what is not a file of this bundle
+        raise ValueError(f"backend {backend.name} names {outside[0]} as a simulator file of {work}: not a file in it")
+    for f in gone:
+        f.unlink()
+    manifest.left_out = sorted(f.resolve().relative_to(root).as_posix() for f in gone)
+    bundle_mod.write(work, manifest)
+
+
 def tmp_parent(out_dir: Path) -> Path:
     return out_dir.resolve().parent  # created (by files.temp_dir) only once there is a bundle to build
 

@@ -199,6 +199,9 @@ class Manifest(BaseModel):
     index_limits: dict[StrictStr, Annotated[int, Field(ge=0)]] | None = None
     #: the distributions (with extras) running the bundle needs, e.g. "edgeinfer[llm]" (edgeinfer.contract.packages)
     requires: list[StrictStr] = Field(default=[], max_length=64)
+    #: files ``deploy --board-only`` left out: what only the converting machine's simulator reads
+    #: (:meth:`~edgeinfer.contract.backend.Backend.simulation_files`)
+    left_out: list[StrictStr] = Field(default=[], max_length=4096)
 
     @model_validator(mode="before")
     @classmethod
@@ -232,8 +235,10 @@ class Manifest(BaseModel):
         return self
 
     def to_json(self) -> dict[str, Any]:
-        """The manifest as written to disk (``decoder``, ``buckets`` and ``index_limits`` only when present)."""
+        """The manifest as written to disk (``decoder``, ``buckets``, ``index_limits`` and ``left_out`` only when
+        present)."""
         skip = {k for k in ("decoder", "buckets", "index_limits") if getattr(self, k) is None}
+        skip |= set() if self.left_out else {"left_out"}
         return self.model_dump(by_alias=True, exclude=skip)
 
 

@@ -63,6 +63,11 @@ DECODER_OPTIONS = ("window", "prefetch", "page_from", "scheme", "segments", "pre
 SERVE_CORE_MASKS = ("0", "1", "2", "0_1", "0_1_2", "auto")
 
 
+#: the files beside an artifact that only the simulator reads (toolkit.sidecar, toolkit.source_model)
+SIMULATION_SUFFIXES = (".src.tar", ".src.onnx")
+BOARD_ONLY = "a bundle deployed with --board-only leaves them out: deploy again without it to run it here"
+
+
 class RknnBackend(Backend):
     name = "rknn"
     tensors = Tensors(
@@ -87,6 +92,11 @@ class RknnBackend(Backend):
     def mode(self) -> str:
         """"board" (rknn-toolkit-lite2 on an RK3588) or "simulator" (rknn-toolkit2 on a PC)."""
         return "board" if hw.is_board() else "simulator"
+
+    def simulation_files(self, bundle: Path) -> list[Path]:
+        """Each artifact's build inputs and source model (:func:`.toolkit.sidecar`, :func:`.toolkit.source_model`):
+        the simulator rebuilds from them, a board runs the ``.rknn`` alone."""
+        return sorted(f for f in bundle.rglob("*") if f.is_file() and f.name.endswith(SIMULATION_SUFFIXES))
 
     def paging_limit(self, device: str | None) -> PagingLimit | None:
         # Several simulator models do coexist in one process (checked with rknn-toolkit2 2.5.0: three
@@ -383,8 +393,8 @@ class RknnBackend(Backend):
         if not side.exists():
             raise InputError(
                 f"the rknn-toolkit2 simulator cannot run {artifact.name} by itself (it only simulates models it "
-                f"builds) and its build inputs {side.name} are missing; convert the ONNX again with edgeinfer, "
-                "or run the .rknn on a board"
+                f"builds) and its build inputs {side.name} are missing ({BOARD_ONLY}); or run the .rknn on a "
+                "board"
             )
         log = tk.log_path(artifact)
         sha = stamp.sha256_file(artifact)
@@ -424,6 +434,5 @@ def _place_source(artifact: Path, onnx: Path) -> None:
     source = tk.source_model(artifact)
     if not source.is_file():
         raise InputError(f"the rknn-toolkit2 simulator cannot rebuild {artifact.name}: its source model "
-                         f"{source.name} is missing; convert the ONNX again with edgeinfer, or run the .rknn on a "
-                         "board")
+                         f"{source.name} is missing ({BOARD_ONLY}); or run the .rknn on a board")
     onnx.symlink_to(source.resolve())
