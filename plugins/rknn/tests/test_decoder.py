@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -272,6 +273,18 @@ def test_deploy_of_the_test_llm_to_rk3588_writes_a_bundle_that_generates(tmp_pat
     assert g.returncode == 0, g.stderr
     ids = TextCodec(model_dir()).encode(PROMPTS[0])
     assert json.loads(g.stdout)["token_ids"] == reference_greedy(model_dir(), ids, 8)
+    # for the board alone: the cached conversion without the segments' simulator sources, which this PC then needs
+    slim = tmp_path / "board-only"
+    r = cli("deploy", str(model_dir()), "--board", "rk3588-8g", "--ctx", str(CTX), "-o", str(slim), "--json",
+            "--option", "decode_batches=1", "--board-only")
+    assert r.returncode == 0, r.stderr
+    left = json.loads(r.stdout)["left_out"]
+    assert left and sorted(left) == sorted(str(f.relative_to(out)) for f in out.rglob("*.src.*"))
+    assert not list(slim.rglob("*.src.*")) and cli("verify", str(slim)).returncode == 0
+    # a new process: this one keeps the models the golden check just built, which the simulator takes over
+    g = subprocess.run([sys.executable, "-m", "edgeinfer.cli", "generate", str(slim), "--prompt", PROMPTS[0],
+                        "--max-new-tokens", "2"], capture_output=True, text=True, timeout=600)
+    assert g.returncode == 2 and "--board-only" in g.stderr and g.stderr.count("\n") == 1
 
 
 def test_segments_follow_array_split_and_the_last_holds_the_head():
