@@ -56,6 +56,17 @@ def test_bad_input_one_line_exit_2(args, needle):
     assert len(lines) == 1 and needle in lines[0]
 
 
+def test_a_bundle_is_not_planned_again_and_the_line_says_what_to_plan(tmp_path):
+    """A bundle's directory (a manifest, no config.json): one line naming the recorded plan and the command."""
+    bundle = tmp_path / "tiny-bundle"
+    bundle.mkdir()
+    (bundle / "manifest.json").write_text(json.dumps({"schema": "edgeinfer.bundle/1", "plan": {}}))
+    r = run("plan", str(bundle), "--board", "host")
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert r.exit_code == 2 and r.stdout == "" and len(lines) == 1
+    assert "is a bundle" in lines[0] and "edgeinfer plan MODEL --board BOARD" in lines[0]
+
+
 def test_board_all_matrix_and_several_models():
     r = run("plan", "qwen3-0.6b", "qwen3-8b", "--board", "all", "--json")
     d = json.loads(r.stdout)

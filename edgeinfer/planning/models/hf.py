@@ -263,6 +263,10 @@ def read_config(path: Path) -> dict:
 def read_hf_dir(path: Path, name: str | None = None) -> ModelSpec:
     """A directory holding config.json (and optionally *.safetensors, sharded or not)."""
     cfg_path = path / "config.json"
+    if not cfg_path.is_file() and (path / "manifest.json").is_file():
+        raise ModelError(f"{path} is a bundle (edgeinfer deploy's output): the plan it was built with is in its "
+                         "manifest.json (\"plan\")", "plan the model it was deployed from: edgeinfer plan MODEL "
+                         "--board BOARD")
     if not cfg_path.is_file():
         raise ModelError(f"{path}: no config.json in this directory",
                          "pass a Hugging Face model directory, a .gguf, .onnx or .safetensors file")
