@@ -128,6 +128,22 @@ def test_doctor_reports_an_unwritable_cache_with_a_fix(tmp_path: Path) -> None:
     assert "EDGEINFER_CACHE_DIR" in writable.fix
 
 
+def test_doctor_shows_the_cache_bound_and_fails_a_bad_one(tmp_path: Path, monkeypatch) -> None:
+    from edgeinfer.run.doctor import cache_bound_check
+
+    monkeypatch.setenv("EDGEINFER_CACHE_DIR", str(tmp_path))
+    (tmp_path / "deploy" / "e1").mkdir(parents=True)
+    (tmp_path / "deploy" / "e1" / "model.bin").write_bytes(b"x" * 3_000_000)
+    monkeypatch.setenv("EDGEINFER_CACHE_MAX_GB", "2.5")
+    ok = cache_bound_check()
+    assert ok.status == "ok" and "conversions 0.0 GB of 2.5 GB" in ok.found
+    monkeypatch.setenv("EDGEINFER_CACHE_MAX_GB", "off")
+    assert "no bound" in cache_bound_check().found
+    monkeypatch.setenv("EDGEINFER_CACHE_MAX_GB", "twenty")
+    bad = cache_bound_check()
+    assert bad.status == "fail" and "'twenty'" in bad.found and "EDGEINFER_CACHE_MAX_GB=50" in bad.fix
+
+
 def test_python_and_plugin_checks() -> None:
     old = python_check((3, 9, 18))
     assert old.status == "fail" and "3.10" in old.fix

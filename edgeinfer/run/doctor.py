@@ -67,6 +67,22 @@ def cache_checks(root: Path) -> list[Check]:
     return [writable, space]
 
 
+def cache_bound_check() -> Check:
+    """The conversions against ``$EDGEINFER_CACHE_MAX_GB`` (a bad value fails here before a conversion ends)."""
+    from edgeinfer.contract import cache
+    from edgeinfer.errors import InputError
+
+    try:
+        limit = cache.max_bytes()
+    except InputError as e:
+        return Check("cache bound", "fail", e.message, e.hint or "")
+    held = cache.conversions_bytes() / 1e9
+    if limit is None:
+        return Check("cache bound", "ok", f"conversions {held:.1f} GB, no bound ({cache.MAX_ENV}=off)")
+    return Check("cache bound", "ok", f"conversions {held:.1f} GB of {limit / 1e9:g} GB ({cache.MAX_ENV}; the least "
+                                      "recently used go first)")
+
+
 def plugins_check(environ: dict[str, str] = os.environ) -> Check:  # type: ignore[assignment]
     raw = environ.get("EDGEINFER_PLUGINS")
     if raw is None:
@@ -82,7 +98,7 @@ def plugins_check(environ: dict[str, str] = os.environ) -> Check:  # type: ignor
 def environment_checks() -> list[Check]:
     from edgeinfer.contract import cache
 
-    return [python_check(), *cache_checks(cache.root()), plugins_check()]
+    return [python_check(), *cache_checks(cache.root()), cache_bound_check(), plugins_check()]
 
 
 def _backend_row(reg: Any, name: str, probe: bool) -> dict[str, Any]:
