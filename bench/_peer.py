@@ -192,6 +192,21 @@ def ratio_table(edgeinfer: dict, llamacpp: dict) -> dict:
     return table
 
 
+def round_ratios(edgeinfer: list[dict], llamacpp: list[dict], metric: str = "tok_s") -> dict[str, list[float]]:
+    """Per workload, edgeinfer ÷ llama.cpp of ``metric`` in each round (the two sides of a round ran back to back,
+    A B): how far one round's verdict can move from the median's on this machine."""
+    out: dict[str, list[float]] = {}
+    for workload in edgeinfer[0] if edgeinfer else []:
+        pairs = [(a[workload][metric], b[workload][metric]) for a, b in zip(edgeinfer, llamacpp)]
+        out[workload] = [round(x / y, 3) for x, y in pairs if y]
+    return out
+
+
+def settled(ratios: list[float], line: float = 1.0) -> bool:
+    """Whether every round is on the same side of ``line`` (a verdict no single round contradicts)."""
+    return bool(ratios) and (min(ratios) >= line or max(ratios) < line)
+
+
 def leading_agreement(reference_tokens: list[str], text: str) -> int:
     """How many of the reference's leading tokens (their text pieces) ``text`` reproduces in order."""
     pos = n = 0

@@ -284,9 +284,11 @@ def run_pair(name: str, pair: dict, rounds: int, threads: int, work: Path) -> di
                     "peak_files_once_bytes": servers[side].sampler.peak_files_once, "rounds": rows}
              for side, rows in per_round.items()}
     ratios = _peer.ratio_table(sides["edgeinfer"], sides["llamacpp"])
+    by_round = _peer.round_ratios(per_round["edgeinfer"], per_round["llamacpp"])
     return {"status": "ok", **pair, "model_path": str(model), "edgeinfer_target": str(target), "gguf_path": str(gguf),
-            "gguf_bytes": gguf.stat().st_size, **sides, "ratios": ratios, "quality": gate,
-            "goals": goals(name, ratios)}
+            "gguf_bytes": gguf.stat().st_size, **sides, "ratios": ratios, "round_ratios": by_round,
+            "quality": gate, "goals": goals(name, ratios),
+            "settled": {w: _peer.settled(by_round[w]) for w in ("c1", "c16") if w in by_round}}
 
 
 def goals(name: str, ratios: dict) -> dict:
@@ -304,8 +306,13 @@ def table(results: dict) -> str:
         if res["status"] != "ok":
             lines.append(f"| {name} | {res['status']}: {res['reason'][:90]} |" + " |" * 7)
             continue
-        r = res["ratios"]
-        lines.append(f"| {name} (vs {res['gguf']}) | {r['c1']['tok_s']} | {r['c4']['tok_s']} | {r['c16']['tok_s']} | "
+        r, spread = res["ratios"], res.get("round_ratios", {})
+
+        def tok(w: str) -> str:  # the median, and the rounds' range when there were several
+            xs = spread.get(w, [])
+            return f"{r[w]['tok_s']}" + (f" ({min(xs)}–{max(xs)})" if len(xs) > 1 else "")
+
+        lines.append(f"| {name} (vs {res['gguf']}) | {tok('c1')} | {r['c4']['tok_s']} | {tok('c16')} | "
                      f"{r['single128']['tok_s']} | {r['c16']['ttft_ms_p50']} | {r['c16']['tpot_ms']} | "
                      f"{r['peak_rss']} | {r.get('peak_files_once', '')} |")
     return "\n".join(lines)

@@ -45,6 +45,15 @@ def test_median_over_rounds_and_ratio_table() -> None:
     assert ratios["peak_rss"] == 1.5 and ratios["peak_files_once"] == 1.2
 
 
+def test_round_ratios_pair_each_round_and_settled_needs_every_round_on_one_side() -> None:
+    ours = [{"c1": _summary(10, 100, 120, 50)}, {"c1": _summary(12, 90, 110, 40)}]
+    theirs = [{"c1": _summary(8, 45, 220, 90)}, {"c1": _summary(16, 45, 220, 90)}]
+    assert peer.round_ratios(ours, theirs) == {"c1": [1.25, 0.75]}
+    assert peer.round_ratios(ours, theirs, "ttft_ms_p50") == {"c1": [2.222, 2.0]}
+    assert not peer.settled([1.25, 0.75]) and peer.settled([1.0, 1.3]) and peer.settled([0.7, 0.99])
+    assert not peer.settled([])
+
+
 def test_leading_agreement_counts_reference_tokens_in_order() -> None:
     ref = [" the", " river", " city", " at", " dawn"]
     assert peer.leading_agreement(ref, " the river city at dawn and more") == 5
