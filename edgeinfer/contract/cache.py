@@ -290,11 +290,11 @@ def _remove(e: Path, dry_run: bool = False) -> int | None:
         if not held:
             return None
         size = files.disk_bytes(e)
-        if not dry_run:
+        if not dry_run:  # an error is raised, not ignored: the bytes counted must be the bytes freed
             if e.is_dir() and not e.is_symlink():
-                shutil.rmtree(e, ignore_errors=True)
+                shutil.rmtree(e)
             else:
-                e.unlink(missing_ok=True)
+                e.unlink()
         return size
 
 
@@ -346,10 +346,18 @@ def bound(keep: Path | None = None) -> dict[str, Any] | None:
     if limit is None or total <= limit:
         return None
     before, removed = total, []
+    kept = None if keep is None else keep.resolve()
     for e in sorted((e for n in REBUILT for e in entries(n)), key=_mtime):
         if total <= limit:
             break
-        if keep is not None and e == keep or _remove(e) is None:
+        if e.resolve() == kept:
+            continue
+        try:
+            if _remove(e) is None:  # being built
+                continue
+        except OSError as err:  # not ours to remove (permissions): the build that called this still stands
+            print(f"edgeinfer: could not remove cache entry {e}: {err}", file=sys.stderr)
+            total = conversions_bytes()
             continue
         removed.append(str(e))
         total = conversions_bytes()

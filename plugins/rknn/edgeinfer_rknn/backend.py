@@ -65,7 +65,8 @@ SERVE_CORE_MASKS = ("0", "1", "2", "0_1", "0_1_2", "auto")
 
 #: the files beside an artifact that only the simulator reads (toolkit.sidecar, toolkit.source_model)
 SIMULATION_SUFFIXES = (".src.tar", ".src.onnx")
-BOARD_ONLY = "a bundle deployed with --board-only leaves them out: deploy again without it to run it here"
+BOARD_ONLY = ("convert the ONNX again with edgeinfer; a bundle deployed with --board-only leaves them out: deploy it "
+              "again without the flag")
 
 
 class RknnBackend(Backend):
@@ -393,7 +394,7 @@ class RknnBackend(Backend):
         if not side.exists():
             raise InputError(
                 f"the rknn-toolkit2 simulator cannot run {artifact.name} by itself (it only simulates models it "
-                f"builds) and its build inputs {side.name} are missing ({BOARD_ONLY}); or run the .rknn on a "
+                f"builds) and its build inputs {side.name} are missing ({BOARD_ONLY}), or run the .rknn on a "
                 "board"
             )
         log = tk.log_path(artifact)
@@ -434,5 +435,5 @@ def _place_source(artifact: Path, onnx: Path) -> None:
     source = tk.source_model(artifact)
     if not source.is_file():
         raise InputError(f"the rknn-toolkit2 simulator cannot rebuild {artifact.name}: its source model "
-                         f"{source.name} is missing ({BOARD_ONLY}); or run the .rknn on a board")
+                         f"{source.name} is missing ({BOARD_ONLY}), or run the .rknn on a board")
     onnx.symlink_to(source.resolve())
