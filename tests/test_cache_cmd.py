@@ -165,3 +165,20 @@ def test_a_bad_bound_is_one_clear_line_and_the_build_stays(root, monkeypatch, ca
     assert cache.intact(root / "deploy" / "new")
     r = run_cli(capfd, "cache", "--json")
     assert r.returncode == 2 and cache.MAX_ENV in r.stdout
+
+
+def test_an_entry_removed_by_another_process_meanwhile_is_no_error(root, monkeypatch):
+    gone = root / "deploy" / "0123abcd"
+    real_entries = cache.entries
+
+    def entries_then_removed(name):  # listed, then removed by someone else before this process gets to it
+        found = real_entries(name)
+        if gone in found:
+            import shutil
+
+            shutil.rmtree(gone)
+        return found
+
+    monkeypatch.setattr(cache, "entries", entries_then_removed)
+    result = cache.clear(["deploy"])
+    assert result["busy"] == [] and not gone.exists() and not (root / "deploy" / "onnx").exists()

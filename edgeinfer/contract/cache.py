@@ -289,6 +289,8 @@ def _remove(e: Path, dry_run: bool = False) -> int | None:
     with locked(e, wait=False) as held:
         if not held:
             return None
+        if not e.exists() and not e.is_symlink():  # another process removed it meanwhile
+            return 0
         size = files.disk_bytes(e)
         if not dry_run:  # an error is raised, not ignored: the bytes counted must be the bytes freed
             if e.is_dir() and not e.is_symlink():
