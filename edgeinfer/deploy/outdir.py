@@ -64,9 +64,11 @@ def leave_out_simulation(work: Path, backend: Any, manifest: Any) -> None:
 
     root = work.resolve()
     gone = backend.simulation_files(work)
-    outside = [f for f in gone if not f.resolve().is_relative_to(root) or not f.is_file()]
-    if outside:  # a plugin's bug: never remove what is not a file of this bundle
-        raise ValueError(f"backend {backend.name} names {outside[0]} as a simulator file of {work}: not a file in it")
+    runs = {(work / a).resolve() for a in manifest.artifacts} | {root / bundle_mod.MANIFEST}
+    wrong = [f for f in gone if not f.resolve().is_relative_to(root) or not f.is_file() or f.resolve() in runs]
+    if wrong:  # a plugin's bug: never remove what is not a file of this bundle, nor what the board runs
+        raise ValueError(f"backend {backend.name} names {wrong[0]} as a file only its simulator reads: it is not a "
+                         f"file of {work}, or it is one the board runs")
     for f in gone:
         f.unlink()
     manifest.left_out = sorted(f.resolve().relative_to(root).as_posix() for f in gone)
