@@ -270,6 +270,9 @@ def verify(ctx: click.Context, bundle_dir: Path, reseal: bool, as_json: bool) ->
             click.echo(f"  {rel} is not recorded in the manifest")
         for rel in r["resealed"]:
             click.echo(f"  {rel} recorded (--reseal)")
+        if r["left_out"]:
+            click.echo(f"  deployed --board-only: {len(r['left_out'])} files only the converting machine's simulator "
+                       "reads were left out; it runs on the board")
         for req in r["requires"]:
             if req["installed"]:
                 click.echo(f"  runs with {req['requirement']}: installed")

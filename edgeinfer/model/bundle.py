@@ -407,4 +407,4 @@ def verify(path: str | Path, reseal: bool = False) -> dict[str, Any]:
     requires = packages.check(manifest.requires)
     return {"bundle": str(p), "ok": not (problems or links or extra), "files": len(manifest.files), "bytes": size,
             "problems": problems, "outside_links": links, "unrecorded": extra, "resealed": resealed,
-            "requires": requires, "installed": all(r["installed"] for r in requires)}
+            "requires": requires, "installed": all(r["installed"] for r in requires), "left_out": manifest.left_out}
