@@ -323,6 +323,17 @@ class BackendConformance:
         assert files[0] == art and all(f.is_file() for f in files), files
         assert not any(f.name.endswith(".stamp.json") for f in files), "the stamp is not part of the model"
 
+    def test_simulation_files_lie_beside_the_artifact_and_spare_what_the_board_runs(self, kit: _Kit,
+                                                                                    backend: Backend) -> None:
+        """What ``deploy --board-only`` would leave out of a folder holding the artifact: files in that folder, never
+        the artifact, its weight files or its stamp."""
+        art = kit.artifact("mlp")
+        named = backend.simulation_files(art.parent)
+        runs = {f.resolve() for f in backend.artifact_files(art)} | {stamp.stamp_path(art).resolve()}
+        for f in named:
+            assert f.is_file() and f.resolve().is_relative_to(art.parent.resolve()), f"{f}: not a file in the folder"
+            assert f.resolve() not in runs, f"{f} is what the board runs"
+
     def test_paging_limit_is_well_formed(self, backend: Backend) -> None:
         limit = backend.paging_limit(self.device)
         if limit is None:
