@@ -182,3 +182,25 @@ def test_an_entry_removed_by_another_process_meanwhile_is_no_error(root, monkeyp
     monkeypatch.setattr(cache, "entries", entries_then_removed)
     result = cache.clear(["deploy"])
     assert result["busy"] == [] and not gone.exists() and not (root / "deploy" / "onnx").exists()
+
+
+def test_processes_building_at_once_under_a_small_bound_all_finish(root, monkeypatch):
+    """Four processes each build an entry of a MiB at once with room for two: every build succeeds (a concurrent
+    bound passes over an entry being built: its temporary and its lock) and leaves nothing held."""
+    import subprocess
+    import sys
+
+    monkeypatch.setenv(cache.MAX_ENV, str(2.5 * MIB / 1e9))
+    code = ("import os, sys\nfrom pathlib import Path\nfrom edgeinfer.contract import cache\n"
+            "e = cache.area('artifacts') / 'onnxruntime' / sys.argv[1]\n"
+            "cache.fill(e, lambda d: (d / 'm.bin').write_bytes(os.urandom(1 << 20)))\n")
+    procs = [subprocess.Popen([sys.executable, "-c", code, f"p{i}"], stderr=subprocess.PIPE, text=True)
+             for i in range(4)]
+    errs = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0, 0], errs
+    assert any("least recently used" in e for e in errs)
+    # builds that end together may each pass over the other's entry (held): nothing is left held or half-built,
+    # so the next bound fits
+    assert not list(root.rglob("*.tmp*")) and not (root / "locks").exists()
+    cache.bound()
+    assert cache.conversions_bytes() <= cache.max_bytes()

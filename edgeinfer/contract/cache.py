@@ -237,20 +237,26 @@ def areas() -> list[str]:
     return sorted(p.name for p in base.iterdir() if p.is_dir() and p.name != "locks") if base.is_dir() else []
 
 
+def _listing(folder: Path) -> list[Path]:
+    """``folder``'s contents, sorted; none when another process removed it meanwhile (its last entry cleared)."""
+    try:
+        return sorted(folder.iterdir())
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
 def _holders(name: str) -> list[Path]:
     """The folders of area ``name`` that hold its entries: the area, or its backends' folders; ``deploy/onnx``."""
     base = area(name)
     if name in _BY_BACKEND:
-        return sorted(p for p in base.iterdir() if p.is_dir())
+        return [p for p in _listing(base) if p.is_dir()]
     return [base, base / "onnx"] if name == "deploy" and (base / "onnx").is_dir() else [base]
 
 
 def entries(name: str) -> list[Path]:
     """The entries of area ``name``: what one build makes and one lock guards (``deploy/onnx/`` holds the
     reference exports, one entry each)."""
-    if not area(name).is_dir():
-        return []
-    return [e for h in _holders(name) for e in sorted(h.iterdir()) if e != area("deploy") / "onnx"]
+    return [e for h in _holders(name) for e in _listing(h) if e != area("deploy") / "onnx"]
 
 
 def usage() -> list[dict[str, Any]]:
