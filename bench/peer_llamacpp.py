@@ -332,7 +332,11 @@ def plot(results: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(max(8, 2.2 * len(ok)), 4.5))
     width = 0.8 / (len(bars) + 1)
     for i, (w, m) in enumerate(bars):
-        ax.bar([k + i * width for k in range(len(ok))], [r["ratios"][w][m] for r in ok.values()], width,
+        mid = [r["ratios"][w][m] for r in ok.values()]
+        spread = [r.get("round_ratios", {}).get(w, []) if m == "tok_s" else [] for r in ok.values()]
+        err = [[x - min(xs) if xs else 0 for x, xs in zip(mid, spread)],  # the rounds' range around the median
+               [max(xs) - x if xs else 0 for x, xs in zip(mid, spread)]]
+        ax.bar([k + i * width for k in range(len(ok))], mid, width, yerr=err if any(spread) else None, capsize=2,
                label=f"{w} {m}")
     ax.bar([k + len(bars) * width for k in range(len(ok))], [r["ratios"]["peak_rss"] for r in ok.values()], width,
            label="peak RSS", color="grey")
@@ -340,8 +344,8 @@ def plot(results: dict, path: Path) -> None:
     ax.axhline(1.2, color="grey", lw=0.8, ls="--")
     ax.set_xticks([k + 0.4 for k in range(len(ok))], [f"{n}\nvs {r['gguf']}" for n, r in ok.items()], fontsize=8)
     ax.set_ylabel("edgeinfer ÷ llama.cpp")
-    ax.set_title("edgeinfer serve vs llama-server on this CPU\n(tok/s above 1: edgeinfer ahead; TTFT, RSS below 1: "
-                 "edgeinfer ahead)", fontsize=10)
+    ax.set_title("edgeinfer serve vs llama-server on this CPU, medians (tok/s whiskers: the rounds' range)"
+                 "\n(tok/s above 1: edgeinfer ahead; TTFT, RSS below 1: edgeinfer ahead)", fontsize=10)
     ax.legend(fontsize=7, ncol=3)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
