@@ -204,3 +204,24 @@ def test_processes_building_at_once_under_a_small_bound_all_finish(root, monkeyp
     assert not list(root.rglob("*.tmp*")) and not (root / "locks").exists()
     cache.bound()
     assert cache.conversions_bytes() <= cache.max_bytes()
+
+
+def test_clear_to_a_size_removes_the_least_recently_used_first_and_dry_run_removes_nothing(root, capfd):
+    for e in (root / "deploy" / "onnx" / "fedc4321", root / "artifacts" / "onnxruntime" / "99aa"):
+        (e / "model.onnx").write_bytes(os.urandom(MIB))  # a MiB each, as the bundle
+    _aged(root / "deploy" / "0123abcd", 30)
+    _aged(root / "deploy" / "onnx" / "fedc4321", 20)
+    _aged(root / "artifacts" / "onnxruntime" / "99aa", 10)
+    to = str(1.5 * MIB / 1e9)  # room for one of the three
+    r = run_cli(capfd, "cache", "clear", "--to", to, "--dry-run", "--json")
+    out = json.loads(r.stdout)
+    assert r.returncode == 0 and out["dry_run"] and len(out["removed"]) == 2
+    assert (root / "deploy" / "0123abcd").is_dir() and (root / "deploy" / "onnx" / "fedc4321").is_dir()
+    r = run_cli(capfd, "cache", "clear", "--to", to)
+    assert r.returncode == 0 and "removed 2 least recently used conversions" in r.stdout
+    assert not (root / "deploy" / "0123abcd").exists() and not (root / "deploy" / "onnx").exists()
+    assert (root / "artifacts" / "onnxruntime" / "99aa").is_dir() and cache.conversions_bytes() <= 1.5 * MIB
+    assert (root / "test-llm" / "qwen3-random").is_dir()  # not a conversion
+    for bad in (["--to", "-1"], ["--to", "1", "deploy"], ["--to", "1", "--older-than", "3"]):
+        r = run_cli(capfd, "cache", "clear", *bad)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--to" in r.stderr

@@ -53,11 +53,21 @@ def _render(d: dict[str, Any]) -> None:
 @click.argument("areas", nargs=-1)
 @click.option("--older-than", "older_than", type=click.FloatRange(min=0), default=None, metavar="DAYS",
               help="Only entries not built or used in the last DAYS days.")
+@click.option("--to", "to_gb", type=float, default=None, metavar="GB",
+              help="Only the least recently used conversions, until they take at most GB (10^9 bytes) on disk.")
 @click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print only JSON.")
-def clear_cmd(areas: tuple[str, ...], older_than: float | None, dry_run: bool, as_json: bool) -> None:
+def clear_cmd(areas: tuple[str, ...], older_than: float | None, to_gb: float | None, dry_run: bool,
+              as_json: bool) -> None:
     """Remove the cached conversions (areas deploy, artifacts, paged: rebuilt when next needed), or the AREAS named
     (`edgeinfer cache` lists them). An entry a running process is building is left alone."""
+    if to_gb is not None:
+        if areas or older_than is not None:
+            raise InputError("--to shrinks the conversions to a size: give it without AREAS and --older-than")
+        if not 0 <= to_gb < float("inf"):
+            raise InputError(f"--to is a size in GB, 0 or more; got {to_gb:g}")
+        emit(cache.shrink(int(to_gb * 10**9), dry_run=dry_run), as_json, _render_shrunk)
+        return
     present = cache.areas()
     unknown = [a for a in areas if a not in present]
     if unknown:
@@ -75,3 +85,13 @@ def _render_cleared(r: dict[str, Any]) -> None:
                f"{_mb(r['freed_bytes'])}")
     for b in r["busy"]:
         click.echo(f"left {b}: a running process is building it", err=True)
+
+
+def _render_shrunk(r: dict[str, Any]) -> None:
+    verb = "would remove" if r["dry_run"] else "removed"
+    click.echo(f"{verb} {len(r['removed'])} least recently used conversions, {_mb(r['freed_bytes'])}: "
+               f"{_mb(r['bytes'])} {'would be' if r['dry_run'] else 'are'} left (--to {_mb(r['max_bytes'])})")
+    for b in r["busy"]:
+        click.echo(f"left {b}: a running process is building it", err=True)
+    for e, err in r["failed"]:
+        click.echo(f"could not remove {e}: {err}", err=True)

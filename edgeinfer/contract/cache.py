@@ -344,16 +344,31 @@ def conversions_bytes() -> int:
 
 
 def bound(keep: Path | None = None) -> dict[str, Any] | None:
-    """Keep the conversions under :func:`max_bytes`: remove their least recently built or used entries (an entry's
-    folder time, :func:`intact`) but ``keep`` and any a running process is building, until they fit. Says on
+    """Keep the conversions under :func:`max_bytes` (:func:`shrink`), ``keep`` aside: what a build calls. Says on
     stderr what it removed; returns that (None when nothing was over)."""
     import sys
 
     limit = max_bytes()
-    total = conversions_bytes() if limit is not None else 0
-    if limit is None or total <= limit:
+    if limit is None or conversions_bytes() <= limit:
         return None
-    before, removed = total, []
+    r = shrink(limit, keep)
+    for e, err in r["failed"]:  # not ours to remove (permissions): the build that called this still stands
+        print(f"edgeinfer: could not remove cache entry {e}: {err}", file=sys.stderr)
+    over = "" if r["bytes"] <= limit else "; still over: the rest is in use or the entry just built"
+    print(f"edgeinfer: the conversion cache was over {MAX_ENV}={limit / 1e9:g}: removed {len(r['removed'])} least "
+          f"recently used entries, {r['freed_bytes'] / 1e9:.2f} GB ({r['bytes'] / 1e9:.2f} GB now{over})",
+          file=sys.stderr)
+    return r
+
+
+def shrink(limit: int, keep: Path | None = None, dry_run: bool = False) -> dict[str, Any]:
+    """Remove the conversions' least recently built or used entries (an entry's folder time, :func:`intact`) until
+    they take at most ``limit`` bytes on disk, passing over ``keep`` and any entry a running process is building
+    (``busy``) or that cannot be removed (``failed``). ``dry_run``: what would go (freed bytes counted per entry)."""
+    total = before = conversions_bytes()
+    removed: list[str] = []
+    busy: list[str] = []
+    failed: list[tuple[str, str]] = []
     kept = None if keep is None else keep.resolve()
     for e in sorted((e for n in REBUILT for e in entries(n)), key=_mtime):
         if total <= limit:
@@ -361,20 +376,21 @@ def bound(keep: Path | None = None) -> dict[str, Any] | None:
         if e.resolve() == kept:
             continue
         try:
-            if _remove(e) is None:  # being built
-                continue
-        except OSError as err:  # not ours to remove (permissions): the build that called this still stands
-            print(f"edgeinfer: could not remove cache entry {e}: {err}", file=sys.stderr)
+            size = _remove(e, dry_run)
+        except OSError as err:
+            failed.append((str(e), str(err)))
             total = conversions_bytes()
             continue
+        if size is None:
+            busy.append(str(e))
+            continue
         removed.append(str(e))
-        total = conversions_bytes()
-    for n in REBUILT:
-        _drop_empty_holders(n)
-    over = "" if total <= limit else "; still over: the rest is in use or the entry just built"
-    print(f"edgeinfer: the conversion cache was over {MAX_ENV}={limit / 1e9:g}: removed {len(removed)} least "
-          f"recently used entries, {(before - total) / 1e9:.2f} GB ({total / 1e9:.2f} GB now{over})", file=sys.stderr)
-    return {"removed": removed, "freed_bytes": before - total, "bytes": total, "max_bytes": limit}
+        total = total - size if dry_run else conversions_bytes()
+    if not dry_run:
+        for n in REBUILT:
+            _drop_empty_holders(n)
+    return {"removed": removed, "busy": busy, "failed": failed, "freed_bytes": before - total, "bytes": total,
+            "max_bytes": limit, "dry_run": dry_run}
 
 
 def _mtime(e: Path) -> float:
