@@ -1,6 +1,6 @@
 """``deploy --board-only``'s step on a finished bundle (``edgeinfer.deploy.outdir.leave_out_simulation``): what a
-backend's ``simulation_files`` names leaves the bundle, the manifest names it and the rest stays sealed; a backend
-that names a file the board runs, or one outside the bundle, removes nothing. The end-to-end deploys are in
+backend's ``simulation_files`` names leaves the bundle and the manifest names it (deploy then seals the rest); a
+backend that names a file the board runs, or one outside the bundle, removes nothing. The end-to-end deploys are in
 tests/test_deploy.py (MiniLM, RKNN simulator) and plugins/rknn/tests/test_decoder.py (a decoder)."""
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ def bundle(tiny_qwen3_host_bundle, tmp_path) -> Path:
 def test_named_files_leave_the_bundle_which_stays_sealed(bundle):
     manifest = bundle_mod.Bundle.open(bundle).manifest
     leave_out_simulation(bundle, NamesFiles("decoder/extra.src.onnx"), manifest)
+    bundle_mod.write(bundle, manifest)  # as deploy does next: the manifest seals what is left
     assert not (bundle / "decoder" / "extra.src.onnx").exists()
     on_disk = bundle_mod.Bundle.open(bundle, verify="full").manifest
     assert on_disk.left_out == ["decoder/extra.src.onnx"] and "decoder/extra.src.onnx" not in on_disk.files

@@ -349,9 +349,10 @@ def bound(keep: Path | None = None) -> dict[str, Any] | None:
     import sys
 
     limit = max_bytes()
-    if limit is None or conversions_bytes() <= limit:
+    total = conversions_bytes() if limit is not None else 0
+    if limit is None or total <= limit:
         return None
-    r = shrink(limit, keep)
+    r = shrink(limit, keep, total=total)
     for e, err in r["failed"]:  # not ours to remove (permissions): the build that called this still stands
         print(f"edgeinfer: could not remove cache entry {e}: {err}", file=sys.stderr)
     over = "" if r["bytes"] <= limit else "; still over: the rest is in use or the entry just built"
@@ -361,11 +362,12 @@ def bound(keep: Path | None = None) -> dict[str, Any] | None:
     return r
 
 
-def shrink(limit: int, keep: Path | None = None, dry_run: bool = False) -> dict[str, Any]:
+def shrink(limit: int, keep: Path | None = None, dry_run: bool = False, total: int | None = None) -> dict[str, Any]:
     """Remove the conversions' least recently built or used entries (an entry's folder time, :func:`intact`) until
     they take at most ``limit`` bytes on disk, passing over ``keep`` and any entry a running process is building
-    (``busy``) or that cannot be removed (``failed``). ``dry_run``: what would go (freed bytes counted per entry)."""
-    total = before = conversions_bytes()
+    (``busy``) or that cannot be removed (``failed``). ``dry_run``: what would go (freed bytes counted per entry).
+    ``total``: the conversions' bytes, when the caller has just measured them."""
+    total = before = conversions_bytes() if total is None else total
     removed: list[str] = []
     busy: list[str] = []
     failed: list[tuple[str, str]] = []

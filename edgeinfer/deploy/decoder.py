@@ -207,9 +207,9 @@ def deploy_decoder(
         manifest = make_manifest(work, hf_dir, sha, b, backend, scheme, context, report, plan, runtime)
         if paged:
             manifest.decoder["paging"] = decoder_paging.manifest_section(paged, plan)
-        bundle_mod.write(work, manifest)
         if board_only:
             outdir.leave_out_simulation(work, backend, manifest)
+        bundle_mod.write(work, manifest)
         outdir.replace_dir(work, out_dir)
     return DecoderDeployResult(out_dir, manifest, report, cached, warnings, dict(progress.timings), speed, notes)
 

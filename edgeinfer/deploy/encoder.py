@@ -331,6 +331,7 @@ def deploy(
                 files.link_duplicates(work)  # an entry cached before bundles kept one copy of equal files
             if board_only:
                 outdir.leave_out_simulation(work, backend, manifest)
+                bundle_mod.write(work, manifest)
             outdir.replace_dir(work, out_dir)
     return DeployResult(out_dir, manifest, manifest.golden or {}, cached, warnings, dict(progress.timings))
 

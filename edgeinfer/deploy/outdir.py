@@ -57,9 +57,9 @@ class DryRun:
 
 
 def leave_out_simulation(work: Path, backend: Any, manifest: Any) -> None:
-    """``deploy --board-only``: take out of the finished bundle in ``work`` the files only the backend's simulator on
-    this machine reads (:meth:`~edgeinfer.contract.backend.Backend.simulation_files`), name them in the manifest's
-    ``left_out`` and seal the rest again."""
+    """``deploy --board-only``: take out of the bundle in ``work`` the files only the backend's simulator on this
+    machine reads (:meth:`~edgeinfer.contract.backend.Backend.simulation_files`) and name them in the manifest's
+    ``left_out``; the caller then writes the manifest (which seals what is left)."""
     from edgeinfer.model import bundle as bundle_mod
 
     root = work.resolve()
@@ -72,7 +72,6 @@ def leave_out_simulation(work: Path, backend: Any, manifest: Any) -> None:
     for f in gone:
         f.unlink()
     manifest.left_out = sorted(f.resolve().relative_to(root).as_posix() for f in gone)
-    bundle_mod.write(work, manifest)
 
 
 def tmp_parent(out_dir: Path) -> Path:
