@@ -1,5 +1,6 @@
 """edgeinfer.contract.pages: the resident pages of a read-only file mapping are dropped and read back intact; a
-writable mapping, and files the path does not name, are left alone."""
+writable mapping, and files the path does not name, are left alone. Resident anonymous memory is put on huge
+pages with its bytes and RSS unchanged; a sparse stretch is not filled."""
 
 from __future__ import annotations
 
@@ -68,4 +69,74 @@ def test_dropping_drops_while_the_block_runs_and_after(weights):
         assert resident(weights) < SIZE // 8
         m[:: 4096]
     assert resident(weights) < SIZE // 8
+    m.close()
+
+
+def _kernel_collapses() -> bool:
+    """MADV_COLLAPSE needs Linux 6.1 and a kernel with transparent huge pages not set to "never"."""
+    import platform
+
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    version = tuple(int(x) for x in platform.release().split("-")[0].split(".")[:2])
+    return version >= (6, 1) and thp.exists() and "[never]" not in thp.read_text()
+
+
+collapses = pytest.mark.skipif(not _kernel_collapses(), reason="MADV_COLLAPSE: Linux >= 6.1 with THP not 'never'")
+
+
+def anonymous(size: int, touch_every: int) -> tuple[mmap.mmap, int]:
+    """A private anonymous mapping of ``size`` bytes, every ``touch_every``-th byte written; and its address."""
+    import ctypes
+
+    m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    for at in range(0, size, touch_every):
+        m[at] = (at // 4096) % 251 + 1
+    return m, ctypes.addressof(ctypes.c_char.from_buffer(m))
+
+
+def smaps_of(address: int) -> dict[str, int]:
+    """Rss and AnonHugePages (bytes) of the mapping of this process that holds ``address``."""
+    entry, out = False, {}
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()
+        if "-" in head[0] and ":" not in head[0]:
+            start, end = (int(x, 16) for x in head[0].split("-"))
+            if entry:
+                break
+            entry = start <= address < end
+        elif entry and head[0] in ("Rss:", "AnonHugePages:"):
+            out[head[0][:-1]] = int(head[1]) * 1024
+    return out
+
+
+@collapses
+def test_resident_anonymous_memory_is_put_on_huge_pages_and_keeps_its_bytes():
+    m, address = anonymous(32 << 20, 4096)
+    before = smaps_of(address)
+    collapsed = pages.collapse_resident()
+    after = smaps_of(address)
+    assert collapsed >= 28 << 20  # at least 14 of the 2 MiB-aligned stretches inside 32 MiB
+    assert after["AnonHugePages"] - before["AnonHugePages"] >= 28 << 20
+    assert after["Rss"] == before["Rss"]
+    assert all(m[at] == (at // 4096) % 251 + 1 for at in range(0, 32 << 20, 4096))
+    m.close()
+
+
+@collapses
+def test_a_sparse_stretch_is_left_alone_so_the_rss_does_not_grow():
+    m, address = anonymous(32 << 20, 8192)  # every other page never touched
+    before = smaps_of(address)
+    pages.collapse_resident()
+    after = smaps_of(address)
+    assert after["Rss"] == before["Rss"] == 16 << 20
+    assert after["AnonHugePages"] == before["AnonHugePages"]
+    m.close()
+
+
+def test_huge_pages_off_collapses_nothing(monkeypatch):
+    m, address = anonymous(32 << 20, 4096)
+    monkeypatch.setenv(pages.HUGE_PAGES_ENV, "off")
+    before = smaps_of(address)
+    assert pages.collapse_resident() == 0
+    assert smaps_of(address)["AnonHugePages"] == before["AnonHugePages"]
     m.close()

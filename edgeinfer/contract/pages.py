@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import sys
 import threading
 from collections.abc import Iterator
@@ -78,3 +79,48 @@ def dropping(path: Path, suffix: str = "", every_s: float = 0.02) -> Iterator[No
         stop.set()
         t.join()
         drop_mapped(path, suffix)
+
+
+MADV_COLLAPSE = 25  # Linux 6.1 (man 2 madvise)
+HUGE_PAGE = 2 << 20  # x86-64 and arm64 with 4 KiB pages: a PMD maps 2 MiB
+HUGE_PAGES_ENV = "EDGEINFER_HUGE_PAGES"  # "off" (or 0): leave the weights on the pages they were given
+
+
+def collapse_resident(min_bytes: int = HUGE_PAGE) -> int:
+    """madvise(MADV_COLLAPSE) every 2 MiB-aligned stretch of this process's private anonymous memory (the heap
+    and anonymous mappings, where a runtime holds the weights it packed) that is wholly resident; the bytes now
+    backed by huge pages (0 before Linux 6.1, off Linux, or where the kernel refused).
+
+    A weight matrix read once per token through 4 KiB pages costs a TLB miss every 4 KiB; through 2 MiB pages
+    one CPU core streams it faster (docs/generation.md, "Huge pages"). Only stretches whose every page is
+    already resident are collapsed (``mincore``), so the RSS does not grow: a sparse stretch would be filled
+    up to 2 MiB. The copy runs in the kernel, synchronously: about a second per 200 MB on this project's
+    machine, once, after the weights are loaded."""
+    if not sys.platform.startswith("linux") or os.environ.get(HUGE_PAGES_ENV, "").lower() in ("0", "off"):
+        return 0
+    try:
+        lines = Path("/proc/self/maps").read_text().splitlines()
+    except OSError:
+        return 0
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    pages = HUGE_PAGE // 4096
+    vec = ctypes.create_string_buffer(pages)
+    collapsed = 0
+    for line in lines:
+        f = line.split(maxsplit=5)
+        if f[1] != "rw-p" or (len(f) == 6 and f[5] != "[heap]"):  # private, writable, no file behind it
+            continue
+        start, end = (int(x, 16) for x in f[0].split("-"))
+        first, last = -(-start // HUGE_PAGE) * HUGE_PAGE, end // HUGE_PAGE * HUGE_PAGE
+        if last - first < min_bytes:
+            continue
+        for at in range(first, last, HUGE_PAGE):
+            if libc.mincore(at, HUGE_PAGE, vec) != 0 or not all(b & 1 for b in vec.raw):
+                continue
+            if libc.madvise(at, HUGE_PAGE, MADV_COLLAPSE) == 0:
+                collapsed += HUGE_PAGE
+            elif ctypes.get_errno() == 22:  # EINVAL: the kernel has no MADV_COLLAPSE
+                return collapsed
+    return collapsed

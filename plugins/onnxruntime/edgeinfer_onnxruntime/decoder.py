@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer.contract import OpTime, StepDecoder, cache, remote_code
+from edgeinfer.contract import OpTime, StepDecoder, cache, pages, remote_code
 from edgeinfer.contract.helpers import inside
 from edgeinfer.errors import BackendUnavailableError, InputError, ModelError
 
@@ -273,6 +273,7 @@ class OnnxRuntimeDecoder(StepDecoder):
         # ... escapes model directory", 1.26; plugins/onnxruntime/tests keep that true); the graph file is ours
         self._onnx = str(inside(model_dir, dec["filename"], f"{GENAI_CONFIG} model.decoder.filename"))
         self._sess = ort.InferenceSession(self._onnx, self._options(), providers=["CPUExecutionProvider"])
+        pages.collapse_resident()  # the weights onnxruntime packed at load, read once a token: on 2 MiB pages
         kv_type = check_graph(self._sess, model_dir / GENAI_CONFIG, cfg)
         # graphs converted before the LM head ran at one position per row give every position's logits
         self._last = LAST_INDEX in {i.name for i in self._sess.get_inputs()}

@@ -177,6 +177,7 @@ class GenAIDecoder(NativeDecoder):
                              device=device)
             if fam == "CPU":
                 self._pack_weights()
+                pages.collapse_resident()  # the packed weights, read once a token: on 2 MiB pages
         self.execution_devices = _npuw_devices(cfg.properties) if fam == "NPU" else [fam]
         self.kv_dtype = cfg.kv_dtype
         self.fallback = fallback_warning(device, self.execution_devices)
