@@ -37,7 +37,7 @@ PROMPT = "the river city morning village children market winter music garden sch
 
 
 def edgeinfer_bench(bundle: Path, setting: str) -> dict:
-    cmd = [sys.executable, "-m", "edgeinfer", "bench", str(bundle), "--prompt-lengths", "32", "--new-tokens", "64",
+    cmd = [sys.executable, "-m", "edgeinfer.cli", "bench", str(bundle), "--prompt-lengths", "32", "--new-tokens", "64",
            "--threads", "1", "--json"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True,
                          env={**os.environ, "EDGEINFER_HUGE_PAGES": setting})
@@ -54,7 +54,7 @@ def serve(bundle: Path, setting: str) -> dict:
         port = s.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "edgeinfer", "serve", str(bundle), "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "edgeinfer.cli", "serve", str(bundle), "--port", str(port),
                              "--threads", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env={**os.environ, "EDGEINFER_HUGE_PAGES": setting})
     try:
