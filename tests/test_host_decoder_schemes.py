@@ -5,6 +5,7 @@ decoder deploy and pass the decoder golden check."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -39,11 +40,10 @@ def _graph(bundle):
     return onnx.load(str(bundle / "decoder" / "model.onnx"), load_external_data=False)
 
 
-@pytest.mark.parametrize("quant, accuracy", [("fp16", 4), ("w8a16", 4), ("w8a8", 4), ("w4a8", 4)])
-def test_fp16_and_int8_decoders_deploy_for_host_and_pass_golden(tiny_qwen3_host_scheme_bundle, quant, accuracy):
+@pytest.mark.parametrize("quant, accuracy", [("w8a16", 4), ("w8a8", 4), ("w4a8", 4)])
+def test_int8_decoders_deploy_for_host_and_pass_golden(tiny_qwen3_host_scheme_bundle, quant, accuracy):
     """Deployed once per session (the shared fixture; the conversion cached across runs), golden-checked on
     every deploy."""
-    import onnx
 
     result = tiny_qwen3_host_scheme_bundle(quant)
     out = result.bundle
@@ -59,52 +59,114 @@ def test_fp16_and_int8_decoders_deploy_for_host_and_pass_golden(tiny_qwen3_host_
     # level 4: int8 activations in the kernel; block 128, the host's int8 block (MLAS's packed copy 1.06x the
     # int8 at 128 against 1.25x at 32: docs/planner.md#served-decoder-memory). w8a16: the same kernel over
     # each input's two int8 digits (int8_digits.py; onnxruntime has no fast 8-bit kernel for fp32 activations),
-    # its output's two halves added after it; w8a8 runs it on one digit. fp16: w8a16's nodes, each beside a
-    # node over its weight's residual plane on the undivided input (weight_planes.py), the two outputs added.
-    # w4a8: the builder's int4 (block 32, as llama.cpp's Q4_0)
-    bits, block = {"w8a16": (8, 128), "fp16": (8, 128), "w8a8": (8, 128), "w4a8": (4, 32)}[quant]
+    # its output's two halves added after it; w8a8 runs it on one digit. w4a8: the builder's int4 (block 32, as
+    # llama.cpp's Q4_0). fp16's two int8 planes (weight_planes.py): test_fp16_without_the_fp16_kernel_...
+    bits, block = {"w8a16": (8, 128), "w8a8": (8, 128), "w4a8": (4, 32)}[quant]
     assert attrs == {("bits", bits), ("accuracy_level", accuracy), ("block_size", block)}
     assert stamp.get("int8_block_size") == (None if quant == "w4a8" else 128)
     nodes = graph.graph.node
-    low = [n for n in ops if n.input[1].endswith("_lo")]
-    high = [n for n in ops if n not in low]
-    read = {n.input[0] for n in high}
+    read = {n.input[0] for n in ops}
     halves = {n.output[0]: n.input[0] for n in nodes if n.op_type == "Reshape"}  # seen as [2, -1]
     summed = {halves[n.input[1]] for n in nodes  # an output whose two halves are added: [1, 1] @ them
               if n.op_type == "MatMul" and n.input[1] in halves} & {n.output[0] for n in ops}
-    if quant in ("w8a16", "fp16"):
-        assert all(x.endswith("_digits") for x in read) and len(summed) == len(high)
+    if quant == "w8a16":
+        assert all(x.endswith("_digits") for x in read) and len(summed) == len(ops)
     else:
         assert not any(x.endswith("_digits") for x in read) and not summed
-    if quant == "fp16":
-        assert len(low) == len(high) and {n.input[0] + "_digits" for n in low} == read
-        adds = {frozenset(n.input) for n in nodes if n.op_type == "Add"}
-        pairs = {frozenset((lo.output[0].removesuffix("_lo") + "_hi", lo.output[0])) for lo in low}
-        assert pairs <= adds, "each weight's two planes' products are added"
-        assert {h.output[0] for h in high} == {lo.output[0].removesuffix("_lo") + "_hi_digits" for lo in low}
-    else:
-        assert not low
-    # the token embedding looked up in int8 blocks (fp16: fp16 rows, cast after the lookup), no fp32 table of
-    # vocabulary rows left in the file (the builder's is fp32 whatever the precision: embedding.py)
+    # the token embedding looked up in int8 blocks, no fp32 table of vocabulary rows left in the file (the
+    # builder's is fp32 whatever the precision: embedding.py)
     lookup = next(n for n in graph.graph.node if "input_ids" in n.input and "Gather" in n.op_type)
-    inits = {t.name: t for t in graph.graph.initializer}
-    if quant == "fp16":
-        assert lookup.op_type == "Gather" and inits[lookup.input[0]].data_type == onnx.TensorProto.FLOAT16
-        cast = next(n for n in nodes if n.input and n.input[0] == lookup.output[0])
-        assert cast.op_type == "Cast" and cast.attribute[0].i == onnx.TensorProto.FLOAT
-    else:
-        assert lookup.op_type == "GatherBlockQuantized" and lookup.domain == "com.microsoft"
+    assert lookup.op_type == "GatherBlockQuantized" and lookup.domain == "com.microsoft"
+    assert stamp["embedding"].startswith("int8, block ")
+    _graph_io_and_tables(out, graph)
+
+
+def _graph_io_and_tables(out, graph):
+    """No fp32 table of vocabulary rows left in the file; the step loop binds int64 ids and float32 logits
+    whatever the weights are; the KV cache is the plan's fp16."""
+    import onnx
+
     model = json.loads((out / "decoder" / "genai_config.json").read_text())["model"]
     table = sorted([model["vocab_size"], model["decoder"]["hidden_size"]])
     assert not [t.name for t in graph.graph.initializer
                 if t.data_type == onnx.TensorProto.FLOAT and sorted(t.dims) == table]
-    assert stamp["embedding"].startswith("fp16" if quant == "fp16" else "int8, block ")
-    # the step loop binds int64 ids and float32 logits whatever the weights are; the KV cache is the plan's fp16
     types = {v.name: v.type.tensor_type.elem_type for v in [*graph.graph.input, *graph.graph.output]}
     assert types["input_ids"] == onnx.TensorProto.INT64 and types["logits"] == onnx.TensorProto.FLOAT
     assert {t for n, t in types.items() if "key" in n or "value" in n} == {onnx.TensorProto.FLOAT16}
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["decoder"]["kv_dtype"] == manifest["plan"]["options"]["kv_dtype"] == "fp16"
+
+
+def _fp16_lookup(graph):
+    """fp16 rows looked up, then cast to fp32."""
+    import onnx
+
+    lookup = next(n for n in graph.graph.node if "input_ids" in n.input and "Gather" in n.op_type)
+    inits = {t.name: t for t in graph.graph.initializer}
+    assert lookup.op_type == "Gather" and inits[lookup.input[0]].data_type == onnx.TensorProto.FLOAT16
+    cast = next(n for n in graph.graph.node if n.input and n.input[0] == lookup.output[0])
+    assert cast.op_type == "Cast" and cast.attribute[0].i == onnx.TensorProto.FLOAT
+
+
+def test_fp16_deploys_on_the_fp16_kernel_and_passes_golden(tiny_qwen3_host_scheme_bundle):
+    """Where the CPU has AVX-512F and a C compiler is found (this project's machines), every MatMul over a
+    weight is an edgeinfer.MatMulF16 over the weight as fp16 panels of 32 columns (matmul_f16.py)."""
+    import onnx
+    from edgeinfer_onnxruntime import matmul_f16
+
+    if matmul_f16.unavailable():
+        pytest.skip(f"no fp16 kernel here: {matmul_f16.unavailable()}")
+    result = tiny_qwen3_host_scheme_bundle("fp16")
+    out = result.bundle
+    assert result.golden["passed"] is True and result.manifest.decoder["golden"]["passed"] is True
+    stamp = json.loads((out / "decoder.stamp.json").read_text())
+    assert stamp["scheme"] == "fp16" and "edgeinfer.MatMulF16" in stamp["then"]
+    graph = _graph(out)
+    inits = {t.name: t for t in graph.graph.initializer}
+    assert not [n.name for n in graph.graph.node if n.op_type in ("MatMul", "MatMulNBits") and n.input[1] in inits]
+    kernels = [n for n in graph.graph.node if n.op_type == "MatMulF16"]
+    cfg = json.loads((out / "decoder" / "genai_config.json").read_text())["model"]
+    # a layer: the builder's fused qkv, o, gate, up, down; and the LM head
+    assert len(kernels) == 5 * cfg["decoder"]["num_hidden_layers"] + 1
+    for n in kernels:
+        w = inits[n.input[1]]
+        cols = next(a.i for a in n.attribute if a.name == "n")
+        assert n.domain == "edgeinfer" and w.data_type == onnx.TensorProto.FLOAT16
+        assert w.dims[0] == -(-cols // 32) and w.dims[2] == 32
+    assert stamp["embedding"].startswith("fp16")
+    _fp16_lookup(graph)
+    _graph_io_and_tables(out, graph)
+
+
+def test_fp16_without_the_fp16_kernel_deploys_as_two_int8_planes_and_passes_golden(tmp_path):
+    """Where the op cannot be built (here: no C compiler, ``CC`` naming none), fp16 falls back to two int8 planes
+    a weight (weight_planes.py): w8a16's nodes, each beside a node over its weight's residual plane on the
+    undivided input, the two outputs added. In a new process: the conversion key reads the machine at import."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "planes"
+    env = {**os.environ, "CC": str(tmp_path / "no-such-cc")}
+    proc = subprocess.run([sys.executable, "-m", "edgeinfer.cli", "deploy", str(model_dir()), "--board", "host",
+                           "--quant", "fp16", "--ctx", str(DECODER_BUNDLE_CTX), "-o", str(out), "--json"],
+                          capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout)["golden"]["passed"] is True
+    stamp = json.loads((out / "decoder.stamp.json").read_text())
+    assert "second int8 plane" in stamp["then"] and "MatMulF16" not in stamp["then"]
+    graph = _graph(out)
+    nodes = graph.graph.node
+    ops = [n for n in nodes if n.op_type in ("MatMul", "MatMulNBits") and n.input[0] != "digits_ones"]
+    assert ops and all(n.op_type == "MatMulNBits" for n in ops) and not any(n.domain == "edgeinfer" for n in nodes)
+    low = [n for n in ops if n.input[1].endswith("_lo")]
+    high = [n for n in ops if n not in low]
+    assert len(low) == len(high) and {n.input[0] + "_digits" for n in low} == {n.input[0] for n in high}
+    adds = {frozenset(n.input) for n in nodes if n.op_type == "Add"}
+    pairs = {frozenset((lo.output[0].removesuffix("_lo") + "_hi", lo.output[0])) for lo in low}
+    assert pairs <= adds, "each weight's two planes' products are added"
+    assert {h.output[0] for h in high} == {lo.output[0].removesuffix("_lo") + "_hi_digits" for lo in low}
+    _fp16_lookup(graph)
+    _graph_io_and_tables(out, graph)
 
 
 def test_the_plans_kv_dtype_is_what_the_opened_decoder_allocates(tiny_qwen3_host_bundle):

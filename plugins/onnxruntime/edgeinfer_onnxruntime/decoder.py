@@ -37,6 +37,7 @@ from edgeinfer.contract import OpTime, StepDecoder, cache, pages, remote_code
 from edgeinfer.contract.helpers import inside
 from edgeinfer.errors import BackendUnavailableError, InputError, ModelError
 
+from . import matmul_f16
 from .blocks import CONVERSION_DEFAULTS, DEFAULT_BLOCK, INT8_BLOCK
 from .embedding import embedding_fp16, quantize_embedding
 from .kv_cache import kv_name, kv_to_fp16
@@ -120,7 +121,8 @@ def convert(hf_dir: Path, scheme: str, context: int, out: Path, group_size: int 
     cache in ``kv_dtype`` (:mod:`.kv_cache`)."""
     kv_dtype = kv_name(kv_dtype)
     precision, extra = SCHEMES[scheme.split("_g")[0]]
-    planes = scheme == "fp16"  # two int8 planes a weight (weight_planes.py)
+    kernel = scheme == "fp16" and matmul_f16.unavailable() is None  # fp16 weights read as such (matmul_f16.py)
+    planes = scheme == "fp16" and not kernel  # else two int8 planes a weight (weight_planes.py)
     int8 = scheme.startswith(("w8a16", "w8a8")) or planes
     block = group_size or (INT8_BLOCK if int8 else DEFAULT_BLOCK)
     if precision == "int4":
@@ -134,13 +136,15 @@ def convert(hf_dir: Path, scheme: str, context: int, out: Path, group_size: int 
     quantized = int8 or precision == "int4"
     kv16 = kv_dtype == "fp16"
     embedding = None
-    if quantized or kv16:
+    if quantized or kv16 or kernel:
         import onnx
 
         model = onnx.load(str(graph))
         ids = cfg["model"]["decoder"]["inputs"]["input_ids"]
-        if quantized:
-            embedding = embedding_fp16(model, ids) if planes else quantize_embedding(model, ids, INT8_BLOCK)
+        if kernel:
+            matmul_f16.use_kernel(model)
+        if quantized or kernel:
+            embedding = embedding_fp16(model, ids) if planes or kernel else quantize_embedding(model, ids, INT8_BLOCK)
         save(kv_to_fp16(model) if kv16 else model, graph)
     limit = int(cfg["model"]["context_length"])
     if context > limit:
@@ -152,6 +156,8 @@ def convert(hf_dir: Path, scheme: str, context: int, out: Path, group_size: int 
                              "precision": precision, "kv_dtype": kv_dtype}
     if precision == "int4":
         facts["int4_block_size"] = block
+    if kernel:
+        facts["then"] = f"fp16 weights, each MatMul an {matmul_f16.DOMAIN}.{matmul_f16.OP} (matmul_f16.py)"
     if int8:  # "precision": the builder's, before the steps below
         facts.update(int8_block_size=block, then="onnxruntime MatMulNBitsQuantizer bits=8" + (
             ", each weight's residual a second int8 plane (weight_planes.py)" if planes else "") + (
@@ -301,6 +307,8 @@ class OnnxRuntimeDecoder(StepDecoder):
         # bench's workloads and 717 over two, 395 without it; fp32 and w8a8 +2-7 MiB without it and faster at
         # 16 streams (fp32 197 → 216, w8a8 340 → 409 tok/s). bench/serve_processes.py --peer-rounds, docs/planner.md
         opts.enable_cpu_mem_arena = False
+        if matmul_f16.needs_library(Path(self._onnx)):
+            opts.register_custom_ops_library(str(matmul_f16.library()))
         if self._threads:
             opts.intra_op_num_threads = int(self._threads)
         if self._spin_wait is not None:  # idle intra-op threads busy-wait by default (onnxruntime's threadpool)
