@@ -40,8 +40,8 @@ def _graph(bundle):
     return onnx.load(str(bundle / "decoder" / "model.onnx"), load_external_data=False)
 
 
-@pytest.mark.parametrize("quant, accuracy", [("w8a16", 4), ("w8a8", 4), ("w4a8", 4)])
-def test_int8_decoders_deploy_for_host_and_pass_golden(tiny_qwen3_host_scheme_bundle, quant, accuracy):
+@pytest.mark.parametrize("quant, accuracy", [("w8a8", 4), ("w4a8", 4)])
+def test_int8_activation_decoders_deploy_for_host_and_pass_golden(tiny_qwen3_host_scheme_bundle, quant, accuracy):
     """Deployed once per session (the shared fixture; the conversion cached across runs), golden-checked on
     every deploy."""
 
@@ -57,22 +57,13 @@ def test_int8_decoders_deploy_for_host_and_pass_golden(tiny_qwen3_host_scheme_bu
     attrs = {(a.name, a.i) for n in ops for a in n.attribute if a.name in named}
     assert ops and all(n.op_type == "MatMulNBits" for n in ops)
     # level 4: int8 activations in the kernel; block 128, the host's int8 block (MLAS's packed copy 1.06x the
-    # int8 at 128 against 1.25x at 32: docs/planner.md#served-decoder-memory). w8a16: the same kernel over
-    # each input's two int8 digits (int8_digits.py; onnxruntime has no fast 8-bit kernel for fp32 activations),
-    # its output's two halves added after it; w8a8 runs it on one digit. w4a8: the builder's int4 (block 32, as
-    # llama.cpp's Q4_0). fp16's two int8 planes (weight_planes.py): test_fp16_without_the_fp16_kernel_...
-    bits, block = {"w8a16": (8, 128), "w8a8": (8, 128), "w4a8": (4, 32)}[quant]
+    # int8 at 128 against 1.25x at 32: docs/planner.md#served-decoder-memory); w8a8 runs it on one digit of its
+    # input (w8a16's two digits where edgeinfer's own op cannot be built: test_without_a_c_compiler_...). w4a8:
+    # the builder's int4 (block 32, as llama.cpp's Q4_0)
+    bits, block = {"w8a8": (8, 128), "w4a8": (4, 32)}[quant]
     assert attrs == {("bits", bits), ("accuracy_level", accuracy), ("block_size", block)}
     assert stamp.get("int8_block_size") == (None if quant == "w4a8" else 128)
-    nodes = graph.graph.node
-    read = {n.input[0] for n in ops}
-    halves = {n.output[0]: n.input[0] for n in nodes if n.op_type == "Reshape"}  # seen as [2, -1]
-    summed = {halves[n.input[1]] for n in nodes  # an output whose two halves are added: [1, 1] @ them
-              if n.op_type == "MatMul" and n.input[1] in halves} & {n.output[0] for n in ops}
-    if quant == "w8a16":
-        assert all(x.endswith("_digits") for x in read) and len(summed) == len(ops)
-    else:
-        assert not any(x.endswith("_digits") for x in read) and not summed
+    assert not any(n.input[0].endswith("_digits") for n in ops)
     # the token embedding looked up in int8 blocks, no fp32 table of vocabulary rows left in the file (the
     # builder's is fp32 whatever the precision: embedding.py)
     lookup = next(n for n in graph.graph.node if "input_ids" in n.input and "Gather" in n.op_type)
@@ -108,56 +99,93 @@ def _fp16_lookup(graph):
     assert cast.op_type == "Cast" and cast.attribute[0].i == onnx.TensorProto.FLOAT
 
 
-def test_fp16_deploys_on_the_fp16_kernel_and_passes_golden(tiny_qwen3_host_scheme_bundle):
+@pytest.mark.parametrize("quant", ["fp16", "w8a16"])
+def test_fp16_and_w8a16_deploy_on_edgeinfers_own_ops_and_pass_golden(tiny_qwen3_host_scheme_bundle, quant):
     """Where the CPU has AVX-512F and a C compiler is found (this project's machines), every MatMul over a
-    weight is an edgeinfer.MatMulF16 over the weight as fp16 panels of 32 columns (matmul_f16.py)."""
+    weight is an edgeinfer.MatMulF16 over the weight as fp16 panels of 32 columns, or an edgeinfer.MatMulW8 over
+    int8 panels and their fp32 scales per block of 128 (custom_ops.py)."""
     import onnx
-    from edgeinfer_onnxruntime import matmul_f16
+    from edgeinfer_onnxruntime import custom_ops
 
-    if matmul_f16.unavailable():
-        pytest.skip(f"no fp16 kernel here: {matmul_f16.unavailable()}")
-    result = tiny_qwen3_host_scheme_bundle("fp16")
+    if custom_ops.unavailable():
+        pytest.skip(f"no own ops here: {custom_ops.unavailable()}")
+    result = tiny_qwen3_host_scheme_bundle(quant)
     out = result.bundle
     assert result.golden["passed"] is True and result.manifest.decoder["golden"]["passed"] is True
     stamp = json.loads((out / "decoder.stamp.json").read_text())
-    assert stamp["scheme"] == "fp16" and "edgeinfer.MatMulF16" in stamp["then"]
+    op = {"fp16": "MatMulF16", "w8a16": "MatMulW8"}[quant]
+    assert stamp["scheme"] == quant and f"edgeinfer.{op}" in stamp["then"]
     graph = _graph(out)
     inits = {t.name: t for t in graph.graph.initializer}
     assert not [n.name for n in graph.graph.node if n.op_type in ("MatMul", "MatMulNBits") and n.input[1] in inits]
-    kernels = [n for n in graph.graph.node if n.op_type == "MatMulF16"]
+    kernels = [n for n in graph.graph.node if n.op_type == op]
     cfg = json.loads((out / "decoder" / "genai_config.json").read_text())["model"]
     # a layer: the builder's fused qkv, o, gate, up, down; and the LM head
     assert len(kernels) == 5 * cfg["decoder"]["num_hidden_layers"] + 1
     for n in kernels:
         w = inits[n.input[1]]
-        cols = next(a.i for a in n.attribute if a.name == "n")
-        assert n.domain == "edgeinfer" and w.data_type == onnx.TensorProto.FLOAT16
-        assert w.dims[0] == -(-cols // 32) and w.dims[2] == 32
-    assert stamp["embedding"].startswith("fp16")
-    _fp16_lookup(graph)
+        attrs = {a.name: a.i for a in n.attribute}
+        assert n.domain == "edgeinfer" and w.dims[0] == -(-attrs["n"] // 32) and w.dims[2] == 32
+        if quant == "fp16":
+            assert w.data_type == onnx.TensorProto.FLOAT16 and len(n.input) == 2
+        else:
+            scales = inits[n.input[2]]
+            assert w.data_type == onnx.TensorProto.INT8 and attrs["block"] == 128
+            assert scales.data_type == onnx.TensorProto.FLOAT and list(scales.dims) == [
+                w.dims[0], -(-w.dims[1] // 128), 32]
+    if quant == "fp16":
+        assert stamp["embedding"].startswith("fp16")
+        _fp16_lookup(graph)
+    else:
+        assert stamp["embedding"].startswith("int8, block ") and stamp["int8_block_size"] == 128
     _graph_io_and_tables(out, graph)
 
 
-def test_fp16_without_the_fp16_kernel_deploys_as_two_int8_planes_and_passes_golden(tmp_path):
-    """Where the op cannot be built (here: no C compiler, ``CC`` naming none), fp16 falls back to two int8 planes
-    a weight (weight_planes.py): w8a16's nodes, each beside a node over its weight's residual plane on the
-    undivided input, the two outputs added. In a new process: the conversion key reads the machine at import."""
+def _deploy_without_a_c_compiler(tmp_path, quant):
+    """``edgeinfer deploy`` of the tiny decoder in a new process whose ``CC`` names no compiler (the conversion
+    key reads the machine at import); its golden check's verdict and the bundle's graph."""
     import subprocess
     import sys
 
-    out = tmp_path / "planes"
+    out = tmp_path / quant
     env = {**os.environ, "CC": str(tmp_path / "no-such-cc")}
     proc = subprocess.run([sys.executable, "-m", "edgeinfer.cli", "deploy", str(model_dir()), "--board", "host",
-                           "--quant", "fp16", "--ctx", str(DECODER_BUNDLE_CTX), "-o", str(out), "--json"],
+                           "--quant", quant, "--ctx", str(DECODER_BUNDLE_CTX), "-o", str(out), "--json"],
                           capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout)["golden"]["passed"] is True
     stamp = json.loads((out / "decoder.stamp.json").read_text())
-    assert "second int8 plane" in stamp["then"] and "MatMulF16" not in stamp["then"]
+    assert "edgeinfer." not in stamp["then"]
     graph = _graph(out)
     nodes = graph.graph.node
     ops = [n for n in nodes if n.op_type in ("MatMul", "MatMulNBits") and n.input[0] != "digits_ones"]
     assert ops and all(n.op_type == "MatMulNBits" for n in ops) and not any(n.domain == "edgeinfer" for n in nodes)
+    _graph_io_and_tables(out, graph)
+    return stamp, graph, ops
+
+
+def _summed_halves(nodes, ops):
+    """The outputs of ``ops`` whose two halves (a [2, -1] Reshape) are added by a [1, 1] @ them after it."""
+    halves = {n.output[0]: n.input[0] for n in nodes if n.op_type == "Reshape"}
+    return {halves[n.input[1]] for n in nodes if n.op_type == "MatMul" and n.input[1] in halves} & {
+        n.output[0] for n in ops}
+
+
+def test_without_a_c_compiler_w8a16_runs_on_two_int8_digits_and_passes_golden(tmp_path):
+    """w8a16's fallback: MatMulNBits 8-bit on the int8 kernel over each input's two int8 digits (int8_digits.py),
+    its output's two halves added after it."""
+    stamp, graph, ops = _deploy_without_a_c_compiler(tmp_path, "w8a16")
+    assert "two int8 digits" in stamp["then"] and stamp["int8_block_size"] == 128
+    assert all(n.input[0].endswith("_digits") for n in ops)
+    assert len(_summed_halves(graph.graph.node, ops)) == len(ops)
+
+
+def test_without_a_c_compiler_fp16_runs_as_two_int8_planes_and_passes_golden(tmp_path):
+    """fp16's fallback: two int8 planes a weight (weight_planes.py): w8a16's nodes, each beside a node over its
+    weight's residual plane on the undivided input, the two outputs added."""
+    stamp, graph, ops = _deploy_without_a_c_compiler(tmp_path, "fp16")
+    assert "second int8 plane" in stamp["then"]
+    nodes = graph.graph.node
     low = [n for n in ops if n.input[1].endswith("_lo")]
     high = [n for n in ops if n not in low]
     assert len(low) == len(high) and {n.input[0] + "_digits" for n in low} == {n.input[0] for n in high}
@@ -165,8 +193,8 @@ def test_fp16_without_the_fp16_kernel_deploys_as_two_int8_planes_and_passes_gold
     pairs = {frozenset((lo.output[0].removesuffix("_lo") + "_hi", lo.output[0])) for lo in low}
     assert pairs <= adds, "each weight's two planes' products are added"
     assert {h.output[0] for h in high} == {lo.output[0].removesuffix("_lo") + "_hi_digits" for lo in low}
+    assert len(_summed_halves(nodes, high)) == len(high)
     _fp16_lookup(graph)
-    _graph_io_and_tables(out, graph)
 
 
 def test_the_plans_kv_dtype_is_what_the_opened_decoder_allocates(tiny_qwen3_host_bundle):
@@ -242,14 +270,14 @@ def test_a_conversion_cached_under_another_int8_block_is_not_reused(tiny_qwen3_h
     from edgeinfer.deploy.decoder import deploy_decoder
     from edgeinfer.testing.llm import model_dir
 
-    assert tiny_qwen3_host_scheme_bundle("w8a16").manifest  # the block-128 conversion is in the cache
+    assert tiny_qwen3_host_scheme_bundle("w8a8").manifest  # the block-128 conversion is in the cache
     backend = _ort_backend()
     monkeypatch.setattr(ort_decoder, "INT8_BLOCK", 32)
     monkeypatch.setattr(backend, "decoders", dataclasses.replace(
         backend.decoders, defaults={**backend.decoders.defaults, "int8_block_size": 32}))
-    old = deploy_decoder(model_dir(), "host", tmp_path / "g32", quant="w8a16", ctx=DECODER_BUNDLE_CTX)
+    old = deploy_decoder(model_dir(), "host", tmp_path / "g32", quant="w8a8", ctx=DECODER_BUNDLE_CTX)
     monkeypatch.undo()
-    again = deploy_decoder(model_dir(), "host", tmp_path / "g128", quant="w8a16", ctx=DECODER_BUNDLE_CTX)
+    again = deploy_decoder(model_dir(), "host", tmp_path / "g128", quant="w8a8", ctx=DECODER_BUNDLE_CTX)
     assert again.cached is True
     for result, block in ((old, 32), (again, 128)):
         assert json.loads((result.bundle / "decoder.stamp.json").read_text())["int8_block_size"] == block

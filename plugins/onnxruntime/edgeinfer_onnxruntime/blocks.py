@@ -1,9 +1,9 @@
-"""The block sizes of the decoder conversions' MatMulNBits weights (standard library only: the backend class
-declares them, and importing it must stay light)."""
+"""The block sizes of the decoder conversions' int8 and int4 weights, and what else a conversion is keyed by
+(standard library only: the backend class declares them, and importing it must stay light)."""
 
 from __future__ import annotations
 
-from .matmul_f16 import unavailable
+from .custom_ops import unavailable
 
 DEFAULT_BLOCK = 32  # the builder's default int4_block_size: w4a16's block
 # w8a16 / w8a8's block: MLAS packs MatMulNBits' int8 weights with a float scale and a float block sum per block, so
@@ -13,11 +13,14 @@ DEFAULT_BLOCK = 32  # the builder's default int4_block_size: w4a16's block
 INT8_BLOCK = 128
 #: what convert() builds that no scheme name or option says: part of deploy's conversion cache key
 #: (Decoders.defaults), so a conversion cached with another default is not reused
+_OWN = unavailable() is None  # custom_ops.py builds here
+#: what convert() builds that no scheme name or option says: part of deploy's conversion cache key
+#: (Decoders.defaults), so a conversion cached with another default is not reused; the fp16 and w8a16 entries say
+#: what this machine builds, so a conversion made where the ops could not be built is not reused where they can
 CONVERSION_DEFAULTS = {"int4_block_size": DEFAULT_BLOCK, "int8_block_size": INT8_BLOCK,
-                       "w8a16_kernel": "int8 kernel, two activation digits",  # int8_digits.py
-                       # what this machine builds: a conversion made where the op could not be built is not reused
-                       # where it can, nor the other way round
-                       "fp16": "fp16 panels of 32 (edgeinfer.MatMulF16)" if unavailable() is None  # matmul_f16.py
+                       "w8a16_kernel": "int8 panels of 32 (edgeinfer.MatMulW8)" if _OWN  # custom_ops.py
+                       else "int8 kernel, two activation digits",  # int8_digits.py
+                       "fp16": "fp16 panels of 32 (edgeinfer.MatMulF16)" if _OWN  # custom_ops.py
                        else "two int8 planes a weight",  # weight_planes.py
                        "lm_head": "one position per row",  # last_logits.py
                        "embedding": "int8 for int8 and int4 weights"}  # embedding.py

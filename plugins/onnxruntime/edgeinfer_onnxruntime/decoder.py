@@ -37,7 +37,7 @@ from edgeinfer.contract import OpTime, StepDecoder, cache, pages, remote_code
 from edgeinfer.contract.helpers import inside
 from edgeinfer.errors import BackendUnavailableError, InputError, ModelError
 
-from . import matmul_f16
+from . import custom_ops
 from .blocks import CONVERSION_DEFAULTS, DEFAULT_BLOCK, INT8_BLOCK
 from .embedding import embedding_fp16, quantize_embedding
 from .kv_cache import kv_name, kv_to_fp16
@@ -121,10 +121,12 @@ def convert(hf_dir: Path, scheme: str, context: int, out: Path, group_size: int 
     cache in ``kv_dtype`` (:mod:`.kv_cache`)."""
     kv_dtype = kv_name(kv_dtype)
     precision, extra = SCHEMES[scheme.split("_g")[0]]
-    kernel = scheme == "fp16" and matmul_f16.unavailable() is None  # fp16 weights read as such (matmul_f16.py)
-    planes = scheme == "fp16" and not kernel  # else two int8 planes a weight (weight_planes.py)
-    int8 = scheme.startswith(("w8a16", "w8a8")) or planes
-    block = group_size or (INT8_BLOCK if int8 else DEFAULT_BLOCK)
+    family = scheme.split("_g")[0]
+    # fp16 and w8a16 on edgeinfer's own ops where they build here (custom_ops.py); else on the int8 kernel
+    kernel = family in custom_ops.OPS and custom_ops.unavailable() is None
+    planes = family == "fp16" and not kernel  # two int8 planes a weight (weight_planes.py)
+    int8 = (family in ("w8a16", "w8a8") and not kernel) or planes  # onnxruntime's MatMulNBits
+    block = group_size or (INT8_BLOCK if int8 or family.startswith("w8") else DEFAULT_BLOCK)
     if precision == "int4":
         extra = [*extra, f"int4_block_size={block}"]
     export(hf_dir, out, precision, extra)
@@ -133,7 +135,7 @@ def convert(hf_dir: Path, scheme: str, context: int, out: Path, group_size: int 
     graph = inside(out, cfg["model"]["decoder"]["filename"], f"{GENAI_CONFIG} model.decoder.filename")
     if int8:
         quantize_int8(graph, block, activations_int8=scheme.startswith("w8a8"), low_planes=planes)
-    quantized = int8 or precision == "int4"
+    quantized = int8 or precision == "int4" or family == "w8a16"  # an int8 embedding too
     kv16 = kv_dtype == "fp16"
     embedding = None
     if quantized or kv16 or kernel:
@@ -142,9 +144,10 @@ def convert(hf_dir: Path, scheme: str, context: int, out: Path, group_size: int 
         model = onnx.load(str(graph))
         ids = cfg["model"]["decoder"]["inputs"]["input_ids"]
         if kernel:
-            matmul_f16.use_kernel(model)
+            custom_ops.use_kernels(model, family, block)
         if quantized or kernel:
-            embedding = embedding_fp16(model, ids) if planes or kernel else quantize_embedding(model, ids, INT8_BLOCK)
+            fp16 = family == "fp16"
+            embedding = embedding_fp16(model, ids) if fp16 else quantize_embedding(model, ids, INT8_BLOCK)
         save(kv_to_fp16(model) if kv16 else model, graph)
     limit = int(cfg["model"]["context_length"])
     if context > limit:
@@ -157,7 +160,12 @@ def convert(hf_dir: Path, scheme: str, context: int, out: Path, group_size: int 
     if precision == "int4":
         facts["int4_block_size"] = block
     if kernel:
-        facts["then"] = f"fp16 weights, each MatMul an {matmul_f16.DOMAIN}.{matmul_f16.OP} (matmul_f16.py)"
+        op = f"{custom_ops.DOMAIN}.{custom_ops.OPS[family]}"
+        facts["then"] = (f"fp16 weights, each MatMul an {op} (custom_ops.py)" if family == "fp16" else
+                         f"int8 weights in blocks of {block}, each MatMul an {op} on fp32 activations "
+                         "(custom_ops.py)")
+        if family == "w8a16":
+            facts["int8_block_size"] = block
     if int8:  # "precision": the builder's, before the steps below
         facts.update(int8_block_size=block, then="onnxruntime MatMulNBitsQuantizer bits=8" + (
             ", each weight's residual a second int8 plane (weight_planes.py)" if planes else "") + (
@@ -307,8 +315,8 @@ class OnnxRuntimeDecoder(StepDecoder):
         # bench's workloads and 717 over two, 395 without it; fp32 and w8a8 +2-7 MiB without it and faster at
         # 16 streams (fp32 197 → 216, w8a8 340 → 409 tok/s). bench/serve_processes.py --peer-rounds, docs/planner.md
         opts.enable_cpu_mem_arena = False
-        if matmul_f16.needs_library(Path(self._onnx)):
-            opts.register_custom_ops_library(str(matmul_f16.library()))
+        if custom_ops.needs_library(Path(self._onnx)):
+            opts.register_custom_ops_library(str(custom_ops.library()))
         if self._threads:
             opts.intra_op_num_threads = int(self._threads)
         if self._spin_wait is not None:  # idle intra-op threads busy-wait by default (onnxruntime's threadpool)

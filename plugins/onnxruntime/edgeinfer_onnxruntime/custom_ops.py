@@ -1,13 +1,16 @@
-"""The host fp16 class on onnxruntime with fp16 weights read as fp16: the ``edgeinfer.MatMulF16`` custom op
-(``kernels/matmul_f16.c``), where this machine can build and run it (:func:`unavailable`); else the two int8
-planes of :mod:`.weight_planes`.
+"""edgeinfer's own onnxruntime ops for the host decoder classes onnxruntime has no fast CPU kernel for
+(``kernels/matmul.c``): ``edgeinfer.MatMulF16`` (fp16, the weights read as fp16) and ``edgeinfer.MatMulW8``
+(w8a16, int8 weights with an fp32 scale per block of 128, fp32 activations), where this machine can build and
+run them (:func:`unavailable`); else fp16 runs as two int8 planes (:mod:`.weight_planes`) and w8a16 over its
+activations' two int8 digits (:mod:`.int8_digits`), both on onnxruntime's int8 kernel.
 
-:func:`library` compiles the op with the system C compiler (``$CC``, else ``cc``) once per source and compiler
+:func:`library` compiles the ops with the system C compiler (``$CC``, else ``cc``) once per source and compiler
 into the cache (``~/.cache/edgeinfer/kernels/``; ``edgeinfer cache clear kernels`` removes it, and the next load
-builds it again). :func:`use_kernel` rewrites the builder's fp32 graph: each MatMul over a 2-D fp32 weight
-becomes a ``MatMulF16`` over the weight packed in panels of 32 output columns (:func:`pack`). A graph that
-imports the ``edgeinfer`` domain needs the library at load (:func:`needs_library`). Standard library at import
-(blocks.py asks :func:`unavailable` for deploy's conversion key).
+builds it again). :func:`use_kernels` rewrites the builder's fp32 graph: each MatMul over a 2-D fp32 weight
+becomes one of the ops over the weight packed in panels of 32 output columns (:func:`pack_f16`,
+:func:`pack_w8`). A graph that imports the ``edgeinfer`` domain needs the library at load
+(:func:`needs_library`). Standard library at import (blocks.py asks :func:`unavailable` for deploy's conversion
+key).
 """
 
 from __future__ import annotations
@@ -24,9 +27,9 @@ from edgeinfer.contract import cache
 from edgeinfer.errors import BackendUnavailableError
 
 DOMAIN = "edgeinfer"
-OP = "MatMulF16"
+OPS = {"fp16": "MatMulF16", "w8a16": "MatMulW8"}  # scheme -> op
 PANEL = 32  # output columns a panel (NR in the C source)
-SOURCE = Path(__file__).with_name("kernels") / "matmul_f16.c"
+SOURCE = Path(__file__).with_name("kernels") / "matmul.c"
 FLAGS = ["-std=gnu11", "-O3", "-mavx512f", "-mfma", "-mf16c", "-fPIC", "-shared", "-fvisibility=hidden"]
 CPU_FLAGS = ("avx512f", "fma", "f16c")
 
@@ -39,7 +42,7 @@ def compiler() -> str | None:
 
 
 def unavailable() -> str | None:
-    """Why this machine cannot run the op (one line), or None."""
+    """Why this machine cannot run the ops (one line), or None."""
     try:
         flags = next((ln.split(":", 1)[1].split() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                       if ln.startswith("flags")), [])
@@ -54,15 +57,15 @@ def unavailable() -> str | None:
 
 
 def library() -> Path:
-    """The op's shared library, built on first use (about a second)."""
+    """The ops' shared library, built on first use (about two seconds)."""
     cc = compiler()
     if cc is None:
-        raise BackendUnavailableError(f"this bundle's fp16 MatMuls need a C compiler to build {SOURCE.name} "
+        raise BackendUnavailableError(f"this bundle's MatMuls need a C compiler to build {SOURCE.name} "
                                       f"({os.environ.get('CC') or 'cc'} not found); install one (apt install gcc) "
                                       "or deploy the model again on this machine")
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
     key = hashlib.sha256(SOURCE.read_bytes() + repr((version, FLAGS)).encode()).hexdigest()[:16]
-    out = cache.root() / "kernels" / key / "libedgeinfer_matmul_f16.so"
+    out = cache.root() / "kernels" / key / "libedgeinfer_matmul.so"
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -84,22 +87,47 @@ def needs_library(graph: Path) -> bool:
     return any(o.domain == DOMAIN for o in onnx.load(str(graph), load_external_data=False).opset_import)
 
 
-def pack(w: np.ndarray) -> np.ndarray:
-    """``w`` ([K, N], a MatMul's B) as fp16 panels ``[ceil(N / 32), K, 32]``, the last one zero-padded."""
+def _panels(w: np.ndarray, dtype: Any) -> np.ndarray:
+    """``w`` ([K, N]) as ``[ceil(N / 32), K, 32]`` of ``dtype``, the last panel zero-padded."""
     import numpy as np
 
     k, n = w.shape
     panels = -(-n // PANEL)
-    padded = np.zeros((k, panels * PANEL), np.float16)
+    padded = np.zeros((k, panels * PANEL), dtype)
     padded[:, :n] = w
     return np.ascontiguousarray(padded.reshape(k, panels, PANEL).transpose(1, 0, 2))
 
 
-def use_kernel(model: Any) -> int:
-    """Rewrite every MatMul of ``model`` whose B is a 2-D fp32 initializer into a ``MatMulF16`` over it packed;
-    the fp32 initializers it replaced are dropped. Returns the number of nodes rewritten."""
+def pack_f16(w: np.ndarray) -> list[np.ndarray]:
+    """``w`` ([K, N], a MatMul's B) as fp16 panels."""
+    import numpy as np
+
+    return [_panels(w, np.float16)]
+
+
+def pack_w8(w: np.ndarray, block: int) -> list[np.ndarray]:
+    """``w`` ([K, N]) as int8 panels and their fp32 scales ``[panels, ceil(K / block), 32]``: symmetric per block
+    of ``block`` rows and column, scale ``max|w| / 127`` (1 where the block is all zero), as onnxruntime's
+    quantizer makes MatMulNBits' 8 bits."""
+    import numpy as np
+
+    k, n = w.shape
+    blocks = -(-k // block)
+    padded = np.zeros((blocks * block, n), np.float32)
+    padded[:k] = w
+    s = np.abs(padded.reshape(blocks, block, n)).max(axis=1) / 127
+    s[s == 0] = 1.0
+    q = np.clip(np.rint(padded.reshape(blocks, block, n) / s[:, None, :]), -127, 127).reshape(-1, n)[:k]
+    return [_panels(q, np.int8), _panels(s, np.float32)]
+
+
+def use_kernels(model: Any, scheme: str, block: int = 0) -> int:
+    """Rewrite every MatMul of ``model`` whose B is a 2-D fp32 initializer into ``scheme``'s op (:data:`OPS`) over
+    it packed (``block``: MatMulW8's); the fp32 initializers it replaced are dropped. Returns the number of nodes
+    rewritten."""
     from onnx import TensorProto, helper, numpy_helper
 
+    op = OPS[scheme]
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
     packed: dict[str, Any] = {}
@@ -110,11 +138,14 @@ def use_kernel(model: Any) -> int:
         if t is None or t.data_type != TensorProto.FLOAT or len(t.dims) != 2:
             nodes.append(n)
             continue
-        name = f"{t.name}/f16_panels"
-        if name not in packed:
-            packed[name] = numpy_helper.from_array(pack(numpy_helper.to_array(t)), name)
-        nodes.append(helper.make_node(OP, [n.input[0], name], list(n.output), name=f"{n.name}_f16", domain=DOMAIN,
-                                      n=int(t.dims[1])))
+        names = [f"{t.name}/{op}"] + ([f"{t.name}/{op}/scales"] if scheme == "w8a16" else [])
+        if names[0] not in packed:
+            w = numpy_helper.to_array(t)
+            for name, a in zip(names, pack_w8(w, block) if scheme == "w8a16" else pack_f16(w)):
+                packed[name] = numpy_helper.from_array(a, name)
+        attrs = {"n": int(t.dims[1]), **({"block": block} if scheme == "w8a16" else {})}
+        nodes.append(helper.make_node(op, [n.input[0], *names], list(n.output), name=f"{n.name}_{op}",
+                                      domain=DOMAIN, **attrs))
         replaced.add(t.name)
     used = {i for n in nodes for i in n.input}
     kept = [t for t in graph.initializer if t.name not in replaced or t.name in used]
@@ -122,7 +153,7 @@ def use_kernel(model: Any) -> int:
     graph.node.extend(nodes)
     del graph.initializer[:]
     graph.initializer.extend(kept + list(packed.values()))
-    done = len(nodes) - sum(n.op_type != OP or n.domain != DOMAIN for n in nodes)
+    done = sum(n.op_type == op and n.domain == DOMAIN for n in nodes)
     if done and not any(o.domain == DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
     return done
