@@ -219,20 +219,24 @@ def test_the_plans_kv_dtype_is_what_the_opened_decoder_allocates(tiny_qwen3_host
         open_generator(bundle, kv_dtype="fp32")
 
 
-def test_the_host_plan_holds_fp16_decoder_weights_as_two_int8_planes_and_adds_serves_processes():
-    """The onnxruntime plugin holds an fp16 decoder's weights as two int8 planes packed by MLAS (8.5 bits each:
-    weight_planes.py) and its embedding as fp16 rows, so the host plan counts 17 bits a weight for the body and
-    the tied LM head, 16 for the table; a served decoder adds serve's own processes to the breakdown."""
+def test_the_host_plan_holds_fp16_and_w8a16_weights_as_the_own_ops_do_and_adds_serves_processes():
+    """The onnxruntime plugin holds an fp16 decoder's weights as fp16 (MatMulF16) and its embedding as fp16 rows;
+    w8a16's as int8 with a 4-byte scale per block of 128 (MatMulW8: 8.25 bits), its embedding at no fewer bits;
+    so against fp32's 32 bits the host plan counts half the body and LM head for fp16, 8.25/32 for w8a16.
+    A served decoder adds serve's own processes to the breakdown."""
     from edgeinfer.planning.planner import plan
     from edgeinfer.testing.serve import measured_served_worker_saving
 
     fp16 = plan(str(model_dir()), "host", quant="fp16", ctx=512, batch=4, suggest=False)
     fp32 = plan(str(model_dir()), "host", quant="fp32", ctx=512, batch=4, suggest=False)
     w8a16 = plan(str(model_dir()), "host", quant="w8a16", ctx=512, batch=4, suggest=False)
-    w16, w8 = fp16.details.weights, w8a16.details.weights  # w8a16: one such plane
-    assert abs(w16.body - 2 * w8.body) <= 1 and abs(w16.lm_head - 2 * w8.lm_head) <= 1
-    assert w16.embedding == fp32.details.weights.embedding_duplicate // 2 and w16.embedding_bits == 16
-    assert "two int8 planes" in w16.basis
+    w16, w8, w32 = fp16.details.weights, w8a16.details.weights, fp32.details.weights
+    # fp32: the file's exact bytes, 4 a parameter; the tied table once in the file and once more for the LM head
+    table = w32.embedding_duplicate / 4
+    body = (w32.file_bytes - w32.embedding_duplicate) / 4
+    assert w16.body == body * 2 and w16.lm_head == w16.embedding == table * 2 and w16.embedding_bits == 16
+    assert abs(w8.body - body * 8.25 / 8) <= 1 and abs(w8.lm_head - table * 8.25 / 8) <= 1
+    assert "MatMulF16" in w16.basis
     served = fp16.to_dict()["memory"]["served"]
     decoder = sum(v for k, v in fp16.breakdown.items() if k != "reserved")
     # a served worker loads without the manifest's schema: a little less than a decoder process of its own
@@ -289,15 +293,15 @@ def test_a_conversion_cached_under_another_int8_block_is_not_reused(tiny_qwen3_h
 def test_the_host_plan_holds_int8_weights_as_the_runtime_does():
     """The host plan's int8 weights are what onnxruntime holds for the bundles deploy builds at block 128
     (bench/results/int8_block.json): w8a8 as MLAS's packed copy, int8 + a float scale and a float block sum
-    per block of 128 (8.5 bits per weight), and w8a16 the same (int8_digits.py: the int8 kernel over two digits of
-    the activations); the runtime profile's block is the plugin's."""
+    per block of 128 (8.5 bits per weight), and w8a16 as its own op holds it, int8 + a float scale per block of
+    128 (8.25 bits: custom_ops.py); the runtime profile's block is the plugin's."""
     from edgeinfer_onnxruntime.blocks import INT8_BLOCK
 
     from edgeinfer.planning.planner import plan, runtime_profile
 
     assert runtime_profile("onnxruntime")["int8_blocks"]["block"] == INT8_BLOCK == 128
     int4 = plan(str(model_dir()), "host", quant="w4a16", ctx=256, suggest=False).details.weights  # 4 bits, as named
-    for quant, bits in (("w8a8", 8.5), ("w8a16", 8.5)):
+    for quant, bits in (("w8a8", 8.5), ("w8a16", 8.25)):
         w = plan(str(model_dir()), "host", quant=quant, ctx=256, suggest=False).details.weights
         assert f"× {bits:g} bits per weight" in w.basis and "blocks of 128" in w.basis, w.basis
         assert w.body / int4.body == pytest.approx(bits / 4, rel=1e-6), (quant, w.body, int4.body)

@@ -96,14 +96,14 @@ def weights_bytes(spec: ModelSpec, scheme: Scheme, prof: dict) -> tuple[int, det
         raise InputError(f"model '{spec.name}' has no parameter count", "pass a model file or a config.json")
     bpw = scheme.bpw
     quantized = bpw < 16
-    planes = None if spec.encoder else (prof.get("decoder_float_planes") or {}).get(scheme.name)
+    float_held = None if spec.encoder else (prof.get("decoder_float_held") or {}).get(scheme.name)
     held = (prof.get("float_weights_bits_min") or {}).get("value", 0)
-    widened = not quantized and not planes and scheme.kind == "float" and bpw < held  # held wider by the runtime
+    widened = not quantized and not float_held and scheme.kind == "float" and bpw < held  # held wider by the runtime
     bpw = held if widened else bpw
-    packed = planes["bits"] if planes else packed_bits(scheme, prof)
+    packed = float_held["bits"] if float_held else packed_bits(scheme, prof)
     bpw = packed if packed is not None else bpw
     emb_bits = max(bpw, emb_min) if quantized else bpw
-    if (widened and spec.encoder) or planes:  # a table that only feeds Gather (any type) is held as stored
+    if (widened and spec.encoder) or float_held:  # a table that only feeds Gather (any type) is held as stored
         emb_bits = scheme.bpw
     emb_p = spec.embedding_params
     body_p = spec.params_total - emb_p - (0 if (spec.tied_embeddings or spec.encoder) else spec.lm_head_params)
@@ -118,7 +118,7 @@ def weights_bytes(spec: ModelSpec, scheme: Scheme, prof: dict) -> tuple[int, det
     total = int(math.ceil(body + emb + head))
     basis = f"parameter counts × {bpw:g} bits per weight ({scheme.name}" + (
         f" held as {bpw:g}-bit by the runtime)" if widened else
-        f" as the runtime holds it: {planes['layout'] if planes else packed_layout(scheme, prof)})"
+        f" as the runtime holds it: {float_held['layout'] if float_held else packed_layout(scheme, prof)})"
         if packed is not None else ")")
     return total, details.WeightsDetail(basis, body=int(body), embedding=int(emb), lm_head=int(head),
                                         embedding_bits=emb_bits)

@@ -52,7 +52,7 @@ def packed_bits(scheme: Scheme, prof: dict) -> float | None:
     profile's ``int8_blocks`` / ``int4_blocks``: its block size and, per activation width, the bytes each block
     adds), or None. onnxruntime: MLAS repacks MatMulNBits' weights for int8 activations (w8a8, w4a8) with a float
     scale and a float block sum per block (8 + 64/128 = 8.5 bits at block 128; 4 + 64/32 = 6 bits at block 32);
-    w8a16 runs on the same int8 kernel (over two int8 digits of its activations), so holds the same."""
+    w8a16 runs on the plugin's own op with a float scale per block (8 + 32/128 = 8.25 bits)."""
     if scheme.kind != "int" or scheme.weight_bits not in (4, 8):
         return None
     layout = prof.get(f"int{scheme.weight_bits}_blocks")

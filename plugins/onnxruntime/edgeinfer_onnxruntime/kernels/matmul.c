@@ -76,17 +76,27 @@ typedef struct {
   int64_t block;
 } Panel;
 
-/* row k of the panel as fp32, columns 0-15 and 16-31; int8: times the scales s0, s1 of k's block */
-static inline __attribute__((always_inline)) void load_row(const Panel *p, int int8, int64_t k, __m512 s0,
-                                                           __m512 s1, __m512 *w0, __m512 *w1) {
+/* row k of the panel as fp32, columns 0-15 and 16-31; int8: unscaled */
+static inline __attribute__((always_inline)) void load_raw(const Panel *p, int int8, int64_t k, __m512 *w0,
+                                                           __m512 *w1) {
   if (int8) {
     const int8_t *q = (const int8_t *)p->w + k * NR;
-    *w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q))), s0);
-    *w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16)))), s1);
+    *w0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q)));
+    *w1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16))));
   } else {
     const uint16_t *h = (const uint16_t *)p->w + k * NR;
     *w0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
     *w1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + 16)));
+  }
+}
+
+/* row k as fp32; int8: times the scales s0, s1 of k's block */
+static inline __attribute__((always_inline)) void load_row(const Panel *p, int int8, int64_t k, __m512 s0,
+                                                           __m512 s1, __m512 *w0, __m512 *w1) {
+  load_raw(p, int8, k, w0, w1);
+  if (int8) {
+    *w0 = _mm512_mul_ps(*w0, s0);
+    *w1 = _mm512_mul_ps(*w1, s1);
   }
 }
 
@@ -123,29 +133,35 @@ static inline __attribute__((always_inline)) void panel_rows(const float *x, con
   for (int i = 0; i < mr; i++) store(y + i * ldy, cols, a0[i], a1[i]);
 }
 
-/* one row: two k chains so that the FMA latency does not bound the stream of weights */
+/* one row: two k chains so that the FMA latency does not bound the stream of weights; int8 scales each block's
+ * sums once (a scale per row of weights would cost a multiply per 16 weights, and one row is bound by them) */
 static inline __attribute__((always_inline)) void panel_row(const float *x, const Panel *p, int int8, float *y,
                                                             int64_t K, int cols) {
-  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, s0 = a0, s1 = a0, w0, w1, w2, w3;
-  int64_t k = 0;
-  for (; k + 1 < K; k += 2) { /* blocks are even: k and k + 1 share one */
-    if (int8 && k % p->block == 0) scales(p, int8, k, &s0, &s1);
-    load_row(p, int8, k, s0, s1, &w0, &w1);
-    load_row(p, int8, k + 1, s0, s1, &w2, &w3);
-    __m512 x0 = _mm512_set1_ps(x[k]), x1 = _mm512_set1_ps(x[k + 1]);
-    a0 = _mm512_fmadd_ps(x0, w0, a0);
-    a1 = _mm512_fmadd_ps(x0, w1, a1);
-    a2 = _mm512_fmadd_ps(x1, w2, a2);
-    a3 = _mm512_fmadd_ps(x1, w3, a3);
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, s0 = _mm512_set1_ps(1.0f), s1 = s0;
+  int64_t step = int8 ? p->block : K;
+  for (int64_t kb = 0; kb < K; kb += step) {
+    int64_t end = kb + step < K ? kb + step : K, k = kb;
+    __m512 b0 = _mm512_setzero_ps(), b1 = b0, b2 = b0, b3 = b0, w0, w1, w2, w3;
+    for (; k + 1 < end; k += 2) {
+      load_raw(p, int8, k, &w0, &w1);
+      load_raw(p, int8, k + 1, &w2, &w3);
+      __m512 x0 = _mm512_set1_ps(x[k]), x1 = _mm512_set1_ps(x[k + 1]);
+      b0 = _mm512_fmadd_ps(x0, w0, b0);
+      b1 = _mm512_fmadd_ps(x0, w1, b1);
+      b2 = _mm512_fmadd_ps(x1, w2, b2);
+      b3 = _mm512_fmadd_ps(x1, w3, b3);
+    }
+    if (k < end) {
+      load_raw(p, int8, k, &w0, &w1);
+      __m512 x0 = _mm512_set1_ps(x[k]);
+      b0 = _mm512_fmadd_ps(x0, w0, b0);
+      b1 = _mm512_fmadd_ps(x0, w1, b1);
+    }
+    if (int8) scales(p, int8, kb, &s0, &s1);
+    a0 = _mm512_fmadd_ps(_mm512_add_ps(b0, b2), s0, a0);
+    a1 = _mm512_fmadd_ps(_mm512_add_ps(b1, b3), s1, a1);
   }
-  if (k < K) {
-    if (int8 && k % p->block == 0) scales(p, int8, k, &s0, &s1);
-    load_row(p, int8, k, s0, s1, &w0, &w1);
-    __m512 x0 = _mm512_set1_ps(x[k]);
-    a0 = _mm512_fmadd_ps(x0, w0, a0);
-    a1 = _mm512_fmadd_ps(x0, w1, a1);
-  }
-  store(y, cols, _mm512_add_ps(a0, a2), _mm512_add_ps(a1, a3));
+  store(y, cols, a0, a1);
 }
 
 typedef struct {
