@@ -1,12 +1,12 @@
 """Another runtime of the plan's board that decodes the same scheme faster here: ``plan``'s ``suggestions.runtime``.
 
-A board can list one scheme under several runtimes (``host``: fp16 under onnxruntime and llama.cpp), and the
-one ``deploy`` builds by default (docs/planner.md#what-plan-and-deploy-build) is not always the fastest for it:
-onnxruntime runs fp16 weights as two int8 planes on a CPU without fp16 kernels (three int8 products a weight),
-where llama.cpp reads them as fp16. The
-plan names the fastest other runtime that this installation builds, that takes the plan's scheme, fits the board
-at the same context and batch, and whose decode estimate is at least :data:`FASTER` times the plan's; both
-estimates are the planner's, with their own error bars (``--runtime NAME`` plans and deploys it).
+A board can list one scheme under several runtimes (``host``: fp16 under onnxruntime and llama.cpp), and the one
+``deploy`` builds by default (docs/planner.md#what-plan-and-deploy-build) is not always the fastest for it
+(onnxruntime's fp16 ran as two int8 planes a weight, at 0.75 of llama.cpp's speed, until the onnxruntime plugin had
+an fp16 op of its own). The plan names the fastest other runtime that this installation builds, that takes the
+plan's scheme, fits the board at the same context and batch, and whose decode estimate is at least :data:`FASTER`
+times the plan's; both estimates are the planner's, with their own error bars (``--runtime NAME`` plans and deploys
+it).
 """
 
 from __future__ import annotations

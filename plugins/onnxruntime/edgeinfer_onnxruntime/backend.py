@@ -156,13 +156,18 @@ class OnnxRuntimeBackend(Backend):
                 available=False,
                 problems=[Problem(f"onnxruntime does not import: {e}", "pip install onnxruntime")],
             )
-        providers = ort.get_available_providers()
-        return Probe(
-            available=True,
-            versions={"onnxruntime": ort.__version__},
-            devices=["CPU"],
-            details={"providers": providers},
-        )
+        from .custom_ops import OPS, compiler, unavailable
+
+        reason = unavailable()
+        details: dict[str, Any] = {"providers": ort.get_available_providers(), "own_ops": (
+            ", ".join(f"edgeinfer.{op} ({scheme})" for scheme, op in OPS.items()) if reason is None
+            else f"none: {reason}")}
+        if reason is not None and compiler() is None:  # a CPU without AVX-512F: nothing to fix
+            details["warnings"] = [{"message": f"edgeinfer's fp16 and w8a16 decoder ops cannot be built ({reason}): "
+                                               "those schemes deploy on onnxruntime's int8 kernel, slower "
+                                               "(docs/generation.md)",
+                                    "fix": "install a C compiler (apt install gcc) and deploy them again"}]
+        return Probe(available=True, versions={"onnxruntime": ort.__version__}, devices=["CPU"], details=details)
 
     @native_output()
     def convert(

@@ -147,3 +147,16 @@ def test_the_library_is_built_once_and_a_missing_compiler_is_one_line(monkeypatc
     with pytest.raises(BackendUnavailableError, match="need a C compiler") as e:
         custom_ops.library()
     assert "\n" not in str(e.value)
+
+
+def test_the_probe_names_the_ops_and_warns_with_a_fix_when_no_compiler_builds_them(monkeypatch, tmp_path):
+    from edgeinfer_onnxruntime.backend import OnnxRuntimeBackend
+
+    details = OnnxRuntimeBackend().probe().details
+    assert details["own_ops"] == "edgeinfer.MatMulF16 (fp16), edgeinfer.MatMulW8 (w8a16)"
+    assert "warnings" not in details
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    details = OnnxRuntimeBackend().probe().details
+    assert details["own_ops"].startswith("none: no C compiler")
+    [warning] = details["warnings"]
+    assert "int8 kernel" in warning["message"] and "apt install gcc" in warning["fix"]
