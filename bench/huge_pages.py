@@ -37,8 +37,8 @@ PROMPT = "the river city morning village children market winter music garden sch
 
 
 def edgeinfer_bench(bundle: Path, setting: str) -> dict:
-    cmd = [sys.executable, "-m", "edgeinfer.cli", "bench", str(bundle), "--prompt-lengths", "32", "--new-tokens", "64",
-           "--threads", "1", "--json"]
+    cmd = [sys.executable, "-m", "edgeinfer.cli", "bench", str(bundle), "--prompt-lengths", "32",
+           "--new-tokens", "64", "--threads", "1", "--json"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True,
                          env={**os.environ, "EDGEINFER_HUGE_PAGES": setting})
     r = json.loads(out.stdout)["results"][0]
