@@ -10,7 +10,10 @@ interleaved buffers at load (plugins/llamacpp/README.md). ``madvise(MADV_DONTNEE
 drops those pages; a later access re-reads them from the file (man 2 madvise: "private mappings ...
 repopulating the memory contents from the up-to-date contents of the underlying mapped file"; a shared
 mapping's pages stay in the page cache), so nothing is lost: what the runtime still reads from the mapping comes
-back on use. Linux only; elsewhere, and where a call fails, it drops nothing. Standard library only.
+back on use.
+
+:func:`collapse_resident` puts the weights a runtime packed into its own memory on 2 MiB pages, once they are
+loaded. Linux only; elsewhere, and where a call fails, nothing changes. Standard library only.
 """
 
 from __future__ import annotations
@@ -41,12 +44,10 @@ def drop_mapped(path: Path, suffix: str = "") -> int:
     else:
         def wanted(name: str) -> bool:
             return name == str(target)
-    try:
-        lines = Path("/proc/self/maps").read_text().splitlines()
-    except OSError:
+    found = _maps()
+    if found is None:
         return 0
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    lines, libc = found
     dropped = 0
     for line in lines:
         f = line.split(maxsplit=5)
@@ -57,6 +58,17 @@ def drop_mapped(path: Path, suffix: str = "") -> int:
         if libc.madvise(start, end - start, MADV_DONTNEED) == 0:
             dropped += end - start
     return dropped
+
+
+def _maps() -> tuple[list[str], ctypes.CDLL] | None:
+    """The lines of /proc/self/maps and libc with ``madvise`` declared; None without /proc."""
+    try:
+        lines = Path("/proc/self/maps").read_text().splitlines()
+    except OSError:
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return lines, libc
 
 
 @contextlib.contextmanager
@@ -92,18 +104,16 @@ def collapse_resident(min_bytes: int = HUGE_PAGE) -> int:
     backed by huge pages (0 before Linux 6.1, off Linux, or where the kernel refused).
 
     A weight matrix read once per token through 4 KiB pages costs a TLB miss every 4 KiB; through 2 MiB pages
-    one CPU core streams it faster (docs/generation.md, "Huge pages"). Only stretches whose every page is
+    one CPU core streams it faster (docs/generation.md, "Weights on 2 MiB pages"). Only stretches whose every page is
     already resident are collapsed (``mincore``), so the RSS does not grow: a sparse stretch would be filled
     up to 2 MiB. The copy runs in the kernel, synchronously: about a second per 200 MB on this project's
     machine, once, after the weights are loaded."""
     if not sys.platform.startswith("linux") or os.environ.get(HUGE_PAGES_ENV, "").lower() in ("0", "off"):
         return 0
-    try:
-        lines = Path("/proc/self/maps").read_text().splitlines()
-    except OSError:
+    found = _maps()
+    if found is None:
         return 0
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    lines, libc = found
     libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
     pages = HUGE_PAGE // 4096
     vec = ctypes.create_string_buffer(pages)

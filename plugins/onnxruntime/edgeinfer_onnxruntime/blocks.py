@@ -11,8 +11,6 @@ DEFAULT_BLOCK = 32  # the builder's default int4_block_size: w4a16's block
 # peer bench's random Qwen3: weights file 218.5 -> 201.3 MiB, worker after load 332 -> 281 MiB, not slower
 # (bench/results/int8_block.json, docs/planner.md#served-decoder-memory)
 INT8_BLOCK = 128
-#: what convert() builds that no scheme name or option says: part of deploy's conversion cache key
-#: (Decoders.defaults), so a conversion cached with another default is not reused
 _OWN = unavailable() is None  # custom_ops.py builds here
 #: what convert() builds that no scheme name or option says: part of deploy's conversion cache key
 #: (Decoders.defaults), so a conversion cached with another default is not reused; the fp16 and w8a16 entries say

@@ -120,8 +120,8 @@ def convert(hf_dir: Path, scheme: str, context: int, out: Path, group_size: int 
     """The deploy artifact: the builder's output for ``scheme``, its context limit set to ``context``, its KV
     cache in ``kv_dtype`` (:mod:`.kv_cache`)."""
     kv_dtype = kv_name(kv_dtype)
-    precision, extra = SCHEMES[scheme.split("_g")[0]]
     family = scheme.split("_g")[0]
+    precision, extra = SCHEMES[family]
     # fp16 and w8a16 on edgeinfer's own ops where they build here (custom_ops.py); else on the int8 kernel
     kernel = family in custom_ops.OPS and custom_ops.unavailable() is None
     planes = family == "fp16" and not kernel  # two int8 planes a weight (weight_planes.py)
