@@ -101,9 +101,9 @@ def _fp16_lookup(graph):
 
 @pytest.mark.parametrize("quant", ["fp16", "w8a16"])
 def test_fp16_and_w8a16_deploy_on_edgeinfers_own_ops_and_pass_golden(tiny_qwen3_host_scheme_bundle, quant):
-    """Where the CPU has AVX-512F and a C compiler is found (this project's machines), every MatMul over a
-    weight is an edgeinfer.MatMulF16 over the weight as fp16 panels of 32 columns, or an edgeinfer.MatMulW8 over
-    int8 panels and their fp32 scales per block of 128 (custom_ops.py)."""
+    """Where the CPU has AVX-512 (with VNNI) and a C compiler is found (this project's machines), every MatMul
+    over a weight is an edgeinfer.MatMulF16 over the weight as fp16 panels of 32 columns, or an edgeinfer.MatMulW8
+    over int8 panels and their fp32 scales per block of 128 (custom_ops.py)."""
     import onnx
     from edgeinfer_onnxruntime import custom_ops
 
@@ -130,7 +130,7 @@ def test_fp16_and_w8a16_deploy_on_edgeinfers_own_ops_and_pass_golden(tiny_qwen3_
             assert w.data_type == onnx.TensorProto.FLOAT16 and len(n.input) == 2
         else:
             scales = inits[n.input[2]]
-            assert w.data_type == onnx.TensorProto.INT8 and attrs["block"] == 128
+            assert w.data_type == onnx.TensorProto.UINT8 and attrs["block"] == 128  # q + 128, K rounded up to 4
             assert scales.data_type == onnx.TensorProto.FLOAT and list(scales.dims) == [
                 w.dims[0], -(-w.dims[1] // 128), 32]
     if quant == "fp16":

@@ -162,7 +162,7 @@ class OnnxRuntimeBackend(Backend):
         details: dict[str, Any] = {"providers": ort.get_available_providers(), "own_ops": (
             ", ".join(f"edgeinfer.{op} ({scheme})" for scheme, op in OPS.items()) if reason is None
             else f"none: {reason}")}
-        if reason is not None and compiler() is None:  # a CPU without AVX-512F: nothing to fix
+        if reason is not None and compiler() is None:  # a CPU without the instructions: nothing to fix
             details["warnings"] = [{"message": f"edgeinfer's fp16 and w8a16 decoder ops cannot be built ({reason}): "
                                                "those schemes deploy on onnxruntime's int8 kernel, slower "
                                                "(docs/generation.md)",

@@ -1,16 +1,16 @@
 """edgeinfer's own onnxruntime ops for the host decoder classes onnxruntime has no fast CPU kernel for
-(``kernels/matmul.c``): ``edgeinfer.MatMulF16`` (fp16, the weights read as fp16) and ``edgeinfer.MatMulW8``
-(w8a16, int8 weights with an fp32 scale per block of 128, fp32 activations), where this machine can build and
-run them (:func:`unavailable`); else fp16 runs as two int8 planes (:mod:`.weight_planes`) and w8a16 over its
-activations' two int8 digits (:mod:`.int8_digits`), both on onnxruntime's int8 kernel.
+(``kernels/matmul.c``): ``edgeinfer.MatMulF16`` (fp16, the weights read as fp16) and ``edgeinfer.MatMulW8`` (w8a16,
+int8 weights with an fp32 scale per block of 128, the activations as two int8 digits per block, on the CPU's int8
+dot products), where this machine can build and run them (:func:`unavailable`); else fp16 runs as two int8 planes
+(:mod:`.weight_planes`) and w8a16 over its activations' two int8 digits (:mod:`.int8_digits`), both on onnxruntime's
+int8 kernel.
 
-:func:`library` compiles the ops with the system C compiler (``$CC``, else ``cc``) once per source and compiler
-into the cache (``~/.cache/edgeinfer/kernels/``; ``edgeinfer cache clear kernels`` removes it, and the next load
-builds it again). :func:`use_kernels` rewrites the builder's fp32 graph: each MatMul over a 2-D fp32 weight
-becomes one of the ops over the weight packed in panels of 32 output columns (:func:`pack_f16`,
-:func:`pack_w8`). A graph that imports the ``edgeinfer`` domain needs the library at load
-(:func:`needs_library`). Standard library at import (blocks.py asks :func:`unavailable` for deploy's conversion
-key).
+:func:`library` compiles the ops with the system C compiler (``$CC``, else ``cc``) once per source and compiler into
+the cache (``~/.cache/edgeinfer/kernels/``; ``edgeinfer cache clear kernels`` removes it, and the next load builds
+it again). :func:`use_kernels` rewrites the builder's fp32 graph: each MatMul over a 2-D fp32 weight becomes one of
+the ops over the weight packed in panels of 32 output columns (:func:`pack_f16`, :func:`pack_w8`). A graph that
+imports the ``edgeinfer`` domain needs the library at load (:func:`needs_library`). Standard library at import
+(blocks.py asks :func:`unavailable` for deploy's conversion key).
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ DOMAIN = "edgeinfer"
 OPS = {"fp16": "MatMulF16", "w8a16": "MatMulW8"}  # scheme -> op
 PANEL = 32  # output columns a panel (NR in the C source)
 SOURCE = Path(__file__).with_name("kernels") / "matmul.c"
-FLAGS = ["-std=gnu11", "-O3", "-mavx512f", "-mfma", "-mf16c", "-fPIC", "-shared", "-fvisibility=hidden"]
-CPU_FLAGS = ("avx512f", "fma", "f16c")
+FLAGS = ["-std=gnu11", "-O3", "-mavx512f", "-mavx512bw", "-mavx512vnni", "-mfma", "-mf16c", "-fPIC", "-shared",
+         "-fvisibility=hidden"]
+CPU_FLAGS = ("avx512f", "avx512bw", "avx512_vnni", "fma", "f16c")  # /proc/cpuinfo's names
 
 if TYPE_CHECKING:
     import numpy as np
@@ -47,7 +48,7 @@ def unavailable() -> str | None:
         flags = next((ln.split(":", 1)[1].split() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                       if ln.startswith("flags")), [])
     except OSError:
-        return "no /proc/cpuinfo to check the CPU's AVX-512F on (Linux x86-64 only)"
+        return "no /proc/cpuinfo to check the CPU's AVX-512 on (Linux x86-64 only)"
     missing = [f for f in CPU_FLAGS if f not in flags]
     if missing:
         return f"the CPU lacks {', '.join(missing)}"
@@ -106,9 +107,11 @@ def pack_f16(w: np.ndarray) -> list[np.ndarray]:
 
 
 def pack_w8(w: np.ndarray, block: int) -> list[np.ndarray]:
-    """``w`` ([K, N]) as int8 panels and their fp32 scales ``[panels, ceil(K / block), 32]``: symmetric per block
-    of ``block`` rows and column, scale ``max|w| / 127`` (1 where the block is all zero), as onnxruntime's
-    quantizer makes MatMulNBits' 8 bits."""
+    """``w`` ([K, N]) as MatMulW8 holds it: int8 ``q`` symmetric per block of ``block`` rows and column, scale
+    ``max|w| / 127`` (1 where the block is all zero), as onnxruntime's quantizer makes MatMulNBits' 8 bits; stored
+    as ``q + 128`` (uint8) in panels ``[ceil(N / 32), K4, 32]``, K4 = K rounded up to 4, each panel's bytes four
+    rows of a column side by side (``[K4 / 4][32][4]``: what one vpdpbusd multiplies); and the fp32 scales
+    ``[panels, ceil(K / block), 32]``."""
     import numpy as np
 
     k, n = w.shape
@@ -117,8 +120,12 @@ def pack_w8(w: np.ndarray, block: int) -> list[np.ndarray]:
     padded[:k] = w
     s = np.abs(padded.reshape(blocks, block, n)).max(axis=1) / 127
     s[s == 0] = 1.0
-    q = np.clip(np.rint(padded.reshape(blocks, block, n) / s[:, None, :]), -127, 127).reshape(-1, n)[:k]
-    return [_panels(q, np.int8), _panels(s, np.float32)]
+    q = np.clip(np.rint(padded.reshape(blocks, block, n) / s[:, None, :]), -127, 127).reshape(-1, n)
+    k4 = -(-k // 4) * 4  # <= blocks * block: a block is a multiple of 4
+    # [P, K4, 32]; the padded columns hold 0: their outputs are never stored
+    panels = _panels((q[:k4] + 128).astype(np.uint8), np.uint8)
+    quads = panels.reshape(len(panels), k4 // 4, 4, PANEL).transpose(0, 1, 3, 2)
+    return [np.ascontiguousarray(quads).reshape(len(panels), k4, PANEL), _panels(s, np.float32)]
 
 
 def use_kernels(model: Any, scheme: str, block: int = 0) -> int:

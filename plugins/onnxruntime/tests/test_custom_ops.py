@@ -60,8 +60,23 @@ def held(w: np.ndarray, scheme: str, block: int = 0) -> np.ndarray:
     return out
 
 
+def digits(x: np.ndarray, block: int) -> np.ndarray:
+    """x as MatMulW8 multiplies it: per row and block of ``block``, s = max|x| / 127, h = round(x / s),
+    l = round(254 (x / s - h)), x = s (h + l / 254)."""
+    out = np.empty(x.shape)
+    for b in range(0, x.shape[-1], block):
+        part = x[..., b:b + block].astype(np.float64)
+        s = np.abs(part).max(axis=-1, keepdims=True) / 127
+        s[s == 0] = 1
+        h = np.clip(np.rint(part / s), -127, 127)
+        low = np.clip(np.rint((part / s - h) * 254), -127, 127)
+        out[..., b:b + block] = s * (h + low / 254)
+    return out
+
+
 def reference(x: np.ndarray, w: np.ndarray, scheme: str = "fp16", block: int = 0) -> np.ndarray:
-    return x.astype(np.float64) @ held(w, scheme, block)
+    held_x = x.astype(np.float64) if scheme == "fp16" else digits(x, block)
+    return held_x @ held(w, scheme, block)
 
 
 def test_pack_puts_each_panel_of_32_columns_row_after_row_and_pads_the_last_with_zeros():
@@ -70,11 +85,13 @@ def test_pack_puts_each_panel_of_32_columns_row_after_row_and_pads_the_last_with
     assert p.shape == (2, 5, 32) and p.dtype == np.float16
     assert p[0, 3, 7] == w[3, 7] and p[1, 4, 7] == w[4, 39] and p[1, 2, 0] == w[2, 32]
     assert not p[1, :, 8:].any()
-    q, scales = custom_ops.pack_w8(w - 100, block=4)  # rows 0-3 one block, row 4 the next
-    assert q.shape == (2, 5, 32) and q.dtype == np.int8 and scales.shape == (2, 2, 32)
+    u, scales = custom_ops.pack_w8(w - 100, block=4)  # rows 0-3 one block, row 4 the next (rows 5-7 padding)
+    assert u.shape == (2, 8, 32) and u.dtype == np.uint8 and scales.shape == (2, 2, 32)
     assert scales[0, 0, 7] == pytest.approx(max(abs(w[:4, 7] - 100)) / 127)
-    assert q[1, 4, 7] * scales[1, 1, 7] == pytest.approx(w[4, 39] - 100, rel=1e-2)
-    assert not q[1, :, 8:].any()
+    quads = u.reshape(2, 2, 32, 4)  # per panel: four rows of a column side by side
+    assert (int(quads[1, 1, 7, 0]) - 128) * scales[1, 1, 7] == pytest.approx(w[4, 39] - 100, rel=1e-2)
+    assert (quads[1, 1, :8, 1:] == 128).all()  # rows 5-7: zero weights, as q + 128
+    assert not quads[1, :, 8:].any()  # columns 40-63: padding whose outputs are never stored
 
 
 @pytest.mark.parametrize("scheme, block", [("fp16", 0), ("w8a16", 128), ("w8a16", 32)])

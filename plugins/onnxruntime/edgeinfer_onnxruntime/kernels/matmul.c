@@ -1,24 +1,30 @@
 /* edgeinfer's CPU matmuls for decoders on onnxruntime: y = x @ W, fp32 activations, the weights as deployed.
  *
- *   MatMulF16  fp16 weights (the host fp16 class), converted to fp32 in registers (AVX-512F vcvtph2ps);
- *   MatMulW8   int8 weights with an fp32 scale per block of `block` rows and column (the host w8a16 class),
- *              each row converted and scaled in registers.
- * Both accumulate in fp32. onnxruntime 1.26's CPU provider has neither for x86 CPUs without AVX-512 FP16: it held
- * fp16 weights as fp32, and its 8-bit MatMulNBits dequantizes the whole weight at every call for fp32
- * activations (custom_ops.py says what the plugin did instead before these).
+ *   MatMulF16  fp16 weights (the host fp16 class), converted to fp32 in registers (AVX-512F vcvtph2ps), fp32
+ *              multiply-adds;
+ *   MatMulW8   int8 weights with an fp32 scale per block of `block` rows and column (the host w8a16 class), the
+ *              activations as two int8 digits per block, on int8 dot products (AVX-512 VNNI; below).
+ * onnxruntime 1.26's CPU provider has neither for x86 CPUs without AVX-512 FP16: it held fp16 weights as fp32, and
+ * its 8-bit MatMulNBits dequantizes the whole weight at every call for fp32 activations (custom_ops.py says what
+ * the plugin does where these cannot be built).
  *
- * Inputs:  x [..., K] float; w [P, K, 32]: W ([K, N]) in panels of 32 output columns, K rows each, the last
- *          panel padded with zeros (custom_ops.py packs it); MatMulW8: scales [P, ceil(K / block), 32] float.
- * Attributes: n, the real N (<= 32 P); MatMulW8: block (even).   Output: y [..., n] float.
+ * Inputs:  x [..., K] float; w: W ([K, N]) in panels of 32 output columns, the last panel's padding never stored:
+ *          MatMulF16 fp16 [P, K, 32]; MatMulW8 uint8 q + 128 [P, K4, 32] (K4 = K rounded up to 4) and its fp32
+ *          scales [P, ceil(K / block), 32] (custom_ops.py packs them).
+ * Attributes: n, the real N (<= 32 P); MatMulW8: block (a multiple of 4).   Output: y [..., n] float.
  *
- * Built by custom_ops.py with the system C compiler; no onnxruntime header is needed: the few C API slots it
- * calls are declared below by their index in struct OrtApi, which onnxruntime only ever appends to (its
- * onnxruntime_c_api.h, "the order of the functions must never change"; the indices are those of ORT_API_VERSION
- * 17 and later, where KernelContext_ParallelFor is slot 274). The library asks for API 17.
+ * Built by custom_ops.py with the system C compiler; no onnxruntime header is needed: the few C API functions it
+ * calls are declared below by their slot in struct OrtApi (include/onnxruntime/core/session/onnxruntime_c_api.h in
+ * github.com/microsoft/onnxruntime). onnxruntime keeps that table's layout across versions and only appends to it
+ * (onnxruntime/core/session/onnxruntime_c_api.cc asserts the offsets of members such as ReleaseCustomOpDomain, slot
+ * 101); the slots below are those of ORT_API_VERSION 17 and later, where KernelContext_ParallelFor was added as slot
+ * 274. The library asks for API 17; plugins/onnxruntime/tests/test_custom_ops.py runs every op on the installed
+ * onnxruntime.
  */
 #include <immintrin.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <math.h>
 #include <stdlib.h>
 
 typedef struct OrtStatus OrtStatus;
@@ -37,7 +43,7 @@ enum { /* slots of struct OrtApi */
 #define API_VERSION 17
 #define ORT_INVALID_ARGUMENT 2
 #define TYPE_FLOAT 1
-#define TYPE_INT8 3
+#define TYPE_UINT8 2
 #define TYPE_FLOAT16 10
 
 static const void *const *api;
@@ -68,45 +74,10 @@ typedef struct OrtCustomOp { /* the members through KernelComputeV2 (version 16)
 #define NR 32 /* output columns a panel */
 #define MR 12 /* activation rows a pass over a panel: 24 accumulators of the 32 registers */
 
-/* The weights of one panel: fp16 [K][32], or int8 [K][32] with fp32 scales [K / block][32] (symmetric, per
- * block of `block` rows and column). */
-typedef struct {
-  const void *w;
-  const float *s;
-  int64_t block;
-} Panel;
-
-/* row k of the panel as fp32, columns 0-15 and 16-31; int8: unscaled */
-static inline __attribute__((always_inline)) void load_raw(const Panel *p, int int8, int64_t k, __m512 *w0,
-                                                           __m512 *w1) {
-  if (int8) {
-    const int8_t *q = (const int8_t *)p->w + k * NR;
-    *w0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q)));
-    *w1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16))));
-  } else {
-    const uint16_t *h = (const uint16_t *)p->w + k * NR;
-    *w0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
-    *w1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + 16)));
-  }
-}
-
-/* row k as fp32; int8: times the scales s0, s1 of k's block */
-static inline __attribute__((always_inline)) void load_row(const Panel *p, int int8, int64_t k, __m512 s0,
-                                                           __m512 s1, __m512 *w0, __m512 *w1) {
-  load_raw(p, int8, k, w0, w1);
-  if (int8) {
-    *w0 = _mm512_mul_ps(*w0, s0);
-    *w1 = _mm512_mul_ps(*w1, s1);
-  }
-}
-
-static inline __attribute__((always_inline)) void scales(const Panel *p, int int8, int64_t k, __m512 *s0,
-                                                         __m512 *s1) {
-  if (int8) {
-    const float *s = p->s + k / p->block * NR;
-    *s0 = _mm512_loadu_ps(s);
-    *s1 = _mm512_loadu_ps(s + 16);
-  }
+/* row k of an fp16 panel ([K][32]) as fp32, columns 0-15 and 16-31 */
+static inline __attribute__((always_inline)) void load_row(const uint16_t *wp, int64_t k, __m512 *w0, __m512 *w1) {
+  *w0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wp + k * NR)));
+  *w1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wp + k * NR + 16)));
 }
 
 static inline __attribute__((always_inline)) void store(float *y, int cols, __m512 a0, __m512 a1) {
@@ -117,13 +88,12 @@ static inline __attribute__((always_inline)) void store(float *y, int cols, __m5
 }
 
 /* rows x[0..mr) (stride K) times one panel, into y (stride ldy): outer products, no horizontal sums */
-static inline __attribute__((always_inline)) void panel_rows(const float *x, const Panel *p, int int8, float *y,
+static inline __attribute__((always_inline)) void panel_rows(const float *x, const uint16_t *wp, float *y,
                                                              int64_t K, int64_t ldy, int mr, int cols) {
-  __m512 a0[MR], a1[MR], s0 = _mm512_setzero_ps(), s1 = s0, w0, w1;
+  __m512 a0[MR], a1[MR], w0, w1;
   for (int i = 0; i < mr; i++) a0[i] = a1[i] = _mm512_setzero_ps();
   for (int64_t k = 0; k < K; k++) {
-    if (int8 && k % p->block == 0) scales(p, int8, k, &s0, &s1);
-    load_row(p, int8, k, s0, s1, &w0, &w1);
+    load_row(wp, k, &w0, &w1);
     for (int i = 0; i < mr; i++) {
       __m512 xb = _mm512_set1_ps(x[i * K + k]);
       a0[i] = _mm512_fmadd_ps(xb, w0, a0[i]);
@@ -133,70 +103,167 @@ static inline __attribute__((always_inline)) void panel_rows(const float *x, con
   for (int i = 0; i < mr; i++) store(y + i * ldy, cols, a0[i], a1[i]);
 }
 
-/* one row: two k chains so that the FMA latency does not bound the stream of weights; int8 scales each block's
- * sums once (a scale per row of weights would cost a multiply per 16 weights, and one row is bound by them) */
-static inline __attribute__((always_inline)) void panel_row(const float *x, const Panel *p, int int8, float *y,
-                                                            int64_t K, int cols) {
-  __m512 a0 = _mm512_setzero_ps(), a1 = a0, s0 = _mm512_set1_ps(1.0f), s1 = s0;
-  int64_t step = int8 ? p->block : K;
-  for (int64_t kb = 0; kb < K; kb += step) {
-    int64_t end = kb + step < K ? kb + step : K, k = kb;
-    __m512 b0 = _mm512_setzero_ps(), b1 = b0, b2 = b0, b3 = b0, w0, w1, w2, w3;
-    for (; k + 1 < end; k += 2) {
-      load_raw(p, int8, k, &w0, &w1);
-      load_raw(p, int8, k + 1, &w2, &w3);
-      __m512 x0 = _mm512_set1_ps(x[k]), x1 = _mm512_set1_ps(x[k + 1]);
-      b0 = _mm512_fmadd_ps(x0, w0, b0);
-      b1 = _mm512_fmadd_ps(x0, w1, b1);
-      b2 = _mm512_fmadd_ps(x1, w2, b2);
-      b3 = _mm512_fmadd_ps(x1, w3, b3);
-    }
-    if (k < end) {
-      load_raw(p, int8, k, &w0, &w1);
-      __m512 x0 = _mm512_set1_ps(x[k]);
-      b0 = _mm512_fmadd_ps(x0, w0, b0);
-      b1 = _mm512_fmadd_ps(x0, w1, b1);
-    }
-    if (int8) scales(p, int8, kb, &s0, &s1);
-    a0 = _mm512_fmadd_ps(_mm512_add_ps(b0, b2), s0, a0);
-    a1 = _mm512_fmadd_ps(_mm512_add_ps(b1, b3), s1, a1);
+/* one row: two k chains so that the FMA latency does not bound the stream of weights */
+static void panel_row(const float *x, const uint16_t *wp, float *y, int64_t K, int cols) {
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, w0, w1, w2, w3;
+  int64_t k = 0;
+  for (; k + 1 < K; k += 2) {
+    load_row(wp, k, &w0, &w1);
+    load_row(wp, k + 1, &w2, &w3);
+    __m512 x0 = _mm512_set1_ps(x[k]), x1 = _mm512_set1_ps(x[k + 1]);
+    a0 = _mm512_fmadd_ps(x0, w0, a0);
+    a1 = _mm512_fmadd_ps(x0, w1, a1);
+    a2 = _mm512_fmadd_ps(x1, w2, a2);
+    a3 = _mm512_fmadd_ps(x1, w3, a3);
   }
-  store(y, cols, a0, a1);
+  if (k < K) {
+    load_row(wp, k, &w0, &w1);
+    __m512 x0 = _mm512_set1_ps(x[k]);
+    a0 = _mm512_fmadd_ps(x0, w0, a0);
+    a1 = _mm512_fmadd_ps(x0, w1, a1);
+  }
+  store(y, cols, _mm512_add_ps(a0, a2), _mm512_add_ps(a1, a3));
 }
 
 typedef struct {
   const float *x;
-  const void *w;
-  const float *s;
+  const uint16_t *w;
   float *y;
-  int64_t M, K, n, block;
-} Job;
+  int64_t M, K, n;
+} JobF16;
 
-static inline __attribute__((always_inline)) void run_panel(const Job *j, size_t i, int int8) {
-  int64_t blocks = int8 ? (j->K + j->block - 1) / j->block : 0;
-  Panel p = {int8 ? (const void *)((const int8_t *)j->w + (int64_t)i * j->K * NR)
-                  : (const void *)((const uint16_t *)j->w + (int64_t)i * j->K * NR),
-             int8 ? j->s + (int64_t)i * blocks * NR : NULL, j->block};
-  int64_t col = (int64_t)i * NR;
+static void run_f16(void *job, size_t p) {
+  const JobF16 *j = job;
+  const uint16_t *wp = j->w + (int64_t)p * j->K * NR;
+  int64_t col = (int64_t)p * NR;
   int cols = j->n - col < NR ? (int)(j->n - col) : NR;
   if (j->M == 1) {
-    panel_row(j->x, &p, int8, j->y + col, j->K, cols);
+    panel_row(j->x, wp, j->y + col, j->K, cols);
     return;
   }
   for (int64_t m = 0; m < j->M; m += MR) {
-    int mr = j->M - m < MR ? (int)(j->M - m) : MR;
     const float *x = j->x + m * j->K;
     float *y = j->y + m * j->n + col;
-    switch (mr) { /* a constant row count, so that the accumulators stay in registers */
-#define ROWS(R) case R: panel_rows(x, &p, int8, y, j->K, j->n, R, cols); break;
+    switch (j->M - m < MR ? (int)(j->M - m) : MR) { /* a constant row count: accumulators in registers */
+#define ROWS(R) case R: panel_rows(x, wp, y, j->K, j->n, R, cols); break;
       ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8) ROWS(9) ROWS(10) ROWS(11) ROWS(12)
 #undef ROWS
     }
   }
 }
 
-static void run_f16(void *job, size_t i) { run_panel(job, i, 0); }
-static void run_i8(void *job, size_t i) { run_panel(job, i, 1); }
+/* MatMulW8 on int8 dot products (AVX-512 VNNI vpdpbusd: 64 byte products a call, four times an FMA's 16).
+ * Weights: u8 = q + 128 in panels [P][K4 / 4][32][4] (four consecutive rows of a column side by side, K4 = K
+ * rounded up to 4), fp32 scales [P][KB][32]. Each activation row is split per block into two int8 digits,
+ * x = s (h + l / 254) with s = max|x| / 127, h = round(x / s), l = round(254 (x / s - h)): the error is at most
+ * s / 508, 1/64516 of the block's largest activation (fp16 activations round each value to 1/2048 of itself).
+ * Then sum (q + 128) h = sum q h + 128 sum h, and the block's sum of h is subtracted. */
+#define WR 6 /* activation rows a pass over a panel: 4 int32 accumulators a row, 24 of the 32 registers */
+
+typedef struct {
+  int8_t *h, *l;   /* [M][K4] */
+  float *s;        /* [M][KB] */
+  int32_t *hs, *ls; /* [M][KB] sums of h and l */
+} Digits;
+
+static void digits_of(const float *x, int64_t M, int64_t K, int64_t K4, int64_t block, int64_t KB, Digits *d) {
+  const __m512 lim = _mm512_set1_ps(127.0f), nlim = _mm512_set1_ps(-127.0f), f254 = _mm512_set1_ps(254.0f);
+  for (int64_t m = 0; m < M; m++) {
+    const float *xm = x + m * K;
+    int8_t *h = d->h + m * K4, *l = d->l + m * K4;
+    for (int64_t b = 0; b < KB; b++) {
+      int64_t k0 = b * block, k1 = k0 + block < K ? k0 + block : K;
+      __m512 top = _mm512_setzero_ps();
+      for (int64_t k = k0; k < k1; k += 16) {
+        __mmask16 in = k1 - k >= 16 ? 0xffff : (__mmask16)((1u << (k1 - k)) - 1);
+        top = _mm512_max_ps(top, _mm512_abs_ps(_mm512_maskz_loadu_ps(in, xm + k)));
+      }
+      float t = _mm512_reduce_max_ps(top), s = t > 0.0f ? t / 127.0f : 1.0f;
+      __m512 inv = _mm512_set1_ps(1.0f / s);
+      __m512i hs = _mm512_setzero_si512(), ls = hs;
+      for (int64_t k = k0; k < k1; k += 16) {
+        __mmask16 in = k1 - k >= 16 ? 0xffff : (__mmask16)((1u << (k1 - k)) - 1);
+        __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(in, xm + k), inv);
+        __m512 hv = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        __m512 lv = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_sub_ps(v, hv), f254),
+                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        __m512i hi = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(hv, nlim), lim));
+        __m512i li = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(lv, nlim), lim));
+        _mm512_mask_cvtepi32_storeu_epi8(h + k, in, hi);
+        _mm512_mask_cvtepi32_storeu_epi8(l + k, in, li);
+        hs = _mm512_add_epi32(hs, hi), ls = _mm512_add_epi32(ls, li); /* masked-off lanes loaded as 0 */
+      }
+      d->s[m * KB + b] = s, d->hs[m * KB + b] = _mm512_reduce_add_epi32(hs);
+      d->ls[m * KB + b] = _mm512_reduce_add_epi32(ls);
+    }
+    for (int64_t k = K; k < K4; k++) h[k] = l[k] = 0;
+  }
+}
+
+typedef struct {
+  const Digits *d;
+  const uint8_t *w;
+  const float *ws;
+  float *y;
+  int64_t M, K4, KB, n, block;
+} JobW8;
+
+static inline __attribute__((always_inline)) void w8_rows(const JobW8 *j, size_t p, int64_t m0, int mr) {
+  const int64_t K4 = j->K4, block = j->block;
+  const uint8_t *wp = j->w + (int64_t)p * K4 * NR;
+  const float *wsp = j->ws + (int64_t)p * j->KB * NR;
+  int64_t col = (int64_t)p * NR;
+  int cols = j->n - col < NR ? (int)(j->n - col) : NR;
+  __m512 f0[WR], f1[WR];
+  const int8_t *hr[WR], *lr[WR];
+  for (int i = 0; i < mr; i++) {
+    f0[i] = f1[i] = _mm512_setzero_ps();
+    hr[i] = j->d->h + (m0 + i) * K4, lr[i] = j->d->l + (m0 + i) * K4;
+  }
+  for (int64_t b = 0; b < j->KB; b++) {
+    int64_t k0 = b * block, k1 = k0 + block < K4 ? k0 + block : K4;
+    __m512i h0[WR], h1[WR], l0[WR], l1[WR];
+    for (int i = 0; i < mr; i++) h0[i] = h1[i] = l0[i] = l1[i] = _mm512_setzero_si512();
+    for (int64_t k = k0; k < k1; k += 4) {
+      __m512i w0 = _mm512_loadu_si512((const void *)(wp + k * NR));
+      __m512i w1 = _mm512_loadu_si512((const void *)(wp + k * NR + 64));
+      for (int i = 0; i < mr; i++) {
+        int32_t hv, lv;
+        __builtin_memcpy(&hv, hr[i] + k, 4);
+        __builtin_memcpy(&lv, lr[i] + k, 4);
+        __m512i bh = _mm512_set1_epi32(hv), bl = _mm512_set1_epi32(lv);
+        h0[i] = _mm512_dpbusd_epi32(h0[i], w0, bh);
+        h1[i] = _mm512_dpbusd_epi32(h1[i], w1, bh);
+        l0[i] = _mm512_dpbusd_epi32(l0[i], w0, bl);
+        l1[i] = _mm512_dpbusd_epi32(l1[i], w1, bl);
+      }
+    }
+    __m512 s0 = _mm512_loadu_ps(wsp + b * NR), s1 = _mm512_loadu_ps(wsp + b * NR + 16);
+    for (int i = 0; i < mr; i++) {
+      int64_t at = (m0 + i) * j->KB + b;
+      __m512i ch = _mm512_set1_epi32(128 * j->d->hs[at]), cl = _mm512_set1_epi32(128 * j->d->ls[at]);
+      __m512 xs = _mm512_set1_ps(j->d->s[at]), low = _mm512_set1_ps(1.0f / 254.0f);
+      __m512 v0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(l0[i], cl)), low,
+                                  _mm512_cvtepi32_ps(_mm512_sub_epi32(h0[i], ch)));
+      __m512 v1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(l1[i], cl)), low,
+                                  _mm512_cvtepi32_ps(_mm512_sub_epi32(h1[i], ch)));
+      f0[i] = _mm512_fmadd_ps(_mm512_mul_ps(v0, xs), s0, f0[i]);
+      f1[i] = _mm512_fmadd_ps(_mm512_mul_ps(v1, xs), s1, f1[i]);
+    }
+  }
+  for (int i = 0; i < mr; i++) store(j->y + (m0 + i) * j->n + col, cols, f0[i], f1[i]);
+}
+
+static void run_w8(void *job, size_t p) {
+  const JobW8 *j = job;
+  for (int64_t m = 0; m < j->M; m += WR) {
+    switch (j->M - m < WR ? (int)(j->M - m) : WR) { /* a constant row count: accumulators in registers */
+#define ROWS(R) case R: w8_rows(j, p, m, R); break;
+      ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6)
+#undef ROWS
+    }
+  }
+}
 
 typedef struct {
   int64_t n, block; /* block: 0 for MatMulF16 */
@@ -219,7 +286,7 @@ static OrtStatus *shape_of(const void *value, int64_t *dims, size_t *rank) {
 
 static OrtStatus *compute(void *kernel, void *context) {
   const Kernel *kn = kernel;
-  int int8 = kn->block > 0;
+  int w8 = kn->block > 0;
   const void *xv, *wv, *sv = NULL;
   void *yv, *x, *w, *sc = NULL, *y;
   int64_t xd[8], wd[8], sd[8], yd[8];
@@ -228,23 +295,37 @@ static OrtStatus *compute(void *kernel, void *context) {
   if ((s = CALL(KernelContext_GetInput, context, (size_t)0, &xv)) || (s = CALL(KernelContext_GetInput, context,
       (size_t)1, &wv)) || (s = shape_of(xv, xd, &xr)) || (s = shape_of(wv, wd, &wr)))
     return s;
-  if (int8 && ((s = CALL(KernelContext_GetInput, context, (size_t)2, &sv)) || (s = shape_of(sv, sd, &sr))))
+  if (w8 && ((s = CALL(KernelContext_GetInput, context, (size_t)2, &sv)) || (s = shape_of(sv, sd, &sr))))
     return s;
-  if (xr < 1 || wr != 3 || wd[2] != NR || xd[xr - 1] != wd[1] || kn->n < 1 || kn->n > wd[0] * NR)
-    return error(int8 ? "MatMulW8: x must be [..., K], w [P, K, 32] with 0 < n <= 32 P"
-                      : "MatMulF16: x must be [..., K], w [P, K, 32] with 0 < n <= 32 P");
-  if (int8 && (sr != 3 || sd[0] != wd[0] || sd[1] != (wd[1] + kn->block - 1) / kn->block || sd[2] != NR))
+  int64_t K = xr ? xd[xr - 1] : 0, KB = w8 ? (K + kn->block - 1) / kn->block : 0;
+  if (xr < 1 || wr != 3 || wd[2] != NR || kn->n < 1 || kn->n > wd[0] * NR ||
+      (w8 ? wd[1] != (K + 3) / 4 * 4 : wd[1] != K))
+    return error(w8 ? "MatMulW8: x must be [..., K], w [P, K rounded up to 4, 32] with 0 < n <= 32 P"
+                    : "MatMulF16: x must be [..., K], w [P, K, 32] with 0 < n <= 32 P");
+  if (w8 && (sr != 3 || sd[0] != wd[0] || sd[1] != KB || sd[2] != NR))
     return error("MatMulW8: scales must be [P, ceil(K / block), 32]");
   int64_t M = 1;
   for (size_t i = 0; i + 1 < xr; i++) M *= (yd[i] = xd[i]);
   yd[xr - 1] = kn->n;
   if ((s = CALL(KernelContext_GetOutput, context, (size_t)0, yd, xr, &yv)) ||
       (s = CALL(GetTensorMutableData, (void *)xv, &x)) || (s = CALL(GetTensorMutableData, (void *)wv, &w)) ||
-      (int8 && (s = CALL(GetTensorMutableData, (void *)sv, &sc))) || (s = CALL(GetTensorMutableData, yv, &y)))
+      (w8 && (s = CALL(GetTensorMutableData, (void *)sv, &sc))) || (s = CALL(GetTensorMutableData, yv, &y)))
     return s;
   if (M == 0) return NULL;
-  Job job = {x, w, sc, y, M, wd[1], kn->n, kn->block};
-  return CALL(KernelContext_ParallelFor, context, int8 ? run_i8 : run_f16, (size_t)wd[0], (size_t)0, &job);
+  if (!w8) {
+    JobF16 job = {x, w, y, M, K, kn->n};
+    return CALL(KernelContext_ParallelFor, context, run_f16, (size_t)wd[0], (size_t)0, &job);
+  }
+  int64_t K4 = wd[1];
+  char *scratch = malloc((size_t)(M * K4 * 2 + M * KB * 12));
+  if (!scratch) return error("MatMulW8: out of memory");
+  Digits d = {(int8_t *)scratch, (int8_t *)scratch + M * K4, (float *)(scratch + M * K4 * 2),
+              (int32_t *)(scratch + M * K4 * 2 + M * KB * 4), (int32_t *)(scratch + M * K4 * 2 + M * KB * 8)};
+  digits_of(x, M, K, K4, kn->block, KB, &d);
+  JobW8 job = {&d, w, sc, y, M, K4, KB, kn->n, kn->block};
+  s = CALL(KernelContext_ParallelFor, context, run_w8, (size_t)wd[0], (size_t)0, &job);
+  free(scratch);
+  return s;
 }
 
 static OrtStatus *create(const void *info, void **out, int int8) {
@@ -253,7 +334,7 @@ static OrtStatus *create(const void *info, void **out, int int8) {
   k->block = 0;
   OrtStatus *s = CALL(KernelInfoGetAttribute_int64, info, "n", &k->n);
   if (!s && int8) s = CALL(KernelInfoGetAttribute_int64, info, "block", &k->block);
-  if (!s && int8 && (k->block < 2 || k->block % 2)) s = error("MatMulW8: block must be even and at least 2");
+  if (!s && int8 && (k->block < 4 || k->block % 4)) s = error("MatMulW8: block must be a multiple of 4");
   if (s) free(k);
   else *out = k;
   return s;
@@ -271,7 +352,7 @@ static const char *name_f16(const OrtCustomOp *op) { (void)op; return "MatMulF16
 static const char *name_w8(const OrtCustomOp *op) { (void)op; return "MatMulW8"; }
 static const char *provider(const OrtCustomOp *op) { (void)op; return "CPUExecutionProvider"; }
 static int type_f16(const OrtCustomOp *op, size_t i) { (void)op; return i == 0 ? TYPE_FLOAT : TYPE_FLOAT16; }
-static int type_w8(const OrtCustomOp *op, size_t i) { (void)op; return i == 1 ? TYPE_INT8 : TYPE_FLOAT; }
+static int type_w8(const OrtCustomOp *op, size_t i) { (void)op; return i == 1 ? TYPE_UINT8 : TYPE_FLOAT; }
 static size_t two(const OrtCustomOp *op) { (void)op; return 2; }
 static size_t three(const OrtCustomOp *op) { (void)op; return 3; }
 static int output_type(const OrtCustomOp *op, size_t i) { (void)op, (void)i; return TYPE_FLOAT; }
