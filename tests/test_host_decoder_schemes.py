@@ -171,18 +171,11 @@ def _summed_halves(nodes, ops):
         n.output[0] for n in ops}
 
 
-def test_without_a_c_compiler_w8a16_runs_on_two_int8_digits_and_passes_golden(tmp_path):
-    """w8a16's fallback: MatMulNBits 8-bit on the int8 kernel over each input's two int8 digits (int8_digits.py),
-    its output's two halves added after it."""
-    stamp, graph, ops = _deploy_without_a_c_compiler(tmp_path, "w8a16")
-    assert "two int8 digits" in stamp["then"] and stamp["int8_block_size"] == 128
-    assert all(n.input[0].endswith("_digits") for n in ops)
-    assert len(_summed_halves(graph.graph.node, ops)) == len(ops)
-
-
 def test_without_a_c_compiler_fp16_runs_as_two_int8_planes_and_passes_golden(tmp_path):
-    """fp16's fallback: two int8 planes a weight (weight_planes.py): w8a16's nodes, each beside a node over its
-    weight's residual plane on the undivided input, the two outputs added."""
+    """fp16's fallback: two int8 planes a weight (weight_planes.py): w8a16's fallback nodes (MatMulNBits 8-bit
+    on the int8 kernel over each input's two int8 digits, int8_digits.py, the output's two halves added after
+    it), each beside a node over its weight's residual plane on the undivided input, the two outputs added. One
+    deploy covers both fallbacks' machinery (w8a16's is the same quantizer and digit split without the planes)."""
     stamp, graph, ops = _deploy_without_a_c_compiler(tmp_path, "fp16")
     assert "second int8 plane" in stamp["then"]
     nodes = graph.graph.node

@@ -328,13 +328,13 @@ static OrtStatus *compute(void *kernel, void *context) {
   return s;
 }
 
-static OrtStatus *create(const void *info, void **out, int int8) {
+static OrtStatus *create(const void *info, void **out, int w8) {
   Kernel *k = malloc(sizeof *k);
   if (!k) return error("MatMulF16/MatMulW8: out of memory");
   k->block = 0;
   OrtStatus *s = CALL(KernelInfoGetAttribute_int64, info, "n", &k->n);
-  if (!s && int8) s = CALL(KernelInfoGetAttribute_int64, info, "block", &k->block);
-  if (!s && int8 && (k->block < 4 || k->block % 4)) s = error("MatMulW8: block must be a multiple of 4");
+  if (!s && w8) s = CALL(KernelInfoGetAttribute_int64, info, "block", &k->block);
+  if (!s && w8 && (k->block < 4 || k->block % 4)) s = error("MatMulW8: block must be a multiple of 4");
   if (s) free(k);
   else *out = k;
   return s;
