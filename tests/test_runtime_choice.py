@@ -26,16 +26,14 @@ def test_with_the_shipped_constants_host_fp16_names_no_faster_runtime():
     assert onnx.estimates.decode_tokens_per_s > llama.estimates.decode_tokens_per_s / 1.2
 
 
-@pytest.fixture(autouse=True)
-def slow_onnxruntime_fp16_stand_in(monkeypatch, request):
-    if request.node.name.startswith("test_with_the_shipped_constants"):
-        return
+@pytest.fixture
+def slow_onnxruntime_fp16_stand_in(monkeypatch):
     constants = copy.deepcopy(planner.fitted())
     constants["speed"]["host-cpu/onnxruntime/fp16"]["bw_fraction"] = 0.5
     monkeypatch.setattr(planner, "fitted", lambda: constants)
 
 
-def test_host_fp16_names_llama_cpp_with_its_own_plan_figures():
+def test_host_fp16_names_llama_cpp_with_its_own_plan_figures(slow_onnxruntime_fp16_stand_in):
     onnx = plan("qwen3-0.6b", "host", quant="fp16", ctx=1024)
     llama = plan("qwen3-0.6b", "host", quant="fp16", ctx=1024, runtime="llama.cpp", suggest=False)
     s = onnx.suggestions.runtime
@@ -48,19 +46,19 @@ def test_host_fp16_names_llama_cpp_with_its_own_plan_figures():
     assert llama.breakdown["weights"] < onnx.breakdown["weights"] < 1.4 * llama.breakdown["weights"]
 
 
-def test_the_faster_runtime_itself_and_a_scheme_no_other_runtime_takes_get_none():
+def test_the_faster_runtime_itself_and_a_scheme_no_other_runtime_takes_get_none(slow_onnxruntime_fp16_stand_in):
     assert plan("qwen3-0.6b", "host", quant="fp16", ctx=1024, runtime="llama.cpp").suggestions.runtime is None
     assert plan("qwen3-0.6b", "host", quant="w8a8", ctx=1024).suggestions.runtime is None  # llama.cpp: gguf:Q8_0
 
 
-def test_plan_prints_it_and_json_carries_it(capfd):
+def test_plan_prints_it_and_json_carries_it(capfd, slow_onnxruntime_fp16_stand_in):
     r = run_cli(capfd, "plan", "qwen3-0.6b", "--board", "host", "--quant", "fp16", "--ctx", "1024")
     assert r.returncode == 0 and "faster here: --runtime llama.cpp" in r.stdout
     j = run_cli(capfd, "plan", "qwen3-0.6b", "--board", "host", "--quant", "fp16", "--ctx", "1024", "--json")
     assert json.loads(j.stdout)["suggestions"]["runtime"]["runtime"] == "llama.cpp"
 
 
-def test_deploy_announces_it_before_converting():
+def test_deploy_announces_it_before_converting(slow_onnxruntime_fp16_stand_in):
     from edgeinfer.planning.decision import summary_lines
 
     lines = summary_lines(plan("qwen3-0.6b", "host", quant="fp16", ctx=1024))

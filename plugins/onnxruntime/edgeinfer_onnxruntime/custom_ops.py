@@ -15,6 +15,7 @@ imports the ``edgeinfer`` domain needs the library at load (:func:`needs_library
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
@@ -64,9 +65,7 @@ def library() -> Path:
         raise BackendUnavailableError(f"this bundle's MatMuls need a C compiler to build {SOURCE.name} "
                                       f"({os.environ.get('CC') or 'cc'} not found); install one (apt install gcc) "
                                       "or deploy the model again on this machine")
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
-    key = hashlib.sha256(SOURCE.read_bytes() + repr((version, FLAGS)).encode()).hexdigest()[:16]
-    out = cache.root() / "kernels" / key / "libedgeinfer_matmul.so"
+    out = cache.root() / "kernels" / _key(cc) / "libedgeinfer_matmul.so"
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -79,6 +78,13 @@ def library() -> Path:
         raise BackendUnavailableError(f"{cc} could not build {SOURCE.name}: {lines[-1] if lines else 'no output'}")
     os.replace(tmp.name, out)  # whole or absent, when two processes build it at once
     return out
+
+
+@functools.lru_cache(maxsize=4)
+def _key(cc: str) -> str:
+    """The library's cache entry: the source, the compiler's version line and the flags (once per process)."""
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
+    return hashlib.sha256(SOURCE.read_bytes() + repr((version, FLAGS)).encode()).hexdigest()[:16]
 
 
 def needs_library(graph: Path) -> bool:

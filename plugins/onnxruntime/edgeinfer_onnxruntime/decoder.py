@@ -286,6 +286,8 @@ class OnnxRuntimeDecoder(StepDecoder):
         # onnxruntime refuses external data that leads out of the graph's directory itself ("External data path
         # ... escapes model directory", 1.26; plugins/onnxruntime/tests keep that true); the graph file is ours
         self._onnx = str(inside(model_dir, dec["filename"], f"{GENAI_CONFIG} model.decoder.filename"))
+        # the graph's own ops (custom_ops.py): the library each session of it registers, found once
+        self._library = str(custom_ops.library()) if custom_ops.needs_library(Path(self._onnx)) else None
         self._sess = ort.InferenceSession(self._onnx, self._options(), providers=["CPUExecutionProvider"])
         pages.collapse_resident()  # the weights onnxruntime packed at load, read once a token: on 2 MiB pages
         kv_type = check_graph(self._sess, model_dir / GENAI_CONFIG, cfg)
@@ -315,8 +317,8 @@ class OnnxRuntimeDecoder(StepDecoder):
         # bench's workloads and 717 over two, 395 without it; fp32 and w8a8 +2-7 MiB without it and faster at
         # 16 streams (fp32 197 → 216, w8a8 340 → 409 tok/s). bench/serve_processes.py --peer-rounds, docs/planner.md
         opts.enable_cpu_mem_arena = False
-        if custom_ops.needs_library(Path(self._onnx)):
-            opts.register_custom_ops_library(str(custom_ops.library()))
+        if self._library:
+            opts.register_custom_ops_library(self._library)
         if self._threads:
             opts.intra_op_num_threads = int(self._threads)
         if self._spin_wait is not None:  # idle intra-op threads busy-wait by default (onnxruntime's threadpool)
