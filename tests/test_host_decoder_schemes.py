@@ -141,27 +141,46 @@ def test_fp16_and_w8a16_deploy_on_edgeinfers_own_ops_and_pass_golden(tiny_qwen3_
     _graph_io_and_tables(out, graph)
 
 
-def _deploy_without_a_c_compiler(tmp_path, quant):
-    """``edgeinfer deploy`` of the tiny decoder in a new process whose ``CC`` names no compiler (the conversion
-    key reads the machine at import); its golden check's verdict and the bundle's graph."""
+def _deploy_in_a_new_process(tmp_path, quant, **env):
+    """``edgeinfer deploy`` of the tiny decoder in a new process with ``env`` set (the conversion key reads the
+    machine at import); the golden check passed; the bundle's stamp and graph."""
     import subprocess
     import sys
 
     out = tmp_path / quant
-    env = {**os.environ, "CC": str(tmp_path / "no-such-cc")}
     proc = subprocess.run([sys.executable, "-m", "edgeinfer.cli", "deploy", str(model_dir()), "--board", "host",
                            "--quant", quant, "--ctx", str(DECODER_BUNDLE_CTX), "-o", str(out), "--json"],
-                          capture_output=True, text=True, env=env)
+                          capture_output=True, text=True, env={**os.environ, **env})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout)["golden"]["passed"] is True
-    stamp = json.loads((out / "decoder.stamp.json").read_text())
+    return json.loads((out / "decoder.stamp.json").read_text()), _graph(out)
+
+
+def _deploy_without_a_c_compiler(tmp_path, quant):
+    """The deploy of the tiny decoder in a process whose ``CC`` names no compiler: the int8-kernel form."""
+    stamp, graph = _deploy_in_a_new_process(tmp_path, quant, CC=str(tmp_path / "no-such-cc"))
     assert "edgeinfer." not in stamp["then"]
-    graph = _graph(out)
     nodes = graph.graph.node
     ops = [n for n in nodes if n.op_type in ("MatMul", "MatMulNBits") and n.input[0] != "digits_ones"]
     assert ops and all(n.op_type == "MatMulNBits" for n in ops) and not any(n.domain == "edgeinfer" for n in nodes)
-    _graph_io_and_tables(out, graph)
+    _graph_io_and_tables(tmp_path / quant, graph)
     return stamp, graph, ops
+
+
+def test_the_avx2_build_of_the_own_ops_deploys_w8a16_and_passes_golden(tmp_path, monkeypatch):
+    """The library's AVX2 build (what an Intel Core Ultra's CPU runs; pinned here with EDGEINFER_KERNEL_ISA),
+    whose MatMulW8 multiplies the activations as they are instead of as two int8 digits: the same graph, checked
+    against the fp32 reference by deploy's golden check on that build."""
+    from edgeinfer_onnxruntime import custom_ops
+
+    monkeypatch.setenv(custom_ops.ISA_ENV, "avx2")
+    if custom_ops.unavailable():
+        pytest.skip(f"no AVX2 build here: {custom_ops.unavailable()}")
+    stamp, graph = _deploy_in_a_new_process(tmp_path, "w8a16")
+    assert "edgeinfer.MatMulW8" in stamp["then"]
+    assert sum(n.op_type == "MatMulW8" and n.domain == "edgeinfer" for n in graph.graph.node) > 0
+    assert not [n.name for n in graph.graph.node if n.op_type in ("MatMul", "MatMulNBits")
+                and n.input[1] in {t.name for t in graph.graph.initializer}]
 
 
 def _summed_halves(nodes, ops):

@@ -98,7 +98,7 @@ HUGE_PAGE = 2 << 20  # x86-64 and arm64 with 4 KiB pages: a PMD maps 2 MiB
 HUGE_PAGES_ENV = "EDGEINFER_HUGE_PAGES"  # "off" (or 0): leave the weights on the pages they were given
 
 
-def collapse_resident(min_bytes: int = HUGE_PAGE) -> int:
+def collapse_resident() -> int:
     """madvise(MADV_COLLAPSE) every 2 MiB-aligned stretch of this process's private anonymous memory (the heap
     and anonymous mappings, where a runtime holds the weights it packed) that is wholly resident; the bytes now
     backed by huge pages (0 before Linux 6.1, off Linux, or where the kernel refused).
@@ -124,13 +124,15 @@ def collapse_resident(min_bytes: int = HUGE_PAGE) -> int:
             continue
         start, end = (int(x, 16) for x in f[0].split("-"))
         first, last = -(-start // HUGE_PAGE) * HUGE_PAGE, end // HUGE_PAGE * HUGE_PAGE
-        if last - first < min_bytes:
-            continue
-        for at in range(first, last, HUGE_PAGE):
+        for at in range(first, last, HUGE_PAGE):  # none where no whole aligned 2 MiB fits
             if libc.mincore(at, HUGE_PAGE, vec) != 0 or not all(b & 1 for b in vec.raw):
                 continue
-            if libc.madvise(at, HUGE_PAGE, MADV_COLLAPSE) == 0:
-                collapsed += HUGE_PAGE
-            elif ctypes.get_errno() == 22:  # EINVAL: the kernel has no MADV_COLLAPSE
-                return collapsed
+            for _ in range(2):  # EAGAIN (11): a page was briefly locked or under writeback; once more
+                if libc.madvise(at, HUGE_PAGE, MADV_COLLAPSE) == 0:
+                    collapsed += HUGE_PAGE
+                    break
+                if ctypes.get_errno() == 22:  # EINVAL: the kernel has no MADV_COLLAPSE
+                    return collapsed
+                if ctypes.get_errno() != 11:
+                    break
     return collapsed

@@ -156,12 +156,12 @@ class OnnxRuntimeBackend(Backend):
                 available=False,
                 problems=[Problem(f"onnxruntime does not import: {e}", "pip install onnxruntime")],
             )
-        from .custom_ops import OPS, compiler, unavailable
+        from .custom_ops import OPS, compiler, isa, unavailable
 
         reason = unavailable()
         details: dict[str, Any] = {"providers": ort.get_available_providers(), "own_ops": (
-            ", ".join(f"edgeinfer.{op} ({scheme})" for scheme, op in OPS.items()) if reason is None
-            else f"none: {reason}")}
+            ", ".join(f"edgeinfer.{op} ({scheme})" for scheme, op in OPS.items()) + f", {isa()} build"
+            if reason is None else f"none: {reason}")}
         if reason is not None and compiler() is None:  # a CPU without the instructions: nothing to fix
             details["warnings"] = [{"message": f"edgeinfer's fp16 and w8a16 decoder ops cannot be built ({reason}): "
                                                "those schemes deploy on onnxruntime's int8 kernel, slower "

@@ -1,16 +1,18 @@
 """edgeinfer's own onnxruntime ops for the host decoder classes onnxruntime has no fast CPU kernel for
 (``kernels/matmul.c``): ``edgeinfer.MatMulF16`` (fp16, the weights read as fp16) and ``edgeinfer.MatMulW8`` (w8a16,
-int8 weights with an fp32 scale per block of 128, the activations as two int8 digits per block, on the CPU's int8
-dot products), where this machine can build and run them (:func:`unavailable`); else fp16 runs as two int8 planes
+int8 weights with an fp32 scale per block of 128), where this machine can build and run them (:func:`unavailable`):
+one C file, built for AVX-512 (F, BW, VNNI: MatMulW8 multiplies the activations as two int8 digits per block on the
+CPU's int8 dot products) or for AVX2 (MatMulW8 converts the weights to fp32 in registers), whichever the CPU has
+(:func:`isa`), both over the same packed weights; else fp16 runs as two int8 planes
 (:mod:`.weight_planes`) and w8a16 over its activations' two int8 digits (:mod:`.int8_digits`), both on onnxruntime's
 int8 kernel.
 
-:func:`library` compiles the ops with the system C compiler (``$CC``, else ``cc``) once per source and compiler into
-the cache (``~/.cache/edgeinfer/kernels/``; ``edgeinfer cache clear kernels`` removes it, and the next load builds
-it again). :func:`use_kernels` rewrites the builder's fp32 graph: each MatMul over a 2-D fp32 weight becomes one of
-the ops over the weight packed in panels of 32 output columns (:func:`pack_f16`, :func:`pack_w8`). A graph that
-imports the ``edgeinfer`` domain needs the library at load (:func:`needs_library`). Standard library at import
-(blocks.py asks :func:`unavailable` for deploy's conversion key).
+:func:`library` compiles the ops with the system C compiler (``$CC``, else ``cc``) once per source, compiler and
+build into the cache (``~/.cache/edgeinfer/kernels/``; ``edgeinfer cache clear kernels`` removes it, and the next
+load builds it again). :func:`use_kernels` rewrites the builder's fp32 graph: each MatMul over a 2-D fp32 weight
+becomes one of the ops over the weight packed in panels of 32 output columns (:func:`pack_f16`, :func:`pack_w8`).
+A graph that imports the ``edgeinfer`` domain needs the library at load (:func:`needs_library`). Standard library
+at import (blocks.py asks :func:`unavailable` for deploy's conversion key).
 """
 
 from __future__ import annotations
@@ -31,9 +33,14 @@ DOMAIN = "edgeinfer"
 OPS = {"fp16": "MatMulF16", "w8a16": "MatMulW8"}  # scheme -> op
 PANEL = 32  # output columns a panel (NR in the C source)
 SOURCE = Path(__file__).with_name("kernels") / "matmul.c"
-FLAGS = ["-std=gnu11", "-O3", "-mavx512f", "-mavx512bw", "-mavx512vnni", "-mfma", "-mf16c", "-fPIC", "-shared",
-         "-fvisibility=hidden"]
-CPU_FLAGS = ("avx512f", "avx512bw", "avx512_vnni", "fma", "f16c")  # /proc/cpuinfo's names
+FLAGS = ["-std=gnu11", "-O3", "-fPIC", "-shared", "-fvisibility=hidden"]
+# the library's builds, best first: the CPU flags each needs (as /proc/cpuinfo names them) and its compiler flags
+ISAS = {
+    "avx512": (("avx512f", "avx512bw", "avx512_vnni", "fma", "f16c"),
+               ["-mavx512f", "-mavx512bw", "-mavx512vnni", "-mfma", "-mf16c"]),
+    "avx2": (("avx2", "fma", "f16c"), ["-mavx2", "-mfma", "-mf16c"]),
+}
+ISA_ENV = "EDGEINFER_KERNEL_ISA"  # pins one build (tests and benchmarks run the AVX2 one on an AVX-512 CPU)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -43,35 +50,64 @@ def compiler() -> str | None:
     return shutil.which(os.environ.get("CC") or "cc")
 
 
+@functools.lru_cache(maxsize=1)
+def _cpu_flags() -> tuple[str, ...] | None:
+    try:
+        return tuple(next((ln.split(":", 1)[1].split() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                           if ln.startswith("flags")), []))
+    except OSError:
+        return None
+
+
+def _lacks(build: str) -> list[str]:
+    return [f for f in ISAS[build][0] if f not in (_cpu_flags() or ())]
+
+
+def isa() -> str | None:
+    """The build this process runs: ``$EDGEINFER_KERNEL_ISA`` where set, else the best this CPU has; None where it
+    has none (:func:`unavailable` says why)."""
+    pinned = os.environ.get(ISA_ENV)
+    if pinned:
+        return pinned if pinned in ISAS and not _lacks(pinned) else None
+    return next((b for b in ISAS if not _lacks(b)), None)
+
+
 def unavailable() -> str | None:
     """Why this machine cannot run the ops (one line), or None."""
-    try:
-        flags = next((ln.split(":", 1)[1].split() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                      if ln.startswith("flags")), [])
-    except OSError:
-        return "no /proc/cpuinfo to check the CPU's AVX-512 on (Linux x86-64 only)"
-    missing = [f for f in CPU_FLAGS if f not in flags]
-    if missing:
-        return f"the CPU lacks {', '.join(missing)}"
+    if _cpu_flags() is None:
+        return "no /proc/cpuinfo to check the CPU's AVX2 on (Linux x86-64 only)"
+    pinned = os.environ.get(ISA_ENV)
+    if pinned and pinned not in ISAS:
+        return f"{ISA_ENV}={pinned} names no build of them (one of {', '.join(ISAS)})"
+    if isa() is None:
+        build = pinned or "avx2"
+        return f"the CPU lacks {', '.join(_lacks(build))}" + (f" ({ISA_ENV}={pinned})" if pinned else "")
     if compiler() is None:
         return f"no C compiler ({os.environ.get('CC') or 'cc'}) to build it"
     return None
 
 
 def library() -> Path:
-    """The ops' shared library, built on first use (about two seconds)."""
-    cc = compiler()
+    """The ops' shared library for this CPU (:func:`isa`), built on first use (about two seconds)."""
+    cc, build = compiler(), isa()
+    if build is None:
+        raise BackendUnavailableError(f"this bundle's MatMuls need edgeinfer's own ops, which cannot run here "
+                                      f"({unavailable()}); deploy the model again on this machine")
     if cc is None:
         raise BackendUnavailableError(f"this bundle's MatMuls need a C compiler to build {SOURCE.name} "
                                       f"({os.environ.get('CC') or 'cc'} not found); install one (apt install gcc) "
                                       "or deploy the model again on this machine")
-    out = cache.root() / "kernels" / _key(cc) / "libedgeinfer_matmul.so"
+    flags = [*FLAGS, *ISAS[build][1]]
+    out = cache.root() / "kernels" / f"{build}-{_key(cc, build)}" / "libedgeinfer_matmul.so"
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
+    for old in out.parent.parent.iterdir():  # this build's earlier sources or compilers, and unnamed older builds
+        if old != out.parent and (old.name.startswith(f"{build}-") or old.name.split("-")[0] not in ISAS):
+            shutil.rmtree(old, ignore_errors=True)
     with tempfile.NamedTemporaryFile(dir=out.parent, suffix=".so", delete=False) as tmp:
         pass
-    proc = subprocess.run([cc, *FLAGS, "-o", tmp.name, str(SOURCE)], capture_output=True, text=True)
+    proc = subprocess.run([cc, *flags, "-o", tmp.name, str(SOURCE)], capture_output=True, text=True)
     if proc.returncode != 0:
         os.unlink(tmp.name)
         lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
@@ -80,11 +116,11 @@ def library() -> Path:
     return out
 
 
-@functools.lru_cache(maxsize=4)
-def _key(cc: str) -> str:
+@functools.lru_cache(maxsize=8)
+def _key(cc: str, build: str) -> str:
     """The library's cache entry: the source, the compiler's version line and the flags (once per process)."""
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
-    return hashlib.sha256(SOURCE.read_bytes() + repr((version, FLAGS)).encode()).hexdigest()[:16]
+    return hashlib.sha256(SOURCE.read_bytes() + repr((version, FLAGS, ISAS[build][1])).encode()).hexdigest()[:16]
 
 
 def needs_library(graph: Path) -> bool:

@@ -1,8 +1,9 @@
 """edgeinfer's own onnxruntime ops (edgeinfer_onnxruntime/custom_ops.py, kernels/matmul.c), on onnxruntime
 itself: x @ W equals numpy's float64 product of x and W as the op holds it (fp16-rounded; int8 times its block's
-scale), for every row count (the one-row path, the 12-row passes and their remainders), column counts that fill
-no whole panel, K that fills no whole block, leading dimensions and 1 or 2 threads; the graph rewrite replaces
-only MatMuls over 2-D fp32 weights; a missing compiler is one line."""
+scale), for every row count (the one-row path, the multi-row passes and their remainders), column counts that fill
+no whole panel, K that fills no whole block, leading dimensions and 1 or 2 threads, in each build this CPU runs
+(AVX-512 and AVX2 here); the graph rewrite replaces only MatMuls over 2-D fp32 weights; a missing compiler, or a CPU
+without the build a bundle needs, is one line."""
 
 from __future__ import annotations
 
@@ -36,6 +37,15 @@ def matmul_graph(w: np.ndarray, rank: int = 3, extra_matmul: bool = False):
                           [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)],
                           [numpy_helper.from_array(w, "w")])
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.fixture(params=list(custom_ops.ISAS))
+def build(request, monkeypatch):
+    """Each build of the library this CPU runs, pinned through $EDGEINFER_KERNEL_ISA."""
+    monkeypatch.setenv(custom_ops.ISA_ENV, request.param)
+    if custom_ops.isa() is None:
+        pytest.skip(f"this CPU does not run the {request.param} build: {custom_ops.unavailable()}")
+    return request.param
 
 
 def session(model, threads: int = 1):
@@ -74,8 +84,9 @@ def digits(x: np.ndarray, block: int) -> np.ndarray:
     return out
 
 
-def reference(x: np.ndarray, w: np.ndarray, scheme: str = "fp16", block: int = 0) -> np.ndarray:
-    held_x = x.astype(np.float64) if scheme == "fp16" else digits(x, block)
+def reference(x: np.ndarray, w: np.ndarray, scheme: str = "fp16", block: int = 0, build: str = "avx2") -> np.ndarray:
+    """x @ W as the op multiplies them: the AVX-512 build's MatMulW8 takes x as two digits, the rest x itself."""
+    held_x = digits(x, block) if scheme == "w8a16" and build == "avx512" else x.astype(np.float64)
     return held_x @ held(w, scheme, block)
 
 
@@ -97,7 +108,7 @@ def test_pack_puts_each_panel_of_32_columns_row_after_row_and_pads_the_last_with
 @pytest.mark.parametrize("scheme, block", [("fp16", 0), ("w8a16", 128), ("w8a16", 32)])
 @pytest.mark.parametrize("k, n", [(64, 32), (130, 50), (48, 7), (96, 200)])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_the_kernel_equals_the_product_with_the_weights_it_holds(scheme, block, k, n, threads):
+def test_the_kernel_equals_the_product_with_the_weights_it_holds(scheme, block, k, n, threads, build):
     rng = np.random.default_rng(k * n)
     w = rng.standard_normal((k, n)).astype(np.float32)
     model = matmul_graph(w)
@@ -108,10 +119,10 @@ def test_the_kernel_equals_the_product_with_the_weights_it_holds(scheme, block, 
         y = s.run(None, {"x": x})[0]
         assert y.shape == (*rows, n)
         # fp32 accumulation of k products of magnitude ~1: error ~ k * 2**-24 * sqrt(k) at most
-        np.testing.assert_allclose(y, reference(x, w, scheme, block), rtol=0, atol=1e-5 * k)
+        np.testing.assert_allclose(y, reference(x, w, scheme, block, build), rtol=0, atol=1e-5 * k)
 
 
-def test_a_two_dimensional_input_and_a_single_row():
+def test_a_two_dimensional_input_and_a_single_row(build):
     rng = np.random.default_rng(3)
     w = rng.standard_normal((40, 33)).astype(np.float32)
     model = matmul_graph(w, rank=2)
@@ -120,7 +131,7 @@ def test_a_two_dimensional_input_and_a_single_row():
     np.testing.assert_allclose(session(model).run(None, {"x": x})[0], reference(x, w), atol=1e-4)
 
 
-def test_the_rewrite_packs_weights_only_and_drops_the_fp32_copy():
+def test_the_rewrite_packs_weights_only_and_drops_the_fp32_copy(build):
     w = np.ones((16, 8), np.float32)
     model = matmul_graph(w, extra_matmul=True)
     assert custom_ops.use_kernels(model, "fp16") == 1
@@ -144,7 +155,7 @@ def test_a_graph_needs_the_library_exactly_when_it_imports_the_domain(tmp_path):
     assert not custom_ops.needs_library(plain) and custom_ops.needs_library(kernel)
 
 
-def test_a_weight_that_does_not_match_the_input_is_refused_by_the_kernel():
+def test_a_weight_that_does_not_match_the_input_is_refused_by_the_kernel(build):
     model = matmul_graph(np.ones((16, 8), np.float32))
     custom_ops.use_kernels(model, "fp16")
     model.graph.input[0].type.tensor_type.shape.dim[2].dim_param = "k"  # onnxruntime's own check let through
@@ -170,10 +181,46 @@ def test_the_probe_names_the_ops_and_warns_with_a_fix_when_no_compiler_builds_th
     from edgeinfer_onnxruntime.backend import OnnxRuntimeBackend
 
     details = OnnxRuntimeBackend().probe().details
-    assert details["own_ops"] == "edgeinfer.MatMulF16 (fp16), edgeinfer.MatMulW8 (w8a16)"
+    assert details["own_ops"] == f"edgeinfer.MatMulF16 (fp16), edgeinfer.MatMulW8 (w8a16), {custom_ops.isa()} build"
     assert "warnings" not in details
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     details = OnnxRuntimeBackend().probe().details
     assert details["own_ops"].startswith("none: no C compiler")
     [warning] = details["warnings"]
     assert "int8 kernel" in warning["message"] and "apt install gcc" in warning["fix"]
+
+
+def test_each_cpu_gets_the_best_build_it_runs_and_one_without_avx2_a_line_that_says_so(monkeypatch):
+    """The CPU's flags stood in for (custom_ops._cpu_flags): this machine's own are one case only."""
+    monkeypatch.delenv(custom_ops.ISA_ENV, raising=False)
+    zen4 = ("fma", "f16c", "avx2", "avx512f", "avx512bw", "avx512_vnni")
+    core_ultra = ("fma", "f16c", "avx2", "avx_vnni")  # Meteor Lake: AVX2 and AVX-VNNI, no AVX-512
+    for flags, want in [(zen4, "avx512"), (core_ultra, "avx2"), (("fma", "f16c", "avx"), None)]:
+        monkeypatch.setattr(custom_ops, "_cpu_flags", lambda flags=flags: flags)
+        assert custom_ops.isa() == want
+    assert custom_ops.unavailable() == "the CPU lacks avx2"
+    with pytest.raises(BackendUnavailableError, match=r"cannot run here \(the CPU lacks avx2\); deploy") as e:
+        custom_ops.library()
+    assert "\n" not in str(e.value)
+    monkeypatch.setattr(custom_ops, "_cpu_flags", lambda: core_ultra)
+    monkeypatch.setenv(custom_ops.ISA_ENV, "avx512")
+    assert custom_ops.isa() is None
+    assert custom_ops.unavailable() == "the CPU lacks avx512f, avx512bw, avx512_vnni (EDGEINFER_KERNEL_ISA=avx512)"
+    monkeypatch.setenv(custom_ops.ISA_ENV, "neon")
+    assert custom_ops.unavailable() == "EDGEINFER_KERNEL_ISA=neon names no build of them (one of avx512, avx2)"
+
+
+def test_the_two_builds_are_two_libraries_and_a_build_replaces_its_older_ones(monkeypatch, tmp_path):
+    monkeypatch.setenv("EDGEINFER_CACHE_DIR", str(tmp_path / "cache"))
+    kernels = tmp_path / "cache" / "kernels"
+    runs = [b for b in custom_ops.ISAS if not custom_ops._lacks(b)]
+    for stale in [f"{b}-0000000000000000" for b in runs] + ["0123456789abcdef"]:  # older sources, unnamed builds
+        (kernels / stale).mkdir(parents=True)
+        (kernels / stale / "libedgeinfer_matmul.so").write_bytes(b"old")
+    built = set()
+    for b in custom_ops.ISAS:
+        monkeypatch.setenv(custom_ops.ISA_ENV, b)
+        if custom_ops.isa() is not None:
+            built.add(custom_ops.library())
+    assert len(built) == len(runs)
+    assert sorted(p.parent for p in built) == sorted(kernels.iterdir())

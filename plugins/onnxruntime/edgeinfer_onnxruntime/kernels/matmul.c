@@ -1,9 +1,12 @@
 /* edgeinfer's CPU matmuls for decoders on onnxruntime: y = x @ W, fp32 activations, the weights as deployed.
  *
- *   MatMulF16  fp16 weights (the host fp16 class), converted to fp32 in registers (AVX-512F vcvtph2ps), fp32
+ *   MatMulF16  fp16 weights (the host fp16 class), converted to fp32 in registers (F16C vcvtph2ps), fp32
  *              multiply-adds;
- *   MatMulW8   int8 weights with an fp32 scale per block of `block` rows and column (the host w8a16 class), the
- *              activations as two int8 digits per block, on int8 dot products (AVX-512 VNNI; below).
+ *   MatMulW8   int8 weights with an fp32 scale per block of `block` rows and column (the host w8a16 class).
+ * Two builds of this one file (custom_ops.py picks the one the CPU runs): with AVX-512 F, BW and VNNI, MatMulW8
+ * multiplies the activations as two int8 digits per block on int8 dot products (below); with AVX2 (and FMA, F16C)
+ * it converts the weights to fp32 in registers and multiplies the activations as they are. Both read the same
+ * packed weights, so a bundle deployed on one CPU loads on the other.
  * onnxruntime 1.26's CPU provider has neither for x86 CPUs without AVX-512 FP16: it held fp16 weights as fp32, and
  * its 8-bit MatMulNBits dequantizes the whole weight at every call for fp32 activations (custom_ops.py says what
  * the plugin does where these cannot be built).
@@ -72,7 +75,21 @@ typedef struct OrtCustomOp { /* the members through KernelComputeV2 (version 16)
 } OrtCustomOp;
 
 #define NR 32 /* output columns a panel */
-#define MR 12 /* activation rows a pass over a panel: 24 accumulators of the 32 registers */
+
+static OrtStatus *error(const char *message) {
+  return ((OrtStatus * (*)(int, const char *)) api[CreateStatus])(ORT_INVALID_ARGUMENT, message);
+}
+
+typedef struct { /* one MatMulW8 call */
+  const float *x;
+  const uint8_t *w;
+  const float *ws;
+  float *y;
+  int64_t M, K, K4, KB, n, block, P;
+} W8Args;
+
+#if defined(__AVX512F__)
+#define MR 12 /* activation rows a pass over an fp16 panel: 24 accumulators of the 32 registers */
 
 /* row k of an fp16 panel ([K][32]) as fp32, columns 0-15 and 16-31 */
 static inline __attribute__((always_inline)) void load_row(const uint16_t *wp, int64_t k, __m512 *w0, __m512 *w1) {
@@ -125,30 +142,11 @@ static void panel_row(const float *x, const uint16_t *wp, float *y, int64_t K, i
   store(y, cols, _mm512_add_ps(a0, a2), _mm512_add_ps(a1, a3));
 }
 
-typedef struct {
-  const float *x;
-  const uint16_t *w;
-  float *y;
-  int64_t M, K, n;
-} JobF16;
-
-static void run_f16(void *job, size_t p) {
-  const JobF16 *j = job;
-  const uint16_t *wp = j->w + (int64_t)p * j->K * NR;
-  int64_t col = (int64_t)p * NR;
-  int cols = j->n - col < NR ? (int)(j->n - col) : NR;
-  if (j->M == 1) {
-    panel_row(j->x, wp, j->y + col, j->K, cols);
-    return;
-  }
-  for (int64_t m = 0; m < j->M; m += MR) {
-    const float *x = j->x + m * j->K;
-    float *y = j->y + m * j->n + col;
-    switch (j->M - m < MR ? (int)(j->M - m) : MR) { /* a constant row count: accumulators in registers */
-#define ROWS(R) case R: panel_rows(x, wp, y, j->K, j->n, R, cols); break;
-      ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8) ROWS(9) ROWS(10) ROWS(11) ROWS(12)
+static void panel_block(const float *x, const uint16_t *wp, float *y, int64_t K, int64_t ldy, int mr, int cols) {
+  switch (mr) { /* a constant row count: accumulators in registers */
+#define ROWS(R) case R: panel_rows(x, wp, y, K, ldy, R, cols); break;
+    ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8) ROWS(9) ROWS(10) ROWS(11) ROWS(12)
 #undef ROWS
-    }
   }
 }
 
@@ -265,13 +263,176 @@ static void run_w8(void *job, size_t p) {
   }
 }
 
+static OrtStatus *matmul_w8(void *context, const W8Args *a) {
+  int64_t M = a->M, K4 = a->K4, KB = a->KB;
+  char *scratch = malloc((size_t)(M * K4 * 2 + M * KB * 12));
+  if (!scratch) return error("MatMulW8: out of memory");
+  Digits d = {(int8_t *)scratch, (int8_t *)scratch + M * K4, (float *)(scratch + M * K4 * 2),
+              (int32_t *)(scratch + M * K4 * 2 + M * KB * 4), (int32_t *)(scratch + M * K4 * 2 + M * KB * 8)};
+  digits_of(a->x, M, a->K, K4, a->block, KB, &d);
+  JobW8 job = {&d, a->w, a->ws, a->y, M, K4, KB, a->n, a->block};
+  OrtStatus *s = CALL(KernelContext_ParallelFor, context, run_w8, (size_t)a->P, (size_t)0, &job);
+  free(scratch);
+  return s;
+}
+
+#else /* AVX2, FMA and F16C: 8 lanes a register, so a panel row is 4 registers, and 16 registers in all */
+#define MR 3 /* activation rows a pass over an fp16 panel: 12 accumulators */
+
+/* row k of an fp16 panel as fp32, columns 8c .. 8c + 7 in w[c] */
+static inline __attribute__((always_inline)) void load_row(const uint16_t *wp, int64_t k, __m256 w[4]) {
+  for (int c = 0; c < 4; c++) w[c] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wp + k * NR + 8 * c)));
+}
+
+static inline __attribute__((always_inline)) void store(float *y, int cols, const __m256 a[4]) {
+  if (cols == NR) {
+    for (int c = 0; c < 4; c++) _mm256_storeu_ps(y + 8 * c, a[c]);
+    return;
+  }
+  float full[NR];
+  for (int c = 0; c < 4; c++) _mm256_storeu_ps(full + 8 * c, a[c]);
+  for (int c = 0; c < cols; c++) y[c] = full[c];
+}
+
+static inline __attribute__((always_inline)) void panel_rows(const float *x, const uint16_t *wp, float *y,
+                                                             int64_t K, int64_t ldy, int mr, int cols) {
+  __m256 a[MR][4], w[4];
+  for (int i = 0; i < mr; i++)
+    for (int c = 0; c < 4; c++) a[i][c] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; k++) {
+    load_row(wp, k, w);
+    for (int i = 0; i < mr; i++) {
+      __m256 xb = _mm256_set1_ps(x[i * K + k]);
+      for (int c = 0; c < 4; c++) a[i][c] = _mm256_fmadd_ps(xb, w[c], a[i][c]);
+    }
+  }
+  for (int i = 0; i < mr; i++) store(y + i * ldy, cols, a[i]);
+}
+
+/* one row: two k chains so that the FMA latency does not bound the stream of weights */
+static void panel_row(const float *x, const uint16_t *wp, float *y, int64_t K, int cols) {
+  __m256 a[4], b[4], w[4];
+  for (int c = 0; c < 4; c++) a[c] = b[c] = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 1 < K; k += 2) {
+    __m256 x0 = _mm256_set1_ps(x[k]), x1 = _mm256_set1_ps(x[k + 1]);
+    load_row(wp, k, w);
+    for (int c = 0; c < 4; c++) a[c] = _mm256_fmadd_ps(x0, w[c], a[c]);
+    load_row(wp, k + 1, w);
+    for (int c = 0; c < 4; c++) b[c] = _mm256_fmadd_ps(x1, w[c], b[c]);
+  }
+  if (k < K) {
+    __m256 x0 = _mm256_set1_ps(x[k]);
+    load_row(wp, k, w);
+    for (int c = 0; c < 4; c++) a[c] = _mm256_fmadd_ps(x0, w[c], a[c]);
+  }
+  for (int c = 0; c < 4; c++) a[c] = _mm256_add_ps(a[c], b[c]);
+  store(y, cols, a);
+}
+
+static void panel_block(const float *x, const uint16_t *wp, float *y, int64_t K, int64_t ldy, int mr, int cols) {
+  switch (mr) { /* a constant row count: accumulators in registers */
+#define ROWS(R) case R: panel_rows(x, wp, y, K, ldy, R, cols); break;
+    ROWS(1) ROWS(2) ROWS(3)
+#undef ROWS
+  }
+}
+
+/* MatMulW8 without VNNI: each byte of a quad (q + 128; four rows of one column, custom_ops.py) back to q as
+ * fp32 in registers, multiplied into the activations as they are; each block's sum is scaled once. The
+ * activations are read K4 wide: x padded with zeros where K is not a multiple of 4. */
+#define WR 2 /* activation rows a pass over a panel: 8 block accumulators */
+
+typedef struct {
+  const float *x; /* [M][K4] */
+  const uint8_t *w;
+  const float *ws;
+  float *y;
+  int64_t M, K4, KB, n, block;
+} JobW8;
+
+static inline __attribute__((always_inline)) void w8_rows(const JobW8 *j, size_t p, int64_t m0, int mr) {
+  const int64_t K4 = j->K4, block = j->block;
+  const uint8_t *wp = j->w + (int64_t)p * K4 * NR;
+  const float *wsp = j->ws + (int64_t)p * j->KB * NR;
+  int64_t col = (int64_t)p * NR;
+  int cols = j->n - col < NR ? (int)(j->n - col) : NR;
+  const __m256i flip = _mm256_set1_epi8((char)0x80); /* q + 128 -> q, as int8 */
+  const float *xr = j->x + m0 * K4;
+  __m256 f[WR][4];
+  for (int i = 0; i < mr; i++)
+    for (int c = 0; c < 4; c++) f[i][c] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < j->KB; b++) {
+    int64_t k0 = b * block, k1 = k0 + block < K4 ? k0 + block : K4;
+    __m256 a[WR][4];
+    for (int i = 0; i < mr; i++)
+      for (int c = 0; c < 4; c++) a[i][c] = _mm256_setzero_ps();
+    for (int64_t k = k0; k < k1; k += 4) {
+      for (int c = 0; c < 4; c++) { /* columns 8c .. 8c + 7, rows k .. k + 3 */
+        __m256i q = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(wp + k * NR + 32 * c)), flip);
+        for (int t = 0; t < 4; t++) {
+          __m256 wt = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(q, 24 - 8 * t), 24));
+          for (int i = 0; i < mr; i++) a[i][c] = _mm256_fmadd_ps(_mm256_set1_ps(xr[i * K4 + k + t]), wt, a[i][c]);
+        }
+      }
+    }
+    for (int c = 0; c < 4; c++) {
+      __m256 s = _mm256_loadu_ps(wsp + b * NR + 8 * c);
+      for (int i = 0; i < mr; i++) f[i][c] = _mm256_fmadd_ps(a[i][c], s, f[i][c]);
+    }
+  }
+  for (int i = 0; i < mr; i++) store(j->y + (m0 + i) * j->n + col, cols, f[i]);
+}
+
+static void run_w8(void *job, size_t p) {
+  const JobW8 *j = job;
+  for (int64_t m = 0; m < j->M; m += WR) {
+    if (j->M - m >= 2) w8_rows(j, p, m, 2); /* a constant row count: accumulators in registers */
+    else w8_rows(j, p, m, 1);
+  }
+}
+
+static OrtStatus *matmul_w8(void *context, const W8Args *a) {
+  float *padded = NULL;
+  const float *x = a->x;
+  if (a->K4 != a->K) {
+    padded = calloc((size_t)(a->M * a->K4), sizeof(float));
+    if (!padded) return error("MatMulW8: out of memory");
+    for (int64_t m = 0; m < a->M; m++)
+      for (int64_t k = 0; k < a->K; k++) padded[m * a->K4 + k] = a->x[m * a->K + k];
+    x = padded;
+  }
+  JobW8 job = {x, a->w, a->ws, a->y, a->M, a->K4, a->KB, a->n, a->block};
+  OrtStatus *s = CALL(KernelContext_ParallelFor, context, run_w8, (size_t)a->P, (size_t)0, &job);
+  free(padded);
+  return s;
+}
+#endif
+
+typedef struct {
+  const float *x;
+  const uint16_t *w;
+  float *y;
+  int64_t M, K, n;
+} JobF16;
+
+static void run_f16(void *job, size_t p) {
+  const JobF16 *j = job;
+  const uint16_t *wp = j->w + (int64_t)p * j->K * NR;
+  int64_t col = (int64_t)p * NR;
+  int cols = j->n - col < NR ? (int)(j->n - col) : NR;
+  if (j->M == 1) {
+    panel_row(j->x, wp, j->y + col, j->K, cols);
+    return;
+  }
+  for (int64_t m = 0; m < j->M; m += MR)
+    panel_block(j->x + m * j->K, wp, j->y + m * j->n + col, j->K, j->n, j->M - m < MR ? (int)(j->M - m) : MR,
+                cols);
+}
+
 typedef struct {
   int64_t n, block; /* block: 0 for MatMulF16 */
 } Kernel;
-
-static OrtStatus *error(const char *message) {
-  return ((OrtStatus * (*)(int, const char *)) api[CreateStatus])(ORT_INVALID_ARGUMENT, message);
-}
 
 static OrtStatus *shape_of(const void *value, int64_t *dims, size_t *rank) {
   void *info;
@@ -316,16 +477,8 @@ static OrtStatus *compute(void *kernel, void *context) {
     JobF16 job = {x, w, y, M, K, kn->n};
     return CALL(KernelContext_ParallelFor, context, run_f16, (size_t)wd[0], (size_t)0, &job);
   }
-  int64_t K4 = wd[1];
-  char *scratch = malloc((size_t)(M * K4 * 2 + M * KB * 12));
-  if (!scratch) return error("MatMulW8: out of memory");
-  Digits d = {(int8_t *)scratch, (int8_t *)scratch + M * K4, (float *)(scratch + M * K4 * 2),
-              (int32_t *)(scratch + M * K4 * 2 + M * KB * 4), (int32_t *)(scratch + M * K4 * 2 + M * KB * 8)};
-  digits_of(x, M, K, K4, kn->block, KB, &d);
-  JobW8 job = {&d, w, sc, y, M, K4, KB, kn->n, kn->block};
-  s = CALL(KernelContext_ParallelFor, context, run_w8, (size_t)wd[0], (size_t)0, &job);
-  free(scratch);
-  return s;
+  W8Args args = {x, w, sc, y, M, K, wd[1], KB, kn->n, kn->block, wd[0]};
+  return matmul_w8(context, &args);
 }
 
 static OrtStatus *create(const void *info, void **out, int w8) {
