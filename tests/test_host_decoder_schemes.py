@@ -169,8 +169,8 @@ def _deploy_without_a_c_compiler(tmp_path, quant):
 
 def test_the_avx2_build_of_the_own_ops_deploys_w8a16_and_passes_golden(tmp_path, monkeypatch):
     """The library's AVX2 build (what an Intel Core Ultra's CPU runs; pinned here with EDGEINFER_KERNEL_ISA),
-    whose MatMulW8 multiplies the activations as they are instead of as two int8 digits: the same graph, checked
-    against the fp32 reference by deploy's golden check on that build."""
+    whose MatMulW8 multiplies on vpmaddwd instead of VNNI: the same graph, checked against the fp32 reference by
+    deploy's golden check on that build."""
     from edgeinfer_onnxruntime import custom_ops
 
     monkeypatch.setenv(custom_ops.ISA_ENV, "avx2")

@@ -1,9 +1,9 @@
 """edgeinfer's own onnxruntime ops for the host decoder classes onnxruntime has no fast CPU kernel for
 (``kernels/matmul.c``): ``edgeinfer.MatMulF16`` (fp16, the weights read as fp16) and ``edgeinfer.MatMulW8`` (w8a16,
-int8 weights with an fp32 scale per block of 128), where this machine can build and run them (:func:`unavailable`):
-one C file, built for AVX-512 (F, BW, VNNI: MatMulW8 multiplies the activations as two int8 digits per block on the
-CPU's int8 dot products) or for AVX2 (MatMulW8 converts the weights to fp32 in registers), whichever the CPU has
-(:func:`isa`), both over the same packed weights; else fp16 runs as two int8 planes
+int8 weights with an fp32 scale per block of 128, the activations as two int8 digits per block on the CPU's
+integer dot products), where this machine can build and run them (:func:`unavailable`): one C file, built for
+AVX-512 (F, BW, VNNI) or for AVX2 (with FMA, F16C), whichever the CPU has (:func:`isa`), both over the same packed
+weights; else fp16 runs as two int8 planes
 (:mod:`.weight_planes`) and w8a16 over its activations' two int8 digits (:mod:`.int8_digits`), both on onnxruntime's
 int8 kernel.
 

@@ -84,9 +84,9 @@ def digits(x: np.ndarray, block: int) -> np.ndarray:
     return out
 
 
-def reference(x: np.ndarray, w: np.ndarray, scheme: str = "fp16", block: int = 0, build: str = "avx2") -> np.ndarray:
-    """x @ W as the op multiplies them: the AVX-512 build's MatMulW8 takes x as two digits, the rest x itself."""
-    held_x = digits(x, block) if scheme == "w8a16" and build == "avx512" else x.astype(np.float64)
+def reference(x: np.ndarray, w: np.ndarray, scheme: str = "fp16", block: int = 0) -> np.ndarray:
+    """x @ W as the op multiplies them: MatMulW8 takes x as two digits (in both builds), MatMulF16 x itself."""
+    held_x = digits(x, block) if scheme == "w8a16" else x.astype(np.float64)
     return held_x @ held(w, scheme, block)
 
 
@@ -119,7 +119,20 @@ def test_the_kernel_equals_the_product_with_the_weights_it_holds(scheme, block, 
         y = s.run(None, {"x": x})[0]
         assert y.shape == (*rows, n)
         # fp32 accumulation of k products of magnitude ~1: error ~ k * 2**-24 * sqrt(k) at most
-        np.testing.assert_allclose(y, reference(x, w, scheme, block, build), rtol=0, atol=1e-5 * k)
+        np.testing.assert_allclose(y, reference(x, w, scheme, block), rtol=0, atol=1e-5 * k)
+
+
+def test_a_block_past_256_rows_keeps_its_int32_sums_in_range(build):
+    """MatMulW8's AVX2 build sums a block in int32 and flushes it to fp32 every 256 rows: the largest weights
+    and activations of a 1024-row block sum to 1024 * 127 * 32258 > 2^31 without that."""
+    w = np.ones((1100, 40), np.float32)
+    w[::2] = -1
+    model = matmul_graph(w)
+    custom_ops.use_kernels(model, "w8a16", 1024)
+    x = np.where(np.arange(1100) % 2, 1.0, -1.0).astype(np.float32)[None, None] * np.ones((1, 2, 1), np.float32)
+    y = session(model).run(None, {"x": x})[0]
+    np.testing.assert_allclose(y, reference(x, w, "w8a16", 1024), rtol=1e-6)
+    assert y[0, 0, 0] == pytest.approx(1100)
 
 
 def test_a_two_dimensional_input_and_a_single_row(build):

@@ -2,11 +2,11 @@
  *
  *   MatMulF16  fp16 weights (the host fp16 class), converted to fp32 in registers (F16C vcvtph2ps), fp32
  *              multiply-adds;
- *   MatMulW8   int8 weights with an fp32 scale per block of `block` rows and column (the host w8a16 class).
- * Two builds of this one file (custom_ops.py picks the one the CPU runs): with AVX-512 F, BW and VNNI, MatMulW8
- * multiplies the activations as two int8 digits per block on int8 dot products (below); with AVX2 (and FMA, F16C)
- * it converts the weights to fp32 in registers and multiplies the activations as they are. Both read the same
- * packed weights, so a bundle deployed on one CPU loads on the other.
+ *   MatMulW8   int8 weights with an fp32 scale per block of `block` rows and column (the host w8a16 class), the
+ *              activations as two int8 digits per block, on integer dot products.
+ * Two builds of this one file (custom_ops.py picks the one the CPU runs): AVX-512 F, BW and VNNI (MatMulW8 on
+ * vpdpbusd), and AVX2 with FMA and F16C (MatMulW8 on vpmaddwd). Both read the same packed weights, so a bundle
+ * deployed on one CPU loads on the other, and both compute the same integer sums.
  * onnxruntime 1.26's CPU provider has neither for x86 CPUs without AVX-512 FP16: it held fp16 weights as fp32, and
  * its 8-bit MatMulNBits dequantizes the whole weight at every call for fp32 activations (custom_ops.py says what
  * the plugin does where these cannot be built).
@@ -338,73 +338,144 @@ static void panel_block(const float *x, const uint16_t *wp, float *y, int64_t K,
   }
 }
 
-/* MatMulW8 without VNNI: each byte of a quad (q + 128; four rows of one column, custom_ops.py) back to q as
- * fp32 in registers, multiplied into the activations as they are; each block's sum is scaled once. The
- * activations are read K4 wide: x padded with zeros where K is not a multiple of 4. */
-#define WR 2 /* activation rows a pass over a panel: 8 block accumulators */
+/* MatMulW8 without VNNI: the two digits of an activation as one int16, D = 254 h + l (|D| <= 32385, the digits
+ * above: x = s D / 254), the weights q (q + 128 with its top bit flipped) widened to int16; vpmaddwd multiplies
+ * two pairs a lane and sums them in int32. A block's sum is flushed to fp32 every 256 rows at most: |sum| <= 256 *
+ * 127 * 32385 < 2^31. The same products as the AVX-512 build's, so both give the same result but for fp32
+ * rounding. One row takes a panel's 32 columns in one pass (8 accumulators, two partial sums a column); two or
+ * three rows take 16 a pass (the 64 bytes of a quad row that are one cache line), 4 accumulators a row. */
+#define WR 3 /* activation rows a pass */
 
 typedef struct {
-  const float *x; /* [M][K4] */
+  int16_t *d; /* [M][K4] (+ 8: a row's digits are stored 8 at a time) */
+  float *s;   /* [M][KB] */
+} Digits;
+
+static void digits_of(const float *x, int64_t M, int64_t K, int64_t K4, int64_t block, int64_t KB, Digits *dg) {
+  const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256 lim = _mm256_set1_ps(127.0f), nlim = _mm256_set1_ps(-127.0f), f254 = _mm256_set1_ps(254.0f);
+  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  for (int64_t m = 0; m < M; m++) {
+    const float *xm = x + m * K;
+    int16_t *d = dg->d + m * K4;
+    for (int64_t b = 0; b < KB; b++) {
+      int64_t k0 = b * block, k1 = k0 + block < K ? k0 + block : K;
+      __m256 top = _mm256_setzero_ps();
+      for (int64_t k = k0; k < k1; k += 8) {
+        __m256i in = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(k1 - k)), lanes);
+        top = _mm256_max_ps(top, _mm256_and_ps(_mm256_maskload_ps(xm + k, in), absmask));
+      }
+      __m128 t4 = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
+      t4 = _mm_max_ps(t4, _mm_movehl_ps(t4, t4));
+      float t = _mm_cvtss_f32(_mm_max_ss(t4, _mm_movehdup_ps(t4))), s = t > 0.0f ? t / 127.0f : 1.0f;
+      __m256 inv = _mm256_set1_ps(1.0f / s);
+      for (int64_t k = k0; k < k1; k += 8) { /* lanes past k1 load 0: their D is 0, or the next block's overwrites */
+        __m256i in = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(k1 - k)), lanes);
+        __m256 v = _mm256_mul_ps(_mm256_maskload_ps(xm + k, in), inv);
+        __m256 hv = _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        __m256 lv = _mm256_round_ps(_mm256_mul_ps(_mm256_sub_ps(v, hv), f254),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        hv = _mm256_min_ps(_mm256_max_ps(hv, nlim), lim);
+        lv = _mm256_min_ps(_mm256_max_ps(lv, nlim), lim);
+        __m256i di = _mm256_cvtps_epi32(_mm256_fmadd_ps(hv, f254, lv)); /* exact: |D| < 2^24 */
+        _mm_storeu_si128((__m128i *)(d + k), _mm_packs_epi32(_mm256_castsi256_si128(di),
+                                                              _mm256_extracti128_si256(di, 1)));
+      }
+      dg->s[m * KB + b] = s / 254.0f;
+    }
+    for (int64_t k = K; k < K4; k++) d[k] = 0;
+  }
+}
+
+typedef struct {
+  const Digits *dg;
   const uint8_t *w;
   const float *ws;
   float *y;
   int64_t M, K4, KB, n, block;
 } JobW8;
 
-static inline __attribute__((always_inline)) void w8_rows(const JobW8 *j, size_t p, int64_t m0, int mr) {
+/* columns 0-3 (a: two partial sums each) and 4-7 (b) as the 8 int32 sums, in column order */
+static inline __attribute__((always_inline)) __m256i pair_sums(__m256i a, __m256i b) {
+  return _mm256_permute4x64_epi64(_mm256_hadd_epi32(a, b), 0xD8);
+}
+
+/* rows m0 .. m0 + mr of one panel, its columns in passes of 8 g (the passes' 32 g bytes of a quad row) */
+static inline __attribute__((always_inline)) void w8_rows(const JobW8 *j, size_t p, int64_t m0, int mr, int g) {
   const int64_t K4 = j->K4, block = j->block;
   const uint8_t *wp = j->w + (int64_t)p * K4 * NR;
   const float *wsp = j->ws + (int64_t)p * j->KB * NR;
   int64_t col = (int64_t)p * NR;
   int cols = j->n - col < NR ? (int)(j->n - col) : NR;
   const __m256i flip = _mm256_set1_epi8((char)0x80); /* q + 128 -> q, as int8 */
-  const float *xr = j->x + m0 * K4;
-  __m256 f[WR][4];
-  for (int i = 0; i < mr; i++)
-    for (int c = 0; c < 4; c++) f[i][c] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < j->KB; b++) {
-    int64_t k0 = b * block, k1 = k0 + block < K4 ? k0 + block : K4;
-    __m256 a[WR][4];
+  const int16_t *dr[WR];
+  for (int i = 0; i < mr; i++) dr[i] = j->dg->d + (m0 + i) * K4;
+  float out[WR][NR];
+  for (int first = 0; first < 4; first += g) { /* groups of 8 columns first .. first + g */
+    __m256 f[WR][4];
     for (int i = 0; i < mr; i++)
-      for (int c = 0; c < 4; c++) a[i][c] = _mm256_setzero_ps();
-    for (int64_t k = k0; k < k1; k += 4) {
-      for (int c = 0; c < 4; c++) { /* columns 8c .. 8c + 7, rows k .. k + 3 */
-        __m256i q = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(wp + k * NR + 32 * c)), flip);
-        for (int t = 0; t < 4; t++) {
-          __m256 wt = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(q, 24 - 8 * t), 24));
-          for (int i = 0; i < mr; i++) a[i][c] = _mm256_fmadd_ps(_mm256_set1_ps(xr[i * K4 + k + t]), wt, a[i][c]);
+      for (int c = 0; c < g; c++) f[i][c] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < j->KB; b++) {
+      int64_t k1 = (b + 1) * block < K4 ? (b + 1) * block : K4;
+      for (int64_t kk = b * block; kk < k1; kk += 256) {
+        int64_t kend = kk + 256 < k1 ? kk + 256 : k1;
+        __m256i a[WR][8];
+        for (int i = 0; i < mr; i++)
+          for (int c = 0; c < 2 * g; c++) a[i][c] = _mm256_setzero_si256();
+        for (int64_t k = kk; k < kend; k += 4) {
+          __m256i dq[WR];
+          for (int i = 0; i < mr; i++) {
+            int64_t dv;
+            __builtin_memcpy(&dv, dr[i] + k, 8);
+            dq[i] = _mm256_set1_epi64x(dv);
+          }
+          for (int c = 0; c < g; c++) { /* 8 columns: 32 bytes, four rows of each */
+            const uint8_t *at = wp + k * NR + 32 * (first + c);
+            __m256i q = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)at), flip);
+            __m256i lo = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q));
+            __m256i hi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1));
+            for (int i = 0; i < mr; i++) {
+              a[i][2 * c] = _mm256_add_epi32(a[i][2 * c], _mm256_madd_epi16(lo, dq[i]));
+              a[i][2 * c + 1] = _mm256_add_epi32(a[i][2 * c + 1], _mm256_madd_epi16(hi, dq[i]));
+            }
+          }
+        }
+        for (int c = 0; c < g; c++) {
+          __m256 ws = _mm256_loadu_ps(wsp + b * NR + 8 * (first + c));
+          for (int i = 0; i < mr; i++) {
+            __m256 v = _mm256_cvtepi32_ps(pair_sums(a[i][2 * c], a[i][2 * c + 1]));
+            f[i][c] = _mm256_fmadd_ps(_mm256_mul_ps(v, _mm256_set1_ps(j->dg->s[(m0 + i) * j->KB + b])), ws, f[i][c]);
+          }
         }
       }
     }
-    for (int c = 0; c < 4; c++) {
-      __m256 s = _mm256_loadu_ps(wsp + b * NR + 8 * c);
-      for (int i = 0; i < mr; i++) f[i][c] = _mm256_fmadd_ps(a[i][c], s, f[i][c]);
-    }
+    for (int i = 0; i < mr; i++)
+      for (int c = 0; c < g; c++) _mm256_storeu_ps(out[i] + 8 * (first + c), f[i][c]);
   }
-  for (int i = 0; i < mr; i++) store(j->y + (m0 + i) * j->n + col, cols, f[i]);
+  for (int i = 0; i < mr; i++)
+    for (int c = 0; c < cols; c++) j->y[(m0 + i) * j->n + col + c] = out[i][c];
 }
 
 static void run_w8(void *job, size_t p) {
   const JobW8 *j = job;
   for (int64_t m = 0; m < j->M; m += WR) {
-    if (j->M - m >= 2) w8_rows(j, p, m, 2); /* a constant row count: accumulators in registers */
-    else w8_rows(j, p, m, 1);
+    switch (j->M - m < WR ? (int)(j->M - m) : WR) { /* a constant row count: accumulators in registers */
+      case 1: w8_rows(j, p, m, 1, 4); break; /* one row: the whole panel row a pass, 8 accumulators */
+      case 2: w8_rows(j, p, m, 2, 2); break; /* more: half of it, 4 accumulators a row */
+      case 3: w8_rows(j, p, m, 3, 2); break;
+    }
   }
 }
 
 static OrtStatus *matmul_w8(void *context, const W8Args *a) {
-  float *padded = NULL;
-  const float *x = a->x;
-  if (a->K4 != a->K) {
-    padded = calloc((size_t)(a->M * a->K4), sizeof(float));
-    if (!padded) return error("MatMulW8: out of memory");
-    for (int64_t m = 0; m < a->M; m++)
-      for (int64_t k = 0; k < a->K; k++) padded[m * a->K4 + k] = a->x[m * a->K + k];
-    x = padded;
-  }
-  JobW8 job = {x, a->w, a->ws, a->y, a->M, a->K4, a->KB, a->n, a->block};
+  int64_t M = a->M, K4 = a->K4, KB = a->KB;
+  char *scratch = malloc((size_t)((M * K4 + 8) * 2 + M * KB * 4));
+  if (!scratch) return error("MatMulW8: out of memory");
+  Digits d = {(int16_t *)scratch, (float *)(scratch + (M * K4 + 8) * 2)};
+  digits_of(a->x, M, a->K, K4, a->block, KB, &d);
+  JobW8 job = {&d, a->w, a->ws, a->y, M, K4, KB, a->n, a->block};
   OrtStatus *s = CALL(KernelContext_ParallelFor, context, run_w8, (size_t)a->P, (size_t)0, &job);
-  free(padded);
+  free(scratch);
   return s;
 }
 #endif
