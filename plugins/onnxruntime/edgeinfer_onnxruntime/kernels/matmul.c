@@ -277,7 +277,7 @@ static OrtStatus *matmul_w8(void *context, const W8Args *a) {
 }
 
 #else /* AVX2, FMA and F16C: 8 lanes a register, so a panel row is 4 registers, and 16 registers in all */
-#define MR 3 /* activation rows a pass over an fp16 panel: 12 accumulators */
+#define MR 6 /* activation rows a pass over half an fp16 panel (16 columns): 12 accumulators */
 
 /* row k of an fp16 panel as fp32, columns 8c .. 8c + 7 in w[c] */
 static inline __attribute__((always_inline)) void load_row(const uint16_t *wp, int64_t k, __m256 w[4]) {
@@ -294,19 +294,27 @@ static inline __attribute__((always_inline)) void store(float *y, int cols, cons
   for (int c = 0; c < cols; c++) y[c] = full[c];
 }
 
+/* rows x[0..mr) times one panel in two passes of 16 columns: 2 accumulators a row, so 6 rows share each weight
+ * converted (a whole panel row a pass leaves room for 3) */
 static inline __attribute__((always_inline)) void panel_rows(const float *x, const uint16_t *wp, float *y,
                                                              int64_t K, int64_t ldy, int mr, int cols) {
-  __m256 a[MR][4], w[4];
-  for (int i = 0; i < mr; i++)
-    for (int c = 0; c < 4; c++) a[i][c] = _mm256_setzero_ps();
-  for (int64_t k = 0; k < K; k++) {
-    load_row(wp, k, w);
-    for (int i = 0; i < mr; i++) {
-      __m256 xb = _mm256_set1_ps(x[i * K + k]);
-      for (int c = 0; c < 4; c++) a[i][c] = _mm256_fmadd_ps(xb, w[c], a[i][c]);
+  __m256 out[MR][4];
+  for (int half = 0; half < 2; half++) {
+    __m256 a[MR][2];
+    for (int i = 0; i < mr; i++) a[i][0] = a[i][1] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; k++) {
+      const uint16_t *at = wp + k * NR + 16 * half;
+      __m256 w0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)at));
+      __m256 w1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(at + 8)));
+      for (int i = 0; i < mr; i++) {
+        __m256 xb = _mm256_set1_ps(x[i * K + k]);
+        a[i][0] = _mm256_fmadd_ps(xb, w0, a[i][0]);
+        a[i][1] = _mm256_fmadd_ps(xb, w1, a[i][1]);
+      }
     }
+    for (int i = 0; i < mr; i++) out[i][2 * half] = a[i][0], out[i][2 * half + 1] = a[i][1];
   }
-  for (int i = 0; i < mr; i++) store(y + i * ldy, cols, a[i]);
+  for (int i = 0; i < mr; i++) store(y + i * ldy, cols, out[i]);
 }
 
 /* one row: two k chains so that the FMA latency does not bound the stream of weights */
@@ -333,7 +341,7 @@ static void panel_row(const float *x, const uint16_t *wp, float *y, int64_t K, i
 static void panel_block(const float *x, const uint16_t *wp, float *y, int64_t K, int64_t ldy, int mr, int cols) {
   switch (mr) { /* a constant row count: accumulators in registers */
 #define ROWS(R) case R: panel_rows(x, wp, y, K, ldy, R, cols); break;
-    ROWS(1) ROWS(2) ROWS(3)
+    ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6)
 #undef ROWS
   }
 }
