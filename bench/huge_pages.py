@@ -11,7 +11,12 @@ through ``peer_llamacpp.edgeinfer_target``), in rounds that alternate the order 
   after another (TPOT median over the requests: the path ``peer_llamacpp.py`` measures), and the seconds from
   starting the server to its first answered request (the load, with the collapse inside it when on).
 
-    python bench/huge_pages.py [--pairs host-fp16,host-w8a8] [--rounds 2] [--no-serve]
+``--cold`` drops the bundle's files from the page cache before every run (``POSIX_FADV_DONTNEED``, as after a
+reboot): with ``on``, the onnxruntime plugin reads a graph's weights file whole before it maps it, so that the
+kernel caches it in 2 MiB folios (``pages.read_whole``: the own ops' fp16 and w8a16 compute from that mapping);
+with ``off`` the graph's first steps fault it in, 4 KiB at a time.
+
+    python bench/huge_pages.py [--pairs host-fp16,host-w8a8] [--rounds 2] [--no-serve] [--cold]
 
 Writes bench/results/huge_pages.json (``--out NAME``: NAME.json).
 """
@@ -34,6 +39,17 @@ PAIRS = ["host-fp16", "host-w8a16", "host-w8a8", "ov-fp16"]
 SETTINGS = ["off", "on"]
 SERVE_REQUESTS = 4
 PROMPT = "the river city morning village children market winter music garden school story mountain light"
+
+
+def drop_cached(bundle: Path) -> None:
+    """The bundle's files out of the page cache (those no process maps)."""
+    for f in bundle.rglob("*"):
+        if f.is_file():
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
 
 
 def edgeinfer_bench(bundle: Path, setting: str) -> dict:
@@ -90,6 +106,7 @@ def main() -> None:
     ap.add_argument("--pairs", default=",".join(PAIRS), help=f"comma-separated, of {', '.join(PAIRS)}")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--no-serve", action="store_true", help="only the in-process edgeinfer bench")
+    ap.add_argument("--cold", action="store_true", help="drop the bundle from the page cache before each run")
     ap.add_argument("--out", default="huge_pages")
     args = ap.parse_args()
     import peer_llamacpp as peer
@@ -105,8 +122,12 @@ def main() -> None:
         runs: dict[str, dict[str, list]] = {s: {"bench": [], "serve": []} for s in SETTINGS}
         for r in range(args.rounds):
             for setting in SETTINGS if r % 2 == 0 else SETTINGS[::-1]:
+                if args.cold:
+                    drop_cached(bundle)
                 runs[setting]["bench"].append(edgeinfer_bench(bundle, setting))
                 if not args.no_serve:
+                    if args.cold:
+                        drop_cached(bundle)
                     runs[setting]["serve"].append(serve(bundle, setting))
                 print(name, r, setting, runs[setting]["bench"][-1],
                       runs[setting]["serve"][-1] if runs[setting]["serve"] else "", file=sys.stderr)
@@ -122,6 +143,7 @@ def main() -> None:
         results[name] = {"bundle": bundle.name, "median": med, "on_over_off": gain, "runs": runs}
         print(name, gain, file=sys.stderr)
     write(args.out, {"settings": {"rounds": args.rounds, "threads": 1, "prompt_tokens": 32, "new_tokens": 64,
+                                  "cold": args.cold,
                                   "serve_requests": 0 if args.no_serve else SERVE_REQUESTS},
                      "results": results})
 

@@ -141,6 +141,25 @@ def test_fp16_and_w8a16_deploy_on_edgeinfers_own_ops_and_pass_golden(tiny_qwen3_
     _graph_io_and_tables(out, graph)
 
 
+@pytest.mark.parametrize("quant, read", [("w8a16", True), ("w8a8", False)])
+def test_only_a_graph_on_the_own_ops_reads_its_weights_file_whole_before_onnxruntime_maps_it(
+        tiny_qwen3_host_scheme_bundle, monkeypatch, quant, read):
+    """The own ops compute from onnxruntime's mapping of the weights file, so it is read whole first and the
+    kernel caches it in large folios (pages.read_whole); onnxruntime's own kernels repack their weights."""
+    from edgeinfer_onnxruntime import custom_ops
+
+    import edgeinfer
+    from edgeinfer.contract import pages
+
+    if read and custom_ops.unavailable():
+        pytest.skip(f"no own ops here: {custom_ops.unavailable()}")
+    decoder = tiny_qwen3_host_scheme_bundle(quant).bundle / "decoder"
+    calls = []
+    monkeypatch.setattr(pages, "read_whole", lambda path, *a: calls.append(path) or 0)
+    edgeinfer.backend("onnxruntime").load_decoder(decoder, context=DECODER_BUNDLE_CTX).release()
+    assert calls == ([decoder / "model.onnx.data"] if read else [])
+
+
 def _deploy_in_a_new_process(tmp_path, quant, **env):
     """``edgeinfer deploy`` of the tiny decoder in a new process with ``env`` set (the conversion key reads the
     machine at import); the golden check passed; the bundle's stamp and graph."""

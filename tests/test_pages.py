@@ -1,6 +1,7 @@
 """edgeinfer.contract.pages: the resident pages of a read-only file mapping are dropped and read back intact; a
 writable mapping, and files the path does not name, are left alone. Resident anonymous memory is put on huge
-pages with its bytes and RSS unchanged; a sparse stretch is not filled."""
+pages with its bytes and RSS unchanged; a sparse stretch is not filled. A file read whole before it is mapped is
+mapped on 2 MiB pages where the kernel caches files in large folios."""
 
 from __future__ import annotations
 
@@ -140,3 +141,49 @@ def test_huge_pages_off_collapses_nothing(monkeypatch):
     assert pages.collapse_resident() == 0
     assert smaps_of(address)["AnonHugePages"] == before["AnonHugePages"]
     m.close()
+
+
+def _file_pmd_mapped(path: Path) -> int:
+    """Bytes of ``path`` this process maps through 2 MiB page-table entries (/proc/self/smaps FilePmdMapped)."""
+    total, ours = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if line[:1].isalnum() and "-" in line.split(" ", 1)[0] and ":" not in line.split(" ", 1)[0]:
+            ours = line.rstrip().endswith(str(path))
+        elif ours and line.startswith("FilePmdMapped:"):
+            total += int(line.split()[1]) * 1024
+    return total
+
+
+def _cold_and_touched(path: Path, read_first: bool) -> int:
+    """Drop ``path`` from the page cache, optionally :func:`pages.read_whole` it, map it and touch every page, last
+    first; the bytes mapped on 2 MiB pages."""
+    import os
+
+    fd = os.open(path, os.O_RDONLY)
+    os.fsync(fd)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+    if read_first:
+        assert pages.read_whole(path) == path.stat().st_size
+    with path.open("rb") as f:
+        m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)  # private and writable, as onnxruntime maps
+    for at in range(len(m) - 4096, -1, -4096):  # out of order, as a graph's steps touch it (in order, the
+        m[at]  # mapping's own readahead grows its folios too)
+    try:
+        return _file_pmd_mapped(path)
+    finally:
+        m.close()
+
+
+def test_a_file_read_whole_before_it_is_mapped_is_mapped_on_2_mib_pages(tmp_path, monkeypatch):
+    """The kernel caches a file read sequentially in large folios, and one first touched out of order through a
+    mapping 4 KiB at a time (Linux 6.x, on filesystems with large folios: this project's ext4 on 6.18)."""
+    path = tmp_path / "weights.bin"
+    path.write_bytes(bytes(range(256)) * ((128 << 20) // 256))  # the readahead's folios grow over the first MiBs
+    faulted = _cold_and_touched(path, read_first=False)
+    read = _cold_and_touched(path, read_first=True)
+    if read == 0:
+        pytest.skip("this kernel or filesystem caches no file in 2 MiB folios")
+    assert faulted == 0 and read >= 64 << 20
+    monkeypatch.setenv(pages.HUGE_PAGES_ENV, "off")
+    assert pages.read_whole(path) == 0

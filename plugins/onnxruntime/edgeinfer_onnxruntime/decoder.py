@@ -288,6 +288,8 @@ class OnnxRuntimeDecoder(StepDecoder):
         self._onnx = str(inside(model_dir, dec["filename"], f"{GENAI_CONFIG} model.decoder.filename"))
         # the graph's own ops (custom_ops.py): the library each session of it registers, found once
         self._library = str(custom_ops.library()) if custom_ops.needs_library(Path(self._onnx)) else None
+        if self._library:  # the ops read the weights from onnxruntime's mapping of the file: cached in large folios
+            pages.read_whole(Path(self._onnx + ".data"))
         self._sess = ort.InferenceSession(self._onnx, self._options(), providers=["CPUExecutionProvider"])
         pages.collapse_resident()  # the weights onnxruntime packed at load, read once a token: on 2 MiB pages
         kv_type = check_graph(self._sess, model_dir / GENAI_CONFIG, cfg)

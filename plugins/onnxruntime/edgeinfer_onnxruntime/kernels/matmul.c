@@ -88,6 +88,16 @@ typedef struct { /* one MatMulW8 call */
   int64_t M, K, K4, KB, n, block, P;
 } W8Args;
 
+typedef struct Digits Digits; /* the activations' digits, as each build holds them */
+
+typedef struct { /* one MatMulW8 call, split over the panels */
+  const Digits *d;
+  const uint8_t *w;
+  const float *ws;
+  float *y;
+  int64_t M, K4, KB, n, block;
+} JobW8;
+
 #if defined(__AVX512F__)
 #define MR 12 /* activation rows a pass over an fp16 panel: 24 accumulators of the 32 registers */
 
@@ -158,11 +168,11 @@ static void panel_block(const float *x, const uint16_t *wp, float *y, int64_t K,
  * Then sum (q + 128) h = sum q h + 128 sum h, and the block's sum of h is subtracted. */
 #define WR 6 /* activation rows a pass over a panel: 4 int32 accumulators a row, 24 of the 32 registers */
 
-typedef struct {
+struct Digits {
   int8_t *h, *l;   /* [M][K4] */
   float *s;        /* [M][KB] */
   int32_t *hs, *ls; /* [M][KB] sums of h and l */
-} Digits;
+};
 
 static void digits_of(const float *x, int64_t M, int64_t K, int64_t K4, int64_t block, int64_t KB, Digits *d) {
   const __m512 lim = _mm512_set1_ps(127.0f), nlim = _mm512_set1_ps(-127.0f), f254 = _mm512_set1_ps(254.0f);
@@ -197,14 +207,6 @@ static void digits_of(const float *x, int64_t M, int64_t K, int64_t K4, int64_t 
     for (int64_t k = K; k < K4; k++) h[k] = l[k] = 0;
   }
 }
-
-typedef struct {
-  const Digits *d;
-  const uint8_t *w;
-  const float *ws;
-  float *y;
-  int64_t M, K4, KB, n, block;
-} JobW8;
 
 static inline __attribute__((always_inline)) void w8_rows(const JobW8 *j, size_t p, int64_t m0, int mr) {
   const int64_t K4 = j->K4, block = j->block;
@@ -354,10 +356,10 @@ static void panel_block(const float *x, const uint16_t *wp, float *y, int64_t K,
  * three rows take 16 a pass (the 64 bytes of a quad row that are one cache line), 4 accumulators a row. */
 #define WR 3 /* activation rows a pass */
 
-typedef struct {
+struct Digits {
   int16_t *d; /* [M][K4] (+ 8: a row's digits are stored 8 at a time) */
   float *s;   /* [M][KB] */
-} Digits;
+};
 
 static void digits_of(const float *x, int64_t M, int64_t K, int64_t K4, int64_t block, int64_t KB, Digits *dg) {
   const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
@@ -395,14 +397,6 @@ static void digits_of(const float *x, int64_t M, int64_t K, int64_t K4, int64_t 
   }
 }
 
-typedef struct {
-  const Digits *dg;
-  const uint8_t *w;
-  const float *ws;
-  float *y;
-  int64_t M, K4, KB, n, block;
-} JobW8;
-
 /* columns 0-3 (a: two partial sums each) and 4-7 (b) as the 8 int32 sums, in column order */
 static inline __attribute__((always_inline)) __m256i pair_sums(__m256i a, __m256i b) {
   return _mm256_permute4x64_epi64(_mm256_hadd_epi32(a, b), 0xD8);
@@ -417,7 +411,7 @@ static inline __attribute__((always_inline)) void w8_rows(const JobW8 *j, size_t
   int cols = j->n - col < NR ? (int)(j->n - col) : NR;
   const __m256i flip = _mm256_set1_epi8((char)0x80); /* q + 128 -> q, as int8 */
   const int16_t *dr[WR];
-  for (int i = 0; i < mr; i++) dr[i] = j->dg->d + (m0 + i) * K4;
+  for (int i = 0; i < mr; i++) dr[i] = j->d->d + (m0 + i) * K4;
   float out[WR][NR];
   for (int first = 0; first < 4; first += g) { /* groups of 8 columns first .. first + g */
     __m256 f[WR][4];
@@ -452,7 +446,7 @@ static inline __attribute__((always_inline)) void w8_rows(const JobW8 *j, size_t
           __m256 ws = _mm256_loadu_ps(wsp + b * NR + 8 * (first + c));
           for (int i = 0; i < mr; i++) {
             __m256 v = _mm256_cvtepi32_ps(pair_sums(a[i][2 * c], a[i][2 * c + 1]));
-            f[i][c] = _mm256_fmadd_ps(_mm256_mul_ps(v, _mm256_set1_ps(j->dg->s[(m0 + i) * j->KB + b])), ws, f[i][c]);
+            f[i][c] = _mm256_fmadd_ps(_mm256_mul_ps(v, _mm256_set1_ps(j->d->s[(m0 + i) * j->KB + b])), ws, f[i][c]);
           }
         }
       }
