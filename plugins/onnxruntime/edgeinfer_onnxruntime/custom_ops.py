@@ -3,9 +3,8 @@
 int8 weights with an fp32 scale per block of 128, the activations as two int8 digits per block on the CPU's
 integer dot products), where this machine can build and run them (:func:`unavailable`): one C file, built for
 AVX-512 (F, BW, VNNI) or for AVX2 (with FMA, F16C), whichever the CPU has (:func:`isa`), both over the same packed
-weights; else fp16 runs as two int8 planes
-(:mod:`.weight_planes`) and w8a16 over its activations' two int8 digits (:mod:`.int8_digits`), both on onnxruntime's
-int8 kernel.
+weights; else fp16 runs as two int8 planes (:mod:`.weight_planes`) and w8a16 over its activations' two int8 digits
+(:mod:`.int8_digits`), both on onnxruntime's int8 kernel.
 
 :func:`library` compiles the ops with the system C compiler (``$CC``, else ``cc``) once per source, compiler and
 build into the cache (``~/.cache/edgeinfer/kernels/``; ``edgeinfer cache clear kernels`` removes it, and the next

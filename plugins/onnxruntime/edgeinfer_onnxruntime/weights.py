@@ -13,14 +13,38 @@ from edgeinfer.errors import ModelError
 from .int8_digits import split_digits
 from .weight_planes import add_low_planes
 
+PAGE = 4096  # onnxruntime maps a tensor of external data whose offset is page-aligned (4 KiB on Linux)
+HUGE = 2 << 20  # one 2 MiB page-table entry maps a 2 MiB-aligned stretch of the file (pages.read_whole)
+INLINE_BELOW = 1024  # bytes: smaller tensors stay in the graph file, as onnx.save_model's size_threshold
+
 
 def save(model: Any, graph: Path) -> None:
-    """``model`` over ``graph``, its weights in the one external file the builder wrote (``<graph>.data``)."""
+    """``model`` over ``graph``, its weights in the one external file the builder wrote (``<graph>.data``).
+
+    Each tensor starts on a 4 KiB page, so that onnxruntime maps it from the file rather than copying it; one of
+    2 MiB or more starts on a 2 MiB boundary where that costs at most an eighth of its size in padding: only a
+    mapping's 2 MiB-aligned stretches can be mapped on 2 MiB pages, and the own ops read their weights straight
+    from that mapping (docs/generation.md, "Weights on 2 MiB pages")."""
     import onnx
+    from onnx.external_data_helper import set_external_data
 
     data = graph.with_name(graph.name + ".data")
     data.unlink(missing_ok=True)
-    onnx.save_model(model, str(graph), save_as_external_data=True, all_tensors_to_one_file=True, location=data.name)
+    at = 0
+    with data.open("wb") as f:
+        for t in model.graph.initializer:
+            if not t.HasField("raw_data") or len(t.raw_data) < INLINE_BELOW:
+                continue
+            n = len(t.raw_data)
+            pad = -at % HUGE if n >= HUGE and -at % HUGE <= n // 8 else -at % PAGE
+            f.write(b"\0" * pad)
+            at += pad
+            set_external_data(t, data.name, offset=at, length=n)
+            f.write(t.raw_data)
+            at += n
+            t.ClearField("raw_data")
+            t.data_location = onnx.TensorProto.EXTERNAL
+    onnx.save_model(model, str(graph))
 
 
 def quantize_int8(graph: Path, block: int, activations_int8: bool, low_planes: bool = False) -> None:

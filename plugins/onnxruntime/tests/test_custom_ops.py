@@ -237,3 +237,34 @@ def test_the_two_builds_are_two_libraries_and_a_build_replaces_its_older_ones(mo
             built.add(custom_ops.library())
     assert len(built) == len(runs)
     assert sorted(p.parent for p in built) == sorted(kernels.iterdir())
+
+
+def test_the_weights_file_starts_each_large_tensor_on_2_mib_where_that_pads_it_by_an_eighth_at_most(tmp_path):
+    """weights.save: a tensor of 2 MiB or more starts on a 2 MiB boundary of the external file when the padding
+    before it is at most an eighth of it, every other on a 4 KiB page (so that onnxruntime maps it); small ones
+    stay in the graph; onnxruntime reads every weight back as it was."""
+    from edgeinfer_onnxruntime.weights import HUGE, PAGE, save
+
+    rng = np.random.default_rng(5)
+    shapes = [(1024, 1408), (1024, 1408), (1024, 704), (1024, 1408), (8, 8), (16, 100)]  # 5.5, 5.5, 2.75 MiB ...
+    ws = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    nodes = [helper.make_node("MatMul", ["x" if s[0] == 1024 else "x16", f"w{i}"], [f"y{i}"])
+             for i, s in enumerate(shapes) if s[0] != 8]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1024]),
+                                       helper.make_tensor_value_info("x16", TensorProto.FLOAT, [1, 16])],
+                          [helper.make_tensor_value_info(n.output[0], TensorProto.FLOAT, None) for n in nodes],
+                          [numpy_helper.from_array(w, f"w{i}") for i, w in enumerate(ws)])
+    save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "model.onnx")
+    stored = onnx.load(str(tmp_path / "model.onnx"), load_external_data=False)
+    offsets = {t.name: {e.key: int(e.value) for e in t.external_data if e.key != "location"}
+               for t in stored.graph.initializer}
+    mib = 2**20
+    # w0 at 0; w1 (5.5 MiB) at 6: 0.5 MiB of padding <= 5.5 / 8; w2 (2.75 MiB) right after w1, at 11.5: 12
+    # would pad it by 0.5 > 2.75 / 8; w3 (5.5 MiB) at 14.25: 16 would pad it by 1.75 > 5.5 / 8
+    assert [offsets[f"w{i}"]["offset"] for i in range(4)] == [0, 6 * mib, 11.5 * mib, 14.25 * mib]
+    assert offsets["w1"]["offset"] % HUGE == 0 and all(offsets[f"w{i}"]["offset"] % PAGE == 0 for i in range(4))
+    assert offsets["w4"] == {} and offsets["w5"]["offset"] % PAGE == 0  # 256 bytes in the graph; 6400 outside
+    s = ort.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
+    x, x16 = rng.standard_normal((1, 1024)).astype(np.float32), rng.standard_normal((1, 16)).astype(np.float32)
+    for y, w in zip(s.run(None, {"x": x, "x16": x16}), [ws[0], ws[1], ws[2], ws[3], ws[5]]):
+        np.testing.assert_allclose(y, (x16 if w.shape[0] == 16 else x) @ w, rtol=1e-4, atol=1e-3)
