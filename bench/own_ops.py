@@ -97,7 +97,7 @@ def decode(rounds: int) -> dict:
     import peer_llamacpp as peer
     from edgeinfer_onnxruntime import custom_ops
 
-    builds = [b for b in custom_ops.ISAS if not custom_ops._lacks(b)]
+    builds = custom_ops.builds()
     model = peer.model_path("random")
     out = {}
     for name in DECODE_PAIRS:

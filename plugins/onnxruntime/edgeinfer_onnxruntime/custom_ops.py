@@ -62,13 +62,18 @@ def _lacks(build: str) -> list[str]:
     return [f for f in ISAS[build][0] if f not in (_cpu_flags() or ())]
 
 
+def builds() -> list[str]:
+    """The builds this CPU runs, best first."""
+    return [b for b in ISAS if not _lacks(b)]
+
+
 def isa() -> str | None:
     """The build this process runs: ``$EDGEINFER_KERNEL_ISA`` where set, else the best this CPU has; None where it
     has none (:func:`unavailable` says why)."""
     pinned = os.environ.get(ISA_ENV)
     if pinned:
-        return pinned if pinned in ISAS and not _lacks(pinned) else None
-    return next((b for b in ISAS if not _lacks(b)), None)
+        return pinned if pinned in builds() else None
+    return next(iter(builds()), None)
 
 
 def unavailable() -> str | None:
