@@ -85,14 +85,23 @@ def _kernel_collapses() -> bool:
 collapses = pytest.mark.skipif(not _kernel_collapses(), reason="MADV_COLLAPSE: Linux >= 6.1 with THP not 'never'")
 
 
+GUARD = 4096
+
+
 def anonymous(size: int, touch_every: int) -> tuple[mmap.mmap, int]:
-    """A private anonymous mapping of ``size`` bytes, every ``touch_every``-th byte written; and its address."""
+    """A private anonymous mapping of ``size`` bytes at offset ``GUARD`` of ``m``, every ``touch_every``-th byte
+    written; and its address. Its first and last page are made inaccessible, so that the kernel does not merge
+    it with a neighbouring anonymous mapping into one /proc/self/smaps entry (whose Rss would count both)."""
     import ctypes
 
-    m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    m = mmap.mmap(-1, size + 2 * GUARD, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(m))
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    assert libc.mprotect(base, GUARD, 0) == 0 and libc.mprotect(base + GUARD + size, GUARD, 0) == 0
     for at in range(0, size, touch_every):
-        m[at] = (at // 4096) % 251 + 1
-    return m, ctypes.addressof(ctypes.c_char.from_buffer(m))
+        m[GUARD + at] = (at // 4096) % 251 + 1
+    return m, base + GUARD
 
 
 def smaps_of(address: int) -> dict[str, int]:
@@ -118,8 +127,8 @@ def test_resident_anonymous_memory_is_put_on_huge_pages_and_keeps_its_bytes():
     after = smaps_of(address)
     assert collapsed >= 28 << 20  # at least 14 of the 2 MiB-aligned stretches inside 32 MiB
     assert after["AnonHugePages"] - before["AnonHugePages"] >= 28 << 20
-    assert after["Rss"] == before["Rss"]
-    assert all(m[at] == (at // 4096) % 251 + 1 for at in range(0, 32 << 20, 4096))
+    assert after["Rss"] == before["Rss"] == 32 << 20
+    assert all(m[GUARD + at] == (at // 4096) % 251 + 1 for at in range(0, 32 << 20, 4096))
     m.close()
 
 
