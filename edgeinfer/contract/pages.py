@@ -13,7 +13,8 @@ mapping's pages stay in the page cache), so nothing is lost: what the runtime st
 back on use.
 
 :func:`collapse_resident` puts the weights a runtime packed into its own memory on 2 MiB pages, once they are
-loaded. Linux only; elsewhere, and where a call fails, nothing changes. Standard library only.
+loaded; :func:`read_whole` has the page cache hold a weights file a runtime computes from in 2 MiB folios, before
+it is mapped. Linux only; elsewhere, and where a call fails, nothing changes. Standard library only.
 """
 
 from __future__ import annotations

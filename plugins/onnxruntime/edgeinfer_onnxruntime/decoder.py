@@ -43,7 +43,7 @@ from .embedding import embedding_fp16, quantize_embedding
 from .kv_cache import kv_name, kv_to_fp16
 from .last_logits import INPUT as LAST_INDEX
 from .last_logits import gather_last
-from .weights import quantize_int8, save
+from .weights import data_path, quantize_int8, save
 
 GENAI_CONFIG = "genai_config.json"
 PRECISIONS = ("fp32", "int4")
@@ -126,7 +126,7 @@ def convert(hf_dir: Path, scheme: str, context: int, out: Path, group_size: int 
     kernel = family in custom_ops.OPS and custom_ops.unavailable() is None
     planes = family == "fp16" and not kernel  # two int8 planes a weight (weight_planes.py)
     int8 = (family in ("w8a16", "w8a8") and not kernel) or planes  # onnxruntime's MatMulNBits
-    block = group_size or (INT8_BLOCK if int8 or family.startswith("w8") else DEFAULT_BLOCK)
+    block = group_size or (INT8_BLOCK if family.startswith("w8") or planes else DEFAULT_BLOCK)
     if precision == "int4":
         extra = [*extra, f"int4_block_size={block}"]
     export(hf_dir, out, precision, extra)
@@ -289,7 +289,7 @@ class OnnxRuntimeDecoder(StepDecoder):
         # the graph's own ops (custom_ops.py): the library each session of it registers, found once
         self._library = str(custom_ops.library()) if custom_ops.needs_library(Path(self._onnx)) else None
         if self._library:  # the ops read the weights from onnxruntime's mapping of the file: cached in large folios
-            pages.read_whole(Path(self._onnx + ".data"))
+            pages.read_whole(data_path(Path(self._onnx)))
         self._sess = ort.InferenceSession(self._onnx, self._options(), providers=["CPUExecutionProvider"])
         pages.collapse_resident()  # the weights onnxruntime packed at load, read once a token: on 2 MiB pages
         kv_type = check_graph(self._sess, model_dir / GENAI_CONFIG, cfg)

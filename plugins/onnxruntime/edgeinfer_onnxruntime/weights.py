@@ -18,6 +18,11 @@ HUGE = 2 << 20  # one 2 MiB page-table entry maps a 2 MiB-aligned stretch of the
 INLINE_BELOW = 1024  # bytes: smaller tensors stay in the graph file, as onnx.save_model's size_threshold
 
 
+def data_path(graph: Path) -> Path:
+    """The one external weights file of ``graph`` (``<graph>.data``, as the builder names it)."""
+    return graph.with_name(graph.name + ".data")
+
+
 def save(model: Any, graph: Path) -> None:
     """``model`` over ``graph``, its weights in the one external file the builder wrote (``<graph>.data``).
 
@@ -28,7 +33,7 @@ def save(model: Any, graph: Path) -> None:
     import onnx
     from onnx.external_data_helper import set_external_data
 
-    data = graph.with_name(graph.name + ".data")
+    data = data_path(graph)
     data.unlink(missing_ok=True)
     at = 0
     with data.open("wb") as f:
