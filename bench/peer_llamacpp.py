@@ -68,7 +68,8 @@ GATE_MARGIN = 1.0  # logits: the fp32 reference's smallest top-1 minus top-2 lea
 MIN_GATE_PROMPTS = 3
 SERVE_OPTIONS: list[str] = []  # more edgeinfer serve options (--in-process)
 
-#: name -> edgeinfer side (board + quant (+ runtime) of a deploy; ``same_file``: llama-server runs its GGUF),
+#: name -> edgeinfer side (board + quant (+ runtime, + convert options) of a deploy; ``same_file``: llama-server
+#: runs its GGUF),
 #: its backend plugin, the llama.cpp GGUF type, the model ("random" or "trained") and whether to gate quality
 PAIRS = {
     "host-fp32": {"board": "host", "quant": "fp32", "backend": "onnxruntime", "gguf": "F32", "model": "random"},
@@ -86,8 +87,9 @@ PAIRS = {
     "host-w4a8-q4_0": {"board": "host", "quant": "w4a8", "backend": "onnxruntime", "gguf": "Q4_0",
                        "model": "trained", "gate": True},
     "ov-fp16": {"board": "core-ultra-155h", "quant": "fp16", "backend": "openvino", "gguf": "F16", "model": "random"},
+    # built for the Core Ultra's CPU, which is what runs here (the board's own target is its NPU): int8 in blocks
     "ov-w8a16": {"board": "core-ultra-155h", "quant": "w8a16", "backend": "openvino", "gguf": "Q8_0",
-                 "model": "random"},
+                 "model": "random", "options": {"target": "cpu"}},
     # host fp16 as plan suggests it (`faster here: --runtime llama.cpp`), against llama.cpp's F16: the precision
     # class's goals, not the same-file ones (llama-server runs its own conversion)
     "host-fp16-llamacpp": {"board": "host", "runtime": "llama.cpp", "quant": "fp16", "backend": "llamacpp",
@@ -150,7 +152,7 @@ def edgeinfer_target(pair: dict, model: Path) -> Path:
     out = cache.root() / "bench" / "peer" / f"{model.name}-{pair['board']}-{quant}-{code}"
     if not (out / "manifest.json").exists():
         deploy_decoder(model, pair["board"], out, quant=pair["quant"], ctx=CTX, force=True,
-                       runtime=pair.get("runtime"))
+                       runtime=pair.get("runtime"), options=pair.get("options"))
     return out
 
 

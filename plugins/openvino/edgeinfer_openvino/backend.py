@@ -35,7 +35,7 @@ from edgeinfer.contract.native_output import native_output
 from edgeinfer.contract.resources import Accelerator
 from edgeinfer.errors import InputError
 
-from . import decoder_config, decoder_export, resources
+from . import decoder_config, decoder_export, int8_blocks, resources
 
 # the converter, device helpers and session are imported by the methods that use them: `edgeinfer plan` reads
 # only this class's declarations
@@ -54,6 +54,7 @@ class OpenVinoBackend(Backend):
         architectures=decoder_export.ARCHITECTURES, options=decoder_config.OPTIONS,
         convert_options=decoder_export.CONVERT_OPTIONS,
         runtimes=dict.fromkeys(decoder_export.RUNTIME_TARGETS),  # openvino-gpu: the same IR for the iGPU
+        defaults={"w8a16_cpu_block": int8_blocks.BLOCK},  # a changed block is another conversion
         logits_options={"loop": "steps"},  # the golden check steps the IR through ov.Core (GenAI gives no logits)
         extras=("decoders",))  # GenAI's loops (openvino-genai, openvino-tokenizers): not in a board's encoder install
     resource_names = resources.RESOURCE_NAMES

@@ -36,6 +36,10 @@ from .device import fallback_warning, family, select_device
 
 #: KV cache block size of the CPU plugin's paged attention (ContinuousBatchingPipeline); GPU uses 16
 BLOCK_SIZE = {"CPU": 32, "GPU": 16}
+#: IR schemes whose CPU KV cache is fp16 (the plan's kv_dtype for them). The others keep f32: fp32 is the lossless
+#: path, and the CPU plugin's f16 KV cache cost the test model's 4-bit AWQ IR its golden check (logits cosine
+#: min 0.9494 < 0.95; 0.9538 with f32), where 8-bit weights lost 0.0001 of it (0.9997 -> 0.9995)
+HALF_KV_SCHEMES = ("fp16", "w8a16")
 PACK_TOKENS = 16  # a load-time prompt that takes the CPU plugin's multi-row kernels (steps of 8 to 63 tokens)
 
 
@@ -384,6 +388,8 @@ def open_decoder(model: Path, device: str | None, context: int, slots: int, cach
     available = list(ov.Core().available_devices)
     if npu_on_cpu and "NPU" not in [family(d) for d in available]:
         available.append("NPU")  # the stand-in: the NPU plugin is there, its work goes to the CPU
+    if not device and decoder_export.is_ir(model) and decoder_export.cpu_build(model):
+        device = "CPU"  # where it was built to run, whatever else the machine has
     dev = select_device(device, available)
     fam = family(dev)
     if fam not in ("CPU", "GPU", "NPU"):
@@ -395,9 +401,10 @@ def open_decoder(model: Path, device: str | None, context: int, slots: int, cach
                                                                 fam, context, cache_root)
     if fam == "NPU":
         _check_npu_weights(path)
-    if fam == "CPU" and "kv_precision" not in options and decoder_export.read_facts(path).get("scheme") == "fp16":
-        # an fp16 IR's KV cache in fp16, as planned (the bundle's kv_dtype) and as llama.cpp keeps it: half
-        # of f32's memory; an fp32 IR keeps f32, the lossless path
+    if fam == "CPU" and "kv_precision" not in options and \
+            decoder_export.read_facts(path).get("scheme") in HALF_KV_SCHEMES:
+        # the KV cache in fp16, as planned (the bundle's kv_dtype) and as llama.cpp keeps it: half of f32's
+        # memory; an fp32 IR (or one without edgeinfer's facts) keeps f32, the lossless path
         cfg = decoder_config.parse({**options, "kv_precision": "f16"}, fam, context)
     if cfg.loop == "steps":
         return IRStepDecoder(path, dev, context, slots, cfg)
@@ -406,6 +413,10 @@ def open_decoder(model: Path, device: str | None, context: int, slots: int, cach
 
 
 def _check_npu_weights(path: Path) -> None:
+    if decoder_export.cpu_build(path):
+        raise InputError(f"{path.name} has INT8 weights in blocks, built for the CPU (target cpu); the NPU takes "
+                         "per-channel INT8: load it with device='CPU', or convert it again with target='npu' "
+                         "(edgeinfer deploy for an NPU board does)")
     mode = str(decoder_export.read_facts(path).get("weight_compression", {}).get("mode", ""))
     if mode.startswith("int4_asym"):
         raise InputError(f"{path.name} has asymmetric INT4 weights; the NPU takes only symmetric INT4: convert "

@@ -8,7 +8,9 @@ as OpenVINO models (openvino-tokenizers), the layout ``openvino_genai.LLMPipelin
 One fp32 export per source model is cached; the schemes derive from it:
 
 * ``fp32``: the export as is; ``fp16``: ``ov.save_model(compress_to_fp16=True)`` of it;
-* ``w8a16``: INT8 weight-only, per channel (asymmetric; symmetric for ``target="npu"``);
+* ``w8a16``: INT8 weight-only. ``target="cpu"``: asymmetric in blocks of 128 along the input dimension
+  (``group_size`` sets the block, -1 one block a row), written by :mod:`edgeinfer_openvino.int8_blocks`;
+  ``npu`` / ``gpu``: NNCF's per-channel INT8 (symmetric for the NPU), what those plugins document;
 * ``w4a16`` / ``w4a16_gN``: INT4 weight-only, ratio 1.0 (the embedding / head stay INT8 as NNCF
   decides). ``target="npu"`` gets **symmetric** INT4, channel-wise above 1B weights, else group
   128 (the NPU supports only symmetric 4-bit, https://github.com/openvinotoolkit/openvino/pull/27489);
@@ -37,6 +39,8 @@ from typing import Any
 from edgeinfer.contract import remote_code
 from edgeinfer.contract.helpers import check_weight_index
 from edgeinfer.errors import BackendUnavailableError, InputError, ModelError
+
+from . import int8_blocks
 
 SCHEMES = ("fp32", "fp16", "w8a16", "w4a16", "w4a16_g32", "w4a16_g64", "w4a16_g128")
 TARGETS = ("cpu", "gpu", "npu")
@@ -77,6 +81,11 @@ def read_facts(path: Path) -> dict[str, Any]:
         return {}
 
 
+def cpu_build(path: Path) -> bool:
+    """An IR whose weights only the CPU was shown to run: w8a16 in int8 blocks (target cpu)."""
+    return read_facts(path).get("weight_compression", {}).get("method") == int8_blocks.METHOD
+
+
 def versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -114,6 +123,9 @@ def check_convert(scheme: str, options: dict[str, Any]) -> tuple[str, int | None
         group = int(scheme.rsplit("_g", 1)[1])
     if group is not None and (isinstance(group, bool) or not isinstance(group, int) or group == 0 or group < -1):
         raise InputError(f"group_size must be a positive integer or -1 (channel-wise), got {group!r}")
+    if scheme == "w8a16" and target != "cpu" and group not in (None, -1):
+        raise InputError(f"w8a16 for target {target} is channel-wise (NNCF's INT8, what the {target.upper()} "
+                         "plugin documents); group_size applies to target cpu")
     samples = options.get("num_samples")
     if samples is not None and (not isinstance(samples, int) or samples < 1):
         raise InputError(f"num_samples must be a positive integer, got {samples!r}")
@@ -210,6 +222,11 @@ def _write_scheme(base: Path, work: Path, scheme: str, target: str, group: int |
         m = ov.Core().read_model(base / IR)
         ov.save_model(m, work / IR, compress_to_fp16=scheme == "fp16")
         return {"method": "none", "weights": scheme}
+    if scheme == "w8a16" and target == "cpu":
+        m = ov.Core().read_model(base / IR)
+        done = int8_blocks.compress(m, int8_blocks.BLOCK if group is None else group)
+        ov.save_model(m, work / IR, compress_to_fp16=False)  # the norms stay fp32, as in NNCF's IRs
+        return {**done, "data_aware": False, "calibration_samples": 0}
     from optimum.intel import OVModelForCausalLM
 
     params = _parameter_count(source)

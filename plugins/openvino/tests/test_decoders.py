@@ -87,17 +87,19 @@ def test_lossless_ir_greedy_tokens_equal_transformers_fp32(irs, reference, name)
 
 
 def test_an_fp16_ir_keeps_its_kv_cache_in_fp16_on_the_cpu_and_an_fp32_ir_in_fp32(irs) -> None:
-    """The plan's KV dtype for an fp16 IR is fp16 (the bundle's kv_dtype); the CPU plugin's own default is f32.
-    kv_precision given still wins."""
+    """The plan's KV dtype for an fp16 or w8a16 IR is fp16 (the bundle's kv_dtype); the CPU plugin's own default
+    is f32, which fp32 and w4a16 keep. kv_precision given still wins."""
     be = edgeinfer.backend("openvino")
     loaded = {}
-    for name, options in (("fp16", {}), ("fp32", {}), ("fp16", {"kv_precision": "f32"})):
+    for name, options in (("fp16", {}), ("fp32", {}), ("fp16", {"kv_precision": "f32"}), ("w8a16", {}),
+                          ("w4a16", {})):
         d = be.load_decoder(irs[name][0], device="CPU", context=64, slots=2, **options)
         try:
             loaded[(name, bool(options))] = (d.kv_dtype, d.kv_cache_bytes)
         finally:
             d.close()
     assert loaded[("fp16", False)][0] == "fp16" and loaded[("fp32", False)][0] == "fp32"
+    assert loaded[("w8a16", False)] == loaded[("fp16", False)] and loaded[("w4a16", False)] == loaded[("fp32", False)]
     assert loaded[("fp16", True)][0] == "fp32"
     assert loaded[("fp16", False)][1] * 2 == loaded[("fp16", True)][1] == loaded[("fp32", False)][1]
 
@@ -199,7 +201,11 @@ def test_conversion_facts_say_what_ran(irs) -> None:
     assert (cpu["mode"], cpu["group_size"]) == ("int4_asym", 128)
     assert cpu["awq"] is False and cpu["scale_estimation"] is False and not cpu["data_aware"]
     assert awq["awq"] is True and awq["scale_estimation"] is True and awq["calibration_samples"] == 3
-    assert irs["w8a16"][1]["weight_compression"]["mode"] == "int8_asym"
+    w8 = irs["w8a16"][1]["weight_compression"]
+    # the CPU's int8 in blocks of 128 (NNCF's INT8 is per channel only): every layer and the tied table
+    assert (w8["method"], w8["mode"], w8["group_size"], w8["channel_wise"]) == \
+        ("int8 blocks (edgeinfer)", "int8_asym", 128, 0)
+    assert w8["weights"] == 4 * 7 + 1
     assert irs["fp16"][1]["target"] == "npu" and irs["fp32"][1]["context"] == 128
 
 
@@ -296,3 +302,38 @@ def test_the_openvino_gpu_board_runtime_builds_the_gpu_formats() -> None:
     assert (cfg.bits, cfg.sym, cfg.group_size) == (4, False, 128)
     with pytest.raises(InputError, match="runtime must be one of openvino-gpu"):
         decoder_export.check_convert("w4a16", {"target": "npu", "runtime": "rkllm"})
+
+
+def test_a_w8a16_block_size_is_taken_for_the_cpu_and_refused_for_the_npu_and_gpu() -> None:
+    """NNCF's INT8 (the NPU's and GPU's w8a16) is per channel only; the CPU's blocks take any size."""
+    from edgeinfer_openvino import decoder_export
+
+    assert decoder_export.check_convert("w8a16", {"target": "cpu", "group_size": 32})[:2] == ("cpu", 32)
+    assert decoder_export.check_convert("w8a16", {"target": "npu", "group_size": -1})[:2] == ("npu", -1)
+    for target in ("npu", "gpu"):
+        with pytest.raises(InputError, match=f"w8a16 for target {target} is channel-wise"):
+            decoder_export.check_convert("w8a16", {"target": target, "group_size": 128})
+
+
+def test_a_cpu_build_loads_on_the_cpu_by_default_and_is_refused_for_the_npu(irs, monkeypatch) -> None:
+    """w8a16 in int8 blocks (target cpu) ran only on the CPU: asking for the NPU is refused in one line, and where
+    an NPU is listed (a stand-in name added to OpenVINO's device list) the default device is still the CPU."""
+    from edgeinfer_openvino import decoder as decoder_module
+
+    be = edgeinfer.backend("openvino")
+    with pytest.raises(InputError, match="built for the CPU"):
+        be.load_decoder(irs["w8a16"][0], device="NPU", context=64, npu_on_cpu=True)
+    real = decoder_module.select_device
+    asked: list[str | None] = []
+
+    def with_npu_standin(requested, available):
+        asked.append(requested)
+        return real(requested, [*available, "NPU"])
+
+    monkeypatch.setattr(decoder_module, "select_device", with_npu_standin)
+    assert real(None, ["CPU", "NPU"]) == "NPU"  # what a plain default would have picked
+    d = be.load_decoder(irs["w8a16"][0], device=None, context=64)
+    try:
+        assert asked == ["CPU"] and d.execution_devices == ["CPU"]
+    finally:
+        d.close()

@@ -1,0 +1,83 @@
+"""INT8 weights in blocks of the input dimension, written into an OpenVINO IR.
+
+NNCF's INT8 modes scale each output channel as a whole and refuse a ``group_size`` ("INT8 modes
+require per-channel quantization"); llama.cpp's Q8_0 and the host's w8a16 scale blocks of 32 / 128
+weights, which rounds closer. This writes the block form as the same decompression subgraph NNCF
+writes for its grouped INT4 (``u8 [N, K/G, G] -> Convert f16 -> Subtract zero point -> Multiply
+scale -> Reshape [N, K] -> Convert f32``), which the CPU plugin fuses into its compressed
+FullyConnected and Gather kernels (the weights stay 8-bit in memory; docs/openvino.md).
+
+Asymmetric: a block's scale is ``(max - min) / 255`` and its zero point ``round(-min / scale)``,
+so the block's own range is used in full.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+BLOCK = 128
+METHOD = "int8 blocks (edgeinfer)"  # the facts' weight_compression.method of an IR written here
+
+
+def compress(model: Any, block: int = BLOCK) -> dict[str, Any]:
+    """Replace each fp32 2-D weight of ``model``'s MatMuls (``transpose_b``) and embedding Gathers by its
+    blocked INT8 form, in place (``block`` -1, or a row length it does not divide: one block a row); return
+    what was done, for the bundle's facts."""
+    from openvino import Type
+    from openvino import opset13 as ops
+
+    count = rows = 0
+    for node in model.get_ordered_ops():
+        if not _eligible(node):
+            continue
+        w = node.get_data().astype(np.float32)
+        n, k = w.shape
+        whole_rows = block <= 0 or k % block != 0
+        q, scale, zero = quantize(w, k if whole_rows else block)
+        deq = ops.subtract(ops.convert(ops.constant(q), Type.f16), ops.convert(ops.constant(zero), Type.f16))
+        deq = ops.multiply(deq, ops.constant(scale))
+        deq = ops.reshape(deq, ops.constant(np.array([n, k], dtype=np.int64)), special_zero=False)
+        out = ops.convert(deq, Type.f32).output(0)
+        for target in list(node.output(0).get_target_inputs()):
+            target.replace_source_output(out)
+        count, rows = count + 1, rows + whole_rows
+    return {"method": METHOD, "mode": "int8_asym", "group_size": block, "weights": count,
+            "channel_wise": rows}
+
+
+def quantize(w: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``w`` [N, K] as u8 [N, K/block, block] with fp16 scales and u8 zero points [N, K/block, 1] (the weights
+    are rounded on the fp16 scale the IR holds)."""
+    n, k = w.shape
+    g = w.reshape(n, k // block, block)
+    lo = np.minimum(g.min(axis=2, keepdims=True), 0.0)
+    hi = np.maximum(g.max(axis=2, keepdims=True), 0.0)
+    scale = ((hi - lo) / 255.0).astype(np.float16)
+    scale[scale == 0] = 1.0  # an all-zero block (or one too small for fp16): its weights come back as 0
+    zero = np.clip(np.round(-lo / scale), 0, 255)
+    q = np.clip(np.round(g / scale.astype(np.float32)) + zero, 0, 255).astype(np.uint8)
+    return q, scale, zero.astype(np.uint8)
+
+
+def _eligible(node: Any) -> bool:
+    from openvino import Type
+
+    if node.get_type_name() != "Constant" or node.get_element_type() != Type.f32:
+        return False
+    shape = node.get_output_partial_shape(0)
+    if not shape.is_static or shape.rank.get_length() != 2:
+        return False
+    return all(_weight_input(t) for t in node.output(0).get_target_inputs())
+
+
+def _weight_input(target: Any) -> bool:
+    op = target.get_node()
+    kind = op.get_type_name()
+    if kind == "MatMul":
+        return target.get_index() == 1 and bool(op.get_attributes().get("transpose_b"))
+    if kind != "Gather" or target.get_index() != 0:
+        return False
+    axis = op.input_value(2).get_node()
+    return axis.get_type_name() == "Constant" and int(np.asarray(axis.get_data()).reshape(-1)[0]) == 0
