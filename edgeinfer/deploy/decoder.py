@@ -159,6 +159,10 @@ def deploy_decoder(
         on_plan(plan)
     if calibration is not None and scheme in ("fp32", "fp16", "bf16"):
         warnings.append(f"--calib is not used for {scheme}: nothing is quantized")
+    asked = options.get("target")
+    if asked is not None and str(asked).lower() != str(b.target or b.family).lower():
+        warnings.append(f"built for target {asked} (--option target); the plan is {runtime}'s, for target "
+                        f"{b.target or b.family}: its speed and memory are that runtime's")
 
     if "kv_dtype" in backend.decoders.convert_options:  # the backend builds the plan's KV dtype into its artifact
         options["kv_dtype"] = plan.kv_dtype

@@ -337,3 +337,18 @@ def test_a_cpu_build_loads_on_the_cpu_by_default_and_is_refused_for_the_npu(irs,
         assert asked == ["CPU"] and d.execution_devices == ["CPU"]
     finally:
         d.close()
+
+
+def test_deploy_for_a_core_ultra_cpu_writes_int8_blocks_and_says_the_plan_is_the_npus(tmp_path) -> None:
+    """`deploy --board core-ultra-155h -q w8a16 --option target=cpu`: the CPU's int8 blocks, golden-checked; the
+    plan stays the board runtime's (openvino-npu), and deploy says so."""
+    from edgeinfer_openvino import decoder_export
+
+    from edgeinfer.deploy.decoder import deploy_decoder
+
+    res = deploy_decoder(model_dir(), "core-ultra-155h", tmp_path / "b", quant="w8a16", ctx=128,
+                         options={"target": "cpu"})
+    facts = decoder_export.read_facts(tmp_path / "b" / "decoder")
+    assert facts["target"] == "cpu" and facts["weight_compression"]["method"] == "int8 blocks (edgeinfer)"
+    assert res.golden["passed"] and res.manifest.target == "cpu"
+    assert any("built for target cpu" in w and "openvino-npu" in w for w in res.warnings), res.warnings
