@@ -5,7 +5,8 @@ require per-channel quantization"); llama.cpp's Q8_0 and the host's w8a16 scale 
 weights, which rounds closer. This writes the block form as the same decompression subgraph NNCF
 writes for its grouped INT4 (``u8 [N, K/G, G] -> Convert f16 -> Subtract zero point -> Multiply
 scale -> Reshape [N, K] -> Convert f32``), which the CPU plugin fuses into its compressed
-FullyConnected and Gather kernels (the weights stay 8-bit in memory; docs/openvino.md).
+FullyConnected and Gather kernels (the weights stay 8-bit in memory; docs/openvino.md). numpy is imported
+where arrays are made: ``edgeinfer plan`` imports this module (the backend's defaults) and no numpy.
 
 Asymmetric: a block's scale is ``(max - min) / 255`` and its zero point ``round(-min / scale)``,
 so the block's own range is used in full.
@@ -13,9 +14,10 @@ so the block's own range is used in full.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 BLOCK = 128
 METHOD = "int8 blocks (edgeinfer)"  # the facts' weight_compression.method of an IR written here
@@ -25,6 +27,7 @@ def compress(model: Any, block: int = BLOCK) -> dict[str, Any]:
     """Replace each fp32 2-D weight of ``model``'s MatMuls (``transpose_b``) and embedding Gathers by its
     blocked INT8 form, in place (``block`` -1, or a row length it does not divide: one block a row); return
     what was done, for the bundle's facts."""
+    import numpy as np
     from openvino import Type
     from openvino import opset13 as ops
 
@@ -50,6 +53,8 @@ def compress(model: Any, block: int = BLOCK) -> dict[str, Any]:
 def quantize(w: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``w`` [N, K] as u8 [N, K/block, block] with fp16 scales and u8 zero points [N, K/block, 1] (the weights
     are rounded on the fp16 scale the IR holds)."""
+    import numpy as np
+
     n, k = w.shape
     g = w.reshape(n, k // block, block)
     lo = np.minimum(g.min(axis=2, keepdims=True), 0.0)
@@ -79,5 +84,7 @@ def _weight_input(target: Any) -> bool:
         return target.get_index() == 1 and bool(op.get_attributes().get("transpose_b"))
     if kind != "Gather" or target.get_index() != 0:
         return False
+    import numpy as np
+
     axis = op.input_value(2).get_node()
     return axis.get_type_name() == "Constant" and int(np.asarray(axis.get_data()).reshape(-1)[0]) == 0
