@@ -268,10 +268,11 @@ def test_the_plan_orders_host_schemes_by_speed_as_measured():
                     pairs += 1
                     assert planned[a["quant"]] > planned[b["quant"]], (a["model"], a["quant"], b["quant"], planned)
     assert pairs >= 4
-    # w8a16 runs the int8 kernel over two digits of its activations (int8_digits.py): over twice fp32's speed on the
-    # two larger models (it was slower than fp32 as two 4-bit planes), and w8a8's one digit the fastest 8-bit scheme
+    # w8a16 runs the plugin's own int8 op (MatMulW8; before, the int8 kernel over two activation digits): over twice
+    # fp32's speed on the two larger models (it was slower than fp32 as two 4-bit planes), and not above w8a8's
     for model in ("random-qwen3-53m", "random-qwen3-210m"):
         speed = {r["quant"]: r["decode"] for r in by_model[model]}
         assert 2 * speed["fp32"] < speed["w8a16"] < 1.1 * speed["w8a8"], (model, speed)
+    # on the tiny model a token's fixed costs dominate: the two 8-bit schemes within 10 % of each other
     tiny = {r["quant"]: r["decode"] for r in by_model["tiny-qwen3"]}
-    assert tiny["w8a16"] < tiny["w8a8"], tiny
+    assert 0.9 * tiny["w8a8"] < tiny["w8a16"] < 1.1 * tiny["w8a8"], tiny
