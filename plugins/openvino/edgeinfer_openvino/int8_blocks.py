@@ -8,8 +8,8 @@ scale -> Reshape [N, K] -> Convert f32``), which the CPU plugin fuses into its c
 FullyConnected and Gather kernels (the weights stay 8-bit in memory; docs/openvino.md). numpy is imported
 where arrays are made: ``edgeinfer plan`` imports this module (the backend's defaults) and no numpy.
 
-Asymmetric: a block's scale is ``(max - min) / 255`` and its zero point ``round(-min / scale)``,
-so the block's own range is used in full.
+Asymmetric: a block's scale is ``(max - min) / 255`` and its zero point ``round(-min / scale)``, over the
+block's range widened to hold 0 (so that 0 is exact).
 """
 
 from __future__ import annotations
@@ -74,7 +74,8 @@ def _eligible(node: Any) -> bool:
     shape = node.get_output_partial_shape(0)
     if not shape.is_static or shape.rank.get_length() != 2:
         return False
-    return all(_weight_input(t) for t in node.output(0).get_target_inputs())
+    targets = node.output(0).get_target_inputs()
+    return bool(targets) and all(_weight_input(t) for t in targets)
 
 
 def _weight_input(target: Any) -> bool:
