@@ -388,7 +388,8 @@ def open_decoder(model: Path, device: str | None, context: int, slots: int, cach
     available = list(ov.Core().available_devices)
     if npu_on_cpu and "NPU" not in [family(d) for d in available]:
         available.append("NPU")  # the stand-in: the NPU plugin is there, its work goes to the CPU
-    if not device and decoder_export.is_ir(model) and decoder_export.cpu_build(model):
+    built = decoder_export.read_facts(model) if decoder_export.is_ir(model) else {}  # edgeinfer's facts of an IR
+    if not device and decoder_export.cpu_build(built):
         device = "CPU"  # where it was built to run, whatever else the machine has
     dev = select_device(device, available)
     fam = family(dev)
@@ -397,12 +398,13 @@ def open_decoder(model: Path, device: str | None, context: int, slots: int, cach
     cfg = decoder_config.parse(dict(options), fam, context)
     if not model.is_dir():
         raise ModelError(f"{model} is not a model directory (a Hugging Face decoder or an OpenVINO decoder export)")
-    path = model if decoder_export.is_ir(model) else _exported(model, cfg.scheme or default_scheme(fam),
-                                                                fam, context, cache_root)
+    path = model
+    if not decoder_export.is_ir(path):
+        path = _exported(model, cfg.scheme or default_scheme(fam), fam, context, cache_root)
+        built = decoder_export.read_facts(path)
     if fam == "NPU":
-        _check_npu_weights(path)
-    if fam == "CPU" and "kv_precision" not in options and \
-            decoder_export.read_facts(path).get("scheme") in HALF_KV_SCHEMES:
+        _check_npu_weights(path, built)
+    if fam == "CPU" and "kv_precision" not in options and built.get("scheme") in HALF_KV_SCHEMES:
         # the KV cache in fp16, as planned (the bundle's kv_dtype) and as llama.cpp keeps it: half of f32's
         # memory; an fp32 IR (or one without edgeinfer's facts) keeps f32, the lossless path
         cfg = decoder_config.parse({**options, "kv_precision": "f16"}, fam, context)
@@ -412,12 +414,12 @@ def open_decoder(model: Path, device: str | None, context: int, slots: int, cach
     return (GenAIBatchingDecoder if batching else GenAIDecoder)(path, dev, context, slots, cfg)
 
 
-def _check_npu_weights(path: Path) -> None:
-    if decoder_export.cpu_build(path):
+def _check_npu_weights(path: Path, facts: dict[str, Any]) -> None:
+    if decoder_export.cpu_build(facts):
         raise InputError(f"{path.name} has INT8 weights in blocks, built for the CPU (target cpu); the NPU takes "
                          "per-channel INT8: load it with device='CPU', or convert it again with target='npu' "
                          "(edgeinfer deploy for an NPU board does)")
-    mode = str(decoder_export.read_facts(path).get("weight_compression", {}).get("mode", ""))
+    mode = str(facts.get("weight_compression", {}).get("mode", ""))
     if mode.startswith("int4_asym"):
         raise InputError(f"{path.name} has asymmetric INT4 weights; the NPU takes only symmetric INT4: convert "
                          "it again with target='npu' (edgeinfer deploy for an NPU board does)")

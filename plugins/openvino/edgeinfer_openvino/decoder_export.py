@@ -81,9 +81,10 @@ def read_facts(path: Path) -> dict[str, Any]:
         return {}
 
 
-def cpu_build(path: Path) -> bool:
-    """An IR whose weights only the CPU was shown to run: w8a16 in int8 blocks (target cpu)."""
-    return read_facts(path).get("weight_compression", {}).get("method") == int8_blocks.METHOD
+def cpu_build(facts: dict[str, Any]) -> bool:
+    """Whether an IR's facts (:func:`read_facts`) say its weights only the CPU was shown to run: w8a16 in int8
+    blocks (target cpu)."""
+    return facts.get("weight_compression", {}).get("method") == int8_blocks.METHOD
 
 
 def versions() -> dict[str, str]:
