@@ -164,15 +164,20 @@ class GenAIDecoder(NativeDecoder):
         with pages.dropping(path, ".bin") if fam == "CPU" else contextlib.nullcontext():
             if slots > 1:
                 block = BLOCK_SIZE.get(fam, 32)
+                capacity = slots * -(-context // block)  # KV blocks: every slot at the full context
                 self.scheduler = og.SchedulerConfig()
-                self.scheduler.num_kv_blocks = slots * -(-context // block)
+                # CPU: no blocks up front. GenAI then allocates the cache as requests need it, 256 positions at a
+                # time, keeps it, and stays within `capacity` (every request is held to the context) but for at
+                # most one growth step. Given `capacity` blocks up front it hands free blocks out in turn and so
+                # touches them all over a run (docs/openvino.md, "KV cache on the CPU").
+                self.scheduler.num_kv_blocks = 0 if fam == "CPU" else capacity
                 self.scheduler.max_num_seqs = slots
                 self.scheduler.max_num_batched_tokens = max(context, 256)
                 self.scheduler.dynamic_split_fuse = True
                 self.scheduler.enable_prefix_caching = False
                 self._cb = og.ContinuousBatchingPipeline(str(path), self.scheduler, device, cfg.properties)
                 self._defaults = self._cb.get_config
-                kv = kv_bytes(shape, self.scheduler.num_kv_blocks * block, cfg.kv_bytes)
+                kv = kv_bytes(shape, capacity * block, cfg.kv_bytes)
             else:
                 self._pipe = og.LLMPipeline(str(path), device, **cfg.properties)
                 self._defaults = self._pipe.get_generation_config

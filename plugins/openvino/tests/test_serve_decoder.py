@@ -198,6 +198,30 @@ def test_cancel_mid_stream_frees_the_batching_pipelines_kv_blocks(tiny_qwen3_ope
     assert texts["0"] == texts["2"] == solo(PROMPTS[0], 60, ignore_eos=True)
 
 
+def test_cpu_kv_cache_grows_with_the_positions_written(tiny_qwen3_openvino_bundle):
+    """On the CPU the ContinuousBatchingPipeline gets no KV blocks up front: after four requests of 8 + 24
+    tokens it holds the positions written (plus GenAI's growth step of 256), far less than the four slots at the
+    full context that the plan counts (and that it held, and touched over a run, when given them up front)."""
+    import edgeinfer
+    from edgeinfer.contract.generation import GenerationOptions
+    from edgeinfer.testing.llm import model_dir
+
+    cfg = json.loads((model_dir() / "config.json").read_text())
+    per_position = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * cfg["head_dim"] * 2  # K, V in f16
+    with edgeinfer.load(tiny_qwen3_openvino_bundle, slots=SLOTS) as gen:
+        dec = gen.decoder
+        assert dec.kv_dtype == "fp16"
+        assert dec.kv_cache_bytes == SLOTS * gen.context * per_position  # the plan's capacity
+        loaded = dec._cb.get_metrics().kv_cache_size_in_bytes
+        assert 0 < loaded < dec.kv_cache_bytes / 2
+        opts = GenerationOptions(max_new_tokens=24, ignore_eos=True)
+        dec.generate_native_batch([([5 + i] * 8, opts) for i in range(SLOTS)], lambda _i, _t: True)
+        held = dec._cb.get_metrics().kv_cache_size_in_bytes
+        capacity = dec.kv_cache_bytes
+    written = SLOTS * (8 + 24)
+    assert written * per_position <= held <= (written + 256) * per_position < capacity / 2
+
+
 def test_npu_pipeline_on_cpu_declares_one_slot_and_serves_one_sequence_at_a_time(tiny_qwen3_openvino_bundle,
                                                                                   solo):
     """The NPU's static pipeline (its NPUW logic on the CPU) loaded for 4 slots holds 1; the native scheduler
