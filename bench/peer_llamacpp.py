@@ -86,10 +86,12 @@ PAIRS = {
                        "model": "trained", "gate": True},
     "host-w4a8-q4_0": {"board": "host", "quant": "w4a8", "backend": "onnxruntime", "gguf": "Q4_0",
                        "model": "trained", "gate": True},
-    "ov-fp16": {"board": "core-ultra-155h", "quant": "fp16", "backend": "openvino", "gguf": "F16", "model": "random"},
-    # built for the Core Ultra's CPU, which is what runs here (the board's own target is its NPU): int8 in blocks
-    "ov-w8a16": {"board": "core-ultra-155h", "quant": "w8a16", "backend": "openvino", "gguf": "Q8_0",
-                 "model": "random", "options": {"target": "cpu"}},
+    # built and planned for the Core Ultra's CPU cores, which is what runs here (the board's own runtime is its
+    # NPU's): w8a16 is int8 in blocks there
+    "ov-fp16": {"board": "core-ultra-155h", "runtime": "openvino-cpu", "quant": "fp16", "backend": "openvino",
+                "gguf": "F16", "model": "random"},
+    "ov-w8a16": {"board": "core-ultra-155h", "runtime": "openvino-cpu", "quant": "w8a16", "backend": "openvino",
+                 "gguf": "Q8_0", "model": "random"},
     # host fp16 as plan suggests it (`faster here: --runtime llama.cpp`), against llama.cpp's F16: the precision
     # class's goals, not the same-file ones (llama-server runs its own conversion)
     "host-fp16-llamacpp": {"board": "host", "runtime": "llama.cpp", "quant": "fp16", "backend": "llamacpp",

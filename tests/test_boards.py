@@ -156,13 +156,15 @@ CORE_ULTRA = {"core-ultra-125h": ("intel-npu3", "intel-xe-lpg"), "core-ultra-155
               "core-ultra-358h": ("intel-npu5", "intel-xe3"), "core-ultra-368h": ("intel-npu5", "intel-xe3")}
 
 
-def test_every_core_ultra_profile_has_the_npu_first_and_the_igpu_by_generation():
+def test_every_core_ultra_profile_has_the_npu_first_the_igpu_by_generation_and_the_cpu():
     packaged = {n for n in load_boards(plugins=False) if n.startswith("core-ultra-")}
     assert packaged == set(CORE_ULTRA)
     for name, (npu, gpu) in CORE_ULTRA.items():
         b = get_board(name)
         assert (b.default_runtime, b.backend_runtime, b.target) == ("openvino-npu", "openvino-npu", "npu")
-        assert list(b.runtimes) == ["openvino-npu", "openvino-gpu"]
+        assert list(b.runtimes) == ["openvino-npu", "openvino-gpu", "openvino-cpu"]
+        assert b.runtimes["openvino-cpu"].schemes == ["fp32", "fp16", "w8a16"]
+        assert b.runtimes["openvino-cpu"].speed_group is None  # no Core Ultra CPU measured: no speed estimate
         assert (b.runtimes["openvino-npu"].speed_group, b.runtimes["openvino-gpu"].speed_group) == (npu, gpu)
         assert b.runtimes["openvino-gpu"].schemes == ["w4a16", "w4a16_g128", "w8a16", "fp16"]
         assert "w8a8" not in b.runtimes["openvino-gpu"].schemes  # the iGPU rows are weight-only or fp16

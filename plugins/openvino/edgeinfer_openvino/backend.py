@@ -53,7 +53,7 @@ class OpenVinoBackend(Backend):
         schemes=("fp16", "fp32", "w8a16", "w4a16"),  # decoder_export.SCHEMES; fp16 first: lossless on CPU
         architectures=decoder_export.ARCHITECTURES, options=decoder_config.OPTIONS,
         convert_options=decoder_export.CONVERT_OPTIONS,
-        runtimes=dict.fromkeys(decoder_export.RUNTIME_TARGETS),  # openvino-gpu: the same IR for the iGPU
+        runtimes=dict.fromkeys(decoder_export.RUNTIME_TARGETS),  # openvino-gpu / -cpu: the IR for that device
         defaults={"w8a16_cpu_block": int8_blocks.BLOCK},  # a changed block is another conversion
         logits_options={"loop": "steps"},  # the golden check steps the IR through ov.Core (GenAI gives no logits)
         extras=("decoders",))  # GenAI's loops (openvino-genai, openvino-tokenizers): not in a board's encoder install

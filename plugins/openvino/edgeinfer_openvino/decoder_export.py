@@ -16,8 +16,9 @@ One fp32 export per source model is cached; the schemes derive from it:
   128 (the NPU supports only symmetric 4-bit, https://github.com/openvinotoolkit/openvino/pull/27489);
   CPU/GPU get optimum-intel's default asymmetric group 128.
 
-The board runtime ``openvino-gpu`` (a Core Ultra board's built-in GPU; deploy passes the convert option
-``runtime``) builds the GPU's formats: ``target="gpu"`` whatever the board's own target (its NPU).
+The board runtimes ``openvino-gpu`` and ``openvino-cpu`` (a Core Ultra board's built-in GPU and its CPU cores;
+deploy passes the convert option ``runtime``) build that device's formats: ``target="gpu"`` / ``"cpu"`` whatever
+the board's own target (its NPU).
 
 Quantization goes through ``OVModelForCausalLM.from_pretrained(ir, quantization_config=
 OVWeightQuantizationConfig(...))``; with calibration text, INT4 runs NNCF's data-aware AWQ and
@@ -46,7 +47,7 @@ SCHEMES = ("fp32", "fp16", "w8a16", "w4a16", "w4a16_g32", "w4a16_g64", "w4a16_g1
 TARGETS = ("cpu", "gpu", "npu")
 CONVERT_OPTIONS = ("target", "group_size", "num_samples", "runtime")  # OpenVinoBackend.decoders.convert_options
 # board runtimes besides the board's own that the export builds for (OpenVinoBackend.decoders.runtimes)
-RUNTIME_TARGETS = {"openvino-gpu": "gpu"}
+RUNTIME_TARGETS = {"openvino-gpu": "gpu", "openvino-cpu": "cpu"}
 # the model_types optimum-intel 2.2.0 exports with task "text-generation-with-past" (the model types its
 # TasksManager registers for the "openvino" exporter and that task): OpenVinoBackend.decoders.architectures
 ARCHITECTURES = (

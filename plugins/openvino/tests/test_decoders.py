@@ -341,7 +341,7 @@ def test_a_cpu_build_loads_on_the_cpu_by_default_and_is_refused_for_the_npu(irs,
 
 def test_deploy_for_a_core_ultra_cpu_writes_int8_blocks_and_says_the_plan_is_the_npus(tmp_path) -> None:
     """`deploy --board core-ultra-155h -q w8a16 --option target=cpu`: the CPU's int8 blocks, golden-checked; the
-    plan stays the board runtime's (openvino-npu), and deploy says so."""
+    plan stays the board runtime's (openvino-npu), and deploy says so and names the board's runtimes."""
     from edgeinfer_openvino import decoder_export
 
     from edgeinfer.deploy.decoder import deploy_decoder
@@ -351,4 +351,23 @@ def test_deploy_for_a_core_ultra_cpu_writes_int8_blocks_and_says_the_plan_is_the
     facts = decoder_export.read_facts(tmp_path / "b" / "decoder")
     assert facts["target"] == "cpu" and facts["weight_compression"]["method"] == "int8 blocks (edgeinfer)"
     assert res.golden["passed"] and res.manifest.target == "cpu"
-    assert any("built for target cpu" in w and "openvino-npu" in w for w in res.warnings), res.warnings
+    assert any("built for target cpu" in w and "openvino-npu" in w and "--runtime openvino-npu / openvino-gpu / "
+               "openvino-cpu" in w for w in res.warnings), res.warnings
+
+
+def test_deploy_for_the_openvino_cpu_runtime_plans_and_builds_the_cpus_int8_blocks(tmp_path) -> None:
+    """`deploy --board core-ultra-155h --runtime openvino-cpu -q w8a16`: the same CPU build, now planned as the
+    CPU's runtime (its overhead, the blocks' 8.19 bits a weight, no speed estimate) and without a warning."""
+    from edgeinfer_openvino import decoder_export
+
+    from edgeinfer.deploy.decoder import deploy_decoder
+
+    res = deploy_decoder(model_dir(), "core-ultra-155h", tmp_path / "b", quant="w8a16", ctx=128,
+                         runtime="openvino-cpu")
+    facts = decoder_export.read_facts(tmp_path / "b" / "decoder")
+    assert facts["target"] == "cpu" and facts["weight_compression"]["method"] == "int8 blocks (edgeinfer)"
+    assert res.golden["passed"] and res.manifest.target == "cpu"
+    plan = res.manifest.plan
+    assert plan["build"]["runtime"] == "openvino-cpu" and plan["memory"]["breakdown"]["runtime"] == 173 * 2**20
+    assert "8.1875 bits per weight" in plan["memory"]["details"]["weights"]["basis"]
+    assert not any("built for target" in w for w in res.warnings), res.warnings
