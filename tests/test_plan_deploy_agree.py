@@ -80,6 +80,8 @@ def test_plan_and_deploy_dry_run_decide_alike_by_default(board, kind):
      ("openvino-cpu", "w8a16", 1024)),
     ("atlas-300i-pro", "decoder", ["--runtime", "torch-npu", "--quant", "w8a16"], ("torch-npu", "w8a16", 1024)),
     ("host", "decoder", ["--quant", "w4a16", "--ctx", "256"], ("onnxruntime", "w4a16", 256)),
+    ("host", "decoder", ["--runtime", "openvino-cpu", "--quant", "w8a16", "--ctx", "256"],
+     ("openvino-cpu", "w8a16", 256)),
     ("rk3588-8g", "encoder", ["--quant", "w8a8"], ("rknn", "w8a8", 128)),
     ("host", "encoder", ["--quant", "fp32"], ("onnxruntime", "fp32", 128)),
 ])

@@ -15,7 +15,8 @@ from edgeinfer.planning.models import from_catalog
 
 DATA = Path(__file__).resolve().parents[1] / "bench" / "data"
 ID_RANGES = {"rockchip": range(100, 300), "intel": range(1000, 2000), "ascend": range(2000, 3000),
-             "host": range(3000, 3100), "host_llamacpp": range(3100, 3200)}
+             "host": range(3000, 3100), "host_llamacpp": range(3100, 3200),
+             "host_openvino": range(3200, 3300)}
 FILES = sorted(DATA.glob("rows_*.yaml"))
 
 

@@ -72,7 +72,7 @@ class Decoders:
     runtimes: Mapping[str, Needs | None] = field(default_factory=dict)
     #: board runtimes this backend builds as its own on every board, whichever backend the board names (a
     #: runtime of its own, such as llama.cpp), each with what it needs besides the backend: plan and deploy hand
-    #: such a runtime to this backend, which gets no ``runtime`` option for it
+    #: such a runtime to this backend, which gets the ``runtime`` option for it only where ``runtimes`` lists it too
     builds: Mapping[str, Needs | None] = field(default_factory=dict)
     #: load options that make ``open_decoder`` give a step decoder (logits) where its default is a native
     #: loop: the decoder golden check compares logits

@@ -187,7 +187,7 @@ def deploy_decoder(
         # a chip name ...)
         told = {"target": facts["target"]} if "target" in backend.decoders.convert_options else {}
         convert_options = {**told, **options}
-        if runtime != own_runtime(b) and runtime not in backend.decoders.builds:
+        if runtime != own_runtime(b) and runtime in backend.decoders.runtimes:
             convert_options["runtime"] = runtime
         cached = converted(backend, hf_dir, scheme, context, calibration, convert_options, facts, work, progress,
                            use_cache)

@@ -23,6 +23,11 @@ HOST_SPEED_GROUP = "host-cpu"  # the host board's speed constants (docs/planner.
 # the host's llama.cpp runtime (decoders; built by the backend that declares it its own, Decoders.builds)
 LLAMACPP_SOURCE = ("https://github.com/ggml-org/llama.cpp/blob/master/tools/quantize/README.md (F32, F16, Q8_0, "
                    "Q4_K_M, Q4_0 on CPU)")
+# the host's OpenVINO runtime (decoders; built by the backend that declares it, Decoders.runtimes)
+OPENVINO_CPU_SOURCE = ("OpenVINO GenAI on the CPU plugin (https://docs.openvino.ai/2025/openvino-workflow/"
+                       "running-inference/inference-devices-and-modes/cpu-device.html): fp32, fp16, w8a16 in int8 "
+                       "blocks of 128; speed fitted on bench/data/rows_host_openvino.yaml "
+                       "(bench/planner_host_openvino.py)")
 
 
 def boards_dirs() -> list[Path]:
@@ -229,7 +234,9 @@ def host_board(bandwidth=None) -> Board:
             schemes=["fp32", "fp16", "w8a8", "w8a16", "w4a16", "w4a8"], speed_group=HOST_SPEED_GROUP,
             source=HOST_SCHEMES_SOURCE),
             "llama.cpp": Runtime(schemes=["fp16", "fp32", "gguf:Q8_0", "gguf:Q4_K_M", "gguf:Q4_0"], kinds=["decoder"],
-                                 speed_group=HOST_SPEED_GROUP, source=LLAMACPP_SOURCE)},
+                                 speed_group=HOST_SPEED_GROUP, source=LLAMACPP_SOURCE),
+            "openvino-cpu": Runtime(schemes=["fp32", "fp16", "w8a16"], kinds=["decoder"],
+                                    speed_group=HOST_SPEED_GROUP, source=OPENVINO_CPU_SOURCE)},
         default_runtime=HOST_BACKEND,
         notes=[f"decode speed: constants {HOST_SPEED_GROUP}/{HOST_BACKEND}/<format> fitted by bench/fit_speed.py "
                "on bench/data/rows_host.yaml (bench/planner_host_llm.py), as fractions of the measured bandwidth"],

@@ -54,6 +54,7 @@ class OpenVinoBackend(Backend):
         architectures=decoder_export.ARCHITECTURES, options=decoder_config.OPTIONS,
         convert_options=decoder_export.CONVERT_OPTIONS,
         runtimes=dict.fromkeys(decoder_export.RUNTIME_TARGETS),  # openvino-gpu / -cpu: the IR for that device
+        builds={"openvino-cpu": None},  # the CPU build on any board that lists it (the host's x86 cores too)
         defaults={"w8a16_cpu_block": int8_blocks.BLOCK},  # a changed block is another conversion
         logits_options={"loop": "steps"},  # the golden check steps the IR through ov.Core (GenAI gives no logits)
         extras=("decoders",))  # GenAI's loops (openvino-genai, openvino-tokenizers): not in a board's encoder install

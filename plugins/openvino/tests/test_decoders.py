@@ -8,6 +8,7 @@ pipeline (NPUW) with ``NPUW_DEVICES=CPU`` — the NPU plugin's code, the CPU's a
 
 from __future__ import annotations
 
+import json
 import warnings
 from pathlib import Path
 
@@ -357,7 +358,7 @@ def test_deploy_for_a_core_ultra_cpu_writes_int8_blocks_and_says_the_plan_is_the
 
 def test_deploy_for_the_openvino_cpu_runtime_plans_and_builds_the_cpus_int8_blocks(tmp_path) -> None:
     """`deploy --board core-ultra-155h --runtime openvino-cpu -q w8a16`: the same CPU build, now planned as the
-    CPU's runtime (its overhead, the blocks' 8.19 bits a weight, no speed estimate) and without a warning."""
+    CPU's runtime (its fitted overhead, the blocks' 8.19 bits a weight, no speed estimate) and without a warning."""
     from edgeinfer_openvino import decoder_export
 
     from edgeinfer.deploy.decoder import deploy_decoder
@@ -368,6 +369,29 @@ def test_deploy_for_the_openvino_cpu_runtime_plans_and_builds_the_cpus_int8_bloc
     assert facts["target"] == "cpu" and facts["weight_compression"]["method"] == "int8 blocks (edgeinfer)"
     assert res.golden["passed"] and res.manifest.target == "cpu"
     plan = res.manifest.plan
-    assert plan["build"]["runtime"] == "openvino-cpu" and plan["memory"]["breakdown"]["runtime"] == 173 * 2**20
+    weights = plan["memory"]["breakdown"]["weights"]
+    constants = Path(edgeinfer.__file__).parent / "data" / "speed_constants.json"
+    ov = json.loads(constants.read_text())["overhead_mib"]["openvino-cpu"]  # bench/fit_speed.py's, on the host rows
+    assert plan["build"]["runtime"] == "openvino-cpu"
+    planned = plan["memory"]["breakdown"]["runtime"]
+    assert planned == pytest.approx(ov["value"] * 2**20 + ov["weights_fraction"] * weights, abs=1)
     assert "8.1875 bits per weight" in plan["memory"]["details"]["weights"]["basis"]
+    assert plan["estimates"]["decode_tokens_per_s"] is None  # no Core Ultra CPU measured
     assert not any("built for target" in w for w in res.warnings), res.warnings
+
+
+def test_the_host_builds_the_openvino_cpu_runtime_through_this_plugin(tmp_path) -> None:
+    """`deploy --board host --runtime openvino-cpu`: the host's backend is onnxruntime, and this plugin builds the
+    runtime (``Decoders.builds``) with the CPU's formats: the same int8 blocks, golden-checked, planned as
+    openvino-cpu with a decode estimate from the host's measured rows."""
+    from edgeinfer_openvino import decoder_export
+
+    from edgeinfer.deploy.decoder import deploy_decoder
+
+    res = deploy_decoder(model_dir(), "host", tmp_path / "b", quant="w8a16", ctx=128, runtime="openvino-cpu")
+    facts = decoder_export.read_facts(tmp_path / "b" / "decoder")
+    assert facts["target"] == "cpu" and facts["weight_compression"]["method"] == "int8 blocks (edgeinfer)"
+    assert res.golden["passed"] and res.manifest.backend == "openvino"
+    plan = res.manifest.plan
+    assert plan["build"]["runtime"] == "openvino-cpu" and plan["build"]["backend"] == "openvino"
+    assert plan["estimates"]["decode_tokens_per_s"] > 0

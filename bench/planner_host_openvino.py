@@ -1,0 +1,152 @@
+"""Planner vs this machine for the OpenVINO CPU runtime (``openvino-cpu``, the ``openvino`` backend's CPU build):
+measured decode tokens/s and what ``plan --board host --runtime openvino-cpu`` predicts, and the rows
+bench/fit_speed.py fits the host-cpu openvino-cpu constants on (bench/data/rows_host_openvino.yaml, row ids
+3200-3299, replaced by each run).
+
+The method of bench/planner_host_llm.py (its models, prompt, context and bandwidth rule), on OpenVINO: the plugin's
+conversion for ``openvino-cpu`` (what ``deploy --board host --runtime openvino-cpu`` builds; cached), each measurement
+in a fresh subprocess (``load_decoder(ir, threads=1)``: GenAI's LLMPipeline on the CPU, one inference thread), greedy,
+EOS ignored, one warm-up then ``REPEAT`` runs, decode tok/s = the fastest. Memory is planned at the positions the
+run writes (``mem_ctx`` = prompt + new tokens): GenAI allocates the KV cache as they are written. Predicted three
+ways, as there: ``plan_host`` (the shipped constants), ``fit_all`` (the host board calibrated on these rows,
+in-sample) and ``left_out`` (calibrated without the row's model).
+
+    python bench/planner_host_openvino.py [--report]      # --report: the committed rows, no measuring
+
+Writes bench/results/planner_host_openvino.json and bench/data/rows_host_openvino.yaml.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import planner_host_llamacpp as sibling  # noqa: E402
+import planner_host_llm as base  # noqa: E402
+from _common import arguments, write  # noqa: E402
+
+ROWS = base.ROOT / "bench" / "data" / "rows_host_openvino.yaml"
+FIRST_ROW = 3200
+RUNTIME = "openvino-cpu"
+MODELS = base.MODELS  # tiny-qwen3, the 53 M and the 210 M random Qwen3
+SCHEMES = ("fp32", "fp16", "w8a16")
+
+CHILD = r"""
+import json, statistics, sys
+from pathlib import Path
+ir, hf, (ctx, prompt, new, repeat) = Path(sys.argv[1]), Path(sys.argv[2]), map(int, sys.argv[3:7])
+import edgeinfer
+from edgeinfer.run.generation.bench import prompt_of_length
+from edgeinfer.run.generation.generator import Generator
+from edgeinfer.run.generation.text import TextCodec
+from edgeinfer.contract.generation import GenerationOptions
+dec = edgeinfer.backend("openvino").load_decoder(ir, device=None, context=ctx, threads=1)
+gen = Generator(dec, TextCodec(hf), hf.name)
+ids = prompt_of_length(gen.codec, prompt)
+opts = GenerationOptions(max_new_tokens=new, ignore_eos=True)
+gen.generate_ids(ids, opts)
+runs = [gen.generate_ids(ids, opts).metrics for _ in range(repeat)]
+hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1]
+print(json.dumps({"peak_rss_bytes": int(hwm) * 1024, "kv_cache_bytes": gen.kv_cache_bytes,
+                  "device": dec.device, "kv_dtype": dec.kv_dtype,
+                  "decode_tokens_per_s_runs": [m.decode_tokens_per_s for m in runs],
+                  "ttft_ms": statistics.median(m.ttft_ms for m in runs)}))
+"""
+
+
+def converted(name: str, model: Path, scheme: str) -> Path:
+    """The plugin's ``openvino-cpu`` conversion of ``model`` (what ``deploy --runtime openvino-cpu`` builds), now,
+    so that no child counts it: cached by the model's name, the scheme and the plugin's code. No golden check: the
+    random models' flat logits make greedy agreement meaningless (bench/peer_llamacpp.py)."""
+    import shutil
+
+    import edgeinfer
+    from edgeinfer.contract import cache
+
+    backend = edgeinfer.backend("openvino")
+    out = cache.area("bench") / "planner_host_openvino" / f"{name}-{scheme}-{base.CTX}-{cache.code(backend)}"
+    if not (out / "edgeinfer_decoder.json").is_file():
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True)
+        backend.convert_decoder(model, scheme, base.CTX, out, None, runtime=RUNTIME)
+    return out
+
+
+def measure(ir: Path, model: Path) -> dict:
+    r = subprocess.run([sys.executable, "-c", CHILD, str(ir), str(model), str(base.CTX), str(base.PROMPT),
+                        str(base.NEW_TOKENS), str(base.REPEAT)], capture_output=True, text=True, timeout=3600)
+    if r.returncode != 0:
+        raise SystemExit(f"child failed: {r.stderr[-2000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def measured_row(i: int, name: str, model: Path, scheme: str, source: str, source_id: str) -> dict:
+    from edgeinfer.planning.host_bandwidth import measure_gbps
+
+    ir = converted(name, model, scheme)
+    before = measure_gbps()
+    meas = measure(ir, model)
+    copies = [before, measure_gbps()]
+    runs = meas["decode_tokens_per_s_runs"]
+    return {"row": FIRST_ROW + i, "grade": "A", "board": "host", "runtime": RUNTIME, "model": name,
+            "model_config": json.loads((model / "config.json").read_text()), "quant": scheme,
+            # GenAI allocates the KV cache as positions are written (docs/openvino.md): the run's, not CTX
+            "prompt": base.PROMPT, "ctx": base.PROMPT + base.NEW_TOKENS, "mem_ctx": base.PROMPT + base.NEW_TOKENS,
+            "decode": round(max(runs), 2), "ttft_ms": round(meas["ttft_ms"], 1),
+            "mem_mib": round(meas["peak_rss_bytes"] / base.MIB, 1), "bandwidth_gbps": round(max(copies), 2),
+            "fit": True, "source": source, "source_id": source_id,
+            "note": f"OpenVINO GenAI LLMPipeline on {meas['device']}, {scheme} (KV {meas['kv_dtype']}), 1 inference "
+                    f"thread, greedy, {base.NEW_TOKENS} new tokens after a {base.PROMPT}-token prompt, best of "
+                    f"{base.REPEAT} runs {[round(x, 2) for x in runs]} (median {round(statistics.median(runs), 2)}); "
+                    f"KV capacity {base.CTX} tokens ({meas['kv_cache_bytes']} B), allocated as written: "
+                    f"{base.PROMPT + base.NEW_TOKENS} tokens"}
+
+
+def main(measure_rows: bool = True) -> dict:
+    import yaml
+
+    sibling.RUNTIME = RUNTIME  # its predicted() and report() plan this runtime
+    if measure_rows:
+        when = time.strftime("%Y-%m-%d", time.gmtime())
+        source = f"bench/planner_host_openvino.py on this project's {os.cpu_count()}-core CI machine, {when}"
+        runs = [(name, base.model_path(shape), s) for name, shape in MODELS for s in SCHEMES]
+        rows = [measured_row(i, name, model, s, source, f"planner_host_openvino/{when}/{name}")
+                for i, (name, model, s) in enumerate(runs)]
+        gbps = max(r["bandwidth_gbps"] for r in rows)
+        for r in rows:
+            r["bandwidth_gbps"] = gbps
+        head = (f"# Decode rows of the OpenVINO CPU runtime on the host: bench/planner_host_openvino.py, {when} "
+                "(replaced by each run).\n# As rows_host.yaml (bench/planner_host_llm.py): board host at "
+                "bandwidth_gbps, models inline.\n")
+        ROWS.write_text(head + yaml.safe_dump({"rows": rows}, sort_keys=False, width=118))
+    else:
+        rows = yaml.safe_load(ROWS.read_text())["rows"]
+    gbps = max(r["bandwidth_gbps"] for r in rows)
+    os.environ["EDGEINFER_HOST_BANDWIDTH_GBPS"] = str(gbps)
+    all_fit = base.calibrated(rows, "host-fit-all")
+    left_out = {m: base.calibrated([x for x in rows if x["model"] != m], f"host-without-{m}")
+                for m in {r["model"] for r in rows}}
+    results = [sibling.report(r, all_fit, left_out[r["model"]]) for r in rows]
+    out = {"backend": "openvino (GenAI LLMPipeline on the CPU, 1 inference thread)", "host_bandwidth_gbps": gbps,
+           "load_average": os.getloadavg(), "rows": results, "median_abs_pct_error": base.errors(results)}
+    write("planner_host_openvino", out)
+    return out
+
+
+if __name__ == "__main__":
+    ap = arguments(__doc__)
+    ap.add_argument("--report", action="store_true", help="measure nothing: report on the committed rows")
+    res = main(measure_rows=not ap.parse_args().report)
+    print(f"host bandwidth {res['host_bandwidth_gbps']} GB/s; load {[round(x, 2) for x in res['load_average']]}; "
+          f"median |error| {res['median_abs_pct_error']}")
+    for r in res["rows"]:
+        d = r["decode_tokens_per_s"]
+        print(f"{r['model']} {r['scheme']}: measured {d['measured']} tok/s; plan --board host {d['plan_host']} "
+              f"({d['plan_host_pct_error']}%); fit on all {d['fit_all']} ({d['fit_all_pct_error']}%); left out "
+              f"{d['left_out']} ({d['left_out_pct_error']}%)")
