@@ -38,7 +38,10 @@ def test_plan_imports_no_numpy():
                                                                   "host", "all")]
     runs += [["plan", str(model_dir()), "--board", "rk3588-8g"], ["plan", "qwen3-0.6b", "--board", "rk3588-8g",
                                                                   "--paging", "8"]]
+    # a runtime another plugin builds on the host (Decoders.builds): every plugin's module is registered
+    runs += [["plan", "qwen3-0.6b", "--board", "host", "--runtime", "openvino-cpu", "--quant", "w8a16"]]
     code = f"from edgeinfer.cli import invoke\nfor args in {runs!r}:\n assert invoke(args) in (0, 1), args"
     loaded = imported_modules(code)
     assert "edgeinfer" in loaded and "edgeinfer_rknn" in loaded, sorted(loaded)  # the plans did run
+    assert "edgeinfer_openvino" in loaded and "openvino" not in loaded, sorted(loaded)
     assert "numpy" not in loaded, "edgeinfer plan imported numpy"
