@@ -380,18 +380,19 @@ def test_deploy_for_the_openvino_cpu_runtime_plans_and_builds_the_cpus_int8_bloc
     assert not any("built for target" in w for w in res.warnings), res.warnings
 
 
-def test_the_host_builds_the_openvino_cpu_runtime_through_this_plugin(tmp_path) -> None:
+def test_the_host_builds_the_openvino_cpu_runtime_through_this_plugin(tiny_qwen3_openvino_cpu_bundle) -> None:
     """`deploy --board host --runtime openvino-cpu`: the host's backend is onnxruntime, and this plugin builds the
     runtime (``Decoders.builds``) with the CPU's formats: the same int8 blocks, golden-checked, planned as
     openvino-cpu with a decode estimate from the host's measured rows."""
     from edgeinfer_openvino import decoder_export
 
-    from edgeinfer.deploy.decoder import deploy_decoder
+    from edgeinfer.model.bundle import Bundle
 
-    res = deploy_decoder(model_dir(), "host", tmp_path / "b", quant="w8a16", ctx=128, runtime="openvino-cpu")
-    facts = decoder_export.read_facts(tmp_path / "b" / "decoder")
+    b = tiny_qwen3_openvino_cpu_bundle
+    facts = decoder_export.read_facts(b / "decoder")
     assert facts["target"] == "cpu" and facts["weight_compression"]["method"] == "int8 blocks (edgeinfer)"
-    assert res.golden["passed"] and res.manifest.backend == "openvino"
-    plan = res.manifest.plan
-    assert plan["build"]["runtime"] == "openvino-cpu" and plan["build"]["backend"] == "openvino"
-    assert plan["estimates"]["decode_tokens_per_s"] > 0
+    manifest = Bundle.open(b).manifest
+    assert manifest.decoder["golden"]["passed"] and manifest.decoder["runtime"] == "openvino-cpu"
+    assert manifest.backend == "openvino"
+    assert manifest.plan["build"]["runtime"] == "openvino-cpu" and manifest.plan["build"]["backend"] == "openvino"
+    assert manifest.plan["estimates"]["decode_tokens_per_s"] > 0

@@ -254,3 +254,39 @@ def test_npu_pipeline_on_cpu_declares_one_slot_and_serves_one_sequence_at_a_time
     assert order == ["a", "b", "c"]  # one at a time, in arrival order
     assert texts["a"] == solo(PROMPTS[0], 20) and texts["c"] == solo(PROMPTS[2], 20)
     assert finish == {"a": "length", "b": "cancelled", "c": "length"}
+
+
+def _hwm(pid: int) -> int:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmHWM for {pid}")
+
+
+def test_the_openvino_cpu_plan_of_a_served_decoder_is_within_ten_percent_of_its_peak(tiny_qwen3_openvino_cpu_bundle,
+                                                                                   tmp_path, cli):
+    """``serve --slots 4`` of the ``openvino-cpu`` bundle, its four slots' KV cache written to the context (prompts
+    of ~180 tokens, 60 new tokens each, at once): the peak RSS of the HTTP process and the decoder worker against
+    ``plan --board host --runtime openvino-cpu --quant w8a16 --ctx 256 --batch 4``'s ``memory.served``, computed
+    from the model directory independently of serve. The lower bound is 0.85 as for the host chain
+    (tests/test_serve_chain.py: a fresh clone's processes map more of their just-written libraries)."""
+    from edgeinfer.testing.llm import model_dir
+
+    b = tiny_qwen3_openvino_cpu_bundle
+    words = "the licence grants permission to use copy modify merge publish and distribute the software "
+    with ServerProc([b], "--slots", str(SLOTS), "--threads", "1", log=tmp_path / "log") as s:
+        c = client(s)
+        with cf.ThreadPoolExecutor(SLOTS) as pool:
+            texts = list(pool.map(lambda i: c.completions.create(
+                model=b.name, prompt=f"{i} " + words * 10, max_tokens=60, temperature=0,
+                extra_body={"ignore_eos": True}), range(SLOTS)))
+        assert all(t.usage.prompt_tokens + t.usage.completion_tokens > 230 for t in texts), [t.usage for t in texts]
+        ready = httpx.get(s.url + "/ready").json()
+        pids = [s.proc.pid, *(d["pid"] for d in ready["decoders"])]
+        measured = sum(_hwm(pid) for pid in pids)
+    plan = json.loads(cli("plan", str(model_dir()), "--board", "host", "--runtime", "openvino-cpu", "--quant",
+                              "w8a16", "--ctx", "256", "--batch", str(SLOTS), "--json").stdout)
+    planned = plan["memory"]["served"]["total_bytes"]
+    assert len(pids) == 2 and plan["build"]["runtime"] == "openvino-cpu"
+    assert 0.85 <= planned / measured <= 1.1, {"planned_mib": planned / 2**20, "measured_mib": measured / 2**20,
+                                              "processes": {pid: _hwm(pid) / 2**20 for pid in pids}}
