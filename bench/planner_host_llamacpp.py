@@ -22,6 +22,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -90,7 +91,7 @@ def predicted(row: dict, board) -> float | None:
     from edgeinfer.planning.planner import plan
 
     spec = spec_from_config(row["model_config"], row["model"], row["model"])
-    return plan(spec, board, quant=row["quant"], ctx=row["ctx"], runtime=RUNTIME,
+    return plan(spec, board, quant=row["quant"], ctx=row["ctx"], runtime=row["runtime"],
                 suggest=False).estimates.decode_tokens_per_s
 
 
@@ -105,41 +106,37 @@ def report(row: dict, all_fit, left_out) -> dict:
         "left_out_pct_error": base.pct(out, dec)}}
 
 
-def main(measure_rows: bool = True) -> dict:
+def run(name: str, rows_path: Path, measured: Callable[..., dict], backend: str, measure_rows: bool) -> dict:
+    """Measure ``base.MODELS`` × the schemes (``measured(i, name, model, scheme, source, source_id)`` per row) into
+    ``rows_path`` (or read it), plan every row three ways, write bench/results/NAME.json. Shared with
+    bench/planner_host_openvino.py."""
     import yaml
 
     if measure_rows:
         when = time.strftime("%Y-%m-%d", time.gmtime())
-        source = f"bench/planner_host_llamacpp.py on this project's {os.cpu_count()}-core CI machine, {when}"
-        runs = [(name, base.model_path(shape), s) for name, shape in MODELS for s in SCHEMES]
-        rows = [measured_row(i, name, model, s, source, f"planner_host_llamacpp/{when}/{name}")
-                for i, (name, model, s) in enumerate(runs)]
+        source = f"bench/{name}.py on this project's {os.cpu_count()}-core CI machine, {when}"
+        rows = measured(source, f"{name}/{when}")
         gbps = max(r["bandwidth_gbps"] for r in rows)
         for r in rows:
             r["bandwidth_gbps"] = gbps
-        head = (f"# Decode rows of the llama.cpp host runtime: bench/planner_host_llamacpp.py, {when} (replaced by "
-                "each run).\n# As rows_host.yaml (bench/planner_host_llm.py): board host at bandwidth_gbps, models "
-                "inline.\n")
-        ROWS.write_text(head + yaml.safe_dump({"rows": rows}, sort_keys=False, width=118))
+        head = (f"# Decode rows of {backend} on the host: bench/{name}.py, {when} (replaced by each run).\n# As "
+                "rows_host.yaml (bench/planner_host_llm.py): board host at bandwidth_gbps, models inline.\n")
+        rows_path.write_text(head + yaml.safe_dump({"rows": rows}, sort_keys=False, width=118))
     else:
-        rows = yaml.safe_load(ROWS.read_text())["rows"]
+        rows = yaml.safe_load(rows_path.read_text())["rows"]
     gbps = max(r["bandwidth_gbps"] for r in rows)
     os.environ["EDGEINFER_HOST_BANDWIDTH_GBPS"] = str(gbps)
     all_fit = base.calibrated(rows, "host-fit-all")
     left_out = {m: base.calibrated([x for x in rows if x["model"] != m], f"host-without-{m}")
                 for m in {r["model"] for r in rows}}
     results = [report(r, all_fit, left_out[r["model"]]) for r in rows]
-    out = {"backend": "llamacpp (llama-cpp-python, 1 thread)", "host_bandwidth_gbps": gbps,
-           "load_average": os.getloadavg(), "rows": results,
+    out = {"backend": backend, "host_bandwidth_gbps": gbps, "load_average": os.getloadavg(), "rows": results,
            "median_abs_pct_error": base.errors(results)}
-    write("planner_host_llamacpp", out)
+    write(name, out)
     return out
 
 
-if __name__ == "__main__":
-    ap = arguments(__doc__)
-    ap.add_argument("--report", action="store_true", help="measure nothing: report on the committed rows")
-    res = main(measure_rows=not ap.parse_args().report)
+def print_report(res: dict) -> None:
     print(f"host bandwidth {res['host_bandwidth_gbps']} GB/s; load {[round(x, 2) for x in res['load_average']]}; "
           f"median |error| {res['median_abs_pct_error']}")
     for r in res["rows"]:
@@ -147,3 +144,15 @@ if __name__ == "__main__":
         print(f"{r['model']} {r['scheme']}: measured {d['measured']} tok/s; plan --board host {d['plan_host']} "
               f"({d['plan_host_pct_error']}%); fit on all {d['fit_all']} ({d['fit_all_pct_error']}%); left out "
               f"{d['left_out']} ({d['left_out_pct_error']}%)")
+
+
+def measured_rows(source: str, source_id: str) -> list[dict]:
+    runs = [(name, base.model_path(shape), s) for name, shape in MODELS for s in SCHEMES]
+    return [measured_row(i, name, model, s, source, f"{source_id}/{name}") for i, (name, model, s) in enumerate(runs)]
+
+
+if __name__ == "__main__":
+    ap = arguments(__doc__)
+    ap.add_argument("--report", action="store_true", help="measure nothing: report on the committed rows")
+    print_report(run("planner_host_llamacpp", ROWS, measured_rows, "llamacpp (llama-cpp-python, 1 thread)",
+                     measure_rows=not ap.parse_args().report))

@@ -19,17 +19,15 @@ Writes bench/results/planner_host_openvino.json and bench/data/rows_host_openvin
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import planner_host_llamacpp as sibling  # noqa: E402
 import planner_host_llm as base  # noqa: E402
-from _common import arguments, write  # noqa: E402
+from _common import arguments  # noqa: E402
 
 ROWS = base.ROOT / "bench" / "data" / "rows_host_openvino.yaml"
 FIRST_ROW = 3200
@@ -108,45 +106,14 @@ def measured_row(i: int, name: str, model: Path, scheme: str, source: str, sourc
                     f"{base.PROMPT + base.NEW_TOKENS} tokens"}
 
 
-def main(measure_rows: bool = True) -> dict:
-    import yaml
-
-    sibling.RUNTIME = RUNTIME  # its predicted() and report() plan this runtime
-    if measure_rows:
-        when = time.strftime("%Y-%m-%d", time.gmtime())
-        source = f"bench/planner_host_openvino.py on this project's {os.cpu_count()}-core CI machine, {when}"
-        runs = [(name, base.model_path(shape), s) for name, shape in MODELS for s in SCHEMES]
-        rows = [measured_row(i, name, model, s, source, f"planner_host_openvino/{when}/{name}")
-                for i, (name, model, s) in enumerate(runs)]
-        gbps = max(r["bandwidth_gbps"] for r in rows)
-        for r in rows:
-            r["bandwidth_gbps"] = gbps
-        head = (f"# Decode rows of the OpenVINO CPU runtime on the host: bench/planner_host_openvino.py, {when} "
-                "(replaced by each run).\n# As rows_host.yaml (bench/planner_host_llm.py): board host at "
-                "bandwidth_gbps, models inline.\n")
-        ROWS.write_text(head + yaml.safe_dump({"rows": rows}, sort_keys=False, width=118))
-    else:
-        rows = yaml.safe_load(ROWS.read_text())["rows"]
-    gbps = max(r["bandwidth_gbps"] for r in rows)
-    os.environ["EDGEINFER_HOST_BANDWIDTH_GBPS"] = str(gbps)
-    all_fit = base.calibrated(rows, "host-fit-all")
-    left_out = {m: base.calibrated([x for x in rows if x["model"] != m], f"host-without-{m}")
-                for m in {r["model"] for r in rows}}
-    results = [sibling.report(r, all_fit, left_out[r["model"]]) for r in rows]
-    out = {"backend": "openvino (GenAI LLMPipeline on the CPU, 1 inference thread)", "host_bandwidth_gbps": gbps,
-           "load_average": os.getloadavg(), "rows": results, "median_abs_pct_error": base.errors(results)}
-    write("planner_host_openvino", out)
-    return out
+def measured_rows(source: str, source_id: str) -> list[dict]:
+    runs = [(name, base.model_path(shape), s) for name, shape in MODELS for s in SCHEMES]
+    return [measured_row(i, name, model, s, source, f"{source_id}/{name}") for i, (name, model, s) in enumerate(runs)]
 
 
 if __name__ == "__main__":
     ap = arguments(__doc__)
     ap.add_argument("--report", action="store_true", help="measure nothing: report on the committed rows")
-    res = main(measure_rows=not ap.parse_args().report)
-    print(f"host bandwidth {res['host_bandwidth_gbps']} GB/s; load {[round(x, 2) for x in res['load_average']]}; "
-          f"median |error| {res['median_abs_pct_error']}")
-    for r in res["rows"]:
-        d = r["decode_tokens_per_s"]
-        print(f"{r['model']} {r['scheme']}: measured {d['measured']} tok/s; plan --board host {d['plan_host']} "
-              f"({d['plan_host_pct_error']}%); fit on all {d['fit_all']} ({d['fit_all_pct_error']}%); left out "
-              f"{d['left_out']} ({d['left_out_pct_error']}%)")
+    sibling.print_report(sibling.run("planner_host_openvino", ROWS, measured_rows,
+                                     "openvino (GenAI LLMPipeline on the CPU, 1 inference thread)",
+                                     measure_rows=not ap.parse_args().report))
