@@ -32,33 +32,37 @@ from _common import arguments, write  # noqa: E402
 ROWS = base.ROOT / "bench" / "data" / "rows_host_llamacpp.yaml"
 FIRST_ROW = 3100
 RUNTIME = "llama.cpp"
-MODELS = base.MODELS  # tiny-qwen3, the 53 M and the 210 M random Qwen3 (the 210 M one: minutes per row here)
 SCHEMES = ("fp32", "fp16", "gguf:Q8_0", "gguf:Q4_0")
 
 CHILD = r"""
 import json, statistics, sys
 from pathlib import Path
-gguf, hf, (ctx, prompt, new, repeat) = Path(sys.argv[1]), Path(sys.argv[2]), map(int, sys.argv[3:7])
+artifact, hf, backend = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[7]
+ctx, prompt, new, repeat = map(int, sys.argv[3:7])
 import edgeinfer
 from edgeinfer.run.generation.bench import prompt_of_length
 from edgeinfer.run.generation.generator import Generator
 from edgeinfer.run.generation.text import TextCodec
 from edgeinfer.contract.generation import GenerationOptions
-gen = Generator(edgeinfer.backend("llamacpp").load_decoder(gguf, context=ctx, threads=1), TextCodec(hf), hf.name)
+dec = edgeinfer.backend(backend).load_decoder(artifact, device=None, context=ctx, threads=1)
+gen = Generator(dec, TextCodec(hf), hf.name)
 ids = prompt_of_length(gen.codec, prompt)
 opts = GenerationOptions(max_new_tokens=new, ignore_eos=True)
 gen.generate_ids(ids, opts)
-runs = [gen.generate_ids(ids, opts).metrics for _ in range(repeat)]
+# each run's prompt rotated: a runtime that keeps the KV of a prefix it has seen (GenAI) would prefill almost nothing
+runs = [gen.generate_ids(ids[i + 1:] + ids[:i + 1], opts).metrics for i in range(repeat)]
 hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1]
-print(json.dumps({"peak_rss_bytes": int(hwm) * 1024, "kv_cache_bytes": gen.kv_cache_bytes,
-                  "decode_tokens_per_s_runs": [m.decode_tokens_per_s for m in runs],
+print(json.dumps({"peak_rss_bytes": int(hwm) * 1024, "kv_cache_bytes": gen.kv_cache_bytes, "device": dec.device,
+                  "kv_dtype": dec.kv_dtype, "decode_tokens_per_s_runs": [m.decode_tokens_per_s for m in runs],
                   "ttft_ms": statistics.median(m.ttft_ms for m in runs)}))
 """
 
 
-def measure(gguf: Path, model: Path) -> dict:
-    r = subprocess.run([sys.executable, "-c", CHILD, str(gguf), str(model), str(base.CTX), str(base.PROMPT),
-                        str(base.NEW_TOKENS), str(base.REPEAT)], capture_output=True, text=True, timeout=3600)
+def measure(artifact: Path, model: Path, backend: str = "llamacpp") -> dict:
+    """One fresh process: ``backend``'s decoder over ``artifact`` with one thread, the prompt, the timed runs."""
+    r = subprocess.run([sys.executable, "-c", CHILD, str(artifact), str(model), str(base.CTX), str(base.PROMPT),
+                        str(base.NEW_TOKENS), str(base.REPEAT), backend], capture_output=True, text=True,
+                       timeout=3600)
     if r.returncode != 0:
         raise SystemExit(f"child failed: {r.stderr[-2000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -106,8 +110,9 @@ def report(row: dict, all_fit, left_out) -> dict:
         "left_out_pct_error": base.pct(out, dec)}}
 
 
-def run(name: str, rows_path: Path, measured: Callable[..., dict], backend: str, measure_rows: bool) -> dict:
-    """Measure ``base.MODELS`` × the schemes (``measured(i, name, model, scheme, source, source_id)`` per row) into
+def run(name: str, rows_path: Path, measured: Callable[..., dict], schemes: tuple[str, ...], backend: str,
+        measure_rows: bool) -> dict:
+    """Measure ``base.MODELS`` × ``schemes`` (``measured(i, name, model, scheme, source, source_id)`` per row) into
     ``rows_path`` (or read it), plan every row three ways, write bench/results/NAME.json. Shared with
     bench/planner_host_openvino.py."""
     import yaml
@@ -115,7 +120,9 @@ def run(name: str, rows_path: Path, measured: Callable[..., dict], backend: str,
     if measure_rows:
         when = time.strftime("%Y-%m-%d", time.gmtime())
         source = f"bench/{name}.py on this project's {os.cpu_count()}-core CI machine, {when}"
-        rows = measured(source, f"{name}/{when}")
+        runs = [(model, base.model_path(shape), s) for model, shape in base.MODELS for s in schemes]
+        rows = [measured(i, model, path, s, source, f"{name}/{when}/{model}")
+                for i, (model, path, s) in enumerate(runs)]
         gbps = max(r["bandwidth_gbps"] for r in rows)
         for r in rows:
             r["bandwidth_gbps"] = gbps
@@ -146,13 +153,8 @@ def print_report(res: dict) -> None:
               f"{d['left_out']} ({d['left_out_pct_error']}%)")
 
 
-def measured_rows(source: str, source_id: str) -> list[dict]:
-    runs = [(name, base.model_path(shape), s) for name, shape in MODELS for s in SCHEMES]
-    return [measured_row(i, name, model, s, source, f"{source_id}/{name}") for i, (name, model, s) in enumerate(runs)]
-
-
 if __name__ == "__main__":
     ap = arguments(__doc__)
     ap.add_argument("--report", action="store_true", help="measure nothing: report on the committed rows")
-    print_report(run("planner_host_llamacpp", ROWS, measured_rows, "llamacpp (llama-cpp-python, 1 thread)",
+    print_report(run("planner_host_llamacpp", ROWS, measured_row, SCHEMES, "llamacpp (llama-cpp-python, 1 thread)",
                      measure_rows=not ap.parse_args().report))

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
@@ -32,31 +31,7 @@ from _common import arguments  # noqa: E402
 ROWS = base.ROOT / "bench" / "data" / "rows_host_openvino.yaml"
 FIRST_ROW = 3200
 RUNTIME = "openvino-cpu"
-MODELS = base.MODELS  # tiny-qwen3, the 53 M and the 210 M random Qwen3
 SCHEMES = ("fp32", "fp16", "w8a16")
-
-CHILD = r"""
-import json, statistics, sys
-from pathlib import Path
-ir, hf, (ctx, prompt, new, repeat) = Path(sys.argv[1]), Path(sys.argv[2]), map(int, sys.argv[3:7])
-import edgeinfer
-from edgeinfer.run.generation.bench import prompt_of_length
-from edgeinfer.run.generation.generator import Generator
-from edgeinfer.run.generation.text import TextCodec
-from edgeinfer.contract.generation import GenerationOptions
-dec = edgeinfer.backend("openvino").load_decoder(ir, device=None, context=ctx, threads=1)
-gen = Generator(dec, TextCodec(hf), hf.name)
-ids = prompt_of_length(gen.codec, prompt)
-opts = GenerationOptions(max_new_tokens=new, ignore_eos=True)
-gen.generate_ids(ids, opts)
-runs = [gen.generate_ids(ids, opts).metrics for _ in range(repeat)]
-hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1]
-print(json.dumps({"peak_rss_bytes": int(hwm) * 1024, "kv_cache_bytes": gen.kv_cache_bytes,
-                  "device": dec.device, "kv_dtype": dec.kv_dtype,
-                  "decode_tokens_per_s_runs": [m.decode_tokens_per_s for m in runs],
-                  "ttft_ms": statistics.median(m.ttft_ms for m in runs)}))
-"""
-
 
 def converted(name: str, model: Path, scheme: str) -> Path:
     """The plugin's ``openvino-cpu`` conversion of ``model`` (what ``deploy --runtime openvino-cpu`` builds), now,
@@ -76,20 +51,12 @@ def converted(name: str, model: Path, scheme: str) -> Path:
     return out
 
 
-def measure(ir: Path, model: Path) -> dict:
-    r = subprocess.run([sys.executable, "-c", CHILD, str(ir), str(model), str(base.CTX), str(base.PROMPT),
-                        str(base.NEW_TOKENS), str(base.REPEAT)], capture_output=True, text=True, timeout=3600)
-    if r.returncode != 0:
-        raise SystemExit(f"child failed: {r.stderr[-2000:]}")
-    return json.loads(r.stdout.strip().splitlines()[-1])
-
-
 def measured_row(i: int, name: str, model: Path, scheme: str, source: str, source_id: str) -> dict:
     from edgeinfer.planning.host_bandwidth import measure_gbps
 
     ir = converted(name, model, scheme)
     before = measure_gbps()
-    meas = measure(ir, model)
+    meas = sibling.measure(ir, model, "openvino")
     copies = [before, measure_gbps()]
     runs = meas["decode_tokens_per_s_runs"]
     return {"row": FIRST_ROW + i, "grade": "A", "board": "host", "runtime": RUNTIME, "model": name,
@@ -106,14 +73,9 @@ def measured_row(i: int, name: str, model: Path, scheme: str, source: str, sourc
                     f"{base.PROMPT + base.NEW_TOKENS} tokens"}
 
 
-def measured_rows(source: str, source_id: str) -> list[dict]:
-    runs = [(name, base.model_path(shape), s) for name, shape in MODELS for s in SCHEMES]
-    return [measured_row(i, name, model, s, source, f"{source_id}/{name}") for i, (name, model, s) in enumerate(runs)]
-
-
 if __name__ == "__main__":
     ap = arguments(__doc__)
     ap.add_argument("--report", action="store_true", help="measure nothing: report on the committed rows")
-    sibling.print_report(sibling.run("planner_host_openvino", ROWS, measured_rows,
+    sibling.print_report(sibling.run("planner_host_openvino", ROWS, measured_row, SCHEMES,
                                      "openvino (GenAI LLMPipeline on the CPU, 1 inference thread)",
                                      measure_rows=not ap.parse_args().report))
