@@ -162,8 +162,8 @@ def deploy_decoder(
     asked = options.get("target")
     if asked is not None and str(asked).lower() != str(b.target or b.family).lower():
         warnings.append(f"built for target {asked} (--option target); the plan is {runtime}'s, for target "
-                        f"{b.target or b.family}: its speed and memory are that runtime's (a runtime of the "
-                        f"board's for that target plans it: --runtime {' / '.join(b.runtimes)})")
+                        f"{b.target or b.family}: its speed and memory are that runtime's (to plan another target, "
+                        f"pass the board's runtime for it: --runtime {' / '.join(b.runtimes)})")
 
     if "kv_dtype" in backend.decoders.convert_options:  # the backend builds the plan's KV dtype into its artifact
         options["kv_dtype"] = plan.kv_dtype
