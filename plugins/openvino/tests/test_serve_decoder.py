@@ -23,7 +23,7 @@ import pytest
 
 from edgeinfer.contract import BatchingDecoder
 from edgeinfer.testing.cli import run_cli
-from edgeinfer.testing.serve import ServerProc
+from edgeinfer.testing.serve import ServerProc, rss_kib
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("openvino_genai")
@@ -256,13 +256,6 @@ def test_npu_pipeline_on_cpu_declares_one_slot_and_serves_one_sequence_at_a_time
     assert finish == {"a": "length", "b": "cancelled", "c": "length"}
 
 
-def _hwm(pid: int) -> int:
-    for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmHWM for {pid}")
-
-
 def test_the_openvino_cpu_plan_of_a_served_decoder_meets_its_peak(tiny_qwen3_openvino_cpu_bundle, tmp_path, cli):
     """``serve --slots 4`` of the ``openvino-cpu`` bundle, its four slots' KV cache written to the context (prompts
     of ~180 tokens, 60 new tokens each, at once): the peak RSS of the HTTP process and the decoder worker against
@@ -283,10 +276,10 @@ def test_the_openvino_cpu_plan_of_a_served_decoder_meets_its_peak(tiny_qwen3_ope
                 extra_body={"ignore_eos": True}), range(SLOTS)))
         assert all(t.usage.prompt_tokens + t.usage.completion_tokens > 230 for t in texts), [t.usage for t in texts]
         ready = httpx.get(s.url + "/ready").json()
-        peaks = {pid: _hwm(pid) for pid in [s.proc.pid, *(d["pid"] for d in ready["decoders"])]}
+        peaks = {pid: rss_kib(pid)["VmHWM"] * 1024 for pid in [s.proc.pid, *(d["pid"] for d in ready["decoders"])]}
     measured = sum(peaks.values())
     plan = json.loads(cli("plan", str(model_dir()), "--board", "host", "--runtime", "openvino-cpu", "--quant",
-                              "w8a16", "--ctx", "256", "--batch", str(SLOTS), "--json").stdout)
+                          "w8a16", "--ctx", "256", "--batch", str(SLOTS), "--json").stdout)
     planned = plan["memory"]["served"]["total_bytes"]
     assert len(peaks) == 2 and plan["build"]["runtime"] == "openvino-cpu"
     assert 0.8 <= planned / measured <= 1.1, {"planned_mib": planned / 2**20, "measured_mib": measured / 2**20,
