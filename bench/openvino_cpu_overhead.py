@@ -6,7 +6,8 @@ golden check runs; the conversion is cached), then in a fresh process ``edgeinfe
 GenAI's LLMPipeline on the CPU) and one greedy request whose prompt and new tokens fill the context, so that
 every KV position the plan counts is written. Peak = VmHWM of that process. The residual (peak − the plan's
 weights + KV cache + activations) is what ``edgeinfer/data/runtimes.yaml`` ``openvino-cpu.overhead_mib`` takes:
-the median over the rows.
+the median over the rows. That is the fallback: bench/fit_speed.py's fit on the host's OpenVINO rows
+(bench/planner_host_openvino.py) overrides it, and these rows, their context filled, check that fit.
 
     python bench/openvino_cpu_overhead.py [--no-big]
 
