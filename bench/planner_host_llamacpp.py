@@ -68,26 +68,40 @@ def measure(artifact: Path, model: Path, backend: str = "llamacpp") -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+def timed_row(row: int, runtime: str, backend: str, artifact: Path, name: str, model: Path, scheme: str,
+              source: str, source_id: str, mem_ctx: int, note: Callable[[dict, list[float]], str]) -> dict:
+    """A row of ``runtime``: ``backend``'s decoder over ``artifact`` (already converted, so that no child counts
+    it), its bandwidth the copies measured around the decode runs (best of); ``note(measured, runs)`` describes
+    the run. Shared with bench/planner_host_openvino.py."""
+    from edgeinfer.planning.host_bandwidth import measure_gbps
+
+    before = measure_gbps()
+    meas = measure(artifact, model, backend)
+    copies = [before, measure_gbps()]
+    runs = meas["decode_tokens_per_s_runs"]
+    return {"row": row, "grade": "A", "board": "host", "runtime": runtime, "model": name,
+            "model_config": json.loads((model / "config.json").read_text()), "quant": scheme,
+            "prompt": base.PROMPT, "ctx": base.PROMPT + base.NEW_TOKENS, "mem_ctx": mem_ctx,
+            "decode": round(max(runs), 2), "ttft_ms": round(meas["ttft_ms"], 1),
+            "mem_mib": round(meas["peak_rss_bytes"] / base.MIB, 1), "bandwidth_gbps": round(max(copies), 2),
+            "fit": True, "source": source, "source_id": source_id, "note": note(meas, runs)}
+
+
+def best_of(runs: list[float]) -> str:
+    return (f"best of {base.REPEAT} runs {[round(x, 2) for x in runs]} (median "
+            f"{round(statistics.median(runs), 2)})")
+
+
 def measured_row(i: int, name: str, model: Path, scheme: str, source: str, source_id: str) -> dict:
     from edgeinfer_llamacpp.convert import cached_scheme
 
-    from edgeinfer.planning.host_bandwidth import measure_gbps
+    def note(meas: dict, runs: list[float]) -> str:
+        return (f"llama.cpp (llama-cpp-python) {scheme}, 1 thread, greedy, {base.NEW_TOKENS} new tokens after a "
+                f"{base.PROMPT}-token prompt, {best_of(runs)}; KV allocated for {base.CTX} tokens: "
+                f"{meas['kv_cache_bytes']} B")
 
-    gguf = cached_scheme(model, scheme)  # converted now, so that no child counts it
-    before = measure_gbps()
-    meas = measure(gguf, model)
-    copies = [before, measure_gbps()]
-    runs = meas["decode_tokens_per_s_runs"]
-    return {"row": FIRST_ROW + i, "grade": "A", "board": "host", "runtime": RUNTIME, "model": name,
-            "model_config": json.loads((model / "config.json").read_text()), "quant": scheme,
-            "prompt": base.PROMPT, "ctx": base.PROMPT + base.NEW_TOKENS, "mem_ctx": base.CTX,
-            "decode": round(max(runs), 2), "ttft_ms": round(meas["ttft_ms"], 1),
-            "mem_mib": round(meas["peak_rss_bytes"] / base.MIB, 1), "bandwidth_gbps": round(max(copies), 2),
-            "fit": True, "source": source, "source_id": source_id,
-            "note": f"llama.cpp (llama-cpp-python) {scheme}, 1 thread, greedy, {base.NEW_TOKENS} new tokens after a "
-                    f"{base.PROMPT}-token prompt, best of {base.REPEAT} runs {[round(x, 2) for x in runs]} (median "
-                    f"{round(statistics.median(runs), 2)}); KV allocated for {base.CTX} tokens: "
-                    f"{meas['kv_cache_bytes']} B"}
+    return timed_row(FIRST_ROW + i, RUNTIME, "llamacpp", cached_scheme(model, scheme), name, model, scheme, source,
+                     source_id, base.CTX, note)
 
 
 def predicted(row: dict, board) -> float | None:

@@ -18,8 +18,6 @@ Writes bench/results/planner_host_openvino.json and bench/data/rows_host_openvin
 
 from __future__ import annotations
 
-import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -32,6 +30,7 @@ ROWS = base.ROOT / "bench" / "data" / "rows_host_openvino.yaml"
 FIRST_ROW = 3200
 RUNTIME = "openvino-cpu"
 SCHEMES = ("fp32", "fp16", "w8a16")
+
 
 def converted(name: str, model: Path, scheme: str) -> Path:
     """The plugin's ``openvino-cpu`` conversion of ``model`` (what ``deploy --runtime openvino-cpu`` builds), now,
@@ -52,25 +51,17 @@ def converted(name: str, model: Path, scheme: str) -> Path:
 
 
 def measured_row(i: int, name: str, model: Path, scheme: str, source: str, source_id: str) -> dict:
-    from edgeinfer.planning.host_bandwidth import measure_gbps
+    written = base.PROMPT + base.NEW_TOKENS
 
-    ir = converted(name, model, scheme)
-    before = measure_gbps()
-    meas = sibling.measure(ir, model, "openvino")
-    copies = [before, measure_gbps()]
-    runs = meas["decode_tokens_per_s_runs"]
-    return {"row": FIRST_ROW + i, "grade": "A", "board": "host", "runtime": RUNTIME, "model": name,
-            "model_config": json.loads((model / "config.json").read_text()), "quant": scheme,
-            # GenAI allocates the KV cache as positions are written (docs/openvino.md): the run's, not CTX
-            "prompt": base.PROMPT, "ctx": base.PROMPT + base.NEW_TOKENS, "mem_ctx": base.PROMPT + base.NEW_TOKENS,
-            "decode": round(max(runs), 2), "ttft_ms": round(meas["ttft_ms"], 1),
-            "mem_mib": round(meas["peak_rss_bytes"] / base.MIB, 1), "bandwidth_gbps": round(max(copies), 2),
-            "fit": True, "source": source, "source_id": source_id,
-            "note": f"OpenVINO GenAI LLMPipeline on {meas['device']}, {scheme} (KV {meas['kv_dtype']}), 1 inference "
-                    f"thread, greedy, {base.NEW_TOKENS} new tokens after a {base.PROMPT}-token prompt, best of "
-                    f"{base.REPEAT} runs {[round(x, 2) for x in runs]} (median {round(statistics.median(runs), 2)}); "
-                    f"KV capacity {base.CTX} tokens ({meas['kv_cache_bytes']} B), allocated as written: "
-                    f"{base.PROMPT + base.NEW_TOKENS} tokens"}
+    def note(meas: dict, runs: list[float]) -> str:
+        return (f"OpenVINO GenAI LLMPipeline on {meas['device']}, {scheme} (KV {meas['kv_dtype']}), 1 inference "
+                f"thread, greedy, {base.NEW_TOKENS} new tokens after a {base.PROMPT}-token prompt, "
+                f"{sibling.best_of(runs)}; KV capacity {base.CTX} tokens ({meas['kv_cache_bytes']} B), allocated as "
+                f"written: {written} tokens")
+
+    # GenAI allocates the KV cache as positions are written (docs/openvino.md): mem_ctx is the run's, not CTX
+    return sibling.timed_row(FIRST_ROW + i, RUNTIME, "openvino", converted(name, model, scheme), name, model, scheme,
+                             source, source_id, written, note)
 
 
 if __name__ == "__main__":
