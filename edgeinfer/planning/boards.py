@@ -24,7 +24,7 @@ HOST_SPEED_GROUP = "host-cpu"  # the host board's speed constants (docs/planner.
 LLAMACPP_SOURCE = ("https://github.com/ggml-org/llama.cpp/blob/master/tools/quantize/README.md (F32, F16, Q8_0, "
                    "Q4_K_M, Q4_0 on CPU)")
 # the host's openvino-cpu runtime (decoders; built by the backend that declares it its own, Decoders.builds)
-OPENVINO_CPU_SOURCE = ("the plugin's CPU build (fp32, fp16, w8a16 in int8 blocks of 128): speed and overhead fitted "
+OPENVINO_CPU_SOURCE = ("the plugin's CPU build (fp32, fp16, w8a16 in int8 blocks of 256): speed and overhead fitted "
                        "on bench/data/rows_host_openvino.yaml (bench/planner_host_openvino.py), "
                        "docs/board-facts.md#openvino-cpu-overhead")
 

@@ -31,12 +31,26 @@ def test_blocks_round_closer_than_one_scale_a_row_where_a_row_holds_an_outlier()
     assert errors[128] < errors[1024] / 2  # 7 of 8 blocks hold no outlier
 
 
+def test_a_row_takes_the_largest_halving_of_the_block_that_divides_it() -> None:
+    assert int8_blocks.row_block(2816, 256) == 256  # 11 blocks
+    assert int8_blocks.row_block(896, 256) == 128  # Qwen2.5-0.5B's hidden size: 7 blocks of 128
+    assert int8_blocks.row_block(96, 256) == 32
+    assert int8_blocks.row_block(200, 128) == 200  # no block of 32 or more divides it: one block a row
+    assert int8_blocks.row_block(4096, -1) == 4096  # group_size -1: a row
+
+
+def test_the_plans_profile_holds_the_blocks_this_plugin_writes() -> None:
+    from edgeinfer.planning.planner import runtime_profile
+
+    assert runtime_profile("openvino-cpu")["int8_blocks"]["block"] == int8_blocks.BLOCK == 256
+
+
 def _model() -> tuple[object, dict[str, np.ndarray]]:
     from openvino import opset13 as ops
 
     rng = np.random.default_rng(1)
     w = {"up": rng.normal(0, 0.05, (384, 256)), "odd": rng.normal(0, 0.05, (96, 200)),
-         "plain": rng.normal(0, 0.05, (256, 64)), "table": rng.normal(0, 0.05, (100, 256))}
+         "plain": rng.normal(0, 0.05, (256, 64)), "table": rng.normal(0, 0.05, (100, 384))}
     w = {k: v.astype(np.float32) for k, v in w.items()}
     x = ops.parameter([-1, 256], np.float32, name="x")
     x2 = ops.parameter([-1, 200], np.float32, name="x2")
@@ -49,10 +63,15 @@ def _model() -> tuple[object, dict[str, np.ndarray]]:
     return model, w
 
 
-def test_the_cpu_plugin_runs_the_blocked_weights_as_written() -> None:
+# 256: "table"'s rows of 384 take blocks of 128
+@pytest.mark.parametrize(("block", "rows", "smaller"), [(128, {"up": 128, "table": 128}, 0),
+                                                       (256, {"up": 256, "table": 128}, 1)])
+def test_the_cpu_plugin_runs_the_blocked_weights_as_written(block, rows, smaller) -> None:
     model, w = _model()
-    done = int8_blocks.compress(model, 128)
-    assert (done["weights"], done["channel_wise"], done["group_size"]) == (3, 1, 128)  # "odd": 200 rows
+    done = int8_blocks.compress(model, block)
+    # "odd": rows of 200, one block each
+    assert (done["weights"], done["channel_wise"], done["group_size"], done["smaller_blocks"]) == \
+        (3, 1, block, smaller)
     kinds = {op.get_type_name() for op in model.get_ordered_ops()}
     assert {"Subtract", "Multiply", "Reshape"} <= kinds
     compiled = ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32",
@@ -62,13 +81,13 @@ def test_the_cpu_plugin_runs_the_blocked_weights_as_written() -> None:
         np.array([0, 42, 99])
     up, odd, plain, table = compiled([x, x2, ids]).values()
 
-    def back(name: str, block: int) -> np.ndarray:
-        q, scale, zero = int8_blocks.quantize(w[name], block)
+    def back(name: str, size: int) -> np.ndarray:
+        q, scale, zero = int8_blocks.quantize(w[name], size)
         return ((q.astype(np.float32) - zero) * scale.astype(np.float32)).reshape(w[name].shape)
 
-    np.testing.assert_allclose(up, x @ back("up", 128).T, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(up, x @ back("up", rows["up"]).T, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(odd, x2 @ back("odd", 200).T, rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(table, back("table", 128)[ids], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(table, back("table", rows["table"])[ids], rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(plain, x @ w["plain"], rtol=1e-5, atol=1e-5)  # left as it was
     assert 0 < np.abs(up - x @ w["up"].T).max() < 0.02  # int8 rounding: close to fp32, not equal
 
