@@ -1,12 +1,13 @@
-"""How many copies of an fp16 decoder's weights OpenVINO's CPU plugin holds (issue 30 §2, "find and remove duplicate
+"""How many copies of a float decoder's weights OpenVINO's CPU plugin holds (issue 30 §2, "find and remove duplicate
 weight copies in every backend's load path"): the fp16 IR of a deployed OpenVINO decoder bundle compiled alone
 (``core.compile_model``, no GenAI pipeline), per inference precision, in a fresh process each, stepped through a
 1 x 8 prefill, one 1-row decode step, a 16 x 32 prefill and one 16-row decode step; VmRSS / RssAnon / RssFile
 (MiB) after each. A weights copy that a step packs shows as a jump of about the fp16 weights' size in RssAnon.
 
-    python bench/openvino_weight_copies.py [BUNDLE] [--precisions f32 bf16] [--out NAME]
+    python bench/openvino_weight_copies.py [BUNDLE] [--scheme fp16] [--precisions f32 bf16] [--out NAME]
 
-BUNDLE: an OpenVINO decoder bundle (default: the peer bench's fp16 bundle of its random Qwen3, built if missing).
+BUNDLE: an OpenVINO decoder bundle (default: the peer bench's bundle of its random Qwen3 in ``--scheme``, fp16 or
+fp32, built if missing).
 Writes bench/results/openvino_weight_copies.json (or NAME.json).
 """
 
@@ -55,20 +56,22 @@ print(json.dumps(out))
 """
 
 
-def peer_bundle() -> Path:
+def peer_bundle(scheme: str) -> Path:
     import fp16_planes
     import peer_llamacpp
 
-    return peer_llamacpp.edgeinfer_target(peer_llamacpp.PAIRS["ov-fp16"], fp16_planes.peer_model())
+    pair = dict(peer_llamacpp.PAIRS["ov-fp16"], quant=scheme)
+    return peer_llamacpp.edgeinfer_target(pair, fp16_planes.peer_model())
 
 
 def main() -> None:
     p = _common.arguments(__doc__)
     p.add_argument("bundle", nargs="?", type=Path)
+    p.add_argument("--scheme", choices=["fp16", "fp32"], default="fp16", help="the default bundle's scheme")
     p.add_argument("--precisions", nargs="+", default=["f32", "bf16"])
     p.add_argument("--out", default="openvino_weight_copies")
     args = p.parse_args()
-    bundle = args.bundle or peer_bundle()
+    bundle = args.bundle or peer_bundle(args.scheme)
     ir = next((bundle / "decoder").glob("openvino_model.xml"), None)
     if ir is None:
         p.error(f"{bundle} holds no decoder/openvino_model.xml: give an OpenVINO decoder bundle")
