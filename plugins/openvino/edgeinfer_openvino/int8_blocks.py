@@ -60,7 +60,7 @@ def row_block(k: int, block: int) -> int:
     size = block
     while size > MIN_BLOCK and k % size:
         size //= 2
-    return size if size > 0 and k % size == 0 else k
+    return size if size > 0 and k % size == 0 and (size >= MIN_BLOCK or size == block) else k
 
 
 def quantize(w: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -37,6 +37,8 @@ def test_a_row_takes_the_largest_halving_of_the_block_that_divides_it() -> None:
     assert int8_blocks.row_block(96, 256) == 32
     assert int8_blocks.row_block(200, 128) == 200  # no block of 32 or more divides it: one block a row
     assert int8_blocks.row_block(4096, -1) == 4096  # group_size -1: a row
+    assert int8_blocks.row_block(975, 100) == 975  # halved to 25, under 32: a row
+    assert int8_blocks.row_block(96, 16) == 16  # a block asked for under 32 is kept
 
 
 def test_the_plans_profile_holds_the_blocks_this_plugin_writes() -> None:
