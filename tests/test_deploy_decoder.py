@@ -318,3 +318,18 @@ def test_generate_and_chat_refuse_a_model_that_is_not_a_causal_lm(tmp_path, comm
     d.mkdir()
     (d / "config.json").write_text(json.dumps({"architectures": ["BertModel"], "model_type": "bert"}))
     _one_line_error(cli(command[0], str(d), *command[1:]), 2, "not a decoder")
+
+
+def test_a_failed_golden_check_suggests_smaller_blocks_where_the_backend_takes_group_size() -> None:
+    from types import SimpleNamespace
+
+    from edgeinfer.contract.records import Decoders
+    from edgeinfer.deploy.decoder import retry_hint
+
+    blocks = SimpleNamespace(decoders=Decoders(convert_options=("target", "group_size")))
+    plain = SimpleNamespace(decoders=Decoders(convert_options=("target",)))
+    assert "--option group_size=N" in retry_hint(blocks, "w8a16", {})
+    assert "--option group_size" not in retry_hint(blocks, "w8a16", {"group_size": 64})  # the user chose one
+    assert "--option group_size" not in retry_hint(blocks, "fp16", {})  # nothing in blocks
+    assert "--option group_size" not in retry_hint(plain, "w8a16", {})
+    assert retry_hint(plain, "w8a16", {}).startswith("try a less lossy --quant")

@@ -206,8 +206,8 @@ def deploy_decoder(
                                                    {"window": paged.window} if paged else {})
             speed = speed_check(timed, report["device"], plan, b, scheme, runtime, paged)
             if not report["passed"]:
-                raise CheckFailed(f"{golden.summary_line(report)} — the bundle was not written (try a less lossy "
-                                  "--quant, or check the backend's conversion)", kind="golden_failed")
+                raise CheckFailed(f"{golden.summary_line(report)} — the bundle was not written "
+                                  f"({retry_hint(backend, scheme, options)})", kind="golden_failed")
             decoder_bundle.save_reference(work, recorded)
         manifest = make_manifest(work, hf_dir, sha, b, backend, scheme, context, report, plan, runtime)
         if paged:
@@ -330,6 +330,15 @@ def copy_text_files(hf_dir: Path, dst: Path) -> None:
     for name in decoder_bundle.HF_FILES:
         if (hf_dir / name).is_file():
             shutil.copy2(hf_dir / name, dst / name)
+
+
+def retry_hint(backend: Backend, scheme: str, options: dict[str, Any]) -> str:
+    """What to try after a failed golden check: a less lossy ``--quant``, and smaller blocks where the backend
+    quantizes in blocks it takes as ``group_size`` and none was asked for (its default may be a coarse one)."""
+    blocks = ("group_size" in backend.decoders.convert_options and "group_size" not in options
+              and scheme not in ("fp32", "fp16", "bf16"))
+    return ("try a less lossy --quant" + (", or smaller blocks: --option group_size=N (N below the backend's "
+            "default)" if blocks else "") + ", or check the backend's conversion")
 
 
 def check_golden(hf_dir: Path, work: Path, backend: Backend, scheme: str, context: int, prompts: list[str],
