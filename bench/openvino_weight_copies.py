@@ -1,8 +1,8 @@
 """How many copies of a float decoder's weights OpenVINO's CPU plugin holds (issue 30 §2, "find and remove duplicate
-weight copies in every backend's load path"): the fp16 IR of a deployed OpenVINO decoder bundle compiled alone
-(``core.compile_model``, no GenAI pipeline), per inference precision, in a fresh process each, stepped through a
-1 x 8 prefill, one 1-row decode step, a 16 x 32 prefill and one 16-row decode step; VmRSS / RssAnon / RssFile
-(MiB) after each. A weights copy that a step packs shows as a jump of about the fp16 weights' size in RssAnon.
+weight copies in every backend's load path"): the fp16 or fp32 IR of a deployed OpenVINO decoder bundle compiled
+alone (``core.compile_model``, no GenAI pipeline), per inference precision, in a fresh process each, stepped through
+a 1 x 8 prefill, one 1-row decode step, a 16 x 32 prefill and one 16-row decode step; VmRSS / RssAnon / RssFile
+(MiB) after each. A weights copy that a step packs shows as a jump in RssAnon the size of the weights it packs.
 
     python bench/openvino_weight_copies.py [BUNDLE] [--scheme fp16] [--precisions f32 bf16] [--out NAME]
 

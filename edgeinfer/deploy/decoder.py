@@ -31,6 +31,7 @@ from edgeinfer.contract import cache, remote_code, seal, stamp
 from edgeinfer.contract import registry as plugins
 from edgeinfer.contract.backend import Backend, TensorSpec
 from edgeinfer.contract.names import DECODER_REFERENCE
+from edgeinfer.contract.schemes import normalize_scheme
 from edgeinfer.deploy import buckets, decoder_paging, outdir
 from edgeinfer.errors import CheckFailed, InputError
 from edgeinfer.model import bundle as bundle_mod
@@ -336,7 +337,7 @@ def retry_hint(backend: Backend, scheme: str, options: dict[str, Any]) -> str:
     """What to try after a failed golden check: a less lossy ``--quant``, and smaller blocks where the backend
     quantizes in blocks it takes as ``group_size`` and none was asked for (its default may be a coarse one)."""
     blocks = ("group_size" in backend.decoders.convert_options and "group_size" not in options
-              and scheme not in ("fp32", "fp16", "bf16"))
+              and normalize_scheme(scheme).kind == "int")
     return ("try a less lossy --quant" + (", or smaller blocks: --option group_size=N (N below the backend's "
             "default)" if blocks else "") + ", or check the backend's conversion")
 
