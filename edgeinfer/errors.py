@@ -41,9 +41,11 @@ class EdgeInferError(Exception):
     exit_code = USAGE
     kind = "bad_input"
 
-    def __init__(self, message: str, hint: str | None = None, *, kind: str | None = None):
+    def __init__(self, message: str, hint: str | None = None, *, kind: str | None = None,
+                 details: dict | None = None):
         self.message = message
         self.hint = hint
+        self.details = details  # JSON-able figures behind the message (``--json``: ``error.details``)
         if kind is not None:
             if kind not in KINDS:
                 raise ValueError(f"unknown error kind {kind!r}")

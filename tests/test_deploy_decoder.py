@@ -207,11 +207,19 @@ def test_a_broken_conversion_fails_golden_exits_1_and_writes_nothing(bundle, tmp
     monkeypatch.setattr(type(registry.get_backend("onnxruntime")), "convert_decoder", broken)
     out = tmp_path / "out"
     code = invoke(["deploy", str(model_dir()), "--board", "host", "--ctx", str(DECODER_BUNDLE_CTX), "--no-cache",
-                   "-o", str(out)])
-    err = capsys.readouterr().err
-    assert code == 1, err
-    assert "decoder golden check FAILED" in err and "another token at" in err and "not written" in err
+                   "-o", str(out), "--json"])
+    captured = capsys.readouterr()
+    assert code == 1, captured.err
+    assert "decoder golden check FAILED" in captured.err and "another token at" in captured.err
+    assert "not written" in captured.err
     assert list(tmp_path.iterdir()) == []
+    error = json.loads(captured.out)["error"]  # a script reads the report behind the verdict
+    assert error["kind"] == "golden_failed"
+    report = error["details"]["golden"]
+    assert report["passed"] is False and report["scheme"] == "fp32"
+    assert report["prompts"] == len(report["rows"]) == 4
+    assert report["forced_agreement"] < report["thresholds"]["min_agreement"]
+    assert any(row["clear_misses"] and row["problems"] for row in report["rows"])
 
 
 def _board(tmp_path: Path, backend: str, gib: float, schemes: str = "fp32, w4a16") -> Path:

@@ -58,7 +58,7 @@ class EdgeInferGroup(click.Group):
         except EdgeInferError as e:
             if _debug(ctx):
                 raise
-            fail(e.exit_code, e.kind, e.one_line(), as_json)
+            fail(e.exit_code, e.kind, e.one_line(), as_json, e.details)
             ctx.exit(e.exit_code)
         except Exception as e:
             if _debug(ctx):
@@ -77,14 +77,16 @@ def wants_json(args: list[str]) -> bool:
     return "--json" in (args[: args.index("--")] if "--" in args else args)
 
 
-def fail(code: int, kind: str, message: str, as_json: bool) -> None:
+def fail(code: int, kind: str, message: str, as_json: bool, details: dict | None = None) -> None:
     """A failure as scripts read it: ``error: MESSAGE`` on stderr and, under ``--json``, exactly one object
-    ``{"error": {"code", "kind", "message"}}`` on stdout (kinds and codes: :data:`edgeinfer.errors.KINDS`)."""
+    ``{"error": {"code", "kind", "message"}}`` on stdout (kinds and codes: :data:`edgeinfer.errors.KINDS`), with
+    ``details`` where the error carries figures (a failed golden check: its report)."""
     import json
 
     click.echo(f"error: {message}", err=True)
     if as_json:
-        click.echo(json.dumps({"error": {"code": code, "kind": kind, "message": message}}))
+        body = {"code": code, "kind": kind, "message": message, **({"details": details} if details else {})}
+        click.echo(json.dumps({"error": body}, default=str))
 
 
 def usage_message(e: click.UsageError) -> str:
@@ -126,7 +128,7 @@ def cli(debug: bool, verbose: bool, quiet: bool) -> None:
                 2 what you passed is wrong (input, option, board, bundle, port);
                 3 a plugin, backend or device failed or is unavailable;
                 130 interrupted (Ctrl-C), 143 terminated (SIGTERM).
-    With --json, a failure prints {"error": {"code", "kind", "message"}} on stdout.
+    With --json, a failure prints {"error": {"code", "kind", "message"[, "details"]}} on stdout.
     """
     if debug or verbose:
         os.environ[progress.VERBOSE_ENV] = "1"

@@ -208,7 +208,8 @@ def deploy_decoder(
             speed = speed_check(timed, report["device"], plan, b, scheme, runtime, paged)
             if not report["passed"]:
                 raise CheckFailed(f"{golden.summary_line(report)} — the bundle was not written "
-                                  f"({retry_hint(backend, scheme, options)})", kind="golden_failed")
+                                  f"({retry_hint(backend, scheme, options)})", kind="golden_failed",
+                                  details={"golden": report})
             decoder_bundle.save_reference(work, recorded)
         manifest = make_manifest(work, hf_dir, sha, b, backend, scheme, context, report, plan, runtime)
         if paged:
