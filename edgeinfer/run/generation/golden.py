@@ -44,12 +44,16 @@ class Thresholds:
 # prompts x 16 tokens, one other choice) 96.9 %, so w8a8 keeps room for one more in so few steps. The 188 M
 # random Qwen3 of issue 30: llama.cpp Q4_0 55.5 % (its Q8_0 96.9 %). w4a8 (onnxruntime: int4 weights, int8
 # activations in the kernel, as llama.cpp's Q4_0 and Q4_K_M compute) is judged as the 4-bit weights it holds.
+# The 8-bit bounds were widened on a trained model (bench/results/golden_trained.json: SmolLM2-135M, 30 layers),
+# where every 8-bit conversion, llama.cpp's Q8_0 included, missed the tiny model's bounds: agreement 94.5-96.1 %,
+# cosine min 0.972-0.989, other choices at margins up to 0.50 (w8a16 was 0.99 / 0.8 / 0.25 / 95 %, w8a8 0.98 /
+# 0.7 / 0.5 / 90 %). Its 4-bit conversions stay refused (57-85 %, cosine min 0.76 and below).
 THRESHOLDS = {
     "fp32": Thresholds(0.9999, 0.99, 0.05, 0.98),
     "fp16": Thresholds(0.999, 0.95, 0.1, 0.98),
     "bf16": Thresholds(0.995, 0.9, 0.25, 0.95),
-    "w8a16": Thresholds(0.99, 0.8, 0.25, 0.95),
-    "w8a8": Thresholds(0.98, 0.7, 0.5, 0.9),
+    "w8a16": Thresholds(0.98, 0.8, 0.5, 0.93),
+    "w8a8": Thresholds(0.97, 0.7, 0.75, 0.9),
     "w4a16": Thresholds(0.95, 0.6, 1.5, 0.85),
     "w4a8": Thresholds(0.95, 0.6, 1.5, 0.85),
 }
