@@ -21,6 +21,7 @@ the device's figure.
     python bench/serve_footprint.py                 # the random Qwen3 (~160 M parameters), host fp32/fp16/w8a8
     python bench/serve_footprint.py --tiny --boards host:fp32 core-ultra-155h:fp16 atlas-300i-pro:fp16
     python bench/serve_footprint.py --boards host:gguf:Q8_0@llama.cpp   # the llamacpp backend
+    python bench/serve_footprint.py --smollm2 --prompt-words 240 --boards host:w8a16   # a trained model
 
 Writes bench/results/serve_footprint[-LABEL].json.
 """
@@ -262,6 +263,7 @@ def _without_reserve(chain) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tiny", action="store_true", help="the committed tiny test decoder (seconds, not minutes)")
+    ap.add_argument("--smollm2", action="store_true", help="a trained model, SmolLM2-135M (bench/_smollm2.py)")
     ap.add_argument("--boards", nargs="*", default=list(DEFAULT), metavar="BOARD:QUANT[@RUNTIME]",
                     help="e.g. host:w8a8, or host:gguf:Q8_0@llama.cpp for the llamacpp backend")
     ap.add_argument("--label", default="", help="a name for this run in the results (e.g. before / after)")
@@ -289,8 +291,13 @@ def main() -> None:
     from edgeinfer.errors import CheckFailed
     from edgeinfer.testing.llm import model_dir, random_qwen3
 
-    model = model_dir() if args.tiny else random_qwen3(layers=12, hidden=1024, heads=16, kv_heads=8,
-                                                       intermediate=3200)
+    if args.smollm2:
+        import _smollm2
+
+        model = _smollm2.model_dir()
+    else:
+        model = model_dir() if args.tiny else random_qwen3(layers=12, hidden=1024, heads=16, kv_heads=8,
+                                                           intermediate=3200)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for spec in args.boards:
