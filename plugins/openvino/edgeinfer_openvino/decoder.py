@@ -160,8 +160,11 @@ class GenAIDecoder(NativeDecoder):
         self._request_ids = itertools.count()
         if fam == "NPU":
             slots = 1  # the NPU's static pipeline decodes one sequence at a time: it declares one slot
-        # the CPU plugin reads every weight from the mapped IR as it compiles and packs: dropped as it goes
-        with pages.dropping(path, ".bin") if fam == "CPU" else contextlib.nullcontext():
+        cpu = fam == "CPU"
+        # the CPU plugin reads every weight from the mapped IR as it compiles and packs: dropped as it goes; and
+        # GenAI gets the IR without the tokenizer IRs it would compile for nothing (token ids in, token ids out)
+        with (pages.dropping(path, ".bin") if cpu else contextlib.nullcontext(),
+              decoder_export.without_tokenizer_irs(path) if cpu else contextlib.nullcontext(path) as view):
             if slots > 1:
                 block = BLOCK_SIZE.get(fam, 32)
                 capacity = slots * -(-context // block)  # KV blocks: every slot at the full context
@@ -175,16 +178,16 @@ class GenAIDecoder(NativeDecoder):
                 self.scheduler.max_num_batched_tokens = max(context, 256)
                 self.scheduler.dynamic_split_fuse = True
                 self.scheduler.enable_prefix_caching = False
-                self._cb = og.ContinuousBatchingPipeline(str(path), self.scheduler, device, cfg.properties)
+                self._cb = og.ContinuousBatchingPipeline(str(view), self.scheduler, device, cfg.properties)
                 self._defaults = self._cb.get_config
                 kv = kv_bytes(shape, capacity * block, cfg.kv_bytes)
             else:
-                self._pipe = og.LLMPipeline(str(path), device, **cfg.properties)
+                self._pipe = og.LLMPipeline(str(view), device, **cfg.properties)
                 self._defaults = self._pipe.get_generation_config
                 kv = kv_bytes(shape, context, cfg.kv_bytes)
             super().__init__(context=context, vocab_size=shape["vocab"], kv_cache_bytes=kv, slots=slots,
                              device=device)
-            if fam == "CPU":
+            if cpu:
                 self._pack_weights()
                 pages.collapse_resident()  # the packed weights, read once a token: on 2 MiB pages
         self.execution_devices = _npuw_devices(cfg.properties) if fam == "NPU" else [fam]

@@ -33,7 +33,7 @@ import json
 import shutil
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,14 +65,32 @@ IR = "openvino_model.xml"
 FACTS = "edgeinfer_decoder.json"
 #: models above this many parameters get channel-wise symmetric INT4 for the NPU
 CHANNELWISE_ABOVE = 1_000_000_000
+TOKENIZER_IRS = ("openvino_tokenizer.xml", "openvino_tokenizer.bin", "openvino_detokenizer.xml",
+                 "openvino_detokenizer.bin")
 _KEEP = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-         "special_tokens_map.json", "chat_template.jinja", "openvino_tokenizer.xml", "openvino_tokenizer.bin",
-         "openvino_detokenizer.xml", "openvino_detokenizer.bin")
+         "special_tokens_map.json", "chat_template.jinja", *TOKENIZER_IRS)
 
 
 def is_ir(path: Path) -> bool:
     """An exported decoder: a directory with the stateful IR (and, from edgeinfer, its facts)."""
     return path.is_dir() and (path / IR).is_file()
+
+
+@contextlib.contextmanager
+def without_tokenizer_irs(path: Path) -> Iterator[Path]:
+    """``path`` as a directory of links to its files but the tokenizer and detokenizer IRs, for GenAI to open.
+    A pipeline compiles them whenever they are there, and edgeinfer never calls them (token ids go in and come
+    out): on SmolLM2-135M's 49,152-token vocabulary they held 12-14 MiB of the worker (bench/README.md). The
+    bundle keeps them for whoever opens its IR with GenAI's own tokenizer."""
+    if not any((path / name).exists() for name in TOKENIZER_IRS):
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix="edgeinfer-genai-") as tmp:
+        view = Path(tmp)
+        for f in path.iterdir():
+            if f.name not in TOKENIZER_IRS:
+                (view / f.name).symlink_to(f.resolve())
+        yield view
 
 
 def read_facts(path: Path) -> dict[str, Any]:

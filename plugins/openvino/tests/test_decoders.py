@@ -397,3 +397,38 @@ def test_the_host_builds_the_openvino_cpu_runtime_through_this_plugin(tiny_qwen3
     assert manifest.backend == "openvino"
     assert manifest.plan["build"]["runtime"] == "openvino-cpu" and manifest.plan["build"]["backend"] == "openvino"
     assert manifest.plan["estimates"]["decode_tokens_per_s"] > 0
+
+
+@pytest.mark.parametrize("slots", [1, 4])
+def test_a_cpu_decoder_leaves_the_tokenizer_irs_unopened(irs, ov_backend, slots) -> None:
+    """GenAI compiles a bundle's tokenizer and detokenizer IRs whenever they are there; edgeinfer feeds and reads
+    token ids, so the CPU pipelines (LLMPipeline, and the ContinuousBatchingPipeline for several slots) open the IR
+    through a view without them: no page of them is mapped, and the IR's own weights are."""
+    from edgeinfer_openvino.decoder_export import TOKENIZER_IRS
+
+    ir = irs["w8a16"][0]
+    assert all((ir / name).is_file() for name in TOKENIZER_IRS)  # the bundle keeps them
+    d = ov_backend.load_decoder(ir, device="CPU", context=64, slots=slots)
+    try:
+        mapped = {Path(line.split()[-1]) for line in Path("/proc/self/maps").read_text().splitlines()
+                  if line.split()[-1].startswith("/")}
+        assert ir.resolve() / "openvino_model.bin" in mapped
+        assert not {ir.resolve() / name for name in TOKENIZER_IRS} & mapped
+        assert d.generate_native([5, 6, 7], GenerationOptions(max_new_tokens=3), lambda t: True)["generated_tokens"]
+    finally:
+        d.close()
+
+
+def test_the_view_without_tokenizer_irs_links_everything_else(tmp_path) -> None:
+    from edgeinfer_openvino.decoder_export import TOKENIZER_IRS, without_tokenizer_irs
+
+    for name in ("openvino_model.xml", "openvino_model.bin", "config.json", *TOKENIZER_IRS):
+        (tmp_path / name).write_text(name)
+    with without_tokenizer_irs(tmp_path) as view:
+        assert sorted(p.name for p in view.iterdir()) == ["config.json", "openvino_model.bin", "openvino_model.xml"]
+        assert (view / "openvino_model.bin").read_text() == "openvino_model.bin"
+    assert not view.exists() and (tmp_path / "openvino_tokenizer.bin").exists()
+    for name in TOKENIZER_IRS:
+        (tmp_path / name).unlink()
+    with without_tokenizer_irs(tmp_path) as same:  # nothing to leave out: the directory itself
+        assert same == tmp_path
