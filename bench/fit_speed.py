@@ -27,7 +27,7 @@ import yaml  # noqa: E402
 
 from edgeinfer.contract.schemes import normalize_scheme  # noqa: E402
 from edgeinfer.errors import EdgeInferError  # noqa: E402
-from edgeinfer.planning import planner, speed_fit  # noqa: E402
+from edgeinfer.planning import overhead, planner, speed_fit  # noqa: E402
 from edgeinfer.planning.boards import get_board, host_board  # noqa: E402
 from edgeinfer.planning.host_bandwidth import HostBandwidth  # noqa: E402
 from edgeinfer.planning.models import resolve  # noqa: E402
@@ -144,14 +144,15 @@ def planned_mib(r: dict, f: dict) -> dict:
     ctx = r.get("mem_ctx", r["ctx"])
     w, _ = planner.weights_bytes(f["spec"], f["scheme"], f["prof"])
     act, _ = planner.activation_bytes(f["spec"], ctx, 1, f["prof"])
-    rest = w + planner.kv_bytes(f["spec"], ctx, 1, f["kv_b"]) + act
+    layers = overhead.layer_overhead_bytes(f["spec"], f["prof"])
+    rest = w + planner.kv_bytes(f["spec"], ctx, 1, f["kv_b"]) + act + layers
     return {"weights": w / MIB, "planned": rest / MIB, "measured": r.get("mem_mib"),
             "residual": r["mem_mib"] - rest / MIB if r.get("mem_mib") else None}
 
 
 def overhead_value(ov: dict, weights_mib: float) -> float:
     """The planner's runtime overhead (MiB) for ``weights_mib`` of weights."""
-    return planner.runtime_overhead_bytes(ov, weights_mib * MIB) / MIB
+    return overhead.runtime_overhead_bytes(ov, weights_mib * MIB) / MIB
 
 
 def _fit_overhead(items: list[dict], proportional: bool) -> dict:
@@ -189,9 +190,10 @@ def fit_overheads(rows: list[dict]) -> dict[str, dict]:
         use_prop = _use_proportional(items)
         errs = _loso_mem(items, use_prop)
         ov = _fit_overhead(items, use_prop)
+        layers = " − layers × layer_overhead_mib" if planner.runtime_profile(rt).get("layer_overhead_mib") else ""
         ov["source"] = (f"bench/fit_speed.py: {'a constant + a share of the weights' if use_prop else 'median'} of "
-                        f"(published peak memory − weights − KV − activations) over rows {[i['row'] for i in items]} "
-                        "of bench/data (docs/planner.md#fit)")
+                        f"(published peak memory − weights − KV − activations{layers}) over rows "
+                        f"{[i['row'] for i in items]} of bench/data (docs/planner.md#fit)")
         ov["residuals_mib"] = {str(i["row"]): round(i["residual"], 1) for i in items}
         ov.update(error_pct=round(statistics.median(errs), 1) if n_src >= 2 and errs else None,
                   error_rows=len(errs) if n_src >= 2 else 0, error_sources=n_src,

@@ -47,6 +47,15 @@ def _bar(p: Plan, width: int = 50) -> Text:
     return t
 
 
+def _runtime_terms(rt, layers: int) -> str:
+    """The fitted overhead's terms where it has more than a constant: ``137.8 MiB + 60 MiB for its 30 layers, ``."""
+    if not (rt.weights_fraction or rt.layers_mib):
+        return ""
+    terms = [f"{rt.overhead_mib:g} MiB"] + ([f"{rt.weights_fraction:g} × weights"] if rt.weights_fraction else []) + (
+        [f"{rt.layers_mib:g} MiB for its {layers} layers"] if rt.layers_mib else [])
+    return " + ".join(terms) + ", "
+
+
 def _ref(source: str | None) -> str:
     """The reference a source starts with (URL, repo file or docs anchor), without its explanation;
     `edgeinfer boards show` and `--json` carry the whole text."""
@@ -77,9 +86,7 @@ def render_plan(p: Plan) -> None:
                           "2 × layers × kv_heads × head_dim") + " × ctx × batch × "
                          f"{det.kv_cache.bytes_per_element:g} B",
              "activations": det.activations.basis,
-             "runtime": f"{p.runtime}: " + (f"{det.runtime.overhead_mib:g} MiB + {det.runtime.weights_fraction:g} × "
-                                            "weights, " if det.runtime.weights_fraction else "")
-                        + _ref(det.runtime.source),
+             "runtime": f"{p.runtime}: " + _runtime_terms(det.runtime, p.model.layers) + _ref(det.runtime.source),
              "reserved": f"OS / driver: {_ref(det.reserved.source)}"}
     for k, v in p.breakdown.items():
         share = v / p.capacity_bytes * 100 if p.capacity_bytes else 0

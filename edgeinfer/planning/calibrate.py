@@ -20,7 +20,7 @@ from typing import Any
 
 from edgeinfer.contract.schemes import Scheme, normalize_scheme
 from edgeinfer.errors import InputError
-from edgeinfer.planning import planner, speed
+from edgeinfer.planning import overhead, planner, speed
 from edgeinfer.planning.boards import Board, board_from_dict
 from edgeinfer.planning.models import resolve
 from edgeinfer.planning.models.hf import spec_from_config
@@ -193,7 +193,7 @@ def overhead_mib(rows: list[Row], parent: Board) -> dict[str, tuple[float, list[
         ctx = r.data.get("mem_ctx", r.data["ctx"])
         w, _ = planner.weights_bytes(r.spec, r.scheme, prof)
         act, _ = planner.activation_bytes(r.spec, ctx, 1, prof)
-        planned = w + planner.kv_bytes(r.spec, ctx, 1, kv_b) + act
+        planned = w + planner.kv_bytes(r.spec, ctx, 1, kv_b) + act + overhead.layer_overhead_bytes(r.spec, prof)
         res.setdefault(r.runtime, []).append((r.data["where"], (r.data["mem_mib"] * MIB - planned) / MIB))
     return {rt: (max(0.0, statistics.median(v for _, v in items)), [w for w, _ in items])
             for rt, items in res.items()}

@@ -64,6 +64,7 @@ class RuntimeDetail:
     source: str | None
     memory_fraction: float | None  # a runtime that claims this fraction of usable memory up front
     weights_fraction: float | None = None  # a fitted overhead with a share of the weights: value + this × weights
+    layers_mib: float | None = None  # what the runtime holds per decoder layer, all layers (layer_overhead_bytes)
 
 
 @dataclass

@@ -45,7 +45,7 @@ def check_decoder_fits(backend: Backend, model: Path, device: str | None, contex
 def decoder_need(spec, scheme: Scheme, context: int, slots: int, runtime: str | None) -> dict[str, int]:
     """The plan of one decoder load in bytes: weights, KV cache and workspace (activations + the runtime's
     overhead), from the planner's own formulas and the runtime's profile."""
-    from edgeinfer.planning import planner
+    from edgeinfer.planning import overhead, planner
     from edgeinfer.planning.quant import kv_bytes_per_element, runtime_kv_dtype
 
     prof = planner.runtime_profile(runtime) if runtime else {"kv_dtype": "scheme"}
@@ -55,7 +55,7 @@ def decoder_need(spec, scheme: Scheme, context: int, slots: int, runtime: str | 
     if not runtime:
         return {"weights": int(weights), "kv_cache": int(kv)}
     act, _ = planner.activation_bytes(spec, context, slots, prof)
-    overhead = int(planner.runtime_overhead(prof, spec)["value"] * MIB)
+    overhead = int(overhead.runtime_overhead(prof, spec)["value"] * MIB)
     return {"weights": int(weights), "kv_cache": int(kv), "workspace": int(act) + overhead}
 
 

@@ -19,6 +19,7 @@ from edgeinfer.planning.decision import Decision, decide
 from edgeinfer.planning.exportable import refuse_unexportable
 from edgeinfer.planning.models import resolve
 from edgeinfer.planning.models.spec import ModelSpec
+from edgeinfer.planning.overhead import layer_overhead_bytes, runtime_overhead, runtime_overhead_bytes
 from edgeinfer.planning.paging import (
     Verdict,
     larger_chunk,
@@ -322,28 +323,14 @@ def estimate_speed(spec: ModelSpec, board: Board, runtime: str, scheme: Scheme, 
     return details.Estimates(**out)
 
 
-def runtime_overhead(prof: dict, spec) -> dict:
-    """The runtime's overhead entry for ``spec``, its ``decoder`` one for a decoder where it has one (onnxruntime),
-    with the runtime's own vocabulary beyond the one it was measured with (``vocab_bytes_per_token``: llama.cpp)."""
-    ov = prof.get("overhead_mib") or {"value": 0}
-    ov, v = ov["decoder"] if spec.has_kv and "decoder" in ov else ov, prof.get("vocab_bytes_per_token")
-    extra = max(0, spec.vocab - v["base_vocab"]) * v["value"] / MIB if v else 0
-    return {**ov, "value": ov["value"] + extra, "source": f"{ov.get('source')}; + its vocabulary {extra:.1f} MiB "
-            f"({spec.vocab} tokens: runtimes.yaml vocab_bytes_per_token)"} if extra else ov
-
-
-def runtime_overhead_bytes(ov: dict, weights: float) -> int:
-    """A runtime's overhead: ``value`` MiB, plus ``weights_fraction`` of the weights where that was fitted."""
-    return int(ov["value"] * MIB + ov.get("weights_fraction", 0.0) * weights)
-
-
 def _memory(spec, board, runtime, scheme, ctx, batch, kv_b, chunk=None):
     prof = {**runtime_profile(runtime), "prefill_chunk": chunk_for(runtime, chunk)}
     w, wd = weights_bytes(spec, scheme, prof)
     kv = kv_bytes(spec, ctx, batch, kv_b)
     act, ad = activation_bytes(spec, ctx, batch, prof)
     ov = board.runtimes[runtime].overhead() or runtime_overhead(prof, spec)
-    rt = runtime_overhead_bytes(ov, w)
+    per_layer = layer_overhead_bytes(spec, prof)
+    rt = runtime_overhead_bytes(ov, w) + per_layer
     frac = prof.get("memory_fraction")
     if frac:
         rt += int((1 - frac["value"]) * board.usable_bytes)
@@ -351,7 +338,8 @@ def _memory(spec, board, runtime, scheme, ctx, batch, kv_b, chunk=None):
           "reserved": board.reserve_bytes}
     det = details.MemoryDetails(wd, ad, details.KvCacheDetail(kv_b, ctx, batch, spec.kv_bytes_per_token(kv_b)),
                                 details.RuntimeDetail(ov["value"], ov.get("source"), frac["value"] if frac else None,
-                                                      ov.get("weights_fraction")),
+                                                      ov.get("weights_fraction"),
+                                                      round(per_layer / MIB, 1) if per_layer else None),
                                 details.ReservedDetail(board.os_reserve_gib.value, board.os_reserve_gib.source))
     return bd, det
 

@@ -13,6 +13,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+import yaml
 
 import edgeinfer
 from edgeinfer.contract import NativeDecoder, StepDecoder
@@ -359,7 +360,8 @@ def test_deploy_for_a_core_ultra_cpu_writes_int8_blocks_and_says_the_plan_is_the
 
 def test_deploy_for_the_openvino_cpu_runtime_plans_and_builds_the_cpus_int8_blocks(tmp_path) -> None:
     """`deploy --board core-ultra-155h --runtime openvino-cpu -q w8a16`: the same CPU build, now planned as the
-    CPU's runtime (its fitted overhead, the blocks' 8.09 bits a weight, no speed estimate) and without a warning."""
+    CPU's runtime (its fitted overhead and its per-layer term, the blocks' 8.09 bits a weight, no speed estimate)
+    and without a warning."""
     from edgeinfer_openvino import decoder_export
 
     from edgeinfer.deploy.decoder import deploy_decoder
@@ -374,8 +376,12 @@ def test_deploy_for_the_openvino_cpu_runtime_plans_and_builds_the_cpus_int8_bloc
     constants = Path(edgeinfer.__file__).parent / "data" / "speed_constants.json"
     ov = json.loads(constants.read_text())["overhead_mib"]["openvino-cpu"]  # bench/fit_speed.py's, on the host rows
     assert plan["build"]["runtime"] == "openvino-cpu"
+    per_layer = yaml.safe_load((constants.parent / "runtimes.yaml").read_text())["openvino-cpu"]["layer_overhead_mib"]
+    layers = json.loads((model_dir() / "config.json").read_text())["num_hidden_layers"]
     planned = plan["memory"]["breakdown"]["runtime"]
-    assert planned == pytest.approx(ov["value"] * 2**20 + ov["weights_fraction"] * weights, abs=1)
+    fitted = ov["value"] * 2**20 + ov.get("weights_fraction", 0) * weights
+    assert planned == pytest.approx(fitted + per_layer["value"] * 2**20 * layers, abs=2)
+    assert plan["memory"]["details"]["runtime"]["layers_mib"] == pytest.approx(per_layer["value"] * layers)
     assert "8.09375 bits per weight" in plan["memory"]["details"]["weights"]["basis"]  # 8 + 24 / 256
     assert plan["estimates"]["decode_tokens_per_s"] is None  # no Core Ultra CPU measured
     assert not any("built for target" in w for w in res.warnings), res.warnings
