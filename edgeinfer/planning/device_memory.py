@@ -55,8 +55,8 @@ def decoder_need(spec, scheme: Scheme, context: int, slots: int, runtime: str | 
     if not runtime:
         return {"weights": int(weights), "kv_cache": int(kv)}
     act, _ = planner.activation_bytes(spec, context, slots, prof)
-    overhead = int(overhead.runtime_overhead(prof, spec)["value"] * MIB)
-    return {"weights": int(weights), "kv_cache": int(kv), "workspace": int(act) + overhead}
+    fixed = int(overhead.runtime_overhead(prof, spec)["value"] * MIB) + overhead.layer_overhead_bytes(spec, prof)
+    return {"weights": int(weights), "kv_cache": int(kv), "workspace": int(act) + fixed}
 
 
 def shortfall(free: FreeMemory, need: dict[str, int], *, context: int, slots: int, scheme: Scheme,

@@ -80,17 +80,28 @@ def is_ir(path: Path) -> bool:
 def without_tokenizer_irs(path: Path) -> Iterator[Path]:
     """``path`` as a directory of links to its files but the tokenizer and detokenizer IRs, for GenAI to open.
     A pipeline compiles them whenever they are there, and edgeinfer never calls them (token ids go in and come
-    out): on SmolLM2-135M's 49,152-token vocabulary they held 12-14 MiB of the worker (bench/README.md). The
-    bundle keeps them for whoever opens its IR with GenAI's own tokenizer."""
+    out): on SmolLM2-135M's 49,152-token vocabulary they held 9 MiB of a served worker's anonymous memory
+    (bench/README.md). The bundle keeps them for whoever opens its IR with GenAI's own tokenizer. Where no
+    temporary directory of links can be made (a read-only /tmp), ``path`` itself."""
     if not any((path / name).exists() for name in TOKENIZER_IRS):
         yield path
         return
-    with tempfile.TemporaryDirectory(prefix="edgeinfer-genai-") as tmp:
-        view = Path(tmp)
-        for f in path.iterdir():
-            if f.name not in TOKENIZER_IRS:
-                (view / f.name).symlink_to(f.resolve())
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix="edgeinfer-genai-"))
+    except OSError:
+        yield path
+        return
+    try:
+        try:
+            for f in path.iterdir():
+                if f.name not in TOKENIZER_IRS:
+                    (tmp / f.name).symlink_to(f.resolve())
+            view = tmp
+        except OSError:
+            view = path
         yield view
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def read_facts(path: Path) -> dict[str, Any]:

@@ -438,3 +438,19 @@ def test_the_view_without_tokenizer_irs_links_everything_else(tmp_path) -> None:
         (tmp_path / name).unlink()
     with without_tokenizer_irs(tmp_path) as same:  # nothing to leave out: the directory itself
         assert same == tmp_path
+
+
+def test_without_a_writable_tmp_the_ir_is_opened_as_it_is(tmp_path, monkeypatch) -> None:
+    import tempfile
+
+    from edgeinfer_openvino.decoder_export import TOKENIZER_IRS, without_tokenizer_irs
+
+    for name in ("openvino_model.xml", *TOKENIZER_IRS):
+        (tmp_path / name).write_text(name)
+
+    def read_only(*args, **kwargs):
+        raise PermissionError(30, "Read-only file system")
+
+    monkeypatch.setattr(tempfile, "mkdtemp", read_only)
+    with without_tokenizer_irs(tmp_path) as view:
+        assert view == tmp_path
