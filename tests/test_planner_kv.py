@@ -61,3 +61,27 @@ def test_planned_kv_cache_equals_the_runtime_allocation(capsys, models, name):
     assert planned == cfg["num_hidden_layers"] * 2 * cfg["num_key_value_heads"] * cfg["head_dim"] * ctx * 2
     with edgeinfer.load(model, backend="onnxruntime", ctx=ctx, threads=1, kv_dtype="fp16") as gen:
         assert gen.kv_cache_bytes == _allocated(gen.decoder) == planned
+
+
+def test_openvino_cpu_int8_blocks_are_planned_per_row_width(tmp_path) -> None:
+    """The CPU build halves its blocks of 256 on rows 256 does not divide (SmolLM2-135M's 576-wide rows take
+    blocks of 64, its 1536-wide down projection 256): each matrix is planned at its own block, 8 + 24 / block bits
+    a weight (fp16 scale + u8 zero point per block), the embedding at the hidden rows' block."""
+    import json
+
+    from edgeinfer.planning.planner import plan
+
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 576,
+           "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+           "head_dim": 64, "vocab_size": 49152, "tie_word_embeddings": True, "max_position_embeddings": 8192,
+           "rms_norm_eps": 1e-5}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    p = plan(str(tmp_path), "core-ultra-155h", quant="w8a16", ctx=256, runtime="openvino-cpu")
+    d = p.details.weights
+    wide, down = 576 * (576 + 2 * 192 + 576 + 2 * 1536) * 30, 1536 * 576 * 30  # q, k, v, o, gate, up | down
+    norms = 30 * 2 * 576 + 576
+    bits_64, bits_256 = 8 + 24 / 64, 8 + 24 / 256
+    body_bits = (wide * bits_64 + down * bits_256) / (wide + down)
+    assert d.body == int((wide + down + norms) * body_bits / 8)
+    assert d.embedding == int(49152 * 576 * bits_64 / 8) and d.embedding_bits == bits_64
+    assert "64 on rows 256 does not divide" in d.basis

@@ -29,7 +29,14 @@ from edgeinfer.planning.paging import (
     paging_need,
     suggest_window,
 )
-from edgeinfer.planning.quant import kv_bytes_per_element, packed_bits, packed_layout, runtime_kv_dtype
+from edgeinfer.planning.quant import (
+    block_of,
+    kv_bytes_per_element,
+    packed_bits,
+    packed_layout,
+    row_widths,
+    runtime_kv_dtype,
+)
 from edgeinfer.planning.serve_memory import served
 
 SCHEMA_VERSION = "1.0"
@@ -104,6 +111,14 @@ def weights_bytes(spec: ModelSpec, scheme: Scheme, prof: dict) -> tuple[int, det
     packed = float_held["bits"] if float_held else packed_bits(scheme, prof)
     bpw = packed if packed is not None else bpw
     emb_bits = max(bpw, emb_min) if quantized else bpw
+    head_bits, blocks = bpw, None
+    layout = prof.get(f"int{scheme.weight_bits}_blocks") or {}
+    rows = row_widths(spec) if packed is not None and not float_held and layout.get("halve_to") else None
+    if rows:  # blocks halved on rows they do not divide: each matrix at its rows' block (quant.block_of)
+        blocks = {block_of(scheme, layout, k) for k in [spec.hidden, *(k for k, _ in rows)]}
+        bpw = sum(packed_bits(scheme, prof, k) * n for k, n in rows) / sum(n for _, n in rows)
+        head_bits = packed_bits(scheme, prof, spec.hidden)  # the embedding's and the LM head's rows: hidden-wide
+        emb_bits = max(head_bits, emb_min)
     if (widened and spec.encoder) or float_held:  # a table that only feeds Gather (any type) is held as stored
         emb_bits = scheme.bpw
     emb_p = spec.embedding_params
@@ -113,13 +128,13 @@ def weights_bytes(spec: ModelSpec, scheme: Scheme, prof: dict) -> tuple[int, det
     head = 0.0
     if not spec.encoder:
         if not spec.tied_embeddings:
-            head = spec.lm_head_params * bpw / 8
+            head = spec.lm_head_params * head_bits / 8
         elif dup:
-            head = emb_p * bpw / 8
+            head = emb_p * head_bits / 8
     total = int(math.ceil(body + emb + head))
     basis = f"parameter counts × {bpw:g} bits per weight ({scheme.name}" + (
         f" held as {bpw:g}-bit by the runtime)" if widened else
-        f" as the runtime holds it: {float_held['layout'] if float_held else packed_layout(scheme, prof)})"
+        f" as the runtime holds it: {float_held['layout'] if float_held else packed_layout(scheme, prof, blocks)})"
         if packed is not None else ")")
     return total, details.WeightsDetail(basis, body=int(body), embedding=int(emb), lm_head=int(head),
                                         embedding_bits=emb_bits)

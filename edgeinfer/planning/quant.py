@@ -47,22 +47,53 @@ def runtime_kv_dtype(prof: dict, scheme) -> str:
     return "fp32" if scheme.act_bits == 32 else "bf16" if scheme.name == "bf16" else "fp16"
 
 
-def packed_bits(scheme: Scheme, prof: dict) -> float | None:
+def packed_bits(scheme: Scheme, prof: dict, k: int | None = None) -> float | None:
     """Resident bits per weight where the runtime holds int8 or int4 weights in blocks with per-block extras (the
     profile's ``int8_blocks`` / ``int4_blocks``: its block size and, per activation width, the bytes each block
     adds), or None. onnxruntime: MLAS repacks MatMulNBits' weights for int8 activations (w8a8, w4a8) with a float
     scale and a float block sum per block (8 + 64/128 = 8.5 bits at block 128; 4 + 64/32 = 6 bits at block 32);
-    w8a16 runs on the plugin's own op with a float scale per block (8 + 32/128 = 8.25 bits)."""
+    w8a16 runs on the plugin's own op with a float scale per block (8 + 32/128 = 8.25 bits). ``k``: on rows of
+    that many weights (:func:`block_of`)."""
     if scheme.kind != "int" or scheme.weight_bits not in (4, 8):
         return None
     layout = prof.get(f"int{scheme.weight_bits}_blocks")
     extra = (layout or {}).get("bytes_per_block", {}).get(f"a{scheme.act_bits}")
     if extra is None:
         return None
-    return scheme.weight_bits + 8 * extra / (scheme.group_size or layout["block"])
+    return scheme.weight_bits + 8 * extra / block_of(scheme, layout, k)
 
 
-def packed_layout(scheme: Scheme, prof: dict) -> str:
+def block_of(scheme: Scheme, layout: dict, k: int | None = None) -> int:
+    """The block of rows of ``k`` weights: the scheme's group or the layout's block, halved while it does not
+    divide ``k`` where the runtime does so (the layout's ``halve_to``, the smallest block it halves to; else, or
+    below it, the whole row is one block), as OpenVINO's CPU build does (plugins/openvino/edgeinfer_openvino/
+    int8_blocks.py ``row_block``). Without ``k`` (or a ``halve_to``): the block as given."""
+    block = scheme.group_size or layout["block"]
+    smallest = layout.get("halve_to")
+    if block <= 0:  # per channel: a row is one block
+        return k or block
+    if not k or not smallest:
+        return block
+    size = block
+    while size > smallest and k % size:
+        size //= 2
+    return size if k % size == 0 and (size >= smallest or size == block) else k
+
+
+def row_widths(spec) -> list[tuple[int, int]] | None:
+    """A dense decoder's matrices as (row width, parameters) over all its layers: q, k, v, gate and up read
+    hidden-wide rows, o the heads' width, down the MLP's; None where the architecture is not that."""
+    h, heads, hd, kv, inter, n = spec.hidden, spec.heads, spec.head_dim, spec.kv_heads, spec.intermediate, spec.layers
+    if spec.encoder or spec.is_moe or spec.kv_row or not (h and heads and hd and kv and inter and n):
+        return None
+    return [(h, n * h * (heads * hd + 2 * kv * hd + 2 * inter)), (heads * hd, n * heads * hd * h),
+            (inter, n * inter * h)]
+
+
+def packed_layout(scheme: Scheme, prof: dict, blocks: set[int] | None = None) -> str:
     layout = prof[f"int{scheme.weight_bits}_blocks"]
-    return (f"int{scheme.weight_bits} in blocks of {scheme.group_size or layout['block']} weights + "
-            f"{layout['bytes_per_block'][f'a{scheme.act_bits}']} bytes per block")
+    block = scheme.group_size or layout["block"]
+    halved = sorted(b for b in blocks or () if b != block)
+    return (f"int{scheme.weight_bits} in blocks of {block} weights" +
+            (f" ({', '.join(map(str, halved))} on rows {block} does not divide)" if halved else "") +
+            f" + {layout['bytes_per_block'][f'a{scheme.act_bits}']} bytes per block")

@@ -42,9 +42,15 @@ def test_a_row_takes_the_largest_halving_of_the_block_that_divides_it() -> None:
 
 
 def test_the_plans_profile_holds_the_blocks_this_plugin_writes() -> None:
+    from edgeinfer.contract.schemes import normalize_scheme
     from edgeinfer.planning.planner import runtime_profile
+    from edgeinfer.planning.quant import block_of
 
-    assert runtime_profile("openvino-cpu")["int8_blocks"]["block"] == int8_blocks.BLOCK == 256
+    layout = runtime_profile("openvino-cpu")["int8_blocks"]
+    assert layout["block"] == int8_blocks.BLOCK == 256 and layout["halve_to"] == int8_blocks.MIN_BLOCK
+    for quant, block in (("w8a16", 256), ("w8a16_g128", 128)):  # the plan halves each row's block as written
+        for k in (2816, 896, 576, 1536, 96, 200, 975, 4096):
+            assert block_of(normalize_scheme(quant), layout, k) == int8_blocks.row_block(k, block), (quant, k)
 
 
 def _model() -> tuple[object, dict[str, np.ndarray]]:
