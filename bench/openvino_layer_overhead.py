@@ -70,11 +70,6 @@ def model(layers: int, hidden: int, ctx: int) -> Path:
     return out
 
 
-def slope(xs: list[float], ys: list[float]) -> float:
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-
-
 def main() -> None:
     ap = _common.arguments(__doc__)
     ap.add_argument("--widths", default=",".join(map(str, DEPTHS)), help="hidden sizes, comma-separated")
@@ -96,8 +91,9 @@ def main() -> None:
                   f"{row['peak'] / MIB:.1f}, anon after load {row['anon_loaded'] / MIB:.1f}", flush=True)
             rows.append(row)
         mine = [r for r in rows if r["hidden"] == hidden]
-        per_layer[str(hidden)] = round(slope([r["layers"] for r in mine],
-                                             [(r["peak"] - r["weights"] - r["kv_written"]) / MIB for r in mine]), 2)
+        fit = statistics.linear_regression([r["layers"] for r in mine],
+                                           [(r["peak"] - r["weights"] - r["kv_written"]) / MIB for r in mine])
+        per_layer[str(hidden)] = round(fit.slope, 2)
         print(f"hidden {hidden}: {per_layer[str(hidden)]} MiB a layer beyond its weights and KV", flush=True)
     _common.write(args.out, {
         "setting": f"w8a16 CPU build, load_decoder(context={args.ctx}, slots=4, threads=1), 4 prompts of "

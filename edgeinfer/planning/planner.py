@@ -115,7 +115,7 @@ def weights_bytes(spec: ModelSpec, scheme: Scheme, prof: dict) -> tuple[int, det
     layout = prof.get(f"int{scheme.weight_bits}_blocks") or {}
     rows = row_widths(spec) if packed is not None and not float_held and layout.get("halve_to") else None
     if rows:  # blocks halved on rows they do not divide: each matrix at its rows' block (quant.block_of)
-        blocks = {block_of(scheme, layout, k) for k in [spec.hidden, *(k for k, _ in rows)]}
+        blocks = {block_of(scheme, layout, k) for k, _ in rows}  # the first rows are hidden-wide
         bpw = sum(packed_bits(scheme, prof, k) * n for k, n in rows) / sum(n for _, n in rows)
         head_bits = packed_bits(scheme, prof, spec.hidden)  # the embedding's and the LM head's rows: hidden-wide
         emb_bits = max(head_bits, emb_min)
