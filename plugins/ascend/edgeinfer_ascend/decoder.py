@@ -82,7 +82,7 @@ class AscendDecoder(StepDecoder):
 
     def __init__(self, model_dir: Path, device: str, context: int, slots: int, scheme: str, dtype: str,
                  buckets: tuple[int, ...], compile: bool, compile_mode: str | None, fused: Any, warmup: bool,
-                 progress: bool | None):
+                 progress: bool | None, int8: dict[str, Any] | None = None):
         import torch
         from transformers import AutoModelForCausalLM
         from transformers.utils import logging as hf_logging
@@ -97,9 +97,9 @@ class AscendDecoder(StepDecoder):
         if isinstance(limit, int) and context > limit:
             raise InputError(f"context {context} exceeds the model's max_position_embeddings ({limit}); "
                              f"use --ctx {limit}")
-        if scheme == "w8a16":
-            quantize_, config = decoder_export.torchao()
-            quantize_(model, config())
+        self.int8 = (int8 or decoder_export.int8_recipe()) if scheme == "w8a16" else None
+        if self.int8:
+            decoder_export.quantize_int8(model, self.int8)
         model = model.to(device)
         self.ops = decoder_model.select_ops(device, fused)
         self.lm = decoder_model.StaticLM(model, context, slots, _torch_dtype(dtype), device, self.ops)
@@ -254,8 +254,8 @@ class AscendDecoder(StepDecoder):
             "first_run_s": dict(self.first_run_s), "warmup_s": self.warmup_s, "load_s": self.load_s,
             "kv_cache_bytes": self.kv_cache_bytes,
         }
-        if self.scheme == "w8a16":
-            out["quant"] = decoder_export.INT8_METHOD
+        if self.int8:
+            out["quant"] = decoder_export.int8_method(self.int8)
         stats = dev.allocator_stats(self.device)
         if stats:
             out["device_memory"] = stats
@@ -293,9 +293,10 @@ def open_decoder(model: Path, device: str | None, context: int, slots: int, **op
         dev.import_torch().set_num_threads(int(options["threads"]))
     compile_opt = options.get("compile", "auto")
     compiled = dev.is_npu(where) if str(compile_opt).lower() == "auto" else _truthy(compile_opt)
+    int8 = built.get("int8", decoder_export.PER_CHANNEL) if manifest is not None else None
     return AscendDecoder(model, where, context, slots, scheme, dtype, buckets, compiled,
                          options.get("compile_mode"), options.get("fused", "auto"),
-                         _truthy(options.get("warmup", True)), options.get("progress"))
+                         _truthy(options.get("warmup", True)), options.get("progress"), int8)
 
 
 def _default_scheme(device: str) -> str:

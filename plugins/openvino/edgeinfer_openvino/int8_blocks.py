@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from edgeinfer.contract import helpers
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -55,12 +57,9 @@ def compress(model: Any, block: int = BLOCK) -> dict[str, Any]:
 
 
 def row_block(k: int, block: int) -> int:
-    """The block a row of ``k`` weights is cut into: ``block``, halved while it does not divide ``k`` (as NNCF's
-    ``group_size_fallback`` "adjust"), down to :data:`MIN_BLOCK`; else (or ``block`` -1) the whole row."""
-    size = block
-    while size > MIN_BLOCK and k % size:
-        size //= 2
-    return size if size > 0 and k % size == 0 and (size >= MIN_BLOCK or size == block) else k
+    """The block a row of ``k`` weights is cut into: ``block``, halved while it does not divide ``k``, down to
+    :data:`MIN_BLOCK`; else (or ``block`` -1) the whole row (:func:`edgeinfer.contract.helpers.row_block`)."""
+    return helpers.row_block(k, block, MIN_BLOCK)
 
 
 def quantize(w: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
