@@ -11,7 +11,7 @@ the problems), from the bundle's manifest where it passed and from the error's `
 failed. The model's fp32 weights are the Q4_1 values the package ships, so every 4-bit scheme here quantizes a
 second time (see bench/_smollm2.py).
 
-    python bench/golden_trained.py [--only llama.cpp,onnxruntime] [--out NAME]
+    python bench/golden_trained.py [--only llama.cpp,onnxruntime,rknn/w8a8] [--out NAME]
 
 Writes bench/results/golden_trained.json (``--out``: NAME.json).
 """
@@ -78,7 +78,7 @@ def run_case(model: Path, board: str, runtime: str, scheme: str, options: dict |
 
 def main() -> None:
     ap = _common.arguments(__doc__)
-    ap.add_argument("--only", help="comma-separated runtimes")
+    ap.add_argument("--only", help="comma-separated runtimes, or runtime/scheme (rknn/w8a8)")
     ap.add_argument("--out", default="golden_trained", help="results file name (default: golden_trained)")
     args = ap.parse_args()
     only = set(args.only.split(",")) if args.only else None
@@ -86,7 +86,7 @@ def main() -> None:
     results = []
     with tempfile.TemporaryDirectory(prefix="golden-trained-") as tmp:
         for board, runtime, scheme, options in CASES:
-            if only and runtime not in only:
+            if only and runtime not in only and f"{runtime}/{scheme}" not in only:
                 continue
             row = {"board": board, "runtime": runtime, "scheme": scheme, "options": options or {},
                    **run_case(model, board, runtime, scheme, options, Path(tmp))}
