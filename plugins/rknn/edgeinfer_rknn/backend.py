@@ -33,7 +33,7 @@ from edgeinfer.contract.resources import Accelerator
 from edgeinfer.errors import BackendUnavailableError, InputError, ModelError
 
 from . import device as hw
-from . import gauges, resources
+from . import gauges, resources, shared_weights
 from .targets import ARCHITECTURES, CONVERSION_DEFAULTS, GET_TOOLKIT, QUANT_SUPPORT, TOOLKIT, supported_schemes
 
 # the toolkit wrapper, the converter and the sessions are imported by the methods that convert and open:
@@ -64,7 +64,7 @@ SERVE_CORE_MASKS = ("0", "1", "2", "0_1", "0_1_2", "auto")
 
 
 #: the files beside an artifact that only the simulator reads (toolkit.sidecar, toolkit.source_model)
-SIMULATION_SUFFIXES = (".src.tar", ".src.onnx")
+SIMULATION_SUFFIXES = (".src.tar", ".src.onnx", shared_weights.SUFFIX)
 BOARD_ONLY = ("convert the ONNX again with edgeinfer; a bundle deployed with --board-only leaves them out: deploy it "
               "again without the flag")
 
@@ -286,6 +286,7 @@ class RknnBackend(Backend):
             src = tmp / "src"
             src.mkdir()
             tk.copy_source(model, src / "model.onnx")
+            links = shared_weights.link_beside(model, src / "model.onnx")  # a decoder graph's shared weights
             if quantized:
                 recipe.calibration_samples = tk.write_calibration(calibration, inputs, src)
             rknn, retried = build_with_retries(model, proto, recipe, src, tmp, log)
@@ -298,6 +299,8 @@ class RknnBackend(Backend):
             recipe.artifact_sha256 = sha
             tk.write_recipe(src, recipe)
             (src / "model.onnx").replace(tmp / "src.onnx")
+            for link in links:
+                link.unlink()
             tk.pack(src, tmp / "src.tar")
             # the artifact appears last and whole: os.replace within one folder is atomic
             (tmp / "src.onnx").replace(tk.source_model(out))
@@ -437,3 +440,4 @@ def _place_source(artifact: Path, onnx: Path) -> None:
         raise InputError(f"the rknn-toolkit2 simulator cannot rebuild {artifact.name}: its source model "
                          f"{source.name} is missing ({BOARD_ONLY}), or run the .rknn on a board")
     onnx.symlink_to(source.resolve())
+    shared_weights.link_beside(source, onnx)

@@ -9,6 +9,8 @@ Layout::
     seg<k>.decode<B>.rknn      the same layers, one token of each of B sequences per call (convert option
                                ``decode_batches``, e.g. "1,4,8"; 1 is always built)
     seg<k>.prefill.rknn        the same layers, ``prefill_chunk`` tokens of one sequence per call
+    seg<k>.rknn.src.weights    the weights of segment k's source ONNX files, once for all its graphs
+                               (:mod:`.shared_weights`; the simulator rebuilds from them, a board needs none)
 
 Segments follow ``numpy.array_split`` over the layers (first segments take the extra layer); the last
 one holds the final norm and the head. ``weight_bytes`` per segment are measured on the exported graph:
@@ -30,6 +32,7 @@ from edgeinfer.contract.helpers import inside, read_artifact_manifest
 from edgeinfer.errors import InputError, ModelError
 
 from . import decoder_segments as lx
+from . import shared_weights
 from . import toolkit as tk
 from .targets import CONVERSION_DEFAULTS, DEFAULT_PREFILL_CHUNK
 
@@ -131,9 +134,11 @@ def convert_decoder(backend: Any, model: Path, scheme: str, context: int, out: P
     with tempfile.TemporaryDirectory(prefix="edgeinfer-rknn-llm-") as tmp:
         for k, (a, b) in enumerate(ranges):
             entry: dict[str, Any] = {"layers": [a, b]}
+            store = shared_weights.Store(Path(tmp) / f"seg{k}.rknn{shared_weights.SUFFIX}")
             for key, batch, tokens in [*((decode_key(n), n, 1) for n in batches), ("prefill", 1, chunk)]:
                 onnx_path = Path(tmp) / f"seg{k}.{key}.onnx"
                 lx.export_segment(hf, a, b, tokens, context, onnx_path, batch)
+                store.take(onnx_path)
                 if key == "decode":
                     entry["weight_bytes"] = int(onnx_weight_elements(onnx_path) * BYTES_PER_WEIGHT[family])
                 sets = calib.for_graph(k, key, batch) if calib else None
@@ -141,6 +146,7 @@ def convert_decoder(backend: Any, model: Path, scheme: str, context: int, out: P
                 art = backend.quantize(onnx_path, scheme, sets, out / graph_name(k, key), target=target, **extra)
                 keep_built(art)
                 entry[key] = art.name
+            store.path.replace(out / store.path.name)  # what the graphs' .src.onnx files point at
             segments.append(entry)
     manifest = {"format": FORMAT, "kind": "rknn-decoder", "scheme": scheme, "target": target, "context": context,
                 "prefill_chunk": chunk, "prefill_logits": CONVERSION_DEFAULTS["prefill_logits"],

@@ -186,6 +186,41 @@ def test_simulator_page_ins_take_the_graphs_this_process_built(rknn, paged_artif
     assert any(n.startswith("simulator figures: a page-in takes the segment graph") for n in stats["notes"])
 
 
+def test_a_segments_graphs_share_one_copy_of_its_source_weights(paged_artifact, config):
+    """Each segment's decode and prefill sources point at one weights file holding each of its weights once
+    (norms of 64 weights, under 1 KiB, stay in the graphs), in fp32 as exported."""
+    from edgeinfer_rknn import shared_weights
+
+    manifest = json.loads((paged_artifact / "rknn-decoder.json").read_text())
+    ranges = [tuple(s["layers"]) for s in manifest["segments"]]
+    small = 2 * config["head_dim"]  # a layer's q and k norms
+    for k, ((a, b), want) in enumerate(zip(ranges, expected_segment_bytes(config, ranges, 4))):
+        store = paged_artifact / f"seg{k}.rknn.src.weights"
+        sources = sorted(paged_artifact.glob(f"seg{k}.*.rknn.src.onnx"))
+        assert len(sources) == 2  # decode, prefill
+        assert all(shared_weights.locations(s) == {store.name} for s in sources)
+        assert store.stat().st_size == want - 4 * small * (b - a)
+        assert all(s.stat().st_size < 100_000 for s in sources)  # the graph alone
+
+
+def test_a_new_process_rebuilds_the_graphs_from_the_shared_weights(paged_artifact, prompt_ids):
+    """The simulator cannot run a .rknn: a process that did not build the graphs rebuilds them from the
+    sources, which read the shared weights file, and gives transformers' tokens."""
+    code = ("import json, sys, numpy as np, edgeinfer\n"
+            "d = edgeinfer.backend('rknn').load_decoder(sys.argv[1], device='simulator', context=int(sys.argv[2]))\n"
+            "logits = d.prefill(0, np.asarray(json.loads(sys.argv[3]), dtype=np.int64)); out = []\n"
+            "for _ in range(3):\n"
+            "    out.append(int(np.argmax(logits))); logits = d.decode([0], np.asarray([out[-1]]))[0]\n"
+            "print(json.dumps(out))\n")
+    logs = sorted(paged_artifact.glob("seg*.rknn.log"))
+    before = [log.read_text().count(REBUILT) for log in logs]
+    r = subprocess.run([sys.executable, "-c", code, str(paged_artifact), str(CTX), json.dumps(prompt_ids)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == reference_greedy(model_dir(), prompt_ids, 3)
+    assert all(log.read_text().count(REBUILT) > b for log, b in zip(logs, before))  # every graph rebuilt
+
+
 def test_a_pager_without_a_pool_loads_every_page_in_and_closes_what_it_evicts(rknn, tmp_path):
     """The board's pager (no pool: board_decoder's graphs, stood in for here) is the one paging always had."""
     from edgeinfer_rknn.decoder import SegmentPager
