@@ -109,7 +109,7 @@ def read_manifest(path: Path) -> dict[str, Any] | None:
 def onnx_weight_elements(path: Path) -> int:
     import onnx
 
-    proto = onnx.load(str(path))
+    proto = onnx.load(str(path), load_external_data=False)  # dims only: the shared weights file is not read
     return sum(int(np.prod(i.dims)) for i in proto.graph.initializer if i.data_type in (1, 10, 11, 16))
 
 
