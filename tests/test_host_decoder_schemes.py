@@ -133,6 +133,13 @@ def test_fp16_and_w8a16_deploy_on_edgeinfers_own_ops_and_pass_golden(tiny_qwen3_
             assert w.data_type == onnx.TensorProto.UINT8 and attrs["block"] == 128  # q + 128, K rounded up to 4
             assert scales.data_type == onnx.TensorProto.FLOAT and list(scales.dims) == [
                 w.dims[0], -(-w.dims[1] // 128), 32]
+    # each layer's attention: edgeinfer.GroupQueryAttention straight on the fp32 QKV and output, no Cast around it
+    attention = [n for n in graph.graph.node if n.op_type == "GroupQueryAttention"]
+    assert len(attention) == cfg["decoder"]["num_hidden_layers"] and {n.domain for n in attention} == {"edgeinfer"}
+    assert "edgeinfer.GroupQueryAttention" in stamp["attention"]
+    casts = [n for n in graph.graph.node if n.op_type == "Cast"]
+    assert not {o for c in casts for o in c.output} & {i for n in attention for i in n.input[:3]}
+    assert not {i for c in casts for i in c.input} & {n.output[0] for n in attention}
     if quant == "fp16":
         assert stamp["embedding"].startswith("fp16")
         _fp16_lookup(graph)
@@ -226,6 +233,8 @@ def test_without_a_c_compiler_fp16_runs_as_two_int8_planes_and_passes_golden(tmp
     assert {h.output[0] for h in high} == {lo.output[0].removesuffix("_lo") + "_hi_digits" for lo in low}
     assert len(_summed_halves(nodes, high)) == len(high)
     _fp16_lookup(graph)
+    assert {n.domain for n in nodes if n.op_type == "GroupQueryAttention"} == {"com.microsoft"}
+    assert "attention" not in stamp
 
 
 def test_the_plans_kv_dtype_is_what_the_opened_decoder_allocates(tiny_qwen3_host_bundle):

@@ -31,7 +31,8 @@ from edgeinfer.errors import BackendUnavailableError
 DOMAIN = "edgeinfer"
 OPS = {"fp16": "MatMulF16", "w8a16": "MatMulW8"}  # scheme -> op
 PANEL = 32  # output columns a panel (NR in the C source)
-SOURCE = Path(__file__).with_name("kernels") / "matmul.c"
+KERNELS = Path(__file__).with_name("kernels")
+SOURCES = (KERNELS / "matmul.c", KERNELS / "attention.c")  # one library; both include kernels/ort.h
 FLAGS = ["-std=gnu11", "-O3", "-fPIC", "-shared", "-fvisibility=hidden"]
 # the library's builds, best first: the CPU flags each needs (as /proc/cpuinfo names them) and its compiler flags
 ISAS = {
@@ -98,7 +99,7 @@ def library() -> Path:
         raise BackendUnavailableError(f"this bundle's MatMuls need edgeinfer's own ops, which cannot run here "
                                       f"({unavailable()}); deploy the model again on this machine")
     if cc is None:
-        raise BackendUnavailableError(f"this bundle's MatMuls need a C compiler to build {SOURCE.name} "
+        raise BackendUnavailableError(f"this bundle's MatMuls need a C compiler to build {SOURCES[0].name} "
                                       f"({os.environ.get('CC') or 'cc'} not found); install one (apt install gcc) "
                                       "or deploy the model again on this machine")
     flags = [*FLAGS, *ISAS[build][1]]
@@ -111,11 +112,12 @@ def library() -> Path:
             shutil.rmtree(old, ignore_errors=True)
     with tempfile.NamedTemporaryFile(dir=out.parent, suffix=".so", delete=False) as tmp:
         pass
-    proc = subprocess.run([cc, *flags, "-o", tmp.name, str(SOURCE)], capture_output=True, text=True)
+    proc = subprocess.run([cc, *flags, "-o", tmp.name, *map(str, SOURCES)], capture_output=True, text=True)
     if proc.returncode != 0:
         os.unlink(tmp.name)
         lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-        raise BackendUnavailableError(f"{cc} could not build {SOURCE.name}: {lines[-1] if lines else 'no output'}")
+        raise BackendUnavailableError(f"{cc} could not build {', '.join(p.name for p in SOURCES)}: "
+                                      f"{lines[-1] if lines else 'no output'}")
     os.replace(tmp.name, out)  # whole or absent, when two processes build it at once
     return out
 
@@ -124,7 +126,8 @@ def library() -> Path:
 def _key(cc: str, build: str) -> str:
     """The library's cache entry: the source, the compiler's version line and the flags (once per process)."""
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
-    return hashlib.sha256(SOURCE.read_bytes() + repr((version, FLAGS, ISAS[build][1])).encode()).hexdigest()[:16]
+    text = b"".join(p.read_bytes() for p in sorted(KERNELS.glob("*.[ch]")))
+    return hashlib.sha256(text + repr((version, FLAGS, ISAS[build][1])).encode()).hexdigest()[:16]
 
 
 def needs_library(graph: Path) -> bool:
@@ -210,3 +213,55 @@ def use_kernels(model: Any, scheme: str, block: int = 0) -> int:
     if done and not any(o.domain == DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
     return done
+
+
+# com.microsoft.GroupQueryAttention attributes the own op computes (any other value keeps onnxruntime's op)
+_GQA_AS_OURS = {"do_rotary": 1, "rotary_interleaved": 0, "local_window_size": -1, "softcap": 0.0,
+                "smooth_softmax": 0, "qk_output": 0}
+
+
+def use_attention(model: Any, head_size: int) -> int:
+    """Rewrite each ``com.microsoft.GroupQueryAttention`` of ``model`` that :func:`.kv_cache.kv_to_fp16` left
+    between Casts (its fp32 query, key and value, or packed QKV, cast to fp16 in; its output cast back to fp32)
+    into ``edgeinfer.GroupQueryAttention`` on the fp32 tensors (kernels/attention.c), the Casts dropped; nodes with
+    attributes or inputs it does not compute (:data:`_GQA_AS_OURS`, position ids, a bias, a rotary narrower than
+    ``head_size``) stay as they are. Returns the number of nodes rewritten."""
+    from onnx import TensorProto, helper
+
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    producer = {o: n for n in graph.node for o in n.output}
+    readers: dict[str, list[Any]] = {}
+    for n in graph.node:
+        for i in n.input:
+            readers.setdefault(i, []).append(n)
+
+    def cast_from(name: str) -> Any:  # the Cast that makes ``name`` and feeds nothing else
+        n = producer.get(name)
+        return n if n is not None and n.op_type == "Cast" and len(readers[name]) == 1 else None
+
+    drop, ours = set(), {}
+    for n in graph.node:
+        if n.op_type != "GroupQueryAttention" or n.domain != "com.microsoft":
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+        casts_in = [cast_from(i) if i else None for i in n.input[:3]]
+        outs = readers.get(n.output[0], [])
+        cast_out = outs[0] if len(outs) == 1 and outs[0].op_type == "Cast" else None
+        cos = inits.get(n.input[7]) if len(n.input) > 8 else None
+        if (any(attrs.get(k, v) != v for k, v in _GQA_AS_OURS.items()) or any(n.input[9:]) or cast_out is None
+                or any(bool(i) != (c is not None) for i, c in zip(n.input[:3], casts_in)) or casts_in[0] is None
+                or (casts_in[1] is None) != (casts_in[2] is None)
+                or cos is None or cos.data_type != TensorProto.FLOAT16 or cos.dims[-1] * 2 != head_size):
+            continue
+        drop |= {id(c) for c in [*casts_in, cast_out] if c is not None}
+        ours[id(n)] = helper.make_node(
+            "GroupQueryAttention", [c.input[0] if c is not None else "" for c in casts_in] + list(n.input[3:9]),
+            [cast_out.output[0], *n.output[1:3]], name=f"{n.name}_own", domain=DOMAIN,
+            num_heads=attrs["num_heads"], kv_num_heads=attrs["kv_num_heads"], scale=float(attrs.get("scale", 0.0)))
+    nodes = [ours.get(id(n), n) for n in graph.node if id(n) not in drop]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    if ours and not any(o.domain == DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+    return len(ours)

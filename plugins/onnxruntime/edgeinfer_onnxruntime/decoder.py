@@ -137,7 +137,7 @@ def convert(hf_dir: Path, scheme: str, context: int, out: Path, group_size: int 
         quantize_int8(graph, block, activations_int8=scheme.startswith("w8a8"), low_planes=planes)
     quantized = int8 or precision == "int4" or family == "w8a16"  # an int8 embedding too
     kv16 = kv_dtype == "fp16"
-    embedding = None
+    embedding, own_attention = None, False
     if quantized or kv16 or kernel:
         import onnx
 
@@ -148,7 +148,11 @@ def convert(hf_dir: Path, scheme: str, context: int, out: Path, group_size: int 
         if quantized or kernel:
             fp16 = family == "fp16"
             embedding = embedding_fp16(model, ids) if fp16 else quantize_embedding(model, ids, INT8_BLOCK)
-        save(kv_to_fp16(model) if kv16 else model, graph)
+        if kv16:
+            kv_to_fp16(model)
+            if kernel:
+                own_attention = custom_ops.use_attention(model, int(cfg["model"]["decoder"]["head_size"])) > 0
+        save(model, graph)
     limit = int(cfg["model"]["context_length"])
     if context > limit:
         raise InputError(f"context {context} exceeds the model's context length ({limit}); use --ctx {limit}")
@@ -166,6 +170,8 @@ def convert(hf_dir: Path, scheme: str, context: int, out: Path, group_size: int 
                          "(custom_ops.py)")
         if family == "w8a16":
             facts["int8_block_size"] = block
+    if own_attention:
+        facts["attention"] = f"{custom_ops.DOMAIN}.GroupQueryAttention over the fp16 KV cache (custom_ops.py)"
     if int8:  # "precision": the builder's, before the steps below
         facts.update(int8_block_size=block, then="onnxruntime MatMulNBitsQuantizer bits=8" + (
             ", each weight's residual a second int8 plane (weight_planes.py)" if planes else "") + (

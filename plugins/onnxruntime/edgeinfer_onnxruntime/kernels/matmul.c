@@ -16,13 +16,9 @@
  *          scales [P, ceil(K / block), 32] (custom_ops.py packs them).
  * Attributes: n, the real N (<= 32 P); MatMulW8: block (a multiple of 4).   Output: y [..., n] float.
  *
- * Built by custom_ops.py with the system C compiler; no onnxruntime header is needed: the few C API functions it
- * calls are declared below by their slot in struct OrtApi (include/onnxruntime/core/session/onnxruntime_c_api.h in
- * github.com/microsoft/onnxruntime). onnxruntime keeps that table's layout across versions and only appends to it
- * (onnxruntime/core/session/onnxruntime_c_api.cc asserts the offsets of members such as ReleaseCustomOpDomain, slot
- * 101); the slots below are those of ORT_API_VERSION 17 and later, where KernelContext_ParallelFor was added as slot
- * 274. The library asks for API 17; plugins/onnxruntime/tests/test_custom_ops.py runs every op on the installed
- * onnxruntime.
+ * Built by custom_ops.py with the system C compiler, with attention.c (edgeinfer.GroupQueryAttention) into one
+ * library; the few onnxruntime C API functions they call are declared in ort.h. The library asks for API 17;
+ * plugins/onnxruntime/tests/test_custom_ops.py runs every op on the installed onnxruntime.
  */
 #include <immintrin.h>
 #include <stddef.h>
@@ -30,55 +26,11 @@
 #include <math.h>
 #include <stdlib.h>
 
-typedef struct OrtStatus OrtStatus;
+#include "ort.h"
 
-typedef struct OrtApiBase {
-  const void *const *(*GetApi)(uint32_t version);
-  const char *(*GetVersionString)(void);
-} OrtApiBase;
-
-enum { /* slots of struct OrtApi */
-  CreateStatus = 0, CreateCustomOpDomain = 26, CustomOpDomain_Add = 27, AddCustomOpDomain = 28,
-  GetTensorMutableData = 51, GetDimensionsCount = 61, GetDimensions = 62, GetTensorTypeAndShape = 65,
-  KernelInfoGetAttribute_int64 = 86, KernelContext_GetInput = 90, KernelContext_GetOutput = 91,
-  ReleaseTensorTypeAndShapeInfo = 99, KernelContext_ParallelFor = 274,
-};
-#define API_VERSION 17
-#define ORT_INVALID_ARGUMENT 2
-#define TYPE_FLOAT 1
-#define TYPE_UINT8 2
-#define TYPE_FLOAT16 10
-
-static const void *const *api;
-#define CALL(slot, ...) (((OrtStatus * (*)()) api[slot])(__VA_ARGS__))
-
-typedef struct OrtCustomOp { /* the members through KernelComputeV2 (version 16) */
-  uint32_t version;
-  void *(*CreateKernel)(const struct OrtCustomOp *, const void *api, const void *info);
-  const char *(*GetName)(const struct OrtCustomOp *);
-  const char *(*GetExecutionProviderType)(const struct OrtCustomOp *);
-  int (*GetInputType)(const struct OrtCustomOp *, size_t);
-  size_t (*GetInputTypeCount)(const struct OrtCustomOp *);
-  int (*GetOutputType)(const struct OrtCustomOp *, size_t);
-  size_t (*GetOutputTypeCount)(const struct OrtCustomOp *);
-  void (*KernelCompute)(void *kernel, void *context);
-  void (*KernelDestroy)(void *kernel);
-  int (*GetInputCharacteristic)(const struct OrtCustomOp *, size_t);
-  int (*GetOutputCharacteristic)(const struct OrtCustomOp *, size_t);
-  int (*GetInputMemoryType)(const struct OrtCustomOp *, size_t);
-  int (*GetVariadicInputMinArity)(const struct OrtCustomOp *);
-  int (*GetVariadicInputHomogeneity)(const struct OrtCustomOp *);
-  int (*GetVariadicOutputMinArity)(const struct OrtCustomOp *);
-  int (*GetVariadicOutputHomogeneity)(const struct OrtCustomOp *);
-  OrtStatus *(*CreateKernelV2)(const struct OrtCustomOp *, const void *api, const void *info, void **kernel);
-  OrtStatus *(*KernelComputeV2)(void *kernel, void *context);
-} OrtCustomOp;
+const void *const *api;
 
 #define NR 32 /* output columns a panel */
-
-static OrtStatus *error(const char *message) {
-  return ((OrtStatus * (*)(int, const char *)) api[CreateStatus])(ORT_INVALID_ARGUMENT, message);
-}
 
 typedef struct { /* one MatMulW8 call */
   const float *x;
@@ -507,7 +459,7 @@ typedef struct {
   int64_t n, block; /* block: 0 for MatMulF16 */
 } Kernel;
 
-static OrtStatus *shape_of(const void *value, int64_t *dims, size_t *rank) {
+OrtStatus *shape_of(const void *value, int64_t *dims, size_t *rank) {
   void *info;
   OrtStatus *s = CALL(GetTensorTypeAndShape, value, &info);
   if (s) return s;
@@ -602,6 +554,7 @@ __attribute__((visibility("default"))) OrtStatus *RegisterCustomOps(void *option
   OrtStatus *s = CALL(CreateCustomOpDomain, "edgeinfer", &domain);
   if (!s) s = CALL(CustomOpDomain_Add, domain, &f16);
   if (!s) s = CALL(CustomOpDomain_Add, domain, &w8);
+  if (!s) s = CALL(CustomOpDomain_Add, domain, &attention_op);
   if (!s) s = CALL(AddCustomOpDomain, options, domain);
   return s;
 }

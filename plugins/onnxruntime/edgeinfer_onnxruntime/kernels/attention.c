@@ -1,0 +1,203 @@
+/* edgeinfer.GroupQueryAttention: the decoder's attention over an fp16 KV cache that past and present share, with
+ * fp32 queries and output, for the host decoder classes whose MatMuls are edgeinfer's own (custom_ops.py).
+ *
+ * It computes what com.microsoft.GroupQueryAttention computes for the graphs onnxruntime-genai's builder writes
+ * (onnxruntime docs/ContribOperators.md; packed QKV or separate Q, K, V, do_rotary 1, rotary_interleaved 0, no
+ * local window, no softcap, past and present one buffer), without the Casts an fp16 cache puts around it, and the
+ * query, scores and softmax in fp32: onnxruntime 1.26's fp16 kernel spent ~50 us a layer on a one-token step of
+ * SmolLM2-135M where the arithmetic is a few microseconds (bench/README.md, "An attention op of our own").
+ *
+ * Per row b, with T = seqlens_k[b] + 1 and S the new tokens: they sit at positions p0 = T - S ... T - 1. Each new
+ * key is rotated at its position (rotate-half: x1 cos - x2 sin, x2 cos + x1 sin, cos/sin [positions, D / 2]) and
+ * written with its value into the cache at [b, kv head, p0 + s]; the query of token s, rotated alike, attends to
+ * positions 0 ... p0 + s (causal) of its KV head (query head h reads KV head h / (num_heads / kv_num_heads)).
+ *
+ * Inputs:  query float [B, S, H D] with key and value float [B, S, KVH D], or query alone as the packed QKV
+ *          [B, S, (H + 2 KVH) D] (key and value empty); past_key, past_value fp16 [B, KVH, L, D]; seqlens_k int32
+ *          [B]; total_sequence_length int32 (a scalar); cos_cache, sin_cache fp16 [P, D / 2].
+ * Outputs: output float [B, S, H D]; present_key, present_value fp16 [B, KVH, L, D]: bound to the past buffers
+ *          (written in place); other buffers get the past copied first.
+ * Attributes: num_heads, kv_num_heads; scale (float; 0: 1 / sqrt(D)).
+ * F16C and FMA on 8 lanes, in both builds of the library.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ort.h"
+
+typedef struct {
+  int64_t heads, kv_heads;
+  float scale;
+} Attention;
+
+typedef struct { /* one call, split over (row, KV head) */
+  const float *q, *kn, *vn; /* the new tokens' query, key and value, rows of qs, ks, vs floats */
+  int64_t qs, ks, vs;
+  uint16_t *k, *v;
+  const uint16_t *cos, *sin;
+  const int32_t *seqlens;
+  float *out;
+  int64_t S, L, D, H, G; /* G: query heads a KV head */
+  float scale;
+} Job;
+
+static inline void rotate(const float *x, float *y, const uint16_t *cos, const uint16_t *sin, int64_t D) {
+  int64_t h = D / 2;
+  for (int64_t i = 0; i < h; i++) {
+    float c = _cvtsh_ss(cos[i]), s = _cvtsh_ss(sin[i]);
+    y[i] = x[i] * c - x[i + h] * s;
+    y[i + h] = x[i + h] * c + x[i] * s;
+  }
+}
+
+static inline float dot(const float *q, const uint16_t *k, int64_t D) {
+  __m256 a = _mm256_setzero_ps();
+  int64_t d = 0;
+  for (; d + 8 <= D; d += 8)
+    a = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + d))), a);
+  __m128 r = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+  float sum = _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)));
+  for (; d < D; d++) sum += q[d] * _cvtsh_ss(k[d]);
+  return sum;
+}
+
+static inline void axpy(float a, const uint16_t *v, float *y, int64_t D) {
+  __m256 av = _mm256_set1_ps(a);
+  int64_t d = 0;
+  for (; d + 8 <= D; d += 8)
+    _mm256_storeu_ps(y + d, _mm256_fmadd_ps(av, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + d))),
+                                            _mm256_loadu_ps(y + d)));
+  for (; d < D; d++) y[d] += a * _cvtsh_ss(v[d]);
+}
+
+static inline void store_f16(const float *x, uint16_t *y, int64_t D) {
+  int64_t d = 0;
+  for (; d + 8 <= D; d += 8)
+    _mm_storeu_si128((__m128i *)(y + d), _mm256_cvtps_ph(_mm256_loadu_ps(x + d), _MM_FROUND_TO_NEAREST_INT));
+  for (; d < D; d++) y[d] = _cvtss_sh(x[d], _MM_FROUND_TO_NEAREST_INT);
+}
+
+/* the new tokens' keys (rotated) and values into the cache rows of row b, KV head g */
+static void write_kv(const Job *j, int64_t b, int64_t g, int64_t p0, float *tmp) {
+  int64_t kvh = j->H / j->G;
+  for (int64_t s = 0; s < j->S; s++) {
+    int64_t at = ((b * kvh + g) * j->L + p0 + s) * j->D, pos = p0 + s, row = b * j->S + s;
+    rotate(j->kn + row * j->ks + g * j->D, tmp, j->cos + pos * (j->D / 2), j->sin + pos * (j->D / 2), j->D);
+    store_f16(tmp, j->k + at, j->D);
+    store_f16(j->vn + row * j->vs + g * j->D, j->v + at, j->D);
+  }
+}
+
+static void run(void *job, size_t p) {
+  const Job *j = job;
+  int64_t kvh = j->H / j->G, b = (int64_t)p / kvh, g = (int64_t)p % kvh, D = j->D;
+  int64_t T = (int64_t)j->seqlens[b] + 1, p0 = T - j->S;
+  float *q = malloc(sizeof(float) * (size_t)(D + T));
+  if (!q) abort(); /* a few KiB: the process is out of memory */
+  float *w = q + D;
+  write_kv(j, b, g, p0, q);
+  const uint16_t *K = j->k + (b * kvh + g) * j->L * D, *V = j->v + (b * kvh + g) * j->L * D;
+  for (int64_t s = 0; s < j->S; s++) {
+    int64_t pos = p0 + s, n = pos + 1;
+    for (int64_t h = g * j->G; h < (g + 1) * j->G; h++) {
+      rotate(j->q + (b * j->S + s) * j->qs + h * D, q, j->cos + pos * (D / 2), j->sin + pos * (D / 2), D);
+      float top = -INFINITY, sum = 0.f;
+      for (int64_t t = 0; t < n; t++) {
+        w[t] = dot(q, K + t * D, D) * j->scale;
+        top = w[t] > top ? w[t] : top;
+      }
+      for (int64_t t = 0; t < n; t++) sum += (w[t] = expf(w[t] - top));
+      float *y = j->out + (b * j->S + s) * j->H * D + h * D;
+      memset(y, 0, sizeof(float) * (size_t)D);
+      for (int64_t t = 0; t < n; t++) axpy(w[t] / sum, V + t * D, y, D);
+    }
+  }
+  free(q);
+}
+
+static OrtStatus *compute(void *kernel, void *context) {
+  const Attention *a = kernel;
+  const void *in[9];
+  void *out[3], *data[12] = {0};
+  int64_t qd[8], kd[8], sd[8], cd[8], nd[8];
+  size_t qr, kr, sr, cr, nr;
+  OrtStatus *s;
+  for (size_t i = 0; i < 9; i++)
+    if ((s = CALL(KernelContext_GetInput, context, i, &in[i]))) return s;
+  if (!in[0] || !in[3] || !in[4] || !in[5] || !in[7] || !in[8] || !in[1] != !in[2])
+    return error("GroupQueryAttention: query, the past caches, seqlens_k and cos/sin are required; key and value "
+                 "both or neither");
+  if ((s = shape_of(in[0], qd, &qr)) || (s = shape_of(in[3], kd, &kr)) || (s = shape_of(in[5], sd, &sr)) ||
+      (s = shape_of(in[7], cd, &cr)))
+    return s;
+  int64_t H = a->heads, KVH = a->kv_heads, packed = !in[1];
+  int64_t D = kr == 4 ? kd[3] : 0, B = qr == 3 ? qd[0] : 0, S = qr == 3 ? qd[1] : 0;
+  int bad = qr != 3 || kr != 4 || kd[0] != B || kd[1] != KVH || qd[2] != (packed ? H + 2 * KVH : H) * D ||
+            sr != 1 || sd[0] != B || cr != 2 || cd[1] * 2 != D;
+  for (size_t i = 1; i < 3 && !packed && !bad; i++)
+    bad = (s = shape_of(in[i], nd, &nr)) || nr != 3 || nd[0] != B || nd[1] != S || nd[2] != KVH * D;
+  if (s) return s;
+  if (bad)
+    return error("GroupQueryAttention: query must be [B, S, H D] (key, value [B, S, KVH D]) or the packed QKV "
+                 "[B, S, (H + 2 KVH) D], the caches [B, KVH, L, D], seqlens_k [B] and cos/sin [positions, D / 2]");
+  int64_t yd[3] = {B, S, H * D};
+  if ((s = CALL(KernelContext_GetOutput, context, (size_t)0, yd, (size_t)3, &out[0])) ||
+      (s = CALL(KernelContext_GetOutput, context, (size_t)1, kd, (size_t)4, &out[1])) ||
+      (s = CALL(KernelContext_GetOutput, context, (size_t)2, kd, (size_t)4, &out[2])))
+    return s;
+  for (size_t i = 0; i < 9; i++)
+    if (in[i] && i != 6 && (s = CALL(GetTensorMutableData, (void *)in[i], &data[i]))) return s;
+  for (size_t i = 0; i < 3; i++)
+    if ((s = CALL(GetTensorMutableData, out[i], &data[9 + i]))) return s;
+  size_t cache = (size_t)(B * KVH * kd[2] * D) * sizeof(uint16_t);
+  for (size_t i = 0; i < 2; i++) /* present not bound to past: it starts as a copy */
+    if (data[10 + i] != data[3 + i]) memcpy(data[10 + i], data[3 + i], cache);
+  const int32_t *seqlens = data[5];
+  for (int64_t b = 0; b < B; b++)
+    if (seqlens[b] + 1 < S || seqlens[b] + 1 > kd[2] || seqlens[b] + 1 > cd[0])
+      return error("GroupQueryAttention: a row's seqlens_k + 1 must hold its new tokens and fit the cache and "
+                   "the cos/sin positions");
+  if (B == 0 || S == 0) return NULL;
+  const float *q = data[0];
+  Job job = {q, packed ? q + H * D : data[1], packed ? q + (H + KVH) * D : data[2], qd[2],
+             packed ? qd[2] : KVH * D, packed ? qd[2] : KVH * D, data[10], data[11], data[7], data[8], seqlens,
+             data[9], S, kd[2], D, H, H / KVH, a->scale != 0.f ? a->scale : 1.f / sqrtf((float)D)};
+  return CALL(KernelContext_ParallelFor, context, run, (size_t)(B * KVH), (size_t)0, &job);
+}
+
+static OrtStatus *create(const OrtCustomOp *op, const void *a, const void *info, void **out) {
+  (void)op, (void)a;
+  Attention *k = malloc(sizeof *k);
+  if (!k) return error("GroupQueryAttention: out of memory");
+  OrtStatus *s = CALL(KernelInfoGetAttribute_int64, info, "num_heads", &k->heads);
+  if (!s) s = CALL(KernelInfoGetAttribute_int64, info, "kv_num_heads", &k->kv_heads);
+  if (!s) s = CALL(KernelInfoGetAttribute_float, info, "scale", &k->scale);
+  if (!s && (k->heads < 1 || k->kv_heads < 1 || k->heads % k->kv_heads))
+    s = error("GroupQueryAttention: num_heads must be a multiple of kv_num_heads");
+  if (s) free(k);
+  else *out = k;
+  return s;
+}
+
+static void destroy(void *k) { free(k); }
+static const char *name(const OrtCustomOp *op) { (void)op; return "GroupQueryAttention"; }
+static const char *provider(const OrtCustomOp *op) { (void)op; return "CPUExecutionProvider"; }
+static int input_type(const OrtCustomOp *op, size_t i) {
+  (void)op;
+  return i < 3 ? TYPE_FLOAT : i == 5 || i == 6 ? TYPE_INT32 : TYPE_FLOAT16;
+}
+static size_t nine(const OrtCustomOp *op) { (void)op; return 9; }
+static int key_value_optional(const OrtCustomOp *op, size_t i) { (void)op; return i == 1 || i == 2; }
+static int output_type(const OrtCustomOp *op, size_t i) { (void)op; return i == 0 ? TYPE_FLOAT : TYPE_FLOAT16; }
+static size_t three(const OrtCustomOp *op) { (void)op; return 3; }
+static int required(const OrtCustomOp *op, size_t i) { (void)op, (void)i; return 0; }
+static int memory_default(const OrtCustomOp *op, size_t i) { (void)op, (void)i; return 0; }
+static int min_arity(const OrtCustomOp *op) { (void)op; return 1; }
+static int homogeneous(const OrtCustomOp *op) { (void)op; return 1; }
+
+const OrtCustomOp attention_op = {16, NULL, name, provider, input_type, nine, output_type, three, NULL, destroy,
+                                  key_value_optional, required, memory_default, min_arity, homogeneous, min_arity,
+                                  homogeneous, create, compute};

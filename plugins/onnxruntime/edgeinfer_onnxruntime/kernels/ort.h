@@ -1,0 +1,64 @@
+/* The part of onnxruntime's C API that edgeinfer's ops call, declared by slot in struct OrtApi
+ * (include/onnxruntime/core/session/onnxruntime_c_api.h in github.com/microsoft/onnxruntime): onnxruntime keeps
+ * that table's layout across versions and only appends to it (onnxruntime/core/session/onnxruntime_c_api.cc
+ * asserts the offsets of members such as ReleaseCustomOpDomain, slot 101); the slots are those of ORT_API_VERSION
+ * 17 and later, where KernelContext_ParallelFor was added as slot 274. No onnxruntime header is needed. */
+#ifndef EDGEINFER_ORT_H
+#define EDGEINFER_ORT_H
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct OrtStatus OrtStatus;
+
+typedef struct OrtApiBase {
+  const void *const *(*GetApi)(uint32_t version);
+  const char *(*GetVersionString)(void);
+} OrtApiBase;
+
+enum { /* slots of struct OrtApi */
+  CreateStatus = 0, CreateCustomOpDomain = 26, CustomOpDomain_Add = 27, AddCustomOpDomain = 28,
+  GetTensorMutableData = 51, GetDimensionsCount = 61, GetDimensions = 62, GetTensorTypeAndShape = 65,
+  KernelInfoGetAttribute_float = 85, KernelInfoGetAttribute_int64 = 86, KernelContext_GetInput = 90, KernelContext_GetOutput = 91,
+  ReleaseTensorTypeAndShapeInfo = 99, KernelContext_ParallelFor = 274,
+};
+#define API_VERSION 17
+#define ORT_INVALID_ARGUMENT 2
+#define TYPE_FLOAT 1
+#define TYPE_UINT8 2
+#define TYPE_FLOAT16 10
+
+extern const void *const *api; /* set by RegisterCustomOps (matmul.c) */
+#define CALL(slot, ...) (((OrtStatus * (*)()) api[slot])(__VA_ARGS__))
+
+typedef struct OrtCustomOp { /* the members through KernelComputeV2 (version 16) */
+  uint32_t version;
+  void *(*CreateKernel)(const struct OrtCustomOp *, const void *api, const void *info);
+  const char *(*GetName)(const struct OrtCustomOp *);
+  const char *(*GetExecutionProviderType)(const struct OrtCustomOp *);
+  int (*GetInputType)(const struct OrtCustomOp *, size_t);
+  size_t (*GetInputTypeCount)(const struct OrtCustomOp *);
+  int (*GetOutputType)(const struct OrtCustomOp *, size_t);
+  size_t (*GetOutputTypeCount)(const struct OrtCustomOp *);
+  void (*KernelCompute)(void *kernel, void *context);
+  void (*KernelDestroy)(void *kernel);
+  int (*GetInputCharacteristic)(const struct OrtCustomOp *, size_t);
+  int (*GetOutputCharacteristic)(const struct OrtCustomOp *, size_t);
+  int (*GetInputMemoryType)(const struct OrtCustomOp *, size_t);
+  int (*GetVariadicInputMinArity)(const struct OrtCustomOp *);
+  int (*GetVariadicInputHomogeneity)(const struct OrtCustomOp *);
+  int (*GetVariadicOutputMinArity)(const struct OrtCustomOp *);
+  int (*GetVariadicOutputHomogeneity)(const struct OrtCustomOp *);
+  OrtStatus *(*CreateKernelV2)(const struct OrtCustomOp *, const void *api, const void *info, void **kernel);
+  OrtStatus *(*KernelComputeV2)(void *kernel, void *context);
+} OrtCustomOp;
+
+#define TYPE_INT32 6
+
+static inline OrtStatus *error(const char *message) {
+  return ((OrtStatus * (*)(int, const char *)) api[CreateStatus])(ORT_INVALID_ARGUMENT, message);
+}
+
+OrtStatus *shape_of(const void *value, int64_t *dims, size_t *rank); /* up to 8 dimensions (matmul.c) */
+extern const OrtCustomOp attention_op; /* edgeinfer.GroupQueryAttention (attention.c) */
+
+#endif
