@@ -19,7 +19,7 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 pytestmark = pytest.mark.skipif(custom_ops.unavailable() is not None,
                                 reason=f"no own ops here: {custom_ops.unavailable()}")
 
-H, KVH, D, L, P = 6, 2, 20, 20, 32  # D = 20: two lanes of 8 and a remainder of 4
+H, KVH, D, L, P = 6, 2, 20, 20, 32  # D = 20: two lanes of 8 and a remainder of 4; L = 20: two blocks of 8 and 4
 CASES = {  # rows, new tokens, seqlens_k (each row's length after the step, minus one)
     "first prompt, three rows": (3, 4, [3, 3, 3]),
     "a later prompt": (1, 5, [17]),
@@ -88,16 +88,17 @@ def run(model, qkv, pk, pv, seqlens, bound=True, threads=1):
 
 def reference(qkv, pk, pv, seqlens):
     """The op's definition in float64 over the cache as fp16 holds it."""
-    cos, sin = (t.astype(np.float64) for t in rotary(np.float16))
+    d = pk.shape[3]
+    cos, sin = (t.astype(np.float64) for t in rotary(np.float16, d))
 
     def rot(x, pos):
-        x1, x2 = x[: D // 2], x[D // 2:]
+        x1, x2 = x[: d // 2], x[d // 2:]
         return np.concatenate([x1 * cos[pos] - x2 * sin[pos], x2 * cos[pos] + x1 * sin[pos]])
 
     rows, s_new, _ = qkv.shape
-    x = qkv.astype(np.float64).reshape(rows, s_new, H + 2 * KVH, D)
+    x = qkv.astype(np.float64).reshape(rows, s_new, H + 2 * KVH, d)
     k, v = pk.astype(np.float64), pv.astype(np.float64)
-    out = np.zeros((rows, s_new, H, D))
+    out = np.zeros((rows, s_new, H, d))
     for b in range(rows):
         p0 = seqlens[b] + 1 - s_new
         for s in range(s_new):
@@ -108,10 +109,10 @@ def reference(qkv, pk, pv, seqlens):
             for h in range(H):
                 g = h // (H // KVH)
                 q = rot(x[b, s, h], p0 + s)
-                w = k[b, g, : p0 + s + 1] @ q / np.sqrt(D)
+                w = k[b, g, : p0 + s + 1] @ q / np.sqrt(d)
                 w = np.exp(w - w.max())
                 out[b, s, h] = (w / w.sum()) @ v[b, g, : p0 + s + 1]
-    return out.reshape(rows, s_new, H * D), k, v
+    return out.reshape(rows, s_new, H * d), k, v
 
 
 @pytest.fixture(params=list(custom_ops.ISAS))
@@ -130,14 +131,17 @@ def inputs(rows, s_new, seed=0, d=D):
 
 
 @pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("bound, threads, separate", [(True, 1, False), (True, 2, False), (False, 1, False),
-                                                      (True, 1, True)])
-def test_the_op_equals_its_definition_in_float64_and_writes_only_the_new_rows(case, bound, threads, separate, build):
+@pytest.mark.parametrize("bound, threads, separate, d", [
+    (True, 1, False, D), (True, 2, False, D), (False, 1, False, D), (True, 1, True, D),
+    (True, 1, False, 32), (True, 2, True, 64),  # heads of a multiple of 8 and 32: eight scores and 32 columns a pass
+])
+def test_the_op_equals_its_definition_in_float64_and_writes_only_the_new_rows(case, bound, threads, separate, d,
+                                                                             build):
     rows, s_new, seqlens = CASES[case]
-    qkv, pk, pv = inputs(rows, s_new)
-    out, k, v = run(graph(True, separate=separate), qkv, pk, pv, seqlens, bound, threads)
+    qkv, pk, pv = inputs(rows, s_new, d=d)
+    out, k, v = run(graph(True, d, separate), qkv, pk, pv, seqlens, bound, threads)
     want, want_k, want_v = reference(qkv, pk, pv, seqlens)
-    assert out.shape == (rows, s_new, H * D) and out.dtype == np.float32
+    assert out.shape == (rows, s_new, H * d) and out.dtype == np.float32
     np.testing.assert_allclose(out, want, rtol=0, atol=2e-5 * np.abs(want).max())
     # new keys: rotated in fp32 here and float64 there, then rounded to fp16: equal or one fp16 step apart
     np.testing.assert_allclose(k.astype(np.float64), want_k, rtol=2 ** -10, atol=0)

@@ -64,13 +64,93 @@ static inline float dot(const float *q, const uint16_t *k, int64_t D) {
   return sum;
 }
 
-static inline void axpy(float a, const uint16_t *v, float *y, int64_t D) {
-  __m256 av = _mm256_set1_ps(a);
-  int64_t d = 0;
-  for (; d + 8 <= D; d += 8)
-    _mm256_storeu_ps(y + d, _mm256_fmadd_ps(av, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + d))),
-                                            _mm256_loadu_ps(y + d)));
-  for (; d < D; d++) y[d] += a * _cvtsh_ss(v[d]);
+static inline __m256 f16x8(const uint16_t *x) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)x)); }
+
+/* q . K[t] for the eight rows t = 0..7 of K (D a multiple of 8): one accumulator a row, summed across at the end */
+static inline __m256 dot8(const float *q, const uint16_t *k, int64_t D) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+  for (int64_t d = 0; d < D; d += 8) {
+    __m256 x = _mm256_loadu_ps(q + d);
+    a0 = _mm256_fmadd_ps(x, f16x8(k + d), a0);
+    a1 = _mm256_fmadd_ps(x, f16x8(k + D + d), a1);
+    a2 = _mm256_fmadd_ps(x, f16x8(k + 2 * D + d), a2);
+    a3 = _mm256_fmadd_ps(x, f16x8(k + 3 * D + d), a3);
+    a4 = _mm256_fmadd_ps(x, f16x8(k + 4 * D + d), a4);
+    a5 = _mm256_fmadd_ps(x, f16x8(k + 5 * D + d), a5);
+    a6 = _mm256_fmadd_ps(x, f16x8(k + 6 * D + d), a6);
+    a7 = _mm256_fmadd_ps(x, f16x8(k + 7 * D + d), a7);
+  }
+  __m256 s0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3)); /* rows 0-3, each lane's halves */
+  __m256 s1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7)); /* rows 4-7 */
+  return _mm256_add_ps(_mm256_permute2f128_ps(s0, s1, 0x20), _mm256_permute2f128_ps(s0, s1, 0x31));
+}
+
+/* e^x for x <= 0 (the scores less their maximum): Cephes' expf, as avx_mathfun writes it for 8 lanes */
+static inline __m256 exp8(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+  __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.f)));
+  __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+/* softmax of w[0..n) in place */
+static void softmax(float *w, int64_t n) {
+  float top = -INFINITY, sum = 0.f;
+  for (int64_t t = 0; t < n; t++) top = w[t] > top ? w[t] : top;
+  int64_t t = 0;
+  __m256 m = _mm256_set1_ps(top), acc = _mm256_setzero_ps();
+  for (; t + 8 <= n; t += 8) {
+    __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(w + t), m));
+    _mm256_storeu_ps(w + t, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  float lanes[8];
+  _mm256_storeu_ps(lanes, acc);
+  for (int i = 0; i < 8; i++) sum += lanes[i];
+  for (; t < n; t++) sum += (w[t] = expf(w[t] - top));
+  for (t = 0; t < n; t++) w[t] /= sum;
+}
+
+/* y[0..D) = sum over t < n of w[t] V[t]: 32 columns at a time in registers (D a multiple of 32), else a row at a
+ * time through y */
+static void weigh(const float *w, const uint16_t *V, float *y, int64_t n, int64_t D) {
+  if (D % 32) {
+    memset(y, 0, sizeof(float) * (size_t)D);
+    for (int64_t t = 0; t < n; t++)
+      for (int64_t d = 0; d < D; d++) y[d] += w[t] * _cvtsh_ss(V[t * D + d]);
+    return;
+  }
+  for (int64_t d = 0; d < D; d += 32) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t t = 0; t < n; t++) {
+      __m256 p = _mm256_broadcast_ss(w + t);
+      const uint16_t *v = V + t * D + d;
+      a0 = _mm256_fmadd_ps(p, f16x8(v), a0);
+      a1 = _mm256_fmadd_ps(p, f16x8(v + 8), a1);
+      a2 = _mm256_fmadd_ps(p, f16x8(v + 16), a2);
+      a3 = _mm256_fmadd_ps(p, f16x8(v + 24), a3);
+    }
+    _mm256_storeu_ps(y + d, a0), _mm256_storeu_ps(y + d + 8, a1);
+    _mm256_storeu_ps(y + d + 16, a2), _mm256_storeu_ps(y + d + 24, a3);
+  }
+}
+
+/* w[t] = scale q . K[t] for t < n */
+static void scores(const float *q, const uint16_t *K, float *w, int64_t n, int64_t D, float scale) {
+  int64_t t = 0;
+  if (D % 8 == 0)
+    for (; t + 8 <= n; t += 8) _mm256_storeu_ps(w + t, _mm256_mul_ps(dot8(q, K + t * D, D), _mm256_set1_ps(scale)));
+  for (; t < n; t++) w[t] = dot(q, K + t * D, D) * scale;
 }
 
 static inline void store_f16(const float *x, uint16_t *y, int64_t D) {
@@ -104,15 +184,9 @@ static void run(void *job, size_t p) {
     int64_t pos = p0 + s, n = pos + 1;
     for (int64_t h = g * j->G; h < (g + 1) * j->G; h++) {
       rotate(j->q + (b * j->S + s) * j->qs + h * D, q, j->cos + pos * (D / 2), j->sin + pos * (D / 2), D);
-      float top = -INFINITY, sum = 0.f;
-      for (int64_t t = 0; t < n; t++) {
-        w[t] = dot(q, K + t * D, D) * j->scale;
-        top = w[t] > top ? w[t] : top;
-      }
-      for (int64_t t = 0; t < n; t++) sum += (w[t] = expf(w[t] - top));
-      float *y = j->out + (b * j->S + s) * j->H * D + h * D;
-      memset(y, 0, sizeof(float) * (size_t)D);
-      for (int64_t t = 0; t < n; t++) axpy(w[t] / sum, V + t * D, y, D);
+      scores(q, K, w, n, D, j->scale);
+      softmax(w, n);
+      weigh(w, V, j->out + (b * j->S + s) * j->H * D + h * D, n, D);
     }
   }
   free(q);
