@@ -70,6 +70,22 @@ def test_int8_activation_decoders_deploy_for_host_and_pass_golden(tiny_qwen3_hos
     assert lookup.op_type == "GatherBlockQuantized" and lookup.domain == "com.microsoft"
     assert stamp["embedding"].startswith("int8, block ")
     _graph_io_and_tables(out, graph)
+    from edgeinfer_onnxruntime import custom_ops
+
+    if custom_ops.unavailable() is None:
+        layers = json.loads((out / "decoder" / "genai_config.json").read_text())["model"]["decoder"]
+        _own_attention(graph, stamp, layers["num_hidden_layers"])
+
+
+def _own_attention(graph, stamp, layers):
+    """Each layer's attention is edgeinfer.GroupQueryAttention (kernels/attention.c) straight on the fp32 query,
+    key and value (Qwen3: after the q/k norms) and output: no Cast around it."""
+    attention = [n for n in graph.graph.node if n.op_type == "GroupQueryAttention"]
+    assert len(attention) == layers and {n.domain for n in attention} == {"edgeinfer"}
+    assert "edgeinfer.GroupQueryAttention" in stamp["attention"]
+    casts = [n for n in graph.graph.node if n.op_type == "Cast"]
+    assert not {o for c in casts for o in c.output} & {i for n in attention for i in n.input[:3]}
+    assert not {i for c in casts for i in c.input} & {n.output[0] for n in attention}
 
 
 def _graph_io_and_tables(out, graph):
@@ -133,13 +149,7 @@ def test_fp16_and_w8a16_deploy_on_edgeinfers_own_ops_and_pass_golden(tiny_qwen3_
             assert w.data_type == onnx.TensorProto.UINT8 and attrs["block"] == 128  # q + 128, K rounded up to 4
             assert scales.data_type == onnx.TensorProto.FLOAT and list(scales.dims) == [
                 w.dims[0], -(-w.dims[1] // 128), 32]
-    # each layer's attention: edgeinfer.GroupQueryAttention straight on the fp32 QKV and output, no Cast around it
-    attention = [n for n in graph.graph.node if n.op_type == "GroupQueryAttention"]
-    assert len(attention) == cfg["decoder"]["num_hidden_layers"] and {n.domain for n in attention} == {"edgeinfer"}
-    assert "edgeinfer.GroupQueryAttention" in stamp["attention"]
-    casts = [n for n in graph.graph.node if n.op_type == "Cast"]
-    assert not {o for c in casts for o in c.output} & {i for n in attention for i in n.input[:3]}
-    assert not {i for c in casts for i in c.input} & {n.output[0] for n in attention}
+    _own_attention(graph, stamp, cfg["decoder"]["num_hidden_layers"])
     if quant == "fp16":
         assert stamp["embedding"].startswith("fp16")
         _fp16_lookup(graph)
@@ -257,6 +267,10 @@ def test_the_plans_kv_dtype_is_what_the_opened_decoder_allocates(tiny_qwen3_host
         assert d.kv_cache_bytes == planned.breakdown["kv_cache"]
     with pytest.raises(InputError, match="keeps its KV cache in fp16, not fp32"):  # built in: not chosen at load
         open_generator(bundle, kv_dtype="fp32")
+    # fp32, the default scheme, keeps onnxruntime's own attention: its bundles need no C compiler to load
+    graph = _graph(tiny_qwen3_host_bundle)
+    assert {n.domain for n in graph.graph.node if n.op_type == "GroupQueryAttention"} == {"com.microsoft"}
+    assert not any(o.domain == "edgeinfer" for o in graph.opset_import)
 
 
 def test_the_host_plan_holds_fp16_and_w8a16_weights_as_the_own_ops_do_and_adds_serves_processes():

@@ -1,16 +1,17 @@
 """edgeinfer's own onnxruntime ops for the host decoder classes onnxruntime has no fast CPU kernel for
 (``kernels/matmul.c``): ``edgeinfer.MatMulF16`` (fp16, the weights read as fp16) and ``edgeinfer.MatMulW8`` (w8a16,
 int8 weights with an fp32 scale per block of 128, the activations as two int8 digits per block on the CPU's
-integer dot products), where this machine can build and run them (:func:`unavailable`): one C file, built for
+integer dot products), where this machine can build and run them (:func:`unavailable`): one library, built for
 AVX-512 (F, BW, VNNI) or for AVX2 (with FMA, F16C), whichever the CPU has (:func:`isa`), both over the same packed
 weights; else fp16 runs as two int8 planes (:mod:`.weight_planes`) and w8a16 over its activations' two int8 digits
-(:mod:`.int8_digits`), both on onnxruntime's int8 kernel.
+(:mod:`.int8_digits`), both on onnxruntime's int8 kernel. With them, ``edgeinfer.GroupQueryAttention``
+(``kernels/attention.c``): the decoder's attention over its fp16 KV cache, in fp32 (:func:`use_attention`).
 
 :func:`library` compiles the ops with the system C compiler (``$CC``, else ``cc``) once per source, compiler and
 build into the cache (``~/.cache/edgeinfer/kernels/``; ``edgeinfer cache clear kernels`` removes it, and the next
 load builds it again). :func:`use_kernels` rewrites the builder's fp32 graph: each MatMul over a 2-D fp32 weight
 becomes one of the ops over the weight packed in panels of 32 output columns (:func:`pack_f16`, :func:`pack_w8`).
-A graph that imports the ``edgeinfer`` domain needs the library at load (:func:`needs_library`). Standard library
+A graph that uses any of them needs the library at load (:func:`own_ops`). Standard library
 at import (blocks.py asks :func:`unavailable` for deploy's conversion key).
 """
 
@@ -96,10 +97,11 @@ def library() -> Path:
     """The ops' shared library for this CPU (:func:`isa`), built on first use (about two seconds)."""
     cc, build = compiler(), isa()
     if build is None:
-        raise BackendUnavailableError(f"this bundle's MatMuls need edgeinfer's own ops, which cannot run here "
+        raise BackendUnavailableError(f"this bundle's graph needs edgeinfer's own ops, which cannot run here "
                                       f"({unavailable()}); deploy the model again on this machine")
     if cc is None:
-        raise BackendUnavailableError(f"this bundle's MatMuls need a C compiler to build {SOURCES[0].name} "
+        raise BackendUnavailableError(f"this bundle's graph uses edgeinfer's own ops, which need a C compiler to "
+                                      f"build {SOURCES[0].name} "
                                       f"({os.environ.get('CC') or 'cc'} not found); install one (apt install gcc) "
                                       "or deploy the model again on this machine")
     flags = [*FLAGS, *ISAS[build][1]]
@@ -130,11 +132,12 @@ def _key(cc: str, build: str) -> str:
     return hashlib.sha256(text + repr((version, FLAGS, ISAS[build][1])).encode()).hexdigest()[:16]
 
 
-def needs_library(graph: Path) -> bool:
-    """Whether the ONNX graph file imports the op's domain (its weights left unread)."""
+def own_ops(graph: Path) -> set[str]:
+    """The ops of the ``edgeinfer`` domain the ONNX graph file uses (its weights left unread): any of them needs
+    the library at load."""
     import onnx
 
-    return any(o.domain == DOMAIN for o in onnx.load(str(graph), load_external_data=False).opset_import)
+    return {n.op_type for n in onnx.load(str(graph), load_external_data=False).graph.node if n.domain == DOMAIN}
 
 
 def _panels(w: np.ndarray, dtype: Any) -> np.ndarray:

@@ -125,6 +125,9 @@ def convert(hf_dir: Path, scheme: str, context: int, out: Path, group_size: int 
     # fp16 and w8a16 on edgeinfer's own ops where they build here (custom_ops.py); else on the int8 kernel
     kernel = family in custom_ops.OPS and custom_ops.unavailable() is None
     planes = family == "fp16" and not kernel  # two int8 planes a weight (weight_planes.py)
+    # attention over the fp16 KV cache on the own op too (kernels/attention.c), but for fp32: the default scheme
+    # keeps to onnxruntime's ops, so that its bundles load where no C compiler is
+    attention = family != "fp32" and custom_ops.unavailable() is None
     int8 = (family in ("w8a16", "w8a8") and not kernel) or planes  # onnxruntime's MatMulNBits
     block = group_size or (INT8_BLOCK if family.startswith("w8") or planes else DEFAULT_BLOCK)
     if precision == "int4":
@@ -150,7 +153,7 @@ def convert(hf_dir: Path, scheme: str, context: int, out: Path, group_size: int 
             embedding = embedding_fp16(model, ids) if fp16 else quantize_embedding(model, ids, INT8_BLOCK)
         if kv16:
             kv_to_fp16(model)
-            if kernel:
+            if attention:
                 own_attention = custom_ops.use_attention(model, int(cfg["model"]["decoder"]["head_size"])) > 0
         save(model, graph)
     limit = int(cfg["model"]["context_length"])
@@ -293,9 +296,10 @@ class OnnxRuntimeDecoder(StepDecoder):
         # ... escapes model directory", 1.26; plugins/onnxruntime/tests keep that true); the graph file is ours
         self._onnx = str(inside(model_dir, dec["filename"], f"{GENAI_CONFIG} model.decoder.filename"))
         # the graph's own ops (custom_ops.py): the library each session of it registers, found once
-        self._library = str(custom_ops.library()) if custom_ops.needs_library(Path(self._onnx)) else None
-        if self._library:  # the ops read the weights from onnxruntime's mapping of the file: cached in large folios
-            pages.read_whole(data_path(Path(self._onnx)))
+        ops = custom_ops.own_ops(Path(self._onnx))
+        self._library = str(custom_ops.library()) if ops else None
+        if ops & set(custom_ops.OPS.values()):  # the matmuls read the weights from onnxruntime's mapping of the
+            pages.read_whole(data_path(Path(self._onnx)))  # file: cached in large folios
         self._sess = ort.InferenceSession(self._onnx, self._options(), providers=["CPUExecutionProvider"])
         pages.collapse_resident()  # the weights onnxruntime packed at load, read once a token: on 2 MiB pages
         kv_type = check_graph(self._sess, model_dir / GENAI_CONFIG, cfg)
