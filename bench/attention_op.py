@@ -12,8 +12,10 @@
              ``decode`` of one slot after a 32-token prompt (ms a token), 16 rows at once (ms a step), and
              prompts of 32 and 200 tokens (ms); medians over ``--rounds``
   profile    with ``--bundle``: onnxruntime's profiler on each graph's one-token steps, ms a step per op type
+  long       with ``--long BUNDLE`` (one deployed with a larger ``--ctx``): each graph in a fresh process, a prompt
+             of the context less 48 tokens; VmRSS after a 32-token prompt and the peak (VmHWM) during the long one
 
-    python bench/attention_op.py [--bundle BUNDLE] [--rounds 7] [--out NAME]
+    python bench/attention_op.py [--bundle BUNDLE] [--long BUNDLE] [--rounds 7] [--out NAME]
 
 Writes bench/results/attention_op.json (or NAME.json).
 """
@@ -197,9 +199,45 @@ def profile(folder: Path, steps: int = 64) -> dict:
     return out
 
 
+LONG = r"""
+import json, sys
+import numpy as np
+from pathlib import Path
+from edgeinfer_onnxruntime.decoder import OnnxRuntimeDecoder
+
+def mib(key):
+    return next(int(ln.split()[1]) / 1024 for ln in open("/proc/self/status") if ln.startswith(key))
+
+folder, context = Path(sys.argv[1]), int(sys.argv[2])
+d = OnnxRuntimeDecoder(folder, context, 1, threads=1)
+d.prefill(0, np.arange(1, 33))
+open("/proc/self/clear_refs", "w").write("5")  # VmHWM from here
+before = mib("VmRSS")
+d.reset(0)
+d.prefill(0, np.arange(1, context - 47))
+print(json.dumps({"prompt_tokens": context - 48, "rss_before_mib": round(before, 1),
+                  "peak_mib": round(mib("VmHWM"), 1), "peak_over_before_mib": round(mib("VmHWM") - before, 1)}))
+"""
+
+
+def long_prompt(bundle: Path) -> dict:
+    import subprocess
+
+    own = bundle / "decoder"
+    context = json.loads((own / "genai_config.json").read_text())["model"]["context_length"]
+    out = {}
+    for name, folder in (("onnxruntime's op", onnxruntime_attention(own)), ("edgeinfer's op", own)):
+        proc = subprocess.run([sys.executable, "-c", LONG, str(folder), str(context)], capture_output=True,
+                              text=True, check=True)
+        out[name] = json.loads(proc.stdout.strip().splitlines()[-1])
+        print(name, out[name])
+    return out
+
+
 def main() -> None:
     ap = _common.arguments(__doc__)
     ap.add_argument("--bundle", help="an onnxruntime decoder bundle on the own attention op")
+    ap.add_argument("--long", help="an onnxruntime decoder bundle deployed with a larger --ctx (e.g. 2048)")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--out", default="attention_op")
     args = ap.parse_args()
@@ -212,6 +250,9 @@ def main() -> None:
         result["bundle"] = str(Path(args.bundle).expanduser())
         result["decoders"] = decoders(folders, args.rounds)
         result["profile"] = {k: profile(f) for k, f in folders.items()}
+    if args.long:
+        result["long"] = {"bundle": str(Path(args.long).expanduser()),
+                          **long_prompt(Path(args.long).expanduser())}
     _common.write(args.out, result)
 
 

@@ -86,6 +86,24 @@ def test_llama_cpp_activations_hold_one_prefill_chunk_for_the_whole_batch():
     assert ort[1].breakdown["activations"] > 3 * ort[0].breakdown["activations"]
 
 
+def test_onnxruntime_decoders_hold_every_attention_score_for_fp32_only():
+    """The onnxruntime plugin's decoders attend with its own op, one row of scores at a time, for every scheme but
+    fp32 (runtimes.yaml decoder_fused_attention); fp32 and encoders keep onnxruntime's, which holds them all."""
+    def attention(model, quant, ctx):
+        a = plan(model, "host", quant=quant, ctx=ctx, suggest=False).to_dict()["memory"]["details"]["activations"]
+        return a["attention"], a["basis"]
+
+    # by hand, Qwen3-0.6B (16 heads, 8 KV heads, head_dim 128) at ctx 4096, one 4096-token prompt:
+    # qkv 4096·(16 + 2·8)·128·4, scores 16·4096·4096·4 materialised or 4096·4096·2 fused
+    qkv = 4096 * 32 * 128 * 4
+    assert attention("qwen3-0.6b", "fp32", 4096) == (qkv + 16 * 4096 * 4096 * 4,
+                                                      "prefill chunk of 4096 tokens, attention scores materialised")
+    for quant in ("fp16", "w8a16", "w8a8", "w4a8"):
+        assert attention("qwen3-0.6b", quant, 4096) == (qkv + 4096 * 4096 * 2,
+                                                         "prefill chunk of 4096 tokens, fused attention")
+    assert "attention scores materialised" in attention("all-minilm-l6-v2", "fp16", 128)[1]
+
+
 def test_a_served_decoder_counts_its_tokenizer_in_the_http_process_and_llama_cpps_vocabulary_in_the_worker():
     """Qwen3-0.6B's 151,936-token vocabulary: the HTTP process keeps 424.9 bytes a token beyond the 3,072-token
     test tokenizer serve's own figure was measured with; llama.cpp's worker holds its own vocabulary, 321 bytes a

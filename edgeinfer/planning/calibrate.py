@@ -192,7 +192,7 @@ def overhead_mib(rows: list[Row], parent: Board) -> dict[str, tuple[float, list[
         kv_b = kv_bytes_per_element(r.data.get("kv_dtype") or runtime_kv_dtype(prof, r.scheme))
         ctx = r.data.get("mem_ctx", r.data["ctx"])
         w, _ = planner.weights_bytes(r.spec, r.scheme, prof)
-        act, _ = planner.activation_bytes(r.spec, ctx, 1, prof)
+        act, _ = planner.activation_bytes(r.spec, ctx, 1, prof, r.scheme)
         planned = w + planner.kv_bytes(r.spec, ctx, 1, kv_b) + act + overhead.layer_overhead_bytes(r.spec, prof)
         res.setdefault(r.runtime, []).append((r.data["where"], (r.data["mem_mib"] * MIB - planned) / MIB))
     return {rt: (max(0.0, statistics.median(v for _, v in items)), [w for w, _ in items])

@@ -54,7 +54,7 @@ def decoder_need(spec, scheme: Scheme, context: int, slots: int, runtime: str | 
     kv = planner.kv_bytes(spec, context, slots, kv_bytes_per_element(kv_dtype))
     if not runtime:
         return {"weights": int(weights), "kv_cache": int(kv)}
-    act, _ = planner.activation_bytes(spec, context, slots, prof)
+    act, _ = planner.activation_bytes(spec, context, slots, prof, scheme)
     fixed = int(overhead.runtime_overhead(prof, spec)["value"] * MIB) + overhead.layer_overhead_bytes(spec, prof)
     return {"weights": int(weights), "kv_cache": int(kv), "workspace": int(act) + fixed}
 

@@ -149,14 +149,24 @@ def kv_bytes(spec: ModelSpec, ctx: int, batch: int, kv_b: float) -> int:
     return int(math.ceil(spec.kv_elements * kv_b * batch * tokens))
 
 
-def activation_bytes(spec: ModelSpec, ctx: int, batch: int, prof: dict) -> tuple[int, details.ActivationsDetail]:
+def fused_attention(prof: dict, scheme: Scheme | None = None, encoder: bool = False) -> bool:
+    """Whether the runtime attends without materialising the score matrix: the profile's ``fused_attention``,
+    for a decoder its ``decoder_fused_attention`` where it has one (per scheme name, ``default`` for the rest)."""
+    per_scheme = None if encoder else prof.get("decoder_fused_attention")
+    if per_scheme:
+        return bool(per_scheme.get(scheme.name if scheme is not None else "", per_scheme.get("default")))
+    return bool(prof.get("fused_attention"))
+
+
+def activation_bytes(spec: ModelSpec, ctx: int, batch: int, prof: dict,
+                     scheme: Scheme | None = None) -> tuple[int, details.ActivationsDetail]:
     """Largest single layer's buffers + inputs + logits (layers run one after another)."""
     if not spec.layers or not spec.hidden:
         return 0, details.ActivationsDetail("architecture unknown: activations not modelled")
     h, nh = spec.hidden, max(spec.heads, 1)
     hd = spec.head_dim or h // nh
     inter = spec.experts_per_token * spec.moe_intermediate if spec.is_moe else spec.intermediate
-    fused = bool(prof.get("fused_attention"))
+    fused = fused_attention(prof, scheme, spec.encoder)
     kv_len = ctx
     # an encoder sees the whole sequence at once
     n = ctx if spec.encoder else min(ctx, int(prof.get("prefill_chunk", 512)))
@@ -342,7 +352,7 @@ def _memory(spec, board, runtime, scheme, ctx, batch, kv_b, chunk=None):
     prof = {**runtime_profile(runtime), "prefill_chunk": chunk_for(runtime, chunk)}
     w, wd = weights_bytes(spec, scheme, prof)
     kv = kv_bytes(spec, ctx, batch, kv_b)
-    act, ad = activation_bytes(spec, ctx, batch, prof)
+    act, ad = activation_bytes(spec, ctx, batch, prof, scheme)
     ov = board.runtimes[runtime].overhead() or runtime_overhead(prof, spec)
     per_layer = layer_overhead_bytes(spec, prof)
     rt = runtime_overhead_bytes(ov, w) + per_layer

@@ -1,11 +1,12 @@
 /* edgeinfer.GroupQueryAttention: the decoder's attention over an fp16 KV cache that past and present share, with
- * fp32 queries and output, for the host decoder classes whose MatMuls are edgeinfer's own (custom_ops.py).
+ * fp32 queries and output, for the host decoder schemes on edgeinfer's own ops (custom_ops.py).
  *
  * It computes what com.microsoft.GroupQueryAttention computes for the graphs onnxruntime-genai's builder writes
- * (onnxruntime docs/ContribOperators.md; packed QKV or separate Q, K, V, do_rotary 1, rotary_interleaved 0, no
- * local window, no softcap, past and present one buffer), without the Casts an fp16 cache puts around it, and the
- * query, scores and softmax in fp32: onnxruntime 1.26's fp16 kernel spent ~50 us a layer on a one-token step of
- * SmolLM2-135M where the arithmetic is a few microseconds (bench/README.md, "An attention op of our own").
+ * (https://github.com/microsoft/onnxruntime/blob/main/docs/ContribOperators.md): packed QKV or separate Q, K, V,
+ * do_rotary 1, rotary_interleaved 0, no local window, no softcap, past and present one buffer; without the Casts
+ * an fp16 cache puts around it, and the query, scores and softmax in fp32. onnxruntime 1.26's fp16 kernel spent
+ * ~50 us a layer on a one-token step of SmolLM2-135M where the arithmetic is a few microseconds (bench/README.md,
+ * "An attention op of our own").
  *
  * Per row b, with T = seqlens_k[b] + 1 and S the new tokens: they sit at positions p0 = T - S ... T - 1. Each new
  * key is rotated at its position (rotate-half: x1 cos - x2 sin, x2 cos + x1 sin, cos/sin [positions, D / 2]) and
