@@ -239,9 +239,12 @@ def use_attention(model: Any, head_size: int) -> int:
         for i in n.input:
             readers.setdefault(i, []).append(n)
 
-    def cast_from(name: str) -> Any:  # the Cast that makes ``name`` and feeds nothing else
+    def cast(n: Any, to: int) -> bool:
+        return n is not None and n.op_type == "Cast" and any(a.name == "to" and a.i == to for a in n.attribute)
+
+    def cast_from(name: str) -> Any:  # the Cast to fp16 that makes ``name`` and feeds nothing else
         n = producer.get(name)
-        return n if n is not None and n.op_type == "Cast" and len(readers[name]) == 1 else None
+        return n if cast(n, TensorProto.FLOAT16) and len(readers[name]) == 1 else None
 
     drop, ours = set(), {}
     for n in graph.node:
@@ -250,7 +253,7 @@ def use_attention(model: Any, head_size: int) -> int:
         attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
         casts_in = [cast_from(i) if i else None for i in n.input[:3]]
         outs = readers.get(n.output[0], [])
-        cast_out = outs[0] if len(outs) == 1 and outs[0].op_type == "Cast" else None
+        cast_out = outs[0] if len(outs) == 1 and cast(outs[0], TensorProto.FLOAT) else None
         cos = inits.get(n.input[7]) if len(n.input) > 8 else None
         if (any(attrs.get(k, v) != v for k, v in _GQA_AS_OURS.items()) or any(n.input[9:]) or cast_out is None
                 or any(bool(i) != (c is not None) for i, c in zip(n.input[:3], casts_in)) or casts_in[0] is None
