@@ -480,6 +480,8 @@ RUN_CASES = [
          needle="0xe9"),
     Case("generate-stop-not-utf8", ["generate", "{fx}/tiny_llm", "--prompt", "hi", "--stop", "\udcfe"],
          needle="stop"),
+    Case("generate-prompt-twice", ["generate", "{fx}/tiny_llm", "hi", "--prompt", "hi"], needle="given twice"),
+    Case("generate-no-prompt", ["generate", "{fx}/tiny_llm"], needle="no prompt"),
     Case("generate-seed-too-big", ["generate", "{fx}/tiny_llm", "--prompt", "hi", "--seed", str(2**64)],
          needle="seed"),
     Case("chat-system-not-utf8", ["chat", "{fx}/tiny_llm", "--system", "\udcc3"], needle="--system"),

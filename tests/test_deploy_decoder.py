@@ -132,6 +132,10 @@ def test_generate_chat_and_golden_commands_on_the_bundle(bundle, hf_greedy):
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["token_ids"] == hf_greedy[PROMPTS[0]][:12] and out["context"] == DECODER_BUNDLE_CTX
+    for args, stdin in (([PROMPTS[0]], None), (["-"], PROMPTS[0])):  # the prompt after MODEL; - reads stdin
+        proc = subprocess.run([sys.executable, "-m", "edgeinfer.cli", "generate", str(bundle), *args,
+                               "--max-new-tokens", "12", "--json"], input=stdin, capture_output=True, text=True)
+        assert proc.returncode == 0 and json.loads(proc.stdout)["token_ids"] == out["token_ids"], proc.stderr
     proc = cli("golden", str(bundle), "--json")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)

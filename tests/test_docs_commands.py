@@ -98,6 +98,7 @@ SKIP = {
     },
     "generation.md": {
         "edgeinfer generate DIR --prompt \"The licence grants\" --max-new-tokens 32": DECODER,
+        "edgeinfer generate DIR \"The licence grants\"": DECODER + " (test_deploy_decoder.py runs PROMPT and -)",
         "edgeinfer generate DIR --prompt \"Hi\" --chat --temperature 0.7 --seed 1 --json": DECODER,
         "edgeinfer generate DIR --prompt \"def main():\" --backend onnxruntime --ctx 512": DECODER + " (an "
                                                                                          "onnxruntime build first)",

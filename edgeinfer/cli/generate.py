@@ -73,22 +73,25 @@ def sampling_options(f: Any) -> Any:
 
 @click.command("generate")
 @click.argument("model", type=click.Path(path_type=Path))
-@click.option("--prompt", required=True, help="Text to continue (with --chat: the user's message).")
+@click.argument("text", metavar="[PROMPT]", required=False)
+@click.option("--prompt", help="Text to continue (with --chat: the user's message); or PROMPT after MODEL, - for "
+                                "standard input.")
 @click.option("--chat", is_flag=True, help="Apply the model's chat template to the prompt as a user message.")
 @sampling_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text, token_ids, metrics) only.")
-def generate_cmd(model: Path, prompt: str, chat: bool, max_new_tokens: int, temperature: float, top_k: int | None,
-                 top_p: float | None, repetition_penalty: float | None, seed: int | None, stop: tuple[str, ...],
-                 ctx: int | None, backend: str | None, device: str | None, trust_remote_code: bool,
-                 as_json: bool, window: int | None = None, threads: int | None = None) -> None:
-    """Generate text with MODEL (a Hugging Face decoder directory or a decoder bundle).
+def generate_cmd(model: Path, text: str | None, prompt: str | None, chat: bool, max_new_tokens: int,
+                 temperature: float, top_k: int | None, top_p: float | None, repetition_penalty: float | None,
+                 seed: int | None, stop: tuple[str, ...], ctx: int | None, backend: str | None, device: str | None,
+                 trust_remote_code: bool, as_json: bool, window: int | None = None,
+                 threads: int | None = None) -> None:
+    """Generate text with MODEL (a Hugging Face decoder directory or a decoder bundle) from PROMPT (or --prompt;
+    - reads it from standard input).
 
     Text streams to stdout as it is produced; timing goes to stderr.
     """
     opts = _options(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                     repetition_penalty=repetition_penalty, seed=seed, stop=stop)
-    if not prompt:
-        raise InputError("the prompt is empty; give some text with --prompt")
+    prompt = _prompt(text, prompt)
     check_text(prompt, "--prompt")
     with _load(model, backend, device, ctx, trust_remote_code, window, threads) as session:
         _say_caveat(session)
@@ -119,6 +122,18 @@ def generate_cmd(model: Path, prompt: str, chat: bool, max_new_tokens: int, temp
             f"decode {m.decode_tokens_per_s:.1f} tok/s, KV cache {m.kv_cache_bytes / 2**20:.1f} MiB]",
             err=True,
         )
+
+
+def _prompt(text: str | None, option: str | None) -> str:
+    """The prompt given once, as PROMPT or --prompt; ``-`` reads standard input."""
+    if text is not None and option is not None:
+        raise InputError("the prompt is given twice (PROMPT and --prompt); give it once")
+    prompt = option if text is None else text
+    if prompt == "-":
+        prompt = sys.stdin.read()
+    if not prompt:
+        raise InputError("no prompt: give some text after MODEL (or with --prompt; - reads standard input)")
+    return prompt
 
 
 @click.command("chat")
