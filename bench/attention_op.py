@@ -241,6 +241,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--out", default="attention_op")
     args = ap.parse_args()
+    from edgeinfer_onnxruntime import custom_ops
+
+    if custom_ops.unavailable():
+        ap.exit(1, f"attention_op.py: edgeinfer's own ops cannot run here ({custom_ops.unavailable()})\n")
     result = {"threads": 1,
               "shape": {"heads": H, "kv_heads": KVH, "head_size": D, "cache_positions": L},
               "unit": {"ops": "µs a call", "decoders": "ms", "profile": "ms a step"}, "ops": ops(args.rounds)}
