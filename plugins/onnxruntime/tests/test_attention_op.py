@@ -115,14 +115,6 @@ def reference(qkv, pk, pv, seqlens):
     return out.reshape(rows, s_new, H * d), k, v
 
 
-@pytest.fixture(params=list(custom_ops.ISAS))
-def build(request, monkeypatch):
-    monkeypatch.setenv(custom_ops.ISA_ENV, request.param)
-    if custom_ops.isa() is None:
-        pytest.skip(f"this CPU does not run the {request.param} build: {custom_ops.unavailable()}")
-    return request.param
-
-
 def inputs(rows, s_new, seed=0, d=D):
     rng = np.random.default_rng(seed)
     qkv = rng.standard_normal((rows, s_new, (H + 2 * KVH) * d)).astype(np.float32)

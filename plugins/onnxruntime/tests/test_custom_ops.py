@@ -39,15 +39,6 @@ def matmul_graph(w: np.ndarray, rank: int = 3, extra_matmul: bool = False):
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
-@pytest.fixture(params=list(custom_ops.ISAS))
-def build(request, monkeypatch):
-    """Each build of the library this CPU runs, pinned through $EDGEINFER_KERNEL_ISA."""
-    monkeypatch.setenv(custom_ops.ISA_ENV, request.param)
-    if custom_ops.isa() is None:
-        pytest.skip(f"this CPU does not run the {request.param} build: {custom_ops.unavailable()}")
-    return request.param
-
-
 def session(model, threads: int = 1):
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
