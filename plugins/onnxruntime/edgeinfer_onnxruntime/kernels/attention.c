@@ -42,6 +42,7 @@ typedef struct { /* one call, split over (row, KV head) */
   float *out;
   int64_t S, L, D, H, G; /* G: query heads a KV head */
   float scale;
+  float *scratch; /* D + L floats a (row, KV head): a rotated query and a row of scores */
 } Job;
 
 static inline void rotate(const float *x, float *y, const uint16_t *cos, const uint16_t *sin, int64_t D) {
@@ -176,9 +177,7 @@ static void run(void *job, size_t p) {
   const Job *j = job;
   int64_t kvh = j->H / j->G, b = (int64_t)p / kvh, g = (int64_t)p % kvh, D = j->D;
   int64_t T = (int64_t)j->seqlens[b] + 1, p0 = T - j->S;
-  float *q = malloc(sizeof(float) * (size_t)(D + T));
-  if (!q) abort(); /* a few KiB: the process is out of memory */
-  float *w = q + D;
+  float *q = j->scratch + (int64_t)p * (D + j->L), *w = q + D;
   write_kv(j, b, g, p0, q);
   const uint16_t *K = j->k + (b * kvh + g) * j->L * D, *V = j->v + (b * kvh + g) * j->L * D;
   for (int64_t s = 0; s < j->S; s++) {
@@ -190,7 +189,6 @@ static void run(void *job, size_t p) {
       weigh(w, V, j->out + (b * j->S + s) * j->H * D + h * D, n, D);
     }
   }
-  free(q);
 }
 
 static OrtStatus *compute(void *kernel, void *context) {
@@ -239,8 +237,12 @@ static OrtStatus *compute(void *kernel, void *context) {
   const float *q = data[0];
   Job job = {q, packed ? q + H * D : data[1], packed ? q + (H + KVH) * D : data[2], qd[2],
              packed ? qd[2] : KVH * D, packed ? qd[2] : KVH * D, data[10], data[11], data[7], data[8], seqlens,
-             data[9], S, kd[2], D, H, H / KVH, a->scale != 0.f ? a->scale : 1.f / sqrtf((float)D)};
-  return CALL(KernelContext_ParallelFor, context, run, (size_t)(B * KVH), (size_t)0, &job);
+             data[9], S, kd[2], D, H, H / KVH, a->scale != 0.f ? a->scale : 1.f / sqrtf((float)D), NULL};
+  job.scratch = malloc(sizeof(float) * (size_t)(B * KVH * (D + kd[2])));
+  if (!job.scratch) return error("GroupQueryAttention: out of memory");
+  s = CALL(KernelContext_ParallelFor, context, run, (size_t)(B * KVH), (size_t)0, &job);
+  free(job.scratch);
+  return s;
 }
 
 static OrtStatus *create(const OrtCustomOp *op, const void *a, const void *info, void **out) {
