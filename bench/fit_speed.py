@@ -28,6 +28,7 @@ import yaml  # noqa: E402
 from edgeinfer.contract.schemes import normalize_scheme  # noqa: E402
 from edgeinfer.errors import EdgeInferError  # noqa: E402
 from edgeinfer.planning import overhead, planner, speed_fit  # noqa: E402
+from edgeinfer.planning.activations import activation_bytes  # noqa: E402
 from edgeinfer.planning.boards import get_board, host_board  # noqa: E402
 from edgeinfer.planning.host_bandwidth import HostBandwidth  # noqa: E402
 from edgeinfer.planning.models import resolve  # noqa: E402
@@ -143,7 +144,9 @@ def mem_items(rows: list[dict]) -> dict[str, list[dict]]:
 def planned_mib(r: dict, f: dict) -> dict:
     ctx = r.get("mem_ctx", r["ctx"])
     w, _ = planner.weights_bytes(f["spec"], f["scheme"], f["prof"])
-    act, _ = planner.activation_bytes(f["spec"], ctx, 1, f["prof"])
+    # no scheme: as the rows ran (onnxruntime's rows predate the decoders' own attention op; edgeinfer/planning/
+    # calibrate.py overhead_mib)
+    act, _ = activation_bytes(f["spec"], ctx, 1, f["prof"])
     layers = overhead.layer_overhead_bytes(f["spec"], f["prof"])
     rest = w + planner.kv_bytes(f["spec"], ctx, 1, f["kv_b"]) + act + layers
     return {"weights": w / MIB, "planned": rest / MIB, "measured": r.get("mem_mib"),

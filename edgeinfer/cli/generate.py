@@ -128,11 +128,13 @@ def _prompt(text: str | None, option: str | None) -> str:
     """The prompt given once, as PROMPT or --prompt; ``-`` reads standard input."""
     if text is not None and option is not None:
         raise InputError("the prompt is given twice (PROMPT and --prompt); give it once")
+    if text is None and option is None:
+        raise InputError("no prompt: give some text after MODEL (or with --prompt; - reads standard input)")
     prompt = option if text is None else text
     if prompt == "-":
         prompt = sys.stdin.read()
     if not prompt:
-        raise InputError("no prompt: give some text after MODEL (or with --prompt; - reads standard input)")
+        raise InputError("the prompt is empty; give some text after MODEL or with --prompt")
     return prompt
 
 

@@ -46,6 +46,7 @@ def decoder_need(spec, scheme: Scheme, context: int, slots: int, runtime: str | 
     """The plan of one decoder load in bytes: weights, KV cache and workspace (activations + the runtime's
     overhead), from the planner's own formulas and the runtime's profile."""
     from edgeinfer.planning import overhead, planner
+    from edgeinfer.planning.activations import activation_bytes
     from edgeinfer.planning.quant import kv_bytes_per_element, runtime_kv_dtype
 
     prof = planner.runtime_profile(runtime) if runtime else {"kv_dtype": "scheme"}
@@ -54,7 +55,7 @@ def decoder_need(spec, scheme: Scheme, context: int, slots: int, runtime: str | 
     kv = planner.kv_bytes(spec, context, slots, kv_bytes_per_element(kv_dtype))
     if not runtime:
         return {"weights": int(weights), "kv_cache": int(kv)}
-    act, _ = planner.activation_bytes(spec, context, slots, prof, scheme)
+    act, _ = activation_bytes(spec, context, slots, prof, scheme)
     fixed = int(overhead.runtime_overhead(prof, spec)["value"] * MIB) + overhead.layer_overhead_bytes(spec, prof)
     return {"weights": int(weights), "kv_cache": int(kv), "workspace": int(act) + fixed}
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from edgeinfer.contract.schemes import Scheme, normalize_scheme
 from edgeinfer.errors import InputError
 from edgeinfer.planning import activation_choice, decoder_segments, details, runtime_choice, speed
+from edgeinfer.planning.activations import activation_bytes
 from edgeinfer.planning.boards import GIB, Board, get_board, load_boards, safe_loader
 from edgeinfer.planning.decision import Decision, decide
 from edgeinfer.planning.exportable import refuse_unexportable
@@ -42,7 +43,6 @@ from edgeinfer.planning.serve_memory import served
 SCHEMA_VERSION = "1.0"
 MIB = 2**20
 DATA = Path(__file__).parents[1] / "data"
-ACT_BYTES = 4  # activation rows are budgeted in fp32 (llama.cpp/ggml compute buffers are f32)
 
 
 @lru_cache(maxsize=1)
@@ -147,51 +147,6 @@ def kv_bytes(spec: ModelSpec, ctx: int, batch: int, kv_b: float) -> int:
     swa = min(spec.sliding_layers, spec.layers) if spec.sliding_window else 0
     tokens = (spec.layers - swa) * ctx + swa * min(ctx, spec.sliding_window or ctx)
     return int(math.ceil(spec.kv_elements * kv_b * batch * tokens))
-
-
-def fused_attention(prof: dict, scheme: Scheme | None = None, encoder: bool = False) -> bool:
-    """Whether the runtime attends without materialising the score matrix: the profile's ``fused_attention``,
-    for a decoder its ``decoder_fused_attention`` where it has one (per scheme name, ``default`` for the rest)."""
-    per_scheme = None if encoder else prof.get("decoder_fused_attention")
-    if per_scheme:
-        return bool(per_scheme.get(scheme.name if scheme is not None else "", per_scheme.get("default")))
-    return bool(prof.get("fused_attention"))
-
-
-def activation_bytes(spec: ModelSpec, ctx: int, batch: int, prof: dict,
-                     scheme: Scheme | None = None) -> tuple[int, details.ActivationsDetail]:
-    """Largest single layer's buffers + inputs + logits (layers run one after another)."""
-    if not spec.layers or not spec.hidden:
-        return 0, details.ActivationsDetail("architecture unknown: activations not modelled")
-    h, nh = spec.hidden, max(spec.heads, 1)
-    hd = spec.head_dim or h // nh
-    inter = spec.experts_per_token * spec.moe_intermediate if spec.is_moe else spec.intermediate
-    fused = fused_attention(prof, scheme, spec.encoder)
-    kv_len = ctx
-    # an encoder sees the whole sequence at once
-    n = ctx if spec.encoder else min(ctx, int(prof.get("prefill_chunk", 512)))
-    tok = max(n, batch) if prof.get("chunk_spans_batch") else batch * n  # llama.cpp: one n_ubatch for all
-    inputs = tok * h * ACT_BYTES
-    qkv = tok * (nh + 2 * max(spec.kv_heads,
-                              0 if spec.encoder else 1) + (2 * nh if spec.encoder else 0)) * hd * ACT_BYTES
-    if fused:
-        scores = tok * kv_len * 2  # one f16 tile row per token (flash attention)
-    else:
-        scores = nh * tok * kv_len * ACT_BYTES * (2 if spec.encoder else 1)  # (+ softmax copy for encoders)
-    attn = scores + qkv
-    ffn = tok * (2 * h + 2 * inter) * ACT_BYTES
-    logits = 0 if spec.encoder else batch * spec.vocab * ACT_BYTES * (prof.get("logits_copies") or {}).get("value", 1)
-    out = tok * h * ACT_BYTES if spec.encoder else 0
-    total = int(max(inputs + max(attn, ffn) + logits + out, spec.vision_activation_bytes))  # vision runs first
-    copies = (prof.get("encoder_activation_copies") or {}).get("value", 1) if spec.encoder else 1
-    total = int(total * copies)
-    basis = ("whole sequence" if spec.encoder else f"prefill chunk of {n} tokens" + (
-        f", {tok} across the batch" if tok != batch * n else "")) + (
-        ", fused attention" if fused else ", attention scores materialised") + (
-        f", held {copies:g} times by the runtime" if copies != 1 else "")
-    return total, details.ActivationsDetail(basis, tokens_per_step=n, inputs=int(inputs), attention=int(attn),
-                                            ffn=int(ffn), logits=int(logits + out),
-                                            vision_encoder=spec.vision_activation_bytes)
 
 
 def decode_stream_bytes(spec: ModelSpec, scheme: Scheme, prof: dict) -> int:

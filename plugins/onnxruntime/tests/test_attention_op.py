@@ -126,6 +126,7 @@ def inputs(rows, s_new, seed=0, d=D):
 @pytest.mark.parametrize("bound, threads, separate, d", [
     (True, 1, False, D), (True, 2, False, D), (False, 1, False, D), (True, 1, True, D),
     (True, 1, False, 32), (True, 2, True, 64),  # heads of a multiple of 8 and 32: eight scores and 32 columns a pass
+    (True, 1, False, 40),  # 32 columns, then 8
 ])
 def test_the_op_equals_its_definition_in_float64_and_writes_only_the_new_rows(case, bound, threads, separate, d,
                                                                              build):

@@ -123,16 +123,17 @@ static void softmax(float *w, int64_t n) {
   for (t = 0; t < n; t++) w[t] /= sum;
 }
 
-/* y[0..D) = sum over t < n of w[t] V[t]: 32 columns at a time in registers (D a multiple of 32), else a row at a
- * time through y */
+/* y[0..D) = sum over t < n of w[t] V[t]: 32 columns at a time in registers, then 8 (D a multiple of 8), else a row
+ * at a time through y */
 static void weigh(const float *w, const uint16_t *V, float *y, int64_t n, int64_t D) {
-  if (D % 32) {
+  if (D % 8) {
     memset(y, 0, sizeof(float) * (size_t)D);
     for (int64_t t = 0; t < n; t++)
       for (int64_t d = 0; d < D; d++) y[d] += w[t] * _cvtsh_ss(V[t * D + d]);
     return;
   }
-  for (int64_t d = 0; d < D; d += 32) {
+  int64_t d = 0;
+  for (; d + 32 <= D; d += 32) {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     for (int64_t t = 0; t < n; t++) {
       __m256 p = _mm256_broadcast_ss(w + t);
@@ -144,6 +145,11 @@ static void weigh(const float *w, const uint16_t *V, float *y, int64_t n, int64_
     }
     _mm256_storeu_ps(y + d, a0), _mm256_storeu_ps(y + d + 8, a1);
     _mm256_storeu_ps(y + d + 16, a2), _mm256_storeu_ps(y + d + 24, a3);
+  }
+  for (; d < D; d += 8) {
+    __m256 a = _mm256_setzero_ps();
+    for (int64_t t = 0; t < n; t++) a = _mm256_fmadd_ps(_mm256_broadcast_ss(w + t), f16x8(V + t * D + d), a);
+    _mm256_storeu_ps(y + d, a);
   }
 }
 
