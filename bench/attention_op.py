@@ -101,7 +101,8 @@ def ops(rounds: int) -> dict:
 def onnxruntime_attention(decoder: Path) -> Path:
     """``decoder`` (a bundle's decoder folder) with each edgeinfer.GroupQueryAttention node replaced by
     com.microsoft.GroupQueryAttention between Casts, in a folder beside the bundle: hard links but for the graph."""
-    from onnx import TensorProto, helper, load, save
+    from edgeinfer_onnxruntime import custom_ops
+    from onnx import load, save
 
     out = decoder.parent.parent / f"{decoder.parent.name}.onnxruntime-attention"  # beside the bundle
     if out.exists():
@@ -113,25 +114,7 @@ def onnxruntime_attention(decoder: Path) -> Path:
         if f.name != graph_name:
             os.link(f, tmp / f.name)
     model = load(str(decoder / graph_name), load_external_data=False)
-    nodes = []
-    for n in model.graph.node:
-        if n.domain != "edgeinfer" or n.op_type != "GroupQueryAttention":
-            nodes.append(n)
-            continue
-        attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
-        ins = []
-        for i, name in enumerate(n.input[:3]):
-            ins.append(f"{name}/fp16" if name else "")
-            if name:
-                nodes.append(helper.make_node("Cast", [name], [f"{name}/fp16"], to=TensorProto.FLOAT16,
-                                              name=f"{n.name}/CastIn{i}"))
-        nodes.append(helper.make_node("GroupQueryAttention", [*ins, *n.input[3:]], [f"{n.output[0]}/fp16",
-                                      *n.output[1:]], name=n.name, domain="com.microsoft", do_rotary=1,
-                                      rotary_interleaved=0, **attrs))
-        nodes.append(helper.make_node("Cast", [f"{n.output[0]}/fp16"], [n.output[0]], to=TensorProto.FLOAT,
-                                      name=f"{n.name}/CastOut"))
-    del model.graph.node[:]
-    model.graph.node.extend(nodes)
+    custom_ops.onnxruntime_attention(model)
     save(model, str(tmp / graph_name))
     tmp.rename(out)
     return out

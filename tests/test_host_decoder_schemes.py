@@ -247,6 +247,36 @@ def test_without_a_c_compiler_fp16_runs_as_two_int8_planes_and_passes_golden(tmp
     assert "attention" not in stamp
 
 
+def test_a_bundle_whose_only_own_op_is_the_attention_runs_onnxruntimes_where_no_compiler_builds_it(
+        tiny_qwen3_host_scheme_bundle, tmp_path):
+    """w8a8's graph uses the own attention op only: on a machine with no C compiler and no built library (an empty
+    cache), the decoder runs onnxruntime's attention in its place (custom_ops.session_graph), says so once, and
+    the bundle's golden check still passes there; the bundle's files are left as they were. fp16's own matmuls
+    have no such stand-in: refused in one line."""
+    import subprocess
+    import sys
+
+    from edgeinfer_onnxruntime import custom_ops
+
+    if custom_ops.unavailable():
+        pytest.skip(f"no own ops here: {custom_ops.unavailable()}")
+    bundle = tiny_qwen3_host_scheme_bundle("w8a8").bundle
+    before = {p.name: p.stat().st_mtime_ns for p in (bundle / "decoder").iterdir()}
+    env = {**os.environ, "CC": str(tmp_path / "no-such-cc"), "EDGEINFER_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, "-m", "edgeinfer.cli", "golden", str(bundle), "--json"],
+                          capture_output=True, text=True, env=env)
+    assert proc.returncode == 0 and json.loads(proc.stdout)["passed"] is True, proc.stderr[-2000:]
+    proc = subprocess.run([sys.executable, "-m", "edgeinfer.cli", "generate", str(bundle), "Hello",
+                           "--max-new-tokens", "2"], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "onnxruntime's GroupQueryAttention instead" in proc.stderr and "no C compiler" in proc.stderr
+    assert {p.name: p.stat().st_mtime_ns for p in (bundle / "decoder").iterdir()} == before
+    fp16 = tiny_qwen3_host_scheme_bundle("fp16").bundle
+    proc = subprocess.run([sys.executable, "-m", "edgeinfer.cli", "golden", str(fp16)], capture_output=True,
+                          text=True, env=env)
+    assert proc.returncode != 0 and "C compiler" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_the_plans_kv_dtype_is_what_the_opened_decoder_allocates(tiny_qwen3_host_bundle):
     """``plan`` states the KV dtype, deploy records it, and open_decoder allocates exactly that: the cache's
     element type and its bytes (the planner's formula at the loaded context and slots)."""

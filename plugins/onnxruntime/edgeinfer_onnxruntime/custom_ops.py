@@ -271,3 +271,57 @@ def use_attention(model: Any, head_size: int) -> int:
     if ours and not any(o.domain == DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
     return len(ours)
+
+
+def onnxruntime_attention(model: Any) -> int:
+    """The inverse of :func:`use_attention`: each ``edgeinfer.GroupQueryAttention`` of ``model`` back to
+    ``com.microsoft.GroupQueryAttention`` between Casts of its new tokens to fp16 and of its output to fp32, as the
+    conversion writes it where the library does not build. Returns the number of nodes rewritten."""
+    from onnx import TensorProto, helper
+
+    nodes, done = [], 0
+    for n in model.graph.node:
+        if n.domain != DOMAIN or n.op_type != "GroupQueryAttention":
+            nodes.append(n)
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+        ins = []
+        for i, name in enumerate(n.input[:3]):
+            ins.append(f"{name}/fp16" if name else "")
+            if name:
+                nodes.append(helper.make_node("Cast", [name], [f"{name}/fp16"], to=TensorProto.FLOAT16,
+                                              name=f"{n.name}/CastIn{i}"))
+        nodes.append(helper.make_node("GroupQueryAttention", [*ins, *n.input[3:]], [f"{n.output[0]}/fp16",
+                                      *n.output[1:]], name=n.name, domain="com.microsoft", do_rotary=1,
+                                      rotary_interleaved=0, **attrs))
+        nodes.append(helper.make_node("Cast", [f"{n.output[0]}/fp16"], [n.output[0]], to=TensorProto.FLOAT,
+                                      name=f"{n.name}/CastOut"))
+        done += 1
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    if not any(n.domain == DOMAIN for n in nodes):
+        kept = [o for o in model.opset_import if o.domain != DOMAIN]
+        del model.opset_import[:]
+        model.opset_import.extend(kept)
+    return done
+
+
+def session_graph(graph: Path) -> tuple[str | bytes, str | None, str, bool]:
+    """What a session of ``graph`` loads: the graph (its path, or the serialized model, its external data in
+    ``graph``'s folder: onnxruntime's ``session.model_external_initializers_file_folder_path``), the library it
+    registers (None where it uses no own op), a caveat (one line, or ""), and whether the own matmuls read the
+    weights in place from onnxruntime's mapping. A graph whose only own op is the attention runs onnxruntime's
+    instead where the library cannot be built: the same contract, every score held."""
+    import onnx
+
+    ops = own_ops(graph)
+    try:
+        return str(graph), str(library()) if ops else None, "", bool(ops & set(OPS.values()))
+    except BackendUnavailableError as e:
+        if ops != {"GroupQueryAttention"}:
+            raise
+        model = onnx.load(str(graph), load_external_data=False)
+        onnxruntime_attention(model)
+        return model.SerializeToString(), None, (
+            f"edgeinfer's attention op cannot run here ({unavailable() or e}): this decoder runs onnxruntime's "
+            "GroupQueryAttention instead (slower, and more memory for long prompts)"), False

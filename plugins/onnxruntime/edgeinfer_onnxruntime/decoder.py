@@ -294,12 +294,12 @@ class OnnxRuntimeDecoder(StepDecoder):
         self._ort, self._threads, self._spin_wait = ort, threads, spin_wait
         # onnxruntime refuses external data that leads out of the graph's directory itself ("External data path
         # ... escapes model directory", 1.26; plugins/onnxruntime/tests keep that true); the graph file is ours
-        self._onnx = str(inside(model_dir, dec["filename"], f"{GENAI_CONFIG} model.decoder.filename"))
-        # the graph's own ops (custom_ops.py): the library each session of it registers, found once
-        ops = custom_ops.own_ops(Path(self._onnx))
-        self._library = str(custom_ops.library()) if ops else None
-        if ops & set(custom_ops.OPS.values()):  # the matmuls read the weights from onnxruntime's mapping of the
-            pages.read_whole(data_path(Path(self._onnx)))  # file: cached in large folios
+        graph = inside(model_dir, dec["filename"], f"{GENAI_CONFIG} model.decoder.filename")
+        # what each session loads (a path, or a serialized graph; custom_ops.py) and registers, found once
+        self._onnx, self._library, caveat, in_place = custom_ops.session_graph(graph)
+        self._folder = str(graph.parent)
+        if in_place:  # the own matmuls read the weights from onnxruntime's mapping of the file: large folios
+            pages.read_whole(data_path(graph))
         self._sess = ort.InferenceSession(self._onnx, self._options(), providers=["CPUExecutionProvider"])
         pages.collapse_resident()  # the weights onnxruntime packed at load, read once a token: on 2 MiB pages
         kv_type = check_graph(self._sess, model_dir / GENAI_CONFIG, cfg)
@@ -320,6 +320,7 @@ class OnnxRuntimeDecoder(StepDecoder):
         kv_bytes = sum(a.nbytes for kv in self._cache for a in kv)
         super().__init__(context=context, vocab_size=int(cfg["vocab_size"]), kv_cache_bytes=kv_bytes, slots=slots,
                          device="CPU")
+        self.caveat = caveat
 
     def _options(self, profile_prefix: str | None = None) -> Any:
         opts = self._ort.SessionOptions()
@@ -331,6 +332,8 @@ class OnnxRuntimeDecoder(StepDecoder):
         opts.enable_cpu_mem_arena = False
         if self._library:
             opts.register_custom_ops_library(self._library)
+        if isinstance(self._onnx, bytes):
+            opts.add_session_config_entry("session.model_external_initializers_file_folder_path", self._folder)
         if self._threads:
             opts.intra_op_num_threads = int(self._threads)
         if self._spin_wait is not None:  # idle intra-op threads busy-wait by default (onnxruntime's threadpool)

@@ -208,6 +208,14 @@ def test_the_rewrite_takes_the_casts_and_attention_the_fp16_cache_leaves_and_run
     qkv, pk, pv = inputs(rows, s_new, seed=2)
     np.testing.assert_array_equal(run(m, qkv, pk, pv, seqlens)[0],
                                   run(graph(True, separate=separate), qkv, pk, pv, seqlens)[0])
+    # and back (where the library cannot be built at load): onnxruntime's op between the Casts, as before
+    assert custom_ops.onnxruntime_attention(m) == 1
+    assert not any(o.domain == "edgeinfer" for o in m.opset_import)
+    assert [n.op_type for n in m.graph.node] == ["Cast"] * (3 if separate else 1) + ["GroupQueryAttention", "Cast"]
+    gqa = m.graph.node[-2]
+    assert gqa.domain == "com.microsoft" and {a.name: helper.get_attribute_value(a) for a in gqa.attribute} == {
+        "num_heads": H, "kv_num_heads": KVH, "scale": 0.0, "do_rotary": 1, "rotary_interleaved": 0}
+    assert [i.removesuffix("/fp16") for i in gqa.input[:3]] == new and list(m.graph.node[-1].output) == ["o"]
 
 
 @pytest.mark.parametrize("attrs, head_size", [
