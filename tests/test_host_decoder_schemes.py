@@ -5,6 +5,7 @@ decoder deploy and pass the decoder golden check."""
 from __future__ import annotations
 
 import json
+import math
 import os
 
 import pytest
@@ -150,11 +151,19 @@ def test_fp16_and_w8a16_deploy_on_edgeinfers_own_ops_and_pass_golden(tiny_qwen3_
             assert scales.data_type == onnx.TensorProto.FLOAT and list(scales.dims) == [
                 w.dims[0], -(-w.dims[1] // 128), 32]
     _own_attention(graph, stamp, cfg["decoder"]["num_hidden_layers"])
-    if quant == "fp16":
-        assert stamp["embedding"].startswith("fp16")
-        _fp16_lookup(graph)
-    else:
-        assert stamp["embedding"].startswith("int8, block ") and stamp["int8_block_size"] == 128
+    # the test model is tied: its lookup reads the LM head's packed weights (kernels/embedding.c), no table of its
+    # own beside them
+    lookup = next(n for n in graph.graph.node if "input_ids" in n.input and n.op_type != "Shape")
+    head = next(n for n in kernels if n.output[0] == "logits")
+    embed = {"fp16": "EmbedF16", "w8a16": "EmbedW8"}[quant]
+    assert (lookup.domain, lookup.op_type) == ("edgeinfer", embed) and list(lookup.input) == ["input_ids",
+                                                                                            *head.input[1:]]
+    attrs = {a.name: a.i for a in lookup.attribute}
+    table = cfg["vocab_size"] * cfg["decoder"]["hidden_size"]
+    assert attrs["n"] == cfg["vocab_size"] and attrs["k"] == cfg["decoder"]["hidden_size"]
+    assert attrs.get("block") == {a.name: a.i for a in head.attribute}.get("block")
+    assert f"edgeinfer.{embed}" in stamp["embedding"]
+    assert [t.name for t in graph.graph.initializer if math.prod(t.dims) >= table] == [head.input[1]]
     _graph_io_and_tables(out, graph)
 
 
@@ -304,10 +313,10 @@ def test_the_plans_kv_dtype_is_what_the_opened_decoder_allocates(tiny_qwen3_host
 
 
 def test_the_host_plan_holds_fp16_and_w8a16_weights_as_the_own_ops_do_and_adds_serves_processes():
-    """The onnxruntime plugin holds an fp16 decoder's weights as fp16 (MatMulF16) and its embedding as fp16 rows;
-    w8a16's as int8 with a 4-byte scale per block of 128 (MatMulW8: 8.25 bits), its embedding at no fewer bits;
-    so against fp32's 32 bits the host plan counts half the body and LM head for fp16, 8.25/32 for w8a16.
-    A served decoder adds serve's own processes to the breakdown."""
+    """The onnxruntime plugin holds an fp16 decoder's weights as fp16 (MatMulF16); w8a16's as int8 with a 4-byte
+    scale per block of 128 (MatMulW8: 8.25 bits); a tied model's table once, in the LM head (EmbedF16 / EmbedW8),
+    where fp32 holds it twice. So against fp32's 32 bits the host plan counts half the body and table for fp16,
+    8.25/32 for w8a16, and no second table. A served decoder adds serve's own processes to the breakdown."""
     from edgeinfer.planning.planner import plan
     from edgeinfer.testing.serve import measured_served_worker_saving
 
@@ -318,8 +327,9 @@ def test_the_host_plan_holds_fp16_and_w8a16_weights_as_the_own_ops_do_and_adds_s
     # fp32: the file's exact bytes, 4 a parameter; the tied table once in the file and once more for the LM head
     table = w32.embedding_duplicate / 4
     body = (w32.file_bytes - w32.embedding_duplicate) / 4
-    assert w16.body == body * 2 and w16.lm_head == w16.embedding == table * 2 and w16.embedding_bits == 16
-    assert abs(w8.body - body * 8.25 / 8) <= 1 and abs(w8.lm_head - table * 8.25 / 8) <= 1
+    assert w16.body == body * 2 and w16.embedding == table * 2 and w16.embedding_bits == 16
+    assert abs(w8.body - body * 8.25 / 8) <= 1 and abs(w8.embedding - table * 8.25 / 8) <= 1
+    assert w16.lm_head == w8.lm_head == 0 and w32.embedding_duplicate > 0
     assert "MatMulF16" in w16.basis
     served = fp16.to_dict()["memory"]["served"]
     decoder = sum(v for k, v in fp16.breakdown.items() if k != "reserved")
@@ -404,3 +414,16 @@ def test_the_host_plan_holds_w4a8_weights_as_mlas_packs_them_for_int8_kernels():
     w = plan(str(model_dir()), "host", quant="w4a8", ctx=256, suggest=False).details.weights
     assert "× 6 bits per weight" in w.basis and "blocks of 32" in w.basis, w.basis
     assert w.body / int4.body == pytest.approx(6 / 4, rel=1e-6), (w.body, int4.body)
+
+
+def test_a_decoder_on_the_own_ops_loads_without_importing_onnx(tiny_qwen3_host_scheme_bundle):
+    """A serve decoder worker reads which own ops its graph needs from the file itself (onnx_nodes.py): importing
+    onnx cost each worker ~8 MiB of RSS."""
+    import subprocess
+    import sys
+
+    decoder = tiny_qwen3_host_scheme_bundle("w8a16").bundle / "decoder"
+    code = ("import sys; sys.modules['onnx'] = None; import edgeinfer; edgeinfer.backend('onnxruntime')"
+            f".load_decoder({str(decoder)!r}, context={DECODER_BUNDLE_CTX}).release(); print('loaded')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.strip() == "loaded", proc.stderr[-2000:]

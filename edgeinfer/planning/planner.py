@@ -84,11 +84,23 @@ def format_key(s: Scheme) -> str:
 
 
 # ----------------------------------------------------------------------------- memory model
+def tied_duplicated(prof: dict, scheme: Scheme, spec: ModelSpec) -> bool:
+    """Whether the runtime holds a tied model's table twice (a lookup table beside the LM head): the profile's
+    ``tied_duplicated``; for a decoder, its ``decoder_tied_duplicated`` where it has one (per scheme family,
+    ``default`` for the rest)."""
+    if not spec.tied_embeddings or spec.encoder:
+        return False
+    per_scheme = prof.get("decoder_tied_duplicated")
+    if per_scheme:
+        return bool(per_scheme.get(scheme.name.split("_g")[0], per_scheme.get("default")))
+    return bool(prof.get("tied_duplicated"))
+
+
 def weights_bytes(spec: ModelSpec, scheme: Scheme, prof: dict) -> tuple[int, details.WeightsDetail]:
     """Resident weight bytes and their detail."""
     if prof.get("weights_rule") == "decoder_segments" and not spec.encoder and decoder_segments.pageable(spec):
         return decoder_segments.weights(spec, scheme)
-    dup = bool(prof.get("tied_duplicated")) and spec.tied_embeddings and not spec.encoder
+    dup = tied_duplicated(prof, scheme, spec)
     emb_min = prof.get("embed_bits_min", 0) or 0
     if spec.file_weight_bytes is not None and spec.runtime and spec.file_scheme is None:  # a vendor's file
         basis = f"the {spec.file_format} file's size ({scheme.name} assumed: the file does not record it)"

@@ -23,4 +23,5 @@ CONVERSION_DEFAULTS = {"int4_block_size": DEFAULT_BLOCK, "int8_block_size": INT8
                        "attention": "edgeinfer.GroupQueryAttention with an fp16 KV cache, but fp32" if _OWN
                        else "com.microsoft.GroupQueryAttention",
                        "lm_head": "one position per row",  # last_logits.py
-                       "embedding": "int8 for int8 and int4 weights"}  # embedding.py
+                       "embedding": "int8 for int8 and int4 weights" + (
+                           "; a tied head's own-op weights" if _OWN else "")}  # embedding.py

@@ -29,11 +29,13 @@ from typing import TYPE_CHECKING, Any
 from edgeinfer.contract import cache
 from edgeinfer.errors import BackendUnavailableError
 
+from . import onnx_nodes
+
 DOMAIN = "edgeinfer"
 OPS = {"fp16": "MatMulF16", "w8a16": "MatMulW8"}  # scheme -> op
 PANEL = 32  # output columns a panel (NR in the C source)
 KERNELS = Path(__file__).with_name("kernels")
-SOURCES = (KERNELS / "matmul.c", KERNELS / "attention.c")  # one library; both include kernels/ort.h
+SOURCES = (KERNELS / "matmul.c", KERNELS / "attention.c", KERNELS / "embedding.c")  # one library; each includes ort.h
 FLAGS = ["-std=gnu11", "-O3", "-fPIC", "-shared", "-fvisibility=hidden"]
 # the library's builds, best first: the CPU flags each needs (as /proc/cpuinfo names them) and its compiler flags
 ISAS = {
@@ -133,11 +135,9 @@ def _key(cc: str, build: str) -> str:
 
 
 def own_ops(graph: Path) -> set[str]:
-    """The ops of the ``edgeinfer`` domain the ONNX graph file uses (its weights left unread): any of them needs
-    the library at load."""
-    import onnx
-
-    return {n.op_type for n in onnx.load(str(graph), load_external_data=False).graph.node if n.domain == DOMAIN}
+    """The ops of the ``edgeinfer`` domain the ONNX graph file uses (read without onnx, its weights unread): any of
+    them needs the library at load."""
+    return {op for domain, op in onnx_nodes.ops(graph) if domain == DOMAIN}
 
 
 def _panels(w: np.ndarray, dtype: Any) -> np.ndarray:
@@ -312,14 +312,14 @@ def session_graph(graph: Path) -> tuple[str | bytes, str | None, str, bool]:
     registers (None where it uses no own op), a caveat (one line, or ""), and whether the own matmuls read the
     weights in place from onnxruntime's mapping. A graph whose only own op is the attention runs onnxruntime's
     instead where the library cannot be built: the same contract, every score held."""
-    import onnx
-
     ops = own_ops(graph)
     try:
         return str(graph), str(library()) if ops else None, "", bool(ops & set(OPS.values()))
     except BackendUnavailableError as e:
         if ops != {"GroupQueryAttention"}:
             raise
+        import onnx
+
         model = onnx.load(str(graph), load_external_data=False)
         onnxruntime_attention(model)
         return model.SerializeToString(), None, (

@@ -39,7 +39,7 @@ from edgeinfer.errors import BackendUnavailableError, InputError, ModelError
 
 from . import custom_ops
 from .blocks import CONVERSION_DEFAULTS, DEFAULT_BLOCK, INT8_BLOCK
-from .embedding import embedding_fp16, quantize_embedding
+from .embedding import embedding_fp16, head_embedding, quantize_embedding
 from .kv_cache import kv_name, kv_to_fp16
 from .last_logits import INPUT as LAST_INDEX
 from .last_logits import gather_last
@@ -148,9 +148,9 @@ def convert(hf_dir: Path, scheme: str, context: int, out: Path, group_size: int 
         ids = cfg["model"]["decoder"]["inputs"]["input_ids"]
         if kernel:
             custom_ops.use_kernels(model, family, block)
-        if quantized or kernel:
-            fp16 = family == "fp16"
-            embedding = embedding_fp16(model, ids) if fp16 else quantize_embedding(model, ids, INT8_BLOCK)
+        if quantized or kernel:  # a tied head on the own matmuls serves the lookup too; else a table of its own
+            embedding = (kernel and head_embedding(model, ids)) or (
+                embedding_fp16(model, ids) if family == "fp16" else quantize_embedding(model, ids, INT8_BLOCK))
         if kv16:
             kv_to_fp16(model)
             if attention:

@@ -10,7 +10,10 @@ hidden dimension, read by onnxruntime's ``com.microsoft.GatherBlockQuantized`` (
 zero-point input is offset by 128, checked against a one-node graph on onnxruntime 1.26; its schema:
 https://github.com/microsoft/onnxruntime/blob/main/docs/ContribOperators.md#com.microsoft.GatherBlockQuantized),
 as llama.cpp keeps ``token_embd`` in the model's quantized type and NNCF keeps OpenVINO's embeddings int8.
-An fp16 table is read by a plain ``Gather`` (any element type) and only the rows it read are cast.
+An fp16 table is read by a plain ``Gather`` (any element type) and only the rows it read are cast. Where one of
+edgeinfer's own matmuls holds a tied model's LM head (fp16 and w8a16, custom_ops.py), the lookup reads the head's
+packed weights instead (``edgeinfer.EmbedF16`` / ``EmbedW8``, kernels/embedding.c): the table is held once, as
+llama.cpp holds ``token_embd`` once (:func:`head_embedding`).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 BITS = 8
+EMBED = {"MatMulF16": "EmbedF16", "MatMulW8": "EmbedW8"}  # the own matmul holding a tied head -> its lookup
 
 
 def _lookup(model: Any, ids: str) -> tuple[Any, Any, Any, Any] | None:
@@ -106,3 +110,57 @@ def embedding_fp16(model: Any, ids: str) -> dict[str, Any] | None:
               helper.make_node("Cast", [rows], list(gather.output), name=f"{gather.name}Fp32", to=TensorProto.FLOAT)]
     _replace(model, found, [numpy_helper.from_array(table.astype(np.float16), name)], lookup)
     return {"embedding": "fp16 (Gather, then Cast to fp32)"}
+
+
+def head_embedding(model: Any, ids: str) -> dict[str, Any] | None:
+    """Rewrite ``model`` in place where its lookup of ``ids`` reads a ``Transpose`` of the LM head's weight (a tied
+    model) and :func:`.custom_ops.use_kernels` packed that head: the lookup becomes ``edgeinfer.EmbedF16`` or
+    ``EmbedW8`` over the head's packed weights, and the fp32 table is dropped. The facts for the conversion's stamp,
+    or None (the graph left as it is) for any other lookup."""
+    from onnx import TensorProto, helper
+
+    from .custom_ops import DOMAIN
+
+    found = _lookup(model, ids)
+    if found is None or found[2] is None:
+        return None
+    gather, source, _, table = found
+    g = model.graph
+    head = next((n for n in g.node if n.domain == DOMAIN and n.op_type in EMBED and len(n.input) > 1
+                 and n.input[1] == f"{source.name}/{n.op_type}"), None)
+    int64 = any(i.name == ids and i.type.tensor_type.elem_type == TensorProto.INT64 for i in g.input)
+    if head is None or not int64:
+        return None
+    op = EMBED[head.op_type]
+    vocab, width = table.shape
+    attrs = {"n": vocab, "k": width}
+    if op == "EmbedW8":
+        block = next((b for b in (_attribute(head, "block"), 32) if width % b == 0), 0)
+        if not block:
+            return None
+        if block != _attribute(head, "block"):  # the head in the blocks quantize_embedding gives the table
+            _repack_w8(model, head, table.T, block)
+        attrs["block"] = block
+    lookup = helper.make_node(op, [ids, *head.input[1:]], list(gather.output), name=f"{gather.name}{op}",
+                              domain=DOMAIN, **attrs)
+    _replace(model, found, [], [lookup])
+    return {"embedding": f"the LM head's weights, read by {DOMAIN}.{op} (tied: one table)"}
+
+
+def _attribute(node: Any, name: str) -> int:
+    return next(a.i for a in node.attribute if a.name == name)
+
+
+def _repack_w8(model: Any, head: Any, w: Any, block: int) -> None:
+    """``head`` (a MatMulW8) over ``w`` packed again in blocks of ``block``."""
+    from onnx import helper, numpy_helper
+
+    from .custom_ops import pack_w8
+
+    packed = dict(zip(head.input[1:], pack_w8(w, block)))
+    for t in model.graph.initializer:
+        if t.name in packed:
+            t.CopyFrom(numpy_helper.from_array(packed[t.name], t.name))
+    kept = [a for a in head.attribute if a.name != "block"]
+    del head.attribute[:]
+    head.attribute.extend([*kept, helper.make_attribute("block", block)])

@@ -259,3 +259,71 @@ def test_the_weights_file_starts_each_large_tensor_on_2_mib_where_that_pads_it_b
     x, x16 = rng.standard_normal((1, 1024)).astype(np.float32), rng.standard_normal((1, 16)).astype(np.float32)
     for y, w in zip(s.run(None, {"x": x, "x16": x16}), [ws[0], ws[1], ws[2], ws[3], ws[5]]):
         np.testing.assert_allclose(y, (x16 if w.shape[0] == 16 else x) @ w, rtol=1e-4, atol=1e-3)
+
+
+def tied_graph(w: np.ndarray, tied: bool = True):
+    """A tied decoder's two ends as the builder writes them: the lookup of ``ids`` in a Transpose of the LM head's
+    weight ``w`` ([hidden, vocab]), and the head, x @ w; with ``tied`` False the lookup reads a table of its own."""
+    k, n = w.shape
+    table = [] if tied else [numpy_helper.from_array(np.ascontiguousarray(w.T), "table")]
+    nodes = ([helper.make_node("Transpose", ["w"], ["wt"], perm=[1, 0])] if tied else []) + [
+        helper.make_node("Gather", ["wt" if tied else "table", "ids"], ["e"], name="/embed_tokens/Gather"),
+        helper.make_node("MatMul", ["x", "w"], ["logits"], name="/lm_head/MatMul")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["b", "s"]),
+                                       helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", k])],
+                          [helper.make_tensor_value_info("e", TensorProto.FLOAT, None),
+                           helper.make_tensor_value_info("logits", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(w, "w"), *table])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("scheme, k, block", [("fp16", 64, 0), ("w8a16", 256, 128), ("w8a16", 96, 32),
+                                              ("w8a16", 576, 32)])
+def test_a_tied_lookup_reads_the_heads_weights_and_gives_the_rows_a_table_of_its_own_gave(scheme, k, block, build):
+    """EmbedF16 / EmbedW8 (kernels/embedding.c) against the lookup they replace (embedding.py: a Gather of fp16
+    rows, or onnxruntime's GatherBlockQuantized of int8 rows in blocks of 128, else 32): the same numbers, bit for
+    bit, and the head then multiplies in the lookup's blocks (576 rows: 32, not the head's 128)."""
+    from edgeinfer_onnxruntime.embedding import embedding_fp16, head_embedding, quantize_embedding
+
+    rng = np.random.default_rng(k)
+    n = 100  # four panels, the last partly padding
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    ids = np.array([[0, 31, 32, 99, 64, 7]])
+    x = rng.standard_normal((1, 6, k)).astype(np.float32)
+
+    own = tied_graph(w)
+    custom_ops.use_kernels(own, scheme, 128)
+    facts = head_embedding(own, "ids")
+    op = {"fp16": "EmbedF16", "w8a16": "EmbedW8"}[scheme]
+    assert f"edgeinfer.{op}" in facts["embedding"]
+    assert [(n.op_type, n.domain) for n in own.graph.node] == [(op, "edgeinfer"),
+                                                               (custom_ops.OPS[scheme], "edgeinfer")]
+    assert len(own.graph.initializer) == (1 if scheme == "fp16" else 2)  # the head's: no table, no fp32 weight
+    e, logits = session(own).run(None, {"ids": ids, "x": x})
+
+    before = tied_graph(w)
+    custom_ops.use_kernels(before, scheme, 128)
+    (embedding_fp16(before, "ids") if scheme == "fp16" else quantize_embedding(before, "ids", 128))
+    np.testing.assert_array_equal(e, session(before).run(None, {"ids": ids, "x": x})[0])
+    assert e.shape == (1, 6, k)
+    np.testing.assert_allclose(e[0], held(w, scheme, block).T[ids[0]], rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(logits, reference(x, w, scheme, block), rtol=0, atol=1e-5 * k)
+
+
+def test_an_untied_lookup_keeps_its_table_and_an_id_outside_the_vocabulary_is_refused(build):
+    from edgeinfer_onnxruntime.embedding import head_embedding
+
+    w = np.ones((64, 40), np.float32)
+    untied = tied_graph(w, tied=False)
+    custom_ops.use_kernels(untied, "fp16")
+    assert head_embedding(untied, "ids") is None
+    assert [n.op_type for n in untied.graph.node] == ["Gather", "MatMulF16"]
+    tied = tied_graph(w)
+    custom_ops.use_kernels(tied, "fp16")
+    head_embedding(tied, "ids")
+    s = session(tied)
+    x = np.ones((1, 1, 64), np.float32)
+    assert s.run(["e"], {"ids": np.array([[39]]), "x": x})[0].tolist() == [[[1.0] * 64]]
+    for bad in (40, -1):
+        with pytest.raises(Exception, match="outside the vocabulary"):
+            s.run(["e"], {"ids": np.array([[bad]]), "x": x})

@@ -16,9 +16,10 @@
  *          scales [P, ceil(K / block), 32] (custom_ops.py packs them).
  * Attributes: n, the real N (<= 32 P); MatMulW8: block (a multiple of 4).   Output: y [..., n] float.
  *
- * Built by custom_ops.py with the system C compiler, with attention.c (edgeinfer.GroupQueryAttention) into one
- * library; the few onnxruntime C API functions they call are declared in ort.h. The library asks for API 17;
- * plugins/onnxruntime/tests/test_custom_ops.py runs every op on the installed onnxruntime.
+ * Built by custom_ops.py with the system C compiler, with attention.c (edgeinfer.GroupQueryAttention) and
+ * embedding.c (edgeinfer.EmbedF16, EmbedW8) into one library; the few onnxruntime C API functions they call are
+ * declared in ort.h. The library asks for API 17; plugins/onnxruntime/tests/test_custom_ops.py runs every op on
+ * the installed onnxruntime.
  */
 #include <immintrin.h>
 #include <stddef.h>
@@ -555,6 +556,8 @@ __attribute__((visibility("default"))) OrtStatus *RegisterCustomOps(void *option
   if (!s) s = CALL(CustomOpDomain_Add, domain, &f16);
   if (!s) s = CALL(CustomOpDomain_Add, domain, &w8);
   if (!s) s = CALL(CustomOpDomain_Add, domain, &attention_op);
+  if (!s) s = CALL(CustomOpDomain_Add, domain, &embed_f16_op);
+  if (!s) s = CALL(CustomOpDomain_Add, domain, &embed_w8_op);
   if (!s) s = CALL(AddCustomOpDomain, options, domain);
   return s;
 }

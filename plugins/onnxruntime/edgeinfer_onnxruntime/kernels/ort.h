@@ -53,6 +53,7 @@ typedef struct OrtCustomOp { /* the members through KernelComputeV2 (version 16)
 } OrtCustomOp;
 
 #define TYPE_INT32 6
+#define TYPE_INT64 7
 
 static inline OrtStatus *error(const char *message) {
   return ((OrtStatus * (*)(int, const char *)) api[CreateStatus])(ORT_INVALID_ARGUMENT, message);
@@ -60,5 +61,6 @@ static inline OrtStatus *error(const char *message) {
 
 OrtStatus *shape_of(const void *value, int64_t *dims, size_t *rank); /* up to 8 dimensions (matmul.c) */
 extern const OrtCustomOp attention_op; /* edgeinfer.GroupQueryAttention (attention.c) */
+extern const OrtCustomOp embed_f16_op, embed_w8_op; /* edgeinfer.EmbedF16, edgeinfer.EmbedW8 (embedding.c) */
 
 #endif

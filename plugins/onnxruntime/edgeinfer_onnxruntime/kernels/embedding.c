@@ -1,0 +1,116 @@
+/* edgeinfer.EmbedF16 and edgeinfer.EmbedW8: a tied model's token embedding read from its LM head's packed weights,
+ * so that the table is held once, as llama.cpp holds token_embd once for a tied model.
+ *
+ * The LM head's W ([K = hidden, N = vocabulary]) is the embedding table transposed, packed for MatMulF16 or
+ * MatMulW8 (matmul.c) in panels of 32 columns: token t's row is column t % 32 of panel t / 32. These ops gather
+ * those columns: the embedding of each id, as the head's weights hold it (for EmbedW8 the int8 of the head's
+ * blocks of `block` rows, times their scales).
+ *
+ * Inputs:  ids int64 [...], each in [0, n); w: EmbedF16 fp16 [P, K, 32]; EmbedW8 uint8 q + 128 [P, K4, 32]
+ *          (K4 = K rounded up to 4, each panel's bytes four rows of a column side by side) and its fp32 scales
+ *          [P, ceil(K / block), 32].
+ * Attributes: n, the vocabulary (<= 32 P); k, the hidden width K; EmbedW8: block.   Output: [..., K] float.
+ * A row's K values are K cache lines apart in the fp16 panels (K / 4 in the int8 ones): a decode step reads a few
+ * rows, a long prompt some thousands, a small part of its time.
+ */
+#include <immintrin.h>
+#include <stdlib.h>
+
+#include "ort.h"
+
+#define NR 32
+
+typedef struct {
+  int64_t n, k, block; /* block: 0 for EmbedF16 */
+} Embed;
+
+static OrtStatus *compute(void *kernel, void *context) {
+  const Embed *e = kernel;
+  int w8 = e->block > 0;
+  const void *iv, *wv, *sv = NULL;
+  void *yv, *ids, *w, *sc = NULL, *y;
+  int64_t id[8], wd[8], sd[8], yd[9];
+  size_t ir, wr, sr = 3;
+  OrtStatus *s;
+  if ((s = CALL(KernelContext_GetInput, context, (size_t)0, &iv)) ||
+      (s = CALL(KernelContext_GetInput, context, (size_t)1, &wv)) || (s = shape_of(iv, id, &ir)) ||
+      (s = shape_of(wv, wd, &wr)))
+    return s;
+  if (w8 && ((s = CALL(KernelContext_GetInput, context, (size_t)2, &sv)) || (s = shape_of(sv, sd, &sr))))
+    return s;
+  int64_t K = e->k, K4 = (K + 3) / 4 * 4, KB = w8 ? (K + e->block - 1) / e->block : 0;
+  if (wr != 3 || wd[2] != NR || e->n > wd[0] * NR || wd[1] != (w8 ? K4 : K))
+    return error(w8 ? "EmbedW8: w must be [P, k rounded up to 4, 32] with n <= 32 P"
+                    : "EmbedF16: w must be [P, k, 32] with n <= 32 P");
+  if (w8 && (sr != 3 || sd[0] != wd[0] || sd[1] != KB || sd[2] != NR))
+    return error("EmbedW8: scales must be [P, ceil(k / block), 32]");
+  int64_t M = 1;
+  for (size_t i = 0; i < ir; i++) M *= (yd[i] = id[i]);
+  yd[ir] = K;
+  if ((s = CALL(KernelContext_GetOutput, context, (size_t)0, yd, ir + 1, &yv)) ||
+      (s = CALL(GetTensorMutableData, (void *)iv, &ids)) || (s = CALL(GetTensorMutableData, (void *)wv, &w)) ||
+      (w8 && (s = CALL(GetTensorMutableData, (void *)sv, &sc))) || (s = CALL(GetTensorMutableData, yv, &y)))
+    return s;
+  const int64_t *t = ids;
+  float *out = y;
+  for (int64_t m = 0; m < M; m++, out += K) {
+    if (t[m] < 0 || t[m] >= e->n) return error("EmbedF16/EmbedW8: a token id is outside the vocabulary");
+    int64_t p = t[m] / NR, c = t[m] % NR;
+    if (!w8) {
+      const uint16_t *col = (const uint16_t *)w + p * K * NR + c;
+      for (int64_t k = 0; k < K; k++) out[k] = _cvtsh_ss(col[k * NR]);
+      continue;
+    }
+    const uint8_t *col = (const uint8_t *)w + p * K4 * NR + c * 4;
+    const float *scale = (const float *)sc + p * KB * NR + c;
+    for (int64_t k = 0; k < K; k++)
+      out[k] = (float)((int)col[(k / 4) * NR * 4 + k % 4] - 128) * scale[(k / e->block) * NR];
+  }
+  return NULL;
+}
+
+static OrtStatus *create(const void *info, void **out, int w8) {
+  Embed *e = malloc(sizeof *e);
+  if (!e) return error("EmbedF16/EmbedW8: out of memory");
+  e->block = 0;
+  OrtStatus *s = CALL(KernelInfoGetAttribute_int64, info, "n", &e->n);
+  if (!s) s = CALL(KernelInfoGetAttribute_int64, info, "k", &e->k);
+  if (!s && w8) s = CALL(KernelInfoGetAttribute_int64, info, "block", &e->block);
+  if (!s && (e->n < 1 || e->k < 1 || (w8 && e->block < 1)))
+    s = error("EmbedF16/EmbedW8: n, k and block must be positive");
+  if (s) free(e);
+  else *out = e;
+  return s;
+}
+static OrtStatus *create_f16(const OrtCustomOp *op, const void *a, const void *info, void **out) {
+  (void)op, (void)a;
+  return create(info, out, 0);
+}
+static OrtStatus *create_w8(const OrtCustomOp *op, const void *a, const void *info, void **out) {
+  (void)op, (void)a;
+  return create(info, out, 1);
+}
+static void destroy(void *k) { free(k); }
+static const char *name_f16(const OrtCustomOp *op) { (void)op; return "EmbedF16"; }
+static const char *name_w8(const OrtCustomOp *op) { (void)op; return "EmbedW8"; }
+static const char *provider(const OrtCustomOp *op) { (void)op; return "CPUExecutionProvider"; }
+static int type_f16(const OrtCustomOp *op, size_t i) { (void)op; return i == 0 ? TYPE_INT64 : TYPE_FLOAT16; }
+static int type_w8(const OrtCustomOp *op, size_t i) {
+  (void)op;
+  return i == 0 ? TYPE_INT64 : i == 1 ? TYPE_UINT8 : TYPE_FLOAT;
+}
+static size_t two(const OrtCustomOp *op) { (void)op; return 2; }
+static size_t three(const OrtCustomOp *op) { (void)op; return 3; }
+static int output_type(const OrtCustomOp *op, size_t i) { (void)op, (void)i; return TYPE_FLOAT; }
+static size_t one(const OrtCustomOp *op) { (void)op; return 1; }
+static int required(const OrtCustomOp *op, size_t i) { (void)op, (void)i; return 0; }
+static int memory_default(const OrtCustomOp *op, size_t i) { (void)op, (void)i; return 0; }
+static int min_arity(const OrtCustomOp *op) { (void)op; return 1; }
+static int homogeneous(const OrtCustomOp *op) { (void)op; return 1; }
+
+const OrtCustomOp embed_f16_op = {16, NULL, name_f16, provider, type_f16, two, output_type, one, NULL, destroy,
+                                  required, required, memory_default, min_arity, homogeneous, min_arity,
+                                  homogeneous, create_f16, compute};
+const OrtCustomOp embed_w8_op = {16, NULL, name_w8, provider, type_w8, three, output_type, one, NULL, destroy,
+                                 required, required, memory_default, min_arity, homogeneous, min_arity,
+                                 homogeneous, create_w8, compute};
