@@ -143,9 +143,11 @@ def mem_items(rows: list[dict]) -> dict[str, list[dict]]:
 
 def planned_mib(r: dict, f: dict) -> dict:
     ctx = r.get("mem_ctx", r["ctx"])
-    w, _ = planner.weights_bytes(f["spec"], f["scheme"], f["prof"])
-    # no scheme: as the rows ran (onnxruntime's rows predate the decoders' own attention op; edgeinfer/planning/
+    # as the rows ran: onnxruntime's rows predate its fp16 and w8a16 decoders' one tied table (runtimes.yaml
+    # decoder_tied_duplicated, 2026-12-06) and the decoders' own attention op (no scheme: edgeinfer/planning/
     # calibrate.py overhead_mib)
+    as_ran = {k: v for k, v in f["prof"].items() if k != "decoder_tied_duplicated"}
+    w, _ = planner.weights_bytes(f["spec"], f["scheme"], as_ran)
     act, _ = activation_bytes(f["spec"], ctx, 1, f["prof"])
     layers = overhead.layer_overhead_bytes(f["spec"], f["prof"])
     rest = w + planner.kv_bytes(f["spec"], ctx, 1, f["kv_b"]) + act + layers

@@ -144,7 +144,8 @@ def head_embedding(model: Any, ids: str) -> dict[str, Any] | None:
     lookup = helper.make_node(op, [ids, *head.input[1:]], list(gather.output), name=f"{gather.name}{op}",
                               domain=DOMAIN, **attrs)
     _replace(model, found, [], [lookup])
-    return {"embedding": f"the LM head's weights, read by {DOMAIN}.{op} (tied: one table)"}
+    blocks = f", int8 in blocks of {attrs['block']}" if "block" in attrs else ""
+    return {"embedding": f"the LM head's weights, read by {DOMAIN}.{op} (tied: one table{blocks})"}
 
 
 def _attribute(node: Any, name: str) -> int:
