@@ -275,6 +275,7 @@ def test_a_bundle_whose_only_own_op_is_the_attention_runs_onnxruntimes_where_no_
     proc = subprocess.run([sys.executable, "-m", "edgeinfer.cli", "golden", str(bundle), "--json"],
                           capture_output=True, text=True, env=env)
     assert proc.returncode == 0 and json.loads(proc.stdout)["passed"] is True, proc.stderr[-2000:]
+    assert "onnxruntime's GroupQueryAttention instead" in json.loads(proc.stdout)["caveat"]  # for scripts too
     proc = subprocess.run([sys.executable, "-m", "edgeinfer.cli", "generate", str(bundle), "Hello",
                            "--max-new-tokens", "2"], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]

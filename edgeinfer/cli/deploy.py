@@ -159,7 +159,7 @@ def _deploy_decoder(model: Path, board: str, out: Path | None, quant: str | None
         out_c.print(f"bundle {r['bundle']}: decoder, {r['backend']} {r['scheme']} for {r['board']} (runtime "
                     f"{r['runtime']}), ctx {r['context']}{how}")
         where = f" (ran on {r['golden'].get('device', '?')})" if r["golden"].get("ran") else ""
-        out_c.print("  " + summary_line(r["golden"]) + where)
+        out_c.print("  " + summary_line(r["golden"]) + where + _note(r["golden"], "\n  "))
         if r["paging"]:
             pg = r["paging"]
             out_c.print(f"  layer-paged: {pg['segments']} segments, window {pg['window']} (golden-checked paged; "
@@ -227,7 +227,7 @@ def golden(
             raise InputError("--inputs/--reference apply to encoder bundles; a decoder bundle is checked against "
                              "the fp32 reference recorded when it was deployed")
         report = golden_bundle(bundle_dir, device=device, min_cosine=threshold, trust_remote_code=trust_remote_code)
-        emit(report, as_json, lambda r: console().print(summary_line(r) + f" (ran on {r['device']})"))
+        emit(report, as_json, lambda r: console().print(summary_line(r) + f" (ran on {r['device']})" + _note(r)))
         if not report["passed"]:
             click.echo("error: decoder golden check failed (see the report above)", err=True)
             ctx.exit(errors.NEGATIVE)
@@ -338,3 +338,6 @@ def parse_options(items: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
+def _note(report: dict[str, Any], sep: str = "\n") -> str:
+    """A decoder's caveat (how its golden check ran here), as a line of its own."""
+    return f"{sep}note: {report['caveat']}" if report.get("caveat") else ""

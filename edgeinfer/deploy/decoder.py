@@ -432,6 +432,8 @@ def judge(candidate: Any, recorded: list[decoder_bundle.Recorded], new_tokens: i
         thresholds = dataclasses.replace(thresholds, min_cosine=min_cosine)
     report = golden.check_recorded(candidate, recorded, new_tokens, scheme, thresholds=thresholds, metrics=metrics)
     report["ran"], report["device"] = True, candidate.decoder.device
+    if candidate.decoder.caveat:  # how it ran here (e.g. a fallback op): scripts read it from the JSON
+        report["caveat"] = candidate.decoder.caveat
     return report
 
 
