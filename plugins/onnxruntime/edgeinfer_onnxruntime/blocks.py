@@ -20,7 +20,7 @@ CONVERSION_DEFAULTS = {"int4_block_size": DEFAULT_BLOCK, "int8_block_size": INT8
                        else "int8 kernel, two activation digits",  # int8_digits.py
                        "fp16": "fp16 panels of 32 (edgeinfer.MatMulF16)" if _OWN  # custom_ops.py
                        else "two int8 planes a weight",  # weight_planes.py
-                       "attention": "edgeinfer.GroupQueryAttention with an fp16 KV cache, but fp32" if _OWN
+                       "attention": "edgeinfer.GroupQueryAttention with an fp16 KV cache" if _OWN
                        else "com.microsoft.GroupQueryAttention",
                        "lm_head": "one position per row",  # last_logits.py
                        "embedding": "int8 for int8 and int4 weights" + (

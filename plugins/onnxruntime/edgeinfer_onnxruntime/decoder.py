@@ -125,9 +125,9 @@ def convert(hf_dir: Path, scheme: str, context: int, out: Path, group_size: int 
     own = custom_ops.unavailable() is None  # edgeinfer's own ops build here (custom_ops.py)
     kernel = family in custom_ops.OPS and own  # fp16 and w8a16 on the own matmuls; else on the int8 kernel
     planes = family == "fp16" and not kernel  # two int8 planes a weight (weight_planes.py)
-    # attention over the fp16 KV cache on the own op too (kernels/attention.c), but for fp32: the default scheme
-    # stays on onnxruntime's ops alone, nothing to compile to deploy or load it
-    attention = family != "fp32" and own
+    # attention over the fp16 KV cache on the own op too (kernels/attention.c), fp32 included: where the library
+    # cannot be built a graph whose only own op is the attention loads with onnxruntime's (custom_ops.session_graph)
+    attention = own
     int8 = (family in ("w8a16", "w8a8") and not kernel) or planes  # onnxruntime's MatMulNBits
     block = group_size or (INT8_BLOCK if family.startswith("w8") or planes else DEFAULT_BLOCK)
     if precision == "int4":
