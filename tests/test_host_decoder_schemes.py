@@ -422,8 +422,8 @@ def test_the_host_plan_holds_w4a8_weights_as_mlas_packs_them_for_int8_kernels():
 
 
 def test_a_decoder_on_the_own_ops_loads_without_importing_onnx(tiny_qwen3_host_scheme_bundle):
-    """A serve decoder worker reads which own ops its graph needs from the file itself (onnx_nodes.py): importing
-    onnx cost each worker ~8 MiB of RSS."""
+    """A serve decoder worker reads which own ops its graph needs from the file itself (onnx_index.graph_ops):
+    importing onnx cost each worker ~8 MiB of RSS."""
     import subprocess
     import sys
 

@@ -94,8 +94,8 @@ def read_onnx(path: Path) -> ModelSpec:
 def index_limits(path: Path) -> dict[str, int]:
     """Graph inputs used directly as row indices of an embedding table (Gather on an initializer)
     → the table's row count: token ids must lie in [0, rows). Empty when the file cannot tell. The weights
-    are not read (edgeinfer/planning/models/onnx_index.py): ``serve``'s HTTP process calls this."""
-    from edgeinfer.planning.models.onnx_index import embedding_index_limits
+    are not read (edgeinfer/contract/onnx_index.py): ``serve``'s HTTP process calls this."""
+    from edgeinfer.contract.onnx_index import embedding_index_limits
 
     try:
         return embedding_index_limits(path)

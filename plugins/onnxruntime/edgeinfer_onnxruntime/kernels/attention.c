@@ -265,9 +265,7 @@ static OrtStatus *create(const OrtCustomOp *op, const void *a, const void *info,
   return s;
 }
 
-static void destroy(void *k) { free(k); }
 static const char *name(const OrtCustomOp *op) { (void)op; return "GroupQueryAttention"; }
-static const char *provider(const OrtCustomOp *op) { (void)op; return "CPUExecutionProvider"; }
 static int input_type(const OrtCustomOp *op, size_t i) {
   (void)op;
   return i < 3 ? TYPE_FLOAT : i == 5 || i == 6 ? TYPE_INT32 : TYPE_FLOAT16;
@@ -275,11 +273,6 @@ static int input_type(const OrtCustomOp *op, size_t i) {
 static size_t nine(const OrtCustomOp *op) { (void)op; return 9; }
 static int key_value_optional(const OrtCustomOp *op, size_t i) { (void)op; return i == 1 || i == 2; }
 static int output_type(const OrtCustomOp *op, size_t i) { (void)op; return i == 0 ? TYPE_FLOAT : TYPE_FLOAT16; }
-static size_t three(const OrtCustomOp *op) { (void)op; return 3; }
-static int required(const OrtCustomOp *op, size_t i) { (void)op, (void)i; return 0; }
-static int memory_default(const OrtCustomOp *op, size_t i) { (void)op, (void)i; return 0; }
-static int min_arity(const OrtCustomOp *op) { (void)op; return 1; }
-static int homogeneous(const OrtCustomOp *op) { (void)op; return 1; }
 
 const OrtCustomOp attention_op = {16, NULL, name, provider, input_type, nine, output_type, three, NULL, destroy,
                                   key_value_optional, required, memory_default, min_arity, homogeneous, min_arity,

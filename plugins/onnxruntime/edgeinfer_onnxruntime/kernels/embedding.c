@@ -90,27 +90,17 @@ static OrtStatus *create_w8(const OrtCustomOp *op, const void *a, const void *in
   (void)op, (void)a;
   return create(info, out, 1);
 }
-static void destroy(void *k) { free(k); }
 static const char *name_f16(const OrtCustomOp *op) { (void)op; return "EmbedF16"; }
 static const char *name_w8(const OrtCustomOp *op) { (void)op; return "EmbedW8"; }
-static const char *provider(const OrtCustomOp *op) { (void)op; return "CPUExecutionProvider"; }
 static int type_f16(const OrtCustomOp *op, size_t i) { (void)op; return i == 0 ? TYPE_INT64 : TYPE_FLOAT16; }
 static int type_w8(const OrtCustomOp *op, size_t i) {
   (void)op;
   return i == 0 ? TYPE_INT64 : i == 1 ? TYPE_UINT8 : TYPE_FLOAT;
 }
-static size_t two(const OrtCustomOp *op) { (void)op; return 2; }
-static size_t three(const OrtCustomOp *op) { (void)op; return 3; }
-static int output_type(const OrtCustomOp *op, size_t i) { (void)op, (void)i; return TYPE_FLOAT; }
-static size_t one(const OrtCustomOp *op) { (void)op; return 1; }
-static int required(const OrtCustomOp *op, size_t i) { (void)op, (void)i; return 0; }
-static int memory_default(const OrtCustomOp *op, size_t i) { (void)op, (void)i; return 0; }
-static int min_arity(const OrtCustomOp *op) { (void)op; return 1; }
-static int homogeneous(const OrtCustomOp *op) { (void)op; return 1; }
 
-const OrtCustomOp embed_f16_op = {16, NULL, name_f16, provider, type_f16, two, output_type, one, NULL, destroy,
+const OrtCustomOp embed_f16_op = {16, NULL, name_f16, provider, type_f16, two, float_output, one, NULL, destroy,
                                   required, required, memory_default, min_arity, homogeneous, min_arity,
                                   homogeneous, create_f16, compute};
-const OrtCustomOp embed_w8_op = {16, NULL, name_w8, provider, type_w8, three, output_type, one, NULL, destroy,
+const OrtCustomOp embed_w8_op = {16, NULL, name_w8, provider, type_w8, three, float_output, one, NULL, destroy,
                                  required, required, memory_default, min_arity, homogeneous, min_arity,
                                  homogeneous, create_w8, compute};

@@ -526,25 +526,15 @@ static OrtStatus *create_w8(const OrtCustomOp *op, const void *a, const void *in
   (void)op, (void)a;
   return create(info, out, 1);
 }
-static void destroy(void *k) { free(k); }
 static const char *name_f16(const OrtCustomOp *op) { (void)op; return "MatMulF16"; }
 static const char *name_w8(const OrtCustomOp *op) { (void)op; return "MatMulW8"; }
-static const char *provider(const OrtCustomOp *op) { (void)op; return "CPUExecutionProvider"; }
 static int type_f16(const OrtCustomOp *op, size_t i) { (void)op; return i == 0 ? TYPE_FLOAT : TYPE_FLOAT16; }
 static int type_w8(const OrtCustomOp *op, size_t i) { (void)op; return i == 1 ? TYPE_UINT8 : TYPE_FLOAT; }
-static size_t two(const OrtCustomOp *op) { (void)op; return 2; }
-static size_t three(const OrtCustomOp *op) { (void)op; return 3; }
-static int output_type(const OrtCustomOp *op, size_t i) { (void)op, (void)i; return TYPE_FLOAT; }
-static size_t one(const OrtCustomOp *op) { (void)op; return 1; }
-static int required(const OrtCustomOp *op, size_t i) { (void)op, (void)i; return 0; }
-static int memory_default(const OrtCustomOp *op, size_t i) { (void)op, (void)i; return 0; }
-static int min_arity(const OrtCustomOp *op) { (void)op; return 1; }
-static int homogeneous(const OrtCustomOp *op) { (void)op; return 1; }
 
-static const OrtCustomOp f16 = {16, NULL, name_f16, provider, type_f16, two, output_type, one, NULL, destroy,
+static const OrtCustomOp f16 = {16, NULL, name_f16, provider, type_f16, two, float_output, one, NULL, destroy,
                                 required, required, memory_default, min_arity, homogeneous, min_arity, homogeneous,
                                 create_f16, compute};
-static const OrtCustomOp w8 = {16, NULL, name_w8, provider, type_w8, three, output_type, one, NULL, destroy,
+static const OrtCustomOp w8 = {16, NULL, name_w8, provider, type_w8, three, float_output, one, NULL, destroy,
                                required, required, memory_default, min_arity, homogeneous, min_arity, homogeneous,
                                create_w8, compute};
 

@@ -7,6 +7,7 @@
 #define EDGEINFER_ORT_H
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 typedef struct OrtStatus OrtStatus;
 
@@ -58,6 +59,19 @@ typedef struct OrtCustomOp { /* the members through KernelComputeV2 (version 16)
 static inline OrtStatus *error(const char *message) {
   return ((OrtStatus * (*)(int, const char *)) api[CreateStatus])(ORT_INVALID_ARGUMENT, message);
 }
+
+/* The OrtCustomOp members that every op of the library answers alike (static inline: one source, a copy in each
+ * file that takes their address). */
+static inline void destroy(void *kernel) { free(kernel); }
+static inline const char *provider(const OrtCustomOp *op) { (void)op; return "CPUExecutionProvider"; }
+static inline size_t one(const OrtCustomOp *op) { (void)op; return 1; }
+static inline size_t two(const OrtCustomOp *op) { (void)op; return 2; }
+static inline size_t three(const OrtCustomOp *op) { (void)op; return 3; }
+static inline int float_output(const OrtCustomOp *op, size_t i) { (void)op, (void)i; return TYPE_FLOAT; }
+static inline int required(const OrtCustomOp *op, size_t i) { (void)op, (void)i; return 0; }
+static inline int memory_default(const OrtCustomOp *op, size_t i) { (void)op, (void)i; return 0; }
+static inline int min_arity(const OrtCustomOp *op) { (void)op; return 1; }
+static inline int homogeneous(const OrtCustomOp *op) { (void)op; return 1; }
 
 OrtStatus *shape_of(const void *value, int64_t *dims, size_t *rank); /* up to 8 dimensions (matmul.c) */
 extern const OrtCustomOp attention_op; /* edgeinfer.GroupQueryAttention (attention.c) */

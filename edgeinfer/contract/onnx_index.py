@@ -1,4 +1,5 @@
-"""Which graph inputs index an embedding table, read from an ONNX file without reading its weights.
+"""What an ONNX file's graph holds, read without reading its weights: which graph inputs index an embedding table
+(:func:`embedding_index_limits`), which ops its nodes are (:func:`graph_ops`).
 
 ``onnx.load`` parses the whole protobuf, embedded weights included (``load_external_data=False`` only spares
 weights kept in other files): for a MiniLM bundle that put ~170 MiB on the peak of ``serve``'s HTTP process,
@@ -16,7 +17,7 @@ from typing import BinaryIO
 # onnx.proto field numbers
 MODEL_GRAPH = 7
 GRAPH_NODE, GRAPH_INITIALIZER, GRAPH_INPUT = 1, 5, 11
-NODE_INPUT, NODE_OP_TYPE, NODE_ATTRIBUTE = 1, 4, 5
+NODE_INPUT, NODE_OP_TYPE, NODE_ATTRIBUTE, NODE_DOMAIN = 1, 4, 5, 7
 ATTR_NAME, ATTR_I = 1, 3
 TENSOR_DIMS, TENSOR_NAME = 1, 8
 VALUE_INFO_NAME = 1
@@ -155,6 +156,27 @@ def embedding_index_limits(path: Path) -> dict[str, int]:
         if axis == 0 and table in rows and index in inputs - set(rows):
             out[index] = min(out.get(index, rows[table]), rows[table])
     return out
+
+
+def graph_ops(path: Path) -> set[tuple[str, str]]:
+    """(domain, op_type) of each node of the main graph (a subgraph's nodes, in an ``If`` or ``Loop``, are not
+    read). Raises ValueError (or OSError) on a file that is not such a protobuf."""
+    with open(path, "rb") as f:
+        size = f.seek(0, 2)
+        f.seek(0)
+        ops: set[tuple[str, str]] = set()
+        for fld, wire, graph in _fields(f, size):
+            if fld != MODEL_GRAPH or wire != LEN:
+                continue
+            if graph[0] + graph[1] > size:
+                raise ValueError("the graph runs past the end of the file")
+            f.seek(graph[0])
+            for field, w, val in _fields(f, graph[0] + graph[1]):
+                if field == GRAPH_NODE and w == LEN:
+                    node = _message(f, val)
+                    domain, op = node.get(NODE_DOMAIN, [b""])[0], node.get(NODE_OP_TYPE, [b""])[0]
+                    ops.add((domain.decode("utf-8", "replace"), op.decode("utf-8", "replace")))
+    return ops
 
 
 def _gather(node: dict[int, list]) -> list[tuple[str, str, int]]:

@@ -1,6 +1,7 @@
-"""onnx_nodes.py reads the ops of an ONNX file's main graph from the protobuf wire format, without onnx: the same
-(domain, op_type) pairs as onnx's own parser, with weights inline or external, and a file that is not ONNX is a
-ValueError of one line."""
+"""onnx_index.graph_ops reads the ops of an ONNX file's main graph from the protobuf wire format, without onnx
+(the onnxruntime plugin's decoder workers ask it which own ops a graph needs): the same (domain, op_type) pairs as
+onnx's own parser, with weights inline or external; a file that is not ONNX is a ValueError, one line from the
+plugin."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import pytest
 
 onnx = pytest.importorskip("onnx")
 
-from edgeinfer_onnxruntime import onnx_nodes  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+from edgeinfer.contract.onnx_index import graph_ops  # noqa: E402
+from edgeinfer.errors import ModelError  # noqa: E402
 
 
 def model(external: bool, tmp_path):
@@ -34,7 +37,7 @@ def model(external: bool, tmp_path):
 def test_the_main_graphs_ops_are_those_onnx_reads(external, tmp_path):
     path = model(external, tmp_path)
     expected = {(n.domain, n.op_type) for n in onnx.load(str(path), load_external_data=False).graph.node}
-    assert onnx_nodes.ops(path) == expected == {("", "MatMul"), ("edgeinfer", "MatMulW8"),
+    assert graph_ops(path) == expected == {("", "MatMul"), ("edgeinfer", "MatMulW8"),
                                                 ("com.microsoft", "GroupQueryAttention"), ("", "If")}
 
 
@@ -45,6 +48,9 @@ def test_a_file_that_is_not_onnx_is_one_line(tmp_path):
     text = tmp_path / "notes.onnx"
     text.write_text("not a model\n" * 10)
     for bad in (cut, text):
-        with pytest.raises(ValueError, match="not an ONNX model") as e:
-            onnx_nodes.ops(bad)
-        assert "\n" not in str(e.value)
+        with pytest.raises(ValueError):
+            graph_ops(bad)
+    own_ops = pytest.importorskip("edgeinfer_onnxruntime.custom_ops").own_ops
+    with pytest.raises(ModelError, match="not an ONNX model") as e:
+        own_ops(cut)
+    assert "\n" not in str(e.value)
