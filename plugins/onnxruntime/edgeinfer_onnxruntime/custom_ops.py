@@ -5,7 +5,9 @@ integer dot products), where this machine can build and run them (:func:`unavail
 AVX-512 (F, BW, VNNI) or for AVX2 (with FMA, F16C), whichever the CPU has (:func:`isa`), both over the same packed
 weights; else fp16 runs as two int8 planes (:mod:`.weight_planes`) and w8a16 over its activations' two int8 digits
 (:mod:`.int8_digits`), both on onnxruntime's int8 kernel. With them, ``edgeinfer.GroupQueryAttention``
-(``kernels/attention.c``): the decoder's attention over its fp16 KV cache, in fp32 (:func:`use_attention`).
+(``kernels/attention.c``): the decoder's attention over its fp16 KV cache, in fp32 (:func:`use_attention`); and
+``edgeinfer.EmbedF16`` / ``EmbedW8`` (``kernels/embedding.c``): a tied model's lookup read from the LM head's panels
+(``embedding.head_embedding``).
 
 :func:`library` compiles the ops with the system C compiler (``$CC``, else ``cc``) once per source, compiler and
 build into the cache (``~/.cache/edgeinfer/kernels/``; ``edgeinfer cache clear kernels`` removes it, and the next

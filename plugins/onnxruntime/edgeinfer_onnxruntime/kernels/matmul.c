@@ -467,7 +467,7 @@ OrtStatus *shape_of(const void *value, int64_t *dims, size_t *rank) {
   s = CALL(GetDimensionsCount, info, rank);
   if (!s && *rank <= 8) s = CALL(GetDimensions, info, dims, *rank);
   ((void (*)(void *))api[ReleaseTensorTypeAndShapeInfo])(info);
-  if (!s && *rank > 8) s = error("MatMulF16/MatMulW8: more than 8 dimensions");
+  if (!s && *rank > 8) s = error("edgeinfer op: an input of more than 8 dimensions");
   return s;
 }
 
