@@ -28,7 +28,7 @@ import yaml  # noqa: E402
 from edgeinfer.contract.schemes import normalize_scheme  # noqa: E402
 from edgeinfer.errors import EdgeInferError  # noqa: E402
 from edgeinfer.planning import overhead, planner, speed_fit  # noqa: E402
-from edgeinfer.planning.activations import activation_bytes  # noqa: E402
+from edgeinfer.planning.activations import activation_bytes, as_ran  # noqa: E402
 from edgeinfer.planning.boards import get_board, host_board  # noqa: E402
 from edgeinfer.planning.host_bandwidth import HostBandwidth  # noqa: E402
 from edgeinfer.planning.models import resolve  # noqa: E402
@@ -146,9 +146,9 @@ def planned_mib(r: dict, f: dict) -> dict:
     # as the rows ran: onnxruntime's rows predate its fp16 and w8a16 decoders' one tied table (runtimes.yaml
     # decoder_tied_duplicated, 2026-12-06) and the decoders' own attention op (no scheme: edgeinfer/planning/
     # calibrate.py overhead_mib)
-    as_ran = {k: v for k, v in f["prof"].items() if k != "decoder_tied_duplicated"}
-    w, _ = planner.weights_bytes(f["spec"], f["scheme"], as_ran)
-    act, _ = activation_bytes(f["spec"], ctx, 1, f["prof"])
+    held = {k: v for k, v in f["prof"].items() if k != "decoder_tied_duplicated"}
+    w, _ = planner.weights_bytes(f["spec"], f["scheme"], held)
+    act, _ = activation_bytes(f["spec"], ctx, 1, as_ran(f["prof"], r.get("prompt")))
     layers = overhead.layer_overhead_bytes(f["spec"], f["prof"])
     rest = w + planner.kv_bytes(f["spec"], ctx, 1, f["kv_b"]) + act + layers
     return {"weights": w / MIB, "planned": rest / MIB, "measured": r.get("mem_mib"),

@@ -73,9 +73,10 @@ def test_kv_scales_with_batch_and_dtype():
     assert q8 == pytest.approx(a * 34 / 64, rel=1e-6)  # q8_0: 34 B per 32 elements vs 2 B each
 
 
-def test_llama_cpp_activations_hold_one_prefill_chunk_for_the_whole_batch():
+def test_llama_cpp_and_onnxruntime_decoders_hold_one_prefill_chunk_for_the_whole_batch():
     """llama.cpp reserves its compute buffer for n_ubatch tokens across every sequence: more slots add logits
-    rows only, two arrays of them (runtimes.yaml logits_copies; onnxruntime's plan grows with each row)."""
+    rows only, two arrays of them (runtimes.yaml logits_copies). The onnxruntime plugin's served decoders prefill
+    one chunk a step across their sequences too (serve's scheduler), one array of logits rows."""
     one, four = (plan("qwen3-0.6b", "host", quant="fp16", ctx=1024, batch=b, runtime="llama.cpp", suggest=False)
                  for b in (1, 4))
     # by hand, Qwen3-0.6B (h 1024, 16 heads, 8 KV heads, head_dim 128, I 3072, V 151936), 512 tokens:
@@ -83,7 +84,7 @@ def test_llama_cpp_activations_hold_one_prefill_chunk_for_the_whole_batch():
     assert four.breakdown["activations"] == 512 * 1024 * 4 + 512 * (2048 + 6144) * 4 + 2 * 4 * 151936 * 4
     assert four.breakdown["activations"] - one.breakdown["activations"] == 2 * 3 * 151936 * 4
     ort = [plan("qwen3-0.6b", "host", quant="fp32", ctx=1024, batch=b, suggest=False) for b in (1, 4)]
-    assert ort[1].breakdown["activations"] > 3 * ort[0].breakdown["activations"]
+    assert ort[1].breakdown["activations"] - ort[0].breakdown["activations"] == 3 * 151936 * 4
 
 
 def test_onnxruntime_decoders_hold_one_row_of_attention_scores_and_encoders_all_of_them():
@@ -93,12 +94,12 @@ def test_onnxruntime_decoders_hold_one_row_of_attention_scores_and_encoders_all_
         a = plan(model, "host", quant=quant, ctx=ctx, suggest=False).to_dict()["memory"]["details"]["activations"]
         return a["attention"], a["basis"]
 
-    # by hand, Qwen3-0.6B (16 heads, 8 KV heads, head_dim 128) at ctx 4096, one 4096-token prompt:
-    # qkv 4096·(16 + 2·8)·128·4, scores 4096·4096·2 fused (16·4096·4096·4 were they materialised)
-    qkv = 4096 * 32 * 128 * 4
+    # by hand, Qwen3-0.6B (16 heads, 8 KV heads, head_dim 128) at ctx 4096, a prompt run 512 tokens at a time
+    # (the plugin's PREFILL_CHUNK): qkv 512·(16 + 2·8)·128·4, scores 512·4096·2 fused (16·512·4096·4 materialised)
+    qkv = 512 * 32 * 128 * 4
     for quant in ("fp32", "fp16", "w8a16", "w8a8", "w4a8"):
-        assert attention("qwen3-0.6b", quant, 4096) == (qkv + 4096 * 4096 * 2,
-                                                         "prefill chunk of 4096 tokens, fused attention")
+        assert attention("qwen3-0.6b", quant, 4096) == (qkv + 512 * 4096 * 2,
+                                                         "prefill chunk of 512 tokens, fused attention")
     assert "attention scores materialised" in attention("all-minilm-l6-v2", "fp16", 128)[1]
 
 

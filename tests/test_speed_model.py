@@ -207,8 +207,8 @@ def test_sizes_that_do_not_span_2x_borrow_t0_instead_of_fitting_it() -> None:
 
 def test_onnxruntime_decoders_plan_the_quiet_rows_median_overhead_and_encoders_keep_theirs():
     """speed_constants.json's onnxruntime decoder overhead is the median residual (peak − weights − KV −
-    activations) of this project's quiet host decoder rows, as bench/fit_speed.py measures a residual; a decoder
-    plan takes it, an encoder plan the runtime's own entry."""
+    activations of the prompt each row ran) of this project's quiet host decoder rows, as bench/fit_speed.py
+    measures a residual; a decoder plan takes it, an encoder plan the runtime's own entry."""
     import statistics
 
     from edgeinfer.planning.planner import plan
@@ -221,7 +221,9 @@ def test_onnxruntime_decoders_plan_the_quiet_rows_median_overhead_and_encoders_k
     items = fit_speed.mem_items(rows)["onnxruntime"]
     assert len(items) >= 10
     assert entry["decoder"]["value"] == pytest.approx(statistics.median(i["residual"] for i in items), abs=0.05)
-    assert entry["decoder"]["value"] < entry["value"]
+    # each row planned for the prompt it ran: every row's plan within 7 % of its peak (31 % when the rows were
+    # planned for a prefill of their whole context)
+    assert max(abs(i["residual"] - entry["decoder"]["value"]) / i["measured"] for i in items) < 0.07
     decoder = plan("qwen3-0.6b", "host", suggest=False).details.runtime
     encoder = plan("all-minilm-l6-v2", "host", batch=32, suggest=False).details.runtime
     assert (decoder.overhead_mib, encoder.overhead_mib) == (entry["decoder"]["value"], entry["value"])

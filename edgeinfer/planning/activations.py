@@ -20,6 +20,14 @@ def fused_attention(prof: dict, scheme: Scheme | None = None, encoder: bool = Fa
     return bool(prof.get("fused_attention"))
 
 
+def as_ran(prof: dict, prompt: int | None) -> dict:
+    """``prof`` with the prefill chunk a measured row ran: its prompt's tokens where fewer than the runtime's chunk
+    (a row's peak holds the prompt it prefilled, not the context its KV cache was allocated for)."""
+    if not prompt:
+        return prof
+    return {**prof, "prefill_chunk": min(int(prompt), int(prof.get("prefill_chunk", 512)))}
+
+
 def activation_bytes(spec: ModelSpec, ctx: int, batch: int, prof: dict,
                      scheme: Scheme | None = None) -> tuple[int, details.ActivationsDetail]:
     """Largest single layer's buffers + inputs + logits (layers run one after another)."""
@@ -32,7 +40,8 @@ def activation_bytes(spec: ModelSpec, ctx: int, batch: int, prof: dict,
     kv_len = ctx
     # an encoder sees the whole sequence at once
     n = ctx if spec.encoder else min(ctx, int(prof.get("prefill_chunk", 512)))
-    tok = max(n, batch) if prof.get("chunk_spans_batch") else batch * n  # llama.cpp: one n_ubatch for all
+    spans = prof.get("chunk_spans_batch") or (not spec.encoder and prof.get("decoder_chunk_spans_batch"))
+    tok = max(n, batch) if spans else batch * n  # llama.cpp: one n_ubatch for all
     inputs = tok * h * ACT_BYTES
     qkv = tok * (nh + 2 * max(spec.kv_heads,
                               0 if spec.encoder else 1) + (2 * nh if spec.encoder else 0)) * hd * ACT_BYTES

@@ -116,8 +116,9 @@ def layout(members: list[Member], workers: int = 1, in_process: bool = False) ->
             parts[first]["runtime"] += fixed
         procs.append(Process(f"encoder worker {i + 1}" if workers > 1 else "encoder worker", parts))
     decoders = {m.name: _parts(m, fixed=True) for m in members if m.decoder}
-    for parts in decoders.values():
-        parts["runtime"] = max(0, parts["runtime"] - served_worker_saving_bytes()
+    runtimes = {m.name: m.runtime for m in members if m.decoder}
+    for name, parts in decoders.items():
+        parts["runtime"] = max(0, parts["runtime"] - served_worker_saving_bytes(runtimes[name])
                                - (in_process_saving_bytes() if in_process else 0))
     if in_process:
         procs[0].parts.update(decoders)

@@ -236,7 +236,8 @@ class Plan:
             "memory": {"total_bytes": self.total_bytes, "capacity_bytes": self.capacity_bytes,
                        "usable_bytes": self.usable_bytes, "headroom_bytes": self.headroom_bytes,
                        "breakdown": dict(self.breakdown), "details": self.details.to_dict(), "limits": self.limits,
-                       **({"served": served(self.breakdown, m.vocab)} if m.has_kv and not m.encoder else {})},
+                       **({"served": served(self.breakdown, m.vocab, self.runtime)} if m.has_kv and not m.encoder
+                          else {})},
             "estimates": self.estimates.to_dict(),
             "suggestions": self.suggestions.to_dict() if self.suggestions else {},
             "warnings": list(self.warnings),

@@ -51,5 +51,6 @@ def faster_runtime(p: Any, plan: Callable[..., Any]) -> dict[str, Any] | None:
         found = faster_plan(p, plan, quant=p.scheme.name, runtime=name)
         if found and (best is None or found[1]["decode_tokens_per_s"] > best["decode_tokens_per_s"]):
             alt, figures = found
-            best = {"runtime": name, **figures, "served_bytes": served(alt.breakdown, alt.model.vocab)["total_bytes"]}
+            served_bytes = served(alt.breakdown, alt.model.vocab, name)["total_bytes"]
+            best = {"runtime": name, **figures, "served_bytes": served_bytes}
     return best

@@ -58,20 +58,24 @@ def in_process_saving_bytes() -> int:
     return int(serve_processes()["parts_mib"]["in_process_saving"] * MIB)
 
 
-def served_worker_saving_bytes() -> int:
-    """What a served decoder worker holds less than a decoder process of its own (``edgeinfer.load``, where the
-    runtime overheads were measured): no manifest schema (pydantic) in the worker (measured)."""
-    return int(serve_processes()["parts_mib"]["served_worker_saving"] * MIB)
+def served_worker_saving_bytes(runtime: str | None = None) -> int:
+    """What a served decoder worker holds less than the decoder process its runtime's overhead was measured in:
+    the runtime profile's ``served_worker_saving_mib`` where this project measured it against its own host rows'
+    processes (onnxruntime), else no manifest schema (pydantic) in the worker (measured)."""
+    from edgeinfer.planning.planner import runtime_profile
+
+    own = (runtime_profile(runtime).get("served_worker_saving_mib") or {}) if runtime else {}
+    return int(own.get("value", serve_processes()["parts_mib"]["served_worker_saving"]) * MIB)
 
 
-def served(breakdown: dict[str, int], vocab: int = 0) -> dict[str, Any]:
-    """The plan's memory for the decoder served by ``edgeinfer serve``: the breakdown without the board's OS
-    reserve (the measured peak does not hold it) plus serve's own processes, whose HTTP process holds the
-    decoder's tokenizer (of ``vocab`` tokens)."""
+def served(breakdown: dict[str, int], vocab: int = 0, runtime: str | None = None) -> dict[str, Any]:
+    """The plan's memory for the decoder served by ``edgeinfer serve`` on ``runtime``: the breakdown without the
+    board's OS reserve (the measured peak does not hold it) plus serve's own processes, whose HTTP process holds
+    the decoder's tokenizer (of ``vocab`` tokens)."""
     own = serve_processes()
     tokenizer = tokenizer_bytes(vocab)
     extra = int(own["value"] * MIB) + tokenizer
-    decoder = sum(v for k, v in breakdown.items() if k != "reserved") - served_worker_saving_bytes()
+    decoder = sum(v for k, v in breakdown.items() if k != "reserved") - served_worker_saving_bytes(runtime)
     saving = in_process_saving_bytes()
     return {"total_bytes": decoder + extra, "decoder_process_bytes": decoder, "serve_processes_bytes": extra,
             "tokenizer_bytes": tokenizer, "in_process_total_bytes": max(decoder, decoder + extra - saving),

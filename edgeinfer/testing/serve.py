@@ -288,6 +288,23 @@ def measured_served_worker_saving() -> int:
     return int(min(worker(f"{b}-s47-base") - worker(f"{b}-s47-lean") for b in PEER_BUNDLES))
 
 
+def measured_onnxruntime_served_worker_saving() -> int:
+    """The smallest saving bench/serve_footprint.py measured in a served onnxruntime decoder worker against the
+    bare decoder process of the host rows (their fitted overhead, the ``runtime`` of each run's plan, less the
+    worker's peak less its planned weights, KV and activations), over its runs of 2026-12-06 (tenth session): what
+    the plan may take off such a served decoder's process at most."""
+    import json
+
+    results = Path(__file__).resolve().parents[2] / "bench" / "results"
+    savings = []
+    for name in ("s67-host-fill", "s67-tiny"):
+        for row in json.loads((results / f"serve_footprint-{name}.json").read_text())["rows"]:
+            bd = row["plan_breakdown_bytes"]
+            residual = row["worker_peak_bytes"] - bd["weights"] - bd["kv_cache"] - bd["activations"]
+            savings.append(bd["runtime"] - residual)
+    return int(min(savings))
+
+
 def large_block_mapped() -> bool | None:
     """Whether a freshly allocated 4 MiB block gets a mapping of its own after an 8 MiB one was freed: not under
     glibc's default dynamic threshold (it rose to 8 MiB with that free), yes with serve's fixed one

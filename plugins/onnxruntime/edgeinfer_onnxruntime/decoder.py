@@ -1,20 +1,18 @@
 """Decoder models on onnxruntime: step primitives over a KV cache preallocated on the host.
 
-The ONNX decoder is built by onnxruntime-genai's model builder
-(``python -m onnxruntime_genai.models.builder``, https://github.com/microsoft/onnxruntime-genai,
-``src/python/py/models/builder.py``), which emits ``GroupQueryAttention`` with past and
-present KV sharing one buffer. Here each layer's K and V are one NumPy array of
-``[slots, kv_heads, context, head_size]``; a run binds the rows of a contiguous range of slots
-(a view, no copy) as both ``past`` and ``present`` through IOBinding, so onnxruntime writes new
-rows in place: the cache is allocated once at load and never copied or grown.
+The ONNX decoder is built by onnxruntime-genai's model builder (``python -m onnxruntime_genai.models.builder``,
+https://github.com/microsoft/onnxruntime-genai, ``src/python/py/models/builder.py``), which emits
+``GroupQueryAttention`` with past and present KV sharing one buffer. Here each layer's K and V are one NumPy array
+of ``[slots, kv_heads, context, head_size]``; a run binds the rows of a contiguous range of slots (a view, no copy)
+as both ``past`` and ``present`` through IOBinding, so onnxruntime writes new rows in place: the cache is allocated
+once at load and never copied or grown.
 
 Batched decode: the graph takes ``attention_mask`` ``[batch, total]`` only through
-``seqlens_k = ReduceSum(mask, 1) - 1`` and ``total_sequence_length = mask.shape[1]``, and
-GroupQueryAttention (https://github.com/microsoft/onnxruntime/blob/main/docs/ContribOperators.md,
-``com.microsoft.GroupQueryAttention``) writes each row's new token at its own ``seqlens_k`` and takes
-its rotary position from it. So one run decodes slots at different lengths: row ``r`` of the mask
-holds ``length[r] + 1`` ones (right-padded). Slots inside the range that are not decoding
-(e.g. mid-prefill) ride along as dummy rows: their dummy key/value lands at their current length,
+``seqlens_k = ReduceSum(mask, 1) - 1`` and ``total_sequence_length = mask.shape[1]``, and GroupQueryAttention
+(https://github.com/microsoft/onnxruntime/blob/main/docs/ContribOperators.md, ``com.microsoft.GroupQueryAttention``)
+writes each row's new token at its own ``seqlens_k`` and takes its rotary position from it. So one run decodes slots
+at different lengths: row ``r`` of the mask holds ``length[r] + 1`` ones (right-padded). Slots inside the range that
+are not decoding (e.g. mid-prefill) ride along as dummy rows: their dummy key/value lands at their current length,
 past every valid row, and is overwritten by their next real token.
 """
 
@@ -47,6 +45,7 @@ from .weights import data_path, quantize_int8, save
 
 GENAI_CONFIG = "genai_config.json"
 PRECISIONS = ("fp32", "int4")
+PREFILL_CHUNK = 512  # prompt tokens a run: a run holds one buffer per tensor shape throughout (docs/generation.md)
 
 
 def is_built(path: Path) -> bool:
@@ -319,7 +318,7 @@ class OnnxRuntimeDecoder(StepDecoder):
         self.lengths = [0] * slots
         kv_bytes = sum(a.nbytes for kv in self._cache for a in kv)
         super().__init__(context=context, vocab_size=int(cfg["vocab_size"]), kv_cache_bytes=kv_bytes, slots=slots,
-                         device="CPU")
+                         prefill_chunk=PREFILL_CHUNK, device="CPU")
         self.caveat = caveat
 
     def _options(self, profile_prefix: str | None = None) -> Any:
