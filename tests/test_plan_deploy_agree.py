@@ -144,3 +144,14 @@ def test_the_bundle_records_the_plan_it_was_built_for(tiny_qwen3_host_bundle):
     assert manifest["plan"]["options"]["runtime"] == manifest["decoder"]["runtime"] == "onnxruntime"
     assert manifest["plan"]["options"]["quant"] == manifest["scheme"] == "fp32"
     assert manifest["plan"]["options"]["ctx"] == manifest["decoder"]["context"] == DECODER_BUNDLE_CTX
+
+
+def test_the_opened_decoder_runs_prompts_in_the_plans_prefill_chunk(tiny_qwen3_host_bundle):
+    """The onnxruntime plugin's decoders take at most 512 prompt tokens a run (docs/generation.md, "Long prompts
+    in runs of 512"), which `generate`, `bench` and `serve` split prompts by; the plan budgets the same run."""
+    from edgeinfer.run.loading import load
+
+    planned = json.loads(cli("plan", str(llm.model_dir()), "--board", "host", "--ctx", "1024", "--json").stdout)
+    with load(tiny_qwen3_host_bundle) as gen:
+        assert gen.decoder.prefill_chunk == planned["options"]["prefill_chunk"] == 512
+    assert planned["memory"]["details"]["activations"]["tokens_per_step"] == 512

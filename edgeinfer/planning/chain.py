@@ -50,6 +50,8 @@ class Member:
     options: dict[str, Any] = field(default_factory=dict)
     reasons: list[str] = field(default_factory=list)
     tokenizer: int = 0  # a decoder's tokenizer, held by the HTTP process (serve_memory.tokenizer_bytes)
+    # what its served worker holds less than its plan's process (serve_memory.served_worker_saving_bytes)
+    worker_saving: int = field(default_factory=served_worker_saving_bytes)
 
 
 def member(name: str, plan: dict[str, Any], decoder: bool, usable_bytes: int,
@@ -60,9 +62,10 @@ def member(name: str, plan: dict[str, Any], decoder: bool, usable_bytes: int,
     if rt.get("memory_fraction"):  # a runtime that takes a share of the board (as planner._memory counts it)
         fixed += int((1 - rt["memory_fraction"]) * usable_bytes)
     fixed = min(fixed, bd["runtime"])
+    served = plan["memory"].get("served") or {}
     return Member(name, decoder, plan["options"]["runtime"], bd["weights"], bd["kv_cache"], bd["activations"],
                   fixed, bd["runtime"] - fixed, dict(plan["options"]), list(reasons or []),
-                  (plan["memory"].get("served") or {}).get("tokenizer_bytes", 0))
+                  served.get("tokenizer_bytes", 0), served.get("worker_saving_bytes", served_worker_saving_bytes()))
 
 
 def rescaled(plan: dict[str, Any], batch: int, ctx: int | None = None) -> dict[str, Any]:
@@ -116,10 +119,10 @@ def layout(members: list[Member], workers: int = 1, in_process: bool = False) ->
             parts[first]["runtime"] += fixed
         procs.append(Process(f"encoder worker {i + 1}" if workers > 1 else "encoder worker", parts))
     decoders = {m.name: _parts(m, fixed=True) for m in members if m.decoder}
-    runtimes = {m.name: m.runtime for m in members if m.decoder}
-    for name, parts in decoders.items():
-        parts["runtime"] = max(0, parts["runtime"] - served_worker_saving_bytes(runtimes[name])
-                               - (in_process_saving_bytes() if in_process else 0))
+    for m in members:
+        if m.decoder:
+            decoders[m.name]["runtime"] = max(0, decoders[m.name]["runtime"] - m.worker_saving
+                                              - (in_process_saving_bytes() if in_process else 0))
     if in_process:
         procs[0].parts.update(decoders)
         procs[0].name += ", decoders on its threads"

@@ -215,6 +215,10 @@ class Plan:
     def headroom_bytes(self) -> int:
         return self.capacity_bytes - self.total_bytes
 
+    def served(self) -> dict:
+        """``memory.served``: this decoder's plan served by ``edgeinfer serve`` (serve_memory.served)."""
+        return served(self.breakdown, self.model.vocab, runtime_profile(self.runtime))
+
     def to_dict(self) -> dict:
         m = self.model
         return {
@@ -236,8 +240,7 @@ class Plan:
             "memory": {"total_bytes": self.total_bytes, "capacity_bytes": self.capacity_bytes,
                        "usable_bytes": self.usable_bytes, "headroom_bytes": self.headroom_bytes,
                        "breakdown": dict(self.breakdown), "details": self.details.to_dict(), "limits": self.limits,
-                       **({"served": served(self.breakdown, m.vocab, self.runtime)} if m.has_kv and not m.encoder
-                          else {})},
+                       **({"served": self.served()} if m.has_kv and not m.encoder else {})},
             "estimates": self.estimates.to_dict(),
             "suggestions": self.suggestions.to_dict() if self.suggestions else {},
             "warnings": list(self.warnings),

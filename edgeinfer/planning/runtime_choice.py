@@ -16,7 +16,6 @@ from typing import Any
 
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.planning.decision import option
-from edgeinfer.planning.serve_memory import served
 
 FASTER = 1.2
 
@@ -51,6 +50,5 @@ def faster_runtime(p: Any, plan: Callable[..., Any]) -> dict[str, Any] | None:
         found = faster_plan(p, plan, quant=p.scheme.name, runtime=name)
         if found and (best is None or found[1]["decode_tokens_per_s"] > best["decode_tokens_per_s"]):
             alt, figures = found
-            served_bytes = served(alt.breakdown, alt.model.vocab, name)["total_bytes"]
-            best = {"runtime": name, **figures, "served_bytes": served_bytes}
+            best = {"runtime": name, **figures, "served_bytes": alt.served()["total_bytes"]}
     return best

@@ -58,25 +58,26 @@ def in_process_saving_bytes() -> int:
     return int(serve_processes()["parts_mib"]["in_process_saving"] * MIB)
 
 
-def served_worker_saving_bytes(runtime: str | None = None) -> int:
+def served_worker_saving_bytes(prof: dict[str, Any] | None = None) -> int:
     """What a served decoder worker holds less than the decoder process its runtime's overhead was measured in:
-    the runtime profile's ``served_worker_saving_mib`` where this project measured it against its own host rows'
-    processes (onnxruntime), else no manifest schema (pydantic) in the worker (measured)."""
-    from edgeinfer.planning.planner import runtime_profile
-
-    own = (runtime_profile(runtime).get("served_worker_saving_mib") or {}) if runtime else {}
+    the runtime profile's (``prof``) ``served_worker_saving_mib`` where this project measured it against its own
+    host rows' processes (onnxruntime), else no manifest schema (pydantic) in the worker (measured)."""
+    own = (prof or {}).get("served_worker_saving_mib") or {}
     return int(own.get("value", serve_processes()["parts_mib"]["served_worker_saving"]) * MIB)
 
 
-def served(breakdown: dict[str, int], vocab: int = 0, runtime: str | None = None) -> dict[str, Any]:
-    """The plan's memory for the decoder served by ``edgeinfer serve`` on ``runtime``: the breakdown without the
-    board's OS reserve (the measured peak does not hold it) plus serve's own processes, whose HTTP process holds
-    the decoder's tokenizer (of ``vocab`` tokens)."""
+def served(breakdown: dict[str, int], vocab: int = 0, prof: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The plan's memory for the decoder served by ``edgeinfer serve`` on the runtime of profile ``prof``: the
+    breakdown without the board's OS reserve (the measured peak does not hold it), less what a served worker
+    holds less (:func:`served_worker_saving_bytes`), plus serve's own processes, whose HTTP process holds the
+    decoder's tokenizer (of ``vocab`` tokens)."""
     own = serve_processes()
     tokenizer = tokenizer_bytes(vocab)
     extra = int(own["value"] * MIB) + tokenizer
-    decoder = sum(v for k, v in breakdown.items() if k != "reserved") - served_worker_saving_bytes(runtime)
+    worker_saving = served_worker_saving_bytes(prof)
+    decoder = sum(v for k, v in breakdown.items() if k != "reserved") - worker_saving
     saving = in_process_saving_bytes()
     return {"total_bytes": decoder + extra, "decoder_process_bytes": decoder, "serve_processes_bytes": extra,
-            "tokenizer_bytes": tokenizer, "in_process_total_bytes": max(decoder, decoder + extra - saving),
+            "tokenizer_bytes": tokenizer, "worker_saving_bytes": worker_saving,
+            "in_process_total_bytes": max(decoder, decoder + extra - saving),
             "source": own["source"] + "; the tokenizer: " + _data()["tokenizer_kept"]["source"]}
