@@ -274,3 +274,21 @@ def test_plan_suggests_in_process_when_it_is_what_fits():
     assert far["verdict"] == "does not fit" and far["suggestions"]["in_process"] is None
     text = " ".join(cli("plan", *chain[:-1]).stdout.split())  # the table is wrapped to the terminal's width
     assert "or this board with --in-process: each decoder on a thread of serve's HTTP process" in text
+
+
+def test_a_recorded_decoder_plan_at_more_slots_is_the_plan_at_those_slots():
+    """serve's start-up check rescales a bundle's recorded plan to its --slots: where one prefill chunk holds every
+    sequence's tokens (llama.cpp; the onnxruntime plugin's served decoders), more slots add logits rows only, so
+    the rescaled plan is the plan made at that batch; an encoder's activations grow with every row."""
+    from edgeinfer.planning.chain import rescaled
+    from edgeinfer.planning.planner import plan
+
+    for runtime in ("onnxruntime", "llama.cpp"):
+        one, sixteen = (plan("qwen3-0.6b", "host", quant="fp16", ctx=1024, batch=b, runtime=runtime,
+                             suggest=False).to_dict() for b in (1, 16))
+        parts = ("weights", "kv_cache", "activations", "runtime")  # the OS reserve is what is in use now
+        got, want = rescaled(one, 16)["memory"]["breakdown"], sixteen["memory"]["breakdown"]
+        assert {k: got[k] for k in parts} == {k: want[k] for k in parts}, runtime
+        assert want["activations"] < 2 * one["memory"]["breakdown"]["activations"], runtime  # not 16 times
+    enc = plan("all-minilm-l6-v2", "host", batch=8, suggest=False).to_dict()
+    assert rescaled(enc, 32)["memory"]["breakdown"]["activations"] == 4 * enc["memory"]["breakdown"]["activations"]

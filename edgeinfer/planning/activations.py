@@ -20,6 +20,12 @@ def fused_attention(prof: dict, scheme: Scheme | None = None, encoder: bool = Fa
     return bool(prof.get("fused_attention"))
 
 
+def spans_batch(prof: dict, encoder: bool) -> bool:
+    """Whether one prefill chunk holds the tokens of every sequence of a step: llama.cpp's ``n_ubatch``
+    (``chunk_spans_batch``), serve's chunk for a step decoder (``decoder_chunk_spans_batch``)."""
+    return bool(prof.get("chunk_spans_batch") or (not encoder and prof.get("decoder_chunk_spans_batch")))
+
+
 def as_ran(prof: dict, prompt: int | None) -> dict:
     """``prof`` with the prefill chunk a measured row ran: its prompt's tokens where fewer than the runtime's chunk
     (a row's peak holds the prompt it prefilled, not the context its KV cache was allocated for)."""
@@ -40,8 +46,7 @@ def activation_bytes(spec: ModelSpec, ctx: int, batch: int, prof: dict,
     kv_len = ctx
     # an encoder sees the whole sequence at once
     n = ctx if spec.encoder else min(ctx, int(prof.get("prefill_chunk", 512)))
-    spans = prof.get("chunk_spans_batch") or (not spec.encoder and prof.get("decoder_chunk_spans_batch"))
-    tok = max(n, batch) if spans else batch * n  # llama.cpp: one n_ubatch for all
+    tok = max(n, batch) if spans_batch(prof, spec.encoder) else batch * n  # llama.cpp: one n_ubatch for all
     inputs = tok * h * ACT_BYTES
     qkv = tok * (nh + 2 * max(spec.kv_heads,
                               0 if spec.encoder else 1) + (2 * nh if spec.encoder else 0)) * hd * ACT_BYTES

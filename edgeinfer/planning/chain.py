@@ -19,7 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from edgeinfer.planning.activations import spans_batch
 from edgeinfer.planning.boards import GIB, Board
+from edgeinfer.planning.planner import runtime_profile
 from edgeinfer.planning.serve_memory import (
     in_process_saving_bytes,
     serve_own_bytes,
@@ -71,11 +73,16 @@ def member(name: str, plan: dict[str, Any], decoder: bool, usable_bytes: int,
 def rescaled(plan: dict[str, Any], batch: int, ctx: int | None = None) -> dict[str, Any]:
     """A recorded plan at another batch (serve's ``--max-batch`` rows of an encoder, ``--slots`` of a decoder) and
     context: activations and the KV cache grow in proportion to the batch (an encoder's activations exactly:
-    every buffer is batch × tokens), the KV cache in proportion to the context (a sliding-window model's less:
-    this overcounts it)."""
+    every buffer is batch × tokens; where one prefill chunk holds every sequence's tokens, only the logits rows),
+    the KV cache in proportion to the context (a sliding-window model's less: this overcounts it)."""
     o, bd = plan["options"], dict(plan["memory"]["breakdown"])
     f = batch / max(1, o.get("batch") or 1)
-    bd["activations"] = int(bd["activations"] * f)
+    act = plan["memory"].get("details", {}).get("activations") or {}
+    spans = spans_batch(runtime_profile(o["runtime"]), bool(plan.get("model", {}).get("encoder")))
+    if spans and "logits" in act and batch <= (act.get("tokens_per_step") or 0):
+        bd["activations"] = int(bd["activations"] + act["logits"] * (f - 1))
+    else:
+        bd["activations"] = int(bd["activations"] * f)
     bd["kv_cache"] = int(bd["kv_cache"] * f * ((ctx or o["ctx"]) / max(1, o["ctx"])))
     return {**plan, "options": {**o, "batch": batch, "ctx": ctx or o["ctx"]},
             "memory": {**plan["memory"], "breakdown": bd}}
