@@ -32,6 +32,7 @@ from edgeinfer.planning.paging import (
 )
 from edgeinfer.planning.quant import (
     block_of,
+    embedding_bits,
     kv_bytes_per_element,
     packed_bits,
     packed_layout,
@@ -133,6 +134,8 @@ def weights_bytes(spec: ModelSpec, scheme: Scheme, prof: dict) -> tuple[int, det
         emb_bits = max(head_bits, emb_min)
     if (widened and spec.encoder) or float_held:  # a table that only feeds Gather (any type) is held as stored
         emb_bits = scheme.bpw
+    table = embedding_bits(prof, spec.hidden) if quantized and not spec.encoder else None
+    emb_bits = table or emb_bits  # int8 blocks of their own (and a tied head held once, in the same blocks)
     emb_p = spec.embedding_params
     body_p = spec.params_total - emb_p - (0 if (spec.tied_embeddings or spec.encoder) else spec.lm_head_params)
     body = body_p * bpw / 8

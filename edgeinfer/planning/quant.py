@@ -64,6 +64,17 @@ def packed_bits(scheme: Scheme, prof: dict, k: int | None = None) -> float | Non
     return scheme.weight_bits + 8 * extra / block_of(scheme, layout, k)
 
 
+def embedding_bits(prof: dict, width: int) -> float | None:
+    """Bits a weight of a quantized decoder's token table where the runtime holds it in int8 blocks (the profile's
+    ``decoder_embedding_blocks``: the first of its ``blocks`` that divides the table's ``width``, each block with
+    a float scale of ``scale_bytes``; none dividing it, the table stays float: ``float_bits``), else None."""
+    layout = prof.get("decoder_embedding_blocks")
+    if not layout or not width:
+        return None
+    block = next((b for b in layout["blocks"] if width % b == 0), None)
+    return float(layout["float_bits"]) if block is None else 8 + 8 * layout["scale_bytes"] / block
+
+
 def block_of(scheme: Scheme, layout: dict, k: int | None = None) -> int:
     """The block of rows of ``k`` weights: the scheme's group or the layout's block, halved while it does not
     divide ``k`` where the runtime does so (the layout's ``halve_to``, the smallest block it halves to; else, or
