@@ -13,7 +13,7 @@ from pathlib import Path
 
 from edgeinfer.contract.schemes import Scheme, normalize_scheme
 from edgeinfer.errors import InputError
-from edgeinfer.planning import activation_choice, decoder_segments, details, runtime_choice, speed
+from edgeinfer.planning import activation_choice, decoder_segments, details, runtime_choice, serve_memory, speed
 from edgeinfer.planning.activations import activation_bytes
 from edgeinfer.planning.boards import GIB, Board, get_board, load_boards, safe_loader
 from edgeinfer.planning.decision import Decision, decide
@@ -39,7 +39,6 @@ from edgeinfer.planning.quant import (
     row_widths,
     runtime_kv_dtype,
 )
-from edgeinfer.planning.serve_memory import served
 
 SCHEMA_VERSION = "1.0"
 MIB = 2**20
@@ -220,7 +219,7 @@ class Plan:
 
     def served(self) -> dict:
         """``memory.served``: this decoder's plan served by ``edgeinfer serve`` (serve_memory.served)."""
-        return served(self.breakdown, self.model.vocab, runtime_profile(self.runtime))
+        return serve_memory.served(self.breakdown, self.model.vocab, runtime_profile(self.runtime))
 
     def to_dict(self) -> dict:
         m = self.model
