@@ -323,7 +323,7 @@ def test_the_host_plan_holds_fp16_and_w8a16_weights_as_the_own_ops_do_and_adds_s
     where fp32 holds it twice. So against fp32's 32 bits the host plan counts half the body and table for fp16,
     8.25/32 for w8a16, and no second table. A served decoder adds serve's own processes to the breakdown."""
     from edgeinfer.planning.planner import plan
-    from edgeinfer.testing.serve import measured_onnxruntime_served_worker_saving
+    from edgeinfer.testing.serve import measured_runtime_served_worker_saving
 
     fp16 = plan(str(model_dir()), "host", quant="fp16", ctx=512, batch=4, suggest=False)
     fp32 = plan(str(model_dir()), "host", quant="fp32", ctx=512, batch=4, suggest=False)
@@ -340,7 +340,7 @@ def test_the_host_plan_holds_fp16_and_w8a16_weights_as_the_own_ops_do_and_adds_s
     decoder = sum(v for k, v in fp16.breakdown.items() if k != "reserved")
     # a served worker holds less than the host rows' decoder process (no manifest schema, no tokenizer)
     lighter = decoder - served["decoder_process_bytes"]
-    saving = measured_onnxruntime_served_worker_saving()
+    saving = measured_runtime_served_worker_saving("onnxruntime")
     assert 0.9 * saving <= lighter <= saving, lighter
     assert served["total_bytes"] == served["decoder_process_bytes"] + served["serve_processes_bytes"]
     # the HTTP process (request helpers start only for large or chat requests; a decoder worker needs no resource

@@ -231,3 +231,19 @@ def test_a_quantized_onnxruntime_decoders_token_table_is_planned_in_the_plugins_
     assert table(576, "w4a8")[:2] == (9.0, 4096 * 576 * 9 / 8)
     assert table(520, "w8a8")[:2] == (32.0, 4096 * 520 * 4)  # neither 128 nor 32 divides 520: fp32
     assert table(512, "fp16")[0] == 16  # float schemes keep their type
+
+
+def test_a_served_decoder_takes_off_its_runtimes_measured_worker_saving():
+    """A served decoder worker holds less than the bare decoder process its runtime's overhead was fitted on
+    (no tokenizer, no manifest schema): onnxruntime and llama.cpp measured against their host rows
+    (bench/serve_footprint.py, s67 runs), other runtimes the manifest schema's saving alone."""
+    from edgeinfer.testing.serve import measured_runtime_served_worker_saving, measured_served_worker_saving
+
+    def saving(runtime: str) -> int:
+        p = plan("qwen3-0.6b", "host", quant="fp16", ctx=256, batch=4, runtime=runtime, suggest=False)
+        return p.to_dict()["memory"]["served"]["worker_saving_bytes"]
+
+    for runtime in ("onnxruntime", "llama.cpp"):
+        measured = measured_runtime_served_worker_saving(runtime)
+        assert 0.9 * measured <= saving(runtime) <= measured, runtime
+    assert 0.9 * measured_served_worker_saving() <= saving("openvino-cpu") <= measured_served_worker_saving()

@@ -288,16 +288,20 @@ def measured_served_worker_saving() -> int:
     return int(min(worker(f"{b}-s47-base") - worker(f"{b}-s47-lean") for b in PEER_BUNDLES))
 
 
-def measured_onnxruntime_served_worker_saving() -> int:
-    """The smallest saving bench/serve_footprint.py measured in a served onnxruntime decoder worker against the
-    bare decoder process of the host rows (their fitted overhead, the ``runtime`` of each run's plan, less the
-    worker's peak less its planned weights, KV and activations), over its runs of 2026-12-06 (tenth session): what
-    the plan may take off such a served decoder's process at most."""
+# bench/serve_footprint.py's runs of 2026-12-06 (tenth session) that measured a runtime's served decoder workers
+SERVED_SAVING_RUNS = {"onnxruntime": ("s67-host-fill", "s67-tiny"), "llama.cpp": ("s67-llamacpp-host-fill",)}
+
+
+def measured_runtime_served_worker_saving(runtime: str) -> int:
+    """The smallest saving bench/serve_footprint.py measured in a served decoder worker of ``runtime`` against the
+    bare decoder process of its host rows (their fitted overhead, the ``runtime`` of each run's plan, less the
+    worker's peak less its planned weights, KV and activations): what the plan may take off such a served
+    decoder's process at most."""
     import json
 
     results = Path(__file__).resolve().parents[2] / "bench" / "results"
     savings = []
-    for name in ("s67-host-fill", "s67-tiny"):
+    for name in SERVED_SAVING_RUNS[runtime]:
         for row in json.loads((results / f"serve_footprint-{name}.json").read_text())["rows"]:
             bd = row["plan_breakdown_bytes"]
             residual = row["worker_peak_bytes"] - bd["weights"] - bd["kv_cache"] - bd["activations"]
