@@ -58,11 +58,10 @@ def _fields(f: BinaryIO, end: int):
 
 def _message(f: BinaryIO, span: tuple[int, int]) -> dict[int, list]:
     """A small message's fields: each field → its values (LEN values as bytes)."""
-    start, n = span
-    here = f.tell()
-    f.seek(start)
-    data = f.read(n)
-    f.seek(here)
+    return _parse(_read(f, span))
+
+
+def _parse(data: bytes) -> dict[int, list]:
     out: dict[int, list] = {}
     pos = 0
     while pos < len(data):
@@ -127,20 +126,27 @@ def _read(f: BinaryIO, span: tuple[int, int]) -> bytes:
     return data
 
 
+def _graph_fields(f: BinaryIO):
+    """The main graph's fields (field, wire type, value), as :func:`_fields` gives them; none without a graph."""
+    size = f.seek(0, 2)
+    f.seek(0)
+    graph = next((v for fld, w, v in _fields(f, size) if fld == MODEL_GRAPH and w == LEN), None)
+    if graph is None:
+        return
+    if graph[0] + graph[1] > size:
+        raise ValueError("the graph runs past the end of the file")
+    f.seek(graph[0])
+    yield from _fields(f, graph[0] + graph[1])
+
+
 def embedding_index_limits(path: Path) -> dict[str, int]:
     """Graph inputs used directly as row indices of a 2-D initializer (``Gather`` on axis 0) → its row count.
     Raises ValueError (or OSError) on a file that is not such a protobuf."""
+    rows: dict[str, int] = {}
+    inputs: set[str] = set()
+    gathers: list[tuple[str, str, int]] = []
     with open(path, "rb") as f:
-        size = f.seek(0, 2)
-        f.seek(0)
-        graph = next((v for fld, w, v in _fields(f, size) if fld == MODEL_GRAPH and w == LEN), None)
-        if graph is None:
-            return {}
-        rows: dict[str, int] = {}
-        inputs: set[str] = set()
-        gathers: list[tuple[str, str, int]] = []
-        f.seek(graph[0])
-        for field, wire, val in _fields(f, graph[0] + graph[1]):
+        for field, wire, val in _graph_fields(f):
             if wire != LEN:
                 continue
             if field == GRAPH_INITIALIZER:
@@ -161,21 +167,13 @@ def embedding_index_limits(path: Path) -> dict[str, int]:
 def graph_ops(path: Path) -> set[tuple[str, str]]:
     """(domain, op_type) of each node of the main graph (a subgraph's nodes, in an ``If`` or ``Loop``, are not
     read). Raises ValueError (or OSError) on a file that is not such a protobuf."""
+    ops: set[tuple[str, str]] = set()
     with open(path, "rb") as f:
-        size = f.seek(0, 2)
-        f.seek(0)
-        ops: set[tuple[str, str]] = set()
-        for fld, wire, graph in _fields(f, size):
-            if fld != MODEL_GRAPH or wire != LEN:
-                continue
-            if graph[0] + graph[1] > size:
-                raise ValueError("the graph runs past the end of the file")
-            f.seek(graph[0])
-            for field, w, val in _fields(f, graph[0] + graph[1]):
-                if field == GRAPH_NODE and w == LEN:
-                    node = _message(f, val)
-                    domain, op = node.get(NODE_DOMAIN, [b""])[0], node.get(NODE_OP_TYPE, [b""])[0]
-                    ops.add((domain.decode("utf-8", "replace"), op.decode("utf-8", "replace")))
+        for field, wire, val in _graph_fields(f):
+            if field == GRAPH_NODE and wire == LEN:
+                node = _message(f, val)
+                domain, op = node.get(NODE_DOMAIN, [b""])[0], node.get(NODE_OP_TYPE, [b""])[0]
+                ops.add((domain.decode("utf-8", "replace"), op.decode("utf-8", "replace")))
     return ops
 
 
@@ -185,7 +183,7 @@ def _gather(node: dict[int, list]) -> list[tuple[str, str, int]]:
         return []
     axis = 0
     for raw in node.get(NODE_ATTRIBUTE, []):
-        attr = _message_bytes(raw)
+        attr = _parse(raw)
         if _texts(attr.get(ATTR_NAME, [])) == ["axis"] and attr.get(ATTR_I):
             axis = _signed(attr[ATTR_I][0])
     table, index = _texts(node[NODE_INPUT])
@@ -194,10 +192,3 @@ def _gather(node: dict[int, list]) -> list[tuple[str, str, int]]:
 
 def _texts(values: list[bytes]) -> list[str]:
     return [v.decode("utf-8", "replace") for v in values]
-
-
-def _message_bytes(data: bytes) -> dict[int, list]:
-    import io
-
-    f = io.BytesIO(data)
-    return _message(f, (0, len(data)))
