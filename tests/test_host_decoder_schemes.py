@@ -167,7 +167,40 @@ def test_fp16_and_w8a16_deploy_on_edgeinfers_own_ops_and_pass_golden(tiny_qwen3_
     _graph_io_and_tables(out, graph)
 
 
-@pytest.mark.parametrize("quant, read", [("w8a16", True), ("w8a8", False)])
+def test_w4a16_deploys_on_edgeinfers_own_int4_op_and_passes_golden(tiny_qwen3_host_scheme_bundle):
+    """Where the own ops build, each of the builder's 4-bit MatMulNBits (block 32, symmetric) is an
+    edgeinfer.MatMulW4 over the same int4 weights repacked in panels of 32 columns (two columns a byte) and their
+    fp32 scales (custom_ops.py), its input as two int8 digits per block; the lookup keeps its int8 table."""
+    import onnx
+    from edgeinfer_onnxruntime import custom_ops
+
+    if custom_ops.unavailable():
+        pytest.skip(f"no own ops here: {custom_ops.unavailable()}")
+    result = tiny_qwen3_host_scheme_bundle("w4a16")
+    out = result.bundle
+    assert result.golden["passed"] is True
+    stamp = json.loads((out / "decoder.stamp.json").read_text())
+    assert stamp["precision"] == "int4" and stamp["int4_block_size"] == 32
+    assert "int4 weights in blocks of 32, each MatMul an edgeinfer.MatMulW4" in stamp["then"]
+    graph = _graph(out)
+    inits = {t.name: t for t in graph.graph.initializer}
+    assert not [n.name for n in graph.graph.node if n.op_type in ("MatMul", "MatMulNBits")]
+    kernels = [n for n in graph.graph.node if n.op_type == "MatMulW4"]
+    cfg = json.loads((out / "decoder" / "genai_config.json").read_text())["model"]
+    assert len(kernels) == 5 * cfg["decoder"]["num_hidden_layers"] + 1  # qkv, o, gate, up, down; the LM head
+    for n in kernels:
+        w, scales = inits[n.input[1]], inits[n.input[2]]
+        attrs = {a.name: a.i for a in n.attribute}
+        assert n.domain == "edgeinfer" and attrs["block"] == 32 and w.data_type == onnx.TensorProto.UINT8
+        assert w.dims[0] == -(-attrs["n"] // 32) and w.dims[2] == 32 and scales.data_type == onnx.TensorProto.FLOAT
+        assert list(scales.dims) == [w.dims[0], -(-w.dims[1] * 2 // 32), 32]  # w: K4 / 2 rows of 32 bytes
+    lookup = next(n for n in graph.graph.node if "input_ids" in n.input and n.op_type != "Shape")
+    assert lookup.op_type == "GatherBlockQuantized" and stamp["embedding"].startswith("int8, block ")
+    _own_attention(graph, stamp, cfg["decoder"]["num_hidden_layers"])
+    _graph_io_and_tables(out, graph)
+
+
+@pytest.mark.parametrize("quant, read", [("w8a16", True), ("w4a16", True), ("w8a8", False)])
 def test_only_a_graph_on_the_own_ops_reads_its_weights_file_whole_before_onnxruntime_maps_it(
         tiny_qwen3_host_scheme_bundle, monkeypatch, quant, read):
     """The own ops compute from onnxruntime's mapping of the weights file, so it is read whole first and the

@@ -163,9 +163,9 @@ class OnnxRuntimeBackend(Backend):
             ", ".join(f"edgeinfer.{op} ({scheme})" for scheme, op in OPS.items()) + f", {isa()} build"
             if reason is None else f"none: {reason}")}
         if reason is not None and compiler() is None:  # a CPU without the instructions: nothing to fix
-            details["warnings"] = [{"message": f"edgeinfer's fp16 and w8a16 decoder ops cannot be built ({reason}): "
-                                               "those schemes deploy on onnxruntime's int8 kernel, slower "
-                                               "(docs/generation.md)",
+            details["warnings"] = [{"message": f"edgeinfer's fp16, w8a16 and w4a16 decoder ops cannot be built "
+                                               f"({reason}): those schemes deploy on onnxruntime's own kernels, "
+                                               "slower (docs/generation.md)",
                                     "fix": "install a C compiler (apt install gcc) and deploy them again"}]
         return Probe(available=True, versions={"onnxruntime": ort.__version__}, devices=["CPU"], details=details)
 

@@ -1,20 +1,22 @@
 """edgeinfer's own onnxruntime ops for the host decoder classes onnxruntime has no fast CPU kernel for
-(``kernels/matmul.c``): ``edgeinfer.MatMulF16`` (fp16, the weights read as fp16) and ``edgeinfer.MatMulW8`` (w8a16,
-int8 weights with an fp32 scale per block of 128, the activations as two int8 digits per block on the CPU's
-integer dot products), where this machine can build and run them (:func:`unavailable`): one library, built for
-AVX-512 (F, BW, VNNI) or for AVX2 (with FMA, F16C), whichever the CPU has (:func:`isa`), both over the same packed
-weights; else fp16 runs as two int8 planes (:mod:`.weight_planes`) and w8a16 over its activations' two int8 digits
-(:mod:`.int8_digits`), both on onnxruntime's int8 kernel. With them, ``edgeinfer.GroupQueryAttention``
+(``kernels/matmul.c``): ``edgeinfer.MatMulF16`` (fp16, the weights read as fp16), ``edgeinfer.MatMulW8`` (w8a16,
+int8 weights with an fp32 scale per block of 128, the activations as two int8 digits per block on the CPU's integer
+dot products) and ``edgeinfer.MatMulW4`` (w4a16: the builder's int4 weights, the same digits), where this machine
+can build and run them (:func:`unavailable`): one library, built for AVX-512 (F, BW, VNNI) or for AVX2 (with FMA,
+F16C), whichever the CPU has (:func:`isa`), both over the same packed weights; else fp16 runs as two int8 planes
+(:mod:`.weight_planes`) and w8a16 over its activations' two int8 digits (:mod:`.int8_digits`), both on
+onnxruntime's int8 kernel, and w4a16 on MatMulNBits' fp32 kernel. With them, ``edgeinfer.GroupQueryAttention``
 (``kernels/attention.c``): the decoder's attention over its fp16 KV cache, in fp32 (:func:`use_attention`); and
-``edgeinfer.EmbedF16`` / ``EmbedW8`` (``kernels/embedding.c``): a tied model's lookup read from the LM head's panels
-(``embedding.head_embedding``).
+``edgeinfer.EmbedF16`` / ``EmbedW8`` (``kernels/embedding.c``): a tied model's lookup read from the LM head's
+panels (``embedding.head_embedding``).
 
 :func:`library` compiles the ops with the system C compiler (``$CC``, else ``cc``) once per source, compiler and
 build into the cache (``~/.cache/edgeinfer/kernels/``; ``edgeinfer cache clear kernels`` removes it, and the next
 load builds it again). :func:`use_kernels` rewrites the builder's fp32 graph: each MatMul over a 2-D fp32 weight
-becomes one of the ops over the weight packed in panels of 32 output columns (:func:`pack_f16`, :func:`pack_w8`).
-A graph that uses any of them needs the library at load (:func:`own_ops`). Standard library
-at import (blocks.py asks :func:`unavailable` for deploy's conversion key).
+becomes one of the ops over the weight packed in panels of 32 output columns (:func:`pack_f16`, :func:`pack_w8`);
+for w4a16 each 4-bit ``MatMulNBits`` the builder wrote becomes MatMulW4 over its weights repacked
+(:func:`pack_w4`). A graph that uses any of them needs the library at load (:func:`own_ops`). Standard library at
+import (blocks.py asks :func:`unavailable` for deploy's conversion key).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from edgeinfer.contract.onnx_index import graph_ops
 from edgeinfer.errors import BackendUnavailableError, ModelError
 
 DOMAIN = "edgeinfer"
-OPS = {"fp16": "MatMulF16", "w8a16": "MatMulW8"}  # scheme -> op
+OPS = {"fp16": "MatMulF16", "w8a16": "MatMulW8", "w4a16": "MatMulW4"}  # scheme -> op
 PANEL = 32  # output columns a panel (NR in the C source)
 KERNELS = Path(__file__).with_name("kernels")
 SOURCES = (KERNELS / "matmul.c", KERNELS / "attention.c", KERNELS / "embedding.c")  # one library; each includes ort.h
@@ -184,12 +186,94 @@ def pack_w8(w: np.ndarray, block: int) -> list[np.ndarray]:
     return [np.ascontiguousarray(quads).reshape(len(panels), k4, PANEL), _panels(s, np.float32)]
 
 
+def pack_w4(b: np.ndarray, scales: np.ndarray, k: int, n: int) -> list[np.ndarray]:
+    """A symmetric 4-bit ``MatMulNBits``' weights (``b`` uint8 ``[N, blocks, block / 2]``, two rows of a column a
+    byte, the first in the low nibble; ``scales`` ``[N · blocks]``; the weight ``(u - 8) · scale``) as MatMulW4
+    holds them: panels ``[ceil(N / 32), K4 / 2, 32]`` (K4 = K rounded up to 4), each quad row's 64 bytes column
+    ``c``'s four rows in the low nibbles of bytes ``4c .. 4c + 3`` and column ``c + 16``'s in their high nibbles
+    (what one vpdpbusd multiplies after a mask and a shift), the same ``u``; and the scales
+    ``[panels, blocks, 32]``."""
+    import numpy as np
+
+    blocks = b.shape[1]
+    u = np.empty((n, b.shape[1] * b.shape[2] * 2), np.uint8)
+    u[:, 0::2], u[:, 1::2] = b.reshape(n, -1) & 15, b.reshape(n, -1) >> 4
+    k4 = -(-k // 4) * 4
+    rows = np.full((k4, n), 8, np.uint8)  # past K: zero weights (their activations are 0 too)
+    rows[:k] = u[:, :k].T
+    panels = _panels(rows, np.uint8)  # [P, K4, 32], padded columns 0: their outputs are never stored
+    quads = panels.reshape(len(panels), k4 // 4, 4, PANEL).transpose(0, 1, 3, 2)  # [P, K4 / 4, 32, 4]
+    packed = quads[:, :, :16] | (quads[:, :, 16:] << 4)
+    return [np.ascontiguousarray(packed).reshape(len(panels), k4 // 2, PANEL),
+            _panels(scales.reshape(n, blocks).T.astype(np.float32), np.float32)]
+
+
+def _nbits_as_w4(node: Any, inits: dict[str, Any]) -> tuple[int, int, int] | None:
+    """(K, N, block) of a ``com.microsoft.MatMulNBits`` that MatMulW4 computes the same: 4 bits, symmetric (no zero
+    points), no group index or bias, its weights and scales initializers; else None."""
+    from onnx import helper
+
+    if node.op_type != "MatMulNBits" or node.domain != "com.microsoft" or any(node.input[3:]):
+        return None
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    block = attrs.get("block_size", 0)
+    if attrs.get("bits", 4) != 4 or block < 4 or block % 4 or not all(i in inits for i in node.input[1:3]):
+        return None
+    return attrs["K"], attrs["N"], block
+
+
+def _use_w4(model: Any) -> int:
+    from onnx import helper, numpy_helper
+
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    packed: dict[str, Any] = {}
+    replaced: set[str] = set()
+    nodes = []
+    for n in graph.node:
+        shape = _nbits_as_w4(n, inits)
+        if shape is None:
+            nodes.append(n)
+            continue
+        k, cols, block = shape
+        names = [f"{n.input[1]}/MatMulW4", f"{n.input[1]}/MatMulW4/scales"]
+        if names[0] not in packed:
+            b, scales = (numpy_helper.to_array(inits[i]) for i in n.input[1:3])
+            for name, a in zip(names, pack_w4(b, scales, k, cols)):
+                packed[name] = numpy_helper.from_array(a, name)
+        nodes.append(helper.make_node("MatMulW4", [n.input[0], *names], list(n.output), name=f"{n.name}_MatMulW4",
+                                      domain=DOMAIN, n=cols, block=block))
+        replaced |= set(n.input[1:3])
+    return _swap(model, nodes, replaced, packed, "MatMulW4")
+
+
+def _swap(model: Any, nodes: list[Any], replaced: set[str], packed: dict[str, Any], op: str) -> int:
+    """``model``'s nodes become ``nodes``; the initializers in ``replaced`` that no node reads any more are dropped
+    and ``packed`` added. Returns the number of ``op`` nodes."""
+    from onnx import helper
+
+    graph = model.graph
+    used = {i for n in nodes for i in n.input}
+    kept = [t for t in graph.initializer if t.name not in replaced or t.name in used]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    del graph.initializer[:]
+    graph.initializer.extend(kept + list(packed.values()))
+    done = sum(n.op_type == op and n.domain == DOMAIN for n in nodes)
+    if done and not any(o.domain == DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+    return done
+
+
 def use_kernels(model: Any, scheme: str, block: int = 0) -> int:
     """Rewrite every MatMul of ``model`` whose B is a 2-D fp32 initializer into ``scheme``'s op (:data:`OPS`) over
-    it packed (``block``: MatMulW8's); the fp32 initializers it replaced are dropped. Returns the number of nodes
-    rewritten."""
+    it packed (``block``: MatMulW8's); the fp32 initializers it replaced are dropped. For ``w4a16`` each 4-bit
+    MatMulNBits MatMulW4 computes the same (symmetric, no bias) becomes MatMulW4 over its weights repacked.
+    Returns the number of nodes rewritten."""
     from onnx import TensorProto, helper, numpy_helper
 
+    if scheme == "w4a16":
+        return _use_w4(model)
     op = OPS[scheme]
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
@@ -210,16 +294,7 @@ def use_kernels(model: Any, scheme: str, block: int = 0) -> int:
         nodes.append(helper.make_node(op, [n.input[0], *names], list(n.output), name=f"{n.name}_{op}",
                                       domain=DOMAIN, **attrs))
         replaced.add(t.name)
-    used = {i for n in nodes for i in n.input}
-    kept = [t for t in graph.initializer if t.name not in replaced or t.name in used]
-    del graph.node[:]
-    graph.node.extend(nodes)
-    del graph.initializer[:]
-    graph.initializer.extend(kept + list(packed.values()))
-    done = sum(n.op_type == op and n.domain == DOMAIN for n in nodes)
-    if done and not any(o.domain == DOMAIN for o in model.opset_import):
-        model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
-    return done
+    return _swap(model, nodes, replaced, packed, op)
 
 
 # com.microsoft.GroupQueryAttention attributes the own op computes (any other value keeps onnxruntime's op)

@@ -168,8 +168,8 @@ def convert(hf_dir: Path, scheme: str, context: int, out: Path, group_size: int 
     if kernel:
         op = f"{custom_ops.DOMAIN}.{custom_ops.OPS[family]}"
         facts["then"] = (f"fp16 weights, each MatMul an {op} (custom_ops.py)" if family == "fp16" else
-                         f"int8 weights in blocks of {block}, each MatMul an {op} on fp32 activations "
-                         "(custom_ops.py)")
+                         f"{'int4' if family == 'w4a16' else 'int8'} weights in blocks of {block}, each MatMul an "
+                         f"{op} on fp32 activations (custom_ops.py)")
         if family == "w8a16":
             facts["int8_block_size"] = block
     if own_attention:

@@ -126,6 +126,80 @@ def test_a_block_past_256_rows_keeps_its_int32_sums_in_range(build):
     assert y[0, 0, 0] == pytest.approx(1100)
 
 
+def nbits_graph(w: np.ndarray, block: int = 32, symmetric: bool = True, bits: int = 4):
+    """``matmul_graph(w)`` as onnxruntime's quantizer writes it for the builder's int4 (MatMulNBits, fp32
+    activations)."""
+    import logging
+
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
+    q = MatMulNBitsQuantizer(matmul_graph(w), block_size=block, is_symmetric=symmetric, accuracy_level=1, bits=bits)
+    q.process()
+    return q.model.model
+
+
+def nbits_weights(model) -> np.ndarray:
+    """The [K, N] weight a symmetric 4-bit MatMulNBits holds, read from its initializers by hand: element k of
+    column n is byte k // 2 of the column's bytes, low nibble first, times its block's scale after taking 8 off."""
+    [node] = model.graph.node
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    k, n, block = attrs["K"], attrs["N"], attrs["block_size"]
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    b, scales = inits[node.input[1]].reshape(n, -1), inits[node.input[2]].reshape(n, -1)
+    u = np.empty((n, b.shape[1] * 2))
+    u[:, 0::2], u[:, 1::2] = b & 15, b >> 4
+    return ((u - 8) * np.repeat(scales, block, axis=1)[:, :u.shape[1]]).T[:k]
+
+
+def test_pack_w4_puts_two_columns_a_byte_and_four_rows_of_a_column_side_by_side():
+    rng = np.random.default_rng(1)
+    k, n = 70, 40  # K4 72: rows 70-71 padding; panel 1: columns 32-39, the rest padding
+    u = rng.integers(0, 16, (n, 96))  # three blocks of 32 along K (70 rows used)
+    b = (u[:, 0::2] | (u[:, 1::2] << 4)).astype(np.uint8).reshape(n, 3, 16)
+    scales = rng.random(n * 3).astype(np.float32)
+    packed, s = custom_ops.pack_w4(b, scales, k, n)
+    assert packed.shape == (2, 36, 32) and packed.dtype == np.uint8 and s.shape == (2, 3, 32)
+    quads = packed.reshape(2, 18, 64)  # per panel and quad row: 64 bytes
+    assert quads[0, 1, 4 * 5 + 2] & 15 == u[5, 6] and quads[0, 1, 4 * 5 + 2] >> 4 == u[21, 6]  # row 6
+    assert quads[1, 17, 4 * 7 + 1] & 15 == u[39, 69] and quads[1, 17, 4 * 7 + 2] & 15 == 8  # row 70: a zero weight
+    assert not (quads[1, :, :] >> 4).any()  # panel 1's columns 48-63: padding
+    assert s[0, 2, 5] == scales[5 * 3 + 2] and s[1, 1, 7] == scales[39 * 3 + 1] and not s[1, :, 8:].any()
+
+
+@pytest.mark.parametrize("k, n", [(64, 32), (130, 50), (96, 200)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_matmul_w4_equals_the_product_with_the_int4_weights_and_onnxruntimes_own_kernel(k, n, threads, build):
+    """MatMulW4 over a MatMulNBits' weights (the builder's symmetric int4, block 32): numpy's product of x's two
+    digits and the weights read by hand, and onnxruntime's MatMulNBits (fp32 activations) on the same x."""
+    rng = np.random.default_rng(k + n)
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    theirs = nbits_graph(w)
+    ours = nbits_graph(w)
+    assert custom_ops.use_kernels(ours, "w4a16") == 1
+    assert [(t.name, list(t.dims)) for t in ours.graph.initializer] == [
+        (f"{ours.graph.node[0].input[1]}", [-(-n // 32), -(-k // 4) * 2, 32]),
+        (f"{ours.graph.node[0].input[2]}", [-(-n // 32), -(-k // 32), 32])]  # MatMulNBits' own initializers gone
+    s = session(ours, threads)
+    ref = ort.InferenceSession(theirs.SerializeToString(), providers=["CPUExecutionProvider"])
+    held_w = nbits_weights(theirs)
+    assert np.abs(held_w - w).max() <= np.abs(w).max() / 7  # the quantized weights, read right
+    for rows in [(1, 1), (1, 12), (2, 7), (1, 13), (3, 9), (2, 0)]:
+        x = rng.standard_normal((*rows, k)).astype(np.float32)
+        y = s.run(None, {"x": x})[0]
+        assert y.shape == (*rows, n)
+        np.testing.assert_allclose(y, digits(x, 32) @ held_w, rtol=0, atol=1e-5 * k)
+        np.testing.assert_allclose(y, ref.run(None, {"x": x})[0], rtol=0, atol=1e-3 * np.sqrt(k))
+
+
+def test_the_w4_rewrite_leaves_what_matmul_w4_does_not_compute():
+    w = np.random.default_rng(2).standard_normal((64, 40)).astype(np.float32)
+    for model in (nbits_graph(w, symmetric=False), nbits_graph(w, bits=8), matmul_graph(w)):
+        before = [(n.op_type, n.domain) for n in model.graph.node]
+        assert custom_ops.use_kernels(model, "w4a16") == 0
+        assert [(n.op_type, n.domain) for n in model.graph.node] == before
+
+
 def test_a_two_dimensional_input_and_a_single_row(build):
     rng = np.random.default_rng(3)
     w = rng.standard_normal((40, 33)).astype(np.float32)
@@ -185,13 +259,14 @@ def test_the_probe_names_the_ops_and_warns_with_a_fix_when_no_compiler_builds_th
     from edgeinfer_onnxruntime.backend import OnnxRuntimeBackend
 
     details = OnnxRuntimeBackend().probe().details
-    assert details["own_ops"] == f"edgeinfer.MatMulF16 (fp16), edgeinfer.MatMulW8 (w8a16), {custom_ops.isa()} build"
+    assert details["own_ops"] == ("edgeinfer.MatMulF16 (fp16), edgeinfer.MatMulW8 (w8a16), edgeinfer.MatMulW4 "
+                                  f"(w4a16), {custom_ops.isa()} build")
     assert "warnings" not in details
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     details = OnnxRuntimeBackend().probe().details
     assert details["own_ops"].startswith("none: no C compiler")
     [warning] = details["warnings"]
-    assert "int8 kernel" in warning["message"] and "apt install gcc" in warning["fix"]
+    assert "w4a16" in warning["message"] and "apt install gcc" in warning["fix"]
 
 
 def test_each_cpu_gets_the_best_build_it_runs_and_one_without_avx2_a_line_that_says_so(monkeypatch):

@@ -3,7 +3,9 @@
  *   MatMulF16  fp16 weights (the host fp16 class), converted to fp32 in registers (F16C vcvtph2ps), fp32
  *              multiply-adds;
  *   MatMulW8   int8 weights with an fp32 scale per block of `block` rows and column (the host w8a16 class), the
- *              activations as two int8 digits per block, on integer dot products.
+ *              activations as two int8 digits per block, on integer dot products;
+ *   MatMulW4   the same for int4 weights (the host w4a16 class: MatMulNBits' symmetric 4 bits, repacked), two to a
+ *              byte, widened to 8 bits in registers.
  * Two builds of this one file (custom_ops.py picks the one the CPU runs): AVX-512 F, BW and VNNI (MatMulW8 on
  * vpdpbusd), and AVX2 with FMA and F16C (MatMulW8 on vpmaddwd). Both read the same packed weights, so a bundle
  * deployed on one CPU loads on the other, and both compute the same integer sums.
@@ -12,9 +14,10 @@
  * the plugin does where these cannot be built).
  *
  * Inputs:  x [..., K] float; w: W ([K, N]) in panels of 32 output columns, the last panel's padding never stored:
- *          MatMulF16 fp16 [P, K, 32]; MatMulW8 uint8 q + 128 [P, K4, 32] (K4 = K rounded up to 4) and its fp32
- *          scales [P, ceil(K / block), 32] (custom_ops.py packs them).
- * Attributes: n, the real N (<= 32 P); MatMulW8: block (a multiple of 4).   Output: y [..., n] float.
+ *          MatMulF16 fp16 [P, K, 32]; MatMulW8 uint8 q + 128 [P, K4, 32] (K4 = K rounded up to 4), MatMulW4 uint8
+ *          [P, K4 / 2, 32] (q + 8: column c of a quad row in the low nibble of byte 4 c + r, column c + 16 in its
+ *          high nibble, c < 16), and for both their fp32 scales [P, ceil(K / block), 32] (custom_ops.py packs them).
+ * Attributes: n, the real N (<= 32 P); MatMulW8 and W4: block (a multiple of 4).   Output: y [..., n] float.
  *
  * Built by custom_ops.py with the system C compiler, with attention.c (edgeinfer.GroupQueryAttention) and
  * embedding.c (edgeinfer.EmbedF16, EmbedW8) into one library; the few onnxruntime C API functions they call are
@@ -33,17 +36,17 @@ const void *const *api;
 
 #define NR 32 /* output columns a panel */
 
-typedef struct { /* one MatMulW8 call */
+typedef struct { /* one MatMulW8 or MatMulW4 call */
   const float *x;
   const uint8_t *w;
   const float *ws;
   float *y;
-  int64_t M, K, K4, KB, n, block, P;
+  int64_t M, K, K4, KB, n, block, P, bits;
 } W8Args;
 
 typedef struct Digits Digits; /* the activations' digits, as each build holds them */
 
-typedef struct { /* one MatMulW8 call, split over the panels */
+typedef struct { /* one MatMulW8 or W4 call, split over the panels */
   const Digits *d;
   const uint8_t *w;
   const float *ws;
@@ -161,9 +164,11 @@ static void digits_of(const float *x, int64_t M, int64_t K, int64_t K4, int64_t 
   }
 }
 
-static inline __attribute__((always_inline)) void w8_rows(const JobW8 *j, size_t p, int64_t m0, int mr) {
-  const int64_t K4 = j->K4, block = j->block;
-  const uint8_t *wp = j->w + (int64_t)p * K4 * NR;
+/* bits 8: a quad row is 128 bytes, q + 128; bits 4: 64 bytes, q + 8, columns 16-31 in the high nibbles */
+static inline __attribute__((always_inline)) void w8_rows(const JobW8 *j, size_t p, int64_t m0, int mr, int bits) {
+  const int64_t K4 = j->K4, block = j->block, zero = bits == 8 ? 128 : 8;
+  const uint8_t *wp = j->w + (int64_t)p * K4 * NR * bits / 8;
+  const __m512i nibble = _mm512_set1_epi8(0x0f);
   const float *wsp = j->ws + (int64_t)p * j->KB * NR;
   int64_t col = (int64_t)p * NR;
   int cols = j->n - col < NR ? (int)(j->n - col) : NR;
@@ -173,50 +178,77 @@ static inline __attribute__((always_inline)) void w8_rows(const JobW8 *j, size_t
     f0[i] = f1[i] = _mm512_setzero_ps();
     hr[i] = j->d->h + (m0 + i) * K4, lr[i] = j->d->l + (m0 + i) * K4;
   }
+  /* one or two rows: two sets of accumulators, even and odd quad rows, so that each chain of dot products is half
+   * as long (8 and 4 accumulators: the chains, not the weights' bandwidth, bounded one row) */
+  enum { SETS = 2 };
+  const int sets = mr <= 2 ? 2 : 1;
   for (int64_t b = 0; b < j->KB; b++) {
     int64_t k0 = b * block, k1 = k0 + block < K4 ? k0 + block : K4;
-    __m512i h0[WR], h1[WR], l0[WR], l1[WR];
-    for (int i = 0; i < mr; i++) h0[i] = h1[i] = l0[i] = l1[i] = _mm512_setzero_si512();
-    for (int64_t k = k0; k < k1; k += 4) {
-      __m512i w0 = _mm512_loadu_si512((const void *)(wp + k * NR));
-      __m512i w1 = _mm512_loadu_si512((const void *)(wp + k * NR + 64));
-      for (int i = 0; i < mr; i++) {
-        int32_t hv, lv;
-        __builtin_memcpy(&hv, hr[i] + k, 4);
-        __builtin_memcpy(&lv, lr[i] + k, 4);
-        __m512i bh = _mm512_set1_epi32(hv), bl = _mm512_set1_epi32(lv);
-        h0[i] = _mm512_dpbusd_epi32(h0[i], w0, bh);
-        h1[i] = _mm512_dpbusd_epi32(h1[i], w1, bh);
-        l0[i] = _mm512_dpbusd_epi32(l0[i], w0, bl);
-        l1[i] = _mm512_dpbusd_epi32(l1[i], w1, bl);
+    __m512i h0[SETS][WR], h1[SETS][WR], l0[SETS][WR], l1[SETS][WR];
+    for (int t = 0; t < sets; t++)
+      for (int i = 0; i < mr; i++) h0[t][i] = h1[t][i] = l0[t][i] = l1[t][i] = _mm512_setzero_si512();
+    for (int64_t k = k0; k < k1; k += 4 * sets) {
+      for (int t = 0; t < sets; t++) {
+        int64_t kt = k + 4 * t;
+        if (t && kt >= k1) break;
+        __m512i w0, w1;
+        if (bits == 8) {
+          w0 = _mm512_loadu_si512((const void *)(wp + kt * NR));
+          w1 = _mm512_loadu_si512((const void *)(wp + kt * NR + 64));
+        } else {
+          __m512i both = _mm512_loadu_si512((const void *)(wp + kt * NR / 2));
+          w0 = _mm512_and_si512(both, nibble);
+          w1 = _mm512_and_si512(_mm512_srli_epi16(both, 4), nibble);
+        }
+        for (int i = 0; i < mr; i++) {
+          int32_t hv, lv;
+          __builtin_memcpy(&hv, hr[i] + kt, 4);
+          __builtin_memcpy(&lv, lr[i] + kt, 4);
+          __m512i bh = _mm512_set1_epi32(hv), bl = _mm512_set1_epi32(lv);
+          h0[t][i] = _mm512_dpbusd_epi32(h0[t][i], w0, bh);
+          h1[t][i] = _mm512_dpbusd_epi32(h1[t][i], w1, bh);
+          l0[t][i] = _mm512_dpbusd_epi32(l0[t][i], w0, bl);
+          l1[t][i] = _mm512_dpbusd_epi32(l1[t][i], w1, bl);
+        }
       }
     }
     __m512 s0 = _mm512_loadu_ps(wsp + b * NR), s1 = _mm512_loadu_ps(wsp + b * NR + 16);
+    const __m512 low = _mm512_set1_ps(1.0f / 254.0f);
     for (int i = 0; i < mr; i++) {
       int64_t at = (m0 + i) * j->KB + b;
-      __m512i ch = _mm512_set1_epi32(128 * j->d->hs[at]), cl = _mm512_set1_epi32(128 * j->d->ls[at]);
-      __m512 xs = _mm512_set1_ps(j->d->s[at]), low = _mm512_set1_ps(1.0f / 254.0f);
-      __m512 v0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(l0[i], cl)), low,
-                                  _mm512_cvtepi32_ps(_mm512_sub_epi32(h0[i], ch)));
-      __m512 v1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(l1[i], cl)), low,
-                                  _mm512_cvtepi32_ps(_mm512_sub_epi32(h1[i], ch)));
-      f0[i] = _mm512_fmadd_ps(_mm512_mul_ps(v0, xs), s0, f0[i]);
-      f1[i] = _mm512_fmadd_ps(_mm512_mul_ps(v1, xs), s1, f1[i]);
+      if (sets == 2) {
+        h0[0][i] = _mm512_add_epi32(h0[0][i], h0[1][i]), h1[0][i] = _mm512_add_epi32(h1[0][i], h1[1][i]);
+        l0[0][i] = _mm512_add_epi32(l0[0][i], l0[1][i]), l1[0][i] = _mm512_add_epi32(l1[0][i], l1[1][i]);
+      }
+      /* sum (u - zero) x = s (sum u h + sum u l / 254) - s zero (sum h + sum l / 254): the second term per row */
+      __m512 xs = _mm512_set1_ps(j->d->s[at]);
+      __m512 c = _mm512_set1_ps(j->d->s[at] * (float)zero * ((float)j->d->hs[at] + (float)j->d->ls[at] / 254.0f));
+      __m512 v0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(l0[0][i]), low, _mm512_cvtepi32_ps(h0[0][i]));
+      __m512 v1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(l1[0][i]), low, _mm512_cvtepi32_ps(h1[0][i]));
+      f0[i] = _mm512_fmadd_ps(_mm512_fmsub_ps(v0, xs, c), s0, f0[i]);
+      f1[i] = _mm512_fmadd_ps(_mm512_fmsub_ps(v1, xs, c), s1, f1[i]);
     }
   }
   for (int i = 0; i < mr; i++) store(j->y + (m0 + i) * j->n + col, cols, f0[i], f1[i]);
 }
 
-static void run_w8(void *job, size_t p) {
-  const JobW8 *j = job;
-  for (int64_t m = 0; m < j->M; m += WR) {
-    switch (j->M - m < WR ? (int)(j->M - m) : WR) { /* a constant row count: accumulators in registers */
-#define ROWS(R) case R: w8_rows(j, p, m, R); break;
-      ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6)
-#undef ROWS
-    }
+#define RUN(BITS)                                                                                                \
+  static void run_w##BITS(void *job, size_t p) {                                                                 \
+    const JobW8 *j = job;                                                                                        \
+    for (int64_t m = 0; m < j->M; m += WR) {                                                                     \
+      switch (j->M - m < WR ? (int)(j->M - m) : WR) { /* a constant row count: accumulators in registers */     \
+        case 1: w8_rows(j, p, m, 1, BITS); break;                                                                \
+        case 2: w8_rows(j, p, m, 2, BITS); break;                                                                \
+        case 3: w8_rows(j, p, m, 3, BITS); break;                                                                \
+        case 4: w8_rows(j, p, m, 4, BITS); break;                                                                \
+        case 5: w8_rows(j, p, m, 5, BITS); break;                                                                \
+        case 6: w8_rows(j, p, m, 6, BITS); break;                                                                \
+      }                                                                                                          \
+    }                                                                                                            \
   }
-}
+RUN(8)
+RUN(4)
+#undef RUN
 
 static OrtStatus *matmul_w8(void *context, const W8Args *a) {
   int64_t M = a->M, K4 = a->K4, KB = a->KB;
@@ -226,7 +258,8 @@ static OrtStatus *matmul_w8(void *context, const W8Args *a) {
               (int32_t *)(scratch + M * K4 * 2 + M * KB * 4), (int32_t *)(scratch + M * K4 * 2 + M * KB * 8)};
   digits_of(a->x, M, a->K, K4, a->block, KB, &d);
   JobW8 job = {&d, a->w, a->ws, a->y, M, K4, KB, a->n, a->block};
-  OrtStatus *s = CALL(KernelContext_ParallelFor, context, run_w8, (size_t)a->P, (size_t)0, &job);
+  OrtStatus *s = CALL(KernelContext_ParallelFor, context, a->bits == 8 ? run_w8 : run_w4, (size_t)a->P, (size_t)0,
+                      &job);
   free(scratch);
   return s;
 }
@@ -355,10 +388,13 @@ static inline __attribute__((always_inline)) __m256i pair_sums(__m256i a, __m256
   return _mm256_permute4x64_epi64(_mm256_hadd_epi32(a, b), 0xD8);
 }
 
-/* rows m0 .. m0 + mr of one panel, its columns in passes of 8 g (the passes' 32 g bytes of a quad row) */
-static inline __attribute__((always_inline)) void w8_rows(const JobW8 *j, size_t p, int64_t m0, int mr, int g) {
+/* rows m0 .. m0 + mr of one panel, its columns in passes of 8 g (the passes' 32 g bytes of a quad row; bits 4:
+ * columns 8 c .. 8 c + 7 in the low (c < 2) or high nibbles of the quad row's 32 bytes at 32 (c % 2)) */
+static inline __attribute__((always_inline)) void w8_rows(const JobW8 *j, size_t p, int64_t m0, int mr, int g,
+                                                          int bits) {
   const int64_t K4 = j->K4, block = j->block;
-  const uint8_t *wp = j->w + (int64_t)p * K4 * NR;
+  const uint8_t *wp = j->w + (int64_t)p * K4 * NR * bits / 8;
+  const __m256i nibble = _mm256_set1_epi8(0x0f), eight = _mm256_set1_epi8(8); /* q + 8 -> q */
   const float *wsp = j->ws + (int64_t)p * j->KB * NR;
   int64_t col = (int64_t)p * NR;
   int cols = j->n - col < NR ? (int)(j->n - col) : NR;
@@ -385,8 +421,14 @@ static inline __attribute__((always_inline)) void w8_rows(const JobW8 *j, size_t
             dq[i] = _mm256_set1_epi64x(dv);
           }
           for (int c = 0; c < g; c++) { /* 8 columns: 32 bytes, four rows of each */
-            const uint8_t *at = wp + k * NR + 32 * (first + c);
-            __m256i q = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)at), flip);
+            __m256i q;
+            if (bits == 8) {
+              q = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(wp + k * NR + 32 * (first + c))), flip);
+            } else {
+              __m256i both = _mm256_loadu_si256((const __m256i *)(wp + k * NR / 2 + 32 * ((first + c) % 2)));
+              if (first + c >= 2) both = _mm256_srli_epi16(both, 4);
+              q = _mm256_sub_epi8(_mm256_and_si256(both, nibble), eight);
+            }
             __m256i lo = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q));
             __m256i hi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1));
             for (int i = 0; i < mr; i++) {
@@ -411,16 +453,21 @@ static inline __attribute__((always_inline)) void w8_rows(const JobW8 *j, size_t
     for (int c = 0; c < cols; c++) j->y[(m0 + i) * j->n + col + c] = out[i][c];
 }
 
-static void run_w8(void *job, size_t p) {
-  const JobW8 *j = job;
-  for (int64_t m = 0; m < j->M; m += WR) {
-    switch (j->M - m < WR ? (int)(j->M - m) : WR) { /* a constant row count: accumulators in registers */
-      case 1: w8_rows(j, p, m, 1, 4); break; /* one row: the whole panel row a pass, 8 accumulators */
-      case 2: w8_rows(j, p, m, 2, 2); break; /* more: half of it, 4 accumulators a row */
-      case 3: w8_rows(j, p, m, 3, 2); break;
-    }
+/* one row: the whole panel row a pass, 8 accumulators; more: half of it, 4 accumulators a row */
+#define RUN(BITS)                                                                                                \
+  static void run_w##BITS(void *job, size_t p) {                                                                 \
+    const JobW8 *j = job;                                                                                        \
+    for (int64_t m = 0; m < j->M; m += WR) {                                                                     \
+      switch (j->M - m < WR ? (int)(j->M - m) : WR) { /* a constant row count: accumulators in registers */     \
+        case 1: w8_rows(j, p, m, 1, 4, BITS); break;                                                             \
+        case 2: w8_rows(j, p, m, 2, 2, BITS); break;                                                             \
+        case 3: w8_rows(j, p, m, 3, 2, BITS); break;                                                             \
+      }                                                                                                          \
+    }                                                                                                            \
   }
-}
+RUN(8)
+RUN(4)
+#undef RUN
 
 static OrtStatus *matmul_w8(void *context, const W8Args *a) {
   int64_t M = a->M, K4 = a->K4, KB = a->KB;
@@ -429,7 +476,8 @@ static OrtStatus *matmul_w8(void *context, const W8Args *a) {
   Digits d = {(int16_t *)scratch, (float *)(scratch + (M * K4 + 8) * 2)};
   digits_of(a->x, M, a->K, K4, a->block, KB, &d);
   JobW8 job = {&d, a->w, a->ws, a->y, M, K4, KB, a->n, a->block};
-  OrtStatus *s = CALL(KernelContext_ParallelFor, context, run_w8, (size_t)a->P, (size_t)0, &job);
+  OrtStatus *s = CALL(KernelContext_ParallelFor, context, a->bits == 8 ? run_w8 : run_w4, (size_t)a->P, (size_t)0,
+                      &job);
   free(scratch);
   return s;
 }
@@ -457,7 +505,7 @@ static void run_f16(void *job, size_t p) {
 }
 
 typedef struct {
-  int64_t n, block; /* block: 0 for MatMulF16 */
+  int64_t n, block, bits; /* MatMulF16: block 0, bits 16 */
 } Kernel;
 
 OrtStatus *shape_of(const void *value, int64_t *dims, size_t *rank) {
@@ -473,7 +521,7 @@ OrtStatus *shape_of(const void *value, int64_t *dims, size_t *rank) {
 
 static OrtStatus *compute(void *kernel, void *context) {
   const Kernel *kn = kernel;
-  int w8 = kn->block > 0;
+  int w8 = kn->bits < 16; /* MatMulW8 or W4: weights and scales */
   const void *xv, *wv, *sv = NULL;
   void *yv, *x, *w, *sc = NULL, *y;
   int64_t xd[8], wd[8], sd[8], yd[8];
@@ -486,11 +534,13 @@ static OrtStatus *compute(void *kernel, void *context) {
     return s;
   int64_t K = xr ? xd[xr - 1] : 0, KB = w8 ? (K + kn->block - 1) / kn->block : 0;
   if (xr < 1 || wr != 3 || wd[2] != NR || kn->n < 1 || kn->n > wd[0] * NR ||
-      (w8 ? wd[1] != (K + 3) / 4 * 4 : wd[1] != K))
-    return error(w8 ? "MatMulW8: x must be [..., K], w [P, K rounded up to 4, 32] with 0 < n <= 32 P"
-                    : "MatMulF16: x must be [..., K], w [P, K, 32] with 0 < n <= 32 P");
+      wd[1] != (w8 ? (K + 3) / 4 * 4 * kn->bits / 8 : K))
+    return error(kn->bits == 16 ? "MatMulF16: x must be [..., K], w [P, K, 32] with 0 < n <= 32 P"
+                 : kn->bits == 8 ? "MatMulW8: x must be [..., K], w [P, K rounded up to 4, 32] with 0 < n <= 32 P"
+                 : "MatMulW4: x must be [..., K], w [P, (K rounded up to 4) / 2, 32] with 0 < n <= 32 P");
   if (w8 && (sr != 3 || sd[0] != wd[0] || sd[1] != KB || sd[2] != NR))
-    return error("MatMulW8: scales must be [P, ceil(K / block), 32]");
+    return error(kn->bits == 8 ? "MatMulW8: scales must be [P, ceil(K / block), 32]"
+                               : "MatMulW4: scales must be [P, ceil(K / block), 32]");
   int64_t M = 1;
   for (size_t i = 0; i + 1 < xr; i++) M *= (yd[i] = xd[i]);
   yd[xr - 1] = kn->n;
@@ -503,31 +553,36 @@ static OrtStatus *compute(void *kernel, void *context) {
     JobF16 job = {x, w, y, M, K, kn->n};
     return CALL(KernelContext_ParallelFor, context, run_f16, (size_t)wd[0], (size_t)0, &job);
   }
-  W8Args args = {x, w, sc, y, M, K, wd[1], KB, kn->n, kn->block, wd[0]};
+  W8Args args = {x, w, sc, y, M, K, (K + 3) / 4 * 4, KB, kn->n, kn->block, wd[0], kn->bits};
   return matmul_w8(context, &args);
 }
 
-static OrtStatus *create(const void *info, void **out, int w8) {
+static OrtStatus *create(const void *info, void **out, int bits) {
   Kernel *k = malloc(sizeof *k);
-  if (!k) return error("MatMulF16/MatMulW8: out of memory");
-  k->block = 0;
+  if (!k) return error("MatMulF16/W8/W4: out of memory");
+  k->block = 0, k->bits = bits;
   OrtStatus *s = CALL(KernelInfoGetAttribute_int64, info, "n", &k->n);
-  if (!s && w8) s = CALL(KernelInfoGetAttribute_int64, info, "block", &k->block);
-  if (!s && w8 && (k->block < 4 || k->block % 4)) s = error("MatMulW8: block must be a multiple of 4");
+  if (!s && bits < 16) s = CALL(KernelInfoGetAttribute_int64, info, "block", &k->block);
+  if (!s && bits < 16 && (k->block < 4 || k->block % 4)) s = error("MatMulW8/W4: block must be a multiple of 4");
   if (s) free(k);
   else *out = k;
   return s;
 }
 static OrtStatus *create_f16(const OrtCustomOp *op, const void *a, const void *info, void **out) {
   (void)op, (void)a;
-  return create(info, out, 0);
+  return create(info, out, 16);
 }
 static OrtStatus *create_w8(const OrtCustomOp *op, const void *a, const void *info, void **out) {
   (void)op, (void)a;
-  return create(info, out, 1);
+  return create(info, out, 8);
+}
+static OrtStatus *create_w4(const OrtCustomOp *op, const void *a, const void *info, void **out) {
+  (void)op, (void)a;
+  return create(info, out, 4);
 }
 static const char *name_f16(const OrtCustomOp *op) { (void)op; return "MatMulF16"; }
 static const char *name_w8(const OrtCustomOp *op) { (void)op; return "MatMulW8"; }
+static const char *name_w4(const OrtCustomOp *op) { (void)op; return "MatMulW4"; }
 static int type_f16(const OrtCustomOp *op, size_t i) { (void)op; return i == 0 ? TYPE_FLOAT : TYPE_FLOAT16; }
 static int type_w8(const OrtCustomOp *op, size_t i) { (void)op; return i == 1 ? TYPE_UINT8 : TYPE_FLOAT; }
 
@@ -537,6 +592,9 @@ static const OrtCustomOp f16 = {16, NULL, name_f16, provider, type_f16, two, flo
 static const OrtCustomOp w8 = {16, NULL, name_w8, provider, type_w8, three, float_output, one, NULL, destroy,
                                required, required, memory_default, min_arity, homogeneous, min_arity, homogeneous,
                                create_w8, compute};
+static const OrtCustomOp w4 = {16, NULL, name_w4, provider, type_w8, three, float_output, one, NULL, destroy,
+                               required, required, memory_default, min_arity, homogeneous, min_arity, homogeneous,
+                               create_w4, compute};
 
 __attribute__((visibility("default"))) OrtStatus *RegisterCustomOps(void *options, const OrtApiBase *base) {
   api = base->GetApi(API_VERSION);
@@ -545,6 +603,7 @@ __attribute__((visibility("default"))) OrtStatus *RegisterCustomOps(void *option
   OrtStatus *s = CALL(CreateCustomOpDomain, "edgeinfer", &domain);
   if (!s) s = CALL(CustomOpDomain_Add, domain, &f16);
   if (!s) s = CALL(CustomOpDomain_Add, domain, &w8);
+  if (!s) s = CALL(CustomOpDomain_Add, domain, &w4);
   if (!s) s = CALL(CustomOpDomain_Add, domain, &attention_op);
   if (!s) s = CALL(CustomOpDomain_Add, domain, &embed_f16_op);
   if (!s) s = CALL(CustomOpDomain_Add, domain, &embed_w8_op);
