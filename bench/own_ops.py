@@ -1,13 +1,15 @@
-"""edgeinfer's own onnxruntime ops (``edgeinfer.MatMulF16``, ``edgeinfer.MatMulW8``) in each build of their library
-this CPU runs: AVX-512 (F, BW, VNNI) and AVX2 (with FMA and F16C; what an Intel Core Ultra or an AVX2-only AMD box
-gets). The build is pinned with ``EDGEINFER_KERNEL_ISA``, so an AVX-512 machine measures both.
+"""edgeinfer's own onnxruntime ops (``edgeinfer.MatMulF16``, ``MatMulW8``, ``MatMulW4``) in each build of their
+library this CPU runs: AVX-512 (F, BW, VNNI) and AVX2 (with FMA and F16C; what an Intel Core Ultra or an AVX2-only
+AMD box gets). The build is pinned with ``EDGEINFER_KERNEL_ISA``, so an AVX-512 machine measures both.
 
 - ``layer``: one graph of ``LAYERS`` weights of K x N (default 1024 x 2816, the peer model's MLP: 176 MiB in fp16,
   past the last-level cache, as a decoder's weights are), each op over the same input, one thread, 1 / 4 / 16
-  rows; ms per weight. onnxruntime's own fp32 ``MatMul`` (MLAS) over the same weights is the baseline.
+  rows; ms per weight. onnxruntime's own fp32 ``MatMul`` (MLAS) over the same weights is the baseline, and for
+  MatMulW4 (w4a16) onnxruntime's ``MatMulNBits`` over the same int4 weights (the builder's: symmetric, block 32) at
+  accuracy level 1 (fp32 activations: what w4a16 ran on before) and level 4 (int8 activations: w4a8).
 - ``decode`` (``--decode``): ``edgeinfer bench BUNDLE --prompt-lengths 32 --new-tokens 64 --threads 1`` on the
-  peer bench's host-fp16 and host-w8a16 bundles (the random Qwen3 of ``peer_llamacpp.py``), a fresh process per
-  run, the builds alternating their order each round.
+  peer bench's host-fp16 and host-w8a16 bundles (the random Qwen3 of ``peer_llamacpp.py``) and its trained 3.9 M
+  model's host-w4a16 bundle, a fresh process per run, the builds alternating their order each round.
 
     python bench/own_ops.py [--k 1024] [--n 2816] [--decode] [--rounds 2] [--out own_ops]
 
@@ -30,7 +32,8 @@ from _common import arguments, write  # noqa: E402
 LAYERS = 32
 ROWS = (1, 4, 16)
 BLOCK = 128
-DECODE_PAIRS = ["host-fp16", "host-w8a16"]
+DECODE_PAIRS = ["host-fp16", "host-w8a16", "host-w4a16-q4_0"]
+INT4_BLOCK = 32  # the builder's int4 block (the plugin's w4a16)
 
 
 def layer_graph(weights: list, scheme: str | None):
@@ -45,9 +48,23 @@ def layer_graph(weights: list, scheme: str | None):
                            for i in range(len(weights))],
                           [numpy_helper.from_array(w, f"w{i}") for i, w in enumerate(weights)])
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    if scheme in ("w4a16", "w4a8"):  # the builder's int4: MatMulNBits, then MatMulW4 for w4a16
+        model = int4(model, 1 if scheme == "w4a16" else 4)
     if scheme is not None:
         custom_ops.use_kernels(model, scheme, BLOCK)
     return model
+
+
+def int4(model, level: int):
+    """``model``'s MatMuls as the builder quantizes them to int4 (MatMulNBits, symmetric, block 32) at ``level``."""
+    import logging
+
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
+    q = MatMulNBitsQuantizer(model, block_size=INT4_BLOCK, is_symmetric=True, accuracy_level=level)
+    q.process()
+    return q.model.model
 
 
 def time_layers(model, library: str | None, k: int) -> dict[str, float]:
@@ -80,6 +97,9 @@ def layer(k: int, n: int) -> dict:
     rng = np.random.default_rng(0)
     weights = [rng.standard_normal((k, n)).astype(np.float32) * 0.02 for _ in range(LAYERS)]
     res: dict = {"onnxruntime fp32 MatMul": time_layers(layer_graph(weights, None), None, k)}
+    plain = layer_graph(weights, None)
+    res["onnxruntime MatMulNBits 4-bit, level 1 (w4a16 before)"] = time_layers(int4(plain, 1), None, k)
+    res["onnxruntime MatMulNBits 4-bit, level 4 (w4a8)"] = time_layers(int4(layer_graph(weights, None), 4), None, k)
     for build in custom_ops.ISAS:
         os.environ[custom_ops.ISA_ENV] = build
         if custom_ops.isa() is None:
@@ -98,10 +118,10 @@ def decode(rounds: int) -> dict:
     from edgeinfer_onnxruntime import custom_ops
 
     builds = custom_ops.builds()
-    model = peer.model_path("random")
     out = {}
     for name in DECODE_PAIRS:
-        bundle = peer.edgeinfer_target(peer.PAIRS[name], model)
+        pair = peer.PAIRS[name]
+        bundle = peer.edgeinfer_target(pair, peer.model_path(pair.get("model", "random")))
         runs: dict[str, list] = {b: [] for b in builds}
         for r in range(rounds):
             for build in builds if r % 2 == 0 else builds[::-1]:
