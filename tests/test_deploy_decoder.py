@@ -236,8 +236,13 @@ def _board(tmp_path: Path, backend: str, gib: float, schemes: str = "fp32, w4a16
 
 
 def test_plan_that_does_not_fit_exits_1_with_a_suggestion_and_no_bundle(tmp_path):
-    # ~115 MiB: tiny-qwen3 fp32 fits at short contexts only (118 MiB planned at 1024)
-    board = _board(tmp_path, "onnxruntime", 0.1125)
+    from edgeinfer.planning.planner import plan
+
+    # a board between tiny-qwen3 fp32's plans at ctx 128 and 1024: it fits at short contexts only
+    roomy = _board(tmp_path, "onnxruntime", 64)
+    short, long = (plan(str(model_dir()), str(roomy), ctx=c, suggest=False).total_bytes for c in (128, 1024))
+    assert short < long
+    board = _board(tmp_path, "onnxruntime", (short + long) / 2 / 2**30)
     out = tmp_path / "out"
     proc = cli("deploy", str(model_dir()), "--board", str(board), "--ctx", "1024", "-o", str(out))
     _one_line_error(proc, 1, "does not fit tiny-board", "try --ctx ")

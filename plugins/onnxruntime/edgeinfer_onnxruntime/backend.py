@@ -160,10 +160,11 @@ class OnnxRuntimeBackend(Backend):
 
         reason = unavailable()
         details: dict[str, Any] = {"providers": ort.get_available_providers(), "own_ops": (
-            ", ".join(f"edgeinfer.{op} ({scheme})" for scheme, op in OPS.items()) + f", {isa()} build"
+            ", ".join(f"edgeinfer.{op} ({', '.join(s for s, o in OPS.items() if o == op)})" for op in dict.fromkeys(
+                OPS.values())) + f", {isa()} build"
             if reason is None else f"none: {reason}")}
         if reason is not None and compiler() is None:  # a CPU without the instructions: nothing to fix
-            details["warnings"] = [{"message": f"edgeinfer's fp16, w8a16 and w4a16 decoder ops cannot be built "
+            details["warnings"] = [{"message": f"edgeinfer's fp16, w8a16 and int4 decoder ops cannot be built "
                                                f"({reason}): those schemes deploy on onnxruntime's own kernels, "
                                                "slower (docs/generation.md)",
                                     "fix": "install a C compiler (apt install gcc) and deploy them again"}]

@@ -1,20 +1,20 @@
 """edgeinfer's own onnxruntime ops for the host decoder classes onnxruntime has no fast CPU kernel for
 (``kernels/matmul.c``): ``edgeinfer.MatMulF16`` (fp16, the weights read as fp16), ``edgeinfer.MatMulW8`` (w8a16,
 int8 weights with an fp32 scale per block of 128, the activations as two int8 digits per block on the CPU's integer
-dot products) and ``edgeinfer.MatMulW4`` (w4a16: the builder's int4 weights, the same digits), where this machine
-can build and run them (:func:`unavailable`): one library, built for AVX-512 (F, BW, VNNI) or for AVX2 (with FMA,
-F16C), whichever the CPU has (:func:`isa`), both over the same packed weights; else fp16 runs as two int8 planes
-(:mod:`.weight_planes`) and w8a16 over its activations' two int8 digits (:mod:`.int8_digits`), both on
-onnxruntime's int8 kernel, and w4a16 on MatMulNBits' fp32 kernel. With them, ``edgeinfer.GroupQueryAttention``
-(``kernels/attention.c``): the decoder's attention over its fp16 KV cache, in fp32 (:func:`use_attention`); and
-``edgeinfer.EmbedF16`` / ``EmbedW8`` (``kernels/embedding.c``): a tied model's lookup read from the LM head's
-panels (``embedding.head_embedding``).
+dot products) and ``edgeinfer.MatMulW4`` (w4a16 and w4a8: the builder's int4 weights, on the same two digits or on
+the high digit alone: int8 activations), where this machine can build and run them (:func:`unavailable`): one
+library, built for AVX-512 (F, BW, VNNI) or for AVX2 (with FMA, F16C), whichever the CPU has (:func:`isa`), both
+over the same packed weights; else fp16 runs as two int8 planes (:mod:`.weight_planes`) and w8a16 over its
+activations' two int8 digits (:mod:`.int8_digits`), both on onnxruntime's int8 kernel, and w4a16 and w4a8 on
+MatMulNBits. With them, ``edgeinfer.GroupQueryAttention`` (``kernels/attention.c``): the decoder's attention over
+its fp16 KV cache, in fp32 (:func:`use_attention`); and ``edgeinfer.EmbedF16`` / ``EmbedW8``
+(``kernels/embedding.c``): a tied model's lookup read from the LM head's panels (``embedding.head_embedding``).
 
 :func:`library` compiles the ops with the system C compiler (``$CC``, else ``cc``) once per source, compiler and
 build into the cache (``~/.cache/edgeinfer/kernels/``; ``edgeinfer cache clear kernels`` removes it, and the next
 load builds it again). :func:`use_kernels` rewrites the builder's fp32 graph: each MatMul over a 2-D fp32 weight
 becomes one of the ops over the weight packed in panels of 32 output columns (:func:`pack_f16`, :func:`pack_w8`);
-for w4a16 each 4-bit ``MatMulNBits`` the builder wrote becomes MatMulW4 over its weights repacked
+for w4a16 and w4a8 each 4-bit ``MatMulNBits`` the builder wrote becomes MatMulW4 over its weights repacked
 (:func:`pack_w4`). A graph that uses any of them needs the library at load (:func:`own_ops`). Standard library at
 import (blocks.py asks :func:`unavailable` for deploy's conversion key).
 """
@@ -35,7 +35,8 @@ from edgeinfer.contract.onnx_index import graph_ops
 from edgeinfer.errors import BackendUnavailableError, ModelError
 
 DOMAIN = "edgeinfer"
-OPS = {"fp16": "MatMulF16", "w8a16": "MatMulW8", "w4a16": "MatMulW4"}  # scheme -> op
+OPS = {"fp16": "MatMulF16", "w8a16": "MatMulW8", "w4a16": "MatMulW4", "w4a8": "MatMulW4"}  # scheme -> op
+DIGITS = {"w4a16": 2, "w4a8": 1}  # MatMulW4's activation digits per scheme: two (fp32-like), or int8 alone
 PANEL = 32  # output columns a panel (NR in the C source)
 KERNELS = Path(__file__).with_name("kernels")
 SOURCES = (KERNELS / "matmul.c", KERNELS / "attention.c", KERNELS / "embedding.c")  # one library; each includes ort.h
@@ -222,7 +223,7 @@ def _nbits_as_w4(node: Any, inits: dict[str, Any]) -> tuple[int, int, int] | Non
     return attrs["K"], attrs["N"], block
 
 
-def _use_w4(model: Any) -> int:
+def _use_w4(model: Any, digits: int) -> int:
     from onnx import helper, numpy_helper
 
     graph = model.graph
@@ -242,7 +243,7 @@ def _use_w4(model: Any) -> int:
             for name, a in zip(names, pack_w4(b, scales, k, cols)):
                 packed[name] = numpy_helper.from_array(a, name)
         nodes.append(helper.make_node("MatMulW4", [n.input[0], *names], list(n.output), name=f"{n.name}_MatMulW4",
-                                      domain=DOMAIN, n=cols, block=block))
+                                      domain=DOMAIN, n=cols, block=block, digits=digits))
         replaced |= set(n.input[1:3])
     return _swap(model, nodes, replaced, packed, "MatMulW4")
 
@@ -267,13 +268,13 @@ def _swap(model: Any, nodes: list[Any], replaced: set[str], packed: dict[str, An
 
 def use_kernels(model: Any, scheme: str, block: int = 0) -> int:
     """Rewrite every MatMul of ``model`` whose B is a 2-D fp32 initializer into ``scheme``'s op (:data:`OPS`) over
-    it packed (``block``: MatMulW8's); the fp32 initializers it replaced are dropped. For ``w4a16`` each 4-bit
-    MatMulNBits MatMulW4 computes the same (symmetric, no bias) becomes MatMulW4 over its weights repacked.
-    Returns the number of nodes rewritten."""
+    it packed (``block``: MatMulW8's); the fp32 initializers it replaced are dropped. For ``w4a16`` and ``w4a8``
+    each 4-bit MatMulNBits MatMulW4 computes the same (symmetric, no bias) becomes MatMulW4 over its weights
+    repacked, on two activation digits or one (:data:`DIGITS`). Returns the number of nodes rewritten."""
     from onnx import TensorProto, helper, numpy_helper
 
-    if scheme == "w4a16":
-        return _use_w4(model)
+    if scheme in DIGITS:
+        return _use_w4(model, DIGITS[scheme])
     op = OPS[scheme]
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}

@@ -52,9 +52,8 @@ def is_built(path: Path) -> bool:
     return (path / GENAI_CONFIG).is_file()
 
 
-# edgeinfer scheme -> the builder's precision; w4a16 runs MatMulNBits with fp32 activations (int4_accuracy_level=1),
-# w4a8 quantizes them to int8 per block inside the kernel (level 4, MLAS's int8 kernels), as llama.cpp's Q4_0 and
-# Q4_K_M quantize theirs (to Q8_0 / Q8_K) on a CPU: 0.29 vs 0.51 ms a token on the trained test decoder
+# edgeinfer scheme -> the builder's precision; w4a16 / w4a8: its int4 MatMulNBits on fp32 activations (level 1) / on
+# int8 per block (level 4, as llama.cpp's Q4_0 on a CPU), each MatMulW4 (two digits / one) where the own ops build
 SCHEMES = {"fp32": ("fp32", []), "w4a16": ("int4", ["int4_accuracy_level=1"]),
            "w4a8": ("int4", ["int4_accuracy_level=4"]), "w8a16": ("fp32", []), "w8a8": ("fp32", []),
            "fp16": ("fp32", [])}
@@ -167,9 +166,10 @@ def convert(hf_dir: Path, scheme: str, context: int, out: Path, group_size: int 
         facts["int4_block_size"] = block
     if kernel:
         op = f"{custom_ops.DOMAIN}.{custom_ops.OPS[family]}"
+        acts = "int8 activations per block" if family == "w4a8" else "fp32 activations"
         facts["then"] = (f"fp16 weights, each MatMul an {op} (custom_ops.py)" if family == "fp16" else
-                         f"{'int4' if family == 'w4a16' else 'int8'} weights in blocks of {block}, each MatMul an "
-                         f"{op} on fp32 activations (custom_ops.py)")
+                         f"int{family[1]} weights in blocks of {block}, each MatMul an {op} on {acts} "
+                         "(custom_ops.py)")
         if family == "w8a16":
             facts["int8_block_size"] = block
     if own_attention:

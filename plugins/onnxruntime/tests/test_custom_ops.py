@@ -61,16 +61,22 @@ def held(w: np.ndarray, scheme: str, block: int = 0) -> np.ndarray:
     return out
 
 
-def digits(x: np.ndarray, block: int) -> np.ndarray:
+def digits(x: np.ndarray, block: int, count: int = 2) -> np.ndarray:
     """x as MatMulW8 multiplies it: per row and block of ``block``, s = max|x| / 127, h = round(x / s),
-    l = round(254 (x / s - h)), x = s (h + l / 254)."""
+    l = round(254 (x / s - h)), x = s (h + l / 254); with ``count`` 1 (MatMulW4 for w4a8) s h alone, h rounded
+    from x times the fp32 reciprocal of s, as the kernels take it (a value halfway between two steps may round
+    either way; two digits make up for it, one does not)."""
     out = np.empty(x.shape)
     for b in range(0, x.shape[-1], block):
         part = x[..., b:b + block].astype(np.float64)
         s = np.abs(part).max(axis=-1, keepdims=True) / 127
         s[s == 0] = 1
         h = np.clip(np.rint(part / s), -127, 127)
-        low = np.clip(np.rint((part / s - h) * 254), -127, 127)
+        if count == 1:
+            s32 = np.abs(x[..., b:b + block]).max(axis=-1, keepdims=True) / np.float32(127)
+            s32[s32 == 0] = 1
+            s, h = s32.astype(np.float64), np.clip(np.rint(x[..., b:b + block] * (np.float32(1) / s32)), -127, 127)
+        low = np.clip(np.rint((part / s - h) * 254), -127, 127) if count == 2 else 0
         out[..., b:b + block] = s * (h + low / 254)
     return out
 
@@ -169,14 +175,17 @@ def test_pack_w4_puts_two_columns_a_byte_and_four_rows_of_a_column_side_by_side(
 
 @pytest.mark.parametrize("k, n", [(64, 32), (130, 50), (96, 200)])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_matmul_w4_equals_the_product_with_the_int4_weights_and_onnxruntimes_own_kernel(k, n, threads, build):
+@pytest.mark.parametrize("scheme", ["w4a16", "w4a8"])
+def test_matmul_w4_equals_the_product_with_the_int4_weights_and_onnxruntimes_own_kernel(k, n, threads, scheme, build):
     """MatMulW4 over a MatMulNBits' weights (the builder's symmetric int4, block 32): numpy's product of x's two
-    digits and the weights read by hand, and onnxruntime's MatMulNBits (fp32 activations) on the same x."""
+    digits (w4a16) or its high digit alone (w4a8: int8 per block of 32) and the weights read by hand; and for
+    w4a16 onnxruntime's MatMulNBits on fp32 activations on the same x."""
     rng = np.random.default_rng(k + n)
     w = rng.standard_normal((k, n)).astype(np.float32)
     theirs = nbits_graph(w)
     ours = nbits_graph(w)
-    assert custom_ops.use_kernels(ours, "w4a16") == 1
+    assert custom_ops.use_kernels(ours, scheme) == 1
+    assert {a.name: a.i for a in ours.graph.node[0].attribute}["digits"] == {"w4a16": 2, "w4a8": 1}[scheme]
     assert [(t.name, list(t.dims)) for t in ours.graph.initializer] == [
         (f"{ours.graph.node[0].input[1]}", [-(-n // 32), -(-k // 4) * 2, 32]),
         (f"{ours.graph.node[0].input[2]}", [-(-n // 32), -(-k // 32), 32])]  # MatMulNBits' own initializers gone
@@ -188,8 +197,11 @@ def test_matmul_w4_equals_the_product_with_the_int4_weights_and_onnxruntimes_own
         x = rng.standard_normal((*rows, k)).astype(np.float32)
         y = s.run(None, {"x": x})[0]
         assert y.shape == (*rows, n)
-        np.testing.assert_allclose(y, digits(x, 32) @ held_w, rtol=0, atol=1e-5 * k)
-        np.testing.assert_allclose(y, ref.run(None, {"x": x})[0], rtol=0, atol=1e-3 * np.sqrt(k))
+        np.testing.assert_allclose(y, digits(x, 32, 2 if scheme == "w4a16" else 1) @ held_w, rtol=0, atol=1e-5 * k)
+        if scheme == "w4a16":
+            np.testing.assert_allclose(y, ref.run(None, {"x": x})[0], rtol=0, atol=1e-3 * np.sqrt(k))
+        elif y.size:  # int8 activations: off fp32's product by what one digit drops
+            assert np.abs(y - x @ held_w).max() > 1e-3
 
 
 def test_the_w4_rewrite_leaves_what_matmul_w4_does_not_compute():
@@ -260,13 +272,13 @@ def test_the_probe_names_the_ops_and_warns_with_a_fix_when_no_compiler_builds_th
 
     details = OnnxRuntimeBackend().probe().details
     assert details["own_ops"] == ("edgeinfer.MatMulF16 (fp16), edgeinfer.MatMulW8 (w8a16), edgeinfer.MatMulW4 "
-                                  f"(w4a16), {custom_ops.isa()} build")
+                                  f"(w4a16, w4a8), {custom_ops.isa()} build")
     assert "warnings" not in details
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     details = OnnxRuntimeBackend().probe().details
     assert details["own_ops"].startswith("none: no C compiler")
     [warning] = details["warnings"]
-    assert "w4a16" in warning["message"] and "apt install gcc" in warning["fix"]
+    assert "int4" in warning["message"] and "apt install gcc" in warning["fix"]
 
 
 def test_each_cpu_gets_the_best_build_it_runs_and_one_without_avx2_a_line_that_says_so(monkeypatch):

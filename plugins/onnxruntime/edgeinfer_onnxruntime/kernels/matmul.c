@@ -4,8 +4,9 @@
  *              multiply-adds;
  *   MatMulW8   int8 weights with an fp32 scale per block of `block` rows and column (the host w8a16 class), the
  *              activations as two int8 digits per block, on integer dot products;
- *   MatMulW4   the same for int4 weights (the host w4a16 class: MatMulNBits' symmetric 4 bits, repacked), two to a
- *              byte, widened to 8 bits in registers.
+ *   MatMulW4   the same for int4 weights (MatMulNBits' symmetric 4 bits, repacked), two to a byte, widened to 8 bits
+ *              in registers: with digits = 2 the host w4a16 class; with digits = 1 the high digit alone, the
+ *              activations int8 per block as llama.cpp's Q4_0 takes them (the host w4a8 class).
  * Two builds of this one file (custom_ops.py picks the one the CPU runs): AVX-512 F, BW and VNNI (MatMulW8 on
  * vpdpbusd), and AVX2 with FMA and F16C (MatMulW8 on vpmaddwd). Both read the same packed weights, so a bundle
  * deployed on one CPU loads on the other, and both compute the same integer sums.
@@ -17,7 +18,8 @@
  *          MatMulF16 fp16 [P, K, 32]; MatMulW8 uint8 q + 128 [P, K4, 32] (K4 = K rounded up to 4), MatMulW4 uint8
  *          [P, K4 / 2, 32] (q + 8: column c of a quad row in the low nibble of byte 4 c + r, column c + 16 in its
  *          high nibble, c < 16), and for both their fp32 scales [P, ceil(K / block), 32] (custom_ops.py packs them).
- * Attributes: n, the real N (<= 32 P); MatMulW8 and W4: block (a multiple of 4).   Output: y [..., n] float.
+ * Attributes: n, the real N (<= 32 P); MatMulW8 and W4: block (a multiple of 4); MatMulW4: digits (1 or 2).
+ * Output: y [..., n] float.
  *
  * Built by custom_ops.py with the system C compiler, with attention.c (edgeinfer.GroupQueryAttention) and
  * embedding.c (edgeinfer.EmbedF16, EmbedW8) into one library; the few onnxruntime C API functions they call are
@@ -41,7 +43,7 @@ typedef struct { /* one MatMulW8 or MatMulW4 call */
   const uint8_t *w;
   const float *ws;
   float *y;
-  int64_t M, K, K4, KB, n, block, P, bits;
+  int64_t M, K, K4, KB, n, block, P, bits, digits;
 } W8Args;
 
 typedef struct Digits Digits; /* the activations' digits, as each build holds them */
@@ -130,7 +132,8 @@ struct Digits {
   int32_t *hs, *ls; /* [M][KB] sums of h and l */
 };
 
-static void digits_of(const float *x, int64_t M, int64_t K, int64_t K4, int64_t block, int64_t KB, Digits *d) {
+static void digits_of(const float *x, int64_t M, int64_t K, int64_t K4, int64_t block, int64_t KB, int digits,
+                      Digits *d) {
   const __m512 lim = _mm512_set1_ps(127.0f), nlim = _mm512_set1_ps(-127.0f), f254 = _mm512_set1_ps(254.0f);
   for (int64_t m = 0; m < M; m++) {
     const float *xm = x + m * K;
@@ -149,8 +152,9 @@ static void digits_of(const float *x, int64_t M, int64_t K, int64_t K4, int64_t 
         __mmask16 in = k1 - k >= 16 ? 0xffff : (__mmask16)((1u << (k1 - k)) - 1);
         __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(in, xm + k), inv);
         __m512 hv = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        __m512 lv = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_sub_ps(v, hv), f254),
-                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        __m512 lv = digits == 1 ? _mm512_setzero_ps() /* the high digit alone: int8 activations */
+                                : _mm512_roundscale_ps(_mm512_mul_ps(_mm512_sub_ps(v, hv), f254),
+                                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         __m512i hi = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(hv, nlim), lim));
         __m512i li = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(lv, nlim), lim));
         _mm512_mask_cvtepi32_storeu_epi8(h + k, in, hi);
@@ -164,8 +168,10 @@ static void digits_of(const float *x, int64_t M, int64_t K, int64_t K4, int64_t 
   }
 }
 
-/* bits 8: a quad row is 128 bytes, q + 128; bits 4: 64 bytes, q + 8, columns 16-31 in the high nibbles */
-static inline __attribute__((always_inline)) void w8_rows(const JobW8 *j, size_t p, int64_t m0, int mr, int bits) {
+/* bits 8: a quad row is 128 bytes, q + 128; bits 4: 64 bytes, q + 8, columns 16-31 in the high nibbles; digits 1:
+ * the low digit's products skipped (it is 0) */
+static inline __attribute__((always_inline)) void w8_rows(const JobW8 *j, size_t p, int64_t m0, int mr, int bits,
+                                                          int digits) {
   const int64_t K4 = j->K4, block = j->block, zero = bits == 8 ? 128 : 8;
   const uint8_t *wp = j->w + (int64_t)p * K4 * NR * bits / 8;
   const __m512i nibble = _mm512_set1_epi8(0x0f);
@@ -207,8 +213,10 @@ static inline __attribute__((always_inline)) void w8_rows(const JobW8 *j, size_t
           __m512i bh = _mm512_set1_epi32(hv), bl = _mm512_set1_epi32(lv);
           h0[t][i] = _mm512_dpbusd_epi32(h0[t][i], w0, bh);
           h1[t][i] = _mm512_dpbusd_epi32(h1[t][i], w1, bh);
-          l0[t][i] = _mm512_dpbusd_epi32(l0[t][i], w0, bl);
-          l1[t][i] = _mm512_dpbusd_epi32(l1[t][i], w1, bl);
+          if (digits == 2) {
+            l0[t][i] = _mm512_dpbusd_epi32(l0[t][i], w0, bl);
+            l1[t][i] = _mm512_dpbusd_epi32(l1[t][i], w1, bl);
+          }
         }
       }
     }
@@ -223,8 +231,11 @@ static inline __attribute__((always_inline)) void w8_rows(const JobW8 *j, size_t
       /* sum (u - zero) x = s (sum u h + sum u l / 254) - s zero (sum h + sum l / 254): the second term per row */
       __m512 xs = _mm512_set1_ps(j->d->s[at]);
       __m512 c = _mm512_set1_ps(j->d->s[at] * (float)zero * ((float)j->d->hs[at] + (float)j->d->ls[at] / 254.0f));
-      __m512 v0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(l0[0][i]), low, _mm512_cvtepi32_ps(h0[0][i]));
-      __m512 v1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(l1[0][i]), low, _mm512_cvtepi32_ps(h1[0][i]));
+      __m512 v0 = _mm512_cvtepi32_ps(h0[0][i]), v1 = _mm512_cvtepi32_ps(h1[0][i]);
+      if (digits == 2) {
+        v0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(l0[0][i]), low, v0);
+        v1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(l1[0][i]), low, v1);
+      }
       f0[i] = _mm512_fmadd_ps(_mm512_fmsub_ps(v0, xs, c), s0, f0[i]);
       f1[i] = _mm512_fmadd_ps(_mm512_fmsub_ps(v1, xs, c), s1, f1[i]);
     }
@@ -232,22 +243,23 @@ static inline __attribute__((always_inline)) void w8_rows(const JobW8 *j, size_t
   for (int i = 0; i < mr; i++) store(j->y + (m0 + i) * j->n + col, cols, f0[i], f1[i]);
 }
 
-#define RUN(BITS)                                                                                                \
-  static void run_w##BITS(void *job, size_t p) {                                                                 \
+#define RUN(NAME, BITS, DIGITS)                                                                                  \
+  static void NAME(void *job, size_t p) {                                                                        \
     const JobW8 *j = job;                                                                                        \
     for (int64_t m = 0; m < j->M; m += WR) {                                                                     \
       switch (j->M - m < WR ? (int)(j->M - m) : WR) { /* a constant row count: accumulators in registers */     \
-        case 1: w8_rows(j, p, m, 1, BITS); break;                                                                \
-        case 2: w8_rows(j, p, m, 2, BITS); break;                                                                \
-        case 3: w8_rows(j, p, m, 3, BITS); break;                                                                \
-        case 4: w8_rows(j, p, m, 4, BITS); break;                                                                \
-        case 5: w8_rows(j, p, m, 5, BITS); break;                                                                \
-        case 6: w8_rows(j, p, m, 6, BITS); break;                                                                \
+        case 1: w8_rows(j, p, m, 1, BITS, DIGITS); break;                                                        \
+        case 2: w8_rows(j, p, m, 2, BITS, DIGITS); break;                                                        \
+        case 3: w8_rows(j, p, m, 3, BITS, DIGITS); break;                                                        \
+        case 4: w8_rows(j, p, m, 4, BITS, DIGITS); break;                                                        \
+        case 5: w8_rows(j, p, m, 5, BITS, DIGITS); break;                                                        \
+        case 6: w8_rows(j, p, m, 6, BITS, DIGITS); break;                                                        \
       }                                                                                                          \
     }                                                                                                            \
   }
-RUN(8)
-RUN(4)
+RUN(run_w8, 8, 2)
+RUN(run_w4, 4, 2)
+RUN(run_w4_int8, 4, 1)
 #undef RUN
 
 static OrtStatus *matmul_w8(void *context, const W8Args *a) {
@@ -256,10 +268,10 @@ static OrtStatus *matmul_w8(void *context, const W8Args *a) {
   if (!scratch) return error("MatMulW8: out of memory");
   Digits d = {(int8_t *)scratch, (int8_t *)scratch + M * K4, (float *)(scratch + M * K4 * 2),
               (int32_t *)(scratch + M * K4 * 2 + M * KB * 4), (int32_t *)(scratch + M * K4 * 2 + M * KB * 8)};
-  digits_of(a->x, M, a->K, K4, a->block, KB, &d);
+  digits_of(a->x, M, a->K, K4, a->block, KB, (int)a->digits, &d);
   JobW8 job = {&d, a->w, a->ws, a->y, M, K4, KB, a->n, a->block};
-  OrtStatus *s = CALL(KernelContext_ParallelFor, context, a->bits == 8 ? run_w8 : run_w4, (size_t)a->P, (size_t)0,
-                      &job);
+  OrtStatus *s = CALL(KernelContext_ParallelFor, context, a->bits == 8 ? run_w8 : a->digits == 2 ? run_w4 : run_w4_int8,
+                      (size_t)a->P, (size_t)0, &job);
   free(scratch);
   return s;
 }
@@ -347,7 +359,8 @@ struct Digits {
   float *s;   /* [M][KB] */
 };
 
-static void digits_of(const float *x, int64_t M, int64_t K, int64_t K4, int64_t block, int64_t KB, Digits *dg) {
+static void digits_of(const float *x, int64_t M, int64_t K, int64_t K4, int64_t block, int64_t KB, int digits,
+                      Digits *dg) {
   const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   const __m256 lim = _mm256_set1_ps(127.0f), nlim = _mm256_set1_ps(-127.0f), f254 = _mm256_set1_ps(254.0f);
   const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
@@ -372,7 +385,7 @@ static void digits_of(const float *x, int64_t M, int64_t K, int64_t K4, int64_t 
         __m256 lv = _mm256_round_ps(_mm256_mul_ps(_mm256_sub_ps(v, hv), f254),
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         hv = _mm256_min_ps(_mm256_max_ps(hv, nlim), lim);
-        lv = _mm256_min_ps(_mm256_max_ps(lv, nlim), lim);
+        lv = digits == 1 ? _mm256_setzero_ps() : _mm256_min_ps(_mm256_max_ps(lv, nlim), lim); /* 1: int8 */
         __m256i di = _mm256_cvtps_epi32(_mm256_fmadd_ps(hv, f254, lv)); /* exact: |D| < 2^24 */
         _mm_storeu_si128((__m128i *)(d + k), _mm_packs_epi32(_mm256_castsi256_si128(di),
                                                               _mm256_extracti128_si256(di, 1)));
@@ -468,16 +481,17 @@ static inline __attribute__((always_inline)) void w8_rows(const JobW8 *j, size_t
 RUN(8)
 RUN(4)
 #undef RUN
+#define run_w4_int8 run_w4 /* the low digit is 0 in D: the same products */
 
 static OrtStatus *matmul_w8(void *context, const W8Args *a) {
   int64_t M = a->M, K4 = a->K4, KB = a->KB;
   char *scratch = malloc((size_t)((M * K4 + 8) * 2 + M * KB * 4));
   if (!scratch) return error("MatMulW8: out of memory");
   Digits d = {(int16_t *)scratch, (float *)(scratch + (M * K4 + 8) * 2)};
-  digits_of(a->x, M, a->K, K4, a->block, KB, &d);
+  digits_of(a->x, M, a->K, K4, a->block, KB, (int)a->digits, &d);
   JobW8 job = {&d, a->w, a->ws, a->y, M, K4, KB, a->n, a->block};
-  OrtStatus *s = CALL(KernelContext_ParallelFor, context, a->bits == 8 ? run_w8 : run_w4, (size_t)a->P, (size_t)0,
-                      &job);
+  OrtStatus *s = CALL(KernelContext_ParallelFor, context, a->bits == 8 ? run_w8 : a->digits == 2 ? run_w4 : run_w4_int8,
+                      (size_t)a->P, (size_t)0, &job);
   free(scratch);
   return s;
 }
@@ -505,7 +519,7 @@ static void run_f16(void *job, size_t p) {
 }
 
 typedef struct {
-  int64_t n, block, bits; /* MatMulF16: block 0, bits 16 */
+  int64_t n, block, bits, digits; /* MatMulF16: block 0, bits 16; MatMulW8: digits 2 */
 } Kernel;
 
 OrtStatus *shape_of(const void *value, int64_t *dims, size_t *rank) {
@@ -553,17 +567,19 @@ static OrtStatus *compute(void *kernel, void *context) {
     JobF16 job = {x, w, y, M, K, kn->n};
     return CALL(KernelContext_ParallelFor, context, run_f16, (size_t)wd[0], (size_t)0, &job);
   }
-  W8Args args = {x, w, sc, y, M, K, (K + 3) / 4 * 4, KB, kn->n, kn->block, wd[0], kn->bits};
+  W8Args args = {x, w, sc, y, M, K, (K + 3) / 4 * 4, KB, kn->n, kn->block, wd[0], kn->bits, kn->digits};
   return matmul_w8(context, &args);
 }
 
 static OrtStatus *create(const void *info, void **out, int bits) {
   Kernel *k = malloc(sizeof *k);
   if (!k) return error("MatMulF16/W8/W4: out of memory");
-  k->block = 0, k->bits = bits;
+  k->block = 0, k->bits = bits, k->digits = 2;
   OrtStatus *s = CALL(KernelInfoGetAttribute_int64, info, "n", &k->n);
   if (!s && bits < 16) s = CALL(KernelInfoGetAttribute_int64, info, "block", &k->block);
   if (!s && bits < 16 && (k->block < 4 || k->block % 4)) s = error("MatMulW8/W4: block must be a multiple of 4");
+  if (!s && bits == 4) s = CALL(KernelInfoGetAttribute_int64, info, "digits", &k->digits);
+  if (!s && (k->digits < 1 || k->digits > 2)) s = error("MatMulW4: digits must be 1 or 2");
   if (s) free(k);
   else *out = k;
   return s;
