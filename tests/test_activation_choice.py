@@ -28,16 +28,6 @@ def slow_host_w4a16_stand_in(monkeypatch):
     monkeypatch.setattr(planner, "fitted", lambda: constants)
 
 
-def test_host_w4a16_points_to_w4a8_exactly_when_its_plan_is_1_2x_faster():
-    p = plan(MODEL, "host", quant="w4a16", ctx=1024)
-    other = plan(MODEL, "host", quant="w4a8", ctx=1024, runtime=p.runtime, suggest=False)
-    faster = other.fits and other.estimates.decode_tokens_per_s >= 1.2 * p.estimates.decode_tokens_per_s
-    a = p.suggestions.activations
-    assert (a is not None) == faster
-    if a is not None:
-        assert a["quant"] == "w4a8" and a["decode_tokens_per_s"] == other.estimates.decode_tokens_per_s
-
-
 @pytest.mark.parametrize("scheme, int8", [("w4a16", "w4a8")])
 def test_float_activations_on_the_host_point_to_the_int8_kernels(scheme, int8, slow_host_w4a16_stand_in):
     host = get_board("host")  # one measurement of this machine's free memory for both plans
@@ -70,18 +60,19 @@ def test_no_suggestion_when_the_int8_scheme_is_not_faster():
     assert p.suggestions.activations is None
 
 
-def test_host_w8a16_points_to_w8a8_exactly_when_its_plan_is_1_2x_faster():
-    """onnxruntime on the host runs w8a16 on w8a8's int8 kernel over two digits of its activations: 0.60, 0.75 and
-    0.80 of w8a8's measured speed from the 4 M to the 210 M model in the rows of 2026-12-05 (1.0 at 210 M in those
-    of 2026-12-04: bench/data/rows_host.yaml moves with the machine), so whether a 0.6 B model's two estimates are
-    1.2x apart depends on the rows shipped; the suggestion follows them."""
-    p = plan(MODEL, "host", quant="w8a16", ctx=1024)
-    other = plan(MODEL, "host", quant="w8a8", ctx=1024, runtime=p.runtime, suggest=False)
+@pytest.mark.parametrize("scheme, int8", [("w8a16", "w8a8"), ("w4a16", "w4a8")])
+def test_host_float_activations_point_to_int8_exactly_when_its_plan_is_1_2x_faster(scheme, int8):
+    """onnxruntime on the host runs w8a16 and w4a16 on the plugin's own ops over two digits of their activations,
+    w8a8 on MLAS's int8 kernel and w4a8 on the int4 op's one digit: whether a 0.6 B model's two estimates are 1.2x
+    apart depends on the rows shipped (bench/data/rows_host.yaml moves with the machine); the suggestion follows
+    them."""
+    p = plan(MODEL, "host", quant=scheme, ctx=1024)
+    other = plan(MODEL, "host", quant=int8, ctx=1024, runtime=p.runtime, suggest=False)
     faster = other.fits and other.estimates.decode_tokens_per_s >= 1.2 * p.estimates.decode_tokens_per_s
     a = p.suggestions.activations
     assert (a is not None) == faster
     if a is not None:
-        assert a["quant"] == "w8a8" and a["decode_tokens_per_s"] == other.estimates.decode_tokens_per_s
+        assert a["quant"] == int8 and a["decode_tokens_per_s"] == other.estimates.decode_tokens_per_s
 
 
 def test_plan_and_deploy_print_it(capfd, slow_host_w4a16_stand_in):

@@ -28,7 +28,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from edgeinfer.contract import cache
 from edgeinfer.contract.onnx_index import graph_ops
@@ -223,37 +223,72 @@ def _nbits_as_w4(node: Any, inits: dict[str, Any]) -> tuple[int, int, int] | Non
     return attrs["K"], attrs["N"], block
 
 
-def _use_w4(model: Any, digits: int) -> int:
+# what a node becomes: its packed weights' names, a function that packs them, the new node's attributes and the
+# initializers it no longer reads; None to keep the node
+Packing = tuple[list[str], Callable[[], list["np.ndarray"]], dict[str, int], list[str]]
+
+
+def _matmul_packing(scheme: str, block: int) -> Callable[[Any, dict[str, Any]], Packing | None]:
+    """A MatMul over a 2-D fp32 initializer as MatMulF16 (fp16) or MatMulW8 (w8a16, blocks of ``block``)."""
+    from onnx import TensorProto, numpy_helper
+
+    op = OPS[scheme]
+
+    def packing(n: Any, inits: dict[str, Any]) -> Packing | None:
+        t = inits.get(n.input[1]) if n.op_type == "MatMul" and n.domain in ("", "ai.onnx") else None
+        if t is None or t.data_type != TensorProto.FLOAT or len(t.dims) != 2:
+            return None
+        names = [f"{t.name}/{op}"] + ([f"{t.name}/{op}/scales"] if scheme == "w8a16" else [])
+        w = lambda: numpy_helper.to_array(t)  # noqa: E731
+        pack = (lambda: pack_w8(w(), block)) if scheme == "w8a16" else (lambda: pack_f16(w()))
+        return names, pack, {"n": int(t.dims[1]), **({"block": block} if scheme == "w8a16" else {})}, [t.name]
+
+    return packing
+
+
+def _nbits_packing(digits: int) -> Callable[[Any, dict[str, Any]], Packing | None]:
+    """A 4-bit MatMulNBits MatMulW4 computes the same (:func:`_nbits_as_w4`) as MatMulW4 on ``digits`` digits."""
+    from onnx import numpy_helper
+
+    def packing(n: Any, inits: dict[str, Any]) -> Packing | None:
+        shape = _nbits_as_w4(n, inits)
+        if shape is None:
+            return None
+        k, cols, block = shape
+        names = [f"{n.input[1]}/MatMulW4", f"{n.input[1]}/MatMulW4/scales"]
+        b, scales = (inits[i] for i in n.input[1:3])
+        pack = lambda: pack_w4(numpy_helper.to_array(b), numpy_helper.to_array(scales), k, cols)  # noqa: E731
+        return names, pack, {"n": cols, "block": block, "digits": digits}, list(n.input[1:3])
+
+    return packing
+
+
+def use_kernels(model: Any, scheme: str, block: int = 0) -> int:
+    """Rewrite every MatMul of ``model`` whose B is a 2-D fp32 initializer into ``scheme``'s op (:data:`OPS`) over
+    it packed (``block``: MatMulW8's); the fp32 initializers it replaced are dropped. For ``w4a16`` and ``w4a8``
+    each 4-bit MatMulNBits MatMulW4 computes the same (symmetric, no bias) becomes MatMulW4 over its weights
+    repacked, on two activation digits or one (:data:`DIGITS`). Returns the number of nodes rewritten."""
     from onnx import helper, numpy_helper
 
+    op = OPS[scheme]
+    packing = _nbits_packing(DIGITS[scheme]) if scheme in DIGITS else _matmul_packing(scheme, block)
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
     packed: dict[str, Any] = {}
     replaced: set[str] = set()
     nodes = []
     for n in graph.node:
-        shape = _nbits_as_w4(n, inits)
-        if shape is None:
+        found = packing(n, inits)
+        if found is None:
             nodes.append(n)
             continue
-        k, cols, block = shape
-        names = [f"{n.input[1]}/MatMulW4", f"{n.input[1]}/MatMulW4/scales"]
-        if names[0] not in packed:
-            b, scales = (numpy_helper.to_array(inits[i]) for i in n.input[1:3])
-            for name, a in zip(names, pack_w4(b, scales, k, cols)):
+        names, pack, attrs, reads = found
+        if names[0] not in packed:  # a weight two nodes read is packed once
+            for name, a in zip(names, pack()):
                 packed[name] = numpy_helper.from_array(a, name)
-        nodes.append(helper.make_node("MatMulW4", [n.input[0], *names], list(n.output), name=f"{n.name}_MatMulW4",
-                                      domain=DOMAIN, n=cols, block=block, digits=digits))
-        replaced |= set(n.input[1:3])
-    return _swap(model, nodes, replaced, packed, "MatMulW4")
-
-
-def _swap(model: Any, nodes: list[Any], replaced: set[str], packed: dict[str, Any], op: str) -> int:
-    """``model``'s nodes become ``nodes``; the initializers in ``replaced`` that no node reads any more are dropped
-    and ``packed`` added. Returns the number of ``op`` nodes."""
-    from onnx import helper
-
-    graph = model.graph
+        nodes.append(helper.make_node(op, [n.input[0], *names], list(n.output), name=f"{n.name}_{op}",
+                                      domain=DOMAIN, **attrs))
+        replaced |= set(reads)
     used = {i for n in nodes for i in n.input}
     kept = [t for t in graph.initializer if t.name not in replaced or t.name in used]
     del graph.node[:]
@@ -264,38 +299,6 @@ def _swap(model: Any, nodes: list[Any], replaced: set[str], packed: dict[str, An
     if done and not any(o.domain == DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
     return done
-
-
-def use_kernels(model: Any, scheme: str, block: int = 0) -> int:
-    """Rewrite every MatMul of ``model`` whose B is a 2-D fp32 initializer into ``scheme``'s op (:data:`OPS`) over
-    it packed (``block``: MatMulW8's); the fp32 initializers it replaced are dropped. For ``w4a16`` and ``w4a8``
-    each 4-bit MatMulNBits MatMulW4 computes the same (symmetric, no bias) becomes MatMulW4 over its weights
-    repacked, on two activation digits or one (:data:`DIGITS`). Returns the number of nodes rewritten."""
-    from onnx import TensorProto, helper, numpy_helper
-
-    if scheme in DIGITS:
-        return _use_w4(model, DIGITS[scheme])
-    op = OPS[scheme]
-    graph = model.graph
-    inits = {t.name: t for t in graph.initializer}
-    packed: dict[str, Any] = {}
-    replaced: set[str] = set()
-    nodes = []
-    for n in graph.node:
-        t = inits.get(n.input[1]) if n.op_type == "MatMul" and n.domain in ("", "ai.onnx") else None
-        if t is None or t.data_type != TensorProto.FLOAT or len(t.dims) != 2:
-            nodes.append(n)
-            continue
-        names = [f"{t.name}/{op}"] + ([f"{t.name}/{op}/scales"] if scheme == "w8a16" else [])
-        if names[0] not in packed:
-            w = numpy_helper.to_array(t)
-            for name, a in zip(names, pack_w8(w, block) if scheme == "w8a16" else pack_f16(w)):
-                packed[name] = numpy_helper.from_array(a, name)
-        attrs = {"n": int(t.dims[1]), **({"block": block} if scheme == "w8a16" else {})}
-        nodes.append(helper.make_node(op, [n.input[0], *names], list(n.output), name=f"{n.name}_{op}",
-                                      domain=DOMAIN, **attrs))
-        replaced.add(t.name)
-    return _swap(model, nodes, replaced, packed, op)
 
 
 # com.microsoft.GroupQueryAttention attributes the own op computes (any other value keeps onnxruntime's op)
