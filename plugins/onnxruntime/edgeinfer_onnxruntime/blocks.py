@@ -13,7 +13,7 @@ DEFAULT_BLOCK = 32  # the builder's default int4_block_size: w4a16's block
 INT8_BLOCK = 128
 _OWN = unavailable() is None  # custom_ops.py builds here
 #: what convert() builds that no scheme name or option says: part of deploy's conversion cache key
-#: (Decoders.defaults), so a conversion cached with another default is not reused; the fp16, w8a16 and w4a16 entries
+#: (Decoders.defaults), so a conversion cached with another default is not reused; the fp16, w8a16 and int4 entries
 #: say what this machine builds, so a conversion made where the ops could not be built is not reused where they can
 CONVERSION_DEFAULTS = {"int4_block_size": DEFAULT_BLOCK, "int8_block_size": INT8_BLOCK,
                        "w8a16_kernel": "int8 panels of 32 (edgeinfer.MatMulW8)" if _OWN  # custom_ops.py

@@ -204,6 +204,19 @@ def test_matmul_w4_equals_the_product_with_the_int4_weights_and_onnxruntimes_own
             assert np.abs(y - x @ held_w).max() > 1e-3
 
 
+@pytest.mark.parametrize("block", [16, 128])
+def test_matmul_w4_takes_the_builders_other_block_sizes(block, build):
+    """A scheme's group size (``w4a16_g128``) reaches the builder's int4 block: the op's blocks follow it."""
+    rng = np.random.default_rng(block)
+    w = rng.standard_normal((256, 40)).astype(np.float32)
+    theirs, ours = nbits_graph(w, block=block), nbits_graph(w, block=block)
+    assert custom_ops.use_kernels(ours, "w4a16") == 1
+    assert {a.name: a.i for a in ours.graph.node[0].attribute}["block"] == block
+    x = rng.standard_normal((1, 3, 256)).astype(np.float32)
+    y = session(ours).run(None, {"x": x})[0]
+    np.testing.assert_allclose(y, digits(x, block) @ nbits_weights(theirs), rtol=0, atol=1e-5 * 256)
+
+
 def test_the_w4_rewrite_leaves_what_matmul_w4_does_not_compute():
     w = np.random.default_rng(2).standard_normal((64, 40)).astype(np.float32)
     for model in (nbits_graph(w, symmetric=False), nbits_graph(w, bits=8), matmul_graph(w)):
