@@ -197,7 +197,7 @@ def pack_w4(b: np.ndarray, scales: np.ndarray, k: int, n: int) -> list[np.ndarra
     import numpy as np
 
     blocks = b.shape[1]
-    u = np.empty((n, b.shape[1] * b.shape[2] * 2), np.uint8)
+    u = np.empty((n, blocks * b.shape[2] * 2), np.uint8)
     u[:, 0::2], u[:, 1::2] = b.reshape(n, -1) & 15, b.reshape(n, -1) >> 4
     k4 = -(-k // 4) * 4
     rows = np.full((k4, n), 8, np.uint8)  # past K: zero weights (their activations are 0 too)
@@ -239,8 +239,11 @@ def _matmul_packing(scheme: str, block: int) -> Callable[[Any, dict[str, Any]], 
         if t is None or t.data_type != TensorProto.FLOAT or len(t.dims) != 2:
             return None
         names = [f"{t.name}/{op}"] + ([f"{t.name}/{op}/scales"] if scheme == "w8a16" else [])
-        w = lambda: numpy_helper.to_array(t)  # noqa: E731
-        pack = (lambda: pack_w8(w(), block)) if scheme == "w8a16" else (lambda: pack_f16(w()))
+
+        def pack() -> list[np.ndarray]:
+            w = numpy_helper.to_array(t)
+            return pack_w8(w, block) if scheme == "w8a16" else pack_f16(w)
+
         return names, pack, {"n": int(t.dims[1]), **({"block": block} if scheme == "w8a16" else {})}, [t.name]
 
     return packing
@@ -256,8 +259,11 @@ def _nbits_packing(digits: int) -> Callable[[Any, dict[str, Any]], Packing | Non
             return None
         k, cols, block = shape
         names = [f"{n.input[1]}/MatMulW4", f"{n.input[1]}/MatMulW4/scales"]
-        b, scales = (inits[i] for i in n.input[1:3])
-        pack = lambda: pack_w4(numpy_helper.to_array(b), numpy_helper.to_array(scales), k, cols)  # noqa: E731
+
+        def pack() -> list[np.ndarray]:
+            b, scales = (numpy_helper.to_array(inits[i]) for i in n.input[1:3])
+            return pack_w4(b, scales, k, cols)
+
         return names, pack, {"n": cols, "block": block, "digits": digits}, list(n.input[1:3])
 
     return packing
