@@ -173,7 +173,8 @@ def test_int4_deploys_on_edgeinfers_own_int4_op_and_passes_golden(tiny_qwen3_hos
     """Where the own ops build, each of the builder's 4-bit MatMulNBits (block 32, symmetric) is an
     edgeinfer.MatMulW4 over the same int4 weights repacked in panels of 32 columns (two columns a byte) and their
     fp32 scales (custom_ops.py), its input as two int8 digits per block (w4a16) or the high one alone (w4a8: int8
-    per block of 32, as llama.cpp's Q4_0 takes its activations); the lookup keeps its int8 table."""
+    per block of 32, as llama.cpp's Q4_0 takes its activations); the tied model's lookup reads the head's int4
+    (edgeinfer.EmbedW4), as llama.cpp's Q4_0 reads token_embd: no table of its own is left."""
     import onnx
     from edgeinfer_onnxruntime import custom_ops
 
@@ -199,7 +200,11 @@ def test_int4_deploys_on_edgeinfers_own_int4_op_and_passes_golden(tiny_qwen3_hos
         assert w.dims[0] == -(-attrs["n"] // 32) and w.dims[2] == 32 and scales.data_type == onnx.TensorProto.FLOAT
         assert list(scales.dims) == [w.dims[0], -(-w.dims[1] * 2 // 32), 32]  # w: K4 / 2 rows of 32 bytes
     lookup = next(n for n in graph.graph.node if "input_ids" in n.input and n.op_type != "Shape")
-    assert lookup.op_type == "GatherBlockQuantized" and stamp["embedding"].startswith("int8, block ")
+    head = next(n for n in kernels if n.name.startswith("/lm_head/"))
+    assert (lookup.op_type, lookup.domain) == ("EmbedW4", "edgeinfer") and lookup.input[1:] == head.input[1:]
+    assert stamp["embedding"] == ("the LM head's weights, read by edgeinfer.EmbedW4 (tied: one table, int4 in "
+                                  "blocks of 32)")
+    assert not [t.name for t in graph.graph.initializer if "embed_tokens" in t.name]
     _own_attention(graph, stamp, cfg["decoder"]["num_hidden_layers"])
     _graph_io_and_tables(out, graph)
 

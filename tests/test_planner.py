@@ -212,23 +212,26 @@ def test_python_api_is_exposed():
 def test_a_quantized_onnxruntime_decoders_token_table_is_planned_in_the_plugins_int8_blocks(tmp_path):
     """The onnxruntime plugin looks a quantized decoder's tokens up in int8 with an fp32 scale per block of 128
     columns, 32 where 128 does not divide the width, and keeps the table fp32 where 32 does not either
-    (embedding.py); a tied w8a16 head on its own matmuls is that table, held once."""
+    (embedding.py); a tied w8a16 head on its own matmuls is that table, held once; a tied int4 one is read as the
+    head holds it (EmbedW4), at the head's 4 bits, and an untied int4 model's table keeps the int8 blocks."""
     import json as _json
 
-    def table(hidden: int, quant: str) -> tuple[float, int, int]:
-        d = tmp_path / f"m{hidden}"
+    def table(hidden: int, quant: str, tied: bool = True) -> tuple[float, int, int]:
+        d = tmp_path / f"m{hidden}{tied}"
         d.mkdir(exist_ok=True)
         (d / "config.json").write_text(_json.dumps({
             "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 4096, "hidden_size": hidden,
             "intermediate_size": 2 * hidden, "num_hidden_layers": 2, "num_attention_heads": 4,
-            "num_key_value_heads": 2, "head_dim": 32, "max_position_embeddings": 1024, "tie_word_embeddings": True}))
+            "num_key_value_heads": 2, "head_dim": 32, "max_position_embeddings": 1024, "tie_word_embeddings": tied}))
         w = plan(str(d), "host", quant=quant, ctx=256, suggest=False).details.weights
         return w.embedding_bits, w.embedding, w.lm_head
 
     # by hand: 4096 × hidden weights at 8 bits + 32 bits a block
     assert table(512, "w8a16") == (8.25, 4096 * 512 * 8.25 / 8, 0)
     assert table(576, "w8a16") == (9.0, 4096 * 576 * 9 / 8, 0)  # SmolLM2's width: blocks of 32
-    assert table(576, "w4a8")[:2] == (9.0, 4096 * 576 * 9 / 8)
+    assert table(576, "w4a8", tied=False)[:2] == (9.0, 4096 * 576 * 9 / 8)
+    assert table(576, "w4a8") == (4.0, 4096 * 576 * 4 / 8, 0)  # the head's int4, once
+    assert table(512, "w4a16") == (4.0, 4096 * 512 * 4 / 8, 0)
     assert table(520, "w8a8")[:2] == (32.0, 4096 * 520 * 4)  # neither 128 nor 32 divides 520: fp32
     assert table(512, "fp16")[0] == 16  # float schemes keep their type
 

@@ -84,6 +84,11 @@ def format_key(s: Scheme) -> str:
 
 
 # ----------------------------------------------------------------------------- memory model
+def family(scheme: Scheme) -> str:
+    """A scheme's name without its group size (``w4a16_g128`` -> ``w4a16``): the key of per-scheme profile rules."""
+    return scheme.name.split("_g")[0]
+
+
 def tied_duplicated(prof: dict, scheme: Scheme, spec: ModelSpec) -> bool:
     """Whether the runtime holds a tied model's table twice (a lookup table beside the LM head): the profile's
     ``tied_duplicated``; for a decoder, its ``decoder_tied_duplicated`` where it has one (per scheme family,
@@ -92,7 +97,7 @@ def tied_duplicated(prof: dict, scheme: Scheme, spec: ModelSpec) -> bool:
         return False
     per_scheme = prof.get("decoder_tied_duplicated")
     if per_scheme:
-        return bool(per_scheme.get(scheme.name.split("_g")[0], per_scheme.get("default")))
+        return bool(per_scheme.get(family(scheme), per_scheme.get("default")))
     return bool(prof.get("tied_duplicated"))
 
 
@@ -133,8 +138,11 @@ def weights_bytes(spec: ModelSpec, scheme: Scheme, prof: dict) -> tuple[int, det
         emb_bits = max(head_bits, emb_min)
     if (widened and spec.encoder) or float_held:  # a table that only feeds Gather (any type) is held as stored
         emb_bits = scheme.bpw
-    table = embedding_bits(prof, spec.hidden) if quantized and not spec.encoder else None
-    emb_bits = table or emb_bits  # int8 blocks of their own (and a tied head held once, in the same blocks)
+    if spec.tied_embeddings and not dup and family(scheme) in (prof.get("decoder_embedding_blocks") or {}).get(
+            "tied_head", ()):
+        emb_bits = head_bits  # the lookup reads the LM head's weights as they are
+    elif quantized and not spec.encoder:  # int8 blocks of their own (and a tied head held once, in the same blocks)
+        emb_bits = embedding_bits(prof, spec.hidden) or emb_bits
     emb_p = spec.embedding_params
     body_p = spec.params_total - emb_p - (0 if (spec.tied_embeddings or spec.encoder) else spec.lm_head_params)
     body = body_p * bpw / 8

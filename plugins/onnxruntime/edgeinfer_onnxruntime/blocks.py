@@ -26,4 +26,4 @@ CONVERSION_DEFAULTS = {"int4_block_size": DEFAULT_BLOCK, "int8_block_size": INT8
                        else "com.microsoft.GroupQueryAttention",
                        "lm_head": "one position per row",  # last_logits.py
                        "embedding": "int8 for int8 and int4 weights" + (
-                           "; a tied head's own-op weights" if _OWN else "")}  # embedding.py
+                           "; a tied head's own-op weights, int4 too" if _OWN else "")}  # embedding.py

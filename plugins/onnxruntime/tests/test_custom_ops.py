@@ -427,3 +427,61 @@ def test_an_untied_lookup_keeps_its_table_and_an_id_outside_the_vocabulary_is_re
     for bad in (40, -1):
         with pytest.raises(Exception, match="outside the vocabulary"):
             s.run(["e"], {"ids": np.array([[bad]]), "x": x})
+
+
+def tied_nbits_graph(w: np.ndarray, table: np.ndarray, block: int = 32):
+    """A tied decoder's two ends as the builder writes them at int4: the lookup of ``ids`` in an fp32 ``table`` of
+    its own ([vocab, hidden]), and the head as the 4-bit MatMulNBits of ``w`` ([hidden, vocab])."""
+    model = nbits_graph(w, block=block)
+    g = model.graph
+    g.node.insert(0, helper.make_node("Gather", ["table", "ids"], ["e"], name="/embed_tokens/Gather"))
+    g.initializer.append(numpy_helper.from_array(table, "table"))
+    g.input.append(helper.make_tensor_value_info("ids", TensorProto.INT64, ["b", "s"]))
+    g.output.insert(0, helper.make_tensor_value_info("e", TensorProto.FLOAT, None))
+    return model
+
+
+@pytest.mark.parametrize("scheme, k, block", [("w4a16", 256, 32), ("w4a8", 96, 32), ("w4a16", 576, 16),
+                                              ("w4a16", 70, 32)])
+def test_a_tied_int4_lookup_reads_the_heads_int4_rows(scheme, k, block, build):
+    """EmbedW4 (kernels/embedding.c): the lookup of a tied model whose head the builder quantized to int4 reads the
+    head's int4 (MatMulW4's packing), so the fp32 table is dropped and no int8 copy is made; the rows equal the
+    head's columns read by hand from MatMulNBits' initializers (the class llama.cpp's Q4_0 looks tokens up in), and
+    the head's logits are unchanged."""
+    from edgeinfer_onnxruntime.embedding import head_embedding
+
+    rng = np.random.default_rng(k + block)
+    n = 100  # four panels, the last partly padding; columns 0-15 and 16-31 of a panel share bytes
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    ids = np.array([[0, 15, 16, 31, 32, 99, 64, 7, 50]])
+    x = rng.standard_normal((1, ids.shape[1], k)).astype(np.float32)
+    ours = tied_nbits_graph(w, np.ascontiguousarray(w.T), block)
+    assert custom_ops.use_kernels(ours, scheme) == 1
+    facts = head_embedding(ours, "ids")
+    assert facts == {"embedding": f"the LM head's weights, read by edgeinfer.EmbedW4 (tied: one table, int4 in "
+                                  f"blocks of {block})"}
+    assert [(n.op_type, n.domain) for n in ours.graph.node] == [("EmbedW4", "edgeinfer"), ("MatMulW4", "edgeinfer")]
+    assert "table" not in {t.name for t in ours.graph.initializer} and len(ours.graph.initializer) == 2
+    e, logits = session(ours).run(None, {"ids": ids, "x": x})
+    held_w = nbits_weights(nbits_graph(w, block=block))  # [k, n], by hand
+    assert e.shape == (1, ids.shape[1], k)
+    np.testing.assert_allclose(e[0], held_w.T[ids[0]], rtol=1e-6, atol=1e-7)
+    assert np.abs(e[0] - w.T[ids[0]]).max() <= np.abs(w).max() / 7  # the rows are the table's, at four bits
+    plain = nbits_graph(w, block=block)
+    custom_ops.use_kernels(plain, scheme)
+    np.testing.assert_array_equal(logits, session(plain).run(None, {"x": x})[0])
+
+
+def test_an_int4_lookup_over_another_table_keeps_it(build):
+    """An untied model's table (not the head's int4) stays a lookup of its own: one row off by more than a scale is
+    enough."""
+    from edgeinfer_onnxruntime.embedding import head_embedding
+
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((64, 40)).astype(np.float32)
+    table = np.ascontiguousarray(w.T).copy()
+    table[39, 3] += 1.0  # the last row, which the check samples
+    model = tied_nbits_graph(w, table)
+    custom_ops.use_kernels(model, "w4a16")
+    assert head_embedding(model, "ids") is None
+    assert [n.op_type for n in model.graph.node] == ["Gather", "MatMulW4"]

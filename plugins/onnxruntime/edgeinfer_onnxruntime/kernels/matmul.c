@@ -623,6 +623,7 @@ __attribute__((visibility("default"))) OrtStatus *RegisterCustomOps(void *option
   if (!s) s = CALL(CustomOpDomain_Add, domain, &attention_op);
   if (!s) s = CALL(CustomOpDomain_Add, domain, &embed_f16_op);
   if (!s) s = CALL(CustomOpDomain_Add, domain, &embed_w8_op);
+  if (!s) s = CALL(CustomOpDomain_Add, domain, &embed_w4_op);
   if (!s) s = CALL(AddCustomOpDomain, options, domain);
   return s;
 }

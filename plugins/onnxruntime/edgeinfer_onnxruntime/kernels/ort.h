@@ -75,6 +75,6 @@ static inline int homogeneous(const OrtCustomOp *op) { (void)op; return 1; }
 
 OrtStatus *shape_of(const void *value, int64_t *dims, size_t *rank); /* up to 8 dimensions, every op (matmul.c) */
 extern const OrtCustomOp attention_op; /* edgeinfer.GroupQueryAttention (attention.c) */
-extern const OrtCustomOp embed_f16_op, embed_w8_op; /* edgeinfer.EmbedF16, edgeinfer.EmbedW8 (embedding.c) */
+extern const OrtCustomOp embed_f16_op, embed_w8_op, embed_w4_op; /* edgeinfer.EmbedF16 / W8 / W4 (embedding.c) */
 
 #endif
