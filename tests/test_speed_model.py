@@ -221,10 +221,11 @@ def test_onnxruntime_decoders_plan_the_quiet_rows_median_overhead_and_encoders_k
     items = fit_speed.mem_items(rows)["onnxruntime"]
     assert len(items) >= 10
     assert entry["decoder"]["value"] == pytest.approx(statistics.median(i["residual"] for i in items), abs=0.05)
-    # each row planned for the prompt it ran: every row's plan within 8 % of its peak (31 % when the rows were
+    # each row planned for the prompt it ran: every row's plan within 9 % of its peak (31 % when the rows were
     # planned for a prefill of their whole context; 6.2 % at most on the rows of 2026-12-05, 7.7 % on those of
-    # 2026-12-06, whose 210 M rows on the own ops touch fewer of their mapped weights' pages than the plan counts)
-    assert max(abs(i["residual"] - entry["decoder"]["value"]) / i["measured"] for i in items) < 0.08
+    # 2026-12-06, 8.4 % since int4 is planned at the 5 bits MatMulW4's file holds: the 210 M rows' residuals are
+    # 54-68 MiB in every scheme, ~20 under the median, which a constant overhead does not follow)
+    assert max(abs(i["residual"] - entry["decoder"]["value"]) / i["measured"] for i in items) < 0.09
     decoder = plan("qwen3-0.6b", "host", suggest=False).details.runtime
     encoder = plan("all-minilm-l6-v2", "host", batch=32, suggest=False).details.runtime
     assert (decoder.overhead_mib, encoder.overhead_mib) == (entry["decoder"]["value"], entry["value"])
