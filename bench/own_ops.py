@@ -48,7 +48,7 @@ def layer_graph(weights: list, scheme: str | None):
                            for i in range(len(weights))],
                           [numpy_helper.from_array(w, f"w{i}") for i, w in enumerate(weights)])
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    if scheme in ("w4a16", "w4a8"):  # the builder's int4: MatMulNBits, then MatMulW4 for w4a16
+    if scheme in ("w4a16", "w4a8"):  # the builder's int4: MatMulNBits, then MatMulW4 on two digits or one
         model = int4(model, 1 if scheme == "w4a16" else 4)
     if scheme is not None:
         custom_ops.use_kernels(model, scheme, BLOCK)
@@ -106,8 +106,9 @@ def layer(k: int, n: int) -> dict:
             res[build] = f"not run: {custom_ops.unavailable()}"
             continue
         lib = str(custom_ops.library())
-        for scheme, op in custom_ops.OPS.items():
-            res[f"{op} {build}"] = time_layers(layer_graph(weights, scheme), lib, k)
+        for scheme, op in custom_ops.OPS.items():  # MatMulW4 twice: w4a16 (two digits) and w4a8 (one)
+            name = f"{op} {scheme}" if list(custom_ops.OPS.values()).count(op) > 1 else op
+            res[f"{name} {build}"] = time_layers(layer_graph(weights, scheme), lib, k)
         print(build, {key: v for key, v in res.items() if build in key}, file=sys.stderr)
     os.environ.pop(custom_ops.ISA_ENV, None)
     return res
