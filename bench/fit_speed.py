@@ -6,7 +6,7 @@ and per ``*/runtime/format`` (the runtime across groups), ``{t0_ms, bw_fraction,
 transfer rule of edgeinfer/planning/speed.py; each entry's error bar is the median |error| of its rows when
 their source (``source_id``, default ``source``) is left out of the fit (leave-one-source-out).
 Prefill: factor = measured prefill tok/s × 2 × active params / peak ops (median per key).
-Memory: per runtime, overhead = median of (peak − weights − KV(mem_ctx or ctx) − activations), with a term
+Memory: per runtime, overhead = median of (peak − weights − KV held − activations), with a term
 proportional to the weights only where it clearly lowers the left-out memory error.
 
 Writes edgeinfer/data/speed_constants.json (read by the planner) and bench/results/fit_speed.json.
@@ -142,15 +142,15 @@ def mem_items(rows: list[dict]) -> dict[str, list[dict]]:
 
 
 def planned_mib(r: dict, f: dict) -> dict:
+    """A row's memory as it ran: the prompt it prefilled, the KV positions it held (``kv_positions_held``), and
+    the runtime's profile as it is (the onnxruntime host rows were last measured on 2026-12-06, after its decoders
+    read a tied table from the LM head); as edgeinfer/planning/calibrate.py overhead_mib plans a row."""
     ctx = r.get("mem_ctx", r["ctx"])
-    # as the rows ran: onnxruntime's rows predate its fp16 and w8a16 decoders' one tied table (runtimes.yaml
-    # decoder_tied_duplicated, 2026-12-06) and the decoders' own attention op (no scheme: edgeinfer/planning/
-    # calibrate.py overhead_mib)
-    held = {k: v for k, v in f["prof"].items() if k != "decoder_tied_duplicated"}
-    w, _ = planner.weights_bytes(f["spec"], f["scheme"], held)
+    w, _ = planner.weights_bytes(f["spec"], f["scheme"], f["prof"])
     act, _ = activation_bytes(f["spec"], ctx, 1, as_ran(f["prof"], r.get("prompt")))
     layers = overhead.layer_overhead_bytes(f["spec"], f["prof"])
-    rest = w + planner.kv_bytes(f["spec"], ctx, 1, f["kv_b"]) + act + layers
+    kv = planner.kv_bytes(f["spec"], planner.kv_positions_held(f["prof"], r["ctx"], ctx), 1, f["kv_b"])
+    rest = w + kv + act + layers
     return {"weights": w / MIB, "planned": rest / MIB, "measured": r.get("mem_mib"),
             "residual": r["mem_mib"] - rest / MIB if r.get("mem_mib") else None}
 

@@ -197,7 +197,7 @@ def test_int4_deploys_on_edgeinfers_own_int4_op_and_passes_golden(tiny_qwen3_hos
         attrs = {a.name: a.i for a in n.attribute}
         assert n.domain == "edgeinfer" and attrs["block"] == 32 and w.data_type == onnx.TensorProto.UINT8
         assert attrs["digits"] == digits
-        assert w.dims[0] == -(-attrs["n"] // 32) and w.dims[2] == 32 and scales.data_type == onnx.TensorProto.FLOAT
+        assert w.dims[0] == -(-attrs["n"] // 32) and w.dims[2] == 32 and scales.data_type == onnx.TensorProto.FLOAT16
         assert list(scales.dims) == [w.dims[0], -(-w.dims[1] * 2 // 32), 32]  # w: K4 / 2 rows of 32 bytes
     lookup = next(n for n in graph.graph.node if "input_ids" in n.input and n.op_type != "Shape")
     head = next(n for n in kernels if n.name.startswith("/lm_head/"))
@@ -442,16 +442,16 @@ def test_the_host_plan_holds_int8_weights_as_the_runtime_does():
     from edgeinfer.planning.planner import plan, runtime_profile
 
     assert runtime_profile("onnxruntime")["int8_blocks"]["block"] == INT8_BLOCK == 128
-    int4 = plan(str(model_dir()), "host", quant="w4a16", ctx=256, suggest=False).details.weights  # 5 bits
+    int4 = plan(str(model_dir()), "host", quant="w4a16", ctx=256, suggest=False).details.weights  # 4.5 bits
     for quant, bits in (("w8a8", 8.5), ("w8a16", 8.25)):
         w = plan(str(model_dir()), "host", quant=quant, ctx=256, suggest=False).details.weights
         assert f"× {bits:g} bits per weight" in w.basis and "blocks of 128" in w.basis, w.basis
-        assert w.body / int4.body == pytest.approx(bits / 5, rel=1e-6), (quant, w.body, int4.body)
+        assert w.body / int4.body == pytest.approx(bits / 4.5, rel=1e-6), (quant, w.body, int4.body)
 
 
 def test_the_host_plan_holds_int4_weights_as_matmul_w4_reads_them_in_place(tiny_qwen3_host_scheme_bundle):
     """w4a16 and w4a8 (4-bit weights in blocks of 32) run on the plugin's own MatMulW4 over the weights file itself,
-    no packed copy: both planned at the 5 bits that file holds, the int4 and an fp32 scale per block of 32 (MLAS's
+    no packed copy: both planned at the 4.5 bits that file holds, the int4 and an fp16 scale per block of 32 (MLAS's
     copy for int8 activations, 6 bits a weight, is the fallback form where the ops cannot be built, not planned);
     the block is the plugin's int4 block. The tied table is the head's int4 (EmbedW4), counted once: the plan's
     weights are within 10 % of the bundle's weights file (its norms, rotary tables and padding are not planned)."""
@@ -462,11 +462,11 @@ def test_the_host_plan_holds_int4_weights_as_matmul_w4_reads_them_in_place(tiny_
     assert runtime_profile("onnxruntime")["int4_blocks"]["block"] == DEFAULT_BLOCK == 32
     int4 = plan(str(model_dir()), "host", quant="w4a16", ctx=256, suggest=False).details.weights
     w = plan(str(model_dir()), "host", quant="w4a8", ctx=256, suggest=False).details.weights
-    held = "(w4a8 as the runtime holds it: int4 in blocks of 32 weights + 4 bytes per block)"
-    assert w.basis == f"parameter counts × 5 bits per weight {held}"
-    assert int4.basis == f"parameter counts × 5 bits per weight {held.replace('w4a8', 'w4a16')}"
+    held = "(w4a8 as the runtime holds it: int4 in blocks of 32 weights + 2 bytes per block)"
+    assert w.basis == f"parameter counts × 4.5 bits per weight {held}"
+    assert int4.basis == f"parameter counts × 4.5 bits per weight {held.replace('w4a8', 'w4a16')}"
     assert (w.body, w.embedding, w.lm_head) == (int4.body, int4.embedding, int4.lm_head)
-    assert int4.lm_head == 0 and int4.embedding_bits == 5
+    assert int4.lm_head == 0 and int4.embedding_bits == 4.5
     planned = int4.body + int4.embedding
     on_disk = (tiny_qwen3_host_scheme_bundle("w4a16").bundle / "decoder" / "model.onnx.data").stat().st_size
     assert 0.9 < planned / on_disk <= 1.0, (planned, on_disk)

@@ -230,8 +230,8 @@ def test_a_quantized_onnxruntime_decoders_token_table_is_planned_in_the_plugins_
     assert table(512, "w8a16") == (8.25, 4096 * 512 * 8.25 / 8, 0)
     assert table(576, "w8a16") == (9.0, 4096 * 576 * 9 / 8, 0)  # SmolLM2's width: blocks of 32
     assert table(576, "w4a8", tied=False)[:2] == (9.0, 4096 * 576 * 9 / 8)
-    assert table(576, "w4a8") == (5.0, 4096 * 576 * 5 / 8, 0)  # the head's int4 and a 32-bit scale per 32, once
-    assert table(512, "w4a16") == (5.0, 4096 * 512 * 5 / 8, 0)
+    assert table(576, "w4a8") == (4.5, 4096 * 576 * 4.5 / 8, 0)  # the head's int4 and an fp16 scale per 32, once
+    assert table(512, "w4a16") == (4.5, 4096 * 512 * 4.5 / 8, 0)
     assert table(520, "w8a8")[:2] == (32.0, 4096 * 520 * 4)  # neither 128 nor 32 divides 520: fp32
     assert table(512, "fp16")[0] == 16  # float schemes keep their type
 

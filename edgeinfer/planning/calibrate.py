@@ -196,7 +196,8 @@ def overhead_mib(rows: list[Row], parent: Board) -> dict[str, tuple[float, list[
         # no scheme: the runtime's fused_attention. The host rows ran onnxruntime's attention, which holds every
         # score (measured before the decoders' own attention op, 2026-12-06): planned as they ran
         act, _ = activation_bytes(r.spec, ctx, 1, as_ran(prof, r.data.get("prompt")))
-        planned = w + planner.kv_bytes(r.spec, ctx, 1, kv_b) + act + overhead.layer_overhead_bytes(r.spec, prof)
+        kv = planner.kv_bytes(r.spec, planner.kv_positions_held(prof, r.data["ctx"], ctx), 1, kv_b)
+        planned = w + kv + act + overhead.layer_overhead_bytes(r.spec, prof)
         res.setdefault(r.runtime, []).append((r.data["where"], (r.data["mem_mib"] * MIB - planned) / MIB))
     return {rt: (max(0.0, statistics.median(v for _, v in items)), [w for w, _ in items])
             for rt, items in res.items()}

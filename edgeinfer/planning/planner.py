@@ -162,6 +162,14 @@ def weights_bytes(spec: ModelSpec, scheme: Scheme, prof: dict) -> tuple[int, det
                                         embedding_bits=emb_bits)
 
 
+def kv_positions_held(prof: dict, written: int, allocated: int) -> int:
+    """The KV positions a measured decoder held in memory: the ``written`` ones where the runtime's cache pages
+    become resident only as positions are written (the profile's ``decoder_kv_lazy``), else all ``allocated``. A
+    plan counts the whole context (what a decoder holds once it has run that long); a row that ran fewer positions
+    is planned as it ran when its residual overhead is fitted."""
+    return written if (prof.get("decoder_kv_lazy") or {}).get("value") else allocated
+
+
 def kv_bytes(spec: ModelSpec, ctx: int, batch: int, kv_b: float) -> int:
     """kv_elements (2 × kv_heads × head_dim, or MLA's latent) × bytes × batch × Σ_layers(tokens cached)."""
     if not spec.has_kv:

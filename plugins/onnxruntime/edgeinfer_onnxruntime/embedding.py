@@ -161,7 +161,8 @@ def head_embedding(model: Any, ids: str) -> dict[str, Any] | None:
 def _int4_head(model: Any, table: Any) -> Any:
     """The ``edgeinfer.MatMulW4`` node whose weights are ``table``'s int4 ([vocab, width]: the head of a tied model
     the builder quantized to int4), or None. :data:`SAMPLE` rows spread over the vocabulary must each lie within
-    one scale of the head's column (half of one rounding to the nearest level, one where +8 was clipped to +7)."""
+    one scale of the head's column (half of one rounding to the nearest level, one where +8 was clipped to +7; the
+    head's fp16 scales add a part in 2^11 of a scale for each of the 8 levels)."""
     import numpy as np
     from onnx import numpy_helper
 
@@ -182,8 +183,8 @@ def _int4_head(model: Any, table: Any) -> Any:
         p, c = rows // PANEL, rows % PANEL
         quads = packed[p].reshape(len(rows), -1, 16, 4)[np.arange(len(rows)), :, c % 16]  # [rows, K4 / 4, 4]
         u = (quads >> np.where(c < 16, 0, 4)[:, None, None]) & 15
-        s = np.repeat(scales[p, :, c], block, axis=1)[:, :width]  # signed: the largest |w| of a block is -8 s
-        if np.all(np.abs((u.reshape(len(rows), -1)[:, :width] - 8.0) * s - table[rows]) <= np.abs(s) * 1.0001):
+        s = np.repeat(scales[p, :, c].astype(np.float64), block, axis=1)[:, :width]  # signed: largest |w| = -8 s
+        if np.all(np.abs((u.reshape(len(rows), -1)[:, :width] - 8.0) * s - table[rows]) <= np.abs(s) * 1.01):
             return n
     return None
 

@@ -9,7 +9,7 @@
  * Inputs:  ids int64 [...], each in [0, n); w: EmbedF16 fp16 [P, K, 32]; EmbedW8 uint8 q + 128 [P, K4, 32]
  *          (K4 = K rounded up to 4, each panel's bytes four rows of a column side by side); EmbedW4 uint8 [P, K4 / 2,
  *          32], u = q + 8 (each quad row's 64 bytes: column c's four rows in the low nibbles of bytes 4c .. 4c + 3,
- *          column c + 16's in their high nibbles); EmbedW8 and EmbedW4: the fp32 scales [P, ceil(K / block), 32].
+ *          column c + 16's in their high nibbles); the scales [P, ceil(K / block), 32], EmbedW8 fp32, EmbedW4 fp16.
  * Attributes: n, the vocabulary (<= 32 P); k, the hidden width K; EmbedW8, EmbedW4: block.   Output: [..., K] float.
  * A row's K values are K cache lines apart in the fp16 panels (K / 4 in the integer ones): a decode step reads a few
  * rows, a long prompt some thousands, a small part of its time.
@@ -69,17 +69,20 @@ static OrtStatus *compute(void *kernel, void *context) {
       for (int64_t k = 0; k < K; k++) out[k] = _cvtsh_ss(col[k * NR]);
       continue;
     }
-    const float *scale = (const float *)sc + p * KB * NR + c;
     if (kind == W8) {
+      const float *scale = (const float *)sc + p * KB * NR + c;
       const uint8_t *col = (const uint8_t *)w + p * K4 * NR + c * 4;
       for (int64_t k = 0; k < K; k++)
         out[k] = (float)((int)col[(k / 4) * NR * 4 + k % 4] - 128) * scale[(k / e->block) * NR];
       continue;
     }
+    const uint16_t *scale = (const uint16_t *)sc + p * KB * NR + c;
     const uint8_t *col = (const uint8_t *)w + p * (K4 / 2) * NR + (c % 16) * 4;
     int shift = c < 16 ? 0 : 4;
-    for (int64_t k = 0; k < K; k++)
-      out[k] = (float)((int)((col[(k / 4) * 2 * NR + k % 4] >> shift) & 15) - 8) * scale[(k / e->block) * NR];
+    for (int64_t k = 0; k < K; k++) {
+      int u = (col[(k / 4) * 2 * NR + k % 4] >> shift) & 15;
+      out[k] = (float)(u - 8) * _cvtsh_ss(scale[(k / e->block) * NR]);
+    }
   }
   return NULL;
 }
@@ -114,17 +117,21 @@ static const char *name_f16(const OrtCustomOp *op) { (void)op; return NAMES[F16]
 static const char *name_w8(const OrtCustomOp *op) { (void)op; return NAMES[W8]; }
 static const char *name_w4(const OrtCustomOp *op) { (void)op; return NAMES[W4]; }
 static int type_f16(const OrtCustomOp *op, size_t i) { (void)op; return i == 0 ? TYPE_INT64 : TYPE_FLOAT16; }
-static int type_int(const OrtCustomOp *op, size_t i) {
+static int type_w8(const OrtCustomOp *op, size_t i) {
   (void)op;
   return i == 0 ? TYPE_INT64 : i == 1 ? TYPE_UINT8 : TYPE_FLOAT;
+}
+static int type_w4(const OrtCustomOp *op, size_t i) {
+  (void)op;
+  return i == 0 ? TYPE_INT64 : i == 1 ? TYPE_UINT8 : TYPE_FLOAT16;
 }
 
 const OrtCustomOp embed_f16_op = {16, NULL, name_f16, provider, type_f16, two, float_output, one, NULL, destroy,
                                   required, required, memory_default, min_arity, homogeneous, min_arity,
                                   homogeneous, create_f16, compute};
-const OrtCustomOp embed_w8_op = {16, NULL, name_w8, provider, type_int, three, float_output, one, NULL, destroy,
+const OrtCustomOp embed_w8_op = {16, NULL, name_w8, provider, type_w8, three, float_output, one, NULL, destroy,
                                  required, required, memory_default, min_arity, homogeneous, min_arity,
                                  homogeneous, create_w8, compute};
-const OrtCustomOp embed_w4_op = {16, NULL, name_w4, provider, type_int, three, float_output, one, NULL, destroy,
+const OrtCustomOp embed_w4_op = {16, NULL, name_w4, provider, type_w4, three, float_output, one, NULL, destroy,
                                  required, required, memory_default, min_arity, homogeneous, min_arity,
                                  homogeneous, create_w4, compute};

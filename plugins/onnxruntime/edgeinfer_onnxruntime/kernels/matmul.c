@@ -17,7 +17,8 @@
  * Inputs:  x [..., K] float; w: W ([K, N]) in panels of 32 output columns, the last panel's padding never stored:
  *          MatMulF16 fp16 [P, K, 32]; MatMulW8 uint8 q + 128 [P, K4, 32] (K4 = K rounded up to 4), MatMulW4 uint8
  *          [P, K4 / 2, 32] (q + 8: column c of a quad row in the low nibble of byte 4 c + r, column c + 16 in its
- *          high nibble, c < 16), and for both their fp32 scales [P, ceil(K / block), 32] (custom_ops.py packs them).
+ *          high nibble, c < 16), and their scales [P, ceil(K / block), 32]: fp32 for MatMulW8, fp16 for MatMulW4
+ *          (4.5 bits a weight, as llama.cpp's Q4_0 holds its scales) (custom_ops.py packs them).
  * Attributes: n, the real N (<= 32 P); MatMulW8 and W4: block (a multiple of 4); MatMulW4: digits (1 or 2).
  * Output: y [..., n] float.
  *
@@ -41,7 +42,7 @@ const void *const *api;
 typedef struct { /* one MatMulW8 or MatMulW4 call */
   const float *x;
   const uint8_t *w;
-  const float *ws;
+  const void *ws; /* fp32 scales (MatMulW8) or fp16 (MatMulW4) */
   float *y;
   int64_t M, K, K4, KB, n, block, P, bits, digits;
 } W8Args;
@@ -51,7 +52,7 @@ typedef struct Digits Digits; /* the activations' digits, as each build holds th
 typedef struct { /* one MatMulW8 or W4 call, split over the panels */
   const Digits *d;
   const uint8_t *w;
-  const float *ws;
+  const void *ws;
   float *y;
   int64_t M, K4, KB, n, block;
 } JobW8;
@@ -175,7 +176,8 @@ static inline __attribute__((always_inline)) void w8_rows(const JobW8 *j, size_t
   const int64_t K4 = j->K4, block = j->block, zero = bits == 8 ? 128 : 8;
   const uint8_t *wp = j->w + (int64_t)p * K4 * NR * bits / 8;
   const __m512i nibble = _mm512_set1_epi8(0x0f);
-  const float *wsp = j->ws + (int64_t)p * j->KB * NR;
+  const float *ws32 = (const float *)j->ws + (int64_t)p * j->KB * NR;
+  const uint16_t *ws16 = (const uint16_t *)j->ws + (int64_t)p * j->KB * NR;
   int64_t col = (int64_t)p * NR;
   int cols = j->n - col < NR ? (int)(j->n - col) : NR;
   __m512 f0[WR], f1[WR];
@@ -220,7 +222,10 @@ static inline __attribute__((always_inline)) void w8_rows(const JobW8 *j, size_t
         }
       }
     }
-    __m512 s0 = _mm512_loadu_ps(wsp + b * NR), s1 = _mm512_loadu_ps(wsp + b * NR + 16);
+    __m512 s0 = bits == 8 ? _mm512_loadu_ps(ws32 + b * NR)
+                          : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(ws16 + b * NR)));
+    __m512 s1 = bits == 8 ? _mm512_loadu_ps(ws32 + b * NR + 16)
+                          : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(ws16 + b * NR + 16)));
     const __m512 low = _mm512_set1_ps(1.0f / 254.0f);
     for (int i = 0; i < mr; i++) {
       int64_t at = (m0 + i) * j->KB + b;
@@ -408,7 +413,8 @@ static inline __attribute__((always_inline)) void w8_rows(const JobW8 *j, size_t
   const int64_t K4 = j->K4, block = j->block;
   const uint8_t *wp = j->w + (int64_t)p * K4 * NR * bits / 8;
   const __m256i nibble = _mm256_set1_epi8(0x0f), eight = _mm256_set1_epi8(8); /* q + 8 -> q */
-  const float *wsp = j->ws + (int64_t)p * j->KB * NR;
+  const float *ws32 = (const float *)j->ws + (int64_t)p * j->KB * NR;
+  const uint16_t *ws16 = (const uint16_t *)j->ws + (int64_t)p * j->KB * NR;
   int64_t col = (int64_t)p * NR;
   int cols = j->n - col < NR ? (int)(j->n - col) : NR;
   const __m256i flip = _mm256_set1_epi8((char)0x80); /* q + 128 -> q, as int8 */
@@ -451,7 +457,9 @@ static inline __attribute__((always_inline)) void w8_rows(const JobW8 *j, size_t
           }
         }
         for (int c = 0; c < g; c++) {
-          __m256 ws = _mm256_loadu_ps(wsp + b * NR + 8 * (first + c));
+          int64_t at = b * NR + 8 * (first + c);
+          __m256 ws = bits == 8 ? _mm256_loadu_ps(ws32 + at)
+                                : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(ws16 + at)));
           for (int i = 0; i < mr; i++) {
             __m256 v = _mm256_cvtepi32_ps(pair_sums(a[i][2 * c], a[i][2 * c + 1]));
             f[i][c] = _mm256_fmadd_ps(_mm256_mul_ps(v, _mm256_set1_ps(j->d->s[(m0 + i) * j->KB + b])), ws, f[i][c]);
@@ -601,6 +609,10 @@ static const char *name_w8(const OrtCustomOp *op) { (void)op; return "MatMulW8";
 static const char *name_w4(const OrtCustomOp *op) { (void)op; return "MatMulW4"; }
 static int type_f16(const OrtCustomOp *op, size_t i) { (void)op; return i == 0 ? TYPE_FLOAT : TYPE_FLOAT16; }
 static int type_w8(const OrtCustomOp *op, size_t i) { (void)op; return i == 1 ? TYPE_UINT8 : TYPE_FLOAT; }
+static int type_w4(const OrtCustomOp *op, size_t i) {
+  (void)op;
+  return i == 1 ? TYPE_UINT8 : i == 2 ? TYPE_FLOAT16 : TYPE_FLOAT;
+}
 
 static const OrtCustomOp f16 = {16, NULL, name_f16, provider, type_f16, two, float_output, one, NULL, destroy,
                                 required, required, memory_default, min_arity, homogeneous, min_arity, homogeneous,
@@ -608,7 +620,7 @@ static const OrtCustomOp f16 = {16, NULL, name_f16, provider, type_f16, two, flo
 static const OrtCustomOp w8 = {16, NULL, name_w8, provider, type_w8, three, float_output, one, NULL, destroy,
                                required, required, memory_default, min_arity, homogeneous, min_arity, homogeneous,
                                create_w8, compute};
-static const OrtCustomOp w4 = {16, NULL, name_w4, provider, type_w8, three, float_output, one, NULL, destroy,
+static const OrtCustomOp w4 = {16, NULL, name_w4, provider, type_w4, three, float_output, one, NULL, destroy,
                                required, required, memory_default, min_arity, homogeneous, min_arity, homogeneous,
                                create_w4, compute};
 
