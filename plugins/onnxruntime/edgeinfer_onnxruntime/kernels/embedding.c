@@ -48,7 +48,7 @@ static OrtStatus *compute(void *kernel, void *context) {
   if (wr != 3 || wd[2] != NR || e->n > wd[0] * NR || wd[1] != rows)
     return error(kind == F16 ? "EmbedF16: w must be [P, k, 32] with n <= 32 P"
                  : kind == W8 ? "EmbedW8: w must be [P, k rounded up to 4, 32] with n <= 32 P"
-                              : "EmbedW4: w must be [P, k rounded up to 4 / 2, 32] with n <= 32 P");
+                              : "EmbedW4: w must be [P, (k rounded up to 4) / 2, 32] with n <= 32 P");
   if (kind != F16 && (sr != 3 || sd[0] != wd[0] || sd[1] != KB || sd[2] != NR))
     return error(kind == W8 ? "EmbedW8: scales must be [P, ceil(k / block), 32]"
                             : "EmbedW4: scales must be [P, ceil(k / block), 32]");
