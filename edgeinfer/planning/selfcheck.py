@@ -3,8 +3,10 @@ predicts for the same board, model, scheme and context.
 
 Decode is planned at prompt + new tokens (the KV the last step reads, as bench/data/measured_rows.yaml
 counts ctx); TTFT as prompt / predicted prefill speed; peak memory (weights + KV cache + activations +
-runtime overhead, without the OS reserve) at the bundle's context, for which the KV cache is allocated.
-Each prompt length becomes a row `edgeinfer calibrate` accepts.
+runtime overhead, without the OS reserve) at the bundle's context, for which the KV cache is allocated, or,
+where the runtime's KV cache is resident only as positions are written (onnxruntime), for the positions the run
+wrote and the prompt it prefilled (``planner.held_by_run``). Each prompt length becomes a row `edgeinfer
+calibrate` accepts.
 
 Decode speed is compared only as what it is: a figure measured on the host CPU, in the rknn-toolkit2 simulator
 or through a stand-in library is not a figure of the board, so its ratio to the board's prediction is reported
@@ -121,6 +123,8 @@ def self_check(report: dict[str, Any], spec: ModelSpec, config: dict[str, Any], 
         pre = est.prefill_tokens_per_s
         ttft_pred = prompt / pre * 1000 if pre else None
         mem = r["peak_rss_bytes"] / MIB if r.get("peak_rss_bytes") else None
+        held = planner.held_by_run(mem_plan, prompt, ctx)
+        peak_pred = held / MIB if held is not None else mem_pred
         comparisons.append({
             "prompt_tokens": prompt, "ctx": ctx,
             "decode_tokens_per_s": r["decode_tokens_per_s"],
@@ -129,8 +133,8 @@ def self_check(report: dict[str, Any], spec: ModelSpec, config: dict[str, Any], 
             "decode_ratio": ratio(r["decode_tokens_per_s"], est.decode_tokens_per_s),
             "ttft_ms": r["ttft_ms"], "predicted_ttft_ms": round(ttft_pred, 2) if ttft_pred else None,
             "ttft_error_pct": _err(ttft_pred, r["ttft_ms"]),
-            "peak_mib": round(mem, 1) if mem else None, "predicted_peak_mib": round(mem_pred, 1),
-            "peak_error_pct": _err(mem_pred, mem)})
+            "peak_mib": round(mem, 1) if mem else None, "predicted_peak_mib": round(peak_pred, 1),
+            "peak_error_pct": _err(peak_pred, mem)})
         row = {"board": board.name, "runtime": mem_plan.runtime, "model": spec.name, "model_config": config,
                "quant": scheme, "prompt": prompt, "ctx": ctx, "decode": r["decode_tokens_per_s"],
                "ttft_ms": r["ttft_ms"], "source": source}
