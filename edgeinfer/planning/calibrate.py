@@ -20,7 +20,7 @@ from typing import Any
 
 from edgeinfer.contract.schemes import Scheme, normalize_scheme
 from edgeinfer.errors import InputError
-from edgeinfer.planning import overhead, planner, speed
+from edgeinfer.planning import measured_run, overhead, planner, speed
 from edgeinfer.planning.activations import activation_bytes, as_ran
 from edgeinfer.planning.boards import Board, board_from_dict
 from edgeinfer.planning.models import resolve
@@ -196,7 +196,7 @@ def overhead_mib(rows: list[Row], parent: Board) -> dict[str, tuple[float, list[
         # no scheme: the runtime's fused_attention. The host rows ran onnxruntime's attention, which holds every
         # score (measured before the decoders' own attention op, 2026-12-06): planned as they ran
         act, _ = activation_bytes(r.spec, ctx, 1, as_ran(prof, r.data.get("prompt")))
-        kv = planner.kv_bytes(r.spec, planner.kv_positions_held(prof, r.data["ctx"], ctx), 1, kv_b)
+        kv = planner.kv_bytes(r.spec, measured_run.kv_positions_held(prof, r.data["ctx"], ctx), 1, kv_b)
         planned = w + kv + act + overhead.layer_overhead_bytes(r.spec, prof)
         res.setdefault(r.runtime, []).append((r.data["where"], (r.data["mem_mib"] * MIB - planned) / MIB))
     return {rt: (max(0.0, statistics.median(v for _, v in items)), [w for w, _ in items])

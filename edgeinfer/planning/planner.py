@@ -14,7 +14,7 @@ from pathlib import Path
 from edgeinfer.contract.schemes import Scheme, normalize_scheme
 from edgeinfer.errors import InputError
 from edgeinfer.planning import activation_choice, decoder_segments, details, runtime_choice, serve_memory, speed
-from edgeinfer.planning.activations import activation_bytes, as_ran
+from edgeinfer.planning.activations import activation_bytes
 from edgeinfer.planning.boards import GIB, Board, get_board, load_boards, safe_loader
 from edgeinfer.planning.decision import Decision, decide
 from edgeinfer.planning.exportable import refuse_unexportable
@@ -160,28 +160,6 @@ def weights_bytes(spec: ModelSpec, scheme: Scheme, prof: dict) -> tuple[int, det
         if packed is not None else ")")
     return total, details.WeightsDetail(basis, body=int(body), embedding=int(emb), lm_head=int(head),
                                         embedding_bits=emb_bits)
-
-
-def kv_positions_held(prof: dict, written: int, allocated: int) -> int:
-    """The KV positions a measured decoder held in memory: the ``written`` ones where the runtime's cache pages
-    become resident only as positions are written (the profile's ``decoder_kv_lazy``), else all ``allocated``. A
-    plan counts the whole context (what a decoder holds once it has run that long); a row that ran fewer positions
-    is planned as it ran when its residual overhead is fitted."""
-    return written if (prof.get("decoder_kv_lazy") or {}).get("value") else allocated
-
-
-def held_by_run(p: Plan, prompt: int, written: int) -> int | None:
-    """Bytes a decoder planned as ``p`` holds after a run that prefilled ``prompt`` tokens and wrote ``written``
-    KV positions, where its runtime's KV cache is resident only as written (:func:`kv_positions_held`): the plan's
-    weights and runtime overhead, the KV of those positions and the activations of that prompt
-    (:func:`.activations.as_ran`), as the host rows are planned when their overhead is fitted. None for other
-    runtimes: a run holds the plan's figure for the context."""
-    prof = runtime_profile(p.runtime)
-    if kv_positions_held(prof, written, p.ctx) == p.ctx:
-        return None
-    kv = kv_bytes(p.model, written, p.batch, kv_bytes_per_element(p.kv_dtype))
-    act, _ = activation_bytes(p.model, p.ctx, p.batch, as_ran(prof, prompt), p.scheme)
-    return p.breakdown["weights"] + p.breakdown["runtime"] + kv + act
 
 
 def kv_bytes(spec: ModelSpec, ctx: int, batch: int, kv_b: float) -> int:

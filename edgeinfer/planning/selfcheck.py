@@ -5,7 +5,7 @@ Decode is planned at prompt + new tokens (the KV the last step reads, as bench/d
 counts ctx); TTFT as prompt / predicted prefill speed; peak memory (weights + KV cache + activations +
 runtime overhead, without the OS reserve) at the bundle's context, for which the KV cache is allocated, or,
 where the runtime's KV cache is resident only as positions are written (onnxruntime), for the positions the run
-wrote and the prompt it prefilled (``planner.held_by_run``). Each prompt length becomes a row `edgeinfer
+wrote and the prompt it prefilled (``measured_run.held_by_run``). Each prompt length becomes a row `edgeinfer
 calibrate` accepts.
 
 Decode speed is compared only as what it is: a figure measured on the host CPU, in the rknn-toolkit2 simulator
@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from edgeinfer.errors import EdgeInferError
-from edgeinfer.planning import planner
+from edgeinfer.planning import measured_run, planner
 from edgeinfer.planning.boards import Board
 from edgeinfer.planning.models.spec import ModelSpec
 
@@ -123,7 +123,7 @@ def self_check(report: dict[str, Any], spec: ModelSpec, config: dict[str, Any], 
         pre = est.prefill_tokens_per_s
         ttft_pred = prompt / pre * 1000 if pre else None
         mem = r["peak_rss_bytes"] / MIB if r.get("peak_rss_bytes") else None
-        held = planner.held_by_run(mem_plan, prompt, ctx)
+        held = measured_run.held_by_run(mem_plan, prompt, ctx)
         peak_pred = held / MIB if held is not None else mem_pred
         comparisons.append({
             "prompt_tokens": prompt, "ctx": ctx,
