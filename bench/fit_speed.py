@@ -145,7 +145,8 @@ def planned_mib(r: dict, f: dict) -> dict:
     """A row's memory as it ran: the prompt it prefilled, the KV positions it held
     (``measured_run.kv_positions_held``), and the runtime's profile as it is (the onnxruntime host rows were last
     measured on 2026-12-06, after its decoders read a tied table from the LM head); as
-    edgeinfer/planning/calibrate.py overhead_mib plans a row."""
+    edgeinfer/planning/calibrate.py overhead_mib plans a row (its attention as the runtime's, not the scheme's:
+    the comment there says why)."""
     ctx = r.get("mem_ctx", r["ctx"])
     w, _ = planner.weights_bytes(f["spec"], f["scheme"], f["prof"])
     act, _ = activation_bytes(f["spec"], ctx, 1, as_ran(f["prof"], r.get("prompt")))

@@ -193,8 +193,9 @@ def overhead_mib(rows: list[Row], parent: Board) -> dict[str, tuple[float, list[
         kv_b = kv_bytes_per_element(r.data.get("kv_dtype") or runtime_kv_dtype(prof, r.scheme))
         ctx = r.data.get("mem_ctx", r.data["ctx"])
         w, _ = planner.weights_bytes(r.spec, r.scheme, prof)
-        # no scheme: the runtime's fused_attention. The host rows ran onnxruntime's attention, which holds every
-        # score (measured before the decoders' own attention op, 2026-12-06): planned as they ran
+        # no scheme: the runtime's fused_attention (onnxruntime: every score held), though the host rows of
+        # 2026-12-06 ran the decoders' own attention op (one row of scores): so planned, their residuals spread
+        # less (84-94 MiB against 86-99 with the scheme's fused attention), a buffer the rule does not count
         act, _ = activation_bytes(r.spec, ctx, 1, as_ran(prof, r.data.get("prompt")))
         kv = planner.kv_bytes(r.spec, measured_run.kv_positions_held(prof, r.data["ctx"], ctx), 1, kv_b)
         planned = w + kv + act + overhead.layer_overhead_bytes(r.spec, prof)
