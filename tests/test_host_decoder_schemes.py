@@ -172,7 +172,7 @@ def test_fp16_and_w8a16_deploy_on_edgeinfers_own_ops_and_pass_golden(tiny_qwen3_
 def test_int4_deploys_on_edgeinfers_own_int4_op_and_passes_golden(tiny_qwen3_host_scheme_bundle, quant, digits, acts):
     """Where the own ops build, each of the builder's 4-bit MatMulNBits (block 32, symmetric) is an
     edgeinfer.MatMulW4 over the same int4 weights repacked in panels of 32 columns (two columns a byte) and their
-    fp32 scales (custom_ops.py), its input as two int8 digits per block (w4a16) or the high one alone (w4a8: int8
+    scales in fp16 (custom_ops.py), its input as two int8 digits per block (w4a16) or the high one alone (w4a8: int8
     per block of 32, as llama.cpp's Q4_0 takes its activations); the tied model's lookup reads the head's int4
     (edgeinfer.EmbedW4), as llama.cpp's Q4_0 reads token_embd: no table of its own is left."""
     import onnx

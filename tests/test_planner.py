@@ -213,7 +213,7 @@ def test_a_quantized_onnxruntime_decoders_token_table_is_planned_in_the_plugins_
     """The onnxruntime plugin looks a quantized decoder's tokens up in int8 with an fp32 scale per block of 128
     columns, 32 where 128 does not divide the width, and keeps the table fp32 where 32 does not either
     (embedding.py); a tied w8a16 head on its own matmuls is that table, held once; a tied int4 one is read as the
-    head holds it (EmbedW4), at the head's 4 bits, and an untied int4 model's table keeps the int8 blocks."""
+    head holds it (EmbedW4), at the head's 4.5 bits, and an untied int4 model's table keeps the int8 blocks."""
     import json as _json
 
     def table(hidden: int, quant: str, tied: bool = True) -> tuple[float, int, int]:
