@@ -28,7 +28,6 @@ import yaml  # noqa: E402
 from edgeinfer.contract.schemes import normalize_scheme  # noqa: E402
 from edgeinfer.errors import EdgeInferError  # noqa: E402
 from edgeinfer.planning import measured_run, overhead, planner, speed_fit  # noqa: E402
-from edgeinfer.planning.activations import activation_bytes, as_ran  # noqa: E402
 from edgeinfer.planning.boards import get_board, host_board  # noqa: E402
 from edgeinfer.planning.host_bandwidth import HostBandwidth  # noqa: E402
 from edgeinfer.planning.models import resolve  # noqa: E402
@@ -142,17 +141,10 @@ def mem_items(rows: list[dict]) -> dict[str, list[dict]]:
 
 
 def planned_mib(r: dict, f: dict) -> dict:
-    """A row's memory as it ran: the prompt it prefilled, the KV positions it held
-    (``measured_run.kv_positions_held``), and the runtime's profile as it is (the onnxruntime host rows were last
-    measured on 2026-12-06, after its decoders read a tied table from the LM head); as
-    edgeinfer/planning/calibrate.py overhead_mib plans a row (its attention as the runtime's, not the scheme's:
-    the comment there says why)."""
-    ctx = r.get("mem_ctx", r["ctx"])
-    w, _ = planner.weights_bytes(f["spec"], f["scheme"], f["prof"])
-    act, _ = activation_bytes(f["spec"], ctx, 1, as_ran(f["prof"], r.get("prompt")))
-    layers = overhead.layer_overhead_bytes(f["spec"], f["prof"])
-    kv = planner.kv_bytes(f["spec"], measured_run.kv_positions_held(f["prof"], r["ctx"], ctx), 1, f["kv_b"])
-    rest = w + kv + act + layers
+    """A row's memory as it ran (``measured_run.row_bytes``, as ``edgeinfer calibrate`` plans a row), with the
+    runtime's profile as it is: the onnxruntime host rows were last measured on 2026-12-06, after its decoders read
+    a tied table from the LM head."""
+    w, rest = measured_run.row_bytes(f["spec"], f["scheme"], f["prof"], f["kv_b"], r)
     return {"weights": w / MIB, "planned": rest / MIB, "measured": r.get("mem_mib"),
             "residual": r["mem_mib"] - rest / MIB if r.get("mem_mib") else None}
 

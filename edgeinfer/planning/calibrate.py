@@ -20,8 +20,7 @@ from typing import Any
 
 from edgeinfer.contract.schemes import Scheme, normalize_scheme
 from edgeinfer.errors import InputError
-from edgeinfer.planning import measured_run, overhead, planner, speed
-from edgeinfer.planning.activations import activation_bytes, as_ran
+from edgeinfer.planning import measured_run, planner, speed
 from edgeinfer.planning.boards import Board, board_from_dict
 from edgeinfer.planning.models import resolve
 from edgeinfer.planning.models.hf import spec_from_config
@@ -191,14 +190,7 @@ def overhead_mib(rows: list[Row], parent: Board) -> dict[str, tuple[float, list[
             continue
         prof = planner.runtime_profile(r.runtime)
         kv_b = kv_bytes_per_element(r.data.get("kv_dtype") or runtime_kv_dtype(prof, r.scheme))
-        ctx = r.data.get("mem_ctx", r.data["ctx"])
-        w, _ = planner.weights_bytes(r.spec, r.scheme, prof)
-        # no scheme: the runtime's fused_attention (onnxruntime: every score held), though the host rows of
-        # 2026-12-06 ran the decoders' own attention op (one row of scores): so planned, their residuals spread
-        # less (84-94 MiB against 86-99 with the scheme's fused attention), a buffer the rule does not count
-        act, _ = activation_bytes(r.spec, ctx, 1, as_ran(prof, r.data.get("prompt")))
-        kv = planner.kv_bytes(r.spec, measured_run.kv_positions_held(prof, r.data["ctx"], ctx), 1, kv_b)
-        planned = w + kv + act + overhead.layer_overhead_bytes(r.spec, prof)
+        _, planned = measured_run.row_bytes(r.spec, r.scheme, prof, kv_b, r.data)
         res.setdefault(r.runtime, []).append((r.data["where"], (r.data["mem_mib"] * MIB - planned) / MIB))
     return {rt: (max(0.0, statistics.median(v for _, v in items)), [w for w, _ in items])
             for rt, items in res.items()}

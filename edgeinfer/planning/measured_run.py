@@ -8,10 +8,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from edgeinfer.planning.activations import activation_bytes, as_ran
-from edgeinfer.planning.planner import kv_bytes, runtime_profile
+from edgeinfer.planning.overhead import layer_overhead_bytes
+from edgeinfer.planning.planner import kv_bytes, runtime_profile, weights_bytes
 from edgeinfer.planning.quant import kv_bytes_per_element
 
 if TYPE_CHECKING:
+    from edgeinfer.contract.schemes import Scheme
+    from edgeinfer.planning.models.spec import ModelSpec
     from edgeinfer.planning.planner import Plan
 
 
@@ -33,3 +36,18 @@ def held_by_run(p: Plan, prompt: int, written: int) -> int | None:
     kv = kv_bytes(p.model, written, p.batch, kv_bytes_per_element(p.kv_dtype))
     act, _ = activation_bytes(p.model, p.ctx, p.batch, as_ran(prof, prompt), p.scheme)
     return p.breakdown["weights"] + p.breakdown["runtime"] + kv + act
+
+
+def row_bytes(spec: ModelSpec, scheme: Scheme, prof: dict, kv_b: float, row: dict) -> tuple[int, int]:
+    """(weights, all the plan counts but the runtime's fixed overhead) for a measured row (``ctx`` the positions it
+    wrote, ``mem_ctx`` those its cache was allocated for, ``prompt`` the tokens it prefilled), planned as it ran: the
+    KV positions it held, its prompt's activations, the per-layer overhead. The attention is planned as the
+    runtime's, not the scheme's: the onnxruntime host rows of 2026-12-06 ran the decoders' own attention op (one row
+    of scores), but planned with every score held their residuals spread less (84-94 MiB against 86-99), a buffer
+    the activation rule does not count. What a row's residual overhead is fitted against (``bench/fit_speed.py``,
+    ``edgeinfer calibrate``)."""
+    allocated = row.get("mem_ctx", row["ctx"])
+    w, _ = weights_bytes(spec, scheme, prof)
+    act, _ = activation_bytes(spec, allocated, 1, as_ran(prof, row.get("prompt")))
+    kv = kv_bytes(spec, kv_positions_held(prof, row["ctx"], allocated), 1, kv_b)
+    return w, w + kv + act + layer_overhead_bytes(spec, prof)
