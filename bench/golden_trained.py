@@ -30,7 +30,7 @@ import _smollm2  # noqa: E402
 CTX = 256
 #: (board, runtime, scheme, convert options)
 CASES = [("host", "onnxruntime", s, None) for s in ("fp32", "fp16", "w8a16", "w8a8", "w4a16", "w4a8")] + [
-    ("host", "llama.cpp", s, None) for s in ("fp16", "gguf:Q8_0", "gguf:Q4_K_M", "gguf:Q4_0")] + [
+    ("host", "llama.cpp", s, None) for s in ("fp16", "gguf:Q8_0", "gguf:Q4_K_M", "gguf:Q4_0", "gguf:Q4_1")] + [
     ("core-ultra-155h", "openvino-cpu", "fp16", None), ("core-ultra-155h", "openvino-cpu", "w8a16", None),
     ("core-ultra-155h", "openvino-cpu", "w8a16", {"group_size": 128})] + [
     # the vendor boards' builds, run here as deploy runs them: Ascend on the torch CPU path, RKNN in the simulator

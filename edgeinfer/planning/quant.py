@@ -105,4 +105,15 @@ def packed_layout(scheme: Scheme, prof: dict, blocks: set[int] | None = None) ->
     halved = sorted(b for b in blocks or () if b != block)
     return (f"int{scheme.weight_bits} in blocks of {block} weights" +
             (f" ({', '.join(map(str, halved))} on rows {block} does not divide)" if halved else "") +
-            f" + {layout['bytes_per_block'][f'a{scheme.act_bits}']} bytes per block")
+            f" + {layout['bytes_per_block'][f'a{scheme.act_bits}']} bytes per block" +
+            (f"; the LM head int{layout['lm_head']}" if layout.get("lm_head") else ""))
+
+
+def lm_head_bits(scheme: Scheme, prof: dict) -> float | None:
+    """Bits a weight of the LM head where the runtime holds it apart from the rest (the scheme's layout's
+    ``lm_head``: 8, in the ``int8_blocks`` layout of 16-bit activations, as llama.cpp's 4-bit mixes keep the head
+    in 8 bits or more), else None."""
+    if scheme.kind != "int" or not (prof.get(f"int{scheme.weight_bits}_blocks") or {}).get("lm_head"):
+        return None
+    int8 = prof["int8_blocks"]
+    return 8 + 8 * int8["bytes_per_block"]["a16"] / int8["block"]

@@ -79,7 +79,7 @@ def quiet_logs() -> None:
 class LlamaCppBackend(Backend):
     name = "llamacpp"
     decoders = Decoders(
-        schemes=("fp16", "fp32", "gguf:Q8_0", "gguf:Q4_K_M", "gguf:Q4_0"),
+        schemes=("fp16", "fp32", "gguf:Q8_0", "gguf:Q4_K_M", "gguf:Q4_0", "gguf:Q4_1"),
         options=("precision", "threads", "kv_dtype"),
         native={".gguf": "llama.cpp"},
         builds={"llama.cpp": None, "llama.cpp-cann": CANN},

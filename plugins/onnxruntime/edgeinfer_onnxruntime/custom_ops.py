@@ -1,21 +1,22 @@
 """edgeinfer's own onnxruntime ops for the host decoder classes onnxruntime has no fast CPU kernel for
 (``kernels/matmul.c``): ``edgeinfer.MatMulF16`` (fp16, the weights read as fp16), ``edgeinfer.MatMulW8`` (w8a16,
 int8 weights with an fp32 scale per block of 128, the activations as two int8 digits per block on the CPU's integer
-dot products) and ``edgeinfer.MatMulW4`` (w4a16 and w4a8: the builder's int4 weights, on the same two digits or on
-the high digit alone: int8 activations), where this machine can build and run them (:func:`unavailable`): one
-library, built for AVX-512 (F, BW, VNNI) or for AVX2 (with FMA, F16C), whichever the CPU has (:func:`isa`), both
-over the same packed weights; else fp16 runs as two int8 planes (:mod:`.weight_planes`) and w8a16 over its
-activations' two int8 digits (:mod:`.int8_digits`), both on onnxruntime's int8 kernel, and w4a16 and w4a8 on
-MatMulNBits. With them, ``edgeinfer.GroupQueryAttention`` (``kernels/attention.c``): the decoder's attention over
-its fp16 KV cache, in fp32 (:func:`use_attention`); and ``edgeinfer.EmbedF16`` / ``EmbedW8``
-(``kernels/embedding.c``): a tied model's lookup read from the LM head's panels (``embedding.head_embedding``).
+dot products) and ``edgeinfer.MatMulW4`` (w4a16 and w4a8: int4 weights with a scale and a minimum per block of 32,
+as llama.cpp's Q4_1, on the same two digits or on the high digit alone: int8 activations), where this machine can
+build and run them (:func:`unavailable`): one library, built for AVX-512 (F, BW, VNNI) or for AVX2 (with FMA, F16C),
+whichever the CPU has (:func:`isa`), both over the same packed weights; else fp16 runs as two int8 planes
+(:mod:`.weight_planes`) and w8a16 over its activations' two int8 digits (:mod:`.int8_digits`), both on
+onnxruntime's int8 kernel, and w4a16 and w4a8 on the builder's symmetric int4 MatMulNBits. With them,
+``edgeinfer.GroupQueryAttention`` (``kernels/attention.c``): the decoder's attention over its fp16 KV cache, in
+fp32 (:func:`use_attention`); and ``edgeinfer.EmbedF16`` / ``EmbedW8`` (``kernels/embedding.c``): a tied model's
+lookup read from the LM head's panels (``embedding.head_embedding``).
 
 :func:`library` compiles the ops with the system C compiler (``$CC``, else ``cc``) once per source, compiler and
 build into the cache (``~/.cache/edgeinfer/kernels/``; ``edgeinfer cache clear kernels`` removes it, and the next
 load builds it again). :func:`use_kernels` rewrites the builder's fp32 graph: each MatMul over a 2-D fp32 weight
-becomes one of the ops over the weight packed in panels of 32 output columns (:func:`pack_f16`, :func:`pack_w8`);
-for w4a16 and w4a8 each 4-bit ``MatMulNBits`` the builder wrote becomes MatMulW4 over its weights repacked
-(:func:`pack_w4`). A graph that uses any of them needs the library at load (:func:`own_ops`). Standard library at
+becomes one of the ops over the weight packed in panels of 32 output columns (:func:`pack_f16`, :func:`pack_w8`,
+:func:`pack_w4`; for w4a16 and w4a8 the LM head MatMulW8, as llama.cpp's 4-bit mixes keep it in 8 bits or more).
+A graph that uses any of them needs the library at load (:func:`own_ops`). Standard library at
 import (blocks.py asks :func:`unavailable` for deploy's conversion key).
 """
 
@@ -187,109 +188,104 @@ def pack_w8(w: np.ndarray, block: int) -> list[np.ndarray]:
     return [np.ascontiguousarray(quads).reshape(len(panels), k4, PANEL), _panels(s, np.float32)]
 
 
-def pack_w4(b: np.ndarray, scales: np.ndarray, k: int, n: int) -> list[np.ndarray]:
-    """A symmetric 4-bit ``MatMulNBits``' weights (``b`` uint8 ``[N, blocks, block / 2]``, two rows of a column a
-    byte, the first in the low nibble; ``scales`` ``[N · blocks]``; the weight ``(u - 8) · scale``) as MatMulW4
-    holds them: panels ``[ceil(N / 32), K4 / 2, 32]`` (K4 = K rounded up to 4), each quad row's 64 bytes column
-    ``c``'s four rows in the low nibbles of bytes ``4c .. 4c + 3`` and column ``c + 16``'s in their high nibbles
-    (what one vpdpbusd multiplies after a mask and a shift), the same ``u``; and the scales
-    ``[panels, blocks, 32]`` in fp16, as llama.cpp's Q4_0 holds its scales (4.5 bits a weight, where the builder's
-    fp32 scales make 5; an fp16 scale is within 2^-11 of the fp32 one, a step of the int4 grid being 1/8 of it)."""
+def pack_w4(w: np.ndarray, block: int) -> list[np.ndarray]:
+    """``w`` ([K, N]) as MatMulW4 holds it, as llama.cpp's Q4_1 quantizes (``quantize_row_q4_1_ref``, ggml-quants.c):
+    per block of ``block`` rows and column a minimum ``m`` and a scale ``d = (max - m) / 15``, both fp16, and
+    ``u = round((w - m) / d)`` in 0..15 (5 bits a weight at 32). Weights that are Q4_1 values already (a GGUF's,
+    dequantized) come back exactly. ``u`` in panels ``[ceil(N / 32), K4 / 2, 32]`` (K4 = K rounded up to 4), each
+    quad row's 64 bytes column ``c``'s four rows in the low nibbles of bytes ``4c .. 4c + 3`` and column ``c + 16``'s
+    in their high nibbles (what one vpdpbusd multiplies after a mask and a shift); then the scales and the minimums,
+    each ``[panels, blocks, 32]``."""
     import numpy as np
 
-    blocks = b.shape[1]
-    u = np.empty((n, blocks * b.shape[2] * 2), np.uint8)
-    u[:, 0::2], u[:, 1::2] = b.reshape(n, -1) & 15, b.reshape(n, -1) >> 4
-    k4 = -(-k // 4) * 4
-    rows = np.full((k4, n), 8, np.uint8)  # past K: zero weights (their activations are 0 too)
-    rows[:k] = u[:, :k].T
-    panels = _panels(rows, np.uint8)  # [P, K4, 32], padded columns 0: their outputs are never stored
+    k, n = w.shape
+    blocks = -(-k // block)
+    padded = np.empty((blocks * block, n), np.float32)
+    padded[:k] = w
+    padded[k:] = w[-1]  # past K: the last row again, so that no block's range grows (their activations are 0)
+    wb = padded.reshape(blocks, block, n)
+    m = wb.min(axis=1).astype(np.float16)
+    d = ((wb.max(axis=1) - m.astype(np.float32)) / 15).astype(np.float16)
+    d[d == 0] = 1  # a constant block: u = 0, w = m
+    u = np.clip(np.rint((wb - m.astype(np.float32)[:, None]) / d.astype(np.float32)[:, None]), 0, 15)
+    k4 = -(-k // 4) * 4  # <= blocks * block: a block is a multiple of 4
+    panels = _panels(u.reshape(-1, n)[:k4].astype(np.uint8), np.uint8)  # [P, K4, 32]; padded columns 0
     quads = panels.reshape(len(panels), k4 // 4, 4, PANEL).transpose(0, 1, 3, 2)  # [P, K4 / 4, 32, 4]
     packed = quads[:, :, :16] | (quads[:, :, 16:] << 4)
-    return [np.ascontiguousarray(packed).reshape(len(panels), k4 // 2, PANEL),
-            _panels(scales.reshape(n, blocks).T.astype(np.float16), np.float16)]
+    return [np.ascontiguousarray(packed).reshape(len(panels), k4 // 2, PANEL), _panels(d, np.float16),
+            _panels(m, np.float16)]
 
 
-def _nbits_as_w4(node: Any, inits: dict[str, Any]) -> tuple[int, int, int] | None:
-    """(K, N, block) of a ``com.microsoft.MatMulNBits`` that MatMulW4 computes the same: 4 bits, symmetric (no zero
-    points), no group index or bias, its weights and scales initializers; else None."""
-    from onnx import helper
-
-    if node.op_type != "MatMulNBits" or node.domain != "com.microsoft" or any(node.input[3:]):
-        return None
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    block = attrs.get("block_size", 0)
-    if attrs.get("bits", 4) != 4 or block < 4 or block % 4 or not all(i in inits for i in node.input[1:3]):
-        return None
-    return attrs["K"], attrs["N"], block
+# what a node becomes: its op, its packed weights' names, a function that packs them, the new node's attributes and
+# the initializers it no longer reads; None to keep the node
+Packing = tuple[str, list[str], Callable[[], list["np.ndarray"]], dict[str, int], list[str]]
 
 
-# what a node becomes: its packed weights' names, a function that packs them, the new node's attributes and the
-# initializers it no longer reads; None to keep the node
-Packing = tuple[list[str], Callable[[], list["np.ndarray"]], dict[str, int], list[str]]
-
-
-def _matmul_packing(scheme: str, block: int) -> Callable[[Any, dict[str, Any]], Packing | None]:
-    """A MatMul over a 2-D fp32 initializer as MatMulF16 (fp16) or MatMulW8 (w8a16, blocks of ``block``)."""
+def _matmul_packing(scheme: str, block: int, head: str | None,
+                    head_block: int) -> Callable[[Any, dict[str, Any]], Packing | None]:
+    """A MatMul over a 2-D fp32 initializer as ``scheme``'s op (:data:`OPS`; MatMulW8 and W4 in blocks of ``block``);
+    the one over ``head`` (the LM head's weight) as MatMulW8 in blocks of ``head_block`` for w4a16 and w4a8."""
     from onnx import TensorProto, numpy_helper
-
-    op = OPS[scheme]
 
     def packing(n: Any, inits: dict[str, Any]) -> Packing | None:
         t = inits.get(n.input[1]) if n.op_type == "MatMul" and n.domain in ("", "ai.onnx") else None
         if t is None or t.data_type != TensorProto.FLOAT or len(t.dims) != 2:
             return None
-        names = [f"{t.name}/{op}"] + ([f"{t.name}/{op}/scales"] if scheme == "w8a16" else [])
+        kind, size = ("w8a16", head_block) if scheme in DIGITS and t.name == head else (scheme, block)
+        op = OPS[kind]
+        names = [f"{t.name}/{op}", *{"MatMulF16": [], "MatMulW8": [f"{t.name}/{op}/scales"],
+                                     "MatMulW4": [f"{t.name}/{op}/scales", f"{t.name}/{op}/minimums"]}[op]]
 
         def pack() -> list[np.ndarray]:
             w = numpy_helper.to_array(t)
-            return pack_w8(w, block) if scheme == "w8a16" else pack_f16(w)
+            return pack_f16(w) if op == "MatMulF16" else (pack_w8 if op == "MatMulW8" else pack_w4)(w, size)
 
-        return names, pack, {"n": int(t.dims[1]), **({"block": block} if scheme == "w8a16" else {})}, [t.name]
-
-    return packing
-
-
-def _nbits_packing(digits: int) -> Callable[[Any, dict[str, Any]], Packing | None]:
-    """A 4-bit MatMulNBits MatMulW4 computes the same (:func:`_nbits_as_w4`) as MatMulW4 on ``digits`` digits."""
-    from onnx import numpy_helper
-
-    def packing(n: Any, inits: dict[str, Any]) -> Packing | None:
-        shape = _nbits_as_w4(n, inits)
-        if shape is None:
-            return None
-        k, cols, block = shape
-        names = [f"{n.input[1]}/MatMulW4", f"{n.input[1]}/MatMulW4/scales"]
-
-        def pack() -> list[np.ndarray]:
-            b, scales = (numpy_helper.to_array(inits[i]) for i in n.input[1:3])
-            return pack_w4(b, scales, k, cols)
-
-        return names, pack, {"n": cols, "block": block, "digits": digits}, list(n.input[1:3])
+        attrs = {"n": int(t.dims[1]), **({"block": size} if op != "MatMulF16" else {}),
+                 **({"digits": DIGITS[scheme]} if op == "MatMulW4" else {})}
+        return op, names, pack, attrs, [t.name]
 
     return packing
 
 
-def use_kernels(model: Any, scheme: str, block: int = 0) -> int:
+def head_weight(model: Any) -> str | None:
+    """The name of the LM head's weight: the first 2-D initializer read by a MatMul on the way back from the graph's
+    first output (the logits), or None."""
+    graph = model.graph
+    inits = {t.name for t in graph.initializer}
+    producer = {o: n for n in graph.node for o in n.output}
+    todo, seen = [graph.output[0].name], set()
+    while todo:
+        n = producer.get(todo.pop(0))
+        if n is None or id(n) in seen:
+            continue
+        seen.add(id(n))
+        if n.op_type == "MatMul" and n.input[1] in inits:
+            return n.input[1]
+        todo.extend(n.input)
+    return None
+
+
+def use_kernels(model: Any, scheme: str, block: int = 0, head_block: int = 0) -> int:
     """Rewrite every MatMul of ``model`` whose B is a 2-D fp32 initializer into ``scheme``'s op (:data:`OPS`) over
-    it packed (``block``: MatMulW8's); the fp32 initializers it replaced are dropped. For ``w4a16`` and ``w4a8``
-    each 4-bit MatMulNBits MatMulW4 computes the same (symmetric, no bias) becomes MatMulW4 over its weights
-    repacked, on two activation digits or one (:data:`DIGITS`). Returns the number of nodes rewritten."""
+    it packed (``block``: MatMulW8's and W4's); for w4a16 and w4a8 with a ``head_block`` the LM head's
+    (:func:`head_weight`) into MatMulW8 in blocks of it. The fp32 initializers it replaced are dropped. Returns the
+    number of nodes rewritten."""
     from onnx import helper, numpy_helper
 
-    op = OPS[scheme]
-    packing = _nbits_packing(DIGITS[scheme]) if scheme in DIGITS else _matmul_packing(scheme, block)
+    packing = _matmul_packing(scheme, block, head_weight(model) if scheme in DIGITS and head_block else None,
+                              head_block)
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
     packed: dict[str, Any] = {}
     replaced: set[str] = set()
-    nodes = []
+    nodes, done = [], 0
     for n in graph.node:
         found = packing(n, inits)
         if found is None:
             nodes.append(n)
             continue
-        names, pack, attrs, reads = found
+        done += 1
+        op, names, pack, attrs, reads = found
         if names[0] not in packed:  # a weight two nodes read is packed once
             for name, a in zip(names, pack()):
                 packed[name] = numpy_helper.from_array(a, name)
@@ -302,7 +298,6 @@ def use_kernels(model: Any, scheme: str, block: int = 0) -> int:
     graph.node.extend(nodes)
     del graph.initializer[:]
     graph.initializer.extend(kept + list(packed.values()))
-    done = sum(n.op_type == op and n.domain == DOMAIN for n in nodes)
     if done and not any(o.domain == DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
     return done

@@ -53,7 +53,7 @@ def is_built(path: Path) -> bool:
 
 
 # edgeinfer scheme -> the builder's precision; w4a16 / w4a8: its int4 MatMulNBits on fp32 activations (level 1) / on
-# int8 per block (level 4, as llama.cpp's Q4_0 on a CPU), each MatMulW4 (two digits / one) where the own ops build
+# int8 per block (level 4, as llama.cpp's Q4_0 on a CPU); where the own ops build, its fp32 graph on MatMulW4 instead
 SCHEMES = {"fp32": ("fp32", []), "w4a16": ("int4", ["int4_accuracy_level=1"]),
            "w4a8": ("int4", ["int4_accuracy_level=4"]), "w8a16": ("fp32", []), "w8a8": ("fp32", []),
            "fp16": ("fp32", [])}
@@ -119,9 +119,9 @@ def convert(hf_dir: Path, scheme: str, context: int, out: Path, group_size: int 
     cache in ``kv_dtype`` (:mod:`.kv_cache`)."""
     kv_dtype = kv_name(kv_dtype)
     family = scheme.split("_g")[0]
-    precision, extra = SCHEMES[family]
     own = custom_ops.unavailable() is None  # edgeinfer's own ops build here (custom_ops.py)
     kernel = family in custom_ops.OPS and own  # fp16 and w8a16 on the own matmuls; else on the int8 kernel
+    precision, extra = ("fp32", []) if kernel else SCHEMES[family]  # the int4 classes: Q4_1 blocks of their own
     planes = family == "fp16" and not kernel  # two int8 planes a weight (weight_planes.py)
     # attention over the fp16 KV cache on the own op too (kernels/attention.c), fp32 included: where the library
     # cannot be built a graph whose only own op is the attention loads with onnxruntime's (custom_ops.session_graph)
@@ -145,7 +145,7 @@ def convert(hf_dir: Path, scheme: str, context: int, out: Path, group_size: int 
         model = onnx.load(str(graph))
         ids = cfg["model"]["decoder"]["inputs"]["input_ids"]
         if kernel:
-            custom_ops.use_kernels(model, family, block)
+            custom_ops.use_kernels(model, family, block, INT8_BLOCK)
         if quantized or kernel:  # a tied head on the own matmuls serves the lookup too; else a table of its own
             embedding = (kernel and head_embedding(model, ids)) or (
                 embedding_fp16(model, ids) if family == "fp16" else quantize_embedding(model, ids, INT8_BLOCK))
@@ -162,14 +162,15 @@ def convert(hf_dir: Path, scheme: str, context: int, out: Path, group_size: int 
     cfg_path.write_text(json.dumps(cfg, indent=4) + "\n")
     facts: dict[str, Any] = {"target": "cpu", "builder": f"onnxruntime-genai {builder_version()}",
                              "precision": precision, "kv_dtype": kv_dtype}
-    if precision == "int4":
+    if int4 := family in custom_ops.DIGITS:
         facts["int4_block_size"] = block
     if kernel:
         op = f"{custom_ops.DOMAIN}.{custom_ops.OPS[family]}"
         acts = "int8 activations per block" if family == "w4a8" else "fp32 activations"
+        q41 = (", a scale and a minimum each", f", the LM head int8 in blocks of {INT8_BLOCK}") if int4 else ("", "")
         facts["then"] = (f"fp16 weights, each MatMul an {op} (custom_ops.py)" if family == "fp16" else
-                         f"int{family[1]} weights in blocks of {block}, each MatMul an {op} on {acts} "
-                         "(custom_ops.py)")
+                         f"int{family[1]} weights in blocks of {block}{q41[0]}, each MatMul an {op} on {acts}"
+                         f"{q41[1]} (custom_ops.py)")
         if family == "w8a16":
             facts["int8_block_size"] = block
     if own_attention:

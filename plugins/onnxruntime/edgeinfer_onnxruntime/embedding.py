@@ -12,9 +12,9 @@ https://github.com/microsoft/onnxruntime/blob/main/docs/ContribOperators.md#com.
 as llama.cpp keeps ``token_embd`` in the model's quantized type and NNCF keeps OpenVINO's embeddings int8.
 An fp16 table is read by a plain ``Gather`` (any element type) and only the rows it read are cast. Where one of
 edgeinfer's own matmuls holds a tied model's LM head (fp16, w8a16, w4a16 and w4a8: custom_ops.py), the lookup
-reads the head's packed weights instead (``edgeinfer.EmbedF16`` / ``EmbedW8`` / ``EmbedW4``, kernels/embedding.c):
-the table is held once, as llama.cpp holds ``token_embd`` once (:func:`head_embedding`). For int4 that is the
-class llama.cpp's Q4_0 looks its tokens up in: the head's int4 rows, not an int8 table.
+reads the head's packed weights instead (``edgeinfer.EmbedF16`` / ``EmbedW8``, kernels/embedding.c): the table is
+held once, as llama.cpp holds ``token_embd`` once (:func:`head_embedding`). The int4 classes hold their head in int8
+(MatMulW8), as llama.cpp's 4-bit mixes hold a tied ``token_embd`` in Q8_0 or Q6_K, so they read it through EmbedW8.
 """
 
 from __future__ import annotations
@@ -22,8 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 BITS = 8
-EMBED = {"MatMulF16": "EmbedF16", "MatMulW8": "EmbedW8", "MatMulW4": "EmbedW4"}  # a tied head's own op -> its lookup
-SAMPLE = 256  # rows of a table checked against an int4 head (:func:`_int4_head`)
+EMBED = {"MatMulF16": "EmbedF16", "MatMulW8": "EmbedW8"}  # a tied head's own op -> its lookup
 
 
 def _lookup(model: Any, ids: str) -> tuple[Any, Any, Any, Any] | None:
@@ -116,11 +115,10 @@ def embedding_fp16(model: Any, ids: str) -> dict[str, Any] | None:
 
 def head_embedding(model: Any, ids: str) -> dict[str, Any] | None:
     """Rewrite ``model`` in place where its lookup of ``ids`` reads the LM head's weight of a tied model and
-    :func:`.custom_ops.use_kernels` packed that head: the lookup becomes ``edgeinfer.EmbedF16``, ``EmbedW8`` or
-    ``EmbedW4`` over the head's packed weights, and the fp32 table is dropped. The builder writes a tied model's
-    lookup over a ``Transpose`` of the head's fp32 weight (fp16, w8a16), or, where it quantized the head to int4,
-    over a table of its own whose int4 the head holds (:func:`_int4_head`). The facts for the conversion's stamp, or
-    None (the graph left as it is) for any other lookup."""
+    :func:`.custom_ops.use_kernels` packed that head: the lookup becomes ``edgeinfer.EmbedF16`` or ``EmbedW8`` over
+    the head's packed weights, and the fp32 table is dropped. The builder writes a tied model's lookup over a
+    ``Transpose`` of the head's fp32 weight. The facts for the conversion's stamp, or None (the graph left as it is)
+    for any other lookup."""
     from onnx import TensorProto, helper
 
     from .custom_ops import DOMAIN
@@ -131,19 +129,15 @@ def head_embedding(model: Any, ids: str) -> dict[str, Any] | None:
     if found is None or not int64:
         return None
     gather, source, transpose, table = found
-    if transpose is None:
-        head = _int4_head(model, table)
-    else:
-        head = next((n for n in g.node if n.domain == DOMAIN and n.op_type in ("MatMulF16", "MatMulW8")
-                     and len(n.input) > 1 and n.input[1] == f"{source.name}/{n.op_type}"), None)
+    head = None if transpose is None else next(
+        (n for n in g.node if n.domain == DOMAIN and n.op_type in EMBED and len(n.input) > 1
+         and n.input[1] == f"{source.name}/{n.op_type}"), None)
     if head is None:
         return None
     op = EMBED[head.op_type]
     vocab, width = table.shape
     attrs = {"n": vocab, "k": width}
-    if op == "EmbedW4":
-        attrs["block"] = _attribute(head, "block")
-    elif op == "EmbedW8":
+    if op == "EmbedW8":
         block = next((b for b in (_attribute(head, "block"), 32) if width % b == 0), 0)
         if not block:
             return None
@@ -153,40 +147,8 @@ def head_embedding(model: Any, ids: str) -> dict[str, Any] | None:
     lookup = helper.make_node(op, [ids, *head.input[1:]], list(gather.output), name=f"{gather.name}{op}",
                               domain=DOMAIN, **attrs)
     _replace(model, found, [], [lookup])
-    bits = {"EmbedW8": "int8", "EmbedW4": "int4"}.get(op)
-    blocks = f", {bits} in blocks of {attrs['block']}" if bits else ""
+    blocks = f", int8 in blocks of {attrs['block']}" if op == "EmbedW8" else ""
     return {"embedding": f"the LM head's weights, read by {DOMAIN}.{op} (tied: one table{blocks})"}
-
-
-def _int4_head(model: Any, table: Any) -> Any:
-    """The ``edgeinfer.MatMulW4`` node whose weights are ``table``'s int4 ([vocab, width]: the head of a tied model
-    the builder quantized to int4), or None. :data:`SAMPLE` rows spread over the vocabulary must each lie within
-    one scale of the head's column (half of one rounding to the nearest level, one where +8 was clipped to +7; the
-    head's fp16 scales add a part in 2^11 of a scale for each of the 8 levels)."""
-    import numpy as np
-    from onnx import numpy_helper
-
-    from .custom_ops import DOMAIN, PANEL
-
-    vocab, width = table.shape
-    inits = {t.name: t for t in model.graph.initializer}
-    rows = np.unique(np.linspace(0, vocab - 1, min(SAMPLE, vocab)).astype(np.int64))
-    for n in model.graph.node:
-        if (n.domain != DOMAIN or n.op_type != "MatMulW4" or _attribute(n, "n") != vocab
-                or not all(i in inits for i in n.input[1:3])):
-            continue
-        packed, scales = (numpy_helper.to_array(inits[i]) for i in n.input[1:3])
-        block = _attribute(n, "block")
-        if packed.shape[1] * 2 != -(-width // 4) * 4 or scales.shape[1] != -(-width // block):
-            continue
-        # the kernel's reading (kernels/embedding.c): column c of panel p, quad row q's bytes 4 (c % 16) + r
-        p, c = rows // PANEL, rows % PANEL
-        quads = packed[p].reshape(len(rows), -1, 16, 4)[np.arange(len(rows)), :, c % 16]  # [rows, K4 / 4, 4]
-        u = (quads >> np.where(c < 16, 0, 4)[:, None, None]) & 15
-        s = np.repeat(scales[p, :, c].astype(np.float64), block, axis=1)[:, :width]  # signed: largest |w| = -8 s
-        if np.all(np.abs((u.reshape(len(rows), -1)[:, :width] - 8.0) * s - table[rows]) <= np.abs(s) * 1.01):
-            return n
-    return None
 
 
 def _attribute(node: Any, name: str) -> int:

@@ -132,104 +132,100 @@ def test_a_block_past_256_rows_keeps_its_int32_sums_in_range(build):
     assert y[0, 0, 0] == pytest.approx(1100)
 
 
-def nbits_graph(w: np.ndarray, block: int = 32, symmetric: bool = True, bits: int = 4):
-    """``matmul_graph(w)`` as onnxruntime's quantizer writes it for the builder's int4 (MatMulNBits, fp32
-    activations)."""
-    import logging
-
-    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
-
-    logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
-    q = MatMulNBitsQuantizer(matmul_graph(w), block_size=block, is_symmetric=symmetric, accuracy_level=1, bits=bits)
-    q.process()
-    return q.model.model
-
-
-def nbits_weights(model, fp16_scales: bool = True) -> np.ndarray:
-    """The [K, N] weight a symmetric 4-bit MatMulNBits holds, read from its initializers by hand: element k of
-    column n is byte k // 2 of the column's bytes, low nibble first, times its block's scale after taking 8 off;
-    the scales rounded to fp16 as MatMulW4 holds them (``fp16_scales``), else MatMulNBits' own fp32."""
-    [node] = model.graph.node
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    k, n, block = attrs["K"], attrs["N"], attrs["block_size"]
-    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
-    b, scales = inits[node.input[1]].reshape(n, -1), inits[node.input[2]].reshape(n, -1)
-    if fp16_scales:
-        scales = scales.astype(np.float16).astype(np.float64)
-    u = np.empty((n, b.shape[1] * 2))
-    u[:, 0::2], u[:, 1::2] = b & 15, b >> 4
-    return ((u - 8) * np.repeat(scales, block, axis=1)[:, :u.shape[1]]).T[:k]
+def q4_1(w: np.ndarray, block: int) -> np.ndarray:
+    """W as MatMulW4 multiplies it, worked out here as llama.cpp's quantize_row_q4_1_ref does for each block of
+    ``block`` rows and column: m = min, d = (max - m) / 15, both rounded to fp16, w = m + d round((w - m) / d)."""
+    k, n = w.shape
+    out = np.empty((k, n))
+    for b in range(0, k, block):
+        part = w[b:b + block].astype(np.float64)
+        m = part.min(axis=0).astype(np.float16).astype(np.float64)
+        d = ((part.max(axis=0) - m) / 15).astype(np.float16).astype(np.float64)
+        d[d == 0] = 1
+        out[b:b + block] = m + d * np.clip(np.rint((part - m) / d), 0, 15)
+    return out
 
 
 def test_pack_w4_puts_two_columns_a_byte_and_four_rows_of_a_column_side_by_side():
+    """Q4_1 values (a GGUF's, dequantized) come back exactly: their blocks' fp16 minimum, scale and levels."""
     rng = np.random.default_rng(1)
-    k, n = 70, 40  # K4 72: rows 70-71 padding; panel 1: columns 32-39, the rest padding
-    u = rng.integers(0, 16, (n, 96))  # three blocks of 32 along K (70 rows used)
-    b = (u[:, 0::2] | (u[:, 1::2] << 4)).astype(np.uint8).reshape(n, 3, 16)
-    scales = rng.random(n * 3).astype(np.float32)
-    packed, s = custom_ops.pack_w4(b, scales, k, n)
-    assert packed.shape == (2, 36, 32) and packed.dtype == np.uint8 and s.shape == (2, 3, 32)
-    assert s.dtype == np.float16  # Q4_0's scale type: 4.5 bits a weight
+    k, n = 70, 40  # K4 72: rows 70-71 padding; panel 1: columns 32-39, the rest padding; blocks 0-31, 32-63, 64-69
+    u = rng.integers(0, 16, (96, n))
+    u[[0, 32, 64]], u[[1, 33, 65]] = 0, 15  # Q4_1's every block holds level 0 (its minimum) and 15 (its maximum)
+    d = rng.uniform(0.01, 0.1, (3, n)).astype(np.float16)
+    m = -rng.uniform(0, 1, (3, n)).astype(np.float16)
+    w = (np.repeat(m.astype(np.float32), 32, axis=0) + np.repeat(d.astype(np.float32), 32, axis=0) * u)[:k]
+    packed, s, mins = custom_ops.pack_w4(w, 32)
+    assert packed.shape == (2, 36, 32) and packed.dtype == np.uint8
+    assert s.shape == mins.shape == (2, 3, 32) and s.dtype == mins.dtype == np.float16  # Q4_1's: 5 bits a weight
     quads = packed.reshape(2, 18, 64)  # per panel and quad row: 64 bytes
-    assert quads[0, 1, 4 * 5 + 2] & 15 == u[5, 6] and quads[0, 1, 4 * 5 + 2] >> 4 == u[21, 6]  # row 6
-    assert quads[1, 17, 4 * 7 + 1] & 15 == u[39, 69] and quads[1, 17, 4 * 7 + 2] & 15 == 8  # row 70: a zero weight
+    assert quads[0, 1, 4 * 5 + 2] & 15 == u[6, 5] and quads[0, 1, 4 * 5 + 2] >> 4 == u[6, 21]  # row 6
+    assert quads[1, 16, 4 * 7 + 1] & 15 == u[65, 39]
     assert not (quads[1, :, :] >> 4).any()  # panel 1's columns 48-63: padding
-    assert s[0, 2, 5] == np.float16(scales[5 * 3 + 2]) and s[1, 1, 7] == np.float16(scales[39 * 3 + 1])
-    assert not s[1, :, 8:].any()
+    assert s[0, 2, 5] == d[2, 5] and s[1, 1, 7] == d[1, 39] and mins[0, 0, 21] == m[0, 21]
+    assert not s[1, :, 8:].any() and not mins[1, :, 8:].any()
+    np.testing.assert_array_equal(q4_1(w, 32), w)  # the reference's reading of them: exact too
 
 
 @pytest.mark.parametrize("k, n", [(64, 32), (130, 50), (96, 200)])
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("scheme", ["w4a16", "w4a8"])
-def test_matmul_w4_equals_the_product_with_the_int4_weights_and_onnxruntimes_own_kernel(k, n, threads, scheme, build):
-    """MatMulW4 over a MatMulNBits' weights (the builder's symmetric int4, block 32; the scales as fp16): numpy's
-    product of x's two digits (w4a16) or its high digit alone (w4a8: int8 per block of 32) and the weights read by
-    hand; and for w4a16 onnxruntime's MatMulNBits on fp32 activations and scales on the same x."""
+def test_matmul_w4_equals_the_product_with_the_q4_1_weights(k, n, threads, scheme, build):
+    """MatMulW4 (blocks of 32, a scale and a minimum each): numpy's product of x's two digits (w4a16) or its high
+    digit alone (w4a8: int8 per block of 32) and the weights quantized here by hand (the minimums times the
+    digits' sum, as Q4_1 x Q8_1 takes it)."""
     rng = np.random.default_rng(k + n)
     w = rng.standard_normal((k, n)).astype(np.float32)
-    theirs = nbits_graph(w)
-    ours = nbits_graph(w)
-    assert custom_ops.use_kernels(ours, scheme) == 1
-    assert {a.name: a.i for a in ours.graph.node[0].attribute}["digits"] == {"w4a16": 2, "w4a8": 1}[scheme]
-    assert [(t.name, list(t.dims)) for t in ours.graph.initializer] == [
-        (f"{ours.graph.node[0].input[1]}", [-(-n // 32), -(-k // 4) * 2, 32]),
-        (f"{ours.graph.node[0].input[2]}", [-(-n // 32), -(-k // 32), 32])]  # MatMulNBits' own initializers gone
-    s = session(ours, threads)
-    ref = ort.InferenceSession(theirs.SerializeToString(), providers=["CPUExecutionProvider"])
-    held_w = nbits_weights(theirs)
-    assert np.abs(held_w - w).max() <= np.abs(w).max() / 7  # the quantized weights, read right
-    assert np.abs(held_w - nbits_weights(theirs, fp16_scales=False)).max() <= np.abs(w).max() / 2**11
+    model = matmul_graph(w)
+    assert custom_ops.use_kernels(model, scheme, 32) == 1
+    node = model.graph.node[0]
+    assert {a.name: a.i for a in node.attribute} == {"n": n, "block": 32, "digits": {"w4a16": 2, "w4a8": 1}[scheme]}
+    assert [list(t.dims) for t in model.graph.initializer] == [
+        [-(-n // 32), -(-k // 4) * 2, 32], [-(-n // 32), -(-k // 32), 32], [-(-n // 32), -(-k // 32), 32]]
+    s = session(model, threads)
+    held_w = q4_1(w, 32)
+    assert np.abs(held_w - w).max() <= (w.max() - w.min()) / 30 * 1.01  # half a level at most
+    count = 2 if scheme == "w4a16" else 1
     for rows in [(1, 1), (1, 12), (2, 7), (1, 13), (3, 9), (2, 0)]:
         x = rng.standard_normal((*rows, k)).astype(np.float32)
         y = s.run(None, {"x": x})[0]
         assert y.shape == (*rows, n)
-        np.testing.assert_allclose(y, digits(x, 32, 2 if scheme == "w4a16" else 1) @ held_w, rtol=0, atol=1e-5 * k)
-        if scheme == "w4a16":  # onnxruntime's fp32 scales: each product off by the fp16 rounding of its scale
-            bound = 1e-3 * np.sqrt(k) + 2.0**-11 * (np.abs(x) @ np.abs(held_w))
-            assert (np.abs(y - ref.run(None, {"x": x})[0]) <= bound).all()
-        elif y.size:  # int8 activations: off fp32's product by what one digit drops
+        np.testing.assert_allclose(y, digits(x, 32, count) @ held_w, rtol=0, atol=1e-5 * k)
+        if scheme == "w4a8" and y.size:  # int8 activations: off fp32's product by what one digit drops
             assert np.abs(y - x @ held_w).max() > 1e-3
 
 
 @pytest.mark.parametrize("block", [16, 128])
-def test_matmul_w4_takes_the_builders_other_block_sizes(block, build):
-    """A scheme's group size (``w4a16_g128``) reaches the builder's int4 block: the op's blocks follow it."""
+def test_matmul_w4_takes_other_block_sizes(block, build):
+    """A scheme's group size (``w4a16_g128``) reaches MatMulW4's blocks."""
     rng = np.random.default_rng(block)
     w = rng.standard_normal((256, 40)).astype(np.float32)
-    theirs, ours = nbits_graph(w, block=block), nbits_graph(w, block=block)
-    assert custom_ops.use_kernels(ours, "w4a16") == 1
-    assert {a.name: a.i for a in ours.graph.node[0].attribute}["block"] == block
+    model = matmul_graph(w)
+    assert custom_ops.use_kernels(model, "w4a16", block) == 1
+    assert {a.name: a.i for a in model.graph.node[0].attribute}["block"] == block
     x = rng.standard_normal((1, 3, 256)).astype(np.float32)
-    y = session(ours).run(None, {"x": x})[0]
-    np.testing.assert_allclose(y, digits(x, block) @ nbits_weights(theirs), rtol=0, atol=1e-5 * 256)
+    y = session(model).run(None, {"x": x})[0]
+    np.testing.assert_allclose(y, digits(x, block) @ q4_1(w, block), rtol=0, atol=1e-5 * 256)
 
 
-def test_the_w4_rewrite_leaves_what_matmul_w4_does_not_compute():
+def test_the_int4_classes_hold_the_lm_head_in_int8():
+    """With a head block, the MatMul that makes the first output (the logits) becomes MatMulW8, the rest MatMulW4;
+    a MatMulNBits is left as it is."""
     w = np.random.default_rng(2).standard_normal((64, 40)).astype(np.float32)
-    for model in (nbits_graph(w, symmetric=False), nbits_graph(w, bits=8), matmul_graph(w)):
-        before = [(n.op_type, n.domain) for n in model.graph.node]
-        assert custom_ops.use_kernels(model, "w4a16") == 0
-        assert [(n.op_type, n.domain) for n in model.graph.node] == before
+    model = matmul_graph(w, extra_matmul=True)  # proj (a weight), then scores (no initializer)
+    model.graph.node.append(helper.make_node("MatMul", ["yy", "w2"], ["logits"], name="lm_head"))
+    model.graph.initializer.append(numpy_helper.from_array(np.ones((40, 7), np.float32), "w2"))
+    model.graph.output.insert(0, helper.make_tensor_value_info("logits", TensorProto.FLOAT, None))
+    assert custom_ops.head_weight(model) == "w2"
+    assert custom_ops.use_kernels(model, "w4a8", 32, 128) == 2
+    assert [(n.name, n.op_type) for n in model.graph.node] == [
+        ("proj_MatMulW4", "MatMulW4"), ("", "Transpose"), ("scores", "MatMul"), ("lm_head_MatMulW8", "MatMulW8")]
+    assert {a.name: a.i for a in model.graph.node[3].attribute} == {"n": 7, "block": 128}
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    q = MatMulNBitsQuantizer(matmul_graph(w), block_size=32, is_symmetric=True, bits=4)
+    q.process()
+    assert custom_ops.use_kernels(q.model.model, "w4a16", 32, 128) == 0
 
 
 def test_a_two_dimensional_input_and_a_single_row(build):
@@ -436,59 +432,3 @@ def test_an_untied_lookup_keeps_its_table_and_an_id_outside_the_vocabulary_is_re
             s.run(["e"], {"ids": np.array([[bad]]), "x": x})
 
 
-def tied_nbits_graph(w: np.ndarray, table: np.ndarray, block: int = 32):
-    """A tied decoder's two ends as the builder writes them at int4: the lookup of ``ids`` in an fp32 ``table`` of
-    its own ([vocab, hidden]), and the head as the 4-bit MatMulNBits of ``w`` ([hidden, vocab])."""
-    model = nbits_graph(w, block=block)
-    g = model.graph
-    g.node.insert(0, helper.make_node("Gather", ["table", "ids"], ["e"], name="/embed_tokens/Gather"))
-    g.initializer.append(numpy_helper.from_array(table, "table"))
-    g.input.append(helper.make_tensor_value_info("ids", TensorProto.INT64, ["b", "s"]))
-    g.output.insert(0, helper.make_tensor_value_info("e", TensorProto.FLOAT, None))
-    return model
-
-
-@pytest.mark.parametrize("scheme, k, block", [("w4a16", 256, 32), ("w4a8", 96, 32), ("w4a16", 576, 16),
-                                              ("w4a16", 70, 32)])
-def test_a_tied_int4_lookup_reads_the_heads_int4_rows(scheme, k, block, build):
-    """EmbedW4 (kernels/embedding.c): the lookup of a tied model whose head the builder quantized to int4 reads the
-    head's int4 (MatMulW4's packing), so the fp32 table is dropped and no int8 copy is made; the rows equal the
-    head's columns read by hand from MatMulNBits' initializers (the class llama.cpp's Q4_0 looks tokens up in), and
-    the head's logits are unchanged."""
-    from edgeinfer_onnxruntime.embedding import head_embedding
-
-    rng = np.random.default_rng(k + block)
-    n = 100  # four panels, the last partly padding; columns 0-15 and 16-31 of a panel share bytes
-    w = rng.standard_normal((k, n)).astype(np.float32)
-    ids = np.array([[0, 15, 16, 31, 32, 99, 64, 7, 50]])
-    x = rng.standard_normal((1, ids.shape[1], k)).astype(np.float32)
-    ours = tied_nbits_graph(w, np.ascontiguousarray(w.T), block)
-    assert custom_ops.use_kernels(ours, scheme) == 1
-    facts = head_embedding(ours, "ids")
-    assert facts == {"embedding": f"the LM head's weights, read by edgeinfer.EmbedW4 (tied: one table, int4 in "
-                                  f"blocks of {block})"}
-    assert [(n.op_type, n.domain) for n in ours.graph.node] == [("EmbedW4", "edgeinfer"), ("MatMulW4", "edgeinfer")]
-    assert "table" not in {t.name for t in ours.graph.initializer} and len(ours.graph.initializer) == 2
-    e, logits = session(ours).run(None, {"ids": ids, "x": x})
-    held_w = nbits_weights(nbits_graph(w, block=block))  # [k, n], by hand
-    assert e.shape == (1, ids.shape[1], k)
-    np.testing.assert_allclose(e[0], held_w.T[ids[0]], rtol=1e-6, atol=1e-7)
-    assert np.abs(e[0] - w.T[ids[0]]).max() <= np.abs(w).max() / 7  # the rows are the table's, at four bits
-    plain = nbits_graph(w, block=block)
-    custom_ops.use_kernels(plain, scheme)
-    np.testing.assert_array_equal(logits, session(plain).run(None, {"x": x})[0])
-
-
-def test_an_int4_lookup_over_another_table_keeps_it(build):
-    """An untied model's table (not the head's int4) stays a lookup of its own: one row off by more than a scale is
-    enough."""
-    from edgeinfer_onnxruntime.embedding import head_embedding
-
-    rng = np.random.default_rng(5)
-    w = rng.standard_normal((64, 40)).astype(np.float32)
-    table = np.ascontiguousarray(w.T).copy()
-    table[39, 3] += 1.0  # the last row, which the check samples
-    model = tied_nbits_graph(w, table)
-    custom_ops.use_kernels(model, "w4a16")
-    assert head_embedding(model, "ids") is None
-    assert [n.op_type for n in model.graph.node] == ["Gather", "MatMulW4"]

@@ -1,16 +1,15 @@
-/* edgeinfer.EmbedF16, EmbedW8 and EmbedW4: a tied model's token embedding read from its LM head's packed weights,
- * so that the table is held once, as llama.cpp holds token_embd once for a tied model.
+/* edgeinfer.EmbedF16 and EmbedW8: a tied model's token embedding read from its LM head's packed weights, so that
+ * the table is held once, as llama.cpp holds token_embd once for a tied model.
  *
- * The LM head's W ([K = hidden, N = vocabulary]) is the embedding table transposed, packed for MatMulF16, MatMulW8
- * or MatMulW4 (matmul.c) in panels of 32 columns: token t's row is column t % 32 of panel t / 32. These ops gather
- * those columns: the embedding of each id, as the head's weights hold it (for EmbedW8 and EmbedW4 the integers of
- * the head's blocks of `block` rows, times their scales).
+ * The LM head's W ([K = hidden, N = vocabulary]) is the embedding table transposed, packed for MatMulF16 or MatMulW8
+ * (matmul.c) in panels of 32 columns: token t's row is column t % 32 of panel t / 32. These ops gather those
+ * columns: the embedding of each id, as the head's weights hold it (for EmbedW8 the integers of the head's blocks of
+ * `block` rows, times their scales). The int4 classes hold their head in int8 (custom_ops.py), so EmbedW8 reads it.
  *
  * Inputs:  ids int64 [...], each in [0, n); w: EmbedF16 fp16 [P, K, 32]; EmbedW8 uint8 q + 128 [P, K4, 32]
- *          (K4 = K rounded up to 4, each panel's bytes four rows of a column side by side); EmbedW4 uint8 [P, K4 / 2,
- *          32], u = q + 8 (each quad row's 64 bytes: column c's four rows in the low nibbles of bytes 4c .. 4c + 3,
- *          column c + 16's in their high nibbles); the scales [P, ceil(K / block), 32], EmbedW8 fp32, EmbedW4 fp16.
- * Attributes: n, the vocabulary (<= 32 P); k, the hidden width K; EmbedW8, EmbedW4: block.   Output: [..., K] float.
+ *          (K4 = K rounded up to 4, each panel's bytes four rows of a column side by side), its fp32 scales
+ *          [P, ceil(K / block), 32].
+ * Attributes: n, the vocabulary (<= 32 P); k, the hidden width K; EmbedW8: block.   Output: [..., K] float.
  * A row's K values are K cache lines apart in the fp16 panels (K / 4 in the integer ones): a decode step reads a few
  * rows, a long prompt some thousands, a small part of its time.
  */
@@ -21,8 +20,8 @@
 
 #define NR 32
 
-enum { F16, W8, W4 };
-static const char *const NAMES[] = {"EmbedF16", "EmbedW8", "EmbedW4"};
+enum { F16, W8 };
+static const char *const NAMES[] = {"EmbedF16", "EmbedW8"};
 
 typedef struct {
   int64_t n, k, block; /* block: 0 for EmbedF16 */
@@ -44,14 +43,12 @@ static OrtStatus *compute(void *kernel, void *context) {
   if (kind != F16 && ((s = CALL(KernelContext_GetInput, context, (size_t)2, &sv)) || (s = shape_of(sv, sd, &sr))))
     return s;
   int64_t K = e->k, K4 = (K + 3) / 4 * 4, KB = kind != F16 ? (K + e->block - 1) / e->block : 0;
-  int64_t rows = kind == F16 ? K : kind == W8 ? K4 : K4 / 2; /* a panel's rows of 32 elements */
+  int64_t rows = kind == F16 ? K : K4; /* a panel's rows of 32 elements */
   if (wr != 3 || wd[2] != NR || e->n > wd[0] * NR || wd[1] != rows)
     return error(kind == F16 ? "EmbedF16: w must be [P, k, 32] with n <= 32 P"
-                 : kind == W8 ? "EmbedW8: w must be [P, k rounded up to 4, 32] with n <= 32 P"
-                              : "EmbedW4: w must be [P, (k rounded up to 4) / 2, 32] with n <= 32 P");
+                             : "EmbedW8: w must be [P, k rounded up to 4, 32] with n <= 32 P");
   if (kind != F16 && (sr != 3 || sd[0] != wd[0] || sd[1] != KB || sd[2] != NR))
-    return error(kind == W8 ? "EmbedW8: scales must be [P, ceil(k / block), 32]"
-                            : "EmbedW4: scales must be [P, ceil(k / block), 32]");
+    return error("EmbedW8: scales must be [P, ceil(k / block), 32]");
   int64_t M = 1;
   for (size_t i = 0; i < ir; i++) M *= (yd[i] = id[i]);
   yd[ir] = K;
@@ -62,41 +59,31 @@ static OrtStatus *compute(void *kernel, void *context) {
   const int64_t *t = ids;
   float *out = y;
   for (int64_t m = 0; m < M; m++, out += K) {
-    if (t[m] < 0 || t[m] >= e->n) return error("EmbedF16/EmbedW8/EmbedW4: a token id is outside the vocabulary");
+    if (t[m] < 0 || t[m] >= e->n) return error("EmbedF16/EmbedW8: a token id is outside the vocabulary");
     int64_t p = t[m] / NR, c = t[m] % NR;
     if (kind == F16) {
       const uint16_t *col = (const uint16_t *)w + p * K * NR + c;
       for (int64_t k = 0; k < K; k++) out[k] = _cvtsh_ss(col[k * NR]);
       continue;
     }
-    if (kind == W8) {
-      const float *scale = (const float *)sc + p * KB * NR + c;
-      const uint8_t *col = (const uint8_t *)w + p * K4 * NR + c * 4;
-      for (int64_t k = 0; k < K; k++)
-        out[k] = (float)((int)col[(k / 4) * NR * 4 + k % 4] - 128) * scale[(k / e->block) * NR];
-      continue;
-    }
-    const uint16_t *scale = (const uint16_t *)sc + p * KB * NR + c;
-    const uint8_t *col = (const uint8_t *)w + p * (K4 / 2) * NR + (c % 16) * 4;
-    int shift = c < 16 ? 0 : 4;
-    for (int64_t k = 0; k < K; k++) {
-      int u = (col[(k / 4) * 2 * NR + k % 4] >> shift) & 15;
-      out[k] = (float)(u - 8) * _cvtsh_ss(scale[(k / e->block) * NR]);
-    }
+    const float *scale = (const float *)sc + p * KB * NR + c;
+    const uint8_t *col = (const uint8_t *)w + p * K4 * NR + c * 4;
+    for (int64_t k = 0; k < K; k++)
+      out[k] = (float)((int)col[(k / 4) * NR * 4 + k % 4] - 128) * scale[(k / e->block) * NR];
   }
   return NULL;
 }
 
 static OrtStatus *create(const void *info, void **out, int kind) {
   Embed *e = malloc(sizeof *e);
-  if (!e) return error("EmbedF16/EmbedW8/EmbedW4: out of memory");
+  if (!e) return error("EmbedF16/EmbedW8: out of memory");
   e->block = 0;
   e->kind = kind;
   OrtStatus *s = CALL(KernelInfoGetAttribute_int64, info, "n", &e->n);
   if (!s) s = CALL(KernelInfoGetAttribute_int64, info, "k", &e->k);
   if (!s && kind != F16) s = CALL(KernelInfoGetAttribute_int64, info, "block", &e->block);
   if (!s && (e->n < 1 || e->k < 1 || (kind != F16 && e->block < 1)))
-    s = error("EmbedF16/EmbedW8/EmbedW4: n, k and block must be positive");
+    s = error("EmbedF16/EmbedW8: n, k and block must be positive");
   if (s) free(e);
   else *out = e;
   return s;
@@ -109,21 +96,12 @@ static OrtStatus *create_w8(const OrtCustomOp *op, const void *a, const void *in
   (void)op, (void)a;
   return create(info, out, W8);
 }
-static OrtStatus *create_w4(const OrtCustomOp *op, const void *a, const void *info, void **out) {
-  (void)op, (void)a;
-  return create(info, out, W4);
-}
 static const char *name_f16(const OrtCustomOp *op) { (void)op; return NAMES[F16]; }
 static const char *name_w8(const OrtCustomOp *op) { (void)op; return NAMES[W8]; }
-static const char *name_w4(const OrtCustomOp *op) { (void)op; return NAMES[W4]; }
 static int type_f16(const OrtCustomOp *op, size_t i) { (void)op; return i == 0 ? TYPE_INT64 : TYPE_FLOAT16; }
 static int type_w8(const OrtCustomOp *op, size_t i) {
   (void)op;
   return i == 0 ? TYPE_INT64 : i == 1 ? TYPE_UINT8 : TYPE_FLOAT;
-}
-static int type_w4(const OrtCustomOp *op, size_t i) {
-  (void)op;
-  return i == 0 ? TYPE_INT64 : i == 1 ? TYPE_UINT8 : TYPE_FLOAT16;
 }
 
 const OrtCustomOp embed_f16_op = {16, NULL, name_f16, provider, type_f16, two, float_output, one, NULL, destroy,
@@ -132,6 +110,3 @@ const OrtCustomOp embed_f16_op = {16, NULL, name_f16, provider, type_f16, two, f
 const OrtCustomOp embed_w8_op = {16, NULL, name_w8, provider, type_w8, three, float_output, one, NULL, destroy,
                                  required, required, memory_default, min_arity, homogeneous, min_arity,
                                  homogeneous, create_w8, compute};
-const OrtCustomOp embed_w4_op = {16, NULL, name_w4, provider, type_w4, three, float_output, one, NULL, destroy,
-                                 required, required, memory_default, min_arity, homogeneous, min_arity,
-                                 homogeneous, create_w4, compute};

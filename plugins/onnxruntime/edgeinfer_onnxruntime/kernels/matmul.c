@@ -4,9 +4,11 @@
  *              multiply-adds;
  *   MatMulW8   int8 weights with an fp32 scale per block of `block` rows and column (the host w8a16 class), the
  *              activations as two int8 digits per block, on integer dot products;
- *   MatMulW4   the same for int4 weights (MatMulNBits' symmetric 4 bits, repacked), two to a byte, widened to 8 bits
- *              in registers: with digits = 2 the host w4a16 class; with digits = 1 the high digit alone, the
- *              activations int8 per block as llama.cpp's Q4_0 takes them (the host w4a8 class).
+ *   MatMulW4   the same for int4 weights u in 0..15 with a scale d and a minimum m per block (w = d u + m, as
+ *              llama.cpp's Q4_1 holds them), two to a byte, widened to 8 bits in registers: with digits = 2 the host
+ *              w4a16 class; with digits = 1 the high digit alone, the activations int8 per block as llama.cpp's
+ *              Q4_1 takes them (the host w4a8 class). sum w x = d sum u x + m sum x, both over x as its digits
+ *              hold it (as Q4_1 x Q8_1 takes the activations' sum from their int8): the block's sum once a row.
  * Two builds of this one file (custom_ops.py picks the one the CPU runs): AVX-512 F, BW and VNNI (MatMulW8 on
  * vpdpbusd), and AVX2 with FMA and F16C (MatMulW8 on vpmaddwd). Both read the same packed weights, so a bundle
  * deployed on one CPU loads on the other, and both compute the same integer sums.
@@ -16,9 +18,10 @@
  *
  * Inputs:  x [..., K] float; w: W ([K, N]) in panels of 32 output columns, the last panel's padding never stored:
  *          MatMulF16 fp16 [P, K, 32]; MatMulW8 uint8 q + 128 [P, K4, 32] (K4 = K rounded up to 4), MatMulW4 uint8
- *          [P, K4 / 2, 32] (q + 8: column c of a quad row in the low nibble of byte 4 c + r, column c + 16 in its
- *          high nibble, c < 16), and their scales [P, ceil(K / block), 32]: fp32 for MatMulW8, fp16 for MatMulW4
- *          (4.5 bits a weight, as llama.cpp's Q4_0 holds its scales) (custom_ops.py packs them).
+ *          [P, K4 / 2, 32] (u: column c of a quad row in the low nibble of byte 4 c + r, column c + 16 in its
+ *          high nibble, c < 16), and their scales [P, ceil(K / block), 32]: fp32 for MatMulW8, fp16 for MatMulW4;
+ *          MatMulW4's minimums, fp16 [P, ceil(K / block), 32] (5 bits a weight, as Q4_1) (custom_ops.py packs
+ *          them).
  * Attributes: n, the real N (<= 32 P); MatMulW8 and W4: block (a multiple of 4); MatMulW4: digits (1 or 2).
  * Output: y [..., n] float.
  *
@@ -43,6 +46,7 @@ typedef struct { /* one MatMulW8 or MatMulW4 call */
   const float *x;
   const uint8_t *w;
   const void *ws; /* fp32 scales (MatMulW8) or fp16 (MatMulW4) */
+  const uint16_t *wm; /* MatMulW4's fp16 minimums */
   float *y;
   int64_t M, K, K4, KB, n, block, P, bits, digits;
 } W8Args;
@@ -53,6 +57,7 @@ typedef struct { /* one MatMulW8 or W4 call, split over the panels */
   const Digits *d;
   const uint8_t *w;
   const void *ws;
+  const uint16_t *wm;
   float *y;
   int64_t M, K4, KB, n, block;
 } JobW8;
@@ -131,6 +136,7 @@ struct Digits {
   int8_t *h, *l;   /* [M][K4] */
   float *s;        /* [M][KB] */
   int32_t *hs, *ls; /* [M][KB] sums of h and l */
+  float *sum;       /* [M][KB] sums of x as the digits hold it (MatMulW4's minimums) */
 };
 
 static void digits_of(const float *x, int64_t M, int64_t K, int64_t K4, int64_t block, int64_t KB, int digits,
@@ -164,20 +170,21 @@ static void digits_of(const float *x, int64_t M, int64_t K, int64_t K4, int64_t 
       }
       d->s[m * KB + b] = s, d->hs[m * KB + b] = _mm512_reduce_add_epi32(hs);
       d->ls[m * KB + b] = _mm512_reduce_add_epi32(ls);
+      d->sum[m * KB + b] = s * ((float)d->hs[m * KB + b] + (float)d->ls[m * KB + b] / 254.0f);
     }
     for (int64_t k = K; k < K4; k++) h[k] = l[k] = 0;
   }
 }
 
-/* bits 8: a quad row is 128 bytes, q + 128; bits 4: 64 bytes, q + 8, columns 16-31 in the high nibbles; digits 1:
+/* bits 8: a quad row is 128 bytes, q + 128; bits 4: 64 bytes, u, columns 16-31 in the high nibbles; digits 1:
  * the low digit's products skipped (it is 0) */
 static inline __attribute__((always_inline)) void w8_rows(const JobW8 *j, size_t p, int64_t m0, int mr, int bits,
                                                           int digits) {
-  const int64_t K4 = j->K4, block = j->block, zero = bits == 8 ? 128 : 8;
+  const int64_t K4 = j->K4, block = j->block;
   const uint8_t *wp = j->w + (int64_t)p * K4 * NR * bits / 8;
   const __m512i nibble = _mm512_set1_epi8(0x0f);
   const float *ws32 = (const float *)j->ws + (int64_t)p * j->KB * NR;
-  const uint16_t *ws16 = (const uint16_t *)j->ws + (int64_t)p * j->KB * NR;
+  const uint16_t *ws16 = (const uint16_t *)j->ws + (int64_t)p * j->KB * NR, *wm = j->wm + (int64_t)p * j->KB * NR;
   int64_t col = (int64_t)p * NR;
   int cols = j->n - col < NR ? (int)(j->n - col) : NR;
   __m512 f0[WR], f1[WR];
@@ -227,22 +234,32 @@ static inline __attribute__((always_inline)) void w8_rows(const JobW8 *j, size_t
     __m512 s1 = bits == 8 ? _mm512_loadu_ps(ws32 + b * NR + 16)
                           : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(ws16 + b * NR + 16)));
     const __m512 low = _mm512_set1_ps(1.0f / 254.0f);
+    __m512 mn0 = _mm512_setzero_ps(), mn1 = mn0; /* MatMulW4's minimums */
+    if (bits == 4) {
+      mn0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wm + b * NR)));
+      mn1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wm + b * NR + 16)));
+    }
     for (int i = 0; i < mr; i++) {
       int64_t at = (m0 + i) * j->KB + b;
       if (sets == 2) {
         h0[0][i] = _mm512_add_epi32(h0[0][i], h0[1][i]), h1[0][i] = _mm512_add_epi32(h1[0][i], h1[1][i]);
         l0[0][i] = _mm512_add_epi32(l0[0][i], l0[1][i]), l1[0][i] = _mm512_add_epi32(l1[0][i], l1[1][i]);
       }
-      /* sum (u - zero) x = s (sum u h + sum u l / 254) - s zero (sum h + sum l / 254): the second term per row */
       __m512 xs = _mm512_set1_ps(j->d->s[at]);
-      __m512 c = _mm512_set1_ps(j->d->s[at] * (float)zero * ((float)j->d->hs[at] + (float)j->d->ls[at] / 254.0f));
       __m512 v0 = _mm512_cvtepi32_ps(h0[0][i]), v1 = _mm512_cvtepi32_ps(h1[0][i]);
       if (digits == 2) {
         v0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(l0[0][i]), low, v0);
         v1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(l1[0][i]), low, v1);
       }
-      f0[i] = _mm512_fmadd_ps(_mm512_fmsub_ps(v0, xs, c), s0, f0[i]);
-      f1[i] = _mm512_fmadd_ps(_mm512_fmsub_ps(v1, xs, c), s1, f1[i]);
+      if (bits == 8) { /* sum (u - 128) x = s (sum u h + sum u l / 254) - 128 s (sum h + sum l / 254) */
+        __m512 c = _mm512_set1_ps(j->d->s[at] * 128.0f * ((float)j->d->hs[at] + (float)j->d->ls[at] / 254.0f));
+        f0[i] = _mm512_fmadd_ps(_mm512_fmsub_ps(v0, xs, c), s0, f0[i]);
+        f1[i] = _mm512_fmadd_ps(_mm512_fmsub_ps(v1, xs, c), s1, f1[i]);
+      } else { /* sum (d u + m) x = d s (sum u h + sum u l / 254) + m sum x */
+        __m512 sum = _mm512_set1_ps(j->d->sum[at]);
+        f0[i] = _mm512_fmadd_ps(_mm512_mul_ps(v0, xs), s0, _mm512_fmadd_ps(sum, mn0, f0[i]));
+        f1[i] = _mm512_fmadd_ps(_mm512_mul_ps(v1, xs), s1, _mm512_fmadd_ps(sum, mn1, f1[i]));
+      }
     }
   }
   for (int i = 0; i < mr; i++) store(j->y + (m0 + i) * j->n + col, cols, f0[i], f1[i]);
@@ -269,12 +286,13 @@ RUN(run_w4_int8, 4, 1)
 
 static OrtStatus *matmul_w8(void *context, const W8Args *a) {
   int64_t M = a->M, K4 = a->K4, KB = a->KB;
-  char *scratch = malloc((size_t)(M * K4 * 2 + M * KB * 12));
+  char *scratch = malloc((size_t)(M * K4 * 2 + M * KB * 16));
   if (!scratch) return error("MatMulW8: out of memory");
-  Digits d = {(int8_t *)scratch, (int8_t *)scratch + M * K4, (float *)(scratch + M * K4 * 2),
-              (int32_t *)(scratch + M * K4 * 2 + M * KB * 4), (int32_t *)(scratch + M * K4 * 2 + M * KB * 8)};
+  char *f = scratch + M * K4 * 2;
+  Digits d = {(int8_t *)scratch, (int8_t *)scratch + M * K4, (float *)f, (int32_t *)(f + M * KB * 4),
+              (int32_t *)(f + M * KB * 8), (float *)(f + M * KB * 12)};
   digits_of(a->x, M, a->K, K4, a->block, KB, (int)a->digits, &d);
-  JobW8 job = {&d, a->w, a->ws, a->y, M, K4, KB, a->n, a->block};
+  JobW8 job = {&d, a->w, a->ws, a->wm, a->y, M, K4, KB, a->n, a->block};
   OrtStatus *s = CALL(KernelContext_ParallelFor, context, a->bits == 8 ? run_w8 : a->digits == 2 ? run_w4 : run_w4_int8,
                       (size_t)a->P, (size_t)0, &job);
   free(scratch);
@@ -362,6 +380,7 @@ static void panel_block(const float *x, const uint16_t *wp, float *y, int64_t K,
 struct Digits {
   int16_t *d; /* [M][K4] (+ 8: a row's digits are stored 8 at a time) */
   float *s;   /* [M][KB] */
+  float *sum; /* [M][KB] sums of x as the digits hold it (MatMulW4's minimums) */
 };
 
 static void digits_of(const float *x, int64_t M, int64_t K, int64_t K4, int64_t block, int64_t KB, int digits,
@@ -383,6 +402,7 @@ static void digits_of(const float *x, int64_t M, int64_t K, int64_t K4, int64_t 
       t4 = _mm_max_ps(t4, _mm_movehl_ps(t4, t4));
       float t = _mm_cvtss_f32(_mm_max_ss(t4, _mm_movehdup_ps(t4))), s = t > 0.0f ? t / 127.0f : 1.0f;
       __m256 inv = _mm256_set1_ps(1.0f / s);
+      __m256i dsum = _mm256_setzero_si256();
       for (int64_t k = k0; k < k1; k += 8) { /* lanes past k1 load 0: their D is 0, or the next block's overwrites */
         __m256i in = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(k1 - k)), lanes);
         __m256 v = _mm256_mul_ps(_mm256_maskload_ps(xm + k, in), inv);
@@ -392,10 +412,15 @@ static void digits_of(const float *x, int64_t M, int64_t K, int64_t K4, int64_t 
         hv = _mm256_min_ps(_mm256_max_ps(hv, nlim), lim);
         lv = digits == 1 ? _mm256_setzero_ps() : _mm256_min_ps(_mm256_max_ps(lv, nlim), lim); /* 1: int8 */
         __m256i di = _mm256_cvtps_epi32(_mm256_fmadd_ps(hv, f254, lv)); /* exact: |D| < 2^24 */
+        dsum = _mm256_add_epi32(dsum, di);
         _mm_storeu_si128((__m128i *)(d + k), _mm_packs_epi32(_mm256_castsi256_si128(di),
                                                               _mm256_extracti128_si256(di, 1)));
       }
       dg->s[m * KB + b] = s / 254.0f;
+      __m128i d4 = _mm_add_epi32(_mm256_castsi256_si128(dsum), _mm256_extracti128_si256(dsum, 1));
+      d4 = _mm_add_epi32(d4, _mm_shuffle_epi32(d4, 0x4E));
+      d4 = _mm_add_epi32(d4, _mm_shuffle_epi32(d4, 0xB1));
+      dg->sum[m * KB + b] = s / 254.0f * (float)_mm_cvtsi128_si32(d4);
     }
     for (int64_t k = K; k < K4; k++) d[k] = 0;
   }
@@ -412,7 +437,7 @@ static inline __attribute__((always_inline)) void w8_rows(const JobW8 *j, size_t
                                                           int bits) {
   const int64_t K4 = j->K4, block = j->block;
   const uint8_t *wp = j->w + (int64_t)p * K4 * NR * bits / 8;
-  const __m256i nibble = _mm256_set1_epi8(0x0f), eight = _mm256_set1_epi8(8); /* q + 8 -> q */
+  const __m256i nibble = _mm256_set1_epi8(0x0f);
   const float *ws32 = (const float *)j->ws + (int64_t)p * j->KB * NR;
   const uint16_t *ws16 = (const uint16_t *)j->ws + (int64_t)p * j->KB * NR;
   int64_t col = (int64_t)p * NR;
@@ -446,7 +471,7 @@ static inline __attribute__((always_inline)) void w8_rows(const JobW8 *j, size_t
             } else {
               __m256i both = _mm256_loadu_si256((const __m256i *)(wp + k * NR / 2 + 32 * ((first + c) % 2)));
               if (first + c >= 2) both = _mm256_srli_epi16(both, 4);
-              q = _mm256_sub_epi8(_mm256_and_si256(both, nibble), eight);
+              q = _mm256_and_si256(both, nibble); /* u: 0 .. 15 */
             }
             __m256i lo = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q));
             __m256i hi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1));
@@ -463,6 +488,11 @@ static inline __attribute__((always_inline)) void w8_rows(const JobW8 *j, size_t
           for (int i = 0; i < mr; i++) {
             __m256 v = _mm256_cvtepi32_ps(pair_sums(a[i][2 * c], a[i][2 * c + 1]));
             f[i][c] = _mm256_fmadd_ps(_mm256_mul_ps(v, _mm256_set1_ps(j->d->s[(m0 + i) * j->KB + b])), ws, f[i][c]);
+          }
+          if (bits == 4 && kk == b * block) { /* the block's minimums, once: + m sum x */
+            __m256 wm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(j->wm + (int64_t)p * j->KB * NR + at)));
+            for (int i = 0; i < mr; i++)
+              f[i][c] = _mm256_fmadd_ps(_mm256_set1_ps(j->d->sum[(m0 + i) * j->KB + b]), wm, f[i][c]);
           }
         }
       }
@@ -493,11 +523,12 @@ RUN(4)
 
 static OrtStatus *matmul_w8(void *context, const W8Args *a) {
   int64_t M = a->M, K4 = a->K4, KB = a->KB;
-  char *scratch = malloc((size_t)((M * K4 + 8) * 2 + M * KB * 4));
+  char *scratch = malloc((size_t)((M * K4 + 8) * 2 + M * KB * 8));
   if (!scratch) return error("MatMulW8: out of memory");
-  Digits d = {(int16_t *)scratch, (float *)(scratch + (M * K4 + 8) * 2)};
+  float *f = (float *)(scratch + (M * K4 + 8) * 2);
+  Digits d = {(int16_t *)scratch, f, f + M * KB};
   digits_of(a->x, M, a->K, K4, a->block, KB, (int)a->digits, &d);
-  JobW8 job = {&d, a->w, a->ws, a->y, M, K4, KB, a->n, a->block};
+  JobW8 job = {&d, a->w, a->ws, a->wm, a->y, M, K4, KB, a->n, a->block};
   OrtStatus *s = CALL(KernelContext_ParallelFor, context, a->bits == 8 ? run_w8 : a->digits == 2 ? run_w4 : run_w4_int8,
                       (size_t)a->P, (size_t)0, &job);
   free(scratch);
@@ -544,15 +575,17 @@ OrtStatus *shape_of(const void *value, int64_t *dims, size_t *rank) {
 static OrtStatus *compute(void *kernel, void *context) {
   const Kernel *kn = kernel;
   int w8 = kn->bits < 16; /* MatMulW8 or W4: weights and scales */
-  const void *xv, *wv, *sv = NULL;
-  void *yv, *x, *w, *sc = NULL, *y;
-  int64_t xd[8], wd[8], sd[8], yd[8];
-  size_t xr, wr, sr = 3;
+  const void *xv, *wv, *sv = NULL, *mv = NULL;
+  void *yv, *x, *w, *sc = NULL, *mins = NULL, *y;
+  int64_t xd[8], wd[8], sd[8], md[8] = {0}, yd[8];
+  size_t xr, wr, sr = 3, mr = 3;
   OrtStatus *s;
   if ((s = CALL(KernelContext_GetInput, context, (size_t)0, &xv)) || (s = CALL(KernelContext_GetInput, context,
       (size_t)1, &wv)) || (s = shape_of(xv, xd, &xr)) || (s = shape_of(wv, wd, &wr)))
     return s;
   if (w8 && ((s = CALL(KernelContext_GetInput, context, (size_t)2, &sv)) || (s = shape_of(sv, sd, &sr))))
+    return s;
+  if (kn->bits == 4 && ((s = CALL(KernelContext_GetInput, context, (size_t)3, &mv)) || (s = shape_of(mv, md, &mr))))
     return s;
   int64_t K = xr ? xd[xr - 1] : 0, KB = w8 ? (K + kn->block - 1) / kn->block : 0;
   if (xr < 1 || wr != 3 || wd[2] != NR || kn->n < 1 || kn->n > wd[0] * NR ||
@@ -563,19 +596,22 @@ static OrtStatus *compute(void *kernel, void *context) {
   if (w8 && (sr != 3 || sd[0] != wd[0] || sd[1] != KB || sd[2] != NR))
     return error(kn->bits == 8 ? "MatMulW8: scales must be [P, ceil(K / block), 32]"
                                : "MatMulW4: scales must be [P, ceil(K / block), 32]");
+  if (kn->bits == 4 && (mr != 3 || md[0] != sd[0] || md[1] != KB || md[2] != NR))
+    return error("MatMulW4: minimums must be [P, ceil(K / block), 32], as the scales");
   int64_t M = 1;
   for (size_t i = 0; i + 1 < xr; i++) M *= (yd[i] = xd[i]);
   yd[xr - 1] = kn->n;
   if ((s = CALL(KernelContext_GetOutput, context, (size_t)0, yd, xr, &yv)) ||
       (s = CALL(GetTensorMutableData, (void *)xv, &x)) || (s = CALL(GetTensorMutableData, (void *)wv, &w)) ||
-      (w8 && (s = CALL(GetTensorMutableData, (void *)sv, &sc))) || (s = CALL(GetTensorMutableData, yv, &y)))
+      (w8 && (s = CALL(GetTensorMutableData, (void *)sv, &sc))) ||
+      (kn->bits == 4 && (s = CALL(GetTensorMutableData, (void *)mv, &mins))) || (s = CALL(GetTensorMutableData, yv, &y)))
     return s;
   if (M == 0) return NULL;
   if (!w8) {
     JobF16 job = {x, w, y, M, K, kn->n};
     return CALL(KernelContext_ParallelFor, context, run_f16, (size_t)wd[0], (size_t)0, &job);
   }
-  W8Args args = {x, w, sc, y, M, K, (K + 3) / 4 * 4, KB, kn->n, kn->block, wd[0], kn->bits, kn->digits};
+  W8Args args = {x, w, sc, mins, y, M, K, (K + 3) / 4 * 4, KB, kn->n, kn->block, wd[0], kn->bits, kn->digits};
   return matmul_w8(context, &args);
 }
 
@@ -611,7 +647,7 @@ static int type_f16(const OrtCustomOp *op, size_t i) { (void)op; return i == 0 ?
 static int type_w8(const OrtCustomOp *op, size_t i) { (void)op; return i == 1 ? TYPE_UINT8 : TYPE_FLOAT; }
 static int type_w4(const OrtCustomOp *op, size_t i) {
   (void)op;
-  return i == 1 ? TYPE_UINT8 : i == 2 ? TYPE_FLOAT16 : TYPE_FLOAT;
+  return i == 1 ? TYPE_UINT8 : i >= 2 ? TYPE_FLOAT16 : TYPE_FLOAT;
 }
 
 static const OrtCustomOp f16 = {16, NULL, name_f16, provider, type_f16, two, float_output, one, NULL, destroy,
@@ -620,7 +656,7 @@ static const OrtCustomOp f16 = {16, NULL, name_f16, provider, type_f16, two, flo
 static const OrtCustomOp w8 = {16, NULL, name_w8, provider, type_w8, three, float_output, one, NULL, destroy,
                                required, required, memory_default, min_arity, homogeneous, min_arity, homogeneous,
                                create_w8, compute};
-static const OrtCustomOp w4 = {16, NULL, name_w4, provider, type_w4, three, float_output, one, NULL, destroy,
+static const OrtCustomOp w4 = {16, NULL, name_w4, provider, type_w4, four, float_output, one, NULL, destroy,
                                required, required, memory_default, min_arity, homogeneous, min_arity, homogeneous,
                                create_w4, compute};
 
@@ -635,7 +671,6 @@ __attribute__((visibility("default"))) OrtStatus *RegisterCustomOps(void *option
   if (!s) s = CALL(CustomOpDomain_Add, domain, &attention_op);
   if (!s) s = CALL(CustomOpDomain_Add, domain, &embed_f16_op);
   if (!s) s = CALL(CustomOpDomain_Add, domain, &embed_w8_op);
-  if (!s) s = CALL(CustomOpDomain_Add, domain, &embed_w4_op);
   if (!s) s = CALL(AddCustomOpDomain, options, domain);
   return s;
 }

@@ -67,6 +67,7 @@ static inline const char *provider(const OrtCustomOp *op) { (void)op; return "CP
 static inline size_t one(const OrtCustomOp *op) { (void)op; return 1; }
 static inline size_t two(const OrtCustomOp *op) { (void)op; return 2; }
 static inline size_t three(const OrtCustomOp *op) { (void)op; return 3; }
+static inline size_t four(const OrtCustomOp *op) { (void)op; return 4; }
 static inline int float_output(const OrtCustomOp *op, size_t i) { (void)op, (void)i; return TYPE_FLOAT; }
 static inline int required(const OrtCustomOp *op, size_t i) { (void)op, (void)i; return 0; }
 static inline int memory_default(const OrtCustomOp *op, size_t i) { (void)op, (void)i; return 0; }
@@ -75,6 +76,6 @@ static inline int homogeneous(const OrtCustomOp *op) { (void)op; return 1; }
 
 OrtStatus *shape_of(const void *value, int64_t *dims, size_t *rank); /* up to 8 dimensions, every op (matmul.c) */
 extern const OrtCustomOp attention_op; /* edgeinfer.GroupQueryAttention (attention.c) */
-extern const OrtCustomOp embed_f16_op, embed_w8_op, embed_w4_op; /* edgeinfer.EmbedF16 / W8 / W4 (embedding.c) */
+extern const OrtCustomOp embed_f16_op, embed_w8_op; /* edgeinfer.EmbedF16 / W8 (embedding.c) */
 
 #endif
