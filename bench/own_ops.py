@@ -5,8 +5,9 @@ AMD box gets). The build is pinned with ``EDGEINFER_KERNEL_ISA``, so an AVX-512 
 - ``layer``: one graph of ``LAYERS`` weights of K x N (default 1024 x 2816, the peer model's MLP: 176 MiB in fp16,
   past the last-level cache, as a decoder's weights are), each op over the same input, one thread, 1 / 4 / 16
   rows; ms per weight. onnxruntime's own fp32 ``MatMul`` (MLAS) over the same weights is the baseline, and for
-  MatMulW4 (w4a16) onnxruntime's ``MatMulNBits`` over the same int4 weights (the builder's: symmetric, block 32) at
-  accuracy level 1 (fp32 activations: what w4a16 ran on before) and level 4 (int8 activations: w4a8).
+  MatMulW4 (w4a16, w4a8: Q4_1 blocks of 32 since 2026-12-06's thirteenth session) onnxruntime's ``MatMulNBits``
+  over the builder's int4 of the same weights (symmetric, block 32) at accuracy level 1 (fp32 activations: what
+  w4a16 ran on before the own op) and level 4 (int8 activations: w4a8).
 - ``decode`` (``--decode``): ``edgeinfer bench BUNDLE --prompt-lengths 32 --new-tokens 64 --threads 1`` on the
   peer bench's host-fp16 and host-w8a16 bundles (the random Qwen3 of ``peer_llamacpp.py``) and its trained 3.9 M
   model's host-w4a16 bundle, a fresh process per run, the builds alternating their order each round.
@@ -33,7 +34,7 @@ LAYERS = 32
 ROWS = (1, 4, 16)
 BLOCK = 128
 DECODE_PAIRS = ["host-fp16", "host-w8a16", "host-w4a16-q4_0"]
-INT4_BLOCK = 32  # the builder's int4 block (the plugin's w4a16)
+INT4_BLOCK = 32  # the plugin's int4 block (and the builder's)
 
 
 def layer_graph(weights: list, scheme: str | None):
@@ -48,10 +49,8 @@ def layer_graph(weights: list, scheme: str | None):
                            for i in range(len(weights))],
                           [numpy_helper.from_array(w, f"w{i}") for i, w in enumerate(weights)])
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    if scheme in ("w4a16", "w4a8"):  # the builder's int4: MatMulNBits, then MatMulW4 on two digits or one
-        model = int4(model, 1 if scheme == "w4a16" else 4)
-    if scheme is not None:
-        custom_ops.use_kernels(model, scheme, BLOCK)
+    if scheme is not None:  # w4a16 / w4a8: MatMulW4 in Q4_1 blocks of 32, on two digits or one
+        custom_ops.use_kernels(model, scheme, INT4_BLOCK if scheme in custom_ops.DIGITS else BLOCK)
     return model
 
 

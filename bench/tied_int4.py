@@ -1,8 +1,8 @@
 """A tied model's int4 conversion on the host: what its weights file holds and what one decoder process peaks at.
 
 For each model and scheme: the onnxruntime plugin's deploy conversion (``decoder.convert``, cached per plugin
-code by ``_common.onnxruntime_decoder``; no golden check, so SmolLM2-135M, whose 4-bit conversions fail it,
-is measured too), the weights file's size and the op its token lookup runs; then ``--rounds`` fresh processes
+code by ``_common.onnxruntime_decoder``; no golden check, so SmolLM2-135M was measured too while its 4-bit
+conversions failed it), the weights file's size and the op its token lookup runs; then ``--rounds`` fresh processes
 that open the decoder (one slot of ``CTX``, one thread), prefill 32 token ids and decode 64 greedily, each
 reporting its peak RSS (VmHWM). With ``--llama``: ``llama-server`` (one slot of ``CTX``, one thread) on
 llama.cpp's own Q4_0 of each model after two 64-token requests, its VmHWM, for scale.
@@ -60,7 +60,7 @@ def lookup_op(decoder: Path) -> str:
     from edgeinfer.contract.onnx_index import graph_ops
 
     ops = {op for domain, op in graph_ops(decoder / "model.onnx")}
-    return next((f"{DOMAIN}.{op}" for op in ("EmbedW4", "EmbedW8", "EmbedF16") if op in ops),
+    return next((f"{DOMAIN}.{op}" for op in ("EmbedW8", "EmbedF16") if op in ops),
                 "GatherBlockQuantized" if "GatherBlockQuantized" in ops else "Gather")
 
 

@@ -194,13 +194,13 @@ def test_int4_deploys_on_edgeinfers_own_int4_op_and_passes_golden(tiny_qwen3_hos
     cfg = json.loads((out / "decoder" / "genai_config.json").read_text())["model"]
     assert len(kernels) == 5 * cfg["decoder"]["num_hidden_layers"]  # qkv, o, gate, up, down
     for n in kernels:
-        w, scales, minimums = (inits[i] for i in n.input[1:4])
+        w, scales = (inits[i] for i in n.input[1:3])
         attrs = {a.name: a.i for a in n.attribute}
         assert n.domain == "edgeinfer" and attrs["block"] == 32 and w.data_type == onnx.TensorProto.UINT8
         assert attrs["digits"] == digits
         assert w.dims[0] == -(-attrs["n"] // 32) and w.dims[2] == 32
-        assert scales.data_type == minimums.data_type == onnx.TensorProto.FLOAT16
-        assert list(scales.dims) == list(minimums.dims) == [w.dims[0], -(-w.dims[1] * 2 // 32), 32]
+        assert scales.data_type == onnx.TensorProto.FLOAT16 and len(n.input) == 3  # the minimums beside the scales
+        assert list(scales.dims) == [w.dims[0], -(-w.dims[1] * 2 // 32), 2, 32]
     [head] = [n for n in graph.graph.node if n.op_type == "MatMulW8"]
     assert head.name.startswith("/lm_head/") and {a.name: a.i for a in head.attribute}["block"] == 128
     lookup = next(n for n in graph.graph.node if "input_ids" in n.input and n.op_type != "Shape")

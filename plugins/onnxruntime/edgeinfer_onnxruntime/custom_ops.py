@@ -194,8 +194,8 @@ def pack_w4(w: np.ndarray, block: int) -> list[np.ndarray]:
     ``u = round((w - m) / d)`` in 0..15 (5 bits a weight at 32). Weights that are Q4_1 values already (a GGUF's,
     dequantized) come back exactly. ``u`` in panels ``[ceil(N / 32), K4 / 2, 32]`` (K4 = K rounded up to 4), each
     quad row's 64 bytes column ``c``'s four rows in the low nibbles of bytes ``4c .. 4c + 3`` and column ``c + 16``'s
-    in their high nibbles (what one vpdpbusd multiplies after a mask and a shift); then the scales and the minimums,
-    each ``[panels, blocks, 32]``."""
+    in their high nibbles (what one vpdpbusd multiplies after a mask and a shift); then the scales and the minimums
+    side by side, ``[panels, blocks, 2, 32]`` (one stream of memory: kernels/matmul.c)."""
     import numpy as np
 
     k, n = w.shape
@@ -212,8 +212,8 @@ def pack_w4(w: np.ndarray, block: int) -> list[np.ndarray]:
     panels = _panels(u.reshape(-1, n)[:k4].astype(np.uint8), np.uint8)  # [P, K4, 32]; padded columns 0
     quads = panels.reshape(len(panels), k4 // 4, 4, PANEL).transpose(0, 1, 3, 2)  # [P, K4 / 4, 32, 4]
     packed = quads[:, :, :16] | (quads[:, :, 16:] << 4)
-    return [np.ascontiguousarray(packed).reshape(len(panels), k4 // 2, PANEL), _panels(d, np.float16),
-            _panels(m, np.float16)]
+    return [np.ascontiguousarray(packed).reshape(len(panels), k4 // 2, PANEL),
+            np.ascontiguousarray(np.stack([_panels(d, np.float16), _panels(m, np.float16)], axis=2))]
 
 
 # what a node becomes: its op, its packed weights' names, a function that packs them, the new node's attributes and
@@ -231,10 +231,9 @@ def _matmul_packing(scheme: str, block: int, head: str | None,
         t = inits.get(n.input[1]) if n.op_type == "MatMul" and n.domain in ("", "ai.onnx") else None
         if t is None or t.data_type != TensorProto.FLOAT or len(t.dims) != 2:
             return None
-        kind, size = ("w8a16", head_block) if scheme in DIGITS and t.name == head else (scheme, block)
+        kind, size = ("w8a16", head_block) if t.name == head else (scheme, block)
         op = OPS[kind]
-        names = [f"{t.name}/{op}", *{"MatMulF16": [], "MatMulW8": [f"{t.name}/{op}/scales"],
-                                     "MatMulW4": [f"{t.name}/{op}/scales", f"{t.name}/{op}/minimums"]}[op]]
+        names = [f"{t.name}/{op}"] + ([f"{t.name}/{op}/scales"] if op != "MatMulF16" else [])
 
         def pack() -> list[np.ndarray]:
             w = numpy_helper.to_array(t)

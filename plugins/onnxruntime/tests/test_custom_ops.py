@@ -155,9 +155,10 @@ def test_pack_w4_puts_two_columns_a_byte_and_four_rows_of_a_column_side_by_side(
     d = rng.uniform(0.01, 0.1, (3, n)).astype(np.float16)
     m = -rng.uniform(0, 1, (3, n)).astype(np.float16)
     w = (np.repeat(m.astype(np.float32), 32, axis=0) + np.repeat(d.astype(np.float32), 32, axis=0) * u)[:k]
-    packed, s, mins = custom_ops.pack_w4(w, 32)
+    packed, both = custom_ops.pack_w4(w, 32)
     assert packed.shape == (2, 36, 32) and packed.dtype == np.uint8
-    assert s.shape == mins.shape == (2, 3, 32) and s.dtype == mins.dtype == np.float16  # Q4_1's: 5 bits a weight
+    assert both.shape == (2, 3, 2, 32) and both.dtype == np.float16  # Q4_1's: 5 bits a weight
+    s, mins = both[:, :, 0], both[:, :, 1]  # a block's scales, then its minimums
     quads = packed.reshape(2, 18, 64)  # per panel and quad row: 64 bytes
     assert quads[0, 1, 4 * 5 + 2] & 15 == u[6, 5] and quads[0, 1, 4 * 5 + 2] >> 4 == u[6, 21]  # row 6
     assert quads[1, 16, 4 * 7 + 1] & 15 == u[65, 39]
@@ -181,7 +182,7 @@ def test_matmul_w4_equals_the_product_with_the_q4_1_weights(k, n, threads, schem
     node = model.graph.node[0]
     assert {a.name: a.i for a in node.attribute} == {"n": n, "block": 32, "digits": {"w4a16": 2, "w4a8": 1}[scheme]}
     assert [list(t.dims) for t in model.graph.initializer] == [
-        [-(-n // 32), -(-k // 4) * 2, 32], [-(-n // 32), -(-k // 32), 32], [-(-n // 32), -(-k // 32), 32]]
+        [-(-n // 32), -(-k // 4) * 2, 32], [-(-n // 32), -(-k // 32), 2, 32]]
     s = session(model, threads)
     held_w = q4_1(w, 32)
     assert np.abs(held_w - w).max() <= (w.max() - w.min()) / 30 * 1.01  # half a level at most

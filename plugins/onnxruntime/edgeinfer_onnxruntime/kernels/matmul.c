@@ -19,9 +19,9 @@
  * Inputs:  x [..., K] float; w: W ([K, N]) in panels of 32 output columns, the last panel's padding never stored:
  *          MatMulF16 fp16 [P, K, 32]; MatMulW8 uint8 q + 128 [P, K4, 32] (K4 = K rounded up to 4), MatMulW4 uint8
  *          [P, K4 / 2, 32] (u: column c of a quad row in the low nibble of byte 4 c + r, column c + 16 in its
- *          high nibble, c < 16), and their scales [P, ceil(K / block), 32]: fp32 for MatMulW8, fp16 for MatMulW4;
- *          MatMulW4's minimums, fp16 [P, ceil(K / block), 32] (5 bits a weight, as Q4_1) (custom_ops.py packs
- *          them).
+ *          high nibble, c < 16), and their scales: MatMulW8 fp32 [P, ceil(K / block), 32]; MatMulW4 fp16
+ *          [P, ceil(K / block), 2, 32], each block's 32 scales then its 32 minimums, side by side (5 bits a weight,
+ *          as Q4_1; as a third array apart the minimums cost single-row products 30 %) (custom_ops.py packs them).
  * Attributes: n, the real N (<= 32 P); MatMulW8 and W4: block (a multiple of 4); MatMulW4: digits (1 or 2).
  * Output: y [..., n] float.
  *
@@ -45,8 +45,7 @@ const void *const *api;
 typedef struct { /* one MatMulW8 or MatMulW4 call */
   const float *x;
   const uint8_t *w;
-  const void *ws; /* fp32 scales (MatMulW8) or fp16 (MatMulW4) */
-  const uint16_t *wm; /* MatMulW4's fp16 minimums */
+  const void *ws; /* fp32 scales (MatMulW8) or fp16 scales and minimums (MatMulW4) */
   float *y;
   int64_t M, K, K4, KB, n, block, P, bits, digits;
 } W8Args;
@@ -57,7 +56,6 @@ typedef struct { /* one MatMulW8 or W4 call, split over the panels */
   const Digits *d;
   const uint8_t *w;
   const void *ws;
-  const uint16_t *wm;
   float *y;
   int64_t M, K4, KB, n, block;
 } JobW8;
@@ -184,13 +182,14 @@ static inline __attribute__((always_inline)) void w8_rows(const JobW8 *j, size_t
   const uint8_t *wp = j->w + (int64_t)p * K4 * NR * bits / 8;
   const __m512i nibble = _mm512_set1_epi8(0x0f);
   const float *ws32 = (const float *)j->ws + (int64_t)p * j->KB * NR;
-  const uint16_t *ws16 = (const uint16_t *)j->ws + (int64_t)p * j->KB * NR, *wm = j->wm + (int64_t)p * j->KB * NR;
+  const uint16_t *ws16 = (const uint16_t *)j->ws + (int64_t)p * j->KB * 2 * NR; /* a block: scales, minimums */
   int64_t col = (int64_t)p * NR;
   int cols = j->n - col < NR ? (int)(j->n - col) : NR;
-  __m512 f0[WR], f1[WR];
+  __m512 f0[WR], f1[WR], g0[2], g1[2]; /* g: one or two rows' minimums' part, a chain apart from f's */
   const int8_t *hr[WR], *lr[WR];
   for (int i = 0; i < mr; i++) {
     f0[i] = f1[i] = _mm512_setzero_ps();
+    if (i < 2) g0[i] = g1[i] = f0[i];
     hr[i] = j->d->h + (m0 + i) * K4, lr[i] = j->d->l + (m0 + i) * K4;
   }
   /* one or two rows: two sets of accumulators, even and odd quad rows, so that each chain of dot products is half
@@ -230,14 +229,14 @@ static inline __attribute__((always_inline)) void w8_rows(const JobW8 *j, size_t
       }
     }
     __m512 s0 = bits == 8 ? _mm512_loadu_ps(ws32 + b * NR)
-                          : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(ws16 + b * NR)));
+                          : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(ws16 + b * 2 * NR)));
     __m512 s1 = bits == 8 ? _mm512_loadu_ps(ws32 + b * NR + 16)
-                          : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(ws16 + b * NR + 16)));
+                          : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(ws16 + b * 2 * NR + 16)));
     const __m512 low = _mm512_set1_ps(1.0f / 254.0f);
     __m512 mn0 = _mm512_setzero_ps(), mn1 = mn0; /* MatMulW4's minimums */
     if (bits == 4) {
-      mn0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wm + b * NR)));
-      mn1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wm + b * NR + 16)));
+      mn0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(ws16 + b * 2 * NR + NR)));
+      mn1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(ws16 + b * 2 * NR + NR + 16)));
     }
     for (int i = 0; i < mr; i++) {
       int64_t at = (m0 + i) * j->KB + b;
@@ -257,11 +256,18 @@ static inline __attribute__((always_inline)) void w8_rows(const JobW8 *j, size_t
         f1[i] = _mm512_fmadd_ps(_mm512_fmsub_ps(v1, xs, c), s1, f1[i]);
       } else { /* sum (d u + m) x = d s (sum u h + sum u l / 254) + m sum x */
         __m512 sum = _mm512_set1_ps(j->d->sum[at]);
-        f0[i] = _mm512_fmadd_ps(_mm512_mul_ps(v0, xs), s0, _mm512_fmadd_ps(sum, mn0, f0[i]));
-        f1[i] = _mm512_fmadd_ps(_mm512_mul_ps(v1, xs), s1, _mm512_fmadd_ps(sum, mn1, f1[i]));
+        f0[i] = _mm512_fmadd_ps(_mm512_mul_ps(v0, xs), s0, f0[i]);
+        f1[i] = _mm512_fmadd_ps(_mm512_mul_ps(v1, xs), s1, f1[i]);
+        if (mr <= 2) { /* few rows: f's chain of one FMA a block bounds the loop, so m sum x goes to g */
+          g0[i] = _mm512_fmadd_ps(sum, mn0, g0[i]), g1[i] = _mm512_fmadd_ps(sum, mn1, g1[i]);
+        } else {
+          f0[i] = _mm512_fmadd_ps(sum, mn0, f0[i]), f1[i] = _mm512_fmadd_ps(sum, mn1, f1[i]);
+        }
       }
     }
   }
+  if (bits == 4 && mr <= 2)
+    for (int i = 0; i < mr; i++) f0[i] = _mm512_add_ps(f0[i], g0[i]), f1[i] = _mm512_add_ps(f1[i], g1[i]);
   for (int i = 0; i < mr; i++) store(j->y + (m0 + i) * j->n + col, cols, f0[i], f1[i]);
 }
 
@@ -292,7 +298,7 @@ static OrtStatus *matmul_w8(void *context, const W8Args *a) {
   Digits d = {(int8_t *)scratch, (int8_t *)scratch + M * K4, (float *)f, (int32_t *)(f + M * KB * 4),
               (int32_t *)(f + M * KB * 8), (float *)(f + M * KB * 12)};
   digits_of(a->x, M, a->K, K4, a->block, KB, (int)a->digits, &d);
-  JobW8 job = {&d, a->w, a->ws, a->wm, a->y, M, K4, KB, a->n, a->block};
+  JobW8 job = {&d, a->w, a->ws, a->y, M, K4, KB, a->n, a->block};
   OrtStatus *s = CALL(KernelContext_ParallelFor, context, a->bits == 8 ? run_w8 : a->digits == 2 ? run_w4 : run_w4_int8,
                       (size_t)a->P, (size_t)0, &job);
   free(scratch);
@@ -439,7 +445,7 @@ static inline __attribute__((always_inline)) void w8_rows(const JobW8 *j, size_t
   const uint8_t *wp = j->w + (int64_t)p * K4 * NR * bits / 8;
   const __m256i nibble = _mm256_set1_epi8(0x0f);
   const float *ws32 = (const float *)j->ws + (int64_t)p * j->KB * NR;
-  const uint16_t *ws16 = (const uint16_t *)j->ws + (int64_t)p * j->KB * NR;
+  const uint16_t *ws16 = (const uint16_t *)j->ws + (int64_t)p * j->KB * 2 * NR; /* a block: scales, minimums */
   int64_t col = (int64_t)p * NR;
   int cols = j->n - col < NR ? (int)(j->n - col) : NR;
   const __m256i flip = _mm256_set1_epi8((char)0x80); /* q + 128 -> q, as int8 */
@@ -482,15 +488,15 @@ static inline __attribute__((always_inline)) void w8_rows(const JobW8 *j, size_t
           }
         }
         for (int c = 0; c < g; c++) {
-          int64_t at = b * NR + 8 * (first + c);
+          int64_t at = b * NR + 8 * (first + c), at16 = b * 2 * NR + 8 * (first + c);
           __m256 ws = bits == 8 ? _mm256_loadu_ps(ws32 + at)
-                                : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(ws16 + at)));
+                                : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(ws16 + at16)));
           for (int i = 0; i < mr; i++) {
             __m256 v = _mm256_cvtepi32_ps(pair_sums(a[i][2 * c], a[i][2 * c + 1]));
             f[i][c] = _mm256_fmadd_ps(_mm256_mul_ps(v, _mm256_set1_ps(j->d->s[(m0 + i) * j->KB + b])), ws, f[i][c]);
           }
           if (bits == 4 && kk == b * block) { /* the block's minimums, once: + m sum x */
-            __m256 wm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(j->wm + (int64_t)p * j->KB * NR + at)));
+            __m256 wm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(ws16 + at16 + NR)));
             for (int i = 0; i < mr; i++)
               f[i][c] = _mm256_fmadd_ps(_mm256_set1_ps(j->d->sum[(m0 + i) * j->KB + b]), wm, f[i][c]);
           }
@@ -528,7 +534,7 @@ static OrtStatus *matmul_w8(void *context, const W8Args *a) {
   float *f = (float *)(scratch + (M * K4 + 8) * 2);
   Digits d = {(int16_t *)scratch, f, f + M * KB};
   digits_of(a->x, M, a->K, K4, a->block, KB, (int)a->digits, &d);
-  JobW8 job = {&d, a->w, a->ws, a->wm, a->y, M, K4, KB, a->n, a->block};
+  JobW8 job = {&d, a->w, a->ws, a->y, M, K4, KB, a->n, a->block};
   OrtStatus *s = CALL(KernelContext_ParallelFor, context, a->bits == 8 ? run_w8 : a->digits == 2 ? run_w4 : run_w4_int8,
                       (size_t)a->P, (size_t)0, &job);
   free(scratch);
@@ -575,17 +581,15 @@ OrtStatus *shape_of(const void *value, int64_t *dims, size_t *rank) {
 static OrtStatus *compute(void *kernel, void *context) {
   const Kernel *kn = kernel;
   int w8 = kn->bits < 16; /* MatMulW8 or W4: weights and scales */
-  const void *xv, *wv, *sv = NULL, *mv = NULL;
-  void *yv, *x, *w, *sc = NULL, *mins = NULL, *y;
-  int64_t xd[8], wd[8], sd[8], md[8] = {0}, yd[8];
-  size_t xr, wr, sr = 3, mr = 3;
+  const void *xv, *wv, *sv = NULL;
+  void *yv, *x, *w, *sc = NULL, *y;
+  int64_t xd[8], wd[8], sd[8], yd[8];
+  size_t xr, wr, sr = 3;
   OrtStatus *s;
   if ((s = CALL(KernelContext_GetInput, context, (size_t)0, &xv)) || (s = CALL(KernelContext_GetInput, context,
       (size_t)1, &wv)) || (s = shape_of(xv, xd, &xr)) || (s = shape_of(wv, wd, &wr)))
     return s;
   if (w8 && ((s = CALL(KernelContext_GetInput, context, (size_t)2, &sv)) || (s = shape_of(sv, sd, &sr))))
-    return s;
-  if (kn->bits == 4 && ((s = CALL(KernelContext_GetInput, context, (size_t)3, &mv)) || (s = shape_of(mv, md, &mr))))
     return s;
   int64_t K = xr ? xd[xr - 1] : 0, KB = w8 ? (K + kn->block - 1) / kn->block : 0;
   if (xr < 1 || wr != 3 || wd[2] != NR || kn->n < 1 || kn->n > wd[0] * NR ||
@@ -593,25 +597,23 @@ static OrtStatus *compute(void *kernel, void *context) {
     return error(kn->bits == 16 ? "MatMulF16: x must be [..., K], w [P, K, 32] with 0 < n <= 32 P"
                  : kn->bits == 8 ? "MatMulW8: x must be [..., K], w [P, K rounded up to 4, 32] with 0 < n <= 32 P"
                  : "MatMulW4: x must be [..., K], w [P, (K rounded up to 4) / 2, 32] with 0 < n <= 32 P");
-  if (w8 && (sr != 3 || sd[0] != wd[0] || sd[1] != KB || sd[2] != NR))
+  if (w8 && (sd[0] != wd[0] || sd[1] != KB || (kn->bits == 8 ? sr != 3 || sd[2] != NR
+                                                                 : sr != 4 || sd[2] != 2 || sd[3] != NR)))
     return error(kn->bits == 8 ? "MatMulW8: scales must be [P, ceil(K / block), 32]"
-                               : "MatMulW4: scales must be [P, ceil(K / block), 32]");
-  if (kn->bits == 4 && (mr != 3 || md[0] != sd[0] || md[1] != KB || md[2] != NR))
-    return error("MatMulW4: minimums must be [P, ceil(K / block), 32], as the scales");
+                               : "MatMulW4: scales must be [P, ceil(K / block), 2, 32] (scales, then minimums)");
   int64_t M = 1;
   for (size_t i = 0; i + 1 < xr; i++) M *= (yd[i] = xd[i]);
   yd[xr - 1] = kn->n;
   if ((s = CALL(KernelContext_GetOutput, context, (size_t)0, yd, xr, &yv)) ||
       (s = CALL(GetTensorMutableData, (void *)xv, &x)) || (s = CALL(GetTensorMutableData, (void *)wv, &w)) ||
-      (w8 && (s = CALL(GetTensorMutableData, (void *)sv, &sc))) ||
-      (kn->bits == 4 && (s = CALL(GetTensorMutableData, (void *)mv, &mins))) || (s = CALL(GetTensorMutableData, yv, &y)))
+      (w8 && (s = CALL(GetTensorMutableData, (void *)sv, &sc))) || (s = CALL(GetTensorMutableData, yv, &y)))
     return s;
   if (M == 0) return NULL;
   if (!w8) {
     JobF16 job = {x, w, y, M, K, kn->n};
     return CALL(KernelContext_ParallelFor, context, run_f16, (size_t)wd[0], (size_t)0, &job);
   }
-  W8Args args = {x, w, sc, mins, y, M, K, (K + 3) / 4 * 4, KB, kn->n, kn->block, wd[0], kn->bits, kn->digits};
+  W8Args args = {x, w, sc, y, M, K, (K + 3) / 4 * 4, KB, kn->n, kn->block, wd[0], kn->bits, kn->digits};
   return matmul_w8(context, &args);
 }
 
@@ -656,7 +658,7 @@ static const OrtCustomOp f16 = {16, NULL, name_f16, provider, type_f16, two, flo
 static const OrtCustomOp w8 = {16, NULL, name_w8, provider, type_w8, three, float_output, one, NULL, destroy,
                                required, required, memory_default, min_arity, homogeneous, min_arity, homogeneous,
                                create_w8, compute};
-static const OrtCustomOp w4 = {16, NULL, name_w4, provider, type_w4, four, float_output, one, NULL, destroy,
+static const OrtCustomOp w4 = {16, NULL, name_w4, provider, type_w4, three, float_output, one, NULL, destroy,
                                required, required, memory_default, min_arity, homogeneous, min_arity, homogeneous,
                                create_w4, compute};
 

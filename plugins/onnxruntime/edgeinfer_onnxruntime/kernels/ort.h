@@ -67,7 +67,6 @@ static inline const char *provider(const OrtCustomOp *op) { (void)op; return "CP
 static inline size_t one(const OrtCustomOp *op) { (void)op; return 1; }
 static inline size_t two(const OrtCustomOp *op) { (void)op; return 2; }
 static inline size_t three(const OrtCustomOp *op) { (void)op; return 3; }
-static inline size_t four(const OrtCustomOp *op) { (void)op; return 4; }
 static inline int float_output(const OrtCustomOp *op, size_t i) { (void)op, (void)i; return TYPE_FLOAT; }
 static inline int required(const OrtCustomOp *op, size_t i) { (void)op, (void)i; return 0; }
 static inline int memory_default(const OrtCustomOp *op, size_t i) { (void)op, (void)i; return 0; }
