@@ -18,8 +18,9 @@ _OWN = unavailable() is None  # custom_ops.py builds here
 CONVERSION_DEFAULTS = {"int4_block_size": DEFAULT_BLOCK, "int8_block_size": INT8_BLOCK,
                        "w8a16_kernel": "int8 panels of 32 (edgeinfer.MatMulW8)" if _OWN  # custom_ops.py
                        else "int8 kernel, two activation digits",  # int8_digits.py
-                       "int4_kernel": "int4 panels of 32, a block's fp16 scales and minimums side by side "
-                       "(edgeinfer.MatMulW4; w4a8 on one digit), the LM head int8 (MatMulW8)" if _OWN else "MatMulNBits",  # custom_ops.py
+                       "int4_kernel": "int4 panels of 32, a block's fp16 scales and minimums side by "
+                       "side (edgeinfer.MatMulW4; w4a8 on one digit), the LM head int8 (MatMulW8)" if _OWN
+                       else "MatMulNBits",  # custom_ops.py
                        "fp16": "fp16 panels of 32 (edgeinfer.MatMulF16)" if _OWN  # custom_ops.py
                        else "two int8 planes a weight",  # weight_planes.py
                        "attention": "edgeinfer.GroupQueryAttention with an fp16 KV cache" if _OWN
