@@ -273,6 +273,21 @@ def test_the_avx2_build_of_the_own_ops_deploys_w8a16_and_passes_golden(tmp_path,
                 and n.input[1] in {t.name for t in graph.graph.initializer}]
 
 
+def test_without_a_c_compiler_int4_keeps_the_builders_symmetric_int4_and_passes_golden(tmp_path):
+    """Where the own ops cannot be built, w4a8 is the builder's own int4 on onnxruntime's MatMulNBits (4 bits, no
+    zero points: symmetric, blocks of 32, int8 activations at accuracy level 4), its head included, not MatMulW4's
+    Q4_1 blocks; deploy's golden check passes it."""
+    stamp, graph = _deploy_in_a_new_process(tmp_path, "w4a8", CC=str(tmp_path / "no-such-cc"))
+    assert stamp["precision"] == "int4" and stamp["int4_block_size"] == 32 and "then" not in stamp
+    nodes = graph.graph.node
+    ops = [n for n in nodes if n.op_type in ("MatMul", "MatMulNBits")]
+    assert ops and all(n.op_type == "MatMulNBits" for n in ops) and not any(n.domain == "edgeinfer" for n in nodes)
+    named = ("bits", "block_size", "accuracy_level")
+    attrs = {(a.name, a.i) for n in ops for a in n.attribute if a.name in named}
+    assert attrs == {("bits", 4), ("block_size", 32), ("accuracy_level", 4)}
+    assert all(len([i for i in n.input if i]) == 3 for n in ops)  # x, weights, scales: no zero points
+
+
 def _summed_halves(nodes, ops):
     """The outputs of ``ops`` whose two halves (a [2, -1] Reshape) are added by a [1, 1] @ them after it."""
     halves = {n.output[0]: n.input[0] for n in nodes if n.op_type == "Reshape"}

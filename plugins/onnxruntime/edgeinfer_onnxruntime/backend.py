@@ -231,7 +231,8 @@ class OnnxRuntimeBackend(Backend):
         from .decoder import convert
 
         options.pop("target", None)  # a CPU model runs on any target
-        # calibration is not used: the builder's int4 is round-to-nearest per block, data-free
+        # calibration is not used: int4 (Q4_1 blocks, or the builder's where the own ops cannot be built) and int8
+        # are round-to-nearest per block, data-free
         return convert(model, scheme, context, out, normalize_scheme(scheme).group_size,
                        options.pop("kv_dtype", "fp16"))
 

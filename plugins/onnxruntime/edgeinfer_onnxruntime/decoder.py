@@ -120,7 +120,7 @@ def convert(hf_dir: Path, scheme: str, context: int, out: Path, group_size: int 
     kv_dtype = kv_name(kv_dtype)
     family = scheme.split("_g")[0]
     own = custom_ops.unavailable() is None  # edgeinfer's own ops build here (custom_ops.py)
-    kernel = family in custom_ops.OPS and own  # fp16 and w8a16 on the own matmuls; else on the int8 kernel
+    kernel = family in custom_ops.OPS and own  # fp16, w8a16, w4a16, w4a8 on the own matmuls; else onnxruntime's
     precision, extra = ("fp32", []) if kernel else SCHEMES[family]  # the int4 classes: Q4_1 blocks of their own
     planes = family == "fp16" and not kernel  # two int8 planes a weight (weight_planes.py)
     # attention over the fp16 KV cache on the own op too (kernels/attention.c), fp32 included: where the library
