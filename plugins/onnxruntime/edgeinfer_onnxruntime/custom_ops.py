@@ -231,8 +231,7 @@ def _matmul_packing(scheme: str, block: int, head: str | None,
         t = inits.get(n.input[1]) if n.op_type == "MatMul" and n.domain in ("", "ai.onnx") else None
         if t is None or t.data_type != TensorProto.FLOAT or len(t.dims) != 2:
             return None
-        kind, size = ("w8a16", head_block) if t.name == head else (scheme, block)
-        op = OPS[kind]
+        op, size = ("MatMulW8", head_block) if t.name == head else (OPS[scheme], block)
         names = [f"{t.name}/{op}"] + ([f"{t.name}/{op}/scales"] if op != "MatMulF16" else [])
 
         def pack() -> list[np.ndarray]:
