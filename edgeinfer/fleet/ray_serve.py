@@ -287,9 +287,7 @@ def serve_on_ray(config: ServeConfig, address: str, replicas: str = "1", max_rep
     check_options(config)
     require_ray()
     import ray
-    from ray import serve
 
-    from edgeinfer.fleet.replicas import APP
     from edgeinfer.fleet.router import build
 
     host, port = config.host, config.port
@@ -312,7 +310,7 @@ def serve_on_ray(config: ServeConfig, address: str, replicas: str = "1", max_rep
         store = name  # from here on the store may exist: stop() looks for it
         ship_from_here(found, ship, name)
         deployed = True
-        serve.run(build(found, config, scale.low, highs), name=APP, route_prefix="/")
+        deploy(build(found, config, scale.low, highs))
         sys.stderr.write(f"ready: {', '.join(t.name for t in found)} on http://{host}:{port} (Ray Serve, "
                          f"{describe(scale, highs)})\n")
         sys.stderr.flush()
@@ -320,6 +318,39 @@ def serve_on_ray(config: ServeConfig, address: str, replicas: str = "1", max_rep
             time.sleep(1.0)
     finally:
         stop(started, owner, deployed, store)
+
+
+def deploy(app: Any) -> None:
+    """``serve.run`` the application; a deployment Serve gave up on is reported with Serve's own reason (the last
+    line of its message: a replica's constructor error, say), not as an internal error."""
+    from ray import serve
+
+    from edgeinfer.fleet.replicas import APP
+
+    try:
+        serve.run(app, name=APP, route_prefix="/")
+    except RuntimeError as e:
+        if "Deploying application" not in str(e):
+            raise
+        try:
+            deployments = serve.status().applications[APP].deployments
+        except Exception:  # noqa: BLE001 - the controller may be gone too: say what is known
+            deployments = {}
+        raise BackendUnavailableError(f"Ray Serve could not deploy {not_deployed(deployments)}",
+                                      "see `serve status` and the replicas' logs on their nodes "
+                                      "(<ray temp dir>/session_latest/logs/serve/)") from e
+
+
+def not_deployed(deployments: dict[str, Any]) -> str:
+    """The deployments (Serve's status overviews by name) that are not up, each with the last line of Serve's
+    message about it."""
+    failed = []
+    for name, d in deployments.items():
+        if str(d.status).rsplit(".", 1)[-1] in ("HEALTHY", "UPSCALING", "DOWNSCALING"):
+            continue
+        lines = [line.strip() for line in (d.message or "").splitlines() if line.strip()]
+        failed.append(f"{name} ({lines[-1][:300] if lines else str(d.status).rsplit('.', 1)[-1]})")
+    return ", ".join(failed) or "the application"
 
 
 def ship_from_here(found: list[BundleTarget], ship: bool, name: str) -> None:
