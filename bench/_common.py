@@ -33,13 +33,14 @@ def onnxruntime_decoder(bench: str, name: str, model: Path, scheme: str, ctx: in
 
     import edgeinfer
     from edgeinfer.contract import cache
+    from edgeinfer.contract.schemes import normalize_scheme
 
     code = cache.code(edgeinfer.backend("onnxruntime"))
     out = cache.area("bench") / bench / f"{name}-{scheme}-{ctx}-{code}"
     if not is_built(out):
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True)
-        convert(model, scheme, ctx, out, None)
+        convert(model, scheme, ctx, out, normalize_scheme(scheme).group_size)  # as the backend passes it
     return out
 
 

@@ -230,8 +230,8 @@ def host_board(bandwidth=None) -> Board:
         bandwidth_gbps=Fact(value=bw.gbps, source=bw.source, uncertain=True,
                             note="one-thread copy bandwidth; the speed constants are fractions of it"),
         runtimes={HOST_BACKEND: Runtime(
-            schemes=["fp32", "fp16", "w8a8", "w8a16", "w4a16", "w4a8"], speed_group=HOST_SPEED_GROUP,
-            source=HOST_SCHEMES_SOURCE),
+            schemes=["fp32", "fp16", "w8a8", "w8a16", "w4a16", "w4a8", "w4a16_g128", "w4a8_g128"],
+            speed_group=HOST_SPEED_GROUP, source=HOST_SCHEMES_SOURCE),
             "llama.cpp": Runtime(schemes=["fp16", "fp32", "gguf:Q8_0", "gguf:Q4_K_M", "gguf:Q4_0", "gguf:Q4_1"],
                                  kinds=["decoder"],
                                  speed_group=HOST_SPEED_GROUP, source=LLAMACPP_SOURCE),

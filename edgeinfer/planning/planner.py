@@ -135,7 +135,7 @@ def weights_bytes(spec: ModelSpec, scheme: Scheme, prof: dict) -> tuple[int, det
     if rows:  # blocks halved on rows they do not divide: each matrix at its rows' block (quant.block_of)
         blocks = {block_of(scheme, layout, k) for k, _ in rows}  # the first rows are hidden-wide
         bpw = sum(packed_bits(scheme, prof, k) * n for k, n in rows) / sum(n for _, n in rows)
-        head_bits = packed_bits(scheme, prof, spec.hidden)  # the embedding's and the LM head's rows: hidden-wide
+        head_bits = lm_head_bits(scheme, prof) or packed_bits(scheme, prof, spec.hidden)  # hidden-wide rows
         emb_bits = max(head_bits, emb_min)
     if (widened and spec.encoder) or float_held:  # a table that only feeds Gather (any type) is held as stored
         emb_bits = scheme.bpw
@@ -179,7 +179,15 @@ def decode_stream_bytes(spec: ModelSpec, scheme: Scheme, prof: dict) -> int:
             exp = sum(b for k, b in tb.items() if "_exps" in k or ".experts." in k)
             stream -= exp - exp * spec.experts_per_token // spec.n_experts
         return int(stream)
-    return int(spec.params_active * scheme.bpw / 8)
+    return int(spec.params_active * scheme.bpw / 8 * group_read(scheme, prof))
+
+
+def group_read(scheme: Scheme, prof: dict) -> float:
+    """A block size the runtime's speed rows did not measure (``w4a16_g128`` where the rows hold its blocks of 32)
+    reads its packed bits over the measured layout's: the fitted constants count the family's nominal bits."""
+    measured = normalize_scheme(scheme.family)
+    packed, base = packed_bits(scheme, prof), packed_bits(measured, prof)
+    return packed / base * measured.bpw / scheme.bpw if scheme.group_size and packed and base else 1.0
 
 
 # ----------------------------------------------------------------------------- plan

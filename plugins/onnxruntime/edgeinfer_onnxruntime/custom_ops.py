@@ -232,6 +232,8 @@ def _matmul_packing(scheme: str, block: int, head: str | None,
         if t is None or t.data_type != TensorProto.FLOAT or len(t.dims) != 2:
             return None
         op, size = ("MatMulW8", head_block) if t.name == head else (OPS[scheme], block)
+        if op == "MatMulW4":
+            size = w4_block(int(t.dims[0]), size)
         names = [f"{t.name}/{op}"] + ([f"{t.name}/{op}/scales"] if op != "MatMulF16" else [])
 
         def pack() -> list[np.ndarray]:
@@ -243,6 +245,15 @@ def _matmul_packing(scheme: str, block: int, head: str | None,
         return op, names, pack, attrs, [t.name]
 
     return packing
+
+
+def w4_block(k: int, block: int) -> int:
+    """MatMulW4's block on rows of ``k`` weights: ``block``, halved while it does not divide ``k``, down to 32
+    (then the last block is padded), as the planner's ``int4_blocks`` layout counts it (``halve_to``): SmolLM2's
+    576-wide rows take blocks of 64 at a group of 128."""
+    while block > 32 and k % block:
+        block //= 2
+    return block
 
 
 def head_weight(model: Any) -> str | None:

@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -61,8 +62,6 @@ SCHEMES = {"fp32": ("fp32", []), "w4a16": ("int4", ["int4_accuracy_level=1"]),
 
 def builder_version() -> str:
     try:
-        from importlib.metadata import version
-
         return version("onnxruntime-genai")
     except Exception:
         raise BackendUnavailableError(
@@ -167,7 +166,8 @@ def convert(hf_dir: Path, scheme: str, context: int, out: Path, group_size: int 
     if kernel:
         op = f"{custom_ops.DOMAIN}.{custom_ops.OPS[family]}"
         acts = "int8 activations per block" if family == "w4a8" else "fp32 activations"
-        q41 = (", a scale and a minimum each", f", the LM head int8 in blocks of {INT8_BLOCK}") if int4 else ("", "")
+        q41 = (f"{' (halved, to 32, on rows it does not divide)' * (block > 32)}, a scale and a minimum each",
+               f", the LM head int8 in blocks of {INT8_BLOCK}") if int4 else ("", "")
         facts["then"] = (f"fp16 weights, each MatMul an {op} (custom_ops.py)" if family == "fp16" else
                          f"int{family[1]} weights in blocks of {block}{q41[0]}, each MatMul an {op} on {acts}"
                          f"{q41[1]} (custom_ops.py)")
