@@ -126,7 +126,8 @@ def resolve(ref: str | os.PathLike) -> ModelSpec:
     import difflib
 
     close = difflib.get_close_matches(text.lower(), list(catalog()), n=3, cutoff=0.6)
-    hint = "pass a catalog name (edgeinfer plan --list-models is not needed: e.g. Qwen/Qwen3-8B), " \
+    names = catalog_names()
+    hint = f"pass one of the catalog's {len(names)} models (such as Qwen/Qwen3-8B), " \
            "a local HF directory, a .gguf/.onnx/.safetensors file, or download it into the HF cache " \
            "with `huggingface-cli download " + text + " config.json`"
     if close:
