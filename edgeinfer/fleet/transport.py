@@ -80,6 +80,10 @@ def fetch(store: str, name: str, files: dict[str, Any]) -> Path:
     try:
         for rel, size in ray.get(actor.listing.remote(name)):
             pull(actor, name, rel, size, part / rel)
+    except BaseException:  # a fetch cut short (the store gone, the disk full) leaves no partial copy behind
+        shutil.rmtree(part, ignore_errors=True)
+        raise
+    try:
         part.rename(out)
     except OSError:  # another replica of this node unpacked it first
         shutil.rmtree(part, ignore_errors=True)
