@@ -167,6 +167,17 @@ def test_fp16_and_w8a16_deploy_on_edgeinfers_own_ops_and_pass_golden(tiny_qwen3_
     _graph_io_and_tables(out, graph)
 
 
+def _deployed_on_own_ops(tiny_qwen3_host_scheme_bundle, quant: str):
+    """tiny-qwen3's ``quant`` bundle (skipped where the own ops cannot be built), golden passed; and its stamp."""
+    from edgeinfer_onnxruntime import custom_ops
+
+    if custom_ops.unavailable():
+        pytest.skip(f"no own ops here: {custom_ops.unavailable()}")
+    result = tiny_qwen3_host_scheme_bundle(quant)
+    assert result.golden["passed"] is True
+    return result.bundle, json.loads((result.bundle / "decoder.stamp.json").read_text())
+
+
 @pytest.mark.parametrize("quant, digits, acts", [("w4a16", 2, "fp32 activations"),
                                                   ("w4a8", 1, "int8 activations per block")])
 def test_int4_deploys_on_edgeinfers_own_int4_op_and_passes_golden(tiny_qwen3_host_scheme_bundle, quant, digits, acts):
@@ -176,14 +187,8 @@ def test_int4_deploys_on_edgeinfers_own_int4_op_and_passes_golden(tiny_qwen3_hos
     the LM head is int8 (MatMulW8, blocks of 128), as llama.cpp's 4-bit mixes keep it in 8 bits or more, and the
     tied model's lookup reads it (edgeinfer.EmbedW8): no table of its own is left."""
     import onnx
-    from edgeinfer_onnxruntime import custom_ops
 
-    if custom_ops.unavailable():
-        pytest.skip(f"no own ops here: {custom_ops.unavailable()}")
-    result = tiny_qwen3_host_scheme_bundle(quant)
-    out = result.bundle
-    assert result.golden["passed"] is True
-    stamp = json.loads((out / "decoder.stamp.json").read_text())
+    out, stamp = _deployed_on_own_ops(tiny_qwen3_host_scheme_bundle, quant)
     assert stamp["precision"] == "fp32" and stamp["int4_block_size"] == 32 and stamp["scheme"] == quant
     assert (f"int4 weights in blocks of 32, a scale and a minimum each, each MatMul an edgeinfer.MatMulW4 on {acts}, "
             "the LM head int8 in blocks of 128") in stamp["then"]
@@ -474,16 +479,10 @@ def test_int4_in_blocks_of_128_deploys_smaller_passes_golden_and_is_planned_as_h
     halved), 4.25 bits a weight where the default's blocks of 32 take 5; the head stays int8. It passes the golden
     check on this trained model (SmolLM2-135M, whose weights are already Q4_1 in blocks of 32, fails it:
     docs/generation.md), and the plan's weights are the file's within 10 %."""
-    from edgeinfer_onnxruntime import custom_ops
 
     from edgeinfer.planning.planner import plan
 
-    if custom_ops.unavailable():
-        pytest.skip(f"no own ops here: {custom_ops.unavailable()}")
-    result = tiny_qwen3_host_scheme_bundle(quant)
-    out = result.bundle
-    assert result.golden["passed"] is True
-    stamp = json.loads((out / "decoder.stamp.json").read_text())
+    out, stamp = _deployed_on_own_ops(tiny_qwen3_host_scheme_bundle, quant)
     assert stamp["int4_block_size"] == 128 and stamp["scheme"] == quant
     assert "int4 weights in blocks of 128 (halved, to 32, on rows it does not divide), a scale and a minimum" in (
         stamp["then"])
