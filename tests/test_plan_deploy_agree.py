@@ -155,3 +155,23 @@ def test_the_opened_decoder_runs_prompts_in_the_plans_prefill_chunk(tiny_qwen3_h
     with load(tiny_qwen3_host_bundle) as gen:
         assert gen.decoder.prefill_chunk == planned["options"]["prefill_chunk"] == 512
     assert planned["memory"]["details"]["activations"]["tokens_per_step"] == 512
+
+
+@pytest.mark.parametrize("board", BOARDS)
+def test_a_decoder_is_told_to_page_only_where_deploy_builds_it_paged(board):
+    """Qwen3-32B fits no board below 48 GB unpaged. ``plan`` suggests ``--paging`` for it only where the board's
+    backend converts decoder segments (rknn): elsewhere ``deploy --paging`` refuses (every board suggested it
+    until the fourteenth session of 2026-12-06)."""
+    planned = cli("plan", "Qwen/Qwen3-32B", "--board", board, "--json")
+    p = json.loads(planned.stdout)
+    paging = p["suggestions"]["paging"]
+    if _profile(board)["backend"] != "rknn":
+        assert paging is None, paging
+    elif board in ("rk3588-16g", "rk3588-32g"):
+        assert paging["window"] >= 1 and "needs" in paging["why"], paging
+
+
+def test_deploy_refuses_paging_a_decoder_where_the_backend_does_not_page_decoders():
+    dry = cli("deploy", str(llm.model_dir()), "--board", "host", "--paging", "2", "--dry-run", "--json")
+    assert dry.returncode == 2
+    assert json.loads(dry.stdout)["error"]["kind"] == "not_supported"

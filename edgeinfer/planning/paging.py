@@ -330,7 +330,9 @@ def suggest_window(p: Any, prefill_chunk: int, segments: int | None = None, stor
     """The largest paging window (fastest) whose resident memory fits the board and, where the
     board has one, the NPU window; None when the layers are unknown or even W=1 does not fit."""
     if pages_decoder(p, any_runtime=True):
-        return _suggest_decoder_window(p, prefill_chunk, segments, storage)
+        return _suggest_decoder_window(p, prefill_chunk, segments, storage) if backend_pages_decoders(p) else None
+    if not getattr(p.model, "encoder", True):  # a decoder pages by the decoder rule alone (deploy builds no other)
+        return None
     try:
         seg = _plan_segments(p, segments)
         inputs = _paging_inputs(p, storage, prefill_chunk)
@@ -349,6 +351,19 @@ def suggest_window(p: Any, prefill_chunk: int, segments: int | None = None, stor
 
 
 # --------------------------------------------------------------------------- decoders (decoder_segments.py)
+def backend_pages_decoders(p: Any) -> bool:
+    """Whether deploy can build ``p``'s decoder paged: the board's backend converts decoder segments and loads a
+    window (edgeinfer/deploy/decoder_paging.py refuses ``--paging`` otherwise). A backend not installed here is
+    planned as its board declares it."""
+    from edgeinfer.contract import registry  # the backend's module only, no SDK (test_light_core)
+
+    entry = registry.registry().backend(p.board.backend)
+    if entry is None:
+        return True
+    d = entry.cls.decoders
+    return "segments" in d.convert_options and "window" in d.options
+
+
 def paged_runtime(board: Any, spec: Any, paging: int | None) -> str | None:
     """The runtime a paged decoder is planned on: edgeinfer's own backend runtime on the board (the
     vendor's LLM runtimes run whole models), when it takes decoders; None leaves the choice as it is."""
