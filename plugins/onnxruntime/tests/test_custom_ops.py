@@ -196,18 +196,21 @@ def test_matmul_w4_equals_the_product_with_the_q4_1_weights(k, n, threads, schem
             assert np.abs(y - x @ held_w).max() > 1e-3
 
 
+@pytest.mark.parametrize("scheme", ["w4a16", "w4a8"])
 @pytest.mark.parametrize("block, k, held", [(16, 256, 16), (128, 256, 128), (128, 192, 64), (128, 200, 32)])
-def test_matmul_w4_takes_other_block_sizes(block, k, held, build):
-    """A scheme's group size (``w4a16_g128``) reaches MatMulW4's blocks, halved while it does not divide a row
-    (192 rows: 64), down to 32 (200 rows: 32, the last block padded)."""
+def test_matmul_w4_takes_other_block_sizes(block, k, held, scheme, build):
+    """A scheme's group size (``w4a16_g128``, ``w4a8_g128``) reaches MatMulW4's blocks, halved while it does not
+    divide a row (192 rows: 64), down to 32 (200 rows: 32, the last block padded); w4a8's activations are int8 per
+    block of the same size."""
     rng = np.random.default_rng(block + k)
     w = rng.standard_normal((k, 40)).astype(np.float32)
     model = matmul_graph(w)
-    assert custom_ops.use_kernels(model, "w4a16", block) == 1
+    assert custom_ops.use_kernels(model, scheme, block) == 1
     assert {a.name: a.i for a in model.graph.node[0].attribute}["block"] == held
     x = rng.standard_normal((1, 3, k)).astype(np.float32)
     y = session(model).run(None, {"x": x})[0]
-    np.testing.assert_allclose(y, digits(x, held) @ q4_1(w, held), rtol=0, atol=1e-5 * k)
+    count = 2 if scheme == "w4a16" else 1
+    np.testing.assert_allclose(y, digits(x, held, count) @ q4_1(w, held), rtol=0, atol=1e-5 * k)
 
 
 def test_the_int4_classes_hold_the_lm_head_in_int8():
