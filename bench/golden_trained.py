@@ -29,7 +29,8 @@ import _smollm2  # noqa: E402
 
 CTX = 256
 #: (board, runtime, scheme, convert options)
-CASES = [("host", "onnxruntime", s, None) for s in ("fp32", "fp16", "w8a16", "w8a8", "w4a16", "w4a8")] + [
+CASES = [("host", "onnxruntime", s, None) for s in ("fp32", "fp16", "w8a16", "w8a8", "w4a16", "w4a8", "w4a16_g128",
+                                                   "w4a8_g128")] + [
     ("host", "llama.cpp", s, None) for s in ("fp16", "gguf:Q8_0", "gguf:Q4_K_M", "gguf:Q4_0", "gguf:Q4_1")] + [
     ("core-ultra-155h", "openvino-cpu", "fp16", None), ("core-ultra-155h", "openvino-cpu", "w8a16", None),
     ("core-ultra-155h", "openvino-cpu", "w8a16", {"group_size": 128})] + [
