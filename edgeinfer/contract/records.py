@@ -89,6 +89,12 @@ class Decoders:
     #: reused (e.g. ``{"int8_block_size": 128}``)
     defaults: Mapping[str, Any] = field(default_factory=dict)
 
+    @property
+    def pages(self) -> bool:
+        """Whether the backend builds and loads layer-paged decoders: convert option ``segments`` and load option
+        ``window`` (``deploy --paging``; docs/paging.md)."""
+        return "segments" in self.convert_options and "window" in self.options
+
     def refusal(self, architecture: str, backend: str) -> str | None:
         """Why ``backend`` cannot export a decoder of ``architecture`` (a ``model_type``), or None."""
         if self.architectures is None or architecture in self.architectures:

@@ -50,9 +50,8 @@ def choose(paging: int | str | None, segments: int | None, backend: Backend, hf_
         if segments is not None:
             raise InputError("--segments goes with --paging W|auto (decoder segments resident at once)")
         return None
-    d = backend.decoders
     b, runtime = p.board, p.runtime
-    if "segments" not in d.convert_options or "window" not in d.options:
+    if not backend.decoders.pages:
         raise InputError(f"--paging: board {b.name}'s backend {backend.name} cannot page decoders (its decoder "
                          "conversion takes no segments option); deploy without --paging", kind="not_supported")
     if runtime != own_runtime:

@@ -358,10 +358,7 @@ def backend_pages_decoders(p: Any) -> bool:
     from edgeinfer.contract import registry  # the backend's module only, no SDK (test_light_core)
 
     entry = registry.registry().backend(p.board.backend)
-    if entry is None:
-        return True
-    d = entry.cls.decoders
-    return "segments" in d.convert_options and "window" in d.options
+    return entry is None or entry.cls.decoders.pages
 
 
 def paged_runtime(board: Any, spec: Any, paging: int | None) -> str | None:

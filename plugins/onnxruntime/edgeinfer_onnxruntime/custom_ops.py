@@ -250,7 +250,8 @@ def _matmul_packing(scheme: str, block: int, head: str | None,
 def w4_block(k: int, block: int) -> int:
     """MatMulW4's block on rows of ``k`` weights: ``block``, halved while it does not divide ``k``, down to 32
     (then the last block is padded), as the planner's ``int4_blocks`` layout counts it (``halve_to``): SmolLM2's
-    576-wide rows take blocks of 64 at a group of 128."""
+    576-wide rows take blocks of 64 at a group of 128. Not ``contract.helpers.row_block``, which makes a row 32
+    does not divide one block: the kernel's blocks are multiples of 4 rows."""
     while block > 32 and k % block:
         block //= 2
     return block
