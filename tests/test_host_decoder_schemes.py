@@ -535,3 +535,62 @@ def test_a_decoder_on_the_own_ops_loads_without_importing_onnx(tiny_qwen3_host_s
             f".load_decoder({str(decoder)!r}, context={DECODER_BUNDLE_CTX}).release(); print('loaded')")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stdout.strip() == "loaded", proc.stderr[-2000:]
+
+
+def test_a_q8_0_kv_cache_deploys_on_the_own_attention_passes_golden_and_is_planned_as_allocated(
+        tiny_qwen3_host_scheme_bundle, tmp_path):
+    """``--option kv_dtype=q8_0``: every layer attends with edgeinfer.GroupQueryAttentionQ8 over uint8 rows of
+    64 int8 digits and two fp16 scales (68 bytes for the tiny model's 64 values, where fp16 takes 128); the golden
+    check passes; the plan states q8_0 and counts exactly the bytes the opened decoder allocates, 68/128 of the fp16
+    bundle's; a Hugging Face directory is not opened with it (deploy builds it)."""
+    import numpy as np
+    from edgeinfer_onnxruntime import custom_ops
+
+    import edgeinfer
+    from edgeinfer.deploy.decoder import deploy_decoder
+    from edgeinfer.model.bundle import Bundle
+    from edgeinfer.planning.planner import plan
+    from edgeinfer.run.bundle import open_generator
+
+    if custom_ops.unavailable():
+        pytest.skip(f"no own ops here: {custom_ops.unavailable()}")
+    out = tmp_path / "q8"
+    result = deploy_decoder(model_dir(), "host", out, quant="fp16", ctx=DECODER_BUNDLE_CTX,
+                            options={"kv_dtype": "q8_0"})
+    assert result.golden["passed"] is True
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["decoder"]["kv_dtype"] == manifest["plan"]["options"]["kv_dtype"] == "q8_0"
+    graph = _graph(out)
+    attention = [n for n in graph.graph.node if "GroupQueryAttention" in n.op_type]
+    assert len(attention) == 4 and {(n.domain, n.op_type) for n in attention} == {("edgeinfer",
+                                                                                    "GroupQueryAttentionQ8")}
+    kv = [v for v in graph.graph.input if v.name.startswith("past_key_values.")]
+    assert len(kv) == 8 and {v.type.tensor_type.elem_type for v in kv} == {onnx_uint8()}
+    assert {v.type.tensor_type.shape.dim[3].dim_value for v in kv} == {68}
+    fp16 = Bundle.open(tiny_qwen3_host_scheme_bundle("fp16").bundle)
+    with open_generator(Bundle.open(out), slots=2) as q8, open_generator(fp16, slots=2) as f16:
+        assert q8.decoder.kv_dtype == "q8_0" and f16.decoder.kv_dtype == "fp16"
+        assert {a.dtype for k in q8.decoder._cache for a in k} == {np.dtype(np.uint8)}
+        assert q8.decoder.kv_cache_bytes * 128 == f16.decoder.kv_cache_bytes * 68
+        assert manifest["plan"]["memory"]["breakdown"]["kv_cache"] * 2 == q8.decoder.kv_cache_bytes  # one slot
+        assert plan(str(model_dir()), "host", quant="fp16", ctx=DECODER_BUNDLE_CTX, batch=2,
+                    kv_dtype="q8_0").breakdown["kv_cache"] == q8.decoder.kv_cache_bytes
+    with pytest.raises(InputError, match="deploy"):
+        edgeinfer.load(str(model_dir()), backend="onnxruntime", ctx=64, kv_dtype="q8_0")
+
+
+def onnx_uint8():
+    from onnx import TensorProto
+
+    return TensorProto.UINT8
+
+
+def test_without_a_c_compiler_a_q8_0_kv_cache_is_refused_in_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "edgeinfer.cli", "deploy", str(model_dir()), "--board", "host",
+                           "--ctx", str(DECODER_BUNDLE_CTX), "--option", "kv_dtype=q8_0", "-o", str(tmp_path / "b")],
+                          capture_output=True, text=True, env={**os.environ, "CC": str(tmp_path / "no-such-cc")})
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "q8_0 KV cache" in proc.stderr and "kv_dtype=fp16" in proc.stderr and not (tmp_path / "b").exists()

@@ -22,35 +22,28 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from edgeinfer.contract import OpTime, StepDecoder, cache, pages, remote_code
+from edgeinfer.contract import OpTime, StepDecoder, cache, pages
 from edgeinfer.contract.helpers import inside
-from edgeinfer.errors import BackendUnavailableError, InputError, ModelError
+from edgeinfer.errors import InputError, ModelError
 
 from . import custom_ops
 from .blocks import CONVERSION_DEFAULTS, DEFAULT_BLOCK, INT8_BLOCK
+from .builder import GENAI_CONFIG, builder_version, export, is_built
 from .embedding import embedding_fp16, head_embedding, quantize_embedding
-from .kv_cache import kv_name, kv_to_fp16
+from .kv_cache import GRAPH_TYPES, kv_name, kv_to_fp16, kv_to_q8, layout
 from .last_logits import INPUT as LAST_INDEX
-from .last_logits import gather_last
 from .weights import data_path, quantize_int8, save
 
-GENAI_CONFIG = "genai_config.json"
 PRECISIONS = ("fp32", "int4")
 PREFILL_CHUNK = 512  # prompt tokens a run: a run holds one buffer per tensor shape throughout (docs/generation.md)
-
-
-def is_built(path: Path) -> bool:
-    return (path / GENAI_CONFIG).is_file()
 
 
 # edgeinfer scheme -> the builder's precision; w4a16 / w4a8: its int4 MatMulNBits on fp32 activations (level 1) / on
@@ -58,58 +51,6 @@ def is_built(path: Path) -> bool:
 SCHEMES = {"fp32": ("fp32", []), "w4a16": ("int4", ["int4_accuracy_level=1"]),
            "w4a8": ("int4", ["int4_accuracy_level=4"]), "w8a16": ("fp32", []), "w8a8": ("fp32", []),
            "fp16": ("fp32", [])}
-
-
-def builder_version() -> str:
-    try:
-        return version("onnxruntime-genai")
-    except Exception:
-        raise BackendUnavailableError(
-            "onnxruntime-genai (its model builder) is not installed, so decoders cannot be exported to ONNX",
-            "pip install onnxruntime-genai==0.14.1 onnx_ir (0.14.1 is the release that keeps protobuf 4.25)",
-        ) from None
-
-
-def check_exportable(hf_dir: Path) -> None:
-    """Refuse what the builder exports wrong without a word. It takes every ``nn.Linear`` whose out_features equal
-    the vocabulary size for the LM head (``has_lm_head`` in onnxruntime_genai/models/builders/base.py, 0.14.1), so a
-    model whose MLP width equals its vocabulary gets an up/gate projection as its LM head: logits cosine 0.16
-    against transformers on a random Qwen3 with intermediate_size = vocab_size = 3072 (the golden check caught it)."""
-    try:
-        cfg = json.loads((hf_dir / "config.json").read_text())
-    except (OSError, ValueError):
-        return  # the builder reports a missing or broken config itself
-    cfg = cfg.get("text_config", cfg)
-    vocab = cfg.get("vocab_size")
-    widths = {k: cfg.get(k) for k in ("intermediate_size", "moe_intermediate_size", "ffn_hidden_size")}
-    clash = [k for k, v in widths.items() if vocab and v == vocab]
-    if clash:
-        raise ModelError(f"{hf_dir.name}: {clash[0]} equals vocab_size ({vocab}); onnxruntime-genai's builder would "
-                         "take an MLP projection for the LM head and export wrong logits",
-                         "deploy it for another backend (e.g. --board core-ultra-155h), or pick another MLP width")
-
-
-def builder_command(hf_dir: Path, out: Path, precision: str, extra: Sequence[str] = ()) -> list[str]:
-    """The model builder's command line. Its ``hf_remote`` option (default true) is what it passes transformers
-    as ``trust_remote_code`` (onnxruntime_genai/models/builder.py, 0.14.1): set to the user's choice, always;
-    ``hf_token=false``: a local directory needs no Hugging Face login."""
-    own = [f"hf_remote={'true' if remote_code.allowed(hf_dir) else 'false'}", "hf_token=false"]
-    return [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_dir), "-o", str(out),
-            "-p", precision, "-e", "cpu", "-c", str(out / "hf-cache"), "--extra_options", *extra, *own]
-
-
-def export(hf_dir: Path, out: Path, precision: str, extra: Sequence[str] = ()) -> None:
-    """Run the model builder on ``hf_dir`` into the (empty) directory ``out``; its LM head then runs at the
-    positions a step reads only, where the graph lets :mod:`.last_logits` find it."""
-    builder_version()
-    check_exportable(hf_dir)
-    proc = subprocess.run(builder_command(hf_dir, out, precision, extra), capture_output=True, text=True)
-    shutil.rmtree(out / "hf-cache", ignore_errors=True)
-    if proc.returncode != 0 or not is_built(out):
-        lines = [ln for ln in (proc.stderr or proc.stdout).splitlines() if ln.strip()]
-        raise ModelError(f"onnxruntime-genai could not export {hf_dir.name}: {lines[-1] if lines else 'no output'}")
-    dec = json.loads((out / GENAI_CONFIG).read_text())["model"]["decoder"]
-    gather_last(inside(out, dec["filename"], f"{GENAI_CONFIG} model.decoder.filename"), dec["outputs"]["logits"])
 
 
 def convert(hf_dir: Path, scheme: str, context: int, out: Path, group_size: int | None,
@@ -125,6 +66,9 @@ def convert(hf_dir: Path, scheme: str, context: int, out: Path, group_size: int 
     # attention over the fp16 KV cache on the own op too (kernels/attention.c), fp32 included: where the library
     # cannot be built a graph whose only own op is the attention loads with onnxruntime's (custom_ops.session_graph)
     attention = own
+    if kv_dtype == "q8_0" and not own:
+        raise InputError(f"a q8_0 KV cache runs on edgeinfer's own attention op, which cannot be built here "
+                         f"({custom_ops.unavailable()})", "deploy with --option kv_dtype=fp16")
     int8 = (family in ("w8a16", "w8a8") and not kernel) or planes  # onnxruntime's MatMulNBits
     block = group_size or (INT8_BLOCK if family.startswith("w8") or planes else DEFAULT_BLOCK)
     if precision == "int4":
@@ -136,7 +80,7 @@ def convert(hf_dir: Path, scheme: str, context: int, out: Path, group_size: int 
     if int8:
         quantize_int8(graph, block, activations_int8=scheme.startswith("w8a8"), low_planes=planes)
     quantized = int8 or precision == "int4" or family == "w8a16"  # an int8 embedding too
-    kv16 = kv_dtype == "fp16"
+    kv16 = kv_dtype != "fp32"  # q8_0: the fp16 graph's own attention on a q8_0 cache
     embedding, own_attention = None, False
     if quantized or kv16 or kernel:
         import onnx
@@ -150,8 +94,10 @@ def convert(hf_dir: Path, scheme: str, context: int, out: Path, group_size: int 
                 embedding_fp16(model, ids) if family == "fp16" else quantize_embedding(model, ids, INT8_BLOCK))
         if kv16:
             kv_to_fp16(model)
-            if attention:
-                own_attention = custom_ops.use_attention(model, int(cfg["model"]["decoder"]["head_size"])) > 0
+            head = int(cfg["model"]["decoder"]["head_size"])
+            own_attention = attention and custom_ops.use_attention(model, head) > 0
+            if kv_dtype == "q8_0":
+                kv_to_q8(model, head)
         save(model, graph)
     limit = int(cfg["model"]["context_length"])
     if context > limit:
@@ -174,7 +120,8 @@ def convert(hf_dir: Path, scheme: str, context: int, out: Path, group_size: int 
         if family == "w8a16":
             facts["int8_block_size"] = block
     if own_attention:
-        facts["attention"] = f"{custom_ops.DOMAIN}.GroupQueryAttention over the fp16 KV cache (custom_ops.py)"
+        facts["attention"] = (f"{custom_ops.DOMAIN}.GroupQueryAttention{'Q8' * (kv_dtype == 'q8_0')} over the "
+                              f"{kv_dtype} KV cache (custom_ops.py)")
     if int8:  # "precision": the builder's, before the steps below
         facts.update(int8_block_size=block, then="onnxruntime MatMulNBitsQuantizer bits=8" + (
             ", each weight's residual a second int8 plane (weight_planes.py)" if planes else "") + (
@@ -219,14 +166,11 @@ def _build(hf_dir: Path, out: Path, precision: str, kv_dtype: str) -> Path:
     return out
 
 
-KV_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
-
-
-def check_graph(sess: Any, where: Path, cfg: dict[str, Any]) -> type:
+def check_graph(sess: Any, where: Path, cfg: dict[str, Any]) -> str:
     """The config's facts against the graph it names: the KV inputs of each layer, their heads and head size,
     the logits width and the dtypes the step loop binds (int64 ids, float32 logits, one float type for every
     KV input). A config that disagrees would fail at the first step, or run and generate garbage. The KV
-    cache's NumPy dtype."""
+    cache's dtype (kv_cache.GRAPH_TYPES)."""
     dec = cfg["decoder"]
     names_in, names_out = dec["inputs"], dec["outputs"]
     inputs = {t.name: t for t in sess.get_inputs()}
@@ -245,14 +189,15 @@ def check_graph(sess: Any, where: Path, cfg: dict[str, Any]) -> type:
     if isinstance(logits.shape[-1], int) and logits.shape[-1] != cfg["vocab_size"]:
         raise wrong(f"vocab_size is {cfg['vocab_size']}, but the graph gives {logits.shape[-1]} logits per token")
     kv_type = inputs[min(past)].type if past else "tensor(float)"
+    width = layout(GRAPH_TYPES[kv_type], head)[1] if kv_type in GRAPH_TYPES else head
     for name in sorted(past):
         t = inputs[name]
         dims = (t.shape[1], t.shape[3]) if len(t.shape) == 4 else (None, None)
-        if t.type != kv_type or kv_type not in KV_TYPES or (all(isinstance(d, int) for d in dims)
-                                                             and dims != (kv_heads, head)):
-            raise wrong(f"num_key_value_heads {kv_heads} × head_size {head} (float32 or float16, alike in every "
-                        f"layer), but the graph's {name} is {t.type} {t.shape}")
-    return KV_TYPES[kv_type]
+        if t.type != kv_type or kv_type not in GRAPH_TYPES or (all(isinstance(d, int) for d in dims)
+                                                                and dims != (kv_heads, width)):
+            raise wrong(f"num_key_value_heads {kv_heads} × head_size {head} (float32, float16 or q8_0, alike in "
+                        f"every layer), but the graph's {name} is {t.type} {t.shape}")
+    return GRAPH_TYPES[kv_type]
 
 
 def prefill_runs(slots: Sequence[int], sizes: Sequence[int], lengths: Sequence[int],
@@ -302,7 +247,7 @@ class OnnxRuntimeDecoder(StepDecoder):
             pages.read_whole(data_path(graph))
         self._sess = ort.InferenceSession(self._onnx, self._options(), providers=["CPUExecutionProvider"])
         pages.collapse_resident()  # the weights onnxruntime packed at load, read once a token: on 2 MiB pages
-        kv_type = check_graph(self._sess, model_dir / GENAI_CONFIG, cfg)
+        self.kv_dtype = check_graph(self._sess, model_dir / GENAI_CONFIG, cfg)  # the plan's and the manifest's name
         # graphs converted before the LM head ran at one position per row give every position's logits
         self._last = LAST_INDEX in {i.name for i in self._sess.get_inputs()}
         self._names = {
@@ -311,9 +256,9 @@ class OnnxRuntimeDecoder(StepDecoder):
             "present": [(names_out["present_key_names"] % i, names_out["present_value_names"] % i)
                         for i in range(layers)],
         }
-        shape = (slots, kv_heads, context, head)
+        kv_type, width = layout(self.kv_dtype, head)
+        shape = (slots, kv_heads, context, width)
         self._cache = [(np.zeros(shape, kv_type), np.zeros(shape, kv_type)) for _ in range(layers)]
-        self.kv_dtype = "fp16" if kv_type is np.float16 else "fp32"  # the plan's and the manifest's name
         self._bound: dict[tuple[int, int], list[tuple[Any, Any]]] = {}  # (first, end) slot range -> OrtValues
         self._bindings: dict[tuple[int, int], Any] = {}  # (first, end) slot range -> IOBinding over them
         self.lengths = [0] * slots
@@ -491,6 +436,8 @@ def open_decoder(model: Path, context: int, slots: int, cache_root: Path, option
     kv_dtype = kv_name(kv_dtype) if kv_dtype is not None else None
     if not model.is_dir():
         raise ModelError(f"{model} is not a model directory (a Hugging Face decoder or onnxruntime-genai output)")
+    if kv_dtype == "q8_0" and not is_built(model):
+        raise InputError("a q8_0 KV cache is built by deploy", f"edgeinfer deploy {model} --option kv_dtype=q8_0")
     built = model if is_built(model) else build(model, cache_root, precision, kv_dtype or "fp32")
     decoder = OnnxRuntimeDecoder(built, context, slots, threads, spin_wait)
     if kv_dtype and decoder.kv_dtype != kv_dtype:

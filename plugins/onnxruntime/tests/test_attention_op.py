@@ -3,7 +3,9 @@ writes equal a float64 reference written here from the op's definition (rotate-h
 position, causal softmax attention, query head h on KV head h // (heads / kv heads)), for a first prompt of
 several rows, a later prompt, and one-token steps of rows at different lengths, with past and present bound to
 one buffer (as the decoder runs it) or not, 1 or 2 threads, in each build this CPU runs; it agrees with
-onnxruntime's own com.microsoft.GroupQueryAttention; the rewrite takes only the nodes it computes."""
+onnxruntime's own com.microsoft.GroupQueryAttention; the rewrite takes only the nodes it computes.
+edgeinfer.GroupQueryAttentionQ8 writes each new row as q8_0 blocks (every value within half a step of its block's
+scale, the scale its block's largest magnitude / 127) and attends over the cache as those blocks hold it."""
 
 from __future__ import annotations
 
@@ -32,14 +34,16 @@ def rotary(dtype, d=D):
     return np.cos(f).astype(dtype), np.sin(f).astype(dtype)
 
 
-def graph(ours: bool, d: int = D, separate: bool = False, scale: float = 0.0):
-    """One attention node: edgeinfer's (an fp16 cache) or onnxruntime's (an fp32 cache); the new tokens as one
-    packed ``qkv`` or, ``separate``, as ``qn``, ``kn``, ``vn`` (the builder's Qwen3 layers, after the q/k norms)."""
-    kv = TensorProto.FLOAT16 if ours else TensorProto.FLOAT
+def graph(ours: bool, d: int = D, separate: bool = False, scale: float = 0.0, q8: bool = False):
+    """One attention node: edgeinfer's (an fp16 cache; ``q8``: a q8_0 one) or onnxruntime's (an fp32 cache); the
+    new tokens as one packed ``qkv`` or, ``separate``, as ``qn``, ``kn``, ``vn`` (the builder's Qwen3 layers,
+    after the q/k norms)."""
+    kv = TensorProto.UINT8 if q8 else TensorProto.FLOAT16 if ours else TensorProto.FLOAT
+    w = d + d // 16 if q8 else d
     new = {"qn": H * d, "kn": KVH * d, "vn": KVH * d} if separate else {"qkv": (H + 2 * KVH) * d}
     inputs = [*(helper.make_tensor_value_info(n, TensorProto.FLOAT, ["b", "s", w]) for n, w in new.items()),
-              helper.make_tensor_value_info("pk", kv, ["b", KVH, L, d]),
-              helper.make_tensor_value_info("pv", kv, ["b", KVH, L, d]),
+              helper.make_tensor_value_info("pk", kv, ["b", KVH, L, w]),
+              helper.make_tensor_value_info("pv", kv, ["b", KVH, L, w]),
               helper.make_tensor_value_info("sl", TensorProto.INT32, ["b"]),
               helper.make_tensor_value_info("tot", TensorProto.INT32, [])]
     outputs = [helper.make_tensor_value_info(n, t, None) for n, t in (("o", TensorProto.FLOAT), ("k", kv), ("v", kv))]
@@ -47,8 +51,8 @@ def graph(ours: bool, d: int = D, separate: bool = False, scale: float = 0.0):
     tables = [numpy_helper.from_array(cos, "cos"), numpy_helper.from_array(sin, "sin")]
     names = [*(new if separate else ["qkv", "", ""]), "pk", "pv", "sl", "tot", "cos", "sin"]
     if ours:
-        node = helper.make_node("GroupQueryAttention", names, ["o", "k", "v"], domain="edgeinfer", num_heads=H,
-                                kv_num_heads=KVH, scale=scale)
+        node = helper.make_node("GroupQueryAttentionQ8" if q8 else "GroupQueryAttention", names, ["o", "k", "v"],
+                                domain="edgeinfer", num_heads=H, kv_num_heads=KVH, scale=scale)
     else:
         node = helper.make_node("GroupQueryAttention", names, ["o", "k", "v"], domain="com.microsoft", num_heads=H,
                                 kv_num_heads=KVH, do_rotary=1)
@@ -227,3 +231,79 @@ def test_the_rewrite_leaves_attention_it_does_not_compute(attrs, head_size):
     before = m.SerializeToString()
     assert custom_ops.use_attention(m, head_size=head_size) == 0
     assert m.SerializeToString() == before
+
+
+def q8_rows(x):
+    """``x`` [..., d] float32 as q8_0 rows (d int8 digits, then d / 32 fp16 scales), as ggml's quantize_row_q8_0_ref
+    quantizes (scale = largest magnitude / 127, digits rounded half away from zero)."""
+    blocks = x.reshape(*x.shape[:-1], -1, 32).astype(np.float32)
+    d = np.abs(blocks).max(-1, keepdims=True) / np.float32(127)
+    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
+    y = blocks * inv
+    digits = (np.sign(y) * np.floor(np.abs(y) + np.float32(0.5))).astype(np.int8).reshape(x.shape)
+    return np.concatenate([digits.view(np.uint8), d[..., 0].astype(np.float16).view(np.uint8)], -1)
+
+
+def q8_values(rows, d):
+    """q8_0 rows back to float64 values."""
+    digits = rows[..., :d].view(np.int8).astype(np.float64)
+    scales = np.ascontiguousarray(rows[..., d:]).view(np.float16).astype(np.float64)
+    return (digits.reshape(*digits.shape[:-1], -1, 32) * scales[..., None]).reshape(digits.shape)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("bound, threads, separate, d", [(True, 1, False, 32), (True, 2, True, 64),
+                                                         (False, 1, False, 128)])
+def test_the_q8_op_writes_q8_0_blocks_and_attends_over_them(case, bound, threads, separate, d, build):
+    rows, s_new, seqlens = CASES[case]
+    qkv, pk, pv = inputs(rows, s_new, seed=2, d=d)
+    pk, pv = q8_rows(pk.astype(np.float32)), q8_rows(pv.astype(np.float32))
+    out, k, v = run(graph(True, d, separate, q8=True), qkv, pk, pv, seqlens, bound, threads)
+    assert k.dtype == np.uint8 and k.shape == (rows, KVH, L, d + d // 16)
+    # the new rows: the float64 reference's keys (rotated) and values, each within half a step of its block's scale
+    _, want_k, want_v = reference(qkv, q8_values(pk, d).astype(np.float16), q8_values(pv, d).astype(np.float16),
+                                  seqlens)
+    for b in range(rows):
+        p0 = seqlens[b] + 1 - s_new
+        new = slice(p0, seqlens[b] + 1)
+        for got, want in ((k, want_k), (v, want_v)):
+            x = want[b][:, new]
+            top = np.abs(x.reshape(*x.shape[:-1], -1, 32)).max(-1)
+            scales = np.ascontiguousarray(got[b][:, new, d:]).view(np.float16).astype(np.float64)
+            np.testing.assert_allclose(scales, top / 127, rtol=2 ** -10)
+            step = np.repeat(scales, 32, axis=-1)
+            assert (np.abs(q8_values(got[b][:, new], d) - x) <= 0.51 * step + 1e-3 * np.abs(x)).all()
+            keep = np.ones(L, bool)
+            keep[new] = False
+            src = pk if got is k else pv
+            np.testing.assert_array_equal(got[b][:, keep], src[b][:, keep])  # the other rows as they were
+    # the output: the definition over the cache as the op left it (the new rows as their blocks hold them)
+    want = np.zeros((rows, s_new, H * d))
+    x = qkv.astype(np.float64).reshape(rows, s_new, H + 2 * KVH, d)
+    cos, sin = (t.astype(np.float64) for t in rotary(np.float16, d))
+    kk, vv = q8_values(k, d), q8_values(v, d)
+    for b in range(rows):
+        p0 = seqlens[b] + 1 - s_new
+        for s in range(s_new):
+            for h in range(H):
+                pos, g = p0 + s, h // (H // KVH)
+                q1, q2 = x[b, s, h, : d // 2], x[b, s, h, d // 2:]
+                q = np.concatenate([q1 * cos[pos] - q2 * sin[pos], q2 * cos[pos] + q1 * sin[pos]])
+                w = kk[b, g, : pos + 1] @ q / np.sqrt(d)
+                w = np.exp(w - w.max())
+                want[b, s, h * d: (h + 1) * d] = (w / w.sum()) @ vv[b, g, : pos + 1]
+    np.testing.assert_allclose(out, want, rtol=0, atol=2e-5 * np.abs(want).max())
+    # and the fp16 op's output on the same tokens, within what the q8_0 rounding moves
+    f16_out, _, _ = run(graph(True, d, separate), qkv, q8_values(pk, d).astype(np.float16),
+                        q8_values(pv, d).astype(np.float16), seqlens)
+    np.testing.assert_allclose(out, f16_out, rtol=0, atol=3e-2 * np.abs(f16_out).max())
+
+
+def test_the_q8_op_refuses_a_cache_row_that_is_not_q8_0_blocks():
+    qkv, pk, pv = inputs(1, 1, d=32)
+    model = graph(True, 32, q8=True)
+    for t in model.graph.input[-4:-2]:  # pk, pv: a row of any width, so that the op sees it
+        t.type.tensor_type.shape.dim[3].dim_param = "w"
+    bad = np.zeros((1, KVH, L, 32 + 1), np.uint8)  # 33 bytes: not D + D / 16 for any D a multiple of 32
+    with pytest.raises(Exception, match="q8_0"):
+        run(model, qkv, bad, bad.copy(), [0])

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from edgeinfer_onnxruntime import decoder
+from edgeinfer_onnxruntime import builder, decoder
 
 from edgeinfer.contract import remote_code
 from edgeinfer.testing.llm import model_dir
@@ -16,10 +16,10 @@ def _extra(cmd: list[str]) -> dict[str, str]:
 
 
 def test_builder_command_says_hf_remote_false_unless_trusted(tmp_path):
-    cmd = decoder.builder_command(model_dir(), tmp_path, "fp32", ["hf_remote=true"])  # a scheme cannot undo it
+    cmd = builder.builder_command(model_dir(), tmp_path, "fp32", ["hf_remote=true"])  # a scheme cannot undo it
     assert _extra(cmd)["hf_remote"] == "false"
     with remote_code.trusting(True):
-        assert _extra(decoder.builder_command(model_dir(), tmp_path, "fp32"))["hf_remote"] == "true"
+        assert _extra(builder.builder_command(model_dir(), tmp_path, "fp32"))["hf_remote"] == "true"
 
 
 def test_builder_is_not_run_on_a_dir_that_names_code(tmp_path):

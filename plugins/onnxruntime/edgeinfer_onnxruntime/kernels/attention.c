@@ -20,6 +20,11 @@
  *          (written in place); other buffers get the past copied first.
  * Attributes: num_heads, kv_num_heads; scale (float; 0: 1 / sqrt(D)).
  * F16C and FMA on 8 lanes, in both builds of the library.
+ *
+ * edgeinfer.GroupQueryAttentionQ8 is the same over a q8_0 cache (llama.cpp's --cache-type-k q8_0 layout, a row at
+ * a time): past/present uint8 [B, KVH, L, D + D / 16], each position's row D int8 digits and then D / 32 fp16
+ * scales, one a block of 32 (D a multiple of 32), quantized as ggml's quantize_row_q8_0_ref does (scale = the
+ * block's largest magnitude / 127, each digit rounded to nearest): 34 bytes a block, 1.0625 a value.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -31,18 +36,21 @@
 typedef struct {
   int64_t heads, kv_heads;
   float scale;
+  int q8; /* the q8_0 cache (GroupQueryAttentionQ8) */
 } Attention;
 
 typedef struct { /* one call, split over (row, KV head) */
   const float *q, *kn, *vn; /* the new tokens' query, key and value, rows of qs, ks, vs floats */
   int64_t qs, ks, vs;
-  uint16_t *k, *v;
+  void *k, *v; /* fp16, or q8_0 rows of W bytes */
   const uint16_t *cos, *sin;
   const int32_t *seqlens;
   float *out;
   int64_t S, L, D, H, G; /* G: query heads a KV head */
   float scale;
   float *scratch; /* D + L floats a (row, KV head): a rotated query and a row of scores */
+  int q8;
+  int64_t W; /* a cache row's elements: D (fp16), D + D / 16 (q8_0 bytes) */
 } Job;
 
 static inline void rotate(const float *x, float *y, const uint16_t *cos, const uint16_t *sin, int64_t D) {
@@ -168,14 +176,76 @@ static inline void store_f16(const float *x, uint16_t *y, int64_t D) {
   for (; d < D; d++) y[d] = _cvtss_sh(x[d], _MM_FROUND_TO_NEAREST_INT);
 }
 
+/* q8_0 rows: D int8 digits, then D / 32 fp16 scales */
+static inline __m256 i8x8(const int8_t *x) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)x)));
+}
+
+static void store_q8(const float *x, uint8_t *row, int64_t D) {
+  int8_t *q = (int8_t *)row;
+  uint16_t *scales = (uint16_t *)(row + D);
+  for (int64_t b = 0; b < D / 32; b++) {
+    const float *v = x + b * 32;
+    float amax = 0.f;
+    for (int i = 0; i < 32; i++) amax = fabsf(v[i]) > amax ? fabsf(v[i]) : amax;
+    float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f;
+    for (int i = 0; i < 32; i++) q[b * 32 + i] = (int8_t)roundf(v[i] * id);
+    scales[b] = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+  }
+}
+
+/* w[t] = scale q . K[t] for t < n, K q8_0 rows of W bytes */
+static void scores_q8(const float *q, const uint8_t *K, float *w, int64_t n, int64_t D, int64_t W, float scale) {
+  for (int64_t t = 0; t < n; t++) {
+    const int8_t *k = (const int8_t *)(K + t * W);
+    const uint16_t *d = (const uint16_t *)(K + t * W + D);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < D / 32; b++) {
+      const float *x = q + b * 32;
+      const int8_t *y = k + b * 32;
+      __m256 s = _mm256_mul_ps(_mm256_loadu_ps(x), i8x8(y));
+      s = _mm256_fmadd_ps(_mm256_loadu_ps(x + 8), i8x8(y + 8), s);
+      s = _mm256_fmadd_ps(_mm256_loadu_ps(x + 16), i8x8(y + 16), s);
+      s = _mm256_fmadd_ps(_mm256_loadu_ps(x + 24), i8x8(y + 24), s);
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(d[b])), s, acc);
+    }
+    __m128 r = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    w[t] = _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r))) * scale;
+  }
+}
+
+/* y[0..D) = sum over t < n of w[t] V[t], V q8_0 rows of W bytes: a block of 32 columns at a time in registers */
+static void weigh_q8(const float *w, const uint8_t *V, float *y, int64_t n, int64_t D, int64_t W) {
+  for (int64_t b = 0; b < D / 32; b++) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t t = 0; t < n; t++) {
+      const int8_t *v = (const int8_t *)(V + t * W) + b * 32;
+      __m256 p = _mm256_set1_ps(w[t] * _cvtsh_ss(((const uint16_t *)(V + t * W + D))[b]));
+      a0 = _mm256_fmadd_ps(p, i8x8(v), a0);
+      a1 = _mm256_fmadd_ps(p, i8x8(v + 8), a1);
+      a2 = _mm256_fmadd_ps(p, i8x8(v + 16), a2);
+      a3 = _mm256_fmadd_ps(p, i8x8(v + 24), a3);
+    }
+    _mm256_storeu_ps(y + b * 32, a0), _mm256_storeu_ps(y + b * 32 + 8, a1);
+    _mm256_storeu_ps(y + b * 32 + 16, a2), _mm256_storeu_ps(y + b * 32 + 24, a3);
+  }
+}
+
 /* the new tokens' keys (rotated) and values into the cache rows of row b, KV head g */
 static void write_kv(const Job *j, int64_t b, int64_t g, int64_t p0, float *tmp) {
   int64_t kvh = j->H / j->G;
   for (int64_t s = 0; s < j->S; s++) {
-    int64_t at = ((b * kvh + g) * j->L + p0 + s) * j->D, pos = p0 + s, row = b * j->S + s;
+    int64_t at = ((b * kvh + g) * j->L + p0 + s) * j->W, pos = p0 + s, row = b * j->S + s;
+    const float *v = j->vn + row * j->vs + g * j->D;
     rotate(j->kn + row * j->ks + g * j->D, tmp, j->cos + pos * (j->D / 2), j->sin + pos * (j->D / 2), j->D);
-    store_f16(tmp, j->k + at, j->D);
-    store_f16(j->vn + row * j->vs + g * j->D, j->v + at, j->D);
+    if (j->q8) {
+      store_q8(tmp, (uint8_t *)j->k + at, j->D);
+      store_q8(v, (uint8_t *)j->v + at, j->D);
+    } else {
+      store_f16(tmp, (uint16_t *)j->k + at, j->D);
+      store_f16(v, (uint16_t *)j->v + at, j->D);
+    }
   }
 }
 
@@ -185,14 +255,23 @@ static void run(void *job, size_t p) {
   int64_t T = (int64_t)j->seqlens[b] + 1, p0 = T - j->S;
   float *q = j->scratch + (int64_t)p * (D + j->L), *w = q + D;
   write_kv(j, b, g, p0, q);
-  const uint16_t *K = j->k + (b * kvh + g) * j->L * D, *V = j->v + (b * kvh + g) * j->L * D;
+  int64_t head = (b * kvh + g) * j->L * j->W;
+  const uint16_t *K = (const uint16_t *)j->k + head, *V = (const uint16_t *)j->v + head;
+  const uint8_t *K8 = (const uint8_t *)j->k + head, *V8 = (const uint8_t *)j->v + head;
   for (int64_t s = 0; s < j->S; s++) {
     int64_t pos = p0 + s, n = pos + 1;
     for (int64_t h = g * j->G; h < (g + 1) * j->G; h++) {
+      float *y = j->out + (b * j->S + s) * j->H * D + h * D;
       rotate(j->q + (b * j->S + s) * j->qs + h * D, q, j->cos + pos * (D / 2), j->sin + pos * (D / 2), D);
-      scores(q, K, w, n, D, j->scale);
-      softmax(w, n);
-      weigh(w, V, j->out + (b * j->S + s) * j->H * D + h * D, n, D);
+      if (j->q8) {
+        scores_q8(q, K8, w, n, D, j->W, j->scale);
+        softmax(w, n);
+        weigh_q8(w, V8, y, n, D, j->W);
+      } else {
+        scores(q, K, w, n, D, j->scale);
+        softmax(w, n);
+        weigh(w, V, y, n, D);
+      }
     }
   }
 }
@@ -213,15 +292,16 @@ static OrtStatus *compute(void *kernel, void *context) {
       (s = shape_of(in[7], cd, &cr)))
     return s;
   int64_t H = a->heads, KVH = a->kv_heads, packed = !in[1];
-  int64_t D = kr == 4 ? kd[3] : 0, B = qr == 3 ? qd[0] : 0, S = qr == 3 ? qd[1] : 0;
+  int64_t W = kr == 4 ? kd[3] : 0, D = a->q8 ? W / 17 * 16 : W, B = qr == 3 ? qd[0] : 0, S = qr == 3 ? qd[1] : 0;
   int bad = qr != 3 || kr != 4 || kd[0] != B || kd[1] != KVH || qd[2] != (packed ? H + 2 * KVH : H) * D ||
-            sr != 1 || sd[0] != B || cr != 2 || cd[1] * 2 != D;
+            sr != 1 || sd[0] != B || cr != 2 || cd[1] * 2 != D || (a->q8 && (W % 34 || D % 32));
   for (size_t i = 1; i < 3 && !packed && !bad; i++)
     bad = (s = shape_of(in[i], nd, &nr)) || nr != 3 || nd[0] != B || nd[1] != S || nd[2] != KVH * D;
   if (s) return s;
   if (bad)
     return error("GroupQueryAttention: query must be [B, S, H D] (key, value [B, S, KVH D]) or the packed QKV "
-                 "[B, S, (H + 2 KVH) D], the caches [B, KVH, L, D], seqlens_k [B] and cos/sin [positions, D / 2]");
+                 "[B, S, (H + 2 KVH) D], the caches [B, KVH, L, D] (q8_0: D + D / 16 bytes, D a multiple of 32), "
+                 "seqlens_k [B] and cos/sin [positions, D / 2]");
   int64_t yd[3] = {B, S, H * D};
   if ((s = CALL(KernelContext_GetOutput, context, (size_t)0, yd, (size_t)3, &out[0])) ||
       (s = CALL(KernelContext_GetOutput, context, (size_t)1, kd, (size_t)4, &out[1])) ||
@@ -231,7 +311,7 @@ static OrtStatus *compute(void *kernel, void *context) {
     if (in[i] && i != 6 && (s = CALL(GetTensorMutableData, (void *)in[i], &data[i]))) return s;
   for (size_t i = 0; i < 3; i++)
     if ((s = CALL(GetTensorMutableData, out[i], &data[9 + i]))) return s;
-  size_t cache = (size_t)(B * KVH * kd[2] * D) * sizeof(uint16_t);
+  size_t cache = (size_t)(B * KVH * kd[2] * W) * (a->q8 ? 1 : sizeof(uint16_t));
   for (size_t i = 0; i < 2; i++) /* present not bound to past: it starts as a copy */
     if (data[10 + i] != data[3 + i]) memcpy(data[10 + i], data[3 + i], cache);
   const int32_t *seqlens = data[5];
@@ -243,7 +323,8 @@ static OrtStatus *compute(void *kernel, void *context) {
   const float *q = data[0];
   Job job = {q, packed ? q + H * D : data[1], packed ? q + (H + KVH) * D : data[2], qd[2],
              packed ? qd[2] : KVH * D, packed ? qd[2] : KVH * D, data[10], data[11], data[7], data[8], seqlens,
-             data[9], S, kd[2], D, H, H / KVH, a->scale != 0.f ? a->scale : 1.f / sqrtf((float)D), NULL};
+             data[9], S, kd[2], D, H, H / KVH, a->scale != 0.f ? a->scale : 1.f / sqrtf((float)D), NULL, a->q8,
+             W};
   job.scratch = malloc(sizeof(float) * (size_t)(B * KVH * (D + kd[2])));
   if (!job.scratch) return error("GroupQueryAttention: out of memory");
   s = CALL(KernelContext_ParallelFor, context, run, (size_t)(B * KVH), (size_t)0, &job);
@@ -252,9 +333,10 @@ static OrtStatus *compute(void *kernel, void *context) {
 }
 
 static OrtStatus *create(const OrtCustomOp *op, const void *a, const void *info, void **out) {
-  (void)op, (void)a;
+  (void)a;
   Attention *k = malloc(sizeof *k);
   if (!k) return error("GroupQueryAttention: out of memory");
+  k->q8 = op == &attention_q8_op;
   OrtStatus *s = CALL(KernelInfoGetAttribute_int64, info, "num_heads", &k->heads);
   if (!s) s = CALL(KernelInfoGetAttribute_int64, info, "kv_num_heads", &k->kv_heads);
   if (!s) s = CALL(KernelInfoGetAttribute_float, info, "scale", &k->scale);
@@ -265,15 +347,20 @@ static OrtStatus *create(const OrtCustomOp *op, const void *a, const void *info,
   return s;
 }
 
-static const char *name(const OrtCustomOp *op) { (void)op; return "GroupQueryAttention"; }
+static const char *name(const OrtCustomOp *op) {
+  return op == &attention_q8_op ? "GroupQueryAttentionQ8" : "GroupQueryAttention";
+}
+static int cache_type(const OrtCustomOp *op) { return op == &attention_q8_op ? TYPE_UINT8 : TYPE_FLOAT16; }
 static int input_type(const OrtCustomOp *op, size_t i) {
-  (void)op;
-  return i < 3 ? TYPE_FLOAT : i == 5 || i == 6 ? TYPE_INT32 : TYPE_FLOAT16;
+  return i < 3 ? TYPE_FLOAT : i == 5 || i == 6 ? TYPE_INT32 : i == 3 || i == 4 ? cache_type(op) : TYPE_FLOAT16;
 }
 static size_t nine(const OrtCustomOp *op) { (void)op; return 9; }
 static int key_value_optional(const OrtCustomOp *op, size_t i) { (void)op; return i == 1 || i == 2; }
-static int output_type(const OrtCustomOp *op, size_t i) { (void)op; return i == 0 ? TYPE_FLOAT : TYPE_FLOAT16; }
+static int output_type(const OrtCustomOp *op, size_t i) { return i == 0 ? TYPE_FLOAT : cache_type(op); }
 
 const OrtCustomOp attention_op = {16, NULL, name, provider, input_type, nine, output_type, three, NULL, destroy,
                                   key_value_optional, required, memory_default, min_arity, homogeneous, min_arity,
                                   homogeneous, create, compute};
+const OrtCustomOp attention_q8_op = {16, NULL, name, provider, input_type, nine, output_type, three, NULL, destroy,
+                                     key_value_optional, required, memory_default, min_arity, homogeneous, min_arity,
+                                     homogeneous, create, compute};

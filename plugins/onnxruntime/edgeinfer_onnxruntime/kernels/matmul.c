@@ -671,6 +671,7 @@ __attribute__((visibility("default"))) OrtStatus *RegisterCustomOps(void *option
   if (!s) s = CALL(CustomOpDomain_Add, domain, &w8);
   if (!s) s = CALL(CustomOpDomain_Add, domain, &w4);
   if (!s) s = CALL(CustomOpDomain_Add, domain, &attention_op);
+  if (!s) s = CALL(CustomOpDomain_Add, domain, &attention_q8_op);
   if (!s) s = CALL(CustomOpDomain_Add, domain, &embed_f16_op);
   if (!s) s = CALL(CustomOpDomain_Add, domain, &embed_w8_op);
   if (!s) s = CALL(AddCustomOpDomain, options, domain);

@@ -74,7 +74,7 @@ static inline int min_arity(const OrtCustomOp *op) { (void)op; return 1; }
 static inline int homogeneous(const OrtCustomOp *op) { (void)op; return 1; }
 
 OrtStatus *shape_of(const void *value, int64_t *dims, size_t *rank); /* up to 8 dimensions, every op (matmul.c) */
-extern const OrtCustomOp attention_op; /* edgeinfer.GroupQueryAttention (attention.c) */
+extern const OrtCustomOp attention_op, attention_q8_op; /* edgeinfer.GroupQueryAttention / Q8 (attention.c) */
 extern const OrtCustomOp embed_f16_op, embed_w8_op; /* edgeinfer.EmbedF16 / W8 (embedding.c) */
 
 #endif
