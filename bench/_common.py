@@ -23,10 +23,10 @@ def arguments(doc: str | None) -> argparse.ArgumentParser:
     return argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
-def onnxruntime_decoder(bench: str, name: str, model: Path, scheme: str, ctx: int) -> Path:
-    """The onnxruntime plugin's decoder of ``model`` in ``scheme`` (its deploy conversion), built once into the
-    cache (``bench/<bench>/<name>-<scheme>-<ctx>-<the plugin's code>``): a changed converter is measured, not its
-    old output."""
+def onnxruntime_decoder(bench: str, name: str, model: Path, scheme: str, ctx: int, kv_dtype: str = "fp16") -> Path:
+    """The onnxruntime plugin's decoder of ``model`` in ``scheme`` with its KV cache in ``kv_dtype`` (its deploy
+    conversion), built once into the cache (``bench/<bench>/<name>-<scheme>[-kv]-<ctx>-<the plugin's code>``): a
+    changed converter is measured, not its old output."""
     import shutil
 
     from edgeinfer_onnxruntime.decoder import convert, is_built
@@ -36,11 +36,12 @@ def onnxruntime_decoder(bench: str, name: str, model: Path, scheme: str, ctx: in
     from edgeinfer.contract.schemes import normalize_scheme
 
     code = cache.code(edgeinfer.backend("onnxruntime"))
-    out = cache.area("bench") / bench / f"{name}-{scheme}-{ctx}-{code}"
+    kv = "" if kv_dtype == "fp16" else f"-{kv_dtype}"
+    out = cache.area("bench") / bench / f"{name}-{scheme}{kv}-{ctx}-{code}"
     if not is_built(out):
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True)
-        convert(model, scheme, ctx, out, normalize_scheme(scheme).group_size)  # as the backend passes it
+        convert(model, scheme, ctx, out, normalize_scheme(scheme).group_size, kv_dtype)  # as the backend passes it
     return out
 
 

@@ -35,6 +35,12 @@ def test_random_configs_never_crash(model, board, quant, ctx, batch, kv):
         if over:
             assert int(over[1]) == ctx > int(over[2]) == resolve(model).max_position, msg
             return
+        # a KV dtype the runtime does not build (runtimes.yaml kv_dtypes): refused, as deploy refuses it
+        kv_refused = re.fullmatch(r"runtime \S+ keeps its KV cache in ([\w, ]+), not '(\w+)' \(use --kv-dtype .*\)",
+                                  msg)
+        if kv_refused:
+            assert kv_refused[2] == kv and kv.replace("f16", "fp16") not in kv_refused[1].split(", "), msg
+            return
         assert (f"board {board} does not support" in msg and "(supported" in msg) or exported, msg
         if exported:
             assert exported[1] == resolve(model).architecture, msg

@@ -85,3 +85,47 @@ def test_openvino_cpu_int8_blocks_are_planned_per_row_width(tmp_path) -> None:
     assert d.body == int((wide + down + norms) * body_bits / 8)
     assert d.embedding == int(49152 * 576 * bits_64 / 8) and d.embedding_bits == bits_64
     assert "64 on rows 256 does not divide" in d.basis
+
+
+def test_a_kv_dtype_the_runtime_does_not_build_is_refused_in_one_line(capsys):
+    """runtimes.yaml's ``kv_dtypes``: onnxruntime and llama.cpp build fp16, q8_0 and fp32; q4_0 (a dtype the
+    planner knows) is refused on both, as deploy would refuse it; a runtime that lists none takes any."""
+    for runtime in ("onnxruntime", "llama.cpp"):
+        rc = invoke(["plan", "qwen3-0.6b", "--board", "host", "--runtime", runtime, "--kv-dtype", "q4_0"])
+        err = capsys.readouterr().err
+        assert rc == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+        assert f"runtime {runtime} keeps its KV cache in fp16, q8_0, fp32, not 'q4_0'" in err
+    assert invoke(["plan", "qwen3-0.6b", "--board", "rk3588-8g", "--kv-dtype", "q4_0", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["options"]["kv_dtype"] == "q4_0"
+
+
+def _plan_json(capsys, *args: str) -> dict:
+    rc = invoke(["plan", *args, "--json"])
+    out = capsys.readouterr().out
+    assert rc in (0, 1), out
+    return json.loads(out)
+
+
+def test_plan_names_the_smaller_kv_cache_where_the_cache_decides():
+    """Qwen3-8B w4a8 at 32k positions on host: the fp16 KV cache is 4.5 GiB, 4 × 36 layers × 8 KV heads × 128 ×
+    32768 × 2 bytes; the plan names q8_0 (34 bytes a block of 32 values), and that plan's cache is 17/32 of it.
+    At 4k positions the cache is a small share of a plan that fits: nothing named. A runtime without kv_dtypes
+    (RKLLM) names nothing."""
+    from edgeinfer.planning.planner import plan
+
+    p = plan("qwen3-8b", "host", quant="w4a8", ctx=32768)
+    fp16_kv = 2 * 36 * 8 * 128 * 32768 * 2
+    assert p.kv_dtype == "fp16" and p.breakdown["kv_cache"] == fp16_kv
+    k = p.suggestions.kv_cache
+    assert k["kv_dtype"] == "q8_0" and k["deploy_option"] == "kv_dtype=q8_0"
+    assert k["kv_cache_bytes"] == fp16_kv * 17 // 32
+    assert k["total_bytes"] == p.total_bytes - fp16_kv + k["kv_cache_bytes"]
+    assert plan("qwen3-8b", "host", quant="w4a8", ctx=4096).suggestions.kv_cache is None
+    assert plan("qwen3-8b", "rk3588-16g", ctx=32768).suggestions.kv_cache is None
+
+
+def test_the_plan_text_says_what_the_smaller_kv_cache_saves(capsys):
+    assert invoke(["plan", "qwen3-8b", "--board", "host", "--quant", "w4a8", "--ctx", "32768"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert ("smaller KV cache: --kv-dtype q8_0 (deploy --option kv_dtype=q8_0) → KV cache 2.39 GiB (this plan "
+            "4.50 GiB fp16)") in out

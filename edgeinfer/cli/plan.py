@@ -160,6 +160,11 @@ def render_plan(p: Plan) -> None:
         con.print(f"[bold]faster here[/]: --quant {a['quant']} (int8 activations) → decode ≈ "
                   f"{a['decode_tokens_per_s']:.3g} tok/s ({a['speedup']:g}× this plan's estimate), total "
                   f"{_gib(a['total_bytes'])} (this plan {_gib(p.total_bytes)})")
+    if s and s.kv_cache:
+        k = s.kv_cache
+        con.print(f"[bold]smaller KV cache[/]: --kv-dtype {k['kv_dtype']} (deploy --option {k['deploy_option']}) → "
+                  f"KV cache {_gib(k['kv_cache_bytes'])} (this plan {_gib(p.breakdown['kv_cache'])} {p.kv_dtype}), "
+                  f"total {_gib(k['total_bytes'])}: {'fits' if k['fits'] else 'still does not fit'}")
     if s and s.prefill_chunk:
         c = s.prefill_chunk
         n = c["prefill_chunk"]

@@ -196,7 +196,8 @@ class Estimates:
 class Suggestions:
     """What would make a plan fit: the largest context, the best scheme, the smallest board of the family; and
     a faster runtime for the plan's scheme where the board has one, the same weights with int8 activations where
-    the runtime decodes those faster, a larger prefill chunk for a paged decoder."""
+    the runtime decodes those faster, a larger prefill chunk for a paged decoder, a smaller KV cache the runtime
+    builds."""
 
     max_ctx: int | None = None
     quant: str | None = None  # the best scheme that fits at the plan's context
@@ -206,6 +207,7 @@ class Suggestions:
     runtime: dict[str, Any] | None = None  # another runtime that decodes the scheme faster here (runtime_choice)
     prefill_chunk: dict[str, Any] | None = None  # a paged decoder's larger chunk that prefills faster (paging)
     activations: dict[str, Any] | None = None  # the same weights with int8 activations, faster (activation_choice)
+    kv_cache: dict[str, Any] | None = None  # a smaller KV cache the runtime builds (kv_choice)
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from edgeinfer.planning.activations import activation_bytes
 from edgeinfer.planning.boards import GIB, Board, get_board, load_boards, safe_loader
 from edgeinfer.planning.decision import Decision, decide
 from edgeinfer.planning.exportable import refuse_unexportable
+from edgeinfer.planning.kv_choice import smaller_kv
 from edgeinfer.planning.models import resolve
 from edgeinfer.planning.models.spec import ModelSpec
 from edgeinfer.planning.overhead import layer_overhead_bytes, runtime_overhead, runtime_overhead_bytes
@@ -37,8 +38,8 @@ from edgeinfer.planning.quant import (
     lm_head_bits,
     packed_bits,
     packed_layout,
+    planned_kv_dtype,
     row_widths,
-    runtime_kv_dtype,
 )
 
 SCHEMA_VERSION = "1.0"
@@ -386,7 +387,7 @@ def plan(model, board, quant: str | None = None, ctx: int | None = None, batch: 
     rt_name, scheme, ctx = decision.runtime, decision.scheme, decision.ctx
     refuse_unexportable(spec, b, rt_name)
     prof = runtime_profile(rt_name)
-    kvd = kv_dtype or runtime_kv_dtype(prof, scheme)
+    kvd = planned_kv_dtype(prof, rt_name, scheme, kv_dtype)
     kv_b = kv_bytes_per_element(kvd)
     bd, det = _memory(spec, b, rt_name, scheme, ctx, batch, kv_b, chunk)
     total = sum(bd.values())
@@ -483,6 +484,7 @@ def suggestions(p: Plan, extra_boards=()) -> details.Suggestions:
     out.quant = ranked[0][0] if ranked else None
     out.runtime = runtime_choice.faster_runtime(p, plan)
     out.activations = activation_choice.int8_activations(p, plan)
+    out.kv_cache = smaller_kv(p, plan, runtime_profile(p.runtime))
     # smallest board of the same family that fits with the same options (only needed when it does not fit:
     # loading every profile costs tens of milliseconds on the fast path)
     if b.family != "host" and not p.fits:

@@ -38,6 +38,29 @@ def kv_bytes_per_element(kv_dtype: str) -> float:
     return table[t]
 
 
+# spellings of one KV dtype: llama.cpp's f16 / f32
+KV_ALIASES = {"f16": "fp16", "f32": "fp32"}
+
+
+def kv_dtypes(prof: dict) -> list[str]:
+    """The KV dtypes a runtime builds (its profile's ``kv_dtypes``), or [] where the profile does not say."""
+    return list((prof.get("kv_dtypes") or {}).get("values", []))
+
+
+def planned_kv_dtype(prof: dict, runtime: str, scheme, asked: str | None) -> str:
+    """``asked`` (``--kv-dtype``) where the runtime builds it, else the runtime's own (:func:`runtime_kv_dtype`);
+    a dtype the runtime's profile does not list is refused, as deploy would refuse it."""
+    if asked is None:
+        return runtime_kv_dtype(prof, scheme)
+    kv_bytes_per_element(asked)  # a name the planner knows at all
+    name = KV_ALIASES.get(asked.strip().lower(), asked.strip().lower())
+    built = kv_dtypes(prof)
+    if built and name not in built:
+        raise InputError(f"runtime {runtime} keeps its KV cache in {', '.join(built)}, not {asked!r}",
+                         f"use --kv-dtype {' or '.join(built)}")
+    return name
+
+
 def runtime_kv_dtype(prof: dict, scheme) -> str:
     """The KV dtype a runtime keeps for ``scheme`` (a contract Scheme): its profile's ``kv_dtype`` (default
     fp16), where ``scheme`` means the scheme's activation type (fp32, bf16, else fp16: torch keeps the cache in
