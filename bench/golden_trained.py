@@ -11,7 +11,7 @@ the problems), from the bundle's manifest where it passed and from the error's `
 failed. The model's fp32 weights are the Q4_1 values the package ships, so every 4-bit scheme here quantizes a
 second time (see bench/_smollm2.py).
 
-    python bench/golden_trained.py [--only llama.cpp,onnxruntime,rknn/w8a8] [--out NAME]
+    python bench/golden_trained.py [--only llama.cpp,onnxruntime,rknn/w8a8,onnxruntime/fp16/q8_0] [--out NAME]
 
 Writes bench/results/golden_trained.json (``--out``: NAME.json).
 """
@@ -32,6 +32,9 @@ CTX = 256
 CASES = [("host", "onnxruntime", s, None) for s in ("fp32", "fp16", "w8a16", "w8a8", "w4a16", "w4a8", "w4a16_g128",
                                                    "w4a8_g128")] + [
     ("host", "llama.cpp", s, None) for s in ("fp16", "gguf:Q8_0", "gguf:Q4_K_M", "gguf:Q4_0", "gguf:Q4_1")] + [
+    # a q8_0 KV cache (docs/generation.md): the host's own attention op, and llama.cpp's for comparison
+    ("host", "onnxruntime", s, {"kv_dtype": "q8_0"}) for s in ("fp16", "w8a8", "w4a16")] + [
+    ("host", "llama.cpp", "gguf:Q8_0", {"kv_dtype": "q8_0"})] + [
     ("core-ultra-155h", "openvino-cpu", "fp16", None), ("core-ultra-155h", "openvino-cpu", "w8a16", None),
     ("core-ultra-155h", "openvino-cpu", "w8a16", {"group_size": 128})] + [
     # the vendor boards' builds, run here as deploy runs them: Ascend on the torch CPU path, RKNN in the simulator
@@ -79,7 +82,8 @@ def run_case(model: Path, board: str, runtime: str, scheme: str, options: dict |
 
 def main() -> None:
     ap = _common.arguments(__doc__)
-    ap.add_argument("--only", help="comma-separated runtimes, or runtime/scheme (rknn/w8a8)")
+    ap.add_argument("--only", help="comma-separated runtimes, runtime/scheme (rknn/w8a8; the cases of every KV "
+                    "cache) or runtime/scheme/kv_dtype (onnxruntime/fp16/q8_0: that KV cache's only)")
     ap.add_argument("--out", default="golden_trained", help="results file name (default: golden_trained)")
     args = ap.parse_args()
     only = set(args.only.split(",")) if args.only else None
@@ -87,7 +91,8 @@ def main() -> None:
     results = []
     with tempfile.TemporaryDirectory(prefix="golden-trained-") as tmp:
         for board, runtime, scheme, options in CASES:
-            if only and runtime not in only and f"{runtime}/{scheme}" not in only:
+            kv = f"{runtime}/{scheme}/{(options or {}).get('kv_dtype')}"
+            if only and runtime not in only and f"{runtime}/{scheme}" not in only and kv not in only:
                 continue
             row = {"board": board, "runtime": runtime, "scheme": scheme, "options": options or {},
                    **run_case(model, board, runtime, scheme, options, Path(tmp))}

@@ -84,7 +84,8 @@ def main() -> None:
             fill(d, s, max(FILLS))
         touched[kv] = _common.rss() - before
     runs: dict[str, dict[str, list[float]]] = {kv: {} for kv in KV}
-    for _ in range(args.rounds):
+    for r in range(args.rounds):
+        print(f"round {r + 1} of {args.rounds}", file=sys.stderr)
         for n in FILLS:
             for kv, d in decoders.items():
                 fill(d, 0, n)

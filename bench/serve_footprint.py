@@ -22,6 +22,7 @@ the device's figure.
     python bench/serve_footprint.py --tiny --boards host:fp32 core-ultra-155h:fp16 atlas-300i-pro:fp16
     python bench/serve_footprint.py --boards host:gguf:Q8_0@llama.cpp   # the llamacpp backend
     python bench/serve_footprint.py --smollm2 --prompt-words 240 --boards host:w8a16   # a trained model
+    python bench/serve_footprint.py --prompt-words 240 --boards host:w8a8 --kv-dtype q8_0   # a q8_0 KV cache
 
 Writes bench/results/serve_footprint[-LABEL].json.
 """
@@ -97,14 +98,16 @@ def prompt_of(tokens: int, i: int) -> str:
     return " ".join(words[(i + k) % len(words)] for k in range(tokens))
 
 
-def measure(model: Path, board: str, quant: str, work: Path, words: int = PROMPT, runtime: str | None = None) -> dict:
+def measure(model: Path, board: str, quant: str, work: Path, words: int = PROMPT, runtime: str | None = None,
+            kv_dtype: str | None = None) -> dict:
     import httpx
 
     from edgeinfer.deploy.decoder import deploy_decoder
     from edgeinfer.testing.serve import ServerProc
 
     out = work / f"{model.name}-{board}-{quant.replace(':', '-')}"
-    res = deploy_decoder(model, board, out, quant=quant, ctx=CTX, runtime=runtime)
+    res = deploy_decoder(model, board, out, quant=quant, ctx=CTX, runtime=runtime,
+                         options={"kv_dtype": kv_dtype} if kv_dtype else None)
     m = res.manifest
     kv_dtype = m.decoder.get("kv_dtype")
     with ServerProc([out], "--slots", str(SLOTS), "--ctx", str(CTX), "--threads", "2", log=work / "serve.log") as s:
@@ -266,6 +269,7 @@ def main() -> None:
     ap.add_argument("--smollm2", action="store_true", help="a trained model, SmolLM2-135M (bench/_smollm2.py)")
     ap.add_argument("--boards", nargs="*", default=list(DEFAULT), metavar="BOARD:QUANT[@RUNTIME]",
                     help="e.g. host:w8a8, or host:gguf:Q8_0@llama.cpp for the llamacpp backend")
+    ap.add_argument("--kv-dtype", help="deploy every bundle with this KV cache (--option kv_dtype=...; e.g. q8_0)")
     ap.add_argument("--label", default="", help="a name for this run in the results (e.g. before / after)")
     ap.add_argument("--prompt-words", type=int, default=PROMPT, help="words per prompt (~1.8 tokens each on the "
                     "random Qwen3's tokenizer; 240: ~432 tokens + 64 new fill most of the 512-position context, "
@@ -304,7 +308,8 @@ def main() -> None:
             board, _, quant = spec.partition(":")
             quant, _, runtime = quant.partition("@")
             try:
-                rows.append(measure(model, board, quant, Path(tmp), args.prompt_words, runtime or None))
+                rows.append(measure(model, board, quant, Path(tmp), args.prompt_words, runtime or None,
+                                    args.kv_dtype))
             except CheckFailed as e:  # deploy's golden check refused the bundle (4 bits of random weights): no row
                 print(f"{spec}: not measured: {e}", file=sys.stderr)
                 rows.append({"board": board, "scheme": quant, "runtime": runtime or None, "refused": str(e)})

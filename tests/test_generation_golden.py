@@ -123,3 +123,13 @@ def test_the_batched_check_on_a_decoder_that_batches_without_graphs_of_its_own()
     assert [r["prompt"] for r in report["rows"]] == prompts
     assert [r["agreement"] for r in report["rows"]] == [1.0, 1.0, 1.0]
     assert 2 in calls and max(calls) == 2
+
+
+def test_a_q8_0_kv_cache_is_judged_as_8_bit_weights_never_finer():
+    from edgeinfer.run.generation.golden import THRESHOLDS, thresholds_for
+
+    assert thresholds_for("fp16", "q8_0") == thresholds_for("gguf:F16", "q8_0") == THRESHOLDS["w8a16"]
+    assert thresholds_for("fp32", "int8") == THRESHOLDS["w8a16"]
+    assert thresholds_for("w8a8", "q8_0") == thresholds_for("gguf:Q8_0", "q8_0") == THRESHOLDS["w8a8"]
+    assert thresholds_for("w4a16_g128", "q8_0") == THRESHOLDS["w4a16"]
+    assert thresholds_for("fp16", "fp16") == thresholds_for("fp16") == THRESHOLDS["fp16"]

@@ -541,8 +541,8 @@ def test_a_q8_0_kv_cache_deploys_on_the_own_attention_passes_golden_and_is_plann
         tiny_qwen3_host_scheme_bundle, tmp_path):
     """``--option kv_dtype=q8_0``: every layer attends with edgeinfer.GroupQueryAttentionQ8 over uint8 rows of
     64 int8 digits and two fp16 scales (68 bytes for the tiny model's 64 values, where fp16 takes 128); the golden
-    check passes; the plan states q8_0 and counts exactly the bytes the opened decoder allocates, 68/128 of the fp16
-    bundle's; a Hugging Face directory is not opened with it (deploy builds it)."""
+    check passes, by 8-bit bounds; the plan states q8_0 and counts exactly the bytes the opened decoder allocates,
+    68/128 of the fp16 bundle's; a Hugging Face directory is not opened with it (deploy builds it)."""
     import numpy as np
     from edgeinfer_onnxruntime import custom_ops
 
@@ -551,6 +551,7 @@ def test_a_q8_0_kv_cache_deploys_on_the_own_attention_passes_golden_and_is_plann
     from edgeinfer.model.bundle import Bundle
     from edgeinfer.planning.planner import plan
     from edgeinfer.run.bundle import open_generator
+    from edgeinfer.run.generation.golden import THRESHOLDS
 
     if custom_ops.unavailable():
         pytest.skip(f"no own ops here: {custom_ops.unavailable()}")
@@ -558,6 +559,7 @@ def test_a_q8_0_kv_cache_deploys_on_the_own_attention_passes_golden_and_is_plann
     result = deploy_decoder(model_dir(), "host", out, quant="fp16", ctx=DECODER_BUNDLE_CTX,
                             options={"kv_dtype": "q8_0"})
     assert result.golden["passed"] is True
+    assert result.golden["thresholds"] == THRESHOLDS["w8a16"].__dict__  # fp16 weights on an 8-bit cache
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["decoder"]["kv_dtype"] == manifest["plan"]["options"]["kv_dtype"] == "q8_0"
     graph = _graph(out)

@@ -95,6 +95,13 @@ class Decoders:
         ``window`` (``deploy --paging``; docs/paging.md)."""
         return "segments" in self.convert_options and "window" in self.options
 
+    @property
+    def kv_at_load(self) -> bool:
+        """Whether the backend allocates the KV dtype it is given at load (load option ``kv_dtype``) rather than
+        one built into the artifact (convert option ``kv_dtype``): deploy records the plan's in the manifest
+        (``decoder.kv_dtype``) and every load passes it."""
+        return "kv_dtype" in self.options and "kv_dtype" not in self.convert_options
+
     def refusal(self, architecture: str, backend: str) -> str | None:
         """Why ``backend`` cannot export a decoder of ``architecture`` (a ``model_type``), or None."""
         if self.architectures is None or architecture in self.architectures:

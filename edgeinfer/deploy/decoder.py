@@ -168,6 +168,8 @@ def deploy_decoder(
 
     if "kv_dtype" in backend.decoders.convert_options:  # the backend builds the plan's KV dtype into its artifact
         options["kv_dtype"] = plan.kv_dtype
+    elif backend.decoders.kv_at_load:  # every load passes the manifest's decoder.kv_dtype (run/decoder_load.py)
+        options.pop("kv_dtype", None)
     if runtime == own_runtime(b) and "decode_batches" in backend.decoders.convert_options \
             and "decode_batches" not in options:  # static decode shapes: one graph per batch size that fits
         options["decode_batches"], why = buckets.decode_batches(hf_dir, b, scheme, context, runtime)
@@ -202,9 +204,11 @@ def deploy_decoder(
             speed = {"skipped": f"no golden check ran, so no decode was timed: {unchecked}"}
         else:
             threads = 1 if plan.breakdown.get("weights", ONE_THREAD_BELOW) < ONE_THREAD_BELOW else None
+            load = {"window": paged.window} if paged else {}
+            if backend.decoders.kv_at_load:
+                load["kv_dtype"] = plan.kv_dtype
             report, recorded, timed = check_golden(hf_dir, work, backend, scheme, context, prompts, new_tokens,
-                                                   threshold, threads, progress,
-                                                   {"window": paged.window} if paged else {})
+                                                   threshold, threads, progress, load, plan.kv_dtype)
             speed = speed_check(timed, report["device"], plan, b, scheme, runtime, paged)
             if not report["passed"]:
                 raise CheckFailed(f"{golden.summary_line(report)} — the bundle was not written "
@@ -345,10 +349,12 @@ def retry_hint(backend: Backend, scheme: str, options: dict[str, Any]) -> str:
 
 def check_golden(hf_dir: Path, work: Path, backend: Backend, scheme: str, context: int, prompts: list[str],
                  new_tokens: int, threshold: float | None, threads: int | None,
-                 progress: Progress, load_options: dict[str, Any]) -> tuple[dict, list, tuple[list[Any], int]]:
+                 progress: Progress, load_options: dict[str, Any],
+                 kv_dtype: str | None = None) -> tuple[dict, list, tuple[list[Any], int]]:
     """Greedy tokens and logits of the fp32 reference, then of the converted decoder in ``work`` (loaded with
-    ``load_options``: a paged one with its window); the candidate's GenerationMetrics per prompt, and the
-    positions its longest generation reached."""
+    ``load_options``: a paged one with its window), judged by the bounds of ``scheme`` on a ``kv_dtype`` cache
+    (:func:`golden.thresholds_for`); the candidate's GenerationMetrics per prompt, and the positions its longest
+    generation reached."""
     from edgeinfer.run.generation.generator import Generator
     from edgeinfer.run.generation.text import TextCodec
     from edgeinfer.run.loading import load_generator
@@ -372,7 +378,8 @@ def check_golden(hf_dir: Path, work: Path, backend: Backend, scheme: str, contex
                                        **backend.decoders.logits_options, **load_options)
         metrics: list[Any] = []
         with Generator(decoder, codec) as candidate:
-            report = judge(candidate, recorded, n, scheme, golden.thresholds_for(scheme), threshold, metrics)
+            report = judge(candidate, recorded, n, scheme, golden.thresholds_for(scheme, kv_dtype), threshold,
+                           metrics)
     if report["passed"] and (batched := check_batched(backend, work, codec, recorded, report, context, progress,
                                                       load_options)):
         report["batched"] = batched

@@ -56,6 +56,8 @@ def open_load(load: DecoderLoad, codec: Any = None, device: str | None = None, s
 
     be = plugins.get_backend(load.backend)
     check_decoder_fits(be, load.artifact, device, load.context, slots, load.scheme)
+    if be.decoders.kv_at_load and load.kv_dtype:  # the planned cache, unless the caller asks for another
+        options.setdefault("kv_dtype", load.kv_dtype)
     # load_decoder reads the artifact's stamp once: another backend's or toolkit's artifact is refused there
     decoder = be.load_decoder(load.artifact, device=device, context=load.context, slots=slots,
                               **{**load.options, **options})

@@ -211,3 +211,24 @@ print(llama_cpp.__version__, llama_cpp.llama_cpp is sys.modules["llama_cpp.llama
     assert whole.split()[1:] == ["True", "True"], whole
     # llama.cpp logs the model's metadata at INFO level while loading it ("llama_model_loader: ..."); not here
     assert "llama_model_loader" not in r.stderr and "llama_context" not in r.stderr, r.stderr[-2000:]
+
+
+def test_deploy_with_a_q8_0_kv_cache_records_it_and_every_load_allocates_it(tmp_path):
+    """llama.cpp picks its cache type at load (the backend's load option kv_dtype): ``deploy --option
+    kv_dtype=q8_0`` plans it, checks golden on it, records it in the manifest, and opening the bundle allocates
+    the planned bytes (34 a block of 32 values, against fp16's 64); the caller can still ask for another."""
+    from edgeinfer.deploy.decoder import deploy_decoder
+    from edgeinfer.model.bundle import Bundle
+    from edgeinfer.planning.planner import plan
+    from edgeinfer.run.bundle import open_generator
+
+    out = tmp_path / "q8kv"
+    res = deploy_decoder(model_dir(), "host", out, quant="gguf:Q8_0", runtime="llama.cpp", ctx=CTX,
+                         options={"kv_dtype": "q8_0"})
+    assert res.golden["passed"] is True and res.manifest.decoder["kv_dtype"] == "q8_0"
+    planned = plan(str(model_dir()), "host", quant="gguf:Q8_0", runtime="llama.cpp", ctx=CTX, batch=2,
+                   kv_dtype="q8_0", suggest=False).breakdown["kv_cache"]
+    with open_generator(Bundle.open(out), slots=2) as g:
+        assert g.decoder.kv_dtype == "q8_0" and g.decoder.kv_cache_bytes == planned
+    with open_generator(Bundle.open(out), slots=2, kv_dtype="fp16") as g:
+        assert g.decoder.kv_dtype == "fp16" and g.decoder.kv_cache_bytes * 34 == planned * 64

@@ -62,19 +62,30 @@ static inline void rotate(const float *x, float *y, const uint16_t *cos, const u
   }
 }
 
+static inline float hsum(__m256 a) {
+  __m128 r = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+  return _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)));
+}
+
 static inline float dot(const float *q, const uint16_t *k, int64_t D) {
   __m256 a = _mm256_setzero_ps();
   int64_t d = 0;
   for (; d + 8 <= D; d += 8)
     a = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + d))), a);
-  __m128 r = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-  float sum = _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)));
+  float sum = hsum(a);
   for (; d < D; d++) sum += q[d] * _cvtsh_ss(k[d]);
   return sum;
 }
 
 static inline __m256 f16x8(const uint16_t *x) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)x)); }
+
+/* the sums of a0..a7's lanes, in lanes 0..7 */
+static inline __m256 sum8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5, __m256 a6, __m256 a7) {
+  __m256 s0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+  __m256 s1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
+  return _mm256_add_ps(_mm256_permute2f128_ps(s0, s1, 0x20), _mm256_permute2f128_ps(s0, s1, 0x31));
+}
 
 /* q . K[t] for the eight rows t = 0..7 of K (D a multiple of 8): one accumulator a row, summed across at the end */
 static inline __m256 dot8(const float *q, const uint16_t *k, int64_t D) {
@@ -90,9 +101,7 @@ static inline __m256 dot8(const float *q, const uint16_t *k, int64_t D) {
     a6 = _mm256_fmadd_ps(x, f16x8(k + 6 * D + d), a6);
     a7 = _mm256_fmadd_ps(x, f16x8(k + 7 * D + d), a7);
   }
-  __m256 s0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3)); /* rows 0-3, each lane's halves */
-  __m256 s1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7)); /* rows 4-7 */
-  return _mm256_add_ps(_mm256_permute2f128_ps(s0, s1, 0x20), _mm256_permute2f128_ps(s0, s1, 0x31));
+  return sum8(a0, a1, a2, a3, a4, a5, a6, a7);
 }
 
 /* e^x for x <= 0 (the scores less their maximum): Cephes' expf, as avx_mathfun writes it for 8 lanes */
@@ -194,24 +203,38 @@ static void store_q8(const float *x, uint8_t *row, int64_t D) {
   }
 }
 
-/* w[t] = scale q . K[t] for t < n, K q8_0 rows of W bytes */
+/* q . K[t] for a q8_0 row t: a block's partial sums in one register, scaled into the row's accumulator */
+static inline __m256 block_q8(const float *x, const int8_t *y) {
+  __m256 s = _mm256_mul_ps(_mm256_loadu_ps(x), i8x8(y));
+  s = _mm256_fmadd_ps(_mm256_loadu_ps(x + 8), i8x8(y + 8), s);
+  s = _mm256_fmadd_ps(_mm256_loadu_ps(x + 16), i8x8(y + 16), s);
+  return _mm256_fmadd_ps(_mm256_loadu_ps(x + 24), i8x8(y + 24), s);
+}
+
+/* row r's block b, scaled, into its accumulator */
+#define ROW_Q8(a, r)                                                                                                \
+  a = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(((const uint16_t *)(K + (t + r) * W + D))[b])),                   \
+                      block_q8(x, (const int8_t *)(K + (t + r) * W) + b * 32), a)
+
+/* w[t] = scale q . K[t] for t < n, K q8_0 rows of W bytes: eight rows at a time, their chains independent */
 static void scores_q8(const float *q, const uint8_t *K, float *w, int64_t n, int64_t D, int64_t W, float scale) {
-  for (int64_t t = 0; t < n; t++) {
-    const int8_t *k = (const int8_t *)(K + t * W);
-    const uint16_t *d = (const uint16_t *)(K + t * W + D);
-    __m256 acc = _mm256_setzero_ps();
+  int64_t t = 0;
+  for (; t + 8 <= n; t += 8) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
     for (int64_t b = 0; b < D / 32; b++) {
       const float *x = q + b * 32;
-      const int8_t *y = k + b * 32;
-      __m256 s = _mm256_mul_ps(_mm256_loadu_ps(x), i8x8(y));
-      s = _mm256_fmadd_ps(_mm256_loadu_ps(x + 8), i8x8(y + 8), s);
-      s = _mm256_fmadd_ps(_mm256_loadu_ps(x + 16), i8x8(y + 16), s);
-      s = _mm256_fmadd_ps(_mm256_loadu_ps(x + 24), i8x8(y + 24), s);
-      acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(d[b])), s, acc);
+      ROW_Q8(a0, 0); ROW_Q8(a1, 1); ROW_Q8(a2, 2); ROW_Q8(a3, 3);
+      ROW_Q8(a4, 4); ROW_Q8(a5, 5); ROW_Q8(a6, 6); ROW_Q8(a7, 7);
     }
-    __m128 r = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    w[t] = _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r))) * scale;
+    _mm256_storeu_ps(w + t, _mm256_mul_ps(sum8(a0, a1, a2, a3, a4, a5, a6, a7), _mm256_set1_ps(scale)));
+  }
+  for (; t < n; t++) {
+    __m256 a = _mm256_setzero_ps();
+    for (int64_t b = 0; b < D / 32; b++) {
+      const float *x = q + b * 32;
+      ROW_Q8(a, 0);
+    }
+    w[t] = hsum(a) * scale;
   }
 }
 
