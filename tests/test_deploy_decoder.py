@@ -249,6 +249,20 @@ def test_plan_that_does_not_fit_exits_1_with_a_suggestion_and_no_bundle(tmp_path
     assert not out.exists()
 
 
+def test_a_refusal_that_a_smaller_kv_cache_answers_names_it(tmp_path):
+    """Qwen3-8B w4a16 at 32k positions on a board between its plans with a q8_0 and an fp16 KV cache: deploy's
+    refusal names ``--option kv_dtype=q8_0`` among what to try."""
+    from edgeinfer.deploy.decoder import suggestion
+    from edgeinfer.planning.planner import plan
+
+    roomy = _board(tmp_path, "onnxruntime", 64)
+    q8, f16 = (plan("qwen3-8b", str(roomy), quant="w4a16", ctx=32768, kv_dtype=kv, suggest=False).total_bytes
+               for kv in ("q8_0", "fp16"))
+    p = plan("qwen3-8b", str(_board(tmp_path, "onnxruntime", (q8 + f16) / 2 / 2**30)), quant="w4a16", ctx=32768)
+    assert not p.fits and p.suggestions.kv_cache["fits"] is True
+    assert "--option kv_dtype=q8_0 (a smaller KV cache)" in suggestion(p)
+
+
 def test_a_scheme_the_board_lists_but_the_backend_does_not_convert_decoders_to_exits_2(tmp_path):
     board = _board(tmp_path, "onnxruntime", 64, schemes="fp32, bf16, w4a16")
     out = tmp_path / "out"

@@ -293,6 +293,8 @@ def suggestion(p: Any) -> str:
         tries.append(f"--ctx {s.max_ctx}")
     if s and s.quant and s.quant != p.scheme.name:
         tries.append(f"--quant {s.quant}")
+    if s and s.kv_cache and s.kv_cache["fits"]:
+        tries.append(f"--option {s.kv_cache['deploy_option']} (a smaller KV cache)")
     if s and s.board:
         tries.append(f"--board {s.board}")
     return "try " + " or ".join(tries) if tries else "no smaller context or scheme fits this board"
