@@ -302,7 +302,8 @@ def estimate_speed(spec: ModelSpec, board: Board, runtime: str, scheme: Scheme, 
                    kv_b: float) -> details.Estimates:
     prof = runtime_profile(runtime)
     stream = decode_stream_bytes(spec, scheme, prof)
-    kv_read = kv_bytes(spec, ctx, batch, kv_b)
+    # a runtime whose attention pace is its conversions reads a smaller cache at no less (runtimes.yaml)
+    kv_read = kv_bytes(spec, ctx, batch, max(kv_b, (prof.get("kv_read_bytes_min") or {}).get("value", 0)))
     per_step = stream + kv_read
     out = {"runtime": runtime, "decode_tokens_per_s": None, "prefill_tokens_per_s": None,
            "bytes_per_token": per_step, "weight_bytes_per_token": stream, "kv_bytes_per_token_at_ctx": kv_read,
