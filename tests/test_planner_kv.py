@@ -10,6 +10,7 @@ bound to onnxruntime.
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -129,12 +130,13 @@ def test_the_plan_text_says_what_the_smaller_kv_cache_saves(capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert ("smaller KV cache: --kv-dtype q8_0 (deploy --option kv_dtype=q8_0) → KV cache 2.39 GiB (this plan "
             "4.50 GiB fp16)") in out
+    assert re.search(r"smaller KV cache: .*: fits, decode ≈ [\d.]+ tok/s \(this plan [\d.]+\)", out)
 
 
-def test_the_host_decode_estimate_reads_a_q8_0_cache_at_fp16s_cost_llama_cpp_at_its_bytes():
-    """runtimes.yaml ``kv_read_bytes_min``: the onnxruntime plugin's attention op is paced by its conversions,
-    not its bytes (bench/results/kv_q8.json), so its q8_0 plan decodes at the fp16 plan's estimate while holding
-    17/32 of the cache; llama.cpp, which lists no such floor, is planned at the bytes it reads."""
+def test_the_decode_estimate_reads_a_q8_0_cache_at_the_pace_each_runtime_was_measured_at():
+    """runtimes.yaml ``kv_read_bytes``: the decode estimate reads a q8_0 cache as the fp16-equivalent bytes a value
+    measured (bench/results/kv_q8.json, kv_q8-llamacpp.json): onnxruntime's own op 1.87 (a little faster than
+    fp16's 2), llama.cpp's 5.41 (slower); the memory is the q8_0 bytes on both."""
     from edgeinfer.planning.planner import plan
 
     def estimates(runtime, kv):
@@ -142,10 +144,9 @@ def test_the_host_decode_estimate_reads_a_q8_0_cache_at_fp16s_cost_llama_cpp_at_
                  runtime=runtime, kv_dtype=kv, suggest=False)
         return p.breakdown["kv_cache"], p.estimates
 
-    (f16_kv, f16), (q8_kv, q8) = estimates("onnxruntime", "fp16"), estimates("onnxruntime", "q8_0")
-    assert q8_kv * 32 == f16_kv * 17
-    assert q8.kv_bytes_per_token_at_ctx == f16.kv_bytes_per_token_at_ctx == f16_kv
-    assert q8.decode_tokens_per_s == f16.decode_tokens_per_s
-    (lf16_kv, lf16), (lq8_kv, lq8) = estimates("llama.cpp", "fp16"), estimates("llama.cpp", "q8_0")
-    assert lq8.kv_bytes_per_token_at_ctx == lq8_kv < lf16.kv_bytes_per_token_at_ctx == lf16_kv
-    assert lq8.decode_tokens_per_s > lf16.decode_tokens_per_s
+    for runtime, read in (("onnxruntime", 1.87), ("llama.cpp", 5.41)):
+        (f16_kv, f16), (q8_kv, q8) = estimates(runtime, "fp16"), estimates(runtime, "q8_0")
+        assert q8_kv * 32 == f16_kv * 17 and f16.kv_bytes_per_token_at_ctx == f16_kv
+        assert abs(q8.kv_bytes_per_token_at_ctx - f16_kv * read / 2) <= 1
+        faster = q8.decode_tokens_per_s > f16.decode_tokens_per_s
+        assert faster == (runtime == "onnxruntime")

@@ -164,7 +164,9 @@ def render_plan(p: Plan) -> None:
         k = s.kv_cache
         con.print(f"[bold]smaller KV cache[/]: --kv-dtype {k['kv_dtype']} (deploy --option {k['deploy_option']}) → "
                   f"KV cache {_gib(k['kv_cache_bytes'])} (this plan {_gib(p.breakdown['kv_cache'])} {p.kv_dtype}), "
-                  f"total {_gib(k['total_bytes'])}: {'fits' if k['fits'] else 'still does not fit'}")
+                  f"total {_gib(k['total_bytes'])}: {'fits' if k['fits'] else 'still does not fit'}"
+                  + (f", decode ≈ {k['decode_tokens_per_s']:.3g} tok/s (this plan {dec:.3g})"
+                     if k["decode_tokens_per_s"] and (dec := p.estimates.decode_tokens_per_s) else ""))
     if s and s.prefill_chunk:
         c = s.prefill_chunk
         n = c["prefill_chunk"]

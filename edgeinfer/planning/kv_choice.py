@@ -4,8 +4,10 @@ The KV cache grows with the context and the batch while the weights stay put, so
 decides whether a decoder fits a 4-8 GB board. A runtime whose profile lists the KV dtypes it builds
 (``runtimes.yaml`` ``kv_dtypes``: onnxruntime and llama.cpp keep q8_0, 1.0625 bytes a value against fp16's 2) gets
 the plan again with the smallest of them, named when the plan does not fit or when its KV cache is at least
-:data:`SHARE` of its memory. The price is the cache's rounding, which deploy's golden check measures against the
-fp32 reference like any other.
+:data:`SHARE` of its memory, with that plan's decode estimate: a smaller cache is not always a faster one
+(llama.cpp reads its q8_0 cache at 2.7 times fp16's time a position here, ``runtimes.yaml`` ``kv_read_bytes``).
+The other price is the cache's rounding, which deploy's golden check measures against the fp32 reference like
+any other.
 """
 
 from __future__ import annotations
@@ -31,4 +33,5 @@ def smaller_kv(p: Any, plan: Callable[..., Any], prof: dict) -> dict[str, Any] |
     alt = plan(p.model, p.board, quant=p.scheme.name, ctx=p.ctx, batch=p.batch, kv_dtype=smallest,
                runtime=p.runtime, suggest=False, prefill_chunk=p.prefill_chunk)
     return {"kv_dtype": smallest, "kv_cache_bytes": alt.breakdown["kv_cache"], "total_bytes": alt.total_bytes,
-            "fits": alt.fits, "deploy_option": f"kv_dtype={smallest}"}
+            "fits": alt.fits, "deploy_option": f"kv_dtype={smallest}",
+            "decode_tokens_per_s": alt.estimates.decode_tokens_per_s}

@@ -35,6 +35,7 @@ from edgeinfer.planning.quant import (
     block_of,
     embedding_bits,
     kv_bytes_per_element,
+    kv_read_bytes,
     lm_head_bits,
     packed_bits,
     packed_layout,
@@ -302,8 +303,7 @@ def estimate_speed(spec: ModelSpec, board: Board, runtime: str, scheme: Scheme, 
                    kv_b: float) -> details.Estimates:
     prof = runtime_profile(runtime)
     stream = decode_stream_bytes(spec, scheme, prof)
-    # a runtime whose attention pace is its conversions reads a smaller cache at no less (runtimes.yaml)
-    kv_read = kv_bytes(spec, ctx, batch, max(kv_b, (prof.get("kv_read_bytes_min") or {}).get("value", 0)))
+    kv_read = kv_bytes(spec, ctx, batch, kv_b)  # kv_b: quant.kv_read_bytes, the bytes a value reads at its pace
     per_step = stream + kv_read
     out = {"runtime": runtime, "decode_tokens_per_s": None, "prefill_tokens_per_s": None,
            "bytes_per_token": per_step, "weight_bytes_per_token": stream, "kv_bytes_per_token_at_ctx": kv_read,
@@ -428,7 +428,7 @@ def plan(model, board, quant: str | None = None, ctx: int | None = None, batch: 
             warnings.append(("board", f"{b.name}: {k} is uncertain ({f.source})"))
     fits = not reasons
     unpaged = Verdict([t for k, t in reasons if k != "memory"], [t for k, t in warnings if k != "weights_window"])
-    est = estimate_speed(spec, b, rt_name, scheme, ctx, batch, kv_b)
+    est = estimate_speed(spec, b, rt_name, scheme, ctx, batch, kv_read_bytes(prof, kvd))
     p = Plan(model=spec, board=b, runtime=rt_name, scheme=scheme, ctx=ctx, batch=batch, kv_dtype=kvd,
              prefill_chunk=chunk, breakdown=bd, details=det, fits=fits, reasons=[t for _, t in reasons],
              limits=limits, estimates=est, warnings=[t for _, t in warnings], decision=decision)

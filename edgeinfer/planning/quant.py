@@ -61,6 +61,12 @@ def planned_kv_dtype(prof: dict, runtime: str, scheme, asked: str | None) -> str
     return name
 
 
+def kv_read_bytes(prof: dict, kv_dtype: str) -> float:
+    """Bytes a value a decode step reads of a ``kv_dtype`` cache at the runtime's pace: its measured fp16-equivalent
+    (the profile's ``kv_read_bytes``: a cache whose conversions, not its bytes, set the pace), else its bytes."""
+    return float((prof.get("kv_read_bytes") or {}).get("values", {}).get(kv_dtype, kv_bytes_per_element(kv_dtype)))
+
+
 def runtime_kv_dtype(prof: dict, scheme) -> str:
     """The KV dtype a runtime keeps for ``scheme`` (a contract Scheme): its profile's ``kv_dtype`` (default
     fp16), where ``scheme`` means the scheme's activation type (fp32, bf16, else fp16: torch keeps the cache in
