@@ -168,9 +168,9 @@ def _build(hf_dir: Path, out: Path, precision: str, kv_dtype: str) -> Path:
 
 def check_graph(sess: Any, where: Path, cfg: dict[str, Any]) -> str:
     """The config's facts against the graph it names: the KV inputs of each layer, their heads and head size,
-    the logits width and the dtypes the step loop binds (int64 ids, float32 logits, one float type for every
-    KV input). A config that disagrees would fail at the first step, or run and generate garbage. The KV
-    cache's dtype (kv_cache.GRAPH_TYPES)."""
+    the logits width and the dtypes the step loop binds (int64 ids, float32 logits, one type for every KV input:
+    float32, float16, or q8_0's uint8 rows). A config that disagrees would fail at the first step, or run and
+    generate garbage. The KV cache's dtype (kv_cache.GRAPH_TYPES)."""
     dec = cfg["decoder"]
     names_in, names_out = dec["inputs"], dec["outputs"]
     inputs = {t.name: t for t in sess.get_inputs()}

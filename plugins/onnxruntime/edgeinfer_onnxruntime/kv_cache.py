@@ -93,9 +93,11 @@ def kv_to_q8(model: Any, head: int) -> None:
 
     from edgeinfer.errors import InputError
 
+    from .custom_ops import DOMAIN
+
     g = model.graph
     ops = [n for n in g.node if n.op_type == "GroupQueryAttention"]
-    if not ops or any(n.domain != "edgeinfer" for n in ops):
+    if not ops or any(n.domain != DOMAIN for n in ops):
         raise InputError("a q8_0 KV cache runs on edgeinfer's own attention op, which does not compute this model's "
                          "attention (custom_ops.use_attention)", "deploy with --option kv_dtype=fp16")
     if head % Q8_BLOCK:
