@@ -596,3 +596,19 @@ def test_without_a_c_compiler_a_q8_0_kv_cache_is_refused_in_one_line(tmp_path):
                           capture_output=True, text=True, env={**os.environ, "CC": str(tmp_path / "no-such-cc")})
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "q8_0 KV cache" in proc.stderr and "kv_dtype=fp16" in proc.stderr and not (tmp_path / "b").exists()
+
+
+def test_a_q8_0_kv_cache_for_heads_that_are_not_blocks_of_32_is_refused_before_exporting(tmp_path, monkeypatch):
+    """A random Llama with heads of 16 values: deploy with ``kv_dtype=q8_0`` exits 2 in one line naming the head
+    size, and the model builder never runs (its export takes minutes on a large model)."""
+    from edgeinfer_onnxruntime import builder, decoder
+
+    from edgeinfer.testing.llm import random_llama
+
+    model = random_llama(tmp_path / "llama", layers=1, hidden=96, heads=6, kv_heads=3)
+    ran = []
+    monkeypatch.setattr(decoder, "export", lambda *a, **k: ran.append(a))
+    monkeypatch.setattr(builder, "export", lambda *a, **k: ran.append(a))
+    with pytest.raises(InputError, match="head size is 16"):
+        decoder.convert(model, "fp16", 64, tmp_path / "out", None, "q8_0")
+    assert not ran

@@ -38,7 +38,7 @@ from . import custom_ops
 from .blocks import CONVERSION_DEFAULTS, DEFAULT_BLOCK, INT8_BLOCK
 from .builder import GENAI_CONFIG, builder_version, export, is_built
 from .embedding import embedding_fp16, head_embedding, quantize_embedding
-from .kv_cache import GRAPH_TYPES, kv_name, kv_to_fp16, kv_to_q8, layout
+from .kv_cache import GRAPH_TYPES, check_q8, kv_name, kv_to_fp16, kv_to_q8, layout
 from .last_logits import INPUT as LAST_INDEX
 from .weights import data_path, quantize_int8, save
 
@@ -66,9 +66,8 @@ def convert(hf_dir: Path, scheme: str, context: int, out: Path, group_size: int 
     # attention over the fp16 KV cache on the own op too (kernels/attention.c), fp32 included: where the library
     # cannot be built a graph whose only own op is the attention loads with onnxruntime's (custom_ops.session_graph)
     attention = own
-    if kv_dtype == "q8_0" and not own:
-        raise InputError(f"a q8_0 KV cache runs on edgeinfer's own attention op, which cannot be built here "
-                         f"({custom_ops.unavailable()})", "deploy with --option kv_dtype=fp16")
+    if kv_dtype == "q8_0":
+        check_q8(hf_dir, custom_ops.unavailable())
     int8 = (family in ("w8a16", "w8a8") and not kernel) or planes  # onnxruntime's MatMulNBits
     block = group_size or (INT8_BLOCK if family.startswith("w8") or planes else DEFAULT_BLOCK)
     if precision == "int4":

@@ -12,6 +12,8 @@ position's row of a KV head holds its ``head_size`` values as int8 digits and an
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 # the names the plan and the manifest use -> the ONNX element type name; f16/f32 are llama.cpp's spellings
@@ -84,6 +86,27 @@ def kv_to_fp16(model: Any) -> Any:
     del g.node[:]
     g.node.extend(nodes)
     return model
+
+
+def check_q8(hf_dir: Path, unavailable: str | None) -> None:
+    """Refuse a q8_0 cache before exporting ``hf_dir``: where the own ops cannot be built (``unavailable``: why), or
+    where its config's head size is not a multiple of :data:`Q8_BLOCK` (an export takes minutes on a large model)."""
+    from edgeinfer.errors import InputError
+
+    if unavailable:
+        raise InputError(f"a q8_0 KV cache runs on edgeinfer's own attention op, which cannot be built here "
+                         f"({unavailable})", "deploy with --option kv_dtype=fp16")
+    try:
+        cfg = json.loads((hf_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return  # the builder reports a missing or broken config itself
+    cfg = cfg.get("text_config", cfg)
+    heads, hidden = cfg.get("num_attention_heads"), cfg.get("hidden_size")
+    head = cfg.get("head_dim") or (hidden // heads if isinstance(hidden, int) and isinstance(heads, int) and heads
+                                   else None)
+    if isinstance(head, int) and head % Q8_BLOCK:
+        raise InputError(f"a q8_0 KV cache holds blocks of {Q8_BLOCK} values; this model's head size is {head}",
+                         "deploy with --option kv_dtype=fp16")
 
 
 def kv_to_q8(model: Any, head: int) -> None:
