@@ -204,11 +204,9 @@ def deploy_decoder(
             speed = {"skipped": f"no golden check ran, so no decode was timed: {unchecked}"}
         else:
             threads = 1 if plan.breakdown.get("weights", ONE_THREAD_BELOW) < ONE_THREAD_BELOW else None
-            load = {"window": paged.window} if paged else {}
-            if backend.decoders.kv_at_load:
-                load["kv_dtype"] = plan.kv_dtype
             report, recorded, timed = check_golden(hf_dir, work, backend, scheme, context, prompts, new_tokens,
-                                                   threshold, threads, progress, load, plan.kv_dtype)
+                                                   threshold, threads, progress,
+                                                   {"window": paged.window} if paged else {}, plan.kv_dtype)
             speed = speed_check(timed, report["device"], plan, b, scheme, runtime, paged)
             if not report["passed"]:
                 raise CheckFailed(f"{golden.summary_line(report)} — the bundle was not written "
@@ -354,12 +352,15 @@ def check_golden(hf_dir: Path, work: Path, backend: Backend, scheme: str, contex
                  progress: Progress, load_options: dict[str, Any],
                  kv_dtype: str | None = None) -> tuple[dict, list, tuple[list[Any], int]]:
     """Greedy tokens and logits of the fp32 reference, then of the converted decoder in ``work`` (loaded with
-    ``load_options``: a paged one with its window), judged by the bounds of ``scheme`` on a ``kv_dtype`` cache
-    (:func:`golden.thresholds_for`); the candidate's GenerationMetrics per prompt, and the positions its longest
-    generation reached."""
+    ``load_options``: a paged one with its window; ``kv_dtype`` too where the backend takes it at load), judged by
+    the bounds of ``scheme`` on a ``kv_dtype`` cache (:func:`golden.thresholds_for`); the candidate's
+    GenerationMetrics per prompt, and the positions its longest generation reached."""
     from edgeinfer.run.generation.generator import Generator
     from edgeinfer.run.generation.text import TextCodec
     from edgeinfer.run.loading import load_generator
+
+    if kv_dtype and backend.decoders.kv_at_load:  # as every load of the bundle will (run/decoder_load.py)
+        load_options = {**load_options, "kv_dtype": kv_dtype}
 
     codec = TextCodec(work / decoder_bundle.TOKENIZER)
     longest = max(len(codec.encode(p)) for p in prompts)

@@ -123,10 +123,7 @@ def kv_to_q8(model: Any, head: int) -> None:
     if not ops or any(n.domain != DOMAIN for n in ops):
         raise InputError("a q8_0 KV cache runs on edgeinfer's own attention op, which does not compute this model's "
                          "attention (custom_ops.use_attention)", "deploy with --option kv_dtype=fp16")
-    if head % Q8_BLOCK:
-        raise InputError(f"a q8_0 KV cache holds blocks of {Q8_BLOCK} values; this model's head size is {head}",
-                         "deploy with --option kv_dtype=fp16")
-    width = layout("q8_0", head)[1]
+    width = layout("q8_0", head)[1]  # head: a multiple of Q8_BLOCK (check_q8, before the export)
     for v in [*g.input, *g.output]:
         if is_kv(v.name):
             v.type.tensor_type.elem_type = TensorProto.UINT8
