@@ -88,7 +88,8 @@ def row_facts(r: dict) -> dict:
     except EdgeInferError as e:
         raise CannotPredict(f"model {r['model']} / {r['quant']}: {e.one_line()}") from None
     prof = planner.runtime_profile(r["runtime"])
-    kv_b = kv_bytes_per_element(r.get("kv_dtype") or runtime_kv_dtype(prof, scheme))  # the row's, else the plan's
+    kv_dtype = r.get("kv_dtype") or runtime_kv_dtype(prof, scheme)  # the row's, else the plan's
+    kv_b = kv_bytes_per_element(kv_dtype, spec.head_dim)
     x = planner.decode_stream_bytes(spec, scheme, prof) + planner.kv_bytes(spec, r["ctx"], 1, kv_b)
     fk = planner.format_key(scheme)
     return {"spec": spec, "board": board, "scheme": scheme, "prof": prof, "bytes": x, "kv_b": kv_b,

@@ -37,6 +37,8 @@ CASES = [("host", "onnxruntime", s, None) for s in ("fp32", "fp16", "w8a16", "w8
     ("host", "llama.cpp", "gguf:Q8_0", {"kv_dtype": "q8_0"})] + [
     ("core-ultra-155h", "openvino-cpu", "fp16", None), ("core-ultra-155h", "openvino-cpu", "w8a16", None),
     ("core-ultra-155h", "openvino-cpu", "w8a16", {"group_size": 128})] + [
+    # OpenVINO's own u8 cache on the CPU (docs/openvino.md)
+    ("core-ultra-155h", "openvino-cpu", s, {"kv_dtype": "u8"}) for s in ("fp16", "w8a16")] + [
     # the vendor boards' builds, run here as deploy runs them: Ascend on the torch CPU path, RKNN in the simulator
     # (a conversion takes ~20 min and peaks at ~7 GB)
     ("atlas-300i-a2-910b4", "torch-npu", "fp16", None), ("atlas-300i-a2-910b4", "torch-npu", "w8a16", None),

@@ -16,6 +16,7 @@ import pytest
 
 import edgeinfer
 from edgeinfer.cli import invoke
+from edgeinfer.errors import InputError
 from edgeinfer.testing import llm
 
 CONTEXTS = (48, 300, 1024)
@@ -150,3 +151,23 @@ def test_the_decode_estimate_reads_a_q8_0_cache_at_the_pace_each_runtime_was_mea
         assert abs(q8.kv_bytes_per_token_at_ctx - f16_kv * read / 2) <= 1
         faster = q8.decode_tokens_per_s > f16.decode_tokens_per_s
         assert faster == (runtime == "onnxruntime")
+
+
+def test_openvinos_u8_cache_is_planned_at_the_bytes_genai_reports():
+    """OpenVINO's CPU cache in u8 (runtimes.yaml ``kv_dtypes`` of openvino-cpu): a position of a KV head takes
+    2 x head + head/4 + 8 bytes, what GenAI reports it holding (152 at head size 64, 296 at 128:
+    bench/results/kv_openvino.json). Qwen3-8B (36 layers, 8 KV heads of 128) at 32k positions on the Core Ultra's
+    CPU: 36 x 8 x 296 bytes a position, against fp16's 36 x 8 x 512; with two sequences the plan names u8 as the
+    smaller cache. q8_0, onnxruntime's and llama.cpp's, is not OpenVINO's."""
+    from edgeinfer.planning.planner import plan
+
+    def kv(dtype):
+        return plan("qwen3-8b", "core-ultra-155h", runtime="openvino-cpu", quant="w8a16", ctx=32768, kv_dtype=dtype,
+                    suggest=False).breakdown["kv_cache"]
+
+    assert kv("u8") == 36 * 8 * 296 * 32768 and kv("fp16") == 36 * 8 * 512 * 32768
+    p = plan("qwen3-8b", "core-ultra-155h", runtime="openvino-cpu", quant="w8a16", ctx=32768, batch=2)
+    assert p.kv_dtype == "fp16" and p.suggestions.kv_cache["kv_dtype"] == "u8"
+    assert p.suggestions.kv_cache["deploy_option"] == "kv_dtype=u8"
+    with pytest.raises(InputError, match="runtime openvino-cpu keeps its KV cache in fp16, u8, fp32, not 'q8_0'"):
+        plan("qwen3-8b", "core-ultra-155h", runtime="openvino-cpu", quant="w8a16", kv_dtype="q8_0")

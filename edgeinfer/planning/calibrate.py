@@ -94,7 +94,7 @@ def prepare(rows: list[dict[str, Any]], parent: Board) -> tuple[list[Row], list[
         if spec.encoder or not spec.has_kv:
             raise InputError(f"{d['where']}: {spec.name} is not a decoder; calibration fits decode speed")
         prof = planner.runtime_profile(rt)
-        kv_b = kv_bytes_per_element(d.get("kv_dtype") or runtime_kv_dtype(prof, scheme))
+        kv_b = kv_bytes_per_element(d.get("kv_dtype") or runtime_kv_dtype(prof, scheme), spec.head_dim)
         x = planner.decode_stream_bytes(spec, scheme, prof) + planner.kv_bytes(spec, d["ctx"], 1, kv_b)
         out.append(Row(d, spec, scheme, rt, float(x)))
     if not out:
@@ -189,7 +189,7 @@ def overhead_mib(rows: list[Row], parent: Board) -> dict[str, tuple[float, list[
         if not r.data.get("mem_mib"):
             continue
         prof = planner.runtime_profile(r.runtime)
-        kv_b = kv_bytes_per_element(r.data.get("kv_dtype") or runtime_kv_dtype(prof, r.scheme))
+        kv_b = kv_bytes_per_element(r.data.get("kv_dtype") or runtime_kv_dtype(prof, r.scheme), r.spec.head_dim)
         _, planned = measured_run.row_bytes(r.spec, r.scheme, prof, kv_b, r.data)
         res.setdefault(r.runtime, []).append((r.data["where"], (r.data["mem_mib"] * MIB - planned) / MIB))
     return {rt: (max(0.0, statistics.median(v for _, v in items)), [w for w, _ in items])

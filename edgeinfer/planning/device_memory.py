@@ -52,7 +52,7 @@ def decoder_need(spec, scheme: Scheme, context: int, slots: int, runtime: str | 
     prof = planner.runtime_profile(runtime) if runtime else {"kv_dtype": "scheme"}
     weights, _ = planner.weights_bytes(spec, scheme, prof)
     kv_dtype = runtime_kv_dtype(prof, scheme)
-    kv = planner.kv_bytes(spec, context, slots, kv_bytes_per_element(kv_dtype))
+    kv = planner.kv_bytes(spec, context, slots, kv_bytes_per_element(kv_dtype, spec.head_dim))
     if not runtime:
         return {"weights": int(weights), "kv_cache": int(kv)}
     act, _ = activation_bytes(spec, context, slots, prof, scheme)

@@ -27,8 +27,11 @@ def smaller_kv(p: Any, plan: Callable[..., Any], prof: dict) -> dict[str, Any] |
     built = kv_dtypes(prof)
     if not kv or not built or p.details.paging is not None:
         return None
-    smallest = min(built, key=kv_bytes_per_element)
-    if kv_bytes_per_element(smallest) >= kv_bytes_per_element(p.kv_dtype) or (p.fits and kv < SHARE * p.total_bytes):
+    def size(kv_dtype: str) -> float:
+        return kv_bytes_per_element(kv_dtype, p.model.head_dim)
+
+    smallest = min(built, key=size)
+    if size(smallest) >= size(p.kv_dtype) or (p.fits and kv < SHARE * p.total_bytes):
         return None
     alt = plan(p.model, p.board, quant=p.scheme.name, ctx=p.ctx, batch=p.batch, kv_dtype=smallest,
                runtime=p.runtime, suggest=False, prefill_chunk=p.prefill_chunk)

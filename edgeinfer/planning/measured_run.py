@@ -33,7 +33,7 @@ def held_by_run(p: Plan, prompt: int, written: int) -> int | None:
     prof = runtime_profile(p.runtime)
     if kv_positions_held(prof, written, p.ctx) == p.ctx:
         return None
-    kv = kv_bytes(p.model, written, p.batch, kv_bytes_per_element(p.kv_dtype))
+    kv = kv_bytes(p.model, written, p.batch, kv_bytes_per_element(p.kv_dtype, p.model.head_dim))
     act, _ = activation_bytes(p.model, p.ctx, p.batch, as_ran(prof, prompt), p.scheme)
     return p.breakdown["weights"] + p.breakdown["runtime"] + kv + act
 

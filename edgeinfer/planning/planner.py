@@ -389,7 +389,7 @@ def plan(model, board, quant: str | None = None, ctx: int | None = None, batch: 
     refuse_unexportable(spec, b, rt_name)
     prof = runtime_profile(rt_name)
     kvd = planned_kv_dtype(prof, rt_name, scheme, kv_dtype)
-    kv_b = kv_bytes_per_element(kvd)
+    kv_b = kv_bytes_per_element(kvd, spec.head_dim)
     bd, det = _memory(spec, b, rt_name, scheme, ctx, batch, kv_b, chunk)
     total = sum(bd.values())
     # (what, text): paging replaces the "memory" reason and answers the "weights_window" warning
@@ -428,7 +428,7 @@ def plan(model, board, quant: str | None = None, ctx: int | None = None, batch: 
             warnings.append(("board", f"{b.name}: {k} is uncertain ({f.source})"))
     fits = not reasons
     unpaged = Verdict([t for k, t in reasons if k != "memory"], [t for k, t in warnings if k != "weights_window"])
-    est = estimate_speed(spec, b, rt_name, scheme, ctx, batch, kv_read_bytes(prof, kvd))
+    est = estimate_speed(spec, b, rt_name, scheme, ctx, batch, kv_read_bytes(prof, kvd, spec.head_dim))
     p = Plan(model=spec, board=b, runtime=rt_name, scheme=scheme, ctx=ctx, batch=batch, kv_dtype=kvd,
              prefill_chunk=chunk, breakdown=bd, details=det, fits=fits, reasons=[t for _, t in reasons],
              limits=limits, estimates=est, warnings=[t for _, t in warnings], decision=decision)
@@ -448,7 +448,7 @@ def memory_reason(total: int, b: Board) -> str:
 
 
 def suggestions(p: Plan, extra_boards=()) -> details.Suggestions:
-    spec, b, kv_b = p.model, p.board, kv_bytes_per_element(p.kv_dtype)
+    spec, b, kv_b = p.model, p.board, p.details.kv_cache.bytes_per_element
     need = paging_need(p)
     out = details.Suggestions(paging=suggest_window(p, p.chunk) if need else None)
     if out.paging:

@@ -28,14 +28,17 @@ GGUF_BLOCKS: dict[str, tuple[int, int]] = {
 }
 
 
-def kv_bytes_per_element(kv_dtype: str) -> float:
-    """Bytes per KV-cache element: fp32 4, fp16/bf16 2, int8/q8_0 34/32, q4_0 18/32."""
+def kv_bytes_per_element(kv_dtype: str, head_dim: int = 0) -> float:
+    """Bytes per KV-cache element: fp32 4, fp16/bf16 2, int8 1, q8_0 34/32, q4_0 18/32; u8 (OpenVINO's CPU cache)
+    1 + 1/8 + 4/``head_dim`` (1.1875 at head size 64; 1.125 where that is unknown): what GenAI reports it holding, a
+    position of a KV head in 2 x head + head/4 + 8 bytes, the size of an f32 scale and zero point per channel of K a
+    block of 32 positions and per position of V (bench/results/kv_openvino.json)."""
     t = kv_dtype.strip().lower()
     table = {"fp32": 4.0, "f32": 4.0, "fp16": 2.0, "f16": 2.0, "bf16": 2.0,
-             "int8": 1.0, "q8_0": 34 / 32, "q4_0": 18 / 32, "fp8": 1.0}
+             "int8": 1.0, "u8": 1.125, "q8_0": 34 / 32, "q4_0": 18 / 32, "fp8": 1.0}
     if t not in table:
         raise InputError(f"unknown KV-cache dtype '{kv_dtype}'", "use one of: " + ", ".join(table))
-    return table[t]
+    return table[t] + (4 / head_dim if t == "u8" and head_dim else 0.0)
 
 
 # spellings of one KV dtype: llama.cpp's f16 / f32
@@ -61,10 +64,11 @@ def planned_kv_dtype(prof: dict, runtime: str, scheme, asked: str | None) -> str
     return name
 
 
-def kv_read_bytes(prof: dict, kv_dtype: str) -> float:
+def kv_read_bytes(prof: dict, kv_dtype: str, head_dim: int = 0) -> float:
     """Bytes a value a decode step reads of a ``kv_dtype`` cache at the runtime's pace: its measured fp16-equivalent
     (the profile's ``kv_read_bytes``: a cache whose conversions, not its bytes, set the pace), else its bytes."""
-    return float((prof.get("kv_read_bytes") or {}).get("values", {}).get(kv_dtype, kv_bytes_per_element(kv_dtype)))
+    measured = (prof.get("kv_read_bytes") or {}).get("values", {})
+    return float(measured[kv_dtype]) if kv_dtype in measured else kv_bytes_per_element(kv_dtype, head_dim)
 
 
 def runtime_kv_dtype(prof: dict, scheme) -> str:

@@ -67,7 +67,7 @@ GGUF_FAMILIES = {"F32": "fp32", "F16": "fp16", "BF16": "bf16", "Q8_0": "w8a8"}
 # A KV cache of 8 bits rounds every key and value a later step attends to: a scheme finer than that is judged as
 # 8-bit weights are (w8a16), never finer. SmolLM2-135M's fp16 weights on a q8_0 cache: 98.4 % teacher-forced,
 # logits cosine min 0.99892, where fp16's bounds ask for 0.999 (bench/results/golden_trained-s72-kv-q8.json).
-KV_CLASSES = {"q8_0": "w8a16", "int8": "w8a16"}
+KV_CLASSES = {"q8_0": "w8a16", "int8": "w8a16", "u8": "w8a16"}
 
 
 def thresholds_for(scheme: str, kv_dtype: str | None = None) -> Thresholds:

@@ -53,8 +53,9 @@ def model_shape(path: Path) -> dict[str, int]:
         raise ModelError(f"{path / 'config.json'} does not describe a decoder: {e}") from None
 
 
-def kv_bytes(shape: dict[str, int], positions: int, element: int) -> int:
-    return shape["layers"] * 2 * shape["kv_heads"] * shape["head_dim"] * positions * element
+def kv_bytes(shape: dict[str, int], positions: int, cfg: decoder_config.DecoderConfig) -> int:
+    """K and V of every layer at ``positions``, in ``cfg``'s cache."""
+    return shape["layers"] * shape["kv_heads"] * decoder_config.kv_position_bytes(cfg, shape["head_dim"]) * positions
 
 
 def generation_config(base: Any, options: Any) -> Any:
@@ -180,11 +181,11 @@ class GenAIDecoder(NativeDecoder):
                 self.scheduler.enable_prefix_caching = False
                 self._cb = og.ContinuousBatchingPipeline(str(view), self.scheduler, device, cfg.properties)
                 self._defaults = self._cb.get_config
-                kv = kv_bytes(shape, capacity * block, cfg.kv_bytes)
+                kv = kv_bytes(shape, capacity * block, cfg)
             else:
                 self._pipe = og.LLMPipeline(str(view), device, **cfg.properties)
                 self._defaults = self._pipe.get_generation_config
-                kv = kv_bytes(shape, context, cfg.kv_bytes)
+                kv = kv_bytes(shape, context, cfg)
             super().__init__(context=context, vocab_size=shape["vocab"], kv_cache_bytes=kv, slots=slots,
                              device=device)
             if cpu:
@@ -346,7 +347,7 @@ class IRStepDecoder(StepDecoder):
         self._requests = [self._compiled.create_infer_request() for _ in range(slots)]
         self.lengths = [0] * slots
         super().__init__(context=context, vocab_size=shape["vocab"], slots=slots, device=device,
-                         kv_cache_bytes=kv_bytes(shape, context, cfg.kv_bytes) * slots)
+                         kv_cache_bytes=kv_bytes(shape, context, cfg) * slots)
         self.kv_dtype = cfg.kv_dtype
         try:
             self.execution_devices = [str(d) for d in self._compiled.get_property("EXECUTION_DEVICES")]
@@ -403,7 +404,12 @@ def open_decoder(model: Path, device: str | None, context: int, slots: int, cach
     fam = family(dev)
     if fam not in ("CPU", "GPU", "NPU"):
         raise InputError(f"decoders run on CPU, GPU or NPU, not {dev!r}")
-    cfg = decoder_config.parse(dict(options), fam, context)
+    options = dict(options)
+    if built and str(built.get("target", "cpu")).upper() != fam:
+        # the plan's cache (kv_dtype) is the one of the device the IR was built for: an NPU's IR that runs on
+        # the CPU here keeps the CPU's default below
+        options.pop("kv_dtype", None)
+    cfg = decoder_config.parse(options, fam, context)
     if not model.is_dir():
         raise ModelError(f"{model} is not a model directory (a Hugging Face decoder or an OpenVINO decoder export)")
     path = model
@@ -412,7 +418,7 @@ def open_decoder(model: Path, device: str | None, context: int, slots: int, cach
         built = decoder_export.read_facts(path)
     if fam == "NPU":
         _check_npu_weights(path, built)
-    if fam == "CPU" and "kv_precision" not in options and built.get("scheme") in HALF_KV_SCHEMES:
+    if fam == "CPU" and not {"kv_precision", "kv_dtype"} & set(options) and built.get("scheme") in HALF_KV_SCHEMES:
         # the KV cache in fp16, as planned (the bundle's kv_dtype) and as llama.cpp keeps it: half of f32's
         # memory; an fp32 IR (or one without edgeinfer's facts) keeps f32, the lossless path
         cfg = decoder_config.parse({**options, "kv_precision": "f16"}, fam, context)

@@ -19,13 +19,16 @@ from typing import Any
 from edgeinfer.errors import InputError
 
 # open_decoder's options (OpenVinoBackend.decoders.options; the core refuses any other)
-OPTIONS = ("scheme", "loop", "threads", "hint", "precision", "kv_precision", "cache_dir",
+OPTIONS = ("scheme", "loop", "threads", "hint", "precision", "kv_precision", "kv_dtype", "cache_dir",
            "max_prompt_len", "min_response_len", "npu_config", "npu_on_cpu")
 LOOPS = ("native", "steps")
 HINTS = ("LATENCY", "THROUGHPUT")
 PRECISIONS = {"f32": "f32", "fp32": "f32", "f16": "f16", "fp16": "f16", "bf16": "bf16"}
 KV_PRECISIONS = {"f32": ("f32", 4), "fp32": ("f32", 4), "f16": ("f16", 2), "fp16": ("f16", 2),
                  "bf16": ("bf16", 2), "u8": ("u8", 1)}
+#: ``kv_dtype``, the plan's name of the cache (deploy records it, every load passes it): OpenVINO's precision
+KV_DTYPES = {"fp32": "f32", "fp16": "f16", "bf16": "bf16", "u8": "u8"}
+
 #: NPU properties an edgeinfer user may set through ``npu_config`` (GenAI's NPU keys and the NPUW
 #: options of the LLM pipeline, as named in libopenvino_intel_npu_plugin.so of OpenVINO 2026.4)
 NPU_KEYS = frozenset({
@@ -67,6 +70,9 @@ def parse(options: dict[str, Any], family: str, context: int) -> DecoderConfig:
         props["CACHE_DIR"] = str(options["cache_dir"])
     if family == "NPU":
         npu_only = sorted(k for k in ("threads", "hint", "precision", "kv_precision") if k in options)
+        if str(options.get("kv_dtype", "fp16")).lower() != "fp16":
+            raise InputError(f"the NPU pipeline keeps its KV cache in fp16, not {options['kv_dtype']!r}; plan and "
+                             "deploy for the board's NPU with --kv-dtype fp16")
         if npu_only:
             raise InputError(f"option {npu_only[0]!r} does not apply to the NPU pipeline; set NPU properties "
                              "through npu_config")
@@ -95,7 +101,7 @@ def _cpu_gpu_properties(options: dict[str, Any], family: str) -> dict[str, Any]:
     precision = str(options.get("precision", default)).lower()
     if precision not in PRECISIONS:
         raise InputError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
-    kv = str(options.get("kv_precision", default)).lower()
+    kv = str(options.get("kv_precision", _planned_kv(options) or default)).lower()
     if kv not in KV_PRECISIONS:
         raise InputError(f"kv_precision must be one of {', '.join(KV_PRECISIONS)}, got {kv!r}")
     props: dict[str, Any] = {"INFERENCE_PRECISION_HINT": PRECISIONS[precision],
@@ -111,6 +117,24 @@ def _cpu_gpu_properties(options: dict[str, Any], family: str) -> dict[str, Any]:
             raise InputError(f"hint must be one of {', '.join(HINTS)}, got {options['hint']!r}")
         props["PERFORMANCE_HINT"] = hint
     return props
+
+
+def kv_position_bytes(cfg: DecoderConfig, head_dim: int) -> int:
+    """Bytes one position of one KV head takes, K and V together. A u8 cache keeps head/4 + 8 more: what GenAI
+    reports it holding on the CPU (OpenVINO 2026.4: 152 bytes at head size 64, 296 at 128; bench/kv_openvino.py),
+    the size of an f32 scale and zero point per channel of K a block of 32 positions and per position of V."""
+    extra = head_dim // 4 + 8 if cfg.kv_dtype == "u8" else 0
+    return 2 * head_dim * cfg.kv_bytes + extra
+
+
+def _planned_kv(options: dict[str, Any]) -> str | None:
+    """OpenVINO's precision for the plan's ``kv_dtype``; ``kv_precision``, where given too, wins over it."""
+    if "kv_dtype" not in options:
+        return None
+    name = str(options["kv_dtype"]).lower()
+    if name not in KV_DTYPES:
+        raise InputError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, got {options['kv_dtype']!r}")
+    return KV_DTYPES[name]
 
 
 def npu_properties(options: dict[str, Any], context: int) -> dict[str, Any]:

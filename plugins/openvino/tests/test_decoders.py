@@ -106,6 +106,49 @@ def test_an_fp16_ir_keeps_its_kv_cache_in_fp16_on_the_cpu_and_an_fp32_ir_in_fp32
     assert loaded[("fp16", False)][1] * 2 == loaded[("fp16", True)][1] == loaded[("fp32", False)][1]
 
 
+def test_the_plans_kv_dtype_is_the_cache_a_cpu_build_allocates(irs) -> None:
+    """``kv_dtype`` (the plan's, which deploy records and every load passes) sets the cache of an IR built for the
+    CPU: u8 takes 2 x 64 + 64/4 + 8 = 152 bytes a position of a KV head on the test model (4 layers, 2 KV heads of
+    64), the size GenAI reports (bench/results/kv_openvino.json), against f16's 256. ``kv_precision`` still wins.
+    An IR built for the NPU keeps the CPU's own default where it runs on the CPU: its plan was the NPU's."""
+    be = edgeinfer.backend("openvino")
+
+    def cache(name: str, **options) -> tuple[str, int]:
+        d = be.load_decoder(irs[name][0], device="CPU", context=64, slots=2, **options)
+        try:
+            return d.kv_dtype, d.kv_cache_bytes
+        finally:
+            d.close()
+
+    positions = 64 * 2  # context x slots, rounded to GenAI's blocks of 32 on the CPU
+    assert cache("w8a16", kv_dtype="u8") == ("u8", 4 * 2 * 152 * positions)
+    assert cache("w8a16", kv_dtype="fp16") == ("fp16", 4 * 2 * 256 * positions)
+    assert cache("w8a16", kv_dtype="u8", kv_precision="f32")[0] == "fp32"
+    assert cache("w4a16_npu", kv_dtype="fp16")[0] == cache("w4a16_npu")[0] == "fp32"
+    with pytest.raises(InputError, match="kv_dtype must be one of fp32, fp16, bf16, u8, got 'q8_0'"):
+        cache("w8a16", kv_dtype="q8_0")
+    with pytest.raises(InputError, match="the NPU pipeline keeps its KV cache in fp16, not 'u8'"):
+        be.load_decoder(irs["fp16"][0], device="NPU", context=64, npu_on_cpu=True, kv_dtype="u8")
+
+
+def test_deploy_keeps_the_plans_u8_cache_and_every_load_allocates_it(tiny_qwen3_openvino_cpu_bundle, tmp_path):
+    """``deploy --runtime openvino-cpu --option kv_dtype=u8`` of the bundle the fixture deployed with f16: the same
+    conversion (the cache is chosen at load), golden-checked on the u8 cache; the manifest records u8 and a load of
+    the bundle allocates it, at the plan's bytes (152 a position of a KV head here, 4 layers x 2 KV heads)."""
+    from edgeinfer.deploy.decoder import deploy_decoder
+
+    fixture = json.loads((tiny_qwen3_openvino_cpu_bundle / "manifest.json").read_text())
+    out = tmp_path / "u8"
+    deploy_decoder(model_dir(), "host", out, quant="w8a16", ctx=fixture["decoder"]["context"], runtime="openvino-cpu",
+                   options={"kv_dtype": "u8"})
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert fixture["decoder"]["kv_dtype"] == "fp16" and manifest["decoder"]["kv_dtype"] == "u8"
+    assert manifest["plan"]["memory"]["details"]["kv_cache"]["bytes_per_element"] == 152 / 128
+    with edgeinfer.load(out) as gen:
+        assert gen.decoder.kv_dtype == "u8"
+        assert gen.decoder.kv_cache_bytes == 4 * 2 * 152 * gen.decoder.context * gen.decoder.slots
+
+
 def test_fp16_ir_npu_pipeline_on_cpu_equals_transformers_fp32(irs, reference) -> None:
     with pytest.warns(RuntimeWarning, match="asked for NPU"):  # the fallback is detected and said
         gen = edgeinfer.load(irs["fp16"][0], backend="openvino", device="NPU", ctx=128, npu_on_cpu=True)
