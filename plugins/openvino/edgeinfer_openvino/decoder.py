@@ -40,7 +40,7 @@ BLOCK_SIZE = {"CPU": 32, "GPU": 16}
 #: path, and the CPU plugin's f16 KV cache cost the test model's 4-bit AWQ IR its golden check (logits cosine
 #: min 0.9494 < 0.95; 0.9538 with f32), where 8-bit weights lost 0.0001 of it (0.9997 -> 0.9995)
 HALF_KV_SCHEMES = ("fp16", "w8a16")
-PACK_TOKENS = 16  # a load-time prompt that takes the CPU plugin's multi-row kernels (steps of 8 to 63 tokens)
+PACK_TOKENS = 16  # a load-time prompt that takes the CPU plugin's multi-row kernels (steps of 7 to 64 tokens)
 
 
 def model_shape(path: Path) -> dict[str, int]:
@@ -200,9 +200,9 @@ class GenAIDecoder(NativeDecoder):
     def _pack_weights(self) -> None:
         """Two tokens after a prompt of ``PACK_TOKENS``, so that the CPU plugin packs the weights now rather than
         under the first requests (the caller drops the IR's mapped pages meanwhile, :func:`pages.dropping`).
-        It packs them once per kind of step, each copy the IR's size: one for a single token, another for a step
-        of 8 to 63 tokens (a prompt, or a batch of 8 sequences; an fp16 IR of 366 MiB: 441 MiB anonymous after
-        one token, 807 after an 8-token prompt; 4 tokens, and prompts of 84 or 119 tokens, did not reach it).
+        It packs them once per kind of step, each copy the IR's size: one for steps of 1 to 6 tokens (and of 84 or
+        more), another for steps of 7 to 64 (a prompt, or a batch of 7 sequences; an fp16 IR of 366 MiB: 441 MiB
+        anonymous after one token, 807 after an 8-token prompt; docs/openvino.md, "Memory on the CPU").
         Packed here, no request re-reads the file (bench/README.md, "OpenVINO's second packed copy")."""
         g = self._defaults()
         g.max_new_tokens = 2

@@ -228,14 +228,14 @@ def test_cpu_decoder_keeps_no_mapped_copy_of_the_ir_weights(irs) -> None:
 @pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads /proc/self/smaps (Linux)")
 def test_a_prompt_does_not_bring_the_ir_weights_back(irs) -> None:
     """An fp16 IR on the CPU: the plugin packs its weights once for single-token steps and again for steps of
-    8 to 63 tokens, reading the whole mapped .bin each time. Both happen at load now (GenAIDecoder.
+    7 to 64 tokens, reading the whole mapped .bin each time. Both happen at load now (GenAIDecoder.
     _pack_weights), with the pages dropped as they are read; before, the first long prompt of a served
     decoder made all of the .bin resident again."""
     path = irs["fp16"][0]
     weights = (path / "openvino_model.bin").stat().st_size
     with edgeinfer.load(path, backend="openvino", device="CPU", ctx=128, slots=2) as llm:
         assert mapped_rss(path, ".bin") < weights // 2
-        # 23 tokens: steps of 8 to 63 tokens take the multi-row kernels (84 and 119 tokens did not, here)
+        # 23 tokens: steps of 7 to 64 tokens take the multi-row kernels (84 and 119 tokens did not, here)
         llm.generate(" ".join(["river"] * 8), max_new_tokens=2)
         assert mapped_rss(path, ".bin") < weights // 2
 
