@@ -258,7 +258,8 @@ def render_chain(c: ChainPlan) -> None:
               "limit, at most 2048; encoders: at most 128, the sequence deploy builds).")
 @click.option("--batch", default=None, type=int, help="Sequences decoded together (default 1; in a chain serve's: "
               "32 rows for an encoder, 4 slots for a decoder).")
-@click.option("--kv-dtype", default=None, help="KV-cache dtype (fp16, bf16, fp32, int8, q8_0, q4_0).")
+@click.option("--kv-dtype", default=None,
+              help="KV-cache dtype (fp16, bf16, fp32, int8, q8_0, u8, q4_0; a runtime refuses one it does not keep).")
 @click.option("--runtime", default=None, help="Runtime on the board (default: the board's first, in its order, "
               "that this installation can build; see docs/planner.md).")
 @click.option("--prefill-chunk", type=int, default=None, metavar="N", help="Prompt tokens per prefill call "
