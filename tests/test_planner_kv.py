@@ -171,3 +171,17 @@ def test_openvinos_u8_cache_is_planned_at_the_bytes_genai_reports():
     assert p.suggestions.kv_cache["deploy_option"] == "kv_dtype=u8"
     with pytest.raises(InputError, match="runtime openvino-cpu keeps its KV cache in fp16, u8, fp32, not 'q8_0'"):
         plan("qwen3-8b", "core-ultra-155h", runtime="openvino-cpu", quant="w8a16", kv_dtype="q8_0")
+
+
+def test_the_intel_npu_and_gpu_runtimes_keep_fp16_and_deploy_refuses_another_in_one_line(capsys):
+    """GenAI's NPU pipeline keeps its cache in fp16 and the plugin loads GPU decoders with f16 (runtimes.yaml
+    ``kv_dtypes``): u8 for the Core Ultra's default runtime (its NPU) is refused before anything is built, rather
+    than recorded in a bundle that runs on this machine's CPU and would be refused on the NPU."""
+    model = str(llm.model_dir())
+    rc = invoke(["deploy", model, "--board", "core-ultra-155h", "--option", "kv_dtype=u8", "--dry-run"])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert ("runtime openvino-npu keeps its KV cache in fp16, not 'u8' (use --kv-dtype fp16; deploy: --option "
+            "kv_dtype=fp16)") in err
+    rc = invoke(["plan", model, "--board", "core-ultra-258v", "--runtime", "openvino-gpu", "--kv-dtype", "u8"])
+    assert rc == 2 and "runtime openvino-gpu keeps its KV cache in fp16, not 'u8'" in capsys.readouterr().err

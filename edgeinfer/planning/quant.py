@@ -60,7 +60,7 @@ def planned_kv_dtype(prof: dict, runtime: str, scheme, asked: str | None) -> str
     built = kv_dtypes(prof)
     if built and name not in built:
         raise InputError(f"runtime {runtime} keeps its KV cache in {', '.join(built)}, not {asked!r}",
-                         f"use --kv-dtype {' or '.join(built)}")
+                         f"use --kv-dtype {' or '.join(built)}; deploy: --option kv_dtype={built[0]}")
     return name
 
 
