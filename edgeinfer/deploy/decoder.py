@@ -18,6 +18,7 @@ backend as the decoder convert option ``runtime``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import os
@@ -32,7 +33,7 @@ from edgeinfer.contract import registry as plugins
 from edgeinfer.contract.backend import Backend, TensorSpec
 from edgeinfer.contract.names import DECODER_REFERENCE
 from edgeinfer.contract.schemes import normalize_scheme
-from edgeinfer.deploy import buckets, decoder_paging, outdir
+from edgeinfer.deploy import buckets, conversion_memory, decoder_paging, outdir
 from edgeinfer.errors import CheckFailed, InputError
 from edgeinfer.model import bundle as bundle_mod
 from edgeinfer.model import decoder_bundle
@@ -192,8 +193,10 @@ def deploy_decoder(
         convert_options = {**told, **options}
         if runtime != own_runtime(b) and runtime in backend.decoders.runtimes:
             convert_options["runtime"] = runtime
+        short = conversion_memory.shortfall(plan, paged.segments if paged else 1)
         cached = converted(backend, hf_dir, scheme, context, calibration, convert_options, facts, work, progress,
-                           use_cache)
+                           use_cache, short)
+        warnings += [short] if short and not cached else []
         copy_text_files(hf_dir, work / decoder_bundle.TOKENIZER)
 
         # 3. golden check against the fp32 reference (unless the artifact cannot run here), then the bundle
@@ -303,22 +306,23 @@ def suggestion(p: Any) -> str:
 
 def converted(backend: Backend, hf_dir: Path, scheme: str, context: int, calibration: list[str] | None,
               options: dict[str, Any], facts: dict[str, Any], work: Path, progress: Progress,
-              use_cache: bool) -> bool:
+              use_cache: bool, short: str | None = None) -> bool:
     """Put the backend's decoder artifact and its stamp into ``work``, from the cache
-    (``artifacts/<backend>/decoder-<key>``) when an intact entry is there; True when it was."""
-    entry = cache.area("artifacts") / backend.name / f"decoder-{cache.key(facts)}"
-    if not use_cache:
-        return _convert(backend, hf_dir, scheme, context, calibration, options, work, progress, None)
-    with cache.locked(entry):  # a concurrent deploy of the same conversion waits for this one's result
+    (``artifacts/<backend>/decoder-<key>``) when an intact entry is there; True when it was. ``short``: a warning
+    said before converting (:func:`conversion_memory.shortfall`)."""
+    entry = cache.area("artifacts") / backend.name / f"decoder-{cache.key(facts)}" if use_cache else None
+    with cache.locked(entry) if entry else contextlib.nullcontext():  # a concurrent deploy of it waits for this one
+        if entry is not None and cache.reusable(entry, progress.note):
+            progress.note(f"reusing the cached {backend.name} {scheme} conversion of {hf_dir.name}: {entry}")
+            shutil.copytree(entry, work, ignore=shutil.ignore_patterns(seal.SEAL), dirs_exist_ok=True)
+            return True
+        if short:
+            progress.note(f"warning: {short}")
         return _convert(backend, hf_dir, scheme, context, calibration, options, work, progress, entry)
 
 
 def _convert(backend: Backend, hf_dir: Path, scheme: str, context: int, calibration: list[str] | None,
              options: dict[str, Any], work: Path, progress: Progress, entry: Path | None) -> bool:
-    if entry is not None and cache.reusable(entry, progress.note):
-        progress.note(f"reusing the cached {backend.name} {scheme} conversion of {hf_dir.name}: {entry}")
-        shutil.copytree(entry, work, ignore=shutil.ignore_patterns(seal.SEAL), dirs_exist_ok=True)
-        return True
     with progress.step(f"converting {hf_dir.name} to {backend.name} {scheme} for ctx {context}"):
         backend.quantize_decoder(hf_dir, scheme, context, work / decoder_bundle.ARTIFACT, calibration, **options)
     if entry is not None:
