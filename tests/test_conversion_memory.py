@@ -44,7 +44,7 @@ def test_a_runtime_without_a_measured_converter_gets_no_warning(monkeypatch):
 def test_the_warning_is_said_before_converting_and_not_when_the_cache_has_the_conversion(monkeypatch, tmp_path,
                                                                                          capsys):
     said: list[str] = []
-    monkeypatch.setattr(decoder, "_convert", lambda *a: said.append("converted") or False)
+    monkeypatch.setattr(decoder, "_convert", lambda *a: said.append("converted"))
 
     class Backend:
         name = "stand-in"

@@ -196,7 +196,8 @@ def deploy_decoder(
         short = conversion_memory.shortfall(plan, paged.segments if paged else 1)
         cached = converted(backend, hf_dir, scheme, context, calibration, convert_options, facts, work, progress,
                            use_cache, short)
-        warnings += [short] if short and not cached else []
+        if short and not cached:
+            warnings.append(short)
         copy_text_files(hf_dir, work / decoder_bundle.TOKENIZER)
 
         # 3. golden check against the fp32 reference (unless the artifact cannot run here), then the bundle
@@ -318,11 +319,12 @@ def converted(backend: Backend, hf_dir: Path, scheme: str, context: int, calibra
             return True
         if short:
             progress.note(f"warning: {short}")
-        return _convert(backend, hf_dir, scheme, context, calibration, options, work, progress, entry)
+        _convert(backend, hf_dir, scheme, context, calibration, options, work, progress, entry)
+        return False
 
 
 def _convert(backend: Backend, hf_dir: Path, scheme: str, context: int, calibration: list[str] | None,
-             options: dict[str, Any], work: Path, progress: Progress, entry: Path | None) -> bool:
+             options: dict[str, Any], work: Path, progress: Progress, entry: Path | None) -> None:
     with progress.step(f"converting {hf_dir.name} to {backend.name} {scheme} for ctx {context}"):
         backend.quantize_decoder(hf_dir, scheme, context, work / decoder_bundle.ARTIFACT, calibration, **options)
     if entry is not None:
@@ -332,7 +334,6 @@ def _convert(backend: Backend, hf_dir: Path, scheme: str, context: int, calibrat
         except BaseException:  # interrupted mid-copy: leave no partial entry behind
             files.remove_own(entry.parent)
             raise
-    return False
 
 
 def copy_text_files(hf_dir: Path, dst: Path) -> None:
