@@ -10,7 +10,7 @@ from typing import Any
 from edgeinfer.planning.boards import meminfo
 from edgeinfer.planning.planner import runtime_profile
 
-GIB = 2**30
+MIB, GIB = 2**20, 2**30
 
 
 def shortfall(plan: Any, segments: int = 1) -> str | None:
@@ -19,7 +19,7 @@ def shortfall(plan: Any, segments: int = 1) -> str | None:
     peak = runtime_profile(plan.runtime).get("conversion_peak")
     if not peak:
         return None
-    need = peak["fixed_mib"] * 2**20 + peak["per_fp32_byte"] * 4 * plan.model.params_total / max(1, segments)
+    need = peak["fixed_mib"] * MIB + peak["per_fp32_byte"] * 4 * plan.model.params_total / max(1, segments)
     available = meminfo()[1]
     if need <= available:
         return None

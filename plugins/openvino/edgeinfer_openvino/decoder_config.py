@@ -71,8 +71,8 @@ def parse(options: dict[str, Any], family: str, context: int) -> DecoderConfig:
     if family == "NPU":
         npu_only = sorted(k for k in ("threads", "hint", "precision", "kv_precision") if k in options)
         if str(options.get("kv_dtype", "fp16")).lower() != "fp16":
-            raise InputError(f"the NPU pipeline keeps its KV cache in fp16, not {options['kv_dtype']!r}; plan and "
-                             "deploy for the board's NPU with --kv-dtype fp16")
+            raise InputError(f"the NPU pipeline keeps its KV cache in fp16, not {options['kv_dtype']!r}",
+                             "plan with --kv-dtype fp16; deploy with --option kv_dtype=fp16")
         if npu_only:
             raise InputError(f"option {npu_only[0]!r} does not apply to the NPU pipeline; set NPU properties "
                              "through npu_config")
