@@ -34,10 +34,11 @@ def rotary(dtype, d=D):
     return np.cos(f).astype(dtype), np.sin(f).astype(dtype)
 
 
-def graph(ours: bool, d: int = D, separate: bool = False, scale: float = 0.0, q8: bool = False):
+def graph(ours: bool, d: int = D, separate: bool = False, scale: float = 0.0, q8: bool = False, heads=(H, KVH)):
     """One attention node: edgeinfer's (an fp16 cache; ``q8``: a q8_0 one) or onnxruntime's (an fp32 cache); the
     new tokens as one packed ``qkv`` or, ``separate``, as ``qn``, ``kn``, ``vn`` (the builder's Qwen3 layers,
-    after the q/k norms)."""
+    after the q/k norms); ``heads``: query heads, KV heads."""
+    H, KVH = heads
     kv = TensorProto.UINT8 if q8 else TensorProto.FLOAT16 if ours else TensorProto.FLOAT
     w = d + d // 16 if q8 else d
     new = {"qn": H * d, "kn": KVH * d, "vn": KVH * d} if separate else {"qkv": (H + 2 * KVH) * d}
@@ -61,9 +62,10 @@ def graph(ours: bool, d: int = D, separate: bool = False, scale: float = 0.0, q8
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(domain, 1)])
 
 
-def run(model, qkv, pk, pv, seqlens, bound=True, threads=1):
+def run(model, qkv, pk, pv, seqlens, bound=True, threads=1, heads=(H, KVH)):
     """(output, key cache, value cache) after one run; ``bound``: present bound to the past arrays (written in
     place, as the decoder binds them)."""
+    H, KVH = heads
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     opts.register_custom_ops_library(str(custom_ops.library()))
@@ -90,8 +92,9 @@ def run(model, qkv, pk, pv, seqlens, bound=True, threads=1):
     return b.copy_outputs_to_cpu()[0], k, v
 
 
-def reference(qkv, pk, pv, seqlens):
+def reference(qkv, pk, pv, seqlens, heads=(H, KVH)):
     """The op's definition in float64 over the cache as fp16 holds it."""
+    H, KVH = heads
     d = pk.shape[3]
     cos, sin = (t.astype(np.float64) for t in rotary(np.float16, d))
 
@@ -119,7 +122,8 @@ def reference(qkv, pk, pv, seqlens):
     return out.reshape(rows, s_new, H * d), k, v
 
 
-def inputs(rows, s_new, seed=0, d=D):
+def inputs(rows, s_new, seed=0, d=D, heads=(H, KVH)):
+    H, KVH = heads
     rng = np.random.default_rng(seed)
     qkv = rng.standard_normal((rows, s_new, (H + 2 * KVH) * d)).astype(np.float32)
     pk, pv = (rng.standard_normal((rows, KVH, L, d)).astype(np.float16) for _ in range(2))
@@ -251,6 +255,28 @@ def q8_values(rows, d):
     return (digits.reshape(*digits.shape[:-1], -1, 32) * scales[..., None]).reshape(digits.shape)
 
 
+def attend(qkv, kk, vv, seqlens, heads=(H, KVH)):
+    """The op's output by its definition in float64 over caches ``kk``, ``vv`` (float64 [rows, KV heads, L, d]) that
+    already hold the new rows."""
+    H, KVH = heads
+    rows, s_new, _ = qkv.shape
+    d = kk.shape[3]
+    want = np.zeros((rows, s_new, H * d))
+    x = qkv.astype(np.float64).reshape(rows, s_new, H + 2 * KVH, d)
+    cos, sin = (t.astype(np.float64) for t in rotary(np.float16, d))
+    for b in range(rows):
+        p0 = seqlens[b] + 1 - s_new
+        for s in range(s_new):
+            for h in range(H):
+                pos, g = p0 + s, h // (H // KVH)
+                q1, q2 = x[b, s, h, : d // 2], x[b, s, h, d // 2:]
+                q = np.concatenate([q1 * cos[pos] - q2 * sin[pos], q2 * cos[pos] + q1 * sin[pos]])
+                w = kk[b, g, : pos + 1] @ q / np.sqrt(d)
+                w = np.exp(w - w.max())
+                want[b, s, h * d: (h + 1) * d] = (w / w.sum()) @ vv[b, g, : pos + 1]
+    return want
+
+
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("bound, threads, separate, d", [(True, 1, False, 32), (True, 2, True, 64),
                                                          (False, 1, False, 128)])
@@ -278,20 +304,7 @@ def test_the_q8_op_writes_q8_0_blocks_and_attends_over_them(case, bound, threads
             src = pk if got is k else pv
             np.testing.assert_array_equal(got[b][:, keep], src[b][:, keep])  # the other rows as they were
     # the output: the definition over the cache as the op left it (the new rows as their blocks hold them)
-    want = np.zeros((rows, s_new, H * d))
-    x = qkv.astype(np.float64).reshape(rows, s_new, H + 2 * KVH, d)
-    cos, sin = (t.astype(np.float64) for t in rotary(np.float16, d))
-    kk, vv = q8_values(k, d), q8_values(v, d)
-    for b in range(rows):
-        p0 = seqlens[b] + 1 - s_new
-        for s in range(s_new):
-            for h in range(H):
-                pos, g = p0 + s, h // (H // KVH)
-                q1, q2 = x[b, s, h, : d // 2], x[b, s, h, d // 2:]
-                q = np.concatenate([q1 * cos[pos] - q2 * sin[pos], q2 * cos[pos] + q1 * sin[pos]])
-                w = kk[b, g, : pos + 1] @ q / np.sqrt(d)
-                w = np.exp(w - w.max())
-                want[b, s, h * d: (h + 1) * d] = (w / w.sum()) @ vv[b, g, : pos + 1]
+    want = attend(qkv, q8_values(k, d), q8_values(v, d), seqlens)
     np.testing.assert_allclose(out, want, rtol=0, atol=2e-5 * np.abs(want).max())
     # and the fp16 op's output on the same tokens, within what the q8_0 rounding moves
     f16_out, _, _ = run(graph(True, d, separate), qkv, q8_values(pk, d).astype(np.float16),
@@ -307,3 +320,19 @@ def test_the_q8_op_refuses_a_cache_row_that_is_not_q8_0_blocks():
     bad = np.zeros((1, KVH, L, 32 + 1), np.uint8)  # 33 bytes: not D + D / 16 for any D a multiple of 32
     with pytest.raises(Exception, match="q8_0"):
         run(model, qkv, bad, bad.copy(), [0])
+
+
+@pytest.mark.parametrize("heads", [(2, 2), (4, 2), (6, 2), (8, 2), (10, 2), (14, 2), (16, 2)])
+@pytest.mark.parametrize("q8", [False, True], ids=["fp16", "q8_0"])
+def test_every_query_head_sharing_a_kv_head_attends_as_defined(heads, q8, build):
+    """The query heads of one KV head are taken up to four a pass (1, 2, 3, 4 a KV head; 5 as 3 + 2, 7 as 4 + 3, 8
+    as 4 + 4), in the scores' tiles of 8, 4 or 2 cache rows and their one-row tails (lengths 1, 9, 20)."""
+    d = 64
+    for case, (rows, s_new, seqlens) in CASES.items():
+        qkv, pk, pv = inputs(rows, s_new, seed=3, d=d, heads=heads)
+        if q8:
+            pk, pv = q8_rows(pk.astype(np.float32)), q8_rows(pv.astype(np.float32))
+        out, k, v = run(graph(True, d, q8=q8, heads=heads), qkv, pk, pv, seqlens, heads=heads)
+        values = (lambda c: q8_values(c, d)) if q8 else (lambda c: c.astype(np.float64))
+        want = attend(qkv, values(k), values(v), seqlens, heads)
+        np.testing.assert_allclose(out, want, rtol=0, atol=2e-5 * np.abs(want).max(), err_msg=case)

@@ -48,7 +48,7 @@ typedef struct { /* one call, split over (row, KV head) */
   float *out;
   int64_t S, L, D, H, G; /* G: query heads a KV head */
   float scale;
-  float *scratch; /* D + L floats a (row, KV head): a rotated query and a row of scores */
+  float *scratch; /* MAXG (D + L) floats a (row, KV head): rotated queries and rows of scores */
   int q8;
   int64_t W; /* a cache row's elements: D (fp16), D + D / 16 (q8_0 bytes) */
 } Job;
@@ -80,6 +80,13 @@ static inline float dot(const float *q, const uint16_t *k, int64_t D) {
 
 static inline __m256 f16x8(const uint16_t *x) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)x)); }
 
+/* q8_0 rows: D int8 digits, then D / 32 fp16 scales */
+static inline __m256 i8x8(const int8_t *x) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)x)));
+}
+
+static inline float q8_scale(const uint8_t *row, int64_t D, int64_t b) { return _cvtsh_ss(((const uint16_t *)(row + D))[b]); }
+
 /* the sums of a0..a7's lanes, in lanes 0..7 */
 static inline __m256 sum8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5, __m256 a6, __m256 a7) {
   __m256 s0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
@@ -87,21 +94,91 @@ static inline __m256 sum8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4,
   return _mm256_add_ps(_mm256_permute2f128_ps(s0, s1, 0x20), _mm256_permute2f128_ps(s0, s1, 0x31));
 }
 
-/* q . K[t] for the eight rows t = 0..7 of K (D a multiple of 8): one accumulator a row, summed across at the end */
-static inline __m256 dot8(const float *q, const uint16_t *k, int64_t D) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-  for (int64_t d = 0; d < D; d += 8) {
-    __m256 x = _mm256_loadu_ps(q + d);
-    a0 = _mm256_fmadd_ps(x, f16x8(k + d), a0);
-    a1 = _mm256_fmadd_ps(x, f16x8(k + D + d), a1);
-    a2 = _mm256_fmadd_ps(x, f16x8(k + 2 * D + d), a2);
-    a3 = _mm256_fmadd_ps(x, f16x8(k + 3 * D + d), a3);
-    a4 = _mm256_fmadd_ps(x, f16x8(k + 4 * D + d), a4);
-    a5 = _mm256_fmadd_ps(x, f16x8(k + 5 * D + d), a5);
-    a6 = _mm256_fmadd_ps(x, f16x8(k + 6 * D + d), a6);
-    a7 = _mm256_fmadd_ps(x, f16x8(k + 7 * D + d), a7);
+/* A pass of the scores and the weighted sum serves c (<= MAXG) query heads of one KV head at once: each cache row
+ * is read and converted to fp32 once for all of them, where a head at a time converted it c times (the query heads
+ * sharing a KV head: 2 in Qwen3-0.6B, 3 in SmolLM2-135M, 7 in Qwen2.5-0.5B). Each head's sums run in the same
+ * order as one head's alone. The tiles below take R rows and c heads as constants (always inlined at each call). */
+enum { MAXG = 4 };
+#define TILE static inline __attribute__((always_inline))
+
+/* w[h * ws + t + r] = scale q_h . row r, from the R x c accumulators a[r * c + h] (R c <= 12), eight at a time */
+TILE void store_scores(const __m256 *a, int R, int c, float *w, int64_t ws, int64_t t, float scale) {
+  __m256 z = _mm256_setzero_ps();
+  for (int i0 = 0; i0 < R * c; i0 += 8) {
+    __m256 x[8];
+    for (int i = 0; i < 8; i++) x[i] = i0 + i < R * c ? a[i0 + i] : z;
+    float lanes[8];
+    _mm256_storeu_ps(lanes, _mm256_mul_ps(sum8(x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7]), _mm256_set1_ps(scale)));
+    for (int i = i0; i < i0 + 8 && i < R * c; i++) w[(i % c) * ws + t + i / c] = lanes[i - i0];
   }
-  return sum8(a0, a1, a2, a3, a4, a5, a6, a7);
+}
+
+/* rows t .. t + R - 1 of an fp16 K (D a multiple of 8) against the c queries q_h = q + h D */
+TILE void tile_f16(const float *q, const uint16_t *K, float *w, int64_t ws, int64_t t, int64_t D, float scale, int R,
+                   int c) {
+  __m256 a[12];
+  for (int i = 0; i < R * c; i++) a[i] = _mm256_setzero_ps();
+  for (int64_t d = 0; d < D; d += 8) {
+    __m256 x[MAXG];
+    for (int h = 0; h < c; h++) x[h] = _mm256_loadu_ps(q + h * D + d);
+    for (int r = 0; r < R; r++) {
+      __m256 k = f16x8(K + (t + r) * D + d);
+      for (int h = 0; h < c; h++) a[r * c + h] = _mm256_fmadd_ps(x[h], k, a[r * c + h]);
+    }
+  }
+  store_scores(a, R, c, w, ws, t, scale);
+}
+
+/* the same over q8_0 rows of W bytes: a block's partial sums in one register, scaled into the row's accumulator */
+TILE void tile_q8(const float *q, const uint8_t *K, int64_t W, float *w, int64_t ws, int64_t t, int64_t D,
+                  float scale, int R, int c) {
+  __m256 a[12];
+  for (int i = 0; i < R * c; i++) a[i] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < D / 32; b++)
+    for (int r = 0; r < R; r++) {
+      const uint8_t *row = K + (t + r) * W;
+      const int8_t *y = (const int8_t *)row + b * 32;
+      __m256 k0 = i8x8(y), k1 = i8x8(y + 8), k2 = i8x8(y + 16), k3 = i8x8(y + 24);
+      __m256 sc = _mm256_set1_ps(q8_scale(row, D, b));
+      for (int h = 0; h < c; h++) {
+        const float *x = q + h * D + b * 32;
+        __m256 s = _mm256_mul_ps(_mm256_loadu_ps(x), k0);
+        s = _mm256_fmadd_ps(_mm256_loadu_ps(x + 8), k1, s);
+        s = _mm256_fmadd_ps(_mm256_loadu_ps(x + 16), k2, s);
+        s = _mm256_fmadd_ps(_mm256_loadu_ps(x + 24), k3, s);
+        a[r * c + h] = _mm256_fmadd_ps(sc, s, a[r * c + h]);
+      }
+    }
+  store_scores(a, R, c, w, ws, t, scale);
+}
+
+/* every row t < n: 8 / c rows a tile (2 for 3 heads), then one at a time */
+TILE void scores_c(const float *q, const void *K, int64_t W, int q8, float *w, int64_t ws, int64_t n, int64_t D,
+                   float scale, int c) {
+  int R = c == 1 ? 8 : c == 2 ? 4 : c == 3 ? 4 : 3;
+  int64_t t = 0;
+  for (; t + R <= n; t += R)
+    if (q8) tile_q8(q, K, W, w, ws, t, D, scale, R, c);
+    else tile_f16(q, K, w, ws, t, D, scale, R, c);
+  for (; t < n; t++)
+    if (q8) tile_q8(q, K, W, w, ws, t, D, scale, 1, c);
+    else tile_f16(q, K, w, ws, t, D, scale, 1, c);
+}
+
+/* w[h * ws + t] = scale q_h . K[t] for t < n and the c heads q_h = q + h D */
+static void scores(const float *q, const void *K, int64_t W, int q8, float *w, int64_t ws, int64_t n, int64_t D,
+                   float scale, int c) {
+  if (!q8 && D % 8) {
+    for (int h = 0; h < c; h++)
+      for (int64_t t = 0; t < n; t++) w[h * ws + t] = dot(q + h * D, (const uint16_t *)K + t * D, D) * scale;
+    return;
+  }
+  switch (c) {
+  case 1: scores_c(q, K, W, q8, w, ws, n, D, scale, 1); break;
+  case 2: scores_c(q, K, W, q8, w, ws, n, D, scale, 2); break;
+  case 3: scores_c(q, K, W, q8, w, ws, n, D, scale, 3); break;
+  default: scores_c(q, K, W, q8, w, ws, n, D, scale, 4); break;
+  }
 }
 
 /* e^x for x <= 0 (the scores less their maximum): Cephes' expf, as avx_mathfun writes it for 8 lanes */
@@ -122,60 +199,108 @@ static inline __m256 exp8(__m256 x) {
   return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
 
-/* softmax of w[0..n) in place */
-static void softmax(float *w, int64_t n) {
-  float top = -INFINITY, sum = 0.f;
-  for (int64_t t = 0; t < n; t++) top = w[t] > top ? w[t] : top;
+/* w[0..n) = e^(w[t] - max w), in place; returns 1 / their sum (the weighted sum scales by it once, at the end) */
+static float softmax(float *w, int64_t n) {
   int64_t t = 0;
-  __m256 m = _mm256_set1_ps(top), acc = _mm256_setzero_ps();
-  for (; t + 8 <= n; t += 8) {
+  __m256 m = _mm256_set1_ps(-INFINITY);
+  for (; t + 8 <= n; t += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(w + t));
+  float lanes[8], top = -INFINITY, sum = 0.f;
+  _mm256_storeu_ps(lanes, m);
+  for (int i = 0; i < 8; i++) top = lanes[i] > top ? lanes[i] : top;
+  for (; t < n; t++) top = w[t] > top ? w[t] : top;
+  __m256 acc = _mm256_setzero_ps();
+  m = _mm256_set1_ps(top);
+  for (t = 0; t + 8 <= n; t += 8) {
     __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(w + t), m));
     _mm256_storeu_ps(w + t, e);
     acc = _mm256_add_ps(acc, e);
   }
-  float lanes[8];
   _mm256_storeu_ps(lanes, acc);
   for (int i = 0; i < 8; i++) sum += lanes[i];
   for (; t < n; t++) sum += (w[t] = expf(w[t] - top));
-  for (t = 0; t < n; t++) w[t] /= sum;
+  return 1.f / sum;
 }
 
-/* y[0..D) = sum over t < n of w[t] V[t]: 32 columns at a time in registers, then 8 (D a multiple of 8), else a row
- * at a time through y */
-static void weigh(const float *w, const uint16_t *V, float *y, int64_t n, int64_t D) {
-  if (D % 8) {
-    memset(y, 0, sizeof(float) * (size_t)D);
-    for (int64_t t = 0; t < n; t++)
-      for (int64_t d = 0; d < D; d++) y[d] += w[t] * _cvtsh_ss(V[t * D + d]);
+/* y_h[d .. d + 8 V) = sum over t < n of w[h * ws + t] V[t][d ...] for the c heads y_h = y + h D: V 8-column vectors
+ * of each row converted once, then weighed for every head */
+TILE void cols_f16(const float *w, int64_t ws, const float *inv, const uint16_t *Vc, float *y, int64_t n, int64_t D,
+                   int64_t d, int V, int c) {
+  __m256 a[16];
+  for (int i = 0; i < V * c; i++) a[i] = _mm256_setzero_ps();
+  for (int64_t t = 0; t < n; t++) {
+    __m256 v[8];
+    for (int i = 0; i < V; i++) v[i] = f16x8(Vc + t * D + d + 8 * i);
+    for (int h = 0; h < c; h++) {
+      __m256 p = _mm256_broadcast_ss(w + h * ws + t);
+      for (int i = 0; i < V; i++) a[h * V + i] = _mm256_fmadd_ps(p, v[i], a[h * V + i]);
+    }
+  }
+  for (int h = 0; h < c; h++)
+    for (int i = 0; i < V; i++)
+      _mm256_storeu_ps(y + h * D + d + 8 * i, _mm256_mul_ps(a[h * V + i], _mm256_set1_ps(inv[h])));
+}
+
+/* the same over the q8_0 rows of W bytes: columns d .. d + 8 V (d a multiple of 32, or the V vectors within one
+ * block), vector i in block d / 32 + i / 4 */
+TILE void cols_q8(const float *w, int64_t ws, const float *inv, const uint8_t *Vc, int64_t W, float *y, int64_t n,
+                  int64_t D, int64_t d, int V, int c) {
+  __m256 a[16];
+  for (int i = 0; i < V * c; i++) a[i] = _mm256_setzero_ps();
+  for (int64_t t = 0; t < n; t++) {
+    const uint8_t *row = Vc + t * W;
+    float sc[2];
+    for (int k = 0; k < (V + 3) / 4; k++) sc[k] = q8_scale(row, D, d / 32 + k);
+    __m256 v[8];
+    for (int i = 0; i < V; i++) v[i] = i8x8((const int8_t *)row + d + 8 * i);
+    for (int h = 0; h < c; h++) {
+      __m256 p[2];
+      for (int k = 0; k < (V + 3) / 4; k++) p[k] = _mm256_set1_ps(w[h * ws + t] * sc[k]);
+      for (int i = 0; i < V; i++) a[h * V + i] = _mm256_fmadd_ps(p[i / 4], v[i], a[h * V + i]);
+    }
+  }
+  for (int h = 0; h < c; h++)
+    for (int i = 0; i < V; i++)
+      _mm256_storeu_ps(y + h * D + d + 8 * i, _mm256_mul_ps(a[h * V + i], _mm256_set1_ps(inv[h])));
+}
+
+/* 8 V columns a pass, V * c accumulators (8 or 12: each takes one FMA a row, and an FMA's latency is four of its
+ * issue slots), then 32, then 8 */
+TILE void weigh_c(const float *w, int64_t ws, const float *inv, const void *Vc, int64_t W, int q8, float *y,
+                  int64_t n, int64_t D, int c) {
+  int V = c == 1 ? 8 : c <= 3 ? 4 : 2;
+  int64_t d = 0;
+  for (; d + 8 * V <= D; d += 8 * V)
+    if (q8) cols_q8(w, ws, inv, Vc, W, y, n, D, d, V, c);
+    else cols_f16(w, ws, inv, Vc, y, n, D, d, V, c);
+  for (; V > 4 && d + 32 <= D; d += 32)
+    if (q8) cols_q8(w, ws, inv, Vc, W, y, n, D, d, 4, c);
+    else cols_f16(w, ws, inv, Vc, y, n, D, d, 4, c);
+  for (; d < D; d += 8)
+    if (q8) cols_q8(w, ws, inv, Vc, W, y, n, D, d, 1, c);
+    else cols_f16(w, ws, inv, Vc, y, n, D, d, 1, c);
+}
+
+/* y_h[0..D) = inv[h] sum over t < n of w[h * ws + t] V[t] for the c heads y_h = y + h D (D a multiple of 8, else a
+ * row at a time through y) */
+static void weigh(const float *w, int64_t ws, const float *inv, const void *Vc, int64_t W, int q8, float *y, int64_t n,
+                  int64_t D, int c) {
+  if (!q8 && D % 8) {
+    const uint16_t *V = Vc;
+    for (int h = 0; h < c; h++) {
+      float *yh = y + h * D;
+      memset(yh, 0, sizeof(float) * (size_t)D);
+      for (int64_t t = 0; t < n; t++)
+        for (int64_t d = 0; d < D; d++) yh[d] += w[h * ws + t] * _cvtsh_ss(V[t * D + d]);
+      for (int64_t d = 0; d < D; d++) yh[d] *= inv[h];
+    }
     return;
   }
-  int64_t d = 0;
-  for (; d + 32 <= D; d += 32) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (int64_t t = 0; t < n; t++) {
-      __m256 p = _mm256_broadcast_ss(w + t);
-      const uint16_t *v = V + t * D + d;
-      a0 = _mm256_fmadd_ps(p, f16x8(v), a0);
-      a1 = _mm256_fmadd_ps(p, f16x8(v + 8), a1);
-      a2 = _mm256_fmadd_ps(p, f16x8(v + 16), a2);
-      a3 = _mm256_fmadd_ps(p, f16x8(v + 24), a3);
-    }
-    _mm256_storeu_ps(y + d, a0), _mm256_storeu_ps(y + d + 8, a1);
-    _mm256_storeu_ps(y + d + 16, a2), _mm256_storeu_ps(y + d + 24, a3);
+  switch (c) {
+  case 1: weigh_c(w, ws, inv, Vc, W, q8, y, n, D, 1); break;
+  case 2: weigh_c(w, ws, inv, Vc, W, q8, y, n, D, 2); break;
+  case 3: weigh_c(w, ws, inv, Vc, W, q8, y, n, D, 3); break;
+  default: weigh_c(w, ws, inv, Vc, W, q8, y, n, D, 4); break;
   }
-  for (; d < D; d += 8) {
-    __m256 a = _mm256_setzero_ps();
-    for (int64_t t = 0; t < n; t++) a = _mm256_fmadd_ps(_mm256_broadcast_ss(w + t), f16x8(V + t * D + d), a);
-    _mm256_storeu_ps(y + d, a);
-  }
-}
-
-/* w[t] = scale q . K[t] for t < n */
-static void scores(const float *q, const uint16_t *K, float *w, int64_t n, int64_t D, float scale) {
-  int64_t t = 0;
-  if (D % 8 == 0)
-    for (; t + 8 <= n; t += 8) _mm256_storeu_ps(w + t, _mm256_mul_ps(dot8(q, K + t * D, D), _mm256_set1_ps(scale)));
-  for (; t < n; t++) w[t] = dot(q, K + t * D, D) * scale;
 }
 
 static inline void store_f16(const float *x, uint16_t *y, int64_t D) {
@@ -183,11 +308,6 @@ static inline void store_f16(const float *x, uint16_t *y, int64_t D) {
   for (; d + 8 <= D; d += 8)
     _mm_storeu_si128((__m128i *)(y + d), _mm256_cvtps_ph(_mm256_loadu_ps(x + d), _MM_FROUND_TO_NEAREST_INT));
   for (; d < D; d++) y[d] = _cvtss_sh(x[d], _MM_FROUND_TO_NEAREST_INT);
-}
-
-/* q8_0 rows: D int8 digits, then D / 32 fp16 scales */
-static inline __m256 i8x8(const int8_t *x) {
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)x)));
 }
 
 static void store_q8(const float *x, uint8_t *row, int64_t D) {
@@ -200,58 +320,6 @@ static void store_q8(const float *x, uint8_t *row, int64_t D) {
     float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f;
     for (int i = 0; i < 32; i++) q[b * 32 + i] = (int8_t)roundf(v[i] * id);
     scales[b] = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
-  }
-}
-
-/* q . K[t] for a q8_0 row t: a block's partial sums in one register, scaled into the row's accumulator */
-static inline __m256 block_q8(const float *x, const int8_t *y) {
-  __m256 s = _mm256_mul_ps(_mm256_loadu_ps(x), i8x8(y));
-  s = _mm256_fmadd_ps(_mm256_loadu_ps(x + 8), i8x8(y + 8), s);
-  s = _mm256_fmadd_ps(_mm256_loadu_ps(x + 16), i8x8(y + 16), s);
-  return _mm256_fmadd_ps(_mm256_loadu_ps(x + 24), i8x8(y + 24), s);
-}
-
-/* row r's block b, scaled, into its accumulator */
-#define ROW_Q8(a, r)                                                                                                \
-  a = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(((const uint16_t *)(K + (t + r) * W + D))[b])),                   \
-                      block_q8(x, (const int8_t *)(K + (t + r) * W) + b * 32), a)
-
-/* w[t] = scale q . K[t] for t < n, K q8_0 rows of W bytes: eight rows at a time, their chains independent */
-static void scores_q8(const float *q, const uint8_t *K, float *w, int64_t n, int64_t D, int64_t W, float scale) {
-  int64_t t = 0;
-  for (; t + 8 <= n; t += 8) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-    for (int64_t b = 0; b < D / 32; b++) {
-      const float *x = q + b * 32;
-      ROW_Q8(a0, 0); ROW_Q8(a1, 1); ROW_Q8(a2, 2); ROW_Q8(a3, 3);
-      ROW_Q8(a4, 4); ROW_Q8(a5, 5); ROW_Q8(a6, 6); ROW_Q8(a7, 7);
-    }
-    _mm256_storeu_ps(w + t, _mm256_mul_ps(sum8(a0, a1, a2, a3, a4, a5, a6, a7), _mm256_set1_ps(scale)));
-  }
-  for (; t < n; t++) {
-    __m256 a = _mm256_setzero_ps();
-    for (int64_t b = 0; b < D / 32; b++) {
-      const float *x = q + b * 32;
-      ROW_Q8(a, 0);
-    }
-    w[t] = hsum(a) * scale;
-  }
-}
-
-/* y[0..D) = sum over t < n of w[t] V[t], V q8_0 rows of W bytes: a block of 32 columns at a time in registers */
-static void weigh_q8(const float *w, const uint8_t *V, float *y, int64_t n, int64_t D, int64_t W) {
-  for (int64_t b = 0; b < D / 32; b++) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (int64_t t = 0; t < n; t++) {
-      const int8_t *v = (const int8_t *)(V + t * W) + b * 32;
-      __m256 p = _mm256_set1_ps(w[t] * _cvtsh_ss(((const uint16_t *)(V + t * W + D))[b]));
-      a0 = _mm256_fmadd_ps(p, i8x8(v), a0);
-      a1 = _mm256_fmadd_ps(p, i8x8(v + 8), a1);
-      a2 = _mm256_fmadd_ps(p, i8x8(v + 16), a2);
-      a3 = _mm256_fmadd_ps(p, i8x8(v + 24), a3);
-    }
-    _mm256_storeu_ps(y + b * 32, a0), _mm256_storeu_ps(y + b * 32 + 8, a1);
-    _mm256_storeu_ps(y + b * 32 + 16, a2), _mm256_storeu_ps(y + b * 32 + 24, a3);
   }
 }
 
@@ -272,29 +340,28 @@ static void write_kv(const Job *j, int64_t b, int64_t g, int64_t p0, float *tmp)
   }
 }
 
+/* row b, KV head g: its new rows written, then each new token's query heads on g, up to MAXG a pass */
 static void run(void *job, size_t p) {
   const Job *j = job;
-  int64_t kvh = j->H / j->G, b = (int64_t)p / kvh, g = (int64_t)p % kvh, D = j->D;
-  int64_t T = (int64_t)j->seqlens[b] + 1, p0 = T - j->S;
-  float *q = j->scratch + (int64_t)p * (D + j->L), *w = q + D;
+  int64_t kvh = j->H / j->G, b = (int64_t)p / kvh, g = (int64_t)p % kvh, D = j->D, L = j->L;
+  int64_t T = (int64_t)j->seqlens[b] + 1, p0 = T - j->S, bytes = j->q8 ? 1 : (int64_t)sizeof(uint16_t);
+  float *q = j->scratch + (int64_t)p * MAXG * (D + L), *w = q + MAXG * D;
   write_kv(j, b, g, p0, q);
-  int64_t head = (b * kvh + g) * j->L * j->W;
-  const uint16_t *K = (const uint16_t *)j->k + head, *V = (const uint16_t *)j->v + head;
-  const uint8_t *K8 = (const uint8_t *)j->k + head, *V8 = (const uint8_t *)j->v + head;
+  const char *K = (const char *)j->k + (b * kvh + g) * L * j->W * bytes;
+  const char *V = (const char *)j->v + (b * kvh + g) * L * j->W * bytes;
+  int64_t passes = (j->G + MAXG - 1) / MAXG;
   for (int64_t s = 0; s < j->S; s++) {
     int64_t pos = p0 + s, n = pos + 1;
-    for (int64_t h = g * j->G; h < (g + 1) * j->G; h++) {
-      float *y = j->out + (b * j->S + s) * j->H * D + h * D;
-      rotate(j->q + (b * j->S + s) * j->qs + h * D, q, j->cos + pos * (D / 2), j->sin + pos * (D / 2), D);
-      if (j->q8) {
-        scores_q8(q, K8, w, n, D, j->W, j->scale);
-        softmax(w, n);
-        weigh_q8(w, V8, y, n, D, j->W);
-      } else {
-        scores(q, K, w, n, D, j->scale);
-        softmax(w, n);
-        weigh(w, V, y, n, D);
-      }
+    for (int64_t i = 0, h0 = g * j->G; i < passes; i++) {
+      int c = (int)((j->G - (h0 - g * j->G) + (passes - i) - 1) / (passes - i)); /* the heads left, spread evenly */
+      for (int h = 0; h < c; h++)
+        rotate(j->q + (b * j->S + s) * j->qs + (h0 + h) * D, q + h * D, j->cos + pos * (D / 2),
+               j->sin + pos * (D / 2), D);
+      scores(q, K, j->W, j->q8, w, L, n, D, j->scale, c);
+      float inv[MAXG];
+      for (int h = 0; h < c; h++) inv[h] = softmax(w + h * L, n);
+      weigh(w, L, inv, V, j->W, j->q8, j->out + (b * j->S + s) * j->H * D + h0 * D, n, D, c);
+      h0 += c;
     }
   }
 }
@@ -348,7 +415,7 @@ static OrtStatus *compute(void *kernel, void *context) {
              packed ? qd[2] : KVH * D, packed ? qd[2] : KVH * D, data[10], data[11], data[7], data[8], seqlens,
              data[9], S, kd[2], D, H, H / KVH, a->scale != 0.f ? a->scale : 1.f / sqrtf((float)D), NULL, a->q8,
              W};
-  job.scratch = malloc(sizeof(float) * (size_t)(B * KVH * (D + kd[2])));
+  job.scratch = malloc(sizeof(float) * (size_t)(B * KVH * MAXG * (D + kd[2])));
   if (!job.scratch) return error("GroupQueryAttention: out of memory");
   s = CALL(KernelContext_ParallelFor, context, run, (size_t)(B * KVH), (size_t)0, &job);
   free(job.scratch);
