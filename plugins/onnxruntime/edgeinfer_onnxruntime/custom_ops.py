@@ -28,6 +28,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -49,6 +50,7 @@ ISAS = {
     "avx2": (("avx2", "fma", "f16c"), ["-mavx2", "-mfma", "-mf16c"]),
 }
 ISA_ENV = "EDGEINFER_KERNEL_ISA"  # pins one build (tests and benchmarks run the AVX2 one on an AVX-512 CPU)
+STALE_S = 600  # an earlier build's folder is removed once it is this old
 
 if TYPE_CHECKING:
     import numpy as np
@@ -116,19 +118,30 @@ def library() -> Path:
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
+    os.utime(out.parent)  # building now: fresh to the other processes' clean-up below
     for old in out.parent.parent.iterdir():  # this build's earlier sources or compilers, and unnamed older builds
-        if old != out.parent and (old.name.startswith(f"{build}-") or old.name.split("-")[0] not in ISAS):
+        if old != out.parent and (old.name.startswith(f"{build}-") or old.name.split("-")[0] not in ISAS) \
+                and _stale(old):
             shutil.rmtree(old, ignore_errors=True)
     with tempfile.NamedTemporaryFile(dir=out.parent, suffix=".so", delete=False) as tmp:
         pass
     proc = subprocess.run([cc, *flags, "-o", tmp.name, *map(str, SOURCES)], capture_output=True, text=True)
     if proc.returncode != 0:
-        os.unlink(tmp.name)
+        Path(tmp.name).unlink(missing_ok=True)
         lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
         raise BackendUnavailableError(f"{cc} could not build {', '.join(p.name for p in SOURCES)}: "
                                       f"{lines[-1] if lines else 'no output'}")
     os.replace(tmp.name, out)  # whole or absent, when two processes build it at once
     return out
+
+
+def _stale(folder: Path) -> bool:
+    """An earlier build's folder untouched for STALE_S: a fresher one may be another process's (another checkout or
+    version of edgeinfer on this machine) building into it now."""
+    try:
+        return time.time() - folder.stat().st_mtime > STALE_S
+    except OSError:
+        return False
 
 
 @functools.lru_cache(maxsize=8)

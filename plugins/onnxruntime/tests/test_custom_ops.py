@@ -7,6 +7,9 @@ without the build a bundle needs, is one line."""
 
 from __future__ import annotations
 
+import os
+import time
+
 import numpy as np
 import pytest
 
@@ -323,19 +326,26 @@ def test_each_cpu_gets_the_best_build_it_runs_and_one_without_avx2_a_line_that_s
 
 
 def test_the_two_builds_are_two_libraries_and_a_build_replaces_its_older_ones(monkeypatch, tmp_path):
+    """Older sources' and unnamed builds go once untouched for STALE_S; a fresher one may be another checkout's
+    build in progress (two checkouts on one machine removed each other's while compiling), and stays."""
     monkeypatch.setenv("EDGEINFER_CACHE_DIR", str(tmp_path / "cache"))
     kernels = tmp_path / "cache" / "kernels"
     runs = custom_ops.builds()
+    old = time.time() - custom_ops.STALE_S - 60
     for stale in [f"{b}-0000000000000000" for b in runs] + ["0123456789abcdef"]:  # older sources, unnamed builds
         (kernels / stale).mkdir(parents=True)
         (kernels / stale / "libedgeinfer_matmul.so").write_bytes(b"old")
+        os.utime(kernels / stale, (old, old))
+    building = kernels / f"{runs[0]}-1111111111111111"  # another checkout's, a minute old
+    building.mkdir()
+    os.utime(building, (time.time() - 60,) * 2)
     built = set()
     for b in custom_ops.ISAS:
         monkeypatch.setenv(custom_ops.ISA_ENV, b)
         if custom_ops.isa() is not None:
             built.add(custom_ops.library())
     assert len(built) == len(runs)
-    assert sorted(p.parent for p in built) == sorted(kernels.iterdir())
+    assert sorted(kernels.iterdir()) == sorted([p.parent for p in built] + [building])
 
 
 def test_the_weights_file_starts_each_large_tensor_on_2_mib_where_that_pads_it_by_an_eighth_at_most(tmp_path):

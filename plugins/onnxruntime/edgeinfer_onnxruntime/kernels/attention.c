@@ -48,9 +48,10 @@ typedef struct { /* one call, split over (row, KV head) */
   float *out;
   int64_t S, L, D, H, G; /* G: query heads a KV head */
   float scale;
-  float *scratch; /* MAXG (D + L) floats a (row, KV head): rotated queries and rows of scores */
+  float *scratch; /* MAXG (D + N) floats a (row, KV head): rotated queries and rows of scores */
   int q8;
   int64_t W; /* a cache row's elements: D (fp16), D + D / 16 (q8_0 bytes) */
+  int64_t N; /* the longest row's length after the step: a row of scores */
 } Job;
 
 static inline void rotate(const float *x, float *y, const uint16_t *cos, const uint16_t *sin, int64_t D) {
@@ -345,7 +346,7 @@ static void run(void *job, size_t p) {
   const Job *j = job;
   int64_t kvh = j->H / j->G, b = (int64_t)p / kvh, g = (int64_t)p % kvh, D = j->D, L = j->L;
   int64_t T = (int64_t)j->seqlens[b] + 1, p0 = T - j->S, bytes = j->q8 ? 1 : (int64_t)sizeof(uint16_t);
-  float *q = j->scratch + (int64_t)p * MAXG * (D + L), *w = q + MAXG * D;
+  float *q = j->scratch + (int64_t)p * MAXG * (D + j->N), *w = q + MAXG * D;
   write_kv(j, b, g, p0, q);
   const char *K = (const char *)j->k + (b * kvh + g) * L * j->W * bytes;
   const char *V = (const char *)j->v + (b * kvh + g) * L * j->W * bytes;
@@ -357,10 +358,10 @@ static void run(void *job, size_t p) {
       for (int h = 0; h < c; h++)
         rotate(j->q + (b * j->S + s) * j->qs + (h0 + h) * D, q + h * D, j->cos + pos * (D / 2),
                j->sin + pos * (D / 2), D);
-      scores(q, K, j->W, j->q8, w, L, n, D, j->scale, c);
+      scores(q, K, j->W, j->q8, w, j->N, n, D, j->scale, c);
       float inv[MAXG];
-      for (int h = 0; h < c; h++) inv[h] = softmax(w + h * L, n);
-      weigh(w, L, inv, V, j->W, j->q8, j->out + (b * j->S + s) * j->H * D + h0 * D, n, D, c);
+      for (int h = 0; h < c; h++) inv[h] = softmax(w + h * j->N, n);
+      weigh(w, j->N, inv, V, j->W, j->q8, j->out + (b * j->S + s) * j->H * D + h0 * D, n, D, c);
       h0 += c;
     }
   }
@@ -405,17 +406,20 @@ static OrtStatus *compute(void *kernel, void *context) {
   for (size_t i = 0; i < 2; i++) /* present not bound to past: it starts as a copy */
     if (data[10 + i] != data[3 + i]) memcpy(data[10 + i], data[3 + i], cache);
   const int32_t *seqlens = data[5];
-  for (int64_t b = 0; b < B; b++)
+  int64_t N = 0;
+  for (int64_t b = 0; b < B; b++) {
     if (seqlens[b] + 1 < S || seqlens[b] + 1 > kd[2] || seqlens[b] + 1 > cd[0])
       return error("GroupQueryAttention: a row's seqlens_k + 1 must hold its new tokens and fit the cache and "
                    "the cos/sin positions");
+    N = seqlens[b] + 1 > N ? seqlens[b] + 1 : N;
+  }
   if (B == 0 || S == 0) return NULL;
   const float *q = data[0];
   Job job = {q, packed ? q + H * D : data[1], packed ? q + (H + KVH) * D : data[2], qd[2],
              packed ? qd[2] : KVH * D, packed ? qd[2] : KVH * D, data[10], data[11], data[7], data[8], seqlens,
              data[9], S, kd[2], D, H, H / KVH, a->scale != 0.f ? a->scale : 1.f / sqrtf((float)D), NULL, a->q8,
-             W};
-  job.scratch = malloc(sizeof(float) * (size_t)(B * KVH * MAXG * (D + kd[2])));
+             W, N};
+  job.scratch = malloc(sizeof(float) * (size_t)(B * KVH * MAXG * (D + N)));
   if (!job.scratch) return error("GroupQueryAttention: out of memory");
   s = CALL(KernelContext_ParallelFor, context, run, (size_t)(B * KVH), (size_t)0, &job);
   free(job.scratch);
