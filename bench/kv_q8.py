@@ -6,10 +6,11 @@ The same random Qwen3 (~160 M parameters, 12 layers, 8 KV heads of 64) converted
 ``edgeinfer.GroupQueryAttentionQ8``, docs/generation.md), opened side by side with ``CTX`` positions per slot and
 ``SLOTS`` slots, 1 thread. ``--runtime llama.cpp``: the llamacpp backend instead, one gguf:Q8_0 bundle of the same
 model opened twice with its ``kv_dtype`` load option (llama.cpp's own q8_0 cache). Each round fills slot 0 to
-each of ``FILLS`` positions and times ``STEPS`` one-row decode steps after it, then ``SLOTS`` rows at the longest
-fill; fp16 and q8_0 take turns (A B A B). Ratios are q8_0 ÷ fp16 of the rounds' medians. The touched pages: RSS
-before and after one decoder's slots are filled to the longest fill (numpy's zeroed pages are mapped as they are
-written; llama.cpp allocates its cache at load, so there the figure is what the fill itself added).
+each of ``FILLS`` positions (timed: the prompt's prefill, in the decoder's chunks of 512) and times ``STEPS``
+one-row decode steps after it, then ``SLOTS`` rows at the longest fill; fp16 and q8_0 take turns (A B A B).
+Ratios are q8_0 ÷ fp16 of the rounds' medians. The touched pages: RSS before and after one decoder's slots are
+filled to the longest fill (numpy's zeroed pages are mapped as they are written; llama.cpp allocates its cache at
+load, so there the figure is what the fill itself added).
 
     python bench/kv_q8.py [--rounds 3] [--scheme w8a8] [--runtime llama.cpp]
 
@@ -110,7 +111,9 @@ def main() -> None:
         print(f"round {r + 1} of {args.rounds}", file=sys.stderr)
         for n in FILLS:
             for kv, d in decoders.items():
+                t = time.perf_counter()
                 fill(d, 0, n)
+                runs[kv].setdefault(f"prefill_{n}", []).append((time.perf_counter() - t) * 1e3)
                 runs[kv].setdefault(f"decode_1_at_{n}", []).append(steps(d, [0]))
         for kv, d in decoders.items():
             for s in range(SLOTS):
