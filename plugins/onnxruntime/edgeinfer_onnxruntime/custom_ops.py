@@ -120,8 +120,8 @@ def library() -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     os.utime(out.parent)  # building now: fresh to the other processes' clean-up below
     for old in out.parent.parent.iterdir():  # this build's earlier sources or compilers, and unnamed older builds
-        if old != out.parent and (old.name.startswith(f"{build}-") or old.name.split("-")[0] not in ISAS) \
-                and _stale(old):
+        earlier = old.name.startswith(f"{build}-") or old.name.split("-")[0] not in ISAS
+        if old != out.parent and earlier and _stale(old):
             shutil.rmtree(old, ignore_errors=True)
     with tempfile.NamedTemporaryFile(dir=out.parent, suffix=".so", delete=False) as tmp:
         pass
