@@ -86,7 +86,9 @@ static inline __m256 i8x8(const int8_t *x) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)x)));
 }
 
-static inline float q8_scale(const uint8_t *row, int64_t D, int64_t b) { return _cvtsh_ss(((const uint16_t *)(row + D))[b]); }
+static inline float q8_scale(const uint8_t *row, int64_t D, int64_t b) {
+  return _cvtsh_ss(((const uint16_t *)(row + D))[b]);
+}
 
 /* the sums of a0..a7's lanes, in lanes 0..7 */
 static inline __m256 sum8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5, __m256 a6, __m256 a7) {
@@ -109,7 +111,8 @@ TILE void store_scores(const __m256 *a, int R, int c, float *w, int64_t ws, int6
     __m256 x[8];
     for (int i = 0; i < 8; i++) x[i] = i0 + i < R * c ? a[i0 + i] : z;
     float lanes[8];
-    _mm256_storeu_ps(lanes, _mm256_mul_ps(sum8(x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7]), _mm256_set1_ps(scale)));
+    __m256 sums = sum8(x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7]);
+    _mm256_storeu_ps(lanes, _mm256_mul_ps(sums, _mm256_set1_ps(scale)));
     for (int i = i0; i < i0 + 8 && i < R * c; i++) w[(i % c) * ws + t + i / c] = lanes[i - i0];
   }
 }
@@ -283,8 +286,8 @@ TILE void weigh_c(const float *w, int64_t ws, const float *inv, const void *Vc, 
 
 /* y_h[0..D) = inv[h] sum over t < n of w[h * ws + t] V[t] for the c heads y_h = y + h D (D a multiple of 8, else a
  * row at a time through y) */
-static void weigh(const float *w, int64_t ws, const float *inv, const void *Vc, int64_t W, int q8, float *y, int64_t n,
-                  int64_t D, int c) {
+static void weigh(const float *w, int64_t ws, const float *inv, const void *Vc, int64_t W, int q8, float *y,
+                  int64_t n, int64_t D, int c) {
   if (!q8 && D % 8) {
     const uint16_t *V = Vc;
     for (int h = 0; h < c; h++) {
