@@ -72,6 +72,7 @@ def test_bench_decoder_json_output_file_and_plot(capsys, tmp_path):
         assert row["tpot_ms_p99"] >= row["tpot_ms_p50"]
         # 4 layers x K and V x 2 KV heads x head_dim 64 x 64 positions x 4 bytes
         assert row["kv_cache_bytes"] == 4 * 2 * 2 * 64 * 64 * 4
+        assert "others_busy_cpus" in row  # None where the runs were too short to say (measure.MIN_LOAD_WINDOW_S)
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads(out.read_text()) == report and report["plot"] == str(plot)
 

@@ -6,6 +6,7 @@ import ast
 import mmap
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -86,3 +87,34 @@ def test_measure_imports_only_the_standard_library():
     roots = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     roots |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert roots and roots <= set(sys.stdlib_module_names) | {"__future__"}, roots
+
+
+def test_others_busy_is_the_machines_busy_time_less_this_processs_over_the_wall_time():
+    """Samples are (wall s, machine busy CPU s, this process's CPU s): 3 s of machine time in 2 s of wall time, 1 of
+    them this process's, leaves 1 CPU kept busy by other work."""
+    assert measure.others_busy_cpus((10.0, 100.0, 5.0), (12.0, 103.0, 6.0)) == 1.0
+    assert measure.others_busy_cpus((10.0, 100.0, 5.0), (12.0, 101.0, 6.01)) == 0.0  # ticks rounding: never below 0
+    assert measure.others_busy_cpus((10.0, 100.0, 5.0), (10.1, 101.0, 5.0)) is None  # under MIN_LOAD_WINDOW_S
+    assert measure.others_busy_cpus(None, (12.0, 103.0, 6.0)) is None
+
+
+@pytest.mark.skipif(measure.cpu_sample() is None, reason="no /proc/stat")
+def test_a_process_spinning_beside_this_one_is_counted_as_other_work():
+    spin = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 3: pass"])
+    try:
+        time.sleep(0.3)  # started and spinning
+        before = measure.cpu_sample()
+        time.sleep(1.0)
+        others = measure.others_busy_cpus(before, measure.cpu_sample())
+    finally:
+        spin.kill()
+        spin.wait()
+    assert others is not None and others >= 0.4  # a whole CPU where the child gets one; other tests only add
+
+
+def test_the_busy_note_speaks_from_half_a_cpu_and_a_quarter_of_the_machine():
+    assert measure.busy_note(0.4, cpus=2) is None and measure.busy_note(None, cpus=2) is None
+    note = measure.busy_note(0.5, cpus=2)
+    assert note.startswith("other work kept 0.5 of this machine's 2 CPUs busy while it was timed")
+    assert measure.busy_note(3.0, cpus=16) is None
+    assert "4 of this machine's 16 CPUs" in measure.busy_note(4.0, cpus=16)

@@ -161,3 +161,7 @@ def test_speed_check_ratio_is_the_two_reported_figures_and_its_line_says_where_i
     assert (sc["runtime"], sc["ctx"], sc["decode_tokens_per_s"], sc["ran_on"]) == ("rkllm", 40, 123.46, "simulator")
     assert sc["ratio"] == pytest.approx(sc["decode_tokens_per_s"] / sc["predicted_decode_tokens_per_s"], rel=1e-3)
     assert sc["board_figure"] is False and "a simulator figure" in speed_line(sc)
+    assert sc["others_busy_cpus"] is None and "other work" not in sc["note"]
+    busy = speed_check(123.456, "simulator", spec, get_board("rk3588-8g"), "w8a8", 40, "rkllm", "test decode",
+                       others_busy=64.0)  # more than any machine running this has: always said
+    assert busy["others_busy_cpus"] == 64.0 and "other work kept 64 of this machine's" in speed_line(busy)

@@ -17,6 +17,10 @@ fresh subprocess would report its parent's peak.
 Latency: :func:`latency_stats` — nearest-rank percentiles (an observed value, never an
 interpolation) over samples in milliseconds.
 
+Other work: :func:`others_busy_cpus` between two :func:`cpu_sample` — how many CPUs other processes (and, in a
+virtual machine, its host: steal time) kept busy while something was timed, from ``/proc/stat`` less this
+process's own CPU time. A speed figure taken while that is high reads low, and says so.
+
 Imports only the standard library: the core and plugins import it and ``edgeinfer plan`` stays light.
 """
 
@@ -27,6 +31,7 @@ import os
 import resource
 import statistics
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -77,3 +82,42 @@ def reset_peak_rss() -> bool:
         return True
     except OSError:
         return False
+
+
+MIN_LOAD_WINDOW_S = 0.2  # the kernel counts CPU time in ticks of 10 ms: a shorter window says little
+
+
+def cpu_sample() -> tuple[float, float, float] | None:
+    """(wall seconds, CPU seconds the whole machine has been busy, this process's CPU seconds) now, for
+    :func:`others_busy_cpus`; None without ``/proc/stat`` (not Linux)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+        ticks = [int(x) for x in fields[1:9]]  # user nice system idle iowait irq softirq steal
+    except (OSError, ValueError):
+        return None
+    if fields[0] != "cpu" or len(ticks) < 8:
+        return None
+    own = os.times()
+    busy = sum(ticks[:3]) + sum(ticks[5:8])
+    return time.monotonic(), busy / os.sysconf("SC_CLK_TCK"), own.user + own.system
+
+
+def others_busy_cpus(before: tuple[float, float, float] | None,
+                     after: tuple[float, float, float] | None) -> float | None:
+    """The CPUs other work kept busy between two :func:`cpu_sample`: the machine's busy time less this process's,
+    over the wall time (0 at the least); None without both samples or over less than MIN_LOAD_WINDOW_S."""
+    if before is None or after is None or after[0] - before[0] < MIN_LOAD_WINDOW_S:
+        return None
+    others = (after[1] - before[1]) - (after[2] - before[2])
+    return round(max(0.0, others) / (after[0] - before[0]), 2)
+
+
+def busy_note(others: float | None, cpus: int | None = None) -> str | None:
+    """One line where other work kept at least half a CPU and a quarter of this machine's busy while a figure was
+    timed, else None."""
+    cpus = cpus or os.cpu_count() or 1
+    if others is None or others < max(0.5, cpus / 4):
+        return None
+    return (f"other work kept {others:.2g} of this machine's {cpus} CPUs busy while it was timed: its speed "
+            "figures may read low; run it again on an idle machine")

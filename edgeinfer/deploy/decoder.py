@@ -432,10 +432,10 @@ def speed_check(timed: tuple[list[Any], int], device: str, plan: Any, b: Board, 
     from edgeinfer.planning.selfcheck import speed_check as compare
 
     metrics, positions = timed
-    measured = median(m.decode_tokens_per_s for m in metrics) if metrics else None
-    return compare(measured, device, plan.model, b, scheme, positions, runtime,
-                   f"the golden check's greedy decode (logits recorded), median of {len(metrics)} prompts",
-                   (paged.window, paged.segments) if paged else None)
+    busy = max((m.others_busy_cpus for m in metrics if m.others_busy_cpus is not None), default=None)
+    return compare(median(m.decode_tokens_per_s for m in metrics) if metrics else None, device, plan.model, b,
+                   scheme, positions, runtime, f"the golden check's greedy decode (logits recorded), median of "
+                   f"{len(metrics)} prompts", (paged.window, paged.segments) if paged else None, busy)
 
 
 def judge(candidate: Any, recorded: list[decoder_bundle.Recorded], new_tokens: int, scheme: str,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from edgeinfer.contract.measure import busy_note
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.planning import measured_run, planner
 from edgeinfer.planning.boards import Board
@@ -75,18 +76,23 @@ def ratio(measured: float | None, predicted: float | None) -> float | None:
 
 
 def speed_check(measured: float | None, device: str, spec: ModelSpec, board: Board, scheme: str, ctx: int,
-                runtime: str | None, measured_at: str, paging: tuple[int, int] | None = None) -> dict[str, Any]:
+                runtime: str | None, measured_at: str, paging: tuple[int, int] | None = None,
+                others_busy: float | None = None) -> dict[str, Any]:
     """Measured decode tok/s (``measured_at`` says of what) against the plan's prediction at ``ctx`` positions
-    for ``board`` / ``runtime`` / ``scheme`` (and ``paging``: window, segments): deploy's ``speed_check``."""
+    for ``board`` / ``runtime`` / ``scheme`` (and ``paging``: window, segments): deploy's ``speed_check``;
+    ``others_busy``: the CPUs other work kept busy meanwhile (measure.others_busy_cpus), said where high."""
     try:
         est = _plan(spec, board, scheme, ctx, runtime or board.backend_runtime, paging).estimates
     except EdgeInferError as e:
         return {"board": board.name, "skipped": f"cannot plan this model on {board.name}: {e.one_line()}"}
     meas = round(measured, 2) if measured else None
     pred = round(est.decode_tokens_per_s, 2) if est.decode_tokens_per_s is not None else None
-    return {"board": board.name, "runtime": est.runtime, "scheme": scheme, "ctx": ctx, "measured_at": measured_at,
-            "decode_tokens_per_s": meas, "predicted_decode_tokens_per_s": pred, "ratio": ratio(meas, pred),
-            "speed_basis": est.basis, **speed_label(device, board, pred, est.basis)}
+    out = {"board": board.name, "runtime": est.runtime, "scheme": scheme, "ctx": ctx, "measured_at": measured_at,
+           "decode_tokens_per_s": meas, "predicted_decode_tokens_per_s": pred, "ratio": ratio(meas, pred),
+           "speed_basis": est.basis, "others_busy_cpus": others_busy, **speed_label(device, board, pred, est.basis)}
+    if busy := busy_note(others_busy):
+        out["note"] += f"; {busy}"
+    return out
 
 
 def speed_line(sc: dict[str, Any]) -> str:

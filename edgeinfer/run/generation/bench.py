@@ -77,6 +77,8 @@ def _one_length(gen: Generator, ids: list[int], new_tokens: int, repeat: int, wa
         row[key] = statistics.median(values) if values else None
     row["peak_rss_bytes"] = measure.peak_rss_bytes() if reset else max(m.peak_rss_bytes for m in runs)
     row["kv_cache_bytes"] = gen.kv_cache_bytes
+    row["others_busy_cpus"] = max((m.others_busy_cpus for m in runs if m.others_busy_cpus is not None),
+                                  default=None)  # other work meanwhile (measure.others_busy_cpus)
     row["runs"] = [{k: getattr(m, k) for k in MEDIAN_KEYS} for m in runs]
     return row
 
@@ -95,6 +97,8 @@ def bench(gen: Generator, model: str, prompt_lengths: Sequence[int] | None = Non
     for n in progress.track(lengths, "benchmarking", total=len(lengths)):
         rows.append(_one_length(gen, prompt_of_length(gen.codec, n), new_tokens, repeat, warmup))
     d = gen.decoder
+    load = measure.busy_note(max((r["others_busy_cpus"] for r in rows if r["others_busy_cpus"] is not None),
+                                 default=None))
     return {
         "kind": "decoder",
         "model": model,
@@ -107,7 +111,7 @@ def bench(gen: Generator, model: str, prompt_lengths: Sequence[int] | None = Non
         "warmup": warmup,
         "sampling": "greedy, EOS ignored (every run generates new_tokens tokens)",
         "statistic": "median over the repeats (tpot_ms_p50/p99: each run's percentile, median over runs)",
-        "notes": notes + ([d.caveat] if d.caveat else []),
+        "notes": notes + ([d.caveat] if d.caveat else []) + ([load] if load else []),
         "results": rows,
     }
 

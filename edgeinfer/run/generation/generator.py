@@ -14,7 +14,7 @@ from typing import Any
 from edgeinfer.contract.boundary import plugin_call, plugin_error
 from edgeinfer.contract.decoder import Decoder, NativeDecoder
 from edgeinfer.contract.generation import GenerationOptions
-from edgeinfer.contract.measure import peak_rss_bytes
+from edgeinfer.contract.measure import cpu_sample, peak_rss_bytes
 from edgeinfer.errors import InputError, ModelError
 from edgeinfer.run.generation.metrics import GenerationMetrics, summarize
 from edgeinfer.run.generation.sampling import Sampler, checked_logits
@@ -173,7 +173,7 @@ class Generator:
 
         d = self.decoder
         with self._lock:
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), cpu_sample()
             sampler, answer = Sampler(options), Answer(self.codec, options)
             times: list[float] = []
             logits_seen: list[Any] | None = [] if record_logits else None
@@ -202,7 +202,7 @@ class Generator:
             tail = answer.end(cancelled)
             if tail:
                 yield tail
-            metrics = summarize(len(ids), times, start, prefill_end, peak_rss_bytes(), d.kv_cache_bytes)
+            metrics = summarize(len(ids), times, start, prefill_end, peak_rss_bytes(), d.kv_cache_bytes, cpu)
             s.result = _result(answer, metrics, ids, logits_seen)
 
     # --- a backend's native loop -----------------------------------------------------------
@@ -211,7 +211,7 @@ class Generator:
         with self._lock:
             events: queue.Queue[tuple[str, Any]] = queue.Queue()
             halt = threading.Event()  # EOS or a stop string was seen: ask the runtime to stop
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), cpu_sample()
             times: list[float] = []
 
             def on_token(tok: int) -> bool:
@@ -252,7 +252,7 @@ class Generator:
             tail = answer.end(s.cancelled)
             if tail:
                 yield tail
-            s.result = self._native_result(answer, ids, native, times, start)
+            s.result = self._native_result(answer, ids, native, times, start, cpu)
 
     def _run_native_inline(self, ids: list[int], options: GenerationOptions) -> GenerationResult:
         """A native loop nobody reads piece by piece: the bookkeeping runs in the runtime's callback, with
@@ -261,7 +261,7 @@ class Generator:
         small model each millisecond token carried ~20 µs of per-token text work otherwise."""
         d = self.decoder
         with self._lock:
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), cpu_sample()
             times: list[float] = []
             answer = Answer(self.codec, options)
             later: list[int] = []
@@ -289,13 +289,13 @@ class Generator:
             for tok in later:
                 answer.push(tok)
             answer.end(False)
-            return self._native_result(answer, ids, native, times, start)
+            return self._native_result(answer, ids, native, times, start, cpu)
 
     def _native_result(self, answer: Answer, ids: list[int], native: dict[str, Any], times: list[float],
-                       start: float) -> GenerationResult:
+                       start: float, cpu: tuple[float, float, float] | None) -> GenerationResult:
         """The result of a native loop: edgeinfer's timings, with the runtime's own where it reports them."""
         metrics = summarize(len(ids), times[: len(answer.ids)], start, None, peak_rss_bytes(),
-                            self.decoder.kv_cache_bytes)
+                            self.decoder.kv_cache_bytes, cpu)
         for key in ("ttft_ms", "tpot_ms_p50", "tpot_ms_p99", "decode_tokens_per_s", "prefill_tokens_per_s"):
             if isinstance(native.get(key), (int, float)):
                 setattr(metrics, key, float(native[key]))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from edgeinfer.contract.measure import latency_stats
+from edgeinfer.contract.measure import cpu_sample, latency_stats, others_busy_cpus
 
 
 @dataclass
@@ -20,14 +20,17 @@ class GenerationMetrics:
     total_ms: float
     peak_rss_bytes: int
     kv_cache_bytes: int
+    others_busy_cpus: float | None = None  # CPUs other work kept busy meanwhile (measure.others_busy_cpus)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
 def summarize(prompt_tokens: int, token_times: list[float], start: float, prefill_end: float | None,
-              peak_rss: int, kv_cache_bytes: int) -> GenerationMetrics:
-    """``token_times``: perf_counter() when each new token was chosen; ``start``: request start."""
+              peak_rss: int, kv_cache_bytes: int,
+              cpu_at_start: tuple[float, float, float] | None = None) -> GenerationMetrics:
+    """``token_times``: perf_counter() when each new token was chosen; ``start``: request start;
+    ``cpu_at_start``: :func:`measure.cpu_sample` then."""
     n = len(token_times)
     first = token_times[0] if n else None
     end = token_times[-1] if n else start
@@ -46,4 +49,5 @@ def summarize(prompt_tokens: int, token_times: list[float], start: float, prefil
         total_ms=(end - start) * 1e3,
         peak_rss_bytes=peak_rss,
         kv_cache_bytes=kv_cache_bytes,
+        others_busy_cpus=others_busy_cpus(cpu_at_start, cpu_sample()),
     )
