@@ -212,6 +212,7 @@ def test_bench_writes_json_and_png(bundles, tmp_path, cli):
     assert report["device"] == "simulator" and report["static_batch"] == 1
     assert [r["batch"] for r in report["results"]] == [1, 2]
     assert report["results"][1]["runs_per_call"] == 2  # static batch 1: two calls for batch 2
+    assert all("others_busy_cpus" in r for r in report["results"]) and isinstance(report["notes"], list)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

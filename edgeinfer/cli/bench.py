@@ -243,6 +243,8 @@ def _render_encoder(r: dict[str, Any]) -> None:
         t.add_row(str(row["batch"]), str(row["seq"]), f"{lat['p50']:.1f}", f"{lat['p95']:.1f}",
                   f"{lat['p99']:.1f}", f"{row['throughput_per_s']:.1f}", rss)
     console().print(t)
+    for note in r["notes"]:
+        console().print(f"note: {note}")
     if r.get("plot"):
         console().print(f"chart: {r['plot']}")
 

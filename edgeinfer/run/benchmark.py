@@ -59,7 +59,7 @@ def bench(
         for _ in range(warmup):
             call(feeds)
         reset = measure.reset_peak_rss()  # each batch size gets its own peak
-        times = []
+        times, cpu = [], measure.cpu_sample()
         for _ in range(repeat):
             t = time.perf_counter()
             call(feeds)
@@ -74,9 +74,12 @@ def bench(
                 "throughput_per_s": b / (lat["mean"] / 1e3),
                 "peak_rss_bytes": measure.peak_rss_bytes() if reset else None,
                 "runs_per_call": -(-b // fixed) if fixed else 1,
+                "others_busy_cpus": measure.others_busy_cpus(cpu, measure.cpu_sample()),
             }
         )
     task = bundle.manifest.task
+    load = measure.busy_note(max((r["others_busy_cpus"] for r in rows if r["others_busy_cpus"] is not None),
+                                 default=None))
     return {
         **({"task": task.kind, "unit": "pairs" if task.kind == "rerank" else "texts"} if task else {}),
         "bundle": str(bundle.path),
@@ -87,6 +90,7 @@ def bench(
         "static_batch": fixed,
         "repeat": repeat,
         "results": rows,
+        "notes": [load] if load else [],
     }
 
 
