@@ -173,7 +173,7 @@ class Generator:
 
         d = self.decoder
         with self._lock:
-            start, cpu = time.perf_counter(), cpu_sample()
+            cpu, start = cpu_sample(), time.perf_counter()  # the sample first: not in the timings
             sampler, answer = Sampler(options), Answer(self.codec, options)
             times: list[float] = []
             logits_seen: list[Any] | None = [] if record_logits else None
@@ -211,7 +211,7 @@ class Generator:
         with self._lock:
             events: queue.Queue[tuple[str, Any]] = queue.Queue()
             halt = threading.Event()  # EOS or a stop string was seen: ask the runtime to stop
-            start, cpu = time.perf_counter(), cpu_sample()
+            cpu, start = cpu_sample(), time.perf_counter()
             times: list[float] = []
 
             def on_token(tok: int) -> bool:
@@ -261,7 +261,7 @@ class Generator:
         small model each millisecond token carried ~20 µs of per-token text work otherwise."""
         d = self.decoder
         with self._lock:
-            start, cpu = time.perf_counter(), cpu_sample()
+            cpu, start = cpu_sample(), time.perf_counter()
             times: list[float] = []
             answer = Answer(self.codec, options)
             later: list[int] = []
