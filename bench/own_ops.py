@@ -1,5 +1,5 @@
 """edgeinfer's own onnxruntime ops (``edgeinfer.MatMulF16``, ``MatMulW8``, ``MatMulW4``) in each build of their
-library this CPU runs: AVX-512 (F, BW, VNNI) and AVX2 (with FMA and F16C; what an Intel Core Ultra or an AVX2-only
+library this CPU runs: AVX-512 (F, BW, VL, VNNI) and AVX2 (with FMA and F16C; what an Intel Core Ultra or an AVX2-only
 AMD box gets). The build is pinned with ``EDGEINFER_KERNEL_ISA``, so an AVX-512 machine measures both.
 
 - ``layer``: one graph of ``LAYERS`` weights of K x N (default 1024 x 2816, the peer model's MLP: 176 MiB in fp16,

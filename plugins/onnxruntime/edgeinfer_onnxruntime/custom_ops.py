@@ -3,8 +3,8 @@
 int8 weights with an fp32 scale per block of 128, the activations as two int8 digits per block on the CPU's integer
 dot products) and ``edgeinfer.MatMulW4`` (w4a16 and w4a8: int4 weights with a scale and a minimum per block of 32,
 as llama.cpp's Q4_1, on the same two digits or on the high digit alone: int8 activations), where this machine can
-build and run them (:func:`unavailable`): one library, built for AVX-512 (F, BW, VNNI) or for AVX2 (with FMA, F16C),
-whichever the CPU has (:func:`isa`), both over the same packed weights; else fp16 runs as two int8 planes
+build and run them (:func:`unavailable`): one library, built for AVX-512 (F, BW, VL, VNNI) or for AVX2 (with FMA,
+F16C), whichever the CPU has (:func:`isa`), both over the same packed weights; else fp16 runs as two int8 planes
 (:mod:`.weight_planes`) and w8a16 over its activations' two int8 digits (:mod:`.int8_digits`), both on
 onnxruntime's int8 kernel, and w4a16 and w4a8 on the builder's symmetric int4 MatMulNBits. With them,
 ``edgeinfer.GroupQueryAttention`` (``kernels/attention.c``): the decoder's attention over its fp16 KV cache, in
@@ -45,8 +45,8 @@ SOURCES = (KERNELS / "matmul.c", KERNELS / "attention.c", KERNELS / "embedding.c
 FLAGS = ["-std=gnu11", "-O3", "-fPIC", "-shared", "-fvisibility=hidden"]
 # the library's builds, best first: the CPU flags each needs (as /proc/cpuinfo names them) and its compiler flags
 ISAS = {
-    "avx512": (("avx512f", "avx512bw", "avx512_vnni", "fma", "f16c"),
-               ["-mavx512f", "-mavx512bw", "-mavx512vnni", "-mfma", "-mf16c"]),
+    "avx512": (("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "fma", "f16c"),
+               ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mfma", "-mf16c"]),
     "avx2": (("avx2", "fma", "f16c"), ["-mavx2", "-mfma", "-mf16c"]),
 }
 ISA_ENV = "EDGEINFER_KERNEL_ISA"  # pins one build (tests and benchmarks run the AVX2 one on an AVX-512 CPU)

@@ -308,7 +308,7 @@ def test_the_probe_names_the_ops_and_warns_with_a_fix_when_no_compiler_builds_th
 def test_each_cpu_gets_the_best_build_it_runs_and_one_without_avx2_a_line_that_says_so(monkeypatch):
     """The CPU's flags stood in for (custom_ops._cpu_flags): this machine's own are one case only."""
     monkeypatch.delenv(custom_ops.ISA_ENV, raising=False)
-    zen4 = ("fma", "f16c", "avx2", "avx512f", "avx512bw", "avx512_vnni")
+    zen4 = ("fma", "f16c", "avx2", "avx512f", "avx512bw", "avx512vl", "avx512_vnni")
     core_ultra = ("fma", "f16c", "avx2", "avx_vnni")  # Meteor Lake: AVX2 and AVX-VNNI, no AVX-512
     for flags, want in [(zen4, "avx512"), (core_ultra, "avx2"), (("fma", "f16c", "avx"), None)]:
         monkeypatch.setattr(custom_ops, "_cpu_flags", lambda flags=flags: flags)
@@ -320,7 +320,8 @@ def test_each_cpu_gets_the_best_build_it_runs_and_one_without_avx2_a_line_that_s
     monkeypatch.setattr(custom_ops, "_cpu_flags", lambda: core_ultra)
     monkeypatch.setenv(custom_ops.ISA_ENV, "avx512")
     assert custom_ops.isa() is None
-    assert custom_ops.unavailable() == "the CPU lacks avx512f, avx512bw, avx512_vnni (EDGEINFER_KERNEL_ISA=avx512)"
+    assert custom_ops.unavailable() == ("the CPU lacks avx512f, avx512bw, avx512vl, avx512_vnni "
+                                        "(EDGEINFER_KERNEL_ISA=avx512)")
     monkeypatch.setenv(custom_ops.ISA_ENV, "neon")
     assert custom_ops.unavailable() == "EDGEINFER_KERNEL_ISA=neon names no build of them (one of avx512, avx2)"
 
