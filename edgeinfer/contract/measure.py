@@ -32,7 +32,7 @@ import resource
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 
@@ -111,6 +111,11 @@ def others_busy_cpus(before: tuple[float, float, float] | None,
         return None
     others = (after[1] - before[1]) - (after[2] - before[2])
     return round(max(0.0, others) / (after[0] - before[0]), 2)
+
+
+def most_busy(figures: Iterable[float | None]) -> float | None:
+    """The highest of several :func:`others_busy_cpus` figures that are known, or None."""
+    return max((f for f in figures if f is not None), default=None)
 
 
 def busy_note(others: float | None, cpus: int | None = None) -> str | None:

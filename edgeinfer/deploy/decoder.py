@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from edgeinfer import files
-from edgeinfer.contract import cache, remote_code, seal, stamp
+from edgeinfer.contract import cache, measure, remote_code, seal, stamp
 from edgeinfer.contract import registry as plugins
 from edgeinfer.contract.backend import Backend, TensorSpec
 from edgeinfer.contract.names import DECODER_REFERENCE
@@ -432,7 +432,7 @@ def speed_check(timed: tuple[list[Any], int], device: str, plan: Any, b: Board, 
     from edgeinfer.planning.selfcheck import speed_check as compare
 
     metrics, positions = timed
-    busy = max((m.others_busy_cpus for m in metrics if m.others_busy_cpus is not None), default=None)
+    busy = measure.most_busy(m.others_busy_cpus for m in metrics)
     return compare(median(m.decode_tokens_per_s for m in metrics) if metrics else None, device, plan.model, b,
                    scheme, positions, runtime, f"the golden check's greedy decode (logits recorded), median of "
                    f"{len(metrics)} prompts", (paged.window, paged.segments) if paged else None, busy)

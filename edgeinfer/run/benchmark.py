@@ -78,8 +78,7 @@ def bench(
             }
         )
     task = bundle.manifest.task
-    load = measure.busy_note(max((r["others_busy_cpus"] for r in rows if r["others_busy_cpus"] is not None),
-                                 default=None))
+    load = measure.busy_note(measure.most_busy(r["others_busy_cpus"] for r in rows))
     return {
         **({"task": task.kind, "unit": "pairs" if task.kind == "rerank" else "texts"} if task else {}),
         "bundle": str(bundle.path),

@@ -77,8 +77,7 @@ def _one_length(gen: Generator, ids: list[int], new_tokens: int, repeat: int, wa
         row[key] = statistics.median(values) if values else None
     row["peak_rss_bytes"] = measure.peak_rss_bytes() if reset else max(m.peak_rss_bytes for m in runs)
     row["kv_cache_bytes"] = gen.kv_cache_bytes
-    row["others_busy_cpus"] = max((m.others_busy_cpus for m in runs if m.others_busy_cpus is not None),
-                                  default=None)  # other work meanwhile (measure.others_busy_cpus)
+    row["others_busy_cpus"] = measure.most_busy(m.others_busy_cpus for m in runs)  # other work meanwhile
     row["runs"] = [{k: getattr(m, k) for k in MEDIAN_KEYS} for m in runs]
     return row
 
@@ -97,8 +96,7 @@ def bench(gen: Generator, model: str, prompt_lengths: Sequence[int] | None = Non
     for n in progress.track(lengths, "benchmarking", total=len(lengths)):
         rows.append(_one_length(gen, prompt_of_length(gen.codec, n), new_tokens, repeat, warmup))
     d = gen.decoder
-    load = measure.busy_note(max((r["others_busy_cpus"] for r in rows if r["others_busy_cpus"] is not None),
-                                 default=None))
+    load = measure.busy_note(measure.most_busy(r["others_busy_cpus"] for r in rows))
     return {
         "kind": "decoder",
         "model": model,
