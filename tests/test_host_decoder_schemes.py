@@ -262,18 +262,19 @@ def _deploy_without_a_c_compiler(tmp_path, quant):
     return stamp, graph, ops
 
 
-def test_the_avx2_build_of_the_own_ops_deploys_w8a16_and_passes_golden(tmp_path, monkeypatch):
-    """The library's AVX2 build (what an Intel Core Ultra's CPU runs; pinned here with EDGEINFER_KERNEL_ISA),
-    whose MatMulW8 multiplies on vpmaddwd instead of VNNI: the same graph, checked against the fp32 reference by
-    deploy's golden check on that build."""
+@pytest.mark.parametrize("build, quant, op", [("avx2", "w8a16", "MatMulW8"), ("portable", "w4a16", "MatMulW4")])
+def test_the_avx2_and_portable_builds_of_the_own_ops_deploy_and_pass_golden(tmp_path, monkeypatch, build, quant, op):
+    """The library's AVX2 build (what an Intel Core Ultra's CPU runs), whose MatMulW8 multiplies on vpmaddwd
+    instead of VNNI, and its portable C build (what an AArch64 board runs), pinned here with EDGEINFER_KERNEL_ISA:
+    the same graphs, checked against the fp32 reference by deploy's golden check on that build."""
     from edgeinfer_onnxruntime import custom_ops
 
-    monkeypatch.setenv(custom_ops.ISA_ENV, "avx2")
+    monkeypatch.setenv(custom_ops.ISA_ENV, build)
     if custom_ops.unavailable():
-        pytest.skip(f"no AVX2 build here: {custom_ops.unavailable()}")
-    stamp, graph = _deploy_in_a_new_process(tmp_path, "w8a16")
-    assert "edgeinfer.MatMulW8" in stamp["then"]
-    assert sum(n.op_type == "MatMulW8" and n.domain == "edgeinfer" for n in graph.graph.node) > 0
+        pytest.skip(f"no {build} build here: {custom_ops.unavailable()}")
+    stamp, graph = _deploy_in_a_new_process(tmp_path, quant)
+    assert f"edgeinfer.{op}" in stamp["then"]
+    assert sum(n.op_type == op and n.domain == "edgeinfer" for n in graph.graph.node) > 0
     assert not [n.name for n in graph.graph.node if n.op_type in ("MatMul", "MatMulNBits")
                 and n.input[1] in {t.name for t in graph.graph.initializer}]
 

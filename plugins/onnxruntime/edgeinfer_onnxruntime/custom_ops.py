@@ -3,8 +3,9 @@
 int8 weights with an fp32 scale per block of 128, the activations as two int8 digits per block on the CPU's integer
 dot products) and ``edgeinfer.MatMulW4`` (w4a16 and w4a8: int4 weights with a scale and a minimum per block of 32,
 as llama.cpp's Q4_1, on the same two digits or on the high digit alone: int8 activations), where this machine can
-build and run them (:func:`unavailable`): one library, built for AVX-512 (F, BW, VL, VNNI) or for AVX2 (with FMA,
-F16C), whichever the CPU has (:func:`isa`), both over the same packed weights; else fp16 runs as two int8 planes
+build and run them (:func:`unavailable`): one library, built for AVX-512 (F, BW, VL, VNNI), for AVX2 (with FMA,
+F16C), or as portable C for any other CPU (AArch64 boards), the best the CPU has (:func:`isa`), all over the same
+packed weights; where no C compiler builds it, fp16 runs as two int8 planes
 (:mod:`.weight_planes`) and w8a16 over its activations' two int8 digits (:mod:`.int8_digits`), both on
 onnxruntime's int8 kernel, and w4a16 and w4a8 on the builder's symmetric int4 MatMulNBits. With them,
 ``edgeinfer.GroupQueryAttention`` (``kernels/attention.c``): the decoder's attention over its fp16 KV cache, in
@@ -48,6 +49,7 @@ ISAS = {
     "avx512": (("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "fma", "f16c"),
                ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mfma", "-mf16c"]),
     "avx2": (("avx2", "fma", "f16c"), ["-mavx2", "-mfma", "-mf16c"]),
+    "portable": ((), []),  # plain C: any CPU, the compiler's own vectorizing (NEON on AArch64); needs _Float16
 }
 ISA_ENV = "EDGEINFER_KERNEL_ISA"  # pins one build (tests and benchmarks run the AVX2 one on an AVX-512 CPU)
 STALE_S = 600  # an earlier build's folder is removed once it is this old
@@ -79,8 +81,8 @@ def builds() -> list[str]:
 
 
 def isa() -> str | None:
-    """The build this process runs: ``$EDGEINFER_KERNEL_ISA`` where set, else the best this CPU has; None where it
-    has none (:func:`unavailable` says why)."""
+    """The build this process runs: ``$EDGEINFER_KERNEL_ISA`` where set, else the best this CPU has; None where the
+    pinned one does not run here (:func:`unavailable` says why)."""
     pinned = os.environ.get(ISA_ENV)
     if pinned:
         return pinned if pinned in builds() else None
@@ -89,14 +91,11 @@ def isa() -> str | None:
 
 def unavailable() -> str | None:
     """Why this machine cannot run the ops (one line), or None."""
-    if _cpu_flags() is None:
-        return "no /proc/cpuinfo to check the CPU's AVX2 on (Linux x86-64 only)"
     pinned = os.environ.get(ISA_ENV)
     if pinned and pinned not in ISAS:
         return f"{ISA_ENV}={pinned} names no build of them (one of {', '.join(ISAS)})"
-    if isa() is None:
-        build = pinned or "avx2"
-        return f"the CPU lacks {', '.join(_lacks(build))}" + (f" ({ISA_ENV}={pinned})" if pinned else "")
+    if pinned and isa() is None:  # the portable build runs on any CPU: only a pinned one can be missing
+        return f"the CPU lacks {', '.join(_lacks(pinned))} ({ISA_ENV}={pinned})"
     if compiler() is None:
         return f"no C compiler ({os.environ.get('CC') or 'cc'}) to build it"
     return None

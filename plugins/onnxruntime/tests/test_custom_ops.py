@@ -305,16 +305,22 @@ def test_the_probe_names_the_ops_and_warns_with_a_fix_when_no_compiler_builds_th
     assert "int4" in warning["message"] and "apt install gcc" in warning["fix"]
 
 
-def test_each_cpu_gets_the_best_build_it_runs_and_one_without_avx2_a_line_that_says_so(monkeypatch):
-    """The CPU's flags stood in for (custom_ops._cpu_flags): this machine's own are one case only."""
+def test_each_cpu_gets_the_best_build_it_runs_and_a_pinned_one_it_lacks_a_line_that_says_so(monkeypatch):
+    """The CPU's flags stood in for (custom_ops._cpu_flags): this machine's own are one case only. A CPU without
+    AVX2 (an older x86-64), an AArch64 board (its /proc/cpuinfo says Features, not flags) and a machine without
+    /proc/cpuinfo get the portable build."""
     monkeypatch.delenv(custom_ops.ISA_ENV, raising=False)
     zen4 = ("fma", "f16c", "avx2", "avx512f", "avx512bw", "avx512vl", "avx512_vnni")
     core_ultra = ("fma", "f16c", "avx2", "avx_vnni")  # Meteor Lake: AVX2 and AVX-VNNI, no AVX-512
-    for flags, want in [(zen4, "avx512"), (core_ultra, "avx2"), (("fma", "f16c", "avx"), None)]:
+    for flags, want in [(zen4, "avx512"), (core_ultra, "avx2"), (("fma", "f16c", "avx"), "portable"),
+                        ((), "portable"), (None, "portable")]:
         monkeypatch.setattr(custom_ops, "_cpu_flags", lambda flags=flags: flags)
         assert custom_ops.isa() == want
-    assert custom_ops.unavailable() == "the CPU lacks avx2"
-    with pytest.raises(BackendUnavailableError, match=r"cannot run here \(the CPU lacks avx2\); deploy") as e:
+        assert custom_ops.unavailable() is None
+    monkeypatch.setattr(custom_ops, "_cpu_flags", lambda: ("fma", "f16c", "avx"))
+    monkeypatch.setenv(custom_ops.ISA_ENV, "avx2")
+    assert custom_ops.unavailable() == "the CPU lacks avx2 (EDGEINFER_KERNEL_ISA=avx2)"
+    with pytest.raises(BackendUnavailableError, match=r"cannot run here \(the CPU lacks avx2 \(EDGEINFER") as e:
         custom_ops.library()
     assert "\n" not in str(e.value)
     monkeypatch.setattr(custom_ops, "_cpu_flags", lambda: core_ultra)
@@ -323,7 +329,8 @@ def test_each_cpu_gets_the_best_build_it_runs_and_one_without_avx2_a_line_that_s
     assert custom_ops.unavailable() == ("the CPU lacks avx512f, avx512bw, avx512vl, avx512_vnni "
                                         "(EDGEINFER_KERNEL_ISA=avx512)")
     monkeypatch.setenv(custom_ops.ISA_ENV, "neon")
-    assert custom_ops.unavailable() == "EDGEINFER_KERNEL_ISA=neon names no build of them (one of avx512, avx2)"
+    assert custom_ops.unavailable() == ("EDGEINFER_KERNEL_ISA=neon names no build of them "
+                                        "(one of avx512, avx2, portable)")
 
 
 def test_the_two_builds_are_two_libraries_and_a_build_replaces_its_older_ones(monkeypatch, tmp_path):

@@ -19,18 +19,22 @@
  * Outputs: output float [B, S, H D]; present_key, present_value fp16 [B, KVH, L, D]: bound to the past buffers
  *          (written in place); other buffers get the past copied first.
  * Attributes: num_heads, kv_num_heads; scale (float; 0: 1 / sqrt(D)).
- * F16C and FMA on 8 lanes, in both builds of the library.
+ * F16C and FMA on 8 lanes in the AVX2 and AVX-512 builds of the library; the portable build (any other CPU) computes
+ * the same sums in loops the compiler vectorizes.
  *
  * edgeinfer.GroupQueryAttentionQ8 is the same over a q8_0 cache (llama.cpp's --cache-type-k q8_0 layout, a row at
  * a time): past/present uint8 [B, KVH, L, D + D / 16], each position's row D int8 digits and then D / 32 fp16
  * scales, one a block of 32 (D a multiple of 32), quantized as ggml's quantize_row_q8_0_ref does (scale = the
  * block's largest magnitude / 127, each digit rounded to nearest): 34 bytes a block, 1.0625 a value.
  */
+#if defined(__AVX2__)
 #include <immintrin.h>
+#endif
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "half.h"
 #include "ort.h"
 
 typedef struct {
@@ -57,12 +61,24 @@ typedef struct { /* one call, split over (row, KV head) */
 static inline void rotate(const float *x, float *y, const uint16_t *cos, const uint16_t *sin, int64_t D) {
   int64_t h = D / 2;
   for (int64_t i = 0; i < h; i++) {
-    float c = _cvtsh_ss(cos[i]), s = _cvtsh_ss(sin[i]);
+    float c = half_to_float(cos[i]), s = half_to_float(sin[i]);
     y[i] = x[i] * c - x[i + h] * s;
     y[i + h] = x[i + h] * c + x[i] * s;
   }
 }
 
+/* the fp16 scale of block b of a q8_0 row (D int8 digits, then D / 32 fp16 scales) */
+static inline float q8_scale(const uint8_t *row, int64_t D, int64_t b) {
+  return half_to_float(((const uint16_t *)(row + D))[b]);
+}
+
+/* A pass of the scores and the weighted sum serves c (<= MAXG) query heads of one KV head at once: each cache row
+ * is read and converted to fp32 once for all of them, where a head at a time converted it c times (the query heads
+ * sharing a KV head: 2 in Qwen3-0.6B, 3 in SmolLM2-135M, 7 in Qwen2.5-0.5B). Each head's sums run in the same
+ * order as one head's alone. */
+enum { MAXG = 4 };
+
+#if defined(__AVX2__)
 static inline float hsum(__m256 a) {
   __m128 r = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
   r = _mm_add_ps(r, _mm_movehl_ps(r, r));
@@ -75,7 +91,7 @@ static inline float dot(const float *q, const uint16_t *k, int64_t D) {
   for (; d + 8 <= D; d += 8)
     a = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + d))), a);
   float sum = hsum(a);
-  for (; d < D; d++) sum += q[d] * _cvtsh_ss(k[d]);
+  for (; d < D; d++) sum += q[d] * half_to_float(k[d]);
   return sum;
 }
 
@@ -86,9 +102,6 @@ static inline __m256 i8x8(const int8_t *x) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)x)));
 }
 
-static inline float q8_scale(const uint8_t *row, int64_t D, int64_t b) {
-  return _cvtsh_ss(((const uint16_t *)(row + D))[b]);
-}
 
 /* the sums of a0..a7's lanes, in lanes 0..7 */
 static inline __m256 sum8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5, __m256 a6, __m256 a7) {
@@ -97,11 +110,7 @@ static inline __m256 sum8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4,
   return _mm256_add_ps(_mm256_permute2f128_ps(s0, s1, 0x20), _mm256_permute2f128_ps(s0, s1, 0x31));
 }
 
-/* A pass of the scores and the weighted sum serves c (<= MAXG) query heads of one KV head at once: each cache row
- * is read and converted to fp32 once for all of them, where a head at a time converted it c times (the query heads
- * sharing a KV head: 2 in Qwen3-0.6B, 3 in SmolLM2-135M, 7 in Qwen2.5-0.5B). Each head's sums run in the same
- * order as one head's alone. The tiles below take R rows and c heads as constants (always inlined at each call). */
-enum { MAXG = 4 };
+/* The tiles below take R rows and c heads as constants (always inlined at each call). */
 #define TILE static inline __attribute__((always_inline))
 
 /* w[h * ws + t + r] = scale q_h . row r, from the R x c accumulators a[r * c + h] (R c <= 12), eight at a time */
@@ -294,7 +303,7 @@ static void weigh(const float *w, int64_t ws, const float *inv, const void *Vc, 
       float *yh = y + h * D;
       memset(yh, 0, sizeof(float) * (size_t)D);
       for (int64_t t = 0; t < n; t++)
-        for (int64_t d = 0; d < D; d++) yh[d] += w[h * ws + t] * _cvtsh_ss(V[t * D + d]);
+        for (int64_t d = 0; d < D; d++) yh[d] += w[h * ws + t] * half_to_float(V[t * D + d]);
       for (int64_t d = 0; d < D; d++) yh[d] *= inv[h];
     }
     return;
@@ -311,8 +320,70 @@ static inline void store_f16(const float *x, uint16_t *y, int64_t D) {
   int64_t d = 0;
   for (; d + 8 <= D; d += 8)
     _mm_storeu_si128((__m128i *)(y + d), _mm256_cvtps_ph(_mm256_loadu_ps(x + d), _MM_FROUND_TO_NEAREST_INT));
-  for (; d < D; d++) y[d] = _cvtss_sh(x[d], _MM_FROUND_TO_NEAREST_INT);
+  for (; d < D; d++) y[d] = float_to_half(x[d]);
 }
+
+#else /* portable C: a cache row converted to fp32 once for the c heads, sums in 8 independent lanes (vectorized
+       * without reassociating), e^x from the C library */
+/* row t of the cache as fp32 */
+static inline void row_f32(const void *C, int64_t W, int q8, int64_t t, int64_t D, float *r) {
+  if (q8) {
+    const uint8_t *row = (const uint8_t *)C + t * W;
+    for (int64_t b = 0; b < D / 32; b++) {
+      float sc = q8_scale(row, D, b);
+      for (int i = 0; i < 32; i++) r[b * 32 + i] = sc * (float)((const int8_t *)row)[b * 32 + i];
+    }
+  } else {
+    for (int64_t d = 0; d < D; d++) r[d] = half_to_float(((const uint16_t *)C)[t * D + d]);
+  }
+}
+
+static inline float dot_f32(const float *x, const float *y, int64_t D) {
+  float a[8] = {0};
+  int64_t d = 0;
+  for (; d + 8 <= D; d += 8)
+    for (int i = 0; i < 8; i++) a[i] += x[d + i] * y[d + i];
+  float sum = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+  for (; d < D; d++) sum += x[d] * y[d];
+  return sum;
+}
+
+/* w[h * ws + t] = scale q_h . K[t] for t < n and the c heads q_h = q + h D */
+static void scores(const float *q, const void *K, int64_t W, int q8, float *w, int64_t ws, int64_t n, int64_t D,
+                   float scale, int c) {
+  float r[D];
+  for (int64_t t = 0; t < n; t++) {
+    row_f32(K, W, q8, t, D, r);
+    for (int h = 0; h < c; h++) w[h * ws + t] = dot_f32(q + h * D, r, D) * scale;
+  }
+}
+
+/* w[0..n) = e^(w[t] - max w), in place; returns 1 / their sum */
+static float softmax(float *w, int64_t n) {
+  float top = -INFINITY, sum = 0.f;
+  for (int64_t t = 0; t < n; t++) top = w[t] > top ? w[t] : top;
+  for (int64_t t = 0; t < n; t++) sum += (w[t] = expf(w[t] - top));
+  return 1.f / sum;
+}
+
+/* y_h[0..D) = inv[h] sum over t < n of w[h * ws + t] V[t] for the c heads y_h = y + h D */
+static void weigh(const float *w, int64_t ws, const float *inv, const void *Vc, int64_t W, int q8, float *y,
+                  int64_t n, int64_t D, int c) {
+  float r[D];
+  memset(y, 0, sizeof(float) * (size_t)(c * D));
+  for (int64_t t = 0; t < n; t++) {
+    row_f32(Vc, W, q8, t, D, r);
+    for (int h = 0; h < c; h++)
+      for (int64_t d = 0; d < D; d++) y[h * D + d] += w[h * ws + t] * r[d];
+  }
+  for (int h = 0; h < c; h++)
+    for (int64_t d = 0; d < D; d++) y[h * D + d] *= inv[h];
+}
+
+static inline void store_f16(const float *x, uint16_t *y, int64_t D) {
+  for (int64_t d = 0; d < D; d++) y[d] = float_to_half(x[d]);
+}
+#endif
 
 static void store_q8(const float *x, uint8_t *row, int64_t D) {
   int8_t *q = (int8_t *)row;
@@ -323,7 +394,7 @@ static void store_q8(const float *x, uint8_t *row, int64_t D) {
     for (int i = 0; i < 32; i++) amax = fabsf(v[i]) > amax ? fabsf(v[i]) : amax;
     float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f;
     for (int i = 0; i < 32; i++) q[b * 32 + i] = (int8_t)roundf(v[i] * id);
-    scales[b] = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+    scales[b] = float_to_half(d);
   }
 }
 

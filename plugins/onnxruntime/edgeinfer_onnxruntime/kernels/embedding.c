@@ -13,9 +13,9 @@
  * A row's K values are K cache lines apart in the fp16 panels (K / 4 in the integer ones): a decode step reads a few
  * rows, a long prompt some thousands, a small part of its time.
  */
-#include <immintrin.h>
 #include <stdlib.h>
 
+#include "half.h"
 #include "ort.h"
 
 #define NR 32
@@ -63,7 +63,7 @@ static OrtStatus *compute(void *kernel, void *context) {
     int64_t p = t[m] / NR, c = t[m] % NR;
     if (kind == F16) {
       const uint16_t *col = (const uint16_t *)w + p * K * NR + c;
-      for (int64_t k = 0; k < K; k++) out[k] = _cvtsh_ss(col[k * NR]);
+      for (int64_t k = 0; k < K; k++) out[k] = half_to_float(col[k * NR]);
       continue;
     }
     const float *scale = (const float *)sc + p * KB * NR + c;

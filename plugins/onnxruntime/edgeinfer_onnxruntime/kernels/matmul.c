@@ -9,9 +9,10 @@
  *              w4a16 class; with digits = 1 the high digit alone, the activations int8 per block as llama.cpp's
  *              Q4_1 takes them (the host w4a8 class). sum w x = d sum u x + m sum x, both over x as its digits
  *              hold it (as Q4_1 x Q8_1 takes the activations' sum from their int8): the block's sum once a row.
- * Two builds of this one file (custom_ops.py picks the one the CPU runs): AVX-512 F, BW and VNNI (MatMulW8 on
- * vpdpbusd), and AVX2 with FMA and F16C (MatMulW8 on vpmaddwd). Both read the same packed weights, so a bundle
- * deployed on one CPU loads on the other, and both compute the same integer sums.
+ * Three builds of this one file (custom_ops.py picks the best the CPU runs): AVX-512 F, BW and VNNI (MatMulW8 on
+ * vpdpbusd), AVX2 with FMA and F16C (MatMulW8 on vpmaddwd), and portable C for any other CPU (AArch64 boards).
+ * All read the same packed weights, so a bundle deployed on one CPU loads on another, and all compute the same
+ * integer sums.
  * onnxruntime 1.26's CPU provider has neither for x86 CPUs without AVX-512 FP16: it held fp16 weights as fp32, and
  * its 8-bit MatMulNBits dequantizes the whole weight at every call for fp32 activations (custom_ops.py says what
  * the plugin does where these cannot be built).
@@ -30,12 +31,15 @@
  * declared in ort.h. The library asks for API 17; plugins/onnxruntime/tests/test_custom_ops.py runs every op on
  * the installed onnxruntime.
  */
+#if defined(__AVX2__)
 #include <immintrin.h>
+#endif
 #include <stddef.h>
 #include <stdint.h>
 #include <math.h>
 #include <stdlib.h>
 
+#include "half.h"
 #include "ort.h"
 
 const void *const *api;
@@ -305,7 +309,7 @@ static OrtStatus *matmul_w8(void *context, const W8Args *a) {
   return s;
 }
 
-#else /* AVX2, FMA and F16C: 8 lanes a register, so a panel row is 4 registers, and 16 registers in all */
+#elif defined(__AVX2__) /* with FMA and F16C: 8 lanes a register, so a panel row is 4 registers, 16 in all */
 #define MR 6 /* activation rows a pass over half an fp16 panel (16 columns): 12 accumulators */
 
 /* row k of an fp16 panel as fp32, columns 8c .. 8c + 7 in w[c] */
@@ -525,6 +529,118 @@ static inline __attribute__((always_inline)) void w8_rows(const JobW8 *j, size_t
 RUN(8)
 RUN(4)
 #undef RUN
+
+#else /* portable C, no machine flags (AArch64, or an x86-64 CPU without AVX2): the AVX2 build's layout, digits and
+       * integer sums written as loops over a panel's 32 columns, which the compiler vectorizes (NEON on AArch64) */
+#define MR 4 /* activation rows a pass over an fp16 panel */
+
+static void panel_block(const float *x, const uint16_t *wp, float *y, int64_t K, int64_t ldy, int mr, int cols) {
+  float a[MR][NR] = {{0}}, w[NR];
+  for (int64_t k = 0; k < K; k++) {
+    for (int c = 0; c < NR; c++) w[c] = half_to_float(wp[k * NR + c]);
+    for (int i = 0; i < mr; i++)
+      for (int c = 0; c < NR; c++) a[i][c] += x[i * K + k] * w[c];
+  }
+  for (int i = 0; i < mr; i++)
+    for (int c = 0; c < cols; c++) y[i * ldy + c] = a[i][c];
+}
+
+static void panel_row(const float *x, const uint16_t *wp, float *y, int64_t K, int cols) {
+  panel_block(x, wp, y, K, 0, 1, cols);
+}
+
+#define WR 4 /* activation rows a pass over a panel */
+
+struct Digits { /* as the AVX2 build's: D = 254 h + l as one int16 */
+  int16_t *d; /* [M][K4] (+ 8) */
+  float *s;   /* [M][KB] */
+  float *sum; /* [M][KB] */
+};
+
+static void digits_of(const float *x, int64_t M, int64_t K, int64_t K4, int64_t block, int64_t KB, int digits,
+                      Digits *dg) {
+  for (int64_t m = 0; m < M; m++) {
+    const float *xm = x + m * K;
+    int16_t *d = dg->d + m * K4;
+    for (int64_t b = 0; b < KB; b++) {
+      int64_t k0 = b * block, k1 = k0 + block < K ? k0 + block : K;
+      float t = 0.0f;
+      for (int64_t k = k0; k < k1; k++) t = fabsf(xm[k]) > t ? fabsf(xm[k]) : t;
+      float s = t > 0.0f ? t / 127.0f : 1.0f, inv = 1.0f / s;
+      int32_t dsum = 0;
+      for (int64_t k = k0; k < k1; k++) {
+        float v = xm[k] * inv, hv = nearbyintf(v), lv = nearbyintf((v - hv) * 254.0f);
+        hv = fminf(fmaxf(hv, -127.0f), 127.0f);
+        lv = digits == 1 ? 0.0f : fminf(fmaxf(lv, -127.0f), 127.0f);
+        d[k] = (int16_t)(hv * 254.0f + lv);
+        dsum += d[k];
+      }
+      dg->s[m * KB + b] = s / 254.0f;
+      dg->sum[m * KB + b] = s / 254.0f * (float)dsum;
+    }
+    for (int64_t k = K; k < K4; k++) d[k] = 0;
+  }
+}
+
+/* rows m0 .. m0 + mr of one panel: a quad row's int32 sums flushed to fp32 every 256 rows, as the AVX2 build */
+static void w8_rows(const JobW8 *j, size_t p, int64_t m0, int mr, int bits) {
+  const int64_t K4 = j->K4, block = j->block;
+  const uint8_t *wp = j->w + (int64_t)p * K4 * NR * bits / 8;
+  const float *ws32 = (const float *)j->ws + (int64_t)p * j->KB * NR;
+  const uint16_t *ws16 = (const uint16_t *)j->ws + (int64_t)p * j->KB * 2 * NR; /* a block: scales, minimums */
+  int64_t col = (int64_t)p * NR;
+  int cols = j->n - col < NR ? (int)(j->n - col) : NR;
+  float f[WR][NR] = {{0}};
+  for (int64_t b = 0; b < j->KB; b++) {
+    int64_t k1 = (b + 1) * block < K4 ? (b + 1) * block : K4;
+    float ws[NR], wm[NR];
+    for (int c = 0; c < NR; c++) {
+      ws[c] = bits == 8 ? ws32[b * NR + c] : half_to_float(ws16[b * 2 * NR + c]);
+      wm[c] = bits == 8 ? 0.0f : half_to_float(ws16[b * 2 * NR + NR + c]);
+    }
+    for (int64_t kk = b * block; kk < k1; kk += 256) {
+      int64_t kend = kk + 256 < k1 ? kk + 256 : k1;
+      int32_t a[WR][NR] = {{0}};
+      for (int64_t k = kk; k < kend; k += 4) {
+        int16_t q[NR][4]; /* the quad row's weights, column by column */
+        if (bits == 8) {
+          for (int c = 0; c < NR; c++)
+            for (int r = 0; r < 4; r++) q[c][r] = (int16_t)(wp[k * NR + 4 * c + r] - 128);
+        } else {
+          for (int c = 0; c < NR / 2; c++)
+            for (int r = 0; r < 4; r++) {
+              uint8_t both = wp[k * NR / 2 + 4 * c + r];
+              q[c][r] = both & 15, q[c + NR / 2][r] = both >> 4;
+            }
+        }
+        for (int i = 0; i < mr; i++) {
+          const int16_t *d = j->d->d + (m0 + i) * K4 + k;
+          for (int c = 0; c < NR; c++) a[i][c] += q[c][0] * d[0] + q[c][1] * d[1] + q[c][2] * d[2] + q[c][3] * d[3];
+        }
+      }
+      for (int i = 0; i < mr; i++) {
+        float sx = j->d->s[(m0 + i) * j->KB + b], mx = j->d->sum[(m0 + i) * j->KB + b];
+        for (int c = 0; c < NR; c++) f[i][c] += (float)a[i][c] * sx * ws[c];
+        if (bits == 4 && kk == b * block) /* the block's minimums, once: + m sum x */
+          for (int c = 0; c < NR; c++) f[i][c] += mx * wm[c];
+      }
+    }
+  }
+  for (int i = 0; i < mr; i++)
+    for (int c = 0; c < cols; c++) j->y[(m0 + i) * j->n + col + c] = f[i][c];
+}
+
+#define RUN(BITS)                                                                                                \
+  static void run_w##BITS(void *job, size_t p) {                                                                 \
+    const JobW8 *j = job;                                                                                        \
+    for (int64_t m = 0; m < j->M; m += WR) w8_rows(j, p, m, j->M - m < WR ? (int)(j->M - m) : WR, BITS);         \
+  }
+RUN(8)
+RUN(4)
+#undef RUN
+#endif
+
+#if !defined(__AVX512F__) /* the AVX2 and portable builds: one int16 D a value */
 #define run_w4_int8 run_w4 /* the low digit is 0 in D: the same products */
 
 static OrtStatus *matmul_w8(void *context, const W8Args *a) {
