@@ -1,6 +1,7 @@
 # make dev   — .venv with the core, every plugin and example in editable mode, and test deps
 # make test  — ruff check, then the whole suite inside .venv (two xdist workers, then the serial tests)
 # make test-install — the README's board install lines in fresh venvs (needs the package index; minutes)
+# make test-aarch64 — the own ops' tests on AArch64 under qemu-user (scripts/test_aarch64.sh; apt-get the first time)
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -16,7 +17,7 @@ LLAMACPP_VERSION := 0.3.36
 LLAMACPP_CMAKE := -DLLAVA_BUILD=OFF -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
 	-DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF
 
-.PHONY: dev test test-install lint bench clean prometheus
+.PHONY: dev test test-install test-aarch64 lint bench clean prometheus
 
 dev: $(STAMP)
 
@@ -65,6 +66,9 @@ test: dev lint
 # bundle, the encoder line alone answers one with exit 3 naming the extra
 test-install: dev
 	EDGEINFER_INSTALL_TESTS=1 $(PY) -m pytest tests/test_board_install.py -q
+
+test-aarch64: dev
+	PY=$(PY) scripts/test_aarch64.sh
 
 lint: dev
 	$(VENV)/bin/ruff check .

@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -64,6 +65,10 @@ def compiler() -> str | None:
 
 @functools.lru_cache(maxsize=1)
 def _cpu_flags() -> tuple[str, ...] | None:
+    """The x86 CPU's flags as /proc/cpuinfo names them; none on another architecture (an emulator such as
+    qemu-user shows the host's /proc/cpuinfo to an AArch64 process)."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return ()
     try:
         return tuple(next((ln.split(":", 1)[1].split() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                            if ln.startswith("flags")), []))

@@ -333,7 +333,7 @@ def test_each_cpu_gets_the_best_build_it_runs_and_a_pinned_one_it_lacks_a_line_t
                                         "(one of avx512, avx2, portable)")
 
 
-def test_the_two_builds_are_two_libraries_and_a_build_replaces_its_older_ones(monkeypatch, tmp_path):
+def test_each_build_is_its_own_library_and_replaces_its_older_ones(monkeypatch, tmp_path):
     """Older sources' and unnamed builds go once untouched for STALE_S; a fresher one may be another checkout's
     build in progress (two checkouts on one machine removed each other's while compiling), and stays."""
     monkeypatch.setenv("EDGEINFER_CACHE_DIR", str(tmp_path / "cache"))

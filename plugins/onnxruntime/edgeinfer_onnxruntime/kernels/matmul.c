@@ -602,20 +602,21 @@ static void w8_rows(const JobW8 *j, size_t p, int64_t m0, int mr, int bits) {
       int64_t kend = kk + 256 < k1 ? kk + 256 : k1;
       int32_t a[WR][NR] = {{0}};
       for (int64_t k = kk; k < kend; k += 4) {
-        int16_t q[NR][4]; /* the quad row's weights, column by column */
+        int16_t q[4][NR]; /* the quad row's weights, row by row: the column loops below run over contiguous lanes */
         if (bits == 8) {
-          for (int c = 0; c < NR; c++)
-            for (int r = 0; r < 4; r++) q[c][r] = (int16_t)(wp[k * NR + 4 * c + r] - 128);
+          for (int r = 0; r < 4; r++)
+            for (int c = 0; c < NR; c++) q[r][c] = (int16_t)(wp[k * NR + 4 * c + r] - 128);
         } else {
-          for (int c = 0; c < NR / 2; c++)
-            for (int r = 0; r < 4; r++) {
+          for (int r = 0; r < 4; r++)
+            for (int c = 0; c < NR / 2; c++) {
               uint8_t both = wp[k * NR / 2 + 4 * c + r];
-              q[c][r] = both & 15, q[c + NR / 2][r] = both >> 4;
+              q[r][c] = both & 15, q[r][c + NR / 2] = both >> 4;
             }
         }
         for (int i = 0; i < mr; i++) {
           const int16_t *d = j->d->d + (m0 + i) * K4 + k;
-          for (int c = 0; c < NR; c++) a[i][c] += q[c][0] * d[0] + q[c][1] * d[1] + q[c][2] * d[2] + q[c][3] * d[3];
+          for (int r = 0; r < 4; r++)
+            for (int c = 0; c < NR; c++) a[i][c] += q[r][c] * d[r];
         }
       }
       for (int i = 0; i < mr; i++) {
