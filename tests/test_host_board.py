@@ -10,8 +10,8 @@ import pytest
 from helpers import tiny_gguf
 
 from edgeinfer.errors import InputError
+from edgeinfer.planning import boards, planner
 from edgeinfer.planning import host_bandwidth as hb
-from edgeinfer.planning import planner
 from edgeinfer.testing.cli import in_process_cli
 from edgeinfer.testing.llm import model_dir
 
@@ -117,6 +117,23 @@ def test_plan_board_host_gives_a_decode_estimate_from_the_bandwidth(monkeypatch)
     assert "host-cpu/onnxruntime/fp32" in est["10"]["basis"]
     text = cli("plan", str(model_dir()), "--board", "host", "--ctx", "256", env={ENV: "10"})
     assert f"decode ≈ {est['10']['decode_tokens_per_s']:.2f} tok/s" in " ".join(text.stdout.split())
+
+
+def test_on_another_cpu_architecture_the_host_estimate_is_extrapolated_with_a_wider_error_bar(monkeypatch):
+    """The host rows were measured on an x86-64 CPU: on an AArch64 board (platform.machine stood in for) the same
+    constants are labelled extrapolated, their error bar widened to 30 % at least; on x86-64 they are the fit."""
+    import platform
+
+    if platform.machine().lower() not in boards.HOST_FITTED_ON:
+        pytest.skip(f"the host constants are extrapolated on this {platform.machine()} machine itself")
+    monkeypatch.setenv(ENV, "10")
+    fitted = planner.plan(str(model_dir()), "host", quant="w8a16", ctx=256).estimates
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+    arm = planner.plan(str(model_dir()), "host", quant="w8a16", ctx=256)
+    assert "host-cpu/onnxruntime/w8a16" in fitted.basis and "extrapolated" not in fitted.basis
+    assert arm.estimates.basis.startswith("extrapolated") and arm.estimates.decode_error_pct >= 30
+    assert arm.estimates.decode_error_pct > fitted.decode_error_pct
+    assert any("on this aarch64 machine extrapolated" in n for n in boards.host_board().notes)
 
 
 def test_plan_board_host_without_constants_says_why(monkeypatch):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import platform
 from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
@@ -20,6 +21,7 @@ from edgeinfer.errors import BoardError, InputError
 
 GIB = 2**30
 HOST_SPEED_GROUP = "host-cpu"  # the host board's speed constants (docs/planner.md#host-decode)
+HOST_FITTED_ON = ("x86_64", "amd64")  # the architecture of bench/data/rows_host*.yaml's machine
 # the host's llama.cpp runtime (decoders; built by the backend that declares it its own, Decoders.builds)
 LLAMACPP_SOURCE = ("https://github.com/ggml-org/llama.cpp/blob/master/tools/quantize/README.md (F32, F16, Q8_0, "
                    "Q4_K_M, Q4_0 on CPU)")
@@ -213,11 +215,19 @@ def meminfo() -> tuple[int, int]:
         raise BoardError("cannot measure this machine's memory", "pass a board profile with --board FILE") from None
 
 
+def host_speed_group() -> str:
+    """``host-cpu`` on an x86-64 machine, where the host rows were measured; elsewhere (an AArch64 board) a group of
+    its own with no rows, so that the planner labels the x86 constants there extrapolated, error bar widened."""
+    arch = platform.machine().lower()
+    return HOST_SPEED_GROUP if arch in HOST_FITTED_ON else f"{HOST_SPEED_GROUP}-{arch or 'unknown'}"
+
+
 def host_board(bandwidth=None) -> Board:
     """The machine edgeinfer runs on: total and available memory measured now, memory bandwidth measured once
     and cached (:mod:`edgeinfer.planning.host_bandwidth`; ``bandwidth``: a HostBandwidth to use instead)."""
     from edgeinfer.planning.host_bandwidth import host_bandwidth
 
+    group = host_speed_group()
     total, avail = meminfo()
     src = "measured at run time from /proc/meminfo (MemTotal, MemAvailable)"
     bw = bandwidth or host_bandwidth()
@@ -231,15 +241,17 @@ def host_board(bandwidth=None) -> Board:
                             note="one-thread copy bandwidth; the speed constants are fractions of it"),
         runtimes={HOST_BACKEND: Runtime(
             schemes=["fp32", "fp16", "w8a8", "w8a16", "w4a16", "w4a8", "w4a16_g128", "w4a8_g128"],
-            speed_group=HOST_SPEED_GROUP, source=HOST_SCHEMES_SOURCE),
+            speed_group=group, source=HOST_SCHEMES_SOURCE),
             "llama.cpp": Runtime(schemes=["fp16", "fp32", "gguf:Q8_0", "gguf:Q4_K_M", "gguf:Q4_0", "gguf:Q4_1"],
                                  kinds=["decoder"],
-                                 speed_group=HOST_SPEED_GROUP, source=LLAMACPP_SOURCE),
+                                 speed_group=group, source=LLAMACPP_SOURCE),
             "openvino-cpu": Runtime(schemes=["fp32", "fp16", "w8a16"], kinds=["decoder"],
-                                    speed_group=HOST_SPEED_GROUP, source=OPENVINO_CPU_SOURCE)},
+                                    speed_group=group, source=OPENVINO_CPU_SOURCE)},
         default_runtime=HOST_BACKEND,
         notes=[f"decode speed: constants {HOST_SPEED_GROUP}/{HOST_BACKEND}/<format> fitted by bench/fit_speed.py "
-               "on bench/data/rows_host.yaml (bench/planner_host_llm.py), as fractions of the measured bandwidth"],
+               "on bench/data/rows_host.yaml (bench/planner_host_llm.py), as fractions of the measured bandwidth"
+               + ("" if group == HOST_SPEED_GROUP else
+                  f"; measured on an x86-64 CPU, so on this {platform.machine()} machine extrapolated")],
         origin="measured",
     )
 
