@@ -50,8 +50,9 @@ ISAS = {
     "avx512": (("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "fma", "f16c"),
                ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mfma", "-mf16c"]),
     "avx2": (("avx2", "fma", "f16c"), ["-mavx2", "-mfma", "-mf16c"]),
-    "portable": ((), []),  # plain C: any CPU, the compiler's own vectorizing (NEON on AArch64); needs _Float16
+    "portable": ((), []),  # plain C, the compiler's own vectorizing (NEON on AArch64); needs _Float16
 }
+PORTABLE_ON = ("x86_64", "amd64", "aarch64", "arm64")  # where compilers have _Float16 (kernels/half.h) by default
 ISA_ENV = "EDGEINFER_KERNEL_ISA"  # pins one build (tests and benchmarks run the AVX2 one on an AVX-512 CPU)
 STALE_S = 600  # an earlier build's folder is removed once it is this old
 
@@ -67,7 +68,7 @@ def compiler() -> str | None:
 def _cpu_flags() -> tuple[str, ...] | None:
     """The x86 CPU's flags as /proc/cpuinfo names them; none on another architecture (an emulator such as
     qemu-user shows the host's /proc/cpuinfo to an AArch64 process)."""
-    if platform.machine().lower() not in ("x86_64", "amd64"):
+    if _arch() not in ("x86_64", "amd64"):
         return ()
     try:
         return tuple(next((ln.split(":", 1)[1].split() for ln in Path("/proc/cpuinfo").read_text().splitlines()
@@ -82,7 +83,11 @@ def _lacks(build: str) -> list[str]:
 
 def builds() -> list[str]:
     """The builds this CPU runs, best first."""
-    return [b for b in ISAS if not _lacks(b)]
+    return [b for b in ISAS if not _lacks(b) and (b != "portable" or _arch() in PORTABLE_ON)]
+
+
+def _arch() -> str:
+    return platform.machine().lower()
 
 
 def isa() -> str | None:
@@ -99,8 +104,11 @@ def unavailable() -> str | None:
     pinned = os.environ.get(ISA_ENV)
     if pinned and pinned not in ISAS:
         return f"{ISA_ENV}={pinned} names no build of them (one of {', '.join(ISAS)})"
-    if pinned and isa() is None:  # the portable build runs on any CPU: only a pinned one can be missing
-        return f"the CPU lacks {', '.join(_lacks(pinned))} ({ISA_ENV}={pinned})"
+    if isa() is None:
+        if not pinned:
+            return f"no build of them for this {_arch() or 'unknown'} CPU (the portable one: x86-64 and AArch64)"
+        lacks = _lacks(pinned) or [f"x86-64 or AArch64 (this one is {_arch()})"]
+        return f"the CPU lacks {', '.join(lacks)} ({ISA_ENV}={pinned})"
     if compiler() is None:
         return f"no C compiler ({os.environ.get('CC') or 'cc'}) to build it"
     return None

@@ -317,6 +317,12 @@ def test_each_cpu_gets_the_best_build_it_runs_and_a_pinned_one_it_lacks_a_line_t
         monkeypatch.setattr(custom_ops, "_cpu_flags", lambda flags=flags: flags)
         assert custom_ops.isa() == want
         assert custom_ops.unavailable() is None
+    monkeypatch.setattr(custom_ops, "_arch", lambda: "armv7l")  # a 32-bit ARM board: no _Float16 by default
+    monkeypatch.setattr(custom_ops, "_cpu_flags", lambda: ())
+    assert custom_ops.isa() is None
+    assert custom_ops.unavailable() == ("no build of them for this armv7l CPU "
+                                        "(the portable one: x86-64 and AArch64)")
+    monkeypatch.setattr(custom_ops, "_arch", lambda: "x86_64")
     monkeypatch.setattr(custom_ops, "_cpu_flags", lambda: ("fma", "f16c", "avx"))
     monkeypatch.setenv(custom_ops.ISA_ENV, "avx2")
     assert custom_ops.unavailable() == "the CPU lacks avx2 (EDGEINFER_KERNEL_ISA=avx2)"
