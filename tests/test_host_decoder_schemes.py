@@ -262,21 +262,50 @@ def _deploy_without_a_c_compiler(tmp_path, quant):
     return stamp, graph, ops
 
 
-@pytest.mark.parametrize("build, quant, op", [("avx2", "w8a16", "MatMulW8"), ("portable", "w4a16", "MatMulW4")])
-def test_the_avx2_and_portable_builds_of_the_own_ops_deploy_and_pass_golden(tmp_path, monkeypatch, build, quant, op):
-    """The library's AVX2 build (what an Intel Core Ultra's CPU runs), whose MatMulW8 multiplies on vpmaddwd
-    instead of VNNI, and its portable C build (what an AArch64 board runs), pinned here with EDGEINFER_KERNEL_ISA:
-    the same graphs, checked against the fp32 reference by deploy's golden check on that build."""
+def test_the_avx2_build_of_the_own_ops_deploys_w8a16_and_passes_golden(tmp_path, monkeypatch):
+    """The library's AVX2 build (what an Intel Core Ultra's CPU runs; pinned here with EDGEINFER_KERNEL_ISA),
+    whose MatMulW8 multiplies on vpmaddwd instead of VNNI: the same graph, checked against the fp32 reference by
+    deploy's golden check on that build."""
     from edgeinfer_onnxruntime import custom_ops
 
-    monkeypatch.setenv(custom_ops.ISA_ENV, build)
+    monkeypatch.setenv(custom_ops.ISA_ENV, "avx2")
     if custom_ops.unavailable():
-        pytest.skip(f"no {build} build here: {custom_ops.unavailable()}")
-    stamp, graph = _deploy_in_a_new_process(tmp_path, quant)
-    assert f"edgeinfer.{op}" in stamp["then"]
-    assert sum(n.op_type == op and n.domain == "edgeinfer" for n in graph.graph.node) > 0
+        pytest.skip(f"no AVX2 build here: {custom_ops.unavailable()}")
+    stamp, graph = _deploy_in_a_new_process(tmp_path, "w8a16")
+    assert "edgeinfer.MatMulW8" in stamp["then"]
+    assert sum(n.op_type == "MatMulW8" and n.domain == "edgeinfer" for n in graph.graph.node) > 0
     assert not [n.name for n in graph.graph.node if n.op_type in ("MatMul", "MatMulNBits")
                 and n.input[1] in {t.name for t in graph.graph.initializer}]
+
+
+def test_a_bundle_with_the_own_ops_runs_on_their_portable_build_and_says_so(tmp_path, monkeypatch):
+    """A w4a16 bundle deployed with the own ops, copied to a CPU where only their portable C build runs (an
+    AArch64 board, an x86-64 CPU without AVX2; pinned here with EDGEINFER_KERNEL_ISA): the same greedy tokens as
+    on this machine's own build, its golden check passes there, and generate notes the slower build; deploy on
+    such a CPU builds onnxruntime's forms (custom_ops.not_for_deploy)."""
+    import subprocess
+    import sys
+
+    from edgeinfer_onnxruntime import custom_ops
+
+    stamp, _ = _deploy_in_a_new_process(tmp_path, "w4a16")
+    assert "edgeinfer.MatMulW4" in stamp["then"]
+    portable = {**os.environ, custom_ops.ISA_ENV: "portable"}
+
+    def cli(*args, env=None):
+        proc = subprocess.run([sys.executable, "-m", "edgeinfer.cli", *args, "--json"], capture_output=True,
+                              text=True, env=env or dict(os.environ))
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return json.loads(proc.stdout)
+
+    gen = ["generate", str(tmp_path / "w4a16"), "--prompt", "The licence grants", "--max-new-tokens", "16"]
+    here, there = cli(*gen), cli(*gen, env=portable)
+    assert there["token_ids"] == here["token_ids"] and len(here["token_ids"]) == 16
+    assert any("portable C build" in n for n in there.get("notes", [])) and not here.get("notes")
+    assert cli("golden", str(tmp_path / "w4a16"), env=portable)["passed"] is True
+    monkeypatch.setenv(custom_ops.ISA_ENV, "portable")
+    assert custom_ops.unavailable() is None
+    assert custom_ops.not_for_deploy() == "only their portable C build runs on this CPU"
 
 
 def test_without_a_c_compiler_int4_keeps_the_builders_symmetric_int4_and_passes_golden(tmp_path):

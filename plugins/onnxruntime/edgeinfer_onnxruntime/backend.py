@@ -159,10 +159,11 @@ class OnnxRuntimeBackend(Backend):
         from .custom_ops import OPS, compiler, isa, unavailable
 
         reason = unavailable()
+        build = f"{isa()} build" + (" (loads bundles with them; deploy builds onnxruntime's forms on this CPU)"
+                                    if isa() == "portable" else "")
         details: dict[str, Any] = {"providers": ort.get_available_providers(), "own_ops": (
             ", ".join(f"edgeinfer.{op} ({', '.join(s for s, o in OPS.items() if o == op)})" for op in dict.fromkeys(
-                OPS.values())) + f", {isa()} build"
-            if reason is None else f"none: {reason}")}
+                OPS.values())) + f", {build}" if reason is None else f"none: {reason}")}
         if reason is not None and compiler() is None:  # a CPU without the instructions: nothing to fix
             details["warnings"] = [{"message": f"edgeinfer's fp16, w8a16 and int4 decoder ops cannot be built "
                                                f"({reason}): those schemes deploy on onnxruntime's own kernels, "

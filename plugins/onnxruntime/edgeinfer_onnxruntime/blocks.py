@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from .custom_ops import unavailable
+from .custom_ops import not_for_deploy
 
 DEFAULT_BLOCK = 32  # w4a16's block: Q4_1's, and the builder's default int4_block_size
 # w8a16 / w8a8's block: MLAS packs MatMulNBits' int8 weights with a float scale and a float block sum per block, so
@@ -11,7 +11,7 @@ DEFAULT_BLOCK = 32  # w4a16's block: Q4_1's, and the builder's default int4_bloc
 # peer bench's random Qwen3: weights file 218.5 -> 201.3 MiB, worker after load 332 -> 281 MiB, not slower
 # (bench/results/int8_block.json, docs/planner.md#served-decoder-memory)
 INT8_BLOCK = 128
-_OWN = unavailable() is None  # custom_ops.py builds here
+_OWN = not_for_deploy() is None  # custom_ops.py builds here, and deploy chooses it
 #: what convert() builds that no scheme name or option says: part of deploy's conversion cache key
 #: (Decoders.defaults), so a conversion cached with another default is not reused; the fp16, w8a16 and int4 entries
 #: say what this machine builds, so a conversion made where the ops could not be built is not reused where they can

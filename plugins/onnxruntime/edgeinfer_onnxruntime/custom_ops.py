@@ -4,8 +4,9 @@ int8 weights with an fp32 scale per block of 128, the activations as two int8 di
 dot products) and ``edgeinfer.MatMulW4`` (w4a16 and w4a8: int4 weights with a scale and a minimum per block of 32,
 as llama.cpp's Q4_1, on the same two digits or on the high digit alone: int8 activations), where this machine can
 build and run them (:func:`unavailable`): one library, built for AVX-512 (F, BW, VL, VNNI), for AVX2 (with FMA,
-F16C), or as portable C for any other CPU (AArch64 boards), the best the CPU has (:func:`isa`), all over the same
-packed weights; where no C compiler builds it, fp16 runs as two int8 planes
+F16C), or as portable C (AArch64, x86-64 without AVX2), the best the CPU has (:func:`isa`), all over the same
+packed weights. Deploy builds a graph of them where an AVX build runs (:func:`not_for_deploy`; the portable one
+loads bundles copied from such a machine); elsewhere fp16 runs as two int8 planes
 (:mod:`.weight_planes`) and w8a16 over its activations' two int8 digits (:mod:`.int8_digits`), both on
 onnxruntime's int8 kernel, and w4a16 and w4a8 on the builder's symmetric int4 MatMulNBits. With them,
 ``edgeinfer.GroupQueryAttention`` (``kernels/attention.c``): the decoder's attention over its fp16 KV cache, in
@@ -112,6 +113,16 @@ def unavailable() -> str | None:
     if compiler() is None:
         return f"no C compiler ({os.environ.get('CC') or 'cc'}) to build it"
     return None
+
+
+def not_for_deploy() -> str | None:
+    """Why deploy builds onnxruntime's own forms here rather than a graph of these ops (one line), or None. The
+    portable build loads a bundle with the ops, but deploy does not choose it: on this project's x86 machine its
+    SSE2 code decoded SmolLM2-135M at 23-24 tok/s where onnxruntime's kernels (the int8-kernel forms) ran 56-87,
+    and on AArch64 neither was timed (docs/generation.md)."""
+    if unavailable():
+        return unavailable()
+    return "only their portable C build runs on this CPU" if isa() == "portable" else None
 
 
 def library() -> Path:
@@ -434,7 +445,7 @@ def session_graph(graph: Path) -> tuple[str | bytes, str | None, str, bool]:
     instead where the library cannot be built: the same contract, every score held."""
     ops = own_ops(graph)
     try:
-        return str(graph), str(library()) if ops else None, "", bool(ops & set(OPS.values()))
+        lib = str(library()) if ops else None
     except BackendUnavailableError as e:
         if ops != {"GroupQueryAttention"}:
             raise
@@ -445,3 +456,8 @@ def session_graph(graph: Path) -> tuple[str | bytes, str | None, str, bool]:
         return model.SerializeToString(), None, (
             f"edgeinfer's attention op cannot run here ({unavailable() or e}): this decoder runs onnxruntime's "
             "GroupQueryAttention instead (slower, and more memory for long prompts)"), False
+    slow = ops & set(OPS.values()) and isa() == "portable"
+    return str(graph), lib, (
+        "this bundle's edgeinfer ops run their portable C build on this CPU, slower than the AVX builds it was "
+        "deployed with; deploy the model again on this machine for onnxruntime's own kernels" if slow else ""), bool(
+        ops & set(OPS.values()))

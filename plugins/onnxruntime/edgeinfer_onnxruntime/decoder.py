@@ -59,7 +59,7 @@ def convert(hf_dir: Path, scheme: str, context: int, out: Path, group_size: int 
     cache in ``kv_dtype`` (:mod:`.kv_cache`)."""
     kv_dtype = kv_name(kv_dtype)
     family = scheme.split("_g")[0]
-    own = custom_ops.unavailable() is None  # edgeinfer's own ops build here (custom_ops.py)
+    own = custom_ops.not_for_deploy() is None  # edgeinfer's own ops build here, and an AVX build (custom_ops.py)
     kernel = family in custom_ops.OPS and own  # fp16, w8a16, w4a16, w4a8 on the own matmuls; else onnxruntime's
     precision, extra = ("fp32", []) if kernel else SCHEMES[family]  # the int4 classes: Q4_1 blocks of their own
     planes = family == "fp16" and not kernel  # two int8 planes a weight (weight_planes.py)
@@ -67,7 +67,7 @@ def convert(hf_dir: Path, scheme: str, context: int, out: Path, group_size: int 
     # cannot be built a graph whose only own op is the attention loads with onnxruntime's (custom_ops.session_graph)
     attention = own
     if kv_dtype == "q8_0":
-        check_q8(hf_dir, custom_ops.unavailable())
+        check_q8(hf_dir, custom_ops.not_for_deploy())
     int8 = (family in ("w8a16", "w8a8") and not kernel) or planes  # onnxruntime's MatMulNBits
     block = group_size or (INT8_BLOCK if family.startswith("w8") or planes else DEFAULT_BLOCK)
     if precision == "int4":

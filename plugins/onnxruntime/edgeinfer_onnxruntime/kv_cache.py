@@ -89,12 +89,13 @@ def kv_to_fp16(model: Any) -> Any:
 
 
 def check_q8(hf_dir: Path, unavailable: str | None) -> None:
-    """Refuse a q8_0 cache before exporting ``hf_dir``: where the own ops cannot be built (``unavailable``: why), or
-    where its config's head size is not a multiple of :data:`Q8_BLOCK` (an export takes minutes on a large model)."""
+    """Refuse a q8_0 cache before exporting ``hf_dir``: where deploy does not use the own ops (``unavailable``:
+    why), or where its config's head size is not a multiple of :data:`Q8_BLOCK` (an export takes minutes on a
+    large model)."""
     from edgeinfer.errors import InputError
 
     if unavailable:
-        raise InputError(f"a q8_0 KV cache runs on edgeinfer's own attention op, which cannot be built here "
+        raise InputError(f"a q8_0 KV cache runs on edgeinfer's own attention op, which deploy does not use here "
                          f"({unavailable})", "deploy with --option kv_dtype=fp16")
     try:
         cfg = json.loads((hf_dir / "config.json").read_text())
