@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The onnxruntime plugin's op tests on AArch64, emulated (make test-aarch64): qemu-user runs Debian's arm64 Python
+# The onnxruntime plugin's own ops on AArch64, emulated (make test-aarch64): qemu-user runs Debian's arm64 Python
 # with the aarch64 wheels of numpy, onnxruntime, onnx and pytest at this venv's versions, and the own ops' library
 # is built by the aarch64 cross compiler. The x86 builds skip there (an AArch64 process has no x86 flags), so every
-# op test runs on the portable build. Results only: emulated time says nothing about an AArch64 CPU's speed.
+# op test runs on the portable build. Then scripts/aarch64_bundles.py deploys the tiny decoder here in each host
+# scheme and checks that each bundle generates the same tokens there and passes its golden check there.
+# Results only: emulated time says nothing about an AArch64 CPU's speed.
 #
 # Needs apt-get (Debian or Ubuntu, root or sudo) the first time: gcc-aarch64-linux-gnu, libc6-dev-arm64-cross and
 # qemu-user; the arm64 Python packages are downloaded and unpacked, not installed. Everything else lives under
@@ -31,7 +33,8 @@ pins=$("$PY" - <<'EOF'
 import importlib.metadata as m
 names = ["numpy", "onnxruntime", "onnx", "onnx_ir", "ml_dtypes", "protobuf", "sympy", "mpmath", "pytest", "pluggy",
          "iniconfig", "packaging", "flatbuffers", "typing_extensions", "pydantic", "pydantic_core",
-         "typing_inspection", "annotated_types", "pyyaml", "click", "rich", "markdown_it_py", "mdurl", "pygments"]
+         "typing_inspection", "annotated_types", "pyyaml", "click", "rich", "markdown_it_py", "mdurl", "pygments",
+         "tokenizers", "jinja2", "markupsafe"]
 print(" ".join(f"{n}=={m.version(n)}" for n in names))
 EOF
 )
@@ -46,3 +49,8 @@ fi
 PYTHONPATH="$SITE:$PWD:$PWD/plugins/onnxruntime" CC=aarch64-linux-gnu-gcc EDGEINFER_CACHE_DIR="$ROOT/cache" \
   qemu-aarch64 -L "$SYSROOT" "$SYSROOT/usr/bin/python3.11" -m pytest -q -p no:cacheprovider \
   plugins/onnxruntime/tests/test_custom_ops.py plugins/onnxruntime/tests/test_attention_op.py "$@"
+# the core and the onnxruntime plugin installed (not editable) for the emulated Python: their entry points
+rm -rf "$ROOT/ei"
+"$PY" -m pip install -q --no-deps --no-build-isolation --target "$ROOT/ei" . ./plugins/onnxruntime
+"$PY" scripts/aarch64_bundles.py "$ROOT/bundles" env PYTHONPATH="$ROOT/ei:$SITE" CC=aarch64-linux-gnu-gcc \
+  EDGEINFER_CACHE_DIR="$ROOT/cache" qemu-aarch64 -L "$SYSROOT" "$SYSROOT/usr/bin/python3.11"
