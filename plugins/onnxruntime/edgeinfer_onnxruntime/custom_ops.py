@@ -120,9 +120,8 @@ def not_for_deploy() -> str | None:
     portable build loads a bundle with the ops, but deploy does not choose it: on this project's x86 machine its
     SSE2 code decoded SmolLM2-135M at 23-24 tok/s where onnxruntime's kernels (the int8-kernel forms) ran 56-87,
     and on AArch64 neither was timed (docs/generation.md)."""
-    if unavailable():
-        return unavailable()
-    return "only their portable C build runs on this CPU" if isa() == "portable" else None
+    reason = unavailable()
+    return reason or ("only their portable C build runs on this CPU" if isa() == "portable" else None)
 
 
 def library() -> Path:
@@ -456,8 +455,8 @@ def session_graph(graph: Path) -> tuple[str | bytes, str | None, str, bool]:
         return model.SerializeToString(), None, (
             f"edgeinfer's attention op cannot run here ({unavailable() or e}): this decoder runs onnxruntime's "
             "GroupQueryAttention instead (slower, and more memory for long prompts)"), False
-    slow = ops & set(OPS.values()) and isa() == "portable"
-    return str(graph), lib, (
-        "this bundle's edgeinfer ops run their portable C build on this CPU, slower than the AVX builds it was "
-        "deployed with; deploy the model again on this machine for onnxruntime's own kernels" if slow else ""), bool(
-        ops & set(OPS.values()))
+    matmuls = bool(ops & set(OPS.values()))
+    caveat = ("this bundle's edgeinfer ops run their portable C build on this CPU, slower than the AVX builds it was "
+              "deployed with; deploy the model again on this machine for onnxruntime's own kernels"
+              if matmuls and isa() == "portable" else "")
+    return str(graph), lib, caveat, matmuls
