@@ -10,7 +10,7 @@
  *              Q4_1 takes them (the host w4a8 class). sum w x = d sum u x + m sum x, both over x as its digits
  *              hold it (as Q4_1 x Q8_1 takes the activations' sum from their int8): the block's sum once a row.
  * Three builds of this one file (custom_ops.py picks the best the CPU runs): AVX-512 F, BW and VNNI (MatMulW8 on
- * vpdpbusd), AVX2 with FMA and F16C (MatMulW8 on vpmaddwd), and portable C for any other CPU (AArch64 boards).
+ * vpdpbusd), AVX2 with FMA and F16C (MatMulW8 on vpmaddwd), and portable C (AArch64, x86-64 without AVX2).
  * All read the same packed weights, so a bundle deployed on one CPU loads on another, and all compute the same
  * integer sums.
  * onnxruntime 1.26's CPU provider has neither for x86 CPUs without AVX-512 FP16: it held fp16 weights as fp32, and
