@@ -7,7 +7,8 @@
 # Results only: emulated time says nothing about an AArch64 CPU's speed.
 #
 # Needs apt-get (Debian or Ubuntu, root or sudo) the first time: gcc-aarch64-linux-gnu, libc6-dev-arm64-cross and
-# qemu-user; the arm64 Python packages are downloaded and unpacked, not installed. Everything else lives under
+# qemu-user, and arm64 as a foreign architecture in dpkg (so that apt can download arm64 packages); the arm64 Python
+# packages are downloaded and unpacked, not installed. Everything else lives under
 # $EDGEINFER_CACHE_DIR (default ~/.cache/edgeinfer)/aarch64. Arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,6 +21,9 @@ if ! command -v aarch64-linux-gnu-gcc >/dev/null || ! command -v qemu-aarch64 >/
   $SUDO apt-get install -y -q gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user
 fi
 if [ ! -x "$SYSROOT/usr/bin/python3.11" ]; then
+  if ! dpkg --print-foreign-architectures | grep -qx arm64; then
+    $SUDO dpkg --add-architecture arm64 && $SUDO apt-get update -q
+  fi
   mkdir -p "$ROOT/debs" "$SYSROOT/lib"
   (cd "$ROOT/debs" && apt-get download python3.11-minimal:arm64 libpython3.11-minimal:arm64 \
     libpython3.11-stdlib:arm64 libexpat1:arm64 zlib1g:arm64 libffi8:arm64 libssl3:arm64 libbz2-1.0:arm64 \
