@@ -18,7 +18,7 @@ SYSROOT=$ROOT/sysroot SITE=$ROOT/site
 SUDO=$([ "$(id -u)" = 0 ] && echo "" || echo sudo)
 
 if ! command -v aarch64-linux-gnu-gcc >/dev/null || ! command -v qemu-aarch64 >/dev/null; then
-  $SUDO apt-get install -y -q gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user
+  $SUDO apt-get update -q && $SUDO apt-get install -y -q gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user
 fi
 if [ ! -x "$SYSROOT/usr/bin/python3.11" ]; then
   if ! dpkg --print-foreign-architectures | grep -qx arm64; then
