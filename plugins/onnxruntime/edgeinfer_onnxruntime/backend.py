@@ -167,8 +167,10 @@ class OnnxRuntimeBackend(Backend):
         if reason is not None and compiler() is None:  # a CPU without the instructions: nothing to fix
             details["warnings"] = [{"message": f"edgeinfer's fp16, w8a16 and int4 decoder ops cannot be built "
                                                f"({reason}): those schemes deploy on onnxruntime's own kernels, "
-                                               "slower (docs/generation.md)",
-                                    "fix": "install a C compiler (apt install gcc) and deploy them again"}]
+                                               "slower, and a bundle deployed with the ops on another machine does "
+                                               "not load here (docs/generation.md)",
+                                    "fix": "install a C compiler (apt install gcc), then deploy again or load "
+                                           "such a bundle"}]
         return Probe(available=True, versions={"onnxruntime": ort.__version__}, devices=["CPU"], details=details)
 
     @native_output()

@@ -305,6 +305,7 @@ def test_the_probe_names_the_ops_and_warns_with_a_fix_when_no_compiler_builds_th
     assert details["own_ops"].startswith("none: no C compiler")
     [warning] = details["warnings"]
     assert "int4" in warning["message"] and "apt install gcc" in warning["fix"]
+    assert "deployed with the ops on another machine does not load here" in warning["message"]
 
 
 def test_each_cpu_gets_the_best_build_it_runs_and_a_pinned_one_it_lacks_a_line_that_says_so(monkeypatch):
