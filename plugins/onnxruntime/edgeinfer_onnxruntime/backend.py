@@ -158,9 +158,9 @@ class OnnxRuntimeBackend(Backend):
             )
         from .custom_ops import OPS, compiler, isa, unavailable
 
-        reason = unavailable()
-        build = f"{isa()} build" + (" (loads bundles with them; deploy builds onnxruntime's forms on this CPU)"
-                                    if isa() == "portable" else "")
+        reason, runs = unavailable(), isa()
+        build = f"{runs} build" + (" (loads bundles with them; deploy builds onnxruntime's forms on this CPU)"
+                                   if runs == "portable" else "")
         details: dict[str, Any] = {"providers": ort.get_available_providers(), "own_ops": (
             ", ".join(f"edgeinfer.{op} ({', '.join(s for s, o in OPS.items() if o == op)})" for op in dict.fromkeys(
                 OPS.values())) + f", {build}" if reason is None else f"none: {reason}")}

@@ -53,7 +53,8 @@ ISAS = {
     "avx2": (("avx2", "fma", "f16c"), ["-mavx2", "-mfma", "-mf16c"]),
     "portable": ((), []),  # plain C, the compiler's own vectorizing (NEON on AArch64); needs _Float16
 }
-PORTABLE_ON = ("x86_64", "amd64", "aarch64", "arm64")  # where compilers have _Float16 (kernels/half.h) by default
+X86_64 = ("x86_64", "amd64")  # platform.machine() of the CPUs the AVX builds are for
+PORTABLE_ON = (*X86_64, "aarch64", "arm64")  # where compilers have _Float16 (kernels/half.h) by default
 ISA_ENV = "EDGEINFER_KERNEL_ISA"  # pins one build (tests and benchmarks run the AVX2 one on an AVX-512 CPU)
 STALE_S = 600  # an earlier build's folder is removed once it is this old
 
@@ -69,7 +70,7 @@ def compiler() -> str | None:
 def _cpu_flags() -> tuple[str, ...] | None:
     """The x86 CPU's flags as /proc/cpuinfo names them; none on another architecture (an emulator such as
     qemu-user shows the host's /proc/cpuinfo to an AArch64 process)."""
-    if _arch() not in ("x86_64", "amd64"):
+    if _arch() not in X86_64:
         return ()
     try:
         return tuple(next((ln.split(":", 1)[1].split() for ln in Path("/proc/cpuinfo").read_text().splitlines()
