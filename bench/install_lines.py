@@ -2,9 +2,10 @@
 into a fresh ``python3 -m venv`` (with pip, as a user makes it) from a clean copy of the committed tree; the
 venv's size is ``du -sb``. Needs the package index (or pip's cache) and a few minutes.
 
-    python bench/install_lines.py [--board "Intel Core Ultra"] [--python python3]
+    python bench/install_lines.py [--board "Intel Core Ultra"] [--python python3] [--out install_lines]
 
-Writes bench/results/install_lines.json; the README's install tables quote it.
+Writes bench/results/OUT.json (install_lines.json: the Intel row; install_lines-host.json: the host onnxruntime
+row); the README's install tables quote them.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--board", default="Intel Core Ultra", help="the README board install row to measure")
     ap.add_argument("--python", default=os.environ.get("PYTHON", "python3"))
+    ap.add_argument("--out", default="install_lines", help="the result's name under bench/results/")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="edgeinfer-install-") as tmp:
         src = Path(tmp) / "src"
@@ -67,7 +69,7 @@ def main() -> None:
         rows = {"core": measure(a.python, src, "pip install .", Path(tmp))}
         for what, line in board_lines(a.board).items():
             rows[what] = measure(a.python, src, line, Path(tmp))
-    write("install_lines", {"board": a.board, "source": "git archive HEAD", "lines": rows})
+    write(a.out, {"board": a.board, "source": "git archive HEAD", "lines": rows})
 
 
 if __name__ == "__main__":

@@ -225,6 +225,36 @@ def test_board_serving_line_serves_both_bundles(ov_decoder_bundle: Path, ov_bund
     assert server.returncode == 0
 
 
+HOST = "any CPU, onnxruntime (`--board host`)"
+
+
+@INSTALL_TESTS
+@pytest.mark.slow
+def test_host_decoder_line_runs_a_host_bundle_deployed_here(tmp_path_factory: pytest.TempPathFactory,
+                                                           tmp_path: Path) -> None:
+    """A w4a16 bundle with the own CPU ops, deployed by this environment, generates the same tokens in a fresh venv
+    with the README's host decoder line (whatever onnxruntime release pip picks there, when not older than this
+    environment's: the stamp check allows newer ones) and passes its golden check there, without torch."""
+    from edgeinfer.deploy.decoder import deploy_decoder
+    from edgeinfer.testing.llm import model_dir
+
+    bundle = tmp_path_factory.mktemp("host-bundle") / "tiny-qwen3-host"
+    deploy_decoder(model_dir(), "host", bundle, quant="w4a16", ctx=256)
+    py = fresh_venv(tmp_path_factory.mktemp("board-host") / "venv", readme_lines(HOST)["decoder"])
+    installed = _installed(py)
+    assert "onnxruntime" in installed and installed.isdisjoint({"torch", "transformers"}), installed
+    prompt = ["--prompt", "THE SOFTWARE IS PROVIDED", "--max-new-tokens", "12", "--json"]
+    here = subprocess.run([sys.executable, "-m", "edgeinfer.cli", "generate", str(bundle), *prompt],
+                          capture_output=True, text=True, timeout=300)
+    assert here.returncode == 0, here.stderr
+    gen, mods = _run(py, tmp_path, "generate", str(bundle), *prompt)
+    assert gen.returncode == 0, gen.stderr
+    assert json.loads(gen.stdout)["token_ids"] == json.loads(here.stdout)["token_ids"]
+    assert {"onnxruntime", "edgeinfer_onnxruntime"} <= mods and mods.isdisjoint({"torch", "transformers"})
+    golden, _ = _run(py, tmp_path, "golden", str(bundle))
+    assert golden.returncode == 0, golden.stderr + golden.stdout
+
+
 def _ready(port: int) -> bool:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=5) as r:

@@ -6,7 +6,7 @@ import pytest
 from edgeinfer.contract.backend import Backend, CalibrationSet, TensorSpec, latency_stats, validate_feeds
 from edgeinfer.contract.records import Tensors
 from edgeinfer.contract.registry import contract_problem
-from edgeinfer.errors import FeedError
+from edgeinfer.errors import FeedError, InputError
 
 SPECS = [TensorSpec("ids", ("batch", "seq"), "int64"), TensorSpec("mask", ("batch", "seq"), "int64")]
 
@@ -113,6 +113,17 @@ def test_open_gets_the_stamp_load_checked_and_nothing_else_reads_it(tmp_path):
     unstamped.write_bytes(b"u")
     Stamped().load(unstamped)
     assert seen[1] == {}
+    p = stamp.stamp_path(art)
+    p.write_text(p.read_text().replace('"versions": {', '"versions": {"toolkit": "x 1.0", ', 1))
+    Stamped().load(art)  # the backend names no toolkit: nothing to compare
+
+    class Released(Stamped):
+        def versions(self):
+            return {"toolkit": "x 2.0"}
+
+    with pytest.raises(InputError, match=r"^m.x was built with stamped toolkit x 1.0 but x 2.0 is installed; "
+                                         r"convert the model again \(or install toolkit x 1.0\)$"):
+        Released().load(art)  # the default: any other release is refused, older or newer
 
 
 def test_optional_facts_answer_named_records():

@@ -60,3 +60,26 @@ def test_onnx_given_to_a_backend_with_another_native_format_is_converted_once(ml
     with edgeinfer.load(mlp.path, backend="openvino", device="CPU"):
         pass
     assert irs[0].stat().st_mtime_ns == mtime  # the cached IR was reused
+
+
+def _restamp(artifact, toolkit):
+    import json
+
+    p = stamp.stamp_path(artifact)
+    data = json.loads(p.read_text())
+    data["versions"]["toolkit"] = toolkit
+    p.write_text(json.dumps(data))
+
+
+def test_onnxruntime_loads_what_an_older_release_wrote_and_refuses_a_newer_ones(mlp, tmp_path):
+    be = edgeinfer.backend("onnxruntime")
+    art = be.quantize(mlp.path, "fp32", None, tmp_path / "m.onnx")
+    installed = be.versions()["toolkit"]
+    _restamp(art, "onnxruntime 1.16.3")
+    with be.load(art) as s:
+        np.testing.assert_allclose(s.run(mlp.feeds)["y"], mlp.reference(mlp.feeds)["y"], rtol=1e-5, atol=1e-6)
+    _restamp(art, "onnxruntime 99.1.0")
+    with pytest.raises(InputError) as e:
+        be.load(art)
+    assert str(e.value) == (f"m.onnx was built with onnxruntime 99.1.0, newer than the installed {installed}; "
+                            "upgrade to onnxruntime 99.1.0 or later, or convert the model again here")

@@ -283,8 +283,16 @@ class Backend:
         raise NotImplementedError
 
     def versions(self) -> dict[str, str]:
-        """Versions recorded in stamps; ``toolkit`` is compared when an artifact is loaded."""
+        """Versions recorded in stamps; ``toolkit`` is checked when an artifact loads (:meth:`refuses_toolkit`)."""
         return {}
+
+    def refuses_toolkit(self, made: str, have: str) -> str | None:
+        """Why an artifact stamped with toolkit ``made`` cannot load with the installed ``have`` (both from
+        :meth:`versions`, and different), or None. Default: refused, as most vendor formats are tied to the
+        release that wrote them; a runtime whose releases load older artifacts returns
+        ``stamp.refuses_newer(made, have)``."""
+        return (f"was built with {self.name} toolkit {made} but {have} is installed; "
+                f"convert the model again (or install toolkit {made})")
 
     def refuses_target(self, target: str, device: str | None) -> str | None:
         """Why an artifact built for ``target`` cannot run on ``device`` here, or None (checked by

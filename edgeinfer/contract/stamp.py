@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -88,11 +89,26 @@ def check(artifact: Path, *, backend: Backend, device: str | None) -> dict[str, 
     have = backend.versions().get("toolkit")
     made = data.get("versions", {}).get("toolkit")
     if have and made and have != made:
-        raise InputError(
-            f"{artifact.name} was built with {backend.name} toolkit {made} but {have} is installed; "
-            f"convert the model again (or install toolkit {made})"
-        )
+        reason = backend.refuses_toolkit(str(made), have)
+        if reason:
+            raise InputError(f"{artifact.name} {reason}")
     reason = backend.refuses_target(data.get("target", ""), device)
     if reason:
         raise InputError(f"{artifact.name}: {reason}")
     return data
+
+
+def release(toolkit: str) -> tuple[int, ...] | None:
+    """The numeric release in a toolkit string: ``"onnxruntime 1.26.0"`` → ``(1, 26, 0)``; None when it has none."""
+    m = re.search(r"(\d+(?:\.\d+)*)", toolkit)
+    return tuple(int(x) for x in m.group(1).split(".")) if m else None
+
+
+def refuses_newer(made: str, have: str) -> str | None:
+    """``Backend.refuses_toolkit`` for a runtime whose releases load what earlier releases wrote: refuse only an
+    artifact of a later release than the installed one (or one whose releases cannot be compared)."""
+    m, h = release(made), release(have)
+    if m is not None and h is not None and m <= h:
+        return None
+    return (f"was built with {made}, newer than the installed {have}; upgrade to {made} or later, "
+            "or convert the model again here")

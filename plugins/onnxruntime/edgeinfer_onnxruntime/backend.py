@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from edgeinfer.contract import Backend, CalibrationSet, Decoders, OpTime, Probe, Problem, Session, Tensors, TensorSpec
 from edgeinfer.contract.helpers import check_device, first_line, package_version
 from edgeinfer.contract.native_output import native_output
+from edgeinfer.contract.stamp import refuses_newer
 from edgeinfer.errors import InputError, ModelError
 
 from .blocks import CONVERSION_DEFAULTS
@@ -147,6 +148,12 @@ class OnnxRuntimeBackend(Backend):
         if genai:  # what exports decoders: part of a decoder conversion's cache key
             out["onnxruntime-genai"] = genai
         return out
+
+    def refuses_toolkit(self, made: str, have: str) -> str | None:
+        # newer onnxruntime releases run every model older ones ran
+        # (https://onnxruntime.ai/docs/reference/compatibility.html); the own ops bind onnxruntime's C API
+        # table, which only grows (kernels/ort.h), and are compiled on the loading machine
+        return refuses_newer(made, have)
 
     def probe(self) -> Probe:
         try:
