@@ -92,7 +92,7 @@ def test_deploy_records_what_the_bundle_runs_with_and_verify_checks_it(host_bund
     proc = cli("verify", str(host_bundle), "--json")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
-    assert report["installed"] is True
+    assert report["installed"] is True and report["refused"] == []
     assert [(r["requirement"], r["installed"]) for r in report["requires"]] == [("edgeinfer", True),
                                                                                 ("edgeinfer-onnxruntime", True)]
     assert "runs with edgeinfer-onnxruntime: installed" in cli("verify", str(host_bundle)).stdout
@@ -119,3 +119,36 @@ def test_verify_says_what_this_installation_lacks(host_bundle: Path, tmp_path: P
     assert ("runs with fakenpu-plugin[all]: not installed (fakenpu-runtime-absent missing); pip install "
             "'fakenpu-plugin[all]'") in text.stdout
     assert "error: this installation cannot run bundle" in text.stderr
+
+
+def test_verify_says_which_artifact_the_installed_backend_refuses(host_bundle: Path, tmp_path: Path) -> None:
+    """An artifact converted by a later onnxruntime release than this one: intact, but load would refuse it."""
+    import shutil
+
+    from edgeinfer.contract import stamp
+    from edgeinfer.model import bundle as bundle_mod
+
+    b = shutil.copytree(host_bundle, tmp_path / "b")
+    manifest = bundle_mod.read_manifest(b)
+    (artifact,) = manifest.artifacts
+    p = stamp.stamp_path(b / artifact)
+    data = json.loads(p.read_text())
+    installed = data["versions"]["toolkit"]
+    data["versions"]["toolkit"] = "onnxruntime 99.1.0"
+    p.write_text(json.dumps(data))
+    bundle_mod.write(b, manifest)  # sealed again: the bundle is intact, only its stamp is from elsewhere
+    proc = cli("verify", str(b), "--json")
+    assert proc.returncode == 3, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["ok"] is True and report["installed"] is False
+    assert all(r["installed"] for r in report["requires"])
+    why = (f"{artifact} was built with onnxruntime 99.1.0, newer than the installed {installed}; upgrade to "
+           "onnxruntime 99.1.0 or later, or convert the model again here")
+    assert report["refused"] == [{"artifact": artifact, "reason": why}]
+    text = cli("verify", str(b))
+    assert text.returncode == 3 and f"refused here: {why}" in text.stdout
+    assert text.stderr.strip() == f"error: this installation cannot run bundle {b}: {why}"
+    data["versions"]["toolkit"] = "onnxruntime 1.16.3"  # an older release's: loads
+    p.write_text(json.dumps(data))
+    bundle_mod.write(b, manifest)
+    assert json.loads(cli("verify", str(b), "--json").stdout)["refused"] == []

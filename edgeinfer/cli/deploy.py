@@ -254,7 +254,8 @@ def golden(
 def verify(ctx: click.Context, bundle_dir: Path, reseal: bool, as_json: bool) -> None:
     """Check every file of BUNDLE against the sizes and sha256 in its manifest: exit 2 when one differs or a
     symlink leads out of the bundle, 1 when the bundle holds files the manifest does not record, 3 when this
-    installation lacks a package the bundle runs with (its manifest's `requires`)."""
+    installation lacks a package the bundle runs with (its manifest's `requires`) or its backend would refuse an
+    artifact (another toolkit release than it reads, another target)."""
     from edgeinfer.model.bundle import verify as verify_bundle
 
     report = verify_bundle(bundle_dir, reseal=reseal)
@@ -279,6 +280,8 @@ def verify(ctx: click.Context, bundle_dir: Path, reseal: bool, as_json: bool) ->
             else:
                 click.echo(f"  runs with {req['requirement']}: not installed ({', '.join(req['missing'])} missing); "
                            f"{req['install']}")
+        for ref in r["refused"]:
+            click.echo(f"  refused here: {ref['reason']}")
 
     emit(report, as_json, render)
     if report["outside_links"]:
@@ -299,8 +302,9 @@ def verify(ctx: click.Context, bundle_dir: Path, reseal: bool, as_json: bool) ->
         ctx.exit(errors.NEGATIVE)
     if not report["installed"]:
         lacking = [r for r in report["requires"] if not r["installed"]]
-        click.echo(f"error: this installation cannot run bundle {bundle_dir}: {lacking[0]['requirement']} is not "
-                   f"installed; {lacking[0]['install']}", err=True)
+        why = (f"{lacking[0]['requirement']} is not installed; {lacking[0]['install']}" if lacking
+               else report["refused"][0]["reason"])
+        click.echo(f"error: this installation cannot run bundle {bundle_dir}: {why}", err=True)
         ctx.exit(errors.UNAVAILABLE)
 
 

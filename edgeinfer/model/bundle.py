@@ -390,8 +390,10 @@ def verify(path: str | Path, reseal: bool = False) -> dict[str, Any]:
     (``problems``), symlinks leading out of the bundle (``outside_links``) and files the manifest does not
     record (``unrecorded``) are listed, all at once; ``ok`` is True when all three are empty. ``reseal``
     records the unrecorded files (``resealed``) when nothing recorded is damaged and no link leads out.
-    ``requires`` checks each distribution the manifest says the bundle runs with against this installation
-    (``installed``: all of them are here).
+    ``requires`` checks each distribution the manifest says the bundle runs with against this installation;
+    ``refused`` lists the artifacts whose stamps the installed backend would refuse at load (another toolkit
+    release it does not read, another target), each with why; ``installed``: all of them are here and none is
+    refused.
     """
     p = Path(path)
     if not _bundle(p):
@@ -405,6 +407,26 @@ def verify(path: str | Path, reseal: bool = False) -> dict[str, Any]:
         extra = seal.unrecorded(p, manifest.files, {MANIFEST})  # symlinks are never sealed
     size = sum(int(r["size"]) for r in manifest.files.values())
     requires = packages.check(manifest.requires)
+    refused = _refused(p, manifest) if all(r["installed"] for r in requires) and not problems else []
     return {"bundle": str(p), "ok": not (problems or links or extra), "files": len(manifest.files), "bytes": size,
             "problems": problems, "outside_links": links, "unrecorded": extra, "resealed": resealed,
-            "requires": requires, "installed": all(r["installed"] for r in requires), "left_out": manifest.left_out}
+            "requires": requires, "refused": refused,
+            "installed": all(r["installed"] for r in requires) and not refused, "left_out": manifest.left_out}
+
+
+def _refused(p: Path, manifest: Manifest) -> list[dict[str, str]]:
+    """The bundle's artifacts the installed backend would refuse at load, by their stamps (no artifact is opened)."""
+    from edgeinfer.contract import registry, stamp
+    from edgeinfer.errors import BackendUnavailableError
+
+    try:
+        backend = registry.get_backend(manifest.backend)
+    except BackendUnavailableError as e:
+        return [{"artifact": manifest.artifacts[0], "reason": str(e)}]
+    out = []
+    for rel in manifest.artifacts:
+        try:
+            stamp.check(p / rel, backend=backend, device=None)
+        except InputError as e:
+            out.append({"artifact": rel, "reason": str(e)})
+    return out
