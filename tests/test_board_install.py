@@ -9,7 +9,9 @@ conversion-only package may be among them, nor installed.
 With ``EDGEINFER_INSTALL_TESTS=1`` (``make test-install``; it needs the package index and a few minutes), a second
 venv gets the README's Intel decoder line and runs a tiny OpenVINO decoder bundle with ``generate`` and the MiniLM
 bundle with ``run``; the encoder line alone must answer the decoder bundle with exit 3 naming the decoder line's
-extra; a third venv gets the serving line and serves both bundles (one embeddings and one chat request).
+extra; a third venv gets the serving line and serves both bundles (one embeddings and one chat request). The
+host (onnxruntime) lines get the same three checks with host bundles: a MiniLM one and a w4a16 decoder with the
+own CPU ops, whose greedy tokens must equal this environment's.
 """
 
 from __future__ import annotations
@@ -199,12 +201,17 @@ def test_board_encoder_line_answers_a_decoder_bundle_with_the_decoder_extra(boar
 @pytest.mark.slow
 def test_board_serving_line_serves_both_bundles(ov_decoder_bundle: Path, ov_bundle: Path,
                                                 tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
+    py = fresh_venv(tmp_path_factory.mktemp("board-serve") / "venv", readme_lines("Intel Core Ultra")["serve"])
+    _serves_both(py, ov_bundle, ov_decoder_bundle, tmp_path)
+
+
+def _serves_both(py: Path, encoder: Path, decoder: Path, tmp_path: Path) -> None:
+    """``edgeinfer serve`` of both bundles in venv ``py`` answers one embeddings and one chat request."""
     from edgeinfer.testing.serve import free_port
 
-    py = fresh_venv(tmp_path_factory.mktemp("board-serve") / "venv", readme_lines("Intel Core Ultra")["serve"])
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "EDGEINFER_PLUGINS")}
-    server = subprocess.Popen([str(py), "-m", "edgeinfer.cli", "serve", str(ov_bundle), str(ov_decoder_bundle),
+    server = subprocess.Popen([str(py), "-m", "edgeinfer.cli", "serve", str(encoder), str(decoder),
                                "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                               cwd=tmp_path, env=env)
     try:
@@ -213,10 +220,10 @@ def test_board_serving_line_serves_both_bundles(ov_decoder_bundle: Path, ov_bund
             assert server.poll() is None, server.communicate()[1][-3000:]
             assert time.monotonic() < deadline, "serve was not ready (GET /ready) in 180 s"
             time.sleep(0.2)
-        data = _post(port, "/v1/embeddings", {"model": ov_bundle.name, "input": ["a board serves bundles"]})
+        data = _post(port, "/v1/embeddings", {"model": encoder.name, "input": ["a board serves bundles"]})
         assert len(data["data"][0]["embedding"]) == 384
         hi = [{"role": "user", "content": "Hi"}]
-        chat = _post(port, "/v1/chat/completions", {"model": ov_decoder_bundle.name, "max_tokens": 4,
+        chat = _post(port, "/v1/chat/completions", {"model": decoder.name, "max_tokens": 4,
                                                     "temperature": 0, "messages": hi})
         assert chat["choices"][0]["message"]["content"] and 0 < chat["usage"]["completion_tokens"] <= 4
     finally:
@@ -226,33 +233,73 @@ def test_board_serving_line_serves_both_bundles(ov_decoder_bundle: Path, ov_bund
 
 
 HOST = "any CPU, onnxruntime (`--board host`)"
+NOT_ON_A_HOST_BOX = {"torch", "transformers"}  # onnx and onnxruntime are what the host backend runs with
+
+
+@pytest.fixture(scope="module")
+def host_decoder_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny test decoder deployed w4a16 for the host board by this environment: the own CPU ops."""
+    from edgeinfer.deploy.decoder import deploy_decoder
+    from edgeinfer.testing.llm import model_dir
+
+    out = tmp_path_factory.mktemp("host-bundle") / "tiny-qwen3-host"
+    deploy_decoder(model_dir(), "host", out, quant="w4a16", ctx=256)
+    return out
+
+
+@pytest.fixture(scope="module")
+def host_encoder_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from edgeinfer.deploy.encoder import deploy
+    from edgeinfer.testing.minilm import model_dir
+
+    out = tmp_path_factory.mktemp("host-bundle") / "minilm-host"
+    deploy(model_dir(), "host", out, buckets="none")
+    return out
 
 
 @INSTALL_TESTS
 @pytest.mark.slow
-def test_host_decoder_line_runs_a_host_bundle_deployed_here(tmp_path_factory: pytest.TempPathFactory,
+def test_host_decoder_line_runs_a_host_bundle_deployed_here(host_decoder_bundle: Path,
+                                                           tmp_path_factory: pytest.TempPathFactory,
                                                            tmp_path: Path) -> None:
     """A w4a16 bundle with the own CPU ops, deployed by this environment, generates the same tokens in a fresh venv
     with the README's host decoder line (whatever onnxruntime release pip picks there, when not older than this
     environment's: the stamp check allows newer ones) and passes its golden check there, without torch."""
-    from edgeinfer.deploy.decoder import deploy_decoder
-    from edgeinfer.testing.llm import model_dir
-
-    bundle = tmp_path_factory.mktemp("host-bundle") / "tiny-qwen3-host"
-    deploy_decoder(model_dir(), "host", bundle, quant="w4a16", ctx=256)
     py = fresh_venv(tmp_path_factory.mktemp("board-host") / "venv", readme_lines(HOST)["decoder"])
     installed = _installed(py)
-    assert "onnxruntime" in installed and installed.isdisjoint({"torch", "transformers"}), installed
+    assert "onnxruntime" in installed and installed.isdisjoint(NOT_ON_A_HOST_BOX), installed
     prompt = ["--prompt", "THE SOFTWARE IS PROVIDED", "--max-new-tokens", "12", "--json"]
-    here = subprocess.run([sys.executable, "-m", "edgeinfer.cli", "generate", str(bundle), *prompt],
+    here = subprocess.run([sys.executable, "-m", "edgeinfer.cli", "generate", str(host_decoder_bundle), *prompt],
                           capture_output=True, text=True, timeout=300)
     assert here.returncode == 0, here.stderr
-    gen, mods = _run(py, tmp_path, "generate", str(bundle), *prompt)
+    gen, mods = _run(py, tmp_path, "generate", str(host_decoder_bundle), *prompt)
     assert gen.returncode == 0, gen.stderr
     assert json.loads(gen.stdout)["token_ids"] == json.loads(here.stdout)["token_ids"]
-    assert {"onnxruntime", "edgeinfer_onnxruntime"} <= mods and mods.isdisjoint({"torch", "transformers"})
-    golden, _ = _run(py, tmp_path, "golden", str(bundle))
+    assert {"onnxruntime", "edgeinfer_onnxruntime"} <= mods and mods.isdisjoint(NOT_ON_A_HOST_BOX)
+    golden, _ = _run(py, tmp_path, "golden", str(host_decoder_bundle))
     assert golden.returncode == 0, golden.stderr + golden.stdout
+
+
+@INSTALL_TESTS
+@pytest.mark.slow
+def test_host_encoder_line_runs_a_host_text_bundle(host_encoder_bundle: Path,
+                                                   tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
+    py = fresh_venv(tmp_path_factory.mktemp("board-host-text") / "venv", readme_lines(HOST)["encoder"])
+    assert _installed(py).isdisjoint(NOT_ON_A_HOST_BOX)
+    run, mods = _run(py, tmp_path, "run", str(host_encoder_bundle), "--text", "a board runs bundles", "--json")
+    assert run.returncode == 0, run.stderr
+    assert np.asarray(json.loads(run.stdout)["embeddings"]).shape == (1, 384)
+    assert mods.isdisjoint(NOT_ON_A_HOST_BOX), mods & NOT_ON_A_HOST_BOX
+    golden, _ = _run(py, tmp_path, "golden", str(host_encoder_bundle))
+    assert golden.returncode == 0 and "golden check passed" in golden.stdout, golden.stderr
+
+
+@INSTALL_TESTS
+@pytest.mark.slow
+def test_host_serving_line_serves_both_host_bundles(host_encoder_bundle: Path, host_decoder_bundle: Path,
+                                                    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
+    py = fresh_venv(tmp_path_factory.mktemp("board-host-serve") / "venv", readme_lines(HOST)["serve"])
+    _serves_both(py, host_encoder_bundle, host_decoder_bundle, tmp_path)
 
 
 def _ready(port: int) -> bool:
