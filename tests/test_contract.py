@@ -294,3 +294,16 @@ def test_profile_sorts_op_times_and_reports_load_time(tmp_path):
     prof = s.profile({"x": np.ones(1, np.float32)}, repeat=1, top=2)
     assert [o.name for o in prof.ops] == ["b", "c"]
     assert s.load_ms is not None and s.load_ms >= 0 and prof.notes["load_ms"] == s.load_ms
+
+
+def test_refuses_newer_compares_releases_as_numbers():
+    from edgeinfer.contract.stamp import refuses_newer
+
+    assert refuses_newer("onnxruntime 1.9.0", "onnxruntime 1.10.0") is None  # 9 < 10, though "9" > "1" as text
+    assert refuses_newer("onnxruntime 1.26.0", "onnxruntime 1.26.0+cpu") is None
+    assert refuses_newer("onnxruntime 1.10.0", "onnxruntime 1.9.0") == (
+        "was built with onnxruntime 1.10.0, newer than the installed onnxruntime 1.9.0; upgrade to onnxruntime "
+        "1.10.0 or later, or convert the model again here")
+    assert refuses_newer("onnxruntime 1.26.0", "onnxruntime missing") == (
+        "was built with onnxruntime 1.26.0, and this installation has onnxruntime missing; install onnxruntime "
+        "1.26.0 or later")

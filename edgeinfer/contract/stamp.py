@@ -110,5 +110,7 @@ def refuses_newer(made: str, have: str) -> str | None:
     m, h = release(made), release(have)
     if m is not None and h is not None and m <= h:
         return None
+    if m is None or h is None:
+        return f"was built with {made}, and this installation has {have}; install {made} or later"
     return (f"was built with {made}, newer than the installed {have}; upgrade to {made} or later, "
             "or convert the model again here")
