@@ -291,8 +291,7 @@ class Backend:
         :meth:`versions`, and different), or None. Default: refused, as most vendor formats are tied to the
         release that wrote them; a runtime whose releases load older artifacts returns
         ``stamp.refuses_newer(made, have)``."""
-        return (f"was built with {self.name} toolkit {made} but {have} is installed; "
-                f"convert the model again (or install toolkit {made})")
+        return f"was built with {made} but {have} is installed; convert the model again (or install {made})"
 
     def refuses_target(self, target: str, device: str | None) -> str | None:
         """Why an artifact built for ``target`` cannot run on ``device`` here, or None (checked by

@@ -497,3 +497,32 @@ def test_without_a_writable_tmp_the_ir_is_opened_as_it_is(tmp_path, monkeypatch)
     monkeypatch.setattr(tempfile, "mkdtemp", read_only)
     with without_tokenizer_irs(tmp_path) as view:
         assert view == tmp_path
+
+
+def test_a_decoder_bundle_loads_with_its_openvino_release_or_a_later_one(tiny_qwen3_openvino_cpu_bundle, tmp_path):
+    """The decoder's stamp names the toolkit (it named none before: no release was checked); a bundle an earlier
+    release converted loads, and one a later release converted is refused by verify and at load."""
+    import shutil
+
+    from edgeinfer.contract import stamp
+    from edgeinfer.model import bundle as bundle_mod
+
+    installed = edgeinfer.backend("openvino").versions()["toolkit"]
+    data = stamp.read(tiny_qwen3_openvino_cpu_bundle / "decoder")
+    assert data["versions"]["toolkit"] == installed and data["versions"]["openvino-tokenizers"]
+    b = shutil.copytree(tiny_qwen3_openvino_cpu_bundle, tmp_path / "b")
+    p = stamp.stamp_path(b / "decoder")
+    for toolkit, refused in (("openvino 2024.4.0", False), ("openvino 9999.0.0", True)):
+        p.write_text(json.dumps({**data, "versions": {**data["versions"], "toolkit": toolkit}}))
+        bundle_mod.write(b, bundle_mod.read_manifest(b))  # sealed again
+        report = bundle_mod.verify(b)
+        assert report["ok"] and report["installed"] is not refused, report
+        if refused:
+            assert report["refused"] == [{"artifact": "decoder", "reason": (
+                f"decoder was built with openvino 9999.0.0, newer than the installed {installed}; upgrade to "
+                "openvino 9999.0.0 or later, or convert the model again here")}]
+            with pytest.raises(InputError, match="newer than the installed"):
+                edgeinfer.load(b)
+        else:
+            with edgeinfer.load(b) as gen:
+                assert len(gen.generate("Hello", max_new_tokens=3).token_ids) == 3

@@ -43,7 +43,7 @@ class TransformersBackend(Backend):
                      problems=problems, details={"mode": "reference (fp32, eager, torch CPU)"})
 
     def versions(self) -> dict[str, str]:
-        return {"toolkit": version("transformers")}
+        return {"toolkit": f"transformers {version('transformers')}"}
 
     @native_output()
     def open_decoder(self, model: Path, device: str | None, context: int, slots: int, **options: Any) -> StepDecoder:
