@@ -356,7 +356,7 @@ def test_a_bundle_whose_only_own_op_is_the_attention_runs_onnxruntimes_where_no_
     """w8a8's graph uses the own attention op only: on a machine with no C compiler and no built library (an empty
     cache), the decoder runs onnxruntime's attention in its place (custom_ops.session_graph), says so once, and
     the bundle's golden check still passes there; the bundle's files are left as they were. fp16's own matmuls
-    have no such stand-in: refused in one line."""
+    have no such stand-in: refused in one line (exit 3), and verify says so without loading it."""
     import subprocess
     import sys
 
@@ -379,7 +379,18 @@ def test_a_bundle_whose_only_own_op_is_the_attention_runs_onnxruntimes_where_no_
     fp16 = tiny_qwen3_host_scheme_bundle("fp16").bundle
     proc = subprocess.run([sys.executable, "-m", "edgeinfer.cli", "golden", str(fp16)], capture_output=True,
                           text=True, env=env)
-    assert proc.returncode != 0 and "C compiler" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == 3 and "C compiler" in proc.stderr and "Traceback" not in proc.stderr
+    # the stamps say which bundle needs the library, so verify tells them apart before a load
+    assert json.loads((bundle / "decoder.stamp.json").read_text())["target"] == "cpu"
+    assert json.loads((fp16 / "decoder.stamp.json").read_text())["target"] == custom_ops.TARGET
+    proc = subprocess.run([sys.executable, "-m", "edgeinfer.cli", "verify", str(bundle), "--json"],
+                          capture_output=True, text=True, env=env)
+    assert proc.returncode == 0 and json.loads(proc.stdout)["refused"] == [], proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "edgeinfer.cli", "verify", str(fp16), "--json"],
+                          capture_output=True, text=True, env=env)
+    (refused,) = json.loads(proc.stdout)["refused"]
+    assert proc.returncode == 3 and refused["artifact"] == "decoder"
+    assert refused["reason"].startswith("this bundle's graph uses edgeinfer's own ops, which need a C compiler")
 
 
 def test_the_plans_kv_dtype_is_what_the_opened_decoder_allocates(tiny_qwen3_host_bundle):

@@ -295,7 +295,8 @@ class Backend:
 
     def refuses_target(self, target: str, device: str | None) -> str | None:
         """Why an artifact built for ``target`` cannot run on ``device`` here, or None (checked by
-        :meth:`load` from the stamp's ``target``; default: every target runs)."""
+        :meth:`load` from the stamp's ``target``; default: every target runs). Raise
+        ``BackendUnavailableError`` where what is missing is this machine's (a tool, a device)."""
         return None
 
     # --- optional facts the core asks (docs/writing-a-backend.md); the defaults fit most runtimes ---

@@ -427,6 +427,6 @@ def _refused(p: Path, manifest: Manifest) -> list[dict[str, str]]:
     for rel in manifest.artifacts:
         try:
             stamp.check(p / rel, backend=backend, device=None)
-        except InputError as e:
+        except (InputError, BackendUnavailableError) as e:  # the artifact's fault, or what this machine lacks
             out.append({"artifact": rel, "reason": str(e)})
     return out

@@ -16,7 +16,7 @@ from edgeinfer.contract import Backend, CalibrationSet, Decoders, OpTime, Probe,
 from edgeinfer.contract.helpers import check_device, first_line, package_version
 from edgeinfer.contract.native_output import native_output
 from edgeinfer.contract.stamp import refuses_newer
-from edgeinfer.errors import InputError, ModelError
+from edgeinfer.errors import BackendUnavailableError, InputError, ModelError
 
 from .blocks import CONVERSION_DEFAULTS
 
@@ -154,6 +154,14 @@ class OnnxRuntimeBackend(Backend):
         # (https://onnxruntime.ai/docs/reference/compatibility.html); the own ops bind onnxruntime's C API
         # table, which only grows (kernels/ort.h), and are compiled on the loading machine
         return refuses_newer(made, have)
+
+    def refuses_target(self, target: str, device: str | None) -> str | None:
+        from .custom_ops import TARGET, library_problem
+
+        problem = library_problem() if target == TARGET else None
+        if problem:  # what this machine lacks (a C compiler), not the bundle's fault: exit 3, as the load's own
+            raise BackendUnavailableError(problem)
+        return None
 
     def probe(self) -> Probe:
         try:

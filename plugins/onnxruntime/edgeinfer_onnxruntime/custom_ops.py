@@ -41,6 +41,9 @@ from edgeinfer.errors import BackendUnavailableError, ModelError
 
 DOMAIN = "edgeinfer"
 OPS = {"fp16": "MatMulF16", "w8a16": "MatMulW8", "w4a16": "MatMulW4", "w4a8": "MatMulW4"}  # scheme -> op
+# the stamp target of a decoder graph that does not load without the library (own ops besides a lone attention op,
+# which falls back to onnxruntime's): the backend's refuses_target asks library_problem for it, at load and in verify
+TARGET = "cpu+edgeinfer-ops"
 DIGITS = {"w4a16": 2, "w4a8": 1}  # MatMulW4's activation digits per scheme: two (fp32-like), or int8 alone
 PANEL = 32  # output columns a panel (NR in the C source)
 KERNELS = Path(__file__).with_name("kernels")
@@ -125,17 +128,24 @@ def not_for_deploy() -> str | None:
     return reason or ("only their portable C build runs on this CPU" if isa() == "portable" else None)
 
 
+def library_problem() -> str | None:
+    """Why :func:`library` cannot be had here, in one line that names the fix, or None (nothing is built)."""
+    if isa() is None:
+        return (f"this bundle's graph needs edgeinfer's own ops, which cannot run here ({unavailable()}); deploy the "
+                "model again on this machine")
+    if compiler() is None:
+        return (f"this bundle's graph uses edgeinfer's own ops, which need a C compiler to build {SOURCES[0].name} "
+                f"({os.environ.get('CC') or 'cc'} not found); install one (apt install gcc) or deploy the model "
+                "again on this machine")
+    return None
+
+
 def library() -> Path:
     """The ops' shared library for this CPU (:func:`isa`), built on first use (about two seconds)."""
+    problem = library_problem()
+    if problem:
+        raise BackendUnavailableError(problem)
     cc, build = compiler(), isa()
-    if build is None:
-        raise BackendUnavailableError(f"this bundle's graph needs edgeinfer's own ops, which cannot run here "
-                                      f"({unavailable()}); deploy the model again on this machine")
-    if cc is None:
-        raise BackendUnavailableError(f"this bundle's graph uses edgeinfer's own ops, which need a C compiler to "
-                                      f"build {SOURCES[0].name} "
-                                      f"({os.environ.get('CC') or 'cc'} not found); install one (apt install gcc) "
-                                      "or deploy the model again on this machine")
     flags = [*FLAGS, *ISAS[build][1]]
     out = cache.root() / "kernels" / f"{build}-{_key(cc, build)}" / "libedgeinfer_matmul.so"
     if out.exists():

@@ -104,7 +104,9 @@ def convert(hf_dir: Path, scheme: str, context: int, out: Path, group_size: int 
     cfg["model"]["context_length"] = context  # open_decoder refuses a larger context than the one deployed
     cfg["search"]["max_length"] = context
     cfg_path.write_text(json.dumps(cfg, indent=4) + "\n")
-    facts: dict[str, Any] = {"target": "cpu", "builder": f"onnxruntime-genai {builder_version()}",
+    needs_library = custom_ops.own_ops(graph) - {"GroupQueryAttention"}  # a lone attention op falls back
+    facts: dict[str, Any] = {"target": custom_ops.TARGET if needs_library else "cpu",
+                             "builder": f"onnxruntime-genai {builder_version()}",
                              "precision": precision, "kv_dtype": kv_dtype}
     if int4 := family in custom_ops.DIGITS:
         facts["int4_block_size"] = block
