@@ -159,7 +159,7 @@ class OnnxRuntimeBackend(Backend):
         from .custom_ops import TARGET, library_problem
 
         problem = library_problem() if target == TARGET else None
-        if problem:  # what this machine lacks (a C compiler), not the bundle's fault: exit 3, as the load's own
+        if problem:  # this machine's lack (a C compiler), not the bundle's fault: exit 3, as custom_ops.library's
             raise BackendUnavailableError(problem)
         return None
 
