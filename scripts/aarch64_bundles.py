@@ -2,8 +2,9 @@
 
 For each host scheme the tiny test decoder is deployed with this machine's Python, generates greedily here, then
 generates and re-runs its golden check under the emulated AArch64 Python (``ARM`` below: the command line the
-shell script builds), where the own ops run their portable build. Exit 1 unless every bundle gives the same tokens
-there and passes its golden check there.
+shell script builds), where the own ops run their portable build. Exit 1 unless every bundle passes ``edgeinfer
+verify`` there (nothing refused: the portable build and a compiler are there), gives the same tokens there and
+passes its golden check there.
 
     python scripts/aarch64_bundles.py OUT_DIR ARM_PYTHON_COMMAND...
 """
@@ -39,11 +40,13 @@ def main() -> None:
         run([*here, "deploy", str(model_dir()), "--board", "host", "--quant", scheme, "--ctx", "256", *options,
              "-o", str(bundle)])
         x86 = run([*here, "generate", str(bundle), *PROMPT])["token_ids"]
+        verify = run([*arm, "-m", "edgeinfer.cli", "verify", str(bundle)])
         gen = run([*arm, "-m", "edgeinfer.cli", "generate", str(bundle), *PROMPT])
         golden = run([*arm, "-m", "edgeinfer.cli", "golden", str(bundle)])
-        ok = gen["token_ids"] == x86 and golden["passed"]
+        ok = verify["installed"] and not verify["refused"] and gen["token_ids"] == x86 and golden["passed"]
         failed += not ok
-        print(f"{scheme}{' ' + ' '.join(options[1:]) if options else ''}: {len(x86)} tokens "
+        print(f"{scheme}{' ' + ' '.join(options[1:]) if options else ''}: verify on aarch64 "
+              f"{'passed' if verify['installed'] and not verify['refused'] else 'REFUSED'}, {len(x86)} tokens "
               f"{'equal' if gen['token_ids'] == x86 else 'DIFFER'}, golden on aarch64 "
               f"{'passed' if golden['passed'] else 'FAILED'} (teacher-forced agreement "
               f"{golden['forced_agreement']:.3f}, cosine min {golden['cosine_min']:.6f}); "
