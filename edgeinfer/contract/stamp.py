@@ -108,9 +108,9 @@ def refuses_newer(made: str, have: str) -> str | None:
     """``Backend.refuses_toolkit`` for a runtime whose releases load what earlier releases wrote: refuse only an
     artifact of a later release than the installed one (or one whose releases cannot be compared)."""
     m, h = release(made), release(have)
-    if m is not None and h is not None and m <= h:
-        return None
     if m is None or h is None:
         return f"was built with {made}, and this installation has {have}; install {made} or later"
+    if m <= h:
+        return None
     return (f"was built with {made}, newer than the installed {have}; upgrade to {made} or later, "
             "or convert the model again here")

@@ -407,11 +407,12 @@ def verify(path: str | Path, reseal: bool = False) -> dict[str, Any]:
         extra = seal.unrecorded(p, manifest.files, {MANIFEST})  # symlinks are never sealed
     size = sum(int(r["size"]) for r in manifest.files.values())
     requires = packages.check(manifest.requires)
-    refused = _refused(p, manifest) if all(r["installed"] for r in requires) and not problems else []
+    present = all(r["installed"] for r in requires)
+    refused = _refused(p, manifest) if present and not problems else []
     return {"bundle": str(p), "ok": not (problems or links or extra), "files": len(manifest.files), "bytes": size,
             "problems": problems, "outside_links": links, "unrecorded": extra, "resealed": resealed,
-            "requires": requires, "refused": refused,
-            "installed": all(r["installed"] for r in requires) and not refused, "left_out": manifest.left_out}
+            "requires": requires, "refused": refused, "installed": present and not refused,
+            "left_out": manifest.left_out}
 
 
 def _refused(p: Path, manifest: Manifest) -> list[dict[str, str]]:

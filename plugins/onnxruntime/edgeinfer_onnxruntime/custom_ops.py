@@ -129,15 +129,17 @@ def not_for_deploy() -> str | None:
 
 
 def library_problem() -> str | None:
-    """Why :func:`library` cannot be had here, in one line that names the fix, or None (nothing is built)."""
+    """:func:`unavailable`'s reason as a bundle's load meets it, in one line that names the fix, or None (nothing
+    is built)."""
+    reason = unavailable()
+    if reason is None:
+        return None
     if isa() is None:
-        return (f"this bundle's graph needs edgeinfer's own ops, which cannot run here ({unavailable()}); deploy the "
-                "model again on this machine")
-    if compiler() is None:
-        return (f"this bundle's graph uses edgeinfer's own ops, which need a C compiler to build {SOURCES[0].name} "
-                f"({os.environ.get('CC') or 'cc'} not found); install one (apt install gcc) or deploy the model "
+        return (f"this bundle's graph needs edgeinfer's own ops, which cannot run here ({reason}); deploy the model "
                 "again on this machine")
-    return None
+    return (f"this bundle's graph uses edgeinfer's own ops, which need a C compiler to build {SOURCES[0].name} "
+            f"({os.environ.get('CC') or 'cc'} not found); install one (apt install gcc) or deploy the model again on "
+            "this machine")
 
 
 def library() -> Path:
