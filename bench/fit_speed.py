@@ -5,7 +5,8 @@ are fitted. Decode (edgeinfer/planning/speed_fit.py, docs/planner.md#fit): per `
 and per ``*/runtime/format`` (the runtime across groups), ``{t0_ms, bw_fraction, bw_cap_gbps}`` with the
 transfer rule of edgeinfer/planning/speed.py; each entry's error bar is the median |error| of its rows when
 their source (``source_id``, default ``source``) is left out of the fit (leave-one-source-out).
-Prefill: factor = measured prefill tok/s × 2 × active params / peak ops (median per key).
+Prefill (edgeinfer/planning/prefill.py): TTFT = t0 + prompt × 2 × active params / (factor × peak ops), t0 fitted
+where a key's prompts span 4×, else borrowed as decode's t0 is; its leave-one-source-out error as decode's.
 Memory: per runtime, overhead = median of (peak − weights − KV held − activations), with a term
 proportional to the weights only where it clearly lowers the left-out memory error.
 
@@ -27,7 +28,7 @@ import yaml  # noqa: E402
 
 from edgeinfer.contract.schemes import normalize_scheme  # noqa: E402
 from edgeinfer.errors import EdgeInferError  # noqa: E402
-from edgeinfer.planning import measured_run, overhead, planner, speed_fit  # noqa: E402
+from edgeinfer.planning import measured_run, overhead, planner, prefill, speed_fit  # noqa: E402
 from edgeinfer.planning.boards import get_board, host_board  # noqa: E402
 from edgeinfer.planning.host_bandwidth import HostBandwidth  # noqa: E402
 from edgeinfer.planning.models import resolve  # noqa: E402
@@ -98,11 +99,8 @@ def row_facts(r: dict) -> dict:
             "board_bw": board.bandwidth_gbps.value * 1e9 if board.bandwidth_gbps else None}
 
 
-def _prefill_factor(r: dict, f: dict) -> float | None:
-    b = f["board"]
-    pre = r.get("prefill") or (r["prompt"] / (r["ttft_ms"] / 1000) if r.get("ttft_ms") and r.get("prompt") else None)
-    peak = b.int8_tops.value * 1e12 if b.int8_tops else (b.fp16_tflops.value * 1e12 if b.fp16_tflops else None)
-    return pre * 2 * f["spec"].params_active / peak if pre and peak else None
+def _prefill(r: dict, f: dict) -> prefill.Measured | None:
+    return prefill.measured(f["board"], f["spec"].params_active, r.get("prompt"), r.get("ttft_ms"), r.get("prefill"))
 
 
 def points(rows: list[dict]) -> tuple[dict[str, list[speed_fit.Point]], list[str]]:
@@ -122,7 +120,7 @@ def points(rows: list[dict]) -> tuple[dict[str, list[speed_fit.Point]], list[str
                          "bandwidth")
             continue
         by_key.setdefault(f["key"], []).append(speed_fit.Point(
-            r["row"], r["source_id"], r["board"], f["board_bw"], f["bytes"], 1 / r["decode"], _prefill_factor(r, f)))
+            r["row"], r["source_id"], r["board"], f["board_bw"], f["bytes"], 1 / r["decode"], _prefill(r, f)))
     return by_key, notes
 
 

@@ -65,6 +65,20 @@ def _ref(source: str | None) -> str:
     return text[:cut]
 
 
+def prefill_line(e: Any, ctx: int) -> str:
+    """``prefill ≈ 1250 tok/s after 48 ms a request ±33 % (…); time to first token ≈ 0.151 s at a 128-token
+    prompt, 3.32 s at 4096 (the context)``."""
+    err = (f" ±{e.prefill_error_pct:g} % ({e.prefill_error_basis})" if e.prefill_error_pct is not None else
+           f" (error unknown: {e.prefill_error_basis})" if e.prefill_error_basis else "")
+    t0 = f" after {e.prefill_t0_ms:.0f} ms a request" if e.prefill_t0_ms else ""
+    firsts = []
+    for t in e.ttft_ms():
+        n = t["prompt_tokens"]
+        at = str(n) if firsts else f"a {n}-token prompt"
+        firsts.append(f"{t['ms'] / 1000:.3g} s at {at}" + (" (the context)" if n == ctx else ""))
+    return f"prefill ≈ {e.prefill_tokens_per_s:.0f} tok/s{t0}{err}; time to first token ≈ {', '.join(firsts)}"
+
+
 def render_plan(p: Plan) -> None:
     from rich.markup import escape
     from rich.table import Table
@@ -117,8 +131,7 @@ def render_plan(p: Plan) -> None:
     else:
         con.print(f"decode: no estimate ({e.basis})")
     if e.prefill_tokens_per_s is not None and e.prefill_tokens_per_s_unpaged is None:
-        con.print(f"prefill ≈ {e.prefill_tokens_per_s:.0f} tok/s "
-                  f"({e.prefill_fraction_of_peak * 100:.1f}% of peak compute)")
+        con.print(prefill_line(e, p.ctx))
     pg = p.details.paging
     if pg:
         stream = f"{pg.streamed_bytes_per_token / GIB:.2f} GiB/token from {pg.storage_source.split(':')[0]}"
@@ -264,6 +277,8 @@ def render_chain(c: ChainPlan) -> None:
               "that this installation can build; see docs/planner.md).")
 @click.option("--prefill-chunk", type=int, default=None, metavar="N", help="Prompt tokens per prefill call "
               "(default: the runtime's; where a backend builds it into its graphs: deploy --option prefill_chunk=N).")
+@click.option("--prompt", type=int, default=None, metavar="N", help="Prompt tokens whose time to the first token "
+              "the plan states (default: 128 and the context).")
 @click.option("--paging", type=int, default=None, metavar="W", help="Plan layer-paged: W segments resident.")
 @click.option("--segments", type=int, default=None, metavar="N", help="With --paging: N segments (default: layers).")
 @click.option("--storage", default=None, help="With --paging: where streamed weights come from "
@@ -279,7 +294,8 @@ def plan_cmd(ctx: click.Context, models: tuple[str, ...], board: str, quant: str
              batch: int | None,
              kv_dtype: str | None, runtime: str | None, as_json: bool, paging: int | None = None,
              segments: int | None = None, storage: str | None = None, image: str | None = None,
-             fleet: str | None = None, in_process: bool = False, prefill_chunk: int | None = None) -> None:
+             fleet: str | None = None, in_process: bool = False, prefill_chunk: int | None = None,
+             prompt: int | None = None) -> None:
     """Will MODEL fit BOARD, how fast, and what to change if not.
 
     MODEL: catalog name or HF id (Qwen/Qwen3-8B), HF directory, config.json, .gguf, .onnx, .safetensors,
@@ -298,7 +314,7 @@ def plan_cmd(ctx: click.Context, models: tuple[str, ...], board: str, quant: str
     with _telling_host_measurement(as_json):
         answer = plan_models(models, board, quant=quant, ctx=ctx_len, batch=batch, kv_dtype=kv_dtype,
                              runtime=runtime, paging=paging, segments=segments, storage=storage, image=image,
-                             in_process=in_process, prefill_chunk=prefill_chunk)
+                             in_process=in_process, prefill_chunk=prefill_chunk, prompt=prompt)
     render = (render_matrix if isinstance(answer, PlanMatrix) else render_chain if isinstance(answer, ChainPlan)
               else render_plan)
     emit(answer.to_dict(), as_json, lambda _: render(answer))

@@ -52,13 +52,15 @@ class Fact(BaseModel):
 
 class SpeedConst(BaseModel):
     """Decode: 1/(t0 + bytes_per_token / min(bw_cap_gbps, bw_fraction × bandwidth)) (planning.speed);
-    prefill: factor × peak / (2 × params). ``error_pct``/``error_basis``: the error bar plan prints with them."""
+    prefill: TTFT = prefill_t0_ms + prompt × 2 × params / (prefill_factor × peak) (planning.prefill).
+    ``error_pct``/``error_basis``: the error bar plan prints with them."""
 
     model_config = ConfigDict(extra="forbid")
     t0_ms: float = Field(ge=0)
     bw_fraction: float = Field(gt=0, le=1.5)
     bw_cap_gbps: float | None = Field(default=None, gt=0)
     prefill_factor: float | None = Field(default=None, gt=0)
+    prefill_t0_ms: float | None = Field(default=None, ge=0)
     source: str = "board profile"
     error_pct: float | None = Field(default=None, ge=0)
     error_basis: str | None = None

@@ -20,7 +20,7 @@ from typing import Any
 
 from edgeinfer.contract.schemes import Scheme, normalize_scheme
 from edgeinfer.errors import InputError
-from edgeinfer.planning import measured_run, planner, speed
+from edgeinfer.planning import measured_run, planner, prefill, speed
 from edgeinfer.planning.boards import Board, board_from_dict
 from edgeinfer.planning.models import resolve
 from edgeinfer.planning.models.hf import spec_from_config
@@ -31,6 +31,7 @@ MIB = 2**20
 SAME_SIZE = 0.02  # rows whose bytes per token differ less than this are one size
 CONTRADICTION = 0.30  # the same size measured this much apart, or a larger model this much faster
 MAX_FRACTION = 1.5  # SpeedConst's ceiling: faster than 1.5 × the physical bandwidth is not a measurement
+PREFILL_KEYS = ("prefill_factor", "prefill_t0_ms")
 MAX_ONE_ROW_MOVE = 2.0  # a single row moves a board's decode estimates by at most this factor without --force
 
 
@@ -58,7 +59,7 @@ class Group:
     bw: float = 0.0  # bytes/s
     how: str = ""
     scale: float | None = None  # new bandwidth / the parent's, when the parent has constants
-    prefill_factor: float | None = None
+    prefill: dict = field(default_factory=dict)  # prefill_factor, prefill_t0_ms (planning.prefill)
     parent: dict | None = field(default=None)
 
 
@@ -171,15 +172,15 @@ def fit_group(rows: list[Row], parent: Board) -> Group:
                          "the board, model or quant of these rows is wrong")
     if consts:
         g.scale = frac / (speed.effective_bandwidth(consts, bw_board) / bw_board)
-    g.prefill_factor = _prefill_factor(rows, parent) or (consts or {}).get("prefill_factor")
+    g.prefill = _prefill(rows, parent) or {k: (consts or {}).get(k) for k in PREFILL_KEYS}
     return g
 
 
-def _prefill_factor(rows: list[Row], b: Board) -> float | None:
-    peak = b.int8_tops.value * 1e12 if b.int8_tops else b.fp16_tflops.value * 1e12 if b.fp16_tflops else None
-    pfs = [r.data["prompt"] / (r.data["ttft_ms"] / 1000) * 2 * r.spec.params_active / peak
-           for r in rows if peak and r.data.get("prompt") and r.data.get("ttft_ms")]
-    return round(statistics.median(pfs), 6) if pfs else None
+def _prefill(rows: list[Row], b: Board) -> dict | None:
+    """The prefill constants of the rows with a prompt and a TTFT (t0 fitted where their prompts span 4×)."""
+    ms = [m for r in rows if (m := prefill.measured(b, r.spec.params_active, r.data.get("prompt"),
+                                                    r.data.get("ttft_ms")))]
+    return {k: prefill.fit(ms)[k] for k in PREFILL_KEYS} if ms else None
 
 
 def overhead_mib(rows: list[Row], parent: Board) -> dict[str, tuple[float, list[str]]]:
@@ -196,10 +197,10 @@ def overhead_mib(rows: list[Row], parent: Board) -> dict[str, tuple[float, list[
             for rt, items in res.items()}
 
 
-def _constants(t0_s: float, frac: float, pf: float | None, source: str, err: float | None,
+def _constants(t0_s: float, frac: float, pre: dict, source: str, err: float | None,
                err_basis: str) -> dict[str, Any]:
     """Inline constants of the calibrated board (no cap: they are this board's own)."""
-    return {"t0_ms": round(t0_s * 1000, 4), "bw_fraction": round(frac, 5), "prefill_factor": pf, "source": source,
+    return {"t0_ms": round(t0_s * 1000, 4), "bw_fraction": round(frac, 5), **pre, "source": source,
             "error_pct": err, "error_basis": err_basis}
 
 
@@ -256,7 +257,7 @@ def profile(parent: Board, groups: dict[str, Group], overheads: dict, name: str,
     for key, g in groups.items():
         rt, fk = key.split("/", 1)
         data["runtimes"][rt]["speed"][fk] = _constants(
-            g.t0_s, g.bw / bw_board, g.prefill_factor, f"user calibration ({where}; {g.how})",
+            g.t0_s, g.bw / bw_board, g.prefill, f"user calibration ({where}; {g.how})",
             _in_sample_error(g), f"user calibration: in-sample on {len(g.rows)} row(s), not left out")
     for rt, r in parent.runtimes.items():
         scales = [g.scale for k, g in groups.items() if k.startswith(rt + "/") and g.scale]
@@ -272,7 +273,7 @@ def profile(parent: Board, groups: dict[str, Group], overheads: dict, name: str,
             if consts:
                 frac = speed.effective_bandwidth(consts, bw_board) / bw_board
                 data["runtimes"][rt]["speed"][fk] = _constants(
-                    consts["t0_ms"] / 1000, min(MAX_FRACTION, frac * s), consts.get("prefill_factor"),
+                    consts["t0_ms"] / 1000, min(MAX_FRACTION, frac * s), {k: consts.get(k) for k in PREFILL_KEYS},
                     f"user calibration ({where}; no row for {fk}: the parent's bandwidth × {s:.3f}, the median scale "
                     f"of the {rt} rows)", None, f"user calibration: no row for {fk}, not validated")
     for rt, (mib, wheres) in overheads.items():

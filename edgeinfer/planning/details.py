@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from edgeinfer.planning import prefill
+
 PAGED_RATES = ("decode_tokens_per_s", "prefill_tokens_per_s")  # the estimates paging replaces
 
 
@@ -174,6 +176,10 @@ class Estimates:
     paging: PagingCost | None = None
     decode_tokens_per_s_unpaged: float | None = None
     prefill_tokens_per_s_unpaged: float | None = None
+    prefill_t0_ms: float | None = None  # TTFT = prefill_t0_ms + prompt / prefill_tokens_per_s (planning.prefill)
+    prefill_error_pct: float | None = None
+    prefill_error_basis: str | None = None
+    ttft_prompts: tuple[int, ...] = ()  # the prompt lengths ``ttft_ms`` is given for
 
     def error_bar(self) -> str:
         """``±9 % (leave-one-source-out, 41 rows from 4 sources)``, or why there is none."""
@@ -181,8 +187,17 @@ class Estimates:
             return f"(error unknown: {self.error_basis})" if self.error_basis else ""
         return f"±{self.decode_error_pct:g} % ({self.error_basis})"
 
+    def ttft_ms(self) -> list[dict[str, Any]]:
+        """The time to the first token of each of ``ttft_prompts``, at the plan's prefill rate (paged when paged)."""
+        if not self.prefill_tokens_per_s:
+            return []
+        return [{"prompt_tokens": n, "ms": prefill.ttft_ms(self.prefill_t0_ms or 0.0, self.prefill_tokens_per_s, n)}
+                for n in self.ttft_prompts]
+
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self)[:16]}  # up to error_basis: always there
+        out.update(prefill_t0_ms=self.prefill_t0_ms, prefill_error_pct=self.prefill_error_pct,
+                   prefill_error_basis=self.prefill_error_basis, ttft_ms=self.ttft_ms())
         if self.bw_eff_gbps is not None:
             out["bw_fraction"] = self.bw_fraction
         if self.paging is not None:

@@ -279,7 +279,7 @@ def check_int(name: str, v: object) -> int:
         if v2 != v:
             raise InputError(f"--{name} must be a positive integer, got {v!r}")
         v = v2
-    example = {"ctx": 4096, "prefill-chunk": 128}.get(name, 1)
+    example = {"ctx": 4096, "prefill-chunk": 128, "prompt": 512}.get(name, 1)
     if v <= 0:
         raise InputError(f"--{name} must be a positive integer, got {v}", f"for example --{name} {example}")
     most = 2**24 if name == "ctx" else 65536
@@ -300,7 +300,8 @@ def speed_constants(board: Board, runtime: str, scheme: Scheme) -> speed.Found:
 
 
 def estimate_speed(spec: ModelSpec, board: Board, runtime: str, scheme: Scheme, ctx: int, batch: int,
-                   kv_b: float) -> details.Estimates:
+                   kv_b: float, prompt: int | None = None) -> details.Estimates:
+    """Decode at ``ctx``; prefill and the TTFT of a ``prompt`` (None: of prefill.PROMPTS and of ``ctx``)."""
     prof = runtime_profile(runtime)
     stream = decode_stream_bytes(spec, scheme, prof)
     kv_read = kv_bytes(spec, ctx, batch, kv_b)  # kv_b: quant.kv_read_bytes, the bytes a value reads at its pace
@@ -328,12 +329,7 @@ def estimate_speed(spec: ModelSpec, board: Board, runtime: str, scheme: Scheme, 
         out["roofline_fraction"] = round((per_step / bw) / step, 3)
     out["t0_ms"] = consts["t0_ms"]
     out["bw_eff_gbps"], out["bw_fraction"] = round(bw_eff / 1e9, 2), bw_eff / bw
-    pf = consts.get("prefill_factor")
-    peak = (board.int8_tops.value * 1e12 if board.int8_tops else
-            board.fp16_tflops.value * 1e12 if board.fp16_tflops else None)
-    if pf and peak and spec.params_active:
-        out["prefill_tokens_per_s"] = round(pf * peak / (2 * spec.params_active), 2)
-        out["prefill_fraction_of_peak"] = pf
+    out.update(found.prefill(board, spec.params_active, ctx, prompt))
     return details.Estimates(**out)
 
 
@@ -369,13 +365,14 @@ def _fits(spec, board, runtime, scheme, ctx, batch, kv_b, chunk=None) -> bool:
 def plan(model, board, quant: str | None = None, ctx: int | None = None, batch: int = 1, kv_dtype: str | None = None,
          paging: int | None = None, runtime: str | None = None, suggest: bool = True,
          extra_boards=(), segments: int | None = None, storage: str | None = None,
-         prefill_chunk: int | None = None) -> Plan:
+         prefill_chunk: int | None = None, prompt: int | None = None) -> Plan:
     """Plan ``model`` (reference or ModelSpec) on ``board`` (name, path or Board).
 
     Runtime, scheme and context are :func:`edgeinfer.planning.decision.decide`'s (what ``deploy`` builds;
     ``ctx`` None: the model's limit, capped). ``paging=W`` plans layer-paged execution (edgeinfer.run.paged,
     docs/paging.md): W of ``segments`` (default: one per layer) resident, the rest streamed from ``storage``
-    once per token. ``prefill_chunk``: prompt tokens per prefill call (None: the runtime's default)."""
+    once per token. ``prefill_chunk``: prompt tokens per prefill call (None: the runtime's default); ``prompt``:
+    the prompt whose time to the first token the estimates give (None: 128 tokens and the context's)."""
     ctx = None if ctx is None else check_int("ctx", ctx)
     chunk = None if prefill_chunk is None else check_int("prefill-chunk", prefill_chunk)
     batch = check_int("batch", batch)
@@ -428,7 +425,10 @@ def plan(model, board, quant: str | None = None, ctx: int | None = None, batch: 
             warnings.append(("board", f"{b.name}: {k} is uncertain ({f.source})"))
     fits = not reasons
     unpaged = Verdict([t for k, t in reasons if k != "memory"], [t for k, t in warnings if k != "weights_window"])
-    est = estimate_speed(spec, b, rt_name, scheme, ctx, batch, kv_read_bytes(prof, kvd, spec.head_dim))
+    if prompt is not None and check_int("prompt", prompt) > ctx:
+        raise InputError(f"--prompt {prompt} is longer than the context ({ctx} tokens)",
+                         f"pass --prompt {ctx} or less, or --ctx {prompt} or more")
+    est = estimate_speed(spec, b, rt_name, scheme, ctx, batch, kv_read_bytes(prof, kvd, spec.head_dim), prompt)
     p = Plan(model=spec, board=b, runtime=rt_name, scheme=scheme, ctx=ctx, batch=batch, kv_dtype=kvd,
              prefill_chunk=chunk, breakdown=bd, details=det, fits=fits, reasons=[t for _, t in reasons],
              limits=limits, estimates=est, warnings=[t for _, t in warnings], decision=decision)

@@ -2,7 +2,7 @@
 predicts for the same board, model, scheme and context.
 
 Decode is planned at prompt + new tokens (the KV the last step reads, as bench/data/measured_rows.yaml
-counts ctx); TTFT as prompt / predicted prefill speed; peak memory (weights + KV cache + activations +
+counts ctx); TTFT as the plan's (t0 + prompt / its prefill rate); peak memory (weights + KV cache + activations +
 runtime overhead, without the OS reserve) at the bundle's context, for which the KV cache is allocated, or,
 where the runtime's KV cache is resident only as positions are written (onnxruntime), for the positions the run
 wrote and the prompt it prefilled (``measured_run.held_by_run``). Each prompt length becomes a row `edgeinfer
@@ -19,7 +19,7 @@ from typing import Any
 
 from edgeinfer.contract.measure import busy_note
 from edgeinfer.errors import EdgeInferError
-from edgeinfer.planning import measured_run, planner
+from edgeinfer.planning import measured_run, planner, prefill
 from edgeinfer.planning.boards import Board
 from edgeinfer.planning.models.spec import ModelSpec
 
@@ -126,8 +126,8 @@ def self_check(report: dict[str, Any], spec: ModelSpec, config: dict[str, Any], 
     for r in report["results"]:
         prompt, ctx = r["prompt_tokens"], min(context, r["prompt_tokens"] + r["new_tokens"])
         est = _plan(spec, board, scheme, ctx, runtime, paging).estimates
-        pre = est.prefill_tokens_per_s
-        ttft_pred = prompt / pre * 1000 if pre else None
+        ttft_pred = prefill.ttft_ms(est.prefill_t0_ms or 0.0, est.prefill_tokens_per_s, prompt) \
+            if est.prefill_tokens_per_s else None
         mem = r["peak_rss_bytes"] / MIB if r.get("peak_rss_bytes") else None
         held = measured_run.held_by_run(mem_plan, prompt, ctx)
         peak_pred = held / MIB if held is not None else mem_pred

@@ -1,6 +1,7 @@
 """The decode-speed transfer rule and the lookup of its constants (docs/planner.md#speed-model).
 
-Constants per ``speed_group/runtime/format``: ``{t0_ms, bw_fraction, bw_cap_gbps}``. On a board of bandwidth B
+Constants per ``speed_group/runtime/format``: ``{t0_ms, bw_fraction, bw_cap_gbps}`` (and the prefill's,
+:mod:`.prefill`). On a board of bandwidth B
 the effective bandwidth is ``min(bw_cap_gbps, bw_fraction × B)`` (no cap: no cap) and a decode step takes
 ``t0 + bytes_per_step / BW_eff``. Pure arithmetic on dicts: the planner, ``edgeinfer calibrate`` and
 bench/fit_speed.py (leave-one-source-out) all predict through here.
@@ -9,6 +10,8 @@ bench/fit_speed.py (leave-one-source-out) all predict through here.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from edgeinfer.planning import prefill
 
 WIDEN_FACTOR = 2.0  # an extrapolated estimate's error bar: max(WIDEN_FACTOR × the source's, WIDEN_FLOOR_PCT)
 WIDEN_FLOOR_PCT = 30.0
@@ -37,6 +40,17 @@ class Found:
     basis: str
     error_pct: float | None = None
     error_basis: str | None = None
+    extrapolated: bool = False
+
+    def prefill(self, board, params_active: int, ctx: int, prompt: int | None) -> dict:
+        """The plan's prefill figures from these constants (:func:`.prefill.estimate`) and their left-out error,
+        widened as decode's when extrapolated; {} without."""
+        pre = prefill.estimate(self.consts, board, params_active, ctx, prompt)
+        err, basis = (self.consts or {}).get("prefill_error_pct"), (self.consts or {}).get("prefill_error_basis")
+        if pre and self.extrapolated and basis:
+            err, basis = widened(err), f"{basis}; extrapolated: widened to max({WIDEN_FACTOR:g} × it, " \
+                                       f"{WIDEN_FLOOR_PCT:g} %)"
+        return {**pre, "prefill_error_pct": err, "prefill_error_basis": basis} if pre else {}
 
 
 def _rows(c: dict) -> int:
@@ -56,7 +70,7 @@ def _extrapolated(c: dict, key: str, label: str) -> Found:
     else:
         eb = (f"{label}: widened to max({WIDEN_FACTOR:g} × {err:g} %, {WIDEN_FLOOR_PCT:g} %) "
               f"from {key}'s left-out error")
-    return Found(c, f"{label} ({key}, {_rows(c)} row(s))", widened(err), eb)
+    return Found(c, f"{label} ({key}, {_rows(c)} row(s))", widened(err), eb, extrapolated=True)
 
 
 def lookup(table: dict, group: str | None, runtime: str, fk: str) -> Found:

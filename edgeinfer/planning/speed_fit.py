@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from edgeinfer.errors import InputError
-from edgeinfer.planning import calibrate, speed
+from edgeinfer.planning import calibrate, prefill, speed
 
 SAME = 0.02  # values closer than this (relative) are one size / one bandwidth
 OUTLIER_SIGMAS, OUTLIER_MIN, SIGMA_FLOOR = 3.0, 0.15, 0.03
@@ -39,7 +39,7 @@ class Point:
     board_bw: float  # bytes/s
     x: float  # bytes read per decode step (weights streamed + KV at ctx)
     t: float  # seconds per token (1 / decode tok/s)
-    prefill_factor: float | None = None
+    prefill: prefill.Measured | None = None
 
 
 def distinct(vals: Iterable[float]) -> int:
@@ -109,13 +109,11 @@ def fit_points(pts: list[Point], t0_borrowed: tuple[float, str] | None = None) -
               f"t0 borrowed from {t0_borrowed[1]}" if t0_borrowed else "t0 0: no other constants of this runtime "
                                                                          "to borrow one from")
     kept = [pts[i] for i in keep]
-    pfs = [p.prefill_factor for p in pts if p.prefill_factor]
     errs = _rel_errors(c, pts)
     return {
         "t0_ms": round(c["t0_ms"], 3), "bw_fraction": round(c["bw_fraction"], 4),
         "bw_cap_gbps": round(c["bw_cap_gbps"], 2) if c["bw_cap_gbps"] is not None else None,
         "fit_boards": {p.board: round(speed.effective_bandwidth(c, p.board_bw) / 1e9, 2) for p in pts},
-        "prefill_factor": round(statistics.median(pfs), 5) if pfs else None,
         "n_rows": len(pts), "rows": [p.row for p in pts], "sources": sorted({p.source for p in pts}),
         "outlier_rows": [p.row for p in pts if p not in kept],
         "fit": f"{t0_how}; {how}", "fit_median_abs_pct_error": round(statistics.median(errs), 2),
@@ -131,15 +129,17 @@ def with_stars(by_key: dict[str, list[Point]]) -> dict[str, list[Point]]:
     return out
 
 
-def _donor(table: dict, key: str) -> tuple[float, str] | None:
+def _donor(table: dict, key: str, field: str = "") -> tuple[float, str] | None:
     """The median fitted t0 of the same group and runtime, else of the runtime's other groups (a group key never
-    borrows from a ``*`` key, which mixes groups; a ``*`` key borrows from ``*`` keys first)."""
+    borrows from a ``*`` key, which mixes groups; a ``*`` key borrows from ``*`` keys first); ``field``
+    "prefill_": the prefill t0."""
     group, runtime, _ = key.split("/", 2)
     star = group == "*"
     for pred in (lambda g, r: g == group and r == runtime, lambda g, r: r == runtime and (star or g != "*")):
-        keys = sorted(k for k, v in table.items() if pred(*k.split("/", 2)[:2]) and v["fit"].startswith("t0 fitted"))
+        keys = sorted(k for k, v in table.items() if pred(*k.split("/", 2)[:2])
+                      and (v.get(f"{field}fit") or "").startswith("t0 fitted"))
         if keys:
-            return statistics.median(table[k]["t0_ms"] for k in keys) / 1000, ", ".join(keys)
+            return statistics.median(table[k][f"{field}t0_ms"] for k in keys) / 1000, ", ".join(keys)
     return None
 
 
@@ -150,6 +150,10 @@ def fit_table(by_key: dict[str, list[Point]]) -> dict[str, dict]:
     for k in sorted(keys, key=lambda k: (not spans(p.x for p in keys[k]), k)):
         several = spans(p.x for p in keys[k])
         table[k] = fit_points(keys[k], None if several else _donor(table, k))
+    measured = {k: [p.prefill for p in pts if p.prefill] for k, pts in keys.items()}
+    for k in sorted(measured, key=lambda k: (not prefill.spans(measured[k]), k)):
+        ms = measured[k]
+        table[k].update(prefill.fit(ms, None if prefill.spans(ms) or not ms else _donor(table, k, "prefill_")))
     return table
 
 
@@ -158,23 +162,29 @@ def without(by_key: dict[str, list[Point]], source: str) -> dict[str, list[Point
 
 
 def loso_errors(by_key: dict[str, list[Point]]) -> dict[str, dict]:
-    """Per key: its points' |error| % when each source is left out of the whole fit and the key refitted."""
+    """Per key: its points' |error| % when each source is left out of the whole fit and the key refitted, for
+    decode (``error_*``) and for the TTFT of the points that have one (``prefill_error_*``)."""
     keys = with_stars(by_key)
     errs: dict[str, list[float]] = {k: [] for k in keys}
+    pre: dict[str, list[float]] = {k: [] for k in keys}
     for s in sorted({p.source for pts in keys.values() for p in pts}):
         tab = fit_table(without(by_key, s))
         for k, pts in keys.items():
             left = [p for p in pts if p.source == s]
             if left and k in tab:
                 errs[k] += _rel_errors(tab[k], left)
+                if tab[k]["prefill_factor"]:
+                    pre[k] += prefill.errors(tab[k], [p.prefill for p in left if p.prefill])
     out = {}
     for k, pts in keys.items():
-        n_src = len({p.source for p in pts})
-        if n_src < 2 or not errs[k]:
-            out[k] = {"error_pct": None, "error_rows": 0, "error_sources": n_src,
-                      "error_basis": "one source: not validated"}
-            continue
-        out[k] = {"error_pct": round(statistics.median(errs[k]), 1), "error_rows": len(errs[k]),
-                  "error_sources": n_src,
-                  "error_basis": f"leave-one-source-out, {len(errs[k])} rows from {n_src} sources"}
+        out[k] = {**_left_out(errs[k], {p.source for p in pts}),
+                  **{f"prefill_{n}": v for n, v in _left_out(pre[k], {p.source for p in pts if p.prefill}).items()}}
     return out
+
+
+def _left_out(errs: list[float], sources: set[str]) -> dict:
+    if len(sources) < 2 or not errs:
+        return {"error_pct": None, "error_rows": 0, "error_sources": len(sources),
+                "error_basis": "one source: not validated" if sources else "no rows"}
+    return {"error_pct": round(statistics.median(errs), 1), "error_rows": len(errs), "error_sources": len(sources),
+            "error_basis": f"leave-one-source-out, {len(errs)} rows from {len(sources)} sources"}
