@@ -40,6 +40,7 @@ RUN = {
         "edgeinfer plan phi-3-mini-4k-instruct --board rk3588-16g --quant w8a8 --ctx 192",
         "edgeinfer plan qwen3-8b --board core-ultra-368h --runtime openvino-npu --ctx 1024",
         "edgeinfer plan qwen3-8b --board atlas-800i-a2 --runtime llama.cpp-cann --quant fp16 --ctx 1024",
+        "edgeinfer plan qwen3-8b --board core-ultra-258v --runtime openvino-gpu --quant w4a16 --ctx 4096",
     ],
     "paging.md": [
         "edgeinfer plan Qwen/Qwen3-8B --board rk3588-8g --paging 12 --storage nvme",
