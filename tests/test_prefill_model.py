@@ -128,11 +128,33 @@ def test_plan_text_and_json_give_the_time_to_the_first_token() -> None:
     assert [t["prompt_tokens"] for t in one] == [1000]
 
 
-@pytest.mark.parametrize("prompt,needle", [("5000", "--prompt 5000 is longer than the context (4096 tokens)"),
-                                           ("0", "--prompt must be a positive integer")])
-def test_a_prompt_the_plan_cannot_take_is_one_line_exit_2(prompt: str, needle: str) -> None:
-    r = cli_run("plan", "qwen3-8b", "--board", "core-ultra-258v", "--ctx", "4096", "--prompt", prompt)
+@pytest.mark.parametrize("model,prompt,needle", [
+    ("qwen3-8b", "5000", "--prompt 5000 is longer than the context (4096 tokens)"),
+    ("qwen3-8b", "0", "--prompt must be a positive integer"),
+    ("all-minilm-l6-v2", "64", "--prompt goes with a decoder: an encoder gives no first token")])
+def test_a_prompt_the_plan_cannot_take_is_one_line_exit_2(model: str, prompt: str, needle: str) -> None:
+    ctx = [] if model.startswith("all-") else ["--ctx", "4096"]
+    r = cli_run("plan", model, "--board", "core-ultra-258v", *ctx, "--prompt", prompt)
     assert r.exit_code == 2 and needle in r.output and "Traceback" not in r.output
+
+
+def test_a_paged_plan_gives_the_time_to_the_first_token_at_its_paged_rate() -> None:
+    p = planner.plan("qwen3-8b", "rk3588-8g", quant="w8a8", paging=12, storage="nvme", prompt=1024)
+    e = p.estimates
+    assert e.prefill_tokens_per_s < e.prefill_tokens_per_s_unpaged  # 16-token chunks page every segment in
+    assert e.ttft_ms() == [{"prompt_tokens": 1024, "ms": pytest.approx(1024 / e.prefill_tokens_per_s * 1000,
+                                                                        abs=0.1)}]  # RKLLM's rows: t0 0
+    text = " ".join(cli_run("plan", "qwen3-8b", "--board", "rk3588-8g", "--quant", "w8a8", "--paging", "12",
+                            "--storage", "nvme").output.split())
+    assert f"prefill (paged) ≈ {e.prefill_tokens_per_s:.3g} tok/s; time to first token ≈" in text
+
+
+def test_a_board_without_a_peak_says_why_it_has_no_prefill_estimate() -> None:
+    assert planner.plan("qwen3-0.6b", "core-ultra-258v", runtime="openvino-gpu", suggest=False).estimates.ttft_ms()
+    p = planner.plan("qwen3-0.6b", "host", quant="w8a16", suggest=False)
+    assert p.estimates.prefill_tokens_per_s is None and p.estimates.ttft_ms() == []
+    text = " ".join(cli_run("plan", "qwen3-0.6b", "--board", "host", "--quant", "w8a16").output.split())
+    assert "prefill: no estimate (host states no peak compute; `edgeinfer bench BUNDLE` measures" in text
 
 
 def cli_run(*args: str):

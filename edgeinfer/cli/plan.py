@@ -76,7 +76,18 @@ def prefill_line(e: Any, ctx: int) -> str:
         n = t["prompt_tokens"]
         at = str(n) if firsts else f"a {n}-token prompt"
         firsts.append(f"{t['ms'] / 1000:.3g} s at {at}" + (" (the context)" if n == ctx else ""))
-    return f"prefill ≈ {e.prefill_tokens_per_s:.0f} tok/s{t0}{err}; time to first token ≈ {', '.join(firsts)}"
+    paged = " (paged)" if e.prefill_tokens_per_s_unpaged is not None else ""
+    rate = e.prefill_tokens_per_s
+    line = f"prefill{paged} ≈ {rate:.0f}" if rate >= 100 else f"prefill{paged} ≈ {rate:.3g}"
+    return f"{line} tok/s{t0}{err}" + (f"; time to first token ≈ {', '.join(firsts)}" if firsts else "")
+
+
+def no_prefill(p: Plan) -> str:
+    """Why a decoder's plan has no prefill estimate."""
+    if not (p.board.int8_tops or p.board.fp16_tflops):
+        return (f"{p.board.name} states no peak compute; `edgeinfer bench BUNDLE` measures the time to the first "
+                "token")
+    return "its speed constants have no measured prefill" if p.estimates.t0_ms is not None else p.estimates.basis
 
 
 def render_plan(p: Plan) -> None:
@@ -130,8 +141,10 @@ def render_plan(p: Plan) -> None:
                   f"t0 {e.t0_ms:.2f} ms, BW_eff {e.bw_eff_gbps} GB/s; {e.basis})")
     else:
         con.print(f"decode: no estimate ({e.basis})")
-    if e.prefill_tokens_per_s is not None and e.prefill_tokens_per_s_unpaged is None:
+    if e.prefill_tokens_per_s is not None:
         con.print(prefill_line(e, p.ctx))
+    elif not p.model.encoder:
+        con.print(f"prefill: no estimate ({no_prefill(p)})")
     pg = p.details.paging
     if pg:
         stream = f"{pg.streamed_bytes_per_token / GIB:.2f} GiB/token from {pg.storage_source.split(':')[0]}"

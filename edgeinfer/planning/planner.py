@@ -31,6 +31,7 @@ from edgeinfer.planning.paging import (
     paging_need,
     suggest_window,
 )
+from edgeinfer.planning.prefill import checked as checked_prompt
 from edgeinfer.planning.quant import (
     block_of,
     embedding_bits,
@@ -329,7 +330,7 @@ def estimate_speed(spec: ModelSpec, board: Board, runtime: str, scheme: Scheme, 
         out["roofline_fraction"] = round((per_step / bw) / step, 3)
     out["t0_ms"] = consts["t0_ms"]
     out["bw_eff_gbps"], out["bw_fraction"] = round(bw_eff / 1e9, 2), bw_eff / bw
-    out.update(found.prefill(board, spec.params_active, ctx, prompt))
+    out.update(found.prefill(board, spec.params_active, None if spec.encoder else ctx, prompt))
     return details.Estimates(**out)
 
 
@@ -425,9 +426,7 @@ def plan(model, board, quant: str | None = None, ctx: int | None = None, batch: 
             warnings.append(("board", f"{b.name}: {k} is uncertain ({f.source})"))
     fits = not reasons
     unpaged = Verdict([t for k, t in reasons if k != "memory"], [t for k, t in warnings if k != "weights_window"])
-    if prompt is not None and check_int("prompt", prompt) > ctx:
-        raise InputError(f"--prompt {prompt} is longer than the context ({ctx} tokens)",
-                         f"pass --prompt {ctx} or less, or --ctx {prompt} or more")
+    prompt = checked_prompt(None if prompt is None else check_int("prompt", prompt), ctx, spec.encoder)
     est = estimate_speed(spec, b, rt_name, scheme, ctx, batch, kv_read_bytes(prof, kvd, spec.head_dim), prompt)
     p = Plan(model=spec, board=b, runtime=rt_name, scheme=scheme, ctx=ctx, batch=batch, kv_dtype=kvd,
              prefill_chunk=chunk, breakdown=bd, details=det, fits=fits, reasons=[t for _, t in reasons],

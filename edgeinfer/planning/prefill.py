@@ -14,6 +14,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
+from edgeinfer.errors import InputError
+
 PROMPT_SPAN = 4.0  # t0 is fitted only where the rows' prompts span this factor (32 and 1,024 tokens: 32×)
 PROMPTS = (128,)  # the prompt lengths a plan states its TTFT for, besides its context
 
@@ -91,16 +93,27 @@ def errors(c: dict, ms: list[Measured]) -> list[float]:
     return [abs(ttft_seconds(c, m.prompt, m.s_per_token) / m.ttft_s - 1) * 100 for m in ms]
 
 
-def estimate(c: dict | None, board, params_active: int, ctx: int, prompt: int | None = None) -> dict:
+def estimate(c: dict | None, board, params_active: int, ctx: int | None, prompt: int | None = None) -> dict:
     """The plan's prefill figures from constants ``c``: the rate a prompt token goes at once a request has
     started (``prefill_tokens_per_s``), ``prefill_t0_ms``, and the prompt lengths to give a TTFT for
-    (``prompt``, else PROMPTS shorter than ``ctx`` and ``ctx``); {} without constants or a peak."""
+    (``prompt``, else PROMPTS shorter than ``ctx`` and ``ctx``; none with ``ctx`` None: an encoder, which
+    gives no first token); {} without constants or a peak."""
     peak = peak_ops(board)
     if not (c and c.get("prefill_factor") and peak and params_active):
         return {}
     return {"prefill_tokens_per_s": round(c["prefill_factor"] * peak / (2 * params_active), 2),
             "prefill_fraction_of_peak": c["prefill_factor"], "prefill_t0_ms": c.get("prefill_t0_ms") or 0.0,
-            "ttft_prompts": (prompt,) if prompt else (*[n for n in PROMPTS if n < ctx], ctx)}
+            "ttft_prompts": () if ctx is None else (prompt,) if prompt else (*[n for n in PROMPTS if n < ctx], ctx)}
+
+
+def checked(prompt: int | None, ctx: int, encoder: bool) -> int | None:
+    """``plan --prompt``: a decoder's prompt of at most ``ctx`` tokens, else InputError."""
+    if prompt is not None and encoder:
+        raise InputError("--prompt goes with a decoder: an encoder gives no first token", "drop --prompt")
+    if prompt is not None and prompt > ctx:
+        raise InputError(f"--prompt {prompt} is longer than the context ({ctx} tokens)",
+                         f"pass --prompt {ctx} or less, or --ctx {prompt} or more")
+    return prompt
 
 
 def ttft_ms(t0_ms: float, tokens_per_s: float, prompt: int) -> float:

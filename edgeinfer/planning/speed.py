@@ -42,7 +42,7 @@ class Found:
     error_basis: str | None = None
     extrapolated: bool = False
 
-    def prefill(self, board, params_active: int, ctx: int, prompt: int | None) -> dict:
+    def prefill(self, board, params_active: int, ctx: int | None, prompt: int | None) -> dict:
         """The plan's prefill figures from these constants (:func:`.prefill.estimate`) and their left-out error,
         widened as decode's when extrapolated; {} without."""
         pre = prefill.estimate(self.consts, board, params_active, ctx, prompt)
