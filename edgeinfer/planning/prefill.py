@@ -4,9 +4,10 @@
 
 ``t0`` is what a request costs whatever its length (graph dispatch, the first decode step, sampling); the
 factor is the fraction of peak compute a prompt token gets. Measured TTFTs of one model at 32 and 1,024 tokens
-(OpenVINO's GPU tables) differ 3-10× where P alone says 32×: a prefill rate fitted without ``t0`` was 58 %
-off on them (median), with it 22 %. Pure arithmetic: bench/fit_speed.py and ``edgeinfer calibrate`` fit the
-constants here, the planner predicts through here.
+(OpenVINO's GPU tables) differ 1.4-24× where P alone says 32×: left out by source, a rate fitted without ``t0``
+was 66 % off on them, with it 34 % (the median over the speed keys with a t0; bench/prefill_accuracy.py). Pure
+arithmetic: bench/fit_speed.py and ``edgeinfer calibrate`` fit the constants here, the planner predicts
+through here.
 """
 
 from __future__ import annotations
