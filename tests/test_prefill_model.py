@@ -138,6 +138,18 @@ def test_a_prompt_the_plan_cannot_take_is_one_line_exit_2(model: str, prompt: st
     assert r.exit_code == 2 and needle in r.output and "Traceback" not in r.output
 
 
+def test_the_matrix_gives_each_cells_time_to_the_first_token_of_the_prompt() -> None:
+    first = planner.plan("qwen3-8b", "core-ultra-155h", prompt=512, suggest=False).estimates.ttft_ms()[0]
+    assert first["prompt_tokens"] == 512
+    text = " ".join(cli_run("plan", "qwen3-8b", "--board", "all", "--prompt", "512").output.split())
+    assert f"{first['ms'] / 1000:.3g} s at 512" in text
+
+
+def test_a_chain_plan_refuses_a_prompt_in_one_line() -> None:
+    r = cli_run("plan", "all-minilm-l6-v2", "qwen3-0.6b", "--board", "core-ultra-258v", "--prompt", "100")
+    assert r.exit_code == 2 and "--prompt goes with one decoder's plan: a chain's plan is its memory" in r.output
+
+
 def test_a_paged_plan_gives_the_time_to_the_first_token_at_its_paged_rate() -> None:
     p = planner.plan("qwen3-8b", "rk3588-8g", quant="w8a8", paging=12, storage="nvme", prompt=1024)
     e = p.estimates

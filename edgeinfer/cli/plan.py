@@ -214,7 +214,8 @@ def render_matrix(m: PlanMatrix) -> None:
 
     from edgeinfer.planning.details import RefusedCell
 
-    t = Table(show_header=True, header_style="bold", title="plan matrix (total / capacity, decode tok/s)")
+    t = Table(show_header=True, header_style="bold",
+              title="plan matrix (total / capacity, decode tok/s, time to the first token of a prompt)")
     t.add_column("board", no_wrap=True, min_width=max(map(len, m.boards), default=5))
     for name in m.models:
         t.add_column(name, overflow="fold")  # wrap long reasons; never cut them with an ellipsis
@@ -226,10 +227,12 @@ def render_matrix(m: PlanMatrix) -> None:
                 reason = c.error.removeprefix(f"board {b} ")  # the row already names the board
                 row.append(f"[bright_black]{escape(reason)}[/]")
                 continue
-            dec = c.estimates.decode_tokens_per_s
+            dec, first = c.estimates.decode_tokens_per_s, c.estimates.ttft_ms()[:1]
             mark = "[green]✓[/]" if c.fits else "[red]✗[/]"
             row.append(f"{mark} {c.total_bytes / GIB:.1f}/{c.capacity_bytes / GIB:.0f} GiB"
-                       + (f", {dec:.1f} tok/s" if dec else "") + f" ({c.scheme.name})")
+                       + (f", {dec:.1f} tok/s" if dec else "")
+                       + "".join(f", {t['ms'] / 1000:.3g} s at {t['prompt_tokens']}" for t in first)
+                       + f" ({c.scheme.name})")
         t.add_row(*row)
     console().print(t)
 

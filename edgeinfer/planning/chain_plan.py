@@ -17,7 +17,7 @@ from edgeinfer.planning.models import resolve
 
 OPTIONS = ("quant", "ctx", "batch", "kv_dtype", "runtime")
 FILE_KEYS = ("models", "workers")
-DECODER_ONLY = ("ctx", "batch", "kv_dtype", "prompt")  # command-line options a chain gives its decoders only
+DECODER_ONLY = ("ctx", "batch", "kv_dtype")  # command-line options a chain gives its decoders only
 
 
 @dataclass

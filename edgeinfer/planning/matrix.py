@@ -56,6 +56,9 @@ def plan_models(models: Sequence[str], board: str, ctx: int | None = None, batch
     ctx = None if ctx is None else planner.check_int("ctx", ctx)  # None: each model's limit, capped
     batch = None if batch is None else planner.check_int("batch", batch)
     if board != "all" and (len(models) > 1 or (models and is_chain_file(models[0]))):
+        if options.get("prompt") is not None:
+            raise InputError("--prompt goes with one decoder's plan: a chain's plan is its memory",
+                             "plan the decoder alone with --prompt")
         return (_chain(models, board, in_process, ctx=ctx, batch=batch, **options) if image is None
                 else _no_image())
     if in_process:
