@@ -187,6 +187,8 @@ def test_calibrate_fits_the_prefill_t0_from_a_boards_own_rows(tmp_path: Path) ->
     out = tmp_path / "mine.yaml"
     r = cli_run("calibrate", str(path), "--board", "rk3588-16g", "-o", str(out))
     assert r.exit_code == 0, r.output
+    said = " ".join(r.output.split())  # rich wraps at the terminal's width
+    assert "prefill: t0 120.0 ms, factor 0.1 of the board's peak — t0 fitted on prompts of 64-1024 tokens" in said
     c = load_board_file(out).runtimes["rkllm"].speed["w8a8"]
     assert c.prefill_t0_ms == pytest.approx(120, abs=0.5) and c.prefill_factor == pytest.approx(0.10, rel=1e-3)
     e = planner.plan("qwen3-0.6b", load_board_file(out), quant="w8a8", runtime="rkllm", ctx=2048, prompt=512,

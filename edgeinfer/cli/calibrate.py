@@ -63,6 +63,11 @@ def _render(r: dict[str, Any]) -> None:
         con.print(f"  {k}: t0 {g['t0_ms']:.2f} ms, BW_eff {g['bw_eff_gbps']:.2f} GB/s"
                   + (f" (× {scale:.3f} of the parent's)" if scale else "") + f" — {g['fit']}")
         con.print(f"    trust: {g['trust']}")
+        pre = g["prefill"]
+        if pre.get("factor"):
+            con.print(f"    prefill: t0 {pre['t0_ms'] or 0:.1f} ms, factor {pre['factor']:.4g} of the board's peak — "
+                      f"{pre['fit']}" + (f" (in-sample error {pre['fit_median_abs_pct_error']:g} %)"
+                                         if pre.get("fit_median_abs_pct_error") is not None else ""))
     t = Table(show_header=True, header_style="bold")
     for col in ("row", "model", "quant", "ctx", "decode tok/s", "error before", "error after", "mem MiB",
                 "mem error before", "after"):

@@ -59,7 +59,7 @@ class Group:
     bw: float = 0.0  # bytes/s
     how: str = ""
     scale: float | None = None  # new bandwidth / the parent's, when the parent has constants
-    prefill: dict = field(default_factory=dict)  # prefill_factor, prefill_t0_ms (planning.prefill)
+    prefill: dict = field(default_factory=dict)  # prefill.fit's, or the parent's prefill_factor, prefill_t0_ms
     parent: dict | None = field(default=None)
 
 
@@ -172,7 +172,8 @@ def fit_group(rows: list[Row], parent: Board) -> Group:
                          "the board, model or quant of these rows is wrong")
     if consts:
         g.scale = frac / (speed.effective_bandwidth(consts, bw_board) / bw_board)
-    g.prefill = _prefill(rows, parent) or {k: (consts or {}).get(k) for k in PREFILL_KEYS}
+    g.prefill = _prefill(rows, parent) or {**{k: (consts or {}).get(k) for k in PREFILL_KEYS},
+                                            "prefill_fit": "kept from the parent (no row with a prompt and a TTFT)"}
     return g
 
 
@@ -180,7 +181,7 @@ def _prefill(rows: list[Row], b: Board) -> dict | None:
     """The prefill constants of the rows with a prompt and a TTFT (t0 fitted where their prompts span 4×)."""
     ms = [m for r in rows if (m := prefill.measured(b, r.spec.params_active, r.data.get("prompt"),
                                                     r.data.get("ttft_ms")))]
-    return {k: prefill.fit(ms)[k] for k in PREFILL_KEYS} if ms else None
+    return prefill.fit(ms) if ms else None
 
 
 def overhead_mib(rows: list[Row], parent: Board) -> dict[str, tuple[float, list[str]]]:
@@ -257,7 +258,7 @@ def profile(parent: Board, groups: dict[str, Group], overheads: dict, name: str,
     for key, g in groups.items():
         rt, fk = key.split("/", 1)
         data["runtimes"][rt]["speed"][fk] = _constants(
-            g.t0_s, g.bw / bw_board, g.prefill, f"user calibration ({where}; {g.how})",
+            g.t0_s, g.bw / bw_board, {k: g.prefill[k] for k in PREFILL_KEYS}, f"user calibration ({where}; {g.how})",
             _in_sample_error(g), f"user calibration: in-sample on {len(g.rows)} row(s), not left out")
     for rt, r in parent.runtimes.items():
         scales = [g.scale for k, g in groups.items() if k.startswith(rt + "/") and g.scale]
@@ -332,7 +333,8 @@ def calibrate(rows: list[dict[str, Any]], parent: Board, name: str | None = None
         "parent": parent.name, "parent_origin": parent.origin, "source": where,
         "groups": {k: {"fit": g.how, "trust": trust(g), "rows": len(g.rows), "t0_ms": round(g.t0_s * 1000, 4),
                        "bw_eff_gbps": round(g.bw / 1e9, 3),
-                       "bandwidth_scale_vs_parent": round(g.scale, 4) if g.scale else None}
+                       "bandwidth_scale_vs_parent": round(g.scale, 4) if g.scale else None,
+                       "prefill": {k[len("prefill_"):]: v for k, v in g.prefill.items()}}
                    for k, g in groups.items()},
         "rows": row_errors(prepared, board), "rows_before": row_errors(prepared, parent), "notes": notes,
     }
