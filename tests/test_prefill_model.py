@@ -172,7 +172,7 @@ def test_a_board_without_a_peak_says_why_it_has_no_prefill_estimate() -> None:
 def cli_run(*args: str):
     cli.add_command(plan_cmd)
     cli.add_command(calibrate_cmd)
-    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False, env={"COLUMNS": None})  # tables unwrapped
 
 
 def test_calibrate_fits_the_prefill_t0_from_a_boards_own_rows(tmp_path: Path) -> None:
