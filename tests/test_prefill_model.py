@@ -166,7 +166,24 @@ def test_a_board_without_a_peak_says_why_it_has_no_prefill_estimate() -> None:
     p = planner.plan("qwen3-0.6b", "host", quant="w8a16", suggest=False)
     assert p.estimates.prefill_tokens_per_s is None and p.estimates.ttft_ms() == []
     text = " ".join(cli_run("plan", "qwen3-0.6b", "--board", "host", "--quant", "w8a16").output.split())
-    assert "prefill: no estimate (host states no peak compute; `edgeinfer bench BUNDLE` measures" in text
+    assert ("prefill: no estimate (host states no peak compute: `edgeinfer bench BUNDLE --json` on it, then "
+            "`edgeinfer calibrate` on that report, fits its own)") in text
+
+
+def test_calibrating_a_board_without_a_peak_fits_its_effective_tops(tmp_path: Path) -> None:
+    params = resolve("qwen3-0.6b").params_active
+    # this machine: 30 ms a request, then 0.05 tera-ops a second (2 ops a parameter a token)
+    rows = [{"model": "qwen3-0.6b", "quant": "w8a16", "prompt": p, "ctx": 1100, "decode": 20.0,
+             "ttft_ms": round(30 + p * 2 * params / 0.05e12 * 1000, 3)} for p in (64, 1024)]
+    path = tmp_path / "rows.yaml"
+    path.write_text(yaml.safe_dump({"rows": rows}))
+    out = tmp_path / "mine.yaml"
+    r = cli_run("calibrate", str(path), "--board", "host", "-o", str(out))
+    assert r.exit_code == 0, r.output
+    assert "factor 0.05 effective TOPS (the board states no peak)" in " ".join(r.output.split())
+    e = planner.plan("qwen3-0.6b", load_board_file(out), quant="w8a16", ctx=2048, prompt=512, suggest=False).estimates
+    assert e.ttft_ms()[0]["ms"] == pytest.approx(30 + 512 * 2 * params / 0.05e12 * 1000, rel=1e-3)
+    assert e.prefill_fraction_of_peak is None  # no peak to be a fraction of
 
 
 def cli_run(*args: str):

@@ -65,7 +65,8 @@ def _render(r: dict[str, Any]) -> None:
         con.print(f"    trust: {g['trust']}")
         pre = g["prefill"]
         if pre.get("factor"):
-            con.print(f"    prefill: t0 {pre['t0_ms'] or 0:.1f} ms, factor {pre['factor']:.4g} of the board's peak — "
+            unit = pre.get("factor_is") or "of the board's peak"
+            con.print(f"    prefill: t0 {pre['t0_ms'] or 0:.1f} ms, factor {pre['factor']:.4g} {unit} — "
                       f"{pre['fit']}" + (f" (in-sample error {pre['fit_median_abs_pct_error']:g} %)"
                                          if pre.get("fit_median_abs_pct_error") is not None else ""))
     t = Table(show_header=True, header_style="bold")

@@ -85,8 +85,8 @@ def prefill_line(e: Any, ctx: int) -> str:
 def no_prefill(p: Plan) -> str:
     """Why a decoder's plan has no prefill estimate."""
     if not (p.board.int8_tops or p.board.fp16_tflops):
-        return (f"{p.board.name} states no peak compute; `edgeinfer bench BUNDLE` measures the time to the first "
-                "token")
+        return (f"{p.board.name} states no peak compute: `edgeinfer bench BUNDLE --json` on it, then `edgeinfer "
+                "calibrate` on that report, fits its own")
     return "its speed constants have no measured prefill" if p.estimates.t0_ms is not None else p.estimates.basis
 
 

@@ -180,8 +180,9 @@ def fit_group(rows: list[Row], parent: Board) -> Group:
 def _prefill(rows: list[Row], b: Board) -> dict | None:
     """The prefill constants of the rows with a prompt and a TTFT (t0 fitted where their prompts span 4×)."""
     ms = [m for r in rows if (m := prefill.measured(b, r.spec.params_active, r.data.get("prompt"),
-                                                    r.data.get("ttft_ms")))]
-    return prefill.fit(ms) if ms else None
+                                                    r.data.get("ttft_ms"), nominal=True))]
+    unit = "of the board's peak" if prefill.peak_ops(b) else "effective TOPS (the board states no peak)"
+    return {**prefill.fit(ms), "prefill_factor_is": unit} if ms else None
 
 
 def overhead_mib(rows: list[Row], parent: Board) -> dict[str, tuple[float, list[str]]]:

@@ -19,6 +19,7 @@ from edgeinfer.errors import InputError
 
 PROMPT_SPAN = 4.0  # t0 is fitted only where the rows' prompts span this factor (32 and 1,024 tokens: 32×)
 PROMPTS = (128,)  # the prompt lengths a plan states its TTFT for, besides its context
+UNIT_OPS = 1e12  # a board that states no peak: its factor is its effective tera-ops a second (calibrate fits it)
 
 
 @dataclass(frozen=True)
@@ -31,16 +32,19 @@ class Measured:
     s_per_token: float
 
 
-def peak_ops(board) -> float | None:
-    """The board's peak compute, ops/s: int8 TOPS, else fp16 TFLOPS; None where it claims neither."""
+def peak_ops(board, nominal: bool = False) -> float | None:
+    """The board's peak compute, ops/s: int8 TOPS, else fp16 TFLOPS; where it claims neither, None (``nominal``:
+    UNIT_OPS, so that a factor fitted on the board's own rows is its effective TOPS)."""
     return (board.int8_tops.value * 1e12 if board.int8_tops else
-            board.fp16_tflops.value * 1e12 if board.fp16_tflops else None)
+            board.fp16_tflops.value * 1e12 if board.fp16_tflops else UNIT_OPS if nominal else None)
 
 
 def measured(board, params_active: int, prompt: int | None, ttft_ms: float | None = None,
-             prefill_tokens_per_s: float | None = None) -> Measured | None:
-    """A row's prefill (its TTFT, else its prompt over its prefill rate), or None where it has none."""
-    peak = peak_ops(board)
+             prefill_tokens_per_s: float | None = None, nominal: bool = False) -> Measured | None:
+    """A row's prefill (its TTFT, else its prompt over its prefill rate), or None where it has none (or the board
+    states no peak and not ``nominal``: bench/fit_speed.py's constants transfer between boards as fractions of
+    their peaks; ``edgeinfer calibrate`` fits a board's own, ``nominal``)."""
+    peak = peak_ops(board, nominal)
     if not (peak and params_active and prompt) or not (ttft_ms or prefill_tokens_per_s):
         return None
     ttft = ttft_ms / 1000 if ttft_ms else prompt / prefill_tokens_per_s
@@ -98,12 +102,14 @@ def estimate(c: dict | None, board, params_active: int, ctx: int | None, prompt:
     """The plan's prefill figures from constants ``c``: the rate a prompt token goes at once a request has
     started (``prefill_tokens_per_s``), ``prefill_t0_ms``, and the prompt lengths to give a TTFT for
     (``prompt``, else PROMPTS shorter than ``ctx`` and ``ctx``; none with ``ctx`` None: an encoder, which
-    gives no first token); {} without constants or a peak."""
-    peak = peak_ops(board)
-    if not (c and c.get("prefill_factor") and peak and params_active):
+    gives no first token); {} without constants. On a board that states no peak the factor is effective TOPS
+    (UNIT_OPS: a calibrated profile's) and there is no fraction of a peak."""
+    peak = peak_ops(board, nominal=True)
+    if not (c and c.get("prefill_factor") and params_active):
         return {}
     return {"prefill_tokens_per_s": round(c["prefill_factor"] * peak / (2 * params_active), 2),
-            "prefill_fraction_of_peak": c["prefill_factor"], "prefill_t0_ms": c.get("prefill_t0_ms") or 0.0,
+            "prefill_fraction_of_peak": c["prefill_factor"] if peak_ops(board) else None,
+            "prefill_t0_ms": c.get("prefill_t0_ms") or 0.0,
             "ttft_prompts": () if ctx is None else (prompt,) if prompt else (*[n for n in PROMPTS if n < ctx], ctx)}
 
 
