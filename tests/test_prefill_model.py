@@ -50,6 +50,12 @@ def test_a_t0_fitted_as_negative_is_held_at_zero() -> None:
     assert prefill.fit(ms)["prefill_t0_ms"] == 0.0
 
 
+def test_ttfts_that_fall_as_the_prompt_grows_fit_a_rate_alone() -> None:
+    # contradictory rows (a 1024-token prompt faster than a 32-token one) must not give a negative factor
+    c = prefill.fit([prefill.Measured(32, 0.200, S), prefill.Measured(1024, 0.150, S)])
+    assert c["prefill_t0_ms"] == 0.0 and c["prefill_factor"] > 0
+
+
 def pt(row: str, source: str, prompt: int, ttft_s: float) -> Point:
     return Point(row, source, "b", 100e9, 1e9, 0.02, prefill.Measured(prompt, ttft_s, S))
 

@@ -82,15 +82,15 @@ def fit(ms: list[Measured], t0_borrowed: tuple[float, str] | None = None) -> dic
 
 
 def _line(ms: list[Measured]) -> tuple[float, float]:
-    """(t0 s, seconds per token at factor 1 / factor) minimising the squared relative error; t0 >= 0."""
+    """(t0 s, seconds per token at factor 1 / factor) minimising the squared relative error; t0 >= 0 and the
+    slope > 0 (TTFTs that fall as prompts grow fit a rate alone)."""
     a = [(1 / m.ttft_s, m.prompt * m.s_per_token / m.ttft_s) for m in ms]
     s11, s12, s22 = sum(x * x for x, _ in a), sum(x * z for x, z in a), sum(z * z for _, z in a)
     b1, b2 = sum(x for x, _ in a), sum(z for _, z in a)
     det = s11 * s22 - s12 * s12
     t0 = (b1 * s22 - b2 * s12) / det if det else 0.0
-    if t0 <= 0:
-        return 0.0, b2 / s22
-    return t0, (s11 * b2 - s12 * b1) / det
+    slope = (s11 * b2 - s12 * b1) / det if det else 0.0
+    return (t0, slope) if t0 > 0 and slope > 0 else (0.0, b2 / s22)
 
 
 def errors(c: dict, ms: list[Measured]) -> list[float]:
