@@ -151,6 +151,16 @@ def test_the_matrix_gives_each_cells_time_to_the_first_token_of_the_prompt() -> 
     assert f"{first['ms'] / 1000:.3g} s at 512" in text
 
 
+def test_an_extrapolated_prefill_widens_its_error_bar_as_decode_does() -> None:
+    # core-ultra-255h's iGPU generation has no fp16 rows: its constants are every openvino-gpu board's
+    star = json.loads((Path(planner.__file__).parents[1] / "data" / "speed_constants.json").read_text())[
+        "speed"]["*/openvino-gpu/fp16"]
+    e = planner.plan("qwen3-8b", "core-ultra-255h", runtime="openvino-gpu", quant="fp16", suggest=False).estimates
+    assert "extrapolated" in e.basis
+    assert e.prefill_error_pct == pytest.approx(max(2 * star["prefill_error_pct"], 30), abs=0.05)
+    assert e.prefill_error_basis.endswith(f"widened to max(2 × {star['prefill_error_pct']:g} %, 30 %)")
+
+
 def test_a_chain_plan_refuses_a_prompt_in_one_line() -> None:
     r = cli_run("plan", "all-minilm-l6-v2", "qwen3-0.6b", "--board", "core-ultra-258v", "--prompt", "100")
     assert r.exit_code == 2 and "--prompt goes with one decoder's plan: a chain's plan is its memory" in r.output

@@ -48,8 +48,9 @@ class Found:
         pre = prefill.estimate(self.consts, board, params_active, ctx, prompt)
         err, basis = (self.consts or {}).get("prefill_error_pct"), (self.consts or {}).get("prefill_error_basis")
         if pre and self.extrapolated and basis:
-            err, basis = widened(err), f"{basis}; extrapolated: widened to max({WIDEN_FACTOR:g} × it, " \
-                                       f"{WIDEN_FLOOR_PCT:g} %)"
+            basis = (f"{basis}; extrapolated" if err is None else
+                     f"{basis}; extrapolated: widened to max({WIDEN_FACTOR:g} × {err:g} %, {WIDEN_FLOOR_PCT:g} %)")
+            err = widened(err)
         return {**pre, "prefill_error_pct": err, "prefill_error_basis": basis} if pre else {}
 
 
