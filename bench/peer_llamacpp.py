@@ -173,17 +173,19 @@ def backend_missing(name: str) -> str | None:
     return None
 
 
-def edgeinfer_target(pair: dict, model: Path) -> Path:
-    """What ``edgeinfer serve`` is given: a decoder bundle deployed for the pair's board (golden-checked by
-    deploy; cached under ~/.cache/edgeinfer/bench/peer, keyed by :func:`_llamacpp.code_key`)."""
+def edgeinfer_target(pair: dict, model: Path, ctx: int | None = None) -> Path:
+    """What ``edgeinfer serve`` is given: a decoder bundle deployed for the pair's board for ``ctx`` positions
+    (default CTX; golden-checked by deploy; cached under ~/.cache/edgeinfer/bench/peer, keyed by
+    :func:`_llamacpp.code_key`)."""
     from edgeinfer.contract import cache
     from edgeinfer.deploy.decoder import deploy_decoder
 
     quant = pair["quant"].replace(":", "-")
     code = _llamacpp.code_key(pair["backend"])  # a code change does not reuse a stale bundle
-    out = cache.root() / "bench" / "peer" / f"{model.name}-{pair['board']}-{quant}-{code}"
+    longer = f"-ctx{ctx}" if ctx and ctx != CTX else ""
+    out = cache.root() / "bench" / "peer" / f"{model.name}-{pair['board']}-{quant}{longer}-{code}"
     if not (out / "manifest.json").exists():
-        deploy_decoder(model, pair["board"], out, quant=pair["quant"], ctx=CTX, force=True,
+        deploy_decoder(model, pair["board"], out, quant=pair["quant"], ctx=ctx or CTX, force=True,
                        runtime=pair.get("runtime"), options=pair.get("options"))
     return out
 

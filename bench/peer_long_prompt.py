@@ -2,12 +2,12 @@
 
 bench/peer_llamacpp.py times 32-token prompts; a retrieval or chat prompt is hundreds to thousands of tokens,
 where the prefill's matrices and its attention over the prompt decide the wait. Per pair of bench/peer_llamacpp.py
-(its model and GGUF; the edgeinfer side deployed here for ``--ctx``, cached under
-~/.cache/edgeinfer/bench/peer_long): both servers at once on loopback, ``--threads`` CPU threads each, 2 slots of
-``--ctx`` positions; per round and prompt length one streamed ``/v1/completions`` request to each, A then B, of a
-prompt neither has seen (a new text each time: llama-server keeps a slot's prompt cache), 8 new tokens, greedy.
-TTFT = send → first text chunk; the median over rounds, and edgeinfer ÷ llama.cpp (below 1: edgeinfer first).
-The pairs of a trained model: the random Qwen3's first 8 tokens can be pieces of one character, no text yet.
+(its model and GGUF; the edgeinfer side deployed for ``--ctx`` by its ``edgeinfer_target``): both servers at once
+on loopback, ``--threads`` CPU threads each, 2 slots of ``--ctx`` positions; per round and prompt length one
+streamed ``/v1/completions`` request to each, A then B, of a prompt neither has seen (a new text each time:
+llama-server keeps a slot's prompt cache), 8 new tokens, greedy. TTFT = send → first text chunk; the median over
+rounds, and edgeinfer ÷ llama.cpp (below 1: edgeinfer first). The pairs of a trained model: the random Qwen3's
+first 8 tokens can be pieces of one character, no text yet.
 
     python bench/peer_long_prompt.py [--pairs smol-host-w8a16,smol-host-fp16] [--prompts 512,1500] [--ctx 2048]
         [--rounds 3] [--threads 1] [--out NAME]
@@ -33,18 +33,6 @@ WORDS = ("the river city morning village children market winter music garden sch
 NEW_TOKENS = 8
 
 
-def target(pair: dict, model: Path, ctx: int) -> Path:
-    from edgeinfer.contract import cache
-    from edgeinfer.deploy.decoder import deploy_decoder
-
-    code = _llamacpp.code_key(pair["backend"])
-    out = cache.root() / "bench" / "peer_long" / f"{model.name}-{pair['board']}-{pair['quant']}-{ctx}-{code}"
-    if not (out / "manifest.json").exists():
-        deploy_decoder(model, pair["board"], out, quant=pair["quant"], ctx=ctx, force=True,
-                       runtime=pair.get("runtime"), options=pair.get("options"))
-    return out
-
-
 def prompt(tokenizer, n: int, seed: int) -> str:
     """A text of about ``n`` tokens, different for each ``seed``."""
     words = " ".join(WORDS[(seed * 7 + k * 3 + k // 20) % len(WORDS)] for k in range(n + seed))
@@ -56,7 +44,7 @@ def measure(name: str, lengths: list[int], args) -> dict:
 
     pair = peer.PAIRS[name]
     model = peer.model_path(pair["model"])
-    bundle = target(pair, model, args.ctx)
+    bundle = peer.edgeinfer_target(pair, model, args.ctx)
     gguf = _llamacpp.gguf(model, pair["gguf"])
     tok = Tokenizer.from_file(str(model / "tokenizer.json"))
     peer.CTX, peer.SLOTS = args.ctx, 2
