@@ -28,14 +28,19 @@ def test_plan_asks_what_this_installation_builds_without_importing_a_runtime():
     assert {"edgeinfer_rknn", "edgeinfer_ascend", "edgeinfer_openvino"} <= loaded  # declarations were read
 
 
-def test_plan_imports_no_numpy():
+def test_plan_imports_no_numpy(tmp_path):
     """Plugins import numpy where arrays are handled, and plan registers only the board's backend: planning a
-    catalog model and a Hugging Face directory on a board of every bundled backend loads no numpy (a .gguf
-    file does: the gguf reader is numpy's)."""
+    catalog model, a Hugging Face directory and a .gguf file (read with struct, not the gguf package) on a board
+    of every bundled backend loads no numpy."""
+    import numpy as np
+    from helpers import tiny_gguf
+
     from edgeinfer.testing.llm import model_dir
 
+    gguf = tiny_gguf(tmp_path / "m.gguf", [("token_embd.weight", np.zeros((10, 64), np.float32))])
     runs = [["plan", "qwen3-8b", "--board", b, "--json"] for b in ("rk3588-16g", "atlas-300i-pro", "core-ultra-258v",
                                                                   "host", "all")]
+    runs += [["plan", str(gguf), "--board", "host", "--json"]]
     runs += [["plan", str(model_dir()), "--board", "rk3588-8g"], ["plan", "qwen3-0.6b", "--board", "rk3588-8g",
                                                                   "--paging", "8"]]
     # a runtime another plugin builds on the host (Decoders.builds): every plugin's module is registered
@@ -45,3 +50,4 @@ def test_plan_imports_no_numpy():
     assert "edgeinfer" in loaded and "edgeinfer_rknn" in loaded, sorted(loaded)  # the plans did run
     assert "edgeinfer_openvino" in loaded and "openvino" not in loaded, sorted(loaded)
     assert "numpy" not in loaded, "edgeinfer plan imported numpy"
+    assert "gguf" not in loaded, "edgeinfer plan imported the gguf package"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -137,6 +138,66 @@ def test_gguf_exact_per_tensor_bytes(tmp_path):
     assert s.params_total == 640 + 4096 + 4096
 
 
+def test_ggml_type_table_agrees_with_the_gguf_package():
+    """The reader's block sizes are its own table (no gguf package at plan time); gguf's are the reference."""
+    import gguf
+
+    from edgeinfer.planning.models.gguf import GGML_TYPES
+
+    assert len(GGML_TYPES) >= 30
+    for kind, (name, block_n, block_bytes) in GGML_TYPES.items():
+        t = gguf.GGMLQuantizationType(kind)
+        if t in gguf.GGML_QUANT_SIZES:
+            assert (t.name, *gguf.GGML_QUANT_SIZES[t]) == (name, block_n, block_bytes), kind
+
+
+@pytest.mark.parametrize("endian", ["LITTLE", "BIG"])
+def test_gguf_header_with_a_tokenizer_and_per_layer_arrays(tmp_path, endian):
+    """What llama.cpp's converter writes around the shapes: a vocabulary of 70,000 tokens with scores (counted,
+    not decoded), per-layer KV head counts (the largest is planned), K-quant tensors; both byte orders."""
+    import gguf
+
+    p = tmp_path / "m.gguf"
+    w = gguf.GGUFWriter(str(p), "qwen3", endianess=getattr(gguf.GGUFEndian, endian))
+    w.add_block_count(3)
+    w.add_embedding_length(256)
+    w.add_head_count(8)
+    w.add_head_count_kv([2, 4, 1])
+    w.add_feed_forward_length(512)
+    w.add_context_length(40960)
+    w.add_name("tiny test")
+    w.add_token_list([f"t{i}" for i in range(70_000)])
+    w.add_token_scores([0.5] * 70_000)
+    q4k = np.zeros((256, 256 // 256 * 144), np.uint8)  # 256 rows of one Q4_K block: 144 bytes each
+    w.add_tensor("blk.0.ffn_up.weight", q4k, raw_dtype=gguf.GGMLQuantizationType.Q4_K)
+    w.add_tensor("output_norm.weight", np.ones(256, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    s = resolve(str(p))
+    assert (s.architecture, s.name, s.layers, s.hidden, s.heads, s.kv_heads) == ("qwen3", "tiny test", 3, 256, 8, 4)
+    assert s.vocab == 70_000 and s.max_position == 40960 and s.intermediate == 512
+    assert s.tensor_bytes == {"blk.0.ffn_up.weight": 256 * 144, "output_norm.weight": 1024}
+    assert s.tensor_types == {"Q4_K": 256 * 144, "F32": 1024} and s.params_total == 256 * 256 + 256
+
+
+def test_gguf_header_faults_are_one_line(tmp_path):
+    good = tmp_path / "t.gguf"
+    _write_gguf(good)
+    data = bytearray(good.read_bytes())
+    (tmp_path / "v1.gguf").write_bytes(b"GGUF" + struct.pack("<IQQ", 1, 0, 0))
+    _check_bad(str(tmp_path / "v1.gguf"), "not a valid GGUF file", "version 1", "versions 2 and 3")
+    (tmp_path / "long-key.gguf").write_bytes(b"GGUF" + struct.pack("<IQQQ", 3, 0, 1, 2**40) + b"k" * 20)
+    _check_bad(str(tmp_path / "long-key.gguf"), "not a valid GGUF file", "past the end")
+    (tmp_path / "kind.gguf").write_bytes(b"GGUF" + struct.pack("<IQQQ", 3, 0, 1, 1) + b"k" + struct.pack("<I", 77))
+    _check_bad(str(tmp_path / "kind.gguf"), "not a valid GGUF file", "value type 77")
+    at = data.index(b"blk.0.ffn_up.weight") + len("blk.0.ffn_up.weight")  # name, n_dims, 2 dims, then the type
+    data[at + 4 + 16:at + 4 + 16 + 4] = struct.pack("<I", 250)
+    (tmp_path / "type.gguf").write_bytes(bytes(data))
+    _check_bad(str(tmp_path / "type.gguf"), "ggml type 250", "does not know")
+
+
 # --------------------------------------------------------------- ONNX
 def _write_onnx(path, external=False):
     import onnx
@@ -182,8 +243,10 @@ def test_garbage_and_truncated_files(tmp_path):
     good = tmp_path / "t.gguf"
     _write_gguf(good)
     data = good.read_bytes()
-    (tmp_path / "cut.gguf").write_bytes(data[: len(data) - 3000])
-    _check_bad(str(tmp_path / "cut.gguf"), "not a valid GGUF file", "re-download")
+    (tmp_path / "cut.gguf").write_bytes(data[: len(data) - 3000])  # into the tensor data
+    _check_bad(str(tmp_path / "cut.gguf"), "GGUF file is truncated", "tensors end at", "re-download")
+    (tmp_path / "cut-header.gguf").write_bytes(data[:60])  # inside the metadata
+    _check_bad(str(tmp_path / "cut-header.gguf"), "not a valid GGUF file", "past the end", "re-download")
     (tmp_path / "g.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all}")
     _check_bad(str(tmp_path / "g.safetensors"), "not a valid safetensors file", "re-download")
     (tmp_path / "huge.safetensors").write_bytes(b"\xff" * 8 + b"{}")
