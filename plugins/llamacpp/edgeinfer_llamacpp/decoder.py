@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import importlib
 import importlib.util
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -28,6 +29,18 @@ N_BATCH = 512  # llama.cpp's default n_batch (llama_context_default_params), the
 # kv_dtype -> (llama.cpp's type_k / type_v, bytes per element); q8_0 is 32 int8 values + one fp16 scale per block
 KV_TYPES = {"fp16": ("GGML_TYPE_F16", 2.0), "fp32": ("GGML_TYPE_F32", 4.0), "q8_0": ("GGML_TYPE_Q8_0", 34 / 32)}
 KV_ALIASES = {"f16": "fp16", "f32": "fp32", "int8": "q8_0"}
+LLAMA_DEFAULT_THREADS = 4  # GGML_DEFAULT_N_THREADS, what llama_context_default_params gives
+
+
+def default_threads(cpus: int | None = None) -> int:
+    """Threads when none are asked for: llama.cpp's own default of 4, but one CPU fewer than this process may
+    use. Its OpenMP threads spin at every barrier, so threads that fill the CPUs stall whenever anything else
+    runs (serve's HTTP process, a client): SmolLM2-135M Q8_0 on the 2-CPU test machine decoded at 107-117 tok/s
+    with 1 thread, 143-153 with 2 and 41-48 with 4 when idle; with one CPU kept busy, 112 / 40-62 / 35
+    (plugins/llamacpp/README.md, "Threads")."""
+    if cpus is None:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(LLAMA_DEFAULT_THREADS, cpus - 1))
 
 
 def lib() -> Any:
@@ -177,11 +190,8 @@ class LlamaCppDecoder(StepDecoder):
         cparams.kv_unified = False
         ggml_type, elem = KV_TYPES[kv_dtype]
         cparams.type_k = cparams.type_v = getattr(ll, ggml_type)
-        # unset: llama.cpp's own default, 4 (GGML_DEFAULT_N_THREADS). Not the CPU count as llama-server does: with
-        # libgomp (this build: OPENMP = 1), as many threads as CPUs spin long at each barrier, and on a busy
-        # 2-CPU host 2 threads decoded the test model at 3.5 tok/s, 4 threads (or OMP_WAIT_POLICY=passive) at 170+
-        if threads:
-            cparams.n_threads = cparams.n_threads_batch = int(threads)
+        self.threads = int(threads) if threads else default_threads()
+        cparams.n_threads = cparams.n_threads_batch = self.threads
         clear_errors()
         self._ctx = ll.llama_init_from_model(self._model, cparams)
         if not self._ctx:
