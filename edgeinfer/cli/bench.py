@@ -197,8 +197,9 @@ def _self_check(path: Path, found: Kind, report: dict[str, Any], board: str | No
 
 
 def _file_self_check(path: Path, report: dict[str, Any], board: str | None) -> dict[str, Any]:
-    """The self-check of a decoder file (``.rkllm``): planned on ``board`` (the file records none) in the
-    runtime that runs it, with the architecture of the config.json next to it."""
+    """The self-check of a decoder file (``.gguf``, ``.rkllm``): planned on ``board`` (the file records none) in
+    the runtime that runs it, with the architecture of the config.json next to it, else of the file itself (a
+    ``.gguf``'s metadata; its calibration rows then name the file)."""
     from edgeinfer.errors import ModelError
     from edgeinfer.planning.boards import get_board
     from edgeinfer.planning.decision import decide
@@ -209,13 +210,14 @@ def _file_self_check(path: Path, report: dict[str, Any], board: str | None) -> d
     if board is None:
         return {"skipped": f"{path.name} records no board: pass --board to compare with the plan"}
     try:
-        spec = resolve(path)
+        spec = resolve(path.resolve())
     except ModelError as e:
         return {"skipped": e.one_line()}
     b = get_board(board)
     d = decide(spec, b, ctx=report["context"])
-    return self_check(report, spec, read_config(path.parent / "config.json"), b, d.scheme.name, report["context"],
-                      f"edgeinfer bench {path.name}", runtime=d.runtime)
+    cfg = path.parent / "config.json"
+    return self_check(report, spec, read_config(cfg) if cfg.is_file() else None, b, d.scheme.name,
+                      report["context"], f"edgeinfer bench {path.name}", runtime=d.runtime)
 
 
 def _bench_encoder(session: Any, bundle_dir: Path, batches: list[int] | None, seqs: list[int] | None,

@@ -84,8 +84,8 @@ def generate_cmd(model: Path, text: str | None, prompt: str | None, chat: bool, 
                  seed: int | None, stop: tuple[str, ...], ctx: int | None, backend: str | None, device: str | None,
                  trust_remote_code: bool, as_json: bool, window: int | None = None,
                  threads: int | None = None) -> None:
-    """Generate text with MODEL (a Hugging Face decoder directory or a decoder bundle) from PROMPT (or --prompt;
-    - reads it from standard input).
+    """Generate text with MODEL (a Hugging Face decoder directory, a decoder bundle, or a decoder file a backend
+    runs as it is: .gguf, .rkllm) from PROMPT (or --prompt; - reads it from standard input).
 
     Text streams to stdout as it is produced; timing goes to stderr.
     """

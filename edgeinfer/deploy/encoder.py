@@ -87,6 +87,11 @@ def source_of(model: str | os.PathLike[str]) -> Source:
         case Kind.DECODER_DIR:
             raise InputError(f"{p} is a causal language model: deploy it with "
                              "edgeinfer.deploy.decoder.deploy_decoder (the CLI does so by itself)")
+        case Kind.DECODER_FILE:
+            how = " (--runtime llama.cpp --quant gguf:Q8_0 builds a GGUF)" if p.suffix.lower() == ".gguf" else ""
+            raise InputError(f"cannot deploy {p.name}, a decoder file: it runs as it is (edgeinfer generate, chat, "
+                             f"bench or serve {p.name}); deploy builds a golden-checked bundle from the model's "
+                             f"Hugging Face directory{how}")
         case found:
             raise InputError(f"cannot deploy {p.name}, a {found.value}: {sources}")
     return Source(p, what, stamp.sha256_file(p))

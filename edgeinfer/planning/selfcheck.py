@@ -108,7 +108,7 @@ def speed_line(sc: dict[str, Any]) -> str:
             f"{sc['ctx']}){vs}; {sc['note']}")
 
 
-def self_check(report: dict[str, Any], spec: ModelSpec, config: dict[str, Any], board: Board, scheme: str,
+def self_check(report: dict[str, Any], spec: ModelSpec, config: dict[str, Any] | None, board: Board, scheme: str,
                context: int, source: str, runtime: str | None = None,
                paging: tuple[int, int] | None = None) -> dict[str, Any]:
     """Per prompt length: measured vs predicted decode tok/s (and their ratio), TTFT ms and peak MiB, and
@@ -141,7 +141,8 @@ def self_check(report: dict[str, Any], spec: ModelSpec, config: dict[str, Any], 
             "ttft_error_pct": _err(ttft_pred, r["ttft_ms"]),
             "peak_mib": round(mem, 1) if mem else None, "predicted_peak_mib": round(peak_pred, 1),
             "peak_error_pct": _err(peak_pred, mem)})
-        row = {"board": board.name, "runtime": mem_plan.runtime, "model": spec.name, "model_config": config,
+        row = {"board": board.name, "runtime": mem_plan.runtime, "model_config": config,
+               "model": spec.name if config is not None else spec.source,  # a file's rows: calibrate reads it
                "quant": scheme, "prompt": prompt, "ctx": ctx, "decode": r["decode_tokens_per_s"],
                "ttft_ms": r["ttft_ms"], "source": source}
         if mem:

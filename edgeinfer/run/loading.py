@@ -200,6 +200,16 @@ def file_default_context(path: Path) -> int:
     return decision.default_context(read_gguf(path).max_position)
 
 
+def decoder_file_scheme(path: Path) -> str:
+    """A decoder file's scheme as the planner names it (``gguf:Q8_0``, ``fp16``): a ``.gguf`` records it, an
+    ``.rkllm`` does not (``""``)."""
+    if path.suffix.lower() != ".gguf":
+        return ""
+    from edgeinfer.planning.models.gguf import read_gguf
+
+    return read_gguf(path).file_scheme or ""
+
+
 def decoder_file_codec(path: Path) -> TextCodec:
     """The tokenizer of a decoder file (``.rkllm``, ``.gguf``): the one in its directory, else the vocabulary
     the file's backend reads from the file itself (a ``.gguf``'s own); edgeinfer tokenizes and detokenizes

@@ -62,7 +62,7 @@ def open_served_decoder(path: Path, bundle: Any = None, ctx: int | None = None) 
     from edgeinfer.model.decoder_bundle import loaded_context, tokenizer_dir
     from edgeinfer.run.bundle import decoder_load
     from edgeinfer.run.generation.text import TextCodec
-    from edgeinfer.run.loading import decoder_file_codec, default_context, file_default_context
+    from edgeinfer.run.loading import decoder_file_codec, decoder_file_scheme, default_context, file_default_context
 
     if bundle is not None:
         m = bundle.manifest
@@ -73,9 +73,9 @@ def open_served_decoder(path: Path, bundle: Any = None, ctx: int | None = None) 
                              float(kv or 4.0), decoder_load(bundle, context))
     if path.is_file():
         backend, runtime = registry.decoder_file(path) or (DECODER_REFERENCE, "")
-        context = ctx or file_default_context(path)  # the scheme is not recorded in the file
-        return ServedDecoder(path.resolve().name, path, backend, context, decoder_file_codec(path), "", "",
-                             file_kv_bytes_per_element(runtime))
+        context = ctx or file_default_context(path)
+        return ServedDecoder(path.resolve().name, path, backend, context, decoder_file_codec(path), "",
+                             decoder_file_scheme(path), file_kv_bytes_per_element(runtime))
     context = ctx or default_context(path)
     return ServedDecoder(path.resolve().name, path, DECODER_REFERENCE, context, TextCodec(path), "", "fp32")
 

@@ -185,8 +185,15 @@ def test_a_lone_gguf_runs_with_llama_cpps_own_vocabulary_and_chat_template(bundl
         assert r.returncode == 0 and b.returncode == 0, r.stderr[-800:]
         got, want = json.loads(r.stdout), json.loads(b.stdout)
         assert (got["token_ids"], got["text"]) == (want["token_ids"], want["text"])
-    r = run_cli(capfd, "bench", str(gguf), "--prompt-lengths", "16", "--new-tokens", "4", "--repeat", "1", "--json")
+    r = run_cli(capfd, "bench", str(gguf), "--prompt-lengths", "16", "--new-tokens", "4", "--repeat", "1", "--json",
+                "--board", "host")
     assert r.returncode == 0 and json.loads(r.stdout)["backend"] == "llamacpp", r.stderr[-800:]
+    check = json.loads(r.stdout)["self_check"]  # planned from the file's own metadata (no config.json beside it)
+    assert (check["runtime"], check["scheme"]) == ("llama.cpp", "gguf:Q8_0"), check
+    assert [row["model"] for row in check["rows"]] == [str(gguf.resolve())], check  # what calibrate reads
+    r = run_cli(capfd, "deploy", str(gguf), "--board", "host", "-o", str(tmp_path / "b"))
+    line = r.stderr.strip()
+    assert r.returncode == 2 and "\n" not in line and "runs as it is" in line and "--runtime llama.cpp" in line, line
 
 
 def test_a_served_worker_loads_the_bindings_alone_and_keeps_llama_cpps_log_off_stderr(bundles):

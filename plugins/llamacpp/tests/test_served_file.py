@@ -1,5 +1,6 @@
 """A lone .gguf served as it is: the KV cache serve reserves is what the planner gives for the file's metadata at
-llama.cpp's f16 KV (the start-up log line said "planner: unknown": no config.json next to the file)."""
+llama.cpp's f16 KV (the start-up log line said "planner: unknown": no config.json next to the file), and its scheme
+is the one the file records."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ def test_the_planned_kv_of_a_served_gguf_is_what_llama_cpp_allocates():
     d = edgeinfer.backend("llamacpp").load_decoder(gguf, context=256, slots=4)
     try:
         assert llm.backend == "llamacpp" and llm.kv_bytes_per_element == 2.0
+        assert llm.scheme == "gguf:Q8_0"  # /v1/models names what the file holds
         assert planned_kv_bytes(llm, 4) == d.kv_cache_bytes
     finally:
         d.close()
