@@ -64,10 +64,11 @@ def bench(bundle_dir: Path, batch: str | None, seq: str | None, prompt_lengths: 
 
     \b
     Encoder bundle: latency p50/p95/p99 and samples/s per batch size.
-    Decoder (Hugging Face causal-LM directory or decoder bundle): TTFT, prefill and decode
-    tokens/s, TPOT p50/p99, peak RSS and KV cache bytes per prompt length, greedy. A decoder
-    bundle is also compared with what `edgeinfer plan` predicts (self_check in the JSON; its
-    rows are input for `edgeinfer calibrate`).
+    Decoder (Hugging Face causal-LM directory, decoder bundle or decoder file: .gguf, .rkllm):
+    TTFT, prefill and decode tokens/s, TPOT p50/p99, peak RSS and KV cache bytes per prompt
+    length, greedy. A decoder bundle (a file with --board) is also compared with what
+    `edgeinfer plan` predicts (self_check in the JSON; its rows are input for `edgeinfer
+    calibrate`).
     """
     from edgeinfer.files import check_output_file
     from edgeinfer.run import benchmark

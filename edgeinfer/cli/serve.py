@@ -97,8 +97,8 @@ def serve_cmd(
     as_json: bool = False,  # read by the CLI group, which prints a failure as JSON
 ) -> None:
     """Serve BUNDLE(s) over HTTP: /v1/embeddings, /v1/rerank, /v1/classify, /v1/infer, /v1/chat/completions,
-    /v1/completions, /v1/models, /health, /ready, /metrics. Decoder bundles and Hugging Face decoder
-    directories are served with continuous batching."""
+    /v1/completions, /v1/models, /health, /ready, /metrics. Decoder bundles, Hugging Face decoder
+    directories and decoder files (.gguf, .rkllm) are served with continuous batching."""
     config = ServeConfig(
         bundles=list(bundles),
         host=host,
