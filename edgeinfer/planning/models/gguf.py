@@ -57,7 +57,7 @@ class _Header:
             self.e, version = ">", int.from_bytes(version.to_bytes(4, "little"), "big")
         if version not in (2, 3):
             raise _Bad(f"GGUF version {version} (this reader knows versions 2 and 3)")
-        n_tensors, n_kv = self._get("Q"), self._get("Q")
+        n_tensors, n_kv = self._room(self._get("Q"), 24), self._room(self._get("Q"), 12)
         self.fields: dict = {}
         for _ in range(n_kv):
             key = self._str()
@@ -86,6 +86,13 @@ class _Header:
         self.pos = at + n
         return at
 
+    def _room(self, count: int, least: int) -> int:
+        """``count`` entries of at least ``least`` bytes each, if the rest of the file can hold them: a corrupt
+        count fails here rather than after a loop over the whole file."""
+        if count * least > self.size - self.pos:
+            raise _Bad(f"{count} entries cannot fit the {self.size - self.pos} bytes left (at byte {self.pos})")
+        return count
+
     def _get(self, code: str):
         return struct.unpack_from(self.e + code, self.buf, self._take(struct.calcsize(code)))[0]
 
@@ -108,7 +115,7 @@ class _Header:
                 return _Array(count)
             return _Array(count, struct.unpack_from(f"{self.e}{count}{code}", self.buf, at))
         if kind == _STRING:
-            for _ in range(count):  # each at least 8 bytes: a bad count runs off the end, not on and on
+            for _ in range(self._room(count, 8)):
                 self._take(self._get("Q"))
             return _Array(count)
         raise _Bad(f"array of metadata value type {kind}")
