@@ -34,7 +34,15 @@ from edgeinfer.errors import BackendUnavailableError, InputError, ModelError
 
 from . import device as hw
 from . import gauges, resources, shared_weights
-from .targets import ARCHITECTURES, CONVERSION_DEFAULTS, GET_TOOLKIT, QUANT_SUPPORT, TOOLKIT, supported_schemes
+from .targets import (
+    ARCHITECTURES,
+    CONVERSION_DEFAULTS,
+    DECODER_QUANT_OPTIONS,
+    GET_TOOLKIT,
+    QUANT_SUPPORT,
+    TOOLKIT,
+    supported_schemes,
+)
 
 # the toolkit wrapper, the converter and the sessions are imported by the methods that convert and open:
 # `edgeinfer plan` reads only this class's declarations
@@ -56,7 +64,7 @@ LOAD_OPTIONS = ("core_mask",)
 # decoders (edgeinfer_rknn.decoder): segments, prefill_chunk and decode_batches (the sequence counts a decode
 # graph is built for) are fixed at conversion, window at load; runtime "rkllm" converts with Rockchip's RKLLM
 # toolkit instead (edgeinfer_rknn.rkllm_convert)
-DECODER_CONVERT_OPTIONS = ("target", "segments", "prefill_chunk", "decode_batches", "runtime")
+DECODER_CONVERT_OPTIONS = ("target", "segments", "prefill_chunk", "decode_batches", "runtime", *DECODER_QUANT_OPTIONS)
 DECODER_OPTIONS = ("window", "prefetch", "page_from", "scheme", "segments", "prefill_chunk", "decode_batches",
                    "target")
 # what one `serve --devices` entry may be: one worker per core or core group

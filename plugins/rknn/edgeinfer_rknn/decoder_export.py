@@ -34,7 +34,7 @@ from edgeinfer.errors import InputError, ModelError
 from . import decoder_segments as lx
 from . import shared_weights
 from . import toolkit as tk
-from .targets import CONVERSION_DEFAULTS, DEFAULT_PREFILL_CHUNK
+from .targets import CONVERSION_DEFAULTS, DECODER_QUANT_OPTIONS, DEFAULT_PREFILL_CHUNK
 
 MANIFEST = "rknn-decoder.json"
 FORMAT = 1
@@ -123,6 +123,7 @@ def convert_decoder(backend: Any, model: Path, scheme: str, context: int, out: P
     quantized = family != "fp16"
     if quantized and not calibration:
         raise InputError(f"rknn {family} decoders need calibration text: pass --calib FILE.txt (one sample a line)")
+    _check_quant_options(options, quantized)
     hf = lx.load_hf(Path(model))
     shape = lx.shape_of(hf)
     ranges = lx.segment_ranges(shape.layers, positive("segments", options.get("segments"), 1))
@@ -142,7 +143,8 @@ def convert_decoder(backend: Any, model: Path, scheme: str, context: int, out: P
                 if key == "decode":
                     entry["weight_bytes"] = int(onnx_weight_elements(onnx_path) * BYTES_PER_WEIGHT[family])
                 sets = calib.for_graph(k, key, batch) if calib else None
-                extra = {"auto_hybrid": True} if quantized else {}
+                extra = {"auto_hybrid": True, **{o: options[o] for o in DECODER_QUANT_OPTIONS if o in options}} \
+                    if quantized else {}
                 art = backend.quantize(onnx_path, scheme, sets, out / graph_name(k, key), target=target, **extra)
                 keep_built(art)
                 entry[key] = art.name
@@ -155,6 +157,21 @@ def convert_decoder(backend: Any, model: Path, scheme: str, context: int, out: P
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1))
     return {"target": target, "prefill_chunk": chunk, "segments": len(segments), "decode_batches": batches,
             "max_slots": batches[-1], "segment_weight_bytes": [s["weight_bytes"] for s in segments]}
+
+
+def _check_quant_options(options: dict[str, Any], quantized: bool) -> None:
+    """Before any export: the int8 options only with an int8 scheme, and a cosine threshold in (0, 1]."""
+    given = [o for o in DECODER_QUANT_OPTIONS if o in options]
+    if given and not quantized:
+        raise InputError(f"{', '.join(given)} apply to quantized schemes only (w8a8, w4a16)")
+    if "auto_hybrid_cos_thresh" in options:
+        try:
+            ok = 0 < float(options["auto_hybrid_cos_thresh"]) <= 1
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise InputError(f"auto_hybrid_cos_thresh must be a number above 0 and at most 1, got "
+                             f"{options['auto_hybrid_cos_thresh']!r}")
 
 
 # --- calibration: segment inputs from text, through the same graphs in torch (fp32) -------------------

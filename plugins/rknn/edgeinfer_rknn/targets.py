@@ -28,6 +28,8 @@ def supported_schemes(target: str) -> tuple[str, ...]:
 # graphs compute that no option names: part of deploy's conversion cache key (RknnBackend.decoders.defaults)
 DEFAULT_PREFILL_CHUNK = 16
 CONVERSION_DEFAULTS = {"prefill_chunk": DEFAULT_PREFILL_CHUNK, "prefill_logits": "last row"}
+# the int8 calibration's options (the encoders' too) that reach every graph of a quantized decoder
+DECODER_QUANT_OPTIONS = ("quantized_algorithm", "quantized_method", "auto_hybrid_cos_thresh")
 
 # the model_types whose blocks decoder_segments writes out (RknnBackend.decoders.architectures)
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral")

@@ -282,10 +282,37 @@ def test_w4a16_deploy_to_rk3588_exits_2(tmp_path, cli):
 
 @pytest.mark.parametrize("options, match", [({"segments": 5}, "segments must be an integer from 1 to the model's 4"),
                                             ({"prefill_chunk": 0}, "prefill_chunk must be a positive integer"),
-                                            ({"decode_batches": "0,4"}, "decode_batches must be positive integers")])
+                                            ({"decode_batches": "0,4"}, "decode_batches must be positive integers"),
+                                            ({"quantized_method": "layer"}, "apply to quantized schemes only"),
+                                            ({"auto_hybrid_cos_thresh": 0.99}, "apply to quantized schemes only")])
 def test_bad_conversion_options_are_input_errors(rknn, tmp_path, options, match):
     with pytest.raises(InputError, match=match):
         rknn.quantize_decoder(model_dir(), "fp16", 16, tmp_path / "d", **options)
+
+
+@pytest.mark.parametrize("thresh", ["x", 0, 1.5])
+def test_a_bad_cosine_threshold_is_refused_before_any_export(rknn, tmp_path, thresh):
+    with pytest.raises(InputError, match="auto_hybrid_cos_thresh must be a number above 0 and at most 1"):
+        rknn.quantize_decoder(model_dir(), "w8a8", 16, tmp_path / "d", CALIBRATION, auto_hybrid_cos_thresh=thresh)
+    assert not (tmp_path / "d").exists()
+
+
+def test_int8_options_reach_every_graph_of_a_quantized_decoder(rknn, tmp_path, monkeypatch):
+    """What a failing golden check's hint asks for (more layers kept in fp16, another calibration algorithm)
+    reaches the toolkit call of each graph; the first call is stopped, the graphs' conversion is the encoders'
+    (tests/test_rknn.py)."""
+    seen = []
+
+    def first_graph(model, scheme, calibration, out, **options):
+        seen.append((scheme, options))
+        raise InputError("stop after the first graph")
+
+    monkeypatch.setattr(rknn, "quantize", first_graph)
+    with pytest.raises(InputError, match="stop after the first graph"):
+        rknn.quantize_decoder(model_dir(), "w8a8", 16, tmp_path / "d", CALIBRATION, auto_hybrid_cos_thresh="0.995",
+                              quantized_algorithm="mmse", quantized_method="layer")
+    assert seen == [("w8a8", {"target": "rk3588", "auto_hybrid": True, "auto_hybrid_cos_thresh": "0.995",
+                              "quantized_algorithm": "mmse", "quantized_method": "layer"})]
 
 
 @pytest.mark.slow
