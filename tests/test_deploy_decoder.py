@@ -352,16 +352,26 @@ def test_generate_and_chat_refuse_a_model_that_is_not_a_causal_lm(tmp_path, comm
     _one_line_error(cli(command[0], str(d), *command[1:]), 2, "not a decoder")
 
 
-def test_a_failed_golden_check_suggests_smaller_blocks_where_the_backend_takes_group_size() -> None:
+def test_a_failed_golden_check_suggests_the_options_the_backend_declares_closer() -> None:
     from types import SimpleNamespace
 
     from edgeinfer.contract.records import Decoders
     from edgeinfer.deploy.decoder import retry_hint
 
-    blocks = SimpleNamespace(decoders=Decoders(convert_options=("target", "group_size")))
-    plain = SimpleNamespace(decoders=Decoders(convert_options=("target",)))
-    assert "--option group_size=N" in retry_hint(blocks, "w8a16", {})
+    blocks = SimpleNamespace(decoders=Decoders(convert_options=("target", "group_size", "keep"),
+                                               closer={"group_size": "smaller blocks: --option group_size=N",
+                                                       "keep": "more in fp16: --option keep=0.99"}))
+    plain = SimpleNamespace(decoders=Decoders(convert_options=("target", "group_size")))
+    assert retry_hint(blocks, "w8a16", {}) == ("try a less lossy --quant, or smaller blocks: --option group_size=N, "
+                                               "or more in fp16: --option keep=0.99, "
+                                               "or check the backend's conversion")
     assert "--option group_size" not in retry_hint(blocks, "w8a16", {"group_size": 64})  # the user chose one
-    assert "--option group_size" not in retry_hint(blocks, "fp16", {})  # nothing in blocks
-    assert "--option group_size" not in retry_hint(plain, "w8a16", {})
-    assert retry_hint(plain, "w8a16", {}).startswith("try a less lossy --quant")
+    assert "--option keep=0.99" in retry_hint(blocks, "w8a16", {"group_size": 64})
+    assert "--option" not in retry_hint(blocks, "fp16", {})  # nothing quantized
+    assert retry_hint(plain, "w8a16", {}) == "try a less lossy --quant, or check the backend's conversion"
+
+
+@pytest.mark.parametrize(("backend", "option"), [("openvino", "group_size"), ("ascend", "group_size")])
+def test_what_the_plugins_call_closer_are_convert_options_they_take(backend, option):
+    d = edgeinfer.backend(backend).decoders
+    assert option in d.closer and set(d.closer) <= set(d.convert_options), d.closer

@@ -88,6 +88,10 @@ class Decoders:
     #: size, ...): part of deploy's conversion cache key, so a conversion cached under another default is not
     #: reused (e.g. ``{"int8_block_size": 128}``)
     defaults: Mapping[str, Any] = field(default_factory=dict)
+    #: convert options that keep an integer scheme's conversion closer to the reference, each with what deploy's
+    #: refusal says to try when the decoder golden check fails and the option was not given
+    #: (e.g. ``{"group_size": "smaller blocks: --option group_size=N (N below the backend's default)"}``)
+    closer: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def pages(self) -> bool:

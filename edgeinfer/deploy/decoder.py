@@ -344,12 +344,11 @@ def copy_text_files(hf_dir: Path, dst: Path) -> None:
 
 
 def retry_hint(backend: Backend, scheme: str, options: dict[str, Any]) -> str:
-    """What to try after a failed golden check: a less lossy ``--quant``, and smaller blocks where the backend
-    quantizes in blocks it takes as ``group_size`` and none was asked for (its default may be a coarse one)."""
-    blocks = ("group_size" in backend.decoders.convert_options and "group_size" not in options
-              and normalize_scheme(scheme).kind == "int")
-    return ("try a less lossy --quant" + (", or smaller blocks: --option group_size=N (N below the backend's "
-            "default)" if blocks else "") + ", or check the backend's conversion")
+    """What to try after a failed golden check: a less lossy ``--quant``, and for an integer scheme the backend's
+    convert options that keep it closer to the reference (``Decoders.closer``) that were not given."""
+    closer = backend.decoders.closer if normalize_scheme(scheme).kind == "int" else {}
+    return ("try a less lossy --quant" + "".join(f", or {h}" for o, h in closer.items() if o not in options)
+            + ", or check the backend's conversion")
 
 
 def check_golden(hf_dir: Path, work: Path, backend: Backend, scheme: str, context: int, prompts: list[str],

@@ -55,7 +55,8 @@ class AscendBackend(Backend):
         architectures=SUPPORTED,  # what decoder_model's static-cache forward reproduces
         options=("scheme", "dtype", "compile", "compile_mode", "prefill_buckets", "warmup", "fused",
                  "threads", "progress"),
-        convert_options=("target", "dtype", "prefill_buckets", "group_size"))
+        convert_options=("target", "dtype", "prefill_buckets", "group_size"),
+        closer={"group_size": "smaller blocks: --option group_size=N (N below the default)"})
     resource_names = resources.RESOURCE_NAMES
 
     def accelerators(self, probe: Probe) -> list[Accelerator]:

@@ -57,6 +57,7 @@ class OpenVinoBackend(Backend):
         runtimes=dict.fromkeys(decoder_export.RUNTIME_TARGETS),  # openvino-gpu / -cpu: the IR for that device
         builds={"openvino-cpu": None},  # the CPU build on any board that lists it (the host's x86 cores too)
         defaults={"w8a16_cpu_block": int8_blocks.BLOCK},  # a changed block is another conversion
+        closer={"group_size": "smaller blocks: --option group_size=N (N below the default)"},
         logits_options={"loop": "steps"},  # the golden check steps the IR through ov.Core (GenAI gives no logits)
         extras=("decoders",))  # GenAI's loops (openvino-genai, openvino-tokenizers): not in a board's encoder install
     resource_names = resources.RESOURCE_NAMES
