@@ -89,9 +89,8 @@ def source_of(model: str | os.PathLike[str]) -> Source:
                              "edgeinfer.deploy.decoder.deploy_decoder (the CLI does so by itself)")
         case Kind.DECODER_FILE:
             how = " (--runtime llama.cpp --quant gguf:Q8_0 builds a GGUF)" if p.suffix.lower() == ".gguf" else ""
-            raise InputError(f"cannot deploy {p.name}, a decoder file: it runs as it is (edgeinfer generate, chat, "
-                             f"bench or serve {p.name}); deploy builds a golden-checked bundle from the model's "
-                             f"Hugging Face directory{how}")
+            raise InputError(f"cannot deploy {p.name}, a decoder file: it runs as it is (generate, chat, bench, "
+                             f"serve); deploy builds a golden-checked bundle from its Hugging Face directory{how}")
         case found:
             raise InputError(f"cannot deploy {p.name}, a {found.value}: {sources}")
     return Source(p, what, stamp.sha256_file(p))
