@@ -255,7 +255,8 @@ def _render_encoder(r: dict[str, Any]) -> None:
 def _render_decoder(r: dict[str, Any]) -> None:
     from rich.table import Table
 
-    t = Table(title=f"{r['model']} · {r['backend']} on {r['device']} · ctx {r['context']} · "
+    threads = f", {r['threads']} thread{'s' if r['threads'] > 1 else ''}" if r.get("threads") else ""
+    t = Table(title=f"{r['model']} · {r['backend']} on {r['device']}{threads} · ctx {r['context']} · "
                     f"{r['new_tokens']} new tokens, greedy, median of {r['repeat']}")
     for col in ("prompt", "TTFT ms", "prefill tok/s", "decode tok/s", "TPOT p50 ms", "TPOT p99 ms",
                 "peak RSS MiB", "KV MiB"):

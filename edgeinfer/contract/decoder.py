@@ -45,6 +45,9 @@ class Decoder:
     caveat: str = ""
     # the KV cache's element type as plans and manifests name it ("fp32", "fp16", "q8_0"); "" not said
     kv_dtype: str = ""
+    # the CPU threads the runtime computes with, where the backend sets them (asked for, or its own default);
+    # None: left to the runtime. bench reports it next to the speed
+    threads: int | None = None
 
     def __init__(self, *, context: int, vocab_size: int, kv_cache_bytes: int, slots: int = 1,
                  prefill_chunk: int | None = None, device: str = ""):

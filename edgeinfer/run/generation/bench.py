@@ -102,6 +102,7 @@ def bench(gen: Generator, model: str, prompt_lengths: Sequence[int] | None = Non
         "model": model,
         "backend": d.backend_name,
         "device": d.device,
+        "threads": d.threads,
         "context": gen.context,
         "kv_cache_bytes": gen.kv_cache_bytes,
         "new_tokens": new_tokens,

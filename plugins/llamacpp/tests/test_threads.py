@@ -28,5 +28,22 @@ def test_a_decoder_runs_with_the_default_or_the_asked_threads(monkeypatch):
                                                        **({"threads": asked} if asked else {}))
         try:
             assert d._ll.llama_n_threads(d._ctx) == runs and d._ll.llama_n_threads_batch(d._ctx) == runs
+            assert d.threads == runs  # what bench reports
         finally:
             d.close()
+
+
+def test_bench_reports_the_threads_the_decoder_ran_with(capfd):
+    import json
+
+    from edgeinfer_llamacpp.convert import cached_scheme
+    from edgeinfer_llamacpp.decoder import default_threads
+
+    from edgeinfer.testing.cli import run_cli
+    from edgeinfer.testing.llm import model_dir
+
+    gguf = cached_scheme(model_dir(), "gguf:Q8_0")
+    for asked, runs in [([], default_threads()), (["--threads", "2"], 2)]:
+        r = run_cli(capfd, "bench", str(gguf), "--prompt-lengths", "8", "--new-tokens", "2", "--repeat", "1",
+                    "--json", *asked)
+        assert r.returncode == 0 and json.loads(r.stdout)["threads"] == runs, r.stderr[-800:]

@@ -238,6 +238,7 @@ class OnnxRuntimeDecoder(StepDecoder):
         if context > limit:
             raise InputError(f"context {context} exceeds the model's context length ({limit}); use --ctx {limit}")
         self._ort, self._threads, self._spin_wait = ort, threads, spin_wait
+        self.threads = int(threads) if threads else None  # else onnxruntime's own: one per physical core
         # onnxruntime refuses external data that leads out of the graph's directory itself ("External data path
         # ... escapes model directory", 1.26; plugins/onnxruntime/tests keep that true); the graph file is ours
         graph = inside(model_dir, dec["filename"], f"{GENAI_CONFIG} model.decoder.filename")
