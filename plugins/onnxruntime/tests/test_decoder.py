@@ -292,6 +292,7 @@ def test_spin_wait_reaches_the_session_and_a_wrong_value_is_refused(multi_slot):
         d = backend.load_decoder(model_dir(), device="CPU", context=32, slots=1, threads=1, spin_wait=value)
         try:
             assert d._sess.get_session_options().get_session_config_entry(key) == entry
+            assert d._sess.get_session_options().intra_op_num_threads == d.threads == 1  # bench reports it
         finally:
             d.release()
     with pytest.raises(InputError, match="spin_wait must be true or false"):

@@ -193,6 +193,7 @@ class GenAIDecoder(NativeDecoder):
                 pages.collapse_resident()  # the packed weights, read once a token: on 2 MiB pages
         self.execution_devices = _npuw_devices(cfg.properties) if fam == "NPU" else [fam]
         self.kv_dtype = cfg.kv_dtype
+        self.threads = cfg.properties.get("INFERENCE_NUM_THREADS")  # asked for; else the CPU plugin's own
         self.fallback = fallback_warning(device, self.execution_devices)
         if self.fallback:
             warnings.warn(self.fallback, decoder_fallback_category(), stacklevel=5)
@@ -349,6 +350,7 @@ class IRStepDecoder(StepDecoder):
         super().__init__(context=context, vocab_size=shape["vocab"], slots=slots, device=device,
                          kv_cache_bytes=kv_bytes(shape, context, cfg) * slots)
         self.kv_dtype = cfg.kv_dtype
+        self.threads = cfg.properties.get("INFERENCE_NUM_THREADS")  # asked for; else the CPU plugin's own
         try:
             self.execution_devices = [str(d) for d in self._compiled.get_property("EXECUTION_DEVICES")]
         except Exception:
