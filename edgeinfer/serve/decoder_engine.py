@@ -145,8 +145,10 @@ class Engine(Supervisor):
     async def start(self) -> None:
         await self.spawn()
         kv, plan = self.info.get("kv_cache_bytes"), planned_kv_bytes(self.llm, self.slots)
-        log.info("%s: %d slots × %d positions reserved at start: KV cache %s (planner: %s)", self.llm.name,
-                 self.slots, self.llm.context, _mib(kv), _mib(plan))
+        threads = self.info.get("threads")
+        log.info("%s: %d slots × %d positions reserved at start: KV cache %s (planner: %s)%s", self.llm.name,
+                 self.slots, self.llm.context, _mib(kv), _mib(plan),
+                 f"; {threads} CPU thread{'s' if threads > 1 else ''}" if threads else "")
 
     def target(self) -> tuple[Any, tuple]:
         from edgeinfer.run.generation.text import TokenFacts

@@ -61,7 +61,7 @@ def decoder_worker_main(conn: Any, path: str, backend: str, entry: str | None, c
         sched = NativeScheduler(gen) if native else Scheduler(gen, prefill_chunk)
         conn.send(("ready", {"pid": os.getpid(), "device": d.device, "slots": sched.slots, "context": d.context,
                              "kv_cache_bytes": d.kv_cache_bytes, "kv_dtype": d.kv_dtype, "prefill_chunk": sched.chunk,
-                             "native_loop": native, "caveat": d.caveat}))
+                             "native_loop": native, "caveat": d.caveat, "threads": d.threads}))
     except Exception as e:  # noqa: BLE001
         try:
             conn.send(("fatal", one_line(e)))

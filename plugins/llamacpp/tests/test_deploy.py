@@ -105,6 +105,8 @@ def test_serve_streams_two_requests_at_once_as_generate_does(bundles, tmp_path):
 
         with cf.ThreadPoolExecutor(2) as pool:
             assert list(pool.map(complete, PROMPTS)) == want
+    assert "positions reserved at start" in (tmp_path / "log").read_text()
+    assert "; 1 CPU thread" in (tmp_path / "log").read_text()  # the --threads the worker runs with
 
 
 def test_a_gguf_file_runs_as_it_is_with_its_tokenizer_next_to_it(bundles, tmp_path, capfd):
