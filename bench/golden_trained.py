@@ -44,8 +44,10 @@ CASES = [("host", "onnxruntime", s, None) for s in ("fp32", "fp16", "w8a16", "w8
     ("atlas-300i-a2-910b4", "torch-npu", "fp16", None), ("atlas-300i-a2-910b4", "torch-npu", "w8a16", None),
     ("atlas-300i-a2-910b4", "torch-npu", "w8a16", {"group_size": -1}),
     ("rk3588-8g", "rknn", "fp16", None), ("rk3588-8g", "rknn", "w8a8", None),
-    # more layers kept in fp16 than the default 0.98 keeps (golden_trained-rknn-w8a8-hybrid995.json)
-    ("rk3588-8g", "rknn", "w8a8", {"auto_hybrid_cos_thresh": 0.995})]
+    # more layers kept in fp16 than the default 0.98 keeps, and KL-divergence calibration
+    # (golden_trained-rknn-w8a8-hybrid995.json, golden_trained-rknn-w8a8-kl.json)
+    ("rk3588-8g", "rknn", "w8a8", {"auto_hybrid_cos_thresh": 0.995}),
+    ("rk3588-8g", "rknn", "w8a8", {"quantized_algorithm": "kl"})]
 
 
 def summary(report: dict) -> dict:
