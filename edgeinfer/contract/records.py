@@ -90,7 +90,7 @@ class Decoders:
     defaults: Mapping[str, Any] = field(default_factory=dict)
     #: convert options that keep an integer scheme's conversion closer to the reference, each with what deploy's
     #: refusal says to try when the decoder golden check fails and the option was not given
-    #: (e.g. ``{"group_size": "smaller blocks: --option group_size=N (N below the backend's default)"}``)
+    #: (e.g. ``{"group_size": "smaller blocks: --option group_size=N (N below the default)"}``)
     closer: Mapping[str, str] = field(default_factory=dict)
 
     @property

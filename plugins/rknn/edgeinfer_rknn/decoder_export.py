@@ -131,6 +131,8 @@ def convert_decoder(backend: Any, model: Path, scheme: str, context: int, out: P
     calib = CalibrationFeeds(hf, model, ranges, chunk, context, tables, calibration) if quantized else None
     out.mkdir(parents=True, exist_ok=True)
     np.savez(out / "host.npz", embed=tables["embed"].astype(np.float16), cos=tables["cos"], sin=tables["sin"])
+    given = {o: options[o] for o in DECODER_QUANT_OPTIONS if o in options}
+    extra = {"auto_hybrid": True, **given} if quantized else {}  # every int8 graph: auto-hybrid and the options given
     segments = []
     with tempfile.TemporaryDirectory(prefix="edgeinfer-rknn-llm-") as tmp:
         for k, (a, b) in enumerate(ranges):
@@ -143,8 +145,6 @@ def convert_decoder(backend: Any, model: Path, scheme: str, context: int, out: P
                 if key == "decode":
                     entry["weight_bytes"] = int(onnx_weight_elements(onnx_path) * BYTES_PER_WEIGHT[family])
                 sets = calib.for_graph(k, key, batch) if calib else None
-                extra = {"auto_hybrid": True, **{o: options[o] for o in DECODER_QUANT_OPTIONS if o in options}} \
-                    if quantized else {}
                 art = backend.quantize(onnx_path, scheme, sets, out / graph_name(k, key), target=target, **extra)
                 keep_built(art)
                 entry[key] = art.name
