@@ -13,6 +13,7 @@ import collections
 import itertools
 import json
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -148,7 +149,8 @@ class Engine(Supervisor):
         threads = self.info.get("threads")
         log.info("%s: %d slots × %d positions reserved at start: KV cache %s (planner: %s)%s", self.llm.name,
                  self.slots, self.llm.context, _mib(kv), _mib(plan),
-                 f"; {threads} CPU thread{'s' if threads > 1 else ''}" if threads else "")
+                 f"; {threads} CPU thread{'s' if threads > 1 else ''} of {os.cpu_count()} CPUs (--threads)"
+                 if threads else "")
 
     def target(self) -> tuple[Any, tuple]:
         from edgeinfer.run.generation.text import TokenFacts
